@@ -1,0 +1,284 @@
+"""Shape-independent analysis of a statement into a :class:`Spec`.
+
+The Spec is what every later stage reads: which indices are output indices and
+which are reduced (and by what), which names are tensors, index arrays and
+scalar parameters, the order positional arguments bind in, and which loops may
+run in parallel without write races.  Sizes are not known here; they are bound
+per call by :mod:`einfuse.analysis.ranges`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Dict, List, Optional, Set, Tuple
+
+from ..errors import EinfuseNameError, IndexRuleError, warn
+from ..lang.ast import (Access, Binary, COMPARISON_OPS, LOGICAL_OPS, Expr, IndexExpr,
+                        IndexValue, Param, Reduce, Statement, Unary, accesses, reductions)
+from ..lang.printer import format_expr
+
+
+@dataclass(frozen=True)
+class TensorInfo:
+    name: str
+    rank: int
+    as_value: bool        # read for its values somewhere
+    as_index: bool        # read as a gather's index array somewhere
+
+
+@dataclass(frozen=True)
+class IndexUse:
+    """One subscript position where an index occurs."""
+    access: Access
+    axis: int
+    subscript: IndexExpr
+    coefficient: int
+    in_gather: bool       # the access is an index array (read inside another's subscript)
+
+
+@dataclass(frozen=True)
+class Spec:
+    statement: Statement
+    rhs: Expr                               # implicit reductions made explicit
+    output_indices: Tuple[str, ...]
+    reduction_indices: Tuple[str, ...]      # every reduced index, outermost first
+    tensors: Tuple[TensorInfo, ...]
+    params: Tuple[str, ...]
+    arg_order: Tuple[str, ...]              # positional binding: first appearance on the right
+    index_uses: Tuple[Tuple[str, Tuple[IndexUse, ...]], ...]
+    result_is_bool: bool
+    race_free_indices: Tuple[str, ...]      # loops that may run in parallel as they stand
+
+    @property
+    def source(self) -> str:
+        return self.statement.source
+
+    @property
+    def output(self) -> str:
+        return self.statement.output
+
+    @property
+    def assign(self) -> str:
+        return self.statement.assign
+
+    @property
+    def all_indices(self) -> Tuple[str, ...]:
+        return self.output_indices + self.reduction_indices
+
+    @property
+    def implicit_reduction(self) -> bool:
+        return isinstance(self.rhs, Reduce) and self.rhs.implicit
+
+    def tensor(self, name: str) -> TensorInfo:
+        for info in self.tensors:
+            if info.name == name:
+                return info
+        raise KeyError(name)
+
+    def uses(self, index: str) -> Tuple[IndexUse, ...]:
+        return dict(self.index_uses).get(index, ())
+
+    def reduction_of(self, index: str) -> Optional[Reduce]:
+        for node in reductions(self.rhs):
+            if index in node.indices:
+                return node
+        return None
+
+
+def analyse(statement: Statement) -> Spec:
+    """Check the statement's index rules and build its Spec (may warn)."""
+    return _Analyser(statement).run()
+
+
+def _rhs_indices(expr: Expr) -> List[str]:
+    """Indices used anywhere in ``expr`` (subscripts, gathers, values), first use first."""
+    seen: Dict[str, None] = {}
+    for node in expr.walk():
+        if isinstance(node, Access):
+            for sub in node.indices:
+                for name in sub.index_names:
+                    seen.setdefault(name)
+        elif isinstance(node, IndexValue):
+            seen.setdefault(node.name)
+        elif isinstance(node, Reduce):
+            for name in node.indices:
+                seen.setdefault(name)
+    return list(seen)
+
+
+def _additive_terms(expr: Expr) -> List[Expr]:
+    if isinstance(expr, Binary) and expr.op in ("+", "-"):
+        return _additive_terms(expr.left) + _additive_terms(expr.right)
+    if isinstance(expr, Unary):
+        return _additive_terms(expr.operand)
+    return [expr]
+
+
+class _Analyser:
+    def __init__(self, statement: Statement):
+        self.statement = statement
+        self.source = statement.source
+
+    def error(self, cls, message: str, span):
+        return cls(message, source=self.source, span=span)
+
+    def run(self) -> Spec:
+        st = self.statement
+        rhs = st.rhs
+        self.check_output_reads(rhs)
+        explicit = list(reductions(rhs))
+        if not explicit:
+            free = [name for name in _rhs_indices(rhs) if name not in st.output_indices]
+            if free:
+                self.warn_bias_terms(rhs, free)
+                rhs = Reduce("sum", tuple(free), rhs, span=rhs.span, implicit=True)
+        else:
+            self.check_scopes(rhs, set(st.output_indices))
+        reduction_indices = tuple(name for node in reductions(rhs) for name in node.indices)
+        tensors, params, order = self.names(rhs)
+        return Spec(statement=st, rhs=rhs, output_indices=st.output_indices,
+                    reduction_indices=reduction_indices, tensors=tensors, params=params,
+                    arg_order=order, index_uses=self.index_uses(rhs),
+                    result_is_bool=_is_logical(st.rhs),
+                    race_free_indices=st.output_indices)
+
+    def check_output_reads(self, rhs: Expr):
+        st = self.statement
+        wanted = tuple(IndexExpr(((name, 1),)) for name in st.output_indices)
+        for access in accesses(rhs):
+            if access.tensor != st.output:
+                continue
+            if st.assign == ":=":
+                raise self.error(IndexRuleError, f"{st.output} is created by ':=' and cannot "
+                                 "be read on its own right side; use '=' or '+=' with an "
+                                 "existing array", access.span)
+            if access.indices != wanted:
+                lhs = f"{st.output}[{', '.join(st.output_indices)}]"
+                raise self.error(IndexRuleError, f"the output may be read on the right only "
+                                 f"as {lhs} (an elementwise update), not as {access}",
+                                 access.span)
+        for node in rhs.walk():
+            if isinstance(node, Param) and node.name == st.output:
+                raise self.error(EinfuseNameError, f"{st.output} is the output; it cannot "
+                                 "also be a scalar parameter", node.span)
+
+    def check_scopes(self, expr: Expr, bound: Set[str]):
+        """With explicit reductions, every index must be an output index or bound by an
+        enclosing reduction; a reduction may not rebind an index already in scope."""
+        if isinstance(expr, Reduce):
+            for name in expr.indices:
+                if name in self.statement.output_indices:
+                    raise self.error(IndexRuleError, f"index {name} is an output index and "
+                                     f"cannot also be reduced by {expr.op}[...]", expr.span)
+                if name in bound:
+                    raise self.error(IndexRuleError, f"index {name} is already reduced by an "
+                                     f"enclosing reduction", expr.span)
+            self.check_scopes(expr.body, bound | set(expr.indices))
+            return
+        if isinstance(expr, Access):
+            for sub in expr.indices:
+                for name in sub.index_names:
+                    if name not in bound:
+                        raise self.unbound(name, sub.span or expr.span)
+        if isinstance(expr, IndexValue) and expr.name not in bound:
+            raise self.unbound(expr.name, expr.span)
+        for child in expr.children():
+            self.check_scopes(child, bound)
+
+    def unbound(self, name: str, span):
+        return self.error(IndexRuleError, f"index {name} is neither on the left side nor "
+                          "reduced by an enclosing sum[...]/max[...]/...; with explicit "
+                          "reductions there is no implicit sum", span)
+
+    def warn_bias_terms(self, rhs: Expr, free: List[str]):
+        terms = _additive_terms(rhs)
+        if len(terms) < 2:
+            return
+        lonely = [t for t in terms if not set(free) <= set(_rhs_indices(t))]
+        if not lonely:
+            return
+        st = self.statement
+        using = [t for t in terms if t not in lonely]
+        names = ", ".join(free)
+        lhs = f"{st.output}[{', '.join(st.output_indices)}]" if st.output_indices \
+            else st.output
+        hint = ""
+        if using:
+            # Rebuild the sum of the terms that use every summed index, keeping signs.
+            body = rhs
+            for term in lonely:
+                body = _drop_term(body, term)
+            rest = " + ".join(format_expr(t) for t in lonely)
+            hint = f"; if that is not meant, write {lhs} {st.assign} " \
+                   f"sum[{names}]({format_expr(body)}) + {rest}"
+        shown = ", ".join(format_expr(t) for t in lonely)
+        warn(f"implicit sum over {names} also adds {shown} once for every value of "
+             f"{names}{hint}", source=self.source, span=lonely[0].span)
+
+    def names(self, rhs: Expr):
+        ranks: Dict[str, int] = {}
+        as_value: Set[str] = set()
+        as_index: Set[str] = set()
+        order: Dict[str, None] = {}
+        params: Dict[str, None] = {}
+        output = self.statement.output
+
+        def visit(expr: Expr, in_gather: bool):
+            if isinstance(expr, Access):
+                if expr.tensor != output:
+                    order.setdefault(expr.tensor)
+                    rank = ranks.setdefault(expr.tensor, len(expr.indices))
+                    if rank != len(expr.indices):
+                        raise self.error(IndexRuleError, f"{expr.tensor} is used with {rank} "
+                                         f"subscript(s) elsewhere but {len(expr.indices)} "
+                                         f"here", expr.span)
+                    (as_index if in_gather else as_value).add(expr.tensor)
+                for sub in expr.indices:
+                    for access, _ in sub.gathers:
+                        visit(access, True)
+                return
+            if isinstance(expr, Param):
+                order.setdefault(expr.name)
+                params.setdefault(expr.name)
+            for child in expr.children():
+                visit(child, in_gather)
+
+        visit(rhs, False)
+        tensors = tuple(TensorInfo(name, ranks[name], name in as_value, name in as_index)
+                        for name in order if name in ranks)
+        return tensors, tuple(params), tuple(order)
+
+    def index_uses(self, rhs: Expr):
+        uses: Dict[str, List[IndexUse]] = {}
+
+        def visit(expr: Expr, in_gather: bool):
+            if isinstance(expr, Access):
+                for axis, sub in enumerate(expr.indices):
+                    for name, coeff in sub.terms:
+                        uses.setdefault(name, []).append(
+                            IndexUse(expr, axis, sub, coeff, in_gather))
+                    for access, _ in sub.gathers:
+                        visit(access, True)
+                return
+            for child in expr.children():
+                visit(child, in_gather)
+
+        visit(rhs, False)
+        return tuple((name, tuple(found)) for name, found in uses.items())
+
+
+def _drop_term(expr: Expr, term: Expr) -> Expr:
+    """``expr`` (a sum of terms) without ``term``; used only to print a hint."""
+    if isinstance(expr, Binary) and expr.op in ("+", "-"):
+        if expr.right is term:
+            return expr.left
+        if expr.left is term:
+            return expr.right if expr.op == "+" else Unary("-", expr.right)
+        return dataclasses.replace(expr, left=_drop_term(expr.left, term),
+                                   right=_drop_term(expr.right, term))
+    return expr
+
+
+def _is_logical(expr: Expr) -> bool:
+    return isinstance(expr, Binary) and (expr.op in COMPARISON_OPS or expr.op in LOGICAL_OPS)

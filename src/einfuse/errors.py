@@ -1,0 +1,110 @@
+"""The one exception hierarchy of einfuse.
+
+Every error a user can cause is an :class:`EinfuseError`.  Subclasses also
+derive from the built-in exception that fits (``ValueError``, ``IndexError``,
+``TypeError``) so callers that catch those keep working.
+
+An error may carry the statement's source text and a span ``(start, end)``
+into it; ``str(error)`` then shows the statement with carets under the
+offending part.  Deep stages raise with whatever span they know; the public
+API adds the statement once (:func:`attach_statement`).
+"""
+
+from __future__ import annotations
+
+import warnings
+from typing import Optional, Tuple
+
+Span = Tuple[int, int]
+
+
+class EinfuseError(Exception):
+    """Base class of every error a user of einfuse can cause."""
+
+    def __init__(self, message: str, *, source: Optional[str] = None,
+                 span: Optional[Span] = None):
+        super().__init__(message)
+        self.message = message
+        self.source = source
+        self.span = span
+
+    def __str__(self) -> str:
+        if self.source is None:
+            return self.message
+        lines = [self.message, "    " + self.source]
+        if self.span is not None:
+            start, end = self.span
+            start = max(0, min(start, len(self.source)))
+            end = max(start + 1, min(end, len(self.source) + 1))
+            lines.append("    " + " " * start + "^" * (end - start))
+        return "\n".join(lines)
+
+    # Exceptions are pickled when they cross process boundaries (multiprocessing,
+    # pytest-xdist); keep the keyword-only context through that round trip.
+    def __reduce__(self):
+        return (_rebuild, (type(self), self.message, self.source, self.span))
+
+
+def _rebuild(cls, message, source, span):
+    return cls(message, source=source, span=span)
+
+
+class EinfuseSyntaxError(EinfuseError, ValueError):
+    """The statement's text does not parse."""
+
+
+class EinfuseNameError(EinfuseError, ValueError):
+    """A name is reserved, unknown, missing or used inconsistently."""
+
+
+class MissingArgumentError(EinfuseError, TypeError):
+    """A tensor or scalar named in the statement was not passed."""
+
+
+class UnexpectedArgumentError(EinfuseError, TypeError):
+    """An argument was passed that the statement does not use."""
+
+
+class IndexRuleError(EinfuseError, ValueError):
+    """An index is unbound, repeated, shadowed or otherwise misused."""
+
+
+class ShapeError(EinfuseError, ValueError):
+    """Array shapes disagree with each other or with the statement."""
+
+
+class RangeError(EinfuseError, ValueError):
+    """An index range cannot be inferred, or an access would leave its array."""
+
+
+class OutOfBoundsError(EinfuseError, IndexError):
+    """A gathered index value lies outside the axis it indexes."""
+
+
+class EinfuseTypeError(EinfuseError, TypeError):
+    """A dtype is not allowed where it is used, or frameworks are mixed."""
+
+
+class OptionError(EinfuseError, ValueError):
+    """An option (``ranges=``, ``bounds=``, ``backend=`` ...) is invalid."""
+
+
+class BackendError(EinfuseError, RuntimeError):
+    """A backend could not build or run a kernel (not the user's statement)."""
+
+
+class EinfuseWarning(UserWarning):
+    """A statement is legal but probably not what was meant."""
+
+
+def warn(message: str, *, source: Optional[str] = None, span: Optional[Span] = None,
+         stacklevel: int = 4) -> None:
+    text = str(EinfuseError(message, source=source, span=span))
+    warnings.warn(text, EinfuseWarning, stacklevel=stacklevel)
+
+
+def attach_statement(error: EinfuseError, source: str) -> EinfuseError:
+    """Give ``error`` the statement text, once, at the API boundary."""
+    if error.source is None:
+        error.source = source
+    return error

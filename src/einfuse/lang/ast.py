@@ -1,0 +1,206 @@
+"""The syntax tree of one einfuse statement.
+
+All nodes are frozen dataclasses, hashable and comparable by structure; the
+source span of a node (for error carets) is carried but takes no part in
+equality or hashing, so two statements that differ only in spacing compare
+equal.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Iterator, Optional, Tuple, Union
+
+Span = Optional[Tuple[int, int]]
+
+REDUCTIONS = ("sum", "prod", "max", "min", "logsumexp")
+UNARY_FUNCTIONS = ("exp", "log", "log1p", "expm1", "sqrt", "abs", "sin", "cos", "tanh",
+                   "sigmoid", "relu", "softplus", "erf", "floor", "ceil")
+BINARY_FUNCTIONS = ("min", "max", "pow")
+TERNARY_FUNCTIONS = ("where",)
+FUNCTIONS = UNARY_FUNCTIONS + tuple(f for f in BINARY_FUNCTIONS if f not in UNARY_FUNCTIONS) \
+    + TERNARY_FUNCTIONS
+CONSTANTS = {"inf": float("inf"), "nan": float("nan"), "pi": 3.141592653589793}
+RESERVED = frozenset(REDUCTIONS) | frozenset(FUNCTIONS) | frozenset(CONSTANTS)
+
+ARITHMETIC_OPS = ("+", "-", "*", "/", "**")
+COMPARISON_OPS = ("<", "<=", ">", ">=", "==", "!=")
+LOGICAL_OPS = ("&", "|")
+ASSIGN_OPS = (":=", "=", "+=")
+
+
+def _span():
+    return field(default=None, compare=False, hash=False, repr=False)
+
+
+class Expr:
+    """Base of value expressions."""
+
+    span: Span
+
+    def children(self) -> Tuple["Expr", ...]:
+        return ()
+
+    def walk(self) -> Iterator["Expr"]:
+        """This node and every node below it, parents first."""
+        yield self
+        for child in self.children():
+            yield from child.walk()
+
+
+@dataclass(frozen=True)
+class Number(Expr):
+    value: Union[int, float]
+    span: Span = _span()
+
+
+@dataclass(frozen=True)
+class Param(Expr):
+    """A scalar parameter: a bare name that is not an index."""
+    name: str
+    span: Span = _span()
+
+
+@dataclass(frozen=True)
+class IndexValue(Expr):
+    """An index name used as an integer value (``j + 1``, ``j <= i``)."""
+    name: str
+    span: Span = _span()
+
+
+@dataclass(frozen=True)
+class IndexExpr:
+    """One subscript of an access: ``sum(c*i) + sum(c*gather) + constant``.
+
+    ``terms`` pairs index names with integer coefficients (sorted by name, no
+    zero coefficients); ``gathers`` pairs integer-array accesses with their
+    coefficient (kept in source order).
+    """
+    terms: Tuple[Tuple[str, int], ...] = ()
+    gathers: Tuple[Tuple["Access", int], ...] = ()
+    constant: int = 0
+    span: Span = _span()
+
+    @property
+    def plain_index(self) -> Optional[str]:
+        """The index name if this subscript is exactly one index, else None."""
+        if len(self.terms) == 1 and self.terms[0][1] == 1 and not self.gathers \
+                and self.constant == 0:
+            return self.terms[0][0]
+        return None
+
+    @property
+    def is_affine(self) -> bool:
+        """True for an affine subscript of indices only (no gather), not plain."""
+        return not self.gathers and self.plain_index is None
+
+    @property
+    def index_names(self) -> Tuple[str, ...]:
+        return tuple(name for name, _ in self.terms)
+
+    def __str__(self) -> str:
+        parts = []
+        for name, coeff in self.terms:
+            parts.append(_term(coeff, name))
+        for access, coeff in self.gathers:
+            parts.append(_term(coeff, str(access)))
+        if self.constant or not parts:
+            parts.append(str(self.constant))
+        text = parts[0]
+        for part in parts[1:]:
+            text += " - " + part[1:] if part.startswith("-") else " + " + part
+        return text
+
+
+def _term(coeff: int, what: str) -> str:
+    if coeff == 1:
+        return what
+    if coeff == -1:
+        return "-" + what
+    return f"{coeff}*{what}"
+
+
+@dataclass(frozen=True)
+class Access(Expr):
+    """``tensor[sub, sub, ...]``; a 0-d tensor is written ``tensor[]``."""
+    tensor: str
+    indices: Tuple[IndexExpr, ...]
+    span: Span = _span()
+
+    def children(self) -> Tuple[Expr, ...]:
+        return tuple(access for sub in self.indices for access, _ in sub.gathers)
+
+    def __str__(self) -> str:
+        return f"{self.tensor}[{', '.join(str(sub) for sub in self.indices)}]"
+
+
+@dataclass(frozen=True)
+class Unary(Expr):
+    op: str  # "-" (negation) or "+"
+    operand: Expr
+    span: Span = _span()
+
+    def children(self) -> Tuple[Expr, ...]:
+        return (self.operand,)
+
+
+@dataclass(frozen=True)
+class Binary(Expr):
+    op: str
+    left: Expr
+    right: Expr
+    span: Span = _span()
+
+    def children(self) -> Tuple[Expr, ...]:
+        return (self.left, self.right)
+
+
+@dataclass(frozen=True)
+class Call(Expr):
+    func: str
+    args: Tuple[Expr, ...]
+    span: Span = _span()
+
+    def children(self) -> Tuple[Expr, ...]:
+        return self.args
+
+
+@dataclass(frozen=True)
+class Reduce(Expr):
+    """``op[indices](body)``: reduce ``body`` over ``indices``."""
+    op: str
+    indices: Tuple[str, ...]
+    body: Expr
+    span: Span = _span()
+    implicit: bool = field(default=False, compare=False)
+
+    def children(self) -> Tuple[Expr, ...]:
+        return (self.body,)
+
+
+@dataclass(frozen=True)
+class Statement:
+    output: str
+    output_indices: Tuple[str, ...]
+    assign: str  # ":=", "=", "+="
+    rhs: Expr
+    source: str = field(default="", compare=False)
+    output_span: Span = _span()
+    index_spans: Tuple[Span, ...] = field(default=(), compare=False, hash=False, repr=False)
+
+    @property
+    def creates_output(self) -> bool:
+        return self.assign == ":="
+
+
+def accesses(expr: Expr) -> Iterator[Access]:
+    """Every tensor access in ``expr``, gathers included, in source order."""
+    for node in expr.walk():
+        if isinstance(node, Access):
+            yield node
+
+
+def reductions(expr: Expr) -> Iterator[Reduce]:
+    for node in expr.walk():
+        if isinstance(node, Reduce):
+            yield node
