@@ -226,14 +226,14 @@ class _Analyser:
 
         def visit(expr: Expr, in_gather: bool):
             if isinstance(expr, Access):
-                if expr.tensor != output:
+                if expr.tensor != output:  # the output is passed by keyword, never by position
                     order.setdefault(expr.tensor)
-                    rank = ranks.setdefault(expr.tensor, len(expr.indices))
-                    if rank != len(expr.indices):
-                        raise self.error(IndexRuleError, f"{expr.tensor} is used with {rank} "
-                                         f"subscript(s) elsewhere but {len(expr.indices)} "
-                                         f"here", expr.span)
-                    (as_index if in_gather else as_value).add(expr.tensor)
+                rank = ranks.setdefault(expr.tensor, len(expr.indices))
+                if rank != len(expr.indices):
+                    raise self.error(IndexRuleError, f"{expr.tensor} is used with {rank} "
+                                     f"subscript(s) elsewhere but {len(expr.indices)} "
+                                     f"here", expr.span)
+                (as_index if in_gather else as_value).add(expr.tensor)
                 for sub in expr.indices:
                     for access, _ in sub.gathers:
                         visit(access, True)
@@ -246,7 +246,7 @@ class _Analyser:
 
         visit(rhs, False)
         tensors = tuple(TensorInfo(name, ranks[name], name in as_value, name in as_index)
-                        for name in order if name in ranks)
+                        for name in ranks)
         return tensors, tuple(params), tuple(order)
 
     def index_uses(self, rhs: Expr):

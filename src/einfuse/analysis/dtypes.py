@@ -1,0 +1,98 @@
+"""Result and working dtypes, by NumPy's promotion rules.
+
+* value tensors and scalar parameters promote as in NumPy 2 (Python scalars are
+  'weak': ``float32 * 2.0`` stays float32);
+* bool tensors used in arithmetic count as int64;
+* integer inputs meeting a float-producing operation (``/``, ``exp``, a float
+  literal ...) give float64, as NumPy's ufuncs do;
+* float16/bfloat16 are computed in float32 and stored in their own dtype;
+* a right side that is a comparison or ``&``/``|`` gives bool;
+* ``dtype=`` overrides the result; a float ``dtype=`` is also the working dtype.
+"""
+
+from __future__ import annotations
+
+import numbers
+from dataclasses import dataclass
+from typing import Mapping
+
+import numpy as np
+
+from ..errors import EinfuseTypeError
+from ..lang.ast import Binary, Call, Number, Param, Reduce
+from .options import Options
+from .spec import Spec
+
+FLOAT_FUNCTIONS = frozenset({"exp", "log", "log1p", "expm1", "sqrt", "sin", "cos", "tanh",
+                             "sigmoid", "softplus", "erf", "floor", "ceil"})
+
+
+@dataclass(frozen=True)
+class DTypes:
+    working: np.dtype   # what the arithmetic runs in
+    result: np.dtype    # what is returned / stored
+
+
+def _float_producing(spec: Spec, params: Mapping[str, object]) -> bool:
+    for node in spec.rhs.walk():
+        if isinstance(node, Binary) and node.op == "/":
+            return True
+        if isinstance(node, Call) and node.func in FLOAT_FUNCTIONS:
+            return True
+        if isinstance(node, Reduce) and node.op == "logsumexp":
+            return True
+        if isinstance(node, Number) and isinstance(node.value, float):
+            return True
+        if isinstance(node, Param) and isinstance(params.get(node.name), float):
+            return True
+    return False
+
+
+def check_value_dtype(name: str, dtype: np.dtype, source: str, span) -> None:
+    if dtype.kind not in "biuf":
+        raise EinfuseTypeError(f"{name} has dtype {dtype}; einfuse takes bool, integer and "
+                               "float arrays", source=source, span=span)
+
+
+def check_index_dtype(name: str, dtype: np.dtype, source: str, span) -> None:
+    if dtype.kind not in "iu":
+        raise EinfuseTypeError(f"{name} is used as an index array (a gather) but has dtype "
+                               f"{dtype}; index arrays must be int32 or int64",
+                               source=source, span=span)
+
+
+def resolve_dtypes(spec: Spec, value_dtypes: Mapping[str, np.dtype],
+                   params: Mapping[str, object], options: Options) -> DTypes:
+    operands = []
+    for name in spec.tensors:
+        if name.as_value:
+            dtype = np.dtype(value_dtypes[name.name])
+            operands.append(np.dtype(np.int64) if dtype.kind == "b" else dtype)
+    for name in spec.params:
+        value = params[name]
+        if isinstance(value, bool):
+            operands.append(1)
+        elif isinstance(value, (int, float)):
+            operands.append(value)  # weak, as in NumPy 2
+        else:
+            dtype = np.asarray(value).dtype
+            operands.append(np.dtype(np.int64) if dtype.kind == "b" else dtype)
+    promoted = np.result_type(*operands) if operands else np.dtype(np.int64)
+    if promoted.kind in "biu" and (not operands or all(isinstance(o, numbers.Number)
+                                                        for o in operands)):
+        promoted = np.dtype(np.int64) if promoted.kind != "f" else promoted
+    if promoted.kind in "biu" and _float_producing(spec, params):
+        promoted = np.dtype(np.float64)
+    if all(isinstance(o, numbers.Number) for o in operands) and any(
+            isinstance(o, float) for o in operands):
+        promoted = np.dtype(np.float64)
+    stored = promoted
+    working = np.dtype(np.float32) if promoted.itemsize < 4 and promoted.kind == "f" \
+        else promoted
+    if options.dtype is not None:
+        stored = np.dtype(options.dtype)
+        if stored.kind == "f":
+            working = np.dtype(np.float32) if stored.itemsize < 4 else stored
+    elif spec.result_is_bool:
+        stored = np.dtype(bool)
+    return DTypes(working=np.dtype(working), result=np.dtype(stored))

@@ -1,0 +1,272 @@
+"""Per-call binding: the ranges of every index for concrete array shapes.
+
+Rules (docs/notation.md, "Ranges"):
+
+* an index used only plainly gets one extent from every use, or a ShapeError;
+* an index with any affine use takes the intersection of the valid ranges of
+  all its uses, plain ones included;
+* ``ranges=`` and the output array of ``=``/``+=`` are binding: the accesses
+  must then fit, or (without ``pad=``) a RangeError names the access;
+* with ``pad=`` affine subscripts do not limit ranges;
+* finally every subscript without a gather is checked to stay inside its axis
+  over the whole ranges (with ``pad=`` the executor reads the pad value
+  instead), so no backend can read out of bounds.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Dict, List, Mapping, Optional, Sequence, Tuple
+
+from ..errors import RangeError, ShapeError
+from ..lang.ast import Access, IndexExpr, accesses
+from .options import Options
+from .spec import IndexUse, Spec
+
+Range = Tuple[int, int]  # (lo, hi), hi exclusive; lo may be negative
+
+
+@dataclass(frozen=True)
+class Bounds:
+    """Index ranges for one set of shapes, and where each came from."""
+    ranges: Tuple[Tuple[str, Range], ...]
+    sources: Tuple[Tuple[str, str], ...]
+
+    @property
+    def range_map(self) -> Dict[str, Range]:
+        return dict(self.ranges)
+
+    def extent(self, index: str) -> int:
+        lo, hi = self.range_map[index]
+        return max(0, hi - lo)
+
+    def source(self, index: str) -> str:
+        return dict(self.sources)[index]
+
+
+def _fmt(rng: Range) -> str:
+    lo, hi = rng
+    return f"{lo}..{hi - 1}" if hi > lo else "empty"
+
+
+def subscript_span(sub: IndexExpr, ranges: Mapping[str, Range]) -> Range:
+    """Smallest and largest value of an affine subscript's index part (gathers excluded),
+    as an inclusive (min, max) pair; None-free because every index has a range."""
+    low = high = sub.constant
+    for name, coeff in sub.terms:
+        lo, hi = ranges[name]
+        ends = (coeff * lo, coeff * (hi - 1))
+        low += min(ends)
+        high += max(ends)
+    return low, high
+
+
+def infer_ranges(spec: Spec, shapes: Mapping[str, Sequence[int]], options: Options,
+                 output_shape: Optional[Sequence[int]] = None) -> Bounds:
+    return _Inference(spec, shapes, options, output_shape).run()
+
+
+class _Inference:
+    def __init__(self, spec: Spec, shapes, options: Options, output_shape):
+        self.spec = spec
+        self.shapes = shapes
+        self.options = options
+        self.output_shape = output_shape
+        self.source = spec.source
+        self.ranges: Dict[str, Range] = {}
+        self.sources: Dict[str, str] = {}
+
+    def error(self, cls, message, span=None):
+        return cls(message, source=self.source, span=span)
+
+    def dim(self, access: Access, axis: int) -> int:
+        return int(self.shapes[access.tensor][axis])
+
+    def run(self) -> Bounds:
+        self.check_ranks()
+        binding = self.binding_ranges()
+        pad = self.options.pad is not None
+        pending: List[str] = []
+        for index in self.spec.all_indices + self.spec.output_indices:
+            if index in self.ranges or index in pending:
+                continue
+            if index in binding:
+                self.ranges[index], self.sources[index] = binding[index]
+                continue
+            uses = self.spec.uses(index)
+            plain = [u for u in uses if u.subscript.plain_index == index]
+            affine = [u for u in uses if u.subscript.plain_index != index
+                      and not u.subscript.gathers and not (pad and not u.in_gather)]
+            if not affine:
+                self.settle_plain(index, plain)
+            else:
+                pending.append(index)
+        self.settle_affine(pending)
+        self.check_accesses()
+        order = self.spec.all_indices
+        return Bounds(tuple((i, self.ranges[i]) for i in order),
+                      tuple((i, self.sources[i]) for i in order))
+
+    def check_ranks(self):
+        for info in self.spec.tensors:
+            shape = self.shapes[info.name]
+            if len(shape) != info.rank:
+                raise self.error(ShapeError, f"{info.name} has {len(shape)} axes (shape "
+                                 f"{tuple(shape)}) but the statement gives it {info.rank} "
+                                 "subscript(s)", self.accesses_of(info.name)[0].span)
+
+    def binding_ranges(self) -> Dict[str, Tuple[Range, str]]:
+        """Ranges fixed by ranges= and by the output array of '='/'+='."""
+        binding: Dict[str, Tuple[Range, str]] = {}
+        explicit = self.options.range_map
+        known = set(self.spec.all_indices)
+        for name in explicit:
+            if name not in known:
+                raise self.error(RangeError, f"ranges= names {name!r}, which is not an index "
+                                 f"of the statement (its indices: {', '.join(sorted(known))})")
+            binding[name] = (explicit[name], "ranges=")
+        if self.output_shape is not None:
+            st = self.spec.statement
+            if len(self.output_shape) != len(st.output_indices):
+                raise self.error(ShapeError, f"the output {st.output} has shape "
+                                 f"{tuple(self.output_shape)} but the statement gives it "
+                                 f"{len(st.output_indices)} index(es)", st.output_span)
+            for axis, name in enumerate(st.output_indices):
+                size = int(self.output_shape[axis])
+                span = st.index_spans[axis] if axis < len(st.index_spans) else None
+                if name in binding:
+                    lo, hi = binding[name][0]
+                    if hi - lo != size:
+                        raise self.error(ShapeError, f"index {name}: ranges= gives {hi - lo} "
+                                         f"values but the output {st.output} has {size} on "
+                                         f"axis {axis}", span)
+                else:
+                    binding[name] = ((0, size), f"output {st.output} axis {axis}")
+        return binding
+
+    def settle_plain(self, index: str, plain: List[IndexUse]):
+        if not plain:
+            spans = [u.access.span for u in self.spec.uses(index)]
+            where = "it is used only inside gathers' affine parts" if spans else \
+                "no array is indexed by it"
+            raise self.error(RangeError, f"index {index}: its range cannot be inferred "
+                             f"({where}); give ranges={{{index!r}: ...}}",
+                             spans[0] if spans else self.index_span(index))
+        first = plain[0]
+        size = self.dim(first.access, first.axis)
+        for use in plain[1:]:
+            other = self.dim(use.access, use.axis)
+            if other != size:
+                raise self.error(ShapeError, f"index {index}: {first.access.tensor} gives "
+                                 f"{size} (axis {first.axis}) but {use.access.tensor} gives "
+                                 f"{other} (axis {use.axis}); extents must agree exactly",
+                                 use.access.span)
+        self.ranges[index] = (0, size)
+        self.sources[index] = f"{first.access.tensor} axis {first.axis}"
+
+    def index_span(self, index: str):
+        st = self.spec.statement
+        if index in st.output_indices:
+            return st.index_spans[st.output_indices.index(index)]
+        reduce = self.spec.reduction_of(index)
+        return reduce.span if reduce is not None else None
+
+    def settle_affine(self, pending: List[str]):
+        """Intersect affine constraints, settling first the indices whose affine uses
+        involve only indices already settled."""
+        pad = self.options.pad is not None
+        while pending:
+            progress = False
+            for index in list(pending):
+                if self.try_settle(index, pending, pad, force=False):
+                    pending.remove(index)
+                    progress = True
+            if progress:
+                continue
+            # A cycle of affine uses: settle those that have a plain use from what is
+            # known so far, then go on.
+            for index in list(pending):
+                if self.try_settle(index, pending, pad, force=True):
+                    pending.remove(index)
+                    progress = True
+                    break
+            if not progress:
+                index = pending[0]
+                use = next(u for u in self.spec.uses(index) if u.subscript.plain_index != index)
+                raise self.error(RangeError, f"index {index}: its range cannot be inferred "
+                                 f"from {use.access} because the other indices there have "
+                                 f"no range yet; give ranges={{{index!r}: ...}}",
+                                 use.access.span)
+
+    def try_settle(self, index: str, pending: List[str], pad: bool, force: bool) -> bool:
+        uses = self.spec.uses(index)
+        plain = [u for u in uses if u.subscript.plain_index == index]
+        lo, hi, parts = None, None, []
+        if plain:
+            self.settle_plain(index, plain)
+            lo, hi = self.ranges.pop(index)
+            parts.append(self.sources.pop(index))
+        computable = 0
+        for use in uses:
+            sub = use.subscript
+            if sub.plain_index == index or sub.gathers or (pad and not use.in_gather):
+                continue
+            others = [n for n, _ in sub.terms if n != index]
+            if any(n not in self.ranges for n in others):
+                if not force:
+                    return False
+                continue
+            computable += 1
+            rest = IndexExpr(tuple(t for t in sub.terms if t[0] != index), (), sub.constant)
+            rest_min, rest_max = subscript_span(rest, self.ranges)
+            size = self.dim(use.access, use.axis)
+            # need 0 <= c*index + rest <= size-1 for every value of rest
+            low_c, high_c = -rest_min, size - 1 - rest_max
+            c = use.coefficient
+            if c > 0:
+                a_lo, a_hi = -((-low_c) // c), high_c // c
+            else:
+                a_lo, a_hi = -((-high_c) // c), low_c // c
+            lo = a_lo if lo is None else max(lo, a_lo)
+            hi = a_hi + 1 if hi is None else min(hi, a_hi + 1)
+            parts.append(f"{use.access}")
+        if lo is None or (force and not plain and not computable):
+            return False
+        hi = max(hi, lo)
+        self.ranges[index] = (lo, hi)
+        self.sources[index] = parts[0] if len(parts) == 1 else \
+            "intersection of " + ", ".join(parts)
+        return True
+
+    def check_accesses(self):
+        """Every subscript without a gather stays inside its axis (unless pad=)."""
+        if any(hi <= lo for lo, hi in self.ranges.values()):
+            return  # nothing is read at all
+        pad = self.options.pad is not None
+        for index, uses in self.spec.index_uses:
+            for use in uses:
+                self.check_subscript(use.access, use.axis, use.subscript, pad and not use.in_gather)
+        # Subscripts with no index at all (X[i, 5]) are not in index_uses.
+        for info in self.spec.tensors:
+            for access in self.accesses_of(info.name):
+                for axis, sub in enumerate(access.indices):
+                    if not sub.terms and not sub.gathers:
+                        self.check_subscript(access, axis, sub, pad and info.as_value
+                                             and not info.as_index)
+
+    def accesses_of(self, tensor: str):
+        return [a for a in accesses(self.spec.rhs) if a.tensor == tensor]
+
+    def check_subscript(self, access: Access, axis: int, sub: IndexExpr, padded: bool):
+        if sub.gathers or padded:
+            return
+        low, high = subscript_span(sub, self.ranges)
+        size = self.dim(access, axis)
+        if low < 0 or high > size - 1:
+            which = low if low < 0 else high
+            ranges = ", ".join(f"{n} in {_fmt(self.ranges[n])} ({self.sources[n]})"
+                               for n, _ in sub.terms)
+            raise self.error(RangeError, f"{access}: subscript {sub} reaches {which} but "
+                             f"{access.tensor} has {size} element(s) on axis {axis}"
+                             + (f" [{ranges}]" if ranges else "")
+                             + "; shrink the range or give pad=", sub.span or access.span)

@@ -1,0 +1,47 @@
+"""Backends: each one runs a :class:`~einfuse.runtime.binding.BoundCall`.
+
+A backend is a small object with ``name``, ``available()``, ``run(call)``
+returning the result in the working dtype as a NumPy array, and
+``strategy(call)`` describing, for ``explain``, how it will run.
+"""
+
+from __future__ import annotations
+
+from ..errors import OptionError
+from .numpy_backend import NumpyExecutor
+
+
+class NumpyBackend:
+    name = "numpy"
+
+    @staticmethod
+    def available() -> bool:
+        return True
+
+    @staticmethod
+    def run(call):
+        return NumpyExecutor(call.spec, call.bounds, call.arrays, call.params, call.dtypes,
+                             call.options).run()
+
+    @staticmethod
+    def strategy(call) -> str:
+        executor = NumpyExecutor(call.spec, call.bounds, call.arrays, call.params,
+                                 call.dtypes, call.options)
+        return executor.describe()
+
+
+_BACKENDS = {"numpy": NumpyBackend}
+
+
+def get_backend(name: str):
+    """The backend for ``backend=name``; ``auto`` picks the fastest one available."""
+    if name == "auto":
+        for candidate in ("c", "numpy"):
+            backend = _BACKENDS.get(candidate)
+            if backend is not None and backend.available():
+                return backend
+    backend = _BACKENDS.get(name)
+    if backend is None:
+        raise OptionError(f"backend={name!r} is not available in this build of einfuse "
+                          f"(available: {', '.join(sorted(_BACKENDS))})")
+    return backend

@@ -1,0 +1,313 @@
+"""The NumPy reference executor: exact semantics, bounded memory.
+
+Every index owns one axis of a conceptual grid (output indices first, then
+reduced indices).  An expression evaluates to an array that broadcasts against
+the grid, holding size-1 axes for indices it does not depend on.  The output is
+computed block by block and every reduction walks its own indices in chunks, so
+no intermediate exceeds ``memory_limit`` bytes (default 256 MB) however large
+the broadcast would be: ``D[i,j] := (w[k,i]-x[k,j])**2`` with K=784 and
+N=M=4096 never holds more than one budget-sized slab.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from typing import Dict, List, Mapping, Tuple
+
+import numpy as np
+
+from ..analysis.dtypes import DTypes
+from ..analysis.options import Options
+from ..analysis.ranges import Bounds
+from ..analysis.spec import Spec
+from ..errors import OutOfBoundsError
+from ..lang.ast import (Access, Binary, Call, Expr, IndexExpr, IndexValue, Number, Param,
+                        Reduce, Unary)
+
+# Upper bound on how many grid-sized temporaries one expression keeps alive at once;
+# the element budget is the byte budget divided by this and by 8 bytes per element.
+_LIVE_TEMPORARIES = 4
+
+
+def _erf(x):
+    try:
+        from scipy.special import erf
+        return erf(x)
+    except ImportError:  # scipy is optional; math.erf is exact but slow
+        return np.vectorize(math.erf, otypes=[np.asarray(x).dtype])(x)
+
+
+def _sigmoid(x):
+    with np.errstate(over="ignore"):
+        return 1 / (1 + np.exp(-x))
+
+
+_UNARY = {
+    "exp": np.exp, "log": np.log, "log1p": np.log1p, "expm1": np.expm1, "sqrt": np.sqrt,
+    "abs": np.abs, "sin": np.sin, "cos": np.cos, "tanh": np.tanh, "sigmoid": _sigmoid,
+    "relu": lambda x: np.maximum(x, 0), "softplus": lambda x: np.logaddexp(0, x),
+    "erf": _erf, "floor": np.floor, "ceil": np.ceil,
+}
+_BINARY = {
+    "+": np.add, "-": np.subtract, "*": np.multiply, "/": np.true_divide, "**": np.power,
+    "<": np.less, "<=": np.less_equal, ">": np.greater, ">=": np.greater_equal,
+    "==": np.equal, "!=": np.not_equal,
+}
+_EMPTY = {"sum": 0.0, "prod": 1.0, "max": -np.inf, "min": np.inf, "logsumexp": -np.inf}
+
+
+class NumpyExecutor:
+    def __init__(self, spec: Spec, bounds: Bounds, arrays: Mapping[str, np.ndarray],
+                 params: Mapping[str, object], dtypes: DTypes, options: Options):
+        self.spec = spec
+        self.ranges = bounds.range_map
+        self.arrays = arrays
+        self.params = params
+        self.working = dtypes.working
+        self.options = options
+        self.axis = {name: pos for pos, name in enumerate(spec.all_indices)}
+        self.ndim = len(spec.all_indices)
+        self.budget = max(1, options.memory_limit // (8 * _LIVE_TEMPORARIES))
+        self.values = {name: self.cast(arr) for name, arr in arrays.items()
+                       if spec.tensor(name).as_value}
+
+    def cast(self, array: np.ndarray) -> np.ndarray:
+        return array.astype(self.working, copy=False)
+
+    # -- driver ------------------------------------------------------------------------
+    def run(self) -> np.ndarray:
+        out_indices = self.spec.output_indices
+        shape = tuple(max(0, self.ranges[n][1] - self.ranges[n][0]) for n in out_indices)
+        result = np.empty(shape, dtype=self.working)
+        if result.size == 0:
+            return result
+        blocks = self.split(out_indices, self.budget)
+        for block in itertools.product(*blocks):
+            ctx = dict(zip(out_indices, block))
+            value = self.eval(self.spec.rhs, ctx)
+            target = tuple(slice(lo - self.ranges[n][0], hi - self.ranges[n][0])
+                           for n, (lo, hi) in ctx.items())
+            value = np.broadcast_to(value, self.shape_of(ctx, out_indices))
+            result[target] = value.reshape(result[target].shape)
+        return result
+
+    def split(self, names, budget: int, outer: int = 1) -> List[List[Tuple[int, int]]]:
+        """Chunk each index's range so that outer * prod(chunk sizes) <= budget,
+        giving the innermost (last) index the largest chunks."""
+        allowed = max(1, budget // max(1, outer))
+        chunks: List[int] = []
+        for name in reversed(names):
+            lo, hi = self.ranges[name]
+            size = min(max(1, hi - lo), allowed)
+            chunks.append(size)
+            allowed = max(1, allowed // size)
+        chunks.reverse()
+        result = []
+        for name, size in zip(names, chunks):
+            lo, hi = self.ranges[name]
+            result.append([(start, min(start + size, hi)) for start in range(lo, hi, size)])
+        return result
+
+    def shape_of(self, ctx: Dict[str, Tuple[int, int]], names) -> Tuple[int, ...]:
+        shape = [1] * self.ndim
+        for name in names:
+            lo, hi = ctx[name]
+            shape[self.axis[name]] = hi - lo
+        return tuple(shape)
+
+    def index_array(self, name: str, ctx) -> np.ndarray:
+        lo, hi = ctx[name]
+        shape = [1] * self.ndim
+        shape[self.axis[name]] = hi - lo
+        return np.arange(lo, hi, dtype=np.int64).reshape(shape)
+
+    # -- expressions -------------------------------------------------------------------
+    def eval(self, expr: Expr, ctx):
+        if isinstance(expr, Number):
+            return expr.value
+        if isinstance(expr, Param):
+            value = self.params[expr.name]
+            return int(value) if isinstance(value, bool) else value
+        if isinstance(expr, IndexValue):
+            return self.index_array(expr.name, ctx).astype(self.working)
+        if isinstance(expr, Access):
+            return self.access(expr, ctx, self.values[expr.tensor], gather=False)
+        if isinstance(expr, Unary):
+            return np.negative(self.eval(expr.operand, ctx))
+        if isinstance(expr, Binary):
+            return self.binary(expr, ctx)
+        if isinstance(expr, Call):
+            return self.call(expr, ctx)
+        if isinstance(expr, Reduce):
+            return self.reduce(expr, ctx)
+        raise TypeError(type(expr).__name__)
+
+    def binary(self, expr: Binary, ctx):
+        left, right = self.eval(expr.left, ctx), self.eval(expr.right, ctx)
+        if expr.op in ("&", "|"):
+            both = np.logical_and if expr.op == "&" else np.logical_or
+            return self.cast(np.asarray(both(np.not_equal(left, 0), np.not_equal(right, 0))))
+        with np.errstate(all="ignore"):
+            result = _BINARY[expr.op](left, right)
+        if expr.op in ("<", "<=", ">", ">=", "==", "!="):
+            return self.cast(np.asarray(result))
+        return result
+
+    def call(self, expr: Call, ctx):
+        args = [self.eval(arg, ctx) for arg in expr.args]
+        with np.errstate(all="ignore"):
+            if expr.func == "where":
+                cond, a, b = args
+                return np.where(np.not_equal(cond, 0), a, b)
+            if len(args) == 2:
+                func = {"min": np.minimum, "max": np.maximum, "pow": np.power}[expr.func]
+                return func(*args)
+            return _UNARY[expr.func](np.asarray(args[0], dtype=self.working)
+                                     if np.ndim(args[0]) == 0 else args[0])
+
+    def reduce(self, expr: Reduce, ctx):
+        names = expr.indices
+        if any(self.ranges[n][1] <= self.ranges[n][0] for n in names):
+            return self.empty_reduction(expr.op)
+        outer = int(np.prod([hi - lo for lo, hi in ctx.values()], dtype=np.int64))
+        axes = tuple(self.axis[n] for n in names)
+        total = None
+        running_max = None
+        for block in itertools.product(*self.split(names, self.budget, outer)):
+            inner = dict(ctx)
+            inner.update(zip(names, block))
+            value = np.asarray(self.eval(expr.body, inner), dtype=None)
+            value = self.broadcast_axes(value, inner, names)
+            with np.errstate(all="ignore"):
+                if expr.op == "logsumexp":
+                    total, running_max = self.logsumexp_step(value, axes, total, running_max)
+                    continue
+                part = {"sum": np.sum, "prod": np.prod, "max": np.max, "min": np.min}[
+                    expr.op](value, axis=axes, keepdims=True)
+                if total is None:
+                    total = part
+                elif expr.op == "sum":
+                    total = total + part
+                elif expr.op == "prod":
+                    total = total * part
+                else:
+                    pick = np.maximum if expr.op == "max" else np.minimum
+                    total = pick(total, part)
+        if expr.op == "logsumexp":
+            with np.errstate(all="ignore"):
+                return running_max + np.log(total)
+        return total
+
+    def broadcast_axes(self, value: np.ndarray, ctx, names) -> np.ndarray:
+        """Give ``value`` the full chunk length on each reduced axis (a body that does
+        not use a reduced index is counted once per value of it)."""
+        if value.ndim < self.ndim:
+            value = value.reshape((1,) * (self.ndim - value.ndim) + value.shape)
+        shape = list(value.shape)
+        for name in names:
+            lo, hi = ctx[name]
+            shape[self.axis[name]] = hi - lo
+        return np.broadcast_to(value, shape)
+
+    @staticmethod
+    def logsumexp_step(value, axes, total, shift):
+        """One chunk of a running-max logsumexp; the result is shift + log(total)."""
+        part_max = np.max(value, axis=axes, keepdims=True)
+        new_max = part_max if shift is None else np.maximum(shift, part_max)
+        # Where the maximum is infinite (all -inf so far, or +inf) x - max would be
+        # nan; shifting by 0 there gives exactly -inf or +inf through log.
+        new_shift = np.where(np.isfinite(new_max), new_max, 0)
+        part = np.sum(np.exp(value - new_shift), axis=axes, keepdims=True)
+        if total is not None:
+            # an earlier shift never exceeds the new one where both are finite; the
+            # clamp keeps exp from overflowing where the earlier total was 0
+            part = part + total * np.exp(np.minimum(shift - new_shift, 0))
+        return part, new_shift
+
+    def empty_reduction(self, op: str):
+        if self.working.kind in "iu" and op in ("max", "min"):
+            info = np.iinfo(self.working)
+            return info.min if op == "max" else info.max
+        return _EMPTY[op]
+
+    # -- accesses ------------------------------------------------------------------------
+    def access(self, expr: Access, ctx, array: np.ndarray, gather: bool):
+        if not expr.indices:
+            return array[()]
+        if all(sub.plain_index for sub in expr.indices) and \
+                len({sub.plain_index for sub in expr.indices}) == len(expr.indices):
+            return self.plain_view(expr, ctx, array)
+        positions, valid = [], None
+        for axis, sub in enumerate(expr.indices):
+            size = array.shape[axis]
+            pos = self.subscript(sub, ctx)
+            if sub.gathers:
+                pos, ok = self.apply_bounds(expr, axis, sub, pos, size)
+            elif self.options.pad is not None and not gather:
+                ok = (pos >= 0) & (pos < size)
+                pos = np.clip(pos, 0, max(size - 1, 0))
+            else:
+                ok = None
+            if ok is not None:
+                valid = ok if valid is None else valid & ok
+            positions.append(pos)
+        if valid is not None and array.size == 0:
+            # every read is out of range: nothing to index
+            fill = self.options.pad if self.options.pad is not None else self.options.fill
+            return np.full(np.broadcast_shapes(*[np.shape(p) for p in positions]), fill,
+                           dtype=self.working)
+        value = array[tuple(positions)]
+        if valid is not None:
+            fill = self.options.fill if self.options.bounds == "fill" else self.options.pad
+            if fill is None:
+                fill = self.options.fill
+            value = np.where(valid, value, np.asarray(fill, dtype=array.dtype))
+        return self.full_rank(value, positions)
+
+    def full_rank(self, value, positions):
+        if np.ndim(value) == self.ndim or np.ndim(value) == 0:
+            return value
+        return np.reshape(value, (1,) * (self.ndim - np.ndim(value)) + np.shape(value))
+
+    def plain_view(self, expr: Access, ctx, array: np.ndarray) -> np.ndarray:
+        """A strided view for an access by distinct plain indices: no copy."""
+        names = [sub.plain_index for sub in expr.indices]
+        view = array[tuple(slice(*ctx[n]) for n in names)]
+        order = sorted(range(len(names)), key=lambda a: self.axis[names[a]])
+        view = view.transpose(order)
+        shape = [1] * self.ndim
+        for a in order:
+            shape[self.axis[names[a]]] = view.shape[order.index(a)]
+        return view.reshape(shape)
+
+    def subscript(self, sub: IndexExpr, ctx):
+        pos = np.int64(sub.constant)
+        for name, coeff in sub.terms:
+            pos = pos + coeff * self.index_array(name, ctx)
+        for access, coeff in sub.gathers:
+            gathered = self.access(access, ctx, self.arrays[access.tensor], gather=True)
+            pos = pos + coeff * np.asarray(gathered).astype(np.int64)
+        return pos
+
+    def apply_bounds(self, expr: Access, axis: int, sub: IndexExpr, pos, size: int):
+        mode = self.options.bounds
+        bad = (pos < 0) | (pos >= size)
+        if mode in ("check", "promise"):
+            # The reference never reads out of bounds, so a broken promise raises too.
+            if np.any(bad):
+                value = int(np.asarray(pos)[np.nonzero(bad)][0]) if np.ndim(pos) else int(pos)
+                arrays = ", ".join(a.tensor for a, _ in sub.gathers)
+                raise OutOfBoundsError(
+                    f"{expr}: index array {arrays} gives index value {value} for axis {axis} "
+                    f"of {expr.tensor}, outside its valid range 0..{size - 1} "
+                    f"(bounds={mode!r}; use bounds='clip', 'wrap' or 'fill' to allow it)",
+                    source=self.spec.source, span=sub.span or expr.span)
+            return pos, None
+        if size == 0:
+            return np.zeros_like(pos), np.zeros(np.shape(pos), dtype=bool)
+        if mode == "clip":
+            return np.clip(pos, 0, size - 1), None
+        if mode == "wrap":
+            return np.mod(pos, size), None
+        return np.clip(pos, 0, size - 1), ~bad  # fill

@@ -1,0 +1,2 @@
+def explain(*a, **k):
+    raise NotImplementedError

@@ -1,0 +1,109 @@
+"""Binding one call's arguments to a Spec: names, arrays, dtypes, ranges."""
+
+from __future__ import annotations
+
+import numbers
+from dataclasses import dataclass
+from typing import Dict, Mapping, Optional, Sequence, Tuple
+
+import numpy as np
+
+from ..analysis.dtypes import DTypes, check_index_dtype, check_value_dtype, resolve_dtypes
+from ..analysis.options import Options
+from ..analysis.ranges import Bounds, infer_ranges
+from ..analysis.spec import Spec
+from ..errors import (EinfuseTypeError, MissingArgumentError, ShapeError,
+                      UnexpectedArgumentError)
+from ..lang.ast import accesses
+from .frameworks import common_framework, to_numpy
+
+
+@dataclass
+class BoundCall:
+    """Everything a backend needs to run one statement on concrete arrays."""
+    spec: Spec
+    options: Options
+    arrays: Dict[str, np.ndarray]     # every tensor read on the right, as NumPy
+    params: Dict[str, object]         # scalar parameters (Python or NumPy scalars)
+    bounds: Bounds
+    dtypes: DTypes
+    framework: str
+    output: object = None             # the caller's array for '=' / '+='
+
+    @property
+    def output_shape(self) -> Tuple[int, ...]:
+        return tuple(self.bounds.extent(n) for n in self.spec.output_indices)
+
+
+def bind_names(spec: Spec, args: Sequence[object], kwargs: Mapping[str, object]):
+    """Positional arguments bind in order of first appearance on the right."""
+    order = spec.arg_order
+    if len(args) > len(order):
+        raise UnexpectedArgumentError(f"{len(args)} positional arguments given but the "
+                                      f"statement takes {len(order)} ({', '.join(order)})")
+    named: Dict[str, object] = dict(zip(order, args))
+    output = spec.output if spec.assign != ":=" else None
+    allowed = set(order) | ({output} if output else set())
+    for name, value in kwargs.items():
+        if name not in allowed:
+            if name == spec.output:
+                raise UnexpectedArgumentError(f"{name} is created by ':='; do not pass it "
+                                              "(use '=' to write into an existing array)",
+                                              span=spec.statement.output_span)
+            raise UnexpectedArgumentError(f"{name}= is not used by the statement (it takes "
+                                          f"{', '.join(sorted(allowed)) or 'no arguments'})")
+        if name in named:
+            raise UnexpectedArgumentError(f"{name} is given both by position and by keyword")
+        named[name] = value
+    for name in order:
+        if name not in named:
+            span = next((a.span for a in accesses(spec.rhs) if a.tensor == name), None)
+            what = "tensor" if name in {t.name for t in spec.tensors} else "scalar parameter"
+            raise MissingArgumentError(f"the {what} {name} was not passed; pass {name}=...",
+                                       span=span)
+    if output and output not in named:
+        raise MissingArgumentError(f"'{spec.assign}' writes into an existing array: pass "
+                                   f"{output}=...", span=spec.statement.output_span)
+    return named
+
+
+def _scalar(name: str, value, spec: Spec):
+    if isinstance(value, (bool, numbers.Number)) and not isinstance(value, complex):
+        return value
+    array = to_numpy(value)
+    if array.ndim != 0:
+        span = next((n.span for n in spec.rhs.walk()
+                     if getattr(n, "name", None) == name), None)
+        raise ShapeError(f"{name} is a scalar parameter (used without brackets) but got "
+                         f"an array of shape {array.shape}; index it as {name}[...] or pass "
+                         "a number", span=span)
+    check_value_dtype(name, array.dtype, None, None)
+    return array[()]
+
+
+def bind_call(spec: Spec, options: Options, args, kwargs) -> BoundCall:
+    named = bind_names(spec, args, kwargs)
+    framework = common_framework(named)
+    params = {name: _scalar(name, named[name], spec) for name in spec.params}
+    arrays: Dict[str, np.ndarray] = {}
+    for info in spec.tensors:
+        value = named[info.name]
+        array = to_numpy(value)
+        span = next(a.span for a in accesses(spec.rhs) if a.tensor == info.name)
+        if info.as_index:
+            check_index_dtype(info.name, array.dtype, None, span)
+        if info.as_value:
+            check_value_dtype(info.name, array.dtype, None, span)
+        arrays[info.name] = array
+    output = named.get(spec.output) if spec.assign != ":=" else None
+    output_shape: Optional[Tuple[int, ...]] = None
+    if output is not None:
+        if isinstance(output, numbers.Number):
+            raise EinfuseTypeError(f"'{spec.assign}' needs an array to write into; "
+                                   f"{spec.output} is a {type(output).__name__}",
+                                   span=spec.statement.output_span)
+        output_shape = tuple(np.shape(to_numpy(output)))
+    bounds = infer_ranges(spec, {n: a.shape for n, a in arrays.items()}, options,
+                          output_shape)
+    dtypes = resolve_dtypes(spec, {n: a.dtype for n, a in arrays.items()}, params, options)
+    return BoundCall(spec, options, arrays, params, bounds, dtypes, framework, output)

@@ -1,0 +1,59 @@
+"""Which framework the caller's arrays belong to, and moving between it and NumPy.
+
+Adapters are lazy: torch and jax are imported only when the caller's arrays
+are theirs, found by the array type's module name.
+"""
+
+from __future__ import annotations
+
+import numbers
+from typing import Mapping
+
+import numpy as np
+
+from ..errors import EinfuseTypeError
+
+NUMPY, TORCH, JAX = "numpy", "torch", "jax"
+
+
+def framework_of(value) -> str:
+    module = type(value).__module__ or ""
+    root = module.split(".", 1)[0]
+    if root == "torch":
+        return TORCH
+    if root in ("jax", "jaxlib"):
+        return JAX
+    return NUMPY
+
+
+def common_framework(arrays: Mapping[str, object]) -> str:
+    found = {}
+    for name, value in arrays.items():
+        if isinstance(value, (numbers.Number, list, tuple)):
+            continue  # plain Python data goes with any framework
+        found.setdefault(framework_of(value), name)
+    if len(found) > 1:
+        pairs = ", ".join(f"{name} is a {fw} array" for fw, name in found.items())
+        raise EinfuseTypeError(f"arrays from different frameworks in one call ({pairs}); "
+                               "convert them to one framework first")
+    return next(iter(found), NUMPY)
+
+
+def to_numpy(value) -> np.ndarray:
+    framework = framework_of(value)
+    if framework == TORCH:
+        return value.detach().cpu().numpy()
+    return np.asarray(value)
+
+
+def from_numpy(array: np.ndarray, framework: str, like=None):
+    if framework == TORCH:
+        import torch
+        tensor = torch.from_numpy(np.ascontiguousarray(array))
+        if like is not None and hasattr(like, "device"):
+            tensor = tensor.to(like.device)
+        return tensor
+    if framework == JAX:
+        import jax.numpy as jnp
+        return jnp.asarray(array)
+    return array

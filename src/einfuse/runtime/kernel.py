@@ -1,0 +1,120 @@
+"""The public entry points: ``ein``, ``compile`` and the reusable Kernel."""
+
+from __future__ import annotations
+
+import functools
+from typing import Optional
+
+import numpy as np
+
+from ..analysis.options import Options, make_options
+from ..analysis.spec import Spec, analyse
+from ..backends import get_backend
+from ..errors import EinfuseError, EinfuseTypeError, attach_statement
+from ..lang import parse
+from ..lang.printer import format_statement
+from .binding import BoundCall, bind_call
+from .frameworks import NUMPY, TORCH, from_numpy
+
+
+@functools.lru_cache(maxsize=512)
+def _spec_for(statement: str) -> Spec:
+    """The shape-independent stage, cached by the statement's text."""
+    return analyse(parse(statement))
+
+
+class Kernel:
+    """A compiled statement, reusable for any shapes and dtypes.
+
+    Call it with the statement's tensors and scalars by keyword (or positionally
+    in order of first appearance on the right side).
+    """
+
+    def __init__(self, statement: str, options: Options):
+        self.statement = statement
+        self.options = options
+        try:
+            self.spec = _spec_for(statement)
+        except EinfuseError as error:
+            raise attach_statement(error, statement) from None
+
+    @property
+    def inputs(self):
+        return self.spec.arg_order
+
+    def __repr__(self) -> str:
+        text = format_statement(self.spec.statement)
+        takes = ", ".join(self.spec.arg_order) or "no inputs"
+        if self.spec.assign != ":=":
+            takes += f"; writes into {self.spec.output}"
+        return f"<einfuse.Kernel {text!s} | takes {takes} | backend={self.options.backend}>"
+
+    def bind(self, *args, **kwargs) -> BoundCall:
+        try:
+            return bind_call(self.spec, self.options, args, kwargs)
+        except EinfuseError as error:
+            raise attach_statement(error, self.statement) from None
+
+    def __call__(self, *args, **kwargs):
+        call = self.bind(*args, **kwargs)
+        try:
+            backend = get_backend(self.options.backend)
+            result = backend.run(call).astype(call.dtypes.result, copy=False)
+        except EinfuseError as error:
+            raise attach_statement(error, self.statement) from None
+        return self.deliver(call, result)
+
+    def deliver(self, call: BoundCall, result: np.ndarray):
+        """Hand the result back in the caller's framework; write into the output
+        array for '=' and '+='."""
+        spec = self.spec
+        if spec.assign == ":=":
+            return from_numpy(np.asarray(result), call.framework,
+                              like=next(iter(call.arrays.values()), None))
+        out = call.output
+        if call.framework == NUMPY:
+            if not isinstance(out, np.ndarray) or not out.flags.writeable:
+                raise attach_statement(EinfuseTypeError(
+                    f"'{spec.assign}' writes into {spec.output}, which must be a writable "
+                    f"NumPy array, not {type(out).__name__}",
+                    span=spec.statement.output_span), self.statement)
+            if spec.assign == "=":
+                out[...] = result
+            else:
+                out += result.astype(out.dtype, copy=False)
+            return out
+        if call.framework == TORCH:
+            import torch
+            value = torch.from_numpy(np.ascontiguousarray(result)).to(out.device, out.dtype)
+            with torch.no_grad():
+                out.copy_(value) if spec.assign == "=" else out.add_(value)
+            return out
+        raise attach_statement(EinfuseTypeError(
+            f"'{spec.assign}' cannot write into a {call.framework} array, which is immutable;"
+            " use ':=' and the framework's own update", span=spec.statement.output_span),
+            self.statement)
+
+
+def compile(statement: str, *, ranges=None, pad=None, bounds="check", fill=0.0, dtype=None,
+            backend="auto", threads: Optional[int] = None,
+            memory_limit: Optional[int] = None) -> Kernel:
+    """Compile ``statement`` into a reusable :class:`Kernel`."""
+    try:
+        options = make_options(ranges, pad, bounds, fill, dtype, backend, threads,
+                               memory_limit)
+    except EinfuseError as error:
+        raise attach_statement(error, statement) from None
+    return Kernel(statement, options)
+
+
+def ein(statement: str, *args, ranges=None, pad=None, bounds="check", fill=0.0, dtype=None,
+        backend="auto", threads: Optional[int] = None, memory_limit: Optional[int] = None,
+        **arrays):
+    """Evaluate ``statement`` once on the given arrays and scalars."""
+    kernel = compile(statement, ranges=ranges, pad=pad, bounds=bounds, fill=fill,
+                     dtype=dtype, backend=backend, threads=threads,
+                     memory_limit=memory_limit)
+    return kernel(*args, **arrays)
+
+
+__all__ = ["Kernel", "compile", "ein"]
