@@ -1,2 +1,311 @@
-def explain(*a, **k):
-    raise NotImplementedError
+"""``explain``: what a statement computes, what it costs and how it will run."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Dict, List, Optional
+
+import numpy as np
+
+from .analysis.ranges import Bounds
+from .analysis.spec import Spec
+from .errors import EinfuseError, ShapeError, attach_statement
+from .lang.ast import (Access, Binary, Call, COMPARISON_OPS, Expr, IndexValue, Number, Param,
+                       Reduce, Unary, accesses)
+from .lang.printer import format_expr, format_statement
+
+_REDUCTION_WORDS = {"sum": "the sum", "prod": "the product", "max": "the maximum",
+                    "min": "the minimum", "logsumexp": "the log-sum-exp"}
+_ACCUMULATE = {"sum": "{acc} += {value}", "prod": "{acc} *= {value}",
+               "max": "{acc} = max({acc}, {value})", "min": "{acc} = min({acc}, {value})",
+               "logsumexp": "{acc} = logaddexp({acc}, {value})   # one pass, running max"}
+_INITIAL = {"sum": "0", "prod": "1", "max": "-inf", "min": "+inf", "logsumexp": "-inf"}
+
+
+@dataclass
+class Explanation:
+    """The parts of an explanation; ``str()`` gives the text shown to a person."""
+    statement: str
+    words: List[str]
+    index_rows: List[List[str]]
+    loop_nest: List[str]
+    flops: Optional[int] = None
+    bytes_read: Optional[int] = None
+    bytes_written: Optional[int] = None
+    naive_intermediate_bytes: Optional[int] = None
+    strategy: Optional[str] = None
+    notes: List[str] = field(default_factory=list)
+
+    @property
+    def arithmetic_intensity(self) -> Optional[float]:
+        if self.flops is None or not (self.bytes_read or self.bytes_written):
+            return None
+        return self.flops / (self.bytes_read + self.bytes_written)
+
+    def __str__(self) -> str:
+        out = [self.statement, "", "What it computes"]
+        out += ["  " + line for line in self.words]
+        out += ["", "Indices"] + ["  " + line for line in _table(self.index_rows)]
+        out += ["", "Loop nest"] + ["  " + line for line in self.loop_nest]
+        if self.flops is not None:
+            out += ["", "Cost",
+                    f"  FLOPs                 {_count(self.flops)}",
+                    f"  bytes read            {_bytes(self.bytes_read)} (each input once)",
+                    f"  bytes written         {_bytes(self.bytes_written)}",
+                    f"  arithmetic intensity  {self.arithmetic_intensity:.2f} FLOP/byte"]
+            if self.naive_intermediate_bytes:
+                out.append(f"  naive broadcast       {_bytes(self.naive_intermediate_bytes)}"
+                           " intermediate (what eager NumPy/PyTorch would allocate; "
+                           "einfuse never does)")
+        if self.strategy:
+            out += ["", "How it runs", "  " + self.strategy]
+        if self.notes:
+            out += [""] + ["Note: " + n for n in self.notes]
+        return "\n".join(out)
+
+
+def _table(rows: List[List[str]]) -> List[str]:
+    widths = [max(len(row[c]) for row in rows) for c in range(len(rows[0]))]
+    return ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in rows]
+
+
+def _count(n: int) -> str:
+    for unit, scale in (("G", 1e9), ("M", 1e6), ("k", 1e3)):
+        if n >= scale:
+            return f"{n:,} ({n / scale:.2f} {unit})"
+    return f"{n:,}"
+
+
+def _bytes(n: int) -> str:
+    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if n >= scale:
+            return f"{n / scale:.2f} {unit}"
+    return f"{n} B"
+
+
+def _indices_text(names) -> str:
+    names = list(names)
+    return names[0] if len(names) == 1 else ", ".join(names[:-1]) + " and " + names[-1]
+
+
+# -- plain words ---------------------------------------------------------------------------
+def describe(expr: Expr) -> str:
+    """``expr`` in words, reductions spelled out, other parts as formulas."""
+    if isinstance(expr, Reduce):
+        return f"{_REDUCTION_WORDS[expr.op]} over {_indices_text(expr.indices)} of " \
+               f"{describe(expr.body)}"
+    if not any(isinstance(n, Reduce) for n in expr.walk()):
+        return format_expr(expr)
+    if isinstance(expr, Call):
+        return f"{expr.func} of ({', '.join(describe(a) for a in expr.args)})"
+    if isinstance(expr, Binary):
+        return f"({describe(expr.left)}) {expr.op} ({describe(expr.right)})"
+    if isinstance(expr, Unary):
+        return f"minus ({describe(expr.operand)})"
+    return format_expr(expr)
+
+
+def words(spec: Spec, options) -> List[str]:
+    st = spec.statement
+    target = f"{st.output}[{', '.join(st.output_indices)}]" if st.output_indices \
+        else f"the scalar {st.output}"
+    verb = {":=": "is", "=": "is overwritten with", "+=": "is increased by"}[st.assign]
+    lead = f"For every {_indices_text(st.output_indices)}, " if st.output_indices else ""
+    lines = [f"{lead}{target} {verb} {describe(spec.rhs)}."]
+    if spec.implicit_reduction:
+        names = _indices_text(spec.rhs.indices)
+        lines.append(f"{names} {'is' if len(spec.rhs.indices) == 1 else 'are'} summed "
+                     "because it does not appear on the left side (implicit sum).")
+    seen = set()
+    for access in accesses(spec.rhs):
+        if access in seen:
+            continue
+        seen.add(access)
+        for axis, sub in enumerate(access.indices):
+            if sub.gathers:
+                arrays = _indices_text([str(a) for a, _ in sub.gathers])
+                lines.append(f"{access.tensor} is gathered: axis {axis} is indexed by the "
+                             f"values of {arrays} (bounds={options.bounds!r}).")
+            elif sub.is_affine and sub.terms:
+                how = f"reads outside give {options.pad} (pad=)" if options.pad is not None \
+                    else "the ranges keep every read inside the array"
+                lines.append(f"{access.tensor} is read at shifted position {sub} on axis "
+                             f"{axis}; {how}.")
+    if spec.result_is_bool:
+        lines.append("The right side is a comparison, so the result is bool.")
+    return lines
+
+
+# -- loop nest -----------------------------------------------------------------------------
+def loop_nest(spec: Spec, bounds: Optional[Bounds]) -> List[str]:
+    def loop_range(name: str) -> str:
+        if bounds is None:
+            return f"range({name})"
+        lo, hi = bounds.range_map[name]
+        return f"{lo}..{hi - 1}" if hi > lo else "(empty)"
+
+    lines: List[str] = []
+    counter = [0]
+
+    def emit(expr: Expr, depth: int) -> Expr:
+        """Emit the loops of every reduction in ``expr``; return ``expr`` with each
+        reduction replaced by its accumulator's name."""
+        if isinstance(expr, Reduce):
+            counter[0] += 1
+            acc = f"acc{counter[0]}"
+            pad = "  " * depth
+            lines.append(f"{pad}{acc} = {_INITIAL[expr.op]}")
+            for offset, name in enumerate(expr.indices):
+                lines.append(f"{pad}{'  ' * offset}for {name} in {loop_range(name)}:"
+                             f"   # {expr.op}")
+            inner = depth + len(expr.indices)
+            value = format_expr(emit(expr.body, inner))
+            lines.append("  " * inner + _ACCUMULATE[expr.op].format(acc=acc, value=value))
+            return Param(acc)
+        return _map_children(expr, lambda child: emit(child, depth))
+
+    depth = 0
+    for name in spec.output_indices:
+        kind = "parallel" if name in spec.race_free_indices else "serial"
+        lines.append(f"{'  ' * depth}for {name} in {loop_range(name)}:   # {kind}")
+        depth += 1
+    value = format_expr(emit(spec.rhs, depth))
+    target = f"{spec.output}[{', '.join(spec.output_indices)}]" if spec.output_indices \
+        else spec.output
+    op = "+=" if spec.assign == "+=" else "="
+    lines.append(f"{'  ' * depth}{target} {op} {value}")
+    return lines
+
+
+def _map_children(expr: Expr, fn) -> Expr:
+    import dataclasses
+    if isinstance(expr, Unary):
+        return dataclasses.replace(expr, operand=fn(expr.operand))
+    if isinstance(expr, Binary):
+        return dataclasses.replace(expr, left=fn(expr.left), right=fn(expr.right))
+    if isinstance(expr, Call):
+        return dataclasses.replace(expr, args=tuple(fn(a) for a in expr.args))
+    return expr
+
+
+# -- costs -----------------------------------------------------------------------------------
+def _ops(expr: Expr) -> int:
+    if isinstance(expr, (Binary, Call)):
+        return 1
+    if isinstance(expr, Unary):
+        return 1
+    if isinstance(expr, Reduce):
+        return 1 if expr.op != "logsumexp" else 3  # max, exp, add per element
+    return 0
+
+
+def count_flops(spec: Spec, bounds: Bounds) -> int:
+    """Operations executed, counting each arithmetic operator, comparison, function and
+    reduction step as one (logsumexp as three), times how often its scope runs."""
+    def visit(expr: Expr, scope: int) -> int:
+        if isinstance(expr, Reduce):
+            inner = scope
+            for name in expr.indices:
+                inner *= bounds.extent(name)
+            return inner * _ops(expr) + visit(expr.body, inner)
+        if isinstance(expr, Access):
+            return 0
+        return scope * _ops(expr) + sum(visit(c, scope) for c in expr.children())
+
+    outer = 1
+    for name in spec.output_indices:
+        outer *= bounds.extent(name)
+    return visit(spec.rhs, outer)
+
+
+def naive_intermediate(spec: Spec, bounds: Bounds, itemsize: int) -> int:
+    """Bytes of the largest broadcast a reduction's body would have in eager NumPy."""
+    biggest = 0
+
+    def visit(expr: Expr, scope: int):
+        nonlocal biggest
+        if isinstance(expr, Reduce):
+            for name in expr.indices:
+                scope *= bounds.extent(name)
+            if not isinstance(expr.body, Access):
+                biggest = max(biggest, scope)
+        for child in expr.children():
+            visit(child, scope)
+
+    outer = 1
+    for name in spec.output_indices:
+        outer *= bounds.extent(name)
+    visit(spec.rhs, outer)
+    return biggest * itemsize
+
+
+def index_rows(spec: Spec, bounds: Optional[Bounds]) -> List[List[str]]:
+    rows = [["index", "role", "extent", "values", "from"]]
+    for name in spec.all_indices:
+        if name in spec.output_indices:
+            role = f"output axis {spec.output_indices.index(name)}"
+        else:
+            role = f"reduced ({spec.reduction_of(name).op})"
+        if bounds is None:
+            sources = sorted({f"{u.access.tensor} axis {u.axis}" for u in spec.uses(name)})
+            rows.append([name, role, "per call", "", ", ".join(sources) or "ranges="])
+        else:
+            lo, hi = bounds.range_map[name]
+            values = f"{lo}..{hi - 1}" if hi > lo else "empty"
+            rows.append([name, role, str(bounds.extent(name)), values, bounds.source(name)])
+    return rows
+
+
+def explain(statement: str, *args, shapes: Optional[Dict[str, tuple]] = None,
+            ranges=None, pad=None, bounds="check", fill=0.0, dtype=None, backend="auto",
+            threads=None, memory_limit=None, **arrays) -> Explanation:
+    """Explain ``statement``; with arrays (or ``shapes={"A": (100, 50)}``) also the
+    ranges, costs and plan for those shapes.  ``str()`` of the result is the text."""
+    from .backends import get_backend
+    from .runtime.kernel import compile as compile_kernel
+
+    kernel = compile_kernel(statement, ranges=ranges, pad=pad, bounds=bounds, fill=fill,
+                            dtype=dtype, backend=backend, threads=threads,
+                            memory_limit=memory_limit)
+    spec = kernel.spec
+    text = format_statement(spec.statement)
+    if shapes:
+        try:
+            arrays = dict(arrays, **_placeholders(spec, shapes))
+        except EinfuseError as error:
+            raise attach_statement(error, statement) from None
+    if not args and not arrays:
+        return Explanation(text, words(spec, kernel.options), index_rows(spec, None),
+                           loop_nest(spec, None),
+                           notes=["pass arrays or shapes= to see ranges, costs and the plan"])
+    call = kernel.bind(*args, **arrays)
+    result_item = call.dtypes.result.itemsize
+    read = sum(a.nbytes for a in call.arrays.values())
+    written = int(np.prod(call.output_shape, dtype=np.int64)) * result_item
+    if spec.assign == "+=":
+        read += written
+    chosen = get_backend(kernel.options.backend)
+    return Explanation(
+        text, words(spec, kernel.options), index_rows(spec, call.bounds),
+        loop_nest(spec, call.bounds), flops=count_flops(spec, call.bounds),
+        bytes_read=read, bytes_written=written,
+        naive_intermediate_bytes=naive_intermediate(spec, call.bounds,
+                                                    call.dtypes.working.itemsize),
+        strategy=f"backend {chosen.name}: {chosen.strategy(call)}; result dtype "
+                 f"{call.dtypes.result}")
+
+
+def _placeholders(spec: Spec, shapes: Dict[str, tuple]) -> Dict[str, np.ndarray]:
+    """Zero-stride arrays of the given shapes (float32 values, int64 index arrays):
+    enough to bind ranges and dtypes without allocating anything."""
+    result = {}
+    names = {t.name: t for t in spec.tensors}
+    for name, shape in shapes.items():
+        if name not in names and name != spec.output:
+            raise ShapeError(f"shapes= names {name!r}, which is not a tensor of the statement")
+        info = names.get(name)
+        dtype = np.int64 if info is not None and info.as_index else np.float32
+        result[name] = np.broadcast_to(np.zeros((), dtype=dtype), tuple(int(s) for s in shape))
+    for name in spec.params:
+        result.setdefault(name, 1.0)
+    return result

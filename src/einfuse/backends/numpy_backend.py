@@ -122,6 +122,15 @@ class NumpyExecutor:
         shape[self.axis[name]] = hi - lo
         return np.arange(lo, hi, dtype=np.int64).reshape(shape)
 
+    def describe(self) -> str:
+        names = self.spec.output_indices
+        blocks = self.split(names, self.budget)
+        count = int(np.prod([len(b) for b in blocks], dtype=np.int64)) if names else 1
+        limit = self.options.memory_limit / 2**20
+        return (f"NumPy reference executor, vectorised over the index grid in {count} output "
+                f"block(s); reductions walk their indices in chunks so that no intermediate "
+                f"exceeds memory_limit={limit:g} MiB")
+
     # -- expressions -------------------------------------------------------------------
     def eval(self, expr: Expr, ctx):
         if isinstance(expr, Number):
