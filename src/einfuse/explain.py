@@ -114,8 +114,10 @@ def words(spec: Spec, options) -> List[str]:
     lines = [f"{lead}{target} {verb} {describe(spec.rhs)}."]
     if spec.implicit_reduction:
         names = _indices_text(spec.rhs.indices)
-        lines.append(f"{names} {'is' if len(spec.rhs.indices) == 1 else 'are'} summed "
-                     "because it does not appear on the left side (implicit sum).")
+        one = len(spec.rhs.indices) == 1
+        lines.append(f"{names} {'is' if one else 'are'} summed because "
+                     f"{'it does' if one else 'they do'} not appear on the left side "
+                     "(implicit sum).")
     seen = set()
     for access in accesses(spec.rhs):
         if access in seen:

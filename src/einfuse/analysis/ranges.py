@@ -229,7 +229,7 @@ class _Inference:
                 a_lo, a_hi = -((-high_c) // c), low_c // c
             lo = a_lo if lo is None else max(lo, a_lo)
             hi = a_hi + 1 if hi is None else min(hi, a_hi + 1)
-            parts.append(f"{use.access}")
+            parts.append(f"{use.access.tensor} axis {use.axis} ({use.subscript})")
         if lo is None or (force and not plain and not computable):
             return False
         hi = max(hi, lo)

@@ -27,7 +27,7 @@ from ..lang.ast import (Access, Binary, Call, Expr, IndexExpr, IndexValue, Numbe
 
 # Upper bound on how many grid-sized temporaries one expression keeps alive at once;
 # the element budget is the byte budget divided by this and by 8 bytes per element.
-_LIVE_TEMPORARIES = 4
+_LIVE_TEMPORARIES = 8
 
 
 def _erf(x):

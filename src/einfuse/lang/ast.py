@@ -72,7 +72,7 @@ class IndexValue(Expr):
 class IndexExpr:
     """One subscript of an access: ``sum(c*i) + sum(c*gather) + constant``.
 
-    ``terms`` pairs index names with integer coefficients (sorted by name, no
+    ``terms`` pairs index names with integer coefficients (in source order, no
     zero coefficients); ``gathers`` pairs integer-array accesses with their
     coefficient (kept in source order).
     """

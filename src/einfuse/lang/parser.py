@@ -278,7 +278,7 @@ class _Parser:
     # -- subscripts ----------------------------------------------------------------------
     def subscript(self, expr: Expr, span: Tuple[int, int]) -> IndexExpr:
         terms, gathers, constant = self.linear(expr)
-        return IndexExpr(tuple(sorted((n, c) for n, c in terms.items() if c != 0)),
+        return IndexExpr(tuple((n, c) for n, c in terms.items() if c != 0),
                          tuple((a, c) for a, c in gathers if c != 0), constant, span=span)
 
     def linear(self, expr: Expr):

@@ -1,0 +1,100 @@
+"""explain's content, the einfuse command, and the README's examples."""
+
+import os
+import re
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import einfuse as ef
+from einfuse.cli import main
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def test_explain_matmul_with_arrays():
+    A, B = np.ones((100, 50), np.float32), np.ones((50, 30), np.float32)
+    report = ef.explain("C[i,j] := A[i,k] * B[k,j]", A=A, B=B)
+    text = str(report)
+    assert "the sum over k of A[i, k] * B[k, j]" in text
+    assert re.search(r"k\s+reduced \(sum\)\s+50\s+0\.\.49\s+A axis 1", text)
+    assert "for k in 0..49:   # sum" in text and "for i in 0..99:   # parallel" in text
+    assert report.flops == 2 * 100 * 30 * 50
+    assert report.bytes_read == A.nbytes + B.nbytes
+    assert report.bytes_written == 100 * 30 * 4
+    assert report.naive_intermediate_bytes == 100 * 30 * 50 * 4
+    assert report.arithmetic_intensity == pytest.approx(report.flops / (A.nbytes + B.nbytes
+                                                                          + 12000))
+
+
+def test_explain_without_shapes_and_with_shapes():
+    symbolic = str(ef.explain("y[i] := x[i+a] * ker[a]"))
+    assert "per call" in symbolic and "pass arrays or shapes=" in symbolic
+    shaped = ef.explain("y[i] := x[i+a] * ker[a]", shapes={"x": (100,), "ker": (7,)})
+    assert "0..93" in str(shaped) and "x axis 0 (i + a)" in str(shaped)
+
+
+def test_explain_nested_loops_and_gather_words():
+    text = str(ef.explain("o[i] := sum[j](exp(-sum[d]((x[i,d]-y[j,d])**2)) * b[j])",
+                          shapes={"x": (10, 3), "y": (20, 3), "b": (20,)}))
+    assert "acc2 += (x[i, d] - y[j, d])**2" in text
+    assert "acc1 += exp(-acc2) * b[j]" in text
+    gather = str(ef.explain("E[b,d] := W[idx[b], d]", bounds="wrap",
+                            shapes={"W": (50, 4), "idx": (8,)}))
+    assert "W is gathered" in gather and "bounds='wrap'" in gather
+
+
+def test_explain_reports_errors_like_ein():
+    with pytest.raises(ef.EinfuseError, match="index k: A gives 50"):
+        ef.explain("C[i,j] := A[i,k]*B[k,j]", shapes={"A": (100, 50), "B": (40, 30)})
+    with pytest.raises(ef.EinfuseError, match="not a tensor"):
+        ef.explain("C[i,j] := A[i,k]*B[k,j]", shapes={"Q": (1,)})
+
+
+def test_cli_explain(capsys):
+    assert main(["explain", "C[i,j] := A[i,k]*B[k,j]", "--shape", "A=100x50",
+                 "--shape", "B=50x30"]) == 0
+    out = capsys.readouterr().out
+    assert "FLOPs                 300,000" in out
+    assert main(["explain", "y[i] := x[i+a]*k[a]", "--shape", "x=10", "--range", "i=3",
+                 "--shape", "k=3"]) == 0
+    assert "ranges=" in capsys.readouterr().out
+
+
+def test_cli_errors_are_messages_not_tracebacks(capsys):
+    assert main(["explain", "C[i,j] := A[i,k]*B[k,j]", "--shape", "A=100x50",
+                 "--shape", "B=40x30"]) == 1
+    err = capsys.readouterr().err
+    assert "ShapeError" in err and "^^^^^^" in err and "Traceback" not in err
+    with pytest.raises(SystemExit):
+        main(["explain", "C[i] := A[i]", "--shape", "A=ten"])
+
+
+def test_console_script_runs():
+    done = subprocess.run([sys.executable, "-m", "einfuse.cli", "explain", "s := x[i]",
+                           "--shape", "x=4"], capture_output=True, text=True)
+    assert done.returncode == 0 and "the sum over i of x[i]" in done.stdout
+
+
+def test_readme_python_example_prints_what_it_says():
+    readme = open(os.path.join(ROOT, "README.md")).read()
+    code = re.search(r"```python\n(.*?)```", readme, re.S).group(1)
+    scope = {}
+    exec(code, scope)
+    assert "`y` is `[-2. -2. -2. -2. -2. -2. -2. -2.]`" in readme
+    np.testing.assert_array_equal(scope["y"], np.full(8, -2.0))
+    np.testing.assert_array_equal(scope["E"], np.eye(4)[[3, 0]])
+
+
+@pytest.mark.parametrize("statement", ["C[i,j] := A[i,k] * B[k,j]",
+                                       "E[b,d] := W[idx[b], d]"])
+def test_readme_explain_blocks_are_current(statement):
+    readme = open(os.path.join(ROOT, "README.md")).read()
+    block = re.search(r'\$ einfuse explain "' + re.escape(statement) + r'" (.*?)\n(.*?)```',
+                      readme, re.S)
+    args = block.group(1).split()
+    done = subprocess.run([sys.executable, "-m", "einfuse.cli", "explain", statement, *args],
+                          capture_output=True, text=True)
+    assert done.stdout.strip() == block.group(2).strip()
