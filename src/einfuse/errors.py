@@ -97,10 +97,17 @@ class EinfuseWarning(UserWarning):
     """A statement is legal but probably not what was meant."""
 
 
-def warn(message: str, *, source: Optional[str] = None, span: Optional[Span] = None,
-         stacklevel: int = 4) -> None:
+def warn(message: str, *, source: Optional[str] = None, span: Optional[Span] = None) -> None:
+    """Warn with the statement and carets, attributed to the caller's line (the first
+    frame outside einfuse)."""
+    import os
+    import sys
+    package = os.path.dirname(os.path.abspath(__file__))
+    level, frame = 2, sys._getframe(1)
+    while frame is not None and os.path.abspath(frame.f_code.co_filename).startswith(package):
+        frame, level = frame.f_back, level + 1
     text = str(EinfuseError(message, source=source, span=span))
-    warnings.warn(text, EinfuseWarning, stacklevel=stacklevel)
+    warnings.warn(text, EinfuseWarning, stacklevel=level)
 
 
 def attach_statement(error: EinfuseError, source: str) -> EinfuseError:

@@ -13,7 +13,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Dict, List, Optional, Set, Tuple
 
-from ..errors import EinfuseNameError, IndexRuleError, warn
+from ..errors import EinfuseNameError, IndexRuleError
 from ..lang.ast import (Access, Binary, COMPARISON_OPS, LOGICAL_OPS, Expr, IndexExpr,
                         IndexValue, Param, Reduce, Statement, Unary, accesses, reductions)
 from ..lang.printer import format_expr
@@ -49,6 +49,8 @@ class Spec:
     index_uses: Tuple[Tuple[str, Tuple[IndexUse, ...]], ...]
     result_is_bool: bool
     race_free_indices: Tuple[str, ...]      # loops that may run in parallel as they stand
+    # (message, span) pairs for legal but suspicious constructs; the API emits them
+    warnings: Tuple[Tuple[str, Tuple[int, int]], ...] = ()
 
     @property
     def source(self) -> str:
@@ -87,7 +89,8 @@ class Spec:
 
 
 def analyse(statement: Statement) -> Spec:
-    """Check the statement's index rules and build its Spec (may warn)."""
+    """Check the statement's index rules and build its Spec (``spec.warnings`` lists
+    what the API should warn about)."""
     return _Analyser(statement).run()
 
 
@@ -119,6 +122,7 @@ class _Analyser:
     def __init__(self, statement: Statement):
         self.statement = statement
         self.source = statement.source
+        self.warnings: List[Tuple[str, Tuple[int, int]]] = []
 
     def error(self, cls, message: str, span):
         return cls(message, source=self.source, span=span)
@@ -141,7 +145,7 @@ class _Analyser:
                     reduction_indices=reduction_indices, tensors=tensors, params=params,
                     arg_order=order, index_uses=self.index_uses(rhs),
                     result_is_bool=_is_logical(st.rhs),
-                    race_free_indices=st.output_indices)
+                    race_free_indices=st.output_indices, warnings=tuple(self.warnings))
 
     def check_output_reads(self, rhs: Expr):
         st = self.statement
@@ -213,8 +217,8 @@ class _Analyser:
             hint = f"; if that is not meant, write {lhs} {st.assign} " \
                    f"sum[{names}]({format_expr(body)}) + {rest}"
         shown = ", ".join(format_expr(t) for t in lonely)
-        warn(f"implicit sum over {names} also adds {shown} once for every value of "
-             f"{names}{hint}", source=self.source, span=lonely[0].span)
+        self.warnings.append((f"implicit sum over {names} also adds {shown} once for every "
+                              f"value of {names}{hint}", lonely[0].span))
 
     def names(self, rhs: Expr):
         ranks: Dict[str, int] = {}

@@ -10,7 +10,7 @@ import numpy as np
 from ..analysis.options import Options, make_options
 from ..analysis.spec import Spec, analyse
 from ..backends import get_backend
-from ..errors import EinfuseError, EinfuseTypeError, attach_statement
+from ..errors import EinfuseError, EinfuseTypeError, attach_statement, warn
 from ..lang import parse
 from ..lang.printer import format_statement
 from .binding import BoundCall, bind_call
@@ -37,6 +37,8 @@ class Kernel:
             self.spec = _spec_for(statement)
         except EinfuseError as error:
             raise attach_statement(error, statement) from None
+        for message, span in self.spec.warnings:
+            warn(message, source=statement, span=span)
 
     @property
     def inputs(self):
