@@ -33,7 +33,11 @@ def parse(source: str) -> Statement:
     """Parse ``source`` into a :class:`Statement` (names resolved)."""
     if not isinstance(source, str):
         raise EinfuseSyntaxError(f"a statement must be a string, not {type(source).__name__}")
-    return _Parser(source).statement()
+    try:
+        return _Parser(source).statement()
+    except RecursionError:
+        raise EinfuseSyntaxError("the statement nests too deeply to parse", source=source,
+                                 span=(0, len(source))) from None
 
 
 def _arity(func: str) -> Tuple[int, ...]:

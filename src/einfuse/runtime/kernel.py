@@ -10,7 +10,8 @@ import numpy as np
 from ..analysis.options import Options, make_options
 from ..analysis.spec import Spec, analyse
 from ..backends import get_backend
-from ..errors import EinfuseError, EinfuseTypeError, attach_statement, warn
+from ..errors import (EinfuseError, EinfuseSyntaxError, EinfuseTypeError, attach_statement,
+                      warn)
 from ..lang import parse
 from ..lang.printer import format_statement
 from .binding import BoundCall, bind_call
@@ -20,7 +21,11 @@ from .frameworks import NUMPY, TORCH, from_numpy
 @functools.lru_cache(maxsize=512)
 def _spec_for(statement: str) -> Spec:
     """The shape-independent stage, cached by the statement's text."""
-    return analyse(parse(statement))
+    try:
+        return analyse(parse(statement))
+    except RecursionError:
+        raise EinfuseSyntaxError("the statement nests too deeply to analyse",
+                                 span=(0, len(statement))) from None
 
 
 class Kernel:
@@ -64,6 +69,9 @@ class Kernel:
             result = backend.run(call).astype(call.dtypes.result, copy=False)
         except EinfuseError as error:
             raise attach_statement(error, self.statement) from None
+        except RecursionError:
+            raise attach_statement(EinfuseSyntaxError(
+                "the statement nests too deeply to evaluate"), self.statement) from None
         return self.deliver(call, result)
 
     def deliver(self, call: BoundCall, result: np.ndarray):
