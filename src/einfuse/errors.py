@@ -31,13 +31,18 @@ class EinfuseError(Exception):
     def __str__(self) -> str:
         if self.source is None:
             return self.message
-        lines = [self.message, "    " + self.source]
-        if self.span is not None:
-            start, end = self.span
-            start = max(0, min(start, len(self.source)))
-            end = max(start + 1, min(end, len(self.source) + 1))
-            lines.append("    " + " " * start + "^" * (end - start))
-        return "\n".join(lines)
+        if self.span is None:
+            return "\n".join([self.message] + ["    " + line
+                                               for line in self.source.split("\n")])
+        # Show the line holding the span's start, carets under the span's part of it.
+        start, end = self.span
+        start = max(0, min(start, len(self.source)))
+        line_start = self.source.rfind("\n", 0, start) + 1
+        line_end = self.source.find("\n", start)
+        line_end = len(self.source) if line_end < 0 else line_end
+        end = max(start + 1, min(end, line_end + 1))
+        return "\n".join([self.message, "    " + self.source[line_start:line_end],
+                          "    " + " " * (start - line_start) + "^" * (end - start)])
 
     # Exceptions are pickled when they cross process boundaries (multiprocessing,
     # pytest-xdist); keep the keyword-only context through that round trip.

@@ -147,8 +147,13 @@ class _Inference:
     def settle_plain(self, index: str, plain: List[IndexUse]):
         if not plain:
             spans = [u.access.span for u in self.spec.uses(index)]
-            where = "it is used only inside gathers' affine parts" if spans else \
-                "no array is indexed by it"
+            if not spans:
+                where = "no array is indexed by it"
+            elif self.options.pad is not None:
+                where = "no plain subscript gives its size, and with pad= shifted " \
+                        "subscripts do not limit ranges"
+            else:
+                where = "no plain subscript gives its size"
             raise self.error(RangeError, f"index {index}: its range cannot be inferred "
                              f"({where}); give ranges={{{index!r}: ...}}",
                              spans[0] if spans else self.index_span(index))

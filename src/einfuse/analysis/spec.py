@@ -110,12 +110,27 @@ def _rhs_indices(expr: Expr) -> List[str]:
     return list(seen)
 
 
-def _additive_terms(expr: Expr) -> List[Expr]:
+def _signed_terms(expr: Expr, sign: int = 1) -> List[Tuple[int, Expr]]:
+    """``expr`` as a signed sum of terms: a - (b + c) -> [(+1, a), (-1, b), (-1, c)]."""
     if isinstance(expr, Binary) and expr.op in ("+", "-"):
-        return _additive_terms(expr.left) + _additive_terms(expr.right)
+        right_sign = sign if expr.op == "+" else -sign
+        return _signed_terms(expr.left, sign) + _signed_terms(expr.right, right_sign)
     if isinstance(expr, Unary):
-        return _additive_terms(expr.operand)
-    return [expr]
+        return _signed_terms(expr.operand, -sign)
+    return [(sign, expr)]
+
+
+def _format_sum(terms: List[Tuple[int, Expr]]) -> str:
+    text = ""
+    for sign, term in terms:
+        printed = format_expr(term)
+        if isinstance(term, Binary) and term.op not in ("*", "/", "**"):
+            printed = f"({printed})"
+        if not text:
+            text = printed if sign > 0 else "-" + printed
+        else:
+            text += (" + " if sign > 0 else " - ") + printed
+    return text
 
 
 class _Analyser:
@@ -196,29 +211,26 @@ class _Analyser:
                           "reductions there is no implicit sum", span)
 
     def warn_bias_terms(self, rhs: Expr, free: List[str]):
-        terms = _additive_terms(rhs)
+        terms = _signed_terms(rhs)
         if len(terms) < 2:
             return
-        lonely = [t for t in terms if not set(free) <= set(_rhs_indices(t))]
+        lonely = [(s, t) for s, t in terms if not set(free) <= set(_rhs_indices(t))]
         if not lonely:
             return
         st = self.statement
-        using = [t for t in terms if t not in lonely]
+        using = [(s, t) for s, t in terms if not any(t is u for _, u in lonely)]
         names = ", ".join(free)
         lhs = f"{st.output}[{', '.join(st.output_indices)}]" if st.output_indices \
             else st.output
         hint = ""
         if using:
-            # Rebuild the sum of the terms that use every summed index, keeping signs.
-            body = rhs
-            for term in lonely:
-                body = _drop_term(body, term)
-            rest = " + ".join(format_expr(t) for t in lonely)
+            rest = _format_sum(lonely)
+            tail = f" - {rest[1:]}" if rest.startswith("-") else f" + {rest}"
             hint = f"; if that is not meant, write {lhs} {st.assign} " \
-                   f"sum[{names}]({format_expr(body)}) + {rest}"
-        shown = ", ".join(format_expr(t) for t in lonely)
+                   f"sum[{names}]({_format_sum(using)}){tail}"
+        shown = ", ".join(format_expr(t) for _, t in lonely)
         self.warnings.append((f"implicit sum over {names} also adds {shown} once for every "
-                              f"value of {names}{hint}", lonely[0].span))
+                              f"value of {names}{hint}", lonely[0][1].span))
 
     def names(self, rhs: Expr):
         ranks: Dict[str, int] = {}
@@ -270,18 +282,6 @@ class _Analyser:
 
         visit(rhs, False)
         return tuple((name, tuple(found)) for name, found in uses.items())
-
-
-def _drop_term(expr: Expr, term: Expr) -> Expr:
-    """``expr`` (a sum of terms) without ``term``; used only to print a hint."""
-    if isinstance(expr, Binary) and expr.op in ("+", "-"):
-        if expr.right is term:
-            return expr.left
-        if expr.left is term:
-            return expr.right if expr.op == "+" else Unary("-", expr.right)
-        return dataclasses.replace(expr, left=_drop_term(expr.left, term),
-                                   right=_drop_term(expr.right, term))
-    return expr
 
 
 def _is_logical(expr: Expr) -> bool:

@@ -244,8 +244,9 @@ class NumpyExecutor:
     def access(self, expr: Access, ctx, array: np.ndarray, gather: bool):
         if not expr.indices:
             return array[()]
-        if all(sub.plain_index for sub in expr.indices) and \
-                len({sub.plain_index for sub in expr.indices}) == len(expr.indices):
+        names = [sub.plain_index for sub in expr.indices]
+        if all(names) and len(set(names)) == len(names) and all(
+                0 <= ctx[n][0] and ctx[n][1] <= size for n, size in zip(names, array.shape)):
             return self.plain_view(expr, ctx, array)
         positions, valid = [], None
         for axis, sub in enumerate(expr.indices):

@@ -205,11 +205,14 @@ class _Parser:
         nxt = self.peek()
         if name in REDUCTIONS and nxt.kind == OP and nxt.text == "[":
             return self.reduction()
-        if name in CONSTANTS:
+        if name in CONSTANTS and not (nxt.kind == OP and nxt.text in "[("):
             self.advance()
             return Number(CONSTANTS[name], span=(token.start, token.end))
         if nxt.kind == OP and nxt.text == "(":
             return self.call()
+        if name in CONSTANTS:
+            self.error(f"{name!r} is a reserved constant and cannot be indexed or called",
+                       token.start, token.end, cls=EinfuseNameError)
         if name in RESERVED:
             hint = f"; write {name}[k](...)" if name in REDUCTIONS else ""
             self.error(f"{name!r} is a reserved name and needs its arguments{hint}",

@@ -109,6 +109,9 @@ def compile(statement: str, *, ranges=None, pad=None, bounds="check", fill=0.0, 
             backend="auto", threads: Optional[int] = None,
             memory_limit: Optional[int] = None) -> Kernel:
     """Compile ``statement`` into a reusable :class:`Kernel`."""
+    if not isinstance(statement, str):
+        raise EinfuseSyntaxError(f"a statement must be a string, not "
+                                 f"{type(statement).__name__}")
     try:
         options = make_options(ranges, pad, bounds, fill, dtype, backend, threads,
                                memory_limit)

@@ -1,0 +1,153 @@
+"""The C backend: lower a statement to the loop-nest IR, render it as C with
+OpenMP, compile it once (cached on disk and in memory), and run it on the
+caller's arrays.
+
+Per call, value arrays are converted to the working dtype and index arrays to
+int64 in Python (no copy when they already are), so one kernel serves every
+input dtype; strides, sizes and range starts are runtime arguments, so one
+kernel serves every shape and layout with the same unit-stride axes.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import threading
+from typing import Dict, List, Tuple
+
+import numpy as np
+
+from ..errors import BackendError, EinfuseWarning
+from ..plan import buffer_slots, call_arguments, plan_for, unit_axis
+from . import c_build
+from .c_render import render_c
+
+# Below this many loop iterations in total, threads cost more than they save.
+PARALLEL_MIN_WORK = 1 << 15
+TILE = 32
+
+_kernels: Dict[Tuple, Tuple] = {}
+_kernels_lock = threading.Lock()
+_warned = []
+_ARGTYPES = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_void_p, ctypes.c_void_p,
+             ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int, ctypes.POINTER(ctypes.c_int32)]
+
+
+def _buffers(call) -> List[np.ndarray]:
+    """One array per kernel buffer slot (the output excluded)."""
+    working = call.dtypes.working
+    result = []
+    for tensor, kind in buffer_slots(call.spec)[:-1]:
+        array = np.asarray(call.arrays[tensor])
+        dtype = np.int64 if kind == "index" else working
+        result.append(array.astype(dtype, copy=False))
+    return result
+
+
+def _plan(call, layouts):
+    return plan_for(call.spec, call.dtypes.working.name, call.options.pad is not None,
+                    call.options.bounds, tuple(layouts), TILE)
+
+
+def kernel_functions(call, layouts):
+    """(plan, [ctypes function per IR kernel]) for this call's statement and layout."""
+    key = (call.spec, call.dtypes.working.name, call.options.pad is not None,
+           call.options.bounds, tuple(layouts))
+    found = _kernels.get(key)
+    if found is None:
+        plan = _plan(call, layouts)
+        library = c_build.load(render_c(plan.program), plan.fast_math)
+        functions = []
+        for kernel in plan.program.kernels:
+            function = getattr(library, kernel.name)
+            function.argtypes = _ARGTYPES
+            function.restype = None
+            functions.append(function)
+        with _kernels_lock:
+            found = _kernels.setdefault(key, (plan, functions))
+    return found
+
+
+class CBackend:
+    name = "c"
+
+    @staticmethod
+    def available() -> bool:
+        ok = c_build.find_compiler() is not None
+        if not ok and not _warned:
+            _warned.append(True)
+            import warnings
+            warnings.warn("einfuse: no C compiler with OpenMP found (set CC); "
+                          "backend='auto' falls back to the NumPy backend", EinfuseWarning,
+                          stacklevel=3)
+        return ok
+
+    @staticmethod
+    def run(call) -> np.ndarray:
+        if c_build.find_compiler() is None:
+            raise BackendError("backend='c' needs a C compiler with OpenMP support (cc, gcc "
+                               "or clang on PATH, or CC=...); use backend='numpy'")
+        working = call.dtypes.working
+        out = np.empty(call.output_shape, dtype=working)
+        if out.size == 0:
+            return out
+        buffers = _buffers(call) + [out]
+        layouts = [unit_axis(b) for b in buffers]
+        try:
+            plan, functions = kernel_functions(call, layouts)
+        except c_build.CompileError as error:
+            raise BackendError(str(error)) from None
+        ints, doubles, integers = call_arguments(plan, call, buffers)
+        options = call.options
+        fills = np.array([options.pad if options.pad is not None else 0.0, options.fill],
+                         dtype=np.float64)
+        pointers = (ctypes.c_void_p * len(buffers))(*[b.ctypes.data for b in buffers])
+        work = 1
+        for lo, hi in call.bounds.range_map.values():
+            work *= max(1, hi - lo)
+        threads = options.threads or (1 if work < PARALLEL_MIN_WORK else 0)
+        error = ctypes.c_int32(0)
+        for function in functions:
+            function(pointers, ints.ctypes.data, doubles.ctypes.data, integers.ctypes.data,
+                     fills.ctypes.data, threads, ctypes.byref(error))
+        if error.value:
+            # A gather left its axis under bounds='check'/'promise'; the kernel read
+            # nothing out of bounds.  The reference finds the first offending value
+            # and raises the exact error.
+            from .numpy_backend import NumpyExecutor
+            NumpyExecutor(call.spec, call.bounds, call.arrays, call.params, call.dtypes,
+                          options).run()
+            raise BackendError("the C kernel flagged an out-of-bounds gather that the "
+                               "reference did not find")
+        return out
+
+    @staticmethod
+    def strategy(call) -> str:
+        layouts = []
+        for array in _buffers_layout_only(call):
+            layouts.append(array)
+        plan = _plan(call, layouts)
+        kernel = plan.program.kernels[0]
+        parallel = [n for n in call.spec.output_indices if n in call.spec.race_free_indices]
+        how = {"tiled": f"output index {plan.inner} tiled by {TILE} lanes with register "
+                        "accumulators, reductions outside the vectorised lane loop",
+               "scalar": "register accumulators per output element, reductions innermost",
+               "elementwise": "no reduction, innermost loop vectorised"}[plan.mode]
+        return (f"fused C kernel ({len(kernel.body)} loop nest(s)), OpenMP-parallel over "
+                f"{', '.join(parallel) or 'nothing (scalar result)'}; {how}; compiled "
+                f"{'with' if plan.fast_math else 'without'} fast-math")
+
+
+def _buffers_layout_only(call) -> List[int]:
+    """The unit-stride axes the buffers will have, without converting anything."""
+    working = call.dtypes.working
+    layouts = []
+    for tensor, kind in buffer_slots(call.spec)[:-1]:
+        array = np.asarray(call.arrays[tensor])
+        dtype = np.dtype(np.int64 if kind == "index" else working)
+        if array.dtype != dtype:
+            layouts.append(array.ndim - 1 if array.ndim and array.shape[-1] > 1 else -1)
+        else:
+            layouts.append(unit_axis(array))
+    shape = call.output_shape
+    layouts.append(len(shape) - 1 if shape and shape[-1] > 1 else -1)
+    return layouts

@@ -1,0 +1,345 @@
+"""Render the loop-nest IR (:mod:`einfuse.ir`) as C99 + OpenMP source.
+
+One method per IR node type (``stmt_Loop``, ``expr_Load`` ...), dispatched on
+the class name, so a sibling renderer (Triton) can mirror the structure.
+
+Only generated names reach the C text (``t0`` buffers, ``n0``/``lo0``/``d1_0``/
+``s1_0`` runtime ints, ``p0`` loop counters, ``a0`` accumulators, ``q0``
+parameters); the renderer re-validates every name it prints, and numbers are
+printed as integer digits or C99 hex floats, so no user text reaches the
+compiler.
+
+Every kernel has the same C signature (so calling it needs no per-kernel glue)::
+
+    void NAME(void **bufs, const int64_t *ints, const double *dprm,
+              const int64_t *iprm, const double *fills, int nthreads, int32_t *err)
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from typing import List, Optional
+
+from .. import ir
+
+_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
+C_TYPES = {"float32": "float", "float64": "double", "int8": "int8_t", "int16": "int16_t",
+           "int32": "int32_t", "int64": "int64_t", "uint8": "uint8_t", "uint16": "uint16_t",
+           "uint32": "uint32_t", "uint64": "uint64_t"}
+_UNARY_MATH = ("exp", "log", "log1p", "expm1", "sqrt", "sin", "cos", "tanh", "erf", "floor",
+               "ceil")
+_ACC_INIT_FLOAT = {"sum": "0", "prod": "1", "max": "-INFINITY", "min": "INFINITY"}
+
+_PRELUDE = """\
+#include <stdint.h>
+#include <math.h>
+#include <omp.h>
+typedef {T} T;
+static inline int64_t ef_clip(int64_t p, int64_t n) {{ return p < 0 ? 0 : (p >= n ? n - 1 : p); }}
+static inline int64_t ef_wrap(int64_t p, int64_t n) {{ int64_t r = p % n; return r < 0 ? r + n : r; }}
+static inline int ef_in(int64_t p, int64_t n) {{ return p >= 0 && p < n; }}
+/* bounds='check'/'promise': never read out of bounds; raise the flag instead */
+static inline int ef_ok(int64_t p, int64_t n, int32_t *err) {{
+  if (p >= 0 && p < n) return 1;
+  #pragma omp atomic write
+  *err = 1;
+  return 0;
+}}
+/* NaN propagates as in NumPy's maximum/minimum */
+static inline T ef_max(T a, T b) {{ return (a > b || a != a) ? a : b; }}
+static inline T ef_min(T a, T b) {{ return (a < b || a != a) ? a : b; }}
+/* a function, so that both branches are evaluated like NumPy's where */
+static inline T ef_where(T c, T a, T b) {{ return c != 0 ? a : b; }}
+static inline T ef_sq(T a) {{ return a * a; }}
+"""
+
+_FLOAT_HELPERS = """\
+static inline T ef_sigmoid(T x) {{ return (T)1 / ((T)1 + exp{f}(-x)); }}
+static inline T ef_softplus(T x) {{ return (x > 0 ? x : (T)0) + log1p{f}(exp{f}(-fabs{f}(x))); }}
+static inline T ef_pow(T a, T b) {{ return pow{f}(a, b); }}
+static inline T ef_abs(T a) {{ return fabs{f}(a); }}
+/* one-pass logsumexp: running maximum m, sum s of exp(v - m); result m + log(s) */
+static inline void ef_lse(T *m, T *s, T v) {{
+  if (v > *m) {{ *s = *s * exp{f}(*m - v) + (T)1; *m = v; }}
+  else if (v == *m) {{ *s += (*m == -INFINITY) ? (T)0 : (T)1; }}
+  else {{ *s += exp{f}(v - *m); }}
+}}
+"""
+
+_INT_HELPERS = """\
+static inline T ef_pow(T a, T b) { T r = 1; while (b > 0) { if (b & 1) r = (T)(r * a); a = (T)(a * a); b >>= 1; } return r; }
+static inline T ef_abs(T a) { return a < 0 ? (T)(-a) : a; }
+"""
+
+SIGNATURE = ("void {name}(void **bufs, const int64_t *ints, const double *dprm, "
+             "const int64_t *iprm, const double *fills, int nthreads, int32_t *err)")
+
+
+def name(text: str) -> str:
+    """Every identifier printed goes through here."""
+    if not _NAME.match(text):
+        raise ValueError(f"not a valid generated C identifier: {text!r}")
+    return text
+
+
+class CRenderer:
+    def __init__(self, program: ir.Program):
+        self.program = program
+        self.working = program.working
+        self.ctype = C_TYPES[self.working]
+        self.is_float = self.working.startswith("float")
+        self.f = "f" if self.working == "float32" else ""
+        self.tiles: List[int] = []
+        self.in_parallel = False
+
+    # -- program and kernels -----------------------------------------------------------
+    def render(self) -> str:
+        parts = [_PRELUDE.format(T=self.ctype),
+                 _FLOAT_HELPERS.format(f=self.f) if self.is_float else _INT_HELPERS]
+        for kernel in self.program.kernels:
+            parts.append(self.kernel(kernel))
+        return "\n".join(parts)
+
+    def kernel(self, k: ir.Kernel) -> str:
+        lines = [SIGNATURE.format(name=name(k.name)) + " {"]
+        for n, buf in enumerate(k.buffers):
+            ctype = "int64_t" if buf.dtype == "int64" else "T"
+            qual = "" if buf.output else "const "
+            lines.append(f"  {qual}{ctype} *restrict {name(buf.name)} = "
+                         f"({qual}{ctype} *)bufs[{n}];")
+        for n, int_name in enumerate(k.ints):
+            lines.append(f"  const int64_t {name(int_name)} = ints[{n}];")
+        source = "dprm" if self.is_float else "iprm"
+        for n in range(k.n_params):
+            lines.append(f"  const T q{n} = (T){source}[{n}];")
+        lines.append("  const double padv = fills[0], fillv = fills[1];")
+        lines.append("  const int nth = nthreads > 0 ? nthreads : omp_get_max_threads();")
+        lines.append("  (void)padv; (void)fillv; (void)nth; (void)err; (void)dprm; (void)iprm;")
+        for stmt in k.body:
+            lines += self.stmt(stmt, 1)
+        lines.append("}")
+        return "\n".join(lines) + "\n"
+
+    # -- statements ------------------------------------------------------------------------
+    def stmt(self, node: ir.Stmt, depth: int) -> List[str]:
+        return getattr(self, "stmt_" + type(node).__name__)(node, depth)
+
+    def block(self, body, depth: int) -> List[str]:
+        lines: List[str] = []
+        for stmt in body:
+            lines += self.stmt(stmt, depth)
+        return lines
+
+    def stmt_DeclareAcc(self, node: ir.DeclareAcc, depth: int) -> List[str]:
+        pad = "  " * depth
+        acc = name(node.name)
+        if node.op == "logsumexp":
+            inits = [(acc + "_m", "-INFINITY"), (acc + "_s", "0")]
+        else:
+            inits = [(acc, self.identity(node.op))]
+        lines = []
+        for var, init in inits:
+            if node.lanes is None:
+                lines.append(f"{pad}T {var} = (T)({init});")
+            else:
+                lines.append(f"{pad}T {var}[{int(node.lanes)}];")
+                lines.append(f"{pad}for (int64_t l_ = 0; l_ < {int(node.lanes)}; ++l_) "
+                             f"{var}[l_] = (T)({init});")
+        return lines
+
+    def identity(self, op: str) -> str:
+        if self.is_float or op in ("sum", "prod"):
+            return _ACC_INIT_FLOAT[op]
+        import numpy as np
+        info = np.iinfo(np.dtype(self.working))
+        value = info.min if op == "max" else info.max
+        # INT64_MIN has no literal: write it as an expression
+        return f"{value + 1}LL - 1" if value < 0 else f"{value}ULL"
+
+    def acc_ref(self, acc: str, lane: Optional[str], suffix: str = "") -> str:
+        ref = name(acc) + suffix
+        return f"{ref}[{name(lane)}]" if lane is not None else ref
+
+    def stmt_Accumulate(self, node: ir.Accumulate, depth: int) -> List[str]:
+        pad = "  " * depth
+        value = self.expr(node.value)
+        if node.op == "logsumexp":
+            m, s = (self.acc_ref(node.name, node.lane, x) for x in ("_m", "_s"))
+            return [f"{pad}ef_lse(&{m}, &{s}, {value});"]
+        ref = self.acc_ref(node.name, node.lane)
+        if node.op == "sum":
+            return [f"{pad}{ref} += {value};" if self.is_float else
+                    f"{pad}{ref} = (T)({ref} + {value});"]
+        if node.op == "prod":
+            return [f"{pad}{ref} *= {value};" if self.is_float else
+                    f"{pad}{ref} = (T)({ref} * {value});"]
+        return [f"{pad}{ref} = ef_{node.op}({ref}, {value});"]
+
+    def stmt_Loop(self, node: ir.Loop, depth: int) -> List[str]:
+        pad = "  " * depth
+        lines = []
+        entered = False
+        if node.kind == "parallel" and not self.in_parallel:
+            collapse, inner = 1, node
+            while len(inner.body) == 1 and isinstance(inner.body[0], (ir.Loop, ir.TiledLoop)) \
+                    and inner.body[0].kind == "parallel" \
+                    and not getattr(inner.body[0], "simd", False):
+                inner = inner.body[0]
+                collapse += 1
+            simd = " simd" if collapse == 1 and node.simd else ""
+            lines.append(f"{pad}#pragma omp parallel for{simd} collapse({collapse}) "
+                         "schedule(static) num_threads(nth)")
+            self.in_parallel = entered = True
+        elif node.simd:
+            clause = "".join(f" reduction({'+' if op == 'sum' else '*'}:{name(acc)})"
+                             for acc, op in node.reductions)
+            lines.append(f"{pad}#pragma omp simd{clause}")
+        var = name(node.var)
+        lines.append(f"{pad}for (int64_t {var} = 0; {var} < {self.affine(node.extent)}; "
+                     f"++{var}) {{")
+        lines += self.block(node.body, depth + 1)
+        lines.append(pad + "}")
+        if entered:
+            self.in_parallel = False
+        return lines
+
+    def stmt_TiledLoop(self, node: ir.TiledLoop, depth: int) -> List[str]:
+        pad = "  " * depth
+        lines = []
+        entered = False
+        if node.kind == "parallel" and not self.in_parallel:
+            lines.append(f"{pad}#pragma omp parallel for schedule(static) num_threads(nth)")
+            self.in_parallel = entered = True
+        var, count, tile = name(node.var), name(node.count), int(node.tile)
+        extent = self.affine(node.extent)
+        lines.append(f"{pad}for (int64_t {var} = 0; {var} < {extent}; {var} += {tile}) {{")
+        # full tiles see a constant lane count, so the accumulators stay in registers
+        lines.append(f"{pad}  if ({extent} - {var} >= {tile}) {{")
+        lines.append(f"{pad}    const int64_t {count} = {tile};")
+        lines += self.block(node.body, depth + 2)
+        lines.append(f"{pad}  }} else {{")
+        lines.append(f"{pad}    const int64_t {count} = {extent} - {var};")
+        lines += self.block(node.body, depth + 2)
+        lines.append(f"{pad}  }}")
+        lines.append(pad + "}")
+        if entered:
+            self.in_parallel = False
+        return lines
+
+    def stmt_Store(self, node: ir.Store, depth: int) -> List[str]:
+        address = self.address([self.affine(p) for p in node.position], node.strides)
+        buf = name(self.program_buffer(node.buffer))
+        return ["  " * depth + f"{buf}[{address}] = {self.expr(node.value)};"]
+
+    def program_buffer(self, slot: int) -> str:
+        return f"t{int(slot)}"
+
+    # -- integer forms -------------------------------------------------------------------
+    def affine(self, a: ir.Affine) -> str:
+        parts = []
+        for var, coeff in a.terms:
+            parts.append(name(var) if coeff == 1 else f"({int(coeff)})*{name(var)}")
+        if a.const or not parts:
+            parts.append(f"({int(a.const)})")
+        return "(" + " + ".join(parts) + ")"
+
+    @staticmethod
+    def address(indices: List[str], strides) -> str:
+        if not indices:
+            return "0"
+        return " + ".join(i if s is None else f"{i}*{name(s)}"
+                          for i, s in zip(indices, strides))
+
+    # -- expressions ---------------------------------------------------------------------
+    def expr(self, node: ir.Expr) -> str:
+        return getattr(self, "expr_" + type(node).__name__)(node)
+
+    def expr_Const(self, node: ir.Const) -> str:
+        value = node.value
+        if isinstance(value, bool) or isinstance(value, int):
+            if not -2**63 < int(value) < 2**63:
+                raise ValueError(f"integer literal {value} does not fit in int64")
+            return f"((T){int(value)}LL)"
+        value = float(value)
+        if math.isnan(value):
+            return "((T)NAN)"
+        if math.isinf(value):
+            return "((T)INFINITY)" if value > 0 else "(-(T)INFINITY)"
+        return f"((T){value.hex()})"
+
+    def expr_Param(self, node: ir.Param) -> str:
+        return f"q{int(node.slot)}"
+
+    def expr_IndexValue(self, node: ir.IndexValue) -> str:
+        return f"((T){self.affine(node.value)})"
+
+    def expr_Load(self, node: ir.Load) -> str:
+        conds, indices = [], []
+        for sub in node.subscripts:
+            pos = self.affine(sub.affine)
+            for gather, coeff in sub.gathers:
+                pos = f"({pos} + ({int(coeff)})*{self.expr(gather)})"
+            n = name(sub.size)
+            if sub.policy == "none":
+                indices.append(pos)
+            elif sub.policy in ("pad", "fill"):
+                conds.append(f"ef_in({pos}, {n})")
+                indices.append(pos)
+            elif sub.policy == "check":
+                conds.append(f"ef_ok({pos}, {n}, err)")
+                indices.append(pos)
+            else:  # clip / wrap: every value is moved in range, unless the axis is empty
+                conds.append(f"({n} > 0)")
+                indices.append(f"ef_{sub.policy}({pos}, {n})")
+        read = f"{self.program_buffer(node.buffer)}" \
+               f"[{self.address(indices, [s.stride for s in node.subscripts])}]"
+        if not conds:
+            return read
+        ctype = "int64_t" if node.is_index else "T"
+        fill = {"pad": "padv", "fill": "fillv", None: "0"}[node.fill]
+        # '&' not '&&': every axis is checked, as the reference does
+        return f"(({' & '.join(conds)}) ? {read} : ({ctype}){fill})"
+
+    def expr_Unary(self, node: ir.Unary) -> str:
+        inner = self.expr(node.operand)
+        return f"(-{inner})" if self.is_float else f"((T)(-{inner}))"
+
+    def expr_Binary(self, node: ir.Binary) -> str:
+        op = node.op
+        if op == "**":
+            if isinstance(node.right, ir.Const) and node.right.value == 2:
+                return f"ef_sq({self.expr(node.left)})"
+            return f"ef_pow({self.expr(node.left)}, {self.expr(node.right)})"
+        left, right = self.expr(node.left), self.expr(node.right)
+        if op in ("&", "|"):
+            return f"((T)((({left}) != 0) {op} (({right}) != 0)))"
+        if op in ("<", "<=", ">", ">=", "==", "!="):
+            return f"((T)({left} {op} {right}))"
+        if op not in ("+", "-", "*", "/"):
+            raise ValueError(f"unknown operator {op!r}")
+        return f"({left} {op} {right})" if self.is_float else f"((T)({left} {op} {right}))"
+
+    def expr_Call(self, node: ir.Call) -> str:
+        args = [self.expr(a) for a in node.args]
+        func = node.func
+        if func in ("min", "max", "pow", "where", "abs", "sigmoid", "softplus"):
+            return f"ef_{func}({', '.join(args)})"
+        if func == "relu":
+            return f"ef_max({args[0]}, (T)0)"
+        if func in _UNARY_MATH:
+            if not self.is_float:  # cannot happen: these make the working dtype float
+                return f"((T){func}((double){args[0]}))"
+            return f"{func}{self.f}({args[0]})"
+        raise ValueError(f"unknown function {func!r}")
+
+    def expr_AccValue(self, node: ir.AccValue) -> str:
+        if node.op == "logsumexp":
+            m = self.acc_ref(node.acc, node.lane, "_m")
+            s = self.acc_ref(node.acc, node.lane, "_s")
+            return f"({m} + log{self.f}({s}))"
+        return self.acc_ref(node.acc, node.lane)
+
+
+def render_c(program: ir.Program) -> str:
+    return CRenderer(program).render()

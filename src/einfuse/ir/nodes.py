@@ -1,0 +1,248 @@
+"""A backend-neutral loop-nest IR.
+
+A :class:`Program` is a list of :class:`Kernel` s; a kernel is a list of
+statements (loops, accumulator declarations, accumulations, stores) over
+value expressions (constants, parameters, index values, loads, arithmetic).
+Nothing here knows about C: the C renderer (backends/c_render.py) prints one
+method per node type, and a Triton renderer or gradient kernels can reuse the
+same nodes.
+
+Names in the IR are generated (``p0``, ``lo0``, ``t1``, ``a2`` ...): user
+names never reach a renderer, so no user text can reach a compiler.
+
+Integer arithmetic (positions, subscripts, extents) is kept affine:
+:class:`Affine` is ``sum(coeff * name) + const`` over integer names, which are
+loop counters or runtime integer arguments (sizes, range starts, strides).
+Kernels are size-generic: every size is such a runtime name.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional, Tuple, Union
+
+# ------------------------------------------------------------------ integer forms
+
+
+@dataclass(frozen=True)
+class Affine:
+    """``sum(coeff * name) + const`` over integer names (loop counters, runtime ints)."""
+    terms: Tuple[Tuple[str, int], ...] = ()
+    const: int = 0
+
+    @staticmethod
+    def var(name: str, coeff: int = 1) -> "Affine":
+        return Affine(((name, coeff),)) if coeff else Affine()
+
+    def __add__(self, other: "Affine") -> "Affine":
+        merged = dict(self.terms)
+        for name, coeff in other.terms:
+            merged[name] = merged.get(name, 0) + coeff
+        return Affine(tuple((n, c) for n, c in merged.items() if c), self.const + other.const)
+
+    def scale(self, factor: int) -> "Affine":
+        return Affine(tuple((n, c * factor) for n, c in self.terms if c * factor),
+                      self.const * factor)
+
+    @property
+    def names(self) -> Tuple[str, ...]:
+        return tuple(n for n, _ in self.terms)
+
+
+# ------------------------------------------------------------------ value expressions
+
+class Expr:
+    """Base of value expressions (computed in the kernel's working dtype, or int64
+    for loads from index arrays)."""
+
+
+@dataclass(frozen=True)
+class Const(Expr):
+    value: Union[int, float]
+
+
+@dataclass(frozen=True)
+class Param(Expr):
+    """Scalar parameter number ``slot`` (a runtime argument)."""
+    slot: int
+
+
+@dataclass(frozen=True)
+class IndexValue(Expr):
+    """The integer value of an index (not its loop position), as a number."""
+    value: Affine
+
+
+# Bounds policies of one subscript position:
+#   none   -- the analysis guarantees the position is in range
+#   pad    -- out of range reads the pad value (options.pad)
+#   clip / wrap / fill -- a gather's policy (options.bounds)
+#   check  -- a gather under bounds='check'/'promise': never read out of bounds,
+#             raise the error flag instead
+POLICIES = ("none", "pad", "clip", "wrap", "fill", "check")
+
+
+@dataclass(frozen=True)
+class Subscript:
+    """One axis of a load: ``affine + sum(coeff * gathered)`` with its bounds policy.
+    ``size`` names the runtime int holding the axis length."""
+    affine: Affine
+    gathers: Tuple[Tuple["Load", int], ...]
+    policy: str
+    size: str
+    stride: Optional[str]       # runtime int holding the stride; None: unit stride
+
+
+@dataclass(frozen=True)
+class Load(Expr):
+    """An element of buffer ``buffer``; an invalid position reads ``fill``
+    ("pad" or "fill", a runtime value) instead."""
+    buffer: int
+    subscripts: Tuple[Subscript, ...]
+    fill: Optional[str] = None
+    is_index: bool = False      # an int64 index array (for gathers)
+
+
+@dataclass(frozen=True)
+class Unary(Expr):
+    op: str                     # "-"
+    operand: Expr
+
+
+@dataclass(frozen=True)
+class Binary(Expr):
+    op: str                     # + - * / ** < <= > >= == != & |
+    left: Expr
+    right: Expr
+
+
+@dataclass(frozen=True)
+class Call(Expr):
+    func: str                   # exp log ... min max pow where
+    args: Tuple[Expr, ...]
+
+
+@dataclass(frozen=True)
+class AccValue(Expr):
+    """The finished value of an accumulator (for logsumexp: max + log(sum))."""
+    acc: str
+    op: str
+    lane: Optional[str] = None  # lane counter for a vector of accumulators
+
+
+# ------------------------------------------------------------------ statements
+
+class Stmt:
+    """Base of statements."""
+
+
+REDUCE_OPS = ("sum", "prod", "max", "min", "logsumexp")
+LOOP_KINDS = ("parallel", "serial", "reduction", "vectorised")
+
+
+@dataclass(frozen=True)
+class DeclareAcc(Stmt):
+    """A register accumulator set to the identity of ``op``; with ``lanes`` an array
+    of that many accumulators, one per lane of a tiled loop."""
+    name: str
+    op: str
+    lanes: Optional[int] = None
+
+
+@dataclass(frozen=True)
+class Accumulate(Stmt):
+    name: str
+    op: str
+    value: Expr
+    lane: Optional[str] = None
+
+
+@dataclass(frozen=True)
+class Loop(Stmt):
+    """``for var in range(extent)``.  kind: parallel (race-free, may run on
+    threads), serial, reduction (feeds accumulators), vectorised (innermost, SIMD).
+    ``simd`` asks for SIMD code on a parallel/reduction loop too; ``reductions``
+    lists (accumulator, op) pairs a SIMD loop combines (sum/prod only)."""
+    var: str
+    extent: Affine
+    kind: str
+    body: Tuple[Stmt, ...]
+    simd: bool = False
+    reductions: Tuple[Tuple[str, str], ...] = ()
+
+
+@dataclass(frozen=True)
+class TiledLoop(Stmt):
+    """``for var in range(0, extent, tile)`` with ``count`` = lanes in this tile
+    (``tile`` in full tiles, the remainder in the last); renderers may emit the body
+    twice so that full tiles see a constant count."""
+    var: str
+    extent: Affine
+    tile: int
+    count: str
+    kind: str
+    body: Tuple[Stmt, ...]
+
+
+@dataclass(frozen=True)
+class Store(Stmt):
+    """``buffer[sum(position[a] * stride[a])] = value``."""
+    buffer: int
+    position: Tuple[Affine, ...]
+    strides: Tuple[Optional[str], ...]
+    value: Expr
+
+
+# ------------------------------------------------------------------ kernels
+
+
+@dataclass(frozen=True)
+class Buffer:
+    """A kernel argument array: ``dtype`` is "working" or "int64"."""
+    name: str
+    dtype: str
+    output: bool = False
+
+
+@dataclass(frozen=True)
+class Kernel:
+    """One loop nest with its arguments: buffers, runtime ints (sizes, range
+    starts, strides, in this order in the ints array), scalar parameter count."""
+    name: str
+    buffers: Tuple[Buffer, ...]
+    ints: Tuple[str, ...]
+    n_params: int
+    body: Tuple[Stmt, ...]
+    checks_bounds: bool = False   # uses the error flag (bounds='check'/'promise')
+
+
+@dataclass(frozen=True)
+class Program:
+    """Kernels run in order on shared buffers; ``working`` is the dtype name."""
+    working: str
+    kernels: Tuple[Kernel, ...]
+
+
+def walk(node):
+    """Every IR node below ``node`` (statements and expressions), parents first."""
+    yield node
+    if isinstance(node, (Program,)):
+        for k in node.kernels:
+            yield from walk(k)
+    elif isinstance(node, (Kernel, Loop, TiledLoop)):
+        for s in node.body:
+            yield from walk(s)
+    elif isinstance(node, (Accumulate, Store)):
+        yield from walk(node.value)
+    elif isinstance(node, Load):
+        for sub in node.subscripts:
+            for g, _ in sub.gathers:
+                yield from walk(g)
+    elif isinstance(node, Unary):
+        yield from walk(node.operand)
+    elif isinstance(node, Binary):
+        yield from walk(node.left)
+        yield from walk(node.right)
+    elif isinstance(node, Call):
+        for a in node.args:
+            yield from walk(a)

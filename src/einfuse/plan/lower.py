@@ -1,0 +1,311 @@
+"""Lowering: an analysed statement (Spec) and its working dtype to a loop-nest
+:class:`~einfuse.ir.Program`, and the per-call runtime arguments it needs.
+
+The plan depends only on the statement, the working dtype, the bounds/pad mode
+and which axis of each buffer has unit stride (the layout); never on sizes.
+Sizes, range starts and strides are runtime ints (:func:`call_arguments`).
+
+Planning choices (why):
+
+* the innermost output loop is the output index that is the unit-stride axis
+  of the most loads (ties: the later output index, whose store is contiguous);
+* when the right side has reductions and that index is contiguous in a load
+  inside them, the output loop is *tiled*: per tile of ``tile`` consecutive
+  outputs, each top-level reduction keeps a vector of register accumulators and
+  runs ``for k: for lane: acc[lane] += body`` -- the lane loop is contiguous,
+  vectorises, and the reduction never touches memory (the dist / matmul shape);
+* otherwise each output element keeps scalar accumulators and its reduction
+  loops run innermost, the most contiguous reduced index last, with a SIMD
+  reduction for sum/prod;
+* every loop over a race-free output index is parallel (OpenMP);
+* logsumexp keeps a running maximum in one pass; nested reductions are
+  recomputed inside their enclosing loop (fully fused, no temporaries).
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+from typing import Dict, List, Optional, Sequence, Tuple
+
+import numpy as np
+
+from .. import ir
+from ..ir import Affine
+from ..lang import ast
+
+_POLICY = {"clip": "clip", "wrap": "wrap", "fill": "fill", "check": "check",
+           "promise": "check"}
+# Operations whose NaN/inf behaviour fast-math could change (see c_build).
+_NAN_SENSITIVE_CALLS = frozenset({"min", "max", "where", "relu", "softplus"})
+
+
+def buffer_slots(spec) -> Tuple[Tuple[str, str], ...]:
+    """Kernel buffers in order: (tensor, "value"|"index") per use, the output last."""
+    slots = []
+    for info in spec.tensors:
+        if info.as_value:
+            slots.append((info.name, "value"))
+        if info.as_index:
+            slots.append((info.name, "index"))
+    slots.append((spec.output, "output"))
+    return tuple(slots)
+
+
+def unit_axis(array: np.ndarray) -> int:
+    """The axis of ``array`` with unit element stride (and more than one element), or -1."""
+    for axis in reversed(range(array.ndim)):
+        if array.shape[axis] > 1 and array.strides[axis] == array.itemsize:
+            return axis
+    return -1
+
+
+@dataclass(frozen=True)
+class Plan:
+    program: ir.Program
+    slots: Tuple[Tuple[str, str], ...]
+    int_args: Tuple[Tuple, ...]       # how to compute each runtime int, in order
+    params: Tuple[str, ...]
+    fast_math: bool
+    mode: str                         # "tiled", "scalar" or "elementwise", for explain
+    inner: Optional[str]              # the innermost output index
+
+
+@functools.lru_cache(maxsize=256)
+def plan_for(spec, working: str, pad: bool, bounds: str, layouts: Tuple[int, ...],
+             tile: int = 32) -> Plan:
+    return _Lowering(spec, np.dtype(working), pad, bounds, layouts, tile).run()
+
+
+def call_arguments(plan: Plan, call, buffers: Sequence[np.ndarray]):
+    """The runtime ints and scalar parameters of one call, as int64/float64 arrays."""
+    ranges = call.bounds.range_map
+    ints = []
+    for how in plan.int_args:
+        if how[0] == "lo":
+            ints.append(ranges[how[1]][0])
+        elif how[0] == "n":
+            lo, hi = ranges[how[1]]
+            ints.append(max(0, hi - lo))
+        elif how[0] == "dim":
+            ints.append(buffers[how[1]].shape[how[2]])
+        else:  # stride, in elements
+            array = buffers[how[1]]
+            ints.append(array.strides[how[2]] // array.itemsize)
+    values = [call.params[name] for name in plan.params]
+    doubles = np.array([float(v) for v in values] or [0.0], dtype=np.float64)
+    integers = np.array([int(v) if np.ndim(v) == 0 and float(v).is_integer() else 0
+                         for v in values] or [0], dtype=np.int64)
+    return np.array(ints or [0], dtype=np.int64), doubles, integers
+
+
+class _Lowering:
+    def __init__(self, spec, working: np.dtype, pad: bool, bounds: str, layouts, tile: int):
+        self.spec = spec
+        self.working = working
+        self.pad = pad
+        self.bounds = bounds
+        self.layouts = layouts
+        self.tile = tile
+        self.slots = buffer_slots(spec)
+        self.slot_of = {slot: n for n, slot in enumerate(self.slots)}
+        self.index_no = {name: k for k, name in enumerate(spec.all_indices)}
+        self.int_args: List[Tuple] = []
+        self.int_names: Dict[Tuple, str] = {}
+        self.params = spec.params
+        self.param_slot = {name: n for n, name in enumerate(spec.params)}
+        self.n_acc = 0
+        self.checks = any(sub.gathers for a in ast.accesses(spec.rhs) for sub in a.indices) \
+            and bounds in ("check", "promise")
+
+    # -- runtime ints ----------------------------------------------------------------
+    def runtime_int(self, how: Tuple) -> str:
+        if how not in self.int_names:
+            kind = how[0]
+            name = {"lo": "lo", "n": "n", "dim": "d", "stride": "s"}[kind] + "_".join(
+                str(self.index_no[h]) if isinstance(h, str) else str(h) for h in how[1:])
+            self.int_names[how] = name
+            self.int_args.append(how)
+        return self.int_names[how]
+
+    def lo(self, index: str) -> Affine:
+        return Affine.var(self.runtime_int(("lo", index)))
+
+    def extent(self, index: str) -> Affine:
+        return Affine.var(self.runtime_int(("n", index)))
+
+    def stride(self, slot: int, axis: int) -> Optional[str]:
+        if self.layouts[slot] == axis:
+            return None
+        return self.runtime_int(("stride", slot, axis))
+
+    # -- heuristics --------------------------------------------------------------------
+    def contiguity(self, index: str, expr: ast.Expr) -> int:
+        """How many loads in ``expr`` walk their unit-stride axis with ``index``."""
+        score = 0
+        for access in ast.accesses(expr):
+            for kind in ("value", "index"):
+                slot = self.slot_of.get((access.tensor, kind))
+                if slot is None or not access.indices:
+                    continue
+                axis = self.layouts[slot]
+                if axis >= 0 and dict(access.indices[axis].terms).get(index) in (1, -1):
+                    score += 1
+        return score
+
+    def order_indices(self, names: Sequence[str], expr: ast.Expr, bonus=None) -> List[str]:
+        """``names`` with the most contiguous one moved innermost (last)."""
+        if len(names) < 2:
+            return list(names)
+        scores = [self.contiguity(n, expr) + (bonus or {}).get(n, 0) for n in names]
+        best = max(range(len(names)), key=lambda a: (scores[a], a))
+        return [n for a, n in enumerate(names) if a != best] + [names[best]]
+
+    # -- driver -------------------------------------------------------------------------
+    def run(self) -> Plan:
+        spec = self.spec
+        outs = spec.output_indices
+        rhs = spec.rhs
+        tops = _top_reductions(rhs)
+        out_slot = len(self.slots) - 1
+        last = {outs[-1]: 1} if outs and self.layouts[out_slot] == len(outs) - 1 else {}
+        order = self.order_indices(outs, rhs, last)
+        inner = order[-1] if order else None
+        tiled = bool(tops) and inner is not None and \
+            sum(self.contiguity(inner, r.body) for r in tops) > 0
+        strides = tuple(self.stride(out_slot, a) for a in range(len(outs)))
+        env: Dict[str, Affine] = {}
+        pos: Dict[str, Affine] = {}
+        outer = order[:-1] if tiled else order
+        for name in outer:
+            var = f"p{self.index_no[name]}"
+            pos[name] = Affine.var(var)
+            env[name] = self.lo(name) + pos[name]
+        pre: List[ir.Stmt] = []
+        if tiled:
+            k = self.index_no[inner]
+            block, lane, count = f"b{k}", "l", "nb"
+            pos[inner] = Affine.var(block) + Affine.var(lane)
+            env[inner] = self.lo(inner) + pos[inner]
+            value = self.expr(rhs, env, pre, lanes=(lane, count))
+            store = ir.Store(out_slot, tuple(pos[n] for n in outs), strides, value)
+            lanes = ir.Loop(lane, Affine.var(count), "vectorised", (store,),
+                            simd=not self.checks)
+            kind = "parallel" if inner in spec.race_free_indices else "serial"
+            body: Tuple[ir.Stmt, ...] = (ir.TiledLoop(block, self.extent(inner), self.tile,
+                                                      count, kind, tuple(pre) + (lanes,)),)
+        else:
+            value = self.expr(rhs, env, pre)
+            body = tuple(pre) + (ir.Store(out_slot, tuple(pos[n] for n in outs), strides,
+                                          value),)
+        for depth, name in enumerate(reversed(outer)):
+            kind = "parallel" if name in spec.race_free_indices else "serial"
+            simd = depth == 0 and not tiled and not tops and not self.checks
+            body = (ir.Loop(pos[name].terms[0][0], self.extent(name), kind, body, simd=simd),)
+        buffers = tuple(ir.Buffer(f"t{n}", "int64" if kind == "index" else "working",
+                                  output=kind == "output")
+                        for n, (_, kind) in enumerate(self.slots))
+        kernel = ir.Kernel("einfuse_kernel", buffers, tuple(self.int_names[h]
+                                                            for h in self.int_args),
+                           len(self.params), body, checks_bounds=self.checks)
+        program = ir.Program(self.working.name, (kernel,))
+        mode = "tiled" if tiled else ("scalar" if tops else "elementwise")
+        return Plan(program, self.slots, tuple(self.int_args), self.params,
+                    _fast_math_safe(rhs), mode, inner)
+
+    # -- expressions --------------------------------------------------------------------
+    def expr(self, e: ast.Expr, env, pre: List[ir.Stmt], lanes=None) -> ir.Expr:
+        if isinstance(e, ast.Number):
+            return ir.Const(e.value)
+        if isinstance(e, ast.Param):
+            return ir.Param(self.param_slot[e.name])
+        if isinstance(e, ast.IndexValue):
+            return ir.IndexValue(env[e.name])
+        if isinstance(e, ast.Access):
+            return self.load(e, env, in_gather=False)
+        if isinstance(e, ast.Unary):
+            return ir.Unary("-", self.expr(e.operand, env, pre, lanes))
+        if isinstance(e, ast.Binary):
+            return ir.Binary(e.op, self.expr(e.left, env, pre, lanes),
+                             self.expr(e.right, env, pre, lanes))
+        if isinstance(e, ast.Call):
+            return ir.Call(e.func, tuple(self.expr(a, env, pre, lanes) for a in e.args))
+        if isinstance(e, ast.Reduce):
+            return self.reduce(e, env, pre, lanes)
+        raise TypeError(type(e).__name__)
+
+    def reduce(self, e: ast.Reduce, env, pre: List[ir.Stmt], lanes) -> ir.Expr:
+        acc = f"a{self.n_acc}"
+        self.n_acc += 1
+        inner_env = dict(env)
+        order = self.order_indices(e.indices, e.body)
+        for name in order:
+            inner_env[name] = self.lo(name) + Affine.var(f"p{self.index_no[name]}")
+        body_pre: List[ir.Stmt] = []
+        value = self.expr(e.body, inner_env, body_pre)
+        nested = any(True for _ in ast.reductions(e.body))
+        if lanes is not None:
+            lane, count = lanes
+            pre.append(ir.DeclareAcc(acc, e.op, lanes=self.tile))
+            body: Tuple[ir.Stmt, ...] = (ir.Loop(
+                lane, Affine.var(count), "vectorised",
+                tuple(body_pre) + (ir.Accumulate(acc, e.op, value, lane),),
+                simd=not nested and not self.checks),)
+            innermost_simd = False
+        else:
+            pre.append(ir.DeclareAcc(acc, e.op))
+            body = tuple(body_pre) + (ir.Accumulate(acc, e.op, value),)
+            innermost_simd = e.op in ("sum", "prod") and not nested and not self.checks
+        for depth, name in enumerate(reversed(order)):
+            simd = innermost_simd and depth == 0
+            body = (ir.Loop(f"p{self.index_no[name]}", self.extent(name), "reduction", body,
+                            simd=simd, reductions=((acc, e.op),) if simd else ()),)
+        pre.extend(body)
+        return ir.AccValue(acc, e.op, lanes[0] if lanes is not None else None)
+
+    def load(self, access: ast.Access, env, in_gather: bool) -> ir.Load:
+        slot = self.slot_of[(access.tensor, "index" if in_gather else "value")]
+        subs = []
+        for axis, sub in enumerate(access.indices):
+            affine = Affine(const=sub.constant)
+            for name, coeff in sub.terms:
+                affine = affine + env[name].scale(coeff)
+            gathers = tuple((self.load(g, env, True), c) for g, c in sub.gathers)
+            if gathers:
+                policy = _POLICY[self.bounds]
+            elif self.pad and not in_gather:
+                policy = "pad"
+            else:
+                policy = "none"
+            subs.append(ir.Subscript(affine, gathers, policy,
+                                     self.runtime_int(("dim", slot, axis)),
+                                     self.stride(slot, axis)))
+        fill = None
+        if any(s.policy in ("pad", "clip", "wrap", "fill") for s in subs):
+            # as the reference: bounds='fill' reads fill=, otherwise pad= (else fill=)
+            fill = "fill" if self.bounds == "fill" or not self.pad else "pad"
+        return ir.Load(slot, tuple(subs), fill, is_index=in_gather)
+
+
+def _top_reductions(expr: ast.Expr) -> List[ast.Reduce]:
+    if isinstance(expr, ast.Reduce):
+        return [expr]
+    found = []
+    for child in expr.children():
+        if not isinstance(expr, ast.Access):
+            found += _top_reductions(child)
+    return found
+
+
+def _fast_math_safe(expr: ast.Expr) -> bool:
+    """True when no operation whose NaN/inf/signed-zero handling fast-math could
+    change appears (comparisons, logicals, min/max/where/relu/softplus,
+    max/min/logsumexp reductions, pad/fill selects are fine: they compare ints)."""
+    for node in expr.walk():
+        if isinstance(node, ast.Binary) and node.op in ast.COMPARISON_OPS + ast.LOGICAL_OPS:
+            return False
+        if isinstance(node, ast.Call) and node.func in _NAN_SENSITIVE_CALLS:
+            return False
+        if isinstance(node, ast.Reduce) and node.op in ("max", "min", "logsumexp"):
+            return False
+    return True
