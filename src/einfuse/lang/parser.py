@@ -208,11 +208,11 @@ class _Parser:
         if name in CONSTANTS and not (nxt.kind == OP and nxt.text in "[("):
             self.advance()
             return Number(CONSTANTS[name], span=(token.start, token.end))
-        if nxt.kind == OP and nxt.text == "(":
-            return self.call()
         if name in CONSTANTS:
             self.error(f"{name!r} is a reserved constant and cannot be indexed or called",
                        token.start, token.end, cls=EinfuseNameError)
+        if nxt.kind == OP and nxt.text == "(":
+            return self.call()
         if name in RESERVED:
             hint = f"; write {name}[k](...)" if name in REDUCTIONS else ""
             self.error(f"{name!r} is a reserved name and needs its arguments{hint}",
