@@ -250,6 +250,8 @@ class _Inference:
         pad = self.options.pad is not None
         for index, uses in self.spec.index_uses:
             for use in uses:
+                if use.access.tensor == self.spec.output:
+                    continue  # an update reads exactly the element it writes
                 self.check_subscript(use.access, use.axis, use.subscript, pad and not use.in_gather)
         # Subscripts with no index at all (X[i, 5]) are not in index_uses.
         for info in self.spec.tensors:

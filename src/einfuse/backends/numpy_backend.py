@@ -71,6 +71,7 @@ class NumpyExecutor:
         self.budget = max(1, options.memory_limit // (8 * _LIVE_TEMPORARIES))
         self.values = {name: self.cast(arr) for name, arr in arrays.items()
                        if spec.tensor(name).as_value}
+        self.output_offsets = {name: self.ranges[name][0] for name in spec.output_indices}
 
     def cast(self, array: np.ndarray) -> np.ndarray:
         return array.astype(self.working, copy=False)
@@ -244,35 +245,35 @@ class NumpyExecutor:
     def access(self, expr: Access, ctx, array: np.ndarray, gather: bool):
         if not expr.indices:
             return array[()]
+        offsets = self.output_offsets if expr.tensor == self.spec.output else None
         names = [sub.plain_index for sub in expr.indices]
-        if all(names) and len(set(names)) == len(names) and all(
-                0 <= ctx[n][0] and ctx[n][1] <= size for n, size in zip(names, array.shape)):
-            return self.plain_view(expr, ctx, array)
-        positions, valid = [], None
+        if offsets is not None or (all(names) and len(set(names)) == len(names) and all(
+                0 <= ctx[n][0] and ctx[n][1] <= size for n, size in zip(names, array.shape))):
+            return self.plain_view(expr, ctx, array, offsets)
+        positions = []
+        filled = padded = None  # masks of reads that give fill= (gathers) or pad=
         for axis, sub in enumerate(expr.indices):
             size = array.shape[axis]
             pos = self.subscript(sub, ctx)
             if sub.gathers:
-                pos, ok = self.apply_bounds(expr, axis, sub, pos, size)
+                pos, bad = self.apply_bounds(expr, axis, sub, pos, size)
+                if bad is not None:
+                    filled = bad if filled is None else filled | bad
             elif self.options.pad is not None and not gather:
-                ok = (pos >= 0) & (pos < size)
+                bad = (pos < 0) | (pos >= size)
+                padded = bad if padded is None else padded | bad
                 pos = np.clip(pos, 0, max(size - 1, 0))
-            else:
-                ok = None
-            if ok is not None:
-                valid = ok if valid is None else valid & ok
             positions.append(pos)
-        if valid is not None and array.size == 0:
-            # every read is out of range: nothing to index
-            fill = self.options.pad if self.options.pad is not None else self.options.fill
-            return np.full(np.broadcast_shapes(*[np.shape(p) for p in positions]), fill,
-                           dtype=self.working)
-        value = array[tuple(positions)]
-        if valid is not None:
-            fill = self.options.fill if self.options.bounds == "fill" else self.options.pad
-            if fill is None:
-                fill = self.options.fill
-            value = np.where(valid, value, np.asarray(fill, dtype=array.dtype))
+        if array.size == 0:
+            # every read is out of range (fill or pad): nothing to index
+            value = np.zeros(np.broadcast_shapes(*[np.shape(p) for p in positions]),
+                             dtype=array.dtype)
+        else:
+            value = array[tuple(positions)]
+        # A gather's fill= takes precedence over pad= where both apply.
+        for mask, replacement in ((padded, self.options.pad), (filled, self.options.fill)):
+            if mask is not None:
+                value = np.where(mask, np.asarray(replacement, dtype=self.working), value)
         return self.full_rank(value, positions)
 
     def full_rank(self, value, positions):
@@ -280,10 +281,13 @@ class NumpyExecutor:
             return value
         return np.reshape(value, (1,) * (self.ndim - np.ndim(value)) + np.shape(value))
 
-    def plain_view(self, expr: Access, ctx, array: np.ndarray) -> np.ndarray:
-        """A strided view for an access by distinct plain indices: no copy."""
+    def plain_view(self, expr: Access, ctx, array: np.ndarray, offsets=None) -> np.ndarray:
+        """A strided view for an access by distinct plain indices: no copy.  The output
+        read in an update (``A[i] = A[i] + 1``) is at position index - range start."""
         names = [sub.plain_index for sub in expr.indices]
-        view = array[tuple(slice(*ctx[n]) for n in names)]
+        shift = offsets or {}
+        view = array[tuple(slice(ctx[n][0] - shift.get(n, 0), ctx[n][1] - shift.get(n, 0))
+                           for n in names)]
         order = sorted(range(len(names)), key=lambda a: self.axis[names[a]])
         view = view.transpose(order)
         shape = [1] * self.ndim
@@ -301,6 +305,7 @@ class NumpyExecutor:
         return pos
 
     def apply_bounds(self, expr: Access, axis: int, sub: IndexExpr, pos, size: int):
+        """Positions made safe under bounds=, and the mask of reads that give fill=."""
         mode = self.options.bounds
         bad = (pos < 0) | (pos >= size)
         if mode in ("check", "promise"):
@@ -315,9 +320,9 @@ class NumpyExecutor:
                     source=self.spec.source, span=sub.span or expr.span)
             return pos, None
         if size == 0:
-            return np.zeros_like(pos), np.zeros(np.shape(pos), dtype=bool)
+            return np.zeros_like(pos), np.ones(np.shape(pos), dtype=bool)
         if mode == "clip":
             return np.clip(pos, 0, size - 1), None
         if mode == "wrap":
             return np.mod(pos, size), None
-        return np.clip(pos, 0, size - 1), ~bad  # fill
+        return np.clip(pos, 0, size - 1), bad  # fill: these reads give fill=
