@@ -65,6 +65,19 @@ def build_parser() -> argparse.ArgumentParser:
                          choices=["check", "clip", "wrap", "fill", "promise"])
     explain.add_argument("--dtype", default=None)
     explain.add_argument("--backend", default="auto")
+    bench = sub.add_parser("bench", help="time einfuse against the installed peers "
+                           "(NumPy, PyTorch, JAX, pykeops) and print ratios")
+    bench.add_argument("--case", action="append", default=[], metavar="NAME",
+                       help="run only cases whose name starts with NAME (repeatable)")
+    bench.add_argument("--peer", action="append", default=None, metavar="NAME",
+                       help="run only peers whose name contains NAME (repeatable)")
+    bench.add_argument("--quick", action="store_true", help="small sizes, for a smoke run")
+    bench.add_argument("--backend", default="auto")
+    bench.add_argument("--budget", type=float, default=3.0,
+                       help="seconds of repeated timing per implementation (default 3)")
+    bench.add_argument("--out", default=None, metavar="DIR",
+                       help="write bench.md (and bench.png with --plot) into DIR")
+    bench.add_argument("--plot", action="store_true", help="also draw a bar chart (PNG)")
     return parser
 
 
@@ -72,6 +85,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     args = build_parser().parse_args(argv)
     if args.command == "explain":
         return _explain(args)
+    if args.command == "bench":
+        return _bench(args)
     return 2  # argparse rejects unknown commands before this
 
 
@@ -88,6 +103,36 @@ def _explain(args) -> int:
         print(f"einfuse: {type(error).__name__}: {error}", file=sys.stderr)
         return 1
     print(text)
+    return 0
+
+
+def _bench(args) -> int:
+    import os
+    import platform
+
+    from .bench import all_cases, bar_chart, markdown_table, run_case, text_table
+    cases = [c for c in all_cases(args.quick)
+             if not args.case or any(c.name.startswith(name) for name in args.case)]
+    if not cases:
+        print("einfuse: no benchmark case matches --case", file=sys.stderr)
+        return 1
+    results = []
+    for index, case in enumerate(cases, 1):
+        print(f"({index}/{len(cases)}) {case.name}: {case.statement}", file=sys.stderr)
+        results += run_case(case, backend=args.backend, peers=args.peer, budget_s=args.budget)
+    print(text_table(results))
+    if args.out:
+        os.makedirs(args.out, exist_ok=True)
+        header = (f"# einfuse bench\n\nmachine: {platform.machine()}, {os.cpu_count()} "
+                  f"cores, Python {platform.python_version()}; medians of repeated runs "
+                  "after one warm-up call; 'peer / einfuse' above 1 means einfuse is "
+                  "faster.\n")
+        with open(os.path.join(args.out, "bench.md"), "w") as handle:
+            handle.write(markdown_table(results, header))
+        if args.plot:
+            bar_chart(results, os.path.join(args.out, "bench.png"), "einfuse bench")
+        print(f"wrote {args.out}/bench.md" + (" and bench.png" if args.plot else ""),
+              file=sys.stderr)
     return 0
 
 

@@ -1,0 +1,9 @@
+"""``einfuse bench``: einfuse against NumPy, PyTorch, JAX and pykeops, as ratios measured
+in one run."""
+
+from .cases import Case, Peer, all_cases
+from .report import bar_chart, markdown_table, text_table
+from .runner import Measurement, run_case
+
+__all__ = ["Case", "Peer", "Measurement", "all_cases", "run_case", "text_table",
+           "markdown_table", "bar_chart"]

@@ -1,0 +1,201 @@
+"""Benchmark cases: an einfuse statement, its inputs, and the same computation written
+for each peer (NumPy, PyTorch eager, torch.compile, jax.jit, pykeops).
+
+Peers are built lazily and only when their package is installed.  A peer whose
+formulation would allocate more than ``MEMORY_CAP`` bytes (eager broadcasting at
+N=10^5) is listed with that reason instead of being run.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from dataclasses import dataclass, field
+from typing import Callable, Dict, List, Optional
+
+import numpy as np
+
+MEMORY_CAP = 6 * 2**30
+
+Inputs = Dict[str, np.ndarray]
+
+
+def installed(module: str) -> bool:
+    return importlib.util.find_spec(module) is not None
+
+
+@dataclass
+class Peer:
+    name: str
+    make: Callable[[Inputs], Callable[[], object]]
+    needs: str = "numpy"
+    skip_reason: Optional[str] = None
+
+
+@dataclass
+class Case:
+    name: str
+    statement: str
+    inputs: Callable[[np.random.Generator], Inputs]
+    peers: List[Peer] = field(default_factory=list)
+    options: Dict[str, object] = field(default_factory=dict)
+
+
+def _too_big(nbytes: int) -> Optional[str]:
+    return f"would allocate {nbytes / 2**30:.1f} GiB" if nbytes > MEMORY_CAP else None
+
+
+def numpy_peer(name: str, fn, nbytes: int = 0) -> Peer:
+    return Peer(name, lambda arrays: (lambda: fn(**arrays)), "numpy", _too_big(nbytes))
+
+
+def torch_peer(name: str, fn, compiled: bool = False, nbytes: int = 0) -> Peer:
+    def make(arrays):
+        import torch
+        tensors = {k: torch.from_numpy(np.ascontiguousarray(v)) for k, v in arrays.items()}
+        call = torch.compile(fn) if compiled else fn
+
+        def run():
+            with torch.no_grad():
+                return call(**tensors)
+        return run
+    return Peer(name, make, "torch", None if compiled else _too_big(nbytes))
+
+
+def jax_peer(name: str, fn) -> Peer:
+    def make(arrays):
+        import jax
+        import jax.numpy as jnp
+        values = {k: jnp.asarray(v) for k, v in arrays.items()}
+        jitted = jax.jit(fn)
+        return lambda: jitted(**values).block_until_ready()
+    return Peer(name, make, "jax")
+
+
+def broadcasting_peers(formula, nbytes: int) -> List[Peer]:
+    """One array-API formula, ``formula(xp)`` returning a function of the inputs, run by
+    NumPy, torch eager, torch.compile and jax.jit."""
+    def torch_fn(**arrays):
+        import torch
+        return formula(torch)(**arrays)
+
+    def jax_fn(**arrays):
+        import jax.numpy as jnp
+        return formula(jnp)(**arrays)
+    return [numpy_peer("numpy broadcast", formula(np), nbytes),
+            torch_peer("torch eager", torch_fn, nbytes=nbytes),
+            torch_peer("torch.compile", torch_fn, compiled=True),
+            jax_peer("jax.jit", jax_fn)]
+
+
+def dist_case(K=784, N=1024, M=1024) -> Case:
+    def inputs(rng):
+        return {"w": rng.standard_normal((K, N), dtype=np.float32),
+                "x": rng.standard_normal((K, M), dtype=np.float32)}
+
+    def formula(xp):
+        return lambda w, x: ((w[:, :, None] - x[:, None, :]) ** 2).sum(0)
+    return Case(f"dist K={K} N=M={N}", "D[i,j] := (w[k,i] - x[k,j])**2", inputs,
+                broadcasting_peers(formula, K * N * M * 4))
+
+
+def gauss_case(N: int, D: int = 3) -> Case:
+    def inputs(rng):
+        return {"x": rng.standard_normal((N, D), dtype=np.float32),
+                "y": rng.standard_normal((N, D), dtype=np.float32),
+                "b": rng.standard_normal(N, dtype=np.float32)}
+
+    def formula(xp):
+        def gauss(x, y, b):
+            d2 = ((x[:, None, :] - y[None, :, :]) ** 2).sum(-1)
+            return (xp.exp(-d2) * b[None, :]).sum(1)
+        return gauss
+
+    def keops(arrays):
+        from pykeops.numpy import LazyTensor
+        xi = LazyTensor(arrays["x"][:, None, :])
+        yj = LazyTensor(arrays["y"][None, :, :])
+        bj = LazyTensor(arrays["b"][None, :, None])
+        kernel = (-((xi - yj) ** 2).sum(-1)).exp() * bj
+        return lambda: kernel.sum(axis=1)
+    peers = broadcasting_peers(formula, N * N * D * 4)
+    peers.append(Peer("pykeops", keops, "pykeops"))
+    return Case(f"gauss N={N:.0e}".replace("+0", ""),
+                "o[i] := sum[j](exp(-sum[d]((x[i,d] - y[j,d])**2)) * b[j])", inputs, peers)
+
+
+def matmul_case(n=1024) -> Case:
+    def inputs(rng):
+        return {"A": rng.standard_normal((n, n), dtype=np.float32),
+                "B": rng.standard_normal((n, n), dtype=np.float32)}
+    return Case(f"matmul {n}^3", "C[i,j] := A[i,k] * B[k,j]", inputs, [
+        numpy_peer("numpy matmul", lambda A, B: A @ B),
+        torch_peer("torch matmul", lambda A, B: A @ B)])
+
+
+def bmm_rev_case(n=128, batch=32) -> Case:
+    def inputs(rng):
+        return {"A": rng.standard_normal((n, n, batch), dtype=np.float32),
+                "B": rng.standard_normal((n, n, batch), dtype=np.float32)}
+
+    def torch_einsum(A, B):
+        import torch
+        return torch.einsum("ikb,kjb->ijb", A, B)
+    return Case(f"bmm_rev b={batch} {n}^3", "C[i,j,b] := A[i,k,b] * B[k,j,b]", inputs, [
+        numpy_peer("numpy einsum", lambda A, B: np.einsum("ikb,kjb->ijb", A, B,
+                                                          optimize=True)),
+        torch_peer("torch einsum", torch_einsum)])
+
+
+def conv2d_case(n=1000, k=7) -> Case:
+    def inputs(rng):
+        return {"img": rng.standard_normal((n, n), dtype=np.float32),
+                "ker": rng.standard_normal((k, k), dtype=np.float32)}
+
+    def torch_conv(img, ker):
+        import torch.nn.functional as F
+        return F.conv2d(img[None, None], ker[None, None])[0, 0]
+
+    def numpy_windows(img, ker):
+        windows = np.lib.stride_tricks.sliding_window_view(img, ker.shape)
+        return np.einsum("ijab,ab->ij", windows, ker, optimize=True)
+    return Case(f"conv2d {n}x{n} * {k}x{k}", "o[i,j] := img[i+a, j+b] * ker[a,b]", inputs,
+                [numpy_peer("numpy windows+einsum", numpy_windows),
+                 torch_peer("torch conv2d", torch_conv)])
+
+
+def embed_case(V=50000, D=256, B=16384) -> Case:
+    def inputs(rng):
+        return {"W": rng.standard_normal((V, D), dtype=np.float32),
+                "idx": rng.integers(0, V, B).astype(np.int64)}
+
+    def torch_embedding(W, idx):
+        import torch.nn.functional as F
+        return F.embedding(idx, W)
+    return Case(f"embed V={V} D={D} B={B}", "E[b,d] := W[idx[b], d]", inputs, [
+        numpy_peer("numpy take", lambda W, idx: np.take(W, idx, axis=0)),
+        torch_peer("torch embedding", torch_embedding)])
+
+
+def logsumexp_case(n=4096) -> Case:
+    def inputs(rng):
+        return {"X": rng.standard_normal((n, n), dtype=np.float32)}
+
+    def numpy_lse(X):
+        m = X.max(1, keepdims=True)
+        return (m + np.log(np.exp(X - m).sum(1, keepdims=True)))[:, 0]
+
+    def torch_lse(X):
+        import torch
+        return torch.logsumexp(X, 1)
+    return Case(f"logsumexp {n}x{n}", "z[i] := logsumexp[j](X[i,j])", inputs,
+                [numpy_peer("numpy", numpy_lse), torch_peer("torch logsumexp", torch_lse)])
+
+
+def all_cases(quick: bool = False) -> List[Case]:
+    """The issue's cases; ``quick`` shrinks every size (for a smoke run)."""
+    if quick:
+        return [dist_case(64, 128, 128), gauss_case(2000), matmul_case(256),
+                bmm_rev_case(32, 8), conv2d_case(200, 7), embed_case(5000, 64, 2048),
+                logsumexp_case(512)]
+    return [dist_case(), gauss_case(10**4), gauss_case(10**5), matmul_case(), bmm_rev_case(),
+            conv2d_case(), embed_case(), logsumexp_case()]
