@@ -8,7 +8,9 @@ import pytest
 
 sys.path.insert(0, os.path.dirname(__file__))  # lets tests import oracle.py, strategies.py
 
-BACKENDS = ["numpy"]
+from einfuse.backends import c_build  # noqa: E402
+
+BACKENDS = ["numpy"] + (["c"] if c_build.find_compiler() is not None else [])
 
 
 @pytest.fixture(params=BACKENDS)

@@ -297,17 +297,27 @@ def explain(statement: str, *args, shapes: Optional[Dict[str, tuple]] = None,
                  f"{call.dtypes.result}")
 
 
+# Above this, placeholder arrays are zero-stride broadcasts (no memory at all) and the plan
+# is the one for that layout; below it they are uninitialised C-contiguous arrays, which
+# the OS maps lazily, so the plan sees real strides.
+_PLACEHOLDER_BYTES = 1 << 30
+
+
 def _placeholders(spec: Spec, shapes: Dict[str, tuple]) -> Dict[str, np.ndarray]:
-    """Zero-stride arrays of the given shapes (float32 values, int64 index arrays):
-    enough to bind ranges and dtypes without allocating anything."""
+    """Arrays of the given shapes (float32 values, int64 index arrays) for binding ranges,
+    dtypes and the plan; their contents are never read."""
     result = {}
     names = {t.name: t for t in spec.tensors}
     for name, shape in shapes.items():
         if name not in names and name != spec.output:
             raise ShapeError(f"shapes= names {name!r}, which is not a tensor of the statement")
         info = names.get(name)
-        dtype = np.int64 if info is not None and info.as_index else np.float32
-        result[name] = np.broadcast_to(np.zeros((), dtype=dtype), tuple(int(s) for s in shape))
+        dtype = np.dtype(np.int64 if info is not None and info.as_index else np.float32)
+        shape = tuple(int(s) for s in shape)
+        if int(np.prod(shape, dtype=np.int64)) * dtype.itemsize <= _PLACEHOLDER_BYTES:
+            result[name] = np.empty(shape, dtype)
+        else:
+            result[name] = np.broadcast_to(np.zeros((), dtype=dtype), shape)
     for name in spec.params:
         result.setdefault(name, 1.0)
     return result

@@ -8,6 +8,7 @@ returning the result in the working dtype as a NumPy array, and
 from __future__ import annotations
 
 from ..errors import OptionError
+from .c_backend import CBackend
 from .numpy_backend import NumpyExecutor
 
 
@@ -30,7 +31,7 @@ class NumpyBackend:
         return executor.describe()
 
 
-_BACKENDS = {"numpy": NumpyBackend}
+_BACKENDS = {"numpy": NumpyBackend, "c": CBackend}
 
 
 def get_backend(name: str):

@@ -275,7 +275,9 @@ class CRenderer:
         return f"((T){self.affine(node.value)})"
 
     def expr_Load(self, node: ir.Load) -> str:
-        conds, indices = [], []
+        # Two masks, as the reference: pad= for affine reads outside the array, and the
+        # gather policy (fill=, or clip/wrap on an empty axis) -- fill wins over pad.
+        padded, gathered, indices = [], [], []
         for sub in node.subscripts:
             pos = self.affine(sub.affine)
             for gather, coeff in sub.gathers:
@@ -283,23 +285,28 @@ class CRenderer:
             n = name(sub.size)
             if sub.policy == "none":
                 indices.append(pos)
-            elif sub.policy in ("pad", "fill"):
-                conds.append(f"ef_in({pos}, {n})")
+            elif sub.policy == "pad":
+                padded.append(f"ef_in({pos}, {n})")
+                indices.append(pos)
+            elif sub.policy == "fill":
+                gathered.append(f"ef_in({pos}, {n})")
                 indices.append(pos)
             elif sub.policy == "check":
-                conds.append(f"ef_ok({pos}, {n}, err)")
+                gathered.append(f"ef_ok({pos}, {n}, err)")
                 indices.append(pos)
             else:  # clip / wrap: every value is moved in range, unless the axis is empty
-                conds.append(f"({n} > 0)")
+                gathered.append(f"({n} > 0)")
                 indices.append(f"ef_{sub.policy}({pos}, {n})")
-        read = f"{self.program_buffer(node.buffer)}" \
-               f"[{self.address(indices, [s.stride for s in node.subscripts])}]"
-        if not conds:
-            return read
+        value = f"{self.program_buffer(node.buffer)}" \
+                f"[{self.address(indices, [s.stride for s in node.subscripts])}]"
         ctype = "int64_t" if node.is_index else "T"
-        fill = {"pad": "padv", "fill": "fillv", None: "0"}[node.fill]
         # '&' not '&&': every axis is checked, as the reference does
-        return f"(({' & '.join(conds)}) ? {read} : ({ctype}){fill})"
+        if padded:
+            value = f"(({' & '.join(padded)}) ? {value} : ({ctype})padv)"
+        if gathered:
+            check = any(s.policy == "check" for s in node.subscripts)
+            value = f"(({' & '.join(gathered)}) ? {value} : ({ctype}){'0' if check else 'fillv'})"
+        return value
 
     def expr_Unary(self, node: ir.Unary) -> str:
         inner = self.expr(node.operand)

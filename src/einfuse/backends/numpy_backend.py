@@ -69,8 +69,7 @@ class NumpyExecutor:
         self.axis = {name: pos for pos, name in enumerate(spec.all_indices)}
         self.ndim = len(spec.all_indices)
         self.budget = max(1, options.memory_limit // (8 * _LIVE_TEMPORARIES))
-        self.values = {name: self.cast(arr) for name, arr in arrays.items()
-                       if spec.tensor(name).as_value}
+        self.values: Dict[str, np.ndarray] = {}  # filled by run(): describe() reads no data
         self.output_offsets = {name: self.ranges[name][0] for name in spec.output_indices}
 
     def cast(self, array: np.ndarray) -> np.ndarray:
@@ -78,6 +77,8 @@ class NumpyExecutor:
 
     # -- driver ------------------------------------------------------------------------
     def run(self) -> np.ndarray:
+        self.values = {name: self.cast(arr) for name, arr in self.arrays.items()
+                       if self.spec.tensor(name).as_value}
         out_indices = self.spec.output_indices
         shape = tuple(max(0, self.ranges[n][1] - self.ranges[n][0]) for n in out_indices)
         result = np.empty(shape, dtype=self.working)

@@ -95,8 +95,9 @@ class Subscript:
 
 @dataclass(frozen=True)
 class Load(Expr):
-    """An element of buffer ``buffer``; an invalid position reads ``fill``
-    ("pad" or "fill", a runtime value) instead."""
+    """An element of buffer ``buffer``.  ``fill`` names the runtime values invalid
+    reads may give ("pad", "fill" or "fill,pad"): a read outside the array on a
+    'pad' axis gives pad=, a read a gather policy rejects gives fill= (fill wins)."""
     buffer: int
     subscripts: Tuple[Subscript, ...]
     fill: Optional[str] = None

@@ -271,7 +271,13 @@ class _Lowering:
             for name, coeff in sub.terms:
                 affine = affine + env[name].scale(coeff)
             gathers = tuple((self.load(g, env, True), c) for g, c in sub.gathers)
-            if gathers:
+            own_output = access.tensor == self.spec.output and not in_gather
+            if own_output:
+                # '='/'+=' read the output only at the LHS indices: the element being
+                # written, i.e. its position (value - range start), never padded
+                affine = affine + self.lo(sub.plain_index).scale(-1)
+                policy = "none"
+            elif gathers:
                 policy = _POLICY[self.bounds]
             elif self.pad and not in_gather:
                 policy = "pad"
@@ -280,11 +286,11 @@ class _Lowering:
             subs.append(ir.Subscript(affine, gathers, policy,
                                      self.runtime_int(("dim", slot, axis)),
                                      self.stride(slot, axis)))
-        fill = None
-        if any(s.policy in ("pad", "clip", "wrap", "fill") for s in subs):
-            # as the reference: bounds='fill' reads fill=, otherwise pad= (else fill=)
-            fill = "fill" if self.bounds == "fill" or not self.pad else "pad"
-        return ir.Load(slot, tuple(subs), fill, is_index=in_gather)
+        # invalid reads: pad= where an affine axis leaves the array, fill= where a
+        # gather policy rejects the value (fill wins where both apply)
+        fills = {"pad": "pad", "fill": "fill", "clip": "fill", "wrap": "fill"}
+        used = tuple(sorted({fills[s.policy] for s in subs if s.policy in fills}))
+        return ir.Load(slot, tuple(subs), ",".join(used) or None, is_index=in_gather)
 
 
 def _top_reductions(expr: ast.Expr) -> List[ast.Reduce]:
