@@ -18,6 +18,7 @@ import numpy as np
 
 from ..errors import BackendError, EinfuseWarning
 from ..plan import buffer_slots, call_arguments, plan_for, unit_axis
+from ..plan.contraction import match_contraction, run_contraction
 from . import c_build
 from .c_render import render_c
 
@@ -93,6 +94,9 @@ class CBackend:
             raise BackendError("backend='c' needs a C compiler with OpenMP support (cc, gcc "
                                "or clang on PATH, or CC=...); use backend='numpy'")
         working = call.dtypes.working
+        contraction = _blas_contraction(call)
+        if contraction is not None:
+            return run_contraction(contraction, call)
         out = np.empty(call.output_shape, dtype=working)
         if out.size == 0:
             return out
@@ -128,6 +132,9 @@ class CBackend:
 
     @staticmethod
     def strategy(call) -> str:
+        contraction = _blas_contraction(call)
+        if contraction is not None:
+            return contraction.describe() + " (numpy.matmul), after the needed transposes"
         layouts = []
         for array in _buffers_layout_only(call):
             layouts.append(array)
@@ -141,6 +148,13 @@ class CBackend:
         return (f"fused C kernel ({len(kernel.body)} loop nest(s)), OpenMP-parallel over "
                 f"{', '.join(parallel) or 'nothing (scalar result)'}; {how}; compiled "
                 f"{'with' if plan.fast_math else 'without'} fast-math")
+
+
+def _blas_contraction(call):
+    """The contraction to hand to BLAS, when the statement is one (and pad= is off)."""
+    if call.options.pad is not None or call.dtypes.working.kind != "f":
+        return None
+    return match_contraction(call.spec)
 
 
 def _buffers_layout_only(call) -> List[int]:

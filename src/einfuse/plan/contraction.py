@@ -1,0 +1,121 @@
+"""Recognising pure multiply-add contractions of two tensors, which run best as one BLAS
+call (``matmul`` after the needed transposes and reshapes).
+
+A statement qualifies when its right side is ``[sum[K](] c * A[...] * B[...] [)]``:
+two accesses by distinct plain indices, optional scalar factors ``c`` (numbers and
+parameters), and every index used by at least two of {output, A, B} -- batch indices
+(all three), M (output and A), N (output and B) and K (A and B, summed).  Matmul, batched
+matmul with the batch axes anywhere, tensordot and outer products all have this form.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+from typing import List, Optional, Tuple
+
+import numpy as np
+
+from ..lang import ast
+
+
+@dataclass(frozen=True)
+class Contraction:
+    left: str
+    right: str
+    left_indices: Tuple[str, ...]
+    right_indices: Tuple[str, ...]
+    batch: Tuple[str, ...]
+    m: Tuple[str, ...]
+    n: Tuple[str, ...]
+    k: Tuple[str, ...]
+    scale: Tuple[ast.Expr, ...]        # scalar factors (numbers, parameters)
+
+    def describe(self) -> str:
+        def names(group):
+            return ",".join(group) or "-"
+        return (f"one BLAS matmul: {self.left} as (batch {names(self.batch)}, M {names(self.m)}, "
+                f"K {names(self.k)}) times {self.right} as (batch {names(self.batch)}, "
+                f"K {names(self.k)}, N {names(self.n)})")
+
+
+def _factors(expr: ast.Expr) -> Optional[List[ast.Expr]]:
+    if isinstance(expr, ast.Binary) and expr.op == "*":
+        left, right = _factors(expr.left), _factors(expr.right)
+        return None if left is None or right is None else left + right
+    if isinstance(expr, (ast.Access, ast.Number, ast.Param)):
+        return [expr]
+    return None
+
+
+@functools.lru_cache(maxsize=512)
+def match_contraction(spec) -> Optional[Contraction]:
+    if spec.assign != ":=" and any(a.tensor == spec.output for a in ast.accesses(spec.rhs)):
+        return None
+    body, summed = spec.rhs, ()
+    if isinstance(body, ast.Reduce):
+        if body.op != "sum":
+            return None
+        body, summed = body.body, body.indices
+    factors = _factors(body)
+    if factors is None:
+        return None
+    accesses = [f for f in factors if isinstance(f, ast.Access)]
+    scale = tuple(f for f in factors if not isinstance(f, ast.Access))
+    if len(accesses) != 2:
+        return None
+    indices = []
+    for access in accesses:
+        names = tuple(sub.plain_index for sub in access.indices)
+        if not all(names) or len(set(names)) != len(names):
+            return None
+        indices.append(names)
+    left, right = indices
+    out = spec.output_indices
+    groups = {"batch": [], "m": [], "n": [], "k": []}
+    for name in dict.fromkeys(out + left + right):
+        where = (name in out, name in left, name in right)
+        group = {(True, True, True): "batch", (True, True, False): "m",
+                 (True, False, True): "n", (False, True, True): "k"}.get(where)
+        if group is None:
+            return None
+        if group == "k" and name not in summed:
+            return None
+        groups[group].append(name)
+    if set(summed) != set(groups["k"]):
+        return None
+    return Contraction(accesses[0].tensor, accesses[1].tensor, left, right,
+                       *(tuple(groups[g]) for g in ("batch", "m", "n", "k")), scale)
+
+
+def run_contraction(c: Contraction, call) -> np.ndarray:
+    """The contraction on NumPy arrays in the working dtype, via one ``np.matmul``."""
+    ranges = call.bounds.range_map
+    working = call.dtypes.working
+
+    def operand(tensor: str, names: Tuple[str, ...], rows, cols) -> np.ndarray:
+        array = call.arrays[tensor].astype(working, copy=False)
+        # explicit ranges may select part of an axis
+        array = array[tuple(slice(*ranges[n]) for n in names)]
+        order = [names.index(n) for n in c.batch + rows + cols]
+        array = array.transpose(order)
+        sizes = [_prod(ranges, c.batch), _prod(ranges, rows), _prod(ranges, cols)]
+        return array.reshape(sizes)
+
+    left = operand(c.left, c.left_indices, c.m, c.k)
+    right = operand(c.right, c.right_indices, c.k, c.n)
+    product = np.matmul(left, right)
+    for factor in c.scale:
+        value = factor.value if isinstance(factor, ast.Number) else call.params[factor.name]
+        product *= np.asarray(value).astype(working)
+    grid = c.batch + c.m + c.n
+    product = product.reshape([ranges[n][1] - ranges[n][0] for n in grid])
+    return product.transpose([grid.index(n) for n in call.spec.output_indices])
+
+
+def _prod(ranges, names) -> int:
+    size = 1
+    for name in names:
+        lo, hi = ranges[name]
+        size *= max(0, hi - lo)
+    return size
