@@ -62,7 +62,8 @@ def kernel_functions(call, layouts):
     found = _kernels.get(key)
     if found is None:
         plan = _plan(call, layouts)
-        library = c_build.load(render_c(plan.program), plan.fast_math)
+        library = c_build.load(render_c(plan.program, c_build.vector_math()),
+                               plan.fast_math)
         functions = []
         for kernel in plan.program.kernels:
             function = getattr(library, kernel.name)

@@ -72,33 +72,102 @@ def _candidates() -> List[List[str]]:
     return [[tool] for tool in ("cc", "gcc", "clang") if shutil.which(tool)]
 
 
+# glibc's libmvec has SIMD versions of these (float and double) since 2.35.
+VECTOR_MATH_FUNCTIONS = ("exp", "log", "sin", "cos", "expm1", "log1p", "tanh", "erf")
+
+
+def vector_math_declarations(suffix: str, ctype: str) -> str:
+    """Declarations that let ``#pragma omp simd`` loops call libmvec's vector versions
+    (glibc declares them only under -ffast-math, which einfuse does not always use)."""
+    return "".join(f'extern {ctype} {f}{suffix}({ctype}) __attribute__((__simd__("notinbranch")));\n'
+                   for f in VECTOR_MATH_FUNCTIONS)
+
+
+_VECTOR_MATH_PROBE = vector_math_declarations("f", "float") + vector_math_declarations(
+    "", "double") + """\
+float einfuse_probe(const float *x, const double *y, long n) { float a = 0; double b = 0;
+#pragma omp simd reduction(+:a, b)
+for (long i = 0; i < n; ++i) {
+  a += expf(x[i]) + logf(x[i]) + sinf(x[i]) + cosf(x[i]) + expm1f(x[i]) + log1pf(x[i])
+       + tanhf(x[i]) + erff(x[i]);
+  b += exp(y[i]) + log(y[i]) + sin(y[i]) + cos(y[i]) + expm1(y[i]) + log1p(y[i])
+       + tanh(y[i]) + erf(y[i]); }
+return a + (float)b; }
+"""
+_vector_math = False
+
+
+def _fingerprint(command: List[str]) -> Optional[str]:
+    """Path, size and modification time of the compiler: a new compiler (or a changed
+    CC) gets a new probe and new cache keys, without running it in every process."""
+    path = shutil.which(command[0])
+    if path is None:
+        return None
+    real = os.path.realpath(path)
+    info = os.stat(real)
+    return f"{' '.join(command)}|{real}|{info.st_size}|{info.st_mtime_ns}"
+
+
+def _try_compile(command: List[str], source: str, extra: List[str]) -> bool:
+    with tempfile.TemporaryDirectory() as tmp:
+        src = os.path.join(tmp, "probe.c")
+        with open(src, "w") as handle:
+            handle.write(source)
+        done = subprocess.run(command + list(BASE_FLAGS) +
+                              [src, "-o", os.path.join(tmp, "probe.so"), "-lm"] + extra,
+                              capture_output=True, timeout=60)
+    return done.returncode == 0
+
+
+def _probe(command: List[str], fingerprint: str) -> dict:
+    """Whether ``command`` compiles OpenMP code, and whether it can call glibc's vector
+    math (libmvec), remembered on disk so later processes skip the probe."""
+    import json
+    path = os.path.join(cache_dir(), "compiler-" + hashlib.sha256(
+        (fingerprint + _cpu_identity()).encode()).hexdigest()[:24] + ".json")
+    try:
+        with open(path) as handle:
+            return json.load(handle)
+    except (OSError, ValueError):
+        pass
+    result = {"ok": False, "vector_math": False}
+    try:
+        result["ok"] = _try_compile(command, _PROBE, [])
+        if result["ok"]:
+            result["vector_math"] = _try_compile(command, _VECTOR_MATH_PROBE, ["-lmvec"])
+    except (OSError, subprocess.SubprocessError):
+        return result
+    fd, tmp = tempfile.mkstemp(dir=cache_dir(), suffix=".json.tmp")
+    with os.fdopen(fd, "w") as handle:
+        json.dump(result, handle)
+    os.replace(tmp, path)
+    return result
+
+
 def find_compiler() -> Optional[Tuple[Tuple[str, ...], str]]:
-    """(command, identity) of a working C compiler with OpenMP, or None; probed once."""
-    global _compiler, _probed
+    """(command, identity) of a working C compiler with OpenMP, or None; probed once
+    per compiler (the result is kept in the cache directory)."""
+    global _compiler, _probed, _vector_math
     with _lock:
         if _probed:
             return _compiler
         for command in _candidates():
-            if not command or not shutil.which(command[0]):
+            fingerprint = _fingerprint(command) if command else None
+            if fingerprint is None:
                 continue
-            try:
-                version = subprocess.run(command + ["--version"], capture_output=True,
-                                         text=True, timeout=30).stdout.strip()
-                with tempfile.TemporaryDirectory() as tmp:
-                    src = os.path.join(tmp, "probe.c")
-                    with open(src, "w") as handle:
-                        handle.write(_PROBE)
-                    done = subprocess.run(command + list(BASE_FLAGS) +
-                                          [src, "-o", os.path.join(tmp, "probe.so"), "-lm"],
-                                          capture_output=True, timeout=60)
-                if done.returncode == 0:
-                    identity = f"{shutil.which(command[0])}|{' '.join(command)}|{version}"
-                    _compiler = (tuple(command), identity)
-                    break
-            except (OSError, subprocess.SubprocessError):
-                continue
+            found = _probe(command, fingerprint)
+            if found["ok"]:
+                _compiler = (tuple(command), fingerprint)
+                _vector_math = bool(found["vector_math"])
+                break
         _probed = True
         return _compiler
+
+
+def vector_math() -> bool:
+    """True when kernels may call glibc's SIMD math functions (libmvec)."""
+    find_compiler()
+    return _vector_math
 
 
 def _cpu_identity() -> str:
@@ -159,7 +228,9 @@ def compile_library(source: str, flags: Tuple[str, ...], path: str) -> None:
     try:
         with open(tmp_c, "w") as handle:
             handle.write(source)
-        done = subprocess.run(list(compiler[0]) + list(flags) + [tmp_c, "-o", tmp_so, "-lm"],
+        libraries = ["-lmvec", "-lm"] if "__simd__" in source else ["-lm"]
+        done = subprocess.run(list(compiler[0]) + list(flags) + [tmp_c, "-o", tmp_so] +
+                              libraries,
                               capture_output=True, text=True, timeout=300)
         if done.returncode != 0:
             raise CompileError(f"C compilation failed:\n{done.stderr[-4000:]}")

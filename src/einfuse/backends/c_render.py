@@ -22,6 +22,7 @@ import re
 from typing import List, Optional
 
 from .. import ir
+from .c_build import vector_math_declarations
 
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 C_TYPES = {"float32": "float", "float64": "double", "int8": "int8_t", "int16": "int16_t",
@@ -84,8 +85,9 @@ def name(text: str) -> str:
 
 
 class CRenderer:
-    def __init__(self, program: ir.Program):
+    def __init__(self, program: ir.Program, vector_math: bool = False):
         self.program = program
+        self.vector_math = vector_math
         self.working = program.working
         self.ctype = C_TYPES[self.working]
         self.is_float = self.working.startswith("float")
@@ -95,8 +97,10 @@ class CRenderer:
 
     # -- program and kernels -----------------------------------------------------------
     def render(self) -> str:
-        parts = [_PRELUDE.format(T=self.ctype),
-                 _FLOAT_HELPERS.format(f=self.f) if self.is_float else _INT_HELPERS]
+        parts = [_PRELUDE.format(T=self.ctype)]
+        if self.is_float and self.vector_math:
+            parts.append(vector_math_declarations(self.f, self.ctype))
+        parts.append(_FLOAT_HELPERS.format(f=self.f) if self.is_float else _INT_HELPERS)
         for kernel in self.program.kernels:
             parts.append(self.kernel(kernel))
         return "\n".join(parts)
@@ -348,5 +352,6 @@ class CRenderer:
         return self.acc_ref(node.acc, node.lane)
 
 
-def render_c(program: ir.Program) -> str:
-    return CRenderer(program).render()
+def render_c(program: ir.Program, vector_math: bool = False) -> str:
+    """C source for ``program``; ``vector_math`` lets SIMD loops call libmvec."""
+    return CRenderer(program, vector_math).render()

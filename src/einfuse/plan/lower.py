@@ -241,9 +241,11 @@ class _Lowering:
         order = self.order_indices(e.indices, e.body)
         for name in order:
             inner_env[name] = self.lo(name) + Affine.var(f"p{self.index_no[name]}")
+        nested = any(True for _ in ast.reductions(e.body))
+        if nested and lanes is None and e.op in ("sum", "prod") and not self.checks:
+            return self.lane_tiled_reduce(e, acc, order, inner_env, pre)
         body_pre: List[ir.Stmt] = []
         value = self.expr(e.body, inner_env, body_pre)
-        nested = any(True for _ in ast.reductions(e.body))
         if lanes is not None:
             lane, count = lanes
             pre.append(ir.DeclareAcc(acc, e.op, lanes=self.tile))
@@ -262,6 +264,30 @@ class _Lowering:
                             simd=simd, reductions=((acc, e.op),) if simd else ()),)
         pre.extend(body)
         return ir.AccValue(acc, e.op, lanes[0] if lanes is not None else None)
+
+    def lane_tiled_reduce(self, e: ast.Reduce, acc: str, order, env, pre) -> ir.Expr:
+        """A sum/prod whose body holds nested reductions (gauss: the sum over j of
+        exp(-sum over d ...)): its innermost index runs in tiles of lanes, each nested
+        reduction keeps one register accumulator per lane (``for d: for lane``), and
+        the lane loop that combines them is SIMD (exp on a vector, via libmvec).  The
+        nested loops are typically short (d = 3) and this one long."""
+        inner = order[-1]
+        k = self.index_no[inner]
+        block, lane, count = f"r{k}", f"l{acc}", f"c{acc}"
+        env = dict(env)
+        env[inner] = self.lo(inner) + Affine.var(block) + Affine.var(lane)
+        body_pre: List[ir.Stmt] = []
+        value = self.expr(e.body, env, body_pre, lanes=(lane, count))
+        pre.append(ir.DeclareAcc(acc, e.op))
+        combine = ir.Loop(lane, Affine.var(count), "vectorised",
+                          (ir.Accumulate(acc, e.op, value),), simd=True,
+                          reductions=((acc, e.op),))
+        body: Tuple[ir.Stmt, ...] = (ir.TiledLoop(block, self.extent(inner), self.tile, count,
+                                                  "reduction", tuple(body_pre) + (combine,)),)
+        for name in reversed(order[:-1]):
+            body = (ir.Loop(f"p{self.index_no[name]}", self.extent(name), "reduction", body),)
+        pre.extend(body)
+        return ir.AccValue(acc, e.op)
 
     def load(self, access: ast.Access, env, in_gather: bool) -> ir.Load:
         slot = self.slot_of[(access.tensor, "index" if in_gather else "value")]
