@@ -37,7 +37,9 @@ class IndexUse:
     in_gather: bool       # the access is an index array (read inside another's subscript)
 
 
-@dataclass(frozen=True)
+# Compared and hashed by identity: one Spec exists per statement text (runtime.kernel
+# caches them), and hashing the whole tree on every call would cost more than the call.
+@dataclass(frozen=True, eq=False)
 class Spec:
     statement: Statement
     rhs: Expr                               # implicit reductions made explicit

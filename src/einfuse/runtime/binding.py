@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import numbers
 from dataclasses import dataclass
 from typing import Dict, Mapping, Optional, Sequence, Tuple
@@ -81,6 +82,13 @@ def _scalar(name: str, value, spec: Spec):
     return array[()]
 
 
+@functools.lru_cache(maxsize=1024)
+def _ranges_for(spec: Spec, shapes, options: Options, output_shape) -> Bounds:
+    """The per-shape stage, cached: a kernel called again with the same shapes skips
+    range inference and its checks."""
+    return infer_ranges(spec, dict(shapes), options, output_shape)
+
+
 def bind_call(spec: Spec, options: Options, args, kwargs) -> BoundCall:
     named = bind_names(spec, args, kwargs)
     framework = common_framework(named)
@@ -103,7 +111,7 @@ def bind_call(spec: Spec, options: Options, args, kwargs) -> BoundCall:
                                    f"{spec.output} is a {type(output).__name__}",
                                    span=spec.statement.output_span)
         output_shape = tuple(np.shape(to_numpy(output)))
-    bounds = infer_ranges(spec, {n: a.shape for n, a in arrays.items()}, options,
-                          output_shape)
+    bounds = _ranges_for(spec, tuple((n, a.shape) for n, a in arrays.items()), options,
+                         output_shape)
     dtypes = resolve_dtypes(spec, {n: a.dtype for n, a in arrays.items()}, params, options)
     return BoundCall(spec, options, arrays, params, bounds, dtypes, framework, output)
