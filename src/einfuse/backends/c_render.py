@@ -60,11 +60,20 @@ static inline T ef_sigmoid(T x) {{ return (T)1 / ((T)1 + exp{f}(-x)); }}
 static inline T ef_softplus(T x) {{ return (x > 0 ? x : (T)0) + log1p{f}(exp{f}(-fabs{f}(x))); }}
 static inline T ef_pow(T a, T b) {{ return pow{f}(a, b); }}
 static inline T ef_abs(T a) {{ return fabs{f}(a); }}
-/* one-pass logsumexp: running maximum m, sum s of exp(v - m); result m + log(s) */
+/* one-pass logsumexp: running maximum m, sum s of exp(v - m); result m + log(s).
+   Branch-free so that SIMD lanes can each keep their own (m, s): where v equals m
+   (both -inf, or both +inf) the exponential would be nan and is replaced; a NaN v
+   makes s NaN, which the result keeps. */
 static inline void ef_lse(T *m, T *s, T v) {{
-  if (v > *m) {{ *s = *s * exp{f}(*m - v) + (T)1; *m = v; }}
-  else if (v == *m) {{ *s += (*m == -INFINITY) ? (T)0 : (T)1; }}
-  else {{ *s += exp{f}(v - *m); }}
+  T e = (v == *m) ? (*m == -INFINITY ? (T)0 : (T)1) : exp{f}(-fabs{f}(v - *m));
+  *s = (v > *m) ? *s * e + (T)1 : *s + e;
+  *m = (v > *m) ? v : *m;
+}}
+/* merge two partial logsumexps (m, s) and (m2, s2) */
+static inline void ef_lse_merge(T *m, T *s, T m2, T s2) {{
+  if (m2 == *m) {{ *s += s2; return; }}
+  if (m2 > *m) {{ *s = *s * exp{f}(*m - m2) + s2; *m = m2; }}
+  else {{ *s += s2 * exp{f}(m2 - *m); }}
 }}
 """
 
@@ -164,6 +173,22 @@ class CRenderer:
     def acc_ref(self, acc: str, lane: Optional[str], suffix: str = "") -> str:
         ref = name(acc) + suffix
         return f"{ref}[{name(lane)}]" if lane is not None else ref
+
+    def stmt_CombineLanes(self, node: ir.CombineLanes, depth: int) -> List[str]:
+        pad = "  " * depth
+        lanes, into = int(node.lanes), name(node.into)
+        lines = self.stmt_DeclareAcc(ir.DeclareAcc(node.into, node.op), depth)
+        if node.op == "logsumexp":
+            src = name(node.name)
+            lines.append(f"{pad}for (int64_t l_ = 0; l_ < {lanes}; ++l_) "
+                         f"ef_lse_merge(&{into}_m, &{into}_s, {src}_m[l_], {src}_s[l_]);")
+            return lines
+        partial = f"{name(node.name)}[l_]"
+        step = {"sum": f"{into} += {partial};", "prod": f"{into} *= {partial};",
+                "max": f"{into} = ef_max({into}, {partial});",
+                "min": f"{into} = ef_min({into}, {partial});"}[node.op]
+        lines.append(f"{pad}for (int64_t l_ = 0; l_ < {lanes}; ++l_) {step}")
+        return lines
 
     def stmt_Accumulate(self, node: ir.Accumulate, depth: int) -> List[str]:
         pad = "  " * depth

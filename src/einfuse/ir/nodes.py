@@ -173,6 +173,16 @@ class Loop(Stmt):
 
 
 @dataclass(frozen=True)
+class CombineLanes(Stmt):
+    """Declare the scalar accumulator ``into`` and fold the ``lanes`` partial results of
+    the lane accumulator ``name`` into it with ``op`` (after a vectorised reduction)."""
+    name: str
+    op: str
+    lanes: int
+    into: str
+
+
+@dataclass(frozen=True)
 class TiledLoop(Stmt):
     """``for var in range(0, extent, tile)`` with ``count`` = lanes in this tile
     (``tile`` in full tiles, the remainder in the last); renderers may emit the body

@@ -246,6 +246,9 @@ class _Lowering:
         nested = any(True for _ in ast.reductions(e.body))
         if nested and lanes is None and e.op in ("sum", "prod") and not self.checks:
             return self.lane_tiled_reduce(e, acc, order, inner_env, pre)
+        if not nested and lanes is None and e.op in ("max", "min", "logsumexp") \
+                and not self.checks:
+            return self.lane_partial_reduce(e, acc, order, inner_env, pre)
         body_pre: List[ir.Stmt] = []
         value = self.expr(e.body, inner_env, body_pre)
         if lanes is not None:
@@ -266,6 +269,29 @@ class _Lowering:
                             simd=simd, reductions=((acc, e.op),) if simd else ()),)
         pre.extend(body)
         return ir.AccValue(acc, e.op, lanes[0] if lanes is not None else None)
+
+    def lane_partial_reduce(self, e: ast.Reduce, acc: str, order, env, pre) -> ir.Expr:
+        """max/min/logsumexp have no OpenMP SIMD reduction that keeps NumPy's NaN rules;
+        instead one vector of lanes each keeps its own partial result (branch-free
+        updates), folded into one value at the end (:class:`ir.CombineLanes`)."""
+        lanes_count = max(4, 64 // self.working.itemsize)   # one 64-byte vector
+        inner = order[-1]
+        k = self.index_no[inner]
+        block, lane, count = f"r{k}", f"l{acc}", f"c{acc}"
+        env = dict(env)
+        env[inner] = self.lo(inner) + Affine.var(block) + Affine.var(lane)
+        partial = acc + "v"
+        value = self.expr(e.body, env, [])
+        step = ir.Loop(lane, Affine.var(count), "vectorised",
+                       (ir.Accumulate(partial, e.op, value, lane),), simd=True)
+        body: Tuple[ir.Stmt, ...] = (ir.TiledLoop(block, self.extent(inner), lanes_count,
+                                                  count, "reduction", (step,)),)
+        for name in reversed(order[:-1]):
+            body = (ir.Loop(f"p{self.index_no[name]}", self.extent(name), "reduction", body),)
+        pre.append(ir.DeclareAcc(partial, e.op, lanes=lanes_count))
+        pre.extend(body)
+        pre.append(ir.CombineLanes(partial, e.op, lanes_count, acc))
+        return ir.AccValue(acc, e.op)
 
     def lane_tiled_reduce(self, e: ast.Reduce, acc: str, order, env, pre) -> ir.Expr:
         """A sum/prod whose body holds nested reductions (gauss: the sum over j of
