@@ -55,6 +55,41 @@ def _plan(call, layouts):
                     _bounds_mode(call), tuple(layouts), tile_for(call.dtypes.working))
 
 
+# Pack an input only when it is small next to the work: its copy must cost little.
+PACK_WORK_RATIO = 8
+
+
+def _pack_for_lanes(call, plan, buffers: List[np.ndarray]) -> bool:
+    """Copy (in place in ``buffers``) each input that a vectorised lane loop walks along a
+    strided axis into a layout where that axis has unit stride, so lanes load one
+    contiguous vector instead of gathering (gauss: y[j, d] walked along j).  Returns
+    whether anything was packed."""
+    if not plan.lane_indices:
+        return False
+    from ..lang.ast import accesses
+    work = 1
+    for lo, hi in call.bounds.range_map.values():
+        work *= max(1, hi - lo)
+    slots = buffer_slots(call.spec)
+    packed = False
+    for access in accesses(call.spec.rhs):
+        slot = slots.index((access.tensor, "value")) if (access.tensor, "value") in slots \
+            else None
+        if slot is None or access.tensor == call.spec.output:
+            continue
+        array = buffers[slot]
+        if array.size * PACK_WORK_RATIO > work:
+            continue
+        for axis, sub in enumerate(access.indices):
+            walks = any(dict(sub.terms).get(lane) in (1, -1) for lane in plan.lane_indices)
+            if walks and array.shape[axis] > 1 and unit_axis(array) != axis:
+                moved = np.ascontiguousarray(np.moveaxis(array, axis, -1))
+                buffers[slot] = np.moveaxis(moved, -1, axis)
+                packed = True
+                break
+    return packed
+
+
 def _bounds_mode(call) -> str:
     """bounds= as the kernel sees it: under 'check'/'promise', gathers whose index arrays
     are all in range (found by one vectorised min/max per index array, O(its size)) need
@@ -136,9 +171,10 @@ class CBackend:
         if out.size == 0:
             return out
         buffers = _buffers(call) + [out]
-        layouts = [unit_axis(b) for b in buffers]
         try:
-            plan, functions = kernel_functions(call, layouts)
+            plan, functions = kernel_functions(call, [unit_axis(b) for b in buffers])
+            if _pack_for_lanes(call, plan, buffers):
+                plan, functions = kernel_functions(call, [unit_axis(b) for b in buffers])
         except c_build.CompileError as error:
             raise BackendError(str(error)) from None
         ints, doubles, integers = call_arguments(plan, call, buffers)

@@ -71,6 +71,7 @@ class Plan:
     fast_math: bool
     mode: str                         # "tiled", "scalar" or "elementwise", for explain
     inner: Optional[str]              # the innermost output index
+    lane_indices: Tuple[str, ...] = ()  # indices walked by vectorised lane loops
 
 
 @functools.lru_cache(maxsize=256)
@@ -117,6 +118,7 @@ class _Lowering:
         self.params = spec.params
         self.param_slot = {name: n for n, name in enumerate(spec.params)}
         self.n_acc = 0
+        self.lane_indices: List[str] = []
         self.checks = any(sub.gathers for a in ast.accesses(spec.rhs) for sub in a.indices) \
             and bounds in ("check", "promise")
 
@@ -212,8 +214,10 @@ class _Lowering:
                            len(self.params), body, checks_bounds=self.checks)
         program = ir.Program(self.working.name, (kernel,))
         mode = "tiled" if tiled else ("scalar" if tops else "elementwise")
+        if tiled:
+            self.lane_indices.insert(0, inner)
         return Plan(program, self.slots, tuple(self.int_args), self.params,
-                    _fast_math_safe(rhs), mode, inner)
+                    _fast_math_safe(rhs), mode, inner, tuple(dict.fromkeys(self.lane_indices)))
 
     # -- expressions --------------------------------------------------------------------
     def expr(self, e: ast.Expr, env, pre: List[ir.Stmt], lanes=None) -> ir.Expr:
@@ -276,6 +280,7 @@ class _Lowering:
         updates), folded into one value at the end (:class:`ir.CombineLanes`)."""
         lanes_count = max(4, 64 // self.working.itemsize)   # one 64-byte vector
         inner = order[-1]
+        self.lane_indices.append(inner)
         k = self.index_no[inner]
         block, lane, count = f"r{k}", f"l{acc}", f"c{acc}"
         env = dict(env)
@@ -300,6 +305,7 @@ class _Lowering:
         the lane loop that combines them is SIMD (exp on a vector, via libmvec).  The
         nested loops are typically short (d = 3) and this one long."""
         inner = order[-1]
+        self.lane_indices.append(inner)
         k = self.index_no[inner]
         block, lane, count = f"r{k}", f"l{acc}", f"c{acc}"
         env = dict(env)
