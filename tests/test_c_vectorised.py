@@ -63,3 +63,20 @@ def test_vector_math_declarations_only_with_libmvec():
     program = Program("float32", (Kernel("k", (), (), 0, ()),))
     assert "__simd__" in render_c(program, vector_math=True)
     assert "__simd__" not in render_c(program, vector_math=False)
+
+
+@pytest.mark.parametrize("statement", [
+    "D[i,j] := (w[k,i] - x[k,j])**2",
+    "D[b,i,j] := max[k](w[k,i] * x[k,j] + z[b])",
+    "D[i,j] := logsumexp[k](w[k,i] - x[k,j])",
+    "D[j,i] := sum[k](abs(w[k,i] - x[k,j]))",
+])
+@pytest.mark.parametrize("n, m", [(1, 1), (7, 33), (9, 31), (17, 70)])
+def test_register_blocked_outputs_with_remainders(statement, n, m):
+    rng = np.random.default_rng(n * m)
+    arrays = {"w": rng.standard_normal((5, n)), "x": rng.standard_normal((5, m)),
+              "z": rng.standard_normal(3)}
+    if "z[" not in statement:
+        del arrays["z"]
+    got, want = both(statement, **arrays)
+    np.testing.assert_allclose(got, want, rtol=1e-10)

@@ -32,6 +32,30 @@ TILE_BYTES = 256
 def tile_for(working: np.dtype) -> int:
     return max(8, TILE_BYTES // working.itemsize)
 
+
+def _vector_bytes() -> int:
+    """Width of the CPU's widest vector registers (what -march=native will use)."""
+    try:
+        with open("/proc/cpuinfo") as handle:
+            for line in handle:
+                if line.startswith("flags"):
+                    flags = set(line.split())
+                    return 64 if "avx512f" in flags else 32 if "avx" in flags else 16
+    except OSError:
+        pass
+    return 16
+
+
+_VECTOR_BYTES = _vector_bytes()
+
+
+def block_for(working: np.dtype) -> Tuple[int, int]:
+    """(rows, lanes) of a register block: two vectors of lanes times 8 rows (AVX-512,
+    32 registers) or 4 rows (AVX2, 16 registers) fill half the register file with
+    accumulators; measured on dist, 8 x 32 float32 lanes ran 4x faster than 1 x 64."""
+    lanes = 2 * _VECTOR_BYTES // working.itemsize
+    return (8 if _VECTOR_BYTES == 64 else 4), max(4, lanes)
+
 _kernels: Dict[Tuple, Tuple] = {}
 _kernels_lock = threading.Lock()
 _warned = []
@@ -52,7 +76,8 @@ def _buffers(call) -> List[np.ndarray]:
 
 def _plan(call, layouts):
     return plan_for(call.spec, call.dtypes.working.name, call.options.pad is not None,
-                    _bounds_mode(call), tuple(layouts), tile_for(call.dtypes.working))
+                    _bounds_mode(call), tuple(layouts), tile_for(call.dtypes.working),
+                    block_for(call.dtypes.working))
 
 
 # Pack an input only when it is small next to the work: its copy must cost little.
@@ -212,8 +237,13 @@ class CBackend:
         plan = _plan(call, layouts)
         kernel = plan.program.kernels[0]
         parallel = [n for n in call.spec.output_indices if n in call.spec.race_free_indices]
-        how = {"tiled": f"output index {plan.inner} tiled by {tile_for(call.dtypes.working)} lanes with register "
-                        "accumulators, reductions outside the vectorised lane loop",
+        rows, lanes = block_for(call.dtypes.working)
+        tiled = f"output index {plan.inner} tiled by {tile_for(call.dtypes.working)} lanes" \
+            if plan.row_index is None else \
+            f"output indices {plan.row_index} x {plan.inner} in register blocks of " \
+            f"{rows} x {lanes}"
+        how = {"tiled": f"{tiled} with register accumulators, reductions outside the "
+                        "vectorised lane loop",
                "scalar": "register accumulators per output element, reductions innermost",
                "elementwise": "no reduction, innermost loop vectorised"}[plan.mode]
         return (f"fused C kernel ({len(kernel.body)} loop nest(s)), OpenMP-parallel over "

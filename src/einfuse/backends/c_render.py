@@ -155,10 +155,16 @@ class CRenderer:
         for var, init in inits:
             if node.lanes is None:
                 lines.append(f"{pad}T {var} = (T)({init});")
-            else:
+            elif node.rows is None:
                 lines.append(f"{pad}T {var}[{int(node.lanes)}];")
                 lines.append(f"{pad}for (int64_t l_ = 0; l_ < {int(node.lanes)}; ++l_) "
                              f"{var}[l_] = (T)({init});")
+            else:
+                rows, lanes = int(node.rows), int(node.lanes)
+                lines.append(f"{pad}T {var}[{rows}][{lanes}];")
+                lines.append(f"{pad}for (int64_t r_ = 0; r_ < {rows}; ++r_) "
+                             f"for (int64_t l_ = 0; l_ < {lanes}; ++l_) "
+                             f"{var}[r_][l_] = (T)({init});")
         return lines
 
     def identity(self, op: str) -> str:
@@ -170,8 +176,11 @@ class CRenderer:
         # INT64_MIN has no literal: write it as an expression
         return f"{value + 1}LL - 1" if value < 0 else f"{value}ULL"
 
-    def acc_ref(self, acc: str, lane: Optional[str], suffix: str = "") -> str:
+    def acc_ref(self, acc: str, lane: Optional[str], suffix: str = "",
+                row: Optional[str] = None) -> str:
         ref = name(acc) + suffix
+        if row is not None:
+            ref += f"[{name(row)}]"
         return f"{ref}[{name(lane)}]" if lane is not None else ref
 
     def stmt_CombineLanes(self, node: ir.CombineLanes, depth: int) -> List[str]:
@@ -194,9 +203,9 @@ class CRenderer:
         pad = "  " * depth
         value = self.expr(node.value)
         if node.op == "logsumexp":
-            m, s = (self.acc_ref(node.name, node.lane, x) for x in ("_m", "_s"))
+            m, s = (self.acc_ref(node.name, node.lane, x, node.row) for x in ("_m", "_s"))
             return [f"{pad}ef_lse(&{m}, &{s}, {value});"]
-        ref = self.acc_ref(node.name, node.lane)
+        ref = self.acc_ref(node.name, node.lane, row=node.row)
         if node.op == "sum":
             return [f"{pad}{ref} += {value};" if self.is_float else
                     f"{pad}{ref} = (T)({ref} + {value});"]
@@ -211,7 +220,8 @@ class CRenderer:
         entered = False
         if node.kind == "parallel" and not self.in_parallel:
             collapse, inner = 1, node
-            while len(inner.body) == 1 and isinstance(inner.body[0], (ir.Loop, ir.TiledLoop)) \
+            # a TiledLoop starts with an 'if' (full tile or not): not perfectly nested
+            while len(inner.body) == 1 and isinstance(inner.body[0], ir.Loop) \
                     and inner.body[0].kind == "parallel" \
                     and not getattr(inner.body[0], "simd", False):
                 inner = inner.body[0]
@@ -371,10 +381,10 @@ class CRenderer:
 
     def expr_AccValue(self, node: ir.AccValue) -> str:
         if node.op == "logsumexp":
-            m = self.acc_ref(node.acc, node.lane, "_m")
-            s = self.acc_ref(node.acc, node.lane, "_s")
+            m = self.acc_ref(node.acc, node.lane, "_m", node.row)
+            s = self.acc_ref(node.acc, node.lane, "_s", node.row)
             return f"({m} + log{self.f}({s}))"
-        return self.acc_ref(node.acc, node.lane)
+        return self.acc_ref(node.acc, node.lane, row=node.row)
 
 
 def render_c(program: ir.Program, vector_math: bool = False) -> str:

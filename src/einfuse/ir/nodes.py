@@ -129,6 +129,7 @@ class AccValue(Expr):
     acc: str
     op: str
     lane: Optional[str] = None  # lane counter for a vector of accumulators
+    row: Optional[str] = None   # row counter for a block of them
 
 
 # ------------------------------------------------------------------ statements
@@ -148,6 +149,7 @@ class DeclareAcc(Stmt):
     name: str
     op: str
     lanes: Optional[int] = None
+    rows: Optional[int] = None  # with lanes: a rows x lanes block (register blocking)
 
 
 @dataclass(frozen=True)
@@ -156,6 +158,7 @@ class Accumulate(Stmt):
     op: str
     value: Expr
     lane: Optional[str] = None
+    row: Optional[str] = None
 
 
 @dataclass(frozen=True)
