@@ -98,3 +98,20 @@ def test_readme_explain_blocks_are_current(statement):
     done = subprocess.run([sys.executable, "-m", "einfuse.cli", "explain", statement, *args],
                           capture_output=True, text=True)
     assert done.stdout.strip() == block.group(2).strip()
+
+
+def test_explain_shows_the_compiled_kernel_on_the_c_backend():
+    from einfuse.backends import c_build
+    if c_build.find_compiler() is None:
+        pytest.skip("no C compiler")
+    shapes = {"w": (784, 64), "x": (784, 48)}
+    report = ef.explain("D[i,j] := (w[k,i] - x[k,j])**2", backend="c", shapes=shapes)
+    text = str(report)
+    assert "Compiled kernel (pseudo-code)" in text
+    assert "# registers" in text and "SIMD lanes" in text and "threads (OpenMP)" in text
+    assert "for k in 0..783:" in text and "D[i0 + row, j0 + lane]" in text
+    reference = ef.explain("D[i,j] := (w[k,i] - x[k,j])**2", backend="numpy", shapes=shapes)
+    assert reference.compiled_loop_nest is None
+    blas = ef.explain("C[i,j] := A[i,k]*B[k,j]", backend="c",
+                      shapes={"A": (8, 4), "B": (4, 2)})
+    assert blas.compiled_loop_nest is None and "BLAS" in blas.strategy

@@ -5,11 +5,12 @@
     print(ef.explain("D[i,j] := (w[k,i] - x[k,j])**2", w=w, x=x))
 """
 
-from .errors import EinfuseError, EinfuseWarning
+from .autodiff import GradientStatement, derive, run_reference
+from .errors import EinfuseError, EinfuseWarning, NoGradientError
 from .explain import explain
 from .runtime.kernel import Kernel, compile, ein
 
 __version__ = "0.1.0"
 
-__all__ = ["ein", "compile", "explain", "Kernel", "EinfuseError", "EinfuseWarning",
-           "__version__"]
+__all__ = ["ein", "compile", "explain", "derive", "run_reference", "GradientStatement",
+           "Kernel", "EinfuseError", "EinfuseWarning", "NoGradientError", "__version__"]

@@ -94,6 +94,12 @@ class OptionError(EinfuseError, ValueError):
     """An option (``ranges=``, ``bounds=``, ``backend=`` ...) is invalid."""
 
 
+class NoGradientError(EinfuseError, ValueError):
+    """The name asked for has no gradient in this statement (an integer index array, a
+    name the statement does not read, its own output), or the statement's form is not
+    supported by derivation."""
+
+
 class BackendError(EinfuseError, RuntimeError):
     """A backend could not build or run a kernel (not the user's statement)."""
 

@@ -34,6 +34,7 @@ class Explanation:
     bytes_written: Optional[int] = None
     naive_intermediate_bytes: Optional[int] = None
     strategy: Optional[str] = None
+    compiled_loop_nest: Optional[List[str]] = None
     notes: List[str] = field(default_factory=list)
 
     @property
@@ -59,6 +60,9 @@ class Explanation:
                            "einfuse never does)")
         if self.strategy:
             out += ["", "How it runs", "  " + self.strategy]
+        if self.compiled_loop_nest:
+            out += ["", "Compiled kernel (pseudo-code)"]
+            out += ["  " + line for line in self.compiled_loop_nest]
         if self.notes:
             out += [""] + ["Note: " + n for n in self.notes]
         return "\n".join(out)
@@ -294,7 +298,8 @@ def explain(statement: str, *args, shapes: Optional[Dict[str, tuple]] = None,
         naive_intermediate_bytes=naive_intermediate(spec, call.bounds,
                                                     call.dtypes.working.itemsize),
         strategy=f"backend {chosen.name}: {chosen.strategy(call)}; result dtype "
-                 f"{call.dtypes.result}")
+                 f"{call.dtypes.result}",
+        compiled_loop_nest=chosen.loop_nest(call) if hasattr(chosen, "loop_nest") else None)
 
 
 # Above this, placeholder arrays are zero-stride broadcasts (no memory at all) and the plan

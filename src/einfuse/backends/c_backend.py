@@ -227,6 +227,10 @@ class CBackend:
         return out
 
     @staticmethod
+    def loop_nest(call):
+        return _loop_nest(call)
+
+    @staticmethod
     def strategy(call) -> str:
         contraction = _blas_contraction(call)
         if contraction is not None:
@@ -249,6 +253,25 @@ class CBackend:
         return (f"fused C kernel ({len(kernel.body)} loop nest(s)), OpenMP-parallel over "
                 f"{', '.join(parallel) or 'nothing (scalar result)'}; {how}; compiled "
                 f"{'with' if plan.fast_math else 'without'} fast-math")
+
+
+def _loop_nest(call):
+    """The compiled kernel as pseudo-code with the statement's names and sizes, or None
+    for a BLAS contraction."""
+    if _blas_contraction(call) is not None:
+        return None
+    from .pseudo_render import render_pseudo
+    plan = _plan(call, _buffers_layout_only(call))
+    kernel = plan.program.kernels[0]
+    ranges = call.bounds.range_map
+    values = {}
+    for generated, how in zip(kernel.ints, plan.int_args):
+        if how[0] == "lo":
+            values[generated] = ranges[how[1]][0]
+        elif how[0] == "n":
+            values[generated] = max(0, ranges[how[1]][1] - ranges[how[1]][0])
+    return render_pseudo(plan.program, [tensor for tensor, _ in plan.slots],
+                         call.spec.all_indices, plan.params, values)
 
 
 def _blas_contraction(call):

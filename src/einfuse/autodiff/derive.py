@@ -1,0 +1,381 @@
+"""``derive``: reverse-mode gradients of one statement, as statements (docs/gradients.md).
+
+Each read ``W[s0, s1, ...]`` of the differentiated tensor contributes ``g`` (see
+rules.py) on the grid of the forward output indices and the reductions around it.  The
+contribution is moved into the gradient's own frame ``dW[f0, f1, ...]`` when every
+subscript can be solved for a grid index:
+
+* a plain index ``v`` becomes the frame index itself (renamed);
+* an affine subscript ``i + a - 1`` is solved for a forward *output* index with unit
+  coefficient (``i = f - a + 1``): the gradient then reads ``dOUT`` shifted, and
+  ``pad=0`` makes the reads that fall outside ``dOUT`` (no such forward point) zero.
+
+The remaining grid indices are summed in the gradient.  Every contribution that moves
+is added into one ``:=`` statement (kind "gather", race-free).  The others (strides,
+constants, gathers, repeated indices, reduction indices whose range an affine use may
+narrow) become kind "scatter": a values statement in the forward's own frame, added
+into ``dW`` at the forward's subscripts (``np.add.at``; atomics or privatisation on a
+parallel backend).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Dict, List, Optional, Tuple, Union
+
+from ..analysis.spec import Spec, analyse
+from ..errors import EinfuseError, NoGradientError
+from ..lang import parse
+from ..lang.ast import Access, Binary, Call, Expr, IndexExpr, Param, Reduce, Unary, \
+    accesses
+from ..lang.printer import format_expr, format_statement
+from .exprs import Affine, Names, affine, cmp, contains_reduce, freshen, num, subst, where
+
+
+@dataclass(frozen=True)
+class AxisOf:
+    """Range source: ``range(0, tensor.shape[axis])``."""
+    tensor: str
+    axis: int
+
+
+@dataclass(frozen=True)
+class RangeOf:
+    """Range source: the range ``index`` has in the forward statement for the call."""
+    index: str
+
+
+@dataclass
+class GradientStatement:
+    """One statement of a gradient.  ``text`` parses and runs with ``ef.ein`` under
+    :meth:`resolve_options`; for kind "scatter" it computes the values that
+    ``scatter`` (one subscript per axis of the target, over ``text``'s output indices)
+    says where to add (``description`` shows it as ``dW[2*i + a] += ...``)."""
+    text: str
+    target: str
+    kind: str                                   # "gather" or "scatter"
+    wrt: str
+    forward: str                                # the statement it differentiates
+    options: Dict[str, object]                  # pad, bounds, fill, ranges (symbolic)
+    forward_options: Dict[str, object] = field(default_factory=dict)
+    parent: Optional["GradientStatement"] = None   # when ``forward`` is itself a gradient
+    scatter: Optional[Tuple[IndexExpr, ...]] = None
+    description: str = ""
+    output_grad: str = ""                       # the name of dOUT
+    # (forward reduction index, tensor, axis): a frame index that stands for a forward
+    # reduction index must cover the whole axis; checked when options are resolved
+    range_checks: Tuple[Tuple[str, str, int], ...] = ()
+    # run these instead when covers() is False (only for gathers with range_checks)
+    fallback: List["GradientStatement"] = field(default_factory=list)
+
+    def covers(self, arrays) -> bool:
+        """Do the frame indices that stand for forward reduction indices cover wrt's
+        axes for these arrays?  If not, run ``fallback`` instead."""
+        from .reference import covers
+        return covers(self, arrays)
+
+    @property
+    def statement(self):
+        return parse(self.text)
+
+    @property
+    def spec(self) -> Spec:
+        return analyse(self.statement)
+
+    @property
+    def inputs(self) -> Tuple[str, ...]:
+        return self.spec.arg_order
+
+    def resolve_options(self, arrays) -> Dict[str, object]:
+        """Concrete ``ef.ein`` options (ranges, pad, bounds, fill) for these arrays (the
+        forward's inputs and ``dOUT``)."""
+        from .reference import resolve_options
+        return resolve_options(self, arrays)
+
+    def __str__(self) -> str:
+        return self.description or self.text
+
+
+def derive(statement: Union[str, GradientStatement], wrt: str, *,
+           output_grad_name: Optional[str] = None,
+           options: Optional[Dict[str, object]] = None) -> List[GradientStatement]:
+    """Gradient statements of ``statement`` with respect to tensor or scalar ``wrt``.
+
+    The gradient of the output is an input named ``d<OUT>`` (or ``output_grad_name``)
+    with the output's indices; the result is ``d<wrt>`` with ``wrt``'s shape: the sum
+    of the returned statements (a "gather" creates it, each "scatter" adds into it;
+    zeros when there is no gather).  ``options`` are the forward's own options
+    (``ranges=``, ``pad=``, ``bounds=``, ``fill=``); a GradientStatement brings its own,
+    so gradients can be derived again."""
+    parent = None
+    if isinstance(statement, GradientStatement):
+        if statement.kind != "gather":
+            raise NoGradientError(f"cannot derive the scatter statement for "
+                                  f"{statement.target} again; derive its forward instead")
+        parent, options, statement = statement, statement.options, statement.text
+    options = dict(options or {})
+    try:
+        spec = analyse(parse(statement))
+        return _Deriver(spec, wrt, output_grad_name, options, parent).run()
+    except EinfuseError as error:
+        if error.source is None:
+            error.source = statement
+        raise
+
+
+@dataclass
+class _Contribution:
+    leaf: Expr
+    term: Expr
+    grid: Tuple[str, ...]
+
+
+class _Deriver:
+    def __init__(self, spec: Spec, wrt: str, dout: Optional[str], options, parent):
+        self.spec, self.wrt, self.options, self.parent = spec, wrt, options, parent
+        st = spec.statement
+        used = set(spec.all_indices) | {t.name for t in spec.tensors} | set(spec.params) \
+            | {st.output}
+        for node in spec.rhs.walk():
+            if isinstance(node, Reduce):
+                used |= set(node.indices)
+        self.names = Names(used)
+        self.check_wrt()
+        self.dout = self.names.take(dout or self.free_name("d" + st.output))
+        self.target = self.names.take(self.free_name("d" + wrt))
+        self.outputs = st.output_indices
+        pad = options.get("pad")
+        if pad not in (None, 0, 0.0):
+            raise NoGradientError(f"derivation supports pad=0 or no pad, not pad={pad!r}")
+        self.forward_pad = pad is not None
+        self.rank = next((len(a.indices) for a in accesses(spec.rhs) if a.tensor == wrt), 0)
+
+    def free_name(self, name: str) -> str:
+        while name in self.names.used:
+            name += "_"
+        return name
+
+    def check_wrt(self):
+        spec, wrt = self.spec, self.wrt
+        if wrt == spec.output:
+            raise NoGradientError(f"{wrt} is the statement's output; derive with respect "
+                                  "to an input")
+        info = next((t for t in spec.tensors if t.name == wrt), None)
+        if info is not None and info.as_index:
+            raise NoGradientError(f"{wrt} is an integer index array (a gather's "
+                                  "subscript); it has no gradient")
+        if info is None and wrt not in spec.params:
+            raise NoGradientError(f"{wrt} is not read by the statement (it reads "
+                                  f"{', '.join(spec.arg_order) or 'nothing'})")
+
+    def run(self) -> List[GradientStatement]:
+        seed = Access(self.dout, tuple(IndexExpr(((i, 1),)) for i in self.outputs))
+        self.seed = seed
+        found = [_Contribution(leaf, g, self.outputs + bound) for leaf, g, bound
+                 in _occurrences(self.spec.rhs, self.wrt, seed, self.names)]
+        gathers, scatters = [], []
+        for c in found:
+            (gathers if self.movable(c) else scatters).append(c)
+        result = []
+        if gathers:
+            result.append(self.gather_statement(gathers))
+        for n, c in enumerate(scatters):
+            result.append(self.scatter_statement(c, n))
+        if gathers and result[0].range_checks:
+            # a forward reduction index used as a frame index may turn out, for some
+            # shapes, to cover only part of wrt's axis (s := sum[i](x[i]*z[i+1])); the
+            # same contributions as scatters are then the answer
+            result[0].fallback = [self.scatter_statement(c, len(scatters) + n)
+                                  for n, c in enumerate(gathers)]
+        if not result:  # the statement reads wrt only through piecewise-constant parts
+            result.append(self.zero_statement())
+        return result
+
+    # -- which contributions move into the gradient's frame ------------------------------
+    def movable(self, c: _Contribution) -> bool:
+        if isinstance(c.leaf, Param):
+            return True
+        subs = c.leaf.indices
+        for axis, s in enumerate(subs):
+            if s.gathers or not s.terms:
+                return False
+            others = {n for t, o in enumerate(subs) if t != axis for n in o.index_names}
+            if others & set(s.index_names):
+                return False                        # repeated index: A[i, i], x[i, i+1]
+            v = s.plain_index
+            if v is not None:
+                if v not in self.outputs and self.user_range(v):
+                    return False                    # its range may be narrower than the axis
+                continue
+            if self.pivot(s) is None:
+                return False
+        return True
+
+    def affine_use(self, index: str) -> bool:
+        """May the index's range be narrower than the axes it indexes plainly?  Yes with
+        an affine use or a range given by the user; ranges that derivation itself set
+        (AxisOf/RangeOf) are checked when they are resolved instead."""
+        given = dict(self.options.get("ranges") or {}).get(index)
+        return any(u.subscript.plain_index is None for u in self.spec.uses(index)) \
+            or (given is not None and not isinstance(given, (AxisOf, RangeOf)))
+
+    def user_range(self, index: str) -> bool:
+        given = dict(self.options.get("ranges") or {}).get(index)
+        return given is not None and not isinstance(given, (AxisOf, RangeOf))
+
+    def pivot(self, s: IndexExpr) -> Optional[Tuple[str, int]]:
+        for name, coeff in s.terms:
+            if name in self.outputs and abs(coeff) == 1:
+                return name, coeff
+        return None
+
+    def frame(self, contributions: List[_Contribution]) -> Tuple[str, ...]:
+        """Frame index names: the first plain index seen on each axis, else fresh."""
+        chosen: List[Optional[str]] = [None] * self.rank
+        for c in contributions:
+            if isinstance(c.leaf, Access):
+                for axis, s in enumerate(c.leaf.indices):
+                    v = s.plain_index
+                    if chosen[axis] is None and v is not None and v not in chosen:
+                        chosen[axis] = v
+        return tuple(v if v is not None else self.names.fresh() for v in chosen)
+
+    def move(self, c: _Contribution, frame: Tuple[str, ...]):
+        """The contribution's term in the frame, and the grid indices left to sum."""
+        if isinstance(c.leaf, Param):
+            return c.term, self.seed, list(c.grid)
+        m: Dict[str, Affine] = {}
+        eliminated = {}
+        for axis, s in enumerate(c.leaf.indices):
+            v = s.plain_index
+            if v is not None:
+                eliminated[v] = (axis, 1, IndexExpr())
+            else:
+                name, coeff = self.pivot(s)
+                rest = IndexExpr(tuple((n, k) for n, k in s.terms if n != name), (),
+                                 s.constant)
+                eliminated[name] = (axis, coeff, rest)
+        # grid indices that keep living but carry a frame name move out of the way
+        renames = {v: self.names.fresh(v) for v in c.grid
+                   if v in frame and v not in eliminated}
+        for v, new in renames.items():
+            m[v] = affine(new)
+        for v, (axis, coeff, rest) in eliminated.items():
+            # coeff*v + rest = f  ->  v = coeff*(f - rest), coeff = +-1
+            terms = [(frame[axis], coeff)] + [(renames.get(n, n), -coeff * k)
+                                              for n, k in rest.terms]
+            m[v] = (tuple(terms), -coeff * rest.constant)
+        term = subst(c.term, m, self.names)
+        seed = subst(self.seed, m, self.names)
+        summed = [renames.get(v, v) for v in c.grid if v not in eliminated]
+        return term, seed, summed
+
+    # -- statements ---------------------------------------------------------------------
+    def gather_statement(self, contributions: List[_Contribution]) -> GradientStatement:
+        frame = self.frame(contributions)
+        for f in frame:
+            self.names.take(f)
+        moved = [self.move(c, frame) for c in contributions]
+        # dOUT read at a solved subscript (i = f - a), or at an output index whose range
+        # an affine use may make shorter than wrt's axis: reads outside dOUT must be 0
+        shifted = any(s.plain_index is None for _, seed, _ in moved for s in seed.indices)
+        frame_outputs = any(s.plain_index in self.outputs and self.affine_use(s.plain_index)
+                            for c in contributions if isinstance(c.leaf, Access)
+                            for s in c.leaf.indices)
+        pad = 0.0 if (shifted or frame_outputs or self.forward_pad) else None
+        parts = []
+        for term, seed, summed in moved:
+            if pad is not None and _risky(term):
+                # padded reads outside the forward's grid give 0 for the seed but may
+                # give inf/nan elsewhere (log(0)); the seed is a factor, so gate on it
+                term = where(cmp("!=", seed, num(0)), term, num(0))
+            parts.append((term, summed))
+        implicit = len(parts) == 1 and not contains_reduce(parts[0][0])
+        rhs = None
+        for term, summed in parts:
+            part = term if implicit or not summed else Reduce("sum", tuple(summed), term)
+            if rhs is None:
+                rhs = part
+            elif isinstance(part, Unary) and part.op == "-":
+                rhs = Binary("-", rhs, part.operand)
+            else:
+                rhs = Binary("+", rhs, part)
+        rhs = freshen(rhs, set(frame), self.names)
+        text = self.format(self.target, frame, rhs)
+        ranges = {f: AxisOf(self.wrt, axis) for axis, f in enumerate(frame)}
+        g = self.make(text, "gather", pad, ranges, frame)
+        g.range_checks = tuple(sorted({(s.plain_index, self.wrt, axis) for c in contributions
+                                       if isinstance(c.leaf, Access)
+                                       for axis, s in enumerate(c.leaf.indices)
+                                       if s.plain_index not in (None,) + self.outputs}))
+        return g
+
+    def scatter_statement(self, c: _Contribution, n: int) -> GradientStatement:
+        subs = c.leaf.indices
+        in_subs = {name for s in subs for node in _sub_exprs(s) for name in node}
+        keep = tuple(v for v in c.grid if v in in_subs)
+        summed = tuple(v for v in c.grid if v not in in_subs)
+        term = c.term
+        if summed and contains_reduce(term):
+            term = Reduce("sum", summed, term)
+        rhs = freshen(term, set(keep), self.names)
+        values = self.names.take(self.free_name(f"{self.target}_at{n}" if n else
+                                                f"{self.target}_at"))
+        text = self.format(values, keep, rhs)
+        shown = Reduce("sum", summed, c.term) if summed and not contains_reduce(term) else rhs
+        where_to = f"{self.target}[{', '.join(str(s) for s in subs)}]"
+        g = self.make(text, "scatter", 0.0 if self.forward_pad else None, {}, keep)
+        g.scatter = subs
+        g.description = f"{where_to} += {format_expr(shown)}"
+        return g
+
+    def zero_statement(self) -> GradientStatement:
+        frame = tuple(self.names.fresh() for _ in range(self.rank))
+        ranges = {f: AxisOf(self.wrt, axis) for axis, f in enumerate(frame)}
+        return self.make(self.format(self.target, frame, num(0.0)), "gather", None, ranges,
+                         frame)
+
+    def format(self, out: str, indices, rhs: Expr) -> str:
+        lhs = f"{out}[{', '.join(indices)}]" if indices else out
+        return f"{lhs} := {format_expr(rhs)}"
+
+    def make(self, text, kind, pad, ranges, frame) -> GradientStatement:
+        spec = analyse(parse(text))          # the text must be a legal statement
+        for index in spec.all_indices:
+            if index not in ranges:
+                root = self.names.root(index)
+                ranges[index] = RangeOf(root)
+        opts = {"pad": pad, "ranges": ranges}
+        for key in ("bounds", "fill"):
+            if key in self.options:
+                opts[key] = self.options[key]
+        return GradientStatement(text=text, target=self.target, kind=kind, wrt=self.wrt,
+                                 forward=self.spec.source or format_statement(
+                                     self.spec.statement),
+                                 options=opts, forward_options=dict(self.options),
+                                 parent=self.parent, description=text,
+                                 output_grad=self.dout)
+
+
+def _occurrences(rhs, wrt, seed, names):
+    from .rules import occurrences
+    return occurrences(rhs, wrt, seed, names)
+
+
+def _sub_exprs(s: IndexExpr):
+    """Index names of a subscript, gathers' subscripts included (one set per level)."""
+    yield s.index_names
+    for access, _ in s.gathers:
+        for inner in access.indices:
+            yield from _sub_exprs(inner)
+
+
+def _risky(term: Expr) -> bool:
+    """Could the term be inf/nan where padded reads give 0?  Sums and products of reads
+    cannot; functions, division, powers and reductions may."""
+    for node in term.walk():
+        if isinstance(node, (Call, Reduce)):
+            return True
+        if isinstance(node, Binary) and node.op in ("/", "**"):
+            return True
+    return False

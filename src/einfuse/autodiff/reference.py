@@ -1,0 +1,136 @@
+"""Running gradient statements with the NumPy reference: option resolution and the
+scatter-add, so that every derived gradient is testable without a GPU backend."""
+
+from __future__ import annotations
+
+import warnings
+from typing import Dict, Iterable, Mapping
+
+import numpy as np
+
+from ..errors import OutOfBoundsError, RangeError
+from ..lang.ast import IndexExpr
+from ..runtime.kernel import compile as ef_compile, ein
+from .derive import AxisOf, GradientStatement, NoGradientError, RangeOf
+
+_PASSED = ("ranges", "pad", "bounds", "fill")
+
+
+def _forward_ranges(g: GradientStatement, arrays: Mapping[str, object]):
+    """Every index range of the forward statement for these arrays (the forward is bound,
+    not run)."""
+    if g.parent is not None:
+        options = g.parent.resolve_options(arrays)
+    else:
+        options = {k: v for k, v in g.forward_options.items() if k in _PASSED}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        kernel = ef_compile(g.forward, backend="numpy", **options)
+    spec = kernel.spec
+    args = {n: arrays[n] for n in spec.arg_order}
+    if spec.assign != ":=":   # '=' / '+=': the output's shape is dOUT's
+        args[spec.output] = arrays.get(spec.output, np.zeros(np.shape(arrays[g.output_grad])))
+    ranges = kernel.bind(**args).bounds.range_map
+    for index in spec.output_indices:
+        if ranges[index][0] != 0:
+            raise NoGradientError(f"output index {index} of {g.forward!r} starts at "
+                                  f"{ranges[index][0]}; dOUT's positions would not match: "
+                                  f"pass ranges={{'{index}': range(0, n)}}")
+    return ranges
+
+
+def covers(g: GradientStatement, arrays: Mapping[str, object]) -> bool:
+    if not g.range_checks:
+        return True
+    forward = _forward_ranges(g, arrays)
+    return all(forward[index][0] <= 0 and forward[index][1] >= np.shape(arrays[t])[axis]
+               for index, t, axis in g.range_checks)
+
+
+def resolve_options(g: GradientStatement, arrays: Mapping[str, object]) -> Dict[str, object]:
+    forward = _forward_ranges(g, arrays)
+    ranges = {}
+    for index, source in g.options["ranges"].items():
+        if isinstance(source, AxisOf):
+            ranges[index] = range(0, np.shape(arrays[source.tensor])[source.axis])
+        else:
+            ranges[index] = range(*forward[source.index])
+    for index, tensor, axis in g.range_checks:
+        lo, hi = forward[index]
+        n = np.shape(arrays[tensor])[axis]
+        if lo > 0 or hi < n:
+            raise RangeError(f"index {index} runs over {lo}..{hi - 1} in {g.forward!r}, not "
+                             f"over all of {tensor}'s axis {axis} (0..{n - 1}); run this "
+                             f"gradient's fallback (scatter) statements instead")
+    result = {"ranges": ranges}
+    for key in ("pad", "bounds", "fill"):
+        if g.options.get(key) is not None:
+            result[key] = g.options[key]
+    return result
+
+
+def run_reference(grads: Iterable[GradientStatement], arrays: Mapping[str, object], *,
+                  backend: str = "numpy") -> Dict[str, np.ndarray]:
+    """Evaluate gradient statements: ``arrays`` holds the forward's inputs and dOUT.
+    Returns {target: gradient}; gathers run with ``ef.ein``, scatters add with
+    ``np.add.at``."""
+    out: Dict[str, np.ndarray] = {}
+    todo = []
+    for g in grads:
+        todo.extend(g.fallback if g.fallback and not g.covers(arrays) else [g])
+    for g in todo:
+        options = g.resolve_options(arrays)
+        args = {n: arrays[n] for n in g.inputs}
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            values = np.asarray(ein(g.text, backend=backend, **options, **args))
+        shape = np.shape(arrays[g.wrt])
+        if g.kind == "gather":
+            out[g.target] = out[g.target] + values if g.target in out else values.copy()
+            continue
+        if g.target not in out:
+            out[g.target] = np.zeros(shape, dtype=np.result_type(values.dtype, np.float64))
+        _scatter_add(out[g.target], g, values, options, arrays)
+    return out
+
+
+def _scatter_add(target: np.ndarray, g: GradientStatement, values: np.ndarray, options,
+                 arrays):
+    indices = g.spec.output_indices
+    grid = {}
+    for pos, name in enumerate(indices):
+        rng = options["ranges"][name]
+        shape = [1] * len(indices)
+        shape[pos] = len(rng)
+        grid[name] = np.arange(rng.start, rng.stop).reshape(shape)
+    bounds = options.get("bounds", "check")
+    keep = np.ones(values.shape, dtype=bool)
+    positions = []
+    for axis, sub in enumerate(g.scatter):
+        n = target.shape[axis]
+        where = np.broadcast_to(_evaluate(sub, grid, arrays), values.shape)
+        outside = (where < 0) | (where >= n)
+        if sub.gathers and bounds == "clip":
+            where = np.clip(where, 0, n - 1)
+        elif sub.gathers and bounds == "wrap":
+            where = np.mod(where, n)
+        elif sub.gathers and bounds in ("check", "promise") and outside.any():
+            bad = where[outside].flat[0]
+            raise OutOfBoundsError(f"{g.description}: index value {bad} is outside "
+                                   f"0..{n - 1} (axis {axis} of {g.wrt})")
+        else:   # fill, or a padded affine read: the value read did not come from wrt
+            keep &= ~outside
+        positions.append(where)
+    np.add.at(target, tuple(p[keep] for p in positions), values[keep])
+
+
+def _evaluate(sub: IndexExpr, grid, arrays):
+    value = np.asarray(sub.constant)
+    for name, coeff in sub.terms:
+        value = value + coeff * grid[name]
+    for access, coeff in sub.gathers:
+        where = tuple(_evaluate(s, grid, arrays) for s in access.indices)
+        table = np.asarray(arrays[access.tensor])
+        value = value + coeff * table[np.broadcast_arrays(*where)] if where \
+            else value + coeff * table[()]
+    return value

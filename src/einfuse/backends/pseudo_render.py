@@ -1,0 +1,166 @@
+"""Render the loop-nest IR as readable pseudo-code, for ``explain``: the loops, tiles,
+register accumulators and SIMD lanes that the compiled kernel really runs, with the
+statement's own index and tensor names and, when known, the call's sizes.
+
+A sibling of the C renderer: one method per IR node type."""
+
+from __future__ import annotations
+
+from typing import Dict, List, Mapping, Optional, Sequence
+
+from .. import ir
+from ..lang.printer import format_number
+
+_INIT = {"sum": "0", "prod": "1", "max": "-inf", "min": "+inf", "logsumexp": "-inf"}
+
+
+class PseudoRenderer:
+    def __init__(self, program: ir.Program, tensors: Sequence[str], indices: Sequence[str],
+                 params: Sequence[str], values: Optional[Mapping[str, int]] = None):
+        self.program = program
+        self.tensors = list(tensors)          # tensor name per buffer slot
+        self.params = list(params)
+        self.values = dict(values or {})      # runtime int name -> value, when known
+        self.names: Dict[str, str] = {}
+        for k, index in enumerate(indices):
+            self.names.update({f"p{k}": index, f"b{k}": f"{index}0", f"r{k}": f"{index}0",
+                               f"n{k}": f"n_{index}", f"lo{k}": f"lo_{index}"})
+        self.names.update({"l": "lane", "nb": "lanes", "r": "row", "nr": "rows"})
+        self.in_parallel = False   # as in C, only the outermost parallel loop is threaded
+
+    def name(self, generated: str) -> str:
+        if generated.startswith("la"):
+            return "lane"
+        if generated.startswith("ca"):
+            return "lanes"
+        return self.names.get(generated, generated)
+
+    def render(self) -> List[str]:
+        lines: List[str] = []
+        for kernel in self.program.kernels:
+            for stmt in kernel.body:
+                lines += self.stmt(stmt, 0)
+        return lines
+
+    # -- integers --------------------------------------------------------------------------
+    def affine(self, a: ir.Affine, drop_zero_starts: bool = True) -> str:
+        const = a.const
+        parts = []
+        for term, coeff in a.terms:
+            if term in self.values and (term.startswith("lo") or term.startswith("n")):
+                const += coeff * self.values[term]
+                continue
+            shown = self.name(term)
+            parts.append(shown if coeff == 1 else f"-{shown}" if coeff == -1
+                         else f"{coeff}*{shown}")
+        if const or not parts:
+            parts.append(str(const))
+        text = parts[0]
+        for part in parts[1:]:
+            text += f" - {part[1:]}" if part.startswith("-") else f" + {part}"
+        return text
+
+    def last(self, extent: ir.Affine) -> str:
+        return self.affine(extent + ir.Affine(const=-1))
+
+    # -- statements -------------------------------------------------------------------------
+    def stmt(self, node: ir.Stmt, depth: int) -> List[str]:
+        return getattr(self, "stmt_" + type(node).__name__)(node, depth)
+
+    def block(self, body, depth: int) -> List[str]:
+        return [line for stmt in body for line in self.stmt(stmt, depth)]
+
+    def threads(self, kind: str) -> bool:
+        """Whether this loop is the one split across threads (and mark it so)."""
+        if kind == "parallel" and not self.in_parallel:
+            self.in_parallel = True
+            return True
+        return False
+
+    def stmt_Loop(self, node: ir.Loop, depth: int) -> List[str]:
+        threaded = self.threads(node.kind)
+        notes = [n for n, on in (("threads (OpenMP)", threaded),
+                                 ("SIMD lanes", node.kind == "vectorised"),
+                                 ("SIMD", node.simd and node.kind != "vectorised")) if on]
+        head = f"for {self.name(node.var)} in 0..{self.last(node.extent)}:"
+        lines = ["  " * depth + head + (f"   # {', '.join(notes)}" if notes else "")]
+        lines += self.block(node.body, depth + 1)
+        self.in_parallel = self.in_parallel and not threaded
+        return lines
+
+    def stmt_TiledLoop(self, node: ir.TiledLoop, depth: int) -> List[str]:
+        threaded = self.threads(node.kind)
+        note = "threads (OpenMP), " if threaded else ""
+        head = (f"for {self.name(node.var)} in 0..{self.last(node.extent)} step {node.tile}:"
+                f"   # {note}{self.name(node.count)} = min({node.tile}, rest)")
+        lines = ["  " * depth + head] + self.block(node.body, depth + 1)
+        self.in_parallel = self.in_parallel and not threaded
+        return lines
+
+    def stmt_DeclareAcc(self, node: ir.DeclareAcc, depth: int) -> List[str]:
+        shape = "".join(f"[{n}]" for n in (node.rows, node.lanes) if n)
+        where = "   # registers" if shape else ""
+        return ["  " * depth + f"{node.name}{shape} = {_INIT[node.op]}{where}"]
+
+    def stmt_Accumulate(self, node: ir.Accumulate, depth: int) -> List[str]:
+        ref = self.acc(node.name, node.lane, node.row)
+        value = self.expr(node.value)
+        text = {"sum": f"{ref} += {value}", "prod": f"{ref} *= {value}",
+                "max": f"{ref} = max({ref}, {value})", "min": f"{ref} = min({ref}, {value})",
+                "logsumexp": f"{ref} = logaddexp({ref}, {value})   # running max"}[node.op]
+        return ["  " * depth + text]
+
+    def stmt_CombineLanes(self, node: ir.CombineLanes, depth: int) -> List[str]:
+        return ["  " * depth + f"{node.into} = {node.op} of {node.name}[0..{node.lanes - 1}]"]
+
+    def stmt_Store(self, node: ir.Store, depth: int) -> List[str]:
+        target = f"{self.tensors[node.buffer]}[{', '.join(self.affine(p) for p in node.position)}]"
+        return ["  " * depth + f"{target} = {self.expr(node.value)}"]
+
+    def acc(self, name: str, lane: Optional[str], row: Optional[str]) -> str:
+        return name + (f"[{self.name(row)}]" if row else "") + \
+            (f"[{self.name(lane)}]" if lane else "")
+
+    # -- expressions ------------------------------------------------------------------------
+    def expr(self, node: ir.Expr) -> str:
+        return getattr(self, "expr_" + type(node).__name__)(node)
+
+    def expr_Const(self, node: ir.Const) -> str:
+        return format_number(node.value)
+
+    def expr_Param(self, node: ir.Param) -> str:
+        return self.params[node.slot]
+
+    def expr_IndexValue(self, node: ir.IndexValue) -> str:
+        return f"({self.affine(node.value)})"
+
+    def expr_Load(self, node: ir.Load) -> str:
+        subs = []
+        for sub in node.subscripts:
+            text = self.affine(sub.affine)
+            for gathered, coeff in sub.gathers:
+                g = self.expr(gathered)
+                g = g if coeff == 1 else f"{coeff}*{g}"
+                text = g if text == "0" else f"{g} + {text}"
+            if sub.policy not in ("none",):
+                text += f" ({sub.policy})"
+            subs.append(text)
+        return f"{self.tensors[node.buffer]}[{', '.join(subs)}]"
+
+    def expr_Unary(self, node: ir.Unary) -> str:
+        return f"-({self.expr(node.operand)})"
+
+    def expr_Binary(self, node: ir.Binary) -> str:
+        return f"({self.expr(node.left)} {node.op} {self.expr(node.right)})"
+
+    def expr_Call(self, node: ir.Call) -> str:
+        return f"{node.func}({', '.join(self.expr(a) for a in node.args)})"
+
+    def expr_AccValue(self, node: ir.AccValue) -> str:
+        return self.acc(node.acc, node.lane, node.row)
+
+
+def render_pseudo(program: ir.Program, tensors: Sequence[str], indices: Sequence[str],
+                  params: Sequence[str], values: Optional[Mapping[str, int]] = None
+                  ) -> List[str]:
+    return PseudoRenderer(program, tensors, indices, params, values).render()
