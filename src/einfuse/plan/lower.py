@@ -321,27 +321,36 @@ class _Lowering:
         pre.extend(body)
         return ir.AccValue(acc, e.op, lanes[0] if lanes is not None else None, row)
 
+    def lane_tile(self, inner: str, acc: str, env):
+        """Names for walking reduction index ``inner`` in tiles of lanes (block start,
+        lane, lane count) and ``env`` with ``inner`` = its start + block + lane."""
+        self.lane_indices.append(inner)
+        block, lane, count = f"r{self.index_no[inner]}", f"l{acc}", f"c{acc}"
+        env = dict(env)
+        env[inner] = self.lo(inner) + Affine.var(block) + Affine.var(lane)
+        return block, lane, count, env
+
+    def outer_reduction_loops(self, names, inner: ir.Stmt) -> Tuple[ir.Stmt, ...]:
+        """``inner`` inside plain loops over the other reduced ``names`` (outermost first)."""
+        body: Tuple[ir.Stmt, ...] = (inner,)
+        for name in reversed(names):
+            body = (ir.Loop(f"p{self.index_no[name]}", self.extent(name), "reduction", body),)
+        return body
+
     def lane_partial_reduce(self, e: ast.Reduce, acc: str, order, env, pre) -> ir.Expr:
         """max/min/logsumexp have no OpenMP SIMD reduction that keeps NumPy's NaN rules;
         instead one vector of lanes each keeps its own partial result (branch-free
         updates), folded into one value at the end (:class:`ir.CombineLanes`)."""
         lanes_count = max(4, 64 // self.working.itemsize)   # one 64-byte vector
-        inner = order[-1]
-        self.lane_indices.append(inner)
-        k = self.index_no[inner]
-        block, lane, count = f"r{k}", f"l{acc}", f"c{acc}"
-        env = dict(env)
-        env[inner] = self.lo(inner) + Affine.var(block) + Affine.var(lane)
+        block, lane, count, env = self.lane_tile(order[-1], acc, env)
         partial = acc + "v"
         value = self.expr(e.body, env, [])
         step = ir.Loop(lane, Affine.var(count), "vectorised",
                        (ir.Accumulate(partial, e.op, value, lane),), simd=True)
-        body: Tuple[ir.Stmt, ...] = (ir.TiledLoop(block, self.extent(inner), lanes_count,
-                                                  count, "reduction", (step,)),)
-        for name in reversed(order[:-1]):
-            body = (ir.Loop(f"p{self.index_no[name]}", self.extent(name), "reduction", body),)
+        tiles = ir.TiledLoop(block, self.extent(order[-1]), lanes_count, count, "reduction",
+                             (step,))
         pre.append(ir.DeclareAcc(partial, e.op, lanes=lanes_count))
-        pre.extend(body)
+        pre.extend(self.outer_reduction_loops(order[:-1], tiles))
         pre.append(ir.CombineLanes(partial, e.op, lanes_count, acc))
         return ir.AccValue(acc, e.op)
 
@@ -351,23 +360,16 @@ class _Lowering:
         reduction keeps one register accumulator per lane (``for d: for lane``), and
         the lane loop that combines them is SIMD (exp on a vector, via libmvec).  The
         nested loops are typically short (d = 3) and this one long."""
-        inner = order[-1]
-        self.lane_indices.append(inner)
-        k = self.index_no[inner]
-        block, lane, count = f"r{k}", f"l{acc}", f"c{acc}"
-        env = dict(env)
-        env[inner] = self.lo(inner) + Affine.var(block) + Affine.var(lane)
+        block, lane, count, env = self.lane_tile(order[-1], acc, env)
         body_pre: List[ir.Stmt] = []
         value = self.expr(e.body, env, body_pre, lanes=(lane, count))
         pre.append(ir.DeclareAcc(acc, e.op))
         combine = ir.Loop(lane, Affine.var(count), "vectorised",
                           (ir.Accumulate(acc, e.op, value),), simd=True,
                           reductions=((acc, e.op),))
-        body: Tuple[ir.Stmt, ...] = (ir.TiledLoop(block, self.extent(inner), self.tile, count,
-                                                  "reduction", tuple(body_pre) + (combine,)),)
-        for name in reversed(order[:-1]):
-            body = (ir.Loop(f"p{self.index_no[name]}", self.extent(name), "reduction", body),)
-        pre.extend(body)
+        tiles = ir.TiledLoop(block, self.extent(order[-1]), self.tile, count, "reduction",
+                             tuple(body_pre) + (combine,))
+        pre.extend(self.outer_reduction_loops(order[:-1], tiles))
         return ir.AccValue(acc, e.op)
 
     def load(self, access: ast.Access, env, in_gather: bool) -> ir.Load:
