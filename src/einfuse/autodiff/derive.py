@@ -80,7 +80,8 @@ class GradientStatement:
 
     @property
     def spec(self) -> Spec:
-        return analyse(self.statement)
+        from ..runtime.kernel import _spec_for   # cached per text; a cycle at import time
+        return _spec_for(self.text)
 
     @property
     def inputs(self) -> Tuple[str, ...]:

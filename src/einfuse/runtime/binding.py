@@ -30,6 +30,7 @@ class BoundCall:
     dtypes: DTypes
     framework: str
     output: object = None             # the caller's array for '=' / '+='
+    sources: Dict[str, object] = None  # the caller's own objects, by name (for autograd)
 
     @property
     def output_shape(self) -> Tuple[int, ...]:
@@ -114,4 +115,4 @@ def bind_call(spec: Spec, options: Options, args, kwargs) -> BoundCall:
     bounds = _ranges_for(spec, tuple((n, a.shape) for n, a in arrays.items()), options,
                          output_shape)
     dtypes = resolve_dtypes(spec, {n: a.dtype for n, a in arrays.items()}, params, options)
-    return BoundCall(spec, options, arrays, params, bounds, dtypes, framework, output)
+    return BoundCall(spec, options, arrays, params, bounds, dtypes, framework, output, named)

@@ -46,10 +46,16 @@ def to_numpy(value) -> np.ndarray:
     return np.asarray(value)
 
 
+def contiguous(array: np.ndarray) -> np.ndarray:
+    """C-contiguous, keeping 0-d arrays 0-d (np.ascontiguousarray would make them 1-d)."""
+    array = np.asarray(array)
+    return array if array.flags.c_contiguous else array.copy(order="C")
+
+
 def from_numpy(array: np.ndarray, framework: str, like=None):
     if framework == TORCH:
         import torch
-        tensor = torch.from_numpy(np.ascontiguousarray(array))
+        tensor = torch.from_numpy(contiguous(array))
         if like is not None and hasattr(like, "device"):
             tensor = tensor.to(like.device)
         return tensor

@@ -15,7 +15,7 @@ from ..errors import (EinfuseError, EinfuseSyntaxError, EinfuseTypeError, attach
 from ..lang import parse
 from ..lang.printer import format_statement
 from .binding import BoundCall, bind_call
-from .frameworks import NUMPY, TORCH, from_numpy
+from .frameworks import NUMPY, TORCH, contiguous, from_numpy
 
 
 @functools.lru_cache(maxsize=512)
@@ -64,15 +64,23 @@ class Kernel:
 
     def __call__(self, *args, **kwargs):
         call = self.bind(*args, **kwargs)
+        if call.framework == TORCH and self.spec.assign == ":=":
+            from . import torch_autograd
+            if torch_autograd.torch.is_grad_enabled() and \
+                    torch_autograd.differentiable_names(call):
+                return torch_autograd.apply(self, call, lambda: self.run(call))
+        return self.deliver(call, self.run(call))
+
+    def run(self, call: BoundCall) -> np.ndarray:
+        """The result as a NumPy array in the result dtype."""
         try:
             backend = get_backend(self.options.backend)
-            result = backend.run(call).astype(call.dtypes.result, copy=False)
+            return backend.run(call).astype(call.dtypes.result, copy=False)
         except EinfuseError as error:
             raise attach_statement(error, self.statement) from None
         except RecursionError:
             raise attach_statement(EinfuseSyntaxError(
                 "the statement nests too deeply to evaluate"), self.statement) from None
-        return self.deliver(call, result)
 
     def deliver(self, call: BoundCall, result: np.ndarray):
         """Hand the result back in the caller's framework; write into the output
@@ -95,7 +103,7 @@ class Kernel:
             return out
         if call.framework == TORCH:
             import torch
-            value = torch.from_numpy(np.ascontiguousarray(result)).to(out.device, out.dtype)
+            value = torch.from_numpy(contiguous(result)).to(out.device, out.dtype)
             with torch.no_grad():
                 out.copy_(value) if spec.assign == "=" else out.add_(value)
             return out
