@@ -14,8 +14,8 @@ from ..errors import (EinfuseError, EinfuseSyntaxError, EinfuseTypeError, attach
                       warn)
 from ..lang import parse
 from ..lang.printer import format_statement
-from .binding import BoundCall, bind_call
-from .frameworks import NUMPY, TORCH, contiguous, from_numpy
+from .binding import BoundCall, bind_call, bind_names
+from .frameworks import JAX, NUMPY, TORCH, common_framework, contiguous, framework_of, from_numpy
 
 
 @functools.lru_cache(maxsize=512)
@@ -63,6 +63,14 @@ class Kernel:
             raise attach_statement(error, self.statement) from None
 
     def __call__(self, *args, **kwargs):
+        if _has_jax_value(args, kwargs):
+            from . import jax_adapter
+            try:
+                named = bind_names(self.spec, args, kwargs)
+                if common_framework(named) == JAX:
+                    return jax_adapter.call(self, named)
+            except EinfuseError as error:
+                raise attach_statement(error, self.statement) from None
         call = self.bind(*args, **kwargs)
         if call.framework == TORCH and self.spec.assign == ":=":
             from . import torch_autograd
@@ -111,6 +119,10 @@ class Kernel:
             f"'{spec.assign}' cannot write into a {call.framework} array, which is immutable;"
             " use ':=' and the framework's own update", span=spec.statement.output_span),
             self.statement)
+
+
+def _has_jax_value(args, kwargs) -> bool:
+    return any(framework_of(v) == JAX for v in (*args, *kwargs.values()))
 
 
 def compile(statement: str, *, ranges=None, pad=None, bounds="check", fill=0.0, dtype=None,

@@ -1,0 +1,64 @@
+"""Statement rewrites that produce new statements (text round-trips through the printer).
+
+``batch_statement`` is how vmap is implemented: a statement mapped over leading batch
+axes is the same statement with one more index per batch axis, on the output and on
+every tensor and scalar parameter (which becomes a tensor over the batch indices)."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Sequence, Set, Tuple
+
+from .ast import Access, Binary, Call, Expr, IndexExpr, Param, Reduce, Statement, Unary
+
+
+def names_in(statement: Statement) -> Set[str]:
+    found = {statement.output, *statement.output_indices}
+    for node in statement.rhs.walk():
+        if isinstance(node, Access):
+            found.add(node.tensor)
+            for sub in node.indices:
+                found.update(sub.index_names)
+        elif isinstance(node, Reduce):
+            found.update(node.indices)
+        elif hasattr(node, "name"):
+            found.add(node.name)
+    return found
+
+
+def fresh_indices(statement: Statement, count: int, stem: str = "vb") -> Tuple[str, ...]:
+    taken = names_in(statement)
+    result, n = [], 0
+    while len(result) < count:
+        candidate = f"{stem}{n}"
+        if candidate not in taken:
+            result.append(candidate)
+        n += 1
+    return tuple(result)
+
+
+def batch_statement(statement: Statement, batch: Sequence[str]) -> Statement:
+    """``statement`` with the indices ``batch`` prepended to its output and to every
+    access, and every scalar parameter ``p`` read as ``p[batch...]``."""
+    prefix = tuple(IndexExpr(((name, 1),)) for name in batch)
+
+    def visit(expr: Expr) -> Expr:
+        if isinstance(expr, Param):
+            return Access(expr.name, prefix)
+        if isinstance(expr, Access):
+            subs = tuple(dataclasses.replace(sub, gathers=tuple(
+                (visit(access), coeff) for access, coeff in sub.gathers))
+                for sub in expr.indices)
+            return dataclasses.replace(expr, indices=prefix + subs)
+        if isinstance(expr, Unary):
+            return dataclasses.replace(expr, operand=visit(expr.operand))
+        if isinstance(expr, Binary):
+            return dataclasses.replace(expr, left=visit(expr.left), right=visit(expr.right))
+        if isinstance(expr, Call):
+            return dataclasses.replace(expr, args=tuple(visit(a) for a in expr.args))
+        if isinstance(expr, Reduce):
+            return dataclasses.replace(expr, body=visit(expr.body))
+        return expr
+
+    return dataclasses.replace(statement, output_indices=tuple(batch) +
+                               statement.output_indices, rhs=visit(statement.rhs))
