@@ -77,7 +77,16 @@ def _buffers(call) -> List[np.ndarray]:
 def _plan(call, layouts):
     return plan_for(call.spec, call.dtypes.working.name, call.options.pad is not None,
                     _bounds_mode(call), tuple(layouts), tile_for(call.dtypes.working),
-                    block_for(call.dtypes.working))
+                    block_for(call.dtypes.working), _short_indices(call))
+
+
+# An index with fewer values than this is not worth spreading over SIMD lanes.
+SHORT_EXTENT = 8
+
+
+def _short_indices(call) -> Tuple[str, ...]:
+    return tuple(name for name in call.spec.all_indices
+                 if call.bounds.extent(name) < SHORT_EXTENT)
 
 
 # Pack an input only when it is small next to the work: its copy must cost little.
@@ -152,7 +161,7 @@ def _gathers_in_range(call) -> bool:
 def kernel_functions(call, layouts):
     """(plan, [ctypes function per IR kernel]) for this call's statement and layout."""
     key = (call.spec, call.dtypes.working.name, call.options.pad is not None,
-           _bounds_mode(call), tuple(layouts))
+           _bounds_mode(call), tuple(layouts), _short_indices(call))
     found = _kernels.get(key)
     if found is None:
         plan = _plan(call, layouts)

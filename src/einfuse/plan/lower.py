@@ -77,10 +77,14 @@ class Plan:
 
 @functools.lru_cache(maxsize=256)
 def plan_for(spec, working: str, pad: bool, bounds: str, layouts: Tuple[int, ...],
-             tile: int = 32, block: Tuple[int, int] = (1, 32)) -> Plan:
+             tile: int = 32, block: Tuple[int, int] = (1, 32),
+             short: Tuple[str, ...] = ()) -> Plan:
     """``tile``: lanes of a 1-D lane tile; ``block``: (rows, lanes) of the register
-    block used when two output indices can be tiled (dist, the matmul shape)."""
-    return _Lowering(spec, np.dtype(working), pad, bounds, layouts, tile, block).run()
+    block used when two output indices can be tiled (dist, the matmul shape);
+    ``short``: indices whose extent this call is below a vector's width (the plan is
+    still size-generic, but does not spread those over SIMD lanes)."""
+    return _Lowering(spec, np.dtype(working), pad, bounds, layouts, tile, block,
+                     short).run()
 
 
 def call_arguments(plan: Plan, call, buffers: Sequence[np.ndarray]):
@@ -107,8 +111,9 @@ def call_arguments(plan: Plan, call, buffers: Sequence[np.ndarray]):
 
 class _Lowering:
     def __init__(self, spec, working: np.dtype, pad: bool, bounds: str, layouts, tile: int,
-                 block: Tuple[int, int] = (1, 32)):
+                 block: Tuple[int, int] = (1, 32), short: Tuple[str, ...] = ()):
         self.spec = spec
+        self.short = set(short)
         self.block = block
         self.working = working
         self.pad = pad
@@ -181,7 +186,8 @@ class _Lowering:
         last = {outs[-1]: 1} if outs and self.layouts[out_slot] == len(outs) - 1 else {}
         order = self.order_indices(outs, rhs, last)
         inner = order[-1] if order else None
-        tiled = bool(tops) and inner is not None and \
+        # lanes over a short index (d = 3 in gauss's gradient) would sit mostly idle
+        tiled = bool(tops) and inner is not None and inner not in self.short and \
             sum(self.contiguity(inner, r.body) for r in tops) > 0
         strides = tuple(self.stride(out_slot, a) for a in range(len(outs)))
         env: Dict[str, Affine] = {}
