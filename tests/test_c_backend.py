@@ -128,10 +128,18 @@ def test_plan_tiles_the_contiguous_output_index_for_dist():
 
 
 def test_plans_are_shape_independent():
-    a = bind("C[i,j] := A[i,k] * B[k,j]", A=np.ones((3, 4)), B=np.ones((4, 5)))
+    a = bind("C[i,j] := A[i,k] * B[k,j]", A=np.ones((9, 10)), B=np.ones((10, 11)))
     b = bind("C[i,j] := A[i,k] * B[k,j]", A=np.ones((30, 40)), B=np.ones((40, 50)))
     la, lb = c_backend._buffers_layout_only(a), c_backend._buffers_layout_only(b)
     assert render_c(c_backend._plan(a, la).program) == render_c(c_backend._plan(b, lb).program)
+
+
+def test_short_extents_are_not_spread_over_lanes():
+    """The one specialisation on sizes: an index shorter than a vector is not tiled."""
+    long = bind("D[i,j] := (w[k,i] - x[k,j])**2", w=np.ones((5, 20)), x=np.ones((5, 30)))
+    short = bind("D[i,j] := (w[k,i] - x[k,j])**2", w=np.ones((5, 20)), x=np.ones((5, 3)))
+    plans = [c_backend._plan(c, c_backend._buffers_layout_only(c)) for c in (long, short)]
+    assert [p.mode for p in plans] == ["tiled", "scalar"]
 
 
 # -- build and cache ----------------------------------------------------------------------
