@@ -256,7 +256,7 @@ def test_threads_option_and_large_parallel_result():
 
 
 def test_strategy_describes_the_plan():
-    call = bind("C[i,j] := (A[i,k] - B[k,j])**2", A=np.ones((3, 4)), B=np.ones((4, 5)))
+    call = bind("C[i,j] := (A[i,k] - B[k,j])**2", A=np.ones((9, 4)), B=np.ones((4, 10)))
     text = CBackend.strategy(call)
     assert "OpenMP" in text and "register blocks of" in text and "i x j" in text
 
