@@ -22,7 +22,7 @@ def test_numpy_peers_compute_what_einfuse_computes(case):
 
 
 def test_run_case_and_tables(tmp_path):
-    case = all_cases(quick=True)[-1]  # logsumexp
+    case = next(c for c in all_cases(quick=True) if c.name.startswith("logsumexp"))
     results = run_case(case, backend="numpy", peers=["numpy"], budget_s=0.05,
                        progress=lambda message: None)
     names = [m.implementation for m in results]
@@ -32,6 +32,15 @@ def test_run_case_and_tables(tmp_path):
     assert "1 (baseline)" in table and "peer / einfuse" in table
     markdown = markdown_table(results, "# title\n")
     assert markdown.startswith("# title") and markdown.count("\n|") >= 3
+
+
+@pytest.mark.skipif(not installed("torch"), reason="torch not installed")
+def test_training_cases_time_forward_and_backward():
+    from einfuse.bench.cases import training_cases
+    case = training_cases(quick=True)[1]  # the linear layer
+    results = run_case(case, budget_s=0.01, progress=lambda message: None)
+    assert [m.implementation for m in results] == ["einfuse", "torch eager"]
+    assert all(m.median_s and not m.note for m in results)  # the outputs agree
 
 
 def test_missing_peers_are_reported_not_run():

@@ -38,6 +38,8 @@ class Case:
     inputs: Callable[[np.random.Generator], Inputs]
     peers: List[Peer] = field(default_factory=list)
     options: Dict[str, object] = field(default_factory=dict)
+    # builds einfuse's timed callable from (inputs, backend); default: the forward kernel
+    einfuse_call: Optional[Callable[[Inputs, str], Callable[[], object]]] = None
 
 
 def _too_big(nbytes: int) -> Optional[str]:
@@ -191,11 +193,106 @@ def logsumexp_case(n=4096) -> Case:
                 [numpy_peer("numpy", numpy_lse), torch_peer("torch logsumexp", torch_lse)])
 
 
+# -- forward + backward (issue 4): torch tensors through autograd --------------------------
+def _leaves(arrays):
+    import torch
+    return {k: torch.from_numpy(np.ascontiguousarray(v)).requires_grad_(v.dtype.kind == "f")
+            for k, v in arrays.items()}
+
+
+def _train_step(fn, tensors):
+    import torch
+    for tensor in tensors.values():
+        tensor.grad = None
+    out = fn(**tensors)
+    out.backward(torch.ones_like(out))
+    return out.detach()
+
+
+def training_case(name: str, statement: str, inputs, formula, compiled: bool = True) -> Case:
+    """Forward + backward of ``statement`` (gradients of every float input) against the
+    same formula in torch eager and under torch.compile."""
+    def ours(arrays, backend):
+        import einfuse as ef
+        kernel = ef.compile(statement, backend=backend)
+        tensors = _leaves(arrays)
+        return lambda: _train_step(kernel, tensors)
+
+    def peer(compile_it):
+        def make(arrays):
+            import torch
+            fn = torch.compile(formula) if compile_it else formula
+            tensors = _leaves(arrays)
+            return lambda: _train_step(fn, tensors)
+        return make
+    peers = [Peer("torch eager", peer(False), "torch")]
+    if compiled:
+        peers.append(Peer("torch.compile", peer(True), "torch"))
+    return Case(f"fwd+bwd {name}", statement, inputs, peers, einfuse_call=ours)
+
+
+def training_cases(quick: bool = False) -> List[Case]:
+    scale = 4 if quick else 1
+    K, N = 784 // scale, 1024 // scale
+
+    def dist_inputs(rng):
+        return {"w": rng.standard_normal((K, N), dtype=np.float32),
+                "x": rng.standard_normal((K, N), dtype=np.float32)}
+
+    def linear_inputs(rng):
+        return {"x": rng.standard_normal((N, K), dtype=np.float32),
+                "W": rng.standard_normal((K, N), dtype=np.float32),
+                "bias": rng.standard_normal(N, dtype=np.float32)}
+
+    def conv_inputs(rng):
+        n = 1000 // scale
+        return {"img": rng.standard_normal((n, n), dtype=np.float32),
+                "ker": rng.standard_normal((7, 7), dtype=np.float32)}
+
+    def embed_inputs(rng):
+        V, B = 50000 // scale, 16384 // scale
+        return {"W": rng.standard_normal((V, 256), dtype=np.float32),
+                "idx": rng.integers(0, V, B).astype(np.int64)}
+
+    def gauss_inputs(rng):
+        n = 10**4 // scale
+        return {"x": rng.standard_normal((n, 3), dtype=np.float32),
+                "y": rng.standard_normal((n, 3), dtype=np.float32),
+                "b": rng.standard_normal(n, dtype=np.float32)}
+
+    def conv(img, ker):
+        import torch.nn.functional as F
+        return F.conv2d(img[None, None], ker[None, None])[0, 0]
+
+    def embed(W, idx):
+        import torch.nn.functional as F
+        return F.embedding(idx, W)
+
+    def gauss(x, y, b):
+        import torch
+        return (torch.exp(-((x[:, None, :] - y[None, :, :]) ** 2).sum(-1)) * b).sum(1)
+
+    return [
+        training_case(f"dist K={K} N=M={N}", "D[i,j] := (w[k,i] - x[k,j])**2", dist_inputs,
+                      lambda w, x: ((w[:, :, None] - x[:, None, :]) ** 2).sum(0)),
+        training_case(f"linear b={N} i={K} o={N}",
+                      "y[b,o] := sum[i](x[b,i]*W[i,o]) + bias[o]", linear_inputs,
+                      lambda x, W, bias: x @ W + bias, compiled=False),
+        training_case("conv2d", "o[i,j] := img[i+a, j+b] * ker[a,b]", conv_inputs, conv,
+                      compiled=False),
+        training_case("embed", "E[b,d] := W[idx[b], d]", embed_inputs, embed,
+                      compiled=False),
+        training_case("gauss", "o[i] := sum[j](exp(-sum[d]((x[i,d] - y[j,d])**2)) * b[j])",
+                      gauss_inputs, gauss),
+    ]
+
+
 def all_cases(quick: bool = False) -> List[Case]:
     """The issue's cases; ``quick`` shrinks every size (for a smoke run)."""
     if quick:
         return [dist_case(64, 128, 128), gauss_case(2000), matmul_case(256),
                 bmm_rev_case(32, 8), conv2d_case(200, 7), embed_case(5000, 64, 2048),
-                logsumexp_case(512)]
+                logsumexp_case(512)] + (training_cases(quick=True) if installed("torch")
+                                        else [])
     return [dist_case(), gauss_case(10**4), gauss_case(10**5), matmul_case(), bmm_rev_case(),
-            conv2d_case(), embed_case(), logsumexp_case()]
+            conv2d_case(), embed_case(), logsumexp_case()] + training_cases()

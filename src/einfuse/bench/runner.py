@@ -50,10 +50,14 @@ def run_case(case: Case, backend: str = "auto", peers: Optional[Sequence[str]] =
     arrays = case.inputs(rng)
     results = []
     progress(f"[{case.name}] compiling and measuring einfuse ...")
-    kernel = ef.compile(case.statement, backend=backend, **case.options)
-    median, runs, first = time_call(lambda: kernel(**arrays), budget_s=budget_s)
+    if case.einfuse_call is not None:
+        ours = case.einfuse_call(arrays, backend)
+    else:
+        kernel = ef.compile(case.statement, backend=backend, **case.options)
+        ours = lambda: kernel(**arrays)  # noqa: E731
+    median, runs, first = time_call(ours, budget_s=budget_s)
     results.append(Measurement(case.name, "einfuse", median, runs, first))
-    reference = np.asarray(kernel(**arrays))
+    reference = _as_numpy(ours())
     for peer in case.peers:
         if peers is not None and not any(p in peer.name for p in peers):
             continue
@@ -77,12 +81,16 @@ def run_case(case: Case, backend: str = "auto", peers: Optional[Sequence[str]] =
     return results
 
 
+def _as_numpy(value) -> np.ndarray:
+    if hasattr(value, "detach"):
+        value = value.detach().cpu().numpy()
+    return np.asarray(value)
+
+
 def _agreement(reference: np.ndarray, value) -> str:
     """A note when a peer's result differs from einfuse's (it should not)."""
     try:
-        if hasattr(value, "detach"):
-            value = value.detach().cpu().numpy()
-        array = np.asarray(value).reshape(reference.shape)
+        array = _as_numpy(value).reshape(reference.shape)
         scale = max(1e-30, float(np.max(np.abs(reference))))
         worst = float(np.max(np.abs(array - reference))) / scale
         return "" if worst < 1e-3 else f"differs from einfuse by {worst:.1e} (relative)"
