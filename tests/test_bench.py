@@ -43,6 +43,13 @@ def test_training_cases_time_forward_and_backward():
     assert all(m.median_s and not m.note for m in results)  # the outputs agree
 
 
+def test_cli_bench_runs_itself_with_passive_openmp_threads(tmp_path, monkeypatch):
+    monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
+    assert main(["bench", "--quick", "--case", "logsumexp", "--peer", "numpy", "--budget",
+                 "0.01", "--backend", "numpy", "--out", str(tmp_path)]) == 0
+    assert (tmp_path / "bench.md").exists()
+
+
 def test_missing_peers_are_reported_not_run():
     rows = text_table([Measurement("c", "einfuse", 1.0, 3, 2.0),
                        Measurement("c", "pykeops", None, note="pykeops not installed")])
@@ -50,7 +57,8 @@ def test_missing_peers_are_reported_not_run():
 
 
 @pytest.mark.skipif(not installed("matplotlib"), reason="matplotlib not installed")
-def test_cli_bench_writes_markdown_and_chart(tmp_path, capsys):
+def test_cli_bench_writes_markdown_and_chart(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("OMP_WAIT_POLICY", "passive")  # else the command re-runs itself
     assert main(["bench", "--quick", "--case", "logsumexp", "--peer", "numpy",
                  "--budget", "0.05", "--backend", "numpy", "--out", str(tmp_path),
                  "--plot"]) == 0

@@ -82,7 +82,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_args(argv)
+    args.argv = argv
     if args.command == "explain":
         return _explain(args)
     if args.command == "bench":
@@ -109,6 +111,15 @@ def _explain(args) -> int:
 def _bench(args) -> int:
     import os
     import platform
+    import subprocess
+    if "OMP_WAIT_POLICY" not in os.environ:
+        # Several OpenMP and BLAS thread pools share this process (einfuse's, torch's,
+        # NumPy's BLAS); threads that spin after their work steal the few cores from
+        # the next kernel, whoever's it is.  Passive waiting is fairer to every peer; it
+        # must be set before any of them loads, so the command runs itself again.
+        environment = dict(os.environ, OMP_WAIT_POLICY="passive")
+        return subprocess.call([sys.executable, "-m", "einfuse.cli"] + args.argv,
+                               env=environment)
 
     from .bench import all_cases, bar_chart, markdown_table, run_case, text_table
     cases = [c for c in all_cases(args.quick)
