@@ -20,6 +20,7 @@ from ..errors import BackendError, EinfuseWarning
 from ..plan import buffer_slots, call_arguments, plan_for, unit_axis
 from ..plan.contraction import match_contraction, run_contraction
 from . import c_build
+from .c_pack import pack_axis
 from .c_render import render_c
 
 # Below this many loop iterations in total, threads cost more than they save.
@@ -117,8 +118,7 @@ def _pack_for_lanes(call, plan, buffers: List[np.ndarray]) -> bool:
         for axis, sub in enumerate(access.indices):
             walks = any(dict(sub.terms).get(lane) in (1, -1) for lane in plan.lane_indices)
             if walks and array.shape[axis] > 1 and unit_axis(array) != axis:
-                moved = np.ascontiguousarray(np.moveaxis(array, axis, -1))
-                buffers[slot] = np.moveaxis(moved, -1, axis)
+                buffers[slot] = pack_axis(array, axis)
                 packed = True
                 break
     return packed

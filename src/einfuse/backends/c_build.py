@@ -26,6 +26,7 @@ half-written file.  An in-process dict makes each library load once.
 from __future__ import annotations
 
 import ctypes
+import functools
 import hashlib
 import os
 import platform
@@ -42,6 +43,7 @@ FAST_MATH_FLAGS = ("-ffast-math", "-fno-finite-math-only")
 
 _lock = threading.Lock()
 _loaded: Dict[str, ctypes.CDLL] = {}
+_by_source: Dict[Tuple[str, bool], ctypes.CDLL] = {}   # skips hashing on repeat loads
 _compiler: Optional[Tuple[Tuple[str, ...], str]] = None
 _probed = False
 
@@ -170,6 +172,7 @@ def vector_math() -> bool:
     return _vector_math
 
 
+@functools.lru_cache(maxsize=1)
 def _cpu_identity() -> str:
     """-march=native code is only valid on the CPU it was built for."""
     text = platform.machine()
@@ -202,10 +205,14 @@ def library_key(source: str, flags: Tuple[str, ...]) -> str:
 def load(source: str, fast_math: bool = False) -> ctypes.CDLL:
     """The loaded library for ``source``: from memory, else from the disk cache, else
     compiled now."""
+    by_source = _by_source.get((source, fast_math))
+    if by_source is not None:
+        return by_source
     flags = flags_for(fast_math)
     key = library_key(source, flags)
     library = _loaded.get(key)
     if library is not None:
+        _by_source[(source, fast_math)] = library
         return library
     path = os.path.join(cache_dir(), key + ".so")
     if not os.path.exists(path):
@@ -214,6 +221,7 @@ def load(source: str, fast_math: bool = False) -> ctypes.CDLL:
         library = _loaded.get(key)
         if library is None:
             library = _loaded[key] = ctypes.CDLL(path)
+        _by_source[(source, fast_math)] = library
     return library
 
 
@@ -245,3 +253,4 @@ def clear_memory_cache() -> None:
     """Forget loaded libraries (tests use this to exercise the disk cache)."""
     with _lock:
         _loaded.clear()
+        _by_source.clear()
