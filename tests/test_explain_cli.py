@@ -115,3 +115,18 @@ def test_explain_shows_the_compiled_kernel_on_the_c_backend():
     blas = ef.explain("C[i,j] := A[i,k]*B[k,j]", backend="c",
                       shapes={"A": (8, 4), "B": (4, 2)})
     assert blas.compiled_loop_nest is None and "BLAS" in blas.strategy
+
+
+def test_explain_lists_gradients_and_their_plans(capsys):
+    report = ef.explain("y[i] := x[i+a] * ker[a]", gradients=True,
+                        shapes={"x": (100,), "ker": (7,)})
+    text = str(report)
+    assert "Gradients (each statement its own kernel)" in text
+    assert "dx[j] := dy[j - a] * ker[a]   [gather]" in text
+    assert "dker[a] := dy[i] * x[i + a]   [gather]" in text
+    assert main(["explain", "E[b,d] := W[idx[b], d]", "--gradients",
+                 "--shape", "W=50x4", "--shape", "idx=8"]) == 0
+    out = capsys.readouterr().out
+    assert "dW[idx[b], d] += dE[b, d]   [scatter]" in out and "scatter-add" in out
+    no_gradient = str(ef.explain("C[i] := A[i] * B[i]", gradients=True))
+    assert "dA[i] := dC[i] * B[i]" in no_gradient

@@ -65,6 +65,8 @@ def build_parser() -> argparse.ArgumentParser:
                          choices=["check", "clip", "wrap", "fill", "promise"])
     explain.add_argument("--dtype", default=None)
     explain.add_argument("--backend", default="auto")
+    explain.add_argument("--gradients", action="store_true",
+                         help="also show every gradient statement and its plan")
     bench = sub.add_parser("bench", help="time einfuse against the installed peers "
                            "(NumPy, PyTorch, JAX, pykeops) and print ratios")
     bench.add_argument("--case", action="append", default=[], metavar="NAME",
@@ -100,7 +102,7 @@ def _explain(args) -> int:
     try:
         text = explain(args.statement, shapes=shapes or None, ranges=ranges, pad=args.pad,
                        bounds=args.bounds, dtype=args.dtype, backend=args.backend,
-                       **params)
+                       gradients=args.gradients, **params)
     except EinfuseError as error:
         print(f"einfuse: {type(error).__name__}: {error}", file=sys.stderr)
         return 1

@@ -35,6 +35,7 @@ class Explanation:
     naive_intermediate_bytes: Optional[int] = None
     strategy: Optional[str] = None
     compiled_loop_nest: Optional[List[str]] = None
+    gradients: Optional[List[str]] = None
     notes: List[str] = field(default_factory=list)
 
     @property
@@ -63,6 +64,9 @@ class Explanation:
         if self.compiled_loop_nest:
             out += ["", "Compiled kernel (pseudo-code)"]
             out += ["  " + line for line in self.compiled_loop_nest]
+        if self.gradients:
+            out += ["", "Gradients (each statement its own kernel)"]
+            out += ["  " + line for line in self.gradients]
         if self.notes:
             out += [""] + ["Note: " + n for n in self.notes]
         return "\n".join(out)
@@ -264,9 +268,11 @@ def index_rows(spec: Spec, bounds: Optional[Bounds]) -> List[List[str]]:
 
 def explain(statement: str, *args, shapes: Optional[Dict[str, tuple]] = None,
             ranges=None, pad=None, bounds="check", fill=0.0, dtype=None, backend="auto",
-            threads=None, memory_limit=None, **arrays) -> Explanation:
+            threads=None, memory_limit=None, gradients: bool = False,
+            **arrays) -> Explanation:
     """Explain ``statement``; with arrays (or ``shapes={"A": (100, 50)}``) also the
-    ranges, costs and plan for those shapes.  ``str()`` of the result is the text."""
+    ranges, costs and plan for those shapes; with ``gradients=True`` also every gradient
+    statement and how it runs.  ``str()`` of the result is the text."""
     from .backends import get_backend
     from .runtime.kernel import compile as compile_kernel
 
@@ -283,6 +289,7 @@ def explain(statement: str, *args, shapes: Optional[Dict[str, tuple]] = None,
     if not args and not arrays:
         return Explanation(text, words(spec, kernel.options), index_rows(spec, None),
                            loop_nest(spec, None),
+                           gradients=gradient_lines(kernel, None) if gradients else None,
                            notes=["pass arrays or shapes= to see ranges, costs and the plan"])
     call = kernel.bind(*args, **arrays)
     result_item = call.dtypes.result.itemsize
@@ -299,7 +306,58 @@ def explain(statement: str, *args, shapes: Optional[Dict[str, tuple]] = None,
                                                     call.dtypes.working.itemsize),
         strategy=f"backend {chosen.name}: {chosen.strategy(call)}; result dtype "
                  f"{call.dtypes.result}",
-        compiled_loop_nest=chosen.loop_nest(call) if hasattr(chosen, "loop_nest") else None)
+        compiled_loop_nest=chosen.loop_nest(call) if hasattr(chosen, "loop_nest") else None,
+        gradients=gradient_lines(kernel, call) if gradients else None)
+
+
+def gradient_lines(kernel, call) -> List[str]:
+    """Each float input's gradient statements and, for concrete arrays, their plans."""
+    import warnings
+
+    from .backends import get_backend
+    from .errors import NoGradientError
+    from .runtime.gradients import gradient_statements, options_key
+    spec = kernel.spec
+    wanted = [t.name for t in spec.tensors if t.as_value and t.name != spec.output]
+    wanted += list(spec.params)
+    lines: List[str] = []
+    for name in wanted:
+        if call is not None:
+            value = call.arrays.get(name, call.params.get(name))
+            if np.asarray(value).dtype.kind != "f":
+                continue
+        try:
+            statements = gradient_statements(kernel.statement, name,
+                                             options_key(kernel.options))
+        except NoGradientError as error:
+            lines.append(f"d{name}: none ({error.message})")
+            continue
+        for g in statements:
+            shown = g.description or g.text
+            lines.append(f"{shown}   [{g.kind}]")
+            if call is None:
+                continue
+            arrays = dict(call.arrays)
+            arrays.update(call.params)
+            arrays["d" + spec.output] = np.broadcast_to(
+                np.zeros((), call.dtypes.result), call.output_shape)
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                options = g.resolve_options(arrays)
+                gradient = _compile_for(g.text, kernel.options.backend, options)
+                bound = gradient.bind(**{n: arrays[n] for n in g.inputs})
+            backend = get_backend(kernel.options.backend)
+            plan = backend.strategy(bound)
+            if g.kind == "scatter":
+                plan += "; then added into the gradient by a scatter-add (rows: a " \
+                        "column-parallel C kernel, deterministic)"
+            lines.append(f"    {plan}")
+    return lines
+
+
+def _compile_for(text: str, backend: str, options):
+    from .runtime.kernel import compile as compile_kernel
+    return compile_kernel(text, backend=backend, **options)
 
 
 # Above this, placeholder arrays are zero-stride broadcasts (no memory at all) and the plan
