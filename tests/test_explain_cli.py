@@ -130,3 +130,11 @@ def test_explain_lists_gradients_and_their_plans(capsys):
     assert "dW[idx[b], d] += dE[b, d]   [scatter]" in out and "scatter-add" in out
     no_gradient = str(ef.explain("C[i] := A[i] * B[i]", gradients=True))
     assert "dA[i] := dC[i] * B[i]" in no_gradient
+
+
+def test_readme_gradient_examples_print_what_they_say():
+    readme = open(os.path.join(ROOT, "README.md")).read()
+    pairs = re.findall(r">>> (.*?)(?:   #.*)?\n(.*?)\n", readme)
+    assert len(pairs) >= 2
+    for expression, shown in pairs:
+        assert repr(eval(expression, {"ef": ef})) == shown
