@@ -1,6 +1,5 @@
 """Edge cases of the public API found in review: each once crashed or misled."""
 
-import warnings
 
 import numpy as np
 import pytest

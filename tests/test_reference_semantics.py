@@ -1,7 +1,6 @@
 """Every construct of the notation on every backend, against NumPy formulations."""
 
 import math
-import warnings
 
 import numpy as np
 import pytest

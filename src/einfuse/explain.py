@@ -10,8 +10,7 @@ import numpy as np
 from .analysis.ranges import Bounds
 from .analysis.spec import Spec
 from .errors import EinfuseError, ShapeError, attach_statement
-from .lang.ast import (Access, Binary, Call, COMPARISON_OPS, Expr, IndexValue, Number, Param,
-                       Reduce, Unary, accesses)
+from .lang.ast import Access, Binary, Call, Expr, Param, Reduce, Unary, accesses
 from .lang.printer import format_expr, format_statement
 
 _REDUCTION_WORDS = {"sum": "the sum", "prod": "the product", "max": "the maximum",

@@ -9,7 +9,6 @@ per call by :mod:`einfuse.analysis.ranges`.
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 from typing import Dict, List, Optional, Set, Tuple
 

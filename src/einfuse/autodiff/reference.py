@@ -11,7 +11,7 @@ import numpy as np
 from ..errors import OutOfBoundsError, RangeError
 from ..lang.ast import IndexExpr
 from ..runtime.kernel import compile as ef_compile, ein
-from .derive import AxisOf, GradientStatement, NoGradientError, RangeOf
+from .derive import AxisOf, GradientStatement, NoGradientError
 
 _PASSED = ("ranges", "pad", "bounds", "fill")
 
