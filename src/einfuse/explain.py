@@ -10,7 +10,8 @@ import numpy as np
 from .analysis.ranges import Bounds
 from .analysis.spec import Spec
 from .errors import EinfuseError, ShapeError, attach_statement
-from .lang.ast import Access, Binary, Call, Expr, Param, Reduce, Unary, accesses
+from .lang.ast import (Access, Binary, Call, Expr, Param, Reduce, Unary, accesses,
+                       map_children)
 from .lang.printer import format_expr, format_statement
 
 _REDUCTION_WORDS = {"sum": "the sum", "prod": "the product", "max": "the maximum",
@@ -171,7 +172,7 @@ def loop_nest(spec: Spec, bounds: Optional[Bounds]) -> List[str]:
             value = format_expr(emit(expr.body, inner))
             lines.append("  " * inner + _ACCUMULATE[expr.op].format(acc=acc, value=value))
             return Param(acc)
-        return _map_children(expr, lambda child: emit(child, depth))
+        return map_children(expr, lambda child: emit(child, depth))
 
     depth = 0
     for name in spec.output_indices:
@@ -184,17 +185,6 @@ def loop_nest(spec: Spec, bounds: Optional[Bounds]) -> List[str]:
     op = "+=" if spec.assign == "+=" else "="
     lines.append(f"{'  ' * depth}{target} {op} {value}")
     return lines
-
-
-def _map_children(expr: Expr, fn) -> Expr:
-    import dataclasses
-    if isinstance(expr, Unary):
-        return dataclasses.replace(expr, operand=fn(expr.operand))
-    if isinstance(expr, Binary):
-        return dataclasses.replace(expr, left=fn(expr.left), right=fn(expr.right))
-    if isinstance(expr, Call):
-        return dataclasses.replace(expr, args=tuple(fn(a) for a in expr.args))
-    return expr
 
 
 # -- costs -----------------------------------------------------------------------------------

@@ -8,6 +8,7 @@ equal.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Iterator, Optional, Tuple, Union
 
@@ -204,3 +205,21 @@ def reductions(expr: Expr) -> Iterator[Reduce]:
     for node in expr.walk():
         if isinstance(node, Reduce):
             yield node
+
+
+def map_children(expr: Expr, fn) -> Expr:
+    """``expr`` rebuilt with ``fn`` applied to each direct child expression (the gathers
+    in an access's subscripts included); leaves come back unchanged."""
+    if isinstance(expr, Access):
+        return dataclasses.replace(expr, indices=tuple(
+            dataclasses.replace(sub, gathers=tuple((fn(a), c) for a, c in sub.gathers))
+            for sub in expr.indices))
+    if isinstance(expr, Unary):
+        return dataclasses.replace(expr, operand=fn(expr.operand))
+    if isinstance(expr, Binary):
+        return dataclasses.replace(expr, left=fn(expr.left), right=fn(expr.right))
+    if isinstance(expr, Call):
+        return dataclasses.replace(expr, args=tuple(fn(a) for a in expr.args))
+    if isinstance(expr, Reduce):
+        return dataclasses.replace(expr, body=fn(expr.body))
+    return expr

@@ -25,7 +25,8 @@ from typing import Dict, List, Optional, Set, Tuple
 from ..errors import EinfuseNameError, EinfuseSyntaxError
 from .ast import (ASSIGN_OPS, BINARY_FUNCTIONS, COMPARISON_OPS, CONSTANTS, REDUCTIONS,
                   RESERVED, TERNARY_FUNCTIONS, UNARY_FUNCTIONS, Access, Binary, Call, Expr,
-                  IndexExpr, IndexValue, Number, Param, Reduce, Statement, Unary)
+                  IndexExpr, IndexValue, Number, Param, Reduce, Statement, Unary,
+                  map_children)
 from .lexer import END, NAME, NUMBER, OP, Token, tokenize
 
 
@@ -365,18 +366,4 @@ class _Resolver:
                                        "use it with brackets", source=self.source,
                                        span=expr.span)
             return expr
-        if isinstance(expr, Access):
-            subs = tuple(dataclasses.replace(
-                sub, gathers=tuple((self.visit(a), c) for a, c in sub.gathers))
-                for sub in expr.indices)
-            return dataclasses.replace(expr, indices=subs)
-        if isinstance(expr, Unary):
-            return dataclasses.replace(expr, operand=self.visit(expr.operand))
-        if isinstance(expr, Binary):
-            return dataclasses.replace(expr, left=self.visit(expr.left),
-                                       right=self.visit(expr.right))
-        if isinstance(expr, Call):
-            return dataclasses.replace(expr, args=tuple(self.visit(a) for a in expr.args))
-        if isinstance(expr, Reduce):
-            return dataclasses.replace(expr, body=self.visit(expr.body))
-        return expr
+        return map_children(expr, self.visit)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Sequence, Set, Tuple
 
-from .ast import Access, Binary, Call, Expr, IndexExpr, Param, Reduce, Statement, Unary
+from .ast import Access, Expr, IndexExpr, Param, Reduce, Statement, map_children
 
 
 def names_in(statement: Statement) -> Set[str]:
@@ -45,20 +45,10 @@ def batch_statement(statement: Statement, batch: Sequence[str]) -> Statement:
     def visit(expr: Expr) -> Expr:
         if isinstance(expr, Param):
             return Access(expr.name, prefix)
-        if isinstance(expr, Access):
-            subs = tuple(dataclasses.replace(sub, gathers=tuple(
-                (visit(access), coeff) for access, coeff in sub.gathers))
-                for sub in expr.indices)
-            return dataclasses.replace(expr, indices=prefix + subs)
-        if isinstance(expr, Unary):
-            return dataclasses.replace(expr, operand=visit(expr.operand))
-        if isinstance(expr, Binary):
-            return dataclasses.replace(expr, left=visit(expr.left), right=visit(expr.right))
-        if isinstance(expr, Call):
-            return dataclasses.replace(expr, args=tuple(visit(a) for a in expr.args))
-        if isinstance(expr, Reduce):
-            return dataclasses.replace(expr, body=visit(expr.body))
-        return expr
+        mapped = map_children(expr, visit)
+        if isinstance(mapped, Access):
+            return dataclasses.replace(mapped, indices=prefix + mapped.indices)
+        return mapped
 
     return dataclasses.replace(statement, output_indices=tuple(batch) +
                                statement.output_indices, rhs=visit(statement.rhs))
