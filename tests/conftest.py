@@ -1,16 +1,20 @@
 """Shared fixtures: every backend-parametrised test runs once per available backend,
-so a failure names the backend that broke."""
+so a failure names the backend that broke.  The Triton backend runs on the CPU under
+TRITON_INTERPRET=1 (set here, before triton is imported), so CI checks the GPU code
+path without a GPU."""
 
 import os
 import sys
 
 import pytest
 
+os.environ.setdefault("TRITON_INTERPRET", "1")
 sys.path.insert(0, os.path.dirname(__file__))  # lets tests import oracle.py, strategies.py
 
-from einfuse.backends import c_build  # noqa: E402
+from einfuse.backends import c_build, triton_backend  # noqa: E402
 
-BACKENDS = ["numpy"] + (["c"] if c_build.find_compiler() is not None else [])
+BACKENDS = ["numpy"] + (["c"] if c_build.find_compiler() is not None else []) + \
+    (["triton"] if triton_backend.available() else [])
 
 
 @pytest.fixture(params=BACKENDS)

@@ -73,8 +73,8 @@ def test_vmap_is_one_batched_statement(backend, monkeypatch):
     grads = jax.grad(lambda A, B: jax.vmap(f, in_axes=(0, None))(A, B).sum(),
                      argnums=(0, 1))(A, B)
     want = jax.grad(lambda A, B: (A @ B).sum(), argnums=(0, 1))(A, B)
-    for g, w in zip(grads, want):
-        np.testing.assert_allclose(g, w, rtol=1e-5)
+    for g, w in zip(grads, want):  # float32 sums in another order: relative to the scale
+        np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-5 * float(np.abs(w).max()))
 
 
 def test_gather_gradient_and_index_arrays(backend):

@@ -10,6 +10,7 @@ from __future__ import annotations
 from ..errors import OptionError
 from .c_backend import CBackend
 from .numpy_backend import NumpyExecutor
+from .triton_backend import TritonBackend
 
 
 class NumpyBackend:
@@ -31,7 +32,7 @@ class NumpyBackend:
         return executor.describe()
 
 
-_BACKENDS = {"numpy": NumpyBackend, "c": CBackend}
+_BACKENDS = {"numpy": NumpyBackend, "c": CBackend, "triton": TritonBackend}
 
 
 def get_backend(name: str):

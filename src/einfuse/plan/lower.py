@@ -78,13 +78,15 @@ class Plan:
 @functools.lru_cache(maxsize=256)
 def plan_for(spec, working: str, pad: bool, bounds: str, layouts: Tuple[int, ...],
              tile: int = 32, block: Tuple[int, int] = (1, 32),
-             short: Tuple[str, ...] = ()) -> Plan:
+             short: Tuple[str, ...] = (), plain: bool = False) -> Plan:
     """``tile``: lanes of a 1-D lane tile; ``block``: (rows, lanes) of the register
     block used when two output indices can be tiled (dist, the matmul shape);
     ``short``: indices whose extent this call is below a vector's width (the plan is
-    still size-generic, but does not spread those over SIMD lanes)."""
+    still size-generic, but does not spread those over SIMD lanes); ``plain``: no lane
+    tiles, row blocks or lane partials -- every output loop parallel, every reduction a
+    plain loop (what a block-per-program renderer such as Triton's maps onto)."""
     return _Lowering(spec, np.dtype(working), pad, bounds, layouts, tile, block,
-                     short).run()
+                     short, plain).run()
 
 
 def call_arguments(plan: Plan, call, buffers: Sequence[np.ndarray]):
@@ -111,9 +113,11 @@ def call_arguments(plan: Plan, call, buffers: Sequence[np.ndarray]):
 
 class _Lowering:
     def __init__(self, spec, working: np.dtype, pad: bool, bounds: str, layouts, tile: int,
-                 block: Tuple[int, int] = (1, 32), short: Tuple[str, ...] = ()):
+                 block: Tuple[int, int] = (1, 32), short: Tuple[str, ...] = (),
+                 plain: bool = False):
         self.spec = spec
         self.short = set(short)
+        self.plain = plain
         self.block = block
         self.working = working
         self.pad = pad
@@ -187,7 +191,8 @@ class _Lowering:
         order = self.order_indices(outs, rhs, last)
         inner = order[-1] if order else None
         # lanes over a short index (d = 3 in gauss's gradient) would sit mostly idle
-        tiled = bool(tops) and inner is not None and inner not in self.short and \
+        tiled = not self.plain and bool(tops) and inner is not None and \
+            inner not in self.short and \
             sum(self.contiguity(inner, r.body) for r in tops) > 0
         strides = tuple(self.stride(out_slot, a) for a in range(len(outs)))
         env: Dict[str, Affine] = {}
@@ -294,10 +299,11 @@ class _Lowering:
         for name in order:
             inner_env[name] = self.lo(name) + Affine.var(f"p{self.index_no[name]}")
         nested = any(True for _ in ast.reductions(e.body))
-        if nested and lanes is None and e.op in ("sum", "prod") and not self.checks:
+        if nested and lanes is None and e.op in ("sum", "prod") and not self.checks \
+                and not self.plain:
             return self.lane_tiled_reduce(e, acc, order, inner_env, pre)
         if not nested and lanes is None and e.op in ("max", "min", "logsumexp") \
-                and not self.checks:
+                and not self.checks and not self.plain:
             return self.lane_partial_reduce(e, acc, order, inner_env, pre)
         body_pre: List[ir.Stmt] = []
         value = self.expr(e.body, inner_env, body_pre)

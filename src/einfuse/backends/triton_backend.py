@@ -1,0 +1,122 @@
+"""The Triton backend (``backend="triton"``): plain-style plans of the loop-nest IR
+rendered by :mod:`einfuse.backends.triton_render`, run on torch tensors -- on a CUDA
+GPU, or on the CPU under ``TRITON_INTERPRET=1`` (how CI checks this code path).
+
+Statements whose working dtype is not float32/float64 run on the NumPy reference (the
+Triton kernels compute in floating point).  Gathers under bounds='check'/'promise' are
+verified before the launch, as in the C backend; a bad index value raises the
+reference's error and nothing is read out of bounds."""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import os
+import sys
+import threading
+from typing import Dict, List
+
+import numpy as np
+
+from ..plan import buffer_slots, call_arguments, plan_for, unit_axis
+from . import c_build
+
+_modules: Dict[str, object] = {}
+_lock = threading.Lock()
+
+
+def interpreted() -> bool:
+    return os.environ.get("TRITON_INTERPRET") == "1"
+
+
+def available() -> bool:
+    if importlib.util.find_spec("triton") is None or importlib.util.find_spec("torch") is None:
+        return False
+    if interpreted():
+        return True
+    import torch
+    return torch.cuda.is_available()
+
+
+def _device():
+    import torch
+    return torch.device("cpu" if interpreted() or not torch.cuda.is_available() else "cuda")
+
+
+def _kernel_module(source: str):
+    """Triton reads a kernel's source from its file: write each one into the cache
+    directory (named by its hash) and import it once."""
+    key = hashlib.sha256(source.encode()).hexdigest()[:32]
+    with _lock:
+        module = _modules.get(key)
+        if module is not None:
+            return module
+        path = os.path.join(c_build.cache_dir(), f"einfuse_triton_{key}.py")
+        if not os.path.exists(path):
+            tmp = f"{path}.{os.getpid()}.tmp"
+            with open(tmp, "w") as handle:
+                handle.write(source)
+            os.replace(tmp, path)
+        spec = importlib.util.spec_from_file_location(f"einfuse_triton_{key}", path)
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[spec.name] = module
+        spec.loader.exec_module(module)
+        _modules[key] = module
+        return module
+
+
+class TritonBackend:
+    name = "triton"
+
+    @staticmethod
+    def available() -> bool:
+        return available()
+
+    @staticmethod
+    def run(call) -> np.ndarray:
+        from .c_backend import _bounds_mode
+        from .numpy_backend import NumpyExecutor
+        working = call.dtypes.working
+        if working.kind != "f" or working.itemsize < 4:
+            return NumpyExecutor(call.spec, call.bounds, call.arrays, call.params,
+                                 call.dtypes, call.options).run()
+        bounds = _bounds_mode(call)
+        if bounds in ("check", "promise"):  # an index value is out of range: raise
+            NumpyExecutor(call.spec, call.bounds, call.arrays, call.params, call.dtypes,
+                          call.options).run()
+        import torch
+        import triton
+        from .triton_render import render_triton
+        arrays: List[np.ndarray] = []
+        for tensor, kind in buffer_slots(call.spec)[:-1]:
+            dtype = np.int64 if kind == "index" else working
+            array = np.ascontiguousarray(call.arrays[tensor], dtype=dtype)
+            # torch refuses read-only memory (a broadcast view, a JAX buffer)
+            arrays.append(array if array.flags.writeable else array.copy())
+        out = np.empty(call.output_shape, dtype=working)
+        if out.size == 0:
+            return out
+        layouts = tuple(unit_axis(a) for a in arrays + [out])
+        plan = plan_for(call.spec, working.name, call.options.pad is not None, bounds,
+                        layouts, plain=True)
+        source, _ = render_triton(plan.program)
+        module = _kernel_module(source)
+        ints, doubles, _ = call_arguments(plan, call, arrays + [out])
+        device = _device()
+        tensors = [torch.from_numpy(a).to(device) for a in arrays]
+        result = torch.empty(out.shape, dtype=getattr(torch, working.name), device=device)
+        total = int(out.size)
+        block = 1024 if interpreted() else 256
+        kernel_ints = [int(v) for v in ints[:len(plan.int_args)]]
+        params = [float(v) for v in doubles[:len(plan.params)]]
+        pad = call.options.pad if call.options.pad is not None else 0.0
+        grid = (triton.cdiv(total, block),)
+        module.einfuse_kernel[grid](*tensors, result, *kernel_ints, *params, float(pad),
+                                    float(call.options.fill), total, BLOCK=block)
+        return result.cpu().numpy()
+
+    @staticmethod
+    def strategy(call) -> str:
+        where = "the CPU (TRITON_INTERPRET=1)" if interpreted() else "the GPU"
+        return (f"one Triton kernel on {where}: each program computes a block of output "
+                "elements, reductions loop with accumulators in registers, masked loads")

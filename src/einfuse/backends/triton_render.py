@@ -1,0 +1,242 @@
+"""Render the loop-nest IR as a Triton kernel: a sibling of the C renderer, one method
+per IR node type, from the same (plain-style) plans.
+
+The parallel output loops become the program grid: each program owns BLOCK consecutive
+output elements (flattened), so every value expression is a BLOCK-wide tensor;
+reduction loops stay loops, with their accumulators held in registers as BLOCK-wide
+tensors; loads are masked (the block's tail, ``pad=``, ``fill=``).  Only generated names
+and numeric literals reach the source, as in C.  Functions the Triton interpreter lacks
+(tanh, log1p, expm1, pow) are written with exp/log."""
+
+from __future__ import annotations
+
+import math
+from typing import List, Tuple
+
+from .. import ir
+from .c_render import name
+
+_HELPERS = '''
+@triton.jit
+def ef_tanh(x):
+    return 1.0 - 2.0 / (tl.exp(2.0 * x) + 1.0)
+
+
+@triton.jit
+def ef_log1p(x):
+    return tl.where(tl.abs(x) < 1e-4, x * (1.0 - x * (0.5 - x / 3.0)), tl.log(1.0 + x))
+
+
+@triton.jit
+def ef_expm1(x):
+    return tl.where(tl.abs(x) < 1e-4, x * (1.0 + x * (0.5 + x / 6.0)), tl.exp(x) - 1.0)
+
+
+@triton.jit
+def ef_pow(a, b):
+    r = tl.exp(b * tl.log(tl.abs(a)))
+    whole = tl.floor(b) == b
+    odd = whole & ((b - 2.0 * tl.floor(b * 0.5)) == 1.0)
+    neg = tl.where(whole, tl.where(odd, -r, r), float("nan"))
+    zero = tl.where(b == 0.0, 1.0, tl.where(b > 0.0, 0.0, float("inf")))
+    return tl.where(a < 0.0, neg, tl.where(a == 0.0, zero, r))
+
+
+@triton.jit
+def ef_max(a, b):
+    return tl.where((a > b) | (a != a), a, b)
+
+
+@triton.jit
+def ef_min(a, b):
+    return tl.where((a < b) | (a != a), a, b)
+'''
+
+
+class TritonRenderer:
+    def __init__(self, program: ir.Program):
+        if len(program.kernels) != 1:
+            raise ValueError("one kernel per program is rendered")
+        self.program = program
+        self.kernel = program.kernels[0]
+        self.T = {"float32": "tl.float32", "float64": "tl.float64"}[program.working]
+
+    # -- the kernel ------------------------------------------------------------------------
+    def render(self) -> Tuple[str, Tuple[str, ...]]:
+        """(source, output loop extents' int names, outermost first)."""
+        k = self.kernel
+        outputs, body = self.output_loops(k.body)
+        args = [name(b.name) for b in k.buffers] + [name(i) for i in k.ints] + \
+            [f"q{n}" for n in range(k.n_params)] + ["padv", "fillv", "total"]
+        lines = ["@triton.jit",
+                 f"def einfuse_kernel({', '.join(args)}, BLOCK: tl.constexpr):",
+                 "    o = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK).to(tl.int64)",
+                 "    omask = o < total",
+                 "    rest = o"]
+        for loop in reversed(outputs):
+            var, extent = name(loop.var), self.affine(loop.extent)
+            lines.append(f"    {var} = rest % ({extent})")
+            lines.append(f"    rest = rest // ({extent})")
+        for stmt in body:
+            lines += self.stmt(stmt, 1)
+        extents = tuple(self.affine(loop.extent) for loop in outputs)
+        source = "import triton\nimport triton.language as tl\n" + _HELPERS + "\n\n" + \
+            "\n".join(lines) + "\n"
+        return source, extents
+
+    @staticmethod
+    def output_loops(body) -> Tuple[List[ir.Loop], Tuple[ir.Stmt, ...]]:
+        loops: List[ir.Loop] = []
+        while len(body) == 1 and isinstance(body[0], ir.Loop) and body[0].kind == "parallel":
+            loops.append(body[0])
+            body = body[0].body
+        return loops, body
+
+    # -- integers ---------------------------------------------------------------------------
+    def affine(self, a: ir.Affine) -> str:
+        parts = [f"{int(c)} * {name(n)}" if c != 1 else name(n) for n, c in a.terms]
+        if a.const or not parts:
+            parts.append(str(int(a.const)))
+        return "(" + " + ".join(parts) + ")"
+
+    # -- statements --------------------------------------------------------------------------
+    def stmt(self, node: ir.Stmt, depth: int) -> List[str]:
+        return getattr(self, "stmt_" + type(node).__name__)(node, depth)
+
+    def stmt_DeclareAcc(self, node: ir.DeclareAcc, depth: int) -> List[str]:
+        pad, acc = "    " * depth, name(node.name)
+        init = {"sum": "0.0", "prod": "1.0", "max": 'float("-inf")', "min": 'float("inf")'}
+        if node.op == "logsumexp":
+            return [f"{pad}{acc}_m = tl.full([BLOCK], float(\"-inf\"), {self.T})",
+                    f"{pad}{acc}_s = tl.zeros([BLOCK], {self.T})"]
+        return [f"{pad}{acc} = tl.full([BLOCK], {init[node.op]}, {self.T})"]
+
+    def stmt_Loop(self, node: ir.Loop, depth: int) -> List[str]:
+        pad = "    " * depth
+        lines = [f"{pad}for {name(node.var)} in range(0, {self.affine(node.extent)}):"]
+        for stmt in node.body:
+            lines += self.stmt(stmt, depth + 1)
+        return lines
+
+    def stmt_Accumulate(self, node: ir.Accumulate, depth: int) -> List[str]:
+        pad, acc, v = "    " * depth, name(node.name), self.expr(node.value)
+        if node.op == "sum":
+            return [f"{pad}{acc} += {v}"]
+        if node.op == "prod":
+            return [f"{pad}{acc} *= {v}"]
+        if node.op in ("max", "min"):
+            return [f"{pad}{acc} = ef_{node.op}({v} + tl.zeros([BLOCK], {self.T}), {acc})"]
+        # one-pass logsumexp, branch-free (the C renderer's ef_lse)
+        return [f"{pad}v_ = {v} + tl.zeros([BLOCK], {self.T})",
+                f"{pad}e_ = tl.where(v_ == {acc}_m, tl.where({acc}_m == float(\"-inf\"), 0.0,"
+                f" 1.0), tl.exp(-tl.abs(v_ - {acc}_m)))",
+                f"{pad}{acc}_s = tl.where(v_ > {acc}_m, {acc}_s * e_ + 1.0, {acc}_s + e_)",
+                f"{pad}{acc}_m = tl.where(v_ > {acc}_m, v_, {acc}_m)"]
+
+    def stmt_Store(self, node: ir.Store, depth: int) -> List[str]:
+        address = self.address([self.affine(p) for p in node.position], node.strides)
+        value = self.expr(node.value)
+        return ["    " * depth + f"tl.store(t{int(node.buffer)} + {address} + o * 0, "
+                f"({value} + tl.zeros([BLOCK], {self.T})).to({self.T}), mask=omask)"]
+
+    def stmt_CombineLanes(self, node, depth):
+        raise ValueError("lane partials are a C plan; Triton renders plain plans")
+
+    stmt_TiledLoop = stmt_CombineLanes
+
+    @staticmethod
+    def address(positions, strides) -> str:
+        terms = [p if s is None else f"{p} * {name(s)}" for p, s in zip(positions, strides)]
+        return "(" + " + ".join(terms or ["0"]) + ")"
+
+    # -- expressions ---------------------------------------------------------------------------
+    def expr(self, node: ir.Expr) -> str:
+        return getattr(self, "expr_" + type(node).__name__)(node)
+
+    def expr_Const(self, node: ir.Const) -> str:
+        value = float(node.value)
+        if math.isnan(value):
+            return 'float("nan")'
+        if math.isinf(value):
+            return 'float("inf")' if value > 0 else 'float("-inf")'
+        return repr(value)
+
+    def expr_Param(self, node: ir.Param) -> str:
+        return f"q{int(node.slot)}"
+
+    def expr_IndexValue(self, node: ir.IndexValue) -> str:
+        return f"({self.affine(node.value)} + o * 0).to({self.T})"
+
+    def expr_Load(self, node: ir.Load) -> str:
+        positions, valid, filled = [], [], []
+        for sub in node.subscripts:
+            pos = self.affine(sub.affine)
+            for gathered, coeff in sub.gathers:
+                pos = f"({pos} + {int(coeff)} * {self.expr(gathered)})"
+            size = name(sub.size)
+            if sub.policy in ("pad", "fill"):
+                ok = f"(({pos} >= 0) & ({pos} < {size}))"
+                (valid if sub.policy == "pad" else filled).append(ok)
+                pos = f"tl.minimum(tl.maximum({pos}, 0), {size} - 1)"
+            elif sub.policy == "clip":
+                pos = f"tl.minimum(tl.maximum({pos}, 0), {size} - 1)"
+            elif sub.policy == "wrap":
+                pos = f"((({pos}) % {size} + {size}) % {size})"
+            positions.append(pos)
+        address = self.address(positions, [s.stride for s in node.subscripts])
+        load = f"tl.load(t{int(node.buffer)} + {address} + o * 0, mask=omask, other=0)"
+        if node.is_index:
+            return f"{load}.to(tl.int64)"
+        value = f"{load}.to({self.T})"
+        if valid:
+            value = f"tl.where({' & '.join(valid)}, {value}, padv)"
+        if filled:
+            value = f"tl.where({' & '.join(filled)}, {value}, fillv)"
+        return value
+
+    def expr_Unary(self, node: ir.Unary) -> str:
+        return f"(-{self.expr(node.operand)})"
+
+    def expr_Binary(self, node: ir.Binary) -> str:
+        left, right, op = self.expr(node.left), self.expr(node.right), node.op
+        if op == "**":
+            if isinstance(node.right, ir.Const) and node.right.value in (1, 2, 3):
+                return "(" + " * ".join([left] * int(node.right.value)) + ")"
+            return f"ef_pow({left} + o * 0, {right})"
+        if op in ("<", "<=", ">", ">=", "==", "!="):
+            return f"(({left}) {op} ({right})).to({self.T})"
+        if op in ("&", "|"):
+            return f"((({left}) != 0) {op} (({right}) != 0)).to({self.T})"
+        return f"({left} {op} {right})"
+
+    def expr_Call(self, node: ir.Call) -> str:
+        args = [self.expr(a) for a in node.args]
+        f = node.func
+        direct = {"exp": "tl.exp", "log": "tl.log", "sqrt": "tl.sqrt", "abs": "tl.abs",
+                  "sin": "tl.sin", "cos": "tl.cos", "floor": "tl.floor", "ceil": "tl.ceil",
+                  "erf": "tl.erf", "sigmoid": "tl.sigmoid", "tanh": "ef_tanh",
+                  "log1p": "ef_log1p", "expm1": "ef_expm1"}
+        if f in direct:
+            return f"{direct[f]}(({args[0]} + o * 0).to({self.T}))"
+        if f == "relu":
+            return f"ef_max({args[0]} + o * 0, 0.0)"
+        if f == "softplus":
+            x = f"({args[0]} + o * 0)"
+            return f"(tl.maximum({x}, 0.0) + ef_log1p(tl.exp(-tl.abs({x}))))"
+        if f in ("min", "max"):
+            return f"ef_{f}({args[0]} + o * 0, {args[1]} + o * 0)"
+        if f == "pow":
+            return f"ef_pow({args[0]} + o * 0, {args[1]})"
+        if f == "where":
+            return f"tl.where(({args[0]}) != 0, {args[1]}, {args[2]})"
+        raise ValueError(f"unknown function {f!r}")
+
+    def expr_AccValue(self, node: ir.AccValue) -> str:
+        acc = name(node.acc)
+        if node.op == "logsumexp":
+            return f"({acc}_m + tl.log({acc}_s))"
+        return acc
+
+
+def render_triton(program: ir.Program):
+    return TritonRenderer(program).render()
