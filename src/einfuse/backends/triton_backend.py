@@ -22,6 +22,8 @@ from ..plan import buffer_slots, call_arguments, plan_for, unit_axis
 from . import c_build
 
 _modules: Dict[str, object] = {}
+# (rows, lanes) of an output tile: 32 x 32 fp32 accumulators per program
+TILE = (32, 32)
 _lock = threading.Lock()
 
 
@@ -98,8 +100,8 @@ class TritonBackend:
             return out
         layouts = tuple(unit_axis(a) for a in arrays + [out])
         plan = plan_for(call.spec, working.name, call.options.pad is not None, bounds,
-                        layouts, plain=True)
-        source, _ = render_triton(plan.program)
+                        layouts, TILE[1], TILE, plain=True, blocks=True)
+        source, launch = render_triton(plan.program)
         module = _kernel_module(source)
         ints, doubles, _ = call_arguments(plan, call, arrays + [out])
         device = _device()
@@ -110,9 +112,23 @@ class TritonBackend:
         kernel_ints = [int(v) for v in ints[:len(plan.int_args)]]
         params = [float(v) for v in doubles[:len(plan.params)]]
         pad = call.options.pad if call.options.pad is not None else 0.0
-        grid = (triton.cdiv(total, block),)
-        module.einfuse_kernel[grid](*tensors, result, *kernel_ints, *params, float(pad),
-                                    float(call.options.fill), total, BLOCK=block)
+        arguments = (*tensors, result, *kernel_ints, *params, float(pad),
+                     float(call.options.fill), total)
+        if launch.tiles:
+            values = dict(zip(plan.program.kernels[0].ints, kernel_ints))
+
+            def extent(affine):
+                return affine.const + sum(c * values[n] for n, c in affine.terms)
+            outer = 1
+            for affine in launch.outer:
+                outer *= extent(affine)
+            rows = extent(launch.rows) if launch.rows else 1
+            grid = (triton.cdiv(rows, launch.row_tile), triton.cdiv(extent(launch.lanes),
+                                                                    launch.lane_tile), outer)
+            module.einfuse_kernel[grid](*arguments, ROWS=launch.row_tile,
+                                        LANES=launch.lane_tile)
+        else:
+            module.einfuse_kernel[(triton.cdiv(total, block),)](*arguments, BLOCK=block)
         return result.cpu().numpy()
 
     @staticmethod

@@ -11,7 +11,8 @@ and numeric literals reach the source, as in C.  Functions the Triton interprete
 from __future__ import annotations
 
 import math
-from typing import List, Tuple
+from dataclasses import dataclass
+from typing import List, Optional, Tuple
 
 from .. import ir
 from .c_render import name
@@ -53,6 +54,17 @@ def ef_min(a, b):
 '''
 
 
+@dataclass(frozen=True)
+class Launch:
+    """How to launch a rendered kernel: the grid's shape from runtime int names."""
+    tiles: bool                         # 2-D output tiles, or a flat block of outputs
+    outer: Tuple[ir.Affine, ...]        # extents flattened into one grid axis
+    rows: Optional[ir.Affine] = None    # tiles: the row index's extent
+    lanes: Optional[ir.Affine] = None   # tiles: the lane index's extent
+    row_tile: int = 1
+    lane_tile: int = 1
+
+
 class TritonRenderer:
     def __init__(self, program: ir.Program):
         if len(program.kernels) != 1:
@@ -60,29 +72,95 @@ class TritonRenderer:
         self.program = program
         self.kernel = program.kernels[0]
         self.T = {"float32": "tl.float32", "float64": "tl.float64"}[program.working]
+        self.shape = "[BLOCK]"
+        self.inline = set()   # row and lane loop variables: whole tensors, not loops
 
     # -- the kernel ------------------------------------------------------------------------
-    def render(self) -> Tuple[str, Tuple[str, ...]]:
-        """(source, output loop extents' int names, outermost first)."""
+    def render(self) -> Tuple[str, Launch]:
         k = self.kernel
         outputs, body = self.output_loops(k.body)
         args = [name(b.name) for b in k.buffers] + [name(i) for i in k.ints] + \
             [f"q{n}" for n in range(k.n_params)] + ["padv", "fillv", "total"]
+        tiles = self.tile_loops(body)
+        if tiles is None:
+            lines = self.flat_prologue(args, outputs)
+            launch = Launch(False, tuple(loop.extent for loop in outputs))
+        else:
+            lines, launch, body = self.tile_prologue(args, outputs, tiles)
+        for stmt in body:
+            lines += self.stmt(stmt, 1)
+        source = "import triton\nimport triton.language as tl\n" + _HELPERS + "\n\n" + \
+            "\n".join(lines) + "\n"
+        return source, launch
+
+    def flat_prologue(self, args, outputs) -> List[str]:
         lines = ["@triton.jit",
                  f"def einfuse_kernel({', '.join(args)}, BLOCK: tl.constexpr):",
                  "    o = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK).to(tl.int64)",
                  "    omask = o < total",
+                 "    izero = o * 0",
                  "    rest = o"]
-        for loop in reversed(outputs):
+        return lines + self.decompose(outputs)
+
+    def decompose(self, loops) -> List[str]:
+        lines = []
+        for loop in reversed(loops):
             var, extent = name(loop.var), self.affine(loop.extent)
             lines.append(f"    {var} = rest % ({extent})")
             lines.append(f"    rest = rest // ({extent})")
-        for stmt in body:
-            lines += self.stmt(stmt, 1)
-        extents = tuple(self.affine(loop.extent) for loop in outputs)
-        source = "import triton\nimport triton.language as tl\n" + _HELPERS + "\n\n" + \
-            "\n".join(lines) + "\n"
-        return source, extents
+        return lines
+
+    @staticmethod
+    def tile_loops(body):
+        """(row TiledLoop or None, lane TiledLoop) when ``body`` is a tiled output nest."""
+        if len(body) != 1 or not isinstance(body[0], ir.TiledLoop):
+            return None
+        first = body[0]
+        inner = first.body
+        if len(inner) == 1 and isinstance(inner[0], ir.TiledLoop):
+            return first, inner[0]
+        return None, first
+
+    def tile_prologue(self, args, outputs, tiles):
+        rows_loop, lanes_loop = tiles
+        self.shape = "[ROWS, LANES]"
+        lines = ["@triton.jit",
+                 f"def einfuse_kernel({', '.join(args)}, ROWS: tl.constexpr, "
+                 "LANES: tl.constexpr):",
+                 "    rest = tl.program_id(2).to(tl.int64)"]
+        lines += self.decompose(outputs)
+        lines.append("    r_ = tl.arange(0, ROWS).to(tl.int64)[:, None]")
+        lines.append("    l_ = tl.arange(0, LANES).to(tl.int64)[None, :]")
+        mask = []
+        if rows_loop is not None:
+            lines += self.tile_axis(rows_loop, 0, "ROWS", "r_")
+            mask.append(f"(r_ < {name(rows_loop.count)})")
+        lines += self.tile_axis(lanes_loop, 1, "LANES", "l_")
+        mask.append(f"(l_ < {name(lanes_loop.count)})")
+        lines.append(f"    omask = {' & '.join(mask)} & (r_ < ROWS)")
+        lines.append("    izero = r_ * 0 + l_ * 0")
+        launch = Launch(True, tuple(loop.extent for loop in outputs),
+                        rows_loop.extent if rows_loop is not None else None,
+                        lanes_loop.extent,
+                        rows_loop.tile if rows_loop is not None else 1, lanes_loop.tile)
+        return lines, launch, lanes_loop.body
+
+    def tile_axis(self, loop: ir.TiledLoop, axis: int, size: str, offsets: str) -> List[str]:
+        """Block start, count and the lane/row variable of one tiled output loop; the
+        variable is the loop inside the tile's body over ``count``."""
+        var, count = name(loop.var), name(loop.count)
+        self.inline.add(self.lane_var(loop))
+        return [f"    {var} = tl.program_id({axis}).to(tl.int64) * {size}",
+                f"    {count} = tl.minimum({size}, {self.affine(loop.extent)} - {var})",
+                f"    {self.lane_var(loop)} = {offsets}"]
+
+    @staticmethod
+    def lane_var(loop: ir.TiledLoop) -> str:
+        """The variable of the loop over ``count`` inside a tiled loop (its lanes/rows)."""
+        for node in ir.walk(loop):
+            if isinstance(node, ir.Loop) and node.extent == ir.Affine.var(loop.count):
+                return name(node.var)
+        return "unused_"
 
     @staticmethod
     def output_loops(body) -> Tuple[List[ir.Loop], Tuple[ir.Stmt, ...]]:
@@ -107,11 +185,13 @@ class TritonRenderer:
         pad, acc = "    " * depth, name(node.name)
         init = {"sum": "0.0", "prod": "1.0", "max": 'float("-inf")', "min": 'float("inf")'}
         if node.op == "logsumexp":
-            return [f"{pad}{acc}_m = tl.full([BLOCK], float(\"-inf\"), {self.T})",
-                    f"{pad}{acc}_s = tl.zeros([BLOCK], {self.T})"]
-        return [f"{pad}{acc} = tl.full([BLOCK], {init[node.op]}, {self.T})"]
+            return [f"{pad}{acc}_m = tl.full({self.shape}, float(\"-inf\"), {self.T})",
+                    f"{pad}{acc}_s = tl.zeros({self.shape}, {self.T})"]
+        return [f"{pad}{acc} = tl.full({self.shape}, {init[node.op]}, {self.T})"]
 
     def stmt_Loop(self, node: ir.Loop, depth: int) -> List[str]:
+        if node.var in self.inline:   # a row or lane loop: the whole tile at once
+            return [line for stmt in node.body for line in self.stmt(stmt, depth)]
         pad = "    " * depth
         lines = [f"{pad}for {name(node.var)} in range(0, {self.affine(node.extent)}):"]
         for stmt in node.body:
@@ -125,9 +205,9 @@ class TritonRenderer:
         if node.op == "prod":
             return [f"{pad}{acc} *= {v}"]
         if node.op in ("max", "min"):
-            return [f"{pad}{acc} = ef_{node.op}({v} + tl.zeros([BLOCK], {self.T}), {acc})"]
+            return [f"{pad}{acc} = ef_{node.op}({v} + tl.zeros({self.shape}, {self.T}), {acc})"]
         # one-pass logsumexp, branch-free (the C renderer's ef_lse)
-        return [f"{pad}v_ = {v} + tl.zeros([BLOCK], {self.T})",
+        return [f"{pad}v_ = {v} + tl.zeros({self.shape}, {self.T})",
                 f"{pad}e_ = tl.where(v_ == {acc}_m, tl.where({acc}_m == float(\"-inf\"), 0.0,"
                 f" 1.0), tl.exp(-tl.abs(v_ - {acc}_m)))",
                 f"{pad}{acc}_s = tl.where(v_ > {acc}_m, {acc}_s * e_ + 1.0, {acc}_s + e_)",
@@ -136,8 +216,8 @@ class TritonRenderer:
     def stmt_Store(self, node: ir.Store, depth: int) -> List[str]:
         address = self.address([self.affine(p) for p in node.position], node.strides)
         value = self.expr(node.value)
-        return ["    " * depth + f"tl.store(t{int(node.buffer)} + {address} + o * 0, "
-                f"({value} + tl.zeros([BLOCK], {self.T})).to({self.T}), mask=omask)"]
+        return ["    " * depth + f"tl.store(t{int(node.buffer)} + {address} + izero, "
+                f"({value} + tl.zeros({self.shape}, {self.T})).to({self.T}), mask=omask)"]
 
     def stmt_CombineLanes(self, node, depth):
         raise ValueError("lane partials are a C plan; Triton renders plain plans")
@@ -165,7 +245,7 @@ class TritonRenderer:
         return f"q{int(node.slot)}"
 
     def expr_IndexValue(self, node: ir.IndexValue) -> str:
-        return f"({self.affine(node.value)} + o * 0).to({self.T})"
+        return f"({self.affine(node.value)} + izero).to({self.T})"
 
     def expr_Load(self, node: ir.Load) -> str:
         positions, valid, filled = [], [], []
@@ -184,7 +264,7 @@ class TritonRenderer:
                 pos = f"((({pos}) % {size} + {size}) % {size})"
             positions.append(pos)
         address = self.address(positions, [s.stride for s in node.subscripts])
-        load = f"tl.load(t{int(node.buffer)} + {address} + o * 0, mask=omask, other=0)"
+        load = f"tl.load(t{int(node.buffer)} + {address} + izero, mask=omask, other=0)"
         if node.is_index:
             return f"{load}.to(tl.int64)"
         value = f"{load}.to({self.T})"
@@ -202,7 +282,7 @@ class TritonRenderer:
         if op == "**":
             if isinstance(node.right, ir.Const) and node.right.value in (1, 2, 3):
                 return "(" + " * ".join([left] * int(node.right.value)) + ")"
-            return f"ef_pow({left} + o * 0, {right})"
+            return f"ef_pow({left} + izero, {right})"
         if op in ("<", "<=", ">", ">=", "==", "!="):
             return f"(({left}) {op} ({right})).to({self.T})"
         if op in ("&", "|"):
@@ -217,16 +297,16 @@ class TritonRenderer:
                   "erf": "tl.erf", "sigmoid": "tl.sigmoid", "tanh": "ef_tanh",
                   "log1p": "ef_log1p", "expm1": "ef_expm1"}
         if f in direct:
-            return f"{direct[f]}(({args[0]} + o * 0).to({self.T}))"
+            return f"{direct[f]}(({args[0]} + izero).to({self.T}))"
         if f == "relu":
-            return f"ef_max({args[0]} + o * 0, 0.0)"
+            return f"ef_max({args[0]} + izero, 0.0)"
         if f == "softplus":
-            x = f"({args[0]} + o * 0)"
+            x = f"({args[0]} + izero)"
             return f"(tl.maximum({x}, 0.0) + ef_log1p(tl.exp(-tl.abs({x}))))"
         if f in ("min", "max"):
-            return f"ef_{f}({args[0]} + o * 0, {args[1]} + o * 0)"
+            return f"ef_{f}({args[0]} + izero, {args[1]} + izero)"
         if f == "pow":
-            return f"ef_pow({args[0]} + o * 0, {args[1]})"
+            return f"ef_pow({args[0]} + izero, {args[1]})"
         if f == "where":
             return f"tl.where(({args[0]}) != 0, {args[1]}, {args[2]})"
         raise ValueError(f"unknown function {f!r}")

@@ -78,15 +78,16 @@ class Plan:
 @functools.lru_cache(maxsize=256)
 def plan_for(spec, working: str, pad: bool, bounds: str, layouts: Tuple[int, ...],
              tile: int = 32, block: Tuple[int, int] = (1, 32),
-             short: Tuple[str, ...] = (), plain: bool = False) -> Plan:
+             short: Tuple[str, ...] = (), plain: bool = False, blocks: bool = False) -> Plan:
     """``tile``: lanes of a 1-D lane tile; ``block``: (rows, lanes) of the register
     block used when two output indices can be tiled (dist, the matmul shape);
     ``short``: indices whose extent this call is below a vector's width (the plan is
     still size-generic, but does not spread those over SIMD lanes); ``plain``: no lane
     tiles, row blocks or lane partials -- every output loop parallel, every reduction a
-    plain loop (what a block-per-program renderer such as Triton's maps onto)."""
+    plain loop (what a block-per-program renderer such as Triton's maps onto);
+    ``blocks`` with ``plain``: output tiles (rows x lanes) are still allowed."""
     return _Lowering(spec, np.dtype(working), pad, bounds, layouts, tile, block,
-                     short, plain).run()
+                     short, plain, blocks).run()
 
 
 def call_arguments(plan: Plan, call, buffers: Sequence[np.ndarray]):
@@ -114,10 +115,11 @@ def call_arguments(plan: Plan, call, buffers: Sequence[np.ndarray]):
 class _Lowering:
     def __init__(self, spec, working: np.dtype, pad: bool, bounds: str, layouts, tile: int,
                  block: Tuple[int, int] = (1, 32), short: Tuple[str, ...] = (),
-                 plain: bool = False):
+                 plain: bool = False, blocks: bool = False):
         self.spec = spec
         self.short = set(short)
         self.plain = plain
+        self.blocks = blocks
         self.block = block
         self.working = working
         self.pad = pad
@@ -191,7 +193,7 @@ class _Lowering:
         order = self.order_indices(outs, rhs, last)
         inner = order[-1] if order else None
         # lanes over a short index (d = 3 in gauss's gradient) would sit mostly idle
-        tiled = not self.plain and bool(tops) and inner is not None and \
+        tiled = (not self.plain or self.blocks) and bool(tops) and inner is not None and \
             inner not in self.short and \
             sum(self.contiguity(inner, r.body) for r in tops) > 0
         strides = tuple(self.stride(out_slot, a) for a in range(len(outs)))
