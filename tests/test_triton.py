@@ -41,10 +41,10 @@ def test_gauss_renders_as_flat_blocks_with_nested_loops():
 
 
 def test_only_generated_names_reach_the_source():
-    source, _ = rendered("zz_user[i] := sum[k](my_tensor[i, k] * other[k]) + my_param",
-                         my_tensor=np.ones((3, 4)), other=np.ones(4), my_param=2.0)
+    source, _ = rendered("zz_user[i] := sum[k](my_tensor[i, k] * vec_user[k]) + my_param",
+                         my_tensor=np.ones((3, 4)), vec_user=np.ones(4), my_param=2.0)
     kernel = source[source.index("def einfuse_kernel"):]
-    for user_name in ("zz_user", "my_tensor", "other", "my_param"):
+    for user_name in ("zz_user", "my_tensor", "vec_user", "my_param"):
         assert user_name not in kernel
     assert set(re.findall(r"\bt\d+\b", kernel)) == {"t0", "t1", "t2"}
 
