@@ -72,3 +72,18 @@ def test_integer_statements_fall_back_to_the_reference():
     counts = np.arange(6).reshape(2, 3)
     np.testing.assert_array_equal(ef.ein("t[i] := c[i,j] * 2", c=counts, backend="triton"),
                                   counts.sum(1) * 2)
+
+
+def test_contractions_use_tl_dot_with_the_epilogue_fused():
+    rng = np.random.default_rng(0)
+    A = rng.standard_normal((50, 40)).astype(np.float32)
+    B = rng.standard_normal((40, 37)).astype(np.float32)
+    bias = rng.standard_normal(37).astype(np.float32)
+    statement = "C[i,j] := sum[k](A[i,k] * B[k,j]) + bias[j]"
+    source, launch = rendered(statement, A=A, B=B, bias=bias)
+    assert launch.tiles and "tl.dot(" in source
+    got = ef.ein(statement, A=A, B=B, bias=bias, backend="triton")
+    np.testing.assert_allclose(got, A @ B + bias, rtol=1e-5, atol=1e-5)
+    dist, _ = rendered("D[i,j] := (w[k,i] - x[k,j])**2", w=np.ones((8, 40)),
+                       x=np.ones((8, 50)))
+    assert "tl.dot(" not in dist   # not a product of two loads

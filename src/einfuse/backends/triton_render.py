@@ -74,6 +74,9 @@ class TritonRenderer:
         self.T = {"float32": "tl.float32", "float64": "tl.float64"}[program.working]
         self.shape = "[BLOCK]"
         self.inline = set()   # row and lane loop variables: whole tensors, not loops
+        self.rename = {}      # loop variable -> tensor expression, while rendering tl.dot
+        self.rows_var = self.lanes_var = None
+        self.rows_count = self.lanes_count = None
 
     # -- the kernel ------------------------------------------------------------------------
     def render(self) -> Tuple[str, Launch]:
@@ -150,6 +153,10 @@ class TritonRenderer:
         variable is the loop inside the tile's body over ``count``."""
         var, count = name(loop.var), name(loop.count)
         self.inline.add(self.lane_var(loop))
+        if axis == 0:
+            self.rows_var, self.rows_count = self.lane_var(loop), count
+        else:
+            self.lanes_var, self.lanes_count = self.lane_var(loop), count
         return [f"    {var} = tl.program_id({axis}).to(tl.int64) * {size}",
                 f"    {count} = tl.minimum({size}, {self.affine(loop.extent)} - {var})",
                 f"    {self.lane_var(loop)} = {offsets}"]
@@ -172,7 +179,8 @@ class TritonRenderer:
 
     # -- integers ---------------------------------------------------------------------------
     def affine(self, a: ir.Affine) -> str:
-        parts = [f"{int(c)} * {name(n)}" if c != 1 else name(n) for n, c in a.terms]
+        shown = [self.rename.get(n, name(n)) for n, _ in a.terms]
+        parts = [f"{int(c)} * {n}" if c != 1 else n for n, (_, c) in zip(shown, a.terms)]
         if a.const or not parts:
             parts.append(str(int(a.const)))
         return "(" + " + ".join(parts) + ")"
@@ -193,9 +201,60 @@ class TritonRenderer:
         if node.var in self.inline:   # a row or lane loop: the whole tile at once
             return [line for stmt in node.body for line in self.stmt(stmt, depth)]
         pad = "    " * depth
+        dot = self.dot_operands(node)
+        if dot is not None:
+            return self.dot_loop(node, *dot, depth)
         lines = [f"{pad}for {name(node.var)} in range(0, {self.affine(node.extent)}):"]
         for stmt in node.body:
             lines += self.stmt(stmt, depth + 1)
+        return lines
+
+    # -- contractions as tl.dot -------------------------------------------------------------
+    def dot_operands(self, loop: ir.Loop):
+        """(accumulator, row-side load, lane-side load) when ``loop`` is a reduction whose
+        whole body, per tile element, is ``acc += A[row.., k] * B[k.., lane]`` in float32
+        with in-range reads: then the loop is a matrix product of tiles."""
+        if self.rows_var is None or self.T != "tl.float32" or loop.kind != "reduction":
+            return None
+        body = loop.body
+        while len(body) == 1 and isinstance(body[0], ir.Loop) and body[0].var in self.inline:
+            body = body[0].body
+        if len(body) != 1 or not isinstance(body[0], ir.Accumulate):
+            return None
+        step = body[0]
+        if step.op != "sum" or not isinstance(step.value, ir.Binary) or step.value.op != "*":
+            return None
+        pair = (step.value.left, step.value.right)
+        if not all(isinstance(p, ir.Load) and not p.is_index and all(
+                s.policy == "none" and not s.gathers for s in p.subscripts) for p in pair):
+            return None
+
+        def uses(load, var):
+            return any(var in sub.affine.names for sub in load.subscripts)
+        for a, b in (pair, pair[::-1]):
+            if uses(a, self.rows_var) and not uses(a, self.lanes_var) and \
+                    uses(b, self.lanes_var) and not uses(b, self.rows_var) and \
+                    uses(a, loop.var) and uses(b, loop.var):
+                return step.name, a, b
+        return None
+
+    def dot_loop(self, loop: ir.Loop, acc: str, a: ir.Load, b: ir.Load,
+                 depth: int) -> List[str]:
+        pad, var, extent = "    " * depth, name(loop.var), self.affine(loop.extent)
+        lines = [f"{pad}for {var}_b in range(0, {extent}, 32):",
+                 f"{pad}    kk_ = {var}_b + tl.arange(0, 32).to(tl.int64)"]
+        row_ok = f"({self.rows_var} < {self.rows_count})"
+        lane_ok = f"({self.lanes_var} < {self.lanes_count})"
+        for load, target, k_shape, mask in (
+                (a, "da_", "kk_[None, :]", f"{row_ok} & (kk_[None, :] < {extent})"),
+                (b, "db_", "kk_[:, None]", f"(kk_[:, None] < {extent}) & {lane_ok}")):
+            self.rename = {loop.var: k_shape}
+            address = self.address([self.affine(s.affine) for s in load.subscripts],
+                                   [s.stride for s in load.subscripts])
+            self.rename = {}
+            lines.append(f"{pad}    {target} = tl.load(t{int(load.buffer)} + {address}, "
+                         f"mask={mask}, other=0.0).to(tl.float32)")
+        lines.append(f"{pad}    {name(acc)} += tl.dot(da_, db_, input_precision=\"ieee\")")
         return lines
 
     def stmt_Accumulate(self, node: ir.Accumulate, depth: int) -> List[str]:
