@@ -87,3 +87,25 @@ def test_contractions_use_tl_dot_with_the_epilogue_fused():
     dist, _ = rendered("D[i,j] := (w[k,i] - x[k,j])**2", w=np.ones((8, 40)),
                        x=np.ones((8, 50)))
     assert "tl.dot(" not in dist   # not a product of two loads
+
+
+def test_torch_callers_get_tensors_without_a_host_round_trip():
+    torch = pytest.importorskip("torch")
+    A = torch.randn(20, 8)
+    B = torch.randn(8, 30)
+    C = ef.ein("C[i,j] := A[i,k] * B[k,j]", A=A, B=B, backend="triton")
+    assert isinstance(C, torch.Tensor) and C.device == A.device
+    torch.testing.assert_close(C, A @ B, rtol=1e-5, atol=1e-5)
+    out = torch.zeros(20, 30)
+    assert ef.ein("C[i,j] += A[i,k] * B[k,j]", A=A, B=B, C=out, backend="triton") is out
+    torch.testing.assert_close(out, A @ B, rtol=1e-5, atol=1e-5)
+
+
+def test_auto_picks_triton_for_cuda_tensors():
+    from types import SimpleNamespace
+    from einfuse.runtime.kernel import _backend_name
+    cuda = SimpleNamespace(framework="torch", sources={"A": SimpleNamespace(is_cuda=True)})
+    cpu = SimpleNamespace(framework="torch", sources={"A": SimpleNamespace(is_cuda=False)})
+    assert _backend_name("auto", cuda) == "triton"
+    assert _backend_name("auto", cpu) == "auto"
+    assert _backend_name("c", cuda) == "c"

@@ -14,7 +14,7 @@ import importlib.util
 import os
 import sys
 import threading
-from typing import Dict, List
+from typing import Dict
 
 import numpy as np
 
@@ -67,6 +67,48 @@ def _kernel_module(source: str):
         return module
 
 
+class _Layout:
+    """What the planner reads of an array (shape, byte strides, item size), for tensors."""
+
+    def __init__(self, shape, strides, itemsize):
+        self.shape, self.strides, self.itemsize = shape, strides, itemsize
+        self.ndim = len(shape)
+
+    @classmethod
+    def of(cls, tensor):
+        size = tensor.element_size()
+        return cls(tuple(tensor.shape), tuple(s * size for s in tensor.stride()), size)
+
+
+def _input_tensors(call):
+    """Kernel inputs as contiguous torch tensors in the working dtype (int64 for index
+    arrays): the caller's own tensors, on their device, when the caller passed torch
+    tensors; else tensors over the NumPy arrays."""
+    import torch
+    working = getattr(torch, call.dtypes.working.name)
+    tensors = []
+    for name, kind in buffer_slots(call.spec)[:-1]:
+        dtype = torch.int64 if kind == "index" else working
+        source = call.sources.get(name) if call.sources else None
+        if isinstance(source, torch.Tensor):
+            tensor = source.detach()
+        else:
+            array = np.asarray(call.arrays[name])
+            # torch refuses read-only memory (a broadcast view, a JAX buffer) and
+            # negative strides: those are copied
+            if not array.flags.writeable or any(st < 0 for st in array.strides):
+                array = np.array(array)
+            tensor = torch.from_numpy(array)
+            tensor = tensor.to(_device())
+        tensors.append(tensor.to(dtype).contiguous())
+    return tensors
+
+
+def _returned(result, call):
+    """The result stays a tensor (on its device) for a torch caller."""
+    return result if call.framework == "torch" else result.cpu().numpy()
+
+
 class TritonBackend:
     name = "triton"
 
@@ -75,7 +117,7 @@ class TritonBackend:
         return available()
 
     @staticmethod
-    def run(call) -> np.ndarray:
+    def run(call):
         from .c_backend import _bounds_mode
         from .numpy_backend import NumpyExecutor
         working = call.dtypes.working
@@ -89,25 +131,20 @@ class TritonBackend:
         import torch
         import triton
         from .triton_render import render_triton
-        arrays: List[np.ndarray] = []
-        for tensor, kind in buffer_slots(call.spec)[:-1]:
-            dtype = np.int64 if kind == "index" else working
-            array = np.ascontiguousarray(call.arrays[tensor], dtype=dtype)
-            # torch refuses read-only memory (a broadcast view, a JAX buffer)
-            arrays.append(array if array.flags.writeable else array.copy())
-        out = np.empty(call.output_shape, dtype=working)
-        if out.size == 0:
-            return out
-        layouts = tuple(unit_axis(a) for a in arrays + [out])
+        tensors = _input_tensors(call)
+        torch_dtype = getattr(torch, working.name)
+        device = tensors[0].device if tensors else _device()
+        result = torch.empty(call.output_shape, dtype=torch_dtype, device=device)
+        if result.numel() == 0:
+            return _returned(result, call)
+        shapes = [_Layout.of(t) for t in tensors + [result]]
+        layouts = tuple(unit_axis(layout) for layout in shapes)
         plan = plan_for(call.spec, working.name, call.options.pad is not None, bounds,
                         layouts, TILE[1], TILE, plain=True, blocks=True)
         source, launch = render_triton(plan.program)
         module = _kernel_module(source)
-        ints, doubles, _ = call_arguments(plan, call, arrays + [out])
-        device = _device()
-        tensors = [torch.from_numpy(a).to(device) for a in arrays]
-        result = torch.empty(out.shape, dtype=getattr(torch, working.name), device=device)
-        total = int(out.size)
+        ints, doubles, _ = call_arguments(plan, call, shapes)
+        total = int(result.numel())
         block = 1024 if interpreted() else 256
         kernel_ints = [int(v) for v in ints[:len(plan.int_args)]]
         params = [float(v) for v in doubles[:len(plan.params)]]
@@ -129,7 +166,7 @@ class TritonBackend:
                                         LANES=launch.lane_tile)
         else:
             module.einfuse_kernel[(triton.cdiv(total, block),)](*arguments, BLOCK=block)
-        return result.cpu().numpy()
+        return _returned(result, call)
 
     @staticmethod
     def strategy(call) -> str:

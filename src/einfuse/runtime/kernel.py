@@ -82,8 +82,12 @@ class Kernel:
     def run(self, call: BoundCall) -> np.ndarray:
         """The result as a NumPy array in the result dtype."""
         try:
-            backend = get_backend(self.options.backend)
-            return backend.run(call).astype(call.dtypes.result, copy=False)
+            backend = get_backend(_backend_name(self.options.backend, call))
+            result = backend.run(call)
+            if framework_of(result) == TORCH:   # a device-resident backend's tensor
+                import torch
+                return result.to(getattr(torch, call.dtypes.result.name))
+            return result.astype(call.dtypes.result, copy=False)
         except EinfuseError as error:
             raise attach_statement(error, self.statement) from None
         except RecursionError:
@@ -95,6 +99,8 @@ class Kernel:
         array for '=' and '+='."""
         spec = self.spec
         if spec.assign == ":=":
+            if framework_of(result) == TORCH:
+                return result
             return from_numpy(np.asarray(result), call.framework,
                               like=next(iter(call.arrays.values()), None))
         out = call.output
@@ -111,7 +117,9 @@ class Kernel:
             return out
         if call.framework == TORCH:
             import torch
-            value = torch.from_numpy(contiguous(result)).to(out.device, out.dtype)
+            value = result if isinstance(result, torch.Tensor) else \
+                torch.from_numpy(contiguous(result))
+            value = value.to(out.device, out.dtype)
             with torch.no_grad():
                 out.copy_(value) if spec.assign == "=" else out.add_(value)
             return out
@@ -119,6 +127,16 @@ class Kernel:
             f"'{spec.assign}' cannot write into a {call.framework} array, which is immutable;"
             " use ':=' and the framework's own update", span=spec.statement.output_span),
             self.statement)
+
+
+def _backend_name(requested: str, call: BoundCall) -> str:
+    """``auto`` means Triton for CUDA tensors (when Triton is there), else C or NumPy."""
+    if requested == "auto" and call.framework == TORCH and any(
+            getattr(value, "is_cuda", False) for value in (call.sources or {}).values()):
+        from ..backends.triton_backend import available
+        if available():
+            return "triton"
+    return requested
 
 
 def _has_jax_value(args, kwargs) -> bool:

@@ -39,6 +39,8 @@ def apply(kernel, call, run_forward):
         @staticmethod
         def forward(ctx, *inputs):
             result = run_forward()
+            if isinstance(result, torch.Tensor):   # already a tensor on its device
+                return result
             return torch.from_numpy(contiguous(result)).to(like.device)
 
         @staticmethod
