@@ -101,3 +101,15 @@ def test_assign_into_a_tensor():
 def test_mixing_frameworks_is_an_error():
     with pytest.raises(ef.EinfuseError, match="different frameworks"):
         ef.ein("C[i] := A[i] * B[i]", A=torch.ones(3), B=np.ones(3))
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_half_precision_tensors_compute_in_float32(dtype, backend):
+    A = torch.randn(6, 5).to(dtype).requires_grad_()
+    B = torch.randn(5, 4).to(dtype)
+    C = ef.ein("C[i,j] := (A[i,k] - B[k,j])**2", A=A, B=B, backend=backend)
+    assert C.dtype == dtype
+    want = ((A.float()[:, :, None] - B.float()[None]) ** 2).sum(1)
+    torch.testing.assert_close(C.float(), want, rtol=1e-2, atol=1e-2)
+    C.sum().backward()
+    assert A.grad.dtype == dtype and A.grad.shape == A.shape

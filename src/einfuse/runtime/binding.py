@@ -16,7 +16,7 @@ from ..analysis.spec import Spec
 from ..errors import (EinfuseTypeError, MissingArgumentError, ShapeError,
                       UnexpectedArgumentError)
 from ..lang.ast import accesses
-from .frameworks import common_framework, to_numpy
+from .frameworks import common_framework, is_bfloat16, to_numpy
 
 
 @dataclass
@@ -31,6 +31,7 @@ class BoundCall:
     framework: str
     output: object = None             # the caller's array for '=' / '+='
     sources: Dict[str, object] = None  # the caller's own objects, by name (for autograd)
+    bfloat16: bool = False            # every float input is a bfloat16 tensor: so is the result
 
     @property
     def output_shape(self) -> Tuple[int, ...]:
@@ -115,4 +116,9 @@ def bind_call(spec: Spec, options: Options, args, kwargs) -> BoundCall:
     bounds = _ranges_for(spec, tuple((n, a.shape) for n, a in arrays.items()), options,
                          output_shape)
     dtypes = resolve_dtypes(spec, {n: a.dtype for n, a in arrays.items()}, params, options)
-    return BoundCall(spec, options, arrays, params, bounds, dtypes, framework, output, named)
+    float_inputs = [named[t.name] for t in spec.tensors if t.as_value
+                    and arrays[t.name].dtype.kind == "f"]
+    bfloat16 = bool(float_inputs) and all(is_bfloat16(v) for v in float_inputs) and \
+        options.dtype is None and dtypes.result == np.float32
+    return BoundCall(spec, options, arrays, params, bounds, dtypes, framework, output, named,
+                     bfloat16)

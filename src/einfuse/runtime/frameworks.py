@@ -42,8 +42,15 @@ def common_framework(arrays: Mapping[str, object]) -> str:
 def to_numpy(value) -> np.ndarray:
     framework = framework_of(value)
     if framework == TORCH:
-        return value.detach().cpu().numpy()
+        value = value.detach().cpu()
+        if is_bfloat16(value):   # NumPy has no bfloat16: computed in float32
+            value = value.float()
+        return value.numpy()
     return np.asarray(value)
+
+
+def is_bfloat16(value) -> bool:
+    return framework_of(value) == TORCH and str(value.dtype) == "torch.bfloat16"
 
 
 def contiguous(array: np.ndarray) -> np.ndarray:

@@ -84,6 +84,11 @@ class Kernel:
         try:
             backend = get_backend(_backend_name(self.options.backend, call))
             result = backend.run(call)
+            if call.bfloat16:   # computed in float32, returned as the inputs were
+                import torch
+                tensor = result if framework_of(result) == TORCH else \
+                    torch.from_numpy(contiguous(np.asarray(result)))
+                return tensor.to(torch.bfloat16)
             if framework_of(result) == TORCH:   # a device-resident backend's tensor
                 import torch
                 return result.to(getattr(torch, call.dtypes.result.name))

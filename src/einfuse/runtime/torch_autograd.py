@@ -11,7 +11,7 @@ from typing import List
 import torch
 
 from . import gradients
-from .frameworks import contiguous
+from .frameworks import contiguous, to_numpy
 
 
 def differentiable_names(call) -> List[str]:
@@ -50,7 +50,7 @@ def apply(kernel, call, run_forward):
             wanted = [name for name, needed in zip(names, ctx.needs_input_grad) if needed]
             found = gradients.compute_gradients(
                 kernel.statement, call.options, call.spec.output, arrays,
-                grad_output.detach().cpu().numpy(), wanted)
+                to_numpy(grad_output), wanted)
             return tuple(torch.as_tensor(found[name]).to(tensor.device, tensor.dtype)
                          .reshape(tensor.shape) if name in found else None
                          for name, tensor in zip(names, tensors))
