@@ -36,8 +36,7 @@ def run_c(statement, **kwargs):
 
 def run_numpy(statement, **kwargs):
     call = bind(statement, **kwargs)
-    return NumpyExecutor(call.spec, call.bounds, call.arrays, call.params, call.dtypes,
-                         call.options).run()
+    return NumpyExecutor.for_call(call).run()
 
 
 def same(statement, rtol=1e-12, **kwargs):

@@ -80,3 +80,17 @@ def test_register_blocked_outputs_with_remainders(statement, n, m):
         del arrays["z"]
     got, want = both(statement, **arrays)
     np.testing.assert_allclose(got, want, rtol=1e-10)
+
+
+@pytest.mark.parametrize("backend_name", ["c", "numpy"])
+def test_an_empty_index_array_does_not_excuse_other_gathers(backend_name):
+    """Regression: an empty index array once marked every gather of the statement as
+    verified, and the C kernel then read x far out of bounds (a crash)."""
+    with pytest.raises(ef.EinfuseError, match="100000000"):
+        ef.ein("y[i] := sum[b](z[jdx[b]]) + x[idx[i]]", x=np.arange(3.0), z=np.arange(4.0),
+               idx=np.array([0, 100000000]), jdx=np.zeros(0, dtype=np.int64),
+               backend=backend_name)
+    got = ef.ein("y[i] := sum[b](z[jdx[b]]) + x[idx[i]]", x=np.arange(3.0),
+                 z=np.arange(4.0), idx=np.array([2, 0]), jdx=np.zeros(0, dtype=np.int64),
+                 backend=backend_name)
+    np.testing.assert_array_equal(got, [2.0, 0.0])

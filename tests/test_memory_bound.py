@@ -44,8 +44,7 @@ def test_paper_sized_dist_plan_is_bounded():
     kernel = ef.compile("D[i,j] := (w[k,i] - x[k,j])**2", backend="numpy")
     w = np.broadcast_to(np.zeros((), np.float64), (784, 4096))
     call = kernel.bind(w=w, x=w)
-    executor = NumpyExecutor(call.spec, call.bounds, call.arrays, call.params, call.dtypes,
-                             call.options)
+    executor = NumpyExecutor.for_call(call)
     blocks = executor.split(call.spec.output_indices, executor.budget)
     block_elements = max(hi - lo for lo, hi in blocks[0]) * max(hi - lo for lo, hi in blocks[1])
     chunks = executor.split(("k",), executor.budget, outer=block_elements)

@@ -14,12 +14,12 @@ pytestmark = pytest.mark.skipif(not triton_backend.available(),
 
 
 def rendered(statement, **arrays):
-    from einfuse.backends.c_backend import _bounds_mode
+    from einfuse.plan.gathers import bounds_mode
     from einfuse.backends.triton_render import render_triton
     from einfuse.plan import plan_for, unit_axis
     call = ef.compile(statement).bind(**arrays)
     layouts = tuple(unit_axis(np.asarray(a)) for a in call.arrays.values()) + (1,)
-    plan = plan_for(call.spec, call.dtypes.working.name, False, _bounds_mode(call),
+    plan = plan_for(call.spec, call.dtypes.working.name, False, bounds_mode(call),
                     layouts, 32, triton_backend.TILE, plain=True, blocks=True)
     return render_triton(plan.program)
 

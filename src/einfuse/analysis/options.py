@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 import numbers
 from dataclasses import dataclass
 from typing import Mapping, Optional, Tuple
@@ -118,6 +117,3 @@ def _memory_limit(limit) -> int:
         raise OptionError(f"memory_limit= takes a byte count of at least 1024, not {limit!r}")
     return int(limit)
 
-
-def is_finite(value: float) -> bool:
-    return math.isfinite(value)

@@ -22,14 +22,11 @@ class NumpyBackend:
 
     @staticmethod
     def run(call):
-        return NumpyExecutor(call.spec, call.bounds, call.arrays, call.params, call.dtypes,
-                             call.options).run()
+        return NumpyExecutor.for_call(call).run()
 
     @staticmethod
     def strategy(call) -> str:
-        executor = NumpyExecutor(call.spec, call.bounds, call.arrays, call.params,
-                                 call.dtypes, call.options)
-        return executor.describe()
+        return NumpyExecutor.for_call(call).describe()
 
 
 _BACKENDS = {"numpy": NumpyBackend, "c": CBackend, "triton": TritonBackend}

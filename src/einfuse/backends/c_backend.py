@@ -19,6 +19,7 @@ import numpy as np
 from ..errors import BackendError, EinfuseWarning
 from ..plan import buffer_slots, call_arguments, plan_for, unit_axis
 from ..plan.contraction import match_contraction, run_contraction
+from ..plan.gathers import bounds_mode
 from . import c_build
 from .c_pack import pack_axis
 from .c_render import render_c
@@ -77,7 +78,7 @@ def _buffers(call) -> List[np.ndarray]:
 
 def _plan(call, layouts):
     return plan_for(call.spec, call.dtypes.working.name, call.options.pad is not None,
-                    _bounds_mode(call), tuple(layouts), tile_for(call.dtypes.working),
+                    bounds_mode(call), tuple(layouts), tile_for(call.dtypes.working),
                     block_for(call.dtypes.working), _short_indices(call))
 
 
@@ -124,44 +125,10 @@ def _pack_for_lanes(call, plan, buffers: List[np.ndarray]) -> bool:
     return packed
 
 
-def _bounds_mode(call) -> str:
-    """bounds= as the kernel sees it: under 'check'/'promise', gathers whose index arrays
-    are all in range (found by one vectorised min/max per index array, O(its size)) need
-    no per-element test in the kernel, which then vectorises ('verified')."""
-    bounds = call.options.bounds
-    if bounds in ("check", "promise") and _gathers_in_range(call):
-        return "verified"
-    return bounds
-
-
-def _gathers_in_range(call) -> bool:
-    from ..analysis.ranges import subscript_span
-    from ..lang.ast import IndexExpr, accesses
-    ranges = call.bounds.range_map
-    extremes = {}
-    for access in accesses(call.spec.rhs):
-        for axis, sub in enumerate(access.indices):
-            if not sub.gathers:
-                continue
-            low, high = subscript_span(IndexExpr(sub.terms, (), sub.constant), ranges)
-            for gathered, coeff in sub.gathers:
-                name = gathered.tensor
-                if name not in extremes:
-                    values = call.arrays[name]
-                    if values.size == 0:
-                        return True  # an empty index array: nothing is ever read
-                    extremes[name] = (int(values.min()), int(values.max()))
-                g_low, g_high = (coeff * v for v in extremes[name])
-                low, high = low + min(g_low, g_high), high + max(g_low, g_high)
-            if low < 0 or high >= call.arrays[access.tensor].shape[axis]:
-                return False
-    return True
-
-
 def kernel_functions(call, layouts):
     """(plan, [ctypes function per IR kernel]) for this call's statement and layout."""
     key = (call.spec, call.dtypes.working.name, call.options.pad is not None,
-           _bounds_mode(call), tuple(layouts), _short_indices(call))
+           bounds_mode(call), tuple(layouts), _short_indices(call))
     found = _kernels.get(key)
     if found is None:
         plan = _plan(call, layouts)
@@ -229,8 +196,7 @@ class CBackend:
             # nothing out of bounds.  The reference finds the first offending value
             # and raises the exact error.
             from .numpy_backend import NumpyExecutor
-            NumpyExecutor(call.spec, call.bounds, call.arrays, call.params, call.dtypes,
-                          options).run()
+            NumpyExecutor.for_call(call).run()
             raise BackendError("the C kernel flagged an out-of-bounds gather that the "
                                "reference did not find")
         return out

@@ -72,6 +72,12 @@ class NumpyExecutor:
         self.values: Dict[str, np.ndarray] = {}  # filled by run(): describe() reads no data
         self.output_offsets = {name: self.ranges[name][0] for name in spec.output_indices}
 
+    @classmethod
+    def for_call(cls, call) -> "NumpyExecutor":
+        """The executor for a bound call (runtime.binding.BoundCall)."""
+        return cls(call.spec, call.bounds, call.arrays, call.params, call.dtypes,
+                   call.options)
+
     def cast(self, array: np.ndarray) -> np.ndarray:
         return array.astype(self.working, copy=False)
 

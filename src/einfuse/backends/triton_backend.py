@@ -118,16 +118,14 @@ class TritonBackend:
 
     @staticmethod
     def run(call):
-        from .c_backend import _bounds_mode
+        from ..plan.gathers import bounds_mode
         from .numpy_backend import NumpyExecutor
         working = call.dtypes.working
         if working.kind != "f" or working.itemsize < 4:
-            return NumpyExecutor(call.spec, call.bounds, call.arrays, call.params,
-                                 call.dtypes, call.options).run()
-        bounds = _bounds_mode(call)
+            return NumpyExecutor.for_call(call).run()
+        bounds = bounds_mode(call)
         if bounds in ("check", "promise"):  # an index value is out of range: raise
-            NumpyExecutor(call.spec, call.bounds, call.arrays, call.params, call.dtypes,
-                          call.options).run()
+            NumpyExecutor.for_call(call).run()
         import torch
         import triton
         from .triton_render import render_triton
