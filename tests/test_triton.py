@@ -1,6 +1,7 @@
 """The Triton renderer and backend (run on the CPU under TRITON_INTERPRET=1, which
 conftest sets).  The backend-parametrised suite also runs on "triton"."""
 
+import json
 import re
 
 import numpy as np
@@ -109,3 +110,114 @@ def test_auto_picks_triton_for_cuda_tensors():
     assert _backend_name("auto", cuda) == "triton"
     assert _backend_name("auto", cpu) == "auto"
     assert _backend_name("c", cuda) == "c"
+
+
+# -- device residency: nothing of a torch caller's goes through NumPy -----------------------
+DEVICE_CASES = [
+    ("D[i,j] := (w[k,i] - x[k,j])**2", {"w": (5, 7), "x": (5, 9)}),
+    ("E[b,d] := W[idx[b], d]", {"W": (6, 3)}),
+    ("o[i,j] := img[i+a, j+b] * ker[a,b]", {"img": (7, 6), "ker": (2, 3)}),
+    ("o[i] := sum[j](exp(-sum[d]((x[i,d]-y[j,d])**2)) * b[j])",
+     {"x": (4, 3), "y": (5, 3), "b": (5,)}),
+    ("y[b,o] := sum[i](x[b,i]*W[i,o]) + bias[o]", {"x": (3, 4), "W": (4, 5), "bias": (5,)}),
+    ("z[i] := logsumexp[j](X[i,j])", {"X": (3, 6)}),
+]
+
+
+@pytest.mark.parametrize("statement, shapes", DEVICE_CASES, ids=[c[0] for c in DEVICE_CASES])
+def test_forward_and_gradients_stay_torch_tensors(statement, shapes, monkeypatch):
+    """With Triton, a torch caller's forward and backward run on its tensors where they
+    are: converting any tensor to NumPy (a device-to-host copy on a GPU) fails here."""
+    torch = pytest.importorskip("torch")
+    from einfuse.runtime import binding, torch_autograd
+    gen = torch.Generator().manual_seed(0)
+    inputs = {n: torch.randn(s, generator=gen, dtype=torch.float64).requires_grad_()
+              for n, s in shapes.items()}
+    if "idx" in statement:
+        inputs["idx"] = torch.tensor([5, 0, 5, 2], dtype=torch.int32)
+    want = ef.ein(statement, backend="numpy", **inputs)
+    want.sum().backward()
+    want_grads = {n: t.grad.clone() for n, t in inputs.items() if t.is_floating_point()}
+    for t in inputs.values():
+        t.grad = None
+
+    def no_host_copy(value):
+        raise AssertionError(f"a {type(value).__name__} was copied to NumPy")
+    monkeypatch.setattr(binding, "to_numpy", no_host_copy)
+    monkeypatch.setattr(torch_autograd, "to_numpy", no_host_copy)
+    got = ef.ein(statement, backend="triton", **inputs)
+    torch.testing.assert_close(got, want)
+    got.sum().backward()
+    for name, grad in want_grads.items():
+        torch.testing.assert_close(inputs[name].grad, grad, msg=f"d{name}")
+
+
+def test_half_precision_inputs_reach_tl_dot_as_stored():
+    from einfuse.backends.triton_render import render_triton
+    from einfuse.plan import plan_for
+    call = ef.compile("C[i,j] := A[i,k] * B[k,j]").bind(A=np.ones((40, 30), np.float16),
+                                                       B=np.ones((30, 20), np.float16))
+    plan = plan_for(call.spec, "float32", False, "check", (1, 1, 1), 32,
+                    triton_backend.TILE, plain=True, blocks=True)
+    native, _ = render_triton(plan.program, ("float16",) * 3, native_dot=True)
+    converted, _ = render_triton(plan.program, ("float16",) * 3, native_dot=False)
+    assert "tl.dot(da_, db_)" in native and "other=0.0).to(tl.float32)" not in native
+    assert 'input_precision="ieee"' in converted and ".to(tl.float32)" in converted
+    mixed, _ = render_triton(plan.program, ("float16", "float32", "float16"))
+    assert 'input_precision="ieee"' in mixed   # operands of two dtypes: both as float32
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_half_precision_results_are_stored_in_their_dtype(dtype):
+    torch = pytest.importorskip("torch")
+    gen = torch.Generator().manual_seed(1)
+    A = torch.randn(33, 40, generator=gen).to(getattr(torch, dtype))
+    B = torch.randn(40, 17, generator=gen).to(getattr(torch, dtype))
+    C = ef.ein("C[i,j] := A[i,k] * B[k,j]", A=A, B=B, backend="triton")
+    assert C.dtype == A.dtype
+    # float32 accumulation: within one rounding of the 16-bit result
+    torch.testing.assert_close(C.float(), (A.float() @ B.float()).to(A.dtype).float(),
+                               rtol=1e-2, atol=0.15)
+
+
+# -- block-size tuning --------------------------------------------------------------------
+def test_autotune_searches_once_per_shape_bucket_and_caches_on_disk(tmp_path, monkeypatch):
+    from einfuse.backends import triton_tuning
+    monkeypatch.setenv("EINFUSE_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("EINFUSE_TRITON_AUTOTUNE", "1")
+    triton_tuning.forget_memory()
+    searched = []
+    original = triton_tuning.search
+
+    def counting(configs, launch_with, on_gpu):
+        searched.append(len(configs))
+        return original(configs, launch_with, on_gpu)
+    monkeypatch.setattr(triton_tuning, "search", counting)
+    rng = np.random.default_rng(0)
+    statement = "D[i,j] := (w[k,i] - x[k,j])**2"
+    for n in (20, 24):   # one bucket (16..31)
+        w, x = rng.standard_normal((3, n)), rng.standard_normal((3, n + 1))
+        np.testing.assert_allclose(ef.ein(statement, w=w, x=x, backend="triton"),
+                                   ((w[:, :, None] - x[:, None, :]) ** 2).sum(0))
+    assert searched == [2]
+    stored = json.loads((tmp_path / "triton_tuning.json").read_text())
+    assert len(stored) == 1 and set(next(iter(stored.values()))) >= {"rows", "lanes"}
+    triton_tuning.forget_memory()   # a new process: the choice comes from the disk
+    ef.ein(statement, w=w, x=x, backend="triton")
+    assert searched == [2]
+    w, x = rng.standard_normal((3, 70)), rng.standard_normal((3, 70))
+    ef.ein(statement, w=w, x=x, backend="triton")   # another bucket: a new search
+    assert searched == [2, 2] and len(json.loads(
+        (tmp_path / "triton_tuning.json").read_text())) == 2
+    triton_tuning.forget_memory()
+
+
+def test_autotune_skips_candidates_that_fail():
+    from einfuse.backends.triton_tuning import Config, search
+
+    def launch(config):
+        if config.rows == 16:
+            raise RuntimeError("out of resources")
+    assert search([Config(16), Config(32)], launch, on_gpu=False) == Config(32)
+    with pytest.raises(RuntimeError, match="no Triton launch configuration ran"):
+        search([Config(16)], launch, on_gpu=False)

@@ -10,6 +10,7 @@ import numpy as np
 
 from ..errors import OutOfBoundsError, RangeError
 from ..lang.ast import IndexExpr
+from ..runtime.frameworks import TORCH, framework_of
 from ..runtime.kernel import compile as ef_compile, ein
 from .derive import AxisOf, GradientStatement, NoGradientError
 
@@ -70,11 +71,14 @@ def resolve_options(g: GradientStatement, arrays: Mapping[str, object]) -> Dict[
 
 
 def run_reference(grads: Iterable[GradientStatement], arrays: Mapping[str, object], *,
-                  backend: str = "numpy") -> Dict[str, np.ndarray]:
+                  backend: str = "numpy") -> Dict[str, object]:
     """Evaluate gradient statements: ``arrays`` holds the forward's inputs and dOUT.
     Returns {target: gradient}; gathers run with ``ef.ein``, scatters add with
-    ``np.add.at``."""
-    out: Dict[str, np.ndarray] = {}
+    ``np.add.at``.  When dOUT is a torch tensor, everything stays torch tensors on its
+    device (a GPU backward never visits the host): scatters add with ``index_put_``."""
+    out: Dict[str, object] = {}
+    ops = _TorchOps(arrays[next(g.output_grad for g in grads)]) if _on_torch(grads, arrays) \
+        else _NumpyOps()
     todo = []
     for g in grads:
         todo.extend(g.fallback if g.fallback and not g.covers(arrays) else [g])
@@ -83,49 +87,122 @@ def run_reference(grads: Iterable[GradientStatement], arrays: Mapping[str, objec
         args = {n: arrays[n] for n in g.inputs}
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            values = np.asarray(ein(g.text, backend=backend, **options, **args))
-        shape = np.shape(arrays[g.wrt])
+            values = ops.result(ein(g.text, backend=backend, **options, **args))
         if g.kind == "gather":
             # ein returns a fresh array: it can be the gradient itself, no copy
             out[g.target] = out[g.target] + values if g.target in out else values
             continue
         if g.target not in out:
             # accumulate in the gradient's own float dtype, as frameworks do
-            dtype = values.dtype if values.dtype.kind == "f" else np.dtype(np.float64)
-            out[g.target] = np.zeros(shape, dtype=dtype)
-        _scatter_add(out[g.target], g, values, options, arrays)
+            out[g.target] = ops.zeros(np.shape(arrays[g.wrt]), values)
+        _scatter_add(ops, out[g.target], g, values, options, arrays)
     return out
 
 
-def _scatter_add(target: np.ndarray, g: GradientStatement, values: np.ndarray, options,
-                 arrays):
+def _on_torch(grads, arrays) -> bool:
+    grads = list(grads)
+    return bool(grads) and framework_of(arrays.get(grads[0].output_grad)) == TORCH
+
+
+class _NumpyOps:
+    """The array operations a scatter needs, on NumPy arrays."""
+
+    @staticmethod
+    def result(value):
+        return np.asarray(value)
+
+    @staticmethod
+    def zeros(shape, like):
+        dtype = like.dtype if like.dtype.kind == "f" else np.dtype(np.float64)
+        return np.zeros(shape, dtype=dtype)
+
+    @staticmethod
+    def arange(lo, hi, shape):
+        return np.arange(lo, hi).reshape(shape)
+
+    @staticmethod
+    def table(value):
+        return np.asarray(value)
+
+    @staticmethod
+    def broadcast(values, shape):
+        return np.broadcast_to(values, shape)
+
+    @staticmethod
+    def take(table, where):
+        return table[np.broadcast_arrays(*where)] if where else table[()]
+
+    @staticmethod
+    def add_at(target, positions, values, keep):
+        np.add.at(target, tuple(p[keep] for p in positions), values[keep])
+
+
+class _TorchOps:
+    """The same on torch tensors, on the device of dOUT."""
+
+    def __init__(self, like):
+        import torch
+        self.torch, self.device = torch, like.device
+
+    def result(self, value):
+        return value if framework_of(value) == TORCH else \
+            self.torch.as_tensor(np.asarray(value), device=self.device)
+
+    def zeros(self, shape, like):
+        dtype = like.dtype if like.dtype.is_floating_point else self.torch.float64
+        return self.torch.zeros(shape, dtype=dtype, device=self.device)
+
+    def arange(self, lo, hi, shape):
+        return self.torch.arange(lo, hi, device=self.device).reshape(shape)
+
+    def table(self, value):
+        return value if framework_of(value) == TORCH else \
+            self.torch.as_tensor(np.asarray(value), device=self.device)
+
+    def broadcast(self, values, shape):
+        return self.torch.as_tensor(values, device=self.device).expand(shape)
+
+    def take(self, table, where):
+        if not where:
+            return table[()]
+        where = [self.torch.as_tensor(w, device=self.device).long() for w in where]
+        return table[self.torch.broadcast_tensors(*where)]
+
+    def add_at(self, target, positions, values, keep):
+        # index_put_ with accumulate: repeated positions add up (atomics on a GPU)
+        target.index_put_(tuple(p[keep].long() for p in positions),
+                          values[keep].to(target.dtype), accumulate=True)
+
+
+def _scatter_add(ops, target, g: GradientStatement, values, options, arrays):
     indices = g.spec.output_indices
     grid = {}
     for pos, name in enumerate(indices):
         rng = options["ranges"][name]
         shape = [1] * len(indices)
         shape[pos] = len(rng)
-        grid[name] = np.arange(rng.start, rng.stop).reshape(shape)
+        grid[name] = ops.arange(rng.start, rng.stop, shape)
     bounds = options.get("bounds", "check")
-    keep = np.ones(values.shape, dtype=bool)
+    keep = ops.broadcast(True, tuple(values.shape))
     positions = []
     for axis, sub in enumerate(g.scatter):
         n = target.shape[axis]
-        where = np.broadcast_to(_evaluate(sub, grid, arrays), values.shape)
+        where = ops.broadcast(_evaluate(ops, sub, grid, arrays), tuple(values.shape))
         outside = (where < 0) | (where >= n)
         if sub.gathers and bounds == "clip":
-            where = np.clip(where, 0, n - 1)
+            where = where.clip(0, n - 1)
         elif sub.gathers and bounds == "wrap":
-            where = np.mod(where, n)
-        elif sub.gathers and bounds in ("check", "promise") and outside.any():
-            bad = where[outside].flat[0]
+            where = where % n   # both libraries' % is non-negative for n > 0
+        elif sub.gathers and bounds in ("check", "promise") and bool(outside.any()):
+            bad = int(where[outside].reshape(-1)[0])
             raise OutOfBoundsError(f"{g.description}: index value {bad} is outside "
                                    f"0..{n - 1} (axis {axis} of {g.wrt})")
         else:   # fill, or a padded affine read: the value read did not come from wrt
-            keep &= ~outside
+            keep = keep & ~outside
         positions.append(where)
-    if not _add_rows(target, g, values, positions, keep):
-        np.add.at(target, tuple(p[keep] for p in positions), values[keep])
+    if isinstance(ops, _NumpyOps) and _add_rows(target, g, values, positions, keep):
+        return
+    ops.add_at(target, positions, values, keep)
 
 
 def _add_rows(target: np.ndarray, g: GradientStatement, values: np.ndarray, positions,
@@ -154,13 +231,11 @@ def _add_rows(target: np.ndarray, g: GradientStatement, values: np.ndarray, posi
     return True
 
 
-def _evaluate(sub: IndexExpr, grid, arrays):
-    value = np.asarray(sub.constant)
+def _evaluate(ops, sub: IndexExpr, grid, arrays):
+    value = sub.constant
     for name, coeff in sub.terms:
         value = value + coeff * grid[name]
     for access, coeff in sub.gathers:
-        where = tuple(_evaluate(s, grid, arrays) for s in access.indices)
-        table = np.asarray(arrays[access.tensor])
-        value = value + coeff * table[np.broadcast_arrays(*where)] if where \
-            else value + coeff * table[()]
+        where = tuple(_evaluate(ops, s, grid, arrays) for s in access.indices)
+        value = value + coeff * ops.take(ops.table(arrays[access.tensor]), where)
     return value

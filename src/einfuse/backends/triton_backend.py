@@ -5,7 +5,11 @@ GPU, or on the CPU under ``TRITON_INTERPRET=1`` (how CI checks this code path).
 Statements whose working dtype is not float32/float64 run on the NumPy reference (the
 Triton kernels compute in floating point).  Gathers under bounds='check'/'promise' are
 verified before the launch, as in the C backend; a bad index value raises the
-reference's error and nothing is read out of bounds."""
+reference's error and nothing is read out of bounds.
+
+Block sizes come from :mod:`einfuse.backends.triton_tuning`; :class:`Prepared` (the
+kernel, its scalars and grid) is what both the torch launcher here and the JAX one
+(:mod:`einfuse.runtime.jax_triton`) launch."""
 
 from __future__ import annotations
 
@@ -14,15 +18,17 @@ import importlib.util
 import os
 import sys
 import threading
-from typing import Dict
+from dataclasses import dataclass
+from typing import Dict, Sequence, Tuple
 
 import numpy as np
 
 from ..plan import buffer_slots, call_arguments, plan_for, unit_axis
-from . import c_build
+from . import c_build, triton_tuning as tuning
+from .triton_render import Launch
 
 _modules: Dict[str, object] = {}
-# (rows, lanes) of an output tile: 32 x 32 fp32 accumulators per program
+# (rows, lanes) the planner tiles by; the launch's ROWS/LANES are the tuner's choice
 TILE = (32, 32)
 _lock = threading.Lock()
 
@@ -68,27 +74,44 @@ def _kernel_module(source: str):
 
 
 class _Layout:
-    """What the planner reads of an array (shape, byte strides, item size), for tensors."""
+    """What the planner reads of an array (shape, byte strides, item size, dtype name),
+    for torch tensors and for JAX's row-major buffers alike."""
 
-    def __init__(self, shape, strides, itemsize):
-        self.shape, self.strides, self.itemsize = shape, strides, itemsize
+    def __init__(self, shape, strides, itemsize, dtype: str):
+        self.shape, self.strides, self.itemsize, self.dtype = shape, strides, itemsize, dtype
         self.ndim = len(shape)
 
     @classmethod
     def of(cls, tensor):
         size = tensor.element_size()
-        return cls(tuple(tensor.shape), tuple(s * size for s in tensor.stride()), size)
+        return cls(tuple(tensor.shape), tuple(s * size for s in tensor.stride()), size,
+                   str(tensor.dtype).rsplit(".", 1)[-1])
+
+    @classmethod
+    def row_major(cls, shape, dtype):
+        dtype = np.dtype(dtype) if str(dtype) != "bfloat16" else None
+        itemsize = dtype.itemsize if dtype is not None else 2
+        strides, step = [], itemsize
+        for extent in reversed(shape):
+            strides.append(step)
+            step *= max(1, int(extent))
+        name = dtype.name if dtype is not None else "bfloat16"
+        return cls(tuple(shape), tuple(reversed(strides)), itemsize, name)
+
+
+def _torch_dtype_name(tensor) -> str:
+    return str(tensor.dtype).rsplit(".", 1)[-1]
 
 
 def _input_tensors(call):
-    """Kernel inputs as contiguous torch tensors in the working dtype (int64 for index
-    arrays): the caller's own tensors, on their device, when the caller passed torch
-    tensors; else tensors over the NumPy arrays."""
+    """Kernel inputs as torch tensors: a caller's tensor as it is -- on its device, in
+    its own float dtype (float16/bfloat16 are converted in registers, not copied to
+    float32 first) and with its own strides; integer index arrays as they are; NumPy
+    arrays wrapped, on the kernel's device."""
     import torch
     working = getattr(torch, call.dtypes.working.name)
     tensors = []
     for name, kind in buffer_slots(call.spec)[:-1]:
-        dtype = torch.int64 if kind == "index" else working
         source = call.sources.get(name) if call.sources else None
         if isinstance(source, torch.Tensor):
             tensor = source.detach()
@@ -98,15 +121,112 @@ def _input_tensors(call):
             # negative strides: those are copied
             if not array.flags.writeable or any(st < 0 for st in array.strides):
                 array = np.array(array)
-            tensor = torch.from_numpy(array)
-            tensor = tensor.to(_device())
-        tensors.append(tensor.to(dtype).contiguous())
+            tensor = torch.from_numpy(array).to(_device())
+        if kind == "index":
+            if tensor.dtype not in (torch.int32, torch.int64):
+                tensor = tensor.to(torch.int64)
+        elif not tensor.dtype.is_floating_point:   # bool/int values: computed as floats
+            tensor = tensor.to(working)
+        tensors.append(tensor)
     return tensors
+
+
+def _result_dtype(call):
+    """The output's storage dtype: float16/bfloat16 results are stored as such (the
+    kernel accumulates in float32 and converts once, at the store)."""
+    import torch
+    if call.bfloat16:
+        return torch.bfloat16
+    result = call.dtypes.result
+    if result.kind == "f" and result.itemsize < call.dtypes.working.itemsize:
+        return getattr(torch, result.name)
+    return getattr(torch, call.dtypes.working.name)
+
+
+@dataclass
+class Prepared:
+    """A rendered, imported kernel and everything one launch of it needs except the
+    arrays and the block sizes: shared by the torch launcher and the JAX one."""
+    kernel: object                # the @triton.jit function
+    launch: Launch
+    scalars: Tuple                # runtime ints, parameters, pad, fill, total: in order
+    int_values: Dict[str, int]    # the kernel's int arguments by name (grid extents)
+    tuning_key: str
+    total: int
+
+    def grid(self, config: tuning.Config):
+        import triton
+        if not self.launch.tiles:
+            return (triton.cdiv(self.total, config.block),)
+
+        def extent(affine):
+            return affine.const + sum(c * self.int_values[n] for n, c in affine.terms)
+        outer = 1
+        for affine in self.launch.outer:
+            outer *= extent(affine)
+        rows = extent(self.launch.rows) if self.launch.rows is not None else 1
+        sizes = config.constexprs(True, self.launch.rows is not None)
+        return (triton.cdiv(rows, sizes["ROWS"]),
+                triton.cdiv(extent(self.launch.lanes), sizes["LANES"]), outer)
+
+    def constexprs(self, config: tuning.Config) -> Dict[str, int]:
+        return config.constexprs(self.launch.tiles, self.launch.rows is not None)
+
+
+def prepare(call, layouts: Sequence[_Layout], bounds: str, native_dot: bool) -> Prepared:
+    """Plan, render and import the kernel for these buffer layouts (the inputs' and the
+    output's) and gather its scalar arguments."""
+    from .triton_render import render_triton
+    working = call.dtypes.working
+    axes = tuple(unit_axis(layout) for layout in layouts)
+    plan = plan_for(call.spec, working.name, call.options.pad is not None, bounds,
+                    axes, TILE[1], TILE, plain=True, blocks=True)
+    dtypes = tuple(layout.dtype for layout in layouts)
+    source, launch = render_triton(plan.program, dtypes, native_dot)
+    module = _kernel_module(source)
+    ints, doubles, _ = call_arguments(plan, call, layouts)
+    kernel_ints = [int(v) for v in ints[:len(plan.int_args)]]
+    params = [float(v) for v in doubles[:len(plan.params)]]
+    pad = call.options.pad if call.options.pad is not None else 0.0
+    total = int(np.prod(call.output_shape, dtype=np.int64))
+    scalars = (*kernel_ints, *params, float(pad), float(call.options.fill), total)
+    source_hash = hashlib.sha256(source.encode()).hexdigest()[:16]
+    return Prepared(module.einfuse_kernel, launch, scalars,
+                    dict(zip(plan.program.kernels[0].ints, kernel_ints)),
+                    tuning.tuning_key(source_hash, dtypes, kernel_ints), total)
+
+
+def choose_config(prepared: Prepared, launch_with, on_gpu: bool) -> tuning.Config:
+    """The cached choice for this kernel and shape bucket, else a search (on a GPU, or
+    when EINFUSE_TRITON_AUTOTUNE=1), else the default."""
+    found = tuning.lookup(prepared.tuning_key)
+    if found is not None:
+        return found
+    tiles, has_rows = prepared.launch.tiles, prepared.launch.rows is not None
+    if not on_gpu and os.environ.get("EINFUSE_TRITON_AUTOTUNE") != "1":
+        return tuning.default_config(tiles, True)
+    best = tuning.search(tuning.candidates(tiles, has_rows, not on_gpu), launch_with,
+                         on_gpu)
+    tuning.remember(prepared.tuning_key, best)
+    return best
 
 
 def _returned(result, call):
     """The result stays a tensor (on its device) for a torch caller."""
-    return result if call.framework == "torch" else result.cpu().numpy()
+    return result if call.framework == "torch" else result.float().cpu().numpy() \
+        if result.dtype == _bfloat16() else result.cpu().numpy()
+
+
+def _bfloat16():
+    import torch
+    return torch.bfloat16
+
+
+def host_fallback(call) -> bool:
+    """Statements whose working dtype is not float32/float64 run on the NumPy
+    reference (the Triton kernels compute in floating point)."""
+    working = call.dtypes.working
+    return working.kind != "f" or working.itemsize < 4
 
 
 class TritonBackend:
@@ -120,50 +240,27 @@ class TritonBackend:
     def run(call):
         from ..plan.gathers import bounds_mode
         from .numpy_backend import NumpyExecutor
-        working = call.dtypes.working
-        if working.kind != "f" or working.itemsize < 4:
+        if host_fallback(call):
             return NumpyExecutor.for_call(call).run()
         bounds = bounds_mode(call)
-        if bounds in ("check", "promise"):  # an index value is out of range: raise
+        if bounds in ("check", "promise"):  # an index value may be out of range: raise
             NumpyExecutor.for_call(call).run()
         import torch
-        import triton
-        from .triton_render import render_triton
         tensors = _input_tensors(call)
-        torch_dtype = getattr(torch, working.name)
         device = tensors[0].device if tensors else _device()
-        result = torch.empty(call.output_shape, dtype=torch_dtype, device=device)
+        result = torch.empty(call.output_shape, dtype=_result_dtype(call), device=device)
         if result.numel() == 0:
             return _returned(result, call)
-        shapes = [_Layout.of(t) for t in tensors + [result]]
-        layouts = tuple(unit_axis(layout) for layout in shapes)
-        plan = plan_for(call.spec, working.name, call.options.pad is not None, bounds,
-                        layouts, TILE[1], TILE, plain=True, blocks=True)
-        source, launch = render_triton(plan.program)
-        module = _kernel_module(source)
-        ints, doubles, _ = call_arguments(plan, call, shapes)
-        total = int(result.numel())
-        block = 1024 if interpreted() else 256
-        kernel_ints = [int(v) for v in ints[:len(plan.int_args)]]
-        params = [float(v) for v in doubles[:len(plan.params)]]
-        pad = call.options.pad if call.options.pad is not None else 0.0
-        arguments = (*tensors, result, *kernel_ints, *params, float(pad),
-                     float(call.options.fill), total)
-        if launch.tiles:
-            values = dict(zip(plan.program.kernels[0].ints, kernel_ints))
+        on_gpu = device.type == "cuda" and not interpreted()
+        prepared = prepare(call, [_Layout.of(t) for t in tensors + [result]], bounds,
+                           native_dot=not interpreted())
 
-            def extent(affine):
-                return affine.const + sum(c * values[n] for n, c in affine.terms)
-            outer = 1
-            for affine in launch.outer:
-                outer *= extent(affine)
-            rows = extent(launch.rows) if launch.rows else 1
-            grid = (triton.cdiv(rows, launch.row_tile), triton.cdiv(extent(launch.lanes),
-                                                                    launch.lane_tile), outer)
-            module.einfuse_kernel[grid](*arguments, ROWS=launch.row_tile,
-                                        LANES=launch.lane_tile)
-        else:
-            module.einfuse_kernel[(triton.cdiv(total, block),)](*arguments, BLOCK=block)
+        def launch_with(config: tuning.Config):
+            prepared.kernel[prepared.grid(config)](
+                *tensors, *prepared.scalars, result, num_warps=config.num_warps,
+                num_stages=config.num_stages, **prepared.constexprs(config))
+            return result
+        launch_with(choose_config(prepared, launch_with, on_gpu))
         return _returned(result, call)
 
     @staticmethod

@@ -65,12 +65,23 @@ class Launch:
     lane_tile: int = 1
 
 
+# tl.dot takes these storage dtypes as they are (tensor cores, float32 accumulation)
+_NATIVE_DOT = ("float16", "bfloat16")
+
+
 class TritonRenderer:
-    def __init__(self, program: ir.Program):
+    """``buffer_dtypes``: each buffer's storage dtype name (a float16/bfloat16 input is
+    loaded as it is stored and converted in registers); ``native_dot``: tl.dot may take
+    16-bit operands as loaded (off under the interpreter, whose bfloat16 dot is wrong)."""
+
+    def __init__(self, program: ir.Program, buffer_dtypes: Tuple[str, ...] = (),
+                 native_dot: bool = True):
         if len(program.kernels) != 1:
             raise ValueError("one kernel per program is rendered")
         self.program = program
         self.kernel = program.kernels[0]
+        self.buffer_dtypes = buffer_dtypes
+        self.native_dot = native_dot
         self.T = {"float32": "tl.float32", "float64": "tl.float64"}[program.working]
         self.shape = "[BLOCK]"
         self.inline = set()   # row and lane loop variables: whole tensors, not loops
@@ -82,8 +93,10 @@ class TritonRenderer:
     def render(self) -> Tuple[str, Launch]:
         k = self.kernel
         outputs, body = self.output_loops(k.body)
-        args = [name(b.name) for b in k.buffers] + [name(i) for i in k.ints] + \
-            [f"q{n}" for n in range(k.n_params)] + ["padv", "fillv", "total"]
+        # outputs last, after the scalars: the order jax_triton.triton_call passes
+        args = [name(b.name) for b in k.buffers if not b.output] + \
+            [name(i) for i in k.ints] + [f"q{n}" for n in range(k.n_params)] + \
+            ["padv", "fillv", "total"] + [name(b.name) for b in k.buffers if b.output]
         tiles = self.tile_loops(body)
         if tiles is None:
             lines = self.flat_prologue(args, outputs)
@@ -129,7 +142,7 @@ class TritonRenderer:
         self.shape = "[ROWS, LANES]"
         lines = ["@triton.jit",
                  f"def einfuse_kernel({', '.join(args)}, ROWS: tl.constexpr, "
-                 "LANES: tl.constexpr):",
+                 "LANES: tl.constexpr, KB: tl.constexpr):",
                  "    rest = tl.program_id(2).to(tl.int64)"]
         lines += self.decompose(outputs)
         lines.append("    r_ = tl.arange(0, ROWS).to(tl.int64)[:, None]")
@@ -241,8 +254,12 @@ class TritonRenderer:
     def dot_loop(self, loop: ir.Loop, acc: str, a: ir.Load, b: ir.Load,
                  depth: int) -> List[str]:
         pad, var, extent = "    " * depth, name(loop.var), self.affine(loop.extent)
-        lines = [f"{pad}for {var}_b in range(0, {extent}, 32):",
-                 f"{pad}    kk_ = {var}_b + tl.arange(0, 32).to(tl.int64)"]
+        lines = [f"{pad}for {var}_b in range(0, {extent}, KB):",
+                 f"{pad}    kk_ = {var}_b + tl.arange(0, KB).to(tl.int64)"]
+        native = self.native_dot and self.storage(a.buffer) in _NATIVE_DOT and \
+            self.storage(a.buffer) == self.storage(b.buffer)
+        convert = "" if native else ".to(tl.float32)"
+        precision = "" if native else ', input_precision="ieee"'
         row_ok = f"({self.rows_var} < {self.rows_count})"
         lane_ok = f"({self.lanes_var} < {self.lanes_count})"
         for load, target, k_shape, mask in (
@@ -253,9 +270,12 @@ class TritonRenderer:
                                    [s.stride for s in load.subscripts])
             self.rename = {}
             lines.append(f"{pad}    {target} = tl.load(t{int(load.buffer)} + {address}, "
-                         f"mask={mask}, other=0.0).to(tl.float32)")
-        lines.append(f"{pad}    {name(acc)} += tl.dot(da_, db_, input_precision=\"ieee\")")
+                         f"mask={mask}, other=0.0){convert}")
+        lines.append(f"{pad}    {name(acc)} += tl.dot(da_, db_{precision})")
         return lines
+
+    def storage(self, buffer: int) -> str:
+        return self.buffer_dtypes[buffer] if buffer < len(self.buffer_dtypes) else "?"
 
     def stmt_Accumulate(self, node: ir.Accumulate, depth: int) -> List[str]:
         pad, acc, v = "    " * depth, name(node.name), self.expr(node.value)
@@ -275,8 +295,10 @@ class TritonRenderer:
     def stmt_Store(self, node: ir.Store, depth: int) -> List[str]:
         address = self.address([self.affine(p) for p in node.position], node.strides)
         value = self.expr(node.value)
-        return ["    " * depth + f"tl.store(t{int(node.buffer)} + {address} + izero, "
-                f"({value} + tl.zeros({self.shape}, {self.T})).to({self.T}), mask=omask)"]
+        target = f"t{int(node.buffer)}"   # stored in the output's own dtype
+        return ["    " * depth + f"tl.store({target} + {address} + izero, "
+                f"({value} + tl.zeros({self.shape}, {self.T})).to({target}.dtype.element_ty),"
+                " mask=omask)"]
 
     def stmt_CombineLanes(self, node, depth):
         raise ValueError("lane partials are a C plan; Triton renders plain plans")
@@ -377,5 +399,6 @@ class TritonRenderer:
         return acc
 
 
-def render_triton(program: ir.Program):
-    return TritonRenderer(program).render()
+def render_triton(program: ir.Program, buffer_dtypes: Tuple[str, ...] = (),
+                  native_dot: bool = True):
+    return TritonRenderer(program, buffer_dtypes, native_dot).render()

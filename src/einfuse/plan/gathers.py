@@ -30,14 +30,25 @@ def gathers_in_range(call) -> bool:
             for gathered, coeff in sub.gathers:
                 name = gathered.tensor
                 if name not in extremes:
-                    values = call.arrays[name]
-                    extremes[name] = (int(values.min()), int(values.max())) \
-                        if values.size else None
+                    extremes[name] = _extremes(call, name)
                 if extremes[name] is None:
                     reads = False   # an empty index array: this access reads nothing
                     break
                 g_low, g_high = (coeff * v for v in extremes[name])
                 low, high = low + min(g_low, g_high), high + max(g_low, g_high)
-            if reads and (low < 0 or high >= call.arrays[access.tensor].shape[axis]):
+            if reads and (low < 0 or high >= call.arrays.shapes[access.tensor][axis]):
                 return False
     return True
+
+
+def _extremes(call, name: str):
+    """(min, max) of an index array, or None when it is empty; a torch tensor is reduced
+    where it lives (a CUDA tensor is not copied to the host)."""
+    source = (call.sources or {}).get(name)
+    if type(source).__module__.startswith("torch"):
+        if source.numel() == 0:
+            return None
+        low, high = source.aminmax()
+        return int(low), int(high)
+    values = call.arrays[name]
+    return (int(values.min()), int(values.max())) if values.size else None

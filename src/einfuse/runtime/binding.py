@@ -5,7 +5,7 @@ from __future__ import annotations
 import functools
 import numbers
 from dataclasses import dataclass
-from typing import Dict, Mapping, Optional, Sequence, Tuple
+from typing import Dict, Iterator, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -16,7 +16,36 @@ from ..analysis.spec import Spec
 from ..errors import (EinfuseTypeError, MissingArgumentError, ShapeError,
                       UnexpectedArgumentError)
 from ..lang.ast import accesses
-from .frameworks import common_framework, is_bfloat16, to_numpy
+from .frameworks import TORCH, common_framework, framework_of, is_bfloat16, numpy_dtype, to_numpy
+
+
+class HostArrays(Mapping):
+    """The call's tensors as NumPy arrays, each converted the first time a backend reads
+    it: a Triton run on CUDA tensors never copies them to the host (binding needs only
+    their shapes and dtypes, which it reads without touching the data)."""
+
+    def __init__(self, values: Mapping[str, object]):
+        self._values = dict(values)
+        self._host: Dict[str, np.ndarray] = {}
+        self.shapes = {name: tuple(np.shape(v)) if framework_of(v) != TORCH
+                       else tuple(v.shape) for name, v in self._values.items()}
+        self.dtypes = {name: numpy_dtype(v) for name, v in self._values.items()}
+
+    def __getitem__(self, name: str) -> np.ndarray:
+        if name not in self._host:
+            self._host[name] = to_numpy(self._values[name])
+        return self._host[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._values)
+
+    def __len__(self) -> int:
+        return len(self._values)
+
+    @property
+    def converted(self) -> Tuple[str, ...]:
+        """Names already copied to NumPy (what tests read to prove none was)."""
+        return tuple(self._host)
 
 
 @dataclass
@@ -24,7 +53,7 @@ class BoundCall:
     """Everything a backend needs to run one statement on concrete arrays."""
     spec: Spec
     options: Options
-    arrays: Dict[str, np.ndarray]     # every tensor read on the right, as NumPy
+    arrays: HostArrays                # every tensor read on the right, as NumPy (lazily)
     params: Dict[str, object]         # scalar parameters (Python or NumPy scalars)
     bounds: Bounds
     dtypes: DTypes
@@ -95,16 +124,20 @@ def bind_call(spec: Spec, options: Options, args, kwargs) -> BoundCall:
     named = bind_names(spec, args, kwargs)
     framework = common_framework(named)
     params = {name: _scalar(name, named[name], spec) for name in spec.params}
-    arrays: Dict[str, np.ndarray] = {}
+    values = {}
     for info in spec.tensors:
         value = named[info.name]
-        array = to_numpy(value)
+        if framework_of(value) != TORCH:   # a torch tensor is left where it is
+            value = to_numpy(value)
+        values[info.name] = value
+    arrays = HostArrays(values)
+    for info in spec.tensors:
+        dtype = arrays.dtypes[info.name]
         span = next(a.span for a in accesses(spec.rhs) if a.tensor == info.name)
         if info.as_index:
-            check_index_dtype(info.name, array.dtype, None, span)
+            check_index_dtype(info.name, dtype, None, span)
         if info.as_value:
-            check_value_dtype(info.name, array.dtype, None, span)
-        arrays[info.name] = array
+            check_value_dtype(info.name, dtype, None, span)
     output = named.get(spec.output) if spec.assign != ":=" else None
     output_shape: Optional[Tuple[int, ...]] = None
     if output is not None:
@@ -112,12 +145,12 @@ def bind_call(spec: Spec, options: Options, args, kwargs) -> BoundCall:
             raise EinfuseTypeError(f"'{spec.assign}' needs an array to write into; "
                                    f"{spec.output} is a {type(output).__name__}",
                                    span=spec.statement.output_span)
-        output_shape = tuple(np.shape(to_numpy(output)))
-    bounds = _ranges_for(spec, tuple((n, a.shape) for n, a in arrays.items()), options,
-                         output_shape)
-    dtypes = resolve_dtypes(spec, {n: a.dtype for n, a in arrays.items()}, params, options)
+        output_shape = tuple(output.shape) if framework_of(output) == TORCH else \
+            tuple(np.shape(to_numpy(output)))
+    bounds = _ranges_for(spec, tuple(arrays.shapes.items()), options, output_shape)
+    dtypes = resolve_dtypes(spec, arrays.dtypes, params, options)
     float_inputs = [named[t.name] for t in spec.tensors if t.as_value
-                    and arrays[t.name].dtype.kind == "f"]
+                    and arrays.dtypes[t.name].kind == "f"]
     bfloat16 = bool(float_inputs) and all(is_bfloat16(v) for v in float_inputs) and \
         options.dtype is None and dtypes.result == np.float32
     return BoundCall(spec, options, arrays, params, bounds, dtypes, framework, output, named,

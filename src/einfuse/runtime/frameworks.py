@@ -49,6 +49,20 @@ def to_numpy(value) -> np.ndarray:
     return np.asarray(value)
 
 
+def numpy_dtype(value) -> np.dtype:
+    """The NumPy dtype ``value`` converts to, read without copying any data (a CUDA
+    tensor stays where it is); bfloat16 reads as float32, as :func:`to_numpy` gives."""
+    if framework_of(value) == TORCH:
+        name = str(value.dtype).rsplit(".", 1)[-1]
+        try:
+            return np.dtype(np.float32 if name == "bfloat16" else name)
+        except TypeError:
+            raise EinfuseTypeError(f"torch tensors of dtype {name} are not supported; "
+                                   "convert to a float or integer dtype") from None
+    dtype = getattr(value, "dtype", None)
+    return np.dtype(dtype) if dtype is not None else np.asarray(value).dtype
+
+
 def is_bfloat16(value) -> bool:
     return framework_of(value) == TORCH and str(value.dtype) == "torch.bfloat16"
 

@@ -41,10 +41,12 @@ def gradient_statements(statement: str, wrt: str, key: Tuple):
 
 
 def compute_gradients(statement: str, options: Options, output: str,
-                      arrays: Mapping[str, object], output_grad: np.ndarray,
-                      wanted: Iterable[str]) -> Dict[str, np.ndarray]:
-    """{name: gradient} for each wanted input; ``arrays`` are the forward's inputs (NumPy
-    arrays and scalars), ``output_grad`` the gradient of its output."""
+                      arrays: Mapping[str, object], output_grad,
+                      wanted: Iterable[str]) -> Dict[str, object]:
+    """{name: gradient} for each wanted input; ``arrays`` are the forward's inputs and
+    ``output_grad`` the gradient of its output: NumPy arrays and scalars (gradients come
+    back as NumPy arrays), or torch tensors (they come back as tensors on that device,
+    computed there by the chosen backend)."""
     values = dict(arrays)
     values["d" + output] = output_grad
     key = options_key(options)
@@ -54,5 +56,7 @@ def compute_gradients(statement: str, options: Options, output: str,
             warnings.simplefilter("ignore")
             found = run_reference(gradient_statements(statement, name, key), values,
                                   backend=options.backend)
-        result[name] = np.asarray(found["d" + name])
+        value = found["d" + name]
+        result[name] = value if hasattr(value, "device") and not isinstance(
+            value, np.ndarray) else np.asarray(value)
     return result

@@ -76,7 +76,8 @@ class Kernel:
             from . import torch_autograd
             if torch_autograd.torch.is_grad_enabled() and \
                     torch_autograd.differentiable_names(call):
-                return torch_autograd.apply(self, call, lambda: self.run(call))
+                return torch_autograd.apply(self, call, lambda: self.run(call),
+                                            _backend_name(self.options.backend, call))
         return self.deliver(call, self.run(call))
 
     def run(self, call: BoundCall) -> np.ndarray:
@@ -106,8 +107,10 @@ class Kernel:
         if spec.assign == ":=":
             if framework_of(result) == TORCH:
                 return result
-            return from_numpy(np.asarray(result), call.framework,
-                              like=next(iter(call.arrays.values()), None))
+            # a torch caller's result goes to its tensors' device
+            like = next((v for v in (call.sources or {}).values()
+                         if framework_of(v) == TORCH), None)
+            return from_numpy(np.asarray(result), call.framework, like=like)
         out = call.output
         if call.framework == NUMPY:
             if not isinstance(out, np.ndarray) or not out.flags.writeable:

@@ -29,11 +29,13 @@ def differentiable_names(call) -> List[str]:
     return result
 
 
-def apply(kernel, call, run_forward):
-    """The statement's result as a tensor tracked by autograd."""
+def apply(kernel, call, run_forward, backend_name: str):
+    """The statement's result as a tensor tracked by autograd; ``backend_name`` is the
+    backend the forward runs on (with Triton, so do the gradients, on the device)."""
     names = differentiable_names(call)
     tensors = [call.sources[name] for name in names]
     like = tensors[0]
+    on_device = backend_name == "triton"
 
     class EinfuseFunction(torch.autograd.Function):
         @staticmethod
@@ -45,12 +47,16 @@ def apply(kernel, call, run_forward):
 
         @staticmethod
         def backward(ctx, grad_output):
-            arrays = dict(call.arrays)
-            arrays.update(call.params)
             wanted = [name for name, needed in zip(names, ctx.needs_input_grad) if needed]
+            if on_device:   # the gradient statements run as Triton kernels where dOUT is
+                arrays = {name: value.detach() if isinstance(value, torch.Tensor)
+                          else value for name, value in call.sources.items()}
+                grad = grad_output.detach()
+            else:           # C / NumPy kernels on host arrays (no copy for CPU tensors)
+                arrays, grad = dict(call.arrays), to_numpy(grad_output)
+            arrays.update(call.params)
             found = gradients.compute_gradients(
-                kernel.statement, call.options, call.spec.output, arrays,
-                to_numpy(grad_output), wanted)
+                kernel.statement, call.options, call.spec.output, arrays, grad, wanted)
             return tuple(torch.as_tensor(found[name]).to(tensor.device, tensor.dtype)
                          .reshape(tensor.shape) if name in found else None
                          for name, tensor in zip(names, tensors))
