@@ -142,7 +142,9 @@ def test_forward_and_gradients_stay_torch_tensors(statement, shapes, monkeypatch
         t.grad = None
 
     def no_host_copy(value):
-        raise AssertionError(f"a {type(value).__name__} was copied to NumPy")
+        if isinstance(value, torch.Tensor):
+            raise AssertionError("a tensor was copied to NumPy")
+        return np.asarray(value)   # NumPy placeholders (shapes for range inference)
     monkeypatch.setattr(binding, "to_numpy", no_host_copy)
     monkeypatch.setattr(torch_autograd, "to_numpy", no_host_copy)
     got = ef.ein(statement, backend="triton", **inputs)

@@ -10,7 +10,7 @@ import numpy as np
 
 from ..errors import OutOfBoundsError, RangeError
 from ..lang.ast import IndexExpr
-from ..runtime.frameworks import TORCH, framework_of
+from ..runtime.frameworks import JAX, TORCH, framework_of, placeholder
 from ..runtime.kernel import compile as ef_compile, ein
 from .derive import AxisOf, GradientStatement, NoGradientError
 
@@ -28,9 +28,12 @@ def _forward_ranges(g: GradientStatement, arrays: Mapping[str, object]):
         warnings.simplefilter("ignore")
         kernel = ef_compile(g.forward, backend="numpy", **options)
     spec = kernel.spec
-    args = {n: arrays[n] for n in spec.arg_order}
+    # ranges depend on shapes alone: bind placeholders (the arrays may be on a GPU, or
+    # traced under jax.jit)
+    args = {n: placeholder(arrays[n]) for n in spec.arg_order}
     if spec.assign != ":=":   # '=' / '+=': the output's shape is dOUT's
-        args[spec.output] = arrays.get(spec.output, np.zeros(np.shape(arrays[g.output_grad])))
+        args[spec.output] = np.zeros(np.shape(arrays.get(spec.output,
+                                                         arrays[g.output_grad])))
     ranges = kernel.bind(**args).bounds.range_map
     for index in spec.output_indices:
         if ranges[index][0] != 0:
@@ -77,8 +80,8 @@ def run_reference(grads: Iterable[GradientStatement], arrays: Mapping[str, objec
     ``np.add.at``.  When dOUT is a torch tensor, everything stays torch tensors on its
     device (a GPU backward never visits the host): scatters add with ``index_put_``."""
     out: Dict[str, object] = {}
-    ops = _TorchOps(arrays[next(g.output_grad for g in grads)]) if _on_torch(grads, arrays) \
-        else _NumpyOps()
+    grads = list(grads)
+    ops = _ops_for(arrays[grads[0].output_grad]) if grads else _NumpyOps()
     todo = []
     for g in grads:
         todo.extend(g.fallback if g.fallback and not g.covers(arrays) else [g])
@@ -95,17 +98,26 @@ def run_reference(grads: Iterable[GradientStatement], arrays: Mapping[str, objec
         if g.target not in out:
             # accumulate in the gradient's own float dtype, as frameworks do
             out[g.target] = ops.zeros(np.shape(arrays[g.wrt]), values)
-        _scatter_add(ops, out[g.target], g, values, options, arrays)
+        out[g.target] = _scatter_add(ops, out[g.target], g, values, options, arrays)
     return out
 
 
-def _on_torch(grads, arrays) -> bool:
-    grads = list(grads)
-    return bool(grads) and framework_of(arrays.get(grads[0].output_grad)) == TORCH
+def _ops_for(output_grad):
+    """Array operations in dOUT's framework: a torch or JAX backward stays in it."""
+    framework = framework_of(output_grad)
+    if framework == TORCH:
+        return _TorchOps(output_grad)
+    if framework == JAX:
+        return _JaxOps()
+    return _NumpyOps()
 
 
 class _NumpyOps:
     """The array operations a scatter needs, on NumPy arrays."""
+
+    @staticmethod
+    def any(flags) -> bool:
+        return bool(flags.any())
 
     @staticmethod
     def result(value):
@@ -135,6 +147,7 @@ class _NumpyOps:
     @staticmethod
     def add_at(target, positions, values, keep):
         np.add.at(target, tuple(p[keep] for p in positions), values[keep])
+        return target
 
 
 class _TorchOps:
@@ -143,6 +156,10 @@ class _TorchOps:
     def __init__(self, like):
         import torch
         self.torch, self.device = torch, like.device
+
+    @staticmethod
+    def any(flags) -> bool:
+        return bool(flags.any())
 
     def result(self, value):
         return value if framework_of(value) == TORCH else \
@@ -172,6 +189,48 @@ class _TorchOps:
         # index_put_ with accumulate: repeated positions add up (atomics on a GPU)
         target.index_put_(tuple(p[keep].long() for p in positions),
                           values[keep].to(target.dtype), accumulate=True)
+        return target
+
+
+class _JaxOps:
+    """The same on JAX arrays, traceable under jax.jit: no boolean masks (their shapes
+    would depend on data); a position not kept is moved past the end and dropped."""
+
+    def __init__(self):
+        import jax.numpy as jnp
+        self.jnp = jnp
+
+    @staticmethod
+    def any(flags) -> bool:
+        """Concrete values are checked; traced ones cannot be (the device path takes
+        only statements whose gathers clip, wrap or fill, see runtime.jax_gpu)."""
+        try:
+            return bool(flags.any())
+        except Exception:   # a tracer: jax.errors.ConcretizationTypeError
+            return False
+
+    def result(self, value):
+        return self.jnp.asarray(value)
+
+    def zeros(self, shape, like):
+        floating = self.jnp.issubdtype(like.dtype, self.jnp.floating)
+        return self.jnp.zeros(shape, like.dtype if floating else self.jnp.float32)
+
+    def arange(self, lo, hi, shape):
+        return self.jnp.arange(lo, hi).reshape(shape)
+
+    def table(self, value):
+        return self.jnp.asarray(value)
+
+    def broadcast(self, values, shape):
+        return self.jnp.broadcast_to(values, shape)
+
+    def take(self, table, where):
+        return table[tuple(self.jnp.broadcast_arrays(*where))] if where else table[()]
+
+    def add_at(self, target, positions, values, keep):
+        moved = tuple(self.jnp.where(keep, p, n) for p, n in zip(positions, target.shape))
+        return target.at[moved].add(values.astype(target.dtype), mode="drop")
 
 
 def _scatter_add(ops, target, g: GradientStatement, values, options, arrays):
@@ -193,7 +252,7 @@ def _scatter_add(ops, target, g: GradientStatement, values, options, arrays):
             where = where.clip(0, n - 1)
         elif sub.gathers and bounds == "wrap":
             where = where % n   # both libraries' % is non-negative for n > 0
-        elif sub.gathers and bounds in ("check", "promise") and bool(outside.any()):
+        elif sub.gathers and bounds in ("check", "promise") and ops.any(outside):
             bad = int(where[outside].reshape(-1)[0])
             raise OutOfBoundsError(f"{g.description}: index value {bad} is outside "
                                    f"0..{n - 1} (axis {axis} of {g.wrt})")
@@ -201,8 +260,8 @@ def _scatter_add(ops, target, g: GradientStatement, values, options, arrays):
             keep = keep & ~outside
         positions.append(where)
     if isinstance(ops, _NumpyOps) and _add_rows(target, g, values, positions, keep):
-        return
-    ops.add_at(target, positions, values, keep)
+        return target
+    return ops.add_at(target, positions, values, keep)
 
 
 def _add_rows(target: np.ndarray, g: GradientStatement, values: np.ndarray, positions,

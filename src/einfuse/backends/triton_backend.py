@@ -149,7 +149,8 @@ class Prepared:
     arrays and the block sizes: shared by the torch launcher and the JAX one."""
     kernel: object                # the @triton.jit function
     launch: Launch
-    scalars: Tuple                # runtime ints, parameters, pad, fill, total: in order
+    scalars: Tuple                # runtime ints, pad, fill, total: in order
+    params: Tuple[str, ...]       # scalar parameters, in the order of the ``qv`` array
     int_values: Dict[str, int]    # the kernel's int arguments by name (grid extents)
     tuning_key: str
     total: int
@@ -184,14 +185,13 @@ def prepare(call, layouts: Sequence[_Layout], bounds: str, native_dot: bool) -> 
     dtypes = tuple(layout.dtype for layout in layouts)
     source, launch = render_triton(plan.program, dtypes, native_dot)
     module = _kernel_module(source)
-    ints, doubles, _ = call_arguments(plan, call, layouts)
+    ints, _, _ = call_arguments(plan, call, layouts)
     kernel_ints = [int(v) for v in ints[:len(plan.int_args)]]
-    params = [float(v) for v in doubles[:len(plan.params)]]
     pad = call.options.pad if call.options.pad is not None else 0.0
     total = int(np.prod(call.output_shape, dtype=np.int64))
-    scalars = (*kernel_ints, *params, float(pad), float(call.options.fill), total)
+    scalars = (*kernel_ints, float(pad), float(call.options.fill), total)
     source_hash = hashlib.sha256(source.encode()).hexdigest()[:16]
-    return Prepared(module.einfuse_kernel, launch, scalars,
+    return Prepared(module.einfuse_kernel, launch, scalars, tuple(plan.params),
                     dict(zip(plan.program.kernels[0].ints, kernel_ints)),
                     tuning.tuning_key(source_hash, dtypes, kernel_ints), total)
 
@@ -255,9 +255,13 @@ class TritonBackend:
         prepared = prepare(call, [_Layout.of(t) for t in tensors + [result]], bounds,
                            native_dot=not interpreted())
 
+        params = [torch.tensor([float(call.params[p]) for p in prepared.params],
+                               dtype=getattr(torch, call.dtypes.working.name),
+                               device=device)] if prepared.params else []
+
         def launch_with(config: tuning.Config):
             prepared.kernel[prepared.grid(config)](
-                *tensors, *prepared.scalars, result, num_warps=config.num_warps,
+                *tensors, *params, *prepared.scalars, result, num_warps=config.num_warps,
                 num_stages=config.num_stages, **prepared.constexprs(config))
             return result
         launch_with(choose_config(prepared, launch_with, on_gpu))

@@ -94,8 +94,11 @@ class TritonRenderer:
         k = self.kernel
         outputs, body = self.output_loops(k.body)
         # outputs last, after the scalars: the order jax_triton.triton_call passes
+        # scalar parameters are read from one small array (``qv``, in the working
+        # dtype): a float64 parameter keeps its precision (Triton passes Python floats as
+        # float32), and under jax.jit a parameter is a traced array, not a number
         args = [name(b.name) for b in k.buffers if not b.output] + \
-            [name(i) for i in k.ints] + [f"q{n}" for n in range(k.n_params)] + \
+            (["qv"] if k.n_params else []) + [name(i) for i in k.ints] + \
             ["padv", "fillv", "total"] + [name(b.name) for b in k.buffers if b.output]
         tiles = self.tile_loops(body)
         if tiles is None:
@@ -323,7 +326,7 @@ class TritonRenderer:
         return repr(value)
 
     def expr_Param(self, node: ir.Param) -> str:
-        return f"q{int(node.slot)}"
+        return f"tl.load(qv + {int(node.slot)})"
 
     def expr_IndexValue(self, node: ir.IndexValue) -> str:
         return f"({self.affine(node.value)} + izero).to({self.T})"

@@ -16,7 +16,8 @@ from ..analysis.spec import Spec
 from ..errors import (EinfuseTypeError, MissingArgumentError, ShapeError,
                       UnexpectedArgumentError)
 from ..lang.ast import accesses
-from .frameworks import TORCH, common_framework, framework_of, is_bfloat16, numpy_dtype, to_numpy
+from .frameworks import (NUMPY, TORCH, common_framework, framework_of, is_bfloat16,
+                         numpy_dtype, to_numpy)
 
 
 class HostArrays(Mapping):
@@ -27,8 +28,7 @@ class HostArrays(Mapping):
     def __init__(self, values: Mapping[str, object]):
         self._values = dict(values)
         self._host: Dict[str, np.ndarray] = {}
-        self.shapes = {name: tuple(np.shape(v)) if framework_of(v) != TORCH
-                       else tuple(v.shape) for name, v in self._values.items()}
+        self.shapes = {name: tuple(v.shape) for name, v in self._values.items()}
         self.dtypes = {name: numpy_dtype(v) for name, v in self._values.items()}
 
     def __getitem__(self, name: str) -> np.ndarray:
@@ -127,7 +127,7 @@ def bind_call(spec: Spec, options: Options, args, kwargs) -> BoundCall:
     values = {}
     for info in spec.tensors:
         value = named[info.name]
-        if framework_of(value) != TORCH:   # a torch tensor is left where it is
+        if framework_of(value) == NUMPY:   # torch and JAX arrays are left where they are
             value = to_numpy(value)
         values[info.name] = value
     arrays = HostArrays(values)

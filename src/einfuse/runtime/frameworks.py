@@ -63,6 +63,15 @@ def numpy_dtype(value) -> np.dtype:
     return np.dtype(dtype) if dtype is not None else np.asarray(value).dtype
 
 
+def placeholder(value):
+    """A read-only zero array of ``value``'s shape and NumPy dtype (one element of
+    memory): what binding needs to infer ranges and dtypes, for an array whose data is
+    out of reach (a traced JAX value, a GPU tensor).  Python numbers pass through."""
+    if isinstance(value, numbers.Number):
+        return value
+    return np.broadcast_to(np.zeros((), dtype=numpy_dtype(value)), tuple(np.shape(value)))
+
+
 def is_bfloat16(value) -> bool:
     return framework_of(value) == TORCH and str(value.dtype) == "torch.bfloat16"
 

@@ -12,6 +12,7 @@ import numpy as np
 
 from ..analysis.options import Options
 from ..autodiff import derive, run_reference
+from .frameworks import NUMPY, framework_of
 
 
 def options_key(options: Options) -> Tuple:
@@ -45,8 +46,8 @@ def compute_gradients(statement: str, options: Options, output: str,
                       wanted: Iterable[str]) -> Dict[str, object]:
     """{name: gradient} for each wanted input; ``arrays`` are the forward's inputs and
     ``output_grad`` the gradient of its output: NumPy arrays and scalars (gradients come
-    back as NumPy arrays), or torch tensors (they come back as tensors on that device,
-    computed there by the chosen backend)."""
+    back as NumPy arrays), or torch tensors or JAX arrays (the gradients come back as such,
+    computed where they are by the chosen backend)."""
     values = dict(arrays)
     values["d" + output] = output_grad
     key = options_key(options)
@@ -56,7 +57,6 @@ def compute_gradients(statement: str, options: Options, output: str,
             warnings.simplefilter("ignore")
             found = run_reference(gradient_statements(statement, name, key), values,
                                   backend=options.backend)
-        value = found["d" + name]
-        result[name] = value if hasattr(value, "device") and not isinstance(
-            value, np.ndarray) else np.asarray(value)
+        value = found["d" + name]   # a torch/JAX gradient stays in its framework
+        result[name] = np.asarray(value) if framework_of(value) == NUMPY else value
     return result

@@ -11,6 +11,9 @@ vmap: the callbacks use ``vmap_method="expand_dims"``, so a batched call reaches
 once with leading batch axes; einfuse runs it as the same statement with one more index
 per batch axis (:func:`einfuse.lang.rewrite.batch_statement`), one kernel, no loop.
 
+On a GPU with jax_triton installed, statements run as Triton kernels called from XLA
+instead (:mod:`einfuse.runtime.jax_gpu`), with no host round trip.
+
 Imported only when the caller's arrays are JAX arrays."""
 
 from __future__ import annotations
@@ -26,7 +29,8 @@ from ..errors import EinfuseTypeError
 from ..lang import parse
 from ..lang.printer import format_statement
 from ..lang.rewrite import batch_statement, fresh_indices
-from . import gradients
+from . import gradients, jax_gpu
+from .frameworks import placeholder
 
 
 def call(kernel, named: Dict[str, object]):
@@ -40,6 +44,14 @@ def call(kernel, named: Dict[str, object]):
     value_inputs = {t.name for t in spec.tensors if t.as_value} | set(spec.params)
     differentiable = tuple(name in value_inputs and jnp.issubdtype(v.dtype, jnp.floating)
                            for name, v in zip(names, values))
+    if jax_gpu.jax_triton_installed() and jax_gpu.on_gpu(values):
+        device = jax_gpu.device_call(kernel, names, values)
+        if device is not None:
+            return jax_gpu.function(kernel, names, differentiable, device)(*values)
+    if not any(isinstance(v, jax.core.Tracer) for v in values):
+        # an eager call (no jit, grad or vmap): run it here, so that an error is raised
+        # as itself, not wrapped in a callback's JaxRuntimeError
+        return jnp.asarray(kernel.run(kernel.bind(**dict(zip(names, values)))))
     return _function(kernel, names, differentiable)(*values)
 
 
@@ -51,9 +63,7 @@ def _ranks(kernel, names) -> Tuple[int, ...]:
 
 def _struct(kernel, names, values) -> jax.ShapeDtypeStruct:
     """Shape and dtype of the result, from the inputs' shapes and dtypes alone."""
-    placeholders = {name: np.broadcast_to(np.zeros((), dtype=v.dtype), v.shape)
-                    for name, v in zip(names, values)}
-    bound = kernel.bind(**placeholders)
+    bound = kernel.bind(**{name: placeholder(v) for name, v in zip(names, values)})
     dtype = jax.dtypes.canonicalize_dtype(bound.dtypes.result)
     return jax.ShapeDtypeStruct(bound.output_shape, dtype)
 
@@ -62,6 +72,12 @@ def _struct(kernel, names, values) -> jax.ShapeDtypeStruct:
 def _batched(statement: str, levels: int) -> str:
     parsed = parse(statement)
     return format_statement(batch_statement(parsed, fresh_indices(parsed, levels)))
+
+
+def batched_kernel(kernel, levels: int):
+    """``kernel``'s statement with ``levels`` leading batch indices, same options."""
+    from .kernel import Kernel
+    return Kernel(_batched(kernel.statement, levels), kernel.options)
 
 
 def _host_inputs(kernel, names, arrays) -> Tuple[str, Dict[str, np.ndarray], Tuple]:

@@ -1,0 +1,167 @@
+"""JAX arrays on a GPU: einfuse's Triton kernels called from XLA through
+``jax_triton.triton_call``, so that forward and gradients run on the device, under
+``jax.jit``, ``jax.grad`` and ``jax.vmap``, with no host round trip.
+
+The kernel, its scalar arguments, grid and block sizes are the ones the torch launcher
+uses (:class:`einfuse.backends.triton_backend.Prepared`), built here from shapes and
+dtypes alone (placeholders: under jit the data is traced).  What differs:
+
+* scalar parameters travel as a small array (``qv``), since under jit they are traced;
+* gathers under ``bounds='check'``/``'promise'`` take the host path
+  (:mod:`einfuse.runtime.jax_adapter`): checking index values needs them on the host, and
+  a jitted function cannot raise on data; ``clip``, ``wrap`` and ``fill`` gathers are
+  safe inside the kernel and stay on the device;
+* vmap: a batched call runs the statement with one more index per batch axis
+  (``jax.custom_batching.custom_vmap``), one kernel, as on the host path;
+* gradients: each gradient statement is run the same way; scatters add with
+  ``.at[].add`` (:func:`einfuse.autodiff.reference.run_reference` in JAX).
+
+Block sizes: the tuner's cached choice for the kernel and shape bucket (made by a torch
+call on the same GPU), else the GPU default; XLA gives no place to time candidates."""
+
+from __future__ import annotations
+
+import importlib.util
+from dataclasses import dataclass
+from typing import Dict, Optional, Sequence, Tuple
+
+import numpy as np
+
+from ..lang.ast import accesses
+from .frameworks import placeholder
+
+
+def on_gpu(values) -> bool:
+    """Whether these JAX values live on a GPU (traced ones: JAX's default backend)."""
+    import jax
+    for value in values:
+        try:
+            return any(d.platform == "gpu" for d in value.devices())
+        except Exception:   # a tracer has no devices: it will run on the default one
+            continue
+    return jax.default_backend() == "gpu"
+
+
+def jax_triton_installed() -> bool:
+    return importlib.util.find_spec("jax_triton") is not None and \
+        importlib.util.find_spec("triton") is not None
+
+
+@dataclass
+class DeviceCall:
+    """One statement's kernel for fixed shapes and dtypes, ready for triton_call."""
+    prepared: object                     # triton_backend.Prepared
+    slots: Tuple[Tuple[str, str], ...]   # (tensor, "value"|"index") per input buffer
+    working: str
+    out_shape: Tuple[int, ...]
+    out_dtype: str
+
+
+def device_call(kernel, names: Sequence[str], values) -> Optional[DeviceCall]:
+    """The Triton launch for these inputs, or None when the statement takes the host
+    path (see the module's notes)."""
+    from ..backends import triton_backend
+    from ..plan import buffer_slots
+    spec, options = kernel.spec, kernel.options
+    if options.backend not in ("auto", "triton") or not triton_backend.available():
+        return None
+    gathers = any(sub.gathers for a in accesses(spec.rhs) for sub in a.indices)
+    if gathers and options.bounds in ("check", "promise"):
+        return None
+    call = kernel.bind(**{name: placeholder(v) for name, v in zip(names, values)})
+    if triton_backend.host_fallback(call) or call.bfloat16 or \
+            any(n == 0 for n in call.output_shape):
+        return None
+    working = call.dtypes.working.name
+    slots = buffer_slots(spec)[:-1]
+    by_name = dict(zip(names, values))
+    layouts = [triton_backend._Layout.row_major(np.shape(by_name[tensor]),
+                                                _slot_dtype(by_name[tensor], kind, working))
+               for tensor, kind in slots]
+    result = call.dtypes.result
+    out_dtype = result.name if result.kind == "f" and \
+        result.itemsize < call.dtypes.working.itemsize else working
+    layouts.append(triton_backend._Layout.row_major(call.output_shape, out_dtype))
+    bounds = "verified" if options.bounds in ("check", "promise") else options.bounds
+    prepared = triton_backend.prepare(call, layouts, bounds, native_dot=True)
+    return DeviceCall(prepared, slots, working, tuple(call.output_shape), out_dtype)
+
+
+def _slot_dtype(value, kind: str, working: str) -> str:
+    """The dtype a buffer is passed in: floats as they are, other values converted to
+    the working dtype, index arrays as int32/int64."""
+    dtype = np.dtype(value.dtype)
+    if kind == "index":
+        return dtype.name if dtype.name in ("int32", "int64") else "int64"
+    return dtype.name if dtype.kind == "f" else working
+
+
+def kernel_inputs(device: DeviceCall, values: Dict[str, object]):
+    """The kernel's array arguments in order (``values``: the inputs by name), converted
+    as :func:`_slot_dtype` says, then the parameter array."""
+    import jax.numpy as jnp
+    inputs = []
+    for tensor, kind in device.slots:
+        value = jnp.asarray(values[tensor])
+        wanted = _slot_dtype(value, kind, device.working)
+        inputs.append(value if value.dtype == wanted else value.astype(wanted))
+    if device.prepared.params:
+        inputs.append(jnp.stack([jnp.asarray(values[p], device.working).reshape(())
+                                 for p in device.prepared.params]))
+    return inputs
+
+
+def launch_kernel(device: DeviceCall, inputs):
+    """One triton_call (the only line that needs jax_triton and a GPU)."""
+    import jax
+    import jax_triton
+    from ..backends import triton_tuning
+    prepared = device.prepared
+    config = triton_tuning.lookup(prepared.tuning_key) or \
+        triton_tuning.default_config(prepared.launch.tiles, interpreted=False)
+    return jax_triton.triton_call(
+        *inputs, *prepared.scalars, kernel=prepared.kernel,
+        out_shape=jax.ShapeDtypeStruct(device.out_shape, device.out_dtype),
+        grid=prepared.grid(config), num_warps=config.num_warps,
+        num_stages=config.num_stages, **prepared.constexprs(config))
+
+
+def function(kernel, names: Sequence[str], differentiable: Sequence[bool],
+             device: DeviceCall):
+    """A ``jax.custom_vjp`` function of the inputs (in ``names`` order) that launches
+    ``device``'s kernel; gradients run their own statements the same way."""
+    import jax
+    from . import gradients
+    from .jax_adapter import batched_kernel
+    spec = kernel.spec
+
+    @jax.custom_batching.custom_vmap
+    def run(*values):
+        return launch_kernel(device, kernel_inputs(device, dict(zip(names, values))))
+
+    @run.def_vmap
+    def run_batched(axis_size, in_batched, *values):
+        # custom_vmap hands batched values with the batch axis first: broadcast the
+        # others and run the statement with one more (leading) index
+        import jax.numpy as jnp
+        full = [v if b else jnp.broadcast_to(v, (axis_size,) + jnp.shape(v))
+                for v, b in zip(values, in_batched)]
+        return batched_kernel(kernel, 1)(**dict(zip(names, full))), True
+
+    @jax.custom_vjp
+    def apply(*values):
+        return run(*values)
+
+    def forward(*values):
+        return apply(*values), values
+
+    def backward(values, output_grad):
+        wanted = [n for n, d in zip(names, differentiable) if d]
+        found = gradients.compute_gradients(kernel.statement, kernel.options, spec.output,
+                                            dict(zip(names, values)), output_grad, wanted)
+        by_name = dict(zip(names, values))
+        return tuple(found[n].astype(by_name[n].dtype).reshape(np.shape(by_name[n]))
+                     if d else None for n, d in zip(names, differentiable))
+
+    apply.defvjp(forward, backward)
+    return apply

@@ -1,0 +1,134 @@
+"""The JAX device path (runtime/jax_gpu.py) without a GPU: everything but the one
+``jax_triton.triton_call`` line runs -- the kernel, its argument order, scalars, grid and
+block sizes built from shapes alone, custom_vjp, custom_vmap, gradients with .at[].add
+scatters, under jit -- with that line replaced by a host callback that launches the same
+prepared kernel under the Triton interpreter."""
+
+import numpy as np
+import pytest
+
+import einfuse as ef
+
+jax = pytest.importorskip("jax")
+torch = pytest.importorskip("torch")
+jnp = jax.numpy
+from einfuse.backends import triton_backend, triton_tuning  # noqa: E402
+from einfuse.runtime import jax_gpu  # noqa: E402
+
+pytestmark = pytest.mark.skipif(not triton_backend.available(),
+                                reason="triton (and torch) not installed")
+launched = []
+
+
+def interpreted_launch(device, inputs):
+    """What triton_call does, on the CPU: the same kernel, scalars, grid, constexprs."""
+    prepared = device.prepared
+    config = triton_tuning.default_config(prepared.launch.tiles, interpreted=True)
+
+    def host(*arrays):
+        launched.append(device)   # counted when it runs, not when it is traced
+        tensors = [torch.from_numpy(np.array(a)) for a in arrays]
+        out = torch.empty(device.out_shape, dtype=getattr(torch, device.out_dtype))
+        prepared.kernel[prepared.grid(config)](*tensors, *prepared.scalars, out,
+                                               **prepared.constexprs(config))
+        return out.numpy()
+    return jax.pure_callback(host, jax.ShapeDtypeStruct(device.out_shape, device.out_dtype),
+                             *inputs, vmap_method="sequential")
+
+
+@pytest.fixture
+def device_path(monkeypatch):
+    monkeypatch.setattr(jax_gpu, "jax_triton_installed", lambda: True)
+    monkeypatch.setattr(jax_gpu, "on_gpu", lambda values: True)
+    monkeypatch.setattr(jax_gpu, "launch_kernel", interpreted_launch)
+    launched.clear()
+    return launched
+
+
+rng = np.random.default_rng(0)
+
+
+def r(*shape):
+    return jnp.asarray(rng.standard_normal(shape).astype(np.float32))
+
+
+CASES = [
+    ("y[b,o] := sum[i](x[b,i]*W[i,o]) + bias[o]", lambda x, W, bias: x @ W + bias,
+     {"x": r(5, 40), "W": r(40, 33), "bias": r(33)}),
+    ("D[i,j] := (w[k,i] - x[k,j])**2",
+     lambda w, x: ((w[:, :, None] - x[:, None, :]) ** 2).sum(0), {"w": r(5, 3), "x": r(5, 4)}),
+    ("y[i] := x[i+a] * ker[a]",
+     lambda x, ker: jnp.stack([x[i:i + 3] @ ker for i in range(7)]), {"x": r(9), "ker": r(3)}),
+    ("o[i] := sum[j](exp(-sum[d]((x[i,d]-y[j,d])**2)) * b[j])",
+     lambda x, y, b: (jnp.exp(-((x[:, None] - y[None]) ** 2).sum(-1)) * b).sum(1),
+     {"x": r(4, 3), "y": r(5, 3), "b": r(5)}),
+    ("z[i] := logsumexp[j](X[i,j])", lambda X: jax.nn.logsumexp(X, axis=1), {"X": r(3, 6)}),
+    ("s[i] := alpha * x[i,j]**2", lambda alpha, x: alpha * (x ** 2).sum(1),
+     {"alpha": jnp.float32(0.7), "x": r(3, 6)}),
+]
+
+
+def loss_of(fn):
+    return lambda *values: jnp.sum(jnp.sin(fn(*values)))
+
+
+@pytest.mark.parametrize("statement, reference, arrays", CASES, ids=[c[0] for c in CASES])
+def test_forward_and_gradients_under_jit(statement, reference, arrays, device_path):
+    names = list(arrays)
+
+    def ours(*values):
+        return ef.ein(statement, backend="triton", **dict(zip(names, values)))
+    values = tuple(arrays.values())
+    np.testing.assert_allclose(jax.jit(ours)(*values), reference(*values), rtol=1e-5,
+                               atol=1e-5)
+    assert device_path, "the device path was not taken"
+    argnums = tuple(range(len(values)))
+    got = jax.jit(jax.grad(loss_of(ours), argnums=argnums))(*values)
+    want = jax.grad(loss_of(reference), argnums=argnums)(*values)
+    for g, w in zip(got, want):
+        np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-5)
+
+
+def test_scatter_gradients_add_repeated_and_drop_filled_positions(device_path):
+    W = r(6, 3)
+    idx = jnp.array([1, 1, 5, 0, 9, -1], dtype=jnp.int32)   # 9 and -1: filled with 0
+
+    def ours(W):
+        return ef.ein("E[b,d] := W[idx[b], d]", W=W, idx=idx, bounds="fill",
+                      backend="triton")
+    got = jax.jit(ours)(W)
+    want = jnp.where((idx >= 0) & (idx < 6), 1.0, 0.0)[:, None] * W[jnp.clip(idx, 0, 5)]
+    np.testing.assert_allclose(got, want)
+    grad = jax.jit(jax.grad(lambda W: ours(W).sum()))(W)
+    counts = np.bincount(np.asarray(idx)[(np.asarray(idx) >= 0) & (np.asarray(idx) < 6)],
+                         minlength=6)
+    np.testing.assert_allclose(grad, np.repeat(counts[:, None], 3, 1).astype(np.float32))
+
+
+def test_checked_gathers_take_the_host_path(device_path):
+    W, idx = r(6, 3), jnp.array([1, 2], dtype=jnp.int32)
+    got = ef.ein("E[b,d] := W[idx[b], d]", W=W, idx=idx, backend="triton")
+    np.testing.assert_allclose(got, W[idx])
+    assert not device_path   # index values must be checked on the host, and can raise
+    with pytest.raises(ef.EinfuseError, match="outside"):
+        ef.ein("E[b,d] := W[idx[b], d]", W=W, idx=jnp.array([6]), backend="triton")
+
+
+def test_vmap_runs_one_batched_kernel(device_path):
+    A, B = r(4, 5, 3), r(3, 2)
+
+    def ours(A):
+        return ef.ein("C[i,j] := A[i,k] * B[k,j]", A=A, B=B, backend="triton")
+    got = jax.jit(jax.vmap(ours))(A)
+    np.testing.assert_allclose(got, A @ B, rtol=1e-5, atol=1e-5)
+    assert len(device_path) == 1 and device_path[0].out_shape == (4, 5, 2)
+    grad = jax.grad(lambda A: jax.vmap(ours)(A).sum())(A)
+    np.testing.assert_allclose(grad, np.broadcast_to(B.sum(1), (4, 5, 3)), rtol=1e-5)
+
+
+def test_off_the_gpu_the_host_path_runs(monkeypatch):
+    monkeypatch.setattr(jax_gpu, "launch_kernel", lambda *a: pytest.fail("launched"))
+    A, B = r(3, 4), r(4, 2)
+    np.testing.assert_allclose(ef.ein("C[i,j] := A[i,k] * B[k,j]", A=A, B=B), A @ B,
+                               rtol=1e-5, atol=1e-5)
+    assert not jax_gpu.on_gpu([A])
