@@ -23,7 +23,8 @@ launched = []
 def interpreted_launch(device, inputs):
     """What triton_call does, on the CPU: the same kernel, scalars, grid, constexprs."""
     prepared = device.prepared
-    config = triton_tuning.default_config(prepared.launch.tiles, interpreted=True)
+    config = triton_tuning.default_config(prepared.launch.tiles, interpreted=True,
+                                          reduce_block=prepared.launch.reduce_block)
 
     def host(*arrays):
         launched.append(device)   # counted when it runs, not when it is traced

@@ -223,3 +223,31 @@ def test_autotune_skips_candidates_that_fail():
     assert search([Config(16), Config(32)], launch, on_gpu=False) == Config(32)
     with pytest.raises(RuntimeError, match="no Triton launch configuration ran"):
         search([Config(16)], launch, on_gpu=False)
+
+
+def test_flat_reductions_take_a_block_of_the_reduced_index_per_step():
+    source, launch = rendered("z[i] := logsumexp[j](X[i,j])", X=np.ones((3, 5)))
+    assert launch.reduce_block and "RB: tl.constexpr" in source
+    assert "tl.max(v_, axis=1)" in source
+    # a load along the rows only is one column per step, not the whole [BLOCK, RB] tile
+    gauss, _ = rendered("o[i] := sum[j](exp(-sum[d]((x[i,d]-y[j,d])**2)) * b[j])",
+                        x=np.ones((3, 3)), y=np.ones((4, 3)), b=np.ones(4))
+    assert "mask=omask[:, None]" in gauss and "mask=p1_ok" in gauss
+    prod, launch = rendered("z[i] := prod[j](X[i,j])", X=np.ones((3, 5)))
+    assert not launch.reduce_block   # no tl.reduce for products: the scalar loop
+
+
+@pytest.mark.parametrize("op", ["sum", "max", "min", "logsumexp"])
+def test_blocked_reductions_keep_special_values(op):
+    inf, nan = np.inf, np.nan
+    X = np.array([[-inf, -inf, -inf, -inf, -inf, -inf, -inf],
+                  [1.0, inf, 2.0, -3.0, 0.5, 7.0, -1.0],
+                  [1.0, 2.0, nan, 0.0, 3.0, 4.0, 5.0],
+                  [inf, inf, 1.0, 2.0, 3.0, 4.0, 5.0],
+                  [0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7]])
+    X = np.concatenate([np.zeros((5, 100)) - 1.0, X, np.zeros((5, 50)) - 2.0], axis=1)
+    X[0] = -inf   # several steps of RB, the special values in the middle one
+    with np.errstate(all="ignore"):
+        want = ef.ein(f"z[i] := {op}[j](X[i,j])", X=X, backend="numpy")
+        got = ef.ein(f"z[i] := {op}[j](X[i,j])", X=X, backend="triton")
+    np.testing.assert_allclose(got, want, rtol=1e-12)

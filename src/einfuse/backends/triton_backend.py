@@ -171,7 +171,8 @@ class Prepared:
                 triton.cdiv(extent(self.launch.lanes), sizes["LANES"]), outer)
 
     def constexprs(self, config: tuning.Config) -> Dict[str, int]:
-        return config.constexprs(self.launch.tiles, self.launch.rows is not None)
+        return config.constexprs(self.launch.tiles, self.launch.rows is not None,
+                                 self.launch.reduce_block)
 
 
 def prepare(call, layouts: Sequence[_Layout], bounds: str, native_dot: bool) -> Prepared:
@@ -202,11 +203,12 @@ def choose_config(prepared: Prepared, launch_with, on_gpu: bool) -> tuning.Confi
     found = tuning.lookup(prepared.tuning_key)
     if found is not None:
         return found
-    tiles, has_rows = prepared.launch.tiles, prepared.launch.rows is not None
+    launch = prepared.launch
+    tiles, has_rows = launch.tiles, launch.rows is not None
     if not on_gpu and os.environ.get("EINFUSE_TRITON_AUTOTUNE") != "1":
-        return tuning.default_config(tiles, True)
-    best = tuning.search(tuning.candidates(tiles, has_rows, not on_gpu), launch_with,
-                         on_gpu)
+        return tuning.default_config(tiles, True, launch.reduce_block)
+    best = tuning.search(tuning.candidates(tiles, has_rows, not on_gpu, launch.reduce_block),
+                         launch_with, on_gpu)
     tuning.remember(prepared.tuning_key, best)
     return best
 

@@ -44,6 +44,21 @@ def ef_pow(a, b):
 
 
 @triton.jit
+def ef_ipow1(x):
+    return x
+
+
+@triton.jit
+def ef_ipow2(x):
+    return x * x
+
+
+@triton.jit
+def ef_ipow3(x):
+    return x * x * x
+
+
+@triton.jit
 def ef_max(a, b):
     return tl.where((a > b) | (a != a), a, b)
 
@@ -63,6 +78,7 @@ class Launch:
     lanes: Optional[ir.Affine] = None   # tiles: the lane index's extent
     row_tile: int = 1
     lane_tile: int = 1
+    reduce_block: bool = False          # flat: reductions run RB positions at a time
 
 
 # tl.dot takes these storage dtypes as they are (tensor cores, float32 accumulation)
@@ -88,6 +104,16 @@ class TritonRenderer:
         self.rename = {}      # loop variable -> tensor expression, while rendering tl.dot
         self.rows_var = self.lanes_var = None
         self.rows_count = self.lanes_count = None
+        # what expressions broadcast against and mask with: the output block's, or,
+        # inside a vectorised reduction, the [BLOCK, RB] tile's
+        self.izero, self.omask = "izero", "omask"
+        self.output_vars: List[str] = []
+        self.outer_accs = {}      # accumulator -> op, while inside a vectorised reduction
+        self.vector_loops = 0
+        # a 2-D block's axes: (names along rows, names along lanes, {"rows"|"lanes":
+        # (izero, mask)}): a load that varies along one axis only is loaded as one row
+        # or one column, not as the whole block of repeated addresses
+        self.axes = None
 
     # -- the kernel ------------------------------------------------------------------------
     def render(self) -> Tuple[str, Launch]:
@@ -102,12 +128,17 @@ class TritonRenderer:
             ["padv", "fillv", "total"] + [name(b.name) for b in k.buffers if b.output]
         tiles = self.tile_loops(body)
         if tiles is None:
+            self.output_vars = [loop.var for loop in outputs]
             lines = self.flat_prologue(args, outputs)
-            launch = Launch(False, tuple(loop.extent for loop in outputs))
         else:
             lines, launch, body = self.tile_prologue(args, outputs, tiles)
         for stmt in body:
             lines += self.stmt(stmt, 1)
+        if tiles is None:
+            launch = Launch(False, tuple(loop.extent for loop in outputs),
+                            reduce_block=self.vector_loops > 0)
+            lines[1] = lines[1].replace("BLOCK: tl.constexpr", "BLOCK: tl.constexpr, "
+                                        "RB: tl.constexpr") if self.vector_loops else lines[1]
         source = "import triton\nimport triton.language as tl\n" + _HELPERS + "\n\n" + \
             "\n".join(lines) + "\n"
         return source, launch
@@ -158,6 +189,10 @@ class TritonRenderer:
         mask.append(f"(l_ < {name(lanes_loop.count)})")
         lines.append(f"    omask = {' & '.join(mask)} & (r_ < ROWS)")
         lines.append("    izero = r_ * 0 + l_ * 0")
+        lines.append(f"    rmask_ = {mask[0] if rows_loop is not None else '(r_ < ROWS)'}")
+        lines.append(f"    lmask_ = {mask[-1]}")
+        self.axes = ({self.rows_var} if rows_loop is not None else set(), {self.lanes_var},
+                     {"rows": ("r_ * 0", "rmask_"), "lanes": ("l_ * 0", "lmask_")})
         launch = Launch(True, tuple(loop.extent for loop in outputs),
                         rows_loop.extent if rows_loop is not None else None,
                         lanes_loop.extent,
@@ -220,10 +255,73 @@ class TritonRenderer:
         dot = self.dot_operands(node)
         if dot is not None:
             return self.dot_loop(node, *dot, depth)
+        if self.vectorisable(node, depth):
+            return self.vector_loop(node, depth)
         lines = [f"{pad}for {name(node.var)} in range(0, {self.affine(node.extent)}):"]
         for stmt in node.body:
             lines += self.stmt(stmt, depth + 1)
         return lines
+
+    # -- reductions RB positions at a time ------------------------------------------------
+    def vectorisable(self, loop: ir.Loop, depth: int) -> bool:
+        """A reduction loop right under a flat kernel's output block, all of whose
+        accumulations into accumulators declared outside it are sum/max/min/logsumexp:
+        it runs as a [BLOCK, RB] tile per step (coalesced along the reduced index, RB
+        times fewer sequential steps), reduced across RB into the accumulators."""
+        if self.rows_var is not None or self.lanes_var is not None or depth != 1 or \
+                loop.kind != "reduction":
+            return False
+        inner = {n.name for n in ir.walk(loop) if isinstance(n, ir.DeclareAcc)}
+        steps = [n for n in ir.walk(loop) if isinstance(n, ir.Accumulate)
+                 and n.name not in inner]
+        return bool(steps) and all(n.op in ("sum", "max", "min", "logsumexp")
+                                   for n in steps)
+
+    def vector_loop(self, loop: ir.Loop, depth: int) -> List[str]:
+        pad, var, extent = "    " * depth, name(loop.var), self.affine(loop.extent)
+        lines = [f"{pad}for {var}_b in range(0, {extent}, RB):",
+                 f"{pad}    {var}_v = {var}_b + tl.arange(0, RB).to(tl.int64)[None, :]",
+                 f"{pad}    {var}_ok = {var}_v < {extent}",
+                 f"{pad}    izero2 = izero[:, None] + {var}_v * 0",
+                 f"{pad}    omask2 = omask[:, None] & {var}_ok"]
+        inner = {n.name for n in ir.walk(loop) if isinstance(n, ir.DeclareAcc)}
+        saved = (self.shape, self.izero, self.omask, dict(self.rename), self.axes)
+        self.shape, self.izero, self.omask = "[BLOCK, RB]", "izero2", "omask2"
+        self.axes = (set(self.output_vars), {loop.var},
+                     {"rows": ("izero[:, None]", "omask[:, None]"),
+                      "lanes": (f"{var}_v * 0", f"{var}_ok")})
+        self.rename.update({v: f"{name(v)}[:, None]" for v in self.output_vars})
+        self.rename[loop.var] = f"{var}_v"
+        self.outer_accs = {n.name: f"{var}_ok" for n in ir.walk(loop)
+                           if isinstance(n, ir.Accumulate) and n.name not in inner}
+        for stmt in loop.body:
+            lines += self.stmt(stmt, depth + 1)
+        self.shape, self.izero, self.omask, self.rename, self.axes = saved
+        self.outer_accs = {}
+        self.vector_loops += 1
+        return lines
+
+    def reduce_into(self, node: ir.Accumulate, pad: str) -> List[str]:
+        """``node`` adds a [BLOCK, RB] tile into a [BLOCK] accumulator: positions past
+        the reduced index's end are masked to the operation's identity."""
+        acc, ok = name(node.name), self.outer_accs[node.name]
+        v = f"({self.expr(node.value)} + tl.zeros({self.shape}, {self.T}))"
+        if node.op == "sum":
+            return [f"{pad}{acc} += tl.sum(tl.where({ok}, {v}, 0.0), axis=1)"]
+        if node.op in ("max", "min"):
+            fill = 'float("-inf")' if node.op == "max" else 'float("inf")'
+            # NaN wins, as in the scalar loop: a NaN row makes its reduction NaN
+            return [f"{pad}v_ = tl.where({ok}, {v}, {fill})",
+                    f"{pad}{acc} = ef_{node.op}(tl.where(tl.sum((v_ != v_).to(tl.int32), "
+                    f"axis=1) > 0, float(\"nan\"), tl.{node.op}(v_, axis=1)), {acc})"]
+        # logsumexp: merge the tile's maximum and sum of exponentials, one pass
+        return [f"{pad}v_ = tl.where({ok}, {v}, float(\"-inf\"))",
+                f"{pad}nm_ = tl.maximum({acc}_m, tl.max(v_, axis=1))",
+                f"{pad}sm_ = tl.where(nm_ == float(\"-inf\"), 0.0, nm_)",
+                f"{pad}e_ = tl.where(v_ == nm_[:, None], 1.0, tl.exp(v_ - sm_[:, None]))",
+                f"{pad}{acc}_s = {acc}_s * tl.where({acc}_m == nm_, 1.0, "
+                f"tl.exp({acc}_m - sm_)) + tl.sum(tl.where({ok}, e_, 0.0), axis=1)",
+                f"{pad}{acc}_m = nm_"]
 
     # -- contractions as tl.dot -------------------------------------------------------------
     def dot_operands(self, loop: ir.Loop):
@@ -281,6 +379,8 @@ class TritonRenderer:
         return self.buffer_dtypes[buffer] if buffer < len(self.buffer_dtypes) else "?"
 
     def stmt_Accumulate(self, node: ir.Accumulate, depth: int) -> List[str]:
+        if node.name in self.outer_accs:
+            return self.reduce_into(node, "    " * depth)
         pad, acc, v = "    " * depth, name(node.name), self.expr(node.value)
         if node.op == "sum":
             return [f"{pad}{acc} += {v}"]
@@ -299,9 +399,9 @@ class TritonRenderer:
         address = self.address([self.affine(p) for p in node.position], node.strides)
         value = self.expr(node.value)
         target = f"t{int(node.buffer)}"   # stored in the output's own dtype
-        return ["    " * depth + f"tl.store({target} + {address} + izero, "
+        return ["    " * depth + f"tl.store({target} + {address} + {self.izero}, "
                 f"({value} + tl.zeros({self.shape}, {self.T})).to({target}.dtype.element_ty),"
-                " mask=omask)"]
+                f" mask={self.omask})"]
 
     def stmt_CombineLanes(self, node, depth):
         raise ValueError("lane partials are a C plan; Triton renders plain plans")
@@ -329,7 +429,7 @@ class TritonRenderer:
         return f"tl.load(qv + {int(node.slot)})"
 
     def expr_IndexValue(self, node: ir.IndexValue) -> str:
-        return f"({self.affine(node.value)} + izero).to({self.T})"
+        return f"({self.affine(node.value)} + {self.izero}).to({self.T})"
 
     def expr_Load(self, node: ir.Load) -> str:
         positions, valid, filled = [], [], []
@@ -348,7 +448,8 @@ class TritonRenderer:
                 pos = f"((({pos}) % {size} + {size}) % {size})"
             positions.append(pos)
         address = self.address(positions, [s.stride for s in node.subscripts])
-        load = f"tl.load(t{int(node.buffer)} + {address} + izero, mask=omask, other=0)"
+        izero, mask = self.load_frame(node)
+        load = f"tl.load(t{int(node.buffer)} + {address} + {izero}, mask={mask}, other=0)"
         if node.is_index:
             return f"{load}.to(tl.int64)"
         value = f"{load}.to({self.T})"
@@ -358,6 +459,20 @@ class TritonRenderer:
             value = f"tl.where({' & '.join(filled)}, {value}, fillv)"
         return value
 
+    def load_frame(self, node: ir.Load) -> Tuple[str, str]:
+        """(izero, mask) shaping ``node``: a row, a column, or the whole block."""
+        if self.axes is None:
+            return self.izero, self.omask
+        rows, lanes, frames = self.axes
+        used = {n for load in ir.walk(node) if isinstance(load, ir.Load)
+                for sub in load.subscripts for n in sub.affine.names}
+        along_rows, along_lanes = bool(used & rows), bool(used & lanes)
+        if along_rows and not along_lanes:
+            return frames["rows"]
+        if along_lanes and not along_rows:
+            return frames["lanes"]
+        return self.izero, self.omask
+
     def expr_Unary(self, node: ir.Unary) -> str:
         return f"(-{self.expr(node.operand)})"
 
@@ -365,8 +480,9 @@ class TritonRenderer:
         left, right, op = self.expr(node.left), self.expr(node.right), node.op
         if op == "**":
             if isinstance(node.right, ir.Const) and node.right.value in (1, 2, 3):
-                return "(" + " * ".join([left] * int(node.right.value)) + ")"
-            return f"ef_pow({left} + izero, {right})"
+                # a helper evaluates the base once (its loads are not repeated)
+                return f"ef_ipow{int(node.right.value)}({left})"
+            return f"ef_pow({left} + {self.izero}, {right})"
         if op in ("<", "<=", ">", ">=", "==", "!="):
             return f"(({left}) {op} ({right})).to({self.T})"
         if op in ("&", "|"):
@@ -381,16 +497,16 @@ class TritonRenderer:
                   "erf": "tl.erf", "sigmoid": "tl.sigmoid", "tanh": "ef_tanh",
                   "log1p": "ef_log1p", "expm1": "ef_expm1"}
         if f in direct:
-            return f"{direct[f]}(({args[0]} + izero).to({self.T}))"
+            return f"{direct[f]}(({args[0]} + {self.izero}).to({self.T}))"
         if f == "relu":
-            return f"ef_max({args[0]} + izero, 0.0)"
+            return f"ef_max({args[0]} + {self.izero}, 0.0)"
         if f == "softplus":
-            x = f"({args[0]} + izero)"
+            x = f"({args[0]} + {self.izero})"
             return f"(tl.maximum({x}, 0.0) + ef_log1p(tl.exp(-tl.abs({x}))))"
         if f in ("min", "max"):
-            return f"ef_{f}({args[0]} + izero, {args[1]} + izero)"
+            return f"ef_{f}({args[0]} + {self.izero}, {args[1]} + {self.izero})"
         if f == "pow":
-            return f"ef_pow({args[0]} + izero, {args[1]})"
+            return f"ef_pow({args[0]} + {self.izero}, {args[1]})"
         if f == "where":
             return f"tl.where(({args[0]}) != 0, {args[1]}, {args[2]})"
         raise ValueError(f"unknown function {f!r}")

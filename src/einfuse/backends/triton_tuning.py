@@ -28,7 +28,8 @@ _loaded = False
 @dataclass(frozen=True)
 class Config:
     """One launch configuration: output tile (rows x lanes) and the reduction block of a
-    tl.dot loop for tiled kernels, a flat block of outputs otherwise; warps and software
+    tl.dot loop for tiled kernels; a flat block of outputs otherwise, and how many
+    positions of a reduction each step takes (``reduce_block``); warps and software
     pipeline stages for the GPU compiler."""
     rows: int = 32
     lanes: int = 32
@@ -36,24 +37,36 @@ class Config:
     block: int = 256
     num_warps: int = 4
     num_stages: int = 2
+    reduce_block: int = 64
 
-    def constexprs(self, tiles: bool, has_rows: bool) -> Dict[str, int]:
+    def constexprs(self, tiles: bool, has_rows: bool,
+                   reduce_block: bool = False) -> Dict[str, int]:
         if tiles:
             return {"ROWS": self.rows if has_rows else 1, "LANES": self.lanes,
                     "KB": self.k_block}
+        if reduce_block:
+            return {"BLOCK": self.block, "RB": self.reduce_block}
         return {"BLOCK": self.block}
 
 
-def default_config(tiles: bool, interpreted: bool) -> Config:
+def default_config(tiles: bool, interpreted: bool, reduce_block: bool = False) -> Config:
     if interpreted:   # few, wide programs: the interpreter's cost is per program
-        return Config(rows=32, lanes=32, k_block=32, block=1024)
+        return Config(rows=32, lanes=32, k_block=32, block=64 if reduce_block else 1024,
+                      reduce_block=64)
+    if reduce_block:   # a [32, 128] tile per reduction step
+        return Config(block=32, reduce_block=128, num_warps=4)
     return Config(rows=64, lanes=64, k_block=32, block=256, num_warps=4, num_stages=3)
 
 
-def candidates(tiles: bool, has_rows: bool, interpreted: bool) -> List[Config]:
+def candidates(tiles: bool, has_rows: bool, interpreted: bool,
+               reduce_block: bool = False) -> List[Config]:
     """The configurations one search times (tl.dot needs every tile side >= 16)."""
     if interpreted:   # a search that proves the machinery, not a speed
-        return [Config(16, 16, 16, 256), Config(32, 32, 32, 1024)]
+        return [Config(16, 16, 16, 256, reduce_block=16), Config(32, 32, 32, 1024)]
+    if not tiles and reduce_block:
+        return [Config(block=b, reduce_block=r, num_warps=w) for b, r, w in
+                ((1, 1024, 4), (8, 256, 4), (16, 128, 4), (32, 128, 4), (64, 64, 4),
+                 (32, 256, 8), (128, 32, 4))]
     if not tiles:
         return [Config(block=b, num_warps=w) for b, w in
                 ((128, 4), (256, 4), (512, 4), (1024, 8), (2048, 8))]
