@@ -74,11 +74,16 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--peer", action="append", default=None, metavar="NAME",
                        help="run only peers whose name contains NAME (repeatable)")
     bench.add_argument("--quick", action="store_true", help="small sizes, for a smoke run")
-    bench.add_argument("--backend", default="auto")
+    bench.add_argument("--backend", default="auto",
+                       help="einfuse backend (auto: Triton for CUDA tensors, else C)")
+    bench.add_argument("--device", default="cpu", choices=["cpu", "cuda"],
+                       help="cpu (default): the CPU cases; cuda: the GPU cases, einfuse's "
+                       "Triton backend on CUDA tensors against GPU peers")
     bench.add_argument("--budget", type=float, default=3.0,
                        help="seconds of repeated timing per implementation (default 3)")
     bench.add_argument("--out", default=None, metavar="DIR",
-                       help="write bench.md (and bench.png with --plot) into DIR")
+                       help="write bench.md (gpu.md with --device cuda), and the chart "
+                       "with --plot, into DIR")
     bench.add_argument("--plot", action="store_true", help="also draw a bar chart (PNG)")
     return parser
 
@@ -114,6 +119,8 @@ def _bench(args) -> int:
     import os
     import platform
     import subprocess
+    if args.device == "cuda":
+        return _bench_gpu(args)
     if "OMP_WAIT_POLICY" not in os.environ:
         # Several OpenMP and BLAS thread pools share this process (einfuse's, torch's,
         # NumPy's BLAS); threads that spin after their work steal the few cores from
@@ -123,9 +130,8 @@ def _bench(args) -> int:
         return subprocess.call([sys.executable, "-m", "einfuse.cli"] + args.argv,
                                env=environment)
 
-    from .bench import all_cases, bar_chart, markdown_table, run_case, text_table
-    cases = [c for c in all_cases(args.quick)
-             if not args.case or any(c.name.startswith(name) for name in args.case)]
+    from .bench import all_cases, run_case, text_table
+    cases = _selected(all_cases(args.quick), args.case)
     if not cases:
         print("einfuse: no benchmark case matches --case", file=sys.stderr)
         return 1
@@ -134,18 +140,61 @@ def _bench(args) -> int:
         print(f"({index}/{len(cases)}) {case.name}: {case.statement}", file=sys.stderr)
         results += run_case(case, backend=args.backend, peers=args.peer, budget_s=args.budget)
     print(text_table(results))
-    if args.out:
-        os.makedirs(args.out, exist_ok=True)
-        header = (f"# einfuse bench\n\nmachine: {platform.machine()}, {os.cpu_count()} "
-                  f"cores, Python {platform.python_version()}; medians of repeated runs "
-                  "after one warm-up call; 'peer / einfuse' above 1 means einfuse is "
-                  "faster.\n")
-        with open(os.path.join(args.out, "bench.md"), "w") as handle:
-            handle.write(markdown_table(results, header))
-        if args.plot:
-            bar_chart(results, os.path.join(args.out, "bench.png"), "einfuse bench")
-        print(f"wrote {args.out}/bench.md" + (" and bench.png" if args.plot else ""),
-              file=sys.stderr)
+    header = (f"# einfuse bench\n\nmachine: {platform.machine()}, {os.cpu_count()} "
+              f"cores, Python {platform.python_version()}; medians of repeated runs "
+              "after one warm-up call; 'peer / einfuse' above 1 means einfuse is "
+              "faster.\n")
+    _write_results(args, "bench", header, results)
+    return 0
+
+
+def _selected(cases, names):
+    """The cases whose names start with one of ``names`` (all when none is given)."""
+    return [c for c in cases if not names or any(c.name.startswith(n) for n in names)]
+
+
+def _write_results(args, stem: str, header: str, results, footer: str = "") -> None:
+    """With --out: DIR/STEM.md (and DIR/STEM.png with --plot)."""
+    import os
+    from .bench import bar_chart, markdown_table
+    if not args.out:
+        return
+    os.makedirs(args.out, exist_ok=True)
+    with open(os.path.join(args.out, f"{stem}.md"), "w") as handle:
+        handle.write(markdown_table(results, header) + footer)
+    if args.plot:
+        bar_chart(results, os.path.join(args.out, f"{stem}.png"), f"einfuse {stem}")
+    print(f"wrote {args.out}/{stem}.md" + (f" and {stem}.png" if args.plot else ""),
+          file=sys.stderr)
+
+
+def _bench_gpu(args) -> int:
+    """``--device cuda``: the GPU cases, each call synchronised; refuses (exit 1) where
+    no CUDA GPU is usable rather than timing something else."""
+    from .bench import gpu, text_table
+    problem = gpu.cuda_problem()
+    if problem:
+        print(f"einfuse: bench --device cuda: {problem}", file=sys.stderr)
+        return 1
+    cases = _selected(gpu.gpu_cases("cuda", args.quick), args.case)
+    if not cases:
+        print("einfuse: no benchmark case matches --case", file=sys.stderr)
+        return 1
+    results = []
+    for index, case in enumerate(cases, 1):
+        print(f"({index}/{len(cases)}) {case.name}: {case.statement}", file=sys.stderr)
+        results += gpu.run_gpu_case(case, "cuda", args.backend, args.peer, args.budget)
+    targets = gpu.target_lines(cases, results)
+    print(text_table(results))
+    if targets:
+        print("\ntargets:\n" + "\n".join(f"  {line}" for line in targets))
+    header = (f"# einfuse bench --device cuda{' --quick' if args.quick else ''}\n\n"
+              f"machine: {gpu.machine_line()}; einfuse backend {args.backend}; medians "
+              "of repeated runs after one warm-up call (it compiles and autotunes), every "
+              "call synchronised; 'peer / einfuse' above 1 means einfuse is faster.\n")
+    footer = "\n## Targets\n\n" + "".join(f"- {line}\n" for line in targets) \
+        if targets else ""
+    _write_results(args, "gpu", header, results, footer)
     return 0
 
 

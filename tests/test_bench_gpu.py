@@ -1,0 +1,153 @@
+"""The GPU bench (``einfuse bench --device cuda``) without a GPU: its cases are built for
+the CPU device and einfuse runs them with the Triton backend under TRITON_INTERPRET=1
+(conftest sets it), at the --quick sizes.  What is checked is what the GPU run relies
+on: einfuse's results agree with the peers', the agreement check can fail, the command
+refuses cleanly where there is no CUDA, and the report carries every row and target."""
+
+import numpy as np
+import pytest
+
+pytest.importorskip("torch")
+pytest.importorskip("triton")
+
+import torch  # noqa: E402
+
+import einfuse as ef  # noqa: E402
+from einfuse.bench import gpu  # noqa: E402
+from einfuse.bench.runner import Measurement  # noqa: E402
+from einfuse.cli import main  # noqa: E402
+
+CASES = gpu.gpu_cases("cpu", quick=True)
+CUBLAS = "torch.matmul (cuBLAS)"
+# eager torch formulations, on the same device and dtype as einfuse: the references
+EAGER = ("torch eager", CUBLAS, "torch einsum", "torch conv2d", "torch embedding",
+         "torch logsumexp")
+
+
+def test_quick_cases_cover_the_issue():
+    names = [case.name for case in CASES]
+    for prefix in ("dist K=", "gauss", "matmul", "bmm_rev", "conv2d", "embed", "logsumexp",
+                   "dist fwd K=", "dist fwd+bwd"):
+        assert any(name.startswith(prefix) for name in names), prefix
+    assert {case.dtype for case in CASES if case.name.startswith("matmul")} == \
+        {"float16", "bfloat16", "float32"}
+    assert len([c for c in CASES if c.target is not None]) == 5
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)
+def test_einfuse_on_triton_agrees_with_eager_torch(case):
+    """einfuse (Triton, interpreted) against every eager torch peer of the case and the
+    NumPy reference backend on the same (dtype-rounded) inputs.  bfloat16 is included:
+    the interpreted kernel converts it to float32 in registers, no bfloat16 tl.dot."""
+    arrays = case.inputs(np.random.default_rng(0))
+    ours = gpu.host(case.einfuse_call(arrays, "triton")())
+    peers = [peer for peer in case.peers if peer.name in EAGER and peer.skip_reason is None]
+    assert peers, "every case has an eager torch peer to agree with"
+    for peer in peers:
+        assert gpu.agreement(ours, peer.make(arrays)(), case.tolerance) == "", peer.name
+    rounded = {name: gpu.host(tensor) for name, tensor in
+               gpu.to_torch(arrays, "cpu", case.dtype).items()}
+    forward = ours[0] if isinstance(ours, list) else ours
+    reference = ef.ein(case.statement, backend="numpy", **rounded)
+    assert gpu.agreement(forward, reference, case.tolerance) == ""
+
+
+def test_training_case_returns_the_gradients_that_are_checked():
+    case = next(c for c in CASES if c.name.startswith("dist fwd+bwd"))
+    arrays = case.inputs(np.random.default_rng(0))
+    out, dw, dx = gpu.host(case.einfuse_call(arrays, "triton")())
+    w, x = arrays["w"], arrays["x"]
+    difference = w[:, :, None] - x[:, None, :]
+    np.testing.assert_allclose(dw, 2 * difference.sum(2), rtol=1e-4, atol=1e-3)
+    np.testing.assert_allclose(dx, -2 * difference.sum(1), rtol=1e-4, atol=1e-3)
+    assert out.shape == (w.shape[1], x.shape[1])
+
+
+def test_agreement_reports_differences():
+    reference = np.arange(1.0, 7.0).reshape(2, 3)
+    assert gpu.agreement(reference, torch.tensor(reference).reshape(6), 1e-3) == ""
+    wrong = reference.copy()
+    wrong[1, 2] += 0.1
+    assert "differs from einfuse by 1.7e-02" in gpu.agreement(reference, wrong, 1e-3)
+    assert gpu.agreement(reference, wrong, 3e-2) == ""
+    assert "shape" in gpu.agreement(reference, np.ones(5), 1e-3)
+    assert "differs" in gpu.agreement(reference, np.full((2, 3), np.nan), 1e-3)
+    assert "returns 1 values" in gpu.agreement([reference, reference], reference, 1e-3)
+    half = torch.tensor(reference, dtype=torch.bfloat16)   # NumPy has no bfloat16
+    assert gpu.agreement(reference, half, 3e-2) == ""
+
+
+def test_run_gpu_case_times_with_synchronisation_and_notes_failures(monkeypatch):
+    def without_gpu(arrays):
+        raise gpu.PeerUnavailable("no GPU build here")
+    matmul = next(c for c in CASES if c.name == "matmul 64^3 float32")
+    case = gpu.GpuCase(matmul.name, matmul.statement, matmul.inputs, matmul.peers + [
+        gpu.Peer("broken", lambda arrays: (lambda: 1 / 0), "torch"),
+        gpu.Peer("no gpu", without_gpu, "torch"),
+        gpu.Peer("absent", None, "no_such_module_for_einfuse")],
+        einfuse_call=matmul.einfuse_call)
+    synced = []
+    monkeypatch.setattr(gpu, "synchronizer", lambda device: lambda: synced.append(device))
+    results = gpu.run_gpu_case(case, "cpu", budget_s=0.01, progress=lambda m: None)
+    notes = {m.implementation: (m.median_s, m.note) for m in results}
+    assert notes["einfuse"][0] > 0 and notes[CUBLAS][0] > 0
+    assert notes[CUBLAS][1] == ""
+    assert notes["broken"] == (None, "failed: ZeroDivisionError: division by zero")
+    assert notes["no gpu"] == (None, "no GPU build here")
+    assert notes["absent"] == (None, "no_such_module_for_einfuse not installed")
+    assert len(synced) >= 8   # every timed call of einfuse and of the peer
+
+
+def test_targets_are_evaluated_from_the_medians():
+    by_name = {case.name: case for case in CASES}
+    dist, half = by_name["dist K=16 N=M=64"], by_name["matmul 64^3 float16"]
+    forward = next(c for c in CASES if c.name.startswith("dist fwd K="))
+    training = next(c for c in CASES if c.name.startswith("dist fwd+bwd"))
+    results = [Measurement(dist.name, "einfuse", 1.0),
+               Measurement(dist.name, "torch.compile", 3.0),
+               Measurement(half.name, "einfuse", 1.5), Measurement(half.name, CUBLAS, 1.0),
+               Measurement(forward.name, "einfuse", 1.0),
+               Measurement(training.name, "einfuse", 5.0)]
+    lines = gpu.target_lines([dist, half, forward, training], results)
+    assert lines == [f"{dist.name}: torch.compile time / einfuse time >= 2: 3.00 (met)",
+                     f"{half.name}: einfuse time / {CUBLAS} time <= 1.2: 1.50 (NOT met)",
+                     f"{training.name}: einfuse backward / einfuse forward <= 3: 4.00 "
+                     "(NOT met)"]
+
+
+def test_cli_device_cuda_refuses_without_a_gpu(monkeypatch, capsys):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert main(["bench", "--device", "cuda", "--quick"]) == 1
+    message = capsys.readouterr().err
+    assert "--device cuda" in message and "torch.cuda.is_available() is False" in message
+
+
+def test_cli_device_cuda_refuses_under_the_interpreter(monkeypatch, capsys):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    assert main(["bench", "--device", "cuda"]) == 1
+    assert "TRITON_INTERPRET=1" in capsys.readouterr().err
+
+
+def test_cli_device_cuda_writes_the_table_and_targets(monkeypatch, tmp_path, capsys):
+    """The command's own path, with the device swapped for the CPU (the only thing a
+    machine without a GPU cannot do is the CUDA part)."""
+    cases_for, run_on = gpu.gpu_cases, gpu.run_gpu_case
+    monkeypatch.setattr(gpu, "cuda_problem", lambda: None)
+    monkeypatch.setattr(gpu, "gpu_cases", lambda device, quick: cases_for("cpu", quick))
+    monkeypatch.setattr(gpu, "run_gpu_case", lambda case, device, *rest, **options:
+                        run_on(case, "cpu", *rest, progress=lambda m: None, **options))
+    monkeypatch.setattr(gpu, "machine_line", lambda: "GPU: test double")
+    assert main(["bench", "--device", "cuda", "--quick", "--case", "matmul", "--peer",
+                 "torch.matmul", "--backend", "triton", "--budget", "0.01", "--out",
+                 str(tmp_path)]) == 0
+    printed = capsys.readouterr().out
+    markdown = (tmp_path / "gpu.md").read_text()
+    for dtype in ("float16", "bfloat16", "float32"):
+        assert f"| matmul 64^3 {dtype} | einfuse |" in markdown
+        assert f"| matmul 64^3 {dtype} | {CUBLAS} |" in markdown
+        assert f"matmul 64^3 {dtype}" in printed
+    assert markdown.startswith("# einfuse bench --device cuda --quick")
+    assert "GPU: test double" in markdown and "einfuse backend triton" in markdown
+    assert "## Targets" in markdown and "(cuBLAS) time <= 1.2: " in markdown
+    assert "differs" not in markdown
