@@ -113,3 +113,9 @@ def test_half_precision_tensors_compute_in_float32(dtype, backend):
     torch.testing.assert_close(C.float(), want, rtol=1e-2, atol=1e-2)
     C.sum().backward()
     assert A.grad.dtype == dtype and A.grad.shape == A.shape
+
+
+def test_unsupported_torch_dtypes_are_reported_not_crashed():
+    x = torch.zeros(3, dtype=torch.float8_e4m3fn)
+    with pytest.raises(ef.EinfuseError, match="float8_e4m3fn"):
+        ef.ein("y[i] := x[i]", x=x)
