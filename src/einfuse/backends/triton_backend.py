@@ -214,14 +214,9 @@ def choose_config(prepared: Prepared, launch_with, on_gpu: bool) -> tuning.Confi
 
 
 def _returned(result, call):
-    """The result stays a tensor (on its device) for a torch caller."""
-    return result if call.framework == "torch" else result.float().cpu().numpy() \
-        if result.dtype == _bfloat16() else result.cpu().numpy()
-
-
-def _bfloat16():
-    import torch
-    return torch.bfloat16
+    """The result stays a tensor (on its device) for a torch caller; others get NumPy
+    (their results are never bfloat16, which only torch callers' inputs can be)."""
+    return result if call.framework == "torch" else result.cpu().numpy()
 
 
 def host_fallback(call) -> bool:
