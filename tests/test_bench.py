@@ -1,13 +1,15 @@
 """The bench harness: cases agree with einfuse, tables and charts are produced.
 (No timing is asserted: this machine is shared and noisy.)"""
 
+import time
+
 import numpy as np
 import pytest
 
 import einfuse as ef
-from einfuse.bench import all_cases, markdown_table, run_case, text_table
-from einfuse.bench.cases import installed
-from einfuse.bench.runner import Measurement
+from einfuse.bench import PeerUnavailable, all_cases, markdown_table, run_case, text_table
+from einfuse.bench.cases import Case, Peer, installed
+from einfuse.bench.runner import Measurement, agreement, time_call
 from einfuse.cli import main
 
 
@@ -65,3 +67,72 @@ def test_cli_bench_writes_markdown_and_chart(tmp_path, capsys, monkeypatch):
     assert (tmp_path / "bench.md").read_text().startswith("# einfuse bench")
     assert (tmp_path / "bench.png").stat().st_size > 1000
     assert "logsumexp" in capsys.readouterr().out
+
+
+def test_agreement_reports_what_it_cannot_match():
+    """A peer whose result has another shape, or cannot be compared at all, is a note,
+    never silence (an exception inside the comparison used to read as agreement)."""
+    reference = np.arange(1.0, 7.0).reshape(2, 3)
+    assert agreement(reference, reference.ravel()) == ""   # the same values, flattened
+    assert agreement(reference, np.ones((3, 3))) == "shape (3, 3) differs from einfuse's (2, 3)"
+    assert agreement(reference, np.ones(5)).startswith("shape (5,)")
+    assert agreement(reference, np.array(list("abcdef"))).startswith("could not compare: ")
+    assert agreement(reference, reference * 1.01).startswith("differs from einfuse by 1.0e-02")
+    assert agreement(reference, reference * 1.01, tolerance=2e-2) == ""
+    assert "differs" in agreement(reference, np.full((2, 3), np.nan))
+    assert agreement([reference, reference], reference) == "returns 1 values, einfuse 2"
+
+
+@pytest.mark.skipif(not installed("torch"), reason="torch not installed")
+def test_agreement_converts_bfloat16_tensors():
+    import torch
+    reference = np.arange(1.0, 7.0).reshape(2, 3)
+    half = torch.tensor(reference, dtype=torch.bfloat16)   # .numpy() refuses bfloat16
+    assert agreement(reference, half) == ""
+    assert agreement(reference, half[:1]) == "shape (1, 3) differs from einfuse's (2, 3)"
+    assert agreement(reference, half * 1.5).startswith("differs from einfuse by 5.0e-01")
+
+
+def test_time_call_syncs_after_every_call_inside_the_timed_region():
+    events = []
+
+    def sync():
+        events.append("sync")
+        time.sleep(0.005)
+    median, runs, first = time_call(lambda: events.append("call"), min_runs=3, max_runs=3,
+                                    budget_s=0.0, sync=sync)
+    assert runs == 3 and events == ["call", "sync"] * 4   # the warm-up call is synced too
+    assert median >= 0.005 and first >= 0.005
+
+
+def test_run_case_hooks_sync_tolerance_unavailable_peers_and_between_peers():
+    def inputs(rng):
+        return {"x": rng.standard_normal(64).astype(np.float32)}
+
+    def unavailable(arrays):
+        raise PeerUnavailable("no GPU build here")
+    case = Case("double", "y[i] := x[i] * 2", inputs, [
+        Peer("good", lambda a: (lambda: a["x"] * 2)),
+        Peer("off by 1%", lambda a: (lambda: a["x"] * 2.02)),
+        Peer("wrong shape", lambda a: (lambda: np.concatenate([a["x"], a["x"]]) * 2)),
+        Peer("unavailable", unavailable),
+        Peer("broken", lambda a: (lambda: 1 / 0)),
+        Peer("absent", None, "no_such_module_for_einfuse"),
+        Peer("too big", None, skip_reason="would allocate 99 GiB")])
+    synced, released = [], []
+    results = run_case(case, backend="numpy", budget_s=0.01, progress=lambda m: None,
+                       sync=lambda: synced.append(1), tolerance=5e-2,
+                       between_peers=lambda: released.append(1))
+    notes = {m.implementation: (m.median_s is not None, m.note) for m in results}
+    assert notes == {
+        "einfuse": (True, ""), "good": (True, ""), "off by 1%": (True, ""),
+        "wrong shape": (True, "shape (128,) differs from einfuse's (64,)"),
+        "unavailable": (False, "no GPU build here"),
+        "broken": (False, "failed: ZeroDivisionError: division by zero"),
+        "absent": (False, "no_such_module_for_einfuse not installed"),
+        "too big": (False, "would allocate 99 GiB")}
+    assert len(synced) == sum(m.runs + 1 for m in results if m.median_s is not None)
+    assert len(released) == 6   # after einfuse and after each peer that was tried
+    default = run_case(case, backend="numpy", peers=["off"], budget_s=0.01,
+                       progress=lambda m: None)   # CPU defaults: tolerance 1e-3
+    assert default[1].note.startswith("differs from einfuse by 1.0e-02")

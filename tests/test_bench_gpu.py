@@ -75,6 +75,9 @@ def test_agreement_reports_differences():
     assert "returns 1 values" in gpu.agreement([reference, reference], reference, 1e-3)
     half = torch.tensor(reference, dtype=torch.bfloat16)   # NumPy has no bfloat16
     assert gpu.agreement(reference, half, 3e-2) == ""
+    assert "shape (1, 3)" in gpu.agreement(reference, half[:1], 3e-2)
+    assert gpu.agreement(reference, np.array(list("abcdef")), 1e-3).startswith(
+        "could not compare: ")
 
 
 def test_run_gpu_case_times_with_synchronisation_and_notes_failures(monkeypatch):
@@ -86,8 +89,9 @@ def test_run_gpu_case_times_with_synchronisation_and_notes_failures(monkeypatch)
         gpu.Peer("no gpu", without_gpu, "torch"),
         gpu.Peer("absent", None, "no_such_module_for_einfuse")],
         einfuse_call=matmul.einfuse_call)
-    synced = []
+    synced, released = [], []
     monkeypatch.setattr(gpu, "synchronizer", lambda device: lambda: synced.append(device))
+    monkeypatch.setattr(gpu, "_release", released.append)
     results = gpu.run_gpu_case(case, "cpu", budget_s=0.01, progress=lambda m: None)
     notes = {m.implementation: (m.median_s, m.note) for m in results}
     assert notes["einfuse"][0] > 0 and notes[CUBLAS][0] > 0
@@ -96,6 +100,8 @@ def test_run_gpu_case_times_with_synchronisation_and_notes_failures(monkeypatch)
     assert notes["no gpu"] == (None, "no GPU build here")
     assert notes["absent"] == (None, "no_such_module_for_einfuse not installed")
     assert len(synced) >= 8   # every timed call of einfuse and of the peer
+    assert len(synced) == sum(m.runs + 1 for m in results if m.median_s is not None)
+    assert released == ["cpu"] * 4   # after einfuse and after each peer that was tried
 
 
 def test_targets_are_evaluated_from_the_medians():

@@ -4,7 +4,8 @@ in one run; ``gpu`` holds the ``--device cuda`` cases and their runner."""
 from .cases import Case, Peer, all_cases
 from .gpu import GpuCase, gpu_cases, run_gpu_case
 from .report import bar_chart, markdown_table, text_table
-from .runner import Measurement, run_case
+from .runner import Measurement, PeerUnavailable, run_case
 
-__all__ = ["Case", "Peer", "Measurement", "all_cases", "run_case", "text_table",
-           "markdown_table", "bar_chart", "GpuCase", "gpu_cases", "run_gpu_case"]
+__all__ = ["Case", "Peer", "Measurement", "PeerUnavailable", "all_cases", "run_case",
+           "text_table", "markdown_table", "bar_chart", "GpuCase", "gpu_cases",
+           "run_gpu_case"]

@@ -21,7 +21,8 @@ from typing import Callable, Dict, List, Optional, Sequence
 import numpy as np
 
 from .cases import Case, Inputs, Peer, installed
-from .runner import Measurement, time_call
+# PeerUnavailable, agreement and host are the runner's, named here for the GPU builders
+from .runner import Measurement, PeerUnavailable, agreement, host, run_case  # noqa: F401
 
 # Eager broadcasting peers above this many bytes of intermediates are listed, not run: an
 # H100 has 80 GB, and the caching allocators of torch and jax share it.
@@ -31,11 +32,6 @@ GPU_MEMORY_CAP = 40 * 2**30
 # and bfloat16 results are rounded to 11 and 8 significant bits, and peers (cuBLAS) may
 # sum in another order or in reduced precision.
 TOLERANCE = {"float32": 1e-3, "float16": 5e-3, "bfloat16": 1e-2}
-
-
-class PeerUnavailable(Exception):
-    """A peer that is installed but cannot run on this device (a CPU-only jax or pykeops
-    build): reported with its reason, not as a failure."""
 
 
 @dataclass(frozen=True)
@@ -79,54 +75,11 @@ def to_torch(arrays: Inputs, device: str, dtype: str = "float32", grad: bool = F
     return tensors
 
 
-def host(value):
-    """A result (or a tuple of them) as float NumPy arrays; NumPy has no bfloat16."""
-    if isinstance(value, (tuple, list)):
-        return [host(item) for item in value]
-    if hasattr(value, "detach"):
-        value = value.detach()
-        if str(value.dtype) in ("torch.float16", "torch.bfloat16"):
-            value = value.float()
-        return value.cpu().numpy()
-    return np.asarray(value)
-
-
-def agreement(reference, value, tolerance: float) -> str:
-    """'' when ``value`` matches einfuse's ``reference`` (a result or a list of them, from
-    :func:`host`) within ``tolerance`` relative to the reference's largest magnitude; else
-    a note saying how it differs."""
-    want = reference if isinstance(reference, list) else [reference]
-    got = host(value)
-    got = got if isinstance(got, list) else [got]
-    if len(got) != len(want):
-        return f"returns {len(got)} values, einfuse {len(want)}"
-    for expected, actual in zip(want, got):
-        if actual.size != expected.size:
-            return f"shape {actual.shape} differs from einfuse's {expected.shape}"
-        expected = expected.astype(np.float64)
-        error = np.abs(actual.reshape(expected.shape).astype(np.float64) - expected)
-        scale = max(1e-30, float(np.max(np.abs(expected), initial=0.0)))
-        worst = float(np.max(error, initial=0.0)) / scale
-        if not worst <= tolerance:   # NaN counts as a difference
-            return f"differs from einfuse by {worst:.1e} (relative; allowed {tolerance:g})"
-    return ""
-
-
 def synchronizer(device: str) -> Callable[[], None]:
     if device == "cuda":
         import torch
         return torch.cuda.synchronize
     return lambda: None
-
-
-def synchronized(fn: Callable[[], object], sync: Callable[[], None]):
-    """``fn`` that returns only when the device has finished its work: time_call times
-    it as it is (a launch returns before the kernel has run)."""
-    def run():
-        result = fn()
-        sync()
-        return result
-    return run
 
 
 def _over_cap(nbytes: int) -> Optional[str]:
@@ -365,39 +318,11 @@ def _release(device: str):
 def run_gpu_case(case: GpuCase, device: str = "cuda", backend: str = "triton",
                  peers: Optional[Sequence[str]] = None, budget_s: float = 3.0,
                  progress=_progress) -> List[Measurement]:
-    """einfuse, then each peer, timed with device synchronisation; a peer that is missing,
-    too big, without a GPU build or failing is a row with its reason."""
-    arrays = case.inputs(np.random.default_rng(0))
-    sync = synchronizer(device)
-    progress(f"[{case.name}] compiling and measuring einfuse ...")
-    ours = case.einfuse_call(arrays, backend)
-    median, runs, first = time_call(synchronized(ours, sync), budget_s=budget_s)
-    results = [Measurement(case.name, "einfuse", median, runs, first)]
-    reference = host(ours())
-    del ours   # einfuse's device tensors go before the peers allocate theirs
-    _release(device)
-    for peer in case.peers:
-        if peers is not None and not any(p in peer.name for p in peers):
-            continue
-        skipped = f"{peer.needs} not installed" if not installed(peer.needs) else \
-            peer.skip_reason
-        if skipped:
-            results.append(Measurement(case.name, peer.name, None, note=skipped))
-            continue
-        progress(f"[{case.name}] measuring {peer.name} ...")
-        try:
-            fn = peer.make(arrays)
-            median, runs, first = time_call(synchronized(fn, sync), budget_s=budget_s)
-            results.append(Measurement(case.name, peer.name, median, runs, first,
-                                       agreement(reference, fn(), case.tolerance)))
-        except PeerUnavailable as reason:
-            results.append(Measurement(case.name, peer.name, None, note=str(reason)))
-        except Exception as error:  # a peer's failure is reported, not fatal
-            note = f"failed: {type(error).__name__}: {error}"[:120]
-            results.append(Measurement(case.name, peer.name, None, note=note))
-        fn = None
-        _release(device)
-    return results
+    """einfuse, then each peer, by :func:`runner.run_case`: every timed call synchronises
+    the device, results agree within the case's dtype tolerance, and the device's memory
+    is freed between implementations."""
+    return run_case(case, backend, peers, budget_s, progress, sync=synchronizer(device),
+                    tolerance=case.tolerance, between_peers=lambda: _release(device))
 
 
 def target_lines(cases: Sequence[GpuCase], results: Sequence[Measurement]) -> List[str]:
