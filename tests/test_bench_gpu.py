@@ -14,7 +14,7 @@ import torch  # noqa: E402
 
 import einfuse as ef  # noqa: E402
 from einfuse.bench import gpu  # noqa: E402
-from einfuse.bench.runner import Measurement  # noqa: E402
+from einfuse.bench.runner import Measurement, PeerUnavailable, agreement, host  # noqa: E402
 from einfuse.cli import main  # noqa: E402
 
 CASES = gpu.gpu_cases("cpu", quick=True)
@@ -40,22 +40,22 @@ def test_einfuse_on_triton_agrees_with_eager_torch(case):
     NumPy reference backend on the same (dtype-rounded) inputs.  bfloat16 is included:
     the interpreted kernel converts it to float32 in registers, no bfloat16 tl.dot."""
     arrays = case.inputs(np.random.default_rng(0))
-    ours = gpu.host(case.einfuse_call(arrays, "triton")())
+    ours = host(case.einfuse_call(arrays, "triton")())
     peers = [peer for peer in case.peers if peer.name in EAGER and peer.skip_reason is None]
     assert peers, "every case has an eager torch peer to agree with"
     for peer in peers:
-        assert gpu.agreement(ours, peer.make(arrays)(), case.tolerance) == "", peer.name
-    rounded = {name: gpu.host(tensor) for name, tensor in
+        assert agreement(ours, peer.make(arrays)(), case.tolerance) == "", peer.name
+    rounded = {name: host(tensor) for name, tensor in
                gpu.to_torch(arrays, "cpu", case.dtype).items()}
     forward = ours[0] if isinstance(ours, list) else ours
     reference = ef.ein(case.statement, backend="numpy", **rounded)
-    assert gpu.agreement(forward, reference, case.tolerance) == ""
+    assert agreement(forward, reference, case.tolerance) == ""
 
 
 def test_training_case_returns_the_gradients_that_are_checked():
     case = next(c for c in CASES if c.name.startswith("dist fwd+bwd"))
     arrays = case.inputs(np.random.default_rng(0))
-    out, dw, dx = gpu.host(case.einfuse_call(arrays, "triton")())
+    out, dw, dx = host(case.einfuse_call(arrays, "triton")())
     w, x = arrays["w"], arrays["x"]
     difference = w[:, :, None] - x[:, None, :]
     np.testing.assert_allclose(dw, 2 * difference.sum(2), rtol=1e-4, atol=1e-3)
@@ -65,24 +65,24 @@ def test_training_case_returns_the_gradients_that_are_checked():
 
 def test_agreement_reports_differences():
     reference = np.arange(1.0, 7.0).reshape(2, 3)
-    assert gpu.agreement(reference, torch.tensor(reference).reshape(6), 1e-3) == ""
+    assert agreement(reference, torch.tensor(reference).reshape(6), 1e-3) == ""
     wrong = reference.copy()
     wrong[1, 2] += 0.1
-    assert "differs from einfuse by 1.7e-02" in gpu.agreement(reference, wrong, 1e-3)
-    assert gpu.agreement(reference, wrong, 3e-2) == ""
-    assert "shape" in gpu.agreement(reference, np.ones(5), 1e-3)
-    assert "differs" in gpu.agreement(reference, np.full((2, 3), np.nan), 1e-3)
-    assert "returns 1 values" in gpu.agreement([reference, reference], reference, 1e-3)
+    assert "differs from einfuse by 1.7e-02" in agreement(reference, wrong, 1e-3)
+    assert agreement(reference, wrong, 3e-2) == ""
+    assert "shape" in agreement(reference, np.ones(5), 1e-3)
+    assert "differs" in agreement(reference, np.full((2, 3), np.nan), 1e-3)
+    assert "returns 1 values" in agreement([reference, reference], reference, 1e-3)
     half = torch.tensor(reference, dtype=torch.bfloat16)   # NumPy has no bfloat16
-    assert gpu.agreement(reference, half, 3e-2) == ""
-    assert "shape (1, 3)" in gpu.agreement(reference, half[:1], 3e-2)
-    assert gpu.agreement(reference, np.array(list("abcdef")), 1e-3).startswith(
+    assert agreement(reference, half, 3e-2) == ""
+    assert "shape (1, 3)" in agreement(reference, half[:1], 3e-2)
+    assert agreement(reference, np.array(list("abcdef")), 1e-3).startswith(
         "could not compare: ")
 
 
 def test_run_gpu_case_times_with_synchronisation_and_notes_failures(monkeypatch):
     def without_gpu(arrays):
-        raise gpu.PeerUnavailable("no GPU build here")
+        raise PeerUnavailable("no GPU build here")
     matmul = next(c for c in CASES if c.name == "matmul 64^3 float32")
     case = gpu.GpuCase(matmul.name, matmul.statement, matmul.inputs, matmul.peers + [
         gpu.Peer("broken", lambda arrays: (lambda: 1 / 0), "torch"),

@@ -21,8 +21,7 @@ from typing import Callable, Dict, List, Optional, Sequence
 import numpy as np
 
 from .cases import Case, Inputs, Peer, installed
-# PeerUnavailable, agreement and host are the runner's, named here for the GPU builders
-from .runner import Measurement, PeerUnavailable, agreement, host, run_case  # noqa: F401
+from .runner import Measurement, PeerUnavailable, run_case
 
 # Eager broadcasting peers above this many bytes of intermediates are listed, not run: an
 # H100 has 80 GB, and the caching allocators of torch and jax share it.
