@@ -46,34 +46,20 @@ def device_path(monkeypatch):
     return launched
 
 
-rng = np.random.default_rng(0)
+from jax_cases import CASES, loss_of, r  # noqa: E402
 
-
-def r(*shape):
-    return jnp.asarray(rng.standard_normal(shape).astype(np.float32))
-
-
-CASES = [
+# beyond the shared cases: a contraction large enough for several tl.dot steps, and a
+# scalar parameter next to an output index
+DEVICE_CASES = CASES + [
     ("y[b,o] := sum[i](x[b,i]*W[i,o]) + bias[o]", lambda x, W, bias: x @ W + bias,
      {"x": r(5, 40), "W": r(40, 33), "bias": r(33)}),
-    ("D[i,j] := (w[k,i] - x[k,j])**2",
-     lambda w, x: ((w[:, :, None] - x[:, None, :]) ** 2).sum(0), {"w": r(5, 3), "x": r(5, 4)}),
-    ("y[i] := x[i+a] * ker[a]",
-     lambda x, ker: jnp.stack([x[i:i + 3] @ ker for i in range(7)]), {"x": r(9), "ker": r(3)}),
-    ("o[i] := sum[j](exp(-sum[d]((x[i,d]-y[j,d])**2)) * b[j])",
-     lambda x, y, b: (jnp.exp(-((x[:, None] - y[None]) ** 2).sum(-1)) * b).sum(1),
-     {"x": r(4, 3), "y": r(5, 3), "b": r(5)}),
-    ("z[i] := logsumexp[j](X[i,j])", lambda X: jax.nn.logsumexp(X, axis=1), {"X": r(3, 6)}),
     ("s[i] := alpha * x[i,j]**2", lambda alpha, x: alpha * (x ** 2).sum(1),
      {"alpha": jnp.float32(0.7), "x": r(3, 6)}),
 ]
 
 
-def loss_of(fn):
-    return lambda *values: jnp.sum(jnp.sin(fn(*values)))
-
-
-@pytest.mark.parametrize("statement, reference, arrays", CASES, ids=[c[0] for c in CASES])
+@pytest.mark.parametrize("statement, reference, arrays", DEVICE_CASES,
+                         ids=[c[0] for c in DEVICE_CASES])
 def test_forward_and_gradients_under_jit(statement, reference, arrays, device_path):
     names = list(arrays)
 
