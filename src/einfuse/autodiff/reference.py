@@ -90,7 +90,7 @@ def run_reference(grads: Iterable[GradientStatement], arrays: Mapping[str, objec
         args = {n: arrays[n] for n in g.inputs}
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            values = ops.result(ein(g.text, backend=backend, **options, **args))
+            values = ops.asarray(ein(g.text, backend=backend, **options, **args))
         if g.kind == "gather":
             # ein returns a fresh array: it can be the gradient itself, no copy
             out[g.target] = out[g.target] + values if g.target in out else values
@@ -120,7 +120,7 @@ class _NumpyOps:
         return bool(flags.any())
 
     @staticmethod
-    def result(value):
+    def asarray(value):
         return np.asarray(value)
 
     @staticmethod
@@ -131,10 +131,6 @@ class _NumpyOps:
     @staticmethod
     def arange(lo, hi, shape):
         return np.arange(lo, hi).reshape(shape)
-
-    @staticmethod
-    def table(value):
-        return np.asarray(value)
 
     @staticmethod
     def broadcast(values, shape):
@@ -161,7 +157,7 @@ class _TorchOps:
     def any(flags) -> bool:
         return bool(flags.any())
 
-    def result(self, value):
+    def asarray(self, value):
         return value if framework_of(value) == TORCH else \
             self.torch.as_tensor(np.asarray(value), device=self.device)
 
@@ -171,10 +167,6 @@ class _TorchOps:
 
     def arange(self, lo, hi, shape):
         return self.torch.arange(lo, hi, device=self.device).reshape(shape)
-
-    def table(self, value):
-        return value if framework_of(value) == TORCH else \
-            self.torch.as_tensor(np.asarray(value), device=self.device)
 
     def broadcast(self, values, shape):
         return self.torch.as_tensor(values, device=self.device).expand(shape)
@@ -209,7 +201,7 @@ class _JaxOps:
         except Exception:   # a tracer: jax.errors.ConcretizationTypeError
             return False
 
-    def result(self, value):
+    def asarray(self, value):
         return self.jnp.asarray(value)
 
     def zeros(self, shape, like):
@@ -218,9 +210,6 @@ class _JaxOps:
 
     def arange(self, lo, hi, shape):
         return self.jnp.arange(lo, hi).reshape(shape)
-
-    def table(self, value):
-        return self.jnp.asarray(value)
 
     def broadcast(self, values, shape):
         return self.jnp.broadcast_to(values, shape)
@@ -296,5 +285,5 @@ def _evaluate(ops, sub: IndexExpr, grid, arrays):
         value = value + coeff * grid[name]
     for access, coeff in sub.gathers:
         where = tuple(_evaluate(ops, s, grid, arrays) for s in access.indices)
-        value = value + coeff * ops.take(ops.table(arrays[access.tensor]), where)
+        value = value + coeff * ops.take(ops.asarray(arrays[access.tensor]), where)
     return value

@@ -27,7 +27,6 @@ from typing import Dict, Optional, Sequence, Tuple
 
 import numpy as np
 
-from ..lang.ast import accesses
 from .frameworks import placeholder
 
 
@@ -65,7 +64,7 @@ def device_call(kernel, names: Sequence[str], values) -> Optional[DeviceCall]:
     spec, options = kernel.spec, kernel.options
     if options.backend not in ("auto", "triton") or not triton_backend.available():
         return None
-    gathers = any(sub.gathers for a in accesses(spec.rhs) for sub in a.indices)
+    gathers = any(t.as_index for t in spec.tensors)
     if gathers and options.bounds in ("check", "promise"):
         return None
     call = kernel.bind(**{name: placeholder(v) for name, v in zip(names, values)})
