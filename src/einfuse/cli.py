@@ -132,13 +132,10 @@ def _bench(args) -> int:
 
     from .bench import all_cases, run_case, text_table
     cases = _selected(all_cases(args.quick), args.case)
-    if not cases:
-        print("einfuse: no benchmark case matches --case", file=sys.stderr)
+    results = _run_cases(cases, lambda case: run_case(
+        case, backend=args.backend, peers=args.peer, budget_s=args.budget))
+    if results is None:
         return 1
-    results = []
-    for index, case in enumerate(cases, 1):
-        print(f"({index}/{len(cases)}) {case.name}: {case.statement}", file=sys.stderr)
-        results += run_case(case, backend=args.backend, peers=args.peer, budget_s=args.budget)
     print(text_table(results))
     header = (f"# einfuse bench\n\nmachine: {platform.machine()}, {os.cpu_count()} "
               f"cores, Python {platform.python_version()}; medians of repeated runs "
@@ -151,6 +148,19 @@ def _bench(args) -> int:
 def _selected(cases, names):
     """The cases whose names start with one of ``names`` (all when none is given)."""
     return [c for c in cases if not names or any(c.name.startswith(n) for n in names)]
+
+
+def _run_cases(cases, run_one):
+    """Every case's measurements in order, with progress on stderr; None (after saying
+    so) when --case matched nothing."""
+    if not cases:
+        print("einfuse: no benchmark case matches --case", file=sys.stderr)
+        return None
+    results = []
+    for index, case in enumerate(cases, 1):
+        print(f"({index}/{len(cases)}) {case.name}: {case.statement}", file=sys.stderr)
+        results += run_one(case)
+    return results
 
 
 def _write_results(args, stem: str, header: str, results, footer: str = "") -> None:
@@ -177,13 +187,10 @@ def _bench_gpu(args) -> int:
         print(f"einfuse: bench --device cuda: {problem}", file=sys.stderr)
         return 1
     cases = _selected(gpu.gpu_cases("cuda", args.quick), args.case)
-    if not cases:
-        print("einfuse: no benchmark case matches --case", file=sys.stderr)
+    results = _run_cases(cases, lambda case: gpu.run_gpu_case(
+        case, "cuda", args.backend, args.peer, args.budget))
+    if results is None:
         return 1
-    results = []
-    for index, case in enumerate(cases, 1):
-        print(f"({index}/{len(cases)}) {case.name}: {case.statement}", file=sys.stderr)
-        results += gpu.run_gpu_case(case, "cuda", args.backend, args.peer, args.budget)
     targets = gpu.target_lines(cases, results)
     print(text_table(results))
     if targets:
