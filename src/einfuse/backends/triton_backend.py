@@ -13,6 +13,7 @@ kernel, its scalars and grid) is what both the torch launcher here and the JAX o
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import importlib.util
 import os
@@ -52,13 +53,13 @@ def _device():
 
 
 def _kernel_module(source: str):
-    """Triton reads a kernel's source from its file: write each one into the cache
-    directory (named by its hash) and import it once."""
+    """(source hash, module): Triton reads a kernel's source from its file, so each one
+    is written into the cache directory (named by its hash) and imported once."""
     key = hashlib.sha256(source.encode()).hexdigest()[:32]
     with _lock:
         module = _modules.get(key)
         if module is not None:
-            return module
+            return key, module
         path = os.path.join(c_build.cache_dir(), f"einfuse_triton_{key}.py")
         if not os.path.exists(path):
             tmp = f"{path}.{os.getpid()}.tmp"
@@ -70,7 +71,7 @@ def _kernel_module(source: str):
         sys.modules[spec.name] = module
         spec.loader.exec_module(module)
         _modules[key] = module
-        return module
+        return key, module
 
 
 class _Layout:
@@ -175,24 +176,32 @@ class Prepared:
                                  self.launch.reduce_block)
 
 
-def prepare(call, layouts: Sequence[_Layout], bounds: str, native_dot: bool) -> Prepared:
-    """Plan, render and import the kernel for these buffer layouts (the inputs' and the
-    output's) and gather its scalar arguments."""
+@functools.lru_cache(maxsize=256)
+def _compiled(spec, working: str, pad: bool, bounds: str, axes: Tuple[int, ...],
+              dtypes: Tuple[str, ...], native_dot: bool):
+    """(plan, @triton.jit kernel, launch, source hash) for one statement, layout and
+    dtype combination: planned, rendered, hashed and imported once, not per call."""
     from .triton_render import render_triton
-    working = call.dtypes.working
-    axes = tuple(unit_axis(layout) for layout in layouts)
-    plan = plan_for(call.spec, working.name, call.options.pad is not None, bounds,
-                    axes, TILE[1], TILE, plain=True, blocks=True)
-    dtypes = tuple(layout.dtype for layout in layouts)
+    plan = plan_for(spec, working, pad, bounds, axes, TILE[1], TILE, plain=True,
+                    blocks=True)
     source, launch = render_triton(plan.program, dtypes, native_dot)
-    module = _kernel_module(source)
+    source_hash, module = _kernel_module(source)
+    return plan, module.einfuse_kernel, launch, source_hash
+
+
+def prepare(call, layouts: Sequence[_Layout], bounds: str, native_dot: bool) -> Prepared:
+    """The kernel for these buffer layouts (the inputs' and the output's) and this
+    call's scalar arguments."""
+    dtypes = tuple(layout.dtype for layout in layouts)
+    plan, kernel, launch, source_hash = _compiled(
+        call.spec, call.dtypes.working.name, call.options.pad is not None, bounds,
+        tuple(unit_axis(layout) for layout in layouts), dtypes, native_dot)
     ints, _, _ = call_arguments(plan, call, layouts)
     kernel_ints = [int(v) for v in ints[:len(plan.int_args)]]
     pad = call.options.pad if call.options.pad is not None else 0.0
     total = int(np.prod(call.output_shape, dtype=np.int64))
     scalars = (*kernel_ints, float(pad), float(call.options.fill), total)
-    source_hash = hashlib.sha256(source.encode()).hexdigest()[:16]
-    return Prepared(module.einfuse_kernel, launch, scalars, tuple(plan.params),
+    return Prepared(kernel, launch, scalars, tuple(plan.params),
                     dict(zip(plan.program.kernels[0].ints, kernel_ints)),
                     tuning.tuning_key(source_hash, dtypes, kernel_ints), total)
 
