@@ -136,3 +136,9 @@ def test_run_case_hooks_sync_tolerance_unavailable_peers_and_between_peers():
     default = run_case(case, backend="numpy", peers=["off"], budget_s=0.01,
                        progress=lambda m: None)   # CPU defaults: tolerance 1e-3
     assert default[1].note.startswith("differs from einfuse by 1.0e-02")
+
+
+def test_cli_bench_says_when_no_case_matches(monkeypatch, capsys):
+    monkeypatch.setenv("OMP_WAIT_POLICY", "passive")   # no re-run of itself
+    assert main(["bench", "--case", "no-such-case", "--backend", "numpy"]) == 1
+    assert "no benchmark case matches --case" in capsys.readouterr().err
