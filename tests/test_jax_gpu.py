@@ -37,12 +37,26 @@ def interpreted_launch(device, inputs):
                              *inputs, vmap_method="sequential")
 
 
+def real_gpu() -> bool:
+    """A GPU machine with jax_triton: the real triton_call runs (counted when traced)."""
+    return not triton_backend.interpreted() and jax_gpu.jax_triton_installed() and \
+        jax.default_backend() == "gpu"
+
+
 @pytest.fixture
 def device_path(monkeypatch):
+    launched.clear()
+    if real_gpu():
+        real = jax_gpu.launch_kernel
+
+        def counted(device, inputs):
+            launched.append(device)
+            return real(device, inputs)
+        monkeypatch.setattr(jax_gpu, "launch_kernel", counted)
+        return launched
     monkeypatch.setattr(jax_gpu, "jax_triton_installed", lambda: True)
     monkeypatch.setattr(jax_gpu, "on_gpu", lambda values: True)
     monkeypatch.setattr(jax_gpu, "launch_kernel", interpreted_launch)
-    launched.clear()
     return launched
 
 
@@ -115,7 +129,8 @@ def test_vmap_runs_one_batched_kernel(device_path):
 
 def test_off_the_gpu_the_host_path_runs(monkeypatch):
     monkeypatch.setattr(jax_gpu, "launch_kernel", lambda *a: pytest.fail("launched"))
-    A, B = r(3, 4), r(4, 2)
+    cpu = jax.devices("cpu")[0]   # on a GPU machine, arrays placed on its CPU
+    A, B = jax.device_put(r(3, 4), cpu), jax.device_put(r(4, 2), cpu)
     np.testing.assert_allclose(ef.ein("C[i,j] := A[i,k] * B[k,j]", A=A, B=B), A @ B,
                                rtol=1e-5, atol=1e-5)
     assert not jax_gpu.on_gpu([A])

@@ -52,6 +52,29 @@ def _device():
     return torch.device("cpu" if interpreted() or not torch.cuda.is_available() else "cuda")
 
 
+def _kernel_device(call):
+    """Where the kernel runs: the GPU of the caller's CUDA tensors; else the default GPU
+    (NumPy arrays and CPU tensors are copied there and the result copied back, as a
+    caller who names backend='triton' on a GPU machine expects); the CPU under the
+    interpreter."""
+    import torch
+    device = _device()
+    if device.type == "cuda":
+        for source in (call.sources or {}).values():
+            if isinstance(source, torch.Tensor) and source.is_cuda:
+                return source.device
+    return device
+
+
+def _caller_device(call):
+    """The device of a torch caller's tensors (the first one's), or None."""
+    import torch
+    for source in (call.sources or {}).values():
+        if isinstance(source, torch.Tensor):
+            return source.device
+    return None
+
+
 def _kernel_module(source: str):
     """(source hash, module): Triton reads a kernel's source from its file, so each one
     is written into the cache directory (named by its hash) and imported once."""
@@ -104,25 +127,25 @@ def _torch_dtype_name(tensor) -> str:
     return str(tensor.dtype).rsplit(".", 1)[-1]
 
 
-def _input_tensors(call):
-    """Kernel inputs as torch tensors: a caller's tensor as it is -- on its device, in
-    its own float dtype (float16/bfloat16 are converted in registers, not copied to
-    float32 first) and with its own strides; integer index arrays as they are; NumPy
-    arrays wrapped, on the kernel's device."""
+def _input_tensors(call, device):
+    """Kernel inputs as torch tensors on ``device``: a caller's tensor as it is when it
+    is there -- in its own float dtype (float16/bfloat16 are converted in registers, not
+    copied to float32 first) and with its own strides; integer index arrays as they
+    are; NumPy arrays (and tensors on another device) copied to ``device``."""
     import torch
     working = getattr(torch, call.dtypes.working.name)
     tensors = []
     for name, kind in buffer_slots(call.spec)[:-1]:
         source = call.sources.get(name) if call.sources else None
         if isinstance(source, torch.Tensor):
-            tensor = source.detach()
+            tensor = source.detach().to(device)
         else:
             array = np.asarray(call.arrays[name])
             # torch refuses read-only memory (a broadcast view, a JAX buffer) and
             # negative strides: those are copied
             if not array.flags.writeable or any(st < 0 for st in array.strides):
                 array = np.array(array)
-            tensor = torch.from_numpy(array).to(_device())
+            tensor = torch.from_numpy(array).to(device)
         if kind == "index":
             if tensor.dtype not in (torch.int32, torch.int64):
                 tensor = tensor.to(torch.int64)
@@ -155,6 +178,7 @@ class Prepared:
     int_values: Dict[str, int]    # the kernel's int arguments by name (grid extents)
     tuning_key: str
     total: int
+    work: int                     # points of the iteration space: whether to autotune
 
     def grid(self, config: tuning.Config):
         import triton
@@ -201,31 +225,40 @@ def prepare(call, layouts: Sequence[_Layout], bounds: str, native_dot: bool) -> 
     pad = call.options.pad if call.options.pad is not None else 0.0
     total = int(np.prod(call.output_shape, dtype=np.int64))
     scalars = (*kernel_ints, float(pad), float(call.options.fill), total)
+    work = 1
+    for index in call.bounds.range_map:
+        work *= max(1, call.bounds.extent(index))
     return Prepared(kernel, launch, scalars, tuple(plan.params),
                     dict(zip(plan.program.kernels[0].ints, kernel_ints)),
-                    tuning.tuning_key(source_hash, dtypes, kernel_ints), total)
+                    tuning.tuning_key(source_hash, dtypes, kernel_ints), total, work)
 
 
 def choose_config(prepared: Prepared, launch_with, on_gpu: bool) -> tuning.Config:
-    """The cached choice for this kernel and shape bucket, else a search (on a GPU, or
-    when EINFUSE_TRITON_AUTOTUNE=1), else the default."""
+    """The cached choice for this kernel and shape bucket, else a search (on a GPU for
+    work large enough to repay it, or when EINFUSE_TRITON_AUTOTUNE=1), else the
+    default."""
     found = tuning.lookup(prepared.tuning_key)
     if found is not None:
         return found
     launch = prepared.launch
     tiles, has_rows = launch.tiles, launch.rows is not None
-    if not on_gpu and os.environ.get("EINFUSE_TRITON_AUTOTUNE") != "1":
-        return tuning.default_config(tiles, True, launch.reduce_block)
-    best = tuning.search(tuning.candidates(tiles, has_rows, not on_gpu, launch.reduce_block),
+    forced = os.environ.get("EINFUSE_TRITON_AUTOTUNE") == "1"
+    if not forced and not (on_gpu and tuning.worth_tuning(prepared.work)):
+        return tuning.default_config(tiles, not on_gpu, launch.reduce_block, launch.dot)
+    best = tuning.search(tuning.candidates(tiles, has_rows, not on_gpu, launch.reduce_block,
+                                           launch.dot),
                          launch_with, on_gpu)
     tuning.remember(prepared.tuning_key, best)
     return best
 
 
 def _returned(result, call):
-    """The result stays a tensor (on its device) for a torch caller; others get NumPy
-    (their results are never bfloat16, which only torch callers' inputs can be)."""
-    return result if call.framework == "torch" else result.cpu().numpy()
+    """The result stays a tensor for a torch caller, on its tensors' device; others get
+    NumPy (their results are never bfloat16, which only torch callers' inputs can be)."""
+    if call.framework == "torch":
+        where = _caller_device(call)
+        return result if where is None or where == result.device else result.to(where)
+    return result.cpu().numpy()
 
 
 def host_fallback(call) -> bool:
@@ -252,8 +285,8 @@ class TritonBackend:
         if bounds in ("check", "promise"):  # an index value may be out of range: raise
             NumpyExecutor.for_call(call).run()
         import torch
-        tensors = _input_tensors(call)
-        device = tensors[0].device if tensors else _device()
+        device = _kernel_device(call)
+        tensors = _input_tensors(call, device)
         result = torch.empty(call.output_shape, dtype=_result_dtype(call), device=device)
         if result.numel() == 0:
             return _returned(result, call)

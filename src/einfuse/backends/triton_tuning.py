@@ -49,18 +49,35 @@ class Config:
         return {"BLOCK": self.block}
 
 
-def default_config(tiles: bool, interpreted: bool, reduce_block: bool = False) -> Config:
+# Below this many points of the iteration space (every index's extent multiplied) a
+# kernel runs in microseconds, where block sizes hardly matter and a search (a compile
+# per candidate, about a second each on an H100) would cost far more than it could save.
+TUNING_MIN_WORK = 1 << 22
+
+
+def worth_tuning(work: int) -> bool:
+    return work >= TUNING_MIN_WORK
+
+
+def default_config(tiles: bool, interpreted: bool, reduce_block: bool = False,
+                   dot: bool = False) -> Config:
     if interpreted:   # few, wide programs: the interpreter's cost is per program
         return Config(rows=32, lanes=32, k_block=32, block=64 if reduce_block else 1024,
                       reduce_block=64)
     if reduce_block:   # a [32, 128] tile per reduction step
         return Config(block=32, reduce_block=128, num_warps=4)
+    if tiles and not dot:   # element-wise tile updates: 32 accumulators per thread
+        return Config(rows=64, lanes=64, k_block=32, block=0, num_warps=4, num_stages=2)
     return Config(rows=64, lanes=64, k_block=32, block=256, num_warps=4, num_stages=3)
 
 
 def candidates(tiles: bool, has_rows: bool, interpreted: bool,
-               reduce_block: bool = False) -> List[Config]:
-    """The configurations one search times (tl.dot needs every tile side >= 16)."""
+               reduce_block: bool = False, dot: bool = False) -> List[Config]:
+    """The configurations one search times (tl.dot needs every tile side >= 16).  The
+    lists come from timing every configuration of a wider grid on an H100
+    (tools/gpu_kernels.py): tl.dot tiles want 128 x 256 x 64 with 8 warps and 3-4
+    pipeline stages (tensor cores fed from shared memory); element-wise tile updates
+    (a distance matrix) want about 128 accumulators per thread, 128 x 128 on 4 warps."""
     if interpreted:   # a search that proves the machinery, not a speed
         return [Config(16, 16, 16, 256, reduce_block=16), Config(32, 32, 32, 1024)]
     if not tiles and reduce_block:
@@ -73,9 +90,13 @@ def candidates(tiles: bool, has_rows: bool, interpreted: bool,
     if not has_rows:
         return [Config(rows=1, lanes=n, block=0, num_warps=w) for n, w in
                 ((64, 2), (128, 4), (256, 4), (512, 8), (1024, 8))]
-    return [Config(r, n, k, 0, w, s) for r, n, k, w, s in (
-        (32, 32, 32, 4, 2), (64, 64, 32, 4, 3), (64, 128, 32, 4, 3), (128, 64, 32, 4, 3),
-        (128, 128, 32, 8, 3), (128, 128, 64, 8, 3), (64, 64, 64, 4, 4), (128, 256, 64, 8, 3))]
+    if dot:
+        return [Config(r, n, k, 0, w, s) for r, n, k, w, s in (
+            (64, 64, 32, 4, 3), (64, 128, 32, 4, 3), (128, 128, 64, 4, 4),
+            (128, 128, 64, 8, 3), (128, 256, 64, 8, 3), (128, 256, 64, 8, 4),
+            (256, 128, 64, 8, 3))]
+    return [Config(r, n, 32, 0, w, 2) for r, n, w in (
+        (32, 32, 2), (64, 64, 2), (64, 64, 4), (128, 64, 4), (128, 128, 4), (256, 128, 8))]
 
 
 def shape_bucket(ints: Sequence[int]) -> Tuple[int, ...]:

@@ -11,9 +11,11 @@ else only the launch would be timed.
 
 from __future__ import annotations
 
+import functools
 import gc
 import os
 import platform
+import subprocess
 import sys
 from dataclasses import dataclass
 from typing import Callable, Dict, List, Optional, Sequence
@@ -169,6 +171,37 @@ def dist_case(device: str, K: int, N: int) -> GpuCase:
                    target=Target("torch.compile", "faster", 2.0))
 
 
+_KEOPS_PROBE = """
+import torch
+from pykeops.torch import LazyTensor
+x = torch.randn(64, 3, device={device!r}); y = torch.randn(32, 3, device={device!r})
+b = torch.randn(32, device={device!r})
+xi, yj = LazyTensor(x[:, None, :]), LazyTensor(y[None, :, :])
+out = ((-((xi - yj) ** 2).sum(-1)).exp() * LazyTensor(b[None, :, None])).sum(axis=1)
+want = (torch.exp(-((x[:, None, :] - y[None, :, :]) ** 2).sum(-1)) * b).sum(1)
+assert torch.allclose(out[:, 0], want, rtol=1e-4, atol=1e-4)
+"""
+
+
+@functools.lru_cache(maxsize=None)
+def keops_probe(device: str) -> Optional[str]:
+    """Why pykeops cannot be timed here, or None.  KeOps compiles its kernels in the
+    process that calls it, and its code generator can crash the process (a segmentation
+    fault was seen with CUDA 13): a small instance runs in a child process first, which
+    also fills KeOps' on-disk cache for the timed run."""
+    try:
+        child = subprocess.run([sys.executable, "-c", _KEOPS_PROBE.format(device=device)],
+                               capture_output=True, text=True, timeout=600)
+    except subprocess.TimeoutExpired:
+        return "pykeops' probe did not finish in 10 minutes"
+    if child.returncode == 0:
+        return None
+    how = f"signal {-child.returncode}" if child.returncode < 0 else \
+        f"exit {child.returncode}"
+    last = (child.stderr.strip().splitlines() or [""])[-1][:60]
+    return f"pykeops failed in a probe process ({how}) {last}".strip()
+
+
 def gauss_case(device: str, N: int, D: int = 3, target: bool = False) -> GpuCase:
     statement = "o[i] := sum[j](exp(-sum[d]((x[i,d] - y[j,d])**2)) * b[j])"
 
@@ -180,6 +213,9 @@ def gauss_case(device: str, N: int, D: int = 3, target: bool = False) -> GpuCase
         import pykeops.config
         if device == "cuda" and not pykeops.config.gpu_available:
             raise PeerUnavailable("pykeops found no CUDA here; it would run on the CPU")
+        problem = keops_probe(device)
+        if problem:
+            raise PeerUnavailable(problem)
         from pykeops.torch import LazyTensor
         t = to_torch(arrays, device)
         xi, yj = LazyTensor(t["x"][:, None, :]), LazyTensor(t["y"][None, :, :])

@@ -118,7 +118,8 @@ def launch_kernel(device: DeviceCall, inputs):
     prepared = device.prepared
     config = triton_tuning.lookup(prepared.tuning_key) or \
         triton_tuning.default_config(prepared.launch.tiles, interpreted=False,
-                                     reduce_block=prepared.launch.reduce_block)
+                                     reduce_block=prepared.launch.reduce_block,
+                                     dot=prepared.launch.dot)
     return jax_triton.triton_call(
         *inputs, *prepared.scalars, kernel=prepared.kernel,
         out_shape=jax.ShapeDtypeStruct(device.out_shape, device.out_dtype),
