@@ -122,7 +122,10 @@ def test_vmap_runs_one_batched_kernel(device_path):
         return ef.ein("C[i,j] := A[i,k] * B[k,j]", A=A, B=B, backend="triton")
     got = jax.jit(jax.vmap(ours))(A)
     np.testing.assert_allclose(got, A @ B, rtol=1e-5, atol=1e-5)
-    assert len(device_path) == 1 and device_path[0].out_shape == (4, 5, 2)
+    # one batched kernel (a real triton_call is counted when traced, and custom_vmap
+    # also traces the unbatched function once)
+    batched = [d for d in device_path if d.out_shape == (4, 5, 2)]
+    assert len(batched) == 1 and (real_gpu() or len(device_path) == 1)
     grad = jax.grad(lambda A: jax.vmap(ours)(A).sum())(A)
     np.testing.assert_allclose(grad, np.broadcast_to(B.sum(1), (4, 5, 3)), rtol=1e-5)
 
@@ -134,3 +137,30 @@ def test_off_the_gpu_the_host_path_runs(monkeypatch):
     np.testing.assert_allclose(ef.ein("C[i,j] := A[i,k] * B[k,j]", A=A, B=B), A @ B,
                                rtol=1e-5, atol=1e-5)
     assert not jax_gpu.on_gpu([A])
+
+
+def test_importing_jax_triton_leaves_tritons_cache_setting(monkeypatch):
+    """jax_triton 0.3 empties TRITON_CACHE_DIR when imported, which breaks every later
+    Triton compile in the process; einfuse imports it so that the setting survives."""
+    import builtins
+    import os
+    import sys
+    import types
+    real_import = builtins.__import__
+
+    def importer(name, *args, **kwargs):
+        if name == "jax_triton":   # what jax_triton 0.3 does when imported
+            os.environ["TRITON_CACHE_DIR"] = ""
+            sys.modules[name] = types.ModuleType(name)
+            return sys.modules[name]
+        return real_import(name, *args, **kwargs)
+    for cache in (None, "/tmp/somewhere"):
+        monkeypatch.delitem(sys.modules, "jax_triton", raising=False)
+        if cache is None:
+            monkeypatch.delenv("TRITON_CACHE_DIR", raising=False)
+        else:
+            monkeypatch.setenv("TRITON_CACHE_DIR", cache)
+        monkeypatch.setattr(builtins, "__import__", importer)
+        jax_gpu.import_jax_triton()
+        monkeypatch.setattr(builtins, "__import__", real_import)
+        assert os.environ.get("TRITON_CACHE_DIR") == cache

@@ -7,7 +7,7 @@
 #   tools/gpu_session.sh [kernels] [tests] [bench] [CASE-PREFIX ...]
 #
 # kernels: tools/gpu_kernels.py (per-configuration timings).  Results are packed into
-# $OUT/results.tgz (the device tool brings back only a few files).
+# $OUT/results.tgz, or $OUT/$RESULTS.tgz (the device tool brings back only a few files).
 #
 # Wheels under .gpu/wheels (an ignored folder, carried along) are installed first: the
 # machine has no registry (pykeops, keopscore and jax_triton are not in its image).
@@ -57,7 +57,7 @@ if [ "$want_kernels" = 1 ]; then
 fi
 
 if [ "$want_tests" = 1 ]; then
-    timeout "${TEST_LIMIT:-240}" $PY -m pytest -q -n "${WORKERS:-14}" -p no:cacheprovider \
+    timeout "${TEST_LIMIT:-240}" $PY -m pytest ${PYTEST_VERBOSITY:--q} -n "${WORKERS:-14}" -p no:cacheprovider \
         -rfE --tb=short --timeout=120 ${PYTEST_ARGS:-} > "$OUT/pytest.txt" 2>&1
     echo "pytest exit $? after $(elapsed) s" >> "$OUT/pytest.txt"
 fi
@@ -80,4 +80,4 @@ print('\\n'.join(names + ['dist fwd']))")
     done
 fi
 echo "done after $(elapsed) s" > "$OUT/done.txt"
-tar czf "$FINAL/results.tgz" -C "$FINAL" results && rm -rf "$OUT"
+tar czf "$FINAL/${RESULTS:-results}.tgz" -C "$FINAL" results && rm -rf "$OUT"

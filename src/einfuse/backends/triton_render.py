@@ -493,9 +493,10 @@ class TritonRenderer:
             return f"{load}.to(tl.int64)"
         value = f"{load}.to({self.T})"
         if valid:
-            value = f"tl.where({' & '.join(valid)}, {value}, padv)"
+            # jax_triton passes Python floats as float64: the value keeps the working dtype
+            value = f"tl.where({' & '.join(valid)}, {value}, tl.cast(padv, {self.T}))"
         if filled:
-            value = f"tl.where({' & '.join(filled)}, {value}, fillv)"
+            value = f"tl.where({' & '.join(filled)}, {value}, tl.cast(fillv, {self.T}))"
         return value
 
     def load_frame(self, node: ir.Load) -> Tuple[str, str]:

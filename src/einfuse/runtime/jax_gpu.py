@@ -22,6 +22,7 @@ call on the same GPU), else the GPU default; XLA gives no place to time candidat
 from __future__ import annotations
 
 import importlib.util
+import os
 from dataclasses import dataclass
 from typing import Dict, Optional, Sequence, Tuple
 
@@ -110,11 +111,26 @@ def kernel_inputs(device: DeviceCall, values: Dict[str, object]):
     return inputs
 
 
+def import_jax_triton():
+    """jax_triton, imported without breaking Triton for the rest of the process:
+    jax_triton 0.3 sets TRITON_CACHE_DIR to "" when imported, after which any later
+    Triton compile or driver start in the process (einfuse's torch path,
+    torch.compile) fails with "Could not create or locate cache dir" (seen on an H100).
+    Its own compile path keeps its own cache and does not need the setting."""
+    before = os.environ.get("TRITON_CACHE_DIR")
+    import jax_triton
+    if before is not None:
+        os.environ["TRITON_CACHE_DIR"] = before
+    elif os.environ.get("TRITON_CACHE_DIR") == "":
+        del os.environ["TRITON_CACHE_DIR"]
+    return jax_triton
+
+
 def launch_kernel(device: DeviceCall, inputs):
     """One triton_call (the only line that needs jax_triton and a GPU)."""
     import jax
-    import jax_triton
     from ..backends import triton_tuning
+    jax_triton = import_jax_triton()
     prepared = device.prepared
     config = triton_tuning.lookup(prepared.tuning_key) or \
         triton_tuning.default_config(prepared.launch.tiles, interpreted=False,
