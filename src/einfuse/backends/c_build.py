@@ -17,14 +17,22 @@ Flags: ``-O3 -march=native -fopenmp -fPIC -shared`` plus
   ``x != x`` tests and ordered selects must keep IEEE semantics exactly.
 
 Cache: ``$EINFUSE_CACHE_DIR`` (default ``~/.cache/einfuse``) holds
-``<sha256>.so`` keyed by source + compiler identity + flags + CPU; a library is
-compiled to a temporary file in the same directory and renamed into place with
-``os.replace``, so processes compiling the same kernel at once never see a
-half-written file.  An in-process dict makes each library load once.
+``<key>.so`` keyed by source + compiler identity + flags + CPU, and beside it
+``<key>.so.sha256``, the size and SHA-256 of the library as built.  A library is
+loaded only when it matches that record; anything else (emptied, truncated,
+overwritten, a record missing) is rebuilt, because mapping a damaged library can
+kill the process (SIGBUS) or fail forever.  A build runs in a private directory
+inside the cache and is renamed into place (library first, then its record), so
+readers never see a half-written file; a per-kernel file lock makes concurrent
+processes and threads compile a kernel once.  A cache directory that cannot be
+written is still read; new libraries then go to a temporary directory, with one
+``EinfuseWarning``.  An in-process dict makes each library load once.
 """
 
 from __future__ import annotations
 
+import atexit
+import contextlib
 import ctypes
 import functools
 import hashlib
@@ -32,10 +40,14 @@ import os
 import platform
 import shlex
 import shutil
+import signal
 import subprocess
 import tempfile
 import threading
-from typing import Dict, List, Optional, Tuple
+import time
+from typing import Dict, Iterator, List, Optional, Tuple
+
+from ..errors import BackendError, warn
 
 BASE_FLAGS = ("-O3", "-march=native", "-fopenmp", "-fPIC", "-shared", "-fwrapv",
               "-fno-math-errno", "-fno-trapping-math")
@@ -47,6 +59,14 @@ _by_source: Dict[Tuple[str, bool], ctypes.CDLL] = {}   # skips hashing on repeat
 _compiler: Optional[Tuple[Tuple[str, ...], str]] = None
 _probed = False
 
+# Seconds a compiler may run before it (and everything it started) is killed.
+COMPILE_TIMEOUT = 300.0
+PROBE_TIMEOUT = 60.0
+RECORD_SUFFIX = ".sha256"        # <key>.so.sha256: "<size> <sha256>" of <key>.so as built
+_dir_lock = threading.Lock()     # guards the fallback directory and its warning
+_fallback: List[str] = []        # this process's temporary cache, made on first need
+_warned_dirs: set = set()        # unwritable cache directories already warned about
+
 _PROBE = """\
 #include <omp.h>
 #include <math.h>
@@ -57,15 +77,118 @@ return n + 0 * omp_get_max_threads(); }
 """
 
 
-class CompileError(RuntimeError):
-    pass
+class CompileError(BackendError):
+    """A kernel could not be compiled or loaded (an EinfuseError, still a RuntimeError)."""
+
+
+def configured_cache_dir() -> str:
+    """The cache directory the user asked for (created when possible); it may be
+    read-only.  A path that is (or lies under) a file is an error: nothing sensible can
+    be cached there and silently using another directory would hide the mistake."""
+    path = os.environ.get("EINFUSE_CACHE_DIR") or os.path.join(
+        os.path.expanduser("~"), ".cache", "einfuse")
+    try:
+        os.makedirs(path, exist_ok=True)
+    except (FileExistsError, NotADirectoryError):
+        raise BackendError(f"the einfuse cache path {path!r} is not a directory; set "
+                           "EINFUSE_CACHE_DIR to a directory (it is created if missing)") \
+            from None
+    except OSError:
+        pass   # no permission or a read-only file system: cache_dir() falls back
+    return path
 
 
 def cache_dir() -> str:
-    path = os.environ.get("EINFUSE_CACHE_DIR") or os.path.join(
-        os.path.expanduser("~"), ".cache", "einfuse")
-    os.makedirs(path, exist_ok=True)
-    return path
+    """A directory einfuse may write cached files into: the configured one when it is
+    writable, else a temporary directory for this process (removed at exit), with one
+    EinfuseWarning per unwritable directory."""
+    path = configured_cache_dir()
+    if os.access(path, os.W_OK | os.X_OK):
+        return path
+    with _dir_lock:
+        if not _fallback:
+            try:
+                _fallback.append(tempfile.mkdtemp(prefix="einfuse-cache-"))
+            except OSError as error:
+                raise BackendError(f"the einfuse cache directory {path!r} is not writable "
+                                   f"and no temporary directory could be made: {error}") \
+                    from None
+            atexit.register(shutil.rmtree, _fallback[0], True)
+        first = path not in _warned_dirs
+        _warned_dirs.add(path)
+    if first:
+        warn(f"einfuse: the cache directory {path} is not writable; compiled kernels go "
+             f"to {_fallback[0]} for this process only (set EINFUSE_CACHE_DIR to a "
+             "writable directory to keep them)")
+    return _fallback[0]
+
+
+@contextlib.contextmanager
+def file_lock(path: str, timeout: float = 60.0) -> Iterator[bool]:
+    """Hold an exclusive lock on the file ``path`` (created if missing) against other
+    processes and other threads, waiting at most ``timeout`` seconds; yields whether the
+    lock is held.  Never raises: a lock file that cannot be created (read-only
+    directory), a platform without ``fcntl`` or a holder stuck past the timeout yield
+    False, so callers must stay correct without the lock (write to a unique name and
+    rename) and use it only to avoid duplicate work."""
+    try:
+        import fcntl
+        handle = open(path, "ab")
+    except (ImportError, OSError):
+        yield False
+        return
+    with handle:
+        held = False
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                # flock locks belong to the open file: a second open() in another
+                # thread of this process waits like another process does.
+                fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+                held = True
+                break
+            except BlockingIOError:
+                if time.monotonic() >= deadline:
+                    break
+                time.sleep(0.02)
+            except OSError:
+                break
+        try:
+            yield held
+        finally:
+            if held:
+                fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
+
+
+def run_compiler(command: List[str], workdir: str, timeout: float) -> Tuple[int, str]:
+    """Run ``command`` in its own process group with TMPDIR=``workdir`` (so its own
+    temporary files die with ``workdir``); returns (exit status, output).  On a timeout,
+    an interrupt or any other exception, and after a compiler that was killed, the whole
+    group is killed: gcc's cc1/as/ld must not outlive the build.  Output goes to a file,
+    not a pipe, so an orphan holding the pipe open cannot stall the wait."""
+    log_path = os.path.join(workdir, "compiler.log")
+    with open(log_path, "w+") as log:
+        try:
+            process = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=log,
+                                       stderr=subprocess.STDOUT, start_new_session=True,
+                                       env=dict(os.environ, TMPDIR=workdir))
+        except OSError as error:   # the compiler vanished or lost its x bit since the probe
+            raise CompileError(f"cannot run the C compiler {command[0]}: {error}") from None
+        try:
+            status = process.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            raise CompileError(f"the C compiler ran for more than {timeout:g} s and was "
+                               f"stopped: {' '.join(command[:1])}") from None
+        finally:
+            # Also after a normal exit: a killed driver leaves cc1/as/ld behind.  The
+            # group id (the leader's pid) stays reserved while any member lives.
+            with contextlib.suppress(OSError):
+                os.killpg(process.pid, signal.SIGKILL)
+            if process.returncode is None:
+                process.kill()
+                process.wait()
+        log.seek(0)
+        return status, log.read()
 
 
 def _candidates() -> List[List[str]]:
@@ -115,17 +238,20 @@ def _try_compile(command: List[str], source: str, extra: List[str]) -> bool:
         src = os.path.join(tmp, "probe.c")
         with open(src, "w") as handle:
             handle.write(source)
-        done = subprocess.run(command + list(BASE_FLAGS) +
-                              [src, "-o", os.path.join(tmp, "probe.so"), "-lm"] + extra,
-                              capture_output=True, timeout=60)
-    return done.returncode == 0
+        try:
+            status, _ = run_compiler(command + list(BASE_FLAGS) + [
+                src, "-o", os.path.join(tmp, "probe.so"), "-lm"] + extra, tmp, PROBE_TIMEOUT)
+        except CompileError:   # timed out: not a usable compiler
+            return False
+    return status == 0
 
 
 def _probe(command: List[str], fingerprint: str) -> dict:
     """Whether ``command`` compiles OpenMP code, and whether it can call glibc's vector
     math (libmvec), remembered on disk so later processes skip the probe."""
     import json
-    path = os.path.join(cache_dir(), "compiler-" + hashlib.sha256(
+    directory = configured_cache_dir()
+    path = os.path.join(directory, "compiler-" + hashlib.sha256(
         (fingerprint + _cpu_identity()).encode()).hexdigest()[:24] + ".json")
     try:
         with open(path) as handle:
@@ -139,10 +265,17 @@ def _probe(command: List[str], fingerprint: str) -> dict:
             result["vector_math"] = _try_compile(command, _VECTOR_MATH_PROBE, ["-lmvec"])
     except (OSError, subprocess.SubprocessError):
         return result
-    fd, tmp = tempfile.mkstemp(dir=cache_dir(), suffix=".json.tmp")
-    with os.fdopen(fd, "w") as handle:
-        json.dump(result, handle)
-    os.replace(tmp, path)
+    # Remembering is only an optimisation: an unwritable cache just probes again.
+    tmp = None
+    try:
+        fd, tmp = tempfile.mkstemp(dir=directory, prefix=".tmp-", suffix=".json")
+        with os.fdopen(fd, "w") as handle:
+            json.dump(result, handle)
+        os.replace(tmp, path)
+    except OSError:
+        if tmp is not None:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
     return result
 
 
@@ -203,8 +336,8 @@ def library_key(source: str, flags: Tuple[str, ...]) -> str:
 
 
 def load(source: str, fast_math: bool = False) -> ctypes.CDLL:
-    """The loaded library for ``source``: from memory, else from the disk cache, else
-    compiled now."""
+    """The loaded library for ``source``: from memory, else from the disk cache (only
+    when it matches its build record), else compiled now."""
     by_source = _by_source.get((source, fast_math))
     if by_source is not None:
         return by_source
@@ -214,39 +347,115 @@ def load(source: str, fast_math: bool = False) -> ctypes.CDLL:
     if library is not None:
         _by_source[(source, fast_math)] = library
         return library
-    path = os.path.join(cache_dir(), key + ".so")
-    if not os.path.exists(path):
-        compile_library(source, flags, path)
+    path = _cached_library(key) or _build(source, flags, key)
     with _lock:
         library = _loaded.get(key)
         if library is None:
-            library = _loaded[key] = ctypes.CDLL(path)
+            try:
+                library = _loaded[key] = ctypes.CDLL(path)
+            except OSError as error:
+                # It matches what the compiler wrote, so rebuilding would not help.
+                raise CompileError(f"could not load the compiled kernel {path}: {error}") \
+                    from None
         _by_source[(source, fast_math)] = library
     return library
 
 
+def _cached_library(key: str) -> Optional[str]:
+    """The path of an intact cached library for ``key``: in the configured directory
+    (which may be read-only), else in this process's fallback directory."""
+    for directory in [configured_cache_dir()] + _fallback[:1]:
+        path = os.path.join(directory, key + ".so")
+        if _intact(path):
+            return path
+    return None
+
+
+def _build(source: str, flags: Tuple[str, ...], key: str) -> str:
+    directory = cache_dir()
+    path = os.path.join(directory, key + ".so")
+    # One compile per kernel: whoever waited for the lock finds the library built.
+    with file_lock(os.path.join(directory, key + ".lock"), COMPILE_TIMEOUT):
+        if not _intact(path):
+            compile_library(source, flags, path)
+    return path
+
+
+def _digest(path: str) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _intact(path: str) -> bool:
+    """Whether ``path`` is byte for byte the library its record describes."""
+    try:
+        with open(path + RECORD_SUFFIX) as handle:
+            size, digest = handle.read().split()
+        return os.path.getsize(path) == int(size) and _digest(path) == digest
+    except (OSError, ValueError):
+        return False
+
+
 def compile_library(source: str, flags: Tuple[str, ...], path: str) -> None:
+    """Compile ``source`` to ``path`` and write its record beside it; both appear by
+    atomic renames, the library first, and nothing else is left behind, even when the
+    compile fails, times out or is interrupted."""
     compiler = find_compiler()
     if compiler is None:
         raise CompileError("no C compiler with OpenMP support found (set CC)")
     directory = os.path.dirname(path)
-    fd, tmp_so = tempfile.mkstemp(dir=directory, suffix=".so.tmp")
-    os.close(fd)
-    tmp_c = tmp_so[:-len(".so.tmp")] + ".c"
+    _sweep(directory)
     try:
-        with open(tmp_c, "w") as handle:
+        # Same file system as ``path``, so the renames below are atomic.
+        build = tempfile.mkdtemp(dir=directory, prefix=".build-")
+    except OSError as error:
+        raise CompileError(f"cannot build in the cache directory {directory}: {error}") \
+            from None
+    try:
+        src, built = os.path.join(build, "kernel.c"), os.path.join(build, "kernel.so")
+        with open(src, "w") as handle:
             handle.write(source)
         libraries = ["-lmvec", "-lm"] if "__simd__" in source else ["-lm"]
-        done = subprocess.run(list(compiler[0]) + list(flags) + [tmp_c, "-o", tmp_so] +
-                              libraries,
-                              capture_output=True, text=True, timeout=300)
-        if done.returncode != 0:
-            raise CompileError(f"C compilation failed:\n{done.stderr[-4000:]}")
-        os.replace(tmp_so, path)  # atomic: readers see the old state or the whole file
+        status, output = run_compiler(list(compiler[0]) + list(flags) + [src, "-o", built] +
+                                      libraries, build, COMPILE_TIMEOUT)
+        if status != 0:
+            raise CompileError(f"C compilation failed (exit status {status}):\n"
+                               f"{output[-4000:]}")
+        record = os.path.join(build, "record")
+        with open(record, "w") as handle:
+            handle.write(f"{os.path.getsize(built)} {_digest(built)}\n")
+        os.replace(built, path)
+        os.replace(record, path + RECORD_SUFFIX)
     finally:
-        for leftover in (tmp_c, tmp_so):
-            if os.path.exists(leftover):
-                os.unlink(leftover)
+        shutil.rmtree(build, ignore_errors=True)
+
+
+# Build directories older than this were left by a process that was killed outright
+# (SIGKILL, power loss): no live build runs that long (COMPILE_TIMEOUT).
+STALE_SECONDS = 3600.0
+_swept: set = set()
+
+
+def _sweep(directory: str) -> None:
+    """Remove stale build directories and temporaries, once per directory and process."""
+    if directory in _swept:
+        return
+    _swept.add(directory)
+    try:
+        names = [n for n in os.listdir(directory) if n.startswith((".build-", ".tmp-"))]
+    except OSError:
+        return
+    for name in names:
+        path = os.path.join(directory, name)
+        with contextlib.suppress(OSError):
+            if time.time() - os.lstat(path).st_mtime > STALE_SECONDS:
+                if os.path.isdir(path):
+                    shutil.rmtree(path, ignore_errors=True)
+                else:
+                    os.unlink(path)
 
 
 def clear_memory_cache() -> None:
