@@ -7,7 +7,9 @@
   literal ...) give float64, as NumPy's ufuncs do;
 * float16/bfloat16 are computed in float32 and stored in their own dtype;
 * a right side that is a comparison or ``&``/``|`` gives bool;
-* ``dtype=`` overrides the result; a float ``dtype=`` is also the working dtype.
+* ``dtype=`` overrides the result; a float ``dtype=`` is also the working dtype;
+* ``=``/``+=`` store the result into the caller's array by NumPy's ``same_kind``
+  rule unless ``dtype=`` is given.
 """
 
 from __future__ import annotations
@@ -96,3 +98,20 @@ def resolve_dtypes(spec: Spec, value_dtypes: Mapping[str, np.dtype],
     elif spec.result_is_bool:
         stored = np.dtype(bool)
     return DTypes(working=np.dtype(working), result=np.dtype(stored))
+
+
+def check_output_cast(output: str, result: np.dtype, target: np.dtype, options: Options,
+                      span) -> None:
+    """'='/'+=' store the result by NumPy's 'same_kind' rule, what ``np.copyto`` and
+    ``out += ...`` allow: float64 into float32 or int64 into int32 is a narrowing the
+    caller chose with the array, but float into an integer array (or a number into a
+    bool one) would silently truncate every element.  ``dtype=`` is the caller asking
+    for that cast, so it is then allowed."""
+    result, target = np.dtype(result), np.dtype(target)
+    if options.dtype is not None or np.can_cast(result, target, "same_kind"):
+        return
+    raise EinfuseTypeError(f"the result has dtype {result} but the output {output} has "
+                           f"dtype {target}, and {result} does not cast to {target} by "
+                           "NumPy's 'same_kind' rule (it would change values silently); pass "
+                           f"an output of dtype {result}, or dtype={target.name!r} to cast "
+                           "explicitly", span=span)

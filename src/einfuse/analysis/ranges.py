@@ -7,6 +7,14 @@ Rules (docs/notation.md, "Ranges"):
   all its uses, plain ones included;
 * ``ranges=`` and the output array of ``=``/``+=`` are binding: the accesses
   must then fit, or (without ``pad=``) a RangeError names the access;
+* the output array counts as one more plain use of its indices: an output index
+  used only plainly must get exactly the output's extent from every (unpadded)
+  use, or a ShapeError names the use;
+* a reduced index is never shrunk to fit an output index: it takes its range
+  from its plain uses, ``ranges=`` and the accesses it shares with other
+  reduced indices, and from accesses involving an output index only when
+  nothing else gives it one; the output index then intersects (the 'valid'
+  convolution), or, when its range is bound, the access is checked;
 * with ``pad=`` affine subscripts do not limit ranges;
 * finally every subscript without a gather is checked to stay inside its axis
   over the whole ranges (with ``pad=`` the executor reads the pad value
@@ -75,6 +83,7 @@ class _Inference:
         self.source = spec.source
         self.ranges: Dict[str, Range] = {}
         self.sources: Dict[str, str] = {}
+        self.from_output: Dict[str, int] = {}   # index -> output axis whose length it took
 
     def error(self, cls, message, span=None):
         return cls(message, source=self.source, span=span)
@@ -85,22 +94,15 @@ class _Inference:
     def run(self) -> Bounds:
         self.check_ranks()
         binding = self.binding_ranges()
-        pad = self.options.pad is not None
         pending: List[str] = []
-        for index in self.spec.all_indices + self.spec.output_indices:
-            if index in self.ranges or index in pending:
-                continue
+        for index in self.spec.all_indices:
             if index in binding:
                 self.ranges[index], self.sources[index] = binding[index]
-                continue
-            uses = self.spec.uses(index)
-            plain = [u for u in uses if u.subscript.plain_index == index]
-            affine = [u for u in uses if u.subscript.plain_index != index
-                      and not u.subscript.gathers and not (pad and not u.in_gather)]
-            if not affine:
-                self.settle_plain(index, plain)
-            else:
+            elif self.affine_uses(index):
                 pending.append(index)
+            else:
+                self.settle_plain(index, self.plain_uses(index))
+        self.check_output_extents()
         self.settle_affine(pending)
         self.check_accesses()
         order = self.spec.all_indices
@@ -142,7 +144,41 @@ class _Inference:
                                          f"axis {axis}", span)
                 else:
                     binding[name] = ((0, size), f"output {st.output} axis {axis}")
+                    self.from_output[name] = axis
         return binding
+
+    def limits(self, use: IndexUse) -> bool:
+        """Whether a use bounds its index: with pad= only reads of index arrays do."""
+        return self.options.pad is None or use.in_gather
+
+    def plain_uses(self, index: str) -> List[IndexUse]:
+        return [u for u in self.spec.uses(index) if u.subscript.plain_index == index]
+
+    def affine_uses(self, index: str) -> List[IndexUse]:
+        return [u for u in self.spec.uses(index) if u.subscript.plain_index != index
+                and not u.subscript.gathers and self.limits(u)]
+
+    def check_output_extents(self):
+        """The output array of '='/'+=' is one more plain use of its indices.  An index
+        used only plainly gets one extent from every use, so a plain read of another
+        length is an error, never a silent slice of it (or of the output); an index with
+        a shifted use takes the intersection instead, which check_accesses enforces."""
+        st = self.spec.statement
+        for index, axis in self.from_output.items():
+            if self.affine_uses(index):
+                continue
+            size = int(self.output_shape[axis])
+            for use in self.plain_uses(index):
+                if not self.limits(use) or use.access.tensor == st.output:
+                    continue
+                other = self.dim(use.access, use.axis)
+                if other != size:
+                    hint = f"; to read only part of {use.access.tensor}, give ranges=" \
+                        if other > size else ""
+                    raise self.error(ShapeError, f"index {index}: the output {st.output} "
+                                     f"has {size} (axis {axis}) but {use.access.tensor} "
+                                     f"gives {other} (axis {use.axis}); extents must agree "
+                                     f"exactly{hint}", use.access.span)
 
     def settle_plain(self, index: str, plain: List[IndexUse]):
         if not plain:
@@ -178,24 +214,23 @@ class _Inference:
 
     def settle_affine(self, pending: List[str]):
         """Intersect affine constraints, settling first the indices whose affine uses
-        involve only indices already settled."""
-        pad = self.options.pad is not None
+        involve only indices already settled.
+
+        A reduced index is never shrunk to fit an output index: until nothing else is
+        left, it ignores the accesses it shares with one (in ``y[i] = x[i+a]*k[a]``,
+        ``a`` takes 0..len(k)-1 from ``k`` whatever the length of ``y``, and a ``y`` too
+        long for it is then an error at ``x[i+a]``, not a silently narrower sum).  Only
+        an index with no other source, ``a`` in ``y[i] = x[i+a]``, takes its range from
+        them."""
         while pending:
-            progress = False
-            for index in list(pending):
-                if self.try_settle(index, pending, pad, force=False):
-                    pending.remove(index)
-                    progress = True
-            if progress:
-                continue
-            # A cycle of affine uses: settle those that have a plain use from what is
-            # known so far, then go on.
-            for index in list(pending):
-                if self.try_settle(index, pending, pad, force=True):
-                    pending.remove(index)
-                    progress = True
+            for via_outputs in (False, True):
+                # First the indices whose affine uses are all computable; then, to break
+                # a cycle of affine uses, the first one that has a plain use or a
+                # computable affine one, from what is known so far.
+                if self.settle_pass(pending, via_outputs, force=False) or \
+                        self.settle_pass(pending, via_outputs, force=True):
                     break
-            if not progress:
+            else:
                 index = pending[0]
                 use = next(u for u in self.spec.uses(index) if u.subscript.plain_index != index)
                 raise self.error(RangeError, f"index {index}: its range cannot be inferred "
@@ -203,20 +238,36 @@ class _Inference:
                                  f"no range yet; give ranges={{{index!r}: ...}}",
                                  use.access.span)
 
-    def try_settle(self, index: str, pending: List[str], pad: bool, force: bool) -> bool:
-        uses = self.spec.uses(index)
-        plain = [u for u in uses if u.subscript.plain_index == index]
+    def settle_pass(self, pending: List[str], via_outputs: bool, force: bool) -> bool:
+        """Settle what can be settled (only the first one when ``force``: reduced indices
+        before output ones, so that an output index forced from its plain uses alone
+        does not miss the intersection with a reduced index's shifted reads)."""
+        progress = False
+        order = sorted(pending, key=lambda n: n in self.spec.output_indices) if force \
+            else list(pending)
+        for index in order:
+            if self.try_settle(index, via_outputs, force):
+                pending.remove(index)
+                progress = True
+                if force:
+                    break
+        return progress
+
+    def try_settle(self, index: str, via_outputs: bool, force: bool) -> bool:
+        plain = self.plain_uses(index)
         lo, hi, parts = None, None, []
         if plain:
             self.settle_plain(index, plain)
             lo, hi = self.ranges.pop(index)
             parts.append(self.sources.pop(index))
+        ignored = set() if via_outputs or index in self.spec.output_indices \
+            else set(self.spec.output_indices)
         computable = 0
-        for use in uses:
+        for use in self.affine_uses(index):
             sub = use.subscript
-            if sub.plain_index == index or sub.gathers or (pad and not use.in_gather):
-                continue
             others = [n for n, _ in sub.terms if n != index]
+            if ignored.intersection(others):
+                continue  # a reduced index is not shrunk to fit an output index
             if any(n not in self.ranges for n in others):
                 if not force:
                     return False
@@ -273,7 +324,10 @@ class _Inference:
             which = low if low < 0 else high
             ranges = ", ".join(f"{n} in {_fmt(self.ranges[n])} ({self.sources[n]})"
                                for n, _ in sub.terms)
+            fixed = [n for n, _ in sub.terms if n in self.from_output]
+            hint = f"; pass a smaller {self.spec.output}, or give pad=" if fixed and low >= 0 \
+                else "; shrink the range or give pad="
             raise self.error(RangeError, f"{access}: subscript {sub} reaches {which} but "
                              f"{access.tensor} has {size} element(s) on axis {axis}"
-                             + (f" [{ranges}]" if ranges else "")
-                             + "; shrink the range or give pad=", sub.span or access.span)
+                             + (f" [{ranges}]" if ranges else "") + hint,
+                             sub.span or access.span)

@@ -9,7 +9,8 @@ from typing import Dict, Iterator, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 
-from ..analysis.dtypes import DTypes, check_index_dtype, check_value_dtype, resolve_dtypes
+from ..analysis.dtypes import (DTypes, check_index_dtype, check_output_cast,
+                               check_value_dtype, resolve_dtypes)
 from ..analysis.options import Options
 from ..analysis.ranges import Bounds, infer_ranges
 from ..analysis.spec import Spec
@@ -113,6 +114,24 @@ def _scalar(name: str, value, spec: Spec):
     return array[()]
 
 
+def _check_torch_output(spec: Spec, output) -> None:
+    """torch refuses an in-place write into a leaf tensor that requires grad, or into a
+    view of one, while grad mode is on: autograd could not account for it.  einfuse
+    writes under no_grad, so it has to apply that rule itself, before anything runs.
+    With grad mode off (an optimiser step) torch allows the write, and so does this."""
+    import torch
+    if not (output.requires_grad and torch.is_grad_enabled()):
+        return
+    base = output._base  # noqa: SLF001 - how torch itself tells a view from its leaf
+    what = "a leaf tensor" if output.is_leaf else \
+        "a view of a leaf tensor" if base is not None and base.is_leaf else None
+    if what is not None:
+        raise EinfuseTypeError(f"{spec.output} is {what} that requires grad; torch does not "
+                               f"allow writing into it in place, so '{spec.assign}' cannot; "
+                               f"use ':=', or call inside torch.no_grad()",
+                               span=spec.statement.output_span)
+
+
 @functools.lru_cache(maxsize=1024)
 def _ranges_for(spec: Spec, shapes, options: Options, output_shape) -> Bounds:
     """The per-shape stage, cached: a kernel called again with the same shapes skips
@@ -145,10 +164,16 @@ def bind_call(spec: Spec, options: Options, args, kwargs) -> BoundCall:
             raise EinfuseTypeError(f"'{spec.assign}' needs an array to write into; "
                                    f"{spec.output} is a {type(output).__name__}",
                                    span=spec.statement.output_span)
-        output_shape = tuple(output.shape) if framework_of(output) == TORCH else \
-            tuple(np.shape(to_numpy(output)))
+        if framework_of(output) == TORCH:
+            _check_torch_output(spec, output)
+            output_shape = tuple(output.shape)
+        else:
+            output_shape = tuple(np.shape(to_numpy(output)))
     bounds = _ranges_for(spec, tuple(arrays.shapes.items()), options, output_shape)
     dtypes = resolve_dtypes(spec, arrays.dtypes, params, options)
+    if output is not None:
+        check_output_cast(spec.output, dtypes.result, numpy_dtype(output), options,
+                          spec.statement.output_span)
     float_inputs = [named[t.name] for t in spec.tensors if t.as_value
                     and arrays.dtypes[t.name].kind == "f"]
     bfloat16 = bool(float_inputs) and all(is_bfloat16(v) for v in float_inputs) and \
