@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 from typing import Dict, Optional, Sequence, Tuple
 
@@ -63,6 +64,8 @@ def build_parser() -> argparse.ArgumentParser:
     explain.add_argument("--pad", type=float, default=None)
     explain.add_argument("--bounds", default="check",
                          choices=["check", "clip", "wrap", "fill", "promise"])
+    explain.add_argument("--fill", type=float, default=0.0,
+                         help="the value read under --bounds fill (default 0)")
     explain.add_argument("--dtype", default=None)
     explain.add_argument("--backend", default="auto")
     explain.add_argument("--gradients", action="store_true",
@@ -106,13 +109,59 @@ def _explain(args) -> int:
     params = dict(args.param)
     try:
         text = explain(args.statement, shapes=shapes or None, ranges=ranges, pad=args.pad,
-                       bounds=args.bounds, dtype=args.dtype, backend=args.backend,
-                       gradients=args.gradients, **params)
+                       bounds=args.bounds, fill=args.fill, dtype=args.dtype,
+                       backend=args.backend, gradients=args.gradients,
+                       **_parameters(params, bool(shapes)))
     except EinfuseError as error:
-        print(f"einfuse: {type(error).__name__}: {error}", file=sys.stderr)
+        shown = type(error)(cli_words(error.message), source=error.source, span=error.span)
+        print(f"einfuse: {type(error).__name__}: {shown}", file=sys.stderr)
         return 1
-    print(text)
+    print("\n".join(cli_words(line) if line.startswith("Note: ") else line
+                    for line in str(text).split("\n")))
     return 0
+
+
+def _parameters(params: Dict[str, float], shapes: bool) -> Dict[str, object]:
+    """The keyword arguments that pass --param values to explain().  A parameter named
+    like one of explain()'s keywords (pad, bounds ...) goes in arrays=; with --shape,
+    explain() values every parameter itself (placeholders), so such a name is left to it
+    rather than given twice."""
+    import inspect
+    from .explain import explain
+    keywords = set(inspect.signature(explain).parameters)
+    plain = {name: value for name, value in params.items() if name not in keywords}
+    clashing = {name: value for name, value in params.items() if name in keywords}
+    if clashing and not shapes:
+        plain["arrays"] = clashing
+    return plain
+
+
+# The library's messages name Python keywords (ranges=, pad= ...); on the command line
+# the same advice names the flags.  Most specific patterns first.
+_CLI_WORDS = (
+    (r"pass arrays or shapes=", "pass --shape NAME=AxB"),
+    (r"the (tensor|output) (\w+) was not passed; pass \2=\.\.\.",
+     r"the \1 \2 was not passed; give its shape with --shape \2=AxB"),
+    (r"the scalar parameter (\w+) was not passed; pass \1=\.\.\.",
+     r"the scalar parameter \1 was not passed; give it with --param \1=X"),
+    (r"(\w+)= is not used by the statement",
+     r"\1 (given by --shape or --param) is not used by the statement"),
+    (r"ranges=\{'(\w+)': range\((-?\d+), (-?\d+)\)\}", r"--range \1=\2:\3"),
+    (r"ranges=\{'(\w+)': range\(0, n\)\}", r"--range \1=N"),
+    (r"ranges=\{'(\w+)': [^}]*\}", r"--range \1=N"),
+    (r"bounds='clip', 'wrap' or 'fill'", "--bounds clip, wrap or fill"),
+    (r"\b(bounds|dtype|backend)='([^']*)'", r"--\1 \2"),
+    (r"\branges=", "--range"),
+    (r"\bshapes=", "--shape"),
+    (r"\b(pad|fill|bounds|dtype|backend)=", r"--\1"),
+)
+
+
+def cli_words(message: str) -> str:
+    """``message`` with each Python keyword replaced by its command-line flag."""
+    for pattern, replacement in _CLI_WORDS:
+        message = re.sub(pattern, replacement, message)
+    return message
 
 
 def _bench(args) -> int:

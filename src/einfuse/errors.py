@@ -100,6 +100,16 @@ class NoGradientError(EinfuseError, ValueError):
     supported by derivation."""
 
 
+class EinfuseOverflowError(EinfuseError, OverflowError):
+    """An integer does not fit the integer type it is computed in: a literal or index
+    arithmetic beyond int64, or a Python int that the statement's integer dtype cannot
+    hold (NumPy 2 raises OverflowError for ``int8_array + 300`` too)."""
+
+
+class AllocationError(EinfuseError, MemoryError):
+    """The result is too large to allocate."""
+
+
 class BackendError(EinfuseError, RuntimeError):
     """A backend could not build or run a kernel (not the user's statement)."""
 

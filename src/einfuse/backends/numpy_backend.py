@@ -263,7 +263,7 @@ class NumpyExecutor:
             size = array.shape[axis]
             pos = self.subscript(sub, ctx)
             if sub.gathers:
-                pos, bad = self.apply_bounds(expr, axis, sub, pos, size)
+                pos, bad = self.apply_bounds(expr, axis, sub, pos, size, ctx)
                 if bad is not None:
                     filled = bad if filled is None else filled | bad
             elif self.options.pad is not None and not gather:
@@ -311,20 +311,14 @@ class NumpyExecutor:
             pos = pos + coeff * np.asarray(gathered).astype(np.int64)
         return pos
 
-    def apply_bounds(self, expr: Access, axis: int, sub: IndexExpr, pos, size: int):
+    def apply_bounds(self, expr: Access, axis: int, sub: IndexExpr, pos, size: int, ctx):
         """Positions made safe under bounds=, and the mask of reads that give fill=."""
         mode = self.options.bounds
         bad = (pos < 0) | (pos >= size)
         if mode in ("check", "promise"):
             # The reference never reads out of bounds, so a broken promise raises too.
             if np.any(bad):
-                value = int(np.asarray(pos)[np.nonzero(bad)][0]) if np.ndim(pos) else int(pos)
-                arrays = ", ".join(a.tensor for a, _ in sub.gathers)
-                raise OutOfBoundsError(
-                    f"{expr}: index array {arrays} gives index value {value} for axis {axis} "
-                    f"of {expr.tensor}, outside its valid range 0..{size - 1} "
-                    f"(bounds={mode!r}; use bounds='clip', 'wrap' or 'fill' to allow it)",
-                    source=self.spec.source, span=sub.span or expr.span)
+                raise self.out_of_bounds(expr, axis, sub, pos, bad, size, ctx)
             return pos, None
         if size == 0:
             return np.zeros_like(pos), np.ones(np.shape(pos), dtype=bool)
@@ -333,3 +327,52 @@ class NumpyExecutor:
         if mode == "wrap":
             return np.mod(pos, size), None
         return np.clip(pos, 0, size - 1), bad  # fill: these reads give fill=
+
+    def out_of_bounds(self, expr: Access, axis: int, sub: IndexExpr, pos, bad, size: int,
+                      ctx) -> OutOfBoundsError:
+        """The error for the first offending read, naming the element of each index array
+        that gave it (``idx[3] = 7``)."""
+        first = np.unravel_index(np.argmax(bad), np.shape(bad)) if np.ndim(bad) else ()
+        value = int(np.asarray(pos)[first] if np.ndim(pos) else pos)
+        point = {}   # the offending read's index values (an index pos ignores: its first)
+        for name, (lo, _) in ctx.items():
+            axis_of = self.axis[name]
+            spread = np.ndim(bad) > axis_of and np.shape(bad)[axis_of] > 1
+            point[name] = lo + int(first[axis_of]) if spread else lo
+        gathered = [self.element(access, point) for access, _ in sub.gathers]
+        where = f"axis {axis} of {expr.tensor}, length {size}"
+        mode = self.options.bounds
+        allow = "use bounds='clip', 'wrap' or 'fill' to allow it" + \
+            ("; bounds='promise' was given but the promise does not hold"
+             if mode == "promise" else "")
+        if len(sub.gathers) == 1 and sub.gathers[0][1] == 1 and not sub.terms and \
+                not sub.constant:
+            message = f"{gathered[0][0]} = {value} is outside its valid range " \
+                      f"0..{size - 1} ({where}); {allow}"
+        else:
+            used = set(_index_names(sub))
+            at = ", ".join(f"{n}={point[n]}" for n in point if n in used)
+            read = ", ".join(f"{text} = {v}" for text, v in gathered)
+            message = f"{expr} reads position {value}" + (f" at {at}" if at else "") + \
+                f" ({read}), outside its valid range 0..{size - 1} ({where}); {allow}"
+        return OutOfBoundsError(message, source=self.spec.source, span=sub.span or expr.span)
+
+    def element(self, access: Access, point):
+        """``(text, value)`` of the index array element a gather reads at ``point``, such
+        as ``("idx[3]", 7)``; nested gathers are in range (they were checked first)."""
+        position = []
+        for sub in access.indices:
+            at = sub.constant + sum(c * point[n] for n, c in sub.terms)
+            at += sum(c * self.element(inner, point)[1] for inner, c in sub.gathers)
+            position.append(at)
+        value = self.arrays[access.tensor][tuple(position)]
+        return f"{access.tensor}[{', '.join(map(str, position))}]", int(value)
+
+
+def _index_names(sub: IndexExpr):
+    """The indices a subscript depends on, through its gathers too."""
+    for name, _ in sub.terms:
+        yield name
+    for access, _ in sub.gathers:
+        for inner in access.indices:
+            yield from _index_names(inner)

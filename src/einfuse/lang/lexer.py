@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import unicodedata
 from dataclasses import dataclass
 from typing import List
 
@@ -16,8 +17,11 @@ END = "end"
 # Longest operators first so that ':=' is not read as ':' then '='.
 _OPERATORS = (":=", "+=", "**", "<=", ">=", "==", "!=",
               "+", "-", "*", "/", "<", ">", "=", "&", "|", "(", ")", "[", "]", ",")
-_NUMBER = re.compile(r"(\d+\.\d*|\.\d+|\d+)([eE][+-]?\d+)?")
-_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+# ASCII digits only: '\d' would also read other scripts' digits as numbers.
+_NUMBER = re.compile(r"([0-9]+\.[0-9]*|\.[0-9]+|[0-9]+)([eE][+-]?[0-9]+)?")
+# '%' is not an operator of the notation (yet); '//' is two '/' tokens that the parser
+# recognises, so that its caret sits on the second '/'.
+_MODULO = "'%' (modulo) is not part of the notation yet; write a - b * floor(a / b)"
 
 
 @dataclass(frozen=True)
@@ -25,10 +29,11 @@ class Token:
     kind: str
     text: str
     start: int
+    size: int = 0  # characters in the source, when that differs from len(text)
 
     @property
     def end(self) -> int:
-        return self.start + max(1, len(self.text))
+        return self.start + max(1, self.size or len(self.text))
 
 
 def tokenize(source: str) -> List[Token]:
@@ -47,15 +52,17 @@ def tokenize(source: str) -> List[Token]:
         if number:
             tokens.append(Token(NUMBER, number.group(0), pos))
             pos = number.end()
-            if pos < len(source) and (source[pos].isalpha() or source[pos] == "_"):
+            if pos < len(source) and (source[pos].isalnum() or source[pos] == "_"):
                 raise EinfuseSyntaxError("a number may not run into a name",
                                          source=source, span=(number.start(), pos + 1))
             continue
-        name = _NAME.match(source, pos)
-        if name:
-            tokens.append(Token(NAME, name.group(0), pos))
-            pos = name.end()
+        if char.isidentifier():
+            token = _name_token(source, pos)
+            tokens.append(token)
+            pos = token.end
             continue
+        if char == "%":
+            raise EinfuseSyntaxError(_MODULO, source=source, span=(pos, pos + 1))
         for op in _OPERATORS:
             if source.startswith(op, pos):
                 tokens.append(Token(OP, op, pos))
@@ -66,3 +73,17 @@ def tokenize(source: str) -> List[Token]:
                                      span=(pos, pos + 1))
     tokens.append(Token(END, "", len(source)))
     return tokens
+
+
+def _name_token(source: str, start: int) -> Token:
+    """The name starting at ``start``.  A name is a Python identifier (the spec's rule),
+    Unicode letters and combining marks included: Python's own XID_Start/XID_Continue
+    test decides each character."""
+    end = start + 1
+    while end < len(source) and ("a" + source[end]).isidentifier():
+        end += 1
+    text = source[start:end]
+    # Python normalises identifiers to NFKC, so the keyword 'ﬁ=' arrives as 'fi';
+    # the statement's names must match the keywords they are passed by.
+    normal = unicodedata.normalize("NFKC", text)
+    return Token(NAME, normal, start, size=end - start)

@@ -20,25 +20,91 @@ statement (left side, inside brackets, or bound by a reduction) is an
 from __future__ import annotations
 
 import dataclasses
+import difflib
+import re
+from collections import Counter
 from typing import Dict, List, Optional, Set, Tuple
 
-from ..errors import EinfuseNameError, EinfuseSyntaxError
-from .ast import (ASSIGN_OPS, BINARY_FUNCTIONS, COMPARISON_OPS, CONSTANTS, REDUCTIONS,
-                  RESERVED, TERNARY_FUNCTIONS, UNARY_FUNCTIONS, Access, Binary, Call, Expr,
-                  IndexExpr, IndexValue, Number, Param, Reduce, Statement, Unary,
+from ..errors import EinfuseNameError, EinfuseOverflowError, EinfuseSyntaxError
+from .ast import (ASSIGN_OPS, BINARY_FUNCTIONS, COMPARISON_OPS, CONSTANTS, FUNCTIONS,
+                  REDUCTIONS, RESERVED, TERNARY_FUNCTIONS, UNARY_FUNCTIONS, Access, Binary,
+                  Call, Expr, IndexExpr, IndexValue, Number, Param, Reduce, Statement, Unary,
                   map_children)
 from .lexer import END, NAME, NUMBER, OP, Token, tokenize
+
+
+# Every integer the notation computes with (literals, subscript coefficients and
+# offsets, index values) is an int64 on every backend, so each must fit one.
+INT64_MAX = 2**63 - 1
+# Reductions users reach for that the notation does not have (yet).
+PLANNED_REDUCTIONS = ("mean", "argmax", "argmin", "any", "all", "std", "var", "median",
+                      "count")
+_REDUCTION_LIST = "sum, prod, max, min and logsumexp"
+# An einsum subscript string: letters (or '...') per operand, commas, an optional '->'.
+_EINSUM = re.compile(r"\s*([A-Za-z.]*(?:\s*,\s*[A-Za-z.]*)*)\s*(?:->\s*([A-Za-z.]*))?\s*\Z")
 
 
 def parse(source: str) -> Statement:
     """Parse ``source`` into a :class:`Statement` (names resolved)."""
     if not isinstance(source, str):
         raise EinfuseSyntaxError(f"a statement must be a string, not {type(source).__name__}")
+    hint = einsum_hint(source)
+    if hint:
+        raise EinfuseSyntaxError(hint, source=source, span=(0, len(source)))
     try:
         return _Parser(source).statement()
     except RecursionError:
         raise EinfuseSyntaxError("the statement nests too deeply to parse", source=source,
                                  span=(0, len(source))) from None
+
+
+def einsum_hint(source: str) -> Optional[str]:
+    """For an einsum string (``"ik,kj->ij"``), a message with the equivalent statement."""
+    match = _EINSUM.match(source)
+    if not match or not ("->" in source or "," in source):
+        return None
+    operands = [op.strip() for op in match.group(1).split(",")]
+    output = match.group(2)
+    text = source.strip()
+    if "." in "".join(operands) + (output or ""):
+        return (f"{text!r} is einsum syntax; einfuse has no '...': name every axis, as in "
+                "out[b, i, j] := A[b, i, k] * B[b, k, j]")
+    if output is None:  # einsum's implicit output: the letters used once, sorted
+        counts = Counter("".join(operands))
+        output = "".join(sorted(c for c, n in counts.items() if n == 1))
+    letters = set("".join(operands) + output)
+    free = [c for c in "ABCDEFGHIJKLMNOPQRSTUVWXYZ" if c not in letters]
+    names = free[:len(operands)] if len(free) >= len(operands) else \
+        [f"T{n}" for n in range(len(operands))]
+    rhs = " * ".join(f"{name}[{', '.join(op)}]" for name, op in zip(names, operands))
+    lhs = f"out[{', '.join(output)}]" if output else "out"
+    return (f"{text!r} is einsum syntax; in einfuse notation it is {lhs} := {rhs} "
+            f"(passing the operands as {', '.join(n + '=' for n in names)})")
+
+
+def _bracket_pairs(tokens: List[Token]):
+    """Each matched '[' or '(' token's position -> its closing token's position, and the
+    positions of the openers that are never closed."""
+    pairs: Dict[int, int] = {}
+    unclosed: Set[int] = set()
+    stack: List[int] = []
+    for n, token in enumerate(tokens):
+        if token.kind != OP:
+            continue
+        if token.text in ("[", "("):
+            stack.append(n)
+        elif token.text in ("]", ")"):
+            want = "[" if token.text == "]" else "("
+            while stack and tokens[stack[-1]].text != want:
+                unclosed.add(stack.pop())
+            if stack:
+                pairs[stack.pop()] = n
+    return pairs, unclosed | set(stack)
+
+
+def _suggest(name: str, choices) -> str:
+    close = difflib.get_close_matches(name, choices, n=1, cutoff=0.8)
+    return f" (did you mean {close[0]}?)" if close else ""
 
 
 def _arity(func: str) -> Tuple[int, ...]:
@@ -57,6 +123,7 @@ class _Parser:
         self.source = source
         self.tokens = tokenize(source)
         self.pos = 0
+        self.pairs, self.unclosed = _bracket_pairs(self.tokens)
 
     # -- token helpers -------------------------------------------------------------
     @property
@@ -193,17 +260,28 @@ class _Parser:
         if token.kind == NUMBER:
             self.advance()
             text = token.text
-            value = int(text) if text.isdigit() else float(text)
-            return Number(value, span=(token.start, token.end))
+            if text.isdigit():
+                return Number(self.int_literal(token), span=(token.start, token.end))
+            return Number(float(text), span=(token.start, token.end))
         if self.at("("):
             self.advance()
             inner = self.expr()
             self.expect(")", "to close '('")
             return inner
         if token.kind != NAME:
+            previous = self.tokens[self.pos - 1] if self.pos else None
+            if self.at("/") and previous is not None and previous.text == "/" and \
+                    previous.end == token.start:
+                self.fail("floor division '//' is not part of the notation yet; write "
+                          "floor(a / b)")
             self.fail("expected a number, a name or '('")
         name = token.text
         nxt = self.peek()
+        if nxt.kind == OP and nxt.text == "[" and name not in REDUCTIONS:
+            close = self.pairs.get(self.pos + 1)
+            after = self.tokens[close + 1] if close is not None else None
+            if after is not None and after.kind == OP and after.text == "(":
+                self.not_a_reduction(token, self.tokens[close])
         if name in REDUCTIONS and nxt.kind == OP and nxt.text == "[":
             return self.reduction()
         if name in CONSTANTS and not (nxt.kind == OP and nxt.text in "[("):
@@ -222,6 +300,35 @@ class _Parser:
         if self.at("["):
             return self.access(token)
         return Param(name, span=(token.start, token.end))
+
+    def int_literal(self, token: Token) -> int:
+        digits = token.text.lstrip("0") or "0"
+        # the length test comes first: int() refuses strings of over 4300 digits
+        if len(digits) > len(str(INT64_MAX)) or int(digits) > INT64_MAX:
+            shown = token.text if len(token.text) <= 30 else token.text[:24] + "..."
+            self.error(f"the integer literal {shown} does not fit in int64 (at most "
+                       f"{INT64_MAX} in magnitude); outside subscripts a float literal "
+                       "such as 1e20 holds a large value", token.start, token.end,
+                       cls=EinfuseOverflowError)
+        return int(digits)
+
+    def not_a_reduction(self, token: Token, close: Token):
+        name = token.text
+        written = self.source[token.start:close.end] + "(...)"   # as in mean[j](...)
+        if name in PLANNED_REDUCTIONS:
+            message = f"{written} is not part of the notation yet; the reductions are " \
+                      f"{_REDUCTION_LIST}"
+            if name == "mean":
+                message += "; a mean is a sum divided by the count, sum[j](...) / n " \
+                           "with n passed as a scalar"
+        elif _suggest(name, REDUCTIONS):
+            message = f"{written} reads like a reduction, but {name!r} is not one" \
+                      f"{_suggest(name, REDUCTIONS)}; the reductions are {_REDUCTION_LIST}"
+        else:   # a tensor followed by '(': a reduction meant, or a product without '*'
+            self.error(f"'(' cannot follow {self.source[token.start:close.end]}: the "
+                       f"reductions are {_REDUCTION_LIST} (as in sum[j](...)), and a "
+                       "product needs '*'", token.start, close.end)
+        self.error(message, token.start, close.end, cls=EinfuseNameError)
 
     def reduction(self) -> Expr:
         op_tok = self.advance()
@@ -250,10 +357,17 @@ class _Parser:
         func = func_tok.text
         arities = _arity(func)
         if not arities:
-            what = "a reduction: write " + func + "[k](...)" if func in REDUCTIONS else \
-                "not a function of the notation"
-            self.error(f"{func!r} is {what}", func_tok.start, func_tok.end,
-                       cls=EinfuseNameError)
+            functions = ", ".join(FUNCTIONS)
+            if func in REDUCTIONS:
+                message = f"{func!r} is a reduction: write {func}[k](...)"
+            elif func in PLANNED_REDUCTIONS:
+                message = f"{func!r} is not part of the notation yet (neither as a function " \
+                          f"nor as a reduction); the reductions are {_REDUCTION_LIST}, the " \
+                          f"functions {functions}"
+            else:
+                message = f"{func!r} is not a function of the notation" \
+                          f"{_suggest(func, FUNCTIONS)}; the functions are {functions}"
+            self.error(message, func_tok.start, func_tok.end, cls=EinfuseNameError)
         self.expect("(", "")
         args: List[Expr] = []
         if not self.at(")"):
@@ -270,17 +384,26 @@ class _Parser:
         return Call(func, tuple(args), span=span)
 
     def access(self, name_tok: Token) -> Access:
+        opener = self.pos
         self.expect("[", "")
         subs: List[IndexExpr] = []
-        if not self.at("]"):
-            while True:
-                sub_start = self.tok.start
-                sub = self.expr()
-                subs.append(self.subscript(sub, (sub_start, self.prev_end())))
-                if not self.at(","):
-                    break
-                self.advance()
-        self.expect("]", f"to close {name_tok.text}[")
+        try:
+            if not self.at("]"):
+                while True:
+                    sub_start = self.tok.start
+                    sub = self.expr()
+                    subs.append(self.subscript(sub, (sub_start, self.prev_end())))
+                    if not self.at(","):
+                        break
+                    self.advance()
+            self.expect("]", f"to close {name_tok.text}[")
+        except EinfuseSyntaxError:
+            # An unclosed '[' swallows the rest of the statement into its subscripts;
+            # whatever then fails to parse there, the missing ']' is the cause.
+            if opener in self.unclosed:
+                self.error(f"a ']' is missing: {name_tok.text}[ is never closed",
+                           name_tok.start, self.tokens[opener].end)
+            raise
         return Access(name_tok.text, tuple(subs), span=(name_tok.start, self.prev_end()))
 
     # -- subscripts ----------------------------------------------------------------------
@@ -309,18 +432,33 @@ class _Parser:
             terms = dict(lt)
             for name, coeff in rt.items():
                 terms[name] = terms.get(name, 0) + sign * coeff
-            return terms, lg + [(a, sign * c) for a, c in rg], lc + sign * rc
+            return self.fits((terms, lg + [(a, sign * c) for a, c in rg], lc + sign * rc),
+                             expr.span)
         if isinstance(expr, Binary) and expr.op == "*":
             left, right = self.linear(expr.left), self.linear(expr.right)
             for factor, other in ((left, right), (right, left)):
                 if not factor[0] and not factor[1]:
                     scale = factor[2]
-                    return ({n: scale * c for n, c in other[0].items()},
-                            [(a, scale * c) for a, c in other[1]], scale * other[2])
+                    return self.fits(({n: scale * c for n, c in other[0].items()},
+                                      [(a, scale * c) for a, c in other[1]],
+                                      scale * other[2]), expr.span)
             self.error("a subscript may multiply an index only by an integer constant",
                        *expr.span)
         self.error("a subscript must be an index, an integer, a gather (idx[i]) or an "
                    "affine combination of them such as 2*i + a - 1", *expr.span)
+
+    def fits(self, linear, span):
+        """``linear`` unchanged when its coefficients and constant fit in int64."""
+        terms, gathers, constant = linear
+        for value in (*terms.values(), *(c for _, c in gathers), constant):
+            if not _fits_int64(value):
+                self.error(f"subscript arithmetic gives {value}, which does not fit in int64",
+                           *span, cls=EinfuseOverflowError)
+        return linear
+
+
+def _fits_int64(value: int) -> bool:
+    return -INT64_MAX <= value <= INT64_MAX
 
 
 def _index_rule_error():

@@ -3,16 +3,22 @@
 from __future__ import annotations
 
 import functools
-from typing import Optional
+import numbers
+import os
+import unicodedata
+from typing import Mapping, Optional
 
 import numpy as np
 
-from ..analysis.options import Options, make_options
+from ..analysis.options import (INT64_MAX, OPTION_NAMES, Options, make_options, option_error,
+                                shown)
 from ..analysis.spec import Spec, analyse
 from ..backends import get_backend
-from ..errors import (EinfuseError, EinfuseSyntaxError, EinfuseTypeError, attach_statement,
-                      warn)
+from ..errors import (AllocationError, BackendError, EinfuseError, EinfuseOverflowError,
+                      EinfuseSyntaxError, EinfuseTypeError, MissingArgumentError, OptionError,
+                      UnexpectedArgumentError, attach_statement, warn)
 from ..lang import parse
+from ..lang.ast import Number, accesses
 from ..lang.printer import format_statement
 from .binding import BoundCall, bind_call, bind_names
 from .frameworks import JAX, NUMPY, TORCH, common_framework, contiguous, framework_of, from_numpy
@@ -56,22 +62,55 @@ class Kernel:
             takes += f"; writes into {self.spec.output}"
         return f"<einfuse.Kernel {text!s} | takes {takes} | backend={self.options.backend}>"
 
-    def bind(self, *args, **kwargs) -> BoundCall:
+    # ``self`` is positional-only, and ``arrays=`` takes any name, so that a tensor may
+    # be called ``self``, ``arrays`` or anything else.
+    def bind(self, /, *args, arrays=None, **kwargs) -> BoundCall:
         try:
-            return bind_call(self.spec, self.options, args, kwargs)
+            return self._bind_named(args, self._named(args, kwargs, arrays))
         except EinfuseError as error:
             raise attach_statement(error, self.statement) from None
 
-    def __call__(self, *args, **kwargs):
-        if _has_jax_value(args, kwargs):
-            from . import jax_adapter
-            try:
+    def _bind_named(self, args, named) -> BoundCall:
+        call = bind_call(self.spec, self.options, args, named)
+        _check_parameters(call)
+        _check_index_arithmetic(self.spec, call.bounds)
+        return call
+
+    def _named(self, args, kwargs, arrays) -> dict:
+        """The keyword arguments with ``arrays=`` merged in, after the checks whose
+        messages need to know the API (binding has the rest)."""
+        spec = self.spec
+        if arrays is not None:
+            kwargs = _merge_arrays(spec, kwargs, arrays)
+        if not all(name.isascii() for name in kwargs):
+            # the statement's names are NFKC-normalised, as Python's own identifiers are;
+            # keys of a ** dict are not
+            kwargs = {unicodedata.normalize("NFKC", k): v for k, v in kwargs.items()}
+        takes = _takes(spec)
+        for name, value in kwargs.items():
+            if name not in takes and name in spec.all_indices:
+                raise _index_passed(spec, name, value)
+        for name in _option_named(spec):
+            if name not in kwargs and name not in spec.arg_order[:len(args)]:
+                what = "output" if name == spec.output else \
+                    "scalar parameter" if name in spec.params else "tensor"
+                raise MissingArgumentError(
+                    f"the {what} {name} was not passed; its name is also the option {name}= "
+                    f"of ein() and explain(), so pass it as arrays={{'{name}': ...}}",
+                    span=_first_span(spec, name))
+        return kwargs
+
+    def __call__(self, /, *args, arrays=None, **kwargs):
+        try:
+            kwargs = self._named(args, kwargs, arrays)
+            if _has_jax_value(args, kwargs):
+                from . import jax_adapter
                 named = bind_names(self.spec, args, kwargs)
                 if common_framework(named) == JAX:
                     return jax_adapter.call(self, named)
-            except EinfuseError as error:
-                raise attach_statement(error, self.statement) from None
-        call = self.bind(*args, **kwargs)
+            call = self._bind_named(args, kwargs)
+        except EinfuseError as error:
+            raise attach_statement(error, self.statement) from None
         if call.framework == TORCH and self.spec.assign == ":=":
             from . import torch_autograd
             if torch_autograd.torch.is_grad_enabled() and \
@@ -84,7 +123,21 @@ class Kernel:
         """The result as a NumPy array in the result dtype."""
         try:
             backend = get_backend(_backend_name(self.options.backend, call))
-            result = backend.run(call)
+            _check_result_size(call)
+            try:
+                result = backend.run(call)
+            except (EinfuseError, RecursionError):
+                raise
+            except Exception as error:
+                # The NumPy executor bounds its intermediates by memory_limit, so running
+                # out of memory means the result itself (or a device array) did not fit.
+                if isinstance(error, MemoryError) or type(error).__name__ == \
+                        "OutOfMemoryError":
+                    raise _too_large(call, "could not be allocated") from None
+                # Anything else is a backend's fault, not the statement's: still an
+                # EinfuseError, with the original chained for the traceback.
+                raise BackendError(f"backend {backend.name!r} failed: "
+                                   f"{type(error).__name__}: {error}") from error
             if call.bfloat16:   # computed in float32, returned as the inputs were
                 import torch
                 tensor = result if framework_of(result) == TORCH else \
@@ -151,29 +204,242 @@ def _has_jax_value(args, kwargs) -> bool:
     return any(framework_of(v) == JAX for v in (*args, *kwargs.values()))
 
 
-def compile(statement: str, *, ranges=None, pad=None, bounds="check", fill=0.0, dtype=None,
-            backend="auto", threads: Optional[int] = None,
-            memory_limit: Optional[int] = None) -> Kernel:
-    """Compile ``statement`` into a reusable :class:`Kernel`."""
+class _NotGiven:
+    """The default of a statement argument not given (see statement_argument)."""
+
+    def __repr__(self) -> str:
+        return "NOT_GIVEN"
+
+
+NOT_GIVEN = _NotGiven()
+
+
+def statement_argument(statement, named: dict, function: str) -> str:
+    """The statement of ein()/compile()/explain(): their first positional argument, which
+    is positional-only so that a tensor may be called ``statement``; the older call form
+    ``statement=...`` still works where no positional statement was given."""
+    if statement is NOT_GIVEN:
+        if "statement" not in named:
+            raise MissingArgumentError(f"{function}() takes the statement as its first "
+                                       "argument")
+        statement = named.pop("statement")
     if not isinstance(statement, str):
         raise EinfuseSyntaxError(f"a statement must be a string, not "
                                  f"{type(statement).__name__}")
+    return statement
+
+
+def check_explain_options(statement: str, shapes, gradients) -> None:
+    """explain()'s own options, checked before their truth value is taken: an array
+    there was meant for a tensor of the same name."""
+    problems = {"shapes": shapes is not None and not isinstance(shapes, Mapping),
+                "gradients": not isinstance(gradients, (bool, np.bool_, numbers.Integral))}
+    for option, bad in problems.items():
+        if bad:
+            value = shapes if option == "shapes" else gradients
+            wanted = "a dict of name -> shape" if option == "shapes" else "True or False"
+            error = option_error(option, f"{option}= takes {wanted}, not {shown(value)}")
+            raise attach_statement(_option_collision(error, statement), statement)
+
+
+def compile(statement=NOT_GIVEN, /, *, ranges=None, pad=None, bounds="check", fill=0.0,
+            dtype=None, backend="auto", threads: Optional[int] = None,
+            memory_limit: Optional[int] = None, **named) -> Kernel:
+    """Compile ``statement`` into a reusable :class:`Kernel`."""
+    statement = statement_argument(statement, named, "compile")
+    if named:
+        raise attach_statement(UnexpectedArgumentError(
+            f"compile() takes the statement and options, not {', '.join(named)}=; pass the "
+            "arrays when calling the kernel"), statement)
     try:
         options = make_options(ranges, pad, bounds, fill, dtype, backend, threads,
                                memory_limit)
-    except EinfuseError as error:
-        raise attach_statement(error, statement) from None
+    except OptionError as error:
+        raise attach_statement(_option_collision(error, statement), statement) from None
     return Kernel(statement, options)
 
 
-def ein(statement: str, *args, ranges=None, pad=None, bounds="check", fill=0.0, dtype=None,
-        backend="auto", threads: Optional[int] = None, memory_limit: Optional[int] = None,
-        **arrays):
-    """Evaluate ``statement`` once on the given arrays and scalars."""
+def ein(statement=NOT_GIVEN, /, *args, ranges=None, pad=None, bounds="check", fill=0.0,
+        dtype=None, backend="auto", threads: Optional[int] = None,
+        memory_limit: Optional[int] = None, arrays=None, **named):
+    """Evaluate ``statement`` once on the given arrays and scalars.  A tensor whose name
+    is one of the options (``bounds``, ``ranges`` ...) goes in ``arrays={"bounds": b}``."""
+    statement = statement_argument(statement, named, "ein")
     kernel = compile(statement, ranges=ranges, pad=pad, bounds=bounds, fill=fill,
                      dtype=dtype, backend=backend, threads=threads,
                      memory_limit=memory_limit)
-    return kernel(*args, **arrays)
+    return kernel(*args, arrays=arrays, **named)
+
+
+def _option_collision(error: OptionError, statement: str) -> OptionError:
+    """``error``, saying so when the bad option value was meant for a tensor, scalar or
+    output of the statement that has the option's name."""
+    option = getattr(error, "option", None)
+    try:
+        spec = _spec_for(statement)
+    except EinfuseError:
+        return error   # the option's own message; the statement's error comes later
+    if option not in set(spec.arg_order) | {spec.output}:
+        return error
+    what = "output" if option == spec.output else \
+        "scalar parameter" if option in spec.params else "tensor"
+    return OptionError(f"{error.message}; {option}= is the option, and the statement's "
+                       f"{what} {option} has the same name: pass the {what} as "
+                       f"arrays={{'{option}': ...}}", span=_first_span(spec, option))
+
+
+def _merge_arrays(spec: Spec, kwargs, arrays) -> dict:
+    """``kwargs`` with the ``arrays=`` mapping's entries added."""
+    if not isinstance(arrays, Mapping):
+        if "arrays" not in _takes(spec):
+            raise UnexpectedArgumentError("arrays= takes a dict of name -> array, such as "
+                                          f"arrays={{'x': x}}, not {shown(arrays)}")
+        arrays = {"arrays": arrays}   # the statement's own tensor called 'arrays'
+    merged = dict(kwargs)
+    for name, value in arrays.items():
+        if not isinstance(name, str):
+            raise UnexpectedArgumentError(f"arrays= maps names to arrays; {name!r} is not "
+                                          "a name")
+        if name in merged:
+            raise UnexpectedArgumentError(f"{name} is given twice, as {name}= and in "
+                                          "arrays=")
+        merged[name] = value
+    return merged
+
+
+@functools.lru_cache(maxsize=512)
+def _takes(spec: Spec) -> frozenset:
+    """Every name a call may pass: tensors, scalars and the output."""
+    return frozenset(spec.arg_order) | {spec.output}
+
+
+@functools.lru_cache(maxsize=512)
+def _option_named(spec: Spec) -> tuple:
+    """The names the statement needs passed that are also options of ein()."""
+    wanted = spec.arg_order + ((spec.output,) if spec.assign != ":=" else ())
+    return tuple(name for name in wanted if name in OPTION_NAMES)
+
+
+def _first_span(spec: Spec, name: str):
+    if name == spec.output:
+        return spec.statement.output_span
+    return next((node.span for node in spec.rhs.walk()
+                 if getattr(node, "tensor", getattr(node, "name", None)) == name), None)
+
+
+def _index_passed(spec: Spec, name: str, value) -> UnexpectedArgumentError:
+    """The error for a value passed for an index, as in ``x[i + n]`` with ``n=2``."""
+    used_in = next((access for access in accesses(spec.rhs)
+                    for sub in access.indices if name in sub.index_names), None)
+    if used_in is None:
+        return UnexpectedArgumentError(
+            f"{name} is an index of the statement, and indices are not passed: their "
+            f"ranges come from the arrays or from ranges={{'{name}': ...}}",
+            span=_first_span(spec, name))
+    offset = value if isinstance(value, numbers.Integral) and \
+        not isinstance(value, bool) else 2
+    return UnexpectedArgumentError(
+        f"{name} appears inside {used_in}, so it is an index, not a scalar parameter: "
+        "offsets inside subscripts are integer literals or indices; write the number "
+        f"into the statement, or make {name} an index with that one value: "
+        f"ranges={{'{name}': range({offset}, {offset + 1})}}", span=used_in.span)
+
+
+def _check_parameters(call: BoundCall) -> None:
+    """Python ints are int64 to every backend, and under NumPy 2's rules (NEP 50) a Python
+    int must also fit the integer dtype it is computed in: ``int8_array + 300`` raises
+    OverflowError there.  Literals and scalar parameters follow that one rule on every
+    backend (comparisons included, which NumPy 2 alone exempts)."""
+    spec, working = call.spec, call.dtypes.working
+    info = np.iinfo(working) if working.kind in "iu" else None
+    for name, value in call.params.items():
+        if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Integral):
+            continue
+        span = _first_span(spec, name)
+        if not -INT64_MAX <= int(value) <= INT64_MAX:
+            raise EinfuseOverflowError(f"the scalar parameter {name}={value} does not fit in "
+                                       "int64; pass a float for a large value", span=span)
+        if info is not None and isinstance(value, int) and not info.min <= value <= info.max:
+            raise EinfuseOverflowError(_narrow(f"the scalar parameter {name}={value}",
+                                               working, info), span=span)
+    if info is None:
+        return
+    for node in _int_literals(spec):
+        if not info.min <= node.value <= info.max:
+            raise EinfuseOverflowError(_narrow(f"the literal {node.value}", working, info),
+                                       span=node.span)
+
+
+@functools.lru_cache(maxsize=512)
+def _int_literals(spec: Spec) -> tuple:
+    return tuple(node for node in spec.rhs.walk()
+                 if isinstance(node, Number) and isinstance(node.value, int))
+
+
+def _narrow(what: str, working: np.dtype, info) -> str:
+    return (f"{what} does not fit {working} ({info.min}..{info.max}), the integer dtype "
+            f"this statement computes in; NumPy 2 raises OverflowError for this too; use "
+            "wider inputs or a float dtype")
+
+
+@functools.lru_cache(maxsize=1024)
+def _check_index_arithmetic(spec: Spec, bounds) -> None:
+    """Subscripts are computed in int64 on every backend: a bound on each one's magnitude
+    over the ranges (on every partial sum) must fit.  Gathered values
+    are bounded by their index arrays' own integer dtype."""
+    ranges = bounds.range_map
+    for access in accesses(spec.rhs):
+        for sub in access.indices:
+            # Backends compute c*i as c*lo + c*(i - lo), so both parts must fit as well.
+            worst = abs(sub.constant)
+            for name, coeff in sub.terms:
+                lo, hi = ranges[name]
+                if hi > lo:
+                    worst += abs(coeff) * (abs(lo) + hi - 1 - lo)
+            if worst > INT64_MAX:
+                shown = ", ".join(f"{n} in {ranges[n][0]}..{ranges[n][1] - 1}"
+                                  for n, _ in sub.terms)
+                raise EinfuseOverflowError(
+                    f"{access}: subscript {sub} may reach magnitude {worst} for {shown}, "
+                    "beyond int64 (index arithmetic is int64 on every backend)",
+                    span=sub.span or access.span)
+
+
+def _result_bytes(call: BoundCall) -> int:
+    count = 1
+    for extent in call.output_shape:
+        count *= extent
+    return count * max(call.dtypes.working.itemsize, call.dtypes.result.itemsize)
+
+
+@functools.lru_cache(maxsize=1)
+def _physical_memory() -> Optional[int]:
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (AttributeError, ValueError, OSError):   # not POSIX: rely on MemoryError
+        return None
+
+
+def _check_result_size(call: BoundCall) -> None:
+    """A result larger than the machine's memory is refused before any backend tries."""
+    memory = _physical_memory()
+    if memory is not None and _result_bytes(call) > memory:
+        raise _too_large(call, f"is larger than this machine's memory ({_size(memory)})")
+
+
+def _too_large(call: BoundCall, why: str) -> AllocationError:
+    spec = call.spec
+    return AllocationError(
+        f"the result {spec.output} has shape {call.output_shape} ({call.dtypes.result}, "
+        f"{_size(_result_bytes(call))}), which {why}; check the shapes and ranges=",
+        span=spec.statement.output_span)
+
+
+def _size(nbytes: int) -> str:
+    for unit in ("B", "kB", "MB", "GB", "TB", "PB"):
+        if nbytes < 1000 or unit == "PB":
+            return f"{nbytes:.0f} {unit}" if unit == "B" else f"{nbytes:.2f} {unit}"
+        nbytes /= 1000
 
 
 __all__ = ["Kernel", "compile", "ein"]
