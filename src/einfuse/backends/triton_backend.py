@@ -13,6 +13,7 @@ kernel, its scalars and grid) is what both the torch launcher here and the JAX o
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import importlib.util
@@ -32,6 +33,7 @@ _modules: Dict[str, object] = {}
 # (rows, lanes) the planner tiles by; the launch's ROWS/LANES are the tuner's choice
 TILE = (32, 32)
 _lock = threading.Lock()
+_launch_lock = threading.RLock()
 
 
 def interpreted() -> bool:
@@ -141,8 +143,10 @@ def _input_tensors(call, device):
             tensor = source.detach().to(device)
         else:
             array = np.asarray(call.arrays[name])
-            # torch refuses read-only memory (a broadcast view, a JAX buffer) and
-            # negative strides: those are copied
+            # torch refuses read-only memory (a broadcast view, a JAX buffer), negative
+            # strides and non-native byte order: those are copied
+            if not array.dtype.isnative:
+                array = array.astype(array.dtype.newbyteorder("="))
             if not array.flags.writeable or any(st < 0 for st in array.strides):
                 array = np.array(array)
             tensor = torch.from_numpy(array).to(device)
@@ -263,9 +267,29 @@ def _returned(result, call):
 
 def host_fallback(call) -> bool:
     """Statements whose working dtype is not float32/float64 run on the NumPy
-    reference (the Triton kernels compute in floating point)."""
+    reference (the Triton kernels compute in floating point), and so do those with an
+    empty input: every read of it is pad= or fill= (or none happens), and a kernel's
+    clamped address into an empty array would point outside it."""
     working = call.dtypes.working
-    return working.kind != "f" or working.itemsize < 4
+    if working.kind != "f" or working.itemsize < 4:
+        return True
+    return any(0 in shape for shape in call.arrays.shapes.values())
+
+
+_warm = set()   # tuning keys whose kernel has compiled and run once in this process
+
+
+@contextlib.contextmanager
+def _launch_guard(prepared: Prepared):
+    """Calls from several threads: Triton's interpreter swaps module-level state while
+    it runs a kernel, so interpreted launches take turns; on a GPU only a kernel's first
+    launch does (its compile and tuning search), later ones run concurrently."""
+    if not interpreted() and prepared.tuning_key in _warm:
+        yield
+        return
+    with _launch_lock:
+        yield
+        _warm.add(prepared.tuning_key)
 
 
 class TritonBackend:
@@ -303,7 +327,8 @@ class TritonBackend:
                 *tensors, *params, *prepared.scalars, result, num_warps=config.num_warps,
                 num_stages=config.num_stages, **prepared.constexprs(config))
             return result
-        launch_with(choose_config(prepared, launch_with, on_gpu))
+        with _launch_guard(prepared):
+            launch_with(choose_config(prepared, launch_with, on_gpu))
         return _returned(result, call)
 
     @staticmethod

@@ -145,16 +145,19 @@ def remember(key: str, config: Config) -> None:
     with _lock:
         _load()
         _memory[key] = config
-        data = _read_disk()
-        data[key] = asdict(config)
         path = _path()
-        tmp = f"{path}.{os.getpid()}.tmp"
-        try:
-            with open(tmp, "w") as handle:
-                json.dump(data, handle, indent=0, sort_keys=True)
-            os.replace(tmp, path)
-        except OSError:
-            pass   # an unwritable cache only costs a search in the next process
+        # another process may be merging its own choices into the file: the read-merge-
+        # write happens under a lock on a side file, so that neither loses the other's
+        with c_build.file_lock(path + ".lock"):
+            data = _read_disk()
+            data[key] = asdict(config)
+            tmp = f"{path}.{os.getpid()}.{threading.get_ident()}.tmp"
+            try:
+                with open(tmp, "w") as handle:
+                    json.dump(data, handle, indent=0, sort_keys=True)
+                os.replace(tmp, path)
+            except OSError:
+                pass   # an unwritable cache only costs a search in the next process
 
 
 def forget_memory() -> None:

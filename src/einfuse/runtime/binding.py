@@ -14,7 +14,7 @@ from ..analysis.dtypes import (DTypes, check_index_dtype, check_output_cast,
 from ..analysis.options import Options
 from ..analysis.ranges import Bounds, infer_ranges
 from ..analysis.spec import Spec
-from ..errors import (EinfuseTypeError, MissingArgumentError, ShapeError,
+from ..errors import (EinfuseTypeError, MissingArgumentError, OutOfBoundsError, ShapeError,
                       UnexpectedArgumentError)
 from ..lang.ast import accesses
 from .frameworks import (NUMPY, TORCH, common_framework, framework_of, is_bfloat16,
@@ -120,6 +120,14 @@ def _check_torch_output(spec: Spec, output) -> None:
     writes under no_grad, so it has to apply that rule itself, before anything runs.
     With grad mode off (an optimiser step) torch allows the write, and so does this."""
     import torch
+    if any(stride == 0 and extent > 1 for stride, extent in zip(output.stride(),
+                                                                 output.shape)):
+        # an expanded tensor: several of its elements are one memory location
+        raise EinfuseTypeError(f"{spec.output} is an expanded tensor (stride 0 along an axis "
+                               f"of length > 1), so several of its elements share memory "
+                               f"and '{spec.assign}' cannot write each one; pass a "
+                               f"tensor that owns its elements (.clone())",
+                               span=spec.statement.output_span)
     if not (output.requires_grad and torch.is_grad_enabled()):
         return
     base = output._base  # noqa: SLF001 - how torch itself tells a view from its leaf
@@ -130,6 +138,25 @@ def _check_torch_output(spec: Spec, output) -> None:
                                f"allow writing into it in place, so '{spec.assign}' cannot; "
                                f"use ':=', or call inside torch.no_grad()",
                                span=spec.statement.output_span)
+
+
+def _check_empty_gathers(spec: Spec, policy: str, shapes, bounds: Bounds) -> None:
+    """clip and wrap map every index value to an element of the gathered axis; an empty
+    axis has none, so a gather that reads it at all (some iteration and some index value)
+    has no right answer: an error on every backend, where bounds='fill' gives the fill."""
+    if any(bounds.extent(index) == 0 for index in bounds.range_map):
+        return   # nothing is read
+    for access in accesses(spec.rhs):
+        for axis, sub in enumerate(access.indices):
+            if not sub.gathers or shapes[access.tensor][axis] != 0:
+                continue
+            if any(int(np.prod(shapes[g.tensor], dtype=np.int64)) == 0
+                   for g, _ in sub.gathers):
+                continue   # an empty index array gives no position to read
+            raise OutOfBoundsError(
+                f"axis {axis} of {access.tensor} is empty, so bounds='{policy}' has no "
+                f"element to map an index value to; use bounds='fill' (every read gives "
+                f"fill=) or a non-empty {access.tensor}", span=access.span)
 
 
 @functools.lru_cache(maxsize=1024)
@@ -170,6 +197,8 @@ def bind_call(spec: Spec, options: Options, args, kwargs) -> BoundCall:
         else:
             output_shape = tuple(np.shape(to_numpy(output)))
     bounds = _ranges_for(spec, tuple(arrays.shapes.items()), options, output_shape)
+    if options.bounds in ("clip", "wrap"):
+        _check_empty_gathers(spec, options.bounds, arrays.shapes, bounds)
     dtypes = resolve_dtypes(spec, arrays.dtypes, params, options)
     if output is not None:
         check_output_cast(spec.output, dtypes.result, numpy_dtype(output), options,
