@@ -138,3 +138,10 @@ def test_readme_gradient_examples_print_what_they_say():
     assert len(pairs) >= 2
     for expression, shown in pairs:
         assert repr(eval(expression, {"ef": ef})) == shown
+
+
+def test_explain_with_shapes_keeps_the_scalar_parameters_passed():
+    """shapes= fills in placeholder arrays; a scalar the caller passed is not replaced
+    by a placeholder (its dtype decides the result's)."""
+    text = str(ef.explain("y[i] := x[i] * alpha", shapes={"x": (4,)}, alpha=np.float64(3)))
+    assert "result dtype float64" in text

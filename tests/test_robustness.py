@@ -77,3 +77,20 @@ def test_an_expanded_torch_output_is_refused_before_writing():
     with pytest.raises(ef.EinfuseError, match="expanded tensor"):
         ef.ein("y[i] = x[i]", x=torch.ones(4), y=base.expand(4))
     assert base.item() == 0.0
+
+
+def test_in_place_writes_that_autograd_would_miss_are_refused():
+    """'=' and '+=' are not recorded by autograd: with grad mode on and a tensor that
+    requires grad involved, a later backward would be silently wrong, so they raise."""
+    torch = pytest.importorskip("torch")
+    x = torch.ones(3, requires_grad=True)
+    y = torch.zeros(3)
+    with pytest.raises(ef.EinfuseError, match="autograd would not record"):
+        ef.ein("y[i] = 2 * x[i]", x=x, y=y)
+    assert y.abs().sum() == 0
+    hidden = torch.zeros(3, requires_grad=True) * 1.0   # not a leaf, requires grad
+    with pytest.raises(ef.EinfuseError, match="autograd would not record"):
+        ef.ein("h[i] += x[i]", x=torch.ones(3), h=hidden)
+    with torch.no_grad():   # an optimiser-style update is allowed
+        ef.ein("y[i] += 2 * x[i]", x=x, y=y)
+    assert y.tolist() == [2.0, 2.0, 2.0]

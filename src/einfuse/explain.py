@@ -276,7 +276,8 @@ def explain(statement=NOT_GIVEN, /, *args, shapes: Optional[Dict[str, tuple]] = 
     text = format_statement(spec.statement)
     if shapes:
         try:
-            arrays = dict(arrays, **_placeholders(spec, shapes))
+            # what the caller passed (a scalar parameter's value) wins over placeholders
+            arrays = {**_placeholders(spec, shapes), **arrays}
         except EinfuseError as error:
             raise attach_statement(error, statement) from None
     if not args and not arrays:

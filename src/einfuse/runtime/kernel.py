@@ -111,12 +111,14 @@ class Kernel:
             call = self._bind_named(args, kwargs)
         except EinfuseError as error:
             raise attach_statement(error, self.statement) from None
-        if call.framework == TORCH and self.spec.assign == ":=":
+        if call.framework == TORCH:
             from . import torch_autograd
-            if torch_autograd.torch.is_grad_enabled() and \
-                    torch_autograd.differentiable_names(call):
-                return torch_autograd.apply(self, call, lambda: self.run(call),
-                                            _backend_name(self.options.backend, call))
+            if torch_autograd.torch.is_grad_enabled():
+                if self.spec.assign == ":=" and torch_autograd.differentiable_names(call):
+                    return torch_autograd.apply(self, call, lambda: self.run(call),
+                                                _backend_name(self.options.backend, call))
+                if self.spec.assign != ":=":
+                    _refuse_unrecorded_write(self.spec, call, self.statement)
         return self.deliver(call, self.run(call))
 
     def run(self, call: BoundCall) -> np.ndarray:
@@ -198,6 +200,21 @@ def _backend_name(requested: str, call: BoundCall) -> str:
         if available():
             return "triton"
     return requested
+
+
+def _refuse_unrecorded_write(spec: Spec, call: BoundCall, statement: str) -> None:
+    """'=' and '+=' write under no_grad, so autograd would not see the write: with grad
+    mode on, a gradient through the output (it requires grad) or from it to an input
+    that requires grad would be silently wrong.  torch records its own in-place ops;
+    einfuse does not yet, so it refuses them (':=' is differentiable)."""
+    involved = [name for name, value in (call.sources or {}).items()
+                if getattr(value, "requires_grad", False)]
+    if not involved:
+        return
+    raise attach_statement(EinfuseTypeError(
+        f"'{spec.assign}' writes into {spec.output} in place, which autograd would not "
+        f"record, and {', '.join(sorted(involved))} require grad; use ':=' (differentiable)"
+        f" or call inside torch.no_grad()", span=spec.statement.output_span), statement)
 
 
 def _has_jax_value(args, kwargs) -> bool:
