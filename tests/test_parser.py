@@ -412,7 +412,6 @@ def _nth(source, token, n=0):
 SYNTAX_ERRORS = [
     # unexpected characters
     ("y[i] := x[i] $ 2", errors.EinfuseSyntaxError, "$", 0, ["'$'"]),
-    ("y[i] := x[i]; z", errors.EinfuseSyntaxError, ";", 0, ["';'"]),
     ("y[i] := x[i] ! 2", errors.EinfuseSyntaxError, "!", 0, ["'!'"]),
     ("y[i] := x[i] ~", errors.EinfuseSyntaxError, "~", 0, ["'~'"]),
     ("y[i] := 2x[i]", errors.EinfuseSyntaxError, "2x", 0, ["number"]),

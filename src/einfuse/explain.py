@@ -13,7 +13,7 @@ from .errors import EinfuseError, ShapeError, attach_statement
 from .lang.ast import (Access, Binary, Call, Expr, Param, Reduce, Unary, accesses,
                        map_children)
 from .lang.printer import format_expr, format_statement
-from .runtime.kernel import NOT_GIVEN, check_explain_options, statement_argument
+from .runtime.kernel import NOT_GIVEN, Kernel, check_explain_options, statement_argument
 
 _REDUCTION_WORDS = {"sum": "the sum", "prod": "the product", "max": "the maximum",
                     "min": "the minimum", "logsumexp": "the log-sum-exp"}
@@ -258,20 +258,30 @@ def index_rows(spec: Spec, bounds: Optional[Bounds]) -> List[List[str]]:
 
 def explain(statement=NOT_GIVEN, /, *args, shapes: Optional[Dict[str, tuple]] = None,
             ranges=None, pad=None, bounds="check", fill=0.0, dtype=None, backend="auto",
-            threads=None, memory_limit=None, gradients: bool = False,
-            **arrays) -> Explanation:
-    """Explain ``statement``; with arrays (or ``shapes={"A": (100, 50)}``) also the
-    ranges, costs and plan for those shapes; with ``gradients=True`` also every gradient
-    statement and how it runs.  ``str()`` of the result is the text.  A tensor named like
-    an option goes in ``arrays={"bounds": b}``, as for ``ein``."""
-    from .backends import get_backend
+            threads=None, memory_limit=None, gradients: bool = False, outputs=None,
+            **arrays):
+    """Explain ``statement`` (or a program of several); with arrays (or
+    ``shapes={"A": (100, 50)}``) also the ranges, costs and plan for those shapes; with
+    ``gradients=True`` also every gradient statement and how it runs.  ``str()`` of the
+    result is the text.  A tensor named like an option goes in ``arrays={"bounds": b}``,
+    as for ``ein``."""
     from .runtime.kernel import compile as compile_kernel
     statement = statement_argument(statement, arrays, "explain")
     check_explain_options(statement, shapes, gradients)
 
-    kernel = compile_kernel(statement, ranges=ranges, pad=pad, bounds=bounds, fill=fill,
-                            dtype=dtype, backend=backend, threads=threads,
-                            memory_limit=memory_limit)
+    compiled = compile_kernel(statement, ranges=ranges, pad=pad, bounds=bounds, fill=fill,
+                              dtype=dtype, backend=backend, threads=threads,
+                              memory_limit=memory_limit, outputs=outputs)
+    if not isinstance(compiled, Kernel):
+        from .program.explain import explain_program
+        return explain_program(compiled, args, arrays, shapes, gradients)
+    return explain_kernel(compiled, args, arrays, shapes, gradients)
+
+
+def explain_kernel(kernel: Kernel, args, arrays, shapes, gradients: bool) -> Explanation:
+    """The explanation of one compiled statement for these arrays or shapes."""
+    from .backends import get_backend
+    statement = kernel.statement
     spec = kernel.spec
     text = format_statement(spec.statement)
     if shapes:

@@ -17,7 +17,7 @@ DEFAULT_MEMORY_LIMIT = 256 * 2**20
 # it cannot allocate their stacks, as for threads=10**9).
 MAX_THREADS = max(1024, 4 * (os.cpu_count() or 1))
 OPTION_NAMES = ("ranges", "pad", "bounds", "fill", "dtype", "backend", "threads",
-                "memory_limit")
+                "memory_limit", "outputs")
 
 # An explicit range: (start, stop), stop exclusive.
 RangeBounds = Tuple[int, int]

@@ -261,8 +261,10 @@ def check_explain_options(statement: str, shapes, gradients) -> None:
 
 def compile(statement=NOT_GIVEN, /, *, ranges=None, pad=None, bounds="check", fill=0.0,
             dtype=None, backend="auto", threads: Optional[int] = None,
-            memory_limit: Optional[int] = None, **named) -> Kernel:
-    """Compile ``statement`` into a reusable :class:`Kernel`."""
+            memory_limit: Optional[int] = None, outputs=None, **named):
+    """Compile ``statement`` into a reusable :class:`Kernel`, or a program (several
+    statements, separated by newlines or ';') into a :class:`~einfuse.program.Program`
+    whose ``outputs`` are chosen by name (default: what no later statement reads)."""
     statement = statement_argument(statement, named, "compile")
     if named:
         raise attach_statement(UnexpectedArgumentError(
@@ -273,18 +275,25 @@ def compile(statement=NOT_GIVEN, /, *, ranges=None, pad=None, bounds="check", fi
                                memory_limit)
     except OptionError as error:
         raise attach_statement(_option_collision(error, statement), statement) from None
+    from ..program import compile_program, is_program
+    if is_program(statement, outputs):
+        try:
+            return compile_program(statement, options, outputs, Kernel)
+        except EinfuseError as error:
+            raise attach_statement(error, statement) from None
     return Kernel(statement, options)
 
 
 def ein(statement=NOT_GIVEN, /, *args, ranges=None, pad=None, bounds="check", fill=0.0,
         dtype=None, backend="auto", threads: Optional[int] = None,
-        memory_limit: Optional[int] = None, arrays=None, **named):
-    """Evaluate ``statement`` once on the given arrays and scalars.  A tensor whose name
-    is one of the options (``bounds``, ``ranges`` ...) goes in ``arrays={"bounds": b}``."""
+        memory_limit: Optional[int] = None, outputs=None, arrays=None, **named):
+    """Evaluate ``statement`` (or a program of several) once on the given arrays and
+    scalars.  A tensor whose name is one of the options (``bounds``, ``ranges`` ...)
+    goes in ``arrays={"bounds": b}``."""
     statement = statement_argument(statement, named, "ein")
     kernel = compile(statement, ranges=ranges, pad=pad, bounds=bounds, fill=fill,
                      dtype=dtype, backend=backend, threads=threads,
-                     memory_limit=memory_limit)
+                     memory_limit=memory_limit, outputs=outputs)
     return kernel(*args, arrays=arrays, **named)
 
 

@@ -1,0 +1,143 @@
+"""``explain`` of a program: its statements, the kernels that run, what is materialised
+and why, the costs of the whole, and each statement's own explanation."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Dict, List, Optional, Tuple
+
+import numpy as np
+
+from ..errors import EinfuseError, ShapeError, attach_statement
+from .program import Program
+
+# Placeholder arrays (never read) up to this size are real allocations; larger ones are
+# broadcast views of one zero, so explaining a huge program allocates nothing.
+_REAL_BYTES = 1 << 24
+
+
+@dataclass(frozen=True)
+class Materialised:
+    name: str
+    shape: Tuple[int, ...]
+    dtype: str
+    nbytes: int
+    readers: Tuple[int, ...]     # statements (1-based) that read it
+
+
+@dataclass
+class ProgramExplanation:
+    statements: List[str]
+    outputs: Tuple[str, ...]
+    parts: list                              # each statement's Explanation
+    materialised: Optional[List[Materialised]] = None
+    notes: List[str] = field(default_factory=list)
+
+    @property
+    def flops(self) -> Optional[int]:
+        return _total(p.flops for p in self.parts)
+
+    @property
+    def bytes_read(self) -> Optional[int]:
+        return _total(p.bytes_read for p in self.parts)
+
+    @property
+    def bytes_written(self) -> Optional[int]:
+        return _total(p.bytes_written for p in self.parts)
+
+    def __str__(self) -> str:
+        from ..explain import _bytes, _count
+        n = len(self.statements)
+        out = [f"Program of {n} statement{'s' if n != 1 else ''}"]
+        out += [f"  {i}. {text}" for i, text in enumerate(self.statements, 1)]
+        out += ["", f"Outputs: {', '.join(self.outputs)}", "", "How it runs",
+                f"  {n} kernel{'s' if n != 1 else ''}, one per statement, in order: "
+                "statements are not fused into shared loop nests yet"]
+        if self.materialised is not None:
+            if self.materialised:
+                out.append("  materialised intermediates (written to memory by one kernel, "
+                           "read back by the next):")
+                for m in self.materialised:
+                    readers = ", ".join(str(r) for r in m.readers)
+                    out.append(f"    {m.name}  {m.dtype} {'x'.join(map(str, m.shape)) or '()'}"
+                               f"  {_bytes(m.nbytes)}  read by statement {readers}")
+            else:
+                out.append("  no intermediate is materialised")
+        if self.flops is not None:
+            out += ["", "Cost (the whole program)",
+                    f"  FLOPs                 {_count(self.flops)}",
+                    f"  bytes read            {_bytes(self.bytes_read)} (each statement's "
+                    "inputs once)",
+                    f"  bytes written         {_bytes(self.bytes_written)}"]
+        for i, part in enumerate(self.parts, 1):
+            out += ["", f"-- statement {i} " + "-" * 60]
+            out += str(part).splitlines()
+        if self.notes:
+            out += [""] + ["Note: " + note for note in self.notes]
+        return "\n".join(out)
+
+
+def _total(values) -> Optional[int]:
+    values = list(values)
+    return None if any(v is None for v in values) else int(sum(values))
+
+
+def _placeholder(shape, dtype) -> np.ndarray:
+    shape, dtype = tuple(int(s) for s in shape), np.dtype(dtype)
+    if int(np.prod(shape, dtype=np.int64)) * dtype.itemsize <= _REAL_BYTES:
+        return np.zeros(shape, dtype)
+    return np.broadcast_to(np.zeros((), dtype), shape)
+
+
+def _input_placeholders(program: Program, shapes) -> Dict[str, np.ndarray]:
+    """shapes= as arrays: int64 for names some statement uses as an index array,
+    float32 otherwise."""
+    index_names = {t.name for s in program.statements for t in s.kernel.spec.tensors
+                   if t.as_index}
+    values = {}
+    for name, shape in shapes.items():
+        if name not in program.inputs:
+            raise ShapeError(f"shapes= names {name!r}, which is not an input of the program "
+                             f"(its inputs are {', '.join(program.inputs)})")
+        values[name] = _placeholder(shape, np.int64 if name in index_names else np.float32)
+    return values
+
+
+def explain_program(program: Program, args, arrays, shapes, gradients: bool):
+    """Each statement explained with the shapes and dtypes its inputs have when the
+    program runs (intermediates as placeholders of their inferred shapes)."""
+    from ..explain import explain_kernel
+    texts = [s.source.text for s in program.statements]
+    values = dict(zip(program.inputs, args))
+    values.update(arrays.pop("arrays", None) or {})
+    values.update(arrays)
+    try:
+        if shapes:
+            values = {**_input_placeholders(program, shapes), **values}
+    except EinfuseError as error:
+        raise attach_statement(error, program.source) from None
+    if not values:
+        parts = [explain_kernel(s.kernel, (), {}, None, gradients)
+                 for s in program.statements]
+        return ProgramExplanation(texts, program.outputs, parts, notes=[
+            "pass arrays or shapes= to see ranges, costs and what is materialised"])
+    parts, env = [], dict(values)
+    produced: Dict[str, Tuple[Tuple[int, ...], str]] = {}
+    for statement in program.statements:
+        kernel = statement.kernel
+        needed = statement.reads + ((statement.output,) if statement.assign != ":="
+                                    else ())
+        given = {name: env[name] for name in needed if name in env}
+        parts.append(explain_kernel(kernel, (), {"arrays": given}, None, gradients))
+        if statement.assign == ":=":
+            call = kernel.bind(arrays=given)
+            result = call.dtypes.result
+            env[statement.output] = _placeholder(call.output_shape, result)
+            produced[statement.output] = (tuple(call.output_shape), np.dtype(result).name)
+    materialised = []
+    for name, (shape, dtype) in produced.items():
+        readers = tuple(i for i, s in enumerate(program.statements, 1) if name in s.reads)
+        if readers:
+            nbytes = int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
+            materialised.append(Materialised(name, shape, dtype, nbytes, readers))
+    return ProgramExplanation(texts, program.outputs, parts, materialised)

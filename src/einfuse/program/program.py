@@ -1,0 +1,189 @@
+"""Programs: several statements, where a name defined with ':=' is an intermediate that
+later statements read (programs.md section 1).
+
+This step of the design runs a program statement by statement: each statement is a v1
+:class:`~einfuse.runtime.kernel.Kernel` (its own analysis, plan and compiled kernel), and
+intermediates are arrays of the caller's framework, so PyTorch autograd and jax.grad,
+jit and vmap work through a program as they do through its statements.  Fusing
+statements into shared loop nests is the scheduler's job, not built yet; ``explain``
+says so and counts every intermediate that is materialised."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Dict, Optional, Sequence, Tuple
+
+from ..analysis.options import Options
+from ..errors import (EinfuseNameError, EinfuseSyntaxError, MissingArgumentError,
+                      UnexpectedArgumentError, attach_statement)
+from .split import StatementText, split_program
+
+
+@dataclass(frozen=True)
+class ProgramStatement:
+    kernel: object          # the statement's Kernel
+    source: StatementText
+
+    @property
+    def output(self) -> str:
+        return self.kernel.spec.output
+
+    @property
+    def assign(self) -> str:
+        return self.kernel.spec.assign
+
+    @property
+    def reads(self) -> Tuple[str, ...]:
+        """Names the statement reads: its tensors and scalars, and for '+=' its output."""
+        spec = self.kernel.spec
+        return spec.arg_order + ((spec.output,) if spec.assign == "+=" else ())
+
+
+class Program:
+    """A compiled program: call it with its inputs (and the arrays that '='/'+='
+    statements write into) by keyword, or positionally in order of first use."""
+
+    def __init__(self, source: str, statements: Sequence[ProgramStatement],
+                 outputs: Tuple[str, ...]):
+        self.source = source
+        self.statements = tuple(statements)
+        self.outputs = outputs
+        defined = {s.output for s in self.statements if s.assign == ":="}
+        order = []
+        for statement in self.statements:
+            for name in statement.reads + ((statement.output,) if statement.assign != ":="
+                                           else ()):
+                if name not in defined and name not in order:
+                    order.append(name)
+        self.inputs = tuple(order)
+        self.intermediates = tuple(s.output for s in self.statements if s.assign == ":=")
+
+    def __repr__(self) -> str:
+        return (f"<einfuse.Program of {len(self.statements)} statements | takes "
+                f"{', '.join(self.inputs) or 'no inputs'} | returns {', '.join(self.outputs)}>")
+
+    def __call__(self, /, *args, arrays=None, **kwargs):
+        env = self._named(args, kwargs, arrays)
+        for statement in self.statements:
+            kernel = statement.kernel
+            needed = statement.reads + ((statement.output,) if statement.assign != ":="
+                                        else ())
+            env[statement.output] = kernel(arrays={name: env[name] for name in needed})
+        results = tuple(env[name] for name in self.outputs)
+        return results[0] if len(results) == 1 else results
+
+    def _named(self, args, kwargs, arrays) -> Dict[str, object]:
+        if len(args) > len(self.inputs):
+            raise UnexpectedArgumentError(
+                f"the program takes {len(self.inputs)} inputs ({', '.join(self.inputs)}), "
+                f"not {len(args)} positional arguments")
+        named = dict(zip(self.inputs, args))
+        for extra in (kwargs, arrays or {}):
+            for name, value in extra.items():
+                if name in named:
+                    raise UnexpectedArgumentError(f"{name} is given twice")
+                named[name] = value
+        for name in named:
+            if name in self.intermediates:
+                where = next(i for i, s in enumerate(self.statements, 1)
+                             if s.assign == ":=" and s.output == name)
+                raise UnexpectedArgumentError(
+                    f"{name} is computed by the program (statement {where}: "
+                    f"{self.statements[where - 1].source.text}); it cannot be passed")
+            if name not in self.inputs:
+                raise UnexpectedArgumentError(
+                    f"the program has no input {name}; it takes {', '.join(self.inputs)}")
+        missing = [name for name in self.inputs if name not in named]
+        if missing:
+            raise MissingArgumentError(f"the program needs {', '.join(missing)} "
+                                       f"(its inputs are {', '.join(self.inputs)})")
+        return named
+
+
+def is_program(source, outputs) -> bool:
+    """Whether ``source`` is compiled as a program rather than one v1 statement."""
+    return outputs is not None or (isinstance(source, str) and
+                                   len(split_program(source)) > 1)
+
+
+def compile_program(source: str, options: Options, outputs, make_kernel) -> Program:
+    """Split, compile each statement (``make_kernel(text, options)``) and check the
+    program's names: an intermediate is defined once and only read after its
+    definition; ``outputs`` name defined tensors."""
+    pieces = split_program(source)
+    if not pieces:
+        raise EinfuseSyntaxError("the program has no statements")
+    statements = []
+    for piece in pieces:
+        spec_options = _options_for(piece.text, options, make_kernel)
+        statements.append(ProgramStatement(make_kernel(piece.text, spec_options), piece))
+    _check_ranges_used(options, statements)
+    defined: Dict[str, int] = {}
+    for number, statement in enumerate(statements, 1):
+        spec = statement.kernel.spec
+        for name in statement.reads:
+            later = next((n for n, s in enumerate(statements, 1) if n > number and
+                          s.assign == ":=" and s.output == name), None)
+            if later is not None and name not in defined:
+                raise attach_statement(EinfuseNameError(
+                    f"{name} is read here but defined later, by statement {later}; a "
+                    "statement reads only intermediates defined before it"),
+                    statement.source.text)
+        if statement.assign == ":=":
+            if spec.output in defined:
+                raise attach_statement(EinfuseNameError(
+                    f"{spec.output} is defined twice (statements {defined[spec.output]} and "
+                    f"{number}); each intermediate is defined once",
+                    span=spec.statement.output_span), statement.source.text)
+            defined[spec.output] = number
+        elif spec.output in defined:
+            raise attach_statement(EinfuseNameError(
+                f"'{spec.assign}' writes into {spec.output}, an intermediate defined by "
+                f"statement {defined[spec.output]}; write into a new name with ':='",
+                span=spec.statement.output_span), statement.source.text)
+    return Program(source, statements, _outputs(statements, outputs))
+
+
+def _options_for(text: str, options: Options, make_kernel) -> Options:
+    """The program's options for one statement: ranges= entries of its own indices."""
+    if not options.ranges:
+        return options
+    spec = make_kernel(text, dataclasses.replace(options, ranges=())).spec
+    own = tuple((name, bounds) for name, bounds in options.ranges
+                if name in spec.all_indices)
+    return dataclasses.replace(options, ranges=own)
+
+
+def _check_ranges_used(options: Options, statements) -> None:
+    used = {i for s in statements for i in s.kernel.spec.all_indices}
+    unknown = [name for name, _ in options.ranges if name not in used]
+    if unknown:
+        raise EinfuseNameError(f"ranges= names {', '.join(unknown)}, which no statement of "
+                               "the program uses as an index")
+
+
+def _outputs(statements, outputs: Optional[Sequence[str]]) -> Tuple[str, ...]:
+    """By default each defined name (by ':=', '=' or '+=') that no later statement
+    reads, in order of definition; ``outputs`` chooses."""
+    written = []
+    for statement in statements:
+        if statement.output not in written:
+            written.append(statement.output)
+    if outputs is None:
+        chosen = []
+        for name in written:
+            last = max(n for n, s in enumerate(statements) if s.output == name)
+            if not any(name in s.reads for s in statements[last + 1:]):
+                chosen.append(name)
+        return tuple(chosen)
+    if isinstance(outputs, str):
+        outputs = (outputs,)
+    outputs = tuple(outputs)
+    for name in outputs:
+        if name not in written:
+            raise EinfuseNameError(f"outputs= names {name!r}, which no statement of the "
+                                   f"program defines (it defines {', '.join(written)})")
+    if not outputs:
+        raise EinfuseNameError("outputs= names no tensor")
+    return outputs
