@@ -160,6 +160,16 @@ def _check_empty_gathers(spec: Spec, policy: str, shapes, bounds: Bounds) -> Non
 
 
 @functools.lru_cache(maxsize=1024)
+def _first_spans(spec: Spec) -> Dict[str, Tuple[int, int]]:
+    """Each tensor's first access in the statement (where a dtype error points), found
+    once per statement rather than on every call."""
+    spans: Dict[str, Tuple[int, int]] = {}
+    for access in accesses(spec.rhs):
+        spans.setdefault(access.tensor, access.span)
+    return spans
+
+
+@functools.lru_cache(maxsize=1024)
 def _ranges_for(spec: Spec, shapes, options: Options, output_shape) -> Bounds:
     """The per-shape stage, cached: a kernel called again with the same shapes skips
     range inference and its checks."""
@@ -177,9 +187,10 @@ def bind_call(spec: Spec, options: Options, args, kwargs) -> BoundCall:
             value = to_numpy(value)
         values[info.name] = value
     arrays = HostArrays(values)
+    spans = _first_spans(spec)
     for info in spec.tensors:
         dtype = arrays.dtypes[info.name]
-        span = next(a.span for a in accesses(spec.rhs) if a.tensor == info.name)
+        span = spans[info.name]
         if info.as_index:
             check_index_dtype(info.name, dtype, None, span)
         if info.as_value:
