@@ -151,7 +151,7 @@ def test_importing_jax_triton_leaves_tritons_cache_setting(monkeypatch):
     def importer(name, *args, **kwargs):
         if name == "jax_triton":   # what jax_triton 0.3 does when imported
             os.environ["TRITON_CACHE_DIR"] = ""
-            sys.modules[name] = types.ModuleType(name)
+            monkeypatch.setitem(sys.modules, name, types.ModuleType(name))   # undone after
             return sys.modules[name]
         return real_import(name, *args, **kwargs)
     for cache in (None, "/tmp/somewhere"):
