@@ -12,19 +12,12 @@ import numpy as np
 import pytest
 
 import einfuse as ef
+from carets import caret_text
 from einfuse import errors
 from einfuse.analysis.options import MAX_THREADS
 
 INT64_MAX = 2**63 - 1
 x5 = np.arange(5.0)
-
-
-def caret_text(error, source):
-    """The part of ``source`` the caret line under it marks."""
-    lines = str(error).split("\n")
-    caret = lines[lines.index("    " + source) + 1]
-    start = len(caret) - len(caret.lstrip(" ")) - 4
-    return source[start:start + len(caret.strip())]
 
 
 # -- threads= ---------------------------------------------------------------------------

@@ -8,19 +8,12 @@ import numpy as np
 import pytest
 
 import einfuse as ef
+from carets import caret_text
 from einfuse import errors
 from einfuse.cli import main
 from einfuse.lang.ast import FUNCTIONS
 
 x5 = np.arange(5.0)
-
-
-def caret_text(error, source):
-    """The part of ``source`` the caret line under it marks."""
-    lines = str(error).split("\n")
-    caret = lines[lines.index("    " + source) + 1]
-    start = len(caret) - len(caret.lstrip(" ")) - 4
-    return source[start:start + len(caret.strip())]
 
 
 @pytest.mark.parametrize("source, opener", [
