@@ -267,6 +267,13 @@ def explain(statement=NOT_GIVEN, /, *args, shapes: Optional[Dict[str, tuple]] = 
     as for ``ein``."""
     from .runtime.kernel import compile as compile_kernel
     statement = statement_argument(statement, arrays, "explain")
+    from .lang.parser import einsum_hint
+    if einsum_hint(statement):   # an einsum string: its statement, then the usual
+        from .frontends.einsum import explain_einsum
+        return explain_einsum(statement, args, shapes, explain, ranges=ranges, pad=pad,
+                              bounds=bounds, fill=fill, dtype=dtype, backend=backend,
+                              threads=threads, memory_limit=memory_limit,
+                              gradients=gradients)
     check_explain_options(statement, shapes, gradients)
 
     compiled = compile_kernel(statement, ranges=ranges, pad=pad, bounds=bounds, fill=fill,

@@ -1,0 +1,247 @@
+"""``ef.einsum``: numpy.einsum's subscripts translated into an index-notation statement,
+or, for three or more operands, into a program of pairwise contractions in the order a
+contraction-path search (opt_einsum) finds.
+
+numpy's rules, all kept: implicit output (the labels used once, sorted, after the
+ellipsis axes) and explicit ``->`` output; ``...`` with broadcasting (right-aligned,
+axes of length 1 stretch); a length-1 axis also stretches against a longer axis of the
+same label, as numpy allows; a label repeated inside one operand takes its diagonal, and
+one missing from the output is summed."""
+
+from __future__ import annotations
+
+import string
+from dataclasses import dataclass
+from typing import Dict, List, Optional, Sequence, Tuple
+
+from ..errors import EinfuseSyntaxError, ShapeError
+
+_LETTERS = set(string.ascii_letters)
+
+
+@dataclass(frozen=True)
+class EinsumPlan:
+    """The translation for given operand shapes: the statement (or program) text, the
+    operands' names in it, and the shape each operand is reshaped to first (its stretched
+    length-1 axes dropped), or None where it is used as it is."""
+    source: str
+    names: Tuple[str, ...]
+    reshapes: Tuple[Optional[Tuple[int, ...]], ...]
+    output: str
+
+
+def _error(message: str, subscripts: str) -> EinfuseSyntaxError:
+    return EinfuseSyntaxError(message, source=subscripts, span=(0, len(subscripts)))
+
+
+def _terms(subscripts: str, count: int) -> Tuple[List[str], Optional[str]]:
+    text = subscripts.replace(" ", "")
+    if text.count("->") > 1:
+        raise _error("an einsum string has at most one '->'", subscripts)
+    inputs, _, output = text.partition("->")
+    terms = inputs.split(",")
+    if len(terms) != count:
+        raise _error(f"the subscripts name {len(terms)} operand(s) but {count} were given",
+                     subscripts)
+    for term in terms + ([output] if "->" in text else []):
+        rest = term.replace("...", "")
+        bad = [c for c in rest if c not in _LETTERS]
+        if bad or term.count("...") > 1:
+            raise _error(f"einsum subscripts are letters and at most one '...' per operand; "
+                         f"{term!r} has {bad[0] if bad else '...'!r}", subscripts)
+    return terms, (output if "->" in text else None)
+
+
+def _axes(term: str, ndim: int, operand: int, subscripts: str) -> List[str]:
+    """One label per axis of an operand, '...' expanded into broadcast labels."""
+    letters = list(term.replace("...", ""))
+    if "..." not in term:
+        if len(letters) != ndim:
+            raise ShapeError(f"operand {operand} has {ndim} axes but its subscripts "
+                             f"{term!r} name {len(letters)}", source=subscripts,
+                             span=(0, len(subscripts)))
+        return letters
+    extra = ndim - len(letters)
+    if extra < 0:
+        raise ShapeError(f"operand {operand} has {ndim} axes, fewer than its subscripts "
+                         f"{term!r} name", source=subscripts, span=(0, len(subscripts)))
+    head, _, tail = term.partition("...")
+    # right-aligned: the last axis covered by '...' is broadcast label b0
+    return list(head) + [f"b{extra - 1 - k}" for k in range(extra)] + list(tail)
+
+
+def plan_einsum(subscripts: str, shapes: Sequence[Tuple[int, ...]],
+                optimize="auto") -> EinsumPlan:
+    if not isinstance(subscripts, str):
+        raise EinfuseSyntaxError("einsum takes its subscripts as a string first "
+                                 "(the interleaved operand/sublist form is not supported)")
+    if not shapes:
+        raise _error("einsum needs at least one operand", subscripts)
+    terms, output = _terms(subscripts, len(shapes))
+    axes = [_axes(t, len(s), n, subscripts) for n, (t, s) in enumerate(zip(terms, shapes))]
+    extents: Dict[str, int] = {}
+    for labels, shape in zip(axes, shapes):
+        for label, extent in zip(labels, shape):
+            known = extents.get(label)
+            if known is None or known == 1:
+                extents[label] = extent
+            elif extent not in (1, known):
+                raise ShapeError(f"einsum label {label!r} has lengths {known} and {extent}; "
+                                 "they must agree (or be 1)", source=subscripts,
+                                 span=(0, len(subscripts)))
+    broadcast = sorted({a for labels in axes for a in labels if a not in _LETTERS},
+                       key=lambda a: -int(a[1:]))
+    if output is None:
+        counts: Dict[str, int] = {}
+        for labels in axes:
+            for label in labels:
+                counts[label] = counts.get(label, 0) + 1
+        out = broadcast + sorted(c for c, n in counts.items() if n == 1 and c in _LETTERS)
+    else:
+        if "..." in output:
+            head, _, tail = output.partition("...")
+            out = list(head) + broadcast + list(tail)
+        else:
+            out = list(output)
+            if broadcast and any(extents[b] != 1 for b in broadcast):
+                raise _error("the output must keep '...' when the operands' '...' axes are "
+                             "longer than 1", subscripts)
+        seen = set()
+        for label in out:
+            if label in seen:
+                raise _error(f"output label {label!r} appears twice", subscripts)
+            if label not in extents:
+                raise _error(f"output label {label!r} is not a label of any operand",
+                             subscripts)
+            seen.add(label)
+    # an axis of length 1 that stretches against a longer one is dropped from its operand
+    reshapes, kept = [], []
+    for labels, shape in zip(axes, shapes):
+        keep = [n for n, (label, extent) in enumerate(zip(labels, shape))
+                if not (extent == 1 and extents[label] != 1)]
+        kept.append([labels[n] for n in keep])
+        reshapes.append(None if len(keep) == len(labels) else
+                        tuple(shape[n] for n in keep))
+    names = _operand_names(len(shapes), set(extents))
+    steps = _path(kept, out, extents, optimize)
+    return EinsumPlan(_render(kept, out, names, steps), tuple(names), tuple(reshapes), "out")
+
+
+def _operand_names(count: int, labels) -> List[str]:
+    free = [c for c in string.ascii_uppercase if c not in labels]
+    return free[:count] if len(free) >= count else [f"T{n}" for n in range(count)]
+
+
+def _path(axes: List[List[str]], out: List[str], extents, optimize):
+    """Pairs of operand positions to contract, in order (opt_einsum's convention: the
+    pair's result goes to the end of the list); [] for one fused statement."""
+    if optimize is False or len(axes) < 3:
+        return []
+    if isinstance(optimize, (list, tuple)):
+        path = [tuple(step) for step in optimize if not isinstance(step, str)]
+        return path
+    import opt_einsum
+    names = sorted(extents)
+    symbol = {name: opt_einsum.get_symbol(k) for k, name in enumerate(names)}
+    equation = ",".join("".join(symbol[a] for a in labels) for labels in axes) + "->" + \
+        "".join(symbol[a] for a in out)
+    strategy = "auto" if optimize in (True, "auto") else optimize
+    shapes = [tuple(extents[a] for a in labels) for labels in axes]
+    path, _ = opt_einsum.contract_path(equation, *shapes, shapes=True, optimize=strategy)
+    return [tuple(step) for step in path]
+
+
+def _access(name: str, labels: Sequence[str]) -> str:
+    return f"{name}[{', '.join(labels)}]" if labels else f"{name}[]"
+
+
+def _render(axes: List[List[str]], out: List[str], names: List[str], steps) -> str:
+    lhs = f"out[{', '.join(out)}]" if out else "out"
+    if not steps:
+        return f"{lhs} := " + " * ".join(_access(n, a) for n, a in zip(names, axes))
+    pending = list(zip(names, axes))
+    lines = []
+    for number, step in enumerate(steps):
+        picked = [pending[k] for k in step]
+        pending = [p for k, p in enumerate(pending) if k not in step]
+        last = not pending
+        if last:
+            target, labels = "out", out
+        else:
+            needed = set(out) | {a for _, labels in pending for a in labels}
+            labels = []
+            for _, own in picked:
+                for label in own:   # a label repeated in one operand is one axis here
+                    if label in needed and label not in labels:
+                        labels.append(label)
+            target = f"t{number}"
+        body = " * ".join(_access(n, a) for n, a in picked)
+        head = (f"{target}[{', '.join(labels)}]" if labels else target) if not last else lhs
+        lines.append(f"{head} := {body}")
+        if not last:
+            pending.append((target, labels))
+    if pending:   # a path that leaves operands: one more statement joins them
+        lines.append(f"{lhs} := " + " * ".join(_access(n, a) for n, a in pending))
+    return "\n".join(lines)
+
+
+def einsum(subscripts: str, *operands, optimize="auto", backend="auto", **options):
+    """numpy.einsum's semantics on NumPy, PyTorch (differentiable) and JAX (jit, grad,
+    vmap) arrays: ``ef.einsum("bthr,bThr->bhtT", Q, K)``.  Two operands become one
+    statement; three or more a program of pairwise contractions in the order opt_einsum
+    finds (``optimize=False``: one fused statement; "greedy", "optimal" or an explicit
+    path choose the search).  Other keywords are ``ein``'s options."""
+    import numpy as np
+
+    from ..errors import EinfuseError, attach_statement
+    from ..runtime.kernel import ein
+    operands = [op if hasattr(op, "shape") else np.asarray(op) for op in operands]
+    shapes = [tuple(op.shape) for op in operands]
+    try:
+        plan = plan_einsum(subscripts, shapes, optimize)
+    except EinfuseError as error:
+        raise attach_statement(error, subscripts) from None
+    arrays = {name: (op if shape is None else op.reshape(shape))
+              for name, op, shape in zip(plan.names, operands, plan.reshapes)}
+    return ein(plan.source, backend=backend, arrays=arrays, outputs=(plan.output,)
+               if "\n" in plan.source else None, **options)
+
+
+@dataclass
+class EinsumExplanation:
+    """An einsum string's explanation: the equivalent statement (or program) first, then
+    its usual explanation."""
+    subscripts: str
+    source: str
+    names: Tuple[str, ...]
+    inner: object
+
+    def __str__(self) -> str:
+        operands = ", ".join(f"{name} = operand {n}" for n, name in enumerate(self.names))
+        lines = [f"einsum {self.subscripts!r} in index notation ({operands}):"]
+        lines += ["  " + line for line in self.source.splitlines()]
+        return "\n".join(lines) + "\n\n" + str(self.inner)
+
+
+def explain_einsum(subscripts: str, operands, shapes, explain, optimize="auto",
+                   **options) -> EinsumExplanation:
+    """``explain`` (einfuse's) of the statement an einsum string becomes, for operands
+    or their ``shapes`` (a list, one shape per operand)."""
+    import numpy as np
+    if operands:
+        operands = [op if hasattr(op, "shape") else np.asarray(op) for op in operands]
+        given = [tuple(op.shape) for op in operands]
+    elif shapes is not None:
+        given = [tuple(int(n) for n in shape) for shape in (
+            shapes.values() if isinstance(shapes, dict) else shapes)]
+    else:
+        given = None
+    if given is None:
+        raise EinfuseSyntaxError(f"explaining the einsum string {subscripts!r} needs its "
+                                 "operands or shapes=[...] (one shape per operand)",
+                                 source=subscripts, span=(0, len(subscripts)))
+    plan = plan_einsum(subscripts, given, optimize)
+    shaped = {name: (shape if reshape is None else reshape)
+              for name, shape, reshape in zip(plan.names, given, plan.reshapes)}
+    inner = explain(plan.source, shapes=shaped, **options)
+    return EinsumExplanation(subscripts, plan.source, plan.names, inner)

@@ -1,0 +1,127 @@
+"""ef.einsum against numpy.einsum: every form of the subscripts, on every backend, with
+three or more operands contracted pairwise; PyTorch gradients and JAX transformations."""
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import einfuse as ef
+from einfuse.frontends import plan_einsum
+
+rng = np.random.default_rng(0)
+
+CASES = [
+    ("ik,kj->ij", [(2, 3), (3, 4)]),
+    ("ik,kj", [(2, 3), (3, 4)]),                     # implicit output
+    ("ji", [(2, 3)]),                                # implicit output sorts: a transpose
+    ("ii->i", [(3, 3)]),                             # diagonal
+    ("ii", [(3, 3)]),                                # trace
+    ("iji->j", [(2, 3, 2)]),
+    ("ij->", [(2, 3)]),
+    ("i,i", [(1,), (3,)]),                           # a length-1 axis stretches
+    ("...i,...i", [(1, 3), (4, 3)]),                 # '...' broadcasts
+    ("...ij,...jk->...ik", [(5, 2, 3), (3, 4)]),
+    ("i...->...", [(2, 3, 4)]),
+    ("bthr,bThr->bhtT", [(2, 3, 4, 5), (2, 6, 4, 5)]),
+    ("ij,jk,kl->il", [(2, 3), (3, 4), (4, 5)]),      # a path of pairwise contractions
+    ("i,j,k", [(2,), (3,), (4,)]),
+    ("ijk,jkl,li,i->", [(2, 3, 4), (3, 4, 5), (5, 2), (2,)]),
+    ("ab,bc,cd,de,ef->af", [(3, 4), (4, 2), (2, 5), (5, 3), (3, 2)]),
+    (",", [(), ()]),
+    ("i,->i", [(3,), ()]),
+]
+
+
+@pytest.mark.parametrize("subscripts, shapes", CASES, ids=[c[0] for c in CASES])
+def test_einsum_matches_numpy(backend, subscripts, shapes):
+    operands = [rng.standard_normal(s) for s in shapes]
+    got = ef.einsum(subscripts, *operands, backend=backend)
+    want = np.einsum(subscripts, *operands)
+    assert np.shape(got) == np.shape(want)
+    np.testing.assert_allclose(got, want, rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("optimize", [False, "greedy", "optimal", True])
+def test_every_optimize_setting_gives_the_same_result(optimize):
+    operands = [rng.standard_normal(s) for s in [(2, 3), (3, 4), (4, 5), (5, 2)]]
+    got = ef.einsum("ij,jk,kl,li->", *operands, optimize=optimize)
+    np.testing.assert_allclose(got, np.einsum("ij,jk,kl,li->", *operands), rtol=1e-10)
+
+
+def test_three_operands_become_pairwise_statements_and_two_one():
+    assert plan_einsum("ij,jk,kl->il", [(2, 3), (3, 4), (4, 5)]).source.count("\n") == 1
+    assert "\n" not in plan_einsum("ij,jk,kl->il", [(2, 3), (3, 4), (4, 5)], False).source
+    assert plan_einsum("ik,kj->ij", [(2, 3), (3, 4)]).source == \
+        "out[i, j] := A[i, k] * B[k, j]"
+
+
+@st.composite
+def equations(draw):
+    letters = "abcdef"
+    count = draw(st.integers(1, 4))
+    extents = {c: draw(st.integers(1, 3)) for c in letters}
+    terms = [draw(st.lists(st.sampled_from(letters), min_size=0, max_size=3))
+             for _ in range(count)]
+    used = sorted({c for t in terms for c in t})
+    explicit = draw(st.booleans())
+    out = draw(st.permutations(used)).copy()[:draw(st.integers(0, len(used)))] \
+        if explicit else None
+    subscripts = ",".join("".join(t) for t in terms) + \
+        ("->" + "".join(out) if out is not None else "")
+    shapes = [tuple(extents[c] for c in t) for t in terms]
+    return subscripts, shapes
+
+
+@settings(max_examples=60, deadline=None, derandomize=True, database=None)
+@given(equations())
+def test_random_equations_match_numpy(case):
+    subscripts, shapes = case
+    operands = [rng.standard_normal(s) for s in shapes]
+    want = np.einsum(subscripts, *operands)
+    got = ef.einsum(subscripts, *operands, backend="numpy")
+    np.testing.assert_allclose(got, want, rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("subscripts, shapes, message", [
+    ("ij,jk", [(2, 3)], "name 2 operand"),
+    ("ij,jk->ij", [(2, 3), (4, 5)], "label 'j' has lengths 3 and 4"),
+    ("ij->k", [(2, 3)], "output label 'k' is not a label"),
+    ("ij->ii", [(2, 3)], "appears twice"),
+    ("i1", [(2, 3)], "letters"),
+    ("ijk", [(2, 3)], "operand 0 has 2 axes"),
+    ("...i->i", [(4, 3)], "must keep '...'"),
+])
+def test_bad_subscripts_are_einfuse_errors(subscripts, shapes, message):
+    with pytest.raises(ef.EinfuseError, match=message):
+        ef.einsum(subscripts, *[np.ones(s) for s in shapes])
+
+
+def test_explain_shows_the_equivalent_statement_first():
+    text = str(ef.explain("bthr,bThr->bhtT", shapes=[(2, 16, 4, 8), (2, 16, 4, 8)]))
+    first = text.splitlines()[:2]
+    assert first[0].startswith("einsum 'bthr,bThr->bhtT' in index notation")
+    assert first[1].strip() == "out[b, h, t, T] := A[b, t, h, r] * B[b, T, h, r]"
+    assert "the sum over r of A[b, t, h, r] * B[b, T, h, r]" in text
+
+
+def test_torch_gradients_through_einsum():
+    torch = pytest.importorskip("torch")
+    A = torch.randn(3, 4, dtype=torch.float64, requires_grad=True)
+    B = torch.randn(4, 5, dtype=torch.float64, requires_grad=True)
+    C = torch.randn(5, 2, dtype=torch.float64, requires_grad=True)
+    torch.autograd.gradcheck(lambda A, B, C: ef.einsum("ij,jk,kl->il", A, B, C), (A, B, C))
+    torch.autograd.gradcheck(lambda A: ef.einsum("ii->i", A[:3, :3]), (A,))
+
+
+def test_jax_jit_grad_and_vmap_through_einsum():
+    jax = pytest.importorskip("jax")
+    jnp = jax.numpy
+    A, B = jnp.asarray(rng.standard_normal((3, 4)), jnp.float32), \
+        jnp.asarray(rng.standard_normal((4, 5)), jnp.float32)
+    f = jax.jit(lambda A, B: ef.einsum("ik,kj->ij", A, B))
+    np.testing.assert_allclose(f(A, B), A @ B, rtol=1e-5, atol=1e-5)
+    grad = jax.grad(lambda A: ef.einsum("ik,kj->", A, B))(A)
+    np.testing.assert_allclose(grad, np.broadcast_to(B.sum(1), (3, 4)), rtol=1e-5)
+    batched = jax.vmap(lambda a: ef.einsum("k,kj->j", a, B))(A)
+    np.testing.assert_allclose(batched, A @ B, rtol=1e-5, atol=1e-5)
