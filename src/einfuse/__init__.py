@@ -8,10 +8,10 @@
 from .autodiff import GradientStatement, derive, run_reference
 from .errors import EinfuseError, EinfuseWarning, NoGradientError
 from .explain import explain
-from .frontends import einsum
+from .frontends import einsum, rearrange, reduce, repeat
 from .runtime.kernel import Kernel, compile, ein
 
 __version__ = "0.1.0"
 
-__all__ = ["ein", "compile", "explain", "einsum", "derive", "run_reference", "GradientStatement",
+__all__ = ["ein", "compile", "explain", "einsum", "rearrange", "reduce", "repeat", "derive", "run_reference", "GradientStatement",
            "Kernel", "EinfuseError", "EinfuseWarning", "NoGradientError", "__version__"]

@@ -1,0 +1,235 @@
+"""``ef.rearrange``, ``ef.reduce`` and ``ef.repeat`` with einops' pattern semantics.
+
+A pattern names axes (``b h w c``), composes and decomposes them with parentheses
+(``(h h2)``), keeps unit axes (``1``, ``()``), and stands ``...`` for the axes it does not
+name.  The translation: the input is reshaped (a view where the framework can) into its
+elementary axes, one statement over those axes does the work (a reordering, a reduction
+over the axes the right side drops, or a copy along the axes it adds), and the result is
+reshaped into the right side's composition.  A pure reshape (same axes, same order)
+returns the framework's reshape, a view where possible."""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+from typing import Dict, List, Optional, Tuple, Union
+
+from ..errors import EinfuseError, EinfuseSyntaxError, ShapeError, attach_statement
+
+Group = Tuple[str, ...]            # the elementary axes of one axis of a side
+
+REDUCTIONS = ("sum", "mean", "max", "min", "prod", "logsumexp")
+_COMPOSED_DOTS = "(...)"
+_TOKEN = re.compile(r"\.\.\.|\(|\)|[A-Za-z_][A-Za-z_0-9]*|\d+|\S")
+
+
+def _error(message: str, pattern: str) -> EinfuseSyntaxError:
+    return EinfuseSyntaxError(message, source=pattern, span=(0, len(pattern)))
+
+
+def _side(text: str, pattern: str, anonymous: List[int]) -> List[Group]:
+    """Each axis of a side as its group of elementary axis names; '...' stays as the
+    name '...'; anonymous sizes (a number other than 1) become fresh names."""
+    groups: List[Group] = []
+    current: Optional[List[str]] = None
+    for token in _TOKEN.findall(text):
+        if token == "(":
+            if current is not None:
+                raise _error("parentheses do not nest in a pattern", pattern)
+            current = []
+        elif token == ")":
+            if current is None:
+                raise _error("a ')' without its '('", pattern)
+            groups.append(tuple(current))
+            current = None
+        elif token == "..." or token[0].isalpha() or token[0] == "_" or token.isdigit():
+            if token == "..." and current is not None:
+                token = _COMPOSED_DOTS   # '(...)': the axes composed into one
+            if token.isdigit():
+                if token == "1":
+                    if current is None:
+                        groups.append(())   # a unit axis
+                    continue
+                anonymous.append(int(token))
+                token = f"_anon{len(anonymous) - 1}"
+            if current is None:
+                groups.append((token,))
+            else:
+                current.append(token)
+        else:
+            raise _error(f"unexpected {token!r} in the pattern", pattern)
+    if current is not None:
+        raise _error("a '(' is never closed", pattern)
+    return groups
+
+
+@dataclass(frozen=True)
+class EinopsPlan:
+    statement: Optional[str]              # None: a reshape alone does it
+    inner_shape: Tuple[int, ...]          # the input's elementary axes
+    output_shape: Tuple[int, ...]         # the right side's composed shape
+    ranges: Tuple[Tuple[str, int], ...]   # extents of axes the input does not have
+
+
+def plan_einops(pattern: str, shape: Tuple[int, ...], kind: str,
+                reduction: Optional[str], sizes: Dict[str, int]) -> EinopsPlan:
+    if not isinstance(pattern, str) or pattern.count("->") != 1:
+        raise _error("an einops pattern has the form 'left -> right'", str(pattern))
+    anonymous: List[int] = []
+    left_text, right_text = pattern.split("->")
+    left = _side(left_text, pattern, anonymous)
+    right = _side(right_text, pattern, anonymous)
+    names = [n for g in left for n in g]
+    if _COMPOSED_DOTS in names:
+        raise _error("'...' stands on the left on its own, not inside parentheses", pattern)
+    if len(names) != len(set(names)):
+        raise _error("an axis is named twice on the left", pattern)
+    # '...' on the left covers the axes the others do not name
+    ellipsis: Tuple[str, ...] = ()
+    if any("..." in g for g in left):
+        if sum(g.count("...") for g in left) > 1 or any("..." in g and len(g) > 1
+                                                       for g in left):
+            raise _error("'...' stands once on the left, not inside parentheses", pattern)
+        count = len(shape) - (len(left) - 1)
+        if count < 0:
+            raise ShapeError(f"the input has {len(shape)} axes, fewer than {left_text.strip()!r}"
+                             " names", source=pattern, span=(0, len(pattern)))
+        ellipsis = tuple(f"_dots{k}" for k in range(count))
+        at = next(k for k, g in enumerate(left) if "..." in g)
+        left = left[:at] + [(n,) for n in ellipsis] + left[at + 1:]
+    elif len(left) != len(shape):
+        raise ShapeError(f"the pattern's left side {left_text.strip()!r} names {len(left)} "
+                         f"axes but the input has {len(shape)}", source=pattern,
+                         span=(0, len(pattern)))
+    expanded = []
+    for group in right:
+        dots = "..." if "..." in group else _COMPOSED_DOTS if _COMPOSED_DOTS in group else None
+        if dots is None:
+            expanded.append(group)
+        elif "..." not in left_text:
+            raise _error("'...' on the right needs '...' on the left", pattern)
+        elif dots == "...":   # standing alone: the axes it covers, each its own axis
+            expanded += [(n,) for n in ellipsis]
+        else:                 # inside parentheses: composed into one axis
+            at = group.index(dots)
+            expanded.append(group[:at] + ellipsis + group[at + 1:])
+    right = expanded
+    # the size of every elementary axis
+    known: Dict[str, int] = {f"_anon{k}": n for k, n in enumerate(anonymous)}
+    for name, value in sizes.items():
+        if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+            raise _error(f"the size {name}={value!r} must be a non-negative integer", pattern)
+        known[name] = value
+    for group, extent in zip(left, shape):
+        unknown = [n for n in group if n not in known]
+        product = math.prod(known[n] for n in group if n in known)
+        if len(unknown) > 1:
+            raise _error(f"cannot split an axis of length {extent} into "
+                         f"{' '.join(unknown)}: give all but one size", pattern)
+        if unknown:
+            if product == 0 or extent % product:
+                raise ShapeError(f"an axis of length {extent} does not split into "
+                                 f"({' '.join(group)}) with the sizes given", source=pattern,
+                                 span=(0, len(pattern)))
+            known[unknown[0]] = extent // product
+        elif product != extent:
+            raise ShapeError(f"({' '.join(group) or '1'}) has length {product} but the "
+                             f"input's axis has {extent}", source=pattern,
+                             span=(0, len(pattern)))
+    left_axes = [n for g in left for n in g]
+    right_axes = [n for g in right for n in g]
+    if len(right_axes) != len(set(right_axes)):
+        raise _error("an axis is named twice on the right", pattern)
+    added = [n for n in right_axes if n not in left_axes]
+    dropped = [n for n in left_axes if n not in right_axes]
+    if kind == "rearrange" and (added or dropped):
+        raise _error(f"rearrange keeps every axis; {'adds ' + ', '.join(added) if added else ''}"
+                     f"{'drops ' + ', '.join(dropped) if dropped else ''} (use repeat or "
+                     "reduce)", pattern)
+    if kind == "reduce" and added:
+        raise _error(f"reduce cannot add the axes {', '.join(added)} (use repeat)", pattern)
+    if kind == "repeat" and dropped:
+        raise _error(f"repeat cannot drop the axes {', '.join(dropped)} (use reduce)", pattern)
+    missing = [n for n in right_axes if n not in known]
+    if missing:
+        raise _error(f"the size of {', '.join(missing)} is not known: pass it, as in "
+                     f"{missing[0]}=4", pattern)
+    inner_shape = tuple(known[n] for n in left_axes)
+    output_shape = tuple(math.prod(known[n] for n in g) for g in right)
+    if not added and not dropped and left_axes == right_axes:
+        return EinopsPlan(None, inner_shape, output_shape, ())
+    # index names of the statement: a0, a1, ... (pattern names are any identifiers)
+    index = {n: f"a{k}" for k, n in enumerate(dict.fromkeys(left_axes + right_axes))}
+    return EinopsPlan(_statement(left_axes, right_axes, dropped, reduction, known, index),
+                      inner_shape, output_shape, tuple((index[n], known[n]) for n in added))
+
+
+def _statement(left, right, dropped, reduction, known, index) -> str:
+    read = f"X[{', '.join(index[n] for n in left)}]" if left else "X[]"
+    lhs = f"Y[{', '.join(index[n] for n in right)}]" if right else "Y"
+    if not dropped:
+        return f"{lhs} := {read}"
+    over = ", ".join(index[n] for n in dropped)
+    if reduction == "mean":
+        count = math.prod(known[n] for n in dropped)
+        return f"{lhs} := sum[{over}]({read}) / {count}"
+    return f"{lhs} := {reduction}[{over}]({read})"
+
+
+def _run(kind: str, x, pattern: str, reduction: Optional[str], sizes, options):
+    import numpy as np
+
+    from ..runtime.kernel import ein
+    if isinstance(x, (list, tuple)):   # einops stacks a list along a new first axis
+        x = np.stack([np.asarray(item) for item in x]) if not any(
+            hasattr(item, "detach") or type(item).__module__.startswith("jax")
+            for item in x) else _stack(x)
+    elif not hasattr(x, "shape"):
+        x = np.asarray(x)
+    if kind == "reduce" and reduction not in REDUCTIONS:
+        raise attach_statement(_error(f"reduce's reduction is one of {', '.join(REDUCTIONS)}, "
+                                      f"not {reduction!r}", pattern), pattern)
+    try:
+        plan = plan_einops(pattern, tuple(x.shape), kind, reduction, sizes)
+    except EinfuseError as error:
+        raise attach_statement(error, pattern) from None
+    inner = x.reshape(plan.inner_shape)
+    if plan.statement is None:
+        return inner.reshape(plan.output_shape)
+    result = ein(plan.statement, arrays={"X": inner}, ranges=dict(plan.ranges) or None,
+                 **options)
+    return result.reshape(plan.output_shape)
+
+
+def _stack(items):
+    if hasattr(items[0], "detach"):
+        import torch
+        return torch.stack(list(items))
+    import jax.numpy as jnp
+    return jnp.stack(list(items))
+
+
+def rearrange(x, pattern: str, **sizes):
+    """einops.rearrange: ``ef.rearrange(x, "b (h w) c -> b h w c", h=4)``; a reordering
+    runs as one kernel, a pure reshape returns the reshape (a view where possible)."""
+    options = _options(sizes)
+    return _run("rearrange", x, pattern, None, sizes, options)
+
+
+def reduce(x, pattern: str, reduction: str, **sizes):
+    """einops.reduce with sum, mean, max, min, prod and logsumexp, one kernel:
+    ``ef.reduce(x, "b (h h2) (w w2) c -> b h w c", "max", h2=2, w2=2)``."""
+    options = _options(sizes)
+    return _run("reduce", x, pattern, reduction, sizes, options)
+
+
+def repeat(x, pattern: str, **sizes):
+    """einops.repeat, one kernel: ``ef.repeat(x, "h w -> h w c", c=3)``."""
+    options = _options(sizes)
+    return _run("repeat", x, pattern, None, sizes, options)
+
+
+def _options(sizes: Dict[str, Union[int, str]]) -> Dict[str, object]:
+    """``backend=`` and ``dtype=`` travel with the axis sizes; they are not axis names."""
+    return {key: sizes.pop(key) for key in ("backend", "dtype", "threads") if key in sizes}
