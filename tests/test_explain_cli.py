@@ -145,3 +145,36 @@ def test_explain_with_shapes_keeps_the_scalar_parameters_passed():
     by a placeholder (its dtype decides the result's)."""
     text = str(ef.explain("y[i] := x[i] * alpha", shapes={"x": (4,)}, alpha=np.float64(3)))
     assert "result dtype float64" in text
+
+
+def test_version_and_cache_commands(tmp_path, monkeypatch, capsys):
+    import einfuse
+    with pytest.raises(SystemExit) as done:
+        main(["--version"])
+    assert done.value.code == 0 and capsys.readouterr().out.strip() == \
+        f"einfuse {einfuse.__version__}"
+    monkeypatch.setenv("EINFUSE_CACHE_DIR", str(tmp_path))
+    (tmp_path / "abc.so").write_bytes(b"x" * 1000)
+    (tmp_path / "einfuse_triton_abc.py").write_text("pass")
+    assert main(["cache", "info"]) == 0
+    info = capsys.readouterr().out
+    assert f"location  {tmp_path}" in info and "C libraries     1" in info and \
+        "Triton kernels  1" in info
+    assert main(["cache", "clear"]) == 0
+    assert "removed 2 files" in capsys.readouterr().out and not list(tmp_path.iterdir())
+
+
+def test_bench_plot_without_matplotlib_stops_before_running(monkeypatch, capsys):
+    import importlib.util
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name == "matplotlib" else real(name, *a))
+    assert main(["bench", "--quick", "--plot"]) == 1
+    assert "matplotlib" in capsys.readouterr().err
+
+
+def test_bench_case_that_matches_nothing_lists_the_cases(monkeypatch, capsys):
+    monkeypatch.setenv("OMP_WAIT_POLICY", "passive")   # no re-run of itself
+    assert main(["bench", "--quick", "--case", "nothing"]) == 1
+    err = capsys.readouterr().err
+    assert "the cases are:" in err and "dist" in err

@@ -51,7 +51,12 @@ def _param(text: str):
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="einfuse", description="Tensor index notation "
                                      "compiled to fused kernels.")
+    from . import __version__
+    parser.add_argument("--version", action="version", version=f"einfuse {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
+    cache = sub.add_parser("cache", help="the compiled-kernel cache: where it is and what it "
+                           "holds (info), or empty it (clear)")
+    cache.add_argument("action", choices=["info", "clear"])
     explain = sub.add_parser("explain", help="explain what a statement computes, what it "
                              "costs and how it runs")
     explain.add_argument("statement")
@@ -99,7 +104,50 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return _explain(args)
     if args.command == "bench":
         return _bench(args)
+    if args.command == "cache":
+        return _cache(args.action)
     return 2  # argparse rejects unknown commands before this
+
+
+def _cache(action: str) -> int:
+    """``einfuse cache info|clear``: the cache directory, its entries (compiled C
+    libraries, Triton kernel sources, the Triton tuning file) and their size."""
+    import os
+    from .backends import c_build
+    try:
+        where = c_build.cache_dir()
+    except EinfuseError as error:
+        print(f"einfuse: {type(error).__name__}: {error}", file=sys.stderr)
+        return 1
+    entries = sorted(os.listdir(where))
+    kinds = {"C libraries": [e for e in entries if e.endswith(".so")],
+             "Triton kernels": [e for e in entries if e.startswith("einfuse_triton_")
+                                and e.endswith(".py")],
+             "tuning files": [e for e in entries if e.endswith(".json")]}
+    sizes = {e: os.path.getsize(os.path.join(where, e)) for e in entries
+             if os.path.isfile(os.path.join(where, e))}
+    total = sum(sizes.values())
+    if action == "info":
+        print(f"location  {where}")
+        for kind, names in kinds.items():
+            print(f"{kind:<16}{len(names)}")
+        print(f"size      {total / 1e6:.2f} MB in {len(sizes)} files")
+        return 0
+    removed = 0
+    for entry in entries:
+        path = os.path.join(where, entry)
+        try:
+            if os.path.isfile(path):
+                os.remove(path)
+                removed += 1
+            elif entry.startswith(".build-"):
+                import shutil
+                shutil.rmtree(path, ignore_errors=True)
+        except OSError as error:
+            print(f"einfuse: could not remove {path}: {error}", file=sys.stderr)
+            return 1
+    print(f"removed {removed} files ({total / 1e6:.2f} MB) from {where}")
+    return 0
 
 
 def _explain(args) -> int:
@@ -167,7 +215,13 @@ def cli_words(message: str) -> str:
 def _bench(args) -> int:
     import os
     import platform
+    import importlib.util
     import subprocess
+    if args.plot and importlib.util.find_spec("matplotlib") is None:
+        # said before anything runs, not after minutes of timing
+        print("einfuse: bench --plot draws with matplotlib, which is not installed: "
+              "pip install matplotlib (or einfuse[bench])", file=sys.stderr)
+        return 1
     if args.device == "cuda":
         return _bench_gpu(args)
     if "OMP_WAIT_POLICY" not in os.environ:
@@ -180,7 +234,8 @@ def _bench(args) -> int:
                                env=environment)
 
     from .bench import all_cases, run_case, text_table
-    cases = _selected(all_cases(args.quick), args.case)
+    everything = all_cases(args.quick)
+    cases = _selected(everything, args.case, everything)
     results = _run_cases(cases, lambda case: run_case(
         case, backend=args.backend, peers=args.peer, budget_s=args.budget))
     if results is None:
@@ -194,9 +249,14 @@ def _bench(args) -> int:
     return 0
 
 
-def _selected(cases, names):
-    """The cases whose names start with one of ``names`` (all when none is given)."""
-    return [c for c in cases if not names or any(c.name.startswith(n) for n in names)]
+def _selected(cases, names, everything=None):
+    """The cases whose names start with one of ``names`` (all when none is given); when
+    none matches, the message lists the cases there are."""
+    chosen = [c for c in cases if not names or any(c.name.startswith(n) for n in names)]
+    if not chosen and everything:
+        print("einfuse: the cases are: " + "; ".join(c.name for c in everything),
+              file=sys.stderr)
+    return chosen
 
 
 def _run_cases(cases, run_one):
@@ -235,7 +295,8 @@ def _bench_gpu(args) -> int:
     if problem:
         print(f"einfuse: bench --device cuda: {problem}", file=sys.stderr)
         return 1
-    cases = _selected(gpu.gpu_cases("cuda", args.quick), args.case)
+    everything = gpu.gpu_cases("cuda", args.quick)
+    cases = _selected(everything, args.case, everything)
     results = _run_cases(cases, lambda case: gpu.run_gpu_case(
         case, "cuda", args.backend, args.peer, args.budget))
     if results is None:
