@@ -178,3 +178,10 @@ def test_bench_case_that_matches_nothing_lists_the_cases(monkeypatch, capsys):
     assert main(["bench", "--quick", "--case", "nothing"]) == 1
     err = capsys.readouterr().err
     assert "the cases are:" in err and "dist" in err
+
+
+def test_the_demo_runs():
+    done = subprocess.run([sys.executable, os.path.join(ROOT, "examples", "demo.py")],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert "einfuse: first call" in done.stdout and "[1. 1. 1.]" in done.stdout
