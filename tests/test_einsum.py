@@ -125,3 +125,11 @@ def test_jax_jit_grad_and_vmap_through_einsum():
     np.testing.assert_allclose(grad, np.broadcast_to(B.sum(1), (3, 4)), rtol=1e-5)
     batched = jax.vmap(lambda a: ef.einsum("k,kj->j", a, B))(A)
     np.testing.assert_allclose(batched, A @ B, rtol=1e-5, atol=1e-5)
+
+
+def test_the_command_line_explains_an_einsum_string(capsys):
+    from einfuse.cli import main
+    assert main(["explain", "bthr,bThr->bhtT", "--shape", "A=2x3x4x5",
+                 "--shape", "B=2x6x4x5"]) == 0
+    out = capsys.readouterr().out
+    assert "out[b, h, t, T] := A[b, t, h, r] * B[b, T, h, r]" in out and "Loop nest" in out
