@@ -7,8 +7,9 @@
 See docs/gradients.md.
 """
 
-from .derive import AxisOf, GradientStatement, NoGradientError, RangeOf, derive
+from .derive import AxisOf, ExtentOf, GradientStatement, NoGradientError, RangeOf, derive
+from .forward import Tangent, tangent
 from .reference import resolve_options, run_reference
 
 __all__ = ["derive", "run_reference", "resolve_options", "GradientStatement",
-           "NoGradientError", "AxisOf", "RangeOf"]
+           "NoGradientError", "AxisOf", "ExtentOf", "RangeOf", "tangent", "Tangent"]

@@ -26,15 +26,24 @@ from typing import Dict, List, Optional, Tuple, Union
 from ..analysis.spec import Spec, analyse
 from ..errors import EinfuseError, NoGradientError
 from ..lang import parse
-from ..lang.ast import Access, Binary, Call, Expr, IndexExpr, Param, Reduce, Unary, \
-    accesses
+from ..lang.ast import Access, Binary, Call, Expr, IndexExpr, IndexValue, Param, Reduce, \
+    Unary, accesses
 from ..lang.printer import format_expr, format_statement
-from .exprs import Affine, Names, affine, cmp, contains_reduce, freshen, num, subst, where
+from .exprs import Affine, Names, affine, affine_expr, any_of, cmp, contains_reduce, \
+    freshen, num, subst, where
 
 
 @dataclass(frozen=True)
 class AxisOf:
     """Range source: ``range(0, tensor.shape[axis])``."""
+    tensor: str
+    axis: int
+
+
+@dataclass(frozen=True)
+class ExtentOf:
+    """Range source: the one value ``tensor.shape[axis]`` (an index that stands for an
+    extent in a comparison, summed over that single value)."""
     tensor: str
     axis: int
 
@@ -215,14 +224,14 @@ class _Deriver:
     def affine_use(self, index: str) -> bool:
         """May the index's range be narrower than the axes it indexes plainly?  Yes with
         an affine use or a range given by the user; ranges that derivation itself set
-        (AxisOf/RangeOf) are checked when they are resolved instead."""
+        (AxisOf, ExtentOf, RangeOf) are checked when they are resolved instead."""
         given = dict(self.options.get("ranges") or {}).get(index)
         return any(u.subscript.plain_index is None for u in self.spec.uses(index)) \
-            or (given is not None and not isinstance(given, (AxisOf, RangeOf)))
+            or (given is not None and not isinstance(given, (AxisOf, ExtentOf, RangeOf)))
 
     def user_range(self, index: str) -> bool:
         given = dict(self.options.get("ranges") or {}).get(index)
-        return given is not None and not isinstance(given, (AxisOf, RangeOf))
+        return given is not None and not isinstance(given, (AxisOf, ExtentOf, RangeOf))
 
     def pivot(self, s: IndexExpr) -> Optional[Tuple[str, int]]:
         for name, coeff in s.terms:
@@ -284,14 +293,13 @@ class _Deriver:
                             for c in contributions if isinstance(c.leaf, Access)
                             for s in c.leaf.indices)
         pad = 0.0 if (shifted or frame_outputs or self.forward_pad) else None
-        parts = []
+        parts, extents = [], {}
         for term, seed, summed in moved:
-            if pad is not None and _risky(term):
-                # padded reads outside the forward's grid give 0 for the seed but may
-                # give inf/nan elsewhere (log(0)); the seed is a factor, so gate on it
-                term = where(cmp("!=", seed, num(0)), term, num(0))
+            if pad is not None and _risky(term, frame, self.wrt):
+                term, sizes = self.gate(term, seed, frame)
+                extents.update(sizes)
             parts.append((term, summed))
-        implicit = len(parts) == 1 and not contains_reduce(parts[0][0])
+        implicit = len(parts) == 1 and _implicit_sum(*parts[0])
         rhs = None
         for term, summed in parts:
             part = term if implicit or not summed else Reduce("sum", tuple(summed), term)
@@ -304,6 +312,7 @@ class _Deriver:
         rhs = freshen(rhs, set(frame), self.names)
         text = self.format(self.target, frame, rhs)
         ranges = {f: AxisOf(self.wrt, axis) for axis, f in enumerate(frame)}
+        ranges.update(extents)
         g = self.make(text, "gather", pad, ranges, frame)
         g.range_checks = tuple(sorted({(s.plain_index, self.wrt, axis) for c in contributions
                                        if isinstance(c.leaf, Access)
@@ -311,19 +320,44 @@ class _Deriver:
                                        if s.plain_index not in (None,) + self.outputs}))
         return g
 
+    def gate(self, term: Expr, seed: Access, frame) -> Tuple[Expr, Dict[str, "ExtentOf"]]:
+        """``where(<every dOUT subscript inside dOUT>, term, 0)``: the term outside the
+        forward's grid, where padded reads give 0 but a function of one may not (log(0)).
+        A gate on the position, not on ``dOUT != 0``, so that the term's derivative
+        with respect to dOUT is right where dOUT is 0 (second derivatives).  dOUT's
+        extent on an axis is an index with the one value ``dOUT.shape[axis]``
+        (:class:`ExtentOf`), summed over: the statement needs no extra input."""
+        conditions, sizes = [], {}
+        for axis, s in enumerate(seed.indices):
+            plain = s.plain_index
+            if plain is not None and (plain not in frame or
+                                      not self.affine_use(self.outputs[axis])):
+                continue   # a forward grid index, or one as long as dOUT's axis
+            n = self.names.take(self.free_name(f"size{axis}"))
+            sizes[n] = ExtentOf(self.dout, axis)
+            value = affine_expr((s.terms, s.constant))
+            if plain is None:
+                conditions.append(cmp(">=", value, num(0)))
+            conditions.append(cmp("<", value, IndexValue(n)))
+        if not conditions:
+            return term, {}
+        # an explicit sum: a name not in any subscript would read as a scalar parameter
+        return Reduce("sum", tuple(sizes), where(any_of(conditions, "&"), term, num(0))), \
+            sizes
+
     def scatter_statement(self, c: _Contribution, n: int) -> GradientStatement:
         subs = c.leaf.indices
         in_subs = {name for s in subs for node in _sub_exprs(s) for name in node}
         keep = tuple(v for v in c.grid if v in in_subs)
         summed = tuple(v for v in c.grid if v not in in_subs)
         term = c.term
-        if summed and contains_reduce(term):
+        if summed and not _implicit_sum(term, summed):
             term = Reduce("sum", summed, term)
         rhs = freshen(term, set(keep), self.names)
         values = self.names.take(self.free_name(f"{self.target}_at{n}" if n else
                                                 f"{self.target}_at"))
         text = self.format(values, keep, rhs)
-        shown = Reduce("sum", summed, c.term) if summed and not contains_reduce(term) else rhs
+        shown = Reduce("sum", summed, c.term) if summed and term is c.term else rhs
         where_to = f"{self.target}[{', '.join(str(s) for s in subs)}]"
         g = self.make(text, "scatter", 0.0 if self.forward_pad else None, {}, keep)
         g.scatter = subs
@@ -371,12 +405,37 @@ def _sub_exprs(s: IndexExpr):
             yield from _sub_exprs(inner)
 
 
-def _risky(term: Expr) -> bool:
-    """Could the term be inf/nan where padded reads give 0?  Sums and products of reads
-    cannot; functions, division, powers and reductions may."""
-    for node in term.walk():
-        if isinstance(node, (Call, Reduce)):
+def _implicit_sum(term: Expr, summed) -> bool:
+    """May ``term`` sum over ``summed`` implicitly?  Not when it has reductions of its
+    own, nor when an index to sum appears in no subscript (only in a comparison, as
+    ``j`` in ``where(j < i, dy[i], 0)``): the statement would read it as a scalar
+    parameter."""
+    subscripted = {name for access in accesses(term) for sub in access.indices
+                   for name in sub.index_names}
+    return not contains_reduce(term) and all(v in subscripted for v in summed)
+
+
+def _risky(term: Expr, frame, wrt: str) -> bool:
+    """Could a read outside its array (pad=0) make the term inf/nan?  Only a read whose
+    subscript moves with the frame (other than ``wrt``'s own, which the frame keeps
+    inside) under a function, a divisor, a power or a reduction: sums and products of
+    reads, and ``where``, stay finite."""
+    def leaves(node: Expr) -> bool:
+        if isinstance(node, IndexValue):
+            return node.name in frame
+        if not isinstance(node, Access):
+            return False
+        return any(set(sub.index_names) & set(frame) and
+                   not (node.tensor == wrt and sub.plain_index == frame[axis])
+                   for axis, sub in enumerate(node.indices))
+
+    def visit(node: Expr, under: bool) -> bool:
+        if under and leaves(node):
             return True
-        if isinstance(node, Binary) and node.op in ("/", "**"):
-            return True
-    return False
+        if isinstance(node, Binary) and node.op == "/":   # 0 / x is 0; x / 0 is not
+            return visit(node.left, under) or visit(node.right, True)
+        under = under or isinstance(node, Reduce) or \
+            (isinstance(node, Call) and node.func != "where") or \
+            (isinstance(node, Binary) and node.op == "**")
+        return any(visit(child, under) for child in node.children())
+    return visit(term, False)

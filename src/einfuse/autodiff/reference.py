@@ -12,7 +12,7 @@ from ..errors import OutOfBoundsError, RangeError
 from ..lang.ast import IndexExpr
 from ..runtime.frameworks import JAX, TORCH, framework_of, placeholder
 from ..runtime.kernel import compile as ef_compile, ein
-from .derive import AxisOf, GradientStatement, NoGradientError
+from .derive import AxisOf, ExtentOf, GradientStatement, NoGradientError
 
 _PASSED = ("ranges", "pad", "bounds", "fill")
 
@@ -57,6 +57,9 @@ def resolve_options(g: GradientStatement, arrays: Mapping[str, object]) -> Dict[
     for index, source in g.options["ranges"].items():
         if isinstance(source, AxisOf):
             ranges[index] = range(0, np.shape(arrays[source.tensor])[source.axis])
+        elif isinstance(source, ExtentOf):
+            n = np.shape(arrays[source.tensor])[source.axis]
+            ranges[index] = range(n, n + 1)
         else:
             ranges[index] = range(*forward[source.index])
     for index, tensor, axis in g.range_checks:

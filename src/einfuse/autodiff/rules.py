@@ -44,24 +44,26 @@ def occurrences(expr: Expr, wrt: str, g: Expr, names: Names,
     if isinstance(expr, Param):
         yield expr, g, bound
         return
-    if isinstance(expr, (Number, IndexValue)):
-        return
+    inner = bound + expr.indices if isinstance(expr, Reduce) else bound
+    for child, local in partials(expr, g, names):
+        yield from occurrences(child, wrt, local, names, inner)
+
+
+def partials(expr: Expr, g: Expr, names: Names) -> List[Tuple[Expr, Expr]]:
+    """The children of an inner node, each with ``g`` times the node's derivative with
+    respect to it (reverse mode passes the multiplier down; forward mode, see
+    forward.py, passes the child's own differential as ``g``).  For a reduction ``g``
+    and the result live inside the reduction's indices.  Leaves have none."""
+    if isinstance(expr, (Access, Param, Number, IndexValue)):
+        return []
     if isinstance(expr, Unary):
-        yield from occurrences(expr.operand, wrt, neg(g) if expr.op == "-" else g, names,
-                               bound)
-        return
+        return [(expr.operand, neg(g) if expr.op == "-" else g)]
     if isinstance(expr, Binary):
-        for child, local in _binary(expr, g):
-            yield from occurrences(child, wrt, local, names, bound)
-        return
+        return _binary(expr, g)
     if isinstance(expr, Call):
-        for child, local in _call(expr, g):
-            yield from occurrences(child, wrt, local, names, bound)
-        return
+        return _call(expr, g)
     if isinstance(expr, Reduce):
-        inner = _reduction(expr, g, names)
-        yield from occurrences(expr.body, wrt, inner, names, bound + expr.indices)
-        return
+        return [(expr.body, _reduction(expr, g, names))]
     raise TypeError(type(expr).__name__)
 
 

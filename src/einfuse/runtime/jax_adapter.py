@@ -1,36 +1,51 @@
-"""JAX integration: a statement on JAX arrays is a ``jax.custom_vjp`` function whose
-forward and backward run einfuse's compiled kernels on the host through
-``jax.pure_callback``.
+"""JAX integration: a statement on JAX arrays is one JAX primitive, ``einfuse``, whose
+parameters are the statement's text and options.  Every JAX transformation of it is
+again that primitive on another statement, so transformations compose to any depth:
+
+* jit: the primitive lowers to a ``jax.pure_callback`` that runs einfuse's compiled
+  kernels on the host (on a GPU with jax_triton: a Triton kernel, see
+  :mod:`einfuse.runtime.jax_gpu`);
+* jvp (``jax.jvp``, ``jax.jacfwd``): the tangent statement
+  (:func:`einfuse.autodiff.forward.tangent`), linear in the inputs' tangents;
+* transpose (reverse mode: ``jax.grad``, ``jax.vjp``, which linearize and transpose):
+  the tangent is a primitive of its own, ``einfuse_jvp``, whose transpose runs the
+  statement's gradient statements (``ef.derive``), the ones PyTorch runs too;
+* vmap: the statement with one more index, on the output and on each batched input
+  only (an unbatched input is not copied per batch element).
+
+So ``jax.grad(jax.grad(f))``, ``jax.hessian`` (forward over reverse), ``jax.jvp`` and
+``jax.vmap(jax.grad(f))`` all work, with and without jit.
 
 Why a host callback and not the FFI: the C kernels are built at run time (per statement
 and layout) and loaded with ctypes; a callback calls them with NumPy views of the device
-buffers (on the CPU, no copy) and needs no per-kernel XLA registration or C++ shim.  It
-works under ``jax.jit``, ``jax.grad``, ``jax.value_and_grad`` and ``jax.vmap``.
-
-vmap: the callbacks use ``vmap_method="expand_dims"``, so a batched call reaches the host
-once with leading batch axes; einfuse runs it as the same statement with one more index
-per batch axis (:func:`einfuse.lang.rewrite.batch_statement`), one kernel, no loop.
-
-On a GPU with jax_triton installed, statements run as Triton kernels called from XLA
-instead (:mod:`einfuse.runtime.jax_gpu`), with no host round trip.
+buffers (on the CPU, no copy) and needs no per-kernel XLA registration or C++ shim.
 
 Imported only when the caller's arrays are JAX arrays."""
 
 from __future__ import annotations
 
+import dataclasses
 import functools
-from typing import Dict, Sequence, Tuple
+import warnings
+from typing import Dict, Sequence
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.interpreters import ad, batching, mlir
 
-from ..errors import EinfuseTypeError
+from ..errors import EinfuseTypeError, NoGradientError
 from ..lang import parse
+from ..lang.ast import Access, Param, map_children
 from ..lang.printer import format_statement
 from ..lang.rewrite import batch_statement, fresh_indices
 from . import gradients, jax_gpu
 from .frameworks import placeholder
+
+try:
+    from jax.extend.core import Primitive
+except ImportError:   # jax < 0.4.36
+    from jax.core import Primitive
 
 
 def call(kernel, named: Dict[str, object]):
@@ -41,24 +56,24 @@ def call(kernel, named: Dict[str, object]):
                                span=spec.statement.output_span)
     names = tuple(spec.arg_order)
     values = tuple(jnp.asarray(named[name]) for name in names)
-    value_inputs = {t.name for t in spec.tensors if t.as_value} | set(spec.params)
-    differentiable = tuple(name in value_inputs and jnp.issubdtype(v.dtype, jnp.floating)
-                           for name, v in zip(names, values))
-    if jax_gpu.jax_triton_installed() and jax_gpu.on_gpu(values):
-        device = jax_gpu.device_call(kernel, names, values)
-        if device is not None:
-            return jax_gpu.function(kernel, names, differentiable, device)(*values)
-    if not any(isinstance(v, jax.core.Tracer) for v in values):
+    route = "host"
+    if jax_gpu.jax_triton_installed() and jax_gpu.on_gpu(values) and \
+            _device(kernel, names, values) is not None:
+        route = "device"
+    elif not any(isinstance(v, jax.core.Tracer) for v in values):
         # an eager call (no jit, grad or vmap): run it here, so that an error is raised
         # as itself, not wrapped in a callback's JaxRuntimeError
         return jnp.asarray(kernel.run(kernel.bind(**dict(zip(names, values)))))
-    return _function(kernel, names, differentiable)(*values)
+    return einfuse_p.bind(*values, statement=kernel.statement, options=kernel.options,
+                          names=names, route=route)
 
 
-def _ranks(kernel, names) -> Tuple[int, ...]:
-    spec = kernel.spec
-    ranks = {t.name: t.rank for t in spec.tensors}
-    return tuple(ranks.get(name, 0) for name in names)
+@functools.lru_cache(maxsize=256)
+def _kernel(statement: str, options):
+    from .kernel import Kernel
+    with warnings.catch_warnings():   # the caller's own statement warned already
+        warnings.simplefilter("ignore")
+        return Kernel(statement, options)
 
 
 def _struct(kernel, names, values) -> jax.ShapeDtypeStruct:
@@ -68,64 +83,214 @@ def _struct(kernel, names, values) -> jax.ShapeDtypeStruct:
     return jax.ShapeDtypeStruct(bound.output_shape, dtype)
 
 
+def _device(kernel, names, values):
+    """The Triton launch for these shapes and dtypes, or None for the host path."""
+    key = tuple((tuple(np.shape(v)), np.dtype(v.dtype).name) for v in values)
+    return _device_for(kernel.statement, kernel.options, tuple(names), key)
+
+
+@functools.lru_cache(maxsize=256)
+def _device_for(statement, options, names, key):
+    shapes = [np.broadcast_to(np.zeros((), dtype), shape) for shape, dtype in key]
+    return jax_gpu.device_call(_kernel(statement, options), names, shapes)
+
+
+# -- the primitive ------------------------------------------------------------------------
+einfuse_p = Primitive("einfuse")
+
+
+def _abstract(*avals, statement, options, names, route):
+    struct = _struct(_kernel(statement, options), names, avals)
+    return jax.core.ShapedArray(struct.shape, struct.dtype)
+
+
+def _impl(*values, statement, options, names, route):
+    if route == "device":   # compiled through the lowering below, as under jit
+        return _jitted(statement, options, names, route)(*values)
+    kernel = _kernel(statement, options)
+    return jnp.asarray(kernel.run(kernel.bind(**dict(zip(names, values)))))
+
+
+@functools.lru_cache(maxsize=256)
+def _jitted(statement, options, names, route):
+    return jax.jit(functools.partial(einfuse_p.bind, statement=statement, options=options,
+                                     names=names, route=route))
+
+
+def _lower(*values, statement, options, names, route):
+    kernel = _kernel(statement, options)
+    struct = _struct(kernel, names, values)
+    if route == "device":
+        device = _device(kernel, names, values)
+        if device is not None:   # None: the batched statement's kernel takes the host
+            out = jax_gpu.launch_kernel(device, jax_gpu.kernel_inputs(
+                device, dict(zip(names, values))))
+            return out if out.dtype == struct.dtype else out.astype(struct.dtype)
+
+    def run_host(*arrays):
+        result = kernel(**dict(zip(names, (np.asarray(a) for a in arrays))))
+        return np.asarray(result, dtype=struct.dtype)
+    return jax.pure_callback(run_host, struct, *values)
+
+
+def _transpose(cotangent, *args, statement, options, names, route):
+    """A statement linear in its undefined inputs (JAX transposes only linear
+    functions): their cotangents are its gradient statements.  An undefined input is
+    only a shape and a dtype, which is all that those statements need of it."""
+    wanted = [n for n, a in zip(names, args) if ad.is_undefined_primal(a)]
+    arrays = {n: jax.ShapeDtypeStruct(a.aval.shape, a.aval.dtype)
+              if ad.is_undefined_primal(a) else a for n, a in zip(names, args)}
+    found = _cotangents(cotangent, arrays, wanted, statement, options)
+    return [found.get(n) for n in names]
+
+
+def _cotangents(cotangent, arrays, wanted, statement, options) -> Dict[str, object]:
+    """{name: cotangent} for the ``wanted`` inputs: ``statement``'s gradient statements,
+    run as primitives again (so that they can be differentiated in turn)."""
+    if type(cotangent) is ad.Zero or not wanted:
+        return {}
+    found = gradients.compute_gradients(statement, options, arrays, cotangent, wanted)
+    return {n: jnp.asarray(found[n]).astype(arrays[n].dtype).reshape(np.shape(arrays[n]))
+            for n in wanted}
+
+
+def _batch(values, dims, *, statement, options, names, route):
+    """vmap: the batch axis first on each batched input, and the statement with one
+    more index on the output and on those inputs."""
+    moved = [v if d is None else jnp.moveaxis(v, d, 0) for v, d in zip(values, dims)]
+    batched = tuple(n for n, d in zip(names, dims) if d is not None)
+    text = _batched_for(statement, batched, len(names))
+    return einfuse_p.bind(*moved, statement=text, options=options, names=names,
+                          route=route), 0
+
+
+einfuse_p.def_abstract_eval(_abstract)
+einfuse_p.def_impl(_impl)
+mlir.register_lowering(einfuse_p, mlir.lower_fun(_lower, multiple_results=False))
+ad.primitive_transposes[einfuse_p] = _transpose
+batching.primitive_batchers[einfuse_p] = _batch
+
+
+# -- forward mode -------------------------------------------------------------------------
+# The tangent of ``statement`` for the inputs ``live``: its inputs are the statement's
+# (in ``names`` order) and then the tangents of ``live``.  Evaluated (jax.jvp, jacfwd),
+# it runs the tangent statement (autodiff.forward); transposed (reverse mode), it runs
+# the statement's own gradient statements, so that jax.grad needs no forward mode and
+# runs exactly ``ef.derive``'s statements.
+einfuse_jvp_p = Primitive("einfuse_jvp")
+
+
+def _jvp(primals, tangents, *, statement, options, names, route):
+    out = einfuse_p.bind(*primals, statement=statement, options=options, names=names,
+                         route=route)
+    spec = _kernel(statement, options).spec
+    readable = {t.name for t in spec.tensors if t.as_value} | set(spec.params)
+    live = tuple(n for n, p, t in zip(names, primals, tangents)
+                 if type(t) is not ad.Zero and n in readable and
+                 jnp.issubdtype(p.dtype, jnp.inexact))
+    if live and jnp.issubdtype(out.dtype, jnp.inexact):
+        try:
+            found = _tangent(statement, live, options)
+        except NoGradientError:   # raised if the tangent itself is asked for; reverse
+            found = True          # mode runs ef.derive's statements, which can do it
+        if found is not None:
+            moving = [t for n, t in zip(names, tangents) if n in live]
+            return out, einfuse_jvp_p.bind(*primals, *moving, statement=statement,
+                                           options=options, names=names, live=live,
+                                           route=route)
+    # the result does not change with the inputs that do (comparisons, floor, ...)
+    dtype = out.dtype if jnp.issubdtype(out.dtype, jnp.inexact) else jax.dtypes.float0
+    return out, ad.Zero(jax.core.ShapedArray(out.shape, dtype))
+
+
+def _tangent(statement, live, options):
+    return gradients.tangent_statement(statement, live, gradients.options_key(options))
+
+
+def _tangent_form(statement, options, names, live):
+    """The tangent statement's kernel, and where each of its inputs is among
+    einfuse_jvp's (the statement's inputs, then the tangents)."""
+    found = _tangent(statement, live, options)
+    ranges = tuple((k, (r.start, r.stop)) for k, r in found.options.get("ranges", {}).items())
+    kernel = _kernel(found.text, dataclasses.replace(options, ranges=ranges))
+    position = {n: k for k, n in enumerate(names)}
+    position.update((found.tangents[n], len(names) + k) for k, n in enumerate(live))
+    return kernel, [position[n] for n in kernel.spec.arg_order]
+
+
+def _jvp_abstract(*avals, statement, options, names, live, route):
+    return _abstract(*avals[:len(names)], statement=statement, options=options,
+                     names=names, route=route)
+
+
+def _jvp_value(*values, statement, options, names, live, route):
+    """The tangent itself (its impl and its lowering): the tangent statement's value."""
+    out = _jvp_abstract(*values, statement=statement, options=options, names=names,
+                        live=live, route=route)
+    kernel, where = _tangent_form(statement, options, names, live)
+    inputs = dict(zip(kernel.spec.arg_order, (values[k] for k in where)))
+    return jnp.asarray(kernel(**inputs)).astype(out.dtype)
+
+
+def _jvp_transpose(cotangent, *args, statement, options, names, live, route):
+    """The cotangents of the tangents: the forward statement's gradient statements at
+    the primal values (the tangent is linear in the tangents, never in the primals)."""
+    primals, tangents = args[:len(names)], args[len(names):]
+    wanted = [n for n, t in zip(live, tangents) if ad.is_undefined_primal(t)]
+    found = _cotangents(cotangent, dict(zip(names, primals)), wanted, statement, options)
+    return [None] * len(names) + [found.get(n) for n in live]
+
+
+def _jvp_jvp(values, tangents, *, statement, options, names, live, route):
+    """A tangent's own tangent: that of the tangent statement."""
+    kernel, where = _tangent_form(statement, options, names, live)
+    return _jvp([values[k] for k in where], [tangents[k] for k in where],
+                statement=kernel.statement, options=kernel.options,
+                names=kernel.spec.arg_order, route=route)
+
+
+def _jvp_batch(values, dims, *, statement, options, names, live, route):
+    """A batched tangent: the tangent statement, batched."""
+    kernel, where = _tangent_form(statement, options, names, live)
+    return _batch([values[k] for k in where], [dims[k] for k in where],
+                  statement=kernel.statement, options=kernel.options,
+                  names=kernel.spec.arg_order, route=route)
+
+
+ad.primitive_jvps[einfuse_p] = _jvp
+einfuse_jvp_p.def_abstract_eval(_jvp_abstract)
+einfuse_jvp_p.def_impl(_jvp_value)
+mlir.register_lowering(einfuse_jvp_p, mlir.lower_fun(_jvp_value, multiple_results=False))
+ad.primitive_jvps[einfuse_jvp_p] = _jvp_jvp
+ad.primitive_transposes[einfuse_jvp_p] = _jvp_transpose
+batching.primitive_batchers[einfuse_jvp_p] = _jvp_batch
+
+
+# -- vmap ---------------------------------------------------------------------------------
 @functools.lru_cache(maxsize=256)
 def _batched(statement: str, levels: int) -> str:
     parsed = parse(statement)
     return format_statement(batch_statement(parsed, fresh_indices(parsed, levels)))
 
 
-def batched_kernel(kernel, levels: int):
-    """``kernel``'s statement with ``levels`` leading batch indices, same options."""
-    from .kernel import Kernel
-    return Kernel(_batched(kernel.statement, levels), kernel.options)
+def _batched_for(statement: str, batched: Sequence[str], count: int) -> str:
+    """``statement`` with one leading batch index on the output and on the inputs in
+    ``batched``: the fully batched statement, with the other inputs read as before."""
+    full = _batched(statement, 1)
+    return full if len(batched) == count else _unbatch(statement, full, frozenset(batched))
 
 
-def _host_inputs(kernel, names, arrays) -> Tuple[str, Dict[str, np.ndarray], Tuple]:
-    """The statement to run and its inputs: with leading batch axes (vmap), the batched
-    statement and every input broadcast over the whole batch."""
-    arrays = [np.asarray(a) for a in arrays]
-    ranks = _ranks(kernel, names)
-    levels = arrays[0].ndim - ranks[0] if arrays else 0
-    if levels == 0:
-        return kernel.statement, dict(zip(names, arrays)), ()
-    batch = np.broadcast_shapes(*[a.shape[:levels] for a in arrays])
-    full = {name: np.broadcast_to(a, batch + a.shape[levels:])
-            for name, a in zip(names, arrays)}
-    return _batched(kernel.statement, levels), full, batch
+@functools.lru_cache(maxsize=256)
+def _unbatch(statement: str, full: str, batched: frozenset) -> str:
+    from .kernel import _spec_for
+    params = set(_spec_for(statement).params)
 
-
-def _function(kernel, names: Sequence[str], differentiable: Sequence[bool]):
-    from .kernel import Kernel
-
-    def run_forward(*arrays):
-        statement, inputs, _ = _host_inputs(kernel, names, arrays)
-        runner = kernel if statement == kernel.statement else Kernel(statement, kernel.options)
-        return np.asarray(runner(**inputs))
-
-    def run_backward(output_grad, *arrays):
-        statement, inputs, batch = _host_inputs(kernel, names, arrays)
-        wanted = [n for n, d in zip(names, differentiable) if d]
-        spec = kernel.spec
-        found = gradients.compute_gradients(statement, kernel.options, spec.output, inputs,
-                                            np.asarray(output_grad), wanted)
-        return tuple(found[name].astype(np.asarray(arrays[names.index(name)]).dtype)
-                     .reshape(batch + np.shape(arrays[names.index(name)])[len(batch):])
-                     for name in wanted)
-
-    @jax.custom_vjp
-    def apply(*values):
-        return jax.pure_callback(run_forward, _struct(kernel, names, values), *values,
-                                 vmap_method="expand_dims")
-
-    def forward(*values):
-        return apply(*values), values
-
-    def backward(values, output_grad):
-        wanted = [v for v, d in zip(values, differentiable) if d]
-        structs = tuple(jax.ShapeDtypeStruct(v.shape, v.dtype) for v in wanted)
-        found = iter(jax.pure_callback(run_backward, structs, output_grad, *values,
-                                       vmap_method="expand_dims") if structs else ())
-        return tuple(next(found) if d else None for d in differentiable)
-
-    apply.defvjp(forward, backward)
-    return apply
+    def visit(expr):
+        mapped = map_children(expr, visit)
+        if isinstance(mapped, Access) and mapped.tensor not in batched:
+            if mapped.tensor in params:   # batching made the scalar a tensor
+                return Param(mapped.tensor)
+            return dataclasses.replace(mapped, indices=mapped.indices[1:])
+        return mapped
+    parsed = parse(full)
+    return format_statement(dataclasses.replace(parsed, rhs=visit(parsed.rhs)))

@@ -1,6 +1,6 @@
 """JAX arrays on a GPU: einfuse's Triton kernels called from XLA through
-``jax_triton.triton_call``, so that forward and gradients run on the device, under
-``jax.jit``, ``jax.grad`` and ``jax.vmap``, with no host round trip.
+``jax_triton.triton_call``, so that forward and derivatives run on the device, under
+``jax.jit``, ``jax.grad``, ``jax.jvp`` and ``jax.vmap``, with no host round trip.
 
 The kernel, its scalar arguments, grid and block sizes are the ones the torch launcher
 uses (:class:`einfuse.backends.triton_backend.Prepared`), built here from shapes and
@@ -11,10 +11,11 @@ dtypes alone (placeholders: under jit the data is traced).  What differs:
   (:mod:`einfuse.runtime.jax_adapter`): checking index values needs them on the host, and
   a jitted function cannot raise on data; ``clip``, ``wrap`` and ``fill`` gathers are
   safe inside the kernel and stay on the device;
-* vmap: a batched call runs the statement with one more index per batch axis
-  (``jax.custom_batching.custom_vmap``), one kernel, as on the host path;
-* gradients: each gradient statement is run the same way; scatters add with
-  ``.at[].add`` (:func:`einfuse.autodiff.reference.run_reference` in JAX).
+* transformations are those of the ``einfuse`` primitive
+  (:mod:`einfuse.runtime.jax_adapter`), whose lowering launches the kernel here: a
+  batched call is the statement with one more index, one kernel, as on the host path;
+  tangent and gradient statements run the same way; scatters add with ``.at[].add``
+  (:func:`einfuse.autodiff.reference.run_reference` in JAX).
 
 Block sizes: the tuner's cached choice for the kernel and shape bucket (made by a torch
 call on the same GPU), else the GPU default; XLA gives no place to time candidates."""
@@ -141,44 +142,3 @@ def launch_kernel(device: DeviceCall, inputs):
         out_shape=jax.ShapeDtypeStruct(device.out_shape, device.out_dtype),
         grid=prepared.grid(config), num_warps=config.num_warps,
         num_stages=config.num_stages, **prepared.constexprs(config))
-
-
-def function(kernel, names: Sequence[str], differentiable: Sequence[bool],
-             device: DeviceCall):
-    """A ``jax.custom_vjp`` function of the inputs (in ``names`` order) that launches
-    ``device``'s kernel; gradients run their own statements the same way."""
-    import jax
-    from . import gradients
-    from .jax_adapter import batched_kernel
-    spec = kernel.spec
-
-    @jax.custom_batching.custom_vmap
-    def run(*values):
-        return launch_kernel(device, kernel_inputs(device, dict(zip(names, values))))
-
-    @run.def_vmap
-    def run_batched(axis_size, in_batched, *values):
-        # custom_vmap hands batched values with the batch axis first: broadcast the
-        # others and run the statement with one more (leading) index
-        import jax.numpy as jnp
-        full = [v if b else jnp.broadcast_to(v, (axis_size,) + jnp.shape(v))
-                for v, b in zip(values, in_batched)]
-        return batched_kernel(kernel, 1)(**dict(zip(names, full))), True
-
-    @jax.custom_vjp
-    def apply(*values):
-        return run(*values)
-
-    def forward(*values):
-        return apply(*values), values
-
-    def backward(values, output_grad):
-        wanted = [n for n, d in zip(names, differentiable) if d]
-        found = gradients.compute_gradients(kernel.statement, kernel.options, spec.output,
-                                            dict(zip(names, values)), output_grad, wanted)
-        by_name = dict(zip(names, values))
-        return tuple(found[n].astype(by_name[n].dtype).reshape(np.shape(by_name[n]))
-                     if d else None for n, d in zip(names, differentiable))
-
-    apply.defvjp(forward, backward)
-    return apply

@@ -2,6 +2,12 @@
 backward runs the gradient statements (``ef.derive``), each as its own kernel, for just
 the inputs that need a gradient (``ctx.needs_input_grad``).
 
+Higher derivatives: with ``create_graph=True`` torch runs the backward with grad mode on.
+The gradient statements then run through ``ef.ein`` on the tensors themselves (the saved
+inputs and ``grad_output``, not NumPy copies), so each is again an ``EinfuseFunction``
+that torch records, and its own backward derives the gradient statements' gradients:
+any order, as statements.
+
 Imported only when the caller's arrays are torch tensors."""
 
 from __future__ import annotations
@@ -40,6 +46,7 @@ def apply(kernel, call, run_forward, backend_name: str):
     class EinfuseFunction(torch.autograd.Function):
         @staticmethod
         def forward(ctx, *inputs):
+            ctx.save_for_backward(*inputs)
             result = run_forward()
             if isinstance(result, torch.Tensor):   # already a tensor on its device
                 return result
@@ -48,15 +55,22 @@ def apply(kernel, call, run_forward, backend_name: str):
         @staticmethod
         def backward(ctx, grad_output):
             wanted = [name for name, needed in zip(names, ctx.needs_input_grad) if needed]
-            if on_device:   # the gradient statements run as Triton kernels where dOUT is
-                arrays = {name: value.detach() if isinstance(value, torch.Tensor)
-                          else value for name, value in call.sources.items()}
-                grad = grad_output.detach()
-            else:           # C / NumPy kernels on host arrays (no copy for CPU tensors)
-                arrays, grad = dict(call.arrays), to_numpy(grad_output)
-            arrays.update(call.params)
-            found = gradients.compute_gradients(
-                kernel.statement, call.options, call.spec.output, arrays, grad, wanted)
+            if torch.is_grad_enabled():
+                # create_graph=True: the statements run on the tensors that carry the
+                # graph (the saved inputs, grad_output), so torch records them in turn
+                arrays = dict(call.sources)
+                arrays.update(zip(names, ctx.saved_tensors))
+                grad = grad_output
+            else:
+                if on_device:   # the statements run as Triton kernels where dOUT is
+                    arrays = {name: value.detach() if isinstance(value, torch.Tensor)
+                              else value for name, value in call.sources.items()}
+                    grad = grad_output.detach()
+                else:           # C / NumPy kernels on host arrays (no copy on the CPU)
+                    arrays, grad = dict(call.arrays), to_numpy(grad_output)
+                arrays.update(call.params)
+            found = gradients.compute_gradients(kernel.statement, call.options, arrays,
+                                                grad, wanted)
             return tuple(torch.as_tensor(found[name]).to(tensor.device, tensor.dtype)
                          .reshape(tensor.shape) if name in found else None
                          for name, tensor in zip(names, tensors))
