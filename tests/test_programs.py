@@ -184,3 +184,8 @@ def test_the_readme_program_example_runs():
     np.testing.assert_allclose(scope["P"], softmax(X))
     np.testing.assert_allclose(scope["mu"], X.mean(1))
     np.testing.assert_allclose(scope["y"], X - X.mean(1, keepdims=True))
+
+
+def test_derive_of_a_program_says_it_is_not_built_yet():
+    with pytest.raises(ef.NoGradientError, match="gradient programs"):
+        ef.derive("a[i] := x[i] * 2; b[i] := a[i]**2", "x")

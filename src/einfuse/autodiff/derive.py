@@ -117,6 +117,14 @@ def derive(statement: Union[str, GradientStatement], wrt: str, *,
     zeros when there is no gather).  ``options`` are the forward's own options
     (``ranges=``, ``pad=``, ``bounds=``, ``fill=``); a GradientStatement brings its own,
     so gradients can be derived again."""
+    if isinstance(statement, str):
+        from ..program import split_program
+        if len(split_program(statement)) > 1:
+            raise NoGradientError(
+                "ef.derive takes one statement; gradient programs (the gradient of a "
+                "program as a program) are not built yet. torch autograd and jax.grad "
+                "already differentiate through a program, statement by statement",
+                source=statement, span=(0, len(statement)))
     parent = None
     if isinstance(statement, GradientStatement):
         if statement.kind != "gather":
