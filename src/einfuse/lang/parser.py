@@ -67,7 +67,8 @@ def einsum_hint(source: str) -> Optional[str]:
     output = match.group(2)
     text = source.strip()
     if "." in "".join(operands) + (output or ""):
-        return (f"{text!r} is einsum syntax; einfuse has no '...': name every axis, as in "
+        return (f"{text!r} is einsum syntax; call ef.einsum({text!r}, ...) with the "
+                "operands, or name every axis in einfuse notation (it has no '...'), as in "
                 "out[b, i, j] := A[b, i, k] * B[b, k, j]")
     if output is None:  # einsum's implicit output: the letters used once, sorted
         counts = Counter("".join(operands))
@@ -78,8 +79,9 @@ def einsum_hint(source: str) -> Optional[str]:
         [f"T{n}" for n in range(len(operands))]
     rhs = " * ".join(f"{name}[{', '.join(op)}]" for name, op in zip(names, operands))
     lhs = f"out[{', '.join(output)}]" if output else "out"
-    return (f"{text!r} is einsum syntax; in einfuse notation it is {lhs} := {rhs} "
-            f"(passing the operands as {', '.join(n + '=' for n in names)})")
+    return (f"{text!r} is einsum syntax; call ef.einsum({text!r}, {', '.join(names)}), or in "
+            f"einfuse notation it is {lhs} := {rhs} (passing the operands as "
+            f"{', '.join(n + '=' for n in names)})")
 
 
 def _bracket_pairs(tokens: List[Token]):
