@@ -148,16 +148,22 @@ class _Contribution:
     grid: Tuple[str, ...]
 
 
+def used_names(spec: Spec) -> set:
+    """Every name a statement uses (indices, reduced indices, tensors, scalars, its
+    output): names generated for its derivatives must avoid them."""
+    used = set(spec.all_indices) | {t.name for t in spec.tensors} | set(spec.params) | \
+        {spec.statement.output}
+    for node in spec.rhs.walk():
+        if isinstance(node, Reduce):
+            used |= set(node.indices)
+    return used
+
+
 class _Deriver:
     def __init__(self, spec: Spec, wrt: str, dout: Optional[str], options, parent):
         self.spec, self.wrt, self.options, self.parent = spec, wrt, options, parent
         st = spec.statement
-        used = set(spec.all_indices) | {t.name for t in spec.tensors} | set(spec.params) \
-            | {st.output}
-        for node in spec.rhs.walk():
-            if isinstance(node, Reduce):
-                used |= set(node.indices)
-        self.names = Names(used)
+        self.names = Names(used_names(spec))
         self.check_wrt()
         self.dout = self.names.take(dout or self.free_name("d" + st.output))
         self.target = self.names.take(self.free_name("d" + wrt))

@@ -27,6 +27,7 @@ from ..lang import parse
 from ..lang.ast import Access, Binary, Expr, Param, Reduce, Unary, accesses
 from ..lang.printer import format_expr
 from .exprs import Names, add, freshen, mentions, mul, num
+from .derive import used_names
 from .rules import partials
 
 
@@ -61,12 +62,7 @@ class _Tangent:
     def __init__(self, spec, wrt: Tuple[str, ...], options):
         self.spec, self.options = spec, options
         st = spec.statement
-        used = set(spec.all_indices) | {t.name for t in spec.tensors} | set(spec.params) \
-            | {st.output}
-        for node in spec.rhs.walk():
-            if isinstance(node, Reduce):
-                used |= set(node.indices)
-        self.names = Names(used)
+        self.names = Names(used_names(spec))
         values = {t.name for t in spec.tensors if t.as_value} | set(spec.params)
         for name in wrt:
             if name == st.output or name not in values:
