@@ -121,14 +121,7 @@ def test_integer_parameters_must_fit_int64(backend, value, dtype):
 
 
 @pytest.mark.parametrize("value", [1e30, -1e30])
-def test_huge_float_parameters_on_integer_inputs(request, backend, value):
-    if backend != "numpy":
-        # plan/lower.py call_arguments() computes int(value) for every integral float
-        # parameter, and int(1e30) does not fit the int64 slot; until that is fixed the
-        # compiled backends say so with a BackendError instead of computing.
-        request.applymarker(pytest.mark.xfail(
-            raises=errors.BackendError, strict=True,
-            reason="plan/lower.py: integral float parameters beyond int64"))
+def test_huge_float_parameters_on_integer_inputs(backend, value):
     x = np.arange(3)
     y = ef.ein("y[i] := x[i] * a", x=x, a=value, backend=backend)
     assert y.dtype == np.float64

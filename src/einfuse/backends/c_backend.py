@@ -76,9 +76,15 @@ def _buffers(call) -> List[np.ndarray]:
     return result
 
 
+def _bounds(call) -> str:
+    """The kernel's bounds mode; a C kernel tests each gathered value itself under
+    check/promise too, so it reads uint64 index arrays as unsigned then as well."""
+    return bounds_mode(call, unsigned_checks=True)
+
+
 def _plan(call, layouts):
     return plan_for(call.spec, call.dtypes.working.name, call.options.pad is not None,
-                    bounds_mode(call), tuple(layouts), tile_for(call.dtypes.working),
+                    _bounds(call), tuple(layouts), tile_for(call.dtypes.working),
                     block_for(call.dtypes.working), _short_indices(call))
 
 
@@ -128,7 +134,7 @@ def _pack_for_lanes(call, plan, buffers: List[np.ndarray]) -> bool:
 def kernel_functions(call, layouts):
     """(plan, [ctypes function per IR kernel]) for this call's statement and layout."""
     key = (call.spec, call.dtypes.working.name, call.options.pad is not None,
-           bounds_mode(call), tuple(layouts), _short_indices(call))
+           _bounds(call), tuple(layouts), _short_indices(call))
     found = _kernels.get(key)
     if found is None:
         plan = _plan(call, layouts)

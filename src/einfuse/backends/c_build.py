@@ -8,11 +8,10 @@ Flags: ``-O3 -march=native -fopenmp -fPIC -shared`` plus
 * ``-fwrapv``: integer overflow wraps, as NumPy's integer arithmetic does;
 * ``-fno-math-errno -fno-trapping-math``: never change a result, let sqrt and
   friends inline and vectorise;
-* fast-math only for statements without NaN-sensitive operations (no
-  comparisons, ``&``/``|``, min/max/where/relu/softplus, max/min/logsumexp
-  reductions), and even then with ``-fno-finite-math-only`` so that NaN and inf
-  are still honoured: fast-math only reassociates and may use reciprocals,
-  which changes results by rounding, never a NaN into a number.  Statements
+* ``-freciprocal-math`` (x / 3 as x * (1/3), a rounding difference) for statements
+  without NaN-sensitive operations (no comparisons, ``&``/``|``, min/max/where/relu/
+  softplus, max/min/logsumexp reductions); none of the rest of -ffast-math, which
+  changes results beyond rounding (see FAST_MATH_FLAGS).  Statements
   with the NaN-sensitive operations get no fast-math at all, because their
   ``x != x`` tests and ordered selects must keep IEEE semantics exactly.
 
@@ -51,7 +50,13 @@ from ..errors import BackendError, warn
 
 BASE_FLAGS = ("-O3", "-march=native", "-fopenmp", "-fPIC", "-shared", "-fwrapv",
               "-fno-math-errno", "-fno-trapping-math")
-FAST_MATH_FLAGS = ("-ffast-math", "-fno-finite-math-only")
+# Of -ffast-math only reciprocals: x / 3 as x * (1/3), a rounding difference (a division
+# costs several times a product).  The rest changes results: -fno-signed-zeros lets GCC
+# fold 0 - d into -d (1/(0 - d) was -inf for d = +0), -funsafe-math-optimizations pow(x,
+# 0.5) into sqrt(x) (-inf ** 0.5 was nan) and pow(x, 1/3) into cbrt(x) (negative x gave
+# a number, not NaN), and -fassociative-math would undo compensated sums.  SIMD sums are
+# OpenMP reductions and need no reassociation; the bench cases run as fast.
+FAST_MATH_FLAGS = ("-freciprocal-math",)
 
 _lock = threading.Lock()
 _loaded: Dict[str, ctypes.CDLL] = {}

@@ -53,12 +53,79 @@ static inline T ef_min(T a, T b) {{ return (a < b || a != a) ? a : b; }}
 /* a function, so that both branches are evaluated like NumPy's where */
 static inline T ef_where(T c, T a, T b) {{ return c != 0 ? a : b; }}
 static inline T ef_sq(T a) {{ return a * a; }}
+#define ef_likely(c) __builtin_expect(!!(c), 1)
+"""
+
+# Gathered positions on their exact value (plan/gathers.py): the "one" form (one gather,
+# coefficient +-1: g + a, or a - g) compares the index value g with the range before
+# adding the affine part a, in arithmetic that cannot overflow (|a| < 2**63 is checked
+# per call), and gives the position saturated to -1 or n; the "wide" form has the
+# wrapped int64 sum and a double estimate of the true value (their difference counts
+# the multiples of 2**64 lost).  bounds= then applies to the saturated position as
+# usual; wrap= takes residues instead.
+_GATHER_HELPERS = """\
+static inline int64_t ef_sat_sp(int64_t g, int64_t a, int64_t n) {
+  uint64_t d = (uint64_t)g + (uint64_t)a;
+  return g < -a ? -1 : (d >= (uint64_t)n ? n : (int64_t)d);
+}
+static inline int64_t ef_sat_sm(int64_t g, int64_t a, int64_t n) {
+  uint64_t d = (uint64_t)a - (uint64_t)g;
+  return g > a ? -1 : (d >= (uint64_t)n ? n : (int64_t)d);
+}
+static inline int64_t ef_sat_up(uint64_t g, int64_t a, int64_t n) {
+  if (a >= 0) return (a >= n || g >= (uint64_t)(n - a)) ? n : (int64_t)g + a;
+  uint64_t d = g - (uint64_t)(-a);
+  return g < (uint64_t)(-a) ? -1 : (d >= (uint64_t)n ? n : (int64_t)d);
+}
+static inline int64_t ef_sat_um(uint64_t g, int64_t a, int64_t n) {
+  uint64_t d = (uint64_t)a - g;
+  return (a < 0 || g > (uint64_t)a) ? -1 : (d >= (uint64_t)n ? n : (int64_t)d);
+}
+/* x + y mod n for residues x, y in [0, n), without overflow */
+static inline int64_t ef_addmod(int64_t x, int64_t y, int64_t n) { return x >= n - y ? x - (n - y) : x + y; }
+static inline int64_t ef_wrapu(uint64_t g, int64_t n) { return (int64_t)(g % (uint64_t)n); }
+static inline int64_t ef_wrap_sp(int64_t g, int64_t a, int64_t n) {
+  int64_t d;
+  if (!__builtin_add_overflow(g, a, &d)) return ef_wrap(d, n);
+  return ef_addmod(ef_wrap(g, n), ef_wrap(a, n), n);
+}
+static inline int64_t ef_wrap_sm(int64_t g, int64_t a, int64_t n) {
+  int64_t d;
+  if (!__builtin_sub_overflow(a, g, &d)) return ef_wrap(d, n);
+  return ef_addmod(ef_wrap(a, n), (n - ef_wrap(g, n)) % n, n);
+}
+static inline int64_t ef_wrap_up(uint64_t g, int64_t a, int64_t n) { return ef_addmod(ef_wrapu(g, n), ef_wrap(a, n), n); }
+static inline int64_t ef_wrap_um(uint64_t g, int64_t a, int64_t n) { return ef_addmod(ef_wrap(a, n), (n - ef_wrapu(g, n)) % n, n); }
+/* wide form: the true value is lo + k * 2**64 */
+static inline int64_t ef_wide_k(int64_t lo, double f) { return (int64_t)rint((f - (double)lo) * 0x1p-64); }
+static inline int64_t ef_sat_w(int64_t lo, double f, int64_t n) {
+  int64_t k = ef_wide_k(lo, f);
+  return (k < 0 || (k == 0 && lo < 0)) ? -1 : ((k > 0 || lo >= n) ? n : lo);
+}
+static inline int64_t ef_wrap_w(int64_t lo, double f, int64_t n) {
+  int64_t k = ef_wide_k(lo, f), m = ef_wrap(k, n);
+  if (k == 0) return ef_wrap(lo, n);
+  for (int s = 0; s < 4; ++s) m = (m << 16) % n;   /* k * 2**64 mod n, as n < 2**47 */
+  return ef_addmod(ef_wrap(lo, n), m, n);
+}
 """
 
 _FLOAT_HELPERS = """\
 static inline T ef_sigmoid(T x) {{ return (T)1 / ((T)1 + exp{f}(-x)); }}
 static inline T ef_softplus(T x) {{ return (x > 0 ? x : (T)0) + log1p{f}(exp{f}(-fabs{f}(x))); }}
 static inline T ef_pow(T a, T b) {{ return pow{f}(a, b); }}
+/* pow(a, 0.5), which GCC's vectoriser turns into sqrt(a): that differs at -inf (pow:
+   inf) and -0 (pow: +0), as C's pow does and so NumPy's np.power element by element */
+static inline T ef_pow_half(T a) {{ return a == -INFINITY ? INFINITY : sqrt{f}(a) + (T)0; }}
+/* Neumaier's compensated addition of a block's partial sum x into s, the rounding
+   error kept in c; the total is s + c (s alone once it is inf or NaN, where the
+   compensation is meaningless) */
+static inline void ef_fold(T *s, T *c, T x) {{
+  T t = *s + x;
+  *c += fabs{f}(*s) >= fabs{f}(x) ? (*s - t) + x : (x - t) + *s;
+  *s = t;
+}}
+static inline T ef_total(T s, T c) {{ return isfinite(s) ? s + c : s; }}
 static inline T ef_abs(T a) {{ return fabs{f}(a); }}
 /* one-pass logsumexp: running maximum m, sum s of exp(v - m); result m + log(s).
    Branch-free so that SIMD lanes can each keep their own (m, s): where v equals m
@@ -103,10 +170,11 @@ class CRenderer:
         self.f = "f" if self.working == "float32" else ""
         self.tiles: List[int] = []
         self.in_parallel = False
+        self.buffers: tuple = ()
 
     # -- program and kernels -----------------------------------------------------------
     def render(self) -> str:
-        parts = [_PRELUDE.format(T=self.ctype)]
+        parts = [_PRELUDE.format(T=self.ctype), _GATHER_HELPERS]
         if self.is_float and self.vector_math:
             parts.append(vector_math_declarations(self.f, self.ctype))
         parts.append(_FLOAT_HELPERS.format(f=self.f) if self.is_float else _INT_HELPERS)
@@ -116,8 +184,9 @@ class CRenderer:
 
     def kernel(self, k: ir.Kernel) -> str:
         lines = [SIGNATURE.format(name=name(k.name)) + " {"]
+        self.buffers = k.buffers
         for n, buf in enumerate(k.buffers):
-            ctype = "int64_t" if buf.dtype == "int64" else "T"
+            ctype = {"int64": "int64_t", "uint64": "uint64_t"}.get(buf.dtype, "T")
             qual = "" if buf.output else "const "
             lines.append(f"  {qual}{ctype} *restrict {name(buf.name)} = "
                          f"({qual}{ctype} *)bufs[{n}];")
@@ -183,9 +252,47 @@ class CRenderer:
             ref += f"[{name(row)}]"
         return f"{ref}[{name(lane)}]" if lane is not None else ref
 
+    def stmt_Fold(self, node: ir.Fold, depth: int) -> List[str]:
+        into, error, source = name(node.into), name(node.error), name(node.source)
+        index, loops = "", ""
+        for var, size in (("r_", node.rows), ("l_", node.lanes)):
+            if size is not None:
+                loops += f"for (int64_t {var} = 0; {var} < {int(size)}; ++{var}) "
+                index += f"[{var}]"
+        return ["  " * depth + f"{loops}ef_fold(&{into}{index}, &{error}{index}, "
+                f"{source}{index});"]
+
+    def stmt_Compensate(self, node: ir.Compensate, depth: int) -> List[str]:
+        acc, error = name(node.acc), name(node.error)
+        index, loops = "", ""
+        for var, size in (("r_", node.rows), ("l_", node.lanes)):
+            if size is not None:
+                loops += f"for (int64_t {var} = 0; {var} < {int(size)}; ++{var}) "
+                index += f"[{var}]"
+        return ["  " * depth + f"{loops}{acc}{index} = ef_total({acc}{index}, {error}{index});"]
+
+    def stmt_Branch(self, node: ir.Branch, depth: int) -> List[str]:
+        # short reductions are the rule (dist's 784 terms): expecting them keeps the
+        # long branch's code out of the way of the hot loops' registers
+        pad = "  " * depth
+        total = " * ".join(self.affine(e) for e in node.extents) or "1"
+        return ([f"{pad}if (ef_likely({total} <= {int(node.limit)})) {{"] +
+                self.block(node.small, depth + 1) + [f"{pad}}} else {{"] +
+                self.block(node.large, depth + 1) + [f"{pad}}}"])
+
     def stmt_CombineLanes(self, node: ir.CombineLanes, depth: int) -> List[str]:
         pad = "  " * depth
         lanes, into = int(node.lanes), name(node.into)
+        if node.errors is not None:
+            # into is declared already; the lanes are added pairwise, a vector step per
+            # level (a few roundings, where one lane after another would add 64)
+            src = name(node.name)
+            src_error, into_error = (name(e) for e in node.errors)
+            return [f"{pad}for (int64_t l_ = {lanes} / 2; l_ > 0; l_ /= 2)",
+                    f"{pad}  for (int64_t l = 0; l < l_; ++l) {{ {src}[l] += {src}[l + l_]; "
+                    f"{src_error}[l] += {src_error}[l + l_]; }}",
+                    f"{pad}ef_fold(&{into}, &{into_error}, {src}[0]);",
+                    f"{pad}{into_error} += {src_error}[0];"]
         lines = self.stmt_DeclareAcc(ir.DeclareAcc(node.into, node.op), depth)
         if node.op == "logsumexp":
             src = name(node.name)
@@ -235,7 +342,8 @@ class CRenderer:
                              for acc, op in node.reductions)
             lines.append(f"{pad}#pragma omp simd{clause}")
         var = name(node.var)
-        lines.append(f"{pad}for (int64_t {var} = 0; {var} < {self.affine(node.extent)}; "
+        first = "0" if node.start is None else self.affine(node.start)
+        lines.append(f"{pad}for (int64_t {var} = {first}; {var} < {self.affine(node.extent)}; "
                      f"++{var}) {{")
         lines += self.block(node.body, depth + 1)
         lines.append(pad + "}")
@@ -252,7 +360,8 @@ class CRenderer:
             self.in_parallel = entered = True
         var, count, tile = name(node.var), name(node.count), int(node.tile)
         extent = self.affine(node.extent)
-        lines.append(f"{pad}for (int64_t {var} = 0; {var} < {extent}; {var} += {tile}) {{")
+        first = "0" if node.start is None else self.affine(node.start)
+        lines.append(f"{pad}for (int64_t {var} = {first}; {var} < {extent}; {var} += {tile}) {{")
         # full tiles see a constant lane count, so the accumulators stay in registers
         lines.append(f"{pad}  if ({extent} - {var} >= {tile}) {{")
         lines.append(f"{pad}    const int64_t {count} = {tile};")
@@ -318,10 +427,13 @@ class CRenderer:
         # gather policy (fill=, or clip/wrap on an empty axis) -- fill wins over pad.
         padded, gathered, indices = [], [], []
         for sub in node.subscripts:
-            pos = self.affine(sub.affine)
-            for gather, coeff in sub.gathers:
-                pos = f"({pos} + ({int(coeff)})*{self.expr(gather)})"
             n = name(sub.size)
+            if sub.gathers and sub.policy != "none":
+                pos = self.gathered_position(sub)
+            else:
+                pos = self.affine(sub.affine)
+                for gather, coeff in sub.gathers:   # in range: exact modulo 2**64
+                    pos = f"({pos} + ({int(coeff)})*(int64_t){self.expr(gather)})"
             if sub.policy == "none":
                 indices.append(pos)
             elif sub.policy == "pad":
@@ -333,19 +445,45 @@ class CRenderer:
             elif sub.policy == "check":
                 gathered.append(f"ef_ok({pos}, {n}, err)")
                 indices.append(pos)
-            else:  # clip / wrap: every value is moved in range, unless the axis is empty
+            elif sub.policy == "wrap":   # already wrapped, unless the axis is empty
                 gathered.append(f"({n} > 0)")
-                indices.append(f"ef_{sub.policy}({pos}, {n})")
+                indices.append(pos)
+            else:  # clip: every value is moved in range, unless the axis is empty
+                gathered.append(f"({n} > 0)")
+                indices.append(f"ef_clip({pos}, {n})")
         value = f"{self.program_buffer(node.buffer)}" \
                 f"[{self.address(indices, [s.stride for s in node.subscripts])}]"
-        ctype = "int64_t" if node.is_index else "T"
+        ctype = "T"
+        if node.is_index:
+            ctype = "uint64_t" if self.unsigned(node) else "int64_t"
         # '&' not '&&': every axis is checked, as the reference does
         if padded:
             value = f"(({' & '.join(padded)}) ? {value} : ({ctype})padv)"
         if gathered:
             check = any(s.policy == "check" for s in node.subscripts)
-            value = f"(({' & '.join(gathered)}) ? {value} : ({ctype}){'0' if check else 'fillv'})"
+            other = "0" if check else ("(int64_t)fillv" if node.is_index else "fillv")
+            value = f"(({' & '.join(gathered)}) ? {value} : ({ctype}){other})"
         return value
+
+    def unsigned(self, load: ir.Load) -> bool:
+        return self.buffers[load.buffer].dtype == "uint64"
+
+    def gathered_position(self, sub: ir.Subscript) -> str:
+        """A gathered subscript on its exact value (_GATHER_HELPERS): saturated to -1 or
+        the axis length, or, under wrap, already wrapped."""
+        a, n = self.affine(sub.affine), name(sub.size)
+        helper = "wrap" if sub.policy == "wrap" else "sat"
+        if len(sub.gathers) == 1 and sub.gathers[0][1] in (1, -1):
+            load, coeff = sub.gathers[0]
+            kind = ("u" if self.unsigned(load) else "s") + ("p" if coeff == 1 else "m")
+            return f"ef_{helper}_{kind}({self.expr(load)}, {a}, {n})"
+        wrapped, estimate = a, f"(double){a}"
+        for load, coeff in sub.gathers:
+            g = self.expr(load)
+            as_double = f"(double)(uint64_t){g}" if self.unsigned(load) else f"(double){g}"
+            wrapped = f"{wrapped} + ({int(coeff)})*(int64_t){g}"
+            estimate = f"{estimate} + {float(coeff).hex()}*{as_double}"
+        return f"ef_{helper}_w(({wrapped}), ({estimate}), {n})"
 
     def expr_Unary(self, node: ir.Unary) -> str:
         inner = self.expr(node.operand)
@@ -354,9 +492,7 @@ class CRenderer:
     def expr_Binary(self, node: ir.Binary) -> str:
         op = node.op
         if op == "**":
-            if isinstance(node.right, ir.Const) and node.right.value == 2:
-                return f"ef_sq({self.expr(node.left)})"
-            return f"ef_pow({self.expr(node.left)}, {self.expr(node.right)})"
+            return self.power(node.left, node.right)
         left, right = self.expr(node.left), self.expr(node.right)
         if op in ("&", "|"):
             return f"((T)((({left}) != 0) {op} (({right}) != 0)))"
@@ -366,10 +502,19 @@ class CRenderer:
             raise ValueError(f"unknown operator {op!r}")
         return f"({left} {op} {right})" if self.is_float else f"((T)({left} {op} {right}))"
 
+    def power(self, base: ir.Expr, exponent: ir.Expr) -> str:
+        if isinstance(exponent, ir.Const) and exponent.value == 2:
+            return f"ef_sq({self.expr(base)})"
+        if isinstance(exponent, ir.Const) and exponent.value == 0.5 and self.is_float:
+            return f"ef_pow_half({self.expr(base)})"
+        return f"ef_pow({self.expr(base)}, {self.expr(exponent)})"
+
     def expr_Call(self, node: ir.Call) -> str:
         args = [self.expr(a) for a in node.args]
         func = node.func
-        if func in ("min", "max", "pow", "where", "abs", "sigmoid", "softplus"):
+        if func == "pow":
+            return self.power(*node.args)
+        if func in ("min", "max", "where", "abs", "sigmoid", "softplus"):
             return f"ef_{func}({', '.join(args)})"
         if func == "relu":
             return f"ef_max({args[0]}, (T)0)"

@@ -24,6 +24,7 @@ from ..analysis.spec import Spec
 from ..errors import OutOfBoundsError
 from ..lang.ast import (Access, Binary, Call, Expr, IndexExpr, IndexValue, Number, Param,
                         Reduce, Unary)
+from ..plan.gathers import INT64_MAX, check_gather_arithmetic
 
 # Upper bound on how many grid-sized temporaries one expression keeps alive at once;
 # the element budget is the byte budget divided by this and by 8 bytes per element.
@@ -49,8 +50,22 @@ _UNARY = {
     "relu": lambda x: np.maximum(x, 0), "softplus": lambda x: np.logaddexp(0, x),
     "erf": _erf, "floor": np.floor, "ceil": np.ceil,
 }
+
+
+def _power(base, exponent):
+    """np.power element by element, which is C's pow; but NumPy takes a shortcut for an
+    exponent that is one value for a whole loop (0.5 becomes sqrt: -inf ** 0.5 is nan and
+    -0.0 ** 0.5 is -0.0, where pow gives inf and 0.0), so such an exponent is spread out
+    first: every backend computes pow."""
+    exponent = np.asarray(exponent)
+    if exponent.dtype.kind == "f" and np.any(exponent == 0.5):
+        exponent = np.array(np.broadcast_to(exponent, np.broadcast_shapes(
+            np.shape(base), exponent.shape)))
+    return np.power(base, exponent)
+
+
 _BINARY = {
-    "+": np.add, "-": np.subtract, "*": np.multiply, "/": np.true_divide, "**": np.power,
+    "+": np.add, "-": np.subtract, "*": np.multiply, "/": np.true_divide, "**": _power,
     "<": np.less, "<=": np.less_equal, ">": np.greater, ">=": np.greater_equal,
     "==": np.equal, "!=": np.not_equal,
 }
@@ -75,14 +90,20 @@ class NumpyExecutor:
     @classmethod
     def for_call(cls, call) -> "NumpyExecutor":
         """The executor for a bound call (runtime.binding.BoundCall)."""
-        return cls(call.spec, call.bounds, call.arrays, call.params, call.dtypes,
-                   call.options)
+        executor = cls(call.spec, call.bounds, call.arrays, call.params, call.dtypes,
+                       call.options)
+        executor.bound = call   # run() applies the per-call gather checks
+        return executor
 
     def cast(self, array: np.ndarray) -> np.ndarray:
         return array.astype(self.working, copy=False)
 
     # -- driver ------------------------------------------------------------------------
     def run(self) -> np.ndarray:
+        if getattr(self, "bound", None) is not None:
+            # the limits of the kernels' exact gather arithmetic apply here too, so that
+            # every backend accepts and refuses the same calls
+            check_gather_arithmetic(self.bound)
         self.values = {name: self.cast(arr) for name, arr in self.arrays.items()
                        if self.spec.tensor(name).as_value}
         out_indices = self.spec.output_indices
@@ -178,7 +199,7 @@ class NumpyExecutor:
                 cond, a, b = args
                 return np.where(np.not_equal(cond, 0), a, b)
             if len(args) == 2:
-                func = {"min": np.minimum, "max": np.maximum, "pow": np.power}[expr.func]
+                func = {"min": np.minimum, "max": np.maximum, "pow": _power}[expr.func]
                 return func(*args)
             return _UNARY[expr.func](np.asarray(args[0], dtype=self.working)
                                      if np.ndim(args[0]) == 0 else args[0])
@@ -200,7 +221,7 @@ class NumpyExecutor:
                 if expr.op == "logsumexp":
                     total, running_max = self.logsumexp_step(value, axes, total, running_max)
                     continue
-                part = {"sum": np.sum, "prod": np.prod, "max": np.max, "min": np.min}[
+                part = {"sum": _sum, "prod": np.prod, "max": np.max, "min": np.min}[
                     expr.op](value, axis=axes, keepdims=True)
                 if total is None:
                     total = part
@@ -235,7 +256,7 @@ class NumpyExecutor:
         # Where the maximum is infinite (all -inf so far, or +inf) x - max would be
         # nan; shifting by 0 there gives exactly -inf or +inf through log.
         new_shift = np.where(np.isfinite(new_max), new_max, 0)
-        part = np.sum(np.exp(value - new_shift), axis=axes, keepdims=True)
+        part = _sum(np.exp(value - new_shift), axis=axes, keepdims=True)
         if total is not None:
             # an earlier shift never exceeds the new one where both are finite; the
             # clamp keeps exp from overflowing where the earlier total was 0
@@ -305,11 +326,25 @@ class NumpyExecutor:
     def subscript(self, sub: IndexExpr, ctx):
         pos = np.int64(sub.constant)
         for name, coeff in sub.terms:
-            pos = pos + coeff * self.index_array(name, ctx)
-        for access, coeff in sub.gathers:
-            gathered = self.access(access, ctx, self.arrays[access.tensor], gather=True)
-            pos = pos + coeff * np.asarray(gathered).astype(np.int64)
+            pos = pos + coeff * self.index_array(name, ctx)   # fits: checked per call
+        if not sub.gathers:
+            return pos
+        # A gathered position is exact: int64 when no partial sum can leave int64 for the
+        # values read (the usual case), Python ints otherwise (uint64 values beyond int64,
+        # x[idx[i] + 1] with idx[i] near INT64_MAX ...); bounds= then sees the true value.
+        terms = [(coeff, self.gathered(access, ctx)) for access, coeff in sub.gathers]
+        largest = _magnitude(pos) + sum(abs(coeff) * _magnitude(g) for coeff, g in terms)
+        exact = np.int64 if largest <= INT64_MAX else object
+        pos = np.asarray(pos).astype(exact)
+        for coeff, values in terms:
+            pos = pos + coeff * values.astype(exact)
         return pos
+
+    def gathered(self, access: Access, ctx) -> np.ndarray:
+        """The values an index array gives, as integers of their own dtype (a nested
+        gather's rejected read gives fill=, truncated: its range is checked per call)."""
+        values = np.asarray(self.access(access, ctx, self.arrays[access.tensor], gather=True))
+        return values if values.dtype.kind in "iu" else np.trunc(values).astype(np.int64)
 
     def apply_bounds(self, expr: Access, axis: int, sub: IndexExpr, pos, size: int, ctx):
         """Positions made safe under bounds=, and the mask of reads that give fill=."""
@@ -319,14 +354,16 @@ class NumpyExecutor:
             # The reference never reads out of bounds, so a broken promise raises too.
             if np.any(bad):
                 raise self.out_of_bounds(expr, axis, sub, pos, bad, size, ctx)
-            return pos, None
+            return np.asarray(pos).astype(np.int64), None
         if size == 0:
-            return np.zeros_like(pos), np.ones(np.shape(pos), dtype=bool)
+            return np.zeros(np.shape(pos), dtype=np.int64), np.ones(np.shape(pos), dtype=bool)
         if mode == "clip":
-            return np.clip(pos, 0, size - 1), None
-        if mode == "wrap":
-            return np.mod(pos, size), None
-        return np.clip(pos, 0, size - 1), bad  # fill: these reads give fill=
+            pos = np.minimum(np.maximum(pos, 0), size - 1)
+        elif mode == "wrap":
+            pos = np.mod(pos, size)
+        else:  # fill: these reads give fill=
+            pos = np.where(bad, 0, pos)
+        return np.asarray(pos).astype(np.int64), (bad if mode == "fill" else None)
 
     def out_of_bounds(self, expr: Access, axis: int, sub: IndexExpr, pos, bad, size: int,
                       ctx) -> OutOfBoundsError:
@@ -367,6 +404,30 @@ class NumpyExecutor:
             position.append(at)
         value = self.arrays[access.tensor][tuple(position)]
         return f"{access.tensor}[{', '.join(map(str, position))}]", int(value)
+
+
+def _sum(value: np.ndarray, axis, keepdims: bool = True) -> np.ndarray:
+    """np.sum over ``axis``, pairwise whatever the layout.  NumPy sums pairwise only along
+    the axis its inner loop runs over and adds one slice after another along any other
+    (a column sum of 10**6 float32 rows is 2e-3 off); with the summed axes moved last,
+    made one contiguous axis, they are that inner loop."""
+    value = np.asarray(value)
+    if value.dtype.kind != "f":
+        return np.sum(value, axis=axis, keepdims=keepdims)
+    axes = tuple(sorted(a % value.ndim for a in axis))
+    kept = [a for a in range(value.ndim) if a not in axes]
+    moved = np.ascontiguousarray(np.transpose(value, kept + list(axes)))
+    total = np.sum(moved.reshape(moved.shape[:len(kept)] + (-1,)), axis=-1)
+    return total.reshape([1 if a in axes else value.shape[a] for a in range(value.ndim)]) \
+        if keepdims else total
+
+
+def _magnitude(values) -> int:
+    """The largest magnitude among integer ``values`` (a scalar or an array), exactly."""
+    values = np.asarray(values)
+    if values.size == 0:
+        return 0
+    return max(abs(int(values.min())), abs(int(values.max())))
 
 
 def _index_names(sub: IndexExpr):

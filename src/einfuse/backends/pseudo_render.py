@@ -82,7 +82,8 @@ class PseudoRenderer:
         notes = [n for n, on in (("threads (OpenMP)", threaded),
                                  ("SIMD lanes", node.kind == "vectorised"),
                                  ("SIMD", node.simd and node.kind != "vectorised")) if on]
-        head = f"for {self.name(node.var)} in 0..{self.last(node.extent)}:"
+        first = "0" if node.start is None else self.affine(node.start)
+        head = f"for {self.name(node.var)} in {first}..{self.last(node.extent)}:"
         lines = ["  " * depth + head + (f"   # {', '.join(notes)}" if notes else "")]
         lines += self.block(node.body, depth + 1)
         self.in_parallel = self.in_parallel and not threaded
@@ -91,7 +92,9 @@ class PseudoRenderer:
     def stmt_TiledLoop(self, node: ir.TiledLoop, depth: int) -> List[str]:
         threaded = self.threads(node.kind)
         note = "threads (OpenMP), " if threaded else ""
-        head = (f"for {self.name(node.var)} in 0..{self.last(node.extent)} step {node.tile}:"
+        first = "0" if node.start is None else self.affine(node.start)
+        head = (f"for {self.name(node.var)} in {first}..{self.last(node.extent)} "
+                f"step {node.tile}:"
                 f"   # {note}{self.name(node.count)} = min({node.tile}, rest)")
         lines = ["  " * depth + head] + self.block(node.body, depth + 1)
         self.in_parallel = self.in_parallel and not threaded
@@ -111,7 +114,36 @@ class PseudoRenderer:
         return ["  " * depth + text]
 
     def stmt_CombineLanes(self, node: ir.CombineLanes, depth: int) -> List[str]:
+        if node.errors is not None:
+            return ["  " * depth + f"{node.into} += sum of {node.name}[0..{node.lanes - 1}]"
+                    f"   # pairwise, errors into {node.errors[1]}"]
         return ["  " * depth + f"{node.into} = {node.op} of {node.name}[0..{node.lanes - 1}]"]
+
+    def stmt_Fold(self, node: ir.Fold, depth: int) -> List[str]:
+        shape = "".join(f"[{n}]" for n in (node.rows, node.lanes) if n)
+        return ["  " * depth + f"{node.into}{shape} += {node.source}{shape}"
+                f"   # compensated: rounding errors into {node.error}"]
+
+    def stmt_Compensate(self, node: ir.Compensate, depth: int) -> List[str]:
+        shape = "".join(f"[{n}]" for n in (node.rows, node.lanes) if n)
+        return ["  " * depth + f"{node.acc}{shape} += {node.error}{shape}"]
+
+    def stmt_Branch(self, node: ir.Branch, depth: int) -> List[str]:
+        """The branch this call takes when its sizes are known, else both."""
+        terms = [self.affine(e) for e in node.extents]
+        if all(t.lstrip("-").isdigit() for t in terms):
+            total = 1
+            for t in terms:
+                total *= int(t)
+            short = total <= node.limit
+            note = (f"# {total} terms: " + ("one accumulator" if short else
+                    "blocks of partial sums, each added with compensation"))
+            return ["  " * depth + note] + self.block(node.small if short else node.large,
+                                                       depth)
+        return (["  " * depth + f"if {' * '.join(terms)} <= {node.limit}:"] +
+                self.block(node.small, depth + 1) +
+                ["  " * depth + "else:   # blocks of partial sums, added with compensation"] +
+                self.block(node.large, depth + 1))
 
     def stmt_Store(self, node: ir.Store, depth: int) -> List[str]:
         target = f"{self.tensors[node.buffer]}[{', '.join(self.affine(p) for p in node.position)}]"

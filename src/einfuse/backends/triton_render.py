@@ -5,8 +5,10 @@ The parallel output loops become the program grid: each program owns BLOCK conse
 output elements (flattened), so every value expression is a BLOCK-wide tensor;
 reduction loops stay loops, with their accumulators held in registers as BLOCK-wide
 tensors; loads are masked (the block's tail, ``pad=``, ``fill=``).  Only generated names
-and numeric literals reach the source, as in C.  Functions the Triton interpreter lacks
-(tanh, log1p, expm1, pow) are written with exp/log."""
+and numeric literals reach the source, as in C.  The functions kernels call beyond
+triton.language are in backends/triton_helpers.py.  Long sums run in chunks, each
+folded into a compensated total (plan/sums.py explains why; the chunking is done here,
+on plain plans, where the C planner builds it into the IR)."""
 
 from __future__ import annotations
 
@@ -17,57 +19,7 @@ from typing import List, Optional, Tuple
 
 from .. import ir
 from .c_render import name
-
-_HELPERS = '''
-@triton.jit
-def ef_tanh(x):
-    return 1.0 - 2.0 / (tl.exp(2.0 * x) + 1.0)
-
-
-@triton.jit
-def ef_log1p(x):
-    return tl.where(tl.abs(x) < 1e-4, x * (1.0 - x * (0.5 - x / 3.0)), tl.log(1.0 + x))
-
-
-@triton.jit
-def ef_expm1(x):
-    return tl.where(tl.abs(x) < 1e-4, x * (1.0 + x * (0.5 + x / 6.0)), tl.exp(x) - 1.0)
-
-
-@triton.jit
-def ef_pow(a, b):
-    r = tl.exp(b * tl.log(tl.abs(a)))
-    whole = tl.floor(b) == b
-    odd = whole & ((b - 2.0 * tl.floor(b * 0.5)) == 1.0)
-    neg = tl.where(whole, tl.where(odd, -r, r), float("nan"))
-    zero = tl.where(b == 0.0, 1.0, tl.where(b > 0.0, 0.0, float("inf")))
-    return tl.where(a < 0.0, neg, tl.where(a == 0.0, zero, r))
-
-
-@triton.jit
-def ef_ipow1(x):
-    return x
-
-
-@triton.jit
-def ef_ipow2(x):
-    return x * x
-
-
-@triton.jit
-def ef_ipow3(x):
-    return x * x * x
-
-
-@triton.jit
-def ef_max(a, b):
-    return tl.where((a > b) | (a != a), a, b)
-
-
-@triton.jit
-def ef_min(a, b):
-    return tl.where((a < b) | (a != a), a, b)
-'''
+from .triton_helpers import HELPERS as _HELPERS, ChunkedSums
 
 
 @dataclass(frozen=True)
@@ -87,7 +39,7 @@ class Launch:
 _NATIVE_DOT = ("float16", "bfloat16")
 
 
-class TritonRenderer:
+class TritonRenderer(ChunkedSums):
     """``buffer_dtypes``: each buffer's storage dtype name (a float16/bfloat16 input is
     loaded as it is stored and converted in registers); ``native_dot``: tl.dot may take
     16-bit operands as loaded (off under the interpreter, whose bfloat16 dot is wrong)."""
@@ -111,6 +63,10 @@ class TritonRenderer:
         self.izero, self.omask = "izero", "omask"
         self.output_vars: List[str] = []
         self.outer_accs = {}      # accumulator -> op, while inside a vectorised reduction
+        self.redirect = {}        # sum accumulator -> the partial of the chunk being run
+        self.tile_partial = {}    # the same for a vector loop's tiles (default: _tp)
+        self.reduction_depth = 0  # reduction loops around the statement being rendered
+        self.nested_accs = set()  # accumulators declared inside a reduction loop
         self.vector_loops = 0
         self.dot_loops = 0
         # a 2-D block's axes: (names along rows, names along lanes, {"rows"|"lanes":
@@ -155,7 +111,13 @@ class TritonRenderer:
                  "    omask = o < total",
                  "    izero = o * 0",
                  "    rest = o"]
-        return lines + self.decompose(outputs)
+        return lines + self.int64_arguments() + self.decompose(outputs)
+
+    def int64_arguments(self) -> List[str]:
+        """Runtime ints arrive as int32 when they fit (Triton's convention); index
+        arithmetic is int64 (subscript coefficients beyond int32, products of sizes and
+        strides beyond 2**31), so each is widened once."""
+        return [f"    {name(n)} = tl.cast({name(n)}, tl.int64)" for n in self.kernel.ints]
 
     def decompose(self, loops) -> List[str]:
         lines = []
@@ -183,7 +145,7 @@ class TritonRenderer:
                  f"def einfuse_kernel({', '.join(args)}, ROWS: tl.constexpr, "
                  "LANES: tl.constexpr, KB: tl.constexpr):",
                  "    rest = tl.program_id(2).to(tl.int64)"]
-        lines += self.decompose(outputs)
+        lines += self.int64_arguments() + self.decompose(outputs)
         lines.append("    r_ = tl.arange(0, ROWS).to(tl.int64)[:, None]")
         lines.append("    l_ = tl.arange(0, LANES).to(tl.int64)[None, :]")
         mask = []
@@ -247,11 +209,16 @@ class TritonRenderer:
 
     def stmt_DeclareAcc(self, node: ir.DeclareAcc, depth: int) -> List[str]:
         pad, acc = "    " * depth, name(node.name)
+        if self.reduction_depth:
+            self.nested_accs.add(acc)
         init = {"sum": "0.0", "prod": "1.0", "max": 'float("-inf")', "min": 'float("inf")'}
         if node.op == "logsumexp":
             return [f"{pad}{acc}_m = tl.full({self.shape}, float(\"-inf\"), {self.T})",
                     f"{pad}{acc}_s = tl.zeros({self.shape}, {self.T})"]
-        return [f"{pad}{acc} = tl.full({self.shape}, {init[node.op]}, {self.T})"]
+        lines = [f"{pad}{acc} = tl.full({self.shape}, {init[node.op]}, {self.T})"]
+        if node.op == "sum":   # the rounding errors of the compensated chunk folds
+            lines.append(f"{pad}{acc}_e = tl.zeros({self.shape}, {self.T})")
+        return lines
 
     def stmt_Loop(self, node: ir.Loop, depth: int) -> List[str]:
         if node.var in self.inline:   # a row or lane loop: the whole tile at once
@@ -262,10 +229,7 @@ class TritonRenderer:
             return self.dot_loop(node, *dot, depth)
         if self.vectorisable(node, depth):
             return self.vector_loop(node, depth)
-        lines = [f"{pad}for {name(node.var)} in range(0, {self.affine(node.extent)}):"]
-        for stmt in node.body:
-            lines += self.stmt(stmt, depth + 1)
-        return lines
+        return self.reduction_loop(node, depth)
 
     # -- reductions RB positions at a time ------------------------------------------------
     def vectorisable(self, loop: ir.Loop, depth: int) -> bool:
@@ -295,11 +259,20 @@ class TritonRenderer:
                 outer.setdefault(node.name, node.op)
         lines = [line for acc, op in outer.items()
                  for line in self.tile_partials(name(acc), op, pad)]
-        lines += [f"{pad}for {var}_b in range(0, {extent}, RB):",
-                 f"{pad}    {var}_v = {var}_b + tl.arange(0, RB).to(tl.int64)[None, :]",
-                 f"{pad}    {var}_ok = {var}_v < {extent}",
-                 f"{pad}    izero2 = izero[:, None] + {var}_v * 0",
-                 f"{pad}    omask2 = omask[:, None] & {var}_ok"]
+        # sums run in chunks (their tiles' partials folded after each); the rest as one
+        sums = [name(acc) for acc, op in outer.items() if op == "sum"]
+        head, first, last = self.chunks(var, extent, "RB", pad, [f"{acc}_tp" for acc in sums],
+                                        "[BLOCK, RB]")
+        if not sums:
+            head, first, last = [], "0", extent
+        at = pad + "    " * bool(sums)
+        depth += bool(sums)
+        lines += head + [
+            f"{at}for {var}_b in range({first}, {last}, RB):",
+            f"{at}    {var}_v = {var}_b + tl.arange(0, RB).to(tl.int64)[None, :]",
+            f"{at}    {var}_ok = {var}_v < {extent}",
+            f"{at}    izero2 = izero[:, None] + {var}_v * 0",
+            f"{at}    omask2 = omask[:, None] & {var}_ok"]
         saved = (self.shape, self.izero, self.omask, dict(self.rename), self.axes)
         self.shape, self.izero, self.omask = "[BLOCK, RB]", "izero2", "omask2"
         self.axes = (set(self.output_vars), {loop.var},
@@ -308,11 +281,15 @@ class TritonRenderer:
         self.rename.update({v: f"{name(v)}[:, None]" for v in self.output_vars})
         self.rename[loop.var] = f"{var}_v"
         self.outer_accs = {acc: f"{var}_ok" for acc in outer}
+        self.reduction_depth += 1
         for stmt in loop.body:
             lines += self.stmt(stmt, depth + 1)
+        self.reduction_depth -= 1
         self.shape, self.izero, self.omask, self.rename, self.axes = saved
         self.outer_accs = {}
         self.vector_loops += 1
+        lines += [f"{pad}    {acc}_t, {acc}_te = ef_fold({acc}_t, {acc}_te, {acc}_tp)"
+                  for acc in sums]
         for acc, op in outer.items():
             lines += self.combine_partials(name(acc), op, pad)
         return lines
@@ -323,16 +300,17 @@ class TritonRenderer:
             return [f"{pad}{acc}_tm = tl.full([BLOCK, RB], float(\"-inf\"), {self.T})",
                     f"{pad}{acc}_ts = tl.zeros([BLOCK, RB], {self.T})"]
         init = {"sum": "0.0", "max": 'float("-inf")', "min": 'float("inf")'}[op]
-        return [f"{pad}{acc}_t = tl.full([BLOCK, RB], {init}, {self.T})"]
+        errors = [f"{pad}{acc}_te = tl.zeros([BLOCK, RB], {self.T})"] if op == "sum" else []
+        return [f"{pad}{acc}_t = tl.full([BLOCK, RB], {init}, {self.T})"] + errors
 
     def reduce_into(self, node: ir.Accumulate, pad: str) -> List[str]:
         """``node`` combines a [BLOCK, RB] tile of values into its accumulator's tile of
         partials: positions past the reduced index's end are masked to the operation's
         identity."""
         acc, ok = name(node.name), self.outer_accs[node.name]
-        v = f"({self.expr(node.value)} + tl.zeros({self.shape}, {self.T}))"
-        if node.op == "sum":
-            return [f"{pad}{acc}_t += tl.where({ok}, {v}, 0.0)"]
+        v = self.widen(self.expr(node.value))
+        if node.op == "sum":   # into the chunk's partials (vector_loop, stmt_Loop)
+            return [f"{pad}{acc}{self.tile_partial.get(acc, '_tp')} += tl.where({ok}, {v}, 0.0)"]
         if node.op in ("max", "min"):
             fill = 'float("-inf")' if node.op == "max" else 'float("inf")'
             # ef_max/ef_min keep a NaN, as the scalar loop does
@@ -348,7 +326,8 @@ class TritonRenderer:
     def combine_partials(self, acc: str, op: str, pad: str) -> List[str]:
         """Fold the tile of partials across RB into the [BLOCK] accumulator."""
         if op == "sum":
-            return [f"{pad}{acc} += tl.sum({acc}_t, axis=1)"]
+            return [f"{pad}{acc}, {acc}_e = ef_fold({acc}, {acc}_e, tl.sum({acc}_t, axis=1))",
+                    f"{pad}{acc}_e += tl.sum({acc}_te, axis=1)"]
         if op in ("max", "min"):
             t = f"{acc}_t"   # a NaN partial makes the row's result NaN
             return [f"{pad}{acc} = ef_{op}(tl.where(tl.sum(({t} != {t}).to(tl.int32), axis=1)"
@@ -394,8 +373,11 @@ class TritonRenderer:
                  depth: int) -> List[str]:
         pad, var, extent = "    " * depth, name(loop.var), self.affine(loop.extent)
         self.dot_loops += 1
-        lines = [f"{pad}for {var}_b in range(0, {extent}, KB):",
-                 f"{pad}    kk_ = {var}_b + tl.arange(0, KB).to(tl.int64)"]
+        acc = name(acc)
+        lines, first, last = self.chunks(var, extent, "KB", pad, [f"{acc}_p"])
+        pad += "    "
+        lines += [f"{pad}for {var}_b in range({first}, {last}, KB):",
+                  f"{pad}    kk_ = {var}_b + tl.arange(0, KB).to(tl.int64)"]
         native = self.native_dot and self.storage(a.buffer) in _NATIVE_DOT and \
             self.storage(a.buffer) == self.storage(b.buffer)
         convert = "" if native else ".to(tl.float32)"
@@ -411,8 +393,8 @@ class TritonRenderer:
             self.rename = {}
             lines.append(f"{pad}    {target} = tl.load(t{int(load.buffer)} + {address}, "
                          f"mask={mask}, other=0.0){convert}")
-        lines.append(f"{pad}    {name(acc)} += tl.dot(da_, db_{precision})")
-        return lines
+        lines.append(f"{pad}    {acc}_p += tl.dot(da_, db_{precision})")
+        return lines + [f"{pad}{acc}, {acc}_e = ef_fold({acc}, {acc}_e, {acc}_p)"]
 
     def storage(self, buffer: int) -> str:
         return self.buffer_dtypes[buffer] if buffer < len(self.buffer_dtypes) else "?"
@@ -422,13 +404,13 @@ class TritonRenderer:
             return self.reduce_into(node, "    " * depth)
         pad, acc, v = "    " * depth, name(node.name), self.expr(node.value)
         if node.op == "sum":
-            return [f"{pad}{acc} += {v}"]
+            return [f"{pad}{self.redirect.get(acc, acc)} += {v}"]
         if node.op == "prod":
             return [f"{pad}{acc} *= {v}"]
         if node.op in ("max", "min"):
-            return [f"{pad}{acc} = ef_{node.op}({v} + tl.zeros({self.shape}, {self.T}), {acc})"]
+            return [f"{pad}{acc} = ef_{node.op}({self.widen(v)}, {acc})"]
         # one-pass logsumexp, branch-free (the C renderer's ef_lse)
-        return [f"{pad}v_ = {v} + tl.zeros({self.shape}, {self.T})",
+        return [f"{pad}v_ = {self.widen(v)}",
                 f"{pad}e_ = tl.where(v_ == {acc}_m, tl.where({acc}_m == float(\"-inf\"), 0.0,"
                 f" 1.0), tl.exp(-tl.abs(v_ - {acc}_m)))",
                 f"{pad}{acc}_s = tl.where(v_ > {acc}_m, {acc}_s * e_ + 1.0, {acc}_s + e_)",
@@ -439,7 +421,7 @@ class TritonRenderer:
         value = self.expr(node.value)
         target = f"t{int(node.buffer)}"   # stored in the output's own dtype
         return ["    " * depth + f"tl.store({target} + {address} + {self.izero}, "
-                f"({value} + tl.zeros({self.shape}, {self.T})).to({target}.dtype.element_ty),"
+                f"{self.widen(value)}.to({target}.dtype.element_ty),"
                 f" mask={self.omask})"]
 
     def stmt_CombineLanes(self, node, depth):
@@ -472,32 +454,58 @@ class TritonRenderer:
 
     def expr_Load(self, node: ir.Load) -> str:
         positions, valid, filled = [], [], []
+        izero, mask = self.load_frame(node)
         for sub in node.subscripts:
-            pos = self.affine(sub.affine)
-            for gathered, coeff in sub.gathers:
-                pos = f"({pos} + {int(coeff)} * {self.expr(gathered)})"
             size = name(sub.size)
-            if sub.policy in ("pad", "fill"):
-                ok = f"(({pos} >= 0) & ({pos} < {size}))"
+            if sub.gathers and sub.policy in ("clip", "wrap", "fill"):
+                pos = self.gathered_position(sub, izero)
+            else:   # in range (checked before the launch): exact modulo 2**64
+                pos = self.affine(sub.affine)
+                for gathered, coeff in sub.gathers:
+                    pos = f"({pos} + {int(coeff)} * {self.expr(gathered)})"
+            if sub.policy in ("pad", "fill"):   # block-shaped: it masks the load too
+                ok = f"((({pos}) + {izero} >= 0) & (({pos}) + {izero} < {size}))"
                 (valid if sub.policy == "pad" else filled).append(ok)
                 pos = f"tl.minimum(tl.maximum({pos}, 0), {size} - 1)"
             elif sub.policy == "clip":
+                filled.append(f"(({size} + {izero}) > 0)")
                 pos = f"tl.minimum(tl.maximum({pos}, 0), {size} - 1)"
-            elif sub.policy == "wrap":
-                pos = f"((({pos}) % {size} + {size}) % {size})"
+            elif sub.policy == "wrap":   # already wrapped
+                filled.append(f"(({size} + {izero}) > 0)")
             positions.append(pos)
         address = self.address(positions, [s.stride for s in node.subscripts])
-        izero, mask = self.load_frame(node)
+        if valid or filled:   # never read where the value is replaced (an empty axis)
+            mask = f"{mask} & {' & '.join(valid + filled)}"
         load = f"tl.load(t{int(node.buffer)} + {address} + {izero}, mask={mask}, other=0)"
-        if node.is_index:
-            return f"{load}.to(tl.int64)"
-        value = f"{load}.to({self.T})"
+        kind = "tl.int64" if node.is_index else self.T
+        value = f"{load}.to({kind})"
         if valid:
             # jax_triton passes Python floats as float64: the value keeps the working dtype
-            value = f"tl.where({' & '.join(valid)}, {value}, tl.cast(padv, {self.T}))"
-        if filled:
-            value = f"tl.where({' & '.join(filled)}, {value}, tl.cast(fillv, {self.T}))"
+            value = f"tl.where({' & '.join(valid)}, {value}, tl.cast(padv, {kind}))"
+        if filled:   # an index array's fill= is a position: truncated, as in C
+            value = f"tl.where({' & '.join(filled)}, {value}, tl.cast(fillv, {kind}))"
         return value
+
+    def gathered_position(self, sub: ir.Subscript, izero: str) -> str:
+        """A gathered subscript on its exact value (see plan/gathers.py and the ef_sat_* /
+        ef_wrap_* helpers): saturated to -1 or the axis length, or, under wrap, wrapped;
+        ``izero`` broadcasts scalars to the load's frame."""
+        a, n = f"({self.affine(sub.affine)} + {izero})", f"({name(sub.size)} + {izero})"
+        helper = "wrap" if sub.policy == "wrap" else "sat"
+        if len(sub.gathers) == 1 and sub.gathers[0][1] in (1, -1):
+            load, coeff = sub.gathers[0]
+            kind = ("u" if self.unsigned(load) else "s") + ("p" if coeff == 1 else "m")
+            return f"ef_{helper}_{kind}({self.expr(load)} + {izero}, {a}, {n})"
+        wrapped, estimate = a, f"{a}.to(tl.float64)"
+        for load, coeff in sub.gathers:
+            g = f"({self.expr(load)} + {izero})"
+            as_float = f"ef_u2f({g})" if self.unsigned(load) else f"{g}.to(tl.float64)"
+            wrapped = f"{wrapped} + {int(coeff)} * {g}"
+            estimate = f"{estimate} + {float(coeff)!r} * {as_float}"
+        return f"ef_{helper}_w({wrapped}, {estimate}, {n})"
+
+    def unsigned(self, load: ir.Load) -> bool:
+        return self.kernel.buffers[load.buffer].dtype == "uint64"
 
     def load_frame(self, node: ir.Load) -> Tuple[str, str]:
         """(izero, mask) shaping ``node``: a row, a column, or the whole block."""
@@ -513,6 +521,12 @@ class TritonRenderer:
             return frames["lanes"]
         return self.izero, self.omask
 
+    def widen(self, value: str) -> str:
+        """``value`` as a tensor of the block's shape and the working dtype.  It subtracts
+        +0 rather than adding 0: x + 0 turns -0 into +0 (1/(0 - d) would lose its sign),
+        x - (+0) is x for every x."""
+        return f"({value} - tl.zeros({self.shape}, {self.T}))"
+
     def expr_Unary(self, node: ir.Unary) -> str:
         return f"(-{self.expr(node.operand)})"
 
@@ -522,7 +536,7 @@ class TritonRenderer:
             if isinstance(node.right, ir.Const) and node.right.value in (1, 2, 3):
                 # a helper evaluates the base once (its loads are not repeated)
                 return f"ef_ipow{int(node.right.value)}({left})"
-            return f"ef_pow({left} + {self.izero}, {right})"
+            return f"ef_pow({self.widen(left)}, {self.widen(right)})"
         if op in ("<", "<=", ">", ">=", "==", "!="):
             return f"(({left}) {op} ({right})).to({self.T})"
         if op in ("&", "|"):
@@ -537,16 +551,16 @@ class TritonRenderer:
                   "erf": "tl.erf", "sigmoid": "tl.sigmoid", "tanh": "ef_tanh",
                   "log1p": "ef_log1p", "expm1": "ef_expm1"}
         if f in direct:
-            return f"{direct[f]}(({args[0]} + {self.izero}).to({self.T}))"
+            return f"{direct[f]}({self.widen(args[0])})"
         if f == "relu":
-            return f"ef_max({args[0]} + {self.izero}, 0.0)"
+            return f"ef_max({self.widen(args[0])}, 0.0)"
         if f == "softplus":
-            x = f"({args[0]} + {self.izero})"
+            x = self.widen(args[0])
             return f"(tl.maximum({x}, 0.0) + ef_log1p(tl.exp(-tl.abs({x}))))"
         if f in ("min", "max"):
-            return f"ef_{f}({args[0]} + {self.izero}, {args[1]} + {self.izero})"
+            return f"ef_{f}({self.widen(args[0])}, {self.widen(args[1])})"
         if f == "pow":
-            return f"ef_pow({args[0]} + {self.izero}, {args[1]})"
+            return f"ef_pow({self.widen(args[0])}, {self.widen(args[1])})"
         if f == "where":
             return f"tl.where(({args[0]}) != 0, {args[1]}, {args[2]})"
         raise ValueError(f"unknown function {f!r}")
@@ -555,7 +569,7 @@ class TritonRenderer:
         acc = name(node.acc)
         if node.op == "logsumexp":
             return f"({acc}_m + tl.log({acc}_s))"
-        return acc
+        return f"ef_total({acc}, {acc}_e)" if node.op == "sum" else acc
 
 
 def render_triton(program: ir.Program, buffer_dtypes: Tuple[str, ...] = (),

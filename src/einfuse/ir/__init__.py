@@ -1,10 +1,10 @@
 """The loop-nest IR shared by the code generators (see :mod:`einfuse.ir.nodes`)."""
 
-from .nodes import (AccValue, Accumulate, Affine, Binary, Buffer, Call, CombineLanes, Const,
-                    DeclareAcc,
-                    Expr, IndexValue, Kernel, Load, Loop, Param, Program, Stmt, Store,
-                    Subscript, TiledLoop, Unary, walk)
+from .nodes import (AccValue, Accumulate, Affine, Binary, Branch, Buffer, Call, CombineLanes,
+                    Compensate, Const, DeclareAcc, Expr, Fold, IndexValue, Kernel, Load, Loop,
+                    Param, Program, Stmt, Store, Subscript, TiledLoop, Unary, walk)
 
-__all__ = ["AccValue", "Accumulate", "Affine", "Binary", "Buffer", "Call", "CombineLanes", "Const",
-           "DeclareAcc", "Expr", "IndexValue", "Kernel", "Load", "Loop", "Param", "Program",
-           "Stmt", "Store", "Subscript", "TiledLoop", "Unary", "walk"]
+__all__ = ["AccValue", "Accumulate", "Affine", "Binary", "Branch", "Buffer", "Call",
+           "CombineLanes", "Compensate", "Const", "DeclareAcc", "Expr", "Fold", "IndexValue",
+           "Kernel", "Load", "Loop", "Param", "Program", "Stmt", "Store", "Subscript",
+           "TiledLoop", "Unary", "walk"]

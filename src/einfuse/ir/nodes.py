@@ -163,39 +163,78 @@ class Accumulate(Stmt):
 
 @dataclass(frozen=True)
 class Loop(Stmt):
-    """``for var in range(extent)``.  kind: parallel (race-free, may run on
-    threads), serial, reduction (feeds accumulators), vectorised (innermost, SIMD).
-    ``simd`` asks for SIMD code on a parallel/reduction loop too; ``reductions``
-    lists (accumulator, op) pairs a SIMD loop combines (sum/prod only)."""
+    """``for var in range(extent)``, or ``range(start, extent)`` with ``start`` (a chunk
+    of a longer loop).  kind: parallel (race-free, may run on threads), serial,
+    reduction (feeds accumulators), vectorised (innermost, SIMD).  ``simd`` asks for
+    SIMD code on a parallel/reduction loop too; ``reductions`` lists (accumulator, op)
+    pairs a SIMD loop combines (sum/prod only)."""
     var: str
     extent: Affine
     kind: str
     body: Tuple[Stmt, ...]
     simd: bool = False
     reductions: Tuple[Tuple[str, str], ...] = ()
+    start: Optional[Affine] = None
+
+
+@dataclass(frozen=True)
+class Fold(Stmt):
+    """Add the block partial sum ``source`` into the accumulator ``into``, element by
+    element over lanes/rows, with Neumaier's compensated addition: the rounding error
+    of each addition is added up in ``error`` (a sum accumulator of the same shape)."""
+    into: str
+    error: str
+    source: str
+    lanes: Optional[int] = None
+    rows: Optional[int] = None
+
+
+@dataclass(frozen=True)
+class Compensate(Stmt):
+    """Give the sum accumulator ``acc`` the rounding error its folds kept in ``error``
+    (element by element; not where ``acc`` is inf or NaN, where the error means
+    nothing)."""
+    acc: str
+    error: str
+    lanes: Optional[int] = None
+    rows: Optional[int] = None
+
+
+@dataclass(frozen=True)
+class Branch(Stmt):
+    """``small`` when the product of ``extents`` is at most ``limit``, else ``large``:
+    a short reduction runs as it always did, a long one in compensated blocks."""
+    extents: Tuple[Affine, ...]
+    limit: int
+    small: Tuple[Stmt, ...]
+    large: Tuple[Stmt, ...]
 
 
 @dataclass(frozen=True)
 class CombineLanes(Stmt):
     """Declare the scalar accumulator ``into`` and fold the ``lanes`` partial results of
-    the lane accumulator ``name`` into it with ``op`` (after a vectorised reduction)."""
+    the lane accumulator ``name`` into it with ``op`` (after a vectorised reduction).
+    ``errors`` (sums): the error accumulators of ``name`` and of ``into`` (see
+    :class:`Fold`): ``into`` is declared already, and the lanes are added pairwise."""
     name: str
     op: str
     lanes: int
     into: str
+    errors: Optional[Tuple[str, str]] = None
 
 
 @dataclass(frozen=True)
 class TiledLoop(Stmt):
-    """``for var in range(0, extent, tile)`` with ``count`` = lanes in this tile
-    (``tile`` in full tiles, the remainder in the last); renderers may emit the body
-    twice so that full tiles see a constant count."""
+    """``for var in range(0, extent, tile)`` (from ``start`` when given) with ``count`` =
+    lanes in this tile (``tile`` in full tiles, the remainder in the last); renderers
+    may emit the body twice so that full tiles see a constant count."""
     var: str
     extent: Affine
     tile: int
     count: str
     kind: str
     body: Tuple[Stmt, ...]
+    start: Optional[Affine] = None
 
 
 @dataclass(frozen=True)
@@ -245,6 +284,9 @@ def walk(node):
             yield from walk(k)
     elif isinstance(node, (Kernel, Loop, TiledLoop)):
         for s in node.body:
+            yield from walk(s)
+    elif isinstance(node, Branch):
+        for s in node.small + node.large:
             yield from walk(s)
     elif isinstance(node, (Accumulate, Store)):
         yield from walk(node.value)

@@ -33,6 +33,8 @@ import numpy as np
 from .. import ir
 from ..ir import Affine
 from ..lang import ast
+from .gathers import check_gather_arithmetic, parse_mode
+from .sums import BlockedSums
 
 # "verified": bounds='check'/'promise' with every index array found in range before the
 # call, so the kernel needs no test at all.
@@ -92,6 +94,7 @@ def plan_for(spec, working: str, pad: bool, bounds: str, layouts: Tuple[int, ...
 
 def call_arguments(plan: Plan, call, buffers: Sequence[np.ndarray]):
     """The runtime ints and scalar parameters of one call, as int64/float64 arrays."""
+    check_gather_arithmetic(call)
     ranges = call.bounds.range_map
     ints = []
     for how in plan.int_args:
@@ -107,12 +110,19 @@ def call_arguments(plan: Plan, call, buffers: Sequence[np.ndarray]):
             ints.append(array.strides[how[2]] // array.itemsize)
     values = [call.params[name] for name in plan.params]
     doubles = np.array([float(v) for v in values] or [0.0], dtype=np.float64)
-    integers = np.array([int(v) if np.ndim(v) == 0 and float(v).is_integer() else 0
-                         for v in values] or [0], dtype=np.int64)
+    # only integer working dtypes read these, and then every parameter is an int64 (a
+    # float parameter makes the working dtype float); 1e30 must not overflow the slot
+    integers = np.array([_int64_or_zero(v) for v in values] or [0], dtype=np.int64)
     return np.array(ints or [0], dtype=np.int64), doubles, integers
 
 
-class _Lowering:
+def _int64_or_zero(value) -> int:
+    if np.ndim(value) == 0 and float(value).is_integer() and -2**63 <= int(value) < 2**63:
+        return int(value)
+    return 0
+
+
+class _Lowering(BlockedSums):
     def __init__(self, spec, working: np.dtype, pad: bool, bounds: str, layouts, tile: int,
                  block: Tuple[int, int] = (1, 32), short: Tuple[str, ...] = (),
                  plain: bool = False, blocks: bool = False):
@@ -123,7 +133,8 @@ class _Lowering:
         self.block = block
         self.working = working
         self.pad = pad
-        self.bounds = bounds
+        # uint64 index arrays come as int64 bit patterns; these slots are read unsigned
+        self.bounds, self.unsigned = parse_mode(bounds)
         self.layouts = layouts
         self.tile = tile
         self.slots = buffer_slots(spec)
@@ -134,10 +145,11 @@ class _Lowering:
         self.params = spec.params
         self.param_slot = {name: n for n, name in enumerate(spec.params)}
         self.n_acc = 0
+        self.n_var = len(spec.all_indices)
         self.lane_indices: List[str] = []
         self.row_index: Optional[str] = None   # the output index blocked in rows, if any
         self.checks = any(sub.gathers for a in ast.accesses(spec.rhs) for sub in a.indices) \
-            and bounds in ("check", "promise")
+            and self.bounds in ("check", "promise")
 
     # -- runtime ints ----------------------------------------------------------------
     def runtime_int(self, how: Tuple) -> str:
@@ -217,8 +229,8 @@ class _Lowering:
             kind = "parallel" if name in spec.race_free_indices else "serial"
             simd = depth == 0 and not tiled and not tops and not self.checks
             body = (ir.Loop(pos[name].terms[0][0], self.extent(name), kind, body, simd=simd),)
-        buffers = tuple(ir.Buffer(f"t{n}", "int64" if kind == "index" else "working",
-                                  output=kind == "output")
+        buffers = tuple(ir.Buffer(f"t{n}", ("uint64" if n in self.unsigned else "int64")
+                                  if kind == "index" else "working", output=kind == "output")
                         for n, (_, kind) in enumerate(self.slots))
         kernel = ir.Kernel("einfuse_kernel", buffers, tuple(self.int_names[h]
                                                             for h in self.int_args),
@@ -313,27 +325,52 @@ class _Lowering:
         if lanes is not None:
             lane, count = lanes[:2]
             row, row_count = (lanes[2], lanes[3]) if len(lanes) > 2 else (None, None)
-            pre.append(ir.DeclareAcc(acc, e.op, lanes=self.tile,
-                                     rows=self.block[0] if row is not None else None))
-            step: ir.Stmt = ir.Loop(
-                lane, Affine.var(count), "vectorised",
-                tuple(body_pre) + (ir.Accumulate(acc, e.op, value, lane, row),),
-                simd=not nested and not self.checks)
-            if row is not None:
-                # rows outside the lane loop: measured 10% faster than inside on dist
-                step = ir.Loop(row, Affine.var(row_count), "serial", (step,))
-            body: Tuple[ir.Stmt, ...] = (step,)
-            innermost_simd = False
+            shape = {"lanes": self.tile, "rows": self.block[0] if row is not None else None}
+
+            def innermost(target: str) -> Tuple[ir.Stmt, ...]:
+                step: ir.Stmt = ir.Loop(
+                    lane, Affine.var(count), "vectorised",
+                    tuple(body_pre) + (ir.Accumulate(target, e.op, value, lane, row),),
+                    simd=not nested and not self.checks)
+                if row is not None:
+                    # rows outside the lane loop: measured 10% faster than inside on dist
+                    step = ir.Loop(row, Affine.var(row_count), "serial", (step,))
+                return (step,)
+            simd = False
         else:
-            pre.append(ir.DeclareAcc(acc, e.op))
-            body = tuple(body_pre) + (ir.Accumulate(acc, e.op, value),)
-            innermost_simd = e.op in ("sum", "prod") and not nested and not self.checks
-        for depth, name in enumerate(reversed(order)):
-            simd = innermost_simd and depth == 0
-            body = (ir.Loop(f"p{self.index_no[name]}", self.extent(name), "reduction", body,
-                            simd=simd, reductions=((acc, e.op),) if simd else ()),)
-        pre.extend(body)
+            shape = {}
+
+            def innermost(target: str) -> Tuple[ir.Stmt, ...]:
+                return tuple(body_pre) + (ir.Accumulate(target, e.op, value),)
+            simd = e.op in ("sum", "prod") and not nested and not self.checks
+        pre.append(ir.DeclareAcc(acc, e.op, **shape))
+        loops = self.reduction_loops(order, innermost(acc), acc, e.op, simd)
+        if not self.sum_blocks(e.op, order):
+            pre.extend(loops)
+        else:   # a long sum runs in blocks (plan/sums.py)
+            pre.append(self.lane_sum(e.body, acc, order, inner_env, loops) if simd
+                       else self.chain_sum(acc, order, innermost, shape, loops,
+                                           lanes is not None))
         return ir.AccValue(acc, e.op, lanes[0] if lanes is not None else None, row)
+
+    def fresh_acc(self) -> str:
+        self.n_acc += 1
+        return f"a{self.n_acc - 1}"
+
+    def fresh_var(self) -> str:
+        """A loop counter after the indices' own (p0, p1 ... are theirs)."""
+        self.n_var += 1
+        return f"p{self.n_var - 1}"
+
+    def reduction_loops(self, order, body, target: str, op: str,
+                        simd: bool) -> Tuple[ir.Stmt, ...]:
+        """The loops over ``order`` (outermost first) around ``body``, which accumulates
+        into ``target``; the innermost one a SIMD reduction with ``simd``."""
+        for depth, name in enumerate(reversed(order)):
+            here = simd and depth == 0
+            body = (ir.Loop(f"p{self.index_no[name]}", self.extent(name), "reduction", body,
+                            simd=here, reductions=((target, op),) if here else ()),)
+        return body
 
     def lane_tile(self, inner: str, acc: str, env):
         """Names for walking reduction index ``inner`` in tiles of lanes (block start,
@@ -377,13 +414,21 @@ class _Lowering:
         block, lane, count, env = self.lane_tile(order[-1], acc, env)
         body_pre: List[ir.Stmt] = []
         value = self.expr(e.body, env, body_pre, lanes=(lane, count))
-        pre.append(ir.DeclareAcc(acc, e.op))
         combine = ir.Loop(lane, Affine.var(count), "vectorised",
                           (ir.Accumulate(acc, e.op, value),), simd=True,
                           reductions=((acc, e.op),))
-        tiles = ir.TiledLoop(block, self.extent(order[-1]), self.tile, count, "reduction",
-                             tuple(body_pre) + (combine,))
-        pre.extend(self.outer_reduction_loops(order[:-1], tiles))
+        tiles = self.outer_reduction_loops(order[:-1], ir.TiledLoop(
+            block, self.extent(order[-1]), self.tile, count, "reduction",
+            tuple(body_pre) + (combine,)))
+        pre.append(ir.DeclareAcc(acc, e.op))
+        if not self.sum_blocks(e.op, order):
+            pre.extend(tiles)
+            return ir.AccValue(acc, e.op)
+
+        def step(partial: str) -> ir.Stmt:
+            return ir.Loop(lane, Affine.var(count), "vectorised",
+                           (ir.Accumulate(partial, e.op, value, lane),), simd=True)
+        pre.append(self.tiled_lane_sum(acc, order, block, count, body_pre, step, tiles))
         return ir.AccValue(acc, e.op)
 
     def load(self, access: ast.Access, env, in_gather: bool) -> ir.Load:
