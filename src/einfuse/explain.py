@@ -37,6 +37,7 @@ class Explanation:
     strategy: Optional[str] = None
     compiled_loop_nest: Optional[List[str]] = None
     gradients: Optional[List[str]] = None
+    hoisted: Optional[List[str]] = None
     notes: List[str] = field(default_factory=list)
 
     @property
@@ -60,6 +61,10 @@ class Explanation:
                 out.append(f"  naive broadcast       {_bytes(self.naive_intermediate_bytes)}"
                            " intermediate (what eager NumPy/PyTorch would allocate; "
                            "einfuse never does)")
+        if self.hoisted:
+            out += ["", "Computed once (reductions hoisted out of the loops that do not "
+                        "need them; each line its own kernel, in order)"]
+            out += ["  " + line for line in self.hoisted]
         if self.strategy:
             out += ["", "How it runs", "  " + self.strategy]
         if self.compiled_loop_nest:
@@ -199,9 +204,17 @@ def _ops(expr: Expr) -> int:
     return 0
 
 
-def count_flops(spec: Spec, bounds: Bounds) -> int:
+def count_flops(spec: Spec, bounds: Bounds, hoisted=None) -> int:
     """Operations executed, counting each arithmetic operator, comparison, function and
-    reduction step as one (logsumexp as three), times how often its scope runs."""
+    reduction step as one (logsumexp as three), times how often its scope runs; with the
+    statement's ``hoisted`` form, the operations of its statements."""
+    if hoisted is not None:
+        return sum(_statement_flops(s.output_indices, s.rhs, bounds)
+                   for s in hoisted.statements)
+    return _statement_flops(spec.output_indices, spec.rhs, bounds)
+
+
+def _statement_flops(output_indices, rhs: Expr, bounds: Bounds) -> int:
     def visit(expr: Expr, scope: int) -> int:
         if isinstance(expr, Reduce):
             inner = scope
@@ -213,9 +226,9 @@ def count_flops(spec: Spec, bounds: Bounds) -> int:
         return scope * _ops(expr) + sum(visit(c, scope) for c in expr.children())
 
     outer = 1
-    for name in spec.output_indices:
+    for name in output_indices:
         outer *= bounds.extent(name)
-    return visit(spec.rhs, outer)
+    return visit(rhs, outer)
 
 
 def naive_intermediate(spec: Spec, bounds: Bounds, itemsize: int) -> int:
@@ -309,9 +322,23 @@ def explain_kernel(kernel: Kernel, args, arrays, shapes, gradients: bool) -> Exp
     if spec.assign == "+=":
         read += written
     chosen = get_backend(kernel.options.backend)
+    form = kernel.hoisted_form
+    hoisted = form.hoisted if form is not None and form.applies(call.dtypes) else None
+    if hoisted is not None:
+        lines, nests = hoisted_lines(form, call, chosen)
+        return Explanation(
+            text, words(spec, kernel.options), index_rows(spec, call.bounds),
+            loop_nest(spec, call.bounds), flops=count_flops(spec, call.bounds, hoisted),
+            bytes_read=read, bytes_written=written,
+            naive_intermediate_bytes=naive_intermediate(spec, call.bounds,
+                                                        call.dtypes.working.itemsize),
+            strategy=f"backend {chosen.name}: the {len(form.texts)} kernels above, in "
+                     f"order; result dtype {call.dtypes.result}",
+            compiled_loop_nest=nests,
+            gradients=gradient_lines(kernel, call) if gradients else None, hoisted=lines)
     return Explanation(
         text, words(spec, kernel.options), index_rows(spec, call.bounds),
-        loop_nest(spec, call.bounds), flops=count_flops(spec, call.bounds),
+        loop_nest(spec, call.bounds), flops=count_flops(spec, call.bounds, hoisted),
         bytes_read=read, bytes_written=written,
         naive_intermediate_bytes=naive_intermediate(spec, call.bounds,
                                                     call.dtypes.working.itemsize),
@@ -319,6 +346,29 @@ def explain_kernel(kernel: Kernel, args, arrays, shapes, gradients: bool) -> Exp
                  f"{call.dtypes.result}",
         compiled_loop_nest=chosen.loop_nest(call) if hasattr(chosen, "loop_nest") else None,
         gradients=gradient_lines(kernel, call) if gradients else None)
+
+
+def hoisted_lines(form, call, backend):
+    """Each statement of a hoisted form with how it runs, and their pseudo-code (the
+    temporaries bound as uninitialised arrays of their extents)."""
+    import warnings
+    arrays = {**dict(call.arrays), **call.params}
+    if call.output is not None:
+        arrays[call.spec.output] = call.output
+    lines: List[str] = []
+    nests: List[str] = []
+    for kernel, text in zip(form.kernels(call.dtypes), form.texts):
+        spec = kernel.spec
+        needed = spec.arg_order + ((spec.output,) if spec.assign != ":=" else ())
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            bound = kernel.bind(arrays={name: arrays[name] for name in needed})
+        lines += [text, f"    {backend.strategy(bound)}"]
+        if hasattr(backend, "loop_nest"):
+            nests += [f"# {text}"] + backend.loop_nest(bound)
+        if spec.assign == ":=":
+            arrays[spec.output] = np.empty(bound.output_shape, call.dtypes.working)
+    return lines, nests or None
 
 
 def gradient_lines(kernel, call) -> List[str]:

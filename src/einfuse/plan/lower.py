@@ -173,10 +173,15 @@ class _Lowering(BlockedSums):
         return self.runtime_int(("stride", slot, axis))
 
     # -- heuristics --------------------------------------------------------------------
-    def contiguity(self, index: str, expr: ast.Expr) -> int:
-        """How many loads in ``expr`` walk their unit-stride axis with ``index``."""
+    def contiguity(self, index: str, expr: ast.Expr, varying=None) -> int:
+        """How many loads in ``expr`` walk their unit-stride axis with ``index`` (with
+        ``varying``, only loads that also change with one of those indices: a load
+        invariant in a reduction is read once per output, not once per term)."""
         score = 0
         for access in ast.accesses(expr):
+            if varying is not None and not any(
+                    name in varying for sub in access.indices for name in sub.index_names):
+                continue
             for kind in ("value", "index"):
                 slot = self.slot_of.get((access.tensor, kind))
                 if slot is None or not access.indices:
@@ -207,7 +212,7 @@ class _Lowering(BlockedSums):
         # lanes over a short index (d = 3 in gauss's gradient) would sit mostly idle
         tiled = (not self.plain or self.blocks) and bool(tops) and inner is not None and \
             inner not in self.short and \
-            sum(self.contiguity(inner, r.body) for r in tops) > 0
+            sum(self.contiguity(inner, r.body, _bound_indices(r)) for r in tops) > 0
         strides = tuple(self.stride(out_slot, a) for a in range(len(outs)))
         env: Dict[str, Affine] = {}
         pos: Dict[str, Affine] = {}
@@ -459,6 +464,11 @@ class _Lowering(BlockedSums):
         fills = {"pad": "pad", "fill": "fill", "clip": "fill", "wrap": "fill"}
         used = tuple(sorted({fills[s.policy] for s in subs if s.policy in fills}))
         return ir.Load(slot, tuple(subs), ",".join(used) or None, is_index=in_gather)
+
+
+def _bound_indices(reduce: ast.Reduce) -> frozenset:
+    """The indices ``reduce`` and the reductions inside it bind."""
+    return frozenset(i for r in ast.reductions(reduce) for i in r.indices)
 
 
 def _top_reductions(expr: ast.Expr) -> List[ast.Reduce]:

@@ -21,7 +21,9 @@ from ..lang import parse
 from ..lang.ast import Number, accesses
 from ..lang.printer import format_statement
 from .binding import BoundCall, bind_call, bind_names
-from .frameworks import JAX, NUMPY, TORCH, common_framework, contiguous, framework_of, from_numpy
+from .frameworks import (JAX, NUMPY, TORCH, common_framework, contiguous, framework_of,
+                         from_numpy, placeholder)
+from .hoisted import HoistedForm, hoisted_form, run_hoisted
 
 
 @functools.lru_cache(maxsize=512)
@@ -107,19 +109,39 @@ class Kernel:
                 from . import jax_adapter
                 named = bind_names(self.spec, args, kwargs)
                 if common_framework(named) == JAX:
+                    form = self.hoisted_form
+                    if form is not None and self.spec.assign == ":=":
+                        done, result = run_hoisted(form, self.bind(**{
+                            name: placeholder(v) for name, v in named.items()}), named)
+                        if done:
+                            return result
                     return jax_adapter.call(self, named)
             call = self._bind_named(args, kwargs)
         except EinfuseError as error:
             raise attach_statement(error, self.statement) from None
+        grad = False
         if call.framework == TORCH:
             from . import torch_autograd
             if torch_autograd.torch.is_grad_enabled():
-                if self.spec.assign == ":=" and torch_autograd.differentiable_names(call):
-                    return torch_autograd.apply(self, call, lambda: self.run(call),
-                                                _backend_name(self.options.backend, call))
                 if self.spec.assign != ":=":
                     _refuse_unrecorded_write(self.spec, call, self.statement)
+                grad = bool(torch_autograd.differentiable_names(call))
+        form = self.hoisted_form
+        if form is not None:
+            # autograd records each kernel of the hoisted form on its own
+            done, result = run_hoisted(form, call, bind_names(self.spec, args, kwargs))
+            if done:
+                return result
+        if grad and self.spec.assign == ":=":
+            return torch_autograd.apply(self, call, lambda: self.run(call),
+                                        _backend_name(self.options.backend, call))
         return self.deliver(call, self.run(call))
+
+    @property
+    def hoisted_form(self) -> Optional[HoistedForm]:
+        """The statement with its loop-invariant reductions computed once, before the
+        loops that do not need them (rewrite/hoist.py), or None."""
+        return hoisted_form(self.statement, self.spec, self.options)
 
     def run(self, call: BoundCall) -> np.ndarray:
         """The result as a NumPy array in the result dtype."""

@@ -1,0 +1,192 @@
+"""Hoisting and common-subexpression elimination of reductions (programs.md section 1:
+"shared work is computed once, also inside a single statement").
+
+A reduction that does not depend on every loop around it is computed once, before
+those loops, into a temporary indexed by the indices it does depend on; two reductions
+that are the same up to the names of their reduced indices share one temporary::
+
+    P[i,j] := exp(X[i,j] - max[k](X[i,k])) / sum[k](exp(X[i,k] - max[l](X[i,l])))
+
+becomes the program::
+
+    h1[i]   := max[k](X[i,k])
+    h2[i]   := sum[k](exp(X[i,k] - h1[i]))
+    P[i,j]  := exp(X[i,j] - h1[i]) / h2[i]
+
+which costs O(rows x cols) instead of O(rows x cols^2).
+
+The rewrite must never change a result, so a reduction is hoisted only where the
+temporary's ranges are provably those the statement used (``_hoistable``):
+
+* each index the temporary is indexed by occurs in the reduction only as a plain
+  subscript (``X[i,k]``, not ``X[i+1,k]``), so its range there is the whole axis,
+  starting at 0, and reading the temporary as ``h[i]`` constrains ``i`` exactly as
+  the accesses it replaces did;
+* each reduced index has an explicit range or occurs in the whole statement only as
+  a plain subscript (two reductions over ``k`` share ``k``'s range in the statement);
+* no ``pad=`` (reads outside the arrays change how ranges are inferred), no explicit
+  range for an index of the temporary, and the reduction does not read the
+  statement's own output (``=``/``+=``).
+
+Dtypes and errors are the caller's part (runtime.hoisted): temporaries are computed
+in the statement's working dtype, and an error in the rewritten form is reported by
+the statement as written."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Dict, List, Optional, Set, Tuple
+
+from ..lang.ast import (Access, Expr, IndexExpr, IndexValue, Reduce, Statement, accesses,
+                        map_children)
+from ..lang.rewrite import names_in
+
+
+@dataclass(frozen=True)
+class Hoisted:
+    """A statement as a program: the temporaries, in order, then the statement itself
+    reading them."""
+    temporaries: Tuple[Statement, ...]
+    statement: Statement
+
+    @property
+    def statements(self) -> Tuple[Statement, ...]:
+        return self.temporaries + (self.statement,)
+
+
+def hoist(statement: Statement, rhs: Expr, explicit_ranges=(),
+          pad: bool = False) -> Optional[Hoisted]:
+    """``statement`` (whose right side with implicit reductions made explicit is
+    ``rhs``) with its loop-invariant reductions hoisted into temporaries, or None when
+    there is nothing to hoist."""
+    if pad:
+        return None
+    rewriter = _Rewriter(statement, rhs, frozenset(explicit_ranges))
+    new_rhs = rewriter.visit(rhs, tuple(statement.output_indices))
+    if not rewriter.temporaries:
+        return None
+    return Hoisted(tuple(rewriter.temporaries), dataclasses.replace(statement, rhs=new_rhs))
+
+
+def free_indices(expr: Expr) -> Set[str]:
+    """Indices ``expr`` depends on: those it uses that no reduction inside it binds."""
+    if isinstance(expr, Reduce):
+        return free_indices(expr.body) - set(expr.indices)
+    found: Set[str] = set()
+    if isinstance(expr, IndexValue):
+        found.add(expr.name)
+    if isinstance(expr, Access):
+        for sub in expr.indices:
+            found.update(sub.index_names)
+    for child in expr.children():
+        found |= free_indices(child)
+    return found
+
+
+def _subscripts(expr: Expr):
+    """Every subscript in ``expr`` (gather arrays' own included)."""
+    for access in accesses(expr):
+        yield from access.indices
+
+
+def _only_plain(index: str, subscripts) -> bool:
+    """``index`` occurs in ``subscripts`` only as whole plain subscripts, at least once."""
+    seen = False
+    for sub in subscripts:
+        if index in sub.index_names:
+            if sub.plain_index != index:
+                return False
+            seen = True
+    return seen
+
+
+def canonical(reduce: Reduce) -> Reduce:
+    """``reduce`` with its own reduced indices (and those of reductions inside it)
+    renamed by position, so that ``max[k](X[i,k])`` and ``max[l](X[i,l])`` compare
+    equal."""
+    counter = [0]
+
+    def rename(expr: Expr, names: Dict[str, str]) -> Expr:
+        if isinstance(expr, Reduce):
+            inner = dict(names)
+            for index in expr.indices:
+                counter[0] += 1
+                inner[index] = f"#{counter[0]}"
+            return dataclasses.replace(expr, indices=tuple(inner[i] for i in expr.indices),
+                                       body=rename(expr.body, inner))
+        if isinstance(expr, IndexValue):
+            return dataclasses.replace(expr, name=names.get(expr.name, expr.name))
+        expr = map_children(expr, lambda child: rename(child, names))
+        if isinstance(expr, Access):
+            expr = dataclasses.replace(expr, indices=tuple(
+                dataclasses.replace(sub, terms=tuple((names.get(n, n), c)
+                                                     for n, c in sub.terms))
+                for sub in expr.indices))
+        return expr
+
+    return rename(reduce, {})
+
+
+class _Rewriter:
+    def __init__(self, statement: Statement, rhs: Expr, explicit: frozenset):
+        self.statement = statement
+        self.rhs = rhs
+        self.explicit = explicit
+        self.taken = names_in(statement)
+        self.temporaries: List[Statement] = []
+        self.shared: Dict[Reduce, Access] = {}     # canonical reduction -> its temporary
+        self.subscripts = tuple(_subscripts(rhs))
+        self.counter = 0
+
+    def visit(self, expr: Expr, enclosing: Tuple[str, ...]) -> Expr:
+        """``expr`` inside loops over ``enclosing``, its hoistable reductions replaced
+        (innermost first, so that a hoisted body reads the temporaries of its own
+        invariant parts)."""
+        if not isinstance(expr, Reduce):
+            return map_children(expr, lambda child: self.visit(child, enclosing))
+        inside = enclosing + tuple(i for i in expr.indices if i not in enclosing)
+        reduce = dataclasses.replace(expr, body=self.visit(expr.body, inside))
+        free = free_indices(reduce)
+        if not free < set(enclosing) or not self._hoistable(reduce, free):
+            return reduce
+        key = canonical(reduce)
+        if key not in self.shared:
+            order = tuple(i for i in enclosing if i in free)
+            name = self._fresh()
+            self.temporaries.append(Statement(name, order, ":=", reduce))
+            self.shared[key] = Access(name, tuple(IndexExpr(((i, 1),)) for i in order))
+        return self.shared[key]
+
+    def _hoistable(self, reduce: Reduce, free: Set[str]) -> bool:
+        if any(a.tensor == self.statement.output for a in accesses(reduce)):
+            return False
+        own = tuple(_subscripts(reduce))
+        for index in free:
+            if index in self.explicit or not _only_plain(index, own):
+                return False
+        for index in _bound(reduce):
+            if index not in self.explicit and not _only_plain(index, self.subscripts) \
+                    and not _only_plain(index, own):
+                return False
+            if index not in self.explicit and not _only_plain(index, self.subscripts):
+                # k occurs elsewhere with other subscripts: its range is shared
+                return False
+        return True
+
+    def _fresh(self) -> str:
+        while True:
+            self.counter += 1
+            name = f"h{self.counter}"
+            if name not in self.taken:
+                self.taken.add(name)
+                return name
+
+
+def _bound(reduce: Reduce) -> Set[str]:
+    """Every index a reduction binds, its nested reductions' included."""
+    found: Set[str] = set()
+    for node in reduce.walk():
+        if isinstance(node, Reduce):
+            found.update(node.indices)
+    return found

@@ -1,0 +1,116 @@
+"""Running a statement in its hoisted form (rewrite/hoist.py): the temporaries, then the
+statement reading them, each a Kernel of its own.
+
+The statement as written stays the authority: it is bound (every check and error
+message is its own) before the hoisted form runs, and when the hoisted form raises an
+EinfuseError (a gather the statement's own ranges never read, a temporary that does
+not fit in memory) the statement runs as written and reports or succeeds on its own.
+
+Only float working dtypes are hoisted, and only where the result has the working
+dtype (float32, float64): a temporary is then computed in exactly the dtype the
+statement would have computed it in (``dtype=``), so hoisting changes no result
+beyond the order of floating-point additions."""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import warnings
+from typing import Dict, Optional, Tuple
+
+import numpy as np
+
+from ..errors import EinfuseError
+from ..lang.printer import format_statement
+from ..rewrite.hoist import Hoisted, hoist
+
+_HOISTED_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
+
+
+class HoistedForm:
+    """The hoisted program of one Kernel, with its kernels per working dtype."""
+
+    def __init__(self, hoisted: Hoisted, options):
+        self.hoisted = hoisted
+        self.options = options
+        self.texts = tuple(format_statement(s) for s in hoisted.statements)
+        self._kernels: Dict[str, Tuple] = {}
+
+    @staticmethod
+    def of(spec, options) -> Optional["HoistedForm"]:
+        explicit = tuple(name for name, _ in options.ranges)
+        hoisted = hoist(spec.statement, spec.rhs, explicit, pad=options.pad is not None)
+        return None if hoisted is None else HoistedForm(hoisted, options)
+
+    @staticmethod
+    def applies(dtypes) -> bool:
+        """Whether a call with these dtypes runs in the hoisted form."""
+        return dtypes.working in _HOISTED_DTYPES and dtypes.result == dtypes.working
+
+    def kernels(self, dtypes) -> Optional[Tuple]:
+        """The kernels for a call with these dtypes, or None to run as written."""
+        if not self.applies(dtypes):
+            return None
+        working = dtypes.working
+        if working.name not in self._kernels:
+            from .kernel import Kernel
+            built = []
+            with warnings.catch_warnings():   # the statement as written warned already
+                warnings.simplefilter("ignore")
+                for number, (statement, text) in enumerate(zip(self.hoisted.statements,
+                                                               self.texts)):
+                    temporary = number < len(self.hoisted.temporaries)
+                    built.append(Kernel(text, self._options(statement, temporary,
+                                                            working)))
+            self._kernels[working.name] = tuple(built)
+        return self._kernels[working.name]
+
+    def _options(self, statement, temporary: bool, working: np.dtype):
+        options = self.options
+        own = _indices(statement)
+        options = dataclasses.replace(
+            options, ranges=tuple((n, b) for n, b in options.ranges if n in own))
+        if temporary:
+            options = dataclasses.replace(options, dtype=working.name)
+        return options
+
+    def run(self, kernels, named: Dict[str, object]):
+        """The statement's result from its named arguments (and, for '='/'+=', the
+        array it writes into)."""
+        env = dict(named)
+        result = None
+        for kernel in kernels:
+            spec = kernel.spec
+            needed = spec.arg_order + ((spec.output,) if spec.assign != ":=" else ())
+            result = kernel(arrays={name: env[name] for name in needed})
+            env[spec.output] = result
+        return result
+
+
+def _indices(statement) -> set:
+    from ..rewrite.hoist import free_indices
+    found = set(statement.output_indices) | free_indices(statement.rhs)
+    for node in statement.rhs.walk():
+        if hasattr(node, "indices") and isinstance(node.indices, tuple) and \
+                all(isinstance(i, str) for i in node.indices):
+            found.update(node.indices)
+    return found
+
+
+@functools.lru_cache(maxsize=256)
+def hoisted_form(statement: str, spec, options) -> Optional[HoistedForm]:
+    """The hoisted form of a statement under these options (cached, with its
+    kernels, across the Kernel objects that ``ein`` creates per call)."""
+    return HoistedForm.of(spec, options)
+
+
+def run_hoisted(form: HoistedForm, call, named) -> Tuple[bool, object]:
+    """(True, result) from the hoisted form, or (False, None) when the statement must
+    run as written."""
+    kernels = form.kernels(call.dtypes)
+    if kernels is None:
+        return False, None
+    try:
+        return True, form.run(kernels, named)
+    except EinfuseError:
+        return False, None
