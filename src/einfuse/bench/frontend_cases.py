@@ -1,6 +1,7 @@
 """Benchmark cases of the front ends and programs: einsum strings (a 4-operand chain
-against numpy.einsum's optimised path, attention scores against torch.einsum) and a
-softmax program against torch.softmax."""
+against numpy.einsum's optimised path, attention scores against torch.einsum) and
+programs: softmax (as a program and as one statement) against torch.softmax, layernorm
+against torch's layer_norm."""
 
 from __future__ import annotations
 
@@ -42,11 +43,23 @@ e[i,j] := exp(X[i,j] - m[i])
 P[i,j] := e[i,j] / sum[k](e[i,k])"""
 
 
-def softmax_case(rows: int = 4096, cols: int = 1024) -> Case:
+SOFTMAX_STATEMENT = ("P[i,j] := exp(X[i,j] - max[k](X[i,k])) / "
+                     "sum[k](exp(X[i,k] - max[l](X[i,l])))")
+LAYERNORM = """mu[i] := sum[j](X[i,j]) / N
+v[i] := sum[j]((X[i,j] - mu[i])**2) / N
+y[i,j] := (X[i,j] - mu[i]) / sqrt(v[i] + 0.00001) * g[j] + b[j]"""
+
+
+def _program_call(source: str):
     def make(arrays, backend):
         import einfuse as ef
-        program = ef.compile(SOFTMAX, backend=backend)
+        program = ef.compile(source, backend=backend)
         return lambda: program(**arrays)
+    return make
+
+
+def softmax_case(rows: int = 4096, cols: int = 1024, statement: bool = False) -> Case:
+    source = SOFTMAX_STATEMENT if statement else SOFTMAX
 
     def torch_fn(X):
         import torch
@@ -55,10 +68,31 @@ def softmax_case(rows: int = 4096, cols: int = 1024) -> Case:
     def numpy_fn(X):
         e = np.exp(X - X.max(1, keepdims=True))
         return e / e.sum(1, keepdims=True)
-    return Case(f"softmax program {rows}x{cols}", SOFTMAX.replace("\n", "; "),
+    form = "statement" if statement else "program"
+    return Case(f"softmax {form} {rows}x{cols}", source.replace("\n", "; "),
                 lambda rng: {"X": rng.standard_normal((rows, cols), dtype=np.float32)},
                 [numpy_peer("numpy", numpy_fn), torch_peer("torch.softmax", torch_fn)],
-                einfuse_call=make)
+                einfuse_call=_program_call(source))
+
+
+def layernorm_case(rows: int = 4096, cols: int = 1024) -> Case:
+    def arrays(rng):
+        return {"X": rng.standard_normal((rows, cols), dtype=np.float32),
+                "g": rng.standard_normal(cols, dtype=np.float32),
+                "b": rng.standard_normal(cols, dtype=np.float32)}
+
+    def torch_fn(X, g, b):
+        import torch
+        return torch.nn.functional.layer_norm(X, (cols,), g, b, eps=1e-5)
+
+    def numpy_fn(X, g, b):
+        mu = X.mean(1, keepdims=True)
+        return (X - mu) / np.sqrt(((X - mu) ** 2).mean(1, keepdims=True) + 1e-5) * g + b
+    source = LAYERNORM.replace("N", str(cols))
+    return Case(f"layernorm program {rows}x{cols}", source.replace("\n", "; "), arrays,
+                [numpy_peer("numpy", numpy_fn),
+                 torch_peer("torch layer_norm", torch_fn)],
+                einfuse_call=_program_call(source))
 
 
 def frontend_cases(quick: bool = False) -> List[Case]:
@@ -67,9 +101,10 @@ def frontend_cases(quick: bool = False) -> List[Case]:
                             (32, 64), (64, 16)),
                 einsum_case("bhqd,bhkd->bhqk", "bhqd,bhkd->bhqk", (2, 2, 32, 16),
                             (2, 2, 32, 16)),
-                softmax_case(256, 128)]
+                softmax_case(256, 128), softmax_case(256, 128, statement=True),
+                layernorm_case(256, 128)]
     return [einsum_case("chain 4 operands", "ab,bc,cd,de->ae", (256, 1024), (1024, 256),
                         (256, 1024), (1024, 128)),
             einsum_case("bhqd,bhkd->bhqk", "bhqd,bhkd->bhqk", (4, 8, 512, 64),
                         (4, 8, 512, 64)),
-            softmax_case()]
+            softmax_case(), softmax_case(statement=True), layernorm_case()]

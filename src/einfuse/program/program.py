@@ -15,8 +15,10 @@ from dataclasses import dataclass
 from typing import Dict, Optional, Sequence, Tuple
 
 from ..analysis.options import Options
-from ..errors import (EinfuseNameError, EinfuseSyntaxError, MissingArgumentError,
+from ..errors import (EinfuseError, EinfuseNameError, EinfuseSyntaxError, MissingArgumentError,
                       UnexpectedArgumentError, attach_statement)
+from ..runtime.frameworks import common_framework
+from ..schedule import run_statements
 from .split import StatementText, split_program
 
 
@@ -65,11 +67,11 @@ class Program:
 
     def __call__(self, /, *args, arrays=None, **kwargs):
         env = self._named(args, kwargs, arrays)
-        for statement in self.statements:
-            kernel = statement.kernel
-            needed = statement.reads + ((statement.output,) if statement.assign != ":="
-                                        else ())
-            env[statement.output] = kernel(arrays={name: env[name] for name in needed})
+        try:
+            framework = common_framework(env)
+        except EinfuseError:     # mixed: the first statement that mixes them says so
+            framework = None
+        run_statements(tuple(s.kernel for s in self.statements), env, framework)
         results = tuple(env[name] for name in self.outputs)
         return results[0] if len(results) == 1 else results
 

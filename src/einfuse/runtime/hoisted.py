@@ -74,17 +74,13 @@ class HoistedForm:
             options = dataclasses.replace(options, dtype=working.name)
         return options
 
-    def run(self, kernels, named: Dict[str, object]):
+    def run(self, kernels, named: Dict[str, object], framework: str):
         """The statement's result from its named arguments (and, for '='/'+=', the
-        array it writes into)."""
+        array it writes into), fused where schedule/fusion.py allows."""
+        from ..schedule import run_statements
         env = dict(named)
-        result = None
-        for kernel in kernels:
-            spec = kernel.spec
-            needed = spec.arg_order + ((spec.output,) if spec.assign != ":=" else ())
-            result = kernel(arrays={name: env[name] for name in needed})
-            env[spec.output] = result
-        return result
+        run_statements(kernels, env, framework)
+        return env[kernels[-1].spec.output]
 
 
 def _indices(statement) -> set:
@@ -111,6 +107,6 @@ def run_hoisted(form: HoistedForm, call, named) -> Tuple[bool, object]:
     if kernels is None:
         return False, None
     try:
-        return True, form.run(kernels, named)
+        return True, form.run(kernels, named, call.framework)
     except EinfuseError:
         return False, None

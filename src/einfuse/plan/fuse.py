@@ -1,0 +1,125 @@
+"""Merging the lowered kernels of several statements into one loop nest (row fusion).
+
+Each statement of a fusion group (schedule/fusion.py decides the groups) is lowered
+on its own, to a kernel whose body is one parallel loop over its outermost output
+index.  The merged kernel runs that loop once and, in each iteration, the statements'
+loop bodies one after the other: statement 2 reads the row of an intermediate that
+statement 1 has just written, from cache, in the same thread.
+
+Names are made unique by a prefix per statement (``k0_``, ``k1_`` ...); buffer slots
+and parameter slots are numbered on; every statement's loop counter of the shared
+loop becomes one.  A statement's read of an intermediate written earlier in the group
+reads the producer's own output buffer (not a second pointer to the same memory,
+which ``restrict`` would forbid)."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Dict, Sequence, Tuple
+
+from .. import ir
+
+SHARED_LOOP = "f0"
+
+
+@dataclass(frozen=True)
+class _Renaming:
+    prefix: str
+    loop_var: str                    # this kernel's shared loop counter
+    buffers: Tuple[int, ...]         # slot -> merged slot
+    params: int                      # offset of this kernel's parameter slots
+
+    def name(self, value: str) -> str:
+        return SHARED_LOOP if value == self.loop_var else self.prefix + value
+
+
+def _rename(node, how: _Renaming):
+    """``node`` with every generated name, buffer slot and parameter slot renamed."""
+    if isinstance(node, tuple):
+        return tuple(_rename(item, how) for item in node)
+    if isinstance(node, ir.Affine):
+        return ir.Affine(tuple((how.name(n), c) for n, c in node.terms), node.const)
+    if isinstance(node, ir.Param):
+        return ir.Param(node.slot + how.params)
+    if not dataclasses.is_dataclass(node):
+        return node
+    changes = {}
+    for field in dataclasses.fields(node):
+        value = getattr(node, field.name)
+        if field.name in _NAME_FIELDS.get(type(node), ()):
+            if value is not None:
+                changes[field.name] = how.name(value)
+        elif field.name == "buffer":
+            changes[field.name] = how.buffers[value]
+        elif field.name == "reductions":
+            changes[field.name] = tuple((how.name(acc), op) for acc, op in value)
+        elif field.name == "strides":
+            changes[field.name] = tuple(None if v is None else how.name(v) for v in value)
+        elif field.name == "errors" and value is not None:
+            changes[field.name] = tuple(how.name(v) for v in value)
+        elif field.name == "fill":
+            continue     # names the call's pad/fill values, shared by every kernel
+        else:
+            changes[field.name] = _rename(value, how)
+    return dataclasses.replace(node, **changes)
+
+
+_NAME_FIELDS: Dict[type, Tuple[str, ...]] = {
+    ir.Subscript: ("size", "stride"),
+    ir.AccValue: ("acc", "lane", "row"),
+    ir.DeclareAcc: ("name",),
+    ir.Accumulate: ("name", "lane", "row"),
+    ir.Loop: ("var",),
+    ir.Fold: ("into", "error", "source"),
+    ir.Compensate: ("acc", "error"),
+    ir.CombineLanes: ("name", "into"),
+    ir.TiledLoop: ("var", "count"),
+}
+
+
+def fuse_kernels(kernels: Sequence[ir.Kernel], reads: Sequence[Dict[int, Tuple[int, int]]],
+                 working: str) -> ir.Program:
+    """One kernel running ``kernels`` (each a single parallel loop over the shared
+    index, same extent at run time) in one loop.  ``reads[n]`` maps a buffer slot of
+    kernel n that holds an intermediate of the group to (producer kernel, its output
+    slot)."""
+    buffers = []
+    ints = []
+    body = []
+    params = 0
+    extent = None
+    slots_of = []
+    for number, kernel in enumerate(kernels):
+        loop = kernel.body[0]
+        prefix = f"k{number}_"
+        mapping = []
+        for slot, buffer in enumerate(kernel.buffers):
+            if slot in reads[number]:
+                producer, out_slot = reads[number][slot]
+                mapping.append(slots_of[producer][out_slot])
+            else:
+                mapping.append(len(buffers))
+                buffers.append(dataclasses.replace(buffer, name=f"t{len(buffers)}"))
+        slots_of.append(tuple(mapping))
+        how = _Renaming(prefix, loop.var, tuple(mapping), params)
+        params += kernel.n_params
+        ints += [how.name(n) for n in kernel.ints]
+        if extent is None:
+            extent = _rename(loop.extent, how)
+        body += list(_rename(loop.body, how))
+    merged = ir.Kernel("einfuse_kernel", tuple(buffers), tuple(ints), params,
+                       (ir.Loop(SHARED_LOOP, extent, "parallel", tuple(body)),),
+                       checks_bounds=any(k.checks_bounds for k in kernels))
+    return ir.Program(working, (merged,))
+
+
+def slots_after_fusion(kernels: Sequence[ir.Kernel],
+                       reads: Sequence[Dict[int, Tuple[int, int]]]) -> Tuple[Tuple, ...]:
+    """For each merged buffer slot, (kernel, slot) of the array passed there."""
+    passed = []
+    for number, kernel in enumerate(kernels):
+        for slot in range(len(kernel.buffers)):
+            if slot not in reads[number]:
+                passed.append((number, slot))
+    return tuple(passed)

@@ -1,0 +1,199 @@
+"""Fusion groups: which consecutive statements of a program (or of a statement's hoisted
+form) run as one loop nest, and the run of a sequence of statements by those groups.
+
+A group shares its outermost parallel loop (row fusion, plan/fuse.py): softmax's
+row maximum, row sum and normalised row are three loop bodies in one loop over rows,
+so each row is read from memory once and then from cache.  A statement joins the
+group of the statement before it when, for this call,
+
+* both are ':=' statements with output indices, run by the C backend as one loop nest
+  (no BLAS contraction, no input packed for lanes), in the same working dtype, which
+  is also their result dtype (an intermediate is kept as the statement would give it);
+* their outermost loops are parallel loops of the same extent over indices whose
+  range starts at 0;
+* every read of an intermediate written earlier in the group is a value read (not
+  an index array) whose subscript on the producer's outer axis is exactly the
+  reader's outer index: the row it reads is the row just written, in this thread.
+
+Anything else runs statement by statement, as before; so does every framework other
+than NumPy (autograd and JAX trace the statements one by one) and every call whose
+fused kernel reports an out-of-bounds gather (the statements then raise their own
+error)."""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass
+from typing import Dict, List, Optional, Sequence, Tuple
+
+from ..errors import EinfuseError
+
+# Below this much work (points of the statements' iteration spaces) a fused kernel saves
+# too little to be worth binding the group for.
+MIN_FUSED_ELEMENTS = 1 << 12
+
+
+@dataclass(frozen=True)
+class Member:
+    """One statement of a fusion group, bound for this call."""
+    kernel: object           # the statement's runtime Kernel
+    call: object             # its BoundCall (intermediates of the group: placeholders)
+    plan: object             # its C plan for this call's layouts
+    buffers: Tuple           # its input arrays (working dtype) and output, by slot
+    outer: str               # the index of its outermost (shared) loop
+    extent: int
+    reads: Dict[int, Tuple[int, int]]   # slot -> (producer member, producer's out slot)
+
+
+def run_statements(kernels: Sequence, env: Dict[str, object], framework: str) -> None:
+    """Run ``kernels`` (each reads names from ``env`` and writes its output into it) in
+    order, fusing runs of them where the rules above allow."""
+    position = 0
+    # binding a group costs more than fusing saves on small arrays: decided once, by
+    # the largest array given
+    worth = framework == "numpy" and len(kernels) >= 2 and max(
+        (getattr(v, "size", 0) for v in env.values()), default=0) >= MIN_FUSED_ELEMENTS
+    while position < len(kernels):
+        fused = 0
+        if worth and len(kernels) - position >= 2:
+            fused = _try_fused(kernels, position, env)
+        if fused:
+            position += fused
+            continue
+        _run_one(kernels[position], env)
+        position += 1
+
+
+def _needed(spec) -> Tuple[str, ...]:
+    return spec.arg_order + ((spec.output,) if spec.assign != ":=" else ())
+
+
+def _run_one(kernel, env) -> None:
+    spec = kernel.spec
+    env[spec.output] = kernel(arrays={name: env[name] for name in _needed(spec)})
+
+
+def _try_fused(kernels, start: int, env) -> int:
+    """Run a group starting at ``start`` as one kernel; the number of statements it
+    ran (0: none, the caller runs the statement alone).  A statement with a hoisted
+    form (rewrite/hoist.py) joins as its statements, all or none of them."""
+    from ..backends import c_fused
+    if not c_fused.available():
+        return 0
+    members: List[Member] = []
+    outputs: List[str] = []            # each member's key in ``scratch``
+    scratch = dict(env)
+    produced: Dict[str, int] = {}
+    joined = 0
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for number, kernel in enumerate(kernels[start:]):
+            units = _units(kernel, scratch, number)
+            if units is None:
+                break
+            size = len(members)
+            for unit, names, key in units:
+                member = _join(unit, names, members, produced, scratch)
+                if member is None:
+                    break
+                members.append(member)
+                outputs.append(key)
+                produced[key] = len(members) - 1
+                scratch[key] = member.buffers[-1]
+            else:
+                joined += 1
+                continue
+            del members[size:], outputs[size:]
+            break
+    if len(members) < 2 or sum(_work(m.call) for m in members) < MIN_FUSED_ELEMENTS:
+        return 0
+    if not c_fused.run(members):
+        return 0
+    for member, key in zip(members, outputs):
+        if "#" not in key:             # a hoisted form's temporaries stay inside
+            env[key] = member.kernel.deliver(member.call, member.buffers[-1])
+    return joined
+
+
+def _work(call) -> int:
+    size = 1
+    for lo, hi in call.bounds.range_map.values():
+        size *= max(1, hi - lo)
+    return size
+
+
+def _units(kernel, scratch, number):
+    """(kernel, local name -> key in scratch, output key) for the statement, or for each
+    statement of its hoisted form where that applies to this call; None when the
+    statement cannot be bound."""
+    spec = kernel.spec
+    if spec.assign != ":=":
+        return None
+    form = kernel.hoisted_form
+    if form is None:
+        return [(kernel, {}, spec.output)]
+    try:
+        call = kernel.bind(arrays={name: scratch[name] for name in _needed(spec)})
+    except (EinfuseError, KeyError):
+        return None
+    kernels = form.kernels(call.dtypes)
+    if kernels is None:
+        return [(kernel, {}, spec.output)]
+    local = {k.spec.output: f"#{number}#{k.spec.output}" for k in kernels[:-1]}
+    return [(k, local, local.get(k.spec.output, k.spec.output)) for k in kernels]
+
+
+def _join(kernel, names: Dict[str, str], members: List[Member], produced: Dict[str, int],
+          scratch) -> Optional[Member]:
+    """``kernel`` bound as the next member of the group, or None where it cannot join;
+    ``names`` maps the statement's names to keys of ``scratch`` where they differ."""
+    from ..backends import c_fused
+    spec = kernel.spec
+    if spec.assign != ":=" or not spec.output_indices:
+        return None
+    for info in spec.tensors:
+        if names.get(info.name, info.name) in produced and info.as_index:
+            return None
+    try:
+        call = kernel.bind(arrays={name: scratch[names.get(name, name)]
+                                   for name in _needed(spec)})
+    except (EinfuseError, KeyError):
+        return None
+    if call.framework != "numpy" or call.dtypes.result != call.dtypes.working or \
+            call.dtypes.working.kind not in "fiu":
+        return None
+    if members and call.dtypes.working != members[0].call.dtypes.working:
+        return None
+    if members and call.options.pad != members[0].call.options.pad or \
+            members and call.options.fill != members[0].call.options.fill:
+        return None
+    prepared = c_fused.prepare(kernel, call)
+    if prepared is None:
+        return None
+    plan, buffers, outer = prepared
+    lo, hi = call.bounds.range_map[outer]
+    if lo != 0 or (members and hi != members[0].extent):
+        return None
+    reads = _intermediate_reads(spec, plan, names, produced, members, outer)
+    if reads is None:
+        return None
+    return Member(kernel, call, plan, tuple(buffers), outer, hi, reads)
+
+
+def _intermediate_reads(spec, plan, names, produced, members, outer):
+    """slot -> (producer, its output slot) for every intermediate of the group that
+    ``spec`` reads, or None when one is read at another row than the one just
+    written."""
+    from ..lang.ast import accesses
+    reads = {}
+    for access in accesses(spec.rhs):
+        key = names.get(access.tensor, access.tensor)
+        if key not in produced:
+            continue
+        producer = members[produced[key]]
+        axis = producer.kernel.spec.output_indices.index(producer.outer)
+        if access.indices[axis].plain_index != outer:
+            return None
+        slot = plan.slots.index((access.tensor, "value"))
+        reads[slot] = (produced[key], len(producer.plan.slots) - 1)
+    return reads

@@ -1,0 +1,123 @@
+"""Fusion groups (schedule/fusion.py): consecutive statements that share their outer
+parallel loop run as one C kernel, reading each row of an intermediate right after
+writing it; results equal the statements run one by one, and statements that must not
+share a loop (another row read, a column reduction, an intermediate used as an index
+array) run alone."""
+
+import numpy as np
+import pytest
+
+import einfuse as ef
+from einfuse.backends import c_build, c_fused
+from einfuse.errors import OutOfBoundsError
+
+pytestmark = pytest.mark.skipif(c_build.find_compiler() is None,
+                                reason="fusion runs C kernels")
+
+rng = np.random.default_rng(7)
+X = rng.standard_normal((70, 90))
+G, B = rng.standard_normal(90), rng.standard_normal(90)
+
+
+@pytest.fixture
+def groups(monkeypatch):
+    """The statements of each fused kernel that runs."""
+    seen = []
+    run = c_fused.run
+
+    def spy(members):
+        seen.append([m.kernel.spec.output for m in members])
+        return run(members)
+    monkeypatch.setattr(c_fused, "run", spy)
+    return seen
+
+
+def softmax(X):
+    e = np.exp(X - X.max(1, keepdims=True))
+    return e / e.sum(1, keepdims=True)
+
+
+def layernorm(x):
+    mu = x.mean(1, keepdims=True)
+    return (x - mu) / np.sqrt(((x - mu) ** 2).mean(1, keepdims=True) + 1e-5) * G + B
+
+
+FUSED = [
+    ("softmax program", """m[i] := max[j](X[i,j])
+                          e[i,j] := exp(X[i,j] - m[i])
+                          P[i,j] := e[i,j] / sum[k](e[i,k])""", softmax, 4),
+    ("softmax statement",
+     "P[i,j] := exp(X[i,j] - max[k](X[i,k])) / sum[k](exp(X[i,k] - max[l](X[i,l])))",
+     softmax, 3),
+    ("layernorm program", """mu[i] := sum[j](X[i,j]) / 90
+                            v[i] := sum[j]((X[i,j] - mu[i])**2) / 90
+                            y[i,j] := (X[i,j] - mu[i]) / sqrt(v[i] + 0.00001) * G[j] + B[j]""",
+     layernorm, 3),
+    ("layernorm statement",
+     "y[i,j] := (X[i,j] - sum[k](X[i,k]) / 90) / sqrt(sum[k]((X[i,k] - sum[l](X[i,l]) / 90)"
+     "**2) / 90 + 0.00001) * G[j] + B[j]", layernorm, 3),
+    ("rmsnorm", """r[a] := sqrt(sum[b](X[a,b]**2) / 90 + 0.000001)
+                  y[i,j] := X[i,j] / r[i] * G[j]""",
+     lambda X: X / np.sqrt((X ** 2).mean(1, keepdims=True) + 1e-6) * G, 2),
+]
+
+
+@pytest.mark.parametrize("name,source,reference,members", FUSED, ids=[c[0] for c in FUSED])
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_fused_groups_equal_the_reference(groups, name, source, reference, members, dtype):
+    arrays = {"X": X.astype(dtype), "G": G.astype(dtype), "B": B.astype(dtype)}
+    program = ef.compile(source, backend="c")
+    got = program(**{name: arrays[name] for name in program.inputs})
+    assert got.dtype == dtype
+    tolerance = 1e-12 if dtype == np.float64 else 2e-5
+    np.testing.assert_allclose(got, reference(X), rtol=tolerance, atol=tolerance)
+    assert [len(g) for g in groups] == [members]
+
+
+@pytest.mark.parametrize("source,reference", [
+    # the row maximum read at another row (m[j]): not the row just written
+    ("m[i] := max[j](S[i,j]); y[i,j] := S[i,j] * m[j]",
+     lambda S: S * S.max(1)[None, :]),
+    # a column reduction: its loop runs over j, the next statement's over i
+    ("m[j] := max[i](S[i,j]); y[i,j] := S[i,j] - m[j]", lambda S: S - S.max(0)),
+])
+def test_statements_that_cannot_share_a_loop_run_alone(groups, source, reference):
+    S = rng.standard_normal((80, 80))
+    np.testing.assert_allclose(ef.ein(source, S=S), reference(S), rtol=1e-12)
+    assert groups == []
+
+
+def test_intermediate_used_as_an_index_array_is_not_fused(groups):
+    W = rng.standard_normal((80, 90))
+    idx = np.arange(70)[::-1].copy()
+    got = ef.ein("m[i] := idx[i] + 0; y[i,j] := W[m[i], j] * 2", idx=idx, W=W)
+    np.testing.assert_allclose(got, W[idx] * 2)
+    assert groups == []
+
+
+def test_out_of_bounds_gather_in_a_group_raises_the_statements_error(groups):
+    W = rng.standard_normal((70, 90))
+    idx = np.concatenate([np.arange(69), [500]])
+    statement = "y[i,j] := W[idx[i], j] / m[i]"
+    with pytest.raises(OutOfBoundsError) as info:
+        ef.ein("m[i] := max[j](X[i,j])\n" + statement, X=X, W=W, idx=idx)
+    assert statement in str(info.value)
+    assert [len(g) for g in groups] == [2]
+
+
+def test_small_calls_run_statement_by_statement(groups):
+    small = X[:3, :4]
+    np.testing.assert_allclose(ef.ein("m[i] := max[j](S[i,j]); y[i,j] := S[i,j] - m[i]",
+                                      S=small), small - small.max(1, keepdims=True))
+    assert groups == []
+
+
+def test_group_stops_at_a_statement_that_cannot_join(groups):
+    """softmax's statements fuse; the loss over all rows (no output index) runs after."""
+    program = ef.compile("""m[i] := max[j](X[i,j])
+                            z[i] := m[i] + log(sum[j](exp(X[i,j] - m[i])))
+                            loss := sum[i](z[i]) / 70""")
+    z = X.max(1) + np.log(np.exp(X - X.max(1, keepdims=True)).sum(1))
+    np.testing.assert_allclose(program(X=X), z.mean(), rtol=1e-12)
+    assert groups == [["m", "z"]]
+
