@@ -31,6 +31,7 @@ class ProgramExplanation:
     outputs: Tuple[str, ...]
     parts: list                              # each statement's Explanation
     materialised: Optional[List[Materialised]] = None
+    groups: Optional[List[Tuple[int, ...]]] = None   # statements (0-based) per kernel
     notes: List[str] = field(default_factory=list)
 
     @property
@@ -50,13 +51,22 @@ class ProgramExplanation:
         n = len(self.statements)
         out = [f"Program of {n} statement{'s' if n != 1 else ''}"]
         out += [f"  {i}. {text}" for i, text in enumerate(self.statements, 1)]
-        out += ["", f"Outputs: {', '.join(self.outputs)}", "", "How it runs",
-                f"  {n} kernel{'s' if n != 1 else ''}, one per statement, in order: "
-                "statements are not fused into shared loop nests yet"]
+        out += ["", f"Outputs: {', '.join(self.outputs)}", "", "How it runs"]
+        groups = self.groups or [(i,) for i in range(n)]
+        out.append(f"  {len(groups)} kernel{'s' if len(groups) != 1 else ''}, in order "
+                   "(NumPy arrays on the C backend; PyTorch and JAX run one kernel per "
+                   "statement):")
+        for number, group in enumerate(groups, 1):
+            which = ", ".join(str(i + 1) for i in group)
+            how = "fused: one loop over rows, each statement's row computed in turn" \
+                if len(group) > 1 else "alone"
+            out.append(f"    kernel {number}: statement{'s' if len(group) > 1 else ''} "
+                       f"{which} ({how})")
         if self.materialised is not None:
             if self.materialised:
-                out.append("  materialised intermediates (written to memory by one kernel, "
-                           "read back by the next):")
+                out.append("  materialised intermediates (written to memory; inside a fused "
+                           "kernel each row is read back from cache right after it is "
+                           "written):")
                 for m in self.materialised:
                     readers = ", ".join(str(r) for r in m.readers)
                     out.append(f"    {m.name}  {m.dtype} {'x'.join(map(str, m.shape)) or '()'}"
@@ -121,6 +131,11 @@ def explain_program(program: Program, args, arrays, shapes, gradients: bool):
                  for s in program.statements]
         return ProgramExplanation(texts, program.outputs, parts, notes=[
             "pass arrays or shapes= to see ranges, costs and what is materialised"])
+    from ..schedule.fusion import fusion_groups
+    try:
+        groups = fusion_groups(tuple(s.kernel for s in program.statements), values)
+    except EinfuseError:
+        groups = None     # the statements' own explanations say what is wrong
     parts, env = [], dict(values)
     produced: Dict[str, Tuple[Tuple[int, ...], str]] = {}
     for statement in program.statements:
@@ -140,4 +155,4 @@ def explain_program(program: Program, args, arrays, shapes, gradients: bool):
         if readers:
             nbytes = int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
             materialised.append(Materialised(name, shape, dtype, nbytes, readers))
-    return ProgramExplanation(texts, program.outputs, parts, materialised)
+    return ProgramExplanation(texts, program.outputs, parts, materialised, groups)

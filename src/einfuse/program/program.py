@@ -1,12 +1,13 @@
 """Programs: several statements, where a name defined with ':=' is an intermediate that
 later statements read (programs.md section 1).
 
-This step of the design runs a program statement by statement: each statement is a v1
-:class:`~einfuse.runtime.kernel.Kernel` (its own analysis, plan and compiled kernel), and
-intermediates are arrays of the caller's framework, so PyTorch autograd and jax.grad,
-jit and vmap work through a program as they do through its statements.  Fusing
-statements into shared loop nests is the scheduler's job, not built yet; ``explain``
-says so and counts every intermediate that is materialised."""
+Each statement is a v1 :class:`~einfuse.runtime.kernel.Kernel` (its own analysis, plan
+and compiled kernel, with its loop-invariant reductions hoisted); intermediates are
+arrays of the caller's framework, so PyTorch autograd and jax.grad, jit and vmap work
+through a program as they do through its statements.  The scheduler
+(schedule/fusion.py) runs consecutive statements over the same rows as one C kernel
+for NumPy callers; ``explain`` shows those kernels and every materialised
+intermediate."""
 
 from __future__ import annotations
 

@@ -26,6 +26,8 @@ import warnings
 from dataclasses import dataclass
 from typing import Dict, List, Optional, Sequence, Tuple
 
+import numpy as np
+
 from ..errors import EinfuseError
 
 # Below this much work (points of the statements' iteration spaces) a fused kernel saves
@@ -49,10 +51,7 @@ def run_statements(kernels: Sequence, env: Dict[str, object], framework: str) ->
     """Run ``kernels`` (each reads names from ``env`` and writes its output into it) in
     order, fusing runs of them where the rules above allow."""
     position = 0
-    # binding a group costs more than fusing saves on small arrays: decided once, by
-    # the largest array given
-    worth = framework == "numpy" and len(kernels) >= 2 and max(
-        (getattr(v, "size", 0) for v in env.values()), default=0) >= MIN_FUSED_ELEMENTS
+    worth = _worth(kernels, env, framework)
     while position < len(kernels):
         fused = 0
         if worth and len(kernels) - position >= 2:
@@ -75,11 +74,52 @@ def _run_one(kernel, env) -> None:
 
 def _try_fused(kernels, start: int, env) -> int:
     """Run a group starting at ``start`` as one kernel; the number of statements it
-    ran (0: none, the caller runs the statement alone).  A statement with a hoisted
-    form (rewrite/hoist.py) joins as its statements, all or none of them."""
+    ran (0: none, the caller runs the statement alone)."""
+    from ..backends import c_fused
+    members, outputs, joined = _group(kernels, start, env)
+    if not joined or not c_fused.run(members):
+        return 0
+    for member, key in zip(members, outputs):
+        if "#" not in key:             # a hoisted form's temporaries stay inside
+            env[key] = member.kernel.deliver(member.call, member.buffers[-1])
+    return joined
+
+
+def fusion_groups(kernels: Sequence, env: Dict[str, object]) -> List[Tuple[int, ...]]:
+    """The statements (0-based) of each kernel that would run for arrays like those in
+    ``env`` (their contents are not read), for explain."""
+    env = dict(env)
+    groups: List[Tuple[int, ...]] = []
+    position = 0
+    worth = _worth(kernels, env, "numpy")
+    while position < len(kernels):
+        members, outputs, joined = _group(kernels, position, env) if worth else ([], [], 0)
+        if joined:
+            for member, key in zip(members, outputs):
+                env[key] = member.buffers[-1]
+            groups.append(tuple(range(position, position + joined)))
+            position += joined
+            continue
+        kernel = kernels[position]
+        spec = kernel.spec
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            call = kernel.bind(arrays={name: env[name] for name in _needed(spec)})
+        if spec.assign == ":=":
+            env[spec.output] = np.empty(call.output_shape, call.dtypes.result)
+        groups.append((position,))
+        position += 1
+    return groups
+
+
+def _group(kernels, start: int, env):
+    """(members, their keys in the environment, statements joined) of the group that
+    starts at ``start``; no statements joined when there is no group of two or more
+    loop nests worth fusing.  A statement with a hoisted form (rewrite/hoist.py)
+    joins as its statements, all or none of them."""
     from ..backends import c_fused
     if not c_fused.available():
-        return 0
+        return [], [], 0
     members: List[Member] = []
     outputs: List[str] = []            # each member's key in ``scratch``
     scratch = dict(env)
@@ -106,13 +146,15 @@ def _try_fused(kernels, start: int, env) -> int:
             del members[size:], outputs[size:]
             break
     if len(members) < 2 or sum(_work(m.call) for m in members) < MIN_FUSED_ELEMENTS:
-        return 0
-    if not c_fused.run(members):
-        return 0
-    for member, key in zip(members, outputs):
-        if "#" not in key:             # a hoisted form's temporaries stay inside
-            env[key] = member.kernel.deliver(member.call, member.buffers[-1])
-    return joined
+        return [], [], 0
+    return members, outputs, joined
+
+
+def _worth(kernels, env, framework: str) -> bool:
+    # binding a group costs more than fusing saves on small arrays: decided once, by
+    # the largest array given
+    return framework == "numpy" and len(kernels) >= 2 and max(
+        (getattr(v, "size", 0) for v in env.values()), default=0) >= MIN_FUSED_ELEMENTS
 
 
 def _work(call) -> int:
