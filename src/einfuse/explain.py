@@ -324,28 +324,22 @@ def explain_kernel(kernel: Kernel, args, arrays, shapes, gradients: bool) -> Exp
     chosen = get_backend(kernel.options.backend)
     form = kernel.hoisted_form
     hoisted = form.hoisted if form is not None and form.applies(call.dtypes) else None
+    lines = None
     if hoisted is not None:
         lines, nests = hoisted_lines(form, call, chosen)
-        return Explanation(
-            text, words(spec, kernel.options), index_rows(spec, call.bounds),
-            loop_nest(spec, call.bounds), flops=count_flops(spec, call.bounds, hoisted),
-            bytes_read=read, bytes_written=written,
-            naive_intermediate_bytes=naive_intermediate(spec, call.bounds,
-                                                        call.dtypes.working.itemsize),
-            strategy=f"backend {chosen.name}: the {len(form.texts)} kernels above, in "
-                     f"order; result dtype {call.dtypes.result}",
-            compiled_loop_nest=nests,
-            gradients=gradient_lines(kernel, call) if gradients else None, hoisted=lines)
+        how = f"the {len(form.texts)} kernels above, in order"
+    else:
+        nests = chosen.loop_nest(call) if hasattr(chosen, "loop_nest") else None
+        how = chosen.strategy(call)
     return Explanation(
         text, words(spec, kernel.options), index_rows(spec, call.bounds),
         loop_nest(spec, call.bounds), flops=count_flops(spec, call.bounds, hoisted),
         bytes_read=read, bytes_written=written,
         naive_intermediate_bytes=naive_intermediate(spec, call.bounds,
                                                     call.dtypes.working.itemsize),
-        strategy=f"backend {chosen.name}: {chosen.strategy(call)}; result dtype "
-                 f"{call.dtypes.result}",
-        compiled_loop_nest=chosen.loop_nest(call) if hasattr(chosen, "loop_nest") else None,
-        gradients=gradient_lines(kernel, call) if gradients else None)
+        strategy=f"backend {chosen.name}: {how}; result dtype {call.dtypes.result}",
+        compiled_loop_nest=nests,
+        gradients=gradient_lines(kernel, call) if gradients else None, hoisted=lines)
 
 
 def hoisted_lines(form, call, backend):

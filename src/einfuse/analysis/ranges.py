@@ -51,6 +51,15 @@ class Bounds:
     def source(self, index: str) -> str:
         return dict(self.sources)[index]
 
+    @property
+    def points(self) -> int:
+        """Points of the iteration space (an empty range counted as one), the work
+        measure that thread and fusion thresholds compare with."""
+        work = 1
+        for _, (lo, hi) in self.ranges:
+            work *= max(1, hi - lo)
+        return work
+
 
 def _fmt(rng: Range) -> str:
     lo, hi = rng

@@ -109,9 +109,7 @@ def _pack_for_lanes(call, plan, buffers: List[np.ndarray]) -> bool:
     if not plan.lane_indices:
         return False
     from ..lang.ast import accesses
-    work = 1
-    for lo, hi in call.bounds.range_map.values():
-        work *= max(1, hi - lo)
+    work = call.bounds.points
     slots = buffer_slots(call.spec)
     packed = False
     for access in accesses(call.spec.rhs):
@@ -189,9 +187,7 @@ class CBackend:
         fills = np.array([options.pad if options.pad is not None else 0.0, options.fill],
                          dtype=np.float64)
         pointers = (ctypes.c_void_p * len(buffers))(*[b.ctypes.data for b in buffers])
-        work = 1
-        for lo, hi in call.bounds.range_map.values():
-            work *= max(1, hi - lo)
+        work = call.bounds.points
         threads = options.threads or (1 if work < PARALLEL_MIN_WORK else 0)
         error = ctypes.c_int32(0)
         for function in functions:

@@ -11,6 +11,7 @@ from typing import Dict, Tuple
 
 import numpy as np
 
+from .. import ir
 from ..plan import call_arguments, unit_axis
 from ..plan.fuse import fuse_kernels, slots_after_fusion
 from . import c_build
@@ -39,7 +40,7 @@ def prepare(kernel, call):
     if _pack_for_lanes(call, plan, list(buffers)) or len(plan.program.kernels) != 1:
         return None
     body = plan.program.kernels[0].body
-    if len(body) != 1 or type(body[0]).__name__ != "Loop" or body[0].kind != "parallel":
+    if len(body) != 1 or not isinstance(body[0], ir.Loop) or body[0].kind != "parallel":
         return None
     number = int(body[0].var[1:])
     return plan, buffers, call.spec.all_indices[number]
@@ -80,12 +81,7 @@ def run(members) -> bool:
     options = members[0].call.options
     fills = np.array([options.pad if options.pad is not None else 0.0, options.fill],
                      dtype=np.float64)
-    work = 0
-    for member in members:
-        size = 1
-        for lo, hi in member.call.bounds.range_map.values():
-            size *= max(1, hi - lo)
-        work += size
+    work = sum(member.call.bounds.points for member in members)
     threads = options.threads or (1 if work < PARALLEL_MIN_WORK else 0)
     error = ctypes.c_int32(0)
     function(pointers, ints_array.ctypes.data, doubles_array.ctypes.data,

@@ -166,11 +166,8 @@ class _Rewriter:
             if index in self.explicit or not _only_plain(index, own):
                 return False
         for index in _bound(reduce):
-            if index not in self.explicit and not _only_plain(index, self.subscripts) \
-                    and not _only_plain(index, own):
-                return False
+            # a reduced index's range is the statement's: plain everywhere, or explicit
             if index not in self.explicit and not _only_plain(index, self.subscripts):
-                # k occurs elsewhere with other subscripts: its range is shared
                 return False
         return True
 

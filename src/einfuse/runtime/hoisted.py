@@ -57,17 +57,16 @@ class HoistedForm:
             built = []
             with warnings.catch_warnings():   # the statement as written warned already
                 warnings.simplefilter("ignore")
-                for number, (statement, text) in enumerate(zip(self.hoisted.statements,
-                                                               self.texts)):
+                for number, text in enumerate(self.texts):
                     temporary = number < len(self.hoisted.temporaries)
-                    built.append(Kernel(text, self._options(statement, temporary,
-                                                            working)))
+                    built.append(Kernel(text, self._options(text, temporary, working)))
             self._kernels[working.name] = tuple(built)
         return self._kernels[working.name]
 
-    def _options(self, statement, temporary: bool, working: np.dtype):
+    def _options(self, text: str, temporary: bool, working: np.dtype):
+        from .kernel import _spec_for
         options = self.options
-        own = _indices(statement)
+        own = _spec_for(text).all_indices
         options = dataclasses.replace(
             options, ranges=tuple((n, b) for n, b in options.ranges if n in own))
         if temporary:
@@ -81,16 +80,6 @@ class HoistedForm:
         env = dict(named)
         run_statements(kernels, env, framework)
         return env[kernels[-1].spec.output]
-
-
-def _indices(statement) -> set:
-    from ..rewrite.hoist import free_indices
-    found = set(statement.output_indices) | free_indices(statement.rhs)
-    for node in statement.rhs.walk():
-        if hasattr(node, "indices") and isinstance(node.indices, tuple) and \
-                all(isinstance(i, str) for i in node.indices):
-            found.update(node.indices)
-    return found
 
 
 @functools.lru_cache(maxsize=256)

@@ -145,7 +145,7 @@ def _group(kernels, start: int, env):
                 continue
             del members[size:], outputs[size:]
             break
-    if len(members) < 2 or sum(_work(m.call) for m in members) < MIN_FUSED_ELEMENTS:
+    if len(members) < 2 or sum(m.call.bounds.points for m in members) < MIN_FUSED_ELEMENTS:
         return [], [], 0
     return members, outputs, joined
 
@@ -155,13 +155,6 @@ def _worth(kernels, env, framework: str) -> bool:
     # the largest array given
     return framework == "numpy" and len(kernels) >= 2 and max(
         (getattr(v, "size", 0) for v in env.values()), default=0) >= MIN_FUSED_ELEMENTS
-
-
-def _work(call) -> int:
-    size = 1
-    for lo, hi in call.bounds.range_map.values():
-        size *= max(1, hi - lo)
-    return size
 
 
 def _units(kernel, scratch, number):
