@@ -76,6 +76,9 @@ class GradientStatement:
     range_checks: Tuple[Tuple[str, str, int], ...] = ()
     # run these instead when covers() is False (only for gathers with range_checks)
     fallback: List["GradientStatement"] = field(default_factory=list)
+    # indices whose values the statement computes with as numbers (the position of the
+    # first maximum in a max/min gradient): checked exact in the working dtype per call
+    positions: Tuple[str, ...] = ()
 
     def covers(self, arrays) -> bool:
         """Do the frame indices that stand for forward reduction indices cover wrt's
@@ -403,7 +406,13 @@ class _Deriver:
                                      self.spec.statement),
                                  options=opts, forward_options=dict(self.options),
                                  parent=self.parent, description=text,
-                                 output_grad=self.dout)
+                                 output_grad=self.dout,
+                                 positions=position_indices(spec.rhs))
+
+
+def position_indices(rhs):
+    from .rules import position_indices as found
+    return found(rhs)
 
 
 def _occurrences(rhs, wrt, seed, names):

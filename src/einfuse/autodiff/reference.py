@@ -12,7 +12,7 @@ from ..errors import OutOfBoundsError, RangeError
 from ..lang.ast import IndexExpr
 from ..runtime.frameworks import JAX, TORCH, framework_of, placeholder
 from ..runtime.kernel import compile as ef_compile, ein
-from .derive import AxisOf, ExtentOf, GradientStatement, NoGradientError
+from .derive import AxisOf, ExtentOf, GradientStatement, NoGradientError, RangeOf
 
 _PASSED = ("ranges", "pad", "bounds", "fill")
 
@@ -69,11 +69,39 @@ def resolve_options(g: GradientStatement, arrays: Mapping[str, object]) -> Dict[
             raise RangeError(f"index {index} runs over {lo}..{hi - 1} in {g.forward!r}, not "
                              f"over all of {tensor}'s axis {axis} (0..{n - 1}); run this "
                              f"gradient's fallback (scatter) statements instead")
+    _check_positions_exact(g, ranges, arrays)
     result = {"ranges": ranges}
     for key in ("pad", "bounds", "fill"):
         if g.options.get(key) is not None:
             result[key] = g.options[key]
     return result
+
+
+# The largest integer below which every integer is exact in float32 (float16 and
+# bfloat16 compute in float32 too).
+_FLOAT32_EXACT = 2**24
+
+
+def _check_positions_exact(g: GradientStatement, ranges, arrays) -> None:
+    """Positions compared as numbers must be exact in the working dtype: a float32
+    max/min gradient over more than 2**24 positions along one index could not tell
+    neighbouring positions apart."""
+    long = [index for index in g.positions
+            if max(abs(ranges[index].start), abs(ranges[index].stop)) > _FLOAT32_EXACT]
+    if not long:
+        return
+    floats = [np.dtype(placeholder(arrays[n]).dtype) for n in g.inputs
+              if not isinstance(arrays[n], (int, float)) and
+              np.dtype(placeholder(arrays[n]).dtype).kind == "f"]
+    if floats and max(d.itemsize for d in floats) < 8:
+        index = long[0]
+        source = g.options["ranges"].get(index)
+        shown = source.index if isinstance(source, RangeOf) else index
+        raise NoGradientError(
+            f"the gradient of {g.forward!r} locates the first maximum/minimum along "
+            f"{shown} ({ranges[index].stop - ranges[index].start} positions) and float32 "
+            f"cannot tell positions beyond {_FLOAT32_EXACT} apart; compute in float64 "
+            "(float64 inputs or dtype='float64')")
 
 
 def run_reference(grads: Iterable[GradientStatement], arrays: Mapping[str, object], *,

@@ -15,10 +15,13 @@ inline where needed, ``K2`` fresh copies of ``K``):
 * prod: ``g * prod[K2](where(K2 != K, body[K2], 1))`` -- the product of the *other*
   factors, exact with zeros (never ``R / body``);
 * logsumexp: ``g * exp(body - R)`` (the softmax weight);
-* max / min: ``where((body == R) & (max[K2](where(K2 < K, body[K2], -inf)) < body), g, 0)``
-  -- the gradient goes to the first arg-extremum in index order (lexicographic for
-  several indices); the inner maximum over the earlier elements is below the extremum
-  only at its first occurrence.
+* max / min: ``where(k == min[k2](where(body[k2] == R, k2, BIG)), g, 0)`` -- the
+  gradient goes to the first arg-extremum in index order (NumPy's argmax; one position,
+  never split among ties); for several
+  indices ``k, l`` lexicographically: ``k`` is the first row holding an extremum and
+  ``l`` the first column of row ``k`` holding one.  Each ``min[...]`` is free of the
+  index it locates, so rewrite/hoist.py computes it once per output point: the
+  backward pass is linear in the reduced length, not quadratic.
 """
 
 from __future__ import annotations
@@ -143,6 +146,38 @@ def _copy_body(r: Reduce, names: Names):
     return fresh, rename(r.body, fresh, names)
 
 
+# Larger than any position, so a row without an extremum (all NaN) matches no index.
+_NO_POSITION = 2**63 - 1
+
+
+def _first_extremum(r: Reduce, fresh, body2: Expr, names: Names) -> Expr:
+    """True exactly at the first position (row-major over ``r.indices``) where the body
+    equals the reduction ``r``: for each index in turn, it equals the smallest value of
+    that index among the extrema that share the indices before it."""
+    condition = None
+    for n, k in enumerate(r.indices):
+        later = r.indices[n:]     # the indices before k keep their current values
+        body_here = rename(body2, {fresh[k2]: k2 for k2 in r.indices[:n]}, names)
+        first = Reduce("min", tuple(fresh[k2] for k2 in later),
+                       where(cmp("==", body_here, r), IndexValue(fresh[k]), num(_NO_POSITION)))
+        test = cmp("==", IndexValue(k), first)
+        condition = test if condition is None else Binary("&", condition, test)
+    return condition
+
+
+def position_indices(expr: Expr) -> Tuple[str, ...]:
+    """The indices whose values ``_first_extremum`` computes with as numbers: each must
+    be exact in the working dtype (float32 holds integers up to 2**24)."""
+    found = []
+    for node in expr.walk():
+        if isinstance(node, Reduce) and node.op == "min" and isinstance(node.body, Call) \
+                and node.body.func == "where" and isinstance(node.body.args[1], IndexValue) \
+                and isinstance(node.body.args[2], Number) \
+                and node.body.args[2].value == _NO_POSITION:
+            found.append(node.body.args[1].name)
+    return tuple(dict.fromkeys(found))
+
+
 def _reduction(r: Reduce, g: Expr, names: Names) -> Expr:
     if r.op == "sum":
         return g
@@ -155,13 +190,5 @@ def _reduction(r: Reduce, g: Expr, names: Names) -> Expr:
         others = any_of([cmp("!=", t, h) for t, h in zip(there, here)], "|")
         return mul(g, Reduce("prod", tuple(fresh.values()), where(others, body2, num(1))))
     if r.op in ("max", "min"):
-        # K2 < K in lexicographic order
-        earlier = cmp("<", there[-1], here[-1])
-        for t, h in zip(reversed(there[:-1]), reversed(here[:-1])):
-            earlier = Binary("|", cmp("<", t, h), Binary("&", cmp("==", t, h), earlier))
-        worst = num(float("-inf") if r.op == "max" else float("inf"))
-        before = Reduce(r.op, tuple(fresh.values()), where(earlier, body2, worst))
-        first = Binary("&", cmp("==", r.body, r),
-                       cmp("<" if r.op == "max" else ">", before, r.body))
-        return where(first, g, num(0))
+        return where(_first_extremum(r, fresh, body2, names), g, num(0))
     raise TypeError(r.op)

@@ -24,9 +24,11 @@ temporary's ranges are provably those the statement used (``_hoistable``):
   the accesses it replaces did;
 * each reduced index has an explicit range or occurs in the whole statement only as
   a plain subscript (two reductions over ``k`` share ``k``'s range in the statement);
-* no ``pad=`` (reads outside the arrays change how ranges are inferred), no explicit
-  range for an index of the temporary, and the reduction does not read the
-  statement's own output (``=``/``+=``).
+* no ``pad=`` (reads outside the arrays change how ranges are inferred); an explicit
+  range on an index of the temporary starts at 0 (the temporary's kernel gets the same
+  range, and position ``p`` of its axis then holds index value ``p``, as reading it
+  as ``h[i]`` assumes); and the reduction does not read the statement's own output
+  (``=``/``+=``).
 
 Dtypes and errors are the caller's part (runtime.hoisted): temporaries are computed
 in the statement's working dtype, and an error in the rewritten form is reported by
@@ -55,14 +57,16 @@ class Hoisted:
         return self.temporaries + (self.statement,)
 
 
-def hoist(statement: Statement, rhs: Expr, explicit_ranges=(),
+def hoist(statement: Statement, rhs: Expr,
+          explicit_ranges: Tuple[Tuple[str, Tuple[int, int]], ...] = (),
           pad: bool = False) -> Optional[Hoisted]:
     """``statement`` (whose right side with implicit reductions made explicit is
     ``rhs``) with its loop-invariant reductions hoisted into temporaries, or None when
-    there is nothing to hoist."""
+    there is nothing to hoist.  ``explicit_ranges`` are the ``ranges=`` option's
+    (index, (start, stop)) pairs."""
     if pad:
         return None
-    rewriter = _Rewriter(statement, rhs, frozenset(explicit_ranges))
+    rewriter = _Rewriter(statement, rhs, explicit_ranges)
     new_rhs = rewriter.visit(rhs, tuple(statement.output_indices))
     if not rewriter.temporaries:
         return None
@@ -129,10 +133,11 @@ def canonical(reduce: Reduce) -> Reduce:
 
 
 class _Rewriter:
-    def __init__(self, statement: Statement, rhs: Expr, explicit: frozenset):
+    def __init__(self, statement: Statement, rhs: Expr, explicit_ranges):
         self.statement = statement
         self.rhs = rhs
-        self.explicit = explicit
+        self.explicit = frozenset(name for name, _ in explicit_ranges)
+        self.offset = frozenset(name for name, (start, _) in explicit_ranges if start != 0)
         self.taken = names_in(statement)
         self.temporaries: List[Statement] = []
         self.shared: Dict[Reduce, Access] = {}     # canonical reduction -> its temporary
@@ -163,7 +168,7 @@ class _Rewriter:
             return False
         own = tuple(_subscripts(reduce))
         for index in free:
-            if index in self.explicit or not _only_plain(index, own):
+            if index in self.offset or not _only_plain(index, own):
                 return False
         for index in _bound(reduce):
             # a reduced index's range is the statement's: plain everywhere, or explicit

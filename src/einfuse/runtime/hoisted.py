@@ -38,8 +38,7 @@ class HoistedForm:
 
     @staticmethod
     def of(spec, options) -> Optional["HoistedForm"]:
-        explicit = tuple(name for name, _ in options.ranges)
-        hoisted = hoist(spec.statement, spec.rhs, explicit, pad=options.pad is not None)
+        hoisted = hoist(spec.statement, spec.rhs, options.ranges, pad=options.pad is not None)
         return None if hoisted is None else HoistedForm(hoisted, options)
 
     @staticmethod
