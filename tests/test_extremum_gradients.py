@@ -68,3 +68,17 @@ def test_float32_positions_beyond_exact_integers_are_refused():
     grads = derive("m[i] := max[j](x[i,j])", "x")
     with pytest.raises(EinfuseError, match="float64"):
         run_reference(grads, {"x": x, "dm": np.ones(1, dtype=np.float32)}, backend="c")
+
+
+@pytest.mark.parametrize("zeros", [0, 1, 2])
+def test_product_gradient_with_zeros(backend, zeros):
+    """d prod / d x_k is the product of the other factors, also where factors are 0."""
+    x = np.random.default_rng(3).uniform(0.5, 1.5, size=(3, 6))
+    x[1, :zeros] = 0.0
+    x[2, 5 - zeros + 1:] = 0.0
+    seed = np.array([1.0, -2.0, 0.5])
+    got = run_reference(derive("p[i] := prod[j](x[i,j])", "x"),
+                        {"x": x, "dp": seed}, backend=backend)["dx"]
+    expected = np.array([[seed[i] * np.prod(np.delete(x[i], j)) for j in range(6)]
+                         for i in range(3)])
+    np.testing.assert_allclose(got, expected, rtol=1e-12, atol=1e-15)

@@ -12,8 +12,9 @@ Reductions (the rule for ``op[K](body)``, ``R`` the reduction itself, re-evaluat
 inline where needed, ``K2`` fresh copies of ``K``):
 
 * sum: ``g``
-* prod: ``g * prod[K2](where(K2 != K, body[K2], 1))`` -- the product of the *other*
-  factors, exact with zeros (never ``R / body``);
+* prod: ``g`` times the product of the *other* factors, from the count of zero factors
+  and the product of the non-zero ones (``_product_of_others``): correct with zeros,
+  linear in the reduced length;
 * logsumexp: ``g * exp(body - R)`` (the softmax weight);
 * max / min: ``where(k == min[k2](where(body[k2] == R, k2, BIG)), g, 0)`` -- the
   gradient goes to the first arg-extremum in index order (NumPy's argmax; one position,
@@ -30,7 +31,7 @@ from typing import Iterator, List, Tuple
 
 from ..lang.ast import (COMPARISON_OPS, LOGICAL_OPS, Access, Binary, Call, Expr, IndexValue,
                         Number, Param, Reduce, Unary)
-from .exprs import Names, add, any_of, call, cmp, div, mentions, mul, neg, num, rename, sub, \
+from .exprs import Names, add, call, cmp, div, mentions, mul, neg, num, rename, sub, \
     where
 
 TWO_OVER_SQRT_PI = 1.1283791670955126
@@ -178,17 +179,29 @@ def position_indices(expr: Expr) -> Tuple[str, ...]:
     return tuple(dict.fromkeys(found))
 
 
+def _product_of_others(r: Reduce, fresh, body2: Expr) -> Expr:
+    """The product of every factor but the one at the current position, from two
+    position-free reductions (so computed once per output point, in linear time): the
+    count of zero factors ``z`` and the product of the non-zero ones ``P``.  Exact with
+    zeros: with no zero it is ``P / body``; with one zero, ``P`` at the zero and 0
+    elsewhere; with two or more, 0 everywhere."""
+    indices = tuple(fresh.values())
+    is_zero = cmp("==", body2, num(0))
+    zeros = Reduce("sum", indices, where(is_zero, num(1), num(0)))
+    nonzero = Reduce("prod", indices, where(is_zero, num(1), body2))
+    return where(cmp("==", r.body, num(0)),
+                 where(cmp("==", zeros, num(1)), nonzero, num(0)),
+                 where(cmp("==", zeros, num(0)), div(nonzero, r.body), num(0)))
+
+
 def _reduction(r: Reduce, g: Expr, names: Names) -> Expr:
     if r.op == "sum":
         return g
     if r.op == "logsumexp":
         return mul(g, call("exp", sub(r.body, r)))
     fresh, body2 = _copy_body(r, names)
-    here = [IndexValue(k) for k in r.indices]
-    there = [IndexValue(fresh[k]) for k in r.indices]
     if r.op == "prod":
-        others = any_of([cmp("!=", t, h) for t, h in zip(there, here)], "|")
-        return mul(g, Reduce("prod", tuple(fresh.values()), where(others, body2, num(1))))
+        return mul(g, _product_of_others(r, fresh, body2))
     if r.op in ("max", "min"):
         return where(_first_extremum(r, fresh, body2, names), g, num(0))
     raise TypeError(r.op)
