@@ -304,6 +304,8 @@ def explain_kernel(kernel: Kernel, args, arrays, shapes, gradients: bool) -> Exp
     statement = kernel.statement
     spec = kernel.spec
     text = format_statement(spec.statement)
+    if spec.statement.expanded:
+        text = f"{spec.statement.source.strip()}\n  which is  {text}"
     if shapes:
         try:
             # what the caller passed (a scalar parameter's value) wins over placeholders

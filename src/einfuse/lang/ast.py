@@ -188,6 +188,9 @@ class Statement:
     source: str = field(default="", compare=False)
     output_span: Span = _span()
     index_spans: Tuple[Span, ...] = field(default=(), compare=False, hash=False, repr=False)
+    # the source used a reduction that lang/sugar.py expanded (mean, var): explain shows
+    # the source as written next to the expansion
+    expanded: bool = field(default=False, compare=False, hash=False, repr=False)
 
     @property
     def creates_output(self) -> bool:

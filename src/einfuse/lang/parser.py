@@ -31,15 +31,16 @@ from .ast import (ASSIGN_OPS, BINARY_FUNCTIONS, COMPARISON_OPS, CONSTANTS, FUNCT
                   Call, Expr, IndexExpr, IndexValue, Number, Param, Reduce, Statement, Unary,
                   map_children)
 from .lexer import END, NAME, NUMBER, OP, Token, tokenize
+from .rewrite import names_in
+from .sugar import SUGAR_REDUCTIONS, FreshNames, expand
 
 
 # Every integer the notation computes with (literals, subscript coefficients and
 # offsets, index values) is an int64 on every backend, so each must fit one.
 INT64_MAX = 2**63 - 1
 # Reductions users reach for that the notation does not have (yet).
-PLANNED_REDUCTIONS = ("mean", "argmax", "argmin", "any", "all", "std", "var", "median",
-                      "count")
-_REDUCTION_LIST = "sum, prod, max, min and logsumexp"
+PLANNED_REDUCTIONS = ("argmax", "argmin", "any", "all", "std", "median", "count")
+_REDUCTION_LIST = "sum, prod, max, min, logsumexp, mean and var"
 # An einsum subscript string: letters (or '...') per operand, commas, an optional '->'.
 _EINSUM = re.compile(r"\s*([A-Za-z.]*(?:\s*,\s*[A-Za-z.]*)*)\s*(?:->\s*([A-Za-z.]*))?\s*\Z")
 
@@ -279,13 +280,16 @@ class _Parser:
             self.fail("expected a number, a name or '('")
         name = token.text
         nxt = self.peek()
-        if nxt.kind == OP and nxt.text == "[" and name not in REDUCTIONS:
+        if nxt.kind == OP and nxt.text == "[" and name not in REDUCTIONS \
+                and name not in SUGAR_REDUCTIONS:
             close = self.pairs.get(self.pos + 1)
             after = self.tokens[close + 1] if close is not None else None
             if after is not None and after.kind == OP and after.text == "(":
                 self.not_a_reduction(token, self.tokens[close])
         if name in REDUCTIONS and nxt.kind == OP and nxt.text == "[":
             return self.reduction()
+        if name in SUGAR_REDUCTIONS and self.reduction_follows():
+            return self.reduction()    # not reserved: mean[i] alone is still a tensor
         if name in CONSTANTS and not (nxt.kind == OP and nxt.text in "[("):
             self.advance()
             return Number(CONSTANTS[name], span=(token.start, token.end))
@@ -302,6 +306,15 @@ class _Parser:
         if self.at("["):
             return self.access(token)
         return Param(name, span=(token.start, token.end))
+
+    def reduction_follows(self) -> bool:
+        """Whether the name here starts ``name[...](``, the form of a reduction."""
+        nxt = self.peek()
+        if not (nxt.kind == OP and nxt.text == "["):
+            return False
+        close = self.pairs.get(self.pos + 1)
+        after = self.tokens[close + 1] if close is not None else None
+        return after is not None and after.kind == OP and after.text == "("
 
     def int_literal(self, token: Token) -> int:
         digits = token.text.lstrip("0") or "0"
@@ -320,9 +333,6 @@ class _Parser:
         if name in PLANNED_REDUCTIONS:
             message = f"{written} is not part of the notation yet; the reductions are " \
                       f"{_REDUCTION_LIST}"
-            if name == "mean":
-                message += "; a mean is a sum divided by the count, sum[j](...) / n " \
-                           "with n passed as a scalar"
         elif _suggest(name, REDUCTIONS):
             message = f"{written} reads like a reduction, but {name!r} is not one" \
                       f"{_suggest(name, REDUCTIONS)}; the reductions are {_REDUCTION_LIST}"
@@ -360,7 +370,7 @@ class _Parser:
         arities = _arity(func)
         if not arities:
             functions = ", ".join(FUNCTIONS)
-            if func in REDUCTIONS:
+            if func in REDUCTIONS or func in SUGAR_REDUCTIONS:
                 message = f"{func!r} is a reduction: write {func}[k](...)"
             elif func in PLANNED_REDUCTIONS:
                 message = f"{func!r} is not part of the notation yet (neither as a function " \
@@ -494,8 +504,10 @@ class _Resolver:
             raise EinfuseNameError(f"{self.statement.output} is used both as the output and "
                                    "as an index", source=self.source,
                                    span=self.statement.output_span)
+        self.fresh = FreshNames(names_in(self.statement))
+        self.expanded = False
         rhs = self.visit(self.statement.rhs)
-        return dataclasses.replace(self.statement, rhs=rhs)
+        return dataclasses.replace(self.statement, rhs=rhs, expanded=self.expanded)
 
     def visit(self, expr: Expr) -> Expr:
         if isinstance(expr, Param):
@@ -506,4 +518,8 @@ class _Resolver:
                                        "use it with brackets", source=self.source,
                                        span=expr.span)
             return expr
-        return map_children(expr, self.visit)
+        expr = map_children(expr, self.visit)
+        if isinstance(expr, Reduce) and expr.op in SUGAR_REDUCTIONS:
+            self.expanded = True
+            return expand(expr, self.fresh)
+        return expr

@@ -1,0 +1,84 @@
+"""Reductions defined by the core ones (programs.md section 5), expanded while a statement
+is parsed, so that every later stage -- analysis, gradients, hoisting, lowering, every
+backend -- sees only ``sum prod max min logsumexp``.  One rule per reduction, as data.
+
+* ``mean[K](e)`` is ``sum[K](e) / count``;
+* ``var[K](e)`` is the population variance in two passes, ``sum[K]((e - m)**2) / count``
+  with ``m`` the mean over fresh copies ``K2`` of ``K``: numerically stable, and
+  rewrite/hoist.py computes ``m`` once per output point, so it costs two passes.
+
+``count`` is ``sum[K](where(e == e, 1, 1))``: the number of points of ``K``'s ranges,
+written with ``e``'s accesses so that the reduction infers its ranges on its own when
+it is hoisted into a temporary (``sum[K](1)`` alone could not).  Every node of an
+expansion carries the span of the reduction as written, so errors point at it."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Callable, Dict, Iterable, Set, Tuple
+
+from .ast import Access, Binary, Call, Expr, IndexValue, Number, Reduce, map_children
+
+SUGAR_REDUCTIONS = ("mean", "var")
+
+
+class FreshNames:
+    """Index names unused in the statement being expanded."""
+
+    def __init__(self, taken: Iterable[str]):
+        self.taken: Set[str] = set(taken)
+
+    def copy_of(self, name: str) -> str:
+        n = 2
+        while f"{name}{n}" in self.taken:
+            n += 1
+        self.taken.add(f"{name}{n}")
+        return f"{name}{n}"
+
+
+def expand(reduce: Reduce, fresh: FreshNames) -> Expr:
+    """``reduce`` (a sugar reduction whose body is already expanded) in core terms."""
+    return _RULES[reduce.op](reduce, fresh)
+
+
+def _count(indices: Tuple[str, ...], body: Expr, span) -> Expr:
+    ones = Call("where", (Binary("==", body, body, span=span), Number(1, span=span),
+                          Number(1, span=span)), span=span)
+    return Reduce("sum", indices, ones, span=span)
+
+
+def _mean(reduce: Reduce, fresh: FreshNames) -> Expr:
+    span = reduce.span
+    total = Reduce("sum", reduce.indices, reduce.body, span=span)
+    return Binary("/", total, _count(reduce.indices, reduce.body, span), span=span)
+
+
+def _var(reduce: Reduce, fresh: FreshNames) -> Expr:
+    span = reduce.span
+    copies = {k: fresh.copy_of(k) for k in reduce.indices}
+    body2 = rename_indices(reduce.body, copies)
+    mean = _mean(Reduce("mean", tuple(copies.values()), body2, span=span), fresh)
+    deviation = Binary("-", reduce.body, mean, span=span)
+    squares = Reduce("sum", reduce.indices,
+                     Binary("**", deviation, Number(2, span=span), span=span), span=span)
+    return Binary("/", squares, _count(reduce.indices, reduce.body, span), span=span)
+
+
+_RULES: Dict[str, Callable[[Reduce, FreshNames], Expr]] = {"mean": _mean, "var": _var}
+
+
+def rename_indices(expr: Expr, names: Dict[str, str]) -> Expr:
+    """``expr`` with the indices in ``names`` renamed (values, subscripts, reductions)."""
+    if isinstance(expr, IndexValue):
+        return dataclasses.replace(expr, name=names.get(expr.name, expr.name))
+    if isinstance(expr, Access):
+        renamed = map_children(expr, lambda child: rename_indices(child, names))
+        return dataclasses.replace(renamed, indices=tuple(
+            dataclasses.replace(sub, terms=tuple((names.get(n, n), c) for n, c in sub.terms))
+            for sub in renamed.indices))
+    if isinstance(expr, Reduce):
+        expr = dataclasses.replace(expr, indices=tuple(names.get(n, n) for n in expr.indices))
+    return map_children(expr, lambda child: rename_indices(child, names))
+
+
+__all__ = ["SUGAR_REDUCTIONS", "FreshNames", "expand", "rename_indices"]
