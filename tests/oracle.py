@@ -140,6 +140,20 @@ def _rounding(f):
     return wrapped
 
 
+def _sign(x: float) -> float:
+    return x if math.isnan(x) else float((x > 0) - (x < 0))
+
+
+def _floordiv(a: float, b: float) -> float:
+    """Python's float //, which NumPy's floor_divide follows; a / b for b = 0."""
+    return _div(a, b) if b == 0 else a // b
+
+
+def _mod(a: float, b: float) -> float:
+    """Python's float %, which NumPy's mod follows; NaN for b = 0."""
+    return NAN if b == 0 else a % b
+
+
 def _nan_max(a: float, b: float) -> float:
     return NAN if math.isnan(a) or math.isnan(b) else max(a, b)
 
@@ -172,6 +186,8 @@ _UNARY = {
     "erf": (math.erf, lambda x, y: 1.2),
     "floor": (_rounding(math.floor), lambda x, y: 0.0),
     "ceil": (_rounding(math.ceil), lambda x, y: 0.0),
+    "sign": (_sign, lambda x, y: 0.0),
+    "tan": (_periodic(math.tan), lambda x, y: 1.0 + y * y),
 }
 
 _COMPARE = {
@@ -285,6 +301,12 @@ class _Oracle:
             return r, _times(_div(1.0, b), ea) + _times(_div(r, b), eb) + abs(r)
         if op == "**":
             return self.power(a, ea, b, eb)
+        if op == "//":   # a step function: exact where its inputs are
+            r = _floordiv(a, b)
+            return r, abs(r)
+        if op == "%":    # a - b * (a // b)
+            r = _mod(a, b)
+            return r, ea + _times(_floordiv(a, b), eb) + abs(r)
         raise ValueError(f"unknown operator {op}")
 
     @staticmethod
@@ -308,6 +330,10 @@ class _Oracle:
         (a, ea), (b, eb) = args
         if func == "pow":
             return self.power(a, ea, b, eb)
+        if func == "atan2":
+            r = math.atan2(a, b)
+            norm = a * a + b * b
+            return r, _times(_div(b, norm), ea) + _times(_div(a, norm), eb) + abs(r)
         pick = _nan_max if func == "max" else _nan_min
         return pick(a, b), max(ea, eb)
 

@@ -356,7 +356,7 @@ class _Builder:
     # -- operators and functions --------------------------------------------------------------
     def combine(self, left: _E, right: _E, scope: List[str]) -> _E:
         left, right = self.tame(left), self.tame(right)
-        op = self.pick(("+", "-", "*", "*", "div", "min", "max", "where"))
+        op = self.pick(("+", "-", "*", "*", "div", "min", "max", "where", "atan2"))
         if op == "where" and not scope and not self.raw_reads:
             op = "max"  # no index and no read to build a condition from
         if op in ("+", "-"):
@@ -367,6 +367,8 @@ class _Builder:
             return _E(f"({left.text} / (1 + {right.text} ** 2))", left.bound)
         if op in ("min", "max"):
             return _E(f"{op}({left.text}, {right.text})", max(left.bound, right.bound))
+        if op == "atan2":   # a positive second argument: no branch cut to straddle
+            return _E(f"atan2({left.text}, 1 + {right.text} ** 2)", math.pi / 2)
         return _E(f"where({self.condition(scope)}, {left.text}, {right.text})",
                   max(left.bound, right.bound))
 
@@ -395,6 +397,7 @@ class _Builder:
             choices += ["exp", "expm1"]
         if b <= 100:
             choices += ["square", "pow"]
+        choices += ["tan"]
         f = self.pick(choices)
         t = expr.text
         if f in ("tanh", "sigmoid", "sin", "cos", "erf"):
@@ -413,6 +416,9 @@ class _Builder:
             return _E(f"(-{t})", b)
         if f in ("exp", "expm1"):
             return _E(f"{f}({t})", math.exp(b))
+        if f == "tan":   # an argument well inside (-pi/2, pi/2)
+            return _E(f"tan({t})", math.tan(b)) if b <= 1.2 else \
+                _E(f"tan(tanh({t}))", math.tan(1.0))
         if f == "square":
             return _E(f"(({t}) ** 2)", b * b)
         return _E(f"pow(abs({t}) + 1, 1.5)", (b + 1) ** 1.5)
@@ -425,7 +431,7 @@ class _Builder:
         if scope and self.chance(0.2):
             a = self.pick(scope)
             top = max(self.hi[a], 1)
-            kind = self.pick(("scale", "shift", "floor", "mask", "indicator"))
+            kind = self.pick(("scale", "shift", "floor", "mask", "indicator", "divmod"))
             if kind == "scale":
                 expr = _E(f"({expr.text} * ({a} + 1))", expr.bound * (top + 1))
             elif kind == "shift":
@@ -433,6 +439,8 @@ class _Builder:
                 expr = _E(f"({expr.text} + ({a} - {b}) / 4)", expr.bound + top)
             elif kind == "floor":
                 expr = _E(f"({expr.text} - floor({a} / 2))", expr.bound + top)
+            elif kind == "divmod":   # exact on index values, in any working dtype
+                expr = _E(f"({expr.text} - {a} // 2 + {a} % 3)", expr.bound + top + 2)
             elif kind == "mask":
                 expr = _E(f"where({self.index_condition(scope)}, {expr.text}, -1.5)",
                           max(expr.bound, 1.5))

@@ -101,11 +101,12 @@ def test_einsum_ellipsis_has_no_equivalent_but_is_recognised():
 
 
 @pytest.mark.parametrize("source, op, words", [
-    ("y[i] := x[i] // 2", "/", ["floor division", "not part of the notation yet",
-                                "floor(a / b)"]),
-    ("y[i] := x[i] % 2", "%", ["modulo", "not part of the notation yet"]),
+    ("y[i] := x[i // 2]", "i // 2", ["floor division '//'", "not supported in subscripts yet",
+                                     "q[i] = i // 2", "in its place in x[...]"]),
+    ("y[i] := w[x[i] % 2]", "x[i] % 2", ["modulo '%'", "not supported in subscripts yet",
+                                         "q[i] = x[i] % 2", "in its place in w[...]"]),
 ])
-def test_floor_division_and_modulo_are_not_in_the_notation_yet(source, op, words):
+def test_floor_division_and_modulo_are_not_in_subscripts_yet(source, op, words):
     with pytest.raises(errors.EinfuseSyntaxError) as info:
         ef.compile(source)
     for word in words:
@@ -130,7 +131,7 @@ def test_a_scalar_passed_for_a_subscript_offset(backend):
         ef.ein("r[i] := i", ranges={"i": 3}, i=3, backend=backend)
 
 
-@pytest.mark.parametrize("name, suggestion", [("foo", None), ("tan", "tanh"),
+@pytest.mark.parametrize("name, suggestion", [("foo", None), ("tanhh", "tanh"),
                                               ("sigmoi", "sigmoid")])
 def test_an_unknown_function_lists_the_functions(name, suggestion):
     source = f"y[i] := 2 * {name}(x[i])"

@@ -189,6 +189,9 @@ def test_functions_and_index_values():
         "(x[i] > -1) & (i < 3)": ((x > -1) & (np.arange(5) < 3)).astype(float) * 1,
         "-((x[i] < -1) | (x[i] >= 3))": -(((x < -1) | (x >= 3)).astype(float)),
         "where(x[i], 1, 2)": np.where(x != 0, 1.0, 2.0),
+        "sign(x[i])": np.sign(x), "tan(x[i])": np.tan(x),
+        "atan2(x[i], -0.5)": np.arctan2(x, -0.5), "x[i] // 0.5": x // 0.5,
+        "x[i] % -0.5": x % -0.5, "i // 2 - i % 3": np.arange(5) // 2 - np.arange(5) % 3,
     }
     for rhs, expected in cases.items():
         got = brute_force(f"y[i] := {rhs}", ranges, {"x": x}, {"alpha": 0.25})

@@ -424,7 +424,8 @@ SYNTAX_ERRORS = [
     ("y[i] := x[i] x[i]", errors.EinfuseSyntaxError, "x", 1, ["'x'"]),
     ("y[i] := x[i])", errors.EinfuseSyntaxError, ")", 0, ["')'"]),
     ("y[i] := x[i] = 2", errors.EinfuseSyntaxError, "=", 1, ["'='"]),
-    ("y[i] := x[i] // 2", errors.EinfuseSyntaxError, "/", 1, ["'/'"]),
+    ("y[i] := x[i] /// 2", errors.EinfuseSyntaxError, "/", 2, ["'/'"]),
+    ("y[i] := x[i] % % 2", errors.EinfuseSyntaxError, "%", 1, ["'%'"]),
     # subscripts
     ("y[i] := x[0.5]", errors.EinfuseSyntaxError, "0.5", 0, ["integer"]),
     ("y[i] := x[i + 0.5]", errors.EinfuseSyntaxError, "0.5", 0, ["integer"]),
@@ -435,6 +436,12 @@ SYNTAX_ERRORS = [
     ("y[i] := x[exp(i)]", errors.EinfuseSyntaxError, "exp(i)", 0, ["subscript"]),
     ("y[i] := x[i**2]", errors.EinfuseSyntaxError, "i**2", 0, ["subscript"]),
     ("y[i] := x[sum[j](j)]", errors.EinfuseSyntaxError, "sum[j](j)", 0, ["subscript"]),
+    ("y[i] := x[i // 4]", errors.EinfuseSyntaxError, "i // 4", 0,
+     ["'//'", "not supported in subscripts yet", "q[i] = i // 4", "index array"]),
+    ("y[i,j] := x[2*i % 3, j]", errors.EinfuseSyntaxError, "2*i % 3", 0,
+     ["'%'", "not supported in subscripts yet", "q[i] = 2*i % 3"]),
+    ("y[i] := x[idx[i] // 2 + 1]", errors.EinfuseSyntaxError, "idx[i] // 2", 0,
+     ["'//'", "subscripts"]),
     # reserved names as tensor, index, parameter, output
     ("y[i] := exp[i]", errors.EinfuseNameError, "exp", 0, ["'exp'", "reserved"]),
     ("y[i] := 2 * where[i]", errors.EinfuseNameError, "where", 0, ["'where'", "reserved"]),

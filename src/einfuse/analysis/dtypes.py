@@ -25,8 +25,10 @@ from ..lang.ast import Binary, Call, Number, Param, Reduce
 from .options import Options
 from .spec import Spec
 
+# sign, abs, relu, min, max, where, pow and the operators + - * // % ** keep an integer
+# dtype integer, as NumPy's ufuncs do
 FLOAT_FUNCTIONS = frozenset({"exp", "log", "log1p", "expm1", "sqrt", "sin", "cos", "tanh",
-                             "sigmoid", "softplus", "erf", "floor", "ceil"})
+                             "sigmoid", "softplus", "erf", "floor", "ceil", "tan", "atan2"})
 
 
 @dataclass(frozen=True)

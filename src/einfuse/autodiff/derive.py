@@ -30,7 +30,12 @@ from ..lang.ast import Access, Binary, Call, Expr, IndexExpr, IndexValue, Param,
     Unary, accesses
 from ..lang.printer import format_expr, format_statement
 from .exprs import Affine, Names, affine, affine_expr, any_of, cmp, contains_reduce, \
-    freshen, num, subst, where
+    freshen, mentions, num, subst, where
+
+# Operations that pass no gradient by definition: a gradient asked for a name that reaches
+# the result only through them is an error naming them (floor, ceil and comparisons pass
+# none either, but quietly: theirs is zero wherever it is defined).
+NO_GRADIENT = ("sign", "//", "%")
 
 
 @dataclass(frozen=True)
@@ -215,6 +220,7 @@ class _Deriver:
             result[0].fallback = [self.scatter_statement(c, len(scatters) + n)
                                   for n, c in enumerate(gathers)]
         if not result:  # the statement reads wrt only through piecewise-constant parts
+            check_gradient_passes(self.spec.rhs, self.wrt)
             result.append(self.zero_statement())
         return result
 
@@ -415,6 +421,26 @@ def position_indices(rhs):
     return found(rhs)
 
 
+def check_gradient_passes(rhs: Expr, wrt: str) -> None:
+    """For a name no gradient reaches (through none of ``rhs``'s differentiable parts): the
+    error naming the operations of NO_GRADIENT that read it, if any do."""
+    blocked = []
+    for node in rhs.walk():
+        op = node.func if isinstance(node, Call) else \
+            node.op if isinstance(node, (Binary, Reduce)) else None
+        if op in NO_GRADIENT and mentions(node, wrt):
+            blocked.append((op, node))
+    if not blocked:
+        return
+    ops = list(dict.fromkeys(f"'{op}'" if op in ("//", "%") else op for op, _ in blocked))
+    what = ops[0] if len(ops) == 1 else ", ".join(ops[:-1]) + " and " + ops[-1]
+    raise NoGradientError(
+        f"{wrt} has no gradient: it reaches the result only through {what}, which "
+        f"pass{'es' if len(ops) == 1 else ''} none; ask for no gradient of {wrt} (torch: "
+        "requires_grad=False or .detach(); JAX: jax.lax.stop_gradient)",
+        span=blocked[0][1].span)
+
+
 def _occurrences(rhs, wrt, seed, names):
     from .rules import occurrences
     return occurrences(rhs, wrt, seed, names)
@@ -455,7 +481,7 @@ def _risky(term: Expr, frame, wrt: str) -> bool:
     def visit(node: Expr, under: bool) -> bool:
         if under and leaves(node):
             return True
-        if isinstance(node, Binary) and node.op == "/":   # 0 / x is 0; x / 0 is not
+        if isinstance(node, Binary) and node.op in ("/", "//", "%"):   # x / 0 is not 0
             return visit(node.left, under) or visit(node.right, True)
         under = under or isinstance(node, Reduce) or \
             (isinstance(node, Call) and node.func != "where") or \

@@ -27,8 +27,8 @@ from ..lang import parse
 from ..lang.ast import Access, Binary, Expr, Param, Reduce, Unary, accesses
 from ..lang.printer import format_expr
 from .exprs import Names, add, freshen, mentions, mul, num
-from .derive import used_names
-from .rules import partials
+from .derive import check_gradient_passes, used_names
+from .rules import occurrences, partials
 
 
 @dataclass(frozen=True)
@@ -78,6 +78,10 @@ class _Tangent:
 
     def run(self) -> Optional[Tangent]:
         self.check_options()
+        for name in self.tangents:   # as reverse mode: none through sign, // or % alone
+            names = Names(used_names(self.spec))
+            if next(occurrences(self.spec.rhs, name, num(1), names), None) is None:
+                check_gradient_passes(self.spec.rhs, name)
         rhs = self.differential(self.spec.rhs)
         if rhs is None:
             return None

@@ -73,8 +73,8 @@ def partials(expr: Expr, g: Expr, names: Names) -> List[Tuple[Expr, Expr]]:
 
 def _binary(e: Binary, g: Expr) -> List[Tuple[Expr, Expr]]:
     a, b = e.left, e.right
-    if e.op in COMPARISON_OPS or e.op in LOGICAL_OPS:
-        return []  # piecewise constant: no gradient
+    if e.op in COMPARISON_OPS or e.op in LOGICAL_OPS or e.op in ("//", "%"):
+        return []  # piecewise constant (or, for %, defined to pass none): no gradient
     if e.op == "+":
         return [(a, g), (b, g)]
     if e.op == "-":
@@ -114,8 +114,12 @@ def _call(e: Call, g: Expr) -> List[Tuple[Expr, Expr]]:
         return [(a, where(first, g, zero)), (b, where(first, zero, g))]
     if f == "pow":
         return _power(args[0], args[1], g)
+    if f == "atan2":   # d atan2(a, b) = (b da - a db) / (a**2 + b**2)
+        a, b = args
+        norm = add(Binary("**", a, num(2)), Binary("**", b, num(2)))
+        return [(a, div(mul(g, b), norm)), (b, neg(div(mul(g, a), norm)))]
     (x,) = args
-    if f in ("floor", "ceil"):
+    if f in ("floor", "ceil", "sign"):
         return []
     if f == "relu":
         return [(x, where(cmp(">", x, zero), g, zero))]
@@ -124,6 +128,7 @@ def _call(e: Call, g: Expr) -> List[Tuple[Expr, Expr]]:
         "expm1": lambda: call("exp", x),
         "sin": lambda: call("cos", x),
         "cos": lambda: neg(call("sin", x)),
+        "tan": lambda: add(num(1), Binary("**", call("tan", x), num(2))),
         "tanh": lambda: sub(num(1), Binary("**", call("tanh", x), num(2))),
         "sigmoid": lambda: mul(call("sigmoid", x), sub(num(1), call("sigmoid", x))),
         "softplus": lambda: call("sigmoid", x),

@@ -23,13 +23,14 @@ from typing import List, Optional
 
 from .. import ir
 from .c_build import vector_math_declarations
+from .c_elementwise import OPERATORS as _HELPER_OPS, elementwise_helpers
 
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 C_TYPES = {"float32": "float", "float64": "double", "int8": "int8_t", "int16": "int16_t",
            "int32": "int32_t", "int64": "int64_t", "uint8": "uint8_t", "uint16": "uint16_t",
            "uint32": "uint32_t", "uint64": "uint64_t"}
 _UNARY_MATH = ("exp", "log", "log1p", "expm1", "sqrt", "sin", "cos", "tanh", "erf", "floor",
-               "ceil")
+               "ceil", "tan")
 _ACC_INIT_FLOAT = {"sum": "0", "prod": "1", "max": "-INFINITY", "min": "INFINITY"}
 
 _PRELUDE = """\
@@ -178,6 +179,7 @@ class CRenderer:
         if self.is_float and self.vector_math:
             parts.append(vector_math_declarations(self.f, self.ctype))
         parts.append(_FLOAT_HELPERS.format(f=self.f) if self.is_float else _INT_HELPERS)
+        parts.append(elementwise_helpers(self.working))
         for kernel in self.program.kernels:
             parts.append(self.kernel(kernel))
         return "\n".join(parts)
@@ -498,6 +500,8 @@ class CRenderer:
             return f"((T)((({left}) != 0) {op} (({right}) != 0)))"
         if op in ("<", "<=", ">", ">=", "==", "!="):
             return f"((T)({left} {op} {right}))"
+        if op in _HELPER_OPS:
+            return f"{_HELPER_OPS[op]}({left}, {right})"
         if op not in ("+", "-", "*", "/"):
             raise ValueError(f"unknown operator {op!r}")
         return f"({left} {op} {right})" if self.is_float else f"((T)({left} {op} {right}))"
@@ -514,8 +518,10 @@ class CRenderer:
         func = node.func
         if func == "pow":
             return self.power(*node.args)
-        if func in ("min", "max", "where", "abs", "sigmoid", "softplus"):
+        if func in ("min", "max", "where", "abs", "sigmoid", "softplus", "sign"):
             return f"ef_{func}({', '.join(args)})"
+        if func == "atan2" and self.is_float:
+            return f"atan2{self.f}({args[0]}, {args[1]})"
         if func == "relu":
             return f"ef_max({args[0]}, (T)0)"
         if func in _UNARY_MATH:

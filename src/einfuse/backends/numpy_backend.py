@@ -48,7 +48,7 @@ _UNARY = {
     "exp": np.exp, "log": np.log, "log1p": np.log1p, "expm1": np.expm1, "sqrt": np.sqrt,
     "abs": np.abs, "sin": np.sin, "cos": np.cos, "tanh": np.tanh, "sigmoid": _sigmoid,
     "relu": lambda x: np.maximum(x, 0), "softplus": lambda x: np.logaddexp(0, x),
-    "erf": _erf, "floor": np.floor, "ceil": np.ceil,
+    "erf": _erf, "floor": np.floor, "ceil": np.ceil, "sign": np.sign, "tan": np.tan,
 }
 
 
@@ -66,6 +66,8 @@ def _power(base, exponent):
 
 _BINARY = {
     "+": np.add, "-": np.subtract, "*": np.multiply, "/": np.true_divide, "**": _power,
+    # Python's // and %; an integer division by zero gives 0, as NumPy (with a warning)
+    "//": np.floor_divide, "%": np.mod,
     "<": np.less, "<=": np.less_equal, ">": np.greater, ">=": np.greater_equal,
     "==": np.equal, "!=": np.not_equal,
 }
@@ -186,6 +188,10 @@ class NumpyExecutor:
         if expr.op in ("&", "|"):
             both = np.logical_and if expr.op == "&" else np.logical_or
             return self.cast(np.asarray(both(np.not_equal(left, 0), np.not_equal(right, 0))))
+        if expr.op in ("//", "%"):
+            # in the working dtype, as every backend computes them (7 // 0 is inf in a
+            # float statement, not NumPy's integer 0 for two Python ints)
+            left, right = (np.asarray(v, dtype=self.working) for v in (left, right))
         with np.errstate(all="ignore"):
             result = _BINARY[expr.op](left, right)
         if expr.op in ("<", "<=", ">", ">=", "==", "!="):
@@ -199,7 +205,8 @@ class NumpyExecutor:
                 cond, a, b = args
                 return np.where(np.not_equal(cond, 0), a, b)
             if len(args) == 2:
-                func = {"min": np.minimum, "max": np.maximum, "pow": _power}[expr.func]
+                func = {"min": np.minimum, "max": np.maximum, "pow": _power,
+                        "atan2": np.arctan2}[expr.func]
                 return func(*args)
             return _UNARY[expr.func](np.asarray(args[0], dtype=self.working)
                                      if np.ndim(args[0]) == 0 else args[0])

@@ -19,6 +19,8 @@ from typing import List, Optional, Tuple
 
 from .. import ir
 from .c_render import name
+from .triton_elementwise import ELEMENTWISE_HELPERS, FUNCTIONS as _HELPER_CALLS, \
+    OPERATORS as _HELPER_OPS
 from .triton_helpers import HELPERS as _HELPERS, ChunkedSums
 
 
@@ -100,8 +102,8 @@ class TritonRenderer(ChunkedSums):
                                         "RB: tl.constexpr") if self.vector_loops else lines[1]
         if self.dot_loops:
             launch = dataclasses.replace(launch, dot=True)
-        source = "import triton\nimport triton.language as tl\n" + _HELPERS + "\n\n" + \
-            "\n".join(lines) + "\n"
+        source = "import triton\nimport triton.language as tl\n" + _HELPERS + \
+            ELEMENTWISE_HELPERS + "\n\n" + "\n".join(lines) + "\n"
         return source, launch
 
     def flat_prologue(self, args, outputs) -> List[str]:
@@ -541,6 +543,8 @@ class TritonRenderer(ChunkedSums):
             return f"(({left}) {op} ({right})).to({self.T})"
         if op in ("&", "|"):
             return f"((({left}) != 0) {op} (({right}) != 0)).to({self.T})"
+        if op in _HELPER_OPS:
+            return f"{_HELPER_OPS[op]}({self.widen(left)}, {self.widen(right)})"
         return f"({left} {op} {right})"
 
     def expr_Call(self, node: ir.Call) -> str:
@@ -552,6 +556,8 @@ class TritonRenderer(ChunkedSums):
                   "log1p": "ef_log1p", "expm1": "ef_expm1"}
         if f in direct:
             return f"{direct[f]}({self.widen(args[0])})"
+        if f in _HELPER_CALLS:
+            return f"{_HELPER_CALLS[f]}({', '.join(self.widen(a) for a in args)})"
         if f == "relu":
             return f"ef_max({self.widen(args[0])}, 0.0)"
         if f == "softplus":

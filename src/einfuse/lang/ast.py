@@ -16,15 +16,15 @@ Span = Optional[Tuple[int, int]]
 
 REDUCTIONS = ("sum", "prod", "max", "min", "logsumexp")
 UNARY_FUNCTIONS = ("exp", "log", "log1p", "expm1", "sqrt", "abs", "sin", "cos", "tanh",
-                   "sigmoid", "relu", "softplus", "erf", "floor", "ceil")
-BINARY_FUNCTIONS = ("min", "max", "pow")
+                   "sigmoid", "relu", "softplus", "erf", "floor", "ceil", "sign", "tan")
+BINARY_FUNCTIONS = ("min", "max", "pow", "atan2")
 TERNARY_FUNCTIONS = ("where",)
 FUNCTIONS = UNARY_FUNCTIONS + tuple(f for f in BINARY_FUNCTIONS if f not in UNARY_FUNCTIONS) \
     + TERNARY_FUNCTIONS
 CONSTANTS = {"inf": float("inf"), "nan": float("nan"), "pi": 3.141592653589793}
 RESERVED = frozenset(REDUCTIONS) | frozenset(FUNCTIONS) | frozenset(CONSTANTS)
 
-ARITHMETIC_OPS = ("+", "-", "*", "/", "**")
+ARITHMETIC_OPS = ("+", "-", "*", "/", "//", "%", "**")
 COMPARISON_OPS = ("<", "<=", ">", ">=", "==", "!=")
 LOGICAL_OPS = ("&", "|")
 ASSIGN_OPS = (":=", "=", "+=")

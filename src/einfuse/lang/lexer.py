@@ -15,13 +15,10 @@ OP = "op"
 END = "end"
 
 # Longest operators first so that ':=' is not read as ':' then '='.
-_OPERATORS = (":=", "+=", "**", "<=", ">=", "==", "!=",
-              "+", "-", "*", "/", "<", ">", "=", "&", "|", "(", ")", "[", "]", ",")
+_OPERATORS = (":=", "+=", "**", "//", "<=", ">=", "==", "!=",
+              "+", "-", "*", "/", "%", "<", ">", "=", "&", "|", "(", ")", "[", "]", ",")
 # ASCII digits only: '\d' would also read other scripts' digits as numbers.
 _NUMBER = re.compile(r"([0-9]+\.[0-9]*|\.[0-9]+|[0-9]+)([eE][+-]?[0-9]+)?")
-# '%' is not an operator of the notation (yet); '//' is two '/' tokens that the parser
-# recognises, so that its caret sits on the second '/'.
-_MODULO = "'%' (modulo) is not part of the notation yet; write a - b * floor(a / b)"
 
 
 @dataclass(frozen=True)
@@ -61,8 +58,6 @@ def tokenize(source: str) -> List[Token]:
             tokens.append(token)
             pos = token.end
             continue
-        if char == "%":
-            raise EinfuseSyntaxError(_MODULO, source=source, span=(pos, pos + 1))
         for op in _OPERATORS:
             if source.startswith(op, pos):
                 tokens.append(Token(OP, op, pos))

@@ -6,7 +6,7 @@
     bitor      := bitand ('|' bitand)*
     bitand     := arith ('&' arith)*
     arith      := term (('+'|'-') term)*
-    term       := unary (('*'|'/') unary)*
+    term       := unary (('*'|'/'|'//'|'%') unary)*   '//' floors, '%' is Python's modulo
     unary      := ('-'|'+') unary | power
     power      := atom ['**' unary]              right-associative
     atom       := NUMBER | NAME | NAME '[' subs ']' | FUNC '(' args ')'
@@ -236,7 +236,7 @@ class _Parser:
         return self.binary_level(("+", "-"), self.term)
 
     def term(self) -> Expr:
-        return self.binary_level(("*", "/"), self.unary)
+        return self.binary_level(("*", "/", "//", "%"), self.unary)
 
     def unary(self) -> Expr:
         if self.at("-") or self.at("+"):
@@ -272,11 +272,6 @@ class _Parser:
             self.expect(")", "to close '('")
             return inner
         if token.kind != NAME:
-            previous = self.tokens[self.pos - 1] if self.pos else None
-            if self.at("/") and previous is not None and previous.text == "/" and \
-                    previous.end == token.start:
-                self.fail("floor division '//' is not part of the notation yet; write "
-                          "floor(a / b)")
             self.fail("expected a number, a name or '('")
         name = token.text
         nxt = self.peek()
@@ -397,6 +392,7 @@ class _Parser:
 
     def access(self, name_tok: Token) -> Access:
         opener = self.pos
+        outer, self.reading = getattr(self, "reading", None), name_tok.text
         self.expect("[", "")
         subs: List[IndexExpr] = []
         try:
@@ -416,6 +412,7 @@ class _Parser:
                 self.error(f"a ']' is missing: {name_tok.text}[ is never closed",
                            name_tok.start, self.tokens[opener].end)
             raise
+        self.reading = outer
         return Access(name_tok.text, tuple(subs), span=(name_tok.start, self.prev_end()))
 
     # -- subscripts ----------------------------------------------------------------------
@@ -456,8 +453,27 @@ class _Parser:
                                       scale * other[2]), expr.span)
             self.error("a subscript may multiply an index only by an integer constant",
                        *expr.span)
+        if isinstance(expr, Binary) and expr.op in ("//", "%"):
+            self.not_in_subscripts(expr)
         self.error("a subscript must be an index, an integer, a gather (idx[i]) or an "
                    "affine combination of them such as 2*i + a - 1", *expr.span)
+
+    def not_in_subscripts(self, expr: Binary):
+        """``x[i // 4]``, ``x[i % 4]``: not built yet (a subscript is affine, and range
+        inference would have to invert the division); an index array does it today."""
+        what = "floor division '//'" if expr.op == "//" else "modulo '%'"
+        written = self.source[expr.span[0]:expr.span[1]]
+        names = []
+        for node in expr.walk():
+            if isinstance(node, Param):
+                names.append(node.name)
+            elif isinstance(node, Access):
+                names += [n for sub in node.indices for n in sub.index_names]
+        q = f"q[{', '.join(dict.fromkeys(names))}]"
+        self.error(f"{what} is not supported in subscripts yet, only in values (as in "
+                   f"y[i] := x[i] {expr.op} 4); put the positions in an index array instead: "
+                   f"pass q with {q} = {written} (computed with NumPy) and write {q} in "
+                   f"its place in {self.reading}[...]", *expr.span)
 
     def fits(self, linear, span):
         """``linear`` unchanged when its coefficients and constant fit in int64."""

@@ -8,7 +8,7 @@ from .ast import Access, Binary, Call, Expr, IndexValue, Number, Param, Reduce, 
 
 # Binding strength, higher binds tighter (Python's order).
 _PRECEDENCE = {"<": 1, "<=": 1, ">": 1, ">=": 1, "==": 1, "!=": 1, "|": 2, "&": 3,
-               "+": 4, "-": 4, "*": 5, "/": 5, "neg": 6, "**": 7}
+               "+": 4, "-": 4, "*": 5, "/": 5, "//": 5, "%": 5, "neg": 6, "**": 7}
 _ATOM = 8
 
 

@@ -488,6 +488,8 @@ def _fast_math_safe(expr: ast.Expr) -> bool:
     for node in expr.walk():
         if isinstance(node, ast.Binary) and node.op in ast.COMPARISON_OPS + ast.LOGICAL_OPS:
             return False
+        if isinstance(node, ast.Binary) and node.op in ("//", "%"):
+            return False   # NumPy's (a - fmod(a, b)) / b, exactly (c_elementwise.py)
         if isinstance(node, ast.Call) and node.func in _NAN_SENSITIVE_CALLS:
             return False
         if isinstance(node, ast.Reduce) and node.op in ("max", "min", "logsumexp"):
