@@ -437,7 +437,22 @@ def _logsumexp(values) -> Value:
     return result, max(ex for _, ex in values) + abs(m) + abs(result)
 
 
+def _position(largest: bool):
+    """argmax/argmin: the list position (the reduction's indices in row-major order) of
+    the first NaN, else of the first extremum."""
+    def reduce(values) -> Value:
+        xs = [x for x, _ in values]
+        for n, x in enumerate(xs):
+            if math.isnan(x):
+                return float(n), 0.0
+        best = max(xs) if largest else min(xs)
+        return float(xs.index(best)), 0.0
+    return reduce
+
+
 _REDUCERS = {
+    "argmax": _position(True),
+    "argmin": _position(False),
     "sum": _sum,
     "prod": _prod,
     "max": _extremum(_nan_max, -INF),

@@ -16,11 +16,18 @@ from .lang.printer import format_expr, format_statement
 from .runtime.kernel import NOT_GIVEN, Kernel, check_explain_options, statement_argument
 
 _REDUCTION_WORDS = {"sum": "the sum", "prod": "the product", "max": "the maximum",
-                    "min": "the minimum", "logsumexp": "the log-sum-exp"}
+                    "min": "the minimum", "logsumexp": "the log-sum-exp",
+                    "argmax": "the position of the first maximum",
+                    "argmin": "the position of the first minimum"}
 _ACCUMULATE = {"sum": "{acc} += {value}", "prod": "{acc} *= {value}",
                "max": "{acc} = max({acc}, {value})", "min": "{acc} = min({acc}, {value})",
-               "logsumexp": "{acc} = logaddexp({acc}, {value})   # one pass, running max"}
-_INITIAL = {"sum": "0", "prod": "1", "max": "-inf", "min": "+inf", "logsumexp": "-inf"}
+               "logsumexp": "{acc} = logaddexp({acc}, {value})   # one pass, running max",
+               "argmax": "if {value} > best or isnan({value}) and not isnan(best): "
+                         "best, {acc} = {value}, position",
+               "argmin": "if {value} < best or isnan({value}) and not isnan(best): "
+                         "best, {acc} = {value}, position"}
+_INITIAL = {"sum": "0", "prod": "1", "max": "-inf", "min": "+inf", "logsumexp": "-inf",
+            "argmax": "0; best = -inf", "argmin": "0; best = +inf"}
 
 
 @dataclass

@@ -6,7 +6,9 @@
 * integer inputs meeting a float-producing operation (``/``, ``exp``, a float
   literal ...) give float64, as NumPy's ufuncs do;
 * float16/bfloat16 are computed in float32 and stored in their own dtype;
-* a right side that is a comparison or ``&``/``|`` gives bool;
+* a right side that is a comparison or ``&``/``|`` gives bool, one that is an
+  ``argmax``/``argmin`` int64 positions (the working dtype is still the values': an
+  argmax inside arithmetic gives its position in the working dtype);
 * ``dtype=`` overrides the result; a float ``dtype=`` is also the working dtype;
 * ``=``/``+=`` store the result into the caller's array by NumPy's ``same_kind``
   rule unless ``dtype=`` is given.
@@ -99,6 +101,8 @@ def resolve_dtypes(spec: Spec, value_dtypes: Mapping[str, np.dtype],
             working = np.dtype(np.float32) if stored.itemsize < 4 else stored
     elif spec.result_is_bool:
         stored = np.dtype(bool)
+    elif spec.result_is_position:
+        stored = np.dtype(np.int64)
     return DTypes(working=np.dtype(working), result=np.dtype(stored))
 
 

@@ -13,8 +13,9 @@ from dataclasses import dataclass
 from typing import Dict, List, Optional, Set, Tuple
 
 from ..errors import EinfuseNameError, IndexRuleError
-from ..lang.ast import (Access, Binary, COMPARISON_OPS, LOGICAL_OPS, Expr, IndexExpr,
-                        IndexValue, Param, Reduce, Statement, Unary, accesses, reductions)
+from ..lang.ast import (Access, Binary, COMPARISON_OPS, LOGICAL_OPS, POSITION_REDUCTIONS,
+                        Expr, IndexExpr, IndexValue, Param, Reduce, Statement, Unary, accesses,
+                        has_position_reduction, reductions)
 from ..lang.printer import format_expr
 
 
@@ -56,6 +57,15 @@ class Spec:
     @property
     def source(self) -> str:
         return self.statement.source
+
+    @property
+    def result_is_position(self) -> bool:
+        """The right side is an argmax/argmin: the result is int64 positions."""
+        return isinstance(self.rhs, Reduce) and self.rhs.op in POSITION_REDUCTIONS
+
+    @property
+    def has_position_reductions(self) -> bool:
+        return has_position_reduction(self.rhs)
 
     @property
     def output(self) -> str:

@@ -35,7 +35,7 @@ from .exprs import Affine, Names, affine, affine_expr, any_of, cmp, contains_red
 # Operations that pass no gradient by definition: a gradient asked for a name that reaches
 # the result only through them is an error naming them (floor, ceil and comparisons pass
 # none either, but quietly: theirs is zero wherever it is defined).
-NO_GRADIENT = ("sign", "//", "%")
+NO_GRADIENT = ("sign", "//", "%", "argmax", "argmin")
 
 
 @dataclass(frozen=True)

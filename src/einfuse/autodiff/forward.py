@@ -24,7 +24,8 @@ from typing import Dict, Mapping, Optional, Sequence, Tuple
 from ..analysis.spec import analyse
 from ..errors import EinfuseError, NoGradientError
 from ..lang import parse
-from ..lang.ast import Access, Binary, Expr, Param, Reduce, Unary, accesses
+from ..lang.ast import (POSITION_REDUCTIONS, Access, Binary, Expr, Param, Reduce, Unary,
+                        accesses)
 from ..lang.printer import format_expr
 from .exprs import Names, add, freshen, mentions, mul, num
 from .derive import check_gradient_passes, used_names
@@ -128,6 +129,8 @@ class _Tangent:
         if isinstance(expr, Param):
             tangent = self.tangents.get(expr.name)
             return Param(tangent) if tangent else None
+        if isinstance(expr, Reduce) and expr.op in POSITION_REDUCTIONS:
+            return None      # integer positions carry no tangent
         if isinstance(expr, Reduce):
             # d(op[K](e)) = sum[K](dR/de * de): reverse mode's weight for the body, with
             # the body's differential (which lives inside K) as the multiplier

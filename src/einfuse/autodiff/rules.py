@@ -29,8 +29,8 @@ from __future__ import annotations
 
 from typing import Iterator, List, Tuple
 
-from ..lang.ast import (COMPARISON_OPS, LOGICAL_OPS, Access, Binary, Call, Expr, IndexValue,
-                        Number, Param, Reduce, Unary)
+from ..lang.ast import (COMPARISON_OPS, LOGICAL_OPS, POSITION_REDUCTIONS, Access, Binary,
+                        Call, Expr, IndexValue, Number, Param, Reduce, Unary)
 from .exprs import Names, add, call, cmp, div, mentions, mul, neg, num, rename, sub, \
     where
 
@@ -67,6 +67,8 @@ def partials(expr: Expr, g: Expr, names: Names) -> List[Tuple[Expr, Expr]]:
     if isinstance(expr, Call):
         return _call(expr, g)
     if isinstance(expr, Reduce):
+        if expr.op in POSITION_REDUCTIONS:
+            return []     # integer positions: no gradient (derive.NO_GRADIENT)
         return [(expr.body, _reduction(expr, g, names))]
     raise TypeError(type(expr).__name__)
 

@@ -21,6 +21,7 @@ from ..plan import buffer_slots, call_arguments, plan_for, unit_axis
 from ..plan.contraction import match_contraction, run_contraction
 from ..plan.gathers import bounds_mode
 from . import c_build
+from .capabilities import not_compiled
 from .c_pack import pack_axis
 from .c_render import render_c
 
@@ -168,6 +169,9 @@ class CBackend:
         if c_build.find_compiler() is None:
             raise BackendError("backend='c' needs a C compiler with OpenMP support (cc, gcc "
                                "or clang on PATH, or CC=...); use backend='numpy'")
+        if not_compiled(call.spec):
+            from .numpy_backend import NumpyExecutor
+            return NumpyExecutor.for_call(call).run()
         working = call.dtypes.working
         contraction = _blas_contraction(call)
         if contraction is not None:
@@ -209,6 +213,10 @@ class CBackend:
 
     @staticmethod
     def strategy(call) -> str:
+        reason = not_compiled(call.spec)
+        if reason:
+            from .numpy_backend import NumpyExecutor
+            return f"the NumPy reference ({reason}): {NumpyExecutor.for_call(call).describe()}"
         contraction = _blas_contraction(call)
         if contraction is not None:
             return contraction.describe() + " (numpy.matmul), after the needed transposes"
@@ -229,13 +237,13 @@ class CBackend:
                "elementwise": "no reduction, innermost loop vectorised"}[plan.mode]
         return (f"fused C kernel ({len(kernel.body)} loop nest(s)), OpenMP-parallel over "
                 f"{', '.join(parallel) or 'nothing (scalar result)'}; {how}; compiled "
-                f"{'with' if plan.fast_math else 'without'} fast-math")
+                f"{'with' if plan.fast_math else 'without'} reciprocal math")
 
 
 def _loop_nest(call):
     """The compiled kernel as pseudo-code with the statement's names and sizes, or None
     for a BLAS contraction."""
-    if _blas_contraction(call) is not None:
+    if _blas_contraction(call) is not None or not_compiled(call.spec):
         return None
     from .pseudo_render import render_pseudo
     plan = _plan(call, _buffers_layout_only(call))

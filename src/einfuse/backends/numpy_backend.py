@@ -21,10 +21,11 @@ from ..analysis.dtypes import DTypes
 from ..analysis.options import Options
 from ..analysis.ranges import Bounds
 from ..analysis.spec import Spec
-from ..errors import OutOfBoundsError
+from ..errors import OutOfBoundsError, RangeError
 from ..lang.ast import (Access, Binary, Call, Expr, IndexExpr, IndexValue, Number, Param,
                         Reduce, Unary)
 from ..plan.gathers import INT64_MAX, check_gather_arithmetic
+from . import numpy_positions as positions
 
 # Upper bound on how many grid-sized temporaries one expression keeps alive at once;
 # the element budget is the byte budget divided by this and by 8 bytes per element.
@@ -110,7 +111,8 @@ class NumpyExecutor:
                        if self.spec.tensor(name).as_value}
         out_indices = self.spec.output_indices
         shape = tuple(max(0, self.ranges[n][1] - self.ranges[n][0]) for n in out_indices)
-        result = np.empty(shape, dtype=self.working)
+        result = np.empty(shape, dtype=np.int64 if self.spec.result_is_position
+                          else self.working)
         if result.size == 0:
             return result
         blocks = self.split(out_indices, self.budget)
@@ -214,7 +216,9 @@ class NumpyExecutor:
     def reduce(self, expr: Reduce, ctx):
         names = expr.indices
         if any(self.ranges[n][1] <= self.ranges[n][0] for n in names):
-            return self.empty_reduction(expr.op)
+            return self.empty_reduction(expr)
+        if expr.op in positions.PICK:
+            return self.position_reduce(expr, ctx)
         outer = int(np.prod([hi - lo for lo, hi in ctx.values()], dtype=np.int64))
         axes = tuple(self.axis[n] for n in names)
         total = None
@@ -270,7 +274,27 @@ class NumpyExecutor:
             part = part + total * np.exp(np.minimum(shift - new_shift, 0))
         return part, new_shift
 
-    def empty_reduction(self, op: str):
+    def position_reduce(self, expr: Reduce, ctx):
+        names = expr.indices
+        outer = int(np.prod([hi - lo for lo, hi in ctx.values()], dtype=np.int64))
+        axes = tuple(self.axis[n] for n in names)
+        extents = [self.ranges[n][1] - self.ranges[n][0] for n in names]
+        running = None
+        for block in itertools.product(*self.split(names, self.budget, outer)):
+            inner = dict(ctx)
+            inner.update(zip(names, block))
+            value = self.broadcast_axes(np.asarray(self.eval(expr.body, inner)), inner, names)
+            offsets = [lo - self.ranges[n][0] for n, (lo, _) in zip(names, block)]
+            running = positions.merge(expr.op, running, positions.block_extremum(
+                expr.op, value, axes, offsets, extents))
+        return running[1]
+
+    def empty_reduction(self, expr: Reduce):
+        op = expr.op
+        if op in positions.PICK:
+            empty = [n for n in expr.indices if self.ranges[n][1] <= self.ranges[n][0]]
+            raise RangeError(f"{op}[{', '.join(expr.indices)}](...) has no position to give: "
+                             f"the range of {empty[0]} is empty", span=expr.span)
         if self.working.kind in "iu" and op in ("max", "min"):
             info = np.iinfo(self.working)
             return info.min if op == "max" else info.max

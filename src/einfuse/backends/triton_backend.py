@@ -27,6 +27,7 @@ import numpy as np
 
 from ..plan import buffer_slots, call_arguments, plan_for, unit_axis
 from . import c_build, triton_tuning as tuning
+from .capabilities import not_compiled
 from .triton_render import Launch
 
 _modules: Dict[str, object] = {}
@@ -267,11 +268,12 @@ def _returned(result, call):
 
 def host_fallback(call) -> bool:
     """Statements whose working dtype is not float32/float64 run on the NumPy
-    reference (the Triton kernels compute in floating point), and so do those with an
+    reference (the Triton kernels compute in floating point), and so do those a compiled
+    backend cannot render (backends/capabilities.py) and those with an
     empty input: every read of it is pad= or fill= (or none happens), and a kernel's
     clamped address into an empty array would point outside it."""
     working = call.dtypes.working
-    if working.kind != "f" or working.itemsize < 4:
+    if working.kind != "f" or working.itemsize < 4 or not_compiled(call.spec):
         return True
     return any(0 in shape for shape in call.arrays.shapes.values())
 

@@ -15,6 +15,9 @@ from typing import Iterator, Optional, Tuple, Union
 Span = Optional[Tuple[int, int]]
 
 REDUCTIONS = ("sum", "prod", "max", "min", "logsumexp")
+# Reductions to the integer position of the first extremum (row-major over several
+# indices, counted from each range's start). Not reserved: argmax[i] alone is a tensor.
+POSITION_REDUCTIONS = ("argmax", "argmin")
 UNARY_FUNCTIONS = ("exp", "log", "log1p", "expm1", "sqrt", "abs", "sin", "cos", "tanh",
                    "sigmoid", "relu", "softplus", "erf", "floor", "ceil", "sign", "tan")
 BINARY_FUNCTIONS = ("min", "max", "pow", "atan2")
@@ -202,6 +205,10 @@ def accesses(expr: Expr) -> Iterator[Access]:
     for node in expr.walk():
         if isinstance(node, Access):
             yield node
+
+
+def has_position_reduction(expr: Expr) -> bool:
+    return any(r.op in POSITION_REDUCTIONS for r in reductions(expr))
 
 
 def reductions(expr: Expr) -> Iterator[Reduce]:

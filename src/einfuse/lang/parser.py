@@ -27,9 +27,9 @@ from typing import Dict, List, Optional, Set, Tuple
 
 from ..errors import EinfuseNameError, EinfuseOverflowError, EinfuseSyntaxError
 from .ast import (ASSIGN_OPS, BINARY_FUNCTIONS, COMPARISON_OPS, CONSTANTS, FUNCTIONS,
-                  REDUCTIONS, RESERVED, TERNARY_FUNCTIONS, UNARY_FUNCTIONS, Access, Binary,
-                  Call, Expr, IndexExpr, IndexValue, Number, Param, Reduce, Statement, Unary,
-                  map_children)
+                  POSITION_REDUCTIONS, REDUCTIONS, RESERVED, TERNARY_FUNCTIONS,
+                  UNARY_FUNCTIONS, Access, Binary, Call, Expr, IndexExpr, IndexValue, Number,
+                  Param, Reduce, Statement, Unary, map_children)
 from .lexer import END, NAME, NUMBER, OP, Token, tokenize
 from .rewrite import names_in
 from .sugar import SUGAR_REDUCTIONS, FreshNames, expand
@@ -39,8 +39,8 @@ from .sugar import SUGAR_REDUCTIONS, FreshNames, expand
 # offsets, index values) is an int64 on every backend, so each must fit one.
 INT64_MAX = 2**63 - 1
 # Reductions users reach for that the notation does not have (yet).
-PLANNED_REDUCTIONS = ("argmax", "argmin", "any", "all", "std", "median", "count")
-_REDUCTION_LIST = "sum, prod, max, min, logsumexp, mean and var"
+PLANNED_REDUCTIONS = ("any", "all", "std", "median", "count")
+_REDUCTION_LIST = "sum, prod, max, min, logsumexp, mean, var, argmax and argmin"
 # An einsum subscript string: letters (or '...') per operand, commas, an optional '->'.
 _EINSUM = re.compile(r"\s*([A-Za-z.]*(?:\s*,\s*[A-Za-z.]*)*)\s*(?:->\s*([A-Za-z.]*))?\s*\Z")
 
@@ -275,15 +275,16 @@ class _Parser:
             self.fail("expected a number, a name or '('")
         name = token.text
         nxt = self.peek()
+        unreserved = SUGAR_REDUCTIONS + POSITION_REDUCTIONS
         if nxt.kind == OP and nxt.text == "[" and name not in REDUCTIONS \
-                and name not in SUGAR_REDUCTIONS:
+                and name not in unreserved:
             close = self.pairs.get(self.pos + 1)
             after = self.tokens[close + 1] if close is not None else None
             if after is not None and after.kind == OP and after.text == "(":
                 self.not_a_reduction(token, self.tokens[close])
         if name in REDUCTIONS and nxt.kind == OP and nxt.text == "[":
             return self.reduction()
-        if name in SUGAR_REDUCTIONS and self.reduction_follows():
+        if name in unreserved and self.reduction_follows():
             return self.reduction()    # not reserved: mean[i] alone is still a tensor
         if name in CONSTANTS and not (nxt.kind == OP and nxt.text in "[("):
             self.advance()
@@ -365,7 +366,7 @@ class _Parser:
         arities = _arity(func)
         if not arities:
             functions = ", ".join(FUNCTIONS)
-            if func in REDUCTIONS or func in SUGAR_REDUCTIONS:
+            if func in REDUCTIONS + SUGAR_REDUCTIONS + POSITION_REDUCTIONS:
                 message = f"{func!r} is a reduction: write {func}[k](...)"
             elif func in PLANNED_REDUCTIONS:
                 message = f"{func!r} is not part of the notation yet (neither as a function " \

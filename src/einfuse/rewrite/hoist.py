@@ -41,7 +41,7 @@ from dataclasses import dataclass
 from typing import Dict, List, Optional, Set, Tuple
 
 from ..lang.ast import (Access, Expr, IndexExpr, IndexValue, Reduce, Statement, accesses,
-                        map_children)
+                        has_position_reduction, map_children)
 from ..lang.rewrite import names_in
 
 
@@ -166,6 +166,8 @@ class _Rewriter:
     def _hoistable(self, reduce: Reduce, free: Set[str]) -> bool:
         if any(a.tensor == self.statement.output for a in accesses(reduce)):
             return False
+        if has_position_reduction(reduce):
+            return False    # a temporary in the working dtype would round positions
         own = tuple(_subscripts(reduce))
         for index in free:
             if index in self.offset or not _only_plain(index, own):

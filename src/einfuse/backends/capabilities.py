@@ -1,0 +1,14 @@
+"""What the compiled backends (C, Triton) cannot render yet, decided from the analysed
+statement alone: such statements run on the NumPy reference, by plan (``strategy``
+says so), not as an error path."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+
+def not_compiled(spec) -> Optional[str]:
+    """Why ``spec`` runs on the NumPy reference under a compiled backend, or None."""
+    if spec.has_position_reductions:
+        return "argmax/argmin are not compiled yet"
+    return None
