@@ -116,7 +116,7 @@ class GradientStatement:
 
 def derive(statement: Union[str, GradientStatement], wrt: str, *,
            output_grad_name: Optional[str] = None,
-           options: Optional[Dict[str, object]] = None) -> List[GradientStatement]:
+           options: Optional[Dict[str, object]] = None, outputs=None):
     """Gradient statements of ``statement`` with respect to tensor or scalar ``wrt``.
 
     The gradient of the output is an input named ``d<OUT>`` (or ``output_grad_name``)
@@ -124,15 +124,21 @@ def derive(statement: Union[str, GradientStatement], wrt: str, *,
     of the returned statements (a "gather" creates it, each "scatter" adds into it;
     zeros when there is no gather).  ``options`` are the forward's own options
     (``ranges=``, ``pad=``, ``bounds=``, ``fill=``); a GradientStatement brings its own,
-    so gradients can be derived again."""
+    so gradients can be derived again.
+
+    For a program (several statements) the result is a
+    :class:`~einfuse.autodiff.program.ProgramGradient`, the gradient as a program (its
+    output gradients are ``d<output>`` for each output, or for ``outputs=``); run it
+    with its ``run`` method or :func:`run_reference`."""
     if isinstance(statement, str):
         from ..program import split_program
         if len(split_program(statement)) > 1:
-            raise NoGradientError(
-                "ef.derive takes one statement; gradient programs (the gradient of a "
-                "program as a program) are not built yet. torch autograd and jax.grad "
-                "already differentiate through a program, statement by statement",
-                source=statement, span=(0, len(statement)))
+            if output_grad_name is not None:
+                raise NoGradientError("output_grad_name= is for one statement; a program's "
+                                      "output gradients are named d<output>",
+                                      source=statement, span=(0, len(statement)))
+            from .program import derive_program
+            return derive_program(statement, wrt, options, outputs)
     parent = None
     if isinstance(statement, GradientStatement):
         if statement.kind != "gather":

@@ -110,6 +110,9 @@ def run_reference(grads: Iterable[GradientStatement], arrays: Mapping[str, objec
     Returns {target: gradient}; gathers run with ``ef.ein``, scatters add with
     ``np.add.at``.  When dOUT is a torch tensor, everything stays torch tensors on its
     device (a GPU backward never visits the host): scatters add with ``index_put_``."""
+    from .program import ProgramGradient
+    if isinstance(grads, ProgramGradient):
+        return {grads.result: grads.run(arrays, backend=backend)}
     out: Dict[str, object] = {}
     grads = list(grads)
     ops = _ops_for(arrays[grads[0].output_grad]) if grads else _NumpyOps()

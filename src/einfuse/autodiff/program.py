@@ -1,0 +1,190 @@
+"""The gradient of a program is a program (programs.md section 1): reverse mode over
+the statement DAG.
+
+For each statement, last to first, the gradient of what it defines (``dN``, the sum
+of every later statement's contribution, plus the caller's seed where ``N`` is an
+output) is pushed to each name it reads that depends on ``wrt``: the statement's own
+v1 gradient statements (derive.py) with ``dN`` as their output gradient.  Statements
+that do not lead from ``wrt`` to an output contribute nothing and are left out.
+
+The backward statements read the forward's intermediates, so the gradient program
+recomputes the forward program first (``forward``), then runs the steps in order,
+adding the contributions to each ``d<name>`` as they come.  No text is parsed twice
+on the way: the steps are the v1 gradient statements, each runnable with ``ef.ein``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Dict, List, Mapping, Optional, Sequence, Set, Tuple
+
+from ..analysis.spec import analyse
+from ..lang.parser import parse
+from ..program.split import split_program
+from .derive import GradientStatement, NoGradientError, derive, used_names
+
+
+@dataclass(frozen=True)
+class GradientStep:
+    """The gradients one forward statement passes on: for each name it reads that
+    depends on ``wrt``, the statements computing that name's share (their ``target``)
+    from the statement's output gradient ``seed``."""
+    statement: str
+    seed: str
+    parts: Tuple[Tuple[str, Tuple[GradientStatement, ...]], ...]
+
+
+@dataclass(frozen=True)
+class ProgramGradient:
+    """``d<wrt>`` of a program, as a program: the forward statements (recomputed), then
+    the backward steps.  The caller passes the program's inputs and one output gradient
+    per output (``seeds``: ``d<output>``, with the output's shape)."""
+    source: str
+    wrt: str
+    result: str
+    forward: Tuple[str, ...]
+    outputs: Tuple[str, ...]
+    seeds: Tuple[str, ...]
+    steps: Tuple[GradientStep, ...]
+
+    @property
+    def statements(self) -> Tuple[GradientStatement, ...]:
+        return tuple(g for step in self.steps for _, grads in step.parts for g in grads)
+
+    def __str__(self) -> str:
+        lines = ["# forward, recomputed: the backward reads its intermediates"]
+        lines += self.forward
+        lines.append(f"# backward: given {', '.join(self.seeds)}; contributions to the "
+                     "same name add up")
+        for step in self.steps:
+            lines.append(f"# through {step.statement}")
+            for _, grads in step.parts:
+                lines += [f"{g}" if g.kind == "gather" else f"{g}   (scatter-add)"
+                          for g in grads]
+        return "\n".join(lines)
+
+    def run(self, arrays: Mapping[str, object], backend: str = "numpy"):
+        """``d<wrt>`` for the program's inputs and the output gradients in ``arrays``."""
+        from ..runtime.kernel import compile as ef_compile
+        from .reference import run_reference
+        defined = [parse(text).output for text in self.forward]
+        program = ef_compile("\n".join(self.forward), outputs=defined, backend=backend)
+        missing = [name for name in program.inputs + self.seeds if name not in arrays]
+        if missing:
+            raise NoGradientError(f"the gradient program needs {', '.join(missing)} (the "
+                                  f"program's inputs, and one output gradient per output "
+                                  f"{', '.join(self.outputs)})")
+        env = {name: arrays[name] for name in program.inputs + self.seeds}
+        values = program(**{name: env[name] for name in program.inputs})
+        env.update(zip(defined, values if len(defined) > 1 else (values,)))
+        for step in self.steps:
+            for _, grads in step.parts:
+                for target, value in run_reference(grads, env, backend=backend).items():
+                    # a seed or an earlier contribution is there already: they add up
+                    env[target] = env[target] + value if target in env else value
+        return env[self.result]
+
+
+def derive_program(source: str, wrt: str, options: Optional[Dict[str, object]] = None,
+                   outputs: Optional[Sequence[str]] = None) -> ProgramGradient:
+    """The gradient program of ``source`` with respect to input ``wrt``."""
+    pieces = split_program(source)
+    specs = [analyse(parse(piece.text)) for piece in pieces]
+    for spec, piece in zip(specs, pieces):
+        if spec.assign != ":=":
+            raise NoGradientError(
+                f"gradients of programs with '{spec.assign}' statements are not built; "
+                "define each name with ':='", source=piece.text,
+                span=spec.statement.output_span)
+    defined = [spec.output for spec in specs]
+    if wrt in defined:
+        raise NoGradientError(f"{wrt} is computed by the program; ask for the gradient of "
+                              "one of its inputs")
+    chosen = _chosen_outputs(specs, outputs)
+    prefix = _gradient_prefix(specs)
+    depends = _depends_on(specs, wrt)
+    if not any(depends.get(name) for name in chosen):
+        raise NoGradientError(f"no output of the program ({', '.join(chosen)}) depends on "
+                              f"{wrt}")
+    reaching = _reaching_outputs(specs, chosen)
+    options = dict(options or {})
+    steps: List[GradientStep] = []
+    for spec, piece in reversed(list(zip(specs, pieces))):
+        out = spec.output
+        if not depends.get(out) or out not in reaching:
+            continue
+        parts = []
+        for name in _value_names(spec):
+            if name != wrt and not depends.get(name):
+                continue
+            own = _options_for(options, spec)
+            grads = derive(piece.text, name, output_grad_name=prefix + out, options=own)
+            grads = [dataclasses.replace(g, target=prefix + name) for g in grads]
+            parts.append((name, tuple(grads)))
+        steps.append(GradientStep(piece.text, prefix + out, tuple(parts)))
+    return ProgramGradient(source, wrt, prefix + wrt, tuple(p.text for p in pieces), chosen,
+                           tuple(prefix + name for name in chosen), tuple(steps))
+
+
+def _chosen_outputs(specs, outputs) -> Tuple[str, ...]:
+    if outputs is None:
+        chosen = []
+        for n, spec in enumerate(specs):
+            if not any(spec.output in later.arg_order for later in specs[n + 1:]):
+                chosen.append(spec.output)
+        return tuple(chosen)
+    outputs = (outputs,) if isinstance(outputs, str) else tuple(outputs)
+    defined = [spec.output for spec in specs]
+    for name in outputs:
+        if name not in defined:
+            raise NoGradientError(f"outputs= names {name!r}, which the program does not "
+                                  f"define (it defines {', '.join(defined)})")
+    return outputs
+
+
+def _depends_on(specs, wrt: str) -> Dict[str, bool]:
+    """For each defined name (and ``wrt``): whether its value depends on ``wrt``."""
+    depends = {wrt: True}
+    for spec in specs:
+        depends[spec.output] = any(depends.get(name) for name in _value_names(spec))
+    return depends
+
+
+def _reaching_outputs(specs, outputs: Tuple[str, ...]) -> Set[str]:
+    """Defined names some output depends on (the outputs included)."""
+    needed = set(outputs)
+    for spec in reversed(specs):
+        if spec.output in needed:
+            needed |= set(_value_names(spec))
+    return needed
+
+
+def _value_names(spec) -> Tuple[str, ...]:
+    """The names a statement reads as values (tensors and scalar parameters; index
+    arrays carry no gradient)."""
+    return tuple(dict.fromkeys([t.name for t in spec.tensors if t.as_value] +
+                               list(spec.params)))
+
+
+def _gradient_prefix(specs) -> str:
+    """``d``, or ``dd``... so that no gradient name is a name of the program."""
+    names: Set[str] = set()
+    for spec in specs:
+        names |= used_names(spec)
+    prefix = "d"
+    while any(prefix + name in names for name in names):
+        prefix += "d"
+    return prefix
+
+
+def _options_for(options: Dict[str, object], spec) -> Dict[str, object]:
+    """The program's options for one statement: ranges= entries of its own indices."""
+    own = dict(options)
+    if "ranges" in own and own["ranges"]:
+        own["ranges"] = {k: v for k, v in dict(own["ranges"]).items()
+                         if k in spec.all_indices}
+    return own
+
+
+__all__ = ["ProgramGradient", "GradientStep", "derive_program"]
