@@ -119,7 +119,7 @@ def compile_program(source: str, options: Options, outputs, make_kernel) -> Prog
         raise EinfuseSyntaxError("the program has no statements")
     statements = []
     for piece in pieces:
-        spec_options = _options_for(piece.text, options, make_kernel)
+        spec_options = _options_for(piece.text, options)
         statements.append(ProgramStatement(make_kernel(piece.text, spec_options), piece))
     _check_ranges_used(options, statements)
     defined: Dict[str, int] = {}
@@ -148,13 +148,13 @@ def compile_program(source: str, options: Options, outputs, make_kernel) -> Prog
     return Program(source, statements, _outputs(statements, outputs))
 
 
-def _options_for(text: str, options: Options, make_kernel) -> Options:
+def _options_for(text: str, options: Options) -> Options:
     """The program's options for one statement: ranges= entries of its own indices."""
     if not options.ranges:
         return options
-    spec = make_kernel(text, dataclasses.replace(options, ranges=())).spec
-    own = tuple((name, bounds) for name, bounds in options.ranges
-                if name in spec.all_indices)
+    from ..runtime.kernel import _spec_for     # cached analysis; the kernel comes after
+    indices = _spec_for(text).all_indices
+    own = tuple((name, bounds) for name, bounds in options.ranges if name in indices)
     return dataclasses.replace(options, ranges=own)
 
 
