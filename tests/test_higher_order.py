@@ -16,6 +16,7 @@ torch = pytest.importorskip("torch")
 jax = pytest.importorskip("jax")
 jnp = jax.numpy
 
+from conftest import BACKENDS  # noqa: E402
 from jax_cases import CASES as JAX_CASES, IDS as JAX_IDS, loss_of  # noqa: E402
 from test_torch import CASES as TORCH_CASES, t  # noqa: E402
 
@@ -39,9 +40,13 @@ JAX_ON = {
 }
 
 
-def some_backends(statement, backend, chosen):
-    if statement not in chosen.get(backend, {statement}):
-        pytest.skip(f"on {backend}, only some cases (see TORCH_ON, JAX_ON)")
+def some_backends(cases, chosen, ids):
+    """``cases`` x BACKENDS as parameters (backend last), keeping on a compiled backend
+    only the statements ``chosen`` names for it: combinations left out are not
+    generated, rather than generated and skipped."""
+    return [pytest.param(*case, backend, id=f"{backend}-{name}")
+            for backend in BACKENDS for case, name in zip(cases, ids)
+            if case[0] in chosen.get(backend, {case[0]})]
 
 
 def checked_twice(run, inputs):
@@ -49,9 +54,12 @@ def checked_twice(run, inputs):
 
 
 # -- PyTorch -------------------------------------------------------------------------------
-@pytest.mark.parametrize("statement, make", TORCH_CASES, ids=[c[0] for c in TORCH_CASES])
+TORCH_IDS = [c[0] for c in TORCH_CASES]
+
+
+@pytest.mark.parametrize("statement, make, backend",
+                         some_backends(TORCH_CASES, TORCH_ON, TORCH_IDS))
 def test_gradgradcheck(statement, make, backend):
-    some_backends(statement, backend, TORCH_ON)
     named = make()
     names = list(named)
 
@@ -130,12 +138,12 @@ def test_an_index_only_compared_is_summed_explicitly():
 
 
 # -- forward mode, as statements --------------------------------------------------------
-@pytest.mark.parametrize("statement, make", TORCH_CASES, ids=[c[0] for c in TORCH_CASES])
+@pytest.mark.parametrize("statement, make, backend",
+                         some_backends(TORCH_CASES, TORCH_ON, TORCH_IDS))
 def test_tangent_statements(statement, make, backend):
     """The tangent statement (autodiff.forward) of every construct against a central
     difference of the forward along the same direction, in float64."""
     from einfuse.autodiff import tangent
-    some_backends(statement, backend, TORCH_ON)
     named = {n: v.detach().numpy() for n, v in make().items()}
     rng = np.random.default_rng(0)
     direction = {n: rng.standard_normal(np.shape(v)) for n, v in named.items()}
@@ -166,21 +174,20 @@ def assert_trees_close(got, want, rtol=2e-4):
         np.testing.assert_allclose(g, w, rtol=rtol, atol=rtol * float(np.abs(w).max() + 1))
 
 
-@pytest.mark.parametrize("statement, reference, arrays", JAX_CASES, ids=JAX_IDS)
+@pytest.mark.parametrize("statement, reference, arrays, backend",
+                         some_backends(JAX_CASES, JAX_ON, JAX_IDS))
 def test_jax_hessian(statement, reference, arrays, backend):
-    some_backends(statement, backend, JAX_ON)
     ours, values, argnums = jax_statement(statement, arrays, backend)
     hessian = jax.jit(jax.hessian(loss_of(ours), argnums=argnums))
     want = jax.jit(jax.hessian(loss_of(reference), argnums=argnums))
     assert_trees_close(hessian(*values), want(*values))
 
 
-@pytest.mark.parametrize("case", [1, 4], ids=[JAX_IDS[1], JAX_IDS[4]])
-def test_jax_grad_of_grad(case, backend):
+@pytest.mark.parametrize("statement, reference, arrays, backend", some_backends(
+    [JAX_CASES[1], JAX_CASES[4]], JAX_ON, [JAX_IDS[1], JAX_IDS[4]]))
+def test_jax_grad_of_grad(statement, reference, arrays, backend):
     """Reverse over reverse: the README's dist statement, and gauss (nested
     reductions recomputed inside the gradients)."""
-    statement, reference, arrays = JAX_CASES[case]
-    some_backends(statement, backend, JAX_ON)
     ours, values, argnums = jax_statement(statement, arrays, backend)
 
     def grad_of_grad(fn):
@@ -191,9 +198,9 @@ def test_jax_grad_of_grad(case, backend):
                        jax.jit(grad_of_grad(reference))(*values))
 
 
-@pytest.mark.parametrize("statement, reference, arrays", JAX_CASES, ids=JAX_IDS)
+@pytest.mark.parametrize("statement, reference, arrays, backend",
+                         some_backends(JAX_CASES, JAX_ON, JAX_IDS))
 def test_jax_jvp(statement, reference, arrays, backend):
-    some_backends(statement, backend, JAX_ON)
     ours, values, _ = jax_statement(statement, arrays, backend)
     tangents = tuple(jnp.cos(v) for v in values)
     value, tangent = jax.jvp(ours, values, tangents)
