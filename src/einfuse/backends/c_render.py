@@ -22,6 +22,7 @@ import re
 from typing import List, Optional
 
 from .. import ir
+from ..plan.gathers import gather_helper, one_gather
 from .c_build import vector_math_declarations
 from .c_elementwise import OPERATORS as _HELPER_OPS, elementwise_helpers
 
@@ -474,18 +475,16 @@ class CRenderer:
         """A gathered subscript on its exact value (_GATHER_HELPERS): saturated to -1 or
         the axis length, or, under wrap, already wrapped."""
         a, n = self.affine(sub.affine), name(sub.size)
-        helper = "wrap" if sub.policy == "wrap" else "sat"
-        if len(sub.gathers) == 1 and sub.gathers[0][1] in (1, -1):
-            load, coeff = sub.gathers[0]
-            kind = ("u" if self.unsigned(load) else "s") + ("p" if coeff == 1 else "m")
-            return f"ef_{helper}_{kind}({self.expr(load)}, {a}, {n})"
+        helper = gather_helper(sub, self.unsigned(sub.gathers[0][0]))
+        if one_gather(sub):
+            return f"ef_{helper}({self.expr(sub.gathers[0][0])}, {a}, {n})"
         wrapped, estimate = a, f"(double){a}"
         for load, coeff in sub.gathers:
             g = self.expr(load)
             as_double = f"(double)(uint64_t){g}" if self.unsigned(load) else f"(double){g}"
             wrapped = f"{wrapped} + ({int(coeff)})*(int64_t){g}"
             estimate = f"{estimate} + {float(coeff).hex()}*{as_double}"
-        return f"ef_{helper}_w(({wrapped}), ({estimate}), {n})"
+        return f"ef_{helper}(({wrapped}), ({estimate}), {n})"
 
     def expr_Unary(self, node: ir.Unary) -> str:
         inner = self.expr(node.operand)

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import List, Optional, Tuple
 
 from .. import ir
+from ..plan.gathers import gather_helper, one_gather
 from .c_render import name
 from .triton_elementwise import ELEMENTWISE_HELPERS, FUNCTIONS as _HELPER_CALLS, \
     OPERATORS as _HELPER_OPS
@@ -493,18 +494,16 @@ class TritonRenderer(ChunkedSums):
         ef_wrap_* helpers): saturated to -1 or the axis length, or, under wrap, wrapped;
         ``izero`` broadcasts scalars to the load's frame."""
         a, n = f"({self.affine(sub.affine)} + {izero})", f"({name(sub.size)} + {izero})"
-        helper = "wrap" if sub.policy == "wrap" else "sat"
-        if len(sub.gathers) == 1 and sub.gathers[0][1] in (1, -1):
-            load, coeff = sub.gathers[0]
-            kind = ("u" if self.unsigned(load) else "s") + ("p" if coeff == 1 else "m")
-            return f"ef_{helper}_{kind}({self.expr(load)} + {izero}, {a}, {n})"
+        helper = gather_helper(sub, self.unsigned(sub.gathers[0][0]))
+        if one_gather(sub):
+            return f"ef_{helper}({self.expr(sub.gathers[0][0])} + {izero}, {a}, {n})"
         wrapped, estimate = a, f"{a}.to(tl.float64)"
         for load, coeff in sub.gathers:
             g = f"({self.expr(load)} + {izero})"
             as_float = f"ef_u2f({g})" if self.unsigned(load) else f"{g}.to(tl.float64)"
             wrapped = f"{wrapped} + {int(coeff)} * {g}"
             estimate = f"{estimate} + {float(coeff)!r} * {as_float}"
-        return f"ef_{helper}_w({wrapped}, {estimate}, {n})"
+        return f"ef_{helper}({wrapped}, {estimate}, {n})"
 
     def unsigned(self, load: ir.Load) -> bool:
         return self.kernel.buffers[load.buffer].dtype == "uint64"

@@ -44,6 +44,17 @@ def one_gather(sub) -> bool:
     return len(sub.gathers) == 1 and sub.gathers[0][1] in (1, -1)
 
 
+def gather_helper(sub, unsigned: bool) -> str:
+    """The renderers' helper for a gathered IR subscript (``ef_<helper>``): ``sat`` or
+    ``wrap`` by policy, then for the ``one`` form the index array's signedness and the
+    coefficient's sign (``sat_sp``, ``wrap_um`` ...), else ``w`` (the ``wide`` form).
+    ``unsigned``: whether the single gather reads a uint64 index array."""
+    policy = "wrap" if sub.policy == "wrap" else "sat"
+    if not one_gather(sub):
+        return f"{policy}_w"
+    return f"{policy}_{'u' if unsigned else 's'}{'p' if sub.gathers[0][1] == 1 else 'm'}"
+
+
 def bounds_mode(call, unsigned_checks: bool = False) -> str:
     """bounds= as the kernel sees it: under 'check'/'promise', gathers whose index arrays
     are all in range (found by one vectorised min/max per index array, O(its size)) need
