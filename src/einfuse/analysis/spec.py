@@ -9,6 +9,8 @@ per call by :mod:`einfuse.analysis.ranges`.
 
 from __future__ import annotations
 
+import functools
+
 from dataclasses import dataclass
 from typing import Dict, List, Optional, Set, Tuple
 
@@ -63,8 +65,10 @@ class Spec:
         """The right side is an argmax/argmin: the result is int64 positions."""
         return isinstance(self.rhs, Reduce) and self.rhs.op in POSITION_REDUCTIONS
 
-    @property
+    @functools.cached_property
     def has_position_reductions(self) -> bool:
+        # cached: a backend asks on every call (frozen dataclasses allow this: the
+        # value goes into the instance's __dict__ directly)
         return has_position_reduction(self.rhs)
 
     @property

@@ -6,7 +6,8 @@ import functools
 import numbers
 import os
 import unicodedata
-from typing import Mapping, Optional
+import warnings
+from typing import Dict, Mapping, Optional, Tuple
 
 import numpy as np
 
@@ -24,6 +25,17 @@ from .binding import BoundCall, bind_call, bind_names
 from .frameworks import (JAX, NUMPY, TORCH, common_framework, contiguous, framework_of,
                          from_numpy, placeholder)
 from .hoisted import HoistedForm, hoisted_form, run_hoisted
+
+
+def _signature(kwargs) -> Optional[Tuple]:
+    """What a prepared NumPy call depends on: names, shapes, dtypes and strides of plain
+    ndarrays (anything else -- scalars, subclasses, other frameworks -- None)."""
+    signature = []
+    for name, value in kwargs.items():
+        if type(value) is not np.ndarray:
+            return None
+        signature.append((name, value.shape, value.dtype.str, value.strides))
+    return tuple(signature)
 
 
 @functools.lru_cache(maxsize=512)
@@ -52,6 +64,8 @@ class Kernel:
             raise attach_statement(error, statement) from None
         for message, span in self.spec.warnings:
             warn(message, source=statement, span=span)
+        # signature of a NumPy call -> its prepared runner (backends/c_repeat.py)
+        self._repeat: Dict[Tuple, object] = {}
 
     @property
     def inputs(self):
@@ -103,6 +117,11 @@ class Kernel:
         return kwargs
 
     def __call__(self, /, *args, arrays=None, **kwargs):
+        if not args and arrays is None:
+            signature = _signature(kwargs)
+            runner = self._repeat.get(signature) if signature is not None else None
+            if runner is not None:     # the fast path: all checks passed for it before
+                return runner(kwargs)
         try:
             kwargs = self._named(args, kwargs, arrays)
             if _has_jax_value(args, kwargs):
@@ -135,7 +154,36 @@ class Kernel:
         if grad and self.spec.assign == ":=":
             return torch_autograd.apply(self, call, lambda: self.run(call),
                                         _backend_name(self.options.backend, call))
-        return self.deliver(call, self.run(call))
+        result = self.deliver(call, self.run(call))
+        if not args and arrays is None:
+            self._prepare_repeat(call, kwargs)
+        return result
+
+    # Prepared signatures kept per kernel (a new one past this replaces the oldest).
+    REPEAT_SIGNATURES = 32
+
+    def _prepare_repeat(self, call: BoundCall, kwargs) -> None:
+        """Remember a runner for NumPy calls with this call's signature: ':=' on the C
+        backend, as written (not hoisted), and nothing that depends on the data."""
+        signature = _signature(kwargs)
+        if signature is None or call.framework != NUMPY or self.spec.assign != ":=" \
+                or call.bfloat16 or \
+                get_backend(_backend_name(self.options.backend, call)).name != "c":
+            return
+        form = self.hoisted_form
+        if form is not None and form.applies(call.dtypes):
+            return
+        from ..backends.c_repeat import repeat_runner
+        runner = repeat_runner(call)
+        if runner is None:
+            return
+        result_dtype = call.dtypes.result
+
+        def repeat(named):
+            return runner(named).astype(result_dtype, copy=False)
+        if len(self._repeat) >= self.REPEAT_SIGNATURES:
+            self._repeat.pop(next(iter(self._repeat)))
+        self._repeat[signature] = repeat
 
     @property
     def hoisted_form(self) -> Optional[HoistedForm]:
@@ -303,7 +351,20 @@ def compile(statement=NOT_GIVEN, /, *, ranges=None, pad=None, bounds="check", fi
             return compile_program(statement, options, outputs, Kernel)
         except EinfuseError as error:
             raise attach_statement(error, statement) from None
-    return Kernel(statement, options)
+    kernel = _shared_kernel(statement, options)
+    for message, span in kernel.spec.warnings:     # as a new Kernel would
+        warn(message, source=statement, span=span)
+    return kernel
+
+
+@functools.lru_cache(maxsize=256)
+def _shared_kernel(statement: str, options: Options) -> "Kernel":
+    """One Kernel per (statement, options), so that ``ein`` in a loop finds its prepared
+    calls (the fast path) instead of building a kernel per call.  Kernels hold no
+    per-call state; their warnings are emitted by ``compile`` on every request."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return Kernel(statement, options)
 
 
 def ein(statement=NOT_GIVEN, /, *args, ranges=None, pad=None, bounds="check", fill=0.0,

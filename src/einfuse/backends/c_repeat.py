@@ -1,0 +1,61 @@
+"""The C backend's fast path for a repeated call (issue 11): everything a call's kernel
+needs that depends only on shapes, dtypes and strides -- the compiled functions, the
+runtime ints, the thread count -- prepared once, so that a call with the same
+signature is a dictionary lookup (runtime/kernel.py), dtype conversions, one output
+allocation and the kernel call.
+
+Only calls whose kernel arguments cannot depend on the data are prepared: no scalar
+parameters (their values are arguments), no gathers (bounds are checked against the
+index values), no BLAS contraction, no repacked inputs, nothing the C backend hands to
+the reference."""
+
+from __future__ import annotations
+
+import ctypes
+from typing import Callable, Mapping, Optional
+
+import numpy as np
+
+from ..errors import BackendError
+from ..plan import buffer_slots, call_arguments, unit_axis
+from .c_backend import PARALLEL_MIN_WORK, _blas_contraction, _buffers, _pack_for_lanes, \
+    kernel_functions
+from .capabilities import not_compiled
+
+Runner = Callable[[Mapping[str, np.ndarray]], np.ndarray]
+
+
+def repeat_runner(call) -> Optional[Runner]:
+    """A function computing this call's result (working dtype) from arrays of the same
+    shapes, dtypes and strides by name, or None where the arguments depend on data."""
+    spec = call.spec
+    if spec.params or any(t.as_index for t in spec.tensors) or not_compiled(spec) \
+            or _blas_contraction(call) is not None or call.options.pad is not None:
+        return None
+    working = call.dtypes.working
+    shape = tuple(call.output_shape)
+    buffers = _buffers(call) + [np.empty(shape, dtype=working)]
+    if buffers[-1].size == 0:
+        return None
+    plan, functions = kernel_functions(call, [unit_axis(b) for b in buffers])
+    if _pack_for_lanes(call, plan, list(buffers)):
+        return None
+    ints, doubles, integers = call_arguments(plan, call, buffers)
+    fills = np.zeros(2, dtype=np.float64)
+    threads = call.options.threads or (1 if call.bounds.points < PARALLEL_MIN_WORK else 0)
+    names = tuple(tensor for tensor, _ in buffer_slots(spec)[:-1])
+    pointer_array = ctypes.c_void_p * len(buffers)
+    addresses = tuple(a.ctypes.data for a in (ints, doubles, integers, fills))
+
+    def run(named: Mapping[str, np.ndarray]) -> np.ndarray:
+        inputs = [named[name].astype(working, copy=False) for name in names]
+        out = np.empty(shape, dtype=working)
+        pointers = pointer_array(*[a.ctypes.data for a in inputs], out.ctypes.data)
+        error = ctypes.c_int32(0)
+        for function in functions:
+            function(pointers, *addresses, threads, ctypes.byref(error))
+        if error.value:    # only gathers raise the flag, and they are not prepared
+            raise BackendError("a prepared C kernel raised its error flag")
+        return out
+    run.keep = (ints, doubles, integers, fills)   # alive as long as the runner
+    return run
