@@ -25,9 +25,9 @@ def groups(monkeypatch):
     seen = []
     run = c_fused.run
 
-    def spy(members):
+    def spy(members, thread_rows=frozenset()):
         seen.append([m.kernel.spec.output for m in members])
-        return run(members)
+        return run(members, thread_rows)
     monkeypatch.setattr(c_fused, "run", spy)
     return seen
 
@@ -121,3 +121,34 @@ def test_group_stops_at_a_statement_that_cannot_join(groups):
     np.testing.assert_allclose(program(X=X), z.mean(), rtol=1e-12)
     assert groups == [["m", "z"]]
 
+
+
+def test_intermediates_read_only_inside_a_group_live_in_per_thread_rows(groups):
+    """e is read only at the row just written, inside the group: it lives as one row per
+    thread (explain says so), on one thread or several, and results do not change."""
+    X = np.random.default_rng(3).standard_normal((300, 90))
+    source = """m[i] := max[j](X[i,j])
+                e[i,j,c] := exp(X[i,j] - m[i]) * (c + 1)
+                P[i,j] := e[i,j,1] / sum[k](e[i,k,0])"""
+    expected = 2 * softmax(X)
+    for threads in (1, 2, None):
+        np.testing.assert_allclose(ef.compile(source, threads=threads, ranges={"c": 2})(X=X),
+                                   expected, rtol=1e-12)
+    text = str(ef.explain(source, shapes={"X": X.shape}, ranges={"c": 2}))
+    assert "e  float32 300x90x2  720 B per thread" in text   # shapes= means float32
+    assert "m  float32 300" in text          # m is 1-d: materialised (one value a row)
+
+
+def test_intermediates_needed_after_the_group_are_materialised():
+    X = np.random.default_rng(4).standard_normal((300, 90))
+    e, P = ef.compile("""m[i] := max[j](X[i,j])
+                         e[i,j] := exp(X[i,j] - m[i])
+                         P[i,j] := e[i,j] / sum[k](e[i,k])""", outputs=("e", "P"))(X=X)
+    np.testing.assert_allclose(e, np.exp(X - X.max(1, keepdims=True)), rtol=1e-14)
+    np.testing.assert_allclose(P, softmax(X), rtol=1e-12)
+    # read by a statement after a statement that cannot join the group
+    got = ef.ein("""e[i,j] := exp(X[i,j])
+                    s[i] := sum[k](e[i,k])
+                    t[i,j] := e[j,i] * 0 + X[i,j] / s[i]""", X=X[:, :90].T @ X[:, :90])
+    Y = X[:, :90].T @ X[:, :90]
+    np.testing.assert_allclose(got, Y / np.exp(Y).sum(1, keepdims=True), rtol=1e-12)

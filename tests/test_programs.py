@@ -142,12 +142,13 @@ def test_ranges_apply_to_the_statements_that_use_the_index():
 def test_explain_a_program_shows_materialised_intermediates():
     text = str(ef.explain(SOFTMAX, shapes={"X": (256, 1024)}))
     from einfuse.backends import c_build
+    assert "m  float32 256  1.02 kB  read by statement 2" in text
     if c_build.find_compiler() is not None:     # the C backend fuses the three statements
         assert "kernel 1: statements 1, 2, 3 (fused" in text
+        assert "e  float32 256x1024  4.10 kB per thread instead of 1.05 MB" in text
     else:
         assert "3 kernels, in order" in text
-    assert "m  float32 256  1.02 kB  read by statement 2" in text
-    assert "e  float32 256x1024  1.05 MB  read by statement 3" in text
+        assert "e  float32 256x1024  1.05 MB  read by statement 3" in text
     assert text.count("-- statement") == 3
     assert "pass arrays or shapes=" in str(ef.explain(SOFTMAX))
 

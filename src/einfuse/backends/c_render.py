@@ -188,9 +188,14 @@ class CRenderer:
     def kernel(self, k: ir.Kernel) -> str:
         lines = [SIGNATURE.format(name=name(k.name)) + " {"]
         self.buffers = k.buffers
+        self.thread_rows = []
         for n, buf in enumerate(k.buffers):
             ctype = {"int64": "int64_t", "uint64": "uint64_t"}.get(buf.dtype, "T")
             qual = "" if buf.output else "const "
+            if buf.per_thread is not None:   # its row is found in the parallel loop
+                lines.append(f"  T *restrict {name(buf.name)}_rows = (T *)bufs[{n}];")
+                self.thread_rows.append(buf)
+                continue
             lines.append(f"  {qual}{ctype} *restrict {name(buf.name)} = "
                          f"({qual}{ctype} *)bufs[{n}];")
         for n, int_name in enumerate(k.ints):
@@ -348,11 +353,19 @@ class CRenderer:
         first = "0" if node.start is None else self.affine(node.start)
         lines.append(f"{pad}for (int64_t {var} = {first}; {var} < {self.affine(node.extent)}; "
                      f"++{var}) {{")
+        if entered:
+            lines += self.thread_row_pointers(depth + 1)
         lines += self.block(node.body, depth + 1)
         lines.append(pad + "}")
         if entered:
             self.in_parallel = False
         return lines
+
+    def thread_row_pointers(self, depth: int) -> List[str]:
+        """Inside the parallel loop: each per-thread buffer's row for this thread."""
+        return ["  " * depth + f"T *restrict {name(buf.name)} = {name(buf.name)}_rows + "
+                f"(int64_t)omp_get_thread_num() * {name(buf.per_thread)};"
+                for buf in self.thread_rows]
 
     def stmt_TiledLoop(self, node: ir.TiledLoop, depth: int) -> List[str]:
         pad = "  " * depth

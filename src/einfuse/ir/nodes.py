@@ -251,10 +251,14 @@ class Store(Stmt):
 
 @dataclass(frozen=True)
 class Buffer:
-    """A kernel argument array: ``dtype`` is "working" or "int64"."""
+    """A kernel argument array: ``dtype`` is "working" or "int64".  ``per_thread``
+    names the runtime int holding a row length: the array then holds one row of that
+    many elements per thread, and each thread of the outermost parallel loop reads and
+    writes its own row (a fused intermediate that never goes to memory whole)."""
     name: str
     dtype: str
     output: bool = False
+    per_thread: Optional[str] = None
 
 
 @dataclass(frozen=True)

@@ -10,13 +10,15 @@ Names are made unique by a prefix per statement (``k0_``, ``k1_`` ...); buffer s
 and parameter slots are numbered on; every statement's loop counter of the shared
 loop becomes one.  A statement's read of an intermediate written earlier in the group
 reads the producer's own output buffer (not a second pointer to the same memory,
-which ``restrict`` would forbid)."""
+which ``restrict`` would forbid).  An intermediate that nothing after the group
+reads lives as one row per thread instead (``thread_rows``): the row axis gets
+stride 0 and each thread its own row, so the whole array never goes to memory."""
 
 from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Dict, Sequence, Tuple
+from typing import Dict, FrozenSet, Sequence, Tuple
 
 from .. import ir
 
@@ -79,11 +81,14 @@ _NAME_FIELDS: Dict[type, Tuple[str, ...]] = {
 
 
 def fuse_kernels(kernels: Sequence[ir.Kernel], reads: Sequence[Dict[int, Tuple[int, int]]],
-                 working: str) -> ir.Program:
+                 working: str, thread_rows: FrozenSet[Tuple[int, int]] = frozenset()
+                 ) -> ir.Program:
     """One kernel running ``kernels`` (each a single parallel loop over the shared
     index, same extent at run time) in one loop.  ``reads[n]`` maps a buffer slot of
     kernel n that holds an intermediate of the group to (producer kernel, its output
-    slot)."""
+    slot).  ``thread_rows`` lists the (kernel, output slot) pairs whose intermediates
+    live as one row per thread (``ir.Buffer.per_thread``): their row lengths follow
+    the kernels' own runtime ints, in the order of their buffers."""
     buffers = []
     ints = []
     body = []
@@ -100,7 +105,9 @@ def fuse_kernels(kernels: Sequence[ir.Kernel], reads: Sequence[Dict[int, Tuple[i
                 mapping.append(slots_of[producer][out_slot])
             else:
                 mapping.append(len(buffers))
-                buffers.append(dataclasses.replace(buffer, name=f"t{len(buffers)}"))
+                row = f"rows{len(buffers)}" if (number, slot) in thread_rows else None
+                buffers.append(dataclasses.replace(buffer, name=f"t{len(buffers)}",
+                                                   per_thread=row))
         slots_of.append(tuple(mapping))
         how = _Renaming(prefix, loop.var, tuple(mapping), params)
         params += kernel.n_params
@@ -108,6 +115,7 @@ def fuse_kernels(kernels: Sequence[ir.Kernel], reads: Sequence[Dict[int, Tuple[i
         if extent is None:
             extent = _rename(loop.extent, how)
         body += list(_rename(loop.body, how))
+    ints += [b.per_thread for b in buffers if b.per_thread is not None]
     merged = ir.Kernel("einfuse_kernel", tuple(buffers), tuple(ints), params,
                        (ir.Loop(SHARED_LOOP, extent, "parallel", tuple(body)),),
                        checks_bounds=any(k.checks_bounds for k in kernels))

@@ -9,6 +9,7 @@ from typing import Dict, List, Optional, Tuple
 import numpy as np
 
 from ..errors import EinfuseError, ShapeError, attach_statement
+from ..schedule.fusion import FusionGroup
 from .program import Program
 
 # Placeholder arrays (never read) up to this size are real allocations; larger ones are
@@ -23,6 +24,7 @@ class Materialised:
     dtype: str
     nbytes: int
     readers: Tuple[int, ...]     # statements (1-based) that read it
+    row_bytes: Optional[int] = None   # lives as one row per thread (of these bytes)
 
 
 @dataclass
@@ -31,7 +33,7 @@ class ProgramExplanation:
     outputs: Tuple[str, ...]
     parts: list                              # each statement's Explanation
     materialised: Optional[List[Materialised]] = None
-    groups: Optional[List[Tuple[int, ...]]] = None   # statements (0-based) per kernel
+    groups: Optional[List[FusionGroup]] = None   # the kernels, in order
     notes: List[str] = field(default_factory=list)
 
     @property
@@ -52,26 +54,36 @@ class ProgramExplanation:
         out = [f"Program of {n} statement{'s' if n != 1 else ''}"]
         out += [f"  {i}. {text}" for i, text in enumerate(self.statements, 1)]
         out += ["", f"Outputs: {', '.join(self.outputs)}", "", "How it runs"]
-        groups = self.groups or [(i,) for i in range(n)]
+        groups = self.groups or [FusionGroup((i,)) for i in range(n)]
         out.append(f"  {len(groups)} kernel{'s' if len(groups) != 1 else ''}, in order "
                    "(NumPy arrays on the C backend; PyTorch and JAX run one kernel per "
                    "statement):")
         for number, group in enumerate(groups, 1):
-            which = ", ".join(str(i + 1) for i in group)
+            many = len(group.statements) > 1
+            which = ", ".join(str(i + 1) for i in group.statements)
             how = "fused: one loop over rows, each statement's row computed in turn" \
-                if len(group) > 1 else "alone"
-            out.append(f"    kernel {number}: statement{'s' if len(group) > 1 else ''} "
-                       f"{which} ({how})")
+                if many else "alone"
+            out.append(f"    kernel {number}: statement{'s' if many else ''} {which} ({how})")
         if self.materialised is not None:
-            if self.materialised:
+            rows = [m for m in self.materialised if m.row_bytes is not None]
+            memory = [m for m in self.materialised if m.row_bytes is None]
+            if rows:
+                out.append("  kept as one row per thread (read only inside its fused "
+                           "kernel, at the row just written; never written to memory "
+                           "whole):")
+                for m in rows:
+                    out.append(f"    {m.name}  {m.dtype} {'x'.join(map(str, m.shape))}  "
+                               f"{_bytes(m.row_bytes)} per thread instead of "
+                               f"{_bytes(m.nbytes)}")
+            if memory:
                 out.append("  materialised intermediates (written to memory; inside a fused "
                            "kernel each row is read back from cache right after it is "
                            "written):")
-                for m in self.materialised:
+                for m in memory:
                     readers = ", ".join(str(r) for r in m.readers)
                     out.append(f"    {m.name}  {m.dtype} {'x'.join(map(str, m.shape)) or '()'}"
                                f"  {_bytes(m.nbytes)}  read by statement {readers}")
-            else:
+            elif not rows:
                 out.append("  no intermediate is materialised")
         if self.flops is not None:
             out += ["", "Cost (the whole program)",
@@ -133,7 +145,8 @@ def explain_program(program: Program, args, arrays, shapes, gradients: bool):
             "pass arrays or shapes= to see ranges, costs and what is materialised"])
     from ..schedule.fusion import fusion_groups
     try:
-        groups = fusion_groups(tuple(s.kernel for s in program.statements), values)
+        groups = fusion_groups(tuple(s.kernel for s in program.statements), values,
+                               keep=set(program.outputs))
     except EinfuseError:
         groups = None     # the statements' own explanations say what is wrong
     parts, env = [], dict(values)
@@ -149,10 +162,12 @@ def explain_program(program: Program, args, arrays, shapes, gradients: bool):
             result = call.dtypes.result
             env[statement.output] = _placeholder(call.output_shape, result)
             produced[statement.output] = (tuple(call.output_shape), np.dtype(result).name)
+    rows = {name: size for group in groups or () for name, size in group.thread_rows}
     materialised = []
     for name, (shape, dtype) in produced.items():
         readers = tuple(i for i, s in enumerate(program.statements, 1) if name in s.reads)
         if readers:
             nbytes = int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
-            materialised.append(Materialised(name, shape, dtype, nbytes, readers))
+            materialised.append(Materialised(name, shape, dtype, nbytes, readers,
+                                             rows.get(name)))
     return ProgramExplanation(texts, program.outputs, parts, materialised, groups)

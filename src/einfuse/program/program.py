@@ -72,7 +72,8 @@ class Program:
             framework = common_framework(env)
         except EinfuseError:     # mixed: the first statement that mixes them says so
             framework = None
-        run_statements(tuple(s.kernel for s in self.statements), env, framework)
+        run_statements(tuple(s.kernel for s in self.statements), env, framework,
+                       keep=set(self.outputs))
         results = tuple(env[name] for name in self.outputs)
         return results[0] if len(results) == 1 else results
 

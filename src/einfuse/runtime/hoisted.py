@@ -77,7 +77,7 @@ class HoistedForm:
         array it writes into), fused where schedule/fusion.py allows."""
         from ..schedule import run_statements
         env = dict(named)
-        run_statements(kernels, env, framework)
+        run_statements(kernels, env, framework, keep={kernels[-1].spec.output})
         return env[kernels[-1].spec.output]
 
 

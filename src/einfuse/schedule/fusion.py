@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import warnings
 from dataclasses import dataclass
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Dict, List, Optional, Sequence, Set, Tuple
 
 import numpy as np
 
@@ -47,15 +47,18 @@ class Member:
     reads: Dict[int, Tuple[int, int]]   # slot -> (producer member, producer's out slot)
 
 
-def run_statements(kernels: Sequence, env: Dict[str, object], framework: str) -> None:
+def run_statements(kernels: Sequence, env: Dict[str, object], framework: str,
+                   keep: Optional[Set[str]] = None) -> None:
     """Run ``kernels`` (each reads names from ``env`` and writes its output into it) in
-    order, fusing runs of them where the rules above allow."""
+    order, fusing runs of them where the rules above allow.  ``keep``: the names the
+    caller needs in ``env`` afterwards (None: every one); an intermediate of a group
+    that neither they nor a later statement read lives as one row per thread."""
     position = 0
     worth = _worth(kernels, env, framework)
     while position < len(kernels):
         fused = 0
         if worth and len(kernels) - position >= 2:
-            fused = _try_fused(kernels, position, env)
+            fused = _try_fused(kernels, position, env, keep)
         if fused:
             position += fused
             continue
@@ -72,24 +75,48 @@ def _run_one(kernel, env) -> None:
     env[spec.output] = kernel(arrays={name: env[name] for name in _needed(spec)})
 
 
-def _try_fused(kernels, start: int, env) -> int:
+def _try_fused(kernels, start: int, env, keep: Optional[Set[str]]) -> int:
     """Run a group starting at ``start`` as one kernel; the number of statements it
     ran (0: none, the caller runs the statement alone)."""
     from ..backends import c_fused
     members, outputs, joined = _group(kernels, start, env)
-    if not joined or not c_fused.run(members):
+    if not joined:
         return 0
-    for member, key in zip(members, outputs):
-        if "#" not in key:             # a hoisted form's temporaries stay inside
+    inside = _inside(kernels, start + joined, outputs, keep)
+    if not c_fused.run(members, inside):
+        return 0
+    for number, (member, key) in enumerate(zip(members, outputs)):
+        if number not in inside:
             env[key] = member.kernel.deliver(member.call, member.buffers[-1])
     return joined
 
 
-def fusion_groups(kernels: Sequence, env: Dict[str, object]) -> List[Tuple[int, ...]]:
-    """The statements (0-based) of each kernel that would run for arrays like those in
-    ``env`` (their contents are not read), for explain."""
+def _inside(kernels, end: int, outputs: Sequence[str], keep: Optional[Set[str]]):
+    """The members (by position) of a group ending before ``end`` whose outputs nothing
+    after it reads: a hoisted form's temporaries ('#' keys), and intermediates neither
+    ``keep`` nor a later statement names."""
+    later = {name for k in kernels[end:] for name in _needed(k.spec)}
+    return frozenset(n for n, key in enumerate(outputs)
+                     if "#" in key or (keep is not None and key not in keep and
+                                       key not in later))
+
+
+@dataclass(frozen=True)
+class FusionGroup:
+    """One kernel of a run: its statements (0-based), and the intermediates that live
+    as one row per thread inside it (never written to memory whole), with the bytes of
+    one row."""
+    statements: Tuple[int, ...]
+    thread_rows: Tuple[Tuple[str, int], ...] = ()
+
+
+def fusion_groups(kernels: Sequence, env: Dict[str, object],
+                  keep: Optional[Set[str]] = None) -> List[FusionGroup]:
+    """The kernels that would run for arrays like those in ``env`` (their contents are
+    not read), for explain; ``keep`` as for run_statements."""
+    from ..backends import c_fused
     env = dict(env)
-    groups: List[Tuple[int, ...]] = []
+    groups: List[FusionGroup] = []
     position = 0
     worth = _worth(kernels, env, "numpy")
     while position < len(kernels):
@@ -97,7 +124,12 @@ def fusion_groups(kernels: Sequence, env: Dict[str, object]) -> List[Tuple[int, 
         if joined:
             for member, key in zip(members, outputs):
                 env[key] = member.buffers[-1]
-            groups.append(tuple(range(position, position + joined)))
+            rows = c_fused.fitting_rows(members, _inside(kernels, position + joined,
+                                                         outputs, keep))
+            groups.append(FusionGroup(tuple(range(position, position + joined)),
+                                      tuple((outputs[k], c_fused.row_bytes(members[k]))
+                                            for k in sorted(rows)
+                                            if "#" not in outputs[k])))
             position += joined
             continue
         kernel = kernels[position]
@@ -107,7 +139,7 @@ def fusion_groups(kernels: Sequence, env: Dict[str, object]) -> List[Tuple[int, 
             call = kernel.bind(arrays={name: env[name] for name in _needed(spec)})
         if spec.assign == ":=":
             env[spec.output] = np.empty(call.output_shape, call.dtypes.result)
-        groups.append((position,))
+        groups.append(FusionGroup((position,)))
         position += 1
     return groups
 
