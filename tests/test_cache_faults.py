@@ -189,7 +189,7 @@ def test_interrupted_compile_leaves_no_files_and_no_processes(cache, tmp_path, m
                 c_build.load(source)
             assert time.monotonic() - started < 30
         helper = int((state / "helper.pid").read_text())
-        deadline = time.monotonic() + 5
+        deadline = time.monotonic() + 20   # generous: a loaded machine reaps slowly
         while _alive(helper) and time.monotonic() < deadline:
             time.sleep(0.05)
         assert not _alive(helper), "the compiler's child outlived the build"

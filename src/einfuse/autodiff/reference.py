@@ -17,9 +17,27 @@ from .derive import AxisOf, ExtentOf, GradientStatement, NoGradientError, RangeO
 _PASSED = ("ranges", "pad", "bounds", "fill")
 
 
+# Forward ranges remembered per gradient statement and argument signature.
+_RANGES_KEPT = 16
+
+
 def _forward_ranges(g: GradientStatement, arrays: Mapping[str, object]):
     """Every index range of the forward statement for these arrays (the forward is bound,
-    not run)."""
+    not run).  Ranges depend on shapes (and options) alone: they are remembered per
+    signature of the arrays, so a training loop binds the forward once per shape."""
+    signature = tuple((name, tuple(np.shape(value)), getattr(value, "dtype", None))
+                      for name, value in sorted(arrays.items()))
+    cache = g.__dict__.setdefault("_ranges", {})
+    found = cache.get(signature)
+    if found is None:
+        found = _bind_forward_ranges(g, arrays)
+        if len(cache) >= _RANGES_KEPT:
+            cache.pop(next(iter(cache)))
+        cache[signature] = found
+    return found
+
+
+def _bind_forward_ranges(g: GradientStatement, arrays: Mapping[str, object]):
     if g.parent is not None:
         options = g.parent.resolve_options(arrays)
     else:

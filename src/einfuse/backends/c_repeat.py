@@ -6,8 +6,8 @@ allocation and the kernel call.
 
 Only calls whose kernel arguments cannot depend on the data are prepared: no scalar
 parameters (their values are arguments), no gathers (bounds are checked against the
-index values), no BLAS contraction, no repacked inputs, nothing the C backend hands to
-the reference."""
+index values), no repacked inputs, nothing the C backend hands to the reference.  A
+BLAS contraction is prepared as its transposes and np.matmul."""
 
 from __future__ import annotations
 
@@ -18,6 +18,7 @@ import numpy as np
 
 from ..errors import BackendError
 from ..plan import buffer_slots, call_arguments, unit_axis
+from ..plan.contraction import prepare_contraction
 from .c_backend import PARALLEL_MIN_WORK, _blas_contraction, _buffers, _pack_for_lanes, \
     kernel_functions
 from .capabilities import not_compiled
@@ -30,8 +31,12 @@ def repeat_runner(call) -> Optional[Runner]:
     shapes, dtypes and strides by name, or None where the arguments depend on data."""
     spec = call.spec
     if spec.params or any(t.as_index for t in spec.tensors) or not_compiled(spec) \
-            or _blas_contraction(call) is not None or call.options.pad is not None:
+            or call.options.pad is not None:
         return None
+    contraction = _blas_contraction(call)
+    if contraction is not None:     # np.matmul after the transposes, as the backend does
+        prepared = prepare_contraction(contraction, call)
+        return lambda named: prepared(named, {})
     working = call.dtypes.working
     shape = tuple(call.output_shape)
     buffers = _buffers(call) + [np.empty(shape, dtype=working)]

@@ -90,27 +90,52 @@ def match_contraction(spec) -> Optional[Contraction]:
 
 def run_contraction(c: Contraction, call) -> np.ndarray:
     """The contraction on NumPy arrays in the working dtype, via one ``np.matmul``."""
+    return prepare_contraction(c, call)(call.arrays, call.params)
+
+
+@dataclass(frozen=True)
+class _Operand:
+    tensor: str
+    window: Tuple[slice, ...]      # explicit ranges may select part of an axis
+    order: Tuple[int, ...]         # to (batch, rows, cols)
+    sizes: Tuple[int, int, int]
+
+
+@dataclass(frozen=True)
+class PreparedContraction:
+    """A contraction's shape-dependent steps for one signature of its arguments:
+    ``self(arrays, params)`` is the result in the working dtype."""
+    contraction: Contraction
+    working: np.dtype
+    left: _Operand
+    right: _Operand
+    shape: Tuple[int, ...]         # the (batch, m, n) grid, unflattened
+    order: Tuple[int, ...]         # grid -> the output's index order
+
+    def __call__(self, arrays, params) -> np.ndarray:
+        left, right = (arrays[o.tensor].astype(self.working, copy=False)[o.window]
+                       .transpose(o.order).reshape(o.sizes) for o in (self.left, self.right))
+        product = np.matmul(left, right)
+        for factor in self.contraction.scale:
+            value = factor.value if isinstance(factor, ast.Number) else params[factor.name]
+            product *= np.asarray(value).astype(self.working)
+        return product.reshape(self.shape).transpose(self.order)
+
+
+def prepare_contraction(c: Contraction, call) -> PreparedContraction:
     ranges = call.bounds.range_map
-    working = call.dtypes.working
 
-    def operand(tensor: str, names: Tuple[str, ...], rows, cols) -> np.ndarray:
-        array = call.arrays[tensor].astype(working, copy=False)
-        # explicit ranges may select part of an axis
-        array = array[tuple(slice(*ranges[n]) for n in names)]
-        order = [names.index(n) for n in c.batch + rows + cols]
-        array = array.transpose(order)
-        sizes = [_prod(ranges, c.batch), _prod(ranges, rows), _prod(ranges, cols)]
-        return array.reshape(sizes)
+    def operand(tensor: str, names: Tuple[str, ...], rows, cols) -> _Operand:
+        order = tuple(names.index(n) for n in c.batch + rows + cols)
+        sizes = (_prod(ranges, c.batch), _prod(ranges, rows), _prod(ranges, cols))
+        return _Operand(tensor, tuple(slice(*ranges[n]) for n in names), order, sizes)
 
-    left = operand(c.left, c.left_indices, c.m, c.k)
-    right = operand(c.right, c.right_indices, c.k, c.n)
-    product = np.matmul(left, right)
-    for factor in c.scale:
-        value = factor.value if isinstance(factor, ast.Number) else call.params[factor.name]
-        product *= np.asarray(value).astype(working)
     grid = c.batch + c.m + c.n
-    product = product.reshape([ranges[n][1] - ranges[n][0] for n in grid])
-    return product.transpose([grid.index(n) for n in call.spec.output_indices])
+    return PreparedContraction(
+        c, call.dtypes.working, operand(c.left, c.left_indices, c.m, c.k),
+        operand(c.right, c.right_indices, c.k, c.n),
+        tuple(ranges[n][1] - ranges[n][0] for n in grid),
+        tuple(grid.index(n) for n in call.spec.output_indices))
 
 
 def _prod(ranges, names) -> int:

@@ -3,9 +3,10 @@ parentheses (a statement may span lines inside them), with '#' comments and blan
 
 from __future__ import annotations
 
+import functools
 import re
 from dataclasses import dataclass
-from typing import List
+from typing import List, Tuple
 
 from ..errors import EinfuseSyntaxError
 
@@ -37,6 +38,12 @@ def split_program(source: str) -> List[StatementText]:
     caller decides whether that is a v1 statement or a program of one."""
     if not isinstance(source, str):
         raise EinfuseSyntaxError(f"a statement must be a string, not {type(source).__name__}")
+    return list(_split(source))
+
+
+@functools.lru_cache(maxsize=1024)
+def _split(source: str) -> Tuple[StatementText, ...]:
+    """(cached: every ``ein`` call asks whether its text is a program)"""
     pieces: List[StatementText] = []
     depth: List[str] = []
     chars: List[str] = []
@@ -75,4 +82,4 @@ def split_program(source: str) -> List[StatementText]:
             start, line = offset, current_line
         chars.append(char)
     finish()
-    return pieces
+    return tuple(pieces)

@@ -28,13 +28,20 @@ from .hoisted import HoistedForm, hoisted_form, run_hoisted
 
 
 def _signature(kwargs) -> Optional[Tuple]:
-    """What a prepared NumPy call depends on: names, shapes, dtypes and strides of plain
-    ndarrays (anything else -- scalars, subclasses, other frameworks -- None)."""
+    """What a prepared call depends on: names, shapes, dtypes and strides of plain
+    ndarrays, or of CPU torch tensors that need no gradient (anything else -- scalars,
+    subclasses, other frameworks, devices -- None)."""
     signature = []
     for name, value in kwargs.items():
-        if type(value) is not np.ndarray:
+        kind = type(value)
+        if kind is np.ndarray:
+            signature.append((name, value.shape, value.dtype.str, value.strides))
+        elif kind.__name__ in ("Tensor", "Parameter") and kind.__module__.startswith("torch") \
+                and not value.requires_grad and value.device.type == "cpu":
+            signature.append((name, tuple(value.shape), str(value.dtype), value.stride(),
+                              TORCH))
+        else:
             return None
-        signature.append((name, value.shape, value.dtype.str, value.strides))
     return tuple(signature)
 
 
@@ -163,11 +170,17 @@ class Kernel:
     REPEAT_SIGNATURES = 32
 
     def _prepare_repeat(self, call: BoundCall, kwargs) -> None:
-        """Remember a runner for NumPy calls with this call's signature: ':=' on the C
-        backend, as written (not hoisted), and nothing that depends on the data."""
+        """Remember a runner for calls with this call's signature (NumPy arrays, or CPU
+        torch tensors needing no gradient): ':=' on the C backend, as written (not
+        hoisted), and nothing that depends on the data."""
         signature = _signature(kwargs)
-        if signature is None or call.framework != NUMPY or self.spec.assign != ":=" \
-                or call.bfloat16 or \
+        if signature is None or signature in self._repeat:
+            return
+        if len(self._repeat) >= self.REPEAT_SIGNATURES:
+            self._repeat.pop(next(iter(self._repeat)))
+        self._repeat[signature] = None       # until proven preparable: the full path
+        if call.framework not in (NUMPY, TORCH) or call.bfloat16 \
+                or self.spec.assign != ":=" or \
                 get_backend(_backend_name(self.options.backend, call)).name != "c":
             return
         form = self.hoisted_form
@@ -178,11 +191,15 @@ class Kernel:
         if runner is None:
             return
         result_dtype = call.dtypes.result
+        if call.framework == TORCH:
+            import torch
 
-        def repeat(named):
-            return runner(named).astype(result_dtype, copy=False)
-        if len(self._repeat) >= self.REPEAT_SIGNATURES:
-            self._repeat.pop(next(iter(self._repeat)))
+            def repeat(named):
+                arrays = {name: value.numpy() for name, value in named.items()}
+                return torch.from_numpy(runner(arrays).astype(result_dtype, copy=False))
+        else:
+            def repeat(named):
+                return runner(named).astype(result_dtype, copy=False)
         self._repeat[signature] = repeat
 
     @property
