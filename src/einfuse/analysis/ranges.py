@@ -340,3 +340,19 @@ class _Inference:
                              f"{access.tensor} has {size} element(s) on axis {axis}"
                              + (f" [{ranges}]" if ranges else "") + hint,
                              sub.span or access.span)
+
+
+def check_positions_defined(spec: Spec, bounds: "Bounds") -> None:
+    """argmax/argmin over an empty range have no position to give (NumPy raises too):
+    an error for the call, on every backend, before anything runs."""
+    from ..lang.ast import POSITION_REDUCTIONS, reductions
+    if not spec.has_position_reductions or any(
+            bounds.extent(n) <= 0 for n in spec.output_indices):
+        return
+    for node in reductions(spec.rhs):
+        if node.op in POSITION_REDUCTIONS:
+            empty = [n for n in node.indices if bounds.extent(n) <= 0]
+            if empty:
+                raise RangeError(f"{node.op}[{', '.join(node.indices)}](...) has no position "
+                                 f"to give: the range of {empty[0]} is empty",
+                                 span=node.span)

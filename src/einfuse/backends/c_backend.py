@@ -77,6 +77,12 @@ def _buffers(call) -> List[np.ndarray]:
     return result
 
 
+def output_dtype(call) -> np.dtype:
+    """The kernel's output buffer: the working dtype, or int64 for argmax/argmin
+    positions (exact whatever the values' dtype)."""
+    return np.dtype(np.int64) if call.spec.result_is_position else call.dtypes.working
+
+
 def _bounds(call) -> str:
     """The kernel's bounds mode; a C kernel tests each gathered value itself under
     check/promise too, so it reads uint64 index arrays as unsigned then as well."""
@@ -169,14 +175,14 @@ class CBackend:
         if c_build.find_compiler() is None:
             raise BackendError("backend='c' needs a C compiler with OpenMP support (cc, gcc "
                                "or clang on PATH, or CC=...); use backend='numpy'")
-        if not_compiled(call.spec):
+        if not_compiled(call.spec, "c"):
             from .numpy_backend import NumpyExecutor
             return NumpyExecutor.for_call(call).run()
         working = call.dtypes.working
         contraction = _blas_contraction(call)
         if contraction is not None:
             return run_contraction(contraction, call)
-        out = np.empty(call.output_shape, dtype=working)
+        out = np.empty(call.output_shape, dtype=output_dtype(call))
         if out.size == 0:
             return out
         buffers = _buffers(call) + [out]
@@ -213,7 +219,7 @@ class CBackend:
 
     @staticmethod
     def strategy(call) -> str:
-        reason = not_compiled(call.spec)
+        reason = not_compiled(call.spec, "c")
         if reason:
             from .numpy_backend import NumpyExecutor
             return f"the NumPy reference ({reason}): {NumpyExecutor.for_call(call).describe()}"
@@ -243,7 +249,7 @@ class CBackend:
 def _loop_nest(call):
     """The compiled kernel as pseudo-code with the statement's names and sizes, or None
     for a BLAS contraction."""
-    if _blas_contraction(call) is not None or not_compiled(call.spec):
+    if _blas_contraction(call) is not None or not_compiled(call.spec, "c"):
         return None
     from .pseudo_render import render_pseudo
     plan = _plan(call, _buffers_layout_only(call))

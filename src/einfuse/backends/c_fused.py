@@ -16,7 +16,6 @@ from .. import ir
 from ..plan import call_arguments, unit_axis
 from ..plan.fuse import fuse_kernels, slots_after_fusion
 from . import c_build
-from .capabilities import not_compiled
 from .c_backend import (_ARGTYPES, PARALLEL_MIN_WORK, _blas_contraction, _buffers,
                         _pack_for_lanes, _plan)
 from .c_render import render_c
@@ -33,7 +32,7 @@ def prepare(kernel, call):
     """(plan, buffers, outer index) of a statement that can be a member of a group, or
     None: it must run on the C backend as one kernel that is a single parallel loop."""
     if call.options.backend not in ("auto", "c") or _blas_contraction(call) is not None \
-            or not_compiled(call.spec):
+            or call.spec.has_position_reductions:
         return None
     out = np.empty(call.output_shape, dtype=call.dtypes.working)
     if out.size == 0:

@@ -32,6 +32,8 @@ C_TYPES = {"float32": "float", "float64": "double", "int8": "int8_t", "int16": "
            "uint32": "uint32_t", "uint64": "uint64_t"}
 _UNARY_MATH = ("exp", "log", "log1p", "expm1", "sqrt", "sin", "cos", "tanh", "erf", "floor",
                "ceil", "tan")
+# argmax/argmin track the extremum the way max/min do
+_POSITION_OPS = {"argmax": "max", "argmin": "min"}
 _ACC_INIT_FLOAT = {"sum": "0", "prod": "1", "max": "-INFINITY", "min": "INFINITY"}
 
 _PRELUDE = """\
@@ -229,6 +231,9 @@ class CRenderer:
         else:
             inits = [(acc, self.identity(node.op))]
         lines = []
+        if node.op in _POSITION_OPS:     # the extremum so far and its position
+            return ["  " * depth + f"T {acc} = (T)({self.identity(node.op)}); "
+                    f"int64_t {acc}_p = 0;"]
         for var, init in inits:
             if node.lanes is None:
                 lines.append(f"{pad}T {var} = (T)({init});")
@@ -245,6 +250,7 @@ class CRenderer:
         return lines
 
     def identity(self, op: str) -> str:
+        op = _POSITION_OPS.get(op, op)
         if self.is_float or op in ("sum", "prod"):
             return _ACC_INIT_FLOAT[op]
         import numpy as np
@@ -317,6 +323,17 @@ class CRenderer:
     def stmt_Accumulate(self, node: ir.Accumulate, depth: int) -> List[str]:
         pad = "  " * depth
         value = self.expr(node.value)
+        if node.op in _POSITION_OPS:
+            # the first extremum wins; a NaN is the extremum (the first NaN, as NumPy)
+            acc = name(node.name)
+            position = "0"
+            for counter, extent in node.position:
+                position = f"({position}) * ({self.affine(extent)}) + {self.affine(counter)}"
+            beats = ">" if node.op == "argmax" else "<"
+            test = f"(v_ {beats} {acc} || v_ != v_) && {acc} == {acc}" if self.is_float \
+                else f"v_ {beats} {acc}"
+            return [f"{pad}{{ const T v_ = {value}; if ({test}) {{ {acc} = v_; "
+                    f"{acc}_p = {position}; }} }}"]
         if node.op == "logsumexp":
             m, s = (self.acc_ref(node.name, node.lane, x, node.row) for x in ("_m", "_s"))
             return [f"{pad}ef_lse(&{m}, &{s}, {value});"]
@@ -543,6 +560,8 @@ class CRenderer:
         raise ValueError(f"unknown function {func!r}")
 
     def expr_AccValue(self, node: ir.AccValue) -> str:
+        if node.op in _POSITION_OPS:
+            return f"{name(node.acc)}_p"
         if node.op == "logsumexp":
             m = self.acc_ref(node.acc, node.lane, "_m", node.row)
             s = self.acc_ref(node.acc, node.lane, "_s", node.row)

@@ -20,7 +20,7 @@ from ..errors import BackendError
 from ..plan import buffer_slots, call_arguments, unit_axis
 from ..plan.contraction import prepare_contraction
 from .c_backend import PARALLEL_MIN_WORK, _blas_contraction, _buffers, _pack_for_lanes, \
-    kernel_functions
+    kernel_functions, output_dtype
 from .capabilities import not_compiled
 
 Runner = Callable[[Mapping[str, np.ndarray]], np.ndarray]
@@ -30,7 +30,7 @@ def repeat_runner(call) -> Optional[Runner]:
     """A function computing this call's result (working dtype) from arrays of the same
     shapes, dtypes and strides by name, or None where the arguments depend on data."""
     spec = call.spec
-    if spec.params or any(t.as_index for t in spec.tensors) or not_compiled(spec) \
+    if spec.params or any(t.as_index for t in spec.tensors) or not_compiled(spec, "c") \
             or call.options.pad is not None:
         return None
     contraction = _blas_contraction(call)
@@ -39,7 +39,8 @@ def repeat_runner(call) -> Optional[Runner]:
         return lambda named: prepared(named, {})
     working = call.dtypes.working
     shape = tuple(call.output_shape)
-    buffers = _buffers(call) + [np.empty(shape, dtype=working)]
+    out_dtype = output_dtype(call)
+    buffers = _buffers(call) + [np.empty(shape, dtype=out_dtype)]
     if buffers[-1].size == 0:
         return None
     plan, functions = kernel_functions(call, [unit_axis(b) for b in buffers])
@@ -54,7 +55,7 @@ def repeat_runner(call) -> Optional[Runner]:
 
     def run(named: Mapping[str, np.ndarray]) -> np.ndarray:
         inputs = [named[name].astype(working, copy=False) for name in names]
-        out = np.empty(shape, dtype=working)
+        out = np.empty(shape, dtype=out_dtype)
         pointers = pointer_array(*[a.ctypes.data for a in inputs], out.ctypes.data)
         error = ctypes.c_int32(0)
         for function in functions:

@@ -11,7 +11,8 @@ from typing import Dict, List, Mapping, Optional, Sequence
 from .. import ir
 from ..lang.printer import format_number
 
-_INIT = {"sum": "0", "prod": "1", "max": "-inf", "min": "+inf", "logsumexp": "-inf"}
+_INIT = {"sum": "0", "prod": "1", "max": "-inf", "min": "+inf", "logsumexp": "-inf",
+         "argmax": "position 0 of -inf", "argmin": "position 0 of +inf"}
 
 
 class PseudoRenderer:
@@ -110,7 +111,9 @@ class PseudoRenderer:
         value = self.expr(node.value)
         text = {"sum": f"{ref} += {value}", "prod": f"{ref} *= {value}",
                 "max": f"{ref} = max({ref}, {value})", "min": f"{ref} = min({ref}, {value})",
-                "logsumexp": f"{ref} = logaddexp({ref}, {value})   # running max"}[node.op]
+                "logsumexp": f"{ref} = logaddexp({ref}, {value})   # running max",
+                "argmax": f"{ref} = position of the first maximum so far ({value})",
+                "argmin": f"{ref} = position of the first minimum so far ({value})"}[node.op]
         return ["  " * depth + text]
 
     def stmt_CombineLanes(self, node: ir.CombineLanes, depth: int) -> List[str]:

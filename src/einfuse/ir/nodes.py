@@ -138,7 +138,7 @@ class Stmt:
     """Base of statements."""
 
 
-REDUCE_OPS = ("sum", "prod", "max", "min", "logsumexp")
+REDUCE_OPS = ("sum", "prod", "max", "min", "logsumexp", "argmax", "argmin")
 LOOP_KINDS = ("parallel", "serial", "reduction", "vectorised")
 
 
@@ -154,11 +154,15 @@ class DeclareAcc(Stmt):
 
 @dataclass(frozen=True)
 class Accumulate(Stmt):
+    """``name op= value``.  For argmax/argmin, ``position`` is the row-major position of
+    the current term among the reduction's points: (loop counter, extent) per reduced
+    index in the order the reduction lists them, evaluated as int64."""
     name: str
     op: str
     value: Expr
     lane: Optional[str] = None
     row: Optional[str] = None
+    position: Tuple[Tuple[Affine, Affine], ...] = ()
 
 
 @dataclass(frozen=True)

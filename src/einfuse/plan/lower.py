@@ -150,6 +150,10 @@ class _Lowering(BlockedSums):
         self.row_index: Optional[str] = None   # the output index blocked in rows, if any
         self.checks = any(sub.gathers for a in ast.accesses(spec.rhs) for sub in a.indices) \
             and self.bounds in ("check", "promise")
+        if spec.has_position_reductions:
+            # argmax/argmin keep a position beside each accumulator: plain reductions
+            # only (no lanes of partial results to merge)
+            self.plain = True
 
     # -- runtime ints ----------------------------------------------------------------
     def runtime_int(self, how: Tuple) -> str:
@@ -234,8 +238,10 @@ class _Lowering(BlockedSums):
             kind = "parallel" if name in spec.race_free_indices else "serial"
             simd = depth == 0 and not tiled and not tops and not self.checks
             body = (ir.Loop(pos[name].terms[0][0], self.extent(name), kind, body, simd=simd),)
+        positions = spec.result_is_position     # int64 positions, exact
         buffers = tuple(ir.Buffer(f"t{n}", ("uint64" if n in self.unsigned else "int64")
-                                  if kind == "index" else "working", output=kind == "output")
+                                  if kind == "index" or (kind == "output" and positions)
+                                  else "working", output=kind == "output")
                         for n, (_, kind) in enumerate(self.slots))
         kernel = ir.Kernel("einfuse_kernel", buffers, tuple(self.int_names[h]
                                                             for h in self.int_args),
@@ -315,6 +321,8 @@ class _Lowering(BlockedSums):
         self.n_acc += 1
         inner_env = dict(env)
         order = self.order_indices(e.indices, e.body)
+        if e.op in ast.POSITION_REDUCTIONS:
+            order = e.indices     # row-major in the listed order: the first one wins
         for name in order:
             inner_env[name] = self.lo(name) + Affine.var(f"p{self.index_no[name]}")
         nested = any(True for _ in ast.reductions(e.body))
@@ -345,8 +353,12 @@ class _Lowering(BlockedSums):
         else:
             shape = {}
 
+            position = tuple((Affine.var(f"p{self.index_no[k]}"), self.extent(k))
+                             for k in e.indices) if e.op in ast.POSITION_REDUCTIONS else ()
+
             def innermost(target: str) -> Tuple[ir.Stmt, ...]:
-                return tuple(body_pre) + (ir.Accumulate(target, e.op, value),)
+                return tuple(body_pre) + (ir.Accumulate(target, e.op, value,
+                                                        position=position),)
             simd = e.op in ("sum", "prod") and not nested and not self.checks
         pre.append(ir.DeclareAcc(acc, e.op, **shape))
         loops = self.reduction_loops(order, innermost(acc), acc, e.op, simd)

@@ -24,6 +24,7 @@ from ..lang.printer import format_statement
 from .binding import BoundCall, bind_call, bind_names
 from .frameworks import (JAX, NUMPY, TORCH, common_framework, contiguous, framework_of,
                          from_numpy, placeholder)
+from ..analysis.ranges import check_positions_defined
 from .hoisted import HoistedForm, hoisted_form, run_hoisted
 
 
@@ -97,6 +98,7 @@ class Kernel:
         call = bind_call(self.spec, self.options, args, named)
         _check_parameters(call)
         _check_index_arithmetic(self.spec, call.bounds)
+        check_positions_defined(self.spec, call.bounds)
         return call
 
     def _named(self, args, kwargs, arrays) -> dict:
