@@ -150,10 +150,7 @@ class _Lowering(BlockedSums):
         self.row_index: Optional[str] = None   # the output index blocked in rows, if any
         self.checks = any(sub.gathers for a in ast.accesses(spec.rhs) for sub in a.indices) \
             and self.bounds in ("check", "promise")
-        if spec.has_position_reductions:
-            # argmax/argmin keep a position beside each accumulator: plain reductions
-            # only (no lanes of partial results to merge)
-            self.plain = True
+
 
     # -- runtime ints ----------------------------------------------------------------
     def runtime_int(self, how: Tuple) -> str:
@@ -329,7 +326,8 @@ class _Lowering(BlockedSums):
         if nested and lanes is None and e.op in ("sum", "prod") and not self.checks \
                 and not self.plain:
             return self.lane_tiled_reduce(e, acc, order, inner_env, pre)
-        if not nested and lanes is None and e.op in ("max", "min", "logsumexp") \
+        if not nested and lanes is None and e.op in ("max", "min", "logsumexp", "argmax",
+                                                      "argmin") \
                 and not self.checks and not self.plain:
             return self.lane_partial_reduce(e, acc, order, inner_env, pre)
         body_pre: List[ir.Stmt] = []
@@ -406,15 +404,22 @@ class _Lowering(BlockedSums):
         return body
 
     def lane_partial_reduce(self, e: ast.Reduce, acc: str, order, env, pre) -> ir.Expr:
-        """max/min/logsumexp have no OpenMP SIMD reduction that keeps NumPy's NaN rules;
-        instead one vector of lanes each keeps its own partial result (branch-free
-        updates), folded into one value at the end (:class:`ir.CombineLanes`)."""
+        """max/min/logsumexp/argmax/argmin have no OpenMP SIMD reduction that keeps
+        NumPy's NaN rules; instead one vector of lanes each keeps its own partial result
+        (branch-free updates), folded into one value at the end (:class:`ir.CombineLanes`;
+        argmax/argmin: the better value, on a tie the earlier position)."""
         lanes_count = max(4, 64 // self.working.itemsize)   # one 64-byte vector
         block, lane, count, env = self.lane_tile(order[-1], acc, env)
         partial = acc + "v"
         value = self.expr(e.body, env, [])
+        position = ()
+        if e.op in ast.POSITION_REDUCTIONS:   # each lane: its first extremum and where
+            position = tuple((Affine.var(f"p{self.index_no[k]}") if k != order[-1] else
+                              Affine.var(block) + Affine.var(lane), self.extent(k))
+                             for k in e.indices)
         step = ir.Loop(lane, Affine.var(count), "vectorised",
-                       (ir.Accumulate(partial, e.op, value, lane),), simd=True)
+                       (ir.Accumulate(partial, e.op, value, lane, position=position),),
+                       simd=True)
         tiles = ir.TiledLoop(block, self.extent(order[-1]), lanes_count, count, "reduction",
                              (step,))
         pre.append(ir.DeclareAcc(partial, e.op, lanes=lanes_count))
