@@ -313,12 +313,27 @@ def test_the_gradient_of_a_flatten_is_the_unflatten():
     np.testing.assert_array_equal(x.grad.numpy(), seed.numpy().reshape(3, 4))
 
 
-def test_jax_gradient_through_quasi_subscripts():
+def test_second_derivatives_through_quasi_reads():
+    def call(x, w):
+        return ef.ein("y[i] := x[i // 4, i % 4] ** 2 * w[i % 4]", x=x, w=w)
+    assert torch.autograd.gradgradcheck(call, (t(3, 4), t(4)))
+
+
+def test_jax_derivatives_through_quasi_subscripts():
     jax = pytest.importorskip("jax")
     jax.config.update("jax_enable_x64", True)
     import jax.numpy as jnp
     x = jnp.asarray(rng.standard_normal((3, 4)))
+    w = jnp.asarray(rng.standard_normal(4))
 
     def loss(x):
         return jnp.sum(ef.ein("y[i] := x[i // 4, i % 4]", x=x) * jnp.arange(12.0))
     np.testing.assert_allclose(jax.grad(loss)(x), np.arange(12.0).reshape(3, 4))
+
+    def f(x, w):
+        return ef.ein("y[i] := x[i // 4, i % 4] ** 2 * w[i % 4]", x=x, w=w)
+    _, tangent = jax.jvp(f, (x, w), (jnp.ones_like(x), jnp.zeros_like(w)))
+    np.testing.assert_allclose(tangent, 2 * np.asarray(x).reshape(-1) * np.tile(w, 3),
+                               rtol=1e-12)
+    stacked = jax.vmap(lambda x: ef.ein("y[i] := x[i // 4, i % 4]", x=x))(jnp.stack([x, 2 * x]))
+    np.testing.assert_array_equal(stacked, np.stack([x.reshape(-1), 2 * x.reshape(-1)]))
