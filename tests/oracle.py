@@ -360,6 +360,10 @@ class _Oracle:
         for axis, sub in enumerate(access.indices):
             n = array.shape[axis]
             value = sub.constant + sum(c * env[name] for name, c in sub.terms)
+            for part, c in sub.quasi:   # Python's // and % (floor) on exact ints
+                inner = part.inner.constant + sum(k * env[n] for n, k in part.inner.terms)
+                value += c * (inner // part.divisor if part.op == "//"
+                              else inner % part.divisor)
             for gather, c in sub.gathers:
                 value += c * self.gathered(gather, env)
             if 0 <= value < n:

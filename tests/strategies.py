@@ -304,12 +304,19 @@ class _Builder:
         else:  # reads may fall outside on either side and read the pad value
             constant = self.draw(st.integers(-2, 2))
             size = self.draw(st.integers(1, max(1, largest + constant + 2)))
-        if len(chosen) == 1 and coeffs == [1] and constant == 0:
+        quasi = self.chance(0.15)
+        if len(chosen) == 1 and coeffs == [1] and constant == 0 and not quasi:
             return self.affine_subscript(scope)  # that would be a plain use; draw again
         terms = [name if c == 1 else f"{c}*{name}" for name, c in zip(chosen, coeffs)]
         text = " + ".join(terms)
         if constant:
             text += f" + {constant}" if constant > 0 else f" - {-constant}"
+        if quasi:   # (affine) // d or (affine) % d, the affine part >= 0 without pad=
+            d, op = self.draw(st.integers(2, 3)), self.pick(("//", "%"))
+            text = f"({text}) {op} {d}"
+            if self.pad is None:
+                size = ((largest + constant) // d if op == "//" else d - 1) + 1 + \
+                    self.draw(st.integers(0, 1))
         return text, size
 
     def gather_access(self, subs: List[Tuple[str, int]]) -> _E:

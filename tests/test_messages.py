@@ -101,20 +101,6 @@ def test_einsum_ellipsis_has_no_equivalent_but_is_recognised():
         ef.compile("...ij,...jk->...ik")
 
 
-@pytest.mark.parametrize("source, op, words", [
-    ("y[i] := x[i // 2]", "i // 2", ["floor division '//'", "not supported in subscripts yet",
-                                     "q[i] = i // 2", "in its place in x[...]"]),
-    ("y[i] := w[x[i] % 2]", "x[i] % 2", ["modulo '%'", "not supported in subscripts yet",
-                                         "q[i] = x[i] % 2", "in its place in w[...]"]),
-])
-def test_floor_division_and_modulo_are_not_in_subscripts_yet(source, op, words):
-    with pytest.raises(errors.EinfuseSyntaxError) as info:
-        ef.compile(source)
-    for word in words:
-        assert word in str(info.value)
-    assert caret_text(info.value, source) == op
-
-
 def test_a_scalar_passed_for_a_subscript_offset(backend):
     source = "y[i] := x[i+n]"
     with pytest.raises(errors.UnexpectedArgumentError) as info:

@@ -4,7 +4,9 @@ Rules (docs/notation.md, "Ranges"):
 
 * an index used only plainly gets one extent from every use, or a ShapeError;
 * an index with any affine use takes the intersection of the valid ranges of
-  all its uses, plain ones included;
+  all its uses, plain ones included; a use inside ``inner // d`` bounds it through
+  ``inner`` (``0 <= inner // d < n`` is ``0 <= inner < d*n``), a use under ``%`` (or in
+  two places of one subscript) bounds nothing and is only checked;
 * ``ranges=`` and the output array of ``=``/``+=`` are binding: the accesses
   must then fit, or (without ``pad=``) a RangeError names the access;
 * the output array counts as one more plain use of its indices: an output index
@@ -27,7 +29,7 @@ from dataclasses import dataclass
 from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
 from ..errors import RangeError, ShapeError
-from ..lang.ast import Access, IndexExpr, accesses
+from ..lang.ast import Access, IndexExpr, Quasi, accesses
 from .options import Options
 from .spec import IndexUse, Spec
 
@@ -67,15 +69,75 @@ def _fmt(rng: Range) -> str:
 
 
 def subscript_span(sub: IndexExpr, ranges: Mapping[str, Range]) -> Range:
-    """Smallest and largest value of an affine subscript's index part (gathers excluded),
-    as an inclusive (min, max) pair; None-free because every index has a range."""
+    """Smallest and largest value of a subscript's index part (gathers excluded), as an
+    inclusive (min, max) pair; None-free because every index has a range.  Exact for an
+    affine subscript; for ``//``/``%`` parts it bounds each part on its own (interval
+    arithmetic), so it may be wider than the values actually reached, never narrower."""
     low = high = sub.constant
     for name, coeff in sub.terms:
         lo, hi = ranges[name]
         ends = (coeff * lo, coeff * (hi - 1))
         low += min(ends)
         high += max(ends)
+    for part, coeff in sub.quasi:
+        ends = tuple(coeff * v for v in quasi_span(part, ranges))
+        low += min(ends)
+        high += max(ends)
     return low, high
+
+
+def quasi_span(part: Quasi, ranges: Mapping[str, Range]) -> Range:
+    """(min, max) of ``inner // d`` or ``inner % d`` over the ranges: floor division is
+    monotonic; a modulo is the whole 0..d-1 unless inner stays within one block of d."""
+    low, high = subscript_span(part.inner, ranges)
+    d = part.divisor
+    if part.op == "//":
+        return low // d, high // d
+    if low // d == high // d:
+        return low % d, high % d
+    return 0, d - 1
+
+
+def solve_linear(coeff: int, low: int, high: int) -> Range:
+    """The integers x with ``low <= coeff*x <= high`` (coeff != 0), as an inclusive
+    (first, last) pair (first > last when there are none)."""
+    if coeff > 0:
+        return -((-low) // coeff), high // coeff
+    return -((-high) // coeff), low // coeff
+
+
+def solvable(sub: IndexExpr, index: str):
+    """How a subscript bounds ``index``: "affine" when it is an affine term only, the
+    (part, coefficient) of the one ``//`` part it is inside of, or None (under ``%``, or
+    in two places, as in ``i + i // 4``: such a use bounds nothing, check_accesses still
+    keeps every read inside the array)."""
+    direct = dict(sub.terms).get(index, 0)
+    inside = [(q, c) for q, c in sub.quasi if index in q.inner.index_names]
+    if direct and not inside:
+        return "affine"
+    if not direct and len(inside) == 1 and inside[0][0].op == "//":
+        return inside[0]
+    return None
+
+
+def solve(sub: IndexExpr, index: str, form, size: int, ranges: Mapping[str, Range]) -> Range:
+    """The values of ``index`` for which ``sub`` stays in ``0 .. size-1`` for every value
+    of its other indices (their ``ranges``), inclusive; ``form`` from :func:`solvable`."""
+    if form == "affine":
+        rest = IndexExpr(tuple(t for t in sub.terms if t[0] != index), (), sub.constant,
+                         sub.quasi)
+        rest_min, rest_max = subscript_span(rest, ranges)
+        return solve_linear(dict(sub.terms)[index], -rest_min, size - 1 - rest_max)
+    # sub = rest + q * ((a*index + e) // d): need 0 <= rest + q*F <= size-1
+    part, q = form
+    rest = IndexExpr(sub.terms, (), sub.constant, tuple(p for p in sub.quasi if p[0] != part))
+    rest_min, rest_max = subscript_span(rest, ranges)
+    f_lo, f_hi = solve_linear(q, -rest_min, size - 1 - rest_max)
+    d = part.divisor   # F = floor(v / d) in f_lo..f_hi  <=>  v in d*f_lo .. d*f_hi + d-1
+    inner = part.inner
+    e_min, e_max = subscript_span(IndexExpr(tuple(t for t in inner.terms if t[0] != index),
+                                            (), inner.constant), ranges)
+    return solve_linear(dict(inner.terms)[index], d * f_lo - e_min, d * f_hi + d - 1 - e_max)
 
 
 def infer_ranges(spec: Spec, shapes: Mapping[str, Sequence[int]], options: Options,
@@ -242,6 +304,11 @@ class _Inference:
             else:
                 index = pending[0]
                 use = next(u for u in self.spec.uses(index) if u.subscript.plain_index != index)
+                if not any(solvable(u.subscript, index) for u in self.affine_uses(index)):
+                    raise self.error(RangeError, f"index {index}: its range cannot be "
+                                     f"inferred: {use.access} uses it only under '%' (or "
+                                     "twice in one subscript), which does not bound it; "
+                                     f"give ranges={{{index!r}: ...}}", use.access.span)
                 raise self.error(RangeError, f"index {index}: its range cannot be inferred "
                                  f"from {use.access} because the other indices there have "
                                  f"no range yet; give ranges={{{index!r}: ...}}",
@@ -274,7 +341,10 @@ class _Inference:
         computable = 0
         for use in self.affine_uses(index):
             sub = use.subscript
-            others = [n for n, _ in sub.terms if n != index]
+            form = solvable(sub, index)
+            if form is None:
+                continue   # bounds nothing (under %): check_accesses checks the reads
+            others = [n for n in sub.index_names if n != index]
             if ignored.intersection(others):
                 continue  # a reduced index is not shrunk to fit an output index
             if any(n not in self.ranges for n in others):
@@ -282,16 +352,7 @@ class _Inference:
                     return False
                 continue
             computable += 1
-            rest = IndexExpr(tuple(t for t in sub.terms if t[0] != index), (), sub.constant)
-            rest_min, rest_max = subscript_span(rest, self.ranges)
-            size = self.dim(use.access, use.axis)
-            # need 0 <= c*index + rest <= size-1 for every value of rest
-            low_c, high_c = -rest_min, size - 1 - rest_max
-            c = use.coefficient
-            if c > 0:
-                a_lo, a_hi = -((-low_c) // c), high_c // c
-            else:
-                a_lo, a_hi = -((-high_c) // c), low_c // c
+            a_lo, a_hi = solve(sub, index, form, self.dim(use.access, use.axis), self.ranges)
             lo = a_lo if lo is None else max(lo, a_lo)
             hi = a_hi + 1 if hi is None else min(hi, a_hi + 1)
             parts.append(f"{use.access.tensor} axis {use.axis} ({use.subscript})")
@@ -317,7 +378,7 @@ class _Inference:
         for info in self.spec.tensors:
             for access in self.accesses_of(info.name):
                 for axis, sub in enumerate(access.indices):
-                    if not sub.terms and not sub.gathers:
+                    if not sub.index_names and not sub.gathers:
                         self.check_subscript(access, axis, sub, pad and info.as_value
                                              and not info.as_index)
 
@@ -332,8 +393,8 @@ class _Inference:
         if low < 0 or high > size - 1:
             which = low if low < 0 else high
             ranges = ", ".join(f"{n} in {_fmt(self.ranges[n])} ({self.sources[n]})"
-                               for n, _ in sub.terms)
-            fixed = [n for n, _ in sub.terms if n in self.from_output]
+                               for n in sub.index_names)
+            fixed = [n for n in sub.index_names if n in self.from_output]
             hint = f"; pass a smaller {self.spec.output}, or give pad=" if fixed and low >= 0 \
                 else "; shrink the range or give pad="
             raise self.error(RangeError, f"{access}: subscript {sub} reaches {which} but "

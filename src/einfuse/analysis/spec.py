@@ -35,7 +35,7 @@ class IndexUse:
     access: Access
     axis: int
     subscript: IndexExpr
-    coefficient: int
+    coefficient: int      # of the index's affine term; 0 when it is only under // or %
     in_gather: bool       # the access is an index array (read inside another's subscript)
 
 
@@ -286,9 +286,10 @@ class _Analyser:
         def visit(expr: Expr, in_gather: bool):
             if isinstance(expr, Access):
                 for axis, sub in enumerate(expr.indices):
-                    for name, coeff in sub.terms:
+                    direct = dict(sub.terms)   # 0: only inside a // or % part
+                    for name in sub.index_names:
                         uses.setdefault(name, []).append(
-                            IndexUse(expr, axis, sub, coeff, in_gather))
+                            IndexUse(expr, axis, sub, direct.get(name, 0), in_gather))
                     for access, _ in sub.gathers:
                         visit(access, True)
                 return

@@ -12,10 +12,10 @@ subscript can be solved for a grid index:
 
 The remaining grid indices are summed in the gradient.  Every contribution that moves
 is added into one ``:=`` statement (kind "gather", race-free).  The others (strides,
-constants, gathers, repeated indices, reduction indices whose range an affine use may
-narrow) become kind "scatter": a values statement in the forward's own frame, added
-into ``dW`` at the forward's subscripts (``np.add.at``; atomics or privatisation on a
-parallel backend).
+constants, gathers, ``//`` and ``%`` parts, repeated indices, reduction indices whose
+range an affine use may narrow) become kind "scatter": a values statement in the
+forward's own frame, added into ``dW`` at the forward's subscripts (``np.add.at``;
+atomics or privatisation on a parallel backend).
 """
 
 from __future__ import annotations
@@ -236,8 +236,8 @@ class _Deriver:
             return True
         subs = c.leaf.indices
         for axis, s in enumerate(subs):
-            if s.gathers or not s.terms:
-                return False
+            if s.gathers or s.quasi or not s.terms:
+                return False                        # scattered: x[idx[i]], x[i // 4]
             others = {n for t, o in enumerate(subs) if t != axis for n in o.index_names}
             if others & set(s.index_names):
                 return False                        # repeated index: A[i, i], x[i, i+1]

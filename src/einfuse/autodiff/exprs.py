@@ -9,10 +9,11 @@ reduction may not rebind an index in scope), so :func:`freshen` renames them las
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Dict, Iterable, List, Mapping, Optional, Set, Tuple
 
 from ..lang.ast import (Access, Binary, Call, Expr, IndexExpr, IndexValue, Number, Param,
-                        Reduce, RESERVED, Unary)
+                        Quasi, Reduce, RESERVED, Unary)
 
 # An affine combination of indices: ((name, coeff), ...), constant.
 Affine = Tuple[Tuple[Tuple[str, int], ...], int]
@@ -160,7 +161,7 @@ def free_indices(expr: Expr) -> List[str]:
             found.setdefault(e.name)
         if isinstance(e, Access):
             for s in e.indices:
-                for name, _ in s.terms:
+                for name in s.index_names:
                     if name not in bound:
                         found.setdefault(name)
         for child in e.children():
@@ -179,7 +180,12 @@ def subst_subscript(s: IndexExpr, m: Mapping[str, Affine], names: Names) -> Inde
         for n2, c2 in terms:
             coeffs[n2] = coeffs.get(n2, 0) + coeff * c2
     gathers = tuple((subst(a, m, names), c) for a, c in s.gathers)
-    return IndexExpr(tuple((n, c) for n, c in coeffs.items() if c), gathers, const)
+    quasi: Dict[Quasi, int] = {}
+    for part, coeff in s.quasi:
+        part = dataclasses.replace(part, inner=subst_subscript(part.inner, m, names))
+        quasi[part] = quasi.get(part, 0) + coeff
+    return IndexExpr(tuple((n, c) for n, c in coeffs.items() if c), gathers, const,
+                     tuple((q, c) for q, c in quasi.items() if c))
 
 
 def subst(expr: Expr, m: Mapping[str, Affine], names: Names) -> Expr:

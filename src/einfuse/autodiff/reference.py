@@ -332,9 +332,8 @@ def _add_rows(target: np.ndarray, g: GradientStatement, values: np.ndarray, posi
 
 
 def _evaluate(ops, sub: IndexExpr, grid, arrays):
-    value = sub.constant
-    for name, coeff in sub.terms:
-        value = value + coeff * grid[name]
+    # // and % floor as Python's on NumPy, torch and JAX integers alike
+    value = sub.index_value(grid.__getitem__)
     for access, coeff in sub.gathers:
         where = tuple(_evaluate(ops, s, grid, arrays) for s in access.indices)
         value = value + coeff * ops.take(ops.asarray(arrays[access.tensor]), where)

@@ -44,6 +44,10 @@ typedef {T} T;
 static inline int64_t ef_clip(int64_t p, int64_t n) {{ return p < 0 ? 0 : (p >= n ? n - 1 : p); }}
 static inline int64_t ef_wrap(int64_t p, int64_t n) {{ int64_t r = p % n; return r < 0 ? r + n : r; }}
 static inline int ef_in(int64_t p, int64_t n) {{ return p >= 0 && p < n; }}
+/* Python's // and % by a positive constant d (quasi-affine subscripts), dividing
+   non-negative values only: -1 - a is exact for |a| < 2**63 (checked per call) */
+static inline int64_t ef_qdiv(int64_t a, int64_t d) {{ return a >= 0 ? a / d : -1 - (-1 - a) / d; }}
+static inline int64_t ef_qmod(int64_t a, int64_t d) {{ return a >= 0 ? a % d : d - 1 - (-1 - a) % d; }}
 /* bounds='check'/'promise': never read out of bounds; raise the flag instead */
 static inline int ef_ok(int64_t p, int64_t n, int32_t *err) {{
   if (p >= 0 && p < n) return 1;
@@ -437,6 +441,10 @@ class CRenderer:
             parts.append(f"({int(a.const)})")
         return "(" + " + ".join(parts) + ")"
 
+    def quasi(self, part: ir.Quasi) -> str:
+        helper = {"//": "ef_qdiv", "%": "ef_qmod"}[part.op]
+        return f"{helper}({self.affine(part.affine)}, {int(part.divisor)}LL)"
+
     @staticmethod
     def address(indices: List[str], strides) -> str:
         if not indices:
@@ -477,6 +485,8 @@ class CRenderer:
                 pos = self.gathered_position(sub)
             else:
                 pos = self.affine(sub.affine)
+                for part, coeff in sub.quasi:
+                    pos = f"({pos} + ({int(coeff)})*{self.quasi(part)})"
                 for gather, coeff in sub.gathers:   # in range: exact modulo 2**64
                     pos = f"({pos} + ({int(coeff)})*(int64_t){self.expr(gather)})"
             if sub.policy == "none":

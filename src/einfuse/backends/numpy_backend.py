@@ -355,9 +355,8 @@ class NumpyExecutor:
         return view.reshape(shape)
 
     def subscript(self, sub: IndexExpr, ctx):
-        pos = np.int64(sub.constant)
-        for name, coeff in sub.terms:
-            pos = pos + coeff * self.index_array(name, ctx)   # fits: checked per call
+        # fits: checked per call; NumPy's // and % on int64 floor as Python's do
+        pos = np.int64(0) + sub.index_value(lambda name: self.index_array(name, ctx))
         if not sub.gathers:
             return pos
         # A gathered position is exact: int64 when no partial sum can leave int64 for the
@@ -430,7 +429,7 @@ class NumpyExecutor:
         as ``("idx[3]", 7)``; nested gathers are in range (they were checked first)."""
         position = []
         for sub in access.indices:
-            at = sub.constant + sum(c * point[n] for n, c in sub.terms)
+            at = sub.index_value(point.__getitem__)
             at += sum(c * self.element(inner, point)[1] for inner, c in sub.gathers)
             position.append(at)
         value = self.arrays[access.tensor][tuple(position)]
@@ -463,8 +462,7 @@ def _magnitude(values) -> int:
 
 def _index_names(sub: IndexExpr):
     """The indices a subscript depends on, through its gathers too."""
-    for name, _ in sub.terms:
-        yield name
+    yield from sub.index_names
     for access, _ in sub.gathers:
         for inner in access.indices:
             yield from _index_names(inner)

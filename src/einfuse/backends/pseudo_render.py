@@ -173,6 +173,12 @@ class PseudoRenderer:
         subs = []
         for sub in node.subscripts:
             text = self.affine(sub.affine)
+            for part, coeff in sub.quasi:
+                inner = self.affine(part.affine)
+                inner = inner if inner.isidentifier() else f"({inner})"
+                q = f"{inner} {part.op} {part.divisor}"
+                q = q if coeff == 1 else f"{coeff}*({q})"
+                text = q if text == "0" else f"{text} + {q}"
             for gathered, coeff in sub.gathers:
                 g = self.expr(gathered)
                 g = g if coeff == 1 else f"{coeff}*{g}"

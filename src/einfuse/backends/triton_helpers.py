@@ -107,6 +107,21 @@ def ef_negmod(r, n):
 
 
 @triton.jit
+def ef_qdiv(a, d):
+    # Python's a // d for a positive constant d (quasi-affine subscripts), dividing
+    # non-negative values only: the same whether '//' truncates or floors
+    q = tl.where(a >= 0, a, -1 - a) // d
+    return tl.where(a >= 0, q, -1 - q)
+
+
+@triton.jit
+def ef_qmod(a, d):
+    # Python's a % d (in 0..d-1) for a positive constant d, likewise
+    r = tl.where(a >= 0, a, -1 - a) % d
+    return tl.where(a >= 0, r, d - 1 - r)
+
+
+@triton.jit
 def ef_sat_sp(g, a, n):
     d = g + a
     return tl.where(g < -a, -1, tl.where(ef_ult(d, n), d, n))

@@ -360,11 +360,12 @@ class TritonRenderer(ChunkedSums):
             return None
         pair = (step.value.left, step.value.right)
         if not all(isinstance(p, ir.Load) and not p.is_index and all(
-                s.policy == "none" and not s.gathers for s in p.subscripts) for p in pair):
+                s.policy == "none" and not s.gathers and not s.quasi for s in p.subscripts)
+                for p in pair):
             return None
 
         def uses(load, var):
-            return any(var in sub.affine.names for sub in load.subscripts)
+            return any(var in sub.names for sub in load.subscripts)
         for a, b in (pair, pair[::-1]):
             if uses(a, self.rows_var) and not uses(a, self.lanes_var) and \
                     uses(b, self.lanes_var) and not uses(b, self.rows_var) and \
@@ -464,6 +465,10 @@ class TritonRenderer(ChunkedSums):
                 pos = self.gathered_position(sub, izero)
             else:   # in range (checked before the launch): exact modulo 2**64
                 pos = self.affine(sub.affine)
+                for part, coeff in sub.quasi:   # a block (izero): tl.where needs one
+                    helper = {"//": "ef_qdiv", "%": "ef_qmod"}[part.op]
+                    pos = f"({pos} + {int(coeff)} * {helper}({self.affine(part.affine)} + " \
+                          f"{izero}, {int(part.divisor)}))"
                 for gathered, coeff in sub.gathers:
                     pos = f"({pos} + {int(coeff)} * {self.expr(gathered)})"
             if sub.policy in ("pad", "fill"):   # block-shaped: it masks the load too
@@ -514,7 +519,7 @@ class TritonRenderer(ChunkedSums):
             return self.izero, self.omask
         rows, lanes, frames = self.axes
         used = {n for load in ir.walk(node) if isinstance(load, ir.Load)
-                for sub in load.subscripts for n in sub.affine.names}
+                for sub in load.subscripts for n in sub.names}
         along_rows, along_lanes = bool(used & rows), bool(used & lanes)
         if along_rows and not along_lanes:
             return frames["rows"]

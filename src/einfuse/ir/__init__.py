@@ -2,9 +2,9 @@
 
 from .nodes import (AccValue, Accumulate, Affine, Binary, Branch, Buffer, Call, CombineLanes,
                     Compensate, Const, DeclareAcc, Expr, Fold, IndexValue, Kernel, Load, Loop,
-                    Param, Program, Stmt, Store, Subscript, TiledLoop, Unary, walk)
+                    Param, Program, Quasi, Stmt, Store, Subscript, TiledLoop, Unary, walk)
 
 __all__ = ["AccValue", "Accumulate", "Affine", "Binary", "Branch", "Buffer", "Call",
            "CombineLanes", "Compensate", "Const", "DeclareAcc", "Expr", "Fold", "IndexValue",
-           "Kernel", "Load", "Loop", "Param", "Program", "Stmt", "Store", "Subscript",
+           "Kernel", "Load", "Loop", "Param", "Program", "Quasi", "Stmt", "Store", "Subscript",
            "TiledLoop", "Unary", "walk"]

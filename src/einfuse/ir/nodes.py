@@ -83,14 +83,32 @@ POLICIES = ("none", "pad", "clip", "wrap", "fill", "check")
 
 
 @dataclass(frozen=True)
+class Quasi:
+    """``affine // divisor`` (floor division) or ``affine % divisor`` (Python's modulo,
+    in 0..divisor-1) on int64, ``divisor`` a positive literal.  Renderers divide only
+    non-negative values (``-1 - ((-1 - a) // d)`` below 0), so truncating and flooring
+    division give the same; the magnitudes are checked to fit int64 per call."""
+    affine: Affine
+    op: str                     # "//" or "%"
+    divisor: int
+
+
+@dataclass(frozen=True)
 class Subscript:
-    """One axis of a load: ``affine + sum(coeff * gathered)`` with its bounds policy.
+    """One axis of a load: ``affine + sum(coeff * quasi) + sum(coeff * gathered)`` with
+    its bounds policy (a subscript has quasi parts or gathers, not both).
     ``size`` names the runtime int holding the axis length."""
     affine: Affine
     gathers: Tuple[Tuple["Load", int], ...]
     policy: str
     size: str
     stride: Optional[str]       # runtime int holding the stride; None: unit stride
+    quasi: Tuple[Tuple[Quasi, int], ...] = ()
+
+    @property
+    def names(self) -> Tuple[str, ...]:
+        """The integer names the position depends on (gathers excluded)."""
+        return self.affine.names + tuple(n for q, _ in self.quasi for n in q.affine.names)
 
 
 @dataclass(frozen=True)

@@ -72,40 +72,95 @@ class IndexValue(Expr):
     span: Span = _span()
 
 
+QUASI_OPS = ("//", "%")
+
+
+@dataclass(frozen=True)
+class Quasi:
+    """A quasi-affine part of a subscript: ``inner // divisor`` (floor division) or
+    ``inner % divisor`` (Python's modulo, in ``0 .. divisor-1``).  ``inner`` is affine in
+    the indices (no gather, no ``//``/``%`` of its own); ``divisor`` is a positive
+    integer literal (the parser folds a divisor of 1 and constant operands away)."""
+    inner: "IndexExpr"
+    op: str          # "//" or "%"
+    divisor: int
+
+    def apply(self, value):
+        """``value // divisor`` or ``value % divisor`` with Python's semantics, on an int or
+        on NumPy/JAX integer arrays (whose ``//`` and ``%`` floor as Python's do)."""
+        return value // self.divisor if self.op == "//" else value % self.divisor
+
+    def __str__(self) -> str:
+        inner = str(self.inner)
+        if self.inner.plain_index is None and not (not self.inner.terms and
+                                                   self.inner.constant >= 0):
+            inner = f"({inner})"
+        return f"{inner} {self.op} {self.divisor}"
+
+
 @dataclass(frozen=True)
 class IndexExpr:
-    """One subscript of an access: ``sum(c*i) + sum(c*gather) + constant``.
+    """One subscript of an access:
+    ``sum(c*i) + sum(c*gather) + sum(c*(inner // d or inner % d)) + constant``.
 
     ``terms`` pairs index names with integer coefficients (in source order, no
     zero coefficients); ``gathers`` pairs integer-array accesses with their
-    coefficient (kept in source order).
+    coefficient (kept in source order); ``quasi`` pairs :class:`Quasi` parts with their
+    coefficient (source order, no zero coefficients).  A subscript with a quasi part has
+    no gather (the parser refuses the mix).
     """
     terms: Tuple[Tuple[str, int], ...] = ()
     gathers: Tuple[Tuple["Access", int], ...] = ()
     constant: int = 0
+    quasi: Tuple[Tuple[Quasi, int], ...] = ()
     span: Span = _span()
 
     @property
     def plain_index(self) -> Optional[str]:
         """The index name if this subscript is exactly one index, else None."""
         if len(self.terms) == 1 and self.terms[0][1] == 1 and not self.gathers \
-                and self.constant == 0:
+                and self.constant == 0 and not self.quasi:
             return self.terms[0][0]
         return None
 
     @property
     def is_affine(self) -> bool:
-        """True for an affine subscript of indices only (no gather), not plain."""
+        """True for a subscript of indices only (no gather), not plain: affine, or
+        quasi-affine (with ``//``/``%`` parts)."""
         return not self.gathers and self.plain_index is None
 
     @property
     def index_names(self) -> Tuple[str, ...]:
-        return tuple(name for name, _ in self.terms)
+        """The indices the subscript uses directly (not through gathers), once each."""
+        names = [name for name, _ in self.terms]
+        for part, _ in self.quasi:
+            names += part.inner.index_names
+        return tuple(dict.fromkeys(names))
+
+    def index_value(self, value_of):
+        """The subscript's value without its gathers, ``value_of(name)`` giving each index's
+        value (an int, or integer arrays that broadcast)."""
+        total = self.constant
+        for name, coeff in self.terms:
+            total = total + coeff * value_of(name)
+        for part, coeff in self.quasi:
+            total = total + coeff * part.apply(part.inner.index_value(value_of))
+        return total
+
+    def renamed(self, names) -> "IndexExpr":
+        """The subscript with its own indices renamed by the mapping ``names`` (gathers
+        are left as they are: callers map them as child expressions)."""
+        return dataclasses.replace(
+            self, terms=tuple((names.get(n, n), c) for n, c in self.terms),
+            quasi=tuple((dataclasses.replace(q, inner=q.inner.renamed(names)), c)
+                        for q, c in self.quasi))
 
     def __str__(self) -> str:
         parts = []
         for name, coeff in self.terms:
             parts.append(_term(coeff, name))
+        for part, coeff in self.quasi:
+            parts.append(str(part) if coeff == 1 else _term(coeff, f"({part})"))
         for access, coeff in self.gathers:
             parts.append(_term(coeff, str(access)))
         if self.constant or not parts:

@@ -32,6 +32,7 @@ from .ast import (ASSIGN_OPS, BINARY_FUNCTIONS, COMPARISON_OPS, CONSTANTS, FUNCT
                   Param, Reduce, Statement, Unary, map_children)
 from .lexer import END, NAME, NUMBER, OP, Token, tokenize
 from .rewrite import names_in
+from .subscripts import SubscriptBuilder
 from .sugar import SUGAR_REDUCTIONS, FreshNames, expand
 
 
@@ -418,72 +419,7 @@ class _Parser:
 
     # -- subscripts ----------------------------------------------------------------------
     def subscript(self, expr: Expr, span: Tuple[int, int]) -> IndexExpr:
-        terms, gathers, constant = self.linear(expr)
-        return IndexExpr(tuple((n, c) for n, c in terms.items() if c != 0),
-                         tuple((a, c) for a, c in gathers if c != 0), constant, span=span)
-
-    def linear(self, expr: Expr):
-        """``expr`` as (index coefficients, gathers, constant), or a syntax error."""
-        if isinstance(expr, Number):
-            if isinstance(expr.value, float):
-                self.error("a subscript constant must be an integer", *expr.span)
-            return {}, [], expr.value
-        if isinstance(expr, Param):
-            return {expr.name: 1}, [], 0
-        if isinstance(expr, Access):
-            return {}, [(expr, 1)], 0
-        if isinstance(expr, Unary) and expr.op == "-":
-            terms, gathers, constant = self.linear(expr.operand)
-            return {n: -c for n, c in terms.items()}, [(a, -c) for a, c in gathers], -constant
-        if isinstance(expr, Binary) and expr.op in ("+", "-"):
-            lt, lg, lc = self.linear(expr.left)
-            rt, rg, rc = self.linear(expr.right)
-            sign = 1 if expr.op == "+" else -1
-            terms = dict(lt)
-            for name, coeff in rt.items():
-                terms[name] = terms.get(name, 0) + sign * coeff
-            return self.fits((terms, lg + [(a, sign * c) for a, c in rg], lc + sign * rc),
-                             expr.span)
-        if isinstance(expr, Binary) and expr.op == "*":
-            left, right = self.linear(expr.left), self.linear(expr.right)
-            for factor, other in ((left, right), (right, left)):
-                if not factor[0] and not factor[1]:
-                    scale = factor[2]
-                    return self.fits(({n: scale * c for n, c in other[0].items()},
-                                      [(a, scale * c) for a, c in other[1]],
-                                      scale * other[2]), expr.span)
-            self.error("a subscript may multiply an index only by an integer constant",
-                       *expr.span)
-        if isinstance(expr, Binary) and expr.op in ("//", "%"):
-            self.not_in_subscripts(expr)
-        self.error("a subscript must be an index, an integer, a gather (idx[i]) or an "
-                   "affine combination of them such as 2*i + a - 1", *expr.span)
-
-    def not_in_subscripts(self, expr: Binary):
-        """``x[i // 4]``, ``x[i % 4]``: not built yet (a subscript is affine, and range
-        inference would have to invert the division); an index array does it today."""
-        what = "floor division '//'" if expr.op == "//" else "modulo '%'"
-        written = self.source[expr.span[0]:expr.span[1]]
-        names = []
-        for node in expr.walk():
-            if isinstance(node, Param):
-                names.append(node.name)
-            elif isinstance(node, Access):
-                names += [n for sub in node.indices for n in sub.index_names]
-        q = f"q[{', '.join(dict.fromkeys(names))}]"
-        self.error(f"{what} is not supported in subscripts yet, only in values (as in "
-                   f"y[i] := x[i] {expr.op} 4); put the positions in an index array instead: "
-                   f"pass q with {q} = {written} (computed with NumPy) and write {q} in "
-                   f"its place in {self.reading}[...]", *expr.span)
-
-    def fits(self, linear, span):
-        """``linear`` unchanged when its coefficients and constant fit in int64."""
-        terms, gathers, constant = linear
-        for value in (*terms.values(), *(c for _, c in gathers), constant):
-            if not _fits_int64(value):
-                self.error(f"subscript arithmetic gives {value}, which does not fit in int64",
-                           *span, cls=EinfuseOverflowError)
-        return linear
+        return SubscriptBuilder(self.error, self.source).subscript(expr, span, self.reading)
 
 
 def _fits_int64(value: int) -> bool:

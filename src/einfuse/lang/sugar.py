@@ -74,8 +74,7 @@ def rename_indices(expr: Expr, names: Dict[str, str]) -> Expr:
     if isinstance(expr, Access):
         renamed = map_children(expr, lambda child: rename_indices(child, names))
         return dataclasses.replace(renamed, indices=tuple(
-            dataclasses.replace(sub, terms=tuple((names.get(n, n), c) for n, c in sub.terms))
-            for sub in renamed.indices))
+            sub.renamed(names) for sub in renamed.indices))
     if isinstance(expr, Reduce):
         expr = dataclasses.replace(expr, indices=tuple(names.get(n, n) for n in expr.indices))
     return map_children(expr, lambda child: rename_indices(child, names))

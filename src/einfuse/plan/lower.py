@@ -457,9 +457,9 @@ class _Lowering(BlockedSums):
         slot = self.slot_of[(access.tensor, "index" if in_gather else "value")]
         subs = []
         for axis, sub in enumerate(access.indices):
-            affine = Affine(const=sub.constant)
-            for name, coeff in sub.terms:
-                affine = affine + env[name].scale(coeff)
+            affine = _affine(sub, env)
+            quasi = tuple((ir.Quasi(_affine(q.inner, env), q.op, q.divisor), c)
+                          for q, c in sub.quasi)
             gathers = tuple((self.load(g, env, True), c) for g, c in sub.gathers)
             own_output = access.tensor == self.spec.output and not in_gather
             if own_output:
@@ -475,12 +475,20 @@ class _Lowering(BlockedSums):
                 policy = "none"
             subs.append(ir.Subscript(affine, gathers, policy,
                                      self.runtime_int(("dim", slot, axis)),
-                                     self.stride(slot, axis)))
+                                     self.stride(slot, axis), quasi))
         # invalid reads: pad= where an affine axis leaves the array, fill= where a
         # gather policy rejects the value (fill wins where both apply)
         fills = {"pad": "pad", "fill": "fill", "clip": "fill", "wrap": "fill"}
         used = tuple(sorted({fills[s.policy] for s in subs if s.policy in fills}))
         return ir.Load(slot, tuple(subs), ",".join(used) or None, is_index=in_gather)
+
+
+def _affine(sub: ast.IndexExpr, env) -> Affine:
+    """The affine part of a subscript (its terms and constant) over the loop names."""
+    affine = Affine(const=sub.constant)
+    for name, coeff in sub.terms:
+        affine = affine + env[name].scale(coeff)
+    return affine
 
 
 def _bound_indices(reduce: ast.Reduce) -> frozenset:

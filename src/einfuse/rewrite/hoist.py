@@ -123,10 +123,8 @@ def canonical(reduce: Reduce) -> Reduce:
             return dataclasses.replace(expr, name=names.get(expr.name, expr.name))
         expr = map_children(expr, lambda child: rename(child, names))
         if isinstance(expr, Access):
-            expr = dataclasses.replace(expr, indices=tuple(
-                dataclasses.replace(sub, terms=tuple((names.get(n, n), c)
-                                                     for n, c in sub.terms))
-                for sub in expr.indices))
+            expr = dataclasses.replace(expr, indices=tuple(sub.renamed(names)
+                                                           for sub in expr.indices))
         return expr
 
     return rename(reduce, {})

@@ -516,19 +516,30 @@ def _check_index_arithmetic(spec: Spec, bounds) -> None:
     over the ranges (on every partial sum) must fit.  Gathered values
     are bounded by their index arrays' own integer dtype."""
     ranges = bounds.range_map
+
+    def worst(sub) -> int:
+        # Backends compute c*i as c*lo + c*(i - lo), so both parts must fit as well.
+        total = abs(sub.constant)
+        for name, coeff in sub.terms:
+            lo, hi = ranges[name]
+            if hi > lo:
+                total += abs(coeff) * (abs(lo) + hi - 1 - lo)
+        for part, coeff in sub.quasi:   # inner // d: at most |inner| // d + 1; % d: d - 1
+            inner = worst(part.inner)
+            if inner > INT64_MAX:
+                return inner
+            total += abs(coeff) * (inner // part.divisor + 1 if part.op == "//"
+                                   else part.divisor - 1)
+        return total
+
     for access in accesses(spec.rhs):
         for sub in access.indices:
-            # Backends compute c*i as c*lo + c*(i - lo), so both parts must fit as well.
-            worst = abs(sub.constant)
-            for name, coeff in sub.terms:
-                lo, hi = ranges[name]
-                if hi > lo:
-                    worst += abs(coeff) * (abs(lo) + hi - 1 - lo)
-            if worst > INT64_MAX:
+            largest = worst(sub)
+            if largest > INT64_MAX:
                 shown = ", ".join(f"{n} in {ranges[n][0]}..{ranges[n][1] - 1}"
-                                  for n, _ in sub.terms)
+                                  for n in sub.index_names)
                 raise EinfuseOverflowError(
-                    f"{access}: subscript {sub} may reach magnitude {worst} for {shown}, "
+                    f"{access}: subscript {sub} may reach magnitude {largest} for {shown}, "
                     "beyond int64 (index arithmetic is int64 on every backend)",
                     span=sub.span or access.span)
 
