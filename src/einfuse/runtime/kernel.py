@@ -13,6 +13,7 @@ import numpy as np
 
 from ..analysis.options import (INT64_MAX, OPTION_NAMES, Options, make_options, option_error,
                                 shown)
+from ..analysis.ranges import check_positions_defined
 from ..analysis.spec import Spec, analyse
 from ..backends import get_backend
 from ..errors import (AllocationError, BackendError, EinfuseError, EinfuseOverflowError,
@@ -24,7 +25,6 @@ from ..lang.printer import format_statement
 from .binding import BoundCall, bind_call, bind_names
 from .frameworks import (JAX, NUMPY, TORCH, common_framework, contiguous, framework_of,
                          from_numpy, placeholder)
-from ..analysis.ranges import check_positions_defined
 from .hoisted import HoistedForm, hoisted_form, run_hoisted
 
 
