@@ -132,6 +132,11 @@ def _cache(action: str) -> int:
         for kind, names in kinds.items():
             print(f"{kind:<16}{len(names)}")
         print(f"size      {total / 1e6:.2f} MB in {len(sizes)} files")
+        from .backends.cache_limit import limit_bytes
+        limit = limit_bytes()
+        print(f"limit     {limit / 1e6:.0f} MB of C libraries, least recently used removed "
+              "past it (EINFUSE_CACHE_MAX_MB)" if limit else
+              "limit     none (EINFUSE_CACHE_MAX_MB <= 0)")
         return 0
     removed = 0
     for entry in entries:

@@ -25,7 +25,9 @@ inside the cache and is renamed into place (library first, then its record), so
 readers never see a half-written file; a per-kernel file lock makes concurrent
 processes and threads compile a kernel once.  A cache directory that cannot be
 written is still read; new libraries then go to a temporary directory, with one
-``EinfuseWarning``.  An in-process dict makes each library load once.
+``EinfuseWarning``.  An in-process dict makes each library load once.  The cache is
+bounded (backends/cache_limit.py: least recently used libraries go past
+``$EINFUSE_CACHE_MAX_MB``, default 2048).
 """
 
 from __future__ import annotations
@@ -47,6 +49,7 @@ import time
 from typing import Dict, Iterator, List, Optional, Tuple
 
 from ..errors import BackendError, warn
+from . import cache_limit
 
 BASE_FLAGS = ("-O3", "-march=native", "-fopenmp", "-fPIC", "-shared", "-fwrapv",
               "-fno-math-errno", "-fno-trapping-math")
@@ -372,6 +375,7 @@ def _cached_library(key: str) -> Optional[str]:
     for directory in [configured_cache_dir()] + _fallback[:1]:
         path = os.path.join(directory, key + ".so")
         if _intact(path):
+            cache_limit.touch(path)       # recently used: kept by the size limit
             return path
     return None
 
@@ -383,6 +387,7 @@ def _build(source: str, flags: Tuple[str, ...], key: str) -> str:
     with file_lock(os.path.join(directory, key + ".lock"), COMPILE_TIMEOUT):
         if not _intact(path):
             compile_library(source, flags, path)
+            cache_limit.enforce(directory, keep=path)
     return path
 
 
