@@ -185,3 +185,32 @@ def test_the_demo_runs():
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
     assert "einfuse: first call" in done.stdout and "[1. 1. 1.]" in done.stdout
+
+
+def test_generated_source_is_visible_and_is_what_runs():
+    """kernel.source() is the C the backend compiles (it builds and has the kernel);
+    explain(source=True) shows it; Triton's is Python; the reference says it has none."""
+    from einfuse.backends import c_build
+    if c_build.find_compiler() is None:
+        pytest.skip("no C compiler")
+    kernel = ef.compile("D[i,j] := (w[k,i] - x[k,j])**2", backend="c")
+    arrays = {"w": np.ones((3, 5), np.float32), "x": np.ones((3, 4), np.float32)}
+    library = c_build.load(kernel.source(**arrays))
+    assert hasattr(library, "einfuse_kernel")
+    text = str(ef.explain("D[i,j] := (w[k,i] - x[k,j])**2", backend="c", source=True,
+                          shapes={"w": (3, 5), "x": (3, 4)}))
+    assert "Generated source" in text
+    triton = ef.compile("y[i] := x[i] * 2", backend="triton").source(x=np.ones(4))
+    compile(triton, "<triton>", "exec")
+    assert "no generated source" in ef.compile("y[i] := x[i]", backend="numpy").source(
+        x=np.ones(2))
+    hoisted = ef.compile("P[i,j] := exp(X[i,j] - max[k](X[i,k]))", backend="c").source(
+        X=np.ones((4, 8)))
+    assert hoisted.count("=== ") == 2      # the hoisted maximum, then the statement
+
+
+def test_source_named_tensor_goes_in_arrays():
+    with pytest.raises(ef.EinfuseError, match="arrays="):
+        ef.explain("y[i] := source[i] * 2", source=np.ones(3))
+    text = str(ef.explain("y[i] := source[i] * 2", arrays={"source": np.ones(3)}))
+    assert "y[i] := source[i] * 2" in text

@@ -75,6 +75,8 @@ def build_parser() -> argparse.ArgumentParser:
     explain.add_argument("--backend", default="auto")
     explain.add_argument("--gradients", action="store_true",
                          help="also show every gradient statement and its plan")
+    explain.add_argument("--source", action="store_true",
+                         help="also show the generated C or Triton source (needs --shape)")
     bench = sub.add_parser("bench", help="time einfuse against the installed peers "
                            "(NumPy, PyTorch, JAX, pykeops) and print ratios")
     bench.add_argument("--case", action="append", default=[], metavar="NAME",
@@ -164,7 +166,7 @@ def _explain(args) -> int:
         text = explain(args.statement, shapes=shapes or None, ranges=ranges, pad=args.pad,
                        bounds=args.bounds, fill=args.fill, dtype=args.dtype,
                        backend=args.backend, gradients=args.gradients,
-                       **_parameters(params, bool(shapes)))
+                       source=args.source, **_parameters(params, bool(shapes)))
     except EinfuseError as error:
         shown = type(error)(cli_words(error.message), source=error.source, span=error.span)
         print(f"einfuse: {type(error).__name__}: {shown}", file=sys.stderr)

@@ -46,6 +46,7 @@ class Explanation:
     gradients: Optional[List[str]] = None
     hoisted: Optional[List[str]] = None
     notes: List[str] = field(default_factory=list)
+    source: Optional[str] = None       # the generated code, with source=True
 
     @property
     def arithmetic_intensity(self) -> Optional[float]:
@@ -82,6 +83,8 @@ class Explanation:
             out += ["  " + line for line in self.gradients]
         if self.notes:
             out += [""] + ["Note: " + n for n in self.notes]
+        if self.source:
+            out += ["", "Generated source"] + ["  " + line for line in self.source.splitlines()]
         return "\n".join(out)
 
 
@@ -279,12 +282,18 @@ def index_rows(spec: Spec, bounds: Optional[Bounds]) -> List[List[str]]:
 def explain(statement=NOT_GIVEN, /, *args, shapes: Optional[Dict[str, tuple]] = None,
             ranges=None, pad=None, bounds="check", fill=0.0, dtype=None, backend="auto",
             threads=None, memory_limit=None, gradients: bool = False, outputs=None,
-            **arrays):
+            source: bool = False, **arrays):
     """Explain ``statement`` (or a program of several); with arrays (or
     ``shapes={"A": (100, 50)}``) also the ranges, costs and plan for those shapes; with
-    ``gradients=True`` also every gradient statement and how it runs.  ``str()`` of the
-    result is the text.  A tensor named like an option goes in ``arrays={"bounds": b}``,
-    as for ``ein``."""
+    ``gradients=True`` also every gradient statement and how it runs; with
+    ``source=True`` (and arrays or shapes) also the generated C or Triton source.
+    ``str()`` of the result is the text.  A tensor named like an option goes in
+    ``arrays={"bounds": b}``, as for ``ein``.
+
+    Example::
+
+        print(ef.explain("D[i,j] := (w[k,i] - x[k,j])**2", shapes={"w": (3, 5),
+                                                                  "x": (3, 4)}))"""
     from .runtime.kernel import compile as compile_kernel
     statement = statement_argument(statement, arrays, "explain")
     from .lang.parser import einsum_hint
@@ -294,7 +303,7 @@ def explain(statement=NOT_GIVEN, /, *args, shapes: Optional[Dict[str, tuple]] = 
                               bounds=bounds, fill=fill, dtype=dtype, backend=backend,
                               threads=threads, memory_limit=memory_limit,
                               gradients=gradients)
-    check_explain_options(statement, shapes, gradients)
+    check_explain_options(statement, shapes, gradients, source)
 
     compiled = compile_kernel(statement, ranges=ranges, pad=pad, bounds=bounds, fill=fill,
                               dtype=dtype, backend=backend, threads=threads,
@@ -302,7 +311,15 @@ def explain(statement=NOT_GIVEN, /, *args, shapes: Optional[Dict[str, tuple]] = 
     if not isinstance(compiled, Kernel):
         from .program.explain import explain_program
         return explain_program(compiled, args, arrays, shapes, gradients)
-    return explain_kernel(compiled, args, arrays, shapes, gradients)
+    explanation = explain_kernel(compiled, args, arrays, shapes, gradients)
+    if source:
+        if shapes:
+            arrays = {**_placeholders(compiled.spec, shapes), **arrays}
+        if not args and not arrays:
+            explanation.notes.append("pass arrays or shapes= to see the generated source")
+        else:
+            explanation.source = compiled.source(*args, arrays=arrays)
+    return explanation
 
 
 def explain_kernel(kernel: Kernel, args, arrays, shapes, gradients: bool) -> Explanation:

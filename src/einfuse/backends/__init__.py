@@ -1,8 +1,9 @@
 """Backends: each one runs a :class:`~einfuse.runtime.binding.BoundCall`.
 
 A backend is a small object with ``name``, ``available()``, ``run(call)``
-returning the result in the working dtype as a NumPy array, and
-``strategy(call)`` describing, for ``explain``, how it will run.
+returning the result in the working dtype as a NumPy array,
+``strategy(call)`` describing, for ``explain``, how it will run, and
+``source(call)``, the code it generates for the call.
 """
 
 from __future__ import annotations
@@ -27,6 +28,10 @@ class NumpyBackend:
     @staticmethod
     def strategy(call) -> str:
         return NumpyExecutor.for_call(call).describe()
+
+    @staticmethod
+    def source(call) -> str:
+        return "# no generated source: the NumPy reference interprets the statement"
 
 
 _BACKENDS = {"numpy": NumpyBackend, "c": CBackend, "triton": TritonBackend}

@@ -218,6 +218,21 @@ class CBackend:
         return _loop_nest(call)
 
     @staticmethod
+    def source(call) -> str:
+        """The C source this call's kernel is compiled from."""
+        reason = not_compiled(call.spec, "c")
+        if reason:
+            return f"/* no generated source: the NumPy reference runs it ({reason}) */"
+        contraction = _blas_contraction(call)
+        if contraction is not None:
+            return f"/* no generated source: {contraction.describe()} (numpy.matmul) */"
+        buffers = _buffers(call) + [np.empty(call.output_shape, dtype=output_dtype(call))]
+        plan = _plan(call, [unit_axis(b) for b in buffers])
+        if _pack_for_lanes(call, plan, buffers):
+            plan = _plan(call, [unit_axis(b) for b in buffers])
+        return render_c(plan.program, c_build.vector_math())
+
+    @staticmethod
     def strategy(call) -> str:
         reason = not_compiled(call.spec, "c")
         if reason:

@@ -375,6 +375,25 @@ class TritonBackend:
         return _returned(result, call)
 
     @staticmethod
+    def source(call) -> str:
+        """The Triton source for this call, its arrays taken row-major."""
+        from ..plan.gathers import bounds_mode
+        from .triton_render import render_triton
+        if host_fallback(call):
+            return "# no generated source: the NumPy reference runs this statement"
+        dtypes = [np.dtype(np.int64).name if kind == "index" else
+                  call.dtypes.result.name if kind == "output" else call.dtypes.working.name
+                  for _, kind in buffer_slots(call.spec)]
+        names = [name for name, _ in buffer_slots(call.spec)]
+        layouts = [_Layout.row_major(call.output_shape if n == len(names) - 1 else
+                                     np.shape(call.arrays[name]), dtype)
+                   for n, (name, dtype) in enumerate(zip(names, dtypes))]
+        plan = plan_for(call.spec, call.dtypes.working.name, call.options.pad is not None,
+                        bounds_mode(call), tuple(unit_axis(layout) for layout in layouts),
+                        TILE[1], TILE, plain=True, blocks=True)
+        return render_triton(plan.program, tuple(dtypes), not interpreted())[0]
+
+    @staticmethod
     def strategy(call) -> str:
         where = "the CPU (TRITON_INTERPRET=1)" if interpreted() else "the GPU"
         return (f"one Triton kernel on {where}: each program computes a block of output "

@@ -204,6 +204,31 @@ class Kernel:
                 return runner(named).astype(result_dtype, copy=False)
         self._repeat[signature] = repeat
 
+    def source(self, /, *args, arrays=None, **kwargs) -> str:
+        """The code generated for a call with these arrays (placeholders of the right
+        shapes and dtypes do): C or Triton source, one kernel after the other where the
+        statement runs in its hoisted form.  Nothing runs.
+
+        Example::
+
+            k = ef.compile("y[i] := sum[j](A[i,j] * x[j])")
+            print(k.source(A=np.ones((4, 3)), x=np.ones(3)))"""
+        call = self.bind(*args, arrays=arrays, **kwargs)
+        form = self.hoisted_form
+        kernels = form.kernels(call.dtypes) if form is not None else None
+        if kernels is None:
+            return get_backend(_backend_name(self.options.backend, call)).source(call)
+        env = bind_names(self.spec, args, self._named(args, kwargs, arrays))
+        parts = []
+        for kernel in kernels:
+            spec = kernel.spec
+            bound = kernel.bind(arrays={name: env[name] for name in spec.arg_order})
+            env[spec.output] = np.zeros(bound.output_shape, bound.dtypes.result)
+            backend = get_backend(_backend_name(kernel.options.backend, bound))
+            parts.append(f"=== {format_statement(spec.statement)} ===\n"
+                         f"{backend.source(bound)}")
+        return "\n\n".join(parts)
+
     @property
     def hoisted_form(self) -> Optional[HoistedForm]:
         """The statement with its loop-invariant reductions computed once, before the
@@ -335,14 +360,16 @@ def statement_argument(statement, named: dict, function: str) -> str:
     return statement
 
 
-def check_explain_options(statement: str, shapes, gradients) -> None:
+def check_explain_options(statement: str, shapes, gradients, source=False) -> None:
     """explain()'s own options, checked before their truth value is taken: an array
     there was meant for a tensor of the same name."""
+    flag = (bool, np.bool_, numbers.Integral)
     problems = {"shapes": shapes is not None and not isinstance(shapes, Mapping),
-                "gradients": not isinstance(gradients, (bool, np.bool_, numbers.Integral))}
+                "gradients": not isinstance(gradients, flag),
+                "source": not isinstance(source, flag)}
     for option, bad in problems.items():
         if bad:
-            value = shapes if option == "shapes" else gradients
+            value = {"shapes": shapes, "gradients": gradients, "source": source}[option]
             wanted = "a dict of name -> shape" if option == "shapes" else "True or False"
             error = option_error(option, f"{option}= takes {wanted}, not {shown(value)}")
             raise attach_statement(_option_collision(error, statement), statement)
