@@ -129,7 +129,13 @@ def derive(statement: Union[str, GradientStatement], wrt: str, *,
     For a program (several statements) the result is a
     :class:`~einfuse.autodiff.program.ProgramGradient`, the gradient as a program (its
     output gradients are ``d<output>`` for each output, or for ``outputs=``); run it
-    with its ``run`` method or :func:`run_reference`."""
+    with its ``run`` method or :func:`run_reference`.
+
+    Example::
+
+        grads = ef.derive("C[i,j] := A[i,k] * B[k,j]", "A")
+        grads[0].text                   # 'dA[i, k] := dC[i, j] * B[k, j]'
+        ef.run_reference(grads, {"A": A, "B": B, "dC": dC})["dA"]"""
     if isinstance(statement, str):
         from ..program import split_program
         if len(split_program(statement)) > 1:

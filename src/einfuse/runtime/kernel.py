@@ -60,7 +60,13 @@ class Kernel:
     """A compiled statement, reusable for any shapes and dtypes.
 
     Call it with the statement's tensors and scalars by keyword (or positionally
-    in order of first appearance on the right side).
+    in order of first appearance on the right side).  ``bind`` checks a call without
+    running it, ``source`` shows the code generated for it.
+
+    Example::
+
+        k = ef.compile("y[b,o] := x[b,i] * W[i,o] + bias[o]")
+        y = k(x=x, W=W, bias=bias)
     """
 
     def __init__(self, statement: str, options: Options):
@@ -380,7 +386,17 @@ def compile(statement=NOT_GIVEN, /, *, ranges=None, pad=None, bounds="check", fi
             memory_limit: Optional[int] = None, outputs=None, **named):
     """Compile ``statement`` into a reusable :class:`Kernel`, or a program (several
     statements, separated by newlines or ';') into a :class:`~einfuse.program.Program`
-    whose ``outputs`` are chosen by name (default: what no later statement reads)."""
+    whose ``outputs`` are chosen by name (default: what no later statement reads).
+
+    Options (as for :func:`ein`): ``ranges=`` ({"i": 10} or {"i": range(2, 12)}),
+    ``pad=`` (value read outside affine accesses), ``bounds=`` ("check", "clip",
+    "wrap", "fill", "promise": gathers out of range), ``fill=``, ``dtype=``,
+    ``backend=`` ("auto", "c", "numpy", "triton"), ``threads=``, ``memory_limit=``.
+
+    Example::
+
+        dist = ef.compile("D[i,j] := (w[k,i] - x[k,j])**2")
+        D = dist(w=w, x=x)              # any shapes; compiled once per layout"""
     statement = statement_argument(statement, named, "compile")
     if named:
         raise attach_statement(UnexpectedArgumentError(
@@ -418,7 +434,13 @@ def ein(statement=NOT_GIVEN, /, *args, ranges=None, pad=None, bounds="check", fi
         memory_limit: Optional[int] = None, outputs=None, arrays=None, **named):
     """Evaluate ``statement`` (or a program of several) once on the given arrays and
     scalars.  A tensor whose name is one of the options (``bounds``, ``ranges`` ...)
-    goes in ``arrays={"bounds": b}``."""
+    goes in ``arrays={"bounds": b}``.  The options are :func:`compile`'s; NumPy,
+    PyTorch (differentiable) and JAX arrays are accepted, and the result is of the
+    same kind.  A repeated call reuses the compiled kernel.
+
+    Example::
+
+        y = ef.ein("y[i] := x[i+a] * ker[a]", x=x, ker=ker)     # a valid convolution"""
     statement = statement_argument(statement, named, "ein")
     kernel = compile(statement, ranges=ranges, pad=pad, bounds=bounds, fill=fill,
                      dtype=dtype, backend=backend, threads=threads,
