@@ -10,6 +10,8 @@ one missing from the output is summed."""
 
 from __future__ import annotations
 
+import functools
+
 import string
 from dataclasses import dataclass
 from typing import Dict, List, Optional, Sequence, Tuple
@@ -72,6 +74,21 @@ def _axes(term: str, ndim: int, operand: int, subscripts: str) -> List[str]:
 
 def plan_einsum(subscripts: str, shapes: Sequence[Tuple[int, ...]],
                 optimize="auto") -> EinsumPlan:
+    """The statement (or program) for these subscripts and operand shapes; remembered
+    per (subscripts, shapes, optimize) when ``optimize`` is a name or a flag, so a
+    repeated call does not search for a contraction path again."""
+    if isinstance(subscripts, str) and isinstance(optimize, (str, bool, type(None))):
+        return _remembered_plan(subscripts, tuple(tuple(s) for s in shapes), optimize)
+    return _plan_einsum(subscripts, shapes, optimize)
+
+
+@functools.lru_cache(maxsize=256)
+def _remembered_plan(subscripts: str, shapes, optimize) -> EinsumPlan:
+    return _plan_einsum(subscripts, shapes, optimize)
+
+
+def _plan_einsum(subscripts: str, shapes: Sequence[Tuple[int, ...]],
+                 optimize="auto") -> EinsumPlan:
     if not isinstance(subscripts, str):
         raise EinfuseSyntaxError("einsum takes its subscripts as a string first "
                                  "(the interleaved operand/sublist form is not supported)")

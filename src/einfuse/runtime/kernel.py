@@ -410,6 +410,8 @@ def compile(statement=NOT_GIVEN, /, *, ranges=None, pad=None, bounds="check", fi
     from ..program import compile_program, is_program
     if is_program(statement, outputs):
         try:
+            if outputs is None or isinstance(outputs, (str, tuple)):
+                return _shared_program(statement, options, outputs)
             return compile_program(statement, options, outputs, Kernel)
         except EinfuseError as error:
             raise attach_statement(error, statement) from None
@@ -417,6 +419,13 @@ def compile(statement=NOT_GIVEN, /, *, ranges=None, pad=None, bounds="check", fi
     for message, span in kernel.spec.warnings:     # as a new Kernel would
         warn(message, source=statement, span=span)
     return kernel
+
+
+@functools.lru_cache(maxsize=128)
+def _shared_program(statement: str, options: Options, outputs):
+    """One Program per (text, options, outputs), as for statements (_shared_kernel)."""
+    from ..program import compile_program
+    return compile_program(statement, options, outputs, Kernel)
 
 
 @functools.lru_cache(maxsize=256)
