@@ -411,7 +411,11 @@ def compile(statement=NOT_GIVEN, /, *, ranges=None, pad=None, bounds="check", fi
     if is_program(statement, outputs):
         try:
             if outputs is None or isinstance(outputs, (str, tuple)):
-                return _shared_program(statement, options, outputs)
+                program = _shared_program(statement, options, outputs)
+                for part in program.statements:      # as compiling it anew would
+                    for message, span in part.kernel.spec.warnings:
+                        warn(message, source=part.kernel.statement, span=span)
+                return program
             return compile_program(statement, options, outputs, Kernel)
         except EinfuseError as error:
             raise attach_statement(error, statement) from None
@@ -425,7 +429,9 @@ def compile(statement=NOT_GIVEN, /, *, ranges=None, pad=None, bounds="check", fi
 def _shared_program(statement: str, options: Options, outputs):
     """One Program per (text, options, outputs), as for statements (_shared_kernel)."""
     from ..program import compile_program
-    return compile_program(statement, options, outputs, Kernel)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return compile_program(statement, options, outputs, Kernel)
 
 
 @functools.lru_cache(maxsize=256)
