@@ -26,24 +26,7 @@ from .binding import BoundCall, bind_call, bind_names
 from .frameworks import (JAX, NUMPY, TORCH, common_framework, contiguous, framework_of,
                          from_numpy, placeholder)
 from .hoisted import HoistedForm, hoisted_form, run_hoisted
-
-
-def _signature(kwargs) -> Optional[Tuple]:
-    """What a prepared call depends on: names, shapes, dtypes and strides of plain
-    ndarrays, or of CPU torch tensors that need no gradient (anything else -- scalars,
-    subclasses, other frameworks, devices -- None)."""
-    signature = []
-    for name, value in kwargs.items():
-        kind = type(value)
-        if kind is np.ndarray:
-            signature.append((name, value.shape, value.dtype.str, value.strides))
-        elif kind.__name__ in ("Tensor", "Parameter") and kind.__module__.startswith("torch") \
-                and not value.requires_grad and value.device.type == "cpu":
-            signature.append((name, tuple(value.shape), str(value.dtype), value.stride(),
-                              TORCH))
-        else:
-            return None
-    return tuple(signature)
+from .repeat import signature_of
 
 
 @functools.lru_cache(maxsize=512)
@@ -78,7 +61,7 @@ class Kernel:
             raise attach_statement(error, statement) from None
         for message, span in self.spec.warnings:
             warn(message, source=statement, span=span)
-        # signature of a NumPy call -> its prepared runner (backends/c_repeat.py)
+        # signature of a call -> its prepared runner, or None (runtime/repeat.py)
         self._repeat: Dict[Tuple, object] = {}
 
     @property
@@ -133,7 +116,7 @@ class Kernel:
 
     def __call__(self, /, *args, arrays=None, **kwargs):
         if not args and arrays is None:
-            signature = _signature(kwargs)
+            signature = signature_of(kwargs)
             runner = self._repeat.get(signature) if signature is not None else None
             if runner is not None:     # the fast path: all checks passed for it before
                 return runner(kwargs)
@@ -174,41 +157,9 @@ class Kernel:
             self._prepare_repeat(call, kwargs)
         return result
 
-    # Prepared signatures kept per kernel (a new one past this replaces the oldest).
-    REPEAT_SIGNATURES = 32
-
     def _prepare_repeat(self, call: BoundCall, kwargs) -> None:
-        """Remember a runner for calls with this call's signature (NumPy arrays, or CPU
-        torch tensors needing no gradient): ':=' on the C backend, as written (not
-        hoisted), and nothing that depends on the data."""
-        signature = _signature(kwargs)
-        if signature is None or signature in self._repeat:
-            return
-        if len(self._repeat) >= self.REPEAT_SIGNATURES:
-            self._repeat.pop(next(iter(self._repeat)))
-        self._repeat[signature] = None       # until proven preparable: the full path
-        if call.framework not in (NUMPY, TORCH) or call.bfloat16 \
-                or self.spec.assign != ":=" or \
-                get_backend(_backend_name(self.options.backend, call)).name != "c":
-            return
-        form = self.hoisted_form
-        if form is not None and form.applies(call.dtypes):
-            return
-        from ..backends.c_repeat import repeat_runner
-        runner = repeat_runner(call)
-        if runner is None:
-            return
-        result_dtype = call.dtypes.result
-        if call.framework == TORCH:
-            import torch
-
-            def repeat(named):
-                arrays = {name: value.numpy() for name, value in named.items()}
-                return torch.from_numpy(runner(arrays).astype(result_dtype, copy=False))
-        else:
-            def repeat(named):
-                return runner(named).astype(result_dtype, copy=False)
-        self._repeat[signature] = repeat
+        from .repeat import prepare
+        prepare(self, call, kwargs)
 
     def source(self, /, *args, arrays=None, **kwargs) -> str:
         """The code generated for a call with these arrays (placeholders of the right

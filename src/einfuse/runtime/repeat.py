@@ -1,0 +1,69 @@
+"""The fast path for a repeated call (issue 11): a Kernel remembers, per call signature,
+a prepared runner (backends/c_repeat.py), so that a call it has seen before is a
+dictionary lookup and the kernel call.  Only ':=' statements on the C backend, as
+written (not in their hoisted form), whose arguments cannot depend on the data."""
+
+from __future__ import annotations
+
+from typing import Optional, Tuple
+
+import numpy as np
+
+from ..backends import get_backend
+from .frameworks import NUMPY, TORCH
+
+# Prepared signatures kept per kernel (a new one past this replaces the oldest).
+SIGNATURES_KEPT = 32
+
+
+def signature_of(kwargs) -> Optional[Tuple]:
+    """What a prepared call depends on: names, shapes, dtypes and strides of plain
+    ndarrays, or of CPU torch tensors that need no gradient (anything else -- scalars,
+    subclasses, other frameworks, devices -- None)."""
+    signature = []
+    for name, value in kwargs.items():
+        kind = type(value)
+        if kind is np.ndarray:
+            signature.append((name, value.shape, value.dtype.str, value.strides))
+        elif kind.__name__ in ("Tensor", "Parameter") and kind.__module__.startswith("torch") \
+                and not value.requires_grad and value.device.type == "cpu":
+            signature.append((name, tuple(value.shape), str(value.dtype), value.stride(),
+                              TORCH))
+        else:
+            return None
+    return tuple(signature)
+
+
+def prepare(kernel, call, kwargs) -> None:
+    """Remember in ``kernel._repeat`` a runner for calls with this call's signature, or
+    None where the full path must run (so the question is asked once)."""
+    from .kernel import _backend_name
+    signature = signature_of(kwargs)
+    cache = kernel._repeat
+    if signature is None or signature in cache:
+        return
+    if len(cache) >= SIGNATURES_KEPT:
+        cache.pop(next(iter(cache)))
+    cache[signature] = None        # until proven preparable: the full path
+    if call.framework not in (NUMPY, TORCH) or call.bfloat16 \
+            or kernel.spec.assign != ":=" or \
+            get_backend(_backend_name(kernel.options.backend, call)).name != "c":
+        return
+    form = kernel.hoisted_form
+    if form is not None and form.applies(call.dtypes):
+        return
+    from ..backends.c_repeat import repeat_runner
+    runner = repeat_runner(call)
+    if runner is None:
+        return
+    result_dtype = call.dtypes.result
+    if call.framework == TORCH:
+        import torch
+
+        def repeat(named):
+            arrays = {name: value.numpy() for name, value in named.items()}
+            return torch.from_numpy(runner(arrays).astype(result_dtype, copy=False))
+    else:
+        def repeat(named):
+            return runner(named).astype(result_dtype, copy=False)
+    cache[signature] = repeat
