@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import Dict, List, Tuple
 
-from ..errors import EinfuseOverflowError, EinfuseSyntaxError
+from ..errors import EinfuseOverflowError
 from .ast import Access, Binary, Expr, IndexExpr, Number, Param, Quasi, Unary
 
 INT64_MAX = 2**63 - 1
