@@ -405,7 +405,7 @@ class _Lowering(BlockedSums):
 
     def lane_partial_reduce(self, e: ast.Reduce, acc: str, order, env, pre) -> ir.Expr:
         """max/min/logsumexp/argmax/argmin have no OpenMP SIMD reduction that keeps
-        NumPy's NaN rules; instead one vector of lanes each keeps its own partial result
+        NumPy's NaN rules; instead four vectors of lanes each keep their own partial result
         (branch-free updates), folded into one value at the end (:class:`ir.CombineLanes`;
         argmax/argmin: the better value, on a tie the earlier position)."""
         # four 64-byte vectors: independent chains, so the compare-and-select latency of
