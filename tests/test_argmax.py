@@ -120,3 +120,19 @@ def test_every_backend_equals_the_oracle(backend, statement):
     got = ef.ein(statement, backend=backend, **arrays)
     np.testing.assert_allclose(np.asarray(got, dtype=np.float64), expected, rtol=1e-12,
                                atol=1e-12)
+
+
+@pytest.mark.parametrize("statement,reference", [
+    ("y[j] := {op}[i](X[i,j])", lambda pick, X, W: pick(X, axis=0)),
+    ("y[a,b] := {op}[k](W[k,a] * X[k,b])",
+     lambda pick, X, W: pick(W[:, :, None] * X[:, None, :], axis=0)),
+])
+@pytest.mark.parametrize("op", ["argmax", "argmin"])
+def test_output_tiled_across_lanes(backend, op, statement, reference):
+    """Output indices long enough for the C planner to spread them over SIMD lanes (and
+    register blocks): each lane keeps its own position."""
+    X, W = tied(40, 300, seed=9), tied(40, 70, seed=10)
+    pick = np.argmax if op == "argmax" else np.argmin
+    got = ef.ein(statement.format(op=op), X=X, W=W, backend=backend) if "W[" in statement \
+        else ef.ein(statement.format(op=op), X=X, backend=backend)
+    np.testing.assert_array_equal(got, reference(pick, X, W))
