@@ -21,7 +21,6 @@ from ..plan import buffer_slots, call_arguments, plan_for, unit_axis
 from ..plan.contraction import match_contraction, run_contraction
 from ..plan.gathers import bounds_mode
 from . import c_build
-from .capabilities import not_compiled
 from .c_pack import pack_axis
 from .c_render import render_c
 
@@ -136,6 +135,15 @@ def _pack_for_lanes(call, plan, buffers: List[np.ndarray]) -> bool:
     return packed
 
 
+def _run_layouts(call, buffers: List[np.ndarray]) -> Tuple[int, ...]:
+    """The buffers' unit-stride axes the kernel is planned for, after packing (in place
+    in ``buffers``) the inputs a lane loop would otherwise walk along a strided axis."""
+    layouts = tuple(unit_axis(b) for b in buffers)
+    if _pack_for_lanes(call, _plan(call, layouts), buffers):
+        layouts = tuple(unit_axis(b) for b in buffers)
+    return layouts
+
+
 def kernel_functions(call, layouts):
     """(plan, [ctypes function per IR kernel]) for this call's statement and layout."""
     key = (call.spec, call.dtypes.working.name, call.options.pad is not None,
@@ -175,9 +183,6 @@ class CBackend:
         if c_build.find_compiler() is None:
             raise BackendError("backend='c' needs a C compiler with OpenMP support (cc, gcc "
                                "or clang on PATH, or CC=...); use backend='numpy'")
-        if not_compiled(call.spec, "c"):
-            from .numpy_backend import NumpyExecutor
-            return NumpyExecutor.for_call(call).run()
         working = call.dtypes.working
         contraction = _blas_contraction(call)
         if contraction is not None:
@@ -187,9 +192,7 @@ class CBackend:
             return out
         buffers = _buffers(call) + [out]
         try:
-            plan, functions = kernel_functions(call, [unit_axis(b) for b in buffers])
-            if _pack_for_lanes(call, plan, buffers):
-                plan, functions = kernel_functions(call, [unit_axis(b) for b in buffers])
+            plan, functions = kernel_functions(call, _run_layouts(call, buffers))
         except c_build.CompileError as error:
             raise BackendError(str(error)) from None
         ints, doubles, integers = call_arguments(plan, call, buffers)
@@ -220,31 +223,19 @@ class CBackend:
     @staticmethod
     def source(call) -> str:
         """The C source this call's kernel is compiled from."""
-        reason = not_compiled(call.spec, "c")
-        if reason:
-            return f"/* no generated source: the NumPy reference runs it ({reason}) */"
         contraction = _blas_contraction(call)
         if contraction is not None:
             return f"/* no generated source: {contraction.describe()} (numpy.matmul) */"
         buffers = _buffers(call) + [np.empty(call.output_shape, dtype=output_dtype(call))]
-        plan = _plan(call, [unit_axis(b) for b in buffers])
-        if _pack_for_lanes(call, plan, buffers):
-            plan = _plan(call, [unit_axis(b) for b in buffers])
+        plan = _plan(call, _run_layouts(call, buffers))
         return render_c(plan.program, c_build.vector_math())
 
     @staticmethod
     def strategy(call) -> str:
-        reason = not_compiled(call.spec, "c")
-        if reason:
-            from .numpy_backend import NumpyExecutor
-            return f"the NumPy reference ({reason}): {NumpyExecutor.for_call(call).describe()}"
         contraction = _blas_contraction(call)
         if contraction is not None:
             return contraction.describe() + " (numpy.matmul), after the needed transposes"
-        layouts = []
-        for array in _buffers_layout_only(call):
-            layouts.append(array)
-        plan = _plan(call, layouts)
+        plan = _plan(call, _buffers_layout_only(call))
         kernel = plan.program.kernels[0]
         parallel = [n for n in call.spec.output_indices if n in call.spec.race_free_indices]
         rows, lanes = block_for(call.dtypes.working)
@@ -264,7 +255,7 @@ class CBackend:
 def _loop_nest(call):
     """The compiled kernel as pseudo-code with the statement's names and sizes, or None
     for a BLAS contraction."""
-    if _blas_contraction(call) is not None or not_compiled(call.spec, "c"):
+    if _blas_contraction(call) is not None:
         return None
     from .pseudo_render import render_pseudo
     plan = _plan(call, _buffers_layout_only(call))

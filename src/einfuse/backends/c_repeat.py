@@ -6,7 +6,7 @@ allocation and the kernel call.
 
 Only calls whose kernel arguments cannot depend on the data are prepared: no scalar
 parameters (their values are arguments), no gathers (bounds are checked against the
-index values), no repacked inputs, nothing the C backend hands to the reference.  A
+index values), no repacked inputs.  A
 BLAS contraction is prepared as its transposes and np.matmul."""
 
 from __future__ import annotations
@@ -21,7 +21,6 @@ from ..plan import buffer_slots, call_arguments, unit_axis
 from ..plan.contraction import prepare_contraction
 from .c_backend import PARALLEL_MIN_WORK, _blas_contraction, _buffers, _pack_for_lanes, \
     kernel_functions, output_dtype
-from .capabilities import not_compiled
 
 Runner = Callable[[Mapping[str, np.ndarray]], np.ndarray]
 
@@ -30,8 +29,7 @@ def repeat_runner(call) -> Optional[Runner]:
     """A function computing this call's result (working dtype) from arrays of the same
     shapes, dtypes and strides by name, or None where the arguments depend on data."""
     spec = call.spec
-    if spec.params or any(t.as_index for t in spec.tensors) or not_compiled(spec, "c") \
-            or call.options.pad is not None:
+    if spec.params or any(t.as_index for t in spec.tensors) or call.options.pad is not None:
         return None
     contraction = _blas_contraction(call)
     if contraction is not None:     # np.matmul after the transposes, as the backend does

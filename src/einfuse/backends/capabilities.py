@@ -1,6 +1,7 @@
-"""What the compiled backends (C, Triton) cannot render yet, decided from the analysed
-statement alone: such statements run on the NumPy reference, by plan (``strategy``
-says so), not as an error path."""
+"""What a compiled backend cannot render yet, decided from the analysed statement
+alone: such statements run on the NumPy reference, by plan (``strategy`` says so),
+not as an error path.  The C backend renders every statement; Triton lacks
+argmax/argmin."""
 
 from __future__ import annotations
 
