@@ -19,9 +19,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Dict, List, Mapping, Optional, Sequence, Set, Tuple
 
-from ..analysis.spec import analyse
 from ..lang.parser import parse
-from ..program.split import split_program
 from .derive import GradientStatement, NoGradientError, derive, used_names
 
 
@@ -88,9 +86,16 @@ class ProgramGradient:
 
 def derive_program(source: str, wrt: str, options: Optional[Dict[str, object]] = None,
                    outputs: Optional[Sequence[str]] = None) -> ProgramGradient:
-    """The gradient program of ``source`` with respect to input ``wrt``."""
-    pieces = split_program(source)
-    specs = [analyse(parse(piece.text)) for piece in pieces]
+    """The gradient program of ``source`` with respect to input ``wrt``.  The program is
+    compiled first: its checks (names defined once, read after their definition,
+    ``outputs=`` naming defined tensors) and its choice of outputs are the gradient's."""
+    from ..runtime.kernel import compile as ef_compile
+    options = dict(options or {})
+    program = ef_compile(source, outputs=outputs, backend="numpy",
+                         **{k: options[k] for k in ("ranges", "pad", "bounds", "fill")
+                            if options.get(k) is not None})
+    pieces = [statement.source for statement in program.statements]
+    specs = [statement.kernel.spec for statement in program.statements]
     for spec, piece in zip(specs, pieces):
         if spec.assign != ":=":
             raise NoGradientError(
@@ -101,14 +106,13 @@ def derive_program(source: str, wrt: str, options: Optional[Dict[str, object]] =
     if wrt in defined:
         raise NoGradientError(f"{wrt} is computed by the program; ask for the gradient of "
                               "one of its inputs")
-    chosen = _chosen_outputs(specs, outputs)
+    chosen = program.outputs
     prefix = _gradient_prefix(specs)
     depends = _depends_on(specs, wrt)
     if not any(depends.get(name) for name in chosen):
         raise NoGradientError(f"no output of the program ({', '.join(chosen)}) depends on "
                               f"{wrt}")
     reaching = _reaching_outputs(specs, chosen)
-    options = dict(options or {})
     steps: List[GradientStep] = []
     for spec, piece in reversed(list(zip(specs, pieces))):
         out = spec.output
@@ -125,22 +129,6 @@ def derive_program(source: str, wrt: str, options: Optional[Dict[str, object]] =
         steps.append(GradientStep(piece.text, prefix + out, tuple(parts)))
     return ProgramGradient(source, wrt, prefix + wrt, tuple(p.text for p in pieces), chosen,
                            tuple(prefix + name for name in chosen), tuple(steps))
-
-
-def _chosen_outputs(specs, outputs) -> Tuple[str, ...]:
-    if outputs is None:
-        chosen = []
-        for n, spec in enumerate(specs):
-            if not any(spec.output in later.arg_order for later in specs[n + 1:]):
-                chosen.append(spec.output)
-        return tuple(chosen)
-    outputs = (outputs,) if isinstance(outputs, str) else tuple(outputs)
-    defined = [spec.output for spec in specs]
-    for name in outputs:
-        if name not in defined:
-            raise NoGradientError(f"outputs= names {name!r}, which the program does not "
-                                  f"define (it defines {', '.join(defined)})")
-    return outputs
 
 
 def _depends_on(specs, wrt: str) -> Dict[str, bool]:
