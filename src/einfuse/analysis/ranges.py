@@ -414,6 +414,10 @@ def check_positions_defined(spec: Spec, bounds: "Bounds") -> None:
         if node.op in POSITION_REDUCTIONS:
             empty = [n for n in node.indices if bounds.extent(n) <= 0]
             if empty:
-                raise RangeError(f"{node.op}[{', '.join(node.indices)}](...) has no position "
-                                 f"to give: the range of {empty[0]} is empty",
-                                 span=node.span)
+                raise no_position(node, empty[0])
+
+
+def no_position(node, index: str) -> RangeError:
+    """The error for an argmax/argmin ``node`` whose index ``index`` has no values."""
+    return RangeError(f"{node.op}[{', '.join(node.indices)}](...) has no position to give: "
+                      f"the range of {index} is empty", span=node.span)

@@ -19,9 +19,9 @@ import numpy as np
 
 from ..analysis.dtypes import DTypes
 from ..analysis.options import Options
-from ..analysis.ranges import Bounds
+from ..analysis.ranges import Bounds, no_position
 from ..analysis.spec import Spec
-from ..errors import OutOfBoundsError, RangeError
+from ..errors import OutOfBoundsError
 from ..lang.ast import (Access, Binary, Call, Expr, IndexExpr, IndexValue, Number, Param,
                         Reduce, Unary)
 from ..plan.gathers import INT64_MAX, check_gather_arithmetic
@@ -291,10 +291,9 @@ class NumpyExecutor:
 
     def empty_reduction(self, expr: Reduce):
         op = expr.op
-        if op in positions.PICK:
+        if op in positions.PICK:     # binding refuses this first (check_positions_defined)
             empty = [n for n in expr.indices if self.ranges[n][1] <= self.ranges[n][0]]
-            raise RangeError(f"{op}[{', '.join(expr.indices)}](...) has no position to give: "
-                             f"the range of {empty[0]} is empty", span=expr.span)
+            raise no_position(expr, empty[0])
         if self.working.kind in "iu" and op in ("max", "min"):
             info = np.iinfo(self.working)
             return info.min if op == "max" else info.max
