@@ -18,7 +18,7 @@ from typing import Dict, Optional, Sequence, Tuple
 from ..analysis.options import Options
 from ..errors import (EinfuseError, EinfuseNameError, EinfuseSyntaxError, MissingArgumentError,
                       UnexpectedArgumentError, attach_statement)
-from ..runtime.frameworks import common_framework
+from ..runtime.frameworks import common_framework, torch_compiling
 from ..schedule import run_statements
 from .split import StatementText, split_program
 
@@ -48,8 +48,9 @@ class Program:
     statements write into) by keyword, or positionally in order of first use."""
 
     def __init__(self, source: str, statements: Sequence[ProgramStatement],
-                 outputs: Tuple[str, ...]):
+                 outputs: Tuple[str, ...], options: Optional[Options] = None):
         self.source = source
+        self.options = options if options is not None else Options()
         self.statements = tuple(statements)
         self.outputs = outputs
         defined = {s.output for s in self.statements if s.assign == ":="}
@@ -67,6 +68,9 @@ class Program:
                 f"{', '.join(self.inputs) or 'no inputs'} | returns {', '.join(self.outputs)}>")
 
     def __call__(self, /, *args, arrays=None, **kwargs):
+        if torch_compiling():
+            from ..runtime import torch_compiled
+            return torch_compiled.call_program(self, args, kwargs, arrays)
         env = self._named(args, kwargs, arrays)
         try:
             framework = common_framework(env)
@@ -146,7 +150,7 @@ def compile_program(source: str, options: Options, outputs, make_kernel) -> Prog
                 f"'{spec.assign}' writes into {spec.output}, an intermediate defined by "
                 f"statement {defined[spec.output]}; write into a new name with ':='",
                 span=spec.statement.output_span), statement.source.text)
-    return Program(source, statements, _outputs(statements, outputs))
+    return Program(source, statements, _outputs(statements, outputs), options)
 
 
 def _options_for(text: str, options: Options) -> Options:

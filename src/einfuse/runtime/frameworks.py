@@ -7,6 +7,7 @@ are theirs, found by the array type's module name.
 from __future__ import annotations
 
 import numbers
+import sys
 from typing import Mapping
 
 import numpy as np
@@ -14,6 +15,13 @@ import numpy as np
 from ..errors import EinfuseTypeError
 
 NUMPY, TORCH, JAX = "numpy", "torch", "jax"
+
+
+def torch_compiling() -> bool:
+    """Is torch.compile tracing the caller?  (Never imports torch: a process that has
+    not imported it is not compiling with it.)"""
+    torch = sys.modules.get("torch")
+    return torch is not None and torch.compiler.is_compiling()
 
 
 def framework_of(value) -> str:

@@ -24,9 +24,10 @@ from ..lang.ast import Number, accesses
 from ..lang.printer import format_statement
 from .binding import BoundCall, bind_call, bind_names
 from .frameworks import (JAX, NUMPY, TORCH, common_framework, contiguous, framework_of,
-                         from_numpy, placeholder)
+                         from_numpy, placeholder, torch_compiling)
 from .hoisted import HoistedForm, hoisted_form, run_hoisted
 from .repeat import signature_of
+from .result_size import check_result_size, too_large
 
 
 @functools.lru_cache(maxsize=512)
@@ -115,6 +116,9 @@ class Kernel:
         return kwargs
 
     def __call__(self, /, *args, arrays=None, **kwargs):
+        if torch_compiling():   # torch.compile sees a custom operator, not this code
+            from . import torch_compiled
+            return torch_compiled.call_statement(self, args, kwargs, arrays)
         if not args and arrays is None:
             signature = signature_of(kwargs)
             runner = self._repeat.get(signature) if signature is not None else None
@@ -196,7 +200,7 @@ class Kernel:
         """The result as a NumPy array in the result dtype."""
         try:
             backend = get_backend(_backend_name(self.options.backend, call))
-            _check_result_size(call)
+            check_result_size(call)
             try:
                 result = backend.run(call)
             except (EinfuseError, RecursionError):
@@ -206,7 +210,7 @@ class Kernel:
                 # out of memory means the result itself (or a device array) did not fit.
                 if isinstance(error, MemoryError) or type(error).__name__ == \
                         "OutOfMemoryError":
-                    raise _too_large(call, "could not be allocated") from None
+                    raise too_large(call, "could not be allocated") from None
                 # Anything else is a backend's fault, not the statement's: still an
                 # EinfuseError, with the original chained for the traceback.
                 raise BackendError(f"backend {backend.name!r} failed: "
@@ -408,6 +412,10 @@ def ein(statement=NOT_GIVEN, /, *args, ranges=None, pad=None, bounds="check", fi
 
         y = ef.ein("y[i] := x[i+a] * ker[a]", x=x, ker=ker)     # a valid convolution"""
     statement = statement_argument(statement, named, "ein")
+    if torch_compiling():
+        from . import torch_compiled
+        return torch_compiled.call_source(statement, (ranges, pad, bounds, fill, dtype, backend,
+                                          threads, memory_limit), outputs, args, named, arrays)
     kernel = compile(statement, ranges=ranges, pad=pad, bounds=bounds, fill=fill,
                      dtype=dtype, backend=backend, threads=threads,
                      memory_limit=memory_limit, outputs=outputs)
@@ -557,43 +565,6 @@ def _check_index_arithmetic(spec: Spec, bounds) -> None:
                     f"{access}: subscript {sub} may reach magnitude {largest} for {shown}, "
                     "beyond int64 (index arithmetic is int64 on every backend)",
                     span=sub.span or access.span)
-
-
-def _result_bytes(call: BoundCall) -> int:
-    count = 1
-    for extent in call.output_shape:
-        count *= extent
-    return count * max(call.dtypes.working.itemsize, call.dtypes.result.itemsize)
-
-
-@functools.lru_cache(maxsize=1)
-def _physical_memory() -> Optional[int]:
-    try:
-        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    except (AttributeError, ValueError, OSError):   # not POSIX: rely on MemoryError
-        return None
-
-
-def _check_result_size(call: BoundCall) -> None:
-    """A result larger than the machine's memory is refused before any backend tries."""
-    memory = _physical_memory()
-    if memory is not None and _result_bytes(call) > memory:
-        raise _too_large(call, f"is larger than this machine's memory ({_size(memory)})")
-
-
-def _too_large(call: BoundCall, why: str) -> AllocationError:
-    spec = call.spec
-    return AllocationError(
-        f"the result {spec.output} has shape {call.output_shape} ({call.dtypes.result}, "
-        f"{_size(_result_bytes(call))}), which {why}; check the shapes and ranges=",
-        span=spec.statement.output_span)
-
-
-def _size(nbytes: int) -> str:
-    for unit in ("B", "kB", "MB", "GB", "TB", "PB"):
-        if nbytes < 1000 or unit == "PB":
-            return f"{nbytes:.0f} {unit}" if unit == "B" else f"{nbytes:.2f} {unit}"
-        nbytes /= 1000
 
 
 __all__ = ["Kernel", "compile", "ein"]

@@ -1,0 +1,297 @@
+"""einfuse under ``torch.compile``: statements and programs as PyTorch custom operators.
+
+Eager calls go through ``torch.autograd.Function`` (runtime/torch_autograd.py), the
+cheapest way to run a kernel under autograd.  Dynamo cannot trace einfuse's own Python
+(parsing, planning, ctypes), so when the caller is being compiled the API entry points
+(``ein``, ``Kernel.__call__``, ``Program.__call__``) come here instead, and Dynamo sees
+two things only:
+
+* :func:`_compiled_key`, run once at trace time (``assume_constant_result``): it
+  compiles the statement or program with its options (errors surface while compiling,
+  with einfuse's message) and returns a string key for it;
+* the operator ``einfuse::run(key, names, tensors, scalars)``
+  returning the outputs, with a fake implementation (output shapes and dtypes from
+  einfuse's range and dtype inference on shape-only placeholders) and an autograd
+  formula whose backward is a second operator, ``einfuse::run_backward``, that runs
+  the gradient statements (``ef.derive``) for the inputs that need them.
+
+So a model that calls einfuse compiles without graph breaks, and AOTAutograd records
+the backward as einfuse's kernels.  The backward operator has no derivative itself:
+a second derivative under torch.compile is refused by torch (eager mode has them).
+
+Imported only while torch.compile traces a call with torch tensors."""
+
+from __future__ import annotations
+
+import numbers
+import threading
+from typing import Dict, List, Optional, Tuple
+
+import numpy as np
+import torch
+
+from ..errors import EinfuseTypeError, UnexpectedArgumentError, attach_statement
+from .frameworks import contiguous, to_numpy
+
+_LOCK = threading.Lock()
+_COMPILED: Dict[str, object] = {}       # key -> Kernel or Program
+_KEYS: Dict[Tuple, str] = {}            # (source, options, outputs) -> key
+_OPTION_NAMES = ("ranges", "pad", "bounds", "fill", "dtype", "backend", "threads",
+                 "memory_limit")
+
+
+@torch._dynamo.assume_constant_result
+def _compiled_key(source: str, options: Tuple, outputs) -> Tuple[str, Tuple[str, ...]]:
+    """Compile ``source`` once per (text, options, outputs) and name it by a key that
+    the operator carries; runs eagerly while Dynamo traces, which takes the key and
+    the input names (for positional arguments) as constants."""
+    identity = (source, repr(options), repr(outputs))
+    with _LOCK:
+        key = _KEYS.get(identity)
+        if key is None:
+            from .kernel import compile as ef_compile
+            compiled = ef_compile(source, outputs=outputs,
+                                  **dict(zip(_OPTION_NAMES, options)))
+            _refuse_writes(compiled)
+            key = f"einfuse-{len(_KEYS)}"
+            _COMPILED[key] = compiled
+            _KEYS[identity] = key
+    return key, tuple(_COMPILED[key].inputs)
+
+
+def _refuse_writes(compiled) -> None:
+    """'=' and '+=' write into the caller's arrays, a mutation the operator cannot
+    declare for arrays chosen by name."""
+    kernels = [s.kernel for s in compiled.statements] if hasattr(compiled, "statements") \
+        else [compiled]
+    for kernel in kernels:
+        spec = kernel.spec
+        if spec.assign != ":=":
+            raise attach_statement(EinfuseTypeError(
+                f"'{spec.assign}' writes into {spec.output}, which torch.compile cannot "
+                "trace; use ':=' and assign the result", span=spec.statement.output_span),
+                kernel.statement)
+
+
+def _option_values(options) -> Tuple:
+    """A validated Options object as plain values (what ``compile`` takes back)."""
+    ranges = {name: range(lo, hi) for name, (lo, hi) in options.ranges} or None
+    return (ranges, options.pad, options.bounds, options.fill, options.dtype,
+            options.backend, options.threads, options.memory_limit)
+
+
+def call_statement(kernel, args, kwargs, arrays):
+    """``Kernel.__call__`` while torch.compile traces."""
+    return call_source(kernel.statement, _option_values(kernel.options), None, args,
+                       kwargs, arrays)
+
+
+def call_program(program, args, kwargs, arrays):
+    """``Program.__call__`` while torch.compile traces."""
+    return call_source(program.source, _option_values(program.options), program.outputs,
+                       args, kwargs, arrays)
+
+
+def call_source(source, options: Tuple, outputs, args, kwargs, arrays):
+    """``ein(source, ...)`` while torch.compile traces: ``options`` as ``compile``
+    takes them."""
+    key, inputs = _compiled_key(source, options, outputs)
+    return _call_key(key, inputs, args, kwargs, arrays)
+
+
+def _call_key(key: str, inputs, args, kwargs, arrays):
+    names: List[str] = []
+    tensors: List[torch.Tensor] = []
+    scalars: List[str] = []
+    if len(args) > len(inputs):
+        raise UnexpectedArgumentError(f"{len(args)} positional arguments given but "
+                                      f"{len(inputs)} inputs are taken")
+    named = dict(zip(inputs, args))
+    named.update(kwargs)
+    if arrays is not None:
+        named.update(arrays)
+    for name, value in named.items():
+        if isinstance(value, torch.Tensor):
+            names.append(name)
+            tensors.append(value)
+        elif isinstance(value, bool) or isinstance(value, numbers.Integral):
+            scalars.append(f"i:{name}:{int(value)}")
+        elif isinstance(value, numbers.Real):     # exactly, as a hexadecimal float
+            scalars.append(f"f:{name}:{float(value).hex()}")
+        else:
+            raise EinfuseTypeError(f"under torch.compile einfuse takes tensors and Python "
+                                   f"numbers; {name} is a {type(value).__name__}")
+    # names travel joined by commas (the schema has no list of strings); they are
+    # identifiers, checked when the statement was parsed
+    # Python numbers are constants of the traced graph (torch.compile specialises on
+    # them), so they travel in the text too
+    results = torch.ops.einfuse.run(key, ",".join(names), tensors, ",".join(scalars))
+    return results[0] if len(results) == 1 else tuple(results)
+
+
+def _split(joined: str) -> List[str]:
+    return joined.split(",") if joined else []
+
+
+def _scalars(scalars: str) -> Dict[str, object]:
+    values = {}
+    for tagged in _split(scalars):
+        kind, name, text = tagged.split(":", 2)
+        values[name] = int(text) if kind == "i" else float.fromhex(text)
+    return values
+
+
+def _host(tensor: torch.Tensor):
+    """What the kernels read: a NumPy view for CPU tensors, the tensor on a device."""
+    detached = tensor.detach()
+    return to_numpy(detached) if detached.device.type == "cpu" else detached
+
+
+def _results(compiled, values) -> Tuple:
+    results = compiled(**values)
+    return results if isinstance(results, tuple) else (results,)
+
+
+def _as_tensor(value, like: Optional[torch.Tensor]) -> torch.Tensor:
+    if isinstance(value, torch.Tensor):
+        return value.detach().clone()
+    tensor = torch.from_numpy(contiguous(np.array(value)))
+    return tensor.to(like.device) if like is not None else tensor
+
+
+@torch.library.custom_op("einfuse::run", mutates_args=())
+def run(key: str, names: str, tensors: List[torch.Tensor], scalars: str) -> List[torch.Tensor]:
+    compiled = _COMPILED[key]
+    values = {name: _host(t) for name, t in zip(_split(names), tensors)}
+    values.update(_scalars(scalars))
+    like = tensors[0] if tensors else None
+    # a fresh tensor per output: an operator may not return views of its inputs
+    return [_as_tensor(value, like) for value in _results(compiled, values)]
+
+
+@run.register_fake
+def _run_fake(key, names, tensors, scalars):
+    shapes = _output_placeholders(_COMPILED[key], _split(names), tensors,
+                                  _scalars(scalars))
+    device = tensors[0].device if tensors else torch.device("cpu")
+    return [tensors[0].new_empty(shape, dtype=dtype) if tensors else
+            torch.empty(shape, dtype=dtype, device=device) for shape, dtype in shapes]
+
+
+def _static_shape(tensor: torch.Tensor) -> Tuple[int, ...]:
+    # A symbolic size becomes its value here, with a guard: einfuse's ranges are
+    # integer arithmetic on sizes, decided per shape (one graph per shape).
+    return tuple(int(size) for size in tensor.shape)
+
+
+def _fake_value(tensor: torch.Tensor) -> np.ndarray:
+    """A shape-only NumPy stand-in for a fake tensor (one element of memory)."""
+    return np.broadcast_to(np.zeros((), _numpy_dtype(tensor.dtype)), _static_shape(tensor))
+
+
+# by name, not by making tensors: this runs under fake-tensor mode
+def _numpy_dtype(dtype: torch.dtype) -> np.dtype:
+    if dtype == torch.bfloat16:     # computed in float32, as in eager mode
+        return np.dtype(np.float32)
+    return np.dtype(str(dtype).rsplit(".", 1)[-1])
+
+
+def _torch_dtype(dtype: np.dtype) -> torch.dtype:
+    return getattr(torch, np.dtype(dtype).name)
+
+
+def _output_placeholders(compiled, names, tensors, scalars):
+    """(shape, torch dtype) of each output, from binding shape-only placeholders."""
+    env = {name: _fake_value(t) for name, t in zip(names, tensors)}
+    env.update(scalars)
+    bf16 = bool(tensors) and all(t.dtype == torch.bfloat16 for t in tensors
+                                 if t.dtype.is_floating_point)
+    kernels = [s.kernel for s in compiled.statements] if hasattr(compiled, "statements") \
+        else [compiled]
+    outputs = compiled.outputs if hasattr(compiled, "statements") else (None,)
+    produced = {}
+    for kernel in kernels:
+        spec = kernel.spec
+        call = kernel.bind(arrays={name: env[name] for name in spec.arg_order})
+        dtype = call.dtypes.result
+        env[spec.output] = np.broadcast_to(np.zeros((), dtype), call.output_shape)
+        produced[spec.output] = (call.output_shape, dtype)
+    shapes = []
+    for name in outputs:
+        shape, dtype = produced[name if name is not None else kernels[0].spec.output]
+        torch_dtype = torch.bfloat16 if bf16 and dtype.kind == "f" else _torch_dtype(dtype)
+        shapes.append((tuple(shape), torch_dtype))
+    return shapes
+
+
+def _setup_context(ctx, inputs, output):
+    key, names, tensors, scalars = inputs
+    ctx.key, ctx.names, ctx.scalars = key, names, scalars
+    ctx.wanted = [name for name, t in zip(_split(names), tensors)
+                  if t.requires_grad and t.dtype.is_floating_point]
+    ctx.save_for_backward(*tensors)
+
+
+def _backward(ctx, grads):
+    tensors = ctx.saved_tensors
+    found = {}
+    if ctx.wanted:
+        computed = torch.ops.einfuse.run_backward(ctx.key, ctx.names, list(tensors),
+                                                  ctx.scalars, list(grads),
+                                                  ",".join(ctx.wanted))
+        found = dict(zip(ctx.wanted, computed))
+    return None, None, [found.get(name) for name in _split(ctx.names)], None
+
+
+run.register_autograd(_backward, setup_context=_setup_context)
+
+
+@torch.library.custom_op("einfuse::run_backward", mutates_args=())
+def run_backward(key: str, names: str, tensors: List[torch.Tensor], scalars: str,
+                 grads: List[Optional[torch.Tensor]], wanted: str) -> List[torch.Tensor]:
+    compiled = _COMPILED[key]
+    values = {name: _host(t) for name, t in zip(_split(names), tensors)}
+    values.update(_scalars(scalars))
+    by_name = dict(zip(_split(names), tensors))
+    wanted = _split(wanted)
+    found = _gradients(compiled, values, grads, wanted, by_name)
+    return [_as_tensor(found[name], by_name[name]).to(by_name[name].dtype)
+            .reshape(by_name[name].shape) for name in wanted]
+
+
+@run_backward.register_fake
+def _run_backward_fake(key, names, tensors, scalars, grads, wanted):
+    by_name = dict(zip(_split(names), tensors))
+    return [torch.empty_like(by_name[name]) for name in _split(wanted)]
+
+
+def _gradients(compiled, values, grads, wanted, by_name) -> Dict[str, object]:
+    from . import gradients
+    if not hasattr(compiled, "statements"):     # one statement
+        grad = grads[0]
+        if grad is None:
+            return {name: np.zeros(tuple(by_name[name].shape)) for name in wanted}
+        return gradients.compute_gradients(compiled.statement, compiled.options, values,
+                                           _host(grad), wanted)
+    from ..autodiff.program import derive_program
+    found = {}
+    for name in wanted:
+        gradient = derive_program(compiled.source, name, _program_options(compiled),
+                                  outputs=compiled.outputs)
+        arrays = dict(values)
+        outputs = _results(compiled, values) if any(g is None for g in grads) else ()
+        for index, (seed, grad) in enumerate(zip(gradient.seeds, grads)):
+            arrays[seed] = _host(grad) if grad is not None else \
+                np.zeros_like(np.asarray(outputs[index]))
+        found[name] = gradient.run(arrays, backend=compiled.options.backend)
+    return found
+
+
+def _program_options(program) -> Dict[str, object]:
+    ranges, pad, bounds, fill = _option_values(program.options)[:4]
+    options = {"bounds": bounds, "fill": fill}
+    if ranges:
+        options["ranges"] = ranges
+    if pad is not None:
+        options["pad"] = pad
+    return options
