@@ -140,3 +140,13 @@ def test_eager_calls_do_not_go_through_the_operator():
     x = torch.randn(3, 4, requires_grad=True)
     y = ef.ein("y[i] := sum[j](X[i,j])", X=x)
     assert "EinfuseFunction" in type(y.grad_fn).__name__
+
+
+def test_bfloat16_tensors_give_a_bfloat16_result_as_in_eager_mode():
+    def model(a, b):
+        return ef.ein("C[i,j] := A[i,k] * B[k,j]", A=a, B=b)
+
+    a, b = torch.randn(3, 4, dtype=torch.bfloat16), torch.randn(4, 2, dtype=torch.bfloat16)
+    result = compiled(model)(a, b)
+    assert result.dtype == torch.bfloat16
+    torch.testing.assert_close(result, model(a, b))

@@ -166,7 +166,16 @@ def run(key: str, names: str, tensors: List[torch.Tensor], scalars: str) -> List
     values.update(_scalars(scalars))
     like = tensors[0] if tensors else None
     # a fresh tensor per output: an operator may not return views of its inputs
-    return [_as_tensor(value, like) for value in _results(compiled, values)]
+    results = [_as_tensor(value, like) for value in _results(compiled, values)]
+    if _all_bfloat16(tensors):    # computed in float32 (as eagerly), returned as given
+        results = [r.to(torch.bfloat16) if r.dtype.is_floating_point else r
+                   for r in results]
+    return results
+
+
+def _all_bfloat16(tensors) -> bool:
+    floats = [t for t in tensors if t.dtype.is_floating_point]
+    return bool(floats) and all(t.dtype == torch.bfloat16 for t in floats)
 
 
 @run.register_fake
@@ -204,8 +213,7 @@ def _output_placeholders(compiled, names, tensors, scalars):
     """(shape, torch dtype) of each output, from binding shape-only placeholders."""
     env = {name: _fake_value(t) for name, t in zip(names, tensors)}
     env.update(scalars)
-    bf16 = bool(tensors) and all(t.dtype == torch.bfloat16 for t in tensors
-                                 if t.dtype.is_floating_point)
+    bf16 = _all_bfloat16(tensors)
     kernels = [s.kernel for s in compiled.statements] if hasattr(compiled, "statements") \
         else [compiled]
     outputs = compiled.outputs if hasattr(compiled, "statements") else (None,)
