@@ -48,7 +48,7 @@ def test_training_cases_time_forward_and_backward():
     assert all(m.median_s and not m.note for m in results)  # the outputs agree
 
 
-def test_cli_bench_runs_itself_with_passive_openmp_threads(tmp_path, monkeypatch):
+def test_cli_bench_runs_in_this_process_without_openmp_settings(tmp_path, monkeypatch):
     monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
     assert main(["bench", "--quick", "--case", "logsumexp", "--peer", "numpy", "--budget",
                  "0.01", "--backend", "numpy", "--out", str(tmp_path)]) == 0
@@ -62,8 +62,7 @@ def test_missing_peers_are_reported_not_run():
 
 
 @pytest.mark.skipif(not installed("matplotlib"), reason="matplotlib not installed")
-def test_cli_bench_writes_markdown_and_chart(tmp_path, capsys, monkeypatch):
-    monkeypatch.setenv("OMP_WAIT_POLICY", "passive")  # else the command re-runs itself
+def test_cli_bench_writes_markdown_and_chart(tmp_path, capsys):
     assert main(["bench", "--quick", "--case", "logsumexp", "--peer", "numpy",
                  "--budget", "0.05", "--backend", "numpy", "--out", str(tmp_path),
                  "--plot"]) == 0
@@ -141,7 +140,6 @@ def test_run_case_hooks_sync_tolerance_unavailable_peers_and_between_peers():
     assert default[1].note.startswith("differs from einfuse by 1.0e-02")
 
 
-def test_cli_bench_says_when_no_case_matches(monkeypatch, capsys):
-    monkeypatch.setenv("OMP_WAIT_POLICY", "passive")   # no re-run of itself
+def test_cli_bench_says_when_no_case_matches(capsys):
     assert main(["bench", "--case", "no-such-case", "--backend", "numpy"]) == 1
     assert "no benchmark case matches --case" in capsys.readouterr().err

@@ -173,8 +173,7 @@ def test_bench_plot_without_matplotlib_stops_before_running(monkeypatch, capsys)
     assert "matplotlib" in capsys.readouterr().err
 
 
-def test_bench_case_that_matches_nothing_lists_the_cases(monkeypatch, capsys):
-    monkeypatch.setenv("OMP_WAIT_POLICY", "passive")   # no re-run of itself
+def test_bench_case_that_matches_nothing_lists_the_cases(capsys):
     assert main(["bench", "--quick", "--case", "nothing"]) == 1
     err = capsys.readouterr().err
     assert "the cases are:" in err and "dist" in err

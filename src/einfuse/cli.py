@@ -223,7 +223,6 @@ def _bench(args) -> int:
     import os
     import platform
     import importlib.util
-    import subprocess
     if args.plot and importlib.util.find_spec("matplotlib") is None:
         # said before anything runs, not after minutes of timing
         print("einfuse: bench --plot draws with matplotlib, which is not installed: "
@@ -231,15 +230,8 @@ def _bench(args) -> int:
         return 1
     if args.device == "cuda":
         return _bench_gpu(args)
-    if "OMP_WAIT_POLICY" not in os.environ:
-        # Several OpenMP and BLAS thread pools share this process (einfuse's, torch's,
-        # NumPy's BLAS); threads that spin after their work steal the few cores from
-        # the next kernel, whoever's it is.  Passive waiting is fairer to every peer; it
-        # must be set before any of them loads, so the command runs itself again.
-        environment = dict(os.environ, OMP_WAIT_POLICY="passive")
-        return subprocess.call([sys.executable, "-m", "einfuse.cli"] + args.argv,
-                               env=environment)
-
+    # No OMP_WAIT_POLICY here: einfuse's kernels load libgomp with a passive wait
+    # policy themselves (backends/c_build.py), as for every library user.
     from .bench import all_cases, run_case, text_table
     everything = all_cases(args.quick)
     cases = _selected(everything, args.case, everything)
