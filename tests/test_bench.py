@@ -143,3 +143,31 @@ def test_run_case_hooks_sync_tolerance_unavailable_peers_and_between_peers():
 def test_cli_bench_says_when_no_case_matches(capsys):
     assert main(["bench", "--case", "no-such-case", "--backend", "numpy"]) == 1
     assert "no benchmark case matches --case" in capsys.readouterr().err
+
+
+def test_the_first_call_says_whether_it_compiled(tmp_path, monkeypatch):
+    from einfuse.backends import c_build
+    if c_build.find_compiler() is None:
+        pytest.skip("no C compiler")
+    case = next(c for c in all_cases(quick=True) if c.name.startswith("logsumexp"))
+    monkeypatch.setenv("EINFUSE_CACHE_DIR", str(tmp_path))     # an empty cache
+    c_build._loaded.clear()
+    c_build._by_source.clear()
+    first = run_case(case, backend="c", peers=[], budget_s=0.01, progress=lambda m: None)
+    again = run_case(case, backend="c", peers=[], budget_s=0.01, progress=lambda m: None)
+    assert first[0].compiled >= 1 and again[0].compiled == 0
+    assert "compiled" in text_table(first) and "from the cache" in text_table(again)
+
+
+def test_a_slow_compile_is_said_once(tmp_path, monkeypatch, caplog):
+    from einfuse.backends import c_build
+    if c_build.find_compiler() is None:
+        pytest.skip("no C compiler")
+    monkeypatch.setenv("EINFUSE_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(c_build, "SLOW_COMPILE_S", 0.0)      # every compile is "slow"
+    monkeypatch.setattr(c_build, "_slow_said", False)
+    with caplog.at_level("WARNING", logger="einfuse"):
+        for n in (3, 4):     # two statements: two compiles, one message
+            ef.ein(f"y[i] := sum[j](exp(X[i,j] * {n}))", X=np.ones((2, 2)), backend="c")
+    said = [r for r in caplog.records if "compiling a kernel took" in r.getMessage()]
+    assert len(said) == 1 and str(tmp_path) in said[0].getMessage()

@@ -37,6 +37,7 @@ import contextlib
 import ctypes
 import functools
 import hashlib
+import logging
 import os
 import platform
 import shlex
@@ -422,9 +423,31 @@ def _build(source: str, flags: Tuple[str, ...], key: str) -> str:
     # One compile per kernel: whoever waited for the lock finds the library built.
     with file_lock(os.path.join(directory, key + ".lock"), COMPILE_TIMEOUT):
         if not _intact(path):
+            started = time.perf_counter()
             compile_library(source, flags, path)
+            _record_compile(time.perf_counter() - started, directory)
             cache_limit.enforce(directory, keep=path)
     return path
+
+
+# Compiles in this process: how many and how long (bench and explain report them).
+compile_count = 0
+compile_seconds = 0.0
+SLOW_COMPILE_S = 1.0
+_slow_said = False
+
+
+def _record_compile(seconds: float, directory: str) -> None:
+    """Count a compile; the first one over a second says so (once per process), since a
+    first call that stalls for a second otherwise looks like a hang or a slow kernel."""
+    global compile_count, compile_seconds, _slow_said
+    compile_count += 1
+    compile_seconds += seconds
+    if seconds > SLOW_COMPILE_S and not _slow_said:
+        _slow_said = True
+        logging.getLogger("einfuse").warning(
+            "einfuse: compiling a kernel took %.1f s; compiled kernels are cached in %s, so "
+            "later calls and processes skip this (said once per process)", seconds, directory)
 
 
 def _digest(path: str) -> str:

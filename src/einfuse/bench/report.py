@@ -24,6 +24,14 @@ def _time(seconds: Optional[float]) -> str:
     return f"{seconds * 1e3:.2f} ms" if seconds < 10 else f"{seconds:.1f} s"
 
 
+def _compiled(count: Optional[int]) -> str:
+    if count is None:
+        return ""
+    if count == 0:
+        return " (kernels from the cache)"
+    return f" (compiled {count} kernel{'s' if count > 1 else ''})"
+
+
 def rows(results: List[Measurement]) -> List[List[str]]:
     base = _einfuse_times(results)
     table = [["case", "implementation", "median", "peer / einfuse", "note"]]
@@ -33,7 +41,7 @@ def rows(results: List[Measurement]) -> List[List[str]]:
             (f"{r:.2f}x" if r is not None else "-")
         note = m.note
         if m.implementation == "einfuse" and m.first_call_s is not None:
-            note = f"first call {_time(m.first_call_s)} (compile included)"
+            note = f"first call {_time(m.first_call_s)}{_compiled(m.compiled)}"
         table.append([m.case, m.implementation, _time(m.median_s), shown, note])
     return table
 

@@ -24,8 +24,9 @@ class Measurement:
     implementation: str
     median_s: Optional[float]       # None when skipped or failed
     runs: int = 0
-    first_call_s: Optional[float] = None   # includes compilation
+    first_call_s: Optional[float] = None   # includes compilation, if any
     note: str = ""
+    compiled: Optional[int] = None         # C kernels the first call compiled
 
 
 def time_call(fn: Callable[[], object], min_runs: int = 3, max_runs: int = 25,
@@ -73,8 +74,11 @@ def run_case(case: Case, backend: str = "auto", peers: Optional[Sequence[str]] =
     else:
         kernel = ef.compile(case.statement, backend=backend, **case.options)
         ours = lambda: kernel(**arrays)  # noqa: E731
+    from ..backends import c_build
+    compiles = c_build.compile_count
     median, runs, first = time_call(ours, budget_s=budget_s, sync=sync)
-    results.append(Measurement(case.name, "einfuse", median, runs, first))
+    results.append(Measurement(case.name, "einfuse", median, runs, first,
+                               compiled=c_build.compile_count - compiles))
     reference = host(ours())
     ours = kernel = None   # einfuse's device values go before the peers allocate theirs
     if between_peers is not None:
