@@ -54,7 +54,6 @@ def test_a_different_signature_takes_the_full_path(change, bind_count):
 @pytest.mark.parametrize("statement,arrays", [
     ("z[i] := x[i] * s", {"x": np.arange(3.0), "s": 2.0}),                 # a scalar
     ("z[i] := W[idx[i]]", {"W": np.arange(3.0), "idx": np.array([2, 0])}),  # a gather
-    ("P[i,j] := exp(X[i,j] - max[k](X[i,k]))", {"X": np.ones((2, 3))}),     # hoisted
 ])
 def test_data_dependent_calls_are_not_prepared(statement, arrays, bind_count):
     k = ef.compile(statement, backend="c")
@@ -79,3 +78,45 @@ def test_ein_reuses_its_kernel_and_warns_every_time(bind_count):
     for _ in range(2):   # the implicit sum also adds b[i] once per k: a warning each time
         with pytest.warns(ef.EinfuseWarning, match="implicit sum"):
             ef.compile("y[i] := A[i,k] * x[k] + b[i]")
+
+
+def test_a_hoisted_statement_repeats_without_binding(bind_count):
+    k = ef.compile("P[i,j] := exp(X[i,j] - max[k](X[i,k])) / sum[k](exp(X[i,k] - "
+                   "max[l](X[i,l])))", backend="c")
+    assert k.hoisted_form is not None
+    rng = np.random.default_rng(1)
+    k(X=rng.standard_normal((3, 5)))
+    before = len(bind_count)
+    for _ in range(3):
+        X = rng.standard_normal((3, 5))
+        expected = np.exp(X - X.max(1, keepdims=True))
+        np.testing.assert_allclose(k(X=X), expected / expected.sum(1, keepdims=True),
+                                   rtol=1e-13)
+    assert len(bind_count) == before       # the statement and its three kernels
+
+
+def test_a_hoisted_repeat_whose_form_cannot_run_runs_as_written():
+    # the hoisted temporary reads idx[3], which the statement itself never reads
+    statement = "y[i,j] := A[i+1,j] + sum[k](W[idx[i], k])"
+    k = ef.compile(statement, backend="c")
+    rng = np.random.default_rng(2)
+    A, W = rng.standard_normal((4, 2)), rng.standard_normal((5, 4))
+    fine = np.array([1, 0, 4, 2])
+    np.testing.assert_allclose(k(A=A, W=W, idx=fine), A[1:] + W[fine[:3]].sum(1, keepdims=True))
+    outside = np.array([1, 0, 4, 99])
+    np.testing.assert_allclose(k(A=A, W=W, idx=outside),
+                               A[1:] + W[outside[:3]].sum(1, keepdims=True))
+    with pytest.raises(ef.EinfuseError, match="99|outside"):
+        k(A=A, W=W, idx=np.array([1, 99, 4, 2]))     # read by the statement itself
+
+
+def test_program_statements_take_their_fast_paths(bind_count):
+    program = ef.compile("m[i] := max[j](X[i,j]); e[i,j] := exp(X[i,j] - m[i]); "
+                         "P[i,j] := e[i,j] / sum[k](e[i,k])", backend="c")
+    rng = np.random.default_rng(3)
+    program(X=rng.standard_normal((2, 3)))
+    before = len(bind_count)
+    X = rng.standard_normal((2, 3))
+    expected = np.exp(X - X.max(1, keepdims=True))
+    np.testing.assert_allclose(program(X=X), expected / expected.sum(1, keepdims=True))
+    assert len(bind_count) == before

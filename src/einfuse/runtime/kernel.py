@@ -119,11 +119,12 @@ class Kernel:
         if torch_compiling():   # torch.compile sees a custom operator, not this code
             from . import torch_compiled
             return torch_compiled.call_statement(self, args, kwargs, arrays)
-        if not args and arrays is None:
-            signature = signature_of(kwargs)
+        given = _given(args, kwargs, arrays)
+        if given is not None:
+            signature = signature_of(given)
             runner = self._repeat.get(signature) if signature is not None else None
             if runner is not None:     # the fast path: all checks passed for it before
-                return runner(kwargs)
+                return runner(given)
         try:
             kwargs = self._named(args, kwargs, arrays)
             if _has_jax_value(args, kwargs):
@@ -152,13 +153,15 @@ class Kernel:
             # autograd records each kernel of the hoisted form on its own
             done, result = run_hoisted(form, call, bind_names(self.spec, args, kwargs))
             if done:
+                if given is not None:
+                    self._prepare_repeat(call, given)
                 return result
         if grad and self.spec.assign == ":=":
             return torch_autograd.apply(self, call, lambda: self.run(call),
                                         _backend_name(self.options.backend, call))
         result = self.deliver(call, self.run(call))
-        if not args and arrays is None:
-            self._prepare_repeat(call, kwargs)
+        if given is not None:
+            self._prepare_repeat(call, given)
         return result
 
     def _prepare_repeat(self, call: BoundCall, kwargs) -> None:
@@ -265,6 +268,16 @@ class Kernel:
             f"'{spec.assign}' cannot write into a {call.framework} array, which is immutable;"
             " use ':=' and the framework's own update", span=spec.statement.output_span),
             self.statement)
+
+
+def _given(args, kwargs, arrays):
+    """The arguments as one dict when the fast path can key on them: all by keyword,
+    or all in ``arrays=`` (as programs pass them); else None."""
+    if args:
+        return None
+    if arrays is None:
+        return kwargs
+    return arrays if not kwargs and type(arrays) is dict else None
 
 
 def _backend_name(requested: str, call: BoundCall) -> str:

@@ -1,7 +1,9 @@
 """The fast path for a repeated call (issue 11): a Kernel remembers, per call signature,
 a prepared runner (backends/c_repeat.py), so that a call it has seen before is a
-dictionary lookup and the kernel call.  Only ':=' statements on the C backend, as
-written (not in their hoisted form), whose arguments cannot depend on the data."""
+dictionary lookup and the kernel call.  Only ':=' statements on the C backend whose
+arguments cannot depend on the data; a statement in its hoisted form goes straight to
+its kernels, each on its own fast path (as do a program's statements, which pass their
+arrays in ``arrays=``)."""
 
 from __future__ import annotations
 
@@ -10,6 +12,7 @@ from typing import Optional, Tuple
 import numpy as np
 
 from ..backends import get_backend
+from ..errors import EinfuseError
 from .frameworks import NUMPY, TORCH
 
 # Prepared signatures kept per kernel (a new one past this replaces the oldest).
@@ -51,6 +54,7 @@ def prepare(kernel, call, kwargs) -> None:
         return
     form = kernel.hoisted_form
     if form is not None and form.applies(call.dtypes):
+        cache[signature] = _hoisted_runner(kernel, form, call)
         return
     from ..backends.c_repeat import repeat_runner
     runner = repeat_runner(call)
@@ -67,3 +71,20 @@ def prepare(kernel, call, kwargs) -> None:
         def repeat(named):
             return runner(named).astype(result_dtype, copy=False)
     cache[signature] = repeat
+
+
+def _hoisted_runner(kernel, form, call):
+    """A repeated call of a statement that runs in its hoisted form: straight to its
+    kernels (each on its own fast path), skipping the statement's binding, which this
+    signature passed before."""
+    kernels = form.kernels(call.dtypes)
+    framework = call.framework
+
+    def repeat(named):
+        try:
+            return form.run(kernels, named, framework)
+        except EinfuseError:
+            # as the full path does: the statement runs as written, and says why not
+            bound = kernel.bind(arrays=named)
+            return kernel.deliver(bound, kernel.run(bound))
+    return repeat
