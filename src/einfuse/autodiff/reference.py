@@ -3,6 +3,7 @@ scatter-add, so that every derived gradient is testable without a GPU backend.""
 
 from __future__ import annotations
 
+import functools
 import warnings
 from typing import Dict, Iterable, Mapping
 
@@ -11,7 +12,7 @@ import numpy as np
 from ..errors import OutOfBoundsError, RangeError
 from ..lang.ast import IndexExpr
 from ..runtime.frameworks import JAX, TORCH, framework_of, placeholder
-from ..runtime.kernel import compile as ef_compile, ein
+from ..runtime.kernel import compile as ef_compile
 from .derive import AxisOf, ExtentOf, GradientStatement, NoGradientError, RangeOf
 
 _PASSED = ("ranges", "pad", "bounds", "fill")
@@ -140,9 +141,10 @@ def run_reference(grads: Iterable[GradientStatement], arrays: Mapping[str, objec
     for g in todo:
         options = g.resolve_options(arrays)
         args = {n: arrays[n] for n in g.inputs}
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            values = ops.asarray(ein(g.text, backend=backend, **options, **args))
+        # arrays= keys the kernel's fast path: a training loop's backward is then a
+        # lookup and a kernel call per gradient statement
+        values = ops.asarray(_gradient_kernel(g.text, backend, _options_key(options))(
+            arrays=args))
         if g.kind == "gather":
             # ein returns a fresh array: it can be the gradient itself, no copy
             out[g.target] = out[g.target] + values if g.target in out else values
@@ -152,6 +154,23 @@ def run_reference(grads: Iterable[GradientStatement], arrays: Mapping[str, objec
             out[g.target] = ops.zeros(np.shape(arrays[g.wrt]), values)
         out[g.target] = _scatter_add(ops, out[g.target], g, values, options, arrays)
     return out
+
+
+def _options_key(options: Mapping[str, object]):
+    """resolve_options' result as a hashable key (ranges as (start, stop) pairs)."""
+    return tuple((key, tuple((n, (r.start, r.stop)) for n, r in sorted(value.items()))
+                  if key == "ranges" else value) for key, value in sorted(options.items()))
+
+
+@functools.lru_cache(maxsize=1024)
+def _gradient_kernel(text: str, backend: str, key):
+    """The compiled kernel of one gradient statement under resolved options, made once
+    (its compile-time warnings are the derivation's business, not the caller's)."""
+    options = {k: ({n: range(*bounds) for n, bounds in v} if k == "ranges" else v)
+               for k, v in key}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return ef_compile(text, backend=backend, **options)
 
 
 def _ops_for(output_grad):

@@ -21,6 +21,8 @@ def ratio(m: Measurement, einfuse_s: Optional[float]) -> Optional[float]:
 def _time(seconds: Optional[float]) -> str:
     if seconds is None:
         return "-"
+    if seconds < 1e-3:     # per-call overheads: microseconds, not "0.01 ms"
+        return f"{seconds * 1e6:.1f} µs"
     return f"{seconds * 1e3:.2f} ms" if seconds < 10 else f"{seconds:.1f} s"
 
 

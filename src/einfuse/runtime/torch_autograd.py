@@ -12,7 +12,8 @@ Imported only when the caller's arrays are torch tensors."""
 
 from __future__ import annotations
 
-from typing import List
+from dataclasses import dataclass
+from typing import Callable, List, Tuple
 
 import torch
 
@@ -35,44 +36,62 @@ def differentiable_names(call) -> List[str]:
     return result
 
 
+@dataclass(frozen=True)
+class _Forward:
+    """What the backward needs of one call: the statement's kernel, its bound call,
+    the differentiable names (in the order of the tensors passed) and where it ran."""
+    kernel: object
+    call: object
+    names: Tuple[str, ...]
+    run_forward: Callable[[], object]
+    on_device: bool
+
+
+class EinfuseFunction(torch.autograd.Function):
+    """One class for every statement (defining a class per call cost more than a small
+    kernel); the statement travels in ``_Forward``, a non-tensor argument."""
+
+    @staticmethod
+    def forward(ctx, state: _Forward, *inputs):
+        ctx.state = state
+        ctx.save_for_backward(*inputs)
+        result = state.run_forward()
+        if isinstance(result, torch.Tensor):   # already a tensor on its device
+            return result
+        return torch.from_numpy(contiguous(result)).to(inputs[0].device)
+
+    @staticmethod
+    def backward(ctx, grad_output):
+        state = ctx.state
+        call, names = state.call, state.names
+        wanted = [name for name, needed in zip(names, ctx.needs_input_grad[1:]) if needed]
+        if torch.is_grad_enabled():
+            # create_graph=True: the statements run on the tensors that carry the
+            # graph (the saved inputs, grad_output), so torch records them in turn
+            arrays = dict(call.sources)
+            arrays.update(zip(names, ctx.saved_tensors))
+            grad = grad_output
+        else:
+            if state.on_device:   # the statements run as Triton kernels where dOUT is
+                arrays = {name: value.detach() if isinstance(value, torch.Tensor)
+                          else value for name, value in call.sources.items()}
+                grad = grad_output.detach()
+            else:           # C / NumPy kernels on host arrays (no copy on the CPU)
+                arrays, grad = dict(call.arrays), to_numpy(grad_output)
+            arrays.update(call.params)
+        found = gradients.compute_gradients(state.kernel.statement, call.options, arrays,
+                                            grad, wanted)
+        tensors = ctx.saved_tensors
+        return (None,) + tuple(
+            torch.as_tensor(found[name]).to(tensor.device, tensor.dtype)
+            .reshape(tensor.shape) if name in found else None
+            for name, tensor in zip(names, tensors))
+
+
 def apply(kernel, call, run_forward, backend_name: str):
     """The statement's result as a tensor tracked by autograd; ``backend_name`` is the
     backend the forward runs on (with Triton, so do the gradients, on the device)."""
-    names = differentiable_names(call)
+    names = tuple(differentiable_names(call))
     tensors = [call.sources[name] for name in names]
-    like = tensors[0]
-    on_device = backend_name == "triton"
-
-    class EinfuseFunction(torch.autograd.Function):
-        @staticmethod
-        def forward(ctx, *inputs):
-            ctx.save_for_backward(*inputs)
-            result = run_forward()
-            if isinstance(result, torch.Tensor):   # already a tensor on its device
-                return result
-            return torch.from_numpy(contiguous(result)).to(like.device)
-
-        @staticmethod
-        def backward(ctx, grad_output):
-            wanted = [name for name, needed in zip(names, ctx.needs_input_grad) if needed]
-            if torch.is_grad_enabled():
-                # create_graph=True: the statements run on the tensors that carry the
-                # graph (the saved inputs, grad_output), so torch records them in turn
-                arrays = dict(call.sources)
-                arrays.update(zip(names, ctx.saved_tensors))
-                grad = grad_output
-            else:
-                if on_device:   # the statements run as Triton kernels where dOUT is
-                    arrays = {name: value.detach() if isinstance(value, torch.Tensor)
-                              else value for name, value in call.sources.items()}
-                    grad = grad_output.detach()
-                else:           # C / NumPy kernels on host arrays (no copy on the CPU)
-                    arrays, grad = dict(call.arrays), to_numpy(grad_output)
-                arrays.update(call.params)
-            found = gradients.compute_gradients(kernel.statement, call.options, arrays,
-                                                grad, wanted)
-            return tuple(torch.as_tensor(found[name]).to(tensor.device, tensor.dtype)
-                         .reshape(tensor.shape) if name in found else None
-                         for name, tensor in zip(names, tensors))
-
-    return EinfuseFunction.apply(*tensors)
+    state = _Forward(kernel, call, names, run_forward, backend_name == "triton")
+    return EinfuseFunction.apply(state, *tensors)
