@@ -90,13 +90,15 @@ def test_readme_python_example_prints_what_it_says():
 
 @pytest.mark.parametrize("statement", ["C[i,j] := A[i,k] * B[k,j]",
                                        "E[b,d] := W[idx[b], d]"])
-def test_readme_explain_blocks_are_current(statement):
+def test_readme_explain_blocks_are_current(statement, tmp_path):
     readme = open(os.path.join(ROOT, "README.md")).read()
     block = re.search(r'\$ einfuse explain "' + re.escape(statement) + r'" (.*?)\n(.*?)```',
                       readme, re.S)
     args = block.group(1).split()
+    # a fresh cache, as the README shows it: explain says whether a first call compiles
     done = subprocess.run([sys.executable, "-m", "einfuse.cli", "explain", statement, *args],
-                          capture_output=True, text=True)
+                          capture_output=True, text=True,
+                          env=dict(os.environ, EINFUSE_CACHE_DIR=str(tmp_path)))
     assert done.stdout.strip() == block.group(2).strip()
 
 
@@ -213,3 +215,17 @@ def test_source_named_tensor_goes_in_arrays():
         ef.explain("y[i] := source[i] * 2", source=np.ones(3))
     text = str(ef.explain("y[i] := source[i] * 2", arrays={"source": np.ones(3)}))
     assert "y[i] := source[i] * 2" in text
+
+
+def test_explain_says_whether_the_first_call_compiles(tmp_path, monkeypatch):
+    from einfuse.backends import c_build
+    if c_build.find_compiler() is None:
+        pytest.skip("no C compiler")
+    monkeypatch.setenv("EINFUSE_CACHE_DIR", str(tmp_path))      # nothing built yet
+    statement = "y[i] := sum[j](exp(X[i,j] * 1.0625)) + 0.375"
+    X = np.ones((3, 7))
+    assert any("first call with these shapes compiles" in note
+               for note in ef.explain(statement, X=X, backend="c").notes)
+    ef.ein(statement, X=X, backend="c")
+    assert any("is built (in the cache)" in note
+               for note in ef.explain(statement, X=X, backend="c").notes)

@@ -357,6 +357,11 @@ def explain_kernel(kernel: Kernel, args, arrays, shapes, gradients: bool) -> Exp
     else:
         nests = chosen.loop_nest(call) if hasattr(chosen, "loop_nest") else None
         how = chosen.strategy(call)
+    built = chosen.built(call) if hoisted is None and hasattr(chosen, "built") else None
+    notes = [] if built is None else [
+        "the C kernel for these shapes is built (in the cache): no compile on the first call"
+        if built else "the first call with these shapes compiles the C kernel (once; then "
+        "it is cached on disk for every later call and process)"]
     return Explanation(
         text, words(spec, kernel.options), index_rows(spec, call.bounds),
         loop_nest(spec, call.bounds), flops=count_flops(spec, call.bounds, hoisted),
@@ -365,7 +370,8 @@ def explain_kernel(kernel: Kernel, args, arrays, shapes, gradients: bool) -> Exp
                                                     call.dtypes.working.itemsize),
         strategy=f"backend {chosen.name}: {how}; result dtype {call.dtypes.result}",
         compiled_loop_nest=nests,
-        gradients=gradient_lines(kernel, call) if gradients else None, hoisted=lines)
+        gradients=gradient_lines(kernel, call) if gradients else None, hoisted=lines,
+        notes=notes)
 
 
 def hoisted_lines(form, call, backend):

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import ctypes
 import threading
-from typing import Dict, List, Tuple
+from typing import Dict, List, Optional, Tuple
 
 import numpy as np
 
@@ -229,6 +229,16 @@ class CBackend:
         buffers = _buffers(call) + [np.empty(call.output_shape, dtype=output_dtype(call))]
         plan = _plan(call, _run_layouts(call, buffers))
         return render_c(plan.program, c_build.vector_math())
+
+    @staticmethod
+    def built(call) -> Optional[bool]:
+        """Is this call's C kernel compiled already (in this process or in the disk
+        cache)?  None when no kernel is generated (a BLAS contraction)."""
+        if _blas_contraction(call) is not None:
+            return None
+        buffers = _buffers(call) + [np.empty(call.output_shape, dtype=output_dtype(call))]
+        plan = _plan(call, _run_layouts(call, buffers))
+        return c_build.is_built(render_c(plan.program, c_build.vector_math()), plan.fast_math)
 
     @staticmethod
     def strategy(call) -> str:

@@ -406,6 +406,14 @@ def _libgomp_loaded() -> bool:
         return True
 
 
+def is_built(source: str, fast_math: bool = False) -> bool:
+    """Would :func:`load` find ``source``'s library without compiling it?"""
+    if (source, fast_math) in _by_source:
+        return True
+    key = library_key(source, flags_for(fast_math))
+    return key in _loaded or _cached_library(key) is not None
+
+
 def _cached_library(key: str) -> Optional[str]:
     """The path of an intact cached library for ``key``: in the configured directory
     (which may be read-only), else in this process's fallback directory."""
