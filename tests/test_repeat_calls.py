@@ -120,3 +120,53 @@ def test_program_statements_take_their_fast_paths(bind_count):
     expected = np.exp(X - X.max(1, keepdims=True))
     np.testing.assert_allclose(program(X=X), expected / expected.sum(1, keepdims=True))
     assert len(bind_count) == before
+
+
+def test_the_kernel_call_extension_gives_the_ctypes_results(monkeypatch):
+    """Repeated calls go through a small CPython extension (backends/c_call.py) where
+    Python's headers exist, else through ctypes: the same results, for strided,
+    read-only and broadcast inputs."""
+    import os
+    import sysconfig
+
+    from einfuse.analysis.options import Options
+    from einfuse.backends import c_build, c_call
+    if c_build.find_compiler() is None:
+        pytest.skip("no C compiler")
+    headers = os.path.exists(os.path.join(sysconfig.get_paths()["include"], "Python.h"))
+    assert (c_call.caller() is not None) == headers
+    rng = np.random.default_rng(4)
+    base = rng.standard_normal((6, 10))
+    readonly = rng.standard_normal(5)
+    readonly.flags.writeable = False
+    cases = [(base[:, ::2], readonly), (base[::-1, 1:6], np.broadcast_to(2.0, (5,))),
+             (np.asfortranarray(base[:, :5]), readonly)]
+    results = {}
+    for mode in ("extension", "ctypes"):
+        if mode == "ctypes":
+            monkeypatch.setitem(c_call._state, "caller", None)
+        # a new Kernel (not compile's shared one): nothing prepared yet
+        k = ef.Kernel("z[i,j] := exp(x[i,j]) * y[j] - 0.25", Options(backend="c"))
+        results[mode] = [[k(x=x, y=y) for _ in range(3)] for x, y in cases]
+        for (x, y), found in zip(cases, results[mode]):
+            for value in found:
+                np.testing.assert_allclose(value, np.exp(x) * y - 0.25, rtol=1e-14)
+    for a, b in zip(results["extension"], results["ctypes"]):
+        np.testing.assert_array_equal(a[-1], b[-1])
+
+
+def test_the_kernel_call_extension_refuses_what_it_cannot_call():
+    from einfuse.backends import c_call
+    call = c_call.caller()
+    if call is None:
+        pytest.skip("no extension here")
+    with pytest.raises(TypeError):
+        call(1, [np.zeros(2)], 0, 0, 0, 0, 1)          # not a tuple
+    with pytest.raises(ValueError):
+        call(0, (np.zeros(2),), 0, 0, 0, 0, 1)         # no function
+    with pytest.raises(TypeError):
+        call(1, ("not a buffer",), 0, 0, 0, 0, 1)      # no buffer: nothing is called
+    frozen = np.zeros(2)
+    frozen.flags.writeable = False
+    with pytest.raises((BufferError, ValueError)):
+        call(1, (frozen,), 0, 0, 0, 0, 1)              # the output must be writable

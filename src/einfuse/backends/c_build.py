@@ -406,6 +406,14 @@ def _libgomp_loaded() -> bool:
         return True
 
 
+def build_extension(source: str, extra_flags: Tuple[str, ...]) -> str:
+    """The path of ``source`` built as a shared library with ``extra_flags`` too (a
+    CPython extension: -I for Python's headers), from the cache or compiled now."""
+    flags = flags_for(False) + tuple(extra_flags)
+    key = library_key(source, flags)
+    return _cached_library(key) or _build(source, flags, key)
+
+
 def is_built(source: str, fast_math: bool = False) -> bool:
     """Would :func:`load` find ``source``'s library without compiling it?"""
     if (source, fast_math) in _by_source:

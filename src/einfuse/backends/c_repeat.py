@@ -19,6 +19,7 @@ import numpy as np
 from ..errors import BackendError
 from ..plan import buffer_slots, call_arguments, unit_axis
 from ..plan.contraction import prepare_contraction
+from . import c_call
 from .c_backend import PARALLEL_MIN_WORK, _blas_contraction, _buffers, _pack_for_lanes, \
     kernel_functions, output_dtype
 
@@ -50,6 +51,19 @@ def repeat_runner(call) -> Optional[Runner]:
     names = tuple(tensor for tensor, _ in buffer_slots(spec)[:-1])
     pointer_array = ctypes.c_void_p * len(buffers)
     addresses = tuple(a.ctypes.data for a in (ints, doubles, integers, fills))
+    call_kernel = c_call.caller()
+    if call_kernel is not None:
+        entries = tuple(ctypes.cast(f, ctypes.c_void_p).value for f in functions)
+
+        def run_direct(named: Mapping[str, np.ndarray]) -> np.ndarray:
+            arrays = tuple(named[name].astype(working, copy=False) for name in names) + \
+                (np.empty(shape, dtype=out_dtype),)
+            for entry in entries:
+                if call_kernel(entry, arrays, *addresses, threads):
+                    raise BackendError("a prepared C kernel raised its error flag")
+            return arrays[-1]
+        run_direct.keep = (ints, doubles, integers, fills, functions)
+        return run_direct
 
     def run(named: Mapping[str, np.ndarray]) -> np.ndarray:
         inputs = [named[name].astype(working, copy=False) for name in names]

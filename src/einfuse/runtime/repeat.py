@@ -26,8 +26,8 @@ def signature_of(kwargs) -> Optional[Tuple]:
     signature = []
     for name, value in kwargs.items():
         kind = type(value)
-        if kind is np.ndarray:
-            signature.append((name, value.shape, value.dtype.str, value.strides))
+        if kind is np.ndarray:     # (a dtype hashes and compares as its .str does)
+            signature.append((name, value.shape, value.dtype, value.strides))
         elif kind.__name__ in ("Tensor", "Parameter") and kind.__module__.startswith("torch") \
                 and not value.requires_grad and value.device.type == "cpu":
             signature.append((name, tuple(value.shape), str(value.dtype), value.stride(),
