@@ -52,7 +52,7 @@ def test_a_different_signature_takes_the_full_path(change, bind_count):
 
 
 @pytest.mark.parametrize("statement,arrays", [
-    ("z[i] := x[i] * s", {"x": np.arange(3.0), "s": 2.0}),                 # a scalar
+    ("z[i] := x[i] * s", {"x": np.arange(3.0), "s": 2}),            # an int parameter
     ("z[i] := W[idx[i]]", {"W": np.arange(3.0), "idx": np.array([2, 0])}),  # a gather
 ])
 def test_data_dependent_calls_are_not_prepared(statement, arrays, bind_count):
@@ -170,3 +170,32 @@ def test_the_kernel_call_extension_refuses_what_it_cannot_call():
     frozen.flags.writeable = False
     with pytest.raises((BufferError, ValueError)):
         call(1, (frozen,), 0, 0, 0, 0, 1)              # the output must be writable
+
+
+@pytest.mark.parametrize("statement,expected", [
+    ("z[i,j] := exp(x[i,j]) * s + t", lambda x, s, t: np.exp(x) * s + t),    # a kernel
+    ("z[i,j] := s * x[i,k] * x[j,k]", lambda x, s, t: s * x @ x.T),          # BLAS
+    ("P[i,j] := exp(s * (x[i,j] - max[k](x[i,k])))",                         # hoisted
+     lambda x, s, t: np.exp(s * (x - x.max(1, keepdims=True)))),
+])
+def test_float_parameters_change_between_prepared_calls(statement, expected, bind_count):
+    k = ef.compile(statement, backend="c")
+    x = np.random.default_rng(5).standard_normal((3, 4))
+    takes = {name: value for name, value in (("s", 0.5), ("t", -1.0))
+             if name in k.inputs}
+    k(x=x, **takes)
+    before = len(bind_count)
+    for s, t in [(2.0, 3.5), (-0.25, float("nan")), (1e300, 0.0)]:
+        values = {name: value for name, value in (("s", s), ("t", t)) if name in k.inputs}
+        with np.errstate(over="ignore", invalid="ignore"):
+            np.testing.assert_allclose(k(x=x, **values), expected(x, s, t), rtol=1e-13)
+    assert len(bind_count) == before
+
+
+def test_an_int_parameter_still_takes_the_full_path(bind_count):
+    k = ef.compile("z[i] := x[i] + s", backend="c")
+    x = np.arange(3, dtype=np.int8)
+    k(x=x, s=1)
+    with pytest.raises(ef.EinfuseError, match="300"):
+        k(x=x, s=300)          # checked against int8 on every call
+    np.testing.assert_array_equal(k(x=x, s=2.5), x + 2.5)

@@ -4,9 +4,9 @@ runtime ints, the thread count -- prepared once, so that a call with the same
 signature is a dictionary lookup (runtime/kernel.py), dtype conversions, one output
 allocation and the kernel call.
 
-Only calls whose kernel arguments cannot depend on the data are prepared: no scalar
-parameters (their values are arguments), no gathers (bounds are checked against the
-index values), no repacked inputs.  A
+Only calls whose kernel arguments cannot depend on the data are prepared: scalar
+parameters only as Python floats (their values are written per call), no gathers
+(bounds are checked against the index values), no repacked inputs.  A
 BLAS contraction is prepared as its transposes and np.matmul."""
 
 from __future__ import annotations
@@ -30,12 +30,17 @@ def repeat_runner(call) -> Optional[Runner]:
     """A function computing this call's result (working dtype) from arrays of the same
     shapes, dtypes and strides by name, or None where the arguments depend on data."""
     spec = call.spec
-    if spec.params or any(t.as_index for t in spec.tensors) or call.options.pad is not None:
+    if any(t.as_index for t in spec.tensors) or call.options.pad is not None:
+        return None
+    # Python floats only (their values fill the doubles per call); an int parameter can
+    # decide the working dtype and is checked against it, so it takes the full path
+    if any(type(call.params.get(name)) is not float for name in spec.params) or \
+            (spec.params and call.dtypes.working.kind != "f"):
         return None
     contraction = _blas_contraction(call)
     if contraction is not None:     # np.matmul after the transposes, as the backend does
         prepared = prepare_contraction(contraction, call)
-        return lambda named: prepared(named, {})
+        return lambda named: prepared(named, named)     # scalar factors by name
     working = call.dtypes.working
     shape = tuple(call.output_shape)
     out_dtype = output_dtype(call)
@@ -46,6 +51,7 @@ def repeat_runner(call) -> Optional[Runner]:
     if _pack_for_lanes(call, plan, list(buffers)):
         return None
     ints, doubles, integers = call_arguments(plan, call, buffers)
+    params = tuple(plan.params)
     fills = np.zeros(2, dtype=np.float64)
     threads = call.options.threads or (1 if call.bounds.points < PARALLEL_MIN_WORK else 0)
     names = tuple(tensor for tensor, _ in buffer_slots(spec)[:-1])
@@ -58,8 +64,12 @@ def repeat_runner(call) -> Optional[Runner]:
         def run_direct(named: Mapping[str, np.ndarray]) -> np.ndarray:
             arrays = tuple(named[name].astype(working, copy=False) for name in names) + \
                 (np.empty(shape, dtype=out_dtype),)
+            given = addresses
+            if params:     # this call's values, in an array of its own (thread-safe)
+                values = np.array([named[name] for name in params], dtype=np.float64)
+                given = (addresses[0], values.ctypes.data) + addresses[2:]
             for entry in entries:
-                if call_kernel(entry, arrays, *addresses, threads):
+                if call_kernel(entry, arrays, *given, threads):
                     raise BackendError("a prepared C kernel raised its error flag")
             return arrays[-1]
         run_direct.keep = (ints, doubles, integers, fills, functions)
@@ -70,8 +80,12 @@ def repeat_runner(call) -> Optional[Runner]:
         out = np.empty(shape, dtype=out_dtype)
         pointers = pointer_array(*[a.ctypes.data for a in inputs], out.ctypes.data)
         error = ctypes.c_int32(0)
+        given = addresses
+        if params:
+            values = np.array([named[name] for name in params], dtype=np.float64)
+            given = (addresses[0], values.ctypes.data) + addresses[2:]
         for function in functions:
-            function(pointers, *addresses, threads, ctypes.byref(error))
+            function(pointers, *given, threads, ctypes.byref(error))
         if error.value:    # only gathers raise the flag, and they are not prepared
             raise BackendError("a prepared C kernel raised its error flag")
         return out

@@ -21,8 +21,9 @@ SIGNATURES_KEPT = 32
 
 def signature_of(kwargs) -> Optional[Tuple]:
     """What a prepared call depends on: names, shapes, dtypes and strides of plain
-    ndarrays, or of CPU torch tensors that need no gradient (anything else -- scalars,
-    subclasses, other frameworks, devices -- None)."""
+    ndarrays, or of CPU torch tensors that need no gradient, and which names are Python
+    floats (a float's value is a kernel argument; it decides no dtype, range or check).
+    Anything else -- ints, subclasses, other frameworks, devices -- None."""
     signature = []
     for name, value in kwargs.items():
         kind = type(value)
@@ -32,6 +33,8 @@ def signature_of(kwargs) -> Optional[Tuple]:
                 and not value.requires_grad and value.device.type == "cpu":
             signature.append((name, tuple(value.shape), str(value.dtype), value.stride(),
                               TORCH))
+        elif kind is float:
+            signature.append((name, float))
         else:
             return None
     return tuple(signature)
@@ -65,7 +68,8 @@ def prepare(kernel, call, kwargs) -> None:
         import torch
 
         def repeat(named):
-            arrays = {name: value.numpy() for name, value in named.items()}
+            arrays = {name: value if type(value) is float else value.numpy()
+                      for name, value in named.items()}
             return torch.from_numpy(runner(arrays).astype(result_dtype, copy=False))
     else:
         def repeat(named):
