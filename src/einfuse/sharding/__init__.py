@@ -1,0 +1,24 @@
+"""Sharding on a device mesh (programs.md section 4): explain what an assignment of
+indices to mesh axes costs, search for the cheapest, and run it on JAX's SPMD
+machinery (``jax.shard_map``).  JAX is imported only to run on JAX arrays."""
+
+from .cost import CostModel, PlanCost
+from .layout import Move, MoveKind, Pending, Placement
+from .mesh import Assignment, MeshShape
+from .planner import ShardPlan, StatementPlan
+
+__all__ = ["Assignment", "CostModel", "MeshShape", "Move", "MoveKind", "Pending",
+           "PlanCost", "Placement", "ShardPlan", "StatementPlan", "sharded"]
+
+
+def sharded(compiled, mesh, shard):
+    """``compiled`` (a Kernel or Program) run on ``mesh`` with ``shard``."""
+    from .api import check_options
+    from .execute import ShardedComputation
+    check_options(mesh, shard)
+    return ShardedComputation(compiled, mesh, shard)
+
+
+def explain_sharded(compiled, args, arrays, shapes, mesh, shard, cost_model=None):
+    from .api import explain_sharded as explain
+    return explain(compiled, args, arrays, shapes, mesh, shard, cost_model)
