@@ -119,7 +119,7 @@ def check_statement_axes(assignment: Assignment, indices: Tuple[str, ...],
     """One mesh axis splits at most one index of a statement: two indices on one axis
     would give each device only the diagonal blocks of the pair."""
     owner: Dict[str, str] = {}
-    for index in indices:
+    for index in dict.fromkeys(indices):     # an index may be reduced twice
         for axis in assignment.get(index):
             if axis in owner:
                 raise OptionError(f"mesh axis {axis} is assigned to both {owner[axis]} and "

@@ -25,7 +25,7 @@ from typing import Dict, List, Mapping, Optional, Sequence, Tuple, Union
 import numpy as np
 
 from ..errors import EinfuseError, OptionError, ShapeError, attach_statement
-from ..lang.ast import Access, Binary, IndexValue, Reduce, Unary, accesses
+from ..lang.ast import Access, Binary, IndexValue, Reduce, Unary, accesses, reductions
 from .layout import Move, Pending, Placement, moves_between
 from .mesh import Assignment, MeshAxes, MeshShape, axes_text, check_statement_axes
 
@@ -239,8 +239,7 @@ def _split_indices(spec, assignment: Assignment) -> Tuple[Assignment, List[str]]
     notes: List[str] = []
     split: Dict[str, MeshAxes] = {}
     values = {node.name for node in spec.rhs.walk() if isinstance(node, IndexValue)}
-    top = spec.rhs if isinstance(spec.rhs, Reduce) else None
-    for index in spec.all_indices:
+    for index in dict.fromkeys(spec.all_indices):
         axes = assignment.get(index)
         if not axes:
             continue
@@ -252,14 +251,24 @@ def _split_indices(spec, assignment: Assignment) -> Tuple[Assignment, List[str]]
         elif index in values:
             notes.append(f"{index} is not split here: its value is used in the arithmetic")
         elif index in spec.reduction_indices and not (
-                top is not None and index in top.indices and
-                top.op in SPLITTABLE_REDUCTIONS):
+                len([r for r in reductions(spec.rhs) if index in r.indices]) == 1 and
+                _combinable(spec.rhs, spec.reduction_of(index))):
             op = spec.reduction_of(index).op
-            notes.append(f"{index} is not split here: its {op}[{index}] is not the outermost "
-                         "operation of the right side (or not a sum, max or min), so "
-                         "partial results would not combine")
+            notes.append(f"{index} is not split here: the right side is not a sum[{index}] "
+                         "that it depends on linearly, nor a max or min over it as its "
+                         "outermost operation, so partial results would not combine")
         else:
             split[index] = axes
+    nodes = []   # partial results of two reductions would multiply or divide each other
+    for index in spec.reduction_indices:
+        if index in split and spec.reduction_of(index) not in nodes:
+            nodes.append(spec.reduction_of(index))
+    for node in nodes[1:]:
+        for index in node.indices:
+            if split.pop(index, None):
+                notes.append(f"{index} is not split here: {nodes[0].op}"
+                             f"[{', '.join(nodes[0].indices)}] already leaves a partial "
+                             "result, and two partial results do not combine")
     while True:   # one tensor read at two different placements: run those indices whole
         seen: Dict[str, Placement] = {}
         clash = None
@@ -283,7 +292,8 @@ def _split_indices(spec, assignment: Assignment) -> Tuple[Assignment, List[str]]
             split.pop(index)
             notes.append(f"{index} is not split here: {access.tensor} is read with "
                          f"different subscripts in one statement")
-    return Assignment(tuple((i, split[i]) for i in spec.all_indices if i in split)), notes
+    return Assignment(tuple((i, split[i]) for i in dict.fromkeys(spec.all_indices)
+                            if i in split)), notes
 
 
 def _placement_of(access: Access, split: Mapping[str, MeshAxes]) -> Placement:
@@ -296,21 +306,33 @@ def _required(spec, split: Assignment) -> Dict[str, Placement]:
     return {access.tensor: _placement_of(access, table) for access in accesses(spec.rhs)}
 
 
+def _combinable(rhs, node: Reduce) -> bool:
+    """Whether partial results of ``rhs``, each with ``node`` over a block of its
+    indices, combine into the result: ``rhs`` is linear in a sum, or is the max or min."""
+    if node is rhs:
+        return node.op in SPLITTABLE_REDUCTIONS
+    return node.op == "sum" and _linear(rhs, node)
+
+
 def _own_reduction(spec, split: Assignment) -> Optional[str]:
-    """The outermost reduction's op where the statement splits one of its indices."""
-    rhs = spec.rhs
-    if isinstance(rhs, Reduce) and any(split.get(i) for i in rhs.indices):
-        return rhs.op
+    """The op of the reduction whose split indices leave a partial result."""
+    for index in spec.reduction_indices:
+        if split.get(index):
+            return spec.reduction_of(index).op
     return None
 
 
-def _contains(expr, name: str) -> bool:
-    return any(isinstance(n, Access) and n.tensor == name for n in expr.walk())
+def _contains(expr, name) -> bool:
+    return any(n is name or isinstance(n, Access) and n.tensor == name
+               for n in expr.walk())
 
 
-def _linear(expr, name: str) -> bool:
-    """Whether ``expr`` is linear and homogeneous in the tensor ``name`` (so that the sum
-    of its values at partial sums is its value at the sum)."""
+def _linear(expr, name) -> bool:
+    """Whether ``expr`` is linear and homogeneous in ``name``: a tensor's name, or one
+    reduction node of it (so that the sum of its values at partial sums is its value at
+    the sum)."""
+    if expr is name:
+        return True
     if isinstance(expr, Access):
         return expr.tensor == name and not any(
             _contains(a, name) for sub in expr.indices for a, _ in sub.gathers)
