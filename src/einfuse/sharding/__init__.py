@@ -14,7 +14,7 @@ __all__ = ["Assignment", "CostModel", "MeshShape", "Move", "MoveKind", "Pending"
 def sharded(compiled, mesh, shard):
     """``compiled`` (a Kernel or Program) run on ``mesh`` with ``shard``."""
     from .api import check_options
-    from .execute import ShardedComputation
+    from .computation import ShardedComputation
     check_options(mesh, shard)
     return ShardedComputation(compiled, mesh, shard)
 

@@ -55,7 +55,7 @@ class Choice:
     """The plan chosen and the search that ranked the alternatives."""
     plan: ShardPlan
     how: str                     # "given", "default" or "auto"
-    search: SearchResult
+    search: Optional[SearchResult]       # None where alternatives were not asked for
 
 
 def check_options(mesh, shard) -> MeshShape:
@@ -69,9 +69,10 @@ def check_options(mesh, shard) -> MeshShape:
 
 
 def choose(program: Statements, values: Mapping[str, object], mesh: MeshShape, shard,
-           model: CostModel) -> Choice:
-    """The plan for ``shard`` (a dict, None for the default, or "auto") and the ranked
-    alternatives, for inputs of these shapes (``values``: arrays or placeholders)."""
+           model: CostModel, rank: bool = True) -> Choice:
+    """The plan for ``shard`` (a dict, None for the default, or "auto") and, with
+    ``rank`` or for "auto", the ranked alternatives, for inputs of these shapes
+    (``values``: arrays or placeholders)."""
     try:
         bound, shapes = bind_statements(program.kernels, program.texts, values)
     except EinfuseError as error:
@@ -82,11 +83,12 @@ def choose(program: Statements, values: Mapping[str, object], mesh: MeshShape, s
                             program.source)
 
     try:
-        found = search(program.indices, mesh, build, model)
         if shard == AUTO:
+            found = search(program.indices, mesh, build, model)
             return Choice(found.best.plan, AUTO, found)
-        assignment = assignment_from(shard, program.indices, mesh)
-        return Choice(build(assignment), "default" if shard is None else "given", found)
+        plan = build(assignment_from(shard, program.indices, mesh))
+        found = search(program.indices, mesh, build, model) if rank else None
+        return Choice(plan, "default" if shard is None else "given", found)
     except EinfuseError as error:
         raise attach_statement(error, program.source) from None
 
