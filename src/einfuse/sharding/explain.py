@@ -103,11 +103,14 @@ class ShardingExplanation:
                 f"  model        {seconds_text(cost.compute_seconds)} compute + "
                 f"{seconds_text(cost.communication_seconds)} communication = "
                 f"{seconds_text(cost.seconds)}"]
-        out += ["", "Alternatives (the model's cost per device; cheapest first)"]
+        out += ["", "Alternatives (the model's cost per device, cheapest first; inputs/device: "
+                    "the input blocks each device holds, which the model does not price)"]
         out += ["  " + line for line in _table(self._alternatives())]
         best = self.cheapest
         if plan_cost(plan, self.model).seconds <= plan_cost(best, self.model).seconds:
-            out.append(f"  Cheapest: {best.assignment} (the plan above)")
+            out.append("  Cheapest: the plan above" + (
+                "" if best.assignment == plan.assignment else
+                f" (tied with {best.assignment})"))
         else:
             saving = plan_cost(plan, self.model).seconds / max(
                 plan_cost(best, self.model).seconds, 1e-30)
@@ -139,7 +142,8 @@ class ShardingExplanation:
         return lines
 
     def _alternatives(self) -> List[List[str]]:
-        rows = [["assignment", "FLOPs/device", "collectives", "sent/device", "model time"]]
+        rows = [["assignment", "FLOPs/device", "collectives", "sent/device",
+                 "inputs/device", "model time"]]
         shown, seen = [], set()
         for plan in [self.plan] + [c.plan for c in self.choice.search.ranked]:
             # assignments whose statements split the same indices are one plan
@@ -152,7 +156,7 @@ class ShardingExplanation:
             if plan is self.plan:
                 label += "  (this plan)"
             rows.append([label, _count(plan.local_flops), collectives_text(plan),
-                         _bytes(plan.bytes_sent),
+                         _bytes(plan.bytes_sent), _bytes(plan.input_bytes),
                          seconds_text(plan_cost(plan, self.model).seconds)])
         return rows
 

@@ -84,6 +84,16 @@ class ShardPlan:
     def bytes_sent(self) -> int:
         return sum(m.bytes_sent for m in self.collectives)
 
+    @property
+    def input_bytes(self) -> int:
+        """Bytes of the input blocks one device holds."""
+        total = 0
+        for name, place in self.inputs:
+            info = self.tensor(name)
+            total += int(np.prod(place.local_shape(info.shape, self.mesh), dtype=np.int64)) \
+                * np.dtype(info.dtype).itemsize
+        return total
+
     def tensor(self, name: str) -> TensorShape:
         return next(t for t in self.tensors if t.name == name)
 

@@ -26,7 +26,8 @@ class Candidate:
 
     @property
     def key(self):
-        return (self.cost.seconds, len(self.plan.collectives),
+        # ties: fewer collectives, then less memory per device, then fewer indices split
+        return (self.cost.seconds, len(self.plan.collectives), self.plan.input_bytes,
                 len(self.plan.assignment.pairs))
 
 
