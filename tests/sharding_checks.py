@@ -170,6 +170,11 @@ def mlp_on_a_jax_mesh_with_explicit_axes():
     arrays, expected = _mlp_inputs()
     mesh = jax.make_mesh((4, 2), ("model", "data"))     # Explicit axes by default
     _run(MLP, arrays, mesh, {"f": "model", "b": "data"}, expected, {"all-reduce": 1})
+    from jax.sharding import NamedSharding, PartitionSpec
+    placed = dict(arrays, x=jax.device_put(arrays["x"], NamedSharding(
+        mesh, PartitionSpec("data", None))), W1=jax.device_put(arrays["W1"], NamedSharding(
+            mesh, PartitionSpec(None, "model"))))
+    _run(MLP, placed, mesh, {"f": "model", "b": "data"}, expected, {"all-reduce": 1})
 
 
 PARTIAL = "t[b,o] := sum[f](h[b,f]*W2[f,o]); "

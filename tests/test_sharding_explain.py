@@ -156,3 +156,13 @@ def test_explain_on_a_dict_mesh_does_not_import_jax():
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           env=os.environ, timeout=120)
     assert done.returncode == 0, done.stderr
+
+
+def test_options_that_the_sharded_explanation_does_not_show_are_refused():
+    for extra in (dict(gradients=True), dict(source=True)):
+        with pytest.raises(ef.EinfuseError, match="not gradients= or source="):
+            ef.explain(DIST, shapes=DIST_SHAPES, mesh={"x": 4}, **extra)
+    with pytest.raises(ef.EinfuseError, match="einsum"):
+        ef.explain("ij,jk->ik", shapes={"A": (4, 4)}, mesh={"x": 2})
+    with pytest.raises(ef.EinfuseError, match="index 'q'"):
+        ef.compile(DIST, mesh={"x": 4}, shard={"q": "x"})     # at compile time

@@ -298,7 +298,7 @@ def explain(statement=NOT_GIVEN, /, *args, shapes: Optional[Dict[str, tuple]] = 
     from .runtime.kernel import compile as compile_kernel
     statement = statement_argument(statement, arrays, "explain")
     from .lang.parser import einsum_hint
-    if einsum_hint(statement):   # an einsum string: its statement, then the usual
+    if einsum_hint(statement) and mesh is None and shard is None:   # einsum's statement
         from .frontends.einsum import explain_einsum
         return explain_einsum(statement, args, shapes, explain, ranges=ranges, pad=pad,
                               bounds=bounds, fill=fill, dtype=dtype, backend=backend,
@@ -311,7 +311,8 @@ def explain(statement=NOT_GIVEN, /, *args, shapes: Optional[Dict[str, tuple]] = 
                               memory_limit=memory_limit, outputs=outputs)
     if mesh is not None or shard is not None:
         from .sharding import explain_sharded
-        return explain_sharded(compiled, args, arrays, shapes, mesh, shard, cost_model)
+        return explain_sharded(compiled, args, arrays, shapes, mesh, shard, cost_model,
+                               gradients or source)
     if not isinstance(compiled, Kernel):
         from .program.explain import explain_program
         return explain_program(compiled, args, arrays, shapes, gradients)

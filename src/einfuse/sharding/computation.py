@@ -26,6 +26,12 @@ class ShardedComputation:
         self.mesh_info: MeshShape = check_options(mesh, shard)
         self.mesh = mesh
         self.shard = shard
+        if shard is not None and not isinstance(shard, str):   # its errors now, not later
+            from .mesh import assignment_from
+            try:
+                assignment_from(shard, self.program.indices, self.mesh_info)
+            except EinfuseError as error:
+                raise attach_statement(error, self.program.source) from None
         self._plans: Dict[Tuple, ShardPlan] = {}
         self._functions: Dict[Tuple, object] = {}
 

@@ -59,10 +59,11 @@ class ShardingExplanation:
 
     def __str__(self) -> str:
         plan, mesh = self.plan, self.plan.mesh
+        search = self.choice.search
         how = {"given": "as given by shard=",
                "default": "default: each index named like a mesh axis goes on it",
-               "auto": f"shard='auto': the cheapest of {self.choice.search.tried} tried "
-                       f"({'every assignment' if self.choice.search.exhaustive else 'greedy search'})"}
+               "auto": f"shard='auto': the cheapest of {search.tried} tried "
+                       f"({'every assignment' if search.exhaustive else 'greedy search'})"}
         out = [f"Sharded on mesh {mesh} ({mesh.size()} devices)",
                f"Assignment: {plan.assignment}   ({how[self.choice.how]})", "",
                "Inputs ([-, x]: axis 0 whole, axis 1 split over mesh axis x; each device "
