@@ -246,6 +246,20 @@ def all_to_all_when_the_split_moves_to_another_axis():
 
 
 @check
+def gather_and_slice_over_two_mesh_axes():
+    rng = np.random.default_rng(9)
+    a, vec, b = _rand(rng, 4, 16), _rand(rng, 16), _rand(rng, 16, 3)
+    na, nv, nb = _np(a, vec, b)
+    text = "h[r,f] := relu(A[r,f]); s[r] := log(sum[f](exp(h[r,f])))"
+    _run(text, dict(A=a), {"x": 4, "y": 2}, {"f": ("x", "y")},
+         np.log(np.exp(np.maximum(na, 0)).sum(1)), {"all-gather": 1})
+    # t is computed whole on every device, then each keeps its block of p (no collective)
+    _, plan = _run("t[i] := exp(v[i]); y[p,q] := t[p] * B[p,q]", dict(v=vec, B=b),
+                   {"x": 4, "y": 2}, {"p": ("x", "y")}, np.exp(nv)[:, None] * nb, {})
+    assert [m.kind.value for m in plan.steps if not hasattr(m, "split")] == ["local slice"]
+
+
+@check
 def max_over_a_split_index():
     rng = np.random.default_rng(6)
     a = _rand(rng, 8, 16)
