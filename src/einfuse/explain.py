@@ -282,11 +282,12 @@ def index_rows(spec: Spec, bounds: Optional[Bounds]) -> List[List[str]]:
 def explain(statement=NOT_GIVEN, /, *args, shapes: Optional[Dict[str, tuple]] = None,
             ranges=None, pad=None, bounds="check", fill=0.0, dtype=None, backend="auto",
             threads=None, memory_limit=None, gradients: bool = False, outputs=None,
-            source: bool = False, **arrays):
+            source: bool = False, mesh=None, shard=None, cost_model=None, **arrays):
     """Explain ``statement`` (or a program of several); with arrays (or
     ``shapes={"A": (100, 50)}``) also the ranges, costs and plan for those shapes; with
     ``gradients=True`` also every gradient statement and how it runs; with
-    ``source=True`` (and arrays or shapes) also the generated C or Triton source.
+    ``source=True`` (and arrays or shapes) also the generated C or Triton source;
+    with ``mesh=`` (and ``shard=``) the plan on a device mesh (docs/sharding.md).
     ``str()`` of the result is the text.  A tensor named like an option goes in
     ``arrays={"bounds": b}``, as for ``ein``.
 
@@ -297,7 +298,7 @@ def explain(statement=NOT_GIVEN, /, *args, shapes: Optional[Dict[str, tuple]] = 
     from .runtime.kernel import compile as compile_kernel
     statement = statement_argument(statement, arrays, "explain")
     from .lang.parser import einsum_hint
-    if einsum_hint(statement):   # an einsum string: its statement, then the usual
+    if einsum_hint(statement) and mesh is None and shard is None:   # einsum's statement
         from .frontends.einsum import explain_einsum
         return explain_einsum(statement, args, shapes, explain, ranges=ranges, pad=pad,
                               bounds=bounds, fill=fill, dtype=dtype, backend=backend,
@@ -308,6 +309,10 @@ def explain(statement=NOT_GIVEN, /, *args, shapes: Optional[Dict[str, tuple]] = 
     compiled = compile_kernel(statement, ranges=ranges, pad=pad, bounds=bounds, fill=fill,
                               dtype=dtype, backend=backend, threads=threads,
                               memory_limit=memory_limit, outputs=outputs)
+    if mesh is not None or shard is not None:
+        from .sharding import explain_sharded
+        return explain_sharded(compiled, args, arrays, shapes, mesh, shard, cost_model,
+                               gradients or source)
     if not isinstance(compiled, Kernel):
         from .program.explain import explain_program
         return explain_program(compiled, args, arrays, shapes, gradients)

@@ -351,7 +351,7 @@ def check_explain_options(statement: str, shapes, gradients, source=False) -> No
 
 def compile(statement=NOT_GIVEN, /, *, ranges=None, pad=None, bounds="check", fill=0.0,
             dtype=None, backend="auto", threads: Optional[int] = None,
-            memory_limit: Optional[int] = None, outputs=None, **named):
+            memory_limit: Optional[int] = None, outputs=None, mesh=None, shard=None, **named):
     """Compile ``statement`` into a reusable :class:`Kernel`, or a program (several
     statements, separated by newlines or ';') into a :class:`~einfuse.program.Program`
     whose ``outputs`` are chosen by name (default: what no later statement reads).
@@ -366,6 +366,12 @@ def compile(statement=NOT_GIVEN, /, *, ranges=None, pad=None, bounds="check", fi
         dist = ef.compile("D[i,j] := (w[k,i] - x[k,j])**2")
         D = dist(w=w, x=x)              # any shapes; compiled once per layout"""
     statement = statement_argument(statement, named, "compile")
+    if mesh is not None or shard is not None:   # docs/sharding.md
+        from ..sharding import sharded
+        return sharded(compile(statement, ranges=ranges, pad=pad, bounds=bounds, fill=fill,
+                               dtype=dtype, backend=backend, threads=threads,
+                               memory_limit=memory_limit, outputs=outputs, **named),
+                       mesh, shard)
     if named:
         raise attach_statement(UnexpectedArgumentError(
             f"compile() takes the statement and options, not {', '.join(named)}=; pass the "
@@ -414,7 +420,8 @@ def _shared_kernel(statement: str, options: Options) -> "Kernel":
 
 def ein(statement=NOT_GIVEN, /, *args, ranges=None, pad=None, bounds="check", fill=0.0,
         dtype=None, backend="auto", threads: Optional[int] = None,
-        memory_limit: Optional[int] = None, outputs=None, arrays=None, **named):
+        memory_limit: Optional[int] = None, outputs=None, arrays=None, mesh=None, shard=None,
+        **named):
     """Evaluate ``statement`` (or a program of several) once on the given arrays and
     scalars.  A tensor whose name is one of the options (``bounds``, ``ranges`` ...)
     goes in ``arrays={"bounds": b}``.  The options are :func:`compile`'s; NumPy,
@@ -431,7 +438,7 @@ def ein(statement=NOT_GIVEN, /, *args, ranges=None, pad=None, bounds="check", fi
                                           threads, memory_limit), outputs, args, named, arrays)
     kernel = compile(statement, ranges=ranges, pad=pad, bounds=bounds, fill=fill,
                      dtype=dtype, backend=backend, threads=threads,
-                     memory_limit=memory_limit, outputs=outputs)
+                     memory_limit=memory_limit, outputs=outputs, mesh=mesh, shard=shard)
     return kernel(*args, arrays=arrays, **named)
 
 

@@ -1,0 +1,149 @@
+"""The seam between the public API (``ef.explain``, ``ef.compile``, ``ef.ein`` with
+``mesh=``/``shard=``) and the planner: the statements of a compiled Kernel or Program,
+their global shapes, and the plan for an assignment (given, default or searched)."""
+
+from __future__ import annotations
+
+import numbers
+from dataclasses import dataclass
+from typing import Mapping, Optional, Tuple
+
+
+from ..errors import EinfuseError, OptionError, attach_statement
+from .cost import CostModel
+from .mesh import Assignment, MeshShape, assignment_from, mesh_shape
+from .planner import ShardPlan, bind_statements, plan_program
+from .search import SearchResult, search
+
+AUTO = "auto"
+
+
+@dataclass(frozen=True)
+class Statements:
+    """A Kernel or Program seen as a sequence of statements."""
+    kernels: Tuple[object, ...]
+    texts: Tuple[str, ...]
+    inputs: Tuple[str, ...]
+    outputs: Tuple[str, ...]
+    source: str
+    params: Tuple[str, ...]
+
+    @property
+    def indices(self) -> Tuple[str, ...]:
+        seen = {}
+        for kernel in self.kernels:
+            for index in kernel.spec.all_indices:
+                seen.setdefault(index)
+        return tuple(seen)
+
+
+def statements_of(compiled) -> Statements:
+    from ..program import Program
+    if isinstance(compiled, Program):
+        kernels = tuple(s.kernel for s in compiled.statements)
+        texts = tuple(s.source.text for s in compiled.statements)
+        params = tuple(dict.fromkeys(p for k in kernels for p in k.spec.params))
+        return Statements(kernels, texts, compiled.inputs, compiled.outputs,
+                          compiled.source, params)
+    spec = compiled.spec
+    return Statements((compiled,), (compiled.statement,), spec.arg_order, (spec.output,),
+                      compiled.statement, spec.params)
+
+
+@dataclass(frozen=True)
+class Choice:
+    """The plan chosen and the search that ranked the alternatives."""
+    plan: ShardPlan
+    how: str                     # "given", "default" or "auto"
+    search: Optional[SearchResult]       # None where alternatives were not asked for
+
+
+def check_options(mesh, shard) -> MeshShape:
+    if mesh is None:
+        raise OptionError("shard= needs mesh= (a jax.sharding.Mesh or a dict of axis sizes)")
+    shape = mesh_shape(mesh)
+    if isinstance(shard, str) and shard != AUTO:
+        raise OptionError(f"shard= takes a dict of index -> mesh axis, 'auto' or None, not "
+                          f"{shard!r}")
+    return shape
+
+
+def choose(program: Statements, values: Mapping[str, object], mesh: MeshShape, shard,
+           model: CostModel, rank: bool = True) -> Choice:
+    """The plan for ``shard`` (a dict, None for the default, or "auto") and, with
+    ``rank`` or for "auto", the ranked alternatives, for inputs of these shapes
+    (``values``: arrays or placeholders)."""
+    try:
+        bound, shapes = bind_statements(program.kernels, program.texts, values)
+    except EinfuseError as error:
+        raise attach_statement(error, program.source) from None
+
+    def build(assignment: Assignment) -> ShardPlan:
+        return plan_program(bound, shapes, program.outputs, mesh, assignment,
+                            program.source)
+
+    try:
+        if shard == AUTO:
+            found = search(program.indices, mesh, build, model)
+            return Choice(found.best.plan, AUTO, found)
+        plan = build(assignment_from(shard, program.indices, mesh))
+        found = search(program.indices, mesh, build, model) if rank else None
+        return Choice(plan, "default" if shard is None else "given", found)
+    except EinfuseError as error:
+        raise attach_statement(error, program.source) from None
+
+
+def shape_values(values: Mapping[str, object]) -> dict:
+    """Arrays (of any framework, traced ones too) as read-only placeholders of their
+    shapes and dtypes; numbers as they are."""
+    from ..runtime.frameworks import placeholder
+    return {name: value if isinstance(value, numbers.Number) else placeholder(value)
+            for name, value in values.items()}
+
+
+def explain_sharded(compiled, args, arrays, shapes, mesh, shard,
+                    cost_model: Optional[CostModel]):
+    """``ef.explain(..., mesh=, shard=)``."""
+    from .explain import ShardingExplanation
+    mesh_info = check_options(mesh, shard)
+    model = _model(cost_model)
+    program = statements_of(compiled)
+    values = dict(zip(program.inputs, args))
+    values.update(arrays.pop("arrays", None) or {})
+    values.update(arrays)
+    if shapes:
+        values = {**_placeholders(compiled, shapes), **values}
+    if not values and program.inputs:
+        raise attach_statement(OptionError(
+            "explain with mesh= needs the arrays or shapes= (per-device shapes, FLOPs and "
+            "collectives depend on them)"), program.source)
+    for name in program.params:
+        values.setdefault(name, 1.0)
+    choice = choose(program, shape_values(values), mesh_info, shard, model)
+    return ShardingExplanation(program.texts, choice, model)
+
+
+def _model(cost_model) -> CostModel:
+    if cost_model is None:
+        return CostModel()
+    if not isinstance(cost_model, CostModel):
+        raise OptionError(f"cost_model= takes an einfuse.sharding.CostModel, not "
+                          f"{type(cost_model).__name__}")
+    return cost_model
+
+
+def _placeholders(compiled, shapes) -> dict:
+    from ..program import Program
+    try:
+        if isinstance(compiled, Program):
+            from ..program.explain import _input_placeholders
+            return _input_placeholders(compiled, shapes)
+        from ..explain import _placeholders as statement_placeholders
+        return statement_placeholders(compiled.spec, shapes)
+    except EinfuseError as error:
+        source = compiled.source if isinstance(compiled, Program) else compiled.statement
+        raise attach_statement(error, source) from None
+
+
+__all__ = ["AUTO", "Choice", "Statements", "check_options", "choose", "explain_sharded",
+           "shape_values", "statements_of"]

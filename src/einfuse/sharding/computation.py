@@ -1,0 +1,93 @@
+"""A statement or program compiled for a device mesh (``ef.compile(..., mesh=,
+shard=)``): it checks the call, plans for the arrays' shapes (cached per shapes and
+dtypes) and hands the plan to execute.py, which imports JAX, only for JAX arrays."""
+
+from __future__ import annotations
+
+import numbers
+from typing import Dict, Tuple
+
+from ..errors import EinfuseError, EinfuseTypeError, attach_statement
+from ..runtime.frameworks import JAX, framework_of
+from .api import check_options, choose, shape_values, statements_of
+from .cost import CostModel
+from .mesh import MeshShape
+from .planner import ShardPlan
+
+
+class ShardedComputation:
+    """A statement or program compiled for a device mesh: call it with JAX arrays (by
+    keyword, or positionally in the order of ``inputs``); the result is the unsharded
+    result, laid out on the mesh as the plan leaves it (``plan(...)`` shows it)."""
+
+    def __init__(self, compiled, mesh, shard):
+        self.compiled = compiled
+        self.program = statements_of(compiled)
+        self.mesh_info: MeshShape = check_options(mesh, shard)
+        self.mesh = mesh
+        self.shard = shard
+        if shard is not None and not isinstance(shard, str):   # its errors now, not later
+            from .mesh import assignment_from
+            try:
+                assignment_from(shard, self.program.indices, self.mesh_info)
+            except EinfuseError as error:
+                raise attach_statement(error, self.program.source) from None
+        self._plans: Dict[Tuple, ShardPlan] = {}
+        self._functions: Dict[Tuple, object] = {}
+
+    @property
+    def inputs(self) -> Tuple[str, ...]:
+        return self.program.inputs
+
+    def __repr__(self) -> str:
+        return (f"<einfuse sharded on {self.mesh_info} | shard={self.shard!r} | takes "
+                f"{', '.join(self.inputs)} | returns {', '.join(self.program.outputs)}>")
+
+    def plan(self, /, *args, **arrays) -> ShardPlan:
+        """The plan for these arrays (or any objects with their shapes and dtypes)."""
+        values = self._named(args, arrays)
+        return self._plan_for(shape_values(values))
+
+    def __call__(self, /, *args, arrays=None, **kwargs):
+        if arrays is not None:
+            kwargs = {**kwargs, **arrays}
+        values = self._named(args, kwargs)
+        for name, value in values.items():
+            if not isinstance(value, numbers.Number) and framework_of(value) != JAX:
+                raise attach_statement(EinfuseTypeError(
+                    f"mesh= runs on JAX arrays (jax.shard_map), but {name} is a "
+                    f"{type(value).__module__}.{type(value).__name__}; pass "
+                    f"jnp.asarray({name}), or call without mesh="), self.program.source)
+        plan = self._plan_for(shape_values(values))
+        tensors = tuple(name for name, _ in plan.inputs)
+        scalars = tuple(name for name in self.program.params
+                        if not isinstance(values[name], numbers.Number))
+        numbers_key = tuple((n, values[n]) for n in self.program.params if n not in scalars)
+        key = (plan, scalars, numbers_key)
+        function = self._functions.get(key)
+        if function is None:
+            from .execute import build_function
+            function = self._functions[key] = build_function(
+                plan, self.program.kernels, self.mesh, self.mesh_info, scalars,
+                dict(numbers_key))
+        results = function(*(values[n] for n in tensors + scalars))
+        return results[0] if len(results) == 1 else tuple(results)
+
+    def _named(self, args, kwargs) -> dict:
+        from ..program import Program
+        try:
+            if isinstance(self.compiled, Program):
+                return self.compiled._named(args, kwargs, None)
+            from ..runtime.binding import bind_names
+            return bind_names(self.compiled.spec, args, kwargs)
+        except EinfuseError as error:
+            raise attach_statement(error, self.program.source) from None
+
+    def _plan_for(self, values) -> ShardPlan:
+        key = tuple((n, getattr(v, "shape", None), str(getattr(v, "dtype", type(v))))
+                    for n, v in sorted(values.items()))
+        plan = self._plans.get(key)
+        if plan is None:
+            plan = self._plans[key] = choose(self.program, values, self.mesh_info,
+                                             self.shard, CostModel(), rank=False).plan
+        return plan
