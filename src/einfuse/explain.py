@@ -357,6 +357,10 @@ def explain_kernel(kernel: Kernel, args, arrays, shapes, gradients: bool) -> Exp
     else:
         nests = chosen.loop_nest(call) if hasattr(chosen, "loop_nest") else None
         how = chosen.strategy(call)
+    notes = []
+    if call.framework == "jax":   # where jax.jit runs it (runtime/jax_ffi.py)
+        from .runtime.jax_ffi import route_note
+        notes.append(route_note(kernel, call))
     return Explanation(
         text, words(spec, kernel.options), index_rows(spec, call.bounds),
         loop_nest(spec, call.bounds), flops=count_flops(spec, call.bounds, hoisted),
@@ -365,7 +369,8 @@ def explain_kernel(kernel: Kernel, args, arrays, shapes, gradients: bool) -> Exp
                                                     call.dtypes.working.itemsize),
         strategy=f"backend {chosen.name}: {how}; result dtype {call.dtypes.result}",
         compiled_loop_nest=nests,
-        gradients=gradient_lines(kernel, call) if gradients else None, hoisted=lines)
+        gradients=gradient_lines(kernel, call) if gradients else None, hoisted=lines,
+        notes=notes)
 
 
 def hoisted_lines(form, call, backend):

@@ -117,7 +117,7 @@ def _jitted(statement, options, names, route):
                                      names=names, route=route))
 
 
-def _lower(*values, statement, options, names, route):
+def _lower(*values, statement, options, names, route, cpu=False):
     kernel = _kernel(statement, options)
     struct = _struct(kernel, names, values)
     if route == "device":
@@ -126,9 +126,9 @@ def _lower(*values, statement, options, names, route):
             out = jax_gpu.launch_kernel(device, jax_gpu.kernel_inputs(
                 device, dict(zip(names, values))))
             return out if out.dtype == struct.dtype else out.astype(struct.dtype)
-    _, ffi = jax_ffi.cpu_route(kernel, names, values)
-    if ffi is not None:   # the C kernel inside XLA (runtime/jax_ffi.py)
-        out = ffi.emit(values)
+    planned = jax_ffi.cpu_route(kernel, names, values)[1] if cpu else None
+    if planned is not None:   # inside XLA: the C kernel, or a dot (runtime/jax_ffi.py)
+        out = planned.emit(values)
         return out if out.dtype == struct.dtype else out.astype(struct.dtype)
 
     def run_host(*arrays):
@@ -171,6 +171,8 @@ def _batch(values, dims, *, statement, options, names, route):
 einfuse_p.def_abstract_eval(_abstract)
 einfuse_p.def_impl(_impl)
 mlir.register_lowering(einfuse_p, mlir.lower_fun(_lower, multiple_results=False))
+mlir.register_lowering(einfuse_p, mlir.lower_fun(functools.partial(_lower, cpu=True),
+                                                 multiple_results=False), platform="cpu")
 ad.primitive_transposes[einfuse_p] = _transpose
 batching.primitive_batchers[einfuse_p] = _batch
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 import ctypes
 import enum
 import functools
-import itertools
+import hashlib
 import os
 import threading
 from dataclasses import dataclass
@@ -30,14 +30,16 @@ import jaxlib
 import numpy as np
 
 from ..backends import c_build, get_backend
-from ..backends.c_backend import PARALLEL_MIN_WORK, output_dtype
+from ..backends.c_backend import PARALLEL_MIN_WORK, _blas_contraction, output_dtype
 from ..backends.c_ffi_support import XLA_DTYPES
 from ..errors import EinfuseError, attach_statement
 from ..plan import buffer_slots, call_arguments, unit_axis
+from ..plan.contraction import prepare_contraction
 
 
 class CpuRouteKind(enum.Enum):
     FFI = "XLA FFI custom call"
+    DOT = "XLA dot_general"
     CALLBACK = "host callback (jax.pure_callback)"
 
 
@@ -75,6 +77,28 @@ class FfiPlan:
 
 
 @dataclass(frozen=True)
+class DotPlan:
+    """A multiply-add contraction of two tensors, which the C backend hands to BLAS:
+    under jit, XLA's own matrix product, after the same windows and transposes
+    (plan/contraction.py's PreparedContraction, in jax.numpy)."""
+    prepared: object
+    names: Tuple[str, ...]
+
+    def emit(self, values):
+        import jax.numpy as jnp
+        from ..lang import ast
+        p, named = self.prepared, dict(zip(self.names, values))
+        left, right = (named[o.tensor].astype(p.working)[o.window].transpose(o.order)
+                       .reshape(o.sizes) for o in (p.left, p.right))
+        product = jnp.matmul(left, right, precision=jax.lax.Precision.HIGHEST,
+                             preferred_element_type=p.working)
+        for factor in p.contraction.scale:
+            value = factor.value if isinstance(factor, ast.Number) else named[factor.name]
+            product = product * jnp.asarray(value).astype(p.working)
+        return product.reshape(p.shape).transpose(p.order)
+
+
+@dataclass(frozen=True)
 class _Report:
     """What the reporter needs to rebuild a call's inputs from XLA's buffers."""
     statement: str
@@ -84,9 +108,10 @@ class _Report:
     dtypes: Tuple[np.dtype, ...]
 
 
-def cpu_route(kernel, names: Sequence[str], avals) -> Tuple[CpuRoute, Optional[FfiPlan]]:
-    """The route for ``kernel`` on inputs with these abstract values (shape, dtype), in
-    ``names`` order, and the custom call's plan when it is the FFI."""
+def cpu_route(kernel, names: Sequence[str], avals):
+    """(CpuRoute, plan) for ``kernel`` on inputs with these abstract values (shape,
+    dtype), in ``names`` order: the plan (FfiPlan or DotPlan, whose ``emit(values)``
+    is the result) is None for the host callback."""
     key = tuple((tuple(a.shape), np.dtype(a.dtype)) for a in avals)
     return _route_for(kernel.statement, kernel.options, tuple(names), key,
                       bool(jax.config.jax_enable_x64))
@@ -133,6 +158,10 @@ def _route_for(statement, options, names, avals, x64):
         arrival.append(dtype)
         casts.append(cast)
     _check_result_size(call)
+    contraction = _blas_contraction(call)
+    if contraction is not None and _canonical(working) == working:
+        return CpuRoute(CpuRouteKind.DOT, "a contraction, which the C backend hands to "
+                        "BLAS"), DotPlan(prepare_contraction(contraction, call), names)
     slots = buffer_slots(spec)
     layout = []
     buffers = []
@@ -203,14 +232,18 @@ def _register(target: str, handler) -> None:
 
 # -- errors from inside XLA ------------------------------------------------------------
 _reports: Dict[int, _Report] = {}
-_tokens = itertools.count(1)
 _REPORTER = ctypes.CFUNCTYPE(ctypes.c_int64, ctypes.c_int64, ctypes.POINTER(ctypes.c_void_p),
                              ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64)
 
 
 def _remember(report: _Report) -> int:
+    """The report's token: a digest of what it describes, so that the same call gets
+    the same token in every process (an executable from JAX's persistent compilation
+    cache carries the token of the process that compiled it)."""
+    digest = hashlib.sha256(repr((report.statement, report.options, report.names,
+                                  report.shapes, [d.str for d in report.dtypes])).encode())
+    token = int.from_bytes(digest.digest()[:7], "little")
     with _lock:
-        token = next(_tokens)
         _reports[token] = report
     return token
 
@@ -254,3 +287,17 @@ def _install_reporter() -> None:
     from ..backends.c_ffi import support_library
     support_library(*_headers()).einfuse_ffi_set_reporter(
         ctypes.cast(_reporter, ctypes.c_void_p))
+
+
+def route_note(kernel, call) -> str:
+    """explain()'s line on the route this call's statement takes under jax.jit."""
+    names = tuple(kernel.spec.arg_order)
+    sources = call.sources or {}
+    avals = [jax.ShapeDtypeStruct(np.shape(sources[n]), np.asarray(sources[n]).dtype
+                                  if not hasattr(sources[n], "dtype") else sources[n].dtype)
+             for n in names]
+    try:
+        route = cpu_route(kernel, names, avals)[0]
+    except EinfuseError as error:
+        return f"under jax.jit on the CPU this call fails: {error.message}"
+    return route.describe()
