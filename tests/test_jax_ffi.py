@@ -155,3 +155,40 @@ def test_independent_calls_in_one_executable_and_vmap():
     x = rand(16, 5)
     np.testing.assert_allclose(f(batch, x), jax.vmap(dist_ref, in_axes=(0, None))(batch, x),
                                rtol=1e-4, atol=1e-4)
+
+
+@needs_cc
+def test_handler_validates_what_xla_passes():
+    """The target called with buffers other than those planned: an XLA error naming
+    the mismatch, not a kernel reading out of bounds."""
+    kernel = ef.compile(DIST)
+    avals = [jax.ShapeDtypeStruct((5, 3), np.float32), jax.ShapeDtypeStruct((5, 4), np.float32)]
+    route, plan = jax_ffi.cpu_route(kernel, ["w", "x"], avals)
+    assert route.kind == jax_ffi.CpuRouteKind.FFI
+    attrs = dict(layout=np.array(plan.layout, np.int64), ints=np.array(plan.ints, np.int64),
+                 fills=np.array(plan.fills, np.float64))
+    result = jax.ShapeDtypeStruct(plan.result_shape, plan.result_dtype)
+    call = jax.ffi.ffi_call(plan.target, result)
+    np.testing.assert_allclose(jax.jit(lambda w, x: call(w, x, **attrs))(rand(5, 3), rand(5, 4)).shape,
+                               (3, 4))
+    with pytest.raises(Exception, match="does not have the dtype and shape"):
+        jax.jit(lambda w, x: call(w, x, **attrs))(rand(6, 3), rand(5, 4)).block_until_ready()
+    with pytest.raises(Exception, match="takes 2 arrays"):
+        jax.jit(lambda w: call(w, **attrs))(rand(5, 3)).block_until_ready()
+
+
+@needs_cc
+def test_jvp_hessian_and_programs_stay_inside_xla():
+    w, x = rand(5, 3), rand(5, 4)
+    f = lambda w, x: jnp.sum(jnp.sin(ef.ein(DIST, w=w, x=x)))
+    ref = lambda w, x: jnp.sum(jnp.sin(dist_ref(w, x)))
+    jvp = lambda f: lambda w, x: jax.jvp(f, (w, x), (x[:, :3], w[:, :1] + x))[1]
+    for ours, want in ((jvp(f), jvp(ref)), (jax.hessian(f), jax.hessian(ref))):
+        assert "callback" not in lowered(ours, w, x)
+        for got, exp in zip(jax.tree_util.tree_leaves(jax.jit(ours)(w, x)),
+                            jax.tree_util.tree_leaves(want(w, x))):
+            np.testing.assert_allclose(got, exp, rtol=1e-4, atol=1e-4)
+    program = lambda w, x: ef.ein(DIST + "\nE[i] := sum[j](exp(-D[i,j]))", w=w, x=x)
+    assert lowered(program, w, x).count("custom_call @einfuse_") == 2
+    np.testing.assert_allclose(jax.jit(program)(w, x), jnp.exp(-dist_ref(w, x)).sum(1),
+                               rtol=1e-5)

@@ -175,7 +175,10 @@ def _route_for(statement, options, names, avals, x64):
     buffers.append(_dense(call.output_shape, out))
     from ..backends.c_ffi import ffi_kernel
     header, version = _headers()
-    built = ffi_kernel(call, [unit_axis(b) for b in buffers], header, version)
+    try:
+        built = ffi_kernel(call, [unit_axis(b) for b in buffers], header, version)
+    except c_build.CompileError as error:   # the callback's own compile says it again
+        return _callback(f"the kernel with its XLA handler could not be built: {error}")
     plan = built.plan
     if any(len(k.buffers) != len(slots) for k in plan.program.kernels):
         return _callback("the kernel takes intermediate buffers")
