@@ -2,9 +2,10 @@
 parameters are the statement's text and options.  Every JAX transformation of it is
 again that primitive on another statement, so transformations compose to any depth:
 
-* jit: the primitive lowers to a ``jax.pure_callback`` that runs einfuse's compiled
-  kernels on the host (on a GPU with jax_triton: a Triton kernel, see
-  :mod:`einfuse.runtime.jax_gpu`);
+* jit: on the CPU the primitive lowers to the C kernel as an XLA FFI custom call, or
+  to an XLA dot for a contraction (:mod:`einfuse.runtime.jax_ffi`), else to a
+  ``jax.pure_callback`` running einfuse on the host; on a GPU with jax_triton: a
+  Triton kernel (:mod:`einfuse.runtime.jax_gpu`);
 * jvp (``jax.jvp``, ``jax.jacfwd``): the tangent statement
   (:func:`einfuse.autodiff.forward.tangent`), linear in the inputs' tangents;
 * transpose (reverse mode: ``jax.grad``, ``jax.vjp``, which linearize and transpose):
@@ -16,9 +17,8 @@ again that primitive on another statement, so transformations compose to any dep
 So ``jax.grad(jax.grad(f))``, ``jax.hessian`` (forward over reverse), ``jax.jvp`` and
 ``jax.vmap(jax.grad(f))`` all work, with and without jit.
 
-Why a host callback and not the FFI: the C kernels are built at run time (per statement
-and layout) and loaded with ctypes; a callback calls them with NumPy views of the device
-buffers (on the CPU, no copy) and needs no per-kernel XLA registration or C++ shim.
+The host callback remains the fallback: it runs anything einfuse runs (the NumPy
+reference, Triton under the interpreter, statements the FFI handler cannot take).
 
 Imported only when the caller's arrays are JAX arrays."""
 
