@@ -294,13 +294,11 @@ def _install_reporter() -> None:
 
 def route_note(kernel, call) -> str:
     """explain()'s line on the route this call's statement takes under jax.jit."""
+    import jax.numpy as jnp
     names = tuple(kernel.spec.arg_order)
-    sources = call.sources or {}
-    avals = [jax.ShapeDtypeStruct(np.shape(sources[n]), np.asarray(sources[n]).dtype
-                                  if not hasattr(sources[n], "dtype") else sources[n].dtype)
-             for n in names]
+    values = [jnp.asarray((call.sources or {})[name]) for name in names]   # as call() does
     try:
-        route = cpu_route(kernel, names, avals)[0]
+        route = cpu_route(kernel, names, values)[0]
     except EinfuseError as error:
         return f"under jax.jit on the CPU this call fails: {error.message}"
     return route.describe()
