@@ -192,3 +192,25 @@ def test_jvp_hessian_and_programs_stay_inside_xla():
     assert lowered(program, w, x).count("custom_call @einfuse_") == 2
     np.testing.assert_allclose(jax.jit(program)(w, x), jnp.exp(-dist_ref(w, x)).sum(1),
                                rtol=1e-5)
+
+
+@needs_cc
+def test_gathers_in_range_and_out_of_range_per_call():
+    """One executable, two kinds of index values: in range (the handler may run the
+    kernel without per-element tests) and out of range (einfuse's error), for a
+    shifted gather, a negative one and uint64 indices beyond int64."""
+    W = rand(5, 3)
+    f = jax.jit(lambda W, idx: ef.ein("E[b,d] := W[idx[b] + 1, d]", W=W, idx=idx))
+    good = jnp.asarray([0, 3, 2])
+    np.testing.assert_array_equal(f(W, good), W[good + 1])
+    for bad, shown in (([0, 4, 1], r"idx\[1\] = 4"), ([-2, 0, 0], r"idx\[0\] = -2")):
+        with pytest.raises(Exception, match=shown):
+            f(W, jnp.asarray(bad)).block_until_ready()
+    np.testing.assert_array_equal(f(W, good), W[good + 1])   # the same executable again
+    with jax.enable_x64(True):
+        huge = jnp.asarray(np.array([2**63 + 5, 0], dtype=np.uint64))
+        g = jax.jit(lambda W, idx: ef.ein("E[b,d] := W[idx[b], d]", W=W, idx=idx))
+        with pytest.raises(Exception, match="is outside its valid range"):
+            g(W, huge).block_until_ready()
+        ok = jnp.asarray(np.array([4, 0], dtype=np.uint64))
+        np.testing.assert_array_equal(g(W, ok), W[np.array([4, 0])])

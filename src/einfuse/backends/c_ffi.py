@@ -10,7 +10,7 @@ import ctypes
 import functools
 import threading
 from dataclasses import dataclass
-from typing import Dict, Sequence, Tuple
+from typing import Dict, Optional, Sequence, Tuple
 
 from ..plan import Plan, plan_for
 from ..plan.gathers import unsigned_slots
@@ -28,6 +28,10 @@ class FfiKernel:
     plan: Plan
     handler: object        # the ctypes function einfuse_ffi_handler (for jax.ffi.pycapsule)
     key: str               # the library's cache key: names the XLA target
+    # Under bounds='check'/'promise' with gathers: the kernels planned for gathers known
+    # to be in range, which the handler runs when the index arrays show it.
+    verified: Optional[Plan] = None
+    table: object = None   # their function pointers, kept alive for the handler
 
 
 @functools.lru_cache(maxsize=4)
@@ -36,6 +40,10 @@ def support_library(header: str, version: str) -> ctypes.CDLL:
     library.einfuse_ffi_set_reporter.argtypes = [ctypes.c_void_p]
     library.einfuse_ffi_set_reporter.restype = None
     return library
+
+
+def plan_checks_gathers(plan: Plan) -> bool:
+    return any(k.checks_bounds for k in plan.program.kernels)
 
 
 def checked_bounds(call) -> str:
@@ -61,11 +69,23 @@ def ffi_kernel(call, layouts: Sequence[int], header: str, version: str) -> FfiKe
     plan = plan_for(*key[:5], tile_for(working), block_for(working), key[5])
     source = render_c(plan.program, c_build.vector_math()) + \
         kernel_stub([k.name for k in plan.program.kernels])
+    verified, table = None, None
+    if plan_checks_gathers(plan):
+        verified = plan_for(*key[:3], "verified", *key[4:5], tile_for(working),
+                            block_for(working), key[5])
+        checked_free = c_build.load(render_c(verified.program, c_build.vector_math()),
+                                    verified.fast_math)
+        table = (ctypes.c_void_p * len(verified.program.kernels))(*[
+            ctypes.cast(getattr(checked_free, k.name), ctypes.c_void_p).value
+            for k in verified.program.kernels])
     library = c_build.load(source, plan.fast_math)
-    library.einfuse_ffi_bind.argtypes = [ctypes.c_void_p]
+    library.einfuse_ffi_bind.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64]
     library.einfuse_ffi_bind.restype = None
-    library.einfuse_ffi_bind(ctypes.cast(support.einfuse_ffi_run, ctypes.c_void_p))
+    library.einfuse_ffi_bind(ctypes.cast(support.einfuse_ffi_run, ctypes.c_void_p),
+                             ctypes.cast(table, ctypes.c_void_p) if table else None,
+                             len(table) if table else 0)
     found = FfiKernel(plan, library.einfuse_ffi_handler,
-                      c_build.library_key(source, c_build.flags_for(plan.fast_math)))
+                      c_build.library_key(source, c_build.flags_for(plan.fast_math)),
+                      verified, table)
     with _lock:
         return _handlers.setdefault(key, found)

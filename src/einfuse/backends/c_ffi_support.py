@@ -15,7 +15,9 @@ What the handler does with a call frame, in order:
    jax_enable_x64 is off); the output is written straight into XLA's result buffer
    unless it too must be narrowed;
 4. reads the scalar parameters from their 0-d buffers (values known only at run time);
-5. runs the kernels; when a gather flagged an index out of range (bounds='check' /
+5. runs the kernels -- those planned for gathers known to be in range when the index
+   arrays' extremes show it (the ``verify`` attribute), else those that test each
+   gathered value; when a gather flagged an index out of range (bounds='check' /
    'promise'), asks the reporter that einfuse installed for einfuse's own message (the
    NumPy reference finds the first offending value) and returns it as the error.
 
@@ -165,8 +167,56 @@ static int ef_matches(const XLA_FFI_Buffer *b, const int64_t *layout, size_t siz
   return ok;
 }
 
+/* Whether every gathered subscript stays inside its axis for any value the index
+   arrays hold (plan/gathers.py's gathers_in_range, on XLA's buffers): then the kernels
+   planned for verified gathers (no per-element test, vectorised) may run.  The
+   "verify" attribute: rule count; per rule: low, high (of the subscript's index part),
+   axis length, gather count; per gather: operand, coefficient. */
+static int ef_in_range(const XLA_FFI_Array *verify, const XLA_FFI_CallFrame *frame,
+                       const int64_t *counts) {
+  const int64_t *v = (const int64_t *)verify->data;
+  size_t size = verify->size, at = 1;
+  int64_t operands = frame->args.size;
+  if (size < 1) return 0;
+  int64_t lows[EF_MAX_SLOTS + EF_MAX_PARAMS], highs[EF_MAX_SLOTS + EF_MAX_PARAMS];
+  signed char state[EF_MAX_SLOTS + EF_MAX_PARAMS];   /* 0 unknown, 1 known, 2 empty */
+  memset(state, 0, sizeof state);
+  for (int64_t r = 0; r < v[0]; ++r) {
+    if (at + 4 > size) return 0;
+    __int128 low = v[at], high = v[at + 1];
+    int64_t length = v[at + 2], gathers = v[at + 3];
+    at += 4;
+    if (gathers < 0 || at + 2 * (size_t)gathers > size) return 0;
+    int reads = 1;
+    for (int64_t g = 0; g < gathers; ++g, at += 2) {
+      int64_t operand = v[at], coeff = v[at + 1];
+      if (operand < 0 || operand >= operands) return 0;
+      const XLA_FFI_Buffer *b = (const XLA_FFI_Buffer *)frame->args.args[operand];
+      if (!state[operand]) {
+        int64_t n = counts[operand], lo = 0, hi = 0;
+        for (int64_t i = 0; i < n; ++i) {
+          int64_t x = ef_int(b->dtype, b->data, i);
+          if (b->dtype == XLA_FFI_DataType_U64 && x < 0) return 0;   /* beyond int64 */
+          if (i == 0 || x < lo) lo = x;
+          if (i == 0 || x > hi) hi = x;
+        }
+        lows[operand] = lo;
+        highs[operand] = hi;
+        state[operand] = n > 0 ? 1 : 2;
+      }
+      if (state[operand] == 2) { reads = 0; continue; }   /* reads nothing */
+      __int128 a = (__int128)coeff * lows[operand], c = (__int128)coeff * highs[operand];
+      low += a < c ? a : c;
+      high += a < c ? c : a;
+    }
+    if (reads && (low < 0 || high >= length)) return 0;
+  }
+  return 1;
+}
+
 XLA_FFI_Error *einfuse_ffi_run(XLA_FFI_CallFrame *frame, const ef_kernel_fn *kernels,
-                               int64_t count) {
+                               int64_t count, const ef_kernel_fn *verified,
+                               int64_t verified_count) {
   const XLA_FFI_Api *api = frame->api;
   if (frame->extension_start != 0 &&
       frame->extension_start->type == XLA_FFI_Extension_Metadata) {
@@ -294,10 +344,18 @@ XLA_FFI_Error *einfuse_ffi_run(XLA_FFI_CallFrame *frame, const ef_kernel_fn *ker
   }
   /* one parallel region at a time: a kernel starting while another runs stays on its
      calling thread (XLA's pool threads would otherwise each start an OpenMP team) */
+  const int64_t *ints = (const int64_t *)ints_attr->data;
+  const XLA_FFI_Array *verify = ef_array(&frame->attrs, "verify", XLA_FFI_DataType_S64);
+  const XLA_FFI_Array *vints = ef_array(&frame->attrs, "vints", XLA_FFI_DataType_S64);
+  if (verified_count > 0 && verify && vints && ef_in_range(verify, frame, counts)) {
+    kernels = verified;
+    count = verified_count;
+    ints = (const int64_t *)vints->data;
+  }
   int parallel = threads != 1 && !__atomic_exchange_n(&ef_busy, 1, __ATOMIC_ACQUIRE);
   int32_t flag = 0;
   for (int64_t k = 0; k < count; ++k)
-    kernels[k](scratch.data, (const int64_t *)ints_attr->data, doubles, integers,
+    kernels[k](scratch.data, ints, doubles, integers,
                (const double *)fills_attr->data, parallel ? (int)threads : 1, &flag);
   if (parallel) __atomic_store_n(&ef_busy, 0, __ATOMIC_RELEASE);
   if (flag) {
@@ -322,13 +380,20 @@ XLA_FFI_Error *einfuse_ffi_run(XLA_FFI_CallFrame *frame, const ef_kernel_fn *ker
 """
 
 _STUB = """
-typedef void *(*ef_ffi_runner)(void *, const void *, int64_t);
+typedef void *(*ef_ffi_runner)(void *, const void *, int64_t, const void *, int64_t);
 static ef_ffi_runner ef_ffi_run = 0;
-void einfuse_ffi_bind(void *runner) { ef_ffi_run = (ef_ffi_runner)runner; }
+static const void *ef_ffi_verified = 0;
+static int64_t ef_ffi_verified_count = 0;
+void einfuse_ffi_bind(void *runner, const void *verified, int64_t verified_count) {
+  ef_ffi_verified = verified;
+  ef_ffi_verified_count = verified_count;
+  ef_ffi_run = (ef_ffi_runner)runner;
+}
 void *einfuse_ffi_handler(void *frame) {
   static void (*const kernels[])(void **, const int64_t *, const double *, const int64_t *,
                                  const double *, int, int32_t *) = { @KERNELS@ };
-  return ef_ffi_run(frame, (const void *)kernels, @COUNT@);
+  return ef_ffi_run(frame, (const void *)kernels, @COUNT@, ef_ffi_verified,
+                    ef_ffi_verified_count);
 }
 """
 

@@ -34,6 +34,8 @@ from ..backends.c_backend import PARALLEL_MIN_WORK, _blas_contraction, output_dt
 from ..backends.c_ffi_support import XLA_DTYPES
 from ..errors import EinfuseError, attach_statement
 from ..plan import buffer_slots, call_arguments, unit_axis
+from ..analysis.ranges import subscript_span
+from ..lang.ast import IndexExpr, accesses
 from ..plan.contraction import prepare_contraction
 
 
@@ -65,15 +67,19 @@ class FfiPlan:
     layout: Tuple[int, ...]                 # see backends/c_ffi_support.py
     ints: Tuple[int, ...]
     fills: Tuple[float, float]
+    verify: Tuple[int, ...] = ()    # gathers' range rules (c_ffi_support.ef_in_range)
+    vints: Tuple[int, ...] = ()     # the runtime ints of the kernels for verified gathers
 
     def emit(self, values):
         operands = [v if cast is None else v.astype(cast)
                     for v, cast in zip(values, self.casts)]
         result = jax.ShapeDtypeStruct(self.result_shape, self.result_dtype)
+        extra = {"verify": np.array(self.verify, dtype=np.int64),
+                 "vints": np.array(self.vints, dtype=np.int64)} if self.verify else {}
         return jax.ffi.ffi_call(self.target, result)(
             *operands, layout=np.array(self.layout, dtype=np.int64),
             ints=np.array(self.ints, dtype=np.int64),
-            fills=np.array(self.fills, dtype=np.float64))
+            fills=np.array(self.fills, dtype=np.float64), **extra)
 
 
 @dataclass(frozen=True)
@@ -196,10 +202,34 @@ def _route_for(statement, options, names, avals, x64):
     target = "einfuse_" + built.key[:32]
     _register(target, built.handler)
     fills = (float(options.pad) if options.pad is not None else 0.0, float(options.fill))
+    verify, vints = (), ()
+    if built.verified is not None:
+        verify = _range_rules(call, position)
+        vints = tuple(int(v) for v in call_arguments(built.verified, call, buffers)[0])
     found = FfiPlan(target, tuple(call.output_shape), result_dtype, tuple(casts),
-                    tuple(head + layout + params + tail), tuple(int(v) for v in ints), fills)
+                    tuple(head + layout + params + tail), tuple(int(v) for v in ints), fills,
+                    verify, vints if verify else ())
     return CpuRoute(CpuRouteKind.FFI, "the C kernel runs inside XLA's executable",
                     target), found
+
+
+def _range_rules(call, position) -> Tuple[int, ...]:
+    """plan/gathers.py's gathers_in_range as data for the handler: per gathered
+    subscript, the span of its index part, the axis length and (operand, coefficient)
+    per gather; () when a bound does not fit the handler's int64s."""
+    ranges = call.bounds.range_map
+    rules, count = [], 0
+    for access in accesses(call.spec.rhs):
+        for axis, sub in enumerate(access.indices):
+            if not sub.gathers:
+                continue
+            low, high = subscript_span(IndexExpr(sub.terms, (), sub.constant), ranges)
+            rules += [low, high, call.arrays.shapes[access.tensor][axis], len(sub.gathers)]
+            for gathered, coeff in sub.gathers:
+                rules += [position[gathered.tensor], coeff]
+            count += 1
+    rules = [count] + rules
+    return tuple(rules) if all(abs(v) < 2**62 for v in rules) else ()
 
 
 def _dense(shape, dtype) -> np.ndarray:
