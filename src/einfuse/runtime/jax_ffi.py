@@ -39,6 +39,10 @@ from ..lang.ast import IndexExpr, accesses
 from ..plan.contraction import prepare_contraction
 
 
+# The handler's fixed tables (EF_MAX_SLOTS and EF_MAX_PARAMS in c_ffi_support.py).
+MAX_SLOTS = 64
+
+
 class CpuRouteKind(enum.Enum):
     FFI = "XLA FFI custom call"
     DOT = "XLA dot_general"
@@ -169,6 +173,8 @@ def _route_for(statement, options, names, avals, x64):
         return CpuRoute(CpuRouteKind.DOT, "a contraction, which the C backend hands to "
                         "BLAS"), DotPlan(prepare_contraction(contraction, call), names)
     slots = buffer_slots(spec)
+    if len(slots) > MAX_SLOTS or len(spec.params) > MAX_SLOTS:
+        return _callback(f"the kernel takes more than {MAX_SLOTS} arrays or parameters")
     layout = []
     buffers = []
     for tensor, kind in slots[:-1]:
