@@ -137,6 +137,7 @@ def _canonical(dtype) -> np.dtype:
 
 @functools.lru_cache(maxsize=512)
 def _route_for(statement, options, names, avals, x64):
+    # x64 is only part of the cache key: the dtypes JAX can hold (_canonical) follow it
     from .jax_adapter import _kernel
     from .kernel import _backend_name, _check_result_size
     kernel = _kernel(statement, options)
