@@ -367,6 +367,9 @@ def explain_kernel(kernel: Kernel, args, arrays, shapes, gradients: bool) -> Exp
         "the C kernel for these shapes is built (in the cache): no compile on the first call"
         if built else "the first call with these shapes compiles the C kernel (once; then "
         "it is cached on disk for every later call and process)"]
+    if call.framework == "jax":   # where jax.jit runs it (runtime/jax_ffi.py)
+        from .runtime.jax_ffi import route_note
+        notes.append(route_note(kernel, call))
     return Explanation(
         text, words(spec, kernel.options), index_rows(spec, call.bounds),
         loop_nest(spec, call.bounds), flops=count_flops(spec, call.bounds, hoisted),

@@ -2,9 +2,10 @@
 parameters are the statement's text and options.  Every JAX transformation of it is
 again that primitive on another statement, so transformations compose to any depth:
 
-* jit: the primitive lowers to a ``jax.pure_callback`` that runs einfuse's compiled
-  kernels on the host (on a GPU with jax_triton: a Triton kernel, see
-  :mod:`einfuse.runtime.jax_gpu`);
+* jit: on the CPU the primitive lowers to the C kernel as an XLA FFI custom call, or
+  to an XLA dot for a contraction (:mod:`einfuse.runtime.jax_ffi`), else to a
+  ``jax.pure_callback`` running einfuse on the host; on a GPU with jax_triton: a
+  Triton kernel (:mod:`einfuse.runtime.jax_gpu`);
 * jvp (``jax.jvp``, ``jax.jacfwd``): the tangent statement
   (:func:`einfuse.autodiff.forward.tangent`), linear in the inputs' tangents;
 * transpose (reverse mode: ``jax.grad``, ``jax.vjp``, which linearize and transpose):
@@ -16,9 +17,8 @@ again that primitive on another statement, so transformations compose to any dep
 So ``jax.grad(jax.grad(f))``, ``jax.hessian`` (forward over reverse), ``jax.jvp`` and
 ``jax.vmap(jax.grad(f))`` all work, with and without jit.
 
-Why a host callback and not the FFI: the C kernels are built at run time (per statement
-and layout) and loaded with ctypes; a callback calls them with NumPy views of the device
-buffers (on the CPU, no copy) and needs no per-kernel XLA registration or C++ shim.
+The host callback remains the fallback: it runs anything einfuse runs (the NumPy
+reference, Triton under the interpreter, statements the FFI handler cannot take).
 
 Imported only when the caller's arrays are JAX arrays."""
 
@@ -39,7 +39,7 @@ from ..lang import parse
 from ..lang.ast import Access, Param, map_children
 from ..lang.printer import format_statement
 from ..lang.rewrite import batch_statement, fresh_indices
-from . import gradients, jax_gpu
+from . import gradients, jax_ffi, jax_gpu
 from .frameworks import placeholder
 
 try:
@@ -117,7 +117,7 @@ def _jitted(statement, options, names, route):
                                      names=names, route=route))
 
 
-def _lower(*values, statement, options, names, route):
+def _lower(*values, statement, options, names, route, cpu=False):
     kernel = _kernel(statement, options)
     struct = _struct(kernel, names, values)
     if route == "device":
@@ -126,6 +126,10 @@ def _lower(*values, statement, options, names, route):
             out = jax_gpu.launch_kernel(device, jax_gpu.kernel_inputs(
                 device, dict(zip(names, values))))
             return out if out.dtype == struct.dtype else out.astype(struct.dtype)
+    planned = jax_ffi.cpu_route(kernel, names, values)[1] if cpu else None
+    if planned is not None:   # inside XLA: the C kernel, or a dot (runtime/jax_ffi.py)
+        out = planned.emit(values)
+        return out if out.dtype == struct.dtype else out.astype(struct.dtype)
 
     def run_host(*arrays):
         result = kernel(**dict(zip(names, (np.asarray(a) for a in arrays))))
@@ -168,6 +172,8 @@ def _batch(values, dims, *, statement, options, names, route):
 einfuse_p.def_abstract_eval(_abstract)
 einfuse_p.def_impl(_impl)
 mlir.register_lowering(einfuse_p, mlir.lower_fun(_lower, multiple_results=False))
+mlir.register_lowering(einfuse_p, mlir.lower_fun(functools.partial(_lower, cpu=True),
+                                                 multiple_results=False), platform="cpu")
 ad.primitive_transposes[einfuse_p] = _transpose
 batching.primitive_batchers[einfuse_p] = _batch
 
