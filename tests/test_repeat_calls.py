@@ -199,3 +199,33 @@ def test_an_int_parameter_still_takes_the_full_path(bind_count):
     with pytest.raises(ef.EinfuseError, match="300"):
         k(x=x, s=300)          # checked against int8 on every call
     np.testing.assert_array_equal(k(x=x, s=2.5), x + 2.5)
+
+
+def test_repeated_torch_calls_under_autograd_skip_binding(bind_count):
+    torch = pytest.importorskip("torch")
+    k = ef.compile("y[i,j] := exp(A[i,k]) * B[k,j] * s", backend="c")
+    rng = np.random.default_rng(6)
+
+    def leaves():
+        return [torch.tensor(rng.standard_normal(shape), requires_grad=True)
+                for shape in ((3, 4), (4, 2))]
+    A, B = leaves()
+    k(A=A, B=B, s=0.5).sum().backward()
+    before = len(bind_count)
+    for s in (2.0, -1.5):
+        A, B = leaves()
+        y = k(A=A, B=B, s=s)
+        weights = torch.randn(3, 2, dtype=torch.float64)
+        (y * weights).sum().backward()
+        A2, B2 = A.detach().clone().requires_grad_(), B.detach().clone().requires_grad_()
+        ((torch.exp(A2) @ B2 * s) * weights).sum().backward()
+        torch.testing.assert_close(A.grad, A2.grad)
+        torch.testing.assert_close(B.grad, B2.grad)
+        with torch.no_grad():     # the same signature, not recorded
+            assert k(A=A, B=B, s=s).grad_fn is None
+        assert len(bind_count) == before
+        # second derivatives through the prepared path too (their statements bind)
+        (gA,) = torch.autograd.grad(k(A=A, B=B, s=s).sum(), A, create_graph=True)
+        (hA,) = torch.autograd.grad(gA.sum(), A)
+        torch.testing.assert_close(hA, (torch.exp(A) * (B * s).sum(1)).detach())
+        before = len(bind_count)

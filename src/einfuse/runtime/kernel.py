@@ -157,8 +157,11 @@ class Kernel:
                     self._prepare_repeat(call, given)
                 return result
         if grad and self.spec.assign == ":=":
-            return torch_autograd.apply(self, call, lambda: self.run(call),
-                                        _backend_name(self.options.backend, call))
+            result = torch_autograd.apply(self, call, lambda: self.run(call),
+                                          _backend_name(self.options.backend, call))
+            if given is not None:
+                self._prepare_repeat(call, given)
+            return result
         result = self.deliver(call, self.run(call))
         if given is not None:
             self._prepare_repeat(call, given)

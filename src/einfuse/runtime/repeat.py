@@ -30,9 +30,9 @@ def signature_of(kwargs) -> Optional[Tuple]:
         if kind is np.ndarray:     # (a dtype hashes and compares as its .str does)
             signature.append((name, value.shape, value.dtype, value.strides))
         elif kind.__name__ in ("Tensor", "Parameter") and kind.__module__.startswith("torch") \
-                and not value.requires_grad and value.device.type == "cpu":
-            signature.append((name, tuple(value.shape), str(value.dtype), value.stride(),
-                              TORCH))
+                and value.device.type == "cpu":
+            signature.append((name, tuple(value.shape), value.dtype, value.stride(),
+                              value.requires_grad))
         elif kind is float:
             signature.append((name, float))
         else:
@@ -67,10 +67,20 @@ def prepare(kernel, call, kwargs) -> None:
     if call.framework == TORCH:
         import torch
 
-        def repeat(named):
-            arrays = {name: value if type(value) is float else value.numpy()
+        from . import torch_autograd
+        recorded = tuple(torch_autograd.differentiable_names(call))
+
+        def forward(named):
+            arrays = {name: value if type(value) is float else value.detach().numpy()
                       for name, value in named.items()}
-            return torch.from_numpy(runner(arrays).astype(result_dtype, copy=False))
+            return arrays, lambda: runner(arrays).astype(result_dtype, copy=False)
+
+        def repeat(named):
+            arrays, run = forward(named)
+            if recorded and torch.is_grad_enabled():    # as the full path records it
+                return torch_autograd.apply_prepared(kernel, call.options, named, arrays,
+                                                     recorded, run)
+            return torch.from_numpy(run())
     else:
         def repeat(named):
             return runner(named).astype(result_dtype, copy=False)

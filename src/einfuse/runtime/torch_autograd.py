@@ -13,7 +13,7 @@ Imported only when the caller's arrays are torch tensors."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, List, Tuple
+from typing import Callable, List, Mapping, Tuple
 
 import torch
 
@@ -38,10 +38,14 @@ def differentiable_names(call) -> List[str]:
 
 @dataclass(frozen=True)
 class _Forward:
-    """What the backward needs of one call: the statement's kernel, its bound call,
-    the differentiable names (in the order of the tensors passed) and where it ran."""
-    kernel: object
-    call: object
+    """What the backward needs of one call: the statement and its options, the
+    caller's objects by name (``sources``), the host arrays the kernels read
+    (``arrays``: NumPy views, scalar parameters included), the differentiable names (in
+    the order of the tensors passed) and where it ran."""
+    statement: str
+    options: object
+    sources: Mapping[str, object]
+    arrays: Callable[[], Mapping[str, object]]
     names: Tuple[str, ...]
     run_forward: Callable[[], object]
     on_device: bool
@@ -63,23 +67,21 @@ class EinfuseFunction(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_output):
         state = ctx.state
-        call, names = state.call, state.names
+        names = state.names
         wanted = [name for name, needed in zip(names, ctx.needs_input_grad[1:]) if needed]
         if torch.is_grad_enabled():
             # create_graph=True: the statements run on the tensors that carry the
             # graph (the saved inputs, grad_output), so torch records them in turn
-            arrays = dict(call.sources)
+            arrays = dict(state.sources)
             arrays.update(zip(names, ctx.saved_tensors))
             grad = grad_output
-        else:
-            if state.on_device:   # the statements run as Triton kernels where dOUT is
-                arrays = {name: value.detach() if isinstance(value, torch.Tensor)
-                          else value for name, value in call.sources.items()}
-                grad = grad_output.detach()
-            else:           # C / NumPy kernels on host arrays (no copy on the CPU)
-                arrays, grad = dict(call.arrays), to_numpy(grad_output)
-            arrays.update(call.params)
-        found = gradients.compute_gradients(state.kernel.statement, call.options, arrays,
+        elif state.on_device:   # the statements run as Triton kernels where dOUT is
+            arrays = {name: value.detach() if isinstance(value, torch.Tensor)
+                      else value for name, value in state.sources.items()}
+            grad = grad_output.detach()
+        else:           # C / NumPy kernels on host arrays (no copy on the CPU)
+            arrays, grad = dict(state.arrays()), to_numpy(grad_output)
+        found = gradients.compute_gradients(state.statement, state.options, arrays,
                                             grad, wanted)
         tensors = ctx.saved_tensors
         return (None,) + tuple(
@@ -93,5 +95,19 @@ def apply(kernel, call, run_forward, backend_name: str):
     backend the forward runs on (with Triton, so do the gradients, on the device)."""
     names = tuple(differentiable_names(call))
     tensors = [call.sources[name] for name in names]
-    state = _Forward(kernel, call, names, run_forward, backend_name == "triton")
+
+    def arrays():
+        found = dict(call.arrays)
+        found.update(call.params)
+        return found
+    state = _Forward(kernel.statement, call.options, call.sources, arrays, names,
+                     run_forward, backend_name == "triton")
     return EinfuseFunction.apply(state, *tensors)
+
+
+def apply_prepared(kernel, options, sources, arrays, names, run_forward):
+    """:func:`apply` for a repeated call on CPU tensors (runtime/repeat.py): no bound
+    call; ``arrays`` are the NumPy views (and scalars) the forward read."""
+    state = _Forward(kernel.statement, options, sources, lambda: arrays, names,
+                     run_forward, False)
+    return EinfuseFunction.apply(state, *[sources[name] for name in names])
