@@ -210,7 +210,8 @@ def test_repeated_torch_calls_under_autograd_skip_binding(bind_count):
         return [torch.tensor(rng.standard_normal(shape), requires_grad=True)
                 for shape in ((3, 4), (4, 2))]
     A, B = leaves()
-    k(A=A, B=B, s=0.5).sum().backward()
+    # as in the loop: dy is then a plain (3, 2) tensor, not sum()'s expanded ones
+    (k(A=A, B=B, s=0.5) * torch.randn(3, 2, dtype=torch.float64)).sum().backward()
     before = len(bind_count)
     for s in (2.0, -1.5):
         A, B = leaves()
