@@ -18,6 +18,7 @@ from typing import Dict, Optional, Sequence, Tuple
 from ..analysis.options import Options
 from ..errors import (EinfuseError, EinfuseNameError, EinfuseSyntaxError, MissingArgumentError,
                       UnexpectedArgumentError, attach_statement)
+from ..runtime.attention import program_attention, run_attention
 from ..runtime.frameworks import common_framework
 from ..schedule import run_statements
 from .split import StatementText, split_program
@@ -48,8 +49,12 @@ class Program:
     statements write into) by keyword, or positionally in order of first use."""
 
     def __init__(self, source: str, statements: Sequence[ProgramStatement],
-                 outputs: Tuple[str, ...]):
+                 outputs: Tuple[str, ...], options: Optional[Options] = None):
         self.source = source
+        self.options = options
+        # the online-softmax rewrite of the whole program (rewrite/online_softmax.py)
+        self.attention = program_attention([s.kernel.spec for s in statements], outputs) \
+            if options is not None else None
         self.statements = tuple(statements)
         self.outputs = outputs
         defined = {s.output for s in self.statements if s.assign == ":="}
@@ -72,6 +77,10 @@ class Program:
             framework = common_framework(env)
         except EinfuseError:     # mixed: the first statement that mixes them says so
             framework = None
+        if self.attention is not None and framework == "numpy":
+            fused = run_attention(self.attention, env, self.options)
+            if fused is not None:
+                return fused
         run_statements(tuple(s.kernel for s in self.statements), env, framework,
                        keep=set(self.outputs))
         results = tuple(env[name] for name in self.outputs)
@@ -146,7 +155,7 @@ def compile_program(source: str, options: Options, outputs, make_kernel) -> Prog
                 f"'{spec.assign}' writes into {spec.output}, an intermediate defined by "
                 f"statement {defined[spec.output]}; write into a new name with ':='",
                 span=spec.statement.output_span), statement.source.text)
-    return Program(source, statements, _outputs(statements, outputs))
+    return Program(source, statements, _outputs(statements, outputs), options)
 
 
 def _options_for(text: str, options: Options) -> Options:

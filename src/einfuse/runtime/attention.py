@@ -1,0 +1,179 @@
+"""Running a recognised attention (rewrite/online_softmax.py) as one pass with online
+softmax: on the C backend as one kernel (backends/c_attention.py), on the NumPy backend
+as a loop over key blocks that combines partial states with the softmax-weighted-sum
+monoid (rewrite/monoids.py).  Either way no N x N array exists.
+
+The statements as written stay the authority: every call that does not fit exactly
+(not NumPy arrays, not one float dtype, extents that disagree, a value with inf or NaN,
+an empty axis, ``pad=``/``ranges=``/``dtype=``, the Triton backend, autograd, JAX) gets
+``None`` here and runs statement by statement, which raises any error itself."""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import numbers
+from typing import Dict, Optional, Sequence, Tuple
+
+import numpy as np
+
+from ..errors import AllocationError
+from ..rewrite.monoids import SOFTMAX_WEIGHTED_SUM, WeightedState, finalise_weighted
+from ..rewrite.online_softmax import Attention, MaskKind, ScaleKind, recognise
+
+_FLOATS = (np.dtype(np.float32), np.dtype(np.float64))
+KEY_BLOCK = 256       # keys per step of the NumPy executor
+
+
+def program_attention(specs: Sequence, outputs: Tuple[str, ...]) -> Optional[Attention]:
+    """The attention a program's statements (their specs) compute, or None."""
+    statements = [dataclasses.replace(spec.statement, rhs=spec.rhs) for spec in specs]
+    return recognise(statements, tuple(outputs))
+
+
+@functools.lru_cache(maxsize=256)
+def statement_attention(spec) -> Optional[Attention]:
+    """The attention one statement computes, or None (cached per analysed statement)."""
+    if spec.assign != ":=":
+        return None
+    return program_attention([spec], (spec.output,))
+
+
+@dataclasses.dataclass(frozen=True)
+class Canonical:
+    """A call's arrays in the kernel's layout: query (G, NQ, D), key (G, NK, D), value
+    (G, NK, E); the batch extents (in the output's batch order) and the scale."""
+    query: np.ndarray
+    key: np.ndarray
+    value: np.ndarray
+    batch_shape: Tuple[int, ...]
+    scale: float
+
+
+def canonical(attention: Attention, named: Dict[str, object]) -> Optional[Canonical]:
+    """The call's arrays in canonical layout, or None when the call must run statement
+    by statement."""
+    arrays = [named.get(name) for name in (attention.query, attention.key, attention.value)]
+    if not all(type(a) is np.ndarray for a in arrays):
+        return None
+    dtype = arrays[0].dtype
+    if dtype not in _FLOATS or any(a.dtype != dtype for a in arrays):
+        return None
+    extents: Dict[str, int] = {}
+    for array, indices in zip(arrays, (attention.query_indices, attention.key_indices,
+                                       attention.value_indices)):
+        if array.ndim != len(indices):
+            return None
+        for index, extent in zip(indices, array.shape):
+            if extents.setdefault(index, extent) != extent:
+                return None
+    if any(extent == 0 for extent in extents.values()):
+        return None
+    scale = 1.0
+    if attention.scale_param is not None:
+        value = named.get(attention.scale_param)
+        if isinstance(value, np.ndarray) and value.ndim == 0:
+            value = value[()]
+        if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Real):
+            return None
+        scale = float(value)
+    elif attention.scale_value is not None:
+        scale = attention.scale_value
+    batch = attention.batch
+    j = attention.key_index
+    layouts = ((batch + (attention.row, attention.dot_index), attention.query_indices),
+               (batch + (j, attention.dot_index), attention.key_indices),
+               (batch + (j, attention.feature), attention.value_indices))
+    shaped = []
+    for array, (order, indices) in zip(arrays, layouts):
+        moved = np.ascontiguousarray(array.transpose([indices.index(n) for n in order]))
+        shaped.append(moved.reshape((-1,) + moved.shape[len(batch):]))
+    return Canonical(*shaped, tuple(extents[b] for b in batch), scale)
+
+
+def run_attention(attention: Attention, named: Dict[str, object], options) -> Optional[np.ndarray]:
+    """The attention's output for these named arrays, or None to run the statements
+    one by one."""
+    backend = options.backend
+    if backend not in ("auto", "c", "numpy") or options.pad is not None or options.ranges \
+            or options.dtype is not None:
+        return None
+    arrays = canonical(attention, named)
+    if arrays is None:
+        return None
+    if backend == "numpy":
+        if not np.isfinite(arrays.value).all():
+            return None
+        out = _run_numpy(attention, arrays)
+    else:
+        from ..backends import c_build
+        if c_build.find_compiler() is None:
+            if backend == "c":
+                return None     # the statements raise the backend's own error
+            if not np.isfinite(arrays.value).all():
+                return None
+            out = _run_numpy(attention, arrays)
+        else:
+            out = _run_c(attention, arrays, options.threads or 0)
+            if out is None:
+                return None
+    return _to_output(attention, arrays, out)
+
+
+def _to_output(attention: Attention, arrays: Canonical, out: np.ndarray) -> np.ndarray:
+    names = attention.batch + (attention.row, attention.feature)
+    out = out.reshape(arrays.batch_shape + out.shape[1:])
+    return np.ascontiguousarray(out.transpose([names.index(n)
+                                               for n in attention.output_indices]))
+
+
+_SCALE_MODES = {ScaleKind.NONE: 0, ScaleKind.MULTIPLY: 1, ScaleKind.DIVIDE: 2}
+_MASK_MODES = {MaskKind.NONE: 0, MaskKind.CAUSAL: 1, MaskKind.STRICT_CAUSAL: 2}
+
+
+def _run_c(attention: Attention, arrays: Canonical, threads: int) -> Optional[np.ndarray]:
+    from ..backends import c_attention
+    q, k, v = arrays.query, arrays.key, arrays.value
+    attend, finite = c_attention.functions(q.dtype)
+    if not finite(v.ctypes.data, v.size, threads):
+        return None
+    groups, rows, dot = q.shape
+    keys, features = v.shape[1], v.shape[2]
+    out = np.empty((groups, rows, features), q.dtype)
+    failed = attend(q.ctypes.data, k.ctypes.data, v.ctypes.data, out.ctypes.data, groups,
+                    rows, keys, dot, features, arrays.scale, _SCALE_MODES[attention.scale],
+                    _MASK_MODES[attention.mask], int(attention.normalised), threads)
+    if failed:
+        raise AllocationError("the attention kernel could not allocate its per-thread "
+                              "blocks")
+    return out
+
+
+def _run_numpy(attention: Attention, arrays: Canonical) -> np.ndarray:
+    """One step per block of keys: the block's partial state, combined into the running
+    one with the monoid."""
+    q, k, v = arrays.query, arrays.key, arrays.value
+    dtype = q.dtype
+    scale = dtype.type(arrays.scale)
+    groups, rows, _ = q.shape
+    keys, features = v.shape[1], v.shape[2]
+    monoid = SOFTMAX_WEIGHTED_SUM
+    state = monoid.identity((groups, rows, features), dtype)
+    i = np.arange(rows)[:, None]
+    with np.errstate(all="ignore"):
+        for j0 in range(0, keys, KEY_BLOCK):
+            j = np.arange(j0, min(keys, j0 + KEY_BLOCK))[None, :]
+            scores = np.matmul(q, k[:, j0:j0 + KEY_BLOCK].transpose(0, 2, 1))
+            if attention.scale is ScaleKind.MULTIPLY:
+                scores = scores * scale
+            elif attention.scale is ScaleKind.DIVIDE:
+                scores = scores / scale
+            seen = np.ones((rows, j.shape[1]), bool) if attention.mask is MaskKind.NONE \
+                else (j <= i) if attention.mask is MaskKind.CAUSAL else (j < i)
+            top = np.where(seen, scores, -np.inf).max(axis=-1)
+            weights = np.where(seen & (scores != -np.inf), np.exp(scores - top[..., None]), 0)
+            weights = weights.astype(dtype, copy=False)
+            block = WeightedState(top, weights.sum(axis=-1),
+                                  np.matmul(weights, v[:, j0:j0 + KEY_BLOCK]))
+            state = monoid.combine(state, block)
+    return finalise_weighted(state, attention.normalised)
