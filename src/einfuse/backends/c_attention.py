@@ -185,6 +185,10 @@ int ef_attention(const T *Q, const T *K, const T *V, T *O, long G, long NQ, long
           }
           /* acc[r][e] += sum_c p[r][c] * v[c][e] */
           for (long r0 = 0; r0 < padded_rows; r0 += RB) {
+            /* past the keys the group's last row sees every weight is 0 */
+            long cend = BK;
+            if (mask == 1) cend = ef_min(BK, i0 + r0 + RB - j0);
+            else if (mask == 2) cend = ef_min(BK, i0 + r0 + RB - 1 - j0);
             long e0 = 0;
             for (; e0 + 4 * VW <= EP; e0 += 4 * VW) {
               vT a[RB][4];
@@ -192,7 +196,7 @@ int ef_attention(const T *Q, const T *K, const T *V, T *O, long G, long NQ, long
               for (int rr = 0; rr < RB; ++rr)
                 #pragma GCC unroll 4
                 for (int x = 0; x < 4; ++x) a[rr][x] = ef_load(acc + (r0 + rr) * EP + e0 + x * VW);
-              for (long c = 0; c < BK; ++c) {
+              for (long c = 0; c < cend; ++c) {
                 const T *vr = vrows + c * EP + e0;
                 const vT v0 = ef_load(vr), v1 = ef_load(vr + VW), v2 = ef_load(vr + 2 * VW),
                          v3 = ef_load(vr + 3 * VW);
@@ -212,7 +216,7 @@ int ef_attention(const T *Q, const T *K, const T *V, T *O, long G, long NQ, long
               vT a[RB];
               #pragma GCC unroll 16
               for (int rr = 0; rr < RB; ++rr) a[rr] = ef_load(acc + (r0 + rr) * EP + e0);
-              for (long c = 0; c < BK; ++c) {
+              for (long c = 0; c < cend; ++c) {
                 const vT v0 = ef_load(vrows + c * EP + e0);
                 #pragma GCC unroll 16
                 for (int rr = 0; rr < RB; ++rr) a[rr] += s[(r0 + rr) * BK + c] * v0;

@@ -50,10 +50,9 @@ class Canonical:
     scale: float
 
 
-def canonical(attention: Attention, named: Dict[str, object]) -> Optional[Canonical]:
-    """The call's arrays in canonical layout, or None when the call must run statement
-    by statement."""
-    arrays = [named.get(name) for name in (attention.query, attention.key, attention.value)]
+def _extents(attention: Attention, arrays) -> Optional[Dict[str, int]]:
+    """Each index's extent, or None unless the three arrays are NumPy arrays of one
+    float dtype whose extents agree and are not zero (only their shapes are read)."""
     if not all(type(a) is np.ndarray for a in arrays):
         return None
     dtype = arrays[0].dtype
@@ -68,6 +67,16 @@ def canonical(attention: Attention, named: Dict[str, object]) -> Optional[Canoni
             if extents.setdefault(index, extent) != extent:
                 return None
     if any(extent == 0 for extent in extents.values()):
+        return None
+    return extents
+
+
+def canonical(attention: Attention, named: Dict[str, object]) -> Optional[Canonical]:
+    """The call's arrays in canonical layout, or None when the call must run statement
+    by statement."""
+    arrays = [named.get(name) for name in (attention.query, attention.key, attention.value)]
+    extents = _extents(attention, arrays)
+    if extents is None:
         return None
     scale = 1.0
     if attention.scale_param is not None:
@@ -177,3 +186,98 @@ def _run_numpy(attention: Attention, arrays: Canonical) -> np.ndarray:
                                   np.matmul(weights, v[:, j0:j0 + KEY_BLOCK]))
             state = monoid.combine(state, block)
     return finalise_weighted(state, attention.normalised)
+
+
+@dataclasses.dataclass(frozen=True)
+class FusedAttention:
+    """What ``explain`` says about an attention that runs fused, for given shapes."""
+    attention: Attention
+    groups: int          # product of the batch extents
+    rows: int            # NQ
+    keys: int            # NK
+    dot: int             # D
+    features: int        # E
+    itemsize: int
+    dtype: str
+
+    @property
+    def pairs(self) -> int:
+        """(i, j) pairs a row sees, over all rows of one batch element."""
+        rows, keys = self.rows, self.keys
+        if self.attention.mask is MaskKind.NONE:
+            return rows * keys
+        shift = 1 if self.attention.mask is MaskKind.CAUSAL else 0
+        return sum(max(0, min(keys, i + shift)) for i in range(rows))
+
+    @property
+    def flops(self) -> int:
+        final = self.rows * self.features if self.attention.normalised else 0
+        return self.groups * (self.pairs * self.attention.flops_per_pair(
+            self.dot, self.features) + final)
+
+    @property
+    def bytes_read(self) -> int:
+        return self.groups * (self.rows * self.dot + self.keys * (self.dot + self.features)) \
+            * self.itemsize
+
+    @property
+    def bytes_written(self) -> int:
+        return self.groups * self.rows * self.features * self.itemsize
+
+    def lines(self):
+        from ..explain import _bytes, _count
+        a = self.attention
+        square = _bytes(self.groups * self.rows * self.keys * self.itemsize)
+        skipped = "" if a.mask is MaskKind.NONE else \
+            f"; mask {a.mask.value}: key blocks past the diagonal are never computed"
+        weights = "exp(s_j - max_k s_k)"
+        what = f"sum_j {weights} * {a.value}_j" + (f" / sum_j {weights}" if a.normalised
+                                                    else "")
+        which = f"statements 1-{a.statements}" if a.statements > 1 else "the statement"
+        transposed = self.groups * self.dot * -(-self.keys // 64) * 64 * self.itemsize
+        return [
+            f"  1 kernel: {which} fused as attention with online softmax "
+            "(rewrite/online_softmax.py)",
+            f"    {a.output} = {what}, s = {a.query} . {a.key} summed over the dot index"
+            f"{' and scaled' if a.scale is not ScaleKind.NONE else ''}{skipped}",
+            "    one pass over j per block of 64 rows with a running max, a running "
+            "denominator and a rescaled accumulator (the softmax-weighted-sum monoid)",
+            f"    {_count(self.pairs * self.groups)} (i, j) pairs computed",
+            f"    for NumPy {self.dtype} arrays on the C backend (the NumPy backend runs "
+            "the same pass by key blocks); PyTorch autograd, JAX and Triton run the "
+            "statements one by one, and so does a value array holding inf or NaN",
+            f"  materialised: nothing N x N (scores or weights in memory would take {square} "
+            "each); per thread: blocks of 64 x 64 scores and 64 rows of the accumulator; "
+            f"the keys transposed in blocks of 64 (once per call): {_bytes(transposed)}"]
+
+
+def attention_notes(kernel, values: Dict[str, object]):
+    """explain's notes for one statement that runs as fused attention."""
+    attention = statement_attention(kernel.spec)
+    fused = explain_attention(attention, values, kernel.options)
+    if fused is None:
+        return []
+    from ..explain import _count
+    return [f"the statement runs fused as attention with online softmax, not as the "
+            f"kernels above: {_count(fused.flops)} FLOPs; "
+            + "; ".join(line.strip() for line in fused.lines()[1:])]
+
+
+def explain_attention(attention: Optional[Attention], values: Dict[str, object],
+                      options) -> Optional[FusedAttention]:
+    """The fused attention for arrays like ``values`` (only shapes and dtypes are read),
+    or None where this call would run statement by statement."""
+    if attention is None or options.backend not in ("auto", "c", "numpy") or \
+            options.pad is not None or options.ranges or options.dtype is not None:
+        return None
+    arrays = [values.get(n) for n in (attention.query, attention.key, attention.value)]
+    if any(isinstance(a, np.ndarray) and type(a) is not np.ndarray for a in arrays):
+        arrays = [np.asarray(a) if isinstance(a, np.ndarray) else a for a in arrays]
+    extents = _extents(attention, arrays)
+    if extents is None:
+        return None
+    groups = int(np.prod([extents[b] for b in attention.batch], dtype=np.int64))
+    dtype = arrays[0].dtype
+    return FusedAttention(attention, groups, extents[attention.row],
+                          extents[attention.key_index], extents[attention.dot_index],
+                          extents[attention.feature], dtype.itemsize, dtype.name)
