@@ -91,7 +91,7 @@ SINGLE = ("O[b,h,i,e] := sum[j](exp(where(j <= i, sum[d](Q[b,h,i,d]*K[b,h,j,d]),
 def test_recognised_forms(text, mask, scale, normalised):
     compiled = ef.compile(text)
     found = compiled.attention if hasattr(compiled, "attention") else \
-        attention_runtime.statement_attention(compiled.spec)
+        attention_runtime.statement_attention(compiled.statement)
     assert found is not None
     assert (found.mask.value, found.scale.value, found.normalised) == (mask, scale, normalised)
 

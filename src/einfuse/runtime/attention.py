@@ -32,8 +32,11 @@ def program_attention(specs: Sequence, outputs: Tuple[str, ...]) -> Optional[Att
 
 
 @functools.lru_cache(maxsize=256)
-def statement_attention(spec) -> Optional[Attention]:
-    """The attention one statement computes, or None (cached per analysed statement)."""
+def statement_attention(statement: str) -> Optional[Attention]:
+    """The attention one statement computes, or None (cached by its text: every call
+    of a kernel asks)."""
+    from .kernel import _spec_for
+    spec = _spec_for(statement)
     if spec.assign != ":=":
         return None
     return program_attention([spec], (spec.output,))
@@ -253,7 +256,7 @@ class FusedAttention:
 
 def attention_notes(kernel, values: Dict[str, object]):
     """explain's notes for one statement that runs as fused attention."""
-    attention = statement_attention(kernel.spec)
+    attention = statement_attention(kernel.statement)
     fused = explain_attention(attention, values, kernel.options)
     if fused is None:
         return []

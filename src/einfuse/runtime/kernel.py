@@ -144,7 +144,7 @@ class Kernel:
                 if self.spec.assign != ":=":
                     _refuse_unrecorded_write(self.spec, call, self.statement)
                 grad = bool(torch_autograd.differentiable_names(call))
-        attention = statement_attention(self.spec) if not grad else None
+        attention = statement_attention(self.statement) if not grad else None
         if attention is not None and call.framework == NUMPY:     # rewrite/online_softmax.py
             fused = run_attention(attention, bind_names(self.spec, args, kwargs), self.options)
             if fused is not None and fused.dtype == call.dtypes.result:
