@@ -47,6 +47,15 @@ typedef %(ctype)s T;
 typedef T vT __attribute__((vector_size(VW * sizeof(T))));
 %(declarations)s
 static inline vT ef_load(const T *p) { vT v; memcpy(&v, p, sizeof v); return v; }
+/* Keeps a loaded vector in a register: otherwise GCC folds the load into each of the
+   RB multiply-adds that use it, and the loop is bound by loads instead of FMAs. */
+#if defined(__x86_64__) && defined(__AVX512F__)
+#define EF_KEEP(v) __asm__("" : "+v"(v))
+#elif defined(__x86_64__) && defined(__SSE2__)
+#define EF_KEEP(v) __asm__("" : "+x"(v))
+#else
+#define EF_KEEP(v) ((void)0)
+#endif
 static inline void ef_store(T *p, vT v) { memcpy(p, &v, sizeof v); }
 static inline long ef_min(long a, long b) { return a < b ? a : b; }
 static inline long ef_round(long n) { return (n + VW - 1) / VW * VW; }
@@ -137,8 +146,9 @@ int ef_attention(const T *Q, const T *K, const T *V, T *O, long G, long NQ, long
               #pragma GCC unroll 4
               for (int x = 0; x < 4; ++x) a[rr][x] = (vT){0};
             for (long d = 0; d < D; ++d) {
-              const vT k0 = ef_load(kt + d * BK), k1 = ef_load(kt + d * BK + VW),
+              vT k0 = ef_load(kt + d * BK), k1 = ef_load(kt + d * BK + VW),
                        k2 = ef_load(kt + d * BK + 2 * VW), k3 = ef_load(kt + d * BK + 3 * VW);
+              EF_KEEP(k0); EF_KEEP(k1); EF_KEEP(k2); EF_KEEP(k3);
               #pragma GCC unroll 16
               for (int rr = 0; rr < RB; ++rr) {
                 const T qv = qb[(r0 + rr) * D + d];
@@ -198,8 +208,9 @@ int ef_attention(const T *Q, const T *K, const T *V, T *O, long G, long NQ, long
                 for (int x = 0; x < 4; ++x) a[rr][x] = ef_load(acc + (r0 + rr) * EP + e0 + x * VW);
               for (long c = 0; c < cend; ++c) {
                 const T *vr = vrows + c * EP + e0;
-                const vT v0 = ef_load(vr), v1 = ef_load(vr + VW), v2 = ef_load(vr + 2 * VW),
+                vT v0 = ef_load(vr), v1 = ef_load(vr + VW), v2 = ef_load(vr + 2 * VW),
                          v3 = ef_load(vr + 3 * VW);
+                EF_KEEP(v0); EF_KEEP(v1); EF_KEEP(v2); EF_KEEP(v3);
                 #pragma GCC unroll 16
                 for (int rr = 0; rr < RB; ++rr) {
                   const T pv = s[(r0 + rr) * BK + c];
