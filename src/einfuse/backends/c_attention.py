@@ -74,6 +74,33 @@ int ef_attention_finite(const T *v, long n, int threads) {
   return !bad;
 }
 
+/* One row of a scores block, its first ``seen`` keys visible: scaled, then replaced by
+   the weights exp(s - top) (0 for a score of -inf and for the keys not seen); returns
+   top, the running max after these keys (from ``old``), and their weights' sum.
+   Inlined twice: for whole blocks (seen == BK, loops of constant length) and the rest. */
+static inline __attribute__((always_inline)) T ef_weights(
+    T *restrict sr, const long seen, const T scale, const int scale_mode, const T old,
+    T *sum) {
+  if (scale_mode == 1) for (long c = 0; c < seen; ++c) sr[c] = sr[c] * scale;
+  else if (scale_mode == 2) for (long c = 0; c < seen; ++c) sr[c] = sr[c] / scale;
+  T top = old;
+  /* (a vector max may drop a NaN score; exp(NaN - top) below still makes the row NaN,
+     as max[j] would) */
+  #pragma omp simd reduction(max:top)
+  for (long c = 0; c < seen; ++c) top = sr[c] > top ? sr[c] : top;
+  T total = 0;
+  #pragma omp simd reduction(+:total)
+  for (long c = 0; c < seen; ++c) {
+    const T w = %(exp)s(sr[c] - top);
+    const T p = sr[c] == -INFINITY ? (T)0 : w;
+    sr[c] = p;
+    total += p;
+  }
+  for (long c = seen; c < BK; ++c) sr[c] = 0;
+  *sum = total;
+  return top;
+}
+
 /* scale_mode: 0 none, 1 multiply, 2 divide; mask: 0 none, 1 j <= i, 2 j < i */
 int ef_attention(const T *Q, const T *K, const T *V, T *O, long G, long NQ, long NK,
                  long D, long E, double scale_in, int scale_mode, int mask, int normalise,
@@ -169,23 +196,10 @@ int ef_attention(const T *Q, const T *K, const T *V, T *O, long G, long NQ, long
             if (mask == 1) seen = ef_min(seen, i - j0 + 1);
             else if (mask == 2) seen = ef_min(seen, i - j0);
             if (seen <= 0) { memset(sr, 0, sizeof(T) * BK); continue; }
-            if (scale_mode == 1) for (long c = 0; c < seen; ++c) sr[c] = sr[c] * scale;
-            else if (scale_mode == 2) for (long c = 0; c < seen; ++c) sr[c] = sr[c] / scale;
-            T top = m[r];
-            /* (a vector max may drop a NaN score; exp(NaN - top) below still makes the
-               row NaN, as max[j] would) */
-            #pragma omp simd reduction(max:top)
-            for (long c = 0; c < seen; ++c) top = sr[c] > top ? sr[c] : top;
+            T total;
+            const T top = seen == BK ? ef_weights(sr, BK, scale, scale_mode, m[r], &total)
+                                     : ef_weights(sr, seen, scale, scale_mode, m[r], &total);
             const T rescale = top == m[r] ? (T)1 : %(exp)s(m[r] - top);
-            T total = 0;
-            #pragma omp simd reduction(+:total)
-            for (long c = 0; c < seen; ++c) {
-              const T w = %(exp)s(sr[c] - top);
-              const T p = sr[c] == -INFINITY ? (T)0 : w;
-              sr[c] = p;
-              total += p;
-            }
-            for (long c = seen; c < BK; ++c) sr[c] = 0;
             l[r] = l[r] * rescale + total;
             m[r] = top;
             if (rescale != 1) {
