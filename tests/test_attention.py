@@ -76,6 +76,13 @@ SINGLE = ("O[b,h,i,e] := sum[j](exp(where(j <= i, sum[d](Q[b,h,i,d]*K[b,h,j,d]),
           "max[k](where(k <= i, sum[c](Q[b,h,i,c]*K[b,h,k,c]), -inf))))")
 
 
+# the probabilities normalised first, then the weighted sum
+SOFTMAX_FIRST = program().replace(
+    "P[b,h,i,j] := exp(S[b,h,i,j] - m[b,h,i])",
+    "P[b,h,i,j] := exp(S[b,h,i,j] - m[b,h,i]) / sum[k](exp(S[b,h,i,k] - m[b,h,i]))").replace(
+    " / sum[j](P[b,h,i,j])", "")
+
+
 @pytest.mark.parametrize("text, mask, scale, normalised", [
     (program(), "j <= i", "*", True),
     (program(mask="i >= j"), "j <= i", "*", True),
@@ -87,6 +94,7 @@ SINGLE = ("O[b,h,i,e] := sum[j](exp(where(j <= i, sum[d](Q[b,h,i,d]*K[b,h,j,d]),
     (program().replace("sum[d](Q[b,h,i,d]*K[b,h,j,d]) * scale",
                        "scale * sum[d](K[b,h,j,d]*Q[b,h,i,d])"), "j <= i", "*", True),
     (SINGLE, "j <= i", "none", True),
+    (SOFTMAX_FIRST, "j <= i", "*", True),
 ])
 def test_recognised_forms(text, mask, scale, normalised):
     compiled = ef.compile(text)
@@ -137,6 +145,14 @@ def test_matches_one_by_one(backend, dtype, mask, shape, fused_calls):
     expected = one_by_one(Q, K, V, 0.3, MASKS[mask])
     tol = 2e-5 if dtype == np.float32 else 1e-12
     np.testing.assert_allclose(got, expected, rtol=tol, atol=tol)
+
+
+@pytest.mark.parametrize("backend", FUSED_BACKENDS)
+def test_softmax_first_form(backend, fused_calls):
+    Q, K, V = qkv(2, 2, 45, 45, 8, 8, np.float64)
+    got = ef.ein(SOFTMAX_FIRST, Q=Q, K=K, V=V, scale=0.5, backend=backend)
+    assert fused_calls == [True]
+    np.testing.assert_allclose(got, one_by_one(Q, K, V, 0.5), rtol=1e-12, atol=1e-12)
 
 
 @pytest.mark.parametrize("backend", FUSED_BACKENDS)

@@ -54,6 +54,11 @@ SOFTMAX_RULES = (
     ("normalised", Op("/", Red("sum", "j", Op("*", _weights("j", "k"), Any("v", over=("j",)),
                                               commutative=True)),
                       Red("sum", "j2", _weights("j2", "k2")))),
+    # the weights normalised first (P := softmax, then O := sum[j](P * V)): the same
+    # up to where the division is rounded
+    ("normalised", Red("sum", "j", Op("*", Op("/", _weights("j", "k"),
+                                              Red("sum", "j2", _weights("j2", "k2"))),
+                                      Any("v", over=("j",)), commutative=True))),
     ("weighted sum", Red("sum", "j", Op("*", _weights("j", "k"), Any("v", over=("j",)),
                                         commutative=True))),
 )
