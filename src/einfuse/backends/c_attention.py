@@ -59,6 +59,10 @@ static inline vT ef_load(const T *p) { vT v; memcpy(&v, p, sizeof v); return v; 
 static inline void ef_store(T *p, vT v) { memcpy(p, &v, sizeof v); }
 static inline long ef_min(long a, long b) { return a < b ? a : b; }
 static inline long ef_round(long n) { return (n + VW - 1) / VW * VW; }
+/* n elements, 64-byte aligned (aligned_alloc wants a size that is a multiple of 64) */
+static inline T *ef_alloc(long n) {
+  return aligned_alloc(64, ((size_t)n * sizeof(T) + 63) / 64 * 64);
+}
 
 int ef_attention_finite(const T *v, long n, int threads) {
   int bad = 0;
@@ -112,7 +116,7 @@ int ef_attention(const T *Q, const T *K, const T *V, T *O, long G, long NQ, long
   if (threads <= 0) threads = omp_get_max_threads();
   const long kblocks = (NK + BK - 1) / BK;
   /* every key block transposed once, zero-padded to BK keys: (G, kblocks, D, BK) */
-  T *kt_all = aligned_alloc(64, sizeof(T) * (size_t)(G * kblocks * D * BK));
+  T *kt_all = ef_alloc(G * kblocks * D * BK);
   if (!kt_all) return 1;
   #pragma omp parallel num_threads(threads)
   {
@@ -127,10 +131,10 @@ int ef_attention(const T *Q, const T *K, const T *V, T *O, long G, long NQ, long
         for (long d = 0; d < D; ++d)
           for (long c = cols; c < BK; ++c) kt[d * BK + c] = 0;
       }
-    T *qb = aligned_alloc(64, sizeof(T) * (size_t)ef_round(BQ * D + VW));
-    T *vb = aligned_alloc(64, sizeof(T) * (size_t)ef_round(BK * EP + VW));
-    T *s = aligned_alloc(64, sizeof(T) * (size_t)(BQ * BK));
-    T *acc = aligned_alloc(64, sizeof(T) * (size_t)ef_round(BQ * EP + VW));
+    T *qb = ef_alloc(BQ * D);
+    T *vb = ef_alloc(BK * EP);
+    T *s = ef_alloc(BQ * BK);
+    T *acc = ef_alloc(BQ * EP);
     T m[BQ], l[BQ];
     int ok = qb && vb && s && acc;
     if (!ok) {
