@@ -288,6 +288,24 @@ def test_torch_autograd_matches_naive_attention(fused_calls):
                                    atol=1e-11)
 
 
+def test_torch_without_autograd_runs_fused(fused_calls):
+    torch = pytest.importorskip("torch")
+    Q, K, V = (torch.tensor(a) for a in qkv(2, 2, 40, 40, 8, 8, np.float32))
+    out = ef.ein(program(), Q=Q, K=K, V=V, scale=torch.tensor(0.3))
+    assert isinstance(out, torch.Tensor) and out.dtype == torch.float32
+    want = torch.nn.functional.scaled_dot_product_attention(Q, K, V, is_causal=True,
+                                                            scale=0.3)
+    np.testing.assert_allclose(out.numpy(), want.numpy(), rtol=2e-5, atol=2e-6)
+    leaves = [t.clone().requires_grad_() for t in (Q, K, V)]
+    with torch.no_grad():
+        single = ef.ein(SINGLE, Q=leaves[0], K=leaves[1], V=leaves[2])
+    assert isinstance(single, torch.Tensor) and not single.requires_grad
+    assert fused_calls == [True, True]
+    want = torch.nn.functional.scaled_dot_product_attention(Q, K, V, is_causal=True,
+                                                            scale=1.0)
+    np.testing.assert_allclose(single.numpy(), want.numpy(), rtol=2e-5, atol=2e-6)
+
+
 def test_derive_of_the_attention_program():
     torch = pytest.importorskip("torch")
     Q, K, V = qkv(1, 1, 6, 6, 2, 2, np.float64)

@@ -18,8 +18,8 @@ from typing import Dict, Optional, Sequence, Tuple
 from ..analysis.options import Options
 from ..errors import (EinfuseError, EinfuseNameError, EinfuseSyntaxError, MissingArgumentError,
                       UnexpectedArgumentError, attach_statement)
-from ..runtime.attention import program_attention, run_attention
-from ..runtime.frameworks import common_framework
+from ..runtime.attention import program_attention, run_fused_attention
+from ..runtime.frameworks import common_framework, from_numpy
 from ..schedule import run_statements
 from .split import StatementText, split_program
 
@@ -77,10 +77,10 @@ class Program:
             framework = common_framework(env)
         except EinfuseError:     # mixed: the first statement that mixes them says so
             framework = None
-        if self.attention is not None and framework == "numpy":
-            fused = run_attention(self.attention, env, self.options)
+        if self.attention is not None and framework in ("numpy", "torch"):
+            fused = run_fused_attention(self.attention, env, self.options, framework)
             if fused is not None:
-                return fused
+                return from_numpy(fused, framework)
         run_statements(tuple(s.kernel for s in self.statements), env, framework,
                        keep=set(self.outputs))
         results = tuple(env[name] for name in self.outputs)

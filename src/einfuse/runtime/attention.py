@@ -4,9 +4,10 @@ as a loop over key blocks that combines partial states with the softmax-weighted
 monoid (rewrite/monoids.py).  Either way no N x N array exists.
 
 The statements as written stay the authority: every call that does not fit exactly
-(not NumPy arrays, not one float dtype, extents that disagree, a value with inf or NaN,
-an empty axis, ``pad=``/``ranges=``/``dtype=``, the Triton backend, autograd, JAX) gets
-``None`` here and runs statement by statement, which raises any error itself."""
+(not NumPy arrays or CPU torch tensors autograd does not record, not one float dtype,
+extents that disagree, a value with inf or NaN, an empty axis, ``pad=``/``ranges=``/
+``dtype=``, the Triton backend, JAX) gets ``None`` here and runs statement by
+statement, which raises any error itself."""
 
 from __future__ import annotations
 
@@ -103,9 +104,39 @@ def canonical(attention: Attention, named: Dict[str, object]) -> Optional[Canoni
     return Canonical(*shaped, tuple(extents[b] for b in batch), scale)
 
 
+def torch_inputs(attention: Attention, named: Dict[str, object]) -> Optional[Dict[str, object]]:
+    """``named`` with the query, key and value as NumPy views of CPU torch tensors (and a
+    0-d tensor scale as a number), or None: a tensor on a device, or one autograd must
+    record (its gradient needs the statements), runs the statements one by one."""
+    import torch
+    views = dict(named)
+    recording = torch.is_grad_enabled()
+    for name in (attention.query, attention.key, attention.value):
+        tensor = named.get(name)
+        if not isinstance(tensor, torch.Tensor) or tensor.device.type != "cpu" or \
+                tensor.dtype not in (torch.float32, torch.float64) or \
+                (recording and tensor.requires_grad):
+            return None
+        views[name] = tensor.detach().numpy()
+    scale = named.get(attention.scale_param) if attention.scale_param else None
+    if isinstance(scale, torch.Tensor):
+        if scale.ndim != 0 or scale.device.type != "cpu" or (recording and
+                                                               scale.requires_grad):
+            return None
+        views[attention.scale_param] = scale.item()
+    return views
+
+
+def run_fused_attention(attention: Attention, named: Dict[str, object], options,
+                        framework: str) -> Optional[np.ndarray]:
+    """run_attention for a NumPy or torch caller (a NumPy result either way)."""
+    views = named if framework == "numpy" else torch_inputs(attention, named)
+    return run_attention(attention, views, options) if views is not None else None
+
+
 def run_attention(attention: Attention, named: Dict[str, object], options) -> Optional[np.ndarray]:
-    """The attention's output for these named arrays, or None to run the statements
-    one by one."""
+    """The attention's output (a NumPy array) for these named NumPy arrays, or None to
+    run the statements one by one."""
     backend = options.backend
     if backend not in ("auto", "c", "numpy") or options.pad is not None or options.ranges \
             or options.dtype is not None:
@@ -246,9 +277,10 @@ class FusedAttention:
             "    one pass over j per block of 64 rows with a running max, a running "
             "denominator and a rescaled accumulator (the softmax-weighted-sum monoid)",
             f"    {_count(self.pairs * self.groups)} (i, j) pairs computed",
-            f"    for NumPy {self.dtype} arrays on the C backend (the NumPy backend runs "
-            "the same pass by key blocks); PyTorch autograd, JAX and Triton run the "
-            "statements one by one, and so does a value array holding inf or NaN",
+            f"    for NumPy {self.dtype} arrays (or CPU torch tensors autograd does not "
+            "record) on the C backend (the NumPy backend runs the same pass by key "
+            "blocks); autograd, JAX and Triton run the statements one by one, and so "
+            "does a value array holding inf or NaN",
             f"  materialised: nothing N x N (scores or weights in memory would take {square} "
             "each); per thread: blocks of 64 x 64 scores and 64 rows of the accumulator; "
             f"the keys transposed in blocks of 64 (once per call): {_bytes(transposed)}"]
