@@ -264,6 +264,15 @@ def test_mixed_dtypes_and_threads(fused_calls):
     np.testing.assert_allclose(one, one_by_one(Q, K, V), rtol=1e-12)
 
 
+@pytest.mark.parametrize("scale", [0.3, np.float32(0.3), np.float64(0.3), np.array(2.0), 2])
+def test_result_dtype_as_one_by_one(scale):
+    Q, K, V = qkv(1, 2, 30, 30, 4, 4, np.float32)
+    fused = ef.ein(program(), Q=Q, K=K, V=V, scale=scale)
+    O, S = ef.ein(program(), Q=Q, K=K, V=V, scale=scale, outputs=("O", "S"))
+    assert fused.dtype == O.dtype
+    np.testing.assert_allclose(fused, O, rtol=2e-5, atol=2e-6)
+
+
 def test_triton_runs_one_by_one():
     from einfuse.backends import triton_backend
     if not triton_backend.available():

@@ -89,6 +89,9 @@ def canonical(attention: Attention, named: Dict[str, object]) -> Optional[Canoni
             value = value[()]
         if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Real):
             return None
+        if isinstance(value, np.generic) and \
+                np.result_type(value.dtype, arrays[0].dtype) != arrays[0].dtype:
+            return None     # a NumPy float64 scale makes the statements' result float64
         scale = float(value)
     elif attention.scale_value is not None:
         scale = attention.scale_value
@@ -121,7 +124,8 @@ def torch_inputs(attention: Attention, named: Dict[str, object]) -> Optional[Dic
     scale = named.get(attention.scale_param) if attention.scale_param else None
     if isinstance(scale, torch.Tensor):
         if scale.ndim != 0 or scale.device.type != "cpu" or (recording and
-                                                               scale.requires_grad):
+                                                               scale.requires_grad) \
+                or scale.dtype != named[attention.query].dtype:
             return None
         views[attention.scale_param] = scale.item()
     return views
