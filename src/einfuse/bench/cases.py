@@ -342,8 +342,9 @@ def all_cases(quick: bool = False) -> List[Case]:
     if quick:
         return [dist_case(64, 128, 128), gauss_case(2000), matmul_case(256),
                 bmm_rev_case(32, 8), conv2d_case(200, 7), embed_case(5000, 64, 2048),
-                logsumexp_case(512), attention_case(1, 2, 128, 16)] + (training_cases(quick=True) if installed("torch")
-                                        else []) + frontend_cases(quick=True)
+                logsumexp_case(512), attention_case(1, 2, 128, 16)] + \
+            (training_cases(quick=True) if installed("torch") else []) + \
+            frontend_cases(quick=True)
     return [dist_case(), gauss_case(10**4), gauss_case(10**5), matmul_case(), bmm_rev_case(),
             conv2d_case(), embed_case(), logsumexp_case(), attention_case()] + training_cases() + \
         frontend_cases()

@@ -190,14 +190,7 @@ def _lowerable(last, bound, scores: Bindings, j: str, normalised: bool,
     q_idx, k_idx, v_idx = (plain_subscripts(a) for a in (query, key, value))
     dot = scores.index("d")
     if dot not in q_idx or dot not in k_idx or j in q_idx or j not in k_idx:
-        # the dot index is the one the scores sum: q and k both read it; q is the one
-        # without j (a product written k*q is matched both ways round)
-        if j in q_idx and j not in k_idx:
-            query, key, q_idx, k_idx = key, query, k_idx, q_idx
-        else:
-            return None
-        if dot not in q_idx or dot not in k_idx:
-            return None
+        return None     # (a product written k*q is matched the other way round too)
     batch = set(q_idx) & set(k_idx) - {dot}
     rows = set(q_idx) - set(k_idx)
     if len(rows) != 1 or set(k_idx) - batch - {dot} != {j}:
