@@ -58,6 +58,13 @@ def fused_calls(monkeypatch):
     return calls
 
 
+@pytest.fixture(autouse=True)
+def small_key_blocks(monkeypatch):
+    """The NumPy executor in blocks of 32 keys, so that combining partial states (the
+    monoid) is exercised at these sizes."""
+    monkeypatch.setattr(attention_runtime, "KEY_BLOCK", 32)
+
+
 FUSED_BACKENDS = ["numpy"] + (["c"] if c_build.find_compiler() is not None else [])
 rng = np.random.default_rng(7)
 

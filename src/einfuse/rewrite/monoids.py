@@ -1,9 +1,10 @@
 """Reductions as monoids: an identity, a combine of two partial states and a finalise
-from a state to the value.  The online-softmax rewrite (rewrite/online_softmax.py)
-reduces with the *softmax-weighted sum* below, whose state is (running max ``m``,
-running denominator ``l``, running numerator ``acc``); combining two partial states
-rescales the one with the smaller max, which is what lets attention run in one pass
-over ``j`` (FlashAttention).  The NumPy executor of that rewrite (runtime/attention.py)
+from a state to the value (only the one the online-softmax rewrite needs is defined
+here; the statements' own reductions keep their renderer-specific forms).  The
+online-softmax rewrite (rewrite/online_softmax.py) reduces with the *softmax-weighted
+sum* below, whose state is (running max ``m``, running denominator ``l``, running
+numerator ``acc``); combining two partial states rescales the one with the smaller max,
+which is what lets attention run in one pass over ``j`` (FlashAttention).  The NumPy executor of that rewrite (runtime/attention.py)
 combines through these functions; the C kernel (backends/c_attention.py) implements the
 same combine per block of ``j`` in registers."""
 
@@ -56,14 +57,9 @@ def finalise_weighted(state: WeightedState, normalise: bool) -> np.ndarray:
     return np.where((state.m == -np.inf)[..., None], np.nan, value).astype(state.acc.dtype)
 
 
-SUM = Monoid("sum", lambda shape, dtype: np.zeros(shape, dtype), np.add, lambda s: s)
-MAX = Monoid("max", lambda shape, dtype: np.full(shape, -np.inf, dtype), np.maximum,
-             lambda s: s)
 SOFTMAX_WEIGHTED_SUM = Monoid(
     "softmax-weighted sum",
     lambda shape, dtype: WeightedState(np.full(shape[:-1], -np.inf, dtype),
                                        np.zeros(shape[:-1], dtype), np.zeros(shape, dtype)),
     _combine_weighted,
     lambda state: finalise_weighted(state, True))
-
-MONOIDS = {m.name: m for m in (SUM, MAX, SOFTMAX_WEIGHTED_SUM)}
