@@ -322,6 +322,24 @@ def test_torch_without_autograd_runs_fused(fused_calls):
     np.testing.assert_allclose(single.numpy(), want.numpy(), rtol=2e-5, atol=2e-6)
 
 
+def test_jax_grad_runs_one_by_one(fused_calls):
+    jax = pytest.importorskip("jax")
+    jnp = jax.numpy
+    Q, K, V = qkv(1, 1, 6, 6, 2, 2, np.float32)
+
+    def loss(q):
+        return ef.ein(program(), Q=q, K=jnp.asarray(K), V=jnp.asarray(V), scale=0.5).sum()
+
+    def naive(q):
+        s = jnp.where(jnp.tri(6, dtype=bool), jnp.einsum("bhid,bhjd->bhij", q, K) * 0.5,
+                      -jnp.inf)
+        return (jax.nn.softmax(s, axis=-1) @ V).sum()
+    got = jax.grad(loss)(jnp.asarray(Q))
+    assert not fused_calls
+    np.testing.assert_allclose(np.asarray(got), np.asarray(jax.grad(naive)(jnp.asarray(Q))),
+                               rtol=1e-4, atol=1e-5)
+
+
 def test_derive_of_the_attention_program():
     torch = pytest.importorskip("torch")
     Q, K, V = qkv(1, 1, 6, 6, 2, 2, np.float64)
