@@ -317,6 +317,9 @@ def explain(statement=NOT_GIVEN, /, *args, shapes: Optional[Dict[str, tuple]] = 
         from .program.explain import explain_program
         return explain_program(compiled, args, arrays, shapes, gradients)
     explanation = explain_kernel(compiled, args, arrays, shapes, gradients)
+    from .runtime.attention import attention_notes      # rewrite/online_softmax.py
+    explanation.notes += attention_notes(compiled, {**_placeholders(compiled.spec, shapes),
+                                                    **arrays} if shapes else arrays)
     if source:
         if shapes:
             arrays = {**_placeholders(compiled.spec, shapes), **arrays}
@@ -399,7 +402,7 @@ def hoisted_lines(form, call, backend):
             bound = kernel.bind(arrays={name: arrays[name] for name in needed})
         lines += [text, f"    {backend.strategy(bound)}"]
         if hasattr(backend, "loop_nest"):
-            nests += [f"# {text}"] + backend.loop_nest(bound)
+            nests += [f"# {text}"] + (backend.loop_nest(bound) or [])   # None: BLAS
         if spec.assign == ":=":
             arrays[spec.output] = np.empty(bound.output_shape, call.dtypes.working)
     return lines, nests or None

@@ -193,6 +193,55 @@ def logsumexp_case(n=4096) -> Case:
                 [numpy_peer("numpy", numpy_lse), torch_peer("torch logsumexp", torch_lse)])
 
 
+ATTENTION = """S[b,h,i,j] := where(j <= i, sum[d](Q[b,h,i,d]*K[b,h,j,d]) * {scale}, -inf)
+m[b,h,i]   := max[j](S[b,h,i,j])
+P[b,h,i,j] := exp(S[b,h,i,j] - m[b,h,i])
+O[b,h,i,d] := sum[j](P[b,h,i,j] * V[b,h,j,d]) / sum[j](P[b,h,i,j])"""
+
+
+def attention_case(B=4, H=8, N=1024, D=64) -> Case:
+    """Causal attention written as four statements (issue 10): one fused kernel with
+    online softmax against torch's SDPA and the naive form that materialises S."""
+    scale = float(1.0 / np.sqrt(D))
+
+    def inputs(rng):
+        return {name: rng.standard_normal((B, H, N, D), dtype=np.float32)
+                for name in ("Q", "K", "V")}
+
+    def naive(xp, Q, K, V, tril, transpose):
+        S = xp.where(tril, (Q @ transpose(K)) * scale, -np.inf)
+        P = xp.exp(S - S.max(-1, keepdims=True) if xp is np else S - S.amax(-1, keepdim=True))
+        return (P @ V) / P.sum(-1, keepdims=True) if xp is np else \
+            (P @ V) / P.sum(-1, keepdim=True)
+
+    def numpy_naive(Q, K, V):
+        return naive(np, Q, K, V, np.tri(N, dtype=bool), lambda x: x.swapaxes(-1, -2))
+
+    def torch_naive(Q, K, V):
+        import torch
+        return naive(torch, Q, K, V, torch.ones(N, N, dtype=torch.bool).tril(),
+                     lambda x: x.transpose(-1, -2))
+
+    def sdpa(Q, K, V):
+        import torch
+        return torch.nn.functional.scaled_dot_product_attention(Q, K, V, is_causal=True,
+                                                                scale=scale)
+
+    def jax_attention(Q, K, V):
+        import jax
+        swap = lambda x: x.transpose(0, 2, 1, 3)   # noqa: E731  (jax wants b, t, h, d)
+        return swap(jax.nn.dot_product_attention(swap(Q), swap(K), swap(V), scale=scale,
+                                                 is_causal=True))
+    square = B * H * N * N * 4 * 3
+    return Case(f"causal attention B={B} H={H} N={N} D={D}",
+                ATTENTION.format(scale=repr(float(scale))), inputs, [
+                    torch_peer("torch SDPA", sdpa),
+                    torch_peer("torch naive", torch_naive, nbytes=square),
+                    torch_peer("torch.compile naive", torch_naive, compiled=True),
+                    jax_peer("jax dot_product_attention", jax_attention),
+                    numpy_peer("numpy naive", numpy_naive, nbytes=square)])
+
+
 # -- forward + backward (issue 4): torch tensors through autograd --------------------------
 def _leaves(arrays):
     import torch
@@ -294,9 +343,9 @@ def all_cases(quick: bool = False) -> List[Case]:
     if quick:
         return [dist_case(64, 128, 128), gauss_case(2000), matmul_case(256),
                 bmm_rev_case(32, 8), conv2d_case(200, 7), embed_case(5000, 64, 2048),
-                logsumexp_case(512)] + (training_cases(quick=True) if installed("torch")
-                                        else []) + frontend_cases(quick=True) + \
-            overhead_cases()
+                logsumexp_case(512), attention_case(1, 2, 128, 16)] + \
+            (training_cases(quick=True) if installed("torch") else []) + \
+            frontend_cases(quick=True) + overhead_cases()
     return [dist_case(), gauss_case(10**4), gauss_case(10**5), matmul_case(), bmm_rev_case(),
-            conv2d_case(), embed_case(), logsumexp_case()] + training_cases() + \
+            conv2d_case(), embed_case(), logsumexp_case(), attention_case()] + training_cases() + \
         frontend_cases() + overhead_cases()

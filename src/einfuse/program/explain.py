@@ -35,29 +35,32 @@ class ProgramExplanation:
     materialised: Optional[List[Materialised]] = None
     groups: Optional[List[FusionGroup]] = None   # the kernels, in order
     notes: List[str] = field(default_factory=list)
+    attention: Optional[object] = None   # runtime.attention.FusedAttention, when it applies
 
     @property
     def flops(self) -> Optional[int]:
+        if self.attention is not None:
+            return self.attention.flops
         return _total(p.flops for p in self.parts)
 
     @property
     def bytes_read(self) -> Optional[int]:
+        if self.attention is not None:
+            return self.attention.bytes_read
         return _total(p.bytes_read for p in self.parts)
 
     @property
     def bytes_written(self) -> Optional[int]:
+        if self.attention is not None:
+            return self.attention.bytes_written
         return _total(p.bytes_written for p in self.parts)
 
-    def __str__(self) -> str:
-        from ..explain import _bytes, _count
-        n = len(self.statements)
-        out = [f"Program of {n} statement{'s' if n != 1 else ''}"]
-        out += [f"  {i}. {text}" for i, text in enumerate(self.statements, 1)]
-        out += ["", f"Outputs: {', '.join(self.outputs)}", "", "How it runs"]
+    def _kernel_lines(self, n: int) -> List[str]:
+        from ..explain import _bytes
         groups = self.groups or [FusionGroup((i,)) for i in range(n)]
-        out.append(f"  {len(groups)} kernel{'s' if len(groups) != 1 else ''}, in order "
-                   "(NumPy arrays on the C backend; PyTorch and JAX run one kernel per "
-                   "statement):")
+        out = [f"  {len(groups)} kernel{'s' if len(groups) != 1 else ''}, in order "
+               "(NumPy arrays on the C backend; PyTorch and JAX run one kernel per "
+               "statement):"]
         for number, group in enumerate(groups, 1):
             many = len(group.statements) > 1
             which = ", ".join(str(i + 1) for i in group.statements)
@@ -85,6 +88,18 @@ class ProgramExplanation:
                                f"  {_bytes(m.nbytes)}  read by statement {readers}")
             elif not rows:
                 out.append("  no intermediate is materialised")
+        return out
+
+    def __str__(self) -> str:
+        from ..explain import _bytes, _count
+        n = len(self.statements)
+        out = [f"Program of {n} statement{'s' if n != 1 else ''}"]
+        out += [f"  {i}. {text}" for i, text in enumerate(self.statements, 1)]
+        out += ["", f"Outputs: {', '.join(self.outputs)}", "", "How it runs"]
+        if self.attention is not None:
+            out += self.attention.lines()
+        else:
+            out += self._kernel_lines(n)
         if self.flops is not None:
             out += ["", "Cost (the whole program)",
                     f"  FLOPs                 {_count(self.flops)}",
@@ -170,4 +185,8 @@ def explain_program(program: Program, args, arrays, shapes, gradients: bool):
             nbytes = int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
             materialised.append(Materialised(name, shape, dtype, nbytes, readers,
                                              rows.get(name)))
-    return ProgramExplanation(texts, program.outputs, parts, materialised, groups)
+    from ..runtime.attention import explain_attention
+    fused = explain_attention(program.attention, values, program.options) \
+        if program.options is not None else None
+    return ProgramExplanation(texts, program.outputs, parts, materialised, groups,
+                              attention=fused)

@@ -18,7 +18,8 @@ from typing import Dict, Optional, Sequence, Tuple
 from ..analysis.options import Options
 from ..errors import (EinfuseError, EinfuseNameError, EinfuseSyntaxError, MissingArgumentError,
                       UnexpectedArgumentError, attach_statement)
-from ..runtime.frameworks import common_framework, torch_compiling
+from ..runtime.attention import program_attention, run_fused_attention
+from ..runtime.frameworks import common_framework, from_numpy, torch_compiling
 from ..schedule import run_statements
 from .split import StatementText, split_program
 
@@ -51,6 +52,9 @@ class Program:
                  outputs: Tuple[str, ...], options: Optional[Options] = None):
         self.source = source
         self.options = options if options is not None else Options()
+        # the online-softmax rewrite of the whole program (rewrite/online_softmax.py)
+        self.attention = program_attention([s.kernel.spec for s in statements], outputs) \
+            if options is not None else None
         self.statements = tuple(statements)
         self.outputs = outputs
         defined = {s.output for s in self.statements if s.assign == ":="}
@@ -76,6 +80,10 @@ class Program:
             framework = common_framework(env)
         except EinfuseError:     # mixed: the first statement that mixes them says so
             framework = None
+        if self.attention is not None and framework in ("numpy", "torch"):
+            fused = run_fused_attention(self.attention, env, self.options, framework)
+            if fused is not None:
+                return from_numpy(fused, framework)
         run_statements(tuple(s.kernel for s in self.statements), env, framework,
                        keep=set(self.outputs))
         results = tuple(env[name] for name in self.outputs)

@@ -22,6 +22,7 @@ from ..errors import (AllocationError, BackendError, EinfuseError, EinfuseOverfl
 from ..lang import parse
 from ..lang.ast import Number, accesses
 from ..lang.printer import format_statement
+from .attention import run_fused_attention, statement_attention
 from .binding import BoundCall, bind_call, bind_names
 from .frameworks import (JAX, NUMPY, TORCH, common_framework, contiguous, framework_of,
                          from_numpy, placeholder, torch_compiling)
@@ -148,6 +149,12 @@ class Kernel:
                 if self.spec.assign != ":=":
                     _refuse_unrecorded_write(self.spec, call, self.statement)
                 grad = bool(torch_autograd.differentiable_names(call))
+        attention = statement_attention(self.statement) if not grad else None
+        if attention is not None and call.framework in (NUMPY, TORCH):   # online softmax
+            fused = run_fused_attention(attention, bind_names(self.spec, args, kwargs),
+                                        self.options, call.framework)
+            if fused is not None and fused.dtype == call.dtypes.result:
+                return self.deliver(call, fused)
         form = self.hoisted_form
         if form is not None:
             # autograd records each kernel of the hoisted form on its own

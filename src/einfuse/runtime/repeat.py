@@ -55,6 +55,9 @@ def prepare(kernel, call, kwargs) -> None:
             or kernel.spec.assign != ":=" or \
             get_backend(_backend_name(kernel.options.backend, call)).name != "c":
         return
+    from .attention import statement_attention
+    if statement_attention(kernel.statement) is not None:
+        return      # whether it runs fused depends on the data (a finite V): full path
     form = kernel.hoisted_form
     if form is not None and form.applies(call.dtypes):
         cache[signature] = _hoisted_runner(kernel, form, call)

@@ -1,0 +1,242 @@
+"""The online-softmax rewrite: attention in one pass over ``j``, never materialising the
+scores (FlashAttention).
+
+The rule, as data (``SOFTMAX_RULES``): a reduction
+
+    sum[j](exp(s_j - max[k](s_k)) * v_j) / sum[j](exp(s_j - max[k](s_k)))
+
+(or without the division), where the three ``s`` are the same expression up to the
+name of the reduced index, is one reduction with the softmax-weighted-sum monoid
+(rewrite/monoids.py): a running max, a running denominator and a running numerator,
+rescaled whenever the max grows.  A program is first inlined into one expression
+(``inline_program``), so the four-statement form (scores, row max, probabilities,
+weighted sum) and the one-statement form are the same match.
+
+Lowered today: the ``s`` and ``v`` of attention (``ATTENTION_SCORES``): ``s`` a scaled
+dot product of two tensors, optionally masked causally by ``where(j <= i, s, -inf)``
+(or ``j < i``), and ``v`` a tensor read at ``j``.  Anything else matches nothing and
+runs as before (statement by statement, hoisted)."""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import math
+from dataclasses import dataclass
+from typing import Dict, Optional, Sequence, Set, Tuple
+
+from ..lang.ast import Access, Expr, Number, Param, Reduce, Statement, accesses, map_children
+from .hoist import free_indices
+from .patterns import (Any, Bindings, Compare, Const, Fn, OneOf, Op, Red, Scalar, Tensor,
+                       match, placeholder, plain_subscripts, rename_indices)
+
+
+class MaskKind(enum.Enum):
+    NONE = "none"
+    CAUSAL = "j <= i"
+    STRICT_CAUSAL = "j < i"
+
+
+class ScaleKind(enum.Enum):
+    NONE = "none"
+    MULTIPLY = "*"
+    DIVIDE = "/"
+
+
+def _weights(j: str, k: str):
+    """exp(s_j - max[k](s_k))"""
+    return Fn("exp", (Op("-", Any("s", over=(j,)), Red("max", k, Any("s", over=(k,)))),))
+
+
+# The online-softmax rule: the weighted sum, normalised or not.  The weights' max must be
+# the same expression under every sum (the capture 's' is compared up to its index).
+SOFTMAX_RULES = (
+    ("normalised", Op("/", Red("sum", "j", Op("*", _weights("j", "k"), Any("v", over=("j",)),
+                                              commutative=True)),
+                      Red("sum", "j2", _weights("j2", "k2")))),
+    # the weights normalised first (P := softmax, then O := sum[j](P * V)): the same
+    # up to where the division is rounded
+    ("normalised", Red("sum", "j", Op("*", Op("/", _weights("j", "k"),
+                                              Red("sum", "j2", _weights("j2", "k2"))),
+                                      Any("v", over=("j",)), commutative=True))),
+    ("weighted sum", Red("sum", "j", Op("*", _weights("j", "k"), Any("v", over=("j",)),
+                                        commutative=True))),
+)
+
+_DOT = Red("sum", "d", Op("*", Tensor("q"), Tensor("k"), commutative=True))
+_SCALED = OneOf((Op("*", _DOT, Scalar("scale"), commutative=True),
+                 Op("/", _DOT, Scalar("divisor")), _DOT))
+# The scores attention is lowered for: a scaled dot product, masked or not.
+ATTENTION_SCORES = OneOf((Fn("where", (Compare("mask"), _SCALED, Const(-math.inf))), _SCALED))
+
+
+@dataclass(frozen=True)
+class Attention:
+    """A recognised attention: ``out[...] := sum_j softmax_j(s) * value[..., j, e]``.
+    Index names are the final statement's; ``key_index`` is the canonical name of the
+    reduced ``j`` as it appears in ``key_indices`` and ``value_indices``."""
+    output: str
+    output_indices: Tuple[str, ...]
+    query: str
+    query_indices: Tuple[str, ...]
+    key: str
+    key_indices: Tuple[str, ...]
+    value: str
+    value_indices: Tuple[str, ...]
+    batch: Tuple[str, ...]          # in the output's order
+    row: str                        # i
+    key_index: str                  # j
+    dot_index: str                  # d (summed in the scores)
+    feature: str                    # e (of the value and the output)
+    mask: MaskKind
+    scale: ScaleKind
+    scale_param: Optional[str]      # the scalar parameter, or None for a literal
+    scale_value: Optional[float]    # the literal, or None
+    normalised: bool
+    statements: int                 # how many statements it replaces
+
+    def flops_per_pair(self, dot: int, feature: int) -> int:
+        """FLOPs of one (row, key) pair: the dot product, the scale, the weight, the
+        weighted sum and its denominator."""
+        return 2 * dot + 2 * feature + (1 if self.scale is not ScaleKind.NONE else 0) + 3
+
+
+def recognise(statements: Sequence[Statement], outputs: Tuple[str, ...]) -> Optional[Attention]:
+    """The attention ``statements`` (each with its implicit reductions explicit) compute,
+    or None.  A program is recognised only as a whole: its one output is the last
+    statement's, and every earlier statement is an intermediate of that chain (an
+    intermediate the caller asked for would have to be materialised: the statements
+    then run as written)."""
+    if not statements or any(s.assign != ":=" for s in statements):
+        return None
+    last = statements[-1]
+    if tuple(outputs) != (last.output,):
+        return None
+    rhs = inline_program(statements)
+    if rhs is None:
+        return None
+    for name, rule in SOFTMAX_RULES:
+        for bound in match(rule, rhs):
+            found = _attention(last, bound, name == "normalised", len(statements))
+            if found is not None:
+                return found
+    return None
+
+
+def inline_program(statements: Sequence[Statement]) -> Optional[Expr]:
+    """The last statement's right side with every intermediate replaced by its
+    definition, or None where an intermediate is read other than with distinct plain
+    subscripts, or is read by nothing."""
+    definitions: Dict[str, Tuple[Tuple[str, ...], Expr]] = {}
+    used: Set[str] = set()
+    fresh = [0]
+
+    def substitute(expr: Expr) -> Optional[Expr]:
+        if isinstance(expr, Access) and expr.tensor in definitions:
+            names = plain_subscripts(expr)
+            indices, body = definitions[expr.tensor]
+            if names is None or len(names) != len(indices):
+                raise _NotInlinable
+            used.add(expr.tensor)
+            return rename_indices(body, dict(zip(indices, names)))
+        if isinstance(expr, Access):
+            if any(a.tensor in definitions for a in accesses(expr)):
+                raise _NotInlinable       # an intermediate used as an index array
+            return expr
+        if isinstance(expr, Reduce):
+            # bound indices get names no statement can use, so that substituting an
+            # intermediate's indices can never capture them
+            names = {}
+            for index in expr.indices:
+                fresh[0] += 1
+                names[index] = f"~{fresh[0]}"
+            body = substitute(rename_indices(expr.body, names))
+            return dataclasses.replace(expr, indices=tuple(names[i] for i in expr.indices),
+                                       body=body)
+        return map_children(expr, substitute)
+
+    try:
+        for statement in statements:
+            if statement.output in definitions:
+                return None
+            rhs = substitute(statement.rhs)
+            definitions[statement.output] = (tuple(statement.output_indices), rhs)
+    except _NotInlinable:
+        return None
+    if used != set(s.output for s in statements[:-1]):
+        return None
+    return definitions[statements[-1].output][1]
+
+
+class _NotInlinable(Exception):
+    pass
+
+
+def _attention(last: Statement, bound: Bindings, normalised: bool,
+               count: int) -> Optional[Attention]:
+    j = placeholder(0)
+    for scores in match(ATTENTION_SCORES, bound.expr("s")):
+        found = _lowerable(last, bound, scores, j, normalised, count)
+        if found is not None:
+            return found
+    return None
+
+
+def _lowerable(last, bound, scores: Bindings, j: str, normalised: bool,
+               count: int) -> Optional[Attention]:
+    query, key, value = scores.expr("q"), scores.expr("k"), bound.expr("v")
+    if not isinstance(value, Access) or plain_subscripts(value) is None:
+        return None
+    q_idx, k_idx, v_idx = (plain_subscripts(a) for a in (query, key, value))
+    dot = scores.index("d")
+    if dot not in q_idx or dot not in k_idx or j in q_idx or j not in k_idx:
+        return None     # (a product written k*q is matched the other way round too)
+    batch = set(q_idx) & set(k_idx) - {dot}
+    rows = set(q_idx) - set(k_idx)
+    if len(rows) != 1 or set(k_idx) - batch - {dot} != {j}:
+        return None
+    (row,) = rows
+    features = set(v_idx) - batch - {j}
+    if len(features) != 1 or not batch | {j} <= set(v_idx):
+        return None
+    (feature,) = features
+    if feature == row or set(last.output_indices) != batch | {row, feature} or \
+            len(last.output_indices) != len(batch) + 2:
+        return None
+    if free_indices(bound.expr("s")) != batch | {row, j}:
+        return None
+    mask = _mask(scores, row, j)
+    if mask is None:
+        return None
+    scale, param, literal = ScaleKind.NONE, None, None
+    for capture, kind in (("scale", ScaleKind.MULTIPLY), ("divisor", ScaleKind.DIVIDE)):
+        if not scores.has(capture):
+            continue
+        factor, scale = scores.expr(capture), kind
+        if isinstance(factor, Param):
+            param = factor.name
+        elif isinstance(factor, Number):
+            literal = float(factor.value)
+    names = {query.tensor, key.tensor, value.tensor}
+    if last.output in names:
+        return None
+    return Attention(
+        output=last.output, output_indices=tuple(last.output_indices),
+        query=query.tensor, query_indices=q_idx, key=key.tensor, key_indices=k_idx,
+        value=value.tensor, value_indices=v_idx,
+        batch=tuple(i for i in last.output_indices if i in batch), row=row, key_index=j,
+        dot_index=dot, feature=feature, mask=mask, scale=scale, scale_param=param,
+        scale_value=literal, normalised=normalised, statements=count)
+
+
+def _mask(scores: Bindings, row: str, j: str) -> Optional[MaskKind]:
+    if not scores.has("mask"):
+        return MaskKind.NONE
+    compare = scores.expr("mask")
+    left, right, op = compare.left.name, compare.right.name, compare.op
+    if (left, right) == (row, j):          # i >= j is j <= i
+        left, right = right, left
+        op = {"<": ">", ">": "<", "<=": ">=", ">=": "<="}[op]
+    if (left, right) != (j, row):
+        return None
+    return {"<=": MaskKind.CAUSAL, "<": MaskKind.STRICT_CAUSAL}.get(op)

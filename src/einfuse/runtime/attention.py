@@ -1,0 +1,322 @@
+"""Running a recognised attention (rewrite/online_softmax.py) as one pass with online
+softmax: on the C backend as one kernel (backends/c_attention.py), on the NumPy backend
+as a loop over key blocks that combines partial states with the softmax-weighted-sum
+monoid (rewrite/monoids.py).  Either way no N x N array exists.
+
+The statements as written stay the authority: every call that does not fit exactly
+(not NumPy arrays or CPU torch tensors autograd does not record, not one float dtype,
+extents that disagree, a value with inf or NaN, an empty axis, ``pad=``/``ranges=``/
+``dtype=``, the Triton backend, JAX) gets ``None`` here and runs statement by
+statement, which raises any error itself."""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import numbers
+from typing import Dict, Optional, Sequence, Tuple
+
+import numpy as np
+
+from ..errors import AllocationError
+from ..rewrite.monoids import SOFTMAX_WEIGHTED_SUM, WeightedState, finalise_weighted
+from ..rewrite.online_softmax import Attention, MaskKind, ScaleKind, recognise
+
+_FLOATS = (np.dtype(np.float32), np.dtype(np.float64))
+KEY_BLOCK = 256       # keys per step of the NumPy executor
+
+
+def program_attention(specs: Sequence, outputs: Tuple[str, ...]) -> Optional[Attention]:
+    """The attention a program's statements (their specs) compute, or None."""
+    statements = [dataclasses.replace(spec.statement, rhs=spec.rhs) for spec in specs]
+    return recognise(statements, tuple(outputs))
+
+
+@functools.lru_cache(maxsize=256)
+def statement_attention(statement: str) -> Optional[Attention]:
+    """The attention one statement computes, or None (cached by its text: every call
+    of a kernel asks)."""
+    from .kernel import _spec_for
+    spec = _spec_for(statement)
+    if spec.assign != ":=":
+        return None
+    return program_attention([spec], (spec.output,))
+
+
+@dataclasses.dataclass(frozen=True)
+class Canonical:
+    """A call's arrays in the kernel's layout: query (G, NQ, D), key (G, NK, D), value
+    (G, NK, E); the batch extents (in the output's batch order) and the scale."""
+    query: np.ndarray
+    key: np.ndarray
+    value: np.ndarray
+    batch_shape: Tuple[int, ...]
+    scale: float
+
+
+def _extents(attention: Attention, arrays) -> Optional[Dict[str, int]]:
+    """Each index's extent, or None unless the three arrays are NumPy arrays of one
+    float dtype whose extents agree and are not zero (only their shapes are read)."""
+    if not all(type(a) is np.ndarray for a in arrays):
+        return None
+    dtype = arrays[0].dtype
+    if dtype not in _FLOATS or any(a.dtype != dtype for a in arrays):
+        return None
+    extents: Dict[str, int] = {}
+    for array, indices in zip(arrays, (attention.query_indices, attention.key_indices,
+                                       attention.value_indices)):
+        if array.ndim != len(indices):
+            return None
+        for index, extent in zip(indices, array.shape):
+            if extents.setdefault(index, extent) != extent:
+                return None
+    if any(extent == 0 for extent in extents.values()):
+        return None
+    return extents
+
+
+def canonical(attention: Attention, named: Dict[str, object]) -> Optional[Canonical]:
+    """The call's arrays in canonical layout, or None when the call must run statement
+    by statement."""
+    arrays = [named.get(name) for name in (attention.query, attention.key, attention.value)]
+    extents = _extents(attention, arrays)
+    if extents is None:
+        return None
+    scale = 1.0
+    if attention.scale_param is not None:
+        value = named.get(attention.scale_param)
+        if isinstance(value, np.ndarray) and value.ndim == 0:
+            value = value[()]
+        if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Real):
+            return None
+        if isinstance(value, np.generic) and \
+                np.result_type(value.dtype, arrays[0].dtype) != arrays[0].dtype:
+            return None     # a NumPy float64 scale makes the statements' result float64
+        scale = float(value)
+    elif attention.scale_value is not None:
+        scale = attention.scale_value
+    batch = attention.batch
+    j = attention.key_index
+    layouts = ((batch + (attention.row, attention.dot_index), attention.query_indices),
+               (batch + (j, attention.dot_index), attention.key_indices),
+               (batch + (j, attention.feature), attention.value_indices))
+    shaped = []
+    for array, (order, indices) in zip(arrays, layouts):
+        moved = np.ascontiguousarray(array.transpose([indices.index(n) for n in order]))
+        shaped.append(moved.reshape((-1,) + moved.shape[len(batch):]))
+    return Canonical(*shaped, tuple(extents[b] for b in batch), scale)
+
+
+def torch_inputs(attention: Attention, named: Dict[str, object]) -> Optional[Dict[str, object]]:
+    """``named`` with the query, key and value as NumPy views of CPU torch tensors (and a
+    0-d tensor scale as a number), or None: a tensor on a device, or one autograd must
+    record (its gradient needs the statements), runs the statements one by one."""
+    import torch
+    views = dict(named)
+    recording = torch.is_grad_enabled()
+    for name in (attention.query, attention.key, attention.value):
+        tensor = named.get(name)
+        if not isinstance(tensor, torch.Tensor) or tensor.device.type != "cpu" or \
+                tensor.dtype not in (torch.float32, torch.float64) or \
+                (recording and tensor.requires_grad):
+            return None
+        views[name] = tensor.detach().numpy()
+    scale = named.get(attention.scale_param) if attention.scale_param else None
+    if isinstance(scale, torch.Tensor):
+        if scale.ndim != 0 or scale.device.type != "cpu" or (recording and
+                                                               scale.requires_grad) \
+                or scale.dtype != named[attention.query].dtype:
+            return None
+        views[attention.scale_param] = scale.item()
+    return views
+
+
+def run_fused_attention(attention: Attention, named: Dict[str, object], options,
+                        framework: str) -> Optional[np.ndarray]:
+    """run_attention for a NumPy or torch caller (a NumPy result either way)."""
+    views = named if framework == "numpy" else torch_inputs(attention, named)
+    return run_attention(attention, views, options) if views is not None else None
+
+
+def run_attention(attention: Attention, named: Dict[str, object], options) -> Optional[np.ndarray]:
+    """The attention's output (a NumPy array) for these named NumPy arrays, or None to
+    run the statements one by one."""
+    backend = options.backend
+    if backend not in ("auto", "c", "numpy") or options.pad is not None or options.ranges \
+            or options.dtype is not None:
+        return None
+    arrays = canonical(attention, named)
+    if arrays is None:
+        return None
+    if backend == "numpy":
+        if not np.isfinite(arrays.value).all():
+            return None
+        out = _run_numpy(attention, arrays)
+    else:
+        from ..backends import c_build
+        if c_build.find_compiler() is None:
+            if backend == "c":
+                return None     # the statements raise the backend's own error
+            if not np.isfinite(arrays.value).all():
+                return None
+            out = _run_numpy(attention, arrays)
+        else:
+            out = _run_c(attention, arrays, options.threads or 0)
+            if out is None:
+                return None
+    return _to_output(attention, arrays, out)
+
+
+def _to_output(attention: Attention, arrays: Canonical, out: np.ndarray) -> np.ndarray:
+    names = attention.batch + (attention.row, attention.feature)
+    out = out.reshape(arrays.batch_shape + out.shape[1:])
+    return np.ascontiguousarray(out.transpose([names.index(n)
+                                               for n in attention.output_indices]))
+
+
+_SCALE_MODES = {ScaleKind.NONE: 0, ScaleKind.MULTIPLY: 1, ScaleKind.DIVIDE: 2}
+_MASK_MODES = {MaskKind.NONE: 0, MaskKind.CAUSAL: 1, MaskKind.STRICT_CAUSAL: 2}
+
+
+def _run_c(attention: Attention, arrays: Canonical, threads: int) -> Optional[np.ndarray]:
+    from ..backends import c_attention
+    q, k, v = arrays.query, arrays.key, arrays.value
+    attend, finite = c_attention.functions(q.dtype)
+    if not finite(v.ctypes.data, v.size, threads):
+        return None
+    groups, rows, dot = q.shape
+    keys, features = v.shape[1], v.shape[2]
+    out = np.empty((groups, rows, features), q.dtype)
+    failed = attend(q.ctypes.data, k.ctypes.data, v.ctypes.data, out.ctypes.data, groups,
+                    rows, keys, dot, features, arrays.scale, _SCALE_MODES[attention.scale],
+                    _MASK_MODES[attention.mask], int(attention.normalised), threads)
+    if failed:
+        raise AllocationError("the attention kernel could not allocate its per-thread "
+                              "blocks")
+    return out
+
+
+def _run_numpy(attention: Attention, arrays: Canonical) -> np.ndarray:
+    """One step per block of keys: the block's partial state, combined into the running
+    one with the monoid."""
+    q, k, v = arrays.query, arrays.key, arrays.value
+    dtype = q.dtype
+    scale = dtype.type(arrays.scale)
+    groups, rows, _ = q.shape
+    keys, features = v.shape[1], v.shape[2]
+    monoid = SOFTMAX_WEIGHTED_SUM
+    state = monoid.identity((groups, rows, features), dtype)
+    i = np.arange(rows)[:, None]
+    with np.errstate(all="ignore"):
+        for j0 in range(0, keys, KEY_BLOCK):
+            j = np.arange(j0, min(keys, j0 + KEY_BLOCK))[None, :]
+            scores = np.matmul(q, k[:, j0:j0 + KEY_BLOCK].transpose(0, 2, 1))
+            if attention.scale is ScaleKind.MULTIPLY:
+                scores = scores * scale
+            elif attention.scale is ScaleKind.DIVIDE:
+                scores = scores / scale
+            seen = np.ones((rows, j.shape[1]), bool) if attention.mask is MaskKind.NONE \
+                else (j <= i) if attention.mask is MaskKind.CAUSAL else (j < i)
+            top = np.where(seen, scores, -np.inf).max(axis=-1)
+            weights = np.where(seen & (scores != -np.inf), np.exp(scores - top[..., None]), 0)
+            weights = weights.astype(dtype, copy=False)
+            block = WeightedState(top, weights.sum(axis=-1),
+                                  np.matmul(weights, v[:, j0:j0 + KEY_BLOCK]))
+            state = monoid.combine(state, block)
+    return finalise_weighted(state, attention.normalised)
+
+
+@dataclasses.dataclass(frozen=True)
+class FusedAttention:
+    """What ``explain`` says about an attention that runs fused, for given shapes."""
+    attention: Attention
+    groups: int          # product of the batch extents
+    rows: int            # NQ
+    keys: int            # NK
+    dot: int             # D
+    features: int        # E
+    itemsize: int
+    dtype: str
+
+    @property
+    def pairs(self) -> int:
+        """(i, j) pairs a row sees, over all rows of one batch element."""
+        rows, keys = self.rows, self.keys
+        if self.attention.mask is MaskKind.NONE:
+            return rows * keys
+        shift = 1 if self.attention.mask is MaskKind.CAUSAL else 0
+        return sum(max(0, min(keys, i + shift)) for i in range(rows))
+
+    @property
+    def flops(self) -> int:
+        final = self.rows * self.features if self.attention.normalised else 0
+        return self.groups * (self.pairs * self.attention.flops_per_pair(
+            self.dot, self.features) + final)
+
+    @property
+    def bytes_read(self) -> int:
+        return self.groups * (self.rows * self.dot + self.keys * (self.dot + self.features)) \
+            * self.itemsize
+
+    @property
+    def bytes_written(self) -> int:
+        return self.groups * self.rows * self.features * self.itemsize
+
+    def lines(self):
+        from ..explain import _bytes, _count
+        a = self.attention
+        square = _bytes(self.groups * self.rows * self.keys * self.itemsize)
+        skipped = "" if a.mask is MaskKind.NONE else \
+            f"; mask {a.mask.value}: key blocks past the diagonal are never computed"
+        weights = "exp(s_j - max_k s_k)"
+        what = f"sum_j {weights} * {a.value}_j" + (f" / sum_j {weights}" if a.normalised
+                                                    else "")
+        which = f"statements 1-{a.statements}" if a.statements > 1 else "the statement"
+        transposed = self.groups * self.dot * -(-self.keys // 64) * 64 * self.itemsize
+        return [
+            f"  1 kernel: {which} fused as attention with online softmax "
+            "(rewrite/online_softmax.py)",
+            f"    {a.output} = {what}, s = {a.query} . {a.key} summed over the dot index"
+            f"{' and scaled' if a.scale is not ScaleKind.NONE else ''}{skipped}",
+            "    one pass over j per block of 64 rows with a running max, a running "
+            "denominator and a rescaled accumulator (the softmax-weighted-sum monoid)",
+            f"    {_count(self.pairs * self.groups)} (i, j) pairs computed",
+            f"    for NumPy {self.dtype} arrays (or CPU torch tensors autograd does not "
+            "record) on the C backend (the NumPy backend runs the same pass by key "
+            "blocks); autograd, JAX and Triton run the statements one by one, and so "
+            "does a value array holding inf or NaN",
+            f"  materialised: nothing N x N (scores or weights in memory would take {square} "
+            "each); per thread: blocks of 64 x 64 scores and 64 rows of the accumulator; "
+            f"the keys transposed in blocks of 64 (once per call): {_bytes(transposed)}"]
+
+
+def attention_notes(kernel, values: Dict[str, object]):
+    """explain's notes for one statement that runs as fused attention."""
+    attention = statement_attention(kernel.statement)
+    fused = explain_attention(attention, values, kernel.options)
+    if fused is None:
+        return []
+    from ..explain import _count
+    return [f"the statement runs fused as attention with online softmax, not as the "
+            f"kernels above: {_count(fused.flops)} FLOPs; "
+            + "; ".join(line.strip() for line in fused.lines()[1:])]
+
+
+def explain_attention(attention: Optional[Attention], values: Dict[str, object],
+                      options) -> Optional[FusedAttention]:
+    """The fused attention for arrays like ``values`` (only shapes and dtypes are read),
+    or None where this call would run statement by statement."""
+    if attention is None or options.backend not in ("auto", "c", "numpy") or \
+            options.pad is not None or options.ranges or options.dtype is not None:
+        return None
+    arrays = [values.get(n) for n in (attention.query, attention.key, attention.value)]
+    if any(isinstance(a, np.ndarray) and type(a) is not np.ndarray for a in arrays):
+        arrays = [np.asarray(a) if isinstance(a, np.ndarray) else a for a in arrays]
+    extents = _extents(attention, arrays)
+    if extents is None:
+        return None
+    groups = int(np.prod([extents[b] for b in attention.batch], dtype=np.int64))
+    dtype = arrays[0].dtype
+    return FusedAttention(attention, groups, extents[attention.row],
+                          extents[attention.key_index], extents[attention.dot_index],
+                          extents[attention.feature], dtype.itemsize, dtype.name)
