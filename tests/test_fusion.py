@@ -152,3 +152,21 @@ def test_intermediates_needed_after_the_group_are_materialised():
                     t[i,j] := e[j,i] * 0 + X[i,j] / s[i]""", X=X[:, :90].T @ X[:, :90])
     Y = X[:, :90].T @ X[:, :90]
     np.testing.assert_allclose(got, Y / np.exp(Y).sum(1, keepdims=True), rtol=1e-12)
+
+
+def test_a_division_after_a_row_maximum_in_one_kernel_keeps_nan_and_inf(groups):
+    """The group's kernel is compiled with reciprocal math when only members without a
+    division (the row maximum) would forbid it: NaN and inf rows still come out as
+    NumPy gives them, and the others within rounding."""
+    X2 = rng.standard_normal((70, 90)).astype(np.float32)
+    X2[3, 5] = np.nan
+    X2[4, :] = -np.inf
+    X2[5, 7] = np.inf
+    got = ef.ein("""m[i] := max[j](X[i,j])
+                    e[i,j] := exp(X[i,j] - m[i])
+                    P[i,j] := e[i,j] / sum[k](e[i,k])""", X=X2, backend="c")
+    assert groups and len(groups[0]) >= 3
+    with np.errstate(invalid="ignore"):
+        want = softmax(X2.astype(np.float64))
+    np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
+    np.testing.assert_allclose(got, want, rtol=2e-6, atol=1e-7)

@@ -15,6 +15,7 @@ import numpy as np
 from .. import ir
 from ..plan import call_arguments, unit_axis
 from ..plan.fuse import fuse_kernels, slots_after_fusion
+from ..plan.lower import divides
 from . import c_build
 from .c_backend import (_ARGTYPES, PARALLEL_MIN_WORK, _blas_contraction, _buffers,
                         _pack_for_lanes, _plan)
@@ -63,8 +64,10 @@ def run(members, thread_rows: FrozenSet[int] = frozenset()) -> bool:
     if found is None:
         working = members[0].call.dtypes.working.name
         program = fuse_kernels(kernels, reads, working, local)
+        # reciprocal math where every member allows it or has no division it could change
         library = c_build.load(render_c(program, c_build.vector_math()),
-                               all(m.plan.fast_math for m in members))
+                               all(m.plan.fast_math or not divides(m.call.spec.rhs)
+                                   for m in members))
         function = getattr(library, program.kernels[0].name)
         function.argtypes = _ARGTYPES
         function.restype = None

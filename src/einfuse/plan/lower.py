@@ -513,6 +513,24 @@ def _top_reductions(expr: ast.Expr) -> List[ast.Reduce]:
     return found
 
 
+# Functions whose C rendering divides nothing (libm calls, comparisons and selects).
+_DIVISION_FREE_CALLS = frozenset({"exp", "log", "sqrt", "abs", "sin", "cos", "log1p",
+                                  "expm1", "erf", "min", "max", "where", "relu"})
+
+
+def divides(expr: ast.Expr) -> bool:
+    """Could reciprocal math change this expression's C code?  Only a division can be
+    turned into a product by a reciprocal; an expression without one (a row maximum,
+    say) computes the same with or without the flag, so it may share a fused kernel
+    compiled with it."""
+    for node in expr.walk():
+        if isinstance(node, ast.Binary) and node.op in ("/", "//", "%"):
+            return True
+        if isinstance(node, ast.Call) and node.func not in _DIVISION_FREE_CALLS:
+            return True
+    return False
+
+
 def _fast_math_safe(expr: ast.Expr) -> bool:
     """True when no operation whose NaN/inf/signed-zero handling fast-math could
     change appears (comparisons, logicals, min/max/where/relu/softplus,
