@@ -58,7 +58,7 @@ class CompiledFunction:
     def __init__(self, flat_fn: Callable, leaves, name: str = "fn"):
         self.flat_fn = flat_fn
         self.name = name
-        self.closed = jax.make_jaxpr(flat_fn)(*leaves)
+        self.closed = _without_dead_code(jax.make_jaxpr(flat_fn)(*leaves))
         self.in_avals = tuple(v.aval for v in self.closed.jaxpr.invars)
         self.out_avals = tuple(v.aval for v in self.closed.jaxpr.outvars)
         from ..backends import c_loops
@@ -249,6 +249,19 @@ class JitFunction:
                 found = self._cache.setdefault(key, found)
         compiled, out_tree = found
         return compiled, (lambda: out_tree), leaves
+
+
+def _without_dead_code(closed):
+    """``closed`` without equations whose results nothing uses (a vjp's unused forward
+    outputs, float0 zeros of integer inputs): they would cost time, or not convert."""
+    try:
+        from jax._src.interpreters import partial_eval as pe
+        from jax.extend.core import ClosedJaxpr
+        jaxpr, _ = pe.dce_jaxpr(closed.jaxpr, [True] * len(closed.jaxpr.outvars),
+                                instantiate=True)
+        return ClosedJaxpr(jaxpr, closed.consts)
+    except (ImportError, AttributeError, TypeError):   # a JAX without it: convert as is
+        return closed
 
 
 def _struct(leaf) -> jax.ShapeDtypeStruct:
