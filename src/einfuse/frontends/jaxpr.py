@@ -66,9 +66,25 @@ def unsupported(eqn, why: str = "") -> JaxprConversionError:
         text += f" ({why})"
     if where:
         text += f", used at {where}"
-    text += ("; rewrite that part with supported operations, or use "
-             "ef.jit(fn, fallback=True) once it is built")
-    return JaxprConversionError(text)
+    error = JaxprConversionError(text + _ADVICE)
+    error.located = bool(where)
+    return error
+
+
+_ADVICE = ("; rewrite that part with supported operations (docs/jit.md lists them), or "
+           "run the function with jax.jit")
+
+
+def _located(error: "JaxprConversionError", eqn) -> "JaxprConversionError":
+    """``error`` from inside a call wrapper (jnp.sort's own jit, say) whose equations
+    carry JAX's source lines: the wrapper's line is the user's."""
+    where = source_line(eqn)
+    if getattr(error, "located", True) or not where:
+        return error
+    message = error.message.replace(_ADVICE, f", used at {where}" + _ADVICE)
+    located = JaxprConversionError(message)
+    located.located = True
+    return located
 
 
 def scalar_type(aval, eqn=None) -> ScalarType:
@@ -202,27 +218,37 @@ class Converter:
         for var in jaxpr.outvars:
             if not isinstance(var, Literal):
                 uses[var] = uses.get(var, 0) + 1
-        from .jaxpr_rules import rule_for
         for eqn in jaxpr.eqns:
-            rule = rule_for(eqn)
-            invals = [self.lookup(env, var) for var in eqn.invars]
-            level = max([self.floor] + [v.level for v in invals])
-            for k, (var, value) in enumerate(zip(eqn.invars, invals)):
-                if value.compound and value.level < level:
-                    # an outer value read inside a loop or branch: computed once, outside
-                    invals[k] = env[var] = self.materialize(value)
-            previous, self.current_eqn = self.current_eqn, eqn
             try:
-                outs = rule(self, eqn, invals, level)
-            finally:
-                self.current_eqn = previous
-            for var, value in zip(eqn.outvars, outs):
-                if value.compound and uses.get(var, 0) > 1:
-                    value = self.materialize(value, equation_text(eqn))
-                env[var] = value
-            self.mapping.append((equation_text(eqn), ", ".join(
-                v.buffer or "inline" for v in outs)))
+                self.equation(env, uses, eqn)
+            except JaxprConversionError as error:
+                located = _located(error, eqn)
+                if located is error:
+                    raise
+                raise located from None
         return [self.lookup(env, var) for var in jaxpr.outvars]
+
+    def equation(self, env, uses, eqn) -> None:
+        """Apply ``eqn``'s rule; a compound result read more than once is materialised."""
+        from .jaxpr_rules import rule_for
+        rule = rule_for(eqn)
+        invals = [self.lookup(env, var) for var in eqn.invars]
+        level = max([self.floor] + [v.level for v in invals])
+        for k, (var, value) in enumerate(zip(eqn.invars, invals)):
+            if value.compound and value.level < level:
+                # an outer value read inside a loop or branch: computed once, outside
+                invals[k] = env[var] = self.materialize(value)
+        previous, self.current_eqn = self.current_eqn, eqn
+        try:
+            outs = rule(self, eqn, invals, level)
+        finally:
+            self.current_eqn = previous
+        for var, value in zip(eqn.outvars, outs):
+            if value.compound and uses.get(var, 0) > 1:
+                value = self.materialize(value, equation_text(eqn))
+            env[var] = value
+        self.mapping.append((equation_text(eqn), ", ".join(
+            v.buffer or "inline" for v in outs)))
 
     def convert(self, closed, input_names: Sequence[str] = ()) -> JitProgram:
         """The program of ``closed`` (a ClosedJaxpr): inputs ``x0, x1, ...`` (the flat

@@ -88,8 +88,10 @@ class Const(Node):
 
     def __post_init__(self):
         # validated literals only: the renderer writes them into the C source
-        if not isinstance(self.value, (bool, int, float)) or isinstance(self.value, np.generic):
-            raise TypeError(f"constant {self.value!r} is not a Python number")
+        if isinstance(self.value, (np.integer, np.floating, np.bool_)):
+            object.__setattr__(self, "value", self.value.item())
+        if not isinstance(self.value, (bool, int, float)):
+            raise TypeError(f"constant {self.value!r} is not a number")
         if self.dtype.is_float and not isinstance(self.value, float):
             object.__setattr__(self, "value", float(self.value))
 
