@@ -295,6 +295,9 @@ def explain(statement=NOT_GIVEN, /, *args, shapes: Optional[Dict[str, tuple]] = 
         print(ef.explain("D[i,j] := (w[k,i] - x[k,j])**2", shapes={"w": (3, 5),
                                                                   "x": (3, 4)}))"""
     from .runtime.kernel import compile as compile_kernel
+    if callable(statement):   # a JAX function: ef.explain(fn, *example_args) (docs/jit.md)
+        from .frontends.jaxpr_explain import explain_function
+        return explain_function(statement, args, arrays)
     statement = statement_argument(statement, arrays, "explain")
     from .lang.parser import einsum_hint
     if einsum_hint(statement):   # an einsum string: its statement, then the usual
