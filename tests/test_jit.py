@@ -170,8 +170,27 @@ def test_an_unsupported_primitive_names_itself_and_the_source_line():
         ef.jit(uses_sort)(jnp.arange(3.0))
     message = str(info.value)
     assert "'sort'" in message and "test_jit.py" in message
-    with pytest.raises(ef.EinfuseError, match="fallback"):
-        ef.jit(uses_sort, fallback=True)
+    with pytest.raises(ef.EinfuseError) as info:    # inside a loop body too
+        ef.jit(lambda x: lax.scan(lambda c, v: (c + jnp.sort(v).sum(), None), 0.0, x)[0])(
+            jnp.ones((3, 2)))
+    assert "'sort'" in str(info.value) and "test_jit.py" in str(info.value)
+
+
+def test_fallback_splits_around_an_unsupported_primitive():
+    def model(x, w):
+        y = jnp.tanh(x @ w)
+        z = jnp.sort(y, axis=-1)
+        return (jnp.exp(z) * 2).sum(axis=-1), y
+    rng = np.random.default_rng(6)
+    x, w = jnp.asarray(rng.normal(size=(4, 3))), jnp.asarray(rng.normal(size=(3, 5)))
+    split = ef.jit(model, fallback=True)
+    close(split(x, w), model(x, w))
+    close(jax.jit(split)(x, w), model(x, w))
+    close(jax.grad(lambda w: split(x, w)[0].sum())(w), jax.grad(lambda w: model(x, w)[0].sum())(w))
+    xs = jnp.stack([x, -x])
+    close(jax.vmap(split, in_axes=(0, None))(xs, w), jax.vmap(model, in_axes=(0, None))(xs, w))
+    text = str(ef.explain(split, x, w))
+    assert "run by JAX" in text and "'sort'" in text and "einfuse kernel" in text
 
 
 def test_cache_per_shape_and_static_argument():

@@ -24,6 +24,7 @@ from ..frontends.jaxpr_ir import (INDEX, Apply, Assign, Branch, Cast, Const, Ind
 STACK_LIMIT = 65536        # bytes of intermediates on the stack in all (callbacks run on
                            # threads with small stacks); the rest are allocated per call
 ENTRY = "ef_jit"
+PARALLEL_WORK = 1 << 16    # operations of a statement before its outer loop gets threads
 
 SUFFIX = {ScalarType.BOOL: "b", ScalarType.INT8: "i8", ScalarType.INT16: "i16",
           ScalarType.INT32: "i32", ScalarType.INT64: "i64", ScalarType.UINT8: "u8",
@@ -94,6 +95,7 @@ class Renderer:
         self.lines: List[str] = []
         self.depth = 1
         self.counter = 0
+
 
     # -- helpers ------------------------------------------------------------------------------
     def helper(self, op: str, dtype: ScalarType) -> str:
@@ -223,16 +225,35 @@ class Renderer:
     def emit(self, line: str) -> None:
         self.lines.append("    " * self.depth + line)
 
-    def open_loops(self, indices, simd: bool = False, clause: str = "") -> int:
-        """Opens ``for`` loops over ``indices``; ``simd``: the innermost one is an OpenMP
-        SIMD loop (its iterations are independent; a reduction's ``clause`` lets it
-        reassociate its sum, a rounding difference as in any vectorised sum)."""
-        for k, (name, extent) in enumerate(indices):
-            if simd and k == len(indices) - 1:
-                self.emit(f"#pragma omp simd{clause}")
-            self.emit(f"for (long long {name} = 0; {name} < {extent}LL; ++{name}) {{")
+    def open_loops(self, indices, simd: bool = False, clause: str = "",
+                   parallel: bool = False) -> int:
+        """Opens ``for`` loops over ``indices`` (an index of extent 1 is the constant 0);
+        ``simd``: the innermost loop is an OpenMP SIMD loop (its iterations are
+        independent; a reduction's ``clause`` lets it reassociate its sum, a rounding
+        difference as in any vectorised sum); ``parallel``: the outermost loop is shared
+        among threads.  Returns the number of blocks to close."""
+        real = [name for name, extent in indices if extent != 1]
+        opened = 0
+        for name, extent in indices:
+            self.emit("{" if extent == 1 else
+                      f"for (long long {name} = 0; {name} < {extent}LL; ++{name}) {{")
+            if extent == 1:
+                self.depth += 1
+                self.emit(f"const long long {name} = 0;")
+                opened += 1
+                continue
+            pragma = []
+            if parallel and name == real[0]:
+                pragma.append("parallel for")
+            if simd and name == real[-1]:
+                pragma.append("simd" + clause)
+            if pragma:
+                line = self.lines.pop()
+                self.emit("#pragma omp " + " ".join(pragma))
+                self.lines.append(line)
             self.depth += 1
-        return len(indices)
+            opened += 1
+        return opened
 
     def close(self, count: int) -> None:
         for _ in range(count):
@@ -261,13 +282,28 @@ class Renderer:
             self.row_reduction(step)
             return
         simd = step.reduction is None and bool(step.indices) and step.indices[-1][1] >= 4
-        opened = self.open_loops(step.indices, simd)
+        opened = self.open_loops(step.indices, simd, parallel=self.parallel(step))
         target = f"{step.buffer}[{self.offset(step.buffer, step.prefix + tuple(Index(n) for n, _ in step.indices))}]"
         if step.reduction is None:
             self.emit(f"{target} = {self.expr(step.value)};")
         else:
             self.reduction(step.reduction, target, self.program.buffer(step.buffer).dtype)
         self.close(opened)
+
+    def parallel(self, step: Assign) -> bool:
+        """Whether a statement's outermost loop is worth threads: enough work (at
+        least PARALLEL_WORK operations) and an outermost loop of 2 or more.  Tiny
+        statements (the seed's 12-wide layers) stay single-threaded: a fork and join
+        would cost more than the statement."""
+        from ..frontends.jaxpr_explain import _flops
+        real = [extent for _, extent in step.indices if extent != 1]
+        if len(real) < 1 or real[0] < 2:
+            return False
+        if step.reduction is not None and len(real) == 1 and \
+                step.indices[-1][1] == real[0] and 4 <= real[0] <= 4096 and \
+                step.reduction.op not in (ReduceOp.ARGMAX, ReduceOp.ARGMIN):
+            return False    # a row reduction's only loop is its accumulator row
+        return _flops(step) >= PARALLEL_WORK
 
     def row_reduction(self, step: Assign) -> None:
         """A reduction with the last output loop moved inside the reduced loops: a row of
@@ -276,7 +312,7 @@ class Renderer:
         reduction = step.reduction
         dtype = self.program.buffer(step.buffer).dtype
         *outer, (last, extent) = step.indices
-        opened = self.open_loops(outer)
+        opened = self.open_loops(outer, parallel=self.parallel(step))
         self.emit("{")
         self.depth += 1
         initial = {ReduceOp.SUM: "0", ReduceOp.PROD: "1", ReduceOp.OR: "0",

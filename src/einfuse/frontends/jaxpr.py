@@ -72,7 +72,7 @@ def unsupported(eqn, why: str = "") -> JaxprConversionError:
 
 
 _ADVICE = ("; rewrite that part with supported operations (docs/jit.md lists them), or "
-           "run the function with jax.jit")
+           "use ef.jit(fn, fallback=True) to run it in JAX")
 
 
 def _located(error: "JaxprConversionError", eqn) -> "JaxprConversionError":

@@ -189,4 +189,6 @@ def explain_function(fn, args, kwargs) -> str:
     from ..runtime.jit import JitFunction
     jitted = fn if isinstance(fn, JitFunction) else JitFunction(fn)
     compiled = jitted.compiled(*args, **kwargs)
+    if hasattr(compiled, "explain"):       # split by fallback=True
+        return compiled.explain()
     return explain_program(compiled.program, getattr(jitted.fn, "__name__", "fn"))

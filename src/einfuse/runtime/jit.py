@@ -171,10 +171,9 @@ class JitFunction:
                  fallback: bool = False):
         if not callable(fn):
             raise EinfuseTypeError(f"ef.jit takes a function, not {type(fn).__name__}")
-        if fallback:
-            raise OptionError("ef.jit(fn, fallback=True) is not built yet: a function with a "
-                              "primitive einfuse cannot convert raises JaxprConversionError "
-                              "naming it; run that function with jax.jit instead")
+        if not isinstance(fallback, bool):
+            raise OptionError(f"ef.jit: fallback= takes True or False, not {fallback!r}")
+        self.fallback = fallback
         self.fn = fn
         self.static_argnums = _as_tuple(static_argnums)
         self.static_argnames = _as_tuple(static_argnames)
@@ -243,7 +242,15 @@ class JitFunction:
                     out_trees.append(out_tree)
                 return out_leaves
             examples = [_struct(leaf) for leaf in leaves]
-            compiled = CompiledFunction(flat_fn, examples, getattr(fn, "__name__", "fn"))
+            name = getattr(fn, "__name__", "fn")
+            try:
+                compiled = CompiledFunction(flat_fn, examples, name)
+            except JaxprConversionError:
+                if not self.fallback:
+                    raise
+                from .jit_split import SplitFunction
+                compiled = SplitFunction(
+                    _without_dead_code(jax.make_jaxpr(flat_fn)(*examples)), name)
             found = (compiled, out_trees[0])
             with _lock:
                 found = self._cache.setdefault(key, found)
