@@ -380,8 +380,9 @@ class Renderer:
         opened = self.open_loops(step.indices)
         dtype = self.program.buffer(step.buffer).dtype
         target = f"{step.buffer}[{self.offset(step.buffer, step.target)}]"
-        self.emit(f"if ({self.expr(step.valid)}) {target} = "
-                  f"{self.helper('add', dtype)}({target}, {self.expr(step.value)});")
+        value = self.expr(step.value) if step.replace else \
+            f"{self.helper('add', dtype)}({target}, {self.expr(step.value)})"
+        self.emit(f"if ({self.expr(step.valid)}) {target} = {value};")
         self.close(opened)
 
     def loop(self, step: Loop) -> None:

@@ -88,7 +88,8 @@ class _Walker:
                     self.lines.append(f"{pad}    # {step.origin}")
             elif isinstance(step, ScatterAdd):
                 target = f"{step.buffer}[{', '.join(node_text(t) for t in step.target)}]"
-                self.lines.append(f"{pad}{target} += {node_text(step.value)}   for "
+                self.lines.append(f"{pad}{target} {'=' if step.replace else '+='} "
+                                  f"{node_text(step.value)}   for "
                                   f"{', '.join(f'{n} < {e}' for n, e in step.indices)}")
             elif isinstance(step, Loop):
                 self.loops += 1

@@ -177,13 +177,15 @@ class Assign:
 
 @dataclass(frozen=True)
 class ScatterAdd:
-    """For every point of ``indices``: if ``valid``: ``buffer[target] += value``."""
+    """For every point of ``indices``: if ``valid``: ``buffer[target] += value``
+    (``replace``: ``buffer[target] = value``, the last write winning)."""
     buffer: str
     indices: Tuple[Tuple[str, int], ...]
     target: Tuple[Node, ...]
     valid: Node
     value: Node
     origin: str = ""
+    replace: bool = False
 
 
 class LoopKind(enum.Enum):

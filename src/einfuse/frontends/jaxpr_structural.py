@@ -370,11 +370,19 @@ def gather(conv, eqn, invals, level):
     return [Value(shape, dtype, at, level, True)]
 
 
-def scatter_add(conv, eqn, invals, level):
+def scatter(conv, eqn, invals, level):
+    """``x.at[i].set(v)``: as scatter-add, each update replacing the element (with
+    repeated indices the last in row-major order wins; XLA leaves that order open)."""
+    return scatter_add(conv, eqn, invals, level, replace=True)
+
+
+def scatter_add(conv, eqn, invals, level, replace: bool = False):
     operand, indices, updates = invals
     dn = eqn.params["dimension_numbers"]
     shape, dtype = _out(eqn)
-    mode = _mode(eqn)
+    # XLA's scatter skips an update whose window leaves the operand; only an explicit
+    # clip mode clamps (a promise of in-bounds indices gets XLA's behaviour)
+    mode = "clip" if "CLIP" in getattr(eqn.params.get("mode"), "name", "") else "drop"
     if eqn.params.get("update_consts"):
         raise unsupported(eqn, "a combiner with constants")
     window = tuple(dn.update_window_dims)
@@ -409,7 +417,7 @@ def scatter_add(conv, eqn, invals, level):
     for d, w in zip(window_operand_dims, window_subs):
         full[d] = index_add(full[d], w)
     conv.emit(level, ScatterAdd(result.name, names, tuple(full), valid, updates.at(subs),
-                                origin=conv.origin()))
+                                origin=conv.origin(), replace=replace))
     from .jaxpr import read_value
     return [read_value(result, level)]
 
@@ -424,5 +432,5 @@ RULES = {
     "reduce_and": _reduction(ReduceOp.AND), "reduce_or": _reduction(ReduceOp.OR),
     "argmax": _reduction(ReduceOp.ARGMAX), "argmin": _reduction(ReduceOp.ARGMIN),
     "dot_general": dot_general, "gather": gather, "scatter-add": scatter_add,
-    "scatter_add": scatter_add,
+    "scatter_add": scatter_add, "scatter": scatter,
 }

@@ -43,6 +43,9 @@ class Signature:
 
 
 def _leaf_key(leaf):
+    if isinstance(leaf, jax.Array) and not isinstance(leaf, jax.core.Tracer):
+        # the common eager case, without building an abstract value
+        return (leaf.shape, leaf.dtype.name, bool(getattr(leaf, "weak_type", False)))
     aval = jax.typeof(leaf) if hasattr(jax, "typeof") else jax.core.get_aval(leaf)
     return (tuple(aval.shape), np.dtype(aval.dtype).name, bool(getattr(aval, "weak_type", False)))
 
@@ -73,7 +76,7 @@ class CompiledFunction:
     def host(self, *arrays):
         """Runs the kernel on NumPy arrays; returns a tuple of NumPy arrays."""
         import ctypes
-        inputs = [np.ascontiguousarray(np.asarray(a, dtype=aval.dtype))
+        inputs = [np.ascontiguousarray(a, dtype=aval.dtype)
                   for a, aval in zip(arrays, self.in_avals)]
         inputs += [np.ascontiguousarray(array) for _, array in self.program.constants]
         outputs = [np.empty(aval.shape, aval.dtype) for aval in self.out_avals]
