@@ -229,3 +229,14 @@ def test_gather_and_scatter_modes_with_out_of_range_indices(index_fn):
     i = jnp.asarray([0, 3, 7, -9, 2])
     np.testing.assert_array_equal(np.asarray(ef.jit(index_fn)(w, i)),
                                   np.asarray(jax.jit(index_fn)(w, i)))
+
+
+def test_tile_split_stack_and_cumulative_reductions():
+    def shapes(x, i):
+        return (jnp.tile(x[:2], (2, 1)), jnp.split(x, [1, 3])[1] * 2, jnp.stack([x, -x], 1),
+                jnp.cumsum(x, 0), jnp.cumprod(x, 1), lax.cummax(x, 1, reverse=True),
+                lax.cummin(x, 0), jnp.cumsum(i), jnp.roll(x, 2, axis=1), jnp.triu(x),
+                jnp.repeat(x[:, :2], 2, axis=1), jnp.outer(x[0], x[1]))
+    x = jnp.asarray(np.random.default_rng(7).normal(size=(4, 3)))
+    close(ef.jit(shapes)(x, jnp.asarray([3, -1, 7, 0])),
+          jax.jit(shapes)(x, jnp.asarray([3, -1, 7, 0])))

@@ -237,6 +237,81 @@ def iota(conv, eqn, invals, level):
     return [Value(shape, dtype, lambda subs: Cast(subs[dim], dtype), level, True)]
 
 
+def tile(conv, eqn, invals, level):
+    (x,) = invals
+    shape, _ = _out(eqn)
+    if math.prod(shape) > x.size:
+        x = conv.cheap(x)
+    return [_moved(x, shape, level, lambda subs: tuple(
+        s if n == extent else Apply("imod", (s, Const(n, INDEX)), INDEX)
+        for s, n, extent in zip(subs, x.shape, shape)))]
+
+
+def split(conv, eqn, invals, level):
+    (x,) = invals
+    axis = eqn.params["axis"]
+    outs = []
+    start = 0
+    for k, size in enumerate(eqn.params["sizes"]):
+        shape, _ = _out(eqn, k)
+
+        def subs_of(subs, start=start):
+            moved = list(subs)
+            moved[axis] = index_add(subs[axis], Const(start, INDEX))
+            return tuple(moved)
+        outs.append(_moved(x, shape, level, subs_of))
+        start += int(size)
+    return outs
+
+
+def stack(conv, eqn, invals, level):
+    """``jnp.stack``: the operands side by side along a new ``axis``."""
+    axis = eqn.params["axis"]
+    shape, dtype = _out(eqn)
+
+    def at(subs):
+        rest = tuple(s for k, s in enumerate(subs) if k != axis)
+        result = invals[-1].at(rest)
+        for k in range(len(invals) - 2, -1, -1):
+            result = Select(Apply("eq", (subs[axis], Const(k, INDEX)), BOOL),
+                            (result, invals[k].at(rest)), dtype)
+        return result
+    return [Value(shape, dtype, at, level, True)]
+
+
+def _cumulative(op: ReduceOp):
+    def rule(conv, eqn, invals, level):
+        """``out[.., i, ..] = op over k <= i`` (``k >= i`` reversed) as a masked
+        reduction over the whole axis: O(n^2) along the axis, exact in order."""
+        (x,) = invals
+        x = conv.cheap(x)
+        shape, dtype = _out(eqn)
+        axis = eqn.params["axis"]
+        reverse = eqn.params.get("reverse", False)
+        identity = {ReduceOp.SUM: 0, ReduceOp.PROD: 1}.get(op)
+        if identity is None:
+            import numpy as np
+            if dtype.is_float:
+                identity = float("-inf") if op is ReduceOp.MAX else float("inf")
+            elif dtype is BOOL:
+                identity = op is ReduceOp.MIN
+            else:
+                info = np.iinfo(dtype.numpy)
+                identity = int(info.min if op is ReduceOp.MAX else info.max)
+        neutral = Const(identity, dtype)
+
+        def reduction_of(out_subs):
+            name = conv.fresh("r")
+            k = Index(name)
+            subs = list(out_subs)
+            subs[axis] = k
+            inside = Apply("ge" if reverse else "le", (k, out_subs[axis]), BOOL)
+            body = Select(inside, (neutral, x.at(tuple(subs))), dtype)
+            return Reduction(op, ((name, x.shape[axis]),), body)
+        return [conv.reduce_into(shape, dtype, level, reduction_of)]
+    return rule
+
+
 # -- reductions -----------------------------------------------------------------------------
 def _reduction(op: ReduceOp):
     def rule(conv, eqn, invals, level):
@@ -431,6 +506,9 @@ RULES = {
     "reduce_max": _reduction(ReduceOp.MAX), "reduce_min": _reduction(ReduceOp.MIN),
     "reduce_and": _reduction(ReduceOp.AND), "reduce_or": _reduction(ReduceOp.OR),
     "argmax": _reduction(ReduceOp.ARGMAX), "argmin": _reduction(ReduceOp.ARGMIN),
+    "tile": tile, "split": split, "stack": stack, "cumsum": _cumulative(ReduceOp.SUM),
+    "cumprod": _cumulative(ReduceOp.PROD), "cummax": _cumulative(ReduceOp.MAX),
+    "cummin": _cumulative(ReduceOp.MIN),
     "dot_general": dot_general, "gather": gather, "scatter-add": scatter_add,
     "scatter_add": scatter_add, "scatter": scatter,
 }
