@@ -44,6 +44,7 @@ class Value:
     level: int
     compound: bool              # an element costs more than a read to compute
     buffer: Optional[str] = None
+    var: Optional[str] = None   # the jaxpr variable it is the value of (for explain)
 
     @property
     def size(self) -> int:
@@ -126,7 +127,8 @@ class Converter:
         self.blocks: List[List[Step]] = [[]]
         self.floor = 0
         self.counter = 0
-        self.mapping: List[Tuple[str, str]] = []
+        self.mapping: List[Tuple[str, Tuple[str, ...]]] = []   # (equation, its outvars)
+        self.homes: Dict[str, str] = {}    # jaxpr variable -> the buffer that holds it
         self.uses: Dict[object, int] = {}
         self.current_eqn = None
         self.constants: List[Tuple[str, object]] = []   # (input buffer, array)
@@ -158,6 +160,8 @@ class Converter:
             return value
         buffer = self.new_buffer(value.shape, value.dtype)
         self.write(buffer.name, (), value, value.level, origin)
+        if value.var is not None:
+            self.homes.setdefault(value.var, buffer.name)
         return read_value(buffer, value.level)
 
     def write(self, buffer: str, prefix: Tuple[Node, ...], value: Value, level: int,
@@ -246,9 +250,13 @@ class Converter:
         for var, value in zip(eqn.outvars, outs):
             if value.compound and uses.get(var, 0) > 1:
                 value = self.materialize(value, equation_text(eqn))
+            if value.var is None and not isinstance(var, type(None)):
+                value.var = var_name(var)
             env[var] = value
-        self.mapping.append((equation_text(eqn), ", ".join(
-            v.buffer or "inline" for v in outs)))
+        for var, value in zip(eqn.outvars, outs):
+            if env[var].buffer is not None:
+                self.homes.setdefault(var_name(var), env[var].buffer)
+        self.mapping.append((equation_text(eqn), tuple(var_name(v) for v in eqn.outvars)))
 
     def convert(self, closed, input_names: Sequence[str] = ()) -> JitProgram:
         """The program of ``closed`` (a ClosedJaxpr): inputs ``x0, x1, ...`` (the flat
@@ -272,7 +280,9 @@ class Converter:
             outputs.append(buffer.name)
         inputs += [name for name, _ in self.constants]
         return JitProgram(tuple(self.buffers.values()), tuple(inputs), tuple(outputs),
-                          tuple(self.blocks[0]), tuple(self.mapping),
+                          tuple(self.blocks[0]),
+                          tuple((text, ", ".join(self.homes.get(v, "inline") for v in outs))
+                                for text, outs in self.mapping),
                           tuple(self.constants))
 
 
