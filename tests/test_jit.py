@@ -214,21 +214,16 @@ def test_importing_einfuse_does_not_import_jax():
     subprocess.run([sys.executable, "-c", code], check=True)
 
 
-@pytest.mark.parametrize("index_fn", [
-    lambda w, i: w[i],
-    lambda w, i: w.at[i].add(1.0),
-    lambda w, i: w.at[i].add(1.0, mode="clip"),
-    lambda w, i: w.at[i].get(mode="fill", fill_value=-1.0),
-    lambda w, i: jax.grad(lambda w: (w[i] ** 2).sum())(w),
-    lambda w, i: jnp.take(w, i, axis=0, mode="clip"),
-    lambda w, i: w[:, i % 3],
-    lambda w, i: w.at[i % 4, 1].set(5.0),
-], ids=["index", "add", "add-clip", "get-fill", "gather-grad", "take-clip", "columns", "set"])
-def test_gather_and_scatter_modes_with_out_of_range_indices(index_fn):
+def test_gather_and_scatter_modes_with_out_of_range_indices():
+    def indexing(w, i):
+        return (w[i], w.at[i].add(1.0), w.at[i].add(1.0, mode="clip"),
+                w.at[i].get(mode="fill", fill_value=-1.0),
+                jax.grad(lambda w: (w[i] ** 2).sum())(w), jnp.take(w, i, axis=0, mode="clip"),
+                w[:, i % 3], w.at[i % 4, 1].set(5.0))
     w = jnp.arange(12.0).reshape(4, 3)
     i = jnp.asarray([0, 3, 7, -9, 2])
-    np.testing.assert_array_equal(np.asarray(ef.jit(index_fn)(w, i)),
-                                  np.asarray(jax.jit(index_fn)(w, i)))
+    for ours, theirs in zip(ef.jit(indexing)(w, i), jax.jit(indexing)(w, i)):
+        np.testing.assert_array_equal(np.asarray(ours), np.asarray(theirs))
 
 
 def test_tile_split_stack_and_cumulative_reductions():
