@@ -129,6 +129,7 @@ class Converter:
         self.counter = 0
         self.mapping: List[Tuple[str, Tuple[str, ...]]] = []   # (equation, its outvars)
         self.homes: Dict[str, str] = {}    # jaxpr variable -> the buffer that holds it
+        self.names: Dict[int, str] = {}    # id of a jaxpr variable -> its name here
         self.uses: Dict[object, int] = {}
         self.current_eqn = None
         self.constants: List[Tuple[str, object]] = []   # (input buffer, array)
@@ -184,7 +185,7 @@ class Converter:
 
     def origin(self) -> str:
         eqn = self.current_eqn
-        return "" if eqn is None else equation_text(eqn)
+        return "" if eqn is None else equation_text(eqn, self.names)
 
     def cheap(self, value: Value) -> Value:
         """``value``, materialised first if it is compound: for readers that would
@@ -249,16 +250,17 @@ class Converter:
             self.current_eqn = previous
         for var, value in zip(eqn.outvars, outs):
             if value.compound and uses.get(var, 0) > 1:
-                value = self.materialize(value, equation_text(eqn))
+                value = self.materialize(value, equation_text(eqn, self.names))
             if value.var is None and not isinstance(var, type(None)):
-                value.var = var_name(var)
+                value.var = var_name(var, self.names)
             env[var] = value
         for var, value in zip(eqn.outvars, outs):
             if env[var].buffer is not None:
-                self.homes.setdefault(var_name(var), env[var].buffer)
-        self.mapping.append((equation_text(eqn), tuple(var_name(v) for v in eqn.outvars)))
+                self.homes.setdefault(var_name(var, self.names), env[var].buffer)
+        self.mapping.append((equation_text(eqn, self.names),
+                             tuple(var_name(v, self.names) for v in eqn.outvars)))
 
-    def convert(self, closed, input_names: Sequence[str] = ()) -> JitProgram:
+    def convert(self, closed) -> JitProgram:
         """The program of ``closed`` (a ClosedJaxpr): inputs ``x0, x1, ...`` (the flat
         arguments), outputs ``y0, y1, ...``."""
         jaxpr = closed.jaxpr
@@ -286,26 +288,20 @@ class Converter:
                           tuple(self.constants))
 
 
-_NAMES: Dict[int, str] = {}
-
-
-def var_name(var) -> str:
-    """A short stable name for a jaxpr variable ('v12'), or a literal's value."""
+def var_name(var, names: Dict[int, str]) -> str:
+    """A short name for a jaxpr variable ('v12', numbered in order of first mention in
+    ``names``, so the same function always gets the same names and the same C source),
+    or a literal's value."""
     from jax.extend.core import Literal
     if isinstance(var, Literal):
         return repr(var.val.item()) if hasattr(var.val, "item") else repr(var.val)
-    key = id(var)
-    if key not in _NAMES:
-        if len(_NAMES) > 100000:
-            _NAMES.clear()
-        _NAMES[key] = f"v{len(_NAMES)}"
-    return _NAMES[key]
+    return names.setdefault(id(var), f"v{len(names)}")
 
 
-def equation_text(eqn) -> str:
+def equation_text(eqn, names: Dict[int, str]) -> str:
     """One line for ``eqn``: ``v3:f32[3] = mul v1 v2`` (sub-jaxprs left out)."""
-    outs = " ".join(f"{var_name(v)}:{v.aval.str_short()}" for v in eqn.outvars)
-    ins = " ".join(var_name(v) for v in eqn.invars)
+    outs = " ".join(f"{var_name(v, names)}:{v.aval.str_short()}" for v in eqn.outvars)
+    ins = " ".join(var_name(v, names) for v in eqn.invars)
     return f"{outs} = {eqn.primitive.name} {ins}".strip()
 
 

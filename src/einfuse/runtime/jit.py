@@ -18,7 +18,6 @@ Imported only when ``ef.jit`` is used; it imports JAX."""
 from __future__ import annotations
 
 import functools
-import inspect
 import threading
 from dataclasses import dataclass
 from typing import Callable, Dict, Optional, Tuple
@@ -180,10 +179,6 @@ class JitFunction:
         self.fn = fn
         self.static_argnums = _as_tuple(static_argnums)
         self.static_argnames = _as_tuple(static_argnames)
-        try:
-            self._signature = inspect.signature(fn)
-        except (TypeError, ValueError):
-            self._signature = None
         self._cache: Dict[Signature, Tuple[CompiledFunction, object]] = {}
         functools.update_wrapper(self, fn)
 

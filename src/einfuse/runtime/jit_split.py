@@ -58,6 +58,7 @@ def split(closed, name: str) -> List[Part]:
         else:
             runs.append((ok, [eqn], why))
     parts = []
+    names = {}
     for number, (ok, eqns, why) in enumerate(runs):
         defined = {v for e in eqns for v in e.outvars}
         reads = []
@@ -78,7 +79,7 @@ def split(closed, name: str) -> List[Part]:
             compiled = CompiledFunction(lambda *x, sub=sub: list(jaxpr_as_fun(sub)(*x)),
                                         examples, f"part {number + 1} of {name}")
         parts.append(Part(sub, tuple(reads), tuple(outs), compiled,
-                          tuple(equation_text(e) + (f"   at {source_line(e)}"
+                          tuple(equation_text(e, names) + (f"   at {source_line(e)}"
                                                    if source_line(e) else "") for e in eqns),
                           why))
     return parts
