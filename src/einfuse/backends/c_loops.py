@@ -25,6 +25,10 @@ STACK_LIMIT = 65536        # bytes of intermediates on the stack in all (callbac
                            # threads with small stacks); the rest are allocated per call
 ENTRY = "ef_jit"
 PARALLEL_WORK = 1 << 16    # operations of a statement before its outer loop gets threads
+# ... inside a loop of the kernel, where each step would fork and join the threads: a
+# statement must be larger, so that a thread descheduled on a shared machine (every join
+# waits for the slowest) costs little against the statement's own time
+PARALLEL_WORK_IN_LOOP = 1 << 20
 
 SUFFIX = {ScalarType.BOOL: "b", ScalarType.INT8: "i8", ScalarType.INT16: "i16",
           ScalarType.INT32: "i32", ScalarType.INT64: "i64", ScalarType.UINT8: "u8",
@@ -95,6 +99,7 @@ class Renderer:
         self.lines: List[str] = []
         self.depth = 1
         self.counter = 0
+        self.loop_depth = 0
 
 
     # -- helpers ------------------------------------------------------------------------------
@@ -303,7 +308,7 @@ class Renderer:
                 step.indices[-1][1] == real[0] and 4 <= real[0] <= 4096 and \
                 step.reduction.op not in (ReduceOp.ARGMAX, ReduceOp.ARGMIN):
             return False    # a row reduction's only loop is its accumulator row
-        return _flops(step) >= PARALLEL_WORK
+        return _flops(step) >= (PARALLEL_WORK_IN_LOOP if self.loop_depth else PARALLEL_WORK)
 
     def row_reduction(self, step: Assign) -> None:
         """A reduction with the last output loop moved inside the reduced loops: a row of
@@ -394,9 +399,13 @@ class Renderer:
         else:
             self.emit("for (;;) {")
             self.depth += 1
+            self.loop_depth += 1
             self.steps(step.condition_steps)
+            self.loop_depth -= 1
             self.emit(f"if (!({self.expr(step.condition)})) break;")
+        self.loop_depth += 1
         self.steps(step.body)
+        self.loop_depth -= 1
         for carry, new in step.updates:
             nbytes = self.program.buffer(carry).size * self.program.buffer(carry).dtype.numpy.itemsize
             self.emit(f"memcpy({carry}, {new}, {nbytes});")
