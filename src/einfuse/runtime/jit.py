@@ -37,16 +37,17 @@ class Signature:
     """What a compiled kernel is specialised on: the argument tree, each leaf's shape,
     dtype and weak type, and the static arguments."""
     tree: object
-    leaves: Tuple[Tuple[Tuple[int, ...], str, bool], ...]
+    leaves: Tuple[Tuple[Tuple[int, ...], np.dtype, bool], ...]
     static: Tuple[object, ...]
 
 
 def _leaf_key(leaf):
     if isinstance(leaf, jax.Array) and not isinstance(leaf, jax.core.Tracer):
         # the common eager case, without building an abstract value
-        return (leaf.shape, leaf.dtype.name, bool(getattr(leaf, "weak_type", False)))
+        # (the dtype object itself: numpy builds dtype.name anew on every access)
+        return (leaf.shape, leaf.dtype, bool(getattr(leaf, "weak_type", False)))
     aval = jax.typeof(leaf) if hasattr(jax, "typeof") else jax.core.get_aval(leaf)
-    return (tuple(aval.shape), np.dtype(aval.dtype).name, bool(getattr(aval, "weak_type", False)))
+    return (tuple(aval.shape), np.dtype(aval.dtype), bool(getattr(aval, "weak_type", False)))
 
 
 def _is_float(dtype) -> bool:
