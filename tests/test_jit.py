@@ -233,3 +233,13 @@ def test_tile_split_stack_and_cumulative_reductions():
     x = jnp.asarray(np.random.default_rng(7).normal(size=(4, 3)))
     close(ef.jit(shapes)(x, jnp.asarray([3, -1, 7, 0])),
           jax.jit(shapes)(x, jnp.asarray([3, -1, 7, 0])))
+
+
+def test_explain_shows_the_loop_the_hoisted_work_and_the_equations():
+    params, noise = seed_inputs(np.float64)
+    text = str(ef.explain(seed_run, params, noise))
+    assert "1 kernel" in text and "loop s" in text and "inside the kernel" in text
+    assert "Computed once, before the first loop" in text       # softplus(w) of each layer
+    assert "= dot_general" in text and "->  t" in text          # equations mapped to buffers
+    with pytest.raises(ef.EinfuseError, match="must be a string"):
+        ef.explain(ef.compile("C[i] := A[i] * 2"))               # a compiled kernel is not traced

@@ -186,6 +186,16 @@ def explain_program(program: JitProgram, name: str) -> str:
     return "\n".join(out)
 
 
+def is_jax_function(candidate) -> bool:
+    """Whether ``ef.explain`` was given a function to trace (a plain callable or an
+    ``ef.jit`` function), not a statement or one of einfuse's compiled objects (whose
+    calls keep their own error message)."""
+    if isinstance(candidate, str) or not callable(candidate):
+        return False
+    kind = type(candidate)
+    return kind.__name__ == "JitFunction" or not kind.__module__.startswith("einfuse")
+
+
 def explain_function(fn, args, kwargs) -> str:
     from ..runtime.jit import JitFunction
     jitted = fn if isinstance(fn, JitFunction) else JitFunction(fn)
