@@ -243,3 +243,27 @@ def test_explain_shows_the_loop_the_hoisted_work_and_the_equations():
     assert "= dot_general" in text and "->  t" in text          # equations mapped to buffers
     with pytest.raises(ef.EinfuseError, match="must be a string"):
         ef.explain(ef.compile("C[i] := A[i] * 2"))               # a compiled kernel is not traced
+
+
+def test_jax_random_in_a_while_loop_the_seeds_original_form():
+    def draws(key):
+        k1, k2 = jax.random.split(key)
+        return jax.random.bits(k1, (4,)), jax.random.uniform(k2, (2, 3)), \
+            jax.random.normal(k2, (3,)), jax.random.fold_in(k1, 5)
+    key = jax.random.PRNGKey(7)
+    ours, theirs = ef.jit(draws)(key), jax.jit(draws)(key)
+    for k in (0, 1, 3):      # bits, uniform floats and keys: bit for bit
+        np.testing.assert_array_equal(np.asarray(ours[k]), np.asarray(theirs[k]))
+    np.testing.assert_allclose(ours[2], theirs[2], rtol=1e-5, atol=1e-6)   # erf_inv
+
+    def original(params, key, steps):   # JAX issue #7024 as first written
+        def body(state):
+            i, x, key = state
+            key, sub = jax.random.split(key)
+            for w in params:
+                x = jax.nn.sigmoid(x @ jax.nn.softplus(w))
+            return i + 1, x + 0.1 * jax.random.normal(sub, (1,)), key
+        return lax.while_loop(lambda s: s[0] < steps, body, (0, jnp.zeros(1), key))[1]
+    params, _ = seed_inputs(np.float32)
+    close(ef.jit(original, static_argnums=2)(params, key, 60),
+          jax.jit(original, static_argnums=2)(params, key, 60), np.float32)

@@ -55,6 +55,22 @@ _FLOAT = {
     "cbrt": "return cbrt@(a);", "floor": "return floor@(a);", "ceil": "return ceil@(a);",
     "round": "return round@(a);", "round_even": "return nearbyint@(a);",
     "erf": "return erf@(a);", "erfc": "return erfc@(a);", "square": "return a * a;",
+    # Giles' approximation as a start, then two Newton steps on erf, in double
+    "erf_inv": "double y = (double)a, w, p, x; "
+               "if (!(y > -1.0 && y < 1.0)) return y == 1.0 ? (T)INFINITY : "
+               "y == -1.0 ? (T)(-INFINITY) : (T)NAN; "
+               "w = -log((1.0 - y) * (1.0 + y)); "
+               "if (w < 5.0) { w -= 2.5; p = 2.81022636e-08; p = 3.43273939e-07 + p * w; "
+               "p = -3.5233877e-06 + p * w; p = -4.39150654e-06 + p * w; "
+               "p = 0.00021858087 + p * w; p = -0.00125372503 + p * w; "
+               "p = -0.00417768164 + p * w; p = 0.246640727 + p * w; p = 1.50140941 + p * w; }"
+               " else { w = sqrt(w) - 3.0; p = -0.000200214257; "
+               "p = 0.000100950558 + p * w; p = 0.00134934322 + p * w; "
+               "p = -0.00367342844 + p * w; p = 0.00573950773 + p * w; "
+               "p = -0.0076224613 + p * w; p = 0.00943887047 + p * w; "
+               "p = 1.00167406 + p * w; p = 2.83297682 + p * w; } "
+               "x = p * y; for (int k = 0; k < 2; ++k) "
+               "x -= (erf(x) - y) / (1.1283791670955126 * exp(-x * x)); return (T)x;",
     "integer_pow": "T r = 1; long long m = n < 0 ? -n : n; T p = a; "
                    "while (m) { if (m & 1) r *= p; p *= p; m >>= 1; } "
                    "return n < 0 ? (T)1 / r : r;",
@@ -84,7 +100,7 @@ _COMPARE = {"eq": "==", "ne": "!=", "lt": "<", "le": "<=", "gt": ">", "ge": ">="
 UNARY = {"neg", "abs", "sign", "exp", "exp2", "log", "log1p", "expm1", "tanh", "logistic",
          "sin", "cos", "tan", "asin", "acos", "atan", "sinh", "cosh", "asinh", "acosh",
          "atanh", "sqrt", "rsqrt", "cbrt", "floor", "ceil", "round", "round_even", "erf",
-         "erfc", "square", "not", "is_finite"}
+         "erfc", "square", "not", "is_finite", "erf_inv"}
 
 
 def _unsigned(dtype: ScalarType) -> str:
@@ -139,6 +155,15 @@ class Renderer:
         else:
             params = f"{t} a, {t} b"
         self.helpers[name] = f"static inline {t} {name}({params}) {{ {body} }}"
+        return name
+
+    def bitcast_helper(self, source: ScalarType, target: ScalarType) -> str:
+        """The bits of a value read as another type of the same width."""
+        name = f"ef_bitcast_{SUFFIX[source]}_{SUFFIX[target]}"
+        if name not in self.helpers:
+            s, t = source.c_type, target.c_type
+            self.helpers[name] = (f"static inline {t} {name}({s} a) {{ {t} b; "
+                                  f"memcpy(&b, &a, sizeof b); return b; }}")
         return name
 
     def convert_helper(self, source: ScalarType, target: ScalarType) -> str:
@@ -199,6 +224,8 @@ class Renderer:
                 return f"ef_floormod({a}, {b})"
             return f"({a} {'+' if node.op == 'add' else '*'} {b})"
         operand_type = node.args[0].dtype
+        if node.op == "bitcast":
+            return f"{self.bitcast_helper(operand_type, node.dtype)}({args[0]})"
         if node.op == "integer_pow":
             return f"{self.helper('integer_pow', node.dtype)}({args[0]}, {args[1]})"
         return f"{self.helper(node.op, operand_type)}({', '.join(args)})"

@@ -27,14 +27,14 @@ ELEMENTWISE = {
     "atan": "atan", "sinh": "sinh", "cosh": "cosh", "asinh": "asinh", "acosh": "acosh",
     "atanh": "atanh", "sqrt": "sqrt", "rsqrt": "rsqrt", "cbrt": "cbrt", "floor": "floor",
     "ceil": "ceil", "is_finite": "is_finite", "erf": "erf", "erfc": "erfc",
-    "square": "square", "round": "round",
+    "square": "square", "round": "round", "erf_inv": "erf_inv",
 }
 # operations defined on floats only: a rule refuses them on integers rather than
 # letting C convert silently
 FLOAT_ONLY = {"exp", "exp2", "log", "log1p", "expm1", "tanh", "logistic", "sin", "cos",
               "tan", "asin", "acos", "atan", "sinh", "cosh", "asinh", "acosh", "atanh",
               "sqrt", "rsqrt", "cbrt", "floor", "ceil", "is_finite", "erf", "erfc",
-              "atan2", "nextafter", "round", "pow"}
+              "atan2", "nextafter", "round", "pow", "erf_inv"}
 INTEGER_ONLY = {"shift_left", "shift_right_logical", "shift_right_arithmetic"}
 
 
@@ -125,9 +125,10 @@ RULES.update({
 
 
 def _register_others() -> None:
-    from . import jaxpr_control, jaxpr_structural
+    from . import jaxpr_control, jaxpr_random, jaxpr_structural
     RULES.update(jaxpr_structural.RULES)
     RULES.update(jaxpr_control.RULES)
+    RULES.update(jaxpr_random.RULES)
 
 
 _register_others()

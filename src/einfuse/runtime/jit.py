@@ -272,7 +272,7 @@ def _without_dead_code(closed):
 
 def _struct(leaf) -> jax.ShapeDtypeStruct:
     shape, dtype, weak = _leaf_key(leaf)
-    return jax.ShapeDtypeStruct(shape, np.dtype(dtype), weak_type=weak)
+    return jax.ShapeDtypeStruct(shape, dtype, weak_type=weak)
 
 
 def _as_tuple(value) -> tuple:
