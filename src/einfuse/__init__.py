@@ -13,5 +13,13 @@ from .runtime.kernel import Kernel, compile, ein
 
 __version__ = "0.1.0"
 
+
+def jit(fn=None, *, static_argnums=(), static_argnames=(), fallback=False):
+    """A JAX function compiled into one einfuse kernel, loops included (docs/jit.md);
+    imports JAX only when called."""
+    from .runtime.jit import jit as _jit
+    return _jit(fn, static_argnums=static_argnums, static_argnames=static_argnames,
+                fallback=fallback)
+
 __all__ = ["ein", "compile", "explain", "einsum", "rearrange", "reduce", "repeat", "derive", "run_reference", "GradientStatement",
-           "Kernel", "EinfuseError", "EinfuseWarning", "NoGradientError", "__version__"]
+           "Kernel", "jit", "EinfuseError", "EinfuseWarning", "NoGradientError", "__version__"]

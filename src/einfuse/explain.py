@@ -296,6 +296,9 @@ def explain(statement=NOT_GIVEN, /, *args, shapes: Optional[Dict[str, tuple]] = 
         print(ef.explain("D[i,j] := (w[k,i] - x[k,j])**2", shapes={"w": (3, 5),
                                                                   "x": (3, 4)}))"""
     from .runtime.kernel import compile as compile_kernel
+    from .frontends.jaxpr_explain import explain_function, is_jax_function
+    if is_jax_function(statement):   # ef.explain(fn, *example_args) (docs/jit.md)
+        return explain_function(statement, args, arrays)
     statement = statement_argument(statement, arrays, "explain")
     from .lang.parser import einsum_hint
     if einsum_hint(statement) and mesh is None and shard is None:   # einsum's statement

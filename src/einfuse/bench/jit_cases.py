@@ -1,0 +1,96 @@
+"""Benchmark cases of ``ef.jit`` (issue 12): the seed workload of JAX issue #7024 - a tiny
+MLP iterated in a ``lax.scan`` - as one einfuse kernel against ``jax.jit`` of the same
+function; the same vmapped over chains; and its gradient.  float64 needs JAX's x64 mode,
+which these cases switch on (for the benchmark process)."""
+
+from __future__ import annotations
+
+from typing import List
+
+
+
+from .cases import Case, Peer
+
+
+def seed_function(params, noise):
+    import jax
+    import jax.numpy as jnp
+
+    def body(x, n):
+        for w in params:
+            x = jax.nn.sigmoid(x @ jax.nn.softplus(w))
+        return x + n, None
+    return jax.lax.scan(body, jnp.zeros(noise.shape[-1], noise.dtype), noise)[0]
+
+
+def _inputs(steps: int, hidden: int, chains: int = 0):
+    def make(rng):
+        arrays = {"w0": rng.standard_normal((1, hidden)), "w1": rng.standard_normal((hidden, hidden)),
+                  "w2": rng.standard_normal((hidden, 1))}
+        shape = (chains, steps, 1) if chains else (steps, 1)
+        arrays["noise"] = rng.standard_normal(shape) * 0.1
+        return arrays
+    return make
+
+
+def _function(kind: str, chains: int):
+    import jax
+    jax.config.update("jax_enable_x64", True)
+    run = seed_function
+    if chains:
+        run = jax.vmap(seed_function, in_axes=(None, 0))
+    if kind == "grad":
+        base = run
+        run = jax.grad(lambda p, n: base(p, n).sum())
+    return run
+
+
+def _einfuse_call(kind: str, chains: int):
+    def make(arrays, backend):
+        import jax
+        import jax.numpy as jnp
+        import einfuse as ef
+        jax.config.update("jax_enable_x64", True)
+        params = [jnp.asarray(arrays[k]) for k in ("w0", "w1", "w2")]
+        noise = jnp.asarray(arrays["noise"])
+        if kind == "grad":
+            inner = ef.jit(seed_function)
+            if chains:
+                inner = jax.vmap(inner, in_axes=(None, 0))
+            fn = jax.jit(jax.grad(lambda p, n: inner(p, n).sum()))
+        elif chains:
+            fn = jax.jit(jax.vmap(ef.jit(seed_function), in_axes=(None, 0)))
+        else:
+            fn = ef.jit(seed_function)      # eager: the kernel runs directly
+        return lambda: jax.block_until_ready(fn(params, noise))
+    return make
+
+
+def _jax_peer(kind: str, chains: int) -> Peer:
+    def make(arrays):
+        import jax
+        import jax.numpy as jnp
+        fn = jax.jit(_function(kind, chains))
+        params = [jnp.asarray(arrays[k]) for k in ("w0", "w1", "w2")]
+        noise = jnp.asarray(arrays["noise"])
+        return lambda: jax.block_until_ready(fn(params, noise))
+    return Peer("jax.jit(lax.scan)", make, "jax")
+
+
+def seed_case(steps: int = 8000, hidden: int = 12, chains: int = 0, kind: str = "forward") -> Case:
+    label = f"ef.jit seed MLP scan {steps} steps, {hidden} hidden"
+    if chains:
+        label += f", vmap {chains} chains"
+    if kind == "grad":
+        label += ", gradient"
+    return Case(label, "ef.jit(seed_function)", _inputs(steps, hidden, chains),
+                [_jax_peer(kind, chains)], einfuse_call=_einfuse_call(kind, chains))
+
+
+def jit_cases(quick: bool = False) -> List[Case]:
+    if quick:
+        return [seed_case(500), seed_case(100, 8, chains=8), seed_case(200, kind="grad")]
+    return [seed_case(), seed_case(2000, 32, chains=256), seed_case(kind="grad")]
+
+
+

@@ -1,0 +1,342 @@
+"""The jaxpr front end of ``ef.jit``: a ``ClosedJaxpr`` becomes a :class:`JitProgram`.
+
+Every jaxpr variable is held as a :class:`Value`: a function from subscripts (integer
+:class:`Node` s, one per axis) to the element's expression.  Elementwise equations, and
+those that only move elements (broadcast, reshape, transpose, slice, gather ...), compose
+these functions, so a chain of them becomes one expression - one statement, no
+intermediate array.  A value is *materialised* (an :class:`Assign` into a buffer) where
+recomputing it would cost: a reduction or contraction, a compound value read more than
+once, read by a broadcast or contraction that would recompute each element many times,
+or read inside a loop that it does not depend on.
+
+Levels implement hoisting: each block of steps (the top level, a loop body, a cond
+branch) has a depth, and every value records the deepest block it depends on.  A value
+that does not depend on a loop's carries or counter has a lower level than the loop's
+body and is materialised in the block it belongs to, before the loop: loop-invariant
+work such as ``softplus(w)`` runs once.  Cond branches raise the floor instead, so that
+work inside a branch stays there.
+
+One rule per primitive lives in ``jaxpr_rules.RULES`` (elementwise) and
+``jaxpr_structural.RULES`` (shapes, reductions, gathers, loops)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
+
+from ..errors import EinfuseError
+from .jaxpr_ir import (INDEX, Apply, Assign, Buffer, Cast, Const, Index, JitProgram, Node,
+                       Read, ScalarType, Step)
+
+
+class JaxprConversionError(EinfuseError, NotImplementedError):
+    """A jaxpr equation that ``ef.jit`` cannot convert (a primitive or a parameter of it
+    that is not supported); the message names the primitive and the user's source line."""
+
+
+@dataclass
+class Value:
+    """A jaxpr variable's elements: ``at(subscripts)`` is the expression of one element."""
+    shape: Tuple[int, ...]
+    dtype: ScalarType
+    at: Callable[[Tuple[Node, ...]], Node]
+    level: int
+    compound: bool              # an element costs more than a read to compute
+    buffer: Optional[str] = None
+    var: Optional[str] = None   # the jaxpr variable it is the value of (for explain)
+
+    @property
+    def size(self) -> int:
+        return int(math.prod(self.shape))
+
+
+def source_line(eqn) -> str:
+    """The user's line that produced ``eqn`` ("file.py:12 (fn)"), or ''."""
+    try:
+        from jax._src import source_info_util
+        return source_info_util.summarize(eqn.source_info)
+    except Exception:    # noqa: BLE001 - source info is a nicety, never a failure
+        return ""
+
+
+def unsupported(eqn, why: str = "") -> JaxprConversionError:
+    where = source_line(eqn)
+    text = f"ef.jit cannot convert the JAX primitive '{eqn.primitive.name}'"
+    if why:
+        text += f" ({why})"
+    if where:
+        text += f", used at {where}"
+    error = JaxprConversionError(text + _ADVICE)
+    error.located = bool(where)
+    return error
+
+
+_ADVICE = ("; rewrite that part with supported operations (docs/jit.md lists them), or "
+           "use ef.jit(fn, fallback=True) to run it in JAX")
+
+
+def _located(error: "JaxprConversionError", eqn) -> "JaxprConversionError":
+    """``error`` from inside a call wrapper (jnp.sort's own jit, say) whose equations
+    carry JAX's source lines: the wrapper's line is the user's."""
+    where = source_line(eqn)
+    if getattr(error, "located", True) or not where:
+        return error
+    message = error.message.replace(_ADVICE, f", used at {where}" + _ADVICE)
+    located = JaxprConversionError(message)
+    located.located = True
+    return located
+
+
+def scalar_type(aval, eqn=None) -> ScalarType:
+    found = ScalarType.of(aval.dtype)
+    if found is None:
+        name = getattr(aval.dtype, "name", str(aval.dtype))
+        if eqn is not None:
+            raise unsupported(eqn, f"dtype {name}")
+        raise JaxprConversionError(f"ef.jit does not support arrays of dtype {name}")
+    return found
+
+
+def read_value(buffer: Buffer, level: int) -> Value:
+    return Value(buffer.shape, buffer.dtype,
+                 lambda subs, b=buffer: Read(b.name, tuple(subs), b.dtype), level, False,
+                 buffer.name)
+
+
+def constant_value(value, dtype: ScalarType, shape=()) -> Value:
+    const = Const(_python_number(value, dtype), dtype)
+    return Value(tuple(shape), dtype, lambda subs: const, 0, False)
+
+
+def _python_number(value, dtype: ScalarType):
+    import numpy as np
+    value = np.asarray(value).item()
+    if dtype.is_float:
+        return float(value)
+    if dtype is ScalarType.BOOL:
+        return bool(value)
+    return int(value)
+
+
+class Converter:
+    """Converts one traced function; ``convert(closed_jaxpr)`` gives the program."""
+
+    def __init__(self):
+        self.buffers: Dict[str, Buffer] = {}
+        self.blocks: List[List[Step]] = [[]]
+        self.floor = 0
+        self.counter = 0
+        self.mapping: List[Tuple[str, Tuple[str, ...]]] = []   # (equation, its outvars)
+        self.homes: Dict[str, str] = {}    # jaxpr variable -> the buffer that holds it
+        self.names: Dict[int, str] = {}    # id of a jaxpr variable -> its name here
+        self.uses: Dict[object, int] = {}
+        self.current_eqn = None
+        self.constants: List[Tuple[str, object]] = []   # (input buffer, array)
+
+    # -- names and buffers ---------------------------------------------------------------
+    def fresh(self, prefix: str) -> str:
+        self.counter += 1
+        return f"{prefix}{self.counter}"
+
+    def new_buffer(self, shape, dtype: ScalarType, prefix: str = "t") -> Buffer:
+        buffer = Buffer(self.fresh(prefix), tuple(int(d) for d in shape), dtype)
+        self.buffers[buffer.name] = buffer
+        return buffer
+
+    def index_names(self, shape) -> Tuple[Tuple[str, int], ...]:
+        return tuple((self.fresh("i"), int(extent)) for extent in shape)
+
+    @property
+    def level(self) -> int:
+        return len(self.blocks) - 1
+
+    def emit(self, level: int, step: Step) -> None:
+        self.blocks[level].append(step)
+
+    # -- materialising ---------------------------------------------------------------------
+    def materialize(self, value: Value, origin: str = "") -> Value:
+        """``value`` computed into a buffer of its own, in the block of its level."""
+        if value.buffer is not None:
+            return value
+        buffer = self.new_buffer(value.shape, value.dtype)
+        self.write(buffer.name, (), value, value.level, origin)
+        if value.var is not None:
+            self.homes.setdefault(value.var, buffer.name)
+        return read_value(buffer, value.level)
+
+    def write(self, buffer: str, prefix: Tuple[Node, ...], value: Value, level: int,
+              origin: str = "") -> None:
+        """``buffer[prefix..., :] := value`` as a step of block ``level``."""
+        indices = self.index_names(value.shape)
+        element = value.at(tuple(Index(name) for name, _ in indices))
+        self.emit(level, Assign(buffer, prefix, indices, element, origin=origin or
+                                self.origin()))
+
+    def reduce_into(self, shape, dtype: ScalarType, level: int, reduction_of) -> Value:
+        """A new buffer ``out[i...] := reduction`` where ``reduction_of(out_subs)`` builds
+        the :class:`Reduction` for one output element."""
+        buffer = self.new_buffer(shape, dtype)
+        indices = self.index_names(shape)
+        reduction = reduction_of(tuple(Index(name) for name, _ in indices))
+        self.emit(level, Assign(buffer.name, (), indices, None, reduction,
+                                origin=self.origin()))
+        return read_value(buffer, level)
+
+    def origin(self) -> str:
+        eqn = self.current_eqn
+        return "" if eqn is None else equation_text(eqn, self.names)
+
+    def cheap(self, value: Value) -> Value:
+        """``value``, materialised first if it is compound: for readers that would
+        compute each of its elements many times."""
+        return self.materialize(value) if value.compound else value
+
+    # -- walking jaxprs ----------------------------------------------------------------------
+    def lookup(self, env, var) -> Value:
+        from jax.extend.core import Literal
+        if isinstance(var, Literal):
+            return constant_value(var.val, scalar_type(var.aval), var.aval.shape)
+        return env[var]
+
+    def constant_buffer(self, array, dtype: ScalarType) -> Buffer:
+        """An array constant of the jaxpr: one more input of the kernel."""
+        buffer = Buffer(f"k{len(self.constants)}", tuple(array.shape), dtype)
+        self.buffers[buffer.name] = buffer
+        self.constants.append((buffer.name, array))
+        return buffer
+
+    def run_jaxpr(self, jaxpr, consts: Sequence[Value], args: Sequence[Value]) -> List[Value]:
+        """Convert ``jaxpr``'s equations with its constvars and invars bound; returns the
+        values of its outvars."""
+        from jax.extend.core import Literal
+        env = {}
+        for var, value in zip(jaxpr.constvars, consts):
+            env[var] = value
+        for var, value in zip(jaxpr.invars, args):
+            env[var] = value
+        uses: Dict[object, int] = {}
+        for eqn in jaxpr.eqns:
+            for var in eqn.invars:
+                if not isinstance(var, Literal):
+                    uses[var] = uses.get(var, 0) + 1
+        for var in jaxpr.outvars:
+            if not isinstance(var, Literal):
+                uses[var] = uses.get(var, 0) + 1
+        for eqn in jaxpr.eqns:
+            try:
+                self.equation(env, uses, eqn)
+            except JaxprConversionError as error:
+                located = _located(error, eqn)
+                if located is error:
+                    raise
+                raise located from None
+        return [self.lookup(env, var) for var in jaxpr.outvars]
+
+    def equation(self, env, uses, eqn) -> None:
+        """Apply ``eqn``'s rule; a compound result read more than once is materialised."""
+        from .jaxpr_rules import rule_for
+        rule = rule_for(eqn)
+        invals = [self.lookup(env, var) for var in eqn.invars]
+        level = max([self.floor] + [v.level for v in invals])
+        for k, (var, value) in enumerate(zip(eqn.invars, invals)):
+            if value.compound and value.level < level:
+                # an outer value read inside a loop or branch: computed once, outside
+                invals[k] = env[var] = self.materialize(value)
+        previous, self.current_eqn = self.current_eqn, eqn
+        try:
+            outs = rule(self, eqn, invals, level)
+        finally:
+            self.current_eqn = previous
+        for var, value in zip(eqn.outvars, outs):
+            if value.compound and uses.get(var, 0) > 1:
+                value = self.materialize(value, equation_text(eqn, self.names))
+            if value.var is None and not isinstance(var, type(None)):
+                value.var = var_name(var, self.names)
+            env[var] = value
+        for var, value in zip(eqn.outvars, outs):
+            if env[var].buffer is not None:
+                self.homes.setdefault(var_name(var, self.names), env[var].buffer)
+        self.mapping.append((equation_text(eqn, self.names),
+                             tuple(var_name(v, self.names) for v in eqn.outvars)))
+
+    def convert(self, closed) -> JitProgram:
+        """The program of ``closed`` (a ClosedJaxpr): inputs ``x0, x1, ...`` (the flat
+        arguments), outputs ``y0, y1, ...``."""
+        jaxpr = closed.jaxpr
+        inputs = []
+        args = []
+        for number, var in enumerate(jaxpr.invars):
+            buffer = Buffer(f"x{number}", tuple(var.aval.shape), scalar_type(var.aval))
+            self.buffers[buffer.name] = buffer
+            inputs.append(buffer.name)
+            args.append(read_value(buffer, 0))
+        from .jaxpr_control import closed_consts
+        consts = closed_consts(self, closed)
+        outs = self.run_jaxpr(jaxpr, consts, args)
+        outputs = []
+        for number, value in enumerate(outs):
+            buffer = Buffer(f"y{number}", value.shape, value.dtype)
+            self.buffers[buffer.name] = buffer
+            self.write(buffer.name, (), value, 0, "output")
+            outputs.append(buffer.name)
+        inputs += [name for name, _ in self.constants]
+        return JitProgram(tuple(self.buffers.values()), tuple(inputs), tuple(outputs),
+                          tuple(self.blocks[0]),
+                          tuple((text, ", ".join(self.homes.get(v, "inline") for v in outs))
+                                for text, outs in self.mapping),
+                          tuple(self.constants))
+
+
+def var_name(var, names: Dict[int, str]) -> str:
+    """A short name for a jaxpr variable ('v12', numbered in order of first mention in
+    ``names``, so the same function always gets the same names and the same C source),
+    or a literal's value."""
+    from jax.extend.core import Literal
+    if isinstance(var, Literal):
+        return repr(var.val.item()) if hasattr(var.val, "item") else repr(var.val)
+    return names.setdefault(id(var), f"v{len(names)}")
+
+
+def equation_text(eqn, names: Dict[int, str]) -> str:
+    """One line for ``eqn``: ``v3:f32[3] = mul v1 v2`` (sub-jaxprs left out)."""
+    outs = " ".join(f"{var_name(v, names)}:{v.aval.str_short()}" for v in eqn.outvars)
+    ins = " ".join(var_name(v, names) for v in eqn.invars)
+    return f"{outs} = {eqn.primitive.name} {ins}".strip()
+
+
+def convert(closed) -> JitProgram:
+    return Converter().convert(closed)
+
+
+def index_add(*parts: Node) -> Node:
+    """The sum of integer subscript parts, constants folded."""
+    constant = 0
+    rest = []
+    for part in parts:
+        if isinstance(part, Const):
+            constant += int(part.value)
+        else:
+            rest.append(part)
+    if not rest:
+        return Const(constant, INDEX)
+    total = rest[0]
+    for part in rest[1:]:
+        total = Apply("add", (total, part), INDEX)
+    if constant:
+        total = Apply("add", (total, Const(constant, INDEX)), INDEX)
+    return total
+
+
+def index_mul(part: Node, factor: int) -> Node:
+    if factor == 1:
+        return part
+    if factor == 0:
+        return Const(0, INDEX)
+    if isinstance(part, Const):
+        return Const(int(part.value) * factor, INDEX)
+    return Apply("mul", (part, Const(factor, INDEX)), INDEX)
+
+
+def as_index(node: Node) -> Node:
+    return node if node.dtype is INDEX else Cast(node, INDEX)

@@ -1,0 +1,157 @@
+"""Rules for control flow and call wrappers: ``scan``, ``while``, ``cond`` become a
+:class:`Loop` or :class:`Branch` inside the one generated kernel (carries in buffers, the
+body's statements as loop nests inside a C loop over steps); ``pjit``, ``closed_call``,
+``custom_jvp_call``, ``custom_vjp_call`` and ``checkpoint`` are inlined."""
+
+from __future__ import annotations
+
+from .jaxpr import INDEX, Value, constant_value, index_add, read_value, unsupported
+from .jaxpr_ir import Apply, Branch, Const, Index, Loop, LoopKind
+
+
+def closed_consts(conv, closed):
+    """Values for a ClosedJaxpr's constants: scalars as literals, arrays as inputs."""
+    import numpy as np
+    values = []
+    for var, const in zip(closed.jaxpr.constvars, closed.consts):
+        array = np.asarray(const)
+        from .jaxpr import scalar_type
+        dtype = scalar_type(var.aval)
+        if array.shape == ():
+            values.append(constant_value(array, dtype))
+        else:
+            values.append(read_value(conv.constant_buffer(array, dtype), 0))
+    return values
+
+
+def _inline(param_names):
+    def rule(conv, eqn, invals, level):
+        for name in param_names:
+            sub = eqn.params.get(name)
+            if sub is not None:
+                break
+        else:
+            raise unsupported(eqn, "no jaxpr to inline")
+        if hasattr(sub, "jaxpr") and hasattr(sub, "consts"):
+            consts = closed_consts(conv, sub)
+            jaxpr = sub.jaxpr
+        else:
+            consts, jaxpr = [], sub
+        count = len(jaxpr.invars)
+        return conv.run_jaxpr(jaxpr, consts, invals[len(invals) - count:])
+    return rule
+
+
+def _carries(conv, initial, level):
+    buffers = []
+    for value in initial:
+        buffer = conv.new_buffer(value.shape, value.dtype, "c")
+        conv.write(buffer.name, (), value, conv.level, "loop carry (initial value)")
+        buffers.append(buffer)
+    return buffers
+
+
+def _updates(conv, carries, news):
+    """The (carry, new) copies that end a step; a new value that is not already in a
+    buffer of its own (or is another carry: a swap) is computed into one first."""
+    carry_names = {b.name for b in carries}
+    pairs = []
+    for buffer, value in zip(carries, news):
+        if value.buffer == buffer.name:
+            continue
+        if value.buffer is None or value.buffer in carry_names:
+            temp = conv.new_buffer(value.shape, value.dtype, "n")
+            conv.write(temp.name, (), value, conv.level, "next carry")
+            pairs.append((buffer.name, temp.name))
+        else:
+            pairs.append((buffer.name, value.buffer))
+    return tuple(pairs)
+
+
+def scan(conv, eqn, invals, level):
+    params = eqn.params
+    body = params["jaxpr"]
+    n_consts, n_carry = params["num_consts"], params["num_carry"]
+    length = int(params["length"])
+    consts = invals[:n_consts]
+    carries = _carries(conv, invals[n_consts:n_consts + n_carry], level)
+    xs = [conv.materialize(v) if v.compound else v for v in invals[n_consts + n_carry:]]
+    ys_avals = [v.aval for v in eqn.outvars[n_carry:]]
+    from .jaxpr import scalar_type
+    ys = [conv.new_buffer(tuple(a.shape), scalar_type(a, eqn), "ys") for a in ys_avals]
+    counter = conv.fresh("s")
+    step = Index(counter)
+    if params.get("reverse"):
+        step = index_add(Const(length - 1, INDEX), Apply("mul", (step, Const(-1, INDEX)), INDEX))
+    conv.blocks.append([])
+    inner = conv.level
+    carry_values = [read_value(b, inner) for b in carries]
+    slices = [Value(x.shape[1:], x.dtype, lambda subs, x=x: x.at((step,) + tuple(subs)),
+                    inner, False) for x in xs]
+    outs = conv.run_jaxpr(body.jaxpr, closed_consts(conv, body),
+                          list(consts) + carry_values + slices)
+    for buffer, value in zip(ys, outs[n_carry:]):
+        conv.write(buffer.name, (step,), value, inner, "stacked output (ys)")
+    updates = _updates(conv, carries, outs[:n_carry])
+    steps = tuple(conv.blocks.pop())
+    conv.emit(conv.level, Loop(LoopKind.SCAN, counter, length, (), None, steps, updates,
+                               origin=f"scan of length {length}"))
+    return [read_value(b, conv.level) for b in carries] + \
+        [read_value(b, conv.level) for b in ys]
+
+
+def while_loop(conv, eqn, invals, level):
+    params = eqn.params
+    cond, body = params["cond_jaxpr"], params["body_jaxpr"]
+    nc, nb = params["cond_nconsts"], params["body_nconsts"]
+    cond_consts, body_consts = invals[:nc], invals[nc:nc + nb]
+    carries = _carries(conv, invals[nc + nb:], level)
+    conv.blocks.append([])
+    inner = conv.level
+    (test,) = conv.run_jaxpr(cond.jaxpr, closed_consts(conv, cond),
+                             list(cond_consts) + [read_value(b, inner) for b in carries])
+    condition = test.at(())
+    condition_steps = tuple(conv.blocks.pop())
+    conv.blocks.append([])
+    outs = conv.run_jaxpr(body.jaxpr, closed_consts(conv, body),
+                          list(body_consts) + [read_value(b, inner) for b in carries])
+    updates = _updates(conv, carries, outs)
+    steps = tuple(conv.blocks.pop())
+    conv.emit(conv.level, Loop(LoopKind.WHILE, conv.fresh("s"), None, condition_steps,
+                               condition, steps, updates, origin="while_loop"))
+    return [read_value(b, conv.level) for b in carries]
+
+
+def cond(conv, eqn, invals, level):
+    which, *operands = invals
+    branches = eqn.params["branches"]
+    from .jaxpr import scalar_type
+    results = [conv.new_buffer(tuple(v.aval.shape), scalar_type(v.aval, eqn), "b")
+               for v in eqn.outvars]
+    which = conv.cheap(which)
+    bodies = []
+    saved_floor = conv.floor
+    for branch in branches:
+        conv.blocks.append([])
+        conv.floor = conv.level      # work inside a branch stays inside it
+        try:
+            outs = conv.run_jaxpr(branch.jaxpr, closed_consts(conv, branch), operands)
+            for buffer, value in zip(results, outs):
+                conv.write(buffer.name, (), value, conv.level, "branch result")
+        finally:
+            conv.floor = saved_floor
+        bodies.append(tuple(conv.blocks.pop()))
+    conv.emit(conv.level, Branch(which.at(()), tuple(bodies),
+                                 origin=f"cond of {len(branches)} branches"))
+    return [read_value(b, conv.level) for b in results]
+
+
+RULES = {
+    "pjit": _inline(("jaxpr",)), "jit": _inline(("jaxpr",)),
+    "closed_call": _inline(("call_jaxpr",)), "core_call": _inline(("call_jaxpr",)),
+    "custom_jvp_call": _inline(("call_jaxpr",)),
+    "custom_vjp_call": _inline(("call_jaxpr", "fun_jaxpr")),
+    "custom_vjp_call_jaxpr": _inline(("fun_jaxpr", "call_jaxpr")),
+    "checkpoint": _inline(("jaxpr",)), "remat": _inline(("jaxpr",)),
+    "scan": scan, "while": while_loop, "cond": cond,
+}

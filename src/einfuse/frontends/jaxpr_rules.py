@@ -1,0 +1,134 @@
+"""Conversion rules of the jaxpr front end: elementwise primitives, and the table of
+every rule (``RULES``: primitive name -> rule).  A rule takes the converter, the
+equation, its operands' :class:`Value` s and the level its results belong to, and
+returns one :class:`Value` per output.  Shape-moving, reducing, gathering and
+control-flow rules live in ``jaxpr_structural`` and ``jaxpr_control``."""
+
+from __future__ import annotations
+
+from typing import Callable, Dict
+
+from .jaxpr import Value, scalar_type, unsupported
+from .jaxpr_ir import Apply, Cast, Const, ScalarType, Select
+
+Rule = Callable[..., list]
+
+# primitive -> the renderer's operation (backends/c_loops.py OPERATIONS)
+ELEMENTWISE = {
+    "add": "add", "add_any": "add", "sub": "sub", "mul": "mul", "div": "div", "rem": "rem",
+    "max": "max", "min": "min", "pow": "pow", "atan2": "atan2", "nextafter": "nextafter",
+    "and": "and", "or": "or", "xor": "xor", "not": "not",
+    "eq": "eq", "ne": "ne", "lt": "lt", "le": "le", "gt": "gt", "ge": "ge",
+    "shift_left": "shift_left", "shift_right_logical": "shift_right_logical",
+    "shift_right_arithmetic": "shift_right_arithmetic",
+    "neg": "neg", "abs": "abs", "sign": "sign", "exp": "exp", "exp2": "exp2", "log": "log",
+    "log1p": "log1p", "expm1": "expm1", "tanh": "tanh", "logistic": "logistic",
+    "sin": "sin", "cos": "cos", "tan": "tan", "asin": "asin", "acos": "acos",
+    "atan": "atan", "sinh": "sinh", "cosh": "cosh", "asinh": "asinh", "acosh": "acosh",
+    "atanh": "atanh", "sqrt": "sqrt", "rsqrt": "rsqrt", "cbrt": "cbrt", "floor": "floor",
+    "ceil": "ceil", "is_finite": "is_finite", "erf": "erf", "erfc": "erfc",
+    "square": "square", "round": "round", "erf_inv": "erf_inv",
+}
+# operations defined on floats only: a rule refuses them on integers rather than
+# letting C convert silently
+FLOAT_ONLY = {"exp", "exp2", "log", "log1p", "expm1", "tanh", "logistic", "sin", "cos",
+              "tan", "asin", "acos", "atan", "sinh", "cosh", "asinh", "acosh", "atanh",
+              "sqrt", "rsqrt", "cbrt", "floor", "ceil", "is_finite", "erf", "erfc",
+              "atan2", "nextafter", "round", "pow", "erf_inv"}
+INTEGER_ONLY = {"shift_left", "shift_right_logical", "shift_right_arithmetic"}
+
+
+def elementwise(conv, eqn, invals, level):
+    op = ELEMENTWISE[eqn.primitive.name]
+    out_aval = eqn.outvars[0].aval
+    dtype = scalar_type(out_aval, eqn)
+    operand_type = invals[0].dtype
+    if op in FLOAT_ONLY and not operand_type.is_float:
+        raise unsupported(eqn, f"on {operand_type.value[0]}")
+    if op in INTEGER_ONLY and operand_type.is_float:
+        raise unsupported(eqn, f"on {operand_type.value[0]}")
+    if op == "round" and int(eqn.params.get("rounding_method", 0)) == 1:
+        op = "round_even"      # RoundingMethod.TO_NEAREST_EVEN
+    if any(not v.dtype.is_float for v in invals) and any(v.dtype.is_float for v in invals):
+        raise unsupported(eqn, "mixed float and integer operands")
+    return [_combine(tuple(out_aval.shape), dtype, invals, level,
+                     lambda args: Apply(op, args, dtype))]
+
+
+def _combine(shape, dtype, invals, level, build) -> Value:
+    """An elementwise value of ``invals`` (a rank-0 operand broadcasts, as jaxprs allow
+    for literals and scalars)."""
+    def at(subs, invals=invals):
+        return build(tuple(v.at(subs if v.shape else ()) for v in invals))
+    return Value(shape, dtype, at, level, True)
+
+
+def integer_pow(conv, eqn, invals, level):
+    dtype = scalar_type(eqn.outvars[0].aval, eqn)
+    power = int(eqn.params["y"])
+    if power < 0 and not dtype.is_float:
+        raise unsupported(eqn, "a negative power of an integer")
+    (x,) = invals
+    return [_combine(x.shape, dtype, invals, level,
+                     lambda args: Apply("integer_pow", (args[0], Const(power, ScalarType.INT64)),
+                                        dtype))]
+
+
+def select_n(conv, eqn, invals, level):
+    dtype = scalar_type(eqn.outvars[0].aval, eqn)
+    shape = tuple(eqn.outvars[0].aval.shape)
+    return [_combine(shape, dtype, invals, level,
+                     lambda args: Select(args[0], tuple(args[1:]), dtype))]
+
+
+def clamp(conv, eqn, invals, level):
+    dtype = scalar_type(eqn.outvars[0].aval, eqn)
+    shape = tuple(eqn.outvars[0].aval.shape)
+    return [_combine(shape, dtype, invals, level, lambda args: Apply(
+        "min", (Apply("max", (args[1], args[0]), dtype), args[2]), dtype))]
+
+
+def convert_element_type(conv, eqn, invals, level):
+    dtype = scalar_type(eqn.outvars[0].aval, eqn)
+    (x,) = invals
+    if x.dtype is dtype:
+        return [x]
+    return [Value(x.shape, dtype, lambda subs: Cast(x.at(subs), dtype), level, True)]
+
+
+def identity(conv, eqn, invals, level):
+    return list(invals)
+
+
+def reduce_precision(conv, eqn, invals, level):
+    (x,) = invals
+    full = {ScalarType.FLOAT32: (8, 23), ScalarType.FLOAT64: (11, 52)}.get(x.dtype)
+    if full != (eqn.params["exponent_bits"], eqn.params["mantissa_bits"]):
+        raise unsupported(eqn, "rounding to a narrower float format")
+    return [x]
+
+
+def rule_for(eqn) -> Rule:
+    rule = RULES.get(eqn.primitive.name)
+    if rule is None:
+        raise unsupported(eqn)
+    return rule
+
+
+RULES: Dict[str, Rule] = {name: elementwise for name in ELEMENTWISE}
+RULES.update({
+    "integer_pow": integer_pow, "select_n": select_n, "clamp": clamp,
+    "convert_element_type": convert_element_type, "stop_gradient": identity,
+    "copy": identity, "copy_p": identity, "optimization_barrier": identity,
+    "reduce_precision": reduce_precision,
+})
+
+
+def _register_others() -> None:
+    from . import jaxpr_control, jaxpr_random, jaxpr_structural
+    RULES.update(jaxpr_structural.RULES)
+    RULES.update(jaxpr_control.RULES)
+    RULES.update(jaxpr_random.RULES)
+
+
+_register_others()

@@ -1,0 +1,296 @@
+"""``ef.jit``: a JAX function traced to a jaxpr, converted (``frontends/jaxpr.py``) and
+compiled into one C kernel (``backends/c_loops.py``), called once per call.
+
+How it composes with JAX (programs.md section 2):
+
+* eager call on concrete arrays: the kernel runs directly on NumPy views of the inputs;
+* under ``jax.jit``: the kernel is a ``jax.pure_callback`` (the host runs it, one call
+  per call of the function, however many loop steps it has);
+* gradients (``jax.grad``, ``jax.vjp``, ``jax.value_and_grad``): the call is a
+  ``jax.custom_vjp`` whose backward pass is the jaxpr of ``jax.vjp(fn)`` - forward
+  recomputation and the transposed loops - converted and compiled the same way, as one
+  more kernel.  That backward is itself an ``ef.jit`` call, so it is differentiable again;
+* ``jax.vmap``: a ``jax.custom_batching.custom_vmap`` rule converts ``jax.vmap(fn)``
+  (the batch becomes one more loop in the same kernel), never one call per element.
+
+Imported only when ``ef.jit`` is used; it imports JAX."""
+
+from __future__ import annotations
+
+import functools
+import threading
+from dataclasses import dataclass
+from typing import Callable, Dict, Optional, Tuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from ..errors import AllocationError, EinfuseTypeError, OptionError
+from ..frontends.jaxpr import JaxprConversionError
+
+_lock = threading.Lock()
+
+
+@dataclass(frozen=True)
+class Signature:
+    """What a compiled kernel is specialised on: the argument tree, each leaf's shape,
+    dtype and weak type, and the static arguments."""
+    tree: object
+    leaves: Tuple[Tuple[Tuple[int, ...], np.dtype, bool], ...]
+    static: Tuple[object, ...]
+
+
+def _leaf_key(leaf):
+    if isinstance(leaf, jax.Array) and not isinstance(leaf, jax.core.Tracer):
+        # the common eager case, without building an abstract value
+        # (the dtype object itself: numpy builds dtype.name anew on every access)
+        return (leaf.shape, leaf.dtype, bool(getattr(leaf, "weak_type", False)))
+    aval = jax.typeof(leaf) if hasattr(jax, "typeof") else jax.core.get_aval(leaf)
+    return (tuple(aval.shape), np.dtype(aval.dtype), bool(getattr(aval, "weak_type", False)))
+
+
+def _is_float(dtype) -> bool:
+    return jnp.issubdtype(dtype, jnp.inexact)
+
+
+class CompiledFunction:
+    """One flat function (leaves in, list of leaves out) for one signature: its jaxpr,
+    program and kernel, and the JAX-callable forms of it."""
+
+    def __init__(self, flat_fn: Callable, leaves, name: str = "fn"):
+        self.flat_fn = flat_fn
+        self.name = name
+        self.closed = _without_dead_code(jax.make_jaxpr(flat_fn)(*leaves))
+        self.in_avals = tuple(v.aval for v in self.closed.jaxpr.invars)
+        self.out_avals = tuple(v.aval for v in self.closed.jaxpr.outvars)
+        from ..backends import c_loops
+        from ..frontends.jaxpr import convert
+        self.program = convert(self.closed)
+        self.entry = c_loops.build(self.program)
+        self._backward: Optional[CompiledFunction] = None
+        self._batched: Dict[object, CompiledFunction] = {}
+        self.call = self._differentiable()
+
+    # -- the host kernel ----------------------------------------------------------------------
+    def host(self, *arrays):
+        """Runs the kernel on NumPy arrays; returns a tuple of NumPy arrays."""
+        import ctypes
+        inputs = [np.ascontiguousarray(a, dtype=aval.dtype)
+                  for a, aval in zip(arrays, self.in_avals)]
+        inputs += [np.ascontiguousarray(array) for _, array in self.program.constants]
+        outputs = [np.empty(aval.shape, aval.dtype) for aval in self.out_avals]
+        pointers = (ctypes.c_void_p * (len(inputs) + len(outputs)))(
+            *[a.ctypes.data for a in inputs + outputs])
+        if self.entry(pointers) != 0:
+            raise AllocationError(f"the kernel of {self.name} could not allocate its "
+                                  "intermediates")
+        return tuple(outputs)
+
+    def run(self, leaves):
+        """Outputs as JAX arrays: directly on concrete arrays, else through JAX."""
+        if not any(isinstance(leaf, jax.core.Tracer) for leaf in leaves):
+            return [jnp.asarray(out) for out in self.host(*leaves)]
+        return list(self.call(*leaves))
+
+    # -- JAX forms ------------------------------------------------------------------------------
+    def _kernel_call(self):
+        structs = tuple(jax.ShapeDtypeStruct(a.shape, a.dtype) for a in self.out_avals)
+
+        @jax.custom_batching.custom_vmap
+        def kernel(*leaves):
+            return tuple(jax.pure_callback(self.host, structs, *leaves,
+                                           vmap_method="sequential"))
+
+        @kernel.def_vmap
+        def batched(axis_size, in_batched, *leaves):
+            compiled = self.batched(tuple(bool(b) for b in in_batched), leaves)
+            outs = compiled.kernel(*leaves)
+            return tuple(outs), tuple(True for _ in outs)
+        return kernel
+
+    def _differentiable(self):
+        self.kernel = self._kernel_call()
+        kernel = self.kernel
+
+        @jax.custom_vjp
+        def call(*leaves):
+            return kernel(*leaves)
+
+        def forward(*leaves):
+            return kernel(*leaves), leaves
+
+        def backward(saved, cotangents):
+            compiled = self.backward()
+            wanted = [ct for ct, aval in zip(cotangents, self.out_avals)
+                      if _is_float(aval.dtype)]
+            grads = iter(compiled.run(list(saved) + wanted))
+            return tuple(next(grads) if _is_float(aval.dtype) else None
+                         for aval in self.in_avals)
+        call.defvjp(forward, backward)
+        return call
+
+    def backward(self) -> "CompiledFunction":
+        """The compiled backward pass: (primals, float cotangents) -> float gradients."""
+        with _lock:
+            if self._backward is not None:
+                return self._backward
+        flat_fn, in_avals, out_avals = self.flat_fn, self.in_avals, self.out_avals
+        count = len(in_avals)
+
+        def vjp_flat(*values):
+            primals, cts = values[:count], iter(values[count:])
+            full = tuple(next(cts) if _is_float(a.dtype) else
+                         np.zeros(a.shape, jax.dtypes.float0) for a in out_avals)
+            _, pull = jax.vjp(lambda *p: tuple(flat_fn(*p)), *primals)
+            grads = pull(full)
+            return [g for g, a in zip(grads, in_avals) if _is_float(a.dtype)]
+        examples = [jax.ShapeDtypeStruct(a.shape, a.dtype) for a in in_avals] + \
+            [jax.ShapeDtypeStruct(a.shape, a.dtype) for a in out_avals if _is_float(a.dtype)]
+        compiled = CompiledFunction(vjp_flat, examples, f"the gradient of {self.name}")
+        with _lock:
+            self._backward = self._backward or compiled
+            return self._backward
+
+    def batched(self, in_batched: Tuple[bool, ...], leaves) -> "CompiledFunction":
+        key = (in_batched, tuple(_leaf_key(leaf) for leaf in leaves))
+        with _lock:
+            found = self._batched.get(key)
+        if found is not None:
+            return found
+        axes = tuple(0 if b else None for b in in_batched)
+        vmapped = jax.vmap(lambda *x: tuple(self.flat_fn(*x)), in_axes=axes)
+        examples = [jax.ShapeDtypeStruct(np.shape(leaf), leaf.dtype) for leaf in leaves]
+        compiled = CompiledFunction(lambda *x: list(vmapped(*x)), examples,
+                                    f"the vmapped {self.name}")
+        with _lock:
+            return self._batched.setdefault(key, compiled)
+
+
+class JitFunction:
+    """``ef.jit(fn)``: call it like ``fn``.  ``explain(*args)`` shows the program."""
+
+    def __init__(self, fn: Callable, static_argnums=(), static_argnames=(),
+                 fallback: bool = False):
+        if not callable(fn):
+            raise EinfuseTypeError(f"ef.jit takes a function, not {type(fn).__name__}")
+        if not isinstance(fallback, bool):
+            raise OptionError(f"ef.jit: fallback= takes True or False, not {fallback!r}")
+        self.fallback = fallback
+        self.fn = fn
+        self.static_argnums = _as_tuple(static_argnums)
+        self.static_argnames = _as_tuple(static_argnames)
+        self._cache: Dict[Signature, Tuple[CompiledFunction, object]] = {}
+        functools.update_wrapper(self, fn)
+
+    def __call__(self, *args, **kwargs):
+        compiled, out_tree, leaves = self._compiled(args, kwargs)
+        return jax.tree_util.tree_unflatten(out_tree(), compiled.run(leaves))
+
+    def compiled(self, *args, **kwargs) -> CompiledFunction:
+        """The compiled form for these arguments (explain and benchmarks use it)."""
+        return self._compiled(args, kwargs)[0]
+
+    def _split(self, args, kwargs):
+        count = len(args)
+        nums = tuple(n % count if -count <= n < count else n for n in self.static_argnums)
+        static = []
+        dynamic_args = []
+        for k, arg in enumerate(args):
+            if k in nums:
+                static.append(("arg", k, arg))
+            else:
+                dynamic_args.append(arg)
+        dynamic_kwargs = {}
+        for name, value in kwargs.items():
+            if name in self.static_argnames:
+                static.append(("kw", name, value))
+            else:
+                dynamic_kwargs[name] = value
+        try:
+            hash(tuple(static))
+        except TypeError:
+            raise EinfuseTypeError("ef.jit: static arguments must be hashable") from None
+        return tuple(static), dynamic_args, dynamic_kwargs
+
+    def _compiled(self, args, kwargs):
+        static, dynamic_args, dynamic_kwargs = self._split(args, kwargs)
+        leaves, tree = jax.tree_util.tree_flatten((dynamic_args, dynamic_kwargs))
+        try:
+            key = Signature(tree, tuple(_leaf_key(leaf) for leaf in leaves), static)
+        except TypeError:
+            raise EinfuseTypeError("ef.jit takes arrays, scalars and pytrees of them as "
+                                   "its non-static arguments") from None
+        with _lock:
+            found = self._cache.get(key)
+        if found is None:
+            out_trees = []
+            fn = self.fn
+
+            def flat_fn(*flat):
+                dyn_args, dyn_kwargs = jax.tree_util.tree_unflatten(tree, flat)
+                full = list(dyn_args)
+                for kind, where, value in static:
+                    if kind == "arg":
+                        full.insert(where, value)
+                    else:
+                        dyn_kwargs = {**dyn_kwargs, where: value}
+                out = fn(*full, **dyn_kwargs)
+                out_leaves, out_tree = jax.tree_util.tree_flatten(out)
+                if not out_trees:
+                    out_trees.append(out_tree)
+                return out_leaves
+            examples = [_struct(leaf) for leaf in leaves]
+            name = getattr(fn, "__name__", "fn")
+            try:
+                compiled = CompiledFunction(flat_fn, examples, name)
+            except JaxprConversionError:
+                if not self.fallback:
+                    raise
+                from .jit_split import SplitFunction
+                compiled = SplitFunction(
+                    _without_dead_code(jax.make_jaxpr(flat_fn)(*examples)), name)
+            found = (compiled, out_trees[0])
+            with _lock:
+                found = self._cache.setdefault(key, found)
+        compiled, out_tree = found
+        return compiled, (lambda: out_tree), leaves
+
+
+def _without_dead_code(closed):
+    """``closed`` without equations whose results nothing uses (a vjp's unused forward
+    outputs, float0 zeros of integer inputs): they would cost time, or not convert."""
+    try:
+        from jax._src.interpreters import partial_eval as pe
+        from jax.extend.core import ClosedJaxpr
+        jaxpr, _ = pe.dce_jaxpr(closed.jaxpr, [True] * len(closed.jaxpr.outvars),
+                                instantiate=True)
+        return ClosedJaxpr(jaxpr, closed.consts)
+    except (ImportError, AttributeError, TypeError):   # a JAX without it: convert as is
+        return closed
+
+
+def _struct(leaf) -> jax.ShapeDtypeStruct:
+    shape, dtype, weak = _leaf_key(leaf)
+    return jax.ShapeDtypeStruct(shape, dtype, weak_type=weak)
+
+
+def _as_tuple(value) -> tuple:
+    if value is None:
+        return ()
+    if isinstance(value, (int, str)):
+        return (value,)
+    return tuple(value)
+
+
+def jit(fn=None, *, static_argnums=(), static_argnames=(), fallback: bool = False):
+    """Compile a JAX function (``jax.numpy``/``jax.lax`` code, loops included) into one
+    einfuse kernel; usable as ``@ef.jit`` or ``ef.jit(fn, static_argnums=...)``.  See
+    docs/jit.md."""
+    if fn is None:
+        return functools.partial(jit, static_argnums=static_argnums,
+                                 static_argnames=static_argnames, fallback=fallback)
+    return JitFunction(fn, static_argnums, static_argnames, fallback)
+
+
+__all__ = ["jit", "JitFunction", "CompiledFunction", "JaxprConversionError"]
