@@ -230,3 +230,29 @@ def test_repeated_torch_calls_under_autograd_skip_binding(bind_count):
         (hA,) = torch.autograd.grad(gA.sum(), A)
         torch.testing.assert_close(hA, (torch.exp(A) * (B * s).sum(1)).detach())
         before = len(bind_count)
+
+
+def test_prepared_backward_follows_changing_shapes_and_gathers_with_fallbacks():
+    torch = pytest.importorskip("torch")
+    k = ef.compile("y[b,o] := sum[i](x[b,i] * W[i,o]) + bias[o]", backend="c")
+    shift = ef.compile("y[i] := x[i+a] * ker[a]", backend="c")     # a gather with ranges
+    rng = np.random.default_rng(7)
+    for b in (3, 5, 3, 1, 5):
+        x, W, bias = (torch.tensor(rng.standard_normal(s), requires_grad=True)
+                      for s in ((b, 4), (4, 2), (2,)))
+        weights = torch.tensor(rng.standard_normal((b, 2)))
+        (k(x=x, W=W, bias=bias) * weights).sum().backward()
+        x2, W2, bias2 = (t.detach().clone().requires_grad_() for t in (x, W, bias))
+        ((x2 @ W2 + bias2) * weights).sum().backward()
+        for got, want in ((x, x2), (W, W2), (bias, bias2)):
+            torch.testing.assert_close(got.grad, want.grad)
+        n = 4 + b
+        xs, ker = (torch.tensor(rng.standard_normal(s), requires_grad=True)
+                   for s in ((n,), (3,)))
+        out = shift(x=xs, ker=ker)
+        (out * torch.arange(float(n - 2), dtype=torch.float64)).sum().backward()
+        xs2, ker2 = xs.detach().clone().requires_grad_(), ker.detach().clone().requires_grad_()
+        want = torch.nn.functional.conv1d(xs2[None, None], ker2[None, None])[0, 0]
+        (want * torch.arange(float(n - 2), dtype=torch.float64)).sum().backward()
+        torch.testing.assert_close(xs.grad, xs2.grad)
+        torch.testing.assert_close(ker.grad, ker2.grad)

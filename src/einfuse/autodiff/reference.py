@@ -156,6 +156,11 @@ def run_reference(grads: Iterable[GradientStatement], arrays: Mapping[str, objec
     return out
 
 
+def gradient_kernel(g: GradientStatement, arrays: Mapping[str, object], backend: str):
+    """The compiled kernel running gather statement ``g`` for arrays like these."""
+    return _gradient_kernel(g.text, backend, _options_key(g.resolve_options(arrays)))
+
+
 def _options_key(options: Mapping[str, object]):
     """resolve_options' result as a hashable key (ranges as (start, stop) pairs)."""
     return tuple((key, tuple((n, (r.start, r.stop)) for n, r in sorted(value.items()))

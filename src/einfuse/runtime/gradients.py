@@ -63,7 +63,54 @@ def compute_gradients(statement: str, options: Options, arrays: Mapping[str, obj
         # those names (a gradient statement's output is itself d<name>): ask it
         values = dict(arrays)
         values[grads[0].output_grad] = output_grad
+        prepared = _prepared(grads, values, options.backend)
+        if prepared is not None:
+            result[name] = prepared(values)
+            continue
         found = run_reference(grads, values, backend=options.backend)
         value = found[grads[0].target]   # a torch/JAX gradient stays in its framework
         result[name] = np.asarray(value) if framework_of(value) == NUMPY else value
     return result
+
+
+# Gradients whose statements are all plain gathers, prepared per signature of the
+# arrays: their options resolved and kernels found once, so that a training loop's
+# backward is, per gradient statement, a kernel's fast path (issue 11).
+_PREPARED: Dict[Tuple, Tuple[object, object]] = {}
+_PREPARED_KEPT = 512
+
+
+def _prepared(grads, values, backend: str):
+    if not grads:
+        return None
+    signature = [id(grads), backend]
+    # every array's shape and dtype: forward ranges, coverage and options follow them
+    for name in sorted(values):
+        value = values[name]
+        if type(value) is np.ndarray:
+            signature.append((name, value.shape, value.dtype))
+        elif type(value) is float:
+            signature.append((name, float))
+        else:     # torch/JAX values, ints: run_reference's general path
+            return None
+    key = tuple(signature)
+    found = _PREPARED.get(key)
+    if found is None:
+        from ..autodiff.reference import gradient_kernel
+        todo = []
+        for g in grads:     # as run_reference chooses them, for these shapes
+            todo.extend(g.fallback if g.fallback and not g.covers(values) else [g])
+        run = None       # scatters: run_reference's general path, every time
+        if all(g.kind == "gather" for g in todo):
+            steps = tuple((gradient_kernel(g, values, backend), g.inputs) for g in todo)
+
+            def run(values):
+                total = None
+                for kernel, inputs in steps:
+                    part = np.asarray(kernel(arrays={n: values[n] for n in inputs}))
+                    total = part if total is None else total + part
+                return total
+        if len(_PREPARED) >= _PREPARED_KEPT:
+            _PREPARED.pop(next(iter(_PREPARED)))
+        found = _PREPARED[key] = (grads, run)     # grads kept: its id stays its own
+    return found[1]
