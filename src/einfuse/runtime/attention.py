@@ -18,6 +18,7 @@ from typing import Dict, Optional, Sequence, Tuple
 
 import numpy as np
 
+from ..analysis.options import INT64_MAX
 from ..errors import AllocationError
 from ..rewrite.monoids import SOFTMAX_WEIGHTED_SUM, WeightedState, finalise_weighted
 from ..rewrite.online_softmax import Attention, MaskKind, ScaleKind, recognise
@@ -89,6 +90,8 @@ def canonical(attention: Attention, named: Dict[str, object]) -> Optional[Canoni
             value = value[()]
         if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Real):
             return None
+        if isinstance(value, numbers.Integral) and not -INT64_MAX <= int(value) <= INT64_MAX:
+            return None     # the statements refuse it (programs run fused before binding)
         if isinstance(value, np.generic) and \
                 np.result_type(value.dtype, arrays[0].dtype) != arrays[0].dtype:
             return None     # a NumPy float64 scale makes the statements' result float64
