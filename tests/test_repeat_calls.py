@@ -230,3 +230,20 @@ def test_repeated_torch_calls_under_autograd_skip_binding(bind_count):
         (hA,) = torch.autograd.grad(gA.sum(), A)
         torch.testing.assert_close(hA, (torch.exp(A) * (B * s).sum(1)).detach())
         before = len(bind_count)
+
+
+def test_evicting_a_signature_another_thread_evicted_first_is_no_error():
+    """Two threads preparing at a full cache both pick the oldest signature to drop;
+    the second finds it gone (simulated: dropping it removes it twice)."""
+    from einfuse.runtime import repeat
+
+    class EvictedMeanwhile(dict):
+        def pop(self, key, *default):
+            dict.pop(self, key, None)      # the other thread got there first
+            return dict.pop(self, key, *default)
+
+    k = ef.Kernel("z[i] := x[i] * 3.0", ef.compile("z[i] := x[i] * 3.0").options)
+    k._repeat = EvictedMeanwhile()
+    for n in range(1, repeat.SIGNATURES_KEPT + 3):
+        np.testing.assert_allclose(k(x=np.ones(n)), np.full(n, 3.0))
+    assert len(k._repeat) == repeat.SIGNATURES_KEPT

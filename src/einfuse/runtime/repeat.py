@@ -49,7 +49,10 @@ def prepare(kernel, call, kwargs) -> None:
     if signature is None or signature in cache:
         return
     if len(cache) >= SIGNATURES_KEPT:
-        cache.pop(next(iter(cache)))
+        try:     # another thread may drop the same oldest one between these steps
+            cache.pop(next(iter(cache)), None)
+        except (StopIteration, RuntimeError):
+            pass
     cache[signature] = None        # until proven preparable: the full path
     if call.framework not in (NUMPY, TORCH) or call.bfloat16 \
             or kernel.spec.assign != ":=" or \
