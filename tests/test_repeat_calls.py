@@ -247,3 +247,20 @@ def test_evicting_a_signature_another_thread_evicted_first_is_no_error():
     for n in range(1, repeat.SIGNATURES_KEPT + 3):
         np.testing.assert_allclose(k(x=np.ones(n)), np.full(n, 3.0))
     assert len(k._repeat) == repeat.SIGNATURES_KEPT
+
+
+def test_a_hoisted_repeat_that_runs_as_written_still_records_autograd():
+    torch = pytest.importorskip("torch")
+    k = ef.compile("y[i,j] := A[i+1,j] + sum[k](W[idx[i], k])", backend="c")
+    rng = np.random.default_rng(2)
+    A = torch.tensor(rng.standard_normal((4, 2)), requires_grad=True)
+    W = torch.tensor(rng.standard_normal((5, 4)), requires_grad=True)
+    for idx in ([1, 0, 4, 2], [1, 0, 4, 99]):   # the second: the hoisted form cannot run
+        y = k(A=A, W=W, idx=torch.tensor(idx))
+        grad_a, grad_w = torch.autograd.grad(y.sum(), (A, W))
+        torch.testing.assert_close(grad_a, torch.tensor([[0.0, 0], [1, 1], [1, 1], [1, 1]],
+                                                        dtype=torch.float64))
+        expected_w = torch.zeros(5, 4, dtype=torch.float64)
+        for row in idx[:3]:
+            expected_w[row] += 2
+        torch.testing.assert_close(grad_w, expected_w)

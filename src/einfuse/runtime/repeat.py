@@ -97,6 +97,7 @@ def _hoisted_runner(kernel, form, call):
     """A repeated call of a statement that runs in its hoisted form: straight to its
     kernels (each on its own fast path), skipping the statement's binding, which this
     signature passed before."""
+    from .kernel import _backend_name
     kernels = form.kernels(call.dtypes)
     framework = call.framework
 
@@ -106,5 +107,11 @@ def _hoisted_runner(kernel, form, call):
         except EinfuseError:
             # as the full path does: the statement runs as written, and says why not
             bound = kernel.bind(arrays=named)
+            if framework == TORCH:     # recorded by autograd, as the full path records it
+                from . import torch_autograd
+                if torch_autograd.torch.is_grad_enabled() and \
+                        torch_autograd.differentiable_names(bound):
+                    return torch_autograd.apply(kernel, bound, lambda: kernel.run(bound),
+                                                _backend_name(kernel.options.backend, bound))
             return kernel.deliver(bound, kernel.run(bound))
     return repeat
