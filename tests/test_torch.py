@@ -119,3 +119,15 @@ def test_unsupported_torch_dtypes_are_reported_not_crashed():
     x = torch.zeros(3, dtype=torch.float8_e4m3fn)
     with pytest.raises(ef.EinfuseError, match="float8_e4m3fn"):
         ef.ein("y[i] := x[i]", x=x)
+
+
+@pytest.mark.parametrize("repeat", [1, 2])     # the second call takes the fast path
+def test_an_input_modified_in_place_before_backward_is_refused(repeat):
+    # torch refuses this for its own ops; the gradient statements would read the new x
+    W = torch.randn(3, 4, dtype=torch.float64, requires_grad=True)
+    for _ in range(repeat):
+        x = torch.randn(4, dtype=torch.float64)
+        y = ef.ein("y[i] := sum[j](W[i,j] * x[j])", W=W, x=x)
+    x.mul_(2)
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        y.sum().backward()
