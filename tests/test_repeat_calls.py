@@ -264,3 +264,11 @@ def test_a_hoisted_repeat_that_runs_as_written_still_records_autograd():
         for row in idx[:3]:
             expected_w[row] += 2
         torch.testing.assert_close(grad_w, expected_w)
+
+
+def test_a_name_passed_in_another_unicode_form_repeats():
+    # Python normalises identifiers (NFKC) but not the keys of a ** dict: the statement's
+    # tensor H may arrive as the key "ℌ"
+    k = ef.compile("y[i] := sum[j](ℌ[i,j]) * a")
+    for a in (1.5, 2.5, 3.5):
+        np.testing.assert_allclose(k(**{"ℌ": np.ones((2, 3)), "a": a}), [3 * a, 3 * a])

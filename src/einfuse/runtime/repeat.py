@@ -7,6 +7,7 @@ arrays in ``arrays=``)."""
 
 from __future__ import annotations
 
+import unicodedata
 from typing import Optional, Tuple
 
 import numpy as np
@@ -54,6 +55,9 @@ def prepare(kernel, call, kwargs) -> None:
         except (StopIteration, RuntimeError):
             pass
     cache[signature] = None        # until proven preparable: the full path
+    if not all(name.isascii() for name in kwargs) and any(
+            unicodedata.normalize("NFKC", name) != name for name in kwargs):
+        return      # the runners look arguments up by the statement's (NFKC) names
     if call.framework not in (NUMPY, TORCH) or call.bfloat16 \
             or kernel.spec.assign != ":=" or \
             get_backend(_backend_name(kernel.options.backend, call)).name != "c":
