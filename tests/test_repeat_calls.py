@@ -272,3 +272,12 @@ def test_a_name_passed_in_another_unicode_form_repeats():
     k = ef.compile("y[i] := sum[j](ℌ[i,j]) * a")
     for a in (1.5, 2.5, 3.5):
         np.testing.assert_allclose(k(**{"ℌ": np.ones((2, 3)), "a": a}), [3 * a, 3 * a])
+
+
+def test_a_statement_with_more_arrays_than_the_extension_takes_repeats():
+    from einfuse.backends import c_call
+    count = c_call.MAX_BUFFERS + 2
+    k = ef.compile("y[i] := " + " + ".join(f"A{t}[i]" for t in range(count)), backend="c")
+    arrays = {f"A{t}": np.full(3, float(t)) for t in range(count)}
+    for _ in range(2):
+        np.testing.assert_allclose(k(**arrays), np.full(3, count * (count - 1) / 2))
