@@ -131,3 +131,25 @@ def test_an_input_modified_in_place_before_backward_is_refused(repeat):
     x.mul_(2)
     with pytest.raises(RuntimeError, match="modified by an inplace operation"):
         y.sum().backward()
+
+
+@pytest.mark.parametrize("make", [lambda x: x.to_sparse(), lambda x: x.to_sparse_csr(),
+                                  lambda x: torch.nested.nested_tensor([x[0], x[1, :2]])],
+                         ids=["sparse_coo", "sparse_csr", "nested"])
+def test_a_tensor_without_strides_is_named_not_crashed(make):
+    x = make(torch.randn(3, 3))
+    softmax = ("m[i] := max[j](x[i,j])\ne[i,j] := exp(x[i,j] - m[i])\n"
+               "P[i,j] := e[i,j] / sum[k](e[i,k])")
+    for statement in ("y[i] := sum[j](x[i,j])", softmax):
+        for _ in range(2):
+            with pytest.raises(ef.EinfuseError, match="x is a"):
+                ef.ein(statement, x=x)
+
+
+def test_sparse_attention_inputs_are_named():
+    Q, K, V = (torch.randn(1, 4, 2, dtype=torch.float64) for _ in range(3))
+    attention = ("S[b,i,j] := sum[d](Q[b,i,d]*K[b,j,d])\nm[b,i] := max[j](S[b,i,j])\n"
+                 "P[b,i,j] := exp(S[b,i,j] - m[b,i])\nO[b,i,e] := sum[j](P[b,i,j] * V[b,j,e]) "
+                 "/ sum[j](P[b,i,j])")
+    with pytest.raises(ef.EinfuseError, match="Q is a torch tensor with layout sparse"):
+        ef.ein(attention, Q=Q.to_sparse(), K=K, V=V)

@@ -120,9 +120,10 @@ def torch_inputs(attention: Attention, named: Dict[str, object]) -> Optional[Dic
     for name in (attention.query, attention.key, attention.value):
         tensor = named.get(name)
         if not isinstance(tensor, torch.Tensor) or tensor.device.type != "cpu" or \
+                tensor.layout != torch.strided or tensor.is_nested or \
                 tensor.dtype not in (torch.float32, torch.float64) or \
                 (recording and tensor.requires_grad):
-            return None
+            return None     # (a sparse or nested one: the statements say why not)
         views[name] = tensor.detach().numpy()
     scale = named.get(attention.scale_param) if attention.scale_param else None
     if isinstance(scale, torch.Tensor):

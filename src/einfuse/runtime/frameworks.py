@@ -47,6 +47,19 @@ def common_framework(arrays: Mapping[str, object]) -> str:
     return next(iter(found), NUMPY)
 
 
+def check_torch_layout(name: str, value) -> None:
+    """A sparse, MKL-DNN or nested tensor has no strides (nor, nested, one shape): the
+    caller converts it; einfuse reads dense strided tensors only."""
+    if framework_of(value) != TORCH or not hasattr(value, "layout"):
+        return
+    layout = str(value.layout).rsplit(".", 1)[-1]
+    if getattr(value, "is_nested", False) or layout != "strided":
+        what = "a nested tensor" if getattr(value, "is_nested", False) else \
+            f"a torch tensor with layout {layout}"
+        raise EinfuseTypeError(f"{name} is {what}; einfuse reads dense (strided) tensors: "
+                               "convert it to one first")
+
+
 def to_numpy(value) -> np.ndarray:
     framework = framework_of(value)
     if framework == TORCH:

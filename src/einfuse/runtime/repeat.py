@@ -32,8 +32,11 @@ def signature_of(kwargs) -> Optional[Tuple]:
             signature.append((name, value.shape, value.dtype, value.strides))
         elif kind.__name__ in ("Tensor", "Parameter") and kind.__module__.startswith("torch") \
                 and value.device.type == "cpu":
-            signature.append((name, tuple(value.shape), value.dtype, value.stride(),
-                              value.requires_grad))
+            try:
+                signature.append((name, tuple(value.shape), value.dtype, value.stride(),
+                                  value.requires_grad))
+            except RuntimeError:     # no strides (sparse) or no shape (nested): full path
+                return None
         elif kind is float:
             signature.append((name, float))
         else:
