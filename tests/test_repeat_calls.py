@@ -281,3 +281,16 @@ def test_a_statement_with_more_arrays_than_the_extension_takes_repeats():
     arrays = {f"A{t}": np.full(3, float(t)) for t in range(count)}
     for _ in range(2):
         np.testing.assert_allclose(k(**arrays), np.full(3, count * (count - 1) / 2))
+
+
+@pytest.mark.parametrize("statement", ["y[i] := z[i] * x[]",              # plain kernel
+                                       "C[i,j] := z[i,k] * B[k,j] * x[]",  # BLAS
+                                       "y[i,j] := z[i,j] / sum[k](z[i,k]) * x[]"])  # hoisted
+def test_a_python_float_for_a_0d_tensor_repeats(statement):
+    k = ef.compile(statement, backend="c")
+    z, B = np.arange(1.0, 7.0).reshape(2, 3)[0], np.ones((3, 2))
+    if "sum" in statement or "B" in statement:
+        z = np.arange(1.0, 7.0).reshape(2, 3)
+    arrays = {"z": z, "B": B} if "B" in statement else {"z": z}
+    first = k(x=1.5, **arrays)
+    np.testing.assert_allclose(k(x=3.0, **arrays), 2 * first)

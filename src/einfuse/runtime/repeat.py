@@ -61,6 +61,9 @@ def prepare(kernel, call, kwargs) -> None:
     if not all(name.isascii() for name in kwargs) and any(
             unicodedata.normalize("NFKC", name) != name for name in kwargs):
         return      # the runners look arguments up by the statement's (NFKC) names
+    if any(type(value) is float and name not in kernel.spec.params
+           for name, value in kwargs.items()):
+        return      # a float for a 0-d tensor (x[]): the runners take arrays there
     if call.framework not in (NUMPY, TORCH) or call.bfloat16 \
             or kernel.spec.assign != ":=" or \
             get_backend(_backend_name(kernel.options.backend, call)).name != "c":
