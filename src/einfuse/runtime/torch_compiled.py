@@ -23,6 +23,7 @@ Imported only while torch.compile traces a call with torch tensors."""
 
 from __future__ import annotations
 
+import math
 import numbers
 import threading
 from typing import Dict, List, Optional, Tuple
@@ -103,14 +104,13 @@ def call_source(source, options: Tuple, outputs, args, kwargs, arrays):
     takes them."""
     # ein's default fill=0.0 is symbolic under dynamic=True; comparing it settles it
     # (Dynamo guards on the comparison), so the key gets a constant
-    options = tuple(0.0 if _is_float(value) and value == 0.0 else value
-                    for value in options)
+    options = tuple(0.0 if _positive_zero(value) else value for value in options)
     key, inputs = _compiled_key(source, options, outputs)
     return _call_key(key, inputs, args, kwargs, arrays)
 
 
-def _is_float(value) -> bool:
-    return isinstance(value, (float, torch.SymFloat))
+def _positive_zero(value) -> bool:
+    return isinstance(value, float) and value == 0.0 and math.copysign(1.0, value) > 0
 
 
 def _call_key(key: str, inputs, args, kwargs, arrays):
