@@ -153,3 +153,15 @@ def test_sparse_attention_inputs_are_named():
                  "/ sum[j](P[b,i,j])")
     with pytest.raises(ef.EinfuseError, match="Q is a torch tensor with layout sparse"):
         ef.ein(attention, Q=Q.to_sparse(), K=K, V=V)
+
+
+@pytest.mark.parametrize("transform", ["grad", "vmap"])
+def test_torch_func_transforms_are_refused_with_an_einfuse_error(transform):
+    k = ef.compile("y := sum[j](x[j] * x[j])")
+    x = torch.randn(4, dtype=torch.float64, requires_grad=True)
+    k(x=x), k(x=x.detach())          # signatures a repeated call could take
+    run = torch.func.grad(lambda v: k(x=v)) if transform == "grad" else \
+        torch.func.vmap(lambda v: k(x=v))
+    for _ in range(2):
+        with pytest.raises(ef.EinfuseError, match="x is a tensor inside a torch.func"):
+            run(x.detach() if transform == "grad" else x.detach().expand(3, 4))

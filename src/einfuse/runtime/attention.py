@@ -121,9 +121,10 @@ def torch_inputs(attention: Attention, named: Dict[str, object]) -> Optional[Dic
         tensor = named.get(name)
         if not isinstance(tensor, torch.Tensor) or tensor.device.type != "cpu" or \
                 tensor.layout != torch.strided or tensor.is_nested or \
+                torch._C._functorch.is_functorch_wrapped_tensor(tensor) or \
                 tensor.dtype not in (torch.float32, torch.float64) or \
                 (recording and tensor.requires_grad):
-            return None     # (a sparse or nested one: the statements say why not)
+            return None     # (sparse, nested, torch.func: the statements say why not)
         views[name] = tensor.detach().numpy()
     scale = named.get(attention.scale_param) if attention.scale_param else None
     if isinstance(scale, torch.Tensor):

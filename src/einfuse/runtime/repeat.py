@@ -14,7 +14,7 @@ import numpy as np
 
 from ..backends import get_backend
 from ..errors import EinfuseError
-from .frameworks import NUMPY, TORCH
+from .frameworks import NUMPY, TORCH, is_functorch_tensor
 
 # Prepared signatures kept per kernel (a new one past this replaces the oldest).
 SIGNATURES_KEPT = 32
@@ -32,6 +32,8 @@ def signature_of(kwargs) -> Optional[Tuple]:
             signature.append((name, value.shape, value.dtype, value.strides))
         elif kind.__name__ in ("Tensor", "Parameter") and kind.__module__.startswith("torch") \
                 and value.device.type == "cpu":
+            if is_functorch_tensor(value):    # inside torch.func: the full path refuses
+                return None
             try:
                 signature.append((name, tuple(value.shape), value.dtype, value.stride(),
                                   value.requires_grad))
