@@ -368,3 +368,12 @@ def test_explain_says_fused_and_counts_flops():
     assert "online softmax" not in plain and "materialised intermediates" in plain
     single = str(ef.explain(SINGLE, shapes={"Q": shape, "K": shape, "V": shape}))
     assert "fused as attention with online softmax" in single
+
+
+def test_a_scale_beyond_int64_is_refused_as_the_statements_refuse_it(fused_calls):
+    # the program runs fused before any statement binds: an int scale that the
+    # statements refuse (it does not fit in int64) must not give a result
+    Q, K, V = qkv(1, 1, 4, 4, 2, 2, np.float32)
+    with pytest.raises(ef.EinfuseError, match="scale=1000"):
+        ef.ein(program(), Q=Q, K=K, V=V, scale=10**30)
+    assert not any(fused_calls)

@@ -119,3 +119,49 @@ def test_unsupported_torch_dtypes_are_reported_not_crashed():
     x = torch.zeros(3, dtype=torch.float8_e4m3fn)
     with pytest.raises(ef.EinfuseError, match="float8_e4m3fn"):
         ef.ein("y[i] := x[i]", x=x)
+
+
+@pytest.mark.parametrize("repeat", [1, 2])     # the second call takes the fast path
+def test_an_input_modified_in_place_before_backward_is_refused(repeat):
+    # torch refuses this for its own ops; the gradient statements would read the new x
+    W = torch.randn(3, 4, dtype=torch.float64, requires_grad=True)
+    for _ in range(repeat):
+        x = torch.randn(4, dtype=torch.float64)
+        y = ef.ein("y[i] := sum[j](W[i,j] * x[j])", W=W, x=x)
+    x.mul_(2)
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        y.sum().backward()
+
+
+@pytest.mark.parametrize("make", [lambda x: x.to_sparse(), lambda x: x.to_sparse_csr(),
+                                  lambda x: torch.nested.nested_tensor([x[0], x[1, :2]])],
+                         ids=["sparse_coo", "sparse_csr", "nested"])
+def test_a_tensor_without_strides_is_named_not_crashed(make):
+    x = make(torch.randn(3, 3))
+    softmax = ("m[i] := max[j](x[i,j])\ne[i,j] := exp(x[i,j] - m[i])\n"
+               "P[i,j] := e[i,j] / sum[k](e[i,k])")
+    for statement in ("y[i] := sum[j](x[i,j])", softmax):
+        for _ in range(2):
+            with pytest.raises(ef.EinfuseError, match="x is a"):
+                ef.ein(statement, x=x)
+
+
+def test_sparse_attention_inputs_are_named():
+    Q, K, V = (torch.randn(1, 4, 2, dtype=torch.float64) for _ in range(3))
+    attention = ("S[b,i,j] := sum[d](Q[b,i,d]*K[b,j,d])\nm[b,i] := max[j](S[b,i,j])\n"
+                 "P[b,i,j] := exp(S[b,i,j] - m[b,i])\nO[b,i,e] := sum[j](P[b,i,j] * V[b,j,e]) "
+                 "/ sum[j](P[b,i,j])")
+    with pytest.raises(ef.EinfuseError, match="Q is a torch tensor with layout sparse"):
+        ef.ein(attention, Q=Q.to_sparse(), K=K, V=V)
+
+
+@pytest.mark.parametrize("transform", ["grad", "vmap"])
+def test_torch_func_transforms_are_refused_with_an_einfuse_error(transform):
+    k = ef.compile("y := sum[j](x[j] * x[j])")
+    x = torch.randn(4, dtype=torch.float64, requires_grad=True)
+    k(x=x), k(x=x.detach())          # signatures a repeated call could take
+    run = torch.func.grad(lambda v: k(x=v)) if transform == "grad" else \
+        torch.func.vmap(lambda v: k(x=v))
+    for _ in range(2):
+        with pytest.raises(ef.EinfuseError, match="x is a tensor inside a torch.func"):
+            run(x.detach() if transform == "grad" else x.detach().expand(3, 4))

@@ -150,3 +150,22 @@ def test_bfloat16_tensors_give_a_bfloat16_result_as_in_eager_mode():
     result = compiled(model)(a, b)
     assert result.dtype == torch.bfloat16
     torch.testing.assert_close(result, model(a, b))
+
+
+def test_dynamic_true_traces_statements_kernels_and_programs():
+    # under dynamic=True Dynamo makes float options (fill) symbolic; the operator's key
+    # must still be a constant
+    kernel = ef.compile("y[i] := sum[j](x[i,j]) * a")
+    program = ef.compile("m[i] := max[j](x[i,j])\ny[i,j] := exp(x[i,j] - m[i])")
+
+    def model(x, a):
+        return (ef.ein("y[i,j] := x[i,j] * 2.0", x=x), kernel(x=x, a=a), program(x=x))
+
+    torch._dynamo.reset()
+    run = torch.compile(model, fullgraph=True, backend="aot_eager", dynamic=True)
+    for rows, a in [(5, 0.5), (3, 1.5), (8, 0.25)]:
+        x = torch.randn(rows, 4, dtype=torch.float64)
+        doubled, summed, shifted = run(x, a)
+        torch.testing.assert_close(doubled, x * 2.0)
+        torch.testing.assert_close(summed, x.sum(1) * a)
+        torch.testing.assert_close(shifted, torch.exp(x - x.amax(1, keepdim=True)))

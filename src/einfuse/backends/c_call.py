@@ -22,6 +22,8 @@ from ..errors import EinfuseError
 from . import c_build
 
 _MODULE = "einfuse_kernel_call"
+# The most arrays (inputs and output) one call takes: MAX_BUFFERS of the source below.
+MAX_BUFFERS = 64
 
 # The kernel signature of c_render.py: pointers to the buffers, the runtime ints, doubles
 # and integer parameters, the pad/fill values, the thread count and the error flag.

@@ -57,7 +57,8 @@ def repeat_runner(call) -> Optional[Runner]:
     names = tuple(tensor for tensor, _ in buffer_slots(spec)[:-1])
     pointer_array = ctypes.c_void_p * len(buffers)
     addresses = tuple(a.ctypes.data for a in (ints, doubles, integers, fills))
-    call_kernel = c_call.caller()
+    # (more arrays than the extension takes: through ctypes)
+    call_kernel = c_call.caller() if len(buffers) <= c_call.MAX_BUFFERS else None
     if call_kernel is not None:
         entries = tuple(ctypes.cast(f, ctypes.c_void_p).value for f in functions)
 

@@ -18,6 +18,7 @@ from typing import Dict, Optional, Sequence, Tuple
 
 import numpy as np
 
+from ..analysis.options import INT64_MAX
 from ..errors import AllocationError
 from ..rewrite.monoids import SOFTMAX_WEIGHTED_SUM, WeightedState, finalise_weighted
 from ..rewrite.online_softmax import Attention, MaskKind, ScaleKind, recognise
@@ -89,6 +90,8 @@ def canonical(attention: Attention, named: Dict[str, object]) -> Optional[Canoni
             value = value[()]
         if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Real):
             return None
+        if isinstance(value, numbers.Integral) and not -INT64_MAX <= int(value) <= INT64_MAX:
+            return None     # the statements refuse it (programs run fused before binding)
         if isinstance(value, np.generic) and \
                 np.result_type(value.dtype, arrays[0].dtype) != arrays[0].dtype:
             return None     # a NumPy float64 scale makes the statements' result float64
@@ -117,9 +120,11 @@ def torch_inputs(attention: Attention, named: Dict[str, object]) -> Optional[Dic
     for name in (attention.query, attention.key, attention.value):
         tensor = named.get(name)
         if not isinstance(tensor, torch.Tensor) or tensor.device.type != "cpu" or \
+                tensor.layout != torch.strided or tensor.is_nested or \
+                torch._C._functorch.is_functorch_wrapped_tensor(tensor) or \
                 tensor.dtype not in (torch.float32, torch.float64) or \
                 (recording and tensor.requires_grad):
-            return None
+            return None     # (sparse, nested, torch.func: the statements say why not)
         views[name] = tensor.detach().numpy()
     scale = named.get(attention.scale_param) if attention.scale_param else None
     if isinstance(scale, torch.Tensor):

@@ -17,8 +17,8 @@ from ..analysis.spec import Spec
 from ..errors import (EinfuseTypeError, MissingArgumentError, OutOfBoundsError, ShapeError,
                       UnexpectedArgumentError)
 from ..lang.ast import accesses
-from .frameworks import (NUMPY, TORCH, common_framework, framework_of, is_bfloat16,
-                         numpy_dtype, to_numpy)
+from .frameworks import (NUMPY, TORCH, check_torch_layout, common_framework, framework_of,
+                         is_bfloat16, numpy_dtype, to_numpy)
 
 
 class HostArrays(Mapping):
@@ -29,6 +29,8 @@ class HostArrays(Mapping):
     def __init__(self, values: Mapping[str, object]):
         self._values = dict(values)
         self._host: Dict[str, np.ndarray] = {}
+        for name, value in self._values.items():
+            check_torch_layout(name, value)
         self.shapes = {name: tuple(v.shape) for name, v in self._values.items()}
         self.dtypes = {name: numpy_dtype(v) for name, v in self._values.items()}
 

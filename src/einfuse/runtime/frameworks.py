@@ -47,6 +47,30 @@ def common_framework(arrays: Mapping[str, object]) -> str:
     return next(iter(found), NUMPY)
 
 
+def check_torch_layout(name: str, value) -> None:
+    """A sparse, MKL-DNN or nested tensor has no strides (nor, nested, one shape): the
+    caller converts it; einfuse reads dense strided tensors only.  A tensor inside a
+    torch.func transform has no data einfuse could read, and its autograd.Function has
+    no functorch rules."""
+    if framework_of(value) != TORCH or not hasattr(value, "layout"):
+        return
+    if is_functorch_tensor(value):
+        raise EinfuseTypeError(f"{name} is a tensor inside a torch.func transform (grad, "
+                               "vmap, jacrev, ...), which einfuse does not support; use "
+                               "torch.autograd (backward, torch.autograd.grad) instead")
+    layout = str(value.layout).rsplit(".", 1)[-1]
+    if getattr(value, "is_nested", False) or layout != "strided":
+        what = "a nested tensor" if getattr(value, "is_nested", False) else \
+            f"a torch tensor with layout {layout}"
+        raise EinfuseTypeError(f"{name} is {what}; einfuse reads dense (strided) tensors: "
+                               "convert it to one first")
+
+
+def is_functorch_tensor(value) -> bool:
+    """Whether a torch tensor is wrapped by a torch.func transform (grad, vmap...)."""
+    return sys.modules["torch"]._C._functorch.is_functorch_wrapped_tensor(value)
+
+
 def to_numpy(value) -> np.ndarray:
     framework = framework_of(value)
     if framework == TORCH:

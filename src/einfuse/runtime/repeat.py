@@ -7,13 +7,14 @@ arrays in ``arrays=``)."""
 
 from __future__ import annotations
 
+import unicodedata
 from typing import Optional, Tuple
 
 import numpy as np
 
 from ..backends import get_backend
 from ..errors import EinfuseError
-from .frameworks import NUMPY, TORCH
+from .frameworks import NUMPY, TORCH, is_functorch_tensor
 
 # Prepared signatures kept per kernel (a new one past this replaces the oldest).
 SIGNATURES_KEPT = 32
@@ -31,8 +32,13 @@ def signature_of(kwargs) -> Optional[Tuple]:
             signature.append((name, value.shape, value.dtype, value.strides))
         elif kind.__name__ in ("Tensor", "Parameter") and kind.__module__.startswith("torch") \
                 and value.device.type == "cpu":
-            signature.append((name, tuple(value.shape), value.dtype, value.stride(),
-                              value.requires_grad))
+            if is_functorch_tensor(value):    # inside torch.func: the full path refuses
+                return None
+            try:
+                signature.append((name, tuple(value.shape), value.dtype, value.stride(),
+                                  value.requires_grad))
+            except RuntimeError:     # no strides (sparse) or no shape (nested): full path
+                return None
         elif kind is float:
             signature.append((name, float))
         else:
@@ -49,8 +55,17 @@ def prepare(kernel, call, kwargs) -> None:
     if signature is None or signature in cache:
         return
     if len(cache) >= SIGNATURES_KEPT:
-        cache.pop(next(iter(cache)))
+        try:     # another thread may drop the same oldest one between these steps
+            cache.pop(next(iter(cache)), None)
+        except (StopIteration, RuntimeError):
+            pass
     cache[signature] = None        # until proven preparable: the full path
+    if not all(name.isascii() for name in kwargs) and any(
+            unicodedata.normalize("NFKC", name) != name for name in kwargs):
+        return      # the runners look arguments up by the statement's (NFKC) names
+    if any(type(value) is float and name not in kernel.spec.params
+           for name, value in kwargs.items()):
+        return      # a float for a 0-d tensor (x[]): the runners take arrays there
     if call.framework not in (NUMPY, TORCH) or call.bfloat16 \
             or kernel.spec.assign != ":=" or \
             get_backend(_backend_name(kernel.options.backend, call)).name != "c":
@@ -94,6 +109,7 @@ def _hoisted_runner(kernel, form, call):
     """A repeated call of a statement that runs in its hoisted form: straight to its
     kernels (each on its own fast path), skipping the statement's binding, which this
     signature passed before."""
+    from .kernel import _backend_name
     kernels = form.kernels(call.dtypes)
     framework = call.framework
 
@@ -103,5 +119,11 @@ def _hoisted_runner(kernel, form, call):
         except EinfuseError:
             # as the full path does: the statement runs as written, and says why not
             bound = kernel.bind(arrays=named)
+            if framework == TORCH:     # recorded by autograd, as the full path records it
+                from . import torch_autograd
+                if torch_autograd.torch.is_grad_enabled() and \
+                        torch_autograd.differentiable_names(bound):
+                    return torch_autograd.apply(kernel, bound, lambda: kernel.run(bound),
+                                                _backend_name(kernel.options.backend, bound))
             return kernel.deliver(bound, kernel.run(bound))
     return repeat

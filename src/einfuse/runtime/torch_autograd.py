@@ -58,7 +58,12 @@ class EinfuseFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, state: _Forward, *inputs):
         ctx.state = state
-        ctx.save_for_backward(*inputs)
+        # the other tensors the backward reads are saved too, so that torch's version
+        # check refuses a backward after one of them was modified in place (the
+        # gradient statements would read the new values: a wrong gradient)
+        others = [value for name, value in state.sources.items()
+                  if isinstance(value, torch.Tensor) and name not in state.names]
+        ctx.save_for_backward(*inputs, *others)
         result = state.run_forward()
         if isinstance(result, torch.Tensor):   # already a tensor on its device
             return result

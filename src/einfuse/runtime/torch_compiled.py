@@ -23,6 +23,7 @@ Imported only while torch.compile traces a call with torch tensors."""
 
 from __future__ import annotations
 
+import math
 import numbers
 import threading
 from typing import Dict, List, Optional, Tuple
@@ -30,6 +31,7 @@ from typing import Dict, List, Optional, Tuple
 import numpy as np
 import torch
 
+from ..analysis.options import Options
 from ..errors import EinfuseTypeError, UnexpectedArgumentError, attach_statement
 from .frameworks import contiguous, to_numpy
 
@@ -41,10 +43,13 @@ _OPTION_NAMES = ("ranges", "pad", "bounds", "fill", "dtype", "backend", "threads
 
 
 @torch._dynamo.assume_constant_result
-def _compiled_key(source: str, options: Tuple, outputs) -> Tuple[str, Tuple[str, ...]]:
+def _compiled_key(source: str, options, outputs) -> Tuple[str, Tuple[str, ...]]:
     """Compile ``source`` once per (text, options, outputs) and name it by a key that
     the operator carries; runs eagerly while Dynamo traces, which takes the key and
-    the input names (for positional arguments) as constants."""
+    the input names (for positional arguments) as constants.  ``options``: a
+    compiled Kernel's or Program's Options, or the values ``compile`` takes."""
+    if isinstance(options, Options):
+        options = _option_values(options)
     identity = (source, repr(options), repr(outputs))
     with _LOCK:
         key = _KEYS.get(identity)
@@ -82,21 +87,30 @@ def _option_values(options) -> Tuple:
 
 def call_statement(kernel, args, kwargs, arrays):
     """``Kernel.__call__`` while torch.compile traces."""
-    return call_source(kernel.statement, _option_values(kernel.options), None, args,
-                       kwargs, arrays)
+    # the Options object, not its values: under dynamic=True Dynamo makes a float read
+    # from an attribute (fill) symbolic, and a symbolic value cannot reach the key
+    key, inputs = _compiled_key(kernel.statement, kernel.options, None)
+    return _call_key(key, inputs, args, kwargs, arrays)
 
 
 def call_program(program, args, kwargs, arrays):
     """``Program.__call__`` while torch.compile traces."""
-    return call_source(program.source, _option_values(program.options), program.outputs,
-                       args, kwargs, arrays)
+    key, inputs = _compiled_key(program.source, program.options, program.outputs)
+    return _call_key(key, inputs, args, kwargs, arrays)
 
 
 def call_source(source, options: Tuple, outputs, args, kwargs, arrays):
     """``ein(source, ...)`` while torch.compile traces: ``options`` as ``compile``
     takes them."""
+    # ein's default fill=0.0 is symbolic under dynamic=True; comparing it settles it
+    # (Dynamo guards on the comparison), so the key gets a constant
+    options = tuple(0.0 if _positive_zero(value) else value for value in options)
     key, inputs = _compiled_key(source, options, outputs)
     return _call_key(key, inputs, args, kwargs, arrays)
+
+
+def _positive_zero(value) -> bool:
+    return isinstance(value, float) and value == 0.0 and math.copysign(1.0, value) > 0
 
 
 def _call_key(key: str, inputs, args, kwargs, arrays):
