@@ -3,6 +3,7 @@ scatter-add, so that every derived gradient is testable without a GPU backend.""
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import warnings
 from typing import Dict, Iterable, Mapping
@@ -33,7 +34,8 @@ def _forward_ranges(g: GradientStatement, arrays: Mapping[str, object]):
     if found is None:
         found = _bind_forward_ranges(g, arrays)
         if len(cache) >= _RANGES_KEPT:
-            cache.pop(next(iter(cache)))
+            with contextlib.suppress(KeyError, RuntimeError, StopIteration):
+                cache.pop(next(iter(cache)))     # another thread may evict it too
         cache[signature] = found
     return found
 

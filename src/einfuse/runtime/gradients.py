@@ -4,6 +4,7 @@ per statement, inputs and options, and run its statements on the chosen backend.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import warnings
 from typing import Dict, Iterable, Mapping, Tuple
@@ -111,6 +112,7 @@ def _prepared(grads, values, backend: str):
                     total = part if total is None else total + part
                 return total
         if len(_PREPARED) >= _PREPARED_KEPT:
-            _PREPARED.pop(next(iter(_PREPARED)))
+            with contextlib.suppress(KeyError, RuntimeError, StopIteration):
+                _PREPARED.pop(next(iter(_PREPARED)))   # another thread may evict it too
         found = _PREPARED[key] = (grads, run)     # grads kept: its id stays its own
     return found[1]
