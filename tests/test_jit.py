@@ -267,3 +267,20 @@ def test_jax_random_in_a_while_loop_the_seeds_original_form():
     params, _ = seed_inputs(np.float32)
     close(ef.jit(original, static_argnums=2)(params, key, 60),
           jax.jit(original, static_argnums=2)(params, key, 60), np.float32)
+
+
+def test_static_arguments_equal_but_of_other_types_are_cached_apart():
+    def typed(x, n):
+        return x * 3 if isinstance(n, bool) else x + n
+    fast, reference = ef.jit(typed, static_argnums=1), jax.jit(typed, static_argnums=1)
+    for n in (1, True, 1.0):
+        close(fast(jnp.ones(2), n), reference(jnp.ones(2), n))
+
+
+def test_gradient_of_a_gradient():
+    x = jnp.asarray(np.random.default_rng(8).normal(size=(3, 4)))
+
+    def cubic(b):
+        return (jnp.sin(b) ** 3).sum()
+    close(jax.grad(lambda a: jax.grad(ef.jit(cubic))(a).sum())(x),
+          jax.jit(jax.grad(lambda a: jax.grad(cubic)(a).sum()))(x))

@@ -118,7 +118,9 @@ class CompiledFunction:
             return kernel(*leaves)
 
         def forward(*leaves):
-            return kernel(*leaves), leaves
+            # ``call``, not ``kernel``: under a second differentiation (grad of grad) the
+            # forward itself is differentiated, which the bare callback cannot be
+            return call(*leaves), leaves
 
         def backward(saved, cotangents):
             compiled = self.backward()
@@ -217,7 +219,10 @@ class JitFunction:
         static, dynamic_args, dynamic_kwargs = self._split(args, kwargs)
         leaves, tree = jax.tree_util.tree_flatten((dynamic_args, dynamic_kwargs))
         try:
-            key = Signature(tree, tuple(_leaf_key(leaf) for leaf in leaves), static)
+            # the static values' types too: 1 == True == 1.0, but fn may tell them apart
+            key = Signature(tree, tuple(_leaf_key(leaf) for leaf in leaves),
+                            tuple((kind, where, type(value), value)
+                                  for kind, where, value in static))
         except TypeError:
             raise EinfuseTypeError("ef.jit takes arrays, scalars and pytrees of them as "
                                    "its non-static arguments") from None
