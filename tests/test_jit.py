@@ -284,3 +284,16 @@ def test_gradient_of_a_gradient():
         return (jnp.sin(b) ** 3).sum()
     close(jax.grad(lambda a: jax.grad(ef.jit(cubic))(a).sum())(x),
           jax.jit(jax.grad(lambda a: jax.grad(cubic)(a).sum()))(x))
+
+
+def test_vmap_of_a_while_loop_with_a_batched_stop():
+    def grow(x, limit):
+        return lax.while_loop(lambda c: c[0] < limit, lambda c: (c[0] * 1.7 + 0.1, c[1] + 1),
+                              (x, 0))
+    xs, limits = jnp.asarray([0.3, 20.0, 5.0, 1.0]), jnp.asarray([10.0, 1.0, 50.0, 2.0])
+    close(jax.vmap(ef.jit(grow))(xs, limits), jax.jit(jax.vmap(grow))(xs, limits))
+    close(jax.vmap(ef.jit(grow), in_axes=(0, None))(xs, 7.0),
+          jax.jit(jax.vmap(grow, in_axes=(0, None)))(xs, 7.0))
+    fori = lambda n, x: lax.fori_loop(0, n, lambda i, c: c * 2 + i, x)  # noqa: E731
+    n = jnp.asarray([0, 3, 1])
+    close(jax.vmap(ef.jit(fori))(n, jnp.ones((3, 2))), jax.jit(jax.vmap(fori))(n, jnp.ones((3, 2))))
