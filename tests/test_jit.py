@@ -297,3 +297,13 @@ def test_vmap_of_a_while_loop_with_a_batched_stop():
     fori = lambda n, x: lax.fori_loop(0, n, lambda i, c: c * 2 + i, x)  # noqa: E731
     n = jnp.asarray([0, 3, 1])
     close(jax.vmap(ef.jit(fori))(n, jnp.ones((3, 2))), jax.jit(jax.vmap(fori))(n, jnp.ones((3, 2))))
+
+
+def test_fallback_outputs_are_jax_arrays_of_the_traced_dtypes():
+    def model(x, y):
+        return jnp.sort(y), 3.0, x, jnp.int32(2)
+    x, y = np.arange(3.0), jnp.asarray([2.0, 1.0])
+    ours, theirs = ef.jit(model, fallback=True)(x, y), jax.jit(model)(x, y)
+    for got, want in zip(ours, theirs):
+        assert isinstance(got, jax.Array)
+    close(ours, theirs)
