@@ -307,3 +307,8 @@ def test_fallback_outputs_are_jax_arrays_of_the_traced_dtypes():
     for got, want in zip(ours, theirs):
         assert isinstance(got, jax.Array)
     close(ours, theirs)
+
+
+def test_an_output_larger_than_memory_is_an_einfuse_error():
+    with pytest.raises(ef.EinfuseError, match="do not fit in memory"):
+        ef.jit(lambda a: jnp.zeros((2**22, 2**22)) + a)(1.0)

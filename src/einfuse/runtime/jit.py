@@ -79,7 +79,12 @@ class CompiledFunction:
         inputs = [np.ascontiguousarray(a, dtype=aval.dtype)
                   for a, aval in zip(arrays, self.in_avals)]
         inputs += [np.ascontiguousarray(array) for _, array in self.program.constants]
-        outputs = [np.empty(aval.shape, aval.dtype) for aval in self.out_avals]
+        try:
+            outputs = [np.empty(aval.shape, aval.dtype) for aval in self.out_avals]
+        except MemoryError:
+            shapes = ", ".join(a.str_short() for a in self.out_avals)
+            raise AllocationError(f"the outputs of {self.name} ({shapes}) do not fit in "
+                                  "memory") from None
         pointers = (ctypes.c_void_p * (len(inputs) + len(outputs)))(
             *[a.ctypes.data for a in inputs + outputs])
         if self.entry(pointers) != 0:
