@@ -312,3 +312,12 @@ def test_fallback_outputs_are_jax_arrays_of_the_traced_dtypes():
 def test_an_output_larger_than_memory_is_an_einfuse_error():
     with pytest.raises(ef.EinfuseError, match="do not fit in memory"):
         ef.jit(lambda a: jnp.zeros((2**22, 2**22)) + a)(1.0)
+
+
+def test_the_cache_follows_jax_enable_x64():
+    def widened(a):
+        return a + jnp.arange(3) * 2**20 * 2**20 / 3
+    fast, a = ef.jit(widened), jnp.asarray([1, 2, 3], jnp.int32)
+    for x64 in (False, True):
+        jax.config.update("jax_enable_x64", x64)
+        close(fast(a), jax.jit(widened)(a), np.float32 if not x64 else np.float64)

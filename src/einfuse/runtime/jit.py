@@ -35,10 +35,11 @@ _lock = threading.Lock()
 @dataclass(frozen=True)
 class Signature:
     """What a compiled kernel is specialised on: the argument tree, each leaf's shape,
-    dtype and weak type, and the static arguments."""
+    dtype and weak type, the static arguments, and whether x64 is on."""
     tree: object
     leaves: Tuple[Tuple[Tuple[int, ...], np.dtype, bool], ...]
     static: Tuple[object, ...]
+    x64: bool = False     # jax_enable_x64 changes the dtypes that fn traces to
 
 
 def _leaf_key(leaf):
@@ -227,7 +228,8 @@ class JitFunction:
             # the static values' types too: 1 == True == 1.0, but fn may tell them apart
             key = Signature(tree, tuple(_leaf_key(leaf) for leaf in leaves),
                             tuple((kind, where, type(value), value)
-                                  for kind, where, value in static))
+                                  for kind, where, value in static),
+                            bool(jax.config.jax_enable_x64))
         except TypeError:
             raise EinfuseTypeError("ef.jit takes arrays, scalars and pytrees of them as "
                                    "its non-static arguments") from None
