@@ -321,3 +321,12 @@ def test_the_cache_follows_jax_enable_x64():
     for x64 in (False, True):
         jax.config.update("jax_enable_x64", x64)
         close(fast(a), jax.jit(widened)(a), np.float32 if not x64 else np.float64)
+
+
+def test_bitwise_reductions_of_integers():
+    def bits(a):
+        return (lax.reduce_and(a, (1,)), jnp.bitwise_and.reduce(a.astype(jnp.uint8), axis=0),
+                lax.reduce_or(a, (0,)), jnp.bitwise_and.reduce(a[:, :3], axis=1))
+    a = jnp.asarray([[7, 3, 6, 14, 15, 7], [-1, -3, 255, 127, -9, 5]], jnp.int32)
+    for ours, theirs in zip(ef.jit(bits)(a), jax.jit(bits)(a)):
+        np.testing.assert_array_equal(np.asarray(ours), np.asarray(theirs))
