@@ -330,3 +330,12 @@ def test_bitwise_reductions_of_integers():
     a = jnp.asarray([[7, 3, 6, 14, 15, 7], [-1, -3, 255, 127, -9, 5]], jnp.int32)
     for ours, theirs in zip(ef.jit(bits)(a), jax.jit(bits)(a)):
         np.testing.assert_array_equal(np.asarray(ours), np.asarray(theirs))
+
+
+def test_a_static_argument_is_static_by_position_and_by_name():
+    def sized(x, n):
+        return x + jnp.arange(n).sum()
+    by_name = ef.jit(sized, static_argnames="n")
+    by_number = ef.jit(sized, static_argnums=1)
+    for got in (by_name(1.0, 3), by_name(1.0, n=3), by_number(1.0, 3), by_number(1.0, n=3)):
+        close(got, jax.jit(sized, static_argnums=1)(1.0, 3))

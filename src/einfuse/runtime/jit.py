@@ -188,6 +188,9 @@ class JitFunction:
         self.fn = fn
         self.static_argnums = _as_tuple(static_argnums)
         self.static_argnames = _as_tuple(static_argnames)
+        # as jax.jit does: a static argument is static however it is passed, by position
+        # or by name (fn's signature maps one to the other)
+        self._positional = _positional_names(fn)
         self._cache: Dict[Signature, Tuple[CompiledFunction, object]] = {}
         functools.update_wrapper(self, fn)
 
@@ -204,14 +207,16 @@ class JitFunction:
         nums = tuple(n % count if -count <= n < count else n for n in self.static_argnums)
         static = []
         dynamic_args = []
+        names = self._positional
         for k, arg in enumerate(args):
-            if k in nums:
+            if k in nums or (k < len(names) and names[k] in self.static_argnames):
                 static.append(("arg", k, arg))
             else:
                 dynamic_args.append(arg)
         dynamic_kwargs = {}
         for name, value in kwargs.items():
-            if name in self.static_argnames:
+            if name in self.static_argnames or \
+                    (name in names and names.index(name) in self.static_argnums):
                 static.append(("kw", name, value))
             else:
                 dynamic_kwargs[name] = value
@@ -285,6 +290,18 @@ def _without_dead_code(closed):
 def _struct(leaf) -> jax.ShapeDtypeStruct:
     shape, dtype, weak = _leaf_key(leaf)
     return jax.ShapeDtypeStruct(shape, dtype, weak_type=weak)
+
+
+def _positional_names(fn) -> Tuple[str, ...]:
+    """The names of ``fn``'s positional parameters, in order (() when it has no
+    signature that Python can read)."""
+    import inspect
+    try:
+        parameters = inspect.signature(fn).parameters.values()
+    except (TypeError, ValueError):
+        return ()
+    return tuple(p.name for p in parameters
+                 if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD))
 
 
 def _as_tuple(value) -> tuple:
