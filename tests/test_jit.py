@@ -339,3 +339,18 @@ def test_a_static_argument_is_static_by_position_and_by_name():
     by_number = ef.jit(sized, static_argnums=1)
     for got in (by_name(1.0, 3), by_name(1.0, n=3), by_number(1.0, 3), by_number(1.0, n=3)):
         close(got, jax.jit(sized, static_argnums=1)(1.0, 3))
+
+
+def test_elementwise_operands_with_axes_of_length_one_broadcast():
+    # lax's binary primitives broadcast a length-1 axis (mul f64[2,3] f64[1,3]); JAX's
+    # own gradients emit them: reading such an operand at every row read past its end
+    x = jnp.asarray(np.random.default_rng(9).normal(size=(4, 3)))
+
+    def direct(a):
+        return (lax.mul(a, jnp.exp(a[:1])), lax.add(a[:, :1] * 2, a),
+                lax.select(a > 0, a, lax.sub(a[1:2], a)), lax.max(jnp.tanh(a[:1]), a))
+    close(ef.jit(direct)(x), jax.jit(direct)(x))
+
+    def normalised(a):
+        return (a / (1 + a.sum(axis=0, keepdims=True) ** 2)).sum()
+    close(jax.grad(ef.jit(normalised))(x), jax.jit(jax.grad(normalised))(x))
