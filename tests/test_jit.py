@@ -354,3 +354,12 @@ def test_elementwise_operands_with_axes_of_length_one_broadcast():
     def normalised(a):
         return (a / (1 + a.sum(axis=0, keepdims=True) ** 2)).sum()
     close(jax.grad(ef.jit(normalised))(x), jax.jit(jax.grad(normalised))(x))
+
+
+def test_padding_an_empty_array_and_gradients_of_length_one_axes():
+    def padded(a):
+        return lax.pad(a[:, :0], 2.5, ((1, 0, 0), (2, 1, 3))), jnp.concatenate([a[1:], a[:1]])
+    x = jnp.asarray([[0.5, -1.0, 2.0]])
+    close(ef.jit(padded)(x), jax.jit(padded)(x))
+    loss = lambda a: (padded(a)[1] ** 2).sum() + padded(a)[0].sum()  # noqa: E731
+    close(jax.grad(ef.jit(loss))(x), jax.jit(jax.grad(loss))(x))
