@@ -267,3 +267,99 @@ def test_jax_random_in_a_while_loop_the_seeds_original_form():
     params, _ = seed_inputs(np.float32)
     close(ef.jit(original, static_argnums=2)(params, key, 60),
           jax.jit(original, static_argnums=2)(params, key, 60), np.float32)
+
+
+def test_static_arguments_equal_but_of_other_types_are_cached_apart():
+    def typed(x, n):
+        return x * 3 if isinstance(n, bool) else x + n
+    fast, reference = ef.jit(typed, static_argnums=1), jax.jit(typed, static_argnums=1)
+    for n in (1, True, 1.0):
+        close(fast(jnp.ones(2), n), reference(jnp.ones(2), n))
+
+
+def test_gradient_of_a_gradient():
+    x = jnp.asarray(np.random.default_rng(8).normal(size=(3, 4)))
+
+    def cubic(b):
+        return (jnp.sin(b) ** 3).sum()
+    close(jax.grad(lambda a: jax.grad(ef.jit(cubic))(a).sum())(x),
+          jax.jit(jax.grad(lambda a: jax.grad(cubic)(a).sum()))(x))
+
+
+def test_vmap_of_a_while_loop_with_a_batched_stop():
+    def grow(x, limit):
+        return lax.while_loop(lambda c: c[0] < limit, lambda c: (c[0] * 1.7 + 0.1, c[1] + 1),
+                              (x, 0))
+    xs, limits = jnp.asarray([0.3, 20.0, 5.0, 1.0]), jnp.asarray([10.0, 1.0, 50.0, 2.0])
+    close(jax.vmap(ef.jit(grow))(xs, limits), jax.jit(jax.vmap(grow))(xs, limits))
+    close(jax.vmap(ef.jit(grow), in_axes=(0, None))(xs, 7.0),
+          jax.jit(jax.vmap(grow, in_axes=(0, None)))(xs, 7.0))
+    fori = lambda n, x: lax.fori_loop(0, n, lambda i, c: c * 2 + i, x)  # noqa: E731
+    n = jnp.asarray([0, 3, 1])
+    close(jax.vmap(ef.jit(fori))(n, jnp.ones((3, 2))), jax.jit(jax.vmap(fori))(n, jnp.ones((3, 2))))
+
+
+def test_fallback_outputs_are_jax_arrays_of_the_traced_dtypes():
+    def model(x, y):
+        return jnp.sort(y), 3.0, x, jnp.int32(2)
+    x, y = np.arange(3.0), jnp.asarray([2.0, 1.0])
+    ours, theirs = ef.jit(model, fallback=True)(x, y), jax.jit(model)(x, y)
+    for got, want in zip(ours, theirs):
+        assert isinstance(got, jax.Array)
+    close(ours, theirs)
+
+
+def test_an_output_larger_than_memory_is_an_einfuse_error():
+    with pytest.raises(ef.EinfuseError, match="do not fit in memory"):
+        ef.jit(lambda a: jnp.zeros((2**22, 2**22)) + a)(1.0)
+
+
+def test_the_cache_follows_jax_enable_x64():
+    def widened(a):
+        return a + jnp.arange(3) * 2**20 * 2**20 / 3
+    fast, a = ef.jit(widened), jnp.asarray([1, 2, 3], jnp.int32)
+    for x64 in (False, True):
+        jax.config.update("jax_enable_x64", x64)
+        close(fast(a), jax.jit(widened)(a), np.float32 if not x64 else np.float64)
+
+
+def test_bitwise_reductions_of_integers():
+    def bits(a):
+        return (lax.reduce_and(a, (1,)), jnp.bitwise_and.reduce(a.astype(jnp.uint8), axis=0),
+                lax.reduce_or(a, (0,)), jnp.bitwise_and.reduce(a[:, :3], axis=1))
+    a = jnp.asarray([[7, 3, 6, 14, 15, 7], [-1, -3, 255, 127, -9, 5]], jnp.int32)
+    for ours, theirs in zip(ef.jit(bits)(a), jax.jit(bits)(a)):
+        np.testing.assert_array_equal(np.asarray(ours), np.asarray(theirs))
+
+
+def test_a_static_argument_is_static_by_position_and_by_name():
+    def sized(x, n):
+        return x + jnp.arange(n).sum()
+    by_name = ef.jit(sized, static_argnames="n")
+    by_number = ef.jit(sized, static_argnums=1)
+    for got in (by_name(1.0, 3), by_name(1.0, n=3), by_number(1.0, 3), by_number(1.0, n=3)):
+        close(got, jax.jit(sized, static_argnums=1)(1.0, 3))
+
+
+def test_elementwise_operands_with_axes_of_length_one_broadcast():
+    # lax's binary primitives broadcast a length-1 axis (mul f64[2,3] f64[1,3]); JAX's
+    # own gradients emit them: reading such an operand at every row read past its end
+    x = jnp.asarray(np.random.default_rng(9).normal(size=(4, 3)))
+
+    def direct(a):
+        return (lax.mul(a, jnp.exp(a[:1])), lax.add(a[:, :1] * 2, a),
+                lax.select(a > 0, a, lax.sub(a[1:2], a)), lax.max(jnp.tanh(a[:1]), a))
+    close(ef.jit(direct)(x), jax.jit(direct)(x))
+
+    def normalised(a):
+        return (a / (1 + a.sum(axis=0, keepdims=True) ** 2)).sum()
+    close(jax.grad(ef.jit(normalised))(x), jax.jit(jax.grad(normalised))(x))
+
+
+def test_padding_an_empty_array_and_gradients_of_length_one_axes():
+    def padded(a):
+        return lax.pad(a[:, :0], 2.5, ((1, 0, 0), (2, 1, 3))), jnp.concatenate([a[1:], a[:1]])
+    x = jnp.asarray([[0.5, -1.0, 2.0]])
+    close(ef.jit(padded)(x), jax.jit(padded)(x))
+    loss = lambda a: (padded(a)[1] ** 2).sum() + padded(a)[0].sum()  # noqa: E731
+    close(jax.grad(ef.jit(loss))(x), jax.jit(jax.grad(loss))(x))

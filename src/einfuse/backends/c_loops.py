@@ -347,10 +347,7 @@ class Renderer:
         opened = self.open_loops(outer, parallel=self.parallel(step))
         self.emit("{")
         self.depth += 1
-        initial = {ReduceOp.SUM: "0", ReduceOp.PROD: "1", ReduceOp.OR: "0",
-                   ReduceOp.AND: "1"}.get(reduction.op)
-        if initial is None:
-            initial = extreme(dtype, low=reduction.op is ReduceOp.MAX)
+        initial = identity(reduction.op, dtype)
         self.emit(f"{dtype.c_type} acc[{extent}];")
         self.emit(f"for (long long {last} = 0; {last} < {extent}LL; ++{last}) "
                   f"acc[{last}] = {initial};")
@@ -386,10 +383,7 @@ class Renderer:
             self.close(opened)
             self.emit(f"{target} = ({dtype.c_type})pos;")
         else:
-            initial = {ReduceOp.SUM: "0", ReduceOp.PROD: "1", ReduceOp.OR: "0",
-                       ReduceOp.AND: "1"}.get(op)
-            if initial is None:
-                initial = extreme(dtype, low=op is ReduceOp.MAX)
+            initial = identity(op, dtype)
             self.emit(f"{dtype.c_type} acc = {initial};")
             simd = op is ReduceOp.SUM and dtype.is_float and len(reduction.indices) == 1 \
                 and reduction.indices[0][1] >= 4
@@ -546,6 +540,16 @@ def literal(node: Const) -> str:
     if value == -(2 ** 63):
         return "((long long)(-9223372036854775807LL - 1))"
     return f"(({dtype.c_type}){value}LL)"
+
+
+def identity(op: ReduceOp, dtype: ScalarType) -> str:
+    """The C literal a reduction starts from.  AND on integers is bitwise (reduce_and
+    of an int array): it starts from all bits set, not from 1."""
+    if op is ReduceOp.AND and dtype is not ScalarType.BOOL:
+        return f"(({dtype.c_type})-1)"
+    found = {ReduceOp.SUM: "0", ReduceOp.PROD: "1", ReduceOp.OR: "0",
+             ReduceOp.AND: "1"}.get(op)
+    return found if found is not None else extreme(dtype, low=op is ReduceOp.MAX)
 
 
 def extreme(dtype: ScalarType, low: bool) -> str:

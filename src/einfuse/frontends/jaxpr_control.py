@@ -6,7 +6,8 @@ body's statements as loop nests inside a C loop over steps); ``pjit``, ``closed_
 from __future__ import annotations
 
 from .jaxpr import INDEX, Value, constant_value, index_add, read_value, unsupported
-from .jaxpr_ir import Apply, Branch, Const, Index, Loop, LoopKind
+from .jaxpr_ir import (Apply, Branch, Const, Index, Loop, LoopKind, ReduceOp, Reduction,
+                       ScalarType, Select)
 
 
 def closed_consts(conv, closed):
@@ -110,16 +111,43 @@ def while_loop(conv, eqn, invals, level):
     inner = conv.level
     (test,) = conv.run_jaxpr(cond.jaxpr, closed_consts(conv, cond),
                              list(cond_consts) + [read_value(b, inner) for b in carries])
-    condition = test.at(())
+    if test.shape:
+        # a batched predicate (a vmapped while): as XLA runs it, the loop goes on while
+        # any element's holds, and a step updates only the carries of those elements
+        if any(tuple(b.shape[:len(test.shape)]) != test.shape for b in carries):
+            raise unsupported(eqn, "a batched predicate that is not a prefix of the carries")
+        test = conv.materialize(test)
+        condition = _any(conv, test).at(())
+    else:
+        condition = test.at(())
     condition_steps = tuple(conv.blocks.pop())
     conv.blocks.append([])
-    outs = conv.run_jaxpr(body.jaxpr, closed_consts(conv, body),
-                          list(body_consts) + [read_value(b, inner) for b in carries])
+    olds = [read_value(b, inner) for b in carries]
+    outs = conv.run_jaxpr(body.jaxpr, closed_consts(conv, body), list(body_consts) + olds)
+    if test.shape:   # the predicate's buffer still holds this step's values
+        outs = [_where(test, new, old) for new, old in zip(outs, olds)]
     updates = _updates(conv, carries, outs)
     steps = tuple(conv.blocks.pop())
     conv.emit(conv.level, Loop(LoopKind.WHILE, conv.fresh("s"), None, condition_steps,
                                condition, steps, updates, origin="while_loop"))
     return [read_value(b, conv.level) for b in carries]
+
+
+def _any(conv, test: Value) -> Value:
+    """``any(test)``: a boolean scalar computed in the current block."""
+    def reduction_of(_subs):
+        names = [conv.fresh("r") for _ in test.shape]
+        return Reduction(ReduceOp.OR, tuple(zip(names, test.shape)),
+                         test.at(tuple(Index(n) for n in names)))
+    return conv.reduce_into((), ScalarType.BOOL, conv.level, reduction_of)
+
+
+def _where(test: Value, new: Value, old: Value) -> Value:
+    """``new`` where ``test`` (over the leading axes) holds, else ``old``."""
+    rank = len(test.shape)
+    return Value(old.shape, old.dtype, lambda subs: Select(
+        test.at(tuple(subs[:rank])), (old.at(tuple(subs)), new.at(tuple(subs))), old.dtype),
+        old.level, True)
 
 
 def cond(conv, eqn, invals, level):

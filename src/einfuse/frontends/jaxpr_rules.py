@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from typing import Callable, Dict
 
-from .jaxpr import Value, scalar_type, unsupported
-from .jaxpr_ir import Apply, Cast, Const, ScalarType, Select
+from .jaxpr import JaxprConversionError, Value, scalar_type, unsupported
+from .jaxpr_ir import INDEX, Apply, Cast, Const, ScalarType, Select
 
 Rule = Callable[..., list]
 
@@ -52,14 +52,37 @@ def elementwise(conv, eqn, invals, level):
     if any(not v.dtype.is_float for v in invals) and any(v.dtype.is_float for v in invals):
         raise unsupported(eqn, "mixed float and integer operands")
     return [_combine(tuple(out_aval.shape), dtype, invals, level,
-                     lambda args: Apply(op, args, dtype))]
+                     lambda args: Apply(op, args, dtype), conv)]
 
 
-def _combine(shape, dtype, invals, level, build) -> Value:
-    """An elementwise value of ``invals`` (a rank-0 operand broadcasts, as jaxprs allow
-    for literals and scalars)."""
-    def at(subs, invals=invals):
-        return build(tuple(v.at(subs if v.shape else ()) for v in invals))
+def _combine(shape, dtype, invals, level, build, conv=None) -> Value:
+    """An elementwise value of ``invals``.  Operands broadcast as lax's elementwise
+    primitives allow: a rank-0 operand (literals, scalars), and an axis of length 1
+    against a longer one (``mul f32[2,2] f32[1,2]``, which jax.numpy and JAX's own
+    gradients emit): that axis is read at 0.  A compound operand that would so be
+    recomputed for many elements is computed into a buffer first (with ``conv``)."""
+    shape = tuple(shape)
+    operands = []
+    for v in invals:
+        if v.shape and tuple(v.shape) != shape:
+            if len(v.shape) != len(shape) or any(n not in (1, m)
+                                                 for n, m in zip(v.shape, shape)):
+                raise JaxprConversionError(f"ef.jit: an elementwise operand of shape "
+                                           f"{v.shape} does not broadcast to {shape}")
+            if conv is not None:
+                v = conv.cheap(v)
+        operands.append(v)
+
+    def subs_for(v, subs):
+        if not v.shape:
+            return ()
+        if tuple(v.shape) == shape:
+            return subs
+        return tuple(Const(0, INDEX) if n == 1 and m != 1 else s
+                     for s, n, m in zip(subs, v.shape, shape))
+
+    def at(subs, operands=operands):
+        return build(tuple(v.at(subs_for(v, tuple(subs))) for v in operands))
     return Value(shape, dtype, at, level, True)
 
 
@@ -78,14 +101,14 @@ def select_n(conv, eqn, invals, level):
     dtype = scalar_type(eqn.outvars[0].aval, eqn)
     shape = tuple(eqn.outvars[0].aval.shape)
     return [_combine(shape, dtype, invals, level,
-                     lambda args: Select(args[0], tuple(args[1:]), dtype))]
+                     lambda args: Select(args[0], tuple(args[1:]), dtype), conv)]
 
 
 def clamp(conv, eqn, invals, level):
     dtype = scalar_type(eqn.outvars[0].aval, eqn)
     shape = tuple(eqn.outvars[0].aval.shape)
     return [_combine(shape, dtype, invals, level, lambda args: Apply(
-        "min", (Apply("max", (args[1], args[0]), dtype), args[2]), dtype))]
+        "min", (Apply("max", (args[1], args[0]), dtype), args[2]), dtype), conv)]
 
 
 def convert_element_type(conv, eqn, invals, level):

@@ -226,8 +226,8 @@ def pad(conv, eqn, invals, level):
         if valid is None:
             return x.at(())
         return Select(valid, (fill.at(()), x.at(tuple(inner))), dtype)
-    if any(n == 0 for n in x.shape):
-        raise unsupported(eqn, "padding an empty array")
+    if any(n == 0 for n in x.shape):   # nothing to place: every element is the fill
+        return [Value(shape, dtype, lambda subs: fill.at(()), level, fill.compound)]
     return [Value(shape, dtype, at, level, True)]
 
 

@@ -55,7 +55,7 @@ def call(kernel, named: Dict[str, object]):
                                "immutable; use ':=' and .at[].set()",
                                span=spec.statement.output_span)
     names = tuple(spec.arg_order)
-    values = tuple(jnp.asarray(named[name]) for name in names)
+    values = _jax_values(kernel, names, named)
     route = "host"
     if jax_gpu.jax_triton_installed() and jax_gpu.on_gpu(values) and \
             _device(kernel, names, values) is not None:
@@ -66,6 +66,35 @@ def call(kernel, named: Dict[str, object]):
         return jnp.asarray(kernel.run(kernel.bind(**dict(zip(names, values)))))
     return einfuse_p.bind(*values, statement=kernel.statement, options=kernel.options,
                           names=names, route=route)
+
+
+def _is_weak(value) -> bool:
+    """A Python number, or a 0-d JAX value of weak type (how jax.jit traces one)."""
+    if isinstance(value, (bool, int, float)):
+        return True
+    if isinstance(value, (jax.Array, jax.core.Tracer)) and np.ndim(value) == 0:
+        aval = jax.typeof(value) if hasattr(jax, "typeof") else jax.core.get_aval(value)
+        return bool(getattr(aval, "weak_type", False))
+    return False
+
+
+def _jax_values(kernel, names, named) -> tuple:
+    """The inputs as JAX arrays.  A scalar parameter given as a Python number (or traced
+    from one) promotes weakly, as on NumPy arrays and in jax.numpy (``float32 * 2.5``
+    stays float32): ``jnp.asarray`` alone would make it a strong float64 or int32, so it
+    is cast to the working dtype that the statement has with the number itself."""
+    weak = {n for n in kernel.spec.params if _is_weak(named[n])}
+    if not weak:
+        return tuple(jnp.asarray(named[name]) for name in names)
+    stand_ins = {}
+    for name in names:
+        value = named[name]
+        if name in weak and not isinstance(value, (bool, int, float)):
+            value = {"b": False, "f": 0.0}.get(np.dtype(value.dtype).kind, 0)  # kind only
+        stand_ins[name] = placeholder(value)
+    working = jax.dtypes.canonicalize_dtype(kernel.bind(**stand_ins).dtypes.working)
+    return tuple(jnp.asarray(named[name], dtype=working) if name in weak
+                 else jnp.asarray(named[name]) for name in names)
 
 
 @functools.lru_cache(maxsize=256)

@@ -35,10 +35,11 @@ _lock = threading.Lock()
 @dataclass(frozen=True)
 class Signature:
     """What a compiled kernel is specialised on: the argument tree, each leaf's shape,
-    dtype and weak type, and the static arguments."""
+    dtype and weak type, the static arguments, and whether x64 is on."""
     tree: object
     leaves: Tuple[Tuple[Tuple[int, ...], np.dtype, bool], ...]
     static: Tuple[object, ...]
+    x64: bool = False     # jax_enable_x64 changes the dtypes that fn traces to
 
 
 def _leaf_key(leaf):
@@ -79,7 +80,12 @@ class CompiledFunction:
         inputs = [np.ascontiguousarray(a, dtype=aval.dtype)
                   for a, aval in zip(arrays, self.in_avals)]
         inputs += [np.ascontiguousarray(array) for _, array in self.program.constants]
-        outputs = [np.empty(aval.shape, aval.dtype) for aval in self.out_avals]
+        try:
+            outputs = [np.empty(aval.shape, aval.dtype) for aval in self.out_avals]
+        except MemoryError:
+            shapes = ", ".join(a.str_short() for a in self.out_avals)
+            raise AllocationError(f"the outputs of {self.name} ({shapes}) do not fit in "
+                                  "memory") from None
         pointers = (ctypes.c_void_p * (len(inputs) + len(outputs)))(
             *[a.ctypes.data for a in inputs + outputs])
         if self.entry(pointers) != 0:
@@ -118,7 +124,9 @@ class CompiledFunction:
             return kernel(*leaves)
 
         def forward(*leaves):
-            return kernel(*leaves), leaves
+            # ``call``, not ``kernel``: under a second differentiation (grad of grad) the
+            # forward itself is differentiated, which the bare callback cannot be
+            return call(*leaves), leaves
 
         def backward(saved, cotangents):
             compiled = self.backward()
@@ -180,6 +188,9 @@ class JitFunction:
         self.fn = fn
         self.static_argnums = _as_tuple(static_argnums)
         self.static_argnames = _as_tuple(static_argnames)
+        # as jax.jit does: a static argument is static however it is passed, by position
+        # or by name (fn's signature maps one to the other)
+        self._positional = _positional_names(fn)
         self._cache: Dict[Signature, Tuple[CompiledFunction, object]] = {}
         functools.update_wrapper(self, fn)
 
@@ -196,14 +207,16 @@ class JitFunction:
         nums = tuple(n % count if -count <= n < count else n for n in self.static_argnums)
         static = []
         dynamic_args = []
+        names = self._positional
         for k, arg in enumerate(args):
-            if k in nums:
+            if k in nums or (k < len(names) and names[k] in self.static_argnames):
                 static.append(("arg", k, arg))
             else:
                 dynamic_args.append(arg)
         dynamic_kwargs = {}
         for name, value in kwargs.items():
-            if name in self.static_argnames:
+            if name in self.static_argnames or \
+                    (name in names and names.index(name) in self.static_argnums):
                 static.append(("kw", name, value))
             else:
                 dynamic_kwargs[name] = value
@@ -217,7 +230,11 @@ class JitFunction:
         static, dynamic_args, dynamic_kwargs = self._split(args, kwargs)
         leaves, tree = jax.tree_util.tree_flatten((dynamic_args, dynamic_kwargs))
         try:
-            key = Signature(tree, tuple(_leaf_key(leaf) for leaf in leaves), static)
+            # the static values' types too: 1 == True == 1.0, but fn may tell them apart
+            key = Signature(tree, tuple(_leaf_key(leaf) for leaf in leaves),
+                            tuple((kind, where, type(value), value)
+                                  for kind, where, value in static),
+                            bool(jax.config.jax_enable_x64))
         except TypeError:
             raise EinfuseTypeError("ef.jit takes arrays, scalars and pytrees of them as "
                                    "its non-static arguments") from None
@@ -273,6 +290,18 @@ def _without_dead_code(closed):
 def _struct(leaf) -> jax.ShapeDtypeStruct:
     shape, dtype, weak = _leaf_key(leaf)
     return jax.ShapeDtypeStruct(shape, dtype, weak_type=weak)
+
+
+def _positional_names(fn) -> Tuple[str, ...]:
+    """The names of ``fn``'s positional parameters, in order (() when it has no
+    signature that Python can read)."""
+    import inspect
+    try:
+        parameters = inspect.signature(fn).parameters.values()
+    except (TypeError, ValueError):
+        return ()
+    return tuple(p.name for p in parameters
+                 if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD))
 
 
 def _as_tuple(value) -> tuple:

@@ -112,7 +112,11 @@ class SplitFunction:
             else:
                 outs = []
             env.update(zip(part.outvars, outs))
-        return [v.val if isinstance(v, Literal) else env[v] for v in jaxpr.outvars]
+        # JAX arrays of the traced dtypes, as jax.jit returns: not a literal's raw value,
+        # nor an argument passed through as the caller gave it (a NumPy array, a float)
+        import jax.numpy as jnp
+        return [jnp.asarray(v.val if isinstance(v, Literal) else env[v], dtype=v.aval.dtype)
+                for v in jaxpr.outvars]
 
     def explain(self) -> str:
         from ..frontends.jaxpr_explain import explain_program
