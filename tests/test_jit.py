@@ -363,3 +363,15 @@ def test_padding_an_empty_array_and_gradients_of_length_one_axes():
     close(ef.jit(padded)(x), jax.jit(padded)(x))
     loss = lambda a: (padded(a)[1] ** 2).sum() + padded(a)[0].sum()  # noqa: E731
     close(jax.grad(ef.jit(loss))(x), jax.jit(jax.grad(loss))(x))
+
+
+def test_platform_dependent_code_takes_the_cpu_branch():
+    """jnp.diag and jnp.diagonal choose their code per platform (platform_index and a
+    cond); ef.jit runs the CPU's branch."""
+    x = jnp.arange(12.0).reshape(3, 4)
+    cases = [(jnp.diag, x), (jnp.diag, jnp.arange(5.0)), (lambda m: jnp.diag(m, 1), x),
+             (lambda m: jnp.diagonal(m, -1), x), (jnp.trace, x)]
+    for fn, arg in cases:
+        np.testing.assert_array_equal(np.asarray(ef.jit(fn)(arg)), np.asarray(jax.jit(fn)(arg)))
+    grad = jax.grad(lambda m: (ef.jit(jnp.diagonal)(m) ** 2).sum())(x)
+    np.testing.assert_allclose(grad, jax.grad(lambda m: (jnp.diagonal(m) ** 2).sum())(x))

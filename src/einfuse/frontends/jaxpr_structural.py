@@ -237,6 +237,21 @@ def iota(conv, eqn, invals, level):
     return [Value(shape, dtype, lambda subs: Cast(subs[dim], dtype), level, True)]
 
 
+def platform_index(conv, eqn, invals, level):
+    """``lax.platform_dependent``'s branch number (``jnp.diag`` uses one): einfuse's kernels
+    run on the CPU, so the CPU's branch, else the default one (``None`` in ``platforms``),
+    as a constant; the ``cond`` that follows then picks that branch."""
+    shape, dtype = _out(eqn)
+    platforms = eqn.params["platforms"]
+    chosen = next((k for k, names in enumerate(platforms)
+                   if names is not None and "cpu" in names), None)
+    if chosen is None:
+        chosen = next((k for k, names in enumerate(platforms) if names is None), None)
+    if chosen is None:
+        raise unsupported(eqn, f"no branch for the CPU among {platforms}")
+    return [Value(shape, dtype, lambda subs: Const(chosen, dtype), level, False)]
+
+
 def tile(conv, eqn, invals, level):
     (x,) = invals
     shape, _ = _out(eqn)
@@ -501,7 +516,7 @@ RULES = {
     "broadcast_in_dim": broadcast_in_dim, "reshape": reshape, "transpose": transpose,
     "squeeze": squeeze, "expand_dims": expand_dims, "rev": rev, "slice": slice_rule,
     "dynamic_slice": dynamic_slice, "dynamic_update_slice": dynamic_update_slice,
-    "concatenate": concatenate, "pad": pad, "iota": iota,
+    "concatenate": concatenate, "pad": pad, "iota": iota, "platform_index": platform_index,
     "reduce_sum": _reduction(ReduceOp.SUM), "reduce_prod": _reduction(ReduceOp.PROD),
     "reduce_max": _reduction(ReduceOp.MAX), "reduce_min": _reduction(ReduceOp.MIN),
     "reduce_and": _reduction(ReduceOp.AND), "reduce_or": _reduction(ReduceOp.OR),
