@@ -33,7 +33,7 @@ import torch
 
 from ..analysis.options import Options
 from ..errors import EinfuseTypeError, UnexpectedArgumentError, attach_statement
-from .frameworks import contiguous, to_numpy
+from .frameworks import contiguous, numpy_dtype, to_numpy
 
 _LOCK = threading.Lock()
 _COMPILED: Dict[str, object] = {}       # key -> Kernel or Program
@@ -64,12 +64,19 @@ def _compiled_key(source: str, options, outputs) -> Tuple[str, Tuple[str, ...]]:
     return key, tuple(_COMPILED[key].inputs)
 
 
+def _is_program(compiled) -> bool:
+    return hasattr(compiled, "statements")
+
+
+def _kernels(compiled) -> List[object]:
+    """The statement kernels of a compiled statement or program, in order."""
+    return [s.kernel for s in compiled.statements] if _is_program(compiled) else [compiled]
+
+
 def _refuse_writes(compiled) -> None:
     """'=' and '+=' write into the caller's arrays, a mutation the operator cannot
     declare for arrays chosen by name."""
-    kernels = [s.kernel for s in compiled.statements] if hasattr(compiled, "statements") \
-        else [compiled]
-    for kernel in kernels:
+    for kernel in _kernels(compiled):
         spec = kernel.spec
         if spec.assign != ":=":
             raise attach_statement(EinfuseTypeError(
@@ -208,15 +215,9 @@ def _static_shape(tensor: torch.Tensor) -> Tuple[int, ...]:
 
 
 def _fake_value(tensor: torch.Tensor) -> np.ndarray:
-    """A shape-only NumPy stand-in for a fake tensor (one element of memory)."""
-    return np.broadcast_to(np.zeros((), _numpy_dtype(tensor.dtype)), _static_shape(tensor))
-
-
-# by name, not by making tensors: this runs under fake-tensor mode
-def _numpy_dtype(dtype: torch.dtype) -> np.dtype:
-    if dtype == torch.bfloat16:     # computed in float32, as in eager mode
-        return np.dtype(np.float32)
-    return np.dtype(str(dtype).rsplit(".", 1)[-1])
+    """A shape-only NumPy stand-in for a fake tensor (one element of memory); its dtype
+    read by name (numpy_dtype makes no tensor: this runs under fake-tensor mode)."""
+    return np.broadcast_to(np.zeros((), numpy_dtype(tensor)), _static_shape(tensor))
 
 
 def _torch_dtype(dtype: np.dtype) -> torch.dtype:
@@ -228,9 +229,8 @@ def _output_placeholders(compiled, names, tensors, scalars):
     env = {name: _fake_value(t) for name, t in zip(names, tensors)}
     env.update(scalars)
     bf16 = _all_bfloat16(tensors)
-    kernels = [s.kernel for s in compiled.statements] if hasattr(compiled, "statements") \
-        else [compiled]
-    outputs = compiled.outputs if hasattr(compiled, "statements") else (None,)
+    kernels = _kernels(compiled)
+    outputs = compiled.outputs if _is_program(compiled) else (None,)
     produced = {}
     for kernel in kernels:
         spec = kernel.spec
@@ -289,7 +289,7 @@ def _run_backward_fake(key, names, tensors, scalars, grads, wanted):
 
 def _gradients(compiled, values, grads, wanted, by_name) -> Dict[str, object]:
     from . import gradients
-    if not hasattr(compiled, "statements"):     # one statement
+    if not _is_program(compiled):     # one statement
         grad = grads[0]
         if grad is None:
             return {name: np.zeros(tuple(by_name[name].shape)) for name in wanted}
@@ -297,11 +297,12 @@ def _gradients(compiled, values, grads, wanted, by_name) -> Dict[str, object]:
                                            _host(grad), wanted)
     from ..autodiff.program import derive_program
     found = {}
+    # an output with no gradient seeds zeros of its shape: the outputs, computed once
+    outputs = _results(compiled, values) if any(g is None for g in grads) else ()
     for name in wanted:
         gradient = derive_program(compiled.source, name, _program_options(compiled),
                                   outputs=compiled.outputs)
         arrays = dict(values)
-        outputs = _results(compiled, values) if any(g is None for g in grads) else ()
         for index, (seed, grad) in enumerate(zip(gradient.seeds, grads)):
             arrays[seed] = _host(grad) if grad is not None else \
                 np.zeros_like(np.asarray(outputs[index]))
