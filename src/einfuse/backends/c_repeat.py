@@ -57,18 +57,25 @@ def repeat_runner(call) -> Optional[Runner]:
     names = tuple(tensor for tensor, _ in buffer_slots(spec)[:-1])
     pointer_array = ctypes.c_void_p * len(buffers)
     addresses = tuple(a.ctypes.data for a in (ints, doubles, integers, fills))
+
+    def arguments(named: Mapping[str, np.ndarray]):
+        """This call's inputs in the working dtype and its output, the addresses of the
+        runtime arrays, and the array holding this call's parameter values (its own:
+        thread-safe), which must stay alive while the kernel runs."""
+        arrays = tuple(named[name].astype(working, copy=False) for name in names) + \
+            (np.empty(shape, dtype=out_dtype),)
+        if not params:
+            return arrays, addresses, None
+        values = np.array([named[name] for name in params], dtype=np.float64)
+        return arrays, (addresses[0], values.ctypes.data) + addresses[2:], values
+
     # (more arrays than the extension takes: through ctypes)
     call_kernel = c_call.caller() if len(buffers) <= c_call.MAX_BUFFERS else None
     if call_kernel is not None:
         entries = tuple(ctypes.cast(f, ctypes.c_void_p).value for f in functions)
 
         def run_direct(named: Mapping[str, np.ndarray]) -> np.ndarray:
-            arrays = tuple(named[name].astype(working, copy=False) for name in names) + \
-                (np.empty(shape, dtype=out_dtype),)
-            given = addresses
-            if params:     # this call's values, in an array of its own (thread-safe)
-                values = np.array([named[name] for name in params], dtype=np.float64)
-                given = (addresses[0], values.ctypes.data) + addresses[2:]
+            arrays, given, _values = arguments(named)
             for entry in entries:
                 if call_kernel(entry, arrays, *given, threads):
                     raise BackendError("a prepared C kernel raised its error flag")
@@ -77,18 +84,13 @@ def repeat_runner(call) -> Optional[Runner]:
         return run_direct
 
     def run(named: Mapping[str, np.ndarray]) -> np.ndarray:
-        inputs = [named[name].astype(working, copy=False) for name in names]
-        out = np.empty(shape, dtype=out_dtype)
-        pointers = pointer_array(*[a.ctypes.data for a in inputs], out.ctypes.data)
+        arrays, given, _values = arguments(named)
+        pointers = pointer_array(*[a.ctypes.data for a in arrays])
         error = ctypes.c_int32(0)
-        given = addresses
-        if params:
-            values = np.array([named[name] for name in params], dtype=np.float64)
-            given = (addresses[0], values.ctypes.data) + addresses[2:]
         for function in functions:
             function(pointers, *given, threads, ctypes.byref(error))
         if error.value:    # only gathers raise the flag, and they are not prepared
             raise BackendError("a prepared C kernel raised its error flag")
-        return out
+        return arrays[-1]
     run.keep = (ints, doubles, integers, fills)   # alive as long as the runner
     return run
