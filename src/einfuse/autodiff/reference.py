@@ -6,7 +6,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import warnings
-from typing import Dict, Iterable, Mapping
+from typing import Dict, Iterable, List, Mapping
 
 import numpy as np
 
@@ -125,6 +125,16 @@ def _check_positions_exact(g: GradientStatement, ranges, arrays) -> None:
             "(float64 inputs or dtype='float64')")
 
 
+def statements_to_run(grads: Iterable[GradientStatement],
+                      arrays: Mapping[str, object]) -> List[GradientStatement]:
+    """The statements that compute these gradients for arrays of these shapes: a gather
+    whose frame indices do not cover wrt's axes runs its fallback statements instead."""
+    chosen: List[GradientStatement] = []
+    for g in grads:
+        chosen.extend(g.fallback if g.fallback and not g.covers(arrays) else [g])
+    return chosen
+
+
 def run_reference(grads: Iterable[GradientStatement], arrays: Mapping[str, object], *,
                   backend: str = "numpy") -> Dict[str, object]:
     """Evaluate gradient statements: ``arrays`` holds the forward's inputs and dOUT.
@@ -137,10 +147,7 @@ def run_reference(grads: Iterable[GradientStatement], arrays: Mapping[str, objec
     out: Dict[str, object] = {}
     grads = list(grads)
     ops = _ops_for(arrays[grads[0].output_grad]) if grads else _NumpyOps()
-    todo = []
-    for g in grads:
-        todo.extend(g.fallback if g.fallback and not g.covers(arrays) else [g])
-    for g in todo:
+    for g in statements_to_run(grads, arrays):
         options = g.resolve_options(arrays)
         args = {n: arrays[n] for n in g.inputs}
         # arrays= keys the kernel's fast path: a training loop's backward is then a

@@ -97,10 +97,8 @@ def _prepared(grads, values, backend: str):
     key = tuple(signature)
     found = _PREPARED.get(key)
     if found is None:
-        from ..autodiff.reference import gradient_kernel
-        todo = []
-        for g in grads:     # as run_reference chooses them, for these shapes
-            todo.extend(g.fallback if g.fallback and not g.covers(values) else [g])
+        from ..autodiff.reference import gradient_kernel, statements_to_run
+        todo = statements_to_run(grads, values)
         run = None       # scatters: run_reference's general path, every time
         if all(g.kind == "gather" for g in todo):
             steps = tuple((gradient_kernel(g, values, backend), g.inputs) for g in todo)
