@@ -68,16 +68,20 @@ _RULES: Dict[str, Callable[[Reduce, FreshNames], Expr]] = {"mean": _mean, "var":
 
 
 def rename_indices(expr: Expr, names: Dict[str, str]) -> Expr:
-    """``expr`` with the indices in ``names`` renamed (values, subscripts, reductions)."""
+    """``expr`` with free uses of the indices in ``names`` renamed (values, subscripts); a
+    reduction rebinding one of them shadows it."""
+    if not names:
+        return expr
+    if isinstance(expr, Reduce):
+        inner = {k: v for k, v in names.items() if k not in expr.indices}
+        return dataclasses.replace(expr, body=rename_indices(expr.body, inner))
     if isinstance(expr, IndexValue):
         return dataclasses.replace(expr, name=names.get(expr.name, expr.name))
+    expr = map_children(expr, lambda child: rename_indices(child, names))
     if isinstance(expr, Access):
-        renamed = map_children(expr, lambda child: rename_indices(child, names))
-        return dataclasses.replace(renamed, indices=tuple(
-            sub.renamed(names) for sub in renamed.indices))
-    if isinstance(expr, Reduce):
-        expr = dataclasses.replace(expr, indices=tuple(names.get(n, n) for n in expr.indices))
-    return map_children(expr, lambda child: rename_indices(child, names))
+        expr = dataclasses.replace(expr, indices=tuple(sub.renamed(names)
+                                                       for sub in expr.indices))
+    return expr
 
 
 __all__ = ["SUGAR_REDUCTIONS", "FreshNames", "expand", "rename_indices"]

@@ -26,9 +26,10 @@ from dataclasses import dataclass
 from typing import Dict, Optional, Sequence, Set, Tuple
 
 from ..lang.ast import Access, Expr, Number, Param, Reduce, Statement, accesses, map_children
+from ..lang.sugar import rename_indices
 from .hoist import free_indices
 from .patterns import (Any, Bindings, Compare, Const, Fn, OneOf, Op, Red, Scalar, Tensor,
-                       match, placeholder, plain_subscripts, rename_indices)
+                       match, placeholder, plain_subscripts)
 
 
 class MaskKind(enum.Enum):

@@ -16,10 +16,11 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Dict, Iterator, Optional, Tuple
+from typing import Iterator, Optional, Tuple
 
 from ..lang.ast import (Access, Binary, Call, Expr, IndexValue, Number, Param, Reduce, Unary,
                         map_children)
+from ..lang.sugar import rename_indices
 
 
 class Pattern:
@@ -123,23 +124,6 @@ def placeholder(position: int) -> str:
     """The canonical name a capture gives the index of its ``over[position]`` (no
     statement can use it: it is not an identifier)."""
     return f"#{position + 1}"
-
-
-def rename_indices(expr: Expr, names: Dict[str, str]) -> Expr:
-    """``expr`` with free uses of indices renamed (a reduction rebinding one shadows
-    it)."""
-    if not names:
-        return expr
-    if isinstance(expr, Reduce):
-        inner = {k: v for k, v in names.items() if k not in expr.indices}
-        return dataclasses.replace(expr, body=rename_indices(expr.body, inner))
-    if isinstance(expr, IndexValue):
-        return dataclasses.replace(expr, name=names.get(expr.name, expr.name))
-    expr = map_children(expr, lambda child: rename_indices(child, names))
-    if isinstance(expr, Access):
-        expr = dataclasses.replace(expr, indices=tuple(sub.renamed(names)
-                                                       for sub in expr.indices))
-    return expr
 
 
 def canonical_bound(expr: Expr) -> Expr:
