@@ -8,15 +8,16 @@ from __future__ import annotations
 import ctypes
 import os
 import threading
-from typing import Dict, FrozenSet, Tuple
+from typing import Dict, FrozenSet, Sequence, Tuple
 
 import numpy as np
 
 from .. import ir
+from ..errors import BackendError
 from ..plan import call_arguments, unit_axis
 from ..plan.fuse import fuse_kernels, slots_after_fusion
 from ..plan.lower import divides
-from . import c_build
+from . import c_build, c_call
 from .c_backend import (_ARGTYPES, PARALLEL_MIN_WORK, _blas_contraction, _buffers,
                         _pack_for_lanes, _plan)
 from .c_render import render_c
@@ -54,6 +55,101 @@ def run(members, thread_rows: FrozenSet[int] = frozenset()) -> bool:
     is delivered then: the statements run one by one and raise their own errors).
     The outputs of the members in ``thread_rows`` (nothing after the group reads them)
     may live as one row per thread: they are not delivered in their buffers."""
+    function, passed, thread_rows = _compiled(members, thread_rows)
+    threads = _threads(members, thread_rows)
+    buffers = [list(m.buffers) for m in members]
+    rows = []
+    for k in sorted(thread_rows):
+        view, length = _thread_rows(members[k], threads)
+        rows.append(length)
+        for j, slot in _uses(members, k):
+            buffers[j][slot] = view
+    ints, doubles, integers, fills = _arguments(members, buffers, rows)
+    arrays = [buffers[k][slot] for k, slot in passed]
+    pointers = (ctypes.c_void_p * len(arrays))(*[a.ctypes.data for a in arrays])
+    error = ctypes.c_int32(0)
+    function(pointers, ints.ctypes.data, doubles.ctypes.data,
+             integers.ctypes.data, fills.ctypes.data, threads, ctypes.byref(error))
+    return not error.value
+
+
+def prepared_runner(members, thread_rows: FrozenSet[int], sources: Sequence[object]):
+    """The group's run for repeated calls with the same layouts (schedule/fusion.py's
+    fast path), or None where its arguments could depend on the data (gathers, scalar
+    parameters, padding).  ``sources[k][slot]``: where member k's input ``slot`` comes
+    from, a key of the environment or None for a member's output.  The runner takes
+    the environment, checks every array it reads has the layout seen here (False and
+    nothing run when not) and stores the delivered members' outputs under ``keys``."""
+    if any(m.call.options.pad is not None or m.plan.params or
+           any(t.as_index for t in m.kernel.spec.tensors) for m in members):
+        return None
+    function, passed, thread_rows = _compiled(members, thread_rows)
+    threads = _threads(members, thread_rows)
+    buffers = [list(m.buffers) for m in members]
+    rows, scratch = [], {}
+    for k in sorted(thread_rows):
+        view, length = _thread_rows(members[k], threads)
+        rows.append(length)
+        scratch[k] = (max(threads, 1), length)     # as _thread_rows allocates it
+        for j, slot in _uses(members, k):
+            buffers[j][slot] = view
+    # the arguments depend on layouts only: computed once, kept alive with the runner
+    arguments = _arguments(members, buffers, rows)
+    addresses = tuple(a.ctypes.data for a in arguments)
+    working = members[0].call.dtypes.working
+    plan = []      # per passed buffer: ("in", key, layout) | ("out", k) | ("rows", k)
+    for k, slot in passed:
+        if slot == len(members[k].buffers) - 1:
+            plan.append(("rows", k) if k in scratch else ("out", k))
+            continue
+        producer = members[k].reads.get(slot)
+        if producer is not None:
+            plan.append(("rows", producer[0]) if producer[0] in scratch
+                        else ("out", producer[0]))
+            continue
+        key, array = sources[k][slot], members[k].buffers[slot]
+        if key is None:
+            return None
+        plan.append(("in", key, (array.shape, array.dtype, array.strides)))
+    shapes = {k: tuple(m.call.output_shape) for k, m in enumerate(members)
+              if k not in scratch}
+    caller = c_call.caller() if len(passed) <= c_call.MAX_BUFFERS else None
+    entry = ctypes.cast(function, ctypes.c_void_p).value
+
+    def runner(env, keys) -> bool:
+        made = {k: np.empty(shape, working) for k, shape in shapes.items()}
+        made.update((k, np.empty(shape, working)) for k, shape in scratch.items())
+        arrays = []
+        for how in plan:
+            if how[0] != "in":
+                arrays.append(made[how[1]])
+                continue
+            array = env[how[1]]
+            if type(array) is not np.ndarray or \
+                    (array.shape, array.dtype, array.strides) != how[2]:
+                array = np.asarray(array).astype(working, copy=False)
+                if (array.shape, array.dtype, array.strides) != how[2]:
+                    return False
+            arrays.append(array)
+        if caller is not None:
+            error = caller(entry, tuple(arrays), *addresses, threads)
+        else:
+            pointers = (ctypes.c_void_p * len(arrays))(*[a.ctypes.data for a in arrays])
+            flag = ctypes.c_int32(0)
+            function(pointers, *addresses, threads, ctypes.byref(flag))
+            error = flag.value
+        if error:    # only gathers raise the flag, and they are not prepared
+            raise BackendError("a prepared fused C kernel raised its error flag")
+        for k in shapes:
+            if keys[k] is not None:
+                env[keys[k]] = made[k]
+        return True
+    runner.keep = arguments
+    return runner
+
+
+def _compiled(members, thread_rows: FrozenSet[int]):
+    """(function, the buffers it takes as (member, slot), the members kept as rows)."""
     kernels = tuple(m.plan.program.kernels[0] for m in members)
     reads = tuple(m.reads for m in members)
     thread_rows = fitting_rows(members, thread_rows)
@@ -75,38 +171,41 @@ def run(members, thread_rows: FrozenSet[int] = frozenset()) -> bool:
         found = (function, slots_after_fusion(kernels, reads), tuple(m.plan for m in members))
         with _lock:
             found = _fused.setdefault(key, found)
-    function, passed, _ = found
+    return found[0], found[1], thread_rows
+
+
+def _threads(members, thread_rows) -> int:
     options = members[0].call.options
     work = sum(member.call.bounds.points for member in members)
-    threads = options.threads or (1 if work < PARALLEL_MIN_WORK else
-                                  0 if not thread_rows else default_threads())
-    buffers = [list(m.buffers) for m in members]
-    rows = []
-    for k in sorted(thread_rows):
-        view, length = _thread_rows(members[k], threads)
-        buffers[k][-1] = view
-        rows.append(length)
-        for j, member in enumerate(members):
-            for slot, (producer, _) in member.reads.items():
-                if producer == k:
-                    buffers[j][slot] = view
+    return options.threads or (1 if work < PARALLEL_MIN_WORK else
+                               0 if not thread_rows else default_threads())
+
+
+def _uses(members, k):
+    """(member, slot) of member k's output and of every read of it in the group."""
+    yield k, len(members[k].buffers) - 1
+    for j, member in enumerate(members):
+        for slot, (producer, _) in member.reads.items():
+            if producer == k:
+                yield j, slot
+
+
+def _arguments(members, buffers, rows):
+    """The runtime ints (each member's, then the per-thread row lengths), doubles,
+    integer parameters and pad/fill values of the fused call."""
     ints, doubles, integers = [], [], []
-    for member, kernel, arrays in zip(members, kernels, buffers):
+    for member, arrays in zip(members, buffers):
+        kernel = member.plan.program.kernels[0]
         i, d, n = call_arguments(member.plan, member.call, arrays)
         ints.append(i[:len(kernel.ints)])
         doubles.append(d[:kernel.n_params])
         integers.append(n[:kernel.n_params])
-    ints_array = np.concatenate(ints + [np.array(rows + [0], dtype=np.int64)])
-    doubles_array = np.concatenate(doubles + [np.zeros(1)])
-    integers_array = np.concatenate(integers + [np.zeros(1, np.int64)])
-    arrays = [buffers[k][slot] for k, slot in passed]
-    pointers = (ctypes.c_void_p * len(arrays))(*[a.ctypes.data for a in arrays])
+    options = members[0].call.options
     fills = np.array([options.pad if options.pad is not None else 0.0, options.fill],
                      dtype=np.float64)
-    error = ctypes.c_int32(0)
-    function(pointers, ints_array.ctypes.data, doubles_array.ctypes.data,
-             integers_array.ctypes.data, fills.ctypes.data, threads, ctypes.byref(error))
-    return not error.value
+    return (np.concatenate(ints + [np.array(rows + [0], dtype=np.int64)]),
+            np.concatenate(doubles + [np.zeros(1)]),
+            np.concatenate(integers + [np.zeros(1, np.int64)]), fills)
 
 
 def default_threads() -> int:

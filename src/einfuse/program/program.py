@@ -66,6 +66,8 @@ class Program:
                     order.append(name)
         self.inputs = tuple(order)
         self.intermediates = tuple(s.output for s in self.statements if s.assign == ":=")
+        self._kernels = tuple(s.kernel for s in self.statements)
+        self._runs: dict = {}       # prepared runs by call signature (schedule/fusion.py)
 
     def __repr__(self) -> str:
         return (f"<einfuse.Program of {len(self.statements)} statements | takes "
@@ -84,8 +86,8 @@ class Program:
             fused = run_fused_attention(self.attention, env, self.options, framework)
             if fused is not None:
                 return from_numpy(fused, framework)
-        run_statements(tuple(s.kernel for s in self.statements), env, framework,
-                       keep=set(self.outputs))
+        run_statements(self._kernels, env, framework, keep=set(self.outputs),
+                       runs=self._runs)
         results = tuple(env[name] for name in self.outputs)
         return results[0] if len(results) == 1 else results
 

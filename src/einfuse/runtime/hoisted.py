@@ -35,6 +35,8 @@ class HoistedForm:
         self.options = options
         self.texts = tuple(format_statement(s) for s in hoisted.statements)
         self._kernels: Dict[str, Tuple] = {}
+        # prepared runs (schedule/fusion.py) per kernels tuple (one per working dtype)
+        self._runs: Dict[int, dict] = {}
 
     @staticmethod
     def of(spec, options) -> Optional["HoistedForm"]:
@@ -77,7 +79,8 @@ class HoistedForm:
         array it writes into), fused where schedule/fusion.py allows."""
         from ..schedule import run_statements
         env = dict(named)
-        run_statements(kernels, env, framework, keep={kernels[-1].spec.output})
+        run_statements(kernels, env, framework, keep={kernels[-1].spec.output},
+                       runs=self._runs.setdefault(id(kernels), {}))
         return env[kernels[-1].spec.output]
 
 

@@ -22,13 +22,15 @@ error)."""
 
 from __future__ import annotations
 
+import functools
 import warnings
 from dataclasses import dataclass
-from typing import Dict, List, Optional, Sequence, Set, Tuple
+from typing import Callable, Dict, List, Optional, Sequence, Set, Tuple
 
 import numpy as np
 
 from ..errors import EinfuseError
+from ..plan import buffer_slots
 
 # Below this much work (points of the statements' iteration spaces) a fused kernel saves
 # too little to be worth binding the group for.
@@ -45,24 +47,69 @@ class Member:
     outer: str               # the index of its outermost (shared) loop
     extent: int
     reads: Dict[int, Tuple[int, int]]   # slot -> (producer member, producer's out slot)
+    # per input slot, the environment's key it is read from (None: a member's output)
+    sources: Tuple[Optional[str], ...] = ()
+
+
+# Prepared runs kept per owner (a program, a hoisted form); a new signature past this
+# replaces the oldest.
+RUNS_KEPT = 16
+
+
+@dataclass(frozen=True)
+class Step:
+    """One step of a prepared run: a fused group's prepared kernel or one statement.
+    ``run`` returns False when an array it reads has another layout than when it was
+    prepared (nothing run then: the rest runs the full way from ``position``)."""
+    position: int
+    run: Callable[[Dict[str, object]], bool]
 
 
 def run_statements(kernels: Sequence, env: Dict[str, object], framework: str,
-                   keep: Optional[Set[str]] = None) -> None:
+                   keep: Optional[Set[str]] = None, runs: Optional[dict] = None) -> None:
     """Run ``kernels`` (each reads names from ``env`` and writes its output into it) in
     order, fusing runs of them where the rules above allow.  ``keep``: the names the
     caller needs in ``env`` afterwards (None: every one); an intermediate of a group
-    that neither they nor a later statement read lives as one row per thread."""
-    position = 0
+    that neither they nor a later statement read lives as one row per thread.
+    ``runs``: the caller's cache of prepared runs by call signature (NumPy only), so
+    that a repeated call skips the grouping and binding and calls the kernels."""
+    signature = None
+    if runs is not None and framework == "numpy":
+        from ..runtime.repeat import signature_of
+        signature = signature_of(env)
+        steps = runs.get(signature) if signature is not None else None
+        if steps is not None:
+            for step in steps:
+                if not step.run(env):
+                    _run_from(kernels, step.position, env, framework, keep, None)
+                    return
+            return
+    record: Optional[List[Optional[Step]]] = [] if signature is not None else None
+    _run_from(kernels, 0, env, framework, keep, record)
+    if record is not None and None not in record:
+        if len(runs) >= RUNS_KEPT:
+            try:     # another thread may drop the same oldest one between these steps
+                runs.pop(next(iter(runs)), None)
+            except (StopIteration, RuntimeError):
+                pass
+        runs[signature] = tuple(record)
+
+
+def _run_from(kernels, position: int, env, framework: str, keep, record) -> None:
+    """The full way from statement ``position``; each step taken is appended to
+    ``record`` (None for one that cannot be prepared) where that is a list."""
     worth = _worth(kernels, env, framework)
     while position < len(kernels):
         fused = 0
         if worth and len(kernels) - position >= 2:
-            fused = _try_fused(kernels, position, env, keep)
+            fused = _try_fused(kernels, position, env, keep, record)
         if fused:
             position += fused
             continue
-        _run_one(kernels[position], env)
+        kernel = kernels[position]
+        _run_one(kernel, env)
+        if record is not None:
+            record.append(Step(position, functools.partial(_run_one_step, kernel)))
         position += 1
 
 
@@ -75,7 +122,12 @@ def _run_one(kernel, env) -> None:
     env[spec.output] = kernel(arrays={name: env[name] for name in _needed(spec)})
 
 
-def _try_fused(kernels, start: int, env, keep: Optional[Set[str]]) -> int:
+def _run_one_step(kernel, env) -> bool:
+    _run_one(kernel, env)
+    return True
+
+
+def _try_fused(kernels, start: int, env, keep: Optional[Set[str]], record=None) -> int:
     """Run a group starting at ``start`` as one kernel; the number of statements it
     ran (0: none, the caller runs the statement alone)."""
     from ..backends import c_fused
@@ -88,6 +140,11 @@ def _try_fused(kernels, start: int, env, keep: Optional[Set[str]]) -> int:
     for number, (member, key) in enumerate(zip(members, outputs)):
         if number not in inside:
             env[key] = member.kernel.deliver(member.call, member.buffers[-1])
+    if record is not None:
+        runner = c_fused.prepared_runner(members, inside, [m.sources for m in members])
+        keys = tuple(None if n in inside else key for n, key in enumerate(outputs))
+        record.append(None if runner is None else
+                      Step(start, functools.partial(runner, keys=keys)))
     return joined
 
 
@@ -244,7 +301,9 @@ def _join(kernel, names: Dict[str, str], members: List[Member], produced: Dict[s
     reads = _intermediate_reads(spec, plan, names, produced, members, outer)
     if reads is None:
         return None
-    return Member(kernel, call, plan, tuple(buffers), outer, hi, reads)
+    sources = tuple(None if slot in reads else names.get(tensor, tensor)
+                    for slot, (tensor, _) in enumerate(buffer_slots(spec)[:-1]))
+    return Member(kernel, call, plan, tuple(buffers), outer, hi, reads, sources)
 
 
 def _intermediate_reads(spec, plan, names, produced, members, outer):
