@@ -245,6 +245,15 @@ class CRenderer:
                 self.block(node.small, depth + 1) + [f"{pad}}} else {{"] +
                 self.block(node.large, depth + 1) + [f"{pad}}}"])
 
+    def stmt_Let(self, node: ir.Let, depth: int) -> List[str]:
+        return [f"{'  ' * depth}const T {name(node.name)} = {self.expr(node.value)};"]
+
+    def stmt_NormalBranch(self, node: ir.NormalBranch, depth: int) -> List[str]:
+        pad = "  " * depth
+        test = " && ".join(f"isnormal({name(n)})" for n in node.names)
+        return ([f"{pad}if (ef_likely({test})) {{"] + self.block(node.then, depth + 1) +
+                [f"{pad}}} else {{"] + self.block(node.otherwise, depth + 1) + [f"{pad}}}"])
+
     def stmt_CombineLanes(self, node: ir.CombineLanes, depth: int) -> List[str]:
         pad = "  " * depth
         lanes, into = int(node.lanes), name(node.into)
@@ -534,6 +543,9 @@ class CRenderer:
         if not self.is_float:
             return f"({new} {sign} {old})"
         return f"((({new} {sign} {old}) | ({new} != {new})) & ({old} == {old}))"
+
+    def expr_Local(self, node: ir.Local) -> str:
+        return name(node.name)
 
     def expr_AccValue(self, node: ir.AccValue) -> str:
         if node.op in _POSITION_OPS:

@@ -148,6 +148,14 @@ class PseudoRenderer:
                 ["  " * depth + "else:   # blocks of partial sums, added with compensation"] +
                 self.block(node.large, depth + 1))
 
+    def stmt_Let(self, node: ir.Let, depth: int) -> List[str]:
+        return ["  " * depth + f"{self.name(node.name)} = {self.expr(node.value)}"]
+
+    def stmt_NormalBranch(self, node: ir.NormalBranch, depth: int) -> List[str]:
+        names = ", ".join(self.name(n) for n in node.names)
+        return (["  " * depth + f"# products by {names}; where one is 0, subnormal, "
+                 "inf or NaN, the same loop dividing"] + self.block(node.then, depth))
+
     def stmt_Store(self, node: ir.Store, depth: int) -> List[str]:
         target = f"{self.tensors[node.buffer]}[{', '.join(self.affine(p) for p in node.position)}]"
         return ["  " * depth + f"{target} = {self.expr(node.value)}"]
@@ -196,6 +204,9 @@ class PseudoRenderer:
 
     def expr_Call(self, node: ir.Call) -> str:
         return f"{node.func}({', '.join(self.expr(a) for a in node.args)})"
+
+    def expr_Local(self, node: ir.Local) -> str:
+        return self.name(node.name)
 
     def expr_AccValue(self, node: ir.AccValue) -> str:
         return self.acc(node.acc, node.lane, node.row)

@@ -142,6 +142,12 @@ class Call(Expr):
 
 
 @dataclass(frozen=True)
+class Local(Expr):
+    """The value of the scalar ``name`` that a :class:`Let` set."""
+    name: str
+
+
+@dataclass(frozen=True)
 class AccValue(Expr):
     """The finished value of an accumulator (for logsumexp: max + log(sum))."""
     acc: str
@@ -233,6 +239,23 @@ class Branch(Stmt):
 
 
 @dataclass(frozen=True)
+class Let(Stmt):
+    """Declare the scalar ``name`` (working dtype) with ``value``, computed once here
+    (for the loops after it in the same block)."""
+    name: str
+    value: Expr
+
+
+@dataclass(frozen=True)
+class NormalBranch(Stmt):
+    """``then`` where every scalar in ``names`` (set by :class:`Let`) is a normal
+    number -- not zero, subnormal, infinite or NaN -- else ``otherwise``."""
+    names: Tuple[str, ...]
+    then: Tuple[Stmt, ...]
+    otherwise: Tuple[Stmt, ...]
+
+
+@dataclass(frozen=True)
 class CombineLanes(Stmt):
     """Declare the scalar accumulator ``into`` and fold the ``lanes`` partial results of
     the lane accumulator ``name`` into it with ``op`` (after a vectorised reduction).
@@ -314,7 +337,10 @@ def walk(node):
     elif isinstance(node, Branch):
         for s in node.small + node.large:
             yield from walk(s)
-    elif isinstance(node, (Accumulate, Store)):
+    elif isinstance(node, NormalBranch):
+        for s in node.then + node.otherwise:
+            yield from walk(s)
+    elif isinstance(node, (Accumulate, Store, Let)):
         yield from walk(node.value)
     elif isinstance(node, Load):
         for sub in node.subscripts:

@@ -58,6 +58,8 @@ def _rename(node, how: _Renaming):
             changes[field.name] = tuple((how.name(acc), op) for acc, op in value)
         elif field.name == "strides":
             changes[field.name] = tuple(None if v is None else how.name(v) for v in value)
+        elif field.name == "names" and isinstance(node, ir.NormalBranch):
+            changes[field.name] = tuple(how.name(v) for v in value)
         elif field.name == "errors" and value is not None:
             changes[field.name] = tuple(how.name(v) for v in value)
         elif field.name == "fill":
@@ -77,6 +79,8 @@ _NAME_FIELDS: Dict[type, Tuple[str, ...]] = {
     ir.Compensate: ("acc", "error"),
     ir.CombineLanes: ("name", "into"),
     ir.TiledLoop: ("var", "count"),
+    ir.Let: ("name",),
+    ir.Local: ("name",),
 }
 
 

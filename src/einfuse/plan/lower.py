@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Dict, List, Optional, Sequence, Set, Tuple
 
 import numpy as np
 
@@ -127,6 +127,9 @@ class _Lowering(BlockedSums):
                  block: Tuple[int, int] = (1, 32), short: Tuple[str, ...] = (),
                  plain: bool = False, blocks: bool = False):
         self.spec = spec
+        # the reciprocals of divisors fixed along the innermost loop (see run())
+        self.fixed_along: Optional[str] = None
+        self.reciprocals: List[Tuple[str, ir.Expr]] = []
         self.short = set(short)
         self.plain = plain
         self.blocks = blocks
@@ -210,7 +213,6 @@ class _Lowering(BlockedSums):
         last = {outs[-1]: 1} if outs and self.layouts[out_slot] == len(outs) - 1 else {}
         order = self.order_indices(outs, rhs, last)
         inner = order[-1] if order else None
-        # lanes over a short index (d = 3 in gauss's gradient) would sit mostly idle
         tiled = (not self.plain or self.blocks) and bool(tops) and inner is not None and \
             inner not in self.short and \
             sum(self.contiguity(inner, r.body, _bound_indices(r)) for r in tops) > 0
@@ -228,13 +230,33 @@ class _Lowering(BlockedSums):
             if self.row_index is not None:
                 outer = [n for n in outer if n != self.row_index]
         else:
+            # where reciprocal math is allowed, a divisor fixed along the innermost loop
+            # is divided by as one reciprocal and a product per element (GCC does not
+            # make that change for one division per iteration, and a division costs
+            # several products): a second form of the loop, taken where every such
+            # reciprocal is a normal number (else the product would lose accuracy)
+            if not tops and not self.checks and not self.plain and len(outer) >= 2 and \
+                    _fast_math_safe(rhs) and self.working.kind == "f":
+                self.fixed_along = inner
             value = self.expr(rhs, env, pre)
+            self.fixed_along = None
             body = tuple(pre) + (ir.Store(out_slot, tuple(pos[n] for n in outs), strides,
                                           value),)
+        reciprocals, self.reciprocals = self.reciprocals, []
         for depth, name in enumerate(reversed(outer)):
             kind = "parallel" if name in spec.race_free_indices else "serial"
             simd = depth == 0 and not tiled and not tops and not self.checks
-            body = (ir.Loop(pos[name].terms[0][0], self.extent(name), kind, body, simd=simd),)
+            var, extent = pos[name].terms[0][0], self.extent(name)
+            if depth == 0 and reciprocals:
+                exact = (ir.Store(out_slot, tuple(pos[n] for n in outs), strides,
+                                  self.expr(rhs, env, [])),)
+                body = tuple(ir.Let(local, ir.Binary("/", ir.Const(1), divisor))
+                             for local, divisor in reciprocals) + (ir.NormalBranch(
+                    tuple(local for local, _ in reciprocals),
+                    (ir.Loop(var, extent, kind, body, simd=simd),),
+                    (ir.Loop(var, extent, kind, exact, simd=simd),)),)
+                continue
+            body = (ir.Loop(var, extent, kind, body, simd=simd),)
         positions = spec.result_is_position     # int64 positions, exact
         buffers = tuple(ir.Buffer(f"t{n}", ("uint64" if n in self.unsigned else "int64")
                                   if kind == "index" or (kind == "output" and positions)
@@ -305,8 +327,13 @@ class _Lowering(BlockedSums):
         if isinstance(e, ast.Unary):
             return ir.Unary("-", self.expr(e.operand, env, pre, lanes))
         if isinstance(e, ast.Binary):
-            return ir.Binary(e.op, self.expr(e.left, env, pre, lanes),
-                             self.expr(e.right, env, pre, lanes))
+            left, right = self.expr(e.left, env, pre, lanes), self.expr(e.right, env, pre, lanes)
+            if e.op == "/" and self.fixed_along is not None and \
+                    self.fixed_along not in _indices_used(e.right):
+                local = f"r{len(self.reciprocals)}"
+                self.reciprocals.append((local, right))
+                return ir.Binary("*", left, ir.Local(local))
+            return ir.Binary(e.op, left, right)
         if isinstance(e, ast.Call):
             return ir.Call(e.func, tuple(self.expr(a, env, pre, lanes) for a in e.args))
         if isinstance(e, ast.Reduce):
@@ -516,6 +543,20 @@ def _top_reductions(expr: ast.Expr) -> List[ast.Reduce]:
 # Functions whose C rendering divides nothing (libm calls, comparisons and selects).
 _DIVISION_FREE_CALLS = frozenset({"exp", "log", "sqrt", "abs", "sin", "cos", "log1p",
                                   "expm1", "erf", "min", "max", "where", "relu"})
+
+
+def _indices_used(expr: ast.Expr) -> Set[str]:
+    """Every index an expression's value can depend on (reduced ones included)."""
+    names: Set[str] = set()
+    for node in expr.walk():
+        if isinstance(node, ast.Access):
+            for sub in node.indices:
+                names.update(sub.index_names)
+        elif isinstance(node, ast.IndexValue):
+            names.add(node.name)
+        elif isinstance(node, ast.Reduce):
+            names.update(node.indices)
+    return names
 
 
 def divides(expr: ast.Expr) -> bool:
