@@ -23,6 +23,8 @@ Imported only while torch.compile traces a call with torch tensors."""
 
 from __future__ import annotations
 
+import functools
+
 import math
 import numbers
 import threading
@@ -295,13 +297,13 @@ def _gradients(compiled, values, grads, wanted, by_name) -> Dict[str, object]:
             return {name: np.zeros(tuple(by_name[name].shape)) for name in wanted}
         return gradients.compute_gradients(compiled.statement, compiled.options, values,
                                            _host(grad), wanted)
-    from ..autodiff.program import derive_program
     found = {}
     # an output with no gradient seeds zeros of its shape: the outputs, computed once
     outputs = _results(compiled, values) if any(g is None for g in grads) else ()
+    options = compiled.options
     for name in wanted:
-        gradient = derive_program(compiled.source, name, _program_options(compiled),
-                                  outputs=compiled.outputs)
+        gradient = _derived(compiled.source, name, options.ranges, options.pad,
+                            options.bounds, options.fill, tuple(compiled.outputs))
         arrays = dict(values)
         for index, (seed, grad) in enumerate(zip(gradient.seeds, grads)):
             arrays[seed] = _host(grad) if grad is not None else \
@@ -310,11 +312,14 @@ def _gradients(compiled, values, grads, wanted, by_name) -> Dict[str, object]:
     return found
 
 
-def _program_options(program) -> Dict[str, object]:
-    ranges, pad, bounds, fill = _option_values(program.options)[:4]
+@functools.lru_cache(maxsize=256)
+def _derived(source: str, wrt: str, ranges, pad, bounds, fill, outputs: Tuple[str, ...]):
+    """The gradient program, derived once per program, input and options (a backward
+    under torch.compile runs on every step)."""
+    from ..autodiff.program import derive_program
     options = {"bounds": bounds, "fill": fill}
     if ranges:
-        options["ranges"] = ranges
+        options["ranges"] = {name: range(lo, hi) for name, (lo, hi) in ranges}
     if pad is not None:
         options["pad"] = pad
-    return options
+    return derive_program(source, wrt, options, outputs=outputs)
