@@ -106,7 +106,9 @@ static inline __attribute__((always_inline)) T ef_weights(
 }
 
 /* scale_mode: 0 none, 1 multiply, 2 divide; mask: 0 none, 1 j <= i, 2 j < i */
-int ef_attention(const T *Q, const T *K, const T *V, T *O, long G, long NQ, long NK,
+/* LSE, when not NULL: each row's log-sum-exp of its scores, m + log(l) (G, NQ), which
+   the backward (c_attention_grad.py) recomputes the weights from */
+int ef_attention(const T *Q, const T *K, const T *V, T *O, T *LSE, long G, long NQ, long NK,
                  long D, long E, double scale_in, int scale_mode, int mask, int normalise,
                  int threads) {
   const T scale = (T)scale_in;
@@ -256,6 +258,7 @@ int ef_attention(const T *Q, const T *K, const T *V, T *O, long G, long NQ, long
           }
         }
         for (long r = 0; r < rows; ++r) {
+          if (LSE) LSE[g * NQ + i0 + r] = m[r] + %(log)s(l[r]);
           T *o = O + (g * NQ + i0 + r) * E;
           const T *ar = acc + r * EP;
           if (m[r] == -INFINITY) {       /* every weight exp(-inf - -inf) is NaN */
@@ -289,7 +292,8 @@ def source(dtype: np.dtype) -> str:
             c_build.vector_math_declarations("", "double")
     return _TEMPLATE % {"ctype": "float" if single else "double", "lanes": lanes,
                         "rows": 4 if _VECTOR_BYTES == 64 else 2,
-                        "declarations": declarations, "exp": "expf" if single else "exp"}
+                        "declarations": declarations, "exp": "expf" if single else "exp",
+                        "log": "logf" if single else "log"}
 
 
 def functions(dtype: np.dtype):
@@ -301,7 +305,7 @@ def functions(dtype: np.dtype):
     library = c_build.load(source(dtype))
     attention, finite = library.ef_attention, library.ef_attention_finite
     size = ctypes.c_long
-    attention.argtypes = [ctypes.c_void_p] * 4 + [size] * 5 + [
+    attention.argtypes = [ctypes.c_void_p] * 5 + [size] * 5 + [
         ctypes.c_double, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int]
     attention.restype = ctypes.c_int
     finite.argtypes = [ctypes.c_void_p, size, ctypes.c_int]

@@ -242,6 +242,23 @@ def attention_case(B=4, H=8, N=1024, D=64) -> Case:
                     numpy_peer("numpy naive", numpy_naive, nbytes=square)])
 
 
+def attention_training_case(B=4, H=8, N=1024, D=64) -> Case:
+    """Forward + backward of the causal attention program: the fused forward and the
+    fused backward (runtime/attention_autograd.py) against torch's SDPA."""
+    scale = float(1.0 / np.sqrt(D))
+
+    def inputs(rng):
+        return {name: rng.standard_normal((B, H, N, D), dtype=np.float32)
+                for name in ("Q", "K", "V")}
+
+    def sdpa(Q, K, V):
+        import torch
+        return torch.nn.functional.scaled_dot_product_attention(Q, K, V, is_causal=True,
+                                                                scale=scale)
+    return training_case(f"causal attention B={B} H={H} N={N} D={D}",
+                         ATTENTION.format(scale=repr(scale)), inputs, sdpa, compiled=False)
+
+
 # -- forward + backward (issue 4): torch tensors through autograd --------------------------
 def _leaves(arrays):
     import torch
@@ -346,8 +363,9 @@ def all_cases(quick: bool = False) -> List[Case]:
         return [dist_case(64, 128, 128), gauss_case(2000), matmul_case(256),
                 bmm_rev_case(32, 8), conv2d_case(200, 7), embed_case(5000, 64, 2048),
                 logsumexp_case(512), attention_case(1, 2, 128, 16)] + \
-            (training_cases(quick=True) if installed("torch") else []) + \
+            (training_cases(quick=True) + [attention_training_case(1, 2, 128, 16)]
+             if installed("torch") else []) + \
             frontend_cases(quick=True) + overhead_cases() + jit
     return [dist_case(), gauss_case(10**4), gauss_case(10**5), matmul_case(), bmm_rev_case(),
             conv2d_case(), embed_case(), logsumexp_case(), attention_case()] + training_cases() + \
-        frontend_cases() + overhead_cases() + jit
+        [attention_training_case()] + frontend_cases() + overhead_cases() + jit

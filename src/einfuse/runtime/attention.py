@@ -137,8 +137,14 @@ def torch_inputs(attention: Attention, named: Dict[str, object]) -> Optional[Dic
 
 
 def run_fused_attention(attention: Attention, named: Dict[str, object], options,
-                        framework: str) -> Optional[np.ndarray]:
-    """run_attention for a NumPy or torch caller (a NumPy result either way)."""
+                        framework: str):
+    """run_attention for a NumPy or torch caller: a NumPy result, or a torch tensor that
+    autograd records with a fused backward (runtime/attention_autograd.py); None where
+    the statements run one by one."""
+    if framework == "torch":
+        from . import attention_autograd
+        if attention_autograd.recording(attention, named):
+            return attention_autograd.run_recorded(attention, named, options)
     views = named if framework == "numpy" else torch_inputs(attention, named)
     return run_attention(attention, views, options) if views is not None else None
 
@@ -183,7 +189,10 @@ _SCALE_MODES = {ScaleKind.NONE: 0, ScaleKind.MULTIPLY: 1, ScaleKind.DIVIDE: 2}
 _MASK_MODES = {MaskKind.NONE: 0, MaskKind.CAUSAL: 1, MaskKind.STRICT_CAUSAL: 2}
 
 
-def _run_c(attention: Attention, arrays: Canonical, threads: int) -> Optional[np.ndarray]:
+def _run_c(attention: Attention, arrays: Canonical, threads: int,
+           lse: Optional[np.ndarray] = None) -> Optional[np.ndarray]:
+    """The output in canonical layout, or None for a value with inf or NaN; ``lse``
+    (G, NQ), when given, receives each row's log-sum-exp of its scores."""
     from ..backends import c_attention
     q, k, v = arrays.query, arrays.key, arrays.value
     attend, finite = c_attention.functions(q.dtype)
@@ -192,7 +201,8 @@ def _run_c(attention: Attention, arrays: Canonical, threads: int) -> Optional[np
     groups, rows, dot = q.shape
     keys, features = v.shape[1], v.shape[2]
     out = np.empty((groups, rows, features), q.dtype)
-    failed = attend(q.ctypes.data, k.ctypes.data, v.ctypes.data, out.ctypes.data, groups,
+    failed = attend(q.ctypes.data, k.ctypes.data, v.ctypes.data, out.ctypes.data,
+                    None if lse is None else lse.ctypes.data, groups,
                     rows, keys, dot, features, arrays.scale, _SCALE_MODES[attention.scale],
                     _MASK_MODES[attention.mask], int(attention.normalised), threads)
     if failed:
@@ -286,10 +296,11 @@ class FusedAttention:
             "    one pass over j per block of 64 rows with a running max, a running "
             "denominator and a rescaled accumulator (the softmax-weighted-sum monoid)",
             f"    {_count(self.pairs * self.groups)} (i, j) pairs computed",
-            f"    for NumPy {self.dtype} arrays (or CPU torch tensors autograd does not "
-            "record) on the C backend (the NumPy backend runs the same pass by key "
-            "blocks); autograd, JAX and Triton run the statements one by one, and so "
-            "does a value array holding inf or NaN",
+            f"    for NumPy {self.dtype} arrays and CPU torch tensors on the C backend "
+            "(the NumPy backend runs the same pass by key blocks); under torch autograd "
+            "the backward is one fused kernel too (normalised, no mask or j <= i, finite "
+            "inputs); JAX and Triton run the statements one by one, and so does a value "
+            "array holding inf or NaN",
             f"  materialised: nothing N x N (scores or weights in memory would take {square} "
             "each); per thread: blocks of 64 x 64 scores and 64 rows of the accumulator; "
             f"the keys transposed in blocks of 64 (once per call): {_bytes(transposed)}"]

@@ -117,6 +117,8 @@ def contiguous(array: np.ndarray) -> np.ndarray:
 def from_numpy(array: np.ndarray, framework: str, like=None):
     if framework == TORCH:
         import torch
+        if isinstance(array, torch.Tensor):     # already the caller's (autograd records it)
+            return array
         tensor = torch.from_numpy(contiguous(array))
         if like is not None and hasattr(like, "device"):
             tensor = tensor.to(like.device)

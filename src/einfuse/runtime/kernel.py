@@ -25,7 +25,7 @@ from ..lang.printer import format_statement
 from .attention import run_fused_attention, statement_attention
 from .binding import BoundCall, bind_call, bind_names
 from .frameworks import (JAX, NUMPY, TORCH, common_framework, contiguous, framework_of,
-                         from_numpy, placeholder, torch_compiling)
+                         from_numpy, numpy_dtype, placeholder, torch_compiling)
 from .hoisted import HoistedForm, hoisted_form, run_hoisted
 from .repeat import signature_of
 from .result_size import check_result_size, too_large
@@ -149,11 +149,11 @@ class Kernel:
                 if self.spec.assign != ":=":
                     _refuse_unrecorded_write(self.spec, call, self.statement)
                 grad = bool(torch_autograd.differentiable_names(call))
-        attention = statement_attention(self.statement) if not grad else None
+        attention = statement_attention(self.statement)
         if attention is not None and call.framework in (NUMPY, TORCH):   # online softmax
             fused = run_fused_attention(attention, bind_names(self.spec, args, kwargs),
                                         self.options, call.framework)
-            if fused is not None and fused.dtype == call.dtypes.result:
+            if fused is not None and numpy_dtype(fused) == call.dtypes.result:
                 return self.deliver(call, fused)
         form = self.hoisted_form
         if form is not None:

@@ -1,0 +1,164 @@
+"""Fused attention under torch autograd: the forward runs as the online-softmax kernel
+(backends/c_attention.py) and also keeps each row's log-sum-exp; the backward runs as
+one fused kernel (backends/c_attention_grad.py) that recomputes the weights block by
+block.  Neither direction holds anything N x N.
+
+Taken for a normalised attention with no mask or the causal mask ``j <= i`` (every row
+sees a key), CPU float32/float64 tensors, a scale that needs no gradient, and a query,
+key and value without inf or NaN; any other call records the statements one by one,
+as before.  The backward falls back to the same formula in torch (materialising the
+weights, exactly the statements' arithmetic) where the output's gradient holds inf or
+NaN and where a double backward needs a differentiable gradient (create_graph=True)."""
+
+from __future__ import annotations
+
+from typing import Dict, Optional, Tuple
+
+import numpy as np
+import torch
+
+from ..errors import AllocationError
+from ..rewrite.online_softmax import Attention, MaskKind, ScaleKind
+from . import attention as fused
+from .attention import _MASK_MODES, _SCALE_MODES, Canonical, _to_output, canonical, torch_inputs
+
+
+def recording(attention: Attention, named: Dict[str, object]) -> bool:
+    """Whether autograd records this call (a query, key, value or scale needing grad)."""
+    if not torch.is_grad_enabled():
+        return False
+    names = (attention.query, attention.key, attention.value, attention.scale_param)
+    return any(isinstance(named.get(n), torch.Tensor) and named[n].requires_grad
+               for n in names if n is not None)
+
+
+def run_recorded(attention: Attention, named: Dict[str, object], options) -> Optional[torch.Tensor]:
+    """The output, recorded as one autograd node with a fused backward, or None where
+    the statements must run (and record) one by one."""
+    if not attention.normalised or attention.mask not in (MaskKind.NONE, MaskKind.CAUSAL) \
+            or options.backend not in ("auto", "c") or options.pad is not None \
+            or options.ranges or options.dtype is not None:
+        return None
+    from ..backends import c_build
+    if c_build.find_compiler() is None:
+        return None
+    scale = named.get(attention.scale_param) if attention.scale_param else None
+    if isinstance(scale, torch.Tensor) and scale.requires_grad:
+        return None       # its gradient needs the statements
+    tensors = tuple(named.get(n) for n in (attention.query, attention.key, attention.value))
+    with torch.no_grad():     # the views only: this call is recorded below, as one node
+        views = torch_inputs(attention, named)
+    arrays = canonical(attention, views) if views is not None else None
+    if arrays is None or not (np.isfinite(arrays.query).all() and
+                              np.isfinite(arrays.key).all()):
+        return None
+    threads = options.threads or 0
+    lse = np.empty(arrays.query.shape[:2], arrays.query.dtype)
+    out = fused._run_c(attention, arrays, threads, lse)
+    if out is None:       # a value with inf or NaN
+        return None
+    saved = _Saved(attention, arrays, out, lse, threads)
+    return _FusedAttention.apply(saved, *tensors)
+
+
+class _Saved:
+    """What the backward needs, kept on the autograd node (NumPy arrays in canonical
+    layout: autograd does not track them)."""
+
+    def __init__(self, attention: Attention, arrays: Canonical, out: np.ndarray,
+                 lse: np.ndarray, threads: int):
+        self.attention, self.arrays, self.out, self.lse = attention, arrays, out, lse
+        self.threads = threads
+
+
+class _FusedAttention(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, saved: _Saved, query, key, value):
+        ctx.saved = saved
+        ctx.save_for_backward(query, key, value)
+        return torch.from_numpy(_to_output(saved.attention, saved.arrays, saved.out))
+
+    @staticmethod
+    def backward(ctx, grad):
+        saved = ctx.saved
+        tensors = ctx.saved_tensors
+        wanted = ctx.needs_input_grad[1:]
+        if grad is None:
+            return (None,) + tuple(torch.zeros_like(t) if w else None
+                                   for t, w in zip(tensors, wanted))
+        flowing = _canonical_output(saved, grad.detach())
+        if torch.is_grad_enabled() or not np.isfinite(flowing).all():
+            return (None,) + _reference_gradients(saved, tensors, grad, wanted)
+        grads = _fused_gradients(saved, flowing)
+        return (None,) + tuple(torch.from_numpy(g) if w else None
+                               for g, w in zip(grads, wanted))
+
+
+def _canonical_output(saved: _Saved, grad: torch.Tensor) -> np.ndarray:
+    """The output's gradient as (G, NQ, E), C-contiguous, in the working dtype."""
+    a = saved.attention
+    order = a.batch + (a.row, a.feature)
+    array = grad.to(torch.from_numpy(saved.out).dtype).numpy()
+    moved = np.ascontiguousarray(array.transpose([a.output_indices.index(n) for n in order]))
+    return moved.reshape(saved.out.shape)
+
+
+def _fused_gradients(saved: _Saved, flowing: np.ndarray) -> Tuple[np.ndarray, ...]:
+    from ..backends import c_attention_grad
+    a, arrays = saved.attention, saved.arrays
+    q, k, v = arrays.query, arrays.key, arrays.value
+    groups, rows, dot = q.shape
+    keys, features = v.shape[1], v.shape[2]
+    dq, dk, dv = np.empty_like(q), np.empty_like(k), np.empty_like(v)
+    backward = c_attention_grad.backward_function(q.dtype)
+    pointers = [x.ctypes.data for x in (q, k, v, saved.out, flowing, saved.lse, dq, dk, dv)]
+    if backward(*pointers, groups, rows, keys, dot, features, arrays.scale,
+                _SCALE_MODES[a.scale], _MASK_MODES[a.mask], saved.threads):
+        raise AllocationError("the attention backward could not allocate its per-thread "
+                              "blocks")
+    return tuple(_user_layout(g, arrays.batch_shape, order, indices)
+                 for g, order, indices in (
+                     (dq, a.batch + (a.row, a.dot_index), a.query_indices),
+                     (dk, a.batch + (a.key_index, a.dot_index), a.key_indices),
+                     (dv, a.batch + (a.key_index, a.feature), a.value_indices)))
+
+
+def _user_layout(array: np.ndarray, batch_shape, order, indices) -> np.ndarray:
+    shaped = array.reshape(tuple(batch_shape) + array.shape[1:])
+    return np.ascontiguousarray(shaped.transpose([order.index(n) for n in indices]))
+
+
+def _reference_gradients(saved: _Saved, tensors, grad, wanted):
+    """The gradients by the statements' formula in torch (weights materialised):
+    differentiable again under create_graph, and NaN/inf where the statements give them."""
+    a, arrays = saved.attention, saved.arrays
+    create = torch.is_grad_enabled()      # backward(create_graph=True)
+    inputs = tensors if create else \
+        tuple(t.detach().requires_grad_(w) for t, w in zip(tensors, wanted))
+    with torch.enable_grad():
+        q, k, v = (_canonical_tensor(t, order, indices) for t, order, indices in (
+            (inputs[0], a.batch + (a.row, a.dot_index), a.query_indices),
+            (inputs[1], a.batch + (a.key_index, a.dot_index), a.key_indices),
+            (inputs[2], a.batch + (a.key_index, a.feature), a.value_indices)))
+        scores = q @ k.transpose(-1, -2)
+        if a.scale is ScaleKind.MULTIPLY:
+            scores = scores * arrays.scale
+        elif a.scale is ScaleKind.DIVIDE:
+            scores = scores / arrays.scale
+        if a.mask is MaskKind.CAUSAL:
+            rows, keys = scores.shape[-2:]
+            seen = torch.ones(rows, keys, dtype=torch.bool).tril()
+            scores = torch.where(seen, scores, torch.tensor(-torch.inf, dtype=scores.dtype))
+        weights = torch.exp(scores - scores.amax(-1, keepdim=True))
+        out = (weights @ v) / weights.sum(-1, keepdim=True)
+        order = a.batch + (a.row, a.feature)
+        out = out.reshape(tuple(arrays.batch_shape) + out.shape[1:]).permute(
+            [order.index(n) for n in a.output_indices])
+        chosen = [t for t, w in zip(inputs, wanted) if w]
+        found = iter(torch.autograd.grad(out, chosen, grad, create_graph=create))
+    return tuple(next(found) if w else None for w in wanted)
+
+
+def _canonical_tensor(tensor: torch.Tensor, order, indices) -> torch.Tensor:
+    moved = tensor.permute([indices.index(n) for n in order])
+    return moved.reshape((-1,) + tuple(moved.shape[-2:]))
