@@ -49,10 +49,13 @@ def run_recorded(attention: Attention, named: Dict[str, object], options) -> Opt
     with torch.no_grad():     # the views only: this call is recorded below, as one node
         views = torch_inputs(attention, named)
     arrays = canonical(attention, views) if views is not None else None
-    if arrays is None or not (np.isfinite(arrays.query).all() and
-                              np.isfinite(arrays.key).all()):
+    if arrays is None:
         return None
     threads = options.threads or 0
+    from ..backends import c_attention
+    finite = c_attention.functions(arrays.query.dtype)[1]     # (parallel, in C)
+    if not all(finite(a.ctypes.data, a.size, threads) for a in (arrays.query, arrays.key)):
+        return None
     lse = np.empty(arrays.query.shape[:2], arrays.query.dtype)
     out = fused._run_c(attention, arrays, threads, lse)
     if out is None:       # a value with inf or NaN
