@@ -46,3 +46,50 @@ def test_the_user_s_policy_wins():
     out, err = run({"OMP_WAIT_POLICY": "active"})
     assert "ENV active" in out
     assert "OMP_WAIT_POLICY = 'ACTIVE'" in err and "GOMP_SPINCOUNT = '0'" not in err
+
+
+# -- thread counts beside busy processes (backends/c_threads.py) ---------------------------
+
+def test_thread_count_rules(monkeypatch):
+    from einfuse.backends import c_threads
+    monkeypatch.setattr(c_threads, "free_threads", lambda: 5)
+    assert c_threads.thread_count(3, 10**9) == 3           # threads= wins
+    assert c_threads.thread_count(None, 100) == 1          # small work: the calling thread
+    assert c_threads.thread_count(None, c_threads.PARALLEL_MIN_WORK) == 5
+
+
+@pytest.mark.parametrize("running, cores, expected", [
+    (1, 2, 0), (2, 2, 1), (5, 2, 1), (1, 8, 0), (3, 8, 6), (None, 8, 0), (4, 1, 1)])
+def test_free_cores_from_running_tasks(monkeypatch, running, cores, expected):
+    from einfuse.backends import c_threads
+    monkeypatch.setattr(c_threads, "_whole_machine", lambda: True)
+    monkeypatch.setattr(c_threads.os, "cpu_count", lambda: cores)
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    assert c_threads._from_running_tasks(running) == expected
+
+
+def test_a_cpu_limited_process_keeps_openmp_s_default(monkeypatch):
+    from einfuse.backends import c_threads
+    monkeypatch.setattr(c_threads, "_whole_machine", lambda: False)
+    assert c_threads._from_running_tasks(50) == 0
+
+
+def test_kernels_beside_busy_tasks_give_the_same_results(monkeypatch):
+    """Every C path (a statement, its repeated call, a fused program and its prepared
+    run) with the thread count a busy machine gives (1) and an idle one gives (0)."""
+    import numpy as np
+
+    import einfuse as ef
+    from einfuse.backends import c_threads
+    rng = np.random.default_rng(0)
+    X = rng.standard_normal((300, 257))
+    program = ef.compile("m[i] := max[j](X[i,j])\ne[i,j] := exp(X[i,j] - m[i])\n"
+                         "P[i,j] := e[i,j] / sum[k](e[i,k])")
+    e = np.exp(X - X.max(1, keepdims=True))
+    for free in (1, 0, 1):
+        monkeypatch.setattr(c_threads, "_sample", [float("inf"), free])   # as sampled
+        for _ in range(2):
+            np.testing.assert_allclose(ef.ein("y[i] := sum[j](exp(X[i,j]))", X=X),
+                                       np.exp(X).sum(1), rtol=1e-12)
+            np.testing.assert_allclose(program(X=X), e / e.sum(1, keepdims=True),
+                                       rtol=1e-12)

@@ -22,10 +22,9 @@ from ..plan.contraction import match_contraction, run_contraction
 from ..plan.gathers import bounds_mode
 from . import c_build
 from .c_pack import pack_axis
+from .c_threads import PARALLEL_MIN_WORK, thread_count  # noqa: F401 (re-exported)
 from .c_render import render_c
 
-# Below this many loop iterations in total, threads cost more than they save.
-PARALLEL_MIN_WORK = 1 << 15
 # Lanes per output tile: 256 bytes of accumulators (8 AVX2 / 4 AVX-512 registers),
 # enough independent chains to hide FMA latency; measured on dist/matmul.
 TILE_BYTES = 256
@@ -201,7 +200,7 @@ class CBackend:
                          dtype=np.float64)
         pointers = (ctypes.c_void_p * len(buffers))(*[b.ctypes.data for b in buffers])
         work = call.bounds.points
-        threads = options.threads or (1 if work < PARALLEL_MIN_WORK else 0)
+        threads = thread_count(options.threads, work)
         error = ctypes.c_int32(0)
         for function in functions:
             function(pointers, ints.ctypes.data, doubles.ctypes.data, integers.ctypes.data,

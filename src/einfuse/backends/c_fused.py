@@ -6,7 +6,6 @@ member's arrays, runtime ints and parameters."""
 from __future__ import annotations
 
 import ctypes
-import os
 import threading
 from typing import Dict, FrozenSet, Sequence, Tuple
 
@@ -21,6 +20,7 @@ from . import c_build, c_call
 from .c_backend import (_ARGTYPES, PARALLEL_MIN_WORK, _blas_contraction, _buffers,
                         _pack_for_lanes, _plan)
 from .c_render import render_c
+from .c_threads import default_threads, free_threads, thread_count
 
 _fused: Dict[Tuple, Tuple] = {}
 _lock = threading.Lock()
@@ -84,7 +84,11 @@ def prepared_runner(members, thread_rows: FrozenSet[int], sources: Sequence[obje
            any(t.as_index for t in m.kernel.spec.tensors) for m in members):
         return None
     function, passed, thread_rows = _compiled(members, thread_rows)
-    threads = _threads(members, thread_rows)
+    # chosen per call where adaptive (OpenMP's default when no core is busy), with
+    # per-thread rows for as many threads as any call may take
+    adaptive = _adaptive(members)
+    threads = (default_threads() if thread_rows else 0) if adaptive else \
+        _threads(members, thread_rows)
     buffers = [list(m.buffers) for m in members]
     rows, scratch = [], {}
     for k in sorted(thread_rows):
@@ -131,12 +135,13 @@ def prepared_runner(members, thread_rows: FrozenSet[int], sources: Sequence[obje
                 if (array.shape, array.dtype, array.strides) != how[2]:
                     return False
             arrays.append(array)
+        count = (free_threads() or threads) if adaptive else threads
         if caller is not None:
-            error = caller(entry, tuple(arrays), *addresses, threads)
+            error = caller(entry, tuple(arrays), *addresses, count)
         else:
             pointers = (ctypes.c_void_p * len(arrays))(*[a.ctypes.data for a in arrays])
             flag = ctypes.c_int32(0)
-            function(pointers, *addresses, threads, ctypes.byref(flag))
+            function(pointers, *addresses, count, ctypes.byref(flag))
             error = flag.value
         if error:    # only gathers raise the flag, and they are not prepared
             raise BackendError("a prepared fused C kernel raised its error flag")
@@ -175,10 +180,19 @@ def _compiled(members, thread_rows: FrozenSet[int]):
 
 
 def _threads(members, thread_rows) -> int:
-    options = members[0].call.options
-    work = sum(member.call.bounds.points for member in members)
-    return options.threads or (1 if work < PARALLEL_MIN_WORK else
-                               0 if not thread_rows else default_threads())
+    """The thread count for this call (backends/c_threads.py); per-thread rows need it
+    known, so OpenMP's default becomes its number there."""
+    count = thread_count(members[0].call.options.threads, _work(members))
+    return default_threads() if count == 0 and thread_rows else count
+
+
+def _adaptive(members) -> bool:
+    """Whether the thread count is chosen per call (no threads=, enough work)."""
+    return not members[0].call.options.threads and _work(members) >= PARALLEL_MIN_WORK
+
+
+def _work(members) -> int:
+    return sum(member.call.bounds.points for member in members)
 
 
 def _uses(members, k):
@@ -206,16 +220,6 @@ def _arguments(members, buffers, rows):
     return (np.concatenate(ints + [np.array(rows + [0], dtype=np.int64)]),
             np.concatenate(doubles + [np.zeros(1)]),
             np.concatenate(integers + [np.zeros(1, np.int64)]), fills)
-
-
-def default_threads() -> int:
-    """The thread count OpenMP would choose (OMP_NUM_THREADS, else the CPUs): per-thread
-    rows need it known before the call."""
-    try:
-        value = int(os.environ.get("OMP_NUM_THREADS", "").split(",")[0])
-    except ValueError:
-        value = 0
-    return value if value > 0 else (os.cpu_count() or 1)
 
 
 def fitting_rows(members, candidates: FrozenSet[int]) -> FrozenSet[int]:

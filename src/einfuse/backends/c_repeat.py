@@ -20,6 +20,7 @@ from ..errors import BackendError
 from ..plan import buffer_slots, call_arguments, unit_axis
 from ..plan.contraction import prepare_contraction
 from . import c_call
+from .c_threads import free_threads
 from .c_backend import PARALLEL_MIN_WORK, _blas_contraction, _buffers, _pack_for_lanes, \
     kernel_functions, output_dtype
 
@@ -54,6 +55,7 @@ def repeat_runner(call) -> Optional[Runner]:
     params = tuple(plan.params)
     fills = np.zeros(2, dtype=np.float64)
     threads = call.options.threads or (1 if call.bounds.points < PARALLEL_MIN_WORK else 0)
+    adaptive = threads == 0      # the cores left by other tasks, per call (c_threads.py)
     names = tuple(tensor for tensor, _ in buffer_slots(spec)[:-1])
     pointer_array = ctypes.c_void_p * len(buffers)
     addresses = tuple(a.ctypes.data for a in (ints, doubles, integers, fills))
@@ -77,7 +79,7 @@ def repeat_runner(call) -> Optional[Runner]:
         def run_direct(named: Mapping[str, np.ndarray]) -> np.ndarray:
             arrays, given, _values = arguments(named)
             for entry in entries:
-                if call_kernel(entry, arrays, *given, threads):
+                if call_kernel(entry, arrays, *given, free_threads() if adaptive else threads):
                     raise BackendError("a prepared C kernel raised its error flag")
             return arrays[-1]
         run_direct.keep = (ints, doubles, integers, fills, functions)
@@ -88,7 +90,8 @@ def repeat_runner(call) -> Optional[Runner]:
         pointers = pointer_array(*[a.ctypes.data for a in arrays])
         error = ctypes.c_int32(0)
         for function in functions:
-            function(pointers, *given, threads, ctypes.byref(error))
+            function(pointers, *given, free_threads() if adaptive else threads,
+                     ctypes.byref(error))
         if error.value:    # only gathers raise the flag, and they are not prepared
             raise BackendError("a prepared C kernel raised its error flag")
         return arrays[-1]
