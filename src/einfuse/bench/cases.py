@@ -275,12 +275,13 @@ def _train_step(fn, tensors):
     return out.detach()
 
 
-def training_case(name: str, statement: str, inputs, formula, compiled: bool = True) -> Case:
+def training_case(name: str, statement: str, inputs, formula, compiled: bool = True,
+                  **options) -> Case:
     """Forward + backward of ``statement`` (gradients of every float input) against the
-    same formula in torch eager and under torch.compile."""
+    same formula in torch eager and under torch.compile; ``options`` for ef.compile."""
     def ours(arrays, backend):
         import einfuse as ef
-        kernel = ef.compile(statement, backend=backend)
+        kernel = ef.compile(statement, backend=backend, **options)
         tensors = _leaves(arrays)
         return lambda: _train_step(kernel, tensors)
 
@@ -353,6 +354,44 @@ def training_cases(quick: bool = False) -> List[Case]:
     ]
 
 
+def small_training_cases(quick: bool = False) -> List[Case]:
+    """Issue 11's small and medium forward + backward workloads: batched matmul, cdist,
+    2x2 max-pooling and a long max reduction, against torch eager."""
+    scale = 2 if quick else 1
+
+    def floats(**shapes):
+        return lambda rng: {name: rng.standard_normal(shape, dtype=np.float32)
+                            for name, shape in shapes.items()}
+
+    def bmm(A, B):
+        import torch
+        return torch.bmm(A, B)
+
+    def cdist(x, y):
+        import torch
+        return torch.cdist(x, y)
+
+    def pool(x):
+        import torch.nn.functional as F
+        return F.max_pool2d(x[None], 2)[0]
+
+    def amax(X):
+        return X.amax(1)
+    n, m, c = 64 // scale, 1024 // scale, 128 // scale
+    return [
+        training_case(f"bmm b=32 {n}^3", "C[b,i,j] := A[b,i,k] * B[b,k,j]",
+                      floats(A=(32, n, n), B=(32, n, n)), bmm, compiled=False),
+        training_case(f"cdist {m}x{m} d=64", "D[i,j] := sqrt(sum[d]((x[i,d] - y[j,d])**2))",
+                      floats(x=(m, 64), y=(m, 64)), cdist, compiled=False),
+        training_case(f"max-pool 2x2 {n}x{c}x{c}",
+                      "o[c,i,j] := max[a,b](x[c, 2*i+a, 2*j+b])",
+                      floats(x=(n, c, c)), pool, compiled=False,
+                      ranges={"a": range(2), "b": range(2)}),
+        training_case(f"max over rows 8x{16000 // scale}", "m[i] := max[j](X[i,j])",
+                      floats(X=(8, 16000 // scale)), amax, compiled=False),
+    ]
+
+
 def all_cases(quick: bool = False) -> List[Case]:
     """The issue's cases; ``quick`` shrinks every size (for a smoke run)."""
     from .frontend_cases import frontend_cases
@@ -363,9 +402,10 @@ def all_cases(quick: bool = False) -> List[Case]:
         return [dist_case(64, 128, 128), gauss_case(2000), matmul_case(256),
                 bmm_rev_case(32, 8), conv2d_case(200, 7), embed_case(5000, 64, 2048),
                 logsumexp_case(512), attention_case(1, 2, 128, 16)] + \
-            (training_cases(quick=True) + [attention_training_case(1, 2, 128, 16)]
-             if installed("torch") else []) + \
+            (training_cases(quick=True) + [attention_training_case(1, 2, 128, 16)] +
+             small_training_cases(quick=True) if installed("torch") else []) + \
             frontend_cases(quick=True) + overhead_cases() + jit
     return [dist_case(), gauss_case(10**4), gauss_case(10**5), matmul_case(), bmm_rev_case(),
             conv2d_case(), embed_case(), logsumexp_case(), attention_case()] + training_cases() + \
-        [attention_training_case()] + frontend_cases() + overhead_cases() + jit
+        [attention_training_case()] + small_training_cases() + frontend_cases() + \
+        overhead_cases() + jit

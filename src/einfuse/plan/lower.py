@@ -353,9 +353,11 @@ class _Lowering(BlockedSums):
         if nested and lanes is None and e.op in ("sum", "prod") and not self.checks \
                 and not self.plain:
             return self.lane_tiled_reduce(e, acc, order, inner_env, pre)
+        # (not over a short innermost index: max-pooling's 2 values per output would
+        # set up and fold 64 lanes each time, 30x the work)
         if not nested and lanes is None and e.op in ("max", "min", "logsumexp", "argmax",
                                                       "argmin") \
-                and not self.checks and not self.plain:
+                and not self.checks and not self.plain and order[-1] not in self.short:
             return self.lane_partial_reduce(e, acc, order, inner_env, pre)
         body_pre: List[ir.Stmt] = []
         value = self.expr(e.body, inner_env, body_pre)
