@@ -9,7 +9,8 @@ every wanted input in one sweep, the shift of a softmax left out) fused the same
 
 Used for CPU tensors of float32/float64 where autograd records the call, on the C or
 NumPy backend, when every statement is a ':=' statement and the backward can be
-derived; anything else keeps the statement-by-statement path.  A backward that must
+derived; anything else keeps the statement-by-statement path.  A call on such tensors
+that autograd does not record runs fused too, and returns tensors.  A backward that must
 itself be differentiable (``create_graph=True``) recomputes the forward statement by
 statement on the saved tensors and differentiates that graph, so higher derivatives
 are those of the statements."""
@@ -17,7 +18,7 @@ are those of the statements."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Dict, Optional, Sequence, Tuple
+from typing import Dict, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
@@ -25,7 +26,7 @@ import torch
 from ..autodiff.backward import Backward, backward_program
 from ..errors import EinfuseError
 from ..lang.ast import reductions
-from ..runtime.frameworks import contiguous, placeholder, to_numpy
+from ..runtime.frameworks import contiguous, is_functorch_tensor, placeholder, to_numpy
 from ..schedule import run_statements
 from .backward_run import run_backward
 
@@ -41,6 +42,7 @@ class _State:
     outputs: Tuple[str, ...]
     names: Tuple[str, ...]         # the differentiable inputs, in the order passed
     sources: Dict[str, object]     # the caller's values by name
+    arrays: Dict[str, object]      # the same as NumPy views (and Python scalars)
     backward: Backward
     saved: Tuple[str, ...]         # intermediates the forward keeps for the backward
     recompute: Tuple               # forward kernels the backward runs again, first
@@ -52,8 +54,7 @@ class _State:
 class ProgramFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, state: _State, *tensors):
-        env = {name: to_numpy(value) if isinstance(value, torch.Tensor) else value
-               for name, value in state.sources.items()}
+        env = dict(state.arrays)
         keep = set(state.outputs) | set(state.saved)
         run_statements(state.kernels, env, "numpy", keep=keep, runs=state.runs)
         saved = {name: env[name] for name in state.saved}
@@ -91,7 +92,7 @@ class ProgramFunction(torch.autograd.Function):
         else:
             env = dict(ctx.saved)
             for seed, grad in zip(state.backward.seeds, grads):
-                env[seed] = to_numpy(grad)
+                env[seed] = to_numpy(grad.resolve_neg().resolve_conj())
             found = run_backward(state.backward, env, state.backend, state.plans,
                                  state.recompute)
         return (None,) + tuple(
@@ -190,28 +191,41 @@ def recorded(holder, kernels: Sequence, env: Dict[str, object], outputs: Sequenc
 
 def _run_recorded(owner: ProgramAutograd, kernels: Sequence, env: Dict[str, object],
                   backend: str) -> Optional[Tuple]:
-    if not torch.is_grad_enabled() or backend not in ("auto", "c", "numpy") or \
-            any(k.spec.assign != ":=" for k in kernels):
+    if backend not in ("auto", "c", "numpy") or any(k.spec.assign != ":=" for k in kernels):
         return None
     names = []
     for name, value in env.items():
         if isinstance(value, torch.Tensor):
             if value.device.type != "cpu" or value.layout != torch.strided or \
+                    value.is_nested or is_functorch_tensor(value) or value.is_complex() or \
                     (value.dtype.is_floating_point and value.dtype not in _FLOATS):
                 return None
             if value.requires_grad and value.dtype in _FLOATS:
                 names.append(name)
         elif not isinstance(value, (int, float)):
             return None
-    if not names:
+    try:
+        arrays = {name: to_numpy(value) if isinstance(value, torch.Tensor) else value
+                  for name, value in env.items()}
+    except RuntimeError:    # no NumPy view (a negative or conjugate bit): as before
         return None
+    if not names or not torch.is_grad_enabled():
+        return _unrecorded(owner, kernels, arrays)
     found = owner.backward_for(tuple(names), kernels)
     if found is None:
         return None
     backward, saved, recompute = found
-    state = _State(tuple(kernels), owner.outputs, tuple(names), dict(env), backward, saved,
-                   recompute, backend, owner.plans.setdefault(tuple(names), {}), owner.runs)
+    state = _State(tuple(kernels), owner.outputs, tuple(names), dict(env), arrays, backward,
+                   saved, recompute, backend, owner.plans.setdefault(tuple(names), {}), owner.runs)
     return ProgramFunction.apply(state, *[env[name] for name in names])
+
+
+def _unrecorded(owner: ProgramAutograd, kernels: Sequence, arrays: Dict[str, object]):
+    """A call autograd does not record: the statements fused on NumPy views, as for
+    NumPy callers; the outputs as tensors sharing their arrays."""
+    run_statements(kernels, arrays, "numpy", keep=set(owner.outputs), runs=owner.runs)
+    return tuple(torch.from_numpy(contiguous(np.asarray(arrays[name])))
+                 for name in owner.outputs)
 
 
 __all__ = ["ProgramAutograd", "recorded"]
