@@ -170,3 +170,16 @@ def test_numpy_and_no_grad_calls_are_unchanged():
         out = program(X=torch.from_numpy(X).requires_grad_())
     assert out.grad_fn is None
     np.testing.assert_allclose(out.numpy(), want, rtol=1e-12)
+
+
+def test_an_output_read_by_a_recomputed_intermediate():
+    # e is recomputed in the backward from t, an output: t must be kept for it
+    program = ef.compile("t[i,j] := X[i,j] * 2\nm[i] := max[j](t[i,j])\n"
+                         "e[i,j] := exp(t[i,j] - m[i])\nP[i,j] := e[i,j] / sum[k](e[i,k])",
+                         outputs=("P", "t"))
+    gen = torch.Generator().manual_seed(6)
+    X = torch.randn(5, 6, generator=gen, dtype=torch.float64, requires_grad=True)
+    seeds = [torch.randn(5, 6, generator=gen, dtype=torch.float64) for _ in range(2)]
+    got = torch.autograd.grad(program(X=X), [X], seeds)[0]
+    want = torch.autograd.grad((torch.softmax(2 * X, 1), 2 * X), [X], seeds)[0]
+    _close(got, want, torch.float64)

@@ -27,8 +27,7 @@ from typing import Dict, FrozenSet, List, Optional, Sequence, Set, Tuple, Union
 from ..lang.parser import parse
 from ..lang.printer import format_statement
 from .derive import GradientStatement, derive, used_names
-from .program import _depends_on, _gradient_prefix, _options_for, _reaching_outputs, \
-    _value_names
+from .program import _gradient_prefix, _options_for, _reaching_outputs, _value_names
 from .shift import zero_gradient_shifts
 
 

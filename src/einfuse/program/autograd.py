@@ -57,7 +57,7 @@ class ProgramFunction(torch.autograd.Function):
         env = dict(state.arrays)
         keep = set(state.outputs) | set(state.saved)
         run_statements(state.kernels, env, "numpy", keep=keep, runs=state.runs)
-        saved = {name: env[name] for name in state.saved}
+        saved = {name: env[name] for name in state.saved if name not in state.outputs}
         for name in state.backward.shaped:
             saved.setdefault(name, placeholder(env[name]))
         for name in state.sources:
@@ -66,7 +66,7 @@ class ProgramFunction(torch.autograd.Function):
                         for name in state.outputs)
         read = []          # outputs the backward reads (their arrays are the tensors')
         for name, tensor in zip(state.outputs, results):
-            if name in state.backward.reads:
+            if name in state.backward.reads or name in state.saved:
                 saved[name] = tensor.numpy()
                 read.append(tensor)
             elif name in state.backward.shaped:
@@ -173,7 +173,9 @@ def _saved_or_recomputed(backward: Backward, kernels, outputs) -> Tuple[Tuple[st
             len(spec.output_indices) >= widest and \
             all(n not in defined or n in saved or n in outputs for n in spec.arg_order)
         (recompute if cheap else saved).append(kernel if cheap else name)
-    return tuple(saved), tuple(recompute)
+    # an output that a recomputed statement reads is kept (as the returned tensor)
+    saved += [n for k in recompute for n in k.spec.arg_order if n in outputs]
+    return tuple(dict.fromkeys(saved)), tuple(recompute)
 
 
 def recorded(holder, kernels: Sequence, env: Dict[str, object], outputs: Sequence[str],

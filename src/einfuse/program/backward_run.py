@@ -14,7 +14,7 @@ from typing import Dict, FrozenSet, List, Mapping, Tuple, Union
 
 import numpy as np
 
-from ..autodiff.backward import Backward, Contribution, Total
+from ..autodiff.backward import Backward, Total
 from ..autodiff.reference import gradient_kernel, run_reference, statements_to_run
 from ..runtime.frameworks import placeholder
 from ..schedule import run_statements

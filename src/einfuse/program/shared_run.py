@@ -11,7 +11,7 @@ from typing import Dict, List, Optional, Tuple
 import numpy as np
 
 from ..autodiff.cse import share
-from ..autodiff.reference import _gradient_kernel, _options_key
+from ..autodiff.reference import text_kernel
 from ..errors import EinfuseError
 from ..lang.parser import parse
 from ..lang.printer import format_statement
@@ -100,7 +100,7 @@ def _compiled(entries, rewritable, statements, rewritten, shares, shapes, backen
             text = format_statement(rewritten[by_entry[n]])
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
-                result.append(_gradient_kernel(text, backend, _options_key(entry.options)))
+                result.append(text_kernel(text, entry.options, backend))
         else:
             result.append(entry.kernel)
     return tuple(result)
