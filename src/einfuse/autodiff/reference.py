@@ -170,6 +170,12 @@ def gradient_kernel(g: GradientStatement, arrays: Mapping[str, object], backend:
     return _gradient_kernel(g.text, backend, _options_key(g.resolve_options(arrays)))
 
 
+def text_kernel(text: str, options: Mapping[str, object], backend: str):
+    """The compiled kernel of a rewritten gather statement ``text`` under options that
+    ``resolve_options`` gave for the statement it was rewritten from."""
+    return _gradient_kernel(text, backend, _options_key(options))
+
+
 def _options_key(options: Mapping[str, object]):
     """resolve_options' result as a hashable key (ranges as (start, stop) pairs)."""
     return tuple((key, tuple((n, (r.start, r.stop)) for n, r in sorted(value.items()))

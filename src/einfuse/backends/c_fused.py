@@ -33,8 +33,10 @@ def available() -> bool:
 def prepare(kernel, call):
     """(plan, buffers, outer index) of a statement that can be a member of a group, or
     None: it must run on the C backend as one kernel that is a single parallel loop."""
-    if call.options.backend not in ("auto", "c") or _blas_contraction(call) is not None \
-            or call.spec.has_position_reductions:
+    contraction = _blas_contraction(call)
+    # a product that sums nothing (A[i,j] * B[i,j], a[i] * B[i,j]) is elementwise
+    if call.options.backend not in ("auto", "c") or call.spec.has_position_reductions or \
+            contraction is not None and contraction.k:
         return None
     out = np.empty(call.output_shape, dtype=call.dtypes.working)
     if out.size == 0:

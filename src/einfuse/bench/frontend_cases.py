@@ -9,7 +9,7 @@ from typing import List
 
 import numpy as np
 
-from .cases import Case, numpy_peer, torch_peer
+from .cases import Case, numpy_peer, torch_peer, training_case
 
 
 def _operands(*shapes):
@@ -95,7 +95,40 @@ def layernorm_case(rows: int = 4096, cols: int = 1024) -> Case:
                 einfuse_call=_program_call(source))
 
 
+def training_frontend_cases(rows: int = 4096, cols: int = 1024) -> List[Case]:
+    """Forward + backward (torch autograd, gradients of every float input) of softmax
+    as a program and as one statement, and of layernorm, against torch eager."""
+    def x_only(rng):
+        return {"X": rng.standard_normal((rows, cols), dtype=np.float32)}
+
+    def with_affine(rng):
+        return {"X": rng.standard_normal((rows, cols), dtype=np.float32),
+                "g": rng.standard_normal(cols, dtype=np.float32),
+                "b": rng.standard_normal(cols, dtype=np.float32)}
+
+    def softmax(X):
+        import torch
+        return torch.softmax(X, 1)
+
+    def layer_norm(X, g, b):
+        import torch
+        return torch.nn.functional.layer_norm(X, (cols,), g, b, eps=1e-5)
+    size = f"{rows}x{cols}"
+    return [training_case(f"softmax program {size}", SOFTMAX, x_only, softmax,
+                          compiled=False),
+            training_case(f"softmax statement {size}", SOFTMAX_STATEMENT, x_only, softmax,
+                          compiled=False),
+            training_case(f"layernorm program {size}", LAYERNORM.replace("N", str(cols)),
+                          with_affine, layer_norm, compiled=False)]
+
+
 def frontend_cases(quick: bool = False) -> List[Case]:
+    from .cases import installed
+    training = training_frontend_cases(256, 128) if quick else training_frontend_cases()
+    return _frontend_cases(quick) + (training if installed("torch") else [])
+
+
+def _frontend_cases(quick: bool) -> List[Case]:
     if quick:
         return [einsum_case("chain 4 operands", "ab,bc,cd,de->ae", (32, 64), (64, 32),
                             (32, 64), (64, 16)),

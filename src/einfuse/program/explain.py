@@ -59,8 +59,8 @@ class ProgramExplanation:
         from ..explain import _bytes
         groups = self.groups or [FusionGroup((i,)) for i in range(n)]
         out = [f"  {len(groups)} kernel{'s' if len(groups) != 1 else ''}, in order "
-               "(NumPy arrays on the C backend; PyTorch and JAX run one kernel per "
-               "statement):"]
+               "(NumPy arrays and CPU torch tensors on the C backend, the backward under "
+               "torch autograd fused too; JAX runs one kernel per statement):"]
         for number, group in enumerate(groups, 1):
             many = len(group.statements) > 1
             which = ", ".join(str(i + 1) for i in group.statements)

@@ -86,6 +86,11 @@ class Program:
             fused = run_fused_attention(self.attention, env, self.options, framework)
             if fused is not None:
                 return from_numpy(fused, framework)
+        if framework == "torch":     # one autograd node for the whole program
+            from .autograd import recorded
+            results = recorded(self, self._kernels, env, self.outputs, self.options)
+            if results is not None:
+                return results[0] if len(results) == 1 else results
         run_statements(self._kernels, env, framework, keep=set(self.outputs),
                        runs=self._runs)
         results = tuple(env[name] for name in self.outputs)

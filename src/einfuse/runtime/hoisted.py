@@ -78,6 +78,12 @@ class HoistedForm:
         """The statement's result from its named arguments (and, for '='/'+=', the
         array it writes into), fused where schedule/fusion.py allows."""
         from ..schedule import run_statements
+        if framework == "torch":     # one autograd node for the hoisted statements
+            from ..program.autograd import recorded
+            results = recorded(self, kernels, named, (kernels[-1].spec.output,),
+                               self.options)
+            if results is not None:
+                return results[0]
         env = dict(named)
         run_statements(kernels, env, framework, keep={kernels[-1].spec.output},
                        runs=self._runs.setdefault(id(kernels), {}))

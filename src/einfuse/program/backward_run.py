@@ -1,0 +1,168 @@
+"""Running a program's backward (autodiff/backward.py) on NumPy arrays, fused.
+
+For each signature of the arrays (names, shapes, dtypes) the steps are resolved once
+into a plan: runs of gather statements and Totals become compiled kernels that
+schedule/fusion.py runs as one loop over rows where it can (softmax's ``de`` then
+lives as one row per thread and never reaches memory); scatter statements, and Totals
+that cannot be a kernel, add with NumPy between those runs."""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass, field
+from typing import Dict, FrozenSet, List, Mapping, Tuple, Union
+
+import numpy as np
+
+from ..autodiff.backward import Backward, Total
+from ..autodiff.reference import gradient_kernel, run_reference, statements_to_run
+from ..runtime.frameworks import placeholder
+from ..schedule import run_statements
+from .shared_run import Entry, shared_kernels
+
+
+@dataclass(frozen=True)
+class _Kernels:
+    """Kernels run in order by the scheduler; ``keep``: their outputs read afterwards."""
+    kernels: Tuple
+    keep: FrozenSet[str]
+    runs: dict = field(default_factory=dict, compare=False, hash=False)
+
+
+@dataclass(frozen=True)
+class _Scatter:
+    """Statements (scatters, or a gather's fallback scatters) whose sum is ``key``."""
+    statements: Tuple
+    key: str
+    like: str
+
+
+@dataclass(frozen=True)
+class _Sum:
+    total: Total
+
+
+_Piece = Union[_Kernels, _Scatter, _Sum]
+
+# Plans kept per backward; a new signature past this replaces the oldest.
+PLANS_KEPT = 16
+
+
+def run_backward(backward: Backward, env: Dict[str, object], backend: str,
+                 plans: dict, recompute: Tuple = ()) -> Dict[str, np.ndarray]:
+    """``env``: the forward's inputs and the intermediates the backward reads (NumPy
+    arrays and Python scalars) but those that ``recompute`` (forward kernels) computes
+    again, first, in the backward's first kernel, and one seed per output; returns
+    {wrt: gradient} for those with one."""
+    signature = tuple(sorted((name, np.shape(value), getattr(value, "dtype", type(value)))
+                             for name, value in env.items()))
+    plan = plans.get(signature)
+    if plan is None:
+        plan = _plan(backward, env, backend, recompute)
+        if len(plans) >= PLANS_KEPT:
+            plans.pop(next(iter(plans)), None)
+        plans[signature] = plan
+    for piece in plan:
+        if isinstance(piece, _Kernels):
+            run_statements(piece.kernels, env, "numpy", keep=set(piece.keep),
+                           runs=piece.runs)
+        elif isinstance(piece, _Scatter):
+            _scatter(piece, env)
+        else:
+            total = piece.total
+            value = env[total.parts[0]]
+            for part in total.parts[1:]:
+                value = value + env[part]
+            env[total.target] = value
+    return {name: env[result] for name, result in zip(backward.wrt, backward.results)
+            if result is not None}
+
+
+def _scatter(piece: _Scatter, env) -> None:
+    found = run_reference(list(piece.statements), env).get(piece.key)
+    env[piece.key] = found if found is not None else \
+        np.zeros(np.shape(env[piece.like]), _dtype(env[piece.like]))
+
+
+def _plan(backward: Backward, env: Mapping[str, object], backend: str,
+          recompute: Tuple) -> List[_Piece]:
+    shapes = {name: placeholder(value) for name, value in env.items()}
+    pieces: List[_Piece] = []
+    run: List[Entry] = [Entry(kernel, definition=True) for kernel in recompute]
+    for kernel in recompute:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            call = kernel.bind(arrays={n: shapes[n] for n in kernel.spec.arg_order})
+        shapes[kernel.spec.output] = np.broadcast_to(
+            np.zeros((), call.dtypes.result), call.output_shape)
+
+    def close():
+        if run:
+            pieces.append(_Kernels(shared_kernels(run, shapes, backend, backward.taken),
+                                   frozenset()))
+            run.clear()
+    for step in backward.steps:
+        if isinstance(step, Total):
+            kernel = _total_kernel(step, shapes, backward.index_names, backend)
+            if kernel is None:
+                close()
+                pieces.append(_Sum(step))
+            else:
+                run.append(Entry(kernel))
+            shapes[step.target] = shapes[step.parts[0]]
+            continue
+        chosen = statements_to_run([step.statement], shapes)
+        if len(chosen) == 1 and chosen[0].kind == "gather":
+            options = chosen[0].resolve_options(shapes)
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                run.append(Entry(gradient_kernel(chosen[0], shapes, backend),
+                                 chosen[0].text, options))
+        else:
+            close()
+            pieces.append(_Scatter(tuple(chosen), step.key, step.like))
+        like = shapes[step.like]
+        shapes[step.key] = np.broadcast_to(np.zeros((), _dtype(like)), np.shape(like))
+    close()
+    return _with_keep(pieces, backward)
+
+
+def _dtype(value) -> np.dtype:
+    dtype = np.dtype(getattr(value, "dtype", np.float64))
+    return dtype if dtype.kind == "f" else np.dtype(np.float64)
+
+
+def _total_kernel(total: Total, shapes, index_names: Tuple[str, ...], backend: str):
+    """``target[a...] := p1[a...] + p2[a...]``, or None (a 0-d gradient, parts of
+    different shapes or dtypes, or more axes than free index names)."""
+    from ..runtime.kernel import compile as ef_compile
+    first = shapes[total.parts[0]]
+    rank = np.ndim(first)
+    if rank == 0 or rank > len(index_names) or any(
+            np.shape(shapes[p]) != np.shape(first) or
+            getattr(shapes[p], "dtype", None) != getattr(first, "dtype", None)
+            for p in total.parts):
+        return None
+    subscript = f"[{', '.join(index_names[:rank])}]"
+    text = f"{total.target}{subscript} := " + " + ".join(p + subscript for p in total.parts)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return ef_compile(text, backend=backend)
+
+
+def _with_keep(pieces: List[_Piece], backward: Backward) -> List[_Piece]:
+    """Each run of kernels keeps the outputs that a later piece or the caller reads."""
+    needed = {name for name in backward.results if name is not None}
+    result: List[_Piece] = []
+    for piece in reversed(pieces):
+        if isinstance(piece, _Kernels):
+            result.append(_Kernels(piece.kernels, frozenset(needed)))
+            for kernel in piece.kernels:
+                needed |= set(kernel.spec.arg_order)
+        elif isinstance(piece, _Scatter):
+            result.append(piece)
+            needed |= {n for g in piece.statements for n in g.inputs} | {piece.like}
+        else:
+            result.append(piece)
+            needed |= set(piece.total.parts)
+    return list(reversed(result))
