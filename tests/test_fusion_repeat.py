@@ -135,3 +135,35 @@ S[i] += sum[j](e[i,j])""")
         program(X=X, S=S)
     expected = 1 + 3 * np.exp(X - X.max(1, keepdims=True)).sum(1)
     np.testing.assert_allclose(S, expected, rtol=1e-12)
+
+
+def test_statement_softmax_computes_its_exponential_once():
+    """The single-statement softmax's hoisted form reads one row of exp(X - max) in the
+    row sum and the result (runtime/hoisted.py, autodiff/cse.py): same results."""
+    statement = ef.compile("P[i,j] := exp(X[i,j] - max[k](X[i,k])) / "
+                           "sum[k](exp(X[i,k] - max[l](X[i,l])))")
+    rng = np.random.default_rng(9)
+    for dtype in (np.float64, np.float32):
+        X = (rng.standard_normal((130, 70)) * 5).astype(dtype)
+        for _ in range(2):
+            np.testing.assert_allclose(statement(X=X), softmax(X.astype(np.float64)),
+                                       rtol=1e-12 if dtype == np.float64 else 2e-6,
+                                       atol=1e-30)
+    form = statement.hoisted_form
+    assert any("cse_" in k.statement for kernels in form._chosen.values() for k in kernels)
+
+
+def test_shared_row_is_not_used_where_the_ranges_differ():
+    text = ("P[i,j] := exp(X[i,j] - max[k](X[i,k])) / "
+            "sum[k](exp(X[i,k] - max[l](X[i,l])))")
+    rng = np.random.default_rng(10)
+    X = rng.standard_normal((90, 60))
+    statement = ef.compile(text, ranges={"j": range(3, 17)})
+    e = np.exp(X - X.max(1, keepdims=True))
+    expected = (e / e.sum(1, keepdims=True))[:, 3:17]
+    for _ in range(2):
+        np.testing.assert_allclose(statement(X=X), expected, rtol=1e-12)
+    form = statement.hoisted_form
+    assert any(found is not None for found in form._shared.values())   # built, then
+    assert not any("cse_" in k.statement for kernels in form._chosen.values()  # refused
+                   for k in kernels)

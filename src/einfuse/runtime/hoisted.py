@@ -37,6 +37,10 @@ class HoistedForm:
         self._kernels: Dict[str, Tuple] = {}
         # prepared runs (schedule/fusion.py) per kernels tuple (one per working dtype)
         self._runs: Dict[int, dict] = {}
+        # per working dtype: the form with its repeated expensive expressions computed
+        # once (kernels, shares), or None; and per call signature, the kernels chosen
+        self._shared: Dict[str, Optional[Tuple]] = {}
+        self._chosen: Dict[Tuple, Tuple] = {}
 
     @staticmethod
     def of(spec, options) -> Optional["HoistedForm"]:
@@ -84,10 +88,87 @@ class HoistedForm:
                                self.options)
             if results is not None:
                 return results[0]
+        if framework == "numpy":
+            kernels = self._with_shared(kernels, named)
         env = dict(named)
         run_statements(kernels, env, framework, keep={kernels[-1].spec.output},
                        runs=self._runs.setdefault(id(kernels), {}))
         return env[kernels[-1].spec.output]
+
+    def _with_shared(self, kernels, named) -> Tuple:
+        """``kernels``, or the form with a repeated expensive expression computed once
+        (autodiff/cse.py: softmax's ``exp(X[i,k] - h1[i])``, in the row sum and again in
+        the result, becomes one row ``cse_1[i,k]`` that both read), where every read of
+        it covers exactly the ranges it is computed over for these arrays.  Decided once
+        per call signature."""
+        from .repeat import signature_of
+        signature = signature_of(named)
+        key = (id(kernels), signature)
+        chosen = self._chosen.get(key) if signature is not None else None
+        if chosen is not None:
+            return chosen
+        shared = self._shared_form(kernels)
+        chosen = kernels
+        if shared is not None and _ranges_match(*shared, named):
+            chosen = shared[0]
+        if signature is not None:
+            if len(self._chosen) >= 64:
+                self._chosen.clear()
+            self._chosen[key] = chosen
+        return chosen
+
+    def _shared_form(self, kernels) -> Optional[Tuple]:
+        """(kernels, shares) of the shared form of these kernels, built once, or None."""
+        name = str(id(kernels))
+        if name in self._shared:
+            return self._shared[name]
+        from ..autodiff.cse import share
+        from .kernel import Kernel, _spec_for
+        statements = [_spec_for(k.statement).statement for k in kernels]
+        taken = {n for k in kernels for n in k.spec.arg_order + (k.spec.output,)}
+        rewritten, shares = share(statements, [False] * len(statements), taken)
+        found = None
+        if shares and rewritten[-1].output == statements[-1].output:
+            working = kernels[0].options.dtype
+            built = []
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                for number, statement in enumerate(rewritten):
+                    text = format_statement(statement)
+                    options = self._options(text, number < len(rewritten) - 1,
+                                            np.dtype(working))
+                    built.append(Kernel(text, options))
+            found = (tuple(built), tuple(shares))
+        self._shared[name] = found
+        return found
+
+
+def _ranges_match(kernels, shares, named) -> bool:
+    """Whether every read of each shared expression covers exactly the ranges its
+    definition is computed over, for arrays like ``named`` (only shapes are read)."""
+    from .frameworks import placeholder
+    shapes = {name: placeholder(value) for name, value in named.items()}
+    ranges = []
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            for kernel in kernels:
+                call = kernel.bind(arrays={n: shapes[n] for n in kernel.spec.arg_order})
+                shapes[kernel.spec.output] = np.broadcast_to(
+                    np.zeros((), call.dtypes.result), call.output_shape)
+                ranges.append(call.bounds.range_map)
+    except (EinfuseError, KeyError):
+        return False
+    outputs = [k.spec.output for k in kernels]
+    for item in shares:
+        definer = outputs.index(item.name)
+        own = ranges[definer]
+        axes = kernels[definer].spec.output_indices
+        for position, indices in item.uses:
+            if any(tuple(ranges[position][index]) != tuple(own[axis])
+                   for axis, index in zip(axes, indices)):
+                return False
+    return True
 
 
 @functools.lru_cache(maxsize=256)
