@@ -181,3 +181,18 @@ def test_calls_outside_the_fused_path_record_the_statements(backward_calls, case
     assert not backward_calls
     if case == "scale needs grad":
         assert scale.grad is not None and torch.isfinite(scale.grad)
+
+
+def test_output_modified_in_place_before_backward(backward_calls):
+    # a residual added in place (h += x) must not change what the backward reads: the
+    # returned tensor may not share memory with the output the kernel kept
+    Q, K, V = tensors([(1, 2, 9, 5), (1, 2, 9, 5), (1, 2, 9, 4)], seed=3)
+    out = ef.ein(program(), Q=Q, K=K, V=V, scale=0.5)
+    out.mul_(2.0)
+    out.add_(1.0)
+    seed = torch.randn_like(out)
+    got = torch.autograd.grad(out, (Q, K, V), seed)
+    want = torch.autograd.grad(naive(Q, K, V, 0.5) * 2.0 + 1.0, (Q, K, V), seed)
+    assert len(backward_calls) == 1
+    for a, b in zip(got, want):
+        np.testing.assert_allclose(a.numpy(), b.numpy(), rtol=1e-10, atol=1e-12)

@@ -79,7 +79,10 @@ class _FusedAttention(torch.autograd.Function):
     def forward(ctx, saved: _Saved, query, key, value):
         ctx.saved = saved
         ctx.save_for_backward(query, key, value)
-        return torch.from_numpy(_to_output(saved.attention, saved.arrays, saved.out))
+        result = _to_output(saved.attention, saved.arrays, saved.out)
+        if np.shares_memory(result, saved.out):   # the caller may modify it in place
+            result = result.copy()                # (h += x); the backward reads out
+        return torch.from_numpy(result)
 
     @staticmethod
     def backward(ctx, grad):
