@@ -196,3 +196,19 @@ def test_output_modified_in_place_before_backward(backward_calls):
     assert len(backward_calls) == 1
     for a, b in zip(got, want):
         np.testing.assert_allclose(a.numpy(), b.numpy(), rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("dtype, scale", [(torch.float64, 1e300), (torch.float32, 1e30)])
+def test_scores_too_large_for_the_log_sum_exp_take_the_formula(backward_calls, dtype, scale):
+    # finite scores so large that one unit in the last place of exp(s - L) is past 1:
+    # weights recomputed from the log-sum-exp would be inf (NaN gradients); the statements
+    # give finite ones
+    Q, K, V = tensors([(1, 1, 5, 3), (1, 1, 5, 3), (1, 1, 5, 2)], dtype, seed=5)
+    out = ef.ein(program(), Q=Q, K=K, V=V, scale=scale)
+    seed = torch.ones_like(out)
+    got = torch.autograd.grad(out, (Q, K, V), seed)
+    want = torch.autograd.grad(naive(Q, K, V, scale), (Q, K, V), seed)
+    assert not backward_calls
+    for a, b in zip(got, want):
+        assert torch.isfinite(b).all()
+        np.testing.assert_allclose(a.numpy(), b.numpy(), rtol=1e-5, atol=1e-6)
