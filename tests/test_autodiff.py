@@ -243,3 +243,14 @@ def test_gradient_kernels_tell_fill_minus_zero_from_zero():
                        options={"bounds": "fill", "fill": fill})
         got = run_reference(grads, {"w": w, "x": x, "idx": idx, "dy": dy})["dw"]
         assert got[1] == np.inf * np.copysign(1.0, fill)
+
+
+def test_runtime_gradients_tell_fill_minus_zero_from_zero():
+    from einfuse.analysis.options import make_options
+    from einfuse.runtime.gradients import compute_gradients
+    x, w, idx, dy = np.arange(1.0, 6.0), np.ones(2), np.array([0, 9]), np.ones(2)
+    for fill in (0.0, -0.0):
+        got = compute_gradients("y[b] := w[b] / x[idx[b]]",
+                                make_options(bounds="fill", fill=fill),
+                                {"w": w, "x": x, "idx": idx}, dy, ["w"])["w"]
+        assert got[1] == np.inf * np.copysign(1.0, fill)
