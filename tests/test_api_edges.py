@@ -58,3 +58,18 @@ def test_warning_is_repeated_for_each_compile():
     for _ in range(2):
         with pytest.warns(ef.EinfuseWarning):
             ef.compile("y[b,o] := x[b,i]*W[i,o] + bias[o]")
+
+
+@pytest.mark.parametrize("backend", ["numpy", "c"])
+def test_signed_zero_pad_and_fill_are_not_one_cache_entry(backend):
+    # 0.0 == -0.0, so caches keyed by options gave the second call the first's kernel
+    x, w = np.arange(1.0, 6.0), np.ones(5)
+    idx = np.array([0, 9])
+    for first, second in ((0.0, -0.0), (-0.0, 0.0)):
+        for value in (first, second):
+            y = ef.ein("y[i] := w[i] / x[i+1]", x=x, w=w, pad=value,
+                       ranges={"i": range(5)}, backend=backend)
+            assert y[-1] == np.inf * np.copysign(1.0, value)
+            z = ef.ein("z[b] := 1 / x[idx[b]]", x=x, idx=idx, bounds="fill", fill=value,
+                       backend=backend)
+            assert z[-1] == np.inf * np.copysign(1.0, value)

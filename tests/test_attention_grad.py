@@ -181,3 +181,34 @@ def test_calls_outside_the_fused_path_record_the_statements(backward_calls, case
     assert not backward_calls
     if case == "scale needs grad":
         assert scale.grad is not None and torch.isfinite(scale.grad)
+
+
+def test_output_modified_in_place_before_backward(backward_calls):
+    # a residual added in place (h += x) must not change what the backward reads: the
+    # returned tensor may not share memory with the output the kernel kept
+    Q, K, V = tensors([(1, 2, 9, 5), (1, 2, 9, 5), (1, 2, 9, 4)], seed=3)
+    out = ef.ein(program(), Q=Q, K=K, V=V, scale=0.5)
+    out.mul_(2.0)
+    out.add_(1.0)
+    seed = torch.randn_like(out)
+    got = torch.autograd.grad(out, (Q, K, V), seed)
+    want = torch.autograd.grad(naive(Q, K, V, 0.5) * 2.0 + 1.0, (Q, K, V), seed)
+    assert len(backward_calls) == 1
+    for a, b in zip(got, want):
+        np.testing.assert_allclose(a.numpy(), b.numpy(), rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("dtype, scale", [(torch.float64, 1e300), (torch.float32, 1e30)])
+def test_scores_too_large_for_the_log_sum_exp_take_the_formula(backward_calls, dtype, scale):
+    # finite scores so large that one unit in the last place of exp(s - L) is past 1:
+    # weights recomputed from the log-sum-exp would be inf (NaN gradients); the statements
+    # give finite ones
+    Q, K, V = tensors([(1, 1, 5, 3), (1, 1, 5, 3), (1, 1, 5, 2)], dtype, seed=5)
+    out = ef.ein(program(), Q=Q, K=K, V=V, scale=scale)
+    seed = torch.ones_like(out)
+    got = torch.autograd.grad(out, (Q, K, V), seed)
+    want = torch.autograd.grad(naive(Q, K, V, scale), (Q, K, V), seed)
+    assert not backward_calls
+    for a, b in zip(got, want):
+        assert torch.isfinite(b).all()
+        np.testing.assert_allclose(a.numpy(), b.numpy(), rtol=1e-5, atol=1e-6)

@@ -233,3 +233,24 @@ def test_forward_options_and_forms():
                                             "C": np.zeros((2, 2))})
     check("s := x[i] * y[i] * m[]", ["x", "m"], {"x": rand(4), "y": rand(4),
                                                 "m": np.array(0.5)})
+
+
+def test_gradient_kernels_tell_fill_minus_zero_from_zero():
+    # 0.0 == -0.0: the gradient kernels' cache gave fill=-0.0 the kernel of fill=0.0
+    x, w, idx, dy = np.arange(1.0, 6.0), np.ones(2), np.array([0, 9]), np.ones(2)
+    for fill in (0.0, -0.0):
+        grads = derive("y[b] := w[b] / x[idx[b]]", "w",
+                       options={"bounds": "fill", "fill": fill})
+        got = run_reference(grads, {"w": w, "x": x, "idx": idx, "dy": dy})["dw"]
+        assert got[1] == np.inf * np.copysign(1.0, fill)
+
+
+def test_runtime_gradients_tell_fill_minus_zero_from_zero():
+    from einfuse.analysis.options import make_options
+    from einfuse.runtime.gradients import compute_gradients
+    x, w, idx, dy = np.arange(1.0, 6.0), np.ones(2), np.array([0, 9]), np.ones(2)
+    for fill in (0.0, -0.0):
+        got = compute_gradients("y[b] := w[b] / x[idx[b]]",
+                                make_options(bounds="fill", fill=fill),
+                                {"w": w, "x": x, "idx": idx}, dy, ["w"])["w"]
+        assert got[1] == np.inf * np.copysign(1.0, fill)

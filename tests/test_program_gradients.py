@@ -117,3 +117,18 @@ def test_scalar_parameter_gradient():
 def test_missing_output_gradient_is_named():
     with pytest.raises(NoGradientError, match="dP"):
         ef.derive(SOFTMAX, "X").run({"X": rand(2, 3)})
+
+
+def test_forward_recomputed_with_the_programs_pad_and_ranges():
+    # the recomputed forward must take the program's options: without pad= and ranges=
+    # T[i] := X[i+1] has one element fewer and every later gradient reads the wrong row
+    program = "T[i] := X[i+1]\nY[i] := W[i] * exp(T[i])"
+    X, W, dY = rand(6, seed=1), rand(6, seed=2), rand(6, seed=3)
+    options = {"pad": 0.0, "ranges": {"i": range(6)}}
+    shifted = np.append(X[1:], 0.0)
+    got_w = ef.derive(program, "W", options=options).run({"X": X, "W": W, "dY": dY})
+    np.testing.assert_allclose(got_w, dY * np.exp(shifted), rtol=1e-12)
+    got_x = ef.derive(program, "X", options=options).run({"X": X, "W": W, "dY": dY})
+    want_x = np.zeros(6)
+    want_x[1:] = (dY * W * np.exp(shifted))[:5]
+    np.testing.assert_allclose(got_x, want_x, rtol=1e-12, atol=1e-15)

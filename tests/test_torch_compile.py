@@ -169,3 +169,17 @@ def test_dynamic_true_traces_statements_kernels_and_programs():
         torch.testing.assert_close(doubled, x * 2.0)
         torch.testing.assert_close(summed, x.sum(1) * a)
         torch.testing.assert_close(shifted, torch.exp(x - x.amax(1, keepdim=True)))
+
+
+def test_program_gradient_with_a_padded_shift_and_signed_zero_pad():
+    # the backward recomputes the forward with the program's pad and ranges, and the
+    # gradient program derived for pad=0.0 is not the one for pad=-0.0 (1 / pad)
+    source = "T[i] := X[i+1]\nY[i] := W[i] / T[i]"
+    X = torch.arange(1.0, 6.0, dtype=torch.float64)
+    W = torch.ones(5, dtype=torch.float64)
+    for pad in (0.0, -0.0):
+        program = ef.compile(source, pad=pad, ranges={"i": range(5)})
+        _, (dx, dw) = grads(compiled(lambda X, W: program(X=X, W=W).sum()), X, W)
+        shifted = torch.cat([X[1:], torch.tensor([pad], dtype=torch.float64)])
+        torch.testing.assert_close(dw, 1 / shifted)
+        torch.testing.assert_close(dx[1:], -(1 / shifted[:4] ** 2))

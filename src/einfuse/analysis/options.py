@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import math
 import numbers
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Mapping, Optional, Tuple
 
 from ..errors import OptionError
@@ -33,10 +34,21 @@ class Options:
     backend: str = "auto"
     threads: Optional[int] = None
     memory_limit: int = DEFAULT_MEMORY_LIMIT
+    # 0.0 == -0.0, yet a pad or fill of -0.0 gives other results (1 / pad is -inf): the
+    # caches keyed by Options must tell them apart (set from pad and fill)
+    negative_zeros: Tuple[bool, bool] = field(init=False, repr=False, default=(False, False))
+
+    def __post_init__(self):
+        object.__setattr__(self, "negative_zeros", (_negative_zero(self.pad),
+                                                    _negative_zero(self.fill)))
 
     @property
     def range_map(self) -> Mapping[str, RangeBounds]:
         return dict(self.ranges)
+
+
+def _negative_zero(value) -> bool:
+    return isinstance(value, float) and value == 0.0 and math.copysign(1.0, value) < 0
 
 
 def make_options(ranges=None, pad=None, bounds="check", fill=0.0, dtype=None,

@@ -16,7 +16,7 @@ on the way: the steps are the v1 gradient statements, each runnable with ``ef.ei
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Dict, List, Mapping, Optional, Sequence, Set, Tuple
 
 from ..lang.parser import parse
@@ -45,6 +45,8 @@ class ProgramGradient:
     outputs: Tuple[str, ...]
     seeds: Tuple[str, ...]
     steps: Tuple[GradientStep, ...]
+    # the program's ranges/pad/bounds/fill: the recomputed forward needs them too
+    options: Dict[str, object] = field(default_factory=dict)
 
     @property
     def statements(self) -> Tuple[GradientStatement, ...]:
@@ -67,7 +69,8 @@ class ProgramGradient:
         from ..runtime.kernel import compile as ef_compile
         from .reference import run_reference
         defined = [parse(text).output for text in self.forward]
-        program = ef_compile("\n".join(self.forward), outputs=defined, backend=backend)
+        program = ef_compile("\n".join(self.forward), outputs=defined, backend=backend,
+                             **self.options)
         missing = [name for name in program.inputs + self.seeds if name not in arrays]
         if missing:
             raise NoGradientError(f"the gradient program needs {', '.join(missing)} (the "
@@ -91,9 +94,9 @@ def derive_program(source: str, wrt: str, options: Optional[Dict[str, object]] =
     ``outputs=`` naming defined tensors) and its choice of outputs are the gradient's."""
     from ..runtime.kernel import compile as ef_compile
     options = dict(options or {})
-    program = ef_compile(source, outputs=outputs, backend="numpy",
-                         **{k: options[k] for k in ("ranges", "pad", "bounds", "fill")
-                            if options.get(k) is not None})
+    given = {k: options[k] for k in ("ranges", "pad", "bounds", "fill")
+             if options.get(k) is not None}
+    program = ef_compile(source, outputs=outputs, backend="numpy", **given)
     pieces = [statement.source for statement in program.statements]
     specs = [statement.kernel.spec for statement in program.statements]
     for spec, piece in zip(specs, pieces):
@@ -128,7 +131,7 @@ def derive_program(source: str, wrt: str, options: Optional[Dict[str, object]] =
             parts.append((name, tuple(grads)))
         steps.append(GradientStep(piece.text, prefix + out, tuple(parts)))
     return ProgramGradient(source, wrt, prefix + wrt, tuple(p.text for p in pieces), chosen,
-                           tuple(prefix + name for name in chosen), tuple(steps))
+                           tuple(prefix + name for name in chosen), tuple(steps), given)
 
 
 def _depends_on(specs, wrt: str) -> Dict[str, bool]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import math
 import warnings
 from typing import Dict, Iterable, List, Mapping
 
@@ -182,10 +183,16 @@ def _options_key(options: Mapping[str, object]):
                   if key == "ranges" else value) for key, value in sorted(options.items()))
 
 
-@functools.lru_cache(maxsize=1024)
 def _gradient_kernel(text: str, backend: str, key):
     """The compiled kernel of one gradient statement under resolved options, made once
     (its compile-time warnings are the derivation's business, not the caller's)."""
+    # 0.0 == -0.0 in the key, yet fill=-0.0 gives other values (1 / fill): keyed apart
+    signs = tuple(math.copysign(1.0, v) for _, v in key if isinstance(v, float))
+    return _compiled_gradient_kernel(text, backend, key, signs)
+
+
+@functools.lru_cache(maxsize=1024)
+def _compiled_gradient_kernel(text: str, backend: str, key, signs):
     options = {k: ({n: range(*bounds) for n, bounds in v} if k == "ranges" else v)
                for k, v in key}
     with warnings.catch_warnings():

@@ -8,7 +8,9 @@ sees a key), CPU float32/float64 tensors, a scale that needs no gradient, and a 
 key and value without inf or NaN; any other call records the statements one by one,
 as before.  The backward falls back to the same formula in torch (materialising the
 weights, exactly the statements' arithmetic) where the output's gradient holds inf or
-NaN and where a double backward needs a differentiable gradient (create_graph=True)."""
+NaN, where a double backward needs a differentiable gradient (create_graph=True), and
+where the scores are so large that weights recomputed from the log-sum-exp would lose
+their accuracy (|L| * eps > 2**-10: float32 scores past ~8000)."""
 
 from __future__ import annotations
 
@@ -79,7 +81,10 @@ class _FusedAttention(torch.autograd.Function):
     def forward(ctx, saved: _Saved, query, key, value):
         ctx.saved = saved
         ctx.save_for_backward(query, key, value)
-        return torch.from_numpy(_to_output(saved.attention, saved.arrays, saved.out))
+        result = _to_output(saved.attention, saved.arrays, saved.out)
+        if np.shares_memory(result, saved.out):   # the caller may modify it in place
+            result = result.copy()                # (h += x); the backward reads out
+        return torch.from_numpy(result)
 
     @staticmethod
     def backward(ctx, grad):
@@ -90,11 +95,24 @@ class _FusedAttention(torch.autograd.Function):
             return (None,) + tuple(torch.zeros_like(t) if w else None
                                    for t, w in zip(tensors, wanted))
         flowing = _canonical_output(saved, grad.detach())
-        if torch.is_grad_enabled() or not np.isfinite(flowing).all():
+        if torch.is_grad_enabled() or not np.isfinite(flowing).all() or \
+                _scores_too_large(saved.lse):
             return (None,) + _reference_gradients(saved, tensors, grad, wanted)
         grads = _fused_gradients(saved, flowing)
         return (None,) + tuple(torch.from_numpy(g) if w else None
                                for g, w in zip(grads, wanted))
+
+
+# The kernel recomputes each weight as exp(s - L); s (summed in another order than the
+# forward's) and L carry an error of some units in the last place of L, which scales the
+# weight by exp(that): past |L| * eps = 2**-10 that is more than rounding (and inf once
+# it passes ~700), while the statements' exp(s - max) stays exact at the maximum.
+_LOG_SUM_EXP_LIMIT = 2.0 ** -10
+
+
+def _scores_too_large(lse: np.ndarray) -> bool:
+    largest = float(np.abs(lse).max()) if lse.size else 0.0
+    return not largest * float(np.finfo(lse.dtype).eps) <= _LOG_SUM_EXP_LIMIT
 
 
 def _canonical_output(saved: _Saved, grad: torch.Tensor) -> np.ndarray:

@@ -25,11 +25,14 @@ def options_key(options: Options) -> Tuple:
     if options.pad is not None:
         key.append(("pad", options.pad))
     key += [("bounds", options.bounds), ("fill", options.fill)]
+    # 0.0 == -0.0 in a key, yet pad/fill=-0.0 give other values (1 / fill): keyed apart
+    key.append(("negative_zeros", options.negative_zeros))
     return tuple(key)
 
 
 def _forward_options(key: Tuple) -> Dict[str, object]:
     options = dict(key)
+    del options["negative_zeros"]
     if "ranges" in options:
         options["ranges"] = {name: range(lo, hi) for name, (lo, hi) in options["ranges"]}
     return options

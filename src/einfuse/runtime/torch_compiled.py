@@ -303,7 +303,8 @@ def _gradients(compiled, values, grads, wanted, by_name) -> Dict[str, object]:
     options = compiled.options
     for name in wanted:
         gradient = _derived(compiled.source, name, options.ranges, options.pad,
-                            options.bounds, options.fill, tuple(compiled.outputs))
+                            options.bounds, options.fill, tuple(compiled.outputs),
+                            options.negative_zeros)
         arrays = dict(values)
         for index, (seed, grad) in enumerate(zip(gradient.seeds, grads)):
             arrays[seed] = _host(grad) if grad is not None else \
@@ -313,9 +314,11 @@ def _gradients(compiled, values, grads, wanted, by_name) -> Dict[str, object]:
 
 
 @functools.lru_cache(maxsize=256)
-def _derived(source: str, wrt: str, ranges, pad, bounds, fill, outputs: Tuple[str, ...]):
+def _derived(source: str, wrt: str, ranges, pad, bounds, fill, outputs: Tuple[str, ...],
+             negative_zeros: Tuple[bool, bool]):
     """The gradient program, derived once per program, input and options (a backward
-    under torch.compile runs on every step)."""
+    under torch.compile runs on every step); ``negative_zeros`` keys pad=-0.0 and
+    fill=-0.0 apart from 0.0, which compare equal."""
     from ..autodiff.program import derive_program
     options = {"bounds": bounds, "fill": fill}
     if ranges:
