@@ -1,0 +1,148 @@
+"""Renders a converted JAX function run over a batch (``jax.vmap`` of an ``ef.jit``
+function) as ONE C function: the unbatched program's code inside a loop over the batch
+elements, that loop shared among OpenMP threads.
+
+Why not convert the jaxpr of ``jax.vmap(fn)``: that program carries the batch as one
+more axis of every statement, so a ``scan`` body of small statements becomes a scan of
+batch-wide statements, each one a separate loop nest per step; sharing such a
+statement's outer loop among threads would fork and join the threads at every step (a
+few microseconds each, and every join waits for the slowest thread of a shared
+machine).  The batch elements are independent, so here each thread takes a contiguous
+chunk of elements and runs the whole function - loops included - for each of them: one
+parallel region per call, the step loop inside it, each element's carries and
+intermediates in that thread's own cache.  A ``while_loop`` with a per-element
+condition simply stops per element, which gives what XLA's batched loop gives (it runs
+until no element's condition holds and leaves the finished elements unchanged).
+
+Nested ``vmap`` adds batch levels: element ``b`` of a batch of sizes ``(N, M)`` is the
+pair ``(b / M, b % M)``, and an input batched at only some levels is offset by those."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import List, Tuple
+
+from ..errors import BackendError
+from ..frontends.jaxpr_ir import JitProgram
+from .c_loops import ENTRY, PARALLEL_WORK, Renderer
+
+
+@dataclass(frozen=True)
+class Batch:
+    """The batch levels a program runs over, outermost first: ``sizes[k]`` elements at
+    level ``k``; ``batched[i][k]``: whether program input ``i`` (the function's
+    arguments, then its array constants) has an axis for level ``k`` (its leading axes,
+    in level order).  Every output has all the levels."""
+    sizes: Tuple[int, ...]
+    batched: Tuple[Tuple[bool, ...], ...]
+
+    def __post_init__(self):
+        if not self.sizes or any(not isinstance(n, int) or n < 0 for n in self.sizes):
+            raise BackendError(f"batch sizes {self.sizes!r} are not counts")
+        if any(len(flags) != len(self.sizes) for flags in self.batched):
+            raise BackendError("each input needs one batched flag per batch level")
+
+    @property
+    def count(self) -> int:
+        return math.prod(self.sizes)
+
+
+def _program_work(program: JitProgram) -> int:
+    """Operations of one element (scan bodies times their lengths); a ``while_loop``
+    counts once per body, so a data-dependent loop is never assumed small."""
+    from ..frontends.jaxpr_explain import _Walker
+    walker = _Walker()
+    walker.steps(program.steps, 0, 1)
+    return walker.total + (PARALLEL_WORK if walker.loops else 0)
+
+
+def threaded(program: JitProgram, batch: Batch) -> bool:
+    """Whether the batch loop gets threads: two or more elements and at least
+    PARALLEL_WORK operations in all (a fork and join costs more than smaller work)."""
+    return batch.count >= 2 and _program_work(program) * batch.count >= PARALLEL_WORK
+
+
+def _element_offset(flags: Tuple[bool, ...], sizes: Tuple[int, ...], element_size: int) -> str:
+    """The C expression of the offset, in elements, of batch element ``ef_b``'s block
+    in an array that has the batch axes ``flags`` names (leading, in level order)."""
+    parts = []
+    stride = element_size        # the array's stride along the level being visited
+    for k in reversed(range(len(sizes))):
+        if not flags[k]:
+            continue
+        inner = math.prod(sizes[k + 1:])      # elements of ef_b per index of level k
+        index = "ef_b" if inner == 1 else f"(ef_b / {inner}LL)"
+        if k > 0:
+            index = f"({index} % {sizes[k]}LL)"
+        parts.append(f"{index} * {stride}LL")
+        stride *= sizes[k]
+    return " + ".join(parts) or "0"
+
+
+def render(program: JitProgram, batch: Batch) -> str:
+    """``int ef_jit(void **args, int threads)``: ``args`` as for the unbatched kernel
+    (inputs, then outputs, each with its batch axes); ``threads`` 0 uses OpenMP's
+    default team, 1 runs on the calling thread."""
+    if len(batch.batched) != len(program.inputs):
+        raise BackendError(f"the batch gives {len(batch.batched)} inputs flags; the "
+                           f"program has {len(program.inputs)} inputs")
+    team = threaded(program, batch)
+    renderer = Renderer(program)
+    renderer.threads_inside = not team
+    renderer.depth = 3
+    declarations, allocations, frees = renderer.storage(
+        set(program.inputs + program.outputs), on_failure="ef_ok = 0;")
+    renderer.steps(program.steps)
+    pointers: List[str] = []
+    for k, (name, flags) in enumerate(zip(program.inputs, batch.batched)):
+        buffer = program.buffer(name)
+        t = buffer.dtype.c_type
+        offset = _element_offset(flags, batch.sizes, max(1, buffer.size))
+        pointers.append(f"const {t} *restrict {name} = (const {t} *)args[{k}] + {offset};")
+    every_level = tuple(True for _ in batch.sizes)
+    for k, name in enumerate(program.outputs):
+        buffer = program.buffer(name)
+        t = buffer.dtype.c_type
+        offset = _element_offset(every_level, batch.sizes, max(1, buffer.size))
+        pointers.append(f"{t} *restrict {name} = ({t} *)args[{len(program.inputs) + k}]"
+                        f" + {offset};")
+    schedule = "dynamic, 1" if "for (;;)" in "\n".join(renderer.lines) else "static"
+    lines = [renderer.head(), "#include <omp.h>", "",
+             f"int {ENTRY}(void **args, int threads) {{",
+             "    int ef_failed = 0;",
+             "    int ef_team = threads > 0 ? threads : omp_get_max_threads();",
+             "    (void)ef_team;"]
+    if team:
+        # one parallel region for the whole call: the loops run inside each element
+        lines.append("    #pragma omp parallel num_threads(ef_team) if(ef_team > 1)")
+    lines += ["    {", "        int ef_ok = 1;",
+              *("        " + line for line in declarations + allocations)]
+    if team:
+        lines.append(f"        #pragma omp for schedule({schedule})")
+    lines += [f"        for (long long ef_b = 0; ef_b < {batch.count}LL; ++ef_b) {{",
+              "            if (!ef_ok) continue;",
+              *("            " + line for line in pointers),
+              *renderer.lines,
+              "        }",
+              "        if (!ef_ok) {"]
+    if team:
+        lines.append("            #pragma omp atomic write")
+    lines += ["            ef_failed = 1;", "        }",
+              *("        " + line for line in frees),
+              "    }", "    return ef_failed;", "}", ""]
+    return "\n".join(lines)
+
+
+def build(program: JitProgram, batch: Batch):
+    """The compiled entry point (a ctypes function taking ``void **`` and the thread
+    count)."""
+    import ctypes
+    from . import c_build
+    if c_build.find_compiler() is None:
+        raise BackendError("ef.jit needs a C compiler (cc, gcc or clang) on PATH, or $CC")
+    library = c_build.load(render(program, batch))
+    entry = getattr(library, ENTRY)
+    entry.restype = ctypes.c_int
+    entry.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_int]
+    return entry
