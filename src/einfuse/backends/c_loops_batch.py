@@ -27,6 +27,9 @@ from ..errors import BackendError
 from ..frontends.jaxpr_ir import JitProgram
 from .c_loops import ENTRY, PARALLEL_WORK, Renderer
 
+DYNAMIC_WORK = 1 << 14     # operations of one element above which threads take elements
+                           # one by one (an atomic increment each) rather than in chunks
+
 
 @dataclass(frozen=True)
 class Batch:
@@ -49,12 +52,12 @@ class Batch:
 
 
 def _program_work(program: JitProgram) -> int:
-    """Operations of one element (scan bodies times their lengths); a ``while_loop``
-    counts once per body, so a data-dependent loop is never assumed small."""
+    """Operations of one element (scan bodies times their lengths, a ``while_loop``'s
+    body once: its trip count is not known)."""
     from ..frontends.jaxpr_explain import _Walker
     walker = _Walker()
     walker.steps(program.steps, 0, 1)
-    return walker.total + (PARALLEL_WORK if walker.loops else 0)
+    return walker.total
 
 
 def threaded(program: JitProgram, batch: Batch) -> bool:
@@ -107,7 +110,9 @@ def render(program: JitProgram, batch: Batch) -> str:
         offset = _element_offset(every_level, batch.sizes, max(1, buffer.size))
         pointers.append(f"{t} *restrict {name} = ({t} *)args[{len(program.inputs) + k}]"
                         f" + {offset};")
-    schedule = "dynamic, 1" if "for (;;)" in "\n".join(renderer.lines) else "static"
+    # elements of some work are handed out one at a time, so that a thread descheduled on
+    # a shared machine (or an element whose while_loop runs longer) delays only its own
+    schedule = "dynamic, 1" if _program_work(program) >= DYNAMIC_WORK else "static"
     lines = [renderer.head(), "#include <omp.h>", "",
              f"int {ENTRY}(void **args, int threads) {{",
              "    int ef_failed = 0;",

@@ -96,9 +96,31 @@ def render_contraction(renderer, step: Assign, x: Node, y: Read) -> None:
             renderer.emit(f"memcpy(ef_out + {k * lanes}, &ef_a{k}, sizeof ef_a{k});")
         renderer.depth -= 1
         renderer.emit("}")
-    if extent % lanes:
+    start = whole * lanes
+    for width in (VECTOR_BYTES // 2, VECTOR_BYTES // 4):
+        # the rest of the row in narrower vectors (12 = 8 + 4 doubles), then one by one
+        narrow = width // dtype.numpy.itemsize
+        if narrow < 2 or extent - start < narrow:
+            continue
+        short = f"ef_vec{width}_{t}"
+        renderer.helpers.setdefault(
+            short, f"typedef {t} {short} __attribute__((vector_size({width})));")
+        renderer.emit("{")
+        renderer.depth += 1
+        renderer.emit(f"const long long {last} = {start}LL;")
+        renderer.emit(f"{short} ef_a = {{0}};")
+        inner = renderer.open_loops(step.reduction.indices)
+        renderer.emit(f"const {t} ef_x = {renderer.expr(x)};")
+        renderer.emit(f"{short} ef_v; memcpy(&ef_v, {source}, sizeof ef_v); "
+                      "ef_a += ef_x * ef_v;")
+        renderer.close(inner)
+        renderer.emit(f"memcpy({target}, &ef_a, sizeof ef_a);")
+        renderer.depth -= 1
+        renderer.emit("}")
+        start += narrow
+    if start < extent:
         # the last elements, one accumulator each, summed in the same order
-        renderer.emit(f"for (long long {last} = {whole * lanes}LL; {last} < {extent}LL; "
+        renderer.emit(f"for (long long {last} = {start}LL; {last} < {extent}LL; "
                       f"++{last}) {{")
         renderer.depth += 1
         renderer.emit(f"{t} ef_acc = 0;")
