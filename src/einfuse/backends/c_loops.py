@@ -502,6 +502,12 @@ class Renderer:
         return declarations, allocations, frees
 
     def render(self) -> str:
+        body = self.function(f"int {ENTRY}(void **args)")
+        return "\n".join([self.head(), "", body])
+
+    def function(self, signature: str) -> str:
+        """The program as one C function (``args``: inputs, then outputs); render the
+        head after it, which holds the helpers that the body uses."""
         program = self.program
         prologue = []
         for k, name in enumerate(program.inputs):
@@ -514,7 +520,7 @@ class Renderer:
         self.steps(program.steps)
         body = "\n".join(self.lines)
         return "\n".join([
-            self.head(), "", f"int {ENTRY}(void **args) {{",
+            f"{signature} {{",
             *("    " + line for line in prologue + declarations + allocations),
             body,
             *("    " + line for line in frees),

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import List, Tuple
+from typing import List, Optional, Tuple
 
 from ..errors import BackendError
 from ..frontends.jaxpr_ir import JitProgram
@@ -147,6 +147,92 @@ def build(program: JitProgram, batch: Batch):
     if c_build.find_compiler() is None:
         raise BackendError("ef.jit needs a C compiler (cc, gcc or clang) on PATH, or $CC")
     library = c_build.load(render(program, batch))
+    entry = getattr(library, ENTRY)
+    entry.restype = ctypes.c_int
+    entry.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_int]
+    return entry
+
+
+@dataclass(frozen=True)
+class Blocks:
+    """A batch of ``count`` elements run as blocks of ``block``: ``full`` is the
+    program of ``jax.vmap(fn)`` over ``block`` elements, ``rest`` the one over the last
+    ``count % block`` (None when ``block`` divides ``count``); ``batched[i]``: whether
+    argument ``i`` has the batch axis (leading).  Element sizes are those of one
+    element: ``input_sizes`` of the arguments, ``output_sizes`` of the outputs."""
+    count: int
+    block: int
+    full: JitProgram
+    rest: Optional[JitProgram]
+    batched: Tuple[bool, ...]
+    input_sizes: Tuple[int, ...]
+    output_sizes: Tuple[int, ...]
+
+
+def render_blocks(blocks: Blocks) -> str:
+    """``int ef_jit(void **args, int threads)`` with ``args``: the arguments, the
+    outputs, the array constants of ``full``, then those of ``rest``.  The blocks are
+    shared among threads, each one running the whole function (its loops included)
+    on its block; inside a block the statements span the block's elements, so a
+    contraction reuses each weight it loads for all of them (c_loops_dot)."""
+    parts = [blocks.full] + ([blocks.rest] if blocks.rest is not None else [])
+    whole = blocks.count // blocks.block
+    total = whole + (1 if blocks.rest is not None else 0)
+    team = total >= 2 and _program_work(blocks.full) * total >= PARALLEL_WORK
+    helpers, functions = {}, []
+    for k, part in enumerate(parts):
+        renderer = Renderer(part)
+        renderer.threads_inside = not team
+        functions.append(renderer.function(f"static int ef_part{k}(void **args)"))
+        helpers.update(renderer.helpers)
+    head = Renderer(blocks.full)
+    head.helpers = helpers
+    users = len(blocks.batched)
+    outputs = len(blocks.output_sizes)
+    lines = [head.head(), "#include <omp.h>", "", *functions,
+             f"int {ENTRY}(void **args, int threads) {{",
+             "    int ef_failed = 0;",
+             "    int ef_team = threads > 0 ? threads : omp_get_max_threads();",
+             "    (void)ef_team;"]
+    if team:
+        lines.append("    #pragma omp parallel for schedule(dynamic, 1) "
+                     "num_threads(ef_team) if(ef_team > 1)")
+    lines.append(f"    for (long long ef_b = 0; ef_b < {total}LL; ++ef_b) {{")
+    constants_before = 0
+    for k, part in enumerate(parts):
+        pointers = []
+        for i, (batched, size) in enumerate(zip(blocks.batched, blocks.input_sizes)):
+            t = part.buffer(part.inputs[i]).dtype.c_type
+            pointers.append(f"(void *)((const {t} *)args[{i}] + ef_b * "
+                            f"{blocks.block * size}LL)" if batched else f"args[{i}]")
+        constants = len(part.constants)
+        pointers += [f"args[{users + outputs + constants_before + j}]"
+                     for j in range(constants)]
+        constants_before += constants
+        for j, size in enumerate(blocks.output_sizes):
+            t = part.buffer(part.outputs[j]).dtype.c_type
+            pointers.append(f"(void *)(({t} *)args[{users + j}] + ef_b * "
+                            f"{blocks.block * size}LL)")
+        condition = f"if (ef_b < {whole}LL)" if k == 0 else "else"
+        if len(parts) == 1:
+            condition = ""
+        lines.append(f"        {condition} {{")
+        lines.append(f"            void *ef_args[] = {{{', '.join(pointers)}}};")
+        lines.append(f"            if (ef_part{k}(ef_args)) {{")
+        if team:
+            lines.append("                #pragma omp atomic write")
+        lines += ["                ef_failed = 1;", "            }", "        }"]
+    lines += ["    }", "    return ef_failed;", "}", ""]
+    return "\n".join(lines)
+
+
+def build_blocks(blocks: Blocks):
+    """The compiled entry point of ``render_blocks``."""
+    import ctypes
+    from . import c_build
+    if c_build.find_compiler() is None:
+        raise BackendError("ef.jit needs a C compiler (cc, gcc or clang) on PATH, or $CC")
+    library = c_build.load(render_blocks(blocks))
     entry = getattr(library, ENTRY)
     entry.restype = ctypes.c_int
     entry.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_int]

@@ -19,7 +19,9 @@ from ..frontends.jaxpr_ir import (Apply, Assign, Cast, Index, Node, Read, Reduce
                                   ScalarType, Select)
 
 VECTOR_BYTES = 64          # one AVX-512 register; compilers split it on narrower machines
-GROUP = 8                  # vectors of accumulators per group (registers in use)
+GROUP = 8                  # vectors of accumulators along a row (registers in use)
+ROWS = 4                   # rows of a batch of rows computed together
+ACCUMULATORS = 16          # vectors of accumulators in all (of 32 AVX-512 registers)
 
 
 def _mentions(node: Node, name: str) -> bool:
@@ -67,38 +69,95 @@ def render_contraction(renderer, step: Assign, x: Node, y: Read) -> None:
         vector, f"typedef {t} {vector} __attribute__((vector_size({VECTOR_BYTES})));")
     *outer, (last, extent) = step.indices
     whole = extent // lanes                       # whole vectors in the row
-    opened = renderer.open_loops(outer, parallel=renderer.parallel(step))
+    # the output index before the row, when y does not read it (a batch of rows, as in
+    # a vmapped layer): ROWS rows at once, so each vector of y loaded serves them all
+    row = None
+    if outer and outer[-1][1] > 1 and not _mentions(y, outer[-1][0]) and whole:
+        row, rows = outer[-1]
+        outer = outer[:-1]
+    parallel = renderer.parallel(step)
+    # threads over the first loop of the nest: the row blocks when no loop is outside
+    share_rows = row is not None and parallel and all(e == 1 for _, e in outer)
+    opened = renderer.open_loops(outer, parallel=parallel and not share_rows)
     target = f"&{step.buffer}[" + renderer.offset(
         step.buffer, step.prefix + tuple(Index(n) for n, _ in step.indices)) + "]"
     source = f"&{y.buffer}[{renderer.offset(y.buffer, y.subscripts)}]"
     groups = [(start, min(GROUP, whole - start)) for start in range(0, whole, GROUP)]
     # the groups of GROUP vectors as one C loop, a shorter last group after it
-    full = [g for g in groups if g[1] == GROUP]
     shapes = []
-    if full:
-        shapes.append((f"ef_g * {GROUP * lanes}LL", len(full), GROUP))
+    if any(g[1] == GROUP for g in groups):
+        shapes.append((f"ef_g * {GROUP * lanes}LL", sum(g[1] == GROUP for g in groups), GROUP))
     if groups and groups[-1][1] != GROUP:
         shapes.append((f"{groups[-1][0] * lanes}LL", 1, groups[-1][1]))
     for start, repeat, count in shapes:
-        renderer.emit(f"for (long long ef_g = 0; ef_g < {repeat}LL; ++ef_g) {{")
+        if row is None:
+            _block(renderer, step, x, t, vector, lanes, last, start, repeat, count,
+                   None, 1, source, target)
+            continue
+        per_block = max(1, min(ROWS, ACCUMULATORS // count, rows))
+        blocks, left = divmod(rows, per_block)
+        if share_rows and blocks >= 2:
+            renderer.emit("#pragma omp parallel for")
+        renderer.emit(f"for (long long ef_r = 0; ef_r < {blocks * per_block}LL; "
+                      f"ef_r += {per_block}LL) {{")
         renderer.depth += 1
-        renderer.emit(f"const long long {last} = {start};")
-        renderer.emit(" ".join(f"{vector} ef_a{k} = {{0}};" for k in range(count)))
-        inner = renderer.open_loops(step.reduction.indices)
-        renderer.emit(f"const {t} ef_x = {renderer.expr(x)};")
-        renderer.emit(f"const {t} *ef_y = {source};")
-        for k in range(count):
-            renderer.emit(f"{{ {vector} ef_v; memcpy(&ef_v, ef_y + {k * lanes}, "
-                          f"sizeof ef_v); ef_a{k} += ef_x * ef_v; }}")
-        renderer.close(inner)
-        renderer.emit(f"{t} *ef_out = {target};")
-        for k in range(count):
-            renderer.emit(f"memcpy(ef_out + {k * lanes}, &ef_a{k}, sizeof ef_a{k});")
+        _block(renderer, step, x, t, vector, lanes, last, start, repeat, count, row,
+               per_block, source, target)
         renderer.depth -= 1
         renderer.emit("}")
-    start = whole * lanes
+        if left:
+            renderer.emit("{")
+            renderer.depth += 1
+            renderer.emit(f"const long long ef_r = {blocks * per_block}LL;")
+            _block(renderer, step, x, t, vector, lanes, last, start, repeat, count, row,
+                   left, source, target)
+            renderer.depth -= 1
+            renderer.emit("}")
+    if whole * lanes < extent:
+        if row is not None:
+            opened += renderer.open_loops([(row, rows)])
+        _rest(renderer, step, x, y, dtype, t, last, extent, whole * lanes, source, target)
+    renderer.close(opened)
+
+
+def _block(renderer, step, x, t, vector, lanes, last, start, repeat, count, row,
+           rows, source, target) -> None:
+    """``rows`` rows (from ``ef_r``; one row and no index when ``row`` is None) by
+    ``count`` vectors of the row (from ``start``), ``repeat`` times along the row."""
+    renderer.emit(f"for (long long ef_g = 0; ef_g < {repeat}LL; ++ef_g) {{")
+    renderer.depth += 1
+    renderer.emit(f"const long long {last} = {start};")
+    for r in range(rows):
+        renderer.emit(" ".join(f"{vector} ef_a{r}_{k} = {{0}};" for k in range(count)))
+    inner = renderer.open_loops(step.reduction.indices)
+    for r in range(rows):
+        renderer.emit(f"{t} ef_x{r};")
+        _at_row(renderer, row, r, f"ef_x{r} = {renderer.expr(x)};")
+    renderer.emit(f"const {t} *ef_y = {source};")
+    for k in range(count):
+        renderer.emit(f"{{ {vector} ef_v; memcpy(&ef_v, ef_y + {k * lanes}, sizeof ef_v); " +
+                      " ".join(f"ef_a{r}_{k} += ef_x{r} * ef_v;" for r in range(rows)) + " }")
+    renderer.close(inner)
+    for r in range(rows):
+        stores = " ".join(f"memcpy(ef_out + {k * lanes}, &ef_a{r}_{k}, sizeof ef_a{r}_{k});"
+                          for k in range(count))
+        _at_row(renderer, row, r, f"{t} *ef_out = {target}; {stores}")
+    renderer.depth -= 1
+    renderer.emit("}")
+
+
+def _at_row(renderer, row, r: int, statement: str) -> None:
+    """``statement`` with the row index ``row`` at ``ef_r + r`` (as is without a row)."""
+    if row is None:
+        renderer.emit(statement if statement.startswith("ef_") else f"{{ {statement} }}")
+    else:
+        renderer.emit(f"{{ const long long {row} = ef_r + {r}LL; {statement} }}")
+
+
+def _rest(renderer, step, x, y, dtype, t, last, extent, start, source, target) -> None:
+    """The row's elements past its last whole vector: narrower vectors (12 = 8 + 4
+    doubles), then one accumulator each, every element summed in the same order."""
     for width in (VECTOR_BYTES // 2, VECTOR_BYTES // 4):
-        # the rest of the row in narrower vectors (12 = 8 + 4 doubles), then one by one
         narrow = width // dtype.numpy.itemsize
         if narrow < 2 or extent - start < narrow:
             continue
@@ -119,7 +178,6 @@ def render_contraction(renderer, step: Assign, x: Node, y: Read) -> None:
         renderer.emit("}")
         start += narrow
     if start < extent:
-        # the last elements, one accumulator each, summed in the same order
         renderer.emit(f"for (long long {last} = {start}LL; {last} < {extent}LL; "
                       f"++{last}) {{")
         renderer.depth += 1
@@ -130,4 +188,3 @@ def render_contraction(renderer, step: Assign, x: Node, y: Read) -> None:
         renderer.emit(f"*({target}) = ef_acc;")
         renderer.depth -= 1
         renderer.emit("}")
-    renderer.close(opened)

@@ -39,9 +39,19 @@ class BatchedFunction:
             for a, flags in zip(base.in_avals, batched))
         self.out_avals = tuple(jax.core.ShapedArray(tuple(sizes) + a.shape, a.dtype)
                                for a in base.out_avals)
-        unbatched = tuple(False for _ in sizes)
-        flags = tuple(batched) + tuple(unbatched for _ in base.program.constants)
-        self.entry = c_loops_batch.build(base.program, c_loops_batch.Batch(sizes, flags))
+        if len(sizes) == 1 and sizes[0] >= 2:
+            self.blocks = _blocks(base, sizes[0], tuple(flags[0] for flags in batched))
+            self.constants = [array for part in (self.blocks.full, self.blocks.rest)
+                              if part is not None for _, array in part.constants]
+            self.entry = c_loops_batch.build_blocks(self.blocks)
+        else:
+            # nested vmap (or a batch of one): the unbatched program per element
+            self.blocks = None
+            self.constants = [array for _, array in base.program.constants]
+            unbatched = tuple(False for _ in sizes)
+            flags = tuple(batched) + tuple(unbatched for _ in base.program.constants)
+            self.entry = c_loops_batch.build(base.program,
+                                             c_loops_batch.Batch(sizes, flags))
         self._nested: Dict[object, BatchedFunction] = {}
         self.kernel = self._kernel_call()
 
@@ -55,15 +65,17 @@ class BatchedFunction:
                 raise EinfuseTypeError(f"{self.name} takes an argument of shape "
                                        f"{aval.shape}, not {array.shape}")
             inputs.append(array)
-        inputs += [np.ascontiguousarray(array) for _, array in self.base.program.constants]
+        constants = [np.ascontiguousarray(array) for array in self.constants]
         try:
             outputs = [np.empty(aval.shape, aval.dtype) for aval in self.out_avals]
         except MemoryError:
             shapes = ", ".join(a.str_short() for a in self.out_avals)
             raise AllocationError(f"the outputs of {self.name} ({shapes}) do not fit in "
                                   "memory") from None
-        pointers = (ctypes.c_void_p * (len(inputs) + len(outputs)))(
-            *[a.ctypes.data for a in inputs + outputs])
+        # blocks: arguments, outputs, constants; elements: arguments, constants, outputs
+        arrays = inputs + outputs + constants if self.blocks is not None else \
+            inputs + constants + outputs
+        pointers = (ctypes.c_void_p * len(arrays))(*[a.ctypes.data for a in arrays])
         if self.entry(pointers, 0) != 0:
             raise AllocationError(f"the kernel of {self.name} could not allocate its "
                                   "intermediates")
@@ -102,3 +114,28 @@ def batched_function(base, sizes, batched, cache: Dict) -> BatchedFunction:
     made = BatchedFunction(base, tuple(sizes), tuple(batched))
     with _lock:
         return cache.setdefault(key, made)
+
+
+BLOCK = 8      # batch elements per block: the statements of a block span 8 elements, so
+               # a contraction loads each weight once for 8 of them; enough blocks
+               # remain to share among threads
+
+
+def _blocks(base, count: int, batched: Tuple[bool, ...]):
+    """The programs of ``jax.vmap(base's function)`` over blocks of BLOCK elements (and
+    over the remainder), converted from their jaxprs."""
+    from ..backends.c_loops_batch import Blocks
+    from ..frontends.jaxpr import convert
+    from .jit import _without_dead_code
+    block = min(BLOCK, count)
+    axes = tuple(0 if b else None for b in batched)
+    vmapped = jax.vmap(lambda *x: tuple(base.flat_fn(*x)), in_axes=axes)
+
+    def program(size):
+        examples = [jax.ShapeDtypeStruct(((size,) if b else ()) + a.shape, a.dtype)
+                    for a, b in zip(base.in_avals, batched)]
+        return convert(_without_dead_code(jax.make_jaxpr(vmapped)(*examples)))
+    rest = count % block
+    return Blocks(count, block, program(block), program(rest) if rest else None, batched,
+                  tuple(int(np.prod(a.shape)) for a in base.in_avals),
+                  tuple(int(np.prod(a.shape)) for a in base.out_avals))
