@@ -70,7 +70,7 @@ class CompiledFunction:
         self.program = convert(self.closed)
         self.entry = c_loops.build(self.program)
         self._backward: Optional[CompiledFunction] = None
-        self._batched: Dict[object, CompiledFunction] = {}
+        self._batched: Dict[object, object] = {}   # BatchedFunction per batch
         self.call = self._differentiable()
 
     # -- the host kernel ----------------------------------------------------------------------

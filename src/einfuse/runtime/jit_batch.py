@@ -18,6 +18,7 @@ import jax
 import numpy as np
 
 from ..errors import AllocationError, EinfuseTypeError
+from ..frontends.jaxpr import JaxprConversionError
 
 _lock = threading.Lock()
 
@@ -39,14 +40,18 @@ class BatchedFunction:
             for a, flags in zip(base.in_avals, batched))
         self.out_avals = tuple(jax.core.ShapedArray(tuple(sizes) + a.shape, a.dtype)
                                for a in base.out_avals)
+        self.blocks = None
         if len(sizes) == 1 and sizes[0] >= 2:
-            self.blocks = _blocks(base, sizes[0], tuple(flags[0] for flags in batched))
+            try:
+                self.blocks = _blocks(base, sizes[0], tuple(flags[0] for flags in batched))
+            except JaxprConversionError:
+                pass   # a batched form JAX writes that is not converted: per element
+        if self.blocks is not None:
             self.constants = [array for part in (self.blocks.full, self.blocks.rest)
                               if part is not None for _, array in part.constants]
             self.entry = c_loops_batch.build_blocks(self.blocks)
         else:
             # nested vmap (or a batch of one): the unbatched program per element
-            self.blocks = None
             self.constants = [array for _, array in base.program.constants]
             unbatched = tuple(False for _ in sizes)
             flags = tuple(batched) + tuple(unbatched for _ in base.program.constants)
