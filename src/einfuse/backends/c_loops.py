@@ -17,7 +17,7 @@ import math
 from typing import Dict, List, Tuple
 
 from ..errors import BackendError
-from . import c_loops_dot
+from . import c_loops_dot, c_loops_flat
 from ..frontends.jaxpr_ir import (INDEX, Apply, Assign, Branch, Cast, Const, Index,
                                   JitProgram, Loop, LoopKind, Node, Read, ReduceOp,
                                   ScalarType, ScatterAdd, Select)
@@ -318,6 +318,9 @@ class Renderer:
                 4 <= step.indices[-1][1] <= 4096 and \
                 step.reduction.op not in (ReduceOp.ARGMAX, ReduceOp.ARGMIN):
             self.row_reduction(step)
+            return
+        if c_loops_flat.flattens(self, step):
+            c_loops_flat.render_flat(self, step)
             return
         simd = step.reduction is None and bool(step.indices) and step.indices[-1][1] >= 4
         opened = self.open_loops(step.indices, simd, parallel=self.parallel(step))
