@@ -322,7 +322,9 @@ class Renderer:
         if c_loops_flat.flattens(self, step):
             c_loops_flat.render_flat(self, step)
             return
-        simd = step.reduction is None and bool(step.indices) and step.indices[-1][1] >= 4
+        # the innermost loop that is a loop (a vmapped (8, 1) activation: the 8)
+        real = [extent for _, extent in step.indices if extent != 1]
+        simd = step.reduction is None and bool(real) and real[-1] >= 4
         opened = self.open_loops(step.indices, simd, parallel=self.parallel(step))
         target = f"{step.buffer}[{self.offset(step.buffer, step.prefix + tuple(Index(n) for n, _ in step.indices))}]"
         if step.reduction is None:
