@@ -14,9 +14,10 @@ place.  Generated code contains only generated names and validated literals."""
 from __future__ import annotations
 
 import math
-from typing import Dict, List
+from typing import Dict, List, Tuple
 
 from ..errors import BackendError
+from . import c_loops_dot, c_loops_flat
 from ..frontends.jaxpr_ir import (INDEX, Apply, Assign, Branch, Cast, Const, Index,
                                   JitProgram, Loop, LoopKind, Node, Read, ReduceOp,
                                   ScalarType, ScatterAdd, Select)
@@ -116,7 +117,7 @@ class Renderer:
         self.depth = 1
         self.counter = 0
         self.loop_depth = 0
-
+        self.threads_inside = True   # False: the caller runs this code on a thread team
 
     # -- helpers ------------------------------------------------------------------------------
     def helper(self, op: str, dtype: ScalarType) -> str:
@@ -308,12 +309,22 @@ class Renderer:
     def assign(self, step: Assign) -> None:
         if step.origin:
             self.emit(f"/* {_comment(step.origin)} */")
+        if step.reduction is not None and step.indices and step.indices[-1][1] >= 8:
+            operands = c_loops_dot.contraction_operands(step, self.program.buffer(step.buffer).dtype)
+            if operands is not None:
+                c_loops_dot.render_contraction(self, step, *operands)
+                return
         if step.reduction is not None and step.indices and \
                 4 <= step.indices[-1][1] <= 4096 and \
                 step.reduction.op not in (ReduceOp.ARGMAX, ReduceOp.ARGMIN):
             self.row_reduction(step)
             return
-        simd = step.reduction is None and bool(step.indices) and step.indices[-1][1] >= 4
+        if c_loops_flat.flattens(self, step):
+            c_loops_flat.render_flat(self, step)
+            return
+        # the innermost loop that is a loop (a vmapped (8, 1) activation: the 8)
+        real = [extent for _, extent in step.indices if extent != 1]
+        simd = step.reduction is None and bool(real) and real[-1] >= 4
         opened = self.open_loops(step.indices, simd, parallel=self.parallel(step))
         target = f"{step.buffer}[{self.offset(step.buffer, step.prefix + tuple(Index(n) for n, _ in step.indices))}]"
         if step.reduction is None:
@@ -328,6 +339,8 @@ class Renderer:
         statements (the seed's 12-wide layers) stay single-threaded: a fork and join
         would cost more than the statement."""
         from ..frontends.jaxpr_explain import _flops
+        if not self.threads_inside:
+            return False
         real = [extent for _, extent in step.indices if extent != 1]
         if len(real) < 1 or real[0] < 2:
             return False
@@ -460,63 +473,66 @@ class Renderer:
         return [vector_math_declarations("f", "float") + vector_math_declarations("", "double")]
 
     # -- the function -------------------------------------------------------------------------
-    def render(self) -> str:
-        program = self.program
-        declared = set()
-        prologue, epilogue = [], []
-        for k, name in enumerate(program.inputs):
-            buffer = program.buffer(name)
-            prologue.append(f"const {buffer.dtype.c_type} *restrict {name} = "
-                            f"(const {buffer.dtype.c_type} *)args[{k}];")
-            declared.add(name)
-        for k, name in enumerate(program.outputs):
-            buffer = program.buffer(name)
-            prologue.append(f"{buffer.dtype.c_type} *restrict {name} = "
-                            f"({buffer.dtype.c_type} *)args[{len(program.inputs) + k}];")
-            declared.add(name)
-        on_stack = 0
-        for buffer in program.buffers:
-            if buffer.name in declared:
-                continue
-            nbytes = max(1, buffer.size) * buffer.dtype.numpy.itemsize
-            if on_stack + nbytes <= STACK_LIMIT:
-                on_stack += nbytes
-                prologue.append(f"{buffer.dtype.c_type} {buffer.name}[{max(1, buffer.size)}];")
-            else:
-                prologue.append(f"{buffer.dtype.c_type} *{buffer.name} = "
-                                f"({buffer.dtype.c_type} *)malloc({nbytes}ULL);")
-                prologue.append(f"if (!{buffer.name}) goto fail;")
-                epilogue.append(f"free({buffer.name});")
-        self.steps(program.steps)
-        body = "\n".join(self.lines)
-        head = "\n".join(["#include <math.h>", "#include <stdlib.h>", "#include <string.h>",
+    def head(self) -> str:
+        """Includes and the helpers used so far (render the body first)."""
+        return "\n".join(["#include <math.h>", "#include <stdlib.h>", "#include <string.h>",
                           "static inline long long ef_floordiv(long long a, long long b) "
                           "{ long long q = a / b; return (a % b != 0 && ((a < 0) != (b < 0)))"
                           " ? q - 1 : q; }",
                           "static inline long long ef_floormod(long long a, long long b) "
                           "{ long long r = a % b; return (r != 0 && ((r < 0) != (b < 0))) "
                           "? r + b : r; }"] + self.vector_math() + list(self.helpers.values()))
-        # every pointer starts NULL so that the failure path frees only what was allocated
-        pointers = [line for line in prologue if "malloc" in line]
-        declarations = [line for line in prologue if "malloc" not in line and
-                        not line.startswith("if (!")]
-        allocations = []
-        for line in prologue:
-            if "malloc" in line:
-                name = line.split("*", 1)[1].split("=", 1)[0].strip()
-                allocations.append(f"{name} = {line.split('=', 1)[1].strip()}")
-            elif line.startswith("if (!"):
-                allocations.append(line)
-        null_pointers = [line.split("=", 1)[0].strip() + " = 0;" for line in pointers]
+
+    def storage(self, declared, on_failure: str = "goto fail;") \
+            -> Tuple[List[str], List[str], List[str]]:
+        """The intermediates (buffers not in ``declared``): (declarations, allocations,
+        frees).  Small ones live on the stack (STACK_LIMIT in all), the rest are
+        allocated; every pointer starts NULL so that a failure frees only what was
+        allocated, and a failed allocation jumps to ``fail``."""
+        declarations, allocations, frees = [], [], []
+        on_stack = 0
+        for buffer in self.program.buffers:
+            if buffer.name in declared:
+                continue
+            nbytes = max(1, buffer.size) * buffer.dtype.numpy.itemsize
+            t = buffer.dtype.c_type
+            if on_stack + nbytes <= STACK_LIMIT:
+                on_stack += nbytes
+                declarations.append(f"{t} {buffer.name}[{max(1, buffer.size)}];")
+            else:
+                declarations.append(f"{t} *{buffer.name} = 0;")
+                allocations.append(f"{buffer.name} = ({t} *)malloc({nbytes}ULL);")
+                allocations.append(f"if (!{buffer.name}) {on_failure}")
+                frees.append(f"free({buffer.name});")
+        return declarations, allocations, frees
+
+    def render(self) -> str:
+        body = self.function(f"int {ENTRY}(void **args)")
+        return "\n".join([self.head(), "", body])
+
+    def function(self, signature: str) -> str:
+        """The program as one C function (``args``: inputs, then outputs); render the
+        head after it, which holds the helpers that the body uses."""
+        program = self.program
+        prologue = []
+        for k, name in enumerate(program.inputs):
+            t = program.buffer(name).dtype.c_type
+            prologue.append(f"const {t} *restrict {name} = (const {t} *)args[{k}];")
+        for k, name in enumerate(program.outputs):
+            t = program.buffer(name).dtype.c_type
+            prologue.append(f"{t} *restrict {name} = ({t} *)args[{len(program.inputs) + k}];")
+        declarations, allocations, frees = self.storage(set(program.inputs + program.outputs))
+        self.steps(program.steps)
+        body = "\n".join(self.lines)
         return "\n".join([
-            head, "", f"int {ENTRY}(void **args) {{",
-            *("    " + line for line in declarations + null_pointers + allocations),
+            f"{signature} {{",
+            *("    " + line for line in prologue + declarations + allocations),
             body,
-            *("    " + line for line in epilogue),
+            *("    " + line for line in frees),
             "    return 0;",
-            "fail:" if pointers else "",
-            *(("    " + line for line in epilogue) if pointers else ()),
-            "    return 1;" if pointers else "",
+            "fail:" if frees else "",
+            *(("    " + line for line in frees) if frees else ()),
+            "    return 1;" if frees else "",
             "}", ""])
 
 

@@ -70,7 +70,7 @@ class CompiledFunction:
         self.program = convert(self.closed)
         self.entry = c_loops.build(self.program)
         self._backward: Optional[CompiledFunction] = None
-        self._batched: Dict[object, CompiledFunction] = {}
+        self._batched: Dict[object, object] = {}   # BatchedFunction per batch
         self.call = self._differentiable()
 
     # -- the host kernel ----------------------------------------------------------------------
@@ -110,7 +110,7 @@ class CompiledFunction:
 
         @kernel.def_vmap
         def batched(axis_size, in_batched, *leaves):
-            compiled = self.batched(tuple(bool(b) for b in in_batched), leaves)
+            compiled = self.batched(int(axis_size), tuple(bool(b) for b in in_batched))
             outs = compiled.kernel(*leaves)
             return tuple(outs), tuple(True for _ in outs)
         return kernel
@@ -160,19 +160,12 @@ class CompiledFunction:
             self._backward = self._backward or compiled
             return self._backward
 
-    def batched(self, in_batched: Tuple[bool, ...], leaves) -> "CompiledFunction":
-        key = (in_batched, tuple(_leaf_key(leaf) for leaf in leaves))
-        with _lock:
-            found = self._batched.get(key)
-        if found is not None:
-            return found
-        axes = tuple(0 if b else None for b in in_batched)
-        vmapped = jax.vmap(lambda *x: tuple(self.flat_fn(*x)), in_axes=axes)
-        examples = [jax.ShapeDtypeStruct(np.shape(leaf), leaf.dtype) for leaf in leaves]
-        compiled = CompiledFunction(lambda *x: list(vmapped(*x)), examples,
-                                    f"the vmapped {self.name}")
-        with _lock:
-            return self._batched.setdefault(key, compiled)
+    def batched(self, size: int, in_batched: Tuple[bool, ...]):
+        """This function over a batch of ``size`` (``jax.vmap``): one kernel running
+        this function's program per batch element (runtime/jit_batch.py)."""
+        from .jit_batch import batched_function
+        return batched_function(self, (size,), tuple((b,) for b in in_batched),
+                                self._batched)
 
 
 class JitFunction:
