@@ -190,6 +190,12 @@ def _direct_matmul(prepared: PreparedContraction, call) -> Optional[Runner]:
             return lambda named: matmul(left(named), named[right])
     get_left = left if callable(left) else (lambda named: named[left])
     get_right = right if callable(right) else (lambda named: named[right])
+    if not reshape and order in ((1, 0), (0, 2, 1)):
+        # the transposed product as the product of the transposes: C-contiguous, as
+        # the output's consumers (torch's gradient accumulation) want it
+        def run_swapped(named):
+            return matmul(get_right(named).swapaxes(-1, -2), get_left(named).swapaxes(-1, -2))
+        return run_swapped
 
     def run(named):
         product = matmul(get_left(named), get_right(named))

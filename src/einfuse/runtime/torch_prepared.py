@@ -86,11 +86,11 @@ class PreparedAutograd:
         plans = self._layouts.get((grad.strides, grad.dtype))
         if plans is None:
             plans = self._prepare(arrays, grad)
-        values = dict(arrays)
+        # (``arrays`` is this call's own dict, made by its forward: dOUT may go into it)
         found = []
         for plan in plans:
-            values[plan.output_grad] = grad
-            found.append(plan.compute(values))
+            arrays[plan.output_grad] = grad
+            found.append(plan.compute(arrays))
         return tuple(found)
 
     def _prepare(self, arrays, grad) -> Tuple[PreparedGradient, ...]:
@@ -280,10 +280,26 @@ def repeat_runner(kernel, call, runner):
               for name in recorded}
     prepared = PreparedAutograd(kernel, call.options, recorded, run_forward, shapes)
     apply, grad_enabled = PreparedFunction.apply, torch.is_grad_enabled
+    transforms_active = torch._C._are_functorch_transforms_active
+    # torch's own apply, without the Python wrapper that only torch.func's transforms need
+    # (the tensors of a prepared call are never torch.func's wrappers: signature_of)
+    apply_directly = _direct_apply()
 
     def repeat(named):
         arrays = arrays_of(named)
         if grad_enabled():
+            if apply_directly is not None and not transforms_active():
+                return apply_directly((prepared, named, arrays),
+                                      *[named[name] for name in saved])
             return apply((prepared, named, arrays), *[named[name] for name in saved])
         return torch.from_numpy(run_forward(arrays))
     return repeat
+
+
+def _direct_apply():
+    """``PreparedFunction.apply`` as torch's C implementation, which the Python
+    ``Function.apply`` calls after checking for torch.func transforms; None where this
+    torch has no such entry."""
+    base = getattr(torch._C, "_FunctionBase", None)
+    method = base.__dict__.get("apply") if base is not None else None
+    return method.__get__(None, PreparedFunction) if hasattr(method, "__get__") else None
