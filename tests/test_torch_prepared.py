@@ -266,3 +266,30 @@ def test_an_embedding_backward_adds_repeated_rows(index_dtype):
         k2(W=W, idx=big).sum().backward()
     torch.testing.assert_close(W.grad, torch.bincount(big.long(), minlength=6)[:, None]
                                .expand(6, 3).float())
+
+
+def test_half_precision_on_the_prepared_path():
+    k = ef.compile("C[i,j] := sum[k](A[i,k] * B[k,j]) * 0.5", backend="c")
+    A, B = leaf(3, 4, dtype=torch.float16), leaf(4, 2, dtype=torch.float16)
+    for _ in range(3):
+        A.grad = B.grad = None
+        out = k(A=A, B=B)
+        assert out.dtype == torch.float16
+        out.sum().backward()
+        A2, B2 = (t.detach().float().requires_grad_() for t in (A, B))
+        (A2 @ B2 * 0.5).sum().backward()
+        assert A.grad.dtype == B.grad.dtype == torch.float16
+        torch.testing.assert_close(A.grad.float(), A2.grad, rtol=1e-2, atol=1e-2)
+        torch.testing.assert_close(B.grad.float(), B2.grad, rtol=1e-2, atol=1e-2)
+
+
+def test_an_arrays_dict_changed_after_the_call_does_not_change_second_derivatives():
+    k = ef.compile("y := sum[i](exp(x[i]) * w[i])", backend="c")
+    x, w = leaf(4), leaf(4, grad=False)
+    k(arrays={"x": x, "w": w})
+    given = {"x": x, "w": w}
+    y = k(arrays=given)
+    given["w"] = torch.zeros(4, dtype=torch.float64)
+    (gx,) = torch.autograd.grad(y, x, create_graph=True)
+    (hx,) = torch.autograd.grad(gx.sum(), x)
+    torch.testing.assert_close(hx, (torch.exp(x) * w).detach())

@@ -27,6 +27,7 @@ import torch
 
 from ..autodiff.reference import _NumpyOps, _scatter_add
 from ..backends.c_scatter import scatter_rows
+from ..lang.ast import Access
 from . import gradients
 from .repeat import BY_NAME, signature_of
 from .torch_autograd import differentiable_names, input_gradients
@@ -68,10 +69,12 @@ class PreparedGradient:
 class PreparedAutograd:
     """The forward and the gradients of one call signature of a statement."""
 
-    def __init__(self, kernel, options, recorded: Tuple[str, ...], run_forward, shapes):
+    def __init__(self, kernel, options, recorded: Tuple[str, ...], saved: Tuple[str, ...],
+                 run_forward, shapes):
         self.statement = kernel.statement
         self.options = options
         self.recorded = recorded       # the differentiable inputs, in apply's order
+        self.saved = saved             # every tensor passed to apply (recorded first)
         self.run_forward = run_forward  # NumPy arrays by name -> the result (NumPy)
         self.shapes = shapes           # recorded name -> (shape, torch dtype)
         self._layouts: Dict[Tuple, Tuple[PreparedGradient, ...]] = {}
@@ -202,6 +205,23 @@ def _gradient(steps: Tuple[GradientStep, ...], values, shape, dtype):
         .reshape(shape)
 
 
+def _copied(g, values) -> Optional[str]:
+    """The name of the array a scatter's values statement copies as it is
+    (``dW_at[b, d] := dE[b, d]``, all of it), else None."""
+    spec = g.spec
+    rhs = spec.rhs
+    if not isinstance(rhs, Access) or spec.assign != ":=" or \
+            tuple(sub.plain_index for sub in rhs.indices) != spec.output_indices or \
+            g.options.get("pad") is not None:
+        return None
+    source = values.get(rhs.tensor)
+    ranges = g.resolve_options(values)["ranges"]
+    if type(source) is not np.ndarray or any(
+            ranges[name] != range(0, n) for name, n in zip(spec.output_indices, source.shape)):
+        return None
+    return rhs.tensor
+
+
 def _step(g, kernel, values) -> GradientStep:
     """Gradient statement ``g``'s kernel for arrays like these: the kernel is called
     once (which prepares its fast path, runtime/repeat.py) and the runner taken from it,
@@ -215,6 +235,9 @@ def _step(g, kernel, values) -> GradientStep:
     if g.kind != "gather":
         options = g.resolve_options(values)
         scatter = (g, options, _rows_by(g, options, values))
+        copied = _copied(g, values)
+        if copied is not None:     # the values are dOUT itself, only read: no kernel
+            return GradientStep(lambda arrays: arrays[copied], inputs, True, scatter)
     if runner is None:
         return GradientStep(lambda arrays: np.asarray(kernel(arrays=dict(arrays))), inputs,
                             False, scatter)
@@ -228,23 +251,24 @@ class PreparedFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, state, *tensors):
-        # state: (the PreparedAutograd, the caller's objects by name, their NumPy views),
-        # one argument (torch.func's wrapper check walks every argument of apply)
+        # state: (the PreparedAutograd, this call's arrays by name: NumPy views of the
+        # tensors, and the floats), one argument (torch.func's wrapper check walks every
+        # argument of apply)
         ctx.state = state
         ctx.save_for_backward(*tensors)
-        return torch.from_numpy(state[0].run_forward(state[2]))
+        return torch.from_numpy(state[0].run_forward(state[1]))
 
     @staticmethod
     def backward(ctx, grad_output):
         saved = ctx.saved_tensors       # (the version check)
-        prepared, named, arrays = ctx.state
+        prepared, arrays = ctx.state
         names = prepared.recorded
         extra = (None,) * (len(saved) - len(names))
         if torch.is_grad_enabled():
             # create_graph=True: the gradient statements run on the tensors that carry
             # the graph, so that torch records them in turn (runtime/torch_autograd.py)
-            values = dict(named)
-            values.update(zip(names, saved))
+            values = dict(arrays)       # (the floats)
+            values.update(zip(prepared.saved, saved))
             found = gradients.compute_gradients(prepared.statement, prepared.options,
                                                 values, grad_output, names)
             return (None,) + input_gradients(found, names, saved) + extra
@@ -278,7 +302,7 @@ def repeat_runner(kernel, call, runner):
     saved = recorded + tuple(name for name in tensors if name not in recorded)
     shapes = {name: (tuple(call.sources[name].shape), call.sources[name].dtype)
               for name in recorded}
-    prepared = PreparedAutograd(kernel, call.options, recorded, run_forward, shapes)
+    prepared = PreparedAutograd(kernel, call.options, recorded, saved, run_forward, shapes)
     apply, grad_enabled = PreparedFunction.apply, torch.is_grad_enabled
     transforms_active = torch._C._are_functorch_transforms_active
     # torch's own apply, without the Python wrapper that only torch.func's transforms need
@@ -289,9 +313,8 @@ def repeat_runner(kernel, call, runner):
         arrays = arrays_of(named)
         if grad_enabled():
             if apply_directly is not None and not transforms_active():
-                return apply_directly((prepared, named, arrays),
-                                      *[named[name] for name in saved])
-            return apply((prepared, named, arrays), *[named[name] for name in saved])
+                return apply_directly((prepared, arrays), *[named[name] for name in saved])
+            return apply((prepared, arrays), *[named[name] for name in saved])
         return torch.from_numpy(run_forward(arrays))
     return repeat
 
