@@ -43,6 +43,8 @@ CASES = [
     ("z[i] := max[j](X[i,j])", lambda: {"X": leaf(4, 4)}, lambda X: X.amax(1)),
     ("y[i] := x[i+a] * ker[a]", lambda: {"x": leaf(9), "ker": leaf(3)},
      lambda x, ker: torch.nn.functional.conv1d(x[None, None], ker[None, None])[0, 0]),
+    ("y[i] := x[i] * c[] + c[]", lambda: {"x": leaf(5), "c": leaf()},
+     lambda x, c: x * c + c),
     ("E[b,d] := W[idx[b], d]", lambda: {"W": leaf(4, 3), "idx": IDX},
      lambda W, idx: W[idx]),
 ]

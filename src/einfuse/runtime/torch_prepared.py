@@ -11,8 +11,10 @@ the kernels.
   the input's already.
 
 A gradient that adds into the input at computed positions (kind "scatter", e.g. through
-a gather) runs the general path (runtime/gradients.py) every time; so does a backward
-with ``create_graph=True``, which must record the gradient statements in turn.
+a gather) computes its values with its prepared kernel and adds them in with its options
+resolved once (row by row for the embedding backward).  A backward with
+``create_graph=True`` takes the general path (runtime/gradients.py), which records the
+gradient statements in turn.
 
 Imported only when the caller's arrays are torch tensors."""
 
@@ -190,7 +192,8 @@ def _gradient(steps: Tuple[GradientStep, ...], values, shape, dtype):
     torch as it is (the input's shape and dtype, memory of its own), and a single gather
     statement is called without the loop."""
     first = np.asarray(_run_steps(steps, values, shape))
-    direct = first.shape == shape and torch.from_numpy(first[:0]).dtype == dtype and \
+    direct = first.shape == shape and \
+        torch.from_numpy(np.empty(0, first.dtype)).dtype == dtype and \
         not any(np.may_share_memory(first, value) for value in values.values()
                 if type(value) is np.ndarray)
     from_numpy = torch.from_numpy
