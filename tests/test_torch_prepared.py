@@ -11,6 +11,7 @@ import pytest
 import einfuse as ef
 from einfuse.errors import OutOfBoundsError
 from einfuse.runtime import gradients
+from einfuse.runtime.repeat import signature_of
 from einfuse.runtime import kernel as kernel_module
 
 torch = pytest.importorskip("torch")
@@ -295,3 +296,15 @@ def test_an_arrays_dict_changed_after_the_call_does_not_change_second_derivative
     (gx,) = torch.autograd.grad(y, x, create_graph=True)
     (hx,) = torch.autograd.grad(gx.sum(), x)
     torch.testing.assert_close(hx, (torch.exp(x) * w).detach())
+
+
+def test_a_flagged_gather_given_more_arrays_still_names_the_value():
+    # a prepared backward passes a gradient kernel's runner every array it holds
+    k = ef.compile("z[i] := W[idx[i]]", backend="c")
+    W = np.arange(3.0)
+    k(W=W, idx=np.array([0, 1]))
+    runner = k._repeat[signature_of({"W": W, "idx": np.array([0, 1])})]
+    np.testing.assert_array_equal(runner({"W": W, "idx": np.array([2, 1]), "dz": W}),
+                                  [2.0, 1.0])
+    with pytest.raises(OutOfBoundsError, match="7"):
+        runner({"W": W, "idx": np.array([0, 7]), "dz": W})

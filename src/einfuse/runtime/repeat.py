@@ -105,7 +105,8 @@ def prepare(kernel, call, kwargs) -> None:
             try:
                 return run(named)
             except GatherFlagged:   # an index value out of bounds: the full path names it
-                return kernel.run(kernel.bind(arrays=dict(named)))
+                return kernel.run(kernel.bind(arrays={
+                    name: named[name] for name in kernel.spec.arg_order if name in named}))
     if call.framework == TORCH:     # autograd's part prepared too (runtime/torch_prepared.py)
         from .torch_prepared import repeat_runner as torch_runner
         repeat = torch_runner(kernel, call, runner)
