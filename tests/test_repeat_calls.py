@@ -53,7 +53,6 @@ def test_a_different_signature_takes_the_full_path(change, bind_count):
 
 @pytest.mark.parametrize("statement,arrays", [
     ("z[i] := x[i] * s", {"x": np.arange(3.0), "s": 2}),            # an int parameter
-    ("z[i] := W[idx[i]]", {"W": np.arange(3.0), "idx": np.array([2, 0])}),  # a gather
 ])
 def test_data_dependent_calls_are_not_prepared(statement, arrays, bind_count):
     k = ef.compile(statement, backend="c")

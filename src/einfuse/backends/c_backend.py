@@ -87,9 +87,9 @@ def _bounds(call) -> str:
     return bounds_mode(call, unsigned_checks=True)
 
 
-def _plan(call, layouts):
+def _plan(call, layouts, bounds=None):
     return plan_for(call.spec, call.dtypes.working.name, call.options.pad is not None,
-                    _bounds(call), tuple(layouts), tile_for(call.dtypes.working),
+                    bounds or _bounds(call), tuple(layouts), tile_for(call.dtypes.working),
                     block_for(call.dtypes.working), _short_indices(call))
 
 
@@ -143,13 +143,15 @@ def _run_layouts(call, buffers: List[np.ndarray]) -> Tuple[int, ...]:
     return layouts
 
 
-def kernel_functions(call, layouts):
-    """(plan, [ctypes function per IR kernel]) for this call's statement and layout."""
+def kernel_functions(call, layouts, bounds=None):
+    """(plan, [ctypes function per IR kernel]) for this call's statement and layout;
+    ``bounds``: a kernel bounds mode other than the one this call's data allows."""
+    bounds = bounds or _bounds(call)
     key = (call.spec, call.dtypes.working.name, call.options.pad is not None,
-           _bounds(call), tuple(layouts), _short_indices(call))
+           bounds, tuple(layouts), _short_indices(call))
     found = _kernels.get(key)
     if found is None:
-        plan = _plan(call, layouts)
+        plan = _plan(call, layouts, bounds)
         library = c_build.load(render_c(plan.program, c_build.vector_math()),
                                plan.fast_math)
         functions = []

@@ -5,20 +5,24 @@ signature is a dictionary lookup (runtime/kernel.py), dtype conversions, one out
 allocation and the kernel call.
 
 Only calls whose kernel arguments cannot depend on the data are prepared: scalar
-parameters only as Python floats (their values are written per call), no gathers
-(bounds are checked against the index values), no repacked inputs.  A
-BLAS contraction is prepared as its transposes and np.matmul."""
+parameters only as Python floats (their values are written per call), no repacked
+inputs.  A gather's kernel tests each index value itself and raises its error flag for
+one out of bounds; the runner then raises :class:`GatherFlagged`, and the caller runs
+the call's full path, which names the offending value.  A BLAS contraction is prepared
+as its transposes and np.matmul."""
 
 from __future__ import annotations
 
 import ctypes
+from dataclasses import dataclass
 from typing import Callable, Mapping, Optional
 
 import numpy as np
 
 from ..errors import BackendError
 from ..plan import buffer_slots, call_arguments, unit_axis
-from ..plan.contraction import prepare_contraction
+from ..plan.contraction import PreparedContraction, prepare_contraction
+from ..plan.gathers import unsigned_slots
 from . import c_call
 from .c_threads import free_threads
 from .c_backend import PARALLEL_MIN_WORK, _blas_contraction, _buffers, _pack_for_lanes, \
@@ -27,11 +31,31 @@ from .c_backend import PARALLEL_MIN_WORK, _blas_contraction, _buffers, _pack_for
 Runner = Callable[[Mapping[str, np.ndarray]], np.ndarray]
 
 
-def repeat_runner(call) -> Optional[Runner]:
-    """A function computing this call's result (working dtype) from arrays of the same
+@dataclass(frozen=True)
+class PreparedRunner:
+    """``run(named)``: the call's result, of ``dtype``, from arrays of the prepared
+    signature looked up by name (other names in ``named`` are ignored)."""
+    run: Runner
+    dtype: np.dtype
+
+
+# Gathers are prepared below this much work: their prepared kernel tests every index
+# value (the full path's kernel skips the tests where one min/max pass found the index
+# arrays in range, which vectorises better: larger gathers keep that path).
+GATHER_WORK_PREPARED = 1 << 15
+
+
+class GatherFlagged(BackendError):
+    """A prepared kernel's gather read an index value out of bounds (and nothing out
+    of bounds): the call's full path finds the value and raises the exact error."""
+
+
+def repeat_runner(call) -> Optional[PreparedRunner]:
+    """A runner computing this call's result (working dtype) from arrays of the same
     shapes, dtypes and strides by name, or None where the arguments depend on data."""
     spec = call.spec
-    if any(t.as_index for t in spec.tensors) or call.options.pad is not None:
+    gathers = any(t.as_index for t in spec.tensors)
+    if gathers and call.bounds.points >= GATHER_WORK_PREPARED:
         return None
     # Python floats only (their values fill the doubles per call); an int parameter can
     # decide the working dtype and is checked against it, so it takes the full path
@@ -41,22 +65,31 @@ def repeat_runner(call) -> Optional[Runner]:
     contraction = _blas_contraction(call)
     if contraction is not None:     # np.matmul after the transposes, as the backend does
         prepared = prepare_contraction(contraction, call)
-        return lambda named: prepared(named, named)     # scalar factors by name
+        direct = _direct_matmul(prepared, call)
+        return PreparedRunner(direct if direct is not None else
+                              (lambda named: prepared(named, named)),   # factors by name
+                              np.dtype(call.dtypes.working))
     working = call.dtypes.working
     shape = tuple(call.output_shape)
     out_dtype = output_dtype(call)
     buffers = _buffers(call) + [np.empty(shape, dtype=out_dtype)]
     if buffers[-1].size == 0:
         return None
-    plan, functions = kernel_functions(call, [unit_axis(b) for b in buffers])
+    plan, functions = kernel_functions(call, [unit_axis(b) for b in buffers],
+                                       _checking_mode(call) if gathers else None)
     if _pack_for_lanes(call, plan, list(buffers)):
         return None
     ints, doubles, integers = call_arguments(plan, call, buffers)
     params = tuple(plan.params)
-    fills = np.zeros(2, dtype=np.float64)
+    options = call.options      # (as the backend's full path passes them)
+    fills = np.array([options.pad if options.pad is not None else 0.0, options.fill],
+                     dtype=np.float64)
     threads = call.options.threads or (1 if call.bounds.points < PARALLEL_MIN_WORK else 0)
     adaptive = threads == 0      # the cores left by other tasks, per call (c_threads.py)
-    names = tuple(tensor for tensor, _ in buffer_slots(spec)[:-1])
+    slots = buffer_slots(spec)[:-1]
+    names = tuple(tensor for tensor, _ in slots)
+    # index arrays as int64 (uint64 ones as their bit patterns), values in the working dtype
+    dtypes = tuple(np.dtype(np.int64) if kind == "index" else working for _, kind in slots)
     pointer_array = ctypes.c_void_p * len(buffers)
     addresses = tuple(a.ctypes.data for a in (ints, doubles, integers, fills))
 
@@ -64,8 +97,8 @@ def repeat_runner(call) -> Optional[Runner]:
         """This call's inputs in the working dtype and its output, the addresses of the
         runtime arrays, and the array holding this call's parameter values (its own:
         thread-safe), which must stay alive while the kernel runs."""
-        arrays = tuple(named[name].astype(working, copy=False) for name in names) + \
-            (np.empty(shape, dtype=out_dtype),)
+        arrays = tuple(named[name].astype(dtype, copy=False)
+                       for name, dtype in zip(names, dtypes)) + (np.empty(shape, out_dtype),)
         if not params:
             return arrays, addresses, None
         values = np.array([named[name] for name in params], dtype=np.float64)
@@ -80,10 +113,10 @@ def repeat_runner(call) -> Optional[Runner]:
             arrays, given, _values = arguments(named)
             for entry in entries:
                 if call_kernel(entry, arrays, *given, free_threads() if adaptive else threads):
-                    raise BackendError("a prepared C kernel raised its error flag")
+                    raise GatherFlagged("a prepared C kernel raised its error flag")
             return arrays[-1]
         run_direct.keep = (ints, doubles, integers, fills, functions)
-        return run_direct
+        return PreparedRunner(run_direct, np.dtype(out_dtype))
 
     def run(named: Mapping[str, np.ndarray]) -> np.ndarray:
         arrays, given, _values = arguments(named)
@@ -92,8 +125,84 @@ def repeat_runner(call) -> Optional[Runner]:
         for function in functions:
             function(pointers, *given, free_threads() if adaptive else threads,
                      ctypes.byref(error))
-        if error.value:    # only gathers raise the flag, and they are not prepared
-            raise BackendError("a prepared C kernel raised its error flag")
+        if error.value:    # only gathers raise the flag
+            raise GatherFlagged("a prepared C kernel raised its error flag")
         return arrays[-1]
     run.keep = (ints, doubles, integers, fills)   # alive as long as the runner
+    return PreparedRunner(run, np.dtype(out_dtype))
+
+
+def _checking_mode(call) -> str:
+    """The kernel bounds mode in which a gather tests each index value itself whatever
+    the values of this call (plan/gathers.py's bounds_mode without its 'verified')."""
+    bounds = call.options.bounds
+    slots = unsigned_slots(call)
+    return f"{bounds}:u{','.join(map(str, slots))}" if slots else bounds
+
+
+def _direct_matmul(prepared: PreparedContraction, call) -> Optional[Runner]:
+    """``prepared`` for this signature with only the steps that change something: no
+    dtype conversion, window, transpose or reshape where the array is already so (each
+    NumPy step costs about as much as a 4x4 matmul), and a 2-D matmul where there is no
+    batch.  None where the contraction has scalar factors (the general call does them)."""
+    if prepared.contraction.scale:
+        return None
+    working = prepared.working
+    flat = prepared.left.sizes[0] == 1     # no batch: 2-D operands
+
+    def operand(o):
+        """The operand's name where the array is used as it is, else a function of the
+        arrays giving it as the matmul wants it."""
+        name, window, order = o.tensor, o.window, o.order
+        shape = tuple(call.arrays.shapes[name])
+        convert = call.arrays.dtypes[name] != working
+        whole = all(w == slice(0, n) for w, n in zip(window, shape))
+        in_order = order == tuple(range(len(shape)))
+        target = o.sizes[1:] if flat else o.sizes
+        seen = tuple(w.stop - w.start for w in window)
+        reshape = tuple(seen[axis] for axis in order) != target
+        if not convert and whole and not reshape:
+            if in_order:
+                return name
+            if order == (1, 0):
+                return lambda named: named[name].T
+
+        def get(named):
+            array = named[name]
+            if convert:
+                array = array.astype(working)
+            if not whole:
+                array = array[window]
+            if not in_order:
+                array = array.transpose(order)
+            return array.reshape(target) if reshape else array
+        return get
+
+    left, right = operand(prepared.left), operand(prepared.right)
+    grid = (prepared.left.sizes[1], prepared.right.sizes[2])
+    product_shape = grid if flat else (prepared.left.sizes[0],) + grid
+    shape, order = prepared.shape, prepared.order
+    reshape, in_order = product_shape != shape, order == tuple(range(len(shape)))
+    matmul = np.matmul
+    if not reshape and in_order:     # the common forms without a call per operand
+        if type(left) is str and type(right) is str:
+            return lambda named: matmul(named[left], named[right])
+        if type(left) is str:
+            return lambda named: matmul(named[left], right(named))
+        if type(right) is str:
+            return lambda named: matmul(left(named), named[right])
+    get_left = left if callable(left) else (lambda named: named[left])
+    get_right = right if callable(right) else (lambda named: named[right])
+    if not reshape and order in ((1, 0), (0, 2, 1)):
+        # the transposed product as the product of the transposes: C-contiguous, as
+        # the output's consumers (torch's gradient accumulation) want it
+        def run_swapped(named):
+            return matmul(get_right(named).swapaxes(-1, -2), get_left(named).swapaxes(-1, -2))
+        return run_swapped
+
+    def run(named):
+        product = matmul(get_left(named), get_right(named))
+        if reshape:
+            product = product.reshape(shape)
+        return product if in_order else product.transpose(order)
     return run

@@ -7,42 +7,57 @@ arrays in ``arrays=``)."""
 
 from __future__ import annotations
 
+import sys
 import unicodedata
-from typing import Optional, Tuple
+import weakref
+from typing import Callable, Dict, Optional, Tuple
 
 import numpy as np
 
 from ..backends import get_backend
 from ..errors import EinfuseError
-from .frameworks import NUMPY, TORCH, is_functorch_tensor
+from .frameworks import NUMPY, TORCH
 
 # Prepared signatures kept per kernel (a new one past this replaces the oldest).
 SIGNATURES_KEPT = 32
 
+# torch's tensor classes (Tensor, Parameter) -> torch.func's "is this a wrapped tensor"
+# test, found once per class rather than by name on every call
+_TENSOR_CLASSES: Dict[type, Callable[[object], bool]] = {}
+
+# The prepared runners of NumPy calls that look their arrays up by name and ignore any
+# other name passed (so a caller holding more arrays may pass them all)
+BY_NAME: "weakref.WeakSet" = weakref.WeakSet()
+
 
 def signature_of(kwargs) -> Optional[Tuple]:
     """What a prepared call depends on: names, shapes, dtypes and strides of plain
-    ndarrays, or of CPU torch tensors that need no gradient, and which names are Python
-    floats (a float's value is a kernel argument; it decides no dtype, range or check).
+    ndarrays or CPU torch tensors (and whether each requires a gradient), and which names
+    are Python floats (a float's value is a kernel argument; it decides no dtype, range or
+    check).
     Anything else -- ints, subclasses, other frameworks, devices -- None."""
     signature = []
     for name, value in kwargs.items():
         kind = type(value)
         if kind is np.ndarray:     # (a dtype hashes and compares as its .str does)
             signature.append((name, value.shape, value.dtype, value.strides))
-        elif kind.__name__ in ("Tensor", "Parameter") and kind.__module__.startswith("torch") \
-                and value.device.type == "cpu":
-            if is_functorch_tensor(value):    # inside torch.func: the full path refuses
-                return None
-            try:
-                signature.append((name, tuple(value.shape), value.dtype, value.stride(),
-                                  value.requires_grad))
-            except RuntimeError:     # no strides (sparse) or no shape (nested): full path
-                return None
         elif kind is float:
             signature.append((name, float))
         else:
-            return None
+            wrapped = _TENSOR_CLASSES.get(kind)
+            if wrapped is None:
+                if kind.__name__ not in ("Tensor", "Parameter") or \
+                        not kind.__module__.startswith("torch"):
+                    return None
+                wrapped = _TENSOR_CLASSES[kind] = \
+                    sys.modules["torch"]._C._functorch.is_functorch_wrapped_tensor
+            if not value.is_cpu or wrapped(value):   # inside torch.func: the full path
+                return None                          # refuses
+            try:     # (a torch.Size hashes and compares as the tuple it is)
+                signature.append((name, value.shape, value.dtype, value.stride(),
+                                  value.requires_grad))
+            except RuntimeError:     # no strides (sparse) or no shape (nested): full path
+                return None
     return tuple(signature)
 
 
@@ -77,31 +92,28 @@ def prepare(kernel, call, kwargs) -> None:
     if form is not None and form.applies(call.dtypes):
         cache[signature] = _hoisted_runner(kernel, form, call)
         return
-    from ..backends.c_repeat import repeat_runner
-    runner = repeat_runner(call)
-    if runner is None:
+    from ..backends.c_repeat import GatherFlagged, repeat_runner
+    prepared = repeat_runner(call)
+    if prepared is None:
         return
-    result_dtype = call.dtypes.result
-    if call.framework == TORCH:
-        import torch
-
-        from . import torch_autograd
-        recorded = tuple(torch_autograd.differentiable_names(call))
-
-        def forward(named):
-            arrays = {name: value if type(value) is float else value.detach().numpy()
-                      for name, value in named.items()}
-            return arrays, lambda: runner(arrays).astype(result_dtype, copy=False)
-
-        def repeat(named):
-            arrays, run = forward(named)
-            if recorded and torch.is_grad_enabled():    # as the full path records it
-                return torch_autograd.apply_prepared(kernel, call.options, named, arrays,
-                                                     recorded, run)
-            return torch.from_numpy(run())
+    runner, result_dtype = prepared.run, call.dtypes.result
+    if prepared.dtype != result_dtype:
+        def runner(named, run=runner):
+            return run(named).astype(result_dtype, copy=False)
+    if any(t.as_index for t in kernel.spec.tensors):
+        def runner(named, run=runner):
+            try:
+                return run(named)
+            except GatherFlagged:   # an index value out of bounds: the full path names it
+                return kernel.run(kernel.bind(arrays={
+                    name: named[name] for name in kernel.spec.arg_order if name in named}))
+    if call.framework == TORCH:     # autograd's part prepared too (runtime/torch_prepared.py)
+        from .torch_prepared import repeat_runner as torch_runner
+        repeat = torch_runner(kernel, call, runner)
     else:
-        def repeat(named):
-            return runner(named).astype(result_dtype, copy=False)
+        # a prepared backward (runtime/torch_prepared.py) calls it with more arrays
+        repeat = runner
+        BY_NAME.add(repeat)
     cache[signature] = repeat
 
 

@@ -88,11 +88,15 @@ class EinfuseFunction(torch.autograd.Function):
             arrays, grad = dict(state.arrays()), to_numpy(grad_output)
         found = gradients.compute_gradients(state.statement, state.options, arrays,
                                             grad, wanted)
-        tensors = ctx.saved_tensors
-        return (None,) + tuple(
-            torch.as_tensor(found[name]).to(tensor.device, tensor.dtype)
-            .reshape(tensor.shape) if name in found else None
-            for name, tensor in zip(names, tensors))
+        return (None,) + input_gradients(found, names, ctx.saved_tensors)
+
+
+def input_gradients(found: Mapping[str, object], names, tensors) -> Tuple:
+    """The gradients ``found`` by name as tensors like the inputs they belong to (device,
+    dtype, shape), in the order of ``names``; None for a name not found."""
+    return tuple(torch.as_tensor(found[name]).to(tensor.device, tensor.dtype)
+                 .reshape(tensor.shape) if name in found else None
+                 for name, tensor in zip(names, tensors))
 
 
 def apply(kernel, call, run_forward, backend_name: str):
@@ -109,10 +113,3 @@ def apply(kernel, call, run_forward, backend_name: str):
                      run_forward, backend_name == "triton")
     return EinfuseFunction.apply(state, *tensors)
 
-
-def apply_prepared(kernel, options, sources, arrays, names, run_forward):
-    """:func:`apply` for a repeated call on CPU tensors (runtime/repeat.py): no bound
-    call; ``arrays`` are the NumPy views (and scalars) the forward read."""
-    state = _Forward(kernel.statement, options, sources, lambda: arrays, names,
-                     run_forward, False)
-    return EinfuseFunction.apply(state, *[sources[name] for name in names])

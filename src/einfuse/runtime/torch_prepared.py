@@ -1,0 +1,331 @@
+"""The repeated call of a statement on CPU torch tensors (issue 11): everything autograd
+needs that depends only on the call's signature (names, shapes, dtypes, strides,
+requires_grad) is found once, so that a training step costs torch's own bookkeeping plus
+the kernels.
+
+* forward: NumPy views of the tensors, the prepared C kernel (backends/c_repeat.py) and
+  one ``PreparedFunction.apply``;
+* backward: per wanted input, the gradient statements' own prepared kernels, called
+  directly (no derivation, option resolution or binding after the first backward of a
+  signature), their result handed to torch without a copy where its shape and dtype are
+  the input's already.
+
+A gradient that adds into the input at computed positions (kind "scatter", e.g. through
+a gather) computes its values with its prepared kernel and adds them in with its options
+resolved once (row by row for the embedding backward).  A backward with
+``create_graph=True`` takes the general path (runtime/gradients.py), which records the
+gradient statements in turn.
+
+Imported only when the caller's arrays are torch tensors."""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+from typing import Callable, Dict, Mapping, Optional, Tuple
+
+import numpy as np
+import torch
+
+from ..autodiff.reference import _NumpyOps, _scatter_add
+from ..backends.c_scatter import scatter_rows
+from ..lang.ast import Access
+from . import gradients
+from .repeat import BY_NAME, signature_of
+from .torch_autograd import differentiable_names, input_gradients
+
+# Prepared backwards kept per forward signature: one per layout (strides) of dOUT.
+LAYOUTS_KEPT = 8
+
+_NUMPY_OPS = _NumpyOps()
+
+# Below this many elements a row scatter is one np.add.at (about 1 µs to start, 30 ns an
+# element); above it backends/c_scatter.py's sorted or compiled row adds
+SMALL_SCATTER = 256
+
+
+@dataclass(frozen=True)
+class GradientStep:
+    """One gradient statement's kernel for one layout of its arrays: ``run`` is its
+    prepared runner (or the kernel itself, called by keyword, where it has none), given
+    every array when ``by_name`` (it picks its own), else just ``inputs``.  A scatter
+    statement (``scatter``: it and its options, resolved for this signature) computes
+    values that are then added into the gradient at the positions it names (by rows of
+    the index array named third, where it has the embedding-backward form)."""
+    run: Callable[[Mapping[str, object]], np.ndarray]
+    inputs: Tuple[str, ...]
+    by_name: bool
+    scatter: Optional[Tuple[object, Mapping[str, object], Optional[str]]] = None
+
+
+@dataclass(frozen=True)
+class PreparedGradient:
+    """How one input's gradient is computed for one layout of dOUT: ``compute(values)``
+    (values: the forward's arrays and dOUT, by name) is the gradient as a tensor like
+    the input."""
+    name: str
+    output_grad: str
+    compute: Callable[[Mapping[str, object]], torch.Tensor]
+
+
+class PreparedAutograd:
+    """The forward and the gradients of one call signature of a statement."""
+
+    def __init__(self, kernel, options, recorded: Tuple[str, ...], saved: Tuple[str, ...],
+                 run_forward, shapes):
+        self.statement = kernel.statement
+        self.options = options
+        self.recorded = recorded       # the differentiable inputs, in apply's order
+        self.saved = saved             # every tensor passed to apply (recorded first)
+        self.run_forward = run_forward  # NumPy arrays by name -> the result (NumPy)
+        self.shapes = shapes           # recorded name -> (shape, torch dtype)
+        self._layouts: Dict[Tuple, Tuple[PreparedGradient, ...]] = {}
+        self._lock = threading.Lock()
+
+    def gradients(self, arrays: Mapping[str, object], grad_output: torch.Tensor):
+        """The gradient of every recorded input, as tensors (autograd mode off)."""
+        try:
+            grad = grad_output.numpy()
+        except RuntimeError:     # it requires grad, or is a lazily negated view
+            grad = grad_output.detach().resolve_neg().resolve_conj().numpy()
+        plans = self._layouts.get((grad.strides, grad.dtype))
+        if plans is None:
+            plans = self._prepare(arrays, grad)
+        # (``arrays`` is this call's own dict, made by its forward: dOUT may go into it)
+        found = []
+        for plan in plans:
+            arrays[plan.output_grad] = grad
+            found.append(plan.compute(arrays))
+        return tuple(found)
+
+    def _prepare(self, arrays, grad) -> Tuple[PreparedGradient, ...]:
+        from ..autodiff.reference import gradient_kernel, statements_to_run
+        key = gradients.options_key(self.options)
+        plans = []
+        for name in self.recorded:
+            grads = gradients.gradient_statements(self.statement, name, key)
+            output_grad = grads[0].output_grad if grads else "dOUT"
+            values = dict(arrays)
+            values[output_grad] = grad
+            todo = statements_to_run(grads, values) if grads else []
+            shape, dtype = self.shapes[name]
+            if todo:
+                steps = tuple(_step(g, gradient_kernel(g, values, self.options.backend),
+                                    values) for g in todo)
+                compute = _gradient(steps, values, shape, dtype)
+            else:       # no statement: the general path says why, every call
+                compute = self._general(name, output_grad, shape, dtype)
+            plans.append(PreparedGradient(name, output_grad, compute))
+        plans = tuple(plans)
+        with self._lock:
+            if len(self._layouts) >= LAYOUTS_KEPT:
+                self._layouts.clear()
+            self._layouts[(grad.strides, grad.dtype)] = plans
+        return plans
+
+    def _general(self, name: str, output_grad: str, shape, dtype):
+        def compute(values):
+            value = gradients.compute_gradients(self.statement, self.options, values,
+                                                values[output_grad], (name,))[name]
+            return torch.as_tensor(value).to(dtype).reshape(shape)
+        return compute
+
+
+def _run_steps(steps: Tuple[GradientStep, ...], values, shape) -> np.ndarray:
+    """The gradient as autodiff/reference.py's run_reference computes it: the gathers'
+    results added up, and the scatters' values added in at their positions."""
+    total = None
+    for step in steps:
+        part = step.run(values if step.by_name else
+                        {name: values[name] for name in step.inputs})
+        if step.scatter is None:
+            total = part if total is None else total + part
+            continue
+        g, options, rows_by = step.scatter
+        part = np.asarray(part)
+        if total is None:     # (in the values' float dtype, as run_reference does)
+            total = _NUMPY_OPS.zeros(shape, part)
+        if rows_by is None or not _add_rows(total, part, values[rows_by]):
+            total = _scatter_add(_NUMPY_OPS, total, g, part, options, values)
+    return total
+
+
+def _rows_by(g, options, values) -> Optional[str]:
+    """The index array of a scatter of the embedding-backward form, ``dW[idx[b, c], d]
+    += v[b, c, d]`` (the first axis at the values of one index array read at the leading
+    indices, whole, the other axes the values' trailing axes, whole), which then adds rows
+    without evaluating positions: None for any other scatter."""
+    first, rest = g.scatter[0], g.scatter[1:]
+    indices = g.spec.output_indices
+    lead, trailing = indices[:len(indices) - len(rest)], indices[len(indices) - len(rest):]
+    if options.get("bounds", "check") not in ("check", "promise") or \
+            first.terms or first.constant or first.quasi or len(first.gathers) != 1:
+        return None
+    access, coefficient = first.gathers[0]
+    index = values.get(access.tensor)
+    if coefficient != 1 or type(index) is not np.ndarray or index.dtype.kind not in "iu" or \
+            tuple(sub.plain_index for sub in access.indices) != lead or \
+            tuple(sub.plain_index for sub in rest) != trailing or \
+            any(options["ranges"][name] != range(0, n) for name, n in zip(lead, index.shape)):
+        return None
+    return access.tensor
+
+
+def _add_rows(total: np.ndarray, part: np.ndarray, index: np.ndarray) -> bool:
+    """``total[index[...]] += part[...]`` row by row where every index value is in
+    bounds (True); False leaves the general scatter to find and name the one that is not."""
+    where = index.reshape(-1).astype(np.int64, copy=False)
+    if where.size:
+        # one test for both ends: a negative value is a large unsigned one
+        if where.view(np.uint64).max() >= total.shape[0]:
+            return False
+        rows = part.reshape(where.size, -1)
+        if rows.size < SMALL_SCATTER:      # np.add.at costs per element, but starts fast
+            np.add.at(total.reshape(total.shape[0], -1), where, rows)
+        else:
+            scatter_rows(total.reshape(total.shape[0], -1), rows, where)
+    return True
+
+
+def _gradient(steps: Tuple[GradientStep, ...], values, shape, dtype):
+    """``compute`` for one gradient: one run decides whether its result can go to
+    torch as it is (the input's shape and dtype, memory of its own), and a single gather
+    statement is called without the loop."""
+    first = np.asarray(_run_steps(steps, values, shape))
+    direct = first.shape == shape and \
+        torch.from_numpy(np.empty(0, first.dtype)).dtype == dtype and \
+        not any(np.may_share_memory(first, value) for value in values.values()
+                if type(value) is np.ndarray)
+    from_numpy = torch.from_numpy
+    if direct and len(steps) == 1 and steps[0].scatter is None:
+        run, inputs = steps[0].run, steps[0].inputs
+        if steps[0].by_name:
+            return lambda values: from_numpy(run(values))
+        return lambda values: from_numpy(run({name: values[name] for name in inputs}))
+    if direct:
+        return lambda values: from_numpy(_run_steps(steps, values, shape))
+    return lambda values: torch.as_tensor(_run_steps(steps, values, shape)).to(dtype) \
+        .reshape(shape)
+
+
+def _copied(g, values) -> Optional[str]:
+    """The name of the array a scatter's values statement copies as it is
+    (``dW_at[b, d] := dE[b, d]``, all of it), else None."""
+    spec = g.spec
+    rhs = spec.rhs
+    if not isinstance(rhs, Access) or spec.assign != ":=" or \
+            tuple(sub.plain_index for sub in rhs.indices) != spec.output_indices or \
+            g.options.get("pad") is not None:
+        return None
+    source = values.get(rhs.tensor)
+    ranges = g.resolve_options(values)["ranges"]
+    if type(source) is not np.ndarray or any(
+            ranges[name] != range(0, n) for name, n in zip(spec.output_indices, source.shape)):
+        return None
+    return rhs.tensor
+
+
+def _step(g, kernel, values) -> GradientStep:
+    """Gradient statement ``g``'s kernel for arrays like these: the kernel is called
+    once (which prepares its fast path, runtime/repeat.py) and the runner taken from it,
+    so that later backwards skip even the signature lookup."""
+    inputs = g.inputs
+    named = {name: values[name] for name in inputs}
+    kernel(arrays=named)
+    signature = signature_of(named)
+    runner = kernel._repeat.get(signature) if signature is not None else None
+    scatter = None
+    if g.kind != "gather":
+        options = g.resolve_options(values)
+        scatter = (g, options, _rows_by(g, options, values))
+        copied = _copied(g, values)
+        if copied is not None:     # the values are dOUT itself, only read: no kernel
+            return GradientStep(lambda arrays: arrays[copied], inputs, True, scatter)
+    if runner is None:
+        return GradientStep(lambda arrays: np.asarray(kernel(arrays=dict(arrays))), inputs,
+                            False, scatter)
+    return GradientStep(runner, inputs, runner in BY_NAME, scatter)
+
+
+class PreparedFunction(torch.autograd.Function):
+    """The autograd node of a prepared call.  The tensors passed are the recorded inputs
+    and then the other tensors the gradients read, all saved, so that torch's version
+    check refuses a backward after any of them was modified in place."""
+
+    @staticmethod
+    def forward(ctx, state, *tensors):
+        # state: (the PreparedAutograd, this call's arrays by name: NumPy views of the
+        # tensors, and the floats), one argument (torch.func's wrapper check walks every
+        # argument of apply)
+        ctx.state = state
+        ctx.save_for_backward(*tensors)
+        return torch.from_numpy(state[0].run_forward(state[1]))
+
+    @staticmethod
+    def backward(ctx, grad_output):
+        saved = ctx.saved_tensors       # (the version check)
+        prepared, arrays = ctx.state
+        names = prepared.recorded
+        extra = (None,) * (len(saved) - len(names))
+        if torch.is_grad_enabled():
+            # create_graph=True: the gradient statements run on the tensors that carry
+            # the graph, so that torch records them in turn (runtime/torch_autograd.py)
+            values = dict(arrays)       # (the floats)
+            values.update(zip(prepared.saved, saved))
+            found = gradients.compute_gradients(prepared.statement, prepared.options,
+                                                values, grad_output, names)
+            return (None,) + input_gradients(found, names, saved) + extra
+        return (None,) + prepared.gradients(arrays, grad_output) + extra
+
+
+def repeat_runner(kernel, call, runner):
+    """The fast path of a repeated call on CPU tensors (see runtime/repeat.py): the
+    result as a tensor, recorded by autograd where grad mode is on and an input requires
+    a gradient."""
+    tensors = tuple(name for name, value in call.sources.items()
+                    if isinstance(value, torch.Tensor))
+    floats = tuple(name for name, value in call.sources.items() if type(value) is float)
+
+    if floats:
+        def arrays_of(named):
+            arrays = {name: named[name].detach().numpy() for name in tensors}
+            for name in floats:
+                arrays[name] = named[name]
+            return arrays
+    else:
+        def arrays_of(named):
+            return {name: named[name].detach().numpy() for name in tensors}
+
+    run_forward = runner      # (of the result's dtype)
+    recorded = tuple(differentiable_names(call))
+    if not recorded:
+        def repeat(named):
+            return torch.from_numpy(run_forward(arrays_of(named)))
+        return repeat
+    saved = recorded + tuple(name for name in tensors if name not in recorded)
+    shapes = {name: (tuple(call.sources[name].shape), call.sources[name].dtype)
+              for name in recorded}
+    prepared = PreparedAutograd(kernel, call.options, recorded, saved, run_forward, shapes)
+    apply, grad_enabled = PreparedFunction.apply, torch.is_grad_enabled
+    transforms_active = torch._C._are_functorch_transforms_active
+    # torch's own apply, without the Python wrapper that only torch.func's transforms need
+    # (the tensors of a prepared call are never torch.func's wrappers: signature_of)
+    apply_directly = _direct_apply()
+
+    def repeat(named):
+        arrays = arrays_of(named)
+        if grad_enabled():
+            if apply_directly is not None and not transforms_active():
+                return apply_directly((prepared, arrays), *[named[name] for name in saved])
+            return apply((prepared, arrays), *[named[name] for name in saved])
+        return torch.from_numpy(run_forward(arrays))
+    return repeat
+
+
+def _direct_apply():
+    """``PreparedFunction.apply`` as torch's C implementation, which the Python
+    ``Function.apply`` calls after checking for torch.func transforms; None where this
+    torch has no such entry."""
+    base = getattr(torch._C, "_FunctionBase", None)
+    method = base.__dict__.get("apply") if base is not None else None
+    return method.__get__(None, PreparedFunction) if hasattr(method, "__get__") else None
