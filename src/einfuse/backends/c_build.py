@@ -61,11 +61,6 @@ BASE_FLAGS = ("-O3", "-march=native", "-fopenmp", "-fPIC", "-shared", "-fwrapv",
 # a number, not NaN), and -fassociative-math would undo compensated sums.  SIMD sums are
 # OpenMP reductions and need no reassociation; the bench cases run as fast.
 FAST_MATH_FLAGS = ("-freciprocal-math",)
-# Compile latency: GCC's complete peeling turns every loop with a constant trip count (the
-# 64-lane accumulator loops) into straight-line code, which took most of a gauss kernel's
-# 1.2 s of -O3 (0.5 s without) and made no kernel of the benchmarks faster.  Used where
-# the compiler accepts it (the probe asks).
-QUICK_COMPILE_FLAGS = ("--param", "max-completely-peel-times=1")
 
 _lock = threading.Lock()
 _loaded: Dict[str, ctypes.CDLL] = {}
@@ -234,7 +229,6 @@ for (long i = 0; i < n; ++i) {
 return a + (float)b; }
 """
 _vector_math = False
-_quick_compile = False
 
 
 def _fingerprint(command: List[str]) -> Optional[str]:
@@ -273,13 +267,11 @@ def _probe(command: List[str], fingerprint: str) -> dict:
             return json.load(handle)
     except (OSError, ValueError):
         pass
-    result = {"ok": False, "vector_math": False, "quick_compile": False}
+    result = {"ok": False, "vector_math": False}
     try:
         result["ok"] = _try_compile(command, _PROBE, [])
         if result["ok"]:
             result["vector_math"] = _try_compile(command, _VECTOR_MATH_PROBE, ["-lmvec"])
-            result["quick_compile"] = _try_compile(command, _PROBE,
-                                                   list(QUICK_COMPILE_FLAGS) + ["-Werror"])
     except (OSError, subprocess.SubprocessError):
         return result
     # Remembering is only an optimisation: an unwritable cache just probes again.
@@ -303,7 +295,7 @@ _PROBE_VERSION = "2"
 def find_compiler() -> Optional[Tuple[Tuple[str, ...], str]]:
     """(command, identity) of a working C compiler with OpenMP, or None; probed once
     per compiler (the result is kept in the cache directory)."""
-    global _compiler, _probed, _vector_math, _quick_compile
+    global _compiler, _probed, _vector_math
     with _lock:
         if _probed:
             return _compiler
@@ -315,7 +307,6 @@ def find_compiler() -> Optional[Tuple[Tuple[str, ...], str]]:
             if found["ok"]:
                 _compiler = (tuple(command), fingerprint)
                 _vector_math = bool(found["vector_math"])
-                _quick_compile = bool(found.get("quick_compile"))
                 break
         _probed = True
         return _compiler
@@ -344,9 +335,7 @@ def _cpu_identity() -> str:
 
 
 def flags_for(fast_math: bool) -> Tuple[str, ...]:
-    find_compiler()
-    return BASE_FLAGS + (FAST_MATH_FLAGS if fast_math else ()) + \
-        (QUICK_COMPILE_FLAGS if _quick_compile else ())
+    return BASE_FLAGS + (FAST_MATH_FLAGS if fast_math else ())
 
 
 def library_key(source: str, flags: Tuple[str, ...]) -> str:
