@@ -46,9 +46,10 @@ FUSED = [
     ("softmax program", """m[i] := max[j](X[i,j])
                           e[i,j] := exp(X[i,j] - m[i])
                           P[i,j] := e[i,j] / sum[k](e[i,k])""", softmax, 4),
+    # hoisted: the max, the shared row exp(X - max) (runtime/hoisted.py), its sum, P
     ("softmax statement",
      "P[i,j] := exp(X[i,j] - max[k](X[i,k])) / sum[k](exp(X[i,k] - max[l](X[i,l])))",
-     softmax, 3),
+     softmax, 4),
     ("layernorm program", """mu[i] := sum[j](X[i,j]) / 90
                             v[i] := sum[j]((X[i,j] - mu[i])**2) / 90
                             y[i,j] := (X[i,j] - mu[i]) / sqrt(v[i] + 0.00001) * G[j] + B[j]""",
