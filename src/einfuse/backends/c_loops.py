@@ -588,13 +588,17 @@ def render(program: JitProgram) -> str:
 
 def build(program: JitProgram):
     """The compiled entry point (a ctypes function taking ``void **``)."""
+    return load_entry(lambda: render(program))
+
+
+def load_entry(source, *extra_argtypes):
+    """The entry point of ``source()`` (rendered once a compiler is found): void **, ..."""
     import ctypes
     from . import c_build
     if c_build.find_compiler() is None:
         raise BackendError("ef.jit needs a C compiler (cc, gcc or clang) on PATH, or $CC")
-    library = c_build.load(render(program))
-    entry = getattr(library, ENTRY)
+    entry = getattr(c_build.load(source()), ENTRY)
     entry.restype = ctypes.c_int
-    entry.argtypes = [ctypes.POINTER(ctypes.c_void_p)]
+    entry.argtypes = [ctypes.POINTER(ctypes.c_void_p)] + list(extra_argtypes)
     return entry
 

@@ -19,13 +19,14 @@ pair ``(b / M, b % M)``, and an input batched at only some levels is offset by t
 
 from __future__ import annotations
 
+import ctypes
 import math
 from dataclasses import dataclass
 from typing import List, Optional, Tuple
 
 from ..errors import BackendError
 from ..frontends.jaxpr_ir import JitProgram
-from .c_loops import ENTRY, PARALLEL_WORK, Renderer
+from .c_loops import ENTRY, PARALLEL_WORK, Renderer, load_entry
 
 DYNAMIC_WORK = 1 << 14     # operations of one element above which threads take elements
                            # one by one (an atomic increment each) rather than in chunks
@@ -142,15 +143,7 @@ def render(program: JitProgram, batch: Batch) -> str:
 def build(program: JitProgram, batch: Batch):
     """The compiled entry point (a ctypes function taking ``void **`` and the thread
     count)."""
-    import ctypes
-    from . import c_build
-    if c_build.find_compiler() is None:
-        raise BackendError("ef.jit needs a C compiler (cc, gcc or clang) on PATH, or $CC")
-    library = c_build.load(render(program, batch))
-    entry = getattr(library, ENTRY)
-    entry.restype = ctypes.c_int
-    entry.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_int]
-    return entry
+    return load_entry(lambda: render(program, batch), ctypes.c_int)
 
 
 @dataclass(frozen=True)
@@ -228,12 +221,4 @@ def render_blocks(blocks: Blocks) -> str:
 
 def build_blocks(blocks: Blocks):
     """The compiled entry point of ``render_blocks``."""
-    import ctypes
-    from . import c_build
-    if c_build.find_compiler() is None:
-        raise BackendError("ef.jit needs a C compiler (cc, gcc or clang) on PATH, or $CC")
-    library = c_build.load(render_blocks(blocks))
-    entry = getattr(library, ENTRY)
-    entry.restype = ctypes.c_int
-    entry.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_int]
-    return entry
+    return load_entry(lambda: render_blocks(blocks), ctypes.c_int)

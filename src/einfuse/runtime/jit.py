@@ -55,6 +55,33 @@ def _is_float(dtype) -> bool:
     return jnp.issubdtype(dtype, jnp.inexact)
 
 
+def allocate_outputs(out_avals, name: str):
+    """Fresh NumPy arrays for a kernel's outputs, or an AllocationError naming them."""
+    try:
+        return [np.empty(aval.shape, aval.dtype) for aval in out_avals]
+    except MemoryError:
+        shapes = ", ".join(a.str_short() for a in out_avals)
+        raise AllocationError(f"the outputs of {name} ({shapes}) do not fit in "
+                              "memory") from None
+
+
+def callback_kernel(host, out_avals, vmapped):
+    """``host`` (NumPy arrays in, a tuple of NumPy arrays out) as a JAX callable whose
+    ``jax.vmap`` is ``vmapped(size, which arguments are batched).kernel`` -- one more
+    kernel with the batch inside, not a callback per element."""
+    structs = tuple(jax.ShapeDtypeStruct(a.shape, a.dtype) for a in out_avals)
+
+    @jax.custom_batching.custom_vmap
+    def kernel(*leaves):
+        return tuple(jax.pure_callback(host, structs, *leaves, vmap_method="sequential"))
+
+    @kernel.def_vmap
+    def batched(axis_size, in_batched, *leaves):
+        outs = vmapped(int(axis_size), tuple(bool(b) for b in in_batched)).kernel(*leaves)
+        return tuple(outs), tuple(True for _ in outs)
+    return kernel
+
+
 class CompiledFunction:
     """One flat function (leaves in, list of leaves out) for one signature: its jaxpr,
     program and kernel, and the JAX-callable forms of it."""
@@ -80,12 +107,7 @@ class CompiledFunction:
         inputs = [np.ascontiguousarray(a, dtype=aval.dtype)
                   for a, aval in zip(arrays, self.in_avals)]
         inputs += [np.ascontiguousarray(array) for _, array in self.program.constants]
-        try:
-            outputs = [np.empty(aval.shape, aval.dtype) for aval in self.out_avals]
-        except MemoryError:
-            shapes = ", ".join(a.str_short() for a in self.out_avals)
-            raise AllocationError(f"the outputs of {self.name} ({shapes}) do not fit in "
-                                  "memory") from None
+        outputs = allocate_outputs(self.out_avals, self.name)
         pointers = (ctypes.c_void_p * (len(inputs) + len(outputs)))(
             *[a.ctypes.data for a in inputs + outputs])
         if self.entry(pointers) != 0:
@@ -101,19 +123,7 @@ class CompiledFunction:
 
     # -- JAX forms ------------------------------------------------------------------------------
     def _kernel_call(self):
-        structs = tuple(jax.ShapeDtypeStruct(a.shape, a.dtype) for a in self.out_avals)
-
-        @jax.custom_batching.custom_vmap
-        def kernel(*leaves):
-            return tuple(jax.pure_callback(self.host, structs, *leaves,
-                                           vmap_method="sequential"))
-
-        @kernel.def_vmap
-        def batched(axis_size, in_batched, *leaves):
-            compiled = self.batched(int(axis_size), tuple(bool(b) for b in in_batched))
-            outs = compiled.kernel(*leaves)
-            return tuple(outs), tuple(True for _ in outs)
-        return kernel
+        return callback_kernel(self.host, self.out_avals, self.batched)
 
     def _differentiable(self):
         self.kernel = self._kernel_call()

@@ -19,6 +19,7 @@ import numpy as np
 
 from ..errors import AllocationError, EinfuseTypeError
 from ..frontends.jaxpr import JaxprConversionError
+from .jit import allocate_outputs, callback_kernel
 
 _lock = threading.Lock()
 
@@ -71,12 +72,7 @@ class BatchedFunction:
                                        f"{aval.shape}, not {array.shape}")
             inputs.append(array)
         constants = [np.ascontiguousarray(array) for array in self.constants]
-        try:
-            outputs = [np.empty(aval.shape, aval.dtype) for aval in self.out_avals]
-        except MemoryError:
-            shapes = ", ".join(a.str_short() for a in self.out_avals)
-            raise AllocationError(f"the outputs of {self.name} ({shapes}) do not fit in "
-                                  "memory") from None
+        outputs = allocate_outputs(self.out_avals, self.name)
         # blocks: arguments, outputs, constants; elements: arguments, constants, outputs
         arrays = inputs + outputs + constants if self.blocks is not None else \
             inputs + constants + outputs
@@ -87,19 +83,7 @@ class BatchedFunction:
         return tuple(outputs)
 
     def _kernel_call(self):
-        structs = tuple(jax.ShapeDtypeStruct(a.shape, a.dtype) for a in self.out_avals)
-
-        @jax.custom_batching.custom_vmap
-        def kernel(*leaves):
-            return tuple(jax.pure_callback(self.host, structs, *leaves,
-                                           vmap_method="sequential"))
-
-        @kernel.def_vmap
-        def batched(axis_size, in_batched, *leaves):
-            nested = self.nested(int(axis_size), tuple(bool(b) for b in in_batched))
-            outs = nested.kernel(*leaves)
-            return tuple(outs), tuple(True for _ in outs)
-        return kernel
+        return callback_kernel(self.host, self.out_avals, self.nested)
 
     def nested(self, size: int, in_batched: Tuple[bool, ...]) -> "BatchedFunction":
         """This function vmapped once more: a new outermost batch level."""
