@@ -22,7 +22,7 @@ from ..plan.contraction import match_contraction, run_contraction
 from ..plan.gathers import bounds_mode
 from . import c_build
 from .c_pack import pack_axis
-from .c_threads import PARALLEL_MIN_WORK, thread_count  # noqa: F401 (re-exported)
+from .c_threads import thread_count
 from .c_render import render_c
 
 # Lanes per output tile: 256 bytes of accumulators (8 AVX2 / 4 AVX-512 registers),

@@ -17,10 +17,9 @@ from ..plan import call_arguments, unit_axis
 from ..plan.fuse import fuse_kernels, slots_after_fusion
 from ..plan.lower import divides
 from . import c_build, c_call
-from .c_backend import (_ARGTYPES, PARALLEL_MIN_WORK, _blas_contraction, _buffers,
-                        _pack_for_lanes, _plan)
+from .c_backend import _ARGTYPES, _blas_contraction, _buffers, _pack_for_lanes, _plan
 from .c_render import render_c
-from .c_threads import default_threads, free_threads, thread_count
+from .c_threads import default_threads, fixed_thread_count, free_threads, thread_count
 
 _fused: Dict[Tuple, Tuple] = {}
 _lock = threading.Lock()
@@ -190,7 +189,7 @@ def _threads(members, thread_rows) -> int:
 
 def _adaptive(members) -> bool:
     """Whether the thread count is chosen per call (no threads=, enough work)."""
-    return not members[0].call.options.threads and _work(members) >= PARALLEL_MIN_WORK
+    return fixed_thread_count(members[0].call.options.threads, _work(members)) is None
 
 
 def _work(members) -> int:

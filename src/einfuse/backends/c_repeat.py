@@ -24,9 +24,9 @@ from ..plan import buffer_slots, call_arguments, unit_axis
 from ..plan.contraction import PreparedContraction, prepare_contraction
 from ..plan.gathers import unsigned_slots
 from . import c_call
-from .c_threads import free_threads
-from .c_backend import PARALLEL_MIN_WORK, _blas_contraction, _buffers, _pack_for_lanes, \
-    kernel_functions, output_dtype
+from .c_backend import _blas_contraction, _buffers, _pack_for_lanes, kernel_functions, \
+    output_dtype
+from .c_threads import fixed_thread_count, free_threads
 
 Runner = Callable[[Mapping[str, np.ndarray]], np.ndarray]
 
@@ -84,8 +84,9 @@ def repeat_runner(call) -> Optional[PreparedRunner]:
     options = call.options      # (as the backend's full path passes them)
     fills = np.array([options.pad if options.pad is not None else 0.0, options.fill],
                      dtype=np.float64)
-    threads = call.options.threads or (1 if call.bounds.points < PARALLEL_MIN_WORK else 0)
-    adaptive = threads == 0      # the cores left by other tasks, per call (c_threads.py)
+    fixed = fixed_thread_count(call.options.threads, call.bounds.points)
+    # else the cores left by other tasks, per call (c_threads.py)
+    threads, adaptive = fixed or 0, fixed is None
     slots = buffer_slots(spec)[:-1]
     names = tuple(tensor for tensor, _ in slots)
     # index arrays as int64 (uint64 ones as their bit patterns), values in the working dtype

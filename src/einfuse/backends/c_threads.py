@@ -42,14 +42,20 @@ def default_threads() -> int:
     return value if value > 0 else (os.cpu_count() or 1)
 
 
-def thread_count(requested: Optional[int], work: int) -> int:
-    """Threads for a kernel of ``work`` loop iterations: ``requested`` where given, 1 for
-    small work, else :func:`free_threads` (0 means OpenMP's default)."""
+def fixed_thread_count(requested: Optional[int], work: int) -> Optional[int]:
+    """The thread count of a kernel of ``work`` loop iterations where no sample decides
+    it: ``requested`` where given, 1 for small work; None where the free cores decide,
+    call by call."""
     if requested:
         return requested
-    if work < PARALLEL_MIN_WORK:
-        return 1
-    return free_threads()
+    return 1 if work < PARALLEL_MIN_WORK else None
+
+
+def thread_count(requested: Optional[int], work: int) -> int:
+    """Threads for a kernel of ``work`` loop iterations: the fixed count, else
+    :func:`free_threads` (0 means OpenMP's default)."""
+    fixed = fixed_thread_count(requested, work)
+    return free_threads() if fixed is None else fixed
 
 
 def free_threads() -> int:

@@ -30,8 +30,9 @@ import jaxlib
 import numpy as np
 
 from ..backends import c_build, get_backend
-from ..backends.c_backend import PARALLEL_MIN_WORK, _blas_contraction, output_dtype
+from ..backends.c_backend import _blas_contraction, output_dtype
 from ..backends.c_ffi_support import XLA_DTYPES
+from ..backends.c_threads import fixed_thread_count
 from ..errors import EinfuseError, attach_statement
 from ..plan import buffer_slots, call_arguments, unit_axis
 from ..analysis.ranges import subscript_span
@@ -199,7 +200,8 @@ def _route_for(statement, options, names, avals, x64):
     ints, _, _ = call_arguments(plan, call, buffers)
     params = [position[name] for name in plan.params]
     result_dtype = _canonical(out)
-    threads = options.threads or (1 if call.bounds.points < PARALLEL_MIN_WORK else 0)
+    # fixed when traced (0: OpenMP's default); XLA calls the kernel without Python
+    threads = fixed_thread_count(options.threads, call.bounds.points) or 0
     token = _remember(_Report(statement, options, names, tuple(a[0] for a in avals),
                               tuple(arrival)))
     head = [token, threads, len(names), len(slots), len(params)]
