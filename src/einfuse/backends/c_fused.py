@@ -58,13 +58,7 @@ def run(members, thread_rows: FrozenSet[int] = frozenset()) -> bool:
     may live as one row per thread: they are not delivered in their buffers."""
     function, passed, thread_rows = _compiled(members, thread_rows)
     threads = _threads(members, thread_rows)
-    buffers = [list(m.buffers) for m in members]
-    rows = []
-    for k in sorted(thread_rows):
-        view, length = _thread_rows(members[k], threads)
-        rows.append(length)
-        for j, slot in _uses(members, k):
-            buffers[j][slot] = view
+    buffers, rows = _with_thread_rows(members, thread_rows, threads)
     ints, doubles, integers, fills = _arguments(members, buffers, rows)
     arrays = [buffers[k][slot] for k, slot in passed]
     pointers = (ctypes.c_void_p * len(arrays))(*[a.ctypes.data for a in arrays])
@@ -90,14 +84,9 @@ def prepared_runner(members, thread_rows: FrozenSet[int], sources: Sequence[obje
     adaptive = _adaptive(members)
     threads = (default_threads() if thread_rows else 0) if adaptive else \
         _threads(members, thread_rows)
-    buffers = [list(m.buffers) for m in members]
-    rows, scratch = [], {}
-    for k in sorted(thread_rows):
-        view, length = _thread_rows(members[k], threads)
-        rows.append(length)
-        scratch[k] = (max(threads, 1), length)     # as _thread_rows allocates it
-        for j, slot in _uses(members, k):
-            buffers[j][slot] = view
+    buffers, rows = _with_thread_rows(members, thread_rows, threads)
+    # the scratch each call allocates, as _thread_rows does
+    scratch = {k: (max(threads, 1), length) for k, length in zip(sorted(thread_rows), rows)}
     # the arguments depend on layouts only: computed once, kept alive with the runner
     arguments = _arguments(members, buffers, rows)
     addresses = tuple(a.ctypes.data for a in arguments)
@@ -194,6 +183,19 @@ def _adaptive(members) -> bool:
 
 def _work(members) -> int:
     return sum(member.call.bounds.points for member in members)
+
+
+def _with_thread_rows(members, thread_rows, threads: int):
+    """Each member's buffers with the rows of ``thread_rows`` members as per-thread
+    views (their output and every read of it), and those members' row lengths."""
+    buffers = [list(m.buffers) for m in members]
+    rows = []
+    for k in sorted(thread_rows):
+        view, length = _thread_rows(members[k], threads)
+        rows.append(length)
+        for j, slot in _uses(members, k):
+            buffers[j][slot] = view
+    return buffers, rows
 
 
 def _uses(members, k):
