@@ -99,15 +99,31 @@ def canonical(attention: Attention, named: Dict[str, object]) -> Optional[Canoni
     elif attention.scale_value is not None:
         scale = attention.scale_value
     batch = attention.batch
-    j = attention.key_index
-    layouts = ((batch + (attention.row, attention.dot_index), attention.query_indices),
-               (batch + (j, attention.dot_index), attention.key_indices),
-               (batch + (j, attention.feature), attention.value_indices))
-    shaped = []
-    for array, (order, indices) in zip(arrays, layouts):
-        moved = np.ascontiguousarray(array.transpose([indices.index(n) for n in order]))
-        shaped.append(moved.reshape((-1,) + moved.shape[len(batch):]))
+    shaped = [to_canonical(array, indices, order, len(batch))
+              for array, (order, indices) in zip(arrays, operand_layouts(attention))]
     return Canonical(*shaped, tuple(extents[b] for b in batch), scale)
+
+
+def operand_layouts(attention: Attention):
+    """(canonical axis order, the call's own axis names) of the query, key and value."""
+    batch, j = attention.batch, attention.key_index
+    return ((batch + (attention.row, attention.dot_index), attention.query_indices),
+            (batch + (j, attention.dot_index), attention.key_indices),
+            (batch + (j, attention.feature), attention.value_indices))
+
+
+def to_canonical(array: np.ndarray, indices, order, batch_rank: int) -> np.ndarray:
+    """``array`` (axes named by ``indices``) with its axes in ``order``, the leading
+    ``batch_rank`` of them flattened into one, C-contiguous."""
+    moved = np.ascontiguousarray(array.transpose([indices.index(n) for n in order]))
+    return moved.reshape((-1,) + moved.shape[batch_rank:])
+
+
+def from_canonical(array: np.ndarray, batch_shape, order, indices) -> np.ndarray:
+    """The inverse of :func:`to_canonical`: the batch axis unflattened into
+    ``batch_shape``, the axes from ``order`` back to ``indices``, C-contiguous."""
+    shaped = array.reshape(tuple(batch_shape) + array.shape[1:])
+    return np.ascontiguousarray(shaped.transpose([order.index(n) for n in indices]))
 
 
 def torch_inputs(attention: Attention, named: Dict[str, object]) -> Optional[Dict[str, object]]:
@@ -179,10 +195,9 @@ def run_attention(attention: Attention, named: Dict[str, object], options) -> Op
 
 
 def _to_output(attention: Attention, arrays: Canonical, out: np.ndarray) -> np.ndarray:
-    names = attention.batch + (attention.row, attention.feature)
-    out = out.reshape(arrays.batch_shape + out.shape[1:])
-    return np.ascontiguousarray(out.transpose([names.index(n)
-                                               for n in attention.output_indices]))
+    return from_canonical(out, arrays.batch_shape,
+                          attention.batch + (attention.row, attention.feature),
+                          attention.output_indices)
 
 
 _SCALE_MODES = {ScaleKind.NONE: 0, ScaleKind.MULTIPLY: 1, ScaleKind.DIVIDE: 2}

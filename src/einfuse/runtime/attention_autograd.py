@@ -22,7 +22,8 @@ import torch
 from ..errors import AllocationError
 from ..rewrite.online_softmax import Attention, MaskKind, ScaleKind
 from . import attention as fused
-from .attention import _MASK_MODES, _SCALE_MODES, Canonical, _to_output, canonical, torch_inputs
+from .attention import _MASK_MODES, _SCALE_MODES, Canonical, _to_output, canonical, \
+    from_canonical, operand_layouts, to_canonical, torch_inputs
 
 
 def recording(attention: Attention, named: Dict[str, object]) -> bool:
@@ -118,10 +119,8 @@ def _scores_too_large(lse: np.ndarray) -> bool:
 def _canonical_output(saved: _Saved, grad: torch.Tensor) -> np.ndarray:
     """The output's gradient as (G, NQ, E), C-contiguous, in the working dtype."""
     a = saved.attention
-    order = a.batch + (a.row, a.feature)
     array = grad.to(torch.from_numpy(saved.out).dtype).numpy()
-    moved = np.ascontiguousarray(array.transpose([a.output_indices.index(n) for n in order]))
-    return moved.reshape(saved.out.shape)
+    return to_canonical(array, a.output_indices, a.batch + (a.row, a.feature), len(a.batch))
 
 
 def _fused_gradients(saved: _Saved, flowing: np.ndarray) -> Tuple[np.ndarray, ...]:
@@ -137,16 +136,8 @@ def _fused_gradients(saved: _Saved, flowing: np.ndarray) -> Tuple[np.ndarray, ..
                 _SCALE_MODES[a.scale], _MASK_MODES[a.mask], saved.threads):
         raise AllocationError("the attention backward could not allocate its per-thread "
                               "blocks")
-    return tuple(_user_layout(g, arrays.batch_shape, order, indices)
-                 for g, order, indices in (
-                     (dq, a.batch + (a.row, a.dot_index), a.query_indices),
-                     (dk, a.batch + (a.key_index, a.dot_index), a.key_indices),
-                     (dv, a.batch + (a.key_index, a.feature), a.value_indices)))
-
-
-def _user_layout(array: np.ndarray, batch_shape, order, indices) -> np.ndarray:
-    shaped = array.reshape(tuple(batch_shape) + array.shape[1:])
-    return np.ascontiguousarray(shaped.transpose([order.index(n) for n in indices]))
+    return tuple(from_canonical(g, arrays.batch_shape, order, indices)
+                 for g, (order, indices) in zip((dq, dk, dv), operand_layouts(a)))
 
 
 def _reference_gradients(saved: _Saved, tensors, grad, wanted):
@@ -157,10 +148,8 @@ def _reference_gradients(saved: _Saved, tensors, grad, wanted):
     inputs = tensors if create else \
         tuple(t.detach().requires_grad_(w) for t, w in zip(tensors, wanted))
     with torch.enable_grad():
-        q, k, v = (_canonical_tensor(t, order, indices) for t, order, indices in (
-            (inputs[0], a.batch + (a.row, a.dot_index), a.query_indices),
-            (inputs[1], a.batch + (a.key_index, a.dot_index), a.key_indices),
-            (inputs[2], a.batch + (a.key_index, a.feature), a.value_indices)))
+        q, k, v = (_canonical_tensor(t, order, indices)
+                   for t, (order, indices) in zip(inputs, operand_layouts(a)))
         scores = q @ k.transpose(-1, -2)
         if a.scale is ScaleKind.MULTIPLY:
             scores = scores * arrays.scale
