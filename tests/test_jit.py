@@ -10,22 +10,9 @@ from jax import lax  # noqa: E402
 import einfuse as ef  # noqa: E402
 from einfuse.backends import c_build  # noqa: E402
 
+from jit_support import close, x64  # noqa: E402,F401  (x64: an autouse fixture)
+
 pytestmark = pytest.mark.skipif(c_build.find_compiler() is None, reason="needs a C compiler")
-
-
-@pytest.fixture(autouse=True)
-def x64():
-    previous = jax.config.jax_enable_x64
-    jax.config.update("jax_enable_x64", True)
-    yield
-    jax.config.update("jax_enable_x64", previous)
-
-
-def close(a, b, dtype=np.float64):
-    tol = 1e-9 if dtype == np.float64 else 2e-4
-    for x, y in zip(jax.tree_util.tree_leaves(a), jax.tree_util.tree_leaves(b)):
-        assert np.shape(x) == np.shape(y) and np.asarray(x).dtype == np.asarray(y).dtype
-        np.testing.assert_allclose(np.asarray(x), np.asarray(y), rtol=tol, atol=tol)
 
 
 def seed_run(params, noise):
