@@ -21,17 +21,21 @@ CASES = gpu.gpu_cases("cpu", quick=True)
 CUBLAS = "torch.matmul (cuBLAS)"
 # eager torch formulations, on the same device and dtype as einfuse: the references
 EAGER = ("torch eager", CUBLAS, "torch einsum", "torch conv2d", "torch embedding",
-         "torch logsumexp")
+         "torch logsumexp", "torch SDPA")
 
 
 def test_quick_cases_cover_the_issue():
     names = [case.name for case in CASES]
     for prefix in ("dist K=", "gauss", "matmul", "bmm_rev", "conv2d", "embed", "logsumexp",
-                   "dist fwd K=", "dist fwd+bwd"):
+                   "dist fwd K=", "dist fwd+bwd", "attention", "causal attention"):
         assert any(name.startswith(prefix) for name in names), prefix
     assert {case.dtype for case in CASES if case.name.startswith("matmul")} == \
         {"float16", "bfloat16", "float32"}
     assert len([c for c in CASES if c.target is not None]) == 5
+    full = [case.name for case in gpu.gpu_cases("cuda", quick=False)]
+    for prefix in ("attention B=4 H=8 N=4096 D=64 float16", "causal attention B=4",
+                   "ef.jit seed MLP scan 8000 steps"):
+        assert any(name.startswith(prefix) for name in full), prefix
 
 
 @pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)

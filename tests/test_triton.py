@@ -270,3 +270,41 @@ def test_small_work_on_a_gpu_takes_the_default_without_a_search(monkeypatch):
     big = triton_backend.Prepared(None, launch, (), (), {}, "k", 10**6, work=10**9)
     triton_backend.choose_config(big, None, on_gpu=True)
     assert searched == [triton_tuning.candidates(True, False, False, False, True)]
+
+
+# -- the prepared runner of a repeated call (backends/triton_repeat.py) ---------------------
+def _triton_device():
+    return "cpu" if triton_backend.interpreted() else "cuda"
+
+
+@pytest.mark.parametrize("statement, shapes, reference", [
+    ("y[i] := x[i] * s + 1", {"x": (37,)}, lambda t, s: t["x"] * s + 1),
+    ("C[i,j] := A[i,k] * B[k,j]", {"A": (20, 8), "B": (8, 30)},
+     lambda t, s: t["A"] @ t["B"]),
+    ("z[i] := logsumexp[j](X[i,j] * s)", {"X": (5, 70)},
+     lambda t, s: (t["X"] * s).logsumexp(1)),
+])
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+def test_repeated_calls_take_the_prepared_runner_and_stay_right(statement, shapes, reference,
+                                                                dtype):
+    """On a GPU this is the compiled kernel's own launcher; under the interpreter the
+    same runner launches through Triton's usual path: both must give what the full path
+    gives, for new parameter values, new data, unaligned views and other dtypes."""
+    torch = pytest.importorskip("torch")
+    device = _triton_device()
+    kernel = ef.compile(statement, backend="triton")
+    takes_s = "s" in kernel.spec.params
+    for call in range(4):
+        s = [2.0, 0.5, 2.0, -1.5][call]
+        tensors = {n: torch.randn(shape, device=device).to(getattr(torch, dtype))
+                   for n, shape in shapes.items()}
+        if call == 3:    # an unaligned view of the same shape and strides
+            tensors = {n: torch.randn(t.numel() + 1, device=device, dtype=t.dtype)[1:]
+                       .view(t.shape) for n, t in tensors.items()}
+        got = kernel(**tensors, **({"s": s} if takes_s else {}))
+        want = reference({n: t.double() for n, t in tensors.items()}, s)
+        first = next(iter(tensors.values()))
+        assert got.dtype == getattr(torch, dtype) and got.device == first.device
+        tolerance = 1e-4 if dtype == "float32" else 2e-2
+        torch.testing.assert_close(got.double(), want, rtol=tolerance, atol=tolerance)
+    assert any(runner is not None for runner in kernel._repeat.values())

@@ -1,7 +1,7 @@
 """The fast path for a repeated call (issue 11): a Kernel remembers, per call signature,
 a prepared runner (backends/c_repeat.py), so that a call it has seen before is a
-dictionary lookup and the kernel call.  Only ':=' statements on the C backend whose
-arguments cannot depend on the data; a statement in its hoisted form goes straight to
+dictionary lookup and the kernel call.  Only ':=' statements on the C backend (or the
+Triton backend: backends/triton_repeat.py) whose arguments cannot depend on the data; a statement in its hoisted form goes straight to
 its kernels, each on its own fast path (as do a program's statements, which pass their
 arrays in ``arrays=``)."""
 
@@ -51,11 +51,17 @@ def signature_of(kwargs) -> Optional[Tuple]:
                     return None
                 wrapped = _TENSOR_CLASSES[kind] = \
                     sys.modules["torch"]._C._functorch.is_functorch_wrapped_tensor
-            if not value.is_cpu or wrapped(value):   # inside torch.func: the full path
-                return None                          # refuses
+            if wrapped(value):    # inside torch.func: the full path refuses
+                return None
             try:     # (a torch.Size hashes and compares as the tuple it is)
-                signature.append((name, value.shape, value.dtype, value.stride(),
-                                  value.requires_grad))
+                if value.is_cpu:
+                    signature.append((name, value.shape, value.dtype, value.stride(),
+                                      value.requires_grad))
+                elif value.is_cuda:     # the Triton backend's runner (triton_repeat.py)
+                    signature.append((name, value.shape, value.dtype, value.stride(),
+                                      value.requires_grad, value.device))
+                else:
+                    return None
             except RuntimeError:     # no strides (sparse) or no shape (nested): full path
                 return None
     return tuple(signature)
@@ -81,13 +87,19 @@ def prepare(kernel, call, kwargs) -> None:
     if any(type(value) is float and name not in kernel.spec.params
            for name, value in kwargs.items()):
         return      # a float for a 0-d tensor (x[]): the runners take arrays there
-    if call.framework not in (NUMPY, TORCH) or call.bfloat16 \
-            or kernel.spec.assign != ":=" or \
-            get_backend(_backend_name(kernel.options.backend, call)).name != "c":
+    backend = get_backend(_backend_name(kernel.options.backend, call)).name
+    if call.framework not in (NUMPY, TORCH) or kernel.spec.assign != ":=" or \
+            backend not in ("c", "triton") or call.bfloat16 and backend == "c":
         return
     from .attention import statement_attention
     if statement_attention(kernel.statement) is not None:
         return      # whether it runs fused depends on the data (a finite V): full path
+    if backend == "triton":
+        if kernel.hoisted_form is None:
+            cache[signature] = _triton_runner(call)
+        return
+    if any(getattr(value, "is_cuda", False) for value in kwargs.values()):
+        return      # C on CUDA tensors copies them: the full path
     form = kernel.hoisted_form
     if form is not None and form.applies(call.dtypes):
         cache[signature] = _hoisted_runner(kernel, form, call)
@@ -115,6 +127,15 @@ def prepare(kernel, call, kwargs) -> None:
         repeat = runner
         BY_NAME.add(repeat)
     cache[signature] = repeat
+
+
+def _triton_runner(call):
+    """The Triton backend's prepared runner (backends/triton_repeat.py), or None; it
+    hands back what ``Kernel.run`` would: the result dtype, bfloat16 for bfloat16 inputs."""
+    import torch
+    from ..backends.triton_repeat import repeat_runner
+    final = torch.bfloat16 if call.bfloat16 else getattr(torch, call.dtypes.result.name)
+    return repeat_runner(call, final)
 
 
 def _hoisted_runner(kernel, form, call):

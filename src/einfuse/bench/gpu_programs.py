@@ -1,0 +1,64 @@
+"""GPU cases of programs and ``ef.jit`` (issue 15's second half): attention written in
+index notation against torch's SDPA (FlashAttention kernels) at float16, and the seed
+scan-MLP of issue 12 on JAX GPU arrays against ``jax.jit`` on the same GPU.
+
+The attention statements are the CPU bench's (bench/cases.py), with and without the
+causal mask; einfuse gets torch CUDA tensors of the case's dtype.  The seed cases are
+bench/jit_cases.py's, with their arrays placed on JAX's default device (the GPU on a
+GPU machine): what ``ef.jit`` does with them is what a user gets."""
+
+from __future__ import annotations
+
+from typing import List
+
+import numpy as np
+
+from .cases import ATTENTION
+from .gpu import GpuCase, Target, einfuse_forward, torch_peer
+from .jit_cases import seed_case
+
+PLAIN_ATTENTION = ATTENTION.replace("where(j <= i, sum[d](Q[b,h,i,d]*K[b,h,j,d]) * {scale}, "
+                                    "-inf)", "sum[d](Q[b,h,i,d]*K[b,h,j,d]) * {scale}")
+
+
+def attention_case(device: str, B: int, H: int, N: int, D: int, dtype: str,
+                   causal: bool) -> GpuCase:
+    """softmax(Q K^T * scale [causal]) V: the fused kernel against torch's
+    scaled_dot_product_attention (FlashAttention-2 on an H100 at float16)."""
+    scale = float(1.0 / np.sqrt(D))
+    statement = (ATTENTION if causal else PLAIN_ATTENTION).format(scale=repr(scale))
+
+    def inputs(rng):
+        return {name: rng.standard_normal((B, H, N, D), dtype=np.float32)
+                for name in ("Q", "K", "V")}
+
+    def sdpa(Q, K, V):
+        import torch
+        return torch.nn.functional.scaled_dot_product_attention(Q, K, V, is_causal=causal,
+                                                                scale=scale)
+    goal = Target("torch SDPA", "within", 1.25) if dtype == "float16" else None
+    return GpuCase(f"{'causal ' if causal else ''}attention B={B} H={H} N={N} D={D} {dtype}",
+                   statement, inputs, [torch_peer("torch SDPA", sdpa, device, dtype)],
+                   einfuse_call=einfuse_forward(statement, device, dtype), dtype=dtype,
+                   target=goal)
+
+
+def seed_gpu_case(steps: int, hidden: int, chains: int = 0,
+                  kind: str = "forward") -> GpuCase:
+    """bench/jit_cases.py's case as a GPU case (float64 results, compared at float32's
+    tolerance)."""
+    case = seed_case(steps, hidden, chains, kind)
+    return GpuCase(case.name, case.statement, case.inputs, case.peers,
+                   einfuse_call=case.einfuse_call,
+                   target=Target("jax.jit(lax.scan)", "faster", 20.0)
+                   if kind == "forward" and not chains else None)
+
+
+def program_cases(device: str, quick: bool) -> List[GpuCase]:
+    B, H, N, D = (1, 2, 64, 16) if quick else (4, 8, 4096, 64)
+    dtype = "float32" if quick else "float16"
+    cases = [attention_case(device, B, H, N, D, dtype, causal) for causal in (False, True)]
+    if quick:
+        return cases
+    return cases + [seed_gpu_case(8000, 12), seed_gpu_case(2000, 32, chains=256),
+                    seed_gpu_case(8000, 12, kind="grad")]
