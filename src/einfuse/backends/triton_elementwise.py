@@ -38,7 +38,7 @@ def ef_pymod(a, b):
     mod = a % b
     mod = tl.where((mod != 0.0) & ((b < 0.0) != (mod < 0.0)), mod + b, mod)
     # a zero result takes the sign of b: -(m * m) is -0 for m = +-0
-    zero = tl.where(b < 0.0, -(mod * mod), mod * mod)
+    zero = tl.where(b < 0.0, ef_neg(mod * mod), mod * mod)
     return tl.where((mod == 0.0) & (b != 0.0), zero, mod)
 
 
@@ -78,7 +78,7 @@ def ef_atan2(a, b):
     r = tl.where((ay == float("inf")) & (ax == float("inf")), 0.7853981633974483, r)
     r = tl.where((ay == 0.0) & (ax == 0.0), 0.0, r)
     r = tl.where(ef_negative(x), 3.141592653589793 - r, r)
-    r = tl.where(ef_negative(y), -r, r)
+    r = tl.where(ef_negative(y), ef_neg(r), r)
     return r.to(a.dtype)
 '''
 

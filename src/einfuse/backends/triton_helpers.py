@@ -21,6 +21,13 @@ CHUNK = 32
 
 HELPERS = '''
 @triton.jit
+def ef_neg(x):
+    # -x as IEEE negation: Triton 3.6 compiles a unary minus on a float as 0 - x, which
+    # is +0 for x = +0 (1/-(0 - d) came out +inf on an H100); a product by -1 is exact
+    return x * -1.0
+
+
+@triton.jit
 def ef_expm1(x):
     # Taylor series to x**16/16! below 0.5 (exp(x) - 1 cancels there: 1e-12 would lose
     # every digit), the plain formula above; x = -0 keeps its sign
@@ -46,8 +53,8 @@ def ef_log1p(x):
 def ef_tanh(x):
     # -expm1(-2|x|) / (expm1(-2|x|) + 2), odd; tiny x (and -0) is its own tanh
     e = ef_expm1(-2.0 * tl.abs(x))
-    t = -e / (e + 2.0)
-    return tl.where(tl.abs(x) < 1e-9, x, tl.where(x < 0.0, -t, t))
+    t = ef_neg(e) / (e + 2.0)
+    return tl.where(tl.abs(x) < 1e-9, x, tl.where(x < 0.0, ef_neg(t), t))
 
 
 @triton.jit
@@ -59,7 +66,7 @@ def ef_pow(a, b):
     whole = tl.floor(b) == b
     odd = whole & (tl.abs(b) < 9007199254740992.0) & ((b - 2.0 * tl.floor(b * 0.5)) == 1.0)
     negative = (a < 0.0) | ((a == 0.0) & (1.0 / a < 0.0))
-    r = tl.where(negative & odd, -mag, mag)
+    r = tl.where(negative & odd, ef_neg(mag), mag)
     r = tl.where((a < 0.0) & (a > float("-inf")) & ~whole, float("nan"), r)
     one = (b == 0.0) | (a == 1.0) | ((a == -1.0) & (tl.abs(b) == float("inf")))
     return tl.where(one, 1.0, r)

@@ -534,7 +534,7 @@ class TritonRenderer(ChunkedSums):
         return f"({value} - tl.zeros({self.shape}, {self.T}))"
 
     def expr_Unary(self, node: ir.Unary) -> str:
-        return f"(-{self.expr(node.operand)})"
+        return f"ef_neg({self.expr(node.operand)})"   # (triton_helpers.py says why)
 
     def expr_Binary(self, node: ir.Binary) -> str:
         left, right, op = self.expr(node.left), self.expr(node.right), node.op

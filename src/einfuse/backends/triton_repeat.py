@@ -15,8 +15,7 @@ statements of the Triton backend, torch tensors that need no conversion (already
 the kernel's device, float values, not requiring a gradient), no gathers (their bounds
 handling reads the index values), no hoisted form.  A call whose tensors' addresses are
 not 16-byte aligned (Triton specialises a kernel on that) takes the kernel's usual
-launch; a launch hook set for a profiler (``triton.knobs.runtime.launch_enter_hook``)
-makes the prepared runner use the usual launch too, so the hook sees every launch."""
+launch."""
 
 from __future__ import annotations
 
@@ -114,17 +113,17 @@ def _launcher(prepared, ready, device, count: int):
 def _direct(kernel, grid, ready, device, count: int):
     """The compiled kernel's own launcher, bypassing ``JITFunction.run`` (its argument
     binding, specialisation and cache-key computation on every call), or None: under
-    the interpreter, with a launch hook set, or where this Triton's compiled kernel does
-    not have the launcher this code knows (then the usual launch is kept)."""
+    the interpreter, or where this Triton's compiled kernel does not have the launcher
+    this code knows (then the usual launch is kept).  The launch metadata and the
+    launch hooks are passed as ``JITFunction.run`` passes them, so profilers that
+    hook launches still see these."""
     from .triton_backend import interpreted
     if interpreted() or device.type != "cuda":
         return None
     try:
         from triton import knobs
         from triton.runtime import driver
-        if knobs.runtime.launch_enter_hook is not None or \
-                knobs.runtime.launch_exit_hook is not None:
-            return None
+        runtime = knobs.runtime
         names = [p.name for p in kernel.params]
     except (ImportError, AttributeError):
         return None
@@ -133,7 +132,7 @@ def _direct(kernel, grid, ready, device, count: int):
             any(name not in constexprs for name in names[count:]):
         return None
     tail = tuple(constexprs[name] for name in names[count:])
-    grid3 = tuple(grid) + (1,) * (3 - len(grid))
+    g0, g1, g2 = tuple(grid) + (1,) * (3 - len(grid))
     state = {}
     get_stream = driver.active.get_current_stream
     index = device.index if device.index is not None else 0
@@ -143,10 +142,13 @@ def _direct(kernel, grid, ready, device, count: int):
         if compiled is None:   # the first launch goes through Triton and keeps its kernel
             compiled = kernel[grid](*args, num_warps=ready.config.num_warps,
                                     num_stages=ready.config.num_stages, **constexprs)
-            if compiled is not None and all(hasattr(compiled, a) for a in
-                                            ("run", "function", "packed_metadata")):
+            if compiled is not None and all(hasattr(compiled, a) for a in (
+                    "run", "function", "packed_metadata", "launch_metadata")):
                 state["compiled"] = compiled
             return
-        compiled.run(grid3[0], grid3[1], grid3[2], get_stream(index), compiled.function,
-                     compiled.packed_metadata, None, None, None, *args, *tail)
+        stream = get_stream(index)
+        every = (*args, *tail)
+        compiled.run(g0, g1, g2, stream, compiled.function, compiled.packed_metadata,
+                     compiled.launch_metadata(grid, stream, *every),
+                     runtime.launch_enter_hook, runtime.launch_exit_hook, *every)
     return direct
