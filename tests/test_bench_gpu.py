@@ -161,3 +161,12 @@ def test_cli_device_cuda_writes_the_table_and_targets(monkeypatch, tmp_path, cap
     assert "GPU: test double" in markdown and "einfuse backend triton" in markdown
     assert "## Targets" in markdown and "(cuBLAS) time <= 1.2: " in markdown
     assert "differs" not in markdown
+
+
+def test_first_triton_launches_are_reported_beside_the_first_call():
+    from einfuse.bench.report import rows
+    from einfuse.bench.runner import Measurement
+    table = rows([Measurement("c", "einfuse", 1e-3, 5, 2.0, compiled=0, first_launches=2),
+                  Measurement("d", "einfuse", 1e-3, 5, 0.1, compiled=0)])
+    assert "first launch of 2 Triton kernels" in table[1][4]
+    assert "kernels from the cache" in table[2][4]

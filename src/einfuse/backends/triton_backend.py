@@ -308,6 +308,9 @@ def _remember_launch(key: tuple, ready: _Ready) -> None:
 
 
 _warm = set()   # tuning keys whose kernel has compiled and run once in this process
+# first launches of a kernel in this process (each compiles it, or loads it from Triton's
+# disk cache, and may tune it): bench reports them beside the first call's time
+first_launches = 0
 
 
 @contextlib.contextmanager
@@ -318,9 +321,12 @@ def _launch_guard(prepared: Prepared):
     if not interpreted() and prepared.tuning_key in _warm:
         yield
         return
+    global first_launches
     with _launch_lock:
         yield
-        _warm.add(prepared.tuning_key)
+        if prepared.tuning_key not in _warm:
+            first_launches += 1
+            _warm.add(prepared.tuning_key)
 
 
 class TritonBackend:

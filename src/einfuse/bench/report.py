@@ -26,12 +26,15 @@ def _time(seconds: Optional[float]) -> str:
     return f"{seconds * 1e3:.2f} ms" if seconds < 10 else f"{seconds:.1f} s"
 
 
-def _compiled(count: Optional[int]) -> str:
+def _compiled(count: Optional[int], first_launches: int = 0) -> str:
     if count is None:
         return ""
-    if count == 0:
-        return " (kernels from the cache)"
-    return f" (compiled {count} kernel{'s' if count > 1 else ''})"
+    parts = [f"compiled {count} kernel{'s' if count > 1 else ''}"] if count else []
+    if first_launches:   # Triton compiles on a kernel's first launch (or loads its cache)
+        parts.append(f"first launch of {first_launches} Triton kernel"
+                     f"{'s' if first_launches > 1 else ''}: JIT compile or Triton's "
+                     "cache, and tuning")
+    return f" ({'; '.join(parts)})" if parts else " (kernels from the cache)"
 
 
 def rows(results: List[Measurement]) -> List[List[str]]:
@@ -43,7 +46,8 @@ def rows(results: List[Measurement]) -> List[List[str]]:
             (f"{r:.2f}x" if r is not None else "-")
         note = m.note
         if m.implementation == "einfuse" and m.first_call_s is not None:
-            note = f"first call {_time(m.first_call_s)}{_compiled(m.compiled)}"
+            note = (f"first call {_time(m.first_call_s)}"
+                    f"{_compiled(m.compiled, m.first_launches)}")
         table.append([m.case, m.implementation, _time(m.median_s), shown, note])
     return table
 

@@ -27,6 +27,7 @@ class Measurement:
     first_call_s: Optional[float] = None   # includes compilation, if any
     note: str = ""
     compiled: Optional[int] = None         # C kernels the first call compiled
+    first_launches: int = 0                # Triton kernels it launched for the first time
 
 
 def time_call(fn: Callable[[], object], min_runs: int = 3, max_runs: int = 25,
@@ -74,11 +75,12 @@ def run_case(case: Case, backend: str = "auto", peers: Optional[Sequence[str]] =
     else:
         kernel = ef.compile(case.statement, backend=backend, **case.options)
         ours = lambda: kernel(**arrays)  # noqa: E731
-    from ..backends import c_build
-    compiles = c_build.compile_count
+    from ..backends import c_build, triton_backend
+    compiles, launches = c_build.compile_count, triton_backend.first_launches
     median, runs, first = time_call(ours, budget_s=budget_s, sync=sync)
     results.append(Measurement(case.name, "einfuse", median, runs, first,
-                               compiled=c_build.compile_count - compiles))
+                               compiled=c_build.compile_count - compiles,
+                               first_launches=triton_backend.first_launches - launches))
     reference = host(ours())
     ours = kernel = None   # einfuse's device values go before the peers allocate theirs
     if between_peers is not None:
