@@ -5,7 +5,9 @@ Triton kernels compute in float32/float64 only (integer statements run on the Nu
 reference, see triton_backend.py), so these are the float forms:
 
 * ``//`` and ``%`` follow NumPy's ``npy_divmod`` step by step, as the C helpers do
-  (c_elementwise.py): ``a % b`` on floats is Triton's ``frem``, C's exact ``fmod``; the
+  (c_elementwise.py): ``ef_fmod`` is C's exact ``fmod`` (libdevice's on a GPU, where
+  Triton's float ``%`` is ``a - trunc(a / b) * b``, off for quotients beyond 2**53;
+  ``%`` under the interpreter, which is NumPy's ``fmod`` and has no libdevice); the
   quotient ``(a - mod) / b`` is snapped to an integer; zero results take the sign of
   ``a / b`` (``//``) or of ``b`` (``%``); a zero divisor gives ``a / b`` and NaN.
 * ``tan`` and ``atan2`` are computed in float64 and rounded to the working dtype: libdevice
@@ -23,7 +25,7 @@ def ef_negative(x):
 
 @triton.jit
 def ef_floordiv(a, b):
-    mod = a % b
+    mod = ef_fmod(a, b)
     div = (a - mod) / b
     div = tl.where((mod != 0.0) & ((b < 0.0) != (mod < 0.0)), div - 1.0, div)
     low = tl.floor(div)
@@ -35,7 +37,7 @@ def ef_floordiv(a, b):
 
 @triton.jit
 def ef_pymod(a, b):
-    mod = a % b
+    mod = ef_fmod(a, b)
     mod = tl.where((mod != 0.0) & ((b < 0.0) != (mod < 0.0)), mod + b, mod)
     # a zero result takes the sign of b: -(m * m) is -0 for m = +-0
     zero = tl.where(b < 0.0, ef_neg(mod * mod), mod * mod)
@@ -81,6 +83,20 @@ def ef_atan2(a, b):
     r = tl.where(ef_negative(y), ef_neg(r), r)
     return r.to(a.dtype)
 '''
+
+# C's fmod, by where the kernel runs (True: compiled for a GPU)
+FMOD_HELPERS = {True: '''
+from triton.language.extra import libdevice
+
+
+@triton.jit
+def ef_fmod(a, b):
+    return libdevice.fmod(a, b)
+''', False: '''
+@triton.jit
+def ef_fmod(a, b):
+    return a % b
+'''}
 
 # the ast operator / function -> the Triton function that computes it
 OPERATORS = {"//": "ef_floordiv", "%": "ef_pymod"}

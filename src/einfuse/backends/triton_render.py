@@ -20,7 +20,8 @@ from typing import List, Optional, Tuple
 from .. import ir
 from ..plan.gathers import gather_helper, one_gather
 from .c_render import name
-from .triton_elementwise import ELEMENTWISE_HELPERS, FUNCTIONS as _HELPER_CALLS, \
+from .triton_elementwise import ELEMENTWISE_HELPERS, FMOD_HELPERS, \
+    FUNCTIONS as _HELPER_CALLS, \
     OPERATORS as _HELPER_OPS
 from .triton_helpers import HELPERS as _HELPERS, ChunkedSums
 
@@ -44,8 +45,9 @@ _NATIVE_DOT = ("float16", "bfloat16")
 
 class TritonRenderer(ChunkedSums):
     """``buffer_dtypes``: each buffer's storage dtype name (a float16/bfloat16 input is
-    loaded as it is stored and converted in registers); ``native_dot``: tl.dot may take
-    16-bit operands as loaded (off under the interpreter, whose bfloat16 dot is wrong)."""
+    loaded as it is stored and converted in registers); ``native_dot``: compiled for a
+    GPU, not interpreted: tl.dot may take 16-bit operands as loaded (the interpreter's
+    bfloat16 dot is wrong) and C's fmod is libdevice's (the interpreter has none)."""
 
     def __init__(self, program: ir.Program, buffer_dtypes: Tuple[str, ...] = (),
                  native_dot: bool = True):
@@ -104,7 +106,8 @@ class TritonRenderer(ChunkedSums):
         if self.dot_loops:
             launch = dataclasses.replace(launch, dot=True)
         source = "import triton\nimport triton.language as tl\n" + _HELPERS + \
-            ELEMENTWISE_HELPERS + "\n\n" + "\n".join(lines) + "\n"
+            FMOD_HELPERS[self.native_dot] + ELEMENTWISE_HELPERS + "\n\n" + \
+            "\n".join(lines) + "\n"
         return source, launch
 
     def flat_prologue(self, args, outputs) -> List[str]:
