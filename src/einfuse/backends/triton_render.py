@@ -552,6 +552,10 @@ class TritonRenderer(ChunkedSums):
             return f"((({left}) != 0) {op} (({right}) != 0)).to({self.T})"
         if op in _HELPER_OPS:
             return f"{_HELPER_OPS[op]}({self.widen(left)}, {self.widen(right)})"
+        if op == "/" and self.native_dot and self.T == "tl.float32":
+            # a float32 '/' compiles to div.full.f32 (within 2 ulp, subnormal results
+            # flushed); NumPy, C and torch divide correctly rounded
+            return f"tl.math.div_rn({self.widen(left)}, {self.widen(right)})"
         return f"({left} {op} {right})"
 
     def expr_Call(self, node: ir.Call) -> str:
