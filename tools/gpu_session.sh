@@ -79,5 +79,10 @@ print('\\n'.join(names + ['dist fwd']))")
         echo "exit $? after $(elapsed) s" >> "$OUT/bench-$n.txt"
     done
 fi
+if [ "$want_bench" = 1 ]; then   # one table, printed and brought back beside the archive
+    $PY tools/gpu_join.py "$OUT" > "$FINAL/${RESULTS:-results}-table.md" 2>&1
+    cat "$FINAL/${RESULTS:-results}-table.md"
+    cat "$OUT/bench-skipped.txt" 2>/dev/null
+fi
 echo "done after $(elapsed) s" > "$OUT/done.txt"
 tar czf "$FINAL/${RESULTS:-results}.tgz" -C "$FINAL" results && rm -rf "$OUT"
