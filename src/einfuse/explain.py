@@ -360,7 +360,7 @@ def explain_kernel(kernel: Kernel, args, arrays, shapes, gradients: bool) -> Exp
         read += written
     chosen = get_backend(kernel.options.backend)
     form = kernel.hoisted_form
-    hoisted = form.hoisted if form is not None and form.applies(call.dtypes) else None
+    hoisted = form.hoisted if form is not None and form.runs(call) else None
     lines = None
     if hoisted is not None:
         lines, nests = hoisted_lines(form, call, chosen)

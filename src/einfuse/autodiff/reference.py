@@ -16,6 +16,7 @@ from ..lang.ast import IndexExpr
 from ..runtime.frameworks import JAX, TORCH, framework_of, placeholder
 from ..runtime.kernel import compile as ef_compile
 from .derive import AxisOf, ExtentOf, GradientStatement, NoGradientError, RangeOf
+from .strided_scatter import add_strided
 
 _PASSED = ("ranges", "pad", "bounds", "fill")
 
@@ -322,6 +323,9 @@ class _JaxOps:
 
 def _scatter_add(ops, target, g: GradientStatement, values, options, arrays):
     indices = g.spec.output_indices
+    if not isinstance(ops, _JaxOps) and \
+            add_strided(target, g, values, {n: options["ranges"][n] for n in indices}):
+        return target
     grid = {}
     for pos, name in enumerate(indices):
         rng = options["ranges"][name]

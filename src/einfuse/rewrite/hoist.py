@@ -18,10 +18,11 @@ which costs O(rows x cols) instead of O(rows x cols^2).
 The rewrite must never change a result, so a reduction is hoisted only where the
 temporary's ranges are provably those the statement used (``_hoistable``):
 
-* each index the temporary is indexed by occurs in the reduction only as a plain
-  subscript (``X[i,k]``, not ``X[i+1,k]``), so its range there is the whole axis,
-  starting at 0, and reading the temporary as ``h[i]`` constrains ``i`` exactly as
-  the accesses it replaces did;
+* each index the temporary is indexed by has an explicit range starting at 0 (as a
+  gradient statement's indices all have: pooling's ``x[c, 2*i+a3, 2*j+b3]``) or occurs
+  in the reduction only as a plain subscript (``X[i,k]``, not ``X[i+1,k]``), so its
+  range there is the whole axis, starting at 0, and reading the temporary as ``h[i]``
+  constrains ``i`` exactly as the accesses it replaces did;
 * each reduced index has an explicit range or occurs in the whole statement only as
   a plain subscript (two reductions over ``k`` share ``k``'s range in the statement);
 * no ``pad=`` (reads outside the arrays change how ranges are inferred); an explicit
@@ -55,6 +56,14 @@ class Hoisted:
     @property
     def statements(self) -> Tuple[Statement, ...]:
         return self.temporaries + (self.statement,)
+
+    @property
+    def index_valued(self) -> bool:
+        """Whether a temporary holds index values (a first-extremum position, as max's
+        gradient finds): held in the working dtype, they are exact only below 2**24
+        (float32) or 2**53 (float64), which the caller checks per call."""
+        return any(isinstance(node, IndexValue) for temporary in self.temporaries
+                   for node in temporary.rhs.walk())
 
 
 def hoist(statement: Statement, rhs: Expr,
@@ -168,7 +177,10 @@ class _Rewriter:
             return False    # a temporary in the working dtype would round positions
         own = tuple(_subscripts(reduce))
         for index in free:
-            if index in self.offset or not _only_plain(index, own):
+            # an explicit range fixes the index's values whatever its subscripts (the
+            # temporary gets the same range: position p holds index value p)
+            if index in self.offset or \
+                    index not in self.explicit and not _only_plain(index, own):
                 return False
         for index in _bound(reduce):
             # a reduced index's range is the statement's: plain everywhere, or explicit

@@ -52,6 +52,12 @@ class HoistedForm:
         """Whether a call with these dtypes runs in the hoisted form."""
         return dtypes.working in _HOISTED_DTYPES and dtypes.result == dtypes.working
 
+    def runs(self, call) -> bool:
+        """Whether this call runs in the hoisted form: its dtypes apply, and positions
+        held in a temporary are exact for its ranges."""
+        return self.applies(call.dtypes) and (
+            not self.hoisted.index_valued or _positions_exact(call))
+
     def kernels(self, dtypes) -> Optional[Tuple]:
         """The kernels for a call with these dtypes, or None to run as written."""
         if not self.applies(dtypes):
@@ -178,10 +184,17 @@ def hoisted_form(statement: str, spec, options) -> Optional[HoistedForm]:
     return HoistedForm.of(spec, options)
 
 
+def _positions_exact(call) -> bool:
+    """Every index value of the call is an integer the working dtype holds exactly (a
+    temporary holding positions is computed in it)."""
+    limit = 2 ** (np.finfo(call.dtypes.working).nmant + 1)
+    return all(-limit < lo and hi <= limit for lo, hi in call.bounds.range_map.values())
+
+
 def run_hoisted(form: HoistedForm, call, named) -> Tuple[bool, object]:
     """(True, result) from the hoisted form, or (False, None) when the statement must
     run as written."""
-    kernels = form.kernels(call.dtypes)
+    kernels = form.kernels(call.dtypes) if form.runs(call) else None
     if kernels is None:
         return False, None
     try:

@@ -101,7 +101,7 @@ def prepare(kernel, call, kwargs) -> None:
     if any(getattr(value, "is_cuda", False) for value in kwargs.values()):
         return      # C on CUDA tensors copies them: the full path
     form = kernel.hoisted_form
-    if form is not None and form.applies(call.dtypes):
+    if form is not None and form.runs(call):
         cache[signature] = _hoisted_runner(kernel, form, call)
         return
     from ..backends.c_repeat import GatherFlagged, repeat_runner

@@ -260,7 +260,7 @@ def _units(kernel, scratch, number):
         call = kernel.bind(arrays={name: scratch[name] for name in _needed(spec)})
     except (EinfuseError, KeyError):
         return None
-    kernels = form.kernels(call.dtypes)
+    kernels = form.kernels(call.dtypes) if form.runs(call) else None
     if kernels is None:
         return [(kernel, {}, spec.output)]
     local = {k.spec.output: f"#{number}#{k.spec.output}" for k in kernels[:-1]}

@@ -129,7 +129,7 @@ def bind_statements(kernels: Sequence, texts: Sequence[str],
                 "creates its result with ':='", span=spec.statement.output_span), text)
         call = kernel.bind(arrays={n: env[n] for n in spec.arg_order if n in env})
         form = kernel.hoisted_form
-        hoisted = form.hoisted if form is not None and form.applies(call.dtypes) else None
+        hoisted = form.hoisted if form is not None and form.runs(call) else None
         result = np.dtype(call.dtypes.result)
         bound.append(BoundStatement(number, text, kernel, call.bounds,
                                     tuple(call.output_shape), result, hoisted))
