@@ -26,11 +26,11 @@ def ef_negative(x):
 @triton.jit
 def ef_floordiv(a, b):
     mod = ef_fmod(a, b)
-    div = (a - mod) / b
+    div = ef_div(a - mod, b)
     div = tl.where((mod != 0.0) & ((b < 0.0) != (mod < 0.0)), div - 1.0, div)
     low = tl.floor(div)
     snapped = tl.where(div - low > 0.5, low + 1.0, low)
-    q = a / b
+    q = ef_div(a, b)
     # div = 0: a zero with the sign of a / b, which is finite there
     return tl.where(b == 0.0, q, tl.where(div == 0.0, q * 0.0, snapped))
 
@@ -84,18 +84,35 @@ def ef_atan2(a, b):
     return r.to(a.dtype)
 '''
 
-# C's fmod, by where the kernel runs (True: compiled for a GPU)
-FMOD_HELPERS = {True: '''
+# C's fmod and a correctly rounded division, by where the kernel runs (True: compiled
+# for a GPU, where Triton's float32 '/' is div.full.f32, within 2 ulp: floor division's
+# quotient (a - mod) / b came out one ulp off for huge values on an H100)
+TARGET_HELPERS = {True: '''
 from triton.language.extra import libdevice
 
 
 @triton.jit
 def ef_fmod(a, b):
     return libdevice.fmod(a, b)
+
+
+@triton.jit
+def ef_div(a, b):
+    # (float64 '/' is correctly rounded already; div_rn takes float32 only)
+    if a.dtype == tl.float32:
+        q = tl.math.div_rn(a, b)
+    else:
+        q = a / b
+    return q
 ''', False: '''
 @triton.jit
 def ef_fmod(a, b):
     return a % b
+
+
+@triton.jit
+def ef_div(a, b):
+    return a / b
 '''}
 
 # the ast operator / function -> the Triton function that computes it

@@ -20,7 +20,7 @@ from typing import List, Optional, Tuple
 from .. import ir
 from ..plan.gathers import gather_helper, one_gather
 from .c_render import name
-from .triton_elementwise import ELEMENTWISE_HELPERS, FMOD_HELPERS, \
+from .triton_elementwise import ELEMENTWISE_HELPERS, TARGET_HELPERS, \
     FUNCTIONS as _HELPER_CALLS, \
     OPERATORS as _HELPER_OPS
 from .triton_helpers import HELPERS as _HELPERS, ChunkedSums
@@ -47,7 +47,8 @@ class TritonRenderer(ChunkedSums):
     """``buffer_dtypes``: each buffer's storage dtype name (a float16/bfloat16 input is
     loaded as it is stored and converted in registers); ``native_dot``: compiled for a
     GPU, not interpreted: tl.dot may take 16-bit operands as loaded (the interpreter's
-    bfloat16 dot is wrong) and C's fmod is libdevice's (the interpreter has none)."""
+    bfloat16 dot is wrong), C's fmod is libdevice's (the interpreter has none) and a
+    float32 division is correctly rounded (triton_elementwise.TARGET_HELPERS)."""
 
     def __init__(self, program: ir.Program, buffer_dtypes: Tuple[str, ...] = (),
                  native_dot: bool = True):
@@ -106,7 +107,7 @@ class TritonRenderer(ChunkedSums):
         if self.dot_loops:
             launch = dataclasses.replace(launch, dot=True)
         source = "import triton\nimport triton.language as tl\n" + _HELPERS + \
-            FMOD_HELPERS[self.native_dot] + ELEMENTWISE_HELPERS + "\n\n" + \
+            TARGET_HELPERS[self.native_dot] + ELEMENTWISE_HELPERS + "\n\n" + \
             "\n".join(lines) + "\n"
         return source, launch
 
@@ -555,7 +556,7 @@ class TritonRenderer(ChunkedSums):
         if op == "/" and self.native_dot and self.T == "tl.float32":
             # a float32 '/' compiles to div.full.f32 (within 2 ulp, subnormal results
             # flushed); NumPy, C and torch divide correctly rounded
-            return f"tl.math.div_rn({self.widen(left)}, {self.widen(right)})"
+            return f"ef_div({self.widen(left)}, {self.widen(right)})"
         return f"({left} {op} {right})"
 
     def expr_Call(self, node: ir.Call) -> str:
