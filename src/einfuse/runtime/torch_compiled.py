@@ -187,15 +187,26 @@ def _call_key(key: str, inputs, args, kwargs, arrays):
     return results[0] if len(results) == 1 else tuple(results)
 
 
-# Raised outside the traced code (a graph break, then an eager call): Dynamo 2.11 cannot
-# construct einfuse's exceptions in the graph ("Attempted to raise a non-Exception")
-@torch.compiler.disable
+def _outside_the_graph(fn):
+    """``fn`` run by Python, not traced: a graph break, then ``fn`` raises einfuse's
+    error itself (Dynamo 2.11 cannot construct einfuse's exceptions in traced code:
+    "Attempted to raise a non-Exception").  Under fullgraph=True torch reports the graph
+    break, with this reason."""
+    reason = ("einfuse refuses these arguments (it takes tensors and Python numbers); "
+              "call without fullgraph=True to see einfuse's error")
+    try:
+        return torch.compiler.disable(fn, reason=reason)
+    except TypeError:     # a torch whose disable() takes no reason
+        return torch.compiler.disable(fn)
+
+
+@_outside_the_graph
 def _refuse_positional(given: int, taken: int):
     raise UnexpectedArgumentError(f"{given} positional arguments given but {taken} "
                                   "inputs are taken")
 
 
-@torch.compiler.disable
+@_outside_the_graph
 def _refuse_value(name: str, value):
     raise EinfuseTypeError(f"under torch.compile einfuse takes tensors and Python "
                            f"numbers; {name} is a {type(value).__name__}")
