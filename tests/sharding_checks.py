@@ -374,4 +374,5 @@ def main():
 
 if __name__ == "__main__":
     os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=8"
+    os.environ["JAX_PLATFORMS"] = "cpu"     # (not a GPU backend of one device)
     main()

@@ -18,8 +18,17 @@ rng = np.random.default_rng(7)
 DIST = "D[i,j] := (w[k,i] - x[k,j])**2"
 
 
-def rand(*shape, dtype=np.float32):
-    return jnp.asarray(rng.standard_normal(shape).astype(dtype))
+@pytest.fixture(autouse=True)
+def on_the_cpu():
+    """The FFI route is the CPU platform's (on a GPU einfuse takes its device or callback
+    route, and registers its targets for the CPU only): where the default JAX device is
+    a GPU, every array and computation of these tests is placed on the CPU."""
+    with jax.default_device(jax.devices("cpu")[0]):
+        yield
+
+
+def rand(*shape, dtype=np.float32):     # (committed to the CPU: so is what reads it)
+    return jax.device_put(rng.standard_normal(shape).astype(dtype), jax.devices("cpu")[0])
 
 
 def dist_ref(w, x):

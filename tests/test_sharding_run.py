@@ -1,6 +1,6 @@
 """Sharded execution on 8 CPU devices (jax.shard_map), in one subprocess: JAX must see 8
 devices, which XLA_FLAGS sets only before jax is first imported, and other test modules
-import it first in this process.  The checks themselves are in sharding_checks.py."""
+import it first in this process (JAX_PLATFORMS=cpu keeps a GPU machine's JAX on them).  The checks themselves are in sharding_checks.py."""
 
 import json
 import os
@@ -15,7 +15,10 @@ import sharding_checks  # noqa: E402  (conftest puts tests/ on sys.path)
 
 @pytest.fixture(scope="module")
 def results():
-    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8")
+    # the CPU platform alone: on a machine with a GPU, JAX would otherwise pick the GPU
+    # backend (one device) and leave the 8 host devices unused
+    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8",
+               JAX_PLATFORMS="cpu")
     src = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "src")
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [src, env.get("PYTHONPATH")]))
     done = subprocess.run([sys.executable, sharding_checks.__file__], env=env,

@@ -135,6 +135,28 @@ def test_a_numpy_array_beside_tensors_is_refused_without_fullgraph():
         torch.compile(model, backend="aot_eager")(torch.ones(2))
 
 
+def test_a_kernel_swapped_for_one_with_another_pad_is_traced_again():
+    # Dynamo guards on the kernel object (its id is the key's source), and the float
+    # option that tells the two apart reaches the key whatever Dynamo makes of floats
+    kernels = {"k": ef.compile("y[i] := x[i+1]", pad=0.0, ranges={"i": range(3)})}
+
+    def model(x):
+        return kernels["k"](x=x) * 1.0
+
+    for dynamic in (False, True):
+        torch._dynamo.reset()
+        run = torch.compile(model, fullgraph=True, backend="aot_eager", dynamic=dynamic)
+        x = torch.arange(1.0, 4.0, dtype=torch.float64)
+        kernels["k"] = ef.compile("y[i] := x[i+1]", pad=0.0, ranges={"i": range(3)})
+        torch.testing.assert_close(run(x), torch.tensor([2.0, 3.0, 0.0], dtype=torch.float64))
+        kernels["k"] = ef.compile("y[i] := x[i+1]", pad=-7.5, ranges={"i": range(3)})
+        torch.testing.assert_close(run(x), torch.tensor([2.0, 3.0, -7.5], dtype=torch.float64))
+        program = ef.compile("t[i] := x[i+1]\ny[i] := t[i] * 2.0", pad=4.0,
+                             ranges={"i": range(3)})
+        kernels["k"] = program
+        torch.testing.assert_close(run(x), torch.tensor([4.0, 6.0, 8.0], dtype=torch.float64))
+
+
 def test_eager_calls_do_not_go_through_the_operator():
     # eager autograd uses torch.autograd.Function (cheaper than a custom op's dispatch)
     x = torch.randn(3, 4, requires_grad=True)

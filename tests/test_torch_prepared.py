@@ -98,8 +98,15 @@ def test_repeated_calls_give_torch_autograds_gradients(statement, make, formula)
 def test_prepared_backwards_neither_derive_nor_bind(statement, make, formula, monkeypatch):
     k = ef.compile(statement, backend="c")
     named = make()
-    k(**named).sum().backward()
-    k(**named).sum().backward()      # (the first backward of the prepared signature)
+
+    def step():
+        out = k(**named)
+        # dOUT contiguous, as in the calls checked below: a prepared backward is kept
+        # per layout of dOUT, and the first backward of a layout binds its kernels
+        # (``.sum().backward()`` hands a stride-0 dOUT, another layout)
+        (out * torch.randn_like(out)).sum().backward()
+    step()
+    step()      # (the first backward of the prepared signature)
     bound, derived = [], []
     real_bind, real_compute = kernel_module.bind_call, gradients.compute_gradients
     monkeypatch.setattr(kernel_module, "bind_call",
@@ -107,8 +114,7 @@ def test_prepared_backwards_neither_derive_nor_bind(statement, make, formula, mo
     monkeypatch.setattr(gradients, "compute_gradients",
                         lambda *a, **kw: derived.append(1) or real_compute(*a, **kw))
     for _ in range(2):
-        out = k(**named)
-        (out * torch.randn_like(out)).sum().backward()
+        step()
     assert bound == [] and derived == []
 
 

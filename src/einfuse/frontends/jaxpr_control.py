@@ -14,7 +14,8 @@ def closed_consts(conv, closed):
     """Values for a ClosedJaxpr's constants: scalars as literals, arrays as inputs."""
     import numpy as np
     values = []
-    for var, const in zip(closed.jaxpr.constvars, closed.consts):
+    jaxpr = getattr(closed, "jaxpr", closed)    # (a Jaxpr is its own .jaxpr in jax 0.11)
+    for var, const in zip(jaxpr.constvars, getattr(closed, "consts", ())):
         array = np.asarray(const)
         from .jaxpr import scalar_type
         dtype = scalar_type(var.aval)
@@ -33,14 +34,45 @@ def _inline(param_names):
                 break
         else:
             raise unsupported(eqn, "no jaxpr to inline")
-        if hasattr(sub, "jaxpr") and hasattr(sub, "consts"):
-            consts = closed_consts(conv, sub)
-            jaxpr = sub.jaxpr
-        else:
-            consts, jaxpr = [], sub
+        jaxpr = getattr(sub, "jaxpr", sub)
         count = len(jaxpr.invars)
+        if len(getattr(sub, "consts", ())) == len(jaxpr.constvars):
+            consts = closed_consts(conv, sub)
+        else:
+            # an open jaxpr (jax 0.11 merged ClosedJaxpr into Jaxpr: one whose consts
+            # are not attached) takes its constvars' values ahead of its arguments
+            consts = list(invals[len(invals) - count - len(jaxpr.constvars):
+                                 len(invals) - count])
+            if len(consts) != len(jaxpr.constvars):
+                raise unsupported(eqn, "constants of a sub-jaxpr that are not passed")
         return conv.run_jaxpr(jaxpr, consts, invals[len(invals) - count:])
     return rule
+
+
+def scan_layout(eqn) -> tuple:
+    """``(consts, carries)``: how many of a scan's operands are loop invariants and how
+    many carries (the rest are the scanned ``xs``; its results are the carries, then the
+    stacked ``ys``).  jax <= 0.10 says so in ``num_consts``/``num_carry``; jax 0.11 in
+    flat trees, ``ft_in`` of ``(consts, carries, xs)`` and ``ft_out`` of ``(carries,
+    ys)``, whose parts are read here by filling them with operand positions."""
+    params = eqn.params
+    if "num_consts" in params and "num_carry" in params:
+        return int(params["num_consts"]), int(params["num_carry"])
+    n_in, n_out = len(eqn.invars), len(eqn.outvars)
+    try:
+        consts, carries, xs = (list(part) for part in
+                               params["ft_in"].update(tuple(range(n_in))).unpack())
+        carries_out, ys = (list(part) for part in
+                           params["ft_out"].update(tuple(range(n_out))).unpack())
+    except (KeyError, AttributeError, TypeError, ValueError, AssertionError):
+        raise unsupported(eqn, "a scan whose operands this einfuse cannot tell apart "
+                          f"(parameters {sorted(params)})") from None
+    if consts + carries + xs != list(range(n_in)) or \
+            carries_out + ys != list(range(n_out)) or len(carries_out) != len(carries):
+        raise unsupported(eqn, "a scan whose operands are not in the order consts, "
+                          "carries, xs")
+    return len(consts), len(carries)
+
 
 
 def _carries(conv, initial, level):
@@ -72,7 +104,7 @@ def _updates(conv, carries, news):
 def scan(conv, eqn, invals, level):
     params = eqn.params
     body = params["jaxpr"]
-    n_consts, n_carry = params["num_consts"], params["num_carry"]
+    n_consts, n_carry = scan_layout(eqn)
     length = int(params["length"])
     consts = invals[:n_consts]
     carries = _carries(conv, invals[n_consts:n_consts + n_carry], level)
@@ -181,5 +213,6 @@ RULES = {
     "custom_vjp_call": _inline(("call_jaxpr", "fun_jaxpr")),
     "custom_vjp_call_jaxpr": _inline(("fun_jaxpr", "call_jaxpr")),
     "checkpoint": _inline(("jaxpr",)), "remat": _inline(("jaxpr",)),
+    "remat2": _inline(("jaxpr",)),      # jax.checkpoint's primitive
     "scan": scan, "while": while_loop, "cond": cond,
 }

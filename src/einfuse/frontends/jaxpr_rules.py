@@ -97,6 +97,18 @@ def integer_pow(conv, eqn, invals, level):
                                         dtype))]
 
 
+def one_minus_square(conv, eqn, invals, level):
+    """``1 - x*x`` (jax 0.11's derivative of tanh, ``1 - tanh(x)**2``), computed as
+    ``(1 - x) * (1 + x)``, which keeps its digits where ``x*x`` is near 1."""
+    dtype = scalar_type(eqn.outvars[0].aval, eqn)
+    (x,) = invals
+    if not x.dtype.is_float:
+        raise unsupported(eqn, f"on {x.dtype.value[0]}")
+    one = Const(1.0, dtype)
+    return [_combine(x.shape, dtype, invals, level, lambda args: Apply("mul", (
+        Apply("sub", (one, args[0]), dtype), Apply("add", (one, args[0]), dtype)), dtype))]
+
+
 def select_n(conv, eqn, invals, level):
     dtype = scalar_type(eqn.outvars[0].aval, eqn)
     shape = tuple(eqn.outvars[0].aval.shape)
@@ -140,7 +152,8 @@ def rule_for(eqn) -> Rule:
 
 RULES: Dict[str, Rule] = {name: elementwise for name in ELEMENTWISE}
 RULES.update({
-    "integer_pow": integer_pow, "select_n": select_n, "clamp": clamp,
+    "integer_pow": integer_pow, "one_minus_square": one_minus_square,
+    "select_n": select_n, "clamp": clamp,
     "convert_element_type": convert_element_type, "stop_gradient": identity,
     "copy": identity, "copy_p": identity, "optimization_barrier": identity,
     "reduce_precision": reduce_precision,

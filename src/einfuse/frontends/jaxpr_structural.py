@@ -279,6 +279,21 @@ def split(conv, eqn, invals, level):
     return outs
 
 
+def unstack(conv, eqn, invals, level):
+    """``lax`` unstack (iterating over an array, ``k1, k2 = key``: jax 0.11's threefry
+    split): one result per position along ``axis``, that axis removed."""
+    (x,) = invals
+    axis = int(eqn.params["axis"])
+    outs = []
+    for k in range(len(eqn.outvars)):
+        shape, _ = _out(eqn, k)
+
+        def subs_of(subs, k=k):
+            return tuple(subs[:axis]) + (Const(k, INDEX),) + tuple(subs[axis:])
+        outs.append(_moved(x, shape, level, subs_of))
+    return outs
+
+
 def stack(conv, eqn, invals, level):
     """``jnp.stack``: the operands side by side along a new ``axis``."""
     axis = eqn.params["axis"]
@@ -521,7 +536,7 @@ RULES = {
     "reduce_max": _reduction(ReduceOp.MAX), "reduce_min": _reduction(ReduceOp.MIN),
     "reduce_and": _reduction(ReduceOp.AND), "reduce_or": _reduction(ReduceOp.OR),
     "argmax": _reduction(ReduceOp.ARGMAX), "argmin": _reduction(ReduceOp.ARGMIN),
-    "tile": tile, "split": split, "stack": stack, "cumsum": _cumulative(ReduceOp.SUM),
+    "tile": tile, "split": split, "stack": stack, "unstack": unstack, "cumsum": _cumulative(ReduceOp.SUM),
     "cumprod": _cumulative(ReduceOp.PROD), "cummax": _cumulative(ReduceOp.MAX),
     "cummin": _cumulative(ReduceOp.MIN),
     "dot_general": dot_general, "gather": gather, "scatter-add": scatter_add,

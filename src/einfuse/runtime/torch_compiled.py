@@ -6,9 +6,13 @@ cheapest way to run a kernel under autograd.  Dynamo cannot trace einfuse's own 
 (``ein``, ``Kernel.__call__``, ``Program.__call__``) come here instead, and Dynamo sees
 two things only:
 
-* :func:`_compiled_key`, run once at trace time (``assume_constant_result``): it
-  compiles the statement or program with its options (errors surface while compiling,
-  with einfuse's message) and returns a string key for it;
+* :func:`_compiled_key` (or :func:`_object_key` for a compiled Kernel or Program), run
+  once at trace time (``assume_constant_result``): it compiles the statement or program
+  with its options (errors surface while compiling, with einfuse's message) and returns
+  a string key for it.  What Dynamo passes it must be Python constants (torch 2.11
+  converts every argument with ``as_python_constant``, which no object of ours has, and
+  under ``dynamic=True`` a float option read from an object is symbolic): a Kernel or
+  Program goes as its ``id()``, on which Dynamo guards, and is found again by it;
 * the operator ``einfuse::run(key, names, tensors, scalars)``
   returning the outputs, with a fake implementation (output shapes and dtypes from
   einfuse's range and dtype inference on shape-only placeholders) and an autograd
@@ -24,17 +28,19 @@ Imported only while torch.compile traces a call with torch tensors."""
 from __future__ import annotations
 
 import functools
-
+import gc
 import math
 import numbers
 import threading
+import weakref
 from typing import Dict, List, Optional, Tuple
 
 import numpy as np
 import torch
 
 from ..analysis.options import Options
-from ..errors import EinfuseTypeError, UnexpectedArgumentError, attach_statement
+from ..errors import EinfuseError, EinfuseTypeError, UnexpectedArgumentError, \
+    attach_statement
 from .frameworks import contiguous, numpy_dtype, to_numpy
 
 _LOCK = threading.Lock()
@@ -64,6 +70,37 @@ def _compiled_key(source: str, options, outputs) -> Tuple[str, Tuple[str, ...]]:
             _COMPILED[key] = compiled
             _KEYS[identity] = key
     return key, tuple(_COMPILED[key].inputs)
+
+
+# Kernels and Programs by id(), for _object_key: those met at trace time stay findable
+# while they live (a dead one's id may be reused by a newer object: weak values)
+_BY_ID: "weakref.WeakValueDictionary[int, object]" = weakref.WeakValueDictionary()
+
+
+@torch._dynamo.assume_constant_result
+def _object_key(ident: int) -> Tuple[str, Tuple[str, ...]]:
+    """:func:`_compiled_key` of the Kernel or Program whose ``id()`` is ``ident``; runs
+    eagerly while Dynamo traces a call of it, so the object is alive (the traced frame
+    holds it)."""
+    found = _BY_ID.get(ident)
+    if found is None:
+        found = _find_by_id(ident)
+    if _is_program(found):
+        return _compiled_key(found.source, found.options, found.outputs)
+    return _compiled_key(found.statement, found.options, None)
+
+
+def _find_by_id(ident: int):
+    """The live Kernel or Program of this ``id()``: the garbage collector lists every
+    object with attributes, once per object first traced (a trace takes far longer)."""
+    from ..program.program import Program
+    from .kernel import Kernel
+    for candidate in gc.get_objects():
+        if id(candidate) == ident and isinstance(candidate, (Kernel, Program)):
+            _BY_ID[ident] = candidate
+            return candidate
+    raise EinfuseError("under torch.compile: the compiled statement or program being "
+                       "traced was not found among the live objects")
 
 
 def _is_program(compiled) -> bool:
@@ -96,15 +133,15 @@ def _option_values(options) -> Tuple:
 
 def call_statement(kernel, args, kwargs, arrays):
     """``Kernel.__call__`` while torch.compile traces."""
-    # the Options object, not its values: under dynamic=True Dynamo makes a float read
-    # from an attribute (fill) symbolic, and a symbolic value cannot reach the key
-    key, inputs = _compiled_key(kernel.statement, kernel.options, None)
+    # its id(), not its options: under dynamic=True Dynamo makes a float read from an
+    # attribute (fill) symbolic, and a symbolic value cannot reach the key
+    key, inputs = _object_key(id(kernel))
     return _call_key(key, inputs, args, kwargs, arrays)
 
 
 def call_program(program, args, kwargs, arrays):
     """``Program.__call__`` while torch.compile traces."""
-    key, inputs = _compiled_key(program.source, program.options, program.outputs)
+    key, inputs = _object_key(id(program))
     return _call_key(key, inputs, args, kwargs, arrays)
 
 
@@ -127,8 +164,7 @@ def _call_key(key: str, inputs, args, kwargs, arrays):
     tensors: List[torch.Tensor] = []
     scalars: List[str] = []
     if len(args) > len(inputs):
-        raise UnexpectedArgumentError(f"{len(args)} positional arguments given but "
-                                      f"{len(inputs)} inputs are taken")
+        _refuse_positional(len(args), len(inputs))
     named = dict(zip(inputs, args))
     named.update(kwargs)
     if arrays is not None:
@@ -142,14 +178,38 @@ def _call_key(key: str, inputs, args, kwargs, arrays):
         elif isinstance(value, numbers.Real):     # exactly, as a hexadecimal float
             scalars.append(f"f:{name}:{float(value).hex()}")
         else:
-            raise EinfuseTypeError(f"under torch.compile einfuse takes tensors and Python "
-                                   f"numbers; {name} is a {type(value).__name__}")
+            _refuse_value(name, value)
     # names travel joined by commas (the schema has no list of strings); they are
     # identifiers, checked when the statement was parsed
     # Python numbers are constants of the traced graph (torch.compile specialises on
     # them), so they travel in the text too
     results = torch.ops.einfuse.run(key, ",".join(names), tensors, ",".join(scalars))
     return results[0] if len(results) == 1 else tuple(results)
+
+
+def _outside_the_graph(fn):
+    """``fn`` run by Python, not traced: a graph break, then ``fn`` raises einfuse's
+    error itself (Dynamo 2.11 cannot construct einfuse's exceptions in traced code:
+    "Attempted to raise a non-Exception").  Under fullgraph=True torch reports the graph
+    break, with this reason."""
+    reason = ("einfuse refuses these arguments (it takes tensors and Python numbers); "
+              "call without fullgraph=True to see einfuse's error")
+    try:
+        return torch.compiler.disable(fn, reason=reason)
+    except TypeError:     # a torch whose disable() takes no reason
+        return torch.compiler.disable(fn)
+
+
+@_outside_the_graph
+def _refuse_positional(given: int, taken: int):
+    raise UnexpectedArgumentError(f"{given} positional arguments given but {taken} "
+                                  "inputs are taken")
+
+
+@_outside_the_graph
+def _refuse_value(name: str, value):
+    raise EinfuseTypeError(f"under torch.compile einfuse takes tensors and Python "
+                           f"numbers; {name} is a {type(value).__name__}")
 
 
 def _split(joined: str) -> List[str]:
