@@ -223,3 +223,22 @@ def test_gathers_in_range_and_out_of_range_per_call():
             g(W, huge).block_until_ready()
         ok = jnp.asarray(np.array([4, 0], dtype=np.uint64))
         np.testing.assert_array_equal(g(W, ok), W[np.array([4, 0])])
+
+
+@needs_cc
+def test_a_cpu_placed_jit_on_a_gpu_machine_lowers_to_the_c_kernel(monkeypatch):
+    """On a machine with a GPU and jax_triton, a traced call is bound for the device
+    (JAX's default backend is the GPU), but a jit placed on the CPU lowers for the CPU
+    platform: that lowering must emit the C kernel, never the Triton call (seen on an
+    H100: 'MLIR translation rule for primitive triton_kernel_call not found for
+    platform cpu')."""
+    from einfuse.runtime import jax_gpu
+    monkeypatch.setattr(jax_gpu, "jax_triton_installed", lambda: True)
+    monkeypatch.setattr(jax_gpu, "on_gpu", lambda values: True)
+    launched = []
+    monkeypatch.setattr(jax_gpu, "launch_kernel", lambda *a, **k: launched.append(a))
+    w, x = rand(5, 3), rand(5, 4)
+    f = jax.jit(lambda w, x: ef.ein(DIST, w=w, x=x))
+    assert "@einfuse_" in lowered(lambda w, x: ef.ein(DIST, w=w, x=x), w, x)
+    np.testing.assert_allclose(f(w, x), dist_ref(np.asarray(w), np.asarray(x)), rtol=1e-5)
+    assert launched == []
