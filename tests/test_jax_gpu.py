@@ -57,6 +57,8 @@ def device_path(monkeypatch):
     monkeypatch.setattr(jax_gpu, "jax_triton_installed", lambda: True)
     monkeypatch.setattr(jax_gpu, "on_gpu", lambda values: True)
     monkeypatch.setattr(jax_gpu, "launch_kernel", interpreted_launch)
+    # the interpreted launch is a host callback: the CPU platform lowers it
+    monkeypatch.setattr(jax_gpu, "launches_in_cpu_lowering", lambda: True)
     return launched
 
 

@@ -149,7 +149,7 @@ def _jitted(statement, options, names, route):
 def _lower(*values, statement, options, names, route, cpu=False):
     kernel = _kernel(statement, options)
     struct = _struct(kernel, names, values)
-    if route == "device" and not cpu:   # (a jit placed on the CPU of a GPU machine)
+    if route == "device" and (not cpu or jax_gpu.launches_in_cpu_lowering()):
         device = _device(kernel, names, values)
         if device is not None:   # None: the batched statement's kernel takes the host
             out = jax_gpu.launch_kernel(device, jax_gpu.kernel_inputs(

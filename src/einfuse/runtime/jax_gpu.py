@@ -43,6 +43,13 @@ def on_gpu(values) -> bool:
     return jax.default_backend() == "gpu"
 
 
+def launches_in_cpu_lowering() -> bool:
+    """Whether :func:`launch_kernel` may be emitted where XLA lowers for the CPU: never
+    (jax_triton's call has no CPU lowering: a jit placed on the CPU of a GPU machine
+    runs the C kernel); the tests' interpreted launch, a host callback, replaces this."""
+    return False
+
+
 def jax_triton_installed() -> bool:
     return importlib.util.find_spec("jax_triton") is not None and \
         importlib.util.find_spec("triton") is not None
