@@ -187,9 +187,10 @@ def test_nonfinite_value_runs_the_statements(launches):
     Q, K, V = qkv((1, 1, 6, 6, 2, 2))
     V[0, 0, 4, 1] = np.inf
     got = ef.ein(program(), Q=Q, K=K, V=V, scale=1.0, backend="triton")
-    assert not launches
+    # the kernel is queued before the value's check answers; its result is dropped
+    assert len(launches) == 1
     expected = expected_of(Q, K, V, 1.0, "j <= i")
-    assert np.isnan(got[0, 0, :4, 1].numpy()).all()
+    assert np.isnan(got[0, 0, :4, 1].numpy()).all()     # 0 * inf at the masked key
     np.testing.assert_array_equal(np.isnan(got.numpy()), np.isnan(expected))
 
 
