@@ -231,21 +231,46 @@ def test_forced_configuration(launches):
                for c in triton_attention.candidates("bfloat16", 100))
 
 
-def test_gradients_under_autograd_record_the_statements(launches):
+@pytest.mark.parametrize("dtype, mask", [(torch.float32, "j <= i"),
+                                         (torch.float16, None)])
+def test_gradients_under_autograd(dtype, mask, launches):
+    # the forward is the kernel; the backward the statements' formula in torch
     g = torch.Generator().manual_seed(5)
-    Q, K, V = (torch.randn(1, 2, 20, 16, generator=g, requires_grad=True)
+    Q, K, V = (torch.randn(1, 2, 20, 16, generator=g).to(dtype).requires_grad_()
                for _ in range(3))
-    out = ef.ein(program(), Q=Q, K=K, V=V, scale=0.4, backend="triton")
-    assert not launches          # the backward needs the statements: they run, recorded
-    expected = torch.nn.functional.scaled_dot_product_attention(Q, K, V, is_causal=True,
-                                                                 scale=0.4)
-    seed = torch.randn_like(out)
-    got = torch.autograd.grad(out, (Q, K, V), seed)
-    want = torch.autograd.grad(expected, (Q, K, V), seed)
+    out = ef.ein(program(mask), Q=Q, K=K, V=V, scale=0.4, backend="triton")
+    assert len(launches) == 1 and out.dtype == dtype
+    wide = [t.detach().double().requires_grad_() for t in (Q, K, V)]
+    expected = torch.nn.functional.scaled_dot_product_attention(
+        *wide, is_causal=mask is not None, scale=0.4)
+    seed = torch.randn(out.shape, generator=g)
+    got = torch.autograd.grad(out, (Q, K, V), seed.to(dtype))
+    want = torch.autograd.grad(expected, wide, seed.double())
+    tol = TOLERANCE[dtype]
     for a, b in zip(got, want):
-        np.testing.assert_allclose(a.numpy(), b.numpy(), rtol=1e-4, atol=1e-5)
-    with torch.no_grad():
-        ef.ein(program(), Q=Q, K=K, V=V, scale=0.4, backend="triton")
+        assert a.dtype == dtype
+        np.testing.assert_allclose(a.double().numpy(), b.numpy(), rtol=tol, atol=tol)
+
+
+def test_double_backward_and_what_records_the_statements(launches):
+    g = torch.Generator().manual_seed(6)
+    Q, K, V = (torch.randn(1, 1, 12, 16, generator=g, requires_grad=True)
+               for _ in range(3))
+    out = ef.ein(program(), Q=Q, K=K, V=V, scale=0.5, backend="triton")
+    (dq,) = torch.autograd.grad((out ** 2).sum(), (Q,), create_graph=True)
+    (ddq,) = torch.autograd.grad(dq.sum(), (Q,))
+    wide = [t.detach().double().requires_grad_() for t in (Q, K, V)]
+    S = (wide[0] @ wide[1].transpose(-1, -2) * 0.5).masked_fill(
+        ~torch.ones(12, 12, dtype=torch.bool).tril(), -torch.inf)
+    ref = torch.softmax(S, -1) @ wide[2]
+    (rdq,) = torch.autograd.grad((ref ** 2).sum(), (wide[0],), create_graph=True)
+    (rddq,) = torch.autograd.grad(rdq.sum(), (wide[0],))
+    np.testing.assert_allclose(ddq.double().numpy(), rddq.numpy(), rtol=1e-3, atol=1e-4)
+    assert len(launches) == 1
+    # j < i (its first row sees no key) and a scale needing a gradient: the statements
+    ef.ein(program("j < i"), Q=Q, K=K, V=V, scale=0.5, backend="triton")
+    ef.ein(program(), Q=Q, K=K, V=V, scale=torch.tensor(0.5, requires_grad=True),
+           backend="triton")
     assert len(launches) == 1
 
 

@@ -166,6 +166,10 @@ def run_fused_attention(attention: Attention, named: Dict[str, object], options,
     if framework == "torch":
         from . import attention_autograd
         if attention_autograd.recording(attention, named):
+            on_triton = triton_route(attention, named, options)
+            if on_triton is not None:
+                return attention_autograd.run_recorded_triton(attention, named, options,
+                                                              on_triton)
             return attention_autograd.run_recorded(attention, named, options)
     on_triton = triton_route(attention, named, options)
     if on_triton is not None:       # backends/triton_attention.py
@@ -389,8 +393,9 @@ class FusedAttention:
             f"rescaled accumulator; exp2 with log2(e) folded into the scale; {dots}; "
             f"the result in {self.dtype}",
             f"    {_count(self.pairs * self.groups)} (i, j) pairs computed",
-            "    under torch autograd the statements run (and record) one by one, and so "
-            "does a value array holding inf or NaN",
+            "    under torch autograd the backward is the statements' formula in torch "
+            "(the weights materialised); a value array holding inf or NaN runs the "
+            "statements one by one",
             f"  materialised: nothing N x N (scores or weights in memory would take {square} "
             f"each); per program: a {config.block_m} x {config.block_n} block of scores and "
             f"{config.block_m} rows of the accumulator, in registers"]
