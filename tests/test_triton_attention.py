@@ -191,6 +191,12 @@ def test_nonfinite_value_runs_the_statements(launches):
     assert len(launches) == 1
     expected = expected_of(Q, K, V, 1.0, "j <= i")
     assert np.isnan(got[0, 0, :4, 1].numpy()).all()     # 0 * inf at the masked key
+    # finite values whose float32 sum overflows: the check cannot tell, the statements run
+    V = torch.full((1, 1, 6, 2), 3e38)
+    huge = ef.ein(program(), Q=Q, K=K, V=V, scale=1.0, backend="triton")
+    one_by_one_f32, _ = ef.ein(program(), Q=Q, K=K, V=V, scale=1.0, backend="numpy",
+                               outputs=("O", "S"))      # float32 sums: inf past row 0
+    np.testing.assert_allclose(huge.numpy(), one_by_one_f32.numpy(), rtol=1e-6)
     np.testing.assert_array_equal(np.isnan(got.numpy()), np.isnan(expected))
 
 

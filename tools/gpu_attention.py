@@ -4,7 +4,8 @@ against torch's scaled_dot_product_attention.
 1. correctness, through einfuse's own entry (``ef.compile`` of the attention program on
    CUDA tensors), against SDPA of the same inputs in float32 (no TF32), for float16,
    bfloat16 and float32, B=4 H=8, N in {1024, 4096}, D in {64, 128}, causal and not;
-   it also checks that the fused kernel ran (not the statements);
+   it also checks that the fused kernel ran (not the statements), and the gradients
+   under autograd (the kernel's forward, the formula's backward) at N=1024 D=64;
 2. time (triton.testing.do_bench) of every candidate configuration (float16 at N=4096
    and float32 at N=1024: all of them; elsewhere the default) against SDPA in the same dtype, as TFLOP/s
    (4 * B * H * N^2 * D, halved when causal) and the ratio to SDPA's time; 'kernel' is
@@ -77,6 +78,24 @@ def check(n, d, dtype, causal):
     return f"{'ok  ' if ok else 'FAIL'} max |err| {error:.2e} (tol {TOLERANCE[dtype]:.0e})"
 
 
+def check_gradients(n, d, dtype, causal):
+    """Under autograd: the kernel's forward, the statements' formula backward."""
+    q, k, v = (t.requires_grad_() for t in inputs(n, d, dtype))
+    scale = d ** -0.5
+    launches.clear()
+    out = KERNELS[causal](Q=q, K=k, V=v, scale=scale)
+    seed = torch.randn_like(out)
+    got = torch.autograd.grad(out, (q, k, v), seed)
+    if not launches:
+        return "FAIL: the fused kernel did not run"
+    wide = [t.detach().float().requires_grad_() for t in (q, k, v)]
+    expected = F.scaled_dot_product_attention(*wide, is_causal=causal, scale=scale)
+    want = torch.autograd.grad(expected, wide, seed.float())
+    error = max((a.float() - b).abs().max().item() for a, b in zip(got, want))
+    tol = 4 * TOLERANCE[dtype]
+    return f"{'ok  ' if error <= tol else 'FAIL'} max |grad err| {error:.2e} (tol {tol:.0e})"
+
+
 def kernel_only(q, k, v, out, causal, scale, config):
     operands = [ta.Operand(t, tuple(t.stride())) for t in (q, k, v, out)]
     shape = q.shape
@@ -128,6 +147,15 @@ def main():
                     traceback.print_exc(limit=2)
                 print(f"  {str(dtype).split('.')[-1]:8} N={n:5} D={d:3} "
                       f"{'causal' if causal else 'full  '} {result}", flush=True)
+    print("gradients under autograd (N=1024 D=64):")
+    for dtype in DTYPES:
+        for causal in (False, True):
+            try:
+                result = check_gradients(1024, 64, dtype, causal)
+            except Exception as error:      # noqa: BLE001
+                result = f"FAIL: {type(error).__name__}: {error}"
+            print(f"  {str(dtype).split('.')[-1]:8} {'causal' if causal else 'full  '} "
+                  f"{result}", flush=True)
     print("time (do_bench):")
     for dtype in DTYPES:
         name = str(dtype).split(".")[-1]
