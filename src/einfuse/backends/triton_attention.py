@@ -412,11 +412,60 @@ def _canonical_view(tensor, indices, order, batch_rank: int):
     return moved.flatten(0, batch_rank - 2)
 
 
+@dataclass(frozen=True)
+class _Plan:
+    """How a call of one signature (the attention, each operand's shape and strides,
+    the dtype) launches when no operand needs a copy: the strides of the canonical
+    views (which start at the operands' own first elements, so the operands are passed
+    as they are), the output's shape, the launch's extents."""
+    strides: Tuple[Tuple[int, int, int, int], ...]     # query, key, value, output
+    out_shape: Tuple[int, ...]
+    batch: Tuple[int, int]
+    extents: Tuple[int, int, int, int]     # rows, keys, dot, features
+
+
+_plans: dict = {}
+_PLANS_KEPT = 256
+
+
+def _direct_plan(attention, tensors, extents) -> Optional[_Plan]:
+    """The call's plan (cached by signature), or None where an operand's batch axes do
+    not merge into a view, the output's would not, or offsets do not fit."""
+    import torch
+    key = (attention, tensors[0].dtype) + tuple(
+        (tuple(t.shape), t.stride()) for t in tensors)
+    if key in _plans:
+        return _plans[key]
+    from ..runtime.attention import operand_layouts
+    batch_rank = len(attention.batch)
+    views = [_canonical_view(t, indices, order, batch_rank)
+             for t, (order, indices) in zip(tensors, operand_layouts(attention))]
+    out_shape = tuple(extents[n] for n in attention.output_indices)
+    out = torch.empty(out_shape, dtype=torch.int8, device="meta")
+    out_view = _canonical_view(out, attention.output_indices,
+                               attention.batch + (attention.row, attention.feature),
+                               batch_rank)
+    direct = all(v.data_ptr() == t.data_ptr() and v._base is not None
+                 for v, t in zip(views, tensors)) and out_view._base is not None
+    plan = None
+    if direct and all(fits(v.shape, v.stride()) for v in views + [out_view]):
+        q, k, v = views
+        plan = _Plan(tuple(tuple(x.stride()) for x in views + [out_view]), out_shape,
+                     tuple(q.shape[:2]), (q.shape[2], k.shape[2], q.shape[3], v.shape[3]))
+    if len(_plans) >= _PLANS_KEPT:
+        _plans.clear()
+    _plans[key] = plan
+    return plan
+
+
 def _launch_call(attention, tensors, extents, score_scale: float, interpreted: bool):
     import torch
     from ..errors import BackendError
     from ..rewrite.online_softmax import MaskKind
     from ..runtime.attention import operand_layouts
+    plan = _direct_plan(attention, tensors, extents)
+    if plan is not None:
+        return _launch(attention, plan, tensors, score_scale, interpreted)
     batch_rank = len(attention.batch)
     views = [_canonical_view(t, indices, order, batch_rank)
              for t, (order, indices) in zip(tensors, operand_layouts(attention))]
@@ -449,6 +498,32 @@ def _launch_call(attention, tensors, extents, score_scale: float, interpreted: b
     if staged:
         shaped = out_view.reshape([extents[n] for n in out_order])
         out.copy_(shaped.permute([out_order.index(n) for n in attention.output_indices]))
+    return out
+
+
+_MASK_MODES = {"none": 0, "j <= i": 1, "j < i": 2}     # MaskKind's values
+
+
+def _launch(attention, plan: _Plan, tensors, score_scale: float, interpreted: bool):
+    """The launch of a cached plan: the operands as they are, with the plan's strides."""
+    import torch
+    from ..errors import BackendError
+    device = tensors[0].device
+    out = torch.empty(plan.out_shape, dtype=tensors[0].dtype, device=device)
+    on_gpu = device.type == "cuda"
+    try:
+        with torch.cuda.device(device) if on_gpu and \
+                device.index != torch.cuda.current_device() else contextlib.nullcontext():
+            finite = _finite_check(tensors[2], on_gpu)
+            launch(*(Operand(x, strides) for x, strides in zip(
+                       (tensors[0], tensors[1], tensors[2], out), plan.strides)),
+                   plan.batch, *plan.extents, score_scale,
+                   _MASK_MODES[attention.mask.value], attention.normalised, interpreted)
+            if not finite():
+                return None      # the result is dropped: the statements run
+    except Exception as error:     # compilation or resources: the kernel's fault
+        raise BackendError(f"the fused Triton attention kernel failed: "
+                           f"{type(error).__name__}: {error}") from error
     return out
 
 
