@@ -65,6 +65,17 @@ def test_matches_the_statements(dtype, mask, shape, launches):
     np.testing.assert_allclose(result, expected, rtol=tol, atol=tol)
 
 
+@pytest.mark.parametrize("mask", ["causal", "strict", "none"])
+def test_more_rows_than_keys(mask, launches):
+    # rows past the last key see every key: whole blocks without masks, then the tail
+    Q, K, V = qkv((1, 1, 70, 20, 16, 8))
+    got = ef.ein(program(MASKS[mask]), Q=Q, K=K, V=V, scale=0.3, backend="triton")
+    assert len(launches) == 1
+    expected = expected_of(Q, K, V, 0.3, MASKS[mask])
+    np.testing.assert_array_equal(np.isnan(got.numpy()), np.isnan(expected))
+    np.testing.assert_allclose(got.numpy(), expected, rtol=2e-5, atol=2e-6)
+
+
 def test_numpy_arrays_and_the_forms(launches):
     rng = np.random.default_rng(1)
     Q, K, V = (rng.standard_normal((1, 2, 40, 8)).astype(np.float32) for _ in range(3))
