@@ -181,6 +181,23 @@ def run_fused_attention(attention: Attention, named: Dict[str, object], options,
     return run_attention(attention, views, options) if views is not None else None
 
 
+def run_before_binding(kernel, args, kwargs):
+    """A statement's recognised attention on torch tensors that the Triton kernel takes,
+    run before the call is bound (binding checks what the statements need; the fused
+    path checks its own, and an odd call falls through to binding): the result, or None
+    to bind and go on.  Saves the binding's Python on every call of a short kernel."""
+    attention = statement_attention(kernel.statement)
+    if attention is None or kernel.options.backend not in ("auto", "triton"):
+        return None
+    from .binding import bind_names
+    named = bind_names(kernel.spec, args, kwargs)
+    if not all(type(named.get(n)).__module__.startswith("torch")
+               for n in (attention.query, attention.key, attention.value)) or \
+            triton_route(attention, named, kernel.options) is None:
+        return None
+    return run_fused_attention(attention, named, kernel.options, "torch")
+
+
 def triton_route(attention: Attention, named: Dict[str, object], options):
     """The route (backends/triton_attention.Route) of a call the fused Triton kernel
     takes -- torch CUDA tensors, or backend='triton' -- or None.  Imports no framework
