@@ -328,8 +328,8 @@ def run(attention, named, scale_of, route_taken: Route):
     array for NumPy callers), or None where the statements must run: not one supported
     float dtype, extents that disagree or are empty, a value holding inf or NaN (a
     masked key's inf value gives 0 * inf = NaN in the statements; the kernel never
-    reads it), offsets past int32.  ``scale_of(dtype)`` gives the scale (a float) or
-    None."""
+    reads it), offsets past int32.  ``scale_of(query)`` gives the scale (a float), or
+    None where the statements must judge it."""
     import torch
     names = (attention.query, attention.key, attention.value)
     given = [named[n] for n in names]
