@@ -185,8 +185,10 @@ def explain_program(program: Program, args, arrays, shapes, gradients: bool):
             nbytes = int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
             materialised.append(Materialised(name, shape, dtype, nbytes, readers,
                                              rows.get(name)))
-    from ..runtime.attention import explain_attention
+    from ..runtime.attention import explain_attention, triton_fallback_notes
     fused = explain_attention(program.attention, values, program.options) \
         if program.options is not None else None
+    notes = triton_fallback_notes(program.attention, values, program.options) \
+        if program.options is not None and fused is None else []
     return ProgramExplanation(texts, program.outputs, parts, materialised, groups,
-                              attention=fused)
+                              notes=notes, attention=fused)

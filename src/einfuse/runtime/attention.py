@@ -83,25 +83,31 @@ def canonical(attention: Attention, named: Dict[str, object]) -> Optional[Canoni
     extents = _extents(attention, arrays)
     if extents is None:
         return None
-    scale = 1.0
-    if attention.scale_param is not None:
-        value = named.get(attention.scale_param)
-        if isinstance(value, np.ndarray) and value.ndim == 0:
-            value = value[()]
-        if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Real):
-            return None
-        if isinstance(value, numbers.Integral) and not -INT64_MAX <= int(value) <= INT64_MAX:
-            return None     # the statements refuse it (programs run fused before binding)
-        if isinstance(value, np.generic) and \
-                np.result_type(value.dtype, arrays[0].dtype) != arrays[0].dtype:
-            return None     # a NumPy float64 scale makes the statements' result float64
-        scale = float(value)
-    elif attention.scale_value is not None:
-        scale = attention.scale_value
+    scale = call_scale(attention, named, arrays[0].dtype)
+    if scale is None:
+        return None
     batch = attention.batch
     shaped = [to_canonical(array, indices, order, len(batch))
               for array, (order, indices) in zip(arrays, operand_layouts(attention))]
     return Canonical(*shaped, tuple(extents[b] for b in batch), scale)
+
+
+def call_scale(attention: Attention, named: Dict[str, object], dtype: np.dtype) -> Optional[float]:
+    """The call's scale as a float (1.0 without one), or None where the statements must
+    judge it: not a real number, an integer past int64, or a NumPy scalar whose dtype
+    would change the result's (working ``dtype``)."""
+    if attention.scale_param is None:
+        return attention.scale_value if attention.scale_value is not None else 1.0
+    value = named.get(attention.scale_param)
+    if isinstance(value, np.ndarray) and value.ndim == 0:
+        value = value[()]
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Real):
+        return None
+    if isinstance(value, numbers.Integral) and not -INT64_MAX <= int(value) <= INT64_MAX:
+        return None     # the statements refuse it (programs run fused before binding)
+    if isinstance(value, np.generic) and np.result_type(value.dtype, dtype) != dtype:
+        return None     # a NumPy float64 scale makes the statements' result float64
+    return float(value)
 
 
 def operand_layouts(attention: Attention):
@@ -160,9 +166,68 @@ def run_fused_attention(attention: Attention, named: Dict[str, object], options,
     if framework == "torch":
         from . import attention_autograd
         if attention_autograd.recording(attention, named):
+            on_triton = triton_route(attention, named, options)
+            if on_triton is not None:
+                return attention_autograd.run_recorded_triton(attention, named, options,
+                                                              on_triton)
             return attention_autograd.run_recorded(attention, named, options)
+    on_triton = triton_route(attention, named, options)
+    if on_triton is not None:       # backends/triton_attention.py
+        from ..backends import triton_attention
+        return triton_attention.run(attention, named,
+                                    lambda query: _triton_scale(attention, named, query),
+                                    on_triton)
     views = named if framework == "numpy" else torch_inputs(attention, named)
     return run_attention(attention, views, options) if views is not None else None
+
+
+def run_before_binding(kernel, args, kwargs):
+    """A statement's recognised attention on torch tensors that the Triton kernel takes,
+    run before the call is bound (binding checks what the statements need; the fused
+    path checks its own, and an odd call falls through to binding): the result, or None
+    to bind and go on.  Saves the binding's Python on every call of a short kernel."""
+    attention = statement_attention(kernel.statement)
+    if attention is None or kernel.options.backend not in ("auto", "triton"):
+        return None
+    from .binding import bind_names
+    named = bind_names(kernel.spec, args, kwargs)
+    if not all(type(named.get(n)).__module__.startswith("torch")
+               for n in (attention.query, attention.key, attention.value)) or \
+            triton_route(attention, named, kernel.options) is None:
+        return None
+    return run_fused_attention(attention, named, kernel.options, "torch")
+
+
+def triton_route(attention: Attention, named: Dict[str, object], options):
+    """The route (backends/triton_attention.Route) of a call the fused Triton kernel
+    takes -- torch CUDA tensors, or backend='triton' -- or None.  Imports no framework
+    the caller's arrays do not belong to."""
+    if options.backend not in ("auto", "triton"):
+        return None
+    arrays = [named.get(n) for n in (attention.query, attention.key, attention.value)]
+    if options.backend == "auto" and not all(
+            type(a).__module__.startswith("torch") and getattr(a, "is_cuda", False)
+            for a in arrays):
+        return None
+    from ..backends import triton_backend
+    if not triton_backend.available():
+        return None
+    from ..backends import triton_attention
+    return triton_attention.route(options, named,
+                                  (attention.query, attention.key, attention.value))
+
+
+def _triton_scale(attention: Attention, named: Dict[str, object], query) -> Optional[float]:
+    """call_scale for a torch query: a 0-d tensor scale of the query's dtype is read as
+    a number (autograd does not record it: recording calls never get here)."""
+    import torch
+    from .frameworks import numpy_dtype
+    value = named.get(attention.scale_param) if attention.scale_param else None
+    if isinstance(value, torch.Tensor):
+        if value.ndim != 0 or value.dtype != query.dtype:
+            return None
+        named = {**named, attention.scale_param: value.item()}
+    return call_scale(attention, named, numpy_dtype(query))
 
 
 def run_attention(attention: Attention, named: Dict[str, object], options) -> Optional[np.ndarray]:
@@ -267,6 +332,10 @@ class FusedAttention:
     features: int        # E
     itemsize: int
     dtype: str
+    # where the Triton kernel runs (backends/triton_attention.Route) and its Config;
+    # None: the C kernel (or the NumPy pass)
+    route: Optional[object] = None
+    config: Optional[object] = None
 
     @property
     def pairs(self) -> int:
@@ -302,6 +371,8 @@ class FusedAttention:
         what = f"sum_j {weights} * {a.value}_j" + (f" / sum_j {weights}" if a.normalised
                                                     else "")
         which = f"statements 1-{a.statements}" if a.statements > 1 else "the statement"
+        if self.route is not None:
+            return self._triton_lines(which, what, skipped, square)
         transposed = self.groups * self.dot * -(-self.keys // 64) * 64 * self.itemsize
         return [
             f"  1 kernel: {which} fused as attention with online softmax "
@@ -321,12 +392,38 @@ class FusedAttention:
             f"the keys transposed in blocks of 64 (once per call): {_bytes(transposed)}"]
 
 
+    def _triton_lines(self, which, what, skipped, square):
+        from ..explain import _count
+        a, config = self.attention, self.config
+        dots = "IEEE-exact float32 dots (no TF32)" if self.dtype == "float32" else \
+            (f"{self.dtype} dots with float32 accumulation (the weights rounded to "
+             f"{self.dtype} for the weighted sum)")
+        return [
+            f"  1 kernel: {which} fused as attention with online softmax "
+            "(rewrite/online_softmax.py)",
+            f"    {a.output} = {what}, s = {a.query} . {a.key} summed over the dot index"
+            f"{' and scaled' if a.scale is not ScaleKind.NONE else ''}{skipped}",
+            f"    one Triton kernel (FlashAttention-2 forward, backends/triton_attention.py) "
+            f"on {self.route.value}: one program per {config.block_m} rows of one batch "
+            f"element, streaming blocks of {config.block_n} keys ({config.warps} warps, "
+            f"{config.stages} stages) with a running max, a running denominator and a "
+            f"rescaled accumulator; exp2 with log2(e) folded into the scale; {dots}; "
+            f"the result in {self.dtype}",
+            f"    {_count(self.pairs * self.groups)} (i, j) pairs computed",
+            "    under torch autograd the backward is the statements' formula in torch "
+            "(the weights materialised); a value array holding inf or NaN runs the "
+            "statements one by one",
+            f"  materialised: nothing N x N (scores or weights in memory would take {square} "
+            f"each); per program: a {config.block_m} x {config.block_n} block of scores and "
+            f"{config.block_m} rows of the accumulator, in registers"]
+
+
 def attention_notes(kernel, values: Dict[str, object]):
     """explain's notes for one statement that runs as fused attention."""
     attention = statement_attention(kernel.statement)
     fused = explain_attention(attention, values, kernel.options)
     if fused is None:
-        return []
+        return triton_fallback_notes(attention, values, kernel.options)
     from ..explain import _count
     return [f"the statement runs fused as attention with online softmax, not as the "
             f"kernels above: {_count(fused.flops)} FLOPs; "
@@ -337,7 +434,12 @@ def explain_attention(attention: Optional[Attention], values: Dict[str, object],
                       options) -> Optional[FusedAttention]:
     """The fused attention for arrays like ``values`` (only shapes and dtypes are read),
     or None where this call would run statement by statement."""
-    if attention is None or options.backend not in ("auto", "c", "numpy") or \
+    if attention is None:
+        return None
+    route = triton_route(attention, values, options)
+    if route is not None:
+        return _explain_triton(attention, values, route)
+    if options.backend not in ("auto", "c", "numpy") or \
             options.pad is not None or options.ranges or options.dtype is not None:
         return None
     arrays = [values.get(n) for n in (attention.query, attention.key, attention.value)]
@@ -351,3 +453,60 @@ def explain_attention(attention: Optional[Attention], values: Dict[str, object],
     return FusedAttention(attention, groups, extents[attention.row],
                           extents[attention.key_index], extents[attention.dot_index],
                           extents[attention.feature], dtype.itemsize, dtype.name)
+
+
+def _triton_call(attention: Attention, values: Dict[str, object]):
+    """(extents, dtype name) of a call for the Triton kernel, from shapes and dtypes only,
+    or None where they disagree, are empty or are not one dtype."""
+    arrays = [values.get(n) for n in (attention.query, attention.key, attention.value)]
+    names = {str(getattr(a, "dtype", "")).rsplit(".", 1)[-1] for a in arrays}
+    if len(names) != 1:
+        return None
+    extents: Dict[str, int] = {}
+    for array, indices in zip(arrays, (attention.query_indices, attention.key_indices,
+                                       attention.value_indices)):
+        shape = tuple(getattr(array, "shape", ()))
+        if len(shape) != len(indices):
+            return None
+        for index, extent in zip(indices, shape):
+            if extents.setdefault(index, int(extent)) != int(extent):
+                return None
+    if any(extent == 0 for extent in extents.values()):
+        return None
+    return extents, names.pop()
+
+
+def _explain_triton(attention: Attention, values: Dict[str, object], route):
+    from ..backends import triton_attention
+    found = _triton_call(attention, values)
+    if found is None:
+        return None
+    extents, dtype = found
+    dot, features = extents[attention.dot_index], extents[attention.feature]
+    if triton_attention.unsupported(dtype, dot, features) is not None:
+        return None
+    config = triton_attention.choose_config(
+        dtype, max(dot, features), route is triton_attention.Route.INTERPRETER)
+    groups = int(np.prod([extents[b] for b in attention.batch], dtype=np.int64))
+    itemsize = 4 if dtype == "float32" else 2
+    return FusedAttention(attention, groups, extents[attention.row],
+                          extents[attention.key_index], dot, features, itemsize, dtype,
+                          route=route, config=config)
+
+
+def triton_fallback_notes(attention: Optional[Attention], values: Dict[str, object],
+                          options):
+    """explain's note where the Triton kernel would take a call but does not take its
+    dtype or head dimension (the statements run one by one)."""
+    if attention is None or triton_route(attention, values, options) is None:
+        return []
+    found = _triton_call(attention, values)
+    if found is None:
+        return []
+    from ..backends import triton_attention
+    extents, dtype = found
+    reason = triton_attention.unsupported(dtype, extents[attention.dot_index],
+                                          extents[attention.feature])
+    return [] if reason is None else [
+        f"the fused Triton attention kernel does not take {reason}: the statements run "
+        "one by one"]

@@ -141,32 +141,88 @@ def _fused_gradients(saved: _Saved, flowing: np.ndarray) -> Tuple[np.ndarray, ..
 
 
 def _reference_gradients(saved: _Saved, tensors, grad, wanted):
-    """The gradients by the statements' formula in torch (weights materialised):
-    differentiable again under create_graph, and NaN/inf where the statements give them."""
-    a, arrays = saved.attention, saved.arrays
+    return formula_gradients(saved.attention, saved.arrays.scale, saved.arrays.batch_shape,
+                             tensors, grad, wanted)
+
+
+def formula_gradients(attention: Attention, scale: float, batch_shape, tensors, grad, wanted):
+    """The gradients by the statements' formula in torch (weights materialised, on the
+    tensors' device; float16/bfloat16 computed in float32 as the statements are):
+    differentiable again under create_graph, and NaN/inf where the statements give
+    them."""
+    a = attention
     create = torch.is_grad_enabled()      # backward(create_graph=True)
     inputs = tensors if create else \
         tuple(t.detach().requires_grad_(w) for t, w in zip(tensors, wanted))
     with torch.enable_grad():
         q, k, v = (_canonical_tensor(t, order, indices)
                    for t, (order, indices) in zip(inputs, operand_layouts(a)))
+        if q.dtype in (torch.float16, torch.bfloat16):
+            q, k, v = q.float(), k.float(), v.float()
         scores = q @ k.transpose(-1, -2)
         if a.scale is ScaleKind.MULTIPLY:
-            scores = scores * arrays.scale
+            scores = scores * scale
         elif a.scale is ScaleKind.DIVIDE:
-            scores = scores / arrays.scale
+            scores = scores / scale
         if a.mask is MaskKind.CAUSAL:
             rows, keys = scores.shape[-2:]
-            seen = torch.ones(rows, keys, dtype=torch.bool).tril()
-            scores = torch.where(seen, scores, torch.tensor(-torch.inf, dtype=scores.dtype))
+            seen = torch.ones(rows, keys, dtype=torch.bool, device=scores.device).tril()
+            scores = torch.where(seen, scores, torch.tensor(-torch.inf, dtype=scores.dtype,
+                                                            device=scores.device))
         weights = torch.exp(scores - scores.amax(-1, keepdim=True))
         out = (weights @ v) / weights.sum(-1, keepdim=True)
         order = a.batch + (a.row, a.feature)
-        out = out.reshape(tuple(arrays.batch_shape) + out.shape[1:]).permute(
+        out = out.reshape(tuple(batch_shape) + out.shape[1:]).permute(
             [order.index(n) for n in a.output_indices])
         chosen = [t for t, w in zip(inputs, wanted) if w]
-        found = iter(torch.autograd.grad(out, chosen, grad, create_graph=create))
+        found = iter(torch.autograd.grad(out, chosen, grad.to(out.dtype),
+                                         create_graph=create))
     return tuple(next(found) if w else None for w in wanted)
+
+
+def run_recorded_triton(attention: Attention, named: Dict[str, object], options, route):
+    """The output of the fused Triton kernel (backends/triton_attention.py), recorded as
+    one autograd node whose backward is the statements' formula in torch (the weights
+    materialised: O(N^2) memory, as the statements' own backward); None where the
+    statements must run and record one by one (run_recorded's rules)."""
+    if not attention.normalised or attention.mask not in (MaskKind.NONE, MaskKind.CAUSAL):
+        return None
+    scale = named.get(attention.scale_param) if attention.scale_param else None
+    if isinstance(scale, torch.Tensor) and scale.requires_grad:
+        return None       # its gradient needs the statements
+    tensors = tuple(named.get(n) for n in (attention.query, attention.key, attention.value))
+    if not all(isinstance(t, torch.Tensor) for t in tensors):
+        return None
+    from ..backends import triton_attention
+    scale_value = fused._triton_scale(attention, named, tensors[0])
+    if scale_value is None:
+        return None
+    with torch.no_grad():
+        out = triton_attention.run(attention, named, lambda query: scale_value, route)
+    if out is None:
+        return None
+    batch_shape = tuple(tensors[0].shape[attention.query_indices.index(b)]
+                        for b in attention.batch)
+    return _TritonAttention.apply((attention, scale_value, batch_shape), out, *tensors)
+
+
+class _TritonAttention(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, how, out, query, key, value):
+        ctx.how = how
+        ctx.save_for_backward(query, key, value)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):
+        tensors = ctx.saved_tensors
+        wanted = ctx.needs_input_grad[2:]
+        if grad is None:
+            return (None, None) + tuple(torch.zeros_like(t) if w else None
+                                        for t, w in zip(tensors, wanted))
+        attention, scale, batch_shape = ctx.how
+        return (None, None) + formula_gradients(attention, scale, batch_shape, tensors,
+                                                grad, wanted)
 
 
 def _canonical_tensor(tensor: torch.Tensor, order, indices) -> torch.Tensor:

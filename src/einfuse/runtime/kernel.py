@@ -22,7 +22,7 @@ from ..errors import (AllocationError, BackendError, EinfuseError, EinfuseOverfl
 from ..lang import parse
 from ..lang.ast import Number, accesses
 from ..lang.printer import format_statement
-from .attention import run_fused_attention, statement_attention
+from .attention import run_before_binding, run_fused_attention, statement_attention
 from .binding import BoundCall, bind_call, bind_names
 from .frameworks import (JAX, NUMPY, TORCH, common_framework, contiguous, framework_of,
                          from_numpy, numpy_dtype, placeholder, torch_compiling)
@@ -128,6 +128,9 @@ class Kernel:
                 return runner(given)
         try:
             kwargs = self._named(args, kwargs, arrays)
+            early = run_before_binding(self, args, kwargs)    # attention on the GPU
+            if early is not None:
+                return early
             if _has_jax_value(args, kwargs):
                 from . import jax_adapter
                 named = bind_names(self.spec, args, kwargs)
