@@ -195,3 +195,12 @@ def test_derive_of_a_program_is_a_program():
     grad = ef.derive("a[i] := x[i] * 2; b[i] := a[i]**2", "x")
     x = np.arange(3.0)
     np.testing.assert_allclose(grad.run({"x": x, "db": np.ones(3)}), 8 * x)
+
+
+def test_explain_of_a_program_on_torch_tensors():
+    """(a torch tensor's ``size`` is a method: the fusion planner sized arrays by it)"""
+    torch = pytest.importorskip("torch")
+    text = ("S[i,j] := X[i,j] - max[k](X[i,k])\nE[i,j] := exp(S[i,j])\n"
+            "P[i,j] := E[i,j] / sum[k](E[i,k])")
+    shown = str(ef.explain(text, X=torch.randn(300, 200)))
+    assert "P[i,j] := E[i,j] / sum[k](E[i,k])" in shown and "kernel" in shown

@@ -243,7 +243,13 @@ def _worth(kernels, env, framework: str) -> bool:
     # binding a group costs more than fusing saves on small arrays: decided once, by
     # the largest array given
     return framework == "numpy" and len(kernels) >= 2 and max(
-        (getattr(v, "size", 0) for v in env.values()), default=0) >= MIN_FUSED_ELEMENTS
+        (_elements(v) for v in env.values()), default=0) >= MIN_FUSED_ELEMENTS
+
+
+def _elements(value) -> int:
+    """Elements of an array of any framework (a torch tensor's ``size`` is a method)."""
+    shape = np.shape(value) if hasattr(value, "shape") else ()
+    return int(np.prod(shape, dtype=np.int64))
 
 
 def _units(kernel, scratch, number):
