@@ -308,3 +308,16 @@ def test_repeated_calls_take_the_prepared_runner_and_stay_right(statement, shape
         tolerance = 1e-4 if dtype == "float32" else 2e-2
         torch.testing.assert_close(got.double(), want, rtol=tolerance, atol=tolerance)
     assert any(runner is not None for runner in kernel._repeat.values())
+
+
+def test_prepared_runner_keeps_a_parameter_array_per_value_bits():
+    """-0.0 == 0.0 in Python: a cache keyed by the values would hand -0.0's call the
+    array of +0.0 (1 / s must keep the sign)."""
+    torch = pytest.importorskip("torch")
+    x = torch.ones(5, device=_triton_device())
+    kernel = ef.compile("y[i] := x[i] / s", backend="triton")
+    for s in (0.0, 0.0, -0.0, -0.0, 0.0, float("nan"), 2.0):
+        got = kernel(x=x, s=s)
+        want = torch.full((5,), 1.0) / s
+        torch.testing.assert_close(got.cpu(), want, equal_nan=True)
+        assert torch.equal(torch.signbit(got.cpu()), torch.signbit(want))

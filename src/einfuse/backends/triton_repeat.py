@@ -19,8 +19,9 @@ launch."""
 
 from __future__ import annotations
 
+import struct
 import threading
-from typing import Callable, Dict, Mapping, Optional, Tuple
+from typing import Callable, Dict, Mapping, Optional
 
 from ..plan import buffer_slots
 
@@ -67,18 +68,19 @@ def repeat_runner(call, final_dtype) -> Optional[Runner]:
     convert = final_dtype if final_dtype != result_dtype else None
     launch = _launcher(prepared, ready, device, len(names) + (1 if params else 0)
                        + len(scalars) + 1)
-    arrays: Dict[Tuple[float, ...], object] = {}
+    arrays: Dict[bytes, object] = {}
     lock = threading.Lock()
 
     def parameter_array(named):
         values = tuple(named[p] for p in params)
-        array = arrays.get(values)
+        key = struct.pack(f"{len(values)}d", *values)   # bits: -0.0 is not 0.0
+        array = arrays.get(key)
         if array is None:
             array = torch.tensor(values, dtype=working, device=device)
             with lock:
                 if len(arrays) >= PARAMETER_ARRAYS_KEPT:
                     arrays.clear()
-                arrays[values] = array
+                arrays[key] = array
         return (array,)
 
     def run(named):
