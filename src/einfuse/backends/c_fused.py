@@ -14,7 +14,8 @@ import numpy as np
 from .. import ir
 from ..errors import BackendError
 from ..plan import call_arguments, unit_axis
-from ..plan.fuse import fuse_kernels, slots_after_fusion
+from ..plan.fuse import fuse_kernels, renamed_int, slots_after_fusion
+from ..plan.fuse_sums import GUARD_INT, guard_verdict
 from ..plan.lower import divides
 from . import c_build, c_call
 from .c_backend import _ARGTYPES, _blas_contraction, _buffers, _pack_for_lanes, _plan
@@ -56,10 +57,10 @@ def run(members, thread_rows: FrozenSet[int] = frozenset()) -> bool:
     is delivered then: the statements run one by one and raise their own errors).
     The outputs of the members in ``thread_rows`` (nothing after the group reads them)
     may live as one row per thread: they are not delivered in their buffers."""
-    function, passed, thread_rows = _compiled(members, thread_rows)
+    function, passed, thread_rows, guards = _compiled(members, thread_rows)
     threads = _threads(members, thread_rows)
     buffers, rows = _with_thread_rows(members, thread_rows, threads)
-    ints, doubles, integers, fills = _arguments(members, buffers, rows)
+    ints, doubles, integers, fills = _arguments(members, buffers, rows, guards)
     arrays = [buffers[k][slot] for k, slot in passed]
     pointers = (ctypes.c_void_p * len(arrays))(*[a.ctypes.data for a in arrays])
     error = ctypes.c_int32(0)
@@ -78,7 +79,7 @@ def prepared_runner(members, thread_rows: FrozenSet[int], sources: Sequence[obje
     if any(m.call.options.pad is not None or m.plan.params or
            any(t.as_index for t in m.kernel.spec.tensors) for m in members):
         return None
-    function, passed, thread_rows = _compiled(members, thread_rows)
+    function, passed, thread_rows, guards = _compiled(members, thread_rows)
     # chosen per call where adaptive (OpenMP's default when no core is busy), with
     # per-thread rows for as many threads as any call may take
     adaptive = _adaptive(members)
@@ -88,7 +89,7 @@ def prepared_runner(members, thread_rows: FrozenSet[int], sources: Sequence[obje
     # the scratch each call allocates, as _thread_rows does
     scratch = {k: (max(threads, 1), length) for k, length in zip(sorted(thread_rows), rows)}
     # the arguments depend on layouts only: computed once, kept alive with the runner
-    arguments = _arguments(members, buffers, rows)
+    arguments = _arguments(members, buffers, rows, guards)
     addresses = tuple(a.ctypes.data for a in arguments)
     working = members[0].call.dtypes.working
     plan = []      # per passed buffer: ("in", key, layout) | ("out", k) | ("rows", k)
@@ -144,7 +145,8 @@ def prepared_runner(members, thread_rows: FrozenSet[int], sources: Sequence[obje
 
 
 def _compiled(members, thread_rows: FrozenSet[int]):
-    """(function, the buffers it takes as (member, slot), the members kept as rows)."""
+    """(function, the buffers it takes as (member, slot), the members kept as rows,
+    the guards of its merged producer/sum loops or None where it has none)."""
     kernels = tuple(m.plan.program.kernels[0] for m in members)
     reads = tuple(m.reads for m in members)
     thread_rows = fitting_rows(members, thread_rows)
@@ -154,7 +156,9 @@ def _compiled(members, thread_rows: FrozenSet[int]):
     found = _fused.get(key)
     if found is None:
         working = members[0].call.dtypes.working.name
-        program = fuse_kernels(kernels, reads, working, local)
+        fused = fuse_kernels(kernels, reads, working, local)
+        program = fused.program
+        guards = fused.guards if GUARD_INT in program.kernels[0].ints else None
         # reciprocal math where every member allows it or has no division it could change
         library = c_build.load(render_c(program, c_build.vector_math()),
                                all(m.plan.fast_math or not divides(m.call.spec.rhs)
@@ -163,10 +167,11 @@ def _compiled(members, thread_rows: FrozenSet[int]):
         function.argtypes = _ARGTYPES
         function.restype = None
         # the plans stay referenced, so their ids in the key cannot be reused
-        found = (function, slots_after_fusion(kernels, reads), tuple(m.plan for m in members))
+        found = (function, slots_after_fusion(kernels, reads), guards,
+                 tuple(m.plan for m in members))
         with _lock:
             found = _fused.setdefault(key, found)
-    return found[0], found[1], thread_rows
+    return found[0], found[1], thread_rows, found[2]
 
 
 def _threads(members, thread_rows) -> int:
@@ -207,20 +212,25 @@ def _uses(members, k):
                 yield j, slot
 
 
-def _arguments(members, buffers, rows):
-    """The runtime ints (each member's, then the per-thread row lengths), doubles,
-    integer parameters and pad/fill values of the fused call."""
+def _arguments(members, buffers, rows, guards=None):
+    """The runtime ints (each member's, then the per-thread row lengths and, where the
+    kernel has merged producer/sum loops, their guards' verdict), doubles, integer
+    parameters and pad/fill values of the fused call."""
     ints, doubles, integers = [], [], []
-    for member, arrays in zip(members, buffers):
+    named = {}
+    for number, (member, arrays) in enumerate(zip(members, buffers)):
         kernel = member.plan.program.kernels[0]
         i, d, n = call_arguments(member.plan, member.call, arrays)
         ints.append(i[:len(kernel.ints)])
+        named.update((renamed_int(number, name), int(value))
+                     for name, value in zip(kernel.ints, i))
         doubles.append(d[:kernel.n_params])
         integers.append(n[:kernel.n_params])
     options = members[0].call.options
     fills = np.array([options.pad if options.pad is not None else 0.0, options.fill],
                      dtype=np.float64)
-    return (np.concatenate(ints + [np.array(rows + [0], dtype=np.int64)]),
+    verdict = [] if guards is None else [guard_verdict(guards, named)]
+    return (np.concatenate(ints + [np.array(rows + verdict + [0], dtype=np.int64)]),
             np.concatenate(doubles + [np.zeros(1)]),
             np.concatenate(integers + [np.zeros(1, np.int64)]), fills)
 

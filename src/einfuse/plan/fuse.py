@@ -21,8 +21,23 @@ from dataclasses import dataclass
 from typing import Dict, FrozenSet, Sequence, Tuple
 
 from .. import ir
+from .fuse_sums import GUARD_INT, merge_row_sums
 
 SHARED_LOOP = "f0"
+
+
+@dataclass(frozen=True)
+class FusedProgram:
+    """The merged kernel, and the affine expressions of its runtime ints that must all
+    be 0 for its merged producer/sum loops (plan/fuse_sums.py) to run; the caller
+    passes their verdict as the last runtime int (``fuse_sums.GUARD_INT``)."""
+    program: ir.Program
+    guards: Tuple[ir.Affine, ...] = ()
+
+
+def renamed_int(number: int, name: str) -> str:
+    """The name of kernel ``number``'s runtime int ``name`` in the merged kernel."""
+    return f"k{number}_{name}"
 
 
 @dataclass(frozen=True)
@@ -86,13 +101,14 @@ _NAME_FIELDS: Dict[type, Tuple[str, ...]] = {
 
 def fuse_kernels(kernels: Sequence[ir.Kernel], reads: Sequence[Dict[int, Tuple[int, int]]],
                  working: str, thread_rows: FrozenSet[Tuple[int, int]] = frozenset()
-                 ) -> ir.Program:
+                 ) -> FusedProgram:
     """One kernel running ``kernels`` (each a single parallel loop over the shared
     index, same extent at run time) in one loop.  ``reads[n]`` maps a buffer slot of
     kernel n that holds an intermediate of the group to (producer kernel, its output
     slot).  ``thread_rows`` lists the (kernel, output slot) pairs whose intermediates
     live as one row per thread (``ir.Buffer.per_thread``): their row lengths follow
-    the kernels' own runtime ints, in the order of their buffers."""
+    the kernels' own runtime ints, in the order of their buffers; then, where a row
+    written and summed right after was merged into one pass, the guards' verdict."""
     buffers = []
     ints = []
     body = []
@@ -101,7 +117,7 @@ def fuse_kernels(kernels: Sequence[ir.Kernel], reads: Sequence[Dict[int, Tuple[i
     slots_of = []
     for number, kernel in enumerate(kernels):
         loop = kernel.body[0]
-        prefix = f"k{number}_"
+        prefix = renamed_int(number, "")
         mapping = []
         for slot, buffer in enumerate(kernel.buffers):
             if slot in reads[number]:
@@ -120,10 +136,13 @@ def fuse_kernels(kernels: Sequence[ir.Kernel], reads: Sequence[Dict[int, Tuple[i
             extent = _rename(loop.extent, how)
         body += list(_rename(loop.body, how))
     ints += [b.per_thread for b in buffers if b.per_thread is not None]
+    sums = merge_row_sums(tuple(body), SHARED_LOOP)
+    if sums.guards or sums.body != tuple(body):
+        ints.append(GUARD_INT)
     merged = ir.Kernel("einfuse_kernel", tuple(buffers), tuple(ints), params,
-                       (ir.Loop(SHARED_LOOP, extent, "parallel", tuple(body)),),
+                       (ir.Loop(SHARED_LOOP, extent, "parallel", sums.body),),
                        checks_bounds=any(k.checks_bounds for k in kernels))
-    return ir.Program(working, (merged,))
+    return FusedProgram(ir.Program(working, (merged,)), sums.guards)
 
 
 def slots_after_fusion(kernels: Sequence[ir.Kernel],

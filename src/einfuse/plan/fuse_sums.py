@@ -1,0 +1,146 @@
+"""One pass over a row where a fused group made two: a row written by one statement and
+summed by the next (softmax's ``e[i,j] := exp(X[i,j] - m[i])`` then ``sum[k](e[i,k])``).
+
+In the merged loop body of a fusion group (plan/fuse.py) the producer's loop stores the
+row and the reader's short-sum loop (the ``Branch``'s small side, an OpenMP SIMD
+reduction) reads it back.  Here the two become one SIMD loop that computes each value
+once, stores it and adds it to the sum: the row is not read a second time, and the sum
+adds the same values in the same order -- the loop is the reader's own, same trip
+count, same ``reduction(+:...)`` clause, so GCC vectorises it with the same lanes and
+the result's bits do not change (tests/test_fusion_sums.py checks them against the
+kernel without this pass).  The long-sum side (blocked, compensated) keeps both loops
+as they were.
+
+The merged loop is only right where the reader sums exactly the row just written:
+same length, from column 0, at the row just written, through the same strides.  Those
+are runtime ints (one kernel serves every shape), so each merge comes with *guards*:
+affine expressions of the kernel's ints that are all 0 exactly when it applies.  The
+caller (backends/c_fused.py) evaluates them per call and passes their verdict as one
+more runtime int; the kernel takes the merged loop only where it is 0."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import List, Optional, Tuple
+
+from .. import ir
+
+# the runtime int that holds the guards' verdict (0: every merged loop applies)
+GUARD_INT = "fsum_off"
+
+
+@dataclass(frozen=True)
+class MergedSums:
+    """A kernel body with its producer/sum loop pairs merged, and the affine
+    expressions of runtime ints that must all be 0 for the merged loops to apply."""
+    body: Tuple[ir.Stmt, ...]
+    guards: Tuple[ir.Affine, ...]
+
+
+def merge_row_sums(body: Tuple[ir.Stmt, ...], shared_loop: str) -> MergedSums:
+    """``body`` (of the shared loop over rows ``shared_loop``) with every producer row
+    loop that is directly followed by a short sum of exactly that row merged with it."""
+    out: List[ir.Stmt] = []
+    guards: List[ir.Affine] = []
+    number = 0
+    position = 0
+    while position < len(body):
+        merged = None
+        if position + 2 < len(body):
+            merged = _merge(body[position], body[position + 1], body[position + 2],
+                            shared_loop, f"fsum{number}")
+        if merged is None:
+            out.append(body[position])
+            position += 1
+            continue
+        statements, more = merged
+        out += statements
+        guards += more
+        number += 1
+        position += 3
+    return MergedSums(tuple(out), tuple(guards))
+
+
+def _merge(producer, declare, branch, shared_loop: str, value_name: str):
+    """(statements, guards) replacing ``producer, declare, branch``, or None."""
+    store = _row_store(producer, shared_loop)
+    if store is None or not isinstance(declare, ir.DeclareAcc) or \
+            declare.op != "sum" or declare.lanes is not None or \
+            not isinstance(branch, ir.Branch) or len(branch.small) != 1:
+        return None
+    loop = branch.small[0]
+    if not isinstance(loop, ir.Loop) or not loop.simd or loop.start is not None or \
+            loop.reductions != ((declare.name, "sum"),) or len(loop.body) != 1:
+        return None
+    accumulate = loop.body[0]
+    if not isinstance(accumulate, ir.Accumulate) or accumulate.name != declare.name or \
+            accumulate.op != "sum" or accumulate.lane is not None or \
+            accumulate.row is not None or accumulate.position:
+        return None
+    load = accumulate.value
+    if not isinstance(load, ir.Load) or load.buffer != store.buffer or load.is_index or \
+            load.fill is not None or len(load.subscripts) != 2:
+        return None
+    row, column = load.subscripts
+    if row.gathers or column.gathers or row.quasi or column.quasi or \
+            row.policy != "none" or column.policy != "none" or row.stride is None or column.stride is not None:
+        return None
+    row_offset = row.affine + ir.Affine.var(shared_loop, -1)
+    column_offset = column.affine + ir.Affine.var(loop.var, -1)
+    if shared_loop in row_offset.names or loop.var in column_offset.names or \
+            loop.var in row_offset.names or shared_loop in column_offset.names:
+        return None
+    stride = store.strides[0]
+    guards = (loop.extent + producer.extent.scale(-1), row_offset, column_offset,
+              ir.Affine.var(row.stride) + ir.Affine.var(stride, -1))
+    if any(loop.var in g.names or shared_loop in g.names or producer.var in g.names
+           for g in guards):
+        return None
+    value = _substitute(store.value, producer.var, loop.var)
+    position = tuple(_substitute(p, producer.var, loop.var) for p in store.position)
+    fused = dataclasses.replace(loop, body=(
+        ir.Let(value_name, value),
+        dataclasses.replace(store, position=position, value=ir.Local(value_name)),
+        dataclasses.replace(accumulate, value=ir.Local(value_name))))
+    one_pass = ir.Branch((ir.Affine.var(GUARD_INT),), 0, (fused,), (producer, loop))
+    small = dataclasses.replace(branch, small=(one_pass,),
+                                large=(producer,) + tuple(branch.large))
+    return [declare, small], [g for g in guards if g.terms or g.const]
+
+
+def _row_store(producer, shared_loop: str) -> Optional[ir.Store]:
+    """The store of a SIMD loop writing one value per column of the row just computed
+    (``t[f0, p] = ...`` with unit stride along ``p``), or None."""
+    if not isinstance(producer, ir.Loop) or not producer.simd or producer.reductions or \
+            producer.start is not None or len(producer.body) != 1:
+        return None
+    store = producer.body[0]
+    if not isinstance(store, ir.Store) or len(store.position) != 2 or \
+            store.strides[1] is not None or store.strides[0] is None:
+        return None
+    if store.position != (ir.Affine.var(shared_loop), ir.Affine.var(producer.var)):
+        return None
+    return store
+
+
+def _substitute(node, old: str, new: str):
+    """``node`` with the loop counter ``old`` renamed ``new`` in every affine."""
+    if isinstance(node, tuple):
+        return tuple(_substitute(item, old, new) for item in node)
+    if isinstance(node, ir.Affine):
+        return ir.Affine(tuple((new if n == old else n, c) for n, c in node.terms),
+                         node.const)
+    if not dataclasses.is_dataclass(node):
+        return node
+    return dataclasses.replace(node, **{
+        f.name: _substitute(getattr(node, f.name), old, new)
+        for f in dataclasses.fields(node)})
+
+
+def guard_verdict(guards: Tuple[ir.Affine, ...], ints: dict) -> int:
+    """0 where every guard is 0 for these runtime ints (name -> value), else 1."""
+    for guard in guards:
+        if sum(ints[n] * c for n, c in guard.terms) + guard.const != 0:
+            return 1
+    return 0

@@ -1,0 +1,107 @@
+"""A row written by one statement of a fused group and summed by the next runs as one
+pass (plan/fuse_sums.py): the results' bits equal those of the kernel without that
+pass (same values added in the same order), special rows included, and where the sum
+does not read exactly the row just written (another range, another length) the
+kernel keeps the two passes and the result is still right."""
+
+import numpy as np
+import pytest
+
+import einfuse as ef
+from einfuse.backends import c_build, c_fused
+from einfuse.plan import fuse, fuse_sums
+
+pytestmark = pytest.mark.skipif(c_build.find_compiler() is None,
+                                reason="fusion runs C kernels")
+
+SOFTMAX = """m[i] := max[j](X[i,j])
+e[i,j] := exp(X[i,j] - m[i])
+P[i,j] := e[i,j] / sum[k](e[i,k])"""
+STATEMENT = "P[i,j] := exp(X[i,j] - max[k](X[i,k])) / sum[k](exp(X[i,k] - max[l](X[i,l])))"
+
+
+def _special(rows, cols, dtype):
+    X = np.random.default_rng(rows * cols).standard_normal((rows, cols)).astype(dtype)
+    X[1, 3] = np.nan                   # a NaN row
+    X[2, :] = -np.inf                  # every entry -inf: 0/0
+    X[3, 5] = np.inf                   # an inf entry
+    X[4, ::2] = -np.inf                # -inf entries beside finite ones
+    X[5] = 0.0
+    X[5, ::3] = -0.0                   # signed zeros only
+    X[6] *= 1e4                        # exponentials that underflow
+    return X
+
+
+@pytest.fixture
+def verdicts(monkeypatch):
+    """The guards' verdicts passed to fused kernels (0: the one-pass loop runs)."""
+    seen = []
+    verdict = c_fused.guard_verdict
+
+    def spy(guards, ints):
+        seen.append(verdict(guards, ints))
+        return seen[-1]
+    monkeypatch.setattr(c_fused, "guard_verdict", spy)
+    monkeypatch.setattr(c_fused, "_fused", {})
+    return seen
+
+
+def _without_pass(monkeypatch, run):
+    """``run()`` with the producer/sum loops left as two passes."""
+    with monkeypatch.context() as patch:
+        patch.setattr(fuse, "merge_row_sums",
+                      lambda body, loop: fuse_sums.MergedSums(tuple(body), ()))
+        patch.setattr(c_fused, "_fused", {})
+        return run()
+
+
+def _same_bits(a, b):
+    assert a.dtype == b.dtype and a.shape == b.shape
+    view = np.int32 if a.dtype == np.float32 else np.int64
+    np.testing.assert_array_equal(a.view(view), b.view(view))
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("shape", [(64, 1000), (40, 2049), (300, 37)])
+@pytest.mark.parametrize("source", [SOFTMAX, STATEMENT], ids=["program", "statement"])
+def test_softmax_bits_unchanged(monkeypatch, verdicts, source, shape, dtype):
+    X = _special(*shape, dtype)
+    if source == SOFTMAX:
+        def run():
+            return ef.compile(source)(X=X)
+    else:
+        def run():
+            return ef.ein(source, X=X)
+    merged = run()
+    assert 0 in verdicts            # the one-pass loop was built and chosen
+    _same_bits(merged, _without_pass(monkeypatch, run))
+    with np.errstate(all="ignore"):
+        e = np.exp(X - X.max(1, keepdims=True))
+        expected = e / e.sum(1, keepdims=True)
+    tolerance = 1e-5 if dtype == "float32" else 1e-12
+    np.testing.assert_allclose(merged, expected, rtol=tolerance, atol=tolerance)
+
+
+@pytest.mark.parametrize("ranges", [{"k": range(1, 90)}, {"k": range(0, 50)}])
+def test_sum_of_another_range_keeps_two_passes(verdicts, ranges):
+    X = np.random.default_rng(3).standard_normal((200, 90))
+    program = ef.compile("""e[i,j] := exp(X[i,j])
+                            s[i] := sum[k](e[i,k])
+                            P[i,j] := e[i,j] / s[i]""", ranges=ranges)
+    P = program(X=X)
+    assert verdicts and 0 not in verdicts
+    e = np.exp(X)
+    k = ranges["k"]
+    np.testing.assert_allclose(P, e / e[:, k.start:k.stop].sum(1, keepdims=True),
+                               rtol=1e-12)
+
+
+def test_row_sum_of_a_product_is_merged(verdicts):
+    # any row written and then summed, not only softmax's: sum[k](d[i,k]) of a product
+    X = np.random.default_rng(4).standard_normal((300, 70))
+    Y = np.random.default_rng(5).standard_normal((300, 70))
+    out = ef.compile("""d[i,j] := X[i,j] * Y[i,j]
+                        r[i,j] := d[i,j] / sum[k](d[i,k])""")(X=X, Y=Y)
+    assert 0 in verdicts
+    d = X * Y
+    np.testing.assert_allclose(out, d / d.sum(1, keepdims=True), rtol=1e-10)
