@@ -105,3 +105,33 @@ def test_row_sum_of_a_product_is_merged(verdicts):
     assert 0 in verdicts
     d = X * Y
     np.testing.assert_allclose(out, d / d.sum(1, keepdims=True), rtol=1e-10)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64", "int32"])
+@pytest.mark.parametrize("cols", [20, 64, 65, 130, 1000])
+@pytest.mark.parametrize("op", ["max", "min"])
+def test_row_extremum_by_vectors(monkeypatch, dtype, cols, op):
+    # the row max/min of a fused group, its lanes combined vector by vector
+    # (plan/fuse_extrema.py): full tiles, a last partial tile, rows shorter than a tile
+    rng = np.random.default_rng(cols)
+    X = (rng.standard_normal((300, cols)) * 100).astype(dtype)
+    if dtype != "int32":
+        X[1, cols // 2] = np.nan
+        X[2, :] = -np.inf if op == "max" else np.inf
+        X[3, cols - 1] = np.inf if op == "max" else -np.inf
+        X[4, :] = np.nan
+    rewritten = []
+    combine = fuse.combine_extrema_by_vectors
+
+    def spy(body):
+        rewritten.append(combine(body) != tuple(body))
+        return combine(body) if rewritten[-1] else body
+    monkeypatch.setattr(fuse, "combine_extrema_by_vectors", spy)
+    monkeypatch.setattr(c_fused, "_fused", {})
+    out = ef.compile(f"""m[i] := {op}[j](X[i,j])
+                         d[i,j] := X[i,j] - m[i]""", outputs=("m", "d"))(X=X)
+    assert rewritten == [True]
+    reference = (np.max if op == "max" else np.min)(X, axis=1)
+    np.testing.assert_array_equal(out[0], reference)
+    with np.errstate(invalid="ignore"):
+        np.testing.assert_array_equal(out[1], X - reference[:, None])

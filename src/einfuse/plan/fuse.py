@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import Dict, FrozenSet, Sequence, Tuple
 
 from .. import ir
+from .fuse_extrema import combine_extrema_by_vectors
 from .fuse_sums import GUARD_INT, merge_row_sums
 
 SHARED_LOOP = "f0"
@@ -140,7 +141,8 @@ def fuse_kernels(kernels: Sequence[ir.Kernel], reads: Sequence[Dict[int, Tuple[i
     if sums.guards or sums.body != tuple(body):
         ints.append(GUARD_INT)
     merged = ir.Kernel("einfuse_kernel", tuple(buffers), tuple(ints), params,
-                       (ir.Loop(SHARED_LOOP, extent, "parallel", sums.body),),
+                       (ir.Loop(SHARED_LOOP, extent, "parallel",
+                                combine_extrema_by_vectors(sums.body)),),
                        checks_bounds=any(k.checks_bounds for k in kernels))
     return FusedProgram(ir.Program(working, (merged,)), sums.guards)
 
