@@ -97,16 +97,83 @@ def _merge(producer, declare, branch, shared_loop: str, value_name: str):
     if any(loop.var in g.names or shared_loop in g.names or producer.var in g.names
            for g in guards):
         return None
-    value = _substitute(store.value, producer.var, loop.var)
-    position = tuple(_substitute(p, producer.var, loop.var) for p in store.position)
-    fused = dataclasses.replace(loop, body=(
-        ir.Let(value_name, value),
-        dataclasses.replace(store, position=position, value=ir.Local(value_name)),
-        dataclasses.replace(accumulate, value=ir.Local(value_name))))
+    merging = _Merging(producer, store, load, column_offset, value_name)
+    fused = merging.statements(loop)
+    large = merging.statements(tuple(branch.large))
     one_pass = ir.Branch((ir.Affine.var(GUARD_INT),), 0, (fused,), (producer, loop))
-    small = dataclasses.replace(branch, small=(one_pass,),
-                                large=(producer,) + tuple(branch.large))
+    # the long sum's blocks read each value once, where it is computed and stored
+    long_pass = (producer,) + tuple(branch.large)
+    if merging.complete:
+        long_pass = (ir.Branch((ir.Affine.var(GUARD_INT),), 0, large, long_pass),)
+    small = dataclasses.replace(branch, small=(one_pass,), large=long_pass)
     return [declare, small], [g for g in guards if g.terms or g.const]
+
+
+class _Merging:
+    """Rewrites every accumulation of a load of the producer's row (same row
+    subscript, column ``offset + position``) into: compute the producer's value at
+    ``position``, store it, accumulate it.  ``complete`` turns False where the row is
+    read any other way (the statements then keep their two passes)."""
+
+    def __init__(self, producer, store, load, offset: ir.Affine, value_name: str):
+        self.producer, self.store, self.load = producer, store, load
+        self.offset, self.value_name = offset, value_name
+        self.complete = True
+
+    def statements(self, node):
+        if isinstance(node, tuple):
+            out = []
+            for item in node:
+                out += self._statement(item)
+            return tuple(out)
+        return self._statement(node)[0]
+
+    def _statement(self, node) -> List[ir.Stmt]:
+        if isinstance(node, ir.Accumulate) and isinstance(node.value, ir.Load) and \
+                node.value.buffer == self.store.buffer:
+            load = node.value
+            if load.subscripts[0] != self.load.subscripts[0] or \
+                    dataclasses.replace(load.subscripts[1], affine=self.offset) != \
+                    dataclasses.replace(self.load.subscripts[1], affine=self.offset) or \
+                    load.fill != self.load.fill or load.is_index:
+                self.complete = False
+                return [node]
+            column = load.subscripts[1].affine + self.offset.scale(-1)
+            value = _substitute_affine(self.store.value, self.producer.var, column)
+            position = (self.store.position[0], column)
+            return [ir.Let(self.value_name, value),
+                    dataclasses.replace(self.store, position=position,
+                                        value=ir.Local(self.value_name)),
+                    dataclasses.replace(node, value=ir.Local(self.value_name))]
+        if isinstance(node, ir.Load) and node.buffer == self.store.buffer:
+            self.complete = False
+            return [node]
+        if isinstance(node, ir.Stmt) and dataclasses.is_dataclass(node):
+            changes = {}
+            for field in dataclasses.fields(node):
+                value = getattr(node, field.name)
+                if isinstance(value, tuple) and value and all(isinstance(v, ir.Stmt)
+                                                              for v in value):
+                    changes[field.name] = self.statements(value)
+                elif isinstance(value, (ir.Expr, tuple)):
+                    self._check(value)
+            return [dataclasses.replace(node, **changes)]
+        return [node]
+
+    def _check(self, node) -> None:
+        """complete turns False where an expression reads the producer's buffer."""
+        if isinstance(node, tuple):
+            for item in node:
+                self._check(item)
+        elif isinstance(node, ir.Load):
+            if node.buffer == self.store.buffer:
+                self.complete = False
+            for subscript in node.subscripts:
+                for gather, _ in subscript.gathers:
+                    self._check(gather)
+        elif dataclasses.is_dataclass(node) and not isinstance(node, ir.Affine):
+            for field in dataclasses.fields(node):
+                self._check(getattr(node, field.name))
 
 
 def _row_store(producer, shared_loop: str) -> Optional[ir.Store]:
@@ -124,17 +191,18 @@ def _row_store(producer, shared_loop: str) -> Optional[ir.Store]:
     return store
 
 
-def _substitute(node, old: str, new: str):
-    """``node`` with the loop counter ``old`` renamed ``new`` in every affine."""
+def _substitute_affine(node, old: str, new: ir.Affine):
+    """``node`` with the loop counter ``old`` replaced by the affine ``new``."""
     if isinstance(node, tuple):
-        return tuple(_substitute(item, old, new) for item in node)
+        return tuple(_substitute_affine(item, old, new) for item in node)
     if isinstance(node, ir.Affine):
-        return ir.Affine(tuple((new if n == old else n, c) for n, c in node.terms),
-                         node.const)
+        terms = dict(node.terms)
+        coefficient = terms.pop(old, 0)
+        return ir.Affine(tuple(terms.items()), node.const) + new.scale(coefficient)
     if not dataclasses.is_dataclass(node):
         return node
     return dataclasses.replace(node, **{
-        f.name: _substitute(getattr(node, f.name), old, new)
+        f.name: _substitute_affine(getattr(node, f.name), old, new)
         for f in dataclasses.fields(node)})
 
 
