@@ -2,21 +2,22 @@
 summed by the next (softmax's ``e[i,j] := exp(X[i,j] - m[i])`` then ``sum[k](e[i,k])``).
 
 In the merged loop body of a fusion group (plan/fuse.py) the producer's loop stores the
-row and the reader's short-sum loop (the ``Branch``'s small side, an OpenMP SIMD
-reduction) reads it back.  Here the two become one SIMD loop that computes each value
-once, stores it and adds it to the sum: the row is not read a second time, and the sum
-adds the same values in the same order -- the loop is the reader's own, same trip
-count, same ``reduction(+:...)`` clause, so GCC vectorises it with the same lanes and
-the result's bits do not change (tests/test_fusion_sums.py checks them against the
-kernel without this pass).  The long-sum side (blocked, compensated) keeps both loops
-as they were.
+row and the reader's sum reads it back: for a short row one OpenMP SIMD reduction
+loop (the small side of the sum's ``Branch``), for a long one blocks of per-lane
+partials added with compensation (plan/sums.py).  Here every read of the row in the
+sum becomes: compute the producer's value there, store it, add it.  The row is not
+read a second time, and the sum adds the same values in the same order -- the loops
+are the sum's own (same trip counts, same ``reduction(+:...)`` clause, same lanes and
+blocks), so GCC vectorises them alike and the result's bits do not change
+(tests/test_fusion_sums.py checks them against the kernel without this pass).
 
-The merged loop is only right where the reader sums exactly the row just written:
+The merged loops are only right where the sum reads exactly the row just written:
 same length, from column 0, at the row just written, through the same strides.  Those
 are runtime ints (one kernel serves every shape), so each merge comes with *guards*:
 affine expressions of the kernel's ints that are all 0 exactly when it applies.  The
 caller (backends/c_fused.py) evaluates them per call and passes their verdict as one
-more runtime int; the kernel takes the merged loop only where it is 0."""
+more runtime int; the kernel takes the merged loops only where it is 0, and the two
+passes otherwise."""
 
 from __future__ import annotations
 
@@ -40,7 +41,7 @@ class MergedSums:
 
 def merge_row_sums(body: Tuple[ir.Stmt, ...], shared_loop: str) -> MergedSums:
     """``body`` (of the shared loop over rows ``shared_loop``) with every producer row
-    loop that is directly followed by a short sum of exactly that row merged with it."""
+    loop that is directly followed by a sum of that row merged with it (guarded)."""
     out: List[ir.Stmt] = []
     guards: List[ir.Affine] = []
     number = 0
@@ -84,7 +85,8 @@ def _merge(producer, declare, branch, shared_loop: str, value_name: str):
         return None
     row, column = load.subscripts
     if row.gathers or column.gathers or row.quasi or column.quasi or \
-            row.policy != "none" or column.policy != "none" or row.stride is None or column.stride is not None:
+            row.policy != "none" or column.policy != "none" or \
+            row.stride is None or column.stride is not None:
         return None
     row_offset = row.affine + ir.Affine.var(shared_loop, -1)
     column_offset = column.affine + ir.Affine.var(loop.var, -1)
@@ -207,8 +209,11 @@ def _substitute_affine(node, old: str, new: ir.Affine):
 
 
 def guard_verdict(guards: Tuple[ir.Affine, ...], ints: dict) -> int:
-    """0 where every guard is 0 for these runtime ints (name -> value), else 1."""
+    """0 where every guard is 0 for these runtime ints (name -> value), else 1 (also
+    where a guard names an int the call does not have: the two passes are always
+    right)."""
     for guard in guards:
-        if sum(ints[n] * c for n, c in guard.terms) + guard.const != 0:
+        if any(n not in ints for n, _ in guard.terms) or \
+                sum(ints[n] * c for n, c in guard.terms) + guard.const != 0:
             return 1
     return 0
