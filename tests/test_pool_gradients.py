@@ -114,13 +114,18 @@ def test_hoisted_pool_gradient_statement_matches_brute_force():
     np.testing.assert_array_equal(got, want)
 
 
-@pytest.mark.parametrize("dtype", [np.float32, np.float64])
-def test_strided_add_is_numpys_add_on_the_view(dtype):
+@pytest.mark.parametrize("dtype, shape, steps", [
+    # x[c, 3*i + a + 1, 2*j + b + 2]: axes (c, i, j, a, b), gaps between rows; an
+    # innermost extent of 2 (compiled in)
+    (np.float32, (6, 13, 64, 2, 2), (40 * 130, 3 * 130, 2, 130, 1)),
+    (np.float64, (6, 13, 64, 2, 2), (40 * 130, 3 * 130, 2, 130, 1)),
+    # x[c, 3*i + 1, j + 2]: an innermost extent of 120 (read at run time)
+    (np.float32, (16, 13, 120), (40 * 130, 3 * 130, 1)),
+])
+def test_strided_add_is_numpys_add_on_the_view(dtype, shape, steps):
     rng = np.random.default_rng(0)
-    target = rng.standard_normal((6, 40, 130)).astype(dtype)
+    target = rng.standard_normal((16, 40, 130)).astype(dtype)
     want = target.copy()
-    # x[c, 3*i + a + 1, 2*j + b + 2]: axes (c, i, j, a, b), an offset, gaps between rows
-    shape, steps = (6, 13, 64, 2, 2), (40 * 130, 3 * 130, 2, 130, 1)
     offset = 130 + 2
     values = rng.standard_normal(shape).astype(dtype)
     assert values.size >= MIN_ELEMENTS

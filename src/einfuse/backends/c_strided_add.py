@@ -20,6 +20,9 @@ from . import c_build
 from .c_threads import thread_count
 
 _SOURCE = """\
+/* INNER: the innermost extent where it is fixed (unrolled and vectorised across the
+   next axis), 0 where it is read from shape[] */
+#define INNER @INNER@
 #include <stdint.h>
 #include <omp.h>
 /* target[offset + sum_k i_k * ts[k]] += values[sum_k i_k * vs[k]] over the box shape[];
@@ -30,7 +33,7 @@ void NAME(T *target, const T *values, int64_t rank, const int64_t *shape, \\
           const int64_t *ts, const int64_t *vs, int nthreads) { \\
   int64_t rows = 1; \\
   for (int64_t k = 0; k < rank - 2; ++k) rows *= shape[k]; \\
-  const int64_t n1 = shape[rank - 2], n2 = shape[rank - 1]; \\
+  const int64_t n1 = shape[rank - 2], n2 = INNER ? INNER : shape[rank - 1]; \\
   const int64_t t1 = ts[rank - 2], t2 = ts[rank - 1]; \\
   const int64_t v1 = vs[rank - 2], v2 = vs[rank - 1]; \\
   int nth = nthreads > 0 ? nthreads : omp_get_max_threads(); \\
@@ -56,6 +59,10 @@ void NAME(T *target, const T *values, int64_t rank, const int64_t *shape, \\
 STRIDED_ADD(einfuse_strided_add_f32, float)
 STRIDED_ADD(einfuse_strided_add_f64, double)
 """
+
+# Innermost extents up to this are compiled in (one library per extent): pooling's
+# innermost axis has 2 elements, and a loop of 2 iterations costs more than its adds.
+FIXED_INNER = 8
 
 # Below this many elements NumPy's own add is as fast and needs no compiler.
 MIN_ELEMENTS = 1 << 14
@@ -100,7 +107,8 @@ def strided_add(target: np.ndarray, offset: int, shape: Sequence[int],
     value_steps = _contiguous_steps(shape)
     axes = merged_axes(shape, steps, value_steps)
     columns = [np.array(column, dtype=np.int64) for column in zip(*axes)]
-    function = _function(kind)
+    inner = axes[-1][0]
+    function = _function(kind, inner if inner <= FIXED_INNER else 0)
     address = target.ctypes.data + offset * target.itemsize
     rows = int(np.prod([axis[0] for axis in axes[:-2]], dtype=np.int64))
     function(ctypes.c_void_p(address), ctypes.c_void_p(values.ctypes.data),
@@ -117,7 +125,8 @@ def _contiguous_steps(shape: Sequence[int]) -> Tuple[int, ...]:
     return tuple(reversed(steps))
 
 
-def _function(kind: str) -> Optional[ctypes._CFuncPtr]:
-    function = getattr(c_build.load(_SOURCE), f"einfuse_strided_add_{kind}")
+def _function(kind: str, inner: int) -> Optional[ctypes._CFuncPtr]:
+    source = _SOURCE.replace("@INNER@", str(int(inner)))
+    function = getattr(c_build.load(source), f"einfuse_strided_add_{kind}")
     function.restype = None
     return function
