@@ -45,6 +45,7 @@ _POLICY = {"clip": "clip", "wrap": "wrap", "fill": "fill", "check": "check",
 # with a few vector loads and shuffles, and the small reductions then run across the
 # tile, not one output element at a time (64x64x64 2x2 pooling: 3-4x faster).
 _LANE_STEPS = (1, -1, 2, -2, 3, -3, 4, -4)
+_SELECTIONS = frozenset({"max", "min", "argmax", "argmin"})
 # Operations whose NaN/inf behaviour fast-math could change (see c_build).
 _NAN_SENSITIVE_CALLS = frozenset({"min", "max", "where", "relu", "softplus"})
 
@@ -156,6 +157,7 @@ class _Lowering(BlockedSums):
         self.n_var = len(spec.all_indices)
         self.lane_indices: List[str] = []
         self.row_index: Optional[str] = None   # the output index blocked in rows, if any
+        self.wide_lanes = False   # lanes may step by more than 1 (set in run())
         self.checks = any(sub.gathers for a in ast.accesses(spec.rhs) for sub in a.indices) \
             and self.bounds in ("check", "promise")
 
@@ -205,8 +207,9 @@ class _Lowering(BlockedSums):
     def lanes_pay(self, index: str, tops) -> bool:
         """Whether a lane tile over output ``index`` pays: not short, and walked by a
         load inside the top-level reductions (with a small step, _LANE_STEPS)."""
+        steps = _LANE_STEPS if self.wide_lanes else (1, -1)
         return index not in self.short and sum(
-            self.contiguity(index, r.body, _bound_indices(r), _LANE_STEPS) for r in tops) > 0
+            self.contiguity(index, r.body, _bound_indices(r), steps) for r in tops) > 0
 
     def order_indices(self, names: Sequence[str], expr: ast.Expr, bonus=None) -> List[str]:
         """``names`` with the most contiguous one moved innermost (last)."""
@@ -227,7 +230,15 @@ class _Lowering(BlockedSums):
         order = self.order_indices(outs, rhs, last)
         inner = order[-1] if order else None
         can_tile = (not self.plain or self.blocks) and bool(tops)
-        if can_tile and inner is not None and inner in self.short and \
+        # Wider lane steps only where the plan's choice cannot change a result bit: every
+        # reduction selects (max, min, argmax, argmin), so each output element is the
+        # same fold in the same order on either plan; a sum or logsumexp would round
+        # differently on lanes (no SIMD reduction clause, no per-lane partials).  And
+        # only on the C backend (not plain): block-per-program renderers such as Triton
+        # keep unit steps, the wider ones were not measured on a GPU.
+        self.wide_lanes = not self.plain and all(
+            r.op in _SELECTIONS for r in ast.reductions(rhs))
+        if can_tile and self.wide_lanes and inner is not None and inner in self.short and \
                 not self.contiguity(inner, rhs, None, _LANE_STEPS):
             # pooling's h3[c, i, j, a]: the store's last index a is short and no load
             # walks it, the loads walk j: lanes over j (a an outer loop) beat scalar
