@@ -315,7 +315,8 @@ class _Lowering(BlockedSums):
         rows, block_lanes = self.block
         candidates = [n for n in order[:-1] if n in spec.race_free_indices]
         if rows > 1 and candidates and not self.checks and \
-                not any(True for top in tops for _ in ast.reductions(top.body)):
+                not any(True for top in tops for _ in ast.reductions(top.body)) and \
+                (not self.wide_lanes or _read_once_per_block(candidates[-1], tops)):
             self.row_index = candidates[-1]
         k = self.index_no[inner]
         block, lane, count = f"b{k}", "l", "nb"
@@ -557,6 +558,20 @@ def _affine(sub: ast.IndexExpr, env) -> Affine:
     for name, coeff in sub.terms:
         affine = affine + env[name].scale(coeff)
     return affine
+
+
+def _read_once_per_block(row: str, tops) -> bool:
+    """Whether some load inside the reductions does not move with ``row``: a block of
+    rows then reads it once for all its rows (dist's x[k, j]), which is what row blocks
+    are for.  Where every load moves with the row (pooling's x[c, 2*i+a, 2*j+b]) a block
+    only adds accumulators: 2x2 max-pooling ran 2x faster without (1.1 -> 0.55 ms)."""
+    for top in tops:
+        bound = _bound_indices(top)
+        for access in ast.accesses(top.body):
+            names = {n for sub in access.indices for n in sub.index_names}
+            if row not in names and names & bound:
+                return True
+    return False
 
 
 def _bound_indices(reduce: ast.Reduce) -> frozenset:
