@@ -35,17 +35,12 @@ from ..ir import Affine
 from ..lang import ast
 from .gathers import check_gather_arithmetic, parse_mode
 from .sums import BlockedSums
+from .windows import LANE_STEPS, UNIT_STEPS, read_once_per_block, wide_lanes
 
 # "verified": bounds='check'/'promise' with every index array found in range before the
 # call, so the kernel needs no test at all.
 _POLICY = {"clip": "clip", "wrap": "wrap", "fill": "fill", "check": "check",
            "promise": "check", "verified": "none"}
-# A lane tile pays where the lanes' loads step along a unit-stride axis by a few
-# elements (pooling's x[c, 2*i+a, 2*j+b], a strided convolution): GCC loads such lanes
-# with a few vector loads and shuffles, and the small reductions then run across the
-# tile, not one output element at a time (64x64x64 2x2 pooling: 3-4x faster).
-_LANE_STEPS = (1, -1, 2, -2, 3, -3, 4, -4)
-_SELECTIONS = frozenset({"max", "min", "argmax", "argmin"})
 # Operations whose NaN/inf behaviour fast-math could change (see c_build).
 _NAN_SENSITIVE_CALLS = frozenset({"min", "max", "where", "relu", "softplus"})
 
@@ -185,7 +180,7 @@ class _Lowering(BlockedSums):
 
     # -- heuristics --------------------------------------------------------------------
     def contiguity(self, index: str, expr: ast.Expr, varying=None,
-                   steps: Tuple[int, ...] = (1, -1)) -> int:
+                   steps: Tuple[int, ...] = UNIT_STEPS) -> int:
         """How many loads in ``expr`` walk their unit-stride axis with ``index`` (with
         ``varying``, only loads that also change with one of those indices: a load
         invariant in a reduction is read once per output, not once per term);
@@ -206,8 +201,8 @@ class _Lowering(BlockedSums):
 
     def lanes_pay(self, index: str, tops) -> bool:
         """Whether a lane tile over output ``index`` pays: not short, and walked by a
-        load inside the top-level reductions (with a small step, _LANE_STEPS)."""
-        steps = _LANE_STEPS if self.wide_lanes else (1, -1)
+        load inside the top-level reductions (by a few elements, plan/windows.py)."""
+        steps = LANE_STEPS if self.wide_lanes else UNIT_STEPS
         return index not in self.short and sum(
             self.contiguity(index, r.body, _bound_indices(r), steps) for r in tops) > 0
 
@@ -230,16 +225,9 @@ class _Lowering(BlockedSums):
         order = self.order_indices(outs, rhs, last)
         inner = order[-1] if order else None
         can_tile = (not self.plain or self.blocks) and bool(tops)
-        # Wider lane steps only where the plan's choice cannot change a result bit: every
-        # reduction selects (max, min, argmax, argmin), so each output element is the
-        # same fold in the same order on either plan; a sum or logsumexp would round
-        # differently on lanes (no SIMD reduction clause, no per-lane partials).  And
-        # only on the C backend (not plain): block-per-program renderers such as Triton
-        # keep unit steps, the wider ones were not measured on a GPU.
-        self.wide_lanes = not self.plain and all(
-            r.op in _SELECTIONS for r in ast.reductions(rhs))
+        self.wide_lanes = wide_lanes(rhs, self.plain)
         if can_tile and self.wide_lanes and inner is not None and inner in self.short and \
-                not self.contiguity(inner, rhs, None, _LANE_STEPS):
+                not self.contiguity(inner, rhs, None, LANE_STEPS):
             # pooling's h3[c, i, j, a]: the store's last index a is short and no load
             # walks it, the loads walk j: lanes over j (a an outer loop) beat scalar
             # windows (3.5x on 64x64x64x2)
@@ -316,7 +304,7 @@ class _Lowering(BlockedSums):
         candidates = [n for n in order[:-1] if n in spec.race_free_indices]
         if rows > 1 and candidates and not self.checks and \
                 not any(True for top in tops for _ in ast.reductions(top.body)) and \
-                (not self.wide_lanes or _read_once_per_block(candidates[-1], tops)):
+                (not self.wide_lanes or read_once_per_block(candidates[-1], tops)):
             self.row_index = candidates[-1]
         k = self.index_no[inner]
         block, lane, count = f"b{k}", "l", "nb"
@@ -558,20 +546,6 @@ def _affine(sub: ast.IndexExpr, env) -> Affine:
     for name, coeff in sub.terms:
         affine = affine + env[name].scale(coeff)
     return affine
-
-
-def _read_once_per_block(row: str, tops) -> bool:
-    """Whether some load inside the reductions does not move with ``row``: a block of
-    rows then reads it once for all its rows (dist's x[k, j]), which is what row blocks
-    are for.  Where every load moves with the row (pooling's x[c, 2*i+a, 2*j+b]) a block
-    only adds accumulators: 2x2 max-pooling ran 2x faster without (1.1 -> 0.55 ms)."""
-    for top in tops:
-        bound = _bound_indices(top)
-        for access in ast.accesses(top.body):
-            names = {n for sub in access.indices for n in sub.index_names}
-            if row not in names and names & bound:
-                return True
-    return False
 
 
 def _bound_indices(reduce: ast.Reduce) -> frozenset:
