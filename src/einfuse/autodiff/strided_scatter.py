@@ -72,9 +72,12 @@ def add_strided(target, g, values, ranges: Mapping[str, range]) -> bool:
         return False
     shape, steps, offset = view
     if isinstance(target, np.ndarray):
-        base = target.reshape(-1)[offset:] if target.flags.c_contiguous else None
-        if base is None:
+        if not target.flags.c_contiguous:
             return False
+        from ..backends.c_strided_add import strided_add
+        if strided_add(target, offset, shape, steps, values):
+            return True
+        base = target.reshape(-1)[offset:]
         window = np.lib.stride_tricks.as_strided(
             base, shape, tuple(s * target.itemsize for s in steps), writeable=True)
         window += values.astype(target.dtype, copy=False)
