@@ -347,7 +347,8 @@ def run(attention, named, scale_of, route_taken: Route):
     dtype = tensors[0].dtype
     if any(t.dtype != dtype for t in tensors):
         return None
-    extents = _extents(attention, tensors)
+    from ..runtime.attention import shape_extents
+    extents = shape_extents(attention, tensors)
     if extents is None:
         return None
     dot, features = extents[attention.dot_index], extents[attention.feature]
@@ -368,20 +369,6 @@ def run(attention, named, scale_of, route_taken: Route):
     if numpy_caller:
         return out.cpu().numpy()
     return out if given[0].device == out.device else out.to(given[0].device)
-
-
-def _extents(attention, tensors):
-    extents = {}
-    for tensor, indices in zip(tensors, (attention.query_indices, attention.key_indices,
-                                         attention.value_indices)):
-        if tensor.ndim != len(indices):
-            return None
-        for index, extent in zip(indices, tensor.shape):
-            if extents.setdefault(index, extent) != extent:
-                return None
-    if any(extent == 0 for extent in extents.values()):
-        return None
-    return extents
 
 
 def _score_scale(attention, scale: float) -> Optional[float]:

@@ -63,6 +63,12 @@ def _extents(attention: Attention, arrays) -> Optional[Dict[str, int]]:
     dtype = arrays[0].dtype
     if dtype not in _FLOATS or any(a.dtype != dtype for a in arrays):
         return None
+    return shape_extents(attention, arrays)
+
+
+def shape_extents(attention: Attention, arrays) -> Optional[Dict[str, int]]:
+    """Each index's extent from the shapes of query, key and value (any framework's
+    arrays), or None where a rank or two extents of one index disagree, or one is 0."""
     extents: Dict[str, int] = {}
     for array, indices in zip(arrays, (attention.query_indices, attention.key_indices,
                                        attention.value_indices)):
