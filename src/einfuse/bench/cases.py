@@ -199,14 +199,29 @@ P[b,h,i,j] := exp(S[b,h,i,j] - m[b,h,i])
 O[b,h,i,d] := sum[j](P[b,h,i,j] * V[b,h,j,d]) / sum[j](P[b,h,i,j])"""
 
 
+def attention_inputs(B: int, H: int, N: int, D: int):
+    """Q, K and V of shape (B, H, N, D), float32 normal values."""
+    def inputs(rng):
+        return {name: rng.standard_normal((B, H, N, D), dtype=np.float32)
+                for name in ("Q", "K", "V")}
+    return inputs
+
+
+def sdpa_attention(scale: float, causal: bool):
+    """torch's scaled_dot_product_attention with this scale and mask, as a peer."""
+    def sdpa(Q, K, V):
+        import torch
+        return torch.nn.functional.scaled_dot_product_attention(Q, K, V, is_causal=causal,
+                                                                scale=scale)
+    return sdpa
+
+
 def attention_case(B=4, H=8, N=1024, D=64) -> Case:
     """Causal attention written as four statements (issue 10): one fused kernel with
     online softmax against torch's SDPA and the naive form that materialises S."""
     scale = float(1.0 / np.sqrt(D))
 
-    def inputs(rng):
-        return {name: rng.standard_normal((B, H, N, D), dtype=np.float32)
-                for name in ("Q", "K", "V")}
+    inputs = attention_inputs(B, H, N, D)
 
     def naive(xp, Q, K, V, tril, transpose):
         S = xp.where(tril, (Q @ transpose(K)) * scale, -np.inf)
@@ -222,10 +237,7 @@ def attention_case(B=4, H=8, N=1024, D=64) -> Case:
         return naive(torch, Q, K, V, torch.ones(N, N, dtype=torch.bool).tril(),
                      lambda x: x.transpose(-1, -2))
 
-    def sdpa(Q, K, V):
-        import torch
-        return torch.nn.functional.scaled_dot_product_attention(Q, K, V, is_causal=True,
-                                                                scale=scale)
+    sdpa = sdpa_attention(scale, causal=True)
 
     def jax_attention(Q, K, V):
         import jax
@@ -247,14 +259,9 @@ def attention_training_case(B=4, H=8, N=1024, D=64) -> Case:
     fused backward (runtime/attention_autograd.py) against torch's SDPA."""
     scale = float(1.0 / np.sqrt(D))
 
-    def inputs(rng):
-        return {name: rng.standard_normal((B, H, N, D), dtype=np.float32)
-                for name in ("Q", "K", "V")}
+    inputs = attention_inputs(B, H, N, D)
 
-    def sdpa(Q, K, V):
-        import torch
-        return torch.nn.functional.scaled_dot_product_attention(Q, K, V, is_causal=True,
-                                                                scale=scale)
+    sdpa = sdpa_attention(scale, causal=True)
     return training_case(f"causal attention B={B} H={H} N={N} D={D}",
                          ATTENTION.format(scale=repr(scale)), inputs, sdpa, compiled=False)
 

@@ -13,7 +13,7 @@ from typing import List
 
 import numpy as np
 
-from .cases import ATTENTION
+from .cases import ATTENTION, attention_inputs, sdpa_attention
 from .gpu import GpuCase, Target, einfuse_forward, torch_peer
 from .jit_cases import seed_case
 
@@ -28,14 +28,7 @@ def attention_case(device: str, B: int, H: int, N: int, D: int, dtype: str,
     scale = float(1.0 / np.sqrt(D))
     statement = (ATTENTION if causal else PLAIN_ATTENTION).format(scale=repr(scale))
 
-    def inputs(rng):
-        return {name: rng.standard_normal((B, H, N, D), dtype=np.float32)
-                for name in ("Q", "K", "V")}
-
-    def sdpa(Q, K, V):
-        import torch
-        return torch.nn.functional.scaled_dot_product_attention(Q, K, V, is_causal=causal,
-                                                                scale=scale)
+    inputs, sdpa = attention_inputs(B, H, N, D), sdpa_attention(scale, causal)
     goal = Target("torch SDPA", "within", 1.25) if dtype == "float16" else None
     return GpuCase(f"{'causal ' if causal else ''}attention B={B} H={H} N={N} D={D} {dtype}",
                    statement, inputs, [torch_peer("torch SDPA", sdpa, device, dtype)],
