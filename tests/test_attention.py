@@ -203,11 +203,9 @@ def test_brute_force_oracle_tiny():
 
 # -- NaN and inf ---------------------------------------------------------------------------
 
-@pytest.mark.parametrize("backend", FUSED_BACKENDS)
-@pytest.mark.parametrize("case", ["nan query row", "inf key", "-inf scores row",
-                                  "nan in a masked key", "huge scores"])
-def test_nonfinite_inputs(backend, case, fused_calls):
-    Q, K, V = qkv(1, 2, 70, 70, 4, 3, np.float32)
+def poison(Q, K, V, case: str) -> None:
+    """Non-finite values placed in (1, 2, 70, 70, 4, 3)-shaped Q, K, V (NumPy arrays or
+    torch tensors), in place, for the named case."""
     if case == "nan query row":
         Q[0, 1, 5, 2] = np.nan
     elif case == "inf key":
@@ -215,10 +213,23 @@ def test_nonfinite_inputs(backend, case, fused_calls):
     elif case == "-inf scores row":
         Q[0, 0, 10] = np.inf
         K[0, 0, :11] = -1.0            # every score row 10 sees is -inf
+    elif case == "-inf first block":
+        # scores -inf for keys below 20 (more than a first block of keys), finite after:
+        # rows below 20 see only -inf (NaN), the later ones must not be poisoned
+        Q[0, 0, :, 0] = abs(Q[0, 0, :, 0]) + 0.1
+        K[0, 0, :20, 0] = -np.inf
     elif case == "nan in a masked key":
         K[0, 0, 69, 0] = np.nan        # seen only by the last row
     else:
         Q *= 1e18                       # scores overflow to +-inf
+
+
+@pytest.mark.parametrize("backend", FUSED_BACKENDS)
+@pytest.mark.parametrize("case", ["nan query row", "inf key", "-inf scores row",
+                                  "nan in a masked key", "huge scores"])
+def test_nonfinite_inputs(backend, case, fused_calls):
+    Q, K, V = qkv(1, 2, 70, 70, 4, 3, np.float32)
+    poison(Q, K, V, case)
     got = ef.ein(program(), Q=Q, K=K, V=V, scale=1.0, backend=backend)
     assert fused_calls == [True]
     expected = one_by_one(Q, K, V, 1.0)

@@ -10,7 +10,7 @@ import pytest
 import einfuse as ef
 from einfuse.backends import triton_backend
 from oracle import brute_force
-from test_attention import program, one_by_one
+from test_attention import one_by_one, poison, program
 
 torch = pytest.importorskip("torch")
 pytestmark = pytest.mark.skipif(not triton_backend.available() or
@@ -164,22 +164,7 @@ def test_batch_ranks(lead, out, shape, launches):
                                   "-inf first block", "nan in a masked key", "huge scores"])
 def test_nonfinite_inputs(case, launches):
     Q, K, V = qkv((1, 2, 70, 70, 4, 3))
-    if case == "nan query row":
-        Q[0, 1, 5, 2] = np.nan
-    elif case == "inf key":
-        K[0, 0, 3, 1] = np.inf
-    elif case == "-inf scores row":
-        Q[0, 0, 10] = np.inf
-        K[0, 0, :11] = -1.0            # every score row 10 sees is -inf
-    elif case == "-inf first block":
-        # scores -inf for keys below 20 (more than the first block), finite after: rows
-        # below 20 see only -inf (NaN), the later ones must not be poisoned
-        Q[0, 0, :, 0] = Q[0, 0, :, 0].abs() + 0.1
-        K[0, 0, :20, 0] = -np.inf
-    elif case == "nan in a masked key":
-        K[0, 0, 69, 0] = np.nan        # seen only by the last row
-    else:
-        Q *= 1e18                       # scores overflow to +-inf
+    poison(Q, K, V, case)
     got = ef.ein(program(), Q=Q, K=K, V=V, scale=1.0, backend="triton")
     assert len(launches) == 1
     expected = expected_of(Q, K, V, 1.0, "j <= i")
