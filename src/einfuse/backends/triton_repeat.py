@@ -67,7 +67,7 @@ def repeat_runner(call, final_dtype) -> Optional[Runner]:
     shape, params, scalars = tuple(call.output_shape), prepared.params, prepared.scalars
     convert = final_dtype if final_dtype != result_dtype else None
     launch = _launcher(prepared, ready, device, len(names) + (1 if params else 0)
-                       + len(scalars) + 1)
+                       + len(scalars) + 1, len(names))
     arrays: Dict[bytes, object] = {}
     lock = threading.Lock()
 
@@ -91,9 +91,10 @@ def repeat_runner(call, final_dtype) -> Optional[Runner]:
     return run
 
 
-def _launcher(prepared, ready, device, count: int):
-    """launch(args): the kernel on these positional arguments (tensors, parameter
-    array, ints and floats, output), with the remembered configuration."""
+def _launcher(prepared, ready, device, count: int, inputs: int):
+    """launch(args): the kernel on these positional arguments (``inputs`` caller's
+    tensors, parameter array, ints and floats, output), with the remembered
+    configuration."""
     kernel, grid = prepared.kernel, ready.grid
     options = dict(num_warps=ready.config.num_warps, num_stages=ready.config.num_stages,
                    **ready.constexprs)
@@ -105,8 +106,10 @@ def _launcher(prepared, ready, device, count: int):
         return usual
 
     def launch(args):
-        for tensor in args:   # Triton specialises pointers on 16-byte alignment
-            if hasattr(tensor, "data_ptr") and tensor.data_ptr() % 16:
+        # Triton specialises pointers on 16-byte alignment: the caller's tensors may be
+        # views at any offset (the parameter array and the output are allocated here)
+        for tensor in args[:inputs]:
+            if tensor.data_ptr() % 16:
                 return usual(args)
         return direct(args)
     return launch
