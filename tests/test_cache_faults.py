@@ -305,3 +305,21 @@ def test_vanished_compiler_and_stale_build_directories(cache, monkeypatch):
     with pytest.raises(ef.EinfuseError, match="cannot run the C compiler"):
         c_build.load("int einfuse_orphan(void) { return 0; }\n")
     assert not stale.exists() and fresh.exists()
+
+
+@pytest.mark.parametrize("pidfd", [True, False], ids=["pidfd", "timed-wait"])
+def test_compiler_wait_returns_status_or_times_out(monkeypatch, pidfd):
+    """c_build._wait_exit: a pidfd where the platform has one, else Popen's timed wait;
+    both give the exit status and both stop at the timeout."""
+    import subprocess
+    if not pidfd:
+        monkeypatch.delattr(os, "pidfd_open", raising=False)
+    done = subprocess.Popen(["sh", "-c", "exit 3"])
+    assert c_build._wait_exit(done, 30) == 3
+    slow = subprocess.Popen(["sleep", "30"])
+    try:
+        with pytest.raises(subprocess.TimeoutExpired):
+            c_build._wait_exit(slow, 0.2)
+    finally:
+        slow.kill()
+        slow.wait()

@@ -367,6 +367,14 @@ class CRenderer:
         extent = self.affine(node.extent)
         first = "0" if node.start is None else self.affine(node.start)
         lines.append(f"{pad}for (int64_t {var} = {first}; {var} < {extent}; {var} += {tile}) {{")
+        if not node.constant_full:
+            lines.append(f"{pad}  const int64_t {count} = {extent} - {var} < {tile} ? "
+                         f"{extent} - {var} : {tile};")
+            lines += self.block(node.body, depth + 1)
+            lines.append(pad + "}")
+            if entered:
+                self.in_parallel = False
+            return lines
         # full tiles see a constant lane count, so the accumulators stay in registers
         lines.append(f"{pad}  if ({extent} - {var} >= {tile}) {{")
         lines.append(f"{pad}    const int64_t {count} = {tile};")

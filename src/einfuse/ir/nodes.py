@@ -271,8 +271,10 @@ class CombineLanes(Stmt):
 @dataclass(frozen=True)
 class TiledLoop(Stmt):
     """``for var in range(0, extent, tile)`` (from ``start`` when given) with ``count`` =
-    lanes in this tile (``tile`` in full tiles, the remainder in the last); renderers
-    may emit the body twice so that full tiles see a constant count."""
+    lanes in this tile (``tile`` in full tiles, the remainder in the last).  With
+    ``constant_full`` renderers may emit the body twice so that full tiles see a
+    constant count (register lanes, unrolled rows); without it the count only bounds an
+    inner loop, and one copy of the body is all the compile time it is worth."""
     var: str
     extent: Affine
     tile: int
@@ -280,6 +282,7 @@ class TiledLoop(Stmt):
     kind: str
     body: Tuple[Stmt, ...]
     start: Optional[Affine] = None
+    constant_full: bool = True
 
 
 @dataclass(frozen=True)

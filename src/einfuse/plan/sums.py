@@ -92,7 +92,8 @@ class BlockedSums:
                              "reduction", tuple(body), start=Affine.var(first))
         block = ir.TiledLoop(first, self.extent(index), lanes * LANE_TILES, size, "reduction",
                              (ir.DeclareAcc(partial, "sum", lanes=lanes), tiles,
-                              ir.Fold(totals, errors, partial, lanes=lanes)))
+                              ir.Fold(totals, errors, partial, lanes=lanes)),
+                             constant_full=False)
         large = (ir.DeclareAcc(totals, "sum", lanes=lanes),
                  ir.DeclareAcc(errors, "sum", lanes=lanes), ir.DeclareAcc(error, "sum")) + \
             self.outer_reduction_loops([n for n in order if n != index], block) + \
@@ -113,7 +114,7 @@ class BlockedSums:
                         "reduction", innermost(partial), start=Affine.var(first))
         chunk = ir.TiledLoop(first, self.extent(index), CHAIN_BLOCK, size, "reduction",
                              (ir.DeclareAcc(partial, "sum", **shape), inner,
-                              ir.Fold(acc, error, partial, **shape)))
+                              ir.Fold(acc, error, partial, **shape)), constant_full=False)
         large = (ir.DeclareAcc(error, "sum", **shape),) + \
             self.outer_reduction_loops([n for n in order if n != index], chunk) + \
             (ir.Compensate(acc, error, **shape),)
