@@ -69,6 +69,37 @@ def test_a_gather_out_of_bounds_is_still_caught_on_the_second_call():
         k(W=W, idx=np.array([0, 7]))
 
 
+@pytest.mark.parametrize("bounds", ["check", "promise", "clip"])
+@pytest.mark.parametrize("rows", [3, 40, 300])     # tested per value; min/max pass first
+def test_prepared_gathers_follow_their_index_values(bounds, rows, bind_count):
+    """Gathers of every size repeat without binding while their index values are in
+    range; a value out of range on a later call gets the full path's error (check and
+    promise), or its clipped read (clip); nested gathers and empty index arrays too."""
+    statement = "E[b,d] := W[idx[jdx[b]], d]"
+    k = ef.compile(statement, backend="c", bounds=bounds)
+    rng = np.random.default_rng(rows)
+    W = rng.standard_normal((50, 64))
+    for _ in range(3):
+        idx, jdx = rng.integers(0, 50, 20), rng.integers(0, 20, rows)
+        np.testing.assert_array_equal(k(W=W, idx=idx, jdx=jdx), W[idx[jdx]])
+    assert len(bind_count) == 1
+    bad = idx.copy()
+    bad[int(jdx[-1])] = 50                                  # read by the last row
+    if bounds == "clip":
+        np.testing.assert_array_equal(k(W=W, idx=bad, jdx=jdx), W[np.clip(bad, 0, 49)[jdx]])
+    else:
+        with pytest.raises(ef.EinfuseError, match="50"):
+            k(W=W, idx=bad, jdx=jdx)
+    unread = idx.copy()
+    unread[np.setdiff1d(np.arange(20), jdx)[:1]] = 99       # never read: no error (where
+    if len(np.setdiff1d(np.arange(20), jdx)):                # some entry is unread)
+        np.testing.assert_array_equal(k(W=W, idx=unread, jdx=jdx), W[unread[jdx]])
+    for _ in range(2):     # in range again: the prepared runner serves it
+        np.testing.assert_array_equal(k(W=W, idx=idx, jdx=jdx), W[idx[jdx]])
+    empty = ef.compile("E[b,d] := W[idx[b], d]", backend="c", bounds=bounds)
+    assert empty(W=W, idx=np.zeros(0, np.int64)).shape == (0, 64)
+
+
 def test_ein_reuses_its_kernel_and_warns_every_time(bind_count):
     x = np.arange(4.0)
     for _ in range(3):

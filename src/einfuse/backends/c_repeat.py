@@ -22,7 +22,7 @@ import numpy as np
 from ..errors import BackendError
 from ..plan import buffer_slots, call_arguments, unit_axis
 from ..plan.contraction import PreparedContraction, prepare_contraction
-from ..plan.gathers import unsigned_slots
+from ..plan.gathers import array_extremes, gather_spans, spans_in_range, unsigned_slots
 from . import c_call
 from .c_backend import _blas_contraction, _buffers, _pack_for_lanes, kernel_functions, \
     output_dtype
@@ -39,10 +39,11 @@ class PreparedRunner:
     dtype: np.dtype
 
 
-# Gathers are prepared below this much work: their prepared kernel tests every index
-# value (the full path's kernel skips the tests where one min/max pass found the index
-# arrays in range, which vectorises better: larger gathers keep that path).
-GATHER_WORK_PREPARED = 1 << 15
+# Below this much work a gather's prepared kernel tests every index value itself; from
+# it on (where the tests would cost more than one min/max pass per index array, and
+# keep the copy loop from vectorising) the runner makes that pass per call and runs the
+# kernel without tests, as the full path does.
+GATHER_WORK_PREPARED = 1 << 11
 
 
 class GatherFlagged(BackendError):
@@ -55,8 +56,14 @@ def repeat_runner(call) -> Optional[PreparedRunner]:
     shapes, dtypes and strides by name, or None where the arguments depend on data."""
     spec = call.spec
     gathers = any(t.as_index for t in spec.tensors)
-    if gathers and call.bounds.points >= GATHER_WORK_PREPARED:
-        return None
+    mode, spans = (_checking_mode(call) if gathers else None), None
+    if gathers and call.bounds.points >= GATHER_WORK_PREPARED and \
+            call.options.bounds in ("check", "promise"):
+        if unsigned_slots(call):
+            return None
+        # the full path's kernel, which tests no index value, behind the same min/max
+        # pass per index array (a few us against the gather's work)
+        mode, spans = "verified", gather_spans(call)
     # Python floats only (their values fill the doubles per call); an int parameter can
     # decide the working dtype and is checked against it, so it takes the full path
     if any(type(call.params.get(name)) is not float for name in spec.params) or \
@@ -75,8 +82,7 @@ def repeat_runner(call) -> Optional[PreparedRunner]:
     buffers = _buffers(call) + [np.empty(shape, dtype=out_dtype)]
     if buffers[-1].size == 0:
         return None
-    plan, functions = kernel_functions(call, [unit_axis(b) for b in buffers],
-                                       _checking_mode(call) if gathers else None)
+    plan, functions = kernel_functions(call, [unit_axis(b) for b in buffers], mode)
     if _pack_for_lanes(call, plan, list(buffers)):
         return None
     ints, doubles, integers = call_arguments(plan, call, buffers)
@@ -98,6 +104,9 @@ def repeat_runner(call) -> Optional[PreparedRunner]:
         """This call's inputs in the working dtype and its output, the addresses of the
         runtime arrays, and the array holding this call's parameter values (its own:
         thread-safe), which must stay alive while the kernel runs."""
+        if spans is not None and not spans_in_range(
+                spans, lambda name: array_extremes(named[name])):
+            raise GatherFlagged("an index value out of bounds")
         arrays = tuple(named[name].astype(dtype, copy=False)
                        for name, dtype in zip(names, dtypes)) + (np.empty(shape, out_dtype),)
         if not params:

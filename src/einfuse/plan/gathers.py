@@ -22,6 +22,8 @@ from __future__ import annotations
 
 import functools
 import math
+from dataclasses import dataclass
+from typing import Callable, Dict, Optional, Tuple
 
 import numpy as np
 
@@ -152,29 +154,61 @@ def _magnitude(gathered, dtypes, fills: bool, fill: float) -> int:
     return largest
 
 
+@dataclass(frozen=True)
+class GatherSpan:
+    """One gathered subscript of an access: ``low``..``high`` is its affine part's span
+    over the call's ranges, ``gathers`` its (index array, coefficient) terms, ``extent``
+    the length of the axis it reads.  All of it depends on shapes only."""
+    low: int
+    high: int
+    gathers: Tuple[Tuple[str, int], ...]
+    extent: int
+
+
+def gather_spans(call) -> Tuple[GatherSpan, ...]:
+    """The gathered subscripts of ``call``'s statement, for :func:`spans_in_range`."""
+    ranges = call.bounds.range_map
+    spans = []
+    for access in accesses(call.spec.rhs):
+        for axis, sub in enumerate(access.indices):
+            if sub.gathers:
+                low, high = subscript_span(IndexExpr(sub.terms, (), sub.constant), ranges)
+                spans.append(GatherSpan(low, high, tuple((g.tensor, c) for g, c in sub.gathers),
+                                        call.arrays.shapes[access.tensor][axis]))
+    return tuple(spans)
+
+
+def spans_in_range(spans: Tuple[GatherSpan, ...],
+                   extremes: Callable[[str], Optional[Tuple[int, int]]]) -> bool:
+    """True when every span stays inside its axis for any value the index arrays hold,
+    ``extremes(name)`` giving an index array's (min, max), or None when it is empty (an
+    access through it reads nothing).  Each array's extremes are asked for once."""
+    found: Dict[str, Optional[Tuple[int, int]]] = {}
+    for span in spans:
+        low, high = span.low, span.high
+        reads = True
+        for name, coeff in span.gathers:
+            if name not in found:
+                found[name] = extremes(name)
+            if found[name] is None:
+                reads = False
+                break
+            g_low, g_high = (coeff * v for v in found[name])
+            low, high = low + min(g_low, g_high), high + max(g_low, g_high)
+        if reads and (low < 0 or high >= span.extent):
+            return False
+    return True
+
+
 def gathers_in_range(call) -> bool:
     """True when every gathered subscript stays inside its axis for any value the index
     arrays hold (a conservative bound: whole index arrays, whole index ranges)."""
-    ranges = call.bounds.range_map
-    extremes = {}
-    for access in accesses(call.spec.rhs):
-        for axis, sub in enumerate(access.indices):
-            if not sub.gathers:
-                continue
-            low, high = subscript_span(IndexExpr(sub.terms, (), sub.constant), ranges)
-            reads = True
-            for gathered, coeff in sub.gathers:
-                name = gathered.tensor
-                if name not in extremes:
-                    extremes[name] = _extremes(call, name)
-                if extremes[name] is None:
-                    reads = False   # an empty index array: this access reads nothing
-                    break
-                g_low, g_high = (coeff * v for v in extremes[name])
-                low, high = low + min(g_low, g_high), high + max(g_low, g_high)
-            if reads and (low < 0 or high >= call.arrays.shapes[access.tensor][axis]):
-                return False
-    return True
+    return spans_in_range(gather_spans(call), lambda name: _extremes(call, name))
+
+
+def array_extremes(values: np.ndarray) -> Optional[Tuple[int, int]]:
+    """(min, max) of an integer ndarray, or None when it is empty."""
+    return (int(values.min()), int(values.max())) if values.size else None
 
 
 def _extremes(call, name: str):
@@ -189,8 +223,7 @@ def _extremes(call, name: str):
             return _uint64_extremes(source.view(torch.int64))
         low, high = source.aminmax()
         return int(low), int(high)
-    values = call.arrays[name]
-    return (int(values.min()), int(values.max())) if values.size else None
+    return array_extremes(call.arrays[name])
 
 
 def _uint64_extremes(bits):
