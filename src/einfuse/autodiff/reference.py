@@ -241,7 +241,10 @@ class _NumpyOps:
 
     @staticmethod
     def add_at(target, positions, values, keep):
-        np.add.at(target, tuple(p[keep] for p in positions), values[keep])
+        where = tuple(p[keep] for p in positions)
+        from ..backends.c_scatter import scatter_flat     # compiled where it applies
+        if not scatter_flat(target, where, values[keep]):
+            np.add.at(target, where, values[keep])
         return target
 
 

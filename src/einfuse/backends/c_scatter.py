@@ -1,4 +1,5 @@
-"""Row scatter-add, ``target[where[n], :] += rows[n, :]``, as one fixed C kernel.
+"""Row scatter-add, ``target[where[n], :] += rows[n, :]``, as one fixed C kernel, and
+any other scatter-add of a gradient (:func:`scatter_flat`) as a serial compiled loop.
 
 The gradient of a gather (``dW[idx[b], d] += dE[b, d]``) adds rows that may collide.
 Threads split the columns, not the rows, so no two threads ever write the same element
@@ -37,6 +38,12 @@ void NAME(T *target, const T *rows, const int64_t *where, int64_t n, int64_t wid
 }
 SCATTER(einfuse_scatter_rows_f32, float)
 SCATTER(einfuse_scatter_rows_f64, double)
+#define SCATTER_FLAT(NAME, T) \
+void NAME(T *target, const T *values, const int64_t *where, int64_t n) { \
+  for (int64_t k = 0; k < n; ++k) target[where[k]] += values[k]; \
+}
+SCATTER_FLAT(einfuse_scatter_flat_f32, float)
+SCATTER_FLAT(einfuse_scatter_flat_f64, double)
 """
 
 # Below this many elements the NumPy path is as fast and needs no compiler.
@@ -60,6 +67,30 @@ def scatter_rows(target: np.ndarray, rows: np.ndarray, where: np.ndarray) -> Non
     function(ctypes.c_void_p(target.ctypes.data), ctypes.c_void_p(rows.ctypes.data),
              ctypes.c_void_p(where.ctypes.data), ctypes.c_int64(rows.shape[0]),
              ctypes.c_int64(rows.shape[1]), ctypes.c_int(0))
+
+
+def scatter_flat(target: np.ndarray, positions, values: np.ndarray) -> bool:
+    """``np.add.at(target, positions, values)`` (``positions`` a tuple of in-range
+    integer arrays of ``values``' shape, one per axis of ``target``) as one compiled
+    loop over the values in their order, which is np.add.at's: the same bits.  False
+    (nothing done) where it does not apply: not float32/float64, values of another
+    dtype (np.add.at would round their sum differently), not C-contiguous, no values,
+    no compiler."""
+    kind = {np.dtype(np.float32): "f32", np.dtype(np.float64): "f64"}.get(target.dtype)
+    if kind is None or values.dtype != target.dtype or values.size == 0 or \
+            not target.flags.c_contiguous or \
+            not target.flags.writeable or c_build.find_compiler() is None:
+        return False
+    flat = np.ravel_multi_index(tuple(np.asarray(p, dtype=np.int64) for p in positions),
+                                target.shape) if target.ndim else \
+        np.zeros(values.shape, np.int64)
+    flat = np.ascontiguousarray(flat, dtype=np.int64).reshape(-1)
+    values = np.ascontiguousarray(values).reshape(-1)
+    function = getattr(c_build.load(_SOURCE), f"einfuse_scatter_flat_{kind}")
+    function.restype = None
+    function(ctypes.c_void_p(target.ctypes.data), ctypes.c_void_p(values.ctypes.data),
+             ctypes.c_void_p(flat.ctypes.data), ctypes.c_int64(flat.size))
+    return True
 
 
 def _scatter_rows_numpy(target: np.ndarray, rows: np.ndarray, where: np.ndarray) -> None:
