@@ -26,9 +26,11 @@ pytestmark = pytest.mark.skipif(c_build.find_compiler() is None, reason="needs a
 
 
 @pytest.fixture(autouse=True)
-def on_the_cpu():
+def on_the_cpu(monkeypatch):
     """The FFI route is the CPU platform's: where JAX's default device is a GPU, these
-    tests place everything on the CPU."""
+    tests place everything on the CPU (and a caller's EINFUSE_JIT_CALLBACK is not
+    theirs)."""
+    monkeypatch.delenv(jit_ffi.FORCE_CALLBACK, raising=False)
     with jax.default_device(jax.devices("cpu")[0]):
         yield
 
