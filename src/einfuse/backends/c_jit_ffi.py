@@ -20,10 +20,11 @@ What the handler does with a call frame, in order:
 4. lays out the entry's ``void **`` argument array from XLA's buffers and the
    kernel's constant arrays (held by Python), in the entry's own order;
 5. runs the entry -- a batched one with OpenMP's default team, unless another einfuse
-   kernel called from XLA holds a parallel region (XLA runs independent operations on
-   several threads of its pool): then on the calling thread, so that teams never
-   multiply -- and turns a failure (an intermediate that could not be allocated) into
-   an XLA error carrying einfuse's message for that kernel.
+   kernel called from XLA (this handler's or the statement handler's: they share one
+   flag) holds a parallel region (XLA runs independent operations on several threads
+   of its pool): then on the calling thread, so that teams never multiply -- and
+   turns a failure (an intermediate that could not be allocated) into an XLA error
+   carrying einfuse's message for that kernel.
 
 Nothing here imports JAX: the caller passes the header path and the jaxlib version."""
 
@@ -66,7 +67,10 @@ typedef struct ef_record {
 
 #define EF_BUCKETS 1024
 static ef_record *ef_table[EF_BUCKETS];
-static int ef_busy = 0;
+static int ef_own_busy = 0;
+static int *ef_busy = &ef_own_busy;   /* the statement handler's, once lent (at load) */
+
+void einfuse_jit_share_busy(int *flag) { if (flag) ef_busy = flag; }
 
 static ef_record *ef_find(int64_t token) {
   ef_record *r = __atomic_load_n(&ef_table[(uint64_t)token % EF_BUCKETS], __ATOMIC_ACQUIRE);
@@ -200,9 +204,9 @@ XLA_FFI_Error *einfuse_jit_handler(XLA_FFI_CallFrame *frame) {
   }
   int failed;
   if (r->takes_threads) {
-    int team = !__atomic_exchange_n(&ef_busy, 1, __ATOMIC_ACQUIRE);
+    int team = !__atomic_exchange_n(ef_busy, 1, __ATOMIC_ACQUIRE);
     failed = ((ef_team_entry)r->entry)(args, team ? 0 : 1);
-    if (team) __atomic_store_n(&ef_busy, 0, __ATOMIC_RELEASE);
+    if (team) __atomic_store_n(ef_busy, 0, __ATOMIC_RELEASE);
   } else {
     failed = ((ef_plain_entry)r->entry)(args);
   }
@@ -254,6 +258,16 @@ def support_library(header: str, version: str) -> ctypes.CDLL:
         ctypes.POINTER(ctypes.c_int64), ctypes.c_int64, ctypes.c_int64,
         ctypes.POINTER(ctypes.c_int64), ctypes.POINTER(ctypes.c_void_p), ctypes.c_int64,
         ctypes.c_char_p]
+    # one flag for both handlers, so that a statement kernel and a batched ef.jit kernel
+    # that XLA runs at the same time do not both start an OpenMP team
+    from .c_ffi import support_library as statement_support
+    try:
+        statements = statement_support(header, version)
+    except c_build.CompileError:
+        return library          # each handler keeps its own flag
+    statements.einfuse_ffi_busy_flag.restype = ctypes.c_void_p
+    library.einfuse_jit_share_busy.argtypes = [ctypes.c_void_p]
+    library.einfuse_jit_share_busy(statements.einfuse_ffi_busy_flag())
     return library
 
 
