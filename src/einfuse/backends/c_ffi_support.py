@@ -56,6 +56,10 @@ typedef int64_t (*ef_reporter)(int64_t token, void **args, int64_t count, char *
 static ef_reporter ef_report = 0;
 static int ef_busy = 0;
 
+/* the flag, lent to the ef.jit handler (backends/c_jit_ffi.py): one parallel region at
+   a time among all the einfuse kernels that XLA calls */
+int *einfuse_ffi_busy_flag(void) { return &ef_busy; }
+
 void einfuse_ffi_set_reporter(void *fn) {
   __atomic_store_n(&ef_report, (ef_reporter)fn, __ATOMIC_RELEASE);
 }

@@ -90,7 +90,9 @@ def seed_case(steps: int = 8000, hidden: int = 12, chains: int = 0, kind: str = 
 def jit_cases(quick: bool = False) -> List[Case]:
     if quick:
         return [seed_case(500), seed_case(100, 8, chains=8), seed_case(200, kind="grad")]
-    return [seed_case(), seed_case(2000, 32, chains=256), seed_case(kind="grad")]
+    from .jit_call_cases import jit_call_cases
+    return [seed_case(), seed_case(2000, 32, chains=256), seed_case(kind="grad")] + \
+        jit_call_cases()
 
 
 

@@ -202,4 +202,6 @@ def explain_function(fn, args, kwargs) -> str:
     compiled = jitted.compiled(*args, **kwargs)
     if hasattr(compiled, "explain"):       # split by fallback=True
         return compiled.explain()
-    return explain_program(compiled.program, getattr(jitted.fn, "__name__", "fn"))
+    from ..runtime.jit_ffi import route_lines
+    return "\n".join([explain_program(compiled.program, getattr(jitted.fn, "__name__", "fn")),
+                      "", *route_lines(compiled)])

@@ -4,8 +4,10 @@ compiled into one C kernel (``backends/c_loops.py``), called once per call.
 How it composes with JAX (programs.md section 2):
 
 * eager call on concrete arrays: the kernel runs directly on NumPy views of the inputs;
-* under ``jax.jit``: the kernel is a ``jax.pure_callback`` (the host runs it, one call
-  per call of the function, however many loop steps it has);
+* under ``jax.jit`` on the CPU: the kernel is an XLA FFI custom call, run by XLA inside
+  its executable (``runtime/jit_ffi.py``); a ``jax.pure_callback`` where that route is
+  not available, and for arrays of other platforms (one call per call of the function,
+  however many loop steps it has);
 * gradients (``jax.grad``, ``jax.vjp``, ``jax.value_and_grad``): the call is a
   ``jax.custom_vjp`` whose backward pass is the jaxpr of ``jax.vjp(fn)`` - forward
   recomputation and the transposed loops - converted and compiled the same way, as one
@@ -65,23 +67,6 @@ def allocate_outputs(out_avals, name: str):
                               "memory") from None
 
 
-def callback_kernel(host, out_avals, vmapped):
-    """``host`` (NumPy arrays in, a tuple of NumPy arrays out) as a JAX callable whose
-    ``jax.vmap`` is ``vmapped(size, which arguments are batched).kernel`` -- one more
-    kernel with the batch inside, not a callback per element."""
-    structs = tuple(jax.ShapeDtypeStruct(a.shape, a.dtype) for a in out_avals)
-
-    @jax.custom_batching.custom_vmap
-    def kernel(*leaves):
-        return tuple(jax.pure_callback(host, structs, *leaves, vmap_method="sequential"))
-
-    @kernel.def_vmap
-    def batched(axis_size, in_batched, *leaves):
-        outs = vmapped(int(axis_size), tuple(bool(b) for b in in_batched)).kernel(*leaves)
-        return tuple(outs), tuple(True for _ in outs)
-    return kernel
-
-
 class CompiledFunction:
     """One flat function (leaves in, list of leaves out) for one signature: its jaxpr,
     program and kernel, and the JAX-callable forms of it."""
@@ -106,14 +91,19 @@ class CompiledFunction:
         import ctypes
         inputs = [np.ascontiguousarray(a, dtype=aval.dtype)
                   for a, aval in zip(arrays, self.in_avals)]
-        inputs += [np.ascontiguousarray(array) for _, array in self.program.constants]
         outputs = allocate_outputs(self.out_avals, self.name)
-        pointers = (ctypes.c_void_p * (len(inputs) + len(outputs)))(
-            *[a.ctypes.data for a in inputs + outputs])
+        arguments = self.entry_arguments(inputs, outputs)
+        pointers = (ctypes.c_void_p * len(arguments))(*[a.ctypes.data for a in arguments])
         if self.entry(pointers) != 0:
             raise AllocationError(f"the kernel of {self.name} could not allocate its "
                                   "intermediates")
         return tuple(outputs)
+
+    def entry_arguments(self, inputs, outputs) -> list:
+        """The entry's ``void **`` arguments in order: the inputs, the program's constant
+        arrays, the outputs (the XLA handler lays XLA's buffers out by this too)."""
+        constants = [np.ascontiguousarray(array) for _, array in self.program.constants]
+        return list(inputs) + constants + list(outputs)
 
     def run(self, leaves):
         """Outputs as JAX arrays: directly on concrete arrays, else through JAX."""
@@ -123,7 +113,8 @@ class CompiledFunction:
 
     # -- JAX forms ------------------------------------------------------------------------------
     def _kernel_call(self):
-        return callback_kernel(self.host, self.out_avals, self.batched)
+        from .jit_ffi import kernel_call
+        return kernel_call(self, self.batched)
 
     def _differentiable(self):
         self.kernel = self._kernel_call()

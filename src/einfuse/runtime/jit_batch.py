@@ -19,7 +19,7 @@ import numpy as np
 
 from ..errors import AllocationError, EinfuseTypeError
 from ..frontends.jaxpr import JaxprConversionError
-from .jit import allocate_outputs, callback_kernel
+from .jit import allocate_outputs
 
 _lock = threading.Lock()
 
@@ -71,19 +71,24 @@ class BatchedFunction:
                 raise EinfuseTypeError(f"{self.name} takes an argument of shape "
                                        f"{aval.shape}, not {array.shape}")
             inputs.append(array)
-        constants = [np.ascontiguousarray(array) for array in self.constants]
         outputs = allocate_outputs(self.out_avals, self.name)
-        # blocks: arguments, outputs, constants; elements: arguments, constants, outputs
-        arrays = inputs + outputs + constants if self.blocks is not None else \
-            inputs + constants + outputs
+        arrays = self.entry_arguments(inputs, outputs)
         pointers = (ctypes.c_void_p * len(arrays))(*[a.ctypes.data for a in arrays])
         if self.entry(pointers, 0) != 0:
             raise AllocationError(f"the kernel of {self.name} could not allocate its "
                                   "intermediates")
         return tuple(outputs)
 
+    def entry_arguments(self, inputs, outputs) -> list:
+        """The entry's arguments in order (the XLA handler lays them out by this too)."""
+        constants = [np.ascontiguousarray(array) for array in self.constants]
+        # blocks: arguments, outputs, constants; elements: arguments, constants, outputs
+        return list(inputs) + list(outputs) + constants if self.blocks is not None else \
+            list(inputs) + constants + list(outputs)
+
     def _kernel_call(self):
-        return callback_kernel(self.host, self.out_avals, self.nested)
+        from .jit_ffi import kernel_call
+        return kernel_call(self, self.nested)
 
     def nested(self, size: int, in_batched: Tuple[bool, ...]) -> "BatchedFunction":
         """This function vmapped once more: a new outermost batch level."""

@@ -127,8 +127,10 @@ class SplitFunction:
             lines.append("")
             if part.compiled is not None:
                 lines.append(f"Part {number}: einfuse kernel")
+                from .jit_ffi import route_lines
                 lines += ["  " + line for line in
-                          explain_program(part.compiled.program, f"part {number}").split("\n")]
+                          explain_program(part.compiled.program, f"part {number}").split("\n")
+                          + [""] + route_lines(part.compiled)]
             else:
                 lines.append(f"Part {number}: run by JAX (the split falls here)")
                 lines += [f"  {text}" for text in part.equations]
