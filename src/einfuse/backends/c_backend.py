@@ -112,7 +112,7 @@ def _pack_for_lanes(call, plan, buffers: List[np.ndarray]) -> bool:
     contiguous vector instead of gathering (gauss: y[j, d] walked along j).  Returns
     whether anything was packed."""
     if not plan.lane_indices:
-        return False
+        return plan.mode == "scalar" and _pack_to_tile(call, buffers)
     from ..lang.ast import accesses
     work = call.bounds.points
     slots = buffer_slots(call.spec)
@@ -128,10 +128,29 @@ def _pack_for_lanes(call, plan, buffers: List[np.ndarray]) -> bool:
         for axis, sub in enumerate(access.indices):
             walks = any(dict(sub.terms).get(lane) in (1, -1) for lane in plan.lane_indices)
             if walks and array.shape[axis] > 1 and unit_axis(array) != axis:
-                buffers[slot] = pack_axis(array, axis)
+                buffers[slot] = pack_axis(array, axis, _pack_threads(call, array))
                 packed = True
                 break
-    return packed
+    return packed or _pack_to_tile(call, buffers, plan)
+
+
+def _pack_to_tile(call, buffers: List[np.ndarray], plan=None) -> bool:
+    """Pack (in place in ``buffers``) the inputs whose layout keeps a lane tile off an
+    output index (cdist's y[j, d] read along j), or, given a row-blocked ``plan``, those
+    it reads across its rows along their unit-stride axis (backends/c_lane_layout.py);
+    whether anything was packed."""
+    from .c_lane_layout import packing_for_lanes, packing_for_rows
+    args = (call.spec, tuple(unit_axis(b) for b in buffers), [b.shape for b in buffers],
+            call.bounds.points, lambda layouts: _plan(call, layouts), PACK_WORK_RATIO)
+    packing = packing_for_lanes(*args) if plan is None else packing_for_rows(plan, *args)
+    for slot, axis in (packing or {}).items():
+        buffers[slot] = pack_axis(buffers[slot], axis, _pack_threads(call, buffers[slot]))
+    return bool(packing)
+
+
+def _pack_threads(call, array: np.ndarray) -> int:
+    """A copy's threads, chosen as a kernel's (the cores other tasks leave)."""
+    return thread_count(call.options.threads, array.size)
 
 
 def _run_layouts(call, buffers: List[np.ndarray]) -> Tuple[int, ...]:
