@@ -265,7 +265,8 @@ class CBackend:
         contraction = _blas_contraction(call)
         if contraction is not None:
             return contraction.describe() + " (numpy.matmul), after the needed transposes"
-        plan = _plan(call, _buffers_layout_only(call))
+        layouts, packed = _explained_layouts(call)
+        plan = _plan(call, layouts)
         kernel = plan.program.kernels[0]
         parallel = [n for n in call.spec.output_indices if n in call.spec.race_free_indices]
         rows, lanes = block_for(call.dtypes.working)
@@ -277,6 +278,8 @@ class CBackend:
                         "vectorised lane loop",
                "scalar": "register accumulators per output element, reductions innermost",
                "elementwise": "no reduction, innermost loop vectorised"}[plan.mode]
+        if packed:
+            how += f" (after copying {', '.join(packed)} into a layout the lanes walk)"
         return (f"fused C kernel ({len(kernel.body)} loop nest(s)), OpenMP-parallel over "
                 f"{', '.join(parallel) or 'nothing (scalar result)'}; {how}; compiled "
                 f"{'with' if plan.fast_math else 'without'} reciprocal math")
@@ -288,7 +291,7 @@ def _loop_nest(call):
     if _blas_contraction(call) is not None:
         return None
     from .pseudo_render import render_pseudo
-    plan = _plan(call, _buffers_layout_only(call))
+    plan = _plan(call, _explained_layouts(call)[0])
     kernel = plan.program.kernels[0]
     ranges = call.bounds.range_map
     values = {}
@@ -306,6 +309,23 @@ def _blas_contraction(call):
     if call.options.pad is not None or call.dtypes.working.kind != "f":
         return None
     return match_contraction(call.spec)
+
+
+def _explained_layouts(call) -> Tuple[Tuple[int, ...], Tuple[str, ...]]:
+    """(layouts, names of the inputs packed) of the plan a run takes where packing turns
+    a scalar plan into a lane tile (backends/c_lane_layout.py), decided from shapes
+    without copying anything, for explain."""
+    from .c_lane_layout import packing_for_lanes
+    layouts = tuple(_buffers_layout_only(call))
+    if _plan(call, layouts).mode != "scalar":
+        return layouts, ()
+    slots = buffer_slots(call.spec)
+    shapes = [np.shape(call.arrays[tensor]) for tensor, _ in slots[:-1]]
+    packing = packing_for_lanes(call.spec, layouts, shapes + [tuple(call.output_shape)],
+                                call.bounds.points, lambda trial: _plan(call, trial),
+                                PACK_WORK_RATIO) or {}
+    return (tuple(packing.get(slot, axis) for slot, axis in enumerate(layouts)),
+            tuple(slots[slot][0] for slot in sorted(packing)))
 
 
 def _buffers_layout_only(call) -> List[int]:
