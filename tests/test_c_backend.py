@@ -134,11 +134,18 @@ def test_plans_are_shape_independent():
 
 
 def test_short_extents_are_not_spread_over_lanes():
-    """The one specialisation on sizes: an index shorter than a vector is not tiled."""
+    """The one specialisation on sizes: an index shorter than a vector is not tiled
+    (the other output index, which the loads walk, is: the short one an outer loop)."""
     long = bind("D[i,j] := (w[k,i] - x[k,j])**2", w=np.ones((5, 20)), x=np.ones((5, 30)))
     short = bind("D[i,j] := (w[k,i] - x[k,j])**2", w=np.ones((5, 20)), x=np.ones((5, 3)))
     plans = [c_backend._plan(c, c_backend._buffers_layout_only(c)) for c in (long, short)]
-    assert [p.mode for p in plans] == ["tiled", "scalar"]
+    assert [p.inner for p in plans] == ["j", "i"]
+    assert "j" not in plans[1].lane_indices
+    np.testing.assert_allclose(
+        ef.ein("D[i,j] := (w[k,i] - x[k,j])**2", w=np.arange(100.0).reshape(5, 20),
+               x=np.arange(15.0).reshape(5, 3)),
+        ((np.arange(100.0).reshape(5, 20)[:, :, None] -
+          np.arange(15.0).reshape(5, 3)[:, None, :])**2).sum(0))
 
 
 # -- build and cache ----------------------------------------------------------------------

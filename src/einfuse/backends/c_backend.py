@@ -112,7 +112,7 @@ def _pack_for_lanes(call, plan, buffers: List[np.ndarray]) -> bool:
     contiguous vector instead of gathering (gauss: y[j, d] walked along j).  Returns
     whether anything was packed."""
     if not plan.lane_indices:
-        return False
+        return plan.mode == "scalar" and _pack_to_tile(call, buffers)
     from ..lang.ast import accesses
     work = call.bounds.points
     slots = buffer_slots(call.spec)
@@ -128,10 +128,29 @@ def _pack_for_lanes(call, plan, buffers: List[np.ndarray]) -> bool:
         for axis, sub in enumerate(access.indices):
             walks = any(dict(sub.terms).get(lane) in (1, -1) for lane in plan.lane_indices)
             if walks and array.shape[axis] > 1 and unit_axis(array) != axis:
-                buffers[slot] = pack_axis(array, axis)
+                buffers[slot] = pack_axis(array, axis, _pack_threads(call, array))
                 packed = True
                 break
-    return packed
+    return packed or _pack_to_tile(call, buffers, plan)
+
+
+def _pack_to_tile(call, buffers: List[np.ndarray], plan=None) -> bool:
+    """Pack (in place in ``buffers``) the inputs whose layout keeps a lane tile off an
+    output index (cdist's y[j, d] read along j), or, given a row-blocked ``plan``, those
+    it reads across its rows along their unit-stride axis (backends/c_lane_layout.py);
+    whether anything was packed."""
+    from .c_lane_layout import packing_for_lanes, packing_for_rows
+    args = (call.spec, tuple(unit_axis(b) for b in buffers), [b.shape for b in buffers],
+            call.bounds.points, lambda layouts: _plan(call, layouts), PACK_WORK_RATIO)
+    packing = packing_for_lanes(*args) if plan is None else packing_for_rows(plan, *args)
+    for slot, axis in (packing or {}).items():
+        buffers[slot] = pack_axis(buffers[slot], axis, _pack_threads(call, buffers[slot]))
+    return bool(packing)
+
+
+def _pack_threads(call, array: np.ndarray) -> int:
+    """A copy's threads, chosen as a kernel's (the cores other tasks leave)."""
+    return thread_count(call.options.threads, array.size)
 
 
 def _run_layouts(call, buffers: List[np.ndarray]) -> Tuple[int, ...]:
@@ -246,7 +265,8 @@ class CBackend:
         contraction = _blas_contraction(call)
         if contraction is not None:
             return contraction.describe() + " (numpy.matmul), after the needed transposes"
-        plan = _plan(call, _buffers_layout_only(call))
+        layouts, packed = _explained_layouts(call)
+        plan = _plan(call, layouts)
         kernel = plan.program.kernels[0]
         parallel = [n for n in call.spec.output_indices if n in call.spec.race_free_indices]
         rows, lanes = block_for(call.dtypes.working)
@@ -258,6 +278,8 @@ class CBackend:
                         "vectorised lane loop",
                "scalar": "register accumulators per output element, reductions innermost",
                "elementwise": "no reduction, innermost loop vectorised"}[plan.mode]
+        if packed:
+            how += f" (after copying {', '.join(packed)} into a layout the lanes walk)"
         return (f"fused C kernel ({len(kernel.body)} loop nest(s)), OpenMP-parallel over "
                 f"{', '.join(parallel) or 'nothing (scalar result)'}; {how}; compiled "
                 f"{'with' if plan.fast_math else 'without'} reciprocal math")
@@ -269,7 +291,7 @@ def _loop_nest(call):
     if _blas_contraction(call) is not None:
         return None
     from .pseudo_render import render_pseudo
-    plan = _plan(call, _buffers_layout_only(call))
+    plan = _plan(call, _explained_layouts(call)[0])
     kernel = plan.program.kernels[0]
     ranges = call.bounds.range_map
     values = {}
@@ -287,6 +309,23 @@ def _blas_contraction(call):
     if call.options.pad is not None or call.dtypes.working.kind != "f":
         return None
     return match_contraction(call.spec)
+
+
+def _explained_layouts(call) -> Tuple[Tuple[int, ...], Tuple[str, ...]]:
+    """(layouts, names of the inputs packed) of the plan a run takes where packing turns
+    a scalar plan into a lane tile (backends/c_lane_layout.py), decided from shapes
+    without copying anything, for explain."""
+    from .c_lane_layout import packing_for_lanes
+    layouts = tuple(_buffers_layout_only(call))
+    if _plan(call, layouts).mode != "scalar":
+        return layouts, ()
+    slots = buffer_slots(call.spec)
+    shapes = [np.shape(call.arrays[tensor]) for tensor, _ in slots[:-1]]
+    packing = packing_for_lanes(call.spec, layouts, shapes + [tuple(call.output_shape)],
+                                call.bounds.points, lambda trial: _plan(call, trial),
+                                PACK_WORK_RATIO) or {}
+    return (tuple(packing.get(slot, axis) for slot, axis in enumerate(layouts)),
+            tuple(slots[slot][0] for slot in sorted(packing)))
 
 
 def _buffers_layout_only(call) -> List[int]:

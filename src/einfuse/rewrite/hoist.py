@@ -44,6 +44,7 @@ from typing import Dict, List, Optional, Set, Tuple
 from ..lang.ast import (Access, Expr, IndexExpr, IndexValue, Reduce, Statement, accesses,
                         has_position_reduction, map_children)
 from ..lang.rewrite import names_in
+from .factors import factors
 
 
 @dataclass(frozen=True)
@@ -114,8 +115,8 @@ def _only_plain(index: str, subscripts) -> bool:
     return seen
 
 
-def canonical(reduce: Reduce) -> Reduce:
-    """``reduce`` with its own reduced indices (and those of reductions inside it)
+def canonical(reduce: Expr) -> Expr:
+    """``reduce`` (a reduction, or any expression) with its own reduced indices (and those of reductions inside it)
     renamed by position, so that ``max[k](X[i,k])`` and ``max[l](X[i,l])`` compare
     equal."""
     counter = [0]
@@ -157,20 +158,28 @@ class _Rewriter:
         invariant parts)."""
         if not isinstance(expr, Reduce):
             return map_children(expr, lambda child: self.visit(child, enclosing))
-        inside = enclosing + tuple(i for i in expr.indices if i not in enclosing)
-        reduce = dataclasses.replace(expr, body=self.visit(expr.body, inside))
-        free = free_indices(reduce)
+        free = free_indices(expr)
+        own = tuple(i for i in expr.indices if i not in enclosing)
+        # the loops the body runs in once this reduction is itself hoisted: a factor
+        # invariant only along an index the whole reduction does not depend on is
+        # left to the reduction's own temporary
+        body = factors(self, expr.body, tuple(i for i in enclosing if i in free) + own)
+        reduce = dataclasses.replace(expr, body=self.visit(body, enclosing + own))
         if not free < set(enclosing) or not self._hoistable(reduce, free):
             return reduce
-        key = canonical(reduce)
+        return self.temporary(reduce, tuple(i for i in enclosing if i in free))
+
+    def temporary(self, expr: Expr, order: Tuple[str, ...]) -> Access:
+        """The read of the temporary holding ``expr`` over ``order`` (made, or shared
+        with an equal expression's)."""
+        key = canonical(expr)
         if key not in self.shared:
-            order = tuple(i for i in enclosing if i in free)
             name = self._fresh()
-            self.temporaries.append(Statement(name, order, ":=", reduce))
+            self.temporaries.append(Statement(name, order, ":=", expr))
             self.shared[key] = Access(name, tuple(IndexExpr(((i, 1),)) for i in order))
         return self.shared[key]
 
-    def _hoistable(self, reduce: Reduce, free: Set[str]) -> bool:
+    def _hoistable(self, reduce: Expr, free: Set[str]) -> bool:
         if any(a.tensor == self.statement.output for a in accesses(reduce)):
             return False
         if has_position_reduction(reduce):
@@ -197,7 +206,7 @@ class _Rewriter:
                 return name
 
 
-def _bound(reduce: Reduce) -> Set[str]:
+def _bound(reduce: Expr) -> Set[str]:
     """Every index a reduction binds, its nested reductions' included."""
     found: Set[str] = set()
     for node in reduce.walk():

@@ -7,7 +7,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import warnings
-from typing import Dict, Iterable, Mapping, Tuple
+from typing import Dict, Iterable, Mapping, Optional, Tuple
 
 import numpy as np
 
@@ -53,12 +53,46 @@ def tangent_statement(statement: str, wrt: Tuple[str, ...], key: Tuple):
     return tangent(statement, wrt, _forward_options(key))
 
 
+@functools.lru_cache(maxsize=256)
+def _reads_output(statement: str, key: Tuple, names: Tuple[str, ...]) -> bool:
+    from ..autodiff.reuse import with_output
+    try:
+        return any(with_output(g, statement) is not None for name in names
+                   for g in gradient_statements(statement, name, key))
+    except Exception:      # (derive's own error is raised by the backward that needs it)
+        return False
+
+
+def reads_output(statement: str, options: Options, names: Iterable[str]) -> bool:
+    """Whether a gradient of ``statement`` for one of ``names`` can read the forward's
+    result instead of recomputing it (autodiff/reuse.py): then the forward keeps it."""
+    return _reads_output(statement, options_key(options), tuple(names))
+
+
+def step_kernel(g, values: Mapping[str, object], backend: str, forward: str,
+                output: Optional[str]):
+    """(kernel, its input names) for gather statement ``g`` on ``values``: where
+    ``output`` names the forward's result in ``values``, the statement rewritten to read
+    it (autodiff/reuse.py) if that is exact for these arrays."""
+    from ..autodiff.reference import gradient_kernel, text_kernel
+    if output is not None:
+        from ..autodiff.reuse import applies, options_for, with_output
+        read = with_output(g, forward)
+        if read is not None and read.output == output:
+            options = g.resolve_options(values)
+            if applies(read, options, values.get(output), values, g.inputs):
+                kernel = text_kernel(read.text, options_for(read, options), backend)
+                return kernel, kernel.spec.arg_order
+    return gradient_kernel(g, values, backend), g.inputs
+
+
 def compute_gradients(statement: str, options: Options, arrays: Mapping[str, object],
-                      output_grad, wanted: Iterable[str]) -> Dict[str, object]:
+                      output_grad, wanted: Iterable[str], output=None) -> Dict[str, object]:
     """{name: gradient} for each wanted input; ``arrays`` are the forward's inputs and
     ``output_grad`` the gradient of its output: NumPy arrays and scalars (gradients come
     back as NumPy arrays), or torch tensors or JAX arrays (the gradients come back as such,
-    computed where they are by the chosen backend)."""
+    computed where they are by the chosen backend).  ``output``: the forward's result
+    (a NumPy array), which gradients that recompute it read instead."""
     key = options_key(options)
     result = {}
     for name in wanted:
@@ -67,10 +101,19 @@ def compute_gradients(statement: str, options: Options, arrays: Mapping[str, obj
         # those names (a gradient statement's output is itself d<name>): ask it
         values = dict(arrays)
         values[grads[0].output_grad] = output_grad
-        prepared = _prepared(grads, values, options.backend)
+        forward_output = None
+        if output is not None and grads:
+            forward_output = _spec_output(statement)
+            if forward_output in values or forward_output == grads[0].target:
+                forward_output = None
+            else:
+                values[forward_output] = output
+        prepared = _prepared(grads, values, options.backend, statement, forward_output)
         if prepared is not None:
             result[name] = prepared(values)
             continue
+        if forward_output is not None:
+            del values[forward_output]
         found = run_reference(grads, values, backend=options.backend)
         value = found[grads[0].target]   # a torch/JAX gradient stays in its framework
         result[name] = np.asarray(value) if framework_of(value) == NUMPY else value
@@ -84,10 +127,15 @@ _PREPARED: Dict[Tuple, Tuple[object, object]] = {}
 _PREPARED_KEPT = 512
 
 
-def _prepared(grads, values, backend: str):
+def _spec_output(statement: str) -> str:
+    from .kernel import _spec_for
+    return _spec_for(statement).output
+
+
+def _prepared(grads, values, backend: str, forward: str, output: Optional[str]):
     if not grads:
         return None
-    signature = [id(grads), backend]
+    signature = [id(grads), backend, output]
     # every array's shape and dtype: forward ranges, coverage and options follow them
     for name in sorted(values):
         value = values[name]
@@ -100,11 +148,11 @@ def _prepared(grads, values, backend: str):
     key = tuple(signature)
     found = _PREPARED.get(key)
     if found is None:
-        from ..autodiff.reference import gradient_kernel, statements_to_run
+        from ..autodiff.reference import statements_to_run
         todo = statements_to_run(grads, values)
         run = None       # scatters: run_reference's general path, every time
         if all(g.kind == "gather" for g in todo):
-            steps = tuple((gradient_kernel(g, values, backend), g.inputs) for g in todo)
+            steps = tuple(step_kernel(g, values, backend, forward, output) for g in todo)
 
             def run(values):
                 total = None

@@ -49,6 +49,8 @@ class _Forward:
     names: Tuple[str, ...]
     run_forward: Callable[[], object]
     on_device: bool
+    # a gradient reads the forward's result (autodiff/reuse.py): the node saves it
+    keeps_output: bool = False
 
 
 class EinfuseFunction(torch.autograd.Function):
@@ -63,17 +65,18 @@ class EinfuseFunction(torch.autograd.Function):
         # gradient statements would read the new values: a wrong gradient)
         others = [value for name, value in state.sources.items()
                   if isinstance(value, torch.Tensor) and name not in state.names]
-        ctx.save_for_backward(*inputs, *others)
         result = state.run_forward()
-        if isinstance(result, torch.Tensor):   # already a tensor on its device
-            return result
-        return torch.from_numpy(contiguous(result)).to(inputs[0].device)
+        if not isinstance(result, torch.Tensor):   # (else already a tensor on its device)
+            result = torch.from_numpy(contiguous(result)).to(inputs[0].device)
+        ctx.save_for_backward(*inputs, *others, *([result] if state.keeps_output else []))
+        return result
 
     @staticmethod
     def backward(ctx, grad_output):
         state = ctx.state
         names = state.names
         wanted = [name for name, needed in zip(names, ctx.needs_input_grad[1:]) if needed]
+        output = None
         if torch.is_grad_enabled():
             # create_graph=True: the statements run on the tensors that carry the
             # graph (the saved inputs, grad_output), so torch records them in turn
@@ -86,8 +89,10 @@ class EinfuseFunction(torch.autograd.Function):
             grad = grad_output.detach()
         else:           # C / NumPy kernels on host arrays (no copy on the CPU)
             arrays, grad = dict(state.arrays()), to_numpy(grad_output)
+            if state.keeps_output:
+                output = to_numpy(ctx.saved_tensors[-1])
         found = gradients.compute_gradients(state.statement, state.options, arrays,
-                                            grad, wanted)
+                                            grad, wanted, output)
         return (None,) + input_gradients(found, names, ctx.saved_tensors)
 
 
@@ -109,7 +114,9 @@ def apply(kernel, call, run_forward, backend_name: str):
         found = dict(call.arrays)
         found.update(call.params)
         return found
+    on_device = backend_name == "triton"
     state = _Forward(kernel.statement, call.options, call.sources, arrays, names,
-                     run_forward, backend_name == "triton")
+                     run_forward, on_device, not on_device and
+                     gradients.reads_output(kernel.statement, call.options, names))
     return EinfuseFunction.apply(state, *tensors)
 

@@ -79,19 +79,27 @@ class PreparedAutograd:
         self.saved = saved             # every tensor passed to apply (recorded first)
         self.run_forward = run_forward  # NumPy arrays by name -> the result (NumPy)
         self.shapes = shapes           # recorded name -> (shape, torch dtype)
+        # a gradient reads the forward's result (autodiff/reuse.py): the node saves it
+        self.keeps_output = gradients.reads_output(self.statement, options, recorded)
+        self.output = kernel.spec.output
         self._layouts: Dict[Tuple, Tuple[PreparedGradient, ...]] = {}
         self._lock = threading.Lock()
 
-    def gradients(self, arrays: Mapping[str, object], grad_output: torch.Tensor):
-        """The gradient of every recorded input, as tensors (autograd mode off)."""
+    def gradients(self, arrays: Mapping[str, object], grad_output: torch.Tensor,
+                  output: Optional[np.ndarray] = None):
+        """The gradient of every recorded input, as tensors (autograd mode off);
+        ``output``: the forward's result, where ``keeps_output``."""
         try:
             grad = grad_output.numpy()
         except RuntimeError:     # it requires grad, or is a lazily negated view
             grad = grad_output.detach().resolve_neg().resolve_conj().numpy()
+        # (``arrays`` is this call's own dict, made by its forward: dOUT and the
+        # forward's result may go into it)
+        if output is not None:
+            arrays[self.output] = output
         plans = self._layouts.get((grad.strides, grad.dtype))
         if plans is None:
             plans = self._prepare(arrays, grad)
-        # (``arrays`` is this call's own dict, made by its forward: dOUT may go into it)
         found = []
         for plan in plans:
             arrays[plan.output_grad] = grad
@@ -99,8 +107,9 @@ class PreparedAutograd:
         return tuple(found)
 
     def _prepare(self, arrays, grad) -> Tuple[PreparedGradient, ...]:
-        from ..autodiff.reference import gradient_kernel, statements_to_run
+        from ..autodiff.reference import statements_to_run
         key = gradients.options_key(self.options)
+        output = self.output if self.keeps_output else None   # (put in arrays then)
         plans = []
         for name in self.recorded:
             grads = gradients.gradient_statements(self.statement, name, key)
@@ -110,8 +119,7 @@ class PreparedAutograd:
             todo = statements_to_run(grads, values) if grads else []
             shape, dtype = self.shapes[name]
             if todo:
-                steps = tuple(_step(g, gradient_kernel(g, values, self.options.backend),
-                                    values) for g in todo)
+                steps = tuple(self._step(g, values, output) for g in todo)
                 compute = _gradient(steps, values, shape, dtype)
             else:       # no statement: the general path says why, every call
                 compute = self._general(name, output_grad, shape, dtype)
@@ -122,6 +130,17 @@ class PreparedAutograd:
                 self._layouts.clear()
             self._layouts[(grad.strides, grad.dtype)] = plans
         return plans
+
+    def _step(self, g, values, output: Optional[str]) -> "GradientStep":
+        """The step running gradient statement ``g``: a gather reads the forward's
+        result ``output`` where it would recompute it (runtime/gradients.py)."""
+        from ..autodiff.reference import gradient_kernel
+        backend = self.options.backend
+        if g.kind == "gather":
+            kernel, inputs = gradients.step_kernel(g, values, backend, self.statement, output)
+        else:
+            kernel, inputs = gradient_kernel(g, values, backend), g.inputs
+        return _step(g, kernel, inputs, values)
 
     def _general(self, name: str, output_grad: str, shape, dtype):
         def compute(values):
@@ -225,11 +244,10 @@ def _copied(g, values) -> Optional[str]:
     return rhs.tensor
 
 
-def _step(g, kernel, values) -> GradientStep:
-    """Gradient statement ``g``'s kernel for arrays like these: the kernel is called
-    once (which prepares its fast path, runtime/repeat.py) and the runner taken from it,
-    so that later backwards skip even the signature lookup."""
-    inputs = g.inputs
+def _step(g, kernel, inputs, values) -> GradientStep:
+    """Gradient statement ``g``'s kernel (reading ``inputs``) for arrays like these: the
+    kernel is called once (which prepares its fast path, runtime/repeat.py) and the
+    runner taken from it, so that later backwards skip even the signature lookup."""
     named = {name: values[name] for name in inputs}
     kernel(arrays=named)
     signature = signature_of(named)
@@ -258,14 +276,18 @@ class PreparedFunction(torch.autograd.Function):
         # tensors, and the floats), one argument (torch.func's wrapper check walks every
         # argument of apply)
         ctx.state = state
-        ctx.save_for_backward(*tensors)
-        return torch.from_numpy(state[0].run_forward(state[1]))
+        result = torch.from_numpy(state[0].run_forward(state[1]))
+        ctx.save_for_backward(*tensors, *([result] if state[0].keeps_output else []))
+        return result
 
     @staticmethod
     def backward(ctx, grad_output):
         saved = ctx.saved_tensors       # (the version check)
         prepared, arrays = ctx.state
         names = prepared.recorded
+        output = None
+        if prepared.keeps_output:      # (saved last)
+            output, saved = saved[-1], saved[:-1]
         extra = (None,) * (len(saved) - len(names))
         if torch.is_grad_enabled():
             # create_graph=True: the gradient statements run on the tensors that carry
@@ -275,7 +297,9 @@ class PreparedFunction(torch.autograd.Function):
             found = gradients.compute_gradients(prepared.statement, prepared.options,
                                                 values, grad_output, names)
             return (None,) + input_gradients(found, names, saved) + extra
-        return (None,) + prepared.gradients(arrays, grad_output) + extra
+        if output is not None:
+            output = output.detach().numpy()
+        return (None,) + prepared.gradients(arrays, grad_output, output) + extra
 
 
 def repeat_runner(kernel, call, runner):
