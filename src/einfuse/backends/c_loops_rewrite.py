@@ -16,11 +16,19 @@ Both keep every value bit for bit; they only change where values are stored.
   weight gradient (8 x 32 x 32 doubles) this way, 64 KB copied per step.  When the new
   value is one elementwise statement that reads the carry only at its own position, and
   nothing after it in the body reads the carry or the new value, the statement writes
-  the carry directly and the copy goes."""
+  the carry directly and the copy goes.
+* **Vector math outside sums.**  ``out[c] = sum_r sigmoid(h[c, r]) * w[r]`` (the last
+  layer of a vmapped network: a row reduction to one value per chain) calls the vector
+  ``exp`` inside the SIMD sum of each row, 2 or 4 calls per row with the partial sums
+  saved around each call.  The transcendental operand becomes its own statement first,
+  ``tmp[c, r] = sigmoid(h[c, r])``, one flat vector loop over all the rows (as an
+  activation), and the sum reads ``tmp``; each sum adds the same products in the same
+  order."""
 
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Dict, Iterator, List, Optional, Set, Tuple
 
 from ..frontends.jaxpr_ir import (Apply, Assign, Branch, Buffer, Cast, Index, JitProgram,
@@ -30,8 +38,9 @@ MIN_ROW = 8        # output rows shorter than this are not rendered as blocked c
 
 
 def optimise(program: JitProgram) -> JitProgram:
-    """``program`` with both rewrites applied (the same program when neither applies)."""
+    """``program`` with the rewrites applied (the same program when none applies)."""
     program = _transpose_operands(program)
+    program = _vector_math_outside_sums(program)
     return _carries_in_place(program)
 
 
@@ -300,3 +309,85 @@ def _elementwise_over(step: Assign, carry: str, shape: Tuple[int, ...]) -> bool:
             return clean(node.which) and all(clean(c) for c in node.cases)
         return True
     return clean(step.value)
+
+
+# -- vector math outside sums ---------------------------------------------------------------------
+TRANSCENDENTAL = frozenset({
+    "exp", "exp2", "log", "log1p", "expm1", "tanh", "logistic", "sin", "cos", "tan",
+    "asin", "acos", "atan", "sinh", "cosh", "asinh", "acosh", "atanh", "erf", "erfc",
+    "pow", "atan2", "cbrt"})
+MAX_OPERAND = 4096         # elements of a materialised operand (it lives on the stack)
+
+
+def _calls(node: Node) -> bool:
+    if isinstance(node, Apply):
+        return node.op in TRANSCENDENTAL or any(_calls(a) for a in node.args)
+    if isinstance(node, Cast):
+        return _calls(node.arg)
+    if isinstance(node, Select):
+        return _calls(node.which) or any(_calls(c) for c in node.cases)
+    if isinstance(node, Read):
+        return any(_calls(s) for s in node.subscripts)
+    return False
+
+
+def _split_operand(step: Assign, names: _Names) -> Optional[Tuple[Assign, Assign, Buffer]]:
+    """``(tmp := operand, the sum reading tmp, tmp's buffer)`` for a float sum over one
+    index whose product has one operand with vector math in it."""
+    reduction = step.reduction
+    if reduction is None or reduction.op is not ReduceOp.SUM or \
+            len(reduction.indices) != 1 or reduction.indices[0][1] < MIN_ROW:
+        return None
+    body = reduction.body
+    if not isinstance(body, Apply) or body.op != "mul" or not body.dtype.is_float or \
+            len(body.args) != 2:
+        return None
+    heavy = [k for k in (0, 1) if _calls(body.args[k])]
+    if len(heavy) != 1:
+        return None
+    operand = body.args[heavy[0]]
+    reduced = reduction.indices[0]
+    # the operand over the output indices it depends on (loop counters are constants)
+    axes = tuple((n, e) for n, e in step.indices if e > 1 and _mentions(operand, n)) + \
+        (reduced,)
+    if any(_mentions(operand, n) for n, e in step.indices if e == 1) or \
+            math.prod(e for _, e in axes) > MAX_OPERAND:
+        return None
+    buffer = Buffer(names.fresh("ef_op"), tuple(e for _, e in axes), operand.dtype)
+    make = Assign(buffer.name, (), axes, operand,
+                  origin="the vector math of a sum's operand, before the sum")
+    read = Read(buffer.name, tuple(Index(n) for n, _ in axes), operand.dtype)
+    args = (read, body.args[1]) if heavy[0] == 0 else (body.args[0], read)
+    use = dataclasses.replace(step, reduction=dataclasses.replace(
+        reduction, body=dataclasses.replace(body, args=args)))
+    return make, use, buffer
+
+
+def _vector_math_outside_sums(program: JitProgram) -> JitProgram:
+    names = _Names(program)
+    made: List[Buffer] = []
+
+    def walk(steps):
+        out: List[Step] = []
+        for step in steps:
+            if isinstance(step, Assign):
+                split = _split_operand(step, names)
+                if split is not None:
+                    make, step, buffer = split
+                    out.append(make)
+                    made.append(buffer)
+                out.append(step)
+            elif isinstance(step, Loop):
+                out.append(dataclasses.replace(step, condition_steps=walk(
+                    step.condition_steps), body=walk(step.body)))
+            elif isinstance(step, Branch):
+                out.append(dataclasses.replace(step, branches=tuple(
+                    walk(b) for b in step.branches)))
+            else:
+                out.append(step)
+        return tuple(out)
+
+    steps = walk(program.steps)
+    if not made:
+        return program
+    return dataclasses.replace(program, steps=steps, buffers=program.buffers + tuple(made))
