@@ -256,7 +256,8 @@ def _carries_in_place(program: JitProgram) -> JitProgram:
                     reads.get(new, 0) != 1:        # read only by this update
                 continue
             writers = [k for k, s in enumerate(body) if new in set(_step_writes(s))]
-            if len(writers) != 1 or not isinstance(body[writers[0]], Assign):
+            if len(writers) != 1 or not isinstance(body[writers[0]], Assign) or \
+                    any({new, carry} & set(_step_writes(s)) for s in step.condition_steps):
                 continue
             at = writers[0]
             target = body[at]
