@@ -35,6 +35,7 @@ from ..frontends.jaxpr_ir import (Apply, Assign, Branch, Buffer, Cast, Index, Ji
                                   Loop, Node, Read, ReduceOp, ScatterAdd, Select, Step)
 
 MIN_ROW = 8        # output rows shorter than this are not rendered as blocked contractions
+MAX_COPY = 1 << 18  # elements of a transposed copy: a weight, not a stack of residuals
 
 
 def optimise(program: JitProgram) -> JitProgram:
@@ -164,7 +165,8 @@ def _transposable(step: Assign, shape_of) -> Optional[Tuple[Read, int]]:
                 column.name not in reduced or _mentions(x, last) or \
                 any(_mentions(s, last) or _mentions(s, column.name) for s in others):
             continue
-        if shape_of(y.buffer)[-1] < 2:
+        shape = shape_of(y.buffer)
+        if shape[-1] < 2 or math.prod(shape) > MAX_COPY:
             continue
         return y, k
     return None
