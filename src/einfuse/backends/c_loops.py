@@ -111,7 +111,8 @@ def _unsigned(dtype: ScalarType) -> str:
 
 class Renderer:
     def __init__(self, program: JitProgram):
-        # transposed weights for contractions in loops, carries updated in place
+        # the program as rendered: c_loops_rewrite's transposed weights, vector math
+        # outside sums and carries updated in place (every value unchanged)
         self.program = c_loops_rewrite.optimise(program)
         self.helpers: Dict[str, str] = {}
         self.lines: List[str] = []

@@ -26,7 +26,7 @@ from typing import List, Optional, Tuple
 
 from ..errors import BackendError
 from ..frontends.jaxpr_ir import JitProgram
-from .c_loops import ENTRY, PARALLEL_WORK, Renderer, load_entry
+from .c_loops import ENTRY, PARALLEL_WORK, STACK_LIMIT, Renderer, load_entry
 
 DYNAMIC_WORK = 1 << 14     # operations of one element above which threads take elements
                            # one by one (an atomic increment each) rather than in chunks
@@ -177,7 +177,6 @@ class _ArenaRenderer(Renderer):
     def storage(self, declared, on_failure: str = "goto fail;"):
         declarations, offset = [], 0
         on_stack = 0
-        from .c_loops import STACK_LIMIT
         for buffer in self.program.buffers:
             if buffer.name in declared:
                 continue
