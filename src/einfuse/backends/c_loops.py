@@ -17,7 +17,7 @@ import math
 from typing import Dict, List, Tuple
 
 from ..errors import BackendError
-from . import c_loops_dot, c_loops_flat
+from . import c_loops_dot, c_loops_flat, c_loops_rewrite
 from ..frontends.jaxpr_ir import (INDEX, Apply, Assign, Branch, Cast, Const, Index,
                                   JitProgram, Loop, LoopKind, Node, Read, ReduceOp,
                                   ScalarType, ScatterAdd, Select)
@@ -111,7 +111,9 @@ def _unsigned(dtype: ScalarType) -> str:
 
 class Renderer:
     def __init__(self, program: JitProgram):
-        self.program = program
+        # the program as rendered: c_loops_rewrite's transposed weights, vector math
+        # outside sums and carries updated in place (every value unchanged)
+        self.program = c_loops_rewrite.optimise(program)
         self.helpers: Dict[str, str] = {}
         self.lines: List[str] = []
         self.depth = 1

@@ -23,13 +23,13 @@ def seed_function(params, noise):
     return jax.lax.scan(body, jnp.zeros(noise.shape[-1], noise.dtype), noise)[0]
 
 
-def _inputs(steps: int, hidden: int, chains: int = 0):
+def _inputs(steps: int, hidden: int, chains: int = 0, dtype: str = "float64"):
     def make(rng):
         arrays = {"w0": rng.standard_normal((1, hidden)), "w1": rng.standard_normal((hidden, hidden)),
                   "w2": rng.standard_normal((hidden, 1))}
         shape = (chains, steps, 1) if chains else (steps, 1)
         arrays["noise"] = rng.standard_normal(shape) * 0.1
-        return arrays
+        return {name: array.astype(dtype) for name, array in arrays.items()}
     return make
 
 
@@ -77,22 +77,32 @@ def _jax_peer(kind: str, chains: int) -> Peer:
     return Peer("jax.jit(lax.scan)", make, "jax")
 
 
-def seed_case(steps: int = 8000, hidden: int = 12, chains: int = 0, kind: str = "forward") -> Case:
+def seed_case(steps: int = 8000, hidden: int = 12, chains: int = 0, kind: str = "forward",
+              dtype: str = "float64") -> Case:
     label = f"ef.jit seed MLP scan {steps} steps, {hidden} hidden"
     if chains:
         label += f", vmap {chains} chains"
     if kind == "grad":
         label += ", gradient"
-    return Case(label, "ef.jit(seed_function)", _inputs(steps, hidden, chains),
+    if dtype != "float64":
+        label += f", {dtype}"
+    return Case(label, "ef.jit(seed_function)", _inputs(steps, hidden, chains, dtype),
                 [_jax_peer(kind, chains)], einfuse_call=_einfuse_call(kind, chains))
 
 
 def jit_cases(quick: bool = False) -> List[Case]:
     if quick:
-        return [seed_case(500), seed_case(100, 8, chains=8), seed_case(200, kind="grad")]
+        return [seed_case(500), seed_case(100, 8, chains=8), seed_case(200, kind="grad"),
+                seed_case(100, 8, chains=8, kind="grad"),
+                seed_case(100, 8, chains=8, dtype="float32")]
     from .jit_call_cases import jit_call_cases
-    return [seed_case(), seed_case(2000, 32, chains=256), seed_case(kind="grad")] + \
-        jit_call_cases()
+    # the vmapped case at other chain counts, hidden sizes and float32 (issue 12's
+    # hidden variants), and its gradient (jax.grad of the vmapped loss)
+    return [seed_case(), seed_case(2000, 32, chains=256), seed_case(kind="grad"),
+            seed_case(2000, 32, chains=256, kind="grad"),
+            seed_case(2000, 16, chains=128), seed_case(2000, 32, chains=512),
+            seed_case(2000, 32, chains=256, dtype="float32"),
+            seed_case(500, 64, chains=1000)] + jit_call_cases()
 
 
 
