@@ -137,3 +137,11 @@ def test_explain_names_the_column_sums():
     text = str(ef.explain(LAYERNORM_GRADIENTS, shapes={"X": (1000, 61), "dy": (1000, 61)}))
     assert "kernel 1: statements 1, 2, 3, 4 (fused" in text
     assert "3, 4 summed over the rows" in text
+
+
+def test_columns_too_long_for_the_cache_keep_their_own_kernel(groups):
+    X = rng.standard_normal((3, 20000))          # 160 kB accumulators per thread
+    program = ef.compile("mu[i] := sum[j](X[i,j]); s[j] := X[i,j] - mu[i]", outputs=("s",))
+    np.testing.assert_allclose(program(X=X), (X - X.sum(1, keepdims=True)).sum(0),
+                               rtol=1e-12, atol=1e-9)
+    assert all(not column for g in groups for _, column in g)

@@ -62,6 +62,10 @@ class ColumnOf:
     call: object
 
 
+# The longest row (bytes) of a column sum's accumulators in a fused group: each row of
+# the loop reads and writes two of them, so they must stay in the core's cache.
+COLUMN_ROW_BYTES = 1 << 16
+
 # Prepared runs kept per owner (a program, a hoisted form); a new signature past this
 # replaces the oldest.
 RUNS_KEPT = 16
@@ -357,8 +361,11 @@ def _join(kernel, names: Dict[str, str], members: List[Member], produced: Dict[s
     member = Member(kernel, call, plan, tuple(buffers), outer, hi, reads, sources, column)
     if column is not None and (outer != spec.output_indices[0] or
                                column.call.dtypes.result != call.dtypes.working or
-                               not c_fused.fitting_rows([member], frozenset({0}))):
-        return None     # the summed index is not the loop over rows, or no row per thread
+                               not c_fused.fitting_rows([member], frozenset({0})) or
+                               c_fused.row_bytes(member) > COLUMN_ROW_BYTES):
+        # the summed index is not the loop over rows, no row per thread, or rows so
+        # long that the accumulators would stream through memory on every row
+        return None
     return member
 
 
