@@ -145,3 +145,10 @@ def test_columns_too_long_for_the_cache_keep_their_own_kernel(groups):
     np.testing.assert_allclose(program(X=X), (X - X.sum(1, keepdims=True)).sum(0),
                                rtol=1e-12, atol=1e-9)
     assert all(not column for g in groups for _, column in g)
+
+
+def test_integer_columns_keep_their_own_kernel(groups):
+    X = rng.integers(-1000, 1000, (300, 40))
+    program = ef.compile("m[i] := max[j](X[i,j]); s[j] := X[i,j] - m[i]", outputs=("s",))
+    np.testing.assert_array_equal(program(X=X), (X - X.max(1, keepdims=True)).sum(0))
+    assert all(not column for g in groups for _, column in g)

@@ -360,6 +360,7 @@ def _join(kernel, names: Dict[str, str], members: List[Member], produced: Dict[s
                     for slot, (tensor, _) in enumerate(buffer_slots(spec)[:-1]))
     member = Member(kernel, call, plan, tuple(buffers), outer, hi, reads, sources, column)
     if column is not None and (outer != spec.output_indices[0] or
+                               call.dtypes.working.kind != "f" or
                                column.call.dtypes.result != call.dtypes.working or
                                not c_fused.fitting_rows([member], frozenset({0})) or
                                c_fused.row_bytes(member) > COLUMN_ROW_BYTES):
