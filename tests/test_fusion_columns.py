@@ -152,3 +152,10 @@ def test_integer_columns_keep_their_own_kernel(groups):
     program = ef.compile("m[i] := max[j](X[i,j]); s[j] := X[i,j] - m[i]", outputs=("s",))
     np.testing.assert_array_equal(program(X=X), (X - X.max(1, keepdims=True)).sum(0))
     assert all(not column for g in groups for _, column in g)
+
+
+def test_a_contraction_over_the_rows_stays_with_blas(groups):
+    W = rng.standard_normal((300, 40))
+    program = ef.compile("n[i] := sum[j](W[i,j]**2); s[o] := W[i,o] * n[i]", outputs=("s",))
+    np.testing.assert_allclose(program(W=W), W.T @ (W ** 2).sum(1), rtol=1e-12)
+    assert all(not column for g in groups for _, column in g)

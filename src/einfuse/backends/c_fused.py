@@ -52,6 +52,12 @@ def prepare(kernel, call):
     return plan, buffers, call.spec.all_indices[number]
 
 
+def is_contraction(call) -> bool:
+    """Whether the C backend runs the statement as a BLAS contraction."""
+    contraction = _blas_contraction(call)
+    return contraction is not None and bool(contraction.k)
+
+
 def run(members, thread_rows: FrozenSet[int] = frozenset()) -> Optional[Dict[int, np.ndarray]]:
     """Run the group; None when its kernel flagged an out-of-bounds gather (nothing
     is delivered then: the statements run one by one and raise their own errors), else

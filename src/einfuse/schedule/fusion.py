@@ -336,8 +336,9 @@ def _join(kernel, names: Dict[str, str], members: List[Member], produced: Dict[s
             arrays={name: scratch[names.get(name, name)] for name in _needed(spec)}))
     except (EinfuseError, KeyError):
         return None
-    if column is not None and not _same_ranges(column.call, call):
-        return None
+    if column is not None and (not _same_ranges(column.call, call) or
+                               c_fused.is_contraction(column.call)):
+        return None     # a product summed over rows (W[i,o] * v[i]) stays with BLAS
     if call.framework != "numpy" or call.dtypes.result != call.dtypes.working or \
             call.dtypes.working.kind not in "fiu":
         return None
