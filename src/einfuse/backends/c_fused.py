@@ -1,7 +1,8 @@
 """Running a fusion group (schedule/fusion.py) as one C kernel: each member's plan is
 the one the C backend would use for it alone; plan/fuse.py merges their loop nests;
 the merged kernel is compiled once per combination of plans and called with every
-member's arrays, runtime ints and parameters."""
+member's arrays, runtime ints and parameters.  A column member's per-thread
+accumulators are zeroed per call and added up after it (column_total)."""
 
 from __future__ import annotations
 

@@ -15,6 +15,12 @@ group of the statement before it when, for this call,
   an index array) whose subscript on the producer's outer axis is exactly the
   reader's outer index: the row it reads is the row just written, in this thread.
 
+A statement that sums over the group's row index and keeps the others (layernorm's
+``db[j] := dy[i,j]``) and cannot join as a loop over its own outputs joins as a
+*column sum* (plan/fuse_columns.py): its elementwise body is a member like any other,
+whose values are added into per-thread accumulators instead of stored; statements
+reading its result run after the group.
+
 Anything else runs statement by statement, as before; so does every framework other
 than NumPy (autograd and JAX trace the statements one by one) and every call whose
 fused kernel reports an out-of-bounds gather (the statements then raise their own
