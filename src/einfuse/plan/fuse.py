@@ -145,8 +145,10 @@ def fuse_kernels(kernels: Sequence[ir.Kernel], reads: Sequence[Dict[int, Tuple[i
             for _ in range(2):
                 buffers.append(dataclasses.replace(buffers[value], name=f"t{len(buffers)}",
                                                    per_thread=f"rows{len(buffers)}"))
+            sums, errors = len(buffers) - 2, len(buffers) - 1
             renamed = accumulate_into_columns(
-                renamed, ColumnAccumulators(value, len(buffers) - 2, len(buffers) - 1), prefix)
+                renamed, ColumnAccumulators(value, sums, errors, buffers[sums].per_thread),
+                prefix)
         body += list(renamed)
     ints += [b.per_thread for b in buffers if b.per_thread is not None]
     sums = merge_row_sums(tuple(body), SHARED_LOOP)

@@ -30,10 +30,12 @@ from .. import ir
 @dataclass(frozen=True)
 class ColumnAccumulators:
     """The merged buffer slots of one column member: its (never written) value row,
-    the running sums and the rounding errors, both one row per thread."""
+    the running sums and the rounding errors, both one row per thread of ``length``
+    elements (the runtime int holding it)."""
     value: int
     sums: int
     errors: int
+    length: str
 
 
 def accumulate_into_columns(body: Tuple[ir.Stmt, ...], slots: ColumnAccumulators,
@@ -74,7 +76,8 @@ class _Rewriter:
 
         def load(slot: int) -> ir.Load:
             # the accumulators are laid out as the value row: same position, strides
-            return ir.Load(slot, tuple(ir.Subscript(p, (), "none", stride or _ANY_INT, stride)
+            # (a "none" subscript is never checked against its size)
+            return ir.Load(slot, tuple(ir.Subscript(p, (), "none", self.slots.length, stride)
                                        for p, stride in zip(store.position, store.strides)))
 
         def local(name: str) -> ir.Local:
@@ -89,7 +92,3 @@ class _Rewriter:
                 dataclasses.replace(store, buffer=self.slots.errors,
                                     value=ir.Binary("+", load(self.slots.errors), error)),
                 dataclasses.replace(store, buffer=self.slots.sums, value=local(t))]
-
-
-# A plain ("none" policy) subscript never reads its size; the field still names an int.
-_ANY_INT = "fsum_off"
