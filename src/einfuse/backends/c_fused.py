@@ -1,20 +1,21 @@
 """Running a fusion group (schedule/fusion.py) as one C kernel: each member's plan is
 the one the C backend would use for it alone; plan/fuse.py merges their loop nests;
 the merged kernel is compiled once per combination of plans and called with every
-member's arrays, runtime ints and parameters."""
+member's arrays, runtime ints and parameters.  A column member's per-thread
+accumulators are zeroed per call and added up after it (column_total)."""
 
 from __future__ import annotations
 
 import ctypes
 import threading
-from typing import Dict, FrozenSet, Sequence, Tuple
+from typing import Dict, FrozenSet, Optional, Sequence, Tuple
 
 import numpy as np
 
 from .. import ir
 from ..errors import BackendError
 from ..plan import call_arguments, unit_axis
-from ..plan.fuse import fuse_kernels, renamed_int, slots_after_fusion
+from ..plan.fuse import COLUMN_SUMS, fuse_kernels, renamed_int, slots_after_fusion
 from ..plan.fuse_sums import GUARD_INT, guard_verdict
 from ..plan.lower import divides
 from . import c_build, c_call
@@ -52,21 +53,32 @@ def prepare(kernel, call):
     return plan, buffers, call.spec.all_indices[number]
 
 
-def run(members, thread_rows: FrozenSet[int] = frozenset()) -> bool:
-    """Run the group; False when its kernel flagged an out-of-bounds gather (nothing
-    is delivered then: the statements run one by one and raise their own errors).
+def is_contraction(call) -> bool:
+    """Whether the C backend runs the statement as a BLAS contraction."""
+    contraction = _blas_contraction(call)
+    return contraction is not None and bool(contraction.k)
+
+
+def run(members, thread_rows: FrozenSet[int] = frozenset()) -> Optional[Dict[int, np.ndarray]]:
+    """Run the group; None when its kernel flagged an out-of-bounds gather (nothing
+    is delivered then: the statements run one by one and raise their own errors), else
+    the results of its column members by member (their sums over the rows).
     The outputs of the members in ``thread_rows`` (nothing after the group reads them)
     may live as one row per thread: they are not delivered in their buffers."""
     function, passed, thread_rows, guards = _compiled(members, thread_rows)
     threads = _threads(members, thread_rows)
     buffers, rows = _with_thread_rows(members, thread_rows, threads)
-    ints, doubles, integers, fills = _arguments(members, buffers, rows, guards)
-    arrays = [buffers[k][slot] for k, slot in passed]
+    columns = _column_accumulators(members, thread_rows, threads)
+    ints, doubles, integers, fills = _arguments(members, buffers,
+                                                _row_ints(rows, thread_rows, columns), guards)
+    arrays = [_passed_array(buffers, columns, k, slot) for k, slot in passed]
     pointers = (ctypes.c_void_p * len(arrays))(*[a.ctypes.data for a in arrays])
     error = ctypes.c_int32(0)
     function(pointers, ints.ctypes.data, doubles.ctypes.data,
              integers.ctypes.data, fills.ctypes.data, threads, ctypes.byref(error))
-    return not error.value
+    if error.value:
+        return None
+    return {k: column_total(members[k], *pair) for k, pair in columns.items()}
 
 
 def prepared_runner(members, thread_rows: FrozenSet[int], sources: Sequence[object]):
@@ -88,12 +100,17 @@ def prepared_runner(members, thread_rows: FrozenSet[int], sources: Sequence[obje
     buffers, rows = _with_thread_rows(members, thread_rows, threads)
     # the scratch each call allocates, as _thread_rows does
     scratch = {k: (max(threads, 1), length) for k, length in zip(sorted(thread_rows), rows)}
+    columns = _column_accumulators(members, thread_rows, threads)
+    column_shapes = {k: pair[0].shape for k, pair in columns.items()}
     # the arguments depend on layouts only: computed once, kept alive with the runner
-    arguments = _arguments(members, buffers, rows, guards)
+    arguments = _arguments(members, buffers, _row_ints(rows, thread_rows, columns), guards)
     addresses = tuple(a.ctypes.data for a in arguments)
     working = members[0].call.dtypes.working
     plan = []      # per passed buffer: ("in", key, layout) | ("out", k) | ("rows", k)
-    for k, slot in passed:
+    for k, slot in passed:                                    # | ("column", k, slot)
+        if slot < 0:
+            plan.append(("column", k, slot))
+            continue
         if slot == len(members[k].buffers) - 1:
             plan.append(("rows", k) if k in scratch else ("out", k))
             continue
@@ -114,8 +131,13 @@ def prepared_runner(members, thread_rows: FrozenSet[int], sources: Sequence[obje
     def runner(env, keys) -> bool:
         made = {k: np.empty(shape, working) for k, shape in shapes.items()}
         made.update((k, np.empty(shape, working)) for k, shape in scratch.items())
+        sums = {k: (np.zeros(shape, working), np.zeros(shape, working))
+                for k, shape in column_shapes.items()}
         arrays = []
         for how in plan:
+            if how[0] == "column":
+                arrays.append(sums[how[1]][0 if how[2] == COLUMN_SUMS else 1])
+                continue
             if how[0] != "in":
                 arrays.append(made[how[1]])
                 continue
@@ -139,6 +161,9 @@ def prepared_runner(members, thread_rows: FrozenSet[int], sources: Sequence[obje
         for k in shapes:
             if keys[k] is not None:
                 env[keys[k]] = made[k]
+        for k, pair in sums.items():
+            if keys[k] is not None:
+                env[keys[k]] = column_total(members[k], *pair)
         return True
     runner.keep = arguments
     return runner
@@ -150,13 +175,16 @@ def _compiled(members, thread_rows: FrozenSet[int]):
     kernels = tuple(m.plan.program.kernels[0] for m in members)
     reads = tuple(m.reads for m in members)
     thread_rows = fitting_rows(members, thread_rows)
+    columns = _columns(members)
+    if not columns <= thread_rows:      # schedule/fusion.py joins only those that fit
+        raise BackendError("a fused column sum whose rows do not fit per thread")
     local = frozenset((k, len(kernels[k].buffers) - 1) for k in thread_rows)
     key = tuple(id(m.plan) for m in members) + (tuple(tuple(sorted(r.items()))
-                                                       for r in reads), local)
+                                                       for r in reads), local, columns)
     found = _fused.get(key)
     if found is None:
         working = members[0].call.dtypes.working.name
-        fused = fuse_kernels(kernels, reads, working, local)
+        fused = fuse_kernels(kernels, reads, working, local, columns)
         program = fused.program
         guards = fused.guards if GUARD_INT in program.kernels[0].ints else None
         # reciprocal math where every member allows it or has no division it could change
@@ -167,7 +195,7 @@ def _compiled(members, thread_rows: FrozenSet[int]):
         function.argtypes = _ARGTYPES
         function.restype = None
         # the plans stay referenced, so their ids in the key cannot be reused
-        found = (function, slots_after_fusion(kernels, reads), guards,
+        found = (function, slots_after_fusion(kernels, reads, columns), guards,
                  tuple(m.plan for m in members))
         with _lock:
             found = _fused.setdefault(key, found)
@@ -233,6 +261,45 @@ def _arguments(members, buffers, rows, guards=None):
     return (np.concatenate(ints + [np.array(rows + verdict + [0], dtype=np.int64)]),
             np.concatenate(doubles + [np.zeros(1)]),
             np.concatenate(integers + [np.zeros(1, np.int64)]), fills)
+
+
+def _columns(members) -> FrozenSet[int]:
+    """The column members (plan/fuse_columns.py): sums over the rows."""
+    return frozenset(k for k, m in enumerate(members) if m.column is not None)
+
+
+def _column_accumulators(members, thread_rows: FrozenSet[int], threads: int):
+    """member -> (running sums, errors): zeroed, one row per thread each."""
+    return {k: tuple(np.zeros((max(threads, 1), _thread_rows(members[k], 1)[1]),
+                              members[k].call.dtypes.working) for _ in range(2))
+            for k in sorted(_columns(members) & thread_rows)}
+
+
+def _row_ints(rows, thread_rows: FrozenSet[int], columns) -> list:
+    """The per-thread row lengths in the merged kernel's order: each member's row, and
+    after a column member's the same length twice (its sums and errors)."""
+    ints = []
+    for k, length in zip(sorted(thread_rows), rows):
+        ints += [length] * (3 if k in columns else 1)
+    return ints
+
+
+def _passed_array(buffers, columns, k: int, slot: int):
+    if slot < 0:
+        return columns[k][0 if slot == COLUMN_SUMS else 1]
+    return buffers[k][slot]
+
+
+def column_total(member, sums: np.ndarray, errors: np.ndarray) -> np.ndarray:
+    """A column member's result: each thread's compensated sum (its error added back
+    where the sum is finite, as ef_total does), added in thread order, in the output's
+    shape."""
+    with np.errstate(all="ignore"):
+        totals = np.where(np.isfinite(sums), sums + errors, sums)
+        result = totals[0].copy()
+        for row in totals[1:]:
+            result += row
+    return result.reshape(member.column.call.output_shape)
 
 
 def fitting_rows(members, candidates: FrozenSet[int]) -> FrozenSet[int]:

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import Dict, FrozenSet, Sequence, Tuple
 
 from .. import ir
+from .fuse_columns import ColumnAccumulators, accumulate_into_columns
 from .fuse_extrema import combine_extrema_by_vectors
 from .fuse_sums import GUARD_INT, merge_row_sums
 
@@ -101,15 +102,18 @@ _NAME_FIELDS: Dict[type, Tuple[str, ...]] = {
 
 
 def fuse_kernels(kernels: Sequence[ir.Kernel], reads: Sequence[Dict[int, Tuple[int, int]]],
-                 working: str, thread_rows: FrozenSet[Tuple[int, int]] = frozenset()
-                 ) -> FusedProgram:
+                 working: str, thread_rows: FrozenSet[Tuple[int, int]] = frozenset(),
+                 columns: FrozenSet[int] = frozenset()) -> FusedProgram:
     """One kernel running ``kernels`` (each a single parallel loop over the shared
     index, same extent at run time) in one loop.  ``reads[n]`` maps a buffer slot of
     kernel n that holds an intermediate of the group to (producer kernel, its output
     slot).  ``thread_rows`` lists the (kernel, output slot) pairs whose intermediates
     live as one row per thread (``ir.Buffer.per_thread``): their row lengths follow
     the kernels' own runtime ints, in the order of their buffers; then, where a row
-    written and summed right after was merged into one pass, the guards' verdict."""
+    written and summed right after was merged into one pass, the guards' verdict.
+    ``columns``: the kernels whose value rows are summed over the rows instead
+    (plan/fuse_columns.py); each takes two more per-thread buffers after its own, the
+    running sums and their errors, with the same row length."""
     buffers = []
     ints = []
     body = []
@@ -135,7 +139,17 @@ def fuse_kernels(kernels: Sequence[ir.Kernel], reads: Sequence[Dict[int, Tuple[i
         ints += [how.name(n) for n in kernel.ints]
         if extent is None:
             extent = _rename(loop.extent, how)
-        body += list(_rename(loop.body, how))
+        renamed = _rename(loop.body, how)
+        if number in columns:
+            value = mapping[-1]
+            for _ in range(2):
+                buffers.append(dataclasses.replace(buffers[value], name=f"t{len(buffers)}",
+                                                   per_thread=f"rows{len(buffers)}"))
+            sums, errors = len(buffers) - 2, len(buffers) - 1
+            renamed = accumulate_into_columns(
+                renamed, ColumnAccumulators(value, sums, errors, buffers[sums].per_thread),
+                prefix)
+        body += list(renamed)
     ints += [b.per_thread for b in buffers if b.per_thread is not None]
     sums = merge_row_sums(tuple(body), SHARED_LOOP)
     if sums.guards or sums.body != tuple(body):
@@ -147,12 +161,21 @@ def fuse_kernels(kernels: Sequence[ir.Kernel], reads: Sequence[Dict[int, Tuple[i
     return FusedProgram(ir.Program(working, (merged,)), sums.guards)
 
 
+# The slots of a column member's accumulators in slots_after_fusion (after its own).
+COLUMN_SUMS, COLUMN_ERRORS = -1, -2
+
+
 def slots_after_fusion(kernels: Sequence[ir.Kernel],
-                       reads: Sequence[Dict[int, Tuple[int, int]]]) -> Tuple[Tuple, ...]:
-    """For each merged buffer slot, (kernel, slot) of the array passed there."""
+                       reads: Sequence[Dict[int, Tuple[int, int]]],
+                       columns: FrozenSet[int] = frozenset()) -> Tuple[Tuple, ...]:
+    """For each merged buffer slot, (kernel, slot) of the array passed there; a column
+    member's running sums and errors are (kernel, COLUMN_SUMS) and (kernel,
+    COLUMN_ERRORS)."""
     passed = []
     for number, kernel in enumerate(kernels):
         for slot in range(len(kernel.buffers)):
             if slot not in reads[number]:
                 passed.append((number, slot))
+        if number in columns:
+            passed += [(number, COLUMN_SUMS), (number, COLUMN_ERRORS)]
     return tuple(passed)

@@ -66,6 +66,10 @@ class ProgramExplanation:
             which = ", ".join(str(i + 1) for i in group.statements)
             how = "fused: one loop over rows, each statement's row computed in turn" \
                 if many else "alone"
+            if group.column_sums:
+                how += "; " + ", ".join(str(i + 1) for i in group.column_sums) + \
+                    " summed over the rows as each row passes, into per-thread " \
+                    "compensated accumulators"
             out.append(f"    kernel {number}: statement{'s' if many else ''} {which} ({how})")
         if self.materialised is not None:
             rows = [m for m in self.materialised if m.row_bytes is not None]

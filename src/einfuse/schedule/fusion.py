@@ -15,6 +15,12 @@ group of the statement before it when, for this call,
   an index array) whose subscript on the producer's outer axis is exactly the
   reader's outer index: the row it reads is the row just written, in this thread.
 
+A statement that sums over the group's row index and keeps the others (layernorm's
+``db[j] := dy[i,j]``) and cannot join as a loop over its own outputs joins as a
+*column sum* (plan/fuse_columns.py): its elementwise body is a member like any other,
+whose values are added into per-thread accumulators instead of stored; statements
+reading its result run after the group.
+
 Anything else runs statement by statement, as before; so does every framework other
 than NumPy (autograd and JAX trace the statements one by one) and every call whose
 fused kernel reports an out-of-bounds gather (the statements then raise their own
@@ -30,6 +36,7 @@ from typing import Callable, Dict, List, Optional, Sequence, Set, Tuple
 import numpy as np
 
 from ..errors import EinfuseError
+from ..lang import ast
 from ..plan import buffer_slots
 
 # Below this much work (points of the statements' iteration spaces) a fused kernel saves
@@ -49,7 +56,21 @@ class Member:
     reads: Dict[int, Tuple[int, int]]   # slot -> (producer member, producer's out slot)
     # per input slot, the environment's key it is read from (None: a member's output)
     sources: Tuple[Optional[str], ...] = ()
+    # a sum over the rows (plan/fuse_columns.py): the statement as written, bound;
+    # ``kernel`` and ``call`` are then its elementwise body with the rows kept
+    column: Optional["ColumnOf"] = None
 
+
+@dataclass(frozen=True)
+class ColumnOf:
+    """The statement a column member computes, and its call."""
+    kernel: object
+    call: object
+
+
+# The longest row (bytes) of a column sum's accumulators in a fused group: each row of
+# the loop reads and writes two of them, so they must stay in the core's cache.
+COLUMN_ROW_BYTES = 1 << 16
 
 # Prepared runs kept per owner (a program, a hoisted form); a new signature past this
 # replaces the oldest.
@@ -134,18 +155,28 @@ def _try_fused(kernels, start: int, env, keep: Optional[Set[str]], record=None) 
     members, outputs, joined = _group(kernels, start, env)
     if not joined:
         return 0
-    inside = _inside(kernels, start + joined, outputs, keep)
-    if not c_fused.run(members, inside):
+    columns = _column_members(members)
+    inside = _inside(kernels, start + joined, outputs, keep) | columns
+    results = c_fused.run(members, inside)
+    if results is None:
         return 0
     for number, (member, key) in enumerate(zip(members, outputs)):
         if number not in inside:
             env[key] = member.kernel.deliver(member.call, member.buffers[-1])
+    for number, value in results.items():
+        column = members[number].column
+        env[outputs[number]] = column.kernel.deliver(column.call, value)
     if record is not None:
         runner = c_fused.prepared_runner(members, inside, [m.sources for m in members])
-        keys = tuple(None if n in inside else key for n, key in enumerate(outputs))
+        keys = tuple(None if n in inside and n not in columns else key
+                     for n, key in enumerate(outputs))
         record.append(None if runner is None else
                       Step(start, functools.partial(runner, keys=keys)))
     return joined
+
+
+def _column_members(members) -> frozenset:
+    return frozenset(n for n, m in enumerate(members) if m.column is not None)
 
 
 def _inside(kernels, end: int, outputs: Sequence[str], keep: Optional[Set[str]]):
@@ -165,6 +196,8 @@ class FusionGroup:
     one row."""
     statements: Tuple[int, ...]
     thread_rows: Tuple[Tuple[str, int], ...] = ()
+    # statements that sum over the rows into per-thread accumulators (fuse_columns)
+    column_sums: Tuple[int, ...] = ()
 
 
 def fusion_groups(kernels: Sequence, env: Dict[str, object],
@@ -179,14 +212,19 @@ def fusion_groups(kernels: Sequence, env: Dict[str, object],
     while position < len(kernels):
         members, outputs, joined = _group(kernels, position, env) if worth else ([], [], 0)
         if joined:
-            for member, key in zip(members, outputs):
-                env[key] = member.buffers[-1]
+            columns = _column_members(members)
+            for number, (member, key) in enumerate(zip(members, outputs)):
+                env[key] = member.buffers[-1] if number not in columns else \
+                    np.empty(member.column.call.output_shape, member.column.call.dtypes.result)
             rows = c_fused.fitting_rows(members, _inside(kernels, position + joined,
-                                                         outputs, keep))
+                                                         outputs, keep) | columns)
+            summed = {outputs[k] for k in columns}
             groups.append(FusionGroup(tuple(range(position, position + joined)),
                                       tuple((outputs[k], c_fused.row_bytes(members[k]))
-                                            for k in sorted(rows)
-                                            if "#" not in outputs[k])))
+                                            for k in sorted(rows - columns)
+                                            if "#" not in outputs[k]),
+                                      tuple(n for n in range(position, position + joined)
+                                            if kernels[n].spec.output in summed)))
             position += joined
             continue
         kernel = kernels[position]
@@ -213,6 +251,7 @@ def _group(kernels, start: int, env):
     outputs: List[str] = []            # each member's key in ``scratch``
     scratch = dict(env)
     produced: Dict[str, int] = {}
+    summed: Set[str] = set()           # outputs of column members: complete only after
     joined = 0
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -222,11 +261,22 @@ def _group(kernels, start: int, env):
                 break
             size = len(members)
             for unit, names, key in units:
-                member = _join(unit, names, members, produced, scratch)
+                if any(names.get(n, n) in summed for n in _needed(unit.spec)):
+                    member = None
+                else:
+                    member = _join(unit, names, members, produced, scratch)
+                    column = _column_of(unit) if member is None else None
+                    if column is not None:
+                        member = _join(column, names, members, produced, scratch, unit)
                 if member is None:
                     break
                 members.append(member)
                 outputs.append(key)
+                if member.column is not None:
+                    summed.add(key)
+                    scratch[key] = np.empty(member.column.call.output_shape,
+                                            member.column.call.dtypes.result)
+                    continue
                 produced[key] = len(members) - 1
                 scratch[key] = member.buffers[-1]
             else:
@@ -274,9 +324,10 @@ def _units(kernel, scratch, number):
 
 
 def _join(kernel, names: Dict[str, str], members: List[Member], produced: Dict[str, int],
-          scratch) -> Optional[Member]:
+          scratch, original=None) -> Optional[Member]:
     """``kernel`` bound as the next member of the group, or None where it cannot join;
-    ``names`` maps the statement's names to keys of ``scratch`` where they differ."""
+    ``names`` maps the statement's names to keys of ``scratch`` where they differ.
+    ``original``: the column sum whose elementwise body ``kernel`` is (_column_of)."""
     from ..backends import c_fused
     spec = kernel.spec
     if spec.assign != ":=" or not spec.output_indices:
@@ -287,8 +338,13 @@ def _join(kernel, names: Dict[str, str], members: List[Member], produced: Dict[s
     try:
         call = kernel.bind(arrays={name: scratch[names.get(name, name)]
                                    for name in _needed(spec)})
+        column = None if original is None else ColumnOf(original, original.bind(
+            arrays={name: scratch[names.get(name, name)] for name in _needed(spec)}))
     except (EinfuseError, KeyError):
         return None
+    if column is not None and (not _same_ranges(column.call, call) or
+                               c_fused.is_contraction(column.call)):
+        return None     # a product summed over rows (W[i,o] * v[i]) stays with BLAS
     if call.framework != "numpy" or call.dtypes.result != call.dtypes.working or \
             call.dtypes.working.kind not in "fiu":
         return None
@@ -309,16 +365,66 @@ def _join(kernel, names: Dict[str, str], members: List[Member], produced: Dict[s
         return None
     sources = tuple(None if slot in reads else names.get(tensor, tensor)
                     for slot, (tensor, _) in enumerate(buffer_slots(spec)[:-1]))
-    return Member(kernel, call, plan, tuple(buffers), outer, hi, reads, sources)
+    member = Member(kernel, call, plan, tuple(buffers), outer, hi, reads, sources, column)
+    if column is not None and (outer != spec.output_indices[0] or
+                               call.dtypes.working.kind != "f" or
+                               column.call.dtypes.result != call.dtypes.working or
+                               not c_fused.fitting_rows([member], frozenset({0})) or
+                               c_fused.row_bytes(member) > COLUMN_ROW_BYTES):
+        # the summed index is not the loop over rows, no row per thread, or rows so
+        # long that the accumulators would stream through memory on every row
+        return None
+    return member
+
+
+def _same_ranges(original, call) -> bool:
+    """Whether the elementwise body runs over exactly the column sum's iteration space
+    (its summed index is an output index there, inferred anew)."""
+    mine, theirs = call.bounds.range_map, original.bounds.range_map
+    return set(mine) == set(theirs) and all(mine[n] == theirs[n] for n in mine)
+
+
+def _column_of(kernel):
+    """The elementwise body of a column sum, ``t[i, j...] := body`` for
+    ``out[j...] := sum[i](body)`` (the sum implicit or written), compiled once per
+    statement; None for any other statement.  Only a plain sum of a body without
+    reductions, gathers or padding qualifies, over an index that no array of two or
+    more axes has on its last axis (the rows are read whole, each a contiguous
+    stretch; a row sum such as ``h[i] := sum[k](X[i,k])`` keeps its own plan)."""
+    cached = kernel.__dict__.get("_column_body", False)
+    if cached is not False:
+        return cached
+    body = None
+    spec = kernel.spec
+    rhs = spec.rhs
+    if spec.assign == ":=" and spec.output_indices and isinstance(rhs, ast.Reduce) and \
+            rhs.op == "sum" and len(rhs.indices) == 1 and \
+            spec.reduction_indices == rhs.indices and \
+            not any(True for _ in ast.reductions(rhs.body)) and \
+            not any(t.as_index for t in spec.tensors) and kernel.options.pad is None and \
+            not any(len(a.indices) >= 2 and rhs.indices[0] in a.indices[-1].index_names
+                    for a in ast.accesses(rhs.body)):
+        from ..lang.printer import format_expr
+        from ..runtime.kernel import Kernel
+        taken = {t.name for t in spec.tensors} | set(spec.params) | {spec.output}
+        name = f"{spec.output}_row"
+        while name in taken:
+            name += "_"
+        indices = ", ".join(rhs.indices + spec.output_indices)
+        try:
+            body = Kernel(f"{name}[{indices}] := {format_expr(rhs.body)}", kernel.options)
+        except EinfuseError:
+            body = None
+    kernel.__dict__["_column_body"] = body
+    return body
 
 
 def _intermediate_reads(spec, plan, names, produced, members, outer):
     """slot -> (producer, its output slot) for every intermediate of the group that
     ``spec`` reads, or None when one is read at another row than the one just
     written."""
-    from ..lang.ast import accesses
     reads = {}
-    for access in accesses(spec.rhs):
+    for access in ast.accesses(spec.rhs):
         key = names.get(access.tensor, access.tensor)
         if key not in produced:
             continue

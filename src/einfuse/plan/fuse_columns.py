@@ -1,0 +1,94 @@
+"""Column sums inside a fused loop over rows (plan/fuse.py): a statement that sums over
+the group's row index, keeping the others (layernorm's gradients
+``dg[j] := dy[i,j] * xhat[i,j]`` and ``db[j] := dy[i,j]``), adds each row's values
+into per-thread accumulators while the row is in cache, instead of a kernel of its own
+that walks the whole array again column strip by column strip.
+
+The member is lowered as the elementwise statement ``t[i, j...] := body`` (one parallel
+loop over rows, as any member); here every store of its value becomes Neumaier's
+compensated addition into two per-thread rows, the running sum ``s`` and the rounding
+error ``c``:
+
+    x = value;  t = s[j] + x
+    c[j] += |s[j]| >= |x| ? (s[j] - t) + x : (x - t) + s[j]
+    s[j] = t
+
+``s`` alone is the plain sum in row order, so inf and NaN propagate as in any sum;
+the caller (backends/c_fused.py) adds ``c`` back where ``s`` is finite and adds the
+threads' totals in thread order.  The compensation keeps the error of a long column
+at a few roundings, independent of the number of rows."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import List, Tuple
+
+from .. import ir
+
+
+@dataclass(frozen=True)
+class ColumnAccumulators:
+    """The merged buffer slots of one column member: its (never written) value row,
+    the running sums and the rounding errors, both one row per thread of ``length``
+    elements (the runtime int holding it)."""
+    value: int
+    sums: int
+    errors: int
+    length: str
+
+
+def accumulate_into_columns(body: Tuple[ir.Stmt, ...], slots: ColumnAccumulators,
+                            prefix: str) -> Tuple[ir.Stmt, ...]:
+    """``body`` (a member's renamed loop body) with every store of its value row
+    turned into the compensated addition above.  ``prefix`` makes the scalar names
+    unique in the merged kernel."""
+    rewriter = _Rewriter(slots, prefix)
+    return rewriter.block(body)
+
+
+class _Rewriter:
+    def __init__(self, slots: ColumnAccumulators, prefix: str):
+        self.slots, self.prefix, self.count = slots, prefix, 0
+
+    def block(self, body) -> Tuple[ir.Stmt, ...]:
+        out: List[ir.Stmt] = []
+        for stmt in body:
+            out += self.stmt(stmt)
+        return tuple(out)
+
+    def stmt(self, node) -> List[ir.Stmt]:
+        if isinstance(node, ir.Store) and node.buffer == self.slots.value:
+            return self.accumulate(node)
+        if not dataclasses.is_dataclass(node):
+            return [node]
+        changes = {}
+        for field in dataclasses.fields(node):
+            value = getattr(node, field.name)
+            if isinstance(value, tuple) and value and isinstance(value[0], ir.Stmt):
+                changes[field.name] = self.block(value)
+        return [dataclasses.replace(node, **changes)] if changes else [node]
+
+    def accumulate(self, store: ir.Store) -> List[ir.Stmt]:
+        n = self.count
+        self.count += 1
+        x, s, t = (f"{self.prefix}col{n}{part}" for part in ("x", "s", "t"))
+
+        def load(slot: int) -> ir.Load:
+            # the accumulators are laid out as the value row: same position, strides
+            # (a "none" subscript is never checked against its size)
+            return ir.Load(slot, tuple(ir.Subscript(p, (), "none", self.slots.length, stride)
+                                       for p, stride in zip(store.position, store.strides)))
+
+        def local(name: str) -> ir.Local:
+            return ir.Local(name)
+        error = ir.Call("where", (
+            ir.Binary(">=", ir.Call("abs", (local(s),)), ir.Call("abs", (local(x),))),
+            ir.Binary("+", ir.Binary("-", local(s), local(t)), local(x)),
+            ir.Binary("+", ir.Binary("-", local(x), local(t)), local(s))))
+        return [ir.Let(x, store.value),
+                ir.Let(s, load(self.slots.sums)),
+                ir.Let(t, ir.Binary("+", local(s), local(x))),
+                dataclasses.replace(store, buffer=self.slots.errors,
+                                    value=ir.Binary("+", load(self.slots.errors), error)),
+                dataclasses.replace(store, buffer=self.slots.sums, value=local(t))]
