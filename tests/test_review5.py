@@ -38,3 +38,28 @@ def test_an_ef_jit_function_lowered_under_jax_jit_is_freed_with_its_constants(
     jax.clear_caches()
     gc.collect()
     assert freed[0]() is None
+
+
+def test_the_compiler_is_awaited_when_the_process_has_more_than_1024_files_open(tmp_path):
+    """The pidfd was awaited with select(), which refuses descriptors from 1024 on
+    (FD_SETSIZE): a process with many files open (sockets, data loaders) could build
+    no kernel ("filedescriptor out of range in select()")."""
+    resource = pytest.importorskip("resource")
+    import os
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    wanted = 1200
+    if hard != resource.RLIM_INFINITY and hard < wanted:
+        pytest.skip("cannot open more than 1024 files here")
+    if soft != resource.RLIM_INFINITY and soft < wanted:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (wanted, hard))
+    held = []
+    try:
+        while not held or held[-1] < 1100:
+            held.append(os.open(os.devnull, os.O_RDONLY))
+        status, output = c_build.run_compiler(["sh", "-c", "echo built; exit 3"],
+                                              str(tmp_path), 30.0)
+    finally:
+        for fd in held:
+            os.close(fd)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+    assert (status, output.strip()) == (3, "built")
