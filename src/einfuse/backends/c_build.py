@@ -40,6 +40,7 @@ import ctypes
 import functools
 import hashlib
 import logging
+import math
 import os
 import platform
 import select
@@ -218,7 +219,11 @@ def _wait_exit(process: subprocess.Popen, timeout: float) -> int:
     except (AttributeError, OSError):
         return process.wait(timeout=timeout)
     try:
-        ready, _, _ = select.select([handle], [], [], timeout)
+        # poll, not select: select refuses descriptors from FD_SETSIZE (1024) on, which a
+        # process with many files open gets
+        waiter = select.poll()
+        waiter.register(handle, select.POLLIN)
+        ready = waiter.poll(max(0, math.ceil(timeout * 1000)))
     finally:
         os.close(handle)
     if not ready:

@@ -33,6 +33,7 @@ import enum
 import hashlib
 import os
 import threading
+import weakref
 from dataclasses import dataclass
 from typing import Dict, Optional, Sequence, Tuple
 
@@ -139,8 +140,10 @@ mlir.register_lowering(einfuse_jit_p, _cpu_lowering, platform="cpu")
 
 # -- the route --------------------------------------------------------------------------------
 _lock = threading.Lock()
-_routes: Dict[object, JitRoute] = {}     # per kernel object (held: XLA may call it later)
-_held: list = []                         # constant arrays the handler points at
+# per kernel object, weakly: what XLA may call later is the handler's record, whose
+# constants _held keeps by token; the kernel object itself dies with JAX's caches
+_routes: "weakref.WeakKeyDictionary[object, JitRoute]" = weakref.WeakKeyDictionary()
+_held: Dict[int, Tuple] = {}     # token -> (identity, the constant arrays its record reads)
 _target_registered = False
 
 
@@ -182,10 +185,12 @@ def _decide(function) -> JitRoute:
     for salt in range(8):
         token = int.from_bytes(hashlib.sha256(repr((identity, salt)).encode())
                                .digest()[:7], "little")
-        if register(library, token, entry, layout, [c.ctypes.data for c in held], failure,
-                    (entry, identity)):
-            with _lock:
-                _held.append(held)    # the handler reads them for as long as XLA may call
+        # one set of arrays per token, kept before the record that points at them
+        with _lock:
+            kept_identity, kept = _held.setdefault(token, (identity, held))
+        if kept_identity == identity and register(
+                library, token, entry, layout, [c.ctypes.data for c in kept], failure,
+                (entry, identity)):
             return JitRoute(JitRouteKind.FFI, "the C kernel runs inside XLA's executable",
                             token)
     return _callback("no free token for the XLA handler")   # 8 collisions of 56 bits
