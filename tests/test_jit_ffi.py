@@ -216,3 +216,22 @@ def test_tokens_are_the_same_for_the_same_kernel_and_differ_with_constants():
     # the token follows the library file, which every process loads from the cache
     library, _ = jit_ffi._where(ctypes.cast(one.entry, ctypes.c_void_p).value)
     assert library.endswith(".so") and os.path.isfile(library)
+
+
+@pytest.mark.parametrize("outer_jit", [False, True])
+def test_vmap_outputs_that_do_not_depend_on_the_batch_are_unbatched(outer_jit):
+    """vmap(out_axes=None) for an output the batched argument does not reach, as plain
+    JAX accepts; the others stay batched (they were all marked batched: JAX's raw
+    ValueError)."""
+    def f(x, W):
+        return jnp.tanh(x @ W), W.sum() * 2.0, x.sum()
+    rng = np.random.default_rng(0)
+    x, W = jnp.asarray(rng.standard_normal((5, 3))), jnp.asarray(rng.standard_normal((3, 4)))
+    axes = dict(in_axes=(0, None), out_axes=(0, None, 0))
+    ours = jax.vmap(ef.jit(f), **axes)
+    ours = jax.jit(ours) if outer_jit else ours
+    for got, want in zip(ours(x, W), jax.vmap(f, **axes)(x, W)):
+        assert got.shape == want.shape
+        close(got, want)
+    with pytest.raises(ValueError):    # batched output, out_axes None: JAX's own refusal
+        jax.vmap(ef.jit(f), in_axes=(0, None), out_axes=(None, None, 0))(x, W)

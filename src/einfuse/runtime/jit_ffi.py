@@ -94,9 +94,35 @@ def kernel_call(function, vmapped):
 
     @kernel.def_vmap
     def batched(axis_size, in_batched, *leaves):
-        outs = vmapped(int(axis_size), tuple(bool(b) for b in in_batched)).kernel(*leaves)
-        return tuple(outs), tuple(True for _ in outs)
+        flags = tuple(bool(b) for b in in_batched)
+        outs = vmapped(int(axis_size), flags).kernel(*leaves)
+        return _unbatch(outs, outputs_batched(function, flags), int(axis_size))
     return kernel
+
+
+def outputs_batched(function, in_batched) -> Tuple[bool, ...]:
+    """Which outputs of ``function`` depend on its batched inputs (a forward pass over
+    its jaxpr; an equation with a batched input has every output batched, as JAX's own
+    rules have at worst).  An output that does not is the same for every batch element,
+    and JAX must see it unbatched: ``vmap(..., out_axes=None)`` accepts only those."""
+    base = getattr(function, "base", function)       # a BatchedFunction: its CompiledFunction
+    jaxpr = base.closed.jaxpr
+    marked = {v for v, flag in zip(jaxpr.invars, in_batched) if flag}
+
+    def reads(v):
+        return type(v).__name__ != "Literal" and v in marked
+    for eqn in jaxpr.eqns:
+        if any(reads(v) for v in eqn.invars):
+            marked.update(eqn.outvars)
+    return tuple(reads(v) for v in jaxpr.outvars)
+
+
+def _unbatch(outs, flags, size: int):
+    """The batched kernel's outputs, those not batched (``flags``) as their first batch
+    element, with the flags JAX is told; with no batch element all stay batched."""
+    if size == 0 or all(flags):
+        return tuple(outs), tuple(True for _ in outs)
+    return tuple(o if f else o[0] for o, f in zip(outs, flags)), tuple(flags)
 
 
 def _abstract(*avals, function, vmapped):
@@ -112,8 +138,9 @@ def _batch(values, dims, *, function, vmapped):
     moved = [v if d is None else jnp.moveaxis(v, d, 0)
              for v, d in zip(values, dims)]
     flags = tuple(d is not None for d in dims)
-    outs = vmapped(int(size), flags).kernel(*moved)
-    return list(outs), [0] * len(outs)
+    outs, batched = _unbatch(vmapped(int(size), flags).kernel(*moved),
+                             outputs_batched(function, flags), int(size))
+    return list(outs), [0 if b else batching.not_mapped for b in batched]
 
 
 def _host_callback(*values, function, vmapped):
