@@ -63,7 +63,8 @@ def check_value_dtype(name: str, dtype: np.dtype, source: str, span) -> None:
 def check_index_dtype(name: str, dtype: np.dtype, source: str, span) -> None:
     if dtype.kind not in "iu":
         raise EinfuseTypeError(f"{name} is used as an index array (a gather) but has dtype "
-                               f"{dtype}; index arrays must be int32 or int64",
+                               f"{dtype}; index arrays must have an integer dtype "
+                               "(signed or unsigned, any width)",
                                source=source, span=span)
 
 
