@@ -492,14 +492,8 @@ class Renderer:
         allocated; every pointer starts NULL so that a failure frees only what was
         allocated, and a failed allocation jumps to ``fail``."""
         declarations, allocations, frees = [], [], []
-        on_stack = 0
-        for buffer in self.program.buffers:
-            if buffer.name in declared:
-                continue
-            nbytes = max(1, buffer.size) * buffer.dtype.numpy.itemsize
-            t = buffer.dtype.c_type
-            if on_stack + nbytes <= STACK_LIMIT:
-                on_stack += nbytes
+        for buffer, t, nbytes, on_stack in self.placed(declared):
+            if on_stack:
                 declarations.append(f"{t} {buffer.name}[{max(1, buffer.size)}];")
             else:
                 declarations.append(f"{t} *{buffer.name} = 0;")
@@ -507,6 +501,18 @@ class Renderer:
                 allocations.append(f"if (!{buffer.name}) {on_failure}")
                 frees.append(f"free({buffer.name});")
         return declarations, allocations, frees
+
+    def placed(self, declared):
+        """(buffer, C type, bytes, whether on the stack) of each intermediate (buffer not
+        in ``declared``): the small ones, in order, until STACK_LIMIT bytes in all."""
+        on_stack = 0
+        for buffer in self.program.buffers:
+            if buffer.name in declared:
+                continue
+            nbytes = max(1, buffer.size) * buffer.dtype.numpy.itemsize
+            fits = on_stack + nbytes <= STACK_LIMIT
+            on_stack += nbytes if fits else 0
+            yield buffer, buffer.dtype.c_type, nbytes, fits
 
     def render(self) -> str:
         body = self.function(f"int {ENTRY}(void **args)")

@@ -26,7 +26,7 @@ from typing import List, Optional, Tuple
 
 from ..errors import BackendError
 from ..frontends.jaxpr_ir import JitProgram
-from .c_loops import ENTRY, PARALLEL_WORK, STACK_LIMIT, Renderer, load_entry
+from .c_loops import ENTRY, PARALLEL_WORK, Renderer, load_entry
 
 DYNAMIC_WORK = 1 << 14     # operations of one element above which threads take elements
                            # one by one (an atomic increment each) rather than in chunks
@@ -176,14 +176,8 @@ class _ArenaRenderer(Renderer):
 
     def storage(self, declared, on_failure: str = "goto fail;"):
         declarations, offset = [], 0
-        on_stack = 0
-        for buffer in self.program.buffers:
-            if buffer.name in declared:
-                continue
-            nbytes = max(1, buffer.size) * buffer.dtype.numpy.itemsize
-            t = buffer.dtype.c_type
-            if on_stack + nbytes <= STACK_LIMIT:
-                on_stack += nbytes
+        for buffer, t, nbytes, on_stack in self.placed(declared):
+            if on_stack:
                 declarations.append(f"{t} {buffer.name}[{max(1, buffer.size)}];")
             else:
                 declarations.append(f"{t} *{buffer.name} = ({t} *)(ef_arena + {offset}LL);")

@@ -24,17 +24,18 @@ ROWS = 4                   # rows of a batch of rows computed together
 ACCUMULATORS = 16          # vectors of accumulators in all (of 32 AVX-512 registers)
 
 
-def _mentions(node: Node, name: str) -> bool:
+def mentions(node: Node, name: str) -> bool:
+    """Whether the index ``name`` appears anywhere in ``node``."""
     if isinstance(node, Index):
         return node.name == name
     if isinstance(node, Read):
-        return any(_mentions(s, name) for s in node.subscripts)
+        return any(mentions(s, name) for s in node.subscripts)
     if isinstance(node, Apply):
-        return any(_mentions(a, name) for a in node.args)
+        return any(mentions(a, name) for a in node.args)
     if isinstance(node, Cast):
-        return _mentions(node.arg, name)
+        return mentions(node.arg, name)
     if isinstance(node, Select):
-        return _mentions(node.which, name) or any(_mentions(c, name) for c in node.cases)
+        return mentions(node.which, name) or any(mentions(c, name) for c in node.cases)
     return False
 
 
@@ -53,8 +54,8 @@ def contraction_operands(step: Assign, dtype: ScalarType) -> Optional[Tuple[Node
     for x, y in (body.args, body.args[::-1]):
         if isinstance(y, Read) and y.dtype is dtype and y.subscripts and \
                 y.subscripts[-1] == Index(last) and \
-                not any(_mentions(s, last) for s in y.subscripts[:-1]) and \
-                not _mentions(x, last):
+                not any(mentions(s, last) for s in y.subscripts[:-1]) and \
+                not mentions(x, last):
             return x, y
     return None
 
@@ -72,7 +73,7 @@ def render_contraction(renderer, step: Assign, x: Node, y: Read) -> None:
     # the output index before the row, when y does not read it (a batch of rows, as in
     # a vmapped layer): ROWS rows at once, so each vector of y loaded serves them all
     row = None
-    if outer and outer[-1][1] > 1 and not _mentions(y, outer[-1][0]) and whole:
+    if outer and outer[-1][1] > 1 and not mentions(y, outer[-1][0]) and whole:
         row, rows = outer[-1]
         outer = outer[:-1]
     parallel = renderer.parallel(step)

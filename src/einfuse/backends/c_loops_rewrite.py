@@ -33,6 +33,7 @@ from typing import Dict, Iterator, List, Optional, Set, Tuple
 
 from ..frontends.jaxpr_ir import (Apply, Assign, Branch, Buffer, Cast, Index, JitProgram,
                                   Loop, Node, Read, ReduceOp, ScatterAdd, Select, Step)
+from .c_loops_dot import mentions
 
 MIN_ROW = 8        # output rows shorter than this are not rendered as blocked contractions
 MAX_COPY = 1 << 18  # elements of a transposed copy: a weight, not a stack of residuals
@@ -103,20 +104,6 @@ def _step_writes(step: Step) -> Iterator[str]:
                 yield from _step_writes(inner)
 
 
-def _mentions(node: Node, name: str) -> bool:
-    if isinstance(node, Index):
-        return node.name == name
-    if isinstance(node, Read):
-        return any(_mentions(s, name) for s in node.subscripts)
-    if isinstance(node, Apply):
-        return any(_mentions(a, name) for a in node.args)
-    if isinstance(node, Cast):
-        return _mentions(node.arg, name)
-    if isinstance(node, Select):
-        return _mentions(node.which, name) or any(_mentions(c, name) for c in node.cases)
-    return False
-
-
 class _Names:
     """Fresh buffer and index names (``ef`` prefixes: the converter never makes them)."""
 
@@ -162,8 +149,8 @@ def _transposable(step: Assign, shape_of) -> Optional[Tuple[Read, int]]:
             continue
         *others, row, column = y.subscripts
         if row != Index(last) or not isinstance(column, Index) or \
-                column.name not in reduced or _mentions(x, last) or \
-                any(_mentions(s, last) or _mentions(s, column.name) for s in others):
+                column.name not in reduced or mentions(x, last) or \
+                any(mentions(s, last) or mentions(s, column.name) for s in others):
             continue
         shape = shape_of(y.buffer)
         if shape[-1] < 2 or math.prod(shape) > MAX_COPY:
@@ -351,9 +338,9 @@ def _split_operand(step: Assign, names: _Names) -> Optional[Tuple[Assign, Assign
     operand = body.args[heavy[0]]
     reduced = reduction.indices[0]
     # the operand over the output indices it depends on (loop counters are constants)
-    axes = tuple((n, e) for n, e in step.indices if e > 1 and _mentions(operand, n)) + \
+    axes = tuple((n, e) for n, e in step.indices if e > 1 and mentions(operand, n)) + \
         (reduced,)
-    if any(_mentions(operand, n) for n, e in step.indices if e == 1) or \
+    if any(mentions(operand, n) for n, e in step.indices if e == 1) or \
             math.prod(e for _, e in axes) > MAX_OPERAND:
         return None
     buffer = Buffer(names.fresh("ef_op"), tuple(e for _, e in axes), operand.dtype)
