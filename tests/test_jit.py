@@ -10,24 +10,9 @@ from jax import lax  # noqa: E402
 import einfuse as ef  # noqa: E402
 from einfuse.backends import c_build  # noqa: E402
 
-from jit_support import close, x64  # noqa: E402,F401  (x64: an autouse fixture)
+from jit_support import close, seed_inputs, seed_run, x64  # noqa: E402,F401  (x64: autouse)
 
 pytestmark = pytest.mark.skipif(c_build.find_compiler() is None, reason="needs a C compiler")
-
-
-def seed_run(params, noise):
-    def body(x, n):
-        for w in params:
-            x = jax.nn.sigmoid(x @ jax.nn.softplus(w))
-        return x + n, None
-    return lax.scan(body, jnp.zeros(1, noise.dtype), noise)[0]
-
-
-def seed_inputs(dtype, steps=40, hidden=12, seed=0):
-    rng = np.random.default_rng(seed)
-    params = [jnp.asarray(rng.normal(size=s).astype(dtype))
-              for s in [(1, hidden), (hidden, hidden), (hidden, 1)]]
-    return params, jnp.asarray((rng.normal(size=(steps, 1)) * 0.1).astype(dtype))
 
 
 @pytest.mark.parametrize("dtype", [np.float64, np.float32])

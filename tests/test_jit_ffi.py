@@ -20,7 +20,7 @@ from einfuse.backends import c_build  # noqa: E402
 from einfuse.runtime import jit as jit_module  # noqa: E402
 from einfuse.runtime import jit_batch, jit_ffi  # noqa: E402
 
-from jit_support import close, x64  # noqa: E402,F401  (x64: an autouse fixture)
+from jit_support import close, seed_inputs, seed_run, x64  # noqa: E402,F401  (x64: autouse)
 
 pytestmark = pytest.mark.skipif(c_build.find_compiler() is None, reason="needs a C compiler")
 
@@ -33,22 +33,6 @@ def on_the_cpu(monkeypatch):
     monkeypatch.delenv(jit_ffi.FORCE_CALLBACK, raising=False)
     with jax.default_device(jax.devices("cpu")[0]):
         yield
-
-
-def seed_run(params, noise):
-    def body(x, n):
-        for w in params:
-            x = jax.nn.sigmoid(x @ jax.nn.softplus(w))
-        return x + n, None
-    return lax.scan(body, jnp.zeros(1, noise.dtype), noise)[0]
-
-
-def seed_inputs(dtype=np.float64, steps=30, hidden=6, chains=0, seed=0):
-    rng = np.random.default_rng(seed)
-    params = [jnp.asarray(rng.normal(size=s).astype(dtype))
-              for s in [(1, hidden), (hidden, hidden), (hidden, 1)]]
-    shape = (chains, steps, 1) if chains else (steps, 1)
-    return params, jnp.asarray((rng.normal(size=shape) * 0.1).astype(dtype))
 
 
 def loss(f):
@@ -73,7 +57,7 @@ def host_calls(monkeypatch):
 
 
 def test_jit_grad_value_and_grad_and_vmap_run_inside_xla(host_calls):
-    params, noise = seed_inputs()
+    params, noise = seed_inputs(steps=30, hidden=6)
     fast = ef.jit(seed_run)
     assert custom_calls(fast, params, noise) == 1
     close(jax.jit(fast)(params, noise), jax.jit(seed_run)(params, noise))
@@ -84,7 +68,7 @@ def test_jit_grad_value_and_grad_and_vmap_run_inside_xla(host_calls):
     close(jax.jit(jax.grad(loss(fast), argnums=1))(params, noise),
           jax.jit(jax.grad(loss(seed_run), argnums=1))(params, noise))
     # vmapped: one batched kernel (blocks), and nested: one more level in it
-    _, noises = seed_inputs(chains=8, seed=1)
+    _, noises = seed_inputs(steps=30, hidden=6, chains=8, seed=1)
     vmapped = lambda f: jax.vmap(f, in_axes=(None, 0))    # noqa: E731
     assert custom_calls(vmapped(fast), params, noises) == 1
     close(jax.jit(vmapped(fast))(params, noises), jax.jit(vmapped(seed_run))(params, noises))
