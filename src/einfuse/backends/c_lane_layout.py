@@ -45,11 +45,7 @@ def packing_for_lanes(spec, layouts: Tuple[int, ...], shapes: List[Tuple[int, ..
     # the store's innermost index first: its lanes also store contiguously
     for index in reversed(outputs):
         packing: Dict[int, int] = {}
-        for access in accesses(spec.rhs):
-            slot = slots.index((access.tensor, "value")) \
-                if (access.tensor, "value") in slots else None
-            if slot is None or access.tensor == spec.output or slot in packing:
-                continue
+        for access, slot in _input_reads(spec, slots, packing):
             shape = shapes[slot]
             if _size(shape) * ratio > work:
                 continue
@@ -83,11 +79,7 @@ def packing_for_rows(plan, spec, layouts: Tuple[int, ...], shapes: List[Tuple[in
     slots = buffer_slots(spec)
     reduced = {name for r in reductions(spec.rhs) for name in r.indices}
     packing: Dict[int, int] = {}
-    for access in accesses(spec.rhs):
-        slot = slots.index((access.tensor, "value")) \
-            if (access.tensor, "value") in slots else None
-        if slot is None or access.tensor == spec.output or slot in packing:
-            continue
+    for access, slot in _input_reads(spec, slots, packing):
         unit = layouts[slot]
         plain = [sub.plain_index for sub in access.indices]
         if unit < 0 or plain[unit] != plan.row_index or _size(shapes[slot]) * ratio > work:
@@ -103,6 +95,17 @@ def packing_for_rows(plan, spec, layouts: Tuple[int, ...], shapes: List[Tuple[in
             trial.row_index != plan.row_index:
         return None
     return packing
+
+
+def _input_reads(spec, slots, packing: Dict[int, int]):
+    """(access, buffer slot) of each read of a value input not yet in ``packing`` (a
+    dict the caller fills while iterating): what a packing may copy."""
+    for access in accesses(spec.rhs):
+        key = (access.tensor, "value")
+        if key in slots and access.tensor != spec.output:
+            slot = slots.index(key)
+            if slot not in packing:
+                yield access, slot
 
 
 def _size(shape) -> int:
