@@ -40,7 +40,10 @@ XLA_DTYPES = {"bool": 1, "int8": 2, "int16": 3, "int32": 4, "int64": 5, "uint8":
 
 _PATH = re.compile(r"[A-Za-z0-9_./+~-]+\Z")
 
-SUPPORT_SOURCE = r"""
+# What both FFI handler libraries (this one and backends/c_jit_ffi.py's) begin with: the
+# headers, an XLA error from a message, and the answer to XLA's metadata query and to the
+# stages before execution.
+FFI_PRELUDE = r"""
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -48,6 +51,34 @@ SUPPORT_SOURCE = r"""
 #include "@HEADER@"
 /* jaxlib @VERSION@ */
 
+static XLA_FFI_Error *ef_error(const XLA_FFI_Api *api, XLA_FFI_Error_Code code,
+                               const char *message) {
+  XLA_FFI_Error_Create_Args args;
+  memset(&args, 0, sizeof args);
+  args.struct_size = XLA_FFI_Error_Create_Args_STRUCT_SIZE;
+  args.message = message;
+  args.errc = code;
+  return api->XLA_FFI_Error_Create(&args);
+}
+
+/* 1 when the call is XLA's metadata query (answered: this API version, no traits) or a
+   stage before execution: the handler then returns no error and does nothing else */
+static int ef_not_executing(XLA_FFI_CallFrame *frame) {
+  if (frame->extension_start != 0 &&
+      frame->extension_start->type == XLA_FFI_Extension_Metadata) {
+    XLA_FFI_Metadata_Extension *ext = (XLA_FFI_Metadata_Extension *)frame->extension_start;
+    ext->metadata->api_version.struct_size = XLA_FFI_Api_Version_STRUCT_SIZE;
+    ext->metadata->api_version.extension_start = 0;
+    ext->metadata->api_version.major_version = XLA_FFI_API_MAJOR;
+    ext->metadata->api_version.minor_version = XLA_FFI_API_MINOR;
+    ext->metadata->traits = 0;
+    return 1;
+  }
+  return frame->stage != XLA_FFI_ExecutionStage_EXECUTE;
+}
+"""
+
+SUPPORT_SOURCE = r"""
 typedef void (*ef_kernel_fn)(void **, const int64_t *, const double *, const int64_t *,
                              const double *, int, int32_t *);
 typedef int64_t (*ef_reporter)(int64_t token, void **args, int64_t count, char *message,
@@ -62,16 +93,6 @@ int *einfuse_ffi_busy_flag(void) { return &ef_busy; }
 
 void einfuse_ffi_set_reporter(void *fn) {
   __atomic_store_n(&ef_report, (ef_reporter)fn, __ATOMIC_RELEASE);
-}
-
-static XLA_FFI_Error *ef_error(const XLA_FFI_Api *api, XLA_FFI_Error_Code code,
-                               const char *message) {
-  XLA_FFI_Error_Create_Args args;
-  memset(&args, 0, sizeof args);
-  args.struct_size = XLA_FFI_Error_Create_Args_STRUCT_SIZE;
-  args.message = message;
-  args.errc = code;
-  return api->XLA_FFI_Error_Create(&args);
 }
 
 static const XLA_FFI_Array *ef_array(const XLA_FFI_Attrs *attrs, const char *name,
@@ -222,17 +243,7 @@ XLA_FFI_Error *einfuse_ffi_run(XLA_FFI_CallFrame *frame, const ef_kernel_fn *ker
                                int64_t count, const ef_kernel_fn *verified,
                                int64_t verified_count) {
   const XLA_FFI_Api *api = frame->api;
-  if (frame->extension_start != 0 &&
-      frame->extension_start->type == XLA_FFI_Extension_Metadata) {
-    XLA_FFI_Metadata_Extension *ext = (XLA_FFI_Metadata_Extension *)frame->extension_start;
-    ext->metadata->api_version.struct_size = XLA_FFI_Api_Version_STRUCT_SIZE;
-    ext->metadata->api_version.extension_start = 0;
-    ext->metadata->api_version.major_version = XLA_FFI_API_MAJOR;
-    ext->metadata->api_version.minor_version = XLA_FFI_API_MINOR;
-    ext->metadata->traits = 0;
-    return 0;
-  }
-  if (frame->stage != XLA_FFI_ExecutionStage_EXECUTE) return 0;
+  if (ef_not_executing(frame)) return 0;
   const XLA_FFI_Array *layout_attr = ef_array(&frame->attrs, "layout", XLA_FFI_DataType_S64);
   const XLA_FFI_Array *ints_attr = ef_array(&frame->attrs, "ints", XLA_FFI_DataType_S64);
   const XLA_FFI_Array *fills_attr = ef_array(&frame->attrs, "fills", XLA_FFI_DataType_F64);
@@ -406,9 +417,15 @@ def support_source(header: str, version: str) -> str:
     """The support library's source for the c_api.h at ``header`` (an absolute path, the
     only outside text in it, checked to be a plain path) of jaxlib ``version`` (which
     keys the cached library: new headers, new library)."""
+    return ffi_prelude(header, version) + SUPPORT_SOURCE
+
+
+def ffi_prelude(header: str, version: str) -> str:
+    """FFI_PRELUDE for the c_api.h at ``header`` (an absolute path, checked to be a plain
+    path) of jaxlib ``version``; ValueError for anything else."""
     if not _PATH.match(header) or not _PATH.match(version):
         raise ValueError(f"unexpected jaxlib header path or version: {header!r} {version!r}")
-    return SUPPORT_SOURCE.replace("@HEADER@", header).replace("@VERSION@", version)
+    return FFI_PRELUDE.replace("@HEADER@", header).replace("@VERSION@", version)
 
 
 def kernel_stub(kernel_names) -> str:

@@ -38,18 +38,11 @@ from dataclasses import dataclass
 from typing import Dict, Sequence, Tuple
 
 from . import c_build
-from .c_ffi_support import XLA_DTYPES, support_source
+from .c_ffi_support import XLA_DTYPES, ffi_prelude
 
 TARGET = "einfuse_jit"     # the one XLA custom-call target of every ef.jit kernel
 
 SOURCE = r"""
-#include <stdint.h>
-#include <stdlib.h>
-#include <string.h>
-#include <stdio.h>
-#include "@HEADER@"
-/* jaxlib @VERSION@ */
-
 typedef int (*ef_plain_entry)(void **);
 typedef int (*ef_team_entry)(void **, int);
 
@@ -111,16 +104,6 @@ int einfuse_jit_register(int64_t token, void *entry, int takes_threads, int64_t 
   return 0;
 }
 
-static XLA_FFI_Error *ef_error(const XLA_FFI_Api *api, XLA_FFI_Error_Code code,
-                               const char *message) {
-  XLA_FFI_Error_Create_Args args;
-  memset(&args, 0, sizeof args);
-  args.struct_size = XLA_FFI_Error_Create_Args_STRUCT_SIZE;
-  args.message = message;
-  args.errc = code;
-  return api->XLA_FFI_Error_Create(&args);
-}
-
 static int ef_token(const XLA_FFI_Attrs *attrs, int64_t *token) {
   for (int64_t k = 0; k < attrs->size; ++k) {
     const XLA_FFI_ByteSpan *key = attrs->names[k];
@@ -148,17 +131,7 @@ static int ef_matches(const XLA_FFI_Buffer *b, const int64_t *shapes, int64_t *a
 
 XLA_FFI_Error *einfuse_jit_handler(XLA_FFI_CallFrame *frame) {
   const XLA_FFI_Api *api = frame->api;
-  if (frame->extension_start != 0 &&
-      frame->extension_start->type == XLA_FFI_Extension_Metadata) {
-    XLA_FFI_Metadata_Extension *ext = (XLA_FFI_Metadata_Extension *)frame->extension_start;
-    ext->metadata->api_version.struct_size = XLA_FFI_Api_Version_STRUCT_SIZE;
-    ext->metadata->api_version.extension_start = 0;
-    ext->metadata->api_version.major_version = XLA_FFI_API_MAJOR;
-    ext->metadata->api_version.minor_version = XLA_FFI_API_MINOR;
-    ext->metadata->traits = 0;
-    return 0;
-  }
-  if (frame->stage != XLA_FFI_ExecutionStage_EXECUTE) return 0;
+  if (ef_not_executing(frame)) return 0;
   char message[512];
   int64_t token = 0;
   if (!ef_token(&frame->attrs, &token))
@@ -250,8 +223,7 @@ def converts(dtype_name: str) -> bool:
 def support_library(header: str, version: str) -> ctypes.CDLL:
     """The handler's library for the c_api.h at ``header`` (checked to be a plain path,
     as c_ffi_support does) of jaxlib ``version``: built once, cached on disk."""
-    support_source(header, version)     # checks the path and version (ValueError)
-    library = c_build.load(SOURCE.replace("@HEADER@", header).replace("@VERSION@", version))
+    library = c_build.load(ffi_prelude(header, version) + SOURCE)   # ValueError: bad path
     library.einfuse_jit_register.restype = ctypes.c_int
     library.einfuse_jit_register.argtypes = [
         ctypes.c_int64, ctypes.c_void_p, ctypes.c_int, ctypes.c_int64, ctypes.c_int64,
