@@ -241,10 +241,10 @@ class _NumpyOps:
 
     @staticmethod
     def add_at(target, positions, values, keep):
-        where = tuple(p[keep] for p in positions)
+        where, kept = tuple(p[keep] for p in positions), values[keep]
         from ..backends.c_scatter import scatter_flat     # compiled where it applies
-        if not scatter_flat(target, where, values[keep]):
-            np.add.at(target, where, values[keep])
+        if not scatter_flat(target, where, kept):
+            np.add.at(target, where, kept)
         return target
 
 
