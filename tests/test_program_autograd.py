@@ -183,3 +183,22 @@ def test_an_output_read_by_a_recomputed_intermediate():
     got = torch.autograd.grad(program(X=X), [X], seeds)[0]
     want = torch.autograd.grad((torch.softmax(2 * X, 1), 2 * X), [X], seeds)[0]
     _close(got, want, torch.float64)
+
+
+@pytest.mark.parametrize("first", ["detached", "recorded"])
+def test_a_call_without_grad_then_one_with_grad_on_the_same_shapes(first):
+    # both calls share the prepared runs of the fused forward; the recorded one keeps
+    # the intermediates its backward reads, the other does not: the prepared run of one
+    # must not serve the other
+    program = ef.compile(SOFTMAX)
+    gen = torch.Generator().manual_seed(7)
+    X = torch.randn(512, 256, generator=gen, dtype=torch.float32, requires_grad=True)
+    seed = torch.randn(512, 256, generator=gen, dtype=torch.float32)
+    want = torch.autograd.grad(torch.softmax(X, 1), [X], seed)[0]
+    for _ in range(2):
+        calls = [lambda: program(X=X.detach()), lambda: program(X=X)]
+        for call in calls if first == "detached" else calls[::-1]:
+            out = call()
+        got = torch.autograd.grad(program(X=X), [X], seed)[0]
+        _close(out.detach(), torch.softmax(X, 1).detach(), torch.float32)
+        _close(got, want, torch.float32)

@@ -98,6 +98,10 @@ def run_statements(kernels: Sequence, env: Dict[str, object], framework: str,
     if runs is not None and framework == "numpy":
         from ..runtime.repeat import signature_of
         signature = signature_of(env)
+        if signature is not None:
+            # what is kept decides what the fused groups write out: a run prepared for
+            # fewer kept names would leave a later caller's intermediates unwritten
+            signature = (signature, None if keep is None else frozenset(keep))
         steps = runs.get(signature) if signature is not None else None
         if steps is not None:
             for step in steps:
