@@ -42,6 +42,17 @@ def test_einsum_matches_numpy(backend, subscripts, shapes):
     np.testing.assert_allclose(got, want, rtol=1e-10, atol=1e-12)
 
 
+@pytest.mark.parametrize("subscripts, shapes", CASES[:14], ids=[c[0] for c in CASES[:14]])
+@pytest.mark.parametrize("dtype", [np.bool_, np.int32, np.uint8])
+def test_integer_and_bool_operands_keep_numpys_result_dtype(subscripts, shapes, dtype):
+    # numpy.einsum of bool operands is bool (an or of ands), of int32 int32
+    operands = [(rng.integers(0, 3, s) > 1).astype(dtype) for s in shapes]
+    got = ef.einsum(subscripts, *operands)
+    want = np.einsum(subscripts, *operands)
+    assert np.asarray(got).dtype == want.dtype
+    np.testing.assert_array_equal(got, want)
+
+
 @pytest.mark.parametrize("optimize", [False, "greedy", "optimal", True])
 def test_every_optimize_setting_gives_the_same_result(optimize):
     operands = [rng.standard_normal(s) for s in [(2, 3), (3, 4), (4, 5), (5, 2)]]

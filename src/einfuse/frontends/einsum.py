@@ -220,8 +220,14 @@ def einsum(subscripts: str, *operands, optimize="auto", backend="auto", **option
         raise attach_statement(error, subscripts) from None
     arrays = {name: (op if shape is None else op.reshape(shape))
               for name, op, shape in zip(plan.names, operands, plan.reshapes)}
-    return ein(plan.source, backend=backend, arrays=arrays, outputs=(plan.output,)
-               if "\n" in plan.source else None, **options)
+    result = ein(plan.source, backend=backend, arrays=arrays, outputs=(plan.output,)
+                 if "\n" in plan.source else None, **options)
+    if operands and "dtype" not in options and \
+            all(str(op.dtype).endswith("bool") for op in operands):
+        # numpy.einsum sums bool products in bool (an or of ands); einfuse sums them
+        # as integers (notation.md), so the count becomes its truth value here
+        result = result != 0
+    return result
 
 
 @dataclass
