@@ -54,6 +54,37 @@ def test_matches_einops(backend, kind, pattern, sizes, reduction):
     np.testing.assert_allclose(got, want, rtol=1e-12)
 
 
+@pytest.mark.parametrize("reduction", ["any", "all"])
+@pytest.mark.parametrize("pattern, sizes", [("b h w c -> b c", {}), ("b (h h2) w c -> h c", {"h2": 2}),
+                                            ("b h w c -> ", {}), ("b h w c -> c () b", {})])
+@pytest.mark.parametrize("dtype", [bool, np.int32, np.float64])
+def test_any_and_all_are_einops(reduction, pattern, sizes, dtype):
+    value = (np.round(x) if dtype is not bool else x > 0.5).astype(dtype)
+    got = ef.reduce(value, pattern, reduction, **sizes)
+    want = einops.reduce(value, pattern, reduction, **sizes)
+    assert got.dtype == want.dtype == np.bool_
+    np.testing.assert_array_equal(got, want)
+
+
+@pytest.mark.parametrize("pattern, sizes", [("b h w c -> c w", {}),
+                                            ("b (h h2) w c -> (c b) h 1", {"h2": 3}),
+                                            ("b h w c -> b h", {})])
+def test_a_callable_reduction_as_einops_calls_it(pattern, sizes):
+    def logsumexp(t, axes):
+        return np.log(np.exp(t).sum(axis=axes))
+    got = ef.reduce(x, pattern, logsumexp, **sizes)
+    want = einops.reduce(x, pattern, logsumexp, **sizes)
+    assert got.shape == want.shape
+    np.testing.assert_allclose(got, want, rtol=1e-12)
+
+
+def test_a_callable_reduction_that_misbehaves_is_named():
+    with pytest.raises(ef.EinfuseError, match="returned shape"):
+        ef.reduce(x, "b h w c -> c", lambda t, axes: t.sum())
+    with pytest.raises(ef.EinfuseError, match="ZeroDivisionError"):
+        ef.reduce(x, "b h w c -> c", lambda t, axes: 1 / 0)
+
+
 def test_logsumexp_reduction():
     got = ef.reduce(x, "b h w c -> b c", "logsumexp")
     want = np.log(np.exp(x).sum((1, 2)))

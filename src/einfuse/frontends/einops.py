@@ -19,7 +19,7 @@ from ..errors import EinfuseError, EinfuseSyntaxError, ShapeError, attach_statem
 
 Group = Tuple[str, ...]            # the elementary axes of one axis of a side
 
-REDUCTIONS = ("sum", "mean", "max", "min", "prod", "logsumexp")
+REDUCTIONS = ("sum", "mean", "max", "min", "prod", "any", "all", "logsumexp")
 _COMPOSED_DOTS = "(...)"
 _TOKEN = re.compile(r"\.\.\.|\(|\)|[A-Za-z_][A-Za-z_0-9]*|\d+|\S")
 
@@ -70,6 +70,10 @@ class EinopsPlan:
     inner_shape: Tuple[int, ...]          # the input's elementary axes
     output_shape: Tuple[int, ...]         # the right side's composed shape
     ranges: Tuple[Tuple[str, int], ...]   # extents of axes the input does not have
+    reduced: Tuple[int, ...] = ()         # positions in inner_shape of the dropped axes
+    # a callable reduction: the statement that orders the axes it leaves as the right
+    # side does (None: they are in order already)
+    after_callable: Optional[str] = None
 
 
 def plan_einops(pattern: str, shape: Tuple[int, ...], kind: str,
@@ -161,8 +165,13 @@ def plan_einops(pattern: str, shape: Tuple[int, ...], kind: str,
         return EinopsPlan(None, inner_shape, output_shape, ())
     # index names of the statement: a0, a1, ... (pattern names are any identifiers)
     index = {n: f"a{k}" for k, n in enumerate(dict.fromkeys(left_axes + right_axes))}
+    reduced = tuple(k for k, n in enumerate(left_axes) if n in dropped)
+    kept = [n for n in left_axes if n not in dropped]
+    after = None if kept == right_axes else _statement(kept, right_axes, [], None, known,
+                                                       index)
     return EinopsPlan(_statement(left_axes, right_axes, dropped, reduction, known, index),
-                      inner_shape, output_shape, tuple((index[n], known[n]) for n in added))
+                      inner_shape, output_shape, tuple((index[n], known[n]) for n in added),
+                      reduced, after)
 
 
 def _statement(left, right, dropped, reduction, known, index) -> str:
@@ -174,6 +183,12 @@ def _statement(left, right, dropped, reduction, known, index) -> str:
     if reduction == "mean":
         count = math.prod(known[n] for n in dropped)
         return f"{lhs} := sum[{over}]({read}) / {count}"
+    if reduction == "any":      # a whole right side that is a comparison is bool
+        return f"{lhs} := sum[{over}]({read} != 0) > 0"
+    if reduction == "all":
+        return f"{lhs} := sum[{over}]({read} == 0) == 0"
+    if not isinstance(reduction, str):   # a callable: planned as a sum, run by _run
+        return f"{lhs} := sum[{over}]({read})"
     return f"{lhs} := {reduction}[{over}]({read})"
 
 
@@ -187,9 +202,10 @@ def _run(kind: str, x, pattern: str, reduction: Optional[str], sizes, options):
             for item in x) else _stack(x)
     elif not hasattr(x, "shape"):
         x = np.asarray(x)
-    if kind == "reduce" and reduction not in REDUCTIONS:
-        raise attach_statement(_error(f"reduce's reduction is one of {', '.join(REDUCTIONS)}, "
-                                      f"not {reduction!r}", pattern), pattern)
+    if kind == "reduce" and reduction not in REDUCTIONS and not callable(reduction):
+        raise attach_statement(_error(f"reduce's reduction is one of {', '.join(REDUCTIONS)}"
+                                      f" or a callable f(x, axes), not {reduction!r}",
+                                      pattern), pattern)
     try:
         plan = plan_einops(pattern, tuple(x.shape), kind, reduction, sizes)
     except EinfuseError as error:
@@ -197,9 +213,35 @@ def _run(kind: str, x, pattern: str, reduction: Optional[str], sizes, options):
     inner = x.reshape(plan.inner_shape)
     if plan.statement is None:
         return inner.reshape(plan.output_shape)
+    if callable(reduction):
+        return _run_callable(reduction, inner, plan, pattern, options)
     result = ein(plan.statement, arrays={"X": inner}, ranges=dict(plan.ranges) or None,
                  **options)
     return result.reshape(plan.output_shape)
+
+
+def _run_callable(reduction, inner, plan: EinopsPlan, pattern: str, options):
+    """einops' callable reduction: ``reduction(x, axes)`` on the elementary axes, the
+    axes it leaves then ordered and composed as the right side says."""
+    from ..runtime.kernel import ein
+    want = tuple(n for k, n in enumerate(plan.inner_shape) if k not in plan.reduced)
+    try:
+        reduced = reduction(inner, plan.reduced)
+    except EinfuseError:
+        raise
+    except Exception as error:   # the caller's function: named, with its own message
+        raise attach_statement(EinfuseError(
+            f"the reduction {getattr(reduction, '__name__', reduction)!r} failed on axes "
+            f"{plan.reduced}: {type(error).__name__}: {error}", source=pattern,
+            span=(0, len(pattern))), pattern) from error
+    if tuple(getattr(reduced, "shape", ())) != want:
+        raise attach_statement(ShapeError(
+            f"the reduction {getattr(reduction, '__name__', reduction)!r} over axes "
+            f"{plan.reduced} returned shape {tuple(getattr(reduced, 'shape', ()))}, not "
+            f"{want}", source=pattern, span=(0, len(pattern))), pattern)
+    if plan.after_callable is not None:
+        reduced = ein(plan.after_callable, arrays={"X": reduced}, **options)
+    return reduced.reshape(plan.output_shape)
 
 
 def _stack(items):
@@ -217,9 +259,11 @@ def rearrange(x, pattern: str, **sizes):
     return _run("rearrange", x, pattern, None, sizes, options)
 
 
-def reduce(x, pattern: str, reduction: str, **sizes):
-    """einops.reduce with sum, mean, max, min, prod and logsumexp, one kernel:
-    ``ef.reduce(x, "b (h h2) (w w2) c -> b h w c", "max", h2=2, w2=2)``."""
+def reduce(x, pattern: str, reduction, **sizes):
+    """einops.reduce with sum, mean, max, min, prod, any, all and logsumexp, one kernel:
+    ``ef.reduce(x, "b (h h2) (w w2) c -> b h w c", "max", h2=2, w2=2)``.  As in einops,
+    ``reduction`` may also be a callable ``f(x, axes)`` that reduces the tuple of axes
+    of ``x`` (the input split into its elementary axes); einfuse orders the rest."""
     options = _options(sizes)
     return _run("reduce", x, pattern, reduction, sizes, options)
 
