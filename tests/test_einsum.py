@@ -144,3 +144,38 @@ def test_the_command_line_explains_an_einsum_string(capsys):
                  "--shape", "B=2x6x4x5"]) == 0
     out = capsys.readouterr().out
     assert "out[b, h, t, T] := A[b, t, h, r] * B[b, T, h, r]" in out and "Loop nest" in out
+
+
+def test_numpys_sublist_form():
+    a, b, c = rng.standard_normal((3, 4)), rng.standard_normal((4, 5)), rng.standard_normal((3, 3, 4))
+    for arguments in [(a, [0, 1], b, [1, 2]), (a, [0, 1], b, [1, 2], [2, 0]), (c, [0, 0, 1]),
+                      (c, [Ellipsis, 1], [Ellipsis]), (a, [30, 2]),
+                      (a, [0, 1], b, [1, 51], [51, 0])]:
+        got, want = ef.einsum(*arguments), np.einsum(*arguments)
+        assert np.shape(got) == np.shape(want)
+        np.testing.assert_allclose(got, want, rtol=1e-12)
+    for bad, message in [((a, [0, "x"]), "holds 'x'"), ((a, [0, 52]), "holds 52"),
+                         ((a, "ab"), "not str"), ((a, [0, True]), "holds True"),
+                         ((a,), "sublist form")]:
+        with pytest.raises(ef.EinfuseError, match=message):
+            ef.einsum(*bad)
+
+
+def test_numpys_out_casting_and_order():
+    a, b = rng.standard_normal((2, 3)), rng.standard_normal((3, 4))
+    out = np.zeros((2, 4))
+    assert ef.einsum("ij,jk->ik", a, b, out=out) is out
+    np.testing.assert_allclose(out, a @ b, rtol=1e-12)
+    narrow = np.zeros((2, 4), np.float32)
+    with pytest.raises(ef.EinfuseError, match="casting='safe'"):
+        ef.einsum("ij,jk->ik", a, b, out=narrow)
+    ef.einsum("ij,jk->ik", a, b, out=narrow, casting="same_kind")
+    np.testing.assert_allclose(narrow, a @ b, rtol=1e-6)
+    with pytest.raises(ef.EinfuseError, match="cannot be cast"):
+        ef.einsum("ij,jk->ik", a, b, dtype=np.float32)
+    assert ef.einsum("ij,jk->ik", a, b, dtype=np.float32, casting="unsafe").dtype == np.float32
+    assert ef.einsum("ij,jk->ik", a, b, order="F").flags.f_contiguous
+    with pytest.raises(ef.EinfuseError, match="shape"):
+        ef.einsum("ij,jk->ik", a, b, out=np.zeros(3))
+    with pytest.raises(ef.EinfuseError, match="order"):
+        ef.einsum("ij,jk->ik", a, b, order="X")

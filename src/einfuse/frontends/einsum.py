@@ -13,10 +13,11 @@ from __future__ import annotations
 import functools
 
 import string
+import numpy as np
 from dataclasses import dataclass
 from typing import Dict, List, Optional, Sequence, Tuple
 
-from ..errors import EinfuseSyntaxError, ShapeError
+from ..errors import EinfuseSyntaxError, EinfuseTypeError, ShapeError
 
 _LETTERS = set(string.ascii_letters)
 
@@ -90,8 +91,8 @@ def _remembered_plan(subscripts: str, shapes, optimize) -> EinsumPlan:
 def _plan_einsum(subscripts: str, shapes: Sequence[Tuple[int, ...]],
                  optimize="auto") -> EinsumPlan:
     if not isinstance(subscripts, str):
-        raise EinfuseSyntaxError("einsum takes its subscripts as a string first "
-                                 "(the interleaved operand/sublist form is not supported)")
+        raise EinfuseSyntaxError(f"einsum's subscripts are a string, not "
+                                 f"{type(subscripts).__name__}")
     if not shapes:
         raise _error("einsum needs at least one operand", subscripts)
     terms, output = _terms(subscripts, len(shapes))
@@ -202,19 +203,107 @@ def _render(axes: List[List[str]], out: List[str], names: List[str], steps) -> s
     return "\n".join(lines)
 
 
-def einsum(subscripts: str, *operands, optimize="auto", backend="auto", **options):
+# numpy's labels for the integers of the sublist form: 0-25 upper case, 26-51 lower
+# case, so that the implicit output (labels in character order) is in integer order
+_SUBLIST_LABELS = string.ascii_uppercase + string.ascii_lowercase
+
+
+def _sublist_text(sublist, position: str) -> str:
+    try:
+        items = list(sublist)
+    except TypeError:
+        items = None
+    if items is None or isinstance(sublist, str):
+        raise EinfuseSyntaxError(f"in einsum's sublist form, {position} is a list of "
+                                 f"integers (and ...), not {type(sublist).__name__}")
+    text = []
+    for item in items:
+        if item is Ellipsis:
+            text.append("...")
+        elif isinstance(item, bool) or not isinstance(item, (int, np.integer)) or \
+                not 0 <= int(item) < len(_SUBLIST_LABELS):
+            shown = repr(item) if len(repr(item)) <= 40 else type(item).__name__
+            raise EinfuseSyntaxError(f"in einsum's sublist form, {position} holds "
+                                     f"{shown}: labels are integers from 0 to 51 or ...")
+        else:
+            text.append(_SUBLIST_LABELS[int(item)])
+    return "".join(text)
+
+
+def from_sublists(arguments: Sequence) -> Tuple[str, List]:
+    """numpy.einsum's interleaved form ``einsum(a, [0, 1], b, [1, 2], [0, 2])`` as
+    (subscripts, operands)."""
+    if len(arguments) < 2:
+        raise EinfuseSyntaxError("einsum's subscripts are a string, or numpy's sublist form "
+                                 "(operand, [labels], operand, [labels], ..., [output])")
+    operands = list(arguments[0::2])
+    sublists = list(arguments[1::2])
+    output = None
+    if len(arguments) % 2:        # an odd count: the last is the output's sublist
+        output = operands.pop()
+        output = _sublist_text(output, "the output")
+    terms = [_sublist_text(s, f"the sublist of operand {n}") for n, s in enumerate(sublists)]
+    return ",".join(terms) + ("" if output is None else "->" + output), operands
+
+
+_CASTINGS = ("no", "equiv", "safe", "same_kind", "unsafe")
+
+
+def _numpy_keywords(operands, options, casting: str, order: str) -> None:
+    """numpy.einsum's ``casting`` rule for ``dtype=`` (checked on NumPy operands) and
+    its ``order`` values."""
+    from ..errors import OptionError
+    if casting not in _CASTINGS:
+        raise OptionError(f"casting={casting!r}: it is one of {', '.join(_CASTINGS)}")
+    if order not in ("K", "A", "C", "F"):
+        raise OptionError(f"order={order!r}: it is one of K, A, C, F")
+    wanted = options.get("dtype")
+    if wanted is None:
+        return
+    for n, op in enumerate(operands):
+        if isinstance(op, np.ndarray) and not np.can_cast(op.dtype, wanted, casting):
+            raise EinfuseTypeError(f"operand {n} of dtype {op.dtype} cannot be cast to "
+                                   f"dtype={np.dtype(wanted).name} under "
+                                   f"casting={casting!r} (numpy.einsum's rule)")
+
+
+def _into(out, result, casting: str):
+    """numpy.einsum's ``out=``: the result written into ``out``, which is returned."""
+    if tuple(getattr(out, "shape", ())) != tuple(result.shape) or not hasattr(out, "shape"):
+        raise ShapeError(f"out= has shape {tuple(getattr(out, 'shape', ()))} but the result "
+                         f"has shape {tuple(result.shape)}")
+    if isinstance(out, np.ndarray):
+        result = np.asarray(result)
+        if not np.can_cast(result.dtype, out.dtype, casting):
+            raise EinfuseTypeError(f"the result of dtype {result.dtype} cannot be written "
+                                   f"into out= of dtype {out.dtype} under "
+                                   f"casting={casting!r} (numpy.einsum's rule)")
+        np.copyto(out, result, casting="unsafe")
+        return out
+    if hasattr(out, "copy_"):       # a torch tensor
+        out.copy_(result)
+        return out
+    raise EinfuseTypeError(f"out= is a {type(out).__name__}; it must be a NumPy array or a "
+                           "torch tensor (JAX arrays are immutable)")
+
+
+def einsum(subscripts: str, *operands, optimize="auto", backend="auto", out=None,
+           casting: str = "safe", order: str = "K", **options):
     """numpy.einsum's semantics on NumPy, PyTorch (differentiable) and JAX (jit, grad,
     vmap) arrays: ``ef.einsum("bthr,bThr->bhtT", Q, K)``.  Two operands become one
     statement; three or more a program of pairwise contractions in the order opt_einsum
     finds (``optimize=False``: one fused statement; "greedy", "optimal" or an explicit
-    path choose the search).  Other keywords are ``ein``'s options."""
-    import numpy as np
-
+    path choose the search).  numpy's sublist form, ``ef.einsum(a, [0, 1], b, [1, 2])``,
+    and its ``out=``, ``casting=`` and ``order=`` work too.  Other keywords are
+    ``ein``'s options."""
     from ..errors import EinfuseError, attach_statement
     from ..runtime.kernel import ein
+    if not isinstance(subscripts, str):    # numpy's sublist form
+        subscripts, operands = from_sublists((subscripts,) + operands)
     operands = [op if hasattr(op, "shape") else np.asarray(op) for op in operands]
     shapes = [tuple(op.shape) for op in operands]
     try:
+        _numpy_keywords(operands, options, casting, order)
         plan = plan_einsum(subscripts, shapes, optimize)
     except EinfuseError as error:
         raise attach_statement(error, subscripts) from None
@@ -227,6 +316,13 @@ def einsum(subscripts: str, *operands, optimize="auto", backend="auto", **option
         # numpy.einsum sums bool products in bool (an or of ands); einfuse sums them
         # as integers (notation.md), so the count becomes its truth value here
         result = result != 0
+    if order == "F" and isinstance(result, np.ndarray):
+        result = np.asfortranarray(result)
+    if out is not None:
+        try:
+            return _into(out, result, casting)
+        except EinfuseError as error:
+            raise attach_statement(error, subscripts) from None
     return result
 
 
