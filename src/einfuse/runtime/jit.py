@@ -190,6 +190,10 @@ class JitFunction:
 
     def __call__(self, *args, **kwargs):
         compiled, out_tree, leaves = self._compiled(args, kwargs)
+        if _forward_mode(leaves):
+            # jax.jvp / jacfwd / hessian: the kernel's gradient is a custom_vjp, which
+            # forward mode cannot go through, so JAX runs the function itself (unfused)
+            return self.fn(*args, **kwargs)
         return jax.tree_util.tree_unflatten(out_tree(), compiled.run(leaves))
 
     def compiled(self, *args, **kwargs) -> CompiledFunction:
@@ -266,6 +270,21 @@ class JitFunction:
                 found = self._cache.setdefault(key, found)
         compiled, out_tree = found
         return compiled, (lambda: out_tree), leaves
+
+
+def _forward_mode(leaves) -> bool:
+    """Whether JAX's forward mode traces any of ``leaves``: a JVP tracer (at any depth
+    of nested transformations) whose tangent is not one that reverse mode records to
+    transpose later (reverse mode without direct linearization traces JVPs too)."""
+    for leaf in leaves:
+        while isinstance(leaf, jax.core.Tracer):
+            if type(leaf).__name__ == "JVPTracer" and \
+                    type(getattr(leaf, "tangent", None)).__name__ != "JaxprTracer":
+                return True
+            # one transformation in: a linearize or JVP tracer's primal, a batch's value
+            inner = getattr(leaf, "primal", None)
+            leaf = inner if inner is not None else getattr(leaf, "val", None)
+    return False
 
 
 def _without_dead_code(closed):
