@@ -179,3 +179,15 @@ def test_numpys_out_casting_and_order():
         ef.einsum("ij,jk->ik", a, b, out=np.zeros(3))
     with pytest.raises(ef.EinfuseError, match="order"):
         ef.einsum("ij,jk->ik", a, b, order="X")
+
+
+@pytest.mark.parametrize("subscripts", ["ijk->kji", "iii->i", "...ii->...i", "ii...->...i",
+                                        "ijk", "iij->ji", "jii->ij"])
+def test_a_pure_view_is_numpys_view(subscripts):
+    # one NumPy operand and every label kept: numpy.einsum returns a (writeable) view
+    base = np.arange(27.0).reshape(3, 3, 3).copy()
+    got = ef.einsum(subscripts, base)
+    np.testing.assert_array_equal(got, np.einsum(subscripts, base))
+    assert np.shares_memory(got, base) == np.shares_memory(np.einsum(subscripts, base), base)
+    summed = ef.einsum(subscripts.replace("...", "k")[:2] + "->", base[..., 0])
+    assert not np.shares_memory(summed, base)

@@ -31,6 +31,9 @@ class EinsumPlan:
     names: Tuple[str, ...]
     reshapes: Tuple[Optional[Tuple[int, ...]], ...]
     output: str
+    # one operand, every label kept: the result is a strided view of it (a transpose,
+    # a diagonal), which numpy.einsum returns as a view
+    view: bool = False
 
 
 def _error(message: str, subscripts: str) -> EinfuseSyntaxError:
@@ -142,7 +145,9 @@ def _plan_einsum(subscripts: str, shapes: Sequence[Tuple[int, ...]],
                         tuple(shape[n] for n in keep))
     names = _operand_names(len(shapes), set(extents))
     steps = _path(kept, out, extents, optimize)
-    return EinsumPlan(_render(kept, out, names, steps), tuple(names), tuple(reshapes), "out")
+    view = len(axes) == 1 and reshapes[0] is None and set(axes[0]) <= set(out)
+    return EinsumPlan(_render(kept, out, names, steps), tuple(names), tuple(reshapes), "out",
+                      view)
 
 
 def _operand_names(count: int, labels) -> List[str]:
@@ -307,6 +312,10 @@ def einsum(subscripts: str, *operands, optimize="auto", backend="auto", out=None
         plan = plan_einsum(subscripts, shapes, optimize)
     except EinfuseError as error:
         raise attach_statement(error, subscripts) from None
+    if plan.view and out is None and "dtype" not in options and order != "F" and \
+            type(operands[0]) is np.ndarray and operands[0].dtype != object:
+        # nothing to compute: numpy's own view of the operand (writeable, as numpy's)
+        return np.einsum(subscripts, operands[0])
     arrays = {name: (op if shape is None else op.reshape(shape))
               for name, op, shape in zip(plan.names, operands, plan.reshapes)}
     result = ein(plan.source, backend=backend, arrays=arrays, outputs=(plan.output,)
