@@ -17,7 +17,7 @@ from ..errors import BackendError
 from ..plan import call_arguments, unit_axis
 from ..plan.fuse import COLUMN_SUMS, fuse_kernels, renamed_int, slots_after_fusion
 from ..plan.fuse_sums import GUARD_INT, guard_verdict
-from ..plan.lower import divides
+from ..plan.expression_facts import divides
 from . import c_build, c_call
 from .c_backend import _ARGTYPES, _blas_contraction, _buffers, _pack_for_lanes, _plan
 from .c_render import render_c

@@ -26,13 +26,14 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
-from typing import Dict, List, Optional, Sequence, Set, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
 from .. import ir
 from ..ir import Affine
 from ..lang import ast
+from .expression_facts import fast_math_safe, indices_used
 from .gathers import check_gather_arithmetic, parse_mode
 from .sums import BlockedSums
 from .windows import LANE_STEPS, UNIT_STEPS, read_once_per_block, wide_lanes
@@ -41,8 +42,6 @@ from .windows import LANE_STEPS, UNIT_STEPS, read_once_per_block, wide_lanes
 # call, so the kernel needs no test at all.
 _POLICY = {"clip": "clip", "wrap": "wrap", "fill": "fill", "check": "check",
            "promise": "check", "verified": "none"}
-# Operations whose NaN/inf behaviour fast-math could change (see c_build).
-_NAN_SENSITIVE_CALLS = frozenset({"min", "max", "where", "relu", "softplus"})
 
 
 def buffer_slots(spec) -> Tuple[Tuple[str, str], ...]:
@@ -259,7 +258,7 @@ class _Lowering(BlockedSums):
             # several products): a second form of the loop, taken where every such
             # reciprocal is a normal number (else the product would lose accuracy)
             if not tops and not self.checks and not self.plain and len(outer) >= 2 and \
-                    _fast_math_safe(rhs) and self.working.kind == "f":
+                    fast_math_safe(rhs) and self.working.kind == "f":
                 self.fixed_along = inner
             value = self.expr(rhs, env, pre)
             self.fixed_along = None
@@ -293,7 +292,7 @@ class _Lowering(BlockedSums):
         if tiled:
             self.lane_indices.insert(0, inner)
         return Plan(program, self.slots, tuple(self.int_args), self.params,
-                    _fast_math_safe(rhs), mode, inner, tuple(dict.fromkeys(self.lane_indices)),
+                    fast_math_safe(rhs), mode, inner, tuple(dict.fromkeys(self.lane_indices)),
                     self.row_index)
 
     def tiled_outputs(self, order, inner, tops, env, pos, strides, out_slot):
@@ -353,7 +352,7 @@ class _Lowering(BlockedSums):
         if isinstance(e, ast.Binary):
             left, right = self.expr(e.left, env, pre, lanes), self.expr(e.right, env, pre, lanes)
             if e.op == "/" and self.fixed_along is not None and \
-                    self.fixed_along not in _indices_used(e.right):
+                    self.fixed_along not in indices_used(e.right):
                 local = f"r{len(self.reciprocals)}"
                 self.reciprocals.append((local, right))
                 return ir.Binary("*", left, ir.Local(local))
@@ -564,51 +563,3 @@ def _top_reductions(expr: ast.Expr) -> List[ast.Reduce]:
         if not isinstance(expr, ast.Access):
             found += _top_reductions(child)
     return found
-
-
-# Functions whose C rendering divides nothing (libm calls, comparisons and selects).
-_DIVISION_FREE_CALLS = frozenset({"exp", "log", "sqrt", "abs", "sin", "cos", "log1p",
-                                  "expm1", "erf", "min", "max", "where", "relu"})
-
-
-def _indices_used(expr: ast.Expr) -> Set[str]:
-    """Every index an expression's value can depend on (reduced ones included)."""
-    names: Set[str] = set()
-    for node in expr.walk():
-        if isinstance(node, ast.Access):
-            for sub in node.indices:
-                names.update(sub.index_names)
-        elif isinstance(node, ast.IndexValue):
-            names.add(node.name)
-        elif isinstance(node, ast.Reduce):
-            names.update(node.indices)
-    return names
-
-
-def divides(expr: ast.Expr) -> bool:
-    """Could reciprocal math change this expression's C code?  Only a division can be
-    turned into a product by a reciprocal; an expression without one (a row maximum,
-    say) computes the same with or without the flag, so it may share a fused kernel
-    compiled with it."""
-    for node in expr.walk():
-        if isinstance(node, ast.Binary) and node.op in ("/", "//", "%"):
-            return True
-        if isinstance(node, ast.Call) and node.func not in _DIVISION_FREE_CALLS:
-            return True
-    return False
-
-
-def _fast_math_safe(expr: ast.Expr) -> bool:
-    """True when no operation whose NaN/inf/signed-zero handling fast-math could
-    change appears (comparisons, logicals, min/max/where/relu/softplus,
-    max/min/logsumexp reductions, pad/fill selects are fine: they compare ints)."""
-    for node in expr.walk():
-        if isinstance(node, ast.Binary) and node.op in ast.COMPARISON_OPS + ast.LOGICAL_OPS:
-            return False
-        if isinstance(node, ast.Binary) and node.op in ("//", "%"):
-            return False   # NumPy's (a - fmod(a, b)) / b, exactly (c_elementwise.py)
-        if isinstance(node, ast.Call) and node.func in _NAN_SENSITIVE_CALLS:
-            return False
-        if isinstance(node, ast.Reduce) and node.op in ("max", "min", "logsumexp"):
-            return False
-    return True
