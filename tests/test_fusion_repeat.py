@@ -8,6 +8,7 @@ import pytest
 
 import einfuse as ef
 from einfuse.backends import c_build, c_fused
+from einfuse.runtime.repeat import signature_of
 
 pytestmark = pytest.mark.skipif(c_build.find_compiler() is None,
                                 reason="fusion runs C kernels")
@@ -80,7 +81,9 @@ def test_a_step_refuses_arrays_of_another_layout():
     program = ef.compile(SOFTMAX)
     X = np.random.default_rng(4).standard_normal((64, 90))
     program(X=X)
-    [steps] = program._runs.values()      # one call: one prepared run
+    # prepared runs are kept by (call signature, names kept)
+    steps = next(run for (signature, _), run in program._runs.items()
+                 if signature == signature_of({"X": X}))
     env = {"X": np.asfortranarray(X)}
     assert steps[0].run(env) is False and set(env) == {"X"}
     env = {"X": X.copy()}
