@@ -161,8 +161,9 @@ RULES.update({
 
 
 def _register_others() -> None:
-    from . import jaxpr_control, jaxpr_random, jaxpr_structural
+    from . import jaxpr_control, jaxpr_random, jaxpr_structural, jaxpr_windows
     RULES.update(jaxpr_structural.RULES)
+    RULES.update(jaxpr_windows.RULES)
     RULES.update(jaxpr_control.RULES)
     RULES.update(jaxpr_random.RULES)
 

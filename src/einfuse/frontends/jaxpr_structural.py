@@ -58,10 +58,23 @@ def broadcast_in_dim(conv, eqn, invals, level):
 
 def reshape(conv, eqn, invals, level):
     x = invals[0]
-    if len(invals) > 1 or eqn.params.get("dimensions") is not None:
-        raise unsupported(eqn, "dynamic shapes or a transposing reshape")
+    if len(invals) > 1:
+        raise unsupported(eqn, "dynamic shapes")
     shape, _ = _out(eqn)
-    return [_moved(x, shape, level, lambda subs: _reshaped(subs, shape, x.shape))]
+    dims = eqn.params.get("dimensions")
+    if dims is None:
+        return [_moved(x, shape, level, lambda subs: _reshaped(subs, shape, x.shape))]
+    # a transposing reshape (grouped convolutions' gradients): transpose by ``dims``,
+    # then reshape row-major
+    dims = tuple(int(d) for d in dims)
+    transposed = tuple(x.shape[d] for d in dims)
+
+    def subs_of(subs):
+        out = [None] * len(dims)
+        for sub, d in zip(_reshaped(subs, shape, transposed), dims):
+            out[d] = sub
+        return tuple(out)
+    return [_moved(x, shape, level, subs_of)]
 
 
 def _reshaped(subs, shape, old_shape) -> Tuple[Node, ...]:
