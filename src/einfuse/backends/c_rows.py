@@ -37,8 +37,8 @@ import numpy as np
 
 from ..errors import BackendError
 from ..lang.printer import format_expr
-from . import c_build
-from .c_backend import _VECTOR_BYTES
+from . import c_build, c_call
+from .c_backend import _ARGTYPES, _VECTOR_BYTES
 from .c_rows_source import source
 from .c_threads import free_threads
 
@@ -190,68 +190,87 @@ def _layout(array: np.ndarray):
 
 
 _lock = threading.Lock()
-_functions: Dict[str, Tuple] = {}
-_exp_functions: Dict[str, object] = {}
+_libraries: Dict[np.dtype, ctypes.CDLL] = {}
 
 
-def _functions_for(dtype: np.dtype):
-    with _lock:
-        found = _functions.get(dtype.name)
-    if found is not None:
-        return found
-    library = c_build.load(source(dtype, _VECTOR_BYTES))
-    softmax, layernorm = library.ef_softmax_rows, library.ef_layernorm_rows
-    size = ctypes.c_int64
-    softmax.argtypes = [ctypes.c_void_p] * 4 + [size] * 4 + [ctypes.c_int]
-    softmax.restype = None
-    layernorm.argtypes = [ctypes.c_void_p] * 6 + [size] * 4 + [ctypes.c_double] * 3 + \
-        [ctypes.c_int]
-    layernorm.restype = None
-    exp = library.ef_exp_values
-    exp.argtypes = [ctypes.c_void_p] * 2 + [size]
-    exp.restype = None
-    with _lock:
-        _exp_functions.setdefault(dtype.name, exp)
-        _functions.setdefault(dtype.name, (softmax, layernorm))
-    return _functions[dtype.name]
+def _library(dtype: np.dtype) -> ctypes.CDLL:
+    """The row kernels for this element type, compiled once."""
+    found = _libraries.get(dtype)
+    if found is None:
+        found = c_build.load(source(dtype, _VECTOR_BYTES))
+        for name in ("ef_softmax_call", "ef_layernorm_call"):
+            function = getattr(found, name)
+            function.argtypes = _ARGTYPES
+            function.restype = None
+        found.ef_exp_values.argtypes = [ctypes.c_void_p] * 2 + [ctypes.c_int64]
+        found.ef_exp_values.restype = None
+        with _lock:
+            found = _libraries.setdefault(dtype, found)
+    return found
 
 
 def exp_values(x: np.ndarray) -> np.ndarray:
     """The row kernels' exponential of each value of a float32 or float64 vector."""
     x = np.ascontiguousarray(x)
-    _functions_for(x.dtype)
     y = np.empty_like(x)
-    _exp_functions[x.dtype.name](x.ctypes.data, y.ctypes.data, x.size)
+    _library(x.dtype).ef_exp_values(x.ctypes.data, y.ctypes.data, x.size)
     return y
 
 
-def _call(group: RowGroup, x: np.ndarray, vectors: Sequence[np.ndarray], outs, threads: int):
-    """Run the group's kernel on ``x`` (and the layernorm's scale and shift ``vectors``)
-    into ``outs``, the members' outputs in order."""
-    softmax, layernorm = _functions_for(x.dtype)
-    rows, n = x.shape
-    ldx = x.strides[0] // x.itemsize
+@dataclass(frozen=True)
+class _Launch:
+    """What a call passes besides the arrays: the kernel, its runtime ints (rows, n,
+    ldx, ldp) and doubles (layernorm's n1, n2, eps), kept alive with their addresses."""
+    function: object
+    entry: int
+    ints: np.ndarray
+    doubles: np.ndarray
+    addresses: Tuple[int, int] = (0, 0)
+
+    def __call__(self, arrays: Tuple[np.ndarray, ...], threads: int) -> None:
+        caller = c_call.caller()
+        ints, doubles = self.addresses
+        if caller is not None and len(arrays) <= c_call.MAX_BUFFERS:
+            caller(self.entry, arrays, ints, doubles, ints, doubles, threads)
+            return
+        pointers = (ctypes.c_void_p * len(arrays))(*[a.ctypes.data for a in arrays])
+        self.function(pointers, ints, doubles, ints, doubles, threads,
+                      ctypes.byref(ctypes.c_int32(0)))
+
+
+def _launch(group: RowGroup, x: np.ndarray) -> _Launch:
+    library = _library(x.dtype)
     if group.pattern is RowPattern.SOFTMAX:
-        m, _, s, p = outs
-        softmax(x.ctypes.data, p.ctypes.data, m.ctypes.data, s.ctypes.data,
-                rows, n, ldx, n, threads)
-        return
-    if group.pattern is RowPattern.LAYERNORM:
-        mu, v, y = outs
+        function, doubles = library.ef_softmax_call, np.zeros(1)
+    elif group.pattern is RowPattern.LAYERNORM:
         n1, _, n2, eps = group.constants
-        layernorm(x.ctypes.data, vectors[0].ctypes.data, vectors[1].ctypes.data,
-                  y.ctypes.data, mu.ctypes.data, v.ctypes.data, rows, n, ldx, n,
-                  n1, n2, eps, threads)
-        return
-    raise BackendError(f"no row kernel for {group.pattern}")
+        function, doubles = library.ef_layernorm_call, np.array([n1, n2, eps])
+    else:
+        raise BackendError(f"no row kernel for {group.pattern}")
+    rows, n = x.shape
+    ints = np.array([rows, n, x.strides[0] // x.itemsize, n], dtype=np.int64)
+    return _Launch(function, ctypes.cast(function, ctypes.c_void_p).value, ints, doubles,
+                   (ints.ctypes.data, doubles.ctypes.data))
+
+
+def _arrays(group: RowGroup, inputs: Sequence[np.ndarray], outs) -> Tuple[np.ndarray, ...]:
+    """The kernel's buffers in its order: the inputs, then the members' outputs (the
+    softmax's exponentials, never written, left out)."""
+    if group.pattern is RowPattern.SOFTMAX:
+        return (inputs[0], outs[0], outs[2], outs[3])
+    return tuple(inputs) + tuple(outs)
+
+
+def _call(group: RowGroup, launch: _Launch, arrays, threads: int) -> None:
+    launch(arrays, threads)
 
 
 def run(group: RowGroup, members, threads: int) -> None:
     """Run the group on the members' own buffers (their outputs are filled, except
     the never-written ones, as c_fused.run's callers expect)."""
-    x = _input(members, group, 0)
-    vectors = [_input(members, group, k) for k in range(1, len(group.inputs))]
-    _call(group, x, vectors, [m.buffers[-1] for m in members], threads)
+    inputs = [_input(members, group, k) for k in range(len(group.inputs))]
+    arrays = _arrays(group, inputs, [m.buffers[-1] for m in members])
+    _call(group, _launch(group, inputs[0]), arrays, threads)
 
 
 def prepared_runner(group: RowGroup, members, adaptive: bool, threads: int):
@@ -263,11 +282,13 @@ def prepared_runner(group: RowGroup, members, adaptive: bool, threads: int):
         array = _input(members, group, number)
         layouts.append((group.inputs[number], (array.shape, array.dtype, array.strides)))
     working = members[0].call.dtypes.working
-    shapes = tuple(tuple(m.buffers[-1].shape) for m in members)
     never = _NEVER_WRITTEN[group.pattern]
+    shapes = tuple((k, tuple(m.buffers[-1].shape)) for k, m in enumerate(members)
+                   if k not in never)
+    launch = _launch(group, _input(members, group, 0))
 
     def runner(env, keys) -> bool:
-        arrays = []
+        inputs = []
         for key, layout in layouts:
             array = env[key]
             if type(array) is not np.ndarray or \
@@ -275,13 +296,15 @@ def prepared_runner(group: RowGroup, members, adaptive: bool, threads: int):
                 array = np.asarray(array).astype(working, copy=False)
                 if (array.shape, array.dtype, array.strides) != layout:
                     return False
-            arrays.append(array)
-        outs = [np.empty(shape if k not in never else (0,), working)
-                for k, shape in enumerate(shapes)]
-        count = (free_threads() or threads) if adaptive else threads
-        _call(group, arrays[0], arrays[1:], outs, count)
-        for k, out in enumerate(outs):
-            if keys[k] is not None and k not in never:
-                env[keys[k]] = out
+            inputs.append(array)
+        outs = [None] * len(members)
+        for k, shape in shapes:
+            outs[k] = np.empty(shape, working)
+        _call(group, launch, _arrays(group, inputs, outs),
+              (free_threads() or threads) if adaptive else threads)
+        for k, _ in shapes:
+            if keys[k] is not None:
+                env[keys[k]] = outs[k]
         return True
+    runner.keep = launch
     return runner

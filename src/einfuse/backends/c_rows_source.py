@@ -176,37 +176,51 @@ static inline void ef_exp_block(const T *x, T *p, int64_t b, int64_t end, vT mv,
 void ef_softmax_rows(const T *X, T *P, T *M, T *S, int64_t rows, int64_t n,
                      int64_t ldx, int64_t ldp, int nthreads) {
   const int nth = nthreads > 0 ? nthreads : omp_get_max_threads();
-  #pragma omp parallel for schedule(static) num_threads(nth)
-  for (int64_t i = 0; i < rows; ++i) {
-    const T *x = X + i * ldx;
-    T *p = P + i * ldp;
-    const T m = ef_row_max(x, n);
-    const vT mv = ef_splat(m);
-    T s;
-    if (n <= EF_BLOCK) {     /* one block: its lane partials need no compensation */
-      vT t0 = {}, t1 = {};
-      ef_exp_block(x, p, 0, n, mv, &t0, &t1);
-      s = ef_hsum(t0 + t1);
-    } else {
-      vT s0 = {}, s1 = {}, c0 = {}, c1 = {};
-      for (int64_t b = 0; b < n; b += EF_BLOCK) {
-        vT t0 = {}, t1 = {};
-        ef_exp_block(x, p, b, ef_min(n, b + EF_BLOCK), mv, &t0, &t1);
-        ef_vfold(&s0, &c0, t0);
-        ef_vfold(&s1, &c1, t1);
+  /* a short row's next maximum is computed before this row's sum is reduced: the two
+     are independent, so the next row's loads and comparisons overlap the lane
+     reduction, the division and the scaling (a long row would push this one's
+     exponentials out of the L1 cache before they are scaled) */
+  const int early = n * (int64_t)sizeof(T) <= 8192;
+  #pragma omp parallel num_threads(nth)
+  {
+    /* the rows split as schedule(static) does: one run of consecutive rows a thread */
+    const int64_t parts = omp_get_num_threads(), part = omp_get_thread_num();
+    const int64_t lo = rows / parts * part + (part < rows %% parts ? part : rows %% parts);
+    const int64_t hi = lo + rows / parts + (part < rows %% parts);
+    T m = lo < hi ? ef_row_max(X + lo * ldx, n) : 0;
+    for (int64_t i = lo; i < hi; ++i) {
+      const T *x = X + i * ldx;
+      T *p = P + i * ldp;
+      const vT mv = ef_splat(m);
+      vT t0 = {}, t1 = {}, c0 = {}, c1 = {};
+      if (n <= EF_BLOCK) {     /* one block: its lane partials need no compensation */
+        ef_exp_block(x, p, 0, n, mv, &t0, &t1);
+      } else {
+        vT s0 = {}, s1 = {};
+        for (int64_t b = 0; b < n; b += EF_BLOCK) {
+          vT u0 = {}, u1 = {};
+          ef_exp_block(x, p, b, ef_min(n, b + EF_BLOCK), mv, &u0, &u1);
+          ef_vfold(&s0, &c0, u0);
+          ef_vfold(&s1, &c1, u1);
+        }
+        t0 = s0; t1 = s1;
       }
-      s = ef_total(s0 + s1, c0 + c1);
-    }
-    M[i] = m;
-    S[i] = s;
-    const T r = (T)1 / s;
-    if (isnormal(r)) {
-      const vT rv = ef_splat(r);
-      int64_t j = 0;
-      for (; j + VW <= n; j += VW) ef_store(p + j, ef_load(p + j) * rv);
-      for (; j < n; ++j) p[j] *= r;
-    } else {
-      for (int64_t j = 0; j < n; ++j) p[j] /= s;
+      T next = 0;
+      if (early && i + 1 < hi) next = ef_row_max(x + ldx, n);
+      const T s = n <= EF_BLOCK ? ef_hsum(t0 + t1) : ef_total(t0 + t1, c0 + c1);
+      M[i] = m;
+      S[i] = s;
+      const T r = (T)1 / s;
+      if (isnormal(r)) {
+        const vT rv = ef_splat(r);
+        int64_t j = 0;
+        for (; j + VW <= n; j += VW) ef_store(p + j, ef_load(p + j) * rv);
+        for (; j < n; ++j) p[j] *= r;
+      } else {
+        for (int64_t j = 0; j < n; ++j) p[j] /= s;
+      }
+      if (!early && i + 1 < hi) next = ef_row_max(x + ldx, n);
+      m = next;
     }
   }
 }
@@ -296,6 +310,23 @@ void ef_layernorm_rows(const T *X, const T *G, const T *B, T *Y, T *MU, T *V,
       for (; j < n; ++j) y[j] = (x[j] - mu) / d * G[j] + B[j];
     }
   }
+}
+
+/* The same kernels with the C backend's kernel signature (backends/c_call.py calls it
+   without ctypes): bufs X, M, S, P (softmax) or X, G, B, MU, V, Y (layernorm); ints
+   rows, n, ldx, ldp; dprm (layernorm) n1, n2, eps. */
+void ef_softmax_call(void **bufs, const int64_t *ints, const double *dprm,
+                     const int64_t *iprm, const double *fills, int nthreads, int32_t *err) {
+  (void)dprm; (void)iprm; (void)fills; (void)err;
+  ef_softmax_rows((const T *)bufs[0], (T *)bufs[3], (T *)bufs[1], (T *)bufs[2],
+                  ints[0], ints[1], ints[2], ints[3], nthreads);
+}
+void ef_layernorm_call(void **bufs, const int64_t *ints, const double *dprm,
+                       const int64_t *iprm, const double *fills, int nthreads, int32_t *err) {
+  (void)iprm; (void)fills; (void)err;
+  ef_layernorm_rows((const T *)bufs[0], (const T *)bufs[1], (const T *)bufs[2], (T *)bufs[5],
+                    (T *)bufs[3], (T *)bufs[4], ints[0], ints[1], ints[2], ints[3],
+                    dprm[0], dprm[1], dprm[2], nthreads);
 }
 """
 
