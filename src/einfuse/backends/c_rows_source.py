@@ -282,6 +282,34 @@ static inline T ef_row_sum(const T *x, int64_t n, T mu, int square) {
   return ef_total(s0 + s1, c0 + c1);
 }
 
+/* A row longer than a block: its mean's sum (the same compensated sum as
+   ef_row_sum's) and its sum of squares about that mean, reading the row once: each
+   block's squares are taken about the block's own mean while the block is in the L1
+   cache, and the blocks are combined as Chan et al.'s parallel variance does.  Where
+   that sum of squares is not finite (inf or NaN values, overflow) it is taken again
+   as written, sum((x - mu)**2), so that such rows give the statements' values. */
+static inline void ef_row_moments(const T *x, int64_t n, T d1, T *mu, T *squares) {
+  vT s0 = {}, s1 = {}, c0 = {}, c1 = {};
+  T count = 0, mean = 0, m2 = 0;
+  for (int64_t b = 0; b < n; b += EF_BLOCK) {
+    const int64_t end = ef_min(n, b + EF_BLOCK);
+    vT u0 = {}, u1 = {}, q0 = {}, q1 = {};
+    ef_sum_block(x, b, end, 0, 0, &u0, &u1);
+    const T size = (T)(end - b), block_mean = ef_hsum(u0 + u1) / size;
+    ef_sum_block(x, b, end, block_mean, 1, &q0, &q1);
+    const T delta = block_mean - mean, total = count + size;
+    mean += delta * (size / total);
+    m2 += ef_hsum(q0 + q1) + delta * delta * (count * (size / total));
+    count = total;
+    ef_vfold(&s0, &c0, u0);
+    ef_vfold(&s1, &c1, u1);
+  }
+  *mu = ef_total(s0 + s1, c0 + c1) / d1;
+  const T shift = mean - *mu;
+  *squares = m2 + count * shift * shift;
+  if (!isfinite(*squares)) *squares = ef_row_sum(x, n, *mu, 1);
+}
+
 /* MU[i] = sum(X[i,:]) / n1, V[i] = sum((X[i,:] - MU[i])**2) / n2,
    Y[i,j] = (X[i,j] - MU[i]) / sqrt(V[i] + eps) * G[j] + B[j] */
 void ef_layernorm_rows(const T *X, const T *G, const T *B, T *Y, T *MU, T *V,
@@ -293,8 +321,14 @@ void ef_layernorm_rows(const T *X, const T *G, const T *B, T *Y, T *MU, T *V,
   for (int64_t i = 0; i < rows; ++i) {
     const T *x = X + i * ldx;
     T *y = Y + i * ldy;
-    const T mu = ef_row_sum(x, n, 0, 0) / d1;
-    const T v = ef_row_sum(x, n, mu, 1) / d2;
+    T mu, squares;
+    if (n <= EF_BLOCK) {
+      mu = ef_row_sum(x, n, 0, 0) / d1;
+      squares = ef_row_sum(x, n, mu, 1);
+    } else {
+      ef_row_moments(x, n, d1, &mu, &squares);
+    }
+    const T v = squares / d2;
     MU[i] = mu;
     V[i] = v;
     const T d = EF_SQRT(v + e);
