@@ -183,3 +183,13 @@ def test_threads_do_not_change_bits(patterns):
     two = ef.compile(STATEMENT, threads=2)(X=X)
     assert len(patterns) == 2
     np.testing.assert_array_equal(one, two)
+
+
+def test_explain_names_the_row_kernel():
+    shown = str(ef.explain(SOFTMAX, shapes={"X": (256, 1024)}))
+    assert "statements 1, 2, 3 (fused: the softmax row kernel" in shown
+    shown = str(ef.explain(LAYERNORM.format(n=512, eps=1e-5),
+                           shapes={"X": (64, 512), "g": (512,), "b": (512,)}))
+    assert "the layernorm row kernel" in shown
+    shown = str(ef.explain(SOFTMAX, shapes={"X": (256, 1024)}, outputs=("P", "e")))
+    assert "row kernel" not in shown and "statements 1, 2, 3 (fused" in shown
