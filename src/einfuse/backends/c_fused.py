@@ -18,7 +18,7 @@ from ..plan import call_arguments, unit_axis
 from ..plan.fuse import COLUMN_SUMS, fuse_kernels, renamed_int, slots_after_fusion
 from ..plan.fuse_sums import GUARD_INT, guard_verdict
 from ..plan.expression_facts import divides
-from . import c_build, c_call
+from . import c_build, c_call, c_rows
 from .c_backend import _ARGTYPES, _blas_contraction, _buffers, _pack_for_lanes, _plan
 from .c_render import render_c
 from .c_threads import default_threads, fixed_thread_count, free_threads, thread_count
@@ -65,6 +65,10 @@ def run(members, thread_rows: FrozenSet[int] = frozenset()) -> Optional[Dict[int
     the results of its column members by member (their sums over the rows).
     The outputs of the members in ``thread_rows`` (nothing after the group reads them)
     may live as one row per thread: they are not delivered in their buffers."""
+    rows_group = c_rows.match(members, thread_rows)
+    if rows_group is not None:      # a softmax or layernorm: backends/c_rows.py
+        c_rows.run(rows_group, members, _threads(members, frozenset()))
+        return {}
     function, passed, thread_rows, guards = _compiled(members, thread_rows)
     threads = _threads(members, thread_rows)
     buffers, rows = _with_thread_rows(members, thread_rows, threads)
@@ -91,6 +95,10 @@ def prepared_runner(members, thread_rows: FrozenSet[int], sources: Sequence[obje
     if any(m.call.options.pad is not None or m.plan.params or
            any(t.as_index for t in m.kernel.spec.tensors) for m in members):
         return None
+    rows_group = c_rows.match(members, thread_rows)
+    if rows_group is not None:
+        return c_rows.prepared_runner(rows_group, members, _adaptive(members),
+                                      _threads(members, frozenset()))
     function, passed, thread_rows, guards = _compiled(members, thread_rows)
     # chosen per call where adaptive (OpenMP's default when no core is busy), with
     # per-thread rows for as many threads as any call may take

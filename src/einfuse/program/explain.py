@@ -66,6 +66,8 @@ class ProgramExplanation:
             which = ", ".join(str(i + 1) for i in group.statements)
             how = "fused: one loop over rows, each statement's row computed in turn" \
                 if many else "alone"
+            if group.row_kernel is not None:
+                how = f"fused: the {group.row_kernel} row kernel, one loop over rows"
             if group.column_sums:
                 how += "; " + ", ".join(str(i + 1) for i in group.column_sums) + \
                     " summed over the rows as each row passes, into per-thread " \

@@ -202,13 +202,15 @@ class FusionGroup:
     thread_rows: Tuple[Tuple[str, int], ...] = ()
     # statements that sum over the rows into per-thread accumulators (fuse_columns)
     column_sums: Tuple[int, ...] = ()
+    # the row kernel that runs the group (backends/c_rows.py), if one does
+    row_kernel: Optional[str] = None
 
 
 def fusion_groups(kernels: Sequence, env: Dict[str, object],
                   keep: Optional[Set[str]] = None) -> List[FusionGroup]:
     """The kernels that would run for arrays like those in ``env`` (their contents are
     not read), for explain; ``keep`` as for run_statements."""
-    from ..backends import c_fused
+    from ..backends import c_fused, c_rows
     env = dict(env)
     groups: List[FusionGroup] = []
     position = 0
@@ -220,15 +222,17 @@ def fusion_groups(kernels: Sequence, env: Dict[str, object],
             for number, (member, key) in enumerate(zip(members, outputs)):
                 env[key] = member.buffers[-1] if number not in columns else \
                     np.empty(member.column.call.output_shape, member.column.call.dtypes.result)
-            rows = c_fused.fitting_rows(members, _inside(kernels, position + joined,
-                                                         outputs, keep) | columns)
+            inside = _inside(kernels, position + joined, outputs, keep) | columns
+            rows = c_fused.fitting_rows(members, inside)
+            row_group = c_rows.match(members, inside)
             summed = {outputs[k] for k in columns}
             groups.append(FusionGroup(tuple(range(position, position + joined)),
                                       tuple((outputs[k], c_fused.row_bytes(members[k]))
                                             for k in sorted(rows - columns)
                                             if "#" not in outputs[k]),
                                       tuple(n for n in range(position, position + joined)
-                                            if kernels[n].spec.output in summed)))
+                                            if kernels[n].spec.output in summed),
+                                      None if row_group is None else row_group.pattern.value))
             position += joined
             continue
         kernel = kernels[position]
