@@ -97,3 +97,16 @@ def test_vmapped_sigmoid_gradient_against_jax():
     grad = jax.vmap(jax.grad(ef.jit(loss)))(x)
     np.testing.assert_allclose(np.asarray(grad), np.asarray(jax.jit(jax.vmap(jax.grad(loss)))(x)),
                                rtol=1e-13, atol=1e-300)
+
+
+def test_float32_and_float64_sigmoids_and_a_layer_in_one_kernel():
+    rng = np.random.default_rng(3)
+    a, w = rng.standard_normal((9, 40)), rng.standard_normal((40, 40))
+
+    def f(a, b, w):
+        return jax.nn.sigmoid(a), jax.nn.sigmoid(b), jax.nn.sigmoid(a @ w)
+    ours = jax.vmap(ef.jit(f), in_axes=(0, 0, None))(a, a.astype(np.float32), w)
+    theirs = jax.jit(jax.vmap(f, in_axes=(0, 0, None)))(a, a.astype(np.float32), w)
+    _check(ours[0], theirs[0], a)
+    _check(ours[1], theirs[1], a.astype(np.float32))
+    np.testing.assert_allclose(np.asarray(ours[2]), np.asarray(theirs[2]), rtol=1e-13)
