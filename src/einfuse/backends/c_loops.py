@@ -17,7 +17,7 @@ import math
 from typing import Dict, List, Tuple
 
 from ..errors import BackendError
-from . import c_loops_dot, c_loops_flat, c_loops_rewrite
+from . import c_loops_dot, c_loops_flat, c_loops_rewrite, c_loops_vmath
 from ..frontends.jaxpr_ir import (INDEX, Apply, Assign, Branch, Cast, Const, Index,
                                   JitProgram, Loop, LoopKind, Node, Read, ReduceOp,
                                   ScalarType, ScatterAdd, Select)
@@ -320,6 +320,9 @@ class Renderer:
                 4 <= step.indices[-1][1] <= 4096 and \
                 step.reduction.op not in (ReduceOp.ARGMAX, ReduceOp.ARGMIN):
             self.row_reduction(step)
+            return
+        if c_loops_vmath.applies(self, step):
+            c_loops_vmath.render(self, step)
             return
         if c_loops_flat.flattens(self, step):
             c_loops_flat.render_flat(self, step)

@@ -15,7 +15,7 @@ import math
 from ..frontends.jaxpr_ir import Apply, Assign, Cast, Const, Index, Node, Read, Select
 
 
-def _reads_only_at(node: Node, identity, extents, shape_of, names) -> bool:
+def reads_only_at(node: Node, identity, extents, shape_of, names) -> bool:
     """Whether the indices ``names`` appear in ``node`` only as the whole subscript
     ``identity`` of reads of buffers whose shape is ``extents``."""
     def walk(node: Node) -> bool:
@@ -49,7 +49,7 @@ def flattens(renderer, step: Assign) -> bool:
     if program.buffer(step.buffer).shape != extents:
         return False
     identity = tuple(Index(n) for n, _ in step.indices)
-    return _reads_only_at(step.value, identity, extents,
+    return reads_only_at(step.value, identity, extents,
                           lambda name: program.buffer(name).shape,
                           {n for n, _ in step.indices})
 

@@ -102,7 +102,10 @@ def jit_cases(quick: bool = False) -> List[Case]:
             seed_case(2000, 32, chains=256, kind="grad"),
             seed_case(2000, 16, chains=128), seed_case(2000, 32, chains=512),
             seed_case(2000, 32, chains=256, dtype="float32"),
-            seed_case(500, 64, chains=1000)] + jit_call_cases()
+            seed_case(500, 64, chains=1000),
+            # rows that are not whole vectors, chains that leave a remainder block
+            seed_case(3000, 24, chains=200), seed_case(3000, 20, chains=100, dtype="float32")
+            ] + jit_call_cases()
 
 
 
