@@ -27,6 +27,7 @@ from . import c_call
 from .c_backend import _blas_contraction, _buffers, _pack_for_lanes, contraction_addend, \
     kernel_functions, output_dtype
 from .c_blas import addend_runner, contraction_runner, route_for
+from .c_gather_rows import gather_rows_runner
 from .c_threads import fixed_thread_count, free_threads
 
 Runner = Callable[[Mapping[str, np.ndarray]], np.ndarray]
@@ -57,6 +58,9 @@ def repeat_runner(call) -> Optional[PreparedRunner]:
     shapes, dtypes and strides by name, or None where the arguments depend on data."""
     spec = call.spec
     gathers = any(t.as_index for t in spec.tensors)
+    rows = gather_rows_runner(call, GatherFlagged) if gathers else None
+    if rows is not None:     # the embedding form: a test and a memcpy per row
+        return PreparedRunner(rows, np.dtype(output_dtype(call)))
     mode, spans = (_checking_mode(call) if gathers else None), None
     if gathers and call.bounds.points >= GATHER_WORK_PREPARED and \
             call.options.bounds in ("check", "promise"):
