@@ -9,10 +9,11 @@ tests (a second pass, and after a BLAS call, whose threads still spin, it cost ~
 of a 130 µs gather).  Here the test is once per row, in the same pass; a value out of
 bounds raises the error flag and the caller's full path names it.
 
-A copy is memory-bound: below COPY_PARALLEL_BYTES it runs on the calling thread (2
-threads gained nothing on this 2-core machine at 16 MiB, and lost 2-3x when one core
-was busy, e.g. with the spinning threads of the BLAS call before); above it the rows are
-shared among the threads c_threads.py allows."""
+A copy is memory-bound: below COPY_PARALLEL_BYTES it runs on the calling thread, as
+np.take does (on this 2-core machine one core's copy already takes the memory bandwidth:
+2 threads were slower at 16 MiB, 1.56 against 1.35 ms, and 2-3x slower when the other
+core was busy, e.g. with the spinning threads of a BLAS call just before); above it the
+rows are shared among the threads c_threads.py allows, and ``threads=`` is obeyed."""
 
 from __future__ import annotations
 
@@ -26,7 +27,7 @@ from . import c_build, c_call
 from .c_threads import free_threads
 
 # From this many bytes copied, the rows are shared among threads.
-COPY_PARALLEL_BYTES = 1 << 25
+COPY_PARALLEL_BYTES = 1 << 28
 
 _SOURCE = """\
 #include <stdint.h>
