@@ -19,8 +19,10 @@ import numpy as np
 from ..errors import BackendError, EinfuseWarning
 from ..plan import buffer_slots, call_arguments, plan_for, unit_axis
 from ..plan.contraction import match_contraction, run_contraction
+from ..plan.contraction_addend import match_contraction_addend
 from ..plan.gathers import bounds_mode
 from . import c_build
+from .c_blas import blas_library, run_contraction_addend
 from .c_pack import pack_axis
 from .c_threads import thread_count
 from .c_render import render_c
@@ -207,6 +209,9 @@ class CBackend:
         contraction = _blas_contraction(call)
         if contraction is not None:
             return run_contraction(contraction, call)
+        found = contraction_addend(call)
+        if found is not None:     # BLAS, then the term added (backends/c_blas.py)
+            return run_contraction_addend(found, call)
         out = np.empty(call.output_shape, dtype=output_dtype(call))
         if out.size == 0:
             return out
@@ -244,6 +249,7 @@ class CBackend:
     def source(call) -> str:
         """The C source this call's kernel is compiled from."""
         contraction = _blas_contraction(call)
+        contraction = contraction or contraction_addend(call)
         if contraction is not None:
             return f"/* no generated source: {contraction.describe()} (numpy.matmul) */"
         buffers = _buffers(call) + [np.empty(call.output_shape, dtype=output_dtype(call))]
@@ -254,7 +260,7 @@ class CBackend:
     def built(call) -> Optional[bool]:
         """Is this call's C kernel compiled already (in this process or in the disk
         cache)?  None when no kernel is generated (a BLAS contraction)."""
-        if _blas_contraction(call) is not None:
+        if _blas_contraction(call) is not None or contraction_addend(call) is not None:
             return None
         buffers = _buffers(call) + [np.empty(call.output_shape, dtype=output_dtype(call))]
         plan = _plan(call, _run_layouts(call, buffers))
@@ -262,9 +268,10 @@ class CBackend:
 
     @staticmethod
     def strategy(call) -> str:
-        contraction = _blas_contraction(call)
+        contraction = _blas_contraction(call) or contraction_addend(call)
         if contraction is not None:
-            return contraction.describe() + " (numpy.matmul), after the needed transposes"
+            return f"{contraction.describe()} ({blas_library(contraction, call)}), after the " \
+                "needed transposes"
         layouts, packed = _explained_layouts(call)
         plan = _plan(call, layouts)
         kernel = plan.program.kernels[0]
@@ -288,7 +295,7 @@ class CBackend:
 def _loop_nest(call):
     """The compiled kernel as pseudo-code with the statement's names and sizes, or None
     for a BLAS contraction."""
-    if _blas_contraction(call) is not None:
+    if _blas_contraction(call) is not None or contraction_addend(call) is not None:
         return None
     from .pseudo_render import render_pseudo
     plan = _plan(call, _explained_layouts(call)[0])
@@ -309,6 +316,14 @@ def _blas_contraction(call):
     if call.options.pad is not None or call.dtypes.working.kind != "f":
         return None
     return match_contraction(call.spec)
+
+
+def contraction_addend(call):
+    """The contraction and its added term to hand to BLAS (plan/contraction_addend.py),
+    when the statement is one (and pad= is off)."""
+    if call.options.pad is not None or call.dtypes.working.kind != "f":
+        return None
+    return match_contraction_addend(call.spec)
 
 
 def _explained_layouts(call) -> Tuple[Tuple[int, ...], Tuple[str, ...]]:

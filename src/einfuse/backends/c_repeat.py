@@ -8,8 +8,8 @@ Only calls whose kernel arguments cannot depend on the data are prepared: scalar
 parameters only as Python floats (their values are written per call), no repacked
 inputs.  A gather's kernel tests each index value itself and raises its error flag for
 one out of bounds; the runner then raises :class:`GatherFlagged`, and the caller runs
-the call's full path, which names the offending value.  A BLAS contraction is prepared
-as its transposes and np.matmul."""
+the call's full path, which names the offending value.  A BLAS contraction (or one plus
+a broadcast term) is prepared as its transposes and one matmul (backends/c_blas.py)."""
 
 from __future__ import annotations
 
@@ -21,11 +21,13 @@ import numpy as np
 
 from ..errors import BackendError
 from ..plan import buffer_slots, call_arguments, unit_axis
-from ..plan.contraction import PreparedContraction, prepare_contraction
 from ..plan.gathers import array_extremes, gather_spans, spans_in_range, unsigned_slots
+from ..runtime.frameworks import TORCH
 from . import c_call
-from .c_backend import _blas_contraction, _buffers, _pack_for_lanes, kernel_functions, \
-    output_dtype
+from .c_backend import _blas_contraction, _buffers, _pack_for_lanes, contraction_addend, \
+    kernel_functions, output_dtype
+from .c_blas import addend_runner, contraction_runner, route_for
+from .c_gather_rows import gather_rows_runner
 from .c_threads import fixed_thread_count, free_threads
 
 Runner = Callable[[Mapping[str, np.ndarray]], np.ndarray]
@@ -56,6 +58,9 @@ def repeat_runner(call) -> Optional[PreparedRunner]:
     shapes, dtypes and strides by name, or None where the arguments depend on data."""
     spec = call.spec
     gathers = any(t.as_index for t in spec.tensors)
+    rows = gather_rows_runner(call, GatherFlagged) if gathers else None
+    if rows is not None:     # the embedding form: a test and a memcpy per row
+        return PreparedRunner(rows, np.dtype(output_dtype(call)))
     mode, spans = (_checking_mode(call) if gathers else None), None
     if gathers and call.bounds.points >= GATHER_WORK_PREPARED and \
             call.options.bounds in ("check", "promise"):
@@ -69,13 +74,9 @@ def repeat_runner(call) -> Optional[PreparedRunner]:
     if any(type(call.params.get(name)) is not float for name in spec.params) or \
             (spec.params and call.dtypes.working.kind != "f"):
         return None
-    contraction = _blas_contraction(call)
-    if contraction is not None:     # np.matmul after the transposes, as the backend does
-        prepared = prepare_contraction(contraction, call)
-        direct = _direct_matmul(prepared, call)
-        return PreparedRunner(direct if direct is not None else
-                              (lambda named: prepared(named, named)),   # factors by name
-                              np.dtype(call.dtypes.working))
+    blas = blas_runner(call, call.framework == TORCH)
+    if blas is not None:
+        return blas
     working = call.dtypes.working
     shape = tuple(call.output_shape)
     out_dtype = output_dtype(call)
@@ -142,77 +143,27 @@ def repeat_runner(call) -> Optional[PreparedRunner]:
     return PreparedRunner(run, np.dtype(out_dtype))
 
 
+def blas_runner(call, torch_route: bool) -> Optional[PreparedRunner]:
+    """The runner of a statement BLAS computes (a contraction, or one plus a broadcast
+    term: backends/c_blas.py), as the backend's full path runs it; with ``torch_route``
+    (a call on torch tensors) the products large enough run on torch's BLAS.  None for
+    any other statement."""
+    contraction = _blas_contraction(call)
+    if contraction is not None:
+        return PreparedRunner(contraction_runner(
+            contraction, call, route_for(contraction, call, torch_route)),
+            np.dtype(call.dtypes.working))
+    found = contraction_addend(call)
+    if found is not None:
+        return PreparedRunner(addend_runner(
+            found, call, route_for(found.contraction, call, torch_route)),
+            np.dtype(call.dtypes.working))
+    return None
+
+
 def _checking_mode(call) -> str:
     """The kernel bounds mode in which a gather tests each index value itself whatever
     the values of this call (plan/gathers.py's bounds_mode without its 'verified')."""
     bounds = call.options.bounds
     slots = unsigned_slots(call)
     return f"{bounds}:u{','.join(map(str, slots))}" if slots else bounds
-
-
-def _direct_matmul(prepared: PreparedContraction, call) -> Optional[Runner]:
-    """``prepared`` for this signature with only the steps that change something: no
-    dtype conversion, window, transpose or reshape where the array is already so (each
-    NumPy step costs about as much as a 4x4 matmul), and a 2-D matmul where there is no
-    batch.  None where the contraction has scalar factors (the general call does them)."""
-    if prepared.contraction.scale:
-        return None
-    working = prepared.working
-    flat = prepared.left.sizes[0] == 1     # no batch: 2-D operands
-
-    def operand(o):
-        """The operand's name where the array is used as it is, else a function of the
-        arrays giving it as the matmul wants it."""
-        name, window, order = o.tensor, o.window, o.order
-        shape = tuple(call.arrays.shapes[name])
-        convert = call.arrays.dtypes[name] != working
-        whole = all(w == slice(0, n) for w, n in zip(window, shape))
-        in_order = order == tuple(range(len(shape)))
-        target = o.sizes[1:] if flat else o.sizes
-        seen = tuple(w.stop - w.start for w in window)
-        reshape = tuple(seen[axis] for axis in order) != target
-        if not convert and whole and not reshape:
-            if in_order:
-                return name
-            if order == (1, 0):
-                return lambda named: named[name].T
-
-        def get(named):
-            array = named[name]
-            if convert:
-                array = array.astype(working)
-            if not whole:
-                array = array[window]
-            if not in_order:
-                array = array.transpose(order)
-            return array.reshape(target) if reshape else array
-        return get
-
-    left, right = operand(prepared.left), operand(prepared.right)
-    grid = (prepared.left.sizes[1], prepared.right.sizes[2])
-    product_shape = grid if flat else (prepared.left.sizes[0],) + grid
-    shape, order = prepared.shape, prepared.order
-    reshape, in_order = product_shape != shape, order == tuple(range(len(shape)))
-    matmul = np.matmul
-    if not reshape and in_order:     # the common forms without a call per operand
-        if type(left) is str and type(right) is str:
-            return lambda named: matmul(named[left], named[right])
-        if type(left) is str:
-            return lambda named: matmul(named[left], right(named))
-        if type(right) is str:
-            return lambda named: matmul(left(named), named[right])
-    get_left = left if callable(left) else (lambda named: named[left])
-    get_right = right if callable(right) else (lambda named: named[right])
-    if not reshape and order in ((1, 0), (0, 2, 1)):
-        # the transposed product as the product of the transposes: C-contiguous, as
-        # the output's consumers (torch's gradient accumulation) want it
-        def run_swapped(named):
-            return matmul(get_right(named).swapaxes(-1, -2), get_left(named).swapaxes(-1, -2))
-        return run_swapped
-
-    def run(named):
-        product = matmul(get_left(named), get_right(named))
-        if reshape:
-            product = product.reshape(shape)
-        return product if in_order else product.transpose(order)
-    return run

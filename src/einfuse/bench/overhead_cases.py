@@ -2,7 +2,8 @@
 is all dispatch.  One case per way of calling einfuse, each against what a user of that
 framework would otherwise write: NumPy (np.einsum), torch without gradients
 (torch.einsum), torch forward and backward (autograd), and JAX under jax.jit
-(jax.jit of jnp.einsum).  `einfuse bench --case overhead` runs them."""
+(jax.jit of jnp.einsum).  And a gather right after a BLAS call against np.take.
+`einfuse bench --case overhead` runs them."""
 
 from __future__ import annotations
 
@@ -92,8 +93,43 @@ def _jax_case() -> Case:
                 [Peer("jax.jit(jnp.einsum)", jax_einsum, "jax")], einfuse_call=ours)
 
 
+GATHER = "E[b,d] := W[idx[b], d]"
+
+
+def _after_blas(call, product):
+    """``call`` with a BLAS call before each timed run (bench/runner.py's ``before``)."""
+    call.before = product
+    return call
+
+
+def gather_after_blas_case(B: int, V: int = 50000, D: int = 256, n: int = 512) -> Case:
+    """An embedding lookup right after a large matmul (n x n x n float32, NumPy's BLAS,
+    untimed), whose threads may still be spinning when the gather starts: einfuse
+    (and einfuse with threads=1) against np.take after the same matmul."""
+    def inputs(rng):
+        return {"W": rng.standard_normal((V, D), dtype=np.float32),
+                "idx": rng.integers(0, V, B).astype(np.int64)}
+    square = np.random.default_rng(1).standard_normal((n, n), dtype=np.float32)
+
+    def product():
+        return square @ square
+
+    def ours(arrays, backend, threads=None):
+        import einfuse as ef
+        kernel = ef.compile(GATHER, backend=backend, threads=threads)
+        return _after_blas(lambda: kernel(**arrays), product)
+
+    def take(arrays):
+        W, idx = arrays["W"], arrays["idx"]
+        return _after_blas(lambda: np.take(W, idx, axis=0), product)
+    return Case(f"overhead gather after BLAS B={B} D={D}", GATHER, inputs,
+                [Peer("np.take", take),
+                 Peer("einfuse threads=1", lambda arrays: ours(arrays, "auto", 1))],
+                einfuse_call=ours)
+
+
 def overhead_cases() -> List[Case]:
-    cases = [_numpy_case()]
+    cases = [_numpy_case(), gather_after_blas_case(2048), gather_after_blas_case(16384)]
     if installed("torch"):
         cases += [_torch_case(), _autograd_case()]
     if installed("jax"):

@@ -35,8 +35,13 @@ def time_call(fn: Callable[[], object], min_runs: int = 3, max_runs: int = 25,
     """(median seconds, runs, first-call seconds): one untimed warm-up call (it compiles),
     then repeats until ``budget_s`` is spent or ``max_runs`` reached.  ``sync``, when
     given, is called after every call inside the timed region (a device synchronisation:
-    a launch returns before the kernel has run)."""
+    a launch returns before the kernel has run).  ``fn.before``, where the callable has
+    one, runs before every call, untimed (the BLAS call a gather follows)."""
+    before = getattr(fn, "before", None)
+
     def timed() -> float:
+        if before is not None:
+            before()
         start = time.perf_counter()
         fn()
         if sync is not None:

@@ -252,6 +252,11 @@ def _step(g, kernel, inputs, values) -> GradientStep:
     kernel(arrays=named)
     signature = signature_of(named)
     runner = kernel._repeat.get(signature) if signature is not None else None
+    by_name = runner in BY_NAME
+    if runner is not None and g.kind == "gather":
+        on_torch = _on_torch_blas(kernel, named)
+        if on_torch is not None:
+            runner, by_name = on_torch, True
     scatter = None
     if g.kind != "gather":
         options = g.resolve_options(values)
@@ -262,7 +267,25 @@ def _step(g, kernel, inputs, values) -> GradientStep:
     if runner is None:
         return GradientStep(lambda arrays: np.asarray(kernel(arrays=dict(arrays))), inputs,
                             False, scatter)
-    return GradientStep(runner, inputs, runner in BY_NAME, scatter)
+    return GradientStep(runner, inputs, by_name, scatter)
+
+
+def _on_torch_blas(kernel, named) -> Optional[Callable]:
+    """A gradient statement that BLAS computes (dx = dy W^T, dW = x^T dy), run on
+    torch's BLAS where it is large enough, as the forward of a call on torch tensors
+    is (backends/c_blas.py says why); None for any other statement."""
+    from ..backends import get_backend
+    from ..backends.c_repeat import blas_runner
+    call = kernel.bind(arrays=named)
+    if get_backend(kernel.options.backend).name != "c":
+        return None
+    prepared = blas_runner(call, True)
+    if prepared is None:
+        return None
+    run, result = prepared.run, call.dtypes.result
+    if prepared.dtype == result:
+        return run
+    return lambda arrays: run(arrays).astype(result, copy=False)
 
 
 class PreparedFunction(torch.autograd.Function):
