@@ -205,3 +205,11 @@ def test_dividing_out_keeps_the_value():
     np.testing.assert_allclose(_evaluate(rewritten, arrays),
                                P * (dP - (dP * P).sum(1, keepdims=True)), rtol=1e-12,
                                atol=1e-14)
+
+
+def test_elementwise_product_is_a_loop_nest():
+    rng = np.random.default_rng(2)
+    A, B = rng.standard_normal((30, 40)), rng.standard_normal((30, 40))
+    np.testing.assert_array_equal(ef.ein("C[i,j] := A[i,j] * B[i,j]", A=A, B=B, backend="c"),
+                                  A * B)
+    assert "BLAS" not in str(ef.explain("C[i,j] := A[i,j] * B[i,j]", A=A, B=B, backend="c"))
