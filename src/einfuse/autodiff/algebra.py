@@ -200,9 +200,12 @@ class Algebra:
         above = [self._power(k, p) for k, p in term.factors if p > 0]
         below = [self._power(k, -p) for k, p in term.factors if p < 0]
         coefficient = term.coefficient
-        numerator = _number(coefficient.numerator) if coefficient.denominator == 1 or \
-            Fraction(float(coefficient)) != coefficient else _number(float(coefficient))
-        divisor = coefficient.denominator if numerator.value != float(coefficient) else 1
+        try:
+            exact = Fraction(float(coefficient)) == coefficient
+            numerator = _number(float(coefficient) if exact else coefficient.numerator)
+            divisor = 1 if exact else float(coefficient.denominator)
+        except OverflowError:     # a coefficient beyond the float range: left as derived
+            raise TooLarge from None
         result: Optional[Expr] = None
         for factor in above:
             result = factor if result is None else Binary("*", result, factor)

@@ -126,7 +126,11 @@ def fold(backward, specs: Sequence, options: Mapping[str, object]) -> Optional[F
             steps.append(Combined(node.key, node.target, node.like, format_statement(
                 Statement(node.key, node.indices, ":=", node.rhs)), node.parts))
             continue
-        steps += _with_row_coefficients(node, *found, taken)
+        try:
+            steps += _with_row_coefficients(node, *found, taken)
+        except TooLarge:
+            steps.append(Combined(node.key, node.target, node.like, format_statement(
+                Statement(node.key, node.indices, ":=", node.rhs)), node.parts))
     forward = {n for spec in specs for n in spec.arg_order + (spec.output,)}
     defined = {spec.output for spec in specs}
     if _cost(steps, forward, defined, backward.outputs) >= \
