@@ -24,8 +24,10 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Dict, FrozenSet, List, Optional, Sequence, Set, Tuple, Union
 
+from ..errors import EinfuseError
 from ..lang.parser import parse
 from ..lang.printer import format_statement
+from .backward_fold import Folded, fold
 from .derive import GradientStatement, derive, used_names
 from .program import _gradient_prefix, _options_for, _reaching_outputs, _value_names
 from .shift import zero_gradient_shifts
@@ -70,6 +72,9 @@ class Backward:
     shaped: FrozenSet[str]
     index_names: Tuple[str, ...]   # names free for the indices of a Total's statement
     taken: FrozenSet[str]          # every name in use (for new temporaries' names)
+    # the steps folded to read the forward's outputs (autodiff/backward_fold.py), run
+    # where exact for the call's arrays; ``reads`` and ``shaped`` cover both forms
+    folded: Optional[Folded] = None
 
     def statements(self) -> List[str]:
         """The steps as text (gathers; scatters as their description), for display."""
@@ -134,9 +139,18 @@ def backward_program(pieces: Sequence[str], specs: Sequence, outputs: Sequence[s
     differentiated = {s.statement.forward for s in steps if isinstance(s, Contribution)}
     shaped = frozenset(n for spec, piece in zip(specs, pieces) if piece in differentiated
                        for n in spec.arg_order) - reads
-    return Backward(wrt, outputs, tuple(prefix + name for name in outputs), tuple(results),
-                    tuple(steps), constants, reads, shaped, tuple(fresh("a") for _ in range(8)),
-                    frozenset(fresh.used))
+    backward = Backward(wrt, outputs, tuple(prefix + name for name in outputs),
+                        tuple(results), tuple(steps), constants, reads, shaped,
+                        tuple(fresh("a") for _ in range(8)), frozenset(fresh.used))
+    try:
+        folded = fold(backward, specs, options)
+    except EinfuseError:       # a folded statement the analysis refuses: as derived
+        folded = None
+    if folded is None:
+        return backward
+    reads = reads | folded.reads
+    return dataclasses.replace(backward, folded=folded, reads=reads,
+                               shaped=(shaped | folded.shaped) - reads)
 
 
 def _depends_any(specs, wrt: Tuple[str, ...], constants) -> Dict[str, bool]:

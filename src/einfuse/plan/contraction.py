@@ -84,6 +84,16 @@ def match_contraction(spec) -> Optional[Contraction]:
         groups[group].append(name)
     if set(summed) != set(groups["k"]):
         return None
+    if not (groups["m"] and groups["n"]) and (not groups["k"] or all(
+            names[-1] in groups["k"] for names in indices if len(names) >= 2)):
+        # elementwise products, and dot products along the operands' last axes
+        # (batched, or a matrix times a vector): one pass over the operands, where BLAS
+        # reuses nothing from cache (an elementwise product was a matmul of 1x1
+        # matrices, 20x slower); a loop nest reads them as fast and can join its
+        # neighbours' fused kernel (a gradient's row sums sum[j](P[i,j] * dP[i,j]) and
+        # sum[j](dy[i,j] * g[j]) then read each row once).  A sum down the columns
+        # (W[i,o] * v[i] over i) stays with BLAS.
+        return None
     return Contraction(accesses[0].tensor, accesses[1].tensor, left, right,
                        *(tuple(groups[g]) for g in ("batch", "m", "n", "k")), scale)
 

@@ -17,7 +17,7 @@ are those of the statements."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Dict, Optional, Sequence, Tuple
 
 import numpy as np
@@ -28,7 +28,8 @@ from ..errors import EinfuseError
 from ..lang.ast import reductions
 from ..runtime.frameworks import contiguous, is_functorch_tensor, placeholder, to_numpy
 from ..schedule import run_statements
-from .backward_run import run_backward
+from ..runtime.repeat import signature_of
+from .backward_run import PLANS_KEPT, run_backward
 
 _FLOATS = (torch.float32, torch.float64)
 
@@ -126,6 +127,9 @@ class ProgramAutograd:
     backwards: Dict[Tuple[str, ...], Optional[Tuple[Backward, Tuple[str, ...], Tuple]]]
     plans: Dict[Tuple[str, ...], dict]
     runs: dict
+    # call signatures (runtime/repeat.signature_of) whose checks passed -> the names
+    # that need a gradient
+    checked: Dict[Tuple, Tuple[str, ...]] = field(default_factory=dict)
 
     @staticmethod
     def of(pieces: Sequence[str], specs: Sequence, outputs: Sequence[str],
@@ -195,6 +199,20 @@ def _run_recorded(owner: ProgramAutograd, kernels: Sequence, env: Dict[str, obje
                   backend: str) -> Optional[Tuple]:
     if backend not in ("auto", "c", "numpy") or any(k.spec.assign != ":=" for k in kernels):
         return None
+    # a repeated call (same names, shapes, dtypes, strides, requires_grad on CPU) skips
+    # the checks below: they passed for its signature already
+    signature = signature_of(env) if torch.is_grad_enabled() else None
+    names = owner.checked.get(signature) if signature is not None else None
+    if names is not None:
+        try:
+            arrays = {name: value.detach().numpy() if isinstance(value, torch.Tensor)
+                      else value for name, value in env.items()}
+        except RuntimeError:     # a negative or conjugate bit: as below
+            return None
+        backward, saved, recompute = owner.backward_for(names, kernels)
+        state = _State(tuple(kernels), owner.outputs, names, dict(env), arrays, backward, saved,
+                       recompute, backend, owner.plans.setdefault(names, {}), owner.runs)
+        return ProgramFunction.apply(state, *[env[name] for name in names])
     names = []
     for name, value in env.items():
         if isinstance(value, torch.Tensor):
@@ -216,6 +234,10 @@ def _run_recorded(owner: ProgramAutograd, kernels: Sequence, env: Dict[str, obje
     found = owner.backward_for(tuple(names), kernels)
     if found is None:
         return None
+    if signature is not None:
+        if len(owner.checked) >= PLANS_KEPT:
+            owner.checked.clear()
+        owner.checked[signature] = tuple(names)
     backward, saved, recompute = found
     state = _State(tuple(kernels), owner.outputs, tuple(names), dict(env), arrays, backward,
                    saved, recompute, backend, owner.plans.setdefault(tuple(names), {}), owner.runs)

@@ -10,12 +10,15 @@ from __future__ import annotations
 
 import warnings
 from dataclasses import dataclass, field
-from typing import Dict, FrozenSet, List, Mapping, Tuple, Union
+from typing import Dict, FrozenSet, List, Mapping, Optional, Tuple, Union
 
 import numpy as np
 
 from ..autodiff.backward import Backward, Total
-from ..autodiff.reference import gradient_kernel, run_reference, statements_to_run
+from ..autodiff.backward_fold import Combined, Folded, exact_ranges
+from ..autodiff.reference import gradient_kernel, run_reference, statements_to_run, \
+    text_kernel
+from ..errors import EinfuseError
 from ..runtime.frameworks import placeholder
 from ..schedule import run_statements
 from .shared_run import Entry, shared_kernels
@@ -87,21 +90,39 @@ def _scatter(piece: _Scatter, env) -> None:
 def _plan(backward: Backward, env: Mapping[str, object], backend: str,
           recompute: Tuple) -> List[_Piece]:
     shapes = {name: placeholder(value) for name, value in env.items()}
-    pieces: List[_Piece] = []
-    run: List[Entry] = [Entry(kernel, definition=True) for kernel in recompute]
     for kernel in recompute:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             call = kernel.bind(arrays={n: shapes[n] for n in kernel.spec.arg_order})
         shapes[kernel.spec.output] = np.broadcast_to(
             np.zeros((), call.dtypes.result), call.output_shape)
+    if backward.folded is not None:
+        found = _folded_entries(backward.folded, shapes, backend)
+        if found is not None:
+            entries, shapes_after = found
+            needed = [k for k in recompute if k.spec.output in backward.folded.reads]
+            return _plan_steps(backward, backward.folded.steps, shapes_after, backend,
+                               needed, entries)
+    return _plan_steps(backward, backward.steps, dict(shapes), backend, recompute, {})
+
+
+def _plan_steps(backward: Backward, steps, shapes, backend: str, recompute: Tuple,
+                entries: Dict[str, Entry]) -> List[_Piece]:
+    """The plan of ``steps``; ``entries``: the kernels of folded steps by key."""
+    pieces: List[_Piece] = []
+    run: List[Entry] = [Entry(kernel, definition=True) for kernel in recompute]
 
     def close():
         if run:
             pieces.append(_Kernels(shared_kernels(run, shapes, backend, backward.taken),
                                    frozenset()))
             run.clear()
-    for step in backward.steps:
+    for step in steps:
+        if isinstance(step, Combined):
+            run.append(entries[step.key])
+            shapes[step.key] = np.broadcast_to(np.zeros((), _dtype(shapes[step.like])),
+                                               step.shape(shapes))
+            continue
         if isinstance(step, Total):
             kernel = _total_kernel(step, shapes, backward.index_names, backend)
             if kernel is None:
@@ -125,6 +146,34 @@ def _plan(backward: Backward, env: Mapping[str, object], backend: str,
         shapes[step.key] = np.broadcast_to(np.zeros((), _dtype(like)), np.shape(like))
     close()
     return _with_keep(pieces, backward)
+
+
+def _folded_entries(folded: Folded, shapes: Dict[str, object], backend: str
+                    ) -> Optional[Tuple[Dict[str, Entry], Dict[str, object]]]:
+    """The kernels of the folded steps by key, and the shapes with a placeholder for
+    every gradient name of the backward as derived (the parts' ranges may name them);
+    None where folding is not exact for these arrays (autodiff/backward_fold.py)."""
+    shapes = dict(shapes)
+    for key, like in folded.placeholders:
+        if key not in shapes and like in shapes:
+            shapes[key] = np.broadcast_to(np.zeros((), _dtype(shapes[like])),
+                                          np.shape(shapes[like]))
+    entries: Dict[str, Entry] = {}
+    for step in folded.steps:
+        if not isinstance(step, Combined):
+            continue
+        ranges = exact_ranges(step, shapes)
+        if ranges is None:
+            return None
+        options = {"ranges": ranges}
+        try:
+            kernel = text_kernel(step.text, options, backend)
+        except EinfuseError:
+            return None
+        entries[step.key] = Entry(kernel, step.text, options)
+        shapes[step.key] = np.broadcast_to(np.zeros((), _dtype(shapes[step.like])),
+                                           step.shape(shapes))
+    return entries, shapes
 
 
 def _dtype(value) -> np.dtype:

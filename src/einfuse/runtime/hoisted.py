@@ -90,8 +90,9 @@ class HoistedForm:
         from ..schedule import run_statements
         if framework == "torch":     # one autograd node for the hoisted statements
             from ..program.autograd import recorded
-            results = recorded(self, kernels, named, (kernels[-1].spec.output,),
-                               self.options)
+            # (its forward computes a repeated exp once too, as for NumPy callers)
+            results = recorded(self, self._with_shared(kernels, named), named,
+                               (kernels[-1].spec.output,), self.options)
             if results is not None:
                 return results[0]
         if framework == "numpy":
