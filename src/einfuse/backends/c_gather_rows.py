@@ -10,10 +10,10 @@ of a 130 µs gather).  Here the test is once per row, in the same pass; a value 
 bounds raises the error flag and the caller's full path names it.
 
 A copy is memory-bound: below COPY_PARALLEL_BYTES it runs on the calling thread, as
-np.take does (on this 2-core machine one core's copy already takes the memory bandwidth:
-2 threads were slower at 16 MiB, 1.56 against 1.35 ms, and 2-3x slower when the other
-core was busy, e.g. with the spinning threads of a BLAS call just before); above it the
-rows are shared among the threads c_threads.py allows, and ``threads=`` is obeyed."""
+np.take does (2 threads were 2-3x slower for a 2 MiB gather when the other core was busy,
+e.g. with the spinning threads of a BLAS call just before); above it the rows are shared
+among the threads c_threads.py allows (a quiet 16 MiB gather: 1.7-2.0 ms on 2 threads,
+2.2-3.0 ms on 1), and ``threads=`` is obeyed."""
 
 from __future__ import annotations
 
@@ -26,8 +26,8 @@ from ..lang import ast
 from . import c_build, c_call
 from .c_threads import free_threads
 
-# From this many bytes copied, the rows are shared among threads.
-COPY_PARALLEL_BYTES = 1 << 28
+# From this many bytes copied (4 MiB), the rows are shared among threads.
+COPY_PARALLEL_BYTES = 1 << 22
 
 _SOURCE = """\
 #include <stdint.h>
