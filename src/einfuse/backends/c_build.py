@@ -55,6 +55,7 @@ from typing import Dict, Iterator, List, Optional, Tuple
 
 from ..errors import BackendError, warn
 from . import cache_limit
+from .c_process import process_settings
 
 BASE_FLAGS = ("-O3", "-march=native", "-fopenmp", "-fPIC", "-shared", "-fwrapv",
               "-fno-math-errno", "-fno-trapping-math")
@@ -400,7 +401,7 @@ def load(source: str, fast_math: bool = False) -> ctypes.CDLL:
         library = _loaded.get(key)
         if library is None:
             try:
-                with _openmp_wait_policy():
+                with process_settings(first=not _loaded):
                     library = _loaded[key] = ctypes.CDLL(path)
             except OSError as error:
                 # It matches what the compiler wrote, so rebuilding would not help.
@@ -408,41 +409,6 @@ def load(source: str, fast_math: bool = False) -> ctypes.CDLL:
                     from None
         _by_source[(source, fast_math)] = library
     return library
-
-
-# libgomp reads its wait policy from the environment once, when it is first loaded.
-_POLICY_VARIABLES = ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")
-
-
-@contextlib.contextmanager
-def _openmp_wait_policy():
-    """Load the first kernel (and with it libgomp) with a passive wait policy, unless
-    the user chose one.  By default libgomp's idle threads spin for a while after each
-    parallel loop; on a machine whose cores are busy with another process (or with the
-    spinning threads of torch's or BLAS's pools) a spinning thread keeps a core from the
-    thread a parallel loop is waiting for, and a 0.1 ms kernel took 1-8 ms.  Sleeping
-    threads cost a wake-up (some microseconds) per parallel loop instead; loops below
-    PARALLEL_MIN_WORK run on the calling thread and pay nothing.  The environment is
-    restored at once: it only has to be there while libgomp initialises."""
-    if _loaded or any(name in os.environ for name in _POLICY_VARIABLES) or \
-            _libgomp_loaded():
-        yield
-        return
-    os.environ["OMP_WAIT_POLICY"] = "passive"
-    try:
-        yield
-    finally:
-        os.environ.pop("OMP_WAIT_POLICY", None)
-
-
-def _libgomp_loaded() -> bool:
-    """Has this process loaded the system's libgomp already (so its policy is set)?
-    torch's own copy has another file name and another policy of its own."""
-    try:
-        with open("/proc/self/maps") as handle:
-            return any(line.rstrip().endswith("/libgomp.so.1") for line in handle)
-    except OSError:      # not Linux: no way to tell; leave the policy to the user
-        return True
 
 
 def build_extension(source: str, extra_flags: Tuple[str, ...]) -> str:
