@@ -1,6 +1,6 @@
 """Column sums inside a fused loop over rows (plan/fuse_columns.py): a statement summing
 over the group's row index (layernorm's dg[j], db[j]) joins the group and adds each row
-into per-thread compensated accumulators.  Results equal the statements run one by one
+into per-thread accumulators (compensated; float64 for float32).  Results equal the statements run one by one
 (NumPy, float64 sums) up to rounding; inf and NaN columns are those of a plain sum;
 statements reading a column sum run after the group."""
 
@@ -89,6 +89,25 @@ def test_long_columns_are_summed_with_compensation(groups):
     np.testing.assert_array_equal(a, np.float32(10000))
     np.testing.assert_array_equal(b, np.float32(10000))
     assert groups == [[("a", True), ("b", True)]]
+
+
+@pytest.mark.parametrize("width", [3, 7, 33, 130, 1000])
+@pytest.mark.parametrize("threads", [1, 2, 3])
+def test_float32_columns_of_any_width_on_any_threads(groups, width, threads):
+    """float32 columns are summed in float64 per thread, in rows padded to whole cache
+    lines: every width (padded or not) and thread count gives the float64 sum rounded
+    once; the prepared (repeated) call too."""
+    X = rng.standard_normal((2001, width)).astype(np.float32)
+    w = rng.standard_normal(2001).astype(np.float32)
+    program = ef.compile("n[i] := sum[j](X[i,j]**2); s[j] := X[i,j] * w[i] / n[i]",
+                         outputs=("s",), threads=threads)
+    n = (X.astype(np.float64) ** 2).sum(1)
+    want = (X * (w / n.astype(np.float32))[:, None]).astype(np.float64).sum(0)
+    for _ in range(3):
+        got = program(X=X, w=w)
+        assert got.dtype == np.float32
+        np.testing.assert_allclose(got, want, rtol=2e-5, atol=1e-5)
+    assert groups and all(g == [("n", False), ("s", True)] for g in groups)
 
 
 def test_a_statement_reading_a_column_sum_runs_after_the_group(groups):

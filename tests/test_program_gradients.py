@@ -107,6 +107,14 @@ def test_errors(program, wrt, message):
         ef.derive(program, wrt)
 
 
+@pytest.mark.parametrize("source", ["C[i,j] := A[i,k] * B[k,j]", SOFTMAX])
+@pytest.mark.parametrize("wrt", [["A"], ("X", "A"), None, 3])
+def test_wrt_must_be_one_name(source, wrt):
+    from einfuse.errors import EinfuseTypeError
+    with pytest.raises(EinfuseTypeError, match="one input's name"):
+        ef.derive(source, wrt)
+
+
 def test_scalar_parameter_gradient():
     x = rand(5)
     got = ef.derive("a[i] := x[i] * s\nb := sum[i](a[i] * s)", "s").run(

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Tuple, Union
 
 from ..analysis.spec import Spec, analyse
-from ..errors import EinfuseError, NoGradientError
+from ..errors import EinfuseError, EinfuseTypeError, NoGradientError
 from ..lang import parse
 from ..lang.ast import Access, Binary, Call, Expr, IndexExpr, IndexValue, Param, Reduce, \
     Unary, accesses
@@ -136,6 +136,9 @@ def derive(statement: Union[str, GradientStatement], wrt: str, *,
         grads = ef.derive("C[i,j] := A[i,k] * B[k,j]", "A")
         grads[0].text                   # 'dA[i, k] := dC[i, j] * B[k, j]'
         ef.run_reference(grads, {"A": A, "B": B, "dC": dC})["dA"]"""
+    if not isinstance(wrt, str):
+        raise EinfuseTypeError(f"derive(wrt=) takes one input's name as a str, not "
+                               f"{type(wrt).__name__} {wrt!r}: derive once per input")
     if isinstance(statement, str):
         from ..program import split_program
         if len(split_program(statement)) > 1:

@@ -143,10 +143,11 @@ class CRenderer:
         self.buffers = k.buffers
         self.thread_rows = []
         for n, buf in enumerate(k.buffers):
-            ctype = {"int64": "int64_t", "uint64": "uint64_t"}.get(buf.dtype, "T")
+            ctype = C_TYPES.get(buf.dtype, "T")
             qual = "" if buf.output else "const "
             if buf.per_thread is not None:   # its row is found in the parallel loop
-                lines.append(f"  T *restrict {name(buf.name)}_rows = (T *)bufs[{n}];")
+                lines.append(f"  {ctype} *restrict {name(buf.name)}_rows = "
+                             f"({ctype} *)bufs[{n}];")
                 self.thread_rows.append(buf)
                 continue
             lines.append(f"  {qual}{ctype} *restrict {name(buf.name)} = "
@@ -352,9 +353,9 @@ class CRenderer:
 
     def thread_row_pointers(self, depth: int) -> List[str]:
         """Inside the parallel loop: each per-thread buffer's row for this thread."""
-        return ["  " * depth + f"T *restrict {name(buf.name)} = {name(buf.name)}_rows + "
-                f"(int64_t)omp_get_thread_num() * {name(buf.per_thread)};"
-                for buf in self.thread_rows]
+        return ["  " * depth + f"{C_TYPES.get(buf.dtype, 'T')} *restrict {name(buf.name)} = "
+                f"{name(buf.name)}_rows + (int64_t)omp_get_thread_num() * "
+                f"{name(buf.per_thread)};" for buf in self.thread_rows]
 
     def stmt_TiledLoop(self, node: ir.TiledLoop, depth: int) -> List[str]:
         pad = "  " * depth

@@ -299,7 +299,8 @@ class Store(Stmt):
 
 @dataclass(frozen=True)
 class Buffer:
-    """A kernel argument array: ``dtype`` is "working" or "int64".  ``per_thread``
+    """A kernel argument array: ``dtype`` is "working", "int64", or "float64" (a
+    float32 group's column sums, plan/fuse_columns.py).  ``per_thread``
     names the runtime int holding a row length: the array then holds one row of that
     many elements per thread, and each thread of the outermost parallel loop reads and
     writes its own row (a fused intermediate that never goes to memory whole)."""

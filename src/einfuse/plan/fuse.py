@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import Dict, FrozenSet, Sequence, Tuple
 
 from .. import ir
-from .fuse_columns import ColumnAccumulators, accumulate_into_columns
+from .fuse_columns import ColumnAccumulators, accumulate_into_columns, column_sum_dtype
 from .fuse_extrema import combine_extrema_by_vectors
 from .fuse_sums import GUARD_INT, merge_row_sums
 
@@ -142,12 +142,15 @@ def fuse_kernels(kernels: Sequence[ir.Kernel], reads: Sequence[Dict[int, Tuple[i
         renamed = _rename(loop.body, how)
         if number in columns:
             value = mapping[-1]
+            wide = column_sum_dtype(working) != working
             for _ in range(2):
-                buffers.append(dataclasses.replace(buffers[value], name=f"t{len(buffers)}",
-                                                   per_thread=f"rows{len(buffers)}"))
+                buffers.append(dataclasses.replace(
+                    buffers[value], name=f"t{len(buffers)}", per_thread=f"rows{len(buffers)}",
+                    dtype=column_sum_dtype(working) if wide else buffers[value].dtype))
             sums, errors = len(buffers) - 2, len(buffers) - 1
             renamed = accumulate_into_columns(
-                renamed, ColumnAccumulators(value, sums, errors, buffers[sums].per_thread),
+                renamed, ColumnAccumulators(value, sums, errors, buffers[sums].per_thread,
+                                            compensated=not wide),
                 prefix)
         body += list(renamed)
     ints += [b.per_thread for b in buffers if b.per_thread is not None]

@@ -16,7 +16,12 @@ error ``c``:
 ``s`` alone is the plain sum in row order, so inf and NaN propagate as in any sum;
 the caller (backends/c_fused.py) adds ``c`` back where ``s`` is finite and adds the
 threads' totals in thread order.  The compensation keeps the error of a long column
-at a few roundings, independent of the number of rows."""
+at a few roundings, independent of the number of rows.
+
+A float32 column is summed in float64 instead (``s[j] += x``, ``c`` stays zero): as
+exact for any column of fewer than 2**29 rows, a single rounding to float32 at the
+end, and half the work per element.  With the compensated form, layernorm's two column
+sums (``dg``, ``db``) made its 8192x256 backward 2x slower."""
 
 from __future__ import annotations
 
@@ -36,6 +41,15 @@ class ColumnAccumulators:
     sums: int
     errors: int
     length: str
+    compensated: bool = True
+
+
+# The dtype a column of this working dtype is summed in (a buffer dtype name).
+_WIDER = {"float32": "float64"}
+
+
+def column_sum_dtype(working: str) -> str:
+    return _WIDER.get(working, working)
 
 
 def accumulate_into_columns(body: Tuple[ir.Stmt, ...], slots: ColumnAccumulators,
@@ -82,6 +96,11 @@ class _Rewriter:
 
         def local(name: str) -> ir.Local:
             return ir.Local(name)
+        if not self.slots.compensated:
+            return [ir.Let(x, store.value),
+                    dataclasses.replace(store, buffer=self.slots.sums,
+                                        value=ir.Binary("+", load(self.slots.sums),
+                                                        local(x)))]
         error = ir.Call("where", (
             ir.Binary(">=", ir.Call("abs", (local(s),)), ir.Call("abs", (local(x),))),
             ir.Binary("+", ir.Binary("-", local(s), local(t)), local(x)),

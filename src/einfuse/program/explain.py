@@ -71,7 +71,7 @@ class ProgramExplanation:
             if group.column_sums:
                 how += "; " + ", ".join(str(i + 1) for i in group.column_sums) + \
                     " summed over the rows as each row passes, into per-thread " \
-                    "compensated accumulators"
+                    "accumulators (float64 for float32, else compensated)"
             out.append(f"    kernel {number}: statement{'s' if many else ''} {which} ({how})")
         if self.materialised is not None:
             rows = [m for m in self.materialised if m.row_bytes is not None]

@@ -8,13 +8,18 @@ from __future__ import annotations
 
 import numbers
 import sys
-from typing import Mapping
+from typing import Dict, Mapping, Tuple
 
 import numpy as np
 
 from ..errors import EinfuseTypeError
 
 NUMPY, TORCH, JAX = "numpy", "torch", "jax"
+
+
+# read-only, so shared: (shape, dtype) -> placeholder (a torch program's backward asks
+# for its outputs' on every call)
+_placeholders: Dict[Tuple, np.ndarray] = {}
 
 
 def torch_compiling() -> bool:
@@ -101,7 +106,14 @@ def placeholder(value):
     out of reach (a traced JAX value, a GPU tensor).  Python numbers pass through."""
     if isinstance(value, numbers.Number):
         return value
-    return np.broadcast_to(np.zeros((), dtype=numpy_dtype(value)), tuple(np.shape(value)))
+    key = (tuple(np.shape(value)), numpy_dtype(value))
+    found = _placeholders.get(key)
+    if found is None:
+        if len(_placeholders) >= 512:
+            _placeholders.clear()
+        found = _placeholders[key] = np.broadcast_to(np.zeros((), dtype=key[1]), key[0])
+    return found
+
 
 
 def is_bfloat16(value) -> bool:
