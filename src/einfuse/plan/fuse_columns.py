@@ -18,9 +18,10 @@ the caller (backends/c_fused.py) adds ``c`` back where ``s`` is finite and adds 
 threads' totals in thread order.  The compensation keeps the error of a long column
 at a few roundings, independent of the number of rows.
 
-A float32 column is summed in float64 instead (``s[j] += x``, ``c`` stays zero): as
-exact for any column of fewer than 2**29 rows, a single rounding to float32 at the
-end, and half the work per element.  With the compensated form, layernorm's two column
+A float32 column is summed in float64 instead (``s[j] += x``, ``c`` stays zero): its
+error stays below one float32 rounding of the sum of magnitudes for columns of fewer
+than 2**29 rows, it is rounded to float32 once at the end, and it is half the work per
+element.  With the compensated form, layernorm's two column
 sums (``dg``, ``db``) made its 8192x256 backward 2x slower."""
 
 from __future__ import annotations
