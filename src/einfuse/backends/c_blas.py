@@ -129,20 +129,26 @@ def _addend_view(found: ContractionAddend, call) -> Runner:
     first = next((n for n, i in enumerate(output) if i in indices), len(output))
     # leading unit axes broadcast by themselves; inner ones must be explicit
     target = tuple(extents[first:])
-    reshape = len(target) != len(indices)
     working = call.dtypes.working
-    convert = call.arrays.dtypes[name] != working
+    return _arranged(name, working if call.arrays.dtypes[name] != working else None,
+                     None if whole else window, None if in_order else tuple(named_order),
+                     target if len(target) != len(indices) else None)
 
-    def view(named):
+
+def _arranged(name: str, convert, window, order, shape) -> Runner:
+    """The array ``name`` as BLAS or the result wants it, each step only where it is
+    given: converted to the dtype ``convert``, cut to ``window``, its axes put in
+    ``order``, reshaped to ``shape``."""
+    def get(named):
         array = named[name]
-        if convert:
-            array = array.astype(working)
-        if not whole:
+        if convert is not None:
+            array = array.astype(convert)
+        if window is not None:
             array = array[window]
-        if not in_order:
-            array = array.transpose(named_order)
-        return array.reshape(target) if reshape else array
-    return view
+        if order is not None:
+            array = array.transpose(order)
+        return array if shape is None else array.reshape(shape)
+    return get
 
 
 @dataclass(frozen=True)
@@ -182,17 +188,8 @@ def _product(prepared: PreparedContraction, call, route: BlasRoute) -> Optional[
                 return name
             if order == (1, 0):
                 return lambda named: named[name].T
-
-        def get(named):
-            array = named[name]
-            if convert:
-                array = array.astype(working)
-            if not whole:
-                array = array[window]
-            if not in_order:
-                array = array.transpose(order)
-            return array.reshape(target) if reshape else array
-        return get
+        return _arranged(name, working if convert else None, None if whole else window,
+                         None if in_order else order, target if reshape else None)
 
     left, right = operand(prepared.left), operand(prepared.right)
     get_left = left if callable(left) else (lambda named: named[left])
