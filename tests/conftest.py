@@ -20,3 +20,18 @@ BACKENDS = ["numpy"] + (["c"] if c_build.find_compiler() is not None else []) + 
 @pytest.fixture(params=BACKENDS)
 def backend(request):
     return request.param
+
+
+@pytest.fixture
+def bind_count(monkeypatch):
+    """One entry per full binding of a call (runtime/kernel.bind_call): a repeated call
+    on the fast path adds none."""
+    from einfuse.runtime import kernel as kernel_module
+    calls = []
+    real = kernel_module.bind_call
+
+    def counting(*args, **kwargs):
+        calls.append(1)
+        return real(*args, **kwargs)
+    monkeypatch.setattr(kernel_module, "bind_call", counting)
+    return calls

@@ -12,21 +12,21 @@ from einfuse.autodiff.algebra import Algebra, definition_of
 from einfuse.autodiff.backward import backward_program
 from einfuse.lang.printer import format_expr
 from einfuse.runtime.kernel import _spec_for
+from program_texts import LAYERNORM, SOFTMAX
 
 torch = pytest.importorskip("torch")
+from torch_checks import close, grads as _grads  # noqa: E402  (needs torch)
 
-SOFTMAX = """m[i] := max[j](X[i,j])
-e[i,j] := exp(X[i,j] - m[i])
-P[i,j] := e[i,j] / sum[k](e[i,k])"""
 TEMPERATURE = """m[i] := max[j](X[i,j])
 e[i,j] := exp((X[i,j] - m[i]) * t)
 P[i,j] := e[i,j] / sum[k](e[i,k])"""
 MASKED = """m[i] := max[j](X[i,j])
 e[i,j] := where(M[i,j] > 0, exp(X[i,j] - m[i]), 0)
 P[i,j] := e[i,j] / sum[k](e[i,k])"""
-LAYERNORM = """mu[i] := sum[j](X[i,j]) / {n}
-v[i] := sum[j]((X[i,j] - mu[i])**2) / {n}
-y[i,j] := (X[i,j] - mu[i]) / sqrt(v[i] + 0.00001) * g[j] + b[j]"""
+
+
+def _close(got, want, dtype):
+    close(got, want, dtype, equal_nan=True)
 
 
 def _backward(source, wrt, **options):
@@ -35,18 +35,6 @@ def _backward(source, wrt, **options):
     specs = [s.kernel.spec for s in program.statements]
     passed = {k: v for k, v in options.items() if k in ("ranges", "pad")}
     return backward_program(pieces, specs, program.outputs, wrt, passed)
-
-
-def _grads(fn, inputs, seed):
-    leaves = [t.detach().clone().requires_grad_(t.requires_grad) for t in inputs]
-    out = fn(*leaves)
-    wanted = [t for t in leaves if t.requires_grad]
-    return out.detach(), torch.autograd.grad(out, wanted, seed)
-
-
-def _close(got, want, dtype):
-    tol = dict(rtol=1e-4, atol=1e-5) if dtype == torch.float32 else dict(rtol=1e-9, atol=1e-11)
-    torch.testing.assert_close(got, want, **tol, equal_nan=True)
 
 
 def test_softmax_backward_reads_the_output_only():

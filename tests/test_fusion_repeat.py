@@ -9,13 +9,11 @@ import pytest
 import einfuse as ef
 from einfuse.backends import c_build, c_fused
 from einfuse.runtime.repeat import signature_of
+from program_texts import SOFTMAX
 
 pytestmark = pytest.mark.skipif(c_build.find_compiler() is None,
                                 reason="fusion runs C kernels")
 
-SOFTMAX = """m[i] := max[j](X[i,j])
-e[i,j] := exp(X[i,j] - m[i])
-P[i,j] := e[i,j] / sum[k](e[i,k])"""
 LAYERNORM = """mu[i] := sum[j](X[i,j]) / N
 v[i] := sum[j]((X[i,j] - mu[i])**2) / N
 y[i,j] := (X[i,j] - mu[i]) / sqrt(v[i] + eps) * g[j] + b[j]"""

@@ -12,14 +12,11 @@ import pytest
 import einfuse as ef
 from einfuse.backends import c_build, c_fused, c_rows
 from einfuse.plan import fuse, fuse_sums
+from program_texts import SOFTMAX, SOFTMAX_STATEMENT as STATEMENT
 
 pytestmark = pytest.mark.skipif(c_build.find_compiler() is None,
                                 reason="fusion runs C kernels")
 
-SOFTMAX = """m[i] := max[j](X[i,j])
-e[i,j] := exp(X[i,j] - m[i])
-P[i,j] := e[i,j] / sum[k](e[i,k])"""
-STATEMENT = "P[i,j] := exp(X[i,j] - max[k](X[i,k])) / sum[k](exp(X[i,k] - max[l](X[i,l])))"
 
 
 def _special(rows, cols, dtype):

@@ -12,18 +12,8 @@ from einfuse.backends import c_build
 from einfuse.backends.c_gather_rows import row_gather
 from einfuse.errors import OutOfBoundsError
 from einfuse.lang import parse
-from einfuse.runtime import kernel as kernel_module
 
 pytestmark = pytest.mark.skipif(c_build.find_compiler() is None, reason="no C compiler")
-
-
-@pytest.fixture
-def bind_count(monkeypatch):
-    calls = []
-    real = kernel_module.bind_call
-    monkeypatch.setattr(kernel_module, "bind_call",
-                        lambda *a, **kw: calls.append(1) or real(*a, **kw))
-    return calls
 
 
 @pytest.mark.parametrize("statement, found", [

@@ -10,29 +10,10 @@ import pytest
 import einfuse as ef
 from einfuse.autodiff.shift import zero_gradient_shifts
 from einfuse.runtime.kernel import _spec_for
+from program_texts import LAYERNORM, SOFTMAX, SOFTMAX_STATEMENT
 
 torch = pytest.importorskip("torch")
-
-SOFTMAX = """m[i] := max[j](X[i,j])
-e[i,j] := exp(X[i,j] - m[i])
-P[i,j] := e[i,j] / sum[k](e[i,k])"""
-SOFTMAX_STATEMENT = ("P[i,j] := exp(X[i,j] - max[k](X[i,k])) / "
-                     "sum[k](exp(X[i,k] - max[l](X[i,l])))")
-LAYERNORM = """mu[i] := sum[j](X[i,j]) / {n}
-v[i] := sum[j]((X[i,j] - mu[i])**2) / {n}
-y[i,j] := (X[i,j] - mu[i]) / sqrt(v[i] + 0.00001) * g[j] + b[j]"""
-
-
-def _grads(fn, inputs, seed):
-    leaves = [t.detach().clone().requires_grad_(t.requires_grad) for t in inputs]
-    out = fn(*leaves)
-    wanted = [t for t in leaves if t.requires_grad]
-    return out.detach(), torch.autograd.grad(out, wanted, seed)
-
-
-def _close(got, want, dtype):
-    tol = dict(rtol=1e-4, atol=1e-5) if dtype == torch.float32 else dict(rtol=1e-9, atol=1e-11)
-    torch.testing.assert_close(got, want, **tol)
+from torch_checks import close as _close, grads as _grads  # noqa: E402  (needs torch)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])

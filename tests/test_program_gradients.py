@@ -8,12 +8,10 @@ import pytest
 import einfuse as ef
 from einfuse.autodiff import ProgramGradient
 from einfuse.errors import NoGradientError
+from program_texts import SOFTMAX
 
 torch = pytest.importorskip("torch")
 
-SOFTMAX = """m[i] := max[j](X[i,j])
-e[i,j] := exp(X[i,j] - m[i])
-P[i,j] := e[i,j] / sum[k](e[i,k])"""
 
 LAYERNORM = """mu[i] := mean[j](X[i,j])
 v[i] := var[j](X[i,j])

@@ -6,19 +6,6 @@ import numpy as np
 import pytest
 
 import einfuse as ef
-from einfuse.runtime import kernel as kernel_module
-
-
-@pytest.fixture
-def bind_count(monkeypatch):
-    calls = []
-    real = kernel_module.bind_call
-
-    def counting(*args, **kwargs):
-        calls.append(1)
-        return real(*args, **kwargs)
-    monkeypatch.setattr(kernel_module, "bind_call", counting)
-    return calls
 
 
 def test_repeated_calls_skip_binding_and_follow_the_data(bind_count):

@@ -52,15 +52,6 @@ CASES = [
 IDS = [c[0] for c in CASES]
 
 
-@pytest.fixture
-def bind_count(monkeypatch):
-    calls = []
-    real = kernel_module.bind_call
-    monkeypatch.setattr(kernel_module, "bind_call",
-                        lambda *a, **kw: calls.append(1) or real(*a, **kw))
-    return calls
-
-
 def _grads(fn, named, weights):
     leaves = {k: v for k, v in named.items() if v.requires_grad}
     out = fn(**named)
