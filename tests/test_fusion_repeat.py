@@ -80,12 +80,12 @@ def test_a_step_refuses_arrays_of_another_layout():
     X = np.random.default_rng(4).standard_normal((64, 90))
     program(X=X)
     # prepared runs are kept by (call signature, names kept)
-    steps = next(run for (signature, _), run in program._runs.items()
-                 if signature == signature_of({"X": X}))
+    prepared = next(run for (signature, _), run in program._runs.items()
+                    if signature == signature_of({"X": X}))
     env = {"X": np.asfortranarray(X)}
-    assert steps[0].run(env) is False and set(env) == {"X"}
+    assert prepared.steps[0].run(env) is False and set(env) == {"X"}
     env = {"X": X.copy()}
-    assert steps[0].run(env) is True
+    assert prepared.steps[0].run(env) is True
     np.testing.assert_allclose(env["P"], softmax(X), rtol=1e-12)
 
 

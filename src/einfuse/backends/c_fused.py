@@ -19,10 +19,10 @@ from ..plan.fuse import COLUMN_SUMS, fuse_kernels, renamed_int, slots_after_fusi
 from ..plan.fuse_columns import column_sum_dtype
 from ..plan.fuse_sums import GUARD_INT, guard_verdict
 from ..plan.expression_facts import divides
-from . import c_build, c_call, c_rows
+from . import c_build, c_rows
 from .c_backend import _ARGTYPES, _blas_contraction, _buffers, _pack_for_lanes, _plan
 from .c_render import render_c
-from .c_threads import default_threads, fixed_thread_count, free_threads, thread_count
+from .c_threads import default_threads, fixed_thread_count, thread_count
 
 _fused: Dict[Tuple, Tuple] = {}
 _lock = threading.Lock()
@@ -87,116 +87,11 @@ def run(members, thread_rows: FrozenSet[int] = frozenset()) -> Optional[Dict[int
 
 
 def prepared_runner(members, thread_rows: FrozenSet[int], sources: Sequence[object]):
-    """The group's run for repeated calls with the same layouts (schedule/fusion.py's
-    fast path), or None where its arguments could depend on the data (gathers, scalar
-    parameters, padding).  ``sources[k][slot]``: where member k's input ``slot`` comes
-    from, a key of the environment or None for a member's output.  The runner takes
-    the environment, checks every array it reads has the layout seen here (False and
-    nothing run when not) and stores the delivered members' outputs under ``keys``."""
-    if any(m.call.options.pad is not None or m.plan.params or
-           any(t.as_index for t in m.kernel.spec.tensors) for m in members):
-        return None
-    rows_group = c_rows.match(members, thread_rows)
-    if rows_group is not None:
-        return c_rows.prepared_runner(rows_group, members, _adaptive(members),
-                                      _threads(members, frozenset()))
-    function, passed, thread_rows, guards = _compiled(members, thread_rows)
-    # chosen per call where adaptive (OpenMP's default when no core is busy), with
-    # per-thread rows for as many threads as any call may take
-    adaptive = _adaptive(members)
-    threads = (default_threads() if thread_rows else 0) if adaptive else \
-        _threads(members, thread_rows)
-    buffers, rows = _with_thread_rows(members, thread_rows, threads)
-    # the scratch each call allocates, as _thread_rows does
-    scratch = {k: (max(threads, 1), length) for k, length in zip(sorted(thread_rows), rows)}
-    columns = _column_accumulators(members, thread_rows, threads)
-    column_shapes = {k: (pair[0].shape, pair[0].dtype) for k, pair in columns.items()}
-    # the arguments depend on layouts only: computed once, kept alive with the runner
-    arguments = _arguments(members, buffers, _row_ints(rows, thread_rows, columns), guards)
-    addresses = tuple(a.ctypes.data for a in arguments)
-    working = members[0].call.dtypes.working
-    # Per-thread rows and accumulators never leave a call: the runner keeps one set
-    # (accumulators zeroed per call) and a call finding it in use by another Python
-    # thread (ctypes lets go of the GIL during the kernel) allocates its own.
-    owned = (threading.Lock(), {k: thread_scratch(*shape, working)
-                                for k, shape in scratch.items()}, columns)
-    plan = []      # per passed buffer: ("in", key, layout) | ("out", k) | ("rows", k)
-    for k, slot in passed:                                    # | ("column", k, slot)
-        if slot < 0:
-            plan.append(("column", k, slot))
-            continue
-        if slot == len(members[k].buffers) - 1:
-            plan.append(("rows", k) if k in scratch else ("out", k))
-            continue
-        producer = members[k].reads.get(slot)
-        if producer is not None:
-            plan.append(("rows", producer[0]) if producer[0] in scratch
-                        else ("out", producer[0]))
-            continue
-        key, array = sources[k][slot], members[k].buffers[slot]
-        if key is None:
-            return None
-        plan.append(("in", key, (array.shape, array.dtype, array.strides)))
-    shapes = {k: tuple(m.call.output_shape) for k, m in enumerate(members)
-              if k not in scratch}
-    caller = c_call.caller() if len(passed) <= c_call.MAX_BUFFERS else None
-    entry = ctypes.cast(function, ctypes.c_void_p).value
-
-    def runner(env, keys) -> bool:
-        made = {k: np.empty(shape, working) for k, shape in shapes.items()}
-        mine = owned[0].acquire(blocking=False)
-        try:
-            return _run_with(env, keys, made, mine)
-        finally:
-            if mine:
-                owned[0].release()
-
-    def _run_with(env, keys, made, mine: bool) -> bool:
-        if mine:
-            made.update(owned[1])
-            sums = owned[2]
-            for pair in sums.values():
-                pair[0].fill(0)
-                pair[1].fill(0)
-        else:
-            made.update((k, thread_scratch(*shape, working)) for k, shape in scratch.items())
-            sums = {k: (thread_scratch(*shape, dtype, zeroed=True),
-                        thread_scratch(*shape, dtype, zeroed=True))
-                    for k, (shape, dtype) in column_shapes.items()}
-        arrays = []
-        for how in plan:
-            if how[0] == "column":
-                arrays.append(sums[how[1]][0 if how[2] == COLUMN_SUMS else 1])
-                continue
-            if how[0] != "in":
-                arrays.append(made[how[1]])
-                continue
-            array = env[how[1]]
-            if type(array) is not np.ndarray or \
-                    (array.shape, array.dtype, array.strides) != how[2]:
-                array = np.asarray(array).astype(working, copy=False)
-                if (array.shape, array.dtype, array.strides) != how[2]:
-                    return False
-            arrays.append(array)
-        count = (free_threads() or threads) if adaptive else threads
-        if caller is not None:
-            error = caller(entry, tuple(arrays), *addresses, count)
-        else:
-            pointers = (ctypes.c_void_p * len(arrays))(*[a.ctypes.data for a in arrays])
-            flag = ctypes.c_int32(0)
-            function(pointers, *addresses, count, ctypes.byref(flag))
-            error = flag.value
-        if error:    # only gathers raise the flag, and they are not prepared
-            raise BackendError("a prepared fused C kernel raised its error flag")
-        for k in shapes:
-            if keys[k] is not None:
-                env[keys[k]] = made[k]
-        for k, pair in sums.items():
-            if keys[k] is not None:
-                env[keys[k]] = column_total(members[k], *pair)
-        return True
-    runner.keep = arguments
-    return runner
+    """The group's run for repeated calls with the same layouts
+    (backends/c_fused_prepared.py), or None where its arguments could depend on the
+    data."""
+    from .c_fused_prepared import prepared_runner as prepared
+    return prepared(members, thread_rows, sources)
 
 
 def _compiled(members, thread_rows: FrozenSet[int]):

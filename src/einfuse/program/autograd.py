@@ -17,6 +17,7 @@ are those of the statements."""
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass, field
 from typing import Dict, Optional, Sequence, Tuple
 
@@ -29,107 +30,229 @@ from ..lang.ast import reductions
 from ..runtime.frameworks import contiguous, is_functorch_tensor, placeholder, to_numpy
 from ..schedule import run_statements
 from ..runtime.repeat import signature_of
-from .backward_run import PLANS_KEPT, run_backward
+from .backward_run import PLANS_KEPT, BackwardRun
 
 _FLOATS = (torch.float32, torch.float64)
 
 
-@dataclass(frozen=True)
-class _State:
-    """What the node's backward needs: the kernels and names of the forward, the
-    backward program, and the NumPy environment of the forward (inputs and the
-    intermediates the backward reads)."""
-    kernels: Tuple
-    outputs: Tuple[str, ...]
-    names: Tuple[str, ...]         # the differentiable inputs, in the order passed
-    sources: Dict[str, object]     # the caller's values by name
-    arrays: Dict[str, object]      # the same as NumPy views (and Python scalars)
-    backward: Backward
-    saved: Tuple[str, ...]         # intermediates the forward keeps for the backward
-    recompute: Tuple               # forward kernels the backward runs again, first
-    backend: str
-    plans: dict
-    runs: dict
+class PreparedCall:
+    """Everything a recorded call of one signature (names, shapes, dtypes, strides,
+    requires_grad of the tensors; which names are floats) needs that does not depend on
+    the data: the forward's prepared run, what the backward reads, and the backward
+    planned per layout of the seeds.  A repeated call is then torch's own bookkeeping,
+    NumPy views and the kernel calls."""
+
+    def __init__(self, owner: "ProgramAutograd", kernels: Tuple, names: Tuple[str, ...],
+                 env: Dict[str, object], found, backend: str):
+        backward, saved, recompute = found
+        self.kernels, self.outputs, self.backend = kernels, owner.outputs, backend
+        self.names = names                 # the differentiable inputs, in apply's order
+        self.tensors = tuple(n for n, v in env.items() if isinstance(v, torch.Tensor))
+        # every other tensor is passed to apply too (saved: torch's version check)
+        self.others = tuple(n for n in self.tensors if n not in names)
+        self.passed = names + self.others
+        self.scalars = tuple(n for n in env if n not in self.tensors)
+        self.backward, self.recompute = backward, recompute
+        self.keep = frozenset(self.outputs) | frozenset(saved)
+        # intermediates the forward keeps for the backward, and the names whose shape
+        # alone the backward needs (placeholders, found at the first call)
+        self.kept = tuple(n for n in saved if n not in self.outputs)
+        self.shaped = tuple(n for n in backward.shaped if n not in self.kept and
+                            n not in env and n not in self.outputs)
+        # per output: (name, whether the backward reads it, whether it needs its shape)
+        self.output_uses = tuple((n, n in backward.reads or n in saved, n in backward.shaped)
+                                 for n in self.outputs)
+        self.input_shapes = tuple((tuple(env[n].shape), env[n].dtype) for n in names)
+        self.runs = owner.runs
+        self._forward = None               # the forward's PreparedRun, once known
+        self._placeholders: Optional[Dict[str, object]] = None
+        self._backwards: Dict[Tuple, Tuple[BackwardRun, Tuple[bool, ...]]] = {}
+        self._lock = threading.Lock()
+
+    def apply(self, env: Dict[str, object]):
+        """The outputs of the program on ``env`` (this signature's tensors and scalars)
+        as tensors that autograd records as one node; None where autograd records
+        nothing now (grad mode off: the caller's path runs the statements fused,
+        unrecorded)."""
+        if not _grad_enabled():
+            return None
+        try:
+            arrays = {name: env[name].detach().numpy() for name in self.tensors}
+        except RuntimeError:     # a lazily negated or conjugated view: its values
+            arrays = {name: to_numpy(env[name]) for name in self.tensors}
+        for name in self.scalars:
+            arrays[name] = env[name]
+        tensors = [env[name] for name in self.passed]
+        if _DIRECT_APPLY is not None and not _transforms_active():
+            return _DIRECT_APPLY((self, arrays), *tensors)
+        return ProgramFunction.apply((self, arrays), *tensors)
+
+    def run_forward(self, env: Dict[str, object]) -> None:
+        prepared = self._forward
+        if prepared is not None:
+            prepared(env)
+        else:
+            self._forward = run_statements(self.kernels, env, "numpy", keep=self.keep,
+                                           runs=self.runs)
+
+    def saved(self, env: Dict[str, object], arrays: Dict[str, object]) -> Dict[str, object]:
+        """What the backward reads of the forward but its outputs: the kept
+        intermediates, placeholders for names it needs the shape of, the inputs."""
+        saved = {name: env[name] for name in self.kept}
+        if self.shaped:
+            if self._placeholders is None:
+                self._placeholders = {n: placeholder(env[n]) for n in self.shaped}
+            saved.update(self._placeholders)
+        saved.update(arrays)
+        return saved
+
+    def gradients(self, env: Dict[str, object], grads, wanted) -> Tuple:
+        """The gradients of the recorded inputs (None where not wanted or not
+        reached), as tensors like the inputs; ``env``: the forward's saved arrays."""
+        key = []
+        for seed, grad in zip(self.backward.seeds, grads):
+            try:
+                array = grad.numpy()
+            except RuntimeError:     # a lazily negated or conjugated view
+                array = grad.detach().resolve_neg().resolve_conj().numpy()
+            env[seed] = array
+            key.append((array.shape, array.dtype, array.strides))
+        key = tuple(key)
+        found = self._backwards.get(key)
+        given = list(env.values())
+        if found is None:
+            run = BackwardRun(self.backward, env, self.backend, self.recompute)
+            values = run(env)
+            found = self._keep_backward(key, run, values, given)
+        else:
+            values = found[0](env)
+        result = []
+        for number, name in enumerate(self.names):
+            value = values.get(name)
+            if value is None or not wanted[number]:
+                result.append(None)
+            elif found[1][number]:
+                result.append(torch.from_numpy(value))
+            else:
+                shape, dtype = self.input_shapes[number]
+                tensor = torch.as_tensor(value).to(dtype).reshape(shape)
+                result.append(tensor.clone() if _shares(tensor.numpy(), given) else tensor)
+        return tuple(result)
+
+    def _keep_backward(self, key, run: BackwardRun, values, given):
+        """Remember ``run`` for seeds of this layout, with, per recorded input, whether
+        its gradient goes to torch as it is: an array of the input's shape and dtype, of
+        its own memory (not a view of ``given``, the seeds and saved arrays, which torch
+        would then accumulate into)."""
+        direct = []
+        for number, name in enumerate(self.names):
+            value = values.get(name)
+            shape, dtype = self.input_shapes[number]
+            direct.append(type(value) is np.ndarray and value.shape == shape and
+                          value.flags.c_contiguous and value.flags.writeable and
+                          torch.from_numpy(value.reshape(-1)[:0]).dtype == dtype and
+                          not _shares(value, given))
+        found = (run, tuple(direct))
+        with self._lock:
+            if len(self._backwards) >= PLANS_KEPT:
+                self._backwards.clear()
+            self._backwards[key] = found
+        return found
+
+
+def _shares(value, arrays) -> bool:
+    return any(type(other) is np.ndarray and np.may_share_memory(value, other)
+               for other in arrays)
 
 
 class ProgramFunction(torch.autograd.Function):
+    """The autograd node of a program's call.  The tensors passed are the recorded
+    inputs and then every other tensor of the call, all saved (with the outputs the
+    backward reads), so that torch's version check refuses a backward after any of them
+    was modified in place."""
+
     @staticmethod
-    def forward(ctx, state: _State, *tensors):
-        env = dict(state.arrays)
-        keep = set(state.outputs) | set(state.saved)
-        run_statements(state.kernels, env, "numpy", keep=keep, runs=state.runs)
-        saved = {name: env[name] for name in state.saved if name not in state.outputs}
-        for name in state.backward.shaped:
-            saved.setdefault(name, placeholder(env[name]))
-        for name in state.sources:
-            saved[name] = env[name]
-        results = tuple(torch.from_numpy(contiguous(np.asarray(env[name])))
-                        for name in state.outputs)
+    def forward(ctx, state, *tensors):
+        # state: (the PreparedCall, this call's arrays by name: NumPy views of the
+        # tensors, and the scalars), one argument (torch.func's wrapper check walks
+        # every argument of apply)
+        prepared, arrays = state
+        env = dict(arrays)
+        prepared.run_forward(env)
+        saved = prepared.saved(env, arrays)
+        results = []
         read = []          # outputs the backward reads (their arrays are the tensors')
-        for name, tensor in zip(state.outputs, results):
-            if name in state.backward.reads or name in state.saved:
+        for name, reads, shaped in prepared.output_uses:
+            tensor = torch.from_numpy(contiguous(env[name]))
+            results.append(tensor)
+            if reads:
                 saved[name] = tensor.numpy()
                 read.append(tensor)
-            elif name in state.backward.shaped:
+            elif shaped:
                 saved[name] = placeholder(env[name])
             if not tensor.dtype.is_floating_point:
                 ctx.mark_non_differentiable(tensor)
         ctx.state, ctx.saved = state, saved
-        # every tensor the backward reads is saved, so that torch's version counter
-        # refuses a backward after one of them (an output too) was modified in place
-        others = [v for n, v in state.sources.items()
-                  if isinstance(v, torch.Tensor) and n not in state.names]
-        ctx.save_for_backward(*tensors, *others, *read)
-        return results
+        ctx.save_for_backward(*tensors, *read)
+        return tuple(results)
 
     @staticmethod
     def backward(ctx, *grads):
-        state = ctx.state
-        inputs = ctx.saved_tensors[:len(state.names)]
-        wanted = [name for name, needed in zip(state.names, ctx.needs_input_grad[1:])
-                  if needed]
+        prepared, arrays = ctx.state
+        tensors = ctx.saved_tensors
+        count = len(prepared.names)
+        wanted = ctx.needs_input_grad[1:1 + count]
+        extra = (None,) * len(prepared.others)
         if torch.is_grad_enabled():
-            found = _differentiable_backward(state, inputs, grads, wanted)
-        else:
-            env = dict(ctx.saved)
-            for seed, grad in zip(state.backward.seeds, grads):
-                env[seed] = to_numpy(grad.resolve_neg().resolve_conj())
-            found = run_backward(state.backward, env, state.backend, state.plans,
-                                 state.recompute)
-        return (None,) + tuple(
-            torch.as_tensor(found[name]).to(tensor.dtype).reshape(tensor.shape)
-            if name in found and name in wanted else None
-            for name, tensor in zip(state.names, inputs))
+            found = _differentiable_backward(prepared, arrays, tensors, grads, wanted)
+            return (None,) + tuple(found.get(name) for name in prepared.names) + extra
+        return (None,) + prepared.gradients(dict(ctx.saved), grads, wanted) + extra
 
 
-def _differentiable_backward(state: _State, inputs, grads, wanted):
+def _direct_apply():
+    """``ProgramFunction.apply`` as torch's C implementation, which the Python
+    ``Function.apply`` calls after checking for torch.func transforms (a prepared
+    call's tensors are never torch.func's wrappers: signature_of); None where this
+    torch has no such entry."""
+    base = getattr(torch._C, "_FunctionBase", None)
+    method = base.__dict__.get("apply") if base is not None else None
+    return method.__get__(None, ProgramFunction) if hasattr(method, "__get__") else None
+
+
+_DIRECT_APPLY = _direct_apply()
+_transforms_active = torch._C._are_functorch_transforms_active
+_grad_enabled = torch.is_grad_enabled
+
+
+def _differentiable_backward(prepared: PreparedCall, arrays, tensors, grads, wanted):
     """create_graph=True: the gradients as a graph torch can differentiate again."""
+    names = prepared.names
+    chosen_names = [name for name, needed in zip(names, wanted) if needed]
     with torch.enable_grad():
-        env = dict(state.sources)
-        env.update(zip(state.names, inputs))
-        run_statements(state.kernels, env, "torch", keep=set(state.outputs))
-        outputs = [env[name] for name in state.outputs]
-        chosen = [env[name] for name in wanted]
+        env = dict(arrays)
+        env.update(zip(prepared.passed, tensors))
+        run_statements(prepared.kernels, env, "torch", keep=set(prepared.outputs))
+        outputs = [env[name] for name in prepared.outputs]
+        chosen = [env[name] for name in chosen_names]
         pairs = [(o, g) for o, g in zip(outputs, grads) if o.requires_grad]
         found = torch.autograd.grad([o for o, _ in pairs], chosen, [g for _, g in pairs],
                                     create_graph=True, allow_unused=True)
-    return {name: value for name, value in zip(wanted, found) if value is not None}
+    return {name: value for name, value in zip(chosen_names, found) if value is not None}
 
 
 @dataclass
 class ProgramAutograd:
     """Per program (or hoisted form): its backward programs by the set of inputs
-    that need a gradient, and their plans and prepared forward runs."""
+    that need a gradient, its prepared forward runs, and the prepared recorded calls by
+    call signature."""
     pieces: Tuple[str, ...]
     specs: Tuple
     outputs: Tuple[str, ...]
     options: Dict[str, object]
     backwards: Dict[Tuple[str, ...], Optional[Tuple[Backward, Tuple[str, ...], Tuple]]]
-    plans: Dict[Tuple[str, ...], dict]
     runs: dict
-    # call signatures (runtime/repeat.signature_of) whose checks passed -> the names
-    # that need a gradient
-    checked: Dict[Tuple, Tuple[str, ...]] = field(default_factory=dict)
+    # call signatures (runtime/repeat.signature_of) whose checks passed -> their call
+    calls: Dict[Tuple, PreparedCall] = field(default_factory=dict)
 
     @staticmethod
     def of(pieces: Sequence[str], specs: Sequence, outputs: Sequence[str],
@@ -138,8 +261,7 @@ class ProgramAutograd:
                   if getattr(options, key, None) is not None}
         if getattr(options, "ranges", None):
             passed["ranges"] = {n: range(lo, hi) for n, (lo, hi) in options.ranges}
-        return ProgramAutograd(tuple(pieces), tuple(specs), tuple(outputs), passed, {},
-                               {}, {})
+        return ProgramAutograd(tuple(pieces), tuple(specs), tuple(outputs), passed, {}, {})
 
     def backward_for(self, names: Tuple[str, ...], kernels):
         """(the backward, the intermediates to save, the forward kernels to recompute)
@@ -192,27 +314,31 @@ def recorded(holder, kernels: Sequence, env: Dict[str, object], outputs: Sequenc
     if owner is None:
         owner = owners[id(kernels)] = ProgramAutograd.of(
             [k.statement for k in kernels], [k.spec for k in kernels], outputs, options)
+        # the holder's first kernels' prepared calls, for its own fast path
+        holder.__dict__.setdefault("_recorded_calls", owner.calls)
     return _run_recorded(owner, kernels, env, options.backend)
+
+
+def prepared_call(holder, kernels: Sequence, env: Dict[str, object]
+                  ) -> Optional[PreparedCall]:
+    """The prepared call that :func:`recorded` made for ``kernels`` of ``holder`` and
+    arrays of ``env``'s signature, if it made one."""
+    owner = holder.__dict__.get("_autograd", {}).get(id(kernels))
+    signature = signature_of(env) if owner is not None else None
+    return owner.calls.get(signature) if signature is not None else None
 
 
 def _run_recorded(owner: ProgramAutograd, kernels: Sequence, env: Dict[str, object],
                   backend: str) -> Optional[Tuple]:
+    # a repeated call (same names, shapes, dtypes, strides, requires_grad on CPU) goes
+    # straight to its prepared call: the checks below passed for its signature already
+    grad = torch.is_grad_enabled()
+    signature = signature_of(env) if grad else None
+    prepared = owner.calls.get(signature) if signature is not None else None
+    if prepared is not None:
+        return prepared.apply(env)
     if backend not in ("auto", "c", "numpy") or any(k.spec.assign != ":=" for k in kernels):
         return None
-    # a repeated call (same names, shapes, dtypes, strides, requires_grad on CPU) skips
-    # the checks below: they passed for its signature already
-    signature = signature_of(env) if torch.is_grad_enabled() else None
-    names = owner.checked.get(signature) if signature is not None else None
-    if names is not None:
-        try:
-            arrays = {name: value.detach().numpy() if isinstance(value, torch.Tensor)
-                      else value for name, value in env.items()}
-        except RuntimeError:     # a negative or conjugate bit: as below
-            return None
-        backward, saved, recompute = owner.backward_for(names, kernels)
-        state = _State(tuple(kernels), owner.outputs, names, dict(env), arrays, backward, saved,
-                       recompute, backend, owner.plans.setdefault(names, {}), owner.runs)
-        return ProgramFunction.apply(state, *[env[name] for name in names])
     names = []
     for name, value in env.items():
         if isinstance(value, torch.Tensor):
@@ -224,24 +350,19 @@ def _run_recorded(owner: ProgramAutograd, kernels: Sequence, env: Dict[str, obje
                 names.append(name)
         elif not isinstance(value, (int, float)):
             return None
-    try:
-        arrays = {name: to_numpy(value) if isinstance(value, torch.Tensor) else value
-                  for name, value in env.items()}
-    except RuntimeError:    # no NumPy view (a negative or conjugate bit): as before
-        return None
-    if not names or not torch.is_grad_enabled():
-        return _unrecorded(owner, kernels, arrays)
+    if not names or not grad:
+        return _unrecorded(owner, kernels, {
+            name: to_numpy(value) if isinstance(value, torch.Tensor) else value
+            for name, value in env.items()})
     found = owner.backward_for(tuple(names), kernels)
     if found is None:
         return None
+    prepared = PreparedCall(owner, tuple(kernels), tuple(names), env, found, backend)
     if signature is not None:
-        if len(owner.checked) >= PLANS_KEPT:
-            owner.checked.clear()
-        owner.checked[signature] = tuple(names)
-    backward, saved, recompute = found
-    state = _State(tuple(kernels), owner.outputs, tuple(names), dict(env), arrays, backward,
-                   saved, recompute, backend, owner.plans.setdefault(tuple(names), {}), owner.runs)
-    return ProgramFunction.apply(state, *[env[name] for name in names])
+        if len(owner.calls) >= PLANS_KEPT:
+            owner.calls.clear()
+        owner.calls[signature] = prepared
+    return prepared.apply(env)
 
 
 def _unrecorded(owner: ProgramAutograd, kernels: Sequence, arrays: Dict[str, object]):

@@ -8,6 +8,7 @@ that cannot be a kernel, add with NumPy between those runs."""
 
 from __future__ import annotations
 
+import functools
 import warnings
 from dataclasses import dataclass, field
 from typing import Dict, FrozenSet, List, Mapping, Optional, Tuple, Union
@@ -47,41 +48,54 @@ class _Sum:
 
 _Piece = Union[_Kernels, _Scatter, _Sum]
 
-# Plans kept per backward; a new signature past this replaces the oldest.
+# Planned backwards kept per recorded call signature (one per layout of the seeds); a
+# new layout past this replaces the oldest.
 PLANS_KEPT = 16
 
 
-def run_backward(backward: Backward, env: Dict[str, object], backend: str,
-                 plans: dict, recompute: Tuple = ()) -> Dict[str, np.ndarray]:
-    """``env``: the forward's inputs and the intermediates the backward reads (NumPy
-    arrays and Python scalars) but those that ``recompute`` (forward kernels) computes
-    again, first, in the backward's first kernel, and one seed per output; returns
-    {wrt: gradient} for those with one."""
-    signature = tuple(sorted((name, np.shape(value), getattr(value, "dtype", type(value)))
-                             for name, value in env.items()))
-    plan = plans.get(signature)
-    if plan is None:
-        plan = _plan(backward, env, backend, recompute)
-        if len(plans) >= PLANS_KEPT:
-            plans.pop(next(iter(plans)), None)
-        plans[signature] = plan
-    for piece in plan:
-        if isinstance(piece, _Kernels):
-            run_statements(piece.kernels, env, "numpy", keep=set(piece.keep),
-                           runs=piece.runs)
-        elif isinstance(piece, _Scatter):
-            _scatter(piece, env)
-        else:
-            total = piece.total
-            value = env[total.parts[0]]
-            for part in total.parts[1:]:
-                value = value + env[part]
-            env[total.target] = value
-    return {name: env[result] for name, result in zip(backward.wrt, backward.results)
-            if result is not None}
+class BackwardRun:
+    """A program's backward planned for arrays like ``env``: the forward's inputs and
+    the intermediates the backward reads (NumPy arrays and Python scalars) but those
+    that ``recompute`` (forward kernels) computes again, first, in the backward's first
+    kernel, and one seed per output.  Each run of kernels keeps the prepared run of the
+    first call's layouts, so that a repeated backward is its kernel calls.  Calling it
+    on arrays of the same names, shapes and dtypes returns {wrt: gradient} for those
+    with one."""
+
+    def __init__(self, backward: Backward, env: Mapping[str, object], backend: str,
+                 recompute: Tuple = ()):
+        self.pieces = tuple(_plan(backward, env, backend, recompute))
+        self.results = tuple((name, result) for name, result in
+                             zip(backward.wrt, backward.results) if result is not None)
+        # per piece, how it runs: a run of kernels starts the full way (and then
+        # keeps its prepared run), scatters and sums as they are
+        self._runs = [self._first(n, piece) if isinstance(piece, _Kernels) else
+                      functools.partial(_scatter, piece) if isinstance(piece, _Scatter)
+                      else functools.partial(_add, piece.total)
+                      for n, piece in enumerate(self.pieces)]
+
+    def _first(self, number: int, piece: "_Kernels"):
+        def run(env):
+            prepared = run_statements(piece.kernels, env, "numpy", keep=set(piece.keep),
+                                      runs=piece.runs)
+            if prepared is not None:
+                self._runs[number] = prepared
+        return run
+
+    def __call__(self, env: Dict[str, object]) -> Dict[str, np.ndarray]:
+        for run in self._runs:
+            run(env)
+        return {name: env[result] for name, result in self.results}
 
 
-def _scatter(piece: _Scatter, env) -> None:
+def _add(total: Total, env) -> None:
+    value = env[total.parts[0]]
+    for part in total.parts[1:]:
+        value = value + env[part]
+    env[total.target] = value
+
+
+def _scatter(piece: "_Scatter", env) -> None:
     found = run_reference(list(piece.statements), env).get(piece.key)
     env[piece.key] = found if found is not None else \
         np.zeros(np.shape(env[piece.like]), _dtype(env[piece.like]))

@@ -22,6 +22,7 @@ from ..analysis.options import INT64_MAX
 from ..errors import AllocationError
 from ..rewrite.monoids import SOFTMAX_WEIGHTED_SUM, WeightedState, finalise_weighted
 from ..rewrite.online_softmax import Attention, MaskKind, ScaleKind, recognise
+from .frameworks import to_numpy
 
 _FLOATS = (np.dtype(np.float32), np.dtype(np.float64))
 KEY_BLOCK = 256       # keys per step of the NumPy executor
@@ -153,7 +154,7 @@ def torch_inputs(attention: Attention, named: Dict[str, object]) -> Optional[Dic
                 tensor.dtype not in (torch.float32, torch.float64) or \
                 (recording and tensor.requires_grad):
             return None     # (sparse, nested, torch.func: the statements say why not)
-        views[name] = tensor.detach().numpy()
+        views[name] = to_numpy(tensor)      # (a negative-bit view: its values)
     scale = named.get(attention.scale_param) if attention.scale_param else None
     if isinstance(scale, torch.Tensor):
         if scale.ndim != 0 or scale.device.type != "cpu" or (recording and

@@ -119,7 +119,7 @@ def _scores_too_large(lse: np.ndarray) -> bool:
 def _canonical_output(saved: _Saved, grad: torch.Tensor) -> np.ndarray:
     """The output's gradient as (G, NQ, E), C-contiguous, in the working dtype."""
     a = saved.attention
-    array = grad.to(torch.from_numpy(saved.out).dtype).numpy()
+    array = grad.to(torch.from_numpy(saved.out).dtype).resolve_neg().resolve_conj().numpy()
     return to_canonical(array, a.output_indices, a.batch + (a.row, a.feature), len(a.batch))
 
 

@@ -79,7 +79,8 @@ def is_functorch_tensor(value) -> bool:
 def to_numpy(value) -> np.ndarray:
     framework = framework_of(value)
     if framework == TORCH:
-        value = value.detach().cpu()
+        # a lazily negated or conjugated view has no NumPy view: its values, resolved
+        value = value.detach().cpu().resolve_neg().resolve_conj()
         if is_bfloat16(value):   # NumPy has no bfloat16: computed in float32
             value = value.float()
         return value.numpy()

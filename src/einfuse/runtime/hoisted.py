@@ -102,6 +102,13 @@ class HoistedForm:
                        runs=self._runs.setdefault(id(kernels), {}))
         return env[kernels[-1].spec.output]
 
+    def recorded_calls(self, kernels, named: Dict[str, object]) -> Tuple:
+        """The prepared autograd call (program/autograd.py) of these kernels for
+        arrays like ``named``, once a call made it: a tuple of it, or empty."""
+        from ..program.autograd import prepared_call
+        found = prepared_call(self, self._with_shared(kernels, named), named)
+        return () if found is None else (found,)
+
     def _with_shared(self, kernels, named) -> Tuple:
         """``kernels``, or the form with a repeated expensive expression computed once
         (autodiff/cse.py: softmax's ``exp(X[i,k] - h1[i])``, in the row sum and again in

@@ -31,6 +31,7 @@ from ..autodiff.reference import _NumpyOps, _scatter_add
 from ..backends.c_scatter import scatter_rows
 from ..lang.ast import Access
 from . import gradients
+from .frameworks import to_numpy
 from .repeat import BY_NAME, signature_of
 from .torch_autograd import differentiable_names, input_gradients
 
@@ -333,15 +334,20 @@ def repeat_runner(kernel, call, runner):
                     if isinstance(value, torch.Tensor))
     floats = tuple(name for name, value in call.sources.items() if type(value) is float)
 
+    def views(named):
+        try:
+            return {name: named[name].detach().numpy() for name in tensors}
+        except RuntimeError:     # a lazily negated or conjugated view: its values
+            return {name: to_numpy(named[name]) for name in tensors}
+
     if floats:
         def arrays_of(named):
-            arrays = {name: named[name].detach().numpy() for name in tensors}
+            arrays = views(named)
             for name in floats:
                 arrays[name] = named[name]
             return arrays
     else:
-        def arrays_of(named):
-            return {name: named[name].detach().numpy() for name in tensors}
+        arrays_of = views
 
     run_forward = runner      # (of the result's dtype)
     recorded = tuple(differentiable_names(call))

@@ -31,7 +31,7 @@ from __future__ import annotations
 import functools
 import warnings
 from dataclasses import dataclass
-from typing import Callable, Dict, List, Optional, Sequence, Set, Tuple
+from typing import Callable, Dict, FrozenSet, List, Optional, Sequence, Set, Tuple
 
 import numpy as np
 
@@ -87,13 +87,16 @@ class Step:
 
 
 def run_statements(kernels: Sequence, env: Dict[str, object], framework: str,
-                   keep: Optional[Set[str]] = None, runs: Optional[dict] = None) -> None:
+                   keep: Optional[Set[str]] = None, runs: Optional[dict] = None
+                   ) -> Optional["PreparedRun"]:
     """Run ``kernels`` (each reads names from ``env`` and writes its output into it) in
     order, fusing runs of them where the rules above allow.  ``keep``: the names the
     caller needs in ``env`` afterwards (None: every one); an intermediate of a group
     that neither they nor a later statement read lives as one row per thread.
     ``runs``: the caller's cache of prepared runs by call signature (NumPy only), so
-    that a repeated call skips the grouping and binding and calls the kernels."""
+    that a repeated call skips the grouping and binding and calls the kernels.
+    Returns the prepared run for arrays of this call's layouts, where there is one (a
+    caller that keeps it skips even the signature next time)."""
     signature = None
     if runs is not None and framework == "numpy":
         from ..runtime.repeat import signature_of
@@ -102,22 +105,38 @@ def run_statements(kernels: Sequence, env: Dict[str, object], framework: str,
             # what is kept decides what the fused groups write out: a run prepared for
             # fewer kept names would leave a later caller's intermediates unwritten
             signature = (signature, None if keep is None else frozenset(keep))
-        steps = runs.get(signature) if signature is not None else None
-        if steps is not None:
-            for step in steps:
-                if not step.run(env):
-                    _run_from(kernels, step.position, env, framework, keep, None)
-                    return
-            return
+        prepared = runs.get(signature) if signature is not None else None
+        if prepared is not None:
+            prepared(env)
+            return prepared
     record: Optional[List[Optional[Step]]] = [] if signature is not None else None
     _run_from(kernels, 0, env, framework, keep, record)
-    if record is not None and None not in record:
-        if len(runs) >= RUNS_KEPT:
-            try:     # another thread may drop the same oldest one between these steps
-                runs.pop(next(iter(runs)), None)
-            except (StopIteration, RuntimeError):
-                pass
-        runs[signature] = tuple(record)
+    if record is None or None in record:
+        return None
+    if len(runs) >= RUNS_KEPT:
+        try:     # another thread may drop the same oldest one between these steps
+            runs.pop(next(iter(runs)), None)
+        except (StopIteration, RuntimeError):
+            pass
+    prepared = runs[signature] = PreparedRun(
+        tuple(kernels), None if keep is None else frozenset(keep), tuple(record))
+    return prepared
+
+
+@dataclass(frozen=True)
+class PreparedRun:
+    """The steps of a run of ``kernels`` prepared for one layout of its arrays (NumPy);
+    called with arrays of another layout, the steps from the first that refuses them
+    run the full way."""
+    kernels: Tuple
+    keep: Optional[FrozenSet[str]]
+    steps: Tuple[Step, ...]
+
+    def __call__(self, env: Dict[str, object]) -> None:
+        for step in self.steps:
+            if not step.run(env):
+                _run_from(self.kernels, step.position, env, "numpy", self.keep, None)
+                return
 
 
 def _run_from(kernels, position: int, env, framework: str, keep, record) -> None:
