@@ -20,7 +20,7 @@ from ..autodiff.backward_fold import Combined, Folded, exact_ranges
 from ..autodiff.reference import gradient_kernel, run_reference, statements_to_run, \
     text_kernel
 from ..errors import EinfuseError
-from ..runtime.frameworks import placeholder
+from ..runtime.frameworks import JAX, framework_of, placeholder
 from ..schedule import run_statements
 from .shared_run import Entry, shared_kernels
 
@@ -55,18 +55,20 @@ PLANS_KEPT = 16
 
 class BackwardRun:
     """A program's backward planned for arrays like ``env``: the forward's inputs and
-    the intermediates the backward reads (NumPy arrays and Python scalars) but those
-    that ``recompute`` (forward kernels) computes again, first, in the backward's first
-    kernel, and one seed per output.  Each run of kernels keeps the prepared run of the
-    first call's layouts, so that a repeated backward is its kernel calls.  Calling it
-    on arrays of the same names, shapes and dtypes returns {wrt: gradient} for those
-    with one."""
+    the intermediates the backward reads (arrays of ``framework`` and Python scalars)
+    but those that ``recompute`` (forward kernels) computes again, first, in the
+    backward's first kernel, and one seed per output.  On NumPy arrays each run of
+    kernels keeps the prepared run of the first call's layouts, so that a repeated
+    backward is its kernel calls; JAX values (traced, runtime/jax_program.py) run the
+    kernels one by one as einfuse primitives.  Calling it on arrays of the same names,
+    shapes and dtypes returns {wrt: gradient} for those with one."""
 
     def __init__(self, backward: Backward, env: Mapping[str, object], backend: str,
-                 recompute: Tuple = ()):
+                 recompute: Tuple = (), framework: str = "numpy"):
         self.pieces = tuple(_plan(backward, env, backend, recompute))
         self.results = tuple((name, result) for name, result in
                              zip(backward.wrt, backward.results) if result is not None)
+        self.framework = framework
         # per piece, how it runs: a run of kernels starts the full way (and then
         # keeps its prepared run), scatters and sums as they are
         self._runs = [self._first(n, piece) if isinstance(piece, _Kernels) else
@@ -75,14 +77,16 @@ class BackwardRun:
                       for n, piece in enumerate(self.pieces)]
 
     def _first(self, number: int, piece: "_Kernels"):
+        framework = self.framework
+
         def run(env):
-            prepared = run_statements(piece.kernels, env, "numpy", keep=set(piece.keep),
-                                      runs=piece.runs)
+            prepared = run_statements(piece.kernels, env, framework, keep=set(piece.keep),
+                                      runs=piece.runs if framework == "numpy" else None)
             if prepared is not None:
                 self._runs[number] = prepared
         return run
 
-    def __call__(self, env: Dict[str, object]) -> Dict[str, np.ndarray]:
+    def __call__(self, env: Dict[str, object]) -> Dict[str, object]:
         for run in self._runs:
             run(env)
         return {name: env[result] for name, result in self.results}
@@ -97,8 +101,13 @@ def _add(total: Total, env) -> None:
 
 def _scatter(piece: "_Scatter", env) -> None:
     found = run_reference(list(piece.statements), env).get(piece.key)
-    env[piece.key] = found if found is not None else \
-        np.zeros(np.shape(env[piece.like]), _dtype(env[piece.like]))
+    if found is None:       # nothing scattered: zeros, in the framework of the values
+        like = env[piece.like]
+        found = np.zeros(np.shape(like), _dtype(like))
+        if framework_of(like) == JAX:
+            import jax.numpy as jnp
+            found = jnp.asarray(found)
+    env[piece.key] = found
 
 
 def _plan(backward: Backward, env: Mapping[str, object], backend: str,

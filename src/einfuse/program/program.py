@@ -100,6 +100,12 @@ class Program:
             results = recorded(self, self._kernels, env, self.outputs, self.options)
             if results is not None:
                 return results[0] if len(results) == 1 else results
+        elif framework == "jax":     # one differentiable function, its backward fused
+            from ..runtime import jax_program
+            results = jax_program.recorded(self, self._kernels, env, self.outputs,
+                                           self.options)
+            if results is not None:
+                return results[0] if len(results) == 1 else results
         run_statements(self._kernels, env, framework, keep=set(self.outputs),
                        runs=self._runs)
         results = tuple(env[name] for name in self.outputs)

@@ -95,6 +95,12 @@ class HoistedForm:
                                (kernels[-1].spec.output,), self.options)
             if results is not None:
                 return results[0]
+        if framework == "jax":       # one differentiable function (runtime/jax_program.py)
+            from . import jax_program
+            results = jax_program.recorded(self, kernels, named,
+                                           (kernels[-1].spec.output,), self.options)
+            if results is not None:
+                return results[0]
         if framework == "numpy":
             kernels = self._with_shared(kernels, named)
         env = dict(named)
@@ -199,13 +205,15 @@ def _positions_exact(call) -> bool:
     return all(-limit < lo and hi <= limit for lo, hi in call.bounds.range_map.values())
 
 
-def run_hoisted(form: HoistedForm, call, named) -> Tuple[bool, object]:
+def run_hoisted(form: HoistedForm, call, named, framework: Optional[str] = None
+                ) -> Tuple[bool, object]:
     """(True, result) from the hoisted form, or (False, None) when the statement must
-    run as written."""
+    run as written.  ``framework``: that of ``named`` where ``call`` was bound on
+    stand-ins (JAX values)."""
     kernels = form.kernels(call.dtypes) if form.runs(call) else None
     if kernels is None:
         return False, None
     try:
-        return True, form.run(kernels, named, call.framework)
+        return True, form.run(kernels, named, framework or call.framework)
     except EinfuseError:
         return False, None

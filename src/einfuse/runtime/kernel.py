@@ -138,7 +138,8 @@ class Kernel:
                     form = self.hoisted_form
                     if form is not None and self.spec.assign == ":=":
                         done, result = run_hoisted(form, self.bind(**{
-                            name: placeholder(v) for name, v in named.items()}), named)
+                            name: placeholder(v) for name, v in named.items()}), named,
+                            JAX)
                         if done:
                             return result
                     return jax_adapter.call(self, named)

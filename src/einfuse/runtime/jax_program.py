@@ -1,0 +1,237 @@
+"""A program (or a statement's hoisted form) on JAX arrays as one differentiable
+function whose reverse mode runs the program's backward (autodiff/backward.py), the one
+a PyTorch caller's autograd node runs: every wanted gradient in one sweep, the shift of
+a softmax left out, the backward folded to read the forward's outputs where exact
+(softmax's ``P*(dP - sum(dP*P))``).  Differentiated statement by statement, a softmax
+program's gradient was eight einfuse primitives (the row maximum's gradient among them,
+which the shift makes zero); here it is two.
+
+How: the statements run one by one as einfuse primitives (runtime/jax_adapter.py), under
+a ``jax.custom_jvp`` whose JVP rule runs them too, keeping every intermediate, and
+gives the output tangents as one primitive, ``einfuse_program_tangent``, linear in the
+inputs' tangents and reading the forward's values the backward needs.  JAX transposes
+that primitive (``jax.grad``, ``jax.vjp``) by running the backward's statements, each
+again an einfuse primitive: grad of grad, ``jax.hessian`` and ``vmap(grad)`` compose
+as they do through single statements.  Evaluated forward (``jax.jvp``, ``jacfwd``), the
+primitive is the statements' own JVP; batched (``vmap``), that JVP batched.
+
+Used where every statement is a ':=' statement and some input is a floating JAX array
+that a transformation traces (an eager call runs the statements as they are), and where
+the backward can be derived for the inputs that carry a tangent; anything else keeps
+the statements' own rules.
+
+Imported only when the caller's arrays are JAX arrays."""
+
+from __future__ import annotations
+
+import functools
+from typing import Dict, Optional, Sequence, Tuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.interpreters import ad, batching, mlir
+
+from ..autodiff.backward import Backward, backward_program
+from ..errors import EinfuseError
+from ..program.backward_run import PLANS_KEPT, BackwardRun
+from ..schedule import run_statements
+from .frameworks import placeholder
+
+try:
+    from jax.extend.core import Primitive
+except ImportError:   # jax < 0.4.36
+    from jax.core import Primitive
+
+try:
+    from jax.custom_derivatives import SymbolicZero
+except ImportError:   # very old jax: tangents always instantiated
+    SymbolicZero = ()
+
+
+class ProgramRule:
+    """The statements of one program (or hoisted form) and its outputs, with their
+    backward programs by the inputs that need a gradient and the plans of those
+    backwards by the shapes and dtypes of their arrays.  Hashed by identity: it is the
+    tangent primitive's parameter."""
+
+    def __init__(self, kernels: Sequence, outputs: Tuple[str, ...], options):
+        self.kernels = tuple(kernels)
+        self.outputs = tuple(outputs)
+        self.backend = options.backend
+        self.options = {key: getattr(options, key) for key in ("pad", "bounds", "fill")
+                        if getattr(options, key, None) is not None}
+        if getattr(options, "ranges", None):
+            self.options["ranges"] = {n: range(lo, hi) for n, (lo, hi) in options.ranges}
+        self._backwards: Dict[Tuple[str, ...], Optional[Backward]] = {}
+        self._plans: Dict[Tuple, BackwardRun] = {}
+
+    def backward(self, wrt: Tuple[str, ...]) -> Optional[Backward]:
+        """The backward for gradients of ``wrt``, or None where it cannot be derived
+        (the statements' own rules then say what is wrong, or differentiate)."""
+        if wrt not in self._backwards:
+            try:
+                self._backwards[wrt] = backward_program(
+                    [k.statement for k in self.kernels], [k.spec for k in self.kernels],
+                    self.outputs, wrt, self.options)
+            except EinfuseError:
+                self._backwards[wrt] = None
+        return self._backwards[wrt]
+
+    def plan(self, wrt: Tuple[str, ...], env: Dict[str, object]) -> BackwardRun:
+        """The backward of ``wrt`` planned for arrays shaped like ``env``'s."""
+        key = (wrt, tuple(sorted((name, np.shape(v), str(getattr(v, "dtype", type(v))))
+                                 for name, v in env.items())))
+        found = self._plans.get(key)
+        if found is None:
+            shapes = {name: placeholder(value) for name, value in env.items()}
+            found = BackwardRun(self.backward(wrt), shapes, self.backend, (), "jax")
+            if len(self._plans) >= PLANS_KEPT:
+                self._plans.clear()
+            self._plans[key] = found
+        return found
+
+    def run(self, env: Dict[str, object]) -> Dict[str, object]:
+        """``env`` with every statement's result, each statement an einfuse primitive."""
+        env = dict(env)
+        run_statements(self.kernels, env, "jax", keep=None)
+        return env
+
+
+def recorded(holder, kernels: Sequence, env: Dict[str, object], outputs: Sequence[str],
+             options) -> Optional[Tuple]:
+    """The outputs of ``kernels`` on ``env`` (JAX arrays, and Python numbers) as a
+    differentiable function of its JAX arrays whose reverse mode runs the program's
+    backward; None where the statements run with their own rules.  ``holder`` (a
+    Program, a HoistedForm) keeps the derived backwards across calls."""
+    if any(k.spec.assign != ":=" for k in kernels):
+        return None
+    arrays = tuple(name for name, value in env.items()
+                   if isinstance(value, (jax.Array, jax.core.Tracer)))
+    if not any(jnp.issubdtype(env[name].dtype, jnp.inexact) for name in arrays) or \
+            not any(isinstance(env[name], jax.core.Tracer) for name in arrays):
+        return None     # (no tracer: an eager call, which nothing differentiates)
+    rules = holder.__dict__.setdefault("_jax_rules", {})
+    rule = rules.get(id(kernels))
+    if rule is None:
+        rule = rules[id(kernels)] = ProgramRule(kernels, tuple(outputs), options)
+    constants = tuple((name, value) for name, value in env.items() if name not in arrays)
+    function = _differentiable(rule, arrays, constants)
+    return function(*[env[name] for name in arrays])
+
+
+def _differentiable(rule: ProgramRule, names: Tuple[str, ...], constants: Tuple):
+    """The program as a function of the arrays ``names`` (``constants``: the Python
+    numbers, fixed), with the JVP rule described in the module docstring."""
+    def run(*values):
+        env = rule.run(dict(constants, **dict(zip(names, values))))
+        return tuple(env[name] for name in rule.outputs)
+
+    function = jax.custom_jvp(run)
+
+    def jvp(primals, tangents):
+        env = rule.run(dict(constants, **dict(zip(names, primals))))
+        outputs = tuple(env[name] for name in rule.outputs)
+        live = tuple(name for name, value, tangent in zip(names, primals, tangents)
+                     if not isinstance(tangent, SymbolicZero) and
+                     jnp.issubdtype(value.dtype, jnp.inexact))
+        backward = rule.backward(live) if live else None
+        if backward is None:        # the statements' own JVP (and transpose) rules
+            return jax.jvp(run, primals, tuple(_instantiated(t, p) for t, p in
+                                                  zip(tangents, primals)))
+        read = backward.reads | backward.shaped | set(rule.outputs) | set(names)
+        residuals = tuple(name for name in env if name in read and
+                          name not in dict(constants))
+        flowing = [t for name, t in zip(names, tangents) if name in live]
+        found = iter(tangent_p.bind(
+            *[env[name] for name in residuals], *flowing, rule=rule, residuals=residuals,
+            live=live, constants=constants, inputs=names))
+        return outputs, tuple(next(found) if _inexact(out) else _float0(out)
+                              for out in outputs)
+
+    function.defjvp(jvp, **({"symbolic_zeros": True} if SymbolicZero != () else {}))
+    return function
+
+
+def _inexact(value) -> bool:
+    return jnp.issubdtype(value.dtype, jnp.inexact)
+
+
+def _float0(value):
+    return np.zeros(np.shape(value), dtype=jax.dtypes.float0)
+
+
+def _instantiated(tangent, primal):
+    if isinstance(tangent, SymbolicZero):
+        return jnp.zeros(np.shape(primal), primal.dtype) if _inexact(primal) else \
+            _float0(primal)
+    return tangent
+
+
+# -- the tangent primitive -----------------------------------------------------------------
+tangent_p = Primitive("einfuse_program_tangent")
+tangent_p.multiple_results = True
+
+
+def _split(operands, residuals, live):
+    count = len(residuals)
+    return dict(zip(residuals, operands[:count])), operands[count:]
+
+
+def _forward_tangents(*operands, rule, residuals, live, constants, inputs):
+    """The outputs' tangents by the statements' own JVP rules (forward mode)."""
+    env, flowing = _split(operands, residuals, live)
+    fixed = dict(constants, **{name: env[name] for name in inputs})
+
+    def outputs_of(*values):
+        found = rule.run(dict(fixed, **dict(zip(live, values))))
+        return tuple(found[name] for name in rule.outputs if _inexact(found[name]))
+    return list(jax.jvp(outputs_of, tuple(env[name] for name in live), tuple(flowing))[1])
+
+
+def _abstract(*avals, rule, residuals, live, constants, inputs):
+    env, _ = _split(avals, residuals, live)
+    return [jax.core.ShapedArray(env[name].shape, env[name].dtype)
+            for name in rule.outputs if jnp.issubdtype(env[name].dtype, jnp.inexact)]
+
+
+def _transpose(cotangents, *operands, rule, residuals, live, constants, inputs):
+    """The inputs' cotangents by the program's backward: its statements, each an
+    einfuse primitive again."""
+    env, _ = _split(operands, residuals, live)
+    env.update(constants)
+    backward = rule.backward(live)
+    flowing = iter(cotangents)
+    for name, seed in zip(backward.outputs, backward.seeds):
+        value = env[name]
+        if not _inexact(value):
+            env[seed] = jnp.zeros(np.shape(value), jnp.float32)
+            continue
+        cotangent = next(flowing)
+        env[seed] = jnp.zeros(value.shape, value.dtype) if type(cotangent) is ad.Zero \
+            else cotangent
+    found = rule.plan(live, env)(env)
+    result = []
+    for name in live:
+        like = env[name]
+        value = found.get(name)
+        result.append(None if value is None else
+                      jnp.asarray(value).astype(like.dtype).reshape(like.shape))
+    return [None] * len(residuals) + result
+
+
+def _batch(values, dims, **params):
+    moved = [v if d is None else jnp.moveaxis(v, d, 0) for v, d in zip(values, dims)]
+    axes = [None if d is None else 0 for d in dims]
+    out = jax.vmap(functools.partial(_forward_tangents, **params), in_axes=axes)(*moved)
+    return out, [0] * len(out)
+
+
+tangent_p.def_impl(_forward_tangents)
+tangent_p.def_abstract_eval(_abstract)
+ad.primitive_transposes[tangent_p] = _transpose
+batching.primitive_batchers[tangent_p] = _batch
+mlir.register_lowering(tangent_p, mlir.lower_fun(_forward_tangents, multiple_results=True))
+
+
+__all__ = ["ProgramRule", "recorded"]
