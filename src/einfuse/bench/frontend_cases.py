@@ -9,7 +9,7 @@ from typing import List
 
 import numpy as np
 
-from .cases import Case, numpy_peer, torch_peer, training_case
+from .cases import Case, Peer, numpy_peer, torch_peer, training_case
 
 
 def _operands(*shapes):
@@ -122,10 +122,66 @@ def training_frontend_cases(rows: int = 4096, cols: int = 1024) -> List[Case]:
                           with_affine, layer_norm, compiled=False)]
 
 
+def jax_training_cases(rows: int = 4096, cols: int = 1024) -> List[Case]:
+    """``jax.jit(jax.grad(...))`` of a loss through the softmax and layernorm programs
+    (runtime/jax_program.py: the program's backward), against the same loss through the
+    jax.numpy formulas."""
+    def inputs(rng):
+        return {"X": rng.standard_normal((rows, cols), dtype=np.float32),
+                "g": rng.standard_normal(cols, dtype=np.float32),
+                "b": rng.standard_normal(cols, dtype=np.float32),
+                "seed": rng.standard_normal((rows, cols), dtype=np.float32)}
+
+    def softmax(jnp, X, g, b):
+        import jax
+        return jax.nn.softmax(X, axis=1)
+
+    def layernorm(jnp, X, g, b):
+        mu = X.mean(1, keepdims=True)
+        return (X - mu) / jnp.sqrt(((X - mu) ** 2).mean(1, keepdims=True) + 1e-5) * g + b
+
+    def gradient(forward):
+        import jax
+        import jax.numpy as jnp
+        return jax.jit(jax.grad(lambda X, g, b, seed: (forward(jnp, X, g, b) * seed).sum(),
+                                (0, 1, 2)))
+
+    def timed(forward):
+        def make(arrays):
+            import jax
+            import jax.numpy as jnp
+            values = {k: jnp.asarray(v) for k, v in arrays.items()}
+            step = gradient(forward)
+            ordered = [values[k] for k in ("X", "g", "b", "seed")]
+            return lambda: jax.block_until_ready(step(*ordered))
+        return make
+
+    def ours(source, affine: bool):
+        def make(arrays, backend):
+            import einfuse as ef
+            program = ef.compile(source, backend=backend)
+            return timed(lambda jnp, X, g, b: program(X=X, g=g, b=b) if affine
+                         else program(X=X))(arrays)
+        return make
+    size = f"{rows}x{cols}"
+    layernorm_source = LAYERNORM.replace("N", str(cols))
+    return [Case(f"jax.grad softmax program {size}", SOFTMAX, inputs,
+                 [Peer("jax.jit(jax.grad)", timed(softmax), "jax")],
+                 einfuse_call=ours(SOFTMAX, False)),
+            Case(f"jax.grad layernorm program {size}", layernorm_source, inputs,
+                 [Peer("jax.jit(jax.grad)", timed(layernorm), "jax")],
+                 einfuse_call=ours(layernorm_source, True))]
+
+
 def frontend_cases(quick: bool = False) -> List[Case]:
     from .cases import installed
-    training = training_frontend_cases(256, 128) if quick else training_frontend_cases()
-    return _frontend_cases(quick) + (training if installed("torch") else [])
+    # the issue's shapes, and a small one where per-call costs weigh (hidden shapes)
+    training = training_frontend_cases(256, 128) if quick else \
+        training_frontend_cases() + training_frontend_cases(256, 256)
+    jax_training = jax_training_cases(256, 128) if quick else \
+        jax_training_cases() + jax_training_cases(256, 256)
+    return _frontend_cases(quick) + (training if installed("torch") else []) + \
+        (jax_training if installed("jax") else [])
 
 
 def _frontend_cases(quick: bool) -> List[Case]:
