@@ -130,3 +130,15 @@ def test_an_input_whose_gradient_cannot_be_derived_keeps_the_statements_rules():
     got = jax.grad(lambda X: program(X=X).sum())(X)
     want = jax.grad(lambda X: (jnp.take_along_axis(X, X.argmax(1)[:, None], 1) * 2).sum())(X)
     _close(got, want)
+
+
+def test_a_backward_statement_that_reads_no_jax_value():
+    """The folded backward of this program has a per-row factor computed from the
+    ranges alone (no JAX input): a NumPy array, which the next statement reads beside
+    JAX values (found by tests/test_program_gradient_fuzz.py)."""
+    program = ef.compile("t0[i] := sum[j](X[i,j])\nt1[i,j] := (X[i,j] + (X[i,j] + t0[i]))",
+                         outputs=["t1"])
+    (X,) = _arrays(1, rows=3, cols=4)
+    got = jax.jit(jax.grad(lambda X: (program(X=X) ** 2).sum()))(X)
+    want = jax.grad(lambda X: ((2 * X + X.sum(1, keepdims=True)) ** 2).sum())(X)
+    _close(got, want)

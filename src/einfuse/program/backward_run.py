@@ -78,7 +78,6 @@ class BackwardRun:
 
     def _first(self, number: int, piece: "_Kernels"):
         framework = self.framework
-
         def run(env):
             prepared = run_statements(piece.kernels, env, framework, keep=set(piece.keep),
                                       runs=piece.runs if framework == "numpy" else None)

@@ -151,7 +151,7 @@ def _run_from(kernels, position: int, env, framework: str, keep, record) -> None
             position += fused
             continue
         kernel = kernels[position]
-        _run_one(kernel, env)
+        _run_one(kernel, env, framework)
         if record is not None:
             record.append(Step(position, functools.partial(_run_one_step, kernel)))
         position += 1
@@ -161,9 +161,16 @@ def _needed(spec) -> Tuple[str, ...]:
     return spec.arg_order + ((spec.output,) if spec.assign != ":=" else ())
 
 
-def _run_one(kernel, env) -> None:
+def _run_one(kernel, env, framework: str = "numpy") -> None:
     spec = kernel.spec
-    env[spec.output] = kernel(arrays={name: env[name] for name in _needed(spec)})
+    result = kernel(arrays={name: env[name] for name in _needed(spec)})
+    if framework != "numpy" and type(result) is np.ndarray:
+        # a statement that read no array of the framework (a row of constants from
+        # its ranges): its result joins the framework, so a later one does not mix
+        from ..runtime.frameworks import framework_of, from_numpy
+        like = next((v for v in env.values() if framework_of(v) == framework), None)
+        result = from_numpy(result, framework, like=like)
+    env[spec.output] = result
 
 
 def _run_one_step(kernel, env) -> bool:
