@@ -60,7 +60,8 @@ class ProgramExplanation:
         groups = self.groups or [FusionGroup((i,)) for i in range(n)]
         out = [f"  {len(groups)} kernel{'s' if len(groups) != 1 else ''}, in order "
                "(NumPy arrays and CPU torch tensors on the C backend, the backward under "
-               "torch autograd fused too; JAX runs one kernel per statement):"]
+               "torch autograd fused too; JAX runs one kernel per statement, and under "
+               "jax.grad the program's backward, not each statement's):"]
         for number, group in enumerate(groups, 1):
             many = len(group.statements) > 1
             which = ", ".join(str(i + 1) for i in group.statements)
