@@ -21,6 +21,17 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional, Tuple, Union
 
+from .kinds import (BinaryOp, BufferType, FillSource, Function, LoopKind, Policy, QuasiOp,
+                    ReduceOp, UnaryOp)
+
+
+def _as(node, name: str, kind) -> None:
+    """Field ``name`` of a frozen node as a member of the enum ``kind`` (a producer may
+    pass the text): an unknown word fails here, when the node is built."""
+    value = getattr(node, name)
+    if value is not None and type(value) is not kind:
+        object.__setattr__(node, name, kind(value))
+
 # ------------------------------------------------------------------ integer forms
 
 
@@ -73,13 +84,8 @@ class IndexValue(Expr):
     value: Affine
 
 
-# Bounds policies of one subscript position:
-#   none   -- the analysis guarantees the position is in range
-#   pad    -- out of range reads the pad value (options.pad)
-#   clip / wrap / fill -- a gather's policy (options.bounds)
-#   check  -- a gather under bounds='check'/'promise': never read out of bounds,
-#             raise the error flag instead
-POLICIES = ("none", "pad", "clip", "wrap", "fill", "check")
+# Bounds policies of one subscript position (ir.kinds.Policy says what each means)
+POLICIES = tuple(p.value for p in Policy)
 
 
 @dataclass(frozen=True)
@@ -89,8 +95,11 @@ class Quasi:
     non-negative values (``-1 - ((-1 - a) // d)`` below 0), so truncating and flooring
     division give the same; the magnitudes are checked to fit int64 per call."""
     affine: Affine
-    op: str                     # "//" or "%"
+    op: QuasiOp
     divisor: int
+
+    def __post_init__(self):
+        _as(self, "op", QuasiOp)
 
 
 @dataclass(frozen=True)
@@ -100,7 +109,7 @@ class Subscript:
     ``size`` names the runtime int holding the axis length."""
     affine: Affine
     gathers: Tuple[Tuple["Load", int], ...]
-    policy: str
+    policy: Policy
     size: str
     stride: Optional[str]       # runtime int holding the stride; None: unit stride
     quasi: Tuple[Tuple[Quasi, int], ...] = ()
@@ -110,6 +119,9 @@ class Subscript:
         """The integer names the position depends on (gathers excluded)."""
         return self.affine.names + tuple(n for q, _ in self.quasi for n in q.affine.names)
 
+    def __post_init__(self):
+        _as(self, "policy", Policy)
+
 
 @dataclass(frozen=True)
 class Load(Expr):
@@ -118,27 +130,39 @@ class Load(Expr):
     'pad' axis gives pad=, a read a gather policy rejects gives fill= (fill wins)."""
     buffer: int
     subscripts: Tuple[Subscript, ...]
-    fill: Optional[str] = None
+    fill: Optional[FillSource] = None
     is_index: bool = False      # an int64 index array (for gathers)
+
+    def __post_init__(self):
+        _as(self, "fill", FillSource)
 
 
 @dataclass(frozen=True)
 class Unary(Expr):
-    op: str                     # "-"
+    op: UnaryOp
     operand: Expr
+
+    def __post_init__(self):
+        _as(self, "op", UnaryOp)
 
 
 @dataclass(frozen=True)
 class Binary(Expr):
-    op: str                     # + - * / ** < <= > >= == != & |
+    op: BinaryOp
     left: Expr
     right: Expr
+
+    def __post_init__(self):
+        _as(self, "op", BinaryOp)
 
 
 @dataclass(frozen=True)
 class Call(Expr):
-    func: str                   # exp log ... min max pow where
+    func: Function
     args: Tuple[Expr, ...]
+
+    def __post_init__(self):
+        _as(self, "func", Function)
 
 
 @dataclass(frozen=True)
@@ -151,9 +175,12 @@ class Local(Expr):
 class AccValue(Expr):
     """The finished value of an accumulator (for logsumexp: max + log(sum))."""
     acc: str
-    op: str
+    op: ReduceOp
     lane: Optional[str] = None  # lane counter for a vector of accumulators
     row: Optional[str] = None   # row counter for a block of them
+
+    def __post_init__(self):
+        _as(self, "op", ReduceOp)
 
 
 # ------------------------------------------------------------------ statements
@@ -162,8 +189,8 @@ class Stmt:
     """Base of statements."""
 
 
-REDUCE_OPS = ("sum", "prod", "max", "min", "logsumexp", "argmax", "argmin")
-LOOP_KINDS = ("parallel", "serial", "reduction", "vectorised")
+REDUCE_OPS = tuple(op.value for op in ReduceOp)
+LOOP_KINDS = tuple(kind.value for kind in LoopKind)
 
 
 @dataclass(frozen=True)
@@ -171,9 +198,12 @@ class DeclareAcc(Stmt):
     """A register accumulator set to the identity of ``op``; with ``lanes`` an array
     of that many accumulators, one per lane of a tiled loop."""
     name: str
-    op: str
+    op: ReduceOp
     lanes: Optional[int] = None
     rows: Optional[int] = None  # with lanes: a rows x lanes block (register blocking)
+
+    def __post_init__(self):
+        _as(self, "op", ReduceOp)
 
 
 @dataclass(frozen=True)
@@ -182,11 +212,14 @@ class Accumulate(Stmt):
     the current term among the reduction's points: (loop counter, extent) per reduced
     index in the order the reduction lists them, evaluated as int64."""
     name: str
-    op: str
+    op: ReduceOp
     value: Expr
     lane: Optional[str] = None
     row: Optional[str] = None
     position: Tuple[Tuple[Affine, Affine], ...] = ()
+
+    def __post_init__(self):
+        _as(self, "op", ReduceOp)
 
 
 @dataclass(frozen=True)
@@ -198,11 +231,17 @@ class Loop(Stmt):
     pairs a SIMD loop combines (sum/prod only)."""
     var: str
     extent: Affine
-    kind: str
+    kind: LoopKind
     body: Tuple[Stmt, ...]
     simd: bool = False
-    reductions: Tuple[Tuple[str, str], ...] = ()
+    reductions: Tuple[Tuple[str, ReduceOp], ...] = ()
     start: Optional[Affine] = None
+
+    def __post_init__(self):
+        _as(self, "kind", LoopKind)
+        if any(type(op) is not ReduceOp for _, op in self.reductions):
+            object.__setattr__(self, "reductions", tuple(
+                (acc, ReduceOp(op)) for acc, op in self.reductions))
 
 
 @dataclass(frozen=True)
@@ -262,10 +301,13 @@ class CombineLanes(Stmt):
     ``errors`` (sums): the error accumulators of ``name`` and of ``into`` (see
     :class:`Fold`): ``into`` is declared already, and the lanes are added pairwise."""
     name: str
-    op: str
+    op: ReduceOp
     lanes: int
     into: str
     errors: Optional[Tuple[str, str]] = None
+
+    def __post_init__(self):
+        _as(self, "op", ReduceOp)
 
 
 @dataclass(frozen=True)
@@ -279,10 +321,13 @@ class TiledLoop(Stmt):
     extent: Affine
     tile: int
     count: str
-    kind: str
+    kind: LoopKind
     body: Tuple[Stmt, ...]
     start: Optional[Affine] = None
     constant_full: bool = True
+
+    def __post_init__(self):
+        _as(self, "kind", LoopKind)
 
 
 @dataclass(frozen=True)
@@ -299,15 +344,17 @@ class Store(Stmt):
 
 @dataclass(frozen=True)
 class Buffer:
-    """A kernel argument array: ``dtype`` is "working", "int64", or "float64" (a
-    float32 group's column sums, plan/fuse_columns.py).  ``per_thread``
+    """A kernel argument array of ``dtype`` elements (ir.kinds.BufferType).  ``per_thread``
     names the runtime int holding a row length: the array then holds one row of that
     many elements per thread, and each thread of the outermost parallel loop reads and
     writes its own row (a fused intermediate that never goes to memory whole)."""
     name: str
-    dtype: str
+    dtype: BufferType
     output: bool = False
     per_thread: Optional[str] = None
+
+    def __post_init__(self):
+        _as(self, "dtype", BufferType)
 
 
 @dataclass(frozen=True)
