@@ -15,6 +15,8 @@ for backends/c_render.py.
 ``T`` is the working dtype's C type (c_render's prelude defines it).
 """
 
+from ..ir import BinaryOp
+
 _FLOAT = """\
 /* NumPy's floor_divide and remainder (npy_divmod): Python's // and % */
 static inline T ef_floordiv(T a, T b) {{
@@ -58,7 +60,7 @@ static inline T ef_sign(T a) { return (T)(a > 0); }
 """
 
 # the ast operator / function -> the helper that computes it
-OPERATORS = {"//": "ef_floordiv", "%": "ef_pymod"}
+OPERATORS = {BinaryOp.FLOOR_DIV: "ef_floordiv", BinaryOp.MOD: "ef_pymod"}
 
 
 def elementwise_helpers(working: str) -> str:

@@ -22,6 +22,7 @@ import re
 from typing import List, Optional
 
 from .. import ir
+from ..ir import BinaryOp, BufferType, Function, LoopKind, Policy, QuasiOp, ReduceOp
 from ..plan.gathers import gather_helper, one_gather
 from .c_build import vector_math_declarations
 from .c_gather_helpers import GATHER_HELPERS as _GATHER_HELPERS
@@ -31,11 +32,13 @@ _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 C_TYPES = {"float32": "float", "float64": "double", "int8": "int8_t", "int16": "int16_t",
            "int32": "int32_t", "int64": "int64_t", "uint8": "uint8_t", "uint16": "uint16_t",
            "uint32": "uint32_t", "uint64": "uint64_t"}
-_UNARY_MATH = ("exp", "log", "log1p", "expm1", "sqrt", "sin", "cos", "tanh", "erf", "floor",
-               "ceil", "tan")
+_UNARY_MATH = (Function.EXP, Function.LOG, Function.LOG1P, Function.EXPM1, Function.SQRT,
+               Function.SIN, Function.COS, Function.TANH, Function.ERF, Function.FLOOR,
+               Function.CEIL, Function.TAN)
 # argmax/argmin track the extremum the way max/min do
-_POSITION_OPS = {"argmax": "max", "argmin": "min"}
-_ACC_INIT_FLOAT = {"sum": "0", "prod": "1", "max": "-INFINITY", "min": "INFINITY"}
+_POSITION_OPS = {ReduceOp.ARGMAX: ReduceOp.MAX, ReduceOp.ARGMIN: ReduceOp.MIN}
+_ACC_INIT_FLOAT = {ReduceOp.SUM: "0", ReduceOp.PROD: "1", ReduceOp.MAX: "-INFINITY",
+                   ReduceOp.MIN: "INFINITY"}
 
 _PRELUDE = """\
 #include <stdint.h>
@@ -178,7 +181,7 @@ class CRenderer:
     def stmt_DeclareAcc(self, node: ir.DeclareAcc, depth: int) -> List[str]:
         pad = "  " * depth
         acc = name(node.name)
-        if node.op == "logsumexp":
+        if node.op == ReduceOp.LOGSUMEXP:
             inits = [(acc + "_m", "-INFINITY"), (acc + "_s", "0")]
         else:
             inits = [(acc, self.identity(node.op))]
@@ -203,11 +206,11 @@ class CRenderer:
 
     def identity(self, op: str) -> str:
         op = _POSITION_OPS.get(op, op)
-        if self.is_float or op in ("sum", "prod"):
+        if self.is_float or op in (ReduceOp.SUM, ReduceOp.PROD):
             return _ACC_INIT_FLOAT[op]
         import numpy as np
         info = np.iinfo(np.dtype(self.working))
-        value = info.min if op == "max" else info.max
+        value = info.min if op == ReduceOp.MAX else info.max
         # INT64_MIN has no literal: write it as an expression
         return f"{value + 1}LL - 1" if value < 0 else f"{value}ULL"
 
@@ -281,15 +284,15 @@ class CRenderer:
                             f"const int b_ = {better} | ({same} & ({where} < {into}_p)); "
                             f"{into} = b_ ? {value} : {into}; "
                             f"{into}_p = b_ ? {where} : {into}_p; }}"]
-        if node.op == "logsumexp":
+        if node.op == ReduceOp.LOGSUMEXP:
             src = name(node.name)
             lines.append(f"{pad}for (int64_t l_ = 0; l_ < {lanes}; ++l_) "
                          f"ef_lse_merge(&{into}_m, &{into}_s, {src}_m[l_], {src}_s[l_]);")
             return lines
         partial = f"{name(node.name)}[l_]"
-        step = {"sum": f"{into} += {partial};", "prod": f"{into} *= {partial};",
-                "max": f"{into} = ef_max({into}, {partial});",
-                "min": f"{into} = ef_min({into}, {partial});"}[node.op]
+        step = {ReduceOp.SUM: f"{into} += {partial};", ReduceOp.PROD: f"{into} *= {partial};",
+                ReduceOp.MAX: f"{into} = ef_max({into}, {partial});",
+                ReduceOp.MIN: f"{into} = ef_min({into}, {partial});"}[node.op]
         lines.append(f"{pad}for (int64_t l_ = 0; l_ < {lanes}; ++l_) {step}")
         return lines
 
@@ -307,14 +310,14 @@ class CRenderer:
             return [f"{pad}{{ const T v_ = {value}; const int b_ = "
                     f"{self.beats(node.op, 'v_', acc)}; {acc} = b_ ? v_ : {acc}; "
                     f"{where} = b_ ? {position} : {where}; }}"]
-        if node.op == "logsumexp":
+        if node.op == ReduceOp.LOGSUMEXP:
             m, s = (self.acc_ref(node.name, node.lane, x, node.row) for x in ("_m", "_s"))
             return [f"{pad}ef_lse(&{m}, &{s}, {value});"]
         ref = self.acc_ref(node.name, node.lane, row=node.row)
-        if node.op == "sum":
+        if node.op == ReduceOp.SUM:
             return [f"{pad}{ref} += {value};" if self.is_float else
                     f"{pad}{ref} = (T)({ref} + {value});"]
-        if node.op == "prod":
+        if node.op == ReduceOp.PROD:
             return [f"{pad}{ref} *= {value};" if self.is_float else
                     f"{pad}{ref} = (T)({ref} * {value});"]
         return [f"{pad}{ref} = ef_{node.op}({ref}, {value});"]
@@ -323,11 +326,11 @@ class CRenderer:
         pad = "  " * depth
         lines = []
         entered = False
-        if node.kind == "parallel" and not self.in_parallel:
+        if node.kind == LoopKind.PARALLEL and not self.in_parallel:
             collapse, inner = 1, node
             # a TiledLoop starts with an 'if' (full tile or not): not perfectly nested
             while len(inner.body) == 1 and isinstance(inner.body[0], ir.Loop) \
-                    and inner.body[0].kind == "parallel" \
+                    and inner.body[0].kind == LoopKind.PARALLEL \
                     and not getattr(inner.body[0], "simd", False):
                 inner = inner.body[0]
                 collapse += 1
@@ -361,7 +364,7 @@ class CRenderer:
         pad = "  " * depth
         lines = []
         entered = False
-        if node.kind == "parallel" and not self.in_parallel:
+        if node.kind == LoopKind.PARALLEL and not self.in_parallel:
             lines.append(f"{pad}#pragma omp parallel for schedule(static) num_threads(nth)")
             self.in_parallel = entered = True
         var, count, tile = name(node.var), name(node.count), int(node.tile)
@@ -407,7 +410,7 @@ class CRenderer:
         return "(" + " + ".join(parts) + ")"
 
     def quasi(self, part: ir.Quasi) -> str:
-        helper = {"//": "ef_qdiv", "%": "ef_qmod"}[part.op]
+        helper = {QuasiOp.FLOOR_DIV: "ef_qdiv", QuasiOp.MOD: "ef_qmod"}[part.op]
         return f"{helper}({self.affine(part.affine)}, {int(part.divisor)}LL)"
 
     @staticmethod
@@ -446,7 +449,7 @@ class CRenderer:
         padded, gathered, indices = [], [], []
         for sub in node.subscripts:
             n = name(sub.size)
-            if sub.gathers and sub.policy != "none":
+            if sub.gathers and sub.policy != Policy.NONE:
                 pos = self.gathered_position(sub)
             else:
                 pos = self.affine(sub.affine)
@@ -454,18 +457,18 @@ class CRenderer:
                     pos = f"({pos} + ({int(coeff)})*{self.quasi(part)})"
                 for gather, coeff in sub.gathers:   # in range: exact modulo 2**64
                     pos = f"({pos} + ({int(coeff)})*(int64_t){self.expr(gather)})"
-            if sub.policy == "none":
+            if sub.policy == Policy.NONE:
                 indices.append(pos)
-            elif sub.policy == "pad":
+            elif sub.policy == Policy.PAD:
                 padded.append(f"ef_in({pos}, {n})")
                 indices.append(pos)
-            elif sub.policy == "fill":
+            elif sub.policy == Policy.FILL:
                 gathered.append(f"ef_in({pos}, {n})")
                 indices.append(pos)
-            elif sub.policy == "check":
+            elif sub.policy == Policy.CHECK:
                 gathered.append(f"ef_ok({pos}, {n}, err)")
                 indices.append(pos)
-            elif sub.policy == "wrap":   # already wrapped, unless the axis is empty
+            elif sub.policy == Policy.WRAP:   # already wrapped, unless the axis is empty
                 gathered.append(f"({n} > 0)")
                 indices.append(pos)
             else:  # clip: every value is moved in range, unless the axis is empty
@@ -480,13 +483,13 @@ class CRenderer:
         if padded:
             value = f"(({' & '.join(padded)}) ? {value} : ({ctype})padv)"
         if gathered:
-            check = any(s.policy == "check" for s in node.subscripts)
+            check = any(s.policy == Policy.CHECK for s in node.subscripts)
             other = "0" if check else ("(int64_t)fillv" if node.is_index else "fillv")
             value = f"(({' & '.join(gathered)}) ? {value} : ({ctype}){other})"
         return value
 
     def unsigned(self, load: ir.Load) -> bool:
-        return self.buffers[load.buffer].dtype == "uint64"
+        return self.buffers[load.buffer].dtype == BufferType.UINT64
 
     def gathered_position(self, sub: ir.Subscript) -> str:
         """A gathered subscript on its exact value (_GATHER_HELPERS): saturated to -1 or
@@ -509,10 +512,10 @@ class CRenderer:
 
     def expr_Binary(self, node: ir.Binary) -> str:
         op = node.op
-        if op == "**":
+        if op == BinaryOp.POW:
             return self.power(node.left, node.right)
         left, right = self.expr(node.left), self.expr(node.right)
-        if op in ("&", "|"):
+        if op in (BinaryOp.AND, BinaryOp.OR):
             return f"((T)((({left}) != 0) {op} (({right}) != 0)))"
         if op in ("<", "<=", ">", ">=", "==", "!="):
             return f"((T)({left} {op} {right}))"
@@ -532,13 +535,14 @@ class CRenderer:
     def expr_Call(self, node: ir.Call) -> str:
         args = [self.expr(a) for a in node.args]
         func = node.func
-        if func == "pow":
+        if func == Function.POW:
             return self.power(*node.args)
-        if func in ("min", "max", "where", "abs", "sigmoid", "softplus", "sign"):
+        if func in (Function.MIN, Function.MAX, Function.WHERE, Function.ABS, Function.SIGMOID,
+                    Function.SOFTPLUS, Function.SIGN):
             return f"ef_{func}({', '.join(args)})"
-        if func == "atan2" and self.is_float:
+        if func == Function.ATAN2 and self.is_float:
             return f"atan2{self.f}({args[0]}, {args[1]})"
-        if func == "relu":
+        if func == Function.RELU:
             return f"ef_max({args[0]}, (T)0)"
         if func in _UNARY_MATH:
             if not self.is_float:  # cannot happen: these make the working dtype float
@@ -548,7 +552,7 @@ class CRenderer:
 
     def beats(self, op: str, new: str, old: str) -> str:
         """C test: ``new`` replaces ``old`` as the first extremum seen so far."""
-        sign = ">" if op == "argmax" else "<"
+        sign = ">" if op == ReduceOp.ARGMAX else "<"
         if not self.is_float:
             return f"({new} {sign} {old})"
         return f"((({new} {sign} {old}) | ({new} != {new})) & ({old} == {old}))"
@@ -559,7 +563,7 @@ class CRenderer:
     def expr_AccValue(self, node: ir.AccValue) -> str:
         if node.op in _POSITION_OPS:
             return self.acc_ref(node.acc, node.lane, "_p", node.row)
-        if node.op == "logsumexp":
+        if node.op == ReduceOp.LOGSUMEXP:
             m = self.acc_ref(node.acc, node.lane, "_m", node.row)
             s = self.acc_ref(node.acc, node.lane, "_s", node.row)
             return f"({m} + log{self.f}({s}))"

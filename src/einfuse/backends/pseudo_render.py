@@ -9,10 +9,12 @@ from __future__ import annotations
 from typing import Dict, List, Mapping, Optional, Sequence
 
 from .. import ir
+from ..ir import LoopKind, Policy, ReduceOp
 from ..lang.printer import format_number
 
-_INIT = {"sum": "0", "prod": "1", "max": "-inf", "min": "+inf", "logsumexp": "-inf",
-         "argmax": "position 0 of -inf", "argmin": "position 0 of +inf"}
+_INIT = {ReduceOp.SUM: "0", ReduceOp.PROD: "1", ReduceOp.MAX: "-inf", ReduceOp.MIN: "+inf",
+         ReduceOp.LOGSUMEXP: "-inf", ReduceOp.ARGMAX: "position 0 of -inf",
+         ReduceOp.ARGMIN: "position 0 of +inf"}
 
 
 class PseudoRenderer:
@@ -73,7 +75,7 @@ class PseudoRenderer:
 
     def threads(self, kind: str) -> bool:
         """Whether this loop is the one split across threads (and mark it so)."""
-        if kind == "parallel" and not self.in_parallel:
+        if kind == LoopKind.PARALLEL and not self.in_parallel:
             self.in_parallel = True
             return True
         return False
@@ -81,8 +83,8 @@ class PseudoRenderer:
     def stmt_Loop(self, node: ir.Loop, depth: int) -> List[str]:
         threaded = self.threads(node.kind)
         notes = [n for n, on in (("threads (OpenMP)", threaded),
-                                 ("SIMD lanes", node.kind == "vectorised"),
-                                 ("SIMD", node.simd and node.kind != "vectorised")) if on]
+                                 ("SIMD lanes", node.kind == LoopKind.VECTORISED),
+                                 ("SIMD", node.simd and node.kind != LoopKind.VECTORISED)) if on]
         first = "0" if node.start is None else self.affine(node.start)
         head = f"for {self.name(node.var)} in {first}..{self.last(node.extent)}:"
         lines = ["  " * depth + head + (f"   # {', '.join(notes)}" if notes else "")]
@@ -109,11 +111,13 @@ class PseudoRenderer:
     def stmt_Accumulate(self, node: ir.Accumulate, depth: int) -> List[str]:
         ref = self.acc(node.name, node.lane, node.row)
         value = self.expr(node.value)
-        text = {"sum": f"{ref} += {value}", "prod": f"{ref} *= {value}",
-                "max": f"{ref} = max({ref}, {value})", "min": f"{ref} = min({ref}, {value})",
-                "logsumexp": f"{ref} = logaddexp({ref}, {value})   # running max",
-                "argmax": f"{ref} = position of the first maximum so far ({value})",
-                "argmin": f"{ref} = position of the first minimum so far ({value})"}[node.op]
+        text = {ReduceOp.SUM: f"{ref} += {value}", ReduceOp.PROD: f"{ref} *= {value}",
+                ReduceOp.MAX: f"{ref} = max({ref}, {value})",
+                ReduceOp.MIN: f"{ref} = min({ref}, {value})",
+                ReduceOp.LOGSUMEXP: f"{ref} = logaddexp({ref}, {value})   # running max",
+                ReduceOp.ARGMAX: f"{ref} = position of the first maximum so far ({value})",
+                ReduceOp.ARGMIN: f"{ref} = position of the first minimum so far ({value})"
+                }[node.op]
         return ["  " * depth + text]
 
     def stmt_CombineLanes(self, node: ir.CombineLanes, depth: int) -> List[str]:
@@ -191,7 +195,7 @@ class PseudoRenderer:
                 g = self.expr(gathered)
                 g = g if coeff == 1 else f"{coeff}*{g}"
                 text = g if text == "0" else f"{g} + {text}"
-            if sub.policy not in ("none",):
+            if sub.policy != Policy.NONE:
                 text += f" ({sub.policy})"
             subs.append(text)
         return f"{self.tensors[node.buffer]}[{', '.join(subs)}]"

@@ -16,6 +16,8 @@ reference, see triton_backend.py), so these are the float forms:
   C99's quadrants, signed zeros and infinities, as NumPy's ``arctan2`` has them.
 """
 
+from ..ir import BinaryOp, Function
+
 ELEMENTWISE_HELPERS = '''
 @triton.jit
 def ef_negative(x):
@@ -116,5 +118,5 @@ def ef_div(a, b):
 '''}
 
 # the ast operator / function -> the Triton function that computes it
-OPERATORS = {"//": "ef_floordiv", "%": "ef_pymod"}
-FUNCTIONS = {"sign": "ef_sign", "tan": "ef_tan", "atan2": "ef_atan2"}
+OPERATORS = {BinaryOp.FLOOR_DIV: "ef_floordiv", BinaryOp.MOD: "ef_pymod"}
+FUNCTIONS = {Function.SIGN: "ef_sign", Function.TAN: "ef_tan", Function.ATAN2: "ef_atan2"}

@@ -8,6 +8,7 @@ them; NumPy's NaN rules for max/min; gathered positions on their exact value
 from typing import List
 
 from .. import ir
+from ..ir import LoopKind, ReduceOp
 from .c_render import name
 
 # A sum's reduction loop runs in chunks of CHUNK steps (each adding at most CHUNK terms
@@ -233,12 +234,12 @@ class ChunkedSums:
         pad = "    " * depth
         var, extent = name(node.var), self.affine(node.extent)
         tiles, sums = self.chunk_targets(node)
-        self.reduction_depth += node.kind == "reduction"
+        self.reduction_depth += node.kind == LoopKind.REDUCTION
         plain = [f"{pad}for {var} in range(0, {extent}):"]
         for stmt in node.body:
             plain += self.stmt(stmt, depth + 1)
         if not (tiles or sums):
-            self.reduction_depth -= node.kind == "reduction"
+            self.reduction_depth -= node.kind == LoopKind.REDUCTION
             return plain
         # a short loop as it was, a long one in chunks, each into fresh partials folded
         # into the totals after it; under a vector loop always in chunks (each of its
@@ -267,12 +268,12 @@ class ChunkedSums:
         """(vector-loop tiles, accumulators) of sums that a reduction loop adds to itself
         (not through a loop of its own), declared outside it and not inside another
         reduction (a nested reduction is short, as a rule): what its chunks fold."""
-        if loop.kind != "reduction":
+        if loop.kind != LoopKind.REDUCTION:
             return [], []
         found, todo = [], list(loop.body)
         while todo:
             node = todo.pop(0)
-            if isinstance(node, ir.Accumulate) and node.op == "sum":
+            if isinstance(node, ir.Accumulate) and node.op == ReduceOp.SUM:
                 found.append(name(node.name))
             elif isinstance(node, ir.Loop) and node.var in self.inline:
                 todo.extend(node.body)

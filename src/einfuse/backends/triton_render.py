@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import List, Optional, Tuple
 
 from .. import ir
+from ..ir import BinaryOp, BufferType, Function, LoopKind, Policy, QuasiOp, ReduceOp
 from ..plan.gathers import gather_helper, one_gather
 from .c_render import name
 from .triton_elementwise import ELEMENTWISE_HELPERS, TARGET_HELPERS, \
@@ -197,7 +198,7 @@ class TritonRenderer(ChunkedSums):
     @staticmethod
     def output_loops(body) -> Tuple[List[ir.Loop], Tuple[ir.Stmt, ...]]:
         loops: List[ir.Loop] = []
-        while len(body) == 1 and isinstance(body[0], ir.Loop) and body[0].kind == "parallel":
+        while len(body) == 1 and isinstance(body[0], ir.Loop) and body[0].kind == LoopKind.PARALLEL:
             loops.append(body[0])
             body = body[0].body
         return loops, body
@@ -218,12 +219,13 @@ class TritonRenderer(ChunkedSums):
         pad, acc = "    " * depth, name(node.name)
         if self.reduction_depth:
             self.nested_accs.add(acc)
-        init = {"sum": "0.0", "prod": "1.0", "max": 'float("-inf")', "min": 'float("inf")'}
-        if node.op == "logsumexp":
+        init = {ReduceOp.SUM: "0.0", ReduceOp.PROD: "1.0", ReduceOp.MAX: 'float("-inf")',
+                ReduceOp.MIN: 'float("inf")'}
+        if node.op == ReduceOp.LOGSUMEXP:
             return [f"{pad}{acc}_m = tl.full({self.shape}, float(\"-inf\"), {self.T})",
                     f"{pad}{acc}_s = tl.zeros({self.shape}, {self.T})"]
         lines = [f"{pad}{acc} = tl.full({self.shape}, {init[node.op]}, {self.T})"]
-        if node.op == "sum":   # the rounding errors of the compensated chunk folds
+        if node.op == ReduceOp.SUM:   # the rounding errors of the compensated chunk folds
             lines.append(f"{pad}{acc}_e = tl.zeros({self.shape}, {self.T})")
         return lines
 
@@ -245,12 +247,12 @@ class TritonRenderer(ChunkedSums):
         it runs as a [BLOCK, RB] tile per step (coalesced along the reduced index, RB
         times fewer sequential steps), reduced across RB into the accumulators."""
         if self.rows_var is not None or self.lanes_var is not None or depth != 1 or \
-                loop.kind != "reduction":
+                loop.kind != LoopKind.REDUCTION:
             return False
         inner = {n.name for n in ir.walk(loop) if isinstance(n, ir.DeclareAcc)}
         steps = [n for n in ir.walk(loop) if isinstance(n, ir.Accumulate)
                  and n.name not in inner]
-        return bool(steps) and all(n.op in ("sum", "max", "min", "logsumexp")
+        return bool(steps) and all(n.op in (ReduceOp.SUM, ReduceOp.MAX, ReduceOp.MIN, ReduceOp.LOGSUMEXP)
                                    for n in steps)
 
     def vector_loop(self, loop: ir.Loop, depth: int) -> List[str]:
@@ -267,7 +269,7 @@ class TritonRenderer(ChunkedSums):
         lines = [line for acc, op in outer.items()
                  for line in self.tile_partials(name(acc), op, pad)]
         # sums run in chunks (their tiles' partials folded after each); the rest as one
-        sums = [name(acc) for acc, op in outer.items() if op == "sum"]
+        sums = [name(acc) for acc, op in outer.items() if op == ReduceOp.SUM]
         head, first, last = self.chunks(var, extent, "RB", pad, [f"{acc}_tp" for acc in sums],
                                         "[BLOCK, RB]")
         if not sums:
@@ -303,11 +305,12 @@ class TritonRenderer(ChunkedSums):
 
     def tile_partials(self, acc: str, op: str, pad: str) -> List[str]:
         """The [BLOCK, RB] tile of partial results of ``acc``, at the identity of op."""
-        if op == "logsumexp":
+        if op == ReduceOp.LOGSUMEXP:
             return [f"{pad}{acc}_tm = tl.full([BLOCK, RB], float(\"-inf\"), {self.T})",
                     f"{pad}{acc}_ts = tl.zeros([BLOCK, RB], {self.T})"]
-        init = {"sum": "0.0", "max": 'float("-inf")', "min": 'float("inf")'}[op]
-        errors = [f"{pad}{acc}_te = tl.zeros([BLOCK, RB], {self.T})"] if op == "sum" else []
+        init = {ReduceOp.SUM: "0.0", ReduceOp.MAX: 'float("-inf")',
+                ReduceOp.MIN: 'float("inf")'}[op]
+        errors = [f"{pad}{acc}_te = tl.zeros([BLOCK, RB], {self.T})"] if op == ReduceOp.SUM else []
         return [f"{pad}{acc}_t = tl.full([BLOCK, RB], {init}, {self.T})"] + errors
 
     def reduce_into(self, node: ir.Accumulate, pad: str) -> List[str]:
@@ -316,10 +319,10 @@ class TritonRenderer(ChunkedSums):
         identity."""
         acc, ok = name(node.name), self.outer_accs[node.name]
         v = self.widen(self.expr(node.value))
-        if node.op == "sum":   # into the chunk's partials (vector_loop, stmt_Loop)
+        if node.op == ReduceOp.SUM:   # into the chunk's partials (vector_loop, stmt_Loop)
             return [f"{pad}{acc}{self.tile_partial.get(acc, '_tp')} += tl.where({ok}, {v}, 0.0)"]
-        if node.op in ("max", "min"):
-            fill = 'float("-inf")' if node.op == "max" else 'float("inf")'
+        if node.op in (ReduceOp.MAX, ReduceOp.MIN):
+            fill = 'float("-inf")' if node.op == ReduceOp.MAX else 'float("inf")'
             # ef_max/ef_min keep a NaN, as the scalar loop does
             return [f"{pad}{acc}_t = ef_{node.op}(tl.where({ok}, {v}, {fill}), {acc}_t)"]
         # logsumexp: each partial is a running (maximum, scaled sum), as in the scalar loop
@@ -332,10 +335,10 @@ class TritonRenderer(ChunkedSums):
 
     def combine_partials(self, acc: str, op: str, pad: str) -> List[str]:
         """Fold the tile of partials across RB into the [BLOCK] accumulator."""
-        if op == "sum":
+        if op == ReduceOp.SUM:
             return [f"{pad}{acc}, {acc}_e = ef_fold({acc}, {acc}_e, tl.sum({acc}_t, axis=1))",
                     f"{pad}{acc}_e += tl.sum({acc}_te, axis=1)"]
-        if op in ("max", "min"):
+        if op in (ReduceOp.MAX, ReduceOp.MIN):
             t = f"{acc}_t"   # a NaN partial makes the row's result NaN
             return [f"{pad}{acc} = ef_{op}(tl.where(tl.sum(({t} != {t}).to(tl.int32), axis=1)"
                     f" > 0, float(\"nan\"), tl.{op}({t}, axis=1)), {acc})"]
@@ -352,7 +355,7 @@ class TritonRenderer(ChunkedSums):
         """(accumulator, row-side load, lane-side load) when ``loop`` is a reduction whose
         whole body, per tile element, is ``acc += A[row.., k] * B[k.., lane]`` in float32
         with in-range reads: then the loop is a matrix product of tiles."""
-        if self.rows_var is None or self.T != "tl.float32" or loop.kind != "reduction":
+        if self.rows_var is None or self.T != "tl.float32" or loop.kind != LoopKind.REDUCTION:
             return None
         body = loop.body
         while len(body) == 1 and isinstance(body[0], ir.Loop) and body[0].var in self.inline:
@@ -360,11 +363,12 @@ class TritonRenderer(ChunkedSums):
         if len(body) != 1 or not isinstance(body[0], ir.Accumulate):
             return None
         step = body[0]
-        if step.op != "sum" or not isinstance(step.value, ir.Binary) or step.value.op != "*":
+        if step.op != ReduceOp.SUM or not isinstance(step.value, ir.Binary) or \
+                step.value.op != BinaryOp.MUL:
             return None
         pair = (step.value.left, step.value.right)
         if not all(isinstance(p, ir.Load) and not p.is_index and all(
-                s.policy == "none" and not s.gathers and not s.quasi for s in p.subscripts)
+                s.policy == Policy.NONE and not s.gathers and not s.quasi for s in p.subscripts)
                 for p in pair):
             return None
 
@@ -411,11 +415,11 @@ class TritonRenderer(ChunkedSums):
         if node.name in self.outer_accs:
             return self.reduce_into(node, "    " * depth)
         pad, acc, v = "    " * depth, name(node.name), self.expr(node.value)
-        if node.op == "sum":
+        if node.op == ReduceOp.SUM:
             return [f"{pad}{self.redirect.get(acc, acc)} += {v}"]
-        if node.op == "prod":
+        if node.op == ReduceOp.PROD:
             return [f"{pad}{acc} *= {v}"]
-        if node.op in ("max", "min"):
+        if node.op in (ReduceOp.MAX, ReduceOp.MIN):
             return [f"{pad}{acc} = ef_{node.op}({self.widen(v)}, {acc})"]
         # one-pass logsumexp, branch-free (the C renderer's ef_lse)
         return [f"{pad}v_ = {self.widen(v)}",
@@ -465,24 +469,24 @@ class TritonRenderer(ChunkedSums):
         izero, mask = self.load_frame(node)
         for sub in node.subscripts:
             size = name(sub.size)
-            if sub.gathers and sub.policy in ("clip", "wrap", "fill"):
+            if sub.gathers and sub.policy in (Policy.CLIP, Policy.WRAP, Policy.FILL):
                 pos = self.gathered_position(sub, izero)
             else:   # in range (checked before the launch): exact modulo 2**64
                 pos = self.affine(sub.affine)
                 for part, coeff in sub.quasi:   # a block (izero): tl.where needs one
-                    helper = {"//": "ef_qdiv", "%": "ef_qmod"}[part.op]
+                    helper = {QuasiOp.FLOOR_DIV: "ef_qdiv", QuasiOp.MOD: "ef_qmod"}[part.op]
                     pos = f"({pos} + {int(coeff)} * {helper}({self.affine(part.affine)} + " \
                           f"{izero}, {int(part.divisor)}))"
                 for gathered, coeff in sub.gathers:
                     pos = f"({pos} + {int(coeff)} * {self.expr(gathered)})"
-            if sub.policy in ("pad", "fill"):   # block-shaped: it masks the load too
+            if sub.policy in (Policy.PAD, Policy.FILL):   # block-shaped: it masks the load too
                 ok = f"((({pos}) + {izero} >= 0) & (({pos}) + {izero} < {size}))"
-                (valid if sub.policy == "pad" else filled).append(ok)
+                (valid if sub.policy == Policy.PAD else filled).append(ok)
                 pos = f"tl.minimum(tl.maximum({pos}, 0), {size} - 1)"
-            elif sub.policy == "clip":
+            elif sub.policy == Policy.CLIP:
                 filled.append(f"(({size} + {izero}) > 0)")
                 pos = f"tl.minimum(tl.maximum({pos}, 0), {size} - 1)"
-            elif sub.policy == "wrap":   # already wrapped
+            elif sub.policy == Policy.WRAP:   # already wrapped
                 filled.append(f"(({size} + {izero}) > 0)")
             positions.append(pos)
         address = self.address(positions, [s.stride for s in node.subscripts])
@@ -515,7 +519,7 @@ class TritonRenderer(ChunkedSums):
         return f"ef_{helper}({wrapped}, {estimate}, {n})"
 
     def unsigned(self, load: ir.Load) -> bool:
-        return self.kernel.buffers[load.buffer].dtype == "uint64"
+        return self.kernel.buffers[load.buffer].dtype == BufferType.UINT64
 
     def load_frame(self, node: ir.Load) -> Tuple[str, str]:
         """(izero, mask) shaping ``node``: a row, a column, or the whole block."""
@@ -542,18 +546,18 @@ class TritonRenderer(ChunkedSums):
 
     def expr_Binary(self, node: ir.Binary) -> str:
         left, right, op = self.expr(node.left), self.expr(node.right), node.op
-        if op == "**":
+        if op == BinaryOp.POW:
             if isinstance(node.right, ir.Const) and node.right.value in (1, 2, 3):
                 # a helper evaluates the base once (its loads are not repeated)
                 return f"ef_ipow{int(node.right.value)}({left})"
             return f"ef_pow({self.widen(left)}, {self.widen(right)})"
-        if op in ("<", "<=", ">", ">=", "==", "!="):
+        if op in (BinaryOp.LT, BinaryOp.LE, BinaryOp.GT, BinaryOp.GE, BinaryOp.EQ, BinaryOp.NE):
             return f"(({left}) {op} ({right})).to({self.T})"
-        if op in ("&", "|"):
+        if op in (BinaryOp.AND, BinaryOp.OR):
             return f"((({left}) != 0) {op} (({right}) != 0)).to({self.T})"
         if op in _HELPER_OPS:
             return f"{_HELPER_OPS[op]}({self.widen(left)}, {self.widen(right)})"
-        if op == "/" and self.native_dot and self.T == "tl.float32":
+        if op == BinaryOp.DIV and self.native_dot and self.T == "tl.float32":
             # a float32 '/' compiles to div.full.f32 (within 2 ulp, subnormal results
             # flushed); NumPy, C and torch divide correctly rounded
             return f"ef_div({self.widen(left)}, {self.widen(right)})"
@@ -562,32 +566,33 @@ class TritonRenderer(ChunkedSums):
     def expr_Call(self, node: ir.Call) -> str:
         args = [self.expr(a) for a in node.args]
         f = node.func
-        direct = {"exp": "tl.exp", "log": "tl.log", "sqrt": "tl.sqrt", "abs": "tl.abs",
-                  "sin": "tl.sin", "cos": "tl.cos", "floor": "tl.floor", "ceil": "tl.ceil",
-                  "erf": "tl.erf", "sigmoid": "tl.sigmoid", "tanh": "ef_tanh",
-                  "log1p": "ef_log1p", "expm1": "ef_expm1"}
+        direct = {Function.EXP: "tl.exp", Function.LOG: "tl.log", Function.SQRT: "tl.sqrt",
+                  Function.ABS: "tl.abs", Function.SIN: "tl.sin", Function.COS: "tl.cos",
+                  Function.FLOOR: "tl.floor", Function.CEIL: "tl.ceil", Function.ERF: "tl.erf",
+                  Function.SIGMOID: "tl.sigmoid", Function.TANH: "ef_tanh",
+                  Function.LOG1P: "ef_log1p", Function.EXPM1: "ef_expm1"}
         if f in direct:
             return f"{direct[f]}({self.widen(args[0])})"
         if f in _HELPER_CALLS:
             return f"{_HELPER_CALLS[f]}({', '.join(self.widen(a) for a in args)})"
-        if f == "relu":
+        if f == Function.RELU:
             return f"ef_max({self.widen(args[0])}, 0.0)"
-        if f == "softplus":
+        if f == Function.SOFTPLUS:
             x = self.widen(args[0])
             return f"(tl.maximum({x}, 0.0) + ef_log1p(tl.exp(-tl.abs({x}))))"
-        if f in ("min", "max"):
+        if f in (Function.MIN, Function.MAX):
             return f"ef_{f}({self.widen(args[0])}, {self.widen(args[1])})"
-        if f == "pow":
+        if f == Function.POW:
             return f"ef_pow({self.widen(args[0])}, {self.widen(args[1])})"
-        if f == "where":
+        if f == Function.WHERE:
             return f"tl.where(({args[0]}) != 0, {args[1]}, {args[2]})"
         raise ValueError(f"unknown function {f!r}")
 
     def expr_AccValue(self, node: ir.AccValue) -> str:
         acc = name(node.acc)
-        if node.op == "logsumexp":
+        if node.op == ReduceOp.LOGSUMEXP:
             return f"({acc}_m + tl.log({acc}_s))"
-        return f"ef_total({acc}, {acc}_e)" if node.op == "sum" else acc
+        return f"ef_total({acc}, {acc}_e)" if node.op == ReduceOp.SUM else acc
 
 
 def render_triton(program: ir.Program, buffer_dtypes: Tuple[str, ...] = (),

@@ -31,6 +31,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import numpy as np
 
 from .. import ir
+from ..ir import BinaryOp, BufferType, FillSource, LoopKind, Policy, UnaryOp
 from ..ir import Affine
 from ..lang import ast
 from .expression_facts import fast_math_safe, indices_used
@@ -40,8 +41,8 @@ from .windows import LANE_STEPS, UNIT_STEPS, read_once_per_block, wide_lanes
 
 # "verified": bounds='check'/'promise' with every index array found in range before the
 # call, so the kernel needs no test at all.
-_POLICY = {"clip": "clip", "wrap": "wrap", "fill": "fill", "check": "check",
-           "promise": "check", "verified": "none"}
+_POLICY = {"clip": Policy.CLIP, "wrap": Policy.WRAP, "fill": Policy.FILL, "check": Policy.CHECK,
+           "promise": Policy.CHECK, "verified": Policy.NONE}
 
 
 def buffer_slots(spec) -> Tuple[Tuple[str, str], ...]:
@@ -266,13 +267,13 @@ class _Lowering(BlockedSums):
                                           value),)
         reciprocals, self.reciprocals = self.reciprocals, []
         for depth, name in enumerate(reversed(outer)):
-            kind = "parallel" if name in spec.race_free_indices else "serial"
+            kind = LoopKind.PARALLEL if name in spec.race_free_indices else LoopKind.SERIAL
             simd = depth == 0 and not tiled and not tops and not self.checks
             var, extent = pos[name].terms[0][0], self.extent(name)
             if depth == 0 and reciprocals:
                 exact = (ir.Store(out_slot, tuple(pos[n] for n in outs), strides,
                                   self.expr(rhs, env, [])),)
-                body = tuple(ir.Let(local, ir.Binary("/", ir.Const(1), divisor))
+                body = tuple(ir.Let(local, ir.Binary(BinaryOp.DIV, ir.Const(1), divisor))
                              for local, divisor in reciprocals) + (ir.NormalBranch(
                     tuple(local for local, _ in reciprocals),
                     (ir.Loop(var, extent, kind, body, simd=simd),),
@@ -280,9 +281,10 @@ class _Lowering(BlockedSums):
                 continue
             body = (ir.Loop(var, extent, kind, body, simd=simd),)
         positions = spec.result_is_position     # int64 positions, exact
-        buffers = tuple(ir.Buffer(f"t{n}", ("uint64" if n in self.unsigned else "int64")
+        buffers = tuple(ir.Buffer(f"t{n}", (BufferType.UINT64 if n in self.unsigned
+                                            else BufferType.INT64)
                                   if kind == "index" or (kind == "output" and positions)
-                                  else "working", output=kind == "output")
+                                  else BufferType.WORKING, output=kind == "output")
                         for n, (_, kind) in enumerate(self.slots))
         kernel = ir.Kernel("einfuse_kernel", buffers, tuple(self.int_names[h]
                                                             for h in self.int_args),
@@ -325,16 +327,16 @@ class _Lowering(BlockedSums):
         value = self.expr(spec.rhs, env, pre, lanes=(lane, count, row, row_count))
         self.tile = saved_tile
         store = ir.Store(out_slot, tuple(pos[n] for n in outs), strides, value)
-        stores: ir.Stmt = ir.Loop(lane, Affine.var(count), "vectorised", (store,),
+        stores: ir.Stmt = ir.Loop(lane, Affine.var(count), LoopKind.VECTORISED, (store,),
                                   simd=not self.checks)
         if row is not None:
-            stores = ir.Loop(row, Affine.var(row_count), "serial", (stores,))
-        kind = "parallel" if inner in spec.race_free_indices else "serial"
+            stores = ir.Loop(row, Affine.var(row_count), LoopKind.SERIAL, (stores,))
+        kind = LoopKind.PARALLEL if inner in spec.race_free_indices else LoopKind.SERIAL
         body: Tuple[ir.Stmt, ...] = (ir.TiledLoop(block, self.extent(inner), lanes_tile, count,
                                                   kind, tuple(pre) + (stores,)),)
         if row is not None:
             body = (ir.TiledLoop(row_block, self.extent(self.row_index), rows, row_count,
-                                 "parallel", body),)
+                                 LoopKind.PARALLEL, body),)
         return body
 
     # -- expressions --------------------------------------------------------------------
@@ -348,14 +350,14 @@ class _Lowering(BlockedSums):
         if isinstance(e, ast.Access):
             return self.load(e, env, in_gather=False)
         if isinstance(e, ast.Unary):
-            return ir.Unary("-", self.expr(e.operand, env, pre, lanes))
+            return ir.Unary(UnaryOp.NEG, self.expr(e.operand, env, pre, lanes))
         if isinstance(e, ast.Binary):
             left, right = self.expr(e.left, env, pre, lanes), self.expr(e.right, env, pre, lanes)
             if e.op == "/" and self.fixed_along is not None and \
                     self.fixed_along not in indices_used(e.right):
                 local = f"r{len(self.reciprocals)}"
                 self.reciprocals.append((local, right))
-                return ir.Binary("*", left, ir.Local(local))
+                return ir.Binary(BinaryOp.MUL, left, ir.Local(local))
             return ir.Binary(e.op, left, right)
         if isinstance(e, ast.Call):
             return ir.Call(e.func, tuple(self.expr(a, env, pre, lanes) for a in e.args))
@@ -393,13 +395,13 @@ class _Lowering(BlockedSums):
 
             def innermost(target: str) -> Tuple[ir.Stmt, ...]:
                 step: ir.Stmt = ir.Loop(
-                    lane, Affine.var(count), "vectorised",
+                    lane, Affine.var(count), LoopKind.VECTORISED,
                     tuple(body_pre) + (ir.Accumulate(target, e.op, value, lane, row,
                                                      position),),
                     simd=not nested and not self.checks)
                 if row is not None:
                     # rows outside the lane loop: measured 10% faster than inside on dist
-                    step = ir.Loop(row, Affine.var(row_count), "serial", (step,))
+                    step = ir.Loop(row, Affine.var(row_count), LoopKind.SERIAL, (step,))
                 return (step,)
             simd = False
         else:
@@ -443,7 +445,7 @@ class _Lowering(BlockedSums):
         into ``target``; the innermost one a SIMD reduction with ``simd``."""
         for depth, name in enumerate(reversed(order)):
             here = simd and depth == 0
-            body = (ir.Loop(f"p{self.index_no[name]}", self.extent(name), "reduction", body,
+            body = (ir.Loop(f"p{self.index_no[name]}", self.extent(name), LoopKind.REDUCTION, body,
                             simd=here, reductions=((target, op),) if here else ()),)
         return body
 
@@ -460,7 +462,7 @@ class _Lowering(BlockedSums):
         """``inner`` inside plain loops over the other reduced ``names`` (outermost first)."""
         body: Tuple[ir.Stmt, ...] = (inner,)
         for name in reversed(names):
-            body = (ir.Loop(f"p{self.index_no[name]}", self.extent(name), "reduction", body),)
+            body = (ir.Loop(f"p{self.index_no[name]}", self.extent(name), LoopKind.REDUCTION, body),)
         return body
 
     def lane_partial_reduce(self, e: ast.Reduce, acc: str, order, env, pre) -> ir.Expr:
@@ -476,10 +478,10 @@ class _Lowering(BlockedSums):
         value = self.expr(e.body, env, [])
         # each lane: its first extremum and where (the last index walks block + lane)
         position = self.position(e, {order[-1]: Affine.var(block) + Affine.var(lane)})
-        step = ir.Loop(lane, Affine.var(count), "vectorised",
+        step = ir.Loop(lane, Affine.var(count), LoopKind.VECTORISED,
                        (ir.Accumulate(partial, e.op, value, lane, position=position),),
                        simd=True)
-        tiles = ir.TiledLoop(block, self.extent(order[-1]), lanes_count, count, "reduction",
+        tiles = ir.TiledLoop(block, self.extent(order[-1]), lanes_count, count, LoopKind.REDUCTION,
                              (step,))
         pre.append(ir.DeclareAcc(partial, e.op, lanes=lanes_count))
         pre.extend(self.outer_reduction_loops(order[:-1], tiles))
@@ -495,11 +497,11 @@ class _Lowering(BlockedSums):
         block, lane, count, env = self.lane_tile(order[-1], acc, env)
         body_pre: List[ir.Stmt] = []
         value = self.expr(e.body, env, body_pre, lanes=(lane, count))
-        combine = ir.Loop(lane, Affine.var(count), "vectorised",
+        combine = ir.Loop(lane, Affine.var(count), LoopKind.VECTORISED,
                           (ir.Accumulate(acc, e.op, value),), simd=True,
                           reductions=((acc, e.op),))
         tiles = self.outer_reduction_loops(order[:-1], ir.TiledLoop(
-            block, self.extent(order[-1]), self.tile, count, "reduction",
+            block, self.extent(order[-1]), self.tile, count, LoopKind.REDUCTION,
             tuple(body_pre) + (combine,)))
         pre.append(ir.DeclareAcc(acc, e.op))
         if not self.sum_blocks(e.op, order):
@@ -507,7 +509,7 @@ class _Lowering(BlockedSums):
             return ir.AccValue(acc, e.op)
 
         def step(partial: str) -> ir.Stmt:
-            return ir.Loop(lane, Affine.var(count), "vectorised",
+            return ir.Loop(lane, Affine.var(count), LoopKind.VECTORISED,
                            (ir.Accumulate(partial, e.op, value, lane),), simd=True)
         pre.append(self.tiled_lane_sum(acc, order, block, count, body_pre, step, tiles))
         return ir.AccValue(acc, e.op)
@@ -525,19 +527,20 @@ class _Lowering(BlockedSums):
                 # '='/'+=' read the output only at the LHS indices: the element being
                 # written, i.e. its position (value - range start), never padded
                 affine = affine + self.lo(sub.plain_index).scale(-1)
-                policy = "none"
+                policy = Policy.NONE
             elif gathers:
                 policy = _POLICY[self.bounds]
             elif self.pad and not in_gather:
-                policy = "pad"
+                policy = Policy.PAD
             else:
-                policy = "none"
+                policy = Policy.NONE
             subs.append(ir.Subscript(affine, gathers, policy,
                                      self.runtime_int(("dim", slot, axis)),
                                      self.stride(slot, axis), quasi))
         # invalid reads: pad= where an affine axis leaves the array, fill= where a
         # gather policy rejects the value (fill wins where both apply)
-        fills = {"pad": "pad", "fill": "fill", "clip": "fill", "wrap": "fill"}
+        fills = {Policy.PAD: FillSource.PAD, Policy.FILL: FillSource.FILL,
+                 Policy.CLIP: FillSource.FILL, Policy.WRAP: FillSource.FILL}
         used = tuple(sorted({fills[s.policy] for s in subs if s.policy in fills}))
         return ir.Load(slot, tuple(subs), ",".join(used) or None, is_index=in_gather)
 

@@ -23,6 +23,7 @@ from __future__ import annotations
 from typing import Callable, Tuple
 
 from .. import ir
+from ..ir import LoopKind, ReduceOp
 from ..ir import Affine
 
 SIMD_LIMIT = 2048    # a sum of at most this many terms: one SIMD reduction, as before;
@@ -64,8 +65,8 @@ class BlockedSums:
         env = dict(env)   # (not a lane index to pack inputs for: each term is read once)
         env[index] = self.lo(index) + Affine.var(tile) + Affine.var(lane)
         partial = self.fresh_acc()
-        step = ir.Loop(lane, Affine.var(count), "vectorised",
-                       (ir.Accumulate(partial, "sum", self.expr(body, env, []), lane),),
+        step = ir.Loop(lane, Affine.var(count), LoopKind.VECTORISED,
+                       (ir.Accumulate(partial, ReduceOp.SUM, self.expr(body, env, []), lane),),
                        simd=True)
         return self.lane_branch(order, index, acc, lanes, tile, count, (step,), partial,
                                 loops)
@@ -89,15 +90,15 @@ class BlockedSums:
         totals, errors, error = self.fresh_acc(), self.fresh_acc(), self.fresh_acc()
         first, size = self.fresh_var(), self.fresh_var()
         tiles = ir.TiledLoop(tile, Affine.var(first) + Affine.var(size), lanes, count,
-                             "reduction", tuple(body), start=Affine.var(first))
-        block = ir.TiledLoop(first, self.extent(index), lanes * LANE_TILES, size, "reduction",
-                             (ir.DeclareAcc(partial, "sum", lanes=lanes), tiles,
+                             LoopKind.REDUCTION, tuple(body), start=Affine.var(first))
+        block = ir.TiledLoop(first, self.extent(index), lanes * LANE_TILES, size, LoopKind.REDUCTION,
+                             (ir.DeclareAcc(partial, ReduceOp.SUM, lanes=lanes), tiles,
                               ir.Fold(totals, errors, partial, lanes=lanes)),
                              constant_full=False)
-        large = (ir.DeclareAcc(totals, "sum", lanes=lanes),
-                 ir.DeclareAcc(errors, "sum", lanes=lanes), ir.DeclareAcc(error, "sum")) + \
+        large = (ir.DeclareAcc(totals, ReduceOp.SUM, lanes=lanes),
+                 ir.DeclareAcc(errors, ReduceOp.SUM, lanes=lanes), ir.DeclareAcc(error, ReduceOp.SUM)) + \
             self.outer_reduction_loops([n for n in order if n != index], block) + \
-            (ir.CombineLanes(totals, "sum", lanes, acc, (errors, error)),
+            (ir.CombineLanes(totals, ReduceOp.SUM, lanes, acc, (errors, error)),
              ir.Compensate(acc, error))
         return ir.Branch(self.extents(order), SIMD_LIMIT, tuple(loops), large)
 
@@ -111,11 +112,11 @@ class BlockedSums:
         partial, error = self.fresh_acc(), self.fresh_acc()
         first, size = self.fresh_var(), self.fresh_var()
         inner = ir.Loop(f"p{self.index_no[index]}", Affine.var(first) + Affine.var(size),
-                        "reduction", innermost(partial), start=Affine.var(first))
-        chunk = ir.TiledLoop(first, self.extent(index), CHAIN_BLOCK, size, "reduction",
-                             (ir.DeclareAcc(partial, "sum", **shape), inner,
+                        LoopKind.REDUCTION, innermost(partial), start=Affine.var(first))
+        chunk = ir.TiledLoop(first, self.extent(index), CHAIN_BLOCK, size, LoopKind.REDUCTION,
+                             (ir.DeclareAcc(partial, ReduceOp.SUM, **shape), inner,
                               ir.Fold(acc, error, partial, **shape)), constant_full=False)
-        large = (ir.DeclareAcc(error, "sum", **shape),) + \
+        large = (ir.DeclareAcc(error, ReduceOp.SUM, **shape),) + \
             self.outer_reduction_loops([n for n in order if n != index], chunk) + \
             (ir.Compensate(acc, error, **shape),)
         return ir.Branch(self.extents(order), TILED_LIMIT if tiled else CHAIN_BLOCK,
