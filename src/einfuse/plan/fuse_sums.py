@@ -141,7 +141,7 @@ class _Merging:
                 self.complete = False
                 return [node]
             column = load.subscripts[1].affine + self.offset.scale(-1)
-            value = _substitute_affine(self.store.value, self.producer.var, column)
+            value = substitute_affine(self.store.value, self.producer.var, column)
             position = (self.store.position[0], column)
             return [ir.Let(self.value_name, value),
                     dataclasses.replace(self.store, position=position,
@@ -193,10 +193,10 @@ def _row_store(producer, shared_loop: str) -> Optional[ir.Store]:
     return store
 
 
-def _substitute_affine(node, old: str, new: ir.Affine):
+def substitute_affine(node, old: str, new: ir.Affine):
     """``node`` with the loop counter ``old`` replaced by the affine ``new``."""
     if isinstance(node, tuple):
-        return tuple(_substitute_affine(item, old, new) for item in node)
+        return tuple(substitute_affine(item, old, new) for item in node)
     if isinstance(node, ir.Affine):
         terms = dict(node.terms)
         coefficient = terms.pop(old, 0)
@@ -204,7 +204,7 @@ def _substitute_affine(node, old: str, new: ir.Affine):
     if not dataclasses.is_dataclass(node):
         return node
     return dataclasses.replace(node, **{
-        f.name: _substitute_affine(getattr(node, f.name), old, new)
+        f.name: substitute_affine(getattr(node, f.name), old, new)
         for f in dataclasses.fields(node)})
 
 
