@@ -8,8 +8,10 @@ partials added with compensation (plan/sums.py).  Here every read of the row in 
 sum becomes: compute the producer's value there, store it, add it.  The row is not
 read a second time, and the sum adds the same values in the same order -- the loops
 are the sum's own (same trip counts, same ``reduction(+:...)`` clause, same lanes and
-blocks), so GCC vectorises them alike and the result's bits do not change
-(tests/test_fusion_sums.py checks them against the kernel without this pass).
+blocks), so GCC vectorises them alike.  Not always to the bit: where the producer
+calls a library function (softmax's expf), the columns past a row's last full vector
+took scalar expf in the merged loop and libmvec's vector expf in the producer's own
+loop, up to 3 ulp apart (tests/test_fusion_sums.py compares the two kernels).
 
 The merged loops are only right where the sum reads exactly the row just written:
 same length, from column 0, at the row just written, through the same strides.  Those
