@@ -23,6 +23,7 @@ from typing import Dict, FrozenSet, Sequence, Tuple
 from .. import ir
 from .fuse_columns import ColumnAccumulators, accumulate_into_columns, column_sum_dtype
 from .fuse_extrema import combine_extrema_by_vectors
+from .fuse_siblings import merge_sibling_loops
 from .fuse_sums import GUARD_INT, merge_row_sums
 
 SHARED_LOOP = "f0"
@@ -31,8 +32,9 @@ SHARED_LOOP = "f0"
 @dataclass(frozen=True)
 class FusedProgram:
     """The merged kernel, and the affine expressions of its runtime ints that must all
-    be 0 for its merged producer/sum loops (plan/fuse_sums.py) to run; the caller
-    passes their verdict as the last runtime int (``fuse_sums.GUARD_INT``)."""
+    be 0 for its merged producer/sum loops (plan/fuse_sums.py) and sibling loops
+    (plan/fuse_siblings.py) to run; the caller passes their verdict as the last
+    runtime int (``fuse_sums.GUARD_INT``)."""
     program: ir.Program
     guards: Tuple[ir.Affine, ...] = ()
 
@@ -155,13 +157,16 @@ def fuse_kernels(kernels: Sequence[ir.Kernel], reads: Sequence[Dict[int, Tuple[i
         body += list(renamed)
     ints += [b.per_thread for b in buffers if b.per_thread is not None]
     sums = merge_row_sums(tuple(body), SHARED_LOOP)
-    if sums.guards or sums.body != tuple(body):
+    siblings = merge_sibling_loops(sums.body, SHARED_LOOP)
+    # one verdict for both passes' guards: any that fails turns every merge off
+    guards = sums.guards + tuple(g for g in siblings.guards if g not in sums.guards)
+    if guards or sums.body != tuple(body):
         ints.append(GUARD_INT)
     merged = ir.Kernel("einfuse_kernel", tuple(buffers), tuple(ints), params,
                        (ir.Loop(SHARED_LOOP, extent, "parallel",
-                                combine_extrema_by_vectors(sums.body)),),
+                                combine_extrema_by_vectors(siblings.body)),),
                        checks_bounds=any(k.checks_bounds for k in kernels))
-    return FusedProgram(ir.Program(working, (merged,)), sums.guards)
+    return FusedProgram(ir.Program(working, (merged,)), guards)
 
 
 # The slots of a column member's accumulators in slots_after_fusion (after its own).

@@ -8,8 +8,10 @@ partials added with compensation (plan/sums.py).  Here every read of the row in 
 sum becomes: compute the producer's value there, store it, add it.  The row is not
 read a second time, and the sum adds the same values in the same order -- the loops
 are the sum's own (same trip counts, same ``reduction(+:...)`` clause, same lanes and
-blocks), so GCC vectorises them alike and the result's bits do not change
-(tests/test_fusion_sums.py checks them against the kernel without this pass).
+blocks), so GCC vectorises them alike.  Not always to the bit: where the producer
+calls a library function (softmax's expf), the columns past a row's last full vector
+took scalar expf in the merged loop and libmvec's vector expf in the producer's own
+loop, up to 3 ulp apart (tests/test_fusion_sums.py compares the two kernels).
 
 The merged loops are only right where the sum reads exactly the row just written:
 same length, from column 0, at the row just written, through the same strides.  Those
@@ -141,7 +143,7 @@ class _Merging:
                 self.complete = False
                 return [node]
             column = load.subscripts[1].affine + self.offset.scale(-1)
-            value = _substitute_affine(self.store.value, self.producer.var, column)
+            value = substitute_affine(self.store.value, self.producer.var, column)
             position = (self.store.position[0], column)
             return [ir.Let(self.value_name, value),
                     dataclasses.replace(self.store, position=position,
@@ -193,10 +195,10 @@ def _row_store(producer, shared_loop: str) -> Optional[ir.Store]:
     return store
 
 
-def _substitute_affine(node, old: str, new: ir.Affine):
+def substitute_affine(node, old: str, new: ir.Affine):
     """``node`` with the loop counter ``old`` replaced by the affine ``new``."""
     if isinstance(node, tuple):
-        return tuple(_substitute_affine(item, old, new) for item in node)
+        return tuple(substitute_affine(item, old, new) for item in node)
     if isinstance(node, ir.Affine):
         terms = dict(node.terms)
         coefficient = terms.pop(old, 0)
@@ -204,7 +206,7 @@ def _substitute_affine(node, old: str, new: ir.Affine):
     if not dataclasses.is_dataclass(node):
         return node
     return dataclasses.replace(node, **{
-        f.name: _substitute_affine(getattr(node, f.name), old, new)
+        f.name: substitute_affine(getattr(node, f.name), old, new)
         for f in dataclasses.fields(node)})
 
 
