@@ -13,6 +13,7 @@ from typing import Dict, FrozenSet, Optional, Sequence, Tuple
 import numpy as np
 
 from .. import ir
+from ..ir import LoopKind
 from ..errors import BackendError
 from ..plan import call_arguments, unit_axis
 from ..plan.fuse import COLUMN_SUMS, fuse_kernels, renamed_int, slots_after_fusion
@@ -48,7 +49,7 @@ def prepare(kernel, call):
     if _pack_for_lanes(call, plan, list(buffers)) or len(plan.program.kernels) != 1:
         return None
     body = plan.program.kernels[0].body
-    if len(body) != 1 or not isinstance(body[0], ir.Loop) or body[0].kind != "parallel":
+    if len(body) != 1 or not isinstance(body[0], ir.Loop) or body[0].kind != LoopKind.PARALLEL:
         return None
     number = int(body[0].var[1:])
     return plan, buffers, call.spec.all_indices[number]

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import Dict, FrozenSet, Sequence, Tuple
 
 from .. import ir
+from ..ir import LoopKind
 from .fuse_columns import ColumnAccumulators, accumulate_into_columns, column_sum_dtype
 from .fuse_extrema import combine_extrema_by_vectors
 from .fuse_siblings import merge_sibling_loops
@@ -163,7 +164,7 @@ def fuse_kernels(kernels: Sequence[ir.Kernel], reads: Sequence[Dict[int, Tuple[i
     if guards or sums.body != tuple(body):
         ints.append(GUARD_INT)
     merged = ir.Kernel("einfuse_kernel", tuple(buffers), tuple(ints), params,
-                       (ir.Loop(SHARED_LOOP, extent, "parallel",
+                       (ir.Loop(SHARED_LOOP, extent, LoopKind.PARALLEL,
                                 combine_extrema_by_vectors(siblings.body)),),
                        checks_bounds=any(k.checks_bounds for k in kernels))
     return FusedProgram(ir.Program(working, (merged,)), guards)

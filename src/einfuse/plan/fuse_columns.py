@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from typing import List, Tuple
 
 from .. import ir
+from ..ir import BinaryOp, Function, Policy
 
 
 @dataclass(frozen=True)
@@ -92,7 +93,7 @@ class _Rewriter:
         def load(slot: int) -> ir.Load:
             # the accumulators are laid out as the value row: same position, strides
             # (a "none" subscript is never checked against its size)
-            return ir.Load(slot, tuple(ir.Subscript(p, (), "none", self.slots.length, stride)
+            return ir.Load(slot, tuple(ir.Subscript(p, (), Policy.NONE, self.slots.length, stride)
                                        for p, stride in zip(store.position, store.strides)))
 
         def local(name: str) -> ir.Local:
@@ -100,15 +101,16 @@ class _Rewriter:
         if not self.slots.compensated:
             return [ir.Let(x, store.value),
                     dataclasses.replace(store, buffer=self.slots.sums,
-                                        value=ir.Binary("+", load(self.slots.sums),
+                                        value=ir.Binary(BinaryOp.ADD, load(self.slots.sums),
                                                         local(x)))]
-        error = ir.Call("where", (
-            ir.Binary(">=", ir.Call("abs", (local(s),)), ir.Call("abs", (local(x),))),
-            ir.Binary("+", ir.Binary("-", local(s), local(t)), local(x)),
-            ir.Binary("+", ir.Binary("-", local(x), local(t)), local(s))))
+        error = ir.Call(Function.WHERE, (
+            ir.Binary(BinaryOp.GE, ir.Call(Function.ABS, (local(s),)),
+                      ir.Call(Function.ABS, (local(x),))),
+            ir.Binary(BinaryOp.ADD, ir.Binary(BinaryOp.SUB, local(s), local(t)), local(x)),
+            ir.Binary(BinaryOp.ADD, ir.Binary(BinaryOp.SUB, local(x), local(t)), local(s))))
         return [ir.Let(x, store.value),
                 ir.Let(s, load(self.slots.sums)),
-                ir.Let(t, ir.Binary("+", local(s), local(x))),
+                ir.Let(t, ir.Binary(BinaryOp.ADD, local(s), local(x))),
                 dataclasses.replace(store, buffer=self.slots.errors,
-                                    value=ir.Binary("+", load(self.slots.errors), error)),
+                                    value=ir.Binary(BinaryOp.ADD, load(self.slots.errors), error)),
                 dataclasses.replace(store, buffer=self.slots.sums, value=local(t))]

@@ -23,6 +23,7 @@ import dataclasses
 from typing import List, Optional, Tuple
 
 from .. import ir
+from ..ir import LoopKind, ReduceOp
 
 # the number of vectors of partials of a full tile (the rows of the accumulator)
 _ROWS = 4
@@ -47,7 +48,7 @@ def combine_extrema_by_vectors(body: Tuple[ir.Stmt, ...]) -> Tuple[ir.Stmt, ...]
 
 
 def _rewrite(declare, tiled, combine) -> Optional[List[ir.Stmt]]:
-    if not isinstance(declare, ir.DeclareAcc) or declare.op not in ("max", "min") or \
+    if not isinstance(declare, ir.DeclareAcc) or declare.op not in (ReduceOp.MAX, ReduceOp.MIN) or \
             declare.lanes is None or declare.rows is not None or \
             declare.lanes % _ROWS or declare.lanes // _ROWS < 2:
         return None
@@ -79,21 +80,21 @@ def _rewrite(declare, tiled, combine) -> Optional[List[ir.Stmt]]:
         return _map_affines(node, lambda a: _replace(
             _replace(a, tiled.var, ((tail_start, 1),)), loop.var, ((tail_lane, 1),)))
 
-    full_tile = ir.Loop(row, ir.Affine(const=_ROWS), "reduction", (
-        ir.Loop(lane, ir.Affine(const=width), "vectorised", (
+    full_tile = ir.Loop(row, ir.Affine(const=_ROWS), LoopKind.REDUCTION, (
+        ir.Loop(lane, ir.Affine(const=width), LoopKind.VECTORISED, (
             dataclasses.replace(step, value=full(step.value), lane=lane, row=row),),
             simd=True),))
     last_tile = ir.TiledLoop(
         tail_start, ir.Affine.var(tiled.var) + ir.Affine.var(tiled.count), width,
-        tail_count, "reduction", (
-            ir.Loop(tail_lane, ir.Affine.var(tail_count), "vectorised", (
+        tail_count, LoopKind.REDUCTION, (
+            ir.Loop(tail_lane, ir.Affine.var(tail_count), LoopKind.VECTORISED, (
                 dataclasses.replace(step, name=tail, value=partial(step.value),
                                     lane=tail_lane),), simd=True),),
         start=ir.Affine.var(tiled.var))
     # lanes - count <= 0: a full tile (the likely side)
     is_full = ir.Affine(((tiled.count, -1),), lanes)
-    fold_rows = ir.Loop(row, ir.Affine(const=_ROWS), "reduction", (
-        ir.Loop(lane, ir.Affine(const=width), "vectorised", (
+    fold_rows = ir.Loop(row, ir.Affine(const=_ROWS), LoopKind.REDUCTION, (
+        ir.Loop(lane, ir.Affine(const=width), LoopKind.VECTORISED, (
             ir.Accumulate(tail, op, ir.AccValue(acc, op, lane=lane, row=row), lane=lane),),
             simd=True),))
     return [dataclasses.replace(declare, lanes=width, rows=_ROWS),

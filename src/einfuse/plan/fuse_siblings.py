@@ -42,6 +42,7 @@ from dataclasses import dataclass
 from typing import FrozenSet, List, Optional, Sequence, Tuple
 
 from .. import ir
+from ..ir import BinaryOp, Function, Policy, ReduceOp
 from .fuse_sums import GUARD_INT, MergedSums, substitute_affine
 
 
@@ -146,8 +147,10 @@ def _guard(extent: ir.Affine, first: ir.Affine, shared_loop: str) -> Optional[ir
 # loop scalar, and an int64 index or a strided read can make GCC take fewer lanes; in
 # a merged loop either would change every member's vector width -- the lanes, so the
 # bits, of a sum, and the speed of every loop.
-_INLINE_OPS = ("+", "-", "*", "/", "<", "<=", ">", ">=", "==", "!=", "&", "|")
-_INLINE_CALLS = ("min", "max", "where", "abs", "relu", "sign", "sqrt")
+_INLINE_OPS = (BinaryOp.ADD, BinaryOp.SUB, BinaryOp.MUL, BinaryOp.DIV, BinaryOp.LT, BinaryOp.LE,
+               BinaryOp.GT, BinaryOp.GE, BinaryOp.EQ, BinaryOp.NE, BinaryOp.AND, BinaryOp.OR)
+_INLINE_CALLS = (Function.MIN, Function.MAX, Function.WHERE, Function.ABS, Function.RELU,
+                 Function.SIGN, Function.SQRT)
 
 
 def _vectorises(loop: ir.Loop) -> bool:
@@ -179,23 +182,23 @@ def _inline(node: ir.Expr, counter: str) -> bool:
     if isinstance(node, ir.AccValue):
         # a finished accumulator in the working dtype (not a position, not a log)
         return node.lane is None and node.row is None and \
-            node.op in ("sum", "prod", "max", "min")
+            node.op in (ReduceOp.SUM, ReduceOp.PROD, ReduceOp.MAX, ReduceOp.MIN)
     if isinstance(node, ir.Load):
         return not node.is_index and node.fill is None and \
-            all(s.policy == "none" and not s.gathers and not s.quasi
+            all(s.policy == Policy.NONE and not s.gathers and not s.quasi
                 for s in node.subscripts) and \
             _contiguous([s.affine for s in node.subscripts],
                         [s.stride for s in node.subscripts], counter)
     if isinstance(node, ir.Unary):
         return _inline(node.operand, counter)
     if isinstance(node, ir.Binary):
-        if node.op == "**":
+        if node.op == BinaryOp.POW:
             return node.right == ir.Const(2) and _inline(node.left, counter)
         return node.op in _INLINE_OPS and _inline(node.left, counter) and \
             _inline(node.right, counter)
     if isinstance(node, ir.Call):
-        if node.func == "pow":
-            return _inline(ir.Binary("**", *node.args), counter)
+        if node.func == Function.POW:
+            return _inline(ir.Binary(BinaryOp.POW, *node.args), counter)
         return node.func in _INLINE_CALLS and all(_inline(a, counter) for a in node.args)
     return False
 
@@ -229,19 +232,19 @@ class _RowSum:
 def _row_sum(declare, branch, shared_loop: str) -> Optional[_RowSum]:
     """A sum whose short side is one SIMD reduction loop of its own accumulator
     (plan/sums.py), or None."""
-    if not isinstance(declare, ir.DeclareAcc) or declare.op != "sum" or \
+    if not isinstance(declare, ir.DeclareAcc) or declare.op != ReduceOp.SUM or \
             declare.lanes is not None or declare.rows is not None or \
             not isinstance(branch, ir.Branch) or len(branch.small) != 1:
         return None
     loop = branch.small[0]
     if not isinstance(loop, ir.Loop) or not loop.simd or loop.start is not None or \
-            loop.reductions != ((declare.name, "sum"),) or \
+            loop.reductions != ((declare.name, ReduceOp.SUM),) or \
             branch.extents != (loop.extent,) or shared_loop in loop.extent.names:
         return None
     for statement in loop.body:
         if not isinstance(statement, ir.Let) and not (
                 isinstance(statement, ir.Accumulate) and statement.name == declare.name and
-                statement.op == "sum" and statement.lane is None and
+                statement.op == ReduceOp.SUM and statement.lane is None and
                 statement.row is None and not statement.position):
             return None
     if not _vectorises(loop):

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from typing import List, Optional, Tuple
 
 from .. import ir
+from ..ir import Policy, ReduceOp
 
 # the runtime int that holds the guards' verdict (0: every merged loop applies)
 GUARD_INT = "fsum_off"
@@ -69,16 +70,16 @@ def _merge(producer, declare, branch, shared_loop: str, value_name: str):
     """(statements, guards) replacing ``producer, declare, branch``, or None."""
     store = _row_store(producer, shared_loop)
     if store is None or not isinstance(declare, ir.DeclareAcc) or \
-            declare.op != "sum" or declare.lanes is not None or \
+            declare.op != ReduceOp.SUM or declare.lanes is not None or \
             not isinstance(branch, ir.Branch) or len(branch.small) != 1:
         return None
     loop = branch.small[0]
     if not isinstance(loop, ir.Loop) or not loop.simd or loop.start is not None or \
-            loop.reductions != ((declare.name, "sum"),) or len(loop.body) != 1:
+            loop.reductions != ((declare.name, ReduceOp.SUM),) or len(loop.body) != 1:
         return None
     accumulate = loop.body[0]
     if not isinstance(accumulate, ir.Accumulate) or accumulate.name != declare.name or \
-            accumulate.op != "sum" or accumulate.lane is not None or \
+            accumulate.op != ReduceOp.SUM or accumulate.lane is not None or \
             accumulate.row is not None or accumulate.position:
         return None
     load = accumulate.value
@@ -87,7 +88,7 @@ def _merge(producer, declare, branch, shared_loop: str, value_name: str):
         return None
     row, column = load.subscripts
     if row.gathers or column.gathers or row.quasi or column.quasi or \
-            row.policy != "none" or column.policy != "none" or \
+            row.policy != Policy.NONE or column.policy != Policy.NONE or \
             row.stride is None or column.stride is not None:
         return None
     row_offset = row.affine + ir.Affine.var(shared_loop, -1)
