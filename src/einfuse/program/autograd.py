@@ -18,6 +18,7 @@ are those of the statements."""
 from __future__ import annotations
 
 import threading
+import warnings
 from dataclasses import dataclass, field
 from typing import Dict, Optional, Sequence, Tuple
 
@@ -101,7 +102,7 @@ class PreparedCall:
         saved = {name: env[name] for name in self.kept}
         if self.shaped:
             if self._placeholders is None:
-                self._placeholders = {n: placeholder(env[n]) for n in self.shaped}
+                self._placeholders = _shaped_like(self.kernels, env, self.shaped)
             saved.update(self._placeholders)
         saved.update(arrays)
         return saved
@@ -158,6 +159,27 @@ class PreparedCall:
                 self._backwards.clear()
             self._backwards[key] = found
         return found
+
+
+def _shaped_like(kernels, env: Dict[str, object], names) -> Dict[str, object]:
+    """Placeholders of ``names`` (intermediates the backward needs the shape of).  The
+    forward ran keeping only outputs and saved names, so an intermediate of a fused
+    group (a per-thread row) never reached ``env``: its shape and dtype come from
+    binding its statement on placeholders of what it reads, as the statement's own
+    run would have given them."""
+    shapes = {name: placeholder(value) for name, value in env.items()}
+    for kernel in kernels:
+        if all(name in shapes for name in names):
+            break
+        output = kernel.spec.output
+        if output in shapes:
+            continue
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            call = kernel.bind(arrays={n: shapes[n] for n in kernel.spec.arg_order})
+        shapes[output] = np.broadcast_to(np.zeros((), call.dtypes.result),
+                                         call.output_shape)
+    return {name: shapes[name] for name in names}
 
 
 def _shares(value, arrays) -> bool:
