@@ -36,3 +36,58 @@ def test_an_intermediate_the_backward_needs_the_shape_of_may_live_inside_a_fused
         torch.testing.assert_close(out, formula(X, W))
         for a, b in zip(got, want):
             torch.testing.assert_close(a, b)
+
+
+# -- JAX: one custom_jvp per program -----------------------------------------------------
+
+@pytest.fixture
+def jax64():
+    jax = pytest.importorskip("jax")
+    previous = jax.config.jax_enable_x64
+    jax.config.update("jax_enable_x64", True)
+    yield jax
+    jax.config.update("jax_enable_x64", previous)
+
+
+def test_jax_grad_with_respect_to_a_python_number(jax64):
+    """jax.grad of a Python float reaches the tangent's transpose as JAX's literal
+    (TypedFloat: a float with a dtype, no shape): AttributeError 'shape'."""
+    jnp = jax64.numpy
+    x = jnp.asarray(np.random.default_rng(0).standard_normal(5))
+    program = ef.compile("s[] := sum[i](x[i]*x[i])\nt[] := s[]*c")
+    got = jax64.grad(lambda x, c: program(x=x, c=c), (0, 1))(x, 2.0)
+    np.testing.assert_allclose(got[0], 4 * x)
+    np.testing.assert_allclose(got[1], jnp.sum(x * x))
+    zero_d = ef.compile("T[] := a[]*2\ny[i] := T[]*x[i]")
+    got = jax64.grad(lambda a: jnp.sum(jnp.sin(zero_d(a=a, x=x))))(1.5)
+    np.testing.assert_allclose(got, jnp.sum(jnp.cos(3 * x) * 2 * x))
+
+
+def test_jax_jvp_with_a_python_number_as_primal(jax64):
+    """jax.jvp hands a Python float primal to the custom_jvp rule as it is:
+    AttributeError 'float' object has no attribute 'dtype'."""
+    jnp = jax64.numpy
+    X = jnp.asarray(np.random.default_rng(1).standard_normal((4, 5)))
+    program = ef.compile("Y[i,j] := X[i,j]*c\nz[i] := sum[j](exp(Y[i,j]))")
+    got = jax64.jvp(lambda c: program(X=X, c=c), (0.5,), (1.0,))
+    want = jax64.jvp(lambda c: jnp.exp(X * c).sum(1), (0.5,), (1.0,))
+    for a, b in zip(got, want):
+        np.testing.assert_allclose(a, b, rtol=1e-12)
+    softmax = ef.compile("P[i,j] := exp(c*X[i,j] - max[k](c*X[i,k])) / "
+                         "sum[k](exp(c*X[i,k] - max[l](c*X[i,l])))")
+    got = jax64.jvp(lambda c: softmax(X=X, c=c), (0.5,), (1.0,))
+    want = jax64.jvp(lambda c: jax64.nn.softmax(c * X, axis=1), (0.5,), (1.0,))
+    for a, b in zip(got, want):
+        np.testing.assert_allclose(a, b, rtol=1e-10, atol=1e-12)
+
+
+def test_jax_a_python_number_for_an_array_under_grad_is_a_shape_error(jax64):
+    """A Python float given for ``b[j]`` under jax.grad reached the statement's impl as
+    JAX's literal and raised AttributeError instead of the ShapeError it gets eagerly."""
+    jnp = jax64.numpy
+    program = ef.compile("mu[i] := mean[j](X[i,j])\n"
+                         "Y[i,j] := (X[i,j]-mu[i]) * g[j] + b[j]")
+    X = jnp.ones((4, 5))
+    from einfuse.errors import ShapeError
+    with pytest.raises(ShapeError, match="b has 0 axes"):
+        jax64.grad(lambda X: jnp.sum(program(X=X, g=jnp.ones(5), b=0.5)))(X)

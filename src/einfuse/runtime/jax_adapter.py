@@ -133,7 +133,19 @@ def _abstract(*avals, statement, options, names, route):
     return jax.core.ShapedArray(struct.shape, struct.dtype)
 
 
+def unliteral(value):
+    """``value``, or a JAX array of it where it is one of JAX's literals: a weakly typed
+    0-d value that JAX hands to a primitive's impl, or to a custom_jvp rule evaluated
+    eagerly, as a Python number subclass with a dtype but no shape (``TypedFloat``),
+    which binding would take for an array and fail to read the shape of."""
+    if isinstance(value, (int, float, complex)) and \
+            type(value).__module__.startswith("jax"):
+        return jnp.asarray(value)
+    return value
+
+
 def _impl(*values, statement, options, names, route):
+    values = tuple(unliteral(v) for v in values)
     if route == "device":   # compiled through the lowering below, as under jit
         return _jitted(statement, options, names, route)(*values)
     kernel = _kernel(statement, options)

@@ -37,6 +37,7 @@ from ..errors import EinfuseError
 from ..program.backward_run import PLANS_KEPT, BackwardRun
 from ..schedule import run_statements
 from .frameworks import placeholder
+from .jax_adapter import unliteral
 
 try:
     from jax.extend.core import Primitive
@@ -93,7 +94,8 @@ class ProgramRule:
 
     def run(self, env: Dict[str, object]) -> Dict[str, object]:
         """``env`` with every statement's result, each statement an einfuse primitive."""
-        env = dict(env)
+        # (a weakly typed number traced by a transformation may come as JAX's literal)
+        env = {name: unliteral(value) for name, value in env.items()}
         run_statements(self.kernels, env, "jax", keep=None)
         return env
 
@@ -130,6 +132,10 @@ def _differentiable(rule: ProgramRule, names: Tuple[str, ...], constants: Tuple)
     function = jax.custom_jvp(run)
 
     def jvp(primals, tangents):
+        # jax.jvp hands a Python number it was given as a primal to this rule as it is
+        # (no dtype): a weakly typed JAX scalar, as a traced one would be
+        primals = tuple(jnp.asarray(p) if isinstance(p, (int, float, complex)) else p
+                        for p in primals)
         env = rule.run(dict(constants, **dict(zip(names, primals))))
         outputs = tuple(env[name] for name in rule.outputs)
         live = tuple(name for name, value, tangent in zip(names, primals, tangents)
@@ -199,6 +205,7 @@ def _transpose(cotangents, *operands, rule, residuals, live, constants, inputs):
     """The inputs' cotangents by the program's backward: its statements, each an
     einfuse primitive again."""
     env, _ = _split(operands, residuals, live)
+    env = {name: unliteral(value) for name, value in env.items()}
     env.update(constants)
     backward = rule.backward(live)
     flowing = iter(cotangents)
@@ -208,15 +215,17 @@ def _transpose(cotangents, *operands, rule, residuals, live, constants, inputs):
             env[seed] = jnp.zeros(np.shape(value), jnp.float32)
             continue
         cotangent = next(flowing)
-        env[seed] = jnp.zeros(value.shape, value.dtype) if type(cotangent) is ad.Zero \
+        env[seed] = jnp.zeros(np.shape(value), value.dtype) if type(cotangent) is ad.Zero \
             else cotangent
     found = rule.plan(live, env)(env)
     result = []
     for name in live:
         like = env[name]
         value = found.get(name)
+        # np.shape: a weakly typed Python number differentiated eagerly reaches here as
+        # JAX's literal (a float subclass with a dtype but no shape)
         result.append(None if value is None else
-                      jnp.asarray(value).astype(like.dtype).reshape(like.shape))
+                      jnp.asarray(value).astype(like.dtype).reshape(np.shape(like)))
     return [None] * len(residuals) + result
 
 
