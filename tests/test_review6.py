@@ -38,6 +38,30 @@ def test_an_intermediate_the_backward_needs_the_shape_of_may_live_inside_a_fused
             torch.testing.assert_close(a, b)
 
 
+@pytest.mark.parametrize("source", [
+    "T[i,j] := X[i,j] + b[j]\nY[i,j] := T[i,j]*2",          # a program: one node
+    "P[i,j] := exp(X[i,j]*b[j] - max[k](X[i,k]*b[k])) / "
+    "sum[k](exp(X[i,k]*b[k] - max[l](X[i,l]*b[l])))",         # its hoisted form
+    "Y[i,j] := X[i,j] + b[j]",                               # a statement's node
+])
+def test_an_inference_tensor_beside_one_that_needs_a_gradient(source):
+    """Every tensor of the call was saved for torch's version check, and torch refuses
+    to save an inference tensor: a raw RuntimeError for a valid computation (torch's
+    own ``X + b`` runs)."""
+    with torch.inference_mode():
+        X = torch.randn(70, 64, dtype=torch.float64)
+    b = torch.randn(64, dtype=torch.float64, requires_grad=True)
+    program = ef.compile(source)
+    formula = (lambda X, b: torch.softmax(X * b, 1)) if "exp" in source else \
+        (lambda X, b: (X + b) * 2) if "*2" in source else (lambda X, b: X + b)
+    for create_graph in (False, False, True):
+        out = program(X=X, b=b)
+        seed = torch.randn_like(out)
+        (got,) = torch.autograd.grad(out, b, seed, create_graph=create_graph)
+        (want,) = torch.autograd.grad(formula(X.clone(), b), b, seed)
+        torch.testing.assert_close(got, want)
+
+
 # -- JAX: one custom_jvp per program -----------------------------------------------------
 
 @pytest.fixture

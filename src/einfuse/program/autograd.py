@@ -31,6 +31,7 @@ from ..lang.ast import reductions
 from ..runtime.frameworks import contiguous, is_functorch_tensor, placeholder, to_numpy
 from ..schedule import run_statements
 from ..runtime.repeat import signature_of
+from ..runtime.torch_autograd import save_tensors, saved_tensors
 from .backward_run import PLANS_KEPT, BackwardRun
 
 _FLOATS = (torch.float32, torch.float64)
@@ -215,13 +216,13 @@ class ProgramFunction(torch.autograd.Function):
             if not tensor.dtype.is_floating_point:
                 ctx.mark_non_differentiable(tensor)
         ctx.state, ctx.saved = state, saved
-        ctx.save_for_backward(*tensors, *read)
+        save_tensors(ctx, (*tensors, *read))     # (an inference tensor is held as it is)
         return tuple(results)
 
     @staticmethod
     def backward(ctx, *grads):
         prepared, arrays = ctx.state
-        tensors = ctx.saved_tensors
+        tensors = saved_tensors(ctx)
         count = len(prepared.names)
         wanted = ctx.needs_input_grad[1:1 + count]
         extra = (None,) * len(prepared.others)

@@ -36,6 +36,31 @@ def differentiable_names(call) -> List[str]:
     return result
 
 
+def save_tensors(ctx, tensors) -> None:
+    """``ctx.save_for_backward(*tensors)`` but for inference tensors (made under
+    ``torch.inference_mode``), which torch refuses to save (a raw RuntimeError) although
+    a computation that reads one is valid where nothing needs its gradient; they have no
+    version counter to check either, so the node holds them as they are, and
+    :func:`saved_tensors` gives all of them back in order."""
+    inference = [t.is_inference() for t in tensors]
+    if any(inference):
+        ctx.inference = tuple(t if held else None for t, held in zip(tensors, inference))
+        ctx.save_for_backward(*[t for t, held in zip(tensors, inference) if not held])
+    else:
+        ctx.inference = None
+        ctx.save_for_backward(*tensors)
+
+
+def saved_tensors(ctx) -> Tuple:
+    """The tensors given to :func:`save_tensors`, in order (torch's version check
+    applied to those it saved)."""
+    saved = ctx.saved_tensors
+    if ctx.inference is None:
+        return saved
+    rest = iter(saved)
+    return tuple(next(rest) if t is None else t for t in ctx.inference)
+
+
 @dataclass(frozen=True)
 class _Forward:
     """What the backward needs of one call: the statement and its options, the
@@ -68,7 +93,7 @@ class EinfuseFunction(torch.autograd.Function):
         result = state.run_forward()
         if not isinstance(result, torch.Tensor):   # (else already a tensor on its device)
             result = torch.from_numpy(contiguous(result)).to(inputs[0].device)
-        ctx.save_for_backward(*inputs, *others, *([result] if state.keeps_output else []))
+        save_tensors(ctx, (*inputs, *others, *([result] if state.keeps_output else [])))
         return result
 
     @staticmethod
@@ -81,7 +106,7 @@ class EinfuseFunction(torch.autograd.Function):
             # create_graph=True: the statements run on the tensors that carry the
             # graph (the saved inputs, grad_output), so torch records them in turn
             arrays = dict(state.sources)
-            arrays.update(zip(names, ctx.saved_tensors))
+            arrays.update(zip(names, saved_tensors(ctx)))
             grad = grad_output
         elif state.on_device:   # the statements run as Triton kernels where dOUT is
             arrays = {name: value.detach() if isinstance(value, torch.Tensor)
@@ -90,10 +115,10 @@ class EinfuseFunction(torch.autograd.Function):
         else:           # C / NumPy kernels on host arrays (no copy on the CPU)
             arrays, grad = dict(state.arrays()), to_numpy(grad_output)
             if state.keeps_output:
-                output = to_numpy(ctx.saved_tensors[-1])
+                output = to_numpy(saved_tensors(ctx)[-1])
         found = gradients.compute_gradients(state.statement, state.options, arrays,
                                             grad, wanted, output)
-        return (None,) + input_gradients(found, names, ctx.saved_tensors)
+        return (None,) + input_gradients(found, names, saved_tensors(ctx))
 
 
 def input_gradients(found: Mapping[str, object], names, tensors) -> Tuple:

@@ -33,7 +33,7 @@ from ..lang.ast import Access
 from . import gradients
 from .frameworks import to_numpy
 from .repeat import BY_NAME, signature_of
-from .torch_autograd import differentiable_names, input_gradients
+from .torch_autograd import differentiable_names, input_gradients, save_tensors, saved_tensors
 
 # Prepared backwards kept per forward signature: one per layout (strides) of dOUT.
 LAYOUTS_KEPT = 8
@@ -301,12 +301,12 @@ class PreparedFunction(torch.autograd.Function):
         # argument of apply)
         ctx.state = state
         result = torch.from_numpy(state[0].run_forward(state[1]))
-        ctx.save_for_backward(*tensors, *([result] if state[0].keeps_output else []))
+        save_tensors(ctx, (*tensors, *([result] if state[0].keeps_output else [])))
         return result
 
     @staticmethod
     def backward(ctx, grad_output):
-        saved = ctx.saved_tensors       # (the version check)
+        saved = saved_tensors(ctx)       # (the version check)
         prepared, arrays = ctx.state
         names = prepared.recorded
         output = None
