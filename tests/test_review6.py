@@ -62,6 +62,32 @@ def test_an_inference_tensor_beside_one_that_needs_a_gradient(source):
         torch.testing.assert_close(got, want)
 
 
+@pytest.mark.parametrize("source", [
+    "T[i,j] := X[i,j]*g[j]\nY[i,j] := T[i,j]*2",
+    "P[i,j] := exp(X[i,j] - max[k](X[i,k])) / sum[k](exp(X[i,k] - max[l](X[i,l])))",
+    "Y[i,j] := X[i,j]*g[j]",
+])
+@pytest.mark.parametrize("requires_grad", [False, True])
+def test_a_forward_mode_dual_tensor_is_refused_not_its_tangent_dropped(source,
+                                                                       requires_grad):
+    """torch.autograd.forward_ad: the kernels read a dual tensor's values, so the
+    result came back with no tangent at all (a silently wrong jvp), or, recorded, as
+    torch's raw NotImplementedError (no jvp on the Function); also after calls of the
+    same signature prepared the fast paths."""
+    import torch.autograd.forward_ad as forward_ad
+    program = ef.compile(source)
+    X = torch.randn(70, 64, dtype=torch.float64, requires_grad=requires_grad)
+    g = torch.randn(64, dtype=torch.float64)
+    inputs = dict(X=X, g=g) if "g[" in source else dict(X=X)
+    for _ in range(2):
+        program(**inputs)
+    with forward_ad.dual_level():
+        dual = forward_ad.make_dual(X, torch.ones_like(X))
+        with pytest.raises(ef.EinfuseError, match="X carries a forward-mode tangent"):
+            program(**dict(inputs, X=dual))
+        program(**inputs)       # a plain tensor inside the level runs as before
+
+
 # -- JAX: one custom_jvp per program -----------------------------------------------------
 
 @pytest.fixture

@@ -28,7 +28,8 @@ import torch
 from ..autodiff.backward import Backward, backward_program
 from ..errors import EinfuseError
 from ..lang.ast import reductions
-from ..runtime.frameworks import contiguous, is_functorch_tensor, placeholder, to_numpy
+from ..runtime.frameworks import (contiguous, has_tangent, is_functorch_tensor, placeholder,
+                                  to_numpy)
 from ..schedule import run_statements
 from ..runtime.repeat import signature_of
 from ..runtime.torch_autograd import save_tensors, saved_tensors
@@ -367,6 +368,7 @@ def _run_recorded(owner: ProgramAutograd, kernels: Sequence, env: Dict[str, obje
         if isinstance(value, torch.Tensor):
             if value.device.type != "cpu" or value.layout != torch.strided or \
                     value.is_nested or is_functorch_tensor(value) or value.is_complex() or \
+                    has_tangent(value) or \
                     (value.dtype.is_floating_point and value.dtype not in _FLOATS):
                 return None
             if value.requires_grad and value.dtype in _FLOATS:
