@@ -88,6 +88,29 @@ def test_a_forward_mode_dual_tensor_is_refused_not_its_tangent_dropped(source,
         program(**inputs)       # a plain tensor inside the level runs as before
 
 
+def test_a_repeated_recorded_hoisted_statement_falls_back_to_the_statement_as_written():
+    """The hoisted runner's prepared autograd call ran outside the fallback that its
+    own hoisted run has: an index array that only the hoisted temporary reads (``x``
+    empty: the statement reads no ``A[I[k]]``) raised OutOfBoundsError naming the
+    temporary ``h1 := max[k](A[I[k]])`` on a repeated call, where the first call (and
+    NumPy) give the empty result; an index the statement does read was reported with
+    the temporary's text instead of the statement's."""
+    kernel = ef.compile("y[i] := x[i] * max[k](A[I[k]])")
+    x = torch.randn(0, dtype=torch.float64, requires_grad=True)
+    A = torch.randn(5, dtype=torch.float64, requires_grad=True)
+    for _ in range(2):
+        kernel(x=x, A=A, I=torch.tensor([0, 1, 2]))
+    assert kernel(x=x, A=A, I=torch.tensor([0, 9, 2])).shape == (0,)
+    softmax = ef.compile("P[i,j] := exp(A[I[i],j] - max[k](A[I[i],k])) / "
+                         "sum[k](exp(A[I[i],k] - max[l](A[I[i],l])))")
+    A = torch.randn(6, 5, dtype=torch.float64, requires_grad=True)
+    for _ in range(2):
+        softmax(A=A, I=torch.tensor([0, 1, 2, 5]))
+    from einfuse.errors import OutOfBoundsError
+    with pytest.raises(OutOfBoundsError, match=r"(?s)I\[3\] = 11.*P\[i,j\] := exp"):
+        softmax(A=A, I=torch.tensor([0, 1, 2, 11]))
+
+
 # -- JAX: one custom_jvp per program -----------------------------------------------------
 
 @pytest.fixture

@@ -161,11 +161,14 @@ def _hoisted_runner(kernel, form, call):
     recorded = []
 
     def repeat(named):
-        if recorded:
-            result = recorded[0].apply(named)
-            if result is not None:
-                return result[0]
         try:
+            # (inside the try: the prepared call runs the hoisted form too, whose error
+            # -- an index its temporary reads that the statement never does -- is not
+            # the statement's; the statement as written then reports or succeeds)
+            if recorded:
+                result = recorded[0].apply(named)
+                if result is not None:
+                    return result[0]
             result = form.run(kernels, named, framework)
             if framework == TORCH and not recorded:
                 recorded.extend(form.recorded_calls(kernels, named))
