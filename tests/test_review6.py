@@ -164,3 +164,21 @@ def test_jax_a_python_number_for_an_array_under_grad_is_a_shape_error(jax64):
     from einfuse.errors import ShapeError
     with pytest.raises(ShapeError, match="b has 0 axes"):
         jax64.grad(lambda X: jnp.sum(program(X=X, g=jnp.ones(5), b=0.5)))(X)
+
+
+def test_jax_jit_of_a_hoisted_statement_keeps_a_weak_scalars_promotion(jax64):
+    """Under jax.jit a Python float parameter is a weakly typed tracer; the hoisted
+    form was chosen by binding its placeholder (a strong float64), so float32 inputs
+    gave a float64 result under jit (float32 eagerly, in a program, and in jax.numpy)."""
+    jnp = jax64.numpy
+    X = jnp.asarray(np.random.default_rng(2).standard_normal((4, 5)), jnp.float32)
+    softmax = ef.compile("P[i,j] := exp(c*X[i,j] - max[k](c*X[i,k])) / "
+                         "sum[k](exp(c*X[i,k] - max[l](c*X[i,l])))")
+    variance = ef.compile("y[i] := sum[j]((X[i,j] - mean[k](X[i,k]))**2) * c")
+    for ours, formula in ((lambda X, c: softmax(X=X, c=c),
+                           lambda X, c: jax64.nn.softmax(c * X, axis=1)),
+                          (lambda X, c: variance(X=X, c=c),
+                           lambda X, c: ((X - X.mean(1, keepdims=True)) ** 2).sum(1) * c)):
+        got = jax64.jit(ours)(X, 0.5)
+        assert got.dtype == formula(X, 0.5).dtype == jnp.float32
+        np.testing.assert_allclose(got, formula(X, 0.5), rtol=1e-5, atol=1e-6)

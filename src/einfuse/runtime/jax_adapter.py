@@ -78,6 +78,17 @@ def _is_weak(value) -> bool:
     return False
 
 
+def stand_in(kernel, name: str, value):
+    """What binding reads of ``value`` for the statement's ``name``: a placeholder of its
+    shape and dtype, but a Python number of its kind for a scalar parameter of weak
+    type (traced from a Python number), which promotes weakly as the number does
+    (``float32 * 2.5`` stays float32) where a placeholder's float64 would not."""
+    if name in kernel.spec.params and _is_weak(value) and \
+            not isinstance(value, (bool, int, float)):
+        return {"b": False, "f": 0.0}.get(np.dtype(value.dtype).kind, 0)
+    return placeholder(value)
+
+
 def _jax_values(kernel, names, named) -> tuple:
     """The inputs as JAX arrays.  A scalar parameter given as a Python number (or traced
     from one) promotes weakly, as on NumPy arrays and in jax.numpy (``float32 * 2.5``

@@ -137,9 +137,11 @@ class Kernel:
                 if common_framework(named) == JAX:
                     form = self.hoisted_form
                     if form is not None and self.spec.assign == ":=":
+                        # (a weakly typed scalar parameter stands in as a Python number,
+                        # so the hoisted kernels have the dtypes the statement has)
                         done, result = run_hoisted(form, self.bind(**{
-                            name: placeholder(v) for name, v in named.items()}), named,
-                            JAX)
+                            name: jax_adapter.stand_in(self, name, v)
+                            for name, v in named.items()}), named, JAX)
                         if done:
                             return result
                     return jax_adapter.call(self, named)
