@@ -182,3 +182,17 @@ def test_jax_jit_of_a_hoisted_statement_keeps_a_weak_scalars_promotion(jax64):
         got = jax64.jit(ours)(X, 0.5)
         assert got.dtype == formula(X, 0.5).dtype == jnp.float32
         np.testing.assert_allclose(got, formula(X, 0.5), rtol=1e-5, atol=1e-6)
+
+
+def test_jax_grad_of_a_program_given_a_python_list(jax64):
+    """A list is an array to einfuse (eagerly and statement by statement under grad),
+    but the program's custom_jvp took it for a constant, a parameter of its tangent
+    primitive, which JAX must hash: a raw TypeError 'not hashable'."""
+    jnp = jax64.numpy
+    program = ef.compile("T[i,j] := X[i,j]*W[j]\ny[i] := sum[j](exp(T[i,j]))")
+    X = jnp.asarray(np.random.default_rng(3).standard_normal((4, 5)))
+    W = [0.5, -1.0, 2.0, 0.0, 1.5]
+    want = jax64.grad(lambda X: jnp.sum(jnp.exp(X * jnp.asarray(W)).sum(1)))(X)
+    np.testing.assert_allclose(jax64.grad(lambda X: jnp.sum(program(X=X, W=W)))(X), want)
+    np.testing.assert_allclose(
+        jax64.jit(jax64.grad(lambda X: jnp.sum(program(X=X, W=tuple(W)))))(X), want)

@@ -108,6 +108,9 @@ def recorded(holder, kernels: Sequence, env: Dict[str, object], outputs: Sequenc
     Program, a HoistedForm) keeps the derived backwards across calls."""
     if any(k.spec.assign != ":=" for k in kernels):
         return None
+    # nested lists of numbers are arrays (as the statements read them): JAX arrays here,
+    # since the other values are the tangent primitive's parameters, which JAX hashes
+    env = {name: _listed(value) for name, value in env.items()}
     arrays = tuple(name for name, value in env.items()
                    if isinstance(value, (jax.Array, jax.core.Tracer)))
     if not any(jnp.issubdtype(env[name].dtype, jnp.inexact) for name in arrays) or \
@@ -118,8 +121,23 @@ def recorded(holder, kernels: Sequence, env: Dict[str, object], outputs: Sequenc
     if rule is None:
         rule = rules[id(kernels)] = ProgramRule(kernels, tuple(outputs), options)
     constants = tuple((name, value) for name, value in env.items() if name not in arrays)
+    try:
+        hash(constants)
+    except TypeError:       # not a number nor an array: the statements say what it is
+        return None
     function = _differentiable(rule, arrays, constants)
     return function(*[env[name] for name in arrays])
+
+
+def _listed(value):
+    """A (nested) list or tuple of numbers as a JAX array; anything else as it is (a
+    ragged list too: the statements report it)."""
+    if isinstance(value, (list, tuple)):
+        try:
+            return jnp.asarray(value)
+        except (TypeError, ValueError):
+            return value
+    return value
 
 
 def _differentiable(rule: ProgramRule, names: Tuple[str, ...], constants: Tuple):
