@@ -196,3 +196,21 @@ def test_jax_grad_of_a_program_given_a_python_list(jax64):
     np.testing.assert_allclose(jax64.grad(lambda X: jnp.sum(program(X=X, W=W)))(X), want)
     np.testing.assert_allclose(
         jax64.jit(jax64.grad(lambda X: jnp.sum(program(X=X, W=tuple(W)))))(X), want)
+
+
+@pytest.mark.parametrize("framework", ["numpy", "torch", "jax", "jax.grad"])
+def test_a_ragged_list_is_an_error_naming_it(framework):
+    """NumPy (or JAX) could not make an array of it: their raw ValueError came out of
+    binding, for programs and statements alike."""
+    program = ef.compile("T[i,j] := X[i,j]*W[j]\ny[i] := sum[j](exp(T[i,j]))")
+    X = np.ones((4, 2))
+    if framework == "torch":
+        X = torch.ones(4, 2, dtype=torch.float64, requires_grad=True)
+    elif framework.startswith("jax"):
+        jax = pytest.importorskip("jax")
+        X = jax.numpy.ones((4, 2))
+    call = lambda X: program(X=X, W=[1.0, [2.0]])
+    if framework == "jax.grad":
+        call = jax.grad(lambda X: program(X=X, W=[1.0, [2.0]]).sum())
+    with pytest.raises(ef.EinfuseError, match="W cannot be read as an array"):
+        call(X)

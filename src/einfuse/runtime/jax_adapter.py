@@ -94,6 +94,14 @@ def _jax_values(kernel, names, named) -> tuple:
     from one) promotes weakly, as on NumPy arrays and in jax.numpy (``float32 * 2.5``
     stays float32): ``jnp.asarray`` alone would make it a strong float64 or int32, so it
     is cast to the working dtype that the statement has with the number itself."""
+    for name in names:      # a ragged list: an error naming it, not JAX's ValueError
+        if isinstance(named[name], (list, tuple)):
+            try:
+                jnp.asarray(named[name])
+            except (TypeError, ValueError) as error:
+                raise EinfuseTypeError(
+                    f"{name} cannot be read as an array ({error}); pass an array or a "
+                    "nested list of numbers of one shape") from None
     weak = {n for n in kernel.spec.params if _is_weak(named[n])}
     if not weak:
         return tuple(jnp.asarray(named[name]) for name in names)
