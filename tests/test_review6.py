@@ -111,6 +111,43 @@ def test_a_repeated_recorded_hoisted_statement_falls_back_to_the_statement_as_wr
         softmax(A=A, I=torch.tensor([0, 1, 2, 11]))
 
 
+# -- the fused groups' prepared runner ----------------------------------------------------
+
+def test_the_prepared_fused_runner_never_runs_more_threads_than_its_scratch_holds(
+        monkeypatch):
+    """Per-thread rows and column accumulators are made once, for OMP_NUM_THREADS as it
+    was when the runner was prepared, but each call took the free cores as they are
+    now: with OMP_NUM_THREADS raised later on a busy machine, the kernel's extra threads
+    wrote past the scratch (heap corruption: 'double free or corruption')."""
+    from einfuse.backends import c_build, c_call, c_fused_prepared
+    if c_build.find_compiler() is None or c_call.caller() is None:
+        pytest.skip("needs the C backend and its call extension")
+    counts = []
+    real = c_call.caller()
+
+    def caller(entry, arrays, *rest):
+        counts.append(rest[-1])
+        if rest[-1] > 1:      # (running it would corrupt the heap)
+            raise AssertionError(f"{rest[-1]} threads on scratch made for 1")
+        return real(entry, arrays, *rest)
+    monkeypatch.setattr(c_call, "caller", lambda: caller)
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    # e: a per-thread row of the fused group; c: a column sum (per-thread accumulators)
+    program = ef.compile("e[i,j] := exp(X[i,j]*W[j])\ns[i] := sum[j](e[i,j])\n"
+                         "c[j] := sum[i](e[i,j])\ny[i,j] := e[i,j]/s[i] + X[i,j]",
+                         outputs=("y", "c"))
+    X = np.random.default_rng(4).standard_normal((600, 300))
+    W = np.random.default_rng(5).standard_normal(300) * 0.1
+    program(X=X, W=W)                 # prepares the runner: rows for one thread
+    monkeypatch.setenv("OMP_NUM_THREADS", "8")
+    monkeypatch.setattr(c_fused_prepared, "free_threads", lambda: 8)   # cores left now
+    y, c = program(X=X, W=W)
+    assert counts and max(counts) == 1
+    e = np.exp(X * W)
+    np.testing.assert_allclose(y, e / e.sum(1, keepdims=True) + X, rtol=1e-12)
+    np.testing.assert_allclose(c, e.sum(0), rtol=1e-12)
+
+
 # -- JAX: one custom_jvp per program -----------------------------------------------------
 
 @pytest.fixture
