@@ -111,6 +111,37 @@ def test_a_repeated_recorded_hoisted_statement_falls_back_to_the_statement_as_wr
         softmax(A=A, I=torch.tensor([0, 1, 2, 11]))
 
 
+@pytest.mark.parametrize("source", [
+    "T[i] := W[i]*2\ny[i] := exp(T[i])",
+    "y[i] := exp(W[i]*2)",
+    "P[i] := exp(W[i] - max[k](W[k])) / sum[k](exp(W[k] - max[l](W[l])))",
+])
+def test_a_tensor_closed_over_inside_a_torch_func_transform(source):
+    """Inside torch.func.grad even ``W.detach()`` is a wrapper with no storage: reading
+    a closed-over constant raised torch's raw 'Cannot access data pointer of Tensor that
+    doesn't have storage'; one that requires a gradient reached Function.apply's
+    'must override the setup_context staticmethod' (both raw RuntimeErrors)."""
+    program = ef.compile(source)
+    x = torch.randn(5, dtype=torch.float64)
+    formula = (lambda W: torch.softmax(W, 0)) if "max" in source else \
+        (lambda W: torch.exp(W * 2))
+    for requires_grad in (False, True):
+        W = torch.randn(5, dtype=torch.float64, requires_grad=requires_grad)
+        for _ in range(2):      # the first call, then the prepared paths
+            program(W=W)
+        for transform in (torch.func.grad, torch.func.vmap):
+            inputs = x if transform is torch.func.grad else x.expand(3, 5)
+            call = transform(lambda x: (program(W=W) * x).sum())
+            if requires_grad:
+                with pytest.raises(ef.EinfuseError, match="W requires a gradient inside a "
+                                                         "torch.func transform"):
+                    call(inputs)
+            else:
+                want = formula(W) if transform is torch.func.grad else \
+                    (formula(W) * inputs).sum(1)
+                torch.testing.assert_close(call(inputs), want)
+
+
 # -- the fused groups' prepared runner ----------------------------------------------------
 
 def test_the_prepared_fused_runner_never_runs_more_threads_than_its_scratch_holds(

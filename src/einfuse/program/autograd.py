@@ -32,7 +32,7 @@ from ..runtime.frameworks import (contiguous, has_tangent, is_functorch_tensor, 
                                   to_numpy)
 from ..schedule import run_statements
 from ..runtime.repeat import signature_of
-from ..runtime.torch_autograd import save_tensors, saved_tensors
+from ..runtime.torch_autograd import refuse_in_transform, save_tensors, saved_tensors
 from .backward_run import PLANS_KEPT, BackwardRun
 
 _FLOATS = (torch.float32, torch.float64)
@@ -88,6 +88,7 @@ class PreparedCall:
         tensors = [env[name] for name in self.passed]
         if _DIRECT_APPLY is not None and not _transforms_active():
             return _DIRECT_APPLY((self, arrays), *tensors)
+        refuse_in_transform(self.names)
         return ProgramFunction.apply((self, arrays), *tensors)
 
     def run_forward(self, env: Dict[str, object]) -> None:

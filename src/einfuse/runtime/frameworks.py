@@ -93,12 +93,24 @@ def is_functorch_tensor(value) -> bool:
 def to_numpy(value) -> np.ndarray:
     framework = framework_of(value)
     if framework == TORCH:
-        # a lazily negated or conjugated view has no NumPy view: its values, resolved
-        value = value.detach().cpu().resolve_neg().resolve_conj()
-        if is_bfloat16(value):   # NumPy has no bfloat16: computed in float32
-            value = value.float()
-        return value.numpy()
+        torch = sys.modules["torch"]
+        if torch._C._are_functorch_transforms_active():
+            # a plain tensor a function under torch.func.grad closes over: inside the
+            # transform even .detach() gives a wrapper with no storage to read, so its
+            # values are read with the transforms set aside (a wrapped tensor itself
+            # was refused before this, check_torch_layout)
+            with torch._C._DisableFuncTorch():
+                return _torch_numpy(value)
+        return _torch_numpy(value)
     return np.asarray(value)
+
+
+def _torch_numpy(value) -> np.ndarray:
+    # a lazily negated or conjugated view has no NumPy view: its values, resolved
+    value = value.detach().cpu().resolve_neg().resolve_conj()
+    if is_bfloat16(value):   # NumPy has no bfloat16: computed in float32
+        value = value.float()
+    return value.numpy()
 
 
 def numpy_dtype(value) -> np.dtype:

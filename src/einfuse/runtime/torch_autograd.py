@@ -17,6 +17,7 @@ from typing import Callable, List, Mapping, Tuple
 
 import torch
 
+from ..errors import EinfuseTypeError
 from . import gradients
 from .frameworks import contiguous, to_numpy
 
@@ -34,6 +35,18 @@ def differentiable_names(call) -> List[str]:
                 value.dtype.is_floating_point:
             result.append(name)
     return result
+
+
+def refuse_in_transform(names) -> None:
+    """Recording a tensor that requires a gradient inside a torch.func transform (one the
+    function closes over, not the transform's own input, which is refused as a wrapper)
+    needs a Function with torch.func's rules, which einfuse's nodes do not have: torch's
+    raw RuntimeError ('must override the setup_context staticmethod'), said here."""
+    if torch._C._are_functorch_transforms_active():
+        raise EinfuseTypeError(
+            f"{names[0]} requires a gradient inside a torch.func transform (grad, vmap, "
+            "jacrev, ...), which einfuse does not support; detach it, or use "
+            "torch.autograd (backward, torch.autograd.grad) outside the transform")
 
 
 def save_tensors(ctx, tensors) -> None:
@@ -143,5 +156,6 @@ def apply(kernel, call, run_forward, backend_name: str):
     state = _Forward(kernel.statement, call.options, call.sources, arrays, names,
                      run_forward, on_device, not on_device and
                      gradients.reads_output(kernel.statement, call.options, names))
+    refuse_in_transform(names)
     return EinfuseFunction.apply(state, *tensors)
 

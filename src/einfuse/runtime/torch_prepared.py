@@ -33,7 +33,8 @@ from ..lang.ast import Access
 from . import gradients
 from .frameworks import to_numpy
 from .repeat import BY_NAME, signature_of
-from .torch_autograd import differentiable_names, input_gradients, save_tensors, saved_tensors
+from .torch_autograd import (differentiable_names, input_gradients, refuse_in_transform,
+                             save_tensors, saved_tensors)
 
 # Prepared backwards kept per forward signature: one per layout (strides) of dOUT.
 LAYOUTS_KEPT = 8
@@ -370,6 +371,7 @@ def repeat_runner(kernel, call, runner):
         if grad_enabled():
             if apply_directly is not None and not transforms_active():
                 return apply_directly((prepared, arrays), *[named[name] for name in saved])
+            refuse_in_transform(recorded)
             return apply((prepared, arrays), *[named[name] for name in saved])
         return torch.from_numpy(run_forward(arrays))
     return repeat
