@@ -282,3 +282,26 @@ def test_a_ragged_list_is_an_error_naming_it(framework):
         call = jax.grad(lambda X: program(X=X, W=[1.0, [2.0]]).sum())
     with pytest.raises(ef.EinfuseError, match="W cannot be read as an array"):
         call(X)
+
+
+def test_a_programs_gradient_through_argmax_alone_is_the_statements_error():
+    """programs.md 5: asking for a gradient that reaches the result only through argmax
+    (sign, //, %) is an error naming it -- as the one-statement form says, and
+    ef.derive of the program.  The program's torch node and custom_jvp fell back to the
+    statements, whose argmax has an int output: X.grad stayed None (torch), zeros came
+    back (jax.grad)."""
+    from einfuse.errors import NoGradientError
+    program = ef.compile("m[i] := argmax[j](X[i,j])\ny[i] := m[i]*W[i]")
+    for requires_grad in (False, True):
+        X = torch.randn(4, 5, dtype=torch.float64, requires_grad=True)
+        W = torch.randn(4, dtype=torch.float64, requires_grad=requires_grad)
+        with pytest.raises(NoGradientError, match="only through argmax"):
+            program(X=X, W=W)
+    jax = pytest.importorskip("jax")
+    jnp = jax.numpy
+    X, W = jnp.asarray(np.random.default_rng(6).standard_normal((4, 5))), jnp.ones(4)
+    with pytest.raises(NoGradientError, match="only through argmax"):
+        jax.grad(lambda X: jnp.sum(program(X=X, W=W)))(X)
+    # a gradient of W alone is fine: m
+    np.testing.assert_allclose(jax.grad(lambda W: jnp.sum(program(X=X, W=W)))(W),
+                               jnp.argmax(X, axis=1))

@@ -26,7 +26,7 @@ import numpy as np
 import torch
 
 from ..autodiff.backward import Backward, backward_program
-from ..errors import EinfuseError
+from ..errors import EinfuseError, GradientBlockedError
 from ..lang.ast import reductions
 from ..runtime.frameworks import (contiguous, has_tangent, is_functorch_tensor, placeholder,
                                   to_numpy)
@@ -295,6 +295,11 @@ class ProgramAutograd:
             try:
                 backward = backward_program(self.pieces, self.specs, self.outputs, names,
                                             self.options)
+            except GradientBlockedError:
+                # an input that reaches the outputs only through argmax, sign...: the error
+                # a statement gives (a program's statements, each on its own, may not see
+                # it: argmax's int output is no gradient to ask for)
+                raise
             except EinfuseError:     # the statements' own path says what is wrong, later
                 self.backwards[names] = None
             else:

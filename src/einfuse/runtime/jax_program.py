@@ -33,7 +33,7 @@ import numpy as np
 from jax.interpreters import ad, batching, mlir
 
 from ..autodiff.backward import Backward, backward_program
-from ..errors import EinfuseError
+from ..errors import EinfuseError, GradientBlockedError
 from ..program.backward_run import PLANS_KEPT, BackwardRun
 from ..schedule import run_statements
 from .frameworks import placeholder
@@ -75,6 +75,8 @@ class ProgramRule:
                 self._backwards[wrt] = backward_program(
                     [k.statement for k in self.kernels], [k.spec for k in self.kernels],
                     self.outputs, wrt, self.options)
+            except GradientBlockedError:
+                raise       # (through argmax, sign... alone: the statements' own error)
             except EinfuseError:
                 self._backwards[wrt] = None
         return self._backwards[wrt]
