@@ -142,6 +142,28 @@ def test_a_tensor_closed_over_inside_a_torch_func_transform(source):
                 torch.testing.assert_close(call(inputs), want)
 
 
+@pytest.mark.parametrize("source", [
+    "T[i,j] := X[i,j]*2\nY[i,j] := exp(T[i,j])",
+    "P[i,j] := exp(X[i,j] - max[k](X[i,k])) / sum[k](exp(X[i,k] - max[l](X[i,l])))",
+    "Y[i,j] := exp(X[i,j]*2)",
+])
+def test_enable_grad_inside_inference_mode_records_nothing(source):
+    """torch.enable_grad() inside torch.inference_mode turns grad mode on, but torch
+    records nothing there (its results are inference tensors, requires_grad False);
+    einfuse's nodes recorded the call: an inference tensor that requires grad, whose
+    backward then failed."""
+    program = ef.compile(source)
+    X = torch.randn(70, 64, dtype=torch.float64, requires_grad=True)
+    for _ in range(2):
+        program(X=X)          # the first call, then the prepared paths
+    formula = (lambda X: torch.softmax(X, 1)) if "max" in source else \
+        (lambda X: torch.exp(X * 2))
+    with torch.inference_mode(), torch.enable_grad():
+        got, want = program(X=X), formula(X)
+    assert not want.requires_grad and not got.requires_grad
+    torch.testing.assert_close(got, want)
+
+
 # -- the fused groups' prepared runner ----------------------------------------------------
 
 def test_the_prepared_fused_runner_never_runs_more_threads_than_its_scratch_holds(

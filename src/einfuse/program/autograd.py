@@ -32,7 +32,8 @@ from ..runtime.frameworks import (contiguous, has_tangent, is_functorch_tensor, 
                                   to_numpy)
 from ..schedule import run_statements
 from ..runtime.repeat import signature_of
-from ..runtime.torch_autograd import refuse_in_transform, save_tensors, saved_tensors
+from ..runtime.torch_autograd import (recording, refuse_in_transform, save_tensors,
+                                      saved_tensors)
 from .backward_run import PLANS_KEPT, BackwardRun
 
 _FLOATS = (torch.float32, torch.float64)
@@ -246,7 +247,8 @@ def _direct_apply():
 
 _DIRECT_APPLY = _direct_apply()
 _transforms_active = torch._C._are_functorch_transforms_active
-_grad_enabled = torch.is_grad_enabled
+# (inside inference_mode, enable_grad() records nothing either: recording)
+_grad_enabled = recording
 
 
 def _differentiable_backward(prepared: PreparedCall, arrays, tensors, grads, wanted):
@@ -362,7 +364,7 @@ def _run_recorded(owner: ProgramAutograd, kernels: Sequence, env: Dict[str, obje
                   backend: str) -> Optional[Tuple]:
     # a repeated call (same names, shapes, dtypes, strides, requires_grad on CPU) goes
     # straight to its prepared call: the checks below passed for its signature already
-    grad = torch.is_grad_enabled()
+    grad = _grad_enabled()
     signature = signature_of(env) if grad else None
     prepared = owner.calls.get(signature) if signature is not None else None
     if prepared is not None:

@@ -151,7 +151,7 @@ class Kernel:
         grad = False
         if call.framework == TORCH:
             from . import torch_autograd
-            if torch_autograd.torch.is_grad_enabled():
+            if torch_autograd.recording():
                 if self.spec.assign != ":=":
                     _refuse_unrecorded_write(self.spec, call, self.statement)
                 grad = bool(torch_autograd.differentiable_names(call))

@@ -178,7 +178,7 @@ def _hoisted_runner(kernel, form, call):
             bound = kernel.bind(arrays=named)
             if framework == TORCH:     # recorded by autograd, as the full path records it
                 from . import torch_autograd
-                if torch_autograd.torch.is_grad_enabled() and \
+                if torch_autograd.recording() and \
                         torch_autograd.differentiable_names(bound):
                     return torch_autograd.apply(kernel, bound, lambda: kernel.run(bound),
                                                 _backend_name(kernel.options.backend, bound))

@@ -33,8 +33,8 @@ from ..lang.ast import Access
 from . import gradients
 from .frameworks import to_numpy
 from .repeat import BY_NAME, signature_of
-from .torch_autograd import (differentiable_names, input_gradients, refuse_in_transform,
-                             save_tensors, saved_tensors)
+from .torch_autograd import (differentiable_names, input_gradients, recording,
+                             refuse_in_transform, save_tensors, saved_tensors)
 
 # Prepared backwards kept per forward signature: one per layout (strides) of dOUT.
 LAYOUTS_KEPT = 8
@@ -360,7 +360,8 @@ def repeat_runner(kernel, call, runner):
     shapes = {name: (tuple(call.sources[name].shape), call.sources[name].dtype)
               for name in recorded}
     prepared = PreparedAutograd(kernel, call.options, recorded, saved, run_forward, shapes)
-    apply, grad_enabled = PreparedFunction.apply, torch.is_grad_enabled
+    # (inside inference_mode, enable_grad() records nothing either: recording)
+    apply, grad_enabled = PreparedFunction.apply, recording
     transforms_active = torch._C._are_functorch_transforms_active
     # torch's own apply, without the Python wrapper that only torch.func's transforms need
     # (the tensors of a prepared call are never torch.func's wrappers: signature_of)
