@@ -100,6 +100,13 @@ class NoGradientError(EinfuseError, ValueError):
     supported by derivation."""
 
 
+class GradientBlockedError(NoGradientError):
+    """A name a gradient is asked for reaches the result only through operations that
+    pass none (argmax, argmin, sign, //, %): the error to report wherever it is found,
+    a program's fused backward included, rather than a form of statement that another
+    path could still differentiate."""
+
+
 class EinfuseOverflowError(EinfuseError, OverflowError):
     """An integer does not fit the integer type it is computed in: a literal or index
     arithmetic beyond int64, or a Python int that the statement's integer dtype cannot

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Tuple, Union
 
 from ..analysis.spec import Spec, analyse
-from ..errors import EinfuseError, EinfuseTypeError, NoGradientError
+from ..errors import EinfuseError, EinfuseTypeError, GradientBlockedError, NoGradientError
 from ..lang import parse
 from ..lang.ast import Access, Binary, Call, Expr, IndexExpr, IndexValue, Param, Reduce, \
     Unary, accesses
@@ -449,7 +449,7 @@ def check_gradient_passes(rhs: Expr, wrt: str) -> None:
         return
     ops = list(dict.fromkeys(f"'{op}'" if op in ("//", "%") else op for op, _ in blocked))
     what = ops[0] if len(ops) == 1 else ", ".join(ops[:-1]) + " and " + ops[-1]
-    raise NoGradientError(
+    raise GradientBlockedError(
         f"{wrt} has no gradient: it reaches the result only through {what}, which "
         f"pass{'es' if len(ops) == 1 else ''} none; ask for no gradient of {wrt} (torch: "
         "requires_grad=False or .detach(); JAX: jax.lax.stop_gradient)",

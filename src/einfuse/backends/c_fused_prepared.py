@@ -84,6 +84,16 @@ def prepared_runner(members, thread_rows: FrozenSet[int], sources: Sequence[obje
     # arrays, found for the keys of the first call (the same for every call of a Step)
     kept_for = [None, None]       # (keys, arrays: an owned array or None per output)
 
+    def count_now() -> int:
+        """This call's threads: the free cores where adaptive, but never more than the
+        per-thread rows and column accumulators were made for (``threads``, found from
+        OMP_NUM_THREADS when prepared; a later, larger value would have the kernel's
+        extra threads write past them: heap corruption)."""
+        if not adaptive:
+            return threads
+        count = free_threads() or threads
+        return min(count, threads) if threads else count
+
     def launch(arrays, count) -> None:
         if caller is not None:
             error = caller(entry, tuple(arrays), *addresses, count)
@@ -127,7 +137,7 @@ def prepared_runner(members, thread_rows: FrozenSet[int], sources: Sequence[obje
             if made is None:
                 return False
             owned.zero()
-            launch(arrays, (free_threads() or threads) if adaptive else threads)
+            launch(arrays, count_now())
             for k, array in zip(outputs, made):
                 if keys[k] is not None:
                     env[keys[k]] = array
@@ -144,7 +154,7 @@ def prepared_runner(members, thread_rows: FrozenSet[int], sources: Sequence[obje
         made = fill(arrays, env, (None,) * len(outputs))
         if made is None:
             return False
-        launch(arrays, (free_threads() or threads) if adaptive else threads)
+        launch(arrays, count_now())
         for k, array in zip(outputs, made):
             if keys[k] is not None:
                 env[keys[k]] = array

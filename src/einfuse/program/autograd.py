@@ -18,6 +18,7 @@ are those of the statements."""
 from __future__ import annotations
 
 import threading
+import warnings
 from dataclasses import dataclass, field
 from typing import Dict, Optional, Sequence, Tuple
 
@@ -25,11 +26,14 @@ import numpy as np
 import torch
 
 from ..autodiff.backward import Backward, backward_program
-from ..errors import EinfuseError
+from ..errors import EinfuseError, GradientBlockedError
 from ..lang.ast import reductions
-from ..runtime.frameworks import contiguous, is_functorch_tensor, placeholder, to_numpy
+from ..runtime.frameworks import (contiguous, has_tangent, is_functorch_tensor, placeholder,
+                                  to_numpy)
 from ..schedule import run_statements
 from ..runtime.repeat import signature_of
+from ..runtime.torch_autograd import (recording, refuse_in_transform, save_tensors,
+                                      saved_tensors)
 from .backward_run import PLANS_KEPT, BackwardRun
 
 _FLOATS = (torch.float32, torch.float64)
@@ -85,6 +89,7 @@ class PreparedCall:
         tensors = [env[name] for name in self.passed]
         if _DIRECT_APPLY is not None and not _transforms_active():
             return _DIRECT_APPLY((self, arrays), *tensors)
+        refuse_in_transform(self.names)
         return ProgramFunction.apply((self, arrays), *tensors)
 
     def run_forward(self, env: Dict[str, object]) -> None:
@@ -101,7 +106,7 @@ class PreparedCall:
         saved = {name: env[name] for name in self.kept}
         if self.shaped:
             if self._placeholders is None:
-                self._placeholders = {n: placeholder(env[n]) for n in self.shaped}
+                self._placeholders = _shaped_like(self.kernels, env, self.shaped)
             saved.update(self._placeholders)
         saved.update(arrays)
         return saved
@@ -160,6 +165,27 @@ class PreparedCall:
         return found
 
 
+def _shaped_like(kernels, env: Dict[str, object], names) -> Dict[str, object]:
+    """Placeholders of ``names`` (intermediates the backward needs the shape of).  The
+    forward ran keeping only outputs and saved names, so an intermediate of a fused
+    group (a per-thread row) never reached ``env``: its shape and dtype come from
+    binding its statement on placeholders of what it reads, as the statement's own
+    run would have given them."""
+    shapes = {name: placeholder(value) for name, value in env.items()}
+    for kernel in kernels:
+        if all(name in shapes for name in names):
+            break
+        output = kernel.spec.output
+        if output in shapes:
+            continue
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            call = kernel.bind(arrays={n: shapes[n] for n in kernel.spec.arg_order})
+        shapes[output] = np.broadcast_to(np.zeros((), call.dtypes.result),
+                                         call.output_shape)
+    return {name: shapes[name] for name in names}
+
+
 def _shares(value, arrays) -> bool:
     return any(type(other) is np.ndarray and np.may_share_memory(value, other)
                for other in arrays)
@@ -193,13 +219,13 @@ class ProgramFunction(torch.autograd.Function):
             if not tensor.dtype.is_floating_point:
                 ctx.mark_non_differentiable(tensor)
         ctx.state, ctx.saved = state, saved
-        ctx.save_for_backward(*tensors, *read)
+        save_tensors(ctx, (*tensors, *read))     # (an inference tensor is held as it is)
         return tuple(results)
 
     @staticmethod
     def backward(ctx, *grads):
         prepared, arrays = ctx.state
-        tensors = ctx.saved_tensors
+        tensors = saved_tensors(ctx)
         count = len(prepared.names)
         wanted = ctx.needs_input_grad[1:1 + count]
         extra = (None,) * len(prepared.others)
@@ -221,7 +247,8 @@ def _direct_apply():
 
 _DIRECT_APPLY = _direct_apply()
 _transforms_active = torch._C._are_functorch_transforms_active
-_grad_enabled = torch.is_grad_enabled
+# (inside inference_mode, enable_grad() records nothing either: recording)
+_grad_enabled = recording
 
 
 def _differentiable_backward(prepared: PreparedCall, arrays, tensors, grads, wanted):
@@ -270,6 +297,11 @@ class ProgramAutograd:
             try:
                 backward = backward_program(self.pieces, self.specs, self.outputs, names,
                                             self.options)
+            except GradientBlockedError:
+                # an input that reaches the outputs only through argmax, sign...: the error
+                # a statement gives (a program's statements, each on its own, may not see
+                # it: argmax's int output is no gradient to ask for)
+                raise
             except EinfuseError:     # the statements' own path says what is wrong, later
                 self.backwards[names] = None
             else:
@@ -332,7 +364,7 @@ def _run_recorded(owner: ProgramAutograd, kernels: Sequence, env: Dict[str, obje
                   backend: str) -> Optional[Tuple]:
     # a repeated call (same names, shapes, dtypes, strides, requires_grad on CPU) goes
     # straight to its prepared call: the checks below passed for its signature already
-    grad = torch.is_grad_enabled()
+    grad = _grad_enabled()
     signature = signature_of(env) if grad else None
     prepared = owner.calls.get(signature) if signature is not None else None
     if prepared is not None:
@@ -344,6 +376,7 @@ def _run_recorded(owner: ProgramAutograd, kernels: Sequence, env: Dict[str, obje
         if isinstance(value, torch.Tensor):
             if value.device.type != "cpu" or value.layout != torch.strided or \
                     value.is_nested or is_functorch_tensor(value) or value.is_complex() or \
+                    has_tangent(value) or \
                     (value.dtype.is_floating_point and value.dtype not in _FLOATS):
                 return None
             if value.requires_grad and value.dtype in _FLOATS:

@@ -145,7 +145,7 @@ def torch_inputs(attention: Attention, named: Dict[str, object]) -> Optional[Dic
     record (its gradient needs the statements), runs the statements one by one."""
     import torch
     views = dict(named)
-    recording = torch.is_grad_enabled()
+    recording = torch.is_grad_enabled() and not torch.is_inference_mode_enabled()
     for name in (attention.query, attention.key, attention.value):
         tensor = named.get(name)
         if not isinstance(tensor, torch.Tensor) or tensor.device.type != "cpu" or \

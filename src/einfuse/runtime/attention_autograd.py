@@ -28,7 +28,7 @@ from .attention import _MASK_MODES, _SCALE_MODES, Canonical, _to_output, canonic
 
 def recording(attention: Attention, named: Dict[str, object]) -> bool:
     """Whether autograd records this call (a query, key, value or scale needing grad)."""
-    if not torch.is_grad_enabled():
+    if not torch.is_grad_enabled() or torch.is_inference_mode_enabled():
         return False
     names = (attention.query, attention.key, attention.value, attention.scale_param)
     return any(isinstance(named.get(n), torch.Tensor) and named[n].requires_grad

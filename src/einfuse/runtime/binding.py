@@ -178,6 +178,16 @@ def _ranges_for(spec: Spec, shapes, options: Options, output_shape) -> Bounds:
     return infer_ranges(spec, dict(shapes), options, output_shape)
 
 
+def _as_array(name: str, value) -> np.ndarray:
+    """``value`` (NumPy's, a nested list...) as an array; what NumPy cannot make one of
+    (a ragged list) is an error naming it, not NumPy's raw ValueError."""
+    try:
+        return to_numpy(value)
+    except (TypeError, ValueError) as error:
+        raise EinfuseTypeError(f"{name} cannot be read as an array ({error}); pass an "
+                               "array or a nested list of numbers of one shape") from None
+
+
 def bind_call(spec: Spec, options: Options, args, kwargs) -> BoundCall:
     named = bind_names(spec, args, kwargs)
     framework = common_framework(named)
@@ -186,7 +196,7 @@ def bind_call(spec: Spec, options: Options, args, kwargs) -> BoundCall:
     for info in spec.tensors:
         value = named[info.name]
         if framework_of(value) == NUMPY:   # torch and JAX arrays are left where they are
-            value = to_numpy(value)
+            value = _as_array(info.name, value)
         values[info.name] = value
     arrays = HostArrays(values)
     spans = _first_spans(spec)

@@ -63,12 +63,26 @@ def check_torch_layout(name: str, value) -> None:
         raise EinfuseTypeError(f"{name} is a tensor inside a torch.func transform (grad, "
                                "vmap, jacrev, ...), which einfuse does not support; use "
                                "torch.autograd (backward, torch.autograd.grad) instead")
+    if has_tangent(value):
+        raise EinfuseTypeError(f"{name} carries a forward-mode tangent "
+                               "(torch.autograd.forward_ad), which einfuse does not "
+                               "support; use reverse mode (backward, torch.autograd.grad)")
     layout = str(value.layout).rsplit(".", 1)[-1]
     if getattr(value, "is_nested", False) or layout != "strided":
         what = "a nested tensor" if getattr(value, "is_nested", False) else \
             f"a torch tensor with layout {layout}"
         raise EinfuseTypeError(f"{name} is {what}; einfuse reads dense (strided) tensors: "
                                "convert it to one first")
+
+
+def has_tangent(value) -> bool:
+    """Whether a torch tensor carries a forward-mode tangent (``torch.autograd.
+    forward_ad.make_dual``) at the level now open: einfuse's kernels read its values
+    only, so its tangent would be dropped without a word (a wrong result)."""
+    forward_ad = sys.modules.get("torch.autograd.forward_ad")
+    if forward_ad is None or getattr(forward_ad, "_current_level", -1) < 0:
+        return False
+    return forward_ad.unpack_dual(value).tangent is not None
 
 
 def is_functorch_tensor(value) -> bool:
@@ -79,12 +93,24 @@ def is_functorch_tensor(value) -> bool:
 def to_numpy(value) -> np.ndarray:
     framework = framework_of(value)
     if framework == TORCH:
-        # a lazily negated or conjugated view has no NumPy view: its values, resolved
-        value = value.detach().cpu().resolve_neg().resolve_conj()
-        if is_bfloat16(value):   # NumPy has no bfloat16: computed in float32
-            value = value.float()
-        return value.numpy()
+        torch = sys.modules["torch"]
+        if torch._C._are_functorch_transforms_active():
+            # a plain tensor a function under torch.func.grad closes over: inside the
+            # transform even .detach() gives a wrapper with no storage to read, so its
+            # values are read with the transforms set aside (a wrapped tensor itself
+            # was refused before this, check_torch_layout)
+            with torch._C._DisableFuncTorch():
+                return _torch_numpy(value)
+        return _torch_numpy(value)
     return np.asarray(value)
+
+
+def _torch_numpy(value) -> np.ndarray:
+    # a lazily negated or conjugated view has no NumPy view: its values, resolved
+    value = value.detach().cpu().resolve_neg().resolve_conj()
+    if is_bfloat16(value):   # NumPy has no bfloat16: computed in float32
+        value = value.float()
+    return value.numpy()
 
 
 def numpy_dtype(value) -> np.dtype:

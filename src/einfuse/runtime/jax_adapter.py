@@ -78,11 +78,30 @@ def _is_weak(value) -> bool:
     return False
 
 
+def stand_in(kernel, name: str, value):
+    """What binding reads of ``value`` for the statement's ``name``: a placeholder of its
+    shape and dtype, but a Python number of its kind for a scalar parameter of weak
+    type (traced from a Python number), which promotes weakly as the number does
+    (``float32 * 2.5`` stays float32) where a placeholder's float64 would not."""
+    if name in kernel.spec.params and _is_weak(value) and \
+            not isinstance(value, (bool, int, float)):
+        return {"b": False, "f": 0.0}.get(np.dtype(value.dtype).kind, 0)
+    return placeholder(value)
+
+
 def _jax_values(kernel, names, named) -> tuple:
     """The inputs as JAX arrays.  A scalar parameter given as a Python number (or traced
     from one) promotes weakly, as on NumPy arrays and in jax.numpy (``float32 * 2.5``
     stays float32): ``jnp.asarray`` alone would make it a strong float64 or int32, so it
     is cast to the working dtype that the statement has with the number itself."""
+    for name in names:      # a ragged list: an error naming it, not JAX's ValueError
+        if isinstance(named[name], (list, tuple)):
+            try:
+                jnp.asarray(named[name])
+            except (TypeError, ValueError) as error:
+                raise EinfuseTypeError(
+                    f"{name} cannot be read as an array ({error}); pass an array or a "
+                    "nested list of numbers of one shape") from None
     weak = {n for n in kernel.spec.params if _is_weak(named[n])}
     if not weak:
         return tuple(jnp.asarray(named[name]) for name in names)
@@ -133,7 +152,19 @@ def _abstract(*avals, statement, options, names, route):
     return jax.core.ShapedArray(struct.shape, struct.dtype)
 
 
+def unliteral(value):
+    """``value``, or a JAX array of it where it is one of JAX's literals: a weakly typed
+    0-d value that JAX hands to a primitive's impl, or to a custom_jvp rule evaluated
+    eagerly, as a Python number subclass with a dtype but no shape (``TypedFloat``),
+    which binding would take for an array and fail to read the shape of."""
+    if isinstance(value, (int, float, complex)) and \
+            type(value).__module__.startswith("jax"):
+        return jnp.asarray(value)
+    return value
+
+
 def _impl(*values, statement, options, names, route):
+    values = tuple(unliteral(v) for v in values)
     if route == "device":   # compiled through the lowering below, as under jit
         return _jitted(statement, options, names, route)(*values)
     kernel = _kernel(statement, options)

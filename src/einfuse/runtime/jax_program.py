@@ -33,10 +33,11 @@ import numpy as np
 from jax.interpreters import ad, batching, mlir
 
 from ..autodiff.backward import Backward, backward_program
-from ..errors import EinfuseError
+from ..errors import EinfuseError, GradientBlockedError
 from ..program.backward_run import PLANS_KEPT, BackwardRun
 from ..schedule import run_statements
 from .frameworks import placeholder
+from .jax_adapter import unliteral
 
 try:
     from jax.extend.core import Primitive
@@ -74,6 +75,8 @@ class ProgramRule:
                 self._backwards[wrt] = backward_program(
                     [k.statement for k in self.kernels], [k.spec for k in self.kernels],
                     self.outputs, wrt, self.options)
+            except GradientBlockedError:
+                raise       # (through argmax, sign... alone: the statements' own error)
             except EinfuseError:
                 self._backwards[wrt] = None
         return self._backwards[wrt]
@@ -93,7 +96,8 @@ class ProgramRule:
 
     def run(self, env: Dict[str, object]) -> Dict[str, object]:
         """``env`` with every statement's result, each statement an einfuse primitive."""
-        env = dict(env)
+        # (a weakly typed number traced by a transformation may come as JAX's literal)
+        env = {name: unliteral(value) for name, value in env.items()}
         run_statements(self.kernels, env, "jax", keep=None)
         return env
 
@@ -106,6 +110,9 @@ def recorded(holder, kernels: Sequence, env: Dict[str, object], outputs: Sequenc
     Program, a HoistedForm) keeps the derived backwards across calls."""
     if any(k.spec.assign != ":=" for k in kernels):
         return None
+    # nested lists of numbers are arrays (as the statements read them): JAX arrays here,
+    # since the other values are the tangent primitive's parameters, which JAX hashes
+    env = {name: _listed(value) for name, value in env.items()}
     arrays = tuple(name for name, value in env.items()
                    if isinstance(value, (jax.Array, jax.core.Tracer)))
     if not any(jnp.issubdtype(env[name].dtype, jnp.inexact) for name in arrays) or \
@@ -116,8 +123,23 @@ def recorded(holder, kernels: Sequence, env: Dict[str, object], outputs: Sequenc
     if rule is None:
         rule = rules[id(kernels)] = ProgramRule(kernels, tuple(outputs), options)
     constants = tuple((name, value) for name, value in env.items() if name not in arrays)
+    try:
+        hash(constants)
+    except TypeError:       # not a number nor an array: the statements say what it is
+        return None
     function = _differentiable(rule, arrays, constants)
     return function(*[env[name] for name in arrays])
+
+
+def _listed(value):
+    """A (nested) list or tuple of numbers as a JAX array; anything else as it is (a
+    ragged list too: the statements report it)."""
+    if isinstance(value, (list, tuple)):
+        try:
+            return jnp.asarray(value)
+        except (TypeError, ValueError):
+            return value
+    return value
 
 
 def _differentiable(rule: ProgramRule, names: Tuple[str, ...], constants: Tuple):
@@ -130,6 +152,10 @@ def _differentiable(rule: ProgramRule, names: Tuple[str, ...], constants: Tuple)
     function = jax.custom_jvp(run)
 
     def jvp(primals, tangents):
+        # jax.jvp hands a Python number it was given as a primal to this rule as it is
+        # (no dtype): a weakly typed JAX scalar, as a traced one would be
+        primals = tuple(jnp.asarray(p) if isinstance(p, (int, float, complex)) else p
+                        for p in primals)
         env = rule.run(dict(constants, **dict(zip(names, primals))))
         outputs = tuple(env[name] for name in rule.outputs)
         live = tuple(name for name, value, tangent in zip(names, primals, tangents)
@@ -199,6 +225,7 @@ def _transpose(cotangents, *operands, rule, residuals, live, constants, inputs):
     """The inputs' cotangents by the program's backward: its statements, each an
     einfuse primitive again."""
     env, _ = _split(operands, residuals, live)
+    env = {name: unliteral(value) for name, value in env.items()}
     env.update(constants)
     backward = rule.backward(live)
     flowing = iter(cotangents)
@@ -208,15 +235,17 @@ def _transpose(cotangents, *operands, rule, residuals, live, constants, inputs):
             env[seed] = jnp.zeros(np.shape(value), jnp.float32)
             continue
         cotangent = next(flowing)
-        env[seed] = jnp.zeros(value.shape, value.dtype) if type(cotangent) is ad.Zero \
+        env[seed] = jnp.zeros(np.shape(value), value.dtype) if type(cotangent) is ad.Zero \
             else cotangent
     found = rule.plan(live, env)(env)
     result = []
     for name in live:
         like = env[name]
         value = found.get(name)
+        # np.shape: a weakly typed Python number differentiated eagerly reaches here as
+        # JAX's literal (a float subclass with a dtype but no shape)
         result.append(None if value is None else
-                      jnp.asarray(value).astype(like.dtype).reshape(like.shape))
+                      jnp.asarray(value).astype(like.dtype).reshape(np.shape(like)))
     return [None] * len(residuals) + result
 
 

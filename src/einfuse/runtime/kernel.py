@@ -137,9 +137,11 @@ class Kernel:
                 if common_framework(named) == JAX:
                     form = self.hoisted_form
                     if form is not None and self.spec.assign == ":=":
+                        # (a weakly typed scalar parameter stands in as a Python number,
+                        # so the hoisted kernels have the dtypes the statement has)
                         done, result = run_hoisted(form, self.bind(**{
-                            name: placeholder(v) for name, v in named.items()}), named,
-                            JAX)
+                            name: jax_adapter.stand_in(self, name, v)
+                            for name, v in named.items()}), named, JAX)
                         if done:
                             return result
                     return jax_adapter.call(self, named)
@@ -149,7 +151,7 @@ class Kernel:
         grad = False
         if call.framework == TORCH:
             from . import torch_autograd
-            if torch_autograd.torch.is_grad_enabled():
+            if torch_autograd.recording():
                 if self.spec.assign != ":=":
                     _refuse_unrecorded_write(self.spec, call, self.statement)
                 grad = bool(torch_autograd.differentiable_names(call))

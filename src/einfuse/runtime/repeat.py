@@ -16,7 +16,7 @@ import numpy as np
 
 from ..backends import get_backend
 from ..errors import EinfuseError
-from .frameworks import NUMPY, TORCH
+from .frameworks import NUMPY, TORCH, has_tangent
 
 # Prepared signatures kept per kernel (a new one past this replaces the oldest).
 SIGNATURES_KEPT = 32
@@ -24,6 +24,10 @@ SIGNATURES_KEPT = 32
 # torch's tensor classes (Tensor, Parameter) -> torch.func's "is this a wrapped tensor"
 # test, found once per class rather than by name on every call
 _TENSOR_CLASSES: Dict[type, Callable[[object], bool]] = {}
+
+# torch.autograd.forward_ad, once imported (its _current_level says whether a dual
+# level is open)
+_FORWARD_AD: list = [None]
 
 # The prepared runners of NumPy calls that look their arrays up by name and ignore any
 # other name passed (so a caller holding more arrays may pass them all)
@@ -52,6 +56,13 @@ def signature_of(kwargs) -> Optional[Tuple]:
                 wrapped = _TENSOR_CLASSES[kind] = \
                     sys.modules["torch"]._C._functorch.is_functorch_wrapped_tensor
             if wrapped(value):    # inside torch.func: the full path refuses
+                return None
+            # a forward-mode dual tensor: the full path refuses it (its tangent would
+            # be dropped); looked at only while a dual level is open
+            if _FORWARD_AD[0] is None:
+                _FORWARD_AD[0] = sys.modules.get("torch.autograd.forward_ad")
+            if _FORWARD_AD[0] is not None and _FORWARD_AD[0]._current_level >= 0 and \
+                    has_tangent(value):
                 return None
             try:     # (a torch.Size hashes and compares as the tuple it is)
                 if value.is_cpu:
@@ -150,11 +161,14 @@ def _hoisted_runner(kernel, form, call):
     recorded = []
 
     def repeat(named):
-        if recorded:
-            result = recorded[0].apply(named)
-            if result is not None:
-                return result[0]
         try:
+            # (inside the try: the prepared call runs the hoisted form too, whose error
+            # -- an index its temporary reads that the statement never does -- is not
+            # the statement's; the statement as written then reports or succeeds)
+            if recorded:
+                result = recorded[0].apply(named)
+                if result is not None:
+                    return result[0]
             result = form.run(kernels, named, framework)
             if framework == TORCH and not recorded:
                 recorded.extend(form.recorded_calls(kernels, named))
@@ -164,7 +178,7 @@ def _hoisted_runner(kernel, form, call):
             bound = kernel.bind(arrays=named)
             if framework == TORCH:     # recorded by autograd, as the full path records it
                 from . import torch_autograd
-                if torch_autograd.torch.is_grad_enabled() and \
+                if torch_autograd.recording() and \
                         torch_autograd.differentiable_names(bound):
                     return torch_autograd.apply(kernel, bound, lambda: kernel.run(bound),
                                                 _backend_name(kernel.options.backend, bound))

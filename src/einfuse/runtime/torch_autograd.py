@@ -17,6 +17,7 @@ from typing import Callable, List, Mapping, Tuple
 
 import torch
 
+from ..errors import EinfuseTypeError
 from . import gradients
 from .frameworks import contiguous, to_numpy
 
@@ -34,6 +35,50 @@ def differentiable_names(call) -> List[str]:
                 value.dtype.is_floating_point:
             result.append(name)
     return result
+
+
+def recording() -> bool:
+    """Whether autograd records what runs now: grad mode on, and not inside
+    ``torch.inference_mode`` (where ``torch.enable_grad()`` turns grad mode on but
+    torch's own operations still record nothing and give inference tensors)."""
+    return torch.is_grad_enabled() and not torch.is_inference_mode_enabled()
+
+
+def refuse_in_transform(names) -> None:
+    """Recording a tensor that requires a gradient inside a torch.func transform (one the
+    function closes over, not the transform's own input, which is refused as a wrapper)
+    needs a Function with torch.func's rules, which einfuse's nodes do not have: torch's
+    raw RuntimeError ('must override the setup_context staticmethod'), said here."""
+    if torch._C._are_functorch_transforms_active():
+        raise EinfuseTypeError(
+            f"{names[0]} requires a gradient inside a torch.func transform (grad, vmap, "
+            "jacrev, ...), which einfuse does not support; detach it, or use "
+            "torch.autograd (backward, torch.autograd.grad) outside the transform")
+
+
+def save_tensors(ctx, tensors) -> None:
+    """``ctx.save_for_backward(*tensors)`` but for inference tensors (made under
+    ``torch.inference_mode``), which torch refuses to save (a raw RuntimeError) although
+    a computation that reads one is valid where nothing needs its gradient; they have no
+    version counter to check either, so the node holds them as they are, and
+    :func:`saved_tensors` gives all of them back in order."""
+    inference = [t.is_inference() for t in tensors]
+    if any(inference):
+        ctx.inference = tuple(t if held else None for t, held in zip(tensors, inference))
+        ctx.save_for_backward(*[t for t, held in zip(tensors, inference) if not held])
+    else:
+        ctx.inference = None
+        ctx.save_for_backward(*tensors)
+
+
+def saved_tensors(ctx) -> Tuple:
+    """The tensors given to :func:`save_tensors`, in order (torch's version check
+    applied to those it saved)."""
+    saved = ctx.saved_tensors
+    if ctx.inference is None:
+        return saved
+    rest = iter(saved)
+    return tuple(next(rest) if t is None else t for t in ctx.inference)
 
 
 @dataclass(frozen=True)
@@ -68,7 +113,7 @@ class EinfuseFunction(torch.autograd.Function):
         result = state.run_forward()
         if not isinstance(result, torch.Tensor):   # (else already a tensor on its device)
             result = torch.from_numpy(contiguous(result)).to(inputs[0].device)
-        ctx.save_for_backward(*inputs, *others, *([result] if state.keeps_output else []))
+        save_tensors(ctx, (*inputs, *others, *([result] if state.keeps_output else [])))
         return result
 
     @staticmethod
@@ -81,7 +126,7 @@ class EinfuseFunction(torch.autograd.Function):
             # create_graph=True: the statements run on the tensors that carry the
             # graph (the saved inputs, grad_output), so torch records them in turn
             arrays = dict(state.sources)
-            arrays.update(zip(names, ctx.saved_tensors))
+            arrays.update(zip(names, saved_tensors(ctx)))
             grad = grad_output
         elif state.on_device:   # the statements run as Triton kernels where dOUT is
             arrays = {name: value.detach() if isinstance(value, torch.Tensor)
@@ -90,10 +135,10 @@ class EinfuseFunction(torch.autograd.Function):
         else:           # C / NumPy kernels on host arrays (no copy on the CPU)
             arrays, grad = dict(state.arrays()), to_numpy(grad_output)
             if state.keeps_output:
-                output = to_numpy(ctx.saved_tensors[-1])
+                output = to_numpy(saved_tensors(ctx)[-1])
         found = gradients.compute_gradients(state.statement, state.options, arrays,
                                             grad, wanted, output)
-        return (None,) + input_gradients(found, names, ctx.saved_tensors)
+        return (None,) + input_gradients(found, names, saved_tensors(ctx))
 
 
 def input_gradients(found: Mapping[str, object], names, tensors) -> Tuple:
@@ -118,5 +163,6 @@ def apply(kernel, call, run_forward, backend_name: str):
     state = _Forward(kernel.statement, call.options, call.sources, arrays, names,
                      run_forward, on_device, not on_device and
                      gradients.reads_output(kernel.statement, call.options, names))
+    refuse_in_transform(names)
     return EinfuseFunction.apply(state, *tensors)
 

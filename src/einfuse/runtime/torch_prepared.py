@@ -33,7 +33,8 @@ from ..lang.ast import Access
 from . import gradients
 from .frameworks import to_numpy
 from .repeat import BY_NAME, signature_of
-from .torch_autograd import differentiable_names, input_gradients
+from .torch_autograd import (differentiable_names, input_gradients, recording,
+                             refuse_in_transform, save_tensors, saved_tensors)
 
 # Prepared backwards kept per forward signature: one per layout (strides) of dOUT.
 LAYOUTS_KEPT = 8
@@ -301,12 +302,12 @@ class PreparedFunction(torch.autograd.Function):
         # argument of apply)
         ctx.state = state
         result = torch.from_numpy(state[0].run_forward(state[1]))
-        ctx.save_for_backward(*tensors, *([result] if state[0].keeps_output else []))
+        save_tensors(ctx, (*tensors, *([result] if state[0].keeps_output else [])))
         return result
 
     @staticmethod
     def backward(ctx, grad_output):
-        saved = ctx.saved_tensors       # (the version check)
+        saved = saved_tensors(ctx)       # (the version check)
         prepared, arrays = ctx.state
         names = prepared.recorded
         output = None
@@ -359,7 +360,8 @@ def repeat_runner(kernel, call, runner):
     shapes = {name: (tuple(call.sources[name].shape), call.sources[name].dtype)
               for name in recorded}
     prepared = PreparedAutograd(kernel, call.options, recorded, saved, run_forward, shapes)
-    apply, grad_enabled = PreparedFunction.apply, torch.is_grad_enabled
+    # (inside inference_mode, enable_grad() records nothing either: recording)
+    apply, grad_enabled = PreparedFunction.apply, recording
     transforms_active = torch._C._are_functorch_transforms_active
     # torch's own apply, without the Python wrapper that only torch.func's transforms need
     # (the tensors of a prepared call are never torch.func's wrappers: signature_of)
@@ -370,6 +372,7 @@ def repeat_runner(kernel, call, runner):
         if grad_enabled():
             if apply_directly is not None and not transforms_active():
                 return apply_directly((prepared, arrays), *[named[name] for name in saved])
+            refuse_in_transform(recorded)
             return apply((prepared, arrays), *[named[name] for name in saved])
         return torch.from_numpy(run_forward(arrays))
     return repeat
