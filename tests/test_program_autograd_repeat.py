@@ -198,3 +198,21 @@ def test_a_0d_tensor_input_repeats():
     ((X2 - X2.max(1, keepdim=True).values) * s2).sum().backward()
     close(X.grad, X2.grad, torch.float64)
     close(s.grad, s2.grad, torch.float64)
+
+
+@pytest.mark.parametrize("threads", [None, 1])
+def test_the_backward_runs_on_the_programs_threads(monkeypatch, threads):
+    """threads= fixes the thread count of the backward's kernels too (compiled without
+    it, they chose theirs from the free cores per call, which splits the column sums
+    differently from call to call)."""
+    from einfuse.backends import c_fused_prepared, c_repeat, c_rows
+    asked = []
+    for module in (c_fused_prepared, c_repeat, c_rows):
+        monkeypatch.setattr(module, "free_threads", lambda: asked.append(1) or 0)
+    options = {} if threads is None else {"threads": threads}
+    program = ef.compile(LAYERNORM.format(n=300), **options)
+    X, g, b = (torch.randn(*s, dtype=torch.float64, requires_grad=True)
+               for s in ((300, 300), (300,), (300,)))
+    for _ in range(3):
+        program(X=X, g=g, b=b).backward(torch.ones(300, 300, dtype=torch.float64))
+    assert bool(asked) == (threads is None)

@@ -50,6 +50,7 @@ class PreparedCall:
                  env: Dict[str, object], found, backend: str):
         backward, saved, recompute = found
         self.kernels, self.outputs, self.backend = kernels, owner.outputs, backend
+        self.threads = owner.threads
         self.names = names                 # the differentiable inputs, in apply's order
         self.tensors = tuple(n for n, v in env.items() if isinstance(v, torch.Tensor))
         # every other tensor is passed to apply too (saved: torch's version check)
@@ -126,7 +127,8 @@ class PreparedCall:
         found = self._backwards.get(key)
         given = list(env.values())
         if found is None:
-            run = BackwardRun(self.backward, env, self.backend, self.recompute)
+            run = BackwardRun(self.backward, env, self.backend, self.recompute,
+                              threads=self.threads)
             values = run(env)
             found = self._keep_backward(key, run, values, given)
         else:
@@ -280,6 +282,7 @@ class ProgramAutograd:
     runs: dict
     # call signatures (runtime/repeat.signature_of) whose checks passed -> their call
     calls: Dict[Tuple, PreparedCall] = field(default_factory=dict)
+    threads: Optional[int] = None      # the program's threads=, the backward's too
 
     @staticmethod
     def of(pieces: Sequence[str], specs: Sequence, outputs: Sequence[str],
@@ -288,7 +291,8 @@ class ProgramAutograd:
                   if getattr(options, key, None) is not None}
         if getattr(options, "ranges", None):
             passed["ranges"] = {n: range(lo, hi) for n, (lo, hi) in options.ranges}
-        return ProgramAutograd(tuple(pieces), tuple(specs), tuple(outputs), passed, {}, {})
+        return ProgramAutograd(tuple(pieces), tuple(specs), tuple(outputs), passed, {}, {},
+                               threads=getattr(options, "threads", None))
 
     def backward_for(self, names: Tuple[str, ...], kernels):
         """(the backward, the intermediates to save, the forward kernels to recompute)

@@ -8,6 +8,7 @@ that cannot be a kernel, add with NumPy between those runs."""
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import warnings
 from dataclasses import dataclass, field
@@ -64,8 +65,10 @@ class BackwardRun:
     shapes and dtypes returns {wrt: gradient} for those with one."""
 
     def __init__(self, backward: Backward, env: Mapping[str, object], backend: str,
-                 recompute: Tuple = (), framework: str = "numpy"):
-        self.pieces = tuple(_plan(backward, env, backend, recompute))
+                 recompute: Tuple = (), framework: str = "numpy",
+                 threads: Optional[int] = None):
+        self.pieces = tuple(_with_threads(piece, threads)
+                            for piece in _plan(backward, env, backend, recompute))
         self.results = tuple((name, result) for name, result in
                              zip(backward.wrt, backward.results) if result is not None)
         self.framework = framework
@@ -89,6 +92,19 @@ class BackwardRun:
         for run in self._runs:
             run(env)
         return {name: env[result] for name, result in self.results}
+
+
+def _with_threads(piece: "_Piece", threads: Optional[int]) -> "_Piece":
+    """A run of kernels on the forward's ``threads=`` (the gradient statements are
+    compiled without it; a caller who fixed the threads of the forward fixed them for
+    the whole computation, column sums' last bits included)."""
+    if threads is None or not isinstance(piece, _Kernels):
+        return piece
+    from ..runtime.kernel import Kernel
+    kernels = tuple(k if k.options.threads == threads else
+                    Kernel(k.statement, dataclasses.replace(k.options, threads=threads))
+                    for k in piece.kernels)
+    return _Kernels(kernels, piece.keep)
 
 
 def _add(total: Total, env) -> None:

@@ -60,6 +60,7 @@ class ProgramRule:
         self.kernels = tuple(kernels)
         self.outputs = tuple(outputs)
         self.backend = options.backend
+        self.threads = options.threads        # the program's threads=, the backward's too
         self.options = {key: getattr(options, key) for key in ("pad", "bounds", "fill")
                         if getattr(options, key, None) is not None}
         if getattr(options, "ranges", None):
@@ -88,7 +89,8 @@ class ProgramRule:
         found = self._plans.get(key)
         if found is None:
             shapes = {name: placeholder(value) for name, value in env.items()}
-            found = BackwardRun(self.backward(wrt), shapes, self.backend, (), "jax")
+            found = BackwardRun(self.backward(wrt), shapes, self.backend, (), "jax",
+                                threads=self.threads)
             if len(self._plans) >= PLANS_KEPT:
                 self._plans.clear()
             self._plans[key] = found
