@@ -25,7 +25,7 @@ from ..lang.printer import format_statement
 from .attention import run_before_binding, run_fused_attention, statement_attention
 from .binding import BoundCall, bind_call, bind_names
 from .frameworks import (JAX, NUMPY, TORCH, common_framework, contiguous, framework_of,
-                         from_numpy, numpy_dtype, placeholder, torch_compiling)
+                         from_numpy, numpy_dtype, torch_compiling)
 from .hoisted import HoistedForm, hoisted_form, run_hoisted
 from .repeat import signature_of
 from .result_size import check_result_size, too_large
