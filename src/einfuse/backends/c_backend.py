@@ -205,7 +205,6 @@ class CBackend:
         if c_build.find_compiler() is None:
             raise BackendError("backend='c' needs a C compiler with OpenMP support (cc, gcc "
                                "or clang on PATH, or CC=...); use backend='numpy'")
-        working = call.dtypes.working
         contraction = _blas_contraction(call)
         if contraction is not None:
             return run_contraction(contraction, call)

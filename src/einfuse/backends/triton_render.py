@@ -232,7 +232,6 @@ class TritonRenderer(ChunkedSums):
     def stmt_Loop(self, node: ir.Loop, depth: int) -> List[str]:
         if node.var in self.inline:   # a row or lane loop: the whole tile at once
             return [line for stmt in node.body for line in self.stmt(stmt, depth)]
-        pad = "    " * depth
         dot = self.dot_operands(node)
         if dot is not None:
             return self.dot_loop(node, *dot, depth)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import functools
 import numbers
-import os
 import unicodedata
 import warnings
 from typing import Dict, Mapping, Optional, Tuple
@@ -16,7 +15,7 @@ from ..analysis.options import (INT64_MAX, OPTION_NAMES, Options, make_options, 
 from ..analysis.ranges import check_positions_defined
 from ..analysis.spec import Spec, analyse
 from ..backends import get_backend
-from ..errors import (AllocationError, BackendError, EinfuseError, EinfuseOverflowError,
+from ..errors import (BackendError, EinfuseError, EinfuseOverflowError,
                       EinfuseSyntaxError, EinfuseTypeError, MissingArgumentError, OptionError,
                       UnexpectedArgumentError, attach_statement, warn)
 from ..lang import parse

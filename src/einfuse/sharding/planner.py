@@ -263,7 +263,6 @@ def _split_indices(spec, assignment: Assignment) -> Tuple[Assignment, List[str]]
         elif index in spec.reduction_indices and not (
                 len([r for r in reductions(spec.rhs) if index in r.indices]) == 1 and
                 _combinable(spec.rhs, spec.reduction_of(index))):
-            op = spec.reduction_of(index).op
             notes.append(f"{index} is not split here: the right side is not a sum[{index}] "
                          "that it depends on linearly, nor a max or min over it as its "
                          "outermost operation, so partial results would not combine")
