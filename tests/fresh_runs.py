@@ -13,3 +13,19 @@ def fresh_runs(monkeypatch) -> None:
     kernel_module._shared_program.cache_clear()
     kernel_module._shared_kernel.cache_clear()
     hoisted.hoisted_form.cache_clear()
+
+
+def without_pass(monkeypatch, name: str, run):
+    """``run()`` with plan/fuse.py's pass ``name`` (``merge_row_sums``,
+    ``merge_sibling_loops``) leaving the row body as it is, on kernels built anew; it
+    checks that a kernel was built that way."""
+    from einfuse.plan import fuse, fuse_sums
+    with monkeypatch.context() as patch:
+        patch.setattr(fuse, name, lambda body, loop: fuse_sums.MergedSums(tuple(body), ()))
+        fresh_runs(patch)
+        built = []
+        compiled = c_fused._compiled
+        patch.setattr(c_fused, "_compiled", lambda *a: built.append(1) or compiled(*a))
+        result = run()
+        assert built        # a kernel without the pass ran
+        return result

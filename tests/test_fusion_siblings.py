@@ -15,7 +15,7 @@ from einfuse import ir
 from einfuse.backends import c_build, c_fused
 from einfuse.plan import fuse, fuse_siblings, fuse_sums
 from einfuse.plan.fuse_sums import GUARD_INT
-from fresh_runs import fresh_runs
+from fresh_runs import fresh_runs, without_pass
 from program_texts import LAYERNORM
 
 pytestmark = pytest.mark.skipif(c_build.find_compiler() is None,
@@ -42,20 +42,6 @@ def merges(monkeypatch):
     monkeypatch.setattr(c_fused, "guard_verdict", verdict_spy)
     fresh_runs(monkeypatch)
     return seen
-
-
-def _without_pass(monkeypatch, run):
-    """``run()`` with every sibling loop left on its own, on kernels built anew."""
-    with monkeypatch.context() as patch:
-        patch.setattr(fuse, "merge_sibling_loops",
-                      lambda body, loop: fuse_sums.MergedSums(tuple(body), ()))
-        fresh_runs(patch)
-        built = []
-        compiled = c_fused._compiled
-        patch.setattr(c_fused, "_compiled", lambda *a: built.append(1) or compiled(*a))
-        result = run()
-        assert built        # a kernel without the pass ran
-        return result
 
 
 def _same_bits(a, b):
@@ -108,7 +94,7 @@ def test_layernorm_backward_bits_unchanged(monkeypatch, merges, shape, dtype, th
     with np.errstate(all="ignore"):
         merged = run()
         assert True in merges["changed"] and 0 in merges["verdicts"]
-        unmerged = _without_pass(monkeypatch, run)
+        unmerged = without_pass(monkeypatch, "merge_sibling_loops", run)
     for got, want in zip(merged, unmerged):
         _same_bits(got, want)
 
@@ -142,7 +128,7 @@ def test_sums_of_one_length_merge_and_keep_their_bits(monkeypatch, merges):
         return ef.compile(SUMS)(X=X)
     merged = run()
     assert merges["changed"] == [True] and 0 in merges["verdicts"]
-    _same_bits(merged, _without_pass(monkeypatch, run))
+    _same_bits(merged, without_pass(monkeypatch, "merge_sibling_loops", run))
 
 
 @pytest.mark.parametrize("k", [range(0, 50), range(1, 90)])

@@ -12,8 +12,8 @@ import pytest
 
 import einfuse as ef
 from einfuse.backends import c_build, c_fused, c_rows
-from einfuse.plan import fuse, fuse_sums
-from fresh_runs import fresh_runs
+from einfuse.plan import fuse
+from fresh_runs import fresh_runs, without_pass
 from program_texts import SOFTMAX, SOFTMAX_STATEMENT as STATEMENT
 
 pytestmark = pytest.mark.skipif(c_build.find_compiler() is None,
@@ -48,21 +48,6 @@ def verdicts(monkeypatch):
     return seen
 
 
-def _without_pass(monkeypatch, run):
-    """``run()`` with the producer/sum loops left as two passes, on kernels built anew
-    (fresh_runs.py)."""
-    with monkeypatch.context() as patch:
-        patch.setattr(fuse, "merge_row_sums",
-                      lambda body, loop: fuse_sums.MergedSums(tuple(body), ()))
-        fresh_runs(patch)
-        built = []
-        compiled = c_fused._compiled
-        patch.setattr(c_fused, "_compiled", lambda *a: built.append(1) or compiled(*a))
-        result = run()
-        assert built        # a kernel without the pass ran
-        return result
-
-
 def _within_ulps(a, b, ulps):
     """NaN where ``b`` has NaN, elsewhere at most ``ulps`` units in the last place from
     it (the values compared are non-negative: their bit patterns are ordered)."""
@@ -91,7 +76,7 @@ def test_softmax_close_to_two_passes(monkeypatch, verdicts, source, shape, dtype
             return ef.ein(source, X=X)
     merged = run()
     assert 0 in verdicts            # the one-pass loop was built and chosen
-    _within_ulps(merged, _without_pass(monkeypatch, run), 4)
+    _within_ulps(merged, without_pass(monkeypatch, "merge_row_sums", run), 4)
     with np.errstate(all="ignore"):
         e = np.exp(X - X.max(1, keepdims=True))
         expected = e / e.sum(1, keepdims=True)

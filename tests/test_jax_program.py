@@ -13,14 +13,8 @@ from program_texts import LAYERNORM, SOFTMAX, SOFTMAX_STATEMENT
 
 jax = pytest.importorskip("jax")
 jnp = jax.numpy
+from jit_support import x64  # noqa: E402,F401  (x64 on for every test here)
 
-
-@pytest.fixture(autouse=True)
-def x64():
-    previous = jax.config.jax_enable_x64
-    jax.config.update("jax_enable_x64", True)
-    yield
-    jax.config.update("jax_enable_x64", previous)
 
 
 def _layernorm(X, g, b):

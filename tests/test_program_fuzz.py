@@ -96,6 +96,12 @@ def test_small_program_matches_the_oracle(program, seed):
     rows, cols = 3, 4
     arrays = _used(source, _inputs(rng, rows, cols, np.float64))
     got = ef.compile(source, backend="c", outputs=[last])(**arrays)
+    np.testing.assert_allclose(got, oracle(source, arrays, rows, cols), rtol=1e-9,
+                               atol=1e-12, err_msg=source)
+
+
+def oracle(source: str, arrays, rows: int, cols: int) -> np.ndarray:
+    """The program's last statement by tests/oracle.py's loops, statement by statement."""
     env = dict(arrays)
     for line in source.splitlines():
         name = line.split("[", 1)[0]
@@ -103,5 +109,5 @@ def test_small_program_matches_the_oracle(program, seed):
         ranges = {"i": (0, rows), "j": (0, cols)}
         if "[k]" in line:
             ranges["k"] = (0, cols)
-        env[name] = brute_force(line, ranges, used)
-    np.testing.assert_allclose(got, env[name], rtol=1e-9, atol=1e-12, err_msg=source)
+        env[name] = np.asarray(brute_force(line, ranges, used), dtype=np.float64)
+    return env[name]

@@ -11,8 +11,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import einfuse as ef
-from oracle import brute_force
-from test_program_fuzz import _inputs, _used, programs
+from test_program_fuzz import _inputs, _used, oracle, programs
 
 torch = pytest.importorskip("torch")
 jax = pytest.importorskip("jax")
@@ -21,15 +20,7 @@ ROWS, COLS = 3, 4
 
 
 def _oracle(source, arrays):
-    env = dict(arrays)
-    for line in source.splitlines():
-        name = line.split("[", 1)[0]
-        used = {n: v for n, v in env.items() if f"{n}[" in line.split(":=", 1)[1]}
-        ranges = {"i": (0, ROWS), "j": (0, COLS)}
-        if "[k]" in line:
-            ranges["k"] = (0, COLS)
-        env[name] = np.asarray(brute_force(line, ranges, used), dtype=np.float64)
-    return env[name]
+    return oracle(source, arrays, ROWS, COLS)
 
 
 def _differences(source, arrays, seed, step=1e-6):

@@ -24,6 +24,7 @@ import numpy as np
 from ..errors import BackendError
 from ..plan.fuse import COLUMN_SUMS
 from . import c_call
+from .c_rows import laid_out
 from .c_threads import default_threads, free_threads
 
 
@@ -110,12 +111,9 @@ def prepared_runner(members, thread_rows: FrozenSet[int], sources: Sequence[obje
         ``reused`` has None): the outputs, or None where an input's layout is not
         the one prepared for."""
         for key, layout, positions in inputs:
-            array = env[key]
-            if type(array) is not np.ndarray or \
-                    (array.shape, array.dtype, array.strides) != layout:
-                array = np.asarray(array).astype(working, copy=False)
-                if (array.shape, array.dtype, array.strides) != layout:
-                    return None
+            array = laid_out(env[key], layout, working)
+            if array is None:
+                return None
             for position in positions:
                 arrays[position] = array
         made = [np.empty(shape, working) if old is None else old

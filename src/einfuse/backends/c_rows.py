@@ -283,6 +283,16 @@ def run(group: RowGroup, members, threads: int) -> None:
     _call(group, _launch(group, inputs[0]), arrays, threads)
 
 
+def laid_out(array, layout, working) -> Optional[np.ndarray]:
+    """``array`` as a prepared run takes it: itself where its (shape, dtype, strides) are
+    ``layout``, else converted to the working dtype where that gives the layout; None
+    where nothing does (the run then takes the full path)."""
+    if type(array) is np.ndarray and (array.shape, array.dtype, array.strides) == layout:
+        return array
+    array = np.asarray(array).astype(working, copy=False)
+    return array if (array.shape, array.dtype, array.strides) == layout else None
+
+
 def prepared_runner(group: RowGroup, members, adaptive: bool, threads: int):
     """The group's run for repeated calls with the same layouts (as
     c_fused.prepared_runner's: False and nothing run where an input's layout differs
@@ -302,12 +312,9 @@ def prepared_runner(group: RowGroup, members, adaptive: bool, threads: int):
     def runner(env, keys) -> bool:
         inputs = []
         for key, layout in layouts:
-            array = env[key]
-            if type(array) is not np.ndarray or \
-                    (array.shape, array.dtype, array.strides) != layout:
-                array = np.asarray(array).astype(working, copy=False)
-                if (array.shape, array.dtype, array.strides) != layout:
-                    return False
+            array = laid_out(env[key], layout, working)
+            if array is None:
+                return False
             inputs.append(array)
         outs = [None] * count
         for k, shape in shapes:
