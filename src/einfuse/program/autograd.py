@@ -18,7 +18,6 @@ are those of the statements."""
 from __future__ import annotations
 
 import threading
-import warnings
 from dataclasses import dataclass, field
 from typing import Dict, Optional, Sequence, Tuple
 
@@ -32,9 +31,9 @@ from ..runtime.frameworks import (contiguous, has_tangent, is_functorch_tensor, 
                                   to_numpy)
 from ..schedule import run_statements
 from ..runtime.repeat import signature_of
-from ..runtime.torch_autograd import (recording, refuse_in_transform, save_tensors,
-                                      saved_tensors)
-from .backward_run import PLANS_KEPT, BackwardRun
+from ..runtime.torch_autograd import (numpy_view, numpy_views, recording,
+                                      refuse_in_transform, save_tensors, saved_tensors)
+from .backward_run import PLANS_KEPT, BackwardRun, output_placeholder
 
 _FLOATS = (torch.float32, torch.float64)
 
@@ -81,10 +80,7 @@ class PreparedCall:
         unrecorded)."""
         if not _grad_enabled():
             return None
-        try:
-            arrays = {name: env[name].detach().numpy() for name in self.tensors}
-        except RuntimeError:     # a lazily negated or conjugated view: its values
-            arrays = {name: to_numpy(env[name]) for name in self.tensors}
+        arrays = numpy_views(env, self.tensors)
         for name in self.scalars:
             arrays[name] = env[name]
         tensors = [env[name] for name in self.passed]
@@ -117,11 +113,7 @@ class PreparedCall:
         reached), as tensors like the inputs; ``env``: the forward's saved arrays."""
         key = []
         for seed, grad in zip(self.backward.seeds, grads):
-            try:
-                array = grad.numpy()
-            except RuntimeError:     # a lazily negated or conjugated view
-                array = grad.detach().resolve_neg().resolve_conj().numpy()
-            env[seed] = array
+            array = env[seed] = numpy_view(grad)
             key.append((array.shape, array.dtype, array.strides))
         key = tuple(key)
         found = self._backwards.get(key)
@@ -177,14 +169,8 @@ def _shaped_like(kernels, env: Dict[str, object], names) -> Dict[str, object]:
     for kernel in kernels:
         if all(name in shapes for name in names):
             break
-        output = kernel.spec.output
-        if output in shapes:
-            continue
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            call = kernel.bind(arrays={n: shapes[n] for n in kernel.spec.arg_order})
-        shapes[output] = np.broadcast_to(np.zeros((), call.dtypes.result),
-                                         call.output_shape)
+        if kernel.spec.output not in shapes:
+            shapes[kernel.spec.output] = output_placeholder(kernel, shapes)
     return {name: shapes[name] for name in names}
 
 

@@ -125,15 +125,20 @@ def _scatter(piece: "_Scatter", env) -> None:
     env[piece.key] = found
 
 
+def output_placeholder(kernel, shapes: Mapping[str, object]) -> np.ndarray:
+    """A placeholder of the output ``kernel`` gives for arrays like ``shapes`` (the
+    placeholders of what it reads): its shape and result dtype, from binding alone."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        call = kernel.bind(arrays={n: shapes[n] for n in kernel.spec.arg_order})
+    return np.broadcast_to(np.zeros((), call.dtypes.result), call.output_shape)
+
+
 def _plan(backward: Backward, env: Mapping[str, object], backend: str,
           recompute: Tuple) -> List[_Piece]:
     shapes = {name: placeholder(value) for name, value in env.items()}
     for kernel in recompute:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            call = kernel.bind(arrays={n: shapes[n] for n in kernel.spec.arg_order})
-        shapes[kernel.spec.output] = np.broadcast_to(
-            np.zeros((), call.dtypes.result), call.output_shape)
+        shapes[kernel.spec.output] = output_placeholder(kernel, shapes)
     if backward.folded is not None:
         found = _folded_entries(backward.folded, shapes, backend)
         if found is not None:

@@ -15,6 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable, List, Mapping, Tuple
 
+import numpy as np
 import torch
 
 from ..errors import EinfuseTypeError
@@ -35,6 +36,24 @@ def differentiable_names(call) -> List[str]:
                 value.dtype.is_floating_point:
             result.append(name)
     return result
+
+
+def numpy_view(tensor: torch.Tensor) -> np.ndarray:
+    """A CPU tensor's NumPy view; its values where it has none (a lazily negated or
+    conjugated view, or one that requires grad: ``to_numpy`` resolves it)."""
+    try:
+        return tensor.numpy()
+    except RuntimeError:
+        return to_numpy(tensor)
+
+
+def numpy_views(values: Mapping[str, object], names) -> dict:
+    """``numpy_view`` of the tensors ``names`` of ``values``, by name (detached first:
+    the common case, a tensor that requires grad, then needs no exception)."""
+    try:
+        return {name: values[name].detach().numpy() for name in names}
+    except RuntimeError:     # a lazily negated or conjugated view: its values
+        return {name: to_numpy(values[name]) for name in names}
 
 
 def recording() -> bool:

@@ -31,10 +31,10 @@ from ..autodiff.reference import _NumpyOps, _scatter_add
 from ..backends.c_scatter import scatter_rows
 from ..lang.ast import Access
 from . import gradients
-from .frameworks import to_numpy
 from .repeat import BY_NAME, signature_of
-from .torch_autograd import (differentiable_names, input_gradients, recording,
-                             refuse_in_transform, save_tensors, saved_tensors)
+from .torch_autograd import (differentiable_names, input_gradients, numpy_view,
+                             numpy_views, recording, refuse_in_transform, save_tensors,
+                             saved_tensors)
 
 # Prepared backwards kept per forward signature: one per layout (strides) of dOUT.
 LAYOUTS_KEPT = 8
@@ -91,10 +91,7 @@ class PreparedAutograd:
                   output: Optional[np.ndarray] = None):
         """The gradient of every recorded input, as tensors (autograd mode off);
         ``output``: the forward's result, where ``keeps_output``."""
-        try:
-            grad = grad_output.numpy()
-        except RuntimeError:     # it requires grad, or is a lazily negated view
-            grad = grad_output.detach().resolve_neg().resolve_conj().numpy()
+        grad = numpy_view(grad_output)
         # (``arrays`` is this call's own dict, made by its forward: dOUT and the
         # forward's result may go into it)
         if output is not None:
@@ -336,10 +333,7 @@ def repeat_runner(kernel, call, runner):
     floats = tuple(name for name, value in call.sources.items() if type(value) is float)
 
     def views(named):
-        try:
-            return {name: named[name].detach().numpy() for name in tensors}
-        except RuntimeError:     # a lazily negated or conjugated view: its values
-            return {name: to_numpy(named[name]) for name in tensors}
+        return numpy_views(named, tensors)
 
     if floats:
         def arrays_of(named):
