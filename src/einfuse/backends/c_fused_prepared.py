@@ -122,6 +122,15 @@ def prepared_runner(members, thread_rows: FrozenSet[int], sources: Sequence[obje
             arrays[position] = made[slot]
         return made
 
+    def deliver(env, keys, made, column_totals) -> None:
+        """The outputs and column sums that a later step reads, into ``env``."""
+        for k, array in zip(outputs, made):
+            if keys[k] is not None:
+                env[keys[k]] = array
+        for k, total in column_totals:
+            if keys[k] is not None:
+                env[keys[k]] = total()
+
     def runner(env, keys) -> bool:
         if not lock.acquire(blocking=False):
             return _unowned(env, keys)
@@ -136,12 +145,7 @@ def prepared_runner(members, thread_rows: FrozenSet[int], sources: Sequence[obje
                 return False
             owned.zero()
             launch(arrays, count_now())
-            for k, array in zip(outputs, made):
-                if keys[k] is not None:
-                    env[keys[k]] = array
-            for k, total in totals:
-                if keys[k] is not None:
-                    env[keys[k]] = total()
+            deliver(env, keys, made, totals)
             return True
         finally:
             lock.release()
@@ -153,12 +157,8 @@ def prepared_runner(members, thread_rows: FrozenSet[int], sources: Sequence[obje
         if made is None:
             return False
         launch(arrays, count_now())
-        for k, array in zip(outputs, made):
-            if keys[k] is not None:
-                env[keys[k]] = array
-        for k, pair in mine.columns.items():
-            if keys[k] is not None:
-                env[keys[k]] = _column_total(members[k], *pair)()
+        deliver(env, keys, made, tuple((k, _column_total(members[k], *pair))
+                                       for k, pair in mine.columns.items()))
         return True
     runner.keep = (arguments, owned)
     return runner

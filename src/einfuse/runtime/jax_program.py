@@ -117,7 +117,7 @@ def recorded(holder, kernels: Sequence, env: Dict[str, object], outputs: Sequenc
     env = {name: _listed(value) for name, value in env.items()}
     arrays = tuple(name for name, value in env.items()
                    if isinstance(value, (jax.Array, jax.core.Tracer)))
-    if not any(jnp.issubdtype(env[name].dtype, jnp.inexact) for name in arrays) or \
+    if not any(_inexact(env[name]) for name in arrays) or \
             not any(isinstance(env[name], jax.core.Tracer) for name in arrays):
         return None     # (no tracer: an eager call, which nothing differentiates)
     rules = holder.__dict__.setdefault("_jax_rules", {})
@@ -161,15 +161,14 @@ def _differentiable(rule: ProgramRule, names: Tuple[str, ...], constants: Tuple)
         env = rule.run(dict(constants, **dict(zip(names, primals))))
         outputs = tuple(env[name] for name in rule.outputs)
         live = tuple(name for name, value, tangent in zip(names, primals, tangents)
-                     if not isinstance(tangent, SymbolicZero) and
-                     jnp.issubdtype(value.dtype, jnp.inexact))
+                     if not isinstance(tangent, SymbolicZero) and _inexact(value))
         backward = rule.backward(live) if live else None
         if backward is None:        # the statements' own JVP (and transpose) rules
             return jax.jvp(run, primals, tuple(_instantiated(t, p) for t, p in
                                                   zip(tangents, primals)))
         read = backward.reads | backward.shaped | set(rule.outputs) | set(names)
-        residuals = tuple(name for name in env if name in read and
-                          name not in dict(constants))
+        fixed = {name for name, _ in constants}
+        residuals = tuple(name for name in env if name in read and name not in fixed)
         flowing = [t for name, t in zip(names, tangents) if name in live]
         found = iter(tangent_p.bind(
             *[env[name] for name in residuals], *flowing, rule=rule, residuals=residuals,
@@ -220,7 +219,7 @@ def _forward_tangents(*operands, rule, residuals, live, constants, inputs):
 def _abstract(*avals, rule, residuals, live, constants, inputs):
     env, _ = _split(avals, residuals, live)
     return [jax.core.ShapedArray(env[name].shape, env[name].dtype)
-            for name in rule.outputs if jnp.issubdtype(env[name].dtype, jnp.inexact)]
+            for name in rule.outputs if _inexact(env[name])]
 
 
 def _transpose(cotangents, *operands, rule, residuals, live, constants, inputs):
