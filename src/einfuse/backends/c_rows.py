@@ -217,16 +217,6 @@ def exp_values(x: np.ndarray) -> np.ndarray:
     return y
 
 
-# c_call's caller, once found (it is the same for the life of the process)
-_CALLER: list = []
-
-
-def _caller():
-    found = c_call.caller()
-    _CALLER[:] = [found]
-    return found
-
-
 @dataclass(frozen=True)
 class _Launch:
     """What a call passes besides the arrays: the kernel, its runtime ints (rows, n,
@@ -238,7 +228,7 @@ class _Launch:
     addresses: Tuple[int, int] = (0, 0)
 
     def __call__(self, arrays: Tuple[np.ndarray, ...], threads: int) -> None:
-        caller = _CALLER[0] if _CALLER else _caller()
+        caller = c_call.caller()
         ints, doubles = self.addresses
         if caller is not None and len(arrays) <= c_call.MAX_BUFFERS:
             caller(self.entry, arrays, ints, doubles, ints, doubles, threads)
@@ -306,8 +296,6 @@ def prepared_runner(group: RowGroup, members, adaptive: bool, threads: int):
     shapes = tuple((k, tuple(m.buffers[-1].shape)) for k, m in enumerate(members)
                    if k not in never)
     launch = _launch(group, _input(members, group, 0))
-    softmax = group.pattern is RowPattern.SOFTMAX
-    count = len(members)
 
     def runner(env, keys) -> bool:
         inputs = []
@@ -316,12 +304,11 @@ def prepared_runner(group: RowGroup, members, adaptive: bool, threads: int):
             if array is None:
                 return False
             inputs.append(array)
-        outs = [None] * count
+        outs = [None] * len(members)
         for k, shape in shapes:
             outs[k] = np.empty(shape, working)
-        arrays = (inputs[0], outs[0], outs[2], outs[3]) if softmax else \
-            tuple(inputs) + tuple(outs)
-        _call(group, launch, arrays, (free_threads() or threads) if adaptive else threads)
+        _call(group, launch, _arrays(group, inputs, outs),
+              (free_threads() or threads) if adaptive else threads)
         for k, _ in shapes:
             if keys[k] is not None:
                 env[keys[k]] = outs[k]
