@@ -25,10 +25,6 @@ SIGNATURES_KEPT = 32
 # test, found once per class rather than by name on every call
 _TENSOR_CLASSES: Dict[type, Callable[[object], bool]] = {}
 
-# torch.autograd.forward_ad, once imported (its _current_level says whether a dual
-# level is open)
-_FORWARD_AD: list = [None]
-
 # The prepared runners of NumPy calls that look their arrays up by name and ignore any
 # other name passed (so a caller holding more arrays may pass them all)
 BY_NAME: "weakref.WeakSet" = weakref.WeakSet()
@@ -58,11 +54,8 @@ def signature_of(kwargs) -> Optional[Tuple]:
             if wrapped(value):    # inside torch.func: the full path refuses
                 return None
             # a forward-mode dual tensor: the full path refuses it (its tangent would
-            # be dropped); looked at only while a dual level is open
-            if _FORWARD_AD[0] is None:
-                _FORWARD_AD[0] = sys.modules.get("torch.autograd.forward_ad")
-            if _FORWARD_AD[0] is not None and _FORWARD_AD[0]._current_level >= 0 and \
-                    has_tangent(value):
+            # be dropped)
+            if has_tangent(value):
                 return None
             try:     # (a torch.Size hashes and compares as the tuple it is)
                 if value.is_cpu:
