@@ -27,11 +27,12 @@ EAGER = ("torch eager", CUBLAS, "torch einsum", "torch conv2d", "torch embedding
 def test_quick_cases_cover_the_issue():
     names = [case.name for case in CASES]
     for prefix in ("dist K=", "gauss", "matmul", "bmm_rev", "conv2d", "embed", "logsumexp",
-                   "dist fwd K=", "dist fwd+bwd", "attention", "causal attention"):
+                   "dist fwd K=", "dist fwd+bwd", "attention", "causal attention",
+                   "softmax program", "softmax statement", "layernorm program"):
         assert any(name.startswith(prefix) for name in names), prefix
     assert {case.dtype for case in CASES if case.name.startswith("matmul")} == \
         {"float16", "bfloat16", "float32"}
-    assert len([c for c in CASES if c.target is not None]) == 5
+    assert len([c for c in CASES if c.target is not None]) == 8
     full = [case.name for case in gpu.gpu_cases("cuda", quick=False)]
     for prefix in ("attention B=4 H=8 N=4096 D=64 float16", "causal attention B=4",
                    "ef.jit seed MLP scan 8000 steps"):
@@ -170,3 +171,26 @@ def test_first_triton_launches_are_reported_beside_the_first_call():
                   Measurement("d", "einfuse", 1e-3, 5, 0.1, compiled=0)])
     assert "first launch of 2 Triton kernels" in table[1][4]
     assert "kernels from the cache" in table[2][4]
+
+
+def test_device_time_notes_reach_the_report():
+    """What the device's own time per call is (the profiler's kernels, on a GPU) is noted
+    for einfuse and the torch peers, not for jax's (two profilers in one process)."""
+    from einfuse.bench.report import rows
+    from einfuse.bench.runner import run_case
+    case = next(c for c in CASES if c.name.startswith("dist K="))
+    measured = []
+
+    def device_time(fn):
+        measured.append(fn)
+        return "GPU busy 1.0 µs per call in 1 kernels/copies"
+    results = run_case(case, "triton", ["torch eager", "jax"], 0.01, lambda m: None,
+                       device_time=device_time)
+    noted = {r[1]: r[4] for r in rows(results)[1:]}
+    assert noted["einfuse"].startswith("first call ")
+    assert noted["einfuse"].endswith("; GPU busy 1.0 µs per call in 1 kernels/copies")
+    assert noted["torch eager"].endswith("GPU busy 1.0 µs per call in 1 kernels/copies")
+    assert "GPU busy" not in noted.get("jax.jit", "")
+    assert len(measured) == 2
+    assert "unavailable" in gpu.kernel_time(lambda: None) or \
+        "no GPU work" in gpu.kernel_time(lambda: None)

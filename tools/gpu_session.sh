@@ -6,7 +6,8 @@
 #
 #   tools/gpu_session.sh [kernels] [tests] [bench] [CASE-PREFIX ...]
 #
-# kernels: tools/gpu_kernels.py (per-configuration timings).  Results are packed into
+# kernels: tools/gpu_kernels.py (per-configuration timings).  PYTEST_K selects tests by
+# pytest's -k expression (a short lease: "triton or cuda or gpu or jax").  Results are packed into
 # $OUT/results.tgz, or $OUT/$RESULTS.tgz (the device tool brings back only a few files).
 #
 # Wheels under .gpu/wheels (an ignored folder, carried along) are installed first: the
@@ -58,7 +59,8 @@ fi
 
 if [ "$want_tests" = 1 ]; then
     timeout "${TEST_LIMIT:-240}" $PY -m pytest ${PYTEST_VERBOSITY:--q} -n "${WORKERS:-14}" -p no:cacheprovider \
-        -rfE --tb=short --timeout=120 ${PYTEST_ARGS:-} > "$OUT/pytest.txt" 2>&1
+        -rfE --tb=short --timeout=120 ${PYTEST_ARGS:-} ${PYTEST_K:+-k "$PYTEST_K"} \
+        > "$OUT/pytest.txt" 2>&1
     echo "pytest exit $? after $(elapsed) s" >> "$OUT/pytest.txt"
 fi
 

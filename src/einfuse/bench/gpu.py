@@ -360,7 +360,38 @@ def run_gpu_case(case: GpuCase, device: str = "cuda", backend: str = "triton",
     the device, results agree within the case's dtype tolerance, and the device's memory
     is freed between implementations."""
     return run_case(case, backend, peers, budget_s, progress, sync=synchronizer(device),
-                    tolerance=case.tolerance, between_peers=lambda: _release(device))
+                    tolerance=case.tolerance, between_peers=lambda: _release(device),
+                    device_time=kernel_time if device == "cuda" else None)
+
+
+def kernel_time(fn: Callable[[], object], calls: int = 10) -> str:
+    """What ``calls`` calls of ``fn`` cost the GPU itself, per call, from torch's profiler
+    (CUPTI's kernel and copy records): their summed durations and how many there were.
+    Beside the synchronised call's median it says whether a case is bound by the device
+    or by the host (Python and launches).  A profiler that fails is a note, not a failure."""
+    try:
+        import torch
+        from torch.autograd import DeviceType
+        from torch.profiler import ProfilerActivity, profile
+        fn()
+        torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CUDA]) as recorded:
+            for _ in range(calls):
+                fn()
+            torch.cuda.synchronize()
+        spans = [event.time_range.elapsed_us() for event in recorded.events()
+                 if event.device_type == DeviceType.CUDA]
+    except Exception as error:  # noqa: BLE001 - a profiler's failure is reported
+        return f"GPU time unavailable: {type(error).__name__}: {error}"[:100]
+    if not spans:
+        return "no GPU work recorded"
+    per_call = sum(spans) / calls * 1e-6
+    launches = len(spans) / calls
+    return f"GPU busy {_duration(per_call)} per call in {launches:g} kernels/copies"
+
+
+def _duration(seconds: float) -> str:
+    return f"{seconds * 1e6:.1f} µs" if seconds < 1e-3 else f"{seconds * 1e3:.3f} ms"
 
 
 def target_lines(cases: Sequence[GpuCase], results: Sequence[Measurement]) -> List[str]:

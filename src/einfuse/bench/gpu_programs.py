@@ -1,6 +1,7 @@
-"""GPU cases of programs and ``ef.jit`` (issue 15's second half): attention written in
-index notation against torch's SDPA (FlashAttention kernels) at float16, and the seed
-scan-MLP of issue 12 on JAX GPU arrays against ``jax.jit`` on the same GPU.
+"""GPU cases of programs and ``ef.jit`` (issue 15's second half): softmax and layernorm
+(issue 10's programs) against torch eager and torch.compile, attention written in index
+notation against torch's SDPA (FlashAttention kernels) at float16, and the seed scan-MLP of
+issue 12 on JAX GPU arrays against ``jax.jit`` on the same GPU.
 
 The attention statements are the CPU bench's (bench/cases.py), with and without the
 causal mask; einfuse gets torch CUDA tensors of the case's dtype.  The seed cases are
@@ -14,6 +15,7 @@ from typing import List
 import numpy as np
 
 from .cases import ATTENTION, attention_inputs, sdpa_attention
+from .frontend_cases import LAYERNORM, SOFTMAX, SOFTMAX_STATEMENT
 from .gpu import GpuCase, Target, einfuse_forward, torch_peer
 from .jit_cases import seed_case
 
@@ -36,6 +38,43 @@ def attention_case(device: str, B: int, H: int, N: int, D: int, dtype: str,
                    target=goal)
 
 
+def _torch_softmax(X):
+    import torch
+    return torch.softmax(X, 1)
+
+
+def _torch_layer_norm(X, g, b):
+    import torch
+    return torch.nn.functional.layer_norm(X, X.shape[1:], g, b, eps=1e-5)
+
+
+def row_program_cases(device: str, rows: int, cols: int) -> List[GpuCase]:
+    """Softmax as a program and as one statement, and layernorm, on float32 rows: issue
+    10 asks for at least torch.compile's speed on a GPU."""
+    goal = Target("torch.compile", "faster", 1.0)
+    size = f"{rows}x{cols}"
+
+    def x_only(rng):
+        return {"X": rng.standard_normal((rows, cols), dtype=np.float32)}
+
+    def with_affine(rng):
+        return {"X": rng.standard_normal((rows, cols), dtype=np.float32),
+                "g": rng.standard_normal(cols, dtype=np.float32),
+                "b": rng.standard_normal(cols, dtype=np.float32)}
+    cases = []
+    for name, source, inputs, fn in (
+            (f"softmax program {size}", SOFTMAX, x_only, _torch_softmax),
+            (f"softmax statement {size}", SOFTMAX_STATEMENT, x_only, _torch_softmax),
+            (f"layernorm program {size}", LAYERNORM.replace("N", str(cols)), with_affine,
+             _torch_layer_norm)):
+        cases.append(GpuCase(name, source, inputs,
+                             [torch_peer("torch eager", fn, device),
+                              torch_peer("torch.compile", fn, device, compiled=True)],
+                             einfuse_call=einfuse_forward(source, device, "float32"),
+                             target=goal))
+    return cases
+
+
 def seed_gpu_case(steps: int, hidden: int, chains: int = 0,
                   kind: str = "forward") -> GpuCase:
     """bench/jit_cases.py's case as a GPU case (float64 results, compared at float32's
@@ -51,6 +90,7 @@ def program_cases(device: str, quick: bool) -> List[GpuCase]:
     B, H, N, D = (1, 2, 64, 16) if quick else (4, 8, 4096, 64)
     dtype = "float32" if quick else "float16"
     cases = [attention_case(device, B, H, N, D, dtype, causal) for causal in (False, True)]
+    cases += row_program_cases(device, *((48, 40) if quick else (8192, 8192)))
     if quick:
         return cases
     return cases + [seed_gpu_case(8000, 12), seed_gpu_case(2000, 32, chains=256),

@@ -48,6 +48,8 @@ def rows(results: List[Measurement]) -> List[List[str]]:
         if m.implementation == "einfuse" and m.first_call_s is not None:
             note = (f"first call {_time(m.first_call_s)}"
                     f"{_compiled(m.compiled, m.first_launches)}")
+        if m.device_note:
+            note = f"{note}; {m.device_note}" if note else m.device_note
         table.append([m.case, m.implementation, _time(m.median_s), shown, note])
     return table
 

@@ -28,6 +28,7 @@ class Measurement:
     note: str = ""
     compiled: Optional[int] = None         # C kernels the first call compiled
     first_launches: int = 0                # Triton kernels it launched for the first time
+    device_note: str = ""                  # the device's own time per call, where measured
 
 
 def time_call(fn: Callable[[], object], min_runs: int = 3, max_runs: int = 25,
@@ -63,13 +64,16 @@ def _progress(message: str, stream=sys.stderr):
 def run_case(case: Case, backend: str = "auto", peers: Optional[Sequence[str]] = None,
              budget_s: float = 3.0, progress=_progress, *,
              sync: Optional[Callable[[], None]] = None, tolerance: float = 1e-3,
-             between_peers: Optional[Callable[[], None]] = None) -> List[Measurement]:
+             between_peers: Optional[Callable[[], None]] = None,
+             device_time: Optional[Callable[[Callable[[], object]], str]] = None
+             ) -> List[Measurement]:
     """einfuse, then each peer (those whose name contains one of ``peers``; all when it is
     None), each timed by :func:`time_call` with ``sync`` and checked against einfuse's
     result within ``tolerance`` (relative).  A peer that is missing, skipped, raises
     :class:`PeerUnavailable` or fails is a row with its reason.  ``between_peers`` runs
     after einfuse and after each peer that ran, once their callables are dropped (to free
-    device memory)."""
+    device memory).  ``device_time``, when given, describes what one call costs the device
+    itself (kernel time, launches) for einfuse and for each peer that does not need jax."""
     import einfuse as ef
     rng = np.random.default_rng(0)
     arrays = case.inputs(rng)
@@ -86,6 +90,8 @@ def run_case(case: Case, backend: str = "auto", peers: Optional[Sequence[str]] =
     results.append(Measurement(case.name, "einfuse", median, runs, first,
                                compiled=c_build.compile_count - compiles,
                                first_launches=triton_backend.first_launches - launches))
+    if device_time is not None:
+        results[-1].device_note = device_time(ours)
     reference = host(ours())
     ours = kernel = None   # einfuse's device values go before the peers allocate theirs
     if between_peers is not None:
@@ -105,6 +111,8 @@ def run_case(case: Case, backend: str = "auto", peers: Optional[Sequence[str]] =
             median, runs, first = time_call(fn, budget_s=budget_s, sync=sync)
             note = agreement(reference, fn(), tolerance)
             results.append(Measurement(case.name, peer.name, median, runs, first, note))
+            if device_time is not None and peer.needs != "jax":
+                results[-1].device_note = device_time(fn)
         except PeerUnavailable as reason:
             results.append(Measurement(case.name, peer.name, None, note=str(reason)))
         except Exception as error:  # a peer's failure is reported, not fatal
