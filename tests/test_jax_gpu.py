@@ -21,18 +21,26 @@ launched = []
 
 
 def interpreted_launch(device, inputs):
-    """What triton_call does, on the CPU: the same kernel, scalars, grid, constexprs."""
+    """What triton_call does, from a host callback: the same kernel, scalars, grid and
+    constexprs, launched on torch tensors -- interpreted on the CPU, or compiled on the
+    GPU of a machine without jax_triton (TRITON_INTERPRET=0 there)."""
     prepared = device.prepared
-    config = triton_tuning.default_config(prepared.launch.tiles, interpreted=True,
-                                          reduce_block=prepared.launch.reduce_block)
+    interpreted = triton_backend.interpreted()
+    config = triton_tuning.default_config(prepared.launch.tiles, interpreted=interpreted,
+                                          reduce_block=prepared.launch.reduce_block,
+                                          dot=prepared.launch.dot)
+    where = "cpu" if interpreted else "cuda"
+    compiled = {} if interpreted else {"num_warps": config.num_warps,
+                                       "num_stages": config.num_stages}
 
     def host(*arrays):
         launched.append(device)   # counted when it runs, not when it is traced
-        tensors = [torch.from_numpy(np.array(a)) for a in arrays]
-        out = torch.empty(device.out_shape, dtype=getattr(torch, device.out_dtype))
+        tensors = [torch.from_numpy(np.array(a)).to(where) for a in arrays]
+        out = torch.empty(device.out_shape, dtype=getattr(torch, device.out_dtype),
+                          device=where)
         prepared.kernel[prepared.grid(config)](*tensors, *prepared.scalars, out,
-                                               **prepared.constexprs(config))
-        return out.numpy()
+                                               **prepared.constexprs(config), **compiled)
+        return out.cpu().numpy()
     return jax.pure_callback(host, jax.ShapeDtypeStruct(device.out_shape, device.out_dtype),
                              *inputs, vmap_method="sequential")
 
