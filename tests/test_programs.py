@@ -204,3 +204,22 @@ def test_explain_of_a_program_on_torch_tensors():
             "P[i,j] := E[i,j] / sum[k](E[i,k])")
     shown = str(ef.explain(text, X=torch.randn(300, 200)))
     assert "P[i,j] := E[i,j] / sum[k](E[i,k])" in shown and "kernel" in shown
+
+
+@pytest.mark.parametrize("framework", ["torch", "jax"])
+def test_explain_of_a_program_whose_statement_reads_an_input_and_an_intermediate(
+        framework, backend):
+    """Statement 2 reads the input X and the intermediate m: m's placeholder is of X's
+    framework (it was a NumPy array beside a torch X: a mixed-frameworks error)."""
+    module = pytest.importorskip(framework)
+    X = np.random.default_rng(0).standard_normal((40, 30)).astype(np.float32)
+    X = torch_from(X) if framework == "torch" else module.numpy.asarray(X)
+    shown = str(ef.explain(SOFTMAX, X=X, backend=backend))
+    assert "e[i,j] := exp(X[i,j] - m[i])" in shown and "materialised" in shown
+    gradients = str(ef.explain(SOFTMAX, X=X, backend=backend, gradients=True))
+    assert "dX" in gradients
+
+
+def torch_from(array):
+    import torch
+    return torch.from_numpy(array)

@@ -3,6 +3,7 @@ and why, the costs of the whole, and each statement's own explanation."""
 
 from __future__ import annotations
 
+import numbers
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Tuple
 
@@ -133,6 +134,25 @@ def _placeholder(shape, dtype) -> np.ndarray:
     return np.broadcast_to(np.zeros((), dtype), shape)
 
 
+def _in_framework_of(values: Dict[str, object]):
+    """How an intermediate's placeholder is made for inputs of one framework: NumPy's as
+    they are, torch's as a zero-strided tensor on the inputs' device (binding refuses
+    arrays of two frameworks in one call; a device decides the backend).  JAX inputs are
+    read as NumPy placeholders of their shapes, intermediates likewise."""
+    from ..runtime.frameworks import JAX, TORCH, common_framework, placeholder
+    framework = common_framework({k: v for k, v in values.items()
+                                  if not isinstance(v, numbers.Number)})
+    if framework == JAX:
+        for name, value in values.items():
+            values[name] = placeholder(value)
+    if framework != TORCH:
+        return lambda array: array
+    import torch
+    device = next(v.device for v in values.values() if isinstance(v, torch.Tensor))
+    return lambda array: torch.from_numpy(np.zeros((), array.dtype)).to(device).expand(
+        array.shape)
+
+
 def _input_placeholders(program: Program, shapes) -> Dict[str, np.ndarray]:
     """shapes= as arrays: int64 for names some statement uses as an index array,
     float32 otherwise."""
@@ -171,6 +191,7 @@ def explain_program(program: Program, args, arrays, shapes, gradients: bool):
                                keep=set(program.outputs))
     except EinfuseError:
         groups = None     # the statements' own explanations say what is wrong
+    shaped = _in_framework_of(values)
     parts, env = [], dict(values)
     produced: Dict[str, Tuple[Tuple[int, ...], str]] = {}
     for statement in program.statements:
@@ -182,7 +203,7 @@ def explain_program(program: Program, args, arrays, shapes, gradients: bool):
         if statement.assign == ":=":
             call = kernel.bind(arrays=given)
             result = call.dtypes.result
-            env[statement.output] = _placeholder(call.output_shape, result)
+            env[statement.output] = shaped(_placeholder(call.output_shape, result))
             produced[statement.output] = (tuple(call.output_shape), np.dtype(result).name)
     rows = {name: size for group in groups or () for name, size in group.thread_rows}
     materialised = []
