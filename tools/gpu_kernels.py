@@ -4,8 +4,13 @@ next to plain hand-written Triton kernels of the same computation, so that a gap
 placed in einfuse's kernel structure or in its choice of configuration.
 
     TRITON_INTERPRET=0 PYTHONPATH=src python3 tools/gpu_kernels.py [matmul|dist|gauss ...]
+
+EF_CHUNK=N renders long sums in chunks of N steps instead of triton_helpers.CHUNK (each
+chunk is its own software-pipelined loop, then a compensated fold): run once with and once
+without it, each in its own process, to see what the chunking costs a kernel.
 """
 
+import os
 import sys
 
 import torch
@@ -14,7 +19,12 @@ import triton.language as tl
 from triton.testing import do_bench
 
 import einfuse as ef
+from einfuse.backends import triton_helpers
 from einfuse.backends import triton_tuning as tuning
+
+if os.environ.get("EF_CHUNK"):   # before anything is rendered
+    triton_helpers.CHUNK = int(os.environ["EF_CHUNK"])
+    print(f"long sums in chunks of {triton_helpers.CHUNK} steps")
 
 WIDE = [tuning.Config(r, n, k, 0, w, s) for r, n, k, w, s in (
     (64, 64, 32, 4, 3), (64, 128, 32, 4, 3), (128, 64, 32, 4, 3), (128, 128, 32, 8, 3),
