@@ -1,5 +1,6 @@
-"""The fused Triton attention kernel (backends/triton_attention.py) under the Triton
-interpreter: backend='triton' on CPU tensors and NumPy arrays runs it.  Results are
+"""The fused Triton attention kernel (backends/triton_attention.py): backend='triton' on
+torch tensors and NumPy arrays runs it, under the Triton interpreter on CPU tensors (CI),
+compiled on CUDA tensors where a GPU is there and TRITON_INTERPRET=0 (a lent GPU machine).  Results are
 compared with the statements' semantics in float64 (test_attention.one_by_one, an
 independent NumPy mirror) and, on a tiny case, the brute-force oracle; float16 and
 bfloat16 results within a tolerance of their own precision."""
@@ -13,9 +14,12 @@ from oracle import brute_force
 from test_attention import one_by_one, poison, program
 
 torch = pytest.importorskip("torch")
-pytestmark = pytest.mark.skipif(not triton_backend.available() or
-                                not triton_backend.interpreted(),
-                                reason="needs triton under TRITON_INTERPRET=1")
+pytestmark = pytest.mark.skipif(
+    not triton_backend.available() or not (triton_backend.interpreted() or
+                                           torch.cuda.is_available()),
+    reason="needs triton under TRITON_INTERPRET=1, or compiled with a CUDA GPU")
+# the interpreter runs on CPU tensors; compiled Triton on the GPU's
+DEVICE = "cpu" if triton_backend.interpreted() else "cuda"
 from einfuse.backends import triton_attention  # noqa: E402
 
 MASKS = {"causal": "j <= i", "strict": "j < i", "none": None}
@@ -40,12 +44,12 @@ def launches(monkeypatch):
 def qkv(shape, dtype=torch.float32, seed=0):
     B, H, NQ, NK, D, E = shape
     g = torch.Generator().manual_seed(seed)
-    return [torch.randn(*s, generator=g).to(dtype)
+    return [torch.randn(*s, generator=g).to(dtype).to(DEVICE)
             for s in ((B, H, NQ, D), (B, H, NK, D), (B, H, NK, E))]
 
 
 def expected_of(Q, K, V, scale, mask, normalised=True):
-    return one_by_one(*(t.double().numpy() for t in (Q, K, V)), scale, mask, normalised)
+    return one_by_one(*(t.double().cpu().numpy() for t in (Q, K, V)), scale, mask, normalised)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
@@ -59,7 +63,7 @@ def test_matches_the_statements(dtype, mask, shape, launches):
     assert len(launches) == 1
     assert got.dtype == dtype and tuple(got.shape) == shape[:3] + shape[5:]
     expected = expected_of(Q, K, V, 0.3, MASKS[mask])
-    result = got.double().numpy()
+    result = got.double().cpu().numpy()
     np.testing.assert_array_equal(np.isnan(result), np.isnan(expected))
     tol = TOLERANCE[dtype]
     np.testing.assert_allclose(result, expected, rtol=tol, atol=tol)
@@ -72,8 +76,8 @@ def test_more_rows_than_keys(mask, launches):
     got = ef.ein(program(MASKS[mask]), Q=Q, K=K, V=V, scale=0.3, backend="triton")
     assert len(launches) == 1
     expected = expected_of(Q, K, V, 0.3, MASKS[mask])
-    np.testing.assert_array_equal(np.isnan(got.numpy()), np.isnan(expected))
-    np.testing.assert_allclose(got.numpy(), expected, rtol=2e-5, atol=2e-6)
+    np.testing.assert_array_equal(np.isnan(got.cpu().numpy()), np.isnan(expected))
+    np.testing.assert_allclose(got.cpu().numpy(), expected, rtol=2e-5, atol=2e-6)
 
 
 def test_numpy_arrays_and_the_forms(launches):
@@ -117,19 +121,19 @@ def test_layouts_through_strides(launches):
     g = torch.Generator().manual_seed(3)
     # Q[i,b,d] a transposed view, K[d,j,b] (the keys' dot index first), V[b,j,e]; the
     # output O[b,e,i]
-    Q = torch.randn(2, 33, 16, generator=g).transpose(0, 1)
-    K = torch.randn(16, 33, 2, generator=g)
-    V = torch.randn(2, 33, 4, generator=g)
+    Q = torch.randn(2, 33, 16, generator=g).to(DEVICE).transpose(0, 1)
+    K = torch.randn(16, 33, 2, generator=g).to(DEVICE)
+    V = torch.randn(2, 33, 4, generator=g).to(DEVICE)
     score = "sum[d](Q[i,b,d]*K[d,{j},b]) / 2"
     s = "where(i >= {j}, " + score + ", -inf)"
     text = (f"O[b,e,i] := sum[j](exp({s.format(j='j')} - max[k]({s.format(j='k')})) * "
             f"V[b,j,e]) / sum[j](exp({s.format(j='j')} - max[k]({s.format(j='k')})))")
     got = ef.ein(text, Q=Q, K=K, V=V, backend="triton")
     assert len(launches) == 1 and got.is_contiguous()
-    expected = one_by_one(Q.permute(1, 0, 2)[:, None].double().numpy(),
-                          K.permute(2, 1, 0)[:, None].double().numpy(),
-                          V[:, None].double().numpy(), 0.5)[:, 0].transpose(0, 2, 1)
-    np.testing.assert_allclose(got.numpy(), expected, rtol=2e-5, atol=2e-5)
+    expected = one_by_one(Q.permute(1, 0, 2)[:, None].double().cpu().numpy(),
+                          K.permute(2, 1, 0)[:, None].double().cpu().numpy(),
+                          V[:, None].double().cpu().numpy(), 0.5)[:, 0].transpose(0, 2, 1)
+    np.testing.assert_allclose(got.cpu().numpy(), expected, rtol=2e-5, atol=2e-5)
 
 
 def batched(lead: str, out: str) -> str:
@@ -146,16 +150,16 @@ def batched(lead: str, out: str) -> str:
     ("a,b,c,", "a,i,b,c,e", (2, 2, 3))])
 def test_batch_ranks(lead, out, shape, launches):
     g = torch.Generator().manual_seed(4)
-    Q, K, V = (torch.randn(*shape, 20, 16, generator=g) for _ in range(3))
+    Q, K, V = (torch.randn(*shape, 20, 16, generator=g).to(DEVICE) for _ in range(3))
     if len(shape) == 3:      # a query whose first two batch axes do not merge (a copy)
         Q = Q.permute(0, 3, 1, 2, 4).contiguous().permute(0, 2, 3, 1, 4)
     got = ef.ein(batched(lead, out), Q=Q, K=K, V=V, backend="triton")
     assert len(launches) == 1
-    flat = [t.reshape(1, -1, 20, 16).double().numpy() for t in (Q, K, V)]
+    flat = [t.reshape(1, -1, 20, 16).double().cpu().numpy() for t in (Q, K, V)]
     expected = one_by_one(*flat, 0.5).reshape(shape + (20, 16))
     if len(shape) == 3:
         expected = expected.transpose(0, 3, 1, 2, 4)
-    np.testing.assert_allclose(got.numpy(), expected, rtol=2e-5, atol=2e-5)
+    np.testing.assert_allclose(got.cpu().numpy(), expected, rtol=2e-5, atol=2e-5)
 
 
 # -- NaN and inf, as the C kernel's tests check them ------------------------------------
@@ -169,9 +173,9 @@ def test_nonfinite_inputs(case, launches):
     assert len(launches) == 1
     expected = expected_of(Q, K, V, 1.0, "j <= i")
     if case == "huge scores":     # float32 scores, as the statements compute them
-        expected = one_by_one(Q.numpy(), K.numpy(), V.numpy(), 1.0)
-    np.testing.assert_array_equal(np.isnan(got.numpy()), np.isnan(expected))
-    np.testing.assert_allclose(got.numpy(), expected, rtol=1e-4, atol=1e-5)
+        expected = one_by_one(Q.cpu().numpy(), K.cpu().numpy(), V.cpu().numpy(), 1.0)
+    np.testing.assert_array_equal(np.isnan(got.cpu().numpy()), np.isnan(expected))
+    np.testing.assert_allclose(got.cpu().numpy(), expected, rtol=1e-4, atol=1e-5)
 
 
 def test_fully_masked_row_is_nan(launches):
@@ -188,24 +192,24 @@ def test_nonfinite_value_runs_the_statements(launches):
     # the kernel is queued before the value's check answers; its result is dropped
     assert len(launches) == 1
     expected = expected_of(Q, K, V, 1.0, "j <= i")
-    assert np.isnan(got[0, 0, :4, 1].numpy()).all()     # 0 * inf at the masked key
+    assert np.isnan(got[0, 0, :4, 1].cpu().numpy()).all()     # 0 * inf at the masked key
     # finite values whose float32 sum overflows: the check cannot tell, the statements run
-    V = torch.full((1, 1, 6, 2), 3e38)
+    V = torch.full((1, 1, 6, 2), 3e38, device=DEVICE)
     huge = ef.ein(program(), Q=Q, K=K, V=V, scale=1.0, backend="triton")
     one_by_one_f32, _ = ef.ein(program(), Q=Q, K=K, V=V, scale=1.0, backend="numpy",
                                outputs=("O", "S"))      # float32 sums: inf past row 0
-    np.testing.assert_allclose(huge.numpy(), one_by_one_f32.numpy(), rtol=1e-6)
-    np.testing.assert_array_equal(np.isnan(got.numpy()), np.isnan(expected))
+    np.testing.assert_allclose(huge.cpu().numpy(), one_by_one_f32.cpu().numpy(), rtol=1e-6)
+    np.testing.assert_array_equal(np.isnan(got.cpu().numpy()), np.isnan(expected))
 
 
 # -- what the kernel leaves to the statements --------------------------------------------
 
 def test_scales_and_errors(launches):
     Q, K, V = qkv((1, 1, 6, 6, 2, 2))
-    tensor_scale = ef.ein(program(), Q=Q, K=K, V=V, scale=torch.tensor(0.25),
-                          backend="triton")
+    tensor_scale = ef.ein(program(), Q=Q, K=K, V=V,
+                          scale=torch.tensor(0.25, device=DEVICE), backend="triton")
     assert len(launches) == 1
-    np.testing.assert_allclose(tensor_scale.numpy(), expected_of(Q, K, V, 0.25, "j <= i"),
+    np.testing.assert_allclose(tensor_scale.cpu().numpy(), expected_of(Q, K, V, 0.25, "j <= i"),
                                rtol=2e-5, atol=2e-6)
     # a scale whose product with log2(e) overflows float32: the statements run
     ef.ein(program(), Q=Q, K=K, V=V, scale=3e38, backend="triton")
@@ -226,7 +230,7 @@ def test_forced_configuration(launches):
     with triton_attention.forced_config(config):
         got = ef.ein(program(), Q=Q, K=K, V=V, scale=0.5, backend="triton")
     assert launches == [config]
-    np.testing.assert_allclose(got.numpy(), expected_of(Q, K, V, 0.5, "j <= i"),
+    np.testing.assert_allclose(got.cpu().numpy(), expected_of(Q, K, V, 0.5, "j <= i"),
                                rtol=2e-5, atol=2e-6)
     with pytest.raises(ef.EinfuseError, match="Config"):
         with triton_attention.forced_config((16, 32, 2, 1)):
@@ -240,41 +244,41 @@ def test_forced_configuration(launches):
 def test_gradients_under_autograd(dtype, mask, launches):
     # the forward is the kernel; the backward the statements' formula in torch
     g = torch.Generator().manual_seed(5)
-    Q, K, V = (torch.randn(1, 2, 20, 16, generator=g).to(dtype).requires_grad_()
+    Q, K, V = (torch.randn(1, 2, 20, 16, generator=g).to(dtype).to(DEVICE).requires_grad_()
                for _ in range(3))
     out = ef.ein(program(mask), Q=Q, K=K, V=V, scale=0.4, backend="triton")
     assert len(launches) == 1 and out.dtype == dtype
     wide = [t.detach().double().requires_grad_() for t in (Q, K, V)]
     expected = torch.nn.functional.scaled_dot_product_attention(
         *wide, is_causal=mask is not None, scale=0.4)
-    seed = torch.randn(out.shape, generator=g)
+    seed = torch.randn(out.shape, generator=g).to(DEVICE)
     got = torch.autograd.grad(out, (Q, K, V), seed.to(dtype))
     want = torch.autograd.grad(expected, wide, seed.double())
     tol = TOLERANCE[dtype]
     for a, b in zip(got, want):
         assert a.dtype == dtype
-        np.testing.assert_allclose(a.double().numpy(), b.numpy(), rtol=tol, atol=tol)
+        np.testing.assert_allclose(a.double().cpu().numpy(), b.cpu().numpy(), rtol=tol, atol=tol)
 
 
 def test_double_backward_and_what_records_the_statements(launches):
     g = torch.Generator().manual_seed(6)
-    Q, K, V = (torch.randn(1, 1, 12, 16, generator=g, requires_grad=True)
+    Q, K, V = (torch.randn(1, 1, 12, 16, generator=g).to(DEVICE).requires_grad_()
                for _ in range(3))
     out = ef.ein(program(), Q=Q, K=K, V=V, scale=0.5, backend="triton")
     (dq,) = torch.autograd.grad((out ** 2).sum(), (Q,), create_graph=True)
     (ddq,) = torch.autograd.grad(dq.sum(), (Q,))
     wide = [t.detach().double().requires_grad_() for t in (Q, K, V)]
     S = (wide[0] @ wide[1].transpose(-1, -2) * 0.5).masked_fill(
-        ~torch.ones(12, 12, dtype=torch.bool).tril(), -torch.inf)
+        ~torch.ones(12, 12, dtype=torch.bool, device=DEVICE).tril(), -torch.inf)
     ref = torch.softmax(S, -1) @ wide[2]
     (rdq,) = torch.autograd.grad((ref ** 2).sum(), (wide[0],), create_graph=True)
     (rddq,) = torch.autograd.grad(rdq.sum(), (wide[0],))
-    np.testing.assert_allclose(ddq.double().numpy(), rddq.numpy(), rtol=1e-3, atol=1e-4)
+    np.testing.assert_allclose(ddq.double().cpu().numpy(), rddq.cpu().numpy(), rtol=1e-3, atol=1e-4)
     assert len(launches) == 1
     # j < i (its first row sees no key) and a scale needing a gradient: the statements
     ef.ein(program("j < i"), Q=Q, K=K, V=V, scale=0.5, backend="triton")
-    ef.ein(program(), Q=Q, K=K, V=V, scale=torch.tensor(0.5, requires_grad=True),
-           backend="triton")
+    ef.ein(program(), Q=Q, K=K, V=V,
+           scale=torch.tensor(0.5, requires_grad=True, device=DEVICE), backend="triton")
     assert len(launches) == 1
 
 
@@ -282,7 +286,8 @@ def test_explain_says_where_the_kernel_runs():
     shape = (2, 3, 100, 16)
     shapes = {"Q": shape, "K": shape, "V": shape}
     text = str(ef.explain(program(), shapes=shapes, scale=0.5, backend="triton"))
-    assert "Triton kernel" in text and "TRITON_INTERPRET=1" in text
+    assert "Triton kernel" in text
+    assert ("TRITON_INTERPRET=1" in text) == (DEVICE == "cpu")
     assert "nothing N x N" in text
     wide = (2, 3, 100, 200)
     text = str(ef.explain(program(), shapes={"Q": wide, "K": wide, "V": shape},
