@@ -1,7 +1,7 @@
 """The fused Triton attention kernel (backends/triton_attention.py): backend='triton' on
 torch tensors and NumPy arrays runs it, under the Triton interpreter on CPU tensors (CI),
-compiled on CUDA tensors where a GPU is there and TRITON_INTERPRET=0 (a lent GPU machine).  Results are
-compared with the statements' semantics in float64 (test_attention.one_by_one, an
+compiled on CUDA tensors where a GPU is there and TRITON_INTERPRET=0 (a lent GPU
+machine).  Results are compared with the statements' semantics in float64 (test_attention.one_by_one, an
 independent NumPy mirror) and, on a tiny case, the brute-force oracle; float16 and
 bfloat16 results within a tolerance of their own precision."""
 
@@ -273,7 +273,8 @@ def test_double_backward_and_what_records_the_statements(launches):
     ref = torch.softmax(S, -1) @ wide[2]
     (rdq,) = torch.autograd.grad((ref ** 2).sum(), (wide[0],), create_graph=True)
     (rddq,) = torch.autograd.grad(rdq.sum(), (wide[0],))
-    np.testing.assert_allclose(ddq.double().cpu().numpy(), rddq.cpu().numpy(), rtol=1e-3, atol=1e-4)
+    np.testing.assert_allclose(ddq.double().cpu().numpy(), rddq.cpu().numpy(), rtol=1e-3,
+                               atol=1e-4)
     assert len(launches) == 1
     # j < i (its first row sees no key) and a scale needing a gradient: the statements
     ef.ein(program("j < i"), Q=Q, K=K, V=V, scale=0.5, backend="triton")
