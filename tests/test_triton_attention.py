@@ -2,8 +2,9 @@
 torch tensors and NumPy arrays runs it, under the Triton interpreter on CPU tensors (CI),
 compiled on CUDA tensors where a GPU is there and TRITON_INTERPRET=0 (a lent GPU
 machine).  Results are compared with the statements' semantics in float64
-(test_attention.one_by_one, an independent NumPy mirror) and, on a tiny case, the brute-force oracle; float16 and
-bfloat16 results within a tolerance of their own precision."""
+(test_attention.one_by_one, an independent NumPy mirror) and, on a tiny case, the
+brute-force oracle; float16 and bfloat16 results within a tolerance of their own
+precision."""
 
 import numpy as np
 import pytest
