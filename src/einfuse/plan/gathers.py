@@ -222,6 +222,8 @@ def _extremes(call, name: str):
         if source.dtype == torch.uint64:
             return _uint64_extremes(source.view(torch.int64))
         low, high = source.aminmax()
+        if source.is_cuda:   # one transfer to the host (and one wait), not one per value
+            low, high = torch.stack((low, high)).tolist()
         return int(low), int(high)
     return array_extremes(call.arrays[name])
 
