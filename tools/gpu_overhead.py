@@ -51,13 +51,22 @@ if __name__ == "__main__":
     case("logsumexp 8192^2", "z[i] := logsumexp[j](X[i,j])", X=X)
     W = torch.randn(50000, 256, device="cuda")
     idx = torch.randint(0, 50000, (262144,), device="cuda")
-    case("embed", "E[b,d] := W[idx[b], d]", W=W, idx=idx)
+    embed = case("embed", "E[b,d] := W[idx[b], d]", W=W, idx=idx)
     small = torch.randn(64, 64, device="cuda")
-    tiny = case("tiny 64x64 matmul", "C[i,k] := A[i,j] * B[j,k]", A=small, B=small)
-    profile = cProfile.Profile()
-    profile.enable()
-    for _ in range(300):
-        call()
-    torch.cuda.synchronize()
-    profile.disable()
-    pstats.Stats(profile).sort_stats("tottime").print_stats(22)
+    case("tiny 64x64 matmul", "C[i,k] := A[i,j] * B[j,k]", A=small, B=small)
+    # the H200 run's outliers: a synchronised attention call took 315 µs more than its
+    # kernels, an embed call 289 µs (matmul's 35): the host's time per call says whether
+    # that is Python and launches or waiting on the GPU
+    from einfuse.bench.gpu_programs import PLAIN_ATTENTION
+    Q, K, V = (torch.randn(4, 8, 4096, 64, **half) for _ in range(3))
+    attention = case("attention B=4 H=8 N=4096 D=64 float16",
+                     PLAIN_ATTENTION.format(scale=repr(0.125)), Q=Q, K=K, V=V)
+    for label, fn in (("attention", attention), ("embed", embed), ("matmul", call)):
+        profile = cProfile.Profile()
+        profile.enable()
+        for _ in range(100):
+            fn()
+            torch.cuda.synchronize()
+        profile.disable()
+        print(f"--- {label}: profile of 100 synchronised calls (tottime)")
+        pstats.Stats(profile).sort_stats("tottime").print_stats(18)
