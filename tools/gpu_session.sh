@@ -4,7 +4,7 @@
 # backend go to the GPU), then `einfuse bench --device cuda`, one case per process so a
 # case that hangs or crashes costs only itself.  Everything lands under $OUT.
 #
-#   tools/gpu_session.sh [kernels] [tests] [bench] [CASE-PREFIX ...]
+#   tools/gpu_session.sh [kernels] [overhead] [tests] [bench] [CASE-PREFIX ...]
 #
 # kernels: tools/gpu_kernels.py (per-configuration timings).  PYTEST_K selects tests by
 # pytest's -k expression (a short lease: "triton or cuda or gpu or jax").  Results are packed into
@@ -42,10 +42,11 @@ PY
     gcc --version | head -1
 } > "$OUT/env.txt" 2>&1
 
-want_tests=0; want_bench=0; want_kernels=0; cases=()
+want_tests=0; want_bench=0; want_kernels=0; want_overhead=0; cases=()
 for arg in "$@"; do
     case "$arg" in
         kernels) want_kernels=1 ;;
+        overhead) want_overhead=1 ;;
         tests) want_tests=1 ;;
         bench) want_bench=1 ;;
         *) cases+=("$arg") ;;
@@ -55,6 +56,11 @@ done
 if [ "$want_kernels" = 1 ]; then
     timeout "${KERNELS_LIMIT:-200}" $PY tools/gpu_kernels.py ${KERNELS:-} > "$OUT/kernels.txt" 2>&1
     echo "exit $? after $(elapsed) s" >> "$OUT/kernels.txt"
+fi
+
+if [ "$want_overhead" = 1 ]; then   # tools/gpu_overhead.py: kernel, call and host times
+    timeout "${OVERHEAD_LIMIT:-120}" $PY tools/gpu_overhead.py > "$OUT/overhead.txt" 2>&1
+    echo "exit $? after $(elapsed) s" >> "$OUT/overhead.txt"
 fi
 
 if [ "$want_tests" = 1 ]; then
