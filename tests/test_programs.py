@@ -223,3 +223,28 @@ def test_explain_of_a_program_whose_statement_reads_an_input_and_an_intermediate
 def torch_from(array):
     import torch
     return torch.from_numpy(array)
+
+
+def test_explain_of_a_program_takes_the_names_a_call_takes():
+    """A missing or unknown input is the call's error (a missing one was a KeyError)."""
+    layernorm = ("mu[i] := sum[j](X[i,j]) / 5\nv[i] := sum[j]((X[i,j] - mu[i])**2) / 5\n"
+                 "y[i,j] := (X[i,j] - mu[i]) / sqrt(v[i] + 0.00001) * g[j] + b[j]")
+    from einfuse import errors
+    X = np.ones((4, 5), np.float32)
+    for given, error in (({"X": X}, errors.MissingArgumentError),
+                         ({"X": X, "g": X[0], "b": X[0], "Y": X}, errors.UnexpectedArgumentError)):
+        with pytest.raises(error) as explained:
+            ef.explain(layernorm, **given)
+        with pytest.raises(error) as called:
+            ef.ein(layernorm, **given)
+        assert str(explained.value).splitlines()[0] == str(called.value).splitlines()[0]
+    assert "y[i,j]" in str(ef.explain(layernorm, X=X, shapes={"g": (5,), "b": (5,)}))
+
+
+def test_explain_with_an_empty_axis():
+    """No bytes move: the arithmetic intensity is undefined, not a crash in str()."""
+    empty = np.zeros((0, 5), np.float32)
+    assert "no bytes moved" in str(ef.explain("y[i] := x[i] * 2", x=np.zeros(0)))
+    text = str(ef.explain(SOFTMAX, X=empty))
+    assert "no bytes moved" in text and "P[i,j]" in text
+    assert ef.ein(SOFTMAX, X=empty).shape == (0, 5)

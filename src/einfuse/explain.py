@@ -64,7 +64,7 @@ class Explanation:
                     f"  FLOPs                 {_count(self.flops)}",
                     f"  bytes read            {_bytes(self.bytes_read)} (each input once)",
                     f"  bytes written         {_bytes(self.bytes_written)}",
-                    f"  arithmetic intensity  {self.arithmetic_intensity:.2f} FLOP/byte"]
+                    "  arithmetic intensity  " + _intensity(self.arithmetic_intensity)]
             if self.naive_intermediate_bytes:
                 out.append(f"  naive broadcast       {_bytes(self.naive_intermediate_bytes)}"
                            " intermediate (what eager NumPy/PyTorch would allocate; "
@@ -277,6 +277,11 @@ def index_rows(spec: Spec, bounds: Optional[Bounds]) -> List[List[str]]:
             values = f"{lo}..{hi - 1}" if hi > lo else "empty"
             rows.append([name, role, str(bounds.extent(name)), values, bounds.source(name)])
     return rows
+
+
+def _intensity(value: Optional[float]) -> str:
+    # an empty axis moves no bytes: FLOPs per byte is undefined, not zero
+    return "- (no bytes moved)" if value is None else f"{value:.2f} FLOP/byte"
 
 
 def explain(statement=NOT_GIVEN, /, *args, shapes: Optional[Dict[str, tuple]] = None,

@@ -178,6 +178,8 @@ def explain_program(program: Program, args, arrays, shapes, gradients: bool):
     try:
         if shapes:
             values = {**_input_placeholders(program, shapes), **values}
+        if values:   # the names a call would take: none missing, none unknown
+            program._named((), values, None)
     except EinfuseError as error:
         raise attach_statement(error, program.source) from None
     if not values:
