@@ -58,68 +58,63 @@ def _program_call(source: str):
     return make
 
 
+def row_inputs(rows: int, cols: int, affine: bool = False):
+    """Float32 rows X (and with ``affine`` layernorm's g and b): a case's inputs."""
+    def inputs(rng):
+        arrays = {"X": rng.standard_normal((rows, cols), dtype=np.float32)}
+        if affine:
+            arrays.update(g=rng.standard_normal(cols, dtype=np.float32),
+                          b=rng.standard_normal(cols, dtype=np.float32))
+        return arrays
+    return inputs
+
+
+def torch_softmax(X):
+    import torch
+    return torch.softmax(X, 1)
+
+
+def torch_layer_norm(X, g, b):
+    import torch
+    return torch.nn.functional.layer_norm(X, X.shape[1:], g, b, eps=1e-5)
+
+
 def softmax_case(rows: int = 4096, cols: int = 1024, statement: bool = False) -> Case:
     source = SOFTMAX_STATEMENT if statement else SOFTMAX
-
-    def torch_fn(X):
-        import torch
-        return torch.softmax(X, 1)
 
     def numpy_fn(X):
         e = np.exp(X - X.max(1, keepdims=True))
         return e / e.sum(1, keepdims=True)
     form = "statement" if statement else "program"
     return Case(f"softmax {form} {rows}x{cols}", source.replace("\n", "; "),
-                lambda rng: {"X": rng.standard_normal((rows, cols), dtype=np.float32)},
-                [numpy_peer("numpy", numpy_fn), torch_peer("torch.softmax", torch_fn)],
+                row_inputs(rows, cols),
+                [numpy_peer("numpy", numpy_fn), torch_peer("torch.softmax", torch_softmax)],
                 einfuse_call=_program_call(source))
 
 
 def layernorm_case(rows: int = 4096, cols: int = 1024) -> Case:
-    def arrays(rng):
-        return {"X": rng.standard_normal((rows, cols), dtype=np.float32),
-                "g": rng.standard_normal(cols, dtype=np.float32),
-                "b": rng.standard_normal(cols, dtype=np.float32)}
-
-    def torch_fn(X, g, b):
-        import torch
-        return torch.nn.functional.layer_norm(X, (cols,), g, b, eps=1e-5)
-
     def numpy_fn(X, g, b):
         mu = X.mean(1, keepdims=True)
         return (X - mu) / np.sqrt(((X - mu) ** 2).mean(1, keepdims=True) + 1e-5) * g + b
     source = LAYERNORM.replace("N", str(cols))
-    return Case(f"layernorm program {rows}x{cols}", source.replace("\n", "; "), arrays,
+    return Case(f"layernorm program {rows}x{cols}", source.replace("\n", "; "),
+                row_inputs(rows, cols, affine=True),
                 [numpy_peer("numpy", numpy_fn),
-                 torch_peer("torch layer_norm", torch_fn)],
+                 torch_peer("torch layer_norm", torch_layer_norm)],
                 einfuse_call=_program_call(source))
 
 
 def training_frontend_cases(rows: int = 4096, cols: int = 1024) -> List[Case]:
     """Forward + backward (torch autograd, gradients of every float input) of softmax
     as a program and as one statement, and of layernorm, against torch eager."""
-    def x_only(rng):
-        return {"X": rng.standard_normal((rows, cols), dtype=np.float32)}
-
-    def with_affine(rng):
-        return {"X": rng.standard_normal((rows, cols), dtype=np.float32),
-                "g": rng.standard_normal(cols, dtype=np.float32),
-                "b": rng.standard_normal(cols, dtype=np.float32)}
-
-    def softmax(X):
-        import torch
-        return torch.softmax(X, 1)
-
-    def layer_norm(X, g, b):
-        import torch
-        return torch.nn.functional.layer_norm(X, (cols,), g, b, eps=1e-5)
+    x_only, with_affine = row_inputs(rows, cols), row_inputs(rows, cols, affine=True)
     size = f"{rows}x{cols}"
-    return [training_case(f"softmax program {size}", SOFTMAX, x_only, softmax,
+    return [training_case(f"softmax program {size}", SOFTMAX, x_only, torch_softmax,
                           compiled=False),
-            training_case(f"softmax statement {size}", SOFTMAX_STATEMENT, x_only, softmax,
-                          compiled=False),
+            training_case(f"softmax statement {size}", SOFTMAX_STATEMENT, x_only,
+                          torch_softmax, compiled=False),
             training_case(f"layernorm program {size}", LAYERNORM.replace("N", str(cols)),
-                          with_affine, layer_norm, compiled=False)]
+                          with_affine, torch_layer_norm, compiled=False)]
 
 
 def jax_training_cases(rows: int = 4096, cols: int = 1024) -> List[Case]:

@@ -15,7 +15,8 @@ from typing import List
 import numpy as np
 
 from .cases import ATTENTION, attention_inputs, sdpa_attention
-from .frontend_cases import LAYERNORM, SOFTMAX, SOFTMAX_STATEMENT
+from .frontend_cases import (LAYERNORM, SOFTMAX, SOFTMAX_STATEMENT, row_inputs,
+                             torch_layer_norm, torch_softmax)
 from .gpu import GpuCase, Target, einfuse_forward, torch_peer
 from .jit_cases import seed_case
 
@@ -38,35 +39,18 @@ def attention_case(device: str, B: int, H: int, N: int, D: int, dtype: str,
                    target=goal)
 
 
-def _torch_softmax(X):
-    import torch
-    return torch.softmax(X, 1)
-
-
-def _torch_layer_norm(X, g, b):
-    import torch
-    return torch.nn.functional.layer_norm(X, X.shape[1:], g, b, eps=1e-5)
-
-
 def row_program_cases(device: str, rows: int, cols: int) -> List[GpuCase]:
     """Softmax as a program and as one statement, and layernorm, on float32 rows: issue
     10 asks for at least torch.compile's speed on a GPU."""
     goal = Target("torch.compile", "faster", 1.0)
     size = f"{rows}x{cols}"
-
-    def x_only(rng):
-        return {"X": rng.standard_normal((rows, cols), dtype=np.float32)}
-
-    def with_affine(rng):
-        return {"X": rng.standard_normal((rows, cols), dtype=np.float32),
-                "g": rng.standard_normal(cols, dtype=np.float32),
-                "b": rng.standard_normal(cols, dtype=np.float32)}
+    x_only, with_affine = row_inputs(rows, cols), row_inputs(rows, cols, affine=True)
     cases = []
     for name, source, inputs, fn in (
-            (f"softmax program {size}", SOFTMAX, x_only, _torch_softmax),
-            (f"softmax statement {size}", SOFTMAX_STATEMENT, x_only, _torch_softmax),
+            (f"softmax program {size}", SOFTMAX, x_only, torch_softmax),
+            (f"softmax statement {size}", SOFTMAX_STATEMENT, x_only, torch_softmax),
             (f"layernorm program {size}", LAYERNORM.replace("N", str(cols)), with_affine,
-             _torch_layer_norm)):
+             torch_layer_norm)):
         cases.append(GpuCase(name, source, inputs,
                              [torch_peer("torch eager", fn, device),
                               torch_peer("torch.compile", fn, device, compiled=True)],
