@@ -15,7 +15,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Dict, Optional, Sequence, Tuple
 
-from ..analysis.options import Options
+from ..analysis.options import Options, option_error, shown
 from ..errors import (EinfuseError, EinfuseNameError, EinfuseSyntaxError, MissingArgumentError,
                       UnexpectedArgumentError, attach_statement)
 from ..runtime.attention import program_attention, run_fused_attention
@@ -215,9 +215,7 @@ def _outputs(statements, outputs: Optional[Sequence[str]]) -> Tuple[str, ...]:
             if not any(name in s.reads for s in statements[last + 1:]):
                 chosen.append(name)
         return tuple(chosen)
-    if isinstance(outputs, str):
-        outputs = (outputs,)
-    outputs = tuple(outputs)
+    outputs = output_names(outputs)
     for name in outputs:
         if name not in written:
             raise EinfuseNameError(f"outputs= names {name!r}, which no statement of the "
@@ -225,3 +223,21 @@ def _outputs(statements, outputs: Optional[Sequence[str]]) -> Tuple[str, ...]:
     if not outputs:
         raise EinfuseNameError("outputs= names no tensor")
     return outputs
+
+
+def output_names(outputs) -> Tuple[str, ...]:
+    """``outputs=`` as a tuple of names: one name, or an ordered collection of them (a
+    set has no order the results could follow)."""
+    if isinstance(outputs, str):
+        return (outputs,)
+    if isinstance(outputs, (set, frozenset)):
+        raise option_error("outputs", f"outputs= takes the names in the order wanted (a "
+                           f"tuple or list), not a set: {shown(outputs)} has no order")
+    try:
+        names = tuple(outputs)
+    except TypeError:
+        names = None
+    if names is None or not all(isinstance(name, str) for name in names):
+        raise option_error("outputs", "outputs= takes a name or a tuple or list of names, "
+                           f"not {shown(outputs)}")
+    return names

@@ -396,16 +396,19 @@ def compile(statement=NOT_GIVEN, /, *, ranges=None, pad=None, bounds="check", fi
                                memory_limit)
     except OptionError as error:
         raise attach_statement(_option_collision(error, statement), statement) from None
-    from ..program import compile_program, is_program
+    from ..program import is_program
+    from ..program.program import output_names
     if is_program(statement, outputs):
         try:
-            if outputs is None or isinstance(outputs, (str, tuple)):
-                program = _shared_program(statement, options, outputs)
-                for part in program.statements:      # as compiling it anew would
-                    for message, span in part.kernel.spec.warnings:
-                        warn(message, source=part.kernel.statement, span=span)
-                return program
-            return compile_program(statement, options, outputs, Kernel)
+            if outputs is not None:     # a tuple of names (hashable: the cache's key)
+                outputs = output_names(outputs)
+            program = _shared_program(statement, options, outputs)
+            for part in program.statements:      # as compiling it anew would
+                for message, span in part.kernel.spec.warnings:
+                    warn(message, source=part.kernel.statement, span=span)
+            return program
+        except OptionError as error:
+            raise attach_statement(_option_collision(error, statement), statement) from None
         except EinfuseError as error:
             raise attach_statement(error, statement) from None
     kernel = _shared_kernel(statement, options)
