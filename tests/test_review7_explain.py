@@ -48,3 +48,28 @@ def test_outputs_as_a_list_or_tuple_still_chooses_and_orders():
 def test_outputs_holding_a_list_is_an_option_error_not_an_unhashable_type():
     with pytest.raises(ef.EinfuseError, match="outputs="):
         ef.compile(TWO, outputs=(["Y"],))
+# -- shapes= ---------------------------------------------------------------------------------
+
+BAD_SHAPES = [4, "ab", None, (-1, 6), (4.5, 6), (10 ** 30, 6), (2 ** 40, 2 ** 40), ("a", 6)]
+
+
+@pytest.mark.parametrize("shape", BAD_SHAPES, ids=repr)
+@pytest.mark.parametrize("text", ["Y[i,k] := X[i,k] * 2", TWO])
+def test_a_malformed_shape_in_shapes_is_a_shape_error_naming_the_array(text, shape):
+    """Each of these raised a raw TypeError, ValueError or OverflowError from building the
+    placeholder array (statement and program alike)."""
+    shapes = {"X": shape, "W": (6, 3)} if "W" in text else {"X": shape}
+    with pytest.raises(ef.EinfuseError, match="X"):
+        ef.explain(text, shapes=shapes)
+
+
+@pytest.mark.parametrize("source", [False, True])
+def test_a_valid_shape_larger_than_memory_is_explained(source):
+    """Explaining a 4 TiB output raised a raw MemoryError: the note on whether the C
+    kernel is built (and source=True) laid the kernel out on a real output array."""
+    explanation = ef.explain("Y[i,k] := X[i,k] * 2", shapes={"X": (2 ** 20, 2 ** 20)},
+                             source=source)
+    assert explanation.flops == 2 ** 40
+    assert explanation.bytes_written == 4 * 2 ** 40
+
+

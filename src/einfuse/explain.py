@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional
+import math
+import numbers
+from typing import Dict, List, Optional, Tuple
 
 import numpy as np
 
+from .analysis.options import shown
 from .analysis.ranges import Bounds
 from .analysis.spec import Spec
 from .errors import EinfuseError, ShapeError, attach_statement
@@ -334,7 +337,12 @@ def explain(statement=NOT_GIVEN, /, *args, shapes: Optional[Dict[str, tuple]] = 
         if not args and not arrays:
             explanation.notes.append("pass arrays or shapes= to see the generated source")
         else:
-            explanation.source = compiled.source(*args, arrays=arrays)
+            try:
+                explanation.source = compiled.source(*args, arrays=arrays)
+            except MemoryError:    # the backend lays the kernel out on a real output
+                explanation.notes.append("the generated source is not shown: laying the "
+                                         "kernel out needs its output in memory, which "
+                                         "these shapes do not fit")
     return explanation
 
 
@@ -373,7 +381,7 @@ def explain_kernel(kernel: Kernel, args, arrays, shapes, gradients: bool) -> Exp
     else:
         nests = chosen.loop_nest(call) if hasattr(chosen, "loop_nest") else None
         how = chosen.strategy(call)
-    built = chosen.built(call) if hoisted is None and hasattr(chosen, "built") else None
+    built = _built(chosen, call) if hoisted is None and hasattr(chosen, "built") else None
     notes = [] if built is None else [
         "the C kernel for these shapes is built (in the cache): no compile on the first call"
         if built else "the first call with these shapes compiles the C kernel (once; then "
@@ -391,6 +399,19 @@ def explain_kernel(kernel: Kernel, args, arrays, shapes, gradients: bool) -> Exp
         compiled_loop_nest=nests,
         gradients=gradient_lines(kernel, call) if gradients else None, hoisted=lines,
         notes=notes)
+
+
+def _built(backend, call) -> Optional[bool]:
+    """Whether the call's C kernel is built; None where finding out would allocate an
+    output this machine cannot hold (the backend lays its kernel out on real buffers; a
+    shape given to explain may be far larger than memory)."""
+    nbytes = math.prod(call.output_shape) * call.dtypes.working.itemsize
+    if nbytes > np.iinfo(np.intp).max:
+        return None
+    try:
+        return backend.built(call)
+    except MemoryError:
+        return None
 
 
 def hoisted_lines(form, call, backend):
@@ -482,7 +503,7 @@ def _placeholders(spec: Spec, shapes: Dict[str, tuple]) -> Dict[str, np.ndarray]
             raise ShapeError(f"shapes= names {name!r}, which is not a tensor of the statement")
         info = names.get(name)
         dtype = np.dtype(np.int64 if info is not None and info.as_index else np.float32)
-        shape = tuple(int(s) for s in shape)
+        shape = checked_shape(name, shape)
         if int(np.prod(shape, dtype=np.int64)) * dtype.itemsize <= _PLACEHOLDER_BYTES:
             result[name] = np.empty(shape, dtype)
         else:
@@ -490,3 +511,24 @@ def _placeholders(spec: Spec, shapes: Dict[str, tuple]) -> Dict[str, np.ndarray]
     for name in spec.params:
         result.setdefault(name, 1.0)
     return result
+
+
+def checked_shape(name, shape) -> Tuple[int, ...]:
+    """An entry of ``shapes=`` as a tuple of ints: non-negative, their product within
+    int64 (what an array can hold); a ShapeError naming the array otherwise."""
+    extents = None
+    if not isinstance(shape, (str, bytes)):
+        try:
+            extents = tuple(shape)
+        except TypeError:
+            pass
+    if extents is None or not all(isinstance(e, numbers.Integral) and
+                                  not isinstance(e, (bool, np.bool_)) and e >= 0
+                                  for e in extents):
+        raise ShapeError(f"shapes= gives {name} the shape {shown(shape)}; a shape is a "
+                         "tuple of non-negative ints, such as (100, 50)")
+    extents = tuple(int(e) for e in extents)
+    if math.prod(extents) > np.iinfo(np.int64).max:
+        raise ShapeError(f"shapes= gives {name} the shape {extents}: "
+                         f"{math.prod(extents):,} elements, more than an array can hold")
+    return extents

@@ -156,6 +156,7 @@ def _in_framework_of(values: Dict[str, object]):
 def _input_placeholders(program: Program, shapes) -> Dict[str, np.ndarray]:
     """shapes= as arrays: int64 for names some statement uses as an index array,
     float32 otherwise."""
+    from ..explain import checked_shape
     index_names = {t.name for s in program.statements for t in s.kernel.spec.tensors
                    if t.as_index}
     values = {}
@@ -163,7 +164,8 @@ def _input_placeholders(program: Program, shapes) -> Dict[str, np.ndarray]:
         if name not in program.inputs:
             raise ShapeError(f"shapes= names {name!r}, which is not an input of the program "
                              f"(its inputs are {', '.join(program.inputs)})")
-        values[name] = _placeholder(shape, np.int64 if name in index_names else np.float32)
+        values[name] = _placeholder(checked_shape(name, shape),
+                                    np.int64 if name in index_names else np.float32)
     return values
 
 
