@@ -73,3 +73,26 @@ def test_a_valid_shape_larger_than_memory_is_explained(source):
     assert explanation.bytes_written == 4 * 2 ** 40
 
 
+# -- programs: one framework per call ------------------------------------------------------
+
+def test_a_program_whose_statements_read_arrays_of_two_frameworks_is_an_error():
+    """Mixing frameworks in one call is an error (notation.md), and explain said so; but
+    a program whose statements each read one framework returned a torch tensor and a
+    NumPy array."""
+    torch = pytest.importorskip("torch")
+    program = ef.compile("A[i] := X[i] * 2\nB[i] := Z[i] * 3")
+    with pytest.raises(ef.EinfuseError, match="different frameworks") as caught:
+        program(X=torch.ones(2), Z=np.ones(2))
+    assert "X" in str(caught.value) and "Z" in str(caught.value)
+    with pytest.raises(ef.EinfuseError, match="different frameworks"):
+        ef.explain("A[i] := X[i] * 2\nB[i] := Z[i] * 3", X=torch.ones(2), Z=np.ones(2))
+
+
+def test_mixed_frameworks_in_a_program_name_the_inputs_not_an_intermediate():
+    """The error named the intermediate H (a jax array), which the caller never passed."""
+    torch = pytest.importorskip("torch")
+    jnp = pytest.importorskip("jax.numpy")
+    with pytest.raises(ef.EinfuseError, match="different frameworks") as caught:
+        ef.ein("H[i] := X[i] * 2\nY[i] := H[i] / Z[i]", X=jnp.ones(3), Z=torch.ones(3))
+    message = str(caught.value).splitlines()[0]
+    assert "X is a jax array" in message and "H" not in message

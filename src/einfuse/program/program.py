@@ -87,10 +87,10 @@ class Program:
             if results is not None:
                 return results[0] if len(results) == 1 else results
         env = self._named(args, kwargs, arrays)
-        try:
+        try:     # one framework per call, even where no statement reads two of them
             framework = common_framework(env)
-        except EinfuseError:     # mixed: the first statement that mixes them says so
-            framework = None
+        except EinfuseError as error:
+            raise attach_statement(error, self.source) from None
         if self.attention is not None and framework in ("numpy", "torch"):
             fused = run_fused_attention(self.attention, env, self.options, framework)
             if fused is not None:
