@@ -71,6 +71,9 @@ def test_a_valid_shape_larger_than_memory_is_explained(source):
                              source=source)
     assert explanation.flops == 2 ** 40
     assert explanation.bytes_written == 4 * 2 ** 40
+    program = ef.explain("H[i,k] := X[i,k] * 2\nY[i,k] := H[i,k] + 1",
+                         shapes={"X": (2 ** 20, 2 ** 20)}, source=source)
+    assert program.flops == 2 * 2 ** 40
 
 
 # -- programs: one framework per call ------------------------------------------------------
@@ -96,3 +99,33 @@ def test_mixed_frameworks_in_a_program_name_the_inputs_not_an_intermediate():
         ef.ein("H[i] := X[i] * 2\nY[i] := H[i] / Z[i]", X=jnp.ones(3), Z=torch.ones(3))
     message = str(caught.value).splitlines()[0]
     assert "X is a jax array" in message and "H" not in message
+
+
+# -- explain(program, source=True) ---------------------------------------------------------
+
+def test_source_true_on_a_program_shows_each_unfused_statements_source():
+    """source=True was accepted and silently ignored for a program."""
+    X, W = _inputs()
+    explanation = ef.explain(TWO, X=X, W=W, source=True, backend="c")
+    for part, statement in zip(explanation.parts, TWO.split("\n")):
+        kernel = ef.compile(statement, backend="c")
+        arrays = dict(X=X, W=W) if "X" in statement else dict(H=X @ W)
+        assert part.source == kernel.source(**arrays)
+    assert "Generated source" in str(explanation)
+
+
+def test_source_true_on_a_fused_program_says_where_the_source_is_not_shown():
+    X = np.random.default_rng(0).standard_normal((256, 64)).astype(np.float32)
+    softmax = "m[i] := max[j](X[i,j])\ne[i,j] := exp(X[i,j] - m[i])\n" \
+              "P[i,j] := e[i,j] / sum[k](e[i,k])"
+    explanation = ef.explain(softmax, X=X, source=True)
+    fused = [g for g in explanation.groups if len(g.statements) > 1]
+    assert fused, "the test needs a fused group"
+    for number in fused[0].statements:
+        assert explanation.parts[number].source is None
+        assert any("source=True" in note for note in explanation.parts[number].notes)
+
+
+def test_source_true_on_a_program_without_arrays_says_to_pass_them():
+    explanation = ef.explain(TWO, source=True)
+    assert any("generated source" in note for note in explanation.notes)

@@ -326,7 +326,7 @@ def explain(statement=NOT_GIVEN, /, *args, shapes: Optional[Dict[str, tuple]] = 
                                gradients or source)
     if not isinstance(compiled, Kernel):
         from .program.explain import explain_program
-        return explain_program(compiled, args, arrays, shapes, gradients)
+        return explain_program(compiled, args, arrays, shapes, gradients, source)
     explanation = explain_kernel(compiled, args, arrays, shapes, gradients)
     from .runtime.attention import attention_notes      # rewrite/online_softmax.py
     explanation.notes += attention_notes(compiled, {**_placeholders(compiled.spec, shapes),
@@ -337,12 +337,7 @@ def explain(statement=NOT_GIVEN, /, *args, shapes: Optional[Dict[str, tuple]] = 
         if not args and not arrays:
             explanation.notes.append("pass arrays or shapes= to see the generated source")
         else:
-            try:
-                explanation.source = compiled.source(*args, arrays=arrays)
-            except MemoryError:    # the backend lays the kernel out on a real output
-                explanation.notes.append("the generated source is not shown: laying the "
-                                         "kernel out needs its output in memory, which "
-                                         "these shapes do not fit")
+            explanation.source = kernel_source(compiled, args, arrays, explanation.notes)
     return explanation
 
 
@@ -399,6 +394,18 @@ def explain_kernel(kernel: Kernel, args, arrays, shapes, gradients: bool) -> Exp
         compiled_loop_nest=nests,
         gradients=gradient_lines(kernel, call) if gradients else None, hoisted=lines,
         notes=notes)
+
+
+def kernel_source(kernel: Kernel, args, arrays, notes: List[str]) -> Optional[str]:
+    """``kernel``'s generated source for these arrays, or None with a note in ``notes``
+    where the shapes are too large to lay the kernel out (the backend does so on a real
+    output array)."""
+    try:
+        return kernel.source(*args, arrays=arrays)
+    except MemoryError:
+        notes.append("the generated source is not shown: laying the kernel out needs its "
+                     "output in memory, which these shapes do not fit")
+        return None
 
 
 def _built(backend, call) -> Optional[bool]:

@@ -169,9 +169,26 @@ def _input_placeholders(program: Program, shapes) -> Dict[str, np.ndarray]:
     return values
 
 
-def explain_program(program: Program, args, arrays, shapes, gradients: bool):
+def _add_source(part, kernel, given, position: int, groups) -> None:
+    """The generated source of statement ``position`` where it runs as its own kernel;
+    inside a fused kernel, a note saying which (its merged source is not shown)."""
+    group = next((n for n, g in enumerate(groups or (), 1) if position in g.statements),
+                 None)
+    if group is not None and len(groups[group - 1].statements) > 1:
+        others = ", ".join(str(i + 1) for i in groups[group - 1].statements)
+        part.notes.append(f"source=True: this statement runs inside kernel {group}, one "
+                          f"fused kernel of statements {others}; that kernel's merged "
+                          "source is not shown")
+        return
+    from ..explain import kernel_source
+    part.source = kernel_source(kernel, (), given, part.notes)
+
+
+def explain_program(program: Program, args, arrays, shapes, gradients: bool,
+                    source: bool = False):
     """Each statement explained with the shapes and dtypes its inputs have when the
-    program runs (intermediates as placeholders of their inferred shapes)."""
+    program runs (intermediates as placeholders of their inferred shapes); with
+    ``source``, the generated source of each statement that runs as its own kernel."""
     from ..explain import explain_kernel
     texts = [s.source.text for s in program.statements]
     values = dict(zip(program.inputs, args))
@@ -188,13 +205,19 @@ def explain_program(program: Program, args, arrays, shapes, gradients: bool):
         parts = [explain_kernel(s.kernel, (), {}, None, gradients)
                  for s in program.statements]
         return ProgramExplanation(texts, program.outputs, parts, notes=[
-            "pass arrays or shapes= to see ranges, costs and what is materialised"])
+            "pass arrays or shapes= to see ranges, costs and what is materialised"] + (
+            ["pass arrays or shapes= to see the generated source"] if source else []))
     from ..schedule.fusion import fusion_groups
+    unplanned: List[str] = []
     try:
         groups = fusion_groups(tuple(s.kernel for s in program.statements), values,
                                keep=set(program.outputs))
     except EinfuseError:
         groups = None     # the statements' own explanations say what is wrong
+    except MemoryError:   # a group is planned on real buffers: shapes beyond memory
+        groups = None
+        unplanned = ["which statements run fused is not shown: planning a fused kernel "
+                     "needs its buffers in memory, which these shapes do not fit"]
     shaped = _in_framework_of(values)
     parts, env = [], dict(values)
     produced: Dict[str, Tuple[Tuple[int, ...], str]] = {}
@@ -204,6 +227,8 @@ def explain_program(program: Program, args, arrays, shapes, gradients: bool):
                                     else ())
         given = {name: env[name] for name in needed if name in env}
         parts.append(explain_kernel(kernel, (), {"arrays": given}, None, gradients))
+        if source:
+            _add_source(parts[-1], kernel, given, len(parts) - 1, groups)
         if statement.assign == ":=":
             call = kernel.bind(arrays=given)
             result = call.dtypes.result
@@ -222,5 +247,6 @@ def explain_program(program: Program, args, arrays, shapes, gradients: bool):
         if program.options is not None else None
     notes = triton_fallback_notes(program.attention, values, program.options) \
         if program.options is not None and fused is None else []
+    notes = unplanned + notes
     return ProgramExplanation(texts, program.outputs, parts, materialised, groups,
                               notes=notes, attention=fused)
