@@ -129,3 +129,62 @@ def test_source_true_on_a_fused_program_says_where_the_source_is_not_shown():
 def test_source_true_on_a_program_without_arrays_says_to_pass_them():
     explanation = ef.explain(TWO, source=True)
     assert any("generated source" in note for note in explanation.notes)
+
+
+# -- explain reports the dtype the call returns ----------------------------------------------
+
+def _dtype_name(array) -> str:
+    return str(array.dtype).replace("torch.", "")
+
+
+def _bf16_inputs():
+    torch = pytest.importorskip("torch")
+    X, W = _inputs()
+    return dict(X=torch.tensor(X).bfloat16(), W=torch.tensor(W).bfloat16())
+
+
+def _jax_int_inputs():
+    jnp = pytest.importorskip("jax.numpy")
+    X, W = _inputs()
+    return dict(X=jnp.asarray(X * 10, dtype=jnp.int32), W=jnp.asarray(W, dtype=jnp.float32))
+
+
+@pytest.mark.parametrize("make", [_bf16_inputs, _jax_int_inputs])
+@pytest.mark.parametrize("options", [{}, {"backend": "numpy"}])
+def test_explain_reports_the_result_dtype_the_statement_returns(make, options):
+    """bfloat16 tensors were reported as a float32 result (they are computed in float32
+    and returned as bfloat16); JAX arrays as float64 where JAX without x64 returns
+    float32 (int32 times float32 promotes to float64 in NumPy)."""
+    inputs = make()
+    statement = "Y[i,o] := sum[k](X[i,k]*W[k,o])"
+    result = ef.ein(statement, **inputs, **options)
+    explanation = ef.explain(statement, **inputs, **options)
+    assert explanation.result_dtype == _dtype_name(result)
+    itemsize = 2 if explanation.result_dtype == "bfloat16" else \
+        np.dtype(explanation.result_dtype).itemsize
+    assert explanation.bytes_written == int(np.prod(result.shape)) * itemsize
+
+
+def test_explain_reports_the_dtype_the_call_returns_with_dtype_under_jax():
+    jnp = pytest.importorskip("jax.numpy")
+    X, W = _inputs()
+    inputs = dict(X=jnp.asarray(X), W=jnp.asarray(W))
+    statement = "Y[i,o] := sum[k](X[i,k]*W[k,o])"
+    result = ef.ein(statement, **inputs, dtype=np.float64)
+    assert ef.explain(statement, **inputs, dtype=np.float64).result_dtype == \
+        _dtype_name(result)
+
+
+@pytest.mark.parametrize("make", [_bf16_inputs, _jax_int_inputs])
+def test_a_programs_explanation_follows_the_dtypes_its_intermediates_have(make):
+    """A program's intermediates were placeholders of the NumPy dtype: a bfloat16
+    program's H read as float32, so the next statement was explained (and H listed) as
+    float32; a JAX program's int32 x float32 intermediate as float64."""
+    inputs = make()
+    text = "H[i,o] := sum[k](X[i,k]*W[k,o])\nY[i,o] := H[i,o] * 2\nZ[i] := sum[o](H[i,o])"
+    Y, Z = ef.ein(text, **inputs)
+    explanation = ef.explain(text, **inputs)
+    assert [p.result_dtype for p in explanation.parts[1:]] == [_dtype_name(Y),
+                                                                _dtype_name(Z)]
+    (H,) = [m for m in explanation.materialised if m.name == "H"]
+    assert H.dtype == _dtype_name(Y)

@@ -50,6 +50,7 @@ class Explanation:
     hoisted: Optional[List[str]] = None
     notes: List[str] = field(default_factory=list)
     source: Optional[str] = None       # the generated code, with source=True
+    result_dtype: Optional[str] = None   # the dtype the call returns (with arrays)
 
     @property
     def arithmetic_intensity(self) -> Optional[float]:
@@ -341,8 +342,11 @@ def explain(statement=NOT_GIVEN, /, *args, shapes: Optional[Dict[str, tuple]] = 
     return explanation
 
 
-def explain_kernel(kernel: Kernel, args, arrays, shapes, gradients: bool) -> Explanation:
-    """The explanation of one compiled statement for these arrays or shapes."""
+def explain_kernel(kernel: Kernel, args, arrays, shapes, gradients: bool,
+                   framework: Optional[str] = None) -> Explanation:
+    """The explanation of one compiled statement for these arrays or shapes;
+    ``framework``: the caller's, where ``arrays`` stand in for its arrays (a program's
+    JAX inputs are explained on NumPy placeholders)."""
     from .backends import get_backend
     statement = kernel.statement
     spec = kernel.spec
@@ -361,7 +365,8 @@ def explain_kernel(kernel: Kernel, args, arrays, shapes, gradients: bool) -> Exp
                            gradients=gradient_lines(kernel, None) if gradients else None,
                            notes=["pass arrays or shapes= to see ranges, costs and the plan"])
     call = kernel.bind(*args, **arrays)
-    result_item = call.dtypes.result.itemsize
+    result = delivered_dtype(call, framework or call.framework)
+    result_item = dtype_itemsize(result)
     read = sum(a.nbytes for a in call.arrays.values())
     written = int(np.prod(call.output_shape, dtype=np.int64)) * result_item
     if spec.assign == "+=":
@@ -390,10 +395,27 @@ def explain_kernel(kernel: Kernel, args, arrays, shapes, gradients: bool) -> Exp
         bytes_read=read, bytes_written=written,
         naive_intermediate_bytes=naive_intermediate(spec, call.bounds,
                                                     call.dtypes.working.itemsize),
-        strategy=f"backend {chosen.name}: {how}; result dtype {call.dtypes.result}",
+        strategy=f"backend {chosen.name}: {how}; result dtype {result}" + (
+            " (computed in float32)" if call.bfloat16 else ""),
         compiled_loop_nest=nests,
         gradients=gradient_lines(kernel, call) if gradients else None, hoisted=lines,
-        notes=notes)
+        notes=notes, result_dtype=result)
+
+
+def delivered_dtype(call, framework: str) -> str:
+    """The name of the dtype a caller of ``framework`` gets: bfloat16 where the inputs
+    are (computed in float32), what JAX holds for a JAX caller (float32 for float64
+    without x64)."""
+    if call.bfloat16:
+        return "bfloat16"
+    if framework == "jax":
+        import jax
+        return np.dtype(jax.dtypes.canonicalize_dtype(call.dtypes.result)).name
+    return call.dtypes.result.name
+
+
+def dtype_itemsize(name: str) -> int:
+    return 2 if name == "bfloat16" else np.dtype(name).itemsize
 
 
 def kernel_source(kernel: Kernel, args, arrays, notes: List[str]) -> Optional[str]:

@@ -135,10 +135,11 @@ def _placeholder(shape, dtype) -> np.ndarray:
 
 
 def _in_framework_of(values: Dict[str, object]):
-    """How an intermediate's placeholder is made for inputs of one framework: NumPy's as
-    they are, torch's as a zero-strided tensor on the inputs' device (binding refuses
-    arrays of two frameworks in one call; a device decides the backend).  JAX inputs are
-    read as NumPy placeholders of their shapes, intermediates likewise."""
+    """(the inputs' framework, how an intermediate's placeholder is made from its shape
+    and dtype name): NumPy arrays for NumPy, torch's as a zero-strided tensor on the
+    inputs' device (binding refuses arrays of two frameworks in one call; a device
+    decides the backend; bfloat16 exists in torch only).  JAX inputs are read as NumPy
+    placeholders of their shapes, intermediates likewise."""
     from ..runtime.frameworks import JAX, TORCH, common_framework, placeholder
     framework = common_framework({k: v for k, v in values.items()
                                   if not isinstance(v, numbers.Number)})
@@ -146,11 +147,11 @@ def _in_framework_of(values: Dict[str, object]):
         for name, value in values.items():
             values[name] = placeholder(value)
     if framework != TORCH:
-        return lambda array: array
+        return framework, _placeholder
     import torch
     device = next(v.device for v in values.values() if isinstance(v, torch.Tensor))
-    return lambda array: torch.from_numpy(np.zeros((), array.dtype)).to(device).expand(
-        array.shape)
+    return framework, lambda shape, dtype: torch.zeros(
+        (), dtype=getattr(torch, dtype), device=device).expand(tuple(shape))
 
 
 def _input_placeholders(program: Program, shapes) -> Dict[str, np.ndarray]:
@@ -189,7 +190,7 @@ def explain_program(program: Program, args, arrays, shapes, gradients: bool,
     """Each statement explained with the shapes and dtypes its inputs have when the
     program runs (intermediates as placeholders of their inferred shapes); with
     ``source``, the generated source of each statement that runs as its own kernel."""
-    from ..explain import explain_kernel
+    from ..explain import delivered_dtype, dtype_itemsize, explain_kernel
     texts = [s.source.text for s in program.statements]
     values = dict(zip(program.inputs, args))
     values.update(arrays.pop("arrays", None) or {})
@@ -218,7 +219,7 @@ def explain_program(program: Program, args, arrays, shapes, gradients: bool,
         groups = None
         unplanned = ["which statements run fused is not shown: planning a fused kernel "
                      "needs its buffers in memory, which these shapes do not fit"]
-    shaped = _in_framework_of(values)
+    framework, shaped = _in_framework_of(values)
     parts, env = [], dict(values)
     produced: Dict[str, Tuple[Tuple[int, ...], str]] = {}
     for statement in program.statements:
@@ -226,20 +227,21 @@ def explain_program(program: Program, args, arrays, shapes, gradients: bool,
         needed = statement.reads + ((statement.output,) if statement.assign != ":="
                                     else ())
         given = {name: env[name] for name in needed if name in env}
-        parts.append(explain_kernel(kernel, (), {"arrays": given}, None, gradients))
+        parts.append(explain_kernel(kernel, (), {"arrays": given}, None, gradients,
+                                    framework))
         if source:
             _add_source(parts[-1], kernel, given, len(parts) - 1, groups)
-        if statement.assign == ":=":
+        if statement.assign == ":=":     # as the call holds it (bfloat16, JAX's dtypes)
             call = kernel.bind(arrays=given)
-            result = call.dtypes.result
-            env[statement.output] = shaped(_placeholder(call.output_shape, result))
-            produced[statement.output] = (tuple(call.output_shape), np.dtype(result).name)
+            result = delivered_dtype(call, framework)
+            env[statement.output] = shaped(call.output_shape, result)
+            produced[statement.output] = (tuple(call.output_shape), result)
     rows = {name: size for group in groups or () for name, size in group.thread_rows}
     materialised = []
     for name, (shape, dtype) in produced.items():
         readers = tuple(i for i, s in enumerate(program.statements, 1) if name in s.reads)
         if readers:
-            nbytes = int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
+            nbytes = int(np.prod(shape, dtype=np.int64)) * dtype_itemsize(dtype)
             materialised.append(Materialised(name, shape, dtype, nbytes, readers,
                                              rows.get(name)))
     from ..runtime.attention import explain_attention, triton_fallback_notes
