@@ -188,3 +188,18 @@ def test_a_programs_explanation_follows_the_dtypes_its_intermediates_have(make):
                                                                 _dtype_name(Z)]
     (H,) = [m for m in explanation.materialised if m.name == "H"]
     assert H.dtype == _dtype_name(Y)
+
+
+# -- explain(program, shapes=) ---------------------------------------------------------------
+
+def test_shapes_for_an_input_that_an_index_intermediate_is_computed_from():
+    """``idx`` feeds ``J``, which gathers; shapes= made idx a float32 placeholder, so J was
+    float32 and explain raised 'J is used as an index array but has dtype float32' for a
+    program that runs."""
+    text = "J[b] := idx[b] + 1\nE[b,d] := T[J[b], d]"
+    T = np.arange(15.0).reshape(5, 3)
+    idx = np.array([0, 1, 3, 2])
+    np.testing.assert_array_equal(ef.ein(text, T=T, idx=idx), T[idx + 1])
+    explanation = ef.explain(text, shapes={"T": (5, 3), "idx": (4,)})
+    assert [m.shape for m in explanation.materialised] == [(4,)]
+    assert explanation.parts[1].flops is not None

@@ -155,11 +155,15 @@ def _in_framework_of(values: Dict[str, object]):
 
 
 def _input_placeholders(program: Program, shapes) -> Dict[str, np.ndarray]:
-    """shapes= as arrays: int64 for names some statement uses as an index array,
-    float32 otherwise."""
+    """shapes= as arrays: int64 for names some statement uses as an index array or
+    computes an index array from (``J[b] := idx[b] + 1`` before ``T[J[b], d]``), float32
+    otherwise."""
     from ..explain import checked_shape
     index_names = {t.name for s in program.statements for t in s.kernel.spec.tensors
                    if t.as_index}
+    for statement in reversed(program.statements):   # a definition precedes its reads
+        if statement.assign == ":=" and statement.output in index_names:
+            index_names |= {t.name for t in statement.kernel.spec.tensors}
     values = {}
     for name, shape in shapes.items():
         if name not in program.inputs:
