@@ -121,6 +121,11 @@ class BackendError(EinfuseError, RuntimeError):
     """A backend could not build or run a kernel (not the user's statement)."""
 
 
+class ContractionPathError(EinfuseError, ValueError, RuntimeError):
+    """An explicit einsum contraction path (``optimize=[...]``) that is not a path for
+    the operands: numpy.einsum raises a RuntimeError for one that leaves operands."""
+
+
 class EinfuseWarning(UserWarning):
     """A statement is legal but probably not what was meant."""
 

@@ -158,11 +158,15 @@ def _operand_names(count: int, labels) -> List[str]:
 def _path(axes: List[List[str]], out: List[str], extents, optimize):
     """Pairs of operand positions to contract, in order (opt_einsum's convention: the
     pair's result goes to the end of the list); [] for one fused statement."""
+    memory_limit = None
+    if isinstance(optimize, tuple) and len(optimize) == 2 and \
+            isinstance(optimize[0], str) and optimize[0] != "einsum_path":
+        optimize, memory_limit = optimize      # numpy's (strategy, memory limit)
+    elif isinstance(optimize, (list, tuple)):
+        path = _checked_path(optimize, len(axes))
+        return path if len(axes) >= 3 else []
     if optimize is False or len(axes) < 3:
         return []
-    if isinstance(optimize, (list, tuple)):
-        path = [tuple(step) for step in optimize if not isinstance(step, str)]
-        return path
     import opt_einsum
     names = sorted(extents)
     symbol = {name: opt_einsum.get_symbol(k) for k, name in enumerate(names)}
@@ -170,8 +174,43 @@ def _path(axes: List[List[str]], out: List[str], extents, optimize):
         "".join(symbol[a] for a in out)
     strategy = "auto" if optimize in (True, "auto") else optimize
     shapes = [tuple(extents[a] for a in labels) for labels in axes]
-    path, _ = opt_einsum.contract_path(equation, *shapes, shapes=True, optimize=strategy)
+    try:
+        path, _ = opt_einsum.contract_path(equation, *shapes, shapes=True,
+                                           optimize=strategy, memory_limit=memory_limit)
+    except (KeyError, TypeError, ValueError) as error:
+        from ..errors import OptionError
+        raise OptionError(f"optimize={optimize!r} is not a contraction-path search "
+                          f"opt_einsum knows ({error}); use 'auto', 'greedy', 'optimal', "
+                          "True, False or an explicit path") from None
     return [tuple(step) for step in path]
+
+
+def _checked_path(optimize, count: int) -> List[Tuple[int, ...]]:
+    """An explicit path (numpy.einsum_path's list, its leading 'einsum_path' optional)
+    checked against ``count`` operands: each step names distinct operands among those
+    still pending, and the path ends with one."""
+    from ..errors import ContractionPathError
+    steps = list(optimize)
+    if steps and steps[0] == "einsum_path":
+        steps = steps[1:]
+    pending, path = count, []
+    for number, step in enumerate(steps):
+        try:
+            picked = tuple(step)
+        except TypeError:
+            picked = None
+        if not picked or isinstance(step, str) or any(
+                isinstance(k, bool) or not isinstance(k, (int, np.integer)) or
+                not 0 <= k < pending for k in picked) or len(set(picked)) != len(picked):
+            raise ContractionPathError(
+                f"step {number} of the einsum path, {step!r}, is not a tuple of distinct "
+                f"positions among the {pending} operands pending then")
+        path.append(tuple(int(k) for k in picked))
+        pending += 1 - len(picked)
+    if pending != 1:
+        raise ContractionPathError(f"the einsum path leaves {pending} operands, not one: "
+                                   f"{pending - 1} more have to be contracted")
+    return path
 
 
 def _access(name: str, labels: Sequence[str]) -> str:
@@ -187,7 +226,7 @@ def _render(axes: List[List[str]], out: List[str], names: List[str], steps) -> s
     for number, step in enumerate(steps):
         picked = [pending[k] for k in step]
         pending = [p for k, p in enumerate(pending) if k not in step]
-        last = not pending
+        last = not pending and number == len(steps) - 1
         if last:
             target, labels = "out", out
         else:
