@@ -101,7 +101,15 @@ def _plan_einsum(subscripts: str, shapes: Sequence[Tuple[int, ...]],
     terms, output = _terms(subscripts, len(shapes))
     axes = [_axes(t, len(s), n, subscripts) for n, (t, s) in enumerate(zip(terms, shapes))]
     extents: Dict[str, int] = {}
-    for labels, shape in zip(axes, shapes):
+    for n, (labels, shape) in enumerate(zip(axes, shapes)):
+        own: Dict[str, int] = {}
+        for label, extent in zip(labels, shape):
+            # a label repeated inside one operand is its diagonal: no stretching there
+            if own.setdefault(label, extent) != extent:
+                raise ShapeError(f"label {label!r} is repeated in operand {n}'s subscripts "
+                                 f"{terms[n]!r} over axes of lengths {own[label]} and "
+                                 f"{extent}; a diagonal needs equal lengths",
+                                 source=subscripts, span=(0, len(subscripts)))
         for label, extent in zip(labels, shape):
             known = extents.get(label)
             if known is None or known == 1:
@@ -258,8 +266,8 @@ def _sublist_text(sublist, position: str) -> str:
     except TypeError:
         items = None
     if items is None or isinstance(sublist, str):
-        raise EinfuseSyntaxError(f"in einsum's sublist form, {position} is a list of "
-                                 f"integers (and ...), not {type(sublist).__name__}")
+        raise EinfuseTypeError(f"in einsum's sublist form, {position} is a list of "
+                               f"integers (and ...), not {type(sublist).__name__}")
     text = []
     for item in items:
         if item is Ellipsis:
@@ -267,8 +275,11 @@ def _sublist_text(sublist, position: str) -> str:
         elif isinstance(item, bool) or not isinstance(item, (int, np.integer)) or \
                 not 0 <= int(item) < len(_SUBLIST_LABELS):
             shown = repr(item) if len(repr(item)) <= 40 else type(item).__name__
-            raise EinfuseSyntaxError(f"in einsum's sublist form, {position} holds "
-                                     f"{shown}: labels are integers from 0 to 51 or ...")
+            # numpy: a label of the wrong type is a TypeError, one out of range a ValueError
+            kind = EinfuseSyntaxError if isinstance(item, (int, np.integer)) and \
+                not isinstance(item, bool) else EinfuseTypeError
+            raise kind(f"in einsum's sublist form, {position} holds "
+                       f"{shown}: labels are integers from 0 to 51 or ...")
         else:
             text.append(_SUBLIST_LABELS[int(item)])
     return "".join(text)
@@ -278,8 +289,8 @@ def from_sublists(arguments: Sequence) -> Tuple[str, List]:
     """numpy.einsum's interleaved form ``einsum(a, [0, 1], b, [1, 2], [0, 2])`` as
     (subscripts, operands)."""
     if len(arguments) < 2:
-        raise EinfuseSyntaxError("einsum's subscripts are a string, or numpy's sublist form "
-                                 "(operand, [labels], operand, [labels], ..., [output])")
+        raise EinfuseTypeError("einsum's subscripts are a string, or numpy's sublist form "
+                               "(operand, [labels], operand, [labels], ..., [output])")
     operands = list(arguments[0::2])
     sublists = list(arguments[1::2])
     output = None
@@ -299,11 +310,17 @@ def _numpy_keywords(operands, options, casting: str, order: str) -> None:
     from ..errors import OptionError
     if casting not in _CASTINGS:
         raise OptionError(f"casting={casting!r}: it is one of {', '.join(_CASTINGS)}")
-    if order not in ("K", "A", "C", "F"):
+    if not isinstance(order, str) or order.upper() not in ("K", "A", "C", "F"):
         raise OptionError(f"order={order!r}: it is one of K, A, C, F")
     wanted = options.get("dtype")
     if wanted is None:
         return
+    from ..runtime.frameworks import NUMPY, framework_of
+    if framework_of(wanted) == NUMPY:        # a torch dtype is ein's to check
+        try:
+            wanted = np.dtype(wanted)
+        except TypeError:
+            raise EinfuseTypeError(f"dtype={wanted!r} is not a data type") from None
     for n, op in enumerate(operands):
         if isinstance(op, np.ndarray) and not np.can_cast(op.dtype, wanted, casting):
             raise EinfuseTypeError(f"operand {n} of dtype {op.dtype} cannot be cast to "
@@ -313,7 +330,10 @@ def _numpy_keywords(operands, options, casting: str, order: str) -> None:
 
 def _into(out, result, casting: str):
     """numpy.einsum's ``out=``: the result written into ``out``, which is returned."""
-    if tuple(getattr(out, "shape", ())) != tuple(result.shape) or not hasattr(out, "shape"):
+    if not isinstance(out, np.ndarray) and not hasattr(out, "copy_"):
+        raise EinfuseTypeError(f"out= is a {type(out).__name__}; it must be a NumPy array "
+                               "or a torch tensor (JAX arrays are immutable)")
+    if tuple(out.shape) != tuple(result.shape):
         raise ShapeError(f"out= has shape {tuple(getattr(out, 'shape', ()))} but the result "
                          f"has shape {tuple(result.shape)}")
     if isinstance(out, np.ndarray):
@@ -324,11 +344,8 @@ def _into(out, result, casting: str):
                                    f"casting={casting!r} (numpy.einsum's rule)")
         np.copyto(out, result, casting="unsafe")
         return out
-    if hasattr(out, "copy_"):       # a torch tensor
-        out.copy_(result)
-        return out
-    raise EinfuseTypeError(f"out= is a {type(out).__name__}; it must be a NumPy array or a "
-                           "torch tensor (JAX arrays are immutable)")
+    out.copy_(result)               # a torch tensor
+    return out
 
 
 def _bools_widened(operands):
@@ -355,7 +372,7 @@ def _bools_widened(operands):
     return [op.astype(target) if flag else op for op, flag in zip(operands, flags)]
 
 
-def einsum(subscripts: str, *operands, optimize="auto", backend="auto", out=None,
+def einsum(subscripts: str = None, *operands, optimize="auto", backend="auto", out=None,
            casting: str = "safe", order: str = "K", **options):
     """numpy.einsum's semantics on NumPy, PyTorch (differentiable) and JAX (jit, grad,
     vmap) arrays: ``ef.einsum("bthr,bThr->bhtT", Q, K)``.  Two operands become one
@@ -366,6 +383,8 @@ def einsum(subscripts: str, *operands, optimize="auto", backend="auto", out=None
     ``ein``'s options."""
     from ..errors import EinfuseError, attach_statement
     from ..runtime.kernel import ein
+    if subscripts is None and not operands:
+        raise EinfuseSyntaxError("einsum needs its subscripts and at least one operand")
     if not isinstance(subscripts, str):    # numpy's sublist form
         subscripts, operands = from_sublists((subscripts,) + operands)
     operands = [op if hasattr(op, "shape") else np.asarray(op) for op in operands]
@@ -375,8 +394,8 @@ def einsum(subscripts: str, *operands, optimize="auto", backend="auto", out=None
         plan = plan_einsum(subscripts, shapes, optimize)
     except EinfuseError as error:
         raise attach_statement(error, subscripts) from None
-    if plan.view and out is None and "dtype" not in options and order != "F" and \
-            type(operands[0]) is np.ndarray and operands[0].dtype != object:
+    if plan.view and out is None and "dtype" not in options and order.upper() != "F" and \
+            type(operands[0]) is np.ndarray and operands[0].dtype.kind in "biuf":
         # nothing to compute: numpy's own view of the operand (writeable, as numpy's)
         return np.einsum(subscripts, operands[0])
     if "dtype" not in options:
@@ -390,7 +409,7 @@ def einsum(subscripts: str, *operands, optimize="auto", backend="auto", out=None
         # numpy.einsum sums bool products in bool (an or of ands); einfuse sums them
         # as integers (notation.md), so the count becomes its truth value here
         result = result != 0
-    if order == "F" and isinstance(result, np.ndarray):
+    if order.upper() == "F" and isinstance(result, np.ndarray):
         result = np.asfortranarray(result)
     if out is not None:
         try:
