@@ -11,6 +11,7 @@ returns the framework's reshape, a view where possible."""
 from __future__ import annotations
 
 import math
+import numbers
 import re
 from dataclasses import dataclass
 from typing import Dict, List, Optional, Tuple, Union
@@ -28,6 +29,14 @@ def _error(message: str, pattern: str) -> EinfuseSyntaxError:
     return EinfuseSyntaxError(message, source=pattern, span=(0, len(pattern)))
 
 
+# the names einfuse gives the axes under '...' ("...0", "...1") and anonymous axes
+# ("3#0": length 3, the first) cannot be identifiers, so no axis of the caller's is taken
+# for one; messages show them as the pattern wrote them
+def _shown(names) -> str:
+    shown = ["..." if n.startswith("...") else n.split("#")[0] for n in names]
+    return " ".join(dict.fromkeys(shown))
+
+
 def _side(text: str, pattern: str, anonymous: List[int]) -> List[Group]:
     """Each axis of a side as its group of elementary axis names; '...' stays as the
     name '...'; anonymous sizes (a number other than 1) become fresh names."""
@@ -43,16 +52,19 @@ def _side(text: str, pattern: str, anonymous: List[int]) -> List[Group]:
                 raise _error("a ')' without its '('", pattern)
             groups.append(tuple(current))
             current = None
-        elif token == "..." or token[0].isalpha() or token[0] == "_" or token.isdigit():
+        elif token == "..." or token[0].isalpha() or token[0] == "_" or token.isdecimal():
             if token == "..." and current is not None:
                 token = _COMPOSED_DOTS   # '(...)': the axes composed into one
-            if token.isdigit():
-                if token == "1":
+            if token.isdecimal():
+                if int(token) == 1:      # '1', '01': a unit axis
                     if current is None:
-                        groups.append(())   # a unit axis
+                        groups.append(())
                     continue
+                if int(token) == 0:
+                    raise _error(f"an anonymous axis has a positive length, not {token}",
+                                 pattern)
                 anonymous.append(int(token))
-                token = f"_anon{len(anonymous) - 1}"
+                token = f"{int(token)}#{len(anonymous) - 1}"
             if current is None:
                 groups.append((token,))
             else:
@@ -99,7 +111,7 @@ def plan_einops(pattern: str, shape: Tuple[int, ...], kind: str,
         if count < 0:
             raise ShapeError(f"the input has {len(shape)} axes, fewer than {left_text.strip()!r}"
                              " names", source=pattern, span=(0, len(pattern)))
-        ellipsis = tuple(f"_dots{k}" for k in range(count))
+        ellipsis = tuple(f"...{k}" for k in range(count))
         at = next(k for k, g in enumerate(left) if "..." in g)
         left = left[:at] + [(n,) for n in ellipsis] + left[at + 1:]
     elif len(left) != len(shape):
@@ -120,44 +132,51 @@ def plan_einops(pattern: str, shape: Tuple[int, ...], kind: str,
             expanded.append(group[:at] + ellipsis + group[at + 1:])
     right = expanded
     # the size of every elementary axis
-    known: Dict[str, int] = {f"_anon{k}": n for k, n in enumerate(anonymous)}
+    known: Dict[str, int] = {f"{n}#{k}": n for k, n in enumerate(anonymous)}
+    named = {n for g in left + right for n in g}
+    unused = [name for name in sizes if name not in named]
+    if unused:
+        raise _error(f"the sizes {', '.join(f'{n}=' for n in unused)} are of axes not in "
+                     "the pattern", pattern)
     for name, value in sizes.items():
-        if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        if not isinstance(value, numbers.Integral) or isinstance(value, bool) or value < 0:
             raise _error(f"the size {name}={value!r} must be a non-negative integer", pattern)
-        known[name] = value
+        known[name] = int(value)
     for group, extent in zip(left, shape):
         unknown = [n for n in group if n not in known]
         product = math.prod(known[n] for n in group if n in known)
         if len(unknown) > 1:
             raise _error(f"cannot split an axis of length {extent} into "
-                         f"{' '.join(unknown)}: give all but one size", pattern)
+                         f"{_shown(unknown)}: give all but one size", pattern)
         if unknown:
             if product == 0 or extent % product:
                 raise ShapeError(f"an axis of length {extent} does not split into "
-                                 f"({' '.join(group)}) with the sizes given", source=pattern,
+                                 f"({_shown(group)}) with the sizes given", source=pattern,
                                  span=(0, len(pattern)))
             known[unknown[0]] = extent // product
         elif product != extent:
-            raise ShapeError(f"({' '.join(group) or '1'}) has length {product} but the "
+            raise ShapeError(f"({_shown(group) or '1'}) has length {product} but the "
                              f"input's axis has {extent}", source=pattern,
                              span=(0, len(pattern)))
     left_axes = [n for g in left for n in g]
     right_axes = [n for g in right for n in g]
-    if len(right_axes) != len(set(right_axes)):
-        raise _error("an axis is named twice on the right", pattern)
+    twice = [n for n in dict.fromkeys(right_axes) if right_axes.count(n) > 1]
+    if twice:
+        raise _error(f"an axis is named twice on the right: {_shown(twice)}", pattern)
     added = [n for n in right_axes if n not in left_axes]
     dropped = [n for n in left_axes if n not in right_axes]
     if kind == "rearrange" and (added or dropped):
-        raise _error(f"rearrange keeps every axis; {'adds ' + ', '.join(added) if added else ''}"
-                     f"{'drops ' + ', '.join(dropped) if dropped else ''} (use repeat or "
-                     "reduce)", pattern)
+        changes = ([f"adds {_shown(added)}"] if added else []) + \
+            ([f"drops {_shown(dropped)}"] if dropped else [])
+        raise _error(f"rearrange keeps every axis; this pattern {' and '.join(changes)} "
+                     "(use repeat or reduce)", pattern)
     if kind == "reduce" and added:
-        raise _error(f"reduce cannot add the axes {', '.join(added)} (use repeat)", pattern)
+        raise _error(f"reduce cannot add the axes {_shown(added)} (use repeat)", pattern)
     if kind == "repeat" and dropped:
-        raise _error(f"repeat cannot drop the axes {', '.join(dropped)} (use reduce)", pattern)
+        raise _error(f"repeat cannot drop the axes {_shown(dropped)} (use reduce)", pattern)
     missing = [n for n in right_axes if n not in known]
     if missing:
-        raise _error(f"the size of {', '.join(missing)} is not known: pass it, as in "
+        raise _error(f"the size of {_shown(missing)} is not known: pass it, as in "
                      f"{missing[0]}=4", pattern)
     inner_shape = tuple(known[n] for n in left_axes)
     output_shape = tuple(math.prod(known[n] for n in g) for g in right)
@@ -197,9 +216,7 @@ def _run(kind: str, x, pattern: str, reduction: Optional[str], sizes, options):
 
     from ..runtime.kernel import ein
     if isinstance(x, (list, tuple)):   # einops stacks a list along a new first axis
-        x = np.stack([np.asarray(item) for item in x]) if not any(
-            hasattr(item, "detach") or type(item).__module__.startswith("jax")
-            for item in x) else _stack(x)
+        x = _stacked(x, pattern)
     elif not hasattr(x, "shape"):
         x = np.asarray(x)
     if kind == "reduce" and reduction not in REDUCTIONS and not callable(reduction):
@@ -215,6 +232,13 @@ def _run(kind: str, x, pattern: str, reduction: Optional[str], sizes, options):
         return inner.reshape(plan.output_shape)
     if callable(reduction):
         return _run_callable(reduction, inner, plan, pattern, options)
+    if reduction in ("sum", "prod"):
+        inner = _accumulating(inner, reduction)
+    elif reduction in (None, "max", "min") and "dtype" not in options and \
+            str(x.dtype).endswith("bool"):
+        # a copy (rearrange, repeat) or a max/min of bools is bool, as in einops; a
+        # statement would count the bools as int64 (notation.md)
+        options = dict(options, dtype=x.dtype)
     result = ein(plan.statement, arrays={"X": inner}, ranges=dict(plan.ranges) or None,
                  **options)
     return result.reshape(plan.output_shape)
@@ -240,16 +264,57 @@ def _run_callable(reduction, inner, plan: EinopsPlan, pattern: str, options):
             f"{plan.reduced} returned shape {tuple(getattr(reduced, 'shape', ()))}, not "
             f"{want}", source=pattern, span=(0, len(pattern))), pattern)
     if plan.after_callable is not None:
+        if "dtype" not in options and str(reduced.dtype).endswith("bool"):
+            options = dict(options, dtype=reduced.dtype)   # the copy keeps bools bool
         reduced = ein(plan.after_callable, arrays={"X": reduced}, **options)
     return reduced.reshape(plan.output_shape)
 
 
-def _stack(items):
-    if hasattr(items[0], "detach"):
+def _stacked(items, pattern: str):
+    """einops' list input: the arrays stacked along a new first axis, in their framework."""
+    import numpy as np
+    if not len(items):
+        raise attach_statement(ShapeError("the list is empty: einops stacks a list's arrays "
+                                          "along a new first axis, and there are none",
+                                          source=pattern, span=(0, len(pattern))), pattern)
+    try:
+        if any(hasattr(item, "detach") for item in items):
+            import torch
+            return torch.stack(list(items))
+        if any(type(item).__module__.startswith("jax") for item in items):
+            import jax.numpy as jnp
+            return jnp.stack(list(items))
+        return np.stack([np.asarray(item) for item in items])
+    except (ValueError, TypeError, RuntimeError) as error:
+        shapes = ", ".join(str(tuple(np.shape(item))) if not hasattr(item, "shape") else
+                           str(tuple(item.shape)) for item in items[:8])
+        raise attach_statement(ShapeError(
+            f"the list's {len(items)} arrays do not stack into one array (each shape must "
+            f"be the same; they are {shapes}{', ...' if len(items) > 8 else ''}): "
+            f"{type(error).__name__}: {error}", source=pattern, span=(0, len(pattern))),
+            pattern) from None
+
+
+def _accumulating(x, reduction: str):
+    """einops reduces with the framework's own ``sum``/``prod``, which accumulate small
+    integers (and bools) in a wider integer (NumPy and PyTorch int64, JAX its default
+    int); a statement would keep int8 int8 and wrap around: the input is cast first."""
+    from ..runtime.frameworks import JAX, TORCH, framework_of
+    kind = str(x.dtype)
+    if "int" not in kind and not kind.endswith("bool"):
+        return x
+    framework = framework_of(x)
+    if framework == TORCH:
         import torch
-        return torch.stack(list(items))
-    import jax.numpy as jnp
-    return jnp.stack(list(items))
+        target = getattr(torch.zeros(0, dtype=x.dtype), reduction)().dtype
+        return x if target == x.dtype else x.to(target)
+    if framework == JAX:
+        import jax.numpy as jnp
+        target = getattr(jnp.zeros(0, x.dtype), reduction)().dtype
+    else:
+        import numpy as np
+        target = getattr(np.zeros(0, x.dtype), reduction)().dtype
+    return x if target == x.dtype else x.astype(target)
 
 
 def rearrange(x, pattern: str, **sizes):
