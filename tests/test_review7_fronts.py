@@ -297,3 +297,20 @@ def test_einops_fixes_agree_with_einops_itself():
         np.testing.assert_array_equal(got, want)
     got, want = ef.rearrange(x, "a b c -> a b c 01"), einops.rearrange(x, "a b c -> a b c 01")
     assert got.shape == want.shape
+
+
+@pytest.mark.parametrize("pattern", ["b h w c -> b c", "b (h h2) w c -> b h w c",
+                                     "... c -> c ...", "h w -> h w 3", "a 1 b -> (a b)"])
+def test_an_einops_pattern_given_to_ein_says_so(pattern):
+    # programs.md section 3: the error says it is einops syntax and shows the call
+    with pytest.raises(ef.EinfuseError, match="einops") as info:
+        ef.ein(pattern, np.ones((2, 6, 4, 3)))
+    assert "ef.rearrange" in str(info.value)
+
+
+def test_a_statement_is_not_taken_for_an_einops_pattern():
+    x = np.ones((2, 3))
+    np.testing.assert_array_equal(ef.ein("y[i] := sum[j](x[i, j])", x=x), [3.0, 3.0])
+    with pytest.raises(ef.EinfuseError) as info:
+        ef.ein("y[i] := x[i, j] ->", x=x)
+    assert "einops" not in str(info.value)

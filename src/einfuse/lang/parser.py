@@ -50,7 +50,7 @@ def parse(source: str) -> Statement:
     """Parse ``source`` into a :class:`Statement` (names resolved)."""
     if not isinstance(source, str):
         raise EinfuseSyntaxError(f"a statement must be a string, not {type(source).__name__}")
-    hint = einsum_hint(source)
+    hint = einsum_hint(source) or einops_hint(source)
     if hint:
         raise EinfuseSyntaxError(hint, source=source, span=(0, len(source)))
     try:
@@ -84,6 +84,22 @@ def einsum_hint(source: str) -> Optional[str]:
     return (f"{text!r} is einsum syntax; call ef.einsum({text!r}, {', '.join(names)}), or in "
             f"einfuse notation it is {lhs} := {rhs} (passing the operands as "
             f"{', '.join(n + '=' for n in names)})")
+
+
+# An einops pattern: names, numbers, '...' and parentheses on each side of one '->'.
+_EINOPS_SIDE = r"(?:\s*(?:[A-Za-z_][A-Za-z_0-9]*|\d+|\.\.\.|\(|\)))*\s*"
+_EINOPS = re.compile(_EINOPS_SIDE + "->" + _EINOPS_SIDE + r"\Z")
+
+
+def einops_hint(source: str) -> Optional[str]:
+    """For an einops pattern (``"b h w c -> b c"``), a message naming the calls to use."""
+    if not _EINOPS.match(source):
+        return None
+    text = source.strip()
+    return (f"{text!r} is einops syntax; call ef.rearrange(x, {text!r}), "
+            f"ef.reduce(x, {text!r}, 'sum') or ef.repeat(x, {text!r}, ...) with the "
+            "array (and the sizes of new or split axes as keywords), or write it in einfuse "
+            "notation with every index named, as in y[b, c] := sum[h, w](x[b, h, w, c])")
 
 
 def _bracket_pairs(tokens: List[Token]):
