@@ -289,8 +289,9 @@ def _stacked(items, pattern: str):
         shapes = ", ".join(str(tuple(np.shape(item))) if not hasattr(item, "shape") else
                            str(tuple(item.shape)) for item in items[:8])
         raise attach_statement(ShapeError(
-            f"the list's {len(items)} arrays do not stack into one array (each shape must "
-            f"be the same; they are {shapes}{', ...' if len(items) > 8 else ''}): "
+            f"the list's {len(items)} arrays do not stack into one array (they must be "
+            f"arrays of one framework and one shape; their shapes are {shapes}"
+            f"{', ...' if len(items) > 8 else ''}): "
             f"{type(error).__name__}: {error}", source=pattern, span=(0, len(pattern))),
             pattern) from None
 
