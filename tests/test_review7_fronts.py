@@ -314,3 +314,12 @@ def test_a_statement_is_not_taken_for_an_einops_pattern():
     with pytest.raises(ef.EinfuseError) as info:
         ef.ein("y[i] := x[i, j] ->", x=x)
     assert "einops" not in str(info.value)
+
+
+def test_einops_hint_fails_fast_on_a_long_name_that_is_no_pattern():
+    """The hint's pattern matched a name as a whole under '*': a long name before a
+    character no pattern has backtracked over every split of it (2**60 steps here)."""
+    with pytest.raises(ef.EinfuseError):
+        ef.ein("a" * 60 + " -> b$", a=np.ones(2))
+    with pytest.raises(ef.EinfuseError, match="einops syntax"):
+        ef.ein("b h w c -> b c", x=np.ones((1, 1, 1, 1)))

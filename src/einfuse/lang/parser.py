@@ -87,13 +87,16 @@ def einsum_hint(source: str) -> Optional[str]:
 
 
 # An einops pattern: names, numbers, '...' and parentheses on each side of one '->'.
-_EINOPS_SIDE = r"(?:\s*(?:[A-Za-z_][A-Za-z_0-9]*|\d+|\.\.\.|\(|\)))*\s*"
-_EINOPS = re.compile(_EINOPS_SIDE + "->" + _EINOPS_SIDE + r"\Z")
+# One character per step (a name is not matched as a whole), so that a long text that
+# is no pattern fails in linear time: a name-sized alternative under '*' backtracked
+# over every way of splitting a long name (exponential).
+_EINOPS_SIDE = re.compile(r"(?:[\sA-Za-z_0-9()]|\.\.\.)*")
 
 
 def einops_hint(source: str) -> Optional[str]:
     """For an einops pattern (``"b h w c -> b c"``), a message naming the calls to use."""
-    if not _EINOPS.match(source):
+    sides = source.split("->")
+    if len(sides) != 2 or not all(_EINOPS_SIDE.fullmatch(side) for side in sides):
         return None
     text = source.strip()
     return (f"{text!r} is einops syntax; call ef.rearrange(x, {text!r}), "
