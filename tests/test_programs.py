@@ -248,3 +248,16 @@ def test_explain_with_an_empty_axis():
     text = str(ef.explain(SOFTMAX, X=empty))
     assert "no bytes moved" in text and "P[i,j]" in text
     assert ef.ein(SOFTMAX, X=empty).shape == (0, 5)
+
+
+def test_explain_of_attention_for_a_jax_caller_says_what_the_call_runs():
+    """The fused attention runs for NumPy and torch callers; a JAX caller's program runs
+    statement by statement, and explain says so (it showed the fused kernel)."""
+    jnp = pytest.importorskip("jax.numpy")
+    text = ("S[b,i,j] := sum[d](Q[b,i,d]*K[b,j,d]) * 0.25\nm[b,i] := max[j](S[b,i,j])\n"
+            "P[b,i,j] := exp(S[b,i,j] - m[b,i])\n"
+            "O[b,i,d] := sum[j](P[b,i,j]*V[b,j,d]) / sum[j](P[b,i,j])")
+    Q = np.random.default_rng(0).standard_normal((2, 6, 4)).astype(np.float32)
+    assert "fused as attention" in str(ef.explain(text, Q=Q, K=Q, V=Q))
+    shown = str(ef.explain(text, Q=jnp.asarray(Q), K=jnp.asarray(Q), V=jnp.asarray(Q)))
+    assert "fused as attention" not in shown and "4 kernels" in shown

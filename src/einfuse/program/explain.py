@@ -138,14 +138,11 @@ def _in_framework_of(values: Dict[str, object]):
     """(the inputs' framework, how an intermediate's placeholder is made from its shape
     and dtype name): NumPy arrays for NumPy, torch's as a zero-strided tensor on the
     inputs' device (binding refuses arrays of two frameworks in one call; a device
-    decides the backend; bfloat16 exists in torch only).  JAX inputs are read as NumPy
-    placeholders of their shapes, intermediates likewise."""
-    from ..runtime.frameworks import JAX, TORCH, common_framework, placeholder
+    decides the backend; bfloat16 exists in torch only).  JAX inputs are explained on
+    NumPy placeholders of their shapes (explain_program), intermediates likewise."""
+    from ..runtime.frameworks import TORCH, common_framework
     framework = common_framework({k: v for k, v in values.items()
                                   if not isinstance(v, numbers.Number)})
-    if framework == JAX:
-        for name, value in values.items():
-            values[name] = placeholder(value)
     if framework != TORCH:
         return framework, _placeholder
     import torch
@@ -224,7 +221,10 @@ def explain_program(program: Program, args, arrays, shapes, gradients: bool,
         unplanned = ["which statements run fused is not shown: planning a fused kernel "
                      "needs its buffers in memory, which these shapes do not fit"]
     framework, shaped = _in_framework_of(values)
-    parts, env = [], dict(values)
+    from ..runtime.frameworks import JAX, NUMPY, TORCH, placeholder
+    env = {name: placeholder(value) for name, value in values.items()} \
+        if framework == JAX else dict(values)
+    parts = []
     produced: Dict[str, Tuple[Tuple[int, ...], str]] = {}
     for statement in program.statements:
         kernel = statement.kernel
@@ -249,8 +249,9 @@ def explain_program(program: Program, args, arrays, shapes, gradients: bool,
             materialised.append(Materialised(name, shape, dtype, nbytes, readers,
                                              rows.get(name)))
     from ..runtime.attention import explain_attention, triton_fallback_notes
+    # as the call: the fused attention runs for NumPy and torch callers only
     fused = explain_attention(program.attention, values, program.options) \
-        if program.options is not None else None
+        if program.options is not None and framework in (NUMPY, TORCH) else None
     notes = triton_fallback_notes(program.attention, values, program.options) \
         if program.options is not None and fused is None else []
     notes = unplanned + notes
