@@ -61,14 +61,18 @@ class ProgramExplanation:
         groups = self.groups or [FusionGroup((i,)) for i in range(n)]
         out = [f"  {len(groups)} kernel{'s' if len(groups) != 1 else ''}, in order "
                "(NumPy arrays and CPU torch tensors on the C backend, the backward under "
-               "torch autograd fused too; JAX runs one kernel per statement, and under "
-               "jax.grad the program's backward, not each statement's):"]
+               "torch autograd fused too; torch tensors on the Triton backend fused by "
+               "rows where autograd records nothing; JAX runs one kernel per statement, "
+               "and under jax.grad the program's backward, not each statement's):"]
         for number, group in enumerate(groups, 1):
             many = len(group.statements) > 1
             which = ", ".join(str(i + 1) for i in group.statements)
             how = "fused: one loop over rows, each statement's row computed in turn" \
                 if many else "alone"
-            if group.row_kernel is not None:
+            if group.row_kernel == "triton":
+                how = "fused: one Triton kernel, each program holding whole rows in " \
+                    "registers and computing each statement's row in turn"
+            elif group.row_kernel is not None:
                 how = f"fused: the {group.row_kernel} row kernel, one loop over rows"
             if group.column_sums:
                 how += "; " + ", ".join(str(i + 1) for i in group.column_sums) + \

@@ -99,8 +99,11 @@ def prepare(kernel, call, kwargs) -> None:
     if statement_attention(kernel.statement) is not None:
         return      # whether it runs fused depends on the data (a finite V): full path
     if backend == "triton":
-        if kernel.hoisted_form is None:
+        form = kernel.hoisted_form
+        if form is None:
             cache[signature] = _triton_runner(call)
+        elif form.runs(call):     # its kernels, fused by rows (schedule/row_groups.py)
+            cache[signature] = _hoisted_runner(kernel, form, call)
         return
     if any(getattr(value, "is_cuda", False) for value in kwargs.values()):
         return      # C on CUDA tensors copies them: the full path

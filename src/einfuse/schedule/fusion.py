@@ -38,6 +38,7 @@ import numpy as np
 from ..errors import EinfuseError
 from ..lang import ast
 from ..plan import buffer_slots
+from .row_groups import row_group, triton_rows_possible
 
 # Below this much work (points of the statements' iteration spaces) a fused kernel saves
 # too little to be worth binding the group for.
@@ -98,7 +99,7 @@ def run_statements(kernels: Sequence, env: Dict[str, object], framework: str,
     Returns the prepared run for arrays of this call's layouts, where there is one (a
     caller that keeps it skips even the signature next time)."""
     signature = None
-    if runs is not None and framework == "numpy":
+    if runs is not None and framework in ("numpy", "torch"):
         from ..runtime.repeat import signature_of
         signature = signature_of(env)
         if signature is not None:
@@ -119,23 +120,24 @@ def run_statements(kernels: Sequence, env: Dict[str, object], framework: str,
         except (StopIteration, RuntimeError):
             pass
     prepared = runs[signature] = PreparedRun(
-        tuple(kernels), None if keep is None else frozenset(keep), tuple(record))
+        tuple(kernels), None if keep is None else frozenset(keep), tuple(record), framework)
     return prepared
 
 
 @dataclass(frozen=True)
 class PreparedRun:
-    """The steps of a run of ``kernels`` prepared for one layout of its arrays (NumPy);
-    called with arrays of another layout, the steps from the first that refuses them
-    run the full way."""
+    """The steps of a run of ``kernels`` prepared for one layout of its arrays (NumPy,
+    or torch tensors); called with arrays of another layout, the steps from the first
+    that refuses them run the full way."""
     kernels: Tuple
     keep: Optional[FrozenSet[str]]
     steps: Tuple[Step, ...]
+    framework: str = "numpy"
 
     def __call__(self, env: Dict[str, object]) -> None:
         for step in self.steps:
             if not step.run(env):
-                _run_from(self.kernels, step.position, env, "numpy", self.keep, None)
+                _run_from(self.kernels, step.position, env, self.framework, self.keep, None)
                 return
 
 
@@ -143,17 +145,20 @@ def _run_from(kernels, position: int, env, framework: str, keep, record) -> None
     """The full way from statement ``position``; each step taken is appended to
     ``record`` (None for one that cannot be prepared) where that is a list."""
     worth = _worth(kernels, env, framework)
+    rows = framework == "torch" and triton_rows_possible(kernels, env)
     while position < len(kernels):
         fused = 0
         if worth and len(kernels) - position >= 2:
             fused = _try_fused(kernels, position, env, keep, record)
+        elif rows and len(kernels) - position >= 2:
+            fused = _try_rows(kernels, position, env, keep, record)
         if fused:
             position += fused
             continue
         kernel = kernels[position]
         _run_one(kernel, env, framework)
         if record is not None:
-            record.append(Step(position, functools.partial(_run_one_step, kernel)))
+            record.append(Step(position, functools.partial(_run_one_step, kernel, framework)))
         position += 1
 
 
@@ -173,8 +178,34 @@ def _run_one(kernel, env, framework: str = "numpy") -> None:
     env[spec.output] = result
 
 
-def _run_one_step(kernel, env) -> bool:
-    _run_one(kernel, env)
+def _run_one_step(kernel, framework: str, env) -> bool:
+    _run_one(kernel, env, framework)
+    return True
+
+
+def _try_rows(kernels, start: int, env, keep: Optional[Set[str]], record=None) -> int:
+    """Run a Triton row group (schedule/row_groups.py) starting at ``start``; the
+    number of statements it ran (0: none)."""
+    from ..backends import triton_rows
+    group = row_group(kernels, start, env, keep)
+    if group is None:
+        return 0
+    runner = triton_rows.runner(group, env)
+    runner(env)
+    if record is not None:
+        # a tensor that requires a gradient: a later call of this signature with grad
+        # mode on must record the statements' autograd nodes (the full way)
+        guarded = any(getattr(env.get(i.key), "requires_grad", False) for i in group.inputs)
+        record.append(Step(start, functools.partial(_rows_step, runner, guarded)))
+    return group.statements
+
+
+def _rows_step(runner, guarded: bool, env) -> bool:
+    if guarded:
+        from ..runtime.torch_autograd import recording
+        if recording():
+            return False
+    runner(env)
     return True
 
 
@@ -238,6 +269,8 @@ def fusion_groups(kernels: Sequence, env: Dict[str, object],
     not read), for explain; ``keep`` as for run_statements."""
     from ..backends import c_fused, c_rows
     env = dict(env)
+    if triton_rows_possible(kernels, env):
+        return _triton_groups(kernels, env, keep)
     groups: List[FusionGroup] = []
     position = 0
     worth = _worth(kernels, env, "numpy")
@@ -268,6 +301,45 @@ def fusion_groups(kernels: Sequence, env: Dict[str, object],
             call = kernel.bind(arrays={name: env[name] for name in _needed(spec)})
         if spec.assign == ":=":
             env[spec.output] = np.empty(call.output_shape, call.dtypes.result)
+        groups.append(FusionGroup((position,)))
+        position += 1
+    return groups
+
+
+def _triton_groups(kernels: Sequence, env: Dict[str, object],
+                   keep: Optional[Set[str]]) -> List[FusionGroup]:
+    """fusion_groups for torch tensors on the Triton backend: its row groups
+    (schedule/row_groups.py) and the statements that run alone."""
+    import torch
+    device = next(v.device for v in env.values() if isinstance(v, torch.Tensor))
+
+    def placeholder(shape, dtype):
+        return torch.empty((), dtype=dtype, device=device).expand(tuple(shape))
+    groups: List[FusionGroup] = []
+    position = 0
+    while position < len(kernels):
+        group = row_group(kernels, position, env, keep)
+        if group is not None:
+            working = getattr(torch, group.working)
+            for member in group.members:
+                if "#" not in member.key:
+                    env[member.key] = placeholder(member.shape, working)
+            size = torch.empty((), dtype=working).element_size()
+            groups.append(FusionGroup(
+                tuple(range(position, position + group.statements)),
+                tuple((m.key, size * (group.extents[1] if m.grid else 1))
+                      for m in group.members if m.stored is None and "#" not in m.key),
+                row_kernel="triton"))
+            position += group.statements
+            continue
+        kernel = kernels[position]
+        spec = kernel.spec
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            call = kernel.bind(arrays={name: env[name] for name in _needed(spec)})
+        if spec.assign == ":=":
+            from ..backends.triton_backend import _result_dtype
+            env[spec.output] = placeholder(call.output_shape, _result_dtype(call))
         groups.append(FusionGroup((position,)))
         position += 1
     return groups

@@ -1,0 +1,422 @@
+"""Row groups for the Triton backend: consecutive statements of a program (or of a
+statement's hoisted form) over the same rows run as one Triton kernel, each program of
+its grid holding whole rows in registers.
+
+This is the GPU's counterpart of the C backend's row fusion (schedule/fusion.py): a
+softmax written as four statements -- row maximum, exponentials, row sum, quotient --
+reads each row from memory once and writes the result once, where one kernel per
+statement reads the input three times and writes and reads the exponentials twice.
+
+A statement joins the group of the statements before it when, for this call,
+
+* it is a ':=' statement run by the Triton backend on torch tensors of one device (a
+  CUDA GPU, or the CPU under ``TRITON_INTERPRET=1``), with no hoisted form of its own,
+  no ``pad=``, its working dtype float32 or float64 and its result in that
+  dtype, the same for every member;
+* its output is ``[r]`` or ``[r, c]`` and it uses no index but ``r`` and ``c``: ``r``
+  runs over the group's rows (0 to M), ``c`` over the group's columns (0 to N, a row at most
+  :data:`MAX_ROW_BYTES`); its reductions are ``sum``, ``max`` or ``min`` over ``c``,
+  not nested;
+* every subscript is a plain index, at most once per access: an input array read as
+  ``X[r, c]``, ``X[c, r]``, ``X[r]``, ``X[c]`` or ``X[]``, an earlier member read
+  exactly as it was written (``T[r]`` or ``T[r, c]``: its row is in registers);
+* every scalar parameter is a Python or NumPy number, and autograd records nothing
+  (no tensor requires a gradient, or grad mode is off): a recorded call keeps one
+  autograd node per statement.
+
+The group is described here (which values are written out, in which order things are
+computed, the launch's shape) as :class:`RowGroup` over the IR's value expressions;
+backends/triton_rows.py prints and launches it.  Rows longer than that, and
+every other statement, run one statement at a time as before."""
+
+from __future__ import annotations
+
+import numbers
+import warnings
+from dataclasses import dataclass
+from typing import Dict, List, Optional, Sequence, Set, Tuple
+
+from .. import ir
+from ..errors import EinfuseError
+from ..ir import BinaryOp, Function, ReduceOp, UnaryOp
+from ..lang import ast
+
+# The longest row a group holds in registers: 64 KiB (16384 float32, 8192 float64)
+# across a program of 16 warps is 32 registers a thread per live row value.
+MAX_ROW_BYTES = 1 << 16
+# Elements one program holds per value: short rows are taken several at a time, so a
+# program has enough work to hide its loads.
+PROGRAM_ELEMENTS = 4096
+_REDUCTIONS = {"sum": ReduceOp.SUM, "max": ReduceOp.MAX, "min": ReduceOp.MIN}
+
+
+@dataclass(frozen=True)
+class RowInput:
+    """An array the group reads: its environment key and, per axis, whether that axis
+    runs along the rows (True) or the columns (False)."""
+    key: str
+    along_rows: Tuple[bool, ...]
+
+
+@dataclass(frozen=True)
+class RowReduction:
+    """``acc`` := ``op`` over the columns of ``body`` (a value of the whole block)."""
+    acc: str
+    op: ReduceOp
+    body: ir.Expr
+
+
+@dataclass(frozen=True)
+class RowMember:
+    """One statement of the group: its reductions, computed first, then its value
+    (``ir.Local(f"m{k}")`` in later members); ``grid``: its output is [r, c], else
+    [r]; ``stored``: the number of the output buffer it is written to, or None when it
+    lives only in registers."""
+    key: str
+    grid: bool
+    reductions: Tuple[RowReduction, ...]
+    value: ir.Expr
+    stored: Optional[int]
+    shape: Tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class RowLaunch:
+    """The grid: ``rows`` rows per program, ``block`` columns (a power of two at least
+    the row's length), ``warps`` warps a program."""
+    rows: int
+    block: int
+    warps: int
+
+
+@dataclass(frozen=True)
+class RowGroup:
+    statements: int                   # how many statements from the start it runs
+    inputs: Tuple[RowInput, ...]      # load buffer b is inputs[b]
+    params: Tuple[str, ...]           # ir.Param slot s is the value of env[params[s]]
+    members: Tuple[RowMember, ...]
+    working: str                      # "float32" or "float64"
+    extents: Tuple[int, int]          # (M rows, N columns)
+    launch: RowLaunch
+    # subexpressions along the columns that occur more than once (an input's load,
+    # softmax's exp(x - m) in the row sum and the quotient): each computed once
+    shared: Tuple[ir.Expr, ...] = ()
+
+    @property
+    def outputs(self) -> Tuple[RowMember, ...]:
+        return tuple(m for m in self.members if m.stored is not None)
+
+
+def triton_rows_possible(kernels: Sequence, env: Dict[str, object]) -> bool:
+    """Whether a call of ``kernels`` on ``env`` may run row groups at all (a cheap test
+    made before any statement is bound)."""
+    if len(kernels) < 2:
+        return False
+    from ..backends import triton_backend
+    if not triton_backend.available():
+        return False
+    import torch
+    from ..runtime.torch_autograd import recording
+    device = None
+    for value in env.values():
+        if isinstance(value, torch.Tensor):
+            if device is None:
+                device = value.device
+            elif value.device != device:
+                return False
+            if value.requires_grad and recording():
+                return False
+    if device is None or (device.type != "cuda" and not triton_backend.interpreted()):
+        return False
+    return True
+
+
+def row_group(kernels: Sequence, start: int, env: Dict[str, object],
+              keep: Optional[Set[str]]) -> Optional[RowGroup]:
+    """The group of two or more members from ``start`` for this call, or None.  A
+    statement with a hoisted form that runs for this call (rewrite/hoist.py) joins as
+    its statements, all or none of them; their temporaries live in registers.  A member
+    is stored when ``keep`` is None or names it, or a later statement reads it."""
+    import torch
+    scratch = dict(env)
+    builder = _Builder()
+    joined = 0
+    device = next(v.device for v in env.values() if isinstance(v, torch.Tensor))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for number, kernel in enumerate(kernels[start:]):
+            units = _units(kernel, scratch, number)
+            if units is None:
+                break
+            saved = builder.snapshot()
+            for unit, names in units:
+                member = builder.join(unit, scratch, names)
+                if member is None:
+                    break
+                (shape, dtype), key = member, names.get(unit.spec.output, unit.spec.output)
+                scratch[key] = torch.empty((), dtype=dtype, device=device).expand(shape)
+            else:
+                joined += 1
+                continue
+            builder.restore(saved)
+            break
+    if joined < 1 or len(builder.members) < 2:
+        return None
+    needed: Set[str] = set()
+    for kernel in kernels[start + joined:]:
+        needed.update(kernel.spec.arg_order)
+        if kernel.spec.assign != ":=":
+            needed.add(kernel.spec.output)
+    return builder.group(joined, lambda key: "#" not in key and (
+        keep is None or key in keep or key in needed))
+
+
+def _units(kernel, scratch, number: int):
+    """[(kernel, its local names -> keys)] for the statement, or for each statement of
+    its hoisted form where that runs for this call (temporaries get keys with '#',
+    which no name has); None when the statement cannot be bound."""
+    spec = kernel.spec
+    form = kernel.hoisted_form
+    if form is None or spec.assign != ":=":
+        return [(kernel, {})]
+    try:
+        call = kernel.bind(arrays={name: scratch[name] for name in spec.arg_order})
+    except (EinfuseError, KeyError):
+        return None
+    hoisted = form.kernels(call.dtypes) if form.runs(call) else None
+    if hoisted is None:
+        return [(kernel, {})]
+    local = {k.spec.output: f"#{number}#{k.spec.output}" for k in hoisted[:-1]}
+    return [(k, local) for k in hoisted]
+
+
+class _Builder:
+    """Members bound one by one (``join``), then the group (``group``)."""
+
+    def __init__(self):
+        self.inputs: List[RowInput] = []
+        self.params: List[str] = []
+        self.members: List[Tuple[str, bool, Tuple[RowReduction, ...], ir.Expr,
+                                 Tuple[int, ...]]] = []
+        self.produced: Dict[str, int] = {}
+        self.working: Optional[str] = None
+        self.extents: Optional[Tuple[int, int]] = None
+        self.accs = 0
+
+    def snapshot(self):
+        return (list(self.inputs), list(self.params), list(self.members),
+                dict(self.produced), self.working, self.extents, self.accs)
+
+    def restore(self, saved) -> None:
+        (self.inputs, self.params, self.members, self.produced, self.working,
+         self.extents, self.accs) = saved
+
+    def join(self, kernel, scratch, names: Dict[str, str]
+             ) -> Optional[Tuple[Tuple[int, ...], object]]:
+        """Lower ``kernel`` as the next member: (its output shape, torch dtype), or None
+        where it cannot join (nothing of it is kept then).  ``names``: the statement's
+        names that have other keys in ``scratch`` (a hoisted form's temporaries)."""
+        spec = kernel.spec
+        if spec.assign != ":=" or not 1 <= len(spec.output_indices) <= 2 or \
+                kernel.options.pad is not None:
+            return None
+        try:
+            call = kernel.bind(arrays={name: scratch[names.get(name, name)]
+                                       for name in spec.arg_order})
+        except (EinfuseError, KeyError):
+            return None
+        from ..backends.triton_backend import host_fallback
+        from ..runtime.kernel import _backend_name
+        if _backend_name(kernel.options.backend, call) != "triton" or \
+                call.framework != "torch" or host_fallback(call):
+            return None
+        form = kernel.hoisted_form
+        if form is not None and form.runs(call):
+            return None
+        working = call.dtypes.working
+        if working.name not in ("float32", "float64") or call.dtypes.result != working or \
+                (self.working is not None and working.name != self.working):
+            return None
+        row = spec.output_indices[0]
+        grid = len(spec.output_indices) == 2
+        columns_named = spec.output_indices[1:] + tuple(spec.reduction_indices)
+        if row in spec.reduction_indices or \
+                set(spec.all_indices) != {row} | set(columns_named):
+            return None
+        ranges = call.bounds.range_map
+        if any(ranges[name][0] != 0 for name in (row,) + columns_named):
+            return None
+        rows = ranges[row][1]
+        widths = {ranges[name][1] for name in columns_named}
+        known = self.extents
+        if len(widths) > 1 or known is not None and (
+                rows != known[0] or widths and known[1] is not None and
+                widths != {known[1]}):
+            return None
+        columns = widths.pop() if widths else None
+        if columns is not None and columns * working.itemsize > MAX_ROW_BYTES:
+            return None
+        for name in spec.params:
+            value = call.params.get(name)
+            if isinstance(value, bool) or not isinstance(value, numbers.Real):
+                return None
+        lowering = _Lowering(self, spec, names)
+        bound = {row: "row", spec.output_indices[1]: "col"} if grid else {row: "row"}
+        try:
+            value = lowering.expr(spec.rhs, bound)
+        except _Refused:
+            return None
+        # committed: the member and what it added
+        self.working = working.name
+        self.extents = (rows, columns if columns is not None else
+                        (known[1] if known is not None else None))
+        self.inputs, self.params, self.accs = lowering.inputs, lowering.params, lowering.accs
+        key = names.get(spec.output, spec.output)
+        self.produced[key] = len(self.members)
+        self.members.append((key, grid, tuple(lowering.reductions), value,
+                             tuple(call.output_shape)))
+        import torch
+        return tuple(call.output_shape), getattr(torch, working.name)
+
+    def group(self, joined: int, stored) -> Optional[RowGroup]:
+        rows, columns = self.extents
+        columns = 0 if columns is None else columns
+        members, outputs = [], 0
+        for key, grid, reductions, value, shape in self.members:
+            number = None
+            if stored(key):
+                number, outputs = outputs, outputs + 1
+            members.append(RowMember(key, grid, reductions, value, number, shape))
+        block = 1
+        while block < columns:
+            block *= 2
+        per_program = 1
+        while per_program * block * 2 <= PROGRAM_ELEMENTS and per_program < rows:
+            per_program *= 2
+        elements = per_program * block
+        warps = 16 if elements >= 8192 else 8 if elements >= 4096 else 4
+        return RowGroup(joined, tuple(self.inputs), tuple(self.params), tuple(members),
+                        self.working, (rows, columns), RowLaunch(per_program, block, warps),
+                        _repeated(members))
+
+
+_LEAVES = (ir.Const, ir.Param, ir.Local, ir.AccValue, ir.IndexValue)
+
+
+def _repeated(members: Sequence[RowMember]) -> Tuple[ir.Expr, ...]:
+    """The subexpressions that vary along the columns and occur twice or more in the
+    group's reductions and values, in order of first occurrence.  (One that does not
+    vary along the columns is cheap and may be needed as a row's value and as a
+    block's: it is left where it is written.)"""
+    grid = grid_locals(members)
+    counts: Dict[ir.Expr, int] = {}
+    for member in members:
+        for root in [r.body for r in member.reductions] + [member.value]:
+            for node in ir.walk(root):
+                if not isinstance(node, _LEAVES):
+                    counts[node] = counts.get(node, 0) + 1
+
+    return tuple(node for node, count in counts.items()
+                 if count > 1 and along_columns(node, grid))
+
+
+def grid_locals(members: Sequence[RowMember]) -> Set[str]:
+    """The names (``m{k}``) of the members whose values are whole blocks."""
+    return {f"m{k}" for k, m in enumerate(members) if m.grid}
+
+
+def along_columns(node: ir.Expr, grid: Set[str]) -> bool:
+    """Whether ``node``'s value varies along the columns (else it is one per row)."""
+    for part in ir.walk(node):
+        if isinstance(part, ir.Load) and any("col" in sub.affine.names
+                                             for sub in part.subscripts) or \
+                isinstance(part, ir.IndexValue) and "col" in part.value.names or \
+                isinstance(part, ir.Local) and part.name in grid:
+            return True
+    return False
+
+
+class _Refused(Exception):
+    """The statement cannot join the group (raised inside the lowering only)."""
+
+
+class _Lowering:
+    """One statement's right-hand side as IR value expressions over the group's row
+    (``row``) and column (``col``) counters; ``bound`` maps the statement's indices
+    to them where they are visible (a reduction's own index is the column counter in
+    its body).  It works on copies of the builder's inputs and parameters, which the
+    builder takes once the statement joins."""
+
+    def __init__(self, builder: _Builder, spec, names: Dict[str, str]):
+        self.builder, self.spec, self.names = builder, spec, names
+        self.inputs = list(builder.inputs)
+        self.params = list(builder.params)
+        self.accs = builder.accs
+        self.reductions: List[RowReduction] = []
+
+    @staticmethod
+    def counter(index: str, bound: Dict[str, str]) -> str:
+        if index not in bound:
+            raise _Refused
+        return bound[index]
+
+    def expr(self, e: ast.Expr, bound: Dict[str, str]) -> ir.Expr:
+        if isinstance(e, ast.Number):
+            return ir.Const(e.value)
+        if isinstance(e, ast.Param):
+            if e.name not in self.params:
+                self.params.append(e.name)
+            return ir.Param(self.params.index(e.name))
+        if isinstance(e, ast.IndexValue):
+            return ir.IndexValue(ir.Affine.var(self.counter(e.name, bound)))
+        if isinstance(e, ast.Access):
+            return self.access(e, bound)
+        if isinstance(e, ast.Unary):
+            operand = self.expr(e.operand, bound)
+            return ir.Unary(UnaryOp.NEG, operand) if e.op == "-" else operand
+        if isinstance(e, ast.Binary):
+            return ir.Binary(BinaryOp(e.op), self.expr(e.left, bound),
+                             self.expr(e.right, bound))
+        if isinstance(e, ast.Call):
+            return ir.Call(Function(e.func), tuple(self.expr(a, bound) for a in e.args))
+        if isinstance(e, ast.Reduce):
+            op = _REDUCTIONS.get(e.op)
+            if op is None or len(e.indices) != 1 or \
+                    any(True for _ in ast.reductions(e.body)):
+                raise _Refused
+            acc = f"a{self.accs}"
+            self.accs += 1
+            # in its body the column counter is the reduced index (a grid statement's
+            # own column index is not visible there)
+            inner = {n: c for n, c in bound.items() if c != "col"}
+            body = self.expr(e.body, {**inner, e.indices[0]: "col"})
+            self.reductions.append(RowReduction(acc, op, body))
+            return ir.AccValue(acc, op)
+        raise _Refused
+
+    def access(self, e: ast.Access, bound: Dict[str, str]) -> ir.Expr:
+        counters = []
+        for sub in e.indices:
+            index = sub.plain_index
+            if index is None:
+                raise _Refused
+            counters.append(self.counter(index, bound))
+        if len(set(counters)) != len(counters):
+            raise _Refused
+        key = self.names.get(e.tensor, e.tensor)
+        producer = self.builder.produced.get(key)
+        if producer is not None:
+            made_grid = self.builder.members[producer][1]
+            if counters != (["row", "col"] if made_grid else ["row"]):
+                raise _Refused
+            return ir.Local(f"m{producer}")
+        if any(info.name == e.tensor and info.as_index for info in self.spec.tensors):
+            raise _Refused
+        wanted = RowInput(key, tuple(c == "row" for c in counters))
+        if wanted not in self.inputs:     # (read with two layouts: one buffer each)
+            self.inputs.append(wanted)
+        number = self.inputs.index(wanted)
+        subscripts = tuple(ir.Subscript(ir.Affine.var(c), (), ir.Policy.NONE,
+                                        f"n{number}_{axis}", f"s{number}_{axis}")
+                           for axis, c in enumerate(counters))
+        return ir.Load(number, subscripts)

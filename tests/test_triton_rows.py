@@ -1,0 +1,194 @@
+"""Row groups on the Triton backend (schedule/row_groups.py, backends/triton_rows.py):
+statements over the same rows run as one Triton kernel, rows held in registers.  Here
+under TRITON_INTERPRET=1 on CPU tensors (CI has no GPU), against the NumPy reference
+backend and, for the hypothesis-generated programs, the same programs on NumPy."""
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import einfuse as ef
+from einfuse.backends import triton_backend, triton_rows
+from einfuse.schedule import row_groups
+
+from program_texts import LAYERNORM, SOFTMAX, SOFTMAX_STATEMENT
+from test_program_fuzz import _inputs, _used, programs
+
+torch = pytest.importorskip("torch")
+pytestmark = pytest.mark.skipif(not triton_backend.available(),
+                                reason="Triton is not installed")
+
+
+@pytest.fixture
+def launches(monkeypatch):
+    """How many row-group kernels ran (each launch of a RowRunner)."""
+    count = []
+    original = triton_rows.RowRunner.__call__
+
+    def counted(self, env):
+        count.append(self.group.statements)
+        return original(self, env)
+    monkeypatch.setattr(triton_rows.RowRunner, "__call__", counted)
+    return count
+
+
+def _tensors(arrays):
+    return {n: torch.from_numpy(np.array(v, copy=True)) if isinstance(v, np.ndarray) else v
+            for n, v in arrays.items()}
+
+
+def _check(source, arrays, launches, expect_groups, outputs=None, rtol=None, **options):
+    tensors = _tensors(arrays)
+    program = ef.compile(source, backend="triton", outputs=outputs, **options)
+    reference = ef.compile(source, backend="numpy", outputs=outputs, **options)
+    want = reference(**arrays)
+    for _ in range(2):      # the first call groups and prepares, the second repeats
+        got = program(**tensors)
+        pairs = zip(got, want) if isinstance(want, tuple) else [(got, want)]
+        for g, w in pairs:
+            assert isinstance(g, torch.Tensor) and g.dtype == torch.from_numpy(w).dtype
+            tol = rtol or (1e-12 if w.dtype == np.float64 else 2e-6)
+            np.testing.assert_allclose(g.numpy(), w, rtol=tol, atol=tol, err_msg=source)
+    assert len(launches) == 2 * expect_groups, source
+
+
+ROWS = np.random.default_rng(7).standard_normal((37, 50))
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_softmax_program_is_one_kernel(dtype, launches):
+    _check(SOFTMAX, {"X": ROWS.astype(dtype)}, launches, 1)
+
+
+def test_softmax_statement_runs_its_hoisted_form_as_one_kernel(launches):
+    _check(SOFTMAX_STATEMENT, {"X": ROWS.astype(np.float32)}, launches, 1)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_layernorm_program_is_one_kernel(dtype, launches):
+    rng = np.random.default_rng(1)
+    arrays = {"X": ROWS.astype(dtype), "g": rng.standard_normal(50).astype(dtype),
+              "b": rng.standard_normal(50).astype(dtype)}
+    _check(LAYERNORM.format(n=50), arrays, launches, 1)
+
+
+@pytest.mark.parametrize("source, arrays", [
+    # rmsnorm with a scalar parameter and a 0-d tensor
+    ("ms[i] := sum[j](X[i,j] * X[i,j]) / 50\n"
+     "y[i,j] := X[i,j] / sqrt(ms[i] + eps) * s[]",
+     {"X": ROWS, "eps": 1e-6, "s": np.array(1.5)}),
+    # log-softmax, min reduction, a transposed read and a row vector
+    ("m[i] := max[j](X[i,j])\n"
+     "z[i] := log(sum[j](exp(X[i,j] - m[i]))) + m[i]\n"
+     "lo[i] := min[j](Y[j,i] * w[j])\n"
+     "y[i,j] := X[i,j] - z[i] + lo[i] * Y[j,i]",
+     {"X": ROWS, "Y": ROWS.T.copy(), "w": np.linspace(-1, 1, 50)}),
+    # index values: a causal mask, and the column counter as a value
+    ("y[i,j] := where(j <= i, X[i,j], -1e30)\n"
+     "m[i] := max[j](y[i,j] + j * 0.01)",
+     {"X": ROWS}),
+])
+def test_other_row_programs(source, arrays, launches):
+    _check(source, arrays, launches, 1)
+
+
+def test_grid_statement_with_its_own_row_reduction(launches):
+    # no hoisted form: the reduction is over k, the output's column is j
+    source = "c[i,j] := X[i,j] * 2\nd[i,j] := c[i,j] + sum[k](X[i,k] * g[k])"
+    rng = np.random.default_rng(3)
+    arrays = {"X": ROWS, "g": rng.standard_normal(50)}
+    _check(source, arrays, launches, 1)
+
+
+def test_rows_only_group_and_kept_intermediates(launches):
+    source = "a[i] := v[i] * 2\nb[i] := a[i] + w[i]\nc[i,j] := X[i,j] * b[i]"
+    rng = np.random.default_rng(5)
+    arrays = {"X": ROWS, "v": rng.standard_normal(37), "w": rng.standard_normal(37)}
+    _check(source, arrays, launches, 1, outputs=("a", "c"))
+
+
+def test_an_intermediate_read_after_the_group_is_stored(launches):
+    # the last statement reads m along the columns (m[j]): it cannot join, and runs
+    # after the group on m written out
+    source = "m[i] := max[j](X[i,j])\ne[i,j] := exp(X[i,j] - m[i])\n" \
+             "t[i,j] := e[i,j] * m[j]"
+    square = np.random.default_rng(4).standard_normal((20, 20))
+    _check(source, {"X": square}, launches, 1)
+
+
+def test_non_finite_rows_match_the_reference(launches):
+    x = ROWS.astype(np.float32)[:6].copy()
+    x[0, 3] = np.nan
+    x[1, :] = -np.inf
+    x[2, 5] = np.inf
+    x[3, :] = np.inf
+    x[4, 7] = -np.inf
+    tensors = _tensors({"X": x})
+    got = ef.compile(SOFTMAX, backend="triton")(**tensors).numpy()
+    want = ef.compile(SOFTMAX, backend="numpy")(X=x)
+    np.testing.assert_allclose(got, want, rtol=2e-6, atol=0, equal_nan=True)
+    low = ef.compile("m[i] := min[j](X[i,j])\nq[i,j] := X[i,j] - m[i]", backend="triton")
+    np.testing.assert_array_equal(
+        np.isnan(low(**tensors).numpy()),
+        np.isnan(ef.compile("m[i] := min[j](X[i,j])\nq[i,j] := X[i,j] - m[i]",
+                            backend="numpy")(X=x)))
+    assert launches
+
+
+def test_long_rows_run_statement_by_statement(monkeypatch, launches):
+    monkeypatch.setattr(row_groups, "MAX_ROW_BYTES", 256)
+    x = ROWS[:, :40].copy()     # (a shape no earlier call prepared a run for)
+    want = ef.compile(SOFTMAX, backend="numpy")(X=x)
+    got = ef.compile(SOFTMAX, backend="triton")(X=torch.from_numpy(x))
+    np.testing.assert_allclose(got.numpy(), want, rtol=1e-12)
+    assert not launches
+
+
+def test_half_inputs_are_converted_in_registers(launches):
+    x = ROWS.astype(np.float16)
+    source = "s[i] := sum[j](X[i,j] * 1.0)\ny[i,j] := X[i,j] / s[i]"
+    got = ef.compile(source, backend="triton", dtype="float32")(X=torch.from_numpy(x))
+    want = ef.compile(source, backend="numpy", dtype="float32")(X=x)
+    np.testing.assert_allclose(got.numpy(), want, rtol=1e-5)
+
+
+def test_empty_and_single_row_shapes(launches):
+    for shape in [(1, 50), (37, 1), (0, 5)]:
+        x = np.random.default_rng(0).standard_normal(shape)
+        got = ef.compile(SOFTMAX, backend="triton")(X=torch.from_numpy(x))
+        want = ef.compile(SOFTMAX, backend="numpy")(X=x)
+        assert got.shape == want.shape
+        np.testing.assert_allclose(got.numpy(), want, rtol=1e-12)
+
+
+def test_gradients_record_the_statements_and_repeat_calls_keep_them(launches):
+    x = torch.from_numpy(ROWS.copy()).requires_grad_(True)
+    program = ef.compile(SOFTMAX, backend="triton")
+    with torch.no_grad():
+        fused = program(X=x)            # nothing recorded: one kernel
+    assert launches == [3]              # (its three statements)
+    y = program(X=x)                    # recorded: the statements, each its own node
+    assert y.requires_grad and launches == [3]
+    np.testing.assert_allclose(y.detach().numpy(), fused.numpy(), rtol=1e-12)
+    (y * torch.arange(50.0, dtype=torch.float64)).sum().backward()
+    want = torch.from_numpy(ROWS.copy()).requires_grad_(True)
+    (torch.softmax(want, 1) * torch.arange(50.0, dtype=torch.float64)).sum().backward()
+    np.testing.assert_allclose(x.grad.numpy(), want.grad.numpy(), rtol=1e-9, atol=1e-12)
+
+
+@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(programs(), st.sampled_from([(37, 50), (5, 7), (3, 130)]),
+       st.sampled_from([np.float64, np.float32]), st.integers(0, 2**32 - 1))
+def test_generated_programs_match_the_reference(program, shape, dtype, seed):
+    source, last = program
+    rng = np.random.default_rng(seed)
+    compiled = ef.compile(source, backend="triton", outputs=[last])
+    reference = ef.compile(source, backend="numpy", outputs=[last])
+    rtol, atol = (1e-9, 1e-12) if dtype == np.float64 else (2e-4, 1e-5)
+    for _ in range(2):
+        arrays = _used(source, _inputs(rng, *shape, dtype))
+        got, expected = compiled(**_tensors(arrays)), reference(**arrays)
+        assert got.dtype == torch.from_numpy(expected).dtype
+        np.testing.assert_allclose(got.numpy(), expected, rtol=rtol, atol=atol,
+                                   err_msg=source)
