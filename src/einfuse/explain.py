@@ -316,6 +316,11 @@ def explain(statement=NOT_GIVEN, /, *args, shapes: Optional[Dict[str, tuple]] = 
                               bounds=bounds, fill=fill, dtype=dtype, backend=backend,
                               threads=threads, memory_limit=memory_limit,
                               gradients=gradients)
+    from .lang.parser import einops_hint
+    if einops_hint(statement) is not None and mesh is None and shard is None:
+        from .frontends.einops import explain_einops
+        return explain_einops(statement, args, shapes, arrays, explain, dtype=dtype,
+                              backend=backend, threads=threads)
     check_explain_options(statement, shapes, gradients, source)
 
     compiled = compile_kernel(statement, ranges=ranges, pad=pad, bounds=bounds, fill=fill,

@@ -29,6 +29,10 @@ class PseudoRenderer:
             self.names.update({f"p{k}": index, f"b{k}": f"{index}0", f"r{k}": f"{index}0",
                                f"n{k}": f"n_{index}", f"lo{k}": f"lo_{index}"})
         self.names.update({"l": "lane", "nb": "lanes", "r": "row", "nr": "rows"})
+        # the statement's own names: a generated local (accumulator a0, its error e0)
+        # spelled like one is shown primed (a statement may name its indices a0, a1)
+        self.visible = set(self.tensors) | set(self.params) | set(indices) | \
+            set(self.names.values())
         self.in_parallel = False   # as in C, only the outermost parallel loop is threaded
 
     def name(self, generated: str) -> str:
@@ -36,7 +40,10 @@ class PseudoRenderer:
             return "lane"
         if generated.startswith("ca"):
             return "lanes"
-        return self.names.get(generated, generated)
+        shown = self.names.get(generated)
+        if shown is not None:
+            return shown
+        return generated + "'" if generated in self.visible else generated
 
     def render(self) -> List[str]:
         lines: List[str] = []
@@ -106,7 +113,7 @@ class PseudoRenderer:
     def stmt_DeclareAcc(self, node: ir.DeclareAcc, depth: int) -> List[str]:
         shape = "".join(f"[{n}]" for n in (node.rows, node.lanes) if n)
         where = "   # registers" if shape else ""
-        return ["  " * depth + f"{node.name}{shape} = {_INIT[node.op]}{where}"]
+        return ["  " * depth + f"{self.name(node.name)}{shape} = {_INIT[node.op]}{where}"]
 
     def stmt_Accumulate(self, node: ir.Accumulate, depth: int) -> List[str]:
         ref = self.acc(node.name, node.lane, node.row)
@@ -122,18 +129,21 @@ class PseudoRenderer:
 
     def stmt_CombineLanes(self, node: ir.CombineLanes, depth: int) -> List[str]:
         if node.errors is not None:
-            return ["  " * depth + f"{node.into} += sum of {node.name}[0..{node.lanes - 1}]"
-                    f"   # pairwise, errors into {node.errors[1]}"]
-        return ["  " * depth + f"{node.into} = {node.op} of {node.name}[0..{node.lanes - 1}]"]
+            return ["  " * depth + f"{self.name(node.into)} += sum of {self.name(node.name)}"
+                    f"[0..{node.lanes - 1}]   # pairwise, errors into "
+                    f"{self.name(node.errors[1])}"]
+        return ["  " * depth + f"{self.name(node.into)} = {node.op} of "
+                f"{self.name(node.name)}[0..{node.lanes - 1}]"]
 
     def stmt_Fold(self, node: ir.Fold, depth: int) -> List[str]:
         shape = "".join(f"[{n}]" for n in (node.rows, node.lanes) if n)
-        return ["  " * depth + f"{node.into}{shape} += {node.source}{shape}"
-                f"   # compensated: rounding errors into {node.error}"]
+        return ["  " * depth + f"{self.name(node.into)}{shape} += "
+                f"{self.name(node.source)}{shape}   # compensated: rounding errors into "
+                f"{self.name(node.error)}"]
 
     def stmt_Compensate(self, node: ir.Compensate, depth: int) -> List[str]:
         shape = "".join(f"[{n}]" for n in (node.rows, node.lanes) if n)
-        return ["  " * depth + f"{node.acc}{shape} += {node.error}{shape}"]
+        return ["  " * depth + f"{self.name(node.acc)}{shape} += {self.name(node.error)}{shape}"]
 
     def stmt_Branch(self, node: ir.Branch, depth: int) -> List[str]:
         """The branch this call takes when its sizes are known, else both."""
@@ -165,7 +175,7 @@ class PseudoRenderer:
         return ["  " * depth + f"{target} = {self.expr(node.value)}"]
 
     def acc(self, name: str, lane: Optional[str], row: Optional[str]) -> str:
-        return name + (f"[{self.name(row)}]" if row else "") + \
+        return self.name(name) + (f"[{self.name(row)}]" if row else "") + \
             (f"[{self.name(lane)}]" if lane else "")
 
     # -- expressions ------------------------------------------------------------------------

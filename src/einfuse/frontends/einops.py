@@ -86,6 +86,8 @@ class EinopsPlan:
     # a callable reduction: the statement that orders the axes it leaves as the right
     # side does (None: they are in order already)
     after_callable: Optional[str] = None
+    # the statement's index names and the pattern's axes they stand for, in order
+    axes: Tuple[Tuple[str, str], ...] = ()
 
 
 def plan_einops(pattern: str, shape: Tuple[int, ...], kind: str,
@@ -190,7 +192,7 @@ def plan_einops(pattern: str, shape: Tuple[int, ...], kind: str,
                                                        index)
     return EinopsPlan(_statement(left_axes, right_axes, dropped, reduction, known, index),
                       inner_shape, output_shape, tuple((index[n], known[n]) for n in added),
-                      reduced, after)
+                      reduced, after, tuple((i, _shown([n])) for n, i in index.items()))
 
 
 def _statement(left, right, dropped, reduction, known, index) -> str:
@@ -212,9 +214,21 @@ def _statement(left, right, dropped, reduction, known, index) -> str:
 
 
 def _run(kind: str, x, pattern: str, reduction: Optional[str], sizes, options):
-    import numpy as np
-
     from ..runtime.kernel import ein
+    plan, inner, options = _prepared(kind, x, pattern, reduction, sizes, options)
+    if plan.statement is None:
+        return inner.reshape(plan.output_shape)
+    if callable(reduction):
+        return _run_callable(reduction, inner, plan, pattern, options)
+    result = ein(plan.statement, arrays={"X": inner}, ranges=dict(plan.ranges) or None,
+                 **options)
+    return result.reshape(plan.output_shape)
+
+
+def _prepared(kind: str, x, pattern: str, reduction, sizes, options):
+    """(plan, the input split into its elementary axes, the statement's options) of a
+    call: what runs, and what explain shows."""
+    import numpy as np
     if isinstance(x, (list, tuple)):   # einops stacks a list along a new first axis
         x = _stacked(x, pattern)
     elif not hasattr(x, "shape"):
@@ -228,10 +242,8 @@ def _run(kind: str, x, pattern: str, reduction: Optional[str], sizes, options):
     except EinfuseError as error:
         raise attach_statement(error, pattern) from None
     inner = x.reshape(plan.inner_shape)
-    if plan.statement is None:
-        return inner.reshape(plan.output_shape)
-    if callable(reduction):
-        return _run_callable(reduction, inner, plan, pattern, options)
+    if plan.statement is None or callable(reduction):
+        return plan, inner, options
     if reduction in ("sum", "prod"):
         inner = _accumulating(inner, reduction)
     elif reduction in (None, "max", "min") and "dtype" not in options and \
@@ -239,9 +251,107 @@ def _run(kind: str, x, pattern: str, reduction: Optional[str], sizes, options):
         # a copy (rearrange, repeat) or a max/min of bools is bool, as in einops; a
         # statement would count the bools as int64 (notation.md)
         options = dict(options, dtype=x.dtype)
-    result = ein(plan.statement, arrays={"X": inner}, ranges=dict(plan.ranges) or None,
-                 **options)
-    return result.reshape(plan.output_shape)
+    return plan, inner, options
+
+
+@dataclass(frozen=True)
+class EinopsExplanation:
+    """An einops pattern's explanation: the call it is, the statement it runs (with the
+    pattern's axis for each index), then that statement's explanation; or, for a
+    reshape alone, that no kernel runs."""
+    kind: str
+    pattern: str
+    reduction: Optional[str]
+    plan: EinopsPlan
+    inner: object           # the statement's Explanation (None: a reshape)
+
+    def __str__(self) -> str:
+        how = f", {self.reduction!r}" if self.reduction is not None else ""
+        lines = [f"ef.{self.kind}(x, {self.pattern!r}{how}) in index notation (X: the "
+                 f"input as its elementary axes, shape {self.plan.inner_shape}; Y reshaped "
+                 f"to {self.plan.output_shape} is the result):"]
+        if self.inner is None:
+            lines.append("  no statement: the same axes in the same order, so the result "
+                         "is the input reshaped (a view where its layout allows); no "
+                         "kernel runs")
+            return "\n".join(lines)
+        lines.append(f"  {self.plan.statement}")
+        lines.append("  where " + ", ".join(f"{index} is {axis}"
+                                            for index, axis in self.plan.axes))
+        return "\n".join(lines) + "\n\n" + str(self.inner)
+
+
+def explain_einops(pattern: str, args, shapes, arrays: Dict[str, object], explain,
+                   **options) -> EinopsExplanation:
+    """``explain`` of an einops pattern: for its input (the one positional argument) or
+    ``shapes=`` (the input's shape, or a one-entry list or dict of it); ``reduction=``
+    ("sum", "mean", ...) where the pattern drops axes, and the sizes of new or split
+    axes as keywords, as ``ef.reduce`` and ``ef.repeat`` take them.  Whether it is a
+    rearrange, a reduce or a repeat follows from the pattern."""
+    import numpy as np
+    sizes = dict(arrays)
+    reduction = sizes.pop("reduction", None)
+    if len(args) > 1:
+        raise attach_statement(_error(f"an einops pattern takes one input, not "
+                                      f"{len(args)}", pattern), pattern)
+    if args:
+        x = args[0]
+    elif shapes is not None:
+        shape = _explained_shape(shapes, pattern)
+        x = np.broadcast_to(np.zeros((), np.float32), shape)
+    else:
+        raise attach_statement(_error(f"explaining the einops pattern {pattern!r} needs "
+                                      "its input or shapes=(...) (the input's shape)",
+                                      pattern), pattern)
+    left, right = pattern.split("->")
+    named_left = set(_TOKEN.findall(left)) - {"(", ")"}
+    named_right = set(_TOKEN.findall(right)) - {"(", ")"}
+    kind = "reduce" if named_left - named_right else \
+        "repeat" if named_right - named_left else "rearrange"
+    if kind == "reduce" and reduction is None:
+        raise attach_statement(_error(
+            f"the pattern drops {_shown(sorted(named_left - named_right))}: pass "
+            f"reduction= ({', '.join(REDUCTIONS)}) to explain it as ef.reduce does",
+            pattern), pattern)
+    if kind != "reduce" and reduction is not None:
+        raise attach_statement(_error(f"reduction={reduction!r} is for a pattern that "
+                                      "drops axes; this one drops none", pattern), pattern)
+    if callable(reduction):
+        raise attach_statement(_error("a callable reduction runs the caller's function, "
+                                      "which explain cannot show: name a reduction ("
+                                      f"{', '.join(REDUCTIONS)})", pattern), pattern)
+    for key in ("dtype", "backend", "threads"):
+        if options.get(key) is not None:
+            sizes[key] = options[key]
+    plan, inner, statement_options = _prepared(kind, x, pattern, reduction, sizes,
+                                               _options(sizes))
+    if plan.statement is None:
+        return EinopsExplanation(kind, pattern, reduction, plan, None)
+    explained = explain(plan.statement, ranges=dict(plan.ranges) or None,
+                        **statement_options, X=inner)
+    return EinopsExplanation(kind, pattern, reduction, plan, explained)
+
+
+def _explained_shape(shapes, pattern: str) -> Tuple[int, ...]:
+    if isinstance(shapes, dict):
+        shapes = list(shapes.values())
+        if len(shapes) != 1:
+            raise attach_statement(_error("shapes= for an einops pattern has one entry, "
+                                          "the input's shape", pattern), pattern)
+        shapes = shapes[0]
+    elif isinstance(shapes, list) and len(shapes) == 1 and not isinstance(shapes[0],
+                                                                          numbers.Integral):
+        shapes = shapes[0]
+    try:
+        shape = tuple(shapes)
+    except TypeError:
+        shape = None
+    if shape is None or not all(isinstance(n, numbers.Integral) and not isinstance(n, bool)
+                                and n >= 0 for n in shape):
+        raise attach_statement(ShapeError(f"shapes= for an einops pattern is the input's "
+                                          f"shape, a tuple of sizes, not {shapes!r}",
+                                          source=pattern, span=(0, len(pattern))), pattern)
+    return tuple(int(n) for n in shape)
 
 
 def _run_callable(reduction, inner, plan: EinopsPlan, pattern: str, options):
