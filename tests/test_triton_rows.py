@@ -1,7 +1,7 @@
 """Row groups on the Triton backend (schedule/row_groups.py, backends/triton_rows.py):
-statements over the same rows run as one Triton kernel, rows held in registers.  Here
-under TRITON_INTERPRET=1 on CPU tensors (CI has no GPU), against the NumPy reference
-backend and, for the hypothesis-generated programs, the same programs on NumPy."""
+statements over the same rows run as one Triton kernel, rows held in registers.  Under
+TRITON_INTERPRET=1 on CPU tensors (CI has no GPU), compiled on CUDA tensors where a GPU
+is there; against the NumPy reference backend (the hypothesis-generated programs too)."""
 
 import numpy as np
 import pytest
@@ -18,6 +18,11 @@ from test_program_fuzz import _inputs, _used, programs
 torch = pytest.importorskip("torch")
 pytestmark = pytest.mark.skipif(not triton_backend.available(),
                                 reason="Triton is not installed")
+DEVICE = torch.device("cpu" if triton_backend.interpreted() else "cuda")
+
+
+def _host(tensor):
+    return tensor.detach().cpu().numpy()
 
 
 @pytest.fixture
@@ -34,7 +39,8 @@ def launches(monkeypatch):
 
 
 def _tensors(arrays):
-    return {n: torch.from_numpy(np.array(v, copy=True)) if isinstance(v, np.ndarray) else v
+    return {n: torch.from_numpy(np.array(v, copy=True)).to(DEVICE)
+            if isinstance(v, np.ndarray) else v
             for n, v in arrays.items()}
 
 
@@ -49,7 +55,7 @@ def _check(source, arrays, launches, expect_groups, outputs=None, rtol=None, **o
         for g, w in pairs:
             assert isinstance(g, torch.Tensor) and g.dtype == torch.from_numpy(w).dtype
             tol = rtol or (1e-12 if w.dtype == np.float64 else 2e-6)
-            np.testing.assert_allclose(g.numpy(), w, rtol=tol, atol=tol, err_msg=source)
+            np.testing.assert_allclose(_host(g), w, rtol=tol, atol=tol, err_msg=source)
     assert len(launches) == 2 * expect_groups, source
 
 
@@ -125,12 +131,12 @@ def test_non_finite_rows_match_the_reference(launches):
     x[3, :] = np.inf
     x[4, 7] = -np.inf
     tensors = _tensors({"X": x})
-    got = ef.compile(SOFTMAX, backend="triton")(**tensors).numpy()
+    got = _host(ef.compile(SOFTMAX, backend="triton")(**tensors))
     want = ef.compile(SOFTMAX, backend="numpy")(X=x)
     np.testing.assert_allclose(got, want, rtol=2e-6, atol=0, equal_nan=True)
     low = ef.compile("m[i] := min[j](X[i,j])\nq[i,j] := X[i,j] - m[i]", backend="triton")
     np.testing.assert_array_equal(
-        np.isnan(low(**tensors).numpy()),
+        np.isnan(_host(low(**tensors))),
         np.isnan(ef.compile("m[i] := min[j](X[i,j])\nq[i,j] := X[i,j] - m[i]",
                             backend="numpy")(X=x)))
     assert launches
@@ -140,41 +146,42 @@ def test_long_rows_run_statement_by_statement(monkeypatch, launches):
     monkeypatch.setattr(row_groups, "MAX_ROW_BYTES", 256)
     x = ROWS[:, :40].copy()     # (a shape no earlier call prepared a run for)
     want = ef.compile(SOFTMAX, backend="numpy")(X=x)
-    got = ef.compile(SOFTMAX, backend="triton")(X=torch.from_numpy(x))
-    np.testing.assert_allclose(got.numpy(), want, rtol=1e-12)
+    got = ef.compile(SOFTMAX, backend="triton")(**_tensors({"X": x}))
+    np.testing.assert_allclose(_host(got), want, rtol=1e-12)
     assert not launches
 
 
 def test_half_inputs_are_converted_in_registers(launches):
     x = ROWS.astype(np.float16)
     source = "s[i] := sum[j](X[i,j] * 1.0)\ny[i,j] := X[i,j] / s[i]"
-    got = ef.compile(source, backend="triton", dtype="float32")(X=torch.from_numpy(x))
+    got = ef.compile(source, backend="triton", dtype="float32")(**_tensors({"X": x}))
     want = ef.compile(source, backend="numpy", dtype="float32")(X=x)
-    np.testing.assert_allclose(got.numpy(), want, rtol=1e-5)
+    np.testing.assert_allclose(_host(got), want, rtol=1e-5)
+    assert launches
 
 
 def test_empty_and_single_row_shapes(launches):
     for shape in [(1, 50), (37, 1), (0, 5)]:
         x = np.random.default_rng(0).standard_normal(shape)
-        got = ef.compile(SOFTMAX, backend="triton")(X=torch.from_numpy(x))
+        got = ef.compile(SOFTMAX, backend="triton")(**_tensors({"X": x}))
         want = ef.compile(SOFTMAX, backend="numpy")(X=x)
         assert got.shape == want.shape
-        np.testing.assert_allclose(got.numpy(), want, rtol=1e-12)
+        np.testing.assert_allclose(_host(got), want, rtol=1e-12)
 
 
 def test_gradients_record_the_statements_and_repeat_calls_keep_them(launches):
-    x = torch.from_numpy(ROWS.copy()).requires_grad_(True)
+    x = torch.from_numpy(ROWS.copy()).to(DEVICE).requires_grad_(True)
     program = ef.compile(SOFTMAX, backend="triton")
     with torch.no_grad():
         fused = program(X=x)            # nothing recorded: one kernel
     assert launches == [3]              # (its three statements)
     y = program(X=x)                    # recorded: the statements, each its own node
     assert y.requires_grad and launches == [3]
-    np.testing.assert_allclose(y.detach().numpy(), fused.numpy(), rtol=1e-12)
-    (y * torch.arange(50.0, dtype=torch.float64)).sum().backward()
+    np.testing.assert_allclose(_host(y), _host(fused), rtol=1e-12)
+    (y * torch.arange(50.0, dtype=torch.float64, device=DEVICE)).sum().backward()
     want = torch.from_numpy(ROWS.copy()).requires_grad_(True)
     (torch.softmax(want, 1) * torch.arange(50.0, dtype=torch.float64)).sum().backward()
-    np.testing.assert_allclose(x.grad.numpy(), want.grad.numpy(), rtol=1e-9, atol=1e-12)
+    np.testing.assert_allclose(_host(x.grad), want.grad.numpy(), rtol=1e-9, atol=1e-12)
 
 
 @settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -190,5 +197,5 @@ def test_generated_programs_match_the_reference(program, shape, dtype, seed):
         arrays = _used(source, _inputs(rng, *shape, dtype))
         got, expected = compiled(**_tensors(arrays)), reference(**arrays)
         assert got.dtype == torch.from_numpy(expected).dtype
-        np.testing.assert_allclose(got.numpy(), expected, rtol=rtol, atol=atol,
+        np.testing.assert_allclose(_host(got), expected, rtol=rtol, atol=atol,
                                    err_msg=source)

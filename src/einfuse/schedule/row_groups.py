@@ -126,8 +126,11 @@ def triton_rows_possible(kernels: Sequence, env: Dict[str, object]) -> bool:
                 return False
             if value.requires_grad and recording():
                 return False
-    if device is None or (device.type != "cuda" and not triton_backend.interpreted()):
+    if device is None:
         return False
+    if device.type != "cuda":     # CPU tensors: the Triton interpreter, when named
+        return triton_backend.interpreted() and \
+            any(k.options.backend == "triton" for k in kernels)
     return True
 
 
