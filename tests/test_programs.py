@@ -215,7 +215,9 @@ def test_explain_of_a_program_whose_statement_reads_an_input_and_an_intermediate
     X = np.random.default_rng(0).standard_normal((40, 30)).astype(np.float32)
     X = torch_from(X) if framework == "torch" else module.numpy.asarray(X)
     shown = str(ef.explain(SOFTMAX, X=X, backend=backend))
-    assert "e[i,j] := exp(X[i,j] - m[i])" in shown and "materialised" in shown
+    # (on the Triton backend the whole softmax is one kernel: nothing is materialised)
+    assert "e[i,j] := exp(X[i,j] - m[i])" in shown and (
+        "materialised" in shown or "kept as one row per thread" in shown)
     gradients = str(ef.explain(SOFTMAX, X=X, backend=backend, gradients=True))
     assert "dX" in gradients
 

@@ -83,7 +83,10 @@ class ProgramExplanation:
             rows = [m for m in self.materialised if m.row_bytes is not None]
             memory = [m for m in self.materialised if m.row_bytes is None]
             if rows:
-                out.append("  kept as one row per thread (read only inside its fused "
+                triton = any(g.row_kernel == "triton" for g in groups)
+                out.append("  kept as one row per thread" + (
+                    " (in a Triton kernel: in the registers of the program holding the "
+                    "row)" if triton else "") + " (read only inside its fused "
                            "kernel, at the row just written; never written to memory "
                            "whole):")
                 for m in rows:
