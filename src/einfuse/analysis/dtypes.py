@@ -2,10 +2,15 @@
 
 * value tensors and scalar parameters promote as in NumPy 2 (Python scalars are
   'weak': ``float32 * 2.0`` stays float32);
-* bool tensors used in arithmetic count as int64;
+* bool tensors promote as in NumPy (bool with float32 is float32, with int8 int8);
+  bools alone, used in arithmetic, count as int64;
 * integer inputs meeting a float-producing operation (``/``, ``exp``, a float
   literal ...) give float64, as NumPy's ufuncs do;
 * float16/bfloat16 are computed in float32 and stored in their own dtype;
+* a right side that only moves bool values -- a read, ``max``/``min`` (reductions and
+  functions), ``where``'s branches -- of bool tensors alone gives bool, as NumPy's
+  transpose, ``max`` and ``where`` keep bool (computed in uint8: an empty max is
+  False, an empty min True);
 * a right side that is a comparison or ``&``/``|`` gives bool, one that is an
   ``argmax``/``argmin`` int64 positions (the working dtype is still the values': an
   argmax inside arithmetic gives its position in the working dtype);
@@ -23,7 +28,7 @@ from typing import Mapping
 import numpy as np
 
 from ..errors import EinfuseTypeError
-from ..lang.ast import Binary, Call, Number, Param, Reduce
+from ..lang.ast import Access, Binary, Call, Number, Param, Reduce
 from .options import Options
 from .spec import Spec
 
@@ -54,6 +59,22 @@ def _float_producing(spec: Spec, params: Mapping[str, object]) -> bool:
     return False
 
 
+def _moves_bools(expr) -> bool:
+    """Whether ``expr`` only selects among the values it reads (no arithmetic, no
+    number of its own): a read, max/min, where's branches (its condition may be
+    anything)."""
+    if isinstance(expr, Access):
+        return True
+    if isinstance(expr, Reduce):
+        return expr.op in ("max", "min") and _moves_bools(expr.body)
+    if isinstance(expr, Call):
+        if expr.func in ("max", "min"):
+            return all(_moves_bools(a) for a in expr.args)
+        if expr.func == "where":
+            return _moves_bools(expr.args[1]) and _moves_bools(expr.args[2])
+    return False
+
+
 def check_value_dtype(name: str, dtype: np.dtype, source: str, span) -> None:
     if dtype.kind not in "biuf":
         raise EinfuseTypeError(f"{name} has dtype {dtype}; einfuse takes bool, integer and "
@@ -72,9 +93,8 @@ def resolve_dtypes(spec: Spec, value_dtypes: Mapping[str, np.dtype],
                    params: Mapping[str, object], options: Options) -> DTypes:
     operands = []
     for name in spec.tensors:
-        if name.as_value:
-            dtype = np.dtype(value_dtypes[name.name])
-            operands.append(np.dtype(np.int64) if dtype.kind == "b" else dtype)
+        if name.as_value:    # (bool as NumPy promotes it: it never widens another dtype)
+            operands.append(np.dtype(value_dtypes[name.name]))
     for name in spec.params:
         value = params[name]
         if isinstance(value, bool):
@@ -85,6 +105,8 @@ def resolve_dtypes(spec: Spec, value_dtypes: Mapping[str, np.dtype],
             dtype = np.asarray(value).dtype
             operands.append(np.dtype(np.int64) if dtype.kind == "b" else dtype)
     promoted = np.result_type(*operands) if operands else np.dtype(np.int64)
+    if promoted.kind == "b":    # bools alone, in arithmetic: counted as int64
+        promoted = np.dtype(np.int64)
     if promoted.kind in "biu" and (not operands or all(isinstance(o, numbers.Number)
                                                         for o in operands)):
         promoted = np.dtype(np.int64) if promoted.kind != "f" else promoted
@@ -102,6 +124,12 @@ def resolve_dtypes(spec: Spec, value_dtypes: Mapping[str, np.dtype],
             working = np.dtype(np.float32) if stored.itemsize < 4 else stored
     elif spec.result_is_bool:
         stored = np.dtype(bool)
+    elif not spec.params and any(t.as_value for t in spec.tensors) and all(
+            np.dtype(value_dtypes[t.name]).kind == "b" for t in spec.tensors
+            if t.as_value) and _moves_bools(spec.rhs):
+        # computed in uint8, whose max/min identities (0, 255) are bool's (False,
+        # True): an empty max is False, an empty min True, as any() and all() are
+        working, stored = np.dtype(np.uint8), np.dtype(bool)
     elif spec.result_is_position:
         stored = np.dtype(np.int64)
     return DTypes(working=np.dtype(working), result=np.dtype(stored))

@@ -246,11 +246,7 @@ def _prepared(kind: str, x, pattern: str, reduction, sizes, options):
         return plan, inner, options
     if reduction in ("sum", "prod"):
         inner = _accumulating(inner, reduction)
-    elif reduction in (None, "max", "min") and "dtype" not in options and \
-            str(x.dtype).endswith("bool"):
-        # a copy (rearrange, repeat) or a max/min of bools is bool, as in einops; a
-        # statement would count the bools as int64 (notation.md)
-        options = dict(options, dtype=x.dtype)
+    # (a copy, max or min of bools is bool, as in einops: the statement's own dtype rule)
     return plan, inner, options
 
 
@@ -373,9 +369,7 @@ def _run_callable(reduction, inner, plan: EinopsPlan, pattern: str, options):
             f"the reduction {getattr(reduction, '__name__', reduction)!r} over axes "
             f"{plan.reduced} returned shape {tuple(getattr(reduced, 'shape', ()))}, not "
             f"{want}", source=pattern, span=(0, len(pattern))), pattern)
-    if plan.after_callable is not None:
-        if "dtype" not in options and str(reduced.dtype).endswith("bool"):
-            options = dict(options, dtype=reduced.dtype)   # the copy keeps bools bool
+    if plan.after_callable is not None:     # (a copy of bools is bool)
         reduced = ein(plan.after_callable, arrays={"X": reduced}, **options)
     return reduced.reshape(plan.output_shape)
 

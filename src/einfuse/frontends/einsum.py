@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import functools
 import string
-import sys
 import numpy as np
 from dataclasses import dataclass
 from typing import Dict, List, Optional, Sequence, Tuple
@@ -348,30 +347,6 @@ def _into(out, result, casting: str):
     return out
 
 
-def _bools_widened(operands):
-    """numpy.einsum's result dtype where bool operands meet others: bool never widens
-    the others' dtype (bool x float32 is float32, bool x int8 int8), but in a statement
-    a bool counts as int64 (notation.md); so the bool operands are cast to the others'
-    promoted dtype first.  (All-bool operands are handled after the call.)"""
-    flags = [str(op.dtype).endswith("bool") for op in operands]
-    if not any(flags) or all(flags):
-        return operands
-    from ..runtime.frameworks import JAX, TORCH, framework_of
-    others = [op for op, flag in zip(operands, flags) if not flag]
-    framework = framework_of(others[0])
-    if any(framework_of(op) != framework for op in operands):
-        return operands               # ein names the mixed frameworks
-    if framework == TORCH:
-        torch = sys.modules["torch"]
-        target = functools.reduce(torch.promote_types, [op.dtype for op in others])
-        return [op.to(target) if flag else op for op, flag in zip(operands, flags)]
-    if framework == JAX:
-        target = sys.modules["jax.numpy"].result_type(*others)
-    else:
-        target = np.result_type(*[op.dtype for op in others])
-    return [op.astype(target) if flag else op for op, flag in zip(operands, flags)]
-
-
 def einsum(subscripts: str = None, *operands, optimize="auto", backend="auto", out=None,
            casting: str = "safe", order: str = "K", **options):
     """numpy.einsum's semantics on NumPy, PyTorch (differentiable) and JAX (jit, grad,
@@ -398,8 +373,6 @@ def einsum(subscripts: str = None, *operands, optimize="auto", backend="auto", o
             type(operands[0]) is np.ndarray and operands[0].dtype.kind in "biuf":
         # nothing to compute: numpy's own view of the operand (writeable, as numpy's)
         return np.einsum(subscripts, operands[0])
-    if "dtype" not in options:
-        operands = _bools_widened(operands)
     arrays = {name: (op if shape is None else op.reshape(shape))
               for name, op, shape in zip(plan.names, operands, plan.reshapes)}
     result = ein(plan.source, backend=backend, arrays=arrays, outputs=(plan.output,)
