@@ -28,7 +28,8 @@ def test_quick_cases_cover_the_issue():
     names = [case.name for case in CASES]
     for prefix in ("dist K=", "gauss", "matmul", "bmm_rev", "conv2d", "embed", "logsumexp",
                    "dist fwd K=", "dist fwd+bwd", "attention", "causal attention",
-                   "softmax program", "softmax statement", "layernorm program"):
+                   "softmax program", "softmax statement", "layernorm program",
+                   "fwd+bwd softmax program", "fwd+bwd layernorm program"):
         assert any(name.startswith(prefix) for name in names), prefix
     assert {case.dtype for case in CASES if case.name.startswith("matmul")} == \
         {"float16", "bfloat16", "float32"}

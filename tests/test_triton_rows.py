@@ -169,19 +169,84 @@ def test_empty_and_single_row_shapes(launches):
         np.testing.assert_allclose(_host(got), want, rtol=1e-12)
 
 
-def test_gradients_record_the_statements_and_repeat_calls_keep_them(launches):
+def test_a_recorded_call_is_one_node_fused_forward_and_backward(launches):
     x = torch.from_numpy(ROWS.copy()).to(DEVICE).requires_grad_(True)
     program = ef.compile(SOFTMAX, backend="triton")
     with torch.no_grad():
         fused = program(X=x)            # nothing recorded: one kernel
     assert launches == [3]              # (its three statements)
-    y = program(X=x)                    # recorded: the statements, each its own node
-    assert y.requires_grad and launches == [3]
-    np.testing.assert_allclose(_host(y), _host(fused), rtol=1e-12)
-    (y * torch.arange(50.0, dtype=torch.float64, device=DEVICE)).sum().backward()
-    want = torch.from_numpy(ROWS.copy()).requires_grad_(True)
-    (torch.softmax(want, 1) * torch.arange(50.0, dtype=torch.float64)).sum().backward()
-    np.testing.assert_allclose(_host(x.grad), want.grad.numpy(), rtol=1e-9, atol=1e-12)
+    for repeat in range(2):             # the second call: the prepared node
+        launches.clear()
+        x.grad = None
+        y = program(X=x)                # recorded: one node, its forward one kernel
+        assert y.requires_grad and launches == [3]
+        np.testing.assert_allclose(_host(y), _host(fused), rtol=1e-12)
+        (y * torch.arange(50.0, dtype=torch.float64, device=DEVICE)).sum().backward()
+        assert launches == [3, 2]       # the backward P * (dP - sum(dP * P)): one kernel
+        want = torch.from_numpy(ROWS.copy()).requires_grad_(True)
+        (torch.softmax(want, 1) * torch.arange(50.0, dtype=torch.float64)).sum().backward()
+        np.testing.assert_allclose(_host(x.grad), want.grad.numpy(), rtol=1e-9,
+                                   atol=1e-12)
+
+
+def test_layernorm_gradients_of_every_input(launches):
+    rng = np.random.default_rng(8)
+    data = {"X": rng.standard_normal((9, 50)), "g": rng.standard_normal(50),
+            "b": rng.standard_normal(50)}
+    ins = {n: torch.from_numpy(v.copy()).to(DEVICE).requires_grad_(True)
+           for n, v in data.items()}
+    y = ef.compile(LAYERNORM.format(n=50), backend="triton")(**ins)
+    seed = torch.from_numpy(rng.standard_normal((9, 50))).to(DEVICE)
+    (y * seed).sum().backward()
+    ref = {n: torch.from_numpy(v.copy()).requires_grad_(True) for n, v in data.items()}
+    want = torch.nn.functional.layer_norm(ref["X"], (50,), ref["g"], ref["b"], 1e-5)
+    (want * seed.cpu()).sum().backward()
+    np.testing.assert_allclose(_host(y), want.detach().numpy(), rtol=1e-10, atol=1e-12)
+    for name in data:
+        np.testing.assert_allclose(_host(ins[name].grad), ref[name].grad.numpy(),
+                                   rtol=1e-9, atol=1e-11, err_msg=name)
+    assert launches[0] == 3             # the forward: one kernel
+
+
+@pytest.mark.parametrize("source", [SOFTMAX, LAYERNORM.format(n=4),
+                                    "m[i] := max[j](X[i,j])\ny[i,j] := X[i,j] * m[i]"])
+def test_gradcheck_and_gradgradcheck(source):
+    rng = np.random.default_rng(9)
+    names = [n for n in ("X", "g", "b") if f"{n}[" in source]
+    shapes = {"X": (3, 4), "g": (4,), "b": (4,)}
+    values = tuple(torch.from_numpy(rng.standard_normal(shapes[n])).to(DEVICE)
+                   .requires_grad_(True) for n in names)
+    program = ef.compile(source, backend="triton")
+
+    def run(*tensors):
+        return program(**dict(zip(names, tensors)))
+    # (fast mode: the interpreter runs every kernel of every perturbed call in Python)
+    assert torch.autograd.gradcheck(run, values, fast_mode=True)
+    assert torch.autograd.gradgradcheck(run, values, fast_mode=True)
+
+
+def test_partial_requires_grad_and_retained_graph(launches):
+    rng = np.random.default_rng(10)
+    X = torch.from_numpy(rng.standard_normal((5, 50))).to(DEVICE)
+    g = torch.from_numpy(rng.standard_normal(50)).to(DEVICE).requires_grad_(True)
+    b = torch.from_numpy(rng.standard_normal(50)).to(DEVICE)
+    y = ef.compile(LAYERNORM.format(n=50), backend="triton")(X=X, g=g, b=b)
+    y.sum().backward(retain_graph=True)
+    first = g.grad.clone()
+    y.sum().backward()
+    np.testing.assert_allclose(_host(g.grad), 2 * _host(first), rtol=1e-12)
+    normalised = torch.nn.functional.layer_norm(X.cpu(), (50,), eps=1e-5)
+    np.testing.assert_allclose(_host(first), normalised.sum(0).numpy(), rtol=1e-9,
+                               atol=1e-11)
+
+
+def test_a_modified_input_is_refused_by_the_version_check():
+    x = torch.from_numpy(ROWS.copy()).to(DEVICE).requires_grad_(True)
+    h = x * 1.0
+    y = ef.compile(SOFTMAX, backend="triton")(X=h)
+    h.add_(1.0)
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        y.sum().backward()
 
 
 @settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -199,3 +264,21 @@ def test_generated_programs_match_the_reference(program, shape, dtype, seed):
         assert got.dtype == torch.from_numpy(expected).dtype
         np.testing.assert_allclose(_host(got), expected, rtol=rtol, atol=atol,
                                    err_msg=source)
+
+
+def test_a_gather_in_the_program_scatters_its_gradient_on_the_device():
+    source = "E[b,d] := W[idx[b], d]\ns[b] := sum[d](E[b,d] * E[b,d])\n" \
+             "y[b,d] := E[b,d] / sqrt(s[b])"
+    rng = np.random.default_rng(11)
+    W = torch.from_numpy(rng.standard_normal((10, 8))).to(DEVICE).requires_grad_(True)
+    idx = torch.tensor([3, 1, 3, 9, 0, 0, 2], device=DEVICE)
+    seed = torch.from_numpy(rng.standard_normal((7, 8))).to(DEVICE)
+    y = ef.compile(source, backend="triton")(W=W, idx=idx)
+    (y * seed).sum().backward()
+    reference = W.detach().cpu().clone().requires_grad_(True)
+    E = reference[idx.cpu()]
+    want = E / torch.sqrt((E * E).sum(1, keepdim=True))
+    (want * seed.cpu()).sum().backward()
+    np.testing.assert_allclose(_host(y), want.detach().numpy(), rtol=1e-12)
+    np.testing.assert_allclose(_host(W.grad), reference.grad.numpy(), rtol=1e-10,
+                               atol=1e-12)

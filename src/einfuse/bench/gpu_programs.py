@@ -17,7 +17,7 @@ import numpy as np
 from .cases import ATTENTION, attention_inputs, sdpa_attention
 from .frontend_cases import (LAYERNORM, SOFTMAX, SOFTMAX_STATEMENT, row_inputs,
                              torch_layer_norm, torch_softmax)
-from .gpu import GpuCase, Target, einfuse_forward, torch_peer
+from .gpu import GpuCase, Peer, Target, einfuse_forward, to_torch, torch_peer
 from .jit_cases import seed_case
 
 PLAIN_ATTENTION = ATTENTION.replace("where(j <= i, sum[d](Q[b,h,i,d]*K[b,h,j,d]) * {scale}, "
@@ -59,6 +59,56 @@ def row_program_cases(device: str, rows: int, cols: int) -> List[GpuCase]:
     return cases
 
 
+def row_training_cases(device: str, rows: int, cols: int) -> List[GpuCase]:
+    """Softmax and layernorm programs, forward and backward (every input's gradient for
+    a fixed output gradient), against torch eager and torch.compile: einfuse's is one
+    autograd node whose forward and backward run their row groups as one Triton kernel
+    each (program/triton_autograd.py)."""
+    size = f"{rows}x{cols}"
+    x_only, with_affine = row_inputs(rows, cols), row_inputs(rows, cols, affine=True)
+
+    def step(fn, leaves, seed):
+        for tensor in leaves.values():
+            tensor.grad = None
+        out = fn(**leaves)
+        out.backward(seed)
+        return (out.detach(), *(tensor.grad for tensor in leaves.values()))
+
+    def seeded(arrays, make_fn):
+        import torch
+        leaves = to_torch(arrays, device, grad=True)
+        shape = leaves["X"].shape
+        # a fixed output gradient that is not constant along rows (a ones seed makes
+        # softmax's input gradient exactly 0)
+        seed = torch.cos(torch.arange(shape[0] * shape[1], device=device,
+                                      dtype=torch.float32)).reshape(shape)
+        fn = make_fn()
+        return lambda: step(fn, leaves, seed)
+
+    def ours(source):
+        def make(arrays, backend):
+            import einfuse as ef
+            kernel = ef.compile(source, backend=backend)
+            return seeded(arrays, lambda: lambda **t: kernel(**t))
+        return make
+
+    def peer(name, fn, compiled):
+        def make(arrays):
+            import torch
+            return seeded(arrays, lambda: torch.compile(fn) if compiled else fn)
+        return Peer(name, make, "torch")
+    cases = []
+    for name, source, inputs, fn in (
+            (f"fwd+bwd softmax program {size}", SOFTMAX, x_only, torch_softmax),
+            (f"fwd+bwd layernorm program {size}", LAYERNORM.replace("N", str(cols)),
+             with_affine, torch_layer_norm)):
+        cases.append(GpuCase(name, source, inputs,
+                             [peer("torch eager", fn, False),
+                              peer("torch.compile", fn, True)],
+                             einfuse_call=ours(source)))
+    return cases
+
+
 def seed_gpu_case(steps: int, hidden: int, chains: int = 0,
                   kind: str = "forward") -> GpuCase:
     """bench/jit_cases.py's case as a GPU case (float64 results, compared at float32's
@@ -75,6 +125,7 @@ def program_cases(device: str, quick: bool) -> List[GpuCase]:
     dtype = "float32" if quick else "float16"
     cases = [attention_case(device, B, H, N, D, dtype, causal) for causal in (False, True)]
     cases += row_program_cases(device, *((48, 40) if quick else (8192, 8192)))
+    cases += row_training_cases(device, *((48, 40) if quick else (8192, 8192)))
     if quick:
         return cases
     return cases + [seed_gpu_case(8000, 12), seed_gpu_case(2000, 32, chains=256),

@@ -359,6 +359,9 @@ def _run_recorded(owner: ProgramAutograd, kernels: Sequence, env: Dict[str, obje
     prepared = owner.calls.get(signature) if signature is not None else None
     if prepared is not None:
         return prepared.apply(env)
+    from .triton_autograd import recorded as triton_recorded, triton_route
+    if triton_route(env, backend):      # CUDA tensors: the Triton node
+        return triton_recorded(owner, kernels, env, backend)
     if backend not in ("auto", "c", "numpy") or any(k.spec.assign != ":=" for k in kernels):
         return None
     names = []

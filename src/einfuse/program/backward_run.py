@@ -21,7 +21,7 @@ from ..autodiff.backward_fold import Combined, Folded, exact_ranges
 from ..autodiff.reference import gradient_kernel, run_reference, statements_to_run, \
     text_kernel
 from ..errors import EinfuseError
-from ..runtime.frameworks import JAX, framework_of, placeholder
+from ..runtime.frameworks import JAX, TORCH, framework_of, placeholder
 from ..schedule import run_statements
 from .shared_run import Entry, shared_kernels
 
@@ -83,7 +83,7 @@ class BackwardRun:
         framework = self.framework
         def run(env):
             prepared = run_statements(piece.kernels, env, framework, keep=set(piece.keep),
-                                      runs=piece.runs if framework == "numpy" else None)
+                                      runs=piece.runs if framework != "jax" else None)
             if prepared is not None:
                 self._runs[number] = prepared
         return run
@@ -122,6 +122,9 @@ def _scatter(piece: "_Scatter", env) -> None:
         if framework_of(like) == JAX:
             import jax.numpy as jnp
             found = jnp.asarray(found)
+        elif framework_of(like) == TORCH:      # (on the values' device)
+            import torch
+            found = torch.from_numpy(found).to(like.device)
     env[piece.key] = found
 
 
