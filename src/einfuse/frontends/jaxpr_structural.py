@@ -250,6 +250,15 @@ def iota(conv, eqn, invals, level):
     return [Value(shape, dtype, lambda subs: Cast(subs[dim], dtype), level, True)]
 
 
+def empty(conv, eqn, invals, level):
+    """``lax.empty`` / ``empty2``: an array whose contents are unspecified.  JAX's
+    gradients of ``cond`` and ``scan`` make one for residuals a branch never writes;
+    XLA's CPU lowering fills it with zeros, and so does this (a constant)."""
+    shape, dtype = _out(eqn)
+    zero = False if dtype is BOOL else 0.0 if dtype.is_float else 0
+    return [Value(shape, dtype, lambda subs: Const(zero, dtype), level, False)]
+
+
 def platform_index(conv, eqn, invals, level):
     """``lax.platform_dependent``'s branch number (``jnp.diag`` uses one): einfuse's kernels
     run on the CPU, so the CPU's branch, else the default one (``None`` in ``platforms``),
@@ -545,6 +554,7 @@ RULES = {
     "squeeze": squeeze, "expand_dims": expand_dims, "rev": rev, "slice": slice_rule,
     "dynamic_slice": dynamic_slice, "dynamic_update_slice": dynamic_update_slice,
     "concatenate": concatenate, "pad": pad, "iota": iota, "platform_index": platform_index,
+    "empty": empty, "empty2": empty,
     "reduce_sum": _reduction(ReduceOp.SUM), "reduce_prod": _reduction(ReduceOp.PROD),
     "reduce_max": _reduction(ReduceOp.MAX), "reduce_min": _reduction(ReduceOp.MIN),
     "reduce_and": _reduction(ReduceOp.AND), "reduce_or": _reduction(ReduceOp.OR),

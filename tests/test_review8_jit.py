@@ -1,0 +1,49 @@
+"""Review 8 of ef.jit, as an outside test suite would do it: many small JAX functions
+(elementwise math, reductions, contractions, shape moves, indexing, loops and
+branches, pytrees, dtypes, small models) run through ``ef.jit`` and compared with
+``jax.jit`` of the same function, forward, under ``jax.grad`` and under ``jax.vmap``.
+Each test here failed before the fix it comes with."""
+
+import numpy as np
+import pytest
+
+jax = pytest.importorskip("jax")
+import jax.numpy as jnp  # noqa: E402
+from jax import lax  # noqa: E402
+
+import einfuse as ef  # noqa: E402
+from einfuse.backends import c_build  # noqa: E402
+
+from jit_support import close, x64  # noqa: E402,F401  (x64: autouse)
+
+pytestmark = pytest.mark.skipif(c_build.find_compiler() is None, reason="needs a C compiler")
+
+
+def _branchy(p, a):
+    return lax.cond(p > 0, lambda a: a * 2, jnp.sin, a)
+
+
+@pytest.mark.parametrize("p", [1.0, -1.0])
+def test_gradient_of_cond_converts_jaxs_empty_residuals(p):
+    """JAX 0.10's gradient of ``lax.cond`` fills the residuals a branch does not write
+    with ``empty2``, which was refused: ``jax.grad`` of any function with a cond failed."""
+    a = jnp.asarray([0.3, -1.2, 2.0])
+
+    def loss(f):
+        return lambda p, a: (f(p, a) ** 2).sum()
+    close(jax.grad(loss(ef.jit(_branchy)), argnums=1)(p, a),
+          jax.jit(jax.grad(loss(_branchy), argnums=1))(p, a))
+
+
+def test_gradient_of_jnp_diag():
+    """``jnp.diag``'s gradient goes through a platform-dependent cond whose other branch
+    holds ``empty2``."""
+    a = jnp.asarray(np.random.default_rng(0).normal(size=(4, 4)))
+    loss = lambda f: lambda a: (f(a) ** 2).sum()  # noqa: E731
+    close(jax.grad(loss(ef.jit(jnp.diag)))(a), jax.jit(jax.grad(loss(jnp.diag)))(a))
+
+
+def test_lax_empty_is_zeros_as_on_xla_cpu():
+    f = lambda a: a + lax.empty((2, 3), jnp.float64)  # noqa: E731
+    a = jnp.ones((2, 3))
+    close(ef.jit(f)(a), jax.jit(f)(a))
