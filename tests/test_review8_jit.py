@@ -47,3 +47,35 @@ def test_lax_empty_is_zeros_as_on_xla_cpu():
     f = lambda a: a + lax.empty((2, 3), jnp.float64)  # noqa: E731
     a = jnp.ones((2, 3))
     close(ef.jit(f)(a), jax.jit(f)(a))
+
+
+def _mlp(params, x):
+    for w, b in params:
+        x = jax.nn.relu(x @ w + b)
+    return x
+
+
+def test_gradient_of_a_relu_mlp_with_biases():
+    """The backward of ``relu(h @ w + b)`` has ``where(h @ w + b > 0, g, 0)`` over a
+    5 x 3 buffer: rendered as ``c ? g[k] : 0``, GCC 12.2 made it a masked load with the
+    mask of the wrong vector and some selected elements came out 0 (every gradient
+    wrong by O(1)).  The arms are now read before choosing."""
+    rng = np.random.default_rng(0)
+    params = [(jnp.asarray(rng.normal(size=(4, 8))), jnp.asarray(rng.normal(size=8))),
+              (jnp.asarray(rng.normal(size=(8, 3))), jnp.asarray(rng.normal(size=3)))]
+    x = jnp.asarray(rng.normal(size=(5, 4)))
+    loss = lambda f: lambda p, x: (f(p, x) ** 2).sum()  # noqa: E731
+    close(jax.grad(loss(ef.jit(_mlp)), argnums=(0, 1))(params, x),
+          jax.jit(jax.grad(loss(_mlp), argnums=(0, 1)))(params, x))
+
+
+@pytest.mark.parametrize("shape", [(5, 3), (16, 9), (2, 8)])
+def test_where_with_a_broadcast_condition_into_a_buffer(shape):
+    rng = np.random.default_rng(1)
+    a, b = (jnp.asarray(rng.normal(size=shape)) for _ in range(2))
+    v = jnp.asarray(rng.normal(size=shape[1]))
+
+    def f(a, b, v):
+        t = jnp.where(a + v > 0, b, 0.0)
+        return t, t.sum(0)
+    close(ef.jit(f)(a, b, v), jax.jit(f)(a, b, v))

@@ -17,7 +17,7 @@ import math
 from typing import Dict, List, Tuple
 
 from ..errors import BackendError
-from . import c_loops_dot, c_loops_flat, c_loops_rewrite, c_loops_vmath
+from . import c_loops_dot, c_loops_flat, c_loops_rewrite, c_loops_select, c_loops_vmath
 from ..frontends.jaxpr_ir import (INDEX, Apply, Assign, Branch, Cast, Const, Index,
                                   JitProgram, Loop, LoopKind, Node, Read, ReduceOp,
                                   ScalarType, ScatterAdd, Select)
@@ -120,6 +120,7 @@ class Renderer:
         self.counter = 0
         self.loop_depth = 0
         self.threads_inside = True   # False: the caller runs this code on a thread team
+        self._extents = None         # loop index -> extent (c_loops_select), when needed
 
     # -- helpers ------------------------------------------------------------------------------
     def helper(self, op: str, dtype: ScalarType) -> str:
@@ -199,6 +200,20 @@ class Renderer:
         if isinstance(node, Select):
             which = self.expr(node.which)
             cases = [self.expr(c) for c in node.cases]
+            if self.unconditional(node):
+                # every arm read first, then chosen: no masked loads (c_loops_select)
+                self.counter += 1
+                names = [f"s{self.counter}_{k}" for k in range(len(cases))]
+                t = node.dtype.c_type
+                values = " ".join(f"{t} {n} = {c};" for n, c in zip(names, cases))
+                cases = names
+                if len(cases) == 2:
+                    return f"({{ {values} ({which}) ? {cases[1]} : {cases[0]}; }})"
+                w = f"w{self.counter}"
+                chain = cases[-1]
+                for k in range(len(cases) - 2, -1, -1):
+                    chain = f"({w} <= {k} ? {cases[k]} : {chain})"
+                return f"({{ {values} long long {w} = (long long)({which}); {chain}; }})"
             if len(cases) == 2:
                 return f"(({which}) ? {cases[1]} : {cases[0]})"
             self.counter += 1
@@ -210,6 +225,15 @@ class Renderer:
         if isinstance(node, Apply):
             return self.apply(node)
         raise BackendError(f"the jit kernel renderer has no rule for {type(node).__name__}")
+
+    def unconditional(self, node: Select) -> bool:
+        """Whether the arms of ``node`` may all be evaluated before choosing: each of
+        their reads stays in its buffer (c_loops_select: GCC 12's masked loads)."""
+        if self._extents is None:
+            self._extents = c_loops_select.index_extents(self.program)
+        shape_of = lambda name: self.program.buffer(name).shape  # noqa: E731
+        return all(c_loops_select.reads_in_bounds(c, self._extents, shape_of)
+                   for c in node.cases)
 
     def apply(self, node: Apply) -> str:
         args = [self.expr(a) for a in node.args]
