@@ -79,3 +79,18 @@ def test_where_with_a_broadcast_condition_into_a_buffer(shape):
         t = jnp.where(a + v > 0, b, 0.0)
         return t, t.sum(0)
     close(ef.jit(f)(a, b, v), jax.jit(f)(a, b, v))
+
+
+def test_fallback_runs_equations_on_typed_keys_in_jax():
+    """With ``fallback=True`` an equation making a typed key (``random_wrap`` inside
+    ``jax.random.randint``) converted on its own, so it became a kernel whose output
+    was a key array: a raw ``TypeError: Cannot interpret 'key<fry>' as a data type``."""
+    def f(k):
+        return jax.random.randint(k, (5,), 0, 10), jax.random.normal(k, (3,)) * 2
+
+    key = jax.random.PRNGKey(3)
+    fast = ef.jit(f, fallback=True)
+    close(fast(key), jax.jit(f)(key))
+    keys = jnp.stack([key, jax.random.PRNGKey(4)])
+    close(jax.vmap(fast)(keys), jax.jit(jax.vmap(f))(keys))
+    assert "key<fry>" in ef.explain(fast, key)

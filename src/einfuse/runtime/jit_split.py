@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import List, Tuple
 
 from ..frontends.jaxpr import Converter, JaxprConversionError, equation_text, source_line
+from ..frontends.jaxpr_ir import ScalarType
 
 
 @dataclass(frozen=True)
@@ -38,6 +39,14 @@ def _jaxpr(invars, outvars, eqns):
 def _convertible(eqn) -> Tuple[bool, str]:
     from jax.extend.core import ClosedJaxpr, Var
     invars = list(dict.fromkeys(v for v in eqn.invars if isinstance(v, Var)))
+    for v in invars + list(eqn.outvars):
+        # a kernel's arguments and results are plain arrays: an equation that reads or
+        # makes a typed key (random_wrap, random_bits) runs in JAX, even though the
+        # converter handles keys inside a kernel
+        if ScalarType.of(v.aval.dtype) is None:
+            name = getattr(v.aval.dtype, "name", str(v.aval.dtype))
+            return False, (f"ef.jit cannot pass arrays of dtype {name} into or out of a "
+                           f"kernel ({eqn.primitive.name}, used at {source_line(eqn)})")
     try:
         jaxpr = _jaxpr(invars, eqn.outvars, [eqn])
         Converter().convert(ClosedJaxpr(jaxpr, ()))
