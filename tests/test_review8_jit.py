@@ -94,3 +94,29 @@ def test_fallback_runs_equations_on_typed_keys_in_jax():
     keys = jnp.stack([key, jax.random.PRNGKey(4)])
     close(jax.vmap(fast)(keys), jax.jit(jax.vmap(f))(keys))
     assert "key<fry>" in ef.explain(fast, key)
+
+
+def test_an_ef_jit_function_calling_another():
+    """``ef.jit(g)`` where ``g`` calls an ``ef.jit`` function (and ``ef.explain`` of a
+    ``jax.grad`` of one) was refused: 'cannot convert custom_vmap_call', located in
+    einfuse's own runtime/jit.py.  The inner kernel's jaxpr is now inlined."""
+    inner = ef.jit(lambda a: jnp.tanh(a) * 2)
+
+    def g(a):
+        return inner(a).sum() + inner(a * 2)
+
+    def plain(a):
+        return (jnp.tanh(a) * 2).sum() + jnp.tanh(a * 2) * 2
+    x = jnp.arange(4.0) / 3
+    close(ef.jit(g)(x), jax.jit(plain)(x))
+    close(jax.grad(lambda a: ef.jit(g)(a).sum())(x), jax.jit(jax.grad(lambda a: plain(a).sum()))(x))
+    assert "tanh" in ef.explain(lambda a: jax.grad(lambda b: inner(b).sum())(a), x)
+
+
+def test_unconvertible_primitive_names_the_users_line_not_einfuses():
+    with pytest.raises(ef.EinfuseError) as caught:
+        jax.grad(lambda a: ef.jit(lambda b: lax.cumlogsumexp(b).sum())(a))(jnp.ones(3))
+    assert "cumlogsumexp" in str(caught.value) and "runtime/jit.py" not in str(caught.value)
+    with pytest.raises(ef.EinfuseError) as caught:
+        ef.explain(jnp.sort, jnp.ones(3))
+    assert "'sort'" in str(caught.value) and "runtime/jit.py" not in str(caught.value)

@@ -52,10 +52,17 @@ class Value:
 
 
 def source_line(eqn) -> str:
-    """The user's line that produced ``eqn`` ("file.py:12 (fn)"), or ''."""
+    """The user's line that produced ``eqn`` ("file.py:12 (fn)"), or ''.  JAX skips its
+    own frames; einfuse's are skipped too (a gradient is traced inside ``runtime/jit.py``:
+    its equations named einfuse's line, not the user's)."""
     try:
+        import os
         from jax._src import source_info_util
-        return source_info_util.summarize(eqn.source_info)
+        package = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
+        for frame in source_info_util.user_frames(eqn.source_info.traceback):
+            if not os.path.abspath(frame.file_name).startswith(package):
+                return source_info_util._summarize_frame(frame)
+        return ""
     except Exception:    # noqa: BLE001 - source info is a nicety, never a failure
         return ""
 

@@ -206,6 +206,27 @@ def cond(conv, eqn, invals, level):
     return [read_value(b, conv.level) for b in results]
 
 
+def einfuse_kernel(conv, eqn, invals, level):
+    """Another ``ef.jit`` function called inside this one (``ef.jit(g)`` where ``g``
+    calls ``ef.jit(f)``, or ``ef.explain`` of such a ``g``): its kernel is one
+    primitive, ``einfuse_jit``, whose function holds the jaxpr it was converted from;
+    that jaxpr is inlined, so the whole of ``g`` is one program."""
+    closed = getattr(eqn.params.get("function"), "closed", None)
+    if closed is None:
+        raise unsupported(eqn, "a kernel without its jaxpr")
+    return _inline(("jaxpr",))(conv, _Params(eqn, {"jaxpr": closed}), invals, level)
+
+
+class _Params:
+    """``eqn`` with other params (its primitive and source info unchanged)."""
+
+    def __init__(self, eqn, params):
+        self._eqn, self.params = eqn, params
+
+    def __getattr__(self, name):
+        return getattr(self._eqn, name)
+
+
 RULES = {
     "pjit": _inline(("jaxpr",)), "jit": _inline(("jaxpr",)),
     "closed_call": _inline(("call_jaxpr",)), "core_call": _inline(("call_jaxpr",)),
@@ -215,4 +236,5 @@ RULES = {
     "checkpoint": _inline(("jaxpr",)), "remat": _inline(("jaxpr",)),
     "remat2": _inline(("jaxpr",)),      # jax.checkpoint's primitive
     "scan": scan, "while": while_loop, "cond": cond,
+    "custom_vmap_call": _inline(("call", "call_jaxpr")), "einfuse_jit": einfuse_kernel,
 }
