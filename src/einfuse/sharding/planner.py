@@ -254,10 +254,17 @@ def _split_indices(spec, assignment: Assignment) -> Tuple[Assignment, List[str]]
         if not axes:
             continue
         odd = next((u for u in spec.uses(index) if u.subscript.plain_index != index), None)
+        twice = next((a for a in accesses(spec.rhs) if sum(
+            sub.plain_index == index for sub in a.indices) > 1), None)
         if odd is not None:
             notes.append(f"{index} is not split here: {odd.access} reads it at subscript "
                          f"{odd.subscript}, so a block of {index} is not a block of "
                          f"{odd.access.tensor}")
+        elif twice is not None:
+            # a device would need the diagonal blocks of the array, which no
+            # PartitionSpec describes (a mesh axis splits one array axis at most)
+            notes.append(f"{index} is not split here: {twice} reads it at two axes, and a "
+                         f"mesh axis splits only one axis of {twice.tensor}")
         elif index in values:
             notes.append(f"{index} is not split here: its value is used in the arithmetic")
         elif index in spec.reduction_indices and not (

@@ -1,0 +1,111 @@
+"""Review 8 of sharding (programs.md section 4, docs/sharding.md, src/einfuse/sharding/):
+a hostile outside review of ``ef.explain(..., mesh=, shard=)`` and of sharded runs on
+JAX arrays.  Each test pins a bug the review found: the per-device numbers, the error
+type and what it names, or that a sharded run equals jax.numpy's unsharded result.
+
+The runs need 8 JAX CPU devices, which XLA_FLAGS gives only before jax is first
+imported, so they run in one subprocess (this file run as a script, one JSON line of
+check name -> None or what failed), as test_sharding_run.py does."""
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import einfuse as ef
+from einfuse.sharding import MoveKind
+
+RUNS = {}
+
+
+def run_check(function):
+    RUNS[function.__name__] = function
+    return function
+
+
+# -- explain (no JAX) -----------------------------------------------------------------------
+def test_index_read_at_two_axes_of_one_array_is_not_split():
+    # A[i, i] with i split would need each device's diagonal block, which no
+    # PartitionSpec describes (P('x', 'x') is refused by JAX): run i whole
+    for text in ("y[i] := A[i,i]", "y := sum[i](A[i,i])"):
+        e = ef.explain(text, shapes={"A": (8, 8)}, mesh={"x": 4}, shard={"i": "x"})
+        (statement,) = e.plan.statements
+        assert not statement.split.pairs and "two axes" in statement.notes[0]
+        assert dict(e.plan.inputs)["A"].layout == ((), ())
+        assert e.collectives == ()
+        assert e.plan.local_flops == sum(s.flops for s in e.plan.statements)
+
+
+# -- runs on 8 CPU devices (this file as a script) --------------------------------------------
+def _setup():
+    global jax, jnp
+    import jax
+    import jax.numpy as jnp
+
+
+def _rand(rng, *shape):
+    return jnp.asarray(rng.standard_normal(shape).astype(np.float32))
+
+
+def _same(got, want):
+    np.testing.assert_allclose(np.asarray(got, np.float64), np.asarray(want, np.float64),
+                               rtol=1e-4, atol=1e-4)
+
+
+def _run(text, arrays, mesh, shard, want):
+    f = ef.compile(text, mesh=mesh, shard=shard)
+    _same(f(**arrays), want)
+    _same(jax.jit(lambda a: f(**a))(arrays), want)
+    return f
+
+
+@run_check
+def diagonal_read_of_a_split_index():
+    a = _rand(np.random.default_rng(0), 8, 8)
+    _run("y[i] := A[i,i]", dict(A=a), {"x": 4}, {"i": "x"}, jnp.diag(a))
+    _run("y := sum[i](A[i,i])", dict(A=a), {"x": 4}, {"i": "x"}, jnp.trace(a))
+
+
+@pytest.fixture(scope="module")
+def run_results():
+    pytest.importorskip("jax")
+    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8",
+               JAX_PLATFORMS="cpu")
+    src = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "src")
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [src, env.get("PYTHONPATH")]))
+    done = subprocess.run([sys.executable, os.path.abspath(__file__)], env=env,
+                          capture_output=True, text=True, timeout=600)
+    lines = done.stdout.strip().splitlines()
+    assert done.returncode == 0 and lines, f"the runs did not run:\n{done.stderr[-4000:]}"
+    return json.loads(lines[-1])
+
+
+@pytest.mark.parametrize("name", list(RUNS))
+def test_sharded_run(run_results, name):
+    assert name in run_results, f"{name} did not report"
+    assert run_results[name] is None, run_results[name]
+
+
+def main():
+    import traceback
+    _setup()
+    assert len(jax.devices()) == 8, jax.devices()
+    results = {}
+    for name, function in RUNS.items():
+        if sys.argv[1:] and name not in sys.argv[1:]:
+            continue
+        try:
+            function()
+            results[name] = None
+        except Exception as error:
+            results[name] = f"{type(error).__name__}: {error}\n{traceback.format_exc()}"
+    print(json.dumps(results))
+
+
+if __name__ == "__main__":
+    os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=8"
+    os.environ["JAX_PLATFORMS"] = "cpu"
+    main()
