@@ -69,6 +69,22 @@ def diagonal_read_of_a_split_index():
     _run("y := sum[i](A[i,i])", dict(A=a), {"x": 4}, {"i": "x"}, jnp.trace(a))
 
 
+@run_check
+def inputs_with_no_elements():
+    # all operands empty: XLA failed to compile the shard_map (a raw JaxRuntimeError)
+    dist = "D[i,j] := sum[k]((w[k,i] - x[k,j])**2)"
+    w, x = jnp.ones((0, 8)), jnp.ones((0, 12))
+    for shard in ({"k": "x"}, {"i": "x"}, {}):
+        f = _run(dist, dict(w=w, x=x), {"x": 4}, shard, np.zeros((8, 12)))
+        got = f(w=w, x=x)
+        assert got.shape == (8, 12) and len(got.sharding.device_set) == 4
+    f = _run("C[i,j] := A[i,k]*B[k,j]; E[i,j] := 2*C[i,j]",
+             dict(A=jnp.ones((8, 0)), B=jnp.ones((0, 12))), {"x": 4, "y": 2},
+             {"i": "x", "j": "y"}, np.zeros((8, 12)))
+    got = f(A=jnp.ones((8, 0)), B=jnp.ones((0, 12)))
+    assert got.sharding.shard_shape(got.shape) == (2, 6)
+
+
 @pytest.fixture(scope="module")
 def run_results():
     pytest.importorskip("jax")

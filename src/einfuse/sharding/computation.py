@@ -63,6 +63,12 @@ class ShardedComputation:
         scalars = tuple(name for name in self.program.params
                         if not isinstance(values[name], numbers.Number))
         numbers_key = tuple((n, values[n]) for n in self.program.params if n not in scalars)
+        if any(getattr(values[n], "size", 1) == 0 for n in tensors):
+            # XLA (jax 0.10) fails to compile a shard_map whose operands all have no
+            # elements; such a result is computed whole and placed as the plan says
+            from .execute import run_whole
+            results = run_whole(self.compiled, plan, values, self.mesh, self.mesh_info)
+            return results[0] if len(results) == 1 else tuple(results)
         key = (plan, scalars, numbers_key)
         function = self._functions.get(key)
         if function is None:

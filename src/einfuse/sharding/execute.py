@@ -15,7 +15,7 @@ from typing import Tuple
 import jax
 import jax.numpy as jnp
 from jax import lax
-from jax.sharding import AxisType, Mesh, PartitionSpec
+from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
 
 from ..errors import OptionError
 from .layout import Move, MoveKind, Placement
@@ -53,6 +53,17 @@ def build_function(plan: ShardPlan, kernels, user_mesh, mesh_info: MeshShape, sc
     mapped = jax.shard_map(local, mesh=mesh, in_specs=in_specs, out_specs=out_specs,
                            check_vma=False)
     return jax.jit(mapped)
+
+
+def run_whole(compiled, plan: ShardPlan, values, user_mesh, mesh_info: MeshShape):
+    """``compiled`` run unsharded on ``values`` (inputs with no elements, which a
+    shard_map does not compile), each result placed on the mesh as ``plan`` leaves it."""
+    mesh = jax_mesh(user_mesh, mesh_info)
+    results = compiled(**values)
+    results = results if isinstance(results, tuple) else (results,)
+    return tuple(jax.lax.with_sharding_constraint(
+        result, NamedSharding(mesh, partition_spec(place)))
+        for result, (_, place) in zip(results, plan.outputs))
 
 
 def partition_spec(place: Placement) -> PartitionSpec:
