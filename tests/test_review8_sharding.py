@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 
 import einfuse as ef
+from einfuse.errors import ShapeError
 from einfuse.sharding import MoveKind
 
 RUNS = {}
@@ -37,6 +38,20 @@ def test_index_read_at_two_axes_of_one_array_is_not_split():
         assert dict(e.plan.inputs)["A"].layout == ((), ())
         assert e.collectives == ()
         assert e.plan.local_flops == sum(s.flops for s in e.plan.statements)
+
+
+def test_extent_of_an_index_that_runs_whole_need_not_divide():
+    # i is read shifted (x[i+a]), so it runs whole and makes no blocks: its extent 18
+    # was refused as "does not divide into 4 equal blocks" all the same
+    conv = "y[i] := x[i+a] * k[a]"
+    for shard in (None, {"i": "i"}):
+        e = ef.explain(conv, shapes={"x": (22,), "k": (5,)}, mesh={"i": 4}, shard=shard)
+        (statement,) = e.plan.statements
+        assert not statement.split.pairs and statement.notes
+        assert e.plan.local_flops == statement.flops == 18 * 5 * 2
+    # an index that is split still has to divide
+    with pytest.raises(ShapeError, match="index i has extent 18"):
+        ef.explain("y[i] := x[i] * 2", shapes={"x": (18,)}, mesh={"i": 4})
 
 
 # -- runs on 8 CPU devices (this file as a script) --------------------------------------------
@@ -67,6 +82,14 @@ def diagonal_read_of_a_split_index():
     a = _rand(np.random.default_rng(0), 8, 8)
     _run("y[i] := A[i,i]", dict(A=a), {"x": 4}, {"i": "x"}, jnp.diag(a))
     _run("y := sum[i](A[i,i])", dict(A=a), {"x": 4}, {"i": "x"}, jnp.trace(a))
+
+
+@run_check
+def shifted_read_with_an_extent_that_does_not_divide():
+    rng = np.random.default_rng(1)
+    x, k = _rand(rng, 22), _rand(rng, 5)
+    want = jnp.stack([(x[i:i + 5] * k).sum() for i in range(18)])
+    _run("y[i] := x[i+a] * k[a]", dict(x=x, k=k), {"i": 4}, None, want)
 
 
 @run_check

@@ -159,10 +159,11 @@ def plan_program(statements: Sequence[BoundStatement], shapes: Mapping[str, Tens
         spec = st.kernel.spec
         try:
             check_statement_axes(assignment, spec.all_indices, st.text)
-            _check_divisible(st, assignment, mesh)
+            split, notes = _split_indices(spec, assignment)
+            # only the indices split here make blocks (a shifted read runs its index whole)
+            _check_divisible(st, split, mesh)
         except EinfuseError as error:
             raise attach_statement(error, st.text) from None
-        split, notes = _split_indices(spec, assignment)
         _check_ranges(st, split)
         reads = _required(spec, split)
         deferred: List[str] = []
