@@ -54,6 +54,30 @@ def test_extent_of_an_index_that_runs_whole_need_not_divide():
         ef.explain("y[i] := x[i] * 2", shapes={"x": (18,)}, mesh={"i": 4})
 
 
+def test_huge_shapes_give_numbers_or_a_shape_error():
+    n = 2 ** 32      # an outer product of 2**64 elements: no array, but a plan
+    e = ef.explain("y[i,j] := a[i]*b[j]", shapes={"a": (n,), "b": (n,)},
+                   mesh={"x": 4}, shard={"i": "x"})
+    assert e.plan.local_flops == n * n // 4 and e.plan.outputs[0][1].layout == (("x",), ())
+    assert e.plan.input_bytes == (n // 4 + n) * 4
+    assert "per device 1073741824x4294967296" in str(e)
+    # read by a later statement: refused, naming it (was a raw ValueError from NumPy)
+    with pytest.raises(ShapeError, match="t .statement 1. would have the shape"):
+        ef.explain("t[i,j] := a[i]*b[j]; s := sum[i,j](t[i,j])",
+                   shapes={"a": (n,), "b": (n,)}, mesh={"x": 4}, shard={"i": "x"})
+    # an input of 2**62 float32 elements (2**64 bytes): refused, naming it
+    with pytest.raises(ShapeError, match="shapes= gives a the shape"):
+        ef.explain("y := sum[i](a[i])", shapes={"a": (2 ** 62,)}, mesh={"x": 4})
+    # 2**30 x 2**30 matmul with k split: the all-reduce of 2**62 bytes
+    m = 2 ** 30
+    e = ef.explain("y[i,j] := sum[k](A[i,k]*B[k,j])", shapes={"A": (m, m), "B": (m, m)},
+                   mesh={"x": 4}, shard={"k": "x"})
+    (reduce,) = e.collectives
+    assert reduce.kind is MoveKind.ALL_REDUCE and reduce.operand_bytes == m * m * 4
+    assert reduce.bytes_sent == 2 * 3 * m * m * 4 // 4
+    assert e.plan.local_flops == 2 * m ** 3 // 4
+
+
 # -- runs on 8 CPU devices (this file as a script) --------------------------------------------
 def _setup():
     global jax, jnp

@@ -537,7 +537,7 @@ def _placeholders(spec: Spec, shapes: Dict[str, tuple]) -> Dict[str, np.ndarray]
             raise ShapeError(f"shapes= names {name!r}, which is not a tensor of the statement")
         info = names.get(name)
         dtype = np.dtype(np.int64 if info is not None and info.as_index else np.float32)
-        shape = checked_shape(name, shape)
+        shape = checked_shape(name, shape, dtype.itemsize)
         if int(np.prod(shape, dtype=np.int64)) * dtype.itemsize <= _PLACEHOLDER_BYTES:
             result[name] = np.empty(shape, dtype)
         else:
@@ -547,9 +547,10 @@ def _placeholders(spec: Spec, shapes: Dict[str, tuple]) -> Dict[str, np.ndarray]
     return result
 
 
-def checked_shape(name, shape) -> Tuple[int, ...]:
-    """An entry of ``shapes=`` as a tuple of ints: non-negative, their product within
-    int64 (what an array can hold); a ShapeError naming the array otherwise."""
+def checked_shape(name, shape, itemsize: int = 1) -> Tuple[int, ...]:
+    """An entry of ``shapes=`` as a tuple of ints: non-negative, their product (times
+    ``itemsize``, its bytes) within int64 (what an array can hold); a ShapeError naming
+    the array otherwise."""
     extents = None
     if not isinstance(shape, (str, bytes)):
         try:
@@ -562,7 +563,8 @@ def checked_shape(name, shape) -> Tuple[int, ...]:
         raise ShapeError(f"shapes= gives {name} the shape {shown(shape)}; a shape is a "
                          "tuple of non-negative ints, such as (100, 50)")
     extents = tuple(int(e) for e in extents)
-    if math.prod(extents) > np.iinfo(np.int64).max:
+    if math.prod(extents) * itemsize > np.iinfo(np.int64).max:
         raise ShapeError(f"shapes= gives {name} the shape {extents}: "
-                         f"{math.prod(extents):,} elements, more than an array can hold")
+                         f"{math.prod(extents):,} elements of {itemsize} bytes, more than "
+                         "an array can hold")
     return extents

@@ -173,8 +173,8 @@ def _input_placeholders(program: Program, shapes) -> Dict[str, np.ndarray]:
         if name not in program.inputs:
             raise ShapeError(f"shapes= names {name!r}, which is not an input of the program "
                              f"(its inputs are {', '.join(program.inputs)})")
-        values[name] = _placeholder(checked_shape(name, shape),
-                                    np.int64 if name in index_names else np.float32)
+        dtype = np.dtype(np.int64 if name in index_names else np.float32)
+        values[name] = _placeholder(checked_shape(name, shape, dtype.itemsize), dtype)
     return values
 
 

@@ -19,6 +19,7 @@ Rules, each for correctness first:
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
@@ -118,6 +119,7 @@ def bind_statements(kernels: Sequence, texts: Sequence[str],
     intermediate a placeholder of its inferred shape."""
     env = dict(values)
     bound, shapes = [], {}
+    too_big: Dict[str, Tuple[int, Tuple[int, ...]]] = {}
     for name, value in values.items():
         if hasattr(value, "shape"):
             shapes[name] = TensorShape(name, tuple(value.shape), np.dtype(value.dtype).name)
@@ -127,13 +129,22 @@ def bind_statements(kernels: Sequence, texts: Sequence[str],
             raise attach_statement(OptionError(
                 f"'{spec.assign}' writes into an existing array; with mesh= every statement "
                 "creates its result with ':='", span=spec.statement.output_span), text)
+        huge = next((n for n in spec.arg_order if n in too_big), None)
+        if huge is not None:
+            raise attach_statement(ShapeError(
+                f"{huge} (statement {too_big[huge][0]}) would have the shape "
+                f"{too_big[huge][1]}: more bytes than an array can hold, so statement "
+                f"{number} cannot read it"), text)
         call = kernel.bind(arrays={n: env[n] for n in spec.arg_order if n in env})
         form = kernel.hoisted_form
         hoisted = form.hoisted if form is not None and form.runs(call) else None
         result = np.dtype(call.dtypes.result)
         bound.append(BoundStatement(number, text, kernel, call.bounds,
                                     tuple(call.output_shape), result, hoisted))
-        env[spec.output] = np.broadcast_to(np.zeros((), result), call.output_shape)
+        if math.prod(call.output_shape) * result.itemsize > np.iinfo(np.int64).max:
+            too_big[spec.output] = (number, tuple(call.output_shape))   # a result only
+        else:
+            env[spec.output] = np.broadcast_to(np.zeros((), result), call.output_shape)
         shapes[spec.output] = TensorShape(spec.output, tuple(call.output_shape), result.name)
     return bound, shapes
 
