@@ -78,6 +78,23 @@ def test_huge_shapes_give_numbers_or_a_shape_error():
     assert e.plan.local_flops == 2 * m ** 3 // 4
 
 
+def test_dtypes_are_those_of_the_jax_run():
+    # a sharded run is JAX's, where x * 2.5 of int32 is float32 and a sum of bools is
+    # int32 (x64 off); the plan used NumPy's float64/int64 and doubled the bytes moved
+    jax = sys.modules.get("jax")
+    if (jax is not None and jax.config.jax_enable_x64) or os.environ.get("JAX_ENABLE_X64"):
+        pytest.skip("JAX's x64 mode is on in this process")
+    e = ef.explain("y[i] := x[i] * 2.5; s := sum[i](y[i])", x=np.ones(8, np.int32),
+                   mesh={"x": 4}, shard={"i": "x"})
+    assert e.plan.tensor("y").dtype == "float32"
+    (reduce,) = e.collectives
+    assert reduce.operand_bytes == 4 and reduce.bytes_sent == 2 * 3 * 4 // 4
+    e = ef.explain("m[i,j] := X[i,j] > 0; c[i] := sum[j](m[i,j])", shapes={"X": (8, 16)},
+                   mesh={"x": 4}, shard={"j": "x"})
+    assert e.collectives[0].operand_bytes == 8 * 4
+    assert e.plan.tensor("c").dtype == "int32"
+
+
 # -- runs on 8 CPU devices (this file as a script) --------------------------------------------
 def _setup():
     global jax, jnp
@@ -114,6 +131,23 @@ def shifted_read_with_an_extent_that_does_not_divide():
     x, k = _rand(rng, 22), _rand(rng, 5)
     want = jnp.stack([(x[i:i + 5] * k).sum() for i in range(18)])
     _run("y[i] := x[i+a] * k[a]", dict(x=x, k=k), {"i": 4}, None, want)
+
+
+@run_check
+def planned_bytes_match_the_compiled_collectives():
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from sharding_checks import hlo_collectives, predicted
+    rng = np.random.default_rng(2)
+    x = _rand(rng, 8, 16)
+    for text, arrays, shard in (
+            ("m[i,j] := X[i,j] > 0; c[i] := sum[j](m[i,j])", dict(X=x), {"j": "x"}),
+            ("y[i,j] := M[i,j] * 2.5; s[i] := sum[j](y[i,j])",
+             dict(M=jnp.ones((8, 16), jnp.int32)), {"j": "x"})):
+        f = ef.compile(text, mesh={"x": 4}, shard=shard)
+        jitted = jax.jit(lambda a: f(**a))
+        hlo = hlo_collectives(jitted.lower(arrays).compile().as_text())
+        assert hlo == predicted(f.plan(**arrays)), (text, hlo, predicted(f.plan(**arrays)))
+        assert f(**arrays).dtype == f.plan(**arrays).tensors[-1].dtype
 
 
 @run_check

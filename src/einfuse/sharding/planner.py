@@ -20,6 +20,8 @@ Rules, each for correctness first:
 from __future__ import annotations
 
 import math
+import os
+import sys
 from dataclasses import dataclass
 from typing import Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
@@ -112,11 +114,37 @@ class BoundStatement:
     hoisted: object                          # the hoisted statements FLOPs count, or None
 
 
+_NARROWED = {np.dtype(np.float64): np.dtype(np.float32), np.dtype(np.int64): np.dtype(np.int32),
+             np.dtype(np.uint64): np.dtype(np.uint32),
+             np.dtype(np.complex128): np.dtype(np.complex64)}
+
+
+def run_dtype(dtype) -> np.dtype:
+    """The dtype an array of ``dtype`` has in a sharded run, which is JAX's: 64-bit
+    types are 32-bit unless JAX's x64 mode is on (read without importing JAX)."""
+    dtype = np.dtype(dtype)
+    jax = sys.modules.get("jax")
+    if jax is not None:
+        x64 = bool(jax.config.jax_enable_x64)
+    else:
+        x64 = os.environ.get("JAX_ENABLE_X64", "").lower() in ("1", "true", "yes", "on")
+    return dtype if x64 else _NARROWED.get(dtype, dtype)
+
+
+def _as_run(value):
+    """A placeholder with the dtype the sharded run gives it."""
+    if not hasattr(value, "dtype") or run_dtype(value.dtype) == value.dtype:
+        return value
+    return np.broadcast_to(np.zeros((), run_dtype(value.dtype)), np.shape(value))
+
+
 def bind_statements(kernels: Sequence, texts: Sequence[str],
                     values: Mapping[str, object]) -> Tuple[List[BoundStatement],
                                                            Dict[str, TensorShape]]:
     """Bind each statement to the global shapes (placeholders), in order, with each
-    intermediate a placeholder of its inferred shape."""
+    intermediate a placeholder of its inferred shape; dtypes are those of the JAX run
+    (``run_dtype``), so that the bytes moved are the run's."""
+    values = {name: _as_run(value) for name, value in values.items()}
     env = dict(values)
     bound, shapes = [], {}
     too_big: Dict[str, Tuple[int, Tuple[int, ...]]] = {}
@@ -138,7 +166,7 @@ def bind_statements(kernels: Sequence, texts: Sequence[str],
         call = kernel.bind(arrays={n: env[n] for n in spec.arg_order if n in env})
         form = kernel.hoisted_form
         hoisted = form.hoisted if form is not None and form.runs(call) else None
-        result = np.dtype(call.dtypes.result)
+        result = run_dtype(call.dtypes.result)
         bound.append(BoundStatement(number, text, kernel, call.bounds,
                                     tuple(call.output_shape), result, hoisted))
         if math.prod(call.output_shape) * result.itemsize > np.iinfo(np.int64).max:
