@@ -95,6 +95,24 @@ def test_dtypes_are_those_of_the_jax_run():
     assert e.plan.tensor("c").dtype == "int32"
 
 
+def test_sharding_options_that_would_be_ignored_are_refused():
+    from einfuse.errors import OptionError
+    from einfuse.sharding import CostModel
+    # cost_model= without mesh= was silently ignored
+    with pytest.raises(OptionError, match="cost_model= .*needs mesh="):
+        ef.explain("y[i] := x[i]*2", shapes={"x": (8,)}, cost_model=CostModel())
+    e = ef.explain("y[i] := x[i]*2", shapes={"x": (8,)}, mesh={"x": 2},
+                   cost_model=CostModel())
+    assert e.plan.local_flops == 8
+
+
+def test_mesh_with_a_jax_function_is_refused():
+    jnp_ = pytest.importorskip("jax.numpy")
+    # ef.explain(fn, *args, mesh=...) explained fn unsharded, dropping mesh=
+    with pytest.raises(ef.EinfuseError, match="not a JAX function"):
+        ef.explain(lambda x: jnp_.sin(x), np.ones(3, np.float32), mesh={"x": 2})
+
+
 # -- runs on 8 CPU devices (this file as a script) --------------------------------------------
 def _setup():
     global jax, jnp

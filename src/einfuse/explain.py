@@ -12,7 +12,7 @@ import numpy as np
 from .analysis.options import shown
 from .analysis.ranges import Bounds
 from .analysis.spec import Spec
-from .errors import EinfuseError, ShapeError, attach_statement
+from .errors import EinfuseError, OptionError, ShapeError, attach_statement
 from .lang.ast import (Access, Binary, Call, Expr, Param, Reduce, Unary, accesses,
                        map_children)
 from .lang.printer import format_expr, format_statement
@@ -306,7 +306,13 @@ def explain(statement=NOT_GIVEN, /, *args, shapes: Optional[Dict[str, tuple]] = 
                                                                   "x": (3, 4)}))"""
     from .runtime.kernel import compile as compile_kernel
     from .frontends.jaxpr_explain import explain_function, is_jax_function
+    if cost_model is not None and mesh is None:
+        raise OptionError("cost_model= prices plans on a device mesh; it needs mesh= "
+                          "(docs/sharding.md)")
     if is_jax_function(statement):   # ef.explain(fn, *example_args) (docs/jit.md)
+        if mesh is not None or shard is not None:
+            raise OptionError("mesh= and shard= explain a statement or program on a device "
+                              "mesh, not a JAX function; explain the statements with mesh=")
         return explain_function(statement, args, arrays)
     statement = statement_argument(statement, arrays, "explain")
     from .lang.parser import einsum_hint
