@@ -169,6 +169,21 @@ def planned_bytes_match_the_compiled_collectives():
 
 
 @run_check
+def gather_out_of_range_on_a_device_is_an_einfuse_error():
+    # was a raw JaxRuntimeError, raised only when the result was read, naming idx[1]
+    # (the position in the device's block) for the offending idx[3]
+    from einfuse.errors import OutOfBoundsError
+    f = ef.compile("E[b] := W[idx[b]]", mesh={"x": 2}, shard={"b": "x"})
+    try:
+        f(W=jnp.arange(4.0), idx=jnp.array([0, 1, 2, 9]))
+    except OutOfBoundsError as error:
+        assert "idx[3] = 9" in str(error), str(error)
+    else:
+        raise AssertionError("no OutOfBoundsError")
+    _same(f(W=jnp.arange(4.0), idx=jnp.array([3, 1, 2, 0])), [3.0, 1.0, 2.0, 0.0])
+
+
+@run_check
 def inputs_with_no_elements():
     # all operands empty: XLA failed to compile the shard_map (a raw JaxRuntimeError)
     dist = "D[i,j] := sum[k]((w[k,i] - x[k,j])**2)"

@@ -76,7 +76,9 @@ class ShardedComputation:
             function = self._functions[key] = build_function(
                 plan, self.program.kernels, self.mesh, self.mesh_info, scalars,
                 dict(numbers_key))
-        results = function(*(values[n] for n in tensors + scalars))
+        from .execute import run_eager_checked
+        results = run_eager_checked(function, tuple(values[n] for n in tensors + scalars),
+                                    lambda: self.compiled(**values))
         return results[0] if len(results) == 1 else tuple(results)
 
     def _named(self, args, kwargs) -> dict:

@@ -55,6 +55,22 @@ def build_function(plan: ShardPlan, kernels, user_mesh, mesh_info: MeshShape, sc
     return jax.jit(mapped)
 
 
+def run_eager_checked(function, arrays, unsharded):
+    """``function(*arrays)``; on an eager call (no tracer among ``arrays``) it waits for
+    the result, and where a kernel failed on a device (an index out of range under
+    ``bounds="check"``: a JaxRuntimeError naming a position in that device's block)
+    runs ``unsharded()``, which raises the EinfuseError naming the global position."""
+    results = function(*arrays)
+    if any(isinstance(a, jax.core.Tracer) for a in arrays):
+        return results
+    try:
+        jax.block_until_ready(results)
+    except jax.errors.JaxRuntimeError:
+        unsharded()           # the einfuse error, as the unsharded call raises it
+        raise                 # not an einfuse error: JAX's own
+    return results
+
+
 def run_whole(compiled, plan: ShardPlan, values, user_mesh, mesh_info: MeshShape):
     """``compiled`` run unsharded on ``values`` (inputs with no elements, which a
     shard_map does not compile), each result placed on the mesh as ``plan`` leaves it."""
