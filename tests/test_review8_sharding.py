@@ -113,6 +113,32 @@ def test_mesh_with_a_jax_function_is_refused():
         ef.explain(lambda x: jnp_.sin(x), np.ones(3, np.float32), mesh={"x": 2})
 
 
+MOVE = "h[i,j] := exp(A[i,j]); y[p,q] := 2*h[p,q]"
+
+
+def test_finer_or_coarser_split_over_the_same_major_axes():
+    mesh = {"x": 4, "y": 2}
+    # blocks over x -> blocks over x*y: each device keeps a sub-block of its own block
+    # (was an all-gather over x of 3 x 128 bytes, then a slice)
+    e = ef.explain(MOVE, shapes={"A": (8, 16)}, mesh=mesh, shard={"i": "x", "p": ("x", "y")})
+    assert e.collectives == ()
+    (move,) = [s for s in e.plan.steps if isinstance(getattr(s, "kind", None), MoveKind)]
+    assert move.kind is MoveKind.SLICE and move.mesh_axes == ("y",)
+    assert move.operand_shape == (2, 16) and move.result_shape == (1, 16)
+    # blocks over x*y -> blocks over x: an all-gather over y alone, 2 devices
+    # (was over x*y, 8 devices: 7 x 64 bytes sent, then a slice)
+    e = ef.explain(MOVE, shapes={"A": (8, 16)}, mesh=mesh, shard={"i": ("x", "y"), "p": "x"})
+    (gather,) = e.collectives
+    assert gather.kind is MoveKind.ALL_GATHER and gather.mesh_axes == ("y",)
+    assert gather.group == 2 and gather.operand_shape == (1, 16)
+    assert gather.result_shape == (2, 16) and gather.bytes_sent == 1 * 16 * 4
+    assert [s for s in e.plan.steps if getattr(s, "kind", None) is MoveKind.SLICE] == []
+    # a different major axis still goes through the whole array
+    e = ef.explain(MOVE, shapes={"A": (8, 16)}, mesh=mesh, shard={"i": ("x", "y"), "p": ("y", "x")})
+    (gather,) = e.collectives
+    assert gather.group == 8 and gather.bytes_sent == 7 * 16 * 4
+
+
 # -- runs on 8 CPU devices (this file as a script) --------------------------------------------
 def _setup():
     global jax, jnp
@@ -181,6 +207,19 @@ def gather_out_of_range_on_a_device_is_an_einfuse_error():
     else:
         raise AssertionError("no OutOfBoundsError")
     _same(f(W=jnp.arange(4.0), idx=jnp.array([3, 1, 2, 0])), [3.0, 1.0, 2.0, 0.0])
+
+
+@run_check
+def finer_or_coarser_split_runs_as_planned():
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from sharding_checks import hlo_collectives, predicted
+    a = _rand(np.random.default_rng(3), 8, 16)
+    for shard in ({"i": "x", "p": ("x", "y")}, {"i": ("x", "y"), "p": "x"},
+                  {"i": ("x", "y"), "p": ("y", "x")}, {"i": "y", "p": ("y", "x")},
+                  {"i": ("y", "x"), "j": "x", "p": "y"}):
+        f = _run(MOVE, dict(A=a), {"x": 4, "y": 2}, shard, 2 * jnp.exp(a))
+        hlo = hlo_collectives(jax.jit(lambda a: f(A=a)).lower(a).compile().as_text())
+        assert hlo == predicted(f.plan(A=a)), (shard, hlo, predicted(f.plan(A=a)))
 
 
 @run_check

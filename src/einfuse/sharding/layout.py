@@ -135,15 +135,21 @@ def moves_between(tensor: str, shape: Tuple[int, ...], itemsize: int, source: Pl
                 step(MoveKind.ALL_TO_ALL, layout, axes, axis=q, other=p)
     for p in range(rank):
         layout = list(current.layout)
-        if layout[p] and layout[p] != target.layout[p]:
-            axes = layout[p]
-            layout[p] = ()
-            step(MoveKind.ALL_GATHER, layout, axes, axis=p)
+        have, want = layout[p], target.layout[p]
+        if have and have != want[:len(have)]:
+            # blocks over (x, y) -> over x: gather over y only (x is the major axis);
+            # to anything that does not start with the same axes: gather them all
+            keep = want if want == have[:len(want)] else ()
+            layout[p] = keep
+            step(MoveKind.ALL_GATHER, layout, have[len(keep):], axis=p)
     for p in range(rank):
         layout = list(current.layout)
-        if layout[p] != target.layout[p]:
-            layout[p] = target.layout[p]
-            step(MoveKind.SLICE, layout, target.layout[p], axis=p)
+        have, want = layout[p], target.layout[p]
+        if have != want:
+            # ``have`` is a prefix of ``want`` here: each device keeps its sub-block
+            # over the remaining axes (x -> (x, y): its block over y of its x block)
+            layout[p] = want
+            step(MoveKind.SLICE, layout, want[len(have):], axis=p)
     return moves
 
 
