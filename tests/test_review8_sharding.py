@@ -216,7 +216,7 @@ def finer_or_coarser_split_runs_as_planned():
     a = _rand(np.random.default_rng(3), 8, 16)
     for shard in ({"i": "x", "p": ("x", "y")}, {"i": ("x", "y"), "p": "x"},
                   {"i": ("x", "y"), "p": ("y", "x")}, {"i": "y", "p": ("y", "x")},
-                  {"i": ("y", "x"), "j": "x", "p": "y"}):
+                  {"i": ("y", "x"), "q": "x", "p": "y"}):
         f = _run(MOVE, dict(A=a), {"x": 4, "y": 2}, shard, 2 * jnp.exp(a))
         hlo = hlo_collectives(jax.jit(lambda a: f(A=a)).lower(a).compile().as_text())
         assert hlo == predicted(f.plan(A=a)), (shard, hlo, predicted(f.plan(A=a)))
