@@ -139,6 +139,26 @@ def test_finer_or_coarser_split_over_the_same_major_axes():
     assert gather.group == 8 and gather.bytes_sent == 7 * 16 * 4
 
 
+RS = "t[b,o] := sum[f](h[b,f]*W[f,o]); y[b,l] := relu(t[b,l])"
+RS_SHAPES = {"h": (8, 32), "W": (32, 16)}
+
+
+def test_reduce_scatter_over_the_pending_axes_in_another_order_or_then_a_slice():
+    mesh = {"x": 4, "y": 2}
+    # partial over x*y read split over y*x: a reduce-scatter (was an all-reduce, twice
+    # the bytes, then a slice)
+    e = ef.explain(RS, shapes=RS_SHAPES, mesh=mesh, shard={"f": ("x", "y"), "l": ("y", "x")})
+    (rs,) = e.collectives
+    assert rs.kind is MoveKind.REDUCE_SCATTER and rs.mesh_axes == ("y", "x")
+    assert rs.result_shape == (8, 2) and rs.bytes_sent == 7 * 8 * 16 * 4 // 8
+    # partial over x read split over x*y: reduce-scatter over x, then a local slice
+    e = ef.explain(RS, shapes=RS_SHAPES, mesh=mesh, shard={"f": "x", "l": ("x", "y")})
+    (rs,) = e.collectives
+    assert rs.kind is MoveKind.REDUCE_SCATTER and rs.mesh_axes == ("x",)
+    assert rs.result_shape == (8, 4) and rs.bytes_sent == 3 * 8 * 16 * 4 // 4
+    assert e.plan.steps[-2].kind is MoveKind.SLICE and e.plan.steps[-2].mesh_axes == ("y",)
+
+
 # -- runs on 8 CPU devices (this file as a script) --------------------------------------------
 def _setup():
     global jax, jnp
@@ -220,6 +240,21 @@ def finer_or_coarser_split_runs_as_planned():
         f = _run(MOVE, dict(A=a), {"x": 4, "y": 2}, shard, 2 * jnp.exp(a))
         hlo = hlo_collectives(jax.jit(lambda a: f(A=a)).lower(a).compile().as_text())
         assert hlo == predicted(f.plan(A=a)), (shard, hlo, predicted(f.plan(A=a)))
+
+
+@run_check
+def reduce_scatter_variants_run_as_planned():
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from sharding_checks import hlo_collectives, predicted
+    rng = np.random.default_rng(4)
+    arrays = dict(h=_rand(rng, 8, 32), W=_rand(rng, 32, 16))
+    want = jnp.maximum(arrays["h"] @ arrays["W"], 0)
+    for shard in ({"f": ("x", "y"), "l": ("y", "x")}, {"f": "x", "l": ("x", "y")},
+                  {"f": "y", "l": ("y", "x")}):
+        f = _run(RS, arrays, {"x": 4, "y": 2}, shard, want)
+        hlo = hlo_collectives(jax.jit(lambda a: f(**a)).lower(arrays).compile().as_text())
+        assert hlo == predicted(f.plan(**arrays)), (shard, hlo)
+        assert [k for k, _ in hlo] == ["reduce-scatter"], (shard, hlo)
 
 
 @run_check

@@ -116,11 +116,15 @@ def moves_between(tensor: str, shape: Tuple[int, ...], itemsize: int, source: Pl
     if current.pending is not None:
         pending = current.pending
         layout = list(current.layout)
+        # a tensor axis the target splits over the pending axes first (in any order: a
+        # sum does not mind), to be split further by a local slice where it wants more
+        width = len(pending.axes)
         scatter = next((p for p, axes in enumerate(target.layout)
-                        if axes == pending.axes and layout[p] == ()), None)
+                        if set(axes[:width]) == set(pending.axes) and layout[p] == ()), None)
         if pending.op == "sum" and scatter is not None:
-            layout[scatter] = pending.axes
-            step(MoveKind.REDUCE_SCATTER, layout, pending.axes, axis=scatter, op="sum")
+            axes = target.layout[scatter][:width]
+            layout[scatter] = axes
+            step(MoveKind.REDUCE_SCATTER, layout, axes, axis=scatter, op="sum")
         else:
             step(MoveKind.ALL_REDUCE, layout, pending.axes, op=pending.op)
     rank = len(shape)
