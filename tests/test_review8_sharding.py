@@ -159,6 +159,19 @@ def test_reduce_scatter_over_the_pending_axes_in_another_order_or_then_a_slice()
     assert e.plan.steps[-2].kind is MoveKind.SLICE and e.plan.steps[-2].mesh_axes == ("y",)
 
 
+def test_mesh_axis_names_that_jax_takes_are_taken():
+    # jax.make_mesh((4,), ("data-parallel",)) is a mesh; its axis name was refused
+    e = ef.explain("y[i,j] := sum[k](A[i,k]*B[k,j])", shapes={"A": (8, 8), "B": (8, 8)},
+                   mesh={"data-parallel": 2, "model": 4}, shard={"k": ("data-parallel",
+                                                                      "model")})
+    (reduce,) = e.collectives
+    assert reduce.group == 8 and reduce.mesh_axes == ("data-parallel", "model")
+    assert e.plan.local_flops == 8 * 8 * 8 * 2 // 8
+    for bad in ({1: 2}, {"": 2}):
+        with pytest.raises(ef.EinfuseError, match="mesh axis names are non-empty strings"):
+            ef.explain("y[i] := x[i]", shapes={"x": (8,)}, mesh=bad)
+
+
 # -- runs on 8 CPU devices (this file as a script) --------------------------------------------
 def _setup():
     global jax, jnp
@@ -255,6 +268,13 @@ def reduce_scatter_variants_run_as_planned():
         hlo = hlo_collectives(jax.jit(lambda a: f(**a)).lower(arrays).compile().as_text())
         assert hlo == predicted(f.plan(**arrays)), (shard, hlo)
         assert [k for k, _ in hlo] == ["reduce-scatter"], (shard, hlo)
+
+
+@run_check
+def jax_mesh_with_a_hyphenated_axis_name():
+    mesh = jax.make_mesh((4,), ("data-parallel",))
+    x = jnp.arange(8.0)
+    _run("y[i] := x[i]*2", dict(x=x), mesh, {"i": "data-parallel"}, 2 * x)
 
 
 @run_check

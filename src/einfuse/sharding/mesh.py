@@ -52,8 +52,10 @@ def mesh_shape(mesh) -> MeshShape:
         raise OptionError("mesh= has no axes")
     axes = []
     for name, size in items:
-        if not isinstance(name, str) or not name.isidentifier():
-            raise OptionError(f"mesh axis names are identifiers; {name!r} is not")
+        # any non-empty string, as JAX's meshes take ("data-parallel" too)
+        if not isinstance(name, str) or not name:
+            raise OptionError(f"mesh axis names are non-empty strings such as 'x'; "
+                              f"{name!r} is not")
         if isinstance(size, bool) or not isinstance(size, numbers.Integral) or size < 1:
             raise OptionError(f"mesh axis {name} has size {size!r}; sizes are positive "
                               "integers")
