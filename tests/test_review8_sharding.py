@@ -278,6 +278,18 @@ def jax_mesh_with_a_hyphenated_axis_name():
 
 
 @run_check
+def compiled_functions_for_python_numbers_are_bounded():
+    from einfuse.sharding.computation import CACHED_FUNCTIONS
+    f = ef.compile("y[i] := alpha*x[i]", mesh={"x": 4}, shard={"i": "x"})
+    x = jnp.arange(8.0)
+    for k in range(CACHED_FUNCTIONS + 3):
+        _same(f(x=x, alpha=float(k)), k * x)
+    assert len(f._functions) == CACHED_FUNCTIONS
+    _same(f(x=x, alpha=float(CACHED_FUNCTIONS + 2)), (CACHED_FUNCTIONS + 2) * x)
+    assert len(f._functions) == CACHED_FUNCTIONS
+
+
+@run_check
 def inputs_with_no_elements():
     # all operands empty: XLA failed to compile the shard_map (a raw JaxRuntimeError)
     dist = "D[i,j] := sum[k]((w[k,i] - x[k,j])**2)"

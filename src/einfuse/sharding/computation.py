@@ -15,6 +15,9 @@ from .mesh import MeshShape
 from .planner import ShardPlan
 
 
+CACHED_FUNCTIONS = 32      # compiled functions kept per sharded computation (LRU)
+
+
 class ShardedComputation:
     """A statement or program compiled for a device mesh: call it with JAX arrays (by
     keyword, or positionally in the order of ``inputs``); the result is the unsharded
@@ -70,12 +73,16 @@ class ShardedComputation:
             results = run_whole(self.compiled, plan, values, self.mesh, self.mesh_info)
             return results[0] if len(results) == 1 else tuple(results)
         key = (plan, scalars, numbers_key)
-        function = self._functions.get(key)
+        function = self._functions.pop(key, None)
         if function is None:
             from .execute import build_function
-            function = self._functions[key] = build_function(
-                plan, self.program.kernels, self.mesh, self.mesh_info, scalars,
-                dict(numbers_key))
+            function = build_function(plan, self.program.kernels, self.mesh,
+                                      self.mesh_info, scalars, dict(numbers_key))
+        self._functions[key] = function       # the most recently used last
+        while len(self._functions) > CACHED_FUNCTIONS:
+            # Python numbers are compiled in: a loop over many values must not keep a
+            # compiled function for each
+            self._functions.pop(next(iter(self._functions)))
         from .execute import run_eager_checked
         results = run_eager_checked(function, tuple(values[n] for n in tensors + scalars),
                                     lambda: self.compiled(**values))
