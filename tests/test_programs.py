@@ -263,3 +263,12 @@ def test_explain_of_attention_for_a_jax_caller_says_what_the_call_runs():
     assert "fused as attention" in str(ef.explain(text, Q=Q, K=Q, V=Q))
     shown = str(ef.explain(text, Q=jnp.asarray(Q), K=jnp.asarray(Q), V=jnp.asarray(Q)))
     assert "fused as attention" not in shown and "4 kernels" in shown
+
+
+def test_explain_of_an_intermediate_larger_than_an_array_names_it():
+    """A 2**31 x 2**31 outer product cannot be an array: explain names it (it was a raw
+    NumPy ValueError from planning the fused group)."""
+    from einfuse import errors
+    with pytest.raises(errors.ShapeError, match="t would have shape"):
+        ef.explain("t[i,j] := a[i]*b[j]\ns := sum[i,j](t[i,j])",
+                   shapes={"a": (2**31,), "b": (2**31,)})

@@ -41,7 +41,11 @@ def prepare(kernel, call):
     if call.options.backend not in ("auto", "c") or call.spec.has_position_reductions or \
             contraction is not None and contraction.k:
         return None
-    out = np.empty(call.output_shape, dtype=call.dtypes.working)
+    try:
+        out = np.empty(call.output_shape, dtype=call.dtypes.working)
+    except ValueError:    # NumPy's 'array is too big': more bytes than an array holds
+        raise MemoryError(f"{call.spec.output} of shape {tuple(call.output_shape)} does "
+                          "not fit in an array") from None
     if out.size == 0:
         return None
     buffers = _buffers(call) + [out]

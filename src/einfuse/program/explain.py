@@ -3,6 +3,7 @@ and why, the costs of the whole, and each statement's own explanation."""
 
 from __future__ import annotations
 
+import math
 import numbers
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Tuple
@@ -245,6 +246,12 @@ def explain_program(program: Program, args, arrays, shapes, gradients: bool,
         if statement.assign == ":=":     # as the call holds it (bfloat16, JAX's dtypes)
             call = kernel.bind(arrays=given)
             result = delivered_dtype(call, framework)
+            elements = math.prod(call.output_shape)
+            if elements * dtype_itemsize(result) > np.iinfo(np.int64).max:
+                raise attach_statement(ShapeError(
+                    f"{statement.output} would have shape {tuple(call.output_shape)}: "
+                    f"{elements:,} elements of {result}, more than an array can hold",
+                    span=kernel.spec.statement.output_span), statement.source.text)
             env[statement.output] = shaped(call.output_shape, result)
             produced[statement.output] = (tuple(call.output_shape), result)
     rows = {name: size for group in groups or () for name, size in group.thread_rows}
