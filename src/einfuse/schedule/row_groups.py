@@ -236,6 +236,12 @@ class _Builder:
         form = kernel.hoisted_form
         if form is not None and form.runs(call):
             return None
+        import torch
+        if any(not isinstance(scratch[names.get(info.name, info.name)], torch.Tensor)
+               for info in spec.tensors):
+            # an array given as a Python or NumPy number or a list (``s[]`` from 2.0):
+            # the statement converts it, the group's launch takes tensors only
+            return None
         working = call.dtypes.working
         if working.name not in ("float32", "float64") or call.dtypes.result != working or \
                 (self.working is not None and working.name != self.working):

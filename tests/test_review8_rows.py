@@ -1,0 +1,56 @@
+"""Review of the Triton row groups (schedule/row_groups.py, backends/triton_rows.py and
+the row-group hook of schedule/fusion.py): inputs given in forms a statement accepts
+but the group's launch did not, and other cases where the fused kernel disagreed with
+the statements run one by one.  Each test compares with the NumPy backend (or torch)
+on the same data; under TRITON_INTERPRET=1 on CPU tensors (tests/conftest.py)."""
+
+import numpy as np
+import pytest
+
+import einfuse as ef
+from einfuse.backends import triton_backend, triton_rows
+
+torch = pytest.importorskip("torch")
+pytestmark = pytest.mark.skipif(not triton_backend.available(),
+                                reason="Triton is not installed")
+DEVICE = torch.device("cpu" if triton_backend.interpreted() else "cuda")
+X = np.random.default_rng(8).standard_normal((6, 8))
+
+
+@pytest.fixture
+def launches(monkeypatch):
+    """The statements each row-group launch ran."""
+    count = []
+    original = triton_rows.RowRunner.__call__
+
+    def counted(self, env):
+        count.append(self.group.statements)
+        return original(self, env)
+    monkeypatch.setattr(triton_rows.RowRunner, "__call__", counted)
+    return count
+
+
+def _tensor(array):
+    return torch.from_numpy(np.array(array, copy=True)).to(DEVICE)
+
+
+def _compare(source, arrays, tensors, rtol=1e-12, **options):
+    want = ef.compile(source, backend="numpy", **options)(**arrays)
+    program = ef.compile(source, backend="triton", **options)
+    for _ in range(2):
+        got = program(**tensors)
+        np.testing.assert_allclose(got.detach().cpu().numpy(), want, rtol=rtol, atol=rtol)
+
+
+@pytest.mark.parametrize("scalar", [2.0, np.float64(2.0)])
+def test_a_number_given_for_a_0d_array_runs(scalar, launches):
+    # s[] given as a Python or NumPy number: the statements accept it; the group's
+    # launch read .device/.stride() of it (AttributeError)
+    source = "a[i,j] := X[i,j] * s[]\nb[i] := sum[j](a[i,j])"
+    _compare(source, {"X": X, "s": scalar}, {"X": _tensor(X), "s": scalar})
+
+
+def test_a_list_given_for_an_array_runs(launches):
+    source = "a[i,j] := X[i,j] * w[j]\nb[i] := sum[j](a[i,j])"
+    w = [0.5 * k for k in range(8)]
+    _compare(source, {"X": X, "w": w}, {"X": _tensor(X), "w": w})
