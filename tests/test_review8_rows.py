@@ -54,3 +54,18 @@ def test_a_list_given_for_an_array_runs(launches):
     source = "a[i,j] := X[i,j] * w[j]\nb[i] := sum[j](a[i,j])"
     w = [0.5 * k for k in range(8)]
     _compare(source, {"X": X, "w": w}, {"X": _tensor(X), "w": w})
+
+
+def test_signed_zero_constants_are_not_merged(launches):
+    # Const(-0.0) == Const(0.0): X*0.0 and X*-0.0 were one shared subexpression, so
+    # 1/(X*-0.0) came out +inf
+    x = np.random.default_rng(2).uniform(0.5, 1.5, (4, 8))
+    source = "a[i,j] := 1 / (X[i,j] * 0.0)\nb[i,j] := 1 / (X[i,j] * -0.0)\n" \
+             "c[i] := sum[j](a[i,j] + b[i,j])"
+    want = ef.compile(source, backend="numpy", outputs=("a", "b"))(X=x)
+    program = ef.compile(source, backend="triton", outputs=("a", "b"))
+    for _ in range(2):
+        got = program(X=_tensor(x))
+        for g, w in zip(got, want):
+            np.testing.assert_array_equal(g.cpu().numpy(), w)
+    assert launches == [3, 3]

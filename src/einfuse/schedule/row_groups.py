@@ -31,6 +31,7 @@ every other statement, run one statement at a time as before."""
 
 from __future__ import annotations
 
+import math
 import numbers
 import warnings
 from dataclasses import dataclass
@@ -371,6 +372,10 @@ class _Lowering:
 
     def expr(self, e: ast.Expr, bound: Dict[str, str]) -> ir.Expr:
         if isinstance(e, ast.Number):
+            if e.value == 0 and math.copysign(1.0, e.value) < 0:
+                # -0.0 as -(0.0): Const(-0.0) == Const(0.0), and the group's shared
+                # subexpressions and kernel cache (keyed by equality) would merge them
+                return ir.Unary(UnaryOp.NEG, ir.Const(0.0))
             return ir.Const(e.value)
         if isinstance(e, ast.Param):
             if e.name not in self.params:
