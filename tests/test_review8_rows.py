@@ -69,3 +69,30 @@ def test_signed_zero_constants_are_not_merged(launches):
         for g, w in zip(got, want):
             np.testing.assert_array_equal(g.cpu().numpy(), w)
     assert launches == [3, 3]
+
+
+@pytest.mark.parametrize("make", [
+    lambda t: t[:, ::2],                      # integers, a strided slice
+    lambda t: (t > 0)[:, ::2],                # bools, a strided slice
+    lambda t: t.t()[::2],                     # integers, transposed and sliced
+])
+def test_converted_strided_inputs_are_read_with_their_own_strides(make, launches):
+    # an integer or bool input is converted to the working dtype before the launch;
+    # the copy of a strided slice is contiguous, and was read with the slice's strides
+    base = torch.from_numpy(np.random.default_rng(3).integers(-5, 5, (6, 16))).to(DEVICE)
+    x = make(base)
+    source = "a[i,j] := X[i,j] * 0.5\nb[i] := sum[j](a[i,j])"
+    _compare(source, {"X": x.cpu().numpy()}, {"X": x})
+    assert launches == [2, 2]
+
+
+def test_a_lazily_negated_view_is_read_as_its_values(launches):
+    # z.conj().imag is a float64 view with the negative bit set: its storage holds
+    # the values' negatives
+    z = torch.from_numpy(np.random.default_rng(4).standard_normal((6, 8)) +
+                         1j * np.random.default_rng(5).standard_normal((6, 8))).to(DEVICE)
+    x = z.conj().imag
+    assert x.is_neg()
+    source = "m[i] := max[j](X[i,j])\ny[i,j] := X[i,j] - m[i]"
+    _compare(source, {"X": x.resolve_neg().cpu().numpy()}, {"X": x})
+    assert launches == [2, 2]

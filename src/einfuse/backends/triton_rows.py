@@ -144,22 +144,30 @@ def compiled(group: RowGroup, native: bool):
 
 @dataclass(frozen=True)
 class RowRunner:
-    """A group's launch for one call signature: the kernel, its grid and the scalar
-    arguments (sizes, strides) that depend only on the layouts."""
+    """A group's launch for one call signature: the kernel, its grid and the extents
+    (M rows, N columns); each input's strides are read at each call, from the tensor
+    passed to the kernel."""
     group: RowGroup
     kernel: object
     grid: Tuple[int]
-    scalars: Tuple[int, ...]
+    extents: Tuple[int, int]
     device: object
     dtypes: Tuple[object, ...]       # per input: the dtype it is passed in
 
     def __call__(self, env: Dict[str, object]) -> None:
         import torch
         group = self.group
-        tensors = []
+        tensors, strides = [], []
         for spec, dtype in zip(group.inputs, self.dtypes):
             tensor = env[spec.key].detach()
-            tensors.append(tensor if tensor.dtype == dtype else tensor.to(dtype))
+            if tensor.is_neg():    # a lazily negated view (z.conj().imag): its values
+                tensor = tensor.resolve_neg()
+            if tensor.dtype != dtype:
+                tensor = tensor.to(dtype)
+            tensors.append(tensor)
+            # (a converted or resolved copy of a strided slice is laid out anew: the
+            # kernel reads it with its own strides, not the argument's)
+            strides += tensor.stride()
         working = getattr(torch, group.working)
         params = [torch.tensor([float(env[p]) for p in group.params], dtype=working,
                                device=self.device)] if group.params else []
@@ -167,7 +175,7 @@ class RowRunner:
                 for m in group.outputs]
         if self.grid[0]:
             launch = group.launch
-            self.kernel[self.grid](*tensors, *params, *self.scalars, *outs,
+            self.kernel[self.grid](*tensors, *params, *self.extents, *strides, *outs,
                                    ROWS=launch.rows, BLOCK=launch.block,
                                    num_warps=launch.warps)
         for member, out in zip(group.outputs, outs):
@@ -180,12 +188,11 @@ def runner(group: RowGroup, env: Dict[str, object]) -> RowRunner:
     import triton
     from .triton_backend import interpreted
     rows, columns = group.extents
-    scalars, dtypes, device = [rows, columns], [], None
+    dtypes, device = [], None
     working = getattr(torch, group.working)
     for spec in group.inputs:
         tensor = env[spec.key]
         device = tensor.device
-        scalars += [int(s) for s in tensor.stride()]
         # bool and integer values are computed as floats (as triton_backend passes them)
         dtypes.append(tensor.dtype if tensor.dtype.is_floating_point else working)
     if device is None:
@@ -193,4 +200,4 @@ def runner(group: RowGroup, env: Dict[str, object]) -> RowRunner:
     with _lock:
         kernel = compiled(group, not interpreted())
     return RowRunner(group, kernel, (triton.cdiv(rows, group.launch.rows),),
-                     tuple(scalars), device, tuple(dtypes))
+                     (rows, columns), device, tuple(dtypes))
