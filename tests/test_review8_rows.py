@@ -96,3 +96,25 @@ def test_a_lazily_negated_view_is_read_as_its_values(launches):
     source = "m[i] := max[j](X[i,j])\ny[i,j] := X[i,j] - m[i]"
     _compare(source, {"X": x.resolve_neg().cpu().numpy()}, {"X": x})
     assert launches == [2, 2]
+
+
+@pytest.mark.parametrize("expression", [
+    "1.25 / 0.0",                 # Python's float division raised ZeroDivisionError
+    "1.25 / -0.0",
+    "(0.5 <= -1.25)",             # a Python bool has no .to
+])
+def test_operations_on_constants_alone(expression, launches):
+    source = f"y[i,j] := {expression} + X[i,j]\nz[i] := sum[j](y[i,j])"
+    _compare(source, {"X": X}, {"X": _tensor(X)})
+    assert launches == [2, 2]
+
+
+def test_where_of_constants_keeps_float64(launches):
+    # tl.where of two Python floats is float32: 0.1 came out 0.10000000149
+    source = "a[i] := sum[j](X[i,j])\nb[i] := where(a[i] > 0, 0.1, 0.3)\n" \
+             "c[i,j] := X[i,j] * where(X[i,j] > 0, 0.1, 0.3) + b[i]"
+    want = ef.compile(source, backend="numpy", outputs=("b", "c"))(X=X)
+    got = ef.compile(source, backend="triton", outputs=("b", "c"))(X=_tensor(X))
+    for g, w in zip(got, want):
+        np.testing.assert_allclose(g.cpu().numpy(), w, rtol=1e-15, atol=0)
+    assert launches == [3]

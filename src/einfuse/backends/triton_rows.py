@@ -124,6 +124,13 @@ class RowRenderer(TritonRenderer):
             frozenset(counters), "omask")
         return f"tl.load(t{buffer} + {address}, mask={mask}, other=0).to({self.T})"
 
+    def expr_Const(self, node: ir.Const) -> str:
+        # a tensor of the working dtype, not a Python number: an operation on constants
+        # alone would be Python's (1.25 / 0.0 raised ZeroDivisionError, (0.5 <= 1) gave
+        # a bool with no .to), and where(c, 0.1, 0.3) gave float32 values in a float64
+        # group
+        return f"tl.full([1, 1], {super().expr_Const(node)}, {self.T})"
+
     def expr_IndexValue(self, node: ir.IndexValue) -> str:
         return f"{name(node.value.names[0])}.to({self.T})"
 
