@@ -118,3 +118,33 @@ def test_where_of_constants_keeps_float64(launches):
     for g, w in zip(got, want):
         np.testing.assert_allclose(g.cpu().numpy(), w, rtol=1e-15, atol=0)
     assert launches == [3]
+
+
+def test_threads_calling_a_program_at_once(launches):
+    # Triton's interpreter swaps module-level state while a kernel runs: the group's
+    # launches did not take turns as the statements' do ("Did you forget to add
+    # @triton.jit ?" from another thread's kernel); on a GPU a first launch compiles
+    import threading
+    source = "m[i] := max[j](X[i,j])\ne[i,j] := exp(X[i,j] - m[i])\n" \
+             "s[i] := sum[j](e[i,j])\ny[i,j] := e[i,j] / s[i] * p"
+    program = ef.compile(source, backend="triton")
+    reference = ef.compile(source, backend="numpy")
+    barrier, errors = threading.Barrier(8), []
+
+    def work(k):
+        try:
+            barrier.wait()
+            for t in range(3):
+                x = np.random.default_rng(10 * k + t).standard_normal((7, 9))
+                got = program(X=_tensor(x), p=float(k + t)).cpu().numpy()
+                np.testing.assert_allclose(got, reference(X=x, p=float(k + t)),
+                                           rtol=1e-12)
+        except Exception as error:     # (reported by the main thread)
+            errors.append(error)
+    threads = [threading.Thread(target=work, args=(k,)) for k in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert not errors, errors[0]
+    assert len(launches) == 24

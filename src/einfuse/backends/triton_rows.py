@@ -11,10 +11,11 @@ expression methods: the same helpers, the same correctly rounded float32 divisio
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import threading
 from dataclasses import dataclass
-from typing import Dict, List, Tuple
+from typing import Dict, List, Set, Tuple
 
 from .. import ir
 from ..ir import ReduceOp
@@ -149,6 +150,28 @@ def compiled(group: RowGroup, native: bool):
     return module.einfuse_rows
 
 
+# launches of a kernel compiled already, for these dtypes and strides (on a GPU)
+_warm: Set[tuple] = set()
+_WARM_KEPT = 4096
+
+
+@contextlib.contextmanager
+def _launch_guard(key: tuple):
+    """Calls from several threads take turns, as the statements' launches do
+    (triton_backend._launch_guard, whose lock this is): Triton's interpreter swaps
+    module-level state while it runs a kernel, and on a GPU a kernel's first launch
+    compiles it; later launches on a GPU run concurrently."""
+    from .triton_backend import _launch_lock, interpreted
+    if not interpreted() and key in _warm:
+        yield
+        return
+    with _launch_lock:
+        yield
+        if len(_warm) >= _WARM_KEPT:
+            _warm.clear()
+        _warm.add(key)
+
+
 @dataclass(frozen=True)
 class RowRunner:
     """A group's launch for one call signature: the kernel, its grid and the extents
@@ -182,9 +205,10 @@ class RowRunner:
                 for m in group.outputs]
         if self.grid[0]:
             launch = group.launch
-            self.kernel[self.grid](*tensors, *params, *self.extents, *strides, *outs,
-                                   ROWS=launch.rows, BLOCK=launch.block,
-                                   num_warps=launch.warps)
+            with _launch_guard((self.kernel, self.dtypes, tuple(strides))):
+                self.kernel[self.grid](*tensors, *params, *self.extents, *strides, *outs,
+                                       ROWS=launch.rows, BLOCK=launch.block,
+                                       num_warps=launch.warps)
         for member, out in zip(group.outputs, outs):
             env[member.key] = out
 
