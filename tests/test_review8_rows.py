@@ -148,3 +148,15 @@ def test_threads_calling_a_program_at_once(launches):
         thread.join()
     assert not errors, errors[0]
     assert len(launches) == 24
+
+
+def test_programs_differing_in_a_zero_sign_get_their_own_kernels(launches):
+    # the kernel cache is keyed by the group, whose constants compared 0.0 == -0.0:
+    # the second program ran the first one's kernel
+    x = np.random.default_rng(6).standard_normal((5, 4))
+    for zero in ("0.0", "-0.0"):
+        source = f"a[i] := sum[j](X[i,j])\nb[i] := 1 / (a[i] * 0.0 + {zero})"
+        want = ef.compile(source, backend="numpy")(X=x)
+        got = ef.compile(source, backend="triton")(X=_tensor(x))
+        np.testing.assert_array_equal(got.cpu().numpy(), want)
+    assert launches == [2, 2]
