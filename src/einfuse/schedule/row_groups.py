@@ -19,7 +19,8 @@ A statement joins the group of the statements before it when, for this call,
   not nested;
 * every subscript is a plain index, at most once per access: an input array read as
   ``X[r, c]``, ``X[c, r]``, ``X[r]``, ``X[c]`` or ``X[]``, an earlier member read
-  exactly as it was written (``T[r]`` or ``T[r, c]``: its row is in registers);
+  exactly as it was written (``T[r]`` or ``T[r, c]``: its row is in registers); every
+  input array is a torch tensor (not a number or a list the statement would convert);
 * every scalar parameter is a Python or NumPy number, and autograd records nothing
   (no tensor requires a gradient, or grad mode is off): a recorded call keeps one
   autograd node per statement.
