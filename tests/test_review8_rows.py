@@ -160,3 +160,17 @@ def test_programs_differing_in_a_zero_sign_get_their_own_kernels(launches):
         got = ef.compile(source, backend="triton")(X=_tensor(x))
         np.testing.assert_array_equal(got.cpu().numpy(), want)
     assert launches == [2, 2]
+
+
+def test_bfloat16_inputs_give_bfloat16_results(launches):
+    # the statements store a bfloat16 result for bfloat16 inputs (float16 gives
+    # float16 and does not join); the group gave float32, and kept the intermediates
+    # unrounded where the statements read them rounded
+    source = "s[i] := sum[j](X[i,j] * 1.0)\ny[i,j] := X[i,j] / s[i]"
+    x = torch.from_numpy(X).to(DEVICE).to(torch.bfloat16)
+    got = ef.compile(source, backend="triton", outputs=("s", "y"))(X=x)
+    want = ef.compile(source, backend="numpy", outputs=("s", "y"))(
+        X=x.float().cpu().numpy())
+    for g, w in zip(got, want):
+        assert g.dtype == torch.bfloat16
+        np.testing.assert_allclose(g.float().cpu().numpy(), w, rtol=2e-2, atol=1e-2)

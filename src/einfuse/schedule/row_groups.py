@@ -248,6 +248,9 @@ class _Builder:
         if working.name not in ("float32", "float64") or call.dtypes.result != working or \
                 (self.working is not None and working.name != self.working):
             return None
+        from ..backends.triton_backend import _result_dtype
+        if _result_dtype(call) != getattr(torch, working.name):
+            return None     # (a bfloat16 input: the statement stores a bfloat16 result)
         row = spec.output_indices[0]
         grid = len(spec.output_indices) == 2
         columns_named = spec.output_indices[1:] + tuple(spec.reduction_indices)
