@@ -174,3 +174,33 @@ def test_bfloat16_inputs_give_bfloat16_results(launches):
     for g, w in zip(got, want):
         assert g.dtype == torch.bfloat16
         np.testing.assert_allclose(g.float().cpu().numpy(), w, rtol=2e-2, atol=1e-2)
+
+
+def test_a_result_larger_than_memory_is_the_statements_error(monkeypatch, launches):
+    # the statement refuses a result larger than the machine's memory (AllocationError)
+    # before anything runs; the group went on to allocate it (a raw RuntimeError from
+    # the allocator, or on a GPU torch.OutOfMemoryError).  The machine is said to have
+    # 64 kB here, so that nothing large is allocated whatever happens.
+    from einfuse.errors import EinfuseError
+    from einfuse.runtime import result_size
+    monkeypatch.setattr(result_size, "_physical_memory", lambda: 1 << 16)
+    v = torch.ones(20, dtype=torch.float64, device=DEVICE)
+    w = torch.ones(1024, dtype=torch.float64, device=DEVICE)     # y: 160 kB
+    program = ef.compile("y[i,j] := v[i] * w[j]\nz[i] := sum[j](y[i,j])", backend="triton")
+    with pytest.raises(EinfuseError, match="memory"):
+        program(v=v, w=w)
+    assert not launches
+
+
+def test_outputs_that_cannot_be_allocated_fall_back_to_the_statements(monkeypatch):
+    # an out-of-memory at the group's launch: the statements run alone (and report it
+    # as theirs where one of them does not fit either)
+    def refused(self, env):
+        raise MemoryError
+    monkeypatch.setattr(triton_rows.RowRunner, "__call__", refused)
+    source = "m[i] := max[j](X[i,j])\ny[i,j] := X[i,j] - m[i]"
+    program = ef.compile(source, backend="triton")
+    want = ef.compile(source, backend="numpy")(X=X[:5])
+    for _ in range(2):      # the first call prepares a run, the second repeats it
+        got = program(X=_tensor(X[:5]))
+        np.testing.assert_allclose(got.cpu().numpy(), want, rtol=1e-12)

@@ -191,7 +191,8 @@ def _try_rows(kernels, start: int, env, keep: Optional[Set[str]], record=None) -
     if group is None:
         return 0
     runner = triton_rows.runner(group, env)
-    runner(env)
+    if not _rows_ran(runner, env):
+        return 0
     if record is not None:
         # a tensor that requires a gradient: a later call of this signature with grad
         # mode on must record the statements' autograd nodes (the full way)
@@ -205,7 +206,19 @@ def _rows_step(runner, guarded: bool, env) -> bool:
         from ..runtime.torch_autograd import recording
         if recording():
             return False
-    runner(env)
+    return _rows_ran(runner, env)
+
+
+def _rows_ran(runner, env) -> bool:
+    """Whether the group's launch ran; False where its outputs could not be allocated
+    (nothing written to ``env`` then): the statements run alone and report it as theirs
+    (an AllocationError), or fit one at a time."""
+    try:
+        runner(env)
+    except Exception as error:
+        if isinstance(error, MemoryError) or type(error).__name__ == "OutOfMemoryError":
+            return False
+        raise
     return True
 
 

@@ -251,6 +251,11 @@ class _Builder:
         from ..backends.triton_backend import _result_dtype
         if _result_dtype(call) != getattr(torch, working.name):
             return None     # (a bfloat16 input: the statement stores a bfloat16 result)
+        from ..runtime.result_size import check_result_size
+        try:    # a result larger than the machine's memory: the statement says so
+            check_result_size(call)
+        except EinfuseError:
+            return None
         row = spec.output_indices[0]
         grid = len(spec.output_indices) == 2
         columns_named = spec.output_indices[1:] + tuple(spec.reduction_indices)
