@@ -79,6 +79,11 @@ def check_value_dtype(name: str, dtype: np.dtype, source: str, span) -> None:
     if dtype.kind not in "biuf":
         raise EinfuseTypeError(f"{name} has dtype {dtype}; einfuse takes bool, integer and "
                                "float arrays", source=source, span=span)
+    if dtype.kind == "f" and dtype.itemsize > 8:
+        # (no compiled backend has a long double; the reference alone would take it)
+        raise EinfuseTypeError(f"{name} has dtype {dtype}; einfuse computes in float16, "
+                               "float32 and float64 (bfloat16 on torch): pass it as float64",
+                               source=source, span=span)
 
 
 def check_index_dtype(name: str, dtype: np.dtype, source: str, span) -> None:

@@ -142,6 +142,8 @@ def _input_tensors(call, device):
         source = call.sources.get(name) if call.sources else None
         if isinstance(source, torch.Tensor):
             tensor = source.detach().to(device)
+            if tensor.is_neg():    # a lazily negated view (z.conj().imag): its values
+                tensor = tensor.resolve_neg()
         else:
             array = np.asarray(call.arrays[name])
             # torch refuses read-only memory (a broadcast view, a JAX buffer), negative

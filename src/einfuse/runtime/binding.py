@@ -103,8 +103,16 @@ def bind_names(spec: Spec, args: Sequence[object], kwargs: Mapping[str, object])
 
 
 def _scalar(name: str, value, spec: Spec):
-    if isinstance(value, (bool, numbers.Number)) and not isinstance(value, complex):
+    if isinstance(value, (bool, int, float)):     # (np.float64 is a float too)
         return value
+    if isinstance(value, numbers.Number) and not isinstance(value, (complex, np.generic)):
+        # a Fraction, a Decimal: NumPy would hold it as an object, no dtype to compute in
+        span = next((n.span for n in spec.rhs.walk()
+                     if getattr(n, "name", None) == name), None)
+        raise EinfuseTypeError(f"{name} is a scalar parameter given a "
+                               f"{type(value).__name__} ({value!r}); einfuse takes a Python "
+                               f"int, float or bool or a NumPy, torch or JAX number: pass "
+                               f"float({name})", span=span)
     array = to_numpy(value)
     if array.ndim != 0:
         span = next((n.span for n in spec.rhs.walk()
