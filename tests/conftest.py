@@ -35,3 +35,18 @@ def bind_count(monkeypatch):
         return real(*args, **kwargs)
     monkeypatch.setattr(kernel_module, "bind_call", counting)
     return calls
+
+
+@pytest.fixture
+def row_launches(monkeypatch):
+    """The statements each Triton row-group launch ran (backends/triton_rows.py), one
+    entry per launch."""
+    from einfuse.backends import triton_rows
+    count = []
+    original = triton_rows.RowRunner.__call__
+
+    def counted(self, env):
+        count.append(self.group.statements)
+        return original(self, env)
+    monkeypatch.setattr(triton_rows.RowRunner, "__call__", counted)
+    return count

@@ -17,19 +17,6 @@ DEVICE = torch.device("cpu" if triton_backend.interpreted() else "cuda")
 X = np.random.default_rng(8).standard_normal((6, 8))
 
 
-@pytest.fixture
-def launches(monkeypatch):
-    """The statements each row-group launch ran."""
-    count = []
-    original = triton_rows.RowRunner.__call__
-
-    def counted(self, env):
-        count.append(self.group.statements)
-        return original(self, env)
-    monkeypatch.setattr(triton_rows.RowRunner, "__call__", counted)
-    return count
-
-
 def _tensor(array):
     return torch.from_numpy(np.array(array, copy=True)).to(DEVICE)
 
@@ -43,20 +30,20 @@ def _compare(source, arrays, tensors, rtol=1e-12, **options):
 
 
 @pytest.mark.parametrize("scalar", [2.0, np.float64(2.0)])
-def test_a_number_given_for_a_0d_array_runs(scalar, launches):
+def test_a_number_given_for_a_0d_array_runs(scalar, row_launches):
     # s[] given as a Python or NumPy number: the statements accept it; the group's
     # launch read .device/.stride() of it (AttributeError)
     source = "a[i,j] := X[i,j] * s[]\nb[i] := sum[j](a[i,j])"
     _compare(source, {"X": X, "s": scalar}, {"X": _tensor(X), "s": scalar})
 
 
-def test_a_list_given_for_an_array_runs(launches):
+def test_a_list_given_for_an_array_runs(row_launches):
     source = "a[i,j] := X[i,j] * w[j]\nb[i] := sum[j](a[i,j])"
     w = [0.5 * k for k in range(8)]
     _compare(source, {"X": X, "w": w}, {"X": _tensor(X), "w": w})
 
 
-def test_signed_zero_constants_are_not_merged(launches):
+def test_signed_zero_constants_are_not_merged(row_launches):
     # Const(-0.0) == Const(0.0): X*0.0 and X*-0.0 were one shared subexpression, so
     # 1/(X*-0.0) came out +inf
     x = np.random.default_rng(2).uniform(0.5, 1.5, (4, 8))
@@ -68,7 +55,7 @@ def test_signed_zero_constants_are_not_merged(launches):
         got = program(X=_tensor(x))
         for g, w in zip(got, want):
             np.testing.assert_array_equal(g.cpu().numpy(), w)
-    assert launches == [3, 3]
+    assert row_launches == [3, 3]
 
 
 @pytest.mark.parametrize("make", [
@@ -76,17 +63,17 @@ def test_signed_zero_constants_are_not_merged(launches):
     lambda t: (t > 0)[:, ::2],                # bools, a strided slice
     lambda t: t.t()[::2],                     # integers, transposed and sliced
 ])
-def test_converted_strided_inputs_are_read_with_their_own_strides(make, launches):
+def test_converted_strided_inputs_are_read_with_their_own_strides(make, row_launches):
     # an integer or bool input is converted to the working dtype before the launch;
     # the copy of a strided slice is contiguous, and was read with the slice's strides
     base = torch.from_numpy(np.random.default_rng(3).integers(-5, 5, (6, 16))).to(DEVICE)
     x = make(base)
     source = "a[i,j] := X[i,j] * 0.5\nb[i] := sum[j](a[i,j])"
     _compare(source, {"X": x.cpu().numpy()}, {"X": x})
-    assert launches == [2, 2]
+    assert row_launches == [2, 2]
 
 
-def test_a_lazily_negated_view_is_read_as_its_values(launches):
+def test_a_lazily_negated_view_is_read_as_its_values(row_launches):
     # z.conj().imag is a float64 view with the negative bit set: its storage holds
     # the values' negatives
     z = torch.from_numpy(np.random.default_rng(4).standard_normal((6, 8)) +
@@ -95,7 +82,7 @@ def test_a_lazily_negated_view_is_read_as_its_values(launches):
     assert x.is_neg()
     source = "m[i] := max[j](X[i,j])\ny[i,j] := X[i,j] - m[i]"
     _compare(source, {"X": x.resolve_neg().cpu().numpy()}, {"X": x})
-    assert launches == [2, 2]
+    assert row_launches == [2, 2]
 
 
 @pytest.mark.parametrize("expression", [
@@ -103,13 +90,13 @@ def test_a_lazily_negated_view_is_read_as_its_values(launches):
     "1.25 / -0.0",
     "(0.5 <= -1.25)",             # a Python bool has no .to
 ])
-def test_operations_on_constants_alone(expression, launches):
+def test_operations_on_constants_alone(expression, row_launches):
     source = f"y[i,j] := {expression} + X[i,j]\nz[i] := sum[j](y[i,j])"
     _compare(source, {"X": X}, {"X": _tensor(X)})
-    assert launches == [2, 2]
+    assert row_launches == [2, 2]
 
 
-def test_where_of_constants_keeps_float64(launches):
+def test_where_of_constants_keeps_float64(row_launches):
     # tl.where of two Python floats is float32: 0.1 came out 0.10000000149
     source = "a[i] := sum[j](X[i,j])\nb[i] := where(a[i] > 0, 0.1, 0.3)\n" \
              "c[i,j] := X[i,j] * where(X[i,j] > 0, 0.1, 0.3) + b[i]"
@@ -117,12 +104,12 @@ def test_where_of_constants_keeps_float64(launches):
     got = ef.compile(source, backend="triton", outputs=("b", "c"))(X=_tensor(X))
     for g, w in zip(got, want):
         np.testing.assert_allclose(g.cpu().numpy(), w, rtol=1e-15, atol=0)
-    assert launches == [3]
+    assert row_launches == [3]
 
 
-def test_threads_calling_a_program_at_once(launches):
+def test_threads_calling_a_program_at_once(row_launches):
     # Triton's interpreter swaps module-level state while a kernel runs: the group's
-    # launches did not take turns as the statements' do ("Did you forget to add
+    # row_launches did not take turns as the statements' do ("Did you forget to add
     # @triton.jit ?" from another thread's kernel); on a GPU a first launch compiles
     import threading
     source = "m[i] := max[j](X[i,j])\ne[i,j] := exp(X[i,j] - m[i])\n" \
@@ -147,10 +134,10 @@ def test_threads_calling_a_program_at_once(launches):
     for thread in threads:
         thread.join()
     assert not errors, errors[0]
-    assert len(launches) == 24
+    assert len(row_launches) == 24
 
 
-def test_programs_differing_in_a_zero_sign_get_their_own_kernels(launches):
+def test_programs_differing_in_a_zero_sign_get_their_own_kernels(row_launches):
     # the kernel cache is keyed by the group, whose constants compared 0.0 == -0.0:
     # the second program ran the first one's kernel
     x = np.random.default_rng(6).standard_normal((5, 4))
@@ -159,10 +146,10 @@ def test_programs_differing_in_a_zero_sign_get_their_own_kernels(launches):
         want = ef.compile(source, backend="numpy")(X=x)
         got = ef.compile(source, backend="triton")(X=_tensor(x))
         np.testing.assert_array_equal(got.cpu().numpy(), want)
-    assert launches == [2, 2]
+    assert row_launches == [2, 2]
 
 
-def test_bfloat16_inputs_give_bfloat16_results(launches):
+def test_bfloat16_inputs_give_bfloat16_results(row_launches):
     # the statements store a bfloat16 result for bfloat16 inputs (float16 gives
     # float16 and does not join); the group gave float32, and kept the intermediates
     # unrounded where the statements read them rounded
@@ -176,7 +163,7 @@ def test_bfloat16_inputs_give_bfloat16_results(launches):
         np.testing.assert_allclose(g.float().cpu().numpy(), w, rtol=2e-2, atol=1e-2)
 
 
-def test_a_result_larger_than_memory_is_the_statements_error(monkeypatch, launches):
+def test_a_result_larger_than_memory_is_the_statements_error(monkeypatch, row_launches):
     # the statement refuses a result larger than the machine's memory (AllocationError)
     # before anything runs; the group went on to allocate it (a raw RuntimeError from
     # the allocator, or on a GPU torch.OutOfMemoryError).  The machine is said to have
@@ -189,7 +176,7 @@ def test_a_result_larger_than_memory_is_the_statements_error(monkeypatch, launch
     program = ef.compile("y[i,j] := v[i] * w[j]\nz[i] := sum[j](y[i,j])", backend="triton")
     with pytest.raises(EinfuseError, match="memory"):
         program(v=v, w=w)
-    assert not launches
+    assert not row_launches
 
 
 def test_outputs_that_cannot_be_allocated_fall_back_to_the_statements(monkeypatch):

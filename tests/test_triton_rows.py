@@ -9,7 +9,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import einfuse as ef
-from einfuse.backends import triton_backend, triton_rows
+from einfuse.backends import triton_backend
 from einfuse.schedule import row_groups
 
 from program_texts import LAYERNORM, SOFTMAX, SOFTMAX_STATEMENT
@@ -25,26 +25,13 @@ def _host(tensor):
     return tensor.detach().cpu().numpy()
 
 
-@pytest.fixture
-def launches(monkeypatch):
-    """How many row-group kernels ran (each launch of a RowRunner)."""
-    count = []
-    original = triton_rows.RowRunner.__call__
-
-    def counted(self, env):
-        count.append(self.group.statements)
-        return original(self, env)
-    monkeypatch.setattr(triton_rows.RowRunner, "__call__", counted)
-    return count
-
-
 def _tensors(arrays):
     return {n: torch.from_numpy(np.array(v, copy=True)).to(DEVICE)
             if isinstance(v, np.ndarray) else v
             for n, v in arrays.items()}
 
 
-def _check(source, arrays, launches, expect_groups, outputs=None, rtol=None, **options):
+def _check(source, arrays, row_launches, expect_groups, outputs=None, rtol=None, **options):
     tensors = _tensors(arrays)
     program = ef.compile(source, backend="triton", outputs=outputs, **options)
     reference = ef.compile(source, backend="numpy", outputs=outputs, **options)
@@ -56,27 +43,27 @@ def _check(source, arrays, launches, expect_groups, outputs=None, rtol=None, **o
             assert isinstance(g, torch.Tensor) and g.dtype == torch.from_numpy(w).dtype
             tol = rtol or (1e-12 if w.dtype == np.float64 else 2e-6)
             np.testing.assert_allclose(_host(g), w, rtol=tol, atol=tol, err_msg=source)
-    assert len(launches) == 2 * expect_groups, source
+    assert len(row_launches) == 2 * expect_groups, source
 
 
 ROWS = np.random.default_rng(7).standard_normal((37, 50))
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
-def test_softmax_program_is_one_kernel(dtype, launches):
-    _check(SOFTMAX, {"X": ROWS.astype(dtype)}, launches, 1)
+def test_softmax_program_is_one_kernel(dtype, row_launches):
+    _check(SOFTMAX, {"X": ROWS.astype(dtype)}, row_launches, 1)
 
 
-def test_softmax_statement_runs_its_hoisted_form_as_one_kernel(launches):
-    _check(SOFTMAX_STATEMENT, {"X": ROWS.astype(np.float32)}, launches, 1)
+def test_softmax_statement_runs_its_hoisted_form_as_one_kernel(row_launches):
+    _check(SOFTMAX_STATEMENT, {"X": ROWS.astype(np.float32)}, row_launches, 1)
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
-def test_layernorm_program_is_one_kernel(dtype, launches):
+def test_layernorm_program_is_one_kernel(dtype, row_launches):
     rng = np.random.default_rng(1)
     arrays = {"X": ROWS.astype(dtype), "g": rng.standard_normal(50).astype(dtype),
               "b": rng.standard_normal(50).astype(dtype)}
-    _check(LAYERNORM.format(n=50), arrays, launches, 1)
+    _check(LAYERNORM.format(n=50), arrays, row_launches, 1)
 
 
 @pytest.mark.parametrize("source, arrays", [
@@ -95,35 +82,35 @@ def test_layernorm_program_is_one_kernel(dtype, launches):
      "m[i] := max[j](y[i,j] + j * 0.01)",
      {"X": ROWS}),
 ])
-def test_other_row_programs(source, arrays, launches):
-    _check(source, arrays, launches, 1)
+def test_other_row_programs(source, arrays, row_launches):
+    _check(source, arrays, row_launches, 1)
 
 
-def test_grid_statement_with_its_own_row_reduction(launches):
+def test_grid_statement_with_its_own_row_reduction(row_launches):
     # no hoisted form: the reduction is over k, the output's column is j
     source = "c[i,j] := X[i,j] * 2\nd[i,j] := c[i,j] + sum[k](X[i,k] * g[k])"
     rng = np.random.default_rng(3)
     arrays = {"X": ROWS, "g": rng.standard_normal(50)}
-    _check(source, arrays, launches, 1)
+    _check(source, arrays, row_launches, 1)
 
 
-def test_rows_only_group_and_kept_intermediates(launches):
+def test_rows_only_group_and_kept_intermediates(row_launches):
     source = "a[i] := v[i] * 2\nb[i] := a[i] + w[i]\nc[i,j] := X[i,j] * b[i]"
     rng = np.random.default_rng(5)
     arrays = {"X": ROWS, "v": rng.standard_normal(37), "w": rng.standard_normal(37)}
-    _check(source, arrays, launches, 1, outputs=("a", "c"))
+    _check(source, arrays, row_launches, 1, outputs=("a", "c"))
 
 
-def test_an_intermediate_read_after_the_group_is_stored(launches):
+def test_an_intermediate_read_after_the_group_is_stored(row_launches):
     # the last statement reads m along the columns (m[j]): it cannot join, and runs
     # after the group on m written out
     source = "m[i] := max[j](X[i,j])\ne[i,j] := exp(X[i,j] - m[i])\n" \
              "t[i,j] := e[i,j] * m[j]"
     square = np.random.default_rng(4).standard_normal((20, 20))
-    _check(source, {"X": square}, launches, 1)
+    _check(source, {"X": square}, row_launches, 1)
 
 
-def test_non_finite_rows_match_the_reference(launches):
+def test_non_finite_rows_match_the_reference(row_launches):
     x = ROWS.astype(np.float32)[:6].copy()
     x[0, 3] = np.nan
     x[1, :] = -np.inf
@@ -139,28 +126,28 @@ def test_non_finite_rows_match_the_reference(launches):
         np.isnan(_host(low(**tensors))),
         np.isnan(ef.compile("m[i] := min[j](X[i,j])\nq[i,j] := X[i,j] - m[i]",
                             backend="numpy")(X=x)))
-    assert launches
+    assert row_launches
 
 
-def test_long_rows_run_statement_by_statement(monkeypatch, launches):
+def test_long_rows_run_statement_by_statement(monkeypatch, row_launches):
     monkeypatch.setattr(row_groups, "MAX_ROW_BYTES", 256)
     x = ROWS[:, :40].copy()     # (a shape no earlier call prepared a run for)
     want = ef.compile(SOFTMAX, backend="numpy")(X=x)
     got = ef.compile(SOFTMAX, backend="triton")(**_tensors({"X": x}))
     np.testing.assert_allclose(_host(got), want, rtol=1e-12)
-    assert not launches
+    assert not row_launches
 
 
-def test_half_inputs_are_converted_in_registers(launches):
+def test_half_inputs_are_converted_in_registers(row_launches):
     x = ROWS.astype(np.float16)
     source = "s[i] := sum[j](X[i,j] * 1.0)\ny[i,j] := X[i,j] / s[i]"
     got = ef.compile(source, backend="triton", dtype="float32")(**_tensors({"X": x}))
     want = ef.compile(source, backend="numpy", dtype="float32")(X=x)
     np.testing.assert_allclose(_host(got), want, rtol=1e-5)
-    assert launches
+    assert row_launches
 
 
-def test_empty_and_single_row_shapes(launches):
+def test_empty_and_single_row_shapes(row_launches):
     for shape in [(1, 50), (37, 1), (0, 5)]:
         x = np.random.default_rng(0).standard_normal(shape)
         got = ef.compile(SOFTMAX, backend="triton")(**_tensors({"X": x}))
@@ -169,27 +156,27 @@ def test_empty_and_single_row_shapes(launches):
         np.testing.assert_allclose(_host(got), want, rtol=1e-12)
 
 
-def test_a_recorded_call_is_one_node_fused_forward_and_backward(launches):
+def test_a_recorded_call_is_one_node_fused_forward_and_backward(row_launches):
     x = torch.from_numpy(ROWS.copy()).to(DEVICE).requires_grad_(True)
     program = ef.compile(SOFTMAX, backend="triton")
     with torch.no_grad():
         fused = program(X=x)            # nothing recorded: one kernel
-    assert launches == [3]              # (its three statements)
+    assert row_launches == [3]              # (its three statements)
     for repeat in range(2):             # the second call: the prepared node
-        launches.clear()
+        row_launches.clear()
         x.grad = None
         y = program(X=x)                # recorded: one node, its forward one kernel
-        assert y.requires_grad and launches == [3]
+        assert y.requires_grad and row_launches == [3]
         np.testing.assert_allclose(_host(y), _host(fused), rtol=1e-12)
         (y * torch.arange(50.0, dtype=torch.float64, device=DEVICE)).sum().backward()
-        assert launches == [3, 2]       # the backward P * (dP - sum(dP * P)): one kernel
+        assert row_launches == [3, 2]       # the backward P * (dP - sum(dP * P)): one kernel
         want = torch.from_numpy(ROWS.copy()).requires_grad_(True)
         (torch.softmax(want, 1) * torch.arange(50.0, dtype=torch.float64)).sum().backward()
         np.testing.assert_allclose(_host(x.grad), want.grad.numpy(), rtol=1e-9,
                                    atol=1e-12)
 
 
-def test_layernorm_gradients_of_every_input(launches):
+def test_layernorm_gradients_of_every_input(row_launches):
     rng = np.random.default_rng(8)
     data = {"X": rng.standard_normal((9, 50)), "g": rng.standard_normal(50),
             "b": rng.standard_normal(50)}
@@ -205,7 +192,7 @@ def test_layernorm_gradients_of_every_input(launches):
     for name in data:
         np.testing.assert_allclose(_host(ins[name].grad), ref[name].grad.numpy(),
                                    rtol=1e-9, atol=1e-11, err_msg=name)
-    assert launches[0] == 3             # the forward: one kernel
+    assert row_launches[0] == 3             # the forward: one kernel
 
 
 @pytest.mark.parametrize("source", [SOFTMAX, LAYERNORM.format(n=4),
@@ -225,7 +212,7 @@ def test_gradcheck_and_gradgradcheck(source):
     assert torch.autograd.gradgradcheck(run, values, fast_mode=True)
 
 
-def test_partial_requires_grad_and_retained_graph(launches):
+def test_partial_requires_grad_and_retained_graph(row_launches):
     rng = np.random.default_rng(10)
     X = torch.from_numpy(rng.standard_normal((5, 50))).to(DEVICE)
     g = torch.from_numpy(rng.standard_normal(50)).to(DEVICE).requires_grad_(True)

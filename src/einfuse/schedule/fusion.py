@@ -39,6 +39,7 @@ from ..errors import EinfuseError
 from ..lang import ast
 from ..plan import buffer_slots
 from .row_groups import row_group, triton_rows_possible
+from .units import needed as _needed, statement_units as _units
 
 # Below this much work (points of the statements' iteration spaces) a fused kernel saves
 # too little to be worth binding the group for.
@@ -160,10 +161,6 @@ def _run_from(kernels, position: int, env, framework: str, keep, record) -> None
         if record is not None:
             record.append(Step(position, functools.partial(_run_one_step, kernel, framework)))
         position += 1
-
-
-def _needed(spec) -> Tuple[str, ...]:
-    return spec.arg_order + ((spec.output,) if spec.assign != ":=" else ())
 
 
 def _run_one(kernel, env, framework: str = "numpy") -> None:
@@ -307,16 +304,22 @@ def fusion_groups(kernels: Sequence, env: Dict[str, object],
                                       None if row_group is None else row_group.pattern.value))
             position += joined
             continue
-        kernel = kernels[position]
-        spec = kernel.spec
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            call = kernel.bind(arrays={name: env[name] for name in _needed(spec)})
-        if spec.assign == ":=":
-            env[spec.output] = np.empty(call.output_shape, call.dtypes.result)
+        _alone(kernels[position], env,
+               lambda call: np.empty(call.output_shape, call.dtypes.result))
         groups.append(FusionGroup((position,)))
         position += 1
     return groups
+
+
+def _alone(kernel, env: Dict[str, object], placeholder) -> None:
+    """A statement that runs alone, for fusion_groups: bound (its warnings were given
+    when it was compiled) and, for ':=', ``placeholder(call)`` of its output in
+    ``env``."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        call = kernel.bind(arrays={name: env[name] for name in _needed(kernel.spec)})
+    if kernel.spec.assign == ":=":
+        env[kernel.spec.output] = placeholder(call)
 
 
 def _triton_groups(kernels: Sequence, env: Dict[str, object],
@@ -345,14 +348,9 @@ def _triton_groups(kernels: Sequence, env: Dict[str, object],
                 row_kernel="triton"))
             position += group.statements
             continue
-        kernel = kernels[position]
-        spec = kernel.spec
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            call = kernel.bind(arrays={name: env[name] for name in _needed(spec)})
-        if spec.assign == ":=":
-            from ..backends.triton_backend import _result_dtype
-            env[spec.output] = placeholder(call.output_shape, _result_dtype(call))
+        from ..backends.triton_backend import _result_dtype
+        _alone(kernels[position], env,
+               lambda call: placeholder(call.output_shape, _result_dtype(call)))
         groups.append(FusionGroup((position,)))
         position += 1
     return groups
@@ -419,27 +417,6 @@ def _elements(value) -> int:
     """Elements of an array of any framework (a torch tensor's ``size`` is a method)."""
     shape = np.shape(value) if hasattr(value, "shape") else ()
     return int(np.prod(shape, dtype=np.int64))
-
-
-def _units(kernel, scratch, number):
-    """(kernel, local name -> key in scratch, output key) for the statement, or for each
-    statement of its hoisted form where that applies to this call; None when the
-    statement cannot be bound."""
-    spec = kernel.spec
-    if spec.assign != ":=":
-        return None
-    form = kernel.hoisted_form
-    if form is None:
-        return [(kernel, {}, spec.output)]
-    try:
-        call = kernel.bind(arrays={name: scratch[name] for name in _needed(spec)})
-    except (EinfuseError, KeyError):
-        return None
-    kernels = form.kernels(call.dtypes) if form.runs(call) else None
-    if kernels is None:
-        return [(kernel, {}, spec.output)]
-    local = {k.spec.output: f"#{number}#{k.spec.output}" for k in kernels[:-1]}
-    return [(k, local, local.get(k.spec.output, k.spec.output)) for k in kernels]
 
 
 def _join(kernel, names: Dict[str, str], members: List[Member], produced: Dict[str, int],

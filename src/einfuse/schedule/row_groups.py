@@ -42,6 +42,7 @@ from .. import ir
 from ..errors import EinfuseError
 from ..ir import BinaryOp, Function, ReduceOp, UnaryOp
 from ..lang import ast
+from .units import statement_units
 
 # The longest row a group holds in registers: 64 KiB (16384 float32, 8192 float64)
 # across a program of 16 warps is 32 registers a thread per live row value.
@@ -150,15 +151,15 @@ def row_group(kernels: Sequence, start: int, env: Dict[str, object],
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         for number, kernel in enumerate(kernels[start:]):
-            units = _units(kernel, scratch, number)
+            units = statement_units(kernel, scratch, number)
             if units is None:
                 break
             saved = builder.snapshot()
-            for unit, names in units:
+            for unit, names, key in units:
                 member = builder.join(unit, scratch, names)
                 if member is None:
                     break
-                (shape, dtype), key = member, names.get(unit.spec.output, unit.spec.output)
+                shape, dtype = member
                 scratch[key] = torch.empty((), dtype=dtype, device=device).expand(shape)
             else:
                 joined += 1
@@ -174,25 +175,6 @@ def row_group(kernels: Sequence, start: int, env: Dict[str, object],
             needed.add(kernel.spec.output)
     return builder.group(joined, lambda key: "#" not in key and (
         keep is None or key in keep or key in needed))
-
-
-def _units(kernel, scratch, number: int):
-    """[(kernel, its local names -> keys)] for the statement, or for each statement of
-    its hoisted form where that runs for this call (temporaries get keys with '#',
-    which no name has); None when the statement cannot be bound."""
-    spec = kernel.spec
-    form = kernel.hoisted_form
-    if form is None or spec.assign != ":=":
-        return [(kernel, {})]
-    try:
-        call = kernel.bind(arrays={name: scratch[name] for name in spec.arg_order})
-    except (EinfuseError, KeyError):
-        return None
-    hoisted = form.kernels(call.dtypes) if form.runs(call) else None
-    if hoisted is None:
-        return [(kernel, {})]
-    local = {k.spec.output: f"#{number}#{k.spec.output}" for k in hoisted[:-1]}
-    return [(k, local) for k in hoisted]
 
 
 class _Builder:
