@@ -321,3 +321,17 @@ def test_prepared_runner_keeps_a_parameter_array_per_value_bits():
         want = torch.full((5,), 1.0) / s
         torch.testing.assert_close(got.cpu(), want, equal_nan=True)
         assert torch.equal(torch.signbit(got.cpu()), torch.signbit(want))
+
+
+@pytest.mark.parametrize("statement", [
+    "y[i] := where(x[i] > 0, 0.1, 0.3)",          # float32 constants in float64 before
+    "y[i] := x[i] + 1.25 / 0.0",                  # Python's ZeroDivisionError before
+    "y[i] := x[i] + (0.5 <= -1.25)",              # a Python bool without .to before
+    "y[i] := 1 / (x[i] * 0.0) + x[i] * 0.1",
+])
+def test_constants_are_scalars_of_the_working_dtype(statement):
+    torch = pytest.importorskip("torch")
+    x = np.array([1.0, -1.0, 2.0, 0.5])
+    got = ef.ein(statement, x=torch.from_numpy(x), backend="triton")
+    want = ef.ein(statement, x=x, backend="numpy")
+    np.testing.assert_array_equal(got.numpy(), want)

@@ -450,7 +450,18 @@ class TritonRenderer(ChunkedSums):
         return getattr(self, "expr_" + type(node).__name__)(node)
 
     def expr_Const(self, node: ir.Const) -> str:
+        """A scalar of the working dtype (``tl.full([], v, T)``), not a Python number:
+        Triton takes a bare float as float32 where no tensor sets the type (float64's
+        where(c, 0.1, 0.3) gave 0.30000001), and folds constants with Python's rules
+        (1.25 / 0.0 raised ZeroDivisionError).  A zero is built as +0.0, so -0.0 is the
+        negation of one."""
         value = float(node.value)
+        if value == 0 and math.copysign(1.0, value) < 0:
+            return f"(-tl.full([], 0.0, {self.T}))"
+        return f"tl.full([], {self.literal(value)}, {self.T})"
+
+    @staticmethod
+    def literal(value: float) -> str:
         if math.isnan(value):
             return 'float("nan")'
         if math.isinf(value):

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import math
 import threading
 from dataclasses import dataclass
 from typing import Dict, List, Set, Tuple
@@ -130,7 +131,10 @@ class RowRenderer(TritonRenderer):
         # alone would be Python's (1.25 / 0.0 raised ZeroDivisionError, (0.5 <= 1) gave
         # a bool with no .to), and where(c, 0.1, 0.3) gave float32 values in a float64
         # group
-        return f"tl.full([1, 1], {super().expr_Const(node)}, {self.T})"
+        value = float(node.value)
+        if value == 0 and math.copysign(1.0, value) < 0:    # (a zero is built as +0.0)
+            return f"(-tl.full([1, 1], 0.0, {self.T}))"
+        return f"tl.full([1, 1], {self.literal(value)}, {self.T})"
 
     def expr_IndexValue(self, node: ir.IndexValue) -> str:
         return f"{name(node.value.names[0])}.to({self.T})"
