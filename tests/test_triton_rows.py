@@ -269,3 +269,17 @@ def test_a_gather_in_the_program_scatters_its_gradient_on_the_device():
     np.testing.assert_allclose(_host(y), want.detach().numpy(), rtol=1e-12)
     np.testing.assert_allclose(_host(W.grad), reference.grad.numpy(), rtol=1e-10,
                                atol=1e-12)
+
+
+def test_a_read_across_the_unit_stride_runs_alone(row_launches):
+    """A block's loads must be contiguous along the columns: Y[j,i] of a row-major Y
+    (its unit stride along the rows) does not join; of a column-major Y it does."""
+    source = "m[i] := max[j](X[i,j])\nlo[i] := min[j](Y[j,i] * X[i,j]) + m[i]"
+    rng = np.random.default_rng(12)
+    x, y = rng.standard_normal((37, 50)), rng.standard_normal((50, 37))
+    want = ef.compile(source, backend="numpy")(X=x, Y=y)
+    for layout, groups in ((y, []), (np.asfortranarray(y), [2])):
+        row_launches.clear()
+        got = ef.compile(source, backend="triton")(**_tensors({"X": x, "Y": layout}))
+        np.testing.assert_allclose(_host(got), want, rtol=1e-12)
+        assert row_launches == groups

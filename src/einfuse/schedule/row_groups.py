@@ -18,7 +18,9 @@ A statement joins the group of the statements before it when, for this call,
   :data:`MAX_ROW_BYTES`); its reductions are ``sum``, ``max`` or ``min`` over ``c``,
   not nested;
 * every subscript is a plain index, at most once per access: an input array read as
-  ``X[r, c]``, ``X[c, r]``, ``X[r]``, ``X[c]`` or ``X[]``, an earlier member read
+  ``X[r, c]``, ``X[c, r]``, ``X[r]``, ``X[c]`` or ``X[]`` (an array of two or more
+  axes laid out with its unit stride along the columns, so that a block's loads are
+  contiguous), an earlier member read
   exactly as it was written (``T[r]`` or ``T[r, c]``: its row is in registers); every
   input array is a torch tensor (not a number or a list the statement would convert);
 * every scalar parameter is a Python or NumPy number, and autograd records nothing
@@ -267,6 +269,8 @@ class _Builder:
             value = lowering.expr(spec.rhs, bound)
         except _Refused:
             return None
+        if any(_strided_along_columns(i, scratch[i.key]) for i in lowering.inputs):
+            return None
         # committed: the member and what it added
         self.working = working.name
         self.extents = (rows, columns if columns is not None else
@@ -335,6 +339,24 @@ def along_columns(node: ir.Expr, grid: Set[str]) -> bool:
                 isinstance(part, ir.Local) and part.name in grid:
             return True
     return False
+
+
+def _strided_along_columns(read: RowInput, array) -> bool:
+    """Whether a block of ``array`` read as ``read`` would not be contiguous along the
+    columns: its unit-stride axis runs along the rows while another axis runs along the
+    columns (``dg[j] := sum[i](dy[i,j] * ...)`` over row-major ``dy``: each program's
+    block of a column sum would gather one element per row, a memory transaction each;
+    the statement's own kernel tiles it along ``j`` instead)."""
+    shape, strides = tuple(getattr(array, "shape", ())), getattr(array, "stride", None)
+    if len(read.along_rows) < 2 or strides is None or not callable(strides) or \
+            not array.dtype.is_floating_point:
+        return False    # (integers and bools are converted at the launch: a new layout)
+    strides = strides()
+    if not any(not rows and extent > 1 for rows, extent in zip(read.along_rows, shape)):
+        return False
+    unit = min((abs(st), axis) for axis, (st, extent) in enumerate(zip(strides, shape))
+               if extent > 1)[1]
+    return read.along_rows[unit]
 
 
 class _Refused(Exception):
