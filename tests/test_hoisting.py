@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 import einfuse as ef
+from einfuse.backends import c_build
 from einfuse.errors import EinfuseError, OutOfBoundsError
 from oracle import brute_force
 
@@ -167,3 +168,15 @@ def test_program_statements_hoist():
     assert program.statements[1].kernel.hoisted_form is not None
     e = np.exp(X - X.max(1, keepdims=True))
     np.testing.assert_allclose(program(X=X), e / e.sum(1, keepdims=True), rtol=1e-12)
+
+
+@pytest.mark.skipif(c_build.find_compiler() is None, reason="the C backend's groups")
+def test_explain_says_how_the_hoisted_statements_run():
+    """'How it runs' of a hoisted form says which kernels its statements run as for
+    this call (it said 'each line its own kernel' where one fused kernel ran)."""
+    statement = ("P[i,j] := exp(X[i,j] - max[k](X[i,k])) / "
+                 "sum[k](exp(X[i,k] - max[l](X[i,l])))")
+    fused = ef.explain(statement, X=np.ones((64, 300), np.float32), backend="c")
+    assert "the 3 statements above as 1 kernel: statements 1, 2, 3 fused" in str(fused)
+    small = ef.explain(statement, X=np.ones((4, 3), np.float32), backend="c")
+    assert "the 3 statements above, each its own kernel" in str(small)

@@ -75,7 +75,7 @@ class Explanation:
                            "einfuse never does)")
         if self.hoisted:
             out += ["", "Computed once (reductions hoisted out of the loops that do not "
-                        "need them; each line its own kernel, in order)"]
+                        "need them; in order, run as 'How it runs' says)"]
             out += ["  " + line for line in self.hoisted]
         if self.strategy:
             out += ["", "How it runs", "  " + self.strategy]
@@ -382,13 +382,14 @@ def explain_kernel(kernel: Kernel, args, arrays, shapes, gradients: bool,
     written = int(np.prod(call.output_shape, dtype=np.int64)) * result_item
     if spec.assign == "+=":
         read += written
-    chosen = get_backend(kernel.options.backend)
+    from .runtime.kernel import _backend_name     # (CUDA tensors: Triton, as they run)
+    chosen = get_backend(_backend_name(kernel.options.backend, call))
     form = kernel.hoisted_form
     hoisted = form.hoisted if form is not None and form.runs(call) else None
     lines = None
     if hoisted is not None:
         lines, nests = hoisted_lines(form, call, chosen)
-        how = f"the {len(form.texts)} kernels above, in order"
+        how = hoisted_how(len(form.texts), hoisted_groups(form, call))
     else:
         nests = chosen.loop_nest(call) if hasattr(chosen, "loop_nest") else None
         how = chosen.strategy(call)
@@ -452,6 +453,48 @@ def _built(backend, call) -> Optional[bool]:
         return backend.built(call)
     except MemoryError:
         return None
+
+
+def hoisted_groups(form, call):
+    """The kernels the hoisted statements run as for this call (schedule/fusion.py), as
+    the call groups them: NumPy views on the C backend (CPU tensors too), torch tensors
+    on the Triton backend; None where each runs alone (JAX) or grouping fails."""
+    from .schedule.fusion import fusion_groups
+    sources = call.sources or {}
+    if call.framework == "jax":
+        return None
+    on_device = any(getattr(v, "is_cuda", False) for v in sources.values()) or \
+        call.options.backend == "triton"
+    env = dict(sources) if on_device else dict(call.arrays)
+    env.update(call.params)
+    try:
+        import warnings
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            return fusion_groups(form.kernels(call.dtypes), env, keep={call.spec.output})
+    except (EinfuseError, MemoryError, KeyError):
+        return None
+
+
+def hoisted_how(count: int, groups) -> str:
+    """'How it runs' for a hoisted form of ``count`` statements run as ``groups``."""
+    if not groups or len(groups) == count:
+        return f"the {count} statements above, each its own kernel, in order"
+    parts = []
+    for group in groups:
+        which = ", ".join(str(n + 1) for n in group.statements)
+        if len(group.statements) == 1:
+            parts.append(f"statement {which} alone")
+        elif group.row_kernel == "triton":
+            parts.append(f"statements {which} fused: one Triton kernel holding whole rows "
+                         "in registers")
+        elif group.row_kernel is not None:
+            parts.append(f"statements {which} fused: the {group.row_kernel} row kernel")
+        else:
+            parts.append(f"statements {which} fused: one loop over rows, each statement's "
+                         "row in turn")
+    kernels = f"{len(groups)} kernel{'s' if len(groups) != 1 else ''}"
+    return f"the {count} statements above as {kernels}: " + "; ".join(parts)
 
 
 def hoisted_lines(form, call, backend):
