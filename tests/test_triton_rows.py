@@ -283,3 +283,13 @@ def test_a_read_across_the_unit_stride_runs_alone(row_launches):
         got = ef.compile(source, backend="triton")(**_tensors({"X": x, "Y": layout}))
         np.testing.assert_allclose(_host(got), want, rtol=1e-12)
         assert row_launches == groups
+
+
+def test_explain_shows_the_row_group_and_its_source():
+    explained = ef.explain(SOFTMAX, backend="triton", source=True,
+                           **_tensors({"X": ROWS[:8, :16].astype(np.float32)}))
+    assert "statements 1, 2, 3 (fused: one Triton kernel" in str(explained)
+    sources = [part.source for part in explained.parts]
+    assert "@triton.jit" in sources[0] and sources[1:] == [None, None]
+    assert all("kernel 1, one fused kernel of statements 1, 2, 3" in " ".join(p.notes)
+               for p in explained.parts)

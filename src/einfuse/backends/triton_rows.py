@@ -146,6 +146,12 @@ class RowRenderer(TritonRenderer):
         return name(node.acc)
 
 
+def source(group: RowGroup) -> str:
+    """The kernel's Triton source as this machine would compile it (explain)."""
+    from .triton_backend import interpreted
+    return RowRenderer(group, not interpreted()).render()
+
+
 @functools.lru_cache(maxsize=256)
 def compiled(group: RowGroup, native: bool):
     """The @triton.jit kernel of ``group`` (printed and imported once per group)."""

@@ -271,6 +271,8 @@ class FusionGroup:
     column_sums: Tuple[int, ...] = ()
     # the row kernel that runs the group (backends/c_rows.py), if one does
     row_kernel: Optional[str] = None
+    # the group's generated source, where it is one printed kernel (a Triton row group)
+    source: Optional[str] = None
 
 
 def fusion_groups(kernels: Sequence, env: Dict[str, object],
@@ -327,6 +329,8 @@ def _triton_groups(kernels: Sequence, env: Dict[str, object],
     """fusion_groups for torch tensors on the Triton backend: its row groups
     (schedule/row_groups.py) and the statements that run alone."""
     import torch
+
+    from ..backends import triton_rows
     device = next(v.device for v in env.values() if isinstance(v, torch.Tensor))
 
     def placeholder(shape, dtype):
@@ -345,7 +349,7 @@ def _triton_groups(kernels: Sequence, env: Dict[str, object],
                 tuple(range(position, position + group.statements)),
                 tuple((m.key, size * (group.extents[1] if m.grid else 1))
                       for m in group.members if m.stored is None and "#" not in m.key),
-                row_kernel="triton"))
+                row_kernel="triton", source=triton_rows.source(group)))
             position += group.statements
             continue
         from ..backends.triton_backend import _result_dtype
