@@ -63,8 +63,8 @@ class ProgramExplanation:
         out = [f"  {len(groups)} kernel{'s' if len(groups) != 1 else ''}, in order "
                "(NumPy arrays and CPU torch tensors on the C backend, the backward under "
                "torch autograd fused too; torch tensors on the Triton backend fused by "
-               "rows where autograd records nothing; JAX runs one kernel per statement, "
-               "and under jax.grad the program's backward, not each statement's):"]
+               "rows, forward and backward; JAX runs one kernel per statement, and under "
+               "jax.grad the program's backward, not each statement's):"]
         for number, group in enumerate(groups, 1):
             many = len(group.statements) > 1
             which = ", ".join(str(i + 1) for i in group.statements)
