@@ -83,3 +83,10 @@ def test_pseudo_code_never_shows_an_accumulator_named_like_an_index():
     declared = [line.split("=")[0].strip() for line in lines
                 if line.strip().endswith("= 0") or "= 0 " in line]
     assert declared and all(name not in ("a0", "a1", "X", "Y") for name in declared)
+
+
+def test_a_unit_axis_dropped_is_a_rearrange_not_a_reduction():
+    # '1' is no axis of the pattern (as ef.rearrange reads it): nothing is reduced
+    x = np.arange(12.0).reshape(3, 1, 4)
+    explained = ef.explain("h 1 w -> h w", x)
+    assert explained.kind == "rearrange" and explained.plan.output_shape == (3, 4)

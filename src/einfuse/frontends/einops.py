@@ -299,9 +299,14 @@ def explain_einops(pattern: str, args, shapes, arrays: Dict[str, object], explai
         raise attach_statement(_error(f"explaining the einops pattern {pattern!r} needs "
                                       "its input or shapes=(...) (the input's shape)",
                                       pattern), pattern)
-    left, right = pattern.split("->")
-    named_left = set(_TOKEN.findall(left)) - {"(", ")"}
-    named_right = set(_TOKEN.findall(right)) - {"(", ")"}
+    # the sides' elementary axes as plan_einops reads them (a unit axis '1' is none; an
+    # anonymous length on the left is dropped, on the right added)
+    anonymous: List[int] = []
+    try:
+        named_left, named_right = ({n for group in _side(side, pattern, anonymous)
+                                    for n in group} for side in pattern.split("->"))
+    except EinfuseError as error:
+        raise attach_statement(error, pattern) from None
     kind = "reduce" if named_left - named_right else \
         "repeat" if named_right - named_left else "rearrange"
     if kind == "reduce" and reduction is None:
