@@ -309,26 +309,36 @@ def _remember_launch(key: tuple, ready: _Ready) -> None:
         _launches[key] = ready
 
 
-_warm = set()   # tuning keys whose kernel has compiled and run once in this process
+# launch keys whose kernel has compiled and run once in this process (a statement's
+# tuning key, a row group's kernel, dtypes and strides)
+_warm = set()
+_WARM_KEPT = 4096
 # first launches of a kernel in this process (each compiles it, or loads it from Triton's
 # disk cache, and may tune it): bench reports them beside the first call's time
 first_launches = 0
 
 
 @contextlib.contextmanager
-def _launch_guard(prepared: Prepared):
+def launch_guard(key):
     """Calls from several threads: Triton's interpreter swaps module-level state while
     it runs a kernel, so interpreted launches take turns; on a GPU only a kernel's first
-    launch does (its compile and tuning search), later ones run concurrently."""
-    if not interpreted() and prepared.tuning_key in _warm:
+    launch for ``key`` does (its compile and tuning search), later ones run
+    concurrently."""
+    if not interpreted() and key in _warm:
         yield
         return
     global first_launches
     with _launch_lock:
         yield
-        if prepared.tuning_key not in _warm:
+        if key not in _warm:
             first_launches += 1
-            _warm.add(prepared.tuning_key)
+            if len(_warm) >= _WARM_KEPT:
+                _warm.clear()
+            _warm.add(key)
+
+
+def _launch_guard(prepared: Prepared):
+    return launch_guard(prepared.tuning_key)
 
 
 class TritonBackend:

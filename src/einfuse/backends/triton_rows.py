@@ -11,17 +11,17 @@ expression methods: the same helpers, the same correctly rounded float32 divisio
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import math
 import threading
 from dataclasses import dataclass
-from typing import Dict, List, Set, Tuple
+from typing import Dict, List, Tuple
 
 from .. import ir
 from ..ir import ReduceOp
 from ..schedule.row_groups import RowGroup, along_columns, grid_locals
 from .c_render import name
+from .triton_backend import _kernel_module, interpreted, launch_guard
 from .triton_elementwise import ELEMENTWISE_HELPERS, TARGET_HELPERS
 from .triton_helpers import HELPERS
 from .triton_render import TritonRenderer
@@ -30,9 +30,9 @@ _lock = threading.Lock()
 
 
 class RowRenderer(TritonRenderer):
-    """The expression printer of TritonRenderer over a row group's register tensors;
-    ``storage``: each input's dtype as loaded (float16/bfloat16 are converted in
-    registers)."""
+    """The expression printer of TritonRenderer over a row group's register tensors
+    (inputs are loaded in their own dtype and converted in registers); ``native``:
+    compiled for a GPU, not interpreted (TritonRenderer's ``native_dot``)."""
 
     def __init__(self, group: RowGroup, native: bool):   # (no loop-nest program here)
         self.group = group
@@ -148,38 +148,14 @@ class RowRenderer(TritonRenderer):
 
 def source(group: RowGroup) -> str:
     """The kernel's Triton source as this machine would compile it (explain)."""
-    from .triton_backend import interpreted
     return RowRenderer(group, not interpreted()).render()
 
 
 @functools.lru_cache(maxsize=256)
 def compiled(group: RowGroup, native: bool):
     """The @triton.jit kernel of ``group`` (printed and imported once per group)."""
-    from .triton_backend import _kernel_module
     _, module = _kernel_module(RowRenderer(group, native).render())
     return module.einfuse_rows
-
-
-# launches of a kernel compiled already, for these dtypes and strides (on a GPU)
-_warm: Set[tuple] = set()
-_WARM_KEPT = 4096
-
-
-@contextlib.contextmanager
-def _launch_guard(key: tuple):
-    """Calls from several threads take turns, as the statements' launches do
-    (triton_backend._launch_guard, whose lock this is): Triton's interpreter swaps
-    module-level state while it runs a kernel, and on a GPU a kernel's first launch
-    compiles it; later launches on a GPU run concurrently."""
-    from .triton_backend import _launch_lock, interpreted
-    if not interpreted() and key in _warm:
-        yield
-        return
-    with _launch_lock:
-        yield
-        if len(_warm) >= _WARM_KEPT:
-            _warm.clear()
-        _warm.add(key)
 
 
 @dataclass(frozen=True)
@@ -215,7 +191,8 @@ class RowRunner:
                 for m in group.outputs]
         if self.grid[0]:
             launch = group.launch
-            with _launch_guard((self.kernel, self.dtypes, tuple(strides))):
+            # (launches take turns as the statements' do: triton_backend.launch_guard)
+            with launch_guard(("rows", self.kernel, self.dtypes, tuple(strides))):
                 self.kernel[self.grid](*tensors, *params, *self.extents, *strides, *outs,
                                        ROWS=launch.rows, BLOCK=launch.block,
                                        num_warps=launch.warps)
@@ -227,7 +204,6 @@ def runner(group: RowGroup, env: Dict[str, object]) -> RowRunner:
     """The launch of ``group`` on arrays laid out as ``env``'s."""
     import torch
     import triton
-    from .triton_backend import interpreted
     rows, columns = group.extents
     dtypes, device = [], None
     working = getattr(torch, group.working)
