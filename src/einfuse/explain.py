@@ -467,11 +467,8 @@ def hoisted_groups(form, call):
         call.options.backend == "triton"
     env = dict(sources) if on_device else dict(call.arrays)
     env.update(call.params)
-    try:
-        import warnings
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            return fusion_groups(form.kernels(call.dtypes), env, keep={call.spec.output})
+    try:     # (fusion_groups binds without repeating the statements' warnings)
+        return fusion_groups(form.kernels(call.dtypes), env, keep={call.spec.output})
     except (EinfuseError, MemoryError, KeyError):
         return None
 

@@ -364,18 +364,11 @@ def _run_recorded(owner: ProgramAutograd, kernels: Sequence, env: Dict[str, obje
         return triton_recorded(owner, kernels, env, backend)
     if backend not in ("auto", "c", "numpy") or any(k.spec.assign != ":=" for k in kernels):
         return None
-    names = []
-    for name, value in env.items():
-        if isinstance(value, torch.Tensor):
-            if value.device.type != "cpu" or value.layout != torch.strided or \
-                    value.is_nested or is_functorch_tensor(value) or value.is_complex() or \
-                    has_tangent(value) or \
-                    (value.dtype.is_floating_point and value.dtype not in _FLOATS):
-                return None
-            if value.requires_grad and value.dtype in _FLOATS:
-                names.append(name)
-        elif not isinstance(value, (int, float)):
-            return None
+    if any(isinstance(v, torch.Tensor) and v.device.type != "cpu" for v in env.values()):
+        return None
+    names = differentiable_inputs(env)
+    if names is None:
+        return None
     if not names or not grad:
         return _unrecorded(owner, kernels, {
             name: to_numpy(value) if isinstance(value, torch.Tensor) else value
@@ -384,11 +377,38 @@ def _run_recorded(owner: ProgramAutograd, kernels: Sequence, env: Dict[str, obje
     if found is None:
         return None
     prepared = PreparedCall(owner, tuple(kernels), tuple(names), env, found, backend)
+    remember_call(owner, signature, prepared)
+    return prepared.apply(env)
+
+
+def differentiable_inputs(env: Dict[str, object]):
+    """The names of the float32/float64 tensors of ``env`` that require a gradient, or
+    None where a value keeps the statement-by-statement path: a tensor that is not
+    strided (sparse, nested), a torch.func wrapper or dual tensor, complex or of
+    another float dtype, or a value that is neither a tensor nor a number.  (The
+    caller checks the devices.)"""
+    names = []
+    for name, value in env.items():
+        if isinstance(value, torch.Tensor):
+            if value.layout != torch.strided or value.is_nested or \
+                    is_functorch_tensor(value) or value.is_complex() or \
+                    has_tangent(value) or \
+                    (value.dtype.is_floating_point and value.dtype not in _FLOATS):
+                return None
+            if value.requires_grad and value.dtype in _FLOATS:
+                names.append(name)
+        elif not isinstance(value, (int, float)):
+            return None
+    return names
+
+
+def remember_call(owner: "ProgramAutograd", signature, call) -> None:
+    """Keep ``call`` (a PreparedCall, or program/triton_autograd's TritonCall) for
+    calls of ``signature``: the holder's fast path."""
     if signature is not None:
         if len(owner.calls) >= PLANS_KEPT:
             owner.calls.clear()
-        owner.calls[signature] = prepared
-    return prepared.apply(env)
+        owner.calls[signature] = call
 
 
 def _unrecorded(owner: ProgramAutograd, kernels: Sequence, arrays: Dict[str, object]):

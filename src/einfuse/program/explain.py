@@ -148,15 +148,15 @@ def _in_framework_of(values: Dict[str, object]):
     inputs' device (binding refuses arrays of two frameworks in one call; a device
     decides the backend; bfloat16 exists in torch only).  JAX inputs are explained on
     NumPy placeholders of their shapes (explain_program), intermediates likewise."""
-    from ..runtime.frameworks import TORCH, common_framework
+    from ..runtime.frameworks import TORCH, common_framework, tensor_placeholder
     framework = common_framework({k: v for k, v in values.items()
                                   if not isinstance(v, numbers.Number)})
     if framework != TORCH:
         return framework, _placeholder
     import torch
     device = next(v.device for v in values.values() if isinstance(v, torch.Tensor))
-    return framework, lambda shape, dtype: torch.zeros(
-        (), dtype=getattr(torch, dtype), device=device).expand(tuple(shape))
+    return framework, lambda shape, dtype: tensor_placeholder(shape, getattr(torch, dtype),
+                                                              device)
 
 
 def _input_placeholders(program: Program, shapes) -> Dict[str, np.ndarray]:

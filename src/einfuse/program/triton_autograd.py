@@ -31,8 +31,6 @@ from ..runtime.torch_autograd import recording, refuse_in_transform, save_tensor
     saved_tensors
 from .backward_run import PLANS_KEPT, BackwardRun
 
-_FLOATS = (torch.float32, torch.float64)
-
 
 def triton_route(env: Dict[str, object], backend: str) -> bool:
     """Whether a call on ``env`` runs on the Triton backend: torch tensors of one CUDA
@@ -56,31 +54,15 @@ def recorded(owner, kernels, env: Dict[str, object], backend: str) -> Optional[T
     path then runs the statements fused, unrecorded)."""
     if not recording() or any(k.spec.assign != ":=" for k in kernels):
         return None
-    names = []
-    for name, value in env.items():
-        if isinstance(value, torch.Tensor):
-            if value.layout != torch.strided or value.is_nested or value.is_complex():
-                return None
-            from ..runtime.frameworks import has_tangent, is_functorch_tensor
-            if is_functorch_tensor(value) or has_tangent(value):
-                return None
-            if value.requires_grad:
-                if value.dtype not in _FLOATS:
-                    return None
-                names.append(name)
-        elif not isinstance(value, (int, float)) or isinstance(value, bool):
-            return None
+    from .autograd import differentiable_inputs, remember_call
+    names = differentiable_inputs(env)
     if not names:
         return None
     found = owner.backward_for(tuple(names), kernels)
     if found is None:
         return None
     call = TritonCall(owner, tuple(kernels), tuple(names), env, found, backend)
-    signature = signature_of(env)
-    if signature is not None:
-        if len(owner.calls) >= PLANS_KEPT:
-            owner.calls.clear()
-        owner.calls[signature] = call
+    remember_call(owner, signature_of(env), call)
     return call.apply(env)
 
 
@@ -123,11 +105,12 @@ class TritonCall:
         """Tensors of the shapes (and dtypes) of the intermediates whose shape alone the
         backward needs, on the forward's device: one element of memory each."""
         if self._placeholders is None:
+            from ..runtime.frameworks import tensor_placeholder
             from .autograd import _shaped_like
             device = next(v.device for v in env.values() if isinstance(v, torch.Tensor))
             self._placeholders = {
-                name: torch.zeros((), dtype=torch.from_numpy(np.empty(0, value.dtype)).dtype,
-                                  device=device).expand(value.shape)
+                name: tensor_placeholder(
+                    value.shape, torch.from_numpy(np.empty(0, value.dtype)).dtype, device)
                 for name, value in _shaped_like(self.kernels, env, self.shaped).items()}
         return self._placeholders
 

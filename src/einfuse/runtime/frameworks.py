@@ -127,6 +127,15 @@ def numpy_dtype(value) -> np.dtype:
     return np.dtype(dtype) if dtype is not None else np.asarray(value).dtype
 
 
+def tensor_placeholder(shape, dtype, device):
+    """A zero torch tensor of ``shape`` and torch ``dtype`` on ``device`` with one
+    element of memory (stride 0 on every axis): what binding and planning need of a
+    tensor not yet computed (an intermediate of a program on the GPU).  Zero, so that a
+    binding that checks an index array's range finds it in range."""
+    import torch
+    return torch.zeros((), dtype=dtype, device=device).expand(tuple(shape))
+
+
 def placeholder(value):
     """A read-only zero array of ``value``'s shape and NumPy dtype (one element of
     memory): what binding needs to infer ranges and dtypes, for an array whose data is

@@ -331,10 +331,11 @@ def _triton_groups(kernels: Sequence, env: Dict[str, object],
     import torch
 
     from ..backends import triton_rows
+    from ..runtime.frameworks import tensor_placeholder
     device = next(v.device for v in env.values() if isinstance(v, torch.Tensor))
 
     def placeholder(shape, dtype):
-        return torch.empty((), dtype=dtype, device=device).expand(tuple(shape))
+        return tensor_placeholder(shape, dtype, device)
     groups: List[FusionGroup] = []
     position = 0
     while position < len(kernels):

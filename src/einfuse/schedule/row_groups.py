@@ -146,6 +146,8 @@ def row_group(kernels: Sequence, start: int, env: Dict[str, object],
     its statements, all or none of them; their temporaries live in registers.  A member
     is stored when ``keep`` is None or names it, or a later statement reads it."""
     import torch
+
+    from ..runtime.frameworks import tensor_placeholder
     scratch = dict(env)
     builder = _Builder()
     joined = 0
@@ -162,7 +164,7 @@ def row_group(kernels: Sequence, start: int, env: Dict[str, object],
                 if member is None:
                     break
                 shape, dtype = member
-                scratch[key] = torch.empty((), dtype=dtype, device=device).expand(shape)
+                scratch[key] = tensor_placeholder(shape, dtype, device)
             else:
                 joined += 1
                 continue
@@ -280,7 +282,6 @@ class _Builder:
         self.produced[key] = len(self.members)
         self.members.append((key, grid, tuple(lowering.reductions), value,
                              tuple(call.output_shape)))
-        import torch
         return tuple(call.output_shape), getattr(torch, working.name)
 
     def group(self, joined: int, stored) -> Optional[RowGroup]:
