@@ -16,6 +16,7 @@ from typing import Dict, List, Optional, Tuple
 
 import numpy as np
 
+from ..analysis.machine import machine
 from ..errors import BackendError, EinfuseWarning
 from ..plan import buffer_slots, call_arguments, plan_for, unit_axis
 from ..plan.contraction import match_contraction, run_contraction
@@ -36,20 +37,8 @@ def tile_for(working: np.dtype) -> int:
     return max(8, TILE_BYTES // working.itemsize)
 
 
-def _vector_bytes() -> int:
-    """Width of the CPU's widest vector registers (what -march=native will use)."""
-    try:
-        with open("/proc/cpuinfo") as handle:
-            for line in handle:
-                if line.startswith("flags"):
-                    flags = set(line.split())
-                    return 64 if "avx512f" in flags else 32 if "avx" in flags else 16
-    except OSError:
-        pass
-    return 16
-
-
-_VECTOR_BYTES = _vector_bytes()
+# The widest vector the target CPU has (analysis/machine.py: -march=native, or EINFUSE_CPU).
+_VECTOR_BYTES = machine().vector_bytes
 
 
 def block_for(working: np.dtype) -> Tuple[int, int]:

@@ -3,7 +3,8 @@
 Compiler: ``$CC`` if set, else the first of ``cc``, ``gcc``, ``clang`` on PATH
 that builds a small OpenMP test library; none -> the C backend is unavailable.
 
-Flags: ``-O3 -march=native -fopenmp -fPIC -shared`` plus
+Flags: ``-O3 -march=native -fopenmp -fPIC -shared`` (``EINFUSE_CPU`` picks another
+``-march``: analysis/machine.py) plus
 
 * ``-fwrapv``: integer overflow wraps, as NumPy's integer arithmetic does;
 * ``-fno-math-errno -fno-trapping-math``: never change a result, let sqrt and
@@ -53,11 +54,13 @@ import threading
 import time
 from typing import Dict, Iterator, List, Optional, Tuple
 
+from ..analysis.machine import machine
 from ..errors import BackendError, warn
 from . import cache_limit
 from .c_process import process_settings
 
-BASE_FLAGS = ("-O3", "-march=native", "-fopenmp", "-fPIC", "-shared", "-fwrapv",
+# -march=native unless EINFUSE_CPU picks another target (analysis/machine.py)
+BASE_FLAGS = ("-O3", *machine().march, "-fopenmp", "-fPIC", "-shared", "-fwrapv",
               "-fno-math-errno", "-fno-trapping-math")
 # Of -ffast-math only reciprocals: x / 3 as x * (1/3), a rounding difference (a division
 # costs several times a product).  The rest changes results: -fno-signed-zeros lets GCC
@@ -356,7 +359,7 @@ def vector_math() -> bool:
 @functools.lru_cache(maxsize=1)
 def _cpu_identity() -> str:
     """-march=native code is only valid on the CPU it was built for."""
-    text = platform.machine()
+    text = platform.machine() + machine().target
     try:
         with open("/proc/cpuinfo") as handle:
             for line in handle:
