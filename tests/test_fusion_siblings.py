@@ -71,7 +71,8 @@ def _same_to_rounding(a, b):
     rows = np.atleast_2d(np.where(finite, np.abs(b), 0))
     scale = np.spacing(rows.max(axis=-1, keepdims=True)).reshape(
         (-1, 1) if b.ndim == 2 else (1,) * b.ndim)
-    apart = np.abs(a.astype(np.float64) - b.astype(np.float64))
+    with np.errstate(invalid="ignore"):      # inf - inf where both are inf
+        apart = np.abs(a.astype(np.float64) - b.astype(np.float64))
     assert (apart[finite] <= (ROW_ULPS * np.broadcast_to(scale, b.shape))[finite]).all(), \
         f"{(apart / scale)[finite].max():.1f} units of a row's last place apart"
 
