@@ -245,7 +245,8 @@ def test_pad_offset_ranges_index_values_and_strides():
 def test_integer_and_bool_working_dtypes():
     a = rng.integers(-100, 100, size=(4, 70)).astype(np.int32)
     got = same("t[i] := sum[j](a[i,j] * 3) - 1", a=a)
-    assert got.dtype == np.int32
+    assert got.dtype == np.int64      # a sum of int32 widens, as a.sum() does
+    assert same("t[i] := a[i,0] * 3 - 1", a=a).dtype == np.int32   # no sum: its own
     same("m[i] := max[j](a[i,j]) + min[j](abs(a[i,j]))", a=a.astype(np.int64))
     same("c[i] := (a[i,j] > 0) & (a[i,j] < 50)", a=a)
     same("p[i] := pow(a[i,0], 3)", a=a.astype(np.int64))

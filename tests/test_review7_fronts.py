@@ -15,7 +15,9 @@ rng = np.random.default_rng(7)
 @pytest.mark.parametrize("other", [np.float32, np.float16, np.int8, np.uint8, np.int32,
                                    np.uint64])
 def test_einsum_bool_with_another_dtype_has_numpys_result_dtype(other):
-    # numpy: bool never widens the other operand's dtype (bool x float32 is float32)
+    # numpy: bool never widens the other operand's dtype (bool x float32 is float32);
+    # a sum of narrow integers widens as a.sum() does (docs/einsum.md), where
+    # numpy.einsum would wrap
     a = rng.integers(0, 2, (2, 3)).astype(bool)
     b = rng.integers(0, 5, (3, 4)).astype(other)
     if other == np.uint64:
@@ -24,6 +26,8 @@ def test_einsum_bool_with_another_dtype_has_numpys_result_dtype(other):
         for ops in [(a, b), (b.T, a.T)]:
             sub = subscripts if ops[0] is a else "kj,ji->" + subscripts.split("->")[1]
             want = np.einsum(sub, *ops)
+            if sub.endswith("->ik"):     # j is summed
+                want = want.astype(np.zeros(0, want.dtype).sum().dtype)
             got = ef.einsum(sub, *ops, backend="numpy")
             assert got.dtype == want.dtype, (sub, other)
             np.testing.assert_array_equal(got, want)
@@ -201,16 +205,17 @@ def test_einops_integer_sum_in_torch_and_jax_is_the_frameworks_sum():
 
 
 @pytest.mark.parametrize("pattern, shape", [
-    ("_dots0 ... -> ... _dots0", (2, 3, 4)),
-    ("a ... _dots1 -> _dots1 ... a", (2, 3, 4, 5)),
-    ("... _dots1 -> (...) _dots1", (2, 3, 4, 5)),
+    ("dots0 ... -> ... dots0", (2, 3, 4)),
+    ("a ... dots1 -> dots1 ... a", (2, 3, 4, 5)),
+    ("... dots1 -> (...) dots1", (2, 3, 4, 5)),
 ])
 def test_einops_names_like_the_internal_ones_are_the_callers(pattern, shape):
-    # the caller's `_dots0` was taken for an axis under '...'
+    # the caller's `_dots0` was taken for an axis under '...' (a name einops now refuses,
+    # as einfuse does: test_issue29_api; the names under '...' are no identifiers)
     x = np.arange(float(np.prod(shape))).reshape(shape)
     got = ef.rearrange(x, pattern)
     n = len(shape)
-    if pattern.startswith("_dots0"):
+    if pattern.startswith("dots0"):
         want = np.moveaxis(x, 0, -1)
     elif pattern.startswith("a"):
         want = x.transpose([n - 1] + list(range(1, n - 1)) + [0])
@@ -221,7 +226,7 @@ def test_einops_names_like_the_internal_ones_are_the_callers(pattern, shape):
 
 def test_einops_anonymous_name_of_the_caller_is_not_an_anonymous_axis():
     x = np.arange(6.0).reshape(2, 3)
-    got = ef.repeat(x, "a _anon0 -> a _anon0 2")
+    got = ef.repeat(x, "a anon0 -> a anon0 2")
     np.testing.assert_array_equal(got, np.repeat(x[..., None], 2, axis=2))
 
 

@@ -14,9 +14,13 @@ from .runtime.kernel import Kernel, compile, ein
 __version__ = "0.1.0"
 
 
-def jit(fn=None, *, static_argnums=(), static_argnames=(), fallback=False):
+def jit(fn=None, *, static_argnums=(), static_argnames=(), fallback=False, **unknown):
     """A JAX function compiled into one einfuse kernel, loops included (docs/jit.md);
     imports JAX only when called."""
+    if unknown:     # (an EinfuseError, a TypeError as Python's own would be)
+        from .errors import unexpected_keywords
+        raise unexpected_keywords("jit()", unknown, ("static_argnums", "static_argnames",
+                                                     "fallback"))
     from .runtime.jit import jit as _jit
     return _jit(fn, static_argnums=static_argnums, static_argnames=static_argnames,
                 fallback=fallback)

@@ -148,3 +148,24 @@ def attach_statement(error: EinfuseError, source: str) -> EinfuseError:
     if error.source is None:
         error.source = source
     return error
+
+
+def did_you_mean(name: str, choices) -> str:
+    """' (did you mean X=?)' for the one of ``choices`` closest to a misspelt keyword
+    ``name`` (difflib's ratio at least 0.6), else ''."""
+    import difflib
+    names = sorted({c for c in choices if isinstance(c, str) and c != name})
+    close = difflib.get_close_matches(name, names, n=1) if isinstance(name, str) else []
+    return f" (did you mean {close[0]}=?)" if close else ""
+
+
+def unexpected_keywords(function: str, names, accepted) -> "UnexpectedArgumentError":
+    """The error for keywords ``names`` that ``function`` does not take: each named, a
+    close one of the ``accepted`` keywords suggested, and those listed."""
+    accepted = list(accepted)
+    names = list(names)
+    shown = ", ".join(f"{n}={did_you_mean(n, accepted)}" for n in names)
+    plural = "s" if len(names) > 1 else ""
+    return UnexpectedArgumentError(f"{function} got the unexpected keyword argument{plural} "
+                                   f"{shown}; it takes "
+                                   f"{', '.join(f'{a}=' for a in accepted) or 'none'}")

@@ -12,11 +12,18 @@ import numpy as np
 from .analysis.options import shown
 from .analysis.ranges import Bounds
 from .analysis.spec import Spec
-from .errors import EinfuseError, OptionError, ShapeError, attach_statement
+from .errors import (EinfuseError, OptionError, ShapeError, attach_statement,
+                     unexpected_keywords)
+from .eager import naive_intermediate
 from .lang.ast import (Access, Binary, Call, Expr, Param, Reduce, Unary, accesses,
                        map_children)
 from .lang.printer import format_expr, format_statement
 from .runtime.kernel import NOT_GIVEN, Kernel, check_explain_options, statement_argument
+from .runtime.keywords import check_named, keyword_options
+
+# explain()'s options that an einsum string's explanation passes on
+EINSUM_EXPLAIN_OPTIONS = ("ranges", "pad", "bounds", "fill", "dtype", "backend", "threads",
+                          "memory_limit", "gradients", "source")
 
 _REDUCTION_WORDS = {"sum": "the sum", "prod": "the product", "max": "the maximum",
                     "min": "the minimum", "logsumexp": "the log-sum-exp",
@@ -245,27 +252,6 @@ def _statement_flops(output_indices, rhs: Expr, bounds: Bounds) -> int:
     return visit(rhs, outer)
 
 
-def naive_intermediate(spec: Spec, bounds: Bounds, itemsize: int) -> int:
-    """Bytes of the largest broadcast a reduction's body would have in eager NumPy."""
-    biggest = 0
-
-    def visit(expr: Expr, scope: int):
-        nonlocal biggest
-        if isinstance(expr, Reduce):
-            for name in expr.indices:
-                scope *= bounds.extent(name)
-            if not isinstance(expr.body, Access):
-                biggest = max(biggest, scope)
-        for child in expr.children():
-            visit(child, scope)
-
-    outer = 1
-    for name in spec.output_indices:
-        outer *= bounds.extent(name)
-    visit(spec.rhs, outer)
-    return biggest * itemsize
-
-
 def index_rows(spec: Spec, bounds: Optional[Bounds]) -> List[List[str]]:
     rows = [["index", "role", "extent", "values", "from"]]
     for name in spec.all_indices:
@@ -318,10 +304,15 @@ def explain(statement=NOT_GIVEN, /, *args, shapes: Optional[Dict[str, tuple]] = 
     from .lang.parser import einsum_hint
     if einsum_hint(statement) and mesh is None and shard is None:   # einsum's statement
         from .frontends.einsum import explain_einsum
-        return explain_einsum(statement, args, shapes, explain, ranges=ranges, pad=pad,
-                              bounds=bounds, fill=fill, dtype=dtype, backend=backend,
-                              threads=threads, memory_limit=memory_limit,
-                              gradients=gradients)
+        optimize = arrays.pop("optimize", "auto")    # (einsum's path search, as it runs)
+        if arrays:   # the operands are positional: a keyword is a misspelt option
+            raise attach_statement(unexpected_keywords(
+                "explain() of an einsum string", arrays,
+                ("shapes", "optimize") + EINSUM_EXPLAIN_OPTIONS), statement)
+        return explain_einsum(statement, args, shapes, explain, optimize, ranges=ranges,
+                              pad=pad, bounds=bounds, fill=fill, dtype=dtype,
+                              backend=backend, threads=threads, memory_limit=memory_limit,
+                              gradients=gradients, source=source)
     from .lang.parser import einops_hint
     if einops_hint(statement) is not None and mesh is None and shard is None:
         from .frontends.einops import explain_einops
@@ -332,6 +323,8 @@ def explain(statement=NOT_GIVEN, /, *args, shapes: Optional[Dict[str, tuple]] = 
     compiled = compile_kernel(statement, ranges=ranges, pad=pad, bounds=bounds, fill=fill,
                               dtype=dtype, backend=backend, threads=threads,
                               memory_limit=memory_limit, outputs=outputs)
+    # (arrays= is a keyword of explain's too, merged by binding as for ein)
+    check_named(compiled, arrays, keyword_options(explain) + ("arrays",))
     if mesh is not None or shard is not None:
         from .sharding import explain_sharded
         return explain_sharded(compiled, args, arrays, shapes, mesh, shard, cost_model,

@@ -14,6 +14,10 @@
 * a right side that is a comparison or ``&``/``|`` gives bool, one that is an
   ``argmax``/``argmin`` int64 positions (the working dtype is still the values': an
   argmax inside arithmetic gives its position in the working dtype);
+* a statement with a ``sum`` or ``prod`` (written or implicit) that would compute in
+  an integer dtype narrower than 64 bits computes and returns in a 64-bit one, as
+  ``a.sum()`` accumulates: int64 for signed inputs (and bools); for unsigned ones
+  uint64 on NumPy (and JAX), int64 on torch, as ``torch.sum`` does;
 * ``dtype=`` overrides the result; a float ``dtype=`` is also the working dtype;
 * ``=``/``+=`` store the result into the caller's array by NumPy's ``same_kind``
   rule unless ``dtype=`` is given.
@@ -21,6 +25,7 @@
 
 from __future__ import annotations
 
+import functools
 import numbers
 from dataclasses import dataclass
 from typing import Mapping
@@ -28,7 +33,7 @@ from typing import Mapping
 import numpy as np
 
 from ..errors import EinfuseTypeError
-from ..lang.ast import Access, Binary, Call, Number, Param, Reduce
+from ..lang.ast import Access, Binary, Call, Number, Param, Reduce, reductions
 from .options import Options
 from .spec import Spec
 
@@ -57,6 +62,24 @@ def _float_producing(spec: Spec, params: Mapping[str, object]) -> bool:
         if isinstance(node, Param) and isinstance(params.get(node.name), float):
             return True
     return False
+
+
+@functools.lru_cache(maxsize=1024)
+def accumulates(spec: Spec) -> bool:
+    """Whether the statement sums or multiplies over an index (``sum``, ``prod``, or an
+    implicit sum): the reductions whose value grows with the range, which NumPy and
+    torch accumulate in a 64-bit integer for narrower integer inputs."""
+    return any(node.op in ("sum", "prod") for node in reductions(spec.rhs))
+
+
+def widened(dtype: np.dtype, framework: str) -> np.dtype:
+    """The dtype a sum of ``dtype`` values accumulates in: NumPy's ``add.reduce`` rule
+    (signed and bool to int64, unsigned to uint64), torch's ``sum`` rule (every integer
+    to int64) for ``framework`` "torch"; other dtypes are their own."""
+    if dtype.kind == "b" or (dtype.kind in "iu" and dtype.itemsize < 8):
+        unsigned = dtype.kind == "u" and framework != "torch"
+        return np.dtype(np.uint64 if unsigned else np.int64)
+    return dtype
 
 
 def _moves_bools(expr) -> bool:
@@ -95,7 +118,10 @@ def check_index_dtype(name: str, dtype: np.dtype, source: str, span) -> None:
 
 
 def resolve_dtypes(spec: Spec, value_dtypes: Mapping[str, np.dtype],
-                   params: Mapping[str, object], options: Options) -> DTypes:
+                   params: Mapping[str, object], options: Options,
+                   framework: str = "numpy") -> DTypes:
+    """The working and result dtypes of a call (``framework``: the callers' arrays',
+    a name of runtime.frameworks; it decides how an unsigned sum widens)."""
     operands = []
     for name in spec.tensors:
         if name.as_value:    # (bool as NumPy promotes it: it never widens another dtype)
@@ -120,6 +146,8 @@ def resolve_dtypes(spec: Spec, value_dtypes: Mapping[str, np.dtype],
     if all(isinstance(o, numbers.Number) for o in operands) and any(
             isinstance(o, float) for o in operands):
         promoted = np.dtype(np.float64)
+    if promoted.kind in "iu" and accumulates(spec):   # (bools alone are int64 already)
+        promoted = widened(promoted, framework)
     stored = promoted
     working = np.dtype(np.float32) if promoted.itemsize < 4 and promoted.kind == "f" \
         else promoted

@@ -23,8 +23,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Tuple, Union
 
+from ..analysis.options import OPTION_NAMES
 from ..analysis.spec import Spec, analyse
-from ..errors import EinfuseError, EinfuseTypeError, GradientBlockedError, NoGradientError
+from ..errors import (EinfuseError, EinfuseTypeError, GradientBlockedError, NoGradientError,
+                      attach_statement, unexpected_keywords)
 from ..lang import parse
 from ..lang.ast import Access, Binary, Call, Expr, IndexExpr, IndexValue, Param, Reduce, \
     Unary, accesses
@@ -116,7 +118,7 @@ class GradientStatement:
 
 def derive(statement: Union[str, GradientStatement], wrt: str, *,
            output_grad_name: Optional[str] = None,
-           options: Optional[Dict[str, object]] = None, outputs=None):
+           options: Optional[Dict[str, object]] = None, outputs=None, **unknown):
     """Gradient statements of ``statement`` with respect to tensor or scalar ``wrt``.
 
     The gradient of the output is an input named ``d<OUT>`` (or ``output_grad_name``)
@@ -136,6 +138,14 @@ def derive(statement: Union[str, GradientStatement], wrt: str, *,
         grads = ef.derive("C[i,j] := A[i,k] * B[k,j]", "A")
         grads[0].text                   # 'dA[i, k] := dC[i, j] * B[k, j]'
         ef.run_reference(grads, {"A": A, "B": B, "dC": dC})["dA"]"""
+    if unknown:     # (an EinfuseError, a TypeError as Python's own would be)
+        error = unexpected_keywords("derive()", unknown, ("wrt", "output_grad_name",
+                                                          "options", "outputs"))
+        raise attach_statement(error, statement) if isinstance(statement, str) else error
+    if isinstance(options, dict) and any(key not in OPTION_NAMES for key in options):
+        wrong = [key for key in options if key not in OPTION_NAMES]
+        error = unexpected_keywords("derive()'s options=", wrong, OPTION_NAMES)
+        raise attach_statement(error, statement) if isinstance(statement, str) else error
     if not isinstance(wrt, str):
         raise EinfuseTypeError(f"derive(wrt=) takes one input's name as a str, not "
                                f"{type(wrt).__name__} {wrt!r}: derive once per input")

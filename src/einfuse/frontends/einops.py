@@ -12,17 +12,18 @@ from __future__ import annotations
 
 import math
 import numbers
-import re
 from dataclasses import dataclass
 from typing import Dict, List, Optional, Tuple, Union
 
-from ..errors import EinfuseError, EinfuseSyntaxError, ShapeError, attach_statement
+from ..errors import (EinfuseError, EinfuseSyntaxError, ShapeError, UnexpectedArgumentError,
+                      attach_statement, did_you_mean)
 
 Group = Tuple[str, ...]            # the elementary axes of one axis of a side
 
 REDUCTIONS = ("sum", "mean", "max", "min", "prod", "any", "all", "logsumexp")
+# the keywords that travel with the axis sizes but are options, not axis names
+OPTIONS = ("backend", "dtype", "threads")
 _COMPOSED_DOTS = "(...)"
-_TOKEN = re.compile(r"\.\.\.|\(|\)|[A-Za-z_][A-Za-z_0-9]*|\d+|\S")
 
 
 def _error(message: str, pattern: str) -> EinfuseSyntaxError:
@@ -37,12 +38,65 @@ def _shown(names) -> str:
     return " ".join(dict.fromkeys(shown))
 
 
+def _tokens(text: str, pattern: str) -> List[str]:
+    """A side's tokens by einops' own rules (einops/parsing.py): '(', ')', '...' and the
+    runs of letters, digits and '_' between spaces and parentheses.  Dots stand only in
+    one '...' per side, which stands apart from a name ('...pre' and 'pre...' are no
+    axes); any other character (a tab, a comma) is an error."""
+    if "." in text and (text.count("...") != 1 or text.count(".") != 3):
+        raise _error("a side of a pattern holds dots only in one '...' (its axes not "
+                     f"named), not {text.strip()!r}", pattern)
+    tokens: List[str] = []
+    current = ""
+    position = 0
+    while position < len(text):
+        char = text[position]
+        if text.startswith("...", position):
+            if current:
+                raise _error(f"'...' stands apart from axis names (a space or a "
+                             f"parenthesis between them), not {current}...", pattern)
+            tokens.append("...")
+            position += 3
+            if position < len(text) and (text[position].isalnum() or text[position] == "_"):
+                end = position
+                while end < len(text) and (text[end].isalnum() or text[end] == "_"):
+                    end += 1
+                raise _error(f"'...' stands apart from axis names (a space or a "
+                             f"parenthesis between them), not ...{text[position:end]}",
+                             pattern)
+            continue
+        if char.isalnum() or char == "_":
+            current += char
+        elif char in "() ":
+            if current:
+                tokens.append(current)
+            current = ""
+            if char != " ":
+                tokens.append(char)
+        else:
+            raise _error(f"unexpected {char!r} in the pattern (axes are separated by "
+                         "spaces)", pattern)
+        position += 1
+    if current:
+        tokens.append(current)
+    for token in tokens:
+        if token in ("(", ")", "...") or token.isdecimal():
+            continue
+        if not token.isidentifier():
+            raise _error(f"{token!r} is no axis name: a name is an identifier, a length a "
+                         "number", pattern)
+        if token[0] == "_" or token[-1] == "_":
+            raise _error(f"the axis name {token!r} starts or ends with '_', which einops "
+                         "does not allow", pattern)
+    return tokens
+
+
 def _side(text: str, pattern: str, anonymous: List[int]) -> List[Group]:
     """Each axis of a side as its group of elementary axis names; '...' stays as the
     name '...'; anonymous sizes (a number other than 1) become fresh names."""
     groups: List[Group] = []
     current: Optional[List[str]] = None
-    for token in _TOKEN.findall(text):
+    for token in _tokens(text, pattern):
         if token == "(":
             if current is not None:
                 raise _error("parentheses do not nest in a pattern", pattern)
@@ -52,7 +106,7 @@ def _side(text: str, pattern: str, anonymous: List[int]) -> List[Group]:
                 raise _error("a ')' without its '('", pattern)
             groups.append(tuple(current))
             current = None
-        elif token == "..." or token[0].isalpha() or token[0] == "_" or token.isdecimal():
+        else:
             if token == "..." and current is not None:
                 token = _COMPOSED_DOTS   # '(...)': the axes composed into one
             if token.isdecimal():
@@ -69,8 +123,6 @@ def _side(text: str, pattern: str, anonymous: List[int]) -> List[Group]:
                 groups.append((token,))
             else:
                 current.append(token)
-        else:
-            raise _error(f"unexpected {token!r} in the pattern", pattern)
     if current is not None:
         raise _error("a '(' is never closed", pattern)
     return groups
@@ -138,8 +190,13 @@ def plan_einops(pattern: str, shape: Tuple[int, ...], kind: str,
     named = {n for g in left + right for n in g}
     unused = [name for name in sizes if name not in named]
     if unused:
-        raise _error(f"the sizes {', '.join(f'{n}=' for n in unused)} are of axes not in "
-                     "the pattern", pattern)
+        axes = [n for n in dict.fromkeys(n for g in left + right for n in g)
+                if n.isidentifier()]    # (not '...0' nor an anonymous '3#0')
+        shown = ", ".join(f"{n}={did_you_mean(n, axes + list(OPTIONS))}" for n in unused)
+        raise UnexpectedArgumentError(
+            f"ef.{kind} got {shown}: {'an axis' if len(unused) == 1 else 'axes'} not in the "
+            f"pattern (its axes: {' '.join(axes) or 'none named'}) and not an option "
+            f"({', '.join(f'{o}=' for o in OPTIONS)})", source=pattern, span=(0, len(pattern)))
     for name, value in sizes.items():
         if not isinstance(value, numbers.Integral) or isinstance(value, bool) or value < 0:
             raise _error(f"the size {name}={value!r} must be a non-negative integer", pattern)
@@ -244,9 +301,8 @@ def _prepared(kind: str, x, pattern: str, reduction, sizes, options):
     inner = x.reshape(plan.inner_shape)
     if plan.statement is None or callable(reduction):
         return plan, inner, options
-    if reduction in ("sum", "prod"):
-        inner = _accumulating(inner, reduction)
-    # (a copy, max or min of bools is bool, as in einops: the statement's own dtype rule)
+    # (a sum or prod of small integers widens as the framework's own sum does, and a
+    # copy, max or min of bools is bool, as in einops: the statement's own dtype rules)
     return plan, inner, options
 
 
@@ -405,28 +461,6 @@ def _stacked(items, pattern: str):
             pattern) from None
 
 
-def _accumulating(x, reduction: str):
-    """einops reduces with the framework's own ``sum``/``prod``, which accumulate small
-    integers (and bools) in a wider integer (NumPy and PyTorch int64, JAX its default
-    int); a statement would keep int8 int8 and wrap around: the input is cast first."""
-    from ..runtime.frameworks import JAX, TORCH, framework_of
-    kind = str(x.dtype)
-    if "int" not in kind and not kind.endswith("bool"):
-        return x
-    framework = framework_of(x)
-    if framework == TORCH:
-        import torch
-        target = getattr(torch.zeros(0, dtype=x.dtype), reduction)().dtype
-        return x if target == x.dtype else x.to(target)
-    if framework == JAX:
-        import jax.numpy as jnp
-        target = getattr(jnp.zeros(0, x.dtype), reduction)().dtype
-    else:
-        import numpy as np
-        target = getattr(np.zeros(0, x.dtype), reduction)().dtype
-    return x if target == x.dtype else x.astype(target)
-
-
 def rearrange(x, pattern: str, **sizes):
     """einops.rearrange: ``ef.rearrange(x, "b (h w) c -> b h w c", h=4)``; a reordering
     runs as one kernel, a pure reshape returns the reshape (a view where possible)."""
@@ -451,4 +485,4 @@ def repeat(x, pattern: str, **sizes):
 
 def _options(sizes: Dict[str, Union[int, str]]) -> Dict[str, object]:
     """``backend=`` and ``dtype=`` travel with the axis sizes; they are not axis names."""
-    return {key: sizes.pop(key) for key in ("backend", "dtype", "threads") if key in sizes}
+    return {key: sizes.pop(key) for key in OPTIONS if key in sizes}

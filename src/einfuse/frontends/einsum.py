@@ -11,14 +11,18 @@ one missing from the output is summed."""
 from __future__ import annotations
 
 import functools
+import re
 import string
 import numpy as np
 from dataclasses import dataclass
 from typing import Dict, List, Optional, Sequence, Tuple
 
-from ..errors import EinfuseSyntaxError, EinfuseTypeError, ShapeError
+from ..errors import EinfuseSyntaxError, EinfuseTypeError, ShapeError, unexpected_keywords
 
 _LETTERS = set(string.ascii_letters)
+# einsum's own keywords, then those of ein() it passes on (the operands are its arrays)
+KEYWORDS = ("optimize", "out", "casting", "order", "backend", "dtype", "threads",
+            "memory_limit", "ranges", "pad", "bounds", "fill", "mesh", "shard")
 
 
 @dataclass(frozen=True)
@@ -39,7 +43,26 @@ def _error(message: str, subscripts: str) -> EinfuseSyntaxError:
     return EinfuseSyntaxError(message, source=subscripts, span=(0, len(subscripts)))
 
 
+def _check_marks(subscripts: str) -> None:
+    """Dots and arrows as numpy and torch read them, checked before spaces are dropped:
+    each '.' is one of an ellipsis's three ('. ..' is not '...'), and '-' is the start
+    of '->' ('- >' is not an arrow)."""
+    for run in re.finditer(r"\.+", subscripts):
+        if len(run.group()) != 3:
+            raise EinfuseSyntaxError(
+                f"einsum subscripts hold '.' only as an ellipsis '...'; {subscripts!r} has "
+                f"{run.group()!r} at position {run.start()}", source=subscripts,
+                span=run.span())
+    for mark in re.finditer(r"->|[->]", subscripts):
+        if mark.group() != "->":
+            raise EinfuseSyntaxError(
+                f"einsum subscripts hold '-' and '>' only as the arrow '->'; {subscripts!r} "
+                f"has {mark.group()!r} alone at position {mark.start()}", source=subscripts,
+                span=mark.span())
+
+
 def _terms(subscripts: str, count: int) -> Tuple[List[str], Optional[str]]:
+    _check_marks(subscripts)
     text = subscripts.replace(" ", "")
     if text.count("->") > 1:
         raise _error("an einsum string has at most one '->'", subscripts)
@@ -358,6 +381,10 @@ def einsum(subscripts: str = None, *operands, optimize="auto", backend="auto", o
     ``ein``'s options."""
     from ..errors import EinfuseError, attach_statement
     from ..runtime.kernel import ein
+    unknown = [name for name in options if name not in KEYWORDS]
+    if unknown:    # (numpy: a TypeError; an UnexpectedArgumentError is one)
+        error = unexpected_keywords("einsum()", unknown, KEYWORDS)
+        raise attach_statement(error, subscripts) if isinstance(subscripts, str) else error
     if subscripts is None and not operands:
         raise EinfuseSyntaxError("einsum needs its subscripts and at least one operand")
     if not isinstance(subscripts, str):    # numpy's sublist form

@@ -192,6 +192,8 @@ class _Parser:
                 if self.tok.kind != NAME:
                     self.fail("the left side takes plain index names only")
                 name_tok = self.advance()
+                if self.at("["):
+                    self.scatter_on_left(out_tok, name_tok)
                 self.check_name_free(name_tok, "index")
                 if name_tok.text in indices:
                     self.error(f"index {name_tok.text} is repeated on the left side; "
@@ -213,6 +215,74 @@ class _Parser:
                               output_span=(out_tok.start, out_tok.end),
                               index_spans=tuple(index_spans))
         return _Resolver(statement).resolve()
+
+    def scatter_on_left(self, out_tok: Token, name_tok: Token):
+        """A gather in an output subscript, ``S[seg[n], d] += v[n, d]``: a scatter (each
+        value sent to the position it names), which the notation does not have.  The
+        error writes the statement as a one-hot sum, which it does have, and names
+        ef.jit's scatter-add.  The left side is re-read as expressions to write it."""
+        self.pos = next(k for k, t in enumerate(self.tokens) if t.start > out_tok.start)
+        self.advance()                               # the output's '['
+        subscripts: List[Tuple[int, int]] = []
+        alternative = None
+        try:
+            while True:
+                start = self.tok.start
+                self.bitor()
+                subscripts.append((start, self.prev_end()))
+                if not self.at(","):
+                    break
+                self.advance()
+            self.expect("]", "to close the output's indices")
+            if not (self.tok.kind == OP and self.tok.text in ASSIGN_OPS):
+                self.fail("expected ':=', '=' or '+='")
+            assign = self.advance().text
+            start = self.tok.start
+            rhs = self.expr()
+            if self.tok.kind == END:
+                alternative = self.one_hot(out_tok.text, subscripts, assign,
+                                           (start, self.prev_end()), rhs)
+        except EinfuseSyntaxError:
+            pass      # the rest does not parse either: the scatter is said alone
+        scattered = next((span for span in subscripts
+                          if not self.source[span[0]:span[1]].strip().isidentifier()),
+                         (name_tok.start, name_tok.end))
+        text = self.source[scattered[0]:scattered[1]]
+        if scattered == (name_tok.start, name_tok.end):
+            text += "[...]"
+        written = (f"as a one-hot sum, {alternative}, or " if alternative else
+                   "as a one-hot sum over a new index s, such as `S[s, d] += (seg[n] == s) "
+                   "* v[n, d]`, or ")
+        self.error(f"the left side takes plain index names only: {text} there would scatter "
+                   f"(send each value to the position {text} names), which the notation "
+                   f"does not have; write it {written}compute it in a JAX function under "
+                   "ef.jit with jax.ops.segment_sum or x.at[index].add(values)",
+                   scattered[0], scattered[1])
+
+    def one_hot(self, output: str, subscripts, assign: str, rhs_span, rhs: Expr) -> str:
+        """The statement a scatter on the left means: each scattered subscript a new
+        index compared with it on the right (its other indices summed)."""
+        used = {t.text for t in self.tokens if t.kind == NAME}
+        fresh = (name for name in ("s", "g", "t", "u", *(f"s{k}" for k in range(1, 99)))
+                 if name not in used)
+        indices, conditions, ranges = [], [], []
+        for start, end in subscripts:
+            text = self.source[start:end].strip()
+            if text.isidentifier():
+                indices.append(text)
+                continue
+            name = next(fresh)
+            indices.append(name)
+            conditions.append(f"({text} == {name})")
+            ranges.append(name)
+        body = self.source[rhs_span[0]:rhs_span[1]].strip()
+        if isinstance(rhs, Binary):    # (a product binds tighter than + or a comparison)
+            body = f"({body})"
+        statement = f"`{output}[{', '.join(indices)}] {assign} {' * '.join(conditions)} * " \
+            f"{body}`"
+        if assign == ":=":   # nothing else gives the new indices their ranges
+            statement += f" with ranges={{{', '.join(f'{n!r}: ...' for n in ranges)}}}"
+        return statement
 
     def check_name_free(self, token: Token, role: str):
         if token.text in RESERVED:

@@ -17,7 +17,7 @@ from typing import Dict, Optional, Sequence, Tuple
 
 from ..analysis.options import Options, option_error, shown
 from ..errors import (EinfuseError, EinfuseNameError, EinfuseSyntaxError, MissingArgumentError,
-                      UnexpectedArgumentError, attach_statement)
+                      UnexpectedArgumentError, attach_statement, did_you_mean)
 from ..runtime.attention import program_attention, run_fused_attention
 from ..runtime.frameworks import common_framework, from_numpy, torch_compiling
 from ..runtime.repeat import signature_of
@@ -131,7 +131,8 @@ class Program:
                     f"{self.statements[where - 1].source.text}); it cannot be passed")
             if name not in self.inputs:
                 raise UnexpectedArgumentError(
-                    f"the program has no input {name}; it takes {', '.join(self.inputs)}")
+                    f"the program has no input {name}{did_you_mean(name, self.inputs)}; it "
+                    f"takes {', '.join(self.inputs)}")
         missing = [name for name in self.inputs if name not in named]
         if missing:
             raise MissingArgumentError(f"the program needs {', '.join(missing)} "

@@ -15,10 +15,10 @@ from ..analysis.options import Options
 from ..analysis.ranges import Bounds, infer_ranges
 from ..analysis.spec import Spec
 from ..errors import (EinfuseTypeError, MissingArgumentError, OutOfBoundsError, ShapeError,
-                      UnexpectedArgumentError)
+                      UnexpectedArgumentError, did_you_mean)
 from ..lang.ast import accesses
-from .frameworks import (NUMPY, TORCH, check_torch_layout, common_framework, framework_of,
-                         is_bfloat16, numpy_dtype, to_numpy)
+from .frameworks import (NUMPY, TORCH, check_torch_layout, common_framework, dtype_rules,
+                         framework_of, is_bfloat16, numpy_dtype, to_numpy)
 
 
 class HostArrays(Mapping):
@@ -85,7 +85,8 @@ def bind_names(spec: Spec, args: Sequence[object], kwargs: Mapping[str, object])
                 raise UnexpectedArgumentError(f"{name} is created by ':='; do not pass it "
                                               "(use '=' to write into an existing array)",
                                               span=spec.statement.output_span)
-            raise UnexpectedArgumentError(f"{name}= is not used by the statement (it takes "
+            raise UnexpectedArgumentError(f"{name}={did_you_mean(name, allowed)} is not used "
+                                          f"by the statement (it takes "
                                           f"{', '.join(sorted(allowed)) or 'no arguments'})")
         if name in named:
             raise UnexpectedArgumentError(f"{name} is given both by position and by keyword")
@@ -230,7 +231,8 @@ def bind_call(spec: Spec, options: Options, args, kwargs) -> BoundCall:
     bounds = _ranges_for(spec, tuple(arrays.shapes.items()), options, output_shape)
     if options.bounds in ("clip", "wrap"):
         _check_empty_gathers(spec, options.bounds, arrays.shapes, bounds)
-    dtypes = resolve_dtypes(spec, arrays.dtypes, params, options)
+    dtypes = resolve_dtypes(spec, arrays.dtypes, params, options,
+                            dtype_rules(framework, named))
     if output is not None:
         check_output_cast(spec.output, dtypes.result, numpy_dtype(output), options,
                           spec.statement.output_span)

@@ -127,6 +127,32 @@ def numpy_dtype(value) -> np.dtype:
     return np.dtype(dtype) if dtype is not None else np.asarray(value).dtype
 
 
+class TorchStandIn(np.ndarray):
+    """A NumPy array standing for a torch tensor (a view of its data, or a shape-only
+    placeholder of it) where einfuse runs on NumPy inside torch's own machinery
+    (torch.compile's operator and its fake implementation): binding takes it as the
+    tensor it stands for where the dtype rules differ (a sum of uint8 is int64, as
+    torch.sum gives, not NumPy's uint64)."""
+
+
+def torch_stand_in(array: np.ndarray) -> np.ndarray:
+    """``array`` standing for a torch tensor: a :class:`TorchStandIn` view where the
+    rules differ (narrow unsigned dtypes), else ``array`` itself, which keeps a plain
+    ndarray's fast paths."""
+    dtype = array.dtype
+    if dtype.kind == "u" and dtype.itemsize < 8:
+        return array.view(TorchStandIn)
+    return array
+
+
+def dtype_rules(framework: str, values: Mapping[str, object]) -> str:
+    """The framework whose dtype rules a call on ``values`` follows: its own, or torch's
+    where NumPy arrays stand for torch tensors (:class:`TorchStandIn`)."""
+    if framework == NUMPY and any(type(v) is TorchStandIn for v in values.values()):
+        return TORCH
+    return framework
+
+
 def tensor_placeholder(shape, dtype, device):
     """A zero torch tensor of ``shape`` and torch ``dtype`` on ``device`` with one
     element of memory (stride 0 on every axis): what binding and planning need of a

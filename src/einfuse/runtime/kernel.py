@@ -17,7 +17,7 @@ from ..analysis.spec import Spec, analyse
 from ..backends import get_backend
 from ..errors import (BackendError, EinfuseError, EinfuseOverflowError,
                       EinfuseSyntaxError, EinfuseTypeError, MissingArgumentError, OptionError,
-                      UnexpectedArgumentError, attach_statement, warn)
+                      UnexpectedArgumentError, attach_statement, did_you_mean, warn)
 from ..lang import parse
 from ..lang.ast import Number, accesses
 from ..lang.printer import format_statement
@@ -26,6 +26,7 @@ from .binding import BoundCall, bind_call, bind_names
 from .frameworks import (JAX, NUMPY, TORCH, common_framework, contiguous, framework_of,
                          from_numpy, numpy_dtype, torch_compiling)
 from .hoisted import HoistedForm, hoisted_form, run_hoisted
+from .keywords import check_named, keyword_options
 from .repeat import signature_of
 from .result_size import check_result_size, too_large
 
@@ -388,9 +389,11 @@ def compile(statement=NOT_GIVEN, /, *, ranges=None, pad=None, bounds="check", fi
                                memory_limit=memory_limit, outputs=outputs, **named),
                        mesh, shard)
     if named:
+        options = keyword_options(compile)
+        wrong = ", ".join(f"{name}={did_you_mean(name, options)}" for name in named)
         raise attach_statement(UnexpectedArgumentError(
-            f"compile() takes the statement and options, not {', '.join(named)}=; pass the "
-            "arrays when calling the kernel"), statement)
+            f"compile() takes the statement and options, not {wrong}; pass the arrays when "
+            "calling the kernel"), statement)
     try:
         options = make_options(ranges, pad, bounds, fill, dtype, backend, threads,
                                memory_limit)
@@ -457,6 +460,7 @@ def ein(statement=NOT_GIVEN, /, *args, ranges=None, pad=None, bounds="check", fi
     kernel = compile(statement, ranges=ranges, pad=pad, bounds=bounds, fill=fill,
                      dtype=dtype, backend=backend, threads=threads,
                      memory_limit=memory_limit, outputs=outputs, mesh=mesh, shard=shard)
+    check_named(kernel, named, keyword_options(ein))
     return kernel(*args, arrays=arrays, **named)
 
 

@@ -41,7 +41,7 @@ import torch
 from ..analysis.options import Options
 from ..errors import EinfuseError, EinfuseTypeError, UnexpectedArgumentError, \
     attach_statement
-from .frameworks import contiguous, numpy_dtype, to_numpy
+from .frameworks import contiguous, numpy_dtype, to_numpy, torch_stand_in
 
 _LOCK = threading.Lock()
 _COMPILED: Dict[str, object] = {}       # key -> Kernel or Program
@@ -227,7 +227,9 @@ def _scalars(scalars: str) -> Dict[str, object]:
 def _host(tensor: torch.Tensor):
     """What the kernels read: a NumPy view for CPU tensors, the tensor on a device."""
     detached = tensor.detach()
-    return to_numpy(detached) if detached.device.type == "cpu" else detached
+    # (read as the tensor it is: its sums widen by torch's rule, as in an eager call)
+    return torch_stand_in(to_numpy(detached)) if detached.device.type == "cpu" else \
+        detached
 
 
 def _results(compiled, values) -> Tuple:
@@ -279,7 +281,8 @@ def _static_shape(tensor: torch.Tensor) -> Tuple[int, ...]:
 def _fake_value(tensor: torch.Tensor) -> np.ndarray:
     """A shape-only NumPy stand-in for a fake tensor (one element of memory); its dtype
     read by name (numpy_dtype makes no tensor: this runs under fake-tensor mode)."""
-    return np.broadcast_to(np.zeros((), numpy_dtype(tensor)), _static_shape(tensor))
+    return torch_stand_in(np.broadcast_to(np.zeros((), numpy_dtype(tensor)),
+                                          _static_shape(tensor)))
 
 
 def _torch_dtype(dtype: np.dtype) -> torch.dtype:
@@ -294,11 +297,16 @@ def _output_placeholders(compiled, names, tensors, scalars):
     kernels = _kernels(compiled)
     outputs = compiled.outputs if _is_program(compiled) else (None,)
     produced = {}
+    # a program on device tensors runs on tensors throughout; on the CPU its
+    # intermediates are NumPy arrays (see _host): their placeholders follow suit
+    on_device = any(t.device.type != "cpu" for t in tensors)
     for kernel in kernels:
         spec = kernel.spec
         call = kernel.bind(arrays={name: env[name] for name in spec.arg_order})
         dtype = call.dtypes.result
         env[spec.output] = np.broadcast_to(np.zeros((), dtype), call.output_shape)
+        if on_device:
+            env[spec.output] = torch_stand_in(env[spec.output])
         produced[spec.output] = (call.output_shape, dtype)
     shapes = []
     for name in outputs:
