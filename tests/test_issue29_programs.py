@@ -11,8 +11,11 @@
    binds, groups and prepares) included, and whatever number of threads a call takes
    (without threads=, the free cores decide call by call: backends/c_threads.py)."""
 
+import itertools
+
 import numpy as np
 import pytest
+from conftest import BACKENDS
 
 import einfuse as ef
 from einfuse.backends import c_build
@@ -220,3 +223,150 @@ def test_a_statement_with_a_shape_error_writes_nothing(backend, framework):
         ef.ein("y[i,j] += A[i,k] * B[k,j]", A=_as(framework, np.ones((3, 4))),
                B=_as(framework, np.ones((5, 2))), y=y, backend=backend)
     np.testing.assert_array_equal(_values(y), np.full((3, 2), 7.0))
+
+
+# ---------------------------------------------------------------- 10: the same bits
+
+SOFTMAX = """m[i] := max[j](X[i,j])
+             e[i,j] := exp(X[i,j] - m[i])
+             P[i,j] := e[i,j] / sum[k](e[i,k])"""
+LAYERNORM = """mu[i] := mean[j](X[i,j])
+               v[i] := mean[j]((X[i,j] - mu[i])**2)
+               Y[i,j] := (X[i,j] - mu[i]) / sqrt(v[i] + 0.00001) * g[j] + b[j]"""
+
+
+def _arrays(rows, cols, seed=0):
+    rng = np.random.default_rng(seed)
+    return {"X": rng.standard_normal((rows, cols)), "g": rng.standard_normal(cols),
+            "b": rng.standard_normal(cols), "W": rng.standard_normal((7, cols)),
+            "idx": rng.integers(0, 7, rows), "A": rng.standard_normal((rows, 300)),
+            "B": rng.standard_normal((300, cols))}
+
+
+# (name, source, rows, cols): small ones run statement by statement, large ones fused
+REPRODUCED = [
+    ("a gather and a mean", "s := mean[b,d](W[idx[b], d] * X[b,d])", 3, 4),
+    ("a gather and a mean, program",
+     "e[b,d] := W[idx[b], d] * X[b,d]\nm[b] := mean[d](e[b,d])\ny[b,d] := e[b,d] - m[b]",
+     5, 6),
+    ("a gather inside a mean of an intermediate",
+     "t0[i] := mean[j](X[i,j])\nt1[i] := mean[j](exp(-abs(t0[i] / (1 + abs(W[idx[i], j])))))",
+     16, 24),
+    ("a gather and a mean, fused",
+     "e[b,d] := W[idx[b], d] * X[b,d]\nm[b] := mean[d](e[b,d])\ny[b,d] := e[b,d] - m[b]",
+     300, 40),
+    ("softmax", SOFTMAX, 4, 5),
+    ("softmax, fused", SOFTMAX, 300, 40),
+    ("layernorm", LAYERNORM, 4, 5),
+    ("layernorm, fused", LAYERNORM, 1024, 64),
+    ("a scatter gradient", "e[b,d] := W[idx[b], d]\ny[b,d] := e[b,d] * X[b,d]", 600, 40),
+    ("a column sum", "e[i,j] := tanh(X[i,j])\nc[j] := sum[i](e[i,j] * X[i,j])", 1024, 64),
+    ("a product BLAS computes", "C[i,j] := A[i,k] * B[k,j]", 257, 257),
+]
+
+
+def _bits(values):
+    return [np.asarray(v).tobytes() for v in values]
+
+
+def _forward_backward(compiled, arrays, framework):
+    """The results (and, on torch, the gradients of every float input for a fixed
+    seed) of one call."""
+    if framework == "numpy":
+        found = compiled(**{n: v.copy() for n, v in arrays.items()})
+        return _bits(found if isinstance(found, tuple) else (found,))
+    tensors = {n: torch.from_numpy(v.copy()).requires_grad_(v.dtype.kind == "f")
+               for n, v in arrays.items()}
+    found = compiled(**tensors)
+    found = found if isinstance(found, tuple) else (found,)
+    loss = sum((r * torch.linspace(-1, 1, r.numel(), dtype=r.dtype).reshape(r.shape)).sum()
+               for r in found)
+    loss.backward()
+    return _bits([r.detach().numpy() for r in found] +
+                 [t.grad.numpy() for t in tensors.values() if t.grad is not None])
+
+
+def _used(source, arrays):
+    return {n: v for n, v in arrays.items() if f"{n}[" in source}
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("framework", FRAMEWORKS)
+@pytest.mark.parametrize("name, source, rows, cols", REPRODUCED, ids=[c[0] for c in REPRODUCED])
+@pytest.mark.parametrize("backend", [b for b in BACKENDS if b != "triton"])
+def test_every_call_gives_the_same_bits(backend, framework, threads, name, source, rows,
+                                        cols):
+    compiled = ef.compile(source, backend=backend, threads=threads)
+    for extra in range(3):        # each a new signature: its first call binds and prepares
+        arrays = _used(source, _arrays(rows + extra, cols, seed=extra))
+        first = _forward_backward(compiled, arrays, framework)
+        for _ in range(3):
+            assert _forward_backward(compiled, arrays, framework) == first, name
+
+
+@pytest.mark.skipif(not HAVE_C, reason="the C backend's threads")
+@pytest.mark.parametrize("framework", FRAMEWORKS)
+@pytest.mark.parametrize("name, source, rows, cols",
+                         [c for c in REPRODUCED if c[2] >= 1024],
+                         ids=[c[0] for c in REPRODUCED if c[2] >= 1024])
+def test_the_free_cores_changing_from_call_to_call_change_no_bit(monkeypatch, framework,
+                                                                 name, source, rows, cols):
+    """Without threads= each kernel takes the cores other tasks leave (c_threads.py),
+    so consecutive calls run on different thread counts: a fused column sum (layernorm's
+    dg, db) must not depend on how its rows are split among them."""
+    from einfuse.backends import c_fused_prepared, c_repeat, c_threads
+    monkeypatch.setenv("OMP_NUM_THREADS", "2")
+    counts = itertools.cycle([1, 2])
+
+    def changing():
+        return next(counts)
+    for module in (c_threads, c_fused_prepared, c_repeat):
+        monkeypatch.setattr(module, "free_threads", changing)
+    arrays = _used(source, _arrays(rows, cols))
+    compiled = ef.compile(source, backend="c")
+    first = _forward_backward(compiled, arrays, framework)
+    for _ in range(3):
+        assert _forward_backward(compiled, arrays, framework) == first, name
+    pinned = [_forward_backward(ef.compile(source, backend="c", threads=t), arrays, framework)
+              for t in (1, 2)]
+    assert pinned[0] == pinned[1] == first, name
+
+
+def test_a_sum_over_slices_is_still_the_sum():
+    """The column sums by slices of rows against NumPy (float64 and float32)."""
+    rng = np.random.default_rng(4)
+    for dtype, rtol in ((np.float64, 1e-12), (np.float32, 1e-5)):
+        X = rng.standard_normal((1031, 70)).astype(dtype)
+        for threads in (1, 2, 3):
+            c = ef.ein("e[i,j] := tanh(X[i,j])\nc[j] := sum[i](e[i,j] * X[i,j])", X=X,
+                       threads=threads)
+            np.testing.assert_allclose(c, (np.tanh(X.astype(np.float64)) * X).sum(0),
+                                       rtol=rtol, atol=rtol)
+
+
+@pytest.mark.parametrize("name, source, rows, cols",
+                         [c for c in REPRODUCED if c[2] * c[3] <= 600],
+                         ids=[c[0] for c in REPRODUCED if c[2] * c[3] <= 600])
+@pytest.mark.parametrize("backend", [b for b in BACKENDS if b != "triton"])
+def test_backwards_of_one_call_agree_and_gradcheck_passes(backend, name, source, rows,
+                                                          cols):
+    """gradcheck's reentrancy check: backward twice through the same graph gives the
+    same bits (its first backward plans and prepares, the second runs prepared)."""
+    arrays = _used(source, _arrays(rows, cols, seed=5))
+    compiled = ef.compile(source, backend=backend, threads=1)
+    names = [n for n, v in arrays.items() if v.dtype.kind == "f"]
+    tensors = {n: torch.from_numpy(v.copy()).requires_grad_(n in names)
+               for n, v in arrays.items()}
+    found = compiled(**tensors)
+    found = found[-1] if isinstance(found, tuple) else found
+    seed = torch.linspace(-1, 1, found.numel(), dtype=found.dtype).reshape(found.shape)
+    grads = [torch.autograd.grad(found, [tensors[n] for n in names], seed,
+                                 retain_graph=True) for _ in range(3)]
+    for later in grads[1:]:
+        assert _bits(later) == _bits(grads[0]), name
+
+    def function(*values):
+        result = compiled(**{**tensors, **dict(zip(names, values))})
+        return result[-1] if isinstance(result, tuple) else result
+    inputs = tuple(torch.from_numpy(arrays[n].copy()).requires_grad_() for n in names)
+    assert torch.autograd.gradcheck(function, inputs, nondet_tol=0.0)

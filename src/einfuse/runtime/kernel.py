@@ -161,12 +161,19 @@ class Kernel:
             if fused is not None and numpy_dtype(fused) == call.dtypes.result:
                 return self.deliver(call, fused)
         form = self.hoisted_form
-        if form is not None:
+        if form is not None and form.runs(call):
             # autograd records each kernel of the hoisted form on its own
             done, result = run_hoisted(form, call, bind_names(self.spec, args, kwargs))
             if done:
                 if given is not None:
                     self._prepare_repeat(call, given)
+                return result
+        elif given is not None:
+            # the first call of a signature runs as its repeats will (the same kernels,
+            # BLAS and backward): the same bits, call after call (runtime/repeat.py)
+            from .repeat import run_first
+            done, result = run_first(self, call, given)
+            if done:
                 return result
         if grad and self.spec.assign == ":=":
             result = torch_autograd.apply(self, call, lambda: self.run(call),
