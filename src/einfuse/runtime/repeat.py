@@ -143,8 +143,12 @@ def run_first(kernel, call, kwargs) -> Tuple[bool, object]:
     each index value itself, a large one's does not), the same BLAS (torch's for torch
     tensors), the same backward (torch_prepared.py) -- so that its results are theirs
     to the bit, as torch.autograd.gradcheck's reentrancy check asks.  (False, None)
-    where there is no runner: the full path runs, on every call."""
+    where there is no runner (the full path runs, on every call), and on the Triton
+    backend, whose runner takes over the launch the full path makes (the same kernel)."""
+    from .kernel import _backend_name
     from .result_size import check_result_size, too_large
+    if get_backend(_backend_name(kernel.options.backend, call)).name != "c":
+        return False, None
     try:
         check_result_size(call)       # (the full path's checks that a repeat never needs)
         prepare(kernel, call, kwargs)
