@@ -26,7 +26,7 @@ from .binding import BoundCall, bind_call, bind_names
 from .frameworks import (JAX, NUMPY, TORCH, common_framework, contiguous, framework_of,
                          from_numpy, numpy_dtype, torch_compiling)
 from .hoisted import HoistedForm, hoisted_form, run_hoisted
-from .repeat import signature_of
+from .repeat import run_first, signature_of
 from .result_size import check_result_size, too_large
 
 
@@ -171,8 +171,8 @@ class Kernel:
         elif given is not None:
             # the first call of a signature runs as its repeats will (the same kernels,
             # BLAS and backward): the same bits, call after call (runtime/repeat.py)
-            from .repeat import run_first
-            done, result = run_first(self, call, given)
+            done, result = run_first(self, call, given,
+                                     _backend_name(self.options.backend, call))
             if done:
                 return result
         if grad and self.spec.assign == ":=":

@@ -17,6 +17,7 @@ import numpy as np
 from ..backends import get_backend
 from ..errors import EinfuseError, attach_statement
 from .frameworks import NUMPY, TORCH, has_tangent
+from .result_size import check_result_size, too_large
 
 # Prepared signatures kept per kernel (a new one past this replaces the oldest).
 SIGNATURES_KEPT = 32
@@ -136,7 +137,7 @@ def prepare(kernel, call, kwargs) -> None:
     cache[signature] = repeat
 
 
-def run_first(kernel, call, kwargs) -> Tuple[bool, object]:
+def run_first(kernel, call, kwargs, backend: str) -> Tuple[bool, object]:
     """(True, result) of a call whose checks have passed, by the runner that
     :func:`prepare` makes for its signature, made first: the first call of a signature
     then runs as every repeat will -- the same kernels (a small gather's kernel tests
@@ -144,10 +145,9 @@ def run_first(kernel, call, kwargs) -> Tuple[bool, object]:
     tensors), the same backward (torch_prepared.py) -- so that its results are theirs
     to the bit, as torch.autograd.gradcheck's reentrancy check asks.  (False, None)
     where there is no runner (the full path runs, on every call), and on the Triton
-    backend, whose runner takes over the launch the full path makes (the same kernel)."""
-    from .kernel import _backend_name
-    from .result_size import check_result_size, too_large
-    if get_backend(_backend_name(kernel.options.backend, call)).name != "c":
+    backend, whose runner takes over the launch the full path makes (the same kernel).
+    ``backend``: the backend the call runs on."""
+    if get_backend(backend).name != "c":
         return False, None
     try:
         check_result_size(call)       # (the full path's checks that a repeat never needs)
