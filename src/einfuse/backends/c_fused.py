@@ -23,7 +23,8 @@ from ..plan.expression_facts import divides
 from . import c_build, c_rows
 from .c_backend import _ARGTYPES, _blas_contraction, _buffers, _pack_for_lanes, _plan
 from .c_render import render_c
-from .c_threads import default_threads, fixed_thread_count, thread_count
+from .c_threads import (PARALLEL_MIN_WORK, default_threads, fixed_thread_count,
+                        thread_count)
 
 _fused: Dict[Tuple, Tuple] = {}
 _lock = threading.Lock()
@@ -78,9 +79,9 @@ def run(members, thread_rows: FrozenSet[int] = frozenset()) -> Optional[Dict[int
     function, passed, thread_rows, guards = _compiled(members, thread_rows)
     threads = _threads(members, thread_rows)
     buffers, rows = _with_thread_rows(members, thread_rows, threads)
-    columns = _column_accumulators(members, thread_rows, threads)
-    ints, doubles, integers, fills = _arguments(members, buffers,
-                                                _row_ints(rows, thread_rows, columns), guards)
+    columns = _column_accumulators(members, thread_rows)
+    ints, doubles, integers, fills = _arguments(
+        members, buffers, _row_ints(members, rows, thread_rows, columns), guards)
     arrays = [_passed_array(buffers, columns, k, slot) for k, slot in passed]
     pointers = (ctypes.c_void_p * len(arrays))(*[a.ctypes.data for a in arrays])
     error = ctypes.c_int32(0)
@@ -198,13 +199,30 @@ def _columns(members) -> FrozenSet[int]:
     return frozenset(k for k, m in enumerate(members) if m.column is not None)
 
 
-def _column_accumulators(members, thread_rows: FrozenSet[int], threads: int):
-    """member -> (running sums, errors): zeroed, one row per thread each."""
-    # as long as the value row (the kernel steps from thread to thread by its length)
-    return {k: tuple(thread_scratch(max(threads, 1), _padded(members[k]),
+def _column_accumulators(members, thread_rows: FrozenSet[int]):
+    """member -> (running sums, errors): zeroed, one row per slice of the rows each
+    (plan/fuse_columns.py)."""
+    # as long as the value row (the kernel steps from slice to slice by its length)
+    slices = column_slices(members)
+    return {k: tuple(thread_scratch(slices, _padded(members[k]),
                                     _column_dtype(members[k]), zeroed=True)
                      for _ in range(2))
             for k in sorted(_columns(members) & thread_rows)}
+
+
+def column_slices(members) -> int:
+    """How many slices a group's rows are cut into for its column sums: as many as
+    the most threads a call may take (OpenMP's default, or threads=), whatever the
+    count a call takes (c_threads.py), so that the sums' bits never depend on it; one
+    below the work that is worth a second thread."""
+    if _work(members) < PARALLEL_MIN_WORK:
+        return 1
+    return max(default_threads(), members[0].call.options.threads or 1)
+
+
+def _slice_rows(members) -> int:
+    """Rows per slice (ir.SLICE_ROWS): the group's rows cut into column_slices parts."""
+    return max(1, -(-members[0].extent // column_slices(members)))
 
 
 def _column_dtype(member) -> np.dtype:
@@ -212,13 +230,14 @@ def _column_dtype(member) -> np.dtype:
     return np.dtype(column_sum_dtype(member.call.dtypes.working.name))
 
 
-def _row_ints(rows, thread_rows: FrozenSet[int], columns) -> list:
+def _row_ints(members, rows, thread_rows: FrozenSet[int], columns) -> list:
     """The per-thread row lengths in the merged kernel's order: each member's row, and
-    after a column member's the same length twice (its sums and errors)."""
+    after a column member's the same length twice (its sums and errors); then, where
+    there are column sums, the rows per slice."""
     ints = []
     for k, length in zip(sorted(thread_rows), rows):
         ints += [length] * (3 if k in columns else 1)
-    return ints
+    return ints + ([_slice_rows(members)] if columns else [])
 
 
 def _passed_array(buffers, columns, k: int, slot: int):
@@ -228,8 +247,8 @@ def _passed_array(buffers, columns, k: int, slot: int):
 
 
 def column_total(member, sums: np.ndarray, errors: np.ndarray) -> np.ndarray:
-    """A column member's result: each thread's sum (a compensated one with its error
-    added back where the sum is finite, as ef_total does), added in thread order, in
+    """A column member's result: each slice's sum (a compensated one with its error
+    added back where the sum is finite, as ef_total does), added in slice order, in
     the output's shape and the working dtype."""
     shape = member.column.call.output_shape
     size = int(np.prod(shape, dtype=np.int64))

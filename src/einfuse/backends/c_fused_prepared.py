@@ -51,10 +51,11 @@ def prepared_runner(members, thread_rows: FrozenSet[int], sources: Sequence[obje
         c_fused._threads(members, thread_rows)
     buffers, rows = c_fused._with_thread_rows(members, thread_rows, threads)
     scratch = {k: (max(threads, 1), length) for k, length in zip(sorted(thread_rows), rows)}
-    columns = c_fused._column_accumulators(members, thread_rows, threads)
+    columns = c_fused._column_accumulators(members, thread_rows)
     # the arguments depend on layouts only: computed once, kept alive with the runner
     arguments = c_fused._arguments(members, buffers,
-                                   c_fused._row_ints(rows, thread_rows, columns), guards)
+                                   c_fused._row_ints(members, rows, thread_rows, columns),
+                                   guards)
     addresses = tuple(a.ctypes.data for a in arguments)
     working = members[0].call.dtypes.working
     plan = _plan(members, passed, scratch, sources)

@@ -326,17 +326,20 @@ class CRenderer:
         pad = "  " * depth
         lines = []
         entered = False
+        sliced = any(buf.per_slice for buf in self.thread_rows)
         if node.kind == LoopKind.PARALLEL and not self.in_parallel:
             collapse, inner = 1, node
             # a TiledLoop starts with an 'if' (full tile or not): not perfectly nested
             while len(inner.body) == 1 and isinstance(inner.body[0], ir.Loop) \
                     and inner.body[0].kind == LoopKind.PARALLEL \
-                    and not getattr(inner.body[0], "simd", False):
+                    and not getattr(inner.body[0], "simd", False) and not sliced:
                 inner = inner.body[0]
                 collapse += 1
             simd = " simd" if collapse == 1 and node.simd else ""
+            # rows kept per slice: each slice of SLICE_ROWS iterations runs on one thread
+            schedule = f"static, {name(ir.SLICE_ROWS)}" if sliced else "static"
             lines.append(f"{pad}#pragma omp parallel for{simd} collapse({collapse}) "
-                         "schedule(static) num_threads(nth)")
+                         f"schedule({schedule}) num_threads(nth)")
             self.in_parallel = entered = True
         elif node.simd:
             clause = "".join(f" reduction({'+' if op == 'sum' else '*'}:{name(acc)})"
@@ -347,18 +350,22 @@ class CRenderer:
         lines.append(f"{pad}for (int64_t {var} = {first}; {var} < {self.affine(node.extent)}; "
                      f"++{var}) {{")
         if entered:
-            lines += self.thread_row_pointers(depth + 1)
+            lines += self.thread_row_pointers(depth + 1, var if first == "0" else
+                                              f"({var} - ({first}))")
         lines += self.block(node.body, depth + 1)
         lines.append(pad + "}")
         if entered:
             self.in_parallel = False
         return lines
 
-    def thread_row_pointers(self, depth: int) -> List[str]:
-        """Inside the parallel loop: each per-thread buffer's row for this thread."""
+    def thread_row_pointers(self, depth: int, iteration: str) -> List[str]:
+        """Inside the parallel loop: each per-thread buffer's row for this thread (a
+        per-slice buffer's for the slice holding ``iteration``, counted from 0)."""
         return ["  " * depth + f"{C_TYPES.get(buf.dtype, 'T')} *restrict {name(buf.name)} = "
-                f"{name(buf.name)}_rows + (int64_t)omp_get_thread_num() * "
-                f"{name(buf.per_thread)};" for buf in self.thread_rows]
+                f"{name(buf.name)}_rows + " +
+                (f"({iteration} / {name(ir.SLICE_ROWS)})" if buf.per_slice
+                 else "(int64_t)omp_get_thread_num()") +
+                f" * {name(buf.per_thread)};" for buf in self.thread_rows]
 
     def stmt_TiledLoop(self, node: ir.TiledLoop, depth: int) -> List[str]:
         pad = "  " * depth

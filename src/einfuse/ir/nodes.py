@@ -342,16 +342,25 @@ class Store(Stmt):
 # ------------------------------------------------------------------ kernels
 
 
+# The runtime int of a kernel with ``Buffer.per_slice`` rows: iterations per slice.
+SLICE_ROWS = "slice_rows"
+
+
 @dataclass(frozen=True)
 class Buffer:
     """A kernel argument array of ``dtype`` elements (ir.kinds.BufferType).  ``per_thread``
     names the runtime int holding a row length: the array then holds one row of that
     many elements per thread, and each thread of the outermost parallel loop reads and
-    writes its own row (a fused intermediate that never goes to memory whole)."""
+    writes its own row (a fused intermediate that never goes to memory whole).
+    ``per_slice``: the row is not the thread's but that of the slice of the loop's
+    iterations the counter is in (``SLICE_ROWS`` iterations each, a runtime int; one
+    thread runs a whole slice), so that sums kept in it do not depend on the thread
+    count."""
     name: str
     dtype: BufferType
     output: bool = False
     per_thread: Optional[str] = None
+    per_slice: bool = False
 
     def __post_init__(self):
         _as(self, "dtype", BufferType)

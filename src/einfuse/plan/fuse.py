@@ -116,7 +116,8 @@ def fuse_kernels(kernels: Sequence[ir.Kernel], reads: Sequence[Dict[int, Tuple[i
     written and summed right after was merged into one pass, the guards' verdict.
     ``columns``: the kernels whose value rows are summed over the rows instead
     (plan/fuse_columns.py); each takes two more per-thread buffers after its own, the
-    running sums and their errors, with the same row length."""
+    running sums and their errors, with the same row length, one row per slice of the
+    loop (``ir.SLICE_ROWS``, after the row lengths)."""
     buffers = []
     ints = []
     body = []
@@ -146,10 +147,11 @@ def fuse_kernels(kernels: Sequence[ir.Kernel], reads: Sequence[Dict[int, Tuple[i
         if number in columns:
             value = mapping[-1]
             wide = column_sum_dtype(working) != working
-            for _ in range(2):
+            for _ in range(2):     # (rows per slice of the loop: plan/fuse_columns.py)
                 buffers.append(dataclasses.replace(
                     buffers[value], name=f"t{len(buffers)}", per_thread=f"rows{len(buffers)}",
-                    dtype=column_sum_dtype(working) if wide else buffers[value].dtype))
+                    dtype=column_sum_dtype(working) if wide else buffers[value].dtype,
+                    per_slice=True))
             sums, errors = len(buffers) - 2, len(buffers) - 1
             renamed = accumulate_into_columns(
                 renamed, ColumnAccumulators(value, sums, errors, buffers[sums].per_thread,
@@ -157,6 +159,8 @@ def fuse_kernels(kernels: Sequence[ir.Kernel], reads: Sequence[Dict[int, Tuple[i
                 prefix)
         body += list(renamed)
     ints += [b.per_thread for b in buffers if b.per_thread is not None]
+    if columns:
+        ints.append(ir.SLICE_ROWS)
     sums = merge_row_sums(tuple(body), SHARED_LOOP)
     siblings = merge_sibling_loops(sums.body, SHARED_LOOP)
     # one verdict for both passes' guards: any that fails turns every merge off

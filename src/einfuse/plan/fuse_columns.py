@@ -15,8 +15,16 @@ error ``c``:
 
 ``s`` alone is the plain sum in row order, so inf and NaN propagate as in any sum;
 the caller (backends/c_fused.py) adds ``c`` back where ``s`` is finite and adds the
-threads' totals in thread order.  The compensation keeps the error of a long column
-at a few roundings, independent of the number of rows.
+rows' totals in order.  The compensation keeps the error of a long column at a few
+roundings, independent of the number of rows.
+
+The accumulator rows belong to slices of the loop over rows, not to threads
+(``ir.Buffer.per_slice``): slice ``s`` is the rows ``s*C .. s*C + C - 1`` (``C``, the
+runtime int ``ir.SLICE_ROWS``, fixed for a call's shapes), run by one thread from first
+to last (OpenMP's ``schedule(static, C)``).  Which rows each partial sum holds, and so
+every bit of the result, is then the same on any number of threads: the thread count
+of a kernel follows the cores other tasks leave, call by call (backends/c_threads.py),
+and a gradient must not change from one call to the next (torch's gradcheck checks).
 
 A float32 column is summed in float64 instead (``s[j] += x``, ``c`` stays zero): its
 error stays below one float32 rounding of the sum of magnitudes for columns of fewer
@@ -37,7 +45,7 @@ from ..ir import BinaryOp, Function, Policy
 @dataclass(frozen=True)
 class ColumnAccumulators:
     """The merged buffer slots of one column member: its (never written) value row,
-    the running sums and the rounding errors, both one row per thread of ``length``
+    the running sums and the rounding errors, both one row per slice of ``length``
     elements (the runtime int holding it)."""
     value: int
     sums: int

@@ -23,6 +23,7 @@ from ..runtime.frameworks import common_framework, from_numpy, torch_compiling
 from ..runtime.repeat import signature_of
 from ..schedule import run_statements
 from .split import StatementText, split_program
+from .writes import guarded_names, keep_contents, restore_contents
 
 
 @dataclass(frozen=True)
@@ -68,6 +69,8 @@ class Program:
         self.inputs = tuple(order)
         self.intermediates = tuple(s.output for s in self.statements if s.assign == ":=")
         self._kernels = tuple(s.kernel for s in self.statements)
+        # arrays written by '='/'+=' with statements still to follow (program/writes.py)
+        self._guarded = guarded_names(self._kernels)
         self._runs: dict = {}       # prepared runs by call signature (schedule/fusion.py)
 
     def __repr__(self) -> str:
@@ -106,8 +109,14 @@ class Program:
                                            self.options)
             if results is not None:
                 return results[0] if len(results) == 1 else results
-        run_statements(self._kernels, env, framework, keep=set(self.outputs),
-                       runs=self._runs)
+        kept = keep_contents(env, self._guarded) if self._guarded else None
+        try:
+            run_statements(self._kernels, env, framework, keep=set(self.outputs),
+                           runs=self._runs)
+        except BaseException:
+            if kept:       # nothing written when an error is raised
+                restore_contents(kept)
+            raise
         results = tuple(env[name] for name in self.outputs)
         return results[0] if len(results) == 1 else results
 

@@ -27,7 +27,7 @@ from .frameworks import (JAX, NUMPY, TORCH, common_framework, contiguous, framew
                          from_numpy, numpy_dtype, torch_compiling)
 from .hoisted import HoistedForm, hoisted_form, run_hoisted
 from .keywords import check_named, keyword_options
-from .repeat import signature_of
+from .repeat import run_first, signature_of
 from .result_size import check_result_size, too_large
 
 
@@ -162,12 +162,19 @@ class Kernel:
             if fused is not None and numpy_dtype(fused) == call.dtypes.result:
                 return self.deliver(call, fused)
         form = self.hoisted_form
-        if form is not None:
+        if form is not None and form.runs(call):
             # autograd records each kernel of the hoisted form on its own
             done, result = run_hoisted(form, call, bind_names(self.spec, args, kwargs))
             if done:
                 if given is not None:
                     self._prepare_repeat(call, given)
+                return result
+        elif given is not None:
+            # the first call of a signature runs as its repeats will (the same kernels,
+            # BLAS and backward): the same bits, call after call (runtime/repeat.py)
+            done, result = run_first(self, call, given,
+                                     _backend_name(self.options.backend, call))
+            if done:
                 return result
         if grad and self.spec.assign == ":=":
             result = torch_autograd.apply(self, call, lambda: self.run(call),

@@ -15,8 +15,9 @@ from typing import Callable, Dict, Optional, Tuple
 import numpy as np
 
 from ..backends import get_backend
-from ..errors import EinfuseError
+from ..errors import EinfuseError, attach_statement
 from .frameworks import NUMPY, TORCH, has_tangent
+from .result_size import check_result_size, too_large
 
 # Prepared signatures kept per kernel (a new one past this replaces the oldest).
 SIGNATURES_KEPT = 32
@@ -134,6 +135,34 @@ def prepare(kernel, call, kwargs) -> None:
         repeat = runner
         BY_NAME.add(repeat)
     cache[signature] = repeat
+
+
+def run_first(kernel, call, kwargs, backend: str) -> Tuple[bool, object]:
+    """(True, result) of a call whose checks have passed, by the runner that
+    :func:`prepare` makes for its signature, made first: the first call of a signature
+    then runs as every repeat will -- the same kernels (a small gather's kernel tests
+    each index value itself, a large one's does not), the same BLAS (torch's for torch
+    tensors), the same backward (torch_prepared.py) -- so that its results are theirs
+    to the bit, as torch.autograd.gradcheck's reentrancy check asks.  (False, None)
+    where there is no runner (the full path runs, on every call), and on the Triton
+    backend, whose runner takes over the launch the full path makes (the same kernel).
+    ``backend``: the backend the call runs on."""
+    if get_backend(backend).name != "c":
+        return False, None
+    try:
+        check_result_size(call)       # (the full path's checks that a repeat never needs)
+        prepare(kernel, call, kwargs)
+        runner = kernel._repeat.get(signature_of(kwargs))
+        if runner is None:
+            return False, None
+        try:
+            return True, runner(kwargs)
+        except EinfuseError:
+            raise
+        except MemoryError:
+            raise too_large(call, "could not be allocated") from None
+    except EinfuseError as error:
+        raise attach_statement(error, kernel.statement) from None
 
 
 def _triton_runner(call):
