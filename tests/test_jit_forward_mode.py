@@ -1,7 +1,7 @@
-"""Forward mode (jax.jvp, jacfwd, hessian) through an ef.jit function: JAX runs the
-function itself, since the kernel's gradient is a custom_vjp that forward mode cannot go
-through; reverse mode and vmap keep the fused kernels.  Results against jax.jit of the
-same function."""
+"""Forward mode (jax.jvp, jacfwd, hessian) through an ef.jit function: the compiled
+forward-mode kernel (runtime/jit_forward.py); reverse mode and vmap keep the fused
+kernels.  Results against jax.jit of the same function (tests/test_issue29_grads.py has
+linearize and the control-flow forms)."""
 
 import numpy as np
 import pytest
@@ -31,7 +31,7 @@ def case():
 
 
 @pytest.mark.parametrize("transform", ["jvp", "jacfwd", "hessian", "jit jvp"])
-def test_forward_mode_runs_the_function_in_jax(case, transform):
+def test_forward_mode_equals_jax_jit(case, transform):
     w, x = case
     seen = []
     fused = ef.jit(lambda w, x: _scan_rnn(w, x, seen))

@@ -516,6 +516,7 @@ def gradient_lines(kernel, call) -> List[str]:
 
     from .backends import get_backend
     from .errors import NoGradientError
+    from .autodiff.reference import statements_to_run
     from .runtime.gradients import gradient_statements, options_key
     spec = kernel.spec
     wanted = [t.name for t in spec.tensors if t.as_value and t.name != spec.output]
@@ -532,15 +533,19 @@ def gradient_lines(kernel, call) -> List[str]:
         except NoGradientError as error:
             lines.append(f"d{name}: none ({error.message})")
             continue
+        if call is not None:
+            arrays = dict(call.arrays)
+            arrays.update(call.params)
+            arrays["d" + spec.output] = np.broadcast_to(
+                np.zeros((), call.dtypes.result), call.output_shape)
+            # the statements these arrays run (an output starting elsewhere than 0, a
+            # gather's fallback: autodiff/reference.py)
+            statements = statements_to_run(statements, arrays)
         for g in statements:
             shown = g.description or g.text
             lines.append(f"{shown}   [{g.kind}]")
             if call is None:
                 continue
-            arrays = dict(call.arrays)
-            arrays.update(call.params)
-            arrays["d" + spec.output] = np.broadcast_to(
-                np.zeros((), call.dtypes.result), call.output_shape)
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
                 options = g.resolve_options(arrays)

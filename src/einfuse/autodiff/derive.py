@@ -86,6 +86,13 @@ class GradientStatement:
     # indices whose values the statement computes with as numbers (the position of the
     # first maximum in a max/min gradient): checked exact in the working dtype per call
     positions: Tuple[str, ...] = ()
+    # its place among the statements derive returned for (forward, wrt): a forward
+    # whose output ranges do not start at 0 for a call is derived again for those
+    # starts (autodiff/rebase.py), and the first statement stands for all of them
+    part: int = 0
+    # (output index, first value) where the forward's output starts elsewhere than 0:
+    # dOUT's position p is then index value first + p (notation.md 6.3)
+    starts: Tuple[Tuple[str, int], ...] = ()
 
     def covers(self, arrays) -> bool:
         """Do the frame indices that stand for forward reduction indices cover wrt's
@@ -193,8 +200,10 @@ def used_names(spec: Spec) -> set:
 
 
 class _Deriver:
-    def __init__(self, spec: Spec, wrt: str, dout: Optional[str], options, parent):
+    def __init__(self, spec: Spec, wrt: str, dout: Optional[str], options, parent,
+                 starts: Optional[Dict[str, int]] = None):
         self.spec, self.wrt, self.options, self.parent = spec, wrt, options, parent
+        self.starts = dict(starts or {})
         st = spec.statement
         self.names = Names(used_names(spec))
         self.check_wrt()
@@ -226,7 +235,9 @@ class _Deriver:
                                   f"{', '.join(spec.arg_order) or 'nothing'})")
 
     def run(self) -> List[GradientStatement]:
-        seed = Access(self.dout, tuple(IndexExpr(((i, 1),)) for i in self.outputs))
+        # dOUT at the position of each output index value (its value less its start)
+        seed = Access(self.dout, tuple(IndexExpr(((i, 1),), (), -self.starts.get(i, 0))
+                                       for i in self.outputs))
         self.seed = seed
         found = [_Contribution(leaf, g, self.outputs + bound) for leaf, g, bound
                  in _occurrences(self.spec.rhs, self.wrt, seed, self.names)]
@@ -247,6 +258,8 @@ class _Deriver:
         if not result:  # the statement reads wrt only through piecewise-constant parts
             check_gradient_passes(self.spec.rhs, self.wrt)
             result.append(self.zero_statement())
+        for n, g in enumerate(result):
+            g.part = n
         return result
 
     # -- which contributions move into the gradient's frame ------------------------------
@@ -267,7 +280,23 @@ class _Deriver:
                 continue
             if self.pivot(s) is None:
                 return False
-        return True
+        return not (self.widened(subs) & _unpadded_reads(c.term))
+
+    def widened(self, subs) -> set:
+        """The forward indices whose values in the gradient's frame may lie outside
+        their forward range: those solved from an affine subscript (``x[j+1]``: ``j =
+        k - 1`` runs over -1..) and plain output indices that an affine use narrows.  A
+        read of another array at them is 0 under ``pad=0``, but an index array's read
+        (``w[idx[k - 1]]``) and a gathered read are not padded: such a contribution
+        is a scatter from the forward's own frame instead (``dx[j + 1] += ...``)."""
+        found = set()
+        for s in subs:
+            v = s.plain_index
+            if v is None:
+                found.add(self.pivot(s)[0])
+            elif v in self.outputs and self.affine_use(v):
+                found.add(v)
+        return found
 
     def affine_use(self, index: str) -> bool:
         """May the index's range be narrower than the axes it indexes plainly?  Yes with
@@ -340,7 +369,10 @@ class _Deriver:
         frame_outputs = any(s.plain_index in self.outputs and self.affine_use(s.plain_index)
                             for c in contributions if isinstance(c.leaf, Access)
                             for s in c.leaf.indices)
-        pad = 0.0 if (shifted or frame_outputs or self.forward_pad) else None
+        # (a forward output starting elsewhere than 0 has dOUT read at positions that
+        # a frame over wrt's axis may pass: self.starts, autodiff/rebase.py)
+        pad = 0.0 if (shifted or frame_outputs or self.forward_pad or self.starts) \
+            else None
         parts, extents = [], {}
         for term, seed, summed in moved:
             if pad is not None and _risky(term, frame, self.wrt):
@@ -438,7 +470,8 @@ class _Deriver:
                                  options=opts, forward_options=dict(self.options),
                                  parent=self.parent, description=text,
                                  output_grad=self.dout,
-                                 positions=position_indices(spec.rhs))
+                                 positions=position_indices(spec.rhs),
+                                 starts=tuple(sorted(self.starts.items())))
 
 
 def position_indices(rhs):
@@ -477,6 +510,21 @@ def _sub_exprs(s: IndexExpr):
     for access, _ in s.gathers:
         for inner in access.indices:
             yield from _sub_exprs(inner)
+
+
+def _unpadded_reads(term: Expr) -> set:
+    """The indices that ``term`` reads arrays at where ``pad=`` does not apply: in an
+    index array's subscripts, and in any subscript holding a gather (its value
+    follows ``bounds=``)."""
+    found = set()
+    for access in accesses(term):
+        for sub in access.indices:
+            if sub.gathers:
+                found.update(sub.index_names)
+                for inner, _ in sub.gathers:
+                    found.update(n for s in inner.indices for level in _sub_exprs(s)
+                                 for n in level)
+    return found
 
 
 def _implicit_sum(term: Expr, summed) -> bool:

@@ -11,11 +11,14 @@ from typing import Dict, Iterable, List, Mapping
 
 import numpy as np
 
-from ..errors import OutOfBoundsError, RangeError
+from ..errors import OutOfBoundsError, RangeError, ShapeError
+from ..lang import parse
 from ..lang.ast import IndexExpr
 from ..runtime.frameworks import JAX, TORCH, framework_of, placeholder
 from ..runtime.kernel import compile as ef_compile
 from .derive import AxisOf, ExtentOf, GradientStatement, NoGradientError, RangeOf
+from .attribution import gradient_errors
+from .rebase import output_indices, output_starts, rebased
 from .strided_scatter import add_strided
 
 _PASSED = ("ranges", "pad", "bounds", "fill")
@@ -57,25 +60,50 @@ def _bind_forward_ranges(g: GradientStatement, arrays: Mapping[str, object]):
     if spec.assign != ":=":   # '=' / '+=': the output's shape is dOUT's
         args[spec.output] = np.zeros(np.shape(arrays.get(spec.output,
                                                          arrays[g.output_grad])))
-    ranges = kernel.bind(**args).bounds.range_map
-    for index in spec.output_indices:
-        if ranges[index][0] != 0:
-            raise NoGradientError(f"output index {index} of {g.forward!r} starts at "
-                                  f"{ranges[index][0]}; dOUT's positions would not match: "
-                                  f"pass ranges={{'{index}': range(0, n)}}")
-    return ranges
+    return kernel.bind(**args).bounds.range_map
+
+
+def _check_starts(g: GradientStatement, forward) -> None:
+    """``g``'s statement reads dOUT at index values: only right where the forward's
+    output indices start at 0 (statements_to_run rebases the others, autodiff/rebase.py)."""
+    starts = output_starts(g, forward)
+    if starts != dict(g.starts):
+        index = next(i for i in set(starts) | {i for i, _ in g.starts}
+                     if starts.get(i, 0) != dict(g.starts).get(i, 0))
+        raise NoGradientError(f"output index {index} of {g.forward!r} starts at "
+                              f"{starts.get(index, 0)} for these arrays, not where this "
+                              "gradient statement was derived for: run the statements "
+                              "statements_to_run(...) gives for these arrays")
+
+
+def _check_output_grad(g: GradientStatement, forward, arrays) -> None:
+    """dOUT must have the forward output's shape: a padded read would take a shorter
+    one for zeros past its end."""
+    if g.output_grad not in arrays or g.parent is not None:
+        return
+    indices = output_indices(g.forward)
+    expected = tuple(forward[i][1] - forward[i][0] for i in indices)
+    found = tuple(np.shape(arrays[g.output_grad]))
+    if found != expected:
+        raise ShapeError(f"{g.output_grad}, the gradient of the output, has shape {found}, "
+                         f"but this statement's output has shape {expected} for these "
+                         f"arrays", source=g.forward,
+                         span=parse(g.forward).output_span)
 
 
 def covers(g: GradientStatement, arrays: Mapping[str, object]) -> bool:
     if not g.range_checks:
         return True
     forward = _forward_ranges(g, arrays)
+    _check_starts(g, forward)
     return all(forward[index][0] <= 0 and forward[index][1] >= np.shape(arrays[t])[axis]
                for index, t, axis in g.range_checks)
 
 
 def resolve_options(g: GradientStatement, arrays: Mapping[str, object]) -> Dict[str, object]:
     forward = _forward_ranges(g, arrays)
+    _check_starts(g, forward)
+    _check_output_grad(g, forward, arrays)
     ranges = {}
     for index, source in g.options["ranges"].items():
         if isinstance(source, AxisOf):
@@ -130,10 +158,18 @@ def _check_positions_exact(g: GradientStatement, ranges, arrays) -> None:
 def statements_to_run(grads: Iterable[GradientStatement],
                       arrays: Mapping[str, object]) -> List[GradientStatement]:
     """The statements that compute these gradients for arrays of these shapes: a gather
-    whose frame indices do not cover wrt's axes runs its fallback statements instead."""
+    whose frame indices do not cover wrt's axes runs its fallback statements instead,
+    and the statements of a forward whose output ranges do not start at 0 for these
+    arrays are derived again for those starts (autodiff/rebase.py)."""
     chosen: List[GradientStatement] = []
     for g in grads:
-        chosen.extend(g.fallback if g.fallback and not g.covers(arrays) else [g])
+        starts = output_starts(g, _forward_ranges(g, arrays))
+        if starts != dict(g.starts):
+            with gradient_errors(g):
+                again = rebased(g, starts)
+            chosen.extend(statements_to_run(again, arrays))
+        else:
+            chosen.extend(g.fallback if g.fallback and not g.covers(arrays) else [g])
     return chosen
 
 
@@ -150,21 +186,27 @@ def run_reference(grads: Iterable[GradientStatement], arrays: Mapping[str, objec
     grads = list(grads)
     ops = _ops_for(arrays[grads[0].output_grad]) if grads else _NumpyOps()
     for g in statements_to_run(grads, arrays):
-        options = g.resolve_options(arrays)
-        args = {n: arrays[n] for n in g.inputs}
-        # arrays= keys the kernel's fast path: a training loop's backward is then a
-        # lookup and a kernel call per gradient statement
-        values = ops.asarray(_gradient_kernel(g.text, backend, _options_key(options))(
-            arrays=args))
-        if g.kind == "gather":
-            # ein returns a fresh array: it can be the gradient itself, no copy
-            out[g.target] = out[g.target] + values if g.target in out else values
-            continue
-        if g.target not in out:
-            # accumulate in the gradient's own float dtype, as frameworks do
-            out[g.target] = ops.zeros(np.shape(arrays[g.wrt]), values)
-        out[g.target] = _scatter_add(ops, out[g.target], g, values, options, arrays)
+        with gradient_errors(g):
+            _run_one(ops, g, arrays, out, backend)
     return out
+
+
+def _run_one(ops, g: GradientStatement, arrays, out, backend: str) -> None:
+    """Add what gradient statement ``g`` computes into ``out[g.target]``."""
+    options = g.resolve_options(arrays)
+    args = {n: arrays[n] for n in g.inputs}
+    # arrays= keys the kernel's fast path: a training loop's backward is then a
+    # lookup and a kernel call per gradient statement
+    values = ops.asarray(_gradient_kernel(g.text, backend, _options_key(options))(
+        arrays=args))
+    if g.kind == "gather":
+        # ein returns a fresh array: it can be the gradient itself, no copy
+        out[g.target] = out[g.target] + values if g.target in out else values
+        return
+    if g.target not in out:
+        # accumulate in the gradient's own float dtype, as frameworks do
+        out[g.target] = ops.zeros(np.shape(arrays[g.wrt]), values)
+    out[g.target] = _scatter_add(ops, out[g.target], g, values, options, arrays)
 
 
 def gradient_kernel(g: GradientStatement, arrays: Mapping[str, object], backend: str):
@@ -373,6 +415,8 @@ def _add_rows(target: np.ndarray, g: GradientStatement, values: np.ndarray, posi
             values.shape[len(values.shape) - rest:] != target.shape[1:] or \
             any(name in trailing for name in g.scatter[0].index_names):
         return False
+    if values.size == 0:    # nothing to add (an empty index array, or rows of width 0)
+        return True
     lead = values.shape[:len(values.shape) - rest]
     rows = values.reshape(int(np.prod(lead, dtype=np.int64)), -1)
     where = positions[0][(Ellipsis,) + (0,) * rest].reshape(-1)

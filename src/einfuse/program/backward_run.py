@@ -16,6 +16,7 @@ from typing import Dict, FrozenSet, List, Mapping, Optional, Tuple, Union
 
 import numpy as np
 
+from ..autodiff.attribution import gradient_errors
 from ..autodiff.backward import Backward, Total
 from ..autodiff.backward_fold import Combined, Folded, exact_ranges
 from ..autodiff.reference import gradient_kernel, run_reference, statements_to_run, \
@@ -180,9 +181,9 @@ def _plan_steps(backward: Backward, steps, shapes, backend: str, recompute: Tupl
             continue
         chosen = statements_to_run([step.statement], shapes)
         if len(chosen) == 1 and chosen[0].kind == "gather":
-            options = chosen[0].resolve_options(shapes)
-            with warnings.catch_warnings():
+            with gradient_errors(chosen[0]), warnings.catch_warnings():
                 warnings.simplefilter("ignore")
+                options = chosen[0].resolve_options(shapes)
                 run.append(Entry(gradient_kernel(chosen[0], shapes, backend),
                                  chosen[0].text, options))
         else:

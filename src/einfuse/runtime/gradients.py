@@ -13,6 +13,7 @@ import numpy as np
 
 from ..analysis.options import Options
 from ..autodiff import derive, run_reference
+from ..autodiff.attribution import gradient_errors
 from ..autodiff.forward import tangent
 from .frameworks import NUMPY, framework_of
 
@@ -75,7 +76,9 @@ def step_kernel(g, values: Mapping[str, object], backend: str, forward: str,
     ``output`` names the forward's result in ``values``, the statement rewritten to read
     it (autodiff/reuse.py) if that is exact for these arrays."""
     from ..autodiff.reference import gradient_kernel, text_kernel
-    if output is not None:
+    # (a statement derived for an output that starts elsewhere than 0 reads dOUT at
+    # positions, not at index values: the forward's result is not read in its place)
+    if output is not None and not g.starts:
         from ..autodiff.reuse import applies, options_for, with_output
         read = with_output(g, forward)
         if read is not None and read.output == output:
@@ -152,12 +155,16 @@ def _prepared(grads, values, backend: str, forward: str, output: Optional[str]):
         todo = statements_to_run(grads, values)
         run = None       # scatters: run_reference's general path, every time
         if all(g.kind == "gather" for g in todo):
-            steps = tuple(step_kernel(g, values, backend, forward, output) for g in todo)
+            steps = []
+            for g in todo:
+                with gradient_errors(g):
+                    steps.append(step_kernel(g, values, backend, forward, output) + (g,))
 
             def run(values):
                 total = None
-                for kernel, inputs in steps:
-                    part = np.asarray(kernel(arrays={n: values[n] for n in inputs}))
+                for kernel, inputs, g in steps:
+                    with gradient_errors(g):
+                        part = np.asarray(kernel(arrays={n: values[n] for n in inputs}))
                     total = part if total is None else total + part
                 return total
         if len(_PREPARED) >= _PREPARED_KEPT:

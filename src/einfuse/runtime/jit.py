@@ -8,10 +8,12 @@ How it composes with JAX (programs.md section 2):
   its executable (``runtime/jit_ffi.py``); a ``jax.pure_callback`` where that route is
   not available, and for arrays of other platforms (one call per call of the function,
   however many loop steps it has);
-* gradients (``jax.grad``, ``jax.vjp``, ``jax.value_and_grad``): the call is a
-  ``jax.custom_vjp`` whose backward pass is the jaxpr of ``jax.vjp(fn)`` - forward
-  recomputation and the transposed loops - converted and compiled the same way, as one
-  more kernel.  That backward is itself an ``ef.jit`` call, so it is differentiable again;
+* derivatives: the call is a ``jax.custom_jvp`` whose tangent is one primitive
+  (``runtime/jit_forward.py``): forward mode (``jax.jvp``, ``jacfwd``, ``linearize``)
+  evaluates it with the kernel of the jaxpr of ``jax.jvp(fn)``; reverse mode
+  (``jax.grad``, ``jax.vjp``) transposes it into the backward kernel, the jaxpr of
+  ``jax.vjp(fn)`` - forward recomputation and the transposed loops - converted and
+  compiled the same way.  Both are ``ef.jit`` calls again, so differentiable again;
 * ``jax.vmap``: a ``jax.custom_batching.custom_vmap`` rule converts ``jax.vmap(fn)``
   (the batch becomes one more loop in the same kernel), never one call per element.
 
@@ -30,6 +32,7 @@ import numpy as np
 
 from ..errors import AllocationError, EinfuseTypeError, OptionError
 from ..frontends.jaxpr import JaxprConversionError
+from .jit_forward import InJax, Linear, tangents_of
 
 _lock = threading.Lock()
 
@@ -82,7 +85,9 @@ class CompiledFunction:
         self.program = convert(self.closed)
         self.entry = c_loops.build(self.program)
         self._backward: Optional[CompiledFunction] = None
+        self._forward_mode = None      # a CompiledFunction (or InJax), made when needed
         self._batched: Dict[object, object] = {}   # BatchedFunction per batch
+        self.linear = Linear(self)
         self.call = self._differentiable()
 
     # -- the host kernel ----------------------------------------------------------------------
@@ -118,26 +123,49 @@ class CompiledFunction:
 
     def _differentiable(self):
         self.kernel = self._kernel_call()
-        kernel = self.kernel
+        kernel, linear = self.kernel, self.linear
+        in_avals, out_avals = self.in_avals, self.out_avals
 
-        @jax.custom_vjp
+        @jax.custom_jvp
         def call(*leaves):
             return kernel(*leaves)
 
-        def forward(*leaves):
-            # ``call``, not ``kernel``: under a second differentiation (grad of grad) the
-            # forward itself is differentiated, which the bare callback cannot be
-            return call(*leaves), leaves
-
-        def backward(saved, cotangents):
-            compiled = self.backward()
-            wanted = [ct for ct, aval in zip(cotangents, self.out_avals)
-                      if _is_float(aval.dtype)]
-            grads = iter(compiled.run(list(saved) + wanted))
-            return tuple(next(grads) if _is_float(aval.dtype) else None
-                         for aval in self.in_avals)
-        call.defvjp(forward, backward)
+        @call.defjvp
+        def tangents(primals, tangents):
+            # ``call``, not ``kernel``: under a second differentiation the primal is
+            # differentiated too, which the bare kernel cannot be
+            out = call(*primals)
+            live = [t for t, aval in zip(tangents, in_avals) if _is_float(aval.dtype)]
+            moving = iter(tangents_of(linear, primals, live) if live and linear.out_avals
+                          else [jnp.zeros(a.shape, a.dtype) for a in linear.out_avals])
+            return out, tuple(next(moving) if _is_float(aval.dtype) else
+                              np.zeros(aval.shape, jax.dtypes.float0) for aval in out_avals)
         return call
+
+    def forward_mode(self):
+        """The compiled forward mode: (primals, float tangents) -> float output tangents
+        (the jaxpr of ``jax.jvp(fn)``, converted; JAX runs it where that does not)."""
+        with _lock:
+            if self._forward_mode is not None:
+                return self._forward_mode
+        flat_fn, in_avals, out_avals = self.flat_fn, self.in_avals, self.out_avals
+        count = len(in_avals)
+
+        def jvp_flat(*values):
+            primals, moving = values[:count], iter(values[count:])
+            full = tuple(next(moving) if _is_float(a.dtype) else
+                         np.zeros(a.shape, jax.dtypes.float0) for a in in_avals)
+            _, out = jax.jvp(lambda *p: tuple(flat_fn(*p)), tuple(primals), full)
+            return [t for t, a in zip(out, out_avals) if _is_float(a.dtype)]
+        examples = [jax.ShapeDtypeStruct(a.shape, a.dtype) for a in in_avals] + \
+            [jax.ShapeDtypeStruct(a.shape, a.dtype) for a in in_avals if _is_float(a.dtype)]
+        try:
+            found = CompiledFunction(jvp_flat, examples, f"the forward mode of {self.name}")
+        except JaxprConversionError:
+            found = InJax(jvp_flat)
+        with _lock:
+            self._forward_mode = self._forward_mode or found
+            return self._forward_mode
 
     def backward(self) -> "CompiledFunction":
         """The compiled backward pass: (primals, float cotangents) -> float gradients."""
@@ -190,10 +218,6 @@ class JitFunction:
 
     def __call__(self, *args, **kwargs):
         compiled, out_tree, leaves = self._compiled(args, kwargs)
-        if _forward_mode(leaves):
-            # jax.jvp / jacfwd / hessian: the kernel's gradient is a custom_vjp, which
-            # forward mode cannot go through, so JAX runs the function itself (unfused)
-            return self.fn(*args, **kwargs)
         return jax.tree_util.tree_unflatten(out_tree(), compiled.run(leaves))
 
     def compiled(self, *args, **kwargs) -> CompiledFunction:
@@ -270,21 +294,6 @@ class JitFunction:
                 found = self._cache.setdefault(key, found)
         compiled, out_tree = found
         return compiled, (lambda: out_tree), leaves
-
-
-def _forward_mode(leaves) -> bool:
-    """Whether JAX's forward mode traces any of ``leaves``: a JVP tracer (at any depth
-    of nested transformations) whose tangent is not one that reverse mode records to
-    transpose later (reverse mode without direct linearization traces JVPs too)."""
-    for leaf in leaves:
-        while isinstance(leaf, jax.core.Tracer):
-            if type(leaf).__name__ == "JVPTracer" and \
-                    type(getattr(leaf, "tangent", None)).__name__ != "JaxprTracer":
-                return True
-            # one transformation in: a linearize or JVP tracer's primal, a batch's value
-            inner = getattr(leaf, "primal", None)
-            leaf = inner if inner is not None else getattr(leaf, "val", None)
-    return False
 
 
 def _without_dead_code(closed):

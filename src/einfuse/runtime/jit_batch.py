@@ -5,8 +5,9 @@ among OpenMP threads, the loops of the function inside each element.
 The ``custom_vmap`` rule of :class:`~einfuse.runtime.jit.CompiledFunction` builds a
 :class:`BatchedFunction` per (which arguments are batched, their shapes); a ``vmap`` of
 that adds one more batch level (nested ``vmap``), still one kernel.  Gradients need
-nothing here: ``jax.vmap`` of the ``custom_vjp`` batches its forward and its backward
-kernels, each of which comes through this rule.  Imported only by ``runtime/jit.py``."""
+nothing here: ``jax.vmap`` of the ``custom_jvp`` batches its forward, its forward-mode
+and its backward kernels, each of which comes through this rule.  Imported only by
+``runtime/jit.py``."""
 
 from __future__ import annotations
 

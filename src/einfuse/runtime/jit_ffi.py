@@ -140,7 +140,7 @@ def _batch(values, dims, *, function, vmapped):
     flags = tuple(d is not None for d in dims)
     outs, batched = _unbatch(vmapped(int(size), flags).kernel(*moved),
                              outputs_batched(function, flags), int(size))
-    return list(outs), [0 if b else batching.not_mapped for b in batched]
+    return list(outs), [0 if b else None for b in batched]   # None: not mapped
 
 
 def _host_callback(*values, function, vmapped):

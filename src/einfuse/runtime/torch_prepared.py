@@ -27,6 +27,7 @@ from typing import Callable, Dict, Mapping, Optional, Tuple
 import numpy as np
 import torch
 
+from ..autodiff.attribution import gradient_errors
 from ..autodiff.reference import _NumpyOps, _scatter_add
 from ..backends.c_scatter import scatter_rows
 from ..lang.ast import Access
@@ -118,7 +119,7 @@ class PreparedAutograd:
             todo = statements_to_run(grads, values) if grads else []
             shape, dtype = self.shapes[name]
             if todo:
-                steps = tuple(self._step(g, values, output) for g in todo)
+                steps = tuple(self._attributed_step(g, values, output) for g in todo)
                 compute = _gradient(steps, values, shape, dtype)
             else:       # no statement: the general path says why, every call
                 compute = self._general(name, output_grad, shape, dtype)
@@ -129,6 +130,10 @@ class PreparedAutograd:
                 self._layouts.clear()
             self._layouts[(grad.strides, grad.dtype)] = plans
         return plans
+
+    def _attributed_step(self, g, values, output: Optional[str]) -> "GradientStep":
+        with gradient_errors(g):     # its errors told of the statement as written
+            return self._step(g, values, output)
 
     def _step(self, g, values, output: Optional[str]) -> "GradientStep":
         """The step running gradient statement ``g``: a gather reads the forward's
@@ -197,6 +202,8 @@ def _add_rows(total: np.ndarray, part: np.ndarray, index: np.ndarray) -> bool:
         # one test for both ends: a negative value is a large unsigned one
         if where.view(np.uint64).max() >= total.shape[0]:
             return False
+        if part.size == 0:                 # rows of width 0: nothing to add
+            return True
         rows = part.reshape(where.size, -1)
         if rows.size < SMALL_SCATTER:      # np.add.at costs per element, but starts fast
             np.add.at(total.reshape(total.shape[0], -1), where, rows)
