@@ -260,10 +260,9 @@ def test_shifted_reads_gradcheck(statement, shapes, index_arrays, options, backe
     def run(*tensors):
         return ef.ein(statement, backend=backend, **dict(zip(names, tensors)), **indices,
                       **options)
-    # (nondet_tol: the last bits of a first backward with exp may differ from later
-    # ones on the C backend, issue 29 item 10, which is not what this test is about)
+    # nondet_tol=0: a first backward and the repeats give the same bits (item 10)
     assert torch.autograd.gradcheck(run, tuple(values.values()), eps=1e-6, atol=1e-5,
-                                    nondet_tol=1e-12)
+                                    nondet_tol=0.0)
 
 
 def _finite_differences(statement, arrays, options, seed, names):
@@ -349,7 +348,7 @@ def test_an_output_starting_at_minus_one_under_torch_repeated(backend):
 def test_an_output_starting_at_one_second_derivative():
     x = torch.randn(6, dtype=torch.float64, requires_grad=True)
     run = lambda x: ef.ein("y[j] := exp(x[j-1]) * x[j]", x=x)  # noqa: E731
-    assert torch.autograd.gradgradcheck(run, (x,), nondet_tol=1e-12)
+    assert torch.autograd.gradgradcheck(run, (x,), nondet_tol=0.0)
 
 
 # -- item 9: errors of gradient statements speak of the user's statement --------------------
