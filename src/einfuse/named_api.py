@@ -17,8 +17,8 @@ from typing import Dict, Optional
 from .errors import (EinfuseError, EinfuseTypeError, IndexRuleError, OptionError,
                      unexpected_keywords)
 from .frontends import named as named_module
-from .frontends.named import Dim, Named, Slot, read, wrap, FUNCTIONS
-from .frontends.named_checks import at_lines, error, merge_framework, merge_info
+from .frontends.named import FUNCTIONS, Affine, Dim, Named, Slot, read, wrap
+from .frontends.named_checks import DimInfo, Use, at_lines, error, merge_framework, merge_info
 from .frontends.named_program import emit, order_spec, range_values, structure
 from .runtime.kernel import compile as compile_statements
 
@@ -74,6 +74,14 @@ def _requests(requests, where, function):
     return roots, groups, info
 
 
+def _sized_since(info):
+    """``dim.size = n`` set after the expression was built counts too."""
+    return {name: DimInfo(entry.dim, Use(entry.dim._size, f"{name}.size = {entry.dim._size}",
+                                         entry.dim._size_where, True))
+            if entry.use is None and entry.dim._size is not None else entry
+            for name, entry in info.items()}
+
+
 def _entry(found) -> _Entry:
     entry = _translations.get(found.key)
     if entry is None:
@@ -88,6 +96,8 @@ def translate(requests, options=None, where=None, function="order()"):
     """The translation, the walk's values and this call's ranges for ``requests``."""
     options = options or {}
     roots, groups, info = _requests(requests, where, function)
+    if any(entry.use is None and entry.dim._size is not None for entry in info.values()):
+        info = _sized_since(info)
     found = structure(roots, info, _options_key(options, where, function))
     entry = _entry(found)
     return entry, found, roots, groups, range_values(entry.translation, info)
@@ -209,6 +219,10 @@ def evaluate(*requests, **options):
                     "(expr, dims...)", where)
     pairs = []
     for request in requests:
+        if isinstance(request, (Dim, Affine)):       # index values: ef.evaluate(2*i + 1)
+            request = named_module._operand(request, where)
+        if isinstance(request, tuple) and request and isinstance(request[0], (Dim, Affine)):
+            request = (named_module._operand(request[0], where),) + request[1:]
         if isinstance(request, Named):
             pairs.append((request, _single_order(request, where, "ef.evaluate")))
         elif isinstance(request, tuple) and request and isinstance(request[0], Named):
@@ -228,7 +242,7 @@ def describe(node: Named) -> str:
     for d in node.dims:
         entry = node.info.get(d.name)
         size = entry.use.size if entry is not None and entry.use is not None else "?"
-        sizes.append(f"{':' if isinstance(d, Slot) else d.name}={size}")
+        sizes.append(f"{d.name}={size}")
     order = tuple(d for d in node.dims if not isinstance(d, Slot))
     try:
         text = translate([(node, order)])[0].translation.text
@@ -244,8 +258,10 @@ class NamedExplanation:
     """``ef.explain(expr)``: the program's explanation (its statements first), then which
     array and number each name of the program stands for."""
 
-    def __init__(self, explanation, legend):
+    def __init__(self, explanation, legend, translation):
         self.explanation, self.legend = explanation, legend
+        self.program = translation.text          # the program the expression spells
+        self.statements = tuple(translation.text.splitlines())
 
     def __getattr__(self, name):
         return getattr(self.explanation, name)
@@ -256,16 +272,20 @@ class NamedExplanation:
 
 
 def explain_named(request, args, options, explain):
-    """``ef.explain(expr, ...)`` or ``ef.explain((expr, i, j), ...)``: explain the program
-    the expression spells; ``shard=`` by dimension (objects or names)."""
+    """``ef.explain(expr, ...)``, ``ef.explain((expr, i, j), ...)`` or several such
+    requests (as ``ef.evaluate`` takes them): explain the program they spell;
+    ``shard=`` by dimension (objects or names)."""
     where = named_module.caller_line()
-    if args:
-        raise error(EinfuseTypeError, "ef.explain of a named expression takes no arrays: "
-                    "they are in the expression", where)
-    if isinstance(request, tuple):
-        pairs = [(request[0], request[1:])]
-    else:
-        pairs = [(request, tuple(d for d in request.dims if not isinstance(d, Slot)))]
+    pairs = []
+    for item in (request,) + tuple(args):
+        if isinstance(item, tuple) and item and isinstance(item[0], Named):
+            pairs.append((item[0], item[1:]))
+        elif isinstance(item, Named):
+            pairs.append((item, tuple(d for d in item.dims if not isinstance(d, Slot))))
+        else:
+            raise error(EinfuseTypeError, "ef.explain of a named expression takes more named "
+                        "expressions ((expr, dims...) as ef.evaluate does), not "
+                        f"{type(item).__name__}: the arrays are in the expression", where)
     for option in ("ranges", "outputs", "shapes"):
         if options.pop(option, None) is not None:
             raise error(OptionError, f"ef.explain of a named expression takes no {option}=: "
@@ -301,7 +321,7 @@ def explain_named(request, args, options, explain):
     if renamed:
         legend.append("renamed indices (a reduction's own index, or a reserved word): " +
                       "; ".join(renamed))
-    return NamedExplanation(explanation, legend)
+    return NamedExplanation(explanation, legend, translation)
 
 
 def _shard_by_index(shard, translation, where):
