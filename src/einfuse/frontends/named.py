@@ -906,11 +906,11 @@ FUNCTIONS["where"] = _function("where", 3)
 where = FUNCTIONS["where"]
 
 
-def softmax(expression, *dimensions):
-    """``ef.softmax(x, k)`` is ``x.softmax(k)`` (``dim=`` as torchdim's)."""
+def softmax(expression, *dimensions, dim=None):
+    """``ef.softmax(x, k)`` is ``x.softmax(k)`` (``dim=k`` as torchdim's softmax)."""
     if not isinstance(expression, Named):
         raise error(EinfuseTypeError, "ef.softmax takes a named expression", caller_line())
-    return expression.softmax(*dimensions)
+    return expression.softmax(*dimensions, *(() if dim is None else (dim,)))
 
 
 def is_named(value) -> bool:
