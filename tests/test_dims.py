@@ -248,3 +248,19 @@ def test_reserved_names_are_renamed_in_the_program():
     e = (ef.wrap(A)[big, total] * 2).sum(total)
     np.testing.assert_allclose(e.order(big), 2 * A.sum(1))
     assert "max_1" in repr(e)
+
+
+def test_explain_starts_with_the_statements_and_shards_by_dimension_name():
+    x, W1, W2 = rand(8, 16), rand(16, 32), rand(32, 4)
+    b, i, h, o = ef.dims("b i h o")
+    hidden = ef.tanh((ef.wrap(x)[b, i] * ef.wrap(W1)[i, h]).sum(i))
+    y = (hidden * ef.wrap(W2)[h, o]).sum(h)
+    text = str(ef.explain(y))
+    assert text.startswith("out[b, o] := sum[h](tanh(sum[i](A[b, i] * B[i, h])) * C[h, o])")
+    assert "A: a numpy float64 array of shape (8, 16)" in text
+    by_object = ef.explain(y, mesh={"data": 2, "model": 2}, shard={b: "data", h: "model"})
+    by_name = ef.explain(y, mesh={"data": 2, "model": 2}, shard={"b": "data", "h": "model"})
+    assert str(by_object) == str(by_name)
+    assert "b->data, h->model" in str(by_name) and "all-reduce" in str(by_name)
+    with pytest.raises(ef.EinfuseError, match="not a dimension"):
+        ef.explain(y, mesh={"data": 2}, shard={"q": "data"})

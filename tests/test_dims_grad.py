@@ -203,3 +203,40 @@ def test_nn_module_trains_as_its_torch_twin(bind_count):
     assert len(bind_count) == binds          # later steps rebuild, and bind nothing anew
     for a, b in zip(named.parameters(), twin.parameters()):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+
+
+def named_mlp(params, x):
+    """The JAX counterpart of NamedMLP: a plain function of a parameter pytree."""
+    b, i, h, o = ef.dims("b i h o")
+    hidden = ef.tanh((ef.named(x, b, i) * ef.named(params["W1"], i, h)).sum(i))
+    return ((hidden * ef.named(params["W2"], h, o)).sum(h) + ef.named(params["b"], o)) \
+        .order(b, o)
+
+
+def jnp_mlp(params, x):
+    return jnp.tanh(x @ params["W1"]) @ params["W2"] + params["b"]
+
+
+def test_jax_training_steps_equal_the_jax_numpy_twin():
+    rng = np.random.default_rng(7)
+    params = {"W1": jnp.asarray(rng.standard_normal((5, 7)), jnp.float32) / 3,
+              "W2": jnp.asarray(rng.standard_normal((7, 3)), jnp.float32) / 3,
+              "b": jnp.zeros(3, jnp.float32)}
+    twin = dict(params)
+
+    def step(model):
+        def loss(p, x, y):
+            return jnp.mean((model(p, x) - y) ** 2)
+
+        @jax.jit
+        def update(p, x, y):
+            return jax.tree_util.tree_map(lambda a, g: a - 0.1 * g, p,
+                                          jax.grad(loss)(p, x, y))
+        return update
+    ours, theirs = step(named_mlp), step(jnp_mlp)
+    for _ in range(3):
+        x = jnp.asarray(rng.standard_normal((8, 5)), jnp.float32)
+        y = jnp.asarray(rng.standard_normal((8, 3)), jnp.float32)
+        params, twin = ours(params, x, y), theirs(twin, x, y)
+    for name in params:
+        np.testing.assert_allclose(params[name], twin[name], rtol=1e-5, atol=1e-6)

@@ -435,6 +435,10 @@ def read(wrapped: Wrapped, items, where: Where) -> "Named":
     """The leaf ``wrapped[items]``: one item per axis (``...`` standing for full slices)."""
     if not isinstance(items, tuple):
         items = (items,)
+    if len(items) == len(wrapped.shape):
+        fast = _plain_read(wrapped, items, where)
+        if fast is not None:
+            return fast
     if any(item is Ellipsis for item in items):
         if sum(item is Ellipsis for item in items) > 1:
             raise error(IndexRuleError, "an index may hold one '...'", where)
@@ -549,6 +553,23 @@ def affine_sig(affine) -> tuple:
             tuple((affine_sig(inner), op, divisor, c)
                   for (inner, op, divisor), c in affine.quasi),
             affine.constant)
+
+
+def _plain_read(wrapped, items, where):
+    """``w[k, i]``: each axis a different dimension without a set size (the common case,
+    taken without the general path's bookkeeping); None for anything else."""
+    info = {}
+    for d in items:
+        if type(d) is not Dim or d._size is not None or d.name in info:
+            return None
+        info[d.name] = None
+    for axis, d in enumerate(items):
+        size = wrapped.shape[axis]
+        info[d.name] = DimInfo(d, Use(size, _AxisUse(wrapped, items, axis), where))
+        d._bound = size
+    return _node("read", (wrapped, tuple(("d", d) for d in items),
+                          tuple(("d", d.name) for d in items)), (), items, where, info,
+                 (wrapped.framework, wrapped, wrapped.where))
 
 
 def _group(wrapped, items, axis, group, bind, where):
@@ -771,7 +792,13 @@ def _node(op, args, children, found, where, info, framework) -> Named:
     node = Named.__new__(Named)
     node.op, node.args, node.children, node.dims = op, args, children, found
     node.info, node.framework, node.line, node._value = info, framework, where, None
-    node.reduces = op == "reduce" or any(c.reduces for c in children)
+    reduces = op == "reduce"
+    if not reduces:
+        for child in children:
+            if child.reduces:
+                reduces = True
+                break
+    node.reduces = reduces
     # the node's part of its structural signature (named_program.structure)
     if op == "read":
         node.local = ("read", args[0].name, args[2])

@@ -16,6 +16,9 @@ from typing import Dict, NamedTuple, Optional, Tuple
 from ..errors import EinfuseError, EinfuseNameError, EinfuseTypeError, ShapeError
 
 _PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
+# the array libraries' dispatch (torch's __torch_function__ handling, NumPy's ufuncs) is
+# not the user's line either
+_LIBRARIES = ("torch", "numpy", "jax", "jaxlib")
 _inside: Dict[str, bool] = {}      # a code object's file name -> is it einfuse's
 
 
@@ -29,7 +32,9 @@ def caller_line() -> Where:
         name = frame.f_code.co_filename
         inside = _inside.get(name)
         if inside is None:
-            inside = _inside[name] = os.path.abspath(name).startswith(_PACKAGE)
+            module = str(frame.f_globals.get("__name__", "")).split(".", 1)[0]
+            inside = _inside[name] = os.path.abspath(name).startswith(_PACKAGE) or \
+                module in _LIBRARIES
         if not inside:
             return (name, frame.f_lineno)
         frame = frame.f_back
