@@ -237,3 +237,7 @@ def test_cache_is_by_structure_not_identity(translations):
     assert translations["emit"] == 1
     ef.evaluate(c)
     assert translations["emit"] == 2
+    n = np.arange(4)
+    for count in (100, 200):            # a large int is a parameter: one program
+        np.testing.assert_array_equal(ef.evaluate(ef.wrap(n)[i] * count), n * count)
+    assert translations["emit"] == 3

@@ -311,11 +311,12 @@ def explain_named(request, args, options, explain):
         raise _in_context(problem, roots, where) from None
     legend = []
     for name, wrapped in zip(translation.tensors, found.wrapped):
-        legend.append(f"{name}: {wrapped.described()}"
+        legend.append(f"{name}: {wrapped.kind()}"
                       + (f", wrapped at {at_lines(wrapped.where).strip()[3:]}"
                          if wrapped.where else ""))
     for name, value in zip(translation.params, found.params):
-        legend.append(f"{name} = {value!r} (a Python float, passed as a scalar parameter)")
+        legend.append(f"{name} = {value!r} (a Python {type(value).__name__}, passed as a scalar "
+                      "parameter: another value is the same program)")
     renamed = [f"{alias} is dimension {dim}" for dim, names in
                translation.index_names.items() for alias in names if alias != dim]
     if renamed:

@@ -35,6 +35,7 @@ from .named_checks import (DimInfo, Use, Where, caller_frame, caller_line, error
 # to_numpy, to_jax, dlpack.
 hooks: Dict[str, object] = {}
 
+SMALL_INT = 16          # ints up to this magnitude are literals, larger ones parameters
 REDUCTION_METHODS = ("sum", "prod", "max", "min", "logsumexp", "mean", "var", "argmax",
                      "argmin")
 
@@ -363,10 +364,11 @@ class Wrapped:
         return read(self, items, caller_line())
 
     def described(self) -> str:
-        if self.name:
-            return self.name
-        return f"a {self.framework} {getattr(self.array, 'dtype', '')} array of shape " \
-               f"{self.shape}"
+        return self.name or self.kind()
+
+    def kind(self) -> str:
+        dtype = str(getattr(self.array, "dtype", "")).replace("torch.", "")
+        return f"a {self.framework} {dtype} array of shape {self.shape}"
 
     __str__ = described
 
@@ -866,9 +868,12 @@ def _affine_value(affine: Affine, where) -> Named:
 
 def _operand(value, where) -> Optional[Named]:
     """``value`` as a node: named expressions as they are, dimensions and affine
-    expressions as index values, ints and bools (and inf, nan) as literals, other floats
-    as scalar parameters (so that a new value is not a new program), 0-d arrays as 0-d
-    reads; None for what the notation cannot take (the operator then says so)."""
+    expressions as index values; Python floats and ints as scalar parameters, so that a
+    new value (a step count, a batch size, a temperature) is not a new program -- except
+    small ints (|n| <= 16: exponents, the 0 and 1 of masks) and inf and nan, which are
+    literals the program's rewrites recognise (NumPy scalars count as Python numbers, as
+    torch and JAX take them); 0-d arrays as 0-d reads; None for what the notation cannot
+    take (the operator then says so)."""
     if isinstance(value, Named):
         return value
     if isinstance(value, Dim):
@@ -876,7 +881,8 @@ def _operand(value, where) -> Optional[Named]:
     if isinstance(value, Affine):
         return _affine_value(value, where)
     if isinstance(value, numbers.Integral):
-        return _leaf("lit", int(value), where)
+        value = int(value)
+        return _leaf("lit" if -SMALL_INT <= value <= SMALL_INT else "param", value, where)
     if isinstance(value, numbers.Real):
         value = float(value)
         return _leaf("param" if math.isfinite(value) else "lit", value, where)

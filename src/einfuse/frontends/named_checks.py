@@ -118,8 +118,10 @@ def merge_info(infos, where: Where) -> Dict[str, DimInfo]:
 
 
 def two_sizes(name: str, first: Use, second: Use, where: Where) -> ShapeError:
+    shown = f"dimension {name}" if not name.startswith("_") else \
+        f"positional axis {int(name[1:]) + 1} from the right (a ':')"
     return error(ShapeError,
-                 f"dimension {name} is bound to two sizes in one expression: {first.size} "
+                 f"{shown} is bound to two sizes in one expression: {first.size} "
                  f"by {first.what} and {second.size} by {second.what}; a dimension has one "
                  "size (use another dimension for the other axis)",
                  first.where, second.where, where)

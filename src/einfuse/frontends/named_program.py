@@ -127,7 +127,7 @@ def structure(roots: Sequence[Tuple[object, Tuple[Dim, ...]]], info, options_key
                        tuple([ids[id(c)] for c in children]) if children else ())
             elif kind == "p":
                 value = node.args[0]
-                text = value.hex()
+                text = value.hex() if isinstance(value, float) else value   # (2 != 2.0)
                 number = param_numbers.get(text)
                 if number is None:
                     number = param_numbers[text] = len(params)
