@@ -264,3 +264,21 @@ def test_explain_starts_with_the_statements_and_shards_by_dimension_name():
     assert "b->data, h->model" in str(by_name) and "all-reduce" in str(by_name)
     with pytest.raises(ef.EinfuseError, match="not a dimension"):
         ef.explain(y, mesh={"data": 2}, shard={"q": "data"})
+
+
+def test_conversions_and_other_libraries_functions():
+    torch = pytest.importorskip("torch")
+    jnp = pytest.importorskip("jax.numpy")
+    x = np.arange(4.0)
+    i = ef.dims("i")
+    e = ef.wrap(x)[i] * 2
+    np.testing.assert_array_equal(torch.as_tensor(e).numpy(), 2 * x)     # through DLPack
+    np.testing.assert_array_equal(np.asarray(jnp.asarray(e)), 2 * x)
+    np.testing.assert_array_equal(np.maximum(e, 3.0).order(i), np.maximum(2 * x, 3))
+    assert ef.wrap(x)[i].sum(i).item() == 6.0
+    t = torch.arange(4.0, dtype=torch.float64)
+    scale = torch.tensor(0.5, dtype=torch.float64, requires_grad=True)   # a 0-d input
+    torch.tanh(t[i] * scale).order(i).sum().backward()
+    torch.testing.assert_close(scale.grad, (t * (1 - torch.tanh(t * 0.5) ** 2)).sum())
+    with pytest.raises(ef.EinfuseError, match="gradient"):
+        torch.as_tensor(t.clone().requires_grad_()[i] * 2)

@@ -345,8 +345,7 @@ _TORCH_BINARY = {"add": "+", "sub": "-", "mul": "*", "div": "/", "true_divide": 
                  "gt": ">", "ge": ">=", "eq": "==", "ne": "!=", "bitwise_and": "&",
                  "logical_and": "&", "bitwise_or": "|", "logical_or": "|", "and": "&",
                  "or": "|", "truediv": "/", "floordiv": "//", "mod": "%"}
-_TORCH_FUNCTIONS = {"maximum": "maximum", "minimum": "minimum", "atan2": "atan2",
-                    "arctan2": "atan2", "absolute": "abs", "arctan": None}
+_TORCH_FUNCTIONS = {"arctan2": "atan2", "absolute": "abs"}
 
 
 def torch_function(func, args, kwargs, where):
@@ -354,7 +353,7 @@ def torch_function(func, args, kwargs, where):
     dimensions or gathers, the notation's functions, and operators with a 0-d tensor;
     anything else is an error that says to materialise first."""
     name = getattr(func, "__name__", str(func))
-    if name == "__getitem__" and len(args) == 2:
+    if name == "__getitem__" and len(args) == 2 and not isinstance(args[0], Named):
         return read(wrap(args[0]), args[1], where)
     bare = name.strip("_")
     if name in ("as_tensor", "asarray", "tensor") and args and isinstance(args[0], Named):
@@ -363,10 +362,7 @@ def torch_function(func, args, kwargs, where):
                             {}, where)[0]
         return torch.as_tensor(value, **kwargs)
     if bare in _TORCH_BINARY and len(args) == 2 and not kwargs:
-        left, right = args
-        if name.startswith("__r") and name not in ("__rshift__",):
-            left, right = right, left
-        return named_module._node_of("bin", (_TORCH_BINARY[bare],), (left, right), where)
+        return named_module._node_of("bin", (_TORCH_BINARY[bare],), args, where)
     function = _TORCH_FUNCTIONS.get(bare, bare)
     if function in FUNCTIONS and not kwargs:
         return FUNCTIONS[function](*args)

@@ -166,11 +166,9 @@ class Dim(_IndexArithmetic):
 
     @classmethod
     def __torch_function__(cls, func, types, args=(), kwargs=None):
-        """A plain torch tensor indexed by dimensions (``A[i, k]``, as in torchdim)."""
-        if getattr(func, "__name__", "") == "__getitem__" and len(args) == 2 and \
-                framework_name(args[0]) == "torch":
-            return read(wrap(args[0]), args[1], caller_line())
-        return NotImplemented
+        """A plain torch tensor indexed by dimensions (``A[i, k]``, as in torchdim); a
+        torch function of a dimension is its index value's (or an error saying so)."""
+        return hooks["torch_function"](func, args, kwargs or {}, caller_line())
 
 
 class Slot(Dim):
