@@ -12,7 +12,7 @@ own fast path for a repeated call."""
 from __future__ import annotations
 
 import copy
-from typing import Dict, Optional
+from typing import Dict
 
 from .errors import (EinfuseError, EinfuseTypeError, IndexRuleError, OptionError,
                      unexpected_keywords)
@@ -220,9 +220,9 @@ def evaluate(*requests, **options):
     pairs = []
     for request in requests:
         if isinstance(request, (Dim, Affine)):       # index values: ef.evaluate(2*i + 1)
-            request = named_module._operand(request, where)
+            request = named_module.as_named(request, where)
         if isinstance(request, tuple) and request and isinstance(request[0], (Dim, Affine)):
-            request = (named_module._operand(request[0], where),) + request[1:]
+            request = (named_module.as_named(request[0], where),) + request[1:]
         if isinstance(request, Named):
             pairs.append((request, _single_order(request, where, "ef.evaluate")))
         elif isinstance(request, tuple) and request and isinstance(request[0], Named):
@@ -362,7 +362,7 @@ def torch_function(func, args, kwargs, where):
                             {}, where)[0]
         return torch.as_tensor(value, **kwargs)
     if bare in _TORCH_BINARY and len(args) == 2 and not kwargs:
-        return named_module._node_of("bin", (_TORCH_BINARY[bare],), args, where)
+        return named_module.apply_op("bin", (_TORCH_BINARY[bare],), args, where)
     function = _TORCH_FUNCTIONS.get(bare, bare)
     if function in FUNCTIONS and not kwargs:
         return FUNCTIONS[function](*args)
@@ -387,7 +387,7 @@ def array_ufunc(ufunc, method, inputs, kwargs, where):
     name = ufunc.__name__
     if method == "__call__" and not kwargs:
         if name in _NUMPY_UFUNCS and len(inputs) == 2:
-            return named_module._node_of("bin", (_NUMPY_UFUNCS[name],), inputs, where)
+            return named_module.apply_op("bin", (_NUMPY_UFUNCS[name],), inputs, where)
         if name == "negative" and len(inputs) == 1:
             return -inputs[0]
         function = _NUMPY_FUNCTIONS.get(name, name)
