@@ -282,3 +282,53 @@ def test_conversions_and_other_libraries_functions():
     torch.testing.assert_close(scale.grad, (t * (1 - torch.tanh(t * 0.5) ** 2)).sum())
     with pytest.raises(ef.EinfuseError, match="gradient"):
         torch.as_tensor(t.clone().requires_grad_()[i] * 2)
+
+
+SIZES = {"i": 3, "j": 4, "k": 2}
+
+
+def _random_case(seed):
+    """A random DAG over i, j, k (shared nodes, reductions nested over a dimension that
+    is free again outside) and its value by NumPy broadcasting, axes always (i, j, k)
+    with size 1 where a dimension is absent: an oracle independent of the program."""
+    gen = np.random.default_rng(seed)
+    dims = dict(zip("ijk", ef.dims("i j k")))
+    pool = []
+    for _ in range(3):
+        names = [n for n in "ijk" if gen.random() < 0.7] or ["i"]
+        gen.shuffle(names)
+        data = gen.standard_normal([SIZES[n] for n in names])
+        expr = ef.wrap(data)[tuple(dims[n] for n in names)]
+        value = np.transpose(data, [names.index(n) for n in "ijk" if n in names])
+        value = value.reshape([SIZES[n] if n in names else 1 for n in "ijk"])
+        pool.append((expr, value))
+    for _ in range(6):
+        (a, va), (b, vb) = (pool[n] for n in gen.integers(0, len(pool), 2))
+        choice = gen.integers(0, 6)
+        if choice == 0:
+            node = (a + b, va + vb)
+        elif choice == 1:
+            node = (a * b - 0.5, va * vb - 0.5)
+        elif choice == 2:
+            node = (ef.maximum(a, b), np.maximum(va, vb))
+        elif choice == 3:
+            node = (ef.tanh(a).exp(), np.exp(np.tanh(va)))
+        else:
+            present = [n for n in "ijk" if dims[n] in a.dims]
+            if not present:
+                continue
+            n = present[gen.integers(0, len(present))]
+            kind = ("sum", "max", "mean")[gen.integers(0, 3)]
+            node = (getattr(a, kind)(dims[n]),
+                    getattr(np, kind)(va, axis="ijk".index(n), keepdims=True))
+        pool.append(node)
+    expr, value = pool[-1]
+    order = [n for n in "ijk" if dims[n] in expr.dims]
+    want = np.broadcast_to(value, [SIZES[n] if n in order else 1 for n in "ijk"])
+    return expr, tuple(dims[n] for n in order), want.reshape([SIZES[n] for n in order])
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_random_expressions_equal_numpy_broadcasting(seed):
+    expr, order, want = _random_case(seed)
+    np.testing.assert_allclose(expr.order(*order), want, rtol=1e-10, atol=1e-12)

@@ -238,16 +238,17 @@ def evaluate(*requests, **options):
 def describe(node: Named) -> str:
     """repr: the dimensions with their sizes and the statement the expression stands
     for."""
-    sizes = []
-    for d in node.dims:
-        entry = node.info.get(d.name)
-        size = entry.use.size if entry is not None and entry.use is not None else "?"
-        sizes.append(f"{d.name}={size}")
     order = tuple(d for d in node.dims if not isinstance(d, Slot))
     try:
-        text = translate([(node, order)])[0].translation.text
+        translation = translate([(node, order)])[0].translation
+        text, shifted = translation.text, translation.shifted
     except EinfuseError as problem:
-        text = f"(cannot be spelled: {problem.message.splitlines()[0]})"
+        text, shifted = f"(cannot be spelled: {problem.message.splitlines()[0]})", ()
+    sizes = []
+    for d in node.dims:       # a shifted read may narrow a range (the notation's rule)
+        entry = node.info.get(d.name)
+        size = entry.use.size if entry is not None and entry.use is not None else "?"
+        sizes.append(f"{d.name}{'<=' if d.name in shifted and size != '?' else '='}{size}")
     framework = node.framework[0] if node.framework else "no arrays"
     body = "\n    ".join(text.splitlines())
     return f"<named expression over ({', '.join(sizes) or 'no dimensions'}) ({framework}):" \

@@ -314,8 +314,9 @@ class Named:
 
     @property
     def sizes(self) -> Dict[Dim, Optional[int]]:
-        """Each dimension of the expression and its size (None where only the program's
-        ranges will tell: a dimension read only through shifted subscripts)."""
+        """Each dimension of the expression and the size its arrays give it (None where
+        only the program's ranges will tell: a dimension read only through shifted
+        subscripts; a shifted read may also narrow a given size, as in the notation)."""
         return {d: (self.info[d.name].use.size if self.info[d.name].use else None)
                 for d in self.dims}
 

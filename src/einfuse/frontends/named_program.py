@@ -163,6 +163,7 @@ class Translation:
     root_outputs: Tuple[int, ...]       # per root, its position in outputs
     ranged: Tuple[Tuple[str, str], ...]  # (index name, dimension name) given ranges=
     index_names: Dict[str, Tuple[str, ...]]   # dimension name -> its index names
+    shifted: frozenset = frozenset()    # dimensions some shifted subscript reads
 
 
 def _children(sig) -> Tuple[int, ...]:
@@ -329,7 +330,8 @@ class _Emitter:
         text = "\n".join(format_statement(s) for s in statements)
         return Translation(text, tuple(statements), self.tensors, tuple(self.params),
                            tuple(outputs), tuple(root_outputs), tuple(ranged),
-                           {k: tuple(v) for k, v in index_names.items()})
+                           {k: tuple(v) for k, v in index_names.items()},
+                           frozenset(self.affine_dims))
 
     def _intermediate_order(self, cid: int) -> Tuple[str, ...]:
         """An intermediate's axes: the results' dimensions in the results' order, then
