@@ -29,6 +29,7 @@ EXPLAIN_OPTIONS = ("gradients", "source", "mesh", "shard", "cost_model")
 
 _translations: Dict[tuple, "_Entry"] = {}
 _TRANSLATIONS_KEPT = 1024
+_COMPILED_KEPT = 64          # per translation, by ranges
 
 
 class _Entry:
@@ -117,6 +118,8 @@ def materialise(requests, options, where):
                 **options)
         except EinfuseError as problem:
             raise _in_context(problem, roots, where) from None
+        if len(entry.compiled) >= _COMPILED_KEPT:     # (sizes given by dim.size vary)
+            entry.compiled.pop(next(iter(entry.compiled)))
         entry.compiled[ranges] = compiled
     values = dict(zip(translation.tensors, found.arrays))
     values.update(zip(translation.params, found.params))

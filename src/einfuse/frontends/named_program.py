@@ -204,7 +204,7 @@ class _Emitter:
         self.wrapped = found.wrapped
         self.params_count = len(found.params)
         # every name the program uses; dimensions first, as themselves where allowed
-        self.used: set = set()
+        self.used: set = {"arrays"}     # (a compiled program's keyword, never a name)
         self.index = {}
         for name in self._dimension_names():
             self.index[name] = self._fresh(name) if name in RESERVED or name in self.used \
@@ -214,6 +214,7 @@ class _Emitter:
         self.split_dims = {name for sig in self.sigs if sig[0] == "read"
                            for sub in sig[2][2] if sub[0] == "g" for name, _ in sub[1]}
         self.aliases: Dict[str, str] = {}       # a renamed reduction index -> dimension
+        self.alias_pool: Dict[str, List[str]] = {}   # dimension -> its renamed indices
         self.needs_range: set = set()            # dimension names given ranges=
 
     # -- names ---------------------------------------------------------------------------
@@ -407,8 +408,14 @@ class _Emitter:
         for name in sig[2]:
             index = self.index[name]
             if index in bound or index in chosen:
-                index = self._fresh(index, local=bound | set(chosen))
-                self.aliases[index] = name
+                taken = bound | set(chosen)
+                pool = self.alias_pool.setdefault(name, [])
+                index = next((a for a in pool if a not in taken), None)
+                if index is None:       # a new one, unique in the program
+                    index = self._fresh(self.index[name], local=taken)
+                    pool.append(index)
+                    self.used.add(index)
+                    self.aliases[index] = name
             inner[name] = index
             chosen.append(index)
         return Reduce(sig[1], tuple(chosen), self.expr(sig[3], inner, bound | set(chosen)))
