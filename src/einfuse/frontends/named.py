@@ -44,7 +44,8 @@ class Wrapped:
 
     def __init__(self, array, name, framework, where):
         self.array, self.name, self.framework, self.where = array, name, framework, where
-        self.shape = tuple(int(n) for n in array.shape)
+        shape = array.shape
+        self.shape = shape if type(array) is np.ndarray else tuple(int(n) for n in shape)
 
     @property
     def ndim(self) -> int:
@@ -79,6 +80,8 @@ def wrap(array, name: Optional[str] = None) -> Wrapped:
         raise error(EinfuseTypeError, "ef.wrap takes an array; this is already a named "
                     "expression", where)
     framework = framework_name(array)
+    if isinstance(array, np.generic):       # a NumPy scalar: its 0-d array
+        array = np.asarray(array)
     if framework is None or not hasattr(array, "shape"):
         if isinstance(array, (list, tuple, numbers.Number)):
             array, framework = np.asarray(array), "numpy"
