@@ -96,16 +96,22 @@ def named(array, *dimensions) -> "Named":
     return read(wrap(array), dimensions, caller_line())
 
 
-class _AxisUse:
-    """'axis 0 of w[k, i]', formatted only when a message needs it."""
-    __slots__ = ("wrapped", "items", "axis")
-
-    def __init__(self, wrapped, items, axis):
-        self.wrapped, self.items, self.axis = wrapped, items, axis
+class _AxisUse(tuple):
+    """(wrapped, items, axis): 'axis 0 of w[k, i]', formatted only when a message needs
+    it (a tuple, made with tuple.__new__: the hot path builds one per axis)."""
+    __slots__ = ()
 
     def __str__(self) -> str:
-        shown = ", ".join(_shown_item(item) for item in self.items)
-        return f"axis {self.axis} of {self.wrapped.described()} indexed [{shown}]"
+        wrapped, items, axis = self
+        shown = ", ".join(_shown_item(item) for item in items)
+        return f"axis {axis} of {wrapped.described()} indexed [{shown}]"
+
+
+def _axis_use(wrapped, items, axis) -> _AxisUse:
+    return _new_tuple(_AxisUse, (wrapped, items, axis))
+
+
+_new_tuple = tuple.__new__      # NamedTuples without their Python-level __new__
 
 
 def _shown_item(item) -> str:
@@ -186,7 +192,7 @@ def read(wrapped: Wrapped, items, where: Where) -> "Named":
             if item.name in info and info[item.name].dim is not item:
                 raise error(EinfuseNameError, f"two different dimension objects are both "
                             f"named {item.name!r} in one index", where)
-            bind(item, length, _AxisUse(wrapped, items, axis))
+            bind(item, length, _axis_use(wrapped, items, axis))
             subs.append(("d", item))
         elif isinstance(item, slice):
             if item != slice(None):
@@ -195,7 +201,7 @@ def read(wrapped: Wrapped, items, where: Where) -> "Named":
                             "a dimension", where)
             slices -= 1
             position = slot(slices)
-            bind(position, length, _AxisUse(wrapped, items, axis))
+            bind(position, length, _axis_use(wrapped, items, axis))
             subs.append(("d", position))
         elif isinstance(item, numbers.Integral) and not isinstance(item, bool):
             value = int(item) + (length if item < 0 else 0)
@@ -260,10 +266,12 @@ def _plain_read(wrapped, items, where):
         info[d.name] = None
     for axis, d in enumerate(items):
         size = wrapped.shape[axis]
-        info[d.name] = DimInfo(d, Use(size, _AxisUse(wrapped, items, axis), where))
+        use = _new_tuple(Use, (size, _new_tuple(_AxisUse, (wrapped, items, axis)), where,
+                               False))
+        info[d.name] = _new_tuple(DimInfo, (d, use))
         d._bound = size
-    return _node("read", (wrapped, tuple(("d", d) for d in items),
-                          tuple(("d", d.name) for d in items)), (), items, where, info,
+    return _node("read", (wrapped, tuple([("d", d) for d in items]),
+                          tuple([("d", d.name) for d in items])), (), items, where, info,
                  (wrapped.framework, wrapped, wrapped.where))
 
 
@@ -296,7 +304,7 @@ def _group(wrapped, items, axis, group, bind, where):
                     f"{' x '.join(map(str, sizes))}", where)
     strides, stride = [], 1
     for d, size in zip(reversed(group), reversed(sizes)):
-        bind(d, size, f"{_AxisUse(wrapped, items, axis)}, split as "
+        bind(d, size, f"{_axis_use(wrapped, items, axis)}, split as "
                       f"({', '.join(g.name for g in group)})")
         strides.append(stride)
         stride *= size
@@ -519,11 +527,14 @@ def _combine(op, args, operands, where) -> Named:
     framework = None
     found = ()
     for o in operands:
-        framework = merge_framework(framework, o.framework, where)
+        if o.framework is not None and o.framework is not framework:
+            framework = merge_framework(framework, o.framework, where)
         if not found:
             found = o.dims
-        else:
-            found = found + tuple(d for d in o.dims if d not in found)
+        elif o.dims and o.dims != found:
+            extra = [d for d in o.dims if d not in found]
+            if extra:
+                found = found + tuple(extra)
     return _node(op, args, operands, found, where, info, framework)
 
 
