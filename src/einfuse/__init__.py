@@ -10,6 +10,12 @@ from .errors import EinfuseError, EinfuseWarning, NoGradientError
 from .explain import explain
 from .frontends import einsum, rearrange, reduce, repeat
 from .runtime.kernel import Kernel, compile, ein
+from .frontends.named import Dim, Named, dims, named, softmax, where, wrap
+from .frontends.named import FUNCTIONS as _NAMED_FUNCTIONS
+from .named_api import evaluate
+
+# the notation's functions on named expressions (docs/dims.md): ef.exp, ef.tanh, ...
+globals().update(_NAMED_FUNCTIONS)
 
 __version__ = "0.1.0"
 
@@ -26,4 +32,6 @@ def jit(fn=None, *, static_argnums=(), static_argnames=(), fallback=False, **unk
                 fallback=fallback)
 
 __all__ = ["ein", "compile", "explain", "einsum", "rearrange", "reduce", "repeat", "derive", "run_reference", "GradientStatement",
-           "Kernel", "jit", "EinfuseError", "EinfuseWarning", "NoGradientError", "__version__"]
+           "Kernel", "jit", "EinfuseError", "EinfuseWarning", "NoGradientError", "__version__",
+           "dims", "wrap", "named", "evaluate", "Dim", "Named", "softmax"] + \
+    sorted(_NAMED_FUNCTIONS)

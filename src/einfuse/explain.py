@@ -15,6 +15,7 @@ from .analysis.spec import Spec
 from .errors import (EinfuseError, OptionError, ShapeError, attach_statement,
                      unexpected_keywords)
 from .eager import naive_intermediate
+from .frontends.named import hooks as named_hooks, is_named
 from .lang.ast import (Access, Binary, Call, Expr, Param, Reduce, Unary, accesses,
                        map_children)
 from .lang.printer import format_expr, format_statement
@@ -290,6 +291,13 @@ def explain(statement=NOT_GIVEN, /, *args, shapes: Optional[Dict[str, tuple]] = 
 
         print(ef.explain("D[i,j] := (w[k,i] - x[k,j])**2", shapes={"w": (3, 5),
                                                                   "x": (3, 4)}))"""
+    if is_named(statement) or (isinstance(statement, tuple) and statement and
+                               is_named(statement[0])):     # named dimensions (dims.md)
+        return named_hooks["explain"](statement, args, dict(
+            shapes=shapes, pad=pad, bounds=bounds, fill=fill, dtype=dtype, backend=backend,
+            threads=threads, memory_limit=memory_limit, gradients=gradients, source=source,
+            mesh=mesh, shard=shard, cost_model=cost_model, ranges=ranges, outputs=outputs,
+            **arrays), explain)
     from .runtime.kernel import compile as compile_kernel
     from .frontends.jaxpr_explain import explain_function, is_jax_function
     if cost_model is not None and mesh is None:
