@@ -70,6 +70,8 @@ class Definition:
     indices: Tuple[str, ...]
     coefficient: Fraction
     factors: Tuple[Tuple[Expr, int], ...]
+    # the templates of its factors' atoms: a term it divides has them all
+    templates: FrozenSet[str] = frozenset()
 
 
 def key_of(expr: Expr) -> str:
@@ -229,7 +231,12 @@ class Algebra:
         definitions in program order, each as often as it divides), inside sums too."""
         result: List[Term] = []
         for term in poly:
+            # only a definition whose factors' shapes all occur in the term can divide
+            # it: trying each one's renamings was quadratic in a long program
+            templates = {self.atoms[key].template for key, _ in term.factors}
             for definition in definitions:
+                if not definition.templates <= templates:
+                    continue
                 for _ in range(MAX_POWER):
                     found = self._divided(term, definition)
                     if found is None:
@@ -321,8 +328,9 @@ def definition_of(algebra: Algebra, name: str, indices: Tuple[str, ...],
         covered |= set(algebra.atoms[key].free)
     if not set(indices) <= covered or (covered - set(indices)):
         return None
-    return Definition(name, tuple(indices), term.coefficient,
-                      tuple((canonical(algebra.atoms[k].expr), p) for k, p in term.factors))
+    factors = tuple((canonical(algebra.atoms[k].expr), p) for k, p in term.factors)
+    return Definition(name, tuple(indices), term.coefficient, factors,
+                      frozenset(algebra.atoms[algebra.atom(e)].template for e, _ in factors))
 
 
 def _size(poly: Poly) -> int:
