@@ -233,7 +233,7 @@ class Algebra:
         for term in poly:
             # only a definition whose factors' shapes all occur in the term can divide
             # it: trying each one's renamings was quadratic in a long program
-            templates = {self.atoms[key].template for key, _ in term.factors}
+            templates = self._templates(term)
             for definition in definitions:
                 if not definition.templates <= templates:
                     continue
@@ -242,8 +242,12 @@ class Algebra:
                     if found is None:
                         break
                     term = found
+                    templates = self._templates(term)      # (it reads the output now)
             result += self._inside_sums(term, definitions)
         return _add(tuple(result))
+
+    def _templates(self, term: Term) -> FrozenSet[str]:
+        return frozenset(self.atoms[key].template for key, _ in term.factors)
 
     def _inside_sums(self, term: Term, definitions: Sequence[Definition]) -> Poly:
         """``term`` with a sum atom's body divided out, taking in factors from outside
