@@ -150,7 +150,9 @@ tmp="${{TMPDIR:-{state}}}/einfuse-fake-cc-temporary"
 echo "$tmp" > {state}/temporary
 {action}
 """
-ACTIONS = {"timeout": "wait", "killed": "kill -9 $$", "interrupt": "kill -INT $PPID; wait"}
+# (the compiler runs under a shell that ties it to its caller: the caller's pid is passed)
+ACTIONS = {"timeout": "wait", "killed": "kill -9 $$",
+           "interrupt": "kill -INT $EINFUSE_TEST_CALLER; wait"}
 
 
 def _alive(pid):
@@ -174,6 +176,7 @@ def test_interrupted_compile_leaves_no_files_and_no_processes(cache, tmp_path, m
     try:
         if mode == "interrupt":   # Ctrl-C reaches a Python process: not the test runner
             done = run_python(
+                "import os\nos.environ['EINFUSE_TEST_CALLER'] = str(os.getpid())\n"
                 "from einfuse.backends import c_build\n"
                 f"c_build._compiler, c_build._probed = (({str(fake)!r},), 'fake'), True\n"
                 f"try:\n    c_build.load({source!r})\n"

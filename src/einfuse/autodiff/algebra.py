@@ -70,6 +70,8 @@ class Definition:
     indices: Tuple[str, ...]
     coefficient: Fraction
     factors: Tuple[Tuple[Expr, int], ...]
+    # the templates of its factors' atoms: a term it divides has them all
+    templates: FrozenSet[str] = frozenset()
 
 
 def key_of(expr: Expr) -> str:
@@ -229,14 +231,23 @@ class Algebra:
         definitions in program order, each as often as it divides), inside sums too."""
         result: List[Term] = []
         for term in poly:
+            # only a definition whose factors' shapes all occur in the term can divide
+            # it: trying each one's renamings was quadratic in a long program
+            templates = self._templates(term)
             for definition in definitions:
+                if not definition.templates <= templates:
+                    continue
                 for _ in range(MAX_POWER):
                     found = self._divided(term, definition)
                     if found is None:
                         break
                     term = found
+                    templates = self._templates(term)      # (it reads the output now)
             result += self._inside_sums(term, definitions)
         return _add(tuple(result))
+
+    def _templates(self, term: Term) -> FrozenSet[str]:
+        return frozenset(self.atoms[key].template for key, _ in term.factors)
 
     def _inside_sums(self, term: Term, definitions: Sequence[Definition]) -> Poly:
         """``term`` with a sum atom's body divided out, taking in factors from outside
@@ -321,8 +332,9 @@ def definition_of(algebra: Algebra, name: str, indices: Tuple[str, ...],
         covered |= set(algebra.atoms[key].free)
     if not set(indices) <= covered or (covered - set(indices)):
         return None
-    return Definition(name, tuple(indices), term.coefficient,
-                      tuple((canonical(algebra.atoms[k].expr), p) for k, p in term.factors))
+    factors = tuple((canonical(algebra.atoms[k].expr), p) for k, p in term.factors)
+    return Definition(name, tuple(indices), term.coefficient, factors,
+                      frozenset(algebra.atoms[algebra.atom(e)].template for e, _ in factors))
 
 
 def _size(poly: Poly) -> int:

@@ -26,6 +26,7 @@ and all float arrays have one dtype.  Anywhere else the backward runs as derived
 from __future__ import annotations
 
 import dataclasses
+import heapq
 from dataclasses import dataclass
 from fractions import Fraction
 from typing import Dict, FrozenSet, List, Mapping, Optional, Sequence, Set, Tuple, Union
@@ -33,7 +34,7 @@ from typing import Dict, FrozenSet, List, Mapping, Optional, Sequence, Set, Tupl
 import numpy as np
 
 from ..lang.ast import Access, Call, Expr, IndexExpr, Param, Reduce, Statement, accesses, \
-    map_children
+    expression_size, map_children, sum_tree
 from ..lang.parser import parse
 from ..lang.printer import format_statement
 from ..lang.sugar import rename_indices
@@ -110,7 +111,7 @@ def fold(backward, specs: Sequence, options: Mapping[str, object]) -> Optional[F
         else:
             nodes.append(step)
     results = {name for name in backward.results if name is not None}
-    taken: Set[str] = set(backward.taken)
+    taken: Set[str] = _Taken(backward.taken)
     _fold(nodes, results, taken)
     definitions = _definitions(specs, seeded)
     steps = []
@@ -163,42 +164,72 @@ def _ranks(specs) -> Dict[str, int]:
 
 
 def _sum_of(parts: Tuple[str, ...], indices: Tuple[str, ...]) -> Expr:
-    from ..lang.ast import Binary
-    terms = [Access(p, tuple(IndexExpr(((i, 1),)) for i in indices)) for p in parts]
-    result: Expr = terms[0]
-    for term in terms[1:]:
-        result = Binary("+", result, term)
-    return result
+    return sum_tree([Access(p, tuple(IndexExpr(((i, 1),)) for i in indices)) for p in parts])
+
+
+# The largest right side folding may build (nodes, nesting depth); the folds of softmax's
+# and layernorm's backwards are about 130 nodes, 16 deep.  Beyond it a gather stays its
+# own step: folding a chain of 1,000 statements into one gather gave an expression too
+# deep for any recursive walk, and each fold walked the growing expression again.
+FOLDED_NODES = 512
+FOLDED_DEPTH = 48
 
 
 def _fold(nodes: List, results: Set[str], taken: Set[str]) -> None:
     """Substitute each node that exactly one later node reads (and nothing else), at
     plain distinct subscripts, into that reader; again until nothing folds (layernorm's
-    ``dv`` folds once its two readers have folded into one)."""
-    changed = True
-    while changed:
-        changed = False
-        for position, node in enumerate(nodes):
-            if not isinstance(node, _Node) or node.key in results:
-                continue
-            readers = [other for other in nodes[position + 1:] if node.key in _inputs(other)]
-            if len(readers) != 1 or not isinstance(readers[0], _Node):
-                continue
-            reader = readers[0]
-            found = [a for a in accesses(reader.rhs) if a.tensor == node.key]
-            subscripts = [tuple(sub.plain_index for sub in a.indices) for a in found]
-            if not found or any(None in s or len(set(s)) != len(s) or
-                                len(s) != len(node.indices) for s in subscripts):
-                continue
-            for access, names in zip(found, subscripts):
-                body = rename_indices(_fresh_bound(node.rhs, taken),
-                                      dict(zip(node.indices, names)))
-                reader.rhs = _replace_access(reader.rhs, access, body)
-            reader.parts = reader.parts + node.parts
-            reader.changed = True
-            del nodes[position]
-            changed = True
-            break
+    ``dv`` folds once its two readers have folded into one).  The first foldable node
+    folds first, as a rescan from the start after each fold would find; a fold can make
+    foldable only the nodes producing what the folded node read, so only those are
+    looked at again (a rescan of every node after each fold was quadratic)."""
+    inputs = [set(_inputs(node)) for node in nodes]
+    sizes = [expression_size(node.rhs) if isinstance(node, _Node) else (0, 0)
+             for node in nodes]
+    readers: Dict[str, Set[int]] = {}
+    producers: Dict[str, List[int]] = {}
+    for position, node in enumerate(nodes):
+        for name in inputs[position]:
+            readers.setdefault(name, set()).add(position)
+        if isinstance(node, _Node):
+            producers.setdefault(node.key, []).append(position)
+    alive = [True] * len(nodes)
+    waiting = list(range(len(nodes)))         # a heap of positions to look at
+    while waiting:
+        position = heapq.heappop(waiting)
+        node = nodes[position]
+        if not alive[position] or not isinstance(node, _Node) or node.key in results:
+            continue
+        later = [r for r in readers.get(node.key, ()) if r > position]
+        if len(later) != 1 or not isinstance(nodes[later[0]], _Node):
+            continue
+        target = later[0]
+        reader = nodes[target]
+        found = [a for a in accesses(reader.rhs) if a.tensor == node.key]
+        subscripts = [tuple(sub.plain_index for sub in a.indices) for a in found]
+        if not found or any(None in s or len(set(s)) != len(s) or
+                            len(s) != len(node.indices) for s in subscripts):
+            continue
+        (size, depth), (reader_size, reader_depth) = sizes[position], sizes[target]
+        grown = (reader_size + len(found) * size, reader_depth + depth)
+        if grown[0] > FOLDED_NODES or grown[1] > FOLDED_DEPTH:
+            continue
+        for access, names in zip(found, subscripts):
+            body = rename_indices(_fresh_bound(node.rhs, taken),
+                                  dict(zip(node.indices, names)))
+            reader.rhs = _replace_access(reader.rhs, access, body)
+        reader.parts = reader.parts + node.parts
+        reader.changed = True
+        sizes[target] = expression_size(reader.rhs)
+        alive[position] = False
+        readers[node.key].discard(target)
+        inputs[target].discard(node.key)
+        for name in inputs[position]:
+            readers[name].discard(position)
+            readers[name].add(target)
+            inputs[target].add(name)
+            for producer in producers.get(name, ()):
+                heapq.heappush(waiting, producer)
+    nodes[:] = [node for node, kept in zip(nodes, alive) if kept]
 
 
 def _replace_access(expr: Expr, target: Access, value: Expr) -> Expr:
@@ -303,11 +334,23 @@ def _with_row_coefficients(node: _Node, algebra: Algebra, poly: Poly,
     return steps + [Combined(node.key, node.target, node.like, text, node.parts)]
 
 
+class _Taken(set):
+    """The names in use, with the first number worth trying per stem: names are only
+    added, so the first free ``r<n>`` never moves down (counting up from 1 on every
+    call made a long backward's renaming quadratic)."""
+
+    def __init__(self, names=()):
+        super().__init__(names)
+        self.next: Dict[str, int] = {}
+
+
 def _fresh(stem: str, taken: Set[str]) -> str:
-    number = 1
+    hints = getattr(taken, "next", {})
+    number = hints.get(stem, 1)
     while f"{stem}{number}" in taken:
         number += 1
     taken.add(f"{stem}{number}")
+    hints[stem] = number + 1
     return f"{stem}{number}"
 
 

@@ -12,8 +12,8 @@ from typing import Dict, Iterable, List, Mapping
 import numpy as np
 
 from ..errors import OutOfBoundsError, RangeError, ShapeError
-from ..lang import parse
-from ..lang.ast import IndexExpr
+from ..lang.ast import IndexExpr, Param, accesses
+from ..lang.parser import parse
 from ..runtime.frameworks import JAX, TORCH, framework_of, placeholder
 from ..runtime.kernel import compile as ef_compile
 from .derive import AxisOf, ExtentOf, GradientStatement, NoGradientError, RangeOf
@@ -32,8 +32,8 @@ def _forward_ranges(g: GradientStatement, arrays: Mapping[str, object]):
     """Every index range of the forward statement for these arrays (the forward is bound,
     not run).  Ranges depend on shapes (and options) alone: they are remembered per
     signature of the arrays, so a training loop binds the forward once per shape."""
-    signature = tuple((name, tuple(np.shape(value)), getattr(value, "dtype", None))
-                      for name, value in sorted(arrays.items()))
+    signature = tuple((name, tuple(np.shape(arrays[name])), getattr(arrays[name], "dtype", None))
+                      for name in _range_names(g) if name in arrays)
     cache = g.__dict__.setdefault("_ranges", {})
     found = cache.get(signature)
     if found is None:
@@ -42,6 +42,26 @@ def _forward_ranges(g: GradientStatement, arrays: Mapping[str, object]):
             with contextlib.suppress(KeyError, RuntimeError, StopIteration):
                 cache.pop(next(iter(cache)))     # another thread may evict it too
         cache[signature] = found
+    return found
+
+
+def _range_names(g: GradientStatement) -> tuple:
+    """The names whose shapes the forward ranges of ``g`` depend on (sorted), found once
+    per statement: a program's backward passes every array of the program, and a
+    signature over all of them made each statement's lookup as long as the program."""
+    found = g.__dict__.get("_range_names")
+    if found is None:
+        statement = parse(g.forward)
+        names = {a.tensor for a in accesses(statement.rhs)} | {
+            n.name for n in statement.rhs.walk() if isinstance(n, Param)} | {
+            statement.output, g.output_grad}
+        parent = g.parent
+        if parent is not None:
+            names |= set(_range_names(parent))
+            names |= {source.tensor for source in parent.options.get("ranges", {}).values()
+                      if isinstance(source, (AxisOf, ExtentOf))}
+            names |= {tensor for _, tensor, _ in parent.range_checks}
+        found = g.__dict__["_range_names"] = tuple(sorted(names))
     return found
 
 

@@ -41,13 +41,10 @@ import ctypes
 import functools
 import hashlib
 import logging
-import math
 import os
 import platform
-import select
 import shlex
 import shutil
-import signal
 import subprocess
 import tempfile
 import threading
@@ -57,6 +54,8 @@ from typing import Dict, Iterator, List, Optional, Tuple
 from ..analysis.machine import machine
 from ..errors import BackendError, warn
 from . import cache_limit
+from . import c_compiler_process as compiler_process
+from .c_compiler_process import CompileError, CompileLimitError, run_compiler
 from .c_process import process_settings
 
 # -march=native unless EINFUSE_CPU picks another target (analysis/machine.py)
@@ -81,7 +80,8 @@ _by_source: Dict[Tuple[str, bool], ctypes.CDLL] = {}   # skips hashing on repeat
 _compiler: Optional[Tuple[Tuple[str, ...], str]] = None
 _probed = False
 
-# Seconds a compiler may run before it (and everything it started) is killed.
+# Seconds a compiler may run before it (and everything it started) is killed; the
+# environment's EINFUSE_COMPILE_TIMEOUT overrides it (backends/c_compiler_process.py).
 COMPILE_TIMEOUT = 300.0
 PROBE_TIMEOUT = 60.0
 RECORD_SUFFIX = ".sha256"        # <key>.so.sha256: "<size> <sha256>" of <key>.so as built
@@ -97,10 +97,6 @@ int einfuse_probe(void) { int n = 0;
 for (int i = 0; i < 4; ++i) n += (int)sqrt(1.0);
 return n + 0 * omp_get_max_threads(); }
 """
-
-
-class CompileError(BackendError):
-    """A kernel could not be compiled or loaded (an EinfuseError, still a RuntimeError)."""
 
 
 def configured_cache_dir() -> str:
@@ -127,21 +123,26 @@ def cache_dir() -> str:
     path = configured_cache_dir()
     if os.access(path, os.W_OK | os.X_OK):
         return path
+    return _fallback_dir(path, f"the cache directory {path} is not writable",
+                         "set EINFUSE_CACHE_DIR to a writable directory to keep them")
+
+
+def _fallback_dir(path: str, trouble: str, advice: str) -> str:
+    """This process's temporary cache directory (made on first need, removed at exit),
+    used because of ``trouble`` at ``path``: one EinfuseWarning per path says so."""
     with _dir_lock:
         if not _fallback:
             try:
                 _fallback.append(tempfile.mkdtemp(prefix="einfuse-cache-"))
             except OSError as error:
-                raise BackendError(f"the einfuse cache directory {path!r} is not writable "
-                                   f"and no temporary directory could be made: {error}") \
-                    from None
+                raise BackendError(f"einfuse: {trouble}, and no temporary directory could "
+                                   f"be made: {error}") from None
             atexit.register(shutil.rmtree, _fallback[0], True)
         first = path not in _warned_dirs
         _warned_dirs.add(path)
     if first:
-        warn(f"einfuse: the cache directory {path} is not writable; compiled kernels go "
-             f"to {_fallback[0]} for this process only (set EINFUSE_CACHE_DIR to a "
-             "writable directory to keep them)")
+        warn(f"einfuse: {trouble}; compiled kernels go to {_fallback[0]} for this "
+             f"process only ({advice})")
     return _fallback[0]
 
 
@@ -182,57 +183,12 @@ def file_lock(path: str, timeout: float = 60.0) -> Iterator[bool]:
                 fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
 
 
-def run_compiler(command: List[str], workdir: str, timeout: float) -> Tuple[int, str]:
-    """Run ``command`` in its own process group with TMPDIR=``workdir`` (so its own
-    temporary files die with ``workdir``); returns (exit status, output).  On a timeout,
-    an interrupt or any other exception, and after a compiler that was killed, the whole
-    group is killed: gcc's cc1/as/ld must not outlive the build.  Output goes to a file,
-    not a pipe, so an orphan holding the pipe open cannot stall the wait."""
-    log_path = os.path.join(workdir, "compiler.log")
-    with open(log_path, "w+") as log:
-        try:
-            process = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=log,
-                                       stderr=subprocess.STDOUT, start_new_session=True,
-                                       env=dict(os.environ, TMPDIR=workdir))
-        except OSError as error:   # the compiler vanished or lost its x bit since the probe
-            raise CompileError(f"cannot run the C compiler {command[0]}: {error}") from None
-        try:
-            status = _wait_exit(process, timeout)
-        except subprocess.TimeoutExpired:
-            raise CompileError(f"the C compiler ran for more than {timeout:g} s and was "
-                               f"stopped: {' '.join(command[:1])}") from None
-        finally:
-            # Also after a normal exit: a killed driver leaves cc1/as/ld behind.  The
-            # group id (the leader's pid) stays reserved while any member lives.
-            with contextlib.suppress(OSError):
-                os.killpg(process.pid, signal.SIGKILL)
-            if process.returncode is None:
-                process.kill()
-                process.wait()
-        log.seek(0)
-        return status, log.read()
+_wait_exit = compiler_process.wait_exit      # (the tests call it by this name)
 
 
-def _wait_exit(process: subprocess.Popen, timeout: float) -> int:
-    """``process.wait(timeout)`` without its polling: CPython's timed wait sleeps in
-    steps growing to 50 ms, which added up to 50 ms (often more than the compile
-    itself) to every kernel build.  A pidfd becomes readable the moment the process
-    exits; where there is none (not Linux, old kernels) the timed wait remains."""
-    try:
-        handle = os.pidfd_open(process.pid)
-    except (AttributeError, OSError):
-        return process.wait(timeout=timeout)
-    try:
-        # poll, not select: select refuses descriptors from FD_SETSIZE (1024) on, which a
-        # process with many files open gets
-        waiter = select.poll()
-        waiter.register(handle, select.POLLIN)
-        ready = waiter.poll(max(0, math.ceil(timeout * 1000)))
-    finally:
-        os.close(handle)
-    if not ready:
-        raise subprocess.TimeoutExpired(process.args, timeout)
-    return process.wait()
+def compile_timeout() -> float:
+    """Seconds a kernel's compile may take: $EINFUSE_COMPILE_TIMEOUT, else COMPILE_TIMEOUT."""
+    return compiler_process.compile_timeout(COMPILE_TIMEOUT)
 
 
 def _candidates() -> List[List[str]]:
@@ -286,7 +242,9 @@ def _try_compile(command: List[str], source: str, extra: List[str]) -> bool:
         try:
             status, _ = run_compiler(command + list(BASE_FLAGS) + [
                 src, "-o", os.path.join(tmp, "probe.so"), "-lm"] + extra, tmp, PROBE_TIMEOUT)
-        except CompileError:   # timed out: not a usable compiler
+        except CompileLimitError:
+            raise          # timed out or out of memory: _probe remembers nothing
+        except CompileError:   # it cannot be run: not a usable compiler
             return False
     return status == 0
 
@@ -300,17 +258,19 @@ def _probe(command: List[str], fingerprint: str) -> dict:
         (fingerprint + _cpu_identity() + _PROBE_VERSION).encode()).hexdigest()[:24] + ".json")
     try:
         with open(path) as handle:
-            return json.load(handle)
+            found = json.load(handle)
+        if isinstance(found, dict) and isinstance(found.get("ok"), bool):
+            return found
     except (OSError, ValueError):
-        pass
+        pass     # none yet, or unreadable or damaged: probe again (and rewrite it)
     result = {"ok": False, "vector_math": False, "lean": False}
     try:
         result["ok"] = _try_compile(command, _PROBE, [])
         if result["ok"]:
             result["vector_math"] = _try_compile(command, _VECTOR_MATH_PROBE, ["-lmvec"])
             result["lean"] = _try_compile(command, _PROBE, list(LEAN_FLAGS))
-    except (OSError, subprocess.SubprocessError):
-        return result
+    except (OSError, subprocess.SubprocessError, CompileLimitError):
+        return result    # (a loaded machine or a low limit says nothing lasting)
     # Remembering is only an optimisation: an unwritable cache just probes again.
     tmp = None
     try:
@@ -445,10 +405,10 @@ def _build(source: str, flags: Tuple[str, ...], key: str) -> str:
     directory = cache_dir()
     path = os.path.join(directory, key + ".so")
     # One compile per kernel: whoever waited for the lock finds the library built.
-    with file_lock(os.path.join(directory, key + ".lock"), COMPILE_TIMEOUT):
+    with file_lock(os.path.join(directory, key + ".lock"), compile_timeout()):
         if not _intact(path):
             started = time.perf_counter()
-            compile_library(source, flags, path)
+            path = compile_library(source, flags, path)
             _record_compile(time.perf_counter() - started, directory)
             cache_limit.enforce(directory, keep=path)
     return path
@@ -483,8 +443,11 @@ def _digest(path: str) -> str:
 
 
 def _intact(path: str) -> bool:
-    """Whether ``path`` is byte for byte the library its record describes."""
+    """Whether ``path`` is byte for byte the library its record describes (both regular
+    files: opening a FIFO put there would wait forever)."""
     try:
+        if not (os.path.isfile(path) and os.path.isfile(path + RECORD_SUFFIX)):
+            return False
         with open(path + RECORD_SUFFIX) as handle:
             size, digest = handle.read().split()
         return os.path.getsize(path) == int(size) and _digest(path) == digest
@@ -492,10 +455,12 @@ def _intact(path: str) -> bool:
         return False
 
 
-def compile_library(source: str, flags: Tuple[str, ...], path: str) -> None:
+def compile_library(source: str, flags: Tuple[str, ...], path: str) -> str:
     """Compile ``source`` to ``path`` and write its record beside it; both appear by
     atomic renames, the library first, and nothing else is left behind, even when the
-    compile fails, times out or is interrupted."""
+    compile fails, times out or is interrupted.  Returns where the library is: ``path``,
+    or where something is in the way there (a directory, say) this process's temporary
+    cache, with a warning naming ``path``."""
     compiler = find_compiler()
     if compiler is None:
         raise CompileError("no C compiler with OpenMP support found (set CC)")
@@ -513,17 +478,48 @@ def compile_library(source: str, flags: Tuple[str, ...], path: str) -> None:
             handle.write(source)
         libraries = ["-lmvec", "-lm"] if "__simd__" in source else ["-lm"]
         status, output = run_compiler(list(compiler[0]) + list(flags) + [src, "-o", built] +
-                                      libraries, build, COMPILE_TIMEOUT)
+                                      libraries, build, compile_timeout())
         if status != 0:
             raise CompileError(f"C compilation failed (exit status {status}):\n"
                                f"{output[-4000:]}")
         record = os.path.join(build, "record")
         with open(record, "w") as handle:
             handle.write(f"{os.path.getsize(built)} {_digest(built)}\n")
-        os.replace(built, path)
-        os.replace(record, path + RECORD_SUFFIX)
+        try:
+            _place(built, record, path)
+        except OSError as error:
+            path = _place_elsewhere(built, record, path, error)
     finally:
         shutil.rmtree(build, ignore_errors=True)
+    return path
+
+
+def _place(built: str, record: str, path: str) -> None:
+    os.replace(built, path)
+    try:
+        os.replace(record, path + RECORD_SUFFIX)
+    except OSError:
+        with contextlib.suppress(OSError):
+            os.replace(path, built)      # never a library without its record
+        raise
+
+
+def _place_elsewhere(built: str, record: str, path: str, error: OSError) -> str:
+    """The library and its record moved into this process's temporary cache, where
+    ``error`` kept them from ``path``; a CompileError naming ``path`` where that fails
+    too."""
+    where = error.filename2 if error.filename2 else path
+    trouble = f"the cached kernel library {where} cannot be written ({error.strerror or error})"
+    directory = _fallback_dir(where, trouble, "remove what is in the way to cache there")
+    target = os.path.join(directory, os.path.basename(path))
+    try:
+        if os.path.dirname(os.path.abspath(path)) == os.path.abspath(directory):
+            raise error
+        shutil.move(built, target)
+        shutil.move(record, target + RECORD_SUFFIX)
+    except OSError as again:
+        raise CompileError(f"einfuse: {trouble}, nor in {directory}: {again}") from None
+    return target
 
 
 # Build directories older than this were left by a process that was killed outright

@@ -44,9 +44,10 @@ def prepare(kernel, call):
         return None
     try:
         out = np.empty(call.output_shape, dtype=call.dtypes.working)
-    except ValueError:    # NumPy's 'array is too big': more bytes than an array holds
-        raise MemoryError(f"{call.spec.output} of shape {tuple(call.output_shape)} does "
-                          "not fit in an array") from None
+    except (ValueError, MemoryError):
+        # NumPy's 'array is too big' (more bytes than an array holds) or no memory: the
+        # statement runs alone, where the result's own check says so (AllocationError)
+        return None
     if out.size == 0:
         return None
     buffers = _buffers(call) + [out]

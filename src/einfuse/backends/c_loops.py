@@ -17,7 +17,8 @@ import math
 from typing import Dict, List, Tuple
 
 from ..errors import BackendError
-from . import c_loops_dot, c_loops_flat, c_loops_rewrite, c_loops_select, c_loops_vmath
+from . import (c_loops_dot, c_loops_flat, c_loops_parts, c_loops_rewrite, c_loops_select,
+               c_loops_vmath)
 from ..frontends.jaxpr_ir import (INDEX, Apply, Assign, Branch, Cast, Const, Index,
                                   JitProgram, Loop, LoopKind, Node, Read, ReduceOp,
                                   ScalarType, ScatterAdd, Select)
@@ -546,8 +547,9 @@ class Renderer:
         return "\n".join([self.head(), "", body])
 
     def function(self, signature: str) -> str:
-        """The program as one C function (``args``: inputs, then outputs); render the
-        head after it, which holds the helpers that the body uses."""
+        """The program as one C function (``args``: inputs, then outputs), preceded by
+        the functions its steps are split into where it is long (c_loops_parts); render
+        the head after it, which holds the helpers that the body uses."""
         program = self.program
         prologue = []
         for k, name in enumerate(program.inputs):
@@ -556,6 +558,9 @@ class Renderer:
         for k, name in enumerate(program.outputs):
             t = program.buffer(name).dtype.c_type
             prologue.append(f"{t} *restrict {name} = ({t} *)args[{len(program.inputs) + k}];")
+        split = c_loops_parts.split_function(self, signature, STACK_LIMIT)
+        if split is not None:
+            return split
         declarations, allocations, frees = self.storage(set(program.inputs + program.outputs))
         self.steps(program.steps)
         body = "\n".join(self.lines)

@@ -129,6 +129,7 @@ class CRenderer:
         self.tiles: List[int] = []
         self.in_parallel = False
         self.buffers: tuple = ()
+        self.tiles_doubled = False    # a tiled loop's body was written twice (below)
 
     # -- program and kernels -----------------------------------------------------------
     def render(self) -> str:
@@ -386,13 +387,25 @@ class CRenderer:
             if entered:
                 self.in_parallel = False
             return lines
-        # full tiles see a constant lane count, so the accumulators stay in registers
-        lines.append(f"{pad}  if ({extent} - {var} >= {tile}) {{")
-        lines.append(f"{pad}    const int64_t {count} = {tile};")
-        lines += self.block(node.body, depth + 2)
-        lines.append(f"{pad}  }} else {{")
-        lines.append(f"{pad}    const int64_t {count} = {extent} - {var};")
-        lines += self.block(node.body, depth + 2)
+        # full tiles see a constant lane count, so the accumulators stay in registers;
+        # the body is then written twice, but only where no tiled loop inside it was:
+        # doubling at every level of nested reductions made the source (and the
+        # compiler's time and memory) exponential in their depth
+        self.tiles_doubled = False
+        body = self.block(node.body, depth + 2)
+        if self.tiles_doubled:
+            lines.append(f"{pad}  {{")
+            lines.append(f"{pad}    const int64_t {count} = {extent} - {var} < {tile} ? "
+                         f"{extent} - {var} : {tile};")
+            lines += body
+        else:
+            lines.append(f"{pad}  if ({extent} - {var} >= {tile}) {{")
+            lines.append(f"{pad}    const int64_t {count} = {tile};")
+            lines += body
+            lines.append(f"{pad}  }} else {{")
+            lines.append(f"{pad}    const int64_t {count} = {extent} - {var};")
+            lines += body
+        self.tiles_doubled = True
         lines.append(f"{pad}  }}")
         lines.append(pad + "}")
         if entered:

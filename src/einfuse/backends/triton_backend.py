@@ -25,6 +25,7 @@ from typing import Dict, Sequence, Tuple
 
 import numpy as np
 
+from ..errors import BackendError
 from ..plan import buffer_slots, call_arguments, plan_for, unit_axis
 from . import c_build, triton_tuning as tuning
 from .capabilities import not_compiled
@@ -87,17 +88,39 @@ def _kernel_module(source: str):
         if module is not None:
             return key, module
         path = os.path.join(c_build.cache_dir(), f"einfuse_triton_{key}.py")
-        if not os.path.exists(path):
-            tmp = f"{path}.{os.getpid()}.tmp"
-            with open(tmp, "w") as handle:
-                handle.write(source)
-            os.replace(tmp, path)
+        if not _holds(path, source):
+            _write_module(path, source)
         spec = importlib.util.spec_from_file_location(f"einfuse_triton_{key}", path)
         module = importlib.util.module_from_spec(spec)
         sys.modules[spec.name] = module
         spec.loader.exec_module(module)
         _modules[key] = module
         return key, module
+
+
+def _holds(path: str, source: str) -> bool:
+    """Whether the file ``path`` is ``source`` (not damaged, not something else)."""
+    try:
+        with open(path) as handle:
+            return handle.read() == source
+    except (OSError, UnicodeDecodeError):
+        return False
+
+
+def _write_module(path: str, source: str) -> None:
+    """``source`` into ``path``, whole (a temporary renamed into place); a BackendError
+    naming ``path`` where it cannot be written (a directory in the way, say)."""
+    tmp = f"{path}.{os.getpid()}.{threading.get_ident()}.tmp"
+    try:
+        with open(tmp, "w") as handle:
+            handle.write(source)
+        os.replace(tmp, path)
+    except OSError as error:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise BackendError(f"the cached Triton kernel {path} cannot be written "
+                           f"({error.strerror or error}); remove what is in its way, or "
+                           "set EINFUSE_CACHE_DIR to another directory") from None
 
 
 class _Layout:

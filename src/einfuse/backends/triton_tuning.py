@@ -10,6 +10,7 @@ unless ``EINFUSE_TRITON_AUTOTUNE=1`` asks for the search (how the tests exercise
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import threading
@@ -156,8 +157,9 @@ def remember(key: str, config: Config) -> None:
                 with open(tmp, "w") as handle:
                     json.dump(data, handle, indent=0, sort_keys=True)
                 os.replace(tmp, path)
-            except OSError:
-                pass   # an unwritable cache only costs a search in the next process
+            except OSError:   # an unwritable cache only costs a search in the next process
+                with contextlib.suppress(OSError):
+                    os.unlink(tmp)
 
 
 def forget_memory() -> None:

@@ -45,6 +45,8 @@ class Value:
     compound: bool              # an element costs more than a read to compute
     buffer: Optional[str] = None
     var: Optional[str] = None   # the jaxpr variable it is the value of (for explain)
+    # equations composed into ``at`` since the last buffer (Converter.equation)
+    depth: int = 1
 
     @property
     def size(self) -> int:
@@ -124,6 +126,15 @@ def _python_number(value, dtype: ScalarType):
     if dtype is ScalarType.BOOL:
         return bool(value)
     return int(value)
+
+
+# The most equations composed into one value before it is computed into a buffer.  A
+# value's elements are built by calling the functions of the values it is made of, and
+# its expression is rendered by walking it: both recurse once per equation, so a chain of
+# 600 elementwise operations (``for _ in range(600): x = jnp.tanh(x)``) exhausted
+# Python's recursion limit.  Cut every MAX_COMPOSED equations, such a chain costs one
+# array written and read again per 100 operations.
+MAX_COMPOSED = 100
 
 
 class Converter:
@@ -255,8 +266,12 @@ class Converter:
             outs = rule(self, eqn, invals, level)
         finally:
             self.current_eqn = previous
+        depth = 1 + max((v.depth for v in invals if v.buffer is None), default=0)
         for var, value in zip(eqn.outvars, outs):
-            if value.compound and uses.get(var, 0) > 1:
+            if value.buffer is None:
+                value.depth = max(value.depth, depth)
+            if value.compound and uses.get(var, 0) > 1 or \
+                    value.buffer is None and value.depth > MAX_COMPOSED:
                 value = self.materialize(value, equation_text(eqn, self.names))
             if value.var is None and not isinstance(var, type(None)):
                 value.var = var_name(var, self.names)

@@ -232,4 +232,10 @@ class JitProgram:
     constants: Tuple[Tuple[str, object], ...] = field(default=(), compare=False)
 
     def buffer(self, name: str) -> Buffer:
-        return next(b for b in self.buffers if b.name == name)
+        # by name through a dict made on first use: renderers ask for every read, and a
+        # search of the buffers each time made a program of thousands of steps quadratic
+        by_name = self.__dict__.get("_by_name")
+        if by_name is None:
+            by_name = {b.name: b for b in self.buffers}
+            object.__setattr__(self, "_by_name", by_name)
+        return by_name[name]

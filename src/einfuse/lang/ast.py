@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Iterator, Optional, Tuple, Union
+from typing import Iterator, List, Optional, Sequence, Tuple, Union
 
 Span = Optional[Tuple[int, int]]
 
@@ -270,6 +270,40 @@ def reductions(expr: Expr) -> Iterator[Reduce]:
     for node in expr.walk():
         if isinstance(node, Reduce):
             yield node
+
+
+def expression_size(expr: Expr) -> Tuple[int, int]:
+    """(nodes, nesting depth) of ``expr``, counted without recursion: callers ask before
+    handing an expression to the recursive walks, which a deep one would exhaust."""
+    nodes = depth = 0
+    stack = [(expr, 1)]
+    while stack:
+        node, level = stack.pop()
+        nodes += 1
+        depth = max(depth, level)
+        stack.extend((child, level + 1) for child in node.children())
+    return nodes, depth
+
+
+# Terms a generated sum adds one after the other before it adds such runs pairwise.
+SUM_CHAIN = 16
+
+
+def sum_tree(terms: Sequence[Expr]) -> Expr:
+    """The sum of ``terms`` (one or more): in order, in runs of SUM_CHAIN terms, and the
+    runs added pairwise, so that a sum of thousands of terms (a gradient's contributions)
+    is a few dozen deep, not a chain that exhausts every recursive walk; a sum of at most
+    SUM_CHAIN terms is the plain chain ``((a + b) + c) ...``."""
+    runs: List[Expr] = []
+    for start in range(0, len(terms), SUM_CHAIN):
+        run = terms[start]
+        for term in terms[start + 1:start + SUM_CHAIN]:
+            run = Binary("+", run, term)
+        runs.append(run)
+    while len(runs) > 1:
+        runs = [Binary("+", runs[k], runs[k + 1]) if k + 1 < len(runs) else runs[k]
+                for k in range(0, len(runs), 2)]
+    return runs[0]
 
 
 def map_children(expr: Expr, fn) -> Expr:

@@ -22,6 +22,8 @@ from ..autodiff.backward_fold import Combined, Folded, exact_ranges
 from ..autodiff.reference import gradient_kernel, run_reference, statements_to_run, \
     text_kernel
 from ..errors import EinfuseError
+from ..lang.ast import Access, IndexExpr, sum_tree
+from ..lang.printer import format_expr
 from ..runtime.frameworks import JAX, TORCH, framework_of, placeholder
 from ..schedule import run_statements
 from .shared_run import Entry, shared_kernels
@@ -240,7 +242,9 @@ def _total_kernel(total: Total, shapes, index_names: Tuple[str, ...], backend: s
             for p in total.parts):
         return None
     subscript = f"[{', '.join(index_names[:rank])}]"
-    text = f"{total.target}{subscript} := " + " + ".join(p + subscript for p in total.parts)
+    terms = [Access(p, tuple(IndexExpr(((i, 1),)) for i in index_names[:rank]))
+             for p in total.parts]
+    text = f"{total.target}{subscript} := {format_expr(sum_tree(terms))}"
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         return ef_compile(text, backend=backend)

@@ -167,13 +167,19 @@ def compile_program(source: str, options: Options, outputs, make_kernel) -> Prog
         spec_options = _options_for(piece.text, options)
         statements.append(ProgramStatement(make_kernel(piece.text, spec_options), piece))
     _check_ranges_used(options, statements)
+    definitions: Dict[str, list] = {}       # the numbers of the ':=' defining each name
+    for number, statement in enumerate(statements, 1):
+        if statement.assign == ":=":
+            definitions.setdefault(statement.output, []).append(number)
     defined: Dict[str, int] = {}
     for number, statement in enumerate(statements, 1):
         spec = statement.kernel.spec
         for name in statement.reads:
-            later = next((n for n, s in enumerate(statements, 1) if n > number and
-                          s.assign == ":=" and s.output == name), None)
-            if later is not None and name not in defined:
+            if name in defined:
+                continue
+            numbers = definitions.get(name, ())
+            later = next((n for n in numbers if n > number), None) if numbers else None
+            if later is not None:
                 raise attach_statement(EinfuseNameError(
                     f"{name} is read here but defined later, by statement {later}; a "
                     "statement reads only intermediates defined before it"),
@@ -214,17 +220,16 @@ def _check_ranges_used(options: Options, statements) -> None:
 def _outputs(statements, outputs: Optional[Sequence[str]]) -> Tuple[str, ...]:
     """By default each defined name (by ':=', '=' or '+=') that no later statement
     reads, in order of definition; ``outputs`` chooses."""
-    written = []
-    for statement in statements:
-        if statement.output not in written:
-            written.append(statement.output)
+    last_written: Dict[str, int] = {}      # in order of first definition
+    last_read: Dict[str, int] = {}
+    for number, statement in enumerate(statements):
+        last_written[statement.output] = number
+        for name in statement.reads:
+            last_read[name] = number
+    written = list(last_written)
     if outputs is None:
-        chosen = []
-        for name in written:
-            last = max(n for n, s in enumerate(statements) if s.output == name)
-            if not any(name in s.reads for s in statements[last + 1:]):
-                chosen.append(name)
-        return tuple(chosen)
+        return tuple(name for name, last in last_written.items()
+                     if last_read.get(name, -1) <= last)
     outputs = output_names(outputs)
     for name in outputs:
         if name not in written:

@@ -124,22 +124,40 @@ def recognise(statements: Sequence[Statement], outputs: Tuple[str, ...]) -> Opti
     return None
 
 
+# The most nodes an inlined program may have (the attention forms have about 50): a
+# longer program cannot be attention, and inlining it would copy each intermediate into
+# every reader, growing without bound (a chain of 500 statements is one expression 500
+# deep, which no recursive walk survives).
+INLINED_NODES = 200
+
+
 def inline_program(statements: Sequence[Statement]) -> Optional[Expr]:
     """The last statement's right side with every intermediate replaced by its
     definition, or None where an intermediate is read other than with distinct plain
-    subscripts, or is read by nothing."""
-    definitions: Dict[str, Tuple[Tuple[str, ...], Expr]] = {}
+    subscripts, or is read by nothing, or where the result would exceed
+    ``INLINED_NODES`` nodes."""
+    if len(statements) > INLINED_NODES:
+        return None
+    definitions: Dict[str, Tuple[Tuple[str, ...], Expr, int]] = {}
     used: Set[str] = set()
     fresh = [0]
+    nodes = [0]         # of the statement being inlined
+
+    def count(how_many: int) -> None:
+        nodes[0] += how_many
+        if nodes[0] > INLINED_NODES:
+            raise _NotInlinable
 
     def substitute(expr: Expr) -> Optional[Expr]:
         if isinstance(expr, Access) and expr.tensor in definitions:
             names = plain_subscripts(expr)
-            indices, body = definitions[expr.tensor]
+            indices, body, size = definitions[expr.tensor]
             if names is None or len(names) != len(indices):
                 raise _NotInlinable
+            count(size)
             used.add(expr.tensor)
             return rename_indices(body, dict(zip(indices, names)))
+        count(1)
         if isinstance(expr, Access):
             if any(a.tensor in definitions for a in accesses(expr)):
                 raise _NotInlinable       # an intermediate used as an index array
@@ -160,8 +178,9 @@ def inline_program(statements: Sequence[Statement]) -> Optional[Expr]:
         for statement in statements:
             if statement.output in definitions:
                 return None
+            nodes[0] = 0
             rhs = substitute(statement.rhs)
-            definitions[statement.output] = (tuple(statement.output_indices), rhs)
+            definitions[statement.output] = (tuple(statement.output_indices), rhs, nodes[0])
     except _NotInlinable:
         return None
     if used != set(s.output for s in statements[:-1]):

@@ -6,10 +6,12 @@ message is its own) before the hoisted form runs, and when the hoisted form rais
 EinfuseError (a gather the statement's own ranges never read, a temporary that does
 not fit in memory) the statement runs as written and reports or succeeds on its own.
 
-Only float working dtypes are hoisted, and only where the result has the working
-dtype (float32, float64): a temporary is then computed in exactly the dtype the
-statement would have computed it in (``dtype=``), so hoisting changes no result
-beyond the order of floating-point additions."""
+Only float32, float64, int64 and uint64 working dtypes are hoisted, and only where
+the result has the working dtype: a temporary is then computed in exactly the dtype
+the statement would have computed it in (``dtype=``), so hoisting changes no result
+beyond the order of floating-point additions (64-bit integer arithmetic wraps the same
+in any order).  Without it a nested reduction runs its inner one anew for every value
+of the outer index: time exponential in the nesting."""
 
 from __future__ import annotations
 
@@ -24,7 +26,8 @@ from ..errors import EinfuseError
 from ..lang.printer import format_statement
 from ..rewrite.hoist import Hoisted, hoist
 
-_HOISTED_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
+_HOISTED_DTYPES = (np.dtype(np.float32), np.dtype(np.float64), np.dtype(np.int64),
+                   np.dtype(np.uint64))
 
 
 class HoistedForm:
@@ -201,7 +204,12 @@ def hoisted_form(statement: str, spec, options) -> Optional[HoistedForm]:
 def _positions_exact(call) -> bool:
     """Every index value of the call is an integer the working dtype holds exactly (a
     temporary holding positions is computed in it)."""
-    limit = 2 ** (np.finfo(call.dtypes.working).nmant + 1)
+    working = call.dtypes.working
+    if working.kind in "iu":
+        info = np.iinfo(working)
+        return all(info.min <= lo and hi - 1 <= info.max
+                   for lo, hi in call.bounds.range_map.values())
+    limit = 2 ** (np.finfo(working).nmant + 1)
     return all(-limit < lo and hi <= limit for lo, hi in call.bounds.range_map.values())
 
 

@@ -32,6 +32,14 @@ def check_result_size(call: BoundCall) -> None:
         raise too_large(call, f"is larger than this machine's memory ({_size(memory)})")
 
 
+def fits_in_memory(call: BoundCall) -> bool:
+    """Whether the call's result could fit in this machine's memory (check_result_size
+    would accept it): a fused group (schedule/fusion.py) allocates its members' outputs
+    itself, and one that cannot fit runs alone, where this check refuses it."""
+    memory = _physical_memory()
+    return memory is None or _result_bytes(call) <= memory
+
+
 def too_large(call: BoundCall, why: str) -> AllocationError:
     spec = call.spec
     return AllocationError(

@@ -38,12 +38,19 @@ import numpy as np
 from ..errors import EinfuseError
 from ..lang import ast
 from ..plan import buffer_slots
+from ..runtime.result_size import fits_in_memory
 from .row_groups import row_group, triton_rows_possible
 from .units import needed as _needed, statement_units as _units
 
 # Below this much work (points of the statements' iteration spaces) a fused kernel saves
 # too little to be worth binding the group for.
 MIN_FUSED_ELEMENTS = 1 << 12
+# The most statements one group holds; the next starts a new group.  The C compiler's
+# time grows faster than the size of a function (a chain of 1,000 statements as one
+# kernel took 17 s to compile), while a row re-read from memory once per 64 statements
+# costs nothing measurable; and the groups of a long regular chain print the same source,
+# so they share one compiled kernel.
+MAX_GROUP_STATEMENTS = 64
 
 
 @dataclass(frozen=True)
@@ -147,10 +154,11 @@ def _run_from(kernels, position: int, env, framework: str, keep, record) -> None
     ``record`` (None for one that cannot be prepared) where that is a list."""
     worth = _worth(kernels, env, framework)
     rows = framework == "torch" and triton_rows_possible(kernels, env)
+    last_reads = _last_reads(kernels) if worth else {}
     while position < len(kernels):
         fused = 0
         if worth and len(kernels) - position >= 2:
-            fused = _try_fused(kernels, position, env, keep, record)
+            fused = _try_fused(kernels, position, env, keep, record, last_reads)
         elif rows and len(kernels) - position >= 2:
             fused = _try_rows(kernels, position, env, keep, record)
         if fused:
@@ -219,15 +227,19 @@ def _rows_ran(runner, env) -> bool:
     return True
 
 
-def _try_fused(kernels, start: int, env, keep: Optional[Set[str]], record=None) -> int:
+def _try_fused(kernels, start: int, env, keep: Optional[Set[str]], record=None,
+               last_reads: Optional[Dict[str, int]] = None) -> int:
     """Run a group starting at ``start`` as one kernel; the number of statements it
-    ran (0: none, the caller runs the statement alone)."""
+    ran (0: none, the caller runs the statement alone).  ``last_reads``: _last_reads
+    of ``kernels``, where the caller has it."""
     from ..backends import c_fused
     members, outputs, joined = _group(kernels, start, env)
     if not joined:
         return 0
     columns = _column_members(members)
-    inside = _inside(kernels, start + joined, outputs, keep) | columns
+    if last_reads is None:
+        last_reads = _last_reads(kernels)
+    inside = _inside(last_reads, start + joined, outputs, keep) | columns
     results = c_fused.run(members, inside)
     if results is None:
         return 0
@@ -250,14 +262,26 @@ def _column_members(members) -> frozenset:
     return frozenset(n for n, m in enumerate(members) if m.column is not None)
 
 
-def _inside(kernels, end: int, outputs: Sequence[str], keep: Optional[Set[str]]):
+def _last_reads(kernels) -> Dict[str, int]:
+    """Each name the statements read, with the position of the last one reading it
+    (found once per run: asking each group "does anything after you read this" anew
+    made a long program's run quadratic)."""
+    last: Dict[str, int] = {}
+    for position, kernel in enumerate(kernels):
+        for name in _needed(kernel.spec):
+            last[name] = position
+    return last
+
+
+def _inside(last_reads: Dict[str, int], end: int, outputs: Sequence[str],
+            keep: Optional[Set[str]]):
     """The members (by position) of a group ending before ``end`` whose outputs nothing
-    after it reads: a hoisted form's temporaries ('#' keys), and intermediates neither
-    ``keep`` nor a later statement names."""
-    later = {name for k in kernels[end:] for name in _needed(k.spec)}
+    after it reads (``last_reads``: _last_reads of the statements): a hoisted form's
+    temporaries ('#' keys), and intermediates neither ``keep`` nor a later statement
+    names."""
     return frozenset(n for n, key in enumerate(outputs)
                      if "#" in key or (keep is not None and key not in keep and
-                                       key not in later))
+                                       last_reads.get(key, -1) < end))
 
 
 @dataclass(frozen=True)
@@ -286,6 +310,7 @@ def fusion_groups(kernels: Sequence, env: Dict[str, object],
     groups: List[FusionGroup] = []
     position = 0
     worth = _worth(kernels, env, "numpy")
+    last_reads = _last_reads(kernels)
     while position < len(kernels):
         members, outputs, joined = _group(kernels, position, env) if worth else ([], [], 0)
         if joined:
@@ -293,7 +318,7 @@ def fusion_groups(kernels: Sequence, env: Dict[str, object],
             for number, (member, key) in enumerate(zip(members, outputs)):
                 env[key] = member.buffers[-1] if number not in columns else \
                     np.empty(member.column.call.output_shape, member.column.call.dtypes.result)
-            inside = _inside(kernels, position + joined, outputs, keep) | columns
+            inside = _inside(last_reads, position + joined, outputs, keep) | columns
             rows = c_fused.fitting_rows(members, inside)
             row_group = c_rows.match(members, inside)
             summed = {outputs[k] for k in columns}
@@ -307,10 +332,21 @@ def fusion_groups(kernels: Sequence, env: Dict[str, object],
             position += joined
             continue
         _alone(kernels[position], env,
-               lambda call: np.empty(call.output_shape, call.dtypes.result))
+               lambda call: _empty(call.output_shape, call.dtypes.result))
         groups.append(FusionGroup((position,)))
         position += 1
     return groups
+
+
+def _empty(shape, dtype) -> np.ndarray:
+    """An array for planning the groups after it (explain): a MemoryError where NumPy
+    cannot make one (more bytes than an array holds: its ValueError), as where memory
+    is short."""
+    try:
+        return np.empty(shape, dtype)
+    except ValueError:
+        raise MemoryError(f"an array of shape {tuple(shape)} ({np.dtype(dtype)}) is "
+                          "larger than an array can be") from None
 
 
 def _alone(kernel, env: Dict[str, object], placeholder) -> None:
@@ -377,7 +413,7 @@ def _group(kernels, start: int, env):
     joined = 0
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        for number, kernel in enumerate(kernels[start:]):
+        for number, kernel in enumerate(kernels[start:start + MAX_GROUP_STATEMENTS]):
             units = _units(kernel, scratch, number)
             if units is None:
                 break
@@ -454,6 +490,8 @@ def _join(kernel, names: Dict[str, str], members: List[Member], produced: Dict[s
     if members and call.options.pad != members[0].call.options.pad or \
             members and call.options.fill != members[0].call.options.fill:
         return None
+    if not fits_in_memory(call) or column is not None and not fits_in_memory(column.call):
+        return None     # alone, the statement refuses it (AllocationError)
     prepared = c_fused.prepare(kernel, call)
     if prepared is None:
         return None
