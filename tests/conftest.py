@@ -50,3 +50,23 @@ def row_launches(monkeypatch):
         return original(self, env)
     monkeypatch.setattr(triton_rows.RowRunner, "__call__", counted)
     return count
+
+
+# EINFUSE_TEST_CPU_LOG=FILE appends "<cpu seconds>\t<test id>" per test (this process's
+# CPU time plus its finished children's, compilers included): on a shared, loaded
+# machine it says where the suite's time goes when wall-clock durations cannot.
+_CPU_LOG = os.environ.get("EINFUSE_TEST_CPU_LOG")
+if _CPU_LOG:
+    import resource
+    import time as _time
+
+    def _cpu_now():
+        children = resource.getrusage(resource.RUSAGE_CHILDREN)
+        return _time.process_time() + children.ru_utime + children.ru_stime
+
+    @pytest.hookimpl(hookwrapper=True)
+    def pytest_runtest_protocol(item, nextitem):
+        start = _cpu_now()
+        yield
+        with open(_CPU_LOG, "a") as handle:
+            handle.write(f"{_cpu_now() - start:.3f}\t{item.nodeid}\n")

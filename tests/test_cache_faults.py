@@ -204,6 +204,50 @@ def test_interrupted_compile_leaves_no_files_and_no_processes(cache, tmp_path, m
             os.kill(int((state / "helper.pid").read_text()), 9)
 
 
+def test_an_interrupt_while_the_compiler_starts_still_kills_it(cache, tmp_path):
+    """Ctrl-C that lands while Popen is starting the compiler (the child forked, its pid
+    not handed back yet) used to leave the compiler's process group running: the
+    KeyboardInterrupt escaped Popen before anything knew whom to kill."""
+    state = tmp_path / "state"
+    state.mkdir()
+    fake = tmp_path / "fake-cc"
+    fake.write_text(FAKE_CC.format(state=shlex.quote(str(state)), action="wait"))
+    fake.chmod(0o755)
+    done = run_python(
+        "import os, signal, subprocess, time\n"
+        "from einfuse.backends import c_build\n"
+        f"c_build._compiler, c_build._probed = (({str(fake)!r},), 'fake'), True\n"
+        "real = subprocess.Popen\n"
+        "def popen(*args, **kwargs):\n"
+        "    process = real(*args, **kwargs)\n"
+        f"    while not os.path.exists({str(state / 'helper.pid')!r}): time.sleep(0.01)\n"
+        "    os.kill(os.getpid(), signal.SIGINT)   # before Popen returns\n"
+        "    for _ in range(100): time.sleep(0.001)\n"
+        "    return process\n"
+        "subprocess.Popen = popen\n"
+        "try:\n    c_build.load('int einfuse_never2(void) { return 0; }\\n')\n"
+        "except KeyboardInterrupt:\n    print('interrupted')\n"
+        # the caller lives on (a notebook would): its death must not be what kills it
+        f"helper = int(open({str(state / 'helper.pid')!r}).read())\n"
+        "for _ in range(200):\n"
+        "    state = open(f'/proc/{helper}/stat').read().rsplit(')', 1)[1].split()[0] \\\n"
+        "        if os.path.exists(f'/proc/{helper}') else 'X'\n"
+        "    if state in ('Z', 'X'): break\n"
+        "    time.sleep(0.05)\n"
+        "print('dead' if state in ('Z', 'X') else 'alive')\n", cache, timeout=60)
+    assert "interrupted" in done.stdout, done.stderr[-2000:]
+    assert "dead" in done.stdout, "the compiler's child outlived the interrupt"
+    helper = int((state / "helper.pid").read_text())
+    try:
+        deadline = time.monotonic() + 20
+        while _alive(helper) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not _alive(helper), "the compiler's child outlived the interrupt"
+    finally:
+        if _alive(helper):
+            os.kill(helper, 9)
+
+
 # -- concurrent builds ---------------------------------------------------------------------
 
 def _counting_compiler(tmp_path):

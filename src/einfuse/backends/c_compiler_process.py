@@ -33,7 +33,8 @@ import select
 import shutil
 import signal
 import subprocess
-from typing import List, Optional, Tuple
+import threading
+from typing import Iterator, List, Optional, Tuple
 
 from ..errors import BackendError
 
@@ -132,14 +133,18 @@ def run_compiler(command: List[str], workdir: str, timeout: float) -> Tuple[int,
     log_path = os.path.join(workdir, "compiler.log")
     memory = memory_limit_mb()
     with open(log_path, "w+") as log:
+        interrupted: List[bool] = []
         try:
-            process = subprocess.Popen(guarded(command, timeout, memory),
-                                       stdin=subprocess.DEVNULL, stdout=log,
-                                       stderr=subprocess.STDOUT, start_new_session=True,
-                                       env=dict(os.environ, TMPDIR=workdir))
+            with _interrupts_deferred(interrupted):
+                process = subprocess.Popen(guarded(command, timeout, memory),
+                                           stdin=subprocess.DEVNULL, stdout=log,
+                                           stderr=subprocess.STDOUT, start_new_session=True,
+                                           env=dict(os.environ, TMPDIR=workdir))
         except OSError as error:   # the compiler vanished or lost its x bit since the probe
             raise CompileError(start_error(error, command, memory)) from None
         try:
+            if interrupted:        # now that the group is known, it is killed below
+                raise KeyboardInterrupt
             status = wait_exit(process, timeout)
         except subprocess.TimeoutExpired:
             raise CompileLimitError(f"the C compiler ran for more than {timeout:g} s and was "
@@ -159,6 +164,24 @@ def run_compiler(command: List[str], workdir: str, timeout: float) -> Tuple[int,
     if stopped is not None:
         raise CompileLimitError(stopped)
     return status, output
+
+
+@contextlib.contextmanager
+def _interrupts_deferred(interrupted: List[bool]) -> Iterator[None]:
+    """Ctrl-C while Popen starts the compiler is held until Popen has returned: raised
+    inside Popen (the child forked, its pid not yet handed back), the interrupt left the
+    compiler's whole process group running with nobody to kill it.  Only the main thread
+    receives KeyboardInterrupt, and only Python's own handler raises it; another handler
+    (the user's) is left alone."""
+    if threading.current_thread() is not threading.main_thread() or \
+            signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
+        yield
+        return
+    previous = signal.signal(signal.SIGINT, lambda number, frame: interrupted.append(True))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 def wait_exit(process: subprocess.Popen, timeout: float) -> int:
