@@ -22,6 +22,21 @@ def backend(request):
     return request.param
 
 
+def pytest_configure(config):
+    config.addinivalue_line(
+        "markers", "slow_on(*backends): slow (see the slow marker) on these backends only, "
+        "e.g. slow_on('triton') for what the Triton interpreter takes long over")
+
+
+def pytest_collection_modifyitems(config, items):
+    """``slow_on(...)`` becomes ``slow`` for the tests whose backend parameter it names."""
+    for item in items:
+        marker = item.get_closest_marker("slow_on")
+        params = getattr(getattr(item, "callspec", None), "params", {})
+        if marker is not None and params.get("backend") in marker.args:
+            item.add_marker(pytest.mark.slow)
+
+
 @pytest.fixture
 def bind_count(monkeypatch):
     """One entry per full binding of a call (runtime/kernel.bind_call): a repeated call

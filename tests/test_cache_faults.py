@@ -45,6 +45,9 @@ def run_python(code, cache, timeout=120):
     process that maps it, which must not be the test runner."""
     env = dict(os.environ, EINFUSE_CACHE_DIR=str(cache),
                PYTHONPATH=SRC + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    # a runner that ignores Ctrl-C (pytest-xdist's workers) passes that on to its children:
+    # the interrupt tests need Python's own KeyboardInterrupt back
+    code = "import signal\nsignal.signal(signal.SIGINT, signal.default_int_handler)\n" + code
     return subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
                           text=True, timeout=timeout)
 

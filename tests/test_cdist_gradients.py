@@ -35,7 +35,8 @@ def torch_reference(x, y, weights):
 
 
 # the hidden-shape variants (issue 11) at test sizes: d short, d long, n != m
-@pytest.mark.parametrize("n,m,d", [(24, 70, 3), (70, 24, 33), (40, 40, 8), (5, 9, 1)])
+@pytest.mark.parametrize("n,m,d", [(24, 70, 3), pytest.param(70, 24, 33, marks=pytest.mark.slow),
+                                   pytest.param(40, 40, 8, marks=pytest.mark.slow), (5, 9, 1)])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 def test_cdist_forward_backward_matches_torch(n, m, d, dtype):
     gen = torch.Generator().manual_seed(n * m + d)

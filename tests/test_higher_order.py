@@ -57,6 +57,7 @@ def checked_twice(run, inputs):
 TORCH_IDS = [c[0] for c in TORCH_CASES]
 
 
+@pytest.mark.slow_on("triton")
 @pytest.mark.parametrize("statement, make, backend",
                          some_backends(TORCH_CASES, TORCH_ON, TORCH_IDS))
 def test_gradgradcheck(statement, make, backend):
@@ -68,6 +69,7 @@ def test_gradgradcheck(statement, make, backend):
     assert checked_twice(run, tuple(named.values()))
 
 
+@pytest.mark.slow_on("triton")
 @pytest.mark.parametrize("bounds", ["check", "clip", "wrap", "fill"])
 def test_gathers_twice(bounds, backend):
     if backend != "numpy" and bounds in ("check", "wrap"):

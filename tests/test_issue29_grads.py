@@ -251,6 +251,7 @@ def _shifted_inputs(shapes, index_arrays, seed):
     return values, indices
 
 
+@pytest.mark.slow_on("triton")
 @pytest.mark.parametrize("statement, shapes, index_arrays, options", SHIFTED,
                          ids=[c[0] + (f" {c[3]}" if c[3] else "") for c in SHIFTED])
 def test_shifted_reads_gradcheck(statement, shapes, index_arrays, options, backend):

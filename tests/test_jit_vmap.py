@@ -38,8 +38,9 @@ def chain_inputs(dtype, chains, steps, hidden, seed=0):
 # chain counts that divide by neither 2 threads nor 4/8/16 lanes; hidden sizes that
 # leave a row of 8 + 4 + 2 + 1, or less than one vector
 @pytest.mark.parametrize("dtype, chains, steps, hidden, per_chain_gradient", [
-    (np.float64, 13, 300, 15, True), (np.float32, 37, 120, 12, False),
-    (np.float64, 1, 50, 5, False)])
+    pytest.param(np.float64, 13, 300, 15, True, marks=pytest.mark.slow),
+    (np.float32, 37, 40, 12, False), (np.float64, 1, 50, 5, False),
+    pytest.param(np.float32, 37, 120, 12, False, marks=pytest.mark.slow)])
 def test_vmapped_chains_forward_and_gradient(dtype, chains, steps, hidden,
                                              per_chain_gradient):
     params, noise = chain_inputs(dtype, chains, steps, hidden)

@@ -52,7 +52,8 @@ def test_layernorm_gradients_equal_torch(shape, dtype, affine_grad):
         _close(a, w, dtype)
 
 
-@pytest.mark.parametrize("source", [SOFTMAX, SOFTMAX_STATEMENT, LAYERNORM.format(n=4)])
+@pytest.mark.parametrize("source", [SOFTMAX, SOFTMAX_STATEMENT,
+                                    pytest.param(LAYERNORM.format(n=4), marks=pytest.mark.slow)])
 def test_gradcheck_and_gradgradcheck(source):
     gen = torch.Generator().manual_seed(5)
     X = torch.randn(3, 4, generator=gen, dtype=torch.float64, requires_grad=True)

@@ -72,10 +72,7 @@ def _used(source, arrays):
     return {name: value for name, value in arrays.items() if f"{name}[" in source}
 
 
-@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(programs(), st.sampled_from([(70, 64), (129, 33), (64, 100), (5, 7)]),
-       st.sampled_from([np.float64, np.float32]), st.integers(0, 2**32 - 1))
-def test_program_on_c_matches_the_reference(program, shape, dtype, seed):
+def check_program_on_c(program, shape, dtype, seed):
     source, last = program
     rng = np.random.default_rng(seed)
     compiled = ef.compile(source, backend="c", outputs=[last])
@@ -86,6 +83,21 @@ def test_program_on_c_matches_the_reference(program, shape, dtype, seed):
         got, expected = compiled(**arrays), reference(**arrays)
         assert got.dtype == expected.dtype
         np.testing.assert_allclose(got, expected, rtol=rtol, atol=atol, err_msg=source)
+
+
+@settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(programs(), st.sampled_from([(70, 64), (129, 33), (64, 100), (5, 7)]),
+       st.sampled_from([np.float64, np.float32]), st.integers(0, 2**32 - 1))
+def test_program_on_c_matches_the_reference(program, shape, dtype, seed):
+    check_program_on_c(program, shape, dtype, seed)
+
+
+@pytest.mark.slow
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(programs(), st.sampled_from([(70, 64), (129, 33), (64, 100), (5, 7)]),
+       st.sampled_from([np.float64, np.float32]), st.integers(0, 2**32 - 1))
+def test_more_programs_on_c_match_the_reference(program, shape, dtype, seed):
+    check_program_on_c(program, shape, dtype, seed)
 
 
 @settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.too_slow])

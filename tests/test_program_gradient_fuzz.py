@@ -40,9 +40,7 @@ def _differences(source, arrays, seed, step=1e-6):
     return found
 
 
-@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(programs(), st.integers(0, 2**32 - 1))
-def test_program_gradients_match_the_oracle(program, seed):
+def check_program_gradients(program, seed):
     source, last = program
     rng = np.random.default_rng(seed)
     arrays = _used(source, _inputs(rng, ROWS, COLS, np.float64))
@@ -63,3 +61,16 @@ def test_program_gradients_match_the_oracle(program, seed):
         for name, got in zip(names, loss(*[jax.numpy.asarray(arrays[n]) for n in names])):
             np.testing.assert_allclose(np.asarray(got), want[name], rtol=1e-5, atol=1e-6,
                                        err_msg=f"jax: {source}")
+
+
+@settings(max_examples=4, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(programs(), st.integers(0, 2**32 - 1))
+def test_program_gradients_match_the_oracle(program, seed):
+    check_program_gradients(program, seed)
+
+
+@pytest.mark.slow
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(programs(), st.integers(0, 2**32 - 1))
+def test_more_program_gradients_match_the_oracle(program, seed):
+    check_program_gradients(program, seed)

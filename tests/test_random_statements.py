@@ -27,6 +27,8 @@ UNDERFLOW = {np.float64: np.finfo(np.float64).tiny * 1e13,
 SETTINGS = settings(max_examples=150, deadline=None, derandomize=True, database=None,
                     suppress_health_check=[HealthCheck.function_scoped_fixture,
                                            HealthCheck.too_slow])
+# the default run's share (each statement compiles its own kernels); the slow run adds 150
+QUICK = settings(SETTINGS, max_examples=50)
 
 
 def expected_result(ex: Example):
@@ -75,9 +77,7 @@ def assert_matches(actual, expected, scale, rtol, what: str, atol: float = 0.0):
             f"{expected.tolist()}")
 
 
-@SETTINGS
-@given(ex=examples())
-def test_random_statement_matches_oracle(backend, ex):
+def check_statement(backend, ex):
     note(repr(ex))
     if backend == "triton" and zlib.crc32(ex.text.encode()) % 2:
         return     # the interpreter is slow: half of the statements (the same half each run)
@@ -89,6 +89,19 @@ def test_random_statement_matches_oracle(backend, ex):
         if expected.dtype != np.bool_:
             assert result.dtype == dtype, f"{what}: result dtype {result.dtype}"
         assert_matches(result, expected, scale, rtol, what, atol=UNDERFLOW[dtype])
+
+
+@QUICK
+@given(ex=examples())
+def test_random_statement_matches_oracle(backend, ex):
+    check_statement(backend, ex)
+
+
+@pytest.mark.slow
+@SETTINGS
+@given(ex=examples())
+def test_more_random_statements_match_oracle(backend, ex):
+    check_statement(backend, ex)
 
 
 @settings(max_examples=300, deadline=None, derandomize=True, database=None)

@@ -47,6 +47,7 @@ CASES = [
 ]
 
 
+@pytest.mark.slow_on("triton")   # the interpreter: 17 gradchecks, 25 s
 @pytest.mark.parametrize("statement, make", CASES, ids=[c[0] for c in CASES])
 def test_gradcheck(statement, make, backend):
     named = make()

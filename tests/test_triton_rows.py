@@ -195,8 +195,9 @@ def test_layernorm_gradients_of_every_input(row_launches):
     assert row_launches[0] == 3             # the forward: one kernel
 
 
-@pytest.mark.parametrize("source", [SOFTMAX, LAYERNORM.format(n=4),
-                                    "m[i] := max[j](X[i,j])\ny[i,j] := X[i,j] * m[i]"])
+@pytest.mark.parametrize("source", [
+    SOFTMAX, pytest.param(LAYERNORM.format(n=4), marks=pytest.mark.slow),
+    pytest.param("m[i] := max[j](X[i,j])\ny[i,j] := X[i,j] * m[i]", marks=pytest.mark.slow)])
 def test_gradcheck_and_gradgradcheck(source):
     rng = np.random.default_rng(9)
     names = [n for n in ("X", "g", "b") if f"{n}[" in source]
