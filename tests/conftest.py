@@ -37,6 +37,20 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.slow)
 
 
+@pytest.fixture(autouse=True)
+def jax_x64_restored():
+    """JAX's x64 flag as each test found it: a test that turns it on and forgets to turn it
+    off changed what later tests saw (one skipped, others ran in float64)."""
+    jax = sys.modules.get("jax")
+    before = jax.config.jax_enable_x64 if jax is not None else None
+    yield
+    if before is None:      # JAX imported during the test: its default is the environment's
+        before = os.environ.get("JAX_ENABLE_X64", "").lower() in ("1", "true", "yes")
+    jax = sys.modules.get("jax")
+    if jax is not None:
+        jax.config.update("jax_enable_x64", before)
+
+
 @pytest.fixture
 def bind_count(monkeypatch):
     """One entry per full binding of a call (runtime/kernel.bind_call): a repeated call
