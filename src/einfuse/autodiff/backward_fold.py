@@ -42,6 +42,7 @@ from ..rewrite.hoist import free_indices
 from .algebra import Algebra, Definition, Poly, Term, TooLarge, definition_of, merge
 from .cse import EXPENSIVE
 from .derive import GradientStatement
+from ..analysis.spec import spec_of
 
 
 @dataclass(frozen=True)
@@ -360,8 +361,7 @@ def _inputs(step) -> Tuple[str, ...]:
         return tuple(dict.fromkeys(a.tensor for a in accesses(step.rhs))) + tuple(
             n.name for n in step.rhs.walk() if isinstance(n, Param))
     if isinstance(step, Combined):
-        from ..runtime.kernel import _spec_for
-        return _spec_for(step.text).arg_order
+        return spec_of(step.text).arg_order
     if isinstance(step, Contribution):
         return step.statement.inputs + (step.like,)
     if isinstance(step, Total):
@@ -370,8 +370,7 @@ def _inputs(step) -> Tuple[str, ...]:
 
 
 def _forward_names(g: GradientStatement) -> Tuple[str, ...]:
-    from ..runtime.kernel import _spec_for
-    spec = _spec_for(g.forward)
+    spec = spec_of(g.forward)
     return spec.arg_order + (spec.output,)
 
 
@@ -401,16 +400,15 @@ def exact_ranges(step: Combined, shapes: Mapping[str, object]) -> Optional[Dict[
     at plain subscripts over its whole axes, and the float arrays share one dtype.
     None otherwise (the backward then runs as derived)."""
     from ..errors import EinfuseError
-    from ..runtime.kernel import _spec_for
     for g in step.parts:
         try:
             ranges = g.resolve_options(shapes)["ranges"]
         except (EinfuseError, KeyError):
             return None
         if g.wrt not in shapes or \
-                _full_ranges(_spec_for(g.text), shapes, np.shape(shapes[g.wrt])) != ranges:
+                _full_ranges(spec_of(g.text), shapes, np.shape(shapes[g.wrt])) != ranges:
             return None
-    spec = _spec_for(step.text)
+    spec = spec_of(step.text)
     found = _full_ranges(spec, shapes, step.shape(shapes))
     if found is None or set(found) != set(spec.all_indices):
         return None

@@ -33,6 +33,8 @@ from ..lang.ast import Access, Binary, Call, Expr, IndexExpr, IndexValue, Param,
 from ..lang.printer import format_expr, format_statement
 from .exprs import Affine, Names, affine, affine_expr, any_of, cmp, contains_reduce, \
     freshen, mentions, num, subst, where
+from ..analysis.spec import spec_of
+from ..lang.split import split_program
 
 # Operations that pass no gradient by definition: a gradient asked for a name that reaches
 # the result only through them is an error naming them (floor, ceil and comparisons pass
@@ -106,8 +108,7 @@ class GradientStatement:
 
     @property
     def spec(self) -> Spec:
-        from ..runtime.kernel import _spec_for   # cached per text; a cycle at import time
-        return _spec_for(self.text)
+        return spec_of(self.text)
 
     @property
     def inputs(self) -> Tuple[str, ...]:
@@ -157,7 +158,6 @@ def derive(statement: Union[str, GradientStatement], wrt: str, *,
         raise EinfuseTypeError(f"derive(wrt=) takes one input's name as a str, not "
                                f"{type(wrt).__name__} {wrt!r}: derive once per input")
     if isinstance(statement, str):
-        from ..program import split_program
         if len(split_program(statement)) > 1:
             if output_grad_name is not None:
                 raise NoGradientError("output_grad_name= is for one statement; a program's "

@@ -22,8 +22,9 @@ from ..runtime.attention import program_attention, run_fused_attention
 from ..runtime.frameworks import common_framework, from_numpy, torch_compiling
 from ..runtime.repeat import signature_of
 from ..schedule import run_statements
-from .split import StatementText, split_program
+from ..lang.split import StatementText, split_program
 from .writes import guarded_names, keep_contents, restore_contents
+from ..analysis.spec import spec_of
 
 
 @dataclass(frozen=True)
@@ -203,8 +204,7 @@ def _options_for(text: str, options: Options) -> Options:
     """The program's options for one statement: ranges= entries of its own indices."""
     if not options.ranges:
         return options
-    from ..runtime.kernel import _spec_for     # cached analysis; the kernel comes after
-    indices = _spec_for(text).all_indices
+    indices = spec_of(text).all_indices
     own = tuple((name, bounds) for name, bounds in options.ranges if name in indices)
     return dataclasses.replace(options, ranges=own)
 

@@ -23,6 +23,7 @@ from ..errors import AllocationError
 from ..rewrite.monoids import SOFTMAX_WEIGHTED_SUM, WeightedState, finalise_weighted
 from ..rewrite.online_softmax import Attention, MaskKind, ScaleKind, recognise
 from .frameworks import to_numpy
+from ..analysis.spec import spec_of
 
 _FLOATS = (np.dtype(np.float32), np.dtype(np.float64))
 KEY_BLOCK = 256       # keys per step of the NumPy executor
@@ -38,8 +39,7 @@ def program_attention(specs: Sequence, outputs: Tuple[str, ...]) -> Optional[Att
 def statement_attention(statement: str) -> Optional[Attention]:
     """The attention one statement computes, or None (cached by its text: every call
     of a kernel asks)."""
-    from .kernel import _spec_for
-    spec = _spec_for(statement)
+    spec = spec_of(statement)
     if spec.assign != ":=":
         return None
     return program_attention([spec], (spec.output,))

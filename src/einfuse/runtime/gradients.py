@@ -16,6 +16,7 @@ from ..autodiff import derive, run_reference
 from ..autodiff.attribution import gradient_errors
 from ..autodiff.forward import tangent
 from .frameworks import NUMPY, framework_of
+from ..analysis.spec import spec_of
 
 
 def options_key(options: Options) -> Tuple:
@@ -131,8 +132,7 @@ _PREPARED_KEPT = 512
 
 
 def _spec_output(statement: str) -> str:
-    from .kernel import _spec_for
-    return _spec_for(statement).output
+    return spec_of(statement).output
 
 
 def _prepared(grads, values, backend: str, forward: str, output: Optional[str]):

@@ -25,6 +25,7 @@ import numpy as np
 from ..errors import EinfuseError
 from ..lang.printer import format_statement
 from ..rewrite.hoist import Hoisted, hoist
+from ..analysis.spec import spec_of
 
 _HOISTED_DTYPES = (np.dtype(np.float32), np.dtype(np.float64), np.dtype(np.int64),
                    np.dtype(np.uint64))
@@ -78,9 +79,8 @@ class HoistedForm:
         return self._kernels[working.name]
 
     def _options(self, text: str, temporary: bool, working: np.dtype):
-        from .kernel import _spec_for
         options = self.options
-        own = _spec_for(text).all_indices
+        own = spec_of(text).all_indices
         options = dataclasses.replace(
             options, ranges=tuple((n, b) for n, b in options.ranges if n in own))
         if temporary:
@@ -146,8 +146,8 @@ class HoistedForm:
         if name in self._shared:
             return self._shared[name]
         from ..autodiff.cse import share
-        from .kernel import Kernel, _spec_for
-        statements = [_spec_for(k.statement).statement for k in kernels]
+        from .kernel import Kernel
+        statements = [spec_of(k.statement).statement for k in kernels]
         taken = {n for k in kernels for n in k.spec.arg_order + (k.spec.output,)}
         rewritten, shares = share(statements, [False] * len(statements), taken)
         found = None

@@ -41,6 +41,7 @@ from ..lang.printer import format_statement
 from ..lang.rewrite import batch_statement, fresh_indices
 from . import gradients, jax_ffi, jax_gpu
 from .frameworks import placeholder
+from ..analysis.spec import spec_of
 
 try:
     from jax.extend.core import Primitive
@@ -349,8 +350,7 @@ def _batched_for(statement: str, batched: Sequence[str], count: int) -> str:
 
 @functools.lru_cache(maxsize=256)
 def _unbatch(statement: str, full: str, batched: frozenset) -> str:
-    from .kernel import _spec_for
-    params = set(_spec_for(statement).params)
+    params = set(spec_of(statement).params)
 
     def visit(expr):
         mapped = map_children(expr, visit)

@@ -13,7 +13,7 @@ import numpy as np
 from ..analysis.options import (INT64_MAX, OPTION_NAMES, Options, make_options, option_error,
                                 shown)
 from ..analysis.ranges import check_positions_defined
-from ..analysis.spec import Spec, analyse
+from ..analysis.spec import Spec, spec_of
 from ..backends import get_backend
 from ..errors import (BackendError, EinfuseError, EinfuseOverflowError,
                       EinfuseSyntaxError, EinfuseTypeError, MissingArgumentError, OptionError,
@@ -29,16 +29,6 @@ from .hoisted import HoistedForm, hoisted_form, run_hoisted
 from .keywords import check_named, keyword_options
 from .repeat import run_first, signature_of
 from .result_size import check_result_size, too_large
-
-
-@functools.lru_cache(maxsize=512)
-def _spec_for(statement: str) -> Spec:
-    """The shape-independent stage, cached by the statement's text."""
-    try:
-        return analyse(parse(statement))
-    except RecursionError:
-        raise EinfuseSyntaxError("the statement nests too deeply to analyse",
-                                 span=(0, len(statement))) from None
 
 
 class Kernel:
@@ -58,7 +48,7 @@ class Kernel:
         self.statement = statement
         self.options = options
         try:
-            self.spec = _spec_for(statement)
+            self.spec = spec_of(statement)
         except EinfuseError as error:
             raise attach_statement(error, statement) from None
         for message, span in self.spec.warnings:
@@ -476,7 +466,7 @@ def _option_collision(error: OptionError, statement: str) -> OptionError:
     output of the statement that has the option's name."""
     option = getattr(error, "option", None)
     try:
-        spec = _spec_for(statement)
+        spec = spec_of(statement)
     except EinfuseError:
         return error   # the option's own message; the statement's error comes later
     if option not in set(spec.arg_order) | {spec.output}:
