@@ -364,7 +364,7 @@ def test_an_intermediate_of_a_group_past_memory_is_refused(monkeypatch):
     # the machine is said to have 64 kB: the fused group's intermediate (640 kB) is the
     # statement's AllocationError, checked before the group allocates it (as NumPy's
     # MemoryError, where it does not fit)
-    from einfuse.runtime import result_size
+    from einfuse.analysis import result_size
     from einfuse.schedule import fusion
     monkeypatch.setattr(result_size, "_physical_memory", lambda: 1 << 16)
     y = np.ones(fusion.MIN_FUSED_ELEMENTS)         # enough work to be worth fusing

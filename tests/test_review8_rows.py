@@ -169,7 +169,7 @@ def test_a_result_larger_than_memory_is_the_statements_error(monkeypatch, row_la
     # the allocator, or on a GPU torch.OutOfMemoryError).  The machine is said to have
     # 64 kB here, so that nothing large is allocated whatever happens.
     from einfuse.errors import EinfuseError
-    from einfuse.runtime import result_size
+    from einfuse.analysis import result_size
     monkeypatch.setattr(result_size, "_physical_memory", lambda: 1 << 16)
     v = torch.ones(20, dtype=torch.float64, device=DEVICE)
     w = torch.ones(1024, dtype=torch.float64, device=DEVICE)     # y: 160 kB

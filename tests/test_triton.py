@@ -129,7 +129,8 @@ def test_forward_and_gradients_stay_torch_tensors(statement, shapes, monkeypatch
     """With Triton, a torch caller's forward and backward run on its tensors where they
     are: converting any tensor to NumPy (a device-to-host copy on a GPU) fails here."""
     torch = pytest.importorskip("torch")
-    from einfuse.runtime import binding, torch_autograd
+    from einfuse.analysis import binding
+    from einfuse.runtime import torch_autograd
     gen = torch.Generator().manual_seed(0)
     inputs = {n: torch.randn(s, generator=gen, dtype=torch.float64).requires_grad_()
               for n, s in shapes.items()}

@@ -14,7 +14,7 @@ import numpy as np
 from ..errors import OutOfBoundsError, RangeError, ShapeError
 from ..lang.ast import IndexExpr, Param, accesses
 from ..lang.parser import parse
-from ..runtime.frameworks import JAX, TORCH, framework_of, placeholder
+from ..analysis.frameworks import JAX, TORCH, framework_of, placeholder
 from ..runtime.kernel import compile as ef_compile
 from .derive import AxisOf, ExtentOf, GradientStatement, NoGradientError, RangeOf
 from .attribution import gradient_errors

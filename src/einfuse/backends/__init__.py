@@ -1,4 +1,4 @@
-"""Backends: each one runs a :class:`~einfuse.runtime.binding.BoundCall`.
+"""Backends: each one runs a :class:`~einfuse.analysis.binding.BoundCall`.
 
 A backend is a small object with ``name``, ``available()``, ``run(call)``
 returning the result in the working dtype as a NumPy array,

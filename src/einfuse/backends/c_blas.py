@@ -70,7 +70,7 @@ def route_for(contraction: Contraction, call, torch_route: bool) -> BlasRoute:
 def blas_library(found, call) -> str:
     """Whose BLAS runs a contraction (or one plus a term, ``found``) for this call, in
     explain's words."""
-    from ..runtime.frameworks import TORCH
+    from ..analysis.frameworks import TORCH
     contraction = found.contraction if isinstance(found, ContractionAddend) else found
     if route_for(contraction, call, call.framework == TORCH) is NUMPY_BLAS:
         return "numpy.matmul"

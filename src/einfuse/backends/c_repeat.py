@@ -22,7 +22,7 @@ import numpy as np
 from ..errors import BackendError
 from ..plan import buffer_slots, call_arguments, unit_axis
 from ..plan.gathers import array_extremes, gather_spans, spans_in_range, unsigned_slots
-from ..runtime.frameworks import TORCH
+from ..analysis.frameworks import TORCH
 from . import c_call
 from .c_backend import _blas_contraction, _buffers, _pack_for_lanes, contraction_addend, \
     kernel_functions, output_dtype

@@ -92,7 +92,7 @@ class NumpyExecutor:
 
     @classmethod
     def for_call(cls, call) -> "NumpyExecutor":
-        """The executor for a bound call (runtime.binding.BoundCall)."""
+        """The executor for a bound call (analysis.binding.BoundCall)."""
         executor = cls(call.spec, call.bounds, call.arrays, call.params, call.dtypes,
                        call.options)
         executor.bound = call   # run() applies the per-call gather checks

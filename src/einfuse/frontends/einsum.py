@@ -337,7 +337,7 @@ def _numpy_keywords(operands, options, casting: str, order: str) -> None:
     wanted = options.get("dtype")
     if wanted is None:
         return
-    from ..runtime.frameworks import NUMPY, framework_of
+    from ..analysis.frameworks import NUMPY, framework_of
     if framework_of(wanted) == NUMPY:        # a torch dtype is ein's to check
         try:
             wanted = np.dtype(wanted)

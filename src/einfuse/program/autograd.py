@@ -27,8 +27,8 @@ import torch
 from ..autodiff.backward import Backward, backward_program
 from ..errors import EinfuseError, GradientBlockedError
 from ..lang.ast import reductions
-from ..runtime.frameworks import (contiguous, has_tangent, is_functorch_tensor, placeholder,
-                                  to_numpy)
+from ..analysis.frameworks import (contiguous, has_tangent, is_functorch_tensor, placeholder,
+                                   to_numpy)
 from ..schedule import run_statements
 from ..runtime.repeat import signature_of
 from ..runtime.torch_autograd import (numpy_view, numpy_views, recording,

@@ -24,7 +24,7 @@ from ..autodiff.reference import gradient_kernel, run_reference, statements_to_r
 from ..errors import EinfuseError
 from ..lang.ast import Access, IndexExpr, sum_tree
 from ..lang.printer import format_expr
-from ..runtime.frameworks import JAX, TORCH, framework_of, placeholder
+from ..analysis.frameworks import JAX, TORCH, framework_of, placeholder
 from ..schedule import run_statements
 from .shared_run import Entry, shared_kernels
 

@@ -148,7 +148,7 @@ def _in_framework_of(values: Dict[str, object]):
     inputs' device (binding refuses arrays of two frameworks in one call; a device
     decides the backend; bfloat16 exists in torch only).  JAX inputs are explained on
     NumPy placeholders of their shapes (explain_program), intermediates likewise."""
-    from ..runtime.frameworks import TORCH, common_framework, tensor_placeholder
+    from ..analysis.frameworks import TORCH, common_framework, tensor_placeholder
     framework = common_framework({k: v for k, v in values.items()
                                   if not isinstance(v, numbers.Number)})
     if framework != TORCH:
@@ -239,7 +239,7 @@ def explain_program(program: Program, args, arrays, shapes, gradients: bool,
         unplanned = ["which statements run fused is not shown: planning a fused kernel "
                      "needs its buffers in memory, which these shapes do not fit"]
     framework, shaped = _in_framework_of(values)
-    from ..runtime.frameworks import JAX, NUMPY, TORCH, placeholder
+    from ..analysis.frameworks import JAX, NUMPY, TORCH, placeholder
     env = {name: placeholder(value) for name, value in values.items()} \
         if framework == JAX else dict(values)
     parts = []

@@ -19,7 +19,7 @@ from ..analysis.options import Options, option_error, shown
 from ..errors import (EinfuseError, EinfuseNameError, EinfuseSyntaxError, MissingArgumentError,
                       UnexpectedArgumentError, attach_statement, did_you_mean)
 from ..runtime.attention import program_attention, run_fused_attention
-from ..runtime.frameworks import common_framework, from_numpy, torch_compiling
+from ..analysis.frameworks import common_framework, from_numpy, torch_compiling
 from ..runtime.repeat import signature_of
 from ..schedule import run_statements
 from ..lang.split import StatementText, split_program

@@ -105,7 +105,7 @@ class TritonCall:
         """Tensors of the shapes (and dtypes) of the intermediates whose shape alone the
         backward needs, on the forward's device: one element of memory each."""
         if self._placeholders is None:
-            from ..runtime.frameworks import tensor_placeholder
+            from ..analysis.frameworks import tensor_placeholder
             from .autograd import _shaped_like
             device = next(v.device for v in env.values() if isinstance(v, torch.Tensor))
             self._placeholders = {

@@ -22,7 +22,7 @@ from ..analysis.options import INT64_MAX
 from ..errors import AllocationError
 from ..rewrite.monoids import SOFTMAX_WEIGHTED_SUM, WeightedState, finalise_weighted
 from ..rewrite.online_softmax import Attention, MaskKind, ScaleKind, recognise
-from .frameworks import to_numpy
+from ..analysis.frameworks import to_numpy
 from ..analysis.spec import spec_of
 
 _FLOATS = (np.dtype(np.float32), np.dtype(np.float64))
@@ -196,7 +196,7 @@ def run_before_binding(kernel, args, kwargs):
     attention = statement_attention(kernel.statement)
     if attention is None or kernel.options.backend not in ("auto", "triton"):
         return None
-    from .binding import bind_names
+    from ..analysis.binding import bind_names
     named = bind_names(kernel.spec, args, kwargs)
     if not all(type(named.get(n)).__module__.startswith("torch")
                for n in (attention.query, attention.key, attention.value)) or \
@@ -228,7 +228,7 @@ def _triton_scale(attention: Attention, named: Dict[str, object], query) -> Opti
     """call_scale for a torch query: a 0-d tensor scale of the query's dtype is read as
     a number (autograd does not record it: recording calls never get here)."""
     import torch
-    from .frameworks import numpy_dtype
+    from ..analysis.frameworks import numpy_dtype
     value = named.get(attention.scale_param) if attention.scale_param else None
     if isinstance(value, torch.Tensor):
         if value.ndim != 0 or value.dtype != query.dtype:

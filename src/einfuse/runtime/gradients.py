@@ -15,7 +15,7 @@ from ..analysis.options import Options
 from ..autodiff import derive, run_reference
 from ..autodiff.attribution import gradient_errors
 from ..autodiff.forward import tangent
-from .frameworks import NUMPY, framework_of
+from ..analysis.frameworks import NUMPY, framework_of
 from ..analysis.spec import spec_of
 
 

@@ -169,7 +169,7 @@ class HoistedForm:
 def _ranges_match(kernels, shares, named) -> bool:
     """Whether every read of each shared expression covers exactly the ranges its
     definition is computed over, for arrays like ``named`` (only shapes are read)."""
-    from .frameworks import placeholder
+    from ..analysis.frameworks import placeholder
     shapes = {name: placeholder(value) for name, value in named.items()}
     ranges = []
     try:

@@ -40,7 +40,7 @@ from ..lang.ast import Access, Param, map_children
 from ..lang.printer import format_statement
 from ..lang.rewrite import batch_statement, fresh_indices
 from . import gradients, jax_ffi, jax_gpu
-from .frameworks import placeholder
+from ..analysis.frameworks import placeholder
 from ..analysis.spec import spec_of
 
 try:

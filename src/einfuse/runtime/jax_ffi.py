@@ -141,7 +141,7 @@ def _route_for(statement, options, names, avals, x64):
     # x64 is only part of the cache key: the dtypes JAX can hold (_canonical) follow it
     from .jax_adapter import _kernel
     from .kernel import _backend_name
-    from .result_size import check_result_size
+    from ..analysis.result_size import check_result_size
     kernel = _kernel(statement, options)
     if options.backend not in ("auto", "c"):
         return _callback(f"backend={options.backend!r} runs on the host")

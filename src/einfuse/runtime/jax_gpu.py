@@ -29,7 +29,7 @@ from typing import Dict, Optional, Sequence, Tuple
 
 import numpy as np
 
-from .frameworks import placeholder
+from ..analysis.frameworks import placeholder
 
 
 def on_gpu(values) -> bool:

@@ -36,7 +36,7 @@ from ..autodiff.backward import Backward, backward_program
 from ..errors import EinfuseError, GradientBlockedError
 from ..program.backward_run import PLANS_KEPT, BackwardRun
 from ..schedule import run_statements
-from .frameworks import placeholder
+from ..analysis.frameworks import placeholder
 from .jax_adapter import unliteral
 
 try:

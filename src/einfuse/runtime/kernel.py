@@ -22,13 +22,13 @@ from ..lang import parse
 from ..lang.ast import Number, accesses
 from ..lang.printer import format_statement
 from .attention import run_before_binding, run_fused_attention, statement_attention
-from .binding import BoundCall, bind_call, bind_names
-from .frameworks import (JAX, NUMPY, TORCH, common_framework, contiguous, framework_of,
-                         from_numpy, numpy_dtype, torch_compiling)
+from ..analysis.binding import BoundCall, bind_call, bind_names
+from ..analysis.frameworks import (JAX, NUMPY, TORCH, common_framework, contiguous, framework_of,
+                                   from_numpy, numpy_dtype, torch_compiling)
 from .hoisted import HoistedForm, hoisted_form, run_hoisted
 from .keywords import check_named, keyword_options
 from .repeat import run_first, signature_of
-from .result_size import check_result_size, too_large
+from ..analysis.result_size import check_result_size, too_large
 
 
 class Kernel:

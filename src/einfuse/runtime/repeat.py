@@ -16,8 +16,8 @@ import numpy as np
 
 from ..backends import get_backend
 from ..errors import EinfuseError, attach_statement
-from .frameworks import NUMPY, TORCH, has_tangent
-from .result_size import check_result_size, too_large
+from ..analysis.frameworks import NUMPY, TORCH, has_tangent
+from ..analysis.result_size import check_result_size, too_large
 
 # Prepared signatures kept per kernel (a new one past this replaces the oldest).
 SIGNATURES_KEPT = 32

@@ -20,7 +20,7 @@ import torch
 
 from ..errors import EinfuseTypeError
 from . import gradients
-from .frameworks import contiguous, to_numpy
+from ..analysis.frameworks import contiguous, to_numpy
 
 
 def differentiable_names(call) -> List[str]:

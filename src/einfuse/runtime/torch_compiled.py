@@ -41,7 +41,7 @@ import torch
 from ..analysis.options import Options
 from ..errors import EinfuseError, EinfuseTypeError, UnexpectedArgumentError, \
     attach_statement
-from .frameworks import contiguous, numpy_dtype, to_numpy, torch_stand_in
+from ..analysis.frameworks import contiguous, numpy_dtype, to_numpy, torch_stand_in
 
 _LOCK = threading.Lock()
 _COMPILED: Dict[str, object] = {}       # key -> Kernel or Program

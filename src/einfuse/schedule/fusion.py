@@ -38,7 +38,7 @@ import numpy as np
 from ..errors import EinfuseError
 from ..lang import ast
 from ..plan import buffer_slots
-from ..runtime.result_size import fits_in_memory
+from ..analysis.result_size import fits_in_memory
 from .row_groups import row_group, triton_rows_possible
 from .units import needed as _needed, statement_units as _units
 
@@ -177,7 +177,7 @@ def _run_one(kernel, env, framework: str = "numpy") -> None:
     if framework != "numpy" and type(result) is np.ndarray:
         # a statement that read no array of the framework (a row of constants from
         # its ranges): its result joins the framework, so a later one does not mix
-        from ..runtime.frameworks import framework_of, from_numpy
+        from ..analysis.frameworks import framework_of, from_numpy
         like = next((v for v in env.values() if framework_of(v) == framework), None)
         result = from_numpy(result, framework, like=like)
     env[spec.output] = result
@@ -367,7 +367,7 @@ def _triton_groups(kernels: Sequence, env: Dict[str, object],
     import torch
 
     from ..backends import triton_rows
-    from ..runtime.frameworks import tensor_placeholder
+    from ..analysis.frameworks import tensor_placeholder
     device = next(v.device for v in env.values() if isinstance(v, torch.Tensor))
 
     def placeholder(shape, dtype):

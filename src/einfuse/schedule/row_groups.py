@@ -147,7 +147,7 @@ def row_group(kernels: Sequence, start: int, env: Dict[str, object],
     is stored when ``keep`` is None or names it, or a later statement reads it."""
     import torch
 
-    from ..runtime.frameworks import tensor_placeholder
+    from ..analysis.frameworks import tensor_placeholder
     scratch = dict(env)
     builder = _Builder()
     joined = 0
@@ -237,7 +237,7 @@ class _Builder:
         from ..backends.triton_backend import _result_dtype
         if _result_dtype(call) != getattr(torch, working.name):
             return None     # (a bfloat16 input: the statement stores a bfloat16 result)
-        from ..runtime.result_size import check_result_size
+        from ..analysis.result_size import check_result_size
         try:    # a result larger than the machine's memory: the statement says so
             check_result_size(call)
         except EinfuseError:

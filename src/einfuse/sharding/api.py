@@ -96,7 +96,7 @@ def choose(program: Statements, values: Mapping[str, object], mesh: MeshShape, s
 def shape_values(values: Mapping[str, object]) -> dict:
     """Arrays (of any framework, traced ones too) as read-only placeholders of their
     shapes and dtypes; numbers as they are."""
-    from ..runtime.frameworks import placeholder
+    from ..analysis.frameworks import placeholder
     return {name: value if isinstance(value, numbers.Number) else placeholder(value)
             for name, value in values.items()}
 

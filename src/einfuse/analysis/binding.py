@@ -9,11 +9,10 @@ from typing import Dict, Iterator, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 
-from ..analysis.dtypes import (DTypes, check_index_dtype, check_output_cast,
-                               check_value_dtype, resolve_dtypes)
-from ..analysis.options import Options
-from ..analysis.ranges import Bounds, infer_ranges
-from ..analysis.spec import Spec
+from .dtypes import DTypes, check_index_dtype, check_output_cast, check_value_dtype, resolve_dtypes
+from .options import Options
+from .ranges import Bounds, infer_ranges
+from .spec import Spec
 from ..errors import (EinfuseTypeError, MissingArgumentError, OutOfBoundsError, ShapeError,
                       UnexpectedArgumentError, did_you_mean)
 from ..lang.ast import accesses
