@@ -9,7 +9,7 @@ import pytest
 
 import einfuse as ef
 from einfuse.autodiff.algebra import Algebra, definition_of
-from einfuse.autodiff.backward import backward_program
+from einfuse.runtime.backward import backward_program
 from einfuse.lang.printer import format_expr
 from einfuse.analysis.spec import spec_of
 from program_texts import LAYERNORM, SOFTMAX

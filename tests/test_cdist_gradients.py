@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import einfuse as ef
-from einfuse.autodiff import derive, run_reference
+from einfuse import derive, run_reference
 from einfuse.autodiff.reuse import with_output
 from einfuse.backends import c_backend
 from oracle import brute_force

@@ -145,7 +145,7 @@ def test_the_backward_fold_looks_at_each_step_a_bounded_number_of_times(monkeypa
     """autodiff/backward_fold.py: a rescan of every step after each fold made a long
     program's backward quadratic."""
     torch = pytest.importorskip("torch")
-    from einfuse.autodiff import backward_fold
+    from einfuse.runtime import backward_fold
     looked = []
     real = backward_fold._inputs
     monkeypatch.setattr(backward_fold, "_inputs", lambda step: looked.append(1) or real(step))

@@ -1,4 +1,4 @@
-"""Renders a converted JAX function (:class:`~einfuse.frontends.jaxpr_ir.JitProgram`) as
+"""Renders a converted JAX function (:class:`~einfuse.ir.jit.JitProgram`) as
 ONE C function, ``int ef_jit(void **args)``: statements are loop nests over static
 extents, ``scan``/``while`` are C loops whose bodies are those loop nests (carries in
 buffers), ``cond`` is an if-chain.  So a loop of thousands of steps is one call, with no
@@ -19,9 +19,9 @@ from typing import Dict, List, Tuple
 from ..errors import BackendError
 from . import (c_loops_dot, c_loops_flat, c_loops_parts, c_loops_rewrite, c_loops_select,
                c_loops_vmath)
-from ..frontends.jaxpr_ir import (INDEX, Apply, Assign, Branch, Cast, Const, Index,
-                                  JitProgram, Loop, LoopKind, Node, Read, ReduceOp,
-                                  ScalarType, ScatterAdd, Select)
+from ..ir.jit import (INDEX, Apply, Assign, Branch, Cast, Const, Index, JitProgram, Loop, LoopKind,
+                      Node, Read, ReduceOp, ScalarType, ScatterAdd, Select)
+from ..ir.jit_cost import step_flops
 
 STACK_LIMIT = 65536        # bytes of intermediates on the stack in all (callbacks run on
                            # threads with small stacks); the rest are allocated per call
@@ -368,7 +368,6 @@ class Renderer:
         least PARALLEL_WORK operations) and an outermost loop of 2 or more.  Tiny
         statements (the seed's 12-wide layers) stay single-threaded: a fork and join
         would cost more than the statement."""
-        from ..frontends.jaxpr_explain import _flops
         if not self.threads_inside:
             return False
         real = [extent for _, extent in step.indices if extent != 1]
@@ -378,7 +377,7 @@ class Renderer:
                 step.indices[-1][1] == real[0] and 4 <= real[0] <= 4096 and \
                 step.reduction.op not in (ReduceOp.ARGMAX, ReduceOp.ARGMIN):
             return False    # a row reduction's only loop is its accumulator row
-        return _flops(step) >= (PARALLEL_WORK_IN_LOOP if self.loop_depth else PARALLEL_WORK)
+        return step_flops(step) >= (PARALLEL_WORK_IN_LOOP if self.loop_depth else PARALLEL_WORK)
 
     def row_reduction(self, step: Assign) -> None:
         """A reduction with the last output loop moved inside the reduced loops: a row of

@@ -25,8 +25,9 @@ from dataclasses import dataclass
 from typing import List, Optional, Tuple
 
 from ..errors import BackendError
-from ..frontends.jaxpr_ir import JitProgram
+from ..ir.jit import JitProgram
 from .c_loops import ENTRY, PARALLEL_WORK, Renderer, load_entry
+from ..ir.jit_cost import work
 
 DYNAMIC_WORK = 1 << 14     # operations of one element above which threads take elements
                            # one by one (an atomic increment each) rather than in chunks
@@ -55,10 +56,7 @@ class Batch:
 def _program_work(program: JitProgram) -> int:
     """Operations of one element (scan bodies times their lengths, a ``while_loop``'s
     body once: its trip count is not known)."""
-    from ..frontends.jaxpr_explain import _Walker
-    walker = _Walker()
-    walker.steps(program.steps, 0, 1)
-    return walker.total
+    return work(program.steps)
 
 
 def threaded(program: JitProgram, batch: Batch) -> bool:

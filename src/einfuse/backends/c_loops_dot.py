@@ -15,8 +15,7 @@ from __future__ import annotations
 
 from typing import Optional, Tuple
 
-from ..frontends.jaxpr_ir import (Apply, Assign, Cast, Index, Node, Read, ReduceOp,
-                                  ScalarType, Select)
+from ..ir.jit import Apply, Assign, Cast, Index, Node, Read, ReduceOp, ScalarType, Select
 
 VECTOR_BYTES = 64          # one AVX-512 register; compilers split it on narrower machines
 GROUP = 8                  # vectors of accumulators along a row (registers in use)

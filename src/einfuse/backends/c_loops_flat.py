@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 
-from ..frontends.jaxpr_ir import Apply, Assign, Cast, Const, Index, Node, Read, Select
+from ..ir.jit import Apply, Assign, Cast, Const, Index, Node, Read, Select
 
 
 def reads_only_at(node: Node, identity, extents, shape_of, names) -> bool:

@@ -31,8 +31,8 @@ import dataclasses
 import math
 from typing import Dict, Iterator, List, Optional, Set, Tuple
 
-from ..frontends.jaxpr_ir import (Apply, Assign, Branch, Buffer, Cast, Index, JitProgram,
-                                  Loop, Node, Read, ReduceOp, ScatterAdd, Select, Step)
+from ..ir.jit import (Apply, Assign, Branch, Buffer, Cast, Index, JitProgram, Loop, Node, Read,
+                      ReduceOp, ScatterAdd, Select, Step)
 from .c_loops_dot import mentions
 
 MIN_ROW = 8        # output rows shorter than this are not rendered as blocked contractions

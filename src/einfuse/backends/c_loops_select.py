@@ -18,9 +18,8 @@ from __future__ import annotations
 
 from typing import Dict, Optional, Tuple
 
-from ..frontends.jaxpr_ir import (INDEX, Apply, Assign, Branch, Cast, Const, Index,
-                                  JitProgram, Loop, LoopKind, Node, Read, ScatterAdd,
-                                  Select)
+from ..ir.jit import (INDEX, Apply, Assign, Branch, Cast, Const, Index, JitProgram, Loop, LoopKind,
+                      Node, Read, ScatterAdd, Select)
 
 Interval = Optional[Tuple[int, int]]
 

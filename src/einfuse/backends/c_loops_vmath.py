@@ -28,7 +28,7 @@ from __future__ import annotations
 import math
 from typing import Tuple
 
-from ..frontends.jaxpr_ir import Apply, Assign, Index, Read, ScalarType
+from ..ir.jit import Apply, Assign, Index, Read, ScalarType
 from .c_loops_flat import reads_only_at
 
 VECTOR_BYTES = 64

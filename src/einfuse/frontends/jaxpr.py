@@ -26,8 +26,8 @@ from dataclasses import dataclass
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 from ..errors import EinfuseError
-from .jaxpr_ir import (INDEX, Apply, Assign, Buffer, Cast, Const, Index, JitProgram, Node,
-                       Read, ScalarType, Step)
+from ..ir.jit import (INDEX, Apply, Assign, Buffer, Cast, Const, Index, JitProgram, Node, Read,
+                      ScalarType, Step)
 
 
 class JaxprConversionError(EinfuseError, NotImplementedError):

@@ -6,8 +6,8 @@ body's statements as loop nests inside a C loop over steps); ``pjit``, ``closed_
 from __future__ import annotations
 
 from .jaxpr import INDEX, Value, constant_value, index_add, read_value, unsupported
-from .jaxpr_ir import (Apply, Branch, Const, Index, Loop, LoopKind, ReduceOp, Reduction,
-                       ScalarType, Select)
+from ..ir.jit import (Apply, Branch, Const, Index, Loop, LoopKind, ReduceOp, Reduction, ScalarType,
+                      Select)
 
 
 def closed_consts(conv, closed):

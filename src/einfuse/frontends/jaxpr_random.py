@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 
 from .jaxpr import INDEX, Value, scalar_type, unsupported
-from .jaxpr_ir import Apply, Cast, Const, ScalarType
+from ..ir.jit import Apply, Cast, Const, ScalarType
 
 UINT32 = ScalarType.UINT32
 

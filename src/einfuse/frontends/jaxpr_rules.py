@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Callable, Dict
 
 from .jaxpr import JaxprConversionError, Value, scalar_type, unsupported
-from .jaxpr_ir import INDEX, Apply, Cast, Const, ScalarType, Select
+from ..ir.jit import INDEX, Apply, Cast, Const, ScalarType, Select
 
 Rule = Callable[..., list]
 

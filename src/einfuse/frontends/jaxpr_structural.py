@@ -8,8 +8,8 @@ import math
 from typing import Tuple
 
 from .jaxpr import INDEX, Value, as_index, index_add, index_mul, scalar_type, unsupported
-from .jaxpr_ir import (Apply, Cast, Const, Index, Node, ReduceOp, Reduction, ScalarType,
-                       ScatterAdd, Select)
+from ..ir.jit import (Apply, Cast, Const, Index, Node, ReduceOp, Reduction, ScalarType, ScatterAdd,
+                      Select)
 
 BOOL = ScalarType.BOOL
 

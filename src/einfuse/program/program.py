@@ -25,6 +25,7 @@ from ..schedule import run_statements
 from ..lang.split import StatementText, split_program
 from .writes import guarded_names, keep_contents, restore_contents
 from ..analysis.spec import spec_of
+from ..runtime.tracing import traced_call
 
 
 @dataclass(frozen=True)
@@ -80,8 +81,7 @@ class Program:
 
     def __call__(self, /, *args, arrays=None, **kwargs):
         if torch_compiling():
-            from ..runtime import torch_compiled
-            return torch_compiled.call_program(self, args, kwargs, arrays)
+            return traced_call(self, args, kwargs, arrays)
         # a repeated call under autograd (program/autograd.py): by keyword, with the
         # names, shapes, dtypes and strides of a call whose checks passed before
         recorded_calls = self.__dict__.get("_recorded_calls")
@@ -100,7 +100,7 @@ class Program:
             if fused is not None:
                 return from_numpy(fused, framework)
         if framework == "torch":     # one autograd node for the whole program
-            from .autograd import recorded
+            from ..runtime.program_autograd import recorded
             results = recorded(self, self._kernels, env, self.outputs, self.options)
             if results is not None:
                 return results[0] if len(results) == 1 else results

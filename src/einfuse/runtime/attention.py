@@ -24,6 +24,7 @@ from ..rewrite.monoids import SOFTMAX_WEIGHTED_SUM, WeightedState, finalise_weig
 from ..rewrite.online_softmax import Attention, MaskKind, ScaleKind, recognise
 from ..analysis.frameworks import to_numpy
 from ..analysis.spec import spec_of
+from ..analysis.cost import bytes_text, count_text
 
 _FLOATS = (np.dtype(np.float32), np.dtype(np.float64))
 KEY_BLOCK = 256       # keys per step of the NumPy executor
@@ -369,9 +370,8 @@ class FusedAttention:
         return self.groups * self.rows * self.features * self.itemsize
 
     def lines(self):
-        from ..explain import _bytes, _count
         a = self.attention
-        square = _bytes(self.groups * self.rows * self.keys * self.itemsize)
+        square = bytes_text(self.groups * self.rows * self.keys * self.itemsize)
         skipped = "" if a.mask is MaskKind.NONE else \
             f"; mask {a.mask.value}: key blocks past the diagonal are never computed"
         weights = "exp(s_j - max_k s_k)"
@@ -388,7 +388,7 @@ class FusedAttention:
             f"{' and scaled' if a.scale is not ScaleKind.NONE else ''}{skipped}",
             "    one pass over j per block of 64 rows with a running max, a running "
             "denominator and a rescaled accumulator (the softmax-weighted-sum monoid)",
-            f"    {_count(self.pairs * self.groups)} (i, j) pairs computed",
+            f"    {count_text(self.pairs * self.groups)} (i, j) pairs computed",
             f"    for NumPy {self.dtype} arrays and CPU torch tensors on the C backend "
             "(the NumPy backend runs the same pass by key blocks); under torch autograd "
             "the backward is one fused kernel too (normalised, no mask or j <= i, finite "
@@ -396,11 +396,10 @@ class FusedAttention:
             "array holding inf or NaN",
             f"  materialised: nothing N x N (scores or weights in memory would take {square} "
             "each); per thread: blocks of 64 x 64 scores and 64 rows of the accumulator; "
-            f"the keys transposed in blocks of 64 (once per call): {_bytes(transposed)}"]
+            f"the keys transposed in blocks of 64 (once per call): {bytes_text(transposed)}"]
 
 
     def _triton_lines(self, which, what, skipped, square):
-        from ..explain import _count
         a, config = self.attention, self.config
         dots = "IEEE-exact float32 dots (no TF32)" if self.dtype == "float32" else \
             (f"{self.dtype} dots with float32 accumulation (the weights rounded to "
@@ -416,7 +415,7 @@ class FusedAttention:
             f"{config.stages} stages) with a running max, a running denominator and a "
             f"rescaled accumulator; exp2 with log2(e) folded into the scale; {dots}; "
             f"the result in {self.dtype}",
-            f"    {_count(self.pairs * self.groups)} (i, j) pairs computed",
+            f"    {count_text(self.pairs * self.groups)} (i, j) pairs computed",
             "    under torch autograd the backward is the statements' formula in torch "
             "(the weights materialised); a value array holding inf or NaN runs the "
             "statements one by one",
@@ -431,9 +430,8 @@ def attention_notes(kernel, values: Dict[str, object]):
     fused = explain_attention(attention, values, kernel.options)
     if fused is None:
         return triton_fallback_notes(attention, values, kernel.options)
-    from ..explain import _count
     return [f"the statement runs fused as attention with online softmax, not as the "
-            f"kernels above: {_count(fused.flops)} FLOPs; "
+            f"kernels above: {count_text(fused.flops)} FLOPs; "
             + "; ".join(line.strip() for line in fused.lines()[1:])]
 
 

@@ -92,7 +92,7 @@ class HoistedForm:
         array it writes into), fused where schedule/fusion.py allows."""
         from ..schedule import run_statements
         if framework == "torch":     # one autograd node for the hoisted statements
-            from ..program.autograd import recorded
+            from .program_autograd import recorded
             # (its forward computes a repeated exp once too, as for NumPy callers)
             results = recorded(self, self._with_shared(kernels, named), named,
                                (kernels[-1].spec.output,), self.options)
@@ -114,7 +114,7 @@ class HoistedForm:
     def recorded_calls(self, kernels, named: Dict[str, object]) -> Tuple:
         """The prepared autograd call (program/autograd.py) of these kernels for
         arrays like ``named``, once a call made it: a tuple of it, or empty."""
-        from ..program.autograd import prepared_call
+        from .program_autograd import prepared_call
         found = prepared_call(self, self._with_shared(kernels, named), named)
         return () if found is None else (found,)
 

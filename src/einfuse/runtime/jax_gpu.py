@@ -15,7 +15,7 @@ dtypes alone (placeholders: under jit the data is traced).  What differs:
   (:mod:`einfuse.runtime.jax_adapter`), whose lowering launches the kernel here: a
   batched call is the statement with one more index, one kernel, as on the host path;
   tangent and gradient statements run the same way; scatters add with ``.at[].add``
-  (:func:`einfuse.autodiff.reference.run_reference` in JAX).
+  (:func:`einfuse.runtime.gradient_reference.run_reference` in JAX).
 
 Block sizes: the tuner's cached choice for the kernel and shape bucket (made by a torch
 call on the same GPU), else the GPU default; XLA gives no place to time candidates."""

@@ -32,9 +32,9 @@ import jax.numpy as jnp
 import numpy as np
 from jax.interpreters import ad, batching, mlir
 
-from ..autodiff.backward import Backward, backward_program
+from .backward import Backward, backward_program
 from ..errors import EinfuseError, GradientBlockedError
-from ..program.backward_run import PLANS_KEPT, BackwardRun
+from .program_backward import PLANS_KEPT, BackwardRun
 from ..schedule import run_statements
 from ..analysis.frameworks import placeholder
 from .jax_adapter import unliteral

@@ -15,10 +15,9 @@ from ..analysis.options import (INT64_MAX, OPTION_NAMES, Options, make_options, 
 from ..analysis.ranges import check_positions_defined
 from ..analysis.spec import Spec, spec_of
 from ..backends import get_backend
-from ..errors import (BackendError, EinfuseError, EinfuseOverflowError,
-                      EinfuseSyntaxError, EinfuseTypeError, MissingArgumentError, OptionError,
-                      UnexpectedArgumentError, attach_statement, did_you_mean, warn)
-from ..lang import parse
+from ..errors import (BackendError, EinfuseError, EinfuseOverflowError, EinfuseSyntaxError,
+                      EinfuseTypeError, MissingArgumentError, OptionError, UnexpectedArgumentError,
+                      attach_statement, warn)
 from ..lang.ast import Number, accesses
 from ..lang.printer import format_statement
 from .attention import run_before_binding, run_fused_attention, statement_attention
@@ -26,7 +25,7 @@ from ..analysis.binding import BoundCall, bind_call, bind_names
 from ..analysis.frameworks import (JAX, NUMPY, TORCH, common_framework, contiguous, framework_of,
                                    from_numpy, numpy_dtype, torch_compiling)
 from .hoisted import HoistedForm, hoisted_form, run_hoisted
-from .keywords import check_named, keyword_options
+from .tracing import traced_call
 from .repeat import run_first, signature_of
 from ..analysis.result_size import check_result_size, too_large
 
@@ -108,8 +107,7 @@ class Kernel:
 
     def __call__(self, /, *args, arrays=None, **kwargs):
         if torch_compiling():   # torch.compile sees a custom operator, not this code
-            from . import torch_compiled
-            return torch_compiled.call_statement(self, args, kwargs, arrays)
+            return traced_call(self, args, kwargs, arrays)
         given = _given(args, kwargs, arrays)
         if given is not None:
             signature = signature_of(given)
@@ -359,75 +357,11 @@ def check_explain_options(statement: str, shapes, gradients, source=False) -> No
             value = {"shapes": shapes, "gradients": gradients, "source": source}[option]
             wanted = "a dict of name -> shape" if option == "shapes" else "True or False"
             error = option_error(option, f"{option}= takes {wanted}, not {shown(value)}")
-            raise attach_statement(_option_collision(error, statement), statement)
-
-
-def compile(statement=NOT_GIVEN, /, *, ranges=None, pad=None, bounds="check", fill=0.0,
-            dtype=None, backend="auto", threads: Optional[int] = None,
-            memory_limit: Optional[int] = None, outputs=None, mesh=None, shard=None, **named):
-    """Compile ``statement`` into a reusable :class:`Kernel`, or a program (several
-    statements, separated by newlines or ';') into a :class:`~einfuse.program.Program`
-    whose ``outputs`` are chosen by name (default: what no later statement reads).
-
-    Options (as for :func:`ein`): ``ranges=`` ({"i": 10} or {"i": range(2, 12)}),
-    ``pad=`` (value read outside affine accesses), ``bounds=`` ("check", "clip",
-    "wrap", "fill", "promise": gathers out of range), ``fill=``, ``dtype=``,
-    ``backend=`` ("auto", "c", "numpy", "triton"), ``threads=``, ``memory_limit=``.
-
-    Example::
-
-        dist = ef.compile("D[i,j] := (w[k,i] - x[k,j])**2")
-        D = dist(w=w, x=x)              # any shapes; compiled once per layout"""
-    statement = statement_argument(statement, named, "compile")
-    if mesh is not None or shard is not None:   # docs/sharding.md
-        from ..sharding import sharded
-        return sharded(compile(statement, ranges=ranges, pad=pad, bounds=bounds, fill=fill,
-                               dtype=dtype, backend=backend, threads=threads,
-                               memory_limit=memory_limit, outputs=outputs, **named),
-                       mesh, shard)
-    if named:
-        options = keyword_options(compile)
-        wrong = ", ".join(f"{name}={did_you_mean(name, options)}" for name in named)
-        raise attach_statement(UnexpectedArgumentError(
-            f"compile() takes the statement and options, not {wrong}; pass the arrays when "
-            "calling the kernel"), statement)
-    try:
-        options = make_options(ranges, pad, bounds, fill, dtype, backend, threads,
-                               memory_limit)
-    except OptionError as error:
-        raise attach_statement(_option_collision(error, statement), statement) from None
-    from ..program import is_program
-    from ..program.program import output_names
-    if is_program(statement, outputs):
-        try:
-            if outputs is not None:     # a tuple of names (hashable: the cache's key)
-                outputs = output_names(outputs)
-            program = _shared_program(statement, options, outputs)
-            for part in program.statements:      # as compiling it anew would
-                for message, span in part.kernel.spec.warnings:
-                    warn(message, source=part.kernel.statement, span=span)
-            return program
-        except OptionError as error:
-            raise attach_statement(_option_collision(error, statement), statement) from None
-        except EinfuseError as error:
-            raise attach_statement(error, statement) from None
-    kernel = _shared_kernel(statement, options)
-    for message, span in kernel.spec.warnings:     # as a new Kernel would
-        warn(message, source=statement, span=span)
-    return kernel
-
-
-@functools.lru_cache(maxsize=128)
-def _shared_program(statement: str, options: Options, outputs):
-    """One Program per (text, options, outputs), as for statements (_shared_kernel)."""
-    from ..program import compile_program
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        return compile_program(statement, options, outputs, Kernel)
+            raise attach_statement(option_collision(error, statement), statement)
 
 
 @functools.lru_cache(maxsize=256)
-def _shared_kernel(statement: str, options: Options) -> "Kernel":
+def shared_kernel(statement: str, options: Options) -> "Kernel":
     """One Kernel per (statement, options), so that ``ein`` in a loop finds its prepared
     calls (the fast path) instead of building a kernel per call.  Kernels hold no
     per-call state; their warnings are emitted by ``compile`` on every request."""
@@ -436,32 +370,29 @@ def _shared_kernel(statement: str, options: Options) -> "Kernel":
         return Kernel(statement, options)
 
 
-def ein(statement=NOT_GIVEN, /, *args, ranges=None, pad=None, bounds="check", fill=0.0,
-        dtype=None, backend="auto", threads: Optional[int] = None,
-        memory_limit: Optional[int] = None, outputs=None, arrays=None, mesh=None, shard=None,
-        **named):
-    """Evaluate ``statement`` (or a program of several) once on the given arrays and
-    scalars.  A tensor whose name is one of the options (``bounds``, ``ranges`` ...)
-    goes in ``arrays={"bounds": b}``.  The options are :func:`compile`'s; NumPy,
-    PyTorch (differentiable) and JAX arrays are accepted, and the result is of the
-    same kind.  A repeated call reuses the compiled kernel.
-
-    Example::
-
-        y = ef.ein("y[i] := x[i+a] * ker[a]", x=x, ker=ker)     # a valid convolution"""
-    statement = statement_argument(statement, named, "ein")
-    if torch_compiling():
-        from . import torch_compiled
-        return torch_compiled.call_source(statement, (ranges, pad, bounds, fill, dtype, backend,
-                                          threads, memory_limit), outputs, args, named, arrays)
-    kernel = compile(statement, ranges=ranges, pad=pad, bounds=bounds, fill=fill,
-                     dtype=dtype, backend=backend, threads=threads,
-                     memory_limit=memory_limit, outputs=outputs, mesh=mesh, shard=shard)
-    check_named(kernel, named, keyword_options(ein))
-    return kernel(*args, arrays=arrays, **named)
+def compile_statement(statement: str, ranges=None, pad=None, bounds="check", fill=0.0,
+                      dtype=None, backend="auto", threads: Optional[int] = None,
+                      memory_limit: Optional[int] = None) -> "Kernel":
+    """One statement compiled with ``compile``'s options (checked here), its warnings
+    emitted on every request; the Kernel is shared (shared_kernel)."""
+    try:
+        options = make_options(ranges, pad, bounds, fill, dtype, backend, threads,
+                               memory_limit)
+    except OptionError as error:
+        raise attach_statement(option_collision(error, statement), statement) from None
+    return statement_kernel(statement, options)
 
 
-def _option_collision(error: OptionError, statement: str) -> OptionError:
+def statement_kernel(statement: str, options: Options) -> "Kernel":
+    """The shared Kernel of ``statement`` under checked ``options``, its warnings emitted
+    (as a new Kernel would)."""
+    kernel = shared_kernel(statement, options)
+    for message, span in kernel.spec.warnings:
+        warn(message, source=statement, span=span)
+    return kernel
+
+
+def option_collision(error: OptionError, statement: str) -> OptionError:
     """``error``, saying so when the bad option value was meant for a tensor, scalar or
     output of the statement that has the option's name."""
     option = getattr(error, "option", None)

@@ -28,7 +28,7 @@ import numpy as np
 import torch
 
 from ..autodiff.attribution import gradient_errors
-from ..autodiff.reference import _NumpyOps, _scatter_add
+from .gradient_reference import _NumpyOps, _scatter_add
 from ..backends.c_scatter import scatter_rows
 from ..lang.ast import Access
 from . import gradients
@@ -36,6 +36,7 @@ from .repeat import BY_NAME, signature_of
 from .torch_autograd import (differentiable_names, input_gradients, numpy_view,
                              numpy_views, recording, refuse_in_transform, save_tensors,
                              saved_tensors)
+from .gradient_reference import resolve_options
 
 # Prepared backwards kept per forward signature: one per layout (strides) of dOUT.
 LAYOUTS_KEPT = 8
@@ -107,7 +108,7 @@ class PreparedAutograd:
         return tuple(found)
 
     def _prepare(self, arrays, grad) -> Tuple[PreparedGradient, ...]:
-        from ..autodiff.reference import statements_to_run
+        from .gradient_reference import statements_to_run
         key = gradients.options_key(self.options)
         output = self.output if self.keeps_output else None   # (put in arrays then)
         plans = []
@@ -138,7 +139,7 @@ class PreparedAutograd:
     def _step(self, g, values, output: Optional[str]) -> "GradientStep":
         """The step running gradient statement ``g``: a gather reads the forward's
         result ``output`` where it would recompute it (runtime/gradients.py)."""
-        from ..autodiff.reference import gradient_kernel
+        from .gradient_reference import gradient_kernel
         backend = self.options.backend
         if g.kind == "gather":
             kernel, inputs = gradients.step_kernel(g, values, backend, self.statement, output)
@@ -243,7 +244,7 @@ def _copied(g, values) -> Optional[str]:
             g.options.get("pad") is not None:
         return None
     source = values.get(rhs.tensor)
-    ranges = g.resolve_options(values)["ranges"]
+    ranges = resolve_options(g, values)["ranges"]
     if type(source) is not np.ndarray or any(
             ranges[name] != range(0, n) for name, n in zip(spec.output_indices, source.shape)):
         return None
@@ -265,7 +266,7 @@ def _step(g, kernel, inputs, values) -> GradientStep:
             runner, by_name = on_torch, True
     scatter = None
     if g.kind != "gather":
-        options = g.resolve_options(values)
+        options = resolve_options(g, values)
         scatter = (g, options, _rows_by(g, options, values))
         copied = _copied(g, values)
         if copied is not None:     # the values are dOUT itself, only read: no kernel

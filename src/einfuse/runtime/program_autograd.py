@@ -24,16 +24,16 @@ from typing import Dict, Optional, Sequence, Tuple
 import numpy as np
 import torch
 
-from ..autodiff.backward import Backward, backward_program
+from .backward import Backward, backward_program
 from ..errors import EinfuseError, GradientBlockedError
 from ..lang.ast import reductions
 from ..analysis.frameworks import (contiguous, has_tangent, is_functorch_tensor, placeholder,
                                    to_numpy)
 from ..schedule import run_statements
-from ..runtime.repeat import signature_of
-from ..runtime.torch_autograd import (numpy_view, numpy_views, recording,
-                                      refuse_in_transform, save_tensors, saved_tensors)
-from .backward_run import PLANS_KEPT, BackwardRun, output_placeholder
+from .repeat import signature_of
+from .torch_autograd import (numpy_view, numpy_views, recording, refuse_in_transform, save_tensors,
+                             saved_tensors)
+from .program_backward import PLANS_KEPT, BackwardRun, output_placeholder
 
 _FLOATS = (torch.float32, torch.float64)
 
@@ -359,7 +359,7 @@ def _run_recorded(owner: ProgramAutograd, kernels: Sequence, env: Dict[str, obje
     prepared = owner.calls.get(signature) if signature is not None else None
     if prepared is not None:
         return prepared.apply(env)
-    from .triton_autograd import recorded as triton_recorded, triton_route
+    from .program_triton_autograd import recorded as triton_recorded, triton_route
     if triton_route(env, backend):      # CUDA tensors: the Triton node
         return triton_recorded(owner, kernels, env, backend)
     if backend not in ("auto", "c", "numpy") or any(k.spec.assign != ":=" for k in kernels):

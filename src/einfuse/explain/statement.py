@@ -4,27 +4,22 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 import math
-import numbers
-from typing import Dict, List, Optional, Tuple
+from typing import List, Optional
 
 import numpy as np
 
-from .analysis.options import shown
-from .analysis.ranges import Bounds
-from .analysis.spec import Spec
-from .errors import (EinfuseError, OptionError, ShapeError, attach_statement,
-                     unexpected_keywords)
+from ..analysis.options import shown
+from ..analysis.ranges import Bounds
+from ..analysis.cost import bytes_text, count_flops, count_text
+from ..analysis.placeholders import statement_placeholders
+from ..analysis.spec import Spec
+from ..errors import EinfuseError, attach_statement
 from .eager import naive_intermediate
-from .frontends.named import hooks as named_hooks, is_named
-from .lang.ast import (Access, Binary, Call, Expr, Param, Reduce, Unary, accesses,
-                       map_children)
-from .lang.printer import format_expr, format_statement
-from .runtime.kernel import NOT_GIVEN, Kernel, check_explain_options, statement_argument
-from .runtime.keywords import check_named, keyword_options
-
-# explain()'s options that an einsum string's explanation passes on
-EINSUM_EXPLAIN_OPTIONS = ("ranges", "pad", "bounds", "fill", "dtype", "backend", "threads",
-                          "memory_limit", "gradients", "source")
+from ..lang.ast import Binary, Call, Expr, Param, Reduce, Unary, accesses, map_children
+from ..lang.printer import format_expr, format_statement
+from ..runtime.kernel import Kernel
+from ..runtime.kernel import compile_statement
+from ..runtime.gradient_reference import resolve_options
 
 _REDUCTION_WORDS = {"sum": "the sum", "prod": "the product", "max": "the maximum",
                     "min": "the minimum", "logsumexp": "the log-sum-exp",
@@ -73,12 +68,12 @@ class Explanation:
         out += ["", "Loop nest"] + ["  " + line for line in self.loop_nest]
         if self.flops is not None:
             out += ["", "Cost",
-                    f"  FLOPs                 {_count(self.flops)}",
-                    f"  bytes read            {_bytes(self.bytes_read)} (each input once)",
-                    f"  bytes written         {_bytes(self.bytes_written)}",
+                    f"  FLOPs                 {count_text(self.flops)}",
+                    f"  bytes read            {bytes_text(self.bytes_read)} (each input once)",
+                    f"  bytes written         {bytes_text(self.bytes_written)}",
                     "  arithmetic intensity  " + _intensity(self.arithmetic_intensity)]
             if self.naive_intermediate_bytes:
-                out.append(f"  naive broadcast       {_bytes(self.naive_intermediate_bytes)}"
+                out.append(f"  naive broadcast       {bytes_text(self.naive_intermediate_bytes)}"
                            " intermediate (what eager NumPy/PyTorch would allocate; "
                            "einfuse never does)")
         if self.hoisted:
@@ -103,20 +98,6 @@ class Explanation:
 def _table(rows: List[List[str]]) -> List[str]:
     widths = [max(len(row[c]) for row in rows) for c in range(len(rows[0]))]
     return ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in rows]
-
-
-def _count(n: int) -> str:
-    for unit, scale in (("G", 1e9), ("M", 1e6), ("k", 1e3)):
-        if n >= scale:
-            return f"{n:,} ({n / scale:.2f} {unit})"
-    return f"{n:,}"
-
-
-def _bytes(n: int) -> str:
-    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
-        if n >= scale:
-            return f"{n / scale:.2f} {unit}"
-    return f"{n} B"
 
 
 def _indices_text(names) -> str:
@@ -215,44 +196,6 @@ def loop_nest(spec: Spec, bounds: Optional[Bounds]) -> List[str]:
     return lines
 
 
-# -- costs -----------------------------------------------------------------------------------
-def _ops(expr: Expr) -> int:
-    if isinstance(expr, (Binary, Call)):
-        return 1
-    if isinstance(expr, Unary):
-        return 1
-    if isinstance(expr, Reduce):
-        return 1 if expr.op != "logsumexp" else 3  # max, exp, add per element
-    return 0
-
-
-def count_flops(spec: Spec, bounds: Bounds, hoisted=None) -> int:
-    """Operations executed, counting each arithmetic operator, comparison, function and
-    reduction step as one (logsumexp as three), times how often its scope runs; with the
-    statement's ``hoisted`` form, the operations of its statements."""
-    if hoisted is not None:
-        return sum(_statement_flops(s.output_indices, s.rhs, bounds)
-                   for s in hoisted.statements)
-    return _statement_flops(spec.output_indices, spec.rhs, bounds)
-
-
-def _statement_flops(output_indices, rhs: Expr, bounds: Bounds) -> int:
-    def visit(expr: Expr, scope: int) -> int:
-        if isinstance(expr, Reduce):
-            inner = scope
-            for name in expr.indices:
-                inner *= bounds.extent(name)
-            return inner * _ops(expr) + visit(expr.body, inner)
-        if isinstance(expr, Access):
-            return 0
-        return scope * _ops(expr) + sum(visit(c, scope) for c in expr.children())
-
-    outer = 1
-    for name in output_indices:
-        outer *= bounds.extent(name)
-    return visit(rhs, outer)
-
-
 def index_rows(spec: Spec, bounds: Optional[Bounds]) -> List[List[str]]:
     rows = [["index", "role", "extent", "values", "from"]]
     for name in spec.all_indices:
@@ -275,78 +218,17 @@ def _intensity(value: Optional[float]) -> str:
     return "- (no bytes moved)" if value is None else f"{value:.2f} FLOP/byte"
 
 
-def explain(statement=NOT_GIVEN, /, *args, shapes: Optional[Dict[str, tuple]] = None,
-            ranges=None, pad=None, bounds="check", fill=0.0, dtype=None, backend="auto",
-            threads=None, memory_limit=None, gradients: bool = False, outputs=None,
-            source: bool = False, mesh=None, shard=None, cost_model=None, **arrays):
-    """Explain ``statement`` (or a program of several); with arrays (or
-    ``shapes={"A": (100, 50)}``) also the ranges, costs and plan for those shapes; with
-    ``gradients=True`` also every gradient statement and how it runs; with
-    ``source=True`` (and arrays or shapes) also the generated C or Triton source;
-    with ``mesh=`` (and ``shard=``) the plan on a device mesh (docs/sharding.md).
-    ``str()`` of the result is the text.  A tensor named like an option goes in
-    ``arrays={"bounds": b}``, as for ``ein``.
-
-    Example::
-
-        print(ef.explain("D[i,j] := (w[k,i] - x[k,j])**2", shapes={"w": (3, 5),
-                                                                  "x": (3, 4)}))"""
-    if is_named(statement) or (isinstance(statement, tuple) and statement and
-                               is_named(statement[0])):     # named dimensions (dims.md)
-        return named_hooks["explain"](statement, args, dict(
-            shapes=shapes, pad=pad, bounds=bounds, fill=fill, dtype=dtype, backend=backend,
-            threads=threads, memory_limit=memory_limit, gradients=gradients, source=source,
-            mesh=mesh, shard=shard, cost_model=cost_model, ranges=ranges, outputs=outputs,
-            **arrays), explain)
-    from .runtime.kernel import compile as compile_kernel
-    from .frontends.jaxpr_explain import explain_function, is_jax_function
-    if cost_model is not None and mesh is None:
-        raise OptionError("cost_model= prices plans on a device mesh; it needs mesh= "
-                          "(docs/sharding.md)")
-    if is_jax_function(statement):   # ef.explain(fn, *example_args) (docs/jit.md)
-        if mesh is not None or shard is not None:
-            raise OptionError("mesh= and shard= explain a statement or program on a device "
-                              "mesh, not a JAX function; explain the statements with mesh=")
-        return explain_function(statement, args, arrays)
-    statement = statement_argument(statement, arrays, "explain")
-    from .lang.parser import einsum_hint
-    if einsum_hint(statement) and mesh is None and shard is None:   # einsum's statement
-        from .frontends.einsum import explain_einsum
-        optimize = arrays.pop("optimize", "auto")    # (einsum's path search, as it runs)
-        if arrays:   # the operands are positional: a keyword is a misspelt option
-            raise attach_statement(unexpected_keywords(
-                "explain() of an einsum string", arrays,
-                ("shapes", "optimize") + EINSUM_EXPLAIN_OPTIONS), statement)
-        return explain_einsum(statement, args, shapes, explain, optimize, ranges=ranges,
-                              pad=pad, bounds=bounds, fill=fill, dtype=dtype,
-                              backend=backend, threads=threads, memory_limit=memory_limit,
-                              gradients=gradients, source=source)
-    from .lang.parser import einops_hint
-    if einops_hint(statement) is not None and mesh is None and shard is None:
-        from .frontends.einops import explain_einops
-        return explain_einops(statement, args, shapes, arrays, explain, dtype=dtype,
-                              backend=backend, threads=threads)
-    check_explain_options(statement, shapes, gradients, source)
-
-    compiled = compile_kernel(statement, ranges=ranges, pad=pad, bounds=bounds, fill=fill,
-                              dtype=dtype, backend=backend, threads=threads,
-                              memory_limit=memory_limit, outputs=outputs)
-    # (arrays= is a keyword of explain's too, merged by binding as for ein)
-    check_named(compiled, arrays, keyword_options(explain) + ("arrays",))
-    if mesh is not None or shard is not None:
-        from .sharding import explain_sharded
-        return explain_sharded(compiled, args, arrays, shapes, mesh, shard, cost_model,
-                               gradients or source)
-    if not isinstance(compiled, Kernel):
-        from .program.explain import explain_program
-        return explain_program(compiled, args, arrays, shapes, gradients, source)
+def explain_statement(compiled: Kernel, args, arrays, shapes, gradients: bool,
+                      source: bool) -> Explanation:
+    """``ef.explain`` of one compiled statement: its explanation, attention's notes and,
+    with ``source=True``, the generated source."""
     explanation = explain_kernel(compiled, args, arrays, shapes, gradients)
-    from .runtime.attention import attention_notes      # rewrite/online_softmax.py
-    explanation.notes += attention_notes(compiled, {**_placeholders(compiled.spec, shapes),
+    from ..runtime.attention import attention_notes      # rewrite/online_softmax.py
+    explanation.notes += attention_notes(compiled, {**statement_placeholders(compiled.spec, shapes),
                                                     **arrays} if shapes else arrays)
     if source:
         if shapes:
-            arrays = {**_placeholders(compiled.spec, shapes), **arrays}
+            arrays = {**statement_placeholders(compiled.spec, shapes), **arrays}
         if not args and not arrays:
             explanation.notes.append("pass arrays or shapes= to see the generated source")
         else:
@@ -359,7 +241,7 @@ def explain_kernel(kernel: Kernel, args, arrays, shapes, gradients: bool,
     """The explanation of one compiled statement for these arrays or shapes;
     ``framework``: the caller's, where ``arrays`` stand in for its arrays (a program's
     JAX inputs are explained on NumPy placeholders)."""
-    from .backends import get_backend
+    from ..backends import get_backend
     statement = kernel.statement
     spec = kernel.spec
     text = format_statement(spec.statement)
@@ -368,7 +250,7 @@ def explain_kernel(kernel: Kernel, args, arrays, shapes, gradients: bool,
     if shapes:
         try:
             # what the caller passed (a scalar parameter's value) wins over placeholders
-            arrays = {**_placeholders(spec, shapes), **arrays}
+            arrays = {**statement_placeholders(spec, shapes), **arrays}
         except EinfuseError as error:
             raise attach_statement(error, statement) from None
     if not args and not arrays:
@@ -383,7 +265,7 @@ def explain_kernel(kernel: Kernel, args, arrays, shapes, gradients: bool,
     written = int(np.prod(call.output_shape, dtype=np.int64)) * result_item
     if spec.assign == "+=":
         read += written
-    from .runtime.kernel import _backend_name     # (CUDA tensors: Triton, as they run)
+    from ..runtime.kernel import _backend_name     # (CUDA tensors: Triton, as they run)
     chosen = get_backend(_backend_name(kernel.options.backend, call))
     form = kernel.hoisted_form
     hoisted = form.hoisted if form is not None and form.runs(call) else None
@@ -400,7 +282,7 @@ def explain_kernel(kernel: Kernel, args, arrays, shapes, gradients: bool,
         if built else "the first call with these shapes compiles the C kernel (once; then "
         "it is cached on disk for every later call and process)"]
     if call.framework == "jax":   # where jax.jit runs it (runtime/jax_ffi.py)
-        from .runtime.jax_ffi import route_note
+        from ..runtime.jax_ffi import route_note
         notes.append(route_note(kernel, call))
     return Explanation(
         text, words(spec, kernel.options), index_rows(spec, call.bounds),
@@ -460,7 +342,7 @@ def hoisted_groups(form, call):
     """The kernels the hoisted statements run as for this call (schedule/fusion.py), as
     the call groups them: NumPy views on the C backend (CPU tensors too), torch tensors
     on the Triton backend; None where each runs alone (JAX) or grouping fails."""
-    from .schedule.fusion import fusion_groups
+    from ..schedule.fusion import fusion_groups
     sources = call.sources or {}
     if call.framework == "jax":
         return None
@@ -522,10 +404,10 @@ def gradient_lines(kernel, call) -> List[str]:
     """Each float input's gradient statements and, for concrete arrays, their plans."""
     import warnings
 
-    from .backends import get_backend
-    from .errors import NoGradientError
-    from .autodiff.reference import statements_to_run
-    from .runtime.gradients import gradient_statements, options_key
+    from ..backends import get_backend
+    from ..errors import NoGradientError
+    from ..runtime.gradient_reference import statements_to_run
+    from ..runtime.gradients import gradient_statements, options_key
     spec = kernel.spec
     wanted = [t.name for t in spec.tensors if t.as_value and t.name != spec.output]
     wanted += list(spec.params)
@@ -556,7 +438,7 @@ def gradient_lines(kernel, call) -> List[str]:
                 continue
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
-                options = g.resolve_options(arrays)
+                options = resolve_options(g, arrays)
                 gradient = _compile_for(g.text, kernel.options.backend, options)
                 bound = gradient.bind(**{n: arrays[n] for n in g.inputs})
             backend = get_backend(kernel.options.backend)
@@ -569,54 +451,4 @@ def gradient_lines(kernel, call) -> List[str]:
 
 
 def _compile_for(text: str, backend: str, options):
-    from .runtime.kernel import compile as compile_kernel
-    return compile_kernel(text, backend=backend, **options)
-
-
-# Above this, placeholder arrays are zero-stride broadcasts (no memory at all) and the plan
-# is the one for that layout; below it they are uninitialised C-contiguous arrays, which
-# the OS maps lazily, so the plan sees real strides.
-_PLACEHOLDER_BYTES = 1 << 30
-
-
-def _placeholders(spec: Spec, shapes: Dict[str, tuple]) -> Dict[str, np.ndarray]:
-    """Arrays of the given shapes (float32 values, int64 index arrays) for binding ranges,
-    dtypes and the plan; their contents are never read."""
-    result = {}
-    names = {t.name: t for t in spec.tensors}
-    for name, shape in shapes.items():
-        if name not in names and name != spec.output:
-            raise ShapeError(f"shapes= names {name!r}, which is not a tensor of the statement")
-        info = names.get(name)
-        dtype = np.dtype(np.int64 if info is not None and info.as_index else np.float32)
-        shape = checked_shape(name, shape, dtype.itemsize)
-        if int(np.prod(shape, dtype=np.int64)) * dtype.itemsize <= _PLACEHOLDER_BYTES:
-            result[name] = np.empty(shape, dtype)
-        else:
-            result[name] = np.broadcast_to(np.zeros((), dtype=dtype), shape)
-    for name in spec.params:
-        result.setdefault(name, 1.0)
-    return result
-
-
-def checked_shape(name, shape, itemsize: int = 1) -> Tuple[int, ...]:
-    """An entry of ``shapes=`` as a tuple of ints: non-negative, their product (times
-    ``itemsize``, its bytes) within int64 (what an array can hold); a ShapeError naming
-    the array otherwise."""
-    extents = None
-    if not isinstance(shape, (str, bytes)):
-        try:
-            extents = tuple(shape)
-        except TypeError:
-            pass
-    if extents is None or not all(isinstance(e, numbers.Integral) and
-                                  not isinstance(e, (bool, np.bool_)) and e >= 0
-                                  for e in extents):
-        raise ShapeError(f"shapes= gives {name} the shape {shown(shape)}; a shape is a "
-                         "tuple of non-negative ints, such as (100, 50)")
-    extents = tuple(int(e) for e in extents)
-    if math.prod(extents) * itemsize > np.iinfo(np.int64).max:
-        raise ShapeError(f"shapes= gives {name} the shape {extents}: "
-                         f"{math.prod(extents):,} elements of {itemsize} bytes, more than "
-                         "an array can hold")
-    return extents
+    return compile_statement(text, backend=backend, **options)

@@ -17,16 +17,17 @@ from typing import Dict, FrozenSet, List, Mapping, Optional, Tuple, Union
 import numpy as np
 
 from ..autodiff.attribution import gradient_errors
-from ..autodiff.backward import Backward, Total
-from ..autodiff.backward_fold import Combined, Folded, exact_ranges
-from ..autodiff.reference import gradient_kernel, run_reference, statements_to_run, \
-    text_kernel
+from .backward import Backward, Total
+from .backward_fold import Combined, Folded, exact_ranges
+from .gradient_reference import gradient_kernel, run_reference, statements_to_run, text_kernel
 from ..errors import EinfuseError
 from ..lang.ast import Access, IndexExpr, sum_tree
 from ..lang.printer import format_expr
 from ..analysis.frameworks import JAX, TORCH, framework_of, placeholder
 from ..schedule import run_statements
-from .shared_run import Entry, shared_kernels
+from .program_shared import Entry, shared_kernels
+from .kernel import compile_statement
+from .gradient_reference import resolve_options
 
 
 @dataclass(frozen=True)
@@ -103,7 +104,7 @@ def _with_threads(piece: "_Piece", threads: Optional[int]) -> "_Piece":
     the whole computation, column sums' last bits included)."""
     if threads is None or not isinstance(piece, _Kernels):
         return piece
-    from ..runtime.kernel import Kernel
+    from .kernel import Kernel
     kernels = tuple(k if k.options.threads == threads else
                     Kernel(k.statement, dataclasses.replace(k.options, threads=threads))
                     for k in piece.kernels)
@@ -185,7 +186,7 @@ def _plan_steps(backward: Backward, steps, shapes, backend: str, recompute: Tupl
         if len(chosen) == 1 and chosen[0].kind == "gather":
             with gradient_errors(chosen[0]), warnings.catch_warnings():
                 warnings.simplefilter("ignore")
-                options = chosen[0].resolve_options(shapes)
+                options = resolve_options(chosen[0], shapes)
                 run.append(Entry(gradient_kernel(chosen[0], shapes, backend),
                                  chosen[0].text, options))
         else:
@@ -233,7 +234,6 @@ def _dtype(value) -> np.dtype:
 def _total_kernel(total: Total, shapes, index_names: Tuple[str, ...], backend: str):
     """``target[a...] := p1[a...] + p2[a...]``, or None (a 0-d gradient, parts of
     different shapes or dtypes, or more axes than free index names)."""
-    from ..runtime.kernel import compile as ef_compile
     first = shapes[total.parts[0]]
     rank = np.ndim(first)
     if rank == 0 or rank > len(index_names) or any(
@@ -247,7 +247,7 @@ def _total_kernel(total: Total, shapes, index_names: Tuple[str, ...], backend: s
     text = f"{total.target}{subscript} := {format_expr(sum_tree(terms))}"
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        return ef_compile(text, backend=backend)
+        return compile_statement(text, backend=backend)
 
 
 def _with_keep(pieces: List[_Piece], backward: Backward) -> List[_Piece]:

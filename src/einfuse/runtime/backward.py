@@ -28,9 +28,10 @@ from ..errors import EinfuseError
 from ..lang.parser import parse
 from ..lang.printer import format_statement
 from .backward_fold import Folded, fold
-from .derive import GradientStatement, derive, used_names
-from .program import _gradient_prefix, _options_for, _reaching_outputs, _value_names
-from .shift import zero_gradient_shifts
+from ..autodiff.derive import GradientStatement, derive, used_names
+from ..autodiff.program_steps import (gradient_prefix, reaching_outputs, statement_options,
+                                      value_names)
+from ..autodiff.shift import zero_gradient_shifts
 
 
 @dataclass(frozen=True)
@@ -96,8 +97,8 @@ def backward_program(pieces: Sequence[str], specs: Sequence, outputs: Sequence[s
     outputs, wrt = tuple(outputs), tuple(wrt)
     constants = zero_gradient_shifts(specs, outputs)
     depends = _depends_any(specs, wrt, constants)
-    reaching = _reaching_outputs(specs, outputs)
-    prefix = _gradient_prefix(specs)
+    reaching = reaching_outputs(specs, outputs)
+    prefix = gradient_prefix(specs)
     used: Set[str] = set()
     for spec in specs:
         used |= used_names(spec)
@@ -112,11 +113,11 @@ def backward_program(pieces: Sequence[str], specs: Sequence, outputs: Sequence[s
             continue
         seed = _total(prefix + out, parts.pop(prefix + out, []), out, steps, fresh)
         rows = spec.output_indices[0] if spec.output_indices else None
-        for name in _value_names(spec):
+        for name in value_names(spec):
             if name in constants or not (name in wrt or depends.get(name)):
                 continue
             grads = derive(piece, name, output_grad_name=seed,
-                           options=_options_for(options, spec))
+                           options=statement_options(options, spec))
             for g in grads:
                 key = fresh(prefix + name)
                 g = _renamed(g, key)
@@ -159,7 +160,7 @@ def _depends_any(specs, wrt: Tuple[str, ...], constants) -> Dict[str, bool]:
     depends: Dict[str, bool] = {name: True for name in wrt}
     for spec in specs:
         depends[spec.output] = spec.output not in constants and any(
-            depends.get(n) for n in _value_names(spec) if n not in constants)
+            depends.get(n) for n in value_names(spec) if n not in constants)
     return depends
 
 

@@ -26,10 +26,9 @@ import numpy as np
 import torch
 
 from ..schedule import run_statements
-from ..runtime.repeat import signature_of
-from ..runtime.torch_autograd import recording, refuse_in_transform, save_tensors, \
-    saved_tensors
-from .backward_run import PLANS_KEPT, BackwardRun
+from .repeat import signature_of
+from .torch_autograd import recording, refuse_in_transform, save_tensors, saved_tensors
+from .program_backward import PLANS_KEPT, BackwardRun
 
 
 def triton_route(env: Dict[str, object], backend: str) -> bool:
@@ -54,7 +53,7 @@ def recorded(owner, kernels, env: Dict[str, object], backend: str) -> Optional[T
     path then runs the statements fused, unrecorded)."""
     if not recording() or any(k.spec.assign != ":=" for k in kernels):
         return None
-    from .autograd import differentiable_inputs, remember_call
+    from .program_autograd import differentiable_inputs, remember_call
     names = differentiable_inputs(env)
     if not names:
         return None
@@ -106,7 +105,7 @@ class TritonCall:
         backward needs, on the forward's device: one element of memory each."""
         if self._placeholders is None:
             from ..analysis.frameworks import tensor_placeholder
-            from .autograd import _shaped_like
+            from .program_autograd import _shaped_like
             device = next(v.device for v in env.values() if isinstance(v, torch.Tensor))
             self._placeholders = {
                 name: tensor_placeholder(

@@ -6,9 +6,9 @@ from __future__ import annotations
 import math
 from typing import List
 
-from .analysis.ranges import Bounds, subscript_span
-from .analysis.spec import Spec
-from .lang.ast import Access, Binary, Expr, IndexValue, Number, Param, Reduce, Unary, reductions
+from ..analysis.ranges import Bounds, subscript_span
+from ..analysis.spec import Spec
+from ..lang.ast import Access, Binary, Expr, IndexValue, Number, Param, Reduce, Unary, reductions
 
 
 def _free_indices(expr: Expr) -> frozenset:

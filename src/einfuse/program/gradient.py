@@ -17,10 +17,13 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Dict, List, Mapping, Optional, Sequence, Set, Tuple
+from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
 from ..lang.parser import parse
-from .derive import GradientStatement, NoGradientError, derive, used_names
+from ..autodiff.program_steps import (depends_on, gradient_prefix, reaching_outputs,
+                                      statement_options, value_names)
+from ..autodiff.derive import GradientStatement, NoGradientError, derive
+from .compile import compile_source
 
 
 @dataclass(frozen=True)
@@ -66,10 +69,9 @@ class ProgramGradient:
 
     def run(self, arrays: Mapping[str, object], backend: str = "numpy"):
         """``d<wrt>`` for the program's inputs and the output gradients in ``arrays``."""
-        from ..runtime.kernel import compile as ef_compile
-        from .reference import run_reference
+        from ..runtime.gradient_reference import run_reference
         defined = [parse(text).output for text in self.forward]
-        program = ef_compile("\n".join(self.forward), outputs=defined, backend=backend,
+        program = compile_source("\n".join(self.forward), outputs=defined, backend=backend,
                              **self.options)
         missing = [name for name in program.inputs + self.seeds if name not in arrays]
         if missing:
@@ -92,11 +94,10 @@ def derive_program(source: str, wrt: str, options: Optional[Dict[str, object]] =
     """The gradient program of ``source`` with respect to input ``wrt``.  The program is
     compiled first: its checks (names defined once, read after their definition,
     ``outputs=`` naming defined tensors) and its choice of outputs are the gradient's."""
-    from ..runtime.kernel import compile as ef_compile
     options = dict(options or {})
     given = {k: options[k] for k in ("ranges", "pad", "bounds", "fill")
              if options.get(k) is not None}
-    program = ef_compile(source, outputs=outputs, backend="numpy", **given)
+    program = compile_source(source, outputs=outputs, backend="numpy", **given)
     pieces = [statement.source for statement in program.statements]
     specs = [statement.kernel.spec for statement in program.statements]
     for spec, piece in zip(specs, pieces):
@@ -110,72 +111,28 @@ def derive_program(source: str, wrt: str, options: Optional[Dict[str, object]] =
         raise NoGradientError(f"{wrt} is computed by the program; ask for the gradient of "
                               "one of its inputs")
     chosen = program.outputs
-    prefix = _gradient_prefix(specs)
-    depends = _depends_on(specs, wrt)
+    prefix = gradient_prefix(specs)
+    depends = depends_on(specs, wrt)
     if not any(depends.get(name) for name in chosen):
         raise NoGradientError(f"no output of the program ({', '.join(chosen)}) depends on "
                               f"{wrt}")
-    reaching = _reaching_outputs(specs, chosen)
+    reaching = reaching_outputs(specs, chosen)
     steps: List[GradientStep] = []
     for spec, piece in reversed(list(zip(specs, pieces))):
         out = spec.output
         if not depends.get(out) or out not in reaching:
             continue
         parts = []
-        for name in _value_names(spec):
+        for name in value_names(spec):
             if name != wrt and not depends.get(name):
                 continue
-            own = _options_for(options, spec)
+            own = statement_options(options, spec)
             grads = derive(piece.text, name, output_grad_name=prefix + out, options=own)
             grads = [dataclasses.replace(g, target=prefix + name) for g in grads]
             parts.append((name, tuple(grads)))
         steps.append(GradientStep(piece.text, prefix + out, tuple(parts)))
     return ProgramGradient(source, wrt, prefix + wrt, tuple(p.text for p in pieces), chosen,
                            tuple(prefix + name for name in chosen), tuple(steps), given)
-
-
-def _depends_on(specs, wrt: str) -> Dict[str, bool]:
-    """For each defined name (and ``wrt``): whether its value depends on ``wrt``."""
-    depends = {wrt: True}
-    for spec in specs:
-        depends[spec.output] = any(depends.get(name) for name in _value_names(spec))
-    return depends
-
-
-def _reaching_outputs(specs, outputs: Tuple[str, ...]) -> Set[str]:
-    """Defined names some output depends on (the outputs included)."""
-    needed = set(outputs)
-    for spec in reversed(specs):
-        if spec.output in needed:
-            needed |= set(_value_names(spec))
-    return needed
-
-
-def _value_names(spec) -> Tuple[str, ...]:
-    """The names a statement reads as values (tensors and scalar parameters; index
-    arrays carry no gradient)."""
-    return tuple(dict.fromkeys([t.name for t in spec.tensors if t.as_value] +
-                               list(spec.params)))
-
-
-def _gradient_prefix(specs) -> str:
-    """``d``, or ``dd``... so that no gradient name is a name of the program."""
-    names: Set[str] = set()
-    for spec in specs:
-        names |= used_names(spec)
-    prefix = "d"
-    while any(prefix + name in names for name in names):
-        prefix += "d"
-    return prefix
-
-
-def _options_for(options: Dict[str, object], spec) -> Dict[str, object]:
-    """The program's options for one statement: ranges= entries of its own indices."""
-    own = dict(options)
-    if "ranges" in own and own["ranges"]:
-        own["ranges"] = {k: v for k, v in dict(own["ranges"]).items()
-                         if k in spec.all_indices}
-    return own
 
 
 __all__ = ["ProgramGradient", "GradientStep", "derive_program"]

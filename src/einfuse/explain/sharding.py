@@ -5,28 +5,22 @@ modelled cost, and the alternatives side by side with the cheapest named."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import List, Sequence
+from typing import List, Optional, Sequence
 
-from .api import Choice
-from .cost import CostModel, plan_cost, seconds_text
-from .layout import MoveKind
-from .planner import ShardPlan, StatementPlan
+from ..analysis.cost import bytes_text, count_text
+from ..analysis.placeholders import program_placeholders, statement_placeholders
+from ..errors import EinfuseError, OptionError, attach_statement
+from ..program import Program
+from ..sharding.api import Choice, check_options, choose, shape_values, statements_of
+from ..sharding.cost import CostModel, plan_cost, seconds_text
+from ..sharding.layout import MoveKind
+from ..sharding.planner import ShardPlan, StatementPlan
 
 ALTERNATIVES_SHOWN = 6
 
 
 def _shape(shape) -> str:
     return "x".join(str(s) for s in shape) or "()"
-
-
-def _count(n: int) -> str:
-    from ..explain import _count as count
-    return count(n)
-
-
-def _bytes(n: int) -> str:
-    from ..explain import _bytes as nbytes
-    return nbytes(n)
 
 
 def collectives_text(plan: ShardPlan) -> str:
@@ -86,9 +80,9 @@ class ShardingExplanation:
                 out.append(f"  * collective {number}: {step.kind.value}{op} of {step.tensor} "
                            f"over {'*'.join(step.mesh_axes)} ({step.group} devices): "
                            f"operand {plan.tensor(step.tensor).dtype} "
-                           f"{_shape(step.operand_shape)} ({_bytes(step.operand_bytes)}) -> "
+                           f"{_shape(step.operand_shape)} ({bytes_text(step.operand_bytes)}) -> "
                            f"{_shape(step.result_shape)}; each device sends "
-                           f"{_bytes(step.bytes_sent)}   [{step.reason}]")
+                           f"{bytes_text(step.bytes_sent)}   [{step.reason}]")
         out += ["", "Results"]
         for name, place in plan.outputs:
             shape = plan.tensor(name).shape
@@ -97,10 +91,10 @@ class ShardingExplanation:
         cost = plan_cost(plan, self.model)
         whole = sum(s.flops for s in plan.statements)
         out += ["", "Per device",
-                f"  FLOPs        {_count(plan.local_flops)} (one device alone: "
-                f"{_count(whole)})",
+                f"  FLOPs        {count_text(plan.local_flops)} (one device alone: "
+                f"{count_text(whole)})",
                 f"  collectives  {collectives_text(plan)}",
-                f"  bytes sent   {_bytes(plan.bytes_sent)}",
+                f"  bytes sent   {bytes_text(plan.bytes_sent)}",
                 f"  model        {seconds_text(cost.compute_seconds)} compute + "
                 f"{seconds_text(cost.communication_seconds)} communication = "
                 f"{seconds_text(cost.seconds)}"]
@@ -129,8 +123,8 @@ class ShardingExplanation:
         lines = [f"  {step.number}. {step.text.strip()}"]
         split = str(step.split) if step.split.pairs else "nothing (every device computes " \
                                                           "all of it)"
-        lines.append(f"     splits {split}; FLOPs per device {_count(step.local_flops)} "
-                     f"of {_count(step.flops)}")
+        lines.append(f"     splits {split}; FLOPs per device {count_text(step.local_flops)} "
+                     f"of {count_text(step.flops)}")
         reads = ", ".join(f"{n} {_shape(p.local_shape(self.plan.tensor(n).shape, mesh))}"
                           for n, p in step.reads)
         lines.append(f"     reads {reads or 'nothing'}; writes {step.output} "
@@ -156,8 +150,8 @@ class ShardingExplanation:
             label = str(plan.assignment) if plan.assignment.pairs else "nothing sharded"
             if plan is self.plan:
                 label += "  (this plan)"
-            rows.append([label, _count(plan.local_flops), collectives_text(plan),
-                         _bytes(plan.bytes_sent), _bytes(plan.input_bytes),
+            rows.append([label, count_text(plan.local_flops), collectives_text(plan),
+                         bytes_text(plan.bytes_sent), bytes_text(plan.input_bytes),
                          seconds_text(plan_cost(plan, self.model).seconds)])
         return rows
 
@@ -165,3 +159,56 @@ class ShardingExplanation:
 def _table(rows) -> List[str]:
     widths = [max(len(r[c]) for r in rows) for c in range(len(rows[0]))]
     return ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in rows]
+
+
+def explain_sharded(compiled, args, arrays, shapes, mesh, shard, cost_model=None,
+                    extras=False):
+    """``ef.explain`` with ``mesh=``; ``extras``: gradients= or source= was asked for,
+    which the sharded explanation does not show."""
+    if extras:
+        source = getattr(compiled, "source", None)
+        raise attach_statement(OptionError(
+            "explain with mesh= shows the plan on the mesh, not gradients= or source=; "
+            "ask for those without mesh="), source if isinstance(source, str)
+            else compiled.statement)
+    return _explain(compiled, args, arrays, shapes, mesh, shard, cost_model)
+
+
+def _explain(compiled, args, arrays, shapes, mesh, shard,
+             cost_model: Optional[CostModel]):
+    """``ef.explain(..., mesh=, shard=)``."""
+    mesh_info = check_options(mesh, shard)
+    model = _model(cost_model)
+    program = statements_of(compiled)
+    values = dict(zip(program.inputs, args))
+    values.update(arrays.pop("arrays", None) or {})
+    values.update(arrays)
+    if shapes:
+        values = {**_placeholders(compiled, shapes), **values}
+    if not values and program.inputs:
+        raise attach_statement(OptionError(
+            "explain with mesh= needs the arrays or shapes= (per-device shapes, FLOPs and "
+            "collectives depend on them)"), program.source)
+    for name in program.params:
+        values.setdefault(name, 1.0)
+    choice = choose(program, shape_values(values), mesh_info, shard, model)
+    return ShardingExplanation(program.texts, choice, model)
+
+
+def _model(cost_model) -> CostModel:
+    if cost_model is None:
+        return CostModel()
+    if not isinstance(cost_model, CostModel):
+        raise OptionError(f"cost_model= takes an einfuse.sharding.CostModel, not "
+                          f"{type(cost_model).__name__}")
+    return cost_model
+
+
+def _placeholders(compiled, shapes) -> dict:
+    try:
+        if isinstance(compiled, Program):
+            return program_placeholders(compiled, shapes)
+        return statement_placeholders(compiled.spec, shapes)
+    except EinfuseError as error:
+        source = compiled.source if isinstance(compiled, Program) else compiled.statement
+        raise attach_statement(error, source) from None

@@ -39,8 +39,10 @@ import numpy as np
 import torch
 
 from ..analysis.options import Options
-from ..errors import EinfuseError, EinfuseTypeError, UnexpectedArgumentError, \
-    attach_statement
+from ..runtime.kernel import Kernel
+from .compile import compile_source
+from .program import Program
+from ..errors import EinfuseError, EinfuseTypeError, UnexpectedArgumentError, attach_statement
 from ..analysis.frameworks import contiguous, numpy_dtype, to_numpy, torch_stand_in
 
 _LOCK = threading.Lock()
@@ -62,8 +64,7 @@ def _compiled_key(source: str, options, outputs) -> Tuple[str, Tuple[str, ...]]:
     with _LOCK:
         key = _KEYS.get(identity)
         if key is None:
-            from .kernel import compile as ef_compile
-            compiled = ef_compile(source, outputs=outputs,
+            compiled = compile_source(source, outputs=outputs,
                                   **dict(zip(_OPTION_NAMES, options)))
             _refuse_writes(compiled)
             key = f"einfuse-{len(_KEYS)}"
@@ -93,8 +94,6 @@ def _object_key(ident: int) -> Tuple[str, Tuple[str, ...]]:
 def _find_by_id(ident: int):
     """The live Kernel or Program of this ``id()``: the garbage collector lists every
     object with attributes, once per object first traced (a trace takes far longer)."""
-    from ..program.program import Program
-    from .kernel import Kernel
     for candidate in gc.get_objects():
         if id(candidate) == ident and isinstance(candidate, (Kernel, Program)):
             _BY_ID[ident] = candidate
@@ -358,7 +357,7 @@ def _run_backward_fake(key, names, tensors, scalars, grads, wanted):
 
 
 def _gradients(compiled, values, grads, wanted, by_name) -> Dict[str, object]:
-    from . import gradients
+    from ..runtime import gradients
     if not _is_program(compiled):     # one statement
         grad = grads[0]
         if grad is None:
@@ -387,7 +386,7 @@ def _derived(source: str, wrt: str, ranges, pad, bounds, fill, outputs: Tuple[st
     """The gradient program, derived once per program, input and options (a backward
     under torch.compile runs on every step); ``negative_zeros`` keys pad=-0.0 and
     fill=-0.0 apart from 0.0, which compare equal."""
-    from ..autodiff.program import derive_program
+    from .gradient import derive_program
     options = {"bounds": bounds, "fill": fill}
     if ranges:
         options["ranges"] = {name: range(lo, hi) for name, (lo, hi) in ranges}

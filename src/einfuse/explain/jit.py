@@ -4,11 +4,11 @@ and each jaxpr equation mapped to the statement that holds it."""
 
 from __future__ import annotations
 
-import math
 from typing import List
 
-from .jaxpr_ir import (Apply, Assign, Branch, Cast, Const, Index, JitProgram, Loop, LoopKind,
-                       Node, Read, ScatterAdd, Select)
+from ..ir.jit_cost import step_flops
+from ..ir.jit import (Apply, Assign, Branch, Cast, Const, Index, JitProgram, Loop, LoopKind, Node,
+                      Read, ScatterAdd, Select)
 
 _INFIX = {"add": "+", "sub": "-", "mul": "*", "div": "/", "lt": "<", "le": "<=", "gt": ">",
           "ge": ">=", "eq": "==", "ne": "!=", "and": "&", "or": "|", "idiv": "//",
@@ -41,18 +41,6 @@ def node_text(node: Node) -> str:
     return "?"
 
 
-def _operations(node: Node) -> int:
-    if isinstance(node, (Apply, Select, Cast)):
-        children = node.args if isinstance(node, Apply) else (
-            (node.which,) + node.cases if isinstance(node, Select) else (node.arg,))
-        own = 0 if isinstance(node, Apply) and node.dtype.value[0] == "int64" and \
-            node.op in ("add", "mul", "idiv", "imod", "min", "max") else 1
-        return own + sum(_operations(c) for c in children)
-    if isinstance(node, Read):
-        return sum(_operations(s) for s in node.subscripts)
-    return 0
-
-
 def _statement(step: Assign) -> str:
     prefix = [node_text(p) for p in step.prefix]
     target = f"{step.buffer}[{', '.join(prefix + [n for n, _ in step.indices])}]"
@@ -60,14 +48,6 @@ def _statement(step: Assign) -> str:
         return f"{target} := {node_text(step.value)}"
     reduced = ", ".join(n for n, _ in step.reduction.indices)
     return f"{target} := {step.reduction.op.value}[{reduced}]({node_text(step.reduction.body)})"
-
-
-def _flops(step: Assign) -> int:
-    points = math.prod(e for _, e in step.indices)
-    if step.reduction is None:
-        return points * _operations(step.value)
-    return points * math.prod(e for _, e in step.reduction.indices) * \
-        (_operations(step.reduction.body) + 1)
 
 
 class _Walker:
@@ -81,7 +61,7 @@ class _Walker:
         pad = "  " * depth
         for step in steps:
             if isinstance(step, Assign):
-                flops = _flops(step)
+                flops = step_flops(step)
                 self.total += flops * repeat
                 self.lines.append(f"{pad}{_statement(step)}")
                 if step.origin:
@@ -197,11 +177,34 @@ def is_jax_function(candidate) -> bool:
 
 
 def explain_function(fn, args, kwargs) -> str:
+    # (JAX is imported only to explain a JAX function)
     from ..runtime.jit import JitFunction
+    from ..runtime.jit_split import SplitFunction
     jitted = fn if isinstance(fn, JitFunction) else JitFunction(fn)
     compiled = jitted.compiled(*args, **kwargs)
-    if hasattr(compiled, "explain"):       # split by fallback=True
-        return compiled.explain()
+    if isinstance(compiled, SplitFunction):       # split by fallback=True
+        return explain_split(compiled)
     from ..runtime.jit_ffi import route_lines
     return "\n".join([explain_program(compiled.program, getattr(jitted.fn, "__name__", "fn")),
                       "", *route_lines(compiled)])
+
+
+def explain_split(split) -> str:
+    """The explanation of an ``ef.jit(fallback=True)`` function split into parts."""
+    from ..runtime.jit_ffi import route_lines
+    lines = [f"ef.jit(fallback=True) of {split.name}: split into {len(split.parts)} parts "
+             f"({sum(p.compiled is not None for p in split.parts)} einfuse kernels, "
+             f"{sum(p.compiled is None for p in split.parts)} run by JAX)"]
+    for number, part in enumerate(split.parts, 1):
+        lines.append("")
+        if part.compiled is not None:
+            lines.append(f"Part {number}: einfuse kernel")
+            lines += ["  " + line for line in
+                      explain_program(part.compiled.program, f"part {number}").split("\n")
+                      + [""] + route_lines(part.compiled)]
+        else:
+            lines.append(f"Part {number}: run by JAX (the split falls here)")
+            lines += [f"  {text}" for text in part.equations]
+            if part.why:
+                lines.append(f"  because: {part.why.split(';')[0]}")
+    return "\n".join(lines)

@@ -10,14 +10,11 @@ from typing import Dict, List, Optional, Tuple
 
 import numpy as np
 
+from ..analysis.cost import bytes_text, count_text
+from ..analysis.placeholders import program_placeholder, program_placeholders
 from ..errors import EinfuseError, ShapeError, attach_statement
 from ..schedule.fusion import FusionGroup
-from .program import Program
-
-# Placeholder arrays (never read) up to this size are real allocations; larger ones are
-# broadcast views of one zero, so explaining a huge program allocates nothing.
-_REAL_BYTES = 1 << 24
-
+from ..program.program import Program
 
 @dataclass(frozen=True)
 class Materialised:
@@ -58,7 +55,6 @@ class ProgramExplanation:
         return _total(p.bytes_written for p in self.parts)
 
     def _kernel_lines(self, n: int) -> List[str]:
-        from ..explain import _bytes
         groups = self.groups or [FusionGroup((i,)) for i in range(n)]
         out = [f"  {len(groups)} kernel{'s' if len(groups) != 1 else ''}, in order "
                "(NumPy arrays and CPU torch tensors on the C backend, the backward under "
@@ -92,8 +88,8 @@ class ProgramExplanation:
                            "whole):")
                 for m in rows:
                     out.append(f"    {m.name}  {m.dtype} {'x'.join(map(str, m.shape))}  "
-                               f"{_bytes(m.row_bytes)} per thread instead of "
-                               f"{_bytes(m.nbytes)}")
+                               f"{bytes_text(m.row_bytes)} per thread instead of "
+                               f"{bytes_text(m.nbytes)}")
             if memory:
                 out.append("  materialised intermediates (written to memory; inside a fused "
                            "kernel each row is read back from cache right after it is "
@@ -101,13 +97,12 @@ class ProgramExplanation:
                 for m in memory:
                     readers = ", ".join(str(r) for r in m.readers)
                     out.append(f"    {m.name}  {m.dtype} {'x'.join(map(str, m.shape)) or '()'}"
-                               f"  {_bytes(m.nbytes)}  read by statement {readers}")
+                               f"  {bytes_text(m.nbytes)}  read by statement {readers}")
             elif not rows:
                 out.append("  no intermediate is materialised")
         return out
 
     def __str__(self) -> str:
-        from ..explain import _bytes, _count
         n = len(self.statements)
         out = [f"Program of {n} statement{'s' if n != 1 else ''}"]
         out += [f"  {i}. {text}" for i, text in enumerate(self.statements, 1)]
@@ -118,10 +113,10 @@ class ProgramExplanation:
             out += self._kernel_lines(n)
         if self.flops is not None:
             out += ["", "Cost (the whole program)",
-                    f"  FLOPs                 {_count(self.flops)}",
-                    f"  bytes read            {_bytes(self.bytes_read)} (each statement's "
+                    f"  FLOPs                 {count_text(self.flops)}",
+                    f"  bytes read            {bytes_text(self.bytes_read)} (each statement's "
                     "inputs once)",
-                    f"  bytes written         {_bytes(self.bytes_written)}"]
+                    f"  bytes written         {bytes_text(self.bytes_written)}"]
         for i, part in enumerate(self.parts, 1):
             out += ["", f"-- statement {i} " + "-" * 60]
             out += str(part).splitlines()
@@ -135,13 +130,6 @@ def _total(values) -> Optional[int]:
     return None if any(v is None for v in values) else int(sum(values))
 
 
-def _placeholder(shape, dtype) -> np.ndarray:
-    shape, dtype = tuple(int(s) for s in shape), np.dtype(dtype)
-    if int(np.prod(shape, dtype=np.int64)) * dtype.itemsize <= _REAL_BYTES:
-        return np.zeros(shape, dtype)
-    return np.broadcast_to(np.zeros((), dtype), shape)
-
-
 def _in_framework_of(values: Dict[str, object]):
     """(the inputs' framework, how an intermediate's placeholder is made from its shape
     and dtype name): NumPy arrays for NumPy, torch's as a zero-strided tensor on the
@@ -152,31 +140,11 @@ def _in_framework_of(values: Dict[str, object]):
     framework = common_framework({k: v for k, v in values.items()
                                   if not isinstance(v, numbers.Number)})
     if framework != TORCH:
-        return framework, _placeholder
+        return framework, program_placeholder
     import torch
     device = next(v.device for v in values.values() if isinstance(v, torch.Tensor))
     return framework, lambda shape, dtype: tensor_placeholder(shape, getattr(torch, dtype),
                                                               device)
-
-
-def _input_placeholders(program: Program, shapes) -> Dict[str, np.ndarray]:
-    """shapes= as arrays: int64 for names some statement uses as an index array or
-    computes an index array from (``J[b] := idx[b] + 1`` before ``T[J[b], d]``), float32
-    otherwise."""
-    from ..explain import checked_shape
-    index_names = {t.name for s in program.statements for t in s.kernel.spec.tensors
-                   if t.as_index}
-    for statement in reversed(program.statements):   # a definition precedes its reads
-        if statement.assign == ":=" and statement.output in index_names:
-            index_names |= {t.name for t in statement.kernel.spec.tensors}
-    values = {}
-    for name, shape in shapes.items():
-        if name not in program.inputs:
-            raise ShapeError(f"shapes= names {name!r}, which is not an input of the program "
-                             f"(its inputs are {', '.join(program.inputs)})")
-        dtype = np.dtype(np.int64 if name in index_names else np.float32)
-        values[name] = _placeholder(checked_shape(name, shape, dtype.itemsize), dtype)
-    return values
 
 
 def _add_source(part, kernel, given, position: int, groups) -> None:
@@ -200,7 +168,7 @@ def _add_source(part, kernel, given, position: int, groups) -> None:
                           f"fused kernel of statements {others}; that kernel's merged "
                           "source is not shown")
         return
-    from ..explain import kernel_source
+    from .statement import kernel_source
     part.source = kernel_source(kernel, (), given, part.notes)
 
 
@@ -209,14 +177,14 @@ def explain_program(program: Program, args, arrays, shapes, gradients: bool,
     """Each statement explained with the shapes and dtypes its inputs have when the
     program runs (intermediates as placeholders of their inferred shapes); with
     ``source``, the generated source of each statement that runs as its own kernel."""
-    from ..explain import delivered_dtype, dtype_itemsize, explain_kernel
+    from .statement import delivered_dtype, dtype_itemsize, explain_kernel
     texts = [s.source.text for s in program.statements]
     values = dict(zip(program.inputs, args))
     values.update(arrays.pop("arrays", None) or {})
     values.update(arrays)
     try:
         if shapes:
-            values = {**_input_placeholders(program, shapes), **values}
+            values = {**program_placeholders(program, shapes), **values}
         if values:   # the names a call would take: none missing, none unknown
             program._named((), values, None)
     except EinfuseError as error:

@@ -11,10 +11,11 @@ from typing import Dict, List, Optional, Tuple
 import numpy as np
 
 from ..autodiff.cse import share
-from ..autodiff.reference import text_kernel
+from .gradient_reference import text_kernel
 from ..errors import EinfuseError
 from ..lang.parser import parse
 from ..lang.printer import format_statement
+from .kernel import compile_statement
 
 
 @dataclass(frozen=True)
@@ -49,7 +50,6 @@ def shared_kernels(entries: List[Entry], shapes: Dict[str, object], backend: str
 
 
 def _compiled(entries, rewritable, statements, rewritten, shares, shapes, backend):
-    from ..runtime.kernel import compile as ef_compile
     # map each rewritten statement back to its entry (temporaries have none)
     origin: List[Optional[int]] = []
     pending = list(zip(rewritable, statements))
@@ -64,7 +64,7 @@ def _compiled(entries, rewritable, statements, rewritten, shares, shapes, backen
         if origin[position] is None:          # a new temporary: ranges from its arrays
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
-                kernel = ef_compile(format_statement(statement), backend=backend)
+                kernel = compile_statement(format_statement(statement), backend=backend)
                 call = kernel.bind(arrays={n: shapes[n] for n in kernel.spec.arg_order})
             shapes[statement.output] = np.broadcast_to(np.zeros((), call.dtypes.result),
                                                        call.output_shape)

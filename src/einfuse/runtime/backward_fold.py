@@ -33,16 +33,17 @@ from typing import Dict, FrozenSet, List, Mapping, Optional, Sequence, Set, Tupl
 
 import numpy as np
 
-from ..lang.ast import Access, Call, Expr, IndexExpr, Param, Reduce, Statement, accesses, \
-    expression_size, map_children, sum_tree
+from ..lang.ast import (Access, Call, Expr, IndexExpr, Param, Reduce, Statement, accesses,
+                        expression_size, map_children, sum_tree)
 from ..lang.parser import parse
 from ..lang.printer import format_statement
 from ..lang.sugar import rename_indices
 from ..rewrite.hoist import free_indices
-from .algebra import Algebra, Definition, Poly, Term, TooLarge, definition_of, merge
-from .cse import EXPENSIVE
-from .derive import GradientStatement
+from ..autodiff.algebra import Algebra, Definition, Poly, Term, TooLarge, definition_of, merge
+from ..autodiff.cse import EXPENSIVE
+from ..autodiff.derive import GradientStatement
 from ..analysis.spec import spec_of
+from .gradient_reference import resolve_options
 
 
 @dataclass(frozen=True)
@@ -402,7 +403,7 @@ def exact_ranges(step: Combined, shapes: Mapping[str, object]) -> Optional[Dict[
     from ..errors import EinfuseError
     for g in step.parts:
         try:
-            ranges = g.resolve_options(shapes)["ranges"]
+            ranges = resolve_options(g, shapes)["ranges"]
         except (EinfuseError, KeyError):
             return None
         if g.wrt not in shapes or \

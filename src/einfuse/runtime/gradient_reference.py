@@ -15,10 +15,10 @@ from ..errors import OutOfBoundsError, RangeError, ShapeError
 from ..lang.ast import IndexExpr, Param, accesses
 from ..lang.parser import parse
 from ..analysis.frameworks import JAX, TORCH, framework_of, placeholder
-from ..runtime.kernel import compile as ef_compile
-from .derive import AxisOf, ExtentOf, GradientStatement, NoGradientError, RangeOf
-from .attribution import gradient_errors
-from .rebase import output_indices, output_starts, rebased
+from .kernel import compile_statement
+from ..autodiff.derive import AxisOf, ExtentOf, GradientStatement, NoGradientError, RangeOf
+from ..autodiff.attribution import gradient_errors
+from ..autodiff.rebase import output_indices, output_starts, rebased
 from .strided_scatter import add_strided
 
 _PASSED = ("ranges", "pad", "bounds", "fill")
@@ -67,12 +67,12 @@ def _range_names(g: GradientStatement) -> tuple:
 
 def _bind_forward_ranges(g: GradientStatement, arrays: Mapping[str, object]):
     if g.parent is not None:
-        options = g.parent.resolve_options(arrays)
+        options = resolve_options(g.parent, arrays)
     else:
         options = {k: v for k, v in g.forward_options.items() if k in _PASSED}
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        kernel = ef_compile(g.forward, backend="numpy", **options)
+        kernel = compile_statement(g.forward, backend="numpy", **options)
     spec = kernel.spec
     # ranges depend on shapes alone: bind placeholders (the arrays may be on a GPU, or
     # traced under jax.jit)
@@ -189,7 +189,7 @@ def statements_to_run(grads: Iterable[GradientStatement],
                 again = rebased(g, starts)
             chosen.extend(statements_to_run(again, arrays))
         else:
-            chosen.extend(g.fallback if g.fallback and not g.covers(arrays) else [g])
+            chosen.extend(g.fallback if g.fallback and not covers(g, arrays) else [g])
     return chosen
 
 
@@ -199,9 +199,6 @@ def run_reference(grads: Iterable[GradientStatement], arrays: Mapping[str, objec
     Returns {target: gradient}; gathers run with ``ef.ein``, scatters add with
     ``np.add.at``.  When dOUT is a torch tensor, everything stays torch tensors on its
     device (a GPU backward never visits the host): scatters add with ``index_put_``."""
-    from .program import ProgramGradient
-    if isinstance(grads, ProgramGradient):
-        return {grads.result: grads.run(arrays, backend=backend)}
     out: Dict[str, object] = {}
     grads = list(grads)
     ops = _ops_for(arrays[grads[0].output_grad]) if grads else _NumpyOps()
@@ -213,7 +210,7 @@ def run_reference(grads: Iterable[GradientStatement], arrays: Mapping[str, objec
 
 def _run_one(ops, g: GradientStatement, arrays, out, backend: str) -> None:
     """Add what gradient statement ``g`` computes into ``out[g.target]``."""
-    options = g.resolve_options(arrays)
+    options = resolve_options(g, arrays)
     args = {n: arrays[n] for n in g.inputs}
     # arrays= keys the kernel's fast path: a training loop's backward is then a
     # lookup and a kernel call per gradient statement
@@ -231,7 +228,7 @@ def _run_one(ops, g: GradientStatement, arrays, out, backend: str) -> None:
 
 def gradient_kernel(g: GradientStatement, arrays: Mapping[str, object], backend: str):
     """The compiled kernel running gather statement ``g`` for arrays like these."""
-    return _gradient_kernel(g.text, backend, _options_key(g.resolve_options(arrays)))
+    return _gradient_kernel(g.text, backend, _options_key(resolve_options(g, arrays)))
 
 
 def text_kernel(text: str, options: Mapping[str, object], backend: str):
@@ -260,7 +257,7 @@ def _compiled_gradient_kernel(text: str, backend: str, key, signs):
                for k, v in key}
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        return ef_compile(text, backend=backend, **options)
+        return compile_statement(text, backend=backend, **options)
 
 
 def _ops_for(output_grad):
