@@ -24,8 +24,8 @@ def without_pass(monkeypatch, name: str, run):
         patch.setattr(fuse, name, lambda body, loop: fuse_sums.MergedSums(tuple(body), ()))
         fresh_runs(patch)
         built = []
-        compiled = c_fused._compiled
-        patch.setattr(c_fused, "_compiled", lambda *a: built.append(1) or compiled(*a))
+        compiled = c_fused.compiled_for
+        patch.setattr(c_fused, "compiled_for", lambda *a: built.append(1) or compiled(*a))
         result = run()
         assert built        # a kernel without the pass ran
         return result

@@ -104,12 +104,12 @@ def test_torch_callers_get_tensors_without_a_host_round_trip():
 
 def test_auto_picks_triton_for_cuda_tensors():
     from types import SimpleNamespace
-    from einfuse.runtime.kernel import _backend_name
+    from einfuse.schedule.route import backend_name
     cuda = SimpleNamespace(framework="torch", sources={"A": SimpleNamespace(is_cuda=True)})
     cpu = SimpleNamespace(framework="torch", sources={"A": SimpleNamespace(is_cuda=False)})
-    assert _backend_name("auto", cuda) == "triton"
-    assert _backend_name("auto", cpu) == "auto"
-    assert _backend_name("c", cuda) == "c"
+    assert backend_name("auto", cuda) == "triton"
+    assert backend_name("auto", cpu) == "auto"
+    assert backend_name("c", cuda) == "c"
 
 
 # -- device residency: nothing of a torch caller's goes through NumPy -----------------------

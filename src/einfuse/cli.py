@@ -158,7 +158,7 @@ def _cache(action: str) -> int:
 
 
 def _explain(args) -> int:
-    from .explain.statement import explain
+    from .api import explain
     shapes: Dict[str, Tuple[int, ...]] = dict(args.shape)
     ranges = dict(args.range) or None
     params = dict(args.param)
@@ -182,7 +182,7 @@ def _parameters(params: Dict[str, float], shapes: bool) -> Dict[str, object]:
     explain() values every parameter itself (placeholders), so such a name is left to it
     rather than given twice."""
     import inspect
-    from .explain.statement import explain
+    from .api import explain
     keywords = set(inspect.signature(explain).parameters)
     plain = {name: value for name, value in params.items() if name not in keywords}
     clashing = {name: value for name, value in params.items() if name in keywords}

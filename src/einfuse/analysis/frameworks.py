@@ -201,3 +201,11 @@ def from_numpy(array: np.ndarray, framework: str, like=None):
         import jax.numpy as jnp
         return jnp.asarray(array)
     return array
+
+
+def torch_recording() -> bool:
+    """Whether autograd records what runs now: grad mode on, and not inside
+    ``torch.inference_mode`` (where ``torch.enable_grad()`` turns grad mode on but
+    torch's own operations still record nothing and give inference tensors)."""
+    import torch     # (called only where torch tensors are in play)
+    return torch.is_grad_enabled() and not torch.is_inference_mode_enabled()

@@ -27,7 +27,8 @@ import numpy as np
 from ..lang.ast import Access, Expr, IndexExpr, map_children
 from ..lang.printer import format_statement
 from ..lang.rewrite import names_in
-from ..rewrite.hoist import canonical, free_indices
+from ..lang.rewrite import free_indices
+from ..rewrite.hoist import canonical
 from ..analysis.spec import spec_of
 
 

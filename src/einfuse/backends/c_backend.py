@@ -194,7 +194,7 @@ class CBackend:
         if c_build.find_compiler() is None:
             raise BackendError("backend='c' needs a C compiler with OpenMP support (cc, gcc "
                                "or clang on PATH, or CC=...); use backend='numpy'")
-        contraction = _blas_contraction(call)
+        contraction = blas_contraction(call)
         if contraction is not None:
             return run_contraction(contraction, call)
         found = contraction_addend(call)
@@ -236,7 +236,7 @@ class CBackend:
     @staticmethod
     def source(call) -> str:
         """The C source this call's kernel is compiled from."""
-        contraction = _blas_contraction(call)
+        contraction = blas_contraction(call)
         contraction = contraction or contraction_addend(call)
         if contraction is not None:
             return f"/* no generated source: {contraction.describe()} (numpy.matmul) */"
@@ -248,7 +248,7 @@ class CBackend:
     def built(call) -> Optional[bool]:
         """Is this call's C kernel compiled already (in this process or in the disk
         cache)?  None when no kernel is generated (a BLAS contraction)."""
-        if _blas_contraction(call) is not None or contraction_addend(call) is not None:
+        if blas_contraction(call) is not None or contraction_addend(call) is not None:
             return None
         buffers = _buffers(call) + [np.empty(call.output_shape, dtype=output_dtype(call))]
         plan = _plan(call, _run_layouts(call, buffers))
@@ -256,7 +256,7 @@ class CBackend:
 
     @staticmethod
     def strategy(call) -> str:
-        contraction = _blas_contraction(call) or contraction_addend(call)
+        contraction = blas_contraction(call) or contraction_addend(call)
         if contraction is not None:
             return f"{contraction.describe()} ({blas_library(contraction, call)}), after the " \
                 "needed transposes"
@@ -283,7 +283,7 @@ class CBackend:
 def _loop_nest(call):
     """The compiled kernel as pseudo-code with the statement's names and sizes, or None
     for a BLAS contraction."""
-    if _blas_contraction(call) is not None or contraction_addend(call) is not None:
+    if blas_contraction(call) is not None or contraction_addend(call) is not None:
         return None
     from .pseudo_render import render_pseudo
     plan = _plan(call, _explained_layouts(call)[0])
@@ -299,7 +299,7 @@ def _loop_nest(call):
                          call.spec.all_indices, plan.params, values)
 
 
-def _blas_contraction(call):
+def blas_contraction(call):
     """The contraction to hand to BLAS, when the statement is one (and pad= is off)."""
     if call.options.pad is not None or call.dtypes.working.kind != "f":
         return None

@@ -4,7 +4,7 @@ their arguments: only the NumPy steps that change something (a transpose, a wind
 dtype conversion) and then one matmul, or one ``addmm`` where a term is added.
 
 Whose BLAS: NumPy's by default.  For torch tensors the caller passes torch's (MKL) as
-its :class:`BlasRoute` (runtime/torch_blas.py) from :data:`TORCH_BLAS_WORK` multiply-adds
+its :class:`BlasRoute` (backends/torch_blas.py) from :data:`TORCH_BLAS_WORK` multiply-adds
 on: both libraries keep their worker threads spinning for a while after a call, so in a
 torch program NumPy's BLAS threads compete with torch's own for the cores during the
 next torch operations (and the other way round); at 2 threads that made a Linear
@@ -18,6 +18,7 @@ from typing import Callable, Mapping, Optional
 
 import numpy as np
 
+from .blas_route import NUMPY_BLAS, BlasRoute
 from ..plan.contraction import Contraction, PreparedContraction, prepare_contraction
 from ..plan.contraction_addend import ContractionAddend
 
@@ -26,25 +27,6 @@ Runner = Callable[[Mapping[str, np.ndarray]], np.ndarray]
 # From this many multiply-adds (m*n*k) a torch call's BLAS is torch's (see above):
 # OpenBLAS's own threshold for using more than the calling thread.
 TORCH_BLAS_WORK = 1 << 18
-
-
-def _numpy_addmm(addend: np.ndarray, left: np.ndarray, right: np.ndarray) -> np.ndarray:
-    product = np.matmul(left, right)
-    np.add(product, addend, out=product)
-    return product
-
-
-@dataclass(frozen=True)
-class BlasRoute:
-    """Whose BLAS computes products: ``matmul(a, b)`` as np.matmul, and ``addmm(c, a, b)``
-    = ``c + a @ b`` for 2-D ``a``, ``b`` and ``c`` broadcast to the product's shape; both
-    give fresh arrays."""
-    name: str
-    matmul: Callable[[np.ndarray, np.ndarray], np.ndarray]
-    addmm: Callable[[np.ndarray, np.ndarray, np.ndarray], np.ndarray]
-
-
-NUMPY_BLAS = BlasRoute("numpy", np.matmul, _numpy_addmm)
 
 
 def multiply_adds(contraction: Contraction, call) -> int:
@@ -62,7 +44,7 @@ def route_for(contraction: Contraction, call, torch_route: bool) -> BlasRoute:
     the working dtype is one torch's BLAS takes and the product is large enough."""
     if torch_route and call.dtypes.working in (np.float32, np.float64) and \
             multiply_adds(contraction, call) >= TORCH_BLAS_WORK:
-        from ..runtime.torch_blas import TORCH_BLAS
+        from .torch_blas import TORCH_BLAS
         return TORCH_BLAS
     return NUMPY_BLAS
 

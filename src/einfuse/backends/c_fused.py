@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import ctypes
 import threading
-from typing import Dict, FrozenSet, Optional, Sequence, Tuple
+from typing import Dict, FrozenSet, Optional, Tuple
 
 import numpy as np
 
@@ -21,7 +21,7 @@ from ..plan.fuse_columns import column_sum_dtype
 from ..plan.fuse_sums import GUARD_INT, guard_verdict
 from ..plan.expression_facts import divides
 from . import c_build, c_rows
-from .c_backend import _ARGTYPES, _blas_contraction, _buffers, _pack_for_lanes, _plan
+from .c_backend import _ARGTYPES, blas_contraction, _buffers, _pack_for_lanes, _plan
 from .c_render import render_c
 from .c_threads import (PARALLEL_MIN_WORK, default_threads, fixed_thread_count,
                         thread_count)
@@ -37,7 +37,7 @@ def available() -> bool:
 def prepare(kernel, call):
     """(plan, buffers, outer index) of a statement that can be a member of a group, or
     None: it must run on the C backend as one kernel that is a single parallel loop."""
-    contraction = _blas_contraction(call)
+    contraction = blas_contraction(call)
     # a product that sums nothing (A[i,j] * B[i,j], a[i] * B[i,j]) is elementwise
     if call.options.backend not in ("auto", "c") or call.spec.has_position_reductions or \
             contraction is not None and contraction.k:
@@ -63,7 +63,7 @@ def prepare(kernel, call):
 
 def is_contraction(call) -> bool:
     """Whether the C backend runs the statement as a BLAS contraction."""
-    contraction = _blas_contraction(call)
+    contraction = blas_contraction(call)
     return contraction is not None and bool(contraction.k)
 
 
@@ -75,14 +75,14 @@ def run(members, thread_rows: FrozenSet[int] = frozenset()) -> Optional[Dict[int
     may live as one row per thread: they are not delivered in their buffers."""
     rows_group = c_rows.match(members, thread_rows)
     if rows_group is not None:      # a softmax or layernorm: backends/c_rows.py
-        c_rows.run(rows_group, members, _threads(members, frozenset()))
+        c_rows.run(rows_group, members, threads_for(members, frozenset()))
         return {}
-    function, passed, thread_rows, guards = _compiled(members, thread_rows)
-    threads = _threads(members, thread_rows)
-    buffers, rows = _with_thread_rows(members, thread_rows, threads)
-    columns = _column_accumulators(members, thread_rows)
-    ints, doubles, integers, fills = _arguments(
-        members, buffers, _row_ints(members, rows, thread_rows, columns), guards)
+    function, passed, thread_rows, guards = compiled_for(members, thread_rows)
+    threads = threads_for(members, thread_rows)
+    buffers, rows = with_thread_rows(members, thread_rows, threads)
+    columns = column_accumulators_for(members, thread_rows)
+    ints, doubles, integers, fills = arguments_for(
+        members, buffers, row_ints_for(members, rows, thread_rows, columns), guards)
     arrays = [_passed_array(buffers, columns, k, slot) for k, slot in passed]
     pointers = (ctypes.c_void_p * len(arrays))(*[a.ctypes.data for a in arrays])
     error = ctypes.c_int32(0)
@@ -93,15 +93,7 @@ def run(members, thread_rows: FrozenSet[int] = frozenset()) -> Optional[Dict[int
     return {k: column_total(members[k], *pair) for k, pair in columns.items()}
 
 
-def prepared_runner(members, thread_rows: FrozenSet[int], sources: Sequence[object]):
-    """The group's run for repeated calls with the same layouts
-    (backends/c_fused_prepared.py), or None where its arguments could depend on the
-    data."""
-    from .c_fused_prepared import prepared_runner as prepared
-    return prepared(members, thread_rows, sources)
-
-
-def _compiled(members, thread_rows: FrozenSet[int]):
+def compiled_for(members, thread_rows: FrozenSet[int]):
     """(function, the buffers it takes as (member, slot), the members kept as rows,
     the guards of its merged producer/sum loops or None where it has none)."""
     kernels = tuple(m.plan.program.kernels[0] for m in members)
@@ -134,14 +126,14 @@ def _compiled(members, thread_rows: FrozenSet[int]):
     return found[0], found[1], thread_rows, found[2]
 
 
-def _threads(members, thread_rows) -> int:
+def threads_for(members, thread_rows) -> int:
     """The thread count for this call (backends/c_threads.py); per-thread rows need it
     known, so OpenMP's default becomes its number there."""
     count = thread_count(members[0].call.options.threads, _work(members))
     return default_threads() if count == 0 and thread_rows else count
 
 
-def _adaptive(members) -> bool:
+def is_adaptive(members) -> bool:
     """Whether the thread count is chosen per call (no threads=, enough work)."""
     return fixed_thread_count(members[0].call.options.threads, _work(members)) is None
 
@@ -150,7 +142,7 @@ def _work(members) -> int:
     return sum(member.call.bounds.points for member in members)
 
 
-def _with_thread_rows(members, thread_rows, threads: int):
+def with_thread_rows(members, thread_rows, threads: int):
     """Each member's buffers with the rows of ``thread_rows`` members as per-thread
     views (their output and every read of it), and those members' row lengths."""
     buffers = [list(m.buffers) for m in members]
@@ -172,7 +164,7 @@ def _uses(members, k):
                 yield j, slot
 
 
-def _arguments(members, buffers, rows, guards=None):
+def arguments_for(members, buffers, rows, guards=None):
     """The runtime ints (each member's, then the per-thread row lengths and, where the
     kernel has merged producer/sum loops, their guards' verdict), doubles, integer
     parameters and pad/fill values of the fused call."""
@@ -200,7 +192,7 @@ def _columns(members) -> FrozenSet[int]:
     return frozenset(k for k, m in enumerate(members) if m.column is not None)
 
 
-def _column_accumulators(members, thread_rows: FrozenSet[int]):
+def column_accumulators_for(members, thread_rows: FrozenSet[int]):
     """member -> (running sums, errors): zeroed, one row per slice of the rows each
     (plan/fuse_columns.py)."""
     # as long as the value row (the kernel steps from slice to slice by its length)
@@ -231,7 +223,7 @@ def _column_dtype(member) -> np.dtype:
     return np.dtype(column_sum_dtype(member.call.dtypes.working.name))
 
 
-def _row_ints(members, rows, thread_rows: FrozenSet[int], columns) -> list:
+def row_ints_for(members, rows, thread_rows: FrozenSet[int], columns) -> list:
     """The per-thread row lengths in the merged kernel's order: each member's row, and
     after a column member's the same length twice (its sums and errors); then, where
     there are column sums, the rows per slice."""

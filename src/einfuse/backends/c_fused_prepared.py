@@ -23,7 +23,8 @@ import numpy as np
 
 from ..errors import BackendError
 from ..plan.fuse import COLUMN_SUMS
-from . import c_call
+from . import c_call, c_fused, c_rows
+from .c_fused import column_total, thread_scratch
 from .c_rows import laid_out
 from .c_threads import default_threads, free_threads
 
@@ -35,26 +36,25 @@ def prepared_runner(members, thread_rows: FrozenSet[int], sources: Sequence[obje
     environment or None for a member's output.  The runner takes the environment,
     checks every array it reads has the layout seen here (False and nothing run when
     not) and stores the delivered members' outputs under ``keys``."""
-    from . import c_fused, c_rows
     if any(m.call.options.pad is not None or m.plan.params or
            any(t.as_index for t in m.kernel.spec.tensors) for m in members):
         return None
     rows_group = c_rows.match(members, thread_rows)
     if rows_group is not None:
-        return c_rows.prepared_runner(rows_group, members, c_fused._adaptive(members),
-                                      c_fused._threads(members, frozenset()))
-    function, passed, thread_rows, guards = c_fused._compiled(members, thread_rows)
+        return c_rows.prepared_runner(rows_group, members, c_fused.is_adaptive(members),
+                                      c_fused.threads_for(members, frozenset()))
+    function, passed, thread_rows, guards = c_fused.compiled_for(members, thread_rows)
     # chosen per call where adaptive (OpenMP's default when no core is busy), with
     # per-thread rows for as many threads as any call may take
-    adaptive = c_fused._adaptive(members)
+    adaptive = c_fused.is_adaptive(members)
     threads = (default_threads() if thread_rows else 0) if adaptive else \
-        c_fused._threads(members, thread_rows)
-    buffers, rows = c_fused._with_thread_rows(members, thread_rows, threads)
+        c_fused.threads_for(members, thread_rows)
+    buffers, rows = c_fused.with_thread_rows(members, thread_rows, threads)
     scratch = {k: (max(threads, 1), length) for k, length in zip(sorted(thread_rows), rows)}
-    columns = c_fused._column_accumulators(members, thread_rows)
+    columns = c_fused.column_accumulators_for(members, thread_rows)
     # the arguments depend on layouts only: computed once, kept alive with the runner
-    arguments = c_fused._arguments(members, buffers,
-                                   c_fused._row_ints(members, rows, thread_rows, columns),
+    arguments = c_fused.arguments_for(members, buffers,
+                                   c_fused.row_ints_for(members, rows, thread_rows, columns),
                                    guards)
     addresses = tuple(a.ctypes.data for a in arguments)
     working = members[0].call.dtypes.working
@@ -193,7 +193,6 @@ class _Scratch:
     and errors), the accumulators carved from one allocation."""
 
     def __init__(self, members, scratch, columns, threads: int, working):
-        from .c_fused import thread_scratch
         self.rows = {k: thread_scratch(*shape, working) for k, shape in scratch.items()}
         pairs = [(k, pair[0].shape, pair[0].dtype) for k, pair in columns.items()]
         dtype = pairs[0][2] if pairs else np.dtype(np.float64)
@@ -224,7 +223,6 @@ class _Scratch:
 def _column_total(member, sums: np.ndarray, errors: np.ndarray):
     """A function giving a column member's result from its accumulators (as
     c_fused.column_total, with the views and shapes found once)."""
-    from .c_fused import column_total
     shape = tuple(member.column.call.output_shape)
     size = int(np.prod(shape, dtype=np.int64))
     working = member.call.dtypes.working

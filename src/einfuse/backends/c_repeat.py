@@ -24,7 +24,7 @@ from ..plan import buffer_slots, call_arguments, unit_axis
 from ..plan.gathers import array_extremes, gather_spans, spans_in_range, unsigned_slots
 from ..analysis.frameworks import TORCH
 from . import c_call
-from .c_backend import _blas_contraction, _buffers, _pack_for_lanes, contraction_addend, \
+from .c_backend import blas_contraction, _buffers, _pack_for_lanes, contraction_addend, \
     kernel_functions, output_dtype
 from .c_blas import addend_runner, contraction_runner, route_for
 from .c_gather_rows import gather_rows_runner
@@ -148,7 +148,7 @@ def blas_runner(call, torch_route: bool) -> Optional[PreparedRunner]:
     term: backends/c_blas.py), as the backend's full path runs it; with ``torch_route``
     (a call on torch tensors) the products large enough run on torch's BLAS.  None for
     any other statement."""
-    contraction = _blas_contraction(call)
+    contraction = blas_contraction(call)
     if contraction is not None:
         return PreparedRunner(contraction_runner(
             contraction, call, route_for(contraction, call, torch_route)),

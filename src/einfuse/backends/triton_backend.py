@@ -185,7 +185,7 @@ def _input_tensors(call, device):
     return tensors
 
 
-def _result_dtype(call):
+def result_dtype(call):
     """The output's storage dtype: float16/bfloat16 results are stored as such (the
     kernel accumulates in float32 and converts once, at the store)."""
     import torch
@@ -383,7 +383,7 @@ class TritonBackend:
         import torch
         device = _kernel_device(call)
         tensors = _input_tensors(call, device)
-        result = torch.empty(call.output_shape, dtype=_result_dtype(call), device=device)
+        result = torch.empty(call.output_shape, dtype=result_dtype(call), device=device)
         if result.numel() == 0:
             return _returned(result, call)
         on_gpu = device.type == "cuda" and not interpreted()

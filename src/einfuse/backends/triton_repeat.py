@@ -53,7 +53,7 @@ def repeat_runner(call, final_dtype) -> Optional[Runner]:
                 not tensor.dtype.is_floating_point or tensor.requires_grad:
             return None
     tensors = [sources[name] for name in names]
-    result_dtype = tb._result_dtype(call)
+    result_dtype = tb.result_dtype(call)
     result = torch.empty(call.output_shape, dtype=result_dtype, device=device)
     if result.numel() == 0:
         return None

@@ -19,7 +19,7 @@ from typing import Dict, List, Tuple
 
 from .. import ir
 from ..ir import ReduceOp
-from ..schedule.row_groups import RowGroup, along_columns, grid_locals
+from ..plan.row_group import RowGroup, along_columns, grid_locals
 from .c_render import name
 from .triton_backend import _kernel_module, interpreted, launch_guard
 from .triton_elementwise import ELEMENTWISE_HELPERS, TARGET_HELPERS

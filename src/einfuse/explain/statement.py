@@ -265,8 +265,8 @@ def explain_kernel(kernel: Kernel, args, arrays, shapes, gradients: bool,
     written = int(np.prod(call.output_shape, dtype=np.int64)) * result_item
     if spec.assign == "+=":
         read += written
-    from ..runtime.kernel import _backend_name     # (CUDA tensors: Triton, as they run)
-    chosen = get_backend(_backend_name(kernel.options.backend, call))
+    from ..schedule.route import backend_name     # (CUDA tensors: Triton, as they run)
+    chosen = get_backend(backend_name(kernel.options.backend, call))
     form = kernel.hoisted_form
     hoisted = form.hoisted if form is not None and form.runs(call) else None
     lines = None

@@ -38,7 +38,7 @@ from ..lang.ast import (Access, Call, Expr, IndexExpr, Param, Reduce, Statement,
 from ..lang.parser import parse
 from ..lang.printer import format_statement
 from ..lang.sugar import rename_indices
-from ..rewrite.hoist import free_indices
+from ..lang.rewrite import free_indices
 from ..autodiff.algebra import Algebra, Definition, Poly, Term, TooLarge, definition_of, merge
 from ..autodiff.cse import EXPENSIVE
 from ..autodiff.derive import GradientStatement

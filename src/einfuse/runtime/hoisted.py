@@ -90,7 +90,7 @@ class HoistedForm:
     def run(self, kernels, named: Dict[str, object], framework: str):
         """The statement's result from its named arguments (and, for '='/'+=', the
         array it writes into), fused where schedule/fusion.py allows."""
-        from ..schedule import run_statements
+        from .run_groups import run_statements
         if framework == "torch":     # one autograd node for the hoisted statements
             from .program_autograd import recorded
             # (its forward computes a repeated exp once too, as for NumPy callers)

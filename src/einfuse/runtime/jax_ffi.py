@@ -30,7 +30,7 @@ import jaxlib
 import numpy as np
 
 from ..backends import c_build, get_backend
-from ..backends.c_backend import _blas_contraction, output_dtype
+from ..backends.c_backend import blas_contraction, output_dtype
 from ..backends.c_ffi_support import XLA_DTYPES
 from ..backends.c_threads import fixed_thread_count
 from ..errors import EinfuseError, attach_statement
@@ -140,7 +140,7 @@ def _canonical(dtype) -> np.dtype:
 def _route_for(statement, options, names, avals, x64):
     # x64 is only part of the cache key: the dtypes JAX can hold (_canonical) follow it
     from .jax_adapter import _kernel
-    from .kernel import _backend_name
+    from ..schedule.route import backend_name
     from ..analysis.result_size import check_result_size
     kernel = _kernel(statement, options)
     if options.backend not in ("auto", "c"):
@@ -150,7 +150,7 @@ def _route_for(statement, options, names, avals, x64):
     spec = kernel.spec
     call = kernel.bind(**{name: np.broadcast_to(np.zeros((), dtype), shape)
                           for name, (shape, dtype) in zip(names, avals)})
-    if get_backend(_backend_name(options.backend, call)).name != "c":
+    if get_backend(backend_name(options.backend, call)).name != "c":
         return _callback("the statement runs on another backend")
     working, out = call.dtypes.working, output_dtype(call)
     if working.name not in XLA_DTYPES or out.name not in XLA_DTYPES:
@@ -171,7 +171,7 @@ def _route_for(statement, options, names, avals, x64):
         arrival.append(dtype)
         casts.append(cast)
     check_result_size(call)
-    contraction = _blas_contraction(call)
+    contraction = blas_contraction(call)
     if contraction is not None and _canonical(working) == working:
         return CpuRoute(CpuRouteKind.DOT, "a contraction, which the C backend hands to "
                         "BLAS"), DotPlan(prepare_contraction(contraction, call), names)

@@ -35,7 +35,7 @@ from jax.interpreters import ad, batching, mlir
 from .backward import Backward, backward_program
 from ..errors import EinfuseError, GradientBlockedError
 from .program_backward import PLANS_KEPT, BackwardRun
-from ..schedule import run_statements
+from .run_groups import run_statements
 from ..analysis.frameworks import placeholder
 from .jax_adapter import unliteral
 

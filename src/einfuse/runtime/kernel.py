@@ -23,9 +23,10 @@ from ..lang.printer import format_statement
 from .attention import run_before_binding, run_fused_attention, statement_attention
 from ..analysis.binding import BoundCall, bind_call, bind_names
 from ..analysis.frameworks import (JAX, NUMPY, TORCH, common_framework, contiguous, framework_of,
-                                   from_numpy, numpy_dtype, torch_compiling)
+                                   from_numpy, numpy_dtype, torch_compiling, torch_recording)
 from .hoisted import HoistedForm, hoisted_form, run_hoisted
 from .tracing import traced_call
+from ..schedule.route import backend_name
 from .repeat import run_first, signature_of
 from ..analysis.result_size import check_result_size, too_large
 
@@ -139,7 +140,7 @@ class Kernel:
         grad = False
         if call.framework == TORCH:
             from . import torch_autograd
-            if torch_autograd.recording():
+            if torch_recording():
                 if self.spec.assign != ":=":
                     _refuse_unrecorded_write(self.spec, call, self.statement)
                 grad = bool(torch_autograd.differentiable_names(call))
@@ -161,12 +162,12 @@ class Kernel:
             # the first call of a signature runs as its repeats will (the same kernels,
             # BLAS and backward): the same bits, call after call (runtime/repeat.py)
             done, result = run_first(self, call, given,
-                                     _backend_name(self.options.backend, call))
+                                     backend_name(self.options.backend, call))
             if done:
                 return result
         if grad and self.spec.assign == ":=":
             result = torch_autograd.apply(self, call, lambda: self.run(call),
-                                          _backend_name(self.options.backend, call))
+                                          backend_name(self.options.backend, call))
             if given is not None:
                 self._prepare_repeat(call, given)
             return result
@@ -192,14 +193,14 @@ class Kernel:
         form = self.hoisted_form
         kernels = form.kernels(call.dtypes) if form is not None else None
         if kernels is None:
-            return get_backend(_backend_name(self.options.backend, call)).source(call)
+            return get_backend(backend_name(self.options.backend, call)).source(call)
         env = bind_names(self.spec, args, self._named(args, kwargs, arrays))
         parts = []
         for kernel in kernels:
             spec = kernel.spec
             bound = kernel.bind(arrays={name: env[name] for name in spec.arg_order})
             env[spec.output] = np.zeros(bound.output_shape, bound.dtypes.result)
-            backend = get_backend(_backend_name(kernel.options.backend, bound))
+            backend = get_backend(backend_name(kernel.options.backend, bound))
             parts.append(f"=== {format_statement(spec.statement)} ===\n"
                          f"{backend.source(bound)}")
         return "\n\n".join(parts)
@@ -213,7 +214,7 @@ class Kernel:
     def run(self, call: BoundCall) -> np.ndarray:
         """The result as a NumPy array in the result dtype."""
         try:
-            backend = get_backend(_backend_name(self.options.backend, call))
+            backend = get_backend(backend_name(self.options.backend, call))
             check_result_size(call)
             try:
                 result = backend.run(call)
@@ -289,16 +290,6 @@ def _given(args, kwargs, arrays):
     if arrays is None:
         return kwargs
     return arrays if not kwargs and type(arrays) is dict else None
-
-
-def _backend_name(requested: str, call: BoundCall) -> str:
-    """``auto`` means Triton for CUDA tensors (when Triton is there), else C or NumPy."""
-    if requested == "auto" and call.framework == TORCH and any(
-            getattr(value, "is_cuda", False) for value in (call.sources or {}).values()):
-        from ..backends.triton_backend import available
-        if available():
-            return "triton"
-    return requested
 
 
 def _refuse_unrecorded_write(spec: Spec, call: BoundCall, statement: str) -> None:

@@ -29,10 +29,11 @@ from ..errors import EinfuseError, GradientBlockedError
 from ..lang.ast import reductions
 from ..analysis.frameworks import (contiguous, has_tangent, is_functorch_tensor, placeholder,
                                    to_numpy)
-from ..schedule import run_statements
+from .run_groups import run_statements
 from .repeat import signature_of
-from .torch_autograd import (numpy_view, numpy_views, recording, refuse_in_transform, save_tensors,
+from .torch_autograd import (numpy_view, numpy_views, refuse_in_transform, save_tensors,
                              saved_tensors)
+from ..analysis.frameworks import torch_recording as recording
 from .program_backward import PLANS_KEPT, BackwardRun, output_placeholder
 
 _FLOATS = (torch.float32, torch.float64)

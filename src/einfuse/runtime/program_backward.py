@@ -24,7 +24,7 @@ from ..errors import EinfuseError
 from ..lang.ast import Access, IndexExpr, sum_tree
 from ..lang.printer import format_expr
 from ..analysis.frameworks import JAX, TORCH, framework_of, placeholder
-from ..schedule import run_statements
+from .run_groups import run_statements
 from .program_shared import Entry, shared_kernels
 from .kernel import compile_statement
 from .gradient_reference import resolve_options

@@ -25,9 +25,10 @@ from typing import Dict, Optional, Tuple
 import numpy as np
 import torch
 
-from ..schedule import run_statements
+from .run_groups import run_statements
 from .repeat import signature_of
-from .torch_autograd import recording, refuse_in_transform, save_tensors, saved_tensors
+from .torch_autograd import refuse_in_transform, save_tensors, saved_tensors
+from ..analysis.frameworks import torch_recording as recording
 from .program_backward import PLANS_KEPT, BackwardRun
 
 

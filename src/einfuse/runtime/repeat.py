@@ -16,7 +16,7 @@ import numpy as np
 
 from ..backends import get_backend
 from ..errors import EinfuseError, attach_statement
-from ..analysis.frameworks import NUMPY, TORCH, has_tangent
+from ..analysis.frameworks import NUMPY, TORCH, has_tangent, torch_recording
 from ..analysis.result_size import check_result_size, too_large
 
 # Prepared signatures kept per kernel (a new one past this replaces the oldest).
@@ -75,7 +75,7 @@ def signature_of(kwargs) -> Optional[Tuple]:
 def prepare(kernel, call, kwargs) -> None:
     """Remember in ``kernel._repeat`` a runner for calls with this call's signature, or
     None where the full path must run (so the question is asked once)."""
-    from .kernel import _backend_name
+    from ..schedule.route import backend_name
     signature = signature_of(kwargs)
     cache = kernel._repeat
     if signature is None or signature in cache:
@@ -92,7 +92,7 @@ def prepare(kernel, call, kwargs) -> None:
     if any(type(value) is float and name not in kernel.spec.params
            for name, value in kwargs.items()):
         return      # a float for a 0-d tensor (x[]): the runners take arrays there
-    backend = get_backend(_backend_name(kernel.options.backend, call)).name
+    backend = get_backend(backend_name(kernel.options.backend, call)).name
     if call.framework not in (NUMPY, TORCH) or kernel.spec.assign != ":=" or \
             backend not in ("c", "triton") or call.bfloat16 and backend == "c":
         return
@@ -178,7 +178,7 @@ def _hoisted_runner(kernel, form, call):
     """A repeated call of a statement that runs in its hoisted form: straight to its
     kernels (each on its own fast path), skipping the statement's binding, which this
     signature passed before."""
-    from .kernel import _backend_name
+    from ..schedule.route import backend_name
     kernels = form.kernels(call.dtypes)
     framework = call.framework
     # under torch autograd: the program's prepared call (program/autograd.py), once
@@ -203,9 +203,9 @@ def _hoisted_runner(kernel, form, call):
             bound = kernel.bind(arrays=named)
             if framework == TORCH:     # recorded by autograd, as the full path records it
                 from . import torch_autograd
-                if torch_autograd.recording() and \
+                if torch_recording() and \
                         torch_autograd.differentiable_names(bound):
                     return torch_autograd.apply(kernel, bound, lambda: kernel.run(bound),
-                                                _backend_name(kernel.options.backend, bound))
+                                                backend_name(kernel.options.backend, bound))
             return kernel.deliver(bound, kernel.run(bound))
     return repeat

@@ -56,13 +56,6 @@ def numpy_views(values: Mapping[str, object], names) -> dict:
         return {name: to_numpy(values[name]) for name in names}
 
 
-def recording() -> bool:
-    """Whether autograd records what runs now: grad mode on, and not inside
-    ``torch.inference_mode`` (where ``torch.enable_grad()`` turns grad mode on but
-    torch's own operations still record nothing and give inference tensors)."""
-    return torch.is_grad_enabled() and not torch.is_inference_mode_enabled()
-
-
 def refuse_in_transform(names) -> None:
     """Recording a tensor that requires a gradient inside a torch.func transform (one the
     function closes over, not the transform's own input, which is refused as a wrapper)

@@ -34,8 +34,9 @@ from ..lang.ast import Access
 from . import gradients
 from .repeat import BY_NAME, signature_of
 from .torch_autograd import (differentiable_names, input_gradients, numpy_view,
-                             numpy_views, recording, refuse_in_transform, save_tensors,
+                             numpy_views, refuse_in_transform, save_tensors,
                              saved_tensors)
+from ..analysis.frameworks import torch_recording as recording
 from .gradient_reference import resolve_options
 
 # Prepared backwards kept per forward signature: one per layout (strides) of dOUT.

@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from ..backends.c_blas import BlasRoute
+from .blas_route import BlasRoute
 
 _from_numpy = torch.from_numpy
 
