@@ -289,12 +289,12 @@ def _write_results(args, stem: str, header: str, results, footer: str = "") -> N
 def _bench_gpu(args) -> int:
     """``--device cuda``: the GPU cases, each call synchronised; refuses (exit 1) where
     no CUDA GPU is usable rather than timing something else."""
-    from .bench import gpu, text_table
+    from .bench import catalogue, gpu, text_table
     problem = gpu.cuda_problem()
     if problem:
         print(f"einfuse: bench --device cuda: {problem}", file=sys.stderr)
         return 1
-    everything = gpu.gpu_cases("cuda", args.quick)
+    everything = catalogue.gpu_cases("cuda", args.quick)
     cases = _selected(everything, args.case, everything)
     results = _run_cases(cases, lambda case: gpu.run_gpu_case(
         case, "cuda", args.backend, args.peer, args.budget))
