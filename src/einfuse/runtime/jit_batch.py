@@ -20,7 +20,7 @@ import numpy as np
 
 from ..errors import AllocationError, EinfuseTypeError
 from ..frontends.jaxpr import JaxprConversionError
-from .jit import allocate_outputs
+from .jit_support import allocate_outputs, without_dead_code
 
 _lock = threading.Lock()
 
@@ -121,7 +121,6 @@ def _blocks(base, count: int, batched: Tuple[bool, ...]):
     over the remainder), converted from their jaxprs."""
     from ..backends.c_loops_batch import Blocks
     from ..frontends.jaxpr import convert
-    from .jit import _without_dead_code
     block = min(BLOCK, count)
     axes = tuple(0 if b else None for b in batched)
     vmapped = jax.vmap(lambda *x: tuple(base.flat_fn(*x)), in_axes=axes)
@@ -129,7 +128,7 @@ def _blocks(base, count: int, batched: Tuple[bool, ...]):
     def program(size):
         examples = [jax.ShapeDtypeStruct(((size,) if b else ()) + a.shape, a.dtype)
                     for a, b in zip(base.in_avals, batched)]
-        return convert(_without_dead_code(jax.make_jaxpr(vmapped)(*examples)))
+        return convert(without_dead_code(jax.make_jaxpr(vmapped)(*examples)))
     rest = count % block
     return Blocks(count, block, program(block), program(rest) if rest else None, batched,
                   tuple(int(np.prod(a.shape)) for a in base.in_avals),

@@ -13,6 +13,7 @@ from typing import List, Tuple
 
 from ..frontends.jaxpr import Converter, JaxprConversionError, equation_text, source_line
 from ..ir.jit import ScalarType
+from .jit_compiled import CompiledFunction
 
 
 @dataclass(frozen=True)
@@ -57,7 +58,6 @@ def _convertible(eqn) -> Tuple[bool, str]:
 
 def split(closed, name: str) -> List[Part]:
     from jax.extend.core import ClosedJaxpr, Literal, Var
-    from .jit import CompiledFunction
     jaxpr = closed.jaxpr
     runs: List[Tuple[bool, list, str]] = []
     for eqn in jaxpr.eqns:
