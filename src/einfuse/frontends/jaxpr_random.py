@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import math
 
-from .jaxpr import INDEX, Value, scalar_type, unsupported
+from ..ir.jit import INDEX
+from .jaxpr_values import Value, scalar_type, unsupported
 from ..ir.jit import Apply, Cast, Const, ScalarType
 
 UINT32 = ScalarType.UINT32

@@ -30,7 +30,7 @@ import jax
 import numpy as np
 
 from ..errors import EinfuseTypeError, OptionError
-from ..frontends.jaxpr import JaxprConversionError
+from ..frontends.jaxpr_values import JaxprConversionError
 from .jit_compiled import CompiledFunction
 from .jit_support import without_dead_code
 

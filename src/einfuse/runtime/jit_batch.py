@@ -19,7 +19,7 @@ import jax
 import numpy as np
 
 from ..errors import AllocationError, EinfuseTypeError
-from ..frontends.jaxpr import JaxprConversionError
+from ..frontends.jaxpr_values import JaxprConversionError
 from .jit_support import allocate_outputs, without_dead_code
 
 _lock = threading.Lock()

@@ -12,7 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ..errors import AllocationError
-from ..frontends.jaxpr import JaxprConversionError
+from ..frontends.jaxpr_values import JaxprConversionError
 from .jit_batch import batched_function
 from .jit_forward import InJax, Linear, tangents_of
 from .jit_support import allocate_outputs, is_float, without_dead_code

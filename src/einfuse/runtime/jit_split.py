@@ -11,7 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import List, Tuple
 
-from ..frontends.jaxpr import Converter, JaxprConversionError, equation_text, source_line
+from ..frontends.jaxpr import Converter, equation_text
+from ..frontends.jaxpr_values import JaxprConversionError, source_line
 from ..ir.jit import ScalarType
 from .jit_compiled import CompiledFunction
 
