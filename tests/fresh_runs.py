@@ -2,6 +2,7 @@
 next call builds its kernel anew (under whatever pass it has switched on or off)."""
 
 from einfuse.backends import c_fused
+from einfuse.program import compile as program_compile
 from einfuse.runtime import hoisted, kernel as kernel_module
 
 
@@ -10,8 +11,8 @@ def fresh_runs(monkeypatch) -> None:
     ``ef.compile``/``ef.ein``, built anew: each keeps the prepared runs (so the
     compiled kernel) of its first call."""
     monkeypatch.setattr(c_fused, "_fused", {})
-    kernel_module._shared_program.cache_clear()
-    kernel_module._shared_kernel.cache_clear()
+    program_compile.shared_program.cache_clear()
+    kernel_module.shared_kernel.cache_clear()
     hoisted.hoisted_form.cache_clear()
 
 

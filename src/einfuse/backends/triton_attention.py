@@ -347,7 +347,7 @@ def run(attention, named, scale_of, route_taken: Route):
     dtype = tensors[0].dtype
     if any(t.dtype != dtype for t in tensors):
         return None
-    from ..runtime.attention import shape_extents
+    from ..rewrite.attention_layout import shape_extents
     extents = shape_extents(attention, tensors)
     if extents is None:
         return None
@@ -423,7 +423,7 @@ def _direct_plan(attention, tensors, extents) -> Optional[_Plan]:
         (tuple(t.shape), t.stride()) for t in tensors)
     if key in _plans:
         return _plans[key]
-    from ..runtime.attention import operand_layouts
+    from ..rewrite.attention_layout import operand_layouts
     batch_rank = len(attention.batch)
     views = [_canonical_view(t, indices, order, batch_rank)
              for t, (order, indices) in zip(tensors, operand_layouts(attention))]
@@ -449,7 +449,7 @@ def _launch_call(attention, tensors, extents, score_scale: float, interpreted: b
     import torch
     from ..errors import BackendError
     from ..rewrite.online_softmax import MaskKind
-    from ..runtime.attention import operand_layouts
+    from ..rewrite.attention_layout import operand_layouts
     plan = _direct_plan(attention, tensors, extents)
     if plan is not None:
         return _launch(attention, plan, tensors, score_scale, interpreted)

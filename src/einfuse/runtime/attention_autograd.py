@@ -21,9 +21,11 @@ import torch
 
 from ..errors import AllocationError
 from ..rewrite.online_softmax import Attention, MaskKind, ScaleKind
-from . import attention as fused
-from .attention import _MASK_MODES, _SCALE_MODES, Canonical, _to_output, canonical, \
-    from_canonical, operand_layouts, to_canonical, torch_inputs
+from ..rewrite.attention_layout import (MASK_MODES, SCALE_MODES, Canonical, canonical,
+                                        from_canonical, operand_layouts, to_canonical,
+                                        to_output)
+from . import attention_run
+from .attention_run import torch_inputs, triton_scale
 
 
 def recording(attention: Attention, named: Dict[str, object]) -> bool:
@@ -60,7 +62,7 @@ def run_recorded(attention: Attention, named: Dict[str, object], options) -> Opt
     if not all(finite(a.ctypes.data, a.size, threads) for a in (arrays.query, arrays.key)):
         return None
     lse = np.empty(arrays.query.shape[:2], arrays.query.dtype)
-    out = fused._run_c(attention, arrays, threads, lse)
+    out = attention_run.run_c(attention, arrays, threads, lse)
     if out is None:       # a value with inf or NaN
         return None
     saved = _Saved(attention, arrays, out, lse, threads)
@@ -82,7 +84,7 @@ class _FusedAttention(torch.autograd.Function):
     def forward(ctx, saved: _Saved, query, key, value):
         ctx.saved = saved
         ctx.save_for_backward(query, key, value)
-        result = _to_output(saved.attention, saved.arrays, saved.out)
+        result = to_output(saved.attention, saved.arrays, saved.out)
         if np.shares_memory(result, saved.out):   # the caller may modify it in place
             result = result.copy()                # (h += x); the backward reads out
         return torch.from_numpy(result)
@@ -133,7 +135,7 @@ def _fused_gradients(saved: _Saved, flowing: np.ndarray) -> Tuple[np.ndarray, ..
     backward = c_attention_grad.backward_function(q.dtype)
     pointers = [x.ctypes.data for x in (q, k, v, saved.out, flowing, saved.lse, dq, dk, dv)]
     if backward(*pointers, groups, rows, keys, dot, features, arrays.scale,
-                _SCALE_MODES[a.scale], _MASK_MODES[a.mask], saved.threads):
+                SCALE_MODES[a.scale], MASK_MODES[a.mask], saved.threads):
         raise AllocationError("the attention backward could not allocate its per-thread "
                               "blocks")
     return tuple(from_canonical(g, arrays.batch_shape, order, indices)
@@ -194,7 +196,7 @@ def run_recorded_triton(attention: Attention, named: Dict[str, object], options,
     if not all(isinstance(t, torch.Tensor) for t in tensors):
         return None
     from ..backends import triton_attention
-    scale_value = fused._triton_scale(attention, named, tensors[0])
+    scale_value = triton_scale(attention, named, tensors[0])
     if scale_value is None:
         return None
     with torch.no_grad():
