@@ -3,7 +3,7 @@ next call builds its kernel anew (under whatever pass it has switched on or off)
 
 from einfuse.backends import c_fused
 from einfuse.program import compile as program_compile
-from einfuse.runtime import hoisted, kernel as kernel_module
+from einfuse.runtime import hoisted, kernel_maker
 
 
 def fresh_runs(monkeypatch) -> None:
@@ -12,7 +12,7 @@ def fresh_runs(monkeypatch) -> None:
     compiled kernel) of its first call."""
     monkeypatch.setattr(c_fused, "_fused", {})
     program_compile.shared_program.cache_clear()
-    kernel_module.shared_kernel.cache_clear()
+    kernel_maker.shared_kernel.cache_clear()
     hoisted.hoisted_form.cache_clear()
 
 

@@ -8,7 +8,7 @@ import pytest
 
 import einfuse as ef
 from einfuse.backends import c_build, c_fused
-from einfuse.runtime.repeat import signature_of
+from einfuse.runtime.signatures import signature_of
 from program_texts import SOFTMAX
 
 pytestmark = pytest.mark.skipif(c_build.find_compiler() is None,

@@ -313,3 +313,11 @@ def spec_of(statement: str) -> Spec:
     except RecursionError:
         raise EinfuseSyntaxError("the statement nests too deeply to analyse",
                                  span=(0, len(statement))) from None
+
+
+def first_span(spec: Spec, name: str):
+    """The span of ``name``'s first occurrence in the statement (the output's own)."""
+    if name == spec.output:
+        return spec.statement.output_span
+    return next((node.span for node in spec.rhs.walk()
+                 if getattr(node, "tensor", getattr(node, "name", None)) == name), None)

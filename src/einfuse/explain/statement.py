@@ -18,7 +18,7 @@ from .eager import naive_intermediate
 from ..lang.ast import Binary, Call, Expr, Param, Reduce, Unary, accesses, map_children
 from ..lang.printer import format_expr, format_statement
 from ..runtime.kernel import Kernel
-from ..runtime.kernel import compile_statement
+from ..runtime.kernel_maker import compile_statement
 from ..runtime.gradient_reference import resolve_options
 
 _REDUCTION_WORDS = {"sum": "the sum", "prod": "the product", "max": "the maximum",

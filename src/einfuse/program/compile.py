@@ -9,7 +9,8 @@ import warnings
 
 from ..analysis.options import Options, make_options
 from ..errors import EinfuseError, OptionError, attach_statement, warn
-from ..runtime.kernel import Kernel, option_collision, statement_kernel
+from ..runtime.kernel import Kernel
+from ..runtime.kernel_maker import option_collision, statement_kernel
 from .program import compile_program, is_program, output_names
 
 

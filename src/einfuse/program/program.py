@@ -20,7 +20,7 @@ from ..errors import (EinfuseError, EinfuseNameError, EinfuseSyntaxError, Missin
                       UnexpectedArgumentError, attach_statement, did_you_mean)
 from ..runtime.attention import program_attention, run_fused_attention
 from ..analysis.frameworks import common_framework, from_numpy, torch_compiling
-from ..runtime.repeat import signature_of
+from ..runtime.signatures import signature_of
 from ..runtime.run_groups import run_statements
 from ..lang.split import StatementText, split_program
 from .writes import guarded_names, keep_contents, restore_contents

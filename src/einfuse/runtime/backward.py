@@ -27,31 +27,12 @@ from typing import Dict, FrozenSet, List, Optional, Sequence, Set, Tuple, Union
 from ..errors import EinfuseError
 from ..lang.parser import parse
 from ..lang.printer import format_statement
+from .backward_steps import Contribution, Total
 from .backward_fold import Folded, fold
 from ..autodiff.derive import GradientStatement, derive, used_names
 from ..autodiff.program_steps import (gradient_prefix, reaching_outputs, statement_options,
                                       value_names)
 from ..autodiff.shift import zero_gradient_shifts
-
-
-@dataclass(frozen=True)
-class Contribution:
-    """One share of the gradient ``target`` (``d<name>``), computed into ``key`` by
-    ``statement`` (a gather whose output is ``key``, or a scatter that adds into a
-    zero array named ``key``)."""
-    key: str
-    target: str
-    like: str                      # the forward name whose shape the gradient has
-    statement: GradientStatement
-
-
-@dataclass(frozen=True)
-class Total:
-    """``target := sum of parts`` (names of contributions or the caller's seed);
-    ``like`` is the forward name whose shape the gradient has."""
-    target: str
-    parts: Tuple[str, ...]
-    like: str
 
 
 Step = Union[Contribution, Total]

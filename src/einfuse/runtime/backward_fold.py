@@ -44,6 +44,7 @@ from ..autodiff.cse import EXPENSIVE
 from ..autodiff.derive import GradientStatement
 from ..analysis.spec import spec_of
 from .gradient_reference import resolve_options
+from .backward_steps import Contribution, Total
 
 
 @dataclass(frozen=True)
@@ -93,7 +94,6 @@ class _Node:
 def fold(backward, specs: Sequence, options: Mapping[str, object]) -> Optional[Folded]:
     """The folded form of ``backward`` (autodiff/backward.py) of the program whose
     analysed statements are ``specs``, or None where it would not cost less."""
-    from .backward import Contribution, Total
     if options.get("ranges") or options.get("pad") is not None:
         return None
     ranks = _ranks(specs)
@@ -357,7 +357,6 @@ def _fresh(stem: str, taken: Set[str]) -> str:
 
 
 def _inputs(step) -> Tuple[str, ...]:
-    from .backward import Contribution, Total
     if isinstance(step, _Node):
         return tuple(dict.fromkeys(a.tensor for a in accesses(step.rhs))) + tuple(
             n.name for n in step.rhs.walk() if isinstance(n, Param))
@@ -377,7 +376,6 @@ def _forward_names(g: GradientStatement) -> Tuple[str, ...]:
 
 def _cost(steps, forward: Set[str], defined: Set[str], outputs) -> Tuple[int, int]:
     """(transcendental calls + forward intermediates read, statements)."""
-    from .backward import Contribution
     calls = 0
     intermediates: Set[str] = set()
     for step in steps:

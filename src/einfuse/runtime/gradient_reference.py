@@ -15,7 +15,7 @@ from ..errors import OutOfBoundsError, RangeError, ShapeError
 from ..lang.ast import IndexExpr, Param, accesses
 from ..lang.parser import parse
 from ..analysis.frameworks import JAX, TORCH, framework_of, placeholder
-from .kernel import compile_statement
+from .kernel_maker import compile_statement
 from ..autodiff.derive import AxisOf, ExtentOf, GradientStatement, NoGradientError, RangeOf
 from ..autodiff.attribution import gradient_errors
 from ..autodiff.rebase import output_indices, output_starts, rebased

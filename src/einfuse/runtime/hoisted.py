@@ -26,6 +26,7 @@ from ..errors import EinfuseError
 from ..lang.printer import format_statement
 from ..rewrite.hoist import Hoisted, hoist
 from ..analysis.spec import spec_of
+from .kernel_maker import new_kernel
 
 _HOISTED_DTYPES = (np.dtype(np.float32), np.dtype(np.float64), np.dtype(np.int64),
                    np.dtype(np.uint64))
@@ -68,13 +69,12 @@ class HoistedForm:
             return None
         working = dtypes.working
         if working.name not in self._kernels:
-            from .kernel import Kernel
             built = []
             with warnings.catch_warnings():   # the statement as written warned already
                 warnings.simplefilter("ignore")
                 for number, text in enumerate(self.texts):
                     temporary = number < len(self.hoisted.temporaries)
-                    built.append(Kernel(text, self._options(text, temporary, working)))
+                    built.append(new_kernel(text, self._options(text, temporary, working)))
             self._kernels[working.name] = tuple(built)
         return self._kernels[working.name]
 
@@ -124,7 +124,7 @@ class HoistedForm:
         the result, becomes one row ``cse_1[i,k]`` that both read), where every read of
         it covers exactly the ranges it is computed over for these arrays.  Decided once
         per call signature."""
-        from .repeat import signature_of
+        from .signatures import signature_of
         signature = signature_of(named)
         key = (id(kernels), signature)
         chosen = self._chosen.get(key) if signature is not None else None
@@ -146,7 +146,6 @@ class HoistedForm:
         if name in self._shared:
             return self._shared[name]
         from ..autodiff.cse import share
-        from .kernel import Kernel
         statements = [spec_of(k.statement).statement for k in kernels]
         taken = {n for k in kernels for n in k.spec.arg_order + (k.spec.output,)}
         rewritten, shares = share(statements, [False] * len(statements), taken)
@@ -160,7 +159,7 @@ class HoistedForm:
                     text = format_statement(statement)
                     options = self._options(text, number < len(rewritten) - 1,
                                             np.dtype(working))
-                    built.append(Kernel(text, options))
+                    built.append(new_kernel(text, options))
             found = (tuple(built), tuple(shares))
         self._shared[name] = found
         return found

@@ -22,6 +22,7 @@ import functools
 import hashlib
 import os
 import threading
+import warnings
 from dataclasses import dataclass
 from typing import Dict, Optional, Sequence, Tuple
 
@@ -38,6 +39,15 @@ from ..plan import buffer_slots, call_arguments, unit_axis
 from ..analysis.ranges import subscript_span
 from ..lang.ast import IndexExpr, accesses
 from ..plan.contraction import prepare_contraction
+from .kernel_maker import new_kernel
+
+
+@functools.lru_cache(maxsize=256)
+def jax_kernel(statement: str, options):
+    """The Kernel of a JAX caller's statement, shared by the adapter and the FFI route."""
+    with warnings.catch_warnings():   # the caller's own statement warned already
+        warnings.simplefilter("ignore")
+        return new_kernel(statement, options)
 
 
 # The handler's fixed tables (EF_MAX_SLOTS and EF_MAX_PARAMS in c_ffi_support.py).
@@ -139,10 +149,9 @@ def _canonical(dtype) -> np.dtype:
 @functools.lru_cache(maxsize=512)
 def _route_for(statement, options, names, avals, x64):
     # x64 is only part of the cache key: the dtypes JAX can hold (_canonical) follow it
-    from .jax_adapter import _kernel
     from ..schedule.route import backend_name
     from ..analysis.result_size import check_result_size
-    kernel = _kernel(statement, options)
+    kernel = jax_kernel(statement, options)
     if options.backend not in ("auto", "c"):
         return _callback(f"backend={options.backend!r} runs on the host")
     if c_build.find_compiler() is None:
@@ -294,7 +303,6 @@ def _remember(report: _Report) -> int:
 def _message(token: int, args) -> str:
     """einfuse's message for the failed call ``token`` on XLA's buffers ``args``."""
     from ..backends.numpy_backend import NumpyExecutor
-    from .jax_adapter import _kernel
     report = _reports[token]
     named = {}
     for k, (name, shape, dtype) in enumerate(zip(report.names, report.shapes,
@@ -305,7 +313,7 @@ def _message(token: int, args) -> str:
             continue
         raw = (ctypes.c_char * (count * dtype.itemsize)).from_address(args[k])
         named[name] = np.frombuffer(raw, dtype=dtype).reshape(shape).copy()
-    kernel = _kernel(report.statement, report.options)
+    kernel = jax_kernel(report.statement, report.options)
     try:
         NumpyExecutor.for_call(kernel.bind(**named)).run()
     except EinfuseError as error:

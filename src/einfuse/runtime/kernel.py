@@ -10,13 +10,12 @@ from typing import Dict, Mapping, Optional, Tuple
 
 import numpy as np
 
-from ..analysis.options import (INT64_MAX, OPTION_NAMES, Options, make_options, option_error,
-                                shown)
+from ..analysis.options import INT64_MAX, OPTION_NAMES, Options, option_error, shown
 from ..analysis.ranges import check_positions_defined
-from ..analysis.spec import Spec, spec_of
+from ..analysis.spec import Spec, first_span, spec_of
 from ..backends import get_backend
 from ..errors import (BackendError, EinfuseError, EinfuseOverflowError, EinfuseSyntaxError,
-                      EinfuseTypeError, MissingArgumentError, OptionError, UnexpectedArgumentError,
+                      EinfuseTypeError, MissingArgumentError, UnexpectedArgumentError,
                       attach_statement, warn)
 from ..lang.ast import Number, accesses
 from ..lang.printer import format_statement
@@ -25,9 +24,12 @@ from ..analysis.binding import BoundCall, bind_call, bind_names
 from ..analysis.frameworks import (JAX, NUMPY, TORCH, common_framework, contiguous, framework_of,
                                    from_numpy, numpy_dtype, torch_compiling, torch_recording)
 from .hoisted import HoistedForm, hoisted_form, run_hoisted
+from . import kernel_maker
+from .kernel_maker import option_collision
 from .tracing import traced_call
 from ..schedule.route import backend_name
-from .repeat import run_first, signature_of
+from .repeat import run_first
+from .signatures import signature_of
 from ..analysis.result_size import check_result_size, too_large
 
 
@@ -103,7 +105,7 @@ class Kernel:
                 raise MissingArgumentError(
                     f"the {what} {name} was not passed; its name is also the option {name}= "
                     f"of ein() and explain(), so pass it as arrays={{'{name}': ...}}",
-                    span=_first_span(spec, name))
+                    span=first_span(spec, name))
         return kwargs
 
     def __call__(self, /, *args, arrays=None, **kwargs):
@@ -351,55 +353,6 @@ def check_explain_options(statement: str, shapes, gradients, source=False) -> No
             raise attach_statement(option_collision(error, statement), statement)
 
 
-@functools.lru_cache(maxsize=256)
-def shared_kernel(statement: str, options: Options) -> "Kernel":
-    """One Kernel per (statement, options), so that ``ein`` in a loop finds its prepared
-    calls (the fast path) instead of building a kernel per call.  Kernels hold no
-    per-call state; their warnings are emitted by ``compile`` on every request."""
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        return Kernel(statement, options)
-
-
-def compile_statement(statement: str, ranges=None, pad=None, bounds="check", fill=0.0,
-                      dtype=None, backend="auto", threads: Optional[int] = None,
-                      memory_limit: Optional[int] = None) -> "Kernel":
-    """One statement compiled with ``compile``'s options (checked here), its warnings
-    emitted on every request; the Kernel is shared (shared_kernel)."""
-    try:
-        options = make_options(ranges, pad, bounds, fill, dtype, backend, threads,
-                               memory_limit)
-    except OptionError as error:
-        raise attach_statement(option_collision(error, statement), statement) from None
-    return statement_kernel(statement, options)
-
-
-def statement_kernel(statement: str, options: Options) -> "Kernel":
-    """The shared Kernel of ``statement`` under checked ``options``, its warnings emitted
-    (as a new Kernel would)."""
-    kernel = shared_kernel(statement, options)
-    for message, span in kernel.spec.warnings:
-        warn(message, source=statement, span=span)
-    return kernel
-
-
-def option_collision(error: OptionError, statement: str) -> OptionError:
-    """``error``, saying so when the bad option value was meant for a tensor, scalar or
-    output of the statement that has the option's name."""
-    option = getattr(error, "option", None)
-    try:
-        spec = spec_of(statement)
-    except EinfuseError:
-        return error   # the option's own message; the statement's error comes later
-    if option not in set(spec.arg_order) | {spec.output}:
-        return error
-    what = "output" if option == spec.output else \
-        "scalar parameter" if option in spec.params else "tensor"
-    return OptionError(f"{error.message}; {option}= is the option, and the statement's "
-                       f"{what} {option} has the same name: pass the {what} as "
-                       f"arrays={{'{option}': ...}}", span=_first_span(spec, option))
-
-
 def _merge_arrays(spec: Spec, kwargs, arrays) -> dict:
     """``kwargs`` with the ``arrays=`` mapping's entries added."""
     if not isinstance(arrays, Mapping):
@@ -432,13 +385,6 @@ def _option_named(spec: Spec) -> tuple:
     return tuple(name for name in wanted if name in OPTION_NAMES)
 
 
-def _first_span(spec: Spec, name: str):
-    if name == spec.output:
-        return spec.statement.output_span
-    return next((node.span for node in spec.rhs.walk()
-                 if getattr(node, "tensor", getattr(node, "name", None)) == name), None)
-
-
 def _index_passed(spec: Spec, name: str, value) -> UnexpectedArgumentError:
     """The error for a value passed for an index, as in ``x[i + n]`` with ``n=2``."""
     used_in = next((access for access in accesses(spec.rhs)
@@ -447,7 +393,7 @@ def _index_passed(spec: Spec, name: str, value) -> UnexpectedArgumentError:
         return UnexpectedArgumentError(
             f"{name} is an index of the statement, and indices are not passed: their "
             f"ranges come from the arrays or from ranges={{'{name}': ...}}",
-            span=_first_span(spec, name))
+            span=first_span(spec, name))
     offset = value if isinstance(value, numbers.Integral) and \
         not isinstance(value, bool) else 2
     return UnexpectedArgumentError(
@@ -467,7 +413,7 @@ def _check_parameters(call: BoundCall) -> None:
     for name, value in call.params.items():
         if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Integral):
             continue
-        span = _first_span(spec, name)
+        span = first_span(spec, name)
         if not -INT64_MAX <= int(value) <= INT64_MAX:
             raise EinfuseOverflowError(f"the scalar parameter {name}={value} does not fit in "
                                        "int64; pass a float for a large value", span=span)
@@ -529,3 +475,6 @@ def _check_index_arithmetic(spec: Spec, bounds) -> None:
 
 
 __all__ = ["Kernel", "compile", "ein"]
+
+
+kernel_maker.install(Kernel)

@@ -27,16 +27,15 @@ import torch
 from .backward import Backward, backward_program
 from ..errors import EinfuseError, GradientBlockedError
 from ..lang.ast import reductions
-from ..analysis.frameworks import (contiguous, has_tangent, is_functorch_tensor, placeholder,
-                                   to_numpy)
+from ..analysis.frameworks import contiguous, placeholder, to_numpy
 from .run_groups import run_statements
-from .repeat import signature_of
+from .signatures import signature_of
 from .torch_autograd import (numpy_view, numpy_views, refuse_in_transform, save_tensors,
                              saved_tensors)
 from ..analysis.frameworks import torch_recording as recording
-from .program_backward import PLANS_KEPT, BackwardRun, output_placeholder
+from .program_calls import differentiable_inputs, remember_call, shaped_like
+from .program_backward import PLANS_KEPT, BackwardRun
 
-_FLOATS = (torch.float32, torch.float64)
 
 
 class PreparedCall:
@@ -104,7 +103,7 @@ class PreparedCall:
         saved = {name: env[name] for name in self.kept}
         if self.shaped:
             if self._placeholders is None:
-                self._placeholders = _shaped_like(self.kernels, env, self.shaped)
+                self._placeholders = shaped_like(self.kernels, env, self.shaped)
             saved.update(self._placeholders)
         saved.update(arrays)
         return saved
@@ -159,20 +158,6 @@ class PreparedCall:
             self._backwards[key] = found
         return found
 
-
-def _shaped_like(kernels, env: Dict[str, object], names) -> Dict[str, object]:
-    """Placeholders of ``names`` (intermediates the backward needs the shape of).  The
-    forward ran keeping only outputs and saved names, so an intermediate of a fused
-    group (a per-thread row) never reached ``env``: its shape and dtype come from
-    binding its statement on placeholders of what it reads, as the statement's own
-    run would have given them."""
-    shapes = {name: placeholder(value) for name, value in env.items()}
-    for kernel in kernels:
-        if all(name in shapes for name in names):
-            break
-        if kernel.spec.output not in shapes:
-            shapes[kernel.spec.output] = output_placeholder(kernel, shapes)
-    return {name: shapes[name] for name in names}
 
 
 def _shares(value, arrays) -> bool:
@@ -380,36 +365,6 @@ def _run_recorded(owner: ProgramAutograd, kernels: Sequence, env: Dict[str, obje
     prepared = PreparedCall(owner, tuple(kernels), tuple(names), env, found, backend)
     remember_call(owner, signature, prepared)
     return prepared.apply(env)
-
-
-def differentiable_inputs(env: Dict[str, object]):
-    """The names of the float32/float64 tensors of ``env`` that require a gradient, or
-    None where a value keeps the statement-by-statement path: a tensor that is not
-    strided (sparse, nested), a torch.func wrapper or dual tensor, complex or of
-    another float dtype, or a value that is neither a tensor nor a number.  (The
-    caller checks the devices.)"""
-    names = []
-    for name, value in env.items():
-        if isinstance(value, torch.Tensor):
-            if value.layout != torch.strided or value.is_nested or \
-                    is_functorch_tensor(value) or value.is_complex() or \
-                    has_tangent(value) or \
-                    (value.dtype.is_floating_point and value.dtype not in _FLOATS):
-                return None
-            if value.requires_grad and value.dtype in _FLOATS:
-                names.append(name)
-        elif not isinstance(value, (int, float)):
-            return None
-    return names
-
-
-def remember_call(owner: "ProgramAutograd", signature, call) -> None:
-    """Keep ``call`` (a PreparedCall, or program/triton_autograd's TritonCall) for
-    calls of ``signature``: the holder's fast path."""
-    if signature is not None:
-        if len(owner.calls) >= PLANS_KEPT:
-            owner.calls.clear()
-        owner.calls[signature] = call
 
 
 def _unrecorded(owner: ProgramAutograd, kernels: Sequence, arrays: Dict[str, object]):

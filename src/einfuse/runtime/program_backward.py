@@ -17,7 +17,8 @@ from typing import Dict, FrozenSet, List, Mapping, Optional, Tuple, Union
 import numpy as np
 
 from ..autodiff.attribution import gradient_errors
-from .backward import Backward, Total
+from .backward import Backward
+from .backward_steps import Total
 from .backward_fold import Combined, Folded, exact_ranges
 from .gradient_reference import gradient_kernel, run_reference, statements_to_run, text_kernel
 from ..errors import EinfuseError
@@ -26,8 +27,9 @@ from ..lang.printer import format_expr
 from ..analysis.frameworks import JAX, TORCH, framework_of, placeholder
 from .run_groups import run_statements
 from .program_shared import Entry, shared_kernels
-from .kernel import compile_statement
+from .kernel_maker import compile_statement
 from .gradient_reference import resolve_options
+from .kernel_maker import new_kernel
 
 
 @dataclass(frozen=True)
@@ -104,9 +106,8 @@ def _with_threads(piece: "_Piece", threads: Optional[int]) -> "_Piece":
     the whole computation, column sums' last bits included)."""
     if threads is None or not isinstance(piece, _Kernels):
         return piece
-    from .kernel import Kernel
     kernels = tuple(k if k.options.threads == threads else
-                    Kernel(k.statement, dataclasses.replace(k.options, threads=threads))
+                    new_kernel(k.statement, dataclasses.replace(k.options, threads=threads))
                     for k in piece.kernels)
     return _Kernels(kernels, piece.keep)
 

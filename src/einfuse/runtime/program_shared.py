@@ -15,7 +15,7 @@ from .gradient_reference import text_kernel
 from ..errors import EinfuseError
 from ..lang.parser import parse
 from ..lang.printer import format_statement
-from .kernel import compile_statement
+from .kernel_maker import compile_statement
 
 
 @dataclass(frozen=True)

@@ -26,9 +26,10 @@ import numpy as np
 import torch
 
 from .run_groups import run_statements
-from .repeat import signature_of
+from .signatures import signature_of
 from .torch_autograd import refuse_in_transform, save_tensors, saved_tensors
 from ..analysis.frameworks import torch_recording as recording
+from .program_calls import differentiable_inputs, remember_call, shaped_like
 from .program_backward import PLANS_KEPT, BackwardRun
 
 
@@ -54,7 +55,6 @@ def recorded(owner, kernels, env: Dict[str, object], backend: str) -> Optional[T
     path then runs the statements fused, unrecorded)."""
     if not recording() or any(k.spec.assign != ":=" for k in kernels):
         return None
-    from .program_autograd import differentiable_inputs, remember_call
     names = differentiable_inputs(env)
     if not names:
         return None
@@ -106,12 +106,11 @@ class TritonCall:
         backward needs, on the forward's device: one element of memory each."""
         if self._placeholders is None:
             from ..analysis.frameworks import tensor_placeholder
-            from .program_autograd import _shaped_like
             device = next(v.device for v in env.values() if isinstance(v, torch.Tensor))
             self._placeholders = {
                 name: tensor_placeholder(
                     value.shape, torch.from_numpy(np.empty(0, value.dtype)).dtype, device)
-                for name, value in _shaped_like(self.kernels, env, self.shaped).items()}
+                for name, value in shaped_like(self.kernels, env, self.shaped).items()}
         return self._placeholders
 
     def gradients(self, env: Dict[str, object], grads, wanted) -> Tuple:

@@ -17,7 +17,7 @@ from ..schedule.fusion import (column_members, group_from, inside_group, last_re
                                worth_fusing)
 from ..schedule.row_groups import row_group, triton_rows_possible
 from ..schedule.units import needed
-from .repeat import signature_of
+from .signatures import signature_of
 
 
 # Prepared runs kept per owner (a program, a hoisted form); a new signature past this

@@ -32,7 +32,7 @@ from .gradient_reference import _NumpyOps, _scatter_add
 from ..backends.c_scatter import scatter_rows
 from ..lang.ast import Access
 from . import gradients
-from .repeat import BY_NAME, signature_of
+from .signatures import BY_NAME, signature_of
 from .torch_autograd import (differentiable_names, input_gradients, numpy_view,
                              numpy_views, refuse_in_transform, save_tensors,
                              saved_tensors)
