@@ -201,7 +201,7 @@ def run_reference(grads: Iterable[GradientStatement], arrays: Mapping[str, objec
     device (a GPU backward never visits the host): scatters add with ``index_put_``."""
     out: Dict[str, object] = {}
     grads = list(grads)
-    ops = _ops_for(arrays[grads[0].output_grad]) if grads else _NumpyOps()
+    ops = _ops_for(arrays[grads[0].output_grad]) if grads else NumpyOps()
     for g in statements_to_run(grads, arrays):
         with gradient_errors(g):
             _run_one(ops, g, arrays, out, backend)
@@ -223,7 +223,7 @@ def _run_one(ops, g: GradientStatement, arrays, out, backend: str) -> None:
     if g.target not in out:
         # accumulate in the gradient's own float dtype, as frameworks do
         out[g.target] = ops.zeros(np.shape(arrays[g.wrt]), values)
-    out[g.target] = _scatter_add(ops, out[g.target], g, values, options, arrays)
+    out[g.target] = numpy_scatter_add(ops, out[g.target], g, values, options, arrays)
 
 
 def gradient_kernel(g: GradientStatement, arrays: Mapping[str, object], backend: str):
@@ -267,10 +267,10 @@ def _ops_for(output_grad):
         return _TorchOps(output_grad)
     if framework == JAX:
         return _JaxOps()
-    return _NumpyOps()
+    return NumpyOps()
 
 
-class _NumpyOps:
+class NumpyOps:
     """The array operations a scatter needs, on NumPy arrays."""
 
     @staticmethod
@@ -383,7 +383,7 @@ class _JaxOps:
         return target.at[moved].add(values.astype(target.dtype), mode="drop")
 
 
-def _scatter_add(ops, target, g: GradientStatement, values, options, arrays):
+def numpy_scatter_add(ops, target, g: GradientStatement, values, options, arrays):
     indices = g.spec.output_indices
     if not isinstance(ops, _JaxOps) and \
             add_strided(target, g, values, {n: options["ranges"][n] for n in indices}):
@@ -412,7 +412,7 @@ def _scatter_add(ops, target, g: GradientStatement, values, options, arrays):
         else:   # fill, or a padded affine read: the value read did not come from wrt
             keep = keep & ~outside
         positions.append(where)
-    if isinstance(ops, _NumpyOps) and _add_rows(target, g, values, positions, keep):
+    if isinstance(ops, NumpyOps) and _add_rows(target, g, values, positions, keep):
         return target
     return ops.add_at(target, positions, values, keep)
 

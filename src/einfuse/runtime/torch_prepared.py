@@ -28,7 +28,7 @@ import numpy as np
 import torch
 
 from ..autodiff.attribution import gradient_errors
-from .gradient_reference import _NumpyOps, _scatter_add
+from .gradient_reference import NumpyOps, numpy_scatter_add
 from ..backends.c_scatter import scatter_rows
 from ..lang.ast import Access
 from . import gradients
@@ -42,7 +42,7 @@ from .gradient_reference import resolve_options
 # Prepared backwards kept per forward signature: one per layout (strides) of dOUT.
 LAYOUTS_KEPT = 8
 
-_NUMPY_OPS = _NumpyOps()
+_NUMPY_OPS = NumpyOps()
 
 # Below this many elements a row scatter is one np.add.at (about 1 µs to start, 30 ns an
 # element); above it backends/c_scatter.py's sorted or compiled row adds
@@ -171,7 +171,7 @@ def _run_steps(steps: Tuple[GradientStep, ...], values, shape) -> np.ndarray:
         if total is None:     # (in the values' float dtype, as run_reference does)
             total = _NUMPY_OPS.zeros(shape, part)
         if rows_by is None or not _add_rows(total, part, values[rows_by]):
-            total = _scatter_add(_NUMPY_OPS, total, g, part, options, values)
+            total = numpy_scatter_add(_NUMPY_OPS, total, g, part, options, values)
     return total
 
 
