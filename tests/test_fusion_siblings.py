@@ -81,7 +81,7 @@ def _pin_threads(monkeypatch, threads):
     """Fused kernels on ``threads`` threads: the backward does not take the program's
     ``threads=``, and the cores a call finds free would split the column sums anew."""
     monkeypatch.setattr(c_fused, "thread_count", lambda requested, work: threads)
-    monkeypatch.setattr(c_fused, "_adaptive", lambda members: False)
+    monkeypatch.setattr(c_fused, "is_adaptive", lambda members: False)
 
 
 def _layernorm_backward(X, g, b, seed, threads):
