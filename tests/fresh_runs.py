@@ -1,7 +1,7 @@
 """Dropping what keeps a compiled fused kernel alive between calls, so that a test's
 next call builds its kernel anew (under whatever pass it has switched on or off)."""
 
-from einfuse.backends import c_fused
+from einfuse.backends.c import fused as c_fused
 from einfuse.program import compile as program_compile
 from einfuse.runtime import hoisted, kernel_maker
 

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import einfuse as ef
-from einfuse.backends import c_build
+from einfuse.backends.c import build as c_build
 from einfuse.runtime import attention as attention_runtime
 from einfuse.runtime import attention_run
 from oracle import brute_force
@@ -293,7 +293,7 @@ def test_result_dtype_as_one_by_one(scale):
 
 
 def test_triton_runs_one_by_one():
-    from einfuse.backends import triton_backend
+    from einfuse.backends.triton import backend as triton_backend
     if not triton_backend.available():
         pytest.skip("triton is not installed")
     Q, K, V = qkv(1, 1, 5, 5, 2, 3, np.float32)

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import einfuse as ef
-from einfuse.backends import c_attention_grad, c_build
+from einfuse.backends.c import attention_grad as c_attention_grad, build as c_build
 from einfuse.runtime import attention_run
 
 torch = pytest.importorskip("torch")

@@ -10,7 +10,7 @@ import pytest
 
 import einfuse as ef
 from einfuse import derive, run_reference
-from einfuse.backends import c_build
+from einfuse.backends.c import build as c_build
 from einfuse.errors import EinfuseError, EinfuseTypeError, OutOfBoundsError, ShapeError
 
 torch = pytest.importorskip("torch")

@@ -22,7 +22,8 @@ import pytest
 
 import einfuse as ef
 from einfuse import errors
-from einfuse.backends import c_backend, c_build
+from einfuse.backends.c import backend as c_backend, build as c_build
+from einfuse.backends import disk_cache
 
 SRC = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "src")
 HAVE_C = c_build.find_compiler() is not None
@@ -206,10 +207,10 @@ def test_jit_gradient_of_a_long_chain(x64):
 @needs_c
 def test_jit_of_many_materialised_steps_is_split_into_functions():
     """Each ``%`` of an int is read twice (rem, then its sign fix): 2 steps an iteration,
-    past backends/c_loops_parts.PART_THRESHOLD; the parts compute what one function did."""
+    past backends/c/loops_parts.PART_THRESHOLD; the parts compute what one function did."""
     pytest.importorskip("jax")
     import jax.numpy as jnp
-    from einfuse.backends import c_loops_parts
+    from einfuse.backends.c import loops_parts as c_loops_parts
 
     iterations = c_loops_parts.PART_THRESHOLD
     def f(x):
@@ -258,8 +259,8 @@ def cache(tmp_path, monkeypatch):
     directory.mkdir()
     monkeypatch.setenv("EINFUSE_CACHE_DIR", str(directory))
     monkeypatch.setattr(c_backend, "_kernels", {})
-    monkeypatch.setattr(c_build, "_warned_dirs", set())
-    monkeypatch.setattr(c_build, "_fallback", [])
+    monkeypatch.setattr(disk_cache, "_warned_dirs", set())
+    monkeypatch.setattr(disk_cache, "_fallback", [])
     c_build.clear_memory_cache()
     yield directory
     c_build.clear_memory_cache()
@@ -314,7 +315,7 @@ def test_a_compile_dies_with_its_caller(tmp_path):
                     "sleep 120 </dev/null >/dev/null 2>&1 &\n"
                     f"echo $! > {shlex.quote(str(state))}/helper.pid\nwait\n")
     fake.chmod(0o755)
-    code = ("from einfuse.backends import c_build\n"
+    code = ("from einfuse.backends.c import build as c_build\n"
             f"c_build._compiler, c_build._probed = (({str(fake)!r},), 'slow'), True\n"
             "c_build.load('int einfuse_orphaned(void) { return 0; }\\n')\n")
     env = dict(os.environ, EINFUSE_CACHE_DIR=str(tmp_path / "cache"),

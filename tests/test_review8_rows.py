@@ -1,4 +1,4 @@
-"""Review of the Triton row groups (schedule/row_groups.py, backends/triton_rows.py and
+"""Review of the Triton row groups (schedule/row_groups.py, backends/triton/rows.py and
 the row-group hook of schedule/fusion.py): inputs given in forms a statement accepts
 but the group's launch did not, and other cases where the fused kernel disagreed with
 the statements run one by one.  Each test compares with the NumPy backend (or torch)
@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import einfuse as ef
-from einfuse.backends import triton_backend, triton_rows
+from einfuse.backends.triton import backend as triton_backend, rows as triton_rows
 
 torch = pytest.importorskip("torch")
 pytestmark = pytest.mark.skipif(not triton_backend.available(),

@@ -115,9 +115,9 @@ def _cache(action: str) -> int:
     """``einfuse cache info|clear``: the cache directory, its entries (compiled C
     libraries, Triton kernel sources, the Triton tuning file) and their size."""
     import os
-    from .backends import c_build
+    from .backends import disk_cache
     try:
-        where = c_build.cache_dir()
+        where = disk_cache.cache_dir()
     except EinfuseError as error:
         print(f"einfuse: {type(error).__name__}: {error}", file=sys.stderr)
         return 1
@@ -231,7 +231,7 @@ def _bench(args) -> int:
     if args.device == "cuda":
         return _bench_gpu(args)
     # No OMP_WAIT_POLICY here: einfuse's kernels load libgomp with a passive wait
-    # policy themselves (backends/c_build.py), as for every library user.
+    # policy themselves (backends/c/build.py), as for every library user.
     from .bench import all_cases, run_case, text_table
     everything = all_cases(args.quick)
     cases = _selected(everything, args.case, everything)

@@ -14,7 +14,7 @@ from . import jaxpr_control, jaxpr_random, jaxpr_structural, jaxpr_windows
 
 Rule = Callable[..., list]
 
-# primitive -> the renderer's operation (backends/c_loops.py OPERATIONS)
+# primitive -> the renderer's operation (backends/c/loops.py OPERATIONS)
 ELEMENTWISE = {
     "add": "add", "add_any": "add", "sub": "sub", "mul": "mul", "div": "div", "rem": "rem",
     "max": "max", "min": "min", "pow": "pow", "atan2": "atan2", "nextafter": "nextafter",

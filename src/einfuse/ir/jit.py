@@ -9,7 +9,7 @@ buffers with arbitrary integer subscripts.  ``jaxpr_print`` shows it in index no
 Steps are :class:`Assign` (a loop nest over the output, optionally a reduction),
 :class:`ScatterAdd`, :class:`Loop` (scan / fori / while, a C loop inside the kernel) and
 :class:`Branch` (``lax.cond``).  All are frozen dataclasses; the C renderer
-(``backends/c_loops.py``) turns a :class:`JitProgram` into one C function."""
+(``backends/c/loops.py``) turns a :class:`JitProgram` into one C function."""
 
 from __future__ import annotations
 

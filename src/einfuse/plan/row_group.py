@@ -2,7 +2,7 @@
 statement's reductions and value as IR expressions over the row counter ``row`` and the
 column counter ``col``), launch shape and repeated subexpressions, and the lowering of
 one statement's right-hand side into those expressions (RowLowering).  The schedule
-(schedule/row_groups.py) decides which statements join a group; backends/triton_rows.py
+(schedule/row_groups.py) decides which statements join a group; backends/triton/rows.py
 prints and launches the group."""
 
 from __future__ import annotations

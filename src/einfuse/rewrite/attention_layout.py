@@ -1,7 +1,7 @@
 """The layout of a recognised attention pattern (rewrite/online_softmax.py's Attention):
 its canonical operand order ([batch..., row, feature]), the extents a call binds, the
 scale a call passes, and the modes the hand-written kernels take.  Facts the kernels
-(backends/c_attention.py, triton_attention.py) and the runtime read alike."""
+(backends/c/attention.py, triton_attention.py) and the runtime read alike."""
 
 from __future__ import annotations
 

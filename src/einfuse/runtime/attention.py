@@ -1,5 +1,5 @@
 """Running a recognised attention (rewrite/online_softmax.py) as one pass with online
-softmax: on the C backend as one kernel (backends/c_attention.py), on the NumPy backend
+softmax: on the C backend as one kernel (backends/c/attention.py), on the NumPy backend
 as a loop over key blocks that combines partial states with the softmax-weighted-sum
 monoid (rewrite/monoids.py).  Either way no N x N array exists.
 
@@ -58,8 +58,8 @@ def run_fused_attention(attention: Attention, named: Dict[str, object], options,
                                                               on_triton)
             return attention_autograd.run_recorded(attention, named, options)
     on_triton = triton_route(attention, named, options)
-    if on_triton is not None:       # backends/triton_attention.py
-        from ..backends import triton_attention
+    if on_triton is not None:       # backends/triton/attention.py
+        from ..backends.triton import attention as triton_attention
         return triton_attention.run(attention, named,
                                     lambda query: triton_scale(attention, named, query),
                                     on_triton)
@@ -85,7 +85,7 @@ def run_before_binding(kernel, args, kwargs):
 
 
 def triton_route(attention: Attention, named: Dict[str, object], options):
-    """The route (backends/triton_attention.Route) of a call the fused Triton kernel
+    """The route (backends/triton/attention.Route) of a call the fused Triton kernel
     takes -- torch CUDA tensors, or backend='triton' -- or None.  Imports no framework
     the caller's arrays do not belong to."""
     if options.backend not in ("auto", "triton"):
@@ -95,10 +95,10 @@ def triton_route(attention: Attention, named: Dict[str, object], options):
             type(a).__module__.startswith("torch") and getattr(a, "is_cuda", False)
             for a in arrays):
         return None
-    from ..backends import triton_backend
+    from ..backends.triton import backend as triton_backend
     if not triton_backend.available():
         return None
-    from ..backends import triton_attention
+    from ..backends.triton import attention as triton_attention
     return triton_attention.route(options, named,
                                   (attention.query, attention.key, attention.value))
 
@@ -118,7 +118,7 @@ def run_attention(attention: Attention, named: Dict[str, object], options) -> Op
             return None
         out = _run_numpy(attention, arrays)
     else:
-        from ..backends import c_build
+        from ..backends.c import build as c_build
         if c_build.find_compiler() is None:
             if backend == "c":
                 return None     # the statements raise the backend's own error
@@ -173,7 +173,7 @@ class FusedAttention:
     features: int        # E
     itemsize: int
     dtype: str
-    # where the Triton kernel runs (backends/triton_attention.Route) and its Config;
+    # where the Triton kernel runs (backends/triton/attention.Route) and its Config;
     # None: the C kernel (or the NumPy pass)
     route: Optional[object] = None
     config: Optional[object] = None
@@ -242,7 +242,7 @@ class FusedAttention:
             "(rewrite/online_softmax.py)",
             f"    {a.output} = {what}, s = {a.query} . {a.key} summed over the dot index"
             f"{' and scaled' if a.scale is not ScaleKind.NONE else ''}{skipped}",
-            f"    one Triton kernel (FlashAttention-2 forward, backends/triton_attention.py) "
+            f"    one Triton kernel (FlashAttention-2 forward, backends/triton/attention.py) "
             f"on {self.route.value}: one program per {config.block_m} rows of one batch "
             f"element, streaming blocks of {config.block_n} keys ({config.warps} warps, "
             f"{config.stages} stages) with a running max, a running denominator and a "
@@ -315,7 +315,7 @@ def _triton_call(attention: Attention, values: Dict[str, object]):
 
 
 def _explain_triton(attention: Attention, values: Dict[str, object], route):
-    from ..backends import triton_attention
+    from ..backends.triton import attention as triton_attention
     found = _triton_call(attention, values)
     if found is None:
         return None
@@ -341,7 +341,7 @@ def triton_fallback_notes(attention: Optional[Attention], values: Dict[str, obje
     found = _triton_call(attention, values)
     if found is None:
         return []
-    from ..backends import triton_attention
+    from ..backends.triton import attention as triton_attention
     extents, dtype = found
     reason = triton_attention.unsupported(dtype, extents[attention.dot_index],
                                           extents[attention.feature])

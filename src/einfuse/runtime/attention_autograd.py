@@ -1,6 +1,6 @@
 """Fused attention under torch autograd: the forward runs as the online-softmax kernel
-(backends/c_attention.py) and also keeps each row's log-sum-exp; the backward runs as
-one fused kernel (backends/c_attention_grad.py) that recomputes the weights block by
+(backends/c/attention.py) and also keeps each row's log-sum-exp; the backward runs as
+one fused kernel (backends/c/attention_grad.py) that recomputes the weights block by
 block.  Neither direction holds anything N x N.
 
 Taken for a normalised attention with no mask or the causal mask ``j <= i`` (every row
@@ -44,7 +44,7 @@ def run_recorded(attention: Attention, named: Dict[str, object], options) -> Opt
             or options.backend not in ("auto", "c") or options.pad is not None \
             or options.ranges or options.dtype is not None:
         return None
-    from ..backends import c_build
+    from ..backends.c import build as c_build
     if c_build.find_compiler() is None:
         return None
     scale = named.get(attention.scale_param) if attention.scale_param else None
@@ -57,7 +57,7 @@ def run_recorded(attention: Attention, named: Dict[str, object], options) -> Opt
     if arrays is None:
         return None
     threads = options.threads or 0
-    from ..backends import c_attention
+    from ..backends.c import attention as c_attention
     finite = c_attention.functions(arrays.query.dtype)[1]     # (parallel, in C)
     if not all(finite(a.ctypes.data, a.size, threads) for a in (arrays.query, arrays.key)):
         return None
@@ -126,7 +126,7 @@ def _canonical_output(saved: _Saved, grad: torch.Tensor) -> np.ndarray:
 
 
 def _fused_gradients(saved: _Saved, flowing: np.ndarray) -> Tuple[np.ndarray, ...]:
-    from ..backends import c_attention_grad
+    from ..backends.c import attention_grad as c_attention_grad
     a, arrays = saved.attention, saved.arrays
     q, k, v = arrays.query, arrays.key, arrays.value
     groups, rows, dot = q.shape
@@ -183,7 +183,7 @@ def formula_gradients(attention: Attention, scale: float, batch_shape, tensors, 
 
 
 def run_recorded_triton(attention: Attention, named: Dict[str, object], options, route):
-    """The output of the fused Triton kernel (backends/triton_attention.py), recorded as
+    """The output of the fused Triton kernel (backends/triton/attention.py), recorded as
     one autograd node whose backward is the statements' formula in torch (the weights
     materialised: O(N^2) memory, as the statements' own backward); None where the
     statements must run and record one by one (run_recorded's rules)."""
@@ -195,7 +195,7 @@ def run_recorded_triton(attention: Attention, named: Dict[str, object], options,
     tensors = tuple(named.get(n) for n in (attention.query, attention.key, attention.value))
     if not all(isinstance(t, torch.Tensor) for t in tensors):
         return None
-    from ..backends import triton_attention
+    from ..backends.triton import attention as triton_attention
     scale_value = triton_scale(attention, named, tensors[0])
     if scale_value is None:
         return None

@@ -57,7 +57,7 @@ def run_c(attention: Attention, arrays: Canonical, threads: int,
            lse: Optional[np.ndarray] = None) -> Optional[np.ndarray]:
     """The output in canonical layout, or None for a value with inf or NaN; ``lse``
     (G, NQ), when given, receives each row's log-sum-exp of its scores."""
-    from ..backends import c_attention     # (built on first use)
+    from ..backends.c import attention as c_attention     # (built on first use)
     q, k, v = arrays.query, arrays.key, arrays.value
     attend, finite = c_attention.functions(q.dtype)
     if not finite(v.ctypes.data, v.size, threads):

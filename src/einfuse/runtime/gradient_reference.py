@@ -301,7 +301,7 @@ class NumpyOps:
     @staticmethod
     def add_at(target, positions, values, keep):
         where, kept = tuple(p[keep] for p in positions), values[keep]
-        from ..backends.c_scatter import scatter_flat     # compiled where it applies
+        from ..backends.c.scatter import scatter_flat     # compiled where it applies
         if not scatter_flat(target, where, kept):
             np.add.at(target, where, kept)
         return target
@@ -421,7 +421,7 @@ def _add_rows(target: np.ndarray, g: GradientStatement, values: np.ndarray, posi
               keep) -> bool:
     """The embedding-backward shape, ``dW[idx[b], d] += v[b, d]``: the first axis of the
     target is scattered, its other axes are the values' last axes taken whole.  Rows are
-    then added whole (:func:`einfuse.backends.c_scatter.scatter_rows`: deterministic, and
+    then added whole (:func:`einfuse.backends.c.scatter.scatter_rows`: deterministic, and
     far faster than ``np.add.at`` element by element)."""
     indices = g.spec.output_indices
     rest = len(g.scatter) - 1
@@ -440,7 +440,7 @@ def _add_rows(target: np.ndarray, g: GradientStatement, values: np.ndarray, posi
     ok = keep[(Ellipsis,) + (0,) * rest].reshape(-1)
     if not ok.all():
         rows, where = rows[ok], where[ok]
-    from ..backends.c_scatter import scatter_rows
+    from ..backends.c.scatter import scatter_rows
     scatter_rows(target.reshape(target.shape[0], -1), rows, where)
     return True
 

@@ -2,7 +2,7 @@
 FFI custom call: under jit, shapes and dtypes are static when the primitive lowers, so
 the whole call is planned then -- ranges, buffer layouts (XLA's buffers are dense,
 row-major), runtime ints and strides -- and the C kernel for it is built with its own
-XLA FFI handler (backends/c_ffi.py) and registered as an XLA target named after the
+XLA FFI handler (backends/c/ffi.py) and registered as an XLA target named after the
 kernel library.  XLA then runs the kernel inside its executable: no host callback, no
 copy of inputs or result (the kernel writes XLA's result buffer).
 
@@ -30,10 +30,11 @@ import jax
 import jaxlib
 import numpy as np
 
-from ..backends import c_build, get_backend
-from ..backends.c_backend import blas_contraction, output_dtype
-from ..backends.c_ffi_support import XLA_DTYPES
-from ..backends.c_threads import fixed_thread_count
+from ..backends.c import build as c_build
+from ..backends import get_backend
+from ..backends.c.backend import blas_contraction, output_dtype
+from ..backends.c.ffi_support import XLA_DTYPES
+from ..backends.c.threads import fixed_thread_count
 from ..errors import EinfuseError, attach_statement
 from ..plan import buffer_slots, call_arguments, unit_axis
 from ..analysis.ranges import subscript_span
@@ -79,7 +80,7 @@ class FfiPlan:
     result_shape: Tuple[int, ...]
     result_dtype: np.dtype                  # of the custom call's result buffer
     casts: Tuple[Optional[np.dtype], ...]   # per operand: converted by XLA first, or None
-    layout: Tuple[int, ...]                 # see backends/c_ffi_support.py
+    layout: Tuple[int, ...]                 # see backends/c/ffi_support.py
     ints: Tuple[int, ...]
     fills: Tuple[float, float]
     verify: Tuple[int, ...] = ()    # gathers' range rules (c_ffi_support.ef_in_range)
@@ -197,7 +198,7 @@ def _route_for(statement, options, names, avals, x64):
         layout += [position[tensor], XLA_DTYPES[want.name]]
         buffers.append(_dense(avals[position[tensor]][0], want))
     buffers.append(_dense(call.output_shape, out))
-    from ..backends.c_ffi import ffi_kernel
+    from ..backends.c.ffi import ffi_kernel
     header, version = _headers()
     try:
         built = ffi_kernel(call, [unit_axis(b) for b in buffers], header, version)
@@ -302,7 +303,7 @@ def _remember(report: _Report) -> int:
 
 def _message(token: int, args) -> str:
     """einfuse's message for the failed call ``token`` on XLA's buffers ``args``."""
-    from ..backends.numpy_backend import NumpyExecutor
+    from ..backends.numpy.backend import NumpyExecutor
     report = _reports[token]
     named = {}
     for k, (name, shape, dtype) in enumerate(zip(report.names, report.shapes,
@@ -335,7 +336,7 @@ _reporter = _REPORTER(_report)
 
 
 def _install_reporter() -> None:
-    from ..backends.c_ffi import support_library
+    from ..backends.c.ffi import support_library
     support_library(*_headers()).einfuse_ffi_set_reporter(
         ctypes.cast(_reporter, ctypes.c_void_p))
 

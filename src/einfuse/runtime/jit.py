@@ -1,5 +1,5 @@
 """``ef.jit``: a JAX function traced to a jaxpr, converted (``frontends/jaxpr.py``) and
-compiled into one C kernel (``backends/c_loops.py``), called once per call.
+compiled into one C kernel (``backends/c/loops.py``), called once per call.
 
 How it composes with JAX (programs.md section 2):
 

@@ -30,7 +30,7 @@ class CompiledFunction:
         self.closed = without_dead_code(jax.make_jaxpr(flat_fn)(*leaves))
         self.in_avals = tuple(v.aval for v in self.closed.jaxpr.invars)
         self.out_avals = tuple(v.aval for v in self.closed.jaxpr.outvars)
-        from ..backends import c_loops
+        from ..backends.c import loops as c_loops
         from ..frontends.jaxpr import convert
         self.program = convert(self.closed)
         self.entry = c_loops.build(self.program)

@@ -37,7 +37,7 @@ def triton_route(env: Dict[str, object], backend: str) -> bool:
     """Whether a call on ``env`` runs on the Triton backend: torch tensors of one CUDA
     device with ``backend="auto"`` or ``"triton"``, or, under the interpreter, CPU
     tensors with ``backend="triton"``."""
-    from ..backends import triton_backend
+    from ..backends.triton import backend as triton_backend
     if backend not in ("auto", "triton"):
         return False
     devices = {v.device for v in env.values() if isinstance(v, torch.Tensor)}

@@ -1,7 +1,7 @@
 """The fast path for a repeated call (issue 11): a Kernel remembers, per call signature,
-a prepared runner (backends/c_repeat.py), so that a call it has seen before is a
+a prepared runner (backends/c/repeat.py), so that a call it has seen before is a
 dictionary lookup and the kernel call.  Only ':=' statements on the C backend (or the
-Triton backend: backends/triton_repeat.py) whose arguments cannot depend on the data; a statement in its hoisted form goes straight to
+Triton backend: backends/triton/repeat.py) whose arguments cannot depend on the data; a statement in its hoisted form goes straight to
 its kernels, each on its own fast path (as do a program's statements, which pass their
 arrays in ``arrays=``)."""
 
@@ -61,7 +61,7 @@ def prepare(kernel, call, kwargs) -> None:
     if form is not None and form.runs(call):
         cache[signature] = _hoisted_runner(kernel, form, call)
         return
-    from ..backends.c_repeat import GatherFlagged, repeat_runner
+    from ..backends.c.repeat import GatherFlagged, repeat_runner
     prepared = repeat_runner(call)
     if prepared is None:
         return
@@ -115,10 +115,10 @@ def run_first(kernel, call, kwargs, backend: str) -> Tuple[bool, object]:
 
 
 def _triton_runner(call):
-    """The Triton backend's prepared runner (backends/triton_repeat.py), or None; it
+    """The Triton backend's prepared runner (backends/triton/repeat.py), or None; it
     hands back what ``Kernel.run`` would: the result dtype, bfloat16 for bfloat16 inputs."""
     import torch
-    from ..backends.triton_repeat import repeat_runner
+    from ..backends.triton.repeat import repeat_runner
     final = torch.bfloat16 if call.bfloat16 else getattr(torch, call.dtypes.result.name)
     return repeat_runner(call, final)
 

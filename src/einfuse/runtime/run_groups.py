@@ -12,7 +12,8 @@ from typing import Callable, Dict, FrozenSet, List, Optional, Sequence, Set, Tup
 import numpy as np
 
 from ..analysis.frameworks import framework_of, from_numpy, torch_recording
-from ..backends import c_fused, c_fused_prepared, triton_rows
+from ..backends.c import fused as c_fused, fused_prepared as c_fused_prepared
+from ..backends.triton import rows as triton_rows
 from ..schedule.fusion import (column_members, group_from, inside_group, last_read_positions,
                                worth_fusing)
 from ..schedule.row_groups import row_group, triton_rows_possible

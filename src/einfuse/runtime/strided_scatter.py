@@ -74,7 +74,7 @@ def add_strided(target, g, values, ranges: Mapping[str, range]) -> bool:
     if isinstance(target, np.ndarray):
         if not target.flags.c_contiguous:
             return False
-        from ..backends.c_strided_add import strided_add
+        from ..backends.c.strided_add import strided_add
         if strided_add(target, offset, shape, steps, values):
             return True
         base = target.reshape(-1)[offset:]

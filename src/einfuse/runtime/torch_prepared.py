@@ -3,7 +3,7 @@ needs that depends only on the call's signature (names, shapes, dtypes, strides,
 requires_grad) is found once, so that a training step costs torch's own bookkeeping plus
 the kernels.
 
-* forward: NumPy views of the tensors, the prepared C kernel (backends/c_repeat.py) and
+* forward: NumPy views of the tensors, the prepared C kernel (backends/c/repeat.py) and
   one ``PreparedFunction.apply``;
 * backward: per wanted input, the gradient statements' own prepared kernels, called
   directly (no derivation, option resolution or binding after the first backward of a
@@ -29,7 +29,7 @@ import torch
 
 from ..autodiff.attribution import gradient_errors
 from .gradient_reference import NumpyOps, numpy_scatter_add
-from ..backends.c_scatter import scatter_rows
+from ..backends.c.scatter import scatter_rows
 from ..lang.ast import Access
 from . import gradients
 from .signatures import BY_NAME, signature_of
@@ -45,7 +45,7 @@ LAYOUTS_KEPT = 8
 _NUMPY_OPS = NumpyOps()
 
 # Below this many elements a row scatter is one np.add.at (about 1 µs to start, 30 ns an
-# element); above it backends/c_scatter.py's sorted or compiled row adds
+# element); above it backends/c/scatter.py's sorted or compiled row adds
 SMALL_SCATTER = 256
 
 
@@ -281,9 +281,9 @@ def _step(g, kernel, inputs, values) -> GradientStep:
 def _on_torch_blas(kernel, named) -> Optional[Callable]:
     """A gradient statement that BLAS computes (dx = dy W^T, dW = x^T dy), run on
     torch's BLAS where it is large enough, as the forward of a call on torch tensors
-    is (backends/c_blas.py says why); None for any other statement."""
+    is (backends/c/blas.py says why); None for any other statement."""
     from ..backends import get_backend
-    from ..backends.c_repeat import blas_runner
+    from ..backends.c.repeat import blas_runner
     call = kernel.bind(arrays=named)
     if get_backend(kernel.options.backend).name != "c":
         return None

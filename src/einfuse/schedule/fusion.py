@@ -116,7 +116,7 @@ class FusionGroup:
     thread_rows: Tuple[Tuple[str, int], ...] = ()
     # statements that sum over the rows into per-thread accumulators (fuse_columns)
     column_sums: Tuple[int, ...] = ()
-    # the row kernel that runs the group (backends/c_rows.py), if one does
+    # the row kernel that runs the group (backends/c/rows.py), if one does
     row_kernel: Optional[str] = None
     # the group's generated source, where it is one printed kernel (a Triton row group)
     source: Optional[str] = None
@@ -126,7 +126,7 @@ def fusion_groups(kernels: Sequence, env: Dict[str, object],
                   keep: Optional[Set[str]] = None) -> List[FusionGroup]:
     """The kernels that would run for arrays like those in ``env`` (their contents are
     not read), for explain; ``keep`` as for run_statements."""
-    from ..backends import c_fused, c_rows
+    from ..backends.c import fused as c_fused, rows as c_rows
     env = dict(env)
     if triton_rows_possible(kernels, env):
         return _triton_groups(kernels, env, keep)
@@ -189,7 +189,7 @@ def _triton_groups(kernels: Sequence, env: Dict[str, object],
     (schedule/row_groups.py) and the statements that run alone."""
     import torch
 
-    from ..backends import triton_rows
+    from ..backends.triton import rows as triton_rows
     from ..analysis.frameworks import tensor_placeholder
     device = next(v.device for v in env.values() if isinstance(v, torch.Tensor))
 
@@ -212,7 +212,7 @@ def _triton_groups(kernels: Sequence, env: Dict[str, object],
                 row_kernel="triton", source=triton_rows.source(group)))
             position += group.statements
             continue
-        from ..backends.triton_backend import result_dtype
+        from ..backends.triton.backend import result_dtype
         _alone(kernels[position], env,
                lambda call: placeholder(call.output_shape, result_dtype(call)))
         groups.append(FusionGroup((position,)))
@@ -225,7 +225,7 @@ def group_from(kernels, start: int, env):
     starts at ``start``; no statements joined when there is no group of two or more
     loop nests worth fusing.  A statement with a hoisted form (rewrite/hoist.py)
     joins as its statements, all or none of them."""
-    from ..backends import c_fused
+    from ..backends.c import fused as c_fused
     if not c_fused.available():
         return [], [], 0
     members: List[Member] = []
@@ -288,7 +288,7 @@ def _join(kernel, names: Dict[str, str], members: List[Member], produced: Dict[s
     """``kernel`` bound as the next member of the group, or None where it cannot join;
     ``names`` maps the statement's names to keys of ``scratch`` where they differ.
     ``original``: the column sum whose elementwise body ``kernel`` is (_column_of)."""
-    from ..backends import c_fused
+    from ..backends.c import fused as c_fused
     spec = kernel.spec
     if spec.assign != ":=" or not spec.output_indices:
         return None

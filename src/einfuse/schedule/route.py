@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from ..analysis.binding import BoundCall
 from ..analysis.frameworks import TORCH
-from ..backends.triton_backend import available
+from ..backends.triton.backend import available
 
 
 def backend_name(requested: str, call: BoundCall) -> str:

@@ -29,7 +29,7 @@ A statement joins the group of the statements before it when, for this call,
 
 The group is described here (which values are written out, in which order things are
 computed, the launch's shape) as :class:`RowGroup` over the IR's value expressions;
-backends/triton_rows.py prints and launches it.  Rows longer than that, and
+backends/triton/rows.py prints and launches it.  Rows longer than that, and
 every other statement, run one statement at a time as before."""
 
 from __future__ import annotations
@@ -58,7 +58,7 @@ def triton_rows_possible(kernels: Sequence, env: Dict[str, object]) -> bool:
     made before any statement is bound)."""
     if len(kernels) < 2:
         return False
-    from ..backends import triton_backend
+    from ..backends.triton import backend as triton_backend
     if not triton_backend.available():
         return False
     import torch
@@ -157,7 +157,7 @@ class _Builder:
                                        for name in spec.arg_order})
         except (EinfuseError, KeyError):
             return None
-        from ..backends.triton_backend import host_fallback
+        from ..backends.triton.backend import host_fallback
         from .route import backend_name
         if backend_name(kernel.options.backend, call) != "triton" or \
                 call.framework != "torch" or host_fallback(call):
@@ -175,7 +175,7 @@ class _Builder:
         if working.name not in ("float32", "float64") or call.dtypes.result != working or \
                 (self.working is not None and working.name != self.working):
             return None
-        from ..backends.triton_backend import result_dtype
+        from ..backends.triton.backend import result_dtype
         if result_dtype(call) != getattr(torch, working.name):
             return None     # (a bfloat16 input: the statement stores a bfloat16 result)
         from ..analysis.result_size import check_result_size
