@@ -32,8 +32,8 @@ def main() -> int:
     import numpy as np
 
     import einfuse as ef
-    from einfuse.backends import c_build, c_call
-    from einfuse.bench.cases import all_cases
+    from einfuse.backends.c import build as c_build, call as c_call
+    from einfuse.bench.catalogue import all_cases
 
     if c_build.find_compiler() is None:
         print("no C compiler: nothing to measure", file=sys.stderr)

@@ -11,7 +11,8 @@ import pytest
 os.environ.setdefault("TRITON_INTERPRET", "1")
 sys.path.insert(0, os.path.dirname(__file__))  # lets tests import oracle.py, strategies.py
 
-from einfuse.backends import c_build, triton_backend  # noqa: E402
+from einfuse.backends.c import build as c_build
+from einfuse.backends.triton import backend as triton_backend  # noqa: E402
 
 BACKENDS = ["numpy"] + (["c"] if c_build.find_compiler() is not None else []) + \
     (["triton"] if triton_backend.available() else [])
@@ -68,9 +69,9 @@ def bind_count(monkeypatch):
 
 @pytest.fixture
 def row_launches(monkeypatch):
-    """The statements each Triton row-group launch ran (backends/triton_rows.py), one
+    """The statements each Triton row-group launch ran (backends/triton/rows.py), one
     entry per launch."""
-    from einfuse.backends import triton_rows
+    from einfuse.backends.triton import rows as triton_rows
     count = []
     original = triton_rows.RowRunner.__call__
 

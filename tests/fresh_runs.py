@@ -1,8 +1,9 @@
 """Dropping what keeps a compiled fused kernel alive between calls, so that a test's
 next call builds its kernel anew (under whatever pass it has switched on or off)."""
 
-from einfuse.backends import c_fused
-from einfuse.runtime import hoisted, kernel as kernel_module
+from einfuse.backends.c import fused as c_fused
+from einfuse.program import compile as program_compile
+from einfuse.runtime import hoisted, kernel_maker
 
 
 def fresh_runs(monkeypatch) -> None:
@@ -10,8 +11,8 @@ def fresh_runs(monkeypatch) -> None:
     ``ef.compile``/``ef.ein``, built anew: each keeps the prepared runs (so the
     compiled kernel) of its first call."""
     monkeypatch.setattr(c_fused, "_fused", {})
-    kernel_module._shared_program.cache_clear()
-    kernel_module._shared_kernel.cache_clear()
+    program_compile.shared_program.cache_clear()
+    kernel_maker.shared_kernel.cache_clear()
     hoisted.hoisted_form.cache_clear()
 
 
@@ -24,8 +25,8 @@ def without_pass(monkeypatch, name: str, run):
         patch.setattr(fuse, name, lambda body, loop: fuse_sums.MergedSums(tuple(body), ()))
         fresh_runs(patch)
         built = []
-        compiled = c_fused._compiled
-        patch.setattr(c_fused, "_compiled", lambda *a: built.append(1) or compiled(*a))
+        compiled = c_fused.compiled_for
+        patch.setattr(c_fused, "compiled_for", lambda *a: built.append(1) or compiled(*a))
         result = run()
         assert built        # a kernel without the pass ran
         return result

@@ -10,8 +10,9 @@ import numpy as np
 import pytest
 
 import einfuse as ef
-from einfuse.backends import c_build
+from einfuse.backends.c import build as c_build
 from einfuse.runtime import attention as attention_runtime
+from einfuse.runtime import attention_run
 from oracle import brute_force
 
 MASKS = {"causal": "j <= i", "strict": "j < i", "none": None}
@@ -47,14 +48,14 @@ def one_by_one(Q, K, V, scale=1.0, mask="j <= i", normalised=True):
 def fused_calls(monkeypatch):
     """How many calls ran fused (the C kernel or the NumPy key-block pass)."""
     calls = []
-    for name in ("_run_c", "_run_numpy"):
-        original = getattr(attention_runtime, name)
+    for module, name in ((attention_run, "run_c"), (attention_runtime, "_run_numpy")):
+        original = getattr(module, name)
 
         def counting(*args, _original=original):
             out = _original(*args)
             calls.append(out is not None)
             return out
-        monkeypatch.setattr(attention_runtime, name, counting)
+        monkeypatch.setattr(module, name, counting)
     return calls
 
 
@@ -292,7 +293,7 @@ def test_result_dtype_as_one_by_one(scale):
 
 
 def test_triton_runs_one_by_one():
-    from einfuse.backends import triton_backend
+    from einfuse.backends.triton import backend as triton_backend
     if not triton_backend.available():
         pytest.skip("triton is not installed")
     Q, K, V = qkv(1, 1, 5, 5, 2, 3, np.float32)

@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 import einfuse as ef
-from einfuse.backends import c_attention_grad, c_build
-from einfuse.runtime import attention as attention_runtime
+from einfuse.backends.c import attention_grad as c_attention_grad, build as c_build
+from einfuse.runtime import attention_run
 
 torch = pytest.importorskip("torch")
 pytestmark = pytest.mark.skipif(c_build.find_compiler() is None,
@@ -178,12 +178,12 @@ def test_calls_outside_the_fused_path_record_the_statements(backward_calls, case
     else:
         scale = torch.tensor(0.5, dtype=torch.float64, requires_grad=True)
     calls = []
-    original = attention_runtime._run_c
+    original = attention_run.run_c
     try:
-        attention_runtime._run_c = lambda *a: calls.append(1) or original(*a)
+        attention_run.run_c = lambda *a: calls.append(1) or original(*a)
         out = ef.ein(text, Q=Q, K=K, V=V, scale=scale)
     finally:
-        attention_runtime._run_c = original
+        attention_run.run_c = original
     assert not calls and out.grad_fn is not None
     out.nan_to_num().sum().backward()
     assert not backward_calls

@@ -11,7 +11,9 @@ import numpy as np
 import pytest
 
 import einfuse as ef
-from einfuse.autodiff import GradientStatement, NoGradientError, derive, run_reference
+from einfuse.autodiff import GradientStatement, NoGradientError, derive
+from einfuse import run_reference
+from einfuse.runtime.gradient_reference import resolve_options
 
 H = 1e-6
 
@@ -21,7 +23,7 @@ def forward(statement, arrays, options):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         if isinstance(statement, GradientStatement):
-            opts = statement.resolve_options(arrays)
+            opts = resolve_options(statement, arrays)
             args = {n: arrays[n] for n in statement.inputs}
             return np.asarray(ef.ein(statement.text, backend="numpy", **opts, **args))
         spec = ef.compile(statement, **options).spec

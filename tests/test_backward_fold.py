@@ -9,9 +9,9 @@ import pytest
 
 import einfuse as ef
 from einfuse.autodiff.algebra import Algebra, definition_of
-from einfuse.autodiff.backward import backward_program
+from einfuse.runtime.backward import backward_program
 from einfuse.lang.printer import format_expr
-from einfuse.runtime.kernel import _spec_for
+from einfuse.analysis.spec import spec_of
 from program_texts import LAYERNORM, SOFTMAX
 
 torch = pytest.importorskip("torch")
@@ -180,9 +180,9 @@ def test_dividing_out_keeps_the_value():
     dP = rng.standard_normal((4, 6))
     algebra = Algebra(frozenset({"dP"}))
     definitions = [definition_of(algebra, s.output, tuple(s.output_indices), s.rhs)
-                   for s in (_spec_for("e[i,j] := exp(X[i,j] - m[i])"),
-                             _spec_for("P[i,j] := e[i,j] / sum[k](e[i,k])"))]
-    gradient = _spec_for("d[i,j] := (dP[i,j] / sum[k](e[i,k]) + sum[j2](-(dP[i,j2] * "
+                   for s in (spec_of("e[i,j] := exp(X[i,j] - m[i])"),
+                             spec_of("P[i,j] := e[i,j] / sum[k](e[i,k])"))]
+    gradient = spec_of("d[i,j] := (dP[i,j] / sum[k](e[i,k]) + sum[j2](-(dP[i,j2] * "
                          "e[i,j2] / sum[k](e[i,k])**2))) * exp(X[i,j] - m[i])").rhs
     rewritten = algebra.expr(algebra.divide_out(algebra.poly(gradient), definitions))
     names = {a.tensor for a in rewritten.walk() if hasattr(a, "tensor")}

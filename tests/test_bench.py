@@ -146,7 +146,7 @@ def test_cli_bench_says_when_no_case_matches(capsys):
 
 
 def test_the_first_call_says_whether_it_compiled(tmp_path, monkeypatch):
-    from einfuse.backends import c_build
+    from einfuse.backends.c import build as c_build
     if c_build.find_compiler() is None:
         pytest.skip("no C compiler")
     case = next(c for c in all_cases(quick=True) if c.name.startswith("logsumexp"))
@@ -160,7 +160,7 @@ def test_the_first_call_says_whether_it_compiled(tmp_path, monkeypatch):
 
 
 def test_a_slow_compile_is_said_once(tmp_path, monkeypatch, caplog):
-    from einfuse.backends import c_build
+    from einfuse.backends.c import build as c_build
     if c_build.find_compiler() is None:
         pytest.skip("no C compiler")
     monkeypatch.setenv("EINFUSE_CACHE_DIR", str(tmp_path))

@@ -13,11 +13,11 @@ pytest.importorskip("triton")
 import torch  # noqa: E402
 
 import einfuse as ef  # noqa: E402
-from einfuse.bench import gpu  # noqa: E402
+from einfuse.bench import catalogue, gpu  # noqa: E402
 from einfuse.bench.runner import Measurement, PeerUnavailable, agreement, host  # noqa: E402
 from einfuse.cli import main  # noqa: E402
 
-CASES = gpu.gpu_cases("cpu", quick=True)
+CASES = catalogue.gpu_cases("cpu", quick=True)
 CUBLAS = "torch.matmul (cuBLAS)"
 # eager torch formulations, on the same device and dtype as einfuse: the references
 EAGER = ("torch eager", CUBLAS, "torch einsum", "torch conv2d", "torch embedding",
@@ -34,7 +34,7 @@ def test_quick_cases_cover_the_issue():
     assert {case.dtype for case in CASES if case.name.startswith("matmul")} == \
         {"float16", "bfloat16", "float32"}
     assert len([c for c in CASES if c.target is not None]) == 8
-    full = [case.name for case in gpu.gpu_cases("cuda", quick=False)]
+    full = [case.name for case in catalogue.gpu_cases("cuda", quick=False)]
     for prefix in ("attention B=4 H=8 N=4096 D=64 float16", "causal attention B=4",
                    "ef.jit seed MLP scan 8000 steps"):
         assert any(name.startswith(prefix) for name in full), prefix
@@ -144,9 +144,9 @@ def test_cli_device_cuda_refuses_under_the_interpreter(monkeypatch, capsys):
 def test_cli_device_cuda_writes_the_table_and_targets(monkeypatch, tmp_path, capsys):
     """The command's own path, with the device swapped for the CPU (the only thing a
     machine without a GPU cannot do is the CUDA part)."""
-    cases_for, run_on = gpu.gpu_cases, gpu.run_gpu_case
+    cases_for, run_on = catalogue.gpu_cases, gpu.run_gpu_case
     monkeypatch.setattr(gpu, "cuda_problem", lambda: None)
-    monkeypatch.setattr(gpu, "gpu_cases", lambda device, quick: cases_for("cpu", quick))
+    monkeypatch.setattr(catalogue, "gpu_cases", lambda device, quick: cases_for("cpu", quick))
     monkeypatch.setattr(gpu, "run_gpu_case", lambda case, device, *rest, **options:
                         run_on(case, "cpu", *rest, progress=lambda m: None, **options))
     monkeypatch.setattr(gpu, "machine_line", lambda: "GPU: test double")

@@ -13,10 +13,10 @@ import pytest
 
 import einfuse as ef
 from einfuse import ir
-from einfuse.backends import c_backend, c_build
-from einfuse.backends.c_backend import CBackend
-from einfuse.backends.c_render import render_c
-from einfuse.backends.numpy_backend import NumpyExecutor
+from einfuse.backends.c import backend as c_backend, build as c_build
+from einfuse.backends.c.backend import CBackend
+from einfuse.backends.c.render import render_c
+from einfuse.backends.numpy.backend import NumpyExecutor
 from einfuse.plan import plan_for
 
 pytestmark = pytest.mark.skipif(c_build.find_compiler() is None,
@@ -171,7 +171,7 @@ def test_disk_cache_and_memory_cache(tmp_path, monkeypatch):
 
 def test_concurrent_processes_compile_the_same_kernel(tmp_path):
     script = ("import numpy as np, sys; sys.path.insert(0, %r)\n"
-              "from einfuse.backends import c_build\n"
+              "from einfuse.backends.c import build as c_build\n"
               "lib = c_build.load('int einfuse_race(void) { return 7; }\\n')\n"
               "assert lib.einfuse_race() == 7\n") % os.path.join(
                   os.path.dirname(__file__), "..", "src")

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 import einfuse as ef
-from einfuse.backends import c_build
+from einfuse.backends.c import build as c_build
 
 pytestmark = pytest.mark.skipif(c_build.find_compiler() is None, reason="no C compiler")
 
@@ -58,7 +58,7 @@ def test_verified_gathers_still_raise_and_still_respect_ranges():
 
 
 def test_vector_math_declarations_only_with_libmvec():
-    from einfuse.backends.c_render import render_c
+    from einfuse.backends.c.render import render_c
     from einfuse.ir import Kernel, Program
     program = Program("float32", (Kernel("k", (), (), 0, ()),))
     assert "__simd__" in render_c(program, vector_math=True)

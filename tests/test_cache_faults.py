@@ -18,7 +18,8 @@ import numpy as np
 import pytest
 
 import einfuse as ef
-from einfuse.backends import c_backend, c_build
+from einfuse.backends.c import backend as c_backend, build as c_build
+from einfuse.backends import disk_cache
 
 pytestmark = pytest.mark.skipif(c_build.find_compiler() is None,
                                 reason="no C compiler with OpenMP")
@@ -32,8 +33,8 @@ def cache(tmp_path, monkeypatch):
     directory.mkdir()
     monkeypatch.setenv("EINFUSE_CACHE_DIR", str(directory))
     monkeypatch.setattr(c_backend, "_kernels", {})
-    monkeypatch.setattr(c_build, "_warned_dirs", set(), raising=False)
-    monkeypatch.setattr(c_build, "_fallback", [], raising=False)
+    monkeypatch.setattr(disk_cache, "_warned_dirs", set(), raising=False)
+    monkeypatch.setattr(disk_cache, "_fallback", [], raising=False)
     monkeypatch.setattr(c_build, "_swept", set(), raising=False)
     c_build.clear_memory_cache()
     yield directory
@@ -81,7 +82,7 @@ def test_damaged_cached_library_is_rebuilt_not_loaded(cache, damage):
         os.unlink(str(path) + ".sha256")
     else:
         path.write_bytes(DAMAGE[damage](good))   # in place, as a crash or a disk would
-    done = run_python("from einfuse.backends import c_build\n"
+    done = run_python("from einfuse.backends.c import build as c_build\n"
                       f"print('got', c_build.load({source!r}).einfuse_damaged())\n", cache)
     assert done.returncode == 0 and "got 5" in done.stdout, done.stderr[-2000:]
     rebuilt = path.read_bytes()
@@ -180,7 +181,7 @@ def test_interrupted_compile_leaves_no_files_and_no_processes(cache, tmp_path, m
         if mode == "interrupt":   # Ctrl-C reaches a Python process: not the test runner
             done = run_python(
                 "import os\nos.environ['EINFUSE_TEST_CALLER'] = str(os.getpid())\n"
-                "from einfuse.backends import c_build\n"
+                "from einfuse.backends.c import build as c_build\n"
                 f"c_build._compiler, c_build._probed = (({str(fake)!r},), 'fake'), True\n"
                 f"try:\n    c_build.load({source!r})\n"
                 "except KeyboardInterrupt:\n    print('interrupted')\n", cache, timeout=60)
@@ -218,7 +219,7 @@ def test_an_interrupt_while_the_compiler_starts_still_kills_it(cache, tmp_path):
     fake.chmod(0o755)
     done = run_python(
         "import os, signal, subprocess, time\n"
-        "from einfuse.backends import c_build\n"
+        "from einfuse.backends.c import build as c_build\n"
         f"c_build._compiler, c_build._probed = (({str(fake)!r},), 'fake'), True\n"
         "real = subprocess.Popen\n"
         "def popen(*args, **kwargs):\n"
@@ -279,7 +280,7 @@ def test_concurrent_builds_compile_each_kernel_once(cache, tmp_path, monkeypatch
 
     # Processes: each loads a second kernel at about the same moment.
     log.unlink()
-    code = ("from einfuse.backends import c_build\n"
+    code = ("from einfuse.backends.c import build as c_build\n"
             f"c_build._compiler, c_build._probed = (({str(script)!r},), 'counting'), True\n"
             "assert c_build.load('int einfuse_twice(void) { return 12; }\\n')"
             ".einfuse_twice() == 12\n")

@@ -51,7 +51,7 @@ def test_no_limit_and_a_bad_value(tmp_path, monkeypatch):
 def test_a_loaded_kernel_keeps_running_when_the_cache_evicts_it(tmp_path, monkeypatch):
     """Eviction after a build never breaks a kernel already loaded."""
     import einfuse as ef
-    from einfuse.backends import c_build
+    from einfuse.backends.c import build as c_build
     monkeypatch.setenv("EINFUSE_CACHE_DIR", str(tmp_path))
     monkeypatch.setattr(cache_limit, "RECENT_SECONDS", -1.0)
     monkeypatch.setenv("EINFUSE_CACHE_MAX_MB", "0.000001")

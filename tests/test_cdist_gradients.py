@@ -1,5 +1,5 @@
 """cdist forward + backward (issue 11): the pairwise forward packed for lanes
-(backends/c_lane_layout.py), the gradients' costly (i, j) factor computed once
+(backends/c/lane_layout.py), the gradients' costly (i, j) factor computed once
 (rewrite/factors.py) and the forward's result read instead of recomputed
 (autodiff/reuse.py).  Every result is checked against torch.cdist's autograd in float64,
 numpy, the brute-force oracle or gradcheck."""
@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 
 import einfuse as ef
-from einfuse.autodiff import derive, run_reference
+from einfuse import derive, run_reference
 from einfuse.autodiff.reuse import with_output
-from einfuse.backends import c_backend
+from einfuse.backends.c import backend as c_backend
 from oracle import brute_force
 
 torch = pytest.importorskip("torch")

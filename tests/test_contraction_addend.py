@@ -1,5 +1,5 @@
 """A contraction plus a broadcast term (a Linear layer, plan/contraction_addend.py) runs
-as one BLAS matmul and an add (backends/c_blas.py); on CPU torch tensors from
+as one BLAS matmul and an add (backends/c/blas.py); on CPU torch tensors from
 TORCH_BLAS_WORK multiply-adds on, forward and gradient products run on torch's BLAS.
 Results are checked against np.einsum and torch autograd of the same formula, on the
 first call (the full path) and on repeated ones (the prepared path)."""
@@ -9,7 +9,7 @@ import pytest
 
 import einfuse as ef
 from einfuse.analysis.spec import analyse
-from einfuse.backends import c_blas, c_build
+from einfuse.backends.c import blas as c_blas, build as c_build
 from einfuse.lang import parse
 from einfuse.plan.contraction_addend import match_contraction_addend
 

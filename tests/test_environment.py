@@ -8,7 +8,8 @@ import os
 
 import pytest
 
-from einfuse.backends import c_build, triton_backend
+from einfuse.backends.c import build as c_build
+from einfuse.backends.triton import backend as triton_backend
 
 ALLOWED_MISSING = {name.strip() for name in
                    os.environ.get("EINFUSE_TEST_ALLOW_MISSING", "").split(",") if name.strip()}

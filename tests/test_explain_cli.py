@@ -104,7 +104,7 @@ def test_readme_explain_blocks_are_current(statement, tmp_path):
 
 
 def test_explain_shows_the_compiled_kernel_on_the_c_backend():
-    from einfuse.backends import c_build
+    from einfuse.backends.c import build as c_build
     if c_build.find_compiler() is None:
         pytest.skip("no C compiler")
     shapes = {"w": (784, 64), "x": (784, 48)}
@@ -192,7 +192,7 @@ def test_the_demo_runs():
 def test_generated_source_is_visible_and_is_what_runs():
     """kernel.source() is the C the backend compiles (it builds and has the kernel);
     explain(source=True) shows it; Triton's is Python; the reference says it has none."""
-    from einfuse.backends import c_build
+    from einfuse.backends.c import build as c_build
     if c_build.find_compiler() is None:
         pytest.skip("no C compiler")
     kernel = ef.compile("D[i,j] := (w[k,i] - x[k,j])**2", backend="c")
@@ -219,7 +219,7 @@ def test_source_named_tensor_goes_in_arrays():
 
 
 def test_explain_says_whether_the_first_call_compiles(tmp_path, monkeypatch):
-    from einfuse.backends import c_build
+    from einfuse.backends.c import build as c_build
     if c_build.find_compiler() is None:
         pytest.skip("no C compiler")
     monkeypatch.setenv("EINFUSE_CACHE_DIR", str(tmp_path))      # nothing built yet

@@ -5,7 +5,7 @@ linear time (rewrite/hoist.py computes each position once per output point)."""
 import numpy as np
 import pytest
 
-from einfuse.autodiff import derive, run_reference
+from einfuse import derive, run_reference
 from einfuse.errors import EinfuseError
 
 

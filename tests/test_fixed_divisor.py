@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 import einfuse as ef
-from einfuse.backends import c_build
+from einfuse.backends.c import build as c_build
 
 pytestmark = pytest.mark.skipif(c_build.find_compiler() is None,
                                 reason="the rewrite is the C backend's")

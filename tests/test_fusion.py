@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import einfuse as ef
-from einfuse.backends import c_build, c_fused
+from einfuse.backends.c import build as c_build, fused as c_fused
 from einfuse.errors import OutOfBoundsError
 
 pytestmark = pytest.mark.skipif(c_build.find_compiler() is None,

@@ -1,4 +1,4 @@
-"""Row kernels (backends/c_rows.py): a fused softmax or layernorm group runs a
+"""Row kernels (backends/c/rows.py): a fused softmax or layernorm group runs a
 hand-written kernel.  Checked against NumPy (and the generic fused kernel for rows of
 NaN, inf and -inf), its exponential against NumPy's over the float32 range, and the
 calls it must leave to the generic kernel (other statements, other layouts)."""
@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 import einfuse as ef
-from einfuse.backends import c_build, c_fused, c_rows
+from einfuse.backends.c import build as c_build, fused as c_fused, rows as c_rows
 from program_texts import SOFTMAX, SOFTMAX_STATEMENT as STATEMENT
 
 pytestmark = pytest.mark.skipif(c_build.find_compiler() is None,

@@ -15,7 +15,7 @@ import pytest
 
 import einfuse as ef
 from einfuse import ir
-from einfuse.backends import c_build, c_fused
+from einfuse.backends.c import build as c_build, fused as c_fused
 from einfuse.plan import fuse, fuse_siblings, fuse_sums
 from einfuse.plan.fuse_sums import GUARD_INT
 from fresh_runs import fresh_runs, without_pass
@@ -81,7 +81,7 @@ def _pin_threads(monkeypatch, threads):
     """Fused kernels on ``threads`` threads: the backward does not take the program's
     ``threads=``, and the cores a call finds free would split the column sums anew."""
     monkeypatch.setattr(c_fused, "thread_count", lambda requested, work: threads)
-    monkeypatch.setattr(c_fused, "_adaptive", lambda members: False)
+    monkeypatch.setattr(c_fused, "is_adaptive", lambda members: False)
 
 
 def _layernorm_backward(X, g, b, seed, threads):
@@ -171,7 +171,7 @@ def test_sums_of_other_lengths_keep_their_loops(merges, k):
 def test_a_sum_of_a_value_stored_between_is_not_merged(monkeypatch, merges):
     # the variance reads the mean stored after the first sum: the two stay apart
     # (layernorm's forward, here on the generic fused kernel)
-    from einfuse.backends import c_rows
+    from einfuse.backends.c import rows as c_rows
     X = np.random.default_rng(3).standard_normal((400, 128))
     monkeypatch.setattr(c_rows, "match", lambda members, rows: None)
     out = ef.compile("""mu[i] := sum[j](X[i,j]) / 128

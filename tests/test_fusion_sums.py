@@ -4,14 +4,14 @@ few ulp (same values added in the same order; see test_softmax_close_to_two_pass
 special rows included, and where the sum
 does not read exactly the row just written (another range, another length) the
 kernel keeps the two passes and the result is still right.  Softmax itself runs the
-row kernel of backends/c_rows.py (tests/test_fusion_rows.py); here the row kernels
+row kernel of backends/c/rows.py (tests/test_fusion_rows.py); here the row kernels
 are turned off, so that these groups run the merged loop nests they check."""
 
 import numpy as np
 import pytest
 
 import einfuse as ef
-from einfuse.backends import c_build, c_fused, c_rows
+from einfuse.backends.c import build as c_build, fused as c_fused, rows as c_rows
 from einfuse.plan import fuse
 from fresh_runs import fresh_runs, without_pass
 from program_texts import SOFTMAX, SOFTMAX_STATEMENT as STATEMENT

@@ -1,5 +1,5 @@
 """The embedding form of a gather, ``E[b,d] := W[idx[b], d]``, on its prepared path
-(backends/c_gather_rows.py): one test and one memcpy per row.  Results are compared with
+(backends/c/gather_rows.py): one test and one memcpy per row.  Results are compared with
 np.take (and torch.nn.functional.embedding); an index value out of bounds on a repeated
 call still gets the full path's error naming it."""
 
@@ -8,8 +8,8 @@ import pytest
 
 import einfuse as ef
 from einfuse.analysis.spec import analyse
-from einfuse.backends import c_build
-from einfuse.backends.c_gather_rows import row_gather
+from einfuse.backends.c import build as c_build
+from einfuse.backends.c.gather_rows import row_gather
 from einfuse.errors import OutOfBoundsError
 from einfuse.lang import parse
 
@@ -80,7 +80,7 @@ def test_more_axes_and_a_vector(bind_count):
 @pytest.mark.parametrize("rows", [5, 3000])        # one thread; shared among threads
 @pytest.mark.parametrize("bad", [-1, 50, 2**63 + 5])
 def test_a_value_out_of_bounds_on_a_repeated_call_is_named(rows, bad, monkeypatch):
-    from einfuse.backends import c_gather_rows
+    from einfuse.backends.c import gather_rows as c_gather_rows
     if rows > 5:       # rows shared among threads from a smaller size
         monkeypatch.setattr(c_gather_rows, "COPY_PARALLEL_BYTES", 1024)
     kernel = ef.compile("E[b,d] := W[idx[b], d]", backend="c")
@@ -97,7 +97,7 @@ def test_a_value_out_of_bounds_on_a_repeated_call_is_named(rows, bad, monkeypatc
 
 
 def test_threads_and_clip_keep_their_results(monkeypatch):
-    from einfuse.backends import c_gather_rows
+    from einfuse.backends.c import gather_rows as c_gather_rows
     monkeypatch.setattr(c_gather_rows, "COPY_PARALLEL_BYTES", 1024)
     rng = np.random.default_rng(4)
     W = rng.standard_normal((500, 64))

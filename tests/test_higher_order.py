@@ -133,7 +133,7 @@ def test_an_index_only_compared_is_summed_explicitly():
     """Deriving a gated gradient again leaves its extent index only in a comparison;
     summed implicitly, the statement would read it as a scalar parameter (so did
     ``dx[i] := where(j < i, dy[i], 0)``, the gradient of this statement)."""
-    from einfuse.autodiff import derive, run_reference
+    from einfuse import derive, run_reference
     grads = derive("y[i] := sum[j](where(j < i, x[i], 0))", "x", options={"ranges": {"j": 3}})
     found = run_reference(grads, {"x": np.arange(4.0), "dy": np.ones(4)})["dx"]
     np.testing.assert_allclose(found, [0.0, 1.0, 2.0, 3.0])   # min(i, 3)

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 import einfuse as ef
-from einfuse.backends import c_build
+from einfuse.backends.c import build as c_build
 from einfuse.errors import EinfuseError, OutOfBoundsError
 from oracle import brute_force
 

@@ -245,7 +245,8 @@ def test_older_call_forms_still_work():
 # -- Unicode names ----------------------------------------------------------------------
 
 def test_unicode_names_run_and_never_reach_generated_code(backend, monkeypatch):
-    from einfuse.backends import c_backend, triton_render
+    from einfuse.backends.c import backend as c_backend
+    from einfuse.backends.triton import render as triton_render
     sources = []
 
     def capture(render):

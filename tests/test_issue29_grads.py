@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 import einfuse as ef
-from einfuse.autodiff import derive, run_reference
-from einfuse.backends import c_build
+from einfuse import derive, run_reference
+from einfuse.backends.c import build as c_build
 from einfuse.errors import EinfuseError, EinfuseTypeError, OutOfBoundsError, ShapeError
 
 torch = pytest.importorskip("torch")

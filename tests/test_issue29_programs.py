@@ -9,7 +9,7 @@
 2. Same inputs, same bits: a statement or program gives the same results and gradients
    on every call (torch.autograd.gradcheck's reentrancy check), its first call (which
    binds, groups and prepares) included, and whatever number of threads a call takes
-   (without threads=, the free cores decide call by call: backends/c_threads.py)."""
+   (without threads=, the free cores decide call by call: backends/c/threads.py)."""
 
 import itertools
 
@@ -18,7 +18,7 @@ import pytest
 from conftest import BACKENDS
 
 import einfuse as ef
-from einfuse.backends import c_build
+from einfuse.backends.c import build as c_build
 from einfuse.errors import (AllocationError, BackendError, OutOfBoundsError, ShapeError)
 from einfuse.program.writes import guarded_names
 
@@ -314,7 +314,8 @@ def test_the_free_cores_changing_from_call_to_call_change_no_bit(monkeypatch, fr
     """Without threads= each kernel takes the cores other tasks leave (c_threads.py),
     so consecutive calls run on different thread counts: a fused column sum (layernorm's
     dg, db) must not depend on how its rows are split among them."""
-    from einfuse.backends import c_fused_prepared, c_repeat, c_threads
+    from einfuse.backends.c import (fused_prepared as c_fused_prepared, repeat as c_repeat,
+                                    threads as c_threads)
     monkeypatch.setenv("OMP_NUM_THREADS", "2")
     counts = itertools.cycle([1, 2])
 

@@ -22,7 +22,8 @@ import pytest
 
 import einfuse as ef
 from einfuse import errors
-from einfuse.backends import c_backend, c_build
+from einfuse.backends.c import backend as c_backend, build as c_build
+from einfuse.backends import disk_cache
 
 SRC = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "src")
 HAVE_C = c_build.find_compiler() is not None
@@ -145,7 +146,7 @@ def test_the_backward_fold_looks_at_each_step_a_bounded_number_of_times(monkeypa
     """autodiff/backward_fold.py: a rescan of every step after each fold made a long
     program's backward quadratic."""
     torch = pytest.importorskip("torch")
-    from einfuse.autodiff import backward_fold
+    from einfuse.runtime import backward_fold
     looked = []
     real = backward_fold._inputs
     monkeypatch.setattr(backward_fold, "_inputs", lambda step: looked.append(1) or real(step))
@@ -206,10 +207,10 @@ def test_jit_gradient_of_a_long_chain(x64):
 @needs_c
 def test_jit_of_many_materialised_steps_is_split_into_functions():
     """Each ``%`` of an int is read twice (rem, then its sign fix): 2 steps an iteration,
-    past backends/c_loops_parts.PART_THRESHOLD; the parts compute what one function did."""
+    past backends/c/loops_parts.PART_THRESHOLD; the parts compute what one function did."""
     pytest.importorskip("jax")
     import jax.numpy as jnp
-    from einfuse.backends import c_loops_parts
+    from einfuse.backends.c import loops_parts as c_loops_parts
 
     iterations = c_loops_parts.PART_THRESHOLD
     def f(x):
@@ -258,8 +259,8 @@ def cache(tmp_path, monkeypatch):
     directory.mkdir()
     monkeypatch.setenv("EINFUSE_CACHE_DIR", str(directory))
     monkeypatch.setattr(c_backend, "_kernels", {})
-    monkeypatch.setattr(c_build, "_warned_dirs", set())
-    monkeypatch.setattr(c_build, "_fallback", [])
+    monkeypatch.setattr(disk_cache, "_warned_dirs", set())
+    monkeypatch.setattr(disk_cache, "_fallback", [])
     c_build.clear_memory_cache()
     yield directory
     c_build.clear_memory_cache()
@@ -314,7 +315,7 @@ def test_a_compile_dies_with_its_caller(tmp_path):
                     "sleep 120 </dev/null >/dev/null 2>&1 &\n"
                     f"echo $! > {shlex.quote(str(state))}/helper.pid\nwait\n")
     fake.chmod(0o755)
-    code = ("from einfuse.backends import c_build\n"
+    code = ("from einfuse.backends.c import build as c_build\n"
             f"c_build._compiler, c_build._probed = (({str(fake)!r},), 'slow'), True\n"
             "c_build.load('int einfuse_orphaned(void) { return 0; }\\n')\n")
     env = dict(os.environ, EINFUSE_CACHE_DIR=str(tmp_path / "cache"),
@@ -364,7 +365,7 @@ def test_an_intermediate_of_a_group_past_memory_is_refused(monkeypatch):
     # the machine is said to have 64 kB: the fused group's intermediate (640 kB) is the
     # statement's AllocationError, checked before the group allocates it (as NumPy's
     # MemoryError, where it does not fit)
-    from einfuse.runtime import result_size
+    from einfuse.analysis import result_size
     from einfuse.schedule import fusion
     monkeypatch.setattr(result_size, "_physical_memory", lambda: 1 << 16)
     y = np.ones(fusion.MIN_FUSED_ELEMENTS)         # enough work to be worth fusing

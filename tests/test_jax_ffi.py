@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 import einfuse as ef
-from einfuse.backends import c_build
+from einfuse.backends.c import build as c_build
 
 jax = pytest.importorskip("jax")
 jnp = jax.numpy

@@ -12,7 +12,7 @@ import einfuse as ef
 jax = pytest.importorskip("jax")
 torch = pytest.importorskip("torch")
 jnp = jax.numpy
-from einfuse.backends import triton_backend, triton_tuning  # noqa: E402
+from einfuse.backends.triton import backend as triton_backend, tuning as triton_tuning  # noqa: E402
 from einfuse.runtime import jax_gpu  # noqa: E402
 
 pytestmark = pytest.mark.skipif(not triton_backend.available(),

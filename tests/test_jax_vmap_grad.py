@@ -94,7 +94,7 @@ except pytest.skip.Exception:
 
 
 def device_tests():
-    from einfuse.backends import triton_backend
+    from einfuse.backends.triton import backend as triton_backend
     return pytest.mark.skipif(device_path is None or not triton_backend.available(),
                               reason="triton (and torch) not installed")
 

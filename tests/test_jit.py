@@ -8,7 +8,7 @@ import jax.numpy as jnp  # noqa: E402
 from jax import lax  # noqa: E402
 
 import einfuse as ef  # noqa: E402
-from einfuse.backends import c_build  # noqa: E402
+from einfuse.backends.c import build as c_build  # noqa: E402
 
 from jit_support import close, seed_inputs, seed_run, x64  # noqa: E402,F401  (x64: autouse)
 

@@ -1,4 +1,4 @@
-"""The jit kernel renderer's program rewrites (backends/c_loops_rewrite.py) against
+"""The jit kernel renderer's program rewrites (backends/c/loops_rewrite.py) against
 jax.jit of the same function: transposed copies of loop-invariant weights for
 ``dY @ W.T`` in a loop, carries updated in place, the vector math of a sum's operand
 as its own statement, and the per-thread arena of a vmapped call's blocks.  Where a
@@ -13,9 +13,9 @@ import jax.numpy as jnp  # noqa: E402
 from jax import lax  # noqa: E402
 
 import einfuse as ef  # noqa: E402
-from einfuse.backends import c_build, c_loops_rewrite  # noqa: E402
+from einfuse.backends.c import build as c_build, loops_rewrite as c_loops_rewrite  # noqa: E402
 from einfuse.frontends.jaxpr import convert  # noqa: E402
-from einfuse.frontends.jaxpr_ir import Assign, Loop  # noqa: E402
+from einfuse.ir.jit import Assign, Loop  # noqa: E402
 
 from jit_support import close, x64  # noqa: E402,F401  (x64: an autouse fixture)
 

@@ -1,5 +1,5 @@
 """ef.jit kernels under jax.jit on the CPU as XLA FFI custom calls (runtime/jit_ffi.py,
-backends/c_jit_ffi.py): results against jax.jit of the same functions, forward,
+backends/c/jit_ffi.py): results against jax.jit of the same functions, forward,
 gradient and vmapped; the route (the lowered module holds the custom call and no
 callback, and the host never runs the kernel); the callback as the fallback; errors
 from inside the kernel and from the handler's checks as JAX errors with einfuse's
@@ -16,7 +16,7 @@ import jax.numpy as jnp  # noqa: E402
 from jax import lax  # noqa: E402
 
 import einfuse as ef  # noqa: E402
-from einfuse.backends import c_build  # noqa: E402
+from einfuse.backends.c import build as c_build  # noqa: E402
 from einfuse.runtime import jit as jit_module  # noqa: E402
 from einfuse.runtime import jit_batch, jit_ffi  # noqa: E402
 

@@ -12,8 +12,8 @@ import jax.numpy as jnp  # noqa: E402
 from jax import lax  # noqa: E402
 
 import einfuse as ef  # noqa: E402
-from einfuse.backends import c_build  # noqa: E402
-from einfuse.frontends.jaxpr import JaxprConversionError  # noqa: E402
+from einfuse.backends.c import build as c_build  # noqa: E402
+from einfuse.frontends.jaxpr_values import JaxprConversionError  # noqa: E402
 from einfuse.frontends.jaxpr_control import scan_layout  # noqa: E402
 
 from jit_support import close, x64  # noqa: E402,F401  (x64: an autouse fixture)

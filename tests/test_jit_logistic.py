@@ -1,5 +1,5 @@
 """The logistic function (jax.nn.sigmoid) of ef.jit kernels, whose whole-buffer
-statements run as explicit vector code (backends/c_loops_vmath.py) where the compiler
+statements run as explicit vector code (backends/c/loops_vmath.py) where the compiler
 allows: against jax.jit of the same function and against the exact value (NumPy's
 long double), special values included, float64 and float32, vmapped (the flat
 statements of a block) and not, with an argument that is a buffer or an expression,
@@ -12,7 +12,7 @@ jax = pytest.importorskip("jax")
 import jax.numpy as jnp  # noqa: E402
 
 import einfuse as ef  # noqa: E402
-from einfuse.backends import c_build  # noqa: E402
+from einfuse.backends.c import build as c_build  # noqa: E402
 
 from jit_support import x64  # noqa: E402,F401  (x64: an autouse fixture)
 

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from einfuse.analysis import machine as machine_module
-from einfuse.backends import c_build
+from einfuse.backends.c import build as c_build
 from einfuse.errors import BackendError
 
 HOST_FLAGS = machine_module._cpu_flags()

@@ -40,7 +40,7 @@ def test_peak_memory_stays_within_budget(statement, shapes):
 
 def test_paper_sized_dist_plan_is_bounded():
     """K=784, N=M=4096 would broadcast 105 GB in float64; the plan's blocks stay small."""
-    from einfuse.backends.numpy_backend import NumpyExecutor
+    from einfuse.backends.numpy.backend import NumpyExecutor
     kernel = ef.compile("D[i,j] := (w[k,i] - x[k,j])**2", backend="numpy")
     w = np.broadcast_to(np.zeros((), np.float64), (784, 4096))
     call = kernel.bind(w=w, x=w)

@@ -1,6 +1,6 @@
 """Pooling forward and backward on the C backend (issue 11): strided windows run as
 lane tiles (plan/lower.py), the gradient's scatter as one strided C add
-(backends/c_strided_add.py).  Checked against torch's max_pool1d/2d/3d (ties
+(backends/c/strided_add.py).  Checked against torch's max_pool1d/2d/3d (ties
 included: the first maximum in row-major window order gets the gradient), against
 the NumPy reference backend bit for bit, and against the brute-force oracle."""
 
@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 import einfuse as ef
-from einfuse.backends import c_build
-from einfuse.backends.c_strided_add import MIN_ELEMENTS, merged_axes, strided_add
+from einfuse.backends.c import build as c_build
+from einfuse.backends.c.strided_add import MIN_ELEMENTS, merged_axes, strided_add
 
 from oracle import brute_force
 

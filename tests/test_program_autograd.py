@@ -9,7 +9,7 @@ import pytest
 
 import einfuse as ef
 from einfuse.autodiff.shift import zero_gradient_shifts
-from einfuse.runtime.kernel import _spec_for
+from einfuse.analysis.spec import spec_of
 from program_texts import LAYERNORM, SOFTMAX, SOFTMAX_STATEMENT
 
 torch = pytest.importorskip("torch")
@@ -69,7 +69,7 @@ def test_gradcheck_and_gradgradcheck(source):
 
 
 def _shifts(source, outputs):
-    return zero_gradient_shifts([_spec_for(s) for s in source.split("\n")], outputs)
+    return zero_gradient_shifts([spec_of(s) for s in source.split("\n")], outputs)
 
 
 def test_shift_invariance_is_recognised_only_where_exact():

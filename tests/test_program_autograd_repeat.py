@@ -205,7 +205,8 @@ def test_the_backward_runs_on_the_programs_threads(monkeypatch, threads):
     """threads= fixes the thread count of the backward's kernels too (compiled without
     it, they chose theirs from the free cores per call, which splits the column sums
     differently from call to call)."""
-    from einfuse.backends import c_fused_prepared, c_repeat, c_rows
+    from einfuse.backends.c import (fused_prepared as c_fused_prepared, repeat as c_repeat,
+                                    rows as c_rows)
     asked = []
     for module in (c_fused_prepared, c_repeat, c_rows):
         monkeypatch.setattr(module, "free_threads", lambda: asked.append(1) or 0)

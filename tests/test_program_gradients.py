@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 import einfuse as ef
-from einfuse.autodiff import ProgramGradient
+from einfuse.program.gradient import ProgramGradient
 from einfuse.errors import NoGradientError
 from program_texts import SOFTMAX
 

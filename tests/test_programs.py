@@ -141,7 +141,7 @@ def test_ranges_apply_to_the_statements_that_use_the_index():
 
 def test_explain_a_program_shows_materialised_intermediates():
     text = str(ef.explain(SOFTMAX, shapes={"X": (256, 1024)}))
-    from einfuse.backends import c_build
+    from einfuse.backends.c import build as c_build
     assert "m  float32 256  1.02 kB  read by statement 2" in text
     if c_build.find_compiler() is not None:     # the C backend fuses the three statements
         assert "kernel 1: statements 1, 2, 3 (fused" in text

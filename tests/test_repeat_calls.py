@@ -140,14 +140,14 @@ def test_program_statements_take_their_fast_paths(bind_count):
 
 
 def test_the_kernel_call_extension_gives_the_ctypes_results(monkeypatch):
-    """Repeated calls go through a small CPython extension (backends/c_call.py) where
+    """Repeated calls go through a small CPython extension (backends/c/call.py) where
     Python's headers exist, else through ctypes: the same results, for strided,
     read-only and broadcast inputs."""
     import os
     import sysconfig
 
     from einfuse.analysis.options import Options
-    from einfuse.backends import c_build, c_call
+    from einfuse.backends.c import build as c_build, call as c_call
     if c_build.find_compiler() is None:
         pytest.skip("no C compiler")
     headers = os.path.exists(os.path.join(sysconfig.get_paths()["include"], "Python.h"))
@@ -173,7 +173,7 @@ def test_the_kernel_call_extension_gives_the_ctypes_results(monkeypatch):
 
 
 def test_the_kernel_call_extension_refuses_what_it_cannot_call():
-    from einfuse.backends import c_call
+    from einfuse.backends.c import call as c_call
     call = c_call.caller()
     if call is None:
         pytest.skip("no extension here")

@@ -52,7 +52,7 @@ def test_a_name_passed_in_another_unicode_form_repeats():
 
 
 def test_a_statement_with_more_arrays_than_the_extension_takes_repeats():
-    from einfuse.backends import c_call
+    from einfuse.backends.c import call as c_call
     count = c_call.MAX_BUFFERS + 2
     k = ef.compile("y[i] := " + " + ".join(f"A{t}[i]" for t in range(count)), backend="c")
     arrays = {f"A{t}": np.full(3, float(t)) for t in range(count)}

@@ -1,5 +1,5 @@
 """Review of the prepared autograd call (program/autograd.py), the fused groups' prepared
-runner (backends/c_fused_prepared.py) and programs under JAX transformations
+runner (backends/c/fused_prepared.py) and programs under JAX transformations
 (runtime/jax_program.py): the bugs found, each as the test that failed."""
 
 import numpy as np
@@ -172,7 +172,8 @@ def test_the_prepared_fused_runner_never_runs_more_threads_than_its_scratch_hold
     was when the runner was prepared, but each call took the free cores as they are
     now: with OMP_NUM_THREADS raised later on a busy machine, the kernel's extra threads
     wrote past the scratch (heap corruption: 'double free or corruption')."""
-    from einfuse.backends import c_build, c_call, c_fused_prepared
+    from einfuse.backends.c import (build as c_build, call as c_call,
+                                    fused_prepared as c_fused_prepared)
     if c_build.find_compiler() is None or c_call.caller() is None:
         pytest.skip("needs the C backend and its call extension")
     counts = []

@@ -1,4 +1,4 @@
-"""Review of the Triton row groups (schedule/row_groups.py, backends/triton_rows.py and
+"""Review of the Triton row groups (schedule/row_groups.py, backends/triton/rows.py and
 the row-group hook of schedule/fusion.py): inputs given in forms a statement accepts
 but the group's launch did not, and other cases where the fused kernel disagreed with
 the statements run one by one.  Each test compares with the NumPy backend (or torch)
@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import einfuse as ef
-from einfuse.backends import triton_backend, triton_rows
+from einfuse.backends.triton import backend as triton_backend, rows as triton_rows
 
 torch = pytest.importorskip("torch")
 pytestmark = pytest.mark.skipif(not triton_backend.available(),
@@ -169,7 +169,7 @@ def test_a_result_larger_than_memory_is_the_statements_error(monkeypatch, row_la
     # the allocator, or on a GPU torch.OutOfMemoryError).  The machine is said to have
     # 64 kB here, so that nothing large is allocated whatever happens.
     from einfuse.errors import EinfuseError
-    from einfuse.runtime import result_size
+    from einfuse.analysis import result_size
     monkeypatch.setattr(result_size, "_physical_memory", lambda: 1 << 16)
     v = torch.ones(20, dtype=torch.float64, device=DEVICE)
     w = torch.ones(1024, dtype=torch.float64, device=DEVICE)     # y: 160 kB

@@ -1,11 +1,11 @@
 """A gradient's general scatter-add (a gather on a later axis, quasi-affine subscripts)
-runs as a compiled loop (backends/c_scatter.scatter_flat), giving np.add.at's bits."""
+runs as a compiled loop (backends/c/scatter.scatter_flat), giving np.add.at's bits."""
 
 import numpy as np
 import pytest
 
 import einfuse as ef
-from einfuse.backends import c_scatter
+from einfuse.backends.c import scatter as c_scatter
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])

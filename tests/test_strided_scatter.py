@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 import einfuse as ef
-from einfuse.autodiff.strided_scatter import strided_view
+from einfuse.runtime.strided_scatter import strided_view
 from einfuse.lang.ast import IndexExpr
 
 torch = pytest.importorskip("torch")

@@ -1,5 +1,5 @@
 """The OpenMP wait policy einfuse's kernels run with: passive unless the user chose one,
-and glibc's heap trimming (backends/c_process.py, docs/backends.md "Threads", "Memory").  Checked in fresh processes, since
+and glibc's heap trimming (backends/c/process.py, docs/backends.md "Threads", "Memory").  Checked in fresh processes, since
 libgomp reads the policy once, when the first kernel loads it."""
 
 import os
@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from einfuse.backends import c_build
+from einfuse.backends.c import build as c_build
 
 pytestmark = pytest.mark.skipif(c_build.find_compiler() is None, reason="no C compiler")
 
@@ -91,10 +91,10 @@ def test_freed_buffers_are_kept_for_the_next_call(load, environment, refaults):
     assert (faults > 20000) if refaults else (faults < 2000), faults
 
 
-# -- thread counts beside busy processes (backends/c_threads.py) ---------------------------
+# -- thread counts beside busy processes (backends/c/threads.py) ---------------------------
 
 def test_thread_count_rules(monkeypatch):
-    from einfuse.backends import c_threads
+    from einfuse.backends.c import threads as c_threads
     monkeypatch.setattr(c_threads, "free_threads", lambda: 5)
     assert c_threads.thread_count(3, 10**9) == 3           # threads= wins
     assert c_threads.thread_count(None, 100) == 1          # small work: the calling thread
@@ -104,7 +104,7 @@ def test_thread_count_rules(monkeypatch):
 @pytest.mark.parametrize("running, cores, expected", [
     (1, 2, 0), (2, 2, 1), (5, 2, 1), (1, 8, 0), (3, 8, 6), (None, 8, 0), (4, 1, 1)])
 def test_free_cores_from_running_tasks(monkeypatch, running, cores, expected):
-    from einfuse.backends import c_threads
+    from einfuse.backends.c import threads as c_threads
     monkeypatch.setattr(c_threads, "_whole_machine", lambda: True)
     monkeypatch.setattr(c_threads.os, "cpu_count", lambda: cores)
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
@@ -115,7 +115,7 @@ def test_free_cores_from_running_tasks(monkeypatch, running, cores, expected):
 def test_this_process_s_own_spinning_threads_are_not_contention(monkeypatch):
     """Idle OpenMP/XLA workers of this process spin after a parallel loop: counted as
     other tasks they would put every repeated kernel on one thread."""
-    from einfuse.backends import c_threads
+    from einfuse.backends.c import threads as c_threads
     monkeypatch.setattr(c_threads, "_whole_machine", lambda: True)
     monkeypatch.setattr(c_threads.os, "cpu_count", lambda: 2)
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
@@ -126,7 +126,7 @@ def test_this_process_s_own_spinning_threads_are_not_contention(monkeypatch):
 
 def test_own_running_threads_reads_this_process():
     import threading
-    from einfuse.backends import c_threads
+    from einfuse.backends.c import threads as c_threads
     tasks = len(os.listdir("/proc/self/task"))
     assert 1 <= c_threads._own_running_threads() <= max(tasks, 1)
     stop = threading.Event()
@@ -140,7 +140,7 @@ def test_own_running_threads_reads_this_process():
 
 
 def test_a_cpu_limited_process_keeps_openmp_s_default(monkeypatch):
-    from einfuse.backends import c_threads
+    from einfuse.backends.c import threads as c_threads
     monkeypatch.setattr(c_threads, "_whole_machine", lambda: False)
     assert c_threads._from_running_tasks(50) == 0
 
@@ -151,7 +151,7 @@ def test_kernels_beside_busy_tasks_give_the_same_results(monkeypatch):
     import numpy as np
 
     import einfuse as ef
-    from einfuse.backends import c_threads
+    from einfuse.backends.c import threads as c_threads
     rng = np.random.default_rng(0)
     X = rng.standard_normal((300, 257))
     program = ef.compile("m[i] := max[j](X[i,j])\ne[i,j] := exp(X[i,j] - m[i])\n"

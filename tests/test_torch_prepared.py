@@ -11,7 +11,7 @@ import pytest
 import einfuse as ef
 from einfuse.errors import OutOfBoundsError
 from einfuse.runtime import gradients
-from einfuse.runtime.repeat import signature_of
+from einfuse.runtime.signatures import signature_of
 from einfuse.runtime import kernel as kernel_module
 
 torch = pytest.importorskip("torch")

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import einfuse as ef
-from einfuse.backends import triton_backend
+from einfuse.backends.triton import backend as triton_backend
 
 pytestmark = pytest.mark.skipif(not triton_backend.available(),
                                 reason="triton (and torch) not installed")
@@ -16,7 +16,7 @@ pytestmark = pytest.mark.skipif(not triton_backend.available(),
 
 def rendered(statement, **arrays):
     from einfuse.plan.gathers import bounds_mode
-    from einfuse.backends.triton_render import render_triton
+    from einfuse.backends.triton.render import render_triton
     from einfuse.plan import plan_for, unit_axis
     call = ef.compile(statement).bind(**arrays)
     layouts = tuple(unit_axis(np.asarray(a)) for a in call.arrays.values()) + (1,)
@@ -104,12 +104,12 @@ def test_torch_callers_get_tensors_without_a_host_round_trip():
 
 def test_auto_picks_triton_for_cuda_tensors():
     from types import SimpleNamespace
-    from einfuse.runtime.kernel import _backend_name
+    from einfuse.schedule.route import backend_name
     cuda = SimpleNamespace(framework="torch", sources={"A": SimpleNamespace(is_cuda=True)})
     cpu = SimpleNamespace(framework="torch", sources={"A": SimpleNamespace(is_cuda=False)})
-    assert _backend_name("auto", cuda) == "triton"
-    assert _backend_name("auto", cpu) == "auto"
-    assert _backend_name("c", cuda) == "c"
+    assert backend_name("auto", cuda) == "triton"
+    assert backend_name("auto", cpu) == "auto"
+    assert backend_name("c", cuda) == "c"
 
 
 # -- device residency: nothing of a torch caller's goes through NumPy -----------------------
@@ -129,7 +129,8 @@ def test_forward_and_gradients_stay_torch_tensors(statement, shapes, monkeypatch
     """With Triton, a torch caller's forward and backward run on its tensors where they
     are: converting any tensor to NumPy (a device-to-host copy on a GPU) fails here."""
     torch = pytest.importorskip("torch")
-    from einfuse.runtime import binding, torch_autograd
+    from einfuse.analysis import binding
+    from einfuse.runtime import torch_autograd
     gen = torch.Generator().manual_seed(0)
     inputs = {n: torch.randn(s, generator=gen, dtype=torch.float64).requires_grad_()
               for n, s in shapes.items()}
@@ -155,7 +156,7 @@ def test_forward_and_gradients_stay_torch_tensors(statement, shapes, monkeypatch
 
 
 def test_half_precision_inputs_reach_tl_dot_as_stored():
-    from einfuse.backends.triton_render import render_triton
+    from einfuse.backends.triton.render import render_triton
     from einfuse.plan import plan_for
     call = ef.compile("C[i,j] := A[i,k] * B[k,j]").bind(A=np.ones((40, 30), np.float16),
                                                        B=np.ones((30, 20), np.float16))
@@ -184,7 +185,7 @@ def test_half_precision_results_are_stored_in_their_dtype(dtype):
 
 # -- block-size tuning --------------------------------------------------------------------
 def test_autotune_searches_once_per_shape_bucket_and_caches_on_disk(tmp_path, monkeypatch):
-    from einfuse.backends import triton_tuning
+    from einfuse.backends.triton import tuning as triton_tuning
     monkeypatch.setenv("EINFUSE_CACHE_DIR", str(tmp_path))
     monkeypatch.setenv("EINFUSE_TRITON_AUTOTUNE", "1")
     triton_tuning.forget_memory()
@@ -215,7 +216,7 @@ def test_autotune_searches_once_per_shape_bucket_and_caches_on_disk(tmp_path, mo
 
 
 def test_autotune_skips_candidates_that_fail():
-    from einfuse.backends.triton_tuning import Config, search
+    from einfuse.backends.triton.tuning import Config, search
 
     def launch(config):
         if config.rows == 16:
@@ -255,8 +256,8 @@ def test_blocked_reductions_keep_special_values(op):
 def test_small_work_on_a_gpu_takes_the_default_without_a_search(monkeypatch):
     """A search compiles every candidate (about a second each on an H100): only work
     large enough to repay it is tuned; small kernels take the default configuration."""
-    from einfuse.backends import triton_backend, triton_tuning
-    from einfuse.backends.triton_render import Launch
+    from einfuse.backends.triton import backend as triton_backend, tuning as triton_tuning
+    from einfuse.backends.triton.render import Launch
     monkeypatch.delenv("EINFUSE_TRITON_AUTOTUNE", raising=False)
     monkeypatch.setattr(triton_tuning, "lookup", lambda key: None)
     monkeypatch.setattr(triton_tuning, "remember", lambda key, config: None)
@@ -272,7 +273,7 @@ def test_small_work_on_a_gpu_takes_the_default_without_a_search(monkeypatch):
     assert searched == [triton_tuning.candidates(True, False, False, False, True)]
 
 
-# -- the prepared runner of a repeated call (backends/triton_repeat.py) ---------------------
+# -- the prepared runner of a repeated call (backends/triton/repeat.py) ---------------------
 def _triton_device():
     return "cpu" if triton_backend.interpreted() else "cuda"
 

@@ -1,4 +1,4 @@
-"""The fused Triton attention kernel (backends/triton_attention.py): backend='triton' on
+"""The fused Triton attention kernel (backends/triton/attention.py): backend='triton' on
 torch tensors and NumPy arrays runs it, under the Triton interpreter on CPU tensors (CI),
 compiled on CUDA tensors where a GPU is there and TRITON_INTERPRET=0 (a lent GPU
 machine).  Results are compared with the statements' semantics in float64
@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import einfuse as ef
-from einfuse.backends import triton_backend
+from einfuse.backends.triton import backend as triton_backend
 from oracle import brute_force
 from test_attention import one_by_one, poison, program
 
@@ -21,7 +21,7 @@ pytestmark = pytest.mark.skipif(
     reason="needs triton under TRITON_INTERPRET=1, or compiled with a CUDA GPU")
 # the interpreter runs on CPU tensors; compiled Triton on the GPU's
 DEVICE = "cpu" if triton_backend.interpreted() else "cuda"
-from einfuse.backends import triton_attention  # noqa: E402
+from einfuse.backends.triton import attention as triton_attention  # noqa: E402
 
 MASKS = {"causal": "j <= i", "strict": "j < i", "none": None}
 # float16: the weights are rounded to float16 for the weighted sum and the result is

@@ -1,4 +1,4 @@
-"""Row groups on the Triton backend (schedule/row_groups.py, backends/triton_rows.py):
+"""Row groups on the Triton backend (schedule/row_groups.py, backends/triton/rows.py):
 statements over the same rows run as one Triton kernel, rows held in registers.  Under
 TRITON_INTERPRET=1 on CPU tensors (CI has no GPU), compiled on CUDA tensors where a GPU
 is there; against the NumPy reference backend (the hypothesis-generated programs too)."""
@@ -9,7 +9,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import einfuse as ef
-from einfuse.backends import triton_backend
+from einfuse.backends.triton import backend as triton_backend
 from einfuse.schedule import row_groups
 
 from program_texts import LAYERNORM, SOFTMAX, SOFTMAX_STATEMENT

@@ -25,7 +25,7 @@ import torch.nn.functional as F
 from triton.testing import do_bench
 
 import einfuse as ef
-from einfuse.backends import triton_attention as ta
+from einfuse.backends.triton import attention as ta
 
 B, H = 4, 8
 SIZES = [(1024, 64), (1024, 128), (4096, 64), (4096, 128)]

@@ -19,8 +19,8 @@ import triton.language as tl
 from triton.testing import do_bench
 
 import einfuse as ef
-from einfuse.backends import triton_helpers
-from einfuse.backends import triton_tuning as tuning
+from einfuse.backends.triton import helpers as triton_helpers
+from einfuse.backends.triton import tuning
 
 if os.environ.get("EF_CHUNK"):   # before anything is rendered
     triton_helpers.CHUNK = int(os.environ["EF_CHUNK"])

@@ -72,7 +72,7 @@ fi
 
 if [ "$want_bench" = 1 ]; then
     if [ ${#cases[@]} = 0 ]; then
-        mapfile -t cases < <($PY -c "from einfuse.bench.gpu import gpu_cases
+        mapfile -t cases < <($PY -c "from einfuse.bench.catalogue import gpu_cases
 names = [c.name for c in gpu_cases('cuda') if not c.name.startswith('dist fwd')]
 print('\\n'.join(names + ['dist fwd']))")
     fi

@@ -5,11 +5,11 @@
     print(ef.explain("D[i,j] := (w[k,i] - x[k,j])**2", w=w, x=x))
 """
 
-from .autodiff import GradientStatement, derive, run_reference
+from .autodiff import GradientStatement
 from .errors import EinfuseError, EinfuseWarning, NoGradientError
-from .explain import explain
-from .frontends import einsum, rearrange, reduce, repeat
-from .runtime.kernel import Kernel, compile, ein
+from .api import (compile, derive, ein, einsum, explain, jit, rearrange, reduce, repeat,
+                  run_reference)
+from .runtime.kernel import Kernel
 from .frontends.named import Dim, Named, dims, named, softmax, where, wrap
 from .frontends.named import FUNCTIONS as _NAMED_FUNCTIONS
 from .named_api import evaluate
@@ -18,18 +18,6 @@ from .named_api import evaluate
 globals().update(_NAMED_FUNCTIONS)
 
 __version__ = "0.1.0"
-
-
-def jit(fn=None, *, static_argnums=(), static_argnames=(), fallback=False, **unknown):
-    """A JAX function compiled into one einfuse kernel, loops included (docs/jit.md);
-    imports JAX only when called."""
-    if unknown:     # (an EinfuseError, a TypeError as Python's own would be)
-        from .errors import unexpected_keywords
-        raise unexpected_keywords("jit()", unknown, ("static_argnums", "static_argnames",
-                                                     "fallback"))
-    from .runtime.jit import jit as _jit
-    return _jit(fn, static_argnums=static_argnums, static_argnames=static_argnames,
-                fallback=fallback)
 
 __all__ = ["ein", "compile", "explain", "einsum", "rearrange", "reduce", "repeat", "derive", "run_reference", "GradientStatement",
            "Kernel", "jit", "EinfuseError", "EinfuseWarning", "NoGradientError", "__version__",

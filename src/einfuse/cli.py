@@ -115,9 +115,9 @@ def _cache(action: str) -> int:
     """``einfuse cache info|clear``: the cache directory, its entries (compiled C
     libraries, Triton kernel sources, the Triton tuning file) and their size."""
     import os
-    from .backends import c_build
+    from .backends import disk_cache
     try:
-        where = c_build.cache_dir()
+        where = disk_cache.cache_dir()
     except EinfuseError as error:
         print(f"einfuse: {type(error).__name__}: {error}", file=sys.stderr)
         return 1
@@ -158,7 +158,7 @@ def _cache(action: str) -> int:
 
 
 def _explain(args) -> int:
-    from .explain import explain
+    from .api import explain
     shapes: Dict[str, Tuple[int, ...]] = dict(args.shape)
     ranges = dict(args.range) or None
     params = dict(args.param)
@@ -182,7 +182,7 @@ def _parameters(params: Dict[str, float], shapes: bool) -> Dict[str, object]:
     explain() values every parameter itself (placeholders), so such a name is left to it
     rather than given twice."""
     import inspect
-    from .explain import explain
+    from .api import explain
     keywords = set(inspect.signature(explain).parameters)
     plain = {name: value for name, value in params.items() if name not in keywords}
     clashing = {name: value for name, value in params.items() if name in keywords}
@@ -231,7 +231,7 @@ def _bench(args) -> int:
     if args.device == "cuda":
         return _bench_gpu(args)
     # No OMP_WAIT_POLICY here: einfuse's kernels load libgomp with a passive wait
-    # policy themselves (backends/c_build.py), as for every library user.
+    # policy themselves (backends/c/build.py), as for every library user.
     from .bench import all_cases, run_case, text_table
     everything = all_cases(args.quick)
     cases = _selected(everything, args.case, everything)
@@ -289,12 +289,12 @@ def _write_results(args, stem: str, header: str, results, footer: str = "") -> N
 def _bench_gpu(args) -> int:
     """``--device cuda``: the GPU cases, each call synchronised; refuses (exit 1) where
     no CUDA GPU is usable rather than timing something else."""
-    from .bench import gpu, text_table
+    from .bench import catalogue, gpu, text_table
     problem = gpu.cuda_problem()
     if problem:
         print(f"einfuse: bench --device cuda: {problem}", file=sys.stderr)
         return 1
-    everything = gpu.gpu_cases("cuda", args.quick)
+    everything = catalogue.gpu_cases("cuda", args.quick)
     cases = _selected(everything, args.case, everything)
     results = _run_cases(cases, lambda case: gpu.run_gpu_case(
         case, "cuda", args.backend, args.peer, args.budget))

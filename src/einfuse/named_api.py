@@ -20,7 +20,7 @@ from .frontends import named as named_module
 from .frontends.named import FUNCTIONS, Affine, Dim, Named, Slot, read, wrap
 from .frontends.named_checks import DimInfo, Use, at_lines, error, merge_framework, merge_info
 from .frontends.named_program import emit, order_spec, range_values, structure
-from .runtime.kernel import compile as compile_statements
+from .api import compile as compile_statements
 
 # the options of ef.compile that a materialisation passes on (ranges come from the
 # dimensions' sizes, outputs from the request)

@@ -121,7 +121,7 @@ def resolve_dtypes(spec: Spec, value_dtypes: Mapping[str, np.dtype],
                    params: Mapping[str, object], options: Options,
                    framework: str = "numpy") -> DTypes:
     """The working and result dtypes of a call (``framework``: the callers' arrays',
-    a name of runtime.frameworks; it decides how an unsigned sum widens)."""
+    a name of analysis.frameworks; it decides how an unsigned sum widens)."""
     operands = []
     for name in spec.tensors:
         if name.as_value:    # (bool as NumPy promotes it: it never widens another dtype)

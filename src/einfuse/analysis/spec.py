@@ -14,10 +14,11 @@ import functools
 from dataclasses import dataclass
 from typing import Dict, List, Optional, Set, Tuple
 
-from ..errors import EinfuseNameError, IndexRuleError
+from ..errors import EinfuseNameError, EinfuseSyntaxError, IndexRuleError
 from ..lang.ast import (Access, Binary, COMPARISON_OPS, LOGICAL_OPS, POSITION_REDUCTIONS,
                         Expr, IndexExpr, IndexValue, Param, Reduce, Statement, Unary, accesses,
                         has_position_reduction, reductions)
+from ..lang.parser import parse
 from ..lang.printer import format_expr
 
 
@@ -302,3 +303,21 @@ class _Analyser:
 
 def _is_logical(expr: Expr) -> bool:
     return isinstance(expr, Binary) and (expr.op in COMPARISON_OPS or expr.op in LOGICAL_OPS)
+
+
+@functools.lru_cache(maxsize=512)
+def spec_of(statement: str) -> Spec:
+    """The shape-independent stage, cached by the statement's text."""
+    try:
+        return analyse(parse(statement))
+    except RecursionError:
+        raise EinfuseSyntaxError("the statement nests too deeply to analyse",
+                                 span=(0, len(statement))) from None
+
+
+def first_span(spec: Spec, name: str):
+    """The span of ``name``'s first occurrence in the statement (the output's own)."""
+    if name == spec.output:
+        return spec.statement.output_span
+    return next((node.span for node in spec.rhs.walk()
+                 if getattr(node, "tensor", getattr(node, "name", None)) == name), None)

@@ -2,18 +2,15 @@
 
     grads = derive("C[i,j] := A[i,k] * B[k,j]", "A")
     grads[0].text        # 'dA[i, k] := dC[i, j] * B[k, j]'
-    run_reference(grads, {"A": A, "B": B, "dC": dC})["dA"]
+    ef.run_reference(grads, {"A": A, "B": B, "dC": dC})["dA"]   # runtime/gradient_reference.py
 
-A program's gradient is a program: ``derive(program, "X")`` gives a ProgramGradient.
+Derivation only: running gradients is the runtime's (runtime/gradient_reference.py), and
+a program's gradient, itself a program, is program/gradient.py's (``ef.derive``).
 
 See docs/gradients.md.
 """
 
 from .derive import AxisOf, ExtentOf, GradientStatement, NoGradientError, RangeOf, derive
 from .forward import Tangent, tangent
-from .program import GradientStep, ProgramGradient
-from .reference import resolve_options, run_reference
 
-__all__ = ["derive", "run_reference", "resolve_options", "GradientStatement",
-           "ProgramGradient", "GradientStep",
-           "NoGradientError", "AxisOf", "ExtentOf", "RangeOf", "tangent", "Tangent"]
+__all__ = ["derive", "GradientStatement", "NoGradientError", "AxisOf", "ExtentOf", "RangeOf", "tangent", "Tangent"]

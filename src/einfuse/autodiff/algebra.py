@@ -33,7 +33,8 @@ from ..lang.ast import (Access, Binary, Expr, IndexExpr, IndexValue, Number, Par
                         Unary)
 from ..lang.printer import format_expr
 from ..lang.sugar import rename_indices
-from ..rewrite.hoist import canonical, free_indices
+from ..lang.rewrite import free_indices
+from ..rewrite.hoist import canonical
 
 # Largest number of terms an expansion may produce before the statement is left alone.
 MAX_TERMS = 64

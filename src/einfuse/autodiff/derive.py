@@ -33,6 +33,8 @@ from ..lang.ast import Access, Binary, Call, Expr, IndexExpr, IndexValue, Param,
 from ..lang.printer import format_expr, format_statement
 from .exprs import Affine, Names, affine, affine_expr, any_of, cmp, contains_reduce, \
     freshen, mentions, num, subst, where
+from ..analysis.spec import spec_of
+from ..lang.split import split_program
 
 # Operations that pass no gradient by definition: a gradient asked for a name that reaches
 # the result only through them is an error naming them (floor, ceil and comparisons pass
@@ -94,33 +96,43 @@ class GradientStatement:
     # dOUT's position p is then index value first + p (notation.md 6.3)
     starts: Tuple[Tuple[str, int], ...] = ()
 
-    def covers(self, arrays) -> bool:
-        """Do the frame indices that stand for forward reduction indices cover wrt's
-        axes for these arrays?  If not, run ``fallback`` instead."""
-        from .reference import covers
-        return covers(self, arrays)
-
     @property
     def statement(self):
         return parse(self.text)
 
     @property
     def spec(self) -> Spec:
-        from ..runtime.kernel import _spec_for   # cached per text; a cycle at import time
-        return _spec_for(self.text)
+        return spec_of(self.text)
 
     @property
     def inputs(self) -> Tuple[str, ...]:
         return self.spec.arg_order
 
-    def resolve_options(self, arrays) -> Dict[str, object]:
-        """Concrete ``ef.ein`` options (ranges, pad, bounds, fill) for these arrays (the
-        forward's inputs and ``dOUT``)."""
-        from .reference import resolve_options
-        return resolve_options(self, arrays)
-
     def __str__(self) -> str:
         return self.description or self.text
+
+
+def check_derive_call(statement, wrt, output_grad_name, options, unknown) -> bool:
+    """``derive()``'s arguments checked (an EinfuseError naming the wrong one); whether
+    ``statement`` is a program's text (whose gradient is a program)."""
+    if unknown:     # (an EinfuseError, a TypeError as Python's own would be)
+        error = unexpected_keywords("derive()", unknown, ("wrt", "output_grad_name",
+                                                          "options", "outputs"))
+        raise attach_statement(error, statement) if isinstance(statement, str) else error
+    if isinstance(options, dict) and any(key not in OPTION_NAMES for key in options):
+        wrong = [key for key in options if key not in OPTION_NAMES]
+        error = unexpected_keywords("derive()'s options=", wrong, OPTION_NAMES)
+        raise attach_statement(error, statement) if isinstance(statement, str) else error
+    if not isinstance(wrt, str):
+        raise EinfuseTypeError(f"derive(wrt=) takes one input's name as a str, not "
+                               f"{type(wrt).__name__} {wrt!r}: derive once per input")
+    if isinstance(statement, str) and len(split_program(statement)) > 1:
+        if output_grad_name is not None:
+            raise NoGradientError("output_grad_name= is for one statement; a program's "
+                                  "output gradients are named d<output>",
+                                  source=statement, span=(0, len(statement)))
+        return True
+    return False
 
 
 def derive(statement: Union[str, GradientStatement], wrt: str, *,
@@ -136,7 +148,7 @@ def derive(statement: Union[str, GradientStatement], wrt: str, *,
     so gradients can be derived again.
 
     For a program (several statements) the result is a
-    :class:`~einfuse.autodiff.program.ProgramGradient`, the gradient as a program (its
+    :class:`~einfuse.program.gradient.ProgramGradient` (from ``einfuse.derive``), the gradient as a program (its
     output gradients are ``d<output>`` for each output, or for ``outputs=``); run it
     with its ``run`` method or :func:`run_reference`.
 
@@ -145,26 +157,10 @@ def derive(statement: Union[str, GradientStatement], wrt: str, *,
         grads = ef.derive("C[i,j] := A[i,k] * B[k,j]", "A")
         grads[0].text                   # 'dA[i, k] := dC[i, j] * B[k, j]'
         ef.run_reference(grads, {"A": A, "B": B, "dC": dC})["dA"]"""
-    if unknown:     # (an EinfuseError, a TypeError as Python's own would be)
-        error = unexpected_keywords("derive()", unknown, ("wrt", "output_grad_name",
-                                                          "options", "outputs"))
-        raise attach_statement(error, statement) if isinstance(statement, str) else error
-    if isinstance(options, dict) and any(key not in OPTION_NAMES for key in options):
-        wrong = [key for key in options if key not in OPTION_NAMES]
-        error = unexpected_keywords("derive()'s options=", wrong, OPTION_NAMES)
-        raise attach_statement(error, statement) if isinstance(statement, str) else error
-    if not isinstance(wrt, str):
-        raise EinfuseTypeError(f"derive(wrt=) takes one input's name as a str, not "
-                               f"{type(wrt).__name__} {wrt!r}: derive once per input")
-    if isinstance(statement, str):
-        from ..program import split_program
-        if len(split_program(statement)) > 1:
-            if output_grad_name is not None:
-                raise NoGradientError("output_grad_name= is for one statement; a program's "
-                                      "output gradients are named d<output>",
-                                      source=statement, span=(0, len(statement)))
-            from .program import derive_program
-            return derive_program(statement, wrt, options, outputs)
+    if check_derive_call(statement, wrt, output_grad_name, options, unknown):
+        raise NoGradientError("a program's gradient is a program: einfuse.derive derives "
+                              "it (program/gradient.py)", source=statement,
+                              span=(0, len(statement)))
     parent = None
     if isinstance(statement, GradientStatement):
         if statement.kind != "gather":

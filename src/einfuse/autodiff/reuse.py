@@ -27,7 +27,9 @@ import numpy as np
 from ..lang.ast import Access, Expr, IndexExpr, map_children
 from ..lang.printer import format_statement
 from ..lang.rewrite import names_in
-from ..rewrite.hoist import canonical, free_indices
+from ..lang.rewrite import free_indices
+from ..rewrite.hoist import canonical
+from ..analysis.spec import spec_of
 
 
 @dataclass(frozen=True)
@@ -41,11 +43,10 @@ class OutputRead:
 
 @functools.lru_cache(maxsize=256)
 def _rewritten(gradient_text: str, forward_text: str) -> Optional[OutputRead]:
-    from ..runtime.kernel import _spec_for
-    forward = _spec_for(forward_text)
+    forward = spec_of(forward_text)
     if forward.statement.assign != ":=":
         return None
-    spec = _spec_for(gradient_text)
+    spec = spec_of(gradient_text)
     output, indices = forward.output, tuple(forward.output_indices)
     if output in names_in(spec.statement) or len(set(indices)) != len(indices):
         return None
@@ -96,8 +97,7 @@ def applies(read: OutputRead, options: Mapping[str, object], output,
 def options_for(read: OutputRead, options: Mapping[str, object]):
     """The gradient's resolved ``options`` for its rewritten statement: ranges only for
     the indices it still has (the replaced reduction's are gone)."""
-    from ..runtime.kernel import _spec_for
-    own = set(_spec_for(read.text).all_indices)
+    own = set(spec_of(read.text).all_indices)
     found = dict(options)
     found["ranges"] = {name: r for name, r in options["ranges"].items() if name in own}
     return found

@@ -1,4 +1,4 @@
-"""Backends: each one runs a :class:`~einfuse.runtime.binding.BoundCall`.
+"""Backends: each one runs a :class:`~einfuse.analysis.binding.BoundCall`.
 
 A backend is a small object with ``name``, ``available()``, ``run(call)``
 returning the result in the working dtype as a NumPy array,
@@ -9,9 +9,9 @@ returning the result in the working dtype as a NumPy array,
 from __future__ import annotations
 
 from ..errors import OptionError
-from .c_backend import CBackend
-from .numpy_backend import NumpyExecutor
-from .triton_backend import TritonBackend
+from .c.backend import CBackend
+from .numpy.backend import NumpyExecutor
+from .triton.backend import TritonBackend
 
 
 class NumpyBackend:

@@ -397,22 +397,3 @@ def small_training_cases(quick: bool = False) -> List[Case]:
         training_case(f"max over rows 8x{16000 // scale}", "m[i] := max[j](X[i,j])",
                       floats(X=(8, 16000 // scale)), amax, compiled=False),
     ]
-
-
-def all_cases(quick: bool = False) -> List[Case]:
-    """The issue's cases; ``quick`` shrinks every size (for a smoke run)."""
-    from .frontend_cases import frontend_cases
-    from .jit_cases import jit_cases
-    from .overhead_cases import overhead_cases
-    jit = jit_cases(quick) if installed("jax") else []
-    if quick:
-        return [dist_case(64, 128, 128), gauss_case(2000), matmul_case(256),
-                bmm_rev_case(32, 8), conv2d_case(200, 7), embed_case(5000, 64, 2048),
-                logsumexp_case(512), attention_case(1, 2, 128, 16)] + \
-            (training_cases(quick=True) + [attention_training_case(1, 2, 128, 16)] +
-             small_training_cases(quick=True) if installed("torch") else []) + \
-            frontend_cases(quick=True) + overhead_cases() + jit
-    return [dist_case(), gauss_case(10**4), gauss_case(10**5), matmul_case(), bmm_rev_case(),
-            conv2d_case(), embed_case(), logsumexp_case(), attention_case()] + training_cases() + \
-        [attention_training_case()] + small_training_cases() + frontend_cases() + \
-        overhead_cases() + jit

@@ -322,24 +322,6 @@ def dist_training_cases(device: str, K: int, N: int) -> List[GpuCase]:
     ]
 
 
-def gpu_cases(device: str = "cuda", quick: bool = False) -> List[GpuCase]:
-    """Issue 5's GPU cases on ``device``, then programs and ef.jit (bench/gpu_programs.py);
-    ``quick`` sizes are small enough for the Triton interpreter (a second or two per case
-    on the CPU)."""
-    from .gpu_programs import program_cases
-    dist_k, dist_n = (16, 64) if quick else (784, 4096)
-    gauss_sizes = (64, 32) if quick else (10**5, 10**4)
-    n = 64 if quick else 4096
-    train_k, train_n = (16, 48) if quick else (784, 1536)
-    return ([dist_case(device, dist_k, dist_n),
-             gauss_case(device, gauss_sizes[0], target=True),
-             gauss_case(device, gauss_sizes[1])]
-            + [matmul_case(device, n, dtype) for dtype in ("float16", "bfloat16",
-                                                           "float32")]
-            + forward_cases(device, quick) + dist_training_cases(device, train_k, train_n)
-            + program_cases(device, quick))
-
-
 # -- running ------------------------------------------------------------------------------
 def _progress(message: str):
     print(message, file=sys.stderr, flush=True)

@@ -10,7 +10,7 @@ import os
 from typing import List
 
 from .cases import Case, Peer
-from .jit_cases import _inputs, seed_function
+from .jit_cases import seed_function, seed_inputs
 
 
 def _jitted(kind: str, callback: bool = False, plain: bool = False):
@@ -44,7 +44,7 @@ def call_case(steps: int = 10, hidden: int = 4, kind: str = "forward") -> Case:
     label = f"ef.jit call under jax.jit, seed MLP {steps} steps, {hidden} hidden"
     if kind == "grad":
         label += ", gradient"
-    return Case(label, "jax.jit(ef.jit(seed_function))", _inputs(steps, hidden),
+    return Case(label, "jax.jit(ef.jit(seed_function))", seed_inputs(steps, hidden),
                 [Peer("ef.jit via host callback", _jitted(kind, callback=True), "jax"),
                  Peer("jax.jit(lax.scan)", _jitted(kind, plain=True), "jax")],
                 einfuse_call=_jitted(kind))

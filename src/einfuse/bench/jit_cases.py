@@ -5,7 +5,6 @@ which these cases switch on (for the benchmark process)."""
 
 from __future__ import annotations
 
-from typing import List
 
 
 
@@ -23,7 +22,7 @@ def seed_function(params, noise):
     return jax.lax.scan(body, jnp.zeros(noise.shape[-1], noise.dtype), noise)[0]
 
 
-def _inputs(steps: int, hidden: int, chains: int = 0, dtype: str = "float64"):
+def seed_inputs(steps: int, hidden: int, chains: int = 0, dtype: str = "float64"):
     def make(rng):
         arrays = {"w0": rng.standard_normal((1, hidden)), "w1": rng.standard_normal((hidden, hidden)),
                   "w2": rng.standard_normal((hidden, 1))}
@@ -86,26 +85,5 @@ def seed_case(steps: int = 8000, hidden: int = 12, chains: int = 0, kind: str = 
         label += ", gradient"
     if dtype != "float64":
         label += f", {dtype}"
-    return Case(label, "ef.jit(seed_function)", _inputs(steps, hidden, chains, dtype),
+    return Case(label, "ef.jit(seed_function)", seed_inputs(steps, hidden, chains, dtype),
                 [_jax_peer(kind, chains)], einfuse_call=_einfuse_call(kind, chains))
-
-
-def jit_cases(quick: bool = False) -> List[Case]:
-    if quick:
-        return [seed_case(500), seed_case(100, 8, chains=8), seed_case(200, kind="grad"),
-                seed_case(100, 8, chains=8, kind="grad"),
-                seed_case(100, 8, chains=8, dtype="float32")]
-    from .jit_call_cases import jit_call_cases
-    # the vmapped case at other chain counts, hidden sizes and float32 (issue 12's
-    # hidden variants), and its gradient (jax.grad of the vmapped loss)
-    return [seed_case(), seed_case(2000, 32, chains=256), seed_case(kind="grad"),
-            seed_case(2000, 32, chains=256, kind="grad"),
-            seed_case(2000, 16, chains=128), seed_case(2000, 32, chains=512),
-            seed_case(2000, 32, chains=256, dtype="float32"),
-            seed_case(500, 64, chains=1000),
-            # rows that are not whole vectors, chains that leave a remainder block
-            seed_case(3000, 24, chains=200), seed_case(3000, 20, chains=100, dtype="float32")
-            ] + jit_call_cases()
-
-
-

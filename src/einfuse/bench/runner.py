@@ -84,7 +84,8 @@ def run_case(case: Case, backend: str = "auto", peers: Optional[Sequence[str]] =
     else:
         kernel = ef.compile(case.statement, backend=backend, **case.options)
         ours = lambda: kernel(**arrays)  # noqa: E731
-    from ..backends import c_build, triton_backend
+    from ..backends.c import build as c_build
+    from ..backends.triton import backend as triton_backend
     compiles, launches = c_build.compile_count, triton_backend.first_launches
     median, runs, first = time_call(ours, budget_s=budget_s, sync=sync)
     results.append(Measurement(case.name, "einfuse", median, runs, first,

@@ -270,19 +270,7 @@ def _statement(left, right, dropped, reduction, known, index) -> str:
     return f"{lhs} := {reduction}[{over}]({read})"
 
 
-def _run(kind: str, x, pattern: str, reduction: Optional[str], sizes, options):
-    from ..runtime.kernel import ein
-    plan, inner, options = _prepared(kind, x, pattern, reduction, sizes, options)
-    if plan.statement is None:
-        return inner.reshape(plan.output_shape)
-    if callable(reduction):
-        return _run_callable(reduction, inner, plan, pattern, options)
-    result = ein(plan.statement, arrays={"X": inner}, ranges=dict(plan.ranges) or None,
-                 **options)
-    return result.reshape(plan.output_shape)
-
-
-def _prepared(kind: str, x, pattern: str, reduction, sizes, options):
+def prepared(kind: str, x, pattern: str, reduction, sizes, options):
     """(plan, the input split into its elementary axes, the statement's options) of a
     call: what runs, and what explain shows."""
     import numpy as np
@@ -380,8 +368,8 @@ def explain_einops(pattern: str, args, shapes, arrays: Dict[str, object], explai
     for key in ("dtype", "backend", "threads"):
         if options.get(key) is not None:
             sizes[key] = options[key]
-    plan, inner, statement_options = _prepared(kind, x, pattern, reduction, sizes,
-                                               _options(sizes))
+    plan, inner, statement_options = prepared(kind, x, pattern, reduction, sizes,
+                                               split_options(sizes))
     if plan.statement is None:
         return EinopsExplanation(kind, pattern, reduction, plan, None)
     explained = explain(plan.statement, ranges=dict(plan.ranges) or None,
@@ -411,30 +399,6 @@ def _explained_shape(shapes, pattern: str) -> Tuple[int, ...]:
     return tuple(int(n) for n in shape)
 
 
-def _run_callable(reduction, inner, plan: EinopsPlan, pattern: str, options):
-    """einops' callable reduction: ``reduction(x, axes)`` on the elementary axes, the
-    axes it leaves then ordered and composed as the right side says."""
-    from ..runtime.kernel import ein
-    want = tuple(n for k, n in enumerate(plan.inner_shape) if k not in plan.reduced)
-    try:
-        reduced = reduction(inner, plan.reduced)
-    except EinfuseError:
-        raise
-    except Exception as error:   # the caller's function: named, with its own message
-        raise attach_statement(EinfuseError(
-            f"the reduction {getattr(reduction, '__name__', reduction)!r} failed on axes "
-            f"{plan.reduced}: {type(error).__name__}: {error}", source=pattern,
-            span=(0, len(pattern))), pattern) from error
-    if tuple(getattr(reduced, "shape", ())) != want:
-        raise attach_statement(ShapeError(
-            f"the reduction {getattr(reduction, '__name__', reduction)!r} over axes "
-            f"{plan.reduced} returned shape {tuple(getattr(reduced, 'shape', ()))}, not "
-            f"{want}", source=pattern, span=(0, len(pattern))), pattern)
-    if plan.after_callable is not None:     # (a copy of bools is bool)
-        reduced = ein(plan.after_callable, arrays={"X": reduced}, **options)
-    return reduced.reshape(plan.output_shape)
-
-
 def _stacked(items, pattern: str):
     """einops' list input: the arrays stacked along a new first axis, in their framework."""
     import numpy as np
@@ -461,28 +425,6 @@ def _stacked(items, pattern: str):
             pattern) from None
 
 
-def rearrange(x, pattern: str, **sizes):
-    """einops.rearrange: ``ef.rearrange(x, "b (h w) c -> b h w c", h=4)``; a reordering
-    runs as one kernel, a pure reshape returns the reshape (a view where possible)."""
-    options = _options(sizes)
-    return _run("rearrange", x, pattern, None, sizes, options)
-
-
-def reduce(x, pattern: str, reduction, **sizes):
-    """einops.reduce with sum, mean, max, min, prod, any, all and logsumexp, one kernel:
-    ``ef.reduce(x, "b (h h2) (w w2) c -> b h w c", "max", h2=2, w2=2)``.  As in einops,
-    ``reduction`` may also be a callable ``f(x, axes)`` that reduces the tuple of axes
-    of ``x`` (the input split into its elementary axes); einfuse orders the rest."""
-    options = _options(sizes)
-    return _run("reduce", x, pattern, reduction, sizes, options)
-
-
-def repeat(x, pattern: str, **sizes):
-    """einops.repeat, one kernel: ``ef.repeat(x, "h w -> h w c", c=3)``."""
-    options = _options(sizes)
-    return _run("repeat", x, pattern, None, sizes, options)
-
-
-def _options(sizes: Dict[str, Union[int, str]]) -> Dict[str, object]:
+def split_options(sizes: Dict[str, Union[int, str]]) -> Dict[str, object]:
     """``backend=`` and ``dtype=`` travel with the axis sizes; they are not axis names."""
     return {key: sizes.pop(key) for key in OPTIONS if key in sizes}

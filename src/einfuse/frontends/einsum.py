@@ -17,7 +17,7 @@ import numpy as np
 from dataclasses import dataclass
 from typing import Dict, List, Optional, Sequence, Tuple
 
-from ..errors import EinfuseSyntaxError, EinfuseTypeError, ShapeError, unexpected_keywords
+from ..errors import EinfuseSyntaxError, EinfuseTypeError, ShapeError
 
 _LETTERS = set(string.ascii_letters)
 # einsum's own keywords, then those of ein() it passes on (the operands are its arrays)
@@ -321,102 +321,6 @@ def from_sublists(arguments: Sequence) -> Tuple[str, List]:
         output = _sublist_text(output, "the output")
     terms = [_sublist_text(s, f"the sublist of operand {n}") for n, s in enumerate(sublists)]
     return ",".join(terms) + ("" if output is None else "->" + output), operands
-
-
-_CASTINGS = ("no", "equiv", "safe", "same_kind", "unsafe")
-
-
-def _numpy_keywords(operands, options, casting: str, order: str) -> None:
-    """numpy.einsum's ``casting`` rule for ``dtype=`` (checked on NumPy operands) and
-    its ``order`` values."""
-    from ..errors import OptionError
-    if casting not in _CASTINGS:
-        raise OptionError(f"casting={casting!r}: it is one of {', '.join(_CASTINGS)}")
-    if not isinstance(order, str) or order.upper() not in ("K", "A", "C", "F"):
-        raise OptionError(f"order={order!r}: it is one of K, A, C, F")
-    wanted = options.get("dtype")
-    if wanted is None:
-        return
-    from ..runtime.frameworks import NUMPY, framework_of
-    if framework_of(wanted) == NUMPY:        # a torch dtype is ein's to check
-        try:
-            wanted = np.dtype(wanted)
-        except TypeError:
-            raise EinfuseTypeError(f"dtype={wanted!r} is not a data type") from None
-    for n, op in enumerate(operands):
-        if isinstance(op, np.ndarray) and not np.can_cast(op.dtype, wanted, casting):
-            raise EinfuseTypeError(f"operand {n} of dtype {op.dtype} cannot be cast to "
-                                   f"dtype={np.dtype(wanted).name} under "
-                                   f"casting={casting!r} (numpy.einsum's rule)")
-
-
-def _into(out, result, casting: str):
-    """numpy.einsum's ``out=``: the result written into ``out``, which is returned."""
-    if not isinstance(out, np.ndarray) and not hasattr(out, "copy_"):
-        raise EinfuseTypeError(f"out= is a {type(out).__name__}; it must be a NumPy array "
-                               "or a torch tensor (JAX arrays are immutable)")
-    if tuple(out.shape) != tuple(result.shape):
-        raise ShapeError(f"out= has shape {tuple(getattr(out, 'shape', ()))} but the result "
-                         f"has shape {tuple(result.shape)}")
-    if isinstance(out, np.ndarray):
-        result = np.asarray(result)
-        if not np.can_cast(result.dtype, out.dtype, casting):
-            raise EinfuseTypeError(f"the result of dtype {result.dtype} cannot be written "
-                                   f"into out= of dtype {out.dtype} under "
-                                   f"casting={casting!r} (numpy.einsum's rule)")
-        np.copyto(out, result, casting="unsafe")
-        return out
-    out.copy_(result)               # a torch tensor
-    return out
-
-
-def einsum(subscripts: str = None, *operands, optimize="auto", backend="auto", out=None,
-           casting: str = "safe", order: str = "K", **options):
-    """numpy.einsum's semantics on NumPy, PyTorch (differentiable) and JAX (jit, grad,
-    vmap) arrays: ``ef.einsum("bthr,bThr->bhtT", Q, K)``.  Two operands become one
-    statement; three or more a program of pairwise contractions in the order opt_einsum
-    finds (``optimize=False``: one fused statement; "greedy", "optimal" or an explicit
-    path choose the search).  numpy's sublist form, ``ef.einsum(a, [0, 1], b, [1, 2])``,
-    and its ``out=``, ``casting=`` and ``order=`` work too.  Other keywords are
-    ``ein``'s options."""
-    from ..errors import EinfuseError, attach_statement
-    from ..runtime.kernel import ein
-    unknown = [name for name in options if name not in KEYWORDS]
-    if unknown:    # (numpy: a TypeError; an UnexpectedArgumentError is one)
-        error = unexpected_keywords("einsum()", unknown, KEYWORDS)
-        raise attach_statement(error, subscripts) if isinstance(subscripts, str) else error
-    if subscripts is None and not operands:
-        raise EinfuseSyntaxError("einsum needs its subscripts and at least one operand")
-    if not isinstance(subscripts, str):    # numpy's sublist form
-        subscripts, operands = from_sublists((subscripts,) + operands)
-    operands = [op if hasattr(op, "shape") else np.asarray(op) for op in operands]
-    shapes = [tuple(op.shape) for op in operands]
-    try:
-        _numpy_keywords(operands, options, casting, order)
-        plan = plan_einsum(subscripts, shapes, optimize)
-    except EinfuseError as error:
-        raise attach_statement(error, subscripts) from None
-    if plan.view and out is None and "dtype" not in options and order.upper() != "F" and \
-            type(operands[0]) is np.ndarray and operands[0].dtype.kind in "biuf":
-        # nothing to compute: numpy's own view of the operand (writeable, as numpy's)
-        return np.einsum(subscripts, operands[0])
-    arrays = {name: (op if shape is None else op.reshape(shape))
-              for name, op, shape in zip(plan.names, operands, plan.reshapes)}
-    result = ein(plan.source, backend=backend, arrays=arrays, outputs=(plan.output,)
-                 if "\n" in plan.source else None, **options)
-    if operands and "dtype" not in options and \
-            all(str(op.dtype).endswith("bool") for op in operands):
-        # numpy.einsum sums bool products in bool (an or of ands); einfuse sums them
-        # as integers (notation.md), so the count becomes its truth value here
-        result = result != 0
-    if order.upper() == "F" and isinstance(result, np.ndarray):
-        result = np.asfortranarray(result)
-    if out is not None:
-        try:
-            return _into(out, result, casting)
-        except EinfuseError as error:
-            raise attach_statement(error, subscripts) from None
-    return result
 
 
 @dataclass

@@ -5,9 +5,10 @@ body's statements as loop nests inside a C loop over steps); ``pjit``, ``closed_
 
 from __future__ import annotations
 
-from .jaxpr import INDEX, Value, constant_value, index_add, read_value, unsupported
-from .jaxpr_ir import (Apply, Branch, Const, Index, Loop, LoopKind, ReduceOp, Reduction,
-                       ScalarType, Select)
+from ..ir.jit import INDEX
+from .jaxpr_values import Value, constant_value, index_add, read_value, scalar_type, unsupported
+from ..ir.jit import (Apply, Branch, Const, Index, Loop, LoopKind, ReduceOp, Reduction, ScalarType,
+                      Select)
 
 
 def closed_consts(conv, closed):
@@ -17,7 +18,6 @@ def closed_consts(conv, closed):
     jaxpr = getattr(closed, "jaxpr", closed)    # (a Jaxpr is its own .jaxpr in jax 0.11)
     for var, const in zip(jaxpr.constvars, getattr(closed, "consts", ())):
         array = np.asarray(const)
-        from .jaxpr import scalar_type
         dtype = scalar_type(var.aval)
         if array.shape == ():
             values.append(constant_value(array, dtype))
@@ -110,7 +110,6 @@ def scan(conv, eqn, invals, level):
     carries = _carries(conv, invals[n_consts:n_consts + n_carry], level)
     xs = [conv.materialize(v) if v.compound else v for v in invals[n_consts + n_carry:]]
     ys_avals = [v.aval for v in eqn.outvars[n_carry:]]
-    from .jaxpr import scalar_type
     ys = [conv.new_buffer(tuple(a.shape), scalar_type(a, eqn), "ys") for a in ys_avals]
     counter = conv.fresh("s")
     step = Index(counter)
@@ -185,7 +184,6 @@ def _where(test: Value, new: Value, old: Value) -> Value:
 def cond(conv, eqn, invals, level):
     which, *operands = invals
     branches = eqn.params["branches"]
-    from .jaxpr import scalar_type
     results = [conv.new_buffer(tuple(v.aval.shape), scalar_type(v.aval, eqn), "b")
                for v in eqn.outvars]
     which = conv.cheap(which)

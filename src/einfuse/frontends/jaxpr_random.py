@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import math
 
-from .jaxpr import INDEX, Value, scalar_type, unsupported
-from .jaxpr_ir import Apply, Cast, Const, ScalarType
+from ..ir.jit import INDEX
+from .jaxpr_values import Value, scalar_type, unsupported
+from ..ir.jit import Apply, Cast, Const, ScalarType
 
 UINT32 = ScalarType.UINT32
 

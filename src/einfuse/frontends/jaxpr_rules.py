@@ -8,12 +8,13 @@ from __future__ import annotations
 
 from typing import Callable, Dict
 
-from .jaxpr import JaxprConversionError, Value, scalar_type, unsupported
-from .jaxpr_ir import INDEX, Apply, Cast, Const, ScalarType, Select
+from .jaxpr_values import JaxprConversionError, Value, scalar_type, unsupported
+from ..ir.jit import INDEX, Apply, Cast, Const, ScalarType, Select
+from . import jaxpr_control, jaxpr_random, jaxpr_structural, jaxpr_windows
 
 Rule = Callable[..., list]
 
-# primitive -> the renderer's operation (backends/c_loops.py OPERATIONS)
+# primitive -> the renderer's operation (backends/c/loops.py OPERATIONS)
 ELEMENTWISE = {
     "add": "add", "add_any": "add", "sub": "sub", "mul": "mul", "div": "div", "rem": "rem",
     "max": "max", "min": "min", "pow": "pow", "atan2": "atan2", "nextafter": "nextafter",
@@ -160,12 +161,8 @@ RULES.update({
 })
 
 
-def _register_others() -> None:
-    from . import jaxpr_control, jaxpr_random, jaxpr_structural, jaxpr_windows
-    RULES.update(jaxpr_structural.RULES)
-    RULES.update(jaxpr_windows.RULES)
-    RULES.update(jaxpr_control.RULES)
-    RULES.update(jaxpr_random.RULES)
-
-
-_register_others()
+# the rules of the other modules (structural, windows, control flow, random)
+RULES.update(jaxpr_structural.RULES)
+RULES.update(jaxpr_windows.RULES)
+RULES.update(jaxpr_control.RULES)
+RULES.update(jaxpr_random.RULES)

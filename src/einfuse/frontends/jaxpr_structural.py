@@ -7,9 +7,10 @@ from __future__ import annotations
 import math
 from typing import Tuple
 
-from .jaxpr import INDEX, Value, as_index, index_add, index_mul, scalar_type, unsupported
-from .jaxpr_ir import (Apply, Cast, Const, Index, Node, ReduceOp, Reduction, ScalarType,
-                       ScatterAdd, Select)
+from ..ir.jit import INDEX
+from .jaxpr_values import Value, as_index, index_add, index_mul, read_value, scalar_type, unsupported
+from ..ir.jit import (Apply, Cast, Const, Index, Node, ReduceOp, Reduction, ScalarType, ScatterAdd,
+                      Select)
 
 BOOL = ScalarType.BOOL
 
@@ -545,7 +546,6 @@ def scatter_add(conv, eqn, invals, level, replace: bool = False):
         full[d] = index_add(full[d], w)
     conv.emit(level, ScatterAdd(result.name, names, tuple(full), valid, updates.at(subs),
                                 origin=conv.origin(), replace=replace))
-    from .jaxpr import read_value
     return [read_value(result, level)]
 
 

@@ -16,8 +16,9 @@ from typing import List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from .jaxpr import INDEX, index_add, index_mul, scalar_type, unsupported
-from .jaxpr_ir import Apply, Cast, Const, Index, Node, ReduceOp, Reduction, ScalarType, Select
+from ..ir.jit import INDEX
+from .jaxpr_values import index_add, index_mul, scalar_type, unsupported
+from ..ir.jit import Apply, Cast, Const, Index, Node, ReduceOp, Reduction, ScalarType, Select
 
 BOOL = ScalarType.BOOL
 

@@ -3,7 +3,7 @@
 A :class:`Program` is a list of :class:`Kernel` s; a kernel is a list of
 statements (loops, accumulator declarations, accumulations, stores) over
 value expressions (constants, parameters, index values, loads, arithmetic).
-Nothing here knows about C: the C renderer (backends/c_render.py) prints one
+Nothing here knows about C: the C renderer (backends/c/render.py) prints one
 method per node type, and a Triton renderer or gradient kernels can reuse the
 same nodes.
 

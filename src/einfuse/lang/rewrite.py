@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Sequence, Set, Tuple
 
-from .ast import Access, Expr, IndexExpr, Param, Reduce, Statement, map_children
+from .ast import Access, Expr, IndexExpr, IndexValue, Param, Reduce, Statement, map_children
 
 
 def names_in(statement: Statement) -> Set[str]:
@@ -52,3 +52,18 @@ def batch_statement(statement: Statement, batch: Sequence[str]) -> Statement:
 
     return dataclasses.replace(statement, output_indices=tuple(batch) +
                                statement.output_indices, rhs=visit(statement.rhs))
+
+
+def free_indices(expr: Expr) -> Set[str]:
+    """Indices ``expr`` depends on: those it uses that no reduction inside it binds."""
+    if isinstance(expr, Reduce):
+        return free_indices(expr.body) - set(expr.indices)
+    found: Set[str] = set()
+    if isinstance(expr, IndexValue):
+        found.add(expr.name)
+    if isinstance(expr, Access):
+        for sub in expr.indices:
+            found.update(sub.index_names)
+    for child in expr.children():
+        found |= free_indices(child)
+    return found

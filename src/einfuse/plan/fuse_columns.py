@@ -14,7 +14,7 @@ error ``c``:
     s[j] = t
 
 ``s`` alone is the plain sum in row order, so inf and NaN propagate as in any sum;
-the caller (backends/c_fused.py) adds ``c`` back where ``s`` is finite and adds the
+the caller (backends/c/fused.py) adds ``c`` back where ``s`` is finite and adds the
 rows' totals in order.  The compensation keeps the error of a long column at a few
 roundings, independent of the number of rows.
 
@@ -23,7 +23,7 @@ The accumulator rows belong to slices of the loop over rows, not to threads
 runtime int ``ir.SLICE_ROWS``, fixed for a call's shapes), run by one thread from first
 to last (OpenMP's ``schedule(static, C)``).  Which rows each partial sum holds, and so
 every bit of the result, is then the same on any number of threads: the thread count
-of a kernel follows the cores other tasks leave, call by call (backends/c_threads.py),
+of a kernel follows the cores other tasks leave, call by call (backends/c/threads.py),
 and a gradient must not change from one call to the next (torch's gradcheck checks).
 
 A float32 column is summed in float64 instead (``s[j] += x``, ``c`` stays zero): its

@@ -17,7 +17,7 @@ The merged loops are only right where the sum reads exactly the row just written
 same length, from column 0, at the row just written, through the same strides.  Those
 are runtime ints (one kernel serves every shape), so each merge comes with *guards*:
 affine expressions of the kernel's ints that are all 0 exactly when it applies.  The
-caller (backends/c_fused.py) evaluates them per call and passes their verdict as one
+caller (backends/c/fused.py) evaluates them per call and passes their verdict as one
 more runtime int; the kernel takes the merged loops only where it is 0, and the two
 passes otherwise."""
 

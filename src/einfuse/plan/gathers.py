@@ -30,6 +30,7 @@ import numpy as np
 from ..analysis.ranges import subscript_span
 from ..errors import EinfuseOverflowError
 from ..lang.ast import IndexExpr, accesses
+from .slots import buffer_slots
 
 INT64_MAX = 2**63 - 1
 # The wide form's float64 estimate must stay within 2**61 of the true value: its error
@@ -86,7 +87,6 @@ def unsigned_slots(call):
     if not any(dtypes[info.name] == np.uint64 for info in call.spec.tensors
                if info.as_index):
         return ()
-    from .lower import buffer_slots
     return tuple(n for n, (tensor, kind) in enumerate(buffer_slots(call.spec))
                  if kind == "index" and np.dtype(dtypes[tensor]) == np.uint64)
 

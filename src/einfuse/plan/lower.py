@@ -35,6 +35,7 @@ from ..ir import BinaryOp, BufferType, FillSource, LoopKind, Policy, UnaryOp
 from ..ir import Affine
 from ..lang import ast
 from .expression_facts import fast_math_safe, indices_used
+from .slots import buffer_slots
 from .gathers import check_gather_arithmetic, parse_mode
 from .sums import BlockedSums
 from .windows import LANE_STEPS, UNIT_STEPS, read_once_per_block, wide_lanes
@@ -43,18 +44,6 @@ from .windows import LANE_STEPS, UNIT_STEPS, read_once_per_block, wide_lanes
 # call, so the kernel needs no test at all.
 _POLICY = {"clip": Policy.CLIP, "wrap": Policy.WRAP, "fill": Policy.FILL, "check": Policy.CHECK,
            "promise": Policy.CHECK, "verified": Policy.NONE}
-
-
-def buffer_slots(spec) -> Tuple[Tuple[str, str], ...]:
-    """Kernel buffers in order: (tensor, "value"|"index") per use, the output last."""
-    slots = []
-    for info in spec.tensors:
-        if info.as_value:
-            slots.append((info.name, "value"))
-        if info.as_index:
-            slots.append((info.name, "index"))
-    slots.append((spec.output, "output"))
-    return tuple(slots)
 
 
 def unit_axis(array: np.ndarray) -> int:

@@ -19,11 +19,13 @@ from ..analysis.options import Options, option_error, shown
 from ..errors import (EinfuseError, EinfuseNameError, EinfuseSyntaxError, MissingArgumentError,
                       UnexpectedArgumentError, attach_statement, did_you_mean)
 from ..runtime.attention import program_attention, run_fused_attention
-from ..runtime.frameworks import common_framework, from_numpy, torch_compiling
-from ..runtime.repeat import signature_of
-from ..schedule import run_statements
-from .split import StatementText, split_program
+from ..analysis.frameworks import common_framework, from_numpy, torch_compiling
+from ..runtime.signatures import signature_of
+from ..runtime.run_groups import run_statements
+from ..lang.split import StatementText, split_program
 from .writes import guarded_names, keep_contents, restore_contents
+from ..analysis.spec import spec_of
+from ..runtime.tracing import traced_call
 
 
 @dataclass(frozen=True)
@@ -79,8 +81,7 @@ class Program:
 
     def __call__(self, /, *args, arrays=None, **kwargs):
         if torch_compiling():
-            from ..runtime import torch_compiled
-            return torch_compiled.call_program(self, args, kwargs, arrays)
+            return traced_call(self, args, kwargs, arrays)
         # a repeated call under autograd (program/autograd.py): by keyword, with the
         # names, shapes, dtypes and strides of a call whose checks passed before
         recorded_calls = self.__dict__.get("_recorded_calls")
@@ -99,7 +100,7 @@ class Program:
             if fused is not None:
                 return from_numpy(fused, framework)
         if framework == "torch":     # one autograd node for the whole program
-            from .autograd import recorded
+            from ..runtime.program_autograd import recorded
             results = recorded(self, self._kernels, env, self.outputs, self.options)
             if results is not None:
                 return results[0] if len(results) == 1 else results
@@ -203,8 +204,7 @@ def _options_for(text: str, options: Options) -> Options:
     """The program's options for one statement: ranges= entries of its own indices."""
     if not options.ranges:
         return options
-    from ..runtime.kernel import _spec_for     # cached analysis; the kernel comes after
-    indices = _spec_for(text).all_indices
+    indices = spec_of(text).all_indices
     own = tuple((name, bounds) for name, bounds in options.ranges if name in indices)
     return dataclasses.replace(options, ranges=own)
 

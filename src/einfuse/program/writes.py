@@ -20,7 +20,7 @@ from typing import Dict, List, Sequence, Tuple
 import numpy as np
 
 from ..errors import AllocationError
-from ..runtime.frameworks import TORCH, framework_of
+from ..analysis.frameworks import TORCH, framework_of
 
 
 def guarded_names(kernels: Sequence) -> Tuple[str, ...]:

@@ -34,6 +34,7 @@ from __future__ import annotations
 from typing import Set, Tuple
 
 from ..lang.ast import Access, Binary, Call, Expr, Number, Reduce, map_children
+from ..lang.rewrite import free_indices
 
 # Functions costing about as much as the load of a temporary would
 CHEAP_CALLS = frozenset({"abs", "min", "max", "where", "relu", "floor", "ceil", "sign"})
@@ -44,7 +45,6 @@ def factors(rewriter, body: Expr, loops: Tuple[str, ...]) -> Expr:
     does not depend on every one of ``loops`` read from a temporary of ``rewriter``
     (rewrite/hoist.py's ``_Rewriter``).  Reductions inside ``body`` are left to the
     rewriter's own visit."""
-    from .hoist import free_indices
     loop_set = set(loops)
 
     def walk(expr: Expr) -> Expr:
@@ -95,7 +95,6 @@ def _layout(expr: Expr, free: Set[str]):
 
 
 def _bounded(expr: Expr, free: Set[str]) -> bool:
-    from .hoist import free_indices
     for node in expr.walk():
         if isinstance(node, Reduce) and free_indices(node) == free:
             return True

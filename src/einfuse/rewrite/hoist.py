@@ -45,6 +45,7 @@ from ..lang.ast import (Access, Expr, IndexExpr, IndexValue, Reduce, Statement, 
                         has_position_reduction, map_children)
 from ..lang.rewrite import names_in
 from .factors import factors
+from ..lang.rewrite import free_indices
 
 
 @dataclass(frozen=True)
@@ -81,21 +82,6 @@ def hoist(statement: Statement, rhs: Expr,
     if not rewriter.temporaries:
         return None
     return Hoisted(tuple(rewriter.temporaries), dataclasses.replace(statement, rhs=new_rhs))
-
-
-def free_indices(expr: Expr) -> Set[str]:
-    """Indices ``expr`` depends on: those it uses that no reduction inside it binds."""
-    if isinstance(expr, Reduce):
-        return free_indices(expr.body) - set(expr.indices)
-    found: Set[str] = set()
-    if isinstance(expr, IndexValue):
-        found.add(expr.name)
-    if isinstance(expr, Access):
-        for sub in expr.indices:
-            found.update(sub.index_names)
-    for child in expr.children():
-        found |= free_indices(child)
-    return found
 
 
 def _subscripts(expr: Expr):

@@ -5,7 +5,7 @@ online-softmax rewrite (rewrite/online_softmax.py) reduces with the *softmax-wei
 sum* below, whose state is (running max ``m``, running denominator ``l``, running
 numerator ``acc``); combining two partial states rescales the one with the smaller max,
 which is what lets attention run in one pass over ``j`` (FlashAttention).  The NumPy executor of that rewrite (runtime/attention.py)
-combines through these functions; the C kernel (backends/c_attention.py) implements the
+combines through these functions; the C kernel (backends/c/attention.py) implements the
 same combine per block of ``j`` in registers."""
 
 from __future__ import annotations

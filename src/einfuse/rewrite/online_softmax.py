@@ -27,9 +27,9 @@ from typing import Dict, Optional, Sequence, Set, Tuple
 
 from ..lang.ast import Access, Expr, Number, Param, Reduce, Statement, accesses, map_children
 from ..lang.sugar import rename_indices
-from .hoist import free_indices
 from .patterns import (Any, Bindings, Compare, Const, Fn, OneOf, Op, Red, Scalar, Tensor,
                        match, placeholder, plain_subscripts)
+from ..lang.rewrite import free_indices
 
 
 class MaskKind(enum.Enum):

@@ -1,5 +1,5 @@
 """Running a recognised attention (rewrite/online_softmax.py) as one pass with online
-softmax: on the C backend as one kernel (backends/c_attention.py), on the NumPy backend
+softmax: on the C backend as one kernel (backends/c/attention.py), on the NumPy backend
 as a loop over key blocks that combines partial states with the softmax-weighted-sum
 monoid (rewrite/monoids.py).  Either way no N x N array exists.
 
@@ -13,18 +13,18 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import numbers
 from typing import Dict, Optional, Sequence, Tuple
 
 import numpy as np
 
-from ..analysis.options import INT64_MAX
-from ..errors import AllocationError
 from ..rewrite.monoids import SOFTMAX_WEIGHTED_SUM, WeightedState, finalise_weighted
 from ..rewrite.online_softmax import Attention, MaskKind, ScaleKind, recognise
-from .frameworks import to_numpy
+from ..analysis.spec import spec_of
+from ..analysis.cost import bytes_text, count_text
+from ..rewrite.attention_layout import Canonical, canonical, float_extents, to_output
+from . import attention_run
+from .attention_run import torch_inputs, triton_scale
 
-_FLOATS = (np.dtype(np.float32), np.dtype(np.float64))
 KEY_BLOCK = 256       # keys per step of the NumPy executor
 
 
@@ -38,131 +38,10 @@ def program_attention(specs: Sequence, outputs: Tuple[str, ...]) -> Optional[Att
 def statement_attention(statement: str) -> Optional[Attention]:
     """The attention one statement computes, or None (cached by its text: every call
     of a kernel asks)."""
-    from .kernel import _spec_for
-    spec = _spec_for(statement)
+    spec = spec_of(statement)
     if spec.assign != ":=":
         return None
     return program_attention([spec], (spec.output,))
-
-
-@dataclasses.dataclass(frozen=True)
-class Canonical:
-    """A call's arrays in the kernel's layout: query (G, NQ, D), key (G, NK, D), value
-    (G, NK, E); the batch extents (in the output's batch order) and the scale."""
-    query: np.ndarray
-    key: np.ndarray
-    value: np.ndarray
-    batch_shape: Tuple[int, ...]
-    scale: float
-
-
-def _extents(attention: Attention, arrays) -> Optional[Dict[str, int]]:
-    """Each index's extent, or None unless the three arrays are NumPy arrays of one
-    float dtype whose extents agree and are not zero (only their shapes are read)."""
-    if not all(type(a) is np.ndarray for a in arrays):
-        return None
-    dtype = arrays[0].dtype
-    if dtype not in _FLOATS or any(a.dtype != dtype for a in arrays):
-        return None
-    return shape_extents(attention, arrays)
-
-
-def shape_extents(attention: Attention, arrays) -> Optional[Dict[str, int]]:
-    """Each index's extent from the shapes of query, key and value (any framework's
-    arrays), or None where a rank or two extents of one index disagree, or one is 0."""
-    extents: Dict[str, int] = {}
-    for array, indices in zip(arrays, (attention.query_indices, attention.key_indices,
-                                       attention.value_indices)):
-        if array.ndim != len(indices):
-            return None
-        for index, extent in zip(indices, array.shape):
-            if extents.setdefault(index, extent) != extent:
-                return None
-    if any(extent == 0 for extent in extents.values()):
-        return None
-    return extents
-
-
-def canonical(attention: Attention, named: Dict[str, object]) -> Optional[Canonical]:
-    """The call's arrays in canonical layout, or None when the call must run statement
-    by statement."""
-    arrays = [named.get(name) for name in (attention.query, attention.key, attention.value)]
-    extents = _extents(attention, arrays)
-    if extents is None:
-        return None
-    scale = call_scale(attention, named, arrays[0].dtype)
-    if scale is None:
-        return None
-    batch = attention.batch
-    shaped = [to_canonical(array, indices, order, len(batch))
-              for array, (order, indices) in zip(arrays, operand_layouts(attention))]
-    return Canonical(*shaped, tuple(extents[b] for b in batch), scale)
-
-
-def call_scale(attention: Attention, named: Dict[str, object], dtype: np.dtype) -> Optional[float]:
-    """The call's scale as a float (1.0 without one), or None where the statements must
-    judge it: not a real number, an integer past int64, or a NumPy scalar whose dtype
-    would change the result's (working ``dtype``)."""
-    if attention.scale_param is None:
-        return attention.scale_value if attention.scale_value is not None else 1.0
-    value = named.get(attention.scale_param)
-    if isinstance(value, np.ndarray) and value.ndim == 0:
-        value = value[()]
-    if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Real):
-        return None
-    if isinstance(value, numbers.Integral) and not -INT64_MAX <= int(value) <= INT64_MAX:
-        return None     # the statements refuse it (programs run fused before binding)
-    if isinstance(value, np.generic) and np.result_type(value.dtype, dtype) != dtype:
-        return None     # a NumPy float64 scale makes the statements' result float64
-    return float(value)
-
-
-def operand_layouts(attention: Attention):
-    """(canonical axis order, the call's own axis names) of the query, key and value."""
-    batch, j = attention.batch, attention.key_index
-    return ((batch + (attention.row, attention.dot_index), attention.query_indices),
-            (batch + (j, attention.dot_index), attention.key_indices),
-            (batch + (j, attention.feature), attention.value_indices))
-
-
-def to_canonical(array: np.ndarray, indices, order, batch_rank: int) -> np.ndarray:
-    """``array`` (axes named by ``indices``) with its axes in ``order``, the leading
-    ``batch_rank`` of them flattened into one, C-contiguous."""
-    moved = np.ascontiguousarray(array.transpose([indices.index(n) for n in order]))
-    return moved.reshape((-1,) + moved.shape[batch_rank:])
-
-
-def from_canonical(array: np.ndarray, batch_shape, order, indices) -> np.ndarray:
-    """The inverse of :func:`to_canonical`: the batch axis unflattened into
-    ``batch_shape``, the axes from ``order`` back to ``indices``, C-contiguous."""
-    shaped = array.reshape(tuple(batch_shape) + array.shape[1:])
-    return np.ascontiguousarray(shaped.transpose([order.index(n) for n in indices]))
-
-
-def torch_inputs(attention: Attention, named: Dict[str, object]) -> Optional[Dict[str, object]]:
-    """``named`` with the query, key and value as NumPy views of CPU torch tensors (and a
-    0-d tensor scale as a number), or None: a tensor on a device, or one autograd must
-    record (its gradient needs the statements), runs the statements one by one."""
-    import torch
-    views = dict(named)
-    recording = torch.is_grad_enabled() and not torch.is_inference_mode_enabled()
-    for name in (attention.query, attention.key, attention.value):
-        tensor = named.get(name)
-        if not isinstance(tensor, torch.Tensor) or tensor.device.type != "cpu" or \
-                tensor.layout != torch.strided or tensor.is_nested or \
-                torch._C._functorch.is_functorch_wrapped_tensor(tensor) or \
-                tensor.dtype not in (torch.float32, torch.float64) or \
-                (recording and tensor.requires_grad):
-            return None     # (sparse, nested, torch.func: the statements say why not)
-        views[name] = to_numpy(tensor)      # (a negative-bit view: its values)
-    scale = named.get(attention.scale_param) if attention.scale_param else None
-    if isinstance(scale, torch.Tensor):
-        if scale.ndim != 0 or scale.device.type != "cpu" or (recording and
-                                                               scale.requires_grad) \
-                or scale.dtype != named[attention.query].dtype:
-            return None
-        views[attention.scale_param] = scale.item()
-    return views
 
 
 def run_fused_attention(attention: Attention, named: Dict[str, object], options,
@@ -171,7 +50,7 @@ def run_fused_attention(attention: Attention, named: Dict[str, object], options,
     autograd records with a fused backward (runtime/attention_autograd.py); None where
     the statements run one by one."""
     if framework == "torch":
-        from . import attention_autograd
+        from . import attention_autograd     # (it imports torch)
         if attention_autograd.recording(attention, named):
             on_triton = triton_route(attention, named, options)
             if on_triton is not None:
@@ -179,10 +58,10 @@ def run_fused_attention(attention: Attention, named: Dict[str, object], options,
                                                               on_triton)
             return attention_autograd.run_recorded(attention, named, options)
     on_triton = triton_route(attention, named, options)
-    if on_triton is not None:       # backends/triton_attention.py
-        from ..backends import triton_attention
+    if on_triton is not None:       # backends/triton/attention.py
+        from ..backends.triton import attention as triton_attention
         return triton_attention.run(attention, named,
-                                    lambda query: _triton_scale(attention, named, query),
+                                    lambda query: triton_scale(attention, named, query),
                                     on_triton)
     views = named if framework == "numpy" else torch_inputs(attention, named)
     return run_attention(attention, views, options) if views is not None else None
@@ -196,7 +75,7 @@ def run_before_binding(kernel, args, kwargs):
     attention = statement_attention(kernel.statement)
     if attention is None or kernel.options.backend not in ("auto", "triton"):
         return None
-    from .binding import bind_names
+    from ..analysis.binding import bind_names
     named = bind_names(kernel.spec, args, kwargs)
     if not all(type(named.get(n)).__module__.startswith("torch")
                for n in (attention.query, attention.key, attention.value)) or \
@@ -206,7 +85,7 @@ def run_before_binding(kernel, args, kwargs):
 
 
 def triton_route(attention: Attention, named: Dict[str, object], options):
-    """The route (backends/triton_attention.Route) of a call the fused Triton kernel
+    """The route (backends/triton/attention.Route) of a call the fused Triton kernel
     takes -- torch CUDA tensors, or backend='triton' -- or None.  Imports no framework
     the caller's arrays do not belong to."""
     if options.backend not in ("auto", "triton"):
@@ -216,25 +95,12 @@ def triton_route(attention: Attention, named: Dict[str, object], options):
             type(a).__module__.startswith("torch") and getattr(a, "is_cuda", False)
             for a in arrays):
         return None
-    from ..backends import triton_backend
+    from ..backends.triton import backend as triton_backend
     if not triton_backend.available():
         return None
-    from ..backends import triton_attention
+    from ..backends.triton import attention as triton_attention
     return triton_attention.route(options, named,
                                   (attention.query, attention.key, attention.value))
-
-
-def _triton_scale(attention: Attention, named: Dict[str, object], query) -> Optional[float]:
-    """call_scale for a torch query: a 0-d tensor scale of the query's dtype is read as
-    a number (autograd does not record it: recording calls never get here)."""
-    import torch
-    from .frameworks import numpy_dtype
-    value = named.get(attention.scale_param) if attention.scale_param else None
-    if isinstance(value, torch.Tensor):
-        if value.ndim != 0 or value.dtype != query.dtype:
-            return None
-        named = {**named, attention.scale_param: value.item()}
-    return call_scale(attention, named, numpy_dtype(query))
 
 
 def run_attention(attention: Attention, named: Dict[str, object], options) -> Optional[np.ndarray]:
@@ -252,7 +118,7 @@ def run_attention(attention: Attention, named: Dict[str, object], options) -> Op
             return None
         out = _run_numpy(attention, arrays)
     else:
-        from ..backends import c_build
+        from ..backends.c import build as c_build
         if c_build.find_compiler() is None:
             if backend == "c":
                 return None     # the statements raise the backend's own error
@@ -260,42 +126,10 @@ def run_attention(attention: Attention, named: Dict[str, object], options) -> Op
                 return None
             out = _run_numpy(attention, arrays)
         else:
-            out = _run_c(attention, arrays, options.threads or 0)
+            out = attention_run.run_c(attention, arrays, options.threads or 0)
             if out is None:
                 return None
-    return _to_output(attention, arrays, out)
-
-
-def _to_output(attention: Attention, arrays: Canonical, out: np.ndarray) -> np.ndarray:
-    return from_canonical(out, arrays.batch_shape,
-                          attention.batch + (attention.row, attention.feature),
-                          attention.output_indices)
-
-
-_SCALE_MODES = {ScaleKind.NONE: 0, ScaleKind.MULTIPLY: 1, ScaleKind.DIVIDE: 2}
-_MASK_MODES = {MaskKind.NONE: 0, MaskKind.CAUSAL: 1, MaskKind.STRICT_CAUSAL: 2}
-
-
-def _run_c(attention: Attention, arrays: Canonical, threads: int,
-           lse: Optional[np.ndarray] = None) -> Optional[np.ndarray]:
-    """The output in canonical layout, or None for a value with inf or NaN; ``lse``
-    (G, NQ), when given, receives each row's log-sum-exp of its scores."""
-    from ..backends import c_attention
-    q, k, v = arrays.query, arrays.key, arrays.value
-    attend, finite = c_attention.functions(q.dtype)
-    if not finite(v.ctypes.data, v.size, threads):
-        return None
-    groups, rows, dot = q.shape
-    keys, features = v.shape[1], v.shape[2]
-    out = np.empty((groups, rows, features), q.dtype)
-    failed = attend(q.ctypes.data, k.ctypes.data, v.ctypes.data, out.ctypes.data,
-                    None if lse is None else lse.ctypes.data, groups,
-                    rows, keys, dot, features, arrays.scale, _SCALE_MODES[attention.scale],
-                    _MASK_MODES[attention.mask], int(attention.normalised), threads)
-    if failed:
-        raise AllocationError("the attention kernel could not allocate its per-thread "
-                              "blocks")
-    return out
+    return to_output(attention, arrays, out)
 
 
 def _run_numpy(attention: Attention, arrays: Canonical) -> np.ndarray:
@@ -339,7 +173,7 @@ class FusedAttention:
     features: int        # E
     itemsize: int
     dtype: str
-    # where the Triton kernel runs (backends/triton_attention.Route) and its Config;
+    # where the Triton kernel runs (backends/triton/attention.Route) and its Config;
     # None: the C kernel (or the NumPy pass)
     route: Optional[object] = None
     config: Optional[object] = None
@@ -369,9 +203,8 @@ class FusedAttention:
         return self.groups * self.rows * self.features * self.itemsize
 
     def lines(self):
-        from ..explain import _bytes, _count
         a = self.attention
-        square = _bytes(self.groups * self.rows * self.keys * self.itemsize)
+        square = bytes_text(self.groups * self.rows * self.keys * self.itemsize)
         skipped = "" if a.mask is MaskKind.NONE else \
             f"; mask {a.mask.value}: key blocks past the diagonal are never computed"
         weights = "exp(s_j - max_k s_k)"
@@ -388,7 +221,7 @@ class FusedAttention:
             f"{' and scaled' if a.scale is not ScaleKind.NONE else ''}{skipped}",
             "    one pass over j per block of 64 rows with a running max, a running "
             "denominator and a rescaled accumulator (the softmax-weighted-sum monoid)",
-            f"    {_count(self.pairs * self.groups)} (i, j) pairs computed",
+            f"    {count_text(self.pairs * self.groups)} (i, j) pairs computed",
             f"    for NumPy {self.dtype} arrays and CPU torch tensors on the C backend "
             "(the NumPy backend runs the same pass by key blocks); under torch autograd "
             "the backward is one fused kernel too (normalised, no mask or j <= i, finite "
@@ -396,11 +229,10 @@ class FusedAttention:
             "array holding inf or NaN",
             f"  materialised: nothing N x N (scores or weights in memory would take {square} "
             "each); per thread: blocks of 64 x 64 scores and 64 rows of the accumulator; "
-            f"the keys transposed in blocks of 64 (once per call): {_bytes(transposed)}"]
+            f"the keys transposed in blocks of 64 (once per call): {bytes_text(transposed)}"]
 
 
     def _triton_lines(self, which, what, skipped, square):
-        from ..explain import _count
         a, config = self.attention, self.config
         dots = "IEEE-exact float32 dots (no TF32)" if self.dtype == "float32" else \
             (f"{self.dtype} dots with float32 accumulation (the weights rounded to "
@@ -410,13 +242,13 @@ class FusedAttention:
             "(rewrite/online_softmax.py)",
             f"    {a.output} = {what}, s = {a.query} . {a.key} summed over the dot index"
             f"{' and scaled' if a.scale is not ScaleKind.NONE else ''}{skipped}",
-            f"    one Triton kernel (FlashAttention-2 forward, backends/triton_attention.py) "
+            f"    one Triton kernel (FlashAttention-2 forward, backends/triton/attention.py) "
             f"on {self.route.value}: one program per {config.block_m} rows of one batch "
             f"element, streaming blocks of {config.block_n} keys ({config.warps} warps, "
             f"{config.stages} stages) with a running max, a running denominator and a "
             f"rescaled accumulator; exp2 with log2(e) folded into the scale; {dots}; "
             f"the result in {self.dtype}",
-            f"    {_count(self.pairs * self.groups)} (i, j) pairs computed",
+            f"    {count_text(self.pairs * self.groups)} (i, j) pairs computed",
             "    under torch autograd the backward is the statements' formula in torch "
             "(the weights materialised); a value array holding inf or NaN runs the "
             "statements one by one",
@@ -431,9 +263,8 @@ def attention_notes(kernel, values: Dict[str, object]):
     fused = explain_attention(attention, values, kernel.options)
     if fused is None:
         return triton_fallback_notes(attention, values, kernel.options)
-    from ..explain import _count
     return [f"the statement runs fused as attention with online softmax, not as the "
-            f"kernels above: {_count(fused.flops)} FLOPs; "
+            f"kernels above: {count_text(fused.flops)} FLOPs; "
             + "; ".join(line.strip() for line in fused.lines()[1:])]
 
 
@@ -452,7 +283,7 @@ def explain_attention(attention: Optional[Attention], values: Dict[str, object],
     arrays = [values.get(n) for n in (attention.query, attention.key, attention.value)]
     if any(isinstance(a, np.ndarray) and type(a) is not np.ndarray for a in arrays):
         arrays = [np.asarray(a) if isinstance(a, np.ndarray) else a for a in arrays]
-    extents = _extents(attention, arrays)
+    extents = float_extents(attention, arrays)
     if extents is None:
         return None
     groups = int(np.prod([extents[b] for b in attention.batch], dtype=np.int64))
@@ -484,7 +315,7 @@ def _triton_call(attention: Attention, values: Dict[str, object]):
 
 
 def _explain_triton(attention: Attention, values: Dict[str, object], route):
-    from ..backends import triton_attention
+    from ..backends.triton import attention as triton_attention
     found = _triton_call(attention, values)
     if found is None:
         return None
@@ -510,7 +341,7 @@ def triton_fallback_notes(attention: Optional[Attention], values: Dict[str, obje
     found = _triton_call(attention, values)
     if found is None:
         return []
-    from ..backends import triton_attention
+    from ..backends.triton import attention as triton_attention
     extents, dtype = found
     reason = triton_attention.unsupported(dtype, extents[attention.dot_index],
                                           extents[attention.feature])

@@ -1,6 +1,6 @@
 """Fused attention under torch autograd: the forward runs as the online-softmax kernel
-(backends/c_attention.py) and also keeps each row's log-sum-exp; the backward runs as
-one fused kernel (backends/c_attention_grad.py) that recomputes the weights block by
+(backends/c/attention.py) and also keeps each row's log-sum-exp; the backward runs as
+one fused kernel (backends/c/attention_grad.py) that recomputes the weights block by
 block.  Neither direction holds anything N x N.
 
 Taken for a normalised attention with no mask or the causal mask ``j <= i`` (every row
@@ -21,9 +21,11 @@ import torch
 
 from ..errors import AllocationError
 from ..rewrite.online_softmax import Attention, MaskKind, ScaleKind
-from . import attention as fused
-from .attention import _MASK_MODES, _SCALE_MODES, Canonical, _to_output, canonical, \
-    from_canonical, operand_layouts, to_canonical, torch_inputs
+from ..rewrite.attention_layout import (MASK_MODES, SCALE_MODES, Canonical, canonical,
+                                        from_canonical, operand_layouts, to_canonical,
+                                        to_output)
+from . import attention_run
+from .attention_run import torch_inputs, triton_scale
 
 
 def recording(attention: Attention, named: Dict[str, object]) -> bool:
@@ -42,7 +44,7 @@ def run_recorded(attention: Attention, named: Dict[str, object], options) -> Opt
             or options.backend not in ("auto", "c") or options.pad is not None \
             or options.ranges or options.dtype is not None:
         return None
-    from ..backends import c_build
+    from ..backends.c import build as c_build
     if c_build.find_compiler() is None:
         return None
     scale = named.get(attention.scale_param) if attention.scale_param else None
@@ -55,12 +57,12 @@ def run_recorded(attention: Attention, named: Dict[str, object], options) -> Opt
     if arrays is None:
         return None
     threads = options.threads or 0
-    from ..backends import c_attention
+    from ..backends.c import attention as c_attention
     finite = c_attention.functions(arrays.query.dtype)[1]     # (parallel, in C)
     if not all(finite(a.ctypes.data, a.size, threads) for a in (arrays.query, arrays.key)):
         return None
     lse = np.empty(arrays.query.shape[:2], arrays.query.dtype)
-    out = fused._run_c(attention, arrays, threads, lse)
+    out = attention_run.run_c(attention, arrays, threads, lse)
     if out is None:       # a value with inf or NaN
         return None
     saved = _Saved(attention, arrays, out, lse, threads)
@@ -82,7 +84,7 @@ class _FusedAttention(torch.autograd.Function):
     def forward(ctx, saved: _Saved, query, key, value):
         ctx.saved = saved
         ctx.save_for_backward(query, key, value)
-        result = _to_output(saved.attention, saved.arrays, saved.out)
+        result = to_output(saved.attention, saved.arrays, saved.out)
         if np.shares_memory(result, saved.out):   # the caller may modify it in place
             result = result.copy()                # (h += x); the backward reads out
         return torch.from_numpy(result)
@@ -124,7 +126,7 @@ def _canonical_output(saved: _Saved, grad: torch.Tensor) -> np.ndarray:
 
 
 def _fused_gradients(saved: _Saved, flowing: np.ndarray) -> Tuple[np.ndarray, ...]:
-    from ..backends import c_attention_grad
+    from ..backends.c import attention_grad as c_attention_grad
     a, arrays = saved.attention, saved.arrays
     q, k, v = arrays.query, arrays.key, arrays.value
     groups, rows, dot = q.shape
@@ -133,7 +135,7 @@ def _fused_gradients(saved: _Saved, flowing: np.ndarray) -> Tuple[np.ndarray, ..
     backward = c_attention_grad.backward_function(q.dtype)
     pointers = [x.ctypes.data for x in (q, k, v, saved.out, flowing, saved.lse, dq, dk, dv)]
     if backward(*pointers, groups, rows, keys, dot, features, arrays.scale,
-                _SCALE_MODES[a.scale], _MASK_MODES[a.mask], saved.threads):
+                SCALE_MODES[a.scale], MASK_MODES[a.mask], saved.threads):
         raise AllocationError("the attention backward could not allocate its per-thread "
                               "blocks")
     return tuple(from_canonical(g, arrays.batch_shape, order, indices)
@@ -181,7 +183,7 @@ def formula_gradients(attention: Attention, scale: float, batch_shape, tensors, 
 
 
 def run_recorded_triton(attention: Attention, named: Dict[str, object], options, route):
-    """The output of the fused Triton kernel (backends/triton_attention.py), recorded as
+    """The output of the fused Triton kernel (backends/triton/attention.py), recorded as
     one autograd node whose backward is the statements' formula in torch (the weights
     materialised: O(N^2) memory, as the statements' own backward); None where the
     statements must run and record one by one (run_recorded's rules)."""
@@ -193,8 +195,8 @@ def run_recorded_triton(attention: Attention, named: Dict[str, object], options,
     tensors = tuple(named.get(n) for n in (attention.query, attention.key, attention.value))
     if not all(isinstance(t, torch.Tensor) for t in tensors):
         return None
-    from ..backends import triton_attention
-    scale_value = fused._triton_scale(attention, named, tensors[0])
+    from ..backends.triton import attention as triton_attention
+    scale_value = triton_scale(attention, named, tensors[0])
     if scale_value is None:
         return None
     with torch.no_grad():

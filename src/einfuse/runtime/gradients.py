@@ -12,10 +12,13 @@ from typing import Dict, Iterable, Mapping, Optional, Tuple
 import numpy as np
 
 from ..analysis.options import Options
-from ..autodiff import derive, run_reference
+from ..autodiff import derive
+from .gradient_reference import run_reference
 from ..autodiff.attribution import gradient_errors
 from ..autodiff.forward import tangent
-from .frameworks import NUMPY, framework_of
+from ..analysis.frameworks import NUMPY, framework_of
+from ..analysis.spec import spec_of
+from .gradient_reference import resolve_options
 
 
 def options_key(options: Options) -> Tuple:
@@ -75,14 +78,14 @@ def step_kernel(g, values: Mapping[str, object], backend: str, forward: str,
     """(kernel, its input names) for gather statement ``g`` on ``values``: where
     ``output`` names the forward's result in ``values``, the statement rewritten to read
     it (autodiff/reuse.py) if that is exact for these arrays."""
-    from ..autodiff.reference import gradient_kernel, text_kernel
+    from .gradient_reference import gradient_kernel, text_kernel
     # (a statement derived for an output that starts elsewhere than 0 reads dOUT at
     # positions, not at index values: the forward's result is not read in its place)
     if output is not None and not g.starts:
         from ..autodiff.reuse import applies, options_for, with_output
         read = with_output(g, forward)
         if read is not None and read.output == output:
-            options = g.resolve_options(values)
+            options = resolve_options(g, values)
             if applies(read, options, values.get(output), values, g.inputs):
                 kernel = text_kernel(read.text, options_for(read, options), backend)
                 return kernel, kernel.spec.arg_order
@@ -131,8 +134,7 @@ _PREPARED_KEPT = 512
 
 
 def _spec_output(statement: str) -> str:
-    from .kernel import _spec_for
-    return _spec_for(statement).output
+    return spec_of(statement).output
 
 
 def _prepared(grads, values, backend: str, forward: str, output: Optional[str]):
@@ -151,7 +153,7 @@ def _prepared(grads, values, backend: str, forward: str, output: Optional[str]):
     key = tuple(signature)
     found = _PREPARED.get(key)
     if found is None:
-        from ..autodiff.reference import statements_to_run
+        from .gradient_reference import statements_to_run
         todo = statements_to_run(grads, values)
         run = None       # scatters: run_reference's general path, every time
         if all(g.kind == "gather" for g in todo):

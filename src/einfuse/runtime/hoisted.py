@@ -25,6 +25,8 @@ import numpy as np
 from ..errors import EinfuseError
 from ..lang.printer import format_statement
 from ..rewrite.hoist import Hoisted, hoist
+from ..analysis.spec import spec_of
+from .kernel_maker import new_kernel
 
 _HOISTED_DTYPES = (np.dtype(np.float32), np.dtype(np.float64), np.dtype(np.int64),
                    np.dtype(np.uint64))
@@ -67,20 +69,18 @@ class HoistedForm:
             return None
         working = dtypes.working
         if working.name not in self._kernels:
-            from .kernel import Kernel
             built = []
             with warnings.catch_warnings():   # the statement as written warned already
                 warnings.simplefilter("ignore")
                 for number, text in enumerate(self.texts):
                     temporary = number < len(self.hoisted.temporaries)
-                    built.append(Kernel(text, self._options(text, temporary, working)))
+                    built.append(new_kernel(text, self._options(text, temporary, working)))
             self._kernels[working.name] = tuple(built)
         return self._kernels[working.name]
 
     def _options(self, text: str, temporary: bool, working: np.dtype):
-        from .kernel import _spec_for
         options = self.options
-        own = _spec_for(text).all_indices
+        own = spec_of(text).all_indices
         options = dataclasses.replace(
             options, ranges=tuple((n, b) for n, b in options.ranges if n in own))
         if temporary:
@@ -90,9 +90,9 @@ class HoistedForm:
     def run(self, kernels, named: Dict[str, object], framework: str):
         """The statement's result from its named arguments (and, for '='/'+=', the
         array it writes into), fused where schedule/fusion.py allows."""
-        from ..schedule import run_statements
+        from .run_groups import run_statements
         if framework == "torch":     # one autograd node for the hoisted statements
-            from ..program.autograd import recorded
+            from .program_autograd import recorded
             # (its forward computes a repeated exp once too, as for NumPy callers)
             results = recorded(self, self._with_shared(kernels, named), named,
                                (kernels[-1].spec.output,), self.options)
@@ -114,7 +114,7 @@ class HoistedForm:
     def recorded_calls(self, kernels, named: Dict[str, object]) -> Tuple:
         """The prepared autograd call (program/autograd.py) of these kernels for
         arrays like ``named``, once a call made it: a tuple of it, or empty."""
-        from ..program.autograd import prepared_call
+        from .program_autograd import prepared_call
         found = prepared_call(self, self._with_shared(kernels, named), named)
         return () if found is None else (found,)
 
@@ -124,7 +124,7 @@ class HoistedForm:
         the result, becomes one row ``cse_1[i,k]`` that both read), where every read of
         it covers exactly the ranges it is computed over for these arrays.  Decided once
         per call signature."""
-        from .repeat import signature_of
+        from .signatures import signature_of
         signature = signature_of(named)
         key = (id(kernels), signature)
         chosen = self._chosen.get(key) if signature is not None else None
@@ -146,8 +146,7 @@ class HoistedForm:
         if name in self._shared:
             return self._shared[name]
         from ..autodiff.cse import share
-        from .kernel import Kernel, _spec_for
-        statements = [_spec_for(k.statement).statement for k in kernels]
+        statements = [spec_of(k.statement).statement for k in kernels]
         taken = {n for k in kernels for n in k.spec.arg_order + (k.spec.output,)}
         rewritten, shares = share(statements, [False] * len(statements), taken)
         found = None
@@ -160,7 +159,7 @@ class HoistedForm:
                     text = format_statement(statement)
                     options = self._options(text, number < len(rewritten) - 1,
                                             np.dtype(working))
-                    built.append(Kernel(text, options))
+                    built.append(new_kernel(text, options))
             found = (tuple(built), tuple(shares))
         self._shared[name] = found
         return found
@@ -169,7 +168,7 @@ class HoistedForm:
 def _ranges_match(kernels, shares, named) -> bool:
     """Whether every read of each shared expression covers exactly the ranges its
     definition is computed over, for arrays like ``named`` (only shapes are read)."""
-    from .frameworks import placeholder
+    from ..analysis.frameworks import placeholder
     shapes = {name: placeholder(value) for name, value in named.items()}
     ranges = []
     try:

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import warnings
 from typing import Dict, Sequence
 
 import jax
@@ -40,7 +39,8 @@ from ..lang.ast import Access, Param, map_children
 from ..lang.printer import format_statement
 from ..lang.rewrite import batch_statement, fresh_indices
 from . import gradients, jax_ffi, jax_gpu
-from .frameworks import placeholder
+from ..analysis.frameworks import placeholder
+from ..analysis.spec import spec_of
 
 try:
     from jax.extend.core import Primitive
@@ -116,14 +116,6 @@ def _jax_values(kernel, names, named) -> tuple:
                  else jnp.asarray(named[name]) for name in names)
 
 
-@functools.lru_cache(maxsize=256)
-def _kernel(statement: str, options):
-    from .kernel import Kernel
-    with warnings.catch_warnings():   # the caller's own statement warned already
-        warnings.simplefilter("ignore")
-        return Kernel(statement, options)
-
-
 def _struct(kernel, names, values) -> jax.ShapeDtypeStruct:
     """Shape and dtype of the result, from the inputs' shapes and dtypes alone."""
     bound = kernel.bind(**{name: placeholder(v) for name, v in zip(names, values)})
@@ -140,7 +132,7 @@ def _device(kernel, names, values):
 @functools.lru_cache(maxsize=256)
 def _device_for(statement, options, names, key):
     shapes = [np.broadcast_to(np.zeros((), dtype), shape) for shape, dtype in key]
-    return jax_gpu.device_call(_kernel(statement, options), names, shapes)
+    return jax_gpu.device_call(jax_ffi.jax_kernel(statement, options), names, shapes)
 
 
 # -- the primitive ------------------------------------------------------------------------
@@ -148,7 +140,7 @@ einfuse_p = Primitive("einfuse")
 
 
 def _abstract(*avals, statement, options, names, route):
-    struct = _struct(_kernel(statement, options), names, avals)
+    struct = _struct(jax_ffi.jax_kernel(statement, options), names, avals)
     return jax.core.ShapedArray(struct.shape, struct.dtype)
 
 
@@ -167,7 +159,7 @@ def _impl(*values, statement, options, names, route):
     values = tuple(unliteral(v) for v in values)
     if route == "device":   # compiled through the lowering below, as under jit
         return _jitted(statement, options, names, route)(*values)
-    kernel = _kernel(statement, options)
+    kernel = jax_ffi.jax_kernel(statement, options)
     return jnp.asarray(kernel.run(kernel.bind(**dict(zip(names, values)))))
 
 
@@ -178,7 +170,7 @@ def _jitted(statement, options, names, route):
 
 
 def _lower(*values, statement, options, names, route, cpu=False):
-    kernel = _kernel(statement, options)
+    kernel = jax_ffi.jax_kernel(statement, options)
     struct = _struct(kernel, names, values)
     if route == "device" and (not cpu or jax_gpu.launches_in_cpu_lowering()):
         device = _device(kernel, names, values)
@@ -250,7 +242,7 @@ einfuse_jvp_p = Primitive("einfuse_jvp")
 def _jvp(primals, tangents, *, statement, options, names, route):
     out = einfuse_p.bind(*primals, statement=statement, options=options, names=names,
                          route=route)
-    spec = _kernel(statement, options).spec
+    spec = jax_ffi.jax_kernel(statement, options).spec
     readable = {t.name for t in spec.tensors if t.as_value} | set(spec.params)
     live = tuple(n for n, p, t in zip(names, primals, tangents)
                  if type(t) is not ad.Zero and n in readable and
@@ -279,7 +271,7 @@ def _tangent_form(statement, options, names, live):
     einfuse_jvp's (the statement's inputs, then the tangents)."""
     found = _tangent(statement, live, options)
     ranges = tuple((k, (r.start, r.stop)) for k, r in found.options.get("ranges", {}).items())
-    kernel = _kernel(found.text, dataclasses.replace(options, ranges=ranges))
+    kernel = jax_ffi.jax_kernel(found.text, dataclasses.replace(options, ranges=ranges))
     position = {n: k for k, n in enumerate(names)}
     position.update((found.tangents[n], len(names) + k) for k, n in enumerate(live))
     return kernel, [position[n] for n in kernel.spec.arg_order]
@@ -349,8 +341,7 @@ def _batched_for(statement: str, batched: Sequence[str], count: int) -> str:
 
 @functools.lru_cache(maxsize=256)
 def _unbatch(statement: str, full: str, batched: frozenset) -> str:
-    from .kernel import _spec_for
-    params = set(_spec_for(statement).params)
+    params = set(spec_of(statement).params)
 
     def visit(expr):
         mapped = map_children(expr, visit)

@@ -2,7 +2,7 @@
 FFI custom call: under jit, shapes and dtypes are static when the primitive lowers, so
 the whole call is planned then -- ranges, buffer layouts (XLA's buffers are dense,
 row-major), runtime ints and strides -- and the C kernel for it is built with its own
-XLA FFI handler (backends/c_ffi.py) and registered as an XLA target named after the
+XLA FFI handler (backends/c/ffi.py) and registered as an XLA target named after the
 kernel library.  XLA then runs the kernel inside its executable: no host callback, no
 copy of inputs or result (the kernel writes XLA's result buffer).
 
@@ -22,6 +22,7 @@ import functools
 import hashlib
 import os
 import threading
+import warnings
 from dataclasses import dataclass
 from typing import Dict, Optional, Sequence, Tuple
 
@@ -29,15 +30,25 @@ import jax
 import jaxlib
 import numpy as np
 
-from ..backends import c_build, get_backend
-from ..backends.c_backend import _blas_contraction, output_dtype
-from ..backends.c_ffi_support import XLA_DTYPES
-from ..backends.c_threads import fixed_thread_count
+from ..backends.c import build as c_build
+from ..backends import get_backend
+from ..backends.c.backend import blas_contraction, output_dtype
+from ..backends.c.ffi_support import XLA_DTYPES
+from ..backends.c.threads import fixed_thread_count
 from ..errors import EinfuseError, attach_statement
 from ..plan import buffer_slots, call_arguments, unit_axis
 from ..analysis.ranges import subscript_span
 from ..lang.ast import IndexExpr, accesses
 from ..plan.contraction import prepare_contraction
+from .kernel_maker import new_kernel
+
+
+@functools.lru_cache(maxsize=256)
+def jax_kernel(statement: str, options):
+    """The Kernel of a JAX caller's statement, shared by the adapter and the FFI route."""
+    with warnings.catch_warnings():   # the caller's own statement warned already
+        warnings.simplefilter("ignore")
+        return new_kernel(statement, options)
 
 
 # The handler's fixed tables (EF_MAX_SLOTS and EF_MAX_PARAMS in c_ffi_support.py).
@@ -69,7 +80,7 @@ class FfiPlan:
     result_shape: Tuple[int, ...]
     result_dtype: np.dtype                  # of the custom call's result buffer
     casts: Tuple[Optional[np.dtype], ...]   # per operand: converted by XLA first, or None
-    layout: Tuple[int, ...]                 # see backends/c_ffi_support.py
+    layout: Tuple[int, ...]                 # see backends/c/ffi_support.py
     ints: Tuple[int, ...]
     fills: Tuple[float, float]
     verify: Tuple[int, ...] = ()    # gathers' range rules (c_ffi_support.ef_in_range)
@@ -139,10 +150,9 @@ def _canonical(dtype) -> np.dtype:
 @functools.lru_cache(maxsize=512)
 def _route_for(statement, options, names, avals, x64):
     # x64 is only part of the cache key: the dtypes JAX can hold (_canonical) follow it
-    from .jax_adapter import _kernel
-    from .kernel import _backend_name
-    from .result_size import check_result_size
-    kernel = _kernel(statement, options)
+    from ..schedule.route import backend_name
+    from ..analysis.result_size import check_result_size
+    kernel = jax_kernel(statement, options)
     if options.backend not in ("auto", "c"):
         return _callback(f"backend={options.backend!r} runs on the host")
     if c_build.find_compiler() is None:
@@ -150,7 +160,7 @@ def _route_for(statement, options, names, avals, x64):
     spec = kernel.spec
     call = kernel.bind(**{name: np.broadcast_to(np.zeros((), dtype), shape)
                           for name, (shape, dtype) in zip(names, avals)})
-    if get_backend(_backend_name(options.backend, call)).name != "c":
+    if get_backend(backend_name(options.backend, call)).name != "c":
         return _callback("the statement runs on another backend")
     working, out = call.dtypes.working, output_dtype(call)
     if working.name not in XLA_DTYPES or out.name not in XLA_DTYPES:
@@ -171,7 +181,7 @@ def _route_for(statement, options, names, avals, x64):
         arrival.append(dtype)
         casts.append(cast)
     check_result_size(call)
-    contraction = _blas_contraction(call)
+    contraction = blas_contraction(call)
     if contraction is not None and _canonical(working) == working:
         return CpuRoute(CpuRouteKind.DOT, "a contraction, which the C backend hands to "
                         "BLAS"), DotPlan(prepare_contraction(contraction, call), names)
@@ -188,7 +198,7 @@ def _route_for(statement, options, names, avals, x64):
         layout += [position[tensor], XLA_DTYPES[want.name]]
         buffers.append(_dense(avals[position[tensor]][0], want))
     buffers.append(_dense(call.output_shape, out))
-    from ..backends.c_ffi import ffi_kernel
+    from ..backends.c.ffi import ffi_kernel
     header, version = _headers()
     try:
         built = ffi_kernel(call, [unit_axis(b) for b in buffers], header, version)
@@ -293,8 +303,7 @@ def _remember(report: _Report) -> int:
 
 def _message(token: int, args) -> str:
     """einfuse's message for the failed call ``token`` on XLA's buffers ``args``."""
-    from ..backends.numpy_backend import NumpyExecutor
-    from .jax_adapter import _kernel
+    from ..backends.numpy.backend import NumpyExecutor
     report = _reports[token]
     named = {}
     for k, (name, shape, dtype) in enumerate(zip(report.names, report.shapes,
@@ -305,7 +314,7 @@ def _message(token: int, args) -> str:
             continue
         raw = (ctypes.c_char * (count * dtype.itemsize)).from_address(args[k])
         named[name] = np.frombuffer(raw, dtype=dtype).reshape(shape).copy()
-    kernel = _kernel(report.statement, report.options)
+    kernel = jax_kernel(report.statement, report.options)
     try:
         NumpyExecutor.for_call(kernel.bind(**named)).run()
     except EinfuseError as error:
@@ -327,7 +336,7 @@ _reporter = _REPORTER(_report)
 
 
 def _install_reporter() -> None:
-    from ..backends.c_ffi import support_library
+    from ..backends.c.ffi import support_library
     support_library(*_headers()).einfuse_ffi_set_reporter(
         ctypes.cast(_reporter, ctypes.c_void_p))
 

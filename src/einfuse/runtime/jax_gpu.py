@@ -3,7 +3,7 @@
 ``jax.jit``, ``jax.grad``, ``jax.jvp`` and ``jax.vmap``, with no host round trip.
 
 The kernel, its scalar arguments, grid and block sizes are the ones the torch launcher
-uses (:class:`einfuse.backends.triton_backend.Prepared`), built here from shapes and
+uses (:class:`einfuse.backends.triton.backend.Prepared`), built here from shapes and
 dtypes alone (placeholders: under jit the data is traced).  What differs:
 
 * scalar parameters travel as a small array (``qv``), since under jit they are traced;
@@ -15,7 +15,7 @@ dtypes alone (placeholders: under jit the data is traced).  What differs:
   (:mod:`einfuse.runtime.jax_adapter`), whose lowering launches the kernel here: a
   batched call is the statement with one more index, one kernel, as on the host path;
   tangent and gradient statements run the same way; scatters add with ``.at[].add``
-  (:func:`einfuse.autodiff.reference.run_reference` in JAX).
+  (:func:`einfuse.runtime.gradient_reference.run_reference` in JAX).
 
 Block sizes: the tuner's cached choice for the kernel and shape bucket (made by a torch
 call on the same GPU), else the GPU default; XLA gives no place to time candidates."""
@@ -29,7 +29,7 @@ from typing import Dict, Optional, Sequence, Tuple
 
 import numpy as np
 
-from .frameworks import placeholder
+from ..analysis.frameworks import placeholder
 
 
 def on_gpu(values) -> bool:
@@ -68,7 +68,7 @@ class DeviceCall:
 def device_call(kernel, names: Sequence[str], values) -> Optional[DeviceCall]:
     """The Triton launch for these inputs, or None when the statement takes the host
     path (see the module's notes)."""
-    from ..backends import triton_backend
+    from ..backends.triton import backend as triton_backend
     from ..plan import buffer_slots
     spec, options = kernel.spec, kernel.options
     if options.backend not in ("auto", "triton") or not triton_backend.available():
@@ -137,7 +137,7 @@ def import_jax_triton():
 def launch_kernel(device: DeviceCall, inputs):
     """One triton_call (the only line that needs jax_triton and a GPU)."""
     import jax
-    from ..backends import triton_tuning
+    from ..backends.triton import tuning as triton_tuning
     jax_triton = import_jax_triton()
     prepared = device.prepared
     config = triton_tuning.lookup(prepared.tuning_key) or \

@@ -32,11 +32,11 @@ import jax.numpy as jnp
 import numpy as np
 from jax.interpreters import ad, batching, mlir
 
-from ..autodiff.backward import Backward, backward_program
+from .backward import Backward, backward_program
 from ..errors import EinfuseError, GradientBlockedError
-from ..program.backward_run import PLANS_KEPT, BackwardRun
-from ..schedule import run_statements
-from .frameworks import placeholder
+from .program_backward import PLANS_KEPT, BackwardRun
+from .run_groups import run_statements
+from ..analysis.frameworks import placeholder
 from .jax_adapter import unliteral
 
 try:

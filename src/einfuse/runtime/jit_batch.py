@@ -1,5 +1,5 @@
 """``jax.vmap`` of an ``ef.jit`` function: the unbatched function's kernel run over the
-batch inside one C function (``backends/c_loops_batch.py``), the batch elements shared
+batch inside one C function (``backends/c/loops_batch.py``), the batch elements shared
 among OpenMP threads, the loops of the function inside each element.
 
 The ``custom_vmap`` rule of :class:`~einfuse.runtime.jit.CompiledFunction` builds a
@@ -19,8 +19,8 @@ import jax
 import numpy as np
 
 from ..errors import AllocationError, EinfuseTypeError
-from ..frontends.jaxpr import JaxprConversionError
-from .jit import allocate_outputs
+from ..frontends.jaxpr_values import JaxprConversionError
+from .jit_support import allocate_outputs, without_dead_code
 
 _lock = threading.Lock()
 
@@ -31,7 +31,7 @@ class BatchedFunction:
     level first).  Every output has all the levels."""
 
     def __init__(self, base, sizes: Tuple[int, ...], batched: Tuple[Tuple[bool, ...], ...]):
-        from ..backends import c_loops_batch
+        from ..backends.c import loops_batch as c_loops_batch
         self.base = base
         self.sizes = sizes
         self.batched = batched
@@ -119,9 +119,8 @@ BLOCK = 8      # batch elements per block: the statements of a block span 8 elem
 def _blocks(base, count: int, batched: Tuple[bool, ...]):
     """The programs of ``jax.vmap(base's function)`` over blocks of BLOCK elements (and
     over the remainder), converted from their jaxprs."""
-    from ..backends.c_loops_batch import Blocks
+    from ..backends.c.loops_batch import Blocks
     from ..frontends.jaxpr import convert
-    from .jit import _without_dead_code
     block = min(BLOCK, count)
     axes = tuple(0 if b else None for b in batched)
     vmapped = jax.vmap(lambda *x: tuple(base.flat_fn(*x)), in_axes=axes)
@@ -129,7 +128,7 @@ def _blocks(base, count: int, batched: Tuple[bool, ...]):
     def program(size):
         examples = [jax.ShapeDtypeStruct(((size,) if b else ()) + a.shape, a.dtype)
                     for a, b in zip(base.in_avals, batched)]
-        return convert(_without_dead_code(jax.make_jaxpr(vmapped)(*examples)))
+        return convert(without_dead_code(jax.make_jaxpr(vmapped)(*examples)))
     rest = count % block
     return Blocks(count, block, program(block), program(rest) if rest else None, batched,
                   tuple(int(np.prod(a.shape)) for a in base.in_avals),

@@ -1,6 +1,6 @@
 """How an ``ef.jit`` kernel runs under JAX's transformations: the ``einfuse_jit``
 primitive, which on the CPU lowers to an XLA FFI custom call of the kernel's own entry
-point (the shared handler of backends/c_jit_ffi.py), so that XLA runs the kernel inside
+point (the shared handler of backends/c/jit_ffi.py), so that XLA runs the kernel inside
 its executable: no host callback, no Python, no copy of inputs or outputs (the kernel
 reads XLA's operand buffers and writes its result buffers).
 
@@ -42,9 +42,8 @@ import jax.numpy as jnp
 import numpy as np
 from jax.interpreters import batching, mlir
 
-from ..backends import c_build
-from ..backends.c_jit_ffi import (TARGET, EntryLayout, Source, converts, register,
-                                  support_library)
+from ..backends.c import build as c_build
+from ..backends.c.jit_ffi import TARGET, EntryLayout, Source, converts, register, support_library
 
 try:
     from jax.extend.core import Primitive

@@ -11,8 +11,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import List, Tuple
 
-from ..frontends.jaxpr import Converter, JaxprConversionError, equation_text, source_line
-from ..frontends.jaxpr_ir import ScalarType
+from ..frontends.jaxpr import Converter, equation_text
+from ..frontends.jaxpr_values import JaxprConversionError, source_line
+from ..ir.jit import ScalarType
+from .jit_compiled import CompiledFunction
 
 
 @dataclass(frozen=True)
@@ -57,7 +59,6 @@ def _convertible(eqn) -> Tuple[bool, str]:
 
 def split(closed, name: str) -> List[Part]:
     from jax.extend.core import ClosedJaxpr, Literal, Var
-    from .jit import CompiledFunction
     jaxpr = closed.jaxpr
     runs: List[Tuple[bool, list, str]] = []
     for eqn in jaxpr.eqns:
@@ -126,26 +127,6 @@ class SplitFunction:
         import jax.numpy as jnp
         return [jnp.asarray(v.val if isinstance(v, Literal) else env[v], dtype=v.aval.dtype)
                 for v in jaxpr.outvars]
-
-    def explain(self) -> str:
-        from ..frontends.jaxpr_explain import explain_program
-        lines = [f"ef.jit(fallback=True) of {self.name}: split into {len(self.parts)} parts "
-                 f"({sum(p.compiled is not None for p in self.parts)} einfuse kernels, "
-                 f"{sum(p.compiled is None for p in self.parts)} run by JAX)"]
-        for number, part in enumerate(self.parts, 1):
-            lines.append("")
-            if part.compiled is not None:
-                lines.append(f"Part {number}: einfuse kernel")
-                from .jit_ffi import route_lines
-                lines += ["  " + line for line in
-                          explain_program(part.compiled.program, f"part {number}").split("\n")
-                          + [""] + route_lines(part.compiled)]
-            else:
-                lines.append(f"Part {number}: run by JAX (the split falls here)")
-                lines += [f"  {text}" for text in part.equations]
-                if part.why:
-                    lines.append(f"  because: {part.why.split(';')[0]}")
-        return "\n".join(lines)
 
 
 __all__ = ["SplitFunction", "Part", "split"]

@@ -10,35 +10,27 @@ from typing import Dict, Mapping, Optional, Tuple
 
 import numpy as np
 
-from ..analysis.options import (INT64_MAX, OPTION_NAMES, Options, make_options, option_error,
-                                shown)
+from ..analysis.options import INT64_MAX, OPTION_NAMES, Options, option_error, shown
 from ..analysis.ranges import check_positions_defined
-from ..analysis.spec import Spec, analyse
+from ..analysis.spec import Spec, first_span, spec_of
 from ..backends import get_backend
-from ..errors import (BackendError, EinfuseError, EinfuseOverflowError,
-                      EinfuseSyntaxError, EinfuseTypeError, MissingArgumentError, OptionError,
-                      UnexpectedArgumentError, attach_statement, did_you_mean, warn)
-from ..lang import parse
+from ..errors import (BackendError, EinfuseError, EinfuseOverflowError, EinfuseSyntaxError,
+                      EinfuseTypeError, MissingArgumentError, UnexpectedArgumentError,
+                      attach_statement, warn)
 from ..lang.ast import Number, accesses
 from ..lang.printer import format_statement
 from .attention import run_before_binding, run_fused_attention, statement_attention
-from .binding import BoundCall, bind_call, bind_names
-from .frameworks import (JAX, NUMPY, TORCH, common_framework, contiguous, framework_of,
-                         from_numpy, numpy_dtype, torch_compiling)
+from ..analysis.binding import BoundCall, bind_call, bind_names
+from ..analysis.frameworks import (JAX, NUMPY, TORCH, common_framework, contiguous, framework_of,
+                                   from_numpy, numpy_dtype, torch_compiling, torch_recording)
 from .hoisted import HoistedForm, hoisted_form, run_hoisted
-from .keywords import check_named, keyword_options
-from .repeat import run_first, signature_of
-from .result_size import check_result_size, too_large
-
-
-@functools.lru_cache(maxsize=512)
-def _spec_for(statement: str) -> Spec:
-    """The shape-independent stage, cached by the statement's text."""
-    try:
-        return analyse(parse(statement))
-    except RecursionError:
-        raise EinfuseSyntaxError("the statement nests too deeply to analyse",
-                                 span=(0, len(statement))) from None
+from . import kernel_maker
+from .kernel_maker import option_collision
+from .tracing import traced_call
+from ..schedule.route import backend_name
+from .repeat import run_first
+from .signatures import signature_of
+from ..analysis.result_size import check_result_size, too_large
 
 
 class Kernel:
@@ -58,7 +50,7 @@ class Kernel:
         self.statement = statement
         self.options = options
         try:
-            self.spec = _spec_for(statement)
+            self.spec = spec_of(statement)
         except EinfuseError as error:
             raise attach_statement(error, statement) from None
         for message, span in self.spec.warnings:
@@ -113,13 +105,12 @@ class Kernel:
                 raise MissingArgumentError(
                     f"the {what} {name} was not passed; its name is also the option {name}= "
                     f"of ein() and explain(), so pass it as arrays={{'{name}': ...}}",
-                    span=_first_span(spec, name))
+                    span=first_span(spec, name))
         return kwargs
 
     def __call__(self, /, *args, arrays=None, **kwargs):
         if torch_compiling():   # torch.compile sees a custom operator, not this code
-            from . import torch_compiled
-            return torch_compiled.call_statement(self, args, kwargs, arrays)
+            return traced_call(self, args, kwargs, arrays)
         given = _given(args, kwargs, arrays)
         if given is not None:
             signature = signature_of(given)
@@ -151,7 +142,7 @@ class Kernel:
         grad = False
         if call.framework == TORCH:
             from . import torch_autograd
-            if torch_autograd.recording():
+            if torch_recording():
                 if self.spec.assign != ":=":
                     _refuse_unrecorded_write(self.spec, call, self.statement)
                 grad = bool(torch_autograd.differentiable_names(call))
@@ -173,12 +164,12 @@ class Kernel:
             # the first call of a signature runs as its repeats will (the same kernels,
             # BLAS and backward): the same bits, call after call (runtime/repeat.py)
             done, result = run_first(self, call, given,
-                                     _backend_name(self.options.backend, call))
+                                     backend_name(self.options.backend, call))
             if done:
                 return result
         if grad and self.spec.assign == ":=":
             result = torch_autograd.apply(self, call, lambda: self.run(call),
-                                          _backend_name(self.options.backend, call))
+                                          backend_name(self.options.backend, call))
             if given is not None:
                 self._prepare_repeat(call, given)
             return result
@@ -204,14 +195,14 @@ class Kernel:
         form = self.hoisted_form
         kernels = form.kernels(call.dtypes) if form is not None else None
         if kernels is None:
-            return get_backend(_backend_name(self.options.backend, call)).source(call)
+            return get_backend(backend_name(self.options.backend, call)).source(call)
         env = bind_names(self.spec, args, self._named(args, kwargs, arrays))
         parts = []
         for kernel in kernels:
             spec = kernel.spec
             bound = kernel.bind(arrays={name: env[name] for name in spec.arg_order})
             env[spec.output] = np.zeros(bound.output_shape, bound.dtypes.result)
-            backend = get_backend(_backend_name(kernel.options.backend, bound))
+            backend = get_backend(backend_name(kernel.options.backend, bound))
             parts.append(f"=== {format_statement(spec.statement)} ===\n"
                          f"{backend.source(bound)}")
         return "\n\n".join(parts)
@@ -225,7 +216,7 @@ class Kernel:
     def run(self, call: BoundCall) -> np.ndarray:
         """The result as a NumPy array in the result dtype."""
         try:
-            backend = get_backend(_backend_name(self.options.backend, call))
+            backend = get_backend(backend_name(self.options.backend, call))
             check_result_size(call)
             try:
                 result = backend.run(call)
@@ -303,16 +294,6 @@ def _given(args, kwargs, arrays):
     return arrays if not kwargs and type(arrays) is dict else None
 
 
-def _backend_name(requested: str, call: BoundCall) -> str:
-    """``auto`` means Triton for CUDA tensors (when Triton is there), else C or NumPy."""
-    if requested == "auto" and call.framework == TORCH and any(
-            getattr(value, "is_cuda", False) for value in (call.sources or {}).values()):
-        from ..backends.triton_backend import available
-        if available():
-            return "triton"
-    return requested
-
-
 def _refuse_unrecorded_write(spec: Spec, call: BoundCall, statement: str) -> None:
     """'=' and '+=' write under no_grad, so autograd would not see the write: with grad
     mode on, a gradient through the output (it requires grad) or from it to an input
@@ -369,123 +350,7 @@ def check_explain_options(statement: str, shapes, gradients, source=False) -> No
             value = {"shapes": shapes, "gradients": gradients, "source": source}[option]
             wanted = "a dict of name -> shape" if option == "shapes" else "True or False"
             error = option_error(option, f"{option}= takes {wanted}, not {shown(value)}")
-            raise attach_statement(_option_collision(error, statement), statement)
-
-
-def compile(statement=NOT_GIVEN, /, *, ranges=None, pad=None, bounds="check", fill=0.0,
-            dtype=None, backend="auto", threads: Optional[int] = None,
-            memory_limit: Optional[int] = None, outputs=None, mesh=None, shard=None, **named):
-    """Compile ``statement`` into a reusable :class:`Kernel`, or a program (several
-    statements, separated by newlines or ';') into a :class:`~einfuse.program.Program`
-    whose ``outputs`` are chosen by name (default: what no later statement reads).
-
-    Options (as for :func:`ein`): ``ranges=`` ({"i": 10} or {"i": range(2, 12)}),
-    ``pad=`` (value read outside affine accesses), ``bounds=`` ("check", "clip",
-    "wrap", "fill", "promise": gathers out of range), ``fill=``, ``dtype=``,
-    ``backend=`` ("auto", "c", "numpy", "triton"), ``threads=``, ``memory_limit=``.
-
-    Example::
-
-        dist = ef.compile("D[i,j] := (w[k,i] - x[k,j])**2")
-        D = dist(w=w, x=x)              # any shapes; compiled once per layout"""
-    statement = statement_argument(statement, named, "compile")
-    if mesh is not None or shard is not None:   # docs/sharding.md
-        from ..sharding import sharded
-        return sharded(compile(statement, ranges=ranges, pad=pad, bounds=bounds, fill=fill,
-                               dtype=dtype, backend=backend, threads=threads,
-                               memory_limit=memory_limit, outputs=outputs, **named),
-                       mesh, shard)
-    if named:
-        options = keyword_options(compile)
-        wrong = ", ".join(f"{name}={did_you_mean(name, options)}" for name in named)
-        raise attach_statement(UnexpectedArgumentError(
-            f"compile() takes the statement and options, not {wrong}; pass the arrays when "
-            "calling the kernel"), statement)
-    try:
-        options = make_options(ranges, pad, bounds, fill, dtype, backend, threads,
-                               memory_limit)
-    except OptionError as error:
-        raise attach_statement(_option_collision(error, statement), statement) from None
-    from ..program import is_program
-    from ..program.program import output_names
-    if is_program(statement, outputs):
-        try:
-            if outputs is not None:     # a tuple of names (hashable: the cache's key)
-                outputs = output_names(outputs)
-            program = _shared_program(statement, options, outputs)
-            for part in program.statements:      # as compiling it anew would
-                for message, span in part.kernel.spec.warnings:
-                    warn(message, source=part.kernel.statement, span=span)
-            return program
-        except OptionError as error:
-            raise attach_statement(_option_collision(error, statement), statement) from None
-        except EinfuseError as error:
-            raise attach_statement(error, statement) from None
-    kernel = _shared_kernel(statement, options)
-    for message, span in kernel.spec.warnings:     # as a new Kernel would
-        warn(message, source=statement, span=span)
-    return kernel
-
-
-@functools.lru_cache(maxsize=128)
-def _shared_program(statement: str, options: Options, outputs):
-    """One Program per (text, options, outputs), as for statements (_shared_kernel)."""
-    from ..program import compile_program
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        return compile_program(statement, options, outputs, Kernel)
-
-
-@functools.lru_cache(maxsize=256)
-def _shared_kernel(statement: str, options: Options) -> "Kernel":
-    """One Kernel per (statement, options), so that ``ein`` in a loop finds its prepared
-    calls (the fast path) instead of building a kernel per call.  Kernels hold no
-    per-call state; their warnings are emitted by ``compile`` on every request."""
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        return Kernel(statement, options)
-
-
-def ein(statement=NOT_GIVEN, /, *args, ranges=None, pad=None, bounds="check", fill=0.0,
-        dtype=None, backend="auto", threads: Optional[int] = None,
-        memory_limit: Optional[int] = None, outputs=None, arrays=None, mesh=None, shard=None,
-        **named):
-    """Evaluate ``statement`` (or a program of several) once on the given arrays and
-    scalars.  A tensor whose name is one of the options (``bounds``, ``ranges`` ...)
-    goes in ``arrays={"bounds": b}``.  The options are :func:`compile`'s; NumPy,
-    PyTorch (differentiable) and JAX arrays are accepted, and the result is of the
-    same kind.  A repeated call reuses the compiled kernel.
-
-    Example::
-
-        y = ef.ein("y[i] := x[i+a] * ker[a]", x=x, ker=ker)     # a valid convolution"""
-    statement = statement_argument(statement, named, "ein")
-    if torch_compiling():
-        from . import torch_compiled
-        return torch_compiled.call_source(statement, (ranges, pad, bounds, fill, dtype, backend,
-                                          threads, memory_limit), outputs, args, named, arrays)
-    kernel = compile(statement, ranges=ranges, pad=pad, bounds=bounds, fill=fill,
-                     dtype=dtype, backend=backend, threads=threads,
-                     memory_limit=memory_limit, outputs=outputs, mesh=mesh, shard=shard)
-    check_named(kernel, named, keyword_options(ein))
-    return kernel(*args, arrays=arrays, **named)
-
-
-def _option_collision(error: OptionError, statement: str) -> OptionError:
-    """``error``, saying so when the bad option value was meant for a tensor, scalar or
-    output of the statement that has the option's name."""
-    option = getattr(error, "option", None)
-    try:
-        spec = _spec_for(statement)
-    except EinfuseError:
-        return error   # the option's own message; the statement's error comes later
-    if option not in set(spec.arg_order) | {spec.output}:
-        return error
-    what = "output" if option == spec.output else \
-        "scalar parameter" if option in spec.params else "tensor"
-    return OptionError(f"{error.message}; {option}= is the option, and the statement's "
-                       f"{what} {option} has the same name: pass the {what} as "
-                       f"arrays={{'{option}': ...}}", span=_first_span(spec, option))
+            raise attach_statement(option_collision(error, statement), statement)
 
 
 def _merge_arrays(spec: Spec, kwargs, arrays) -> dict:
@@ -520,13 +385,6 @@ def _option_named(spec: Spec) -> tuple:
     return tuple(name for name in wanted if name in OPTION_NAMES)
 
 
-def _first_span(spec: Spec, name: str):
-    if name == spec.output:
-        return spec.statement.output_span
-    return next((node.span for node in spec.rhs.walk()
-                 if getattr(node, "tensor", getattr(node, "name", None)) == name), None)
-
-
 def _index_passed(spec: Spec, name: str, value) -> UnexpectedArgumentError:
     """The error for a value passed for an index, as in ``x[i + n]`` with ``n=2``."""
     used_in = next((access for access in accesses(spec.rhs)
@@ -535,7 +393,7 @@ def _index_passed(spec: Spec, name: str, value) -> UnexpectedArgumentError:
         return UnexpectedArgumentError(
             f"{name} is an index of the statement, and indices are not passed: their "
             f"ranges come from the arrays or from ranges={{'{name}': ...}}",
-            span=_first_span(spec, name))
+            span=first_span(spec, name))
     offset = value if isinstance(value, numbers.Integral) and \
         not isinstance(value, bool) else 2
     return UnexpectedArgumentError(
@@ -555,7 +413,7 @@ def _check_parameters(call: BoundCall) -> None:
     for name, value in call.params.items():
         if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Integral):
             continue
-        span = _first_span(spec, name)
+        span = first_span(spec, name)
         if not -INT64_MAX <= int(value) <= INT64_MAX:
             raise EinfuseOverflowError(f"the scalar parameter {name}={value} does not fit in "
                                        "int64; pass a float for a large value", span=span)
@@ -617,3 +475,6 @@ def _check_index_arithmetic(spec: Spec, bounds) -> None:
 
 
 __all__ = ["Kernel", "compile", "ein"]
+
+
+kernel_maker.install(Kernel)

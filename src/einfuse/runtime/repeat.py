@@ -1,81 +1,30 @@
 """The fast path for a repeated call (issue 11): a Kernel remembers, per call signature,
-a prepared runner (backends/c_repeat.py), so that a call it has seen before is a
+a prepared runner (backends/c/repeat.py), so that a call it has seen before is a
 dictionary lookup and the kernel call.  Only ':=' statements on the C backend (or the
-Triton backend: backends/triton_repeat.py) whose arguments cannot depend on the data; a statement in its hoisted form goes straight to
+Triton backend: backends/triton/repeat.py) whose arguments cannot depend on the data; a statement in its hoisted form goes straight to
 its kernels, each on its own fast path (as do a program's statements, which pass their
 arrays in ``arrays=``)."""
 
 from __future__ import annotations
 
-import sys
 import unicodedata
-import weakref
-from typing import Callable, Dict, Optional, Tuple
+from typing import Tuple
 
 import numpy as np
 
 from ..backends import get_backend
 from ..errors import EinfuseError, attach_statement
-from .frameworks import NUMPY, TORCH, has_tangent
-from .result_size import check_result_size, too_large
+from ..analysis.frameworks import NUMPY, TORCH, torch_recording
+from ..analysis.result_size import check_result_size, too_large
+from .signatures import BY_NAME, signature_of
 
 # Prepared signatures kept per kernel (a new one past this replaces the oldest).
 SIGNATURES_KEPT = 32
 
-# torch's tensor classes (Tensor, Parameter) -> torch.func's "is this a wrapped tensor"
-# test, found once per class rather than by name on every call
-_TENSOR_CLASSES: Dict[type, Callable[[object], bool]] = {}
-
-# The prepared runners of NumPy calls that look their arrays up by name and ignore any
-# other name passed (so a caller holding more arrays may pass them all)
-BY_NAME: "weakref.WeakSet" = weakref.WeakSet()
-
-
-def signature_of(kwargs) -> Optional[Tuple]:
-    """What a prepared call depends on: names, shapes, dtypes and strides of plain
-    ndarrays or CPU torch tensors (and whether each requires a gradient), and which names
-    are Python floats (a float's value is a kernel argument; it decides no dtype, range or
-    check).
-    Anything else -- ints, subclasses, other frameworks, devices -- None."""
-    signature = []
-    for name, value in kwargs.items():
-        kind = type(value)
-        if kind is np.ndarray:     # (a dtype hashes and compares as its .str does)
-            signature.append((name, value.shape, value.dtype, value.strides))
-        elif kind is float:
-            signature.append((name, float))
-        else:
-            wrapped = _TENSOR_CLASSES.get(kind)
-            if wrapped is None:
-                if kind.__name__ not in ("Tensor", "Parameter") or \
-                        not kind.__module__.startswith("torch"):
-                    return None
-                wrapped = _TENSOR_CLASSES[kind] = \
-                    sys.modules["torch"]._C._functorch.is_functorch_wrapped_tensor
-            if wrapped(value):    # inside torch.func: the full path refuses
-                return None
-            # a forward-mode dual tensor: the full path refuses it (its tangent would
-            # be dropped)
-            if has_tangent(value):
-                return None
-            try:     # (a torch.Size hashes and compares as the tuple it is)
-                if value.is_cpu:
-                    signature.append((name, value.shape, value.dtype, value.stride(),
-                                      value.requires_grad))
-                elif value.is_cuda:     # the Triton backend's runner (triton_repeat.py)
-                    signature.append((name, value.shape, value.dtype, value.stride(),
-                                      value.requires_grad, value.device))
-                else:
-                    return None
-            except RuntimeError:     # no strides (sparse) or no shape (nested): full path
-                return None
-    return tuple(signature)
-
-
 def prepare(kernel, call, kwargs) -> None:
     """Remember in ``kernel._repeat`` a runner for calls with this call's signature, or
     None where the full path must run (so the question is asked once)."""
-    from .kernel import _backend_name
+    from ..schedule.route import backend_name
     signature = signature_of(kwargs)
     cache = kernel._repeat
     if signature is None or signature in cache:
@@ -92,7 +41,7 @@ def prepare(kernel, call, kwargs) -> None:
     if any(type(value) is float and name not in kernel.spec.params
            for name, value in kwargs.items()):
         return      # a float for a 0-d tensor (x[]): the runners take arrays there
-    backend = get_backend(_backend_name(kernel.options.backend, call)).name
+    backend = get_backend(backend_name(kernel.options.backend, call)).name
     if call.framework not in (NUMPY, TORCH) or kernel.spec.assign != ":=" or \
             backend not in ("c", "triton") or call.bfloat16 and backend == "c":
         return
@@ -112,7 +61,7 @@ def prepare(kernel, call, kwargs) -> None:
     if form is not None and form.runs(call):
         cache[signature] = _hoisted_runner(kernel, form, call)
         return
-    from ..backends.c_repeat import GatherFlagged, repeat_runner
+    from ..backends.c.repeat import GatherFlagged, repeat_runner
     prepared = repeat_runner(call)
     if prepared is None:
         return
@@ -166,10 +115,10 @@ def run_first(kernel, call, kwargs, backend: str) -> Tuple[bool, object]:
 
 
 def _triton_runner(call):
-    """The Triton backend's prepared runner (backends/triton_repeat.py), or None; it
+    """The Triton backend's prepared runner (backends/triton/repeat.py), or None; it
     hands back what ``Kernel.run`` would: the result dtype, bfloat16 for bfloat16 inputs."""
     import torch
-    from ..backends.triton_repeat import repeat_runner
+    from ..backends.triton.repeat import repeat_runner
     final = torch.bfloat16 if call.bfloat16 else getattr(torch, call.dtypes.result.name)
     return repeat_runner(call, final)
 
@@ -178,7 +127,7 @@ def _hoisted_runner(kernel, form, call):
     """A repeated call of a statement that runs in its hoisted form: straight to its
     kernels (each on its own fast path), skipping the statement's binding, which this
     signature passed before."""
-    from .kernel import _backend_name
+    from ..schedule.route import backend_name
     kernels = form.kernels(call.dtypes)
     framework = call.framework
     # under torch autograd: the program's prepared call (program/autograd.py), once
@@ -203,9 +152,9 @@ def _hoisted_runner(kernel, form, call):
             bound = kernel.bind(arrays=named)
             if framework == TORCH:     # recorded by autograd, as the full path records it
                 from . import torch_autograd
-                if torch_autograd.recording() and \
+                if torch_recording() and \
                         torch_autograd.differentiable_names(bound):
                     return torch_autograd.apply(kernel, bound, lambda: kernel.run(bound),
-                                                _backend_name(kernel.options.backend, bound))
+                                                backend_name(kernel.options.backend, bound))
             return kernel.deliver(bound, kernel.run(bound))
     return repeat

@@ -20,7 +20,7 @@ import torch
 
 from ..errors import EinfuseTypeError
 from . import gradients
-from .frameworks import contiguous, to_numpy
+from ..analysis.frameworks import contiguous, to_numpy
 
 
 def differentiable_names(call) -> List[str]:
@@ -54,13 +54,6 @@ def numpy_views(values: Mapping[str, object], names) -> dict:
         return {name: values[name].detach().numpy() for name in names}
     except RuntimeError:     # a lazily negated or conjugated view: its values
         return {name: to_numpy(values[name]) for name in names}
-
-
-def recording() -> bool:
-    """Whether autograd records what runs now: grad mode on, and not inside
-    ``torch.inference_mode`` (where ``torch.enable_grad()`` turns grad mode on but
-    torch's own operations still record nothing and give inference tensors)."""
-    return torch.is_grad_enabled() and not torch.is_inference_mode_enabled()
 
 
 def refuse_in_transform(names) -> None:

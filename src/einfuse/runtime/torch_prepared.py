@@ -3,7 +3,7 @@ needs that depends only on the call's signature (names, shapes, dtypes, strides,
 requires_grad) is found once, so that a training step costs torch's own bookkeeping plus
 the kernels.
 
-* forward: NumPy views of the tensors, the prepared C kernel (backends/c_repeat.py) and
+* forward: NumPy views of the tensors, the prepared C kernel (backends/c/repeat.py) and
   one ``PreparedFunction.apply``;
 * backward: per wanted input, the gradient statements' own prepared kernels, called
   directly (no derivation, option resolution or binding after the first backward of a
@@ -28,22 +28,24 @@ import numpy as np
 import torch
 
 from ..autodiff.attribution import gradient_errors
-from ..autodiff.reference import _NumpyOps, _scatter_add
-from ..backends.c_scatter import scatter_rows
+from .gradient_reference import NumpyOps, numpy_scatter_add
+from ..backends.c.scatter import scatter_rows
 from ..lang.ast import Access
 from . import gradients
-from .repeat import BY_NAME, signature_of
+from .signatures import BY_NAME, signature_of
 from .torch_autograd import (differentiable_names, input_gradients, numpy_view,
-                             numpy_views, recording, refuse_in_transform, save_tensors,
+                             numpy_views, refuse_in_transform, save_tensors,
                              saved_tensors)
+from ..analysis.frameworks import torch_recording as recording
+from .gradient_reference import resolve_options
 
 # Prepared backwards kept per forward signature: one per layout (strides) of dOUT.
 LAYOUTS_KEPT = 8
 
-_NUMPY_OPS = _NumpyOps()
+_NUMPY_OPS = NumpyOps()
 
 # Below this many elements a row scatter is one np.add.at (about 1 µs to start, 30 ns an
-# element); above it backends/c_scatter.py's sorted or compiled row adds
+# element); above it backends/c/scatter.py's sorted or compiled row adds
 SMALL_SCATTER = 256
 
 
@@ -107,7 +109,7 @@ class PreparedAutograd:
         return tuple(found)
 
     def _prepare(self, arrays, grad) -> Tuple[PreparedGradient, ...]:
-        from ..autodiff.reference import statements_to_run
+        from .gradient_reference import statements_to_run
         key = gradients.options_key(self.options)
         output = self.output if self.keeps_output else None   # (put in arrays then)
         plans = []
@@ -138,7 +140,7 @@ class PreparedAutograd:
     def _step(self, g, values, output: Optional[str]) -> "GradientStep":
         """The step running gradient statement ``g``: a gather reads the forward's
         result ``output`` where it would recompute it (runtime/gradients.py)."""
-        from ..autodiff.reference import gradient_kernel
+        from .gradient_reference import gradient_kernel
         backend = self.options.backend
         if g.kind == "gather":
             kernel, inputs = gradients.step_kernel(g, values, backend, self.statement, output)
@@ -169,7 +171,7 @@ def _run_steps(steps: Tuple[GradientStep, ...], values, shape) -> np.ndarray:
         if total is None:     # (in the values' float dtype, as run_reference does)
             total = _NUMPY_OPS.zeros(shape, part)
         if rows_by is None or not _add_rows(total, part, values[rows_by]):
-            total = _scatter_add(_NUMPY_OPS, total, g, part, options, values)
+            total = numpy_scatter_add(_NUMPY_OPS, total, g, part, options, values)
     return total
 
 
@@ -243,7 +245,7 @@ def _copied(g, values) -> Optional[str]:
             g.options.get("pad") is not None:
         return None
     source = values.get(rhs.tensor)
-    ranges = g.resolve_options(values)["ranges"]
+    ranges = resolve_options(g, values)["ranges"]
     if type(source) is not np.ndarray or any(
             ranges[name] != range(0, n) for name, n in zip(spec.output_indices, source.shape)):
         return None
@@ -265,7 +267,7 @@ def _step(g, kernel, inputs, values) -> GradientStep:
             runner, by_name = on_torch, True
     scatter = None
     if g.kind != "gather":
-        options = g.resolve_options(values)
+        options = resolve_options(g, values)
         scatter = (g, options, _rows_by(g, options, values))
         copied = _copied(g, values)
         if copied is not None:     # the values are dOUT itself, only read: no kernel
@@ -279,9 +281,9 @@ def _step(g, kernel, inputs, values) -> GradientStep:
 def _on_torch_blas(kernel, named) -> Optional[Callable]:
     """A gradient statement that BLAS computes (dx = dy W^T, dW = x^T dy), run on
     torch's BLAS where it is large enough, as the forward of a call on torch tensors
-    is (backends/c_blas.py says why); None for any other statement."""
+    is (backends/c/blas.py says why); None for any other statement."""
     from ..backends import get_backend
-    from ..backends.c_repeat import blas_runner
+    from ..backends.c.repeat import blas_runner
     call = kernel.bind(arrays=named)
     if get_backend(kernel.options.backend).name != "c":
         return None

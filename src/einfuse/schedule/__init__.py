@@ -1,6 +1,3 @@
-"""Scheduling: which statements share a loop nest (fusion groups) and how a sequence of
-statements runs by them."""
-
-from .fusion import run_statements
-
-__all__ = ["run_statements"]
+"""Scheduling: which statements share a loop nest (fusion groups, row groups) and
+which backend runs a call (route.py).  It decides and returns values; running them is
+runtime/run_groups.py's."""

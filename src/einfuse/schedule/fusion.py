@@ -28,17 +28,17 @@ error)."""
 
 from __future__ import annotations
 
-import functools
 import warnings
 from dataclasses import dataclass
-from typing import Callable, Dict, FrozenSet, List, Optional, Sequence, Set, Tuple
+from typing import Dict, List, Optional, Sequence, Set, Tuple
 
 import numpy as np
 
 from ..errors import EinfuseError
 from ..lang import ast
+from ..lang.printer import format_expr
 from ..plan import buffer_slots
-from ..runtime.result_size import fits_in_memory
+from ..analysis.result_size import fits_in_memory
 from .row_groups import row_group, triton_rows_possible
 from .units import needed as _needed, statement_units as _units
 
@@ -81,188 +81,11 @@ class ColumnOf:
 # the loop reads and writes two of them, so they must stay in the core's cache.
 COLUMN_ROW_BYTES = 1 << 16
 
-# Prepared runs kept per owner (a program, a hoisted form); a new signature past this
-# replaces the oldest.
-RUNS_KEPT = 16
-
-
-@dataclass(frozen=True)
-class Step:
-    """One step of a prepared run: a fused group's prepared kernel or one statement.
-    ``run`` returns False when an array it reads has another layout than when it was
-    prepared (nothing run then: the rest runs the full way from ``position``)."""
-    position: int
-    run: Callable[[Dict[str, object]], bool]
-
-
-def run_statements(kernels: Sequence, env: Dict[str, object], framework: str,
-                   keep: Optional[Set[str]] = None, runs: Optional[dict] = None
-                   ) -> Optional["PreparedRun"]:
-    """Run ``kernels`` (each reads names from ``env`` and writes its output into it) in
-    order, fusing runs of them where the rules above allow.  ``keep``: the names the
-    caller needs in ``env`` afterwards (None: every one); an intermediate of a group
-    that neither they nor a later statement read lives as one row per thread.
-    ``runs``: the caller's cache of prepared runs by call signature (NumPy only), so
-    that a repeated call skips the grouping and binding and calls the kernels.
-    Returns the prepared run for arrays of this call's layouts, where there is one (a
-    caller that keeps it skips even the signature next time)."""
-    signature = None
-    if runs is not None and framework in ("numpy", "torch"):
-        from ..runtime.repeat import signature_of
-        signature = signature_of(env)
-        if signature is not None:
-            # what is kept decides what the fused groups write out: a run prepared for
-            # fewer kept names would leave a later caller's intermediates unwritten
-            signature = (signature, None if keep is None else frozenset(keep))
-        prepared = runs.get(signature) if signature is not None else None
-        if prepared is not None:
-            prepared(env)
-            return prepared
-    record: Optional[List[Optional[Step]]] = [] if signature is not None else None
-    _run_from(kernels, 0, env, framework, keep, record)
-    if record is None or None in record:
-        return None
-    if len(runs) >= RUNS_KEPT:
-        try:     # another thread may drop the same oldest one between these steps
-            runs.pop(next(iter(runs)), None)
-        except (StopIteration, RuntimeError):
-            pass
-    prepared = runs[signature] = PreparedRun(
-        tuple(kernels), None if keep is None else frozenset(keep), tuple(record), framework)
-    return prepared
-
-
-@dataclass(frozen=True)
-class PreparedRun:
-    """The steps of a run of ``kernels`` prepared for one layout of its arrays (NumPy,
-    or torch tensors); called with arrays of another layout, the steps from the first
-    that refuses them run the full way."""
-    kernels: Tuple
-    keep: Optional[FrozenSet[str]]
-    steps: Tuple[Step, ...]
-    framework: str = "numpy"
-
-    def __call__(self, env: Dict[str, object]) -> None:
-        for step in self.steps:
-            if not step.run(env):
-                _run_from(self.kernels, step.position, env, self.framework, self.keep, None)
-                return
-
-
-def _run_from(kernels, position: int, env, framework: str, keep, record) -> None:
-    """The full way from statement ``position``; each step taken is appended to
-    ``record`` (None for one that cannot be prepared) where that is a list."""
-    worth = _worth(kernels, env, framework)
-    rows = framework == "torch" and triton_rows_possible(kernels, env)
-    last_reads = _last_reads(kernels) if worth else {}
-    while position < len(kernels):
-        fused = 0
-        if worth and len(kernels) - position >= 2:
-            fused = _try_fused(kernels, position, env, keep, record, last_reads)
-        elif rows and len(kernels) - position >= 2:
-            fused = _try_rows(kernels, position, env, keep, record)
-        if fused:
-            position += fused
-            continue
-        kernel = kernels[position]
-        _run_one(kernel, env, framework)
-        if record is not None:
-            record.append(Step(position, functools.partial(_run_one_step, kernel, framework)))
-        position += 1
-
-
-def _run_one(kernel, env, framework: str = "numpy") -> None:
-    spec = kernel.spec
-    result = kernel(arrays={name: env[name] for name in _needed(spec)})
-    if framework != "numpy" and type(result) is np.ndarray:
-        # a statement that read no array of the framework (a row of constants from
-        # its ranges): its result joins the framework, so a later one does not mix
-        from ..runtime.frameworks import framework_of, from_numpy
-        like = next((v for v in env.values() if framework_of(v) == framework), None)
-        result = from_numpy(result, framework, like=like)
-    env[spec.output] = result
-
-
-def _run_one_step(kernel, framework: str, env) -> bool:
-    _run_one(kernel, env, framework)
-    return True
-
-
-def _try_rows(kernels, start: int, env, keep: Optional[Set[str]], record=None) -> int:
-    """Run a Triton row group (schedule/row_groups.py) starting at ``start``; the
-    number of statements it ran (0: none)."""
-    from ..backends import triton_rows
-    group = row_group(kernels, start, env, keep)
-    if group is None:
-        return 0
-    runner = triton_rows.runner(group, env)
-    if not _rows_ran(runner, env):
-        return 0
-    if record is not None:
-        # a tensor that requires a gradient: a later call of this signature with grad
-        # mode on must record the statements' autograd nodes (the full way)
-        guarded = any(getattr(env.get(i.key), "requires_grad", False) for i in group.inputs)
-        record.append(Step(start, functools.partial(_rows_step, runner, guarded)))
-    return group.statements
-
-
-def _rows_step(runner, guarded: bool, env) -> bool:
-    if guarded:
-        from ..runtime.torch_autograd import recording
-        if recording():
-            return False
-    return _rows_ran(runner, env)
-
-
-def _rows_ran(runner, env) -> bool:
-    """Whether the group's launch ran; False where its outputs could not be allocated
-    (nothing written to ``env`` then): the statements run alone and report it as theirs
-    (an AllocationError), or fit one at a time."""
-    try:
-        runner(env)
-    except Exception as error:
-        if isinstance(error, MemoryError) or type(error).__name__ == "OutOfMemoryError":
-            return False
-        raise
-    return True
-
-
-def _try_fused(kernels, start: int, env, keep: Optional[Set[str]], record=None,
-               last_reads: Optional[Dict[str, int]] = None) -> int:
-    """Run a group starting at ``start`` as one kernel; the number of statements it
-    ran (0: none, the caller runs the statement alone).  ``last_reads``: _last_reads
-    of ``kernels``, where the caller has it."""
-    from ..backends import c_fused
-    members, outputs, joined = _group(kernels, start, env)
-    if not joined:
-        return 0
-    columns = _column_members(members)
-    if last_reads is None:
-        last_reads = _last_reads(kernels)
-    inside = _inside(last_reads, start + joined, outputs, keep) | columns
-    results = c_fused.run(members, inside)
-    if results is None:
-        return 0
-    for number, (member, key) in enumerate(zip(members, outputs)):
-        if number not in inside:
-            env[key] = member.kernel.deliver(member.call, member.buffers[-1])
-    for number, value in results.items():
-        column = members[number].column
-        env[outputs[number]] = column.kernel.deliver(column.call, value)
-    if record is not None:
-        runner = c_fused.prepared_runner(members, inside, [m.sources for m in members])
-        keys = tuple(None if n in inside and n not in columns else key
-                     for n, key in enumerate(outputs))
-        record.append(None if runner is None else
-                      Step(start, functools.partial(runner, keys=keys)))
-    return joined
-
-
-def _column_members(members) -> frozenset:
+def column_members(members) -> frozenset:
     return frozenset(n for n, m in enumerate(members) if m.column is not None)
 
 
-def _last_reads(kernels) -> Dict[str, int]:
+def last_read_positions(kernels) -> Dict[str, int]:
     """Each name the statements read, with the position of the last one reading it
     (found once per run: asking each group "does anything after you read this" anew
     made a long program's run quadratic)."""
@@ -273,10 +96,10 @@ def _last_reads(kernels) -> Dict[str, int]:
     return last
 
 
-def _inside(last_reads: Dict[str, int], end: int, outputs: Sequence[str],
+def inside_group(last_reads: Dict[str, int], end: int, outputs: Sequence[str],
             keep: Optional[Set[str]]):
     """The members (by position) of a group ending before ``end`` whose outputs nothing
-    after it reads (``last_reads``: _last_reads of the statements): a hoisted form's
+    after it reads (``last_reads``: last_reads of the statements): a hoisted form's
     temporaries ('#' keys), and intermediates neither ``keep`` nor a later statement
     names."""
     return frozenset(n for n, key in enumerate(outputs)
@@ -293,7 +116,7 @@ class FusionGroup:
     thread_rows: Tuple[Tuple[str, int], ...] = ()
     # statements that sum over the rows into per-thread accumulators (fuse_columns)
     column_sums: Tuple[int, ...] = ()
-    # the row kernel that runs the group (backends/c_rows.py), if one does
+    # the row kernel that runs the group (backends/c/rows.py), if one does
     row_kernel: Optional[str] = None
     # the group's generated source, where it is one printed kernel (a Triton row group)
     source: Optional[str] = None
@@ -303,22 +126,22 @@ def fusion_groups(kernels: Sequence, env: Dict[str, object],
                   keep: Optional[Set[str]] = None) -> List[FusionGroup]:
     """The kernels that would run for arrays like those in ``env`` (their contents are
     not read), for explain; ``keep`` as for run_statements."""
-    from ..backends import c_fused, c_rows
+    from ..backends.c import fused as c_fused, rows as c_rows
     env = dict(env)
     if triton_rows_possible(kernels, env):
         return _triton_groups(kernels, env, keep)
     groups: List[FusionGroup] = []
     position = 0
-    worth = _worth(kernels, env, "numpy")
-    last_reads = _last_reads(kernels)
+    worth = worth_fusing(kernels, env, "numpy")
+    last_reads = last_read_positions(kernels)
     while position < len(kernels):
-        members, outputs, joined = _group(kernels, position, env) if worth else ([], [], 0)
+        members, outputs, joined = group_from(kernels, position, env) if worth else ([], [], 0)
         if joined:
-            columns = _column_members(members)
+            columns = column_members(members)
             for number, (member, key) in enumerate(zip(members, outputs)):
                 env[key] = member.buffers[-1] if number not in columns else \
                     np.empty(member.column.call.output_shape, member.column.call.dtypes.result)
-            inside = _inside(last_reads, position + joined, outputs, keep) | columns
+            inside = inside_group(last_reads, position + joined, outputs, keep) | columns
             rows = c_fused.fitting_rows(members, inside)
             row_group = c_rows.match(members, inside)
             summed = {outputs[k] for k in columns}
@@ -366,8 +189,8 @@ def _triton_groups(kernels: Sequence, env: Dict[str, object],
     (schedule/row_groups.py) and the statements that run alone."""
     import torch
 
-    from ..backends import triton_rows
-    from ..runtime.frameworks import tensor_placeholder
+    from ..backends.triton import rows as triton_rows
+    from ..analysis.frameworks import tensor_placeholder
     device = next(v.device for v in env.values() if isinstance(v, torch.Tensor))
 
     def placeholder(shape, dtype):
@@ -389,20 +212,20 @@ def _triton_groups(kernels: Sequence, env: Dict[str, object],
                 row_kernel="triton", source=triton_rows.source(group)))
             position += group.statements
             continue
-        from ..backends.triton_backend import _result_dtype
+        from ..backends.triton.backend import result_dtype
         _alone(kernels[position], env,
-               lambda call: placeholder(call.output_shape, _result_dtype(call)))
+               lambda call: placeholder(call.output_shape, result_dtype(call)))
         groups.append(FusionGroup((position,)))
         position += 1
     return groups
 
 
-def _group(kernels, start: int, env):
+def group_from(kernels, start: int, env):
     """(members, their keys in the environment, statements joined) of the group that
     starts at ``start``; no statements joined when there is no group of two or more
     loop nests worth fusing.  A statement with a hoisted form (rewrite/hoist.py)
     joins as its statements, all or none of them."""
-    from ..backends import c_fused
+    from ..backends.c import fused as c_fused
     if not c_fused.available():
         return [], [], 0
     members: List[Member] = []
@@ -447,7 +270,7 @@ def _group(kernels, start: int, env):
     return members, outputs, joined
 
 
-def _worth(kernels, env, framework: str) -> bool:
+def worth_fusing(kernels, env, framework: str) -> bool:
     # binding a group costs more than fusing saves on small arrays: decided once, by
     # the largest array given
     return framework == "numpy" and len(kernels) >= 2 and max(
@@ -465,7 +288,7 @@ def _join(kernel, names: Dict[str, str], members: List[Member], produced: Dict[s
     """``kernel`` bound as the next member of the group, or None where it cannot join;
     ``names`` maps the statement's names to keys of ``scratch`` where they differ.
     ``original``: the column sum whose elementwise body ``kernel`` is (_column_of)."""
-    from ..backends import c_fused
+    from ..backends.c import fused as c_fused
     spec = kernel.spec
     if spec.assign != ":=" or not spec.output_indices:
         return None
@@ -543,15 +366,15 @@ def _column_of(kernel):
             not any(t.as_index for t in spec.tensors) and kernel.options.pad is None and \
             not any(len(a.indices) >= 2 and rhs.indices[0] in a.indices[-1].index_names
                     for a in ast.accesses(rhs.body)):
-        from ..lang.printer import format_expr
-        from ..runtime.kernel import Kernel
         taken = {t.name for t in spec.tensors} | set(spec.params) | {spec.output}
         name = f"{spec.output}_row"
         while name in taken:
             name += "_"
         indices = ", ".join(rhs.indices + spec.output_indices)
         try:
-            body = Kernel(f"{name}[{indices}] := {format_expr(rhs.body)}", kernel.options)
+            # (a kernel of the statement's own class: the schedule builds no runtime type)
+            body = type(kernel)(f"{name}[{indices}] := {format_expr(rhs.body)}",
+                                kernel.options)
         except EinfuseError:
             body = None
     kernel.__dict__["_column_body"] = body

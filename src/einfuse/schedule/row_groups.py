@@ -29,12 +29,11 @@ A statement joins the group of the statements before it when, for this call,
 
 The group is described here (which values are written out, in which order things are
 computed, the launch's shape) as :class:`RowGroup` over the IR's value expressions;
-backends/triton_rows.py prints and launches it.  Rows longer than that, and
+backends/triton/rows.py prints and launches it.  Rows longer than that, and
 every other statement, run one statement at a time as before."""
 
 from __future__ import annotations
 
-import math
 import numbers
 import warnings
 from dataclasses import dataclass
@@ -42,8 +41,8 @@ from typing import Dict, List, Optional, Sequence, Set, Tuple
 
 from .. import ir
 from ..errors import EinfuseError
-from ..ir import BinaryOp, Function, ReduceOp, UnaryOp
-from ..lang import ast
+from ..plan.row_group import (RowGroup, RowInput, RowLaunch, RowLowering, RowMember,
+                              RowReduction, RowRefused, repeated)
 from .units import statement_units
 
 # The longest row a group holds in registers: 64 KiB (16384 float32, 8192 float64)
@@ -52,64 +51,6 @@ MAX_ROW_BYTES = 1 << 16
 # Elements one program holds per value: short rows are taken several at a time, so a
 # program has enough work to hide its loads.
 PROGRAM_ELEMENTS = 4096
-_REDUCTIONS = {"sum": ReduceOp.SUM, "max": ReduceOp.MAX, "min": ReduceOp.MIN}
-
-
-@dataclass(frozen=True)
-class RowInput:
-    """An array the group reads: its environment key and, per axis, whether that axis
-    runs along the rows (True) or the columns (False)."""
-    key: str
-    along_rows: Tuple[bool, ...]
-
-
-@dataclass(frozen=True)
-class RowReduction:
-    """``acc`` := ``op`` over the columns of ``body`` (a value of the whole block)."""
-    acc: str
-    op: ReduceOp
-    body: ir.Expr
-
-
-@dataclass(frozen=True)
-class RowMember:
-    """One statement of the group: its reductions, computed first, then its value
-    (``ir.Local(f"m{k}")`` in later members); ``grid``: its output is [r, c], else
-    [r]; ``stored``: the number of the output buffer it is written to, or None when it
-    lives only in registers."""
-    key: str
-    grid: bool
-    reductions: Tuple[RowReduction, ...]
-    value: ir.Expr
-    stored: Optional[int]
-    shape: Tuple[int, ...]
-
-
-@dataclass(frozen=True)
-class RowLaunch:
-    """The grid: ``rows`` rows per program, ``block`` columns (a power of two at least
-    the row's length), ``warps`` warps a program."""
-    rows: int
-    block: int
-    warps: int
-
-
-@dataclass(frozen=True)
-class RowGroup:
-    statements: int                   # how many statements from the start it runs
-    inputs: Tuple[RowInput, ...]      # load buffer b is inputs[b]
-    params: Tuple[str, ...]           # ir.Param slot s is the value of env[params[s]]
-    members: Tuple[RowMember, ...]
-    working: str                      # "float32" or "float64"
-    extents: Tuple[int, int]          # (M rows, N columns)
-    launch: RowLaunch
-    # subexpressions along the columns that occur more than once (an input's load,
-    # softmax's exp(x - m) in the row sum and the quotient): each computed once
-    shared: Tuple[ir.Expr, ...] = ()
-
-    @property
-    def outputs(self) -> Tuple[RowMember, ...]:
-        return tuple(m for m in self.members if m.stored is not None)
 
 
 def triton_rows_possible(kernels: Sequence, env: Dict[str, object]) -> bool:
@@ -117,11 +58,11 @@ def triton_rows_possible(kernels: Sequence, env: Dict[str, object]) -> bool:
     made before any statement is bound)."""
     if len(kernels) < 2:
         return False
-    from ..backends import triton_backend
+    from ..backends.triton import backend as triton_backend
     if not triton_backend.available():
         return False
     import torch
-    from ..runtime.torch_autograd import recording
+    from ..analysis.frameworks import torch_recording as recording
     device = None
     for value in env.values():
         if isinstance(value, torch.Tensor):
@@ -147,7 +88,7 @@ def row_group(kernels: Sequence, start: int, env: Dict[str, object],
     is stored when ``keep`` is None or names it, or a later statement reads it."""
     import torch
 
-    from ..runtime.frameworks import tensor_placeholder
+    from ..analysis.frameworks import tensor_placeholder
     scratch = dict(env)
     builder = _Builder()
     joined = 0
@@ -216,9 +157,9 @@ class _Builder:
                                        for name in spec.arg_order})
         except (EinfuseError, KeyError):
             return None
-        from ..backends.triton_backend import host_fallback
-        from ..runtime.kernel import _backend_name
-        if _backend_name(kernel.options.backend, call) != "triton" or \
+        from ..backends.triton.backend import host_fallback
+        from .route import backend_name
+        if backend_name(kernel.options.backend, call) != "triton" or \
                 call.framework != "torch" or host_fallback(call):
             return None
         form = kernel.hoisted_form
@@ -234,10 +175,10 @@ class _Builder:
         if working.name not in ("float32", "float64") or call.dtypes.result != working or \
                 (self.working is not None and working.name != self.working):
             return None
-        from ..backends.triton_backend import _result_dtype
-        if _result_dtype(call) != getattr(torch, working.name):
+        from ..backends.triton.backend import result_dtype
+        if result_dtype(call) != getattr(torch, working.name):
             return None     # (a bfloat16 input: the statement stores a bfloat16 result)
-        from ..runtime.result_size import check_result_size
+        from ..analysis.result_size import check_result_size
         try:    # a result larger than the machine's memory: the statement says so
             check_result_size(call)
         except EinfuseError:
@@ -265,11 +206,11 @@ class _Builder:
             value = call.params.get(name)
             if isinstance(value, bool) or not isinstance(value, numbers.Real):
                 return None
-        lowering = _Lowering(self, spec, names)
+        lowering = RowLowering(self, spec, names)
         bound = {row: "row", spec.output_indices[1]: "col"} if grid else {row: "row"}
         try:
             value = lowering.expr(spec.rhs, bound)
-        except _Refused:
+        except RowRefused:
             return None
         if any(_strided_along_columns(i, scratch[i.key]) for i in lowering.inputs):
             return None
@@ -303,43 +244,7 @@ class _Builder:
         warps = 16 if elements >= 8192 else 8 if elements >= 4096 else 4
         return RowGroup(joined, tuple(self.inputs), tuple(self.params), tuple(members),
                         self.working, (rows, columns), RowLaunch(per_program, block, warps),
-                        _repeated(members))
-
-
-_LEAVES = (ir.Const, ir.Param, ir.Local, ir.AccValue, ir.IndexValue)
-
-
-def _repeated(members: Sequence[RowMember]) -> Tuple[ir.Expr, ...]:
-    """The subexpressions that vary along the columns and occur twice or more in the
-    group's reductions and values, in order of first occurrence.  (One that does not
-    vary along the columns is cheap and may be needed as a row's value and as a
-    block's: it is left where it is written.)"""
-    grid = grid_locals(members)
-    counts: Dict[ir.Expr, int] = {}
-    for member in members:
-        for root in [r.body for r in member.reductions] + [member.value]:
-            for node in ir.walk(root):
-                if not isinstance(node, _LEAVES):
-                    counts[node] = counts.get(node, 0) + 1
-
-    return tuple(node for node, count in counts.items()
-                 if count > 1 and along_columns(node, grid))
-
-
-def grid_locals(members: Sequence[RowMember]) -> Set[str]:
-    """The names (``m{k}``) of the members whose values are whole blocks."""
-    return {f"m{k}" for k, m in enumerate(members) if m.grid}
-
-
-def along_columns(node: ir.Expr, grid: Set[str]) -> bool:
-    """Whether ``node``'s value varies along the columns (else it is one per row)."""
-    for part in ir.walk(node):
-        if isinstance(part, ir.Load) and any("col" in sub.affine.names
-                                             for sub in part.subscripts) or \
-                isinstance(part, ir.IndexValue) and "col" in part.value.names or \
-                isinstance(part, ir.Local) and part.name in grid:
-            return True
-    return False
+                        repeated(members))
 
 
 def _strided_along_columns(read: RowInput, array) -> bool:
@@ -358,93 +263,3 @@ def _strided_along_columns(read: RowInput, array) -> bool:
     unit = min((abs(st), axis) for axis, (st, extent) in enumerate(zip(strides, shape))
                if extent > 1)[1]
     return read.along_rows[unit]
-
-
-class _Refused(Exception):
-    """The statement cannot join the group (raised inside the lowering only)."""
-
-
-class _Lowering:
-    """One statement's right-hand side as IR value expressions over the group's row
-    (``row``) and column (``col``) counters; ``bound`` maps the statement's indices
-    to them where they are visible (a reduction's own index is the column counter in
-    its body).  It works on copies of the builder's inputs and parameters, which the
-    builder takes once the statement joins."""
-
-    def __init__(self, builder: _Builder, spec, names: Dict[str, str]):
-        self.builder, self.spec, self.names = builder, spec, names
-        self.inputs = list(builder.inputs)
-        self.params = list(builder.params)
-        self.accs = builder.accs
-        self.reductions: List[RowReduction] = []
-
-    @staticmethod
-    def counter(index: str, bound: Dict[str, str]) -> str:
-        if index not in bound:
-            raise _Refused
-        return bound[index]
-
-    def expr(self, e: ast.Expr, bound: Dict[str, str]) -> ir.Expr:
-        if isinstance(e, ast.Number):
-            if e.value == 0 and math.copysign(1.0, e.value) < 0:
-                # -0.0 as -(0.0): Const(-0.0) == Const(0.0), and the group's shared
-                # subexpressions and kernel cache (keyed by equality) would merge them
-                return ir.Unary(UnaryOp.NEG, ir.Const(0.0))
-            return ir.Const(e.value)
-        if isinstance(e, ast.Param):
-            if e.name not in self.params:
-                self.params.append(e.name)
-            return ir.Param(self.params.index(e.name))
-        if isinstance(e, ast.IndexValue):
-            return ir.IndexValue(ir.Affine.var(self.counter(e.name, bound)))
-        if isinstance(e, ast.Access):
-            return self.access(e, bound)
-        if isinstance(e, ast.Unary):
-            operand = self.expr(e.operand, bound)
-            return ir.Unary(UnaryOp.NEG, operand) if e.op == "-" else operand
-        if isinstance(e, ast.Binary):
-            return ir.Binary(BinaryOp(e.op), self.expr(e.left, bound),
-                             self.expr(e.right, bound))
-        if isinstance(e, ast.Call):
-            return ir.Call(Function(e.func), tuple(self.expr(a, bound) for a in e.args))
-        if isinstance(e, ast.Reduce):
-            op = _REDUCTIONS.get(e.op)
-            if op is None or len(e.indices) != 1 or \
-                    any(True for _ in ast.reductions(e.body)):
-                raise _Refused
-            acc = f"a{self.accs}"
-            self.accs += 1
-            # in its body the column counter is the reduced index (a grid statement's
-            # own column index is not visible there)
-            inner = {n: c for n, c in bound.items() if c != "col"}
-            body = self.expr(e.body, {**inner, e.indices[0]: "col"})
-            self.reductions.append(RowReduction(acc, op, body))
-            return ir.AccValue(acc, op)
-        raise _Refused
-
-    def access(self, e: ast.Access, bound: Dict[str, str]) -> ir.Expr:
-        counters = []
-        for sub in e.indices:
-            index = sub.plain_index
-            if index is None:
-                raise _Refused
-            counters.append(self.counter(index, bound))
-        if len(set(counters)) != len(counters):
-            raise _Refused
-        key = self.names.get(e.tensor, e.tensor)
-        producer = self.builder.produced.get(key)
-        if producer is not None:
-            made_grid = self.builder.members[producer][1]
-            if counters != (["row", "col"] if made_grid else ["row"]):
-                raise _Refused
-            return ir.Local(f"m{producer}")
-        if any(info.name == e.tensor and info.as_index for info in self.spec.tensors):
-            raise _Refused
-        wanted = RowInput(key, tuple(c == "row" for c in counters))
-        if wanted not in self.inputs:     # (read with two layouts: one buffer each)
-            self.inputs.append(wanted)
-        number = self.inputs.index(wanted)
-        subscripts = tuple(ir.Subscript(ir.Affine.var(c), (), ir.Policy.NONE,
-                                        f"n{number}_{axis}", f"s{number}_{axis}")
-                           for axis, c in enumerate(counters))
-        return ir.Load(number, subscripts)

@@ -17,18 +17,3 @@ def sharded(compiled, mesh, shard):
     from .computation import ShardedComputation
     check_options(mesh, shard)
     return ShardedComputation(compiled, mesh, shard)
-
-
-def explain_sharded(compiled, args, arrays, shapes, mesh, shard, cost_model=None,
-                    extras=False):
-    """``ef.explain`` with ``mesh=``; ``extras``: gradients= or source= was asked for,
-    which the sharded explanation does not show."""
-    from ..errors import OptionError, attach_statement
-    from .api import explain_sharded as explain
-    if extras:
-        source = getattr(compiled, "source", None)
-        raise attach_statement(OptionError(
-            "explain with mesh= shows the plan on the mesh, not gradients= or source=; "
-            "ask for those without mesh="), source if isinstance(source, str)
-            else compiled.statement)
-    return explain(compiled, args, arrays, shapes, mesh, shard, cost_model)

@@ -96,54 +96,10 @@ def choose(program: Statements, values: Mapping[str, object], mesh: MeshShape, s
 def shape_values(values: Mapping[str, object]) -> dict:
     """Arrays (of any framework, traced ones too) as read-only placeholders of their
     shapes and dtypes; numbers as they are."""
-    from ..runtime.frameworks import placeholder
+    from ..analysis.frameworks import placeholder
     return {name: value if isinstance(value, numbers.Number) else placeholder(value)
             for name, value in values.items()}
 
 
-def explain_sharded(compiled, args, arrays, shapes, mesh, shard,
-                    cost_model: Optional[CostModel]):
-    """``ef.explain(..., mesh=, shard=)``."""
-    from .explain import ShardingExplanation
-    mesh_info = check_options(mesh, shard)
-    model = _model(cost_model)
-    program = statements_of(compiled)
-    values = dict(zip(program.inputs, args))
-    values.update(arrays.pop("arrays", None) or {})
-    values.update(arrays)
-    if shapes:
-        values = {**_placeholders(compiled, shapes), **values}
-    if not values and program.inputs:
-        raise attach_statement(OptionError(
-            "explain with mesh= needs the arrays or shapes= (per-device shapes, FLOPs and "
-            "collectives depend on them)"), program.source)
-    for name in program.params:
-        values.setdefault(name, 1.0)
-    choice = choose(program, shape_values(values), mesh_info, shard, model)
-    return ShardingExplanation(program.texts, choice, model)
-
-
-def _model(cost_model) -> CostModel:
-    if cost_model is None:
-        return CostModel()
-    if not isinstance(cost_model, CostModel):
-        raise OptionError(f"cost_model= takes an einfuse.sharding.CostModel, not "
-                          f"{type(cost_model).__name__}")
-    return cost_model
-
-
-def _placeholders(compiled, shapes) -> dict:
-    from ..program import Program
-    try:
-        if isinstance(compiled, Program):
-            from ..program.explain import _input_placeholders
-            return _input_placeholders(compiled, shapes)
-        from ..explain import _placeholders as statement_placeholders
-        return statement_placeholders(compiled.spec, shapes)
-    except EinfuseError as error:
-        source = compiled.source if isinstance(compiled, Program) else compiled.statement
-        raise attach_statement(error, source) from None
-
-
-__all__ = ["AUTO", "Choice", "Statements", "check_options", "choose", "explain_sharded",
+__all__ = ["AUTO", "Choice", "Statements", "check_options", "choose",
            "shape_values", "statements_of"]

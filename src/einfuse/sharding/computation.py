@@ -8,7 +8,7 @@ import numbers
 from typing import Dict, Tuple
 
 from ..errors import EinfuseError, EinfuseTypeError, attach_statement
-from ..runtime.frameworks import JAX, framework_of
+from ..analysis.frameworks import JAX, framework_of
 from .api import check_options, choose, shape_values, statements_of
 from .cost import CostModel
 from .mesh import MeshShape
@@ -93,7 +93,7 @@ class ShardedComputation:
         try:
             if isinstance(self.compiled, Program):
                 return self.compiled._named(args, kwargs, None)
-            from ..runtime.binding import bind_names
+            from ..analysis.binding import bind_names
             return bind_names(self.compiled.spec, args, kwargs)
         except EinfuseError as error:
             raise attach_statement(error, self.program.source) from None

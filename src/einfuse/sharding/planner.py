@@ -31,6 +31,7 @@ from ..errors import EinfuseError, OptionError, ShapeError, attach_statement
 from ..lang.ast import Access, Binary, IndexValue, Reduce, Unary, accesses, reductions
 from .layout import Move, Pending, Placement, moves_between
 from .mesh import Assignment, MeshAxes, MeshShape, axes_text, check_statement_axes
+from ..analysis.cost import count_flops
 
 SPLITTABLE_REDUCTIONS = ("sum", "max", "min")
 
@@ -190,7 +191,6 @@ class _LocalBounds:
 def plan_program(statements: Sequence[BoundStatement], shapes: Mapping[str, TensorShape],
                  outputs: Sequence[str], mesh: MeshShape, assignment: Assignment,
                  source: str) -> ShardPlan:
-    from ..explain import count_flops
     placements: Dict[str, List[Placement]] = {}
     inputs: List[Tuple[str, Placement]] = []
     steps: List[Step] = []

@@ -1,0 +1,315 @@
+"""Attention as one C kernel with online softmax (rewrite/online_softmax.py).
+
+The arrays come in canonical layout: query (G, NQ, D), key (G, NK, D), value (G, NK, E)
+and the output (G, NQ, E), all C-contiguous, where G is the product of the batch
+extents.  The work is split over (g, block of BQ rows) with OpenMP (dynamic schedule:
+causal blocks near the diagonal cost less).  For each row block the kernel walks the
+key blocks of BK keys that some row of the block may see (a causal mask stops at the
+block's last row: masked key blocks are never computed), and per key block
+
+1. copies the key block transposed and the value block (zero-padded to whole vectors)
+   into per-thread buffers, so the inner loops read unit-stride, aligned, cached data;
+2. computes the scores block Q K^T with register blocking (RB rows x 4 vectors of
+   accumulators, the d loop innermost over a broadcast query value);
+3. applies the scale and the mask per row and updates the running max, the running
+   denominator and the rescaled accumulator (the softmax-weighted-sum monoid of
+   rewrite/monoids.py): a score of -inf weighs 0 until the end, and a row whose max is
+   -inf at the end (no finite score, every key masked) is NaN, as one-by-one is;
+4. adds the weights times the value block to the accumulator (register-blocked again).
+
+The extra memory is per thread (a few blocks), never N x N.  The source is a fixed
+template: only the element type, the vector width and the block sizes vary, and every
+size, scale and flag is a runtime argument.  A value array with an inf or NaN is left
+to the statements run one by one (its masked entries would make 0 * inf = NaN there):
+``values_finite`` checks that first, in parallel."""
+
+from __future__ import annotations
+
+import ctypes
+import threading
+from typing import Dict
+
+import numpy as np
+
+from . import build as c_build
+from .backend import _VECTOR_BYTES
+
+_TEMPLATE = r"""
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <omp.h>
+typedef %(ctype)s T;
+#define VW %(lanes)d
+#define RB %(rows)d
+#define BQ 64
+#define BK (4 * VW)
+typedef T vT __attribute__((vector_size(VW * sizeof(T))));
+%(declarations)s
+static inline vT ef_load(const T *p) { vT v; memcpy(&v, p, sizeof v); return v; }
+/* Keeps a loaded vector in a register: otherwise GCC folds the load into each of the
+   RB multiply-adds that use it, and the loop is bound by loads instead of FMAs. */
+#if defined(__x86_64__) && defined(__AVX512F__)
+#define EF_KEEP(v) __asm__("" : "+v"(v))
+#elif defined(__x86_64__) && defined(__SSE2__)
+#define EF_KEEP(v) __asm__("" : "+x"(v))
+#else
+#define EF_KEEP(v) ((void)0)
+#endif
+static inline void ef_store(T *p, vT v) { memcpy(p, &v, sizeof v); }
+static inline long ef_min(long a, long b) { return a < b ? a : b; }
+static inline long ef_round(long n) { return (n + VW - 1) / VW * VW; }
+/* n elements, 64-byte aligned (aligned_alloc wants a size that is a multiple of 64) */
+static inline T *ef_alloc(long n) {
+  return aligned_alloc(64, ((size_t)n * sizeof(T) + 63) / 64 * 64);
+}
+
+int ef_attention_finite(const T *v, long n, int threads) {
+  int bad = 0;
+  if (threads <= 0) threads = omp_get_max_threads();
+  #pragma omp parallel for reduction(|:bad) num_threads(threads) schedule(static)
+  for (long b = 0; b < n; b += 4096) {
+    long end = ef_min(n, b + 4096);
+    int here = 0;
+    #pragma omp simd reduction(|:here)
+    for (long t = b; t < end; ++t) here |= !(v[t] - v[t] == 0);
+    bad |= here;
+  }
+  return !bad;
+}
+
+/* One row of a scores block, its first ``seen`` keys visible: scaled, then replaced by
+   the weights exp(s - top) (0 for a score of -inf and for the keys not seen); returns
+   top, the running max after these keys (from ``old``), and their weights' sum.
+   Inlined twice: for whole blocks (seen == BK, loops of constant length) and the rest. */
+static inline __attribute__((always_inline)) T ef_weights(
+    T *restrict sr, const long seen, const T scale, const int scale_mode, const T old,
+    T *sum) {
+  if (scale_mode == 1) for (long c = 0; c < seen; ++c) sr[c] = sr[c] * scale;
+  else if (scale_mode == 2) for (long c = 0; c < seen; ++c) sr[c] = sr[c] / scale;
+  T top = old;
+  /* (a vector max may drop a NaN score; exp(NaN - top) below still makes the row NaN,
+     as max[j] would) */
+  #pragma omp simd reduction(max:top)
+  for (long c = 0; c < seen; ++c) top = sr[c] > top ? sr[c] : top;
+  T total = 0;
+  #pragma omp simd reduction(+:total)
+  for (long c = 0; c < seen; ++c) {
+    const T w = %(exp)s(sr[c] - top);
+    const T p = sr[c] == -INFINITY ? (T)0 : w;
+    sr[c] = p;
+    total += p;
+  }
+  for (long c = seen; c < BK; ++c) sr[c] = 0;
+  *sum = total;
+  return top;
+}
+
+/* scale_mode: 0 none, 1 multiply, 2 divide; mask: 0 none, 1 j <= i, 2 j < i */
+/* LSE, when not NULL: each row's log-sum-exp of its scores, m + log(l) (G, NQ), which
+   the backward (c_attention_grad.py) recomputes the weights from */
+int ef_attention(const T *Q, const T *K, const T *V, T *O, T *LSE, long G, long NQ, long NK,
+                 long D, long E, double scale_in, int scale_mode, int mask, int normalise,
+                 int threads) {
+  const T scale = (T)scale_in;
+  const long EP = ef_round(E);
+  const long blocks = (NQ + BQ - 1) / BQ;
+  int failed = 0;
+  if (threads <= 0) threads = omp_get_max_threads();
+  const long kblocks = (NK + BK - 1) / BK;
+  /* every key block transposed once, zero-padded to BK keys: (G, kblocks, D, BK) */
+  T *kt_all = ef_alloc(G * kblocks * D * BK);
+  if (!kt_all) return 1;
+  #pragma omp parallel num_threads(threads)
+  {
+    #pragma omp for collapse(2) schedule(static)
+    for (long g = 0; g < G; ++g)
+      for (long jb = 0; jb < kblocks; ++jb) {
+        const long j0 = jb * BK, cols = ef_min(BK, NK - j0);
+        const T *k = K + (g * NK + j0) * D;
+        T *kt = kt_all + (g * kblocks + jb) * D * BK;
+        for (long c = 0; c < cols; ++c)
+          for (long d = 0; d < D; ++d) kt[d * BK + c] = k[c * D + d];
+        for (long d = 0; d < D; ++d)
+          for (long c = cols; c < BK; ++c) kt[d * BK + c] = 0;
+      }
+    T *qb = ef_alloc(BQ * D);
+    T *vb = ef_alloc(BK * EP);
+    T *s = ef_alloc(BQ * BK);
+    T *acc = ef_alloc(BQ * EP);
+    T m[BQ], l[BQ];
+    int ok = qb && vb && s && acc;
+    if (!ok) {
+      #pragma omp atomic write
+      failed = 1;
+    }
+    #pragma omp for collapse(2) schedule(dynamic)
+    for (long g = 0; g < G; ++g)
+      for (long ib = 0; ib < blocks; ++ib) {
+        if (!ok) continue;
+        const long i0 = ib * BQ, rows = ef_min(BQ, NQ - i0);
+        const T *q = Q + (g * NQ + i0) * D;
+        memcpy(qb, q, sizeof(T) * (size_t)(rows * D));
+        memset(qb + rows * D, 0, sizeof(T) * (size_t)((BQ - rows) * D));
+        for (long r = 0; r < BQ; ++r) { m[r] = -INFINITY; l[r] = 0; }
+        memset(acc, 0, sizeof(T) * (size_t)(BQ * EP));
+        long jend = NK;       /* keys any row of the block sees */
+        if (mask == 1) jend = ef_min(NK, i0 + rows);
+        else if (mask == 2) jend = ef_min(NK, i0 + rows - 1);
+        const long padded_rows = (rows + RB - 1) / RB * RB;
+        for (long j0 = 0; j0 < jend; j0 += BK) {
+          const long cols = ef_min(BK, NK - j0);
+          const T *kt = kt_all + (g * kblocks + j0 / BK) * D * BK;
+          /* the value block as whole vectors: read in place when it is, else copied
+             zero-padded */
+          const T *vrows = V + (g * NK + j0) * E;
+          if (E != EP || cols != BK) {
+            for (long c = 0; c < BK; ++c) {
+              if (c < cols) memcpy(vb + c * EP, vrows + c * E, sizeof(T) * (size_t)E);
+              else memset(vb + c * EP, 0, sizeof(T) * (size_t)E);
+              memset(vb + c * EP + E, 0, sizeof(T) * (size_t)(EP - E));
+            }
+            vrows = vb;
+          }
+          /* scores: s[r][c] = sum_d q[r][d] * k[c][d] */
+          for (long r0 = 0; r0 < padded_rows; r0 += RB) {
+            vT a[RB][4];
+            #pragma GCC unroll 16
+            for (int rr = 0; rr < RB; ++rr)
+              #pragma GCC unroll 4
+              for (int x = 0; x < 4; ++x) a[rr][x] = (vT){0};
+            for (long d = 0; d < D; ++d) {
+              vT k0 = ef_load(kt + d * BK), k1 = ef_load(kt + d * BK + VW),
+                       k2 = ef_load(kt + d * BK + 2 * VW), k3 = ef_load(kt + d * BK + 3 * VW);
+              EF_KEEP(k0); EF_KEEP(k1); EF_KEEP(k2); EF_KEEP(k3);
+              #pragma GCC unroll 16
+              for (int rr = 0; rr < RB; ++rr) {
+                const T qv = qb[(r0 + rr) * D + d];
+                a[rr][0] += qv * k0; a[rr][1] += qv * k1;
+                a[rr][2] += qv * k2; a[rr][3] += qv * k3;
+              }
+            }
+            #pragma GCC unroll 16
+            for (int rr = 0; rr < RB; ++rr)
+              #pragma GCC unroll 4
+              for (int x = 0; x < 4; ++x) ef_store(s + (r0 + rr) * BK + x * VW, a[rr][x]);
+          }
+          /* the online softmax update of each row */
+          for (long r = 0; r < padded_rows; ++r) {
+            T *sr = s + r * BK;
+            const long i = i0 + r;
+            long seen = r < rows ? cols : 0;
+            if (mask == 1) seen = ef_min(seen, i - j0 + 1);
+            else if (mask == 2) seen = ef_min(seen, i - j0);
+            if (seen <= 0) { memset(sr, 0, sizeof(T) * BK); continue; }
+            T total;
+            const T top = seen == BK ? ef_weights(sr, BK, scale, scale_mode, m[r], &total)
+                                     : ef_weights(sr, seen, scale, scale_mode, m[r], &total);
+            const T rescale = top == m[r] ? (T)1 : %(exp)s(m[r] - top);
+            l[r] = l[r] * rescale + total;
+            m[r] = top;
+            if (rescale != 1) {
+              T *ar = acc + r * EP;
+              for (long e = 0; e < EP; ++e) ar[e] *= rescale;
+            }
+          }
+          /* acc[r][e] += sum_c p[r][c] * v[c][e] */
+          for (long r0 = 0; r0 < padded_rows; r0 += RB) {
+            /* past the keys the group's last row sees every weight is 0 */
+            long cend = BK;
+            if (mask == 1) cend = ef_min(BK, i0 + r0 + RB - j0);
+            else if (mask == 2) cend = ef_min(BK, i0 + r0 + RB - 1 - j0);
+            long e0 = 0;
+            for (; e0 + 4 * VW <= EP; e0 += 4 * VW) {
+              vT a[RB][4];
+              #pragma GCC unroll 16
+              for (int rr = 0; rr < RB; ++rr)
+                #pragma GCC unroll 4
+                for (int x = 0; x < 4; ++x) a[rr][x] = ef_load(acc + (r0 + rr) * EP + e0 + x * VW);
+              for (long c = 0; c < cend; ++c) {
+                const T *vr = vrows + c * EP + e0;
+                vT v0 = ef_load(vr), v1 = ef_load(vr + VW), v2 = ef_load(vr + 2 * VW),
+                         v3 = ef_load(vr + 3 * VW);
+                EF_KEEP(v0); EF_KEEP(v1); EF_KEEP(v2); EF_KEEP(v3);
+                #pragma GCC unroll 16
+                for (int rr = 0; rr < RB; ++rr) {
+                  const T pv = s[(r0 + rr) * BK + c];
+                  a[rr][0] += pv * v0; a[rr][1] += pv * v1;
+                  a[rr][2] += pv * v2; a[rr][3] += pv * v3;
+                }
+              }
+              #pragma GCC unroll 16
+              for (int rr = 0; rr < RB; ++rr)
+                #pragma GCC unroll 4
+                for (int x = 0; x < 4; ++x) ef_store(acc + (r0 + rr) * EP + e0 + x * VW, a[rr][x]);
+            }
+            for (; e0 < EP; e0 += VW) {
+              vT a[RB];
+              #pragma GCC unroll 16
+              for (int rr = 0; rr < RB; ++rr) a[rr] = ef_load(acc + (r0 + rr) * EP + e0);
+              for (long c = 0; c < cend; ++c) {
+                const vT v0 = ef_load(vrows + c * EP + e0);
+                #pragma GCC unroll 16
+                for (int rr = 0; rr < RB; ++rr) a[rr] += s[(r0 + rr) * BK + c] * v0;
+              }
+              #pragma GCC unroll 16
+              for (int rr = 0; rr < RB; ++rr) ef_store(acc + (r0 + rr) * EP + e0, a[rr]);
+            }
+          }
+        }
+        for (long r = 0; r < rows; ++r) {
+          if (LSE) LSE[g * NQ + i0 + r] = m[r] + %(log)s(l[r]);
+          T *o = O + (g * NQ + i0 + r) * E;
+          const T *ar = acc + r * EP;
+          if (m[r] == -INFINITY) {       /* every weight exp(-inf - -inf) is NaN */
+            for (long e = 0; e < E; ++e) o[e] = NAN;
+          } else if (normalise) {
+            for (long e = 0; e < E; ++e) o[e] = ar[e] / l[r];
+          } else {
+            for (long e = 0; e < E; ++e) o[e] = ar[e];
+          }
+        }
+      }
+    free(qb); free(vb); free(s); free(acc);
+  }
+  free(kt_all);
+  return failed;
+}
+"""
+
+_lock = threading.Lock()
+_functions: Dict[str, tuple] = {}
+
+
+def source(dtype: np.dtype) -> str:
+    """The kernel's C source for float32 or float64 elements."""
+    single = dtype == np.float32
+    lanes = _VECTOR_BYTES // dtype.itemsize
+    vector_math = c_build.vector_math()
+    declarations = ""
+    if vector_math:
+        declarations = c_build.vector_math_declarations("f", "float") if single else \
+            c_build.vector_math_declarations("", "double")
+    return _TEMPLATE % {"ctype": "float" if single else "double", "lanes": lanes,
+                        "rows": 4 if _VECTOR_BYTES == 64 else 2,
+                        "declarations": declarations, "exp": "expf" if single else "exp",
+                        "log": "logf" if single else "log"}
+
+
+def functions(dtype: np.dtype):
+    """(attention, values_finite) C functions for this element type (compiled once)."""
+    with _lock:
+        found = _functions.get(dtype.name)
+    if found is not None:
+        return found
+    library = c_build.load(source(dtype))
+    attention, finite = library.ef_attention, library.ef_attention_finite
+    size = ctypes.c_long
+    attention.argtypes = [ctypes.c_void_p] * 5 + [size] * 5 + [
+        ctypes.c_double, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int]
+    attention.restype = ctypes.c_int
+    finite.argtypes = [ctypes.c_void_p, size, ctypes.c_int]
+    finite.restype = ctypes.c_int
+    with _lock:
+        _functions[dtype.name] = (attention, finite)
+    return attention, finite

@@ -1,0 +1,335 @@
+"""Running a fusion group (schedule/fusion.py) as one C kernel: each member's plan is
+the one the C backend would use for it alone; plan/fuse.py merges their loop nests;
+the merged kernel is compiled once per combination of plans and called with every
+member's arrays, runtime ints and parameters.  A column member's per-thread
+accumulators are zeroed per call and added up after it (column_total)."""
+
+from __future__ import annotations
+
+import ctypes
+import threading
+from typing import Dict, FrozenSet, Optional, Tuple
+
+import numpy as np
+
+from ... import ir
+from ...ir import LoopKind
+from ...errors import BackendError
+from ...plan import call_arguments, unit_axis
+from ...plan.fuse import COLUMN_SUMS, fuse_kernels, renamed_int, slots_after_fusion
+from ...plan.fuse_columns import column_sum_dtype
+from ...plan.fuse_sums import GUARD_INT, guard_verdict
+from ...plan.expression_facts import divides
+from . import build as c_build, rows as c_rows
+from .backend import _ARGTYPES, blas_contraction, _buffers, _pack_for_lanes, _plan
+from .render import render_c
+from .threads import PARALLEL_MIN_WORK, default_threads, fixed_thread_count, thread_count
+
+_fused: Dict[Tuple, Tuple] = {}
+_lock = threading.Lock()
+
+
+def available() -> bool:
+    return c_build.find_compiler() is not None
+
+
+def prepare(kernel, call):
+    """(plan, buffers, outer index) of a statement that can be a member of a group, or
+    None: it must run on the C backend as one kernel that is a single parallel loop."""
+    contraction = blas_contraction(call)
+    # a product that sums nothing (A[i,j] * B[i,j], a[i] * B[i,j]) is elementwise
+    if call.options.backend not in ("auto", "c") or call.spec.has_position_reductions or \
+            contraction is not None and contraction.k:
+        return None
+    try:
+        out = np.empty(call.output_shape, dtype=call.dtypes.working)
+    except (ValueError, MemoryError):
+        # NumPy's 'array is too big' (more bytes than an array holds) or no memory: the
+        # statement runs alone, where the result's own check says so (AllocationError)
+        return None
+    if out.size == 0:
+        return None
+    buffers = _buffers(call) + [out]
+    plan = _plan(call, [unit_axis(b) for b in buffers])
+    if _pack_for_lanes(call, plan, list(buffers)) or len(plan.program.kernels) != 1:
+        return None
+    body = plan.program.kernels[0].body
+    if len(body) != 1 or not isinstance(body[0], ir.Loop) or body[0].kind != LoopKind.PARALLEL:
+        return None
+    number = int(body[0].var[1:])
+    return plan, buffers, call.spec.all_indices[number]
+
+
+def is_contraction(call) -> bool:
+    """Whether the C backend runs the statement as a BLAS contraction."""
+    contraction = blas_contraction(call)
+    return contraction is not None and bool(contraction.k)
+
+
+def run(members, thread_rows: FrozenSet[int] = frozenset()) -> Optional[Dict[int, np.ndarray]]:
+    """Run the group; None when its kernel flagged an out-of-bounds gather (nothing
+    is delivered then: the statements run one by one and raise their own errors), else
+    the results of its column members by member (their sums over the rows).
+    The outputs of the members in ``thread_rows`` (nothing after the group reads them)
+    may live as one row per thread: they are not delivered in their buffers."""
+    rows_group = c_rows.match(members, thread_rows)
+    if rows_group is not None:      # a softmax or layernorm: backends/c/rows.py
+        c_rows.run(rows_group, members, threads_for(members, frozenset()))
+        return {}
+    function, passed, thread_rows, guards = compiled_for(members, thread_rows)
+    threads = threads_for(members, thread_rows)
+    buffers, rows = with_thread_rows(members, thread_rows, threads)
+    columns = column_accumulators_for(members, thread_rows)
+    ints, doubles, integers, fills = arguments_for(
+        members, buffers, row_ints_for(members, rows, thread_rows, columns), guards)
+    arrays = [_passed_array(buffers, columns, k, slot) for k, slot in passed]
+    pointers = (ctypes.c_void_p * len(arrays))(*[a.ctypes.data for a in arrays])
+    error = ctypes.c_int32(0)
+    function(pointers, ints.ctypes.data, doubles.ctypes.data,
+             integers.ctypes.data, fills.ctypes.data, threads, ctypes.byref(error))
+    if error.value:
+        return None
+    return {k: column_total(members[k], *pair) for k, pair in columns.items()}
+
+
+def compiled_for(members, thread_rows: FrozenSet[int]):
+    """(function, the buffers it takes as (member, slot), the members kept as rows,
+    the guards of its merged producer/sum loops or None where it has none)."""
+    kernels = tuple(m.plan.program.kernels[0] for m in members)
+    reads = tuple(m.reads for m in members)
+    thread_rows = fitting_rows(members, thread_rows)
+    columns = _columns(members)
+    if not columns <= thread_rows:      # schedule/fusion.py joins only those that fit
+        raise BackendError("a fused column sum whose rows do not fit per thread")
+    local = frozenset((k, len(kernels[k].buffers) - 1) for k in thread_rows)
+    key = tuple(id(m.plan) for m in members) + (tuple(tuple(sorted(r.items()))
+                                                       for r in reads), local, columns)
+    found = _fused.get(key)
+    if found is None:
+        working = members[0].call.dtypes.working.name
+        fused = fuse_kernels(kernels, reads, working, local, columns)
+        program = fused.program
+        guards = fused.guards if GUARD_INT in program.kernels[0].ints else None
+        # reciprocal math where every member allows it or has no division it could change
+        library = c_build.load(render_c(program, c_build.vector_math()),
+                               all(m.plan.fast_math or not divides(m.call.spec.rhs)
+                                   for m in members))
+        function = getattr(library, program.kernels[0].name)
+        function.argtypes = _ARGTYPES
+        function.restype = None
+        # the plans stay referenced, so their ids in the key cannot be reused
+        found = (function, slots_after_fusion(kernels, reads, columns), guards,
+                 tuple(m.plan for m in members))
+        with _lock:
+            found = _fused.setdefault(key, found)
+    return found[0], found[1], thread_rows, found[2]
+
+
+def threads_for(members, thread_rows) -> int:
+    """The thread count for this call (backends/c/threads.py); per-thread rows need it
+    known, so OpenMP's default becomes its number there."""
+    count = thread_count(members[0].call.options.threads, _work(members))
+    return default_threads() if count == 0 and thread_rows else count
+
+
+def is_adaptive(members) -> bool:
+    """Whether the thread count is chosen per call (no threads=, enough work)."""
+    return fixed_thread_count(members[0].call.options.threads, _work(members)) is None
+
+
+def _work(members) -> int:
+    return sum(member.call.bounds.points for member in members)
+
+
+def with_thread_rows(members, thread_rows, threads: int):
+    """Each member's buffers with the rows of ``thread_rows`` members as per-thread
+    views (their output and every read of it), and those members' row lengths."""
+    buffers = [list(m.buffers) for m in members]
+    rows = []
+    for k in sorted(thread_rows):
+        view, length = _thread_rows(members[k], threads)
+        rows.append(length)
+        for j, slot in _uses(members, k):
+            buffers[j][slot] = view
+    return buffers, rows
+
+
+def _uses(members, k):
+    """(member, slot) of member k's output and of every read of it in the group."""
+    yield k, len(members[k].buffers) - 1
+    for j, member in enumerate(members):
+        for slot, (producer, _) in member.reads.items():
+            if producer == k:
+                yield j, slot
+
+
+def arguments_for(members, buffers, rows, guards=None):
+    """The runtime ints (each member's, then the per-thread row lengths and, where the
+    kernel has merged producer/sum loops, their guards' verdict), doubles, integer
+    parameters and pad/fill values of the fused call."""
+    ints, doubles, integers = [], [], []
+    named = {}
+    for number, (member, arrays) in enumerate(zip(members, buffers)):
+        kernel = member.plan.program.kernels[0]
+        i, d, n = call_arguments(member.plan, member.call, arrays)
+        ints.append(i[:len(kernel.ints)])
+        named.update((renamed_int(number, name), int(value))
+                     for name, value in zip(kernel.ints, i))
+        doubles.append(d[:kernel.n_params])
+        integers.append(n[:kernel.n_params])
+    options = members[0].call.options
+    fills = np.array([options.pad if options.pad is not None else 0.0, options.fill],
+                     dtype=np.float64)
+    verdict = [] if guards is None else [guard_verdict(guards, named)]
+    return (np.concatenate(ints + [np.array(rows + verdict + [0], dtype=np.int64)]),
+            np.concatenate(doubles + [np.zeros(1)]),
+            np.concatenate(integers + [np.zeros(1, np.int64)]), fills)
+
+
+def _columns(members) -> FrozenSet[int]:
+    """The column members (plan/fuse_columns.py): sums over the rows."""
+    return frozenset(k for k, m in enumerate(members) if m.column is not None)
+
+
+def column_accumulators_for(members, thread_rows: FrozenSet[int]):
+    """member -> (running sums, errors): zeroed, one row per slice of the rows each
+    (plan/fuse_columns.py)."""
+    # as long as the value row (the kernel steps from slice to slice by its length)
+    slices = column_slices(members)
+    return {k: tuple(thread_scratch(slices, _padded(members[k]),
+                                    _column_dtype(members[k]), zeroed=True)
+                     for _ in range(2))
+            for k in sorted(_columns(members) & thread_rows)}
+
+
+def column_slices(members) -> int:
+    """How many slices a group's rows are cut into for its column sums: as many as
+    the most threads a call may take (OpenMP's default, or threads=), whatever the
+    count a call takes (c_threads.py), so that the sums' bits never depend on it; one
+    below the work that is worth a second thread."""
+    if _work(members) < PARALLEL_MIN_WORK:
+        return 1
+    return max(default_threads(), members[0].call.options.threads or 1)
+
+
+def _slice_rows(members) -> int:
+    """Rows per slice (ir.SLICE_ROWS): the group's rows cut into column_slices parts."""
+    return max(1, -(-members[0].extent // column_slices(members)))
+
+
+def _column_dtype(member) -> np.dtype:
+    """The dtype a column member's accumulators hold (plan/fuse_columns.py)."""
+    return np.dtype(column_sum_dtype(member.call.dtypes.working.name))
+
+
+def row_ints_for(members, rows, thread_rows: FrozenSet[int], columns) -> list:
+    """The per-thread row lengths in the merged kernel's order: each member's row, and
+    after a column member's the same length twice (its sums and errors); then, where
+    there are column sums, the rows per slice."""
+    ints = []
+    for k, length in zip(sorted(thread_rows), rows):
+        ints += [length] * (3 if k in columns else 1)
+    return ints + ([_slice_rows(members)] if columns else [])
+
+
+def _passed_array(buffers, columns, k: int, slot: int):
+    if slot < 0:
+        return columns[k][0 if slot == COLUMN_SUMS else 1]
+    return buffers[k][slot]
+
+
+def column_total(member, sums: np.ndarray, errors: np.ndarray) -> np.ndarray:
+    """A column member's result: each slice's sum (a compensated one with its error
+    added back where the sum is finite, as ef_total does), added in slice order, in
+    the output's shape and the working dtype."""
+    shape = member.column.call.output_shape
+    size = int(np.prod(shape, dtype=np.int64))
+    sums, errors = sums[:, :size], errors[:, :size]      # rows are padded (thread_scratch)
+    working = member.call.dtypes.working
+    if sums.dtype != working:      # wide sums (no errors): added up, rounded once
+        result = sums[0].copy()
+        for row in sums[1:]:
+            result += row
+        return result.astype(working).reshape(shape)
+    with np.errstate(all="ignore"):
+        totals = np.where(np.isfinite(sums), sums + errors, sums)
+        result = totals[0].copy()
+        for row in totals[1:]:
+            result += row
+    return result.reshape(shape)
+
+
+def fitting_rows(members, candidates: FrozenSet[int]) -> FrozenSet[int]:
+    """The candidates (members whose outputs nothing after the group reads) whose
+    outputs live as per-thread rows."""
+    return frozenset(k for k in candidates if _rows_fit_plan(members[k]))
+
+
+def row_bytes(member) -> int:
+    """The bytes of one thread's row of the member's output."""
+    shape = tuple(member.call.output_shape)
+    axis = member.kernel.spec.output_indices.index(member.outer)
+    elements = int(np.prod([n for a, n in enumerate(shape) if a != axis], dtype=np.int64))
+    return elements * member.call.dtypes.working.itemsize
+
+
+def _rows_fit_plan(member) -> bool:
+    """Whether the member's output can live as per-thread rows under the plans as
+    lowered: the plans address its unit-stride axis without a stride, so the rows'
+    view must keep that axis (and it must not be the row axis, whose stride is 0)."""
+    shape = tuple(member.call.output_shape)
+    axis = member.kernel.spec.output_indices.index(member.outer)
+    full = unit_axis(member.buffers[-1])
+    view, _ = _thread_rows(member, 1)
+    return full != axis and unit_axis(view) == full and len(shape) >= 2
+
+
+def _padded(member) -> int:
+    """The padded row length (elements) of the member's per-thread rows."""
+    itemsize = member.call.dtypes.working.itemsize
+    return padded_length(row_bytes(member) // itemsize, itemsize)
+
+
+def _thread_rows(member, threads: int):
+    """(view, padded row length): a scratch array of one row per thread, seen with the
+    member's output shape and stride 0 along the shared (row) axis, so that each
+    thread's row pointer (ir.Buffer.per_thread) plus the usual addressing lands in its
+    own row."""
+    shape = tuple(member.call.output_shape)
+    axis = member.kernel.spec.output_indices.index(member.outer)
+    itemsize = member.call.dtypes.working.itemsize
+    strides, step = [0] * len(shape), itemsize
+    for a in reversed(range(len(shape))):
+        if a != axis:
+            strides[a] = step
+            step *= shape[a]
+    scratch = thread_scratch(max(threads, 1), step // itemsize, member.call.dtypes.working)
+    view = np.lib.stride_tricks.as_strided(scratch, shape=shape, strides=tuple(strides))
+    return view, scratch.shape[1]
+
+
+# Each thread's row starts on its own pair of cache lines (the line and the neighbour
+# the hardware prefetches with it).  Rows of 2 KiB laid end to end from a 16-byte
+# aligned allocation shared a line between one thread's last elements and the next
+# thread's first; with layernorm's four column accumulators written every row, the
+# 8192x256 backward took 3.5 ms on two threads against 1.1 ms on one.
+ROW_ALIGN = 128
+
+
+def thread_scratch(threads: int, length: int, dtype, zeroed: bool = False) -> np.ndarray:
+    """A (threads, padded length) array whose rows each start on a ROW_ALIGN-byte
+    boundary; the padded length (a multiple of ROW_ALIGN bytes) is the row stride the
+    kernel takes."""
+    dtype = np.dtype(dtype)
+    per_line = max(1, ROW_ALIGN // dtype.itemsize)
+    padded = padded_length(length, dtype.itemsize)
+    raw = (np.zeros if zeroed else np.empty)(threads * padded + per_line, dtype)
+    start = (-raw.ctypes.data % ROW_ALIGN) // dtype.itemsize
+    return raw[start:start + threads * padded].reshape(threads, padded)
+
+
+def padded_length(length: int, itemsize: int) -> int:
+    """``length`` elements rounded up to whole ROW_ALIGN-byte lines (a row of float32
+    padded so is a whole number of lines of float64 too)."""
+    per_line = max(1, ROW_ALIGN // itemsize)
+    return -(-max(length, 1) // per_line) * per_line

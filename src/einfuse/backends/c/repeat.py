@@ -1,0 +1,169 @@
+"""The C backend's fast path for a repeated call (issue 11): everything a call's kernel
+needs that depends only on shapes, dtypes and strides -- the compiled functions, the
+runtime ints, the thread count -- prepared once, so that a call with the same
+signature is a dictionary lookup (runtime/kernel.py), dtype conversions, one output
+allocation and the kernel call.
+
+Only calls whose kernel arguments cannot depend on the data are prepared: scalar
+parameters only as Python floats (their values are written per call), no repacked
+inputs.  A gather's kernel tests each index value itself and raises its error flag for
+one out of bounds; the runner then raises :class:`GatherFlagged`, and the caller runs
+the call's full path, which names the offending value.  A BLAS contraction (or one plus
+a broadcast term) is prepared as its transposes and one matmul (backends/c/blas.py)."""
+
+from __future__ import annotations
+
+import ctypes
+from dataclasses import dataclass
+from typing import Callable, Mapping, Optional
+
+import numpy as np
+
+from ...errors import BackendError
+from ...plan import buffer_slots, call_arguments, unit_axis
+from ...plan.gathers import array_extremes, gather_spans, spans_in_range, unsigned_slots
+from ...analysis.frameworks import TORCH
+from . import call as c_call
+from .backend import (blas_contraction, _buffers, _pack_for_lanes, contraction_addend,
+                      kernel_functions, output_dtype)
+from .blas import addend_runner, contraction_runner, route_for
+from .gather_rows import gather_rows_runner
+from .threads import fixed_thread_count, free_threads
+
+Runner = Callable[[Mapping[str, np.ndarray]], np.ndarray]
+
+
+@dataclass(frozen=True)
+class PreparedRunner:
+    """``run(named)``: the call's result, of ``dtype``, from arrays of the prepared
+    signature looked up by name (other names in ``named`` are ignored)."""
+    run: Runner
+    dtype: np.dtype
+
+
+# Below this much work a gather's prepared kernel tests every index value itself; from
+# it on (where the tests would cost more than one min/max pass per index array, and
+# keep the copy loop from vectorising) the runner makes that pass per call and runs the
+# kernel without tests, as the full path does.
+GATHER_WORK_PREPARED = 1 << 11
+
+
+class GatherFlagged(BackendError):
+    """A prepared kernel's gather read an index value out of bounds (and nothing out
+    of bounds): the call's full path finds the value and raises the exact error."""
+
+
+def repeat_runner(call) -> Optional[PreparedRunner]:
+    """A runner computing this call's result (working dtype) from arrays of the same
+    shapes, dtypes and strides by name, or None where the arguments depend on data."""
+    spec = call.spec
+    gathers = any(t.as_index for t in spec.tensors)
+    rows = gather_rows_runner(call, GatherFlagged) if gathers else None
+    if rows is not None:     # the embedding form: a test and a memcpy per row
+        return PreparedRunner(rows, np.dtype(output_dtype(call)))
+    mode, spans = (_checking_mode(call) if gathers else None), None
+    if gathers and call.bounds.points >= GATHER_WORK_PREPARED and \
+            call.options.bounds in ("check", "promise"):
+        if unsigned_slots(call):
+            return None
+        # the full path's kernel, which tests no index value, behind the same min/max
+        # pass per index array (a few us against the gather's work)
+        mode, spans = "verified", gather_spans(call)
+    # Python floats only (their values fill the doubles per call); an int parameter can
+    # decide the working dtype and is checked against it, so it takes the full path
+    if any(type(call.params.get(name)) is not float for name in spec.params) or \
+            (spec.params and call.dtypes.working.kind != "f"):
+        return None
+    blas = blas_runner(call, call.framework == TORCH)
+    if blas is not None:
+        return blas
+    working = call.dtypes.working
+    shape = tuple(call.output_shape)
+    out_dtype = output_dtype(call)
+    buffers = _buffers(call) + [np.empty(shape, dtype=out_dtype)]
+    if buffers[-1].size == 0:
+        return None
+    plan, functions = kernel_functions(call, [unit_axis(b) for b in buffers], mode)
+    if _pack_for_lanes(call, plan, list(buffers)):
+        return None
+    ints, doubles, integers = call_arguments(plan, call, buffers)
+    params = tuple(plan.params)
+    options = call.options      # (as the backend's full path passes them)
+    fills = np.array([options.pad if options.pad is not None else 0.0, options.fill],
+                     dtype=np.float64)
+    fixed = fixed_thread_count(call.options.threads, call.bounds.points)
+    # else the cores left by other tasks, per call (c_threads.py)
+    threads, adaptive = fixed or 0, fixed is None
+    slots = buffer_slots(spec)[:-1]
+    names = tuple(tensor for tensor, _ in slots)
+    # index arrays as int64 (uint64 ones as their bit patterns), values in the working dtype
+    dtypes = tuple(np.dtype(np.int64) if kind == "index" else working for _, kind in slots)
+    pointer_array = ctypes.c_void_p * len(buffers)
+    addresses = tuple(a.ctypes.data for a in (ints, doubles, integers, fills))
+
+    def arguments(named: Mapping[str, np.ndarray]):
+        """This call's inputs in the working dtype and its output, the addresses of the
+        runtime arrays, and the array holding this call's parameter values (its own:
+        thread-safe), which must stay alive while the kernel runs."""
+        if spans is not None and not spans_in_range(
+                spans, lambda name: array_extremes(named[name])):
+            raise GatherFlagged("an index value out of bounds")
+        arrays = tuple(named[name].astype(dtype, copy=False)
+                       for name, dtype in zip(names, dtypes)) + (np.empty(shape, out_dtype),)
+        if not params:
+            return arrays, addresses, None
+        values = np.array([named[name] for name in params], dtype=np.float64)
+        return arrays, (addresses[0], values.ctypes.data) + addresses[2:], values
+
+    # (more arrays than the extension takes: through ctypes)
+    call_kernel = c_call.caller() if len(buffers) <= c_call.MAX_BUFFERS else None
+    if call_kernel is not None:
+        entries = tuple(ctypes.cast(f, ctypes.c_void_p).value for f in functions)
+
+        def run_direct(named: Mapping[str, np.ndarray]) -> np.ndarray:
+            arrays, given, _values = arguments(named)
+            for entry in entries:
+                if call_kernel(entry, arrays, *given, free_threads() if adaptive else threads):
+                    raise GatherFlagged("a prepared C kernel raised its error flag")
+            return arrays[-1]
+        run_direct.keep = (ints, doubles, integers, fills, functions)
+        return PreparedRunner(run_direct, np.dtype(out_dtype))
+
+    def run(named: Mapping[str, np.ndarray]) -> np.ndarray:
+        arrays, given, _values = arguments(named)
+        pointers = pointer_array(*[a.ctypes.data for a in arrays])
+        error = ctypes.c_int32(0)
+        for function in functions:
+            function(pointers, *given, free_threads() if adaptive else threads,
+                     ctypes.byref(error))
+        if error.value:    # only gathers raise the flag
+            raise GatherFlagged("a prepared C kernel raised its error flag")
+        return arrays[-1]
+    run.keep = (ints, doubles, integers, fills)   # alive as long as the runner
+    return PreparedRunner(run, np.dtype(out_dtype))
+
+
+def blas_runner(call, torch_route: bool) -> Optional[PreparedRunner]:
+    """The runner of a statement BLAS computes (a contraction, or one plus a broadcast
+    term: backends/c/blas.py), as the backend's full path runs it; with ``torch_route``
+    (a call on torch tensors) the products large enough run on torch's BLAS.  None for
+    any other statement."""
+    contraction = blas_contraction(call)
+    if contraction is not None:
+        return PreparedRunner(contraction_runner(
+            contraction, call, route_for(contraction, call, torch_route)),
+            np.dtype(call.dtypes.working))
+    found = contraction_addend(call)
+    if found is not None:
+        return PreparedRunner(addend_runner(
+            found, call, route_for(found.contraction, call, torch_route)),
+            np.dtype(call.dtypes.working))
+    return None
+
+
+def _checking_mode(call) -> str:
+    """The kernel bounds mode in which a gather tests each index value itself whatever
+    the values of this call (plan/gathers.py's bounds_mode without its 'verified')."""
+    bounds = call.options.bounds
+    slots = unsigned_slots(call)
+    return f"{bounds}:u{','.join(map(str, slots))}" if slots else bounds

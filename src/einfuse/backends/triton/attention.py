@@ -1,0 +1,537 @@
+"""Recognised attention (rewrite/online_softmax.py) as one Triton kernel: the forward of
+FlashAttention-2.  One program per block of query rows of one batch element; it streams
+the key and value blocks with a running max, a running denominator and a rescaled
+accumulator (the softmax-weighted-sum monoid), so nothing N x N exists.
+
+* scores in the log2 domain: log2(e) is folded into the scale, weights are ``exp2``;
+* a causal mask (``j <= i`` or ``j < i``) never visits key blocks past the diagonal and
+  masks only the blocks that straddle it (and the key tail); rows of the last blocks are
+  launched first, so the longest programs start earliest;
+* float16/bfloat16 operands go to ``tl.dot`` as they are (float32 accumulation; the
+  weights are rounded to the input dtype for the weights x value dot, as flash kernels
+  do); float32 dots are IEEE-exact (``input_precision="ieee"``); the result is stored in
+  the input dtype;
+* the operands are read through their strides (any axis order the recogniser hands
+  over: no transposing copies), two batch axes addressed directly;
+* every row whose visible scores are all -inf gives NaN, as the statements' exp(-inf -
+  -inf) does, and a -inf block seen first does not poison the rows that see finite
+  scores later.
+
+Runs on CUDA tensors, and on the CPU under ``TRITON_INTERPRET=1`` (where the bfloat16
+dot is computed in float32: the interpreter's bfloat16 dot is wrong)."""
+
+from __future__ import annotations
+
+import contextlib
+import enum
+from dataclasses import dataclass
+from typing import Iterator, Optional, Tuple
+
+import numpy as np
+
+import triton
+import triton.language as tl
+
+MAX_HEAD_DIM = 128      # D and E up to this (padded to a power of two, at least 16)
+_GRID_AXIS_LIMIT = 65535
+_INT32_MAX = 2 ** 31 - 1
+
+
+@dataclass(frozen=True)
+class Config:
+    """One launch configuration: rows and keys per block, warps, pipeline stages."""
+    block_m: int
+    block_n: int
+    warps: int
+    stages: int
+
+    def __str__(self) -> str:
+        return f"{self.block_m}x{self.block_n} w{self.warps} s{self.stages}"
+
+
+# Candidates per (operand width, head dimension), first the default: the fastest of a
+# sweep on an H100 (tools/gpu_attention.py, B=4 H=8 N=4096, float16; float32 at
+# N=1024), e.g. for D=64 float16 64 x 64 took 0.344 ms (full) and 0.206 ms (causal)
+# against 0.349/0.224 ms for FlashAttention-2's 128 x 64.  float32 dots run without
+# tensor cores (IEEE-exact): small tiles keep registers from spilling (32 x 64 with
+# D=128 spilled: 10x slower).
+_CANDIDATES = {
+    ("16-bit", 64): (Config(64, 64, 4, 3), Config(128, 64, 4, 3), Config(128, 128, 8, 3),
+                     Config(128, 64, 4, 4), Config(64, 64, 4, 4), Config(64, 128, 4, 3)),
+    ("16-bit", 128): (Config(64, 64, 4, 3), Config(128, 64, 8, 3), Config(64, 32, 4, 3),
+                      Config(64, 64, 4, 4), Config(128, 128, 8, 2), Config(64, 64, 8, 3)),
+    ("float32", 64): (Config(32, 32, 4, 2), Config(64, 64, 4, 2), Config(64, 32, 8, 2),
+                      Config(32, 64, 4, 2), Config(32, 32, 4, 3)),
+    ("float32", 128): (Config(32, 32, 4, 2), Config(16, 32, 2, 2), Config(64, 32, 8, 2),
+                       Config(32, 32, 8, 2), Config(16, 64, 4, 2)),
+}
+# Under the interpreter: small blocks, so that short test sequences still cross several
+# key blocks and a tail.
+INTERPRETED_CONFIG = Config(32, 16, 4, 1)
+_forced: Optional[Config] = None
+
+
+def candidates(dtype_name: str, head_dim: int) -> Tuple[Config, ...]:
+    """The configurations tried for this dtype ('float16', 'bfloat16', 'float32') and
+    head dimension (the larger of D and E), the default first."""
+    width = "float32" if dtype_name == "float32" else "16-bit"
+    return _CANDIDATES[(width, 64 if _padded(head_dim) <= 64 else 128)]
+
+
+@contextlib.contextmanager
+def forced_config(config: Optional[Config]) -> Iterator[None]:
+    """Every launch inside the block uses ``config`` (None: the default choice) -- for
+    sweeping the candidates on a GPU (tools/gpu_attention.py)."""
+    global _forced
+    if config is not None and not isinstance(config, Config):
+        from ...errors import OptionError
+        raise OptionError(f"forced_config takes a Config or None, not "
+                          f"{type(config).__name__}")
+    previous, _forced = _forced, config
+    try:
+        yield
+    finally:
+        _forced = previous
+
+
+def choose_config(dtype_name: str, head_dim: int, interpreted: bool) -> Config:
+    if _forced is not None:
+        return _forced
+    if interpreted:
+        return INTERPRETED_CONFIG
+    return candidates(dtype_name, head_dim)[0]
+
+
+def _padded(extent: int) -> int:
+    return max(16, triton.next_power_of_2(extent))
+
+
+def unsupported(dtype_name: str, dot: int, features: int) -> Optional[str]:
+    """Why the kernel does not take this call (the statements run instead), or None."""
+    if dtype_name not in ("float16", "bfloat16", "float32"):
+        return f"{dtype_name} (the kernel takes float16, bfloat16 and float32)"
+    if dot > MAX_HEAD_DIM or features > MAX_HEAD_DIM:
+        return (f"a head dimension of {max(dot, features)} (the kernel takes up to "
+                f"{MAX_HEAD_DIM})")
+    return None
+
+
+@dataclass(frozen=True)
+class Operand:
+    """A (B1, B2, rows, columns) strided view's address: its tensor and four strides."""
+    tensor: object
+    strides: Tuple[int, int, int, int]
+
+
+def fits(shape, strides) -> bool:
+    """Whether offsets inside one batch element fit in int32 (the kernel's row and column
+    arithmetic) and the batch axes fit on the launch grid."""
+    inner = sum((extent - 1) * abs(stride) for extent, stride in zip(shape[2:], strides[2:]))
+    return inner <= _INT32_MAX and shape[0] <= _GRID_AXIS_LIMIT and \
+        shape[1] <= _GRID_AXIS_LIMIT
+
+
+def launch(query: Operand, key: Operand, value: Operand, out: Operand,
+           batch: Tuple[int, int], rows: int, keys: int, dot: int, features: int,
+           score_scale: float, mask: int, normalised: bool, interpreted: bool) -> Config:
+    """Run the kernel: ``out`` (B1, B2, rows, features) from query (B1, B2, rows, dot),
+    key (B1, B2, keys, dot) and value (B1, B2, keys, features); ``score_scale`` is the
+    scores' factor with log2(e) folded in; ``mask`` 0 none, 1 ``j <= i``, 2 ``j < i``.
+    Returns the configuration it ran with."""
+    dtype_name = str(query.tensor.dtype).rsplit(".", 1)[-1]
+    config = choose_config(dtype_name, max(dot, features), interpreted)
+    grid = (triton.cdiv(rows, config.block_m), batch[0], batch[1])
+    _attention_forward[grid](
+        query.tensor, key.tensor, value.tensor, out.tensor, score_scale,
+        *query.strides, *key.strides, *value.strides, *out.strides,
+        rows, keys,
+        DOT=dot, FEATURES=features, BLOCK_D=_padded(dot), BLOCK_E=_padded(features),
+        BLOCK_M=config.block_m, BLOCK_N=config.block_n, MASK=mask,
+        NORMALISED=normalised, EXACT=dtype_name == "float32",
+        UPCAST=interpreted and dtype_name == "bfloat16",
+        num_warps=config.warps, num_stages=config.stages)
+    return config
+
+
+@triton.jit
+def _load_tile(base, first, second, stride_first, stride_second, limit_first, limit_second,
+               CHECK_FIRST: tl.constexpr, CHECK_SECOND: tl.constexpr):
+    """A 2-d tile at offsets first x second; the bounds checked only where asked."""
+    pointers = base + first[:, None] * stride_first + second[None, :] * stride_second
+    if CHECK_FIRST and CHECK_SECOND:
+        return tl.load(pointers, mask=(first[:, None] < limit_first)
+                       & (second[None, :] < limit_second), other=0.0)
+    elif CHECK_FIRST:
+        return tl.load(pointers, mask=first[:, None] < limit_first, other=0.0)
+    elif CHECK_SECOND:
+        return tl.load(pointers, mask=second[None, :] < limit_second, other=0.0)
+    else:
+        return tl.load(pointers)
+
+
+@triton.jit
+def _key_block(q, m_i, l_i, acc, K, V, offs_m, offs_n, offs_d, offs_e,
+               stride_kn, stride_kd, stride_vn, stride_ve, keys, score_scale,
+               DOT: tl.constexpr, FEATURES: tl.constexpr, BLOCK_D: tl.constexpr,
+               BLOCK_E: tl.constexpr, MASK: tl.constexpr, EDGE: tl.constexpr,
+               EXACT: tl.constexpr, UPCAST: tl.constexpr):
+    """One block of keys folded into the running state (m_i, l_i, acc).  ``EDGE``: the
+    block may hold keys past the end or past the diagonal, which are masked to -inf.
+    K and V point at the block's first key; ``offs_m`` and ``keys`` are relative to it."""
+    cols = offs_n
+    # the keys transposed (BLOCK_D x BLOCK_N), read through their strides
+    k = _load_tile(K, offs_d, cols, stride_kd, stride_kn, DOT, keys,
+                   BLOCK_D != DOT, EDGE)
+    if UPCAST:
+        k = k.to(tl.float32)
+    if EXACT:
+        s = tl.dot(q, k, input_precision="ieee")
+    else:
+        s = tl.dot(q, k)
+    s = s * score_scale
+    if EDGE:
+        seen = cols[None, :] < keys
+        if MASK == 1:
+            seen = seen & (cols[None, :] <= offs_m[:, None])
+        elif MASK == 2:
+            seen = seen & (cols[None, :] < offs_m[:, None])
+        s = tl.where(seen, s, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(s, 1))
+    # while every score seen is -inf the weights are 0 (not exp2(-inf + inf) = NaN):
+    # a row that sees a finite score later must not be poisoned
+    m_base = tl.where(m_new == float("-inf"), 0.0, m_new)
+    p = tl.math.exp2(s - m_base[:, None])
+    alpha = tl.math.exp2(m_i - m_base)
+    l_i = l_i * alpha + tl.sum(p, 1)
+    v = _load_tile(V, cols, offs_e, stride_vn, stride_ve, keys, FEATURES,
+                   EDGE, BLOCK_E != FEATURES)
+    acc = acc * alpha[:, None]
+    if EXACT:
+        acc = tl.dot(p, v, acc, input_precision="ieee")
+    elif UPCAST:
+        acc = tl.dot(p, v.to(tl.float32), acc)
+    else:
+        acc = tl.dot(p.to(v.dtype), v, acc)
+    return m_new, l_i, acc
+
+
+@triton.jit
+def _attention_forward(Q, K, V, O, score_scale,
+                       stride_q1, stride_q2, stride_qm, stride_qd,
+                       stride_k1, stride_k2, stride_kn, stride_kd,
+                       stride_v1, stride_v2, stride_vn, stride_ve,
+                       stride_o1, stride_o2, stride_om, stride_oe,
+                       rows, keys,
+                       DOT: tl.constexpr, FEATURES: tl.constexpr,
+                       BLOCK_D: tl.constexpr, BLOCK_E: tl.constexpr,
+                       BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                       MASK: tl.constexpr, NORMALISED: tl.constexpr,
+                       EXACT: tl.constexpr, UPCAST: tl.constexpr):
+    block = tl.program_id(0)
+    if MASK != 0:        # the longest programs (the last rows) first
+        block = tl.num_programs(0) - 1 - block
+    b1 = tl.program_id(1).to(tl.int64)
+    b2 = tl.program_id(2).to(tl.int64)
+    Q += b1 * stride_q1 + b2 * stride_q2
+    K += b1 * stride_k1 + b2 * stride_k2
+    V += b1 * stride_v1 + b2 * stride_v2
+    O += b1 * stride_o1 + b2 * stride_o2
+    first_row = block * BLOCK_M
+    offs_m = first_row + tl.arange(0, BLOCK_M)
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, BLOCK_D)
+    offs_e = tl.arange(0, BLOCK_E)
+    q = _load_tile(Q, offs_m, offs_d, stride_qm, stride_qd, rows, DOT, True, BLOCK_D != DOT)
+    if UPCAST:
+        q = q.to(tl.float32)
+    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_E], tl.float32)
+    # keys [0, inner) are seen by every row of the block and all exist: no masks;
+    # keys [inner, outer) are the diagonal's and the tail's blocks, masked
+    whole = (keys // BLOCK_N) * BLOCK_N
+    if MASK == 0:
+        inner = whole
+        outer = keys
+    else:
+        shift = 1 if MASK == 1 else 0          # j <= i sees key i, j < i does not
+        inner = tl.minimum(((first_row + shift) // BLOCK_N) * BLOCK_N, whole)
+        outer = tl.minimum(first_row + BLOCK_M - 1 + shift, keys)
+    for start in range(0, inner, BLOCK_N):
+        m_i, l_i, acc = _key_block(q, m_i, l_i, acc, K + start * stride_kn,
+                                   V + start * stride_vn, offs_m - start, offs_n,
+                                   offs_d, offs_e, stride_kn, stride_kd, stride_vn,
+                                   stride_ve, keys - start, score_scale, DOT, FEATURES,
+                                   BLOCK_D, BLOCK_E, MASK, False, EXACT, UPCAST)
+    for start in range(inner, outer, BLOCK_N):
+        m_i, l_i, acc = _key_block(q, m_i, l_i, acc, K + start * stride_kn,
+                                   V + start * stride_vn, offs_m - start, offs_n,
+                                   offs_d, offs_e, stride_kn, stride_kd, stride_vn,
+                                   stride_ve, keys - start, score_scale, DOT, FEATURES,
+                                   BLOCK_D, BLOCK_E, MASK, True, EXACT, UPCAST)
+    if NORMALISED:
+        result = acc / l_i[:, None]
+    else:
+        result = acc
+    # a row that saw no finite score: the statements' exp(-inf - -inf) is NaN
+    result = tl.where((m_i == float("-inf"))[:, None], float("nan"), result)
+    pointers = O + offs_m[:, None] * stride_om + offs_e[None, :] * stride_oe
+    if BLOCK_E != FEATURES:
+        stored = (offs_m[:, None] < rows) & (offs_e[None, :] < FEATURES)
+    else:
+        stored = offs_m[:, None] < rows
+    tl.store(pointers, result.to(O.dtype.element_ty), mask=stored)
+
+
+# -- the call: which route, the operands' strided views, the launch -----------------------
+
+class Route(enum.Enum):
+    """Where the kernel runs for a call."""
+    GPU = "the GPU"                                   # CUDA tensors, or copied there
+    INTERPRETER = "the CPU (TRITON_INTERPRET=1)"      # backend='triton' under the interpreter
+
+
+def route(options, named, operand_names) -> Optional[Route]:
+    """The route of a call whose query, key and value are ``named[operand_names]``, or
+    None where it is not the kernel's: torch CUDA tensors (backend 'auto' or 'triton'),
+    or NumPy arrays / CPU tensors with backend='triton' (on the GPU, or on the CPU under
+    the interpreter).  Only types and devices are read."""
+    if options.backend not in ("auto", "triton") or options.pad is not None or \
+            options.ranges or options.dtype is not None:
+        return None
+    from .backend import interpreted
+    arrays = [named.get(n) for n in operand_names]
+    devices = set()
+    for array in arrays:
+        if type(array) is np.ndarray:
+            devices.add("cpu")
+        elif type(array).__module__.startswith("torch") and \
+                type(array).__name__ in ("Tensor", "Parameter"):
+            devices.add(str(array.device))
+        else:
+            return None
+    if len(devices) != 1:
+        return None
+    device = devices.pop()
+    if device.startswith("cuda"):
+        return Route.GPU if not interpreted() else None
+    if device != "cpu" or options.backend != "triton":
+        return None
+    if interpreted():
+        return Route.INTERPRETER
+    import torch
+    return Route.GPU if torch.cuda.is_available() else None
+
+
+def run(attention, named, scale_of, route_taken: Route):
+    """The attention's output for this call (a torch tensor for torch callers, a NumPy
+    array for NumPy callers), or None where the statements must run: not one supported
+    float dtype, extents that disagree or are empty, a value holding inf or NaN (a
+    masked key's inf value gives 0 * inf = NaN in the statements; the kernel never
+    reads it), offsets past int32.  ``scale_of(query)`` gives the scale (a float), or
+    None where the statements must judge it."""
+    import torch
+    names = (attention.query, attention.key, attention.value)
+    given = [named[n] for n in names]
+    numpy_caller = type(given[0]) is np.ndarray
+    tensors = []
+    for array in given:
+        if type(array) is np.ndarray:
+            if array.dtype not in (np.float16, np.float32):
+                return None
+            array = torch.from_numpy(np.array(array, order="C"))   # (a writable copy)
+        elif array.layout != torch.strided or array.is_nested or \
+                torch._C._functorch.is_functorch_wrapped_tensor(array):
+            return None
+        tensors.append(array.detach())
+    dtype = tensors[0].dtype
+    if any(t.dtype != dtype for t in tensors):
+        return None
+    from ...rewrite.attention_layout import shape_extents
+    extents = shape_extents(attention, tensors)
+    if extents is None:
+        return None
+    dot, features = extents[attention.dot_index], extents[attention.feature]
+    if unsupported(str(dtype).rsplit(".", 1)[-1], dot, features) is not None:
+        return None
+    scale = scale_of(tensors[0])
+    if scale is None:
+        return None
+    score_scale = _score_scale(attention, scale)
+    if score_scale is None:
+        return None
+    if route_taken is Route.GPU and tensors[0].device.type == "cpu":
+        tensors = [t.cuda() for t in tensors]
+    out = _launch_call(attention, tensors, extents, score_scale,
+                       route_taken is Route.INTERPRETER)
+    if out is None:
+        return None
+    if numpy_caller:
+        return out.cpu().numpy()
+    return out if given[0].device == out.device else out.to(given[0].device)
+
+
+def _score_scale(attention, scale: float) -> Optional[float]:
+    """The scores' factor with log2(e) folded in, or None where folding it would
+    overflow or underflow float32 where the scale itself does not."""
+    from ...rewrite.online_softmax import ScaleKind
+    with np.errstate(all="ignore"):
+        value = np.float32(scale)
+        folded = value * _LOG2E if attention.scale is ScaleKind.MULTIPLY else \
+            _LOG2E / value if attention.scale is ScaleKind.DIVIDE else _LOG2E
+    if np.isfinite(value) and value != 0 and (not np.isfinite(folded) or folded == 0):
+        return None
+    return float(folded)
+
+
+_LOG2E = np.float32(1.4426950408889634)
+
+
+def _canonical_view(tensor, indices, order, batch_rank: int):
+    """``tensor`` with its axes in ``order`` as (B1, B2, rows, columns) without copying
+    where the batch axes allow (more than two batch axes are merged: a copy where their
+    strides do not allow a view)."""
+    moved = tensor.permute([indices.index(n) for n in order])
+    if batch_rank == 0:
+        return moved[None, None]
+    if batch_rank == 1:
+        return moved[None]
+    return moved.flatten(0, batch_rank - 2)
+
+
+@dataclass(frozen=True)
+class _Plan:
+    """How a call of one signature (the attention, each operand's shape and strides,
+    the dtype) launches when no operand needs a copy: the strides of the canonical
+    views (which start at the operands' own first elements, so the operands are passed
+    as they are), the output's shape, the launch's extents."""
+    strides: Tuple[Tuple[int, int, int, int], ...]     # query, key, value, output
+    out_shape: Tuple[int, ...]
+    batch: Tuple[int, int]
+    extents: Tuple[int, int, int, int]     # rows, keys, dot, features
+
+
+_plans: dict = {}
+_PLANS_KEPT = 256
+
+
+def _direct_plan(attention, tensors, extents) -> Optional[_Plan]:
+    """The call's plan (cached by signature), or None where an operand's batch axes do
+    not merge into a view, the output's would not, or offsets do not fit."""
+    import torch
+    key = (attention, tensors[0].dtype) + tuple(
+        (tuple(t.shape), t.stride()) for t in tensors)
+    if key in _plans:
+        return _plans[key]
+    from ...rewrite.attention_layout import operand_layouts
+    batch_rank = len(attention.batch)
+    views = [_canonical_view(t, indices, order, batch_rank)
+             for t, (order, indices) in zip(tensors, operand_layouts(attention))]
+    out_shape = tuple(extents[n] for n in attention.output_indices)
+    out = torch.empty(out_shape, dtype=torch.int8, device="meta")
+    out_view = _canonical_view(out, attention.output_indices,
+                               attention.batch + (attention.row, attention.feature),
+                               batch_rank)
+    direct = all(v.data_ptr() == t.data_ptr() and v._base is not None
+                 for v, t in zip(views, tensors)) and out_view._base is not None
+    plan = None
+    if direct and all(fits(v.shape, v.stride()) for v in views + [out_view]):
+        q, k, v = views
+        plan = _Plan(tuple(tuple(x.stride()) for x in views + [out_view]), out_shape,
+                     tuple(q.shape[:2]), (q.shape[2], k.shape[2], q.shape[3], v.shape[3]))
+    if len(_plans) >= _PLANS_KEPT:
+        _plans.clear()
+    _plans[key] = plan
+    return plan
+
+
+def _launch_call(attention, tensors, extents, score_scale: float, interpreted: bool):
+    import torch
+    from ...errors import BackendError
+    from ...rewrite.online_softmax import MaskKind
+    from ...rewrite.attention_layout import operand_layouts
+    plan = _direct_plan(attention, tensors, extents)
+    if plan is not None:
+        return _launch(attention, plan, tensors, score_scale, interpreted)
+    batch_rank = len(attention.batch)
+    views = [_canonical_view(t, indices, order, batch_rank)
+             for t, (order, indices) in zip(tensors, operand_layouts(attention))]
+    out_order = attention.batch + (attention.row, attention.feature)
+    out = torch.empty([extents[n] for n in attention.output_indices], dtype=tensors[0].dtype,
+                      device=tensors[0].device)
+    out_view = _canonical_view(out, attention.output_indices, out_order, batch_rank)
+    staged = out_view.untyped_storage().data_ptr() != out.untyped_storage().data_ptr()
+    if staged:       # the output's batch axes do not merge: write canonical, copy once
+        out_view = _canonical_view(torch.empty([extents[n] for n in out_order],
+                                               dtype=out.dtype, device=out.device),
+                                   out_order, out_order, batch_rank)
+    if not all(fits(v.shape, v.stride()) for v in views + [out_view]):
+        return None
+    q, k, v = views
+    mask = {MaskKind.NONE: 0, MaskKind.CAUSAL: 1, MaskKind.STRICT_CAUSAL: 2}[attention.mask]
+    on_gpu = out.device.type == "cuda"
+    try:
+        with torch.cuda.device(out.device) if on_gpu and \
+                out.device.index != torch.cuda.current_device() else contextlib.nullcontext():
+            finite = _finite_check(tensors[2], on_gpu)
+            launch(*(Operand(x, tuple(x.stride())) for x in (q, k, v, out_view)),
+                   tuple(q.shape[:2]), q.shape[2], k.shape[2], q.shape[3], v.shape[3],
+                   score_scale, mask, attention.normalised, interpreted)
+            if not finite():
+                return None      # the result is dropped: the statements run
+    except Exception as error:     # compilation or resources: the kernel's fault
+        raise BackendError(f"the fused Triton attention kernel failed: "
+                           f"{type(error).__name__}: {error}") from error
+    if staged:
+        shaped = out_view.reshape([extents[n] for n in out_order])
+        out.copy_(shaped.permute([out_order.index(n) for n in attention.output_indices]))
+    return out
+
+
+_MASK_MODES = {"none": 0, "j <= i": 1, "j < i": 2}     # MaskKind's values
+
+
+def _launch(attention, plan: _Plan, tensors, score_scale: float, interpreted: bool):
+    """The launch of a cached plan: the operands as they are, with the plan's strides."""
+    import torch
+    from ...errors import BackendError
+    device = tensors[0].device
+    out = torch.empty(plan.out_shape, dtype=tensors[0].dtype, device=device)
+    on_gpu = device.type == "cuda"
+    try:
+        with torch.cuda.device(device) if on_gpu and \
+                device.index != torch.cuda.current_device() else contextlib.nullcontext():
+            finite = _finite_check(tensors[2], on_gpu)
+            launch(*(Operand(x, strides) for x, strides in zip(
+                       (tensors[0], tensors[1], tensors[2], out), plan.strides)),
+                   plan.batch, *plan.extents, score_scale,
+                   _MASK_MODES[attention.mask.value], attention.normalised, interpreted)
+            if not finite():
+                return None      # the result is dropped: the statements run
+    except Exception as error:     # compilation or resources: the kernel's fault
+        raise BackendError(f"the fused Triton attention kernel failed: "
+                           f"{type(error).__name__}: {error}") from error
+    return out
+
+
+def _finite_check(value, on_gpu: bool):
+    """Start checking that ``value`` is all finite; returns the function that gives the
+    answer.  On the GPU the check's flag is copied to pinned host memory behind an
+    event before the attention kernel is queued, so waiting for the answer waits for
+    the check alone, not for the kernel, and the caller's next work overlaps it."""
+    import torch
+    # one reduction over the value instead of torch.isfinite's elementwise passes: a
+    # sum is finite only if every term is (inf and NaN never cancel back to finite);
+    # a finite sum that overflows float32 only sends the call to the statements
+    finite = torch.isfinite(value.sum(dtype=torch.float32))
+    if not on_gpu:
+        return lambda: bool(finite)
+    flag = torch.empty((), dtype=torch.bool, pin_memory=True)
+    flag.copy_(finite, non_blocking=True)
+    copied = torch.cuda.Event()
+    copied.record()
+
+    def answer() -> bool:
+        copied.synchronize()
+        return bool(flag)
+    return answer

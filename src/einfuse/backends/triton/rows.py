@@ -1,0 +1,220 @@
+"""Print and launch a row group (schedule/row_groups.py) as one Triton kernel.
+
+Each program of the grid holds ``ROWS`` whole rows as ``[ROWS, BLOCK]`` register
+tensors: a member with output ``[r, c]`` is such a tensor, a member with output ``[r]``
+(a row's reduction) a ``[ROWS, 1]`` one, so later members broadcast against both as
+written.  Reductions run over the block's columns, the positions past the row's end
+masked to the operation's identity; ``max``/``min`` propagate NaN as the statements do
+(``tl.max`` alone may drop it).  Only the members the group says are stored reach
+memory.  Value expressions print as in the statement kernels (TritonRenderer's
+expression methods: the same helpers, the same correctly rounded float32 division)."""
+
+from __future__ import annotations
+
+import functools
+import math
+import threading
+from dataclasses import dataclass
+from typing import Dict, List, Tuple
+
+from ... import ir
+from ...ir import ReduceOp
+from ...plan.row_group import RowGroup, along_columns, grid_locals
+from ..identifiers import name
+from .backend import _kernel_module, interpreted, launch_guard
+from .elementwise import ELEMENTWISE_HELPERS, TARGET_HELPERS
+from .helpers import HELPERS
+from .render import TritonRenderer
+
+_lock = threading.Lock()
+
+
+class RowRenderer(TritonRenderer):
+    """The expression printer of TritonRenderer over a row group's register tensors
+    (inputs are loaded in their own dtype and converted in registers); ``native``:
+    compiled for a GPU, not interpreted (TritonRenderer's ``native_dot``)."""
+
+    def __init__(self, group: RowGroup, native: bool):   # (no loop-nest program here)
+        self.group = group
+        self.native_dot = native
+        self.T = {"float32": "tl.float32", "float64": "tl.float64"}[group.working]
+        self.shape = "[ROWS, BLOCK]"
+        self.izero, self.omask, self.axes, self.rename = "0", "omask", None, {}
+        self.shared = {node: f"e{n}" for n, node in enumerate(group.shared)}
+        self.named = set()        # shared subexpressions assigned already
+        self.pending: List[str] = []   # their assignments, before the line using them
+        self.grid = grid_locals(group.members)
+
+    def render(self) -> str:
+        group = self.group
+        inputs = [f"t{b}" for b in range(len(group.inputs))]
+        strides = [f"s{b}_{axis}" for b, i in enumerate(group.inputs)
+                   for axis in range(len(i.along_rows))]
+        outputs = [f"o{m.stored}" for m in group.outputs]
+        args = inputs + (["qv"] if group.params else []) + ["M", "N"] + strides + outputs
+        lines = ["@triton.jit",
+                 f"def einfuse_rows({', '.join(args)}, ROWS: tl.constexpr, "
+                 "BLOCK: tl.constexpr):",
+                 "    row = (tl.program_id(0).to(tl.int64) * ROWS + "
+                 "tl.arange(0, ROWS).to(tl.int64))[:, None]",
+                 "    col = tl.arange(0, BLOCK).to(tl.int64)[None, :]",
+                 "    rmask = row < M",
+                 "    cmask = col < N",
+                 "    omask = rmask & cmask"]
+        for number, member in enumerate(group.members):
+            for reduction in member.reductions:
+                lines += self.reduction(reduction)
+            self.shape = "[ROWS, BLOCK]" if member.grid else "[ROWS, 1]"
+            value = f"m{int(number)}"
+            text = self.widen(self.expr(member.value))
+            lines += self.flushed() + [f"    {value} = {text}"]
+            if member.stored is not None:
+                out = f"o{int(member.stored)}"
+                if member.grid:
+                    lines.append(f"    tl.store({out} + row * N + col, {value}, mask=omask)")
+                else:
+                    lines.append(f"    tl.store({out} + row, {value}, mask=rmask)")
+        return "import triton\nimport triton.language as tl\n" + HELPERS + \
+            TARGET_HELPERS[self.native_dot] + ELEMENTWISE_HELPERS + "\n\n" + \
+            "\n".join(lines) + "\n"
+
+    def reduction(self, reduction) -> List[str]:
+        self.shape = "[ROWS, BLOCK]"
+        acc, body = name(reduction.acc), self.widen(self.expr(reduction.body))
+        if reduction.op == ReduceOp.SUM:
+            return self.flushed() + [
+                f"    {acc} = tl.sum(tl.where(omask, {body}, 0.0), axis=1)[:, None]"]
+        fill = 'float("-inf")' if reduction.op == ReduceOp.MAX else 'float("inf")'
+        return self.flushed() + [
+                f"    v_ = tl.where(omask, {body}, {fill})",
+                f"    {acc} = tl.where(tl.sum((v_ != v_).to(tl.int32), axis=1)[:, None] > 0, "
+                f"float(\"nan\"), tl.{reduction.op}(v_, axis=1)[:, None])"]
+
+    def expr(self, node: ir.Expr) -> str:
+        label = self.shared.get(node)
+        if label is None:
+            return self.shaped(node)
+        if label not in self.named:
+            text = self.shaped(node)
+            self.named.add(label)
+            self.pending.append(f"    {label} = {text}")
+        return label
+
+    def shaped(self, node: ir.Expr) -> str:
+        """``node`` printed with its operands widened to a block where it varies along
+        the columns and to one value per row where it does not (a row's sqrt(v + eps)
+        is taken once, not once per column)."""
+        saved = self.shape
+        self.shape = "[ROWS, BLOCK]" if along_columns(node, self.grid) else "[ROWS, 1]"
+        try:
+            return super().expr(node)
+        finally:
+            self.shape = saved
+
+    def flushed(self) -> List[str]:
+        lines, self.pending = self.pending, []
+        return lines
+
+    def expr_Load(self, node: ir.Load) -> str:
+        buffer = int(node.buffer)
+        counters = [sub.affine.names[0] for sub in node.subscripts]
+        address = " + ".join(f"{name(c)} * {name(sub.stride)}"
+                             for c, sub in zip(counters, node.subscripts))
+        if not counters:
+            return f"tl.load(t{buffer}).to({self.T})"
+        mask = {frozenset({"row"}): "rmask", frozenset({"col"}): "cmask"}.get(
+            frozenset(counters), "omask")
+        return f"tl.load(t{buffer} + {address}, mask={mask}, other=0).to({self.T})"
+
+    def expr_Const(self, node: ir.Const) -> str:
+        # a tensor of the working dtype, not a Python number: an operation on constants
+        # alone would be Python's (1.25 / 0.0 raised ZeroDivisionError, (0.5 <= 1) gave
+        # a bool with no .to), and where(c, 0.1, 0.3) gave float32 values in a float64
+        # group
+        value = float(node.value)
+        if value == 0 and math.copysign(1.0, value) < 0:    # (a zero is built as +0.0)
+            return f"(-tl.full([1, 1], 0.0, {self.T}))"
+        return f"tl.full([1, 1], {self.literal(value)}, {self.T})"
+
+    def expr_IndexValue(self, node: ir.IndexValue) -> str:
+        return f"{name(node.value.names[0])}.to({self.T})"
+
+    def expr_Local(self, node: ir.Local) -> str:
+        return name(node.name)
+
+    def expr_AccValue(self, node: ir.AccValue) -> str:
+        return name(node.acc)
+
+
+def source(group: RowGroup) -> str:
+    """The kernel's Triton source as this machine would compile it (explain)."""
+    return RowRenderer(group, not interpreted()).render()
+
+
+@functools.lru_cache(maxsize=256)
+def compiled(group: RowGroup, native: bool):
+    """The @triton.jit kernel of ``group`` (printed and imported once per group)."""
+    _, module = _kernel_module(RowRenderer(group, native).render())
+    return module.einfuse_rows
+
+
+@dataclass(frozen=True)
+class RowRunner:
+    """A group's launch for one call signature: the kernel, its grid and the extents
+    (M rows, N columns); each input's strides are read at each call, from the tensor
+    passed to the kernel."""
+    group: RowGroup
+    kernel: object
+    grid: Tuple[int]
+    extents: Tuple[int, int]
+    device: object
+    dtypes: Tuple[object, ...]       # per input: the dtype it is passed in
+
+    def __call__(self, env: Dict[str, object]) -> None:
+        import torch
+        group = self.group
+        tensors, strides = [], []
+        for spec, dtype in zip(group.inputs, self.dtypes):
+            tensor = env[spec.key].detach()
+            if tensor.is_neg():    # a lazily negated view (z.conj().imag): its values
+                tensor = tensor.resolve_neg()
+            if tensor.dtype != dtype:
+                tensor = tensor.to(dtype)
+            tensors.append(tensor)
+            # (a converted or resolved copy of a strided slice is laid out anew: the
+            # kernel reads it with its own strides, not the argument's)
+            strides += tensor.stride()
+        working = getattr(torch, group.working)
+        params = [torch.tensor([float(env[p]) for p in group.params], dtype=working,
+                               device=self.device)] if group.params else []
+        outs = [torch.empty(m.shape, dtype=working, device=self.device)
+                for m in group.outputs]
+        if self.grid[0]:
+            launch = group.launch
+            # (launches take turns as the statements' do: triton_backend.launch_guard)
+            with launch_guard(("rows", self.kernel, self.dtypes, tuple(strides))):
+                self.kernel[self.grid](*tensors, *params, *self.extents, *strides, *outs,
+                                       ROWS=launch.rows, BLOCK=launch.block,
+                                       num_warps=launch.warps)
+        for member, out in zip(group.outputs, outs):
+            env[member.key] = out
+
+
+def runner(group: RowGroup, env: Dict[str, object]) -> RowRunner:
+    """The launch of ``group`` on arrays laid out as ``env``'s."""
+    import torch
+    import triton
+    rows, columns = group.extents
+    dtypes, device = [], None
+    working = getattr(torch, group.working)
+    for spec in group.inputs:
+        tensor = env[spec.key]
+        device = tensor.device
+        # bool and integer values are computed as floats (as triton_backend passes them)
+        dtypes.append(tensor.dtype if tensor.dtype.is_floating_point else working)
+    if device is None:
+        device = next(v.device for v in env.values() if isinstance(v, torch.Tensor))
+    with _lock:
+        kernel = compiled(group, not interpreted())
+    return RowRunner(group, kernel, (triton.cdiv(rows, group.launch.rows),),
+                     (rows, columns), device, tuple(dtypes))

@@ -1,0 +1,214 @@
+"""The text of ``ef.explain(..., mesh=, shard=)``: the assignment, each statement's
+per-device shapes and FLOPs, every collective with the bytes each device sends, the
+modelled cost, and the alternatives side by side with the cheapest named."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import List, Optional, Sequence
+
+from ..analysis.cost import bytes_text, count_text
+from ..analysis.placeholders import program_placeholders, statement_placeholders
+from ..errors import EinfuseError, OptionError, attach_statement
+from ..program import Program
+from ..sharding.api import Choice, check_options, choose, shape_values, statements_of
+from ..sharding.cost import CostModel, plan_cost, seconds_text
+from ..sharding.layout import MoveKind
+from ..sharding.planner import ShardPlan, StatementPlan
+
+ALTERNATIVES_SHOWN = 6
+
+
+def _shape(shape) -> str:
+    return "x".join(str(s) for s in shape) or "()"
+
+
+def collectives_text(plan: ShardPlan) -> str:
+    kinds = [m.kind.value for m in plan.collectives]
+    if not kinds:
+        return "none"
+    counted = {k: kinds.count(k) for k in dict.fromkeys(kinds)}
+    return ", ".join(f"{n} {k}" for k, n in counted.items())
+
+
+@dataclass
+class ShardingExplanation:
+    statements: Sequence[str]
+    choice: Choice
+    model: CostModel
+
+    @property
+    def plan(self) -> ShardPlan:
+        return self.choice.plan
+
+    @property
+    def collectives(self):
+        """The collectives of the chosen plan (``Move`` objects: kind, tensor, mesh axes,
+        per-device operand and result shapes, ``bytes_sent``)."""
+        return self.plan.collectives
+
+    @property
+    def cheapest(self) -> ShardPlan:
+        return self.choice.search.best.plan
+
+    def __str__(self) -> str:
+        plan, mesh = self.plan, self.plan.mesh
+        search = self.choice.search
+        how = {"given": "as given by shard=",
+               "default": "default: each index named like a mesh axis goes on it",
+               "auto": f"shard='auto': the cheapest of {search.tried} tried "
+                       f"({'every assignment' if search.exhaustive else 'greedy search'})"}
+        out = [f"Sharded on mesh {mesh} ({mesh.size()} devices)",
+               f"Assignment: {plan.assignment}   ({how[self.choice.how]})", "",
+               "Inputs ([-, x]: axis 0 whole, axis 1 split over mesh axis x; each device "
+               "holds its block)"]
+        rows = [[name, plan.tensor(name).dtype, _shape(plan.tensor(name).shape), str(place),
+                 "per device " + _shape(place.local_shape(plan.tensor(name).shape, mesh))]
+                for name, place in plan.inputs]
+        out += ["  " + line for line in _table(rows)] if rows else ["  none"]
+        out += ["", "Steps, in order (what every device does)"]
+        number = 0
+        for step in plan.steps:
+            if isinstance(step, StatementPlan):
+                out += self._statement(step)
+            elif step.kind is MoveKind.SLICE:
+                out.append(f"  - local slice: {step.tensor} {step.source} -> {step.target}, "
+                           f"per device {_shape(step.result_shape)} (no communication)")
+            else:
+                number += 1
+                op = f" ({step.op})" if step.op else ""
+                out.append(f"  * collective {number}: {step.kind.value}{op} of {step.tensor} "
+                           f"over {'*'.join(step.mesh_axes)} ({step.group} devices): "
+                           f"operand {plan.tensor(step.tensor).dtype} "
+                           f"{_shape(step.operand_shape)} ({bytes_text(step.operand_bytes)}) -> "
+                           f"{_shape(step.result_shape)}; each device sends "
+                           f"{bytes_text(step.bytes_sent)}   [{step.reason}]")
+        out += ["", "Results"]
+        for name, place in plan.outputs:
+            shape = plan.tensor(name).shape
+            out.append(f"  {name} {_shape(shape)} at {place}, per device "
+                       f"{_shape(place.local_shape(shape, mesh))}")
+        cost = plan_cost(plan, self.model)
+        whole = sum(s.flops for s in plan.statements)
+        out += ["", "Per device",
+                f"  FLOPs        {count_text(plan.local_flops)} (one device alone: "
+                f"{count_text(whole)})",
+                f"  collectives  {collectives_text(plan)}",
+                f"  bytes sent   {bytes_text(plan.bytes_sent)}",
+                f"  model        {seconds_text(cost.compute_seconds)} compute + "
+                f"{seconds_text(cost.communication_seconds)} communication = "
+                f"{seconds_text(cost.seconds)}"]
+        out += ["", "Alternatives (the model's cost per device, cheapest first; inputs/device: "
+                    "the input blocks each device holds, which the model does not price)"]
+        out += ["  " + line for line in _table(self._alternatives())]
+        best = self.cheapest
+        if plan_cost(plan, self.model).seconds <= plan_cost(best, self.model).seconds:
+            out.append("  Cheapest: the plan above" + (
+                "" if best.assignment == plan.assignment else
+                f" (tied with {best.assignment})"))
+        else:
+            saving = plan_cost(plan, self.model).seconds / max(
+                plan_cost(best, self.model).seconds, 1e-30)
+            out.append(f"  Cheapest: {best.assignment} ({saving:.2f}x less than the plan "
+                       "above by the model)")
+        m = self.model
+        out += ["", f"Cost model: FLOPs / {m.flops_per_second:.3g} FLOP/s + per collective "
+                    f"{seconds_text(m.latency_seconds)} + bytes sent / "
+                    f"{m.bytes_per_second:.3g} B/s (einfuse.sharding.CostModel; "
+                    "cost_model= to change)"]
+        return "\n".join(out)
+
+    def _statement(self, step: StatementPlan) -> List[str]:
+        mesh = self.plan.mesh
+        lines = [f"  {step.number}. {step.text.strip()}"]
+        split = str(step.split) if step.split.pairs else "nothing (every device computes " \
+                                                          "all of it)"
+        lines.append(f"     splits {split}; FLOPs per device {count_text(step.local_flops)} "
+                     f"of {count_text(step.flops)}")
+        reads = ", ".join(f"{n} {_shape(p.local_shape(self.plan.tensor(n).shape, mesh))}"
+                          for n, p in step.reads)
+        lines.append(f"     reads {reads or 'nothing'}; writes {step.output} "
+                     f"{_shape(step.local_output_shape)} per device at "
+                     f"{step.output_placement}")
+        for name in step.deferred:
+            lines.append(f"     {name} is a partial sum and this statement is linear in it: "
+                         "its reduction moves past this statement")
+        lines += [f"     note: {n}" for n in step.notes]
+        return lines
+
+    def _alternatives(self) -> List[List[str]]:
+        rows = [["assignment", "FLOPs/device", "collectives", "sent/device",
+                 "inputs/device", "model time"]]
+        shown, seen = [], set()
+        for plan in [self.plan] + [c.plan for c in self.choice.search.ranked]:
+            # assignments whose statements split the same indices are one plan
+            same = tuple(s.split for s in plan.statements)
+            if same not in seen:
+                seen.add(same)
+                shown.append(plan)
+        for plan in shown[:ALTERNATIVES_SHOWN]:
+            label = str(plan.assignment) if plan.assignment.pairs else "nothing sharded"
+            if plan is self.plan:
+                label += "  (this plan)"
+            rows.append([label, count_text(plan.local_flops), collectives_text(plan),
+                         bytes_text(plan.bytes_sent), bytes_text(plan.input_bytes),
+                         seconds_text(plan_cost(plan, self.model).seconds)])
+        return rows
+
+
+def _table(rows) -> List[str]:
+    widths = [max(len(r[c]) for r in rows) for c in range(len(rows[0]))]
+    return ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in rows]
+
+
+def explain_sharded(compiled, args, arrays, shapes, mesh, shard, cost_model=None,
+                    extras=False):
+    """``ef.explain`` with ``mesh=``; ``extras``: gradients= or source= was asked for,
+    which the sharded explanation does not show."""
+    if extras:
+        source = getattr(compiled, "source", None)
+        raise attach_statement(OptionError(
+            "explain with mesh= shows the plan on the mesh, not gradients= or source=; "
+            "ask for those without mesh="), source if isinstance(source, str)
+            else compiled.statement)
+    return _explain(compiled, args, arrays, shapes, mesh, shard, cost_model)
+
+
+def _explain(compiled, args, arrays, shapes, mesh, shard,
+             cost_model: Optional[CostModel]):
+    """``ef.explain(..., mesh=, shard=)``."""
+    mesh_info = check_options(mesh, shard)
+    model = _model(cost_model)
+    program = statements_of(compiled)
+    values = dict(zip(program.inputs, args))
+    values.update(arrays.pop("arrays", None) or {})
+    values.update(arrays)
+    if shapes:
+        values = {**_placeholders(compiled, shapes), **values}
+    if not values and program.inputs:
+        raise attach_statement(OptionError(
+            "explain with mesh= needs the arrays or shapes= (per-device shapes, FLOPs and "
+            "collectives depend on them)"), program.source)
+    for name in program.params:
+        values.setdefault(name, 1.0)
+    choice = choose(program, shape_values(values), mesh_info, shard, model)
+    return ShardingExplanation(program.texts, choice, model)
+
+
+def _model(cost_model) -> CostModel:
+    if cost_model is None:
+        return CostModel()
+    if not isinstance(cost_model, CostModel):
+        raise OptionError(f"cost_model= takes an einfuse.sharding.CostModel, not "
+                          f"{type(cost_model).__name__}")
+    return cost_model
+
+
+def _placeholders(compiled, shapes) -> dict:
+    try:
+        if isinstance(compiled, Program):
+            return program_placeholders(compiled, shapes)
+        return statement_placeholders(compiled.spec, shapes)
+    except EinfuseError as error:
+        source = compiled.source if isinstance(compiled, Program) else compiled.statement
+        raise attach_statement(error, source) from None

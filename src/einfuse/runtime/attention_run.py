@@ -1,0 +1,75 @@
+"""Running a recognised attention pattern's hand-written kernels, the pieces the fused
+path (attention.py) and the recorded one (attention_autograd.py) share: torch inputs
+as the kernels take them, the Triton call's scale, the C kernel's call."""
+
+from __future__ import annotations
+
+from typing import Dict, Optional
+
+import numpy as np
+
+from ..analysis.frameworks import to_numpy
+from ..errors import AllocationError
+from ..rewrite.attention_layout import MASK_MODES, SCALE_MODES, Canonical, call_scale
+from ..rewrite.online_softmax import Attention
+
+
+def torch_inputs(attention: Attention, named: Dict[str, object]) -> Optional[Dict[str, object]]:
+    """``named`` with the query, key and value as NumPy views of CPU torch tensors (and a
+    0-d tensor scale as a number), or None: a tensor on a device, or one autograd must
+    record (its gradient needs the statements), runs the statements one by one."""
+    import torch
+    views = dict(named)
+    recording = torch.is_grad_enabled() and not torch.is_inference_mode_enabled()
+    for name in (attention.query, attention.key, attention.value):
+        tensor = named.get(name)
+        if not isinstance(tensor, torch.Tensor) or tensor.device.type != "cpu" or \
+                tensor.layout != torch.strided or tensor.is_nested or \
+                torch._C._functorch.is_functorch_wrapped_tensor(tensor) or \
+                tensor.dtype not in (torch.float32, torch.float64) or \
+                (recording and tensor.requires_grad):
+            return None     # (sparse, nested, torch.func: the statements say why not)
+        views[name] = to_numpy(tensor)      # (a negative-bit view: its values)
+    scale = named.get(attention.scale_param) if attention.scale_param else None
+    if isinstance(scale, torch.Tensor):
+        if scale.ndim != 0 or scale.device.type != "cpu" or (recording and
+                                                               scale.requires_grad) \
+                or scale.dtype != named[attention.query].dtype:
+            return None
+        views[attention.scale_param] = scale.item()
+    return views
+
+
+def triton_scale(attention: Attention, named: Dict[str, object], query) -> Optional[float]:
+    """call_scale for a torch query: a 0-d tensor scale of the query's dtype is read as
+    a number (autograd does not record it: recording calls never get here)."""
+    import torch
+    from ..analysis.frameworks import numpy_dtype
+    value = named.get(attention.scale_param) if attention.scale_param else None
+    if isinstance(value, torch.Tensor):
+        if value.ndim != 0 or value.dtype != query.dtype:
+            return None
+        named = {**named, attention.scale_param: value.item()}
+    return call_scale(attention, named, numpy_dtype(query))
+
+
+def run_c(attention: Attention, arrays: Canonical, threads: int,
+           lse: Optional[np.ndarray] = None) -> Optional[np.ndarray]:
+    """The output in canonical layout, or None for a value with inf or NaN; ``lse``
+    (G, NQ), when given, receives each row's log-sum-exp of its scores."""
+    from ..backends.c import attention as c_attention     # (built on first use)
+    q, k, v = arrays.query, arrays.key, arrays.value
+    attend, finite = c_attention.functions(q.dtype)
+    if not finite(v.ctypes.data, v.size, threads):
+        return None
+    groups, rows, dot = q.shape
+    keys, features = v.shape[1], v.shape[2]
+    out = np.empty((groups, rows, features), q.dtype)
+    failed = attend(q.ctypes.data, k.ctypes.data, v.ctypes.data, out.ctypes.data,
+                    None if lse is None else lse.ctypes.data, groups,
+                    rows, keys, dot, features, arrays.scale, SCALE_MODES[attention.scale],
+                    MASK_MODES[attention.mask], int(attention.normalised), threads)
+    if failed:
+        raise AllocationError("the attention kernel could not allocate its per-thread "
+                              "blocks")
+    return out

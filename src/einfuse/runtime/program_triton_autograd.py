@@ -1,0 +1,200 @@
+"""A program (or a statement's hoisted form) on the Triton backend as one torch autograd
+node: the GPU's counterpart of program/autograd.py.
+
+Recorded statement by statement, a softmax program on CUDA tensors is three autograd
+nodes, its forward three Triton kernels (one per statement, each intermediate written
+out and read back) and its backward the gradient statements of each node.  Here the
+forward runs with nothing recorded, so its row groups run as one Triton kernel each
+(schedule/row_groups.py), keeping only the outputs and the intermediates the backward
+reads; the backward runs the program's backward (autodiff/backward.py: every wanted
+input in one sweep, softmax's ``P * (dP - sum(dP * P))``) on the tensors, its own row
+groups fused the same way.  A backward that must itself be differentiable
+(``create_graph=True``) recomputes the forward statement by statement on the saved
+tensors and differentiates that graph, as the CPU node does.
+
+Used for CUDA tensors (one device; CPU tensors only under ``TRITON_INTERPRET=1`` with
+``backend="triton"``, how the tests check it) of float32/float64 where autograd records
+the call, when every statement is a ':=' statement, the backward can be derived and
+needs no scatter (a gather's gradient: it runs statement by statement, as before)."""
+
+from __future__ import annotations
+
+import threading
+from typing import Dict, Optional, Tuple
+
+import numpy as np
+import torch
+
+from .run_groups import run_statements
+from .signatures import signature_of
+from .torch_autograd import refuse_in_transform, save_tensors, saved_tensors
+from ..analysis.frameworks import torch_recording as recording
+from .program_calls import differentiable_inputs, remember_call, shaped_like
+from .program_backward import PLANS_KEPT, BackwardRun
+
+
+def triton_route(env: Dict[str, object], backend: str) -> bool:
+    """Whether a call on ``env`` runs on the Triton backend: torch tensors of one CUDA
+    device with ``backend="auto"`` or ``"triton"``, or, under the interpreter, CPU
+    tensors with ``backend="triton"``."""
+    from ..backends.triton import backend as triton_backend
+    if backend not in ("auto", "triton"):
+        return False
+    devices = {v.device for v in env.values() if isinstance(v, torch.Tensor)}
+    if len(devices) != 1:
+        return False
+    device = next(iter(devices))
+    if device.type == "cuda":
+        return triton_backend.available()
+    return device.type == "cpu" and backend == "triton" and triton_backend.interpreted()
+
+
+def recorded(owner, kernels, env: Dict[str, object], backend: str) -> Optional[Tuple]:
+    """The outputs of ``kernels`` on ``env`` as one recorded autograd node, or None where
+    this call keeps the statement-by-statement path (grad mode off too: the caller's
+    path then runs the statements fused, unrecorded)."""
+    if not recording() or any(k.spec.assign != ":=" for k in kernels):
+        return None
+    names = differentiable_inputs(env)
+    if not names:
+        return None
+    found = owner.backward_for(tuple(names), kernels)
+    if found is None:
+        return None
+    call = TritonCall(owner, tuple(kernels), tuple(names), env, found, backend)
+    remember_call(owner, signature_of(env), call)
+    return call.apply(env)
+
+
+class TritonCall:
+    """A recorded call of one signature (names, shapes, dtypes, strides, devices,
+    requires_grad): what the forward keeps, and the backward planned per layout of the
+    output gradients.  ``apply`` is also the holder's fast path for a repeated call."""
+
+    def __init__(self, owner, kernels: Tuple, names: Tuple[str, ...], env, found,
+                 backend: str):
+        backward, saved, recompute = found
+        self.kernels, self.outputs, self.backend = kernels, owner.outputs, backend
+        self.names = names
+        tensors = tuple(n for n, v in env.items() if isinstance(v, torch.Tensor))
+        self.others = tuple(n for n in tensors if n not in names)
+        self.passed = names + self.others
+        self.scalars = tuple(n for n in env if n not in tensors)
+        self.backward, self.recompute = backward, recompute
+        self.keep = frozenset(self.outputs) | frozenset(saved)
+        self.kept = tuple(n for n in saved if n not in self.outputs)
+        self.shaped = tuple(n for n in backward.shaped if n not in self.kept and
+                            n not in env and n not in self.outputs)
+        self.input_shapes = tuple((tuple(env[n].shape), env[n].dtype) for n in names)
+        self.runs: dict = {}          # the forward's prepared runs (run_statements)
+        self._backwards: Dict[Tuple, BackwardRun] = {}
+        self._placeholders: Optional[Dict[str, object]] = None
+        self._lock = threading.Lock()
+
+    def apply(self, env: Dict[str, object]):
+        if not recording():
+            return None
+        refuse_in_transform(self.names)
+        scalars = {name: env[name] for name in self.scalars}
+        return TritonProgramFunction.apply((self, scalars), *[env[n] for n in self.passed])
+
+    def forward(self, env: Dict[str, object]) -> None:
+        run_statements(self.kernels, env, "torch", keep=set(self.keep), runs=self.runs)
+
+    def placeholders(self, env: Dict[str, object]) -> Dict[str, object]:
+        """Tensors of the shapes (and dtypes) of the intermediates whose shape alone the
+        backward needs, on the forward's device: one element of memory each."""
+        if self._placeholders is None:
+            from ..analysis.frameworks import tensor_placeholder
+            device = next(v.device for v in env.values() if isinstance(v, torch.Tensor))
+            self._placeholders = {
+                name: tensor_placeholder(
+                    value.shape, torch.from_numpy(np.empty(0, value.dtype)).dtype, device)
+                for name, value in shaped_like(self.kernels, env, self.shaped).items()}
+        return self._placeholders
+
+    def gradients(self, env: Dict[str, object], grads, wanted) -> Tuple:
+        """The wanted inputs' gradients (None for the others) from the program's
+        backward on ``env`` (the saved tensors and scalars) and the outputs' ``grads``."""
+        for name, seed in zip(self.backward.outputs, self.backward.seeds):
+            grad = grads[self.outputs.index(name)]
+            value = env[name]
+            if grad is None or not value.dtype.is_floating_point:
+                grad = torch.zeros(value.shape, dtype=value.dtype if
+                                   value.dtype.is_floating_point else torch.float32,
+                                   device=value.device)
+            env[seed] = grad
+        key = tuple((tuple(env[s].shape), env[s].dtype, env[s].stride())
+                    for s in self.backward.seeds)
+        run = self._backwards.get(key)
+        if run is None:
+            run = BackwardRun(self.backward, env, self.backend, self.recompute, "torch")
+            with self._lock:
+                if len(self._backwards) >= PLANS_KEPT:
+                    self._backwards.clear()
+                self._backwards[key] = run
+        values = run(env)
+        result = []
+        for number, name in enumerate(self.names):
+            value = values.get(name)
+            if value is None or not wanted[number]:
+                result.append(None)
+                continue
+            shape, dtype = self.input_shapes[number]
+            result.append(torch.as_tensor(value).to(dtype).reshape(shape))
+        return tuple(result)
+
+
+class TritonProgramFunction(torch.autograd.Function):
+    """The autograd node of a program's call on the Triton backend: the recorded inputs
+    and then every other tensor of the call are passed (and saved, so that torch's
+    version check refuses a backward after one was modified in place)."""
+
+    @staticmethod
+    def forward(ctx, state, *tensors):
+        call, scalars = state
+        env = dict(scalars)
+        env.update(zip(call.passed, (t.detach() for t in tensors)))
+        call.forward(env)
+        outputs = tuple(env[name] for name in call.outputs)
+        for output in outputs:
+            if not output.dtype.is_floating_point:
+                ctx.mark_non_differentiable(output)
+        ctx.state = state
+        ctx.kept = {name: env[name] for name in call.kept}
+        ctx.shaped = call.placeholders(env) if call.shaped else {}
+        save_tensors(ctx, (*tensors, *outputs))
+        return outputs
+
+    @staticmethod
+    def backward(ctx, *grads):
+        call, scalars = ctx.state
+        saved = saved_tensors(ctx)
+        tensors, outputs = saved[:len(call.passed)], saved[len(call.passed):]
+        wanted = ctx.needs_input_grad[1:1 + len(call.names)]
+        extra = (None,) * len(call.others)
+        if torch.is_grad_enabled():      # create_graph=True: a differentiable backward
+            found = _differentiable(call, scalars, tensors, grads, wanted)
+            return (None,) + tuple(found.get(name) for name in call.names) + extra
+        env = dict(scalars)
+        env.update(zip(call.passed, (t.detach() for t in tensors)))
+        env.update(zip(call.outputs, (o.detach() for o in outputs)))
+        env.update(ctx.kept)
+        env.update(ctx.shaped)
+        return (None,) + call.gradients(env, grads, wanted) + extra
+
+
+def _differentiable(call: TritonCall, scalars, tensors, grads, wanted):
+    """The forward again, statement by statement with autograd recording (each
+    statement its own node), differentiated with ``create_graph=True``."""
+    chosen = [name for name, needed in zip(call.names, wanted) if needed]
+    with torch.enable_grad():
+        env = dict(scalars)
+        env.update(zip(call.passed, tensors))
+        run_statements(call.kernels, env, "torch", keep=set(call.outputs))
+        outputs = [env[name] for name in call.outputs]
+        pairs = [(o, g) for o, g in zip(outputs, grads) if o.requires_grad and g is not None]
+        found = torch.autograd.grad([o for o, _ in pairs], [env[n] for n in chosen],
+                                    [g for _, g in pairs], create_graph=True,
+                                    allow_unused=True)
+    return {name: value for name, value in zip(chosen, found) if value is not None}

@@ -1,0 +1,18 @@
+"""Route facts the schedule decides before anything runs: which backend runs a bound
+call.  (The rest of the route -- BLAS or loop nest, the host fallback -- is still asked
+of the backends themselves; docs/architecture.md names that gap.)"""
+
+from __future__ import annotations
+
+from ..analysis.binding import BoundCall
+from ..analysis.frameworks import TORCH
+from ..backends.triton.backend import available
+
+
+def backend_name(requested: str, call: BoundCall) -> str:
+    """``auto`` means Triton for CUDA tensors (when Triton is there), else C or NumPy."""
+    if requested == "auto" and call.framework == TORCH and any(
+            getattr(value, "is_cuda", False) for value in (call.sources or {}).values()):
+        if available():
+            return "triton"
+    return requested
