@@ -85,7 +85,8 @@ class ShardedComputation:
             self._functions.pop(next(iter(self._functions)))
         from .execute import run_eager_checked
         results = run_eager_checked(function, tuple(values[n] for n in tensors + scalars),
-                                    lambda: self.compiled(**values))
+                                    lambda: self.compiled(**values),
+                                    self.program.source)
         return results[0] if len(results) == 1 else tuple(results)
 
     def _named(self, args, kwargs) -> dict:
