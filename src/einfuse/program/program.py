@@ -19,7 +19,7 @@ from ..analysis.options import Options, option_error, shown
 from ..errors import (EinfuseError, EinfuseNameError, EinfuseSyntaxError, MissingArgumentError,
                       UnexpectedArgumentError, attach_statement, did_you_mean)
 from ..runtime.attention import program_attention, run_fused_attention
-from ..runtime.frameworks import common_framework, from_numpy, torch_compiling
+from ..runtime.frameworks import common_framework, from_numpy, has_dtensor, torch_compiling
 from ..runtime.repeat import signature_of
 from ..schedule import run_statements
 from .split import StatementText, split_program
@@ -90,6 +90,9 @@ class Program:
             if results is not None:
                 return results[0] if len(results) == 1 else results
         env = self._named(args, kwargs, arrays)
+        if has_dtensor((), env):     # torch.distributed.tensor: docs/sharding.md
+            from ..sharding.dtensor import run_on_dtensors
+            return run_on_dtensors(self, env)
         try:     # one framework per call, even where no statement reads two of them
             framework = common_framework(env)
         except EinfuseError as error:

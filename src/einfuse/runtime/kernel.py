@@ -24,7 +24,7 @@ from ..lang.printer import format_statement
 from .attention import run_before_binding, run_fused_attention, statement_attention
 from .binding import BoundCall, bind_call, bind_names
 from .frameworks import (JAX, NUMPY, TORCH, common_framework, contiguous, framework_of,
-                         from_numpy, numpy_dtype, torch_compiling)
+                         from_numpy, has_dtensor, numpy_dtype, torch_compiling)
 from .hoisted import HoistedForm, hoisted_form, run_hoisted
 from .keywords import check_named, keyword_options
 from .repeat import run_first, signature_of
@@ -128,6 +128,9 @@ class Kernel:
                 return runner(given)
         try:
             kwargs = self._named(args, kwargs, arrays)
+            if has_dtensor(args, kwargs):     # torch.distributed.tensor: docs/sharding.md
+                from ..sharding.dtensor import run_on_dtensors
+                return run_on_dtensors(self, bind_names(self.spec, args, kwargs))
             early = run_before_binding(self, args, kwargs)    # attention on the GPU
             if early is not None:
                 return early

@@ -6,10 +6,12 @@ from __future__ import annotations
 
 import numbers
 from dataclasses import dataclass
-from typing import Mapping, Optional, Tuple
+from typing import Dict, Mapping, Optional, Tuple
 
 
 from ..errors import EinfuseError, OptionError, attach_statement
+from ..lang.ast import accesses
+from ..runtime.frameworks import has_dtensor
 from .cost import CostModel
 from .mesh import Assignment, MeshShape, assignment_from, mesh_shape
 from .planner import ShardPlan, bind_statements, plan_program
@@ -69,12 +71,13 @@ def check_options(mesh, shard) -> MeshShape:
 
 
 def choose(program: Statements, values: Mapping[str, object], mesh: MeshShape, shard,
-           model: CostModel, rank: bool = True) -> Choice:
+           model: CostModel, rank: bool = True, narrow: bool = True) -> Choice:
     """The plan for ``shard`` (a dict, None for the default, or "auto") and, with
     ``rank`` or for "auto", the ranked alternatives, for inputs of these shapes
-    (``values``: arrays or placeholders)."""
+    (``values``: arrays or placeholders); ``narrow``: dtypes as JAX runs them
+    (planner.run_dtype), not for torch."""
     try:
-        bound, shapes = bind_statements(program.kernels, program.texts, values)
+        bound, shapes = bind_statements(program.kernels, program.texts, values, narrow)
     except EinfuseError as error:
         raise attach_statement(error, program.source) from None
 
@@ -101,6 +104,30 @@ def shape_values(values: Mapping[str, object]) -> dict:
             for name, value in values.items()}
 
 
+def shard_of_inputs(program: Statements, values, mesh: MeshShape) -> dict:
+    """index -> mesh axes, read off the DTensor inputs' ``Shard`` placements: the index
+    a statement's first read of the input subscripts at that tensor axis (an index or
+    mesh axis already taken is left as it is; the run redistributes that input)."""
+    found: Dict[str, Tuple[str, ...]] = {}
+    taken = set()
+    for kernel in program.kernels:
+        for access in accesses(kernel.spec.rhs):
+            per_axis: Dict[int, list] = {}
+            for m, place in enumerate(getattr(values.get(access.tensor), "placements", ())
+                                      if has_dtensor((values.get(access.tensor),), {})
+                                      else ()):
+                if place.is_shard():
+                    per_axis.setdefault(place.dim, []).append(mesh.names[m])
+            for axis, axes in per_axis.items():
+                index = access.indices[axis].plain_index if axis < len(access.indices) \
+                    else None
+                if index is None or index in found or taken & set(axes):
+                    continue
+                found[index] = tuple(axes)
+                taken |= set(axes)
+    return found
+
+
 def explain_sharded(compiled, args, arrays, shapes, mesh, shard,
                     cost_model: Optional[CostModel]):
     """``ef.explain(..., mesh=, shard=)``."""
@@ -119,7 +146,11 @@ def explain_sharded(compiled, args, arrays, shapes, mesh, shard,
             "collectives depend on them)"), program.source)
     for name in program.params:
         values.setdefault(name, 1.0)
-    choice = choose(program, shape_values(values), mesh_info, shard, model)
+    torch_mesh = hasattr(mesh, "mesh_dim_names")      # a torch DeviceMesh (mesh.py)
+    if shard is None and torch_mesh:
+        shard = shard_of_inputs(program, values, mesh_info)
+    choice = choose(program, shape_values(values), mesh_info, shard, model,
+                    narrow=not torch_mesh)
     return ShardingExplanation(program.texts, choice, model)
 
 
@@ -146,4 +177,4 @@ def _placeholders(compiled, shapes) -> dict:
 
 
 __all__ = ["AUTO", "Choice", "Statements", "check_options", "choose", "explain_sharded",
-           "shape_values", "statements_of"]
+           "shard_of_inputs", "shape_values", "statements_of"]

@@ -11,6 +11,7 @@ from ..errors import EinfuseError, EinfuseTypeError, attach_statement
 from ..runtime.frameworks import JAX, framework_of
 from .api import check_options, choose, shape_values, statements_of
 from .cost import CostModel
+from .dtensor import DTensorRun, any_dtensor, is_device_mesh
 from .mesh import MeshShape
 from .planner import ShardPlan
 
@@ -55,11 +56,13 @@ class ShardedComputation:
         if arrays is not None:
             kwargs = {**kwargs, **arrays}
         values = self._named(args, kwargs)
+        if is_device_mesh(self.mesh) or any_dtensor(values.values()):
+            return DTensorRun(self.compiled, self.mesh, self.shard)(values)
         for name, value in values.items():
             if not isinstance(value, numbers.Number) and framework_of(value) != JAX:
                 raise attach_statement(EinfuseTypeError(
-                    f"mesh= runs on JAX arrays (jax.shard_map), but {name} is a "
-                    f"{type(value).__module__}.{type(value).__name__}; pass "
+                    f"mesh= runs on JAX arrays (jax.shard_map) and torch DTensors, but "
+                    f"{name} is a {type(value).__module__}.{type(value).__name__}; pass "
                     f"jnp.asarray({name}), or call without mesh="), self.program.source)
         plan = self._plan_for(shape_values(values))
         tensors = tuple(name for name, _ in plan.inputs)

@@ -35,9 +35,15 @@ def process_text() -> str:
     return f"process {jax.process_index()} of {jax.process_count()}"
 
 
-def failure(error: BaseException, source: str) -> EinfuseError:
-    """The EinfuseError for a sharded call on global arrays that failed with JAX's
-    runtime ``error``."""
+def lost_peer(error: BaseException) -> bool:
+    """Whether ``error`` (a collective's) says a peer process is gone."""
+    return any(word in str(error).lower() for word in _LOST_PEER)
+
+
+def failure(error: BaseException, source: str, where: str = None) -> EinfuseError:
+    """The EinfuseError for a sharded call on global arrays that failed with JAX's (or
+    torch.distributed's) runtime ``error``, on ``where`` (this process of the job)."""
+    where = where or process_text()
     message = str(error).strip()
     first = message.splitlines()[0] if message else type(error).__name__
     lower = message.lower()
@@ -46,13 +52,13 @@ def failure(error: BaseException, source: str) -> EinfuseError:
         # the device's block: the unsharded rerun that names the global position would
         # need the whole arrays, which span several processes
         return attach_statement(OutOfBoundsError(
-            f"the sharded call failed on a device of {process_text()}: {first} (positions "
+            f"the sharded call failed on a device of {where}: {first} (positions "
             "are in that device's block of the arrays)"), source)
-    if any(word in lower for word in _LOST_PEER):
+    if lost_peer(error):
         return attach_statement(BackendError(
-            f"a collective across the job's processes failed on {process_text()}: "
+            f"a collective across the job's processes failed on {where}: "
             f"another process of the job probably exited or was killed, so the sharded "
-            f"call cannot finish (JAX: {first})"), source)
+            f"call cannot finish ({first})"), source)
     return attach_statement(BackendError(
-        f"the sharded call failed on {process_text()} (a mesh across processes; a "
+        f"the sharded call failed on {where} (a mesh across processes; a "
         f"collective or a kernel on one of this process's devices): {first}"), source)
