@@ -278,7 +278,8 @@ def _intensity(value: Optional[float]) -> str:
 def explain(statement=NOT_GIVEN, /, *args, shapes: Optional[Dict[str, tuple]] = None,
             ranges=None, pad=None, bounds="check", fill=0.0, dtype=None, backend="auto",
             threads=None, memory_limit=None, gradients: bool = False, outputs=None,
-            source: bool = False, mesh=None, shard=None, cost_model=None, **arrays):
+            source: bool = False, mesh=None, shard=None, cost_model=None, memory=None,
+            **arrays):
     """Explain ``statement`` (or a program of several); with arrays (or
     ``shapes={"A": (100, 50)}``) also the ranges, costs and plan for those shapes; with
     ``gradients=True`` also every gradient statement and how it runs; with
@@ -296,13 +297,14 @@ def explain(statement=NOT_GIVEN, /, *args, shapes: Optional[Dict[str, tuple]] = 
         return named_hooks["explain"](statement, args, dict(
             shapes=shapes, pad=pad, bounds=bounds, fill=fill, dtype=dtype, backend=backend,
             threads=threads, memory_limit=memory_limit, gradients=gradients, source=source,
-            mesh=mesh, shard=shard, cost_model=cost_model, ranges=ranges, outputs=outputs,
+            mesh=mesh, shard=shard, cost_model=cost_model, memory=memory, ranges=ranges,
+            outputs=outputs,
             **arrays), explain)
     from .runtime.kernel import compile as compile_kernel
     from .frontends.jaxpr_explain import explain_function, is_jax_function
-    if cost_model is not None and mesh is None:
-        raise OptionError("cost_model= prices plans on a device mesh; it needs mesh= "
-                          "(docs/sharding.md)")
+    if (cost_model is not None or memory is not None) and mesh is None:
+        raise OptionError(f"{'cost_model' if memory is None else 'memory'}= prices plans "
+                          "on a device mesh; it needs mesh= (docs/sharding.md)")
     if is_jax_function(statement):   # ef.explain(fn, *example_args) (docs/jit.md)
         if mesh is not None or shard is not None:
             raise OptionError("mesh= and shard= explain a statement or program on a device "
@@ -336,7 +338,7 @@ def explain(statement=NOT_GIVEN, /, *args, shapes: Optional[Dict[str, tuple]] = 
     if mesh is not None or shard is not None:
         from .sharding import explain_sharded
         return explain_sharded(compiled, args, arrays, shapes, mesh, shard, cost_model,
-                               gradients or source)
+                               gradients or source, memory)
     if not isinstance(compiled, Kernel):
         from .program.explain import explain_program
         return explain_program(compiled, args, arrays, shapes, gradients, source)

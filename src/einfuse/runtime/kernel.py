@@ -377,7 +377,8 @@ def check_explain_options(statement: str, shapes, gradients, source=False) -> No
 
 def compile(statement=NOT_GIVEN, /, *, ranges=None, pad=None, bounds="check", fill=0.0,
             dtype=None, backend="auto", threads: Optional[int] = None,
-            memory_limit: Optional[int] = None, outputs=None, mesh=None, shard=None, **named):
+            memory_limit: Optional[int] = None, outputs=None, mesh=None, shard=None,
+            memory=None, **named):
     """Compile ``statement`` into a reusable :class:`Kernel`, or a program (several
     statements, separated by newlines or ';') into a :class:`~einfuse.program.Program`
     whose ``outputs`` are chosen by name (default: what no later statement reads).
@@ -392,12 +393,16 @@ def compile(statement=NOT_GIVEN, /, *, ranges=None, pad=None, bounds="check", fi
         dist = ef.compile("D[i,j] := (w[k,i] - x[k,j])**2")
         D = dist(w=w, x=x)              # any shapes; compiled once per layout"""
     statement = statement_argument(statement, named, "compile")
-    if mesh is not None or shard is not None:   # docs/sharding.md
+    if mesh is not None or shard is not None or memory is not None:   # docs/sharding.md
+        if mesh is None and memory is not None:
+            raise attach_statement(OptionError(
+                "memory= is the bytes each device of a mesh may hold; it needs mesh= "
+                "(docs/sharding.md)"), statement)
         from ..sharding import sharded
         return sharded(compile(statement, ranges=ranges, pad=pad, bounds=bounds, fill=fill,
                                dtype=dtype, backend=backend, threads=threads,
                                memory_limit=memory_limit, outputs=outputs, **named),
-                       mesh, shard)
+                       mesh, shard, memory)
     if named:
         options = keyword_options(compile)
         wrong = ", ".join(f"{name}={did_you_mean(name, options)}" for name in named)
@@ -452,6 +457,7 @@ def _shared_kernel(statement: str, options: Options) -> "Kernel":
 def ein(statement=NOT_GIVEN, /, *args, ranges=None, pad=None, bounds="check", fill=0.0,
         dtype=None, backend="auto", threads: Optional[int] = None,
         memory_limit: Optional[int] = None, outputs=None, arrays=None, mesh=None, shard=None,
+        memory=None,
         **named):
     """Evaluate ``statement`` (or a program of several) once on the given arrays and
     scalars.  A tensor whose name is one of the options (``bounds``, ``ranges`` ...)
@@ -469,7 +475,8 @@ def ein(statement=NOT_GIVEN, /, *args, ranges=None, pad=None, bounds="check", fi
                                           threads, memory_limit), outputs, args, named, arrays)
     kernel = compile(statement, ranges=ranges, pad=pad, bounds=bounds, fill=fill,
                      dtype=dtype, backend=backend, threads=threads,
-                     memory_limit=memory_limit, outputs=outputs, mesh=mesh, shard=shard)
+                     memory_limit=memory_limit, outputs=outputs, mesh=mesh, shard=shard,
+                     memory=memory)
     check_named(kernel, named, keyword_options(ein))
     return kernel(*args, arrays=arrays, **named)
 

@@ -11,16 +11,17 @@ __all__ = ["Assignment", "CostModel", "MeshShape", "Move", "MoveKind", "Pending"
            "PlanCost", "Placement", "ShardPlan", "StatementPlan", "sharded"]
 
 
-def sharded(compiled, mesh, shard):
-    """``compiled`` (a Kernel or Program) run on ``mesh`` with ``shard``."""
+def sharded(compiled, mesh, shard, memory=None):
+    """``compiled`` (a Kernel or Program) run on ``mesh`` with ``shard``, each device
+    holding at most ``memory`` bytes (memory.py)."""
     from .api import check_options
     from .computation import ShardedComputation
     check_options(mesh, shard)
-    return ShardedComputation(compiled, mesh, shard)
+    return ShardedComputation(compiled, mesh, shard, memory)
 
 
 def explain_sharded(compiled, args, arrays, shapes, mesh, shard, cost_model=None,
-                    extras=False):
+                    extras=False, memory=None):
     """``ef.explain`` with ``mesh=``; ``extras``: gradients= or source= was asked for,
     which the sharded explanation does not show."""
     from ..errors import OptionError, attach_statement
@@ -31,4 +32,4 @@ def explain_sharded(compiled, args, arrays, shapes, mesh, shard, cost_model=None
             "explain with mesh= shows the plan on the mesh, not gradients= or source=; "
             "ask for those without mesh="), source if isinstance(source, str)
             else compiled.statement)
-    return explain(compiled, args, arrays, shapes, mesh, shard, cost_model)
+    return explain(compiled, args, arrays, shapes, mesh, shard, cost_model, memory)

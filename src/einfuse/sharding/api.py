@@ -5,7 +5,7 @@ their global shapes, and the plan for an assignment (given, default or searched)
 from __future__ import annotations
 
 import numbers
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Dict, Mapping, Optional, Tuple
 
 
@@ -13,6 +13,7 @@ from ..errors import EinfuseError, OptionError, attach_statement
 from ..lang.ast import accesses
 from ..runtime.frameworks import has_dtensor
 from .cost import CostModel
+from .memory import memory_limit
 from .mesh import Assignment, MeshShape, assignment_from, mesh_shape
 from .planner import ShardPlan, bind_statements, plan_program
 from .search import SearchResult, search
@@ -129,11 +130,11 @@ def shard_of_inputs(program: Statements, values, mesh: MeshShape) -> dict:
 
 
 def explain_sharded(compiled, args, arrays, shapes, mesh, shard,
-                    cost_model: Optional[CostModel]):
-    """``ef.explain(..., mesh=, shard=)``."""
+                    cost_model: Optional[CostModel], memory=None):
+    """``ef.explain(..., mesh=, shard=, memory=)``."""
     from .explain import ShardingExplanation
     mesh_info = check_options(mesh, shard)
-    model = _model(cost_model)
+    model = with_memory(_model(cost_model), memory, mesh)
     program = statements_of(compiled)
     values = dict(zip(program.inputs, args))
     values.update(arrays.pop("arrays", None) or {})
@@ -152,6 +153,14 @@ def explain_sharded(compiled, args, arrays, shapes, mesh, shard,
     choice = choose(program, shape_values(values), mesh_info, shard, model,
                     narrow=not torch_mesh)
     return ShardingExplanation(program.texts, choice, model)
+
+
+def with_memory(model: CostModel, memory, mesh) -> CostModel:
+    """``model`` with the per-device memory of ``memory=`` (which wins), else its own,
+    else the mesh's devices' own (memory.py)."""
+    if memory is None and model.memory_per_device is not None:
+        return model
+    return replace(model, memory_per_device=memory_limit(memory, mesh))
 
 
 def _model(cost_model) -> CostModel:
@@ -177,4 +186,4 @@ def _placeholders(compiled, shapes) -> dict:
 
 
 __all__ = ["AUTO", "Choice", "Statements", "check_options", "choose", "explain_sharded",
-           "shard_of_inputs", "shape_values", "statements_of"]
+           "shard_of_inputs", "shape_values", "statements_of", "with_memory"]

@@ -22,9 +22,10 @@ import numpy as np
 
 from ..runtime.frameworks import has_dtensor
 from ..errors import EinfuseError, EinfuseTypeError, OptionError, attach_statement
-from .api import check_options, choose, shard_of_inputs, statements_of
+from .api import check_options, choose, shard_of_inputs, statements_of, with_memory
 from .cost import CostModel
 from .layout import Placement
+from .memory import check_fits
 from .mesh import MeshShape
 from .multiprocess import failure, lost_peer
 from .planner import ShardPlan, StatementPlan
@@ -49,11 +50,12 @@ class DTensorRun:
     """A statement or program run on DTensors over one DeviceMesh: plans are cached per
     input shapes, dtypes and placements."""
 
-    def __init__(self, compiled, mesh=None, shard=None):
+    def __init__(self, compiled, mesh=None, shard=None, memory=None):
         self.compiled = compiled
         self.program = statements_of(compiled)
         self.mesh = mesh
         self.shard = shard
+        self.memory = memory
         self._plans: Dict[Tuple, ShardPlan] = {}
 
     def __call__(self, values: Mapping[str, object]):
@@ -80,9 +82,11 @@ class DTensorRun:
             shard = self.shard
             if shard is None:
                 shard = shard_of_inputs(self.program, values, info)
-            plan = self._plans[key] = choose(
-                self.program, placeholders(values), info, shard, CostModel(), rank=False,
-                narrow=False).plan
+            model = with_memory(CostModel(), self.memory, device_mesh)
+            plan = choose(self.program, placeholders(values), info, shard, model,
+                          rank=False, narrow=False).plan
+            check_fits(plan, model.memory_per_device)
+            self._plans[key] = plan
         return plan
 
     def _device_mesh(self, values):
@@ -209,9 +213,20 @@ def _strides(shape) -> Tuple[int, ...]:
     return tuple(reversed(strides))
 
 
-def run_on_dtensors(compiled, values, mesh=None, shard=None):
-    """``compiled`` (a Kernel or Program) on ``values``, some of them DTensors."""
-    return DTensorRun(compiled, mesh, shard)(values)
+_RUNS: Dict[int, Tuple[object, DTensorRun]] = {}
+CACHED_RUNS = 64
+
+
+def run_on_dtensors(compiled, values):
+    """``compiled`` (a Kernel or Program, called without mesh=) on ``values``, some of
+    them DTensors: planned for their DeviceMesh and placements (the plans kept per
+    compiled object, as a sharded computation keeps its own)."""
+    found = _RUNS.get(id(compiled))
+    if found is None or found[0] is not compiled:
+        if len(_RUNS) >= CACHED_RUNS:
+            _RUNS.pop(next(iter(_RUNS)))
+        found = _RUNS[id(compiled)] = (compiled, DTensorRun(compiled))
+    return found[1](values)
 
 
 __all__ = ["DTensorRun", "any_dtensor", "execute", "is_device_mesh", "is_dtensor",

@@ -10,6 +10,7 @@ from typing import List, Sequence
 from .api import Choice
 from .cost import CostModel, plan_cost, seconds_text
 from .layout import MoveKind
+from .memory import memory_use
 from .planner import ShardPlan, StatementPlan
 
 ALTERNATIVES_SHOWN = 6
@@ -101,11 +102,12 @@ class ShardingExplanation:
                 f"{_count(whole)})",
                 f"  collectives  {collectives_text(plan)}",
                 f"  bytes sent   {_bytes(plan.bytes_sent)}",
+                f"  memory       {self._memory(plan)}",
                 f"  model        {seconds_text(cost.compute_seconds)} compute + "
                 f"{seconds_text(cost.communication_seconds)} communication = "
                 f"{seconds_text(cost.seconds)}"]
-        out += ["", "Alternatives (the model's cost per device, cheapest first; inputs/device: "
-                    "the input blocks each device holds, which the model does not price)"]
+        out += ["", "Alternatives (the model's cost per device, cheapest first; memory/device: "
+                    "the most one device holds at once, inputs included)"]
         out += ["  " + line for line in _table(self._alternatives())]
         best = self.cheapest
         if plan_cost(plan, self.model).seconds <= plan_cost(best, self.model).seconds:
@@ -142,9 +144,18 @@ class ShardingExplanation:
         lines += [f"     note: {n}" for n in step.notes]
         return lines
 
+    def _memory(self, plan: ShardPlan) -> str:
+        use, limit = memory_use(plan), self.model.memory_per_device
+        text = f"peak {_bytes(use.peak)} (inputs {_bytes(use.inputs)}; at {use.at})"
+        if limit is not None:
+            text += f" of {_bytes(limit)} per device" + (
+                "" if use.peak <= limit else ": DOES NOT FIT, a run refuses it")
+        return text
+
     def _alternatives(self) -> List[List[str]]:
         rows = [["assignment", "FLOPs/device", "collectives", "sent/device",
-                 "inputs/device", "model time"]]
+                 "memory/device", "model time"]]
+        limit = self.model.memory_per_device
         shown, seen = [], set()
         for plan in [self.plan] + [c.plan for c in self.choice.search.ranked]:
             # assignments whose statements split the same indices are one plan
@@ -156,8 +167,11 @@ class ShardingExplanation:
             label = str(plan.assignment) if plan.assignment.pairs else "nothing sharded"
             if plan is self.plan:
                 label += "  (this plan)"
+            peak = memory_use(plan).peak
+            if limit is not None and peak > limit:
+                label += "  (does not fit)"
             rows.append([label, _count(plan.local_flops), collectives_text(plan),
-                         _bytes(plan.bytes_sent), _bytes(plan.input_bytes),
+                         _bytes(plan.bytes_sent), _bytes(peak),
                          seconds_text(plan_cost(plan, self.model).seconds)])
         return rows
 
