@@ -248,6 +248,18 @@ def kernel_error_on_a_device_is_an_einfuse_error():
         raise AssertionError("an index out of range gave no error")
 
 
+@check
+def inputs_with_no_elements():
+    # computed whole (XLA does not compile a shard_map of empty operands), then placed
+    mesh = jax.make_mesh((_devices(),), ("model",))
+    host = dict(x=np.zeros((0, 16), np.float32), W1=np.ones((16, 8 * _devices()), np.float32),
+                W2=np.ones((8 * _devices(), 12), np.float32))
+    f = ef.compile(MLP, mesh=mesh, shard={"f": "model"})
+    arrays = {n: _global(v, mesh, P()) for n, v in host.items()}
+    result = f(**arrays)
+    assert result.shape == (0, 12) and not result.is_fully_addressable, result
+
+
 def killed_peer(rank, processes):
     """The last process dies while the others wait in a collective for it: they must
     raise an EinfuseError naming the cause, not hang."""

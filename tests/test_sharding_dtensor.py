@@ -47,7 +47,7 @@ def test_two_ranks_all_checks(tmp_path):
 @pytest.mark.slow
 def test_four_ranks(tmp_path):
     names = ["mlp_hidden_split_one_all_reduce", "mlp_gradient_through_dtensors",
-             "dist_split_over_k_and_over_i"]
+             "dist_split_over_k_and_over_i", "partial_input_float64_and_a_two_dimensional_mesh"]
     _assert_passed(_job(tmp_path, 4, names), names)
 
 

@@ -36,6 +36,27 @@ def _assert_passed(outcomes, names):
         assert outcome.returncode == 0, outcome.describe()
 
 
+def test_failures_on_global_arrays_are_einfuse_errors():
+    """What an eager call on a multi-process mesh raises for JAX's runtime errors (the
+    slow tests provoke them for real)."""
+    from einfuse.errors import BackendError, OutOfBoundsError
+    from einfuse.sharding.multiprocess import failure, spans_processes
+    lost = failure(RuntimeError("UNKNOWN: Gloo all-reduce failed: [pair.cc:547] Connection "
+                                "closed by peer [127.0.0.1]:49549"), "y[i] := x[i]",
+                   "process 0 of 2")
+    assert isinstance(lost, BackendError) and "process 0 of 2" in str(lost)
+    assert "another process of the job probably exited" in str(lost)
+    bad = failure(RuntimeError("OUT_OF_RANGE: idx[1] = 99 is outside its valid range "
+                               "0..7"), "E[b,d] := W[idx[b], d]", "process 1 of 2")
+    assert isinstance(bad, OutOfBoundsError) and "idx[1] = 99" in str(bad)
+    other = failure(RuntimeError("INTERNAL: something else"), "y[i] := x[i]", "process 1")
+    assert type(other) is BackendError and "something else" in str(other)
+
+    class Global:
+        is_fully_addressable = False
+    assert spans_processes([1.0, Global()]) and not spans_processes([1.0, object()])
+
+
 def test_two_processes_smoke(tmp_path):
     """The Megatron MLP (one all-reduce) and dist with k over both processes' devices."""
     _assert_passed(_job(tmp_path, 2, checks.QUICK), checks.QUICK)
