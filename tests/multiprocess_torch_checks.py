@@ -279,6 +279,37 @@ def partial_input_float64_and_a_two_dimensional_mesh():
         assert tuple(got.placements) == (Shard(0), Shard(1)), got.placements
 
 
+@check
+def collective_results_read_by_later_statements():
+    # each collective's result is the input of the next statement's kernel
+    mesh = _mesh()
+    rng = np.random.default_rng(8)
+    n = 4 * mesh.size()
+    h, w, a = _tensor(rng, 8, n), _tensor(rng, n, n), _tensor(rng, 8, n)
+    nh, nw, na = (t.double().numpy() for t in (h, w, a))
+    t = nh @ nw
+    _run("t[b,o] := sum[f](h[b,f]*W[f,o]); y[b,o] := relu(t[b,o])", dict(h=h, W=w),
+         {"h": [Shard(1)], "W": [Shard(0)]}, mesh, np.maximum(t, 0), {"all-reduce": 1})
+    _run("t[b,o] := sum[f](h[b,f]*W[f,o]); y[b,l] := relu(t[b,l])", dict(h=h, W=w),
+         {}, mesh, np.maximum(t, 0), {"reduce-scatter": 1},
+         shard={"f": "model", "l": "model"})
+    _run("g[b,f] := relu(A[b,f]); s[b] := log(sum[f](exp(g[b,f])))", dict(A=a),
+         {"A": [Shard(1)]}, mesh, np.log(np.exp(np.maximum(na, 0)).sum(1)),
+         {"all-gather": 1})
+    moved = "g[i,j] := exp(A[i,j]); y[p,q] := 2*g[p,q]*g[p,q]"
+    _run(moved, dict(A=a), {}, mesh, 2 * np.exp(2 * na), {"all-to-all": 1},
+         shard={"i": "model", "q": "model"})
+    # and back through the all-to-all (its backward is the reverse all-to-all)
+    leaf = a.clone().requires_grad_()
+    (ef.ein(moved, A=leaf) * a).sum().backward()
+    spread = distribute_tensor(a, mesh, [Shard(0)]).requires_grad_()
+    f = ef.compile(moved, mesh=mesh, shard={"i": "model", "q": "model"})
+    y = f(A=spread)
+    assert tuple(y.placements) == (Shard(1),), y.placements
+    (y * distribute_tensor(a, mesh, [Shard(1)])).sum().backward()
+    _close(spread.grad, leaf.grad.double().numpy(), "dA through the all-to-all")
+
+
 def killed_peer(rank, world):
     mesh = _mesh()
     tensors, expected = _mlp(world)

@@ -24,7 +24,7 @@ from ..runtime.frameworks import has_dtensor
 from ..errors import EinfuseError, EinfuseTypeError, OptionError, attach_statement
 from .api import check_options, choose, shard_of_inputs, statements_of, with_memory
 from .cost import CostModel
-from .layout import Placement
+from .layout import MoveKind, Placement
 from .memory import check_fits
 from .mesh import MeshShape
 from .multiprocess import failure, lost_peer
@@ -44,6 +44,9 @@ def is_device_mesh(mesh) -> bool:
     kind = type(mesh)
     return kind.__name__ == "DeviceMesh" and (kind.__module__ or "").startswith(
         "torch.distributed")
+
+
+CACHED_PLANS = 32          # plans kept per statement or program (input layouts differ)
 
 
 class DTensorRun:
@@ -86,6 +89,15 @@ class DTensorRun:
             plan = choose(self.program, placeholders(values), info, shard, model,
                           rank=False, narrow=False).plan
             check_fits(plan, model.memory_per_device)
+            for _, place in plan.inputs + plan.outputs:   # a DTensor can say each one
+                placements_of(place, info)
+            for step in plan.steps:
+                places = [step.output_placement] if isinstance(step, StatementPlan) \
+                    else [step.source, step.target]
+                for place in places:
+                    placements_of(place, info)
+            if len(self._plans) >= CACHED_PLANS:
+                self._plans.pop(next(iter(self._plans)))
             self._plans[key] = plan
         return plan
 
@@ -183,9 +195,34 @@ def execute(plan: ShardPlan, kernels, values, device_mesh, info: MeshShape):
                 run_check=False, shape=step.output_shape,
                 stride=tuple(int(s) for s in _strides(step.output_shape)))
         else:
-            env[(step.tensor, step.target)] = env[(step.tensor, step.source)].redistribute(
-                device_mesh, placements_of(step.target, info))
+            env[(step.tensor, step.target)] = move(step, env[(step.tensor, step.source)],
+                                                   device_mesh, info)
     return tuple(env[key] for key in plan.outputs)
+
+
+def move(step, value, device_mesh, info: MeshShape):
+    """The plan's move ``step`` of the DTensor ``value``: a redistribution, which issues
+    the collective the plan names -- except the all-to-all, which DTensor's
+    redistribution does as an all-gather and a slice (n times the bytes): that one is
+    issued here, as the functional collective it is."""
+    target = placements_of(step.target, info)
+    if step.kind is not MoveKind.ALL_TO_ALL or len(step.mesh_axes) != 1:
+        return value.redistribute(device_mesh, target)
+    import torch
+    from torch.distributed import _functional_collectives as collectives
+    from torch.distributed.tensor import DTensor
+    dim = info.names.index(step.mesh_axes[0])
+    group = step.group
+    # this rank's block of axis other_axis, cut into one piece per rank along axis: the
+    # piece for rank s goes to s, and the pieces received, in rank order, are this
+    # rank's block of axis ``axis`` whole along other_axis
+    pieces = torch.stack(value.to_local().chunk(group, dim=step.axis)).contiguous()
+    received = collectives.all_to_all_single_autograd(pieces, None, None,
+                                                      (device_mesh, dim))
+    local = torch.cat(received.unbind(0), dim=step.other_axis)
+    shape = value.shape
+    return DTensor.from_local(local, device_mesh, target, run_check=False,
+                              shape=shape, stride=_strides(shape))
 
 
 def wait_for(results) -> None:
