@@ -93,6 +93,10 @@ def _run(text, tensors, placements, mesh, expected, kinds, shard=None, planned=N
     for move in explained.collectives:
         found[move.kind.value] = found.get(move.kind.value, 0) + 1
     assert found == (planned or kinds), f"explain plans {found}, torch issued {kinds}"
+    if shard is None:      # without mesh=: the plan on the inputs' own mesh
+        again = ef.explain(text, **arrays, **options)
+        assert again.collectives == explained.collectives
+        assert "read off the DTensor inputs" in str(again)
     return got, explained
 
 

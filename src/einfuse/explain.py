@@ -19,6 +19,7 @@ from .frontends.named import hooks as named_hooks, is_named
 from .lang.ast import (Access, Binary, Call, Expr, Param, Reduce, Unary, accesses,
                        map_children)
 from .lang.printer import format_expr, format_statement
+from .runtime.frameworks import has_dtensor
 from .runtime.kernel import NOT_GIVEN, Kernel, check_explain_options, statement_argument
 from .runtime.keywords import check_named, keyword_options
 
@@ -302,6 +303,8 @@ def explain(statement=NOT_GIVEN, /, *args, shapes: Optional[Dict[str, tuple]] = 
             **arrays), explain)
     from .runtime.kernel import compile as compile_kernel
     from .frontends.jaxpr_explain import explain_function, is_jax_function
+    if mesh is None and has_dtensor(args, arrays):     # DTensors: the plan on their mesh
+        mesh = next(v for v in (*args, *arrays.values()) if has_dtensor((v,), {})).device_mesh
     if (cost_model is not None or memory is not None) and mesh is None:
         raise OptionError(f"{'cost_model' if memory is None else 'memory'}= prices plans "
                           "on a device mesh; it needs mesh= (docs/sharding.md)")

@@ -148,10 +148,13 @@ def explain_sharded(compiled, args, arrays, shapes, mesh, shard,
     for name in program.params:
         values.setdefault(name, 1.0)
     torch_mesh = hasattr(mesh, "mesh_dim_names")      # a torch DeviceMesh (mesh.py)
-    if shard is None and torch_mesh:
+    from_inputs = shard is None and torch_mesh
+    if from_inputs:
         shard = shard_of_inputs(program, values, mesh_info)
     choice = choose(program, shape_values(values), mesh_info, shard, model,
                     narrow=not torch_mesh)
+    if from_inputs:
+        choice = replace(choice, how="inputs")
     return ShardingExplanation(program.texts, choice, model)
 
 

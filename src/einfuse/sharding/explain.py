@@ -63,6 +63,7 @@ class ShardingExplanation:
         search = self.choice.search
         how = {"given": "as given by shard=",
                "default": "default: each index named like a mesh axis goes on it",
+               "inputs": "read off the DTensor inputs' Shard placements",
                "auto": f"shard='auto': the cheapest of {search.tried} tried "
                        f"({'every assignment' if search.exhaustive else 'greedy search'})"}
         out = [f"Sharded on mesh {mesh} ({mesh.size()} devices)",
