@@ -11,6 +11,7 @@ devices.  No JAX import here: the arrays are read by duck typing."""
 
 from __future__ import annotations
 
+import sys
 from typing import Iterable
 
 from ..errors import BackendError, EinfuseError, OutOfBoundsError, attach_statement
@@ -28,7 +29,6 @@ def spans_processes(arrays: Iterable[object]) -> bool:
 
 
 def process_text() -> str:
-    import sys
     jax = sys.modules.get("jax")
     if jax is None:                    # pragma: no cover - only called with JAX arrays
         return "this process"
