@@ -151,7 +151,10 @@ def dist_split_over_i_and_j():
     host, expected = _dist()
     mesh = jax.make_mesh((jax.process_count(), DEVICES_PER_PROCESS), ("x", "y"))
     _run(DIST, host, mesh, {"i": "x", "j": "y"}, {"w": P(None, "x")}, expected, {})
-    _run(DIST, host, mesh, {"k": "x", "j": "y"}, {}, expected, {"all-reduce": 1})
+    _, _, arrays = _run(DIST, host, mesh, {"k": "x", "j": "y"}, {}, expected,
+                        {"all-reduce": 1})
+    _compare_shards(ef.ein(DIST, mesh=mesh, shard={"k": "x", "j": "y"}, **arrays),
+                    expected, "ef.ein with mesh=")
 
 
 @check
