@@ -11,7 +11,7 @@ from typing import Dict, Optional
 
 import numpy as np
 
-from .analysis.frameworks import NUMPY, framework_of, torch_compiling
+from .analysis.frameworks import NUMPY, framework_of, has_dtensor, torch_compiling
 from .errors import (EinfuseError, EinfuseSyntaxError, EinfuseTypeError, OptionError,
                      ShapeError, UnexpectedArgumentError, attach_statement, did_you_mean,
                      unexpected_keywords)
@@ -33,12 +33,15 @@ from .runtime.gradient_reference import run_reference as run_statements_referenc
 from .runtime import tracing
 from .runtime.kernel import (NOT_GIVEN, Kernel, check_explain_options, statement_argument)
 from .runtime.keywords import check_named, keyword_options
+from .runtime import distributed
 from .sharding import sharded
+from .sharding.dtensor import run_on_dtensors
 
 
 def compile(statement=NOT_GIVEN, /, *, ranges=None, pad=None, bounds="check", fill=0.0,
             dtype=None, backend="auto", threads: Optional[int] = None,
-            memory_limit: Optional[int] = None, outputs=None, mesh=None, shard=None, **named):
+            memory_limit: Optional[int] = None, outputs=None, mesh=None, shard=None,
+            memory=None, **named):
     """Compile ``statement`` into a reusable :class:`Kernel`, or a program (several
     statements, separated by newlines or ';') into a :class:`~einfuse.program.Program`
     whose ``outputs`` are chosen by name (default: what no later statement reads).
@@ -53,11 +56,15 @@ def compile(statement=NOT_GIVEN, /, *, ranges=None, pad=None, bounds="check", fi
         dist = ef.compile("D[i,j] := (w[k,i] - x[k,j])**2")
         D = dist(w=w, x=x)              # any shapes; compiled once per layout"""
     statement = statement_argument(statement, named, "compile")
-    if mesh is not None or shard is not None:   # docs/sharding.md
+    if mesh is not None or shard is not None or memory is not None:   # docs/sharding.md
+        if mesh is None and memory is not None:
+            raise attach_statement(OptionError(
+                "memory= is the bytes each device of a mesh may hold; it needs mesh= "
+                "(docs/sharding.md)"), statement)
         return sharded(compile(statement, ranges=ranges, pad=pad, bounds=bounds, fill=fill,
                                dtype=dtype, backend=backend, threads=threads,
                                memory_limit=memory_limit, outputs=outputs, **named),
-                       mesh, shard)
+                       mesh, shard, memory)
     if named:
         options = keyword_options(compile)
         wrong = ", ".join(f"{name}={did_you_mean(name, options)}" for name in named)
@@ -72,7 +79,7 @@ def compile(statement=NOT_GIVEN, /, *, ranges=None, pad=None, bounds="check", fi
 def ein(statement=NOT_GIVEN, /, *args, ranges=None, pad=None, bounds="check", fill=0.0,
         dtype=None, backend="auto", threads: Optional[int] = None,
         memory_limit: Optional[int] = None, outputs=None, arrays=None, mesh=None, shard=None,
-        **named):
+        memory=None, **named):
     """Evaluate ``statement`` (or a program of several) once on the given arrays and
     scalars.  A tensor whose name is one of the options (``bounds``, ``ranges`` ...)
     goes in ``arrays={"bounds": b}``.  The options are :func:`compile`'s; NumPy,
@@ -89,7 +96,8 @@ def ein(statement=NOT_GIVEN, /, *args, ranges=None, pad=None, bounds="check", fi
                                           threads, memory_limit), outputs, args, named, arrays)
     kernel = compile(statement, ranges=ranges, pad=pad, bounds=bounds, fill=fill,
                      dtype=dtype, backend=backend, threads=threads,
-                     memory_limit=memory_limit, outputs=outputs, mesh=mesh, shard=shard)
+                     memory_limit=memory_limit, outputs=outputs, mesh=mesh, shard=shard,
+                     memory=memory)
     check_named(kernel, named, keyword_options(ein))
     return kernel(*args, arrays=arrays, **named)
 
@@ -102,7 +110,8 @@ EINSUM_EXPLAIN_OPTIONS = ("ranges", "pad", "bounds", "fill", "dtype", "backend",
 def explain(statement=NOT_GIVEN, /, *args, shapes: Optional[Dict[str, tuple]] = None,
             ranges=None, pad=None, bounds="check", fill=0.0, dtype=None, backend="auto",
             threads=None, memory_limit=None, gradients: bool = False, outputs=None,
-            source: bool = False, mesh=None, shard=None, cost_model=None, **arrays):
+            source: bool = False, mesh=None, shard=None, cost_model=None, memory=None,
+            **arrays):
     """Explain ``statement`` (or a program of several); with arrays (or
     ``shapes={"A": (100, 50)}``) also the ranges, costs and plan for those shapes; with
     ``gradients=True`` also every gradient statement and how it runs; with
@@ -120,11 +129,13 @@ def explain(statement=NOT_GIVEN, /, *args, shapes: Optional[Dict[str, tuple]] = 
         return named_hooks["explain"](statement, args, dict(
             shapes=shapes, pad=pad, bounds=bounds, fill=fill, dtype=dtype, backend=backend,
             threads=threads, memory_limit=memory_limit, gradients=gradients, source=source,
-            mesh=mesh, shard=shard, cost_model=cost_model, ranges=ranges, outputs=outputs,
-            **arrays), explain)
-    if cost_model is not None and mesh is None:
-        raise OptionError("cost_model= prices plans on a device mesh; it needs mesh= "
-                          "(docs/sharding.md)")
+            mesh=mesh, shard=shard, cost_model=cost_model, memory=memory, ranges=ranges,
+            outputs=outputs, **arrays), explain)
+    if mesh is None and has_dtensor(args, arrays):     # DTensors: the plan on their mesh
+        mesh = next(v for v in (*args, *arrays.values()) if has_dtensor((v,), {})).device_mesh
+    if (cost_model is not None or memory is not None) and mesh is None:
+        raise OptionError(f"{'cost_model' if memory is None else 'memory'}= prices plans "
+                          "on a device mesh; it needs mesh= (docs/sharding.md)")
     if is_jax_function(statement):   # ef.explain(fn, *example_args) (docs/jit.md)
         if mesh is not None or shard is not None:
             raise OptionError("mesh= and shard= explain a statement or program on a device "
@@ -153,7 +164,7 @@ def explain(statement=NOT_GIVEN, /, *args, shapes: Optional[Dict[str, tuple]] = 
     check_named(compiled, arrays, keyword_options(explain) + ("arrays",))
     if mesh is not None or shard is not None:
         return explain_sharded(compiled, args, arrays, shapes, mesh, shard, cost_model,
-                               gradients or source)
+                               gradients or source, memory)
     if not isinstance(compiled, Kernel):
         return explain_program(compiled, args, arrays, shapes, gradients, source)
     return explain_statement(compiled, args, arrays, shapes, gradients, source)
@@ -353,3 +364,4 @@ def _traced_call(compiled, args, kwargs, arrays):
 
 
 tracing.install(_traced_call)
+distributed.install(run_on_dtensors)

@@ -25,7 +25,7 @@ from .api import compile as compile_statements
 # the options of ef.compile that a materialisation passes on (ranges come from the
 # dimensions' sizes, outputs from the request)
 OPTIONS = ("pad", "bounds", "fill", "dtype", "backend", "threads", "memory_limit")
-EXPLAIN_OPTIONS = ("gradients", "source", "mesh", "shard", "cost_model")
+EXPLAIN_OPTIONS = ("gradients", "source", "mesh", "shard", "cost_model", "memory")
 
 _translations: Dict[tuple, "_Entry"] = {}
 _TRANSLATIONS_KEPT = 1024

@@ -39,6 +39,17 @@ def framework_of(value) -> str:
     return NUMPY
 
 
+def has_dtensor(args, kwargs: Mapping[str, object]) -> bool:
+    """Whether an argument is a ``torch.distributed.tensor.DTensor`` (without importing
+    torch): those run sharded (sharding/dtensor.py)."""
+    for value in (*args, *kwargs.values()):
+        kind = type(value)
+        if kind.__name__ == "DTensor" and (kind.__module__ or "").startswith(
+                "torch.distributed"):
+            return True
+    return False
+
+
 def common_framework(arrays: Mapping[str, object]) -> str:
     found = {}
     for name, value in arrays.items():

@@ -4,16 +4,18 @@ modelled cost, and the alternatives side by side with the cheapest named."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import List, Optional, Sequence
 
 from ..analysis.cost import bytes_text, count_text
 from ..analysis.placeholders import program_placeholders, statement_placeholders
 from ..errors import EinfuseError, OptionError, attach_statement
 from ..program import Program
-from ..sharding.api import Choice, check_options, choose, shape_values, statements_of
+from ..sharding.api import (Choice, check_options, choose, shape_values, shard_of_inputs,
+                            statements_of, with_memory)
 from ..sharding.cost import CostModel, plan_cost, seconds_text
 from ..sharding.layout import MoveKind
+from ..sharding.memory import memory_use
 from ..sharding.planner import ShardPlan, StatementPlan
 
 ALTERNATIVES_SHOWN = 6
@@ -56,6 +58,7 @@ class ShardingExplanation:
         search = self.choice.search
         how = {"given": "as given by shard=",
                "default": "default: each index named like a mesh axis goes on it",
+               "inputs": "read off the DTensor inputs' Shard placements",
                "auto": f"shard='auto': the cheapest of {search.tried} tried "
                        f"({'every assignment' if search.exhaustive else 'greedy search'})"}
         out = [f"Sharded on mesh {mesh} ({mesh.size()} devices)",
@@ -95,11 +98,12 @@ class ShardingExplanation:
                 f"{count_text(whole)})",
                 f"  collectives  {collectives_text(plan)}",
                 f"  bytes sent   {bytes_text(plan.bytes_sent)}",
+                f"  memory       {self._memory(plan)}",
                 f"  model        {seconds_text(cost.compute_seconds)} compute + "
                 f"{seconds_text(cost.communication_seconds)} communication = "
                 f"{seconds_text(cost.seconds)}"]
-        out += ["", "Alternatives (the model's cost per device, cheapest first; inputs/device: "
-                    "the input blocks each device holds, which the model does not price)"]
+        out += ["", "Alternatives (the model's cost per device, cheapest first; memory/device: "
+                    "the most one device holds at once, inputs included)"]
         out += ["  " + line for line in _table(self._alternatives())]
         best = self.cheapest
         if plan_cost(plan, self.model).seconds <= plan_cost(best, self.model).seconds:
@@ -136,9 +140,18 @@ class ShardingExplanation:
         lines += [f"     note: {n}" for n in step.notes]
         return lines
 
+    def _memory(self, plan: ShardPlan) -> str:
+        use, limit = memory_use(plan), self.model.memory_per_device
+        text = f"peak {bytes_text(use.peak)} (inputs {bytes_text(use.inputs)}; at {use.at})"
+        if limit is not None:
+            text += f" of {bytes_text(limit)} per device" + (
+                "" if use.peak <= limit else ": DOES NOT FIT, a run refuses it")
+        return text
+
     def _alternatives(self) -> List[List[str]]:
         rows = [["assignment", "FLOPs/device", "collectives", "sent/device",
-                 "inputs/device", "model time"]]
+                 "memory/device", "model time"]]
+        limit = self.model.memory_per_device
         shown, seen = [], set()
         for plan in [self.plan] + [c.plan for c in self.choice.search.ranked]:
             # assignments whose statements split the same indices are one plan
@@ -150,8 +163,11 @@ class ShardingExplanation:
             label = str(plan.assignment) if plan.assignment.pairs else "nothing sharded"
             if plan is self.plan:
                 label += "  (this plan)"
+            peak = memory_use(plan).peak
+            if limit is not None and peak > limit:
+                label += "  (does not fit)"
             rows.append([label, count_text(plan.local_flops), collectives_text(plan),
-                         bytes_text(plan.bytes_sent), bytes_text(plan.input_bytes),
+                         bytes_text(plan.bytes_sent), bytes_text(peak),
                          seconds_text(plan_cost(plan, self.model).seconds)])
         return rows
 
@@ -162,7 +178,7 @@ def _table(rows) -> List[str]:
 
 
 def explain_sharded(compiled, args, arrays, shapes, mesh, shard, cost_model=None,
-                    extras=False):
+                    extras=False, memory=None):
     """``ef.explain`` with ``mesh=``; ``extras``: gradients= or source= was asked for,
     which the sharded explanation does not show."""
     if extras:
@@ -171,14 +187,14 @@ def explain_sharded(compiled, args, arrays, shapes, mesh, shard, cost_model=None
             "explain with mesh= shows the plan on the mesh, not gradients= or source=; "
             "ask for those without mesh="), source if isinstance(source, str)
             else compiled.statement)
-    return _explain(compiled, args, arrays, shapes, mesh, shard, cost_model)
+    return _explain(compiled, args, arrays, shapes, mesh, shard, cost_model, memory)
 
 
 def _explain(compiled, args, arrays, shapes, mesh, shard,
-             cost_model: Optional[CostModel]):
-    """``ef.explain(..., mesh=, shard=)``."""
+             cost_model: Optional[CostModel], memory=None):
+    """``ef.explain(..., mesh=, shard=, memory=)``."""
     mesh_info = check_options(mesh, shard)
-    model = _model(cost_model)
+    model = with_memory(_model(cost_model), memory, mesh)
     program = statements_of(compiled)
     values = dict(zip(program.inputs, args))
     values.update(arrays.pop("arrays", None) or {})
@@ -191,7 +207,14 @@ def _explain(compiled, args, arrays, shapes, mesh, shard,
             "collectives depend on them)"), program.source)
     for name in program.params:
         values.setdefault(name, 1.0)
-    choice = choose(program, shape_values(values), mesh_info, shard, model)
+    torch_mesh = hasattr(mesh, "mesh_dim_names")      # a torch DeviceMesh (sharding/mesh.py)
+    from_inputs = shard is None and torch_mesh
+    if from_inputs:
+        shard = shard_of_inputs(program, values, mesh_info)
+    choice = choose(program, shape_values(values), mesh_info, shard, model,
+                    narrow=not torch_mesh)
+    if from_inputs:
+        choice = replace(choice, how="inputs")
     return ShardingExplanation(program.texts, choice, model)
 
 

@@ -19,12 +19,13 @@ from ..analysis.options import Options, option_error, shown
 from ..errors import (EinfuseError, EinfuseNameError, EinfuseSyntaxError, MissingArgumentError,
                       UnexpectedArgumentError, attach_statement, did_you_mean)
 from ..runtime.attention import program_attention, run_fused_attention
-from ..analysis.frameworks import common_framework, from_numpy, torch_compiling
+from ..analysis.frameworks import common_framework, from_numpy, has_dtensor, torch_compiling
 from ..runtime.signatures import signature_of
 from ..runtime.run_groups import run_statements
 from ..lang.split import StatementText, split_program
 from .writes import guarded_names, keep_contents, restore_contents
 from ..analysis.spec import spec_of
+from ..runtime.distributed import run_on_dtensors
 from ..runtime.tracing import traced_call
 
 
@@ -91,6 +92,8 @@ class Program:
             if results is not None:
                 return results[0] if len(results) == 1 else results
         env = self._named(args, kwargs, arrays)
+        if has_dtensor((), env):     # torch.distributed.tensor: docs/sharding.md
+            return run_on_dtensors(self, env)
         try:     # one framework per call, even where no statement reads two of them
             framework = common_framework(env)
         except EinfuseError as error:

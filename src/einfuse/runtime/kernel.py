@@ -22,10 +22,12 @@ from ..lang.printer import format_statement
 from .attention import run_before_binding, run_fused_attention, statement_attention
 from ..analysis.binding import BoundCall, bind_call, bind_names
 from ..analysis.frameworks import (JAX, NUMPY, TORCH, common_framework, contiguous, framework_of,
-                                   from_numpy, numpy_dtype, torch_compiling, torch_recording)
+                                   from_numpy, has_dtensor, numpy_dtype, torch_compiling,
+                                   torch_recording)
 from .hoisted import HoistedForm, hoisted_form, run_hoisted
 from . import kernel_maker
 from .kernel_maker import option_collision
+from .distributed import run_on_dtensors
 from .tracing import traced_call
 from ..schedule.route import backend_name
 from .repeat import run_first
@@ -119,6 +121,8 @@ class Kernel:
                 return runner(given)
         try:
             kwargs = self._named(args, kwargs, arrays)
+            if has_dtensor(args, kwargs):     # torch.distributed.tensor: docs/sharding.md
+                return run_on_dtensors(self, bind_names(self.spec, args, kwargs))
             early = run_before_binding(self, args, kwargs)    # attention on the GPU
             if early is not None:
                 return early

@@ -11,9 +11,10 @@ __all__ = ["Assignment", "CostModel", "MeshShape", "Move", "MoveKind", "Pending"
            "PlanCost", "Placement", "ShardPlan", "StatementPlan", "sharded"]
 
 
-def sharded(compiled, mesh, shard):
-    """``compiled`` (a Kernel or Program) run on ``mesh`` with ``shard``."""
+def sharded(compiled, mesh, shard, memory=None):
+    """``compiled`` (a Kernel or Program) run on ``mesh`` with ``shard``, each device
+    holding at most ``memory`` bytes (memory.py)."""
     from .api import check_options
     from .computation import ShardedComputation
     check_options(mesh, shard)
-    return ShardedComputation(compiled, mesh, shard)
+    return ShardedComputation(compiled, mesh, shard, memory)

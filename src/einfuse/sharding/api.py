@@ -5,12 +5,15 @@ their global shapes, and the plan for an assignment (given, default or searched)
 from __future__ import annotations
 
 import numbers
-from dataclasses import dataclass
-from typing import Mapping, Optional, Tuple
+from dataclasses import dataclass, replace
+from typing import Dict, Mapping, Optional, Tuple
 
 
+from ..analysis.frameworks import has_dtensor
 from ..errors import EinfuseError, OptionError, attach_statement
+from ..lang.ast import accesses
 from .cost import CostModel
+from .memory import memory_limit
 from .mesh import Assignment, MeshShape, assignment_from, mesh_shape
 from .planner import ShardPlan, bind_statements, plan_program
 from .search import SearchResult, search
@@ -69,12 +72,13 @@ def check_options(mesh, shard) -> MeshShape:
 
 
 def choose(program: Statements, values: Mapping[str, object], mesh: MeshShape, shard,
-           model: CostModel, rank: bool = True) -> Choice:
+           model: CostModel, rank: bool = True, narrow: bool = True) -> Choice:
     """The plan for ``shard`` (a dict, None for the default, or "auto") and, with
     ``rank`` or for "auto", the ranked alternatives, for inputs of these shapes
-    (``values``: arrays or placeholders)."""
+    (``values``: arrays or placeholders); ``narrow``: dtypes as JAX runs them
+    (planner.run_dtype), not for torch."""
     try:
-        bound, shapes = bind_statements(program.kernels, program.texts, values)
+        bound, shapes = bind_statements(program.kernels, program.texts, values, narrow)
     except EinfuseError as error:
         raise attach_statement(error, program.source) from None
 
@@ -101,5 +105,37 @@ def shape_values(values: Mapping[str, object]) -> dict:
             for name, value in values.items()}
 
 
-__all__ = ["AUTO", "Choice", "Statements", "check_options", "choose",
-           "shape_values", "statements_of"]
+def shard_of_inputs(program: Statements, values, mesh: MeshShape) -> dict:
+    """index -> mesh axes, read off the DTensor inputs' ``Shard`` placements: the index
+    a statement's first read of the input subscripts at that tensor axis (an index or
+    mesh axis already taken is left as it is; the run redistributes that input)."""
+    found: Dict[str, Tuple[str, ...]] = {}
+    taken = set()
+    for kernel in program.kernels:
+        for access in accesses(kernel.spec.rhs):
+            per_axis: Dict[int, list] = {}
+            for m, place in enumerate(getattr(values.get(access.tensor), "placements", ())
+                                      if has_dtensor((values.get(access.tensor),), {})
+                                      else ()):
+                if place.is_shard():
+                    per_axis.setdefault(place.dim, []).append(mesh.names[m])
+            for axis, axes in per_axis.items():
+                index = access.indices[axis].plain_index if axis < len(access.indices) \
+                    else None
+                if index is None or index in found or taken & set(axes):
+                    continue
+                found[index] = tuple(axes)
+                taken |= set(axes)
+    return found
+
+
+def with_memory(model: CostModel, memory, mesh) -> CostModel:
+    """``model`` with the per-device memory of ``memory=`` (which wins), else its own,
+    else the mesh's devices' own (memory.py)."""
+    if memory is None and model.memory_per_device is not None:
+        return model
+    return replace(model, memory_per_device=memory_limit(memory, mesh))
+
+
+__all__ = ["AUTO", "Choice", "Statements", "check_options", "choose", "shard_of_inputs",
+           "shape_values", "statements_of", "with_memory"]

@@ -9,8 +9,10 @@ from typing import Dict, Tuple
 
 from ..errors import EinfuseError, EinfuseTypeError, attach_statement
 from ..analysis.frameworks import JAX, framework_of
-from .api import check_options, choose, shape_values, statements_of
+from .api import check_options, choose, shape_values, statements_of, with_memory
 from .cost import CostModel
+from .dtensor import DTensorRun, any_dtensor, is_device_mesh
+from .memory import check_fits
 from .mesh import MeshShape
 from .planner import ShardPlan
 
@@ -23,12 +25,14 @@ class ShardedComputation:
     keyword, or positionally in the order of ``inputs``); the result is the unsharded
     result, laid out on the mesh as the plan leaves it (``plan(...)`` shows it)."""
 
-    def __init__(self, compiled, mesh, shard):
+    def __init__(self, compiled, mesh, shard, memory=None):
         self.compiled = compiled
         self.program = statements_of(compiled)
         self.mesh_info: MeshShape = check_options(mesh, shard)
         self.mesh = mesh
         self.shard = shard
+        self.memory = memory
+        self.model = with_memory(CostModel(), memory, mesh)
         if shard is not None and not isinstance(shard, str):   # its errors now, not later
             from .mesh import assignment_from
             try:
@@ -37,6 +41,7 @@ class ShardedComputation:
                 raise attach_statement(error, self.program.source) from None
         self._plans: Dict[Tuple, ShardPlan] = {}
         self._functions: Dict[Tuple, object] = {}
+        self._dtensor_run = None        # for DTensor inputs (dtensor.py)
 
     @property
     def inputs(self) -> Tuple[str, ...]:
@@ -55,11 +60,16 @@ class ShardedComputation:
         if arrays is not None:
             kwargs = {**kwargs, **arrays}
         values = self._named(args, kwargs)
+        if is_device_mesh(self.mesh) or any_dtensor(values.values()):
+            if self._dtensor_run is None:
+                self._dtensor_run = DTensorRun(self.compiled, self.mesh, self.shard,
+                                               self.memory)
+            return self._dtensor_run(values)
         for name, value in values.items():
             if not isinstance(value, numbers.Number) and framework_of(value) != JAX:
                 raise attach_statement(EinfuseTypeError(
-                    f"mesh= runs on JAX arrays (jax.shard_map), but {name} is a "
-                    f"{type(value).__module__}.{type(value).__name__}; pass "
+                    f"mesh= runs on JAX arrays (jax.shard_map) and torch DTensors, but "
+                    f"{name} is a {type(value).__module__}.{type(value).__name__}; pass "
                     f"jnp.asarray({name}), or call without mesh="), self.program.source)
         plan = self._plan_for(shape_values(values))
         tensors = tuple(name for name, _ in plan.inputs)
@@ -85,7 +95,8 @@ class ShardedComputation:
             self._functions.pop(next(iter(self._functions)))
         from .execute import run_eager_checked
         results = run_eager_checked(function, tuple(values[n] for n in tensors + scalars),
-                                    lambda: self.compiled(**values))
+                                    lambda: self.compiled(**values),
+                                    self.program.source)
         return results[0] if len(results) == 1 else tuple(results)
 
     def _named(self, args, kwargs) -> dict:
@@ -103,6 +114,11 @@ class ShardedComputation:
                     for n, v in sorted(values.items()))
         plan = self._plans.get(key)
         if plan is None:
-            plan = self._plans[key] = choose(self.program, values, self.mesh_info,
-                                             self.shard, CostModel(), rank=False).plan
+            plan = choose(self.program, values, self.mesh_info, self.shard, self.model,
+                          rank=False).plan
+            try:
+                check_fits(plan, self.model.memory_per_device)
+            except EinfuseError as error:
+                raise attach_statement(error, self.program.source) from None
+            self._plans[key] = plan
         return plan

@@ -10,8 +10,10 @@ accelerator with a fast interconnect; pass your own ``CostModel`` for another.""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Optional
 
 from ..errors import OptionError
+from .memory import memory_limit
 
 
 @dataclass(frozen=True)
@@ -19,8 +21,12 @@ class CostModel:
     flops_per_second: float = 1e13      # sustained FLOP/s of one device
     bytes_per_second: float = 1e11      # bytes one device sends per second (link)
     latency_seconds: float = 1e-5       # fixed cost of one collective
+    # bytes one device may hold (memory.py); None: not checked.  memory= overrides it
+    memory_per_device: Optional[int] = None
 
     def __post_init__(self):
+        if self.memory_per_device is not None:
+            memory_limit(self.memory_per_device, None)      # its error
         for name in ("flops_per_second", "bytes_per_second", "latency_seconds"):
             value = getattr(self, name)
             if not isinstance(value, (int, float)) or isinstance(value, bool) or \

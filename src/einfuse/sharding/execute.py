@@ -20,6 +20,7 @@ from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
 from ..errors import OptionError
 from .layout import Move, MoveKind, Placement
 from .mesh import MeshShape, mesh_shape
+from .multiprocess import failure, spans_processes
 from .planner import ShardPlan, StatementPlan
 
 
@@ -55,17 +56,20 @@ def build_function(plan: ShardPlan, kernels, user_mesh, mesh_info: MeshShape, sc
     return jax.jit(mapped)
 
 
-def run_eager_checked(function, arrays, unsharded):
+def run_eager_checked(function, arrays, unsharded, source):
     """``function(*arrays)``; on an eager call (no tracer among ``arrays``) it waits for
     the result, and where a kernel failed on a device (an index out of range under
     ``bounds="check"``: a JaxRuntimeError naming a position in that device's block)
-    runs ``unsharded()``, which raises the EinfuseError naming the global position."""
-    results = function(*arrays)
+    runs ``unsharded()``, which raises the EinfuseError naming the global position.
+    Global arrays of a multi-process job cannot be rerun whole (multiprocess.py)."""
     if any(isinstance(a, jax.core.Tracer) for a in arrays):
-        return results
+        return function(*arrays)
     try:
+        results = function(*arrays)
         jax.block_until_ready(results)
-    except jax.errors.JaxRuntimeError:
+    except jax.errors.JaxRuntimeError as error:
+        if spans_processes(arrays):
+            raise failure(error, source) from error
         unsharded()           # the einfuse error, as the unsharded call raises it
         raise                 # not an einfuse error: JAX's own
     return results

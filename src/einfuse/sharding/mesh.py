@@ -45,9 +45,13 @@ def mesh_shape(mesh) -> MeshShape:
     elif hasattr(mesh, "axis_names") and hasattr(mesh, "shape") and \
             isinstance(getattr(mesh, "shape"), Mapping):
         items = [(name, mesh.shape[name]) for name in mesh.axis_names]
+    elif hasattr(mesh, "mesh_dim_names") and hasattr(mesh, "ndim"):
+        # a torch.distributed DeviceMesh: unnamed dimensions are called dim0, dim1, ...
+        items = list(zip(device_mesh_names(mesh), tuple(mesh.shape)))
     else:
-        raise OptionError(f"mesh= takes a jax.sharding.Mesh or a dict of axis sizes such "
-                          f"as {{'x': 4, 'y': 2}}, not {type(mesh).__name__}")
+        raise OptionError(f"mesh= takes a jax.sharding.Mesh, a torch DeviceMesh or a dict "
+                          f"of axis sizes such as {{'x': 4, 'y': 2}}, not "
+                          f"{type(mesh).__name__}")
     if not items:
         raise OptionError("mesh= has no axes")
     axes = []
@@ -128,6 +132,12 @@ def check_statement_axes(assignment: Assignment, indices: Tuple[str, ...],
                                   f"{index}, which are indices of the same statement "
                                   f"({where}); a mesh axis can split only one of them")
             owner[axis] = index
+
+
+def device_mesh_names(mesh) -> Tuple[str, ...]:
+    """The axis names of a torch DeviceMesh (``dim0``, ``dim1`` ... where unnamed)."""
+    names = getattr(mesh, "mesh_dim_names", None)
+    return tuple(names) if names else tuple(f"dim{m}" for m in range(mesh.ndim))
 
 
 def axes_text(axes: Optional[MeshAxes]) -> str:

@@ -140,12 +140,14 @@ def _as_run(value):
 
 
 def bind_statements(kernels: Sequence, texts: Sequence[str],
-                    values: Mapping[str, object]) -> Tuple[List[BoundStatement],
-                                                           Dict[str, TensorShape]]:
+                    values: Mapping[str, object], narrow: bool = True) -> Tuple[
+                        List[BoundStatement], Dict[str, TensorShape]]:
     """Bind each statement to the global shapes (placeholders), in order, with each
     intermediate a placeholder of its inferred shape; dtypes are those of the JAX run
-    (``run_dtype``), so that the bytes moved are the run's."""
-    values = {name: _as_run(value) for name, value in values.items()}
+    (``run_dtype``; with ``narrow`` False, for a torch run, the arrays' own), so that
+    the bytes moved are the run's."""
+    as_run = _as_run if narrow else (lambda value: value)
+    values = {name: as_run(value) for name, value in values.items()}
     env = dict(values)
     bound, shapes = [], {}
     too_big: Dict[str, Tuple[int, Tuple[int, ...]]] = {}
@@ -167,7 +169,7 @@ def bind_statements(kernels: Sequence, texts: Sequence[str],
         call = kernel.bind(arrays={n: env[n] for n in spec.arg_order if n in env})
         form = kernel.hoisted_form
         hoisted = form.hoisted if form is not None and form.runs(call) else None
-        result = run_dtype(call.dtypes.result)
+        result = run_dtype(call.dtypes.result) if narrow else np.dtype(call.dtypes.result)
         bound.append(BoundStatement(number, text, kernel, call.bounds,
                                     tuple(call.output_shape), result, hoisted))
         if math.prod(call.output_shape) * result.itemsize > np.iinfo(np.int64).max:

@@ -4,7 +4,9 @@ every combination is tried when there are at most ``EXHAUSTIVE_LIMIT`` of them, 
 beyond that a greedy search starts from nothing sharded and repeatedly makes the
 single change that lowers the cost most, until none does.  Assignments that are not
 allowed (a mesh axis on two indices of one statement, an extent that does not divide)
-are skipped."""
+are skipped.  A plan that does not fit in the cost model's memory per device
+(memory.py) ranks after every plan that does, and where none fits the search refuses;
+ties go to the plan that holds less per device."""
 
 from __future__ import annotations
 
@@ -12,8 +14,9 @@ import itertools
 from dataclasses import dataclass
 from typing import Callable, Dict, List, Optional, Tuple
 
-from ..errors import EinfuseError
+from ..errors import AllocationError, EinfuseError
 from .cost import CostModel, PlanCost, plan_cost
+from .memory import MemoryUse, memory_use
 from .mesh import Assignment, MeshAxes, MeshShape
 
 EXHAUSTIVE_LIMIT = 729
@@ -23,12 +26,15 @@ EXHAUSTIVE_LIMIT = 729
 class Candidate:
     plan: object            # ShardPlan
     cost: PlanCost
+    memory: MemoryUse
+    fits: bool              # within the cost model's memory per device
 
     @property
     def key(self):
-        # ties: fewer collectives, then less memory per device, then fewer indices split
-        return (self.cost.seconds, len(self.plan.collectives), self.plan.input_bytes,
-                len(self.plan.assignment.pairs))
+        # plans that fit first; ties: fewer collectives, then less memory per device,
+        # then fewer indices split
+        return (not self.fits, self.cost.seconds, len(self.plan.collectives),
+                self.memory.peak, len(self.plan.assignment.pairs))
 
 
 @dataclass(frozen=True)
@@ -56,7 +62,10 @@ def search(indices: Tuple[str, ...], mesh: MeshShape,
         if assignment not in tried:
             try:
                 plan = build(assignment)
-                tried[assignment] = Candidate(plan, plan_cost(plan, model))
+                use = memory_use(plan)
+                limit = model.memory_per_device
+                tried[assignment] = Candidate(plan, plan_cost(plan, model), use,
+                                              limit is None or use.peak <= limit)
             except EinfuseError:
                 tried[assignment] = None
         return tried[assignment]
@@ -86,4 +95,11 @@ def search(indices: Tuple[str, ...], mesh: MeshShape,
     if not ranked:
         # not even "nothing sharded" is possible: let its error speak
         build(Assignment(()))
+    if not ranked[0].fits:
+        smallest = min(ranked, key=lambda c: c.memory.peak)
+        raise AllocationError(
+            f"no assignment of indices to the mesh fits in {model.memory_per_device:,} "
+            f"bytes per device (memory=, or the device's own): the smallest of the "
+            f"{len(ranked)} tried, {smallest.plan.assignment}, needs at least "
+            f"{smallest.memory.peak:,} bytes on each device (peak at {smallest.memory.at})")
     return SearchResult(ranked[0], ranked, exhaustive, len(tried))
