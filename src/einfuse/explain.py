@@ -19,6 +19,7 @@ from .frontends.named import hooks as named_hooks, is_named
 from .lang.ast import (Access, Binary, Call, Expr, Param, Reduce, Unary, accesses,
                        map_children)
 from .lang.printer import format_expr, format_statement
+from .pictures import save_page, statement_page
 from .runtime.kernel import NOT_GIVEN, Kernel, check_explain_options, statement_argument
 from .runtime.keywords import check_named, keyword_options
 
@@ -41,6 +42,26 @@ _INITIAL = {"sum": "0", "prod": "1", "max": "-inf", "min": "+inf", "logsumexp": 
             "argmax": "0; best = -inf", "argmin": "0; best = +inf"}
 
 
+@dataclass(frozen=True)
+class Operand:
+    """An array a statement reads or writes, as explained: shape, dtype and bytes."""
+    name: str
+    shape: Tuple[int, ...]
+    dtype: str
+    nbytes: int
+
+
+@dataclass(frozen=True)
+class LoopLevel:
+    """One loop of the statement's loop nest (the 'Loop nest' text, as data): its depth,
+    index, extent (None without shapes) and kind ('parallel', 'serial', or the reduction
+    it runs: 'sum', 'max' ...)."""
+    depth: int
+    index: str
+    extent: Optional[int]
+    kind: str
+
+
 @dataclass
 class Explanation:
     """The parts of an explanation; ``str()`` gives the text shown to a person."""
@@ -59,6 +80,20 @@ class Explanation:
     notes: List[str] = field(default_factory=list)
     source: Optional[str] = None       # the generated code, with source=True
     result_dtype: Optional[str] = None   # the dtype the call returns (with arrays)
+    loops: Optional[List[LoopLevel]] = None   # the loop nest as data (for the picture)
+    inputs: Optional[List[Operand]] = None    # the arrays read (with arrays or shapes)
+    output: Optional[Operand] = None          # the array written (with arrays or shapes)
+
+    def page(self):
+        """The picture of the plan (docs/pictures.md), a ``pictures.Page``."""
+        return statement_page(self)
+
+    def _repr_html_(self) -> str:
+        return self.page().fragment()
+
+    def save(self, path: str) -> None:
+        """Write the picture of the plan as a self-contained HTML page."""
+        save_page(self.page(), path)
 
     @property
     def arithmetic_intensity(self) -> Optional[float]:
@@ -213,6 +248,29 @@ def loop_nest(spec: Spec, bounds: Optional[Bounds]) -> List[str]:
     op = "+=" if spec.assign == "+=" else "="
     lines.append(f"{'  ' * depth}{target} {op} {value}")
     return lines
+
+
+def loop_levels(spec: Spec, bounds: Optional[Bounds]) -> List[LoopLevel]:
+    """The loops of ``loop_nest``, in its order, as data."""
+    levels: List[LoopLevel] = []
+
+    def extent(name: str) -> Optional[int]:
+        return None if bounds is None else bounds.extent(name)
+
+    def visit(expr: Expr, depth: int) -> None:
+        if isinstance(expr, Reduce):
+            for offset, name in enumerate(expr.indices):
+                levels.append(LoopLevel(depth + offset, name, extent(name), expr.op))
+            visit(expr.body, depth + len(expr.indices))
+            return
+        for child in expr.children():
+            visit(child, depth)
+
+    for depth, name in enumerate(spec.output_indices):
+        kind = "parallel" if name in spec.race_free_indices else "serial"
+        levels.append(LoopLevel(depth, name, extent(name), kind))
+    visit(spec.rhs, len(spec.output_indices))
+    return levels
 
 
 # -- costs -----------------------------------------------------------------------------------
@@ -375,7 +433,8 @@ def explain_kernel(kernel: Kernel, args, arrays, shapes, gradients: bool,
         return Explanation(text, words(spec, kernel.options), index_rows(spec, None),
                            loop_nest(spec, None),
                            gradients=gradient_lines(kernel, None) if gradients else None,
-                           notes=["pass arrays or shapes= to see ranges, costs and the plan"])
+                           notes=["pass arrays or shapes= to see ranges, costs and the plan"],
+                           loops=loop_levels(spec, None))
     call = kernel.bind(*args, **arrays)
     result = delivered_dtype(call, framework or call.framework)
     result_item = dtype_itemsize(result)
@@ -412,7 +471,16 @@ def explain_kernel(kernel: Kernel, args, arrays, shapes, gradients: bool,
             " (computed in float32)" if call.bfloat16 else ""),
         compiled_loop_nest=nests,
         gradients=gradient_lines(kernel, call) if gradients else None, hoisted=lines,
-        notes=notes, result_dtype=result)
+        notes=notes, result_dtype=result, loops=loop_levels(spec, call.bounds),
+        inputs=[Operand(name, tuple(value.shape), _dtype_name(value), int(value.nbytes))
+                for name, value in call.arrays.items()],
+        output=Operand(spec.output, tuple(call.output_shape), result,
+                       written))
+
+
+def _dtype_name(array) -> str:
+    dtype = array.dtype
+    return getattr(dtype, "name", None) or str(dtype).replace("torch.", "")
 
 
 def delivered_dtype(call, framework: str) -> str:

@@ -5,7 +5,9 @@ and each jaxpr equation mapped to the statement that holds it."""
 from __future__ import annotations
 
 import math
-from typing import List
+from typing import List, Optional
+
+from ..pictures import Block, jit_page, save_page
 
 from .jaxpr_ir import (Apply, Assign, Branch, Cast, Const, Index, JitProgram, Loop, LoopKind,
                        Node, Read, ScatterAdd, Select)
@@ -149,18 +151,24 @@ def _reads(step) -> set:
     return found
 
 
-def explain_program(program: JitProgram, name: str) -> str:
-    walker = _Walker()
-    walker.steps(program.steps, 1, 1)
-    # hoisted: statements before the first loop whose results a loop reads
+def hoisted_buffers(program: JitProgram) -> List[str]:
+    """Statements before the first loop whose results a loop reads (not the carries'
+    initial values): loop-invariant work, computed once."""
     first_loop = next((k for k, s in enumerate(program.steps) if isinstance(s, Loop)), None)
+    if first_loop is None:
+        return []
     read_in_loops = set()
     for step in program.steps:
         if isinstance(step, Loop):
             read_in_loops |= _reads(step)
-    hoisted = [s.buffer for s in program.steps[:first_loop or 0] if isinstance(s, Assign)
-               and s.buffer in read_in_loops and not s.buffer.startswith("c")] \
-        if first_loop is not None else []
+    return [s.buffer for s in program.steps[:first_loop] if isinstance(s, Assign)
+            and s.buffer in read_in_loops and not s.buffer.startswith("c")]
+
+
+def explain_program(program: JitProgram, name: str) -> str:
+    walker = _Walker()
+    walker.steps(program.steps, 1, 1)
+    hoisted = hoisted_buffers(program)
     out = [f"ef.jit of {name}: 1 kernel (one generated C function, called once per call)",
            "", "Inputs"]
     for buffer_name in program.inputs:
@@ -186,6 +194,65 @@ def explain_program(program: JitProgram, name: str) -> str:
     return "\n".join(out)
 
 
+class JitExplanation(str):
+    """``ef.explain(fn, ...)``: the text (a ``str``, as before) that also draws itself
+    (``_repr_html_``, ``save``): the program's loops as boxes holding their bodies, the
+    work hoisted out of them marked."""
+
+    def __new__(cls, text: str, name: str, blocks: Optional[List[Block]],
+                arrays: List[str]):
+        made = super().__new__(cls, text)
+        made.name = name
+        made.blocks = blocks        # the program's outline (None: split by fallback=True)
+        made.arrays = arrays        # its inputs and outputs, one line each
+        return made
+
+    def _repr_html_(self) -> str:
+        return jit_page(self).fragment()
+
+    def save(self, path: str) -> None:
+        save_page(jit_page(self), path)
+
+
+def outline(program: JitProgram) -> List[Block]:
+    """The program's steps as blocks: loops hold their bodies; statements before the first
+    loop that a loop reads are marked hoisted (computed once)."""
+    hoisted_names = set(hoisted_buffers(program))
+
+    def blocks(steps, top: bool) -> List[Block]:
+        out: List[Block] = []
+        for step in steps:
+            if isinstance(step, Assign):
+                text = _statement(step)
+                hoisted = top and step.buffer in hoisted_names
+                out.append(Block(("hoisted: " if hoisted else "") + text,
+                                 "hoisted" if hoisted else "body",
+                                 f"{text}; operations={_flops(step)}" +
+                                 (f"; from {step.origin}" if step.origin else "")))
+            elif isinstance(step, ScatterAdd):
+                target = f"{step.buffer}[{', '.join(node_text(t) for t in step.target)}]"
+                text = f"{target} {'=' if step.replace else '+='} {node_text(step.value)}"
+                out.append(Block(text, "body", text))
+            elif isinstance(step, Loop):
+                if step.kind is LoopKind.SCAN:
+                    label = f"loop {step.counter} in 0..{step.length - 1}"
+                else:
+                    label = f"loop while {node_text(step.condition)}"
+                inner = blocks(step.condition_steps + step.body, False)
+                inner += [Block(f"{carry} <- {new}   (carry)", "serial",
+                                f"carry {carry} <- {new}") for carry, new in step.updates]
+                out.append(Block(label, "loop", f"{label} ({step.origin}); "
+                                 f"steps={len(step.body)}", inner))
+            elif isinstance(step, Branch):
+                arms = [Block(f"branch {n}", "branch", f"branch {n}", blocks(body, False))
+                        for n, body in enumerate(step.branches)]
+                label = f"switch on {node_text(step.which)}"
+                out.append(Block(label, "branch", label, arms))
+        return out
+
+    return blocks(program.steps, True)
+
+
 def is_jax_function(candidate) -> bool:
     """Whether ``ef.explain`` was given a function to trace (a plain callable or an
     ``ef.jit`` function), not a statement or one of einfuse's compiled objects (whose
@@ -196,12 +263,17 @@ def is_jax_function(candidate) -> bool:
     return kind.__name__ == "JitFunction" or not kind.__module__.startswith("einfuse")
 
 
-def explain_function(fn, args, kwargs) -> str:
+def explain_function(fn, args, kwargs) -> JitExplanation:
     from ..runtime.jit import JitFunction
     jitted = fn if isinstance(fn, JitFunction) else JitFunction(fn)
     compiled = jitted.compiled(*args, **kwargs)
+    name = getattr(jitted.fn, "__name__", "fn")
     if hasattr(compiled, "explain"):       # split by fallback=True
-        return compiled.explain()
+        return JitExplanation(compiled.explain(), name, None, [])
     from ..runtime.jit_ffi import route_lines
-    return "\n".join([explain_program(compiled.program, getattr(jitted.fn, "__name__", "fn")),
-                      "", *route_lines(compiled)])
+    program = compiled.program
+    arrays = [f"{role} {n}: {program.buffer(n).dtype.value[0]}{list(program.buffer(n).shape)}"
+              for role, names in (("input", program.inputs), ("output", program.outputs))
+              for n in names]
+    return JitExplanation("\n".join([explain_program(program, name), "",
+                                     *route_lines(compiled)]), name, outline(program), arrays)

@@ -11,6 +11,7 @@ from typing import Dict, List, Optional, Tuple
 import numpy as np
 
 from ..errors import EinfuseError, ShapeError, attach_statement
+from ..pictures import program_page, save_page
 from ..schedule.fusion import FusionGroup
 from .program import Program
 
@@ -56,6 +57,17 @@ class ProgramExplanation:
         if self.attention is not None:
             return self.attention.bytes_written
         return _total(p.bytes_written for p in self.parts)
+
+    def page(self):
+        """The picture of the program (docs/pictures.md), a ``pictures.Page``."""
+        return program_page(self)
+
+    def _repr_html_(self) -> str:
+        return self.page().fragment()
+
+    def save(self, path: str) -> None:
+        """Write the picture of the program as a self-contained HTML page."""
+        save_page(self.page(), path)
 
     def _kernel_lines(self, n: int) -> List[str]:
         from ..explain import _bytes

@@ -11,6 +11,7 @@ from .api import Choice
 from .cost import CostModel, plan_cost, seconds_text
 from .layout import MoveKind
 from .planner import ShardPlan, StatementPlan
+from ..pictures import save_page, sharding_page
 
 ALTERNATIVES_SHOWN = 6
 
@@ -56,6 +57,34 @@ class ShardingExplanation:
     @property
     def cheapest(self) -> ShardPlan:
         return self.choice.search.best.plan
+
+    def cost(self, plan: ShardPlan):
+        """``plan``'s modelled cost per device (compute_seconds, communication_seconds,
+        seconds) by this explanation's cost model."""
+        return plan_cost(plan, self.model)
+
+    def alternatives(self) -> List[ShardPlan]:
+        """The plans the alternatives table shows: this plan, then the others cheapest
+        first, one per way of splitting the statements, at most ALTERNATIVES_SHOWN."""
+        shown, seen = [], set()
+        for plan in [self.plan] + [c.plan for c in self.choice.search.ranked]:
+            # assignments whose statements split the same indices are one plan
+            same = tuple(s.split for s in plan.statements)
+            if same not in seen:
+                seen.add(same)
+                shown.append(plan)
+        return shown[:ALTERNATIVES_SHOWN]
+
+    def page(self):
+        """The picture of the plan on the mesh (docs/pictures.md), a ``pictures.Page``."""
+        return sharding_page(self)
+
+    def _repr_html_(self) -> str:
+        return self.page().fragment()
+
+    def save(self, path: str) -> None:
+        """Write the picture of the plan on the mesh as a self-contained HTML page."""
+        save_page(self.page(), path)
 
     def __str__(self) -> str:
         plan, mesh = self.plan, self.plan.mesh
@@ -145,14 +174,7 @@ class ShardingExplanation:
     def _alternatives(self) -> List[List[str]]:
         rows = [["assignment", "FLOPs/device", "collectives", "sent/device",
                  "inputs/device", "model time"]]
-        shown, seen = [], set()
-        for plan in [self.plan] + [c.plan for c in self.choice.search.ranked]:
-            # assignments whose statements split the same indices are one plan
-            same = tuple(s.split for s in plan.statements)
-            if same not in seen:
-                seen.add(same)
-                shown.append(plan)
-        for plan in shown[:ALTERNATIVES_SHOWN]:
+        for plan in self.alternatives():
             label = str(plan.assignment) if plan.assignment.pairs else "nothing sharded"
             if plan is self.plan:
                 label += "  (this plan)"
