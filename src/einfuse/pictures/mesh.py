@@ -153,20 +153,40 @@ def draw_collective(number: int, move, mesh) -> Drawing:
             continue
         ring = members + [members[0]] if len(members) > 2 else members
         for a, b in zip(ring, ring[1:]):
-            (x1, y1), (x2, y2) = centres[tuple(a.items())], centres[tuple(b.items())]
-            bend = 14 if len(members) > 2 and (x2 < x1 or y2 < y1) else -14
-            mx, my = (x1 + x2) / 2, (y1 + y2) / 2
-            dx, dy = x2 - x1, y2 - y1
-            length = max((dx * dx + dy * dy) ** 0.5, 1)
-            cx, cy = mx - dy / length * bend * 2, my + dx / length * bend * 2
-            drawing.path(f"M{x1 + dx / length * 30:.1f},{y1 + dy / length * 14:.1f} "
-                         f"Q{cx:.1f},{cy:.1f} {x2 - dx / length * 30:.1f},"
-                         f"{y2 - dy / length * 14:.1f}", fill="none", stroke="#dc2626",
-                         stroke_width=1.8, marker_end=f"url(#{marker})",
+            drawing.path(_arc(centres[tuple(a.items())], centres[tuple(b.items())],
+                              width, height, len(members) > 2 and b is ring[-1]),
+                         fill="none", stroke="#dc2626", stroke_width=1.8,
+                         marker_end=f"url(#{marker})",
+                         marker_start=f"url(#{marker})" if len(members) == 2 else None,
                          title=f"device ({device_text(a)}) -> ({device_text(b)}): part of "
                                f"the {nbytes(move.bytes_sent)} each device sends")
-            drawing._grow(max(cx, x1, x2) + 4, max(cy, y1, y2) + 4)
+    rows, _ = grid_shape(mesh)
+    drawing._grow(drawing.width, 44 + rows * (height + gap) + 10)
     return drawing
+
+
+def _arc(start, end, width: float, height: float, closing: bool) -> str:
+    """An arrow's path between two device boxes: straight between neighbours, the ring's
+    closing arrow as an arc outside the row (or column)."""
+    (x1, y1), (x2, y2) = start, end
+    dx, dy = x2 - x1, y2 - y1
+    length = max((dx * dx + dy * dy) ** 0.5, 1.0)
+    ux, uy = dx / length, dy / length
+    # leave each box at its edge
+    sx = x1 + ux * width / 2 if abs(ux) > abs(uy) else x1
+    sy = y1 + uy * height / 2 if abs(uy) >= abs(ux) else y1
+    ex = x2 - ux * width / 2 if abs(ux) > abs(uy) else x2
+    ey = y2 - uy * height / 2 if abs(uy) >= abs(ux) else y2
+    if not closing:
+        return f"M{sx:.1f},{sy:.1f} L{ex:.1f},{ey:.1f}"
+    if abs(dx) >= abs(dy):        # back along a row: below it
+        sy, ey = y1 + height / 2, y2 + height / 2
+        sx, ex = x1, x2
+        return f"M{sx:.1f},{sy:.1f} C{sx:.1f},{sy + 22:.1f} {ex:.1f},{ey + 22:.1f} " \
+               f"{ex:.1f},{ey + 2:.1f}"
+    sx, ex = x1 + width / 2, x2 + width / 2
+    return f"M{sx:.1f},{y1:.1f} C{sx + 22:.1f},{y1:.1f} {ex + 22:.1f},{y2:.1f} " \
+           f"{ex + 2:.1f},{y2:.1f}"
 
 
 def draw_alternative(plan, cost, longest: float, chosen: bool, cheapest: bool) -> Drawing:

@@ -105,8 +105,8 @@ def statement_page(explanation) -> Page:
     if explanation.hoisted:
         page.heading("Computed once (hoisted)", 3)
         page.pre(explanation.hoisted)
-    _loop_section(page, [explanation], [explanation.statement.splitlines()[0]], flow.kernels)
     _roofline(page, flow)
+    _loop_section(page, [explanation], [explanation.statement.splitlines()[0]], flow.kernels)
     _text(page, str(explanation))
     return page
 
@@ -128,6 +128,7 @@ def program_page(explanation) -> Page:
                 for k in flow.kernels], numeric=(3, 4, 5))
     page.heading("Cost of the whole program", 3)
     _costs(page, explanation.flops, explanation.bytes_read, explanation.bytes_written)
+    _roofline(page, flow)
     if explanation.attention is not None:
         page.heading("Loop nest of the fused attention kernel")
         page.drawing(draw_blocks(attention_blocks(explanation.attention),
@@ -135,7 +136,6 @@ def program_page(explanation) -> Page:
         page.pre(explanation.attention.lines())
     else:
         _loop_section(page, explanation.parts, explanation.statements, flow.kernels)
-    _roofline(page, flow)
     _text(page, str(explanation))
     return page
 
