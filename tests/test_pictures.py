@@ -249,3 +249,35 @@ def test_bench_page_numbers(tmp_path):
 def test_docs_examples_parse(tmp_path):
     for name, explanation in docs_examples().items():
         parse_page(page_of(explanation, tmp_path, f"{name}.html")[0])
+
+
+def test_measured_time_is_drawn_on_the_roofline(tmp_path):
+    e = ef.explain(SOFTMAX, shapes={"X": (256, 128)}, measure=True)
+    assert e.measured.seconds > 0 and "Measured (measure=True" in str(e)
+    assert "Measured" not in str(ef.explain(SOFTMAX, shapes={"X": (256, 128)}))
+    text, svgs = page_of(e, tmp_path)
+    found = {t for t in titles(svgs, "roofline") if "measured: seconds=" in t}
+    assert len(found) == 1
+    assert float(numbers(found.pop())["seconds"]) == pytest.approx(e.measured.seconds,
+                                                                   rel=1e-5)
+
+
+def test_measure_uses_the_arrays_given_and_gathers_stay_inside():
+    A = np.ones((20, 8), np.float32)
+    e = ef.explain("C[i] := sum[j](A[i,j])", A, measure=True)
+    assert e.measured.seconds > 0 and "the arrays given" in e.measured.note
+    g = ef.explain("C[i] := sum[j](W[idx[i], j]) * s", shapes={"W": (100, 5), "idx": (30,)},
+                   measure=True)
+    assert g.measured.seconds > 0 and "zero-filled" in g.measured.note
+
+
+def test_measure_of_a_huge_shape_allocates_nothing():
+    e = ef.explain("C[i] := sum[j](A[i,j])", shapes={"A": (1 << 20, 1 << 12)}, measure=True)
+    assert e.measured.seconds is None and "would take" in e.measured.note
+
+
+@pytest.mark.parametrize("options", [dict(measure="yes"),
+                                     dict(measure=True, mesh={"d": 2})])
+def test_measure_option_errors(options):
+    with pytest.raises(OptionError, match="measure"):
+        ef.explain("C[i] := A[i]", shapes={"A": (4,)}, **options)

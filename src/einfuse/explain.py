@@ -18,7 +18,9 @@ from .eager import naive_intermediate
 from .frontends.named import hooks as named_hooks, is_named
 from .lang.ast import (Access, Binary, Call, Expr, Param, Reduce, Unary, accesses,
                        map_children)
+from .lang.parser import einops_hint, einsum_hint
 from .lang.printer import format_expr, format_statement
+from .measure import Measured, measure as time_call, too_large, zero_inputs
 from .pictures import save_page, statement_page
 from .runtime.kernel import NOT_GIVEN, Kernel, check_explain_options, statement_argument
 from .runtime.keywords import check_named, keyword_options
@@ -83,6 +85,7 @@ class Explanation:
     loops: Optional[List[LoopLevel]] = None   # the loop nest as data (for the picture)
     inputs: Optional[List[Operand]] = None    # the arrays read (with arrays or shapes)
     output: Optional[Operand] = None          # the array written (with arrays or shapes)
+    measured: Optional[Measured] = None       # with measure=True: the time per call
 
     def page(self):
         """The picture of the plan (docs/pictures.md), a ``pictures.Page``."""
@@ -132,6 +135,8 @@ class Explanation:
             out += [""] + ["Note: " + n for n in self.notes]
         if self.source:
             out += ["", "Generated source"] + ["  " + line for line in self.source.splitlines()]
+        if self.measured is not None:
+            out += ["", "Measured (measure=True)", self.measured.line()]
         return "\n".join(out)
 
 
@@ -336,11 +341,13 @@ def _intensity(value: Optional[float]) -> str:
 def explain(statement=NOT_GIVEN, /, *args, shapes: Optional[Dict[str, tuple]] = None,
             ranges=None, pad=None, bounds="check", fill=0.0, dtype=None, backend="auto",
             threads=None, memory_limit=None, gradients: bool = False, outputs=None,
-            source: bool = False, mesh=None, shard=None, cost_model=None, **arrays):
+            source: bool = False, mesh=None, shard=None, cost_model=None,
+            measure: bool = False, **arrays):
     """Explain ``statement`` (or a program of several); with arrays (or
     ``shapes={"A": (100, 50)}``) also the ranges, costs and plan for those shapes; with
     ``gradients=True`` also every gradient statement and how it runs; with
     ``source=True`` (and arrays or shapes) also the generated C or Triton source;
+    with ``measure=True`` (and arrays or shapes) also the time per call on this machine;
     with ``mesh=`` (and ``shard=``) the plan on a device mesh (docs/sharding.md).
     ``str()`` of the result is the text.  A tensor named like an option goes in
     ``arrays={"bounds": b}``, as for ``ein``.
@@ -355,9 +362,16 @@ def explain(statement=NOT_GIVEN, /, *args, shapes: Optional[Dict[str, tuple]] = 
             shapes=shapes, pad=pad, bounds=bounds, fill=fill, dtype=dtype, backend=backend,
             threads=threads, memory_limit=memory_limit, gradients=gradients, source=source,
             mesh=mesh, shard=shard, cost_model=cost_model, ranges=ranges, outputs=outputs,
-            **arrays), explain)
+            measure=measure, **arrays), explain)
     from .runtime.kernel import compile as compile_kernel
     from .frontends.jaxpr_explain import explain_function, is_jax_function
+    if not isinstance(measure, (bool, np.bool_)):
+        raise OptionError(f"measure= takes True or False, not {shown(measure)}")
+    if measure and (mesh is not None or shard is not None or is_jax_function(statement) or
+                    einsum_or_einops(statement)):
+        raise OptionError("measure=True times an index statement or program on this "
+                          "machine; not a plan on a mesh, a JAX function or an einsum/einops "
+                          "pattern (explain the statements they show with measure=True)")
     if cost_model is not None and mesh is None:
         raise OptionError("cost_model= prices plans on a device mesh; it needs mesh= "
                           "(docs/sharding.md)")
@@ -397,8 +411,23 @@ def explain(statement=NOT_GIVEN, /, *args, shapes: Optional[Dict[str, tuple]] = 
                                gradients or source)
     if not isinstance(compiled, Kernel):
         from .program.explain import explain_program
-        return explain_program(compiled, args, arrays, shapes, gradients, source)
+        given = dict(zip(compiled.inputs, args))
+        given.update(arrays.get("arrays") or {})
+        given.update({k: v for k, v in arrays.items() if k != "arrays"})
+        explanation = explain_program(compiled, args, arrays, shapes, gradients, source)
+        if measure:
+            explanation.measured = _measured(compiled, explanation.parts, given,
+                                             compiled.inputs)
+        return explanation
+    given = dict(arrays.get("arrays") or {})
+    given.update({k: v for k, v in arrays.items() if k != "arrays"})
     explanation = explain_kernel(compiled, args, arrays, shapes, gradients)
+    if measure:
+        spec = compiled.spec
+        wanted = set(spec.arg_order) | ({spec.output} if spec.assign != ":=" else set())
+        given.update(zip(spec.arg_order, args))
+        given = {**{name: 1.0 for name in spec.params}, **given}
+        explanation.measured = _measured(compiled, [explanation], given, wanted)
     from .runtime.attention import attention_notes      # rewrite/online_softmax.py
     explanation.notes += attention_notes(compiled, {**_placeholders(compiled.spec, shapes),
                                                     **arrays} if shapes else arrays)
@@ -410,6 +439,25 @@ def explain(statement=NOT_GIVEN, /, *args, shapes: Optional[Dict[str, tuple]] = 
         else:
             explanation.source = kernel_source(compiled, args, arrays, explanation.notes)
     return explanation
+
+
+def einsum_or_einops(statement) -> bool:
+    return isinstance(statement, str) and (bool(einsum_hint(statement)) or
+                                           einops_hint(statement) is not None)
+
+
+def _measured(compiled, parts, given, wanted) -> Measured:
+    """``compiled`` timed on the arrays ``given`` (by name) and zero-filled arrays of the
+    explained shapes for the names in ``wanted`` not given."""
+    operands = [o for part in parts for o in list(part.inputs or ()) + [part.output]
+                if o is not None]
+    if not given and not operands:
+        return Measured(None, 0, "pass arrays or shapes= to measure")
+    zeros = zero_inputs(operands, given, wanted)
+    if zeros is None:
+        return too_large([o for o in operands if o.name in set(wanted) and o.name not in given])
+    named = {**zeros, **given}
+    return time_call(lambda: compiled(**named), bool(zeros))
 
 
 def explain_kernel(kernel: Kernel, args, arrays, shapes, gradients: bool,

@@ -26,7 +26,7 @@ from .runtime.kernel import compile as compile_statements
 # the options of ef.compile that a materialisation passes on (ranges come from the
 # dimensions' sizes, outputs from the request)
 OPTIONS = ("pad", "bounds", "fill", "dtype", "backend", "threads", "memory_limit")
-EXPLAIN_OPTIONS = ("gradients", "source", "mesh", "shard", "cost_model")
+EXPLAIN_OPTIONS = ("gradients", "source", "mesh", "shard", "cost_model", "measure")
 
 _translations: Dict[tuple, "_Entry"] = {}
 _TRANSLATIONS_KEPT = 1024

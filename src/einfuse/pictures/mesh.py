@@ -161,7 +161,7 @@ def draw_collective(number: int, move, mesh) -> Drawing:
                          title=f"device ({device_text(a)}) -> ({device_text(b)}): part of "
                                f"the {nbytes(move.bytes_sent)} each device sends")
     rows, _ = grid_shape(mesh)
-    drawing._grow(drawing.width, 44 + rows * (height + gap) + 10)
+    drawing.grow(drawing.width, 44 + rows * (height + gap) + 10)
     return drawing
 
 

@@ -31,17 +31,27 @@ def _costs(page: Page, flops, read, written) -> None:
                  f"{flops / moved:.2f}" if moved else "-"]], numeric=(0, 1, 2, 3))
 
 
-def _roofline(page: Page, flow: Flow) -> None:
+def _roofline(page: Page, flow: Flow, measured=None) -> None:
+    """``measured``: the explanation's Measured (measure=True), the time of the whole call:
+    the one kernel's, or with several kernels a point for the whole."""
     points = [Point(f"kernel {k.number}", k.flops, (k.bytes_read or 0) + (k.bytes_written or 0))
               for k in flow.kernels if k.flops is not None]
     if not points:
         return
+    seconds_ = getattr(measured, "seconds", None)
+    if seconds_ is not None and len(points) == 1:
+        points[0].measured_seconds = seconds_
+    elif seconds_ is not None:
+        points.append(Point("whole call", sum(p.flops for p in points),
+                            sum(p.bytes_moved for p in points), seconds_))
     calibration = machine_limits()
     page.heading("Roofline")
     page.text("Each kernel's FLOPs per byte it moves through memory (its inputs and the "
               "arrays it writes to memory; rows and tiles kept per thread are not moved), "
               "against " + _machine_line(calibration) + ". A kernel left of the ridge is "
-              "bound by memory; the dot sits at the best time the roof allows.")
+              "bound by memory; the dot sits at the best time the roof allows" +
+              ("; the orange square at the measured time (measure=True)." if seconds_ else
+               "; explain(..., measure=True) adds the measured time."))
     if any(p.bytes_moved > 0 and p.flops > 0 for p in points):
         page.drawing(draw_roofline(points, calibration))
     page.table(roofline_rows(points, calibration), numeric=(1, 2, 3, 5, 6))
@@ -105,7 +115,7 @@ def statement_page(explanation) -> Page:
     if explanation.hoisted:
         page.heading("Computed once (hoisted)", 3)
         page.pre(explanation.hoisted)
-    _roofline(page, flow)
+    _roofline(page, flow, explanation.measured)
     _loop_section(page, [explanation], [explanation.statement.splitlines()[0]], flow.kernels)
     _text(page, str(explanation))
     return page
@@ -128,7 +138,7 @@ def program_page(explanation) -> Page:
                 for k in flow.kernels], numeric=(3, 4, 5))
     page.heading("Cost of the whole program", 3)
     _costs(page, explanation.flops, explanation.bytes_read, explanation.bytes_written)
-    _roofline(page, flow)
+    _roofline(page, flow, explanation.measured)
     if explanation.attention is not None:
         page.heading("Loop nest of the fused attention kernel")
         page.drawing(draw_blocks(attention_blocks(explanation.attention),

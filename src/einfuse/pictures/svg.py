@@ -41,30 +41,30 @@ class Drawing:
         self.width = 0.0
         self.height = 0.0
 
-    def _grow(self, x: float, y: float) -> None:
+    def grow(self, x: float, y: float) -> None:
         self.width = max(self.width, x)
         self.height = max(self.height, y)
 
     def rect(self, x, y, w, h, title: Optional[str] = None, **style) -> None:
-        self._grow(x + w, y + h)
+        self.grow(x + w, y + h)
         self.items.append(titled(f"<rect {attributes(x=float(x), y=float(y), width=float(w), height=float(h), **style)}", title))
 
     def line(self, x1, y1, x2, y2, title: Optional[str] = None, **style) -> None:
-        self._grow(max(x1, x2), max(y1, y2))
+        self.grow(max(x1, x2), max(y1, y2))
         self.items.append(titled(f"<line {attributes(x1=float(x1), y1=float(y1), x2=float(x2), y2=float(y2), **style)}", title))
 
     def path(self, d: str, title: Optional[str] = None, **style) -> None:
         self.items.append(titled(f"<path {attributes(d=d, **style)}", title))
 
     def circle(self, cx, cy, r, title: Optional[str] = None, **style) -> None:
-        self._grow(cx + r, cy + r)
+        self.grow(cx + r, cy + r)
         self.items.append(titled(f"<circle {attributes(cx=float(cx), cy=float(cy), r=float(r), **style)}", title))
 
     def text(self, x, y, content: str, size: float = 12, anchor: str = "start",
              title: Optional[str] = None, **style) -> None:
         width = text_width(content, size)
         left = {"start": x, "middle": x - width / 2, "end": x - width}[anchor]
-        self._grow(left + width, y + 4)
+        self.grow(left + width, y + 4)
         style.setdefault("fill", "#222")
         body = escape(content, quote=False)
         head = f"<text {attributes(x=float(x), y=float(y), font_size=size, text_anchor=anchor, **style)}>"

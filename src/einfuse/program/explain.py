@@ -39,6 +39,7 @@ class ProgramExplanation:
     groups: Optional[List[FusionGroup]] = None   # the kernels, in order
     notes: List[str] = field(default_factory=list)
     attention: Optional[object] = None   # runtime.attention.FusedAttention, when it applies
+    measured: Optional[object] = None    # with measure=True: measure.Measured, the whole call
 
     @property
     def flops(self) -> Optional[int]:
@@ -139,6 +140,8 @@ class ProgramExplanation:
             out += str(part).splitlines()
         if self.notes:
             out += [""] + ["Note: " + note for note in self.notes]
+        if self.measured is not None:
+            out += ["", "Measured (measure=True, the whole program)", self.measured.line()]
         return "\n".join(out)
 
 
