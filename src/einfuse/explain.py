@@ -20,7 +20,8 @@ from .lang.ast import (Access, Binary, Call, Expr, Param, Reduce, Unary, accesse
                        map_children)
 from .lang.parser import einops_hint, einsum_hint
 from .lang.printer import format_expr, format_statement
-from .measure import Measured, measure as time_call, too_large, zero_inputs
+from .explain_data import LoopLevel, Operand, loop_levels
+from .measure import Measured, measure_compiled
 from .pictures import save_page, statement_page
 from .runtime.kernel import NOT_GIVEN, Kernel, check_explain_options, statement_argument
 from .runtime.keywords import check_named, keyword_options
@@ -42,26 +43,6 @@ _ACCUMULATE = {"sum": "{acc} += {value}", "prod": "{acc} *= {value}",
                          "best, {acc} = {value}, position"}
 _INITIAL = {"sum": "0", "prod": "1", "max": "-inf", "min": "+inf", "logsumexp": "-inf",
             "argmax": "0; best = -inf", "argmin": "0; best = +inf"}
-
-
-@dataclass(frozen=True)
-class Operand:
-    """An array a statement reads or writes, as explained: shape, dtype and bytes."""
-    name: str
-    shape: Tuple[int, ...]
-    dtype: str
-    nbytes: int
-
-
-@dataclass(frozen=True)
-class LoopLevel:
-    """One loop of the statement's loop nest (the 'Loop nest' text, as data): its depth,
-    index, extent (None without shapes) and kind ('parallel', 'serial', or the reduction
-    it runs: 'sum', 'max' ...)."""
-    depth: int
-    index: str
-    extent: Optional[int]
-    kind: str
 
 
 @dataclass
@@ -255,29 +236,6 @@ def loop_nest(spec: Spec, bounds: Optional[Bounds]) -> List[str]:
     return lines
 
 
-def loop_levels(spec: Spec, bounds: Optional[Bounds]) -> List[LoopLevel]:
-    """The loops of ``loop_nest``, in its order, as data."""
-    levels: List[LoopLevel] = []
-
-    def extent(name: str) -> Optional[int]:
-        return None if bounds is None else bounds.extent(name)
-
-    def visit(expr: Expr, depth: int) -> None:
-        if isinstance(expr, Reduce):
-            for offset, name in enumerate(expr.indices):
-                levels.append(LoopLevel(depth + offset, name, extent(name), expr.op))
-            visit(expr.body, depth + len(expr.indices))
-            return
-        for child in expr.children():
-            visit(child, depth)
-
-    for depth, name in enumerate(spec.output_indices):
-        kind = "parallel" if name in spec.race_free_indices else "serial"
-        levels.append(LoopLevel(depth, name, extent(name), kind))
-    visit(spec.rhs, len(spec.output_indices))
-    return levels
-
-
 # -- costs -----------------------------------------------------------------------------------
 def _ops(expr: Expr) -> int:
     if isinstance(expr, (Binary, Call)):
@@ -416,7 +374,7 @@ def explain(statement=NOT_GIVEN, /, *args, shapes: Optional[Dict[str, tuple]] = 
         given.update({k: v for k, v in arrays.items() if k != "arrays"})
         explanation = explain_program(compiled, args, arrays, shapes, gradients, source)
         if measure:
-            explanation.measured = _measured(compiled, explanation.parts, given,
+            explanation.measured = measure_compiled(compiled, explanation.parts, given,
                                              compiled.inputs)
         return explanation
     given = dict(arrays.get("arrays") or {})
@@ -427,7 +385,7 @@ def explain(statement=NOT_GIVEN, /, *args, shapes: Optional[Dict[str, tuple]] = 
         wanted = set(spec.arg_order) | ({spec.output} if spec.assign != ":=" else set())
         given.update(zip(spec.arg_order, args))
         given = {**{name: 1.0 for name in spec.params}, **given}
-        explanation.measured = _measured(compiled, [explanation], given, wanted)
+        explanation.measured = measure_compiled(compiled, [explanation], given, wanted)
     from .runtime.attention import attention_notes      # rewrite/online_softmax.py
     explanation.notes += attention_notes(compiled, {**_placeholders(compiled.spec, shapes),
                                                     **arrays} if shapes else arrays)
@@ -444,20 +402,6 @@ def explain(statement=NOT_GIVEN, /, *args, shapes: Optional[Dict[str, tuple]] = 
 def einsum_or_einops(statement) -> bool:
     return isinstance(statement, str) and (bool(einsum_hint(statement)) or
                                            einops_hint(statement) is not None)
-
-
-def _measured(compiled, parts, given, wanted) -> Measured:
-    """``compiled`` timed on the arrays ``given`` (by name) and zero-filled arrays of the
-    explained shapes for the names in ``wanted`` not given."""
-    operands = [o for part in parts for o in list(part.inputs or ()) + [part.output]
-                if o is not None]
-    if not given and not operands:
-        return Measured(None, 0, "pass arrays or shapes= to measure")
-    zeros = zero_inputs(operands, given, wanted)
-    if zeros is None:
-        return too_large([o for o in operands if o.name in set(wanted) and o.name not in given])
-    named = {**zeros, **given}
-    return time_call(lambda: compiled(**named), bool(zeros))
 
 
 def explain_kernel(kernel: Kernel, args, arrays, shapes, gradients: bool,

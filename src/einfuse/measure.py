@@ -72,3 +72,17 @@ def too_large(operands) -> Measured:
     total = sum(o.nbytes for o in operands)
     return Measured(None, 0, f"zero-filled inputs would take {total / 1e9:.2f} GB "
                              f"(more than {MEASURE_BYTES / 1e9:.2f} GB)")
+
+
+def measure_compiled(compiled, parts, given, wanted) -> Measured:
+    """``compiled`` timed on the arrays ``given`` (by name) and zero-filled arrays of the
+    explained shapes for the names in ``wanted`` not given."""
+    operands = [o for part in parts for o in list(part.inputs or ()) + [part.output]
+                if o is not None]
+    if not given and not operands:
+        return Measured(None, 0, "pass arrays or shapes= to measure")
+    zeros = zero_inputs(operands, given, wanted)
+    if zeros is None:
+        return too_large([o for o in operands if o.name in set(wanted) and o.name not in given])
+    named = {**zeros, **given}
+    return measure(lambda: compiled(**named), bool(zeros))

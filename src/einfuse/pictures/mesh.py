@@ -9,7 +9,7 @@ statements (they have ``split``) or moves (they have ``kind``)."""
 from __future__ import annotations
 
 import itertools
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Dict, List, Optional, Tuple
 
 from .svg import Drawing, arrow_marker
 from .units import count, nbytes, seconds, shape

@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 import math
-from typing import List, Optional, Sequence
+from typing import List, Sequence
 
 from .calibration import machine_limits
 from .dataflow import Flow, draw_flow, program_flow, statement_flow
@@ -13,7 +13,7 @@ from .mesh import mesh_drawings, steps_rows
 from .page import Page
 from .roofline import Point, draw_roofline, roofline_rows
 from .svg import Drawing
-from .units import count, nbytes, seconds, shape
+from .units import count, nbytes, seconds
 
 
 def _machine_line(calibration) -> str:
