@@ -281,3 +281,24 @@ def test_measure_of_a_huge_shape_allocates_nothing():
 def test_measure_option_errors(options):
     with pytest.raises(OptionError, match="measure"):
         ef.explain("C[i] := A[i]", shapes={"A": (4,)}, **options)
+
+
+def test_einsum_einops_and_torch_pages(tmp_path):
+    torch = pytest.importorskip("torch")
+    A, B = np.ones((20, 30), np.float32), np.ones((30, 10), np.float32)
+    einsum = ef.explain("ij,jk->ik", A, B)
+    text, svgs = page_of(einsum, tmp_path, "einsum.html")
+    assert "einsum &#x27;ij,jk-&gt;ik&#x27;" in text or "einsum 'ij,jk-&gt;ik'" in text
+    assert titles(svgs, "dataflow")
+    reduced = ef.explain("b h w c -> b c", shapes={"x": (2, 3, 4, 5)}, reduction="sum")
+    text, svgs = page_of(reduced, tmp_path, "einops.html")
+    assert titles(svgs, "dataflow")
+    reshape = ef.explain("b h w c -> b (h w) c", np.ones((2, 3, 4, 5), np.float32))
+    assert reshape.inner is None          # a reshape alone: no kernel, the text only
+    text = reshape.page().document()
+    assert "no kernel runs" in text and "<svg" not in text
+    t = torch.ones(64, 32)
+    e = ef.explain("C[i] := sum[j](A[i,j])", A=t)
+    text, svgs = page_of(e, tmp_path, "torch.html")
+    lane = next(x for x in titles(svgs, "dataflow") if x.startswith("A: "))
+    assert f", {t.nbytes} bytes;" in lane

@@ -17,6 +17,7 @@ from typing import Dict, List, Optional, Tuple, Union
 
 from ..errors import (EinfuseError, EinfuseSyntaxError, ShapeError, UnexpectedArgumentError,
                       attach_statement, did_you_mean)
+from ..pictures import front_end_page, save_page
 
 Group = Tuple[str, ...]            # the elementary axes of one axis of a side
 
@@ -316,6 +317,16 @@ class EinopsExplanation:
     reduction: Optional[str]
     plan: EinopsPlan
     inner: object           # the statement's Explanation (None: a reshape)
+
+    def page(self):
+        """The statement's picture with this call first (docs/pictures.md)."""
+        return front_end_page(self.inner, str(self).split("\n\n")[0], str(self))
+
+    def _repr_html_(self) -> str:
+        return self.page().fragment()
+
+    def save(self, path: str) -> None:
+        save_page(self.page(), path)
 
     def __str__(self) -> str:
         how = f", {self.reduction!r}" if self.reduction is not None else ""

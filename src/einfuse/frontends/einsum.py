@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Dict, List, Optional, Sequence, Tuple
 
 from ..errors import EinfuseSyntaxError, EinfuseTypeError, ShapeError, unexpected_keywords
+from ..pictures import front_end_page, save_page
 
 _LETTERS = set(string.ascii_letters)
 # einsum's own keywords, then those of ein() it passes on (the operands are its arrays)
@@ -427,6 +428,16 @@ class EinsumExplanation:
     source: str
     names: Tuple[str, ...]
     inner: object
+
+    def page(self):
+        """The statement's picture with this call first (docs/pictures.md)."""
+        return front_end_page(self.inner, str(self).split("\n\n")[0], str(self))
+
+    def _repr_html_(self) -> str:
+        return self.page().fragment()
+
+    def save(self, path: str) -> None:
+        save_page(self.page(), path)
 
     def __str__(self) -> str:
         operands = ", ".join(f"{name} = operand {n}" for n, name in enumerate(self.names))

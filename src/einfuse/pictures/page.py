@@ -53,7 +53,11 @@ class Page:
         self.parts.append(f"<p class=\"note\">{escape(text)}</p>")
 
     def pre(self, lines: Sequence[str]) -> None:
-        self.parts.append("<pre>" + escape("\n".join(lines)) + "</pre>")
+        self.parts.append(self.pre_html(lines))
+
+    @staticmethod
+    def pre_html(lines: Sequence[str]) -> str:
+        return "<pre>" + escape("\n".join(lines)) + "</pre>"
 
     def table(self, rows: Sequence[Sequence[str]], numeric: Sequence[int] = ()) -> None:
         """A table whose first row is the header; columns in ``numeric`` right-aligned."""

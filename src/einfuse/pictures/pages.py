@@ -202,6 +202,18 @@ def jit_page(explanation) -> Page:
     return page
 
 
+def front_end_page(inner, lead: str, whole_text: str) -> Page:
+    """An einsum string's or einops pattern's page: the statement's (``inner``) with the
+    call it stands for first; a text page where no kernel runs (``inner`` None)."""
+    if inner is None:
+        page = Page(lead.splitlines()[0], "no kernel runs")
+        _text(page, whole_text)
+        return page
+    page = inner.page()
+    page.parts.insert(0, Page.pre_html(lead.splitlines()))
+    return page
+
+
 def named_page(explanation, legend: List[str]) -> Page:
     page = explanation.page()
     page.heading("Names in the program")
