@@ -302,3 +302,15 @@ def test_einsum_einops_and_torch_pages(tmp_path):
     text, svgs = page_of(e, tmp_path, "torch.html")
     lane = next(x for x in titles(svgs, "dataflow") if x.startswith("A: "))
     assert f", {t.nbytes} bytes;" in lane
+
+
+def test_compiled_loop_nest_drawn_with_its_kinds(tmp_path):
+    e = ef.explain("M[i] := max[j](X[i,j])", shapes={"X": (256, 1024)})
+    loops = [line for line in e.compiled_loop_nest if hasattr(line, "kind")]
+    assert loops and all("  " + line in str(e).splitlines() for line in e.compiled_loop_nest)
+    text, svgs = page_of(e, tmp_path)
+    drawn = {t for t in titles(svgs, "compiled") if t.startswith("compiled loop: ")}
+    kinds = sorted(numbers(t)["kind"] for t in drawn)
+    assert len(drawn) == len(loops)
+    assert kinds == sorted(line.kind for line in loops)
+    assert "threads" in kinds and "vector" in kinds

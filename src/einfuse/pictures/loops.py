@@ -8,7 +8,8 @@ from typing import List, Optional
 
 from .svg import Drawing, text_width
 
-KIND_COLOURS = {"parallel": "#dbeafe", "serial": "#f3f4f6", "vector": "#dcfce7",
+KIND_COLOURS = {"parallel": "#dbeafe", "threads": "#bfdbfe", "blocked": "#ede9fe",
+                "serial": "#f3f4f6", "vector": "#dcfce7",
                 "reduction": "#fef3c7", "loop": "#ede9fe", "branch": "#fce7f3",
                 "hoisted": "#dcfce7", "body": "#ffffff"}
 
@@ -38,6 +39,34 @@ def statement_blocks(loops, body: str) -> List[Block]:
         stack.append(block)
     innermost = stack[-1].children if stack else root
     innermost.append(Block(body, "body", body))
+    return root
+
+
+def compiled_blocks(lines) -> Optional[List[Block]]:
+    """A compiled kernel's pseudo-code (``Explanation.compiled_loop_nest``) as blocks: each
+    loop line (the renderer's LoopLine, which says what kind of loop it is: threads,
+    vector lanes, blocked by a tile, serial, reduction) holds the lines indented under it.
+    None where no line says (a backend without that data): the text is shown instead."""
+    if not any(hasattr(line, "kind") for line in lines):
+        return None
+    root: List[Block] = []
+    stack: List[tuple] = []
+    for line in lines:
+        loop = hasattr(line, "kind")
+        depth = line.depth if loop else (len(line) - len(line.lstrip(" "))) // 2
+        while stack and stack[-1][0] >= depth:
+            stack.pop()
+        into = stack[-1][1].children if stack else root
+        text = line.strip()
+        if not loop:
+            into.append(Block(text, "body", text))
+            continue
+        what = line.kind + (f" by {line.tile}" if line.tile else "") + \
+            (", threads" if line.threads and line.kind != "threads" else "")
+        block = Block(text, line.kind if line.kind in KIND_COLOURS else "serial",
+                      f"compiled loop: kind={line.kind}; tile={line.tile}; {what}")
+        into.append(block)
+        stack.append((depth, block))
     return root
 
 

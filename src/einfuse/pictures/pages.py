@@ -8,7 +8,7 @@ from typing import List, Sequence
 
 from .calibration import machine_limits
 from .dataflow import Flow, draw_flow, program_flow, statement_flow
-from .loops import Block, draw_blocks, statement_blocks
+from .loops import Block, compiled_blocks, draw_blocks, statement_blocks
 from .mesh import mesh_drawings, steps_rows
 from .page import Page
 from .roofline import Point, draw_roofline, roofline_rows
@@ -59,9 +59,10 @@ def _roofline(page: Page, flow: Flow, measured=None) -> None:
 
 def _loop_section(page: Page, parts, texts: Sequence[str], kernels) -> None:
     page.heading("Loop nests")
-    page.text("Each statement's loops as its index roles give them (blue: parallel over "
-              "threads, grey: serial, yellow: a reduction), then the compiled kernel's own "
-              "pseudo-code (vector lanes, blocking, registers) as the backend plans it.")
+    page.text("Each statement's loops as its index roles give them (blue: parallel, grey: "
+              "serial, yellow: a reduction), then the compiled kernel as the backend plans "
+              "it: darker blue the loop split across threads, purple a loop blocked in "
+              "steps (tiles, register blocks), green SIMD lanes.")
     for kernel in kernels:
         if len(kernels) > 1 or len(kernel.statements) > 1:
             page.heading(f"kernel {kernel.number}: {kernel.how}", 3)
@@ -73,10 +74,21 @@ def _loop_section(page: Page, parts, texts: Sequence[str], kernels) -> None:
             drawings.append(draw_blocks(statement_blocks(part.loops, f"{s + 1}. {texts[s]}"),
                                         f"loop nest of statement {s + 1}", "loops"))
         page.drawings(drawings)
+        if len(kernel.statements) > 1 and any(parts[s].compiled_loop_nest
+                                              for s in kernel.statements):
+            page.text("Below, each statement's own compiled kernel, as it runs alone; in "
+                      "this fused kernel the statements share the one loop over rows.")
         for s in kernel.statements:
-            if parts[s].compiled_loop_nest:
-                page.pre([f"# statement {s + 1}, compiled: {parts[s].strategy or ''}"] +
-                         parts[s].compiled_loop_nest)
+            nest = parts[s].compiled_loop_nest
+            if not nest:
+                continue
+            page.text(f"statement {s + 1}, compiled: {parts[s].strategy or ''}")
+            blocks = compiled_blocks(nest)
+            if blocks is None:
+                page.pre(nest)
+            else:
+                page.drawing(draw_blocks(blocks, f"compiled loop nest of statement {s + 1}",
+                                         "compiled"))
 
 
 def attention_blocks(fused) -> List[Block]:
