@@ -30,7 +30,7 @@ y[b,o] := sum[f](h[b,f]*W2[f,o])"""
 def pages():
     qkv = (2, 8, 256, 64)
     return {
-        "softmax": (ef.explain(SOFTMAX, shapes={"X": (4096, 1024)}), 1150),
+        "softmax": (ef.explain(SOFTMAX, shapes={"X": (4096, 1024)}, measure=True), 1150),
         "attention": (ef.explain(ATTENTION, shapes={"Q": qkv, "K": qkv, "V": qkv},
                                  scale=0.125), 1150),
         "megatron": (ef.explain(MLP, shapes={"x": (64, 1024), "W1": (1024, 4096),

@@ -232,7 +232,7 @@ def _draw_lane(drawing: Drawing, lane: Lane, x: float, rows, top: float,
     colour = COLOURS[lane.lives]
     title = lane.title()
     drawing.text(x, 16, lane.name, size=13, anchor="middle", font_weight="bold", title=title)
-    drawing.text(x, 32, _clip(f"{lane.dtype} {shape(lane.shape)}", 17), size=10,
+    drawing.text(x, 32, _clip(f"{lane.dtype} {shape(lane.shape)}", 20), size=9.5,
                  anchor="middle", title=title)
     drawing.text(x, 48, lane.label(), size=11, anchor="middle", fill=colour, title=title)
     if lane.lives in ("row", "tile"):
