@@ -3,6 +3,7 @@ well-formed, and the numbers drawn are explain's numbers (read back from the SVG
 
 from __future__ import annotations
 
+import html
 import io
 import json
 import os
@@ -314,3 +315,22 @@ def test_compiled_loop_nest_drawn_with_its_kinds(tmp_path):
     assert len(drawn) == len(loops)
     assert kinds == sorted(line.kind for line in loops)
     assert "threads" in kinds and "vector" in kinds
+
+
+def test_cli_bench_html(tmp_path, monkeypatch, capsys):
+    import einfuse.bench as bench
+    from einfuse.bench.cases import Case
+    case = Case("dist small", "D[i,j] := (w[k,i] - x[k,j])**2", inputs=lambda rng: {})
+    timed = [Measurement(case.name, "einfuse", 0.004), Measurement(case.name, "numpy", 0.01)]
+    monkeypatch.setattr(bench, "all_cases", lambda quick: [case])
+    monkeypatch.setattr(bench, "run_case", lambda *args, **kwargs: list(timed))
+    path = tmp_path / "bench.html"
+    assert main(["bench", "--html", str(path)]) == 0
+    svgs = parse_page(path.read_text())
+    bars = {t for t in titles(svgs, "bench") if "median_seconds=" in t}
+    assert {float(numbers(t)["median_seconds"]) for t in bars} == {0.004, 0.01}
+    assert html.escape(cpu_model()) in path.read_text()
+    missing = tmp_path / "nowhere" / "bench.html"
+    assert main(["bench", "--html", str(missing)]) == 1
+    assert "does not exist or is not writable" in capsys.readouterr().err
+    assert not missing.exists()

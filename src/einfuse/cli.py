@@ -255,8 +255,8 @@ def _bench(args) -> int:
               "pip install matplotlib (or einfuse[bench])", file=sys.stderr)
         return 1
     if args.html and not os.access(os.path.dirname(os.path.abspath(args.html)), os.W_OK):
-        print(f"einfuse: bench --html {args.html}: its directory is not writable",
-              file=sys.stderr)     # said before minutes of timing, as for --plot
+        print(f"einfuse: bench --html {args.html}: its directory does not exist or is not "
+              "writable", file=sys.stderr)     # said before minutes of timing, as --plot
         return 1
     if args.device == "cuda":
         return _bench_gpu(args)

@@ -105,16 +105,16 @@ def statement_flow(explanation) -> Flow:
 def program_flow(explanation) -> Flow:
     """The flow of a program's explanation: its kernels, in order."""
     parts = explanation.parts
-    count_ = len(explanation.statements)
+    statements = len(explanation.statements)
     materialised = {m.name: m for m in explanation.materialised or ()}
     attention = explanation.attention
     if attention is not None:
-        kernels = [KernelBox(1, list(range(count_)), "fused attention (online softmax)",
+        kernels = [KernelBox(1, list(range(statements)), "fused attention (online softmax)",
                              attention.flops, attention.bytes_read, attention.bytes_written)]
     else:
         groups = explanation.groups
         if groups is None:
-            from_groups = [([i], "alone") for i in range(count_)]
+            from_groups = [([i], "alone") for i in range(statements)]
         else:
             from_groups = [(list(g.statements), _group_how(g)) for g in groups]
         kernels = [KernelBox(n, members, how, None, None, None)
