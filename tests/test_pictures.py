@@ -170,6 +170,15 @@ def test_jit_page_draws_loops_as_loops(tmp_path):
     found = titles(svgs, "loops")
     assert any(t.startswith("loop s") and "in 0..19" in t for t in found)
     assert any(t.startswith("hoisted: ") for t in found)    # exp(w): once, outside
+    flow = titles(svgs, "dataflow")
+    kernel = numbers(by_prefix(flow, "kernel 1:")[0])
+    assert int(kernel["flops"]) == e.operations > 0
+    assert int(kernel["bytes_read"]) == w.nbytes + xs.nbytes
+    inputs = [a for a in e.flow_arrays if a.role == "input"]
+    assert sorted(a.nbytes for a in inputs) == sorted([w.nbytes, xs.nbytes])
+    for array in inputs:
+        assert any(t.startswith(f"{array.name}: ") and f", {array.nbytes} bytes;" in t
+                   for t in flow)
 
 
 def test_named_expression_page(tmp_path):

@@ -5,7 +5,8 @@ and each jaxpr equation mapped to the statement that holds it."""
 from __future__ import annotations
 
 import math
-from typing import List, Optional
+from dataclasses import dataclass
+from typing import List, Optional, Tuple
 
 from ..pictures import Block, jit_page, save_page
 
@@ -151,6 +152,63 @@ def _reads(step) -> set:
     return found
 
 
+def _writes(step) -> set:
+    """Every buffer a step writes (loops and branches: their bodies, and the carries)."""
+    if isinstance(step, (Assign, ScatterAdd)):
+        return {step.buffer}
+    found: set = set()
+    if isinstance(step, Loop):
+        found = {carry for carry, _ in step.updates}
+        for inner in step.condition_steps + step.body:
+            found |= _writes(inner)
+    elif isinstance(step, Branch):
+        for body in step.branches:
+            for inner in body:
+                found |= _writes(inner)
+    return found
+
+
+@dataclass(frozen=True)
+class FlowArray:
+    """A buffer of the program as the dataflow picture draws it: which top-level steps
+    (0-based) write and read it."""
+    name: str
+    shape: Tuple[int, ...]
+    dtype: str
+    nbytes: int
+    role: str                  # "input", "output" or "intermediate"
+    writers: Tuple[int, ...]
+    readers: Tuple[int, ...]
+
+
+def _step_label(step) -> str:
+    if isinstance(step, Assign):
+        return _statement(step)
+    if isinstance(step, ScatterAdd):
+        return f"{step.buffer}[...] {'=' if step.replace else '+='} (scatter)"
+    if isinstance(step, Loop):
+        return (f"loop {step.counter} in 0..{step.length - 1}" if step.kind is LoopKind.SCAN
+                else f"loop while {node_text(step.condition)}") + f"  ({step.origin})"
+    return f"switch on {node_text(step.which)}"
+
+
+def flow(program: JitProgram):
+    """(a label per top-level step, the buffers as FlowArray): the dataflow of the one
+    kernel."""
+    labels = [_step_label(step) for step in program.steps]
+    reads = [_reads(step) for step in program.steps]
+    writes = [_writes(step) for step in program.steps]
+    arrays = []
+    for b in program.buffers:
+        role = "input" if b.name in program.inputs else \
+            "output" if b.name in program.outputs else "intermediate"
+        arrays.append(FlowArray(b.name, tuple(b.shape), b.dtype.value[0],
+                                b.size * b.dtype.numpy.itemsize, role,
+                                tuple(k for k, w in enumerate(writes) if b.name in w),
+                                tuple(k for k, r in enumerate(reads) if b.name in r)))
+    return labels, arrays
+
+
 def hoisted_buffers(program: JitProgram) -> List[str]:
     """Statements before the first loop whose results a loop reads (not the carries'
     initial values): loop-invariant work, computed once."""
@@ -163,6 +221,12 @@ def hoisted_buffers(program: JitProgram) -> List[str]:
             read_in_loops |= _reads(step)
     return [s.buffer for s in program.steps[:first_loop] if isinstance(s, Assign)
             and s.buffer in read_in_loops and not s.buffer.startswith("c")]
+
+
+def _operations_of(program: JitProgram) -> int:
+    walker = _Walker()
+    walker.steps(program.steps, 1, 1)
+    return walker.total
 
 
 def explain_program(program: JitProgram, name: str) -> str:
@@ -200,11 +264,14 @@ class JitExplanation(str):
     work hoisted out of them marked."""
 
     def __new__(cls, text: str, name: str, blocks: Optional[List[Block]],
-                arrays: List[str]):
+                arrays: List[str], program: Optional[JitProgram] = None):
         made = super().__new__(cls, text)
         made.name = name
         made.blocks = blocks        # the program's outline (None: split by fallback=True)
         made.arrays = arrays        # its inputs and outputs, one line each
+        # the dataflow (step labels, FlowArray per buffer) and the operations counted
+        made.flow_steps, made.flow_arrays = flow(program) if program else ([], [])
+        made.operations = _operations_of(program) if program else None
         return made
 
     def _repr_html_(self) -> str:
@@ -276,4 +343,5 @@ def explain_function(fn, args, kwargs) -> JitExplanation:
               for role, names in (("input", program.inputs), ("output", program.outputs))
               for n in names]
     return JitExplanation("\n".join([explain_program(program, name), "",
-                                     *route_lines(compiled)]), name, outline(program), arrays)
+                                     *route_lines(compiled)]), name, outline(program), arrays,
+                          program)

@@ -124,6 +124,26 @@ def program_flow(explanation) -> Flow:
                   materialised, attention, totals)
 
 
+def jit_flow(explanation) -> Flow:
+    """An ``ef.jit`` function's flow: one kernel (the generated C function) running its
+    top-level steps; every buffer a lane (the function's temporaries live in memory)."""
+    steps = list(explanation.flow_steps)
+    lanes = []
+    for array in explanation.flow_arrays:
+        lives = {"input": "input", "output": "output"}.get(array.role, "memory")
+        producer = None if array.role == "input" or not array.writers else array.writers[0]
+        readers = [r for r in array.readers if r != producer]
+        if producer is None and not readers and array.role != "input":
+            continue
+        lanes.append(Lane(array.name, array.shape, array.dtype, array.nbytes, lives,
+                          producer, readers))
+    read = sum(a.nbytes for a in explanation.flow_arrays if a.role == "input")
+    written = sum(a.nbytes for a in explanation.flow_arrays if a.role == "output")
+    kernel = KernelBox(1, list(range(len(steps))), "one generated C function (ef.jit)",
+                       explanation.operations, read, written)
+    return Flow(steps, [kernel], lanes, explanation.operations, read, written)
+
+
 def _build(texts, parts, kernels, outputs, materialised, attention, totals) -> Flow:
     lanes: Dict[str, Lane] = {}
     for position, part in enumerate(parts):

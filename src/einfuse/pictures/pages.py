@@ -7,7 +7,7 @@ import math
 from typing import List, Sequence
 
 from .calibration import machine_limits
-from .dataflow import Flow, draw_flow, program_flow, statement_flow
+from .dataflow import Flow, draw_flow, jit_flow, program_flow, statement_flow
 from .loops import Block, compiled_blocks, draw_blocks, statement_blocks
 from .mesh import mesh_drawings, steps_rows
 from .page import Page
@@ -205,11 +205,20 @@ def jit_page(explanation) -> Page:
     page = Page(f"ef.jit of {explanation.name}", "einfuse explain: one generated C kernel "
                 "for the whole function; loops run inside it")
     if explanation.blocks is not None:
-        page.heading("Inputs and outputs")
-        page.pre(explanation.arrays)
+        flow = jit_flow(explanation)
+        page.heading("Dataflow")
+        page.text("The function's top-level steps in order, inside its one kernel; each "
+                  "buffer a lane (a disc where a step first writes it, arrowheads where "
+                  "steps read it; a loop reads and writes what its body does).")
+        page.drawing(draw_flow(flow))
         page.heading("The program (loops drawn as loops; green: hoisted, computed once)")
         page.drawing(draw_blocks(explanation.blocks, f"program of {explanation.name}",
                                  "loops"))
+        page.text("For the roofline, the kernel's operations are counted as the text counts "
+                  "them (a while loop's body once) and its bytes as the inputs read and the "
+                  "outputs written once (the temporaries are the function's scratch "
+                  "buffers).")
+        _roofline(page, flow)
     _text(page, str(explanation))
     return page
 
