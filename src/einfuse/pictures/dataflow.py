@@ -270,8 +270,8 @@ def _draw_lane(drawing: Drawing, lane: Lane, x: float, rows, top: float,
     for r in lane.readers:
         if r in rows:
             y = rows[r]
-            drawing.path(f"M{x - 6:.0f},{y - 7:.0f} L{x + 6:.0f},{y - 7:.0f} L{x:.0f},{y:.0f} z",
-                         fill=colour, title=f"statement {r + 1} reads {lane.name}")
+            head = f"M{x - 6:.0f},{y - 7:.0f} L{x + 6:.0f},{y - 7:.0f} L{x:.0f},{y:.0f} z"
+            drawing.path(head, fill=colour, title=f"statement {r + 1} reads {lane.name}")
 
 
 def _header(kernel: KernelBox) -> str:

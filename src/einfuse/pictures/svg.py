@@ -47,18 +47,21 @@ class Drawing:
 
     def rect(self, x, y, w, h, title: Optional[str] = None, **style) -> None:
         self.grow(x + w, y + h)
-        self.items.append(titled(f"<rect {attributes(x=float(x), y=float(y), width=float(w), height=float(h), **style)}", title))
+        shape = attributes(x=float(x), y=float(y), width=float(w), height=float(h), **style)
+        self.items.append(titled(f"<rect {shape}", title))
 
     def line(self, x1, y1, x2, y2, title: Optional[str] = None, **style) -> None:
         self.grow(max(x1, x2), max(y1, y2))
-        self.items.append(titled(f"<line {attributes(x1=float(x1), y1=float(y1), x2=float(x2), y2=float(y2), **style)}", title))
+        shape = attributes(x1=float(x1), y1=float(y1), x2=float(x2), y2=float(y2), **style)
+        self.items.append(titled(f"<line {shape}", title))
 
     def path(self, d: str, title: Optional[str] = None, **style) -> None:
         self.items.append(titled(f"<path {attributes(d=d, **style)}", title))
 
     def circle(self, cx, cy, r, title: Optional[str] = None, **style) -> None:
         self.grow(cx + r, cy + r)
-        self.items.append(titled(f"<circle {attributes(cx=float(cx), cy=float(cy), r=float(r), **style)}", title))
+        shape = attributes(cx=float(cx), cy=float(cy), r=float(r), **style)
+        self.items.append(titled(f"<circle {shape}", title))
 
     def text(self, x, y, content: str, size: float = 12, anchor: str = "start",
              title: Optional[str] = None, **style) -> None:
@@ -67,7 +70,8 @@ class Drawing:
         self.grow(left + width, y + 4)
         style.setdefault("fill", "#222")
         body = escape(content, quote=False)
-        head = f"<text {attributes(x=float(x), y=float(y), font_size=size, text_anchor=anchor, **style)}>"
+        head = "<text " + attributes(x=float(x), y=float(y), font_size=size,
+                                     text_anchor=anchor, **style) + ">"
         if title:
             body += f"<title>{escape(title, quote=False)}</title>"
         self.items.append(f"{head}{body}</text>")
