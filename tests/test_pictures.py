@@ -214,6 +214,12 @@ def test_cli_explain_html(tmp_path, capsys):
     parse_page(path.read_text())
 
 
+def test_cli_explain_measure(capsys):
+    assert main(["explain", "C[i] := sum[j](A[i,j])", "--shape", "A=30x20",
+                 "--measure"]) == 0
+    assert "Measured (measure=True)" in capsys.readouterr().out
+
+
 def test_cli_calibrate_show_uses_the_cache(capsys):
     assert main(["calibrate", "--show"]) == 0
     assert "25.0 GB/s" in capsys.readouterr().out

@@ -77,6 +77,9 @@ def build_parser() -> argparse.ArgumentParser:
                          help="also show every gradient statement and its plan")
     explain.add_argument("--source", action="store_true",
                          help="also show the generated C or Triton source (needs --shape)")
+    explain.add_argument("--measure", action="store_true",
+                         help="also time it on this machine (zero-filled arrays of the "
+                         "--shape sizes)")
     explain.add_argument("--html", default=None, metavar="FILE",
                          help="also write the picture of the plan as a self-contained HTML "
                          "page (docs/pictures.md)")
@@ -185,7 +188,8 @@ def _explain(args) -> int:
         text = explain(args.statement, shapes=shapes or None, ranges=ranges, pad=args.pad,
                        bounds=args.bounds, fill=args.fill, dtype=args.dtype,
                        backend=args.backend, gradients=args.gradients,
-                       source=args.source, **_parameters(params, bool(shapes)))
+                       source=args.source, measure=args.measure,
+                       **_parameters(params, bool(shapes)))
     except EinfuseError as error:
         shown = type(error)(cli_words(error.message), source=error.source, span=error.span)
         print(f"einfuse: {type(error).__name__}: {shown}", file=sys.stderr)
