@@ -12,12 +12,15 @@ from typing import Dict, Optional
 import numpy as np
 
 from .analysis.frameworks import NUMPY, framework_of, has_dtensor, torch_compiling
+from .analysis.options import shown
 from .errors import (EinfuseError, EinfuseSyntaxError, EinfuseTypeError, OptionError,
                      ShapeError, UnexpectedArgumentError, attach_statement, did_you_mean,
                      unexpected_keywords)
 from .autodiff.derive import check_derive_call
 from .autodiff.derive import derive as derive_statement
+from .explain.front_ends import FrontEndExplanation
 from .explain.jit import explain_function, is_jax_function
+from .explain.measure import measure_compiled
 from .explain.program import explain_program
 from .explain.sharding import explain_sharded
 from .explain.statement import explain_statement
@@ -111,11 +114,12 @@ def explain(statement=NOT_GIVEN, /, *args, shapes: Optional[Dict[str, tuple]] = 
             ranges=None, pad=None, bounds="check", fill=0.0, dtype=None, backend="auto",
             threads=None, memory_limit=None, gradients: bool = False, outputs=None,
             source: bool = False, mesh=None, shard=None, cost_model=None, memory=None,
-            **arrays):
+            measure: bool = False, **arrays):
     """Explain ``statement`` (or a program of several); with arrays (or
     ``shapes={"A": (100, 50)}``) also the ranges, costs and plan for those shapes; with
     ``gradients=True`` also every gradient statement and how it runs; with
     ``source=True`` (and arrays or shapes) also the generated C or Triton source;
+    with ``measure=True`` (and arrays or shapes) also the time per call on this machine;
     with ``mesh=`` (and ``shard=``) the plan on a device mesh (docs/sharding.md).
     ``str()`` of the result is the text.  A tensor named like an option goes in
     ``arrays={"bounds": b}``, as for ``ein``.
@@ -130,7 +134,14 @@ def explain(statement=NOT_GIVEN, /, *args, shapes: Optional[Dict[str, tuple]] = 
             shapes=shapes, pad=pad, bounds=bounds, fill=fill, dtype=dtype, backend=backend,
             threads=threads, memory_limit=memory_limit, gradients=gradients, source=source,
             mesh=mesh, shard=shard, cost_model=cost_model, memory=memory, ranges=ranges,
-            outputs=outputs, **arrays), explain)
+            outputs=outputs, measure=measure, **arrays), explain)
+    if not isinstance(measure, (bool, np.bool_)):
+        raise OptionError(f"measure= takes True or False, not {shown(measure)}")
+    if measure and (mesh is not None or shard is not None or is_jax_function(statement) or
+                    _einsum_or_einops(statement)):
+        raise OptionError("measure=True times an index statement or program on this "
+                          "machine; not a plan on a mesh, a JAX function or an einsum/einops "
+                          "pattern (explain the statements they show with measure=True)")
     if mesh is None and has_dtensor(args, arrays):     # DTensors: the plan on their mesh
         mesh = next(v for v in (*args, *arrays.values()) if has_dtensor((v,), {})).device_mesh
     if (cost_model is not None or memory is not None) and mesh is None:
@@ -148,13 +159,14 @@ def explain(statement=NOT_GIVEN, /, *args, shapes: Optional[Dict[str, tuple]] = 
             raise attach_statement(unexpected_keywords(
                 "explain() of an einsum string", arrays,
                 ("shapes", "optimize") + EINSUM_EXPLAIN_OPTIONS), statement)
-        return explain_einsum(statement, args, shapes, explain, optimize, ranges=ranges,
-                              pad=pad, bounds=bounds, fill=fill, dtype=dtype,
-                              backend=backend, threads=threads, memory_limit=memory_limit,
-                              gradients=gradients, source=source)
+        return FrontEndExplanation(explain_einsum(
+            statement, args, shapes, explain, optimize, ranges=ranges, pad=pad,
+            bounds=bounds, fill=fill, dtype=dtype, backend=backend, threads=threads,
+            memory_limit=memory_limit, gradients=gradients, source=source))
     if einops_hint(statement) is not None and mesh is None and shard is None:
-        return explain_einops(statement, args, shapes, arrays, explain, dtype=dtype,
-                              backend=backend, threads=threads)
+        return FrontEndExplanation(explain_einops(statement, args, shapes, arrays, explain,
+                                                  dtype=dtype, backend=backend,
+                                                  threads=threads))
     check_explain_options(statement, shapes, gradients, source)
 
     compiled = compile(statement, ranges=ranges, pad=pad, bounds=bounds, fill=fill,
@@ -166,8 +178,20 @@ def explain(statement=NOT_GIVEN, /, *args, shapes: Optional[Dict[str, tuple]] = 
         return explain_sharded(compiled, args, arrays, shapes, mesh, shard, cost_model,
                                gradients or source, memory)
     if not isinstance(compiled, Kernel):
-        return explain_program(compiled, args, arrays, shapes, gradients, source)
-    return explain_statement(compiled, args, arrays, shapes, gradients, source)
+        given = dict(zip(compiled.inputs, args))
+        given.update(arrays.get("arrays") or {})
+        given.update({k: v for k, v in arrays.items() if k != "arrays"})
+        explanation = explain_program(compiled, args, arrays, shapes, gradients, source)
+        if measure:
+            explanation.measured = measure_compiled(compiled, explanation.parts, given,
+                                                    compiled.inputs)
+        return explanation
+    return explain_statement(compiled, args, arrays, shapes, gradients, source, measure)
+
+
+def _einsum_or_einops(statement) -> bool:
+    return isinstance(statement, str) and (bool(einsum_hint(statement)) or
+                                           einops_hint(statement) is not None)
 
 
 # -- numpy.einsum's call ----------------------------------------------------------------------

@@ -77,6 +77,12 @@ def build_parser() -> argparse.ArgumentParser:
                          help="also show every gradient statement and its plan")
     explain.add_argument("--source", action="store_true",
                          help="also show the generated C or Triton source (needs --shape)")
+    explain.add_argument("--measure", action="store_true",
+                         help="also time it on this machine (zero-filled arrays of the "
+                         "--shape sizes)")
+    explain.add_argument("--html", default=None, metavar="FILE",
+                         help="also write the picture of the plan as a self-contained HTML "
+                         "page (docs/pictures.md)")
     bench = sub.add_parser("bench", help="time einfuse against the installed peers "
                            "(NumPy, PyTorch, JAX, pykeops) and print ratios")
     bench.add_argument("--case", action="append", default=[], metavar="NAME",
@@ -95,6 +101,12 @@ def build_parser() -> argparse.ArgumentParser:
                        help="write bench.md (gpu.md with --device cuda), and the chart "
                        "with --plot, into DIR")
     bench.add_argument("--plot", action="store_true", help="also draw a bar chart (PNG)")
+    bench.add_argument("--html", default=None, metavar="FILE",
+                       help="also write the results as an HTML page (tables and charts)")
+    calibrate = sub.add_parser("calibrate", help="measure this machine's memory bandwidth "
+                               "and FLOP rate for the pictures' rooflines, and cache them")
+    calibrate.add_argument("--show", action="store_true",
+                           help="print the cached calibration (measure only if none)")
     return parser
 
 
@@ -108,6 +120,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return _bench(args)
     if args.command == "cache":
         return _cache(args.action)
+    if args.command == "calibrate":
+        return _calibrate(args.show)
     return 2  # argparse rejects unknown commands before this
 
 
@@ -157,6 +171,14 @@ def _cache(action: str) -> int:
     return 0
 
 
+def _calibrate(show: bool) -> int:
+    """``einfuse calibrate``: measure (again) and cache; ``--show``: the cached figures."""
+    from .pictures import cached, calibrate
+    found = cached() if show else None
+    print((found or calibrate()).describe())
+    return 0
+
+
 def _explain(args) -> int:
     from .api import explain
     shapes: Dict[str, Tuple[int, ...]] = dict(args.shape)
@@ -166,13 +188,21 @@ def _explain(args) -> int:
         text = explain(args.statement, shapes=shapes or None, ranges=ranges, pad=args.pad,
                        bounds=args.bounds, fill=args.fill, dtype=args.dtype,
                        backend=args.backend, gradients=args.gradients,
-                       source=args.source, **_parameters(params, bool(shapes)))
+                       source=args.source, measure=args.measure,
+                       **_parameters(params, bool(shapes)))
     except EinfuseError as error:
         shown = type(error)(cli_words(error.message), source=error.source, span=error.span)
         print(f"einfuse: {type(error).__name__}: {shown}", file=sys.stderr)
         return 1
     print("\n".join(cli_words(line) if line.startswith("Note: ") else line
                     for line in str(text).split("\n")))
+    if args.html:
+        try:
+            text.save(args.html)
+        except EinfuseError as error:
+            print(f"einfuse: {type(error).__name__}: {error}", file=sys.stderr)
+            return 1
+        print(f"wrote {args.html}", file=sys.stderr)
     return 0
 
 
@@ -228,6 +258,10 @@ def _bench(args) -> int:
         print("einfuse: bench --plot draws with matplotlib, which is not installed: "
               "pip install matplotlib (or einfuse[bench])", file=sys.stderr)
         return 1
+    if args.html and not os.access(os.path.dirname(os.path.abspath(args.html)), os.W_OK):
+        print(f"einfuse: bench --html {args.html}: its directory does not exist or is not "
+              "writable", file=sys.stderr)     # said before minutes of timing, as --plot
+        return 1
     if args.device == "cuda":
         return _bench_gpu(args)
     # No OMP_WAIT_POLICY here: einfuse's kernels load libgomp with a passive wait
@@ -240,11 +274,26 @@ def _bench(args) -> int:
     if results is None:
         return 1
     print(text_table(results))
-    header = (f"# einfuse bench\n\nmachine: {platform.machine()}, {os.cpu_count()} "
-              f"cores, Python {platform.python_version()}; medians of repeated runs "
-              "after one warm-up call; 'peer / einfuse' above 1 means einfuse is "
-              "faster.\n")
-    _write_results(args, "bench", header, results)
+    machine = (f"machine: {platform.machine()}, {os.cpu_count()} cores, Python "
+               f"{platform.python_version()}; medians of repeated runs after one warm-up "
+               "call; 'peer / einfuse' above 1 means einfuse is faster.")
+    _write_results(args, "bench", f"# einfuse bench\n\n{machine}\n", results)
+    return _write_html(args, results, machine)
+
+
+def _write_html(args, results, machine: str) -> int:
+    """With --html FILE: the results as a page (bench_page: charts and the table)."""
+    if not args.html:
+        return 0
+    from .bench.report import rows
+    from .pictures import bench_page, cpu_model, save_page
+    try:
+        save_page(bench_page(results, rows(results), f"{cpu_model()}; {machine}"),
+                  args.html)
+    except EinfuseError as error:
+        print(f"einfuse: {type(error).__name__}: {error}", file=sys.stderr)
+        return 1
+    print(f"wrote {args.html}", file=sys.stderr)
     return 0
 
 
@@ -311,7 +360,7 @@ def _bench_gpu(args) -> int:
     footer = "\n## Targets\n\n" + "".join(f"- {line}\n" for line in targets) \
         if targets else ""
     _write_results(args, "gpu", header, results, footer)
-    return 0
+    return _write_html(args, results, f"{gpu.machine_line()}; einfuse backend {args.backend}")
 
 
 if __name__ == "__main__":

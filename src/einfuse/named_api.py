@@ -21,11 +21,12 @@ from .frontends.named import FUNCTIONS, Affine, Dim, Named, Slot, read, wrap
 from .frontends.named_checks import DimInfo, Use, at_lines, error, merge_framework, merge_info
 from .frontends.named_program import emit, order_spec, range_values, structure
 from .api import compile as compile_statements
+from .pictures import named_page, save_page
 
 # the options of ef.compile that a materialisation passes on (ranges come from the
 # dimensions' sizes, outputs from the request)
 OPTIONS = ("pad", "bounds", "fill", "dtype", "backend", "threads", "memory_limit")
-EXPLAIN_OPTIONS = ("gradients", "source", "mesh", "shard", "cost_model", "memory")
+EXPLAIN_OPTIONS = ("gradients", "source", "mesh", "shard", "cost_model", "memory", "measure")
 
 _translations: Dict[tuple, "_Entry"] = {}
 _TRANSLATIONS_KEPT = 1024
@@ -269,6 +270,17 @@ class NamedExplanation:
 
     def __getattr__(self, name):
         return getattr(self.explanation, name)
+
+    def page(self):
+        """The picture of the program the expression spells, with its names
+        (docs/pictures.md)."""
+        return named_page(self.explanation, self.legend)
+
+    def _repr_html_(self) -> str:
+        return self.page().fragment()
+
+    def save(self, path: str) -> None:
+        save_page(self.page(), path)
 
     def __str__(self) -> str:
         return str(self.explanation) + "\n\nNames in the program\n" + \

@@ -17,6 +17,19 @@ _INIT = {ReduceOp.SUM: "0", ReduceOp.PROD: "1", ReduceOp.MAX: "-inf", ReduceOp.M
          ReduceOp.ARGMIN: "position 0 of +inf"}
 
 
+class LoopLine(str):
+    """A loop's line of the pseudo-code: the text as shown, and as data what the loop is
+    (for the pictures, docs/pictures.md): ``kind`` 'threads' (the loop split across
+    threads), 'vector' (SIMD lanes), 'blocked' (steps of ``tile``), or the IR's loop kind
+    ('parallel', 'serial', 'reduction'); ``depth`` its nesting."""
+
+    def __new__(cls, text: str, kind: str, depth: int, tile: Optional[int] = None,
+                threads: bool = False):
+        line = super().__new__(cls, text)
+        line.kind, line.depth, line.tile, line.threads = kind, depth, tile, threads
+        return line
+
+
 class PseudoRenderer:
     def __init__(self, program: ir.Program, tensors: Sequence[str], indices: Sequence[str],
                  params: Sequence[str], values: Optional[Mapping[str, int]] = None):
@@ -94,7 +107,10 @@ class PseudoRenderer:
                                  ("SIMD", node.simd and node.kind != LoopKind.VECTORISED)) if on]
         first = "0" if node.start is None else self.affine(node.start)
         head = f"for {self.name(node.var)} in {first}..{self.last(node.extent)}:"
-        lines = ["  " * depth + head + (f"   # {', '.join(notes)}" if notes else "")]
+        kind = "threads" if threaded else "vector" if node.kind == LoopKind.VECTORISED or \
+            node.simd else str(node.kind.value)
+        lines = [LoopLine("  " * depth + head + (f"   # {', '.join(notes)}" if notes else ""),
+                          kind, depth, threads=threaded)]
         lines += self.block(node.body, depth + 1)
         self.in_parallel = self.in_parallel and not threaded
         return lines
@@ -106,7 +122,8 @@ class PseudoRenderer:
         head = (f"for {self.name(node.var)} in {first}..{self.last(node.extent)} "
                 f"step {node.tile}:"
                 f"   # {note}{self.name(node.count)} = min({node.tile}, rest)")
-        lines = ["  " * depth + head] + self.block(node.body, depth + 1)
+        lines = [LoopLine("  " * depth + head, "blocked", depth, node.tile, threaded)] + \
+            self.block(node.body, depth + 1)
         self.in_parallel = self.in_parallel and not threaded
         return lines
 

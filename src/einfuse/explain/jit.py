@@ -4,7 +4,10 @@ and each jaxpr equation mapped to the statement that holds it."""
 
 from __future__ import annotations
 
-from typing import List
+from dataclasses import dataclass
+from typing import List, Optional, Tuple
+
+from ..pictures import Block, jit_page, save_page
 
 from ..ir.jit_cost import step_flops
 from ..ir.jit import (Apply, Assign, Branch, Cast, Const, Index, JitProgram, Loop, LoopKind, Node,
@@ -129,18 +132,87 @@ def _reads(step) -> set:
     return found
 
 
-def explain_program(program: JitProgram, name: str) -> str:
-    walker = _Walker()
-    walker.steps(program.steps, 1, 1)
-    # hoisted: statements before the first loop whose results a loop reads
+def _writes(step) -> set:
+    """Every buffer a step writes (loops and branches: their bodies, and the carries)."""
+    if isinstance(step, (Assign, ScatterAdd)):
+        return {step.buffer}
+    found: set = set()
+    if isinstance(step, Loop):
+        found = {carry for carry, _ in step.updates}
+        for inner in step.condition_steps + step.body:
+            found |= _writes(inner)
+    elif isinstance(step, Branch):
+        for body in step.branches:
+            for inner in body:
+                found |= _writes(inner)
+    return found
+
+
+@dataclass(frozen=True)
+class FlowArray:
+    """A buffer of the program as the dataflow picture draws it: which top-level steps
+    (0-based) write and read it."""
+    name: str
+    shape: Tuple[int, ...]
+    dtype: str
+    nbytes: int
+    role: str                  # "input", "output" or "intermediate"
+    writers: Tuple[int, ...]
+    readers: Tuple[int, ...]
+
+
+def _step_label(step) -> str:
+    if isinstance(step, Assign):
+        return _statement(step)
+    if isinstance(step, ScatterAdd):
+        return f"{step.buffer}[...] {'=' if step.replace else '+='} (scatter)"
+    if isinstance(step, Loop):
+        return (f"loop {step.counter} in 0..{step.length - 1}" if step.kind is LoopKind.SCAN
+                else f"loop while {node_text(step.condition)}") + f"  ({step.origin})"
+    return f"switch on {node_text(step.which)}"
+
+
+def flow(program: JitProgram):
+    """(a label per top-level step, the buffers as FlowArray): the dataflow of the one
+    kernel."""
+    labels = [_step_label(step) for step in program.steps]
+    reads = [_reads(step) for step in program.steps]
+    writes = [_writes(step) for step in program.steps]
+    arrays = []
+    for b in program.buffers:
+        role = "input" if b.name in program.inputs else \
+            "output" if b.name in program.outputs else "intermediate"
+        arrays.append(FlowArray(b.name, tuple(b.shape), b.dtype.value[0],
+                                b.size * b.dtype.numpy.itemsize, role,
+                                tuple(k for k, w in enumerate(writes) if b.name in w),
+                                tuple(k for k, r in enumerate(reads) if b.name in r)))
+    return labels, arrays
+
+
+def hoisted_buffers(program: JitProgram) -> List[str]:
+    """Statements before the first loop whose results a loop reads (not the carries'
+    initial values): loop-invariant work, computed once."""
     first_loop = next((k for k, s in enumerate(program.steps) if isinstance(s, Loop)), None)
+    if first_loop is None:
+        return []
     read_in_loops = set()
     for step in program.steps:
         if isinstance(step, Loop):
             read_in_loops |= _reads(step)
-    hoisted = [s.buffer for s in program.steps[:first_loop or 0] if isinstance(s, Assign)
-               and s.buffer in read_in_loops and not s.buffer.startswith("c")] \
-        if first_loop is not None else []
+    return [s.buffer for s in program.steps[:first_loop] if isinstance(s, Assign)
+            and s.buffer in read_in_loops and not s.buffer.startswith("c")]
+
+
+def _operations_of(program: JitProgram) -> int:
+    walker = _Walker()
+    walker.steps(program.steps, 1, 1)
+    return walker.total
+
+
+def explain_program(program: JitProgram, name: str) -> str:
+    walker = _Walker()
+    walker.steps(program.steps, 1, 1)
+    hoisted = hoisted_buffers(program)
     out = [f"ef.jit of {name}: 1 kernel (one generated C function, called once per call)",
            "", "Inputs"]
     for buffer_name in program.inputs:
@@ -166,6 +238,68 @@ def explain_program(program: JitProgram, name: str) -> str:
     return "\n".join(out)
 
 
+class JitExplanation(str):
+    """``ef.explain(fn, ...)``: the text (a ``str``, as before) that also draws itself
+    (``_repr_html_``, ``save``): the program's loops as boxes holding their bodies, the
+    work hoisted out of them marked."""
+
+    def __new__(cls, text: str, name: str, blocks: Optional[List[Block]],
+                arrays: List[str], program: Optional[JitProgram] = None):
+        made = super().__new__(cls, text)
+        made.name = name
+        made.blocks = blocks        # the program's outline (None: split by fallback=True)
+        made.arrays = arrays        # its inputs and outputs, one line each
+        # the dataflow (step labels, FlowArray per buffer) and the operations counted
+        made.flow_steps, made.flow_arrays = flow(program) if program else ([], [])
+        made.operations = _operations_of(program) if program else None
+        return made
+
+    def _repr_html_(self) -> str:
+        return jit_page(self).fragment()
+
+    def save(self, path: str) -> None:
+        save_page(jit_page(self), path)
+
+
+def outline(program: JitProgram) -> List[Block]:
+    """The program's steps as blocks: loops hold their bodies; statements before the first
+    loop that a loop reads are marked hoisted (computed once)."""
+    hoisted_names = set(hoisted_buffers(program))
+
+    def blocks(steps, top: bool) -> List[Block]:
+        out: List[Block] = []
+        for step in steps:
+            if isinstance(step, Assign):
+                text = _statement(step)
+                hoisted = top and step.buffer in hoisted_names
+                out.append(Block(("hoisted: " if hoisted else "") + text,
+                                 "hoisted" if hoisted else "body",
+                                 f"{text}; operations={step_flops(step)}" +
+                                 (f"; from {step.origin}" if step.origin else "")))
+            elif isinstance(step, ScatterAdd):
+                target = f"{step.buffer}[{', '.join(node_text(t) for t in step.target)}]"
+                text = f"{target} {'=' if step.replace else '+='} {node_text(step.value)}"
+                out.append(Block(text, "body", text))
+            elif isinstance(step, Loop):
+                if step.kind is LoopKind.SCAN:
+                    label = f"loop {step.counter} in 0..{step.length - 1}"
+                else:
+                    label = f"loop while {node_text(step.condition)}"
+                inner = blocks(step.condition_steps + step.body, False)
+                inner += [Block(f"{carry} <- {new}   (carry)", "serial",
+                                f"carry {carry} <- {new}") for carry, new in step.updates]
+                out.append(Block(label, "loop", f"{label} ({step.origin}); "
+                                 f"steps={len(step.body)}", inner))
+            elif isinstance(step, Branch):
+                arms = [Block(f"branch {n}", "branch", f"branch {n}", blocks(body, False))
+                        for n, body in enumerate(step.branches)]
+                label = f"switch on {node_text(step.which)}"
+                out.append(Block(label, "branch", label, arms))
+        return out
+
+    return blocks(program.steps, True)
+
+
 def is_jax_function(candidate) -> bool:
     """Whether ``ef.explain`` was given a function to trace (a plain callable or an
     ``ef.jit`` function), not a statement or one of einfuse's compiled objects (whose
@@ -176,17 +310,23 @@ def is_jax_function(candidate) -> bool:
     return kind.__name__ == "JitFunction" or not kind.__module__.startswith("einfuse")
 
 
-def explain_function(fn, args, kwargs) -> str:
+def explain_function(fn, args, kwargs) -> "JitExplanation":
     # (JAX is imported only to explain a JAX function)
     from ..runtime.jit import JitFunction
     from ..runtime.jit_split import SplitFunction
     jitted = fn if isinstance(fn, JitFunction) else JitFunction(fn)
     compiled = jitted.compiled(*args, **kwargs)
+    name = getattr(jitted.fn, "__name__", "fn")
     if isinstance(compiled, SplitFunction):       # split by fallback=True
-        return explain_split(compiled)
+        return JitExplanation(explain_split(compiled), name, None, [])
     from ..runtime.jit_ffi import route_lines
-    return "\n".join([explain_program(compiled.program, getattr(jitted.fn, "__name__", "fn")),
-                      "", *route_lines(compiled)])
+    program = compiled.program
+    arrays = [f"{role} {n}: {program.buffer(n).dtype.value[0]}{list(program.buffer(n).shape)}"
+              for role, names in (("input", program.inputs), ("output", program.outputs))
+              for n in names]
+    return JitExplanation("\n".join([explain_program(program, name), "",
+                                     *route_lines(compiled)]), name, outline(program), arrays,
+                          program)
 
 
 def explain_split(split) -> str:

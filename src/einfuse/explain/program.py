@@ -13,6 +13,7 @@ import numpy as np
 from ..analysis.cost import bytes_text, count_text
 from ..analysis.placeholders import program_placeholder, program_placeholders
 from ..errors import EinfuseError, ShapeError, attach_statement
+from ..pictures import program_page, save_page
 from ..schedule.fusion import FusionGroup
 from ..program.program import Program
 
@@ -35,6 +36,7 @@ class ProgramExplanation:
     groups: Optional[List[FusionGroup]] = None   # the kernels, in order
     notes: List[str] = field(default_factory=list)
     attention: Optional[object] = None   # runtime.attention.FusedAttention, when it applies
+    measured: Optional[object] = None    # with measure=True: measure.Measured, the whole call
 
     @property
     def flops(self) -> Optional[int]:
@@ -53,6 +55,17 @@ class ProgramExplanation:
         if self.attention is not None:
             return self.attention.bytes_written
         return _total(p.bytes_written for p in self.parts)
+
+    def page(self):
+        """The picture of the program (docs/pictures.md), a ``pictures.Page``."""
+        return program_page(self)
+
+    def _repr_html_(self) -> str:
+        return self.page().fragment()
+
+    def save(self, path: str) -> None:
+        """Write the picture of the program as a self-contained HTML page."""
+        save_page(self.page(), path)
 
     def _kernel_lines(self, n: int) -> List[str]:
         groups = self.groups or [FusionGroup((i,)) for i in range(n)]
@@ -122,6 +135,8 @@ class ProgramExplanation:
             out += str(part).splitlines()
         if self.notes:
             out += [""] + ["Note: " + note for note in self.notes]
+        if self.measured is not None:
+            out += ["", "Measured (measure=True, the whole program)", self.measured.line()]
         return "\n".join(out)
 
 

@@ -17,6 +17,7 @@ from ..sharding.cost import CostModel, plan_cost, seconds_text
 from ..sharding.layout import MoveKind
 from ..sharding.memory import memory_use
 from ..sharding.planner import ShardPlan, StatementPlan
+from ..pictures import save_page, sharding_page
 
 ALTERNATIVES_SHOWN = 6
 
@@ -52,6 +53,34 @@ class ShardingExplanation:
     @property
     def cheapest(self) -> ShardPlan:
         return self.choice.search.best.plan
+
+    def cost(self, plan: ShardPlan):
+        """``plan``'s modelled cost per device (compute_seconds, communication_seconds,
+        seconds) by this explanation's cost model."""
+        return plan_cost(plan, self.model)
+
+    def alternatives(self) -> List[ShardPlan]:
+        """The plans the alternatives table shows: this plan, then the others cheapest
+        first, one per way of splitting the statements, at most ALTERNATIVES_SHOWN."""
+        shown, seen = [], set()
+        for plan in [self.plan] + [c.plan for c in self.choice.search.ranked]:
+            # assignments whose statements split the same indices are one plan
+            same = tuple(s.split for s in plan.statements)
+            if same not in seen:
+                seen.add(same)
+                shown.append(plan)
+        return shown[:ALTERNATIVES_SHOWN]
+
+    def page(self):
+        """The picture of the plan on the mesh (docs/pictures.md), a ``pictures.Page``."""
+        return sharding_page(self)
+
+    def _repr_html_(self) -> str:
+        return self.page().fragment()
+
+    def save(self, path: str) -> None:
+        """Write the picture of the plan on the mesh as a self-contained HTML page."""
+        save_page(self.page(), path)
 
     def __str__(self) -> str:
         plan, mesh = self.plan, self.plan.mesh
@@ -152,14 +181,7 @@ class ShardingExplanation:
         rows = [["assignment", "FLOPs/device", "collectives", "sent/device",
                  "memory/device", "model time"]]
         limit = self.model.memory_per_device
-        shown, seen = [], set()
-        for plan in [self.plan] + [c.plan for c in self.choice.search.ranked]:
-            # assignments whose statements split the same indices are one plan
-            same = tuple(s.split for s in plan.statements)
-            if same not in seen:
-                seen.add(same)
-                shown.append(plan)
-        for plan in shown[:ALTERNATIVES_SHOWN]:
+        for plan in self.alternatives():
             label = str(plan.assignment) if plan.assignment.pairs else "nothing sharded"
             if plan is self.plan:
                 label += "  (this plan)"

@@ -20,6 +20,9 @@ from ..lang.printer import format_expr, format_statement
 from ..runtime.kernel import Kernel
 from ..runtime.kernel_maker import compile_statement
 from ..runtime.gradient_reference import resolve_options
+from ..pictures import save_page, statement_page
+from .data import LoopLevel, Operand, loop_levels
+from .measure import Measured, measure_compiled
 
 _REDUCTION_WORDS = {"sum": "the sum", "prod": "the product", "max": "the maximum",
                     "min": "the minimum", "logsumexp": "the log-sum-exp",
@@ -54,6 +57,21 @@ class Explanation:
     notes: List[str] = field(default_factory=list)
     source: Optional[str] = None       # the generated code, with source=True
     result_dtype: Optional[str] = None   # the dtype the call returns (with arrays)
+    loops: Optional[List[LoopLevel]] = None   # the loop nest as data (for the picture)
+    inputs: Optional[List[Operand]] = None    # the arrays read (with arrays or shapes)
+    output: Optional[Operand] = None          # the array written (with arrays or shapes)
+    measured: Optional[Measured] = None       # with measure=True: the time per call
+
+    def page(self):
+        """The picture of the plan (docs/pictures.md), a ``pictures.Page``."""
+        return statement_page(self)
+
+    def _repr_html_(self) -> str:
+        return self.page().fragment()
+
+    def save(self, path: str) -> None:
+        """Write the picture of the plan as a self-contained HTML page."""
+        save_page(self.page(), path)
 
     @property
     def arithmetic_intensity(self) -> Optional[float]:
@@ -92,6 +110,8 @@ class Explanation:
             out += [""] + ["Note: " + n for n in self.notes]
         if self.source:
             out += ["", "Generated source"] + ["  " + line for line in self.source.splitlines()]
+        if self.measured is not None:
+            out += ["", "Measured (measure=True)", self.measured.line()]
         return "\n".join(out)
 
 
@@ -219,10 +239,19 @@ def _intensity(value: Optional[float]) -> str:
 
 
 def explain_statement(compiled: Kernel, args, arrays, shapes, gradients: bool,
-                      source: bool) -> Explanation:
-    """``ef.explain`` of one compiled statement: its explanation, attention's notes and,
-    with ``source=True``, the generated source."""
+                      source: bool, measure: bool = False) -> Explanation:
+    """``ef.explain`` of one compiled statement: its explanation, attention's notes,
+    with ``source=True`` the generated source and with ``measure=True`` the time per
+    call on the given arrays (or zeros of the given shapes)."""
+    given = dict(arrays.get("arrays") or {})
+    given.update({k: v for k, v in arrays.items() if k != "arrays"})
     explanation = explain_kernel(compiled, args, arrays, shapes, gradients)
+    if measure:
+        spec = compiled.spec
+        wanted = set(spec.arg_order) | ({spec.output} if spec.assign != ":=" else set())
+        given.update(zip(spec.arg_order, args))
+        given = {**{name: 1.0 for name in spec.params}, **given}
+        explanation.measured = measure_compiled(compiled, [explanation], given, wanted)
     from ..runtime.attention import attention_notes      # rewrite/online_softmax.py
     explanation.notes += attention_notes(compiled, {**statement_placeholders(compiled.spec, shapes),
                                                     **arrays} if shapes else arrays)
@@ -257,7 +286,8 @@ def explain_kernel(kernel: Kernel, args, arrays, shapes, gradients: bool,
         return Explanation(text, words(spec, kernel.options), index_rows(spec, None),
                            loop_nest(spec, None),
                            gradients=gradient_lines(kernel, None) if gradients else None,
-                           notes=["pass arrays or shapes= to see ranges, costs and the plan"])
+                           notes=["pass arrays or shapes= to see ranges, costs and the plan"],
+                           loops=loop_levels(spec, None))
     call = kernel.bind(*args, **arrays)
     result = delivered_dtype(call, framework or call.framework)
     result_item = dtype_itemsize(result)
@@ -294,7 +324,16 @@ def explain_kernel(kernel: Kernel, args, arrays, shapes, gradients: bool,
             " (computed in float32)" if call.bfloat16 else ""),
         compiled_loop_nest=nests,
         gradients=gradient_lines(kernel, call) if gradients else None, hoisted=lines,
-        notes=notes, result_dtype=result)
+        notes=notes, result_dtype=result, loops=loop_levels(spec, call.bounds),
+        inputs=[Operand(name, tuple(value.shape), _dtype_name(value), int(value.nbytes))
+                for name, value in call.arrays.items()],
+        output=Operand(spec.output, tuple(call.output_shape), result,
+                       written))
+
+
+def _dtype_name(array) -> str:
+    dtype = array.dtype
+    return getattr(dtype, "name", None) or str(dtype).replace("torch.", "")
 
 
 def delivered_dtype(call, framework: str) -> str:

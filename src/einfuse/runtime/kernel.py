@@ -5,7 +5,6 @@ from __future__ import annotations
 import functools
 import numbers
 import unicodedata
-import warnings
 from typing import Dict, Mapping, Optional, Tuple
 
 import numpy as np
@@ -478,7 +477,7 @@ def _check_index_arithmetic(spec: Spec, bounds) -> None:
                     span=sub.span or access.span)
 
 
-__all__ = ["Kernel", "compile", "ein"]
+__all__ = ["Kernel"]
 
 
 kernel_maker.install(Kernel)
