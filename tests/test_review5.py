@@ -2,6 +2,7 @@
 compiled scatter-add, compile latency): the bugs found, each as the test that failed."""
 
 import gc
+import time
 import weakref
 
 import numpy as np
@@ -36,8 +37,14 @@ def test_an_ef_jit_function_lowered_under_jax_jit_is_freed_with_its_constants(
         jit_ffi.route_for(compiled)
         del fn, compiled
     jax.clear_caches()
-    gc.collect()
-    assert freed[0]() is None
+    for _ in range(100):   # XLA's threads may still hold the callback a moment after the run
+        gc.collect()
+        if freed[0]() is None:
+            break
+        time.sleep(0.02)
+    if freed[0]() is not None:
+        holders = [type(r).__name__ for r in gc.get_referrers(freed[0]())]
+        raise AssertionError(f"the compiled function outlived its function, held by {holders}")
 
 
 def test_the_compiler_is_awaited_when_the_process_has_more_than_1024_files_open(tmp_path):
