@@ -161,11 +161,13 @@ RULES.update({
 
 
 def _register_others() -> None:
-    from . import jaxpr_control, jaxpr_random, jaxpr_structural, jaxpr_windows
+    from . import (jaxpr_control, jaxpr_random, jaxpr_statements, jaxpr_structural,
+                   jaxpr_windows)
     RULES.update(jaxpr_structural.RULES)
     RULES.update(jaxpr_windows.RULES)
     RULES.update(jaxpr_control.RULES)
     RULES.update(jaxpr_random.RULES)
+    RULES.update(jaxpr_statements.RULES)
 
 
 _register_others()
