@@ -109,8 +109,9 @@ def materialise(requests, options, where):
     """Run ``requests`` ((expression, order items) pairs) as one program; one array per
     request, in the inputs' framework.  ``mesh=``/``shard=`` (shard by dimension) run it
     on a device mesh, as ``ef.compile(text, mesh=, shard=)`` runs the statements."""
-    placement = {k: options[k] for k in ("mesh", "shard") if options.get(k) is not None}
-    if placement or "mesh" in options or "shard" in options:
+    placement = {}
+    if options and ("mesh" in options or "shard" in options):
+        placement = {k: options[k] for k in ("mesh", "shard") if options.get(k) is not None}
         options = {k: v for k, v in options.items() if k not in ("mesh", "shard")}
     entry, found, roots, groups, ranges = translate(requests, options, where)
     translation = entry.translation
