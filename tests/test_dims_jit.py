@@ -162,3 +162,20 @@ def test_ef_jit_refuses_a_checked_gather_loudly(x64):
         ef.jit(gather)(table, positions)
     # with fallback=True the gather stays an einfuse call and checks its positions
     np.testing.assert_allclose(ef.jit(gather, fallback=True)(table, positions), table[positions])
+
+
+def test_ef_jit_statement_arithmetic_follows_the_notation(x64):
+    """Comparisons counted as 0 or 1, Python's floor division and modulo (on negative
+    integers and floats), true division of integers: as ef.ein computes them eagerly."""
+    (x,) = rng_arrays((4, 6), seed=7)
+    p = jnp.asarray(np.random.default_rng(8).integers(-9, 9, (4, 6)))
+
+    def f(x, p):
+        i, j = ef.dims("i j")
+        X = ef.named(x, i, j)
+        return (((X > 0) + (X > 0.5)).sum(j).order(i),
+                ef.ein("o[i] := sum[j](A[i,j] % 0.7 + A[i,j] // 0.3)", A=x),
+                ef.ein("o[i, j] := P[i,j] // 4 + P[i,j] % 4 + P[i,j] / 4", P=p))
+    for ours, eager in zip(ef.jit(f)(x, p), f(x, p)):
+        assert ours.dtype == eager.dtype
+        np.testing.assert_allclose(ours, eager, rtol=1e-12)

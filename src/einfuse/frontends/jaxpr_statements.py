@@ -201,6 +201,9 @@ class _Statement:
             return Apply("integer_pow", (a, Const(int(b.value), ScalarType.INT64)), a.dtype)
         if op in ("/", "**"):
             a, b = self.cast(a, self.float if not a.dtype.is_float else a.dtype), b
+        if a.dtype is BOOL and b.dtype is BOOL:     # comparisons in arithmetic: 0 or 1
+            counted = self.result if self.result is not BOOL else INDEX
+            a, b = self.cast(a, counted), self.cast(b, counted)
         a, b = self.common(a, b)
         dtype = a.dtype
         if op in ("+", "-", "*", "/", "**"):
