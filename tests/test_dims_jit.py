@@ -175,7 +175,10 @@ def test_ef_jit_statement_arithmetic_follows_the_notation(x64):
         X = ef.named(x, i, j)
         return (((X > 0) + (X > 0.5)).sum(j).order(i),
                 ef.ein("o[i] := sum[j](A[i,j] % 0.7 + A[i,j] // 0.3)", A=x),
-                ef.ein("o[i, j] := P[i,j] // 4 + P[i,j] % 4 + P[i,j] / 4", P=p))
+                ef.ein("o[i, j] := P[i,j] // 4 + P[i,j] % 4 + P[i,j] / 4", P=p),
+                ef.ein("o[i] := sum[j](A[i,j] > 0)", A=x),
+                # a reduction inside a statement that is one reduction
+                ef.ein("o[i] := sum[j](exp(A[i,j] - max[k](A[i,k])))", A=x))
     for ours, eager in zip(ef.jit(f)(x, p), f(x, p)):
         assert ours.dtype == eager.dtype
         np.testing.assert_allclose(ours, eager, rtol=1e-12)

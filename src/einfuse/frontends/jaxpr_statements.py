@@ -73,7 +73,10 @@ class _Statement:
     def value(self, shape) -> Value:
         rhs, outputs = self.spec.rhs, self.spec.output_indices
         if isinstance(rhs, Reduce) and rhs.op in _REDUCE_OPS:
-            # the whole right side a reduction: reduced straight into the result
+            # the whole right side a reduction: reduced straight into the result (the
+            # reductions inside it first)
+            self.prepare(rhs.body)
+
             def reduction_of(subs):
                 return self.reduction(rhs, self.scope(outputs, subs))
             return self.conv.reduce_into(shape, self.result, self.level, reduction_of)
@@ -111,7 +114,12 @@ class _Statement:
     def reduced_type(self, expr: Reduce) -> ScalarType:
         if expr.op in ("argmax", "argmin"):
             return INDEX
-        return self.float if expr.op == "logsumexp" else self.promoted(expr.body)
+        if expr.op == "logsumexp":
+            return self.float
+        found = self.promoted(expr.body)
+        if found is BOOL and expr.op in ("sum", "prod"):     # comparisons counted
+            return self.result if self.result is not BOOL else INDEX
+        return found
 
     def promoted(self, expr: Expr) -> ScalarType:
         """The type ``expr`` computes in: the statement's float type if anything in it
