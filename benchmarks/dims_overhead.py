@@ -1,8 +1,10 @@
 """Per-call overhead of named dimensions (docs/dims.md): materialising a built expression,
 rebuilding it and materialising, and ef.ein of the same program text, on tiny arrays (so
-that only overhead is measured).  Run: PYTHONPATH=src python benchmarks/dims_overhead.py"""
+that only overhead is measured).  CPU time of this process (time.process_time), so that
+other work on a shared machine counts less.  Run:
+PYTHONPATH=src python benchmarks/dims_overhead.py"""
 
-import math, timeit
+import math, time, timeit
 import numpy as np, einfuse as ef
 
 def best(*fs, n=500, rounds=25):
@@ -12,7 +14,7 @@ def best(*fs, n=500, rounds=25):
     found = [float("inf")] * len(fs)
     for _ in range(rounds):
         for m, f in enumerate(fs):
-            found[m] = min(found[m], timeit.timeit(f, number=n) / n * 1e6)
+            found[m] = min(found[m], timeit.Timer(f, timer=time.process_time).timeit(n) / n * 1e6)
     return found
 
 rng = np.random.default_rng(0)

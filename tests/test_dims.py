@@ -332,3 +332,17 @@ def _random_case(seed):
 def test_random_expressions_equal_numpy_broadcasting(seed):
     expr, order, want = _random_case(seed)
     np.testing.assert_allclose(expr.order(*order), want, rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("steps", [5, 260])
+def test_deep_expressions_materialise_by_either_walk(steps):
+    """The structural walk recurses for shallow DAGs and takes an explicit stack past
+    named_program._RECURSIVE_DEPTH; both number shared nodes alike."""
+    x = np.arange(4.0)
+    i = ef.dims("i")
+    a = ef.wrap(x)[i]
+    e = a * a
+    for n in range(steps):
+        e = e + (a if n % 2 else 1)
+    expected = x * x + (steps // 2) * x + (steps - steps // 2)
+    np.testing.assert_allclose(e.order(i, backend="numpy"), expected)

@@ -21,6 +21,7 @@ from .frontends.named import FUNCTIONS, Affine, Dim, Named, Slot, read, wrap
 from .frontends.named_checks import DimInfo, Use, at_lines, error, merge_framework, merge_info
 from .frontends.named_program import emit, order_spec, range_values, structure
 from .api import compile as compile_statements
+from .lang.ast import Access, IndexValue, Reduce
 from .pictures import named_page, save_page
 
 # the options of ef.compile that a materialisation passes on (ranges come from the
@@ -49,7 +50,7 @@ def _options_key(options, where, function="order()"):
     if unknown:
         hint = " (a dimension's size is dim.size = n, not ranges=)" \
             if "ranges" in unknown else ""
-        wrong = unexpected_keywords(function, unknown, OPTIONS)
+        wrong = unexpected_keywords(function, unknown, OPTIONS + ("mesh", "shard"))
         raise type(wrong)(wrong.message + hint + at_lines(where))
     try:
         return tuple(sorted(options.items()))
@@ -107,21 +108,31 @@ def translate(requests, options=None, where=None, function="order()"):
 
 def materialise(requests, options, where):
     """Run ``requests`` ((expression, order items) pairs) as one program; one array per
-    request, in the inputs' framework."""
+    request, in the inputs' framework.  ``mesh=``/``shard=`` (shard by dimension) run it
+    on a device mesh, as ``ef.compile(text, mesh=, shard=)`` runs the statements."""
+    placement = {}
+    if options and ("mesh" in options or "shard" in options):
+        placement = {k: options[k] for k in ("mesh", "shard") if options.get(k) is not None}
+        options = {k: v for k, v in options.items() if k not in ("mesh", "shard")}
     entry, found, roots, groups, ranges = translate(requests, options, where)
     translation = entry.translation
-    compiled = entry.compiled.get(ranges)
+    key = ranges
+    if placement:
+        if isinstance(placement.get("shard"), dict):
+            placement["shard"] = _shard_by_index(placement["shard"], translation, where)
+        key = (ranges, _placement_key(placement, where))
+    compiled = entry.compiled.get(key)
     if compiled is None:
         try:
             compiled = compile_statements(
                 translation.text, ranges=dict(ranges) or None,
                 outputs=translation.outputs if len(translation.statements) > 1 else None,
-                **options)
+                **options, **placement)
         except EinfuseError as problem:
             raise _in_context(problem, roots, where) from None
         if len(entry.compiled) >= _COMPILED_KEPT:     # (sizes given by dim.size vary)
             entry.compiled.pop(next(iter(entry.compiled)))
-        entry.compiled[ranges] = compiled
+        entry.compiled[key] = compiled
     values = dict(zip(translation.tensors, found.arrays))
     values.update(zip(translation.params, found.params))
     try:
@@ -341,17 +352,60 @@ def explain_named(request, args, options, explain):
     return NamedExplanation(explanation, legend, translation)
 
 
+def _placement_key(placement, where):
+    """``mesh=``/``shard=`` as a key of the compiled programs: a JAX mesh is hashable; a
+    dict of axis sizes (and a shard dict) is keyed by its items."""
+    def frozen(value):
+        if isinstance(value, dict):
+            return ("dict",) + tuple(sorted((str(k), frozen(v)) for k, v in value.items()))
+        if isinstance(value, list):
+            return ("list",) + tuple(frozen(v) for v in value)
+        return value
+    key = tuple((name, frozen(value)) for name, value in sorted(placement.items()))
+    try:
+        hash(key)
+    except TypeError:
+        raise error(OptionError, f"mesh= takes a jax.sharding.Mesh or a dict of axis sizes, "
+                    f"and shard= a dict of dimension -> mesh axis, 'auto' or None, not "
+                    f"{placement!r}", where) from None
+    return key
+
+
 def _shard_by_index(shard, translation, where):
+    """``shard=`` by dimension as ``shard=`` by the program's index names.  A dimension
+    is its own index and the indices of the reductions renamed after it (``T_1``, the
+    softmax's maximum over ``T``); a renamed index that shares a statement with one
+    already split over the axes stays whole there, since one mesh axis can split only
+    one index of a statement (that reduction then reads its operand gathered)."""
     mapped = {}
+    indices_of = [_statement_indices(s) for s in translation.statements]
     for key, axis in shard.items():
         name = key.name if isinstance(key, Dim) else key
         if not isinstance(name, str) or name not in translation.index_names:
             raise error(OptionError, f"shard= names {name!r}, which is not a dimension of "
                         f"the expression (its dimensions are "
                         f"{', '.join(translation.index_names)})", where)
-        for index in translation.index_names[name]:
+        aliases = sorted(translation.index_names[name], key=lambda alias: alias != name)
+        taken = []
+        for index in aliases:
+            if any(index in found and any(t in found for t in taken) for found in indices_of):
+                continue
             mapped[index] = axis
+            taken.append(index)
     return mapped
+
+
+def _statement_indices(statement) -> frozenset:
+    found = set(statement.output_indices)
+    for node in statement.rhs.walk():
+        if isinstance(node, Reduce):
+            found.update(node.indices)
+        elif isinstance(node, IndexValue):
+            found.add(node.name)
+        elif isinstance(node, Access):
+            for sub in node.indices:
+                found.update(sub.index_names)
+    return frozenset(found)
 
 
 # -- other libraries' entry points ---------------------------------------------------------

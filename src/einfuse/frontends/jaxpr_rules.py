@@ -10,7 +10,8 @@ from typing import Callable, Dict
 
 from .jaxpr_values import JaxprConversionError, Value, scalar_type, unsupported
 from ..ir.jit import INDEX, Apply, Cast, Const, ScalarType, Select
-from . import jaxpr_control, jaxpr_random, jaxpr_structural, jaxpr_windows
+from . import (jaxpr_control, jaxpr_random, jaxpr_statements, jaxpr_structural,
+               jaxpr_windows)
 
 Rule = Callable[..., list]
 
@@ -166,3 +167,4 @@ RULES.update(jaxpr_structural.RULES)
 RULES.update(jaxpr_windows.RULES)
 RULES.update(jaxpr_control.RULES)
 RULES.update(jaxpr_random.RULES)
+RULES.update(jaxpr_statements.RULES)

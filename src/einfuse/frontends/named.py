@@ -318,7 +318,7 @@ class Named:
     Combine with operators, ``ef.where`` and the notation's functions; reduce with the
     methods; materialise with :meth:`order`, ``np.asarray`` or ``ef.evaluate``."""
     __slots__ = ("op", "args", "children", "dims", "info", "framework", "line", "reduces",
-                 "local", "_value", "__weakref__")
+                 "local", "depth", "_value", "__weakref__")
     __array_priority__ = 1000           # NumPy defers binary operators to ours
     __hash__ = object.__hash__
     _named_expression = True            # (what named_dims' arithmetic defers to)
@@ -449,13 +449,15 @@ def _unary_method(name: str):
 
 
 def _binary_operator(op: str, reflected: bool = False):
+    args = (op,)
+
     def method(self, other):
         where = caller_line()
-        operand = _operand(other, where)
+        operand = other if type(other) is Named else _operand(other, where)
         if operand is None:
             return NotImplemented
-        pair = (operand, self) if reflected else (self, operand)
-        return _combine("bin", (op,), pair, where)
+        return _combine("bin", args, (operand, self) if reflected else (self, operand),
+                        where)
     return method
 
 
@@ -498,14 +500,18 @@ def _node(op, args, children, found, where, info, framework) -> Named:
     node.op, node.args, node.children, node.dims = op, args, children, found
     node.info, node.framework, node.line, node._value = info, framework, where, None
     reduces = op == "reduce"
-    if not reduces:
-        for child in children:
-            if child.reduces:
-                reduces = True
-                break
-    node.reduces = reduces
-    # the node's part of its structural signature (named_program.structure)
-    if op == "read":
+    depth = 0
+    for child in children:          # (the walk's choice of recursion: named_program)
+        if child.reduces:
+            reduces = True
+        if child.depth > depth:
+            depth = child.depth
+    node.reduces, node.depth = reduces, depth + 1
+    # the node's part of its structural signature (named_program.structure); the
+    # operators' nodes first, the most built
+    if op == "bin" or op == "call" or op == "un":
+        node.local = (op[0], args[0])
+    elif op == "read":
         node.local = ("read", args[0].name, args[2])
     elif op == "param":
         node.local = ("p",)
@@ -523,19 +529,20 @@ def _node(op, args, children, found, where, info, framework) -> Named:
 
 def _combine(op, args, operands, where) -> Named:
     """A node over ``operands`` (named expressions): dimensions by name, one size each."""
-    info = merge_info([o.info for o in operands], where)
+    infos = []
     framework = None
     found = ()
     for o in operands:
+        infos.append(o.info)
         if o.framework is not None and o.framework is not framework:
             framework = merge_framework(framework, o.framework, where)
         if not found:
             found = o.dims
         elif o.dims and o.dims != found:
-            extra = [d for d in o.dims if d not in found]
-            if extra:
-                found = found + tuple(extra)
-    return _node(op, args, operands, found, where, info, framework)
+            for d in o.dims:
+                if d not in found:
+                    found = found + (d,)
+    return _node(op, args, operands, found, where, merge_info(infos, where), framework)
 
 
 def _node_of(op, args, operands, where) -> Named:

@@ -51,6 +51,16 @@ class Structure:
     info: Dict[str, object]
 
 
+# DAGs up to this depth are walked by recursion (faster than an explicit stack); a
+# node's depth is known from its construction (frontends/named.py), so a deeper one
+# takes the stack without ever reaching Python's recursion limit
+_RECURSIVE_DEPTH = 200
+
+
+def _depth_of(node) -> int:
+    return getattr(node, "depth", _RECURSIVE_DEPTH)
+
+
 def order_spec(node, items, where: Where) -> Tuple[Tuple[Dim, ...], Tuple[int, ...]]:
     """``.order(i, (j, k))``: the dimensions in order (positional axes last) and how many
     of them each result axis flattens; every dimension of ``node`` exactly once."""
@@ -91,7 +101,8 @@ def _names(found) -> str:
 
 
 def structure(roots: Sequence[Tuple[object, Tuple[Dim, ...]]], info, options_key) -> Structure:
-    """Walk the DAG of ``roots`` ((node, ordered dimensions) pairs) once."""
+    """Walk the DAG of ``roots`` ((node, ordered dimensions) pairs) once, children
+    first (in order), numbering each distinct signature, array and float."""
     ids: Dict[int, int] = {}
     interned: Dict[tuple, int] = {}
     sigs: List[tuple] = []
@@ -101,53 +112,79 @@ def structure(roots: Sequence[Tuple[object, Tuple[Dim, ...]]], info, options_key
     numbered: Dict[int, int] = {}
     params: List[float] = []
     param_numbers: Dict[str, int] = {}
-    for root, _ in roots:
+
+    def number_of(node) -> int:
+        """The canonical number of ``node``, its children numbered first.  (Loops, not
+        comprehensions: this runs per node per materialisation, and Python 3.11 calls
+        a comprehension as a function.)"""
+        children = node.children
+        local = node.local
+        if children:
+            numbers = []
+            for child in children:
+                found = ids.get(id(child))
+                numbers.append(number_of(child) if found is None else found)
+        kind = local[0]
+        if kind == "read":
+            array = node.args[0].array
+            number = numbered.get(id(array))
+            if number is None:
+                number = numbered[id(array)] = len(arrays)
+                arrays.append(array)
+                wrapped.append(node.args[0])
+            sig = ("read", number, local, tuple(numbers) if children else ())
+        elif kind == "p":
+            value = node.args[0]
+            text = value.hex() if isinstance(value, float) else value   # (2 != 2.0)
+            number = param_numbers.get(text)
+            if number is None:
+                number = param_numbers[text] = len(params)
+                params.append(value)
+            sig = ("p", number)
+        elif not children:
+            sig = local
+        else:
+            sig = local + tuple(numbers)
+        number = interned.get(sig)
+        if number is None:
+            number = interned[sig] = len(sigs)
+            sigs.append(sig)
+            nodes.append(node)
+        ids[id(node)] = number
+        return number
+
+    def walk_deep(root) -> None:
+        """The same numbering without Python recursion, for DAGs deeper than the
+        recursion limit allows (a chain of thousands of operations)."""
         stack = [(root, False)]
         while stack:
             node, ready = stack.pop()
             if id(node) in ids:
                 continue
-            children = node.children
             if not ready:
                 stack.append((node, True))
-                for child in reversed(children):
+                for child in reversed(node.children):
                     if id(child) not in ids:
                         stack.append((child, False))
                 continue
-            local = node.local
-            kind = local[0]
-            if kind == "read":
-                array = node.args[0].array
-                number = numbered.get(id(array))
-                if number is None:
-                    number = numbered[id(array)] = len(arrays)
-                    arrays.append(array)
-                    wrapped.append(node.args[0])
-                sig = ("read", number, local,
-                       tuple([ids[id(c)] for c in children]) if children else ())
-            elif kind == "p":
-                value = node.args[0]
-                text = value.hex() if isinstance(value, float) else value   # (2 != 2.0)
-                number = param_numbers.get(text)
-                if number is None:
-                    number = param_numbers[text] = len(params)
-                    params.append(value)
-                sig = ("p", number)
-            elif not children:
-                sig = local
-            elif len(children) == 1:
-                sig = local + (ids[id(children[0])],)
-            else:
-                sig = local + tuple([ids[id(c)] for c in children])
-            number = interned.get(sig)
-            if number is None:
-                number = interned[sig] = len(sigs)
-                sigs.append(sig)
-                nodes.append(node)
-            ids[id(node)] = number
-    root_sigs = tuple((ids[id(node)], tuple(d.name for d in order)) for node, order in roots)
-    sized = frozenset((name, 2 if entry.use is not None and entry.use.explicit else
-                       1 if entry.use is not None else 0) for name, entry in info.items())
+            number_of(node)         # (its children are numbered: no recursion)
+
+    for root, _ in roots:
+        if id(root) in ids:
+            continue
+        if _depth_of(root) < _RECURSIVE_DEPTH:
+            number_of(root)
+        else:
+            walk_deep(root)
+    root_sigs = []
+    for node, order in roots:
+        root_sigs.append((ids[id(node)], tuple([d.name for d in order])))
+    root_sigs = tuple(root_sigs)
+    sized = []
+    for name, entry in info.items():
+        use = entry.use
+        sized.append((name, 0 if use is None else 2 if use.explicit else 1))
+    sized = frozenset(sized)
     key = (tuple(sigs), root_sigs, sized, options_key)
     return Structure(key, sigs, nodes, root_sigs, arrays, wrapped, params, info)
 
