@@ -94,3 +94,17 @@ def test_split_axes_need_sizes_that_divide():
     raised(RangeError, lambda: ef.wrap(img)[(c, h2), h], "h2.size")
     h2.size = 4
     raised(ShapeError, lambda: ef.wrap(img)[(c, h2), h], "not a multiple of 4")
+
+
+def test_an_expression_too_deep_to_compile_is_named_not_a_recursion_error():
+    """A thousand operations deep, the program's writer ran out of Python's stack: a raw
+    RecursionError.  Now the error names the depth and the line that asked."""
+    i = ef.dims(1)
+    x = ef.wrap(np.ones(3))[i]
+    expression = x
+    for _ in range(1000):
+        expression = expression + 1.0
+    with pytest.raises(ef.EinfuseError, match="nests too deeply") as caught:
+        expression.order(i)
+    assert "test_dims_errors.py" in str(caught.value)
+    assert np.asarray(x.order(i)).tolist() == [1.0, 1.0, 1.0]     # and nothing is broken

@@ -14,8 +14,8 @@ from __future__ import annotations
 import copy
 from typing import Dict
 
-from .errors import (EinfuseError, EinfuseTypeError, IndexRuleError, OptionError,
-                     unexpected_keywords)
+from .errors import (EinfuseError, EinfuseSyntaxError, EinfuseTypeError, IndexRuleError,
+                     OptionError, unexpected_keywords)
 from .frontends import named as named_module
 from .frontends.named import FUNCTIONS, Affine, Dim, Named, Slot, read, wrap
 from .frontends.named_checks import DimInfo, Use, at_lines, error, merge_framework, merge_info
@@ -101,8 +101,15 @@ def translate(requests, options=None, where=None, function="order()"):
     roots, groups, info = _requests(requests, where, function)
     if any(entry.use is None and entry.dim._size is not None for entry in info.values()):
         info = _sized_since(info)
-    found = structure(roots, info, _options_key(options, where, function))
-    entry = _entry(found)
+    try:
+        found = structure(roots, info, _options_key(options, where, function))
+        entry = _entry(found)
+    except RecursionError:     # the writer of the program text recurses over the nodes
+        depth = max((getattr(root, "depth", 0) or 0 for root in roots), default=0)
+        raise error(EinfuseSyntaxError,
+                    f"the expression nests too deeply to compile ({depth} operations "
+                    "deep): materialise a part of it first (.order(...)) and build on "
+                    "that result", where) from None
     return entry, found, roots, groups, range_values(entry.translation, info)
 
 
