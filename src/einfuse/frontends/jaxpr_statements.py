@@ -21,11 +21,12 @@ into an array (``=``, ``+=``; JAX arrays take only ``:=`` anyway)."""
 from __future__ import annotations
 
 import functools
-from typing import Dict, FrozenSet, Tuple
+from typing import Dict, Tuple
 
 from ..analysis.ranges import infer_ranges
 from ..analysis.spec import analyse
 from ..lang import parse
+from ..lang.rewrite import free_indices
 from ..lang.ast import (Access, Binary, Call, Expr, IndexExpr, IndexValue, Number, Param,
                         Reduce, Unary)
 from .jaxpr_values import Value, scalar_type, unsupported
@@ -101,7 +102,7 @@ class _Statement:
         for child in expr.children():
             self.prepare(child)
         if isinstance(expr, Reduce) and expr not in self.reduced:
-            free = tuple(sorted(_free(expr), key=list(self.ranges).index))
+            free = tuple(sorted(free_indices(expr), key=list(self.ranges).index))
             shape = tuple(self.extent(n) for n in free)
             if expr.op == "logsumexp":
                 buffer = self.logsumexp(expr, free, shape)
@@ -362,21 +363,6 @@ class _Statement:
             if not isinstance(value, float):
                 return Const(int(value), dtype)
         return Cast(node, dtype)
-
-
-def _free(expr: Expr) -> FrozenSet[str]:
-    """The indices ``expr``'s value depends on (not those it reduces over)."""
-    if isinstance(expr, Reduce):
-        return _free(expr.body) - frozenset(expr.indices)
-    found = set()
-    if isinstance(expr, IndexValue):
-        found.add(expr.name)
-    if isinstance(expr, Access):
-        for sub in expr.indices:
-            found.update(sub.index_names)
-    for child in expr.children():
-        found |= _free(child)
-    return frozenset(found)
 
 
 def _plus(node: Node, constant: int) -> Node:
