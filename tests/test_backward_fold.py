@@ -57,7 +57,8 @@ def test_layernorm_backward_folds_into_one_statement_for_dx():
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
-@pytest.mark.parametrize("shape", [(1, 1), (5, 3), (40, 300)])
+@pytest.mark.parametrize("shape", [(1, 1), pytest.param((5, 3), marks=pytest.mark.slow),
+                                   (40, 300)])
 @pytest.mark.parametrize("case", ["temperature", "masked"])
 def test_softmax_variants_equal_torch(case, shape, dtype):
     gen = torch.Generator().manual_seed(sum(shape))

@@ -464,8 +464,9 @@ def _close(got, want):
 
 
 @pytest.mark.parametrize("name", FUNCTIONS)
-@pytest.mark.parametrize("transform", ["jvp", "linearize", "jit linearize", "jacfwd",
-                                       "vmap linearize", "hessian"])
+@pytest.mark.parametrize("transform", [
+    "jvp", "linearize", pytest.param("jit linearize", marks=pytest.mark.slow), "jacfwd",
+    pytest.param("vmap linearize", marks=pytest.mark.slow), "hessian"])
 def test_forward_mode_of_ef_jit_equals_jax_jit(name, transform, forward_kernels):
     jax = pytest.importorskip("jax")
     jnp = jax.numpy

@@ -293,7 +293,8 @@ def _used(source, arrays):
 @pytest.mark.parametrize("framework", FRAMEWORKS)
 @pytest.mark.parametrize("name, source, rows, cols", REPRODUCED, ids=[c[0] for c in REPRODUCED])
 @pytest.mark.parametrize("backend, threads", [  # the reference runs on one thread anyway
-    (b, t) for b in BACKENDS if b != "triton" for t in ([1] if b == "numpy" else [1, 2])])
+    pytest.param(b, t, marks=[pytest.mark.slow] if t == 2 else [])
+    for b in BACKENDS if b != "triton" for t in ([1] if b == "numpy" else [1, 2])])
 def test_every_call_gives_the_same_bits(backend, framework, threads, name, source, rows,
                                         cols):
     compiled = ef.compile(source, backend=backend, threads=threads)

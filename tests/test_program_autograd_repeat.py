@@ -42,7 +42,7 @@ CASES = [("softmax program", SOFTMAX, _softmax, 1),
          ("layernorm", LAYERNORM.format(n=48), _layernorm, 3)]
 
 
-@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("dtype", [np.float32, pytest.param(np.float64, marks=pytest.mark.slow)])
 @pytest.mark.parametrize("name, source, formula, count", CASES, ids=[c[0] for c in CASES])
 def test_repeated_calls_with_new_data_and_seeds_of_other_layouts(name, source, formula,
                                                                  count, dtype):

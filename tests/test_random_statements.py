@@ -28,7 +28,7 @@ SETTINGS = settings(max_examples=150, deadline=None, derandomize=True, database=
                     suppress_health_check=[HealthCheck.function_scoped_fixture,
                                            HealthCheck.too_slow])
 # the default run's share (each statement compiles its own kernels); the slow run adds 150
-QUICK = settings(SETTINGS, max_examples=50)
+QUICK = settings(SETTINGS, max_examples=30)
 
 
 def expected_result(ex: Example):
