@@ -16,7 +16,10 @@ class FrontEndExplanation:
         self.explained = explained
 
     def __getattr__(self, name):
-        return getattr(self.__dict__["explained"], name)
+        explained = self.__dict__.get("explained")    # (absent while copy or pickle build it)
+        if explained is None:
+            raise AttributeError(name)
+        return getattr(explained, name)
 
     def __str__(self) -> str:
         return str(self.explained)
