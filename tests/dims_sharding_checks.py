@@ -6,11 +6,7 @@ Importing this module imports neither jax nor einfuse (test collection reads CHE
 
 from __future__ import annotations
 
-import json
 import math
-import os
-import sys
-import traceback
 
 import numpy as np
 
@@ -142,23 +138,6 @@ def sharding_errors_name_the_dimension_and_line():
         raise AssertionError("NumPy arrays on a mesh were accepted")
 
 
-def main():
-    _setup()
-    assert len(jax.devices()) == 8, jax.devices()
-    only = sys.argv[1:]
-    results = {}
-    for name, function in CHECKS.items():
-        if only and name not in only:
-            continue
-        try:
-            function()
-            results[name] = None
-        except Exception as problem:   # reported per check by the pytest side
-            results[name] = f"{type(problem).__name__}: {problem}\n{traceback.format_exc()}"
-    print(json.dumps(results))
-
-
 if __name__ == "__main__":
-    os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=8"
-    os.environ["JAX_PLATFORMS"] = "cpu"     # (not a GPU backend of one device)
-    main()
+    from eight_devices import report
+    report(CHECKS, _setup)

@@ -8,11 +8,7 @@ JAX path (test collection reads CHECKS)."""
 
 from __future__ import annotations
 
-import json
-import os
 import re
-import sys
-import traceback
 
 import numpy as np
 
@@ -356,23 +352,6 @@ def gradients_and_vmap_through_a_sharded_program():
             jnp.maximum(batch[n] @ arrays["W1"], 0) @ arrays["W2"]), rtol=2e-4, atol=2e-4)
 
 
-def main():
-    _setup()
-    assert len(jax.devices()) == 8, jax.devices()
-    only = sys.argv[1:]
-    results = {}
-    for name, function in CHECKS.items():
-        if only and name not in only:
-            continue
-        try:
-            function()
-            results[name] = None
-        except Exception as error:   # reported per check by the pytest side
-            results[name] = f"{type(error).__name__}: {error}\n{traceback.format_exc()}"
-    print(json.dumps(results))
-
-
 if __name__ == "__main__":
-    os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=8"
-    os.environ["JAX_PLATFORMS"] = "cpu"     # (not a GPU backend of one device)
-    main()
+    from eight_devices import report
+    report(CHECKS, _setup)

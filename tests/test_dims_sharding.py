@@ -2,28 +2,16 @@
 subprocess (JAX must see 8 devices, which XLA_FLAGS sets only before jax is first
 imported); the checks are in dims_sharding_checks.py."""
 
-import json
-import os
-import subprocess
-import sys
-
 import pytest
 
 pytest.importorskip("jax")
 import dims_sharding_checks  # noqa: E402  (conftest puts tests/ on sys.path)
+from eight_devices import run_script  # noqa: E402
 
 
 @pytest.fixture(scope="module")
 def results():
-    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8",
-               JAX_PLATFORMS="cpu")
-    src = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "src")
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [src, env.get("PYTHONPATH")]))
-    done = subprocess.run([sys.executable, dims_sharding_checks.__file__], env=env,
-                          capture_output=True, text=True, timeout=600)
-    lines = done.stdout.strip().splitlines()
-    assert done.returncode == 0 and lines, f"the checks did not run:\n{done.stderr[-4000:]}"
-    return json.loads(lines[-1])
+    return run_script(dims_sharding_checks.__file__)
 
 
 @pytest.mark.parametrize("name", list(dims_sharding_checks.CHECKS))

@@ -7,15 +7,14 @@ The runs need 8 JAX CPU devices, which XLA_FLAGS gives only before jax is first
 imported, so they run in one subprocess (this file run as a script, one JSON line of
 check name -> None or what failed), as test_sharding_run.py does."""
 
-import json
 import os
-import subprocess
 import sys
 
 import numpy as np
 import pytest
 
 import einfuse as ef
+from eight_devices import run_script
 from einfuse.errors import ShapeError
 from einfuse.sharding import MoveKind
 
@@ -212,7 +211,6 @@ def shifted_read_with_an_extent_that_does_not_divide():
 
 @run_check
 def planned_bytes_match_the_compiled_collectives():
-    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     from sharding_checks import hlo_collectives, predicted
     rng = np.random.default_rng(2)
     x = _rand(rng, 8, 16)
@@ -244,7 +242,6 @@ def gather_out_of_range_on_a_device_is_an_einfuse_error():
 
 @run_check
 def finer_or_coarser_split_runs_as_planned():
-    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     from sharding_checks import hlo_collectives, predicted
     a = _rand(np.random.default_rng(3), 8, 16)
     for shard in ({"i": "x", "p": ("x", "y")}, {"i": ("x", "y"), "p": "x"},
@@ -257,7 +254,6 @@ def finer_or_coarser_split_runs_as_planned():
 
 @run_check
 def reduce_scatter_variants_run_as_planned():
-    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     from sharding_checks import hlo_collectives, predicted
     rng = np.random.default_rng(4)
     arrays = dict(h=_rand(rng, 8, 32), W=_rand(rng, 32, 16))
@@ -308,15 +304,7 @@ def inputs_with_no_elements():
 @pytest.fixture(scope="module")
 def run_results():
     pytest.importorskip("jax")
-    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8",
-               JAX_PLATFORMS="cpu")
-    src = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "src")
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [src, env.get("PYTHONPATH")]))
-    done = subprocess.run([sys.executable, os.path.abspath(__file__)], env=env,
-                          capture_output=True, text=True, timeout=600)
-    lines = done.stdout.strip().splitlines()
-    assert done.returncode == 0 and lines, f"the runs did not run:\n{done.stderr[-4000:]}"
-    return json.loads(lines[-1])
+    return run_script(__file__)
 
 
 @pytest.mark.parametrize("name", list(RUNS))
@@ -325,23 +313,6 @@ def test_sharded_run(run_results, name):
     assert run_results[name] is None, run_results[name]
 
 
-def main():
-    import traceback
-    _setup()
-    assert len(jax.devices()) == 8, jax.devices()
-    results = {}
-    for name, function in RUNS.items():
-        if sys.argv[1:] and name not in sys.argv[1:]:
-            continue
-        try:
-            function()
-            results[name] = None
-        except Exception as error:
-            results[name] = f"{type(error).__name__}: {error}\n{traceback.format_exc()}"
-    print(json.dumps(results))
-
-
 if __name__ == "__main__":
-    os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=8"
-    os.environ["JAX_PLATFORMS"] = "cpu"
-    main()
+    from eight_devices import report
+    report(RUNS, _setup)

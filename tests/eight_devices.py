@@ -1,0 +1,45 @@
+"""Checks that need JAX to see 8 CPU devices run in one subprocess: XLA_FLAGS counts the
+host devices only before jax is first imported, and other test modules import it first
+in the test process (JAX_PLATFORMS=cpu keeps a GPU machine's JAX on the host devices).
+``run_script`` is the pytest side; ``report`` is the script's: it runs the checks and
+prints one JSON line, check name -> null when it passed, else what failed."""
+
+import json
+import os
+import subprocess
+import sys
+import traceback
+
+FLAGS = {"XLA_FLAGS": "--xla_force_host_platform_device_count=8", "JAX_PLATFORMS": "cpu"}
+SRC = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "src")
+
+
+def run_script(path: str, timeout: float = 600) -> dict:
+    """Run the checks script ``path`` on 8 devices; its report."""
+    env = dict(os.environ, **FLAGS)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [SRC, env.get("PYTHONPATH")]))
+    done = subprocess.run([sys.executable, os.path.abspath(path)], env=env,
+                          capture_output=True, text=True, timeout=timeout)
+    lines = done.stdout.strip().splitlines()
+    assert done.returncode == 0 and lines, f"the checks did not run:\n{done.stderr[-4000:]}"
+    return json.loads(lines[-1])
+
+
+def report(checks: dict, setup) -> None:
+    """In the script: 8 devices set up, then ``checks`` (those named on the command line,
+    or all), each reported by name."""
+    os.environ.update(FLAGS)
+    setup()
+    import jax
+    assert len(jax.devices()) == 8, jax.devices()
+    only = sys.argv[1:]
+    results = {}
+    for name, function in checks.items():
+        if only and name not in only:
+            continue
+        try:
+            function()
+            results[name] = None
+        except Exception as problem:   # reported per check by the pytest side
+            results[name] = f"{type(problem).__name__}: {problem}\n{traceback.format_exc()}"
+    print(json.dumps(results))
