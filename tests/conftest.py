@@ -53,6 +53,13 @@ def jax_x64_restored():
 
 
 @pytest.fixture
+def x64():
+    """JAX's x64 mode on for the test (jax_x64_restored turns it back)."""
+    jax = pytest.importorskip("jax")
+    jax.config.update("jax_enable_x64", True)
+
+
+@pytest.fixture
 def bind_count(monkeypatch):
     """One entry per full binding of a call (runtime/kernel.bind_call): a repeated call
     on the fast path adds none."""

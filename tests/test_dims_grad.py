@@ -97,14 +97,6 @@ jax = pytest.importorskip("jax")
 jnp = jax.numpy
 
 
-@pytest.fixture
-def x64():
-    previous = jax.config.jax_enable_x64
-    jax.config.update("jax_enable_x64", True)
-    yield
-    jax.config.update("jax_enable_x64", previous)
-
-
 def jax_dist(w, x):
     i, j, k = ef.dims("i j k")
     return ((ef.wrap(w)[k, i] - ef.wrap(x)[k, j]) ** 2).sum(k).order(i, j)
