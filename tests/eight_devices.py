@@ -8,7 +8,8 @@ import json
 import os
 import subprocess
 import sys
-import traceback
+
+from check_reports import run_checks
 
 FLAGS = {"XLA_FLAGS": "--xla_force_host_platform_device_count=8", "JAX_PLATFORMS": "cpu"}
 SRC = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "src")
@@ -32,14 +33,4 @@ def report(checks: dict, setup) -> None:
     setup()
     import jax
     assert len(jax.devices()) == 8, jax.devices()
-    only = sys.argv[1:]
-    results = {}
-    for name, function in checks.items():
-        if only and name not in only:
-            continue
-        try:
-            function()
-            results[name] = None
-        except Exception as problem:   # reported per check by the pytest side
-            results[name] = f"{type(problem).__name__}: {problem}\n{traceback.format_exc()}"
-    print(json.dumps(results))
+    print(json.dumps(run_checks(checks, sys.argv[1:])))

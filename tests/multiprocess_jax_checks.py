@@ -16,9 +16,10 @@ import os
 import signal
 import sys
 import time
-import traceback
 
 import numpy as np
+
+from check_reports import failure_after, run_checks
 
 CHECKS = {}
 QUICK = []            # the checks of the quick smoke test (the default test run)
@@ -276,16 +277,7 @@ def killed_peer(rank, processes):
     if rank == processes - 1:
         time.sleep(1.0)                 # the others are in the all-reduce by now
         os.kill(os.getpid(), signal.SIGKILL)
-    start = time.monotonic()
-    try:
-        jax.block_until_ready(f(**arrays))
-    except ef.EinfuseError as error:
-        return {"error": type(error).__name__, "message": str(error),
-                "seconds": time.monotonic() - start}
-    except Exception as error:      # reported: the test fails on it
-        return {"error": type(error).__name__, "message": str(error)[:3000],
-                "seconds": time.monotonic() - start}
-    return {"error": None}
+    return failure_after(lambda: jax.block_until_ready(f(**arrays)), ef.EinfuseError)
 
 
 def main():
@@ -295,13 +287,7 @@ def main():
     if names == ["killed_peer"]:
         print(json.dumps({"killed_peer": killed_peer(rank, processes)}), flush=True)
         os._exit(0)       # a peer is dead: JAX's shutdown barrier would wait for it
-    results = {}
-    for name in names:
-        try:
-            CHECKS[name]()
-            results[name] = None
-        except Exception as error:   # reported per check by the pytest side
-            results[name] = f"{type(error).__name__}: {error}\n{traceback.format_exc()}"
+    results = run_checks({name: CHECKS[name] for name in names})
     print(json.dumps(results), flush=True)
     jax.distributed.shutdown()
 

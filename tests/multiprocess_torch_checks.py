@@ -15,9 +15,10 @@ import os
 import signal
 import sys
 import time
-import traceback
 
 import numpy as np
+
+from check_reports import failure_after, run_checks
 
 CHECKS = {}
 QUICK = []
@@ -323,16 +324,7 @@ def killed_peer(rank, world):
     if rank == world - 1:
         time.sleep(1.0)
         os.kill(os.getpid(), signal.SIGKILL)
-    start = time.monotonic()
-    try:
-        ef.ein(MLP, **arrays).full_tensor()
-    except ef.EinfuseError as error:
-        return {"error": type(error).__name__, "message": str(error),
-                "seconds": time.monotonic() - start}
-    except Exception as error:
-        return {"error": type(error).__name__, "message": str(error)[:3000],
-                "seconds": time.monotonic() - start}
-    return {"error": None}
+    return failure_after(lambda: ef.ein(MLP, **arrays).full_tensor(), ef.EinfuseError)
 
 
 def main():
@@ -342,13 +334,7 @@ def main():
     if names == ["killed_peer"]:
         print(json.dumps({"killed_peer": killed_peer(rank, world)}), flush=True)
         os._exit(0)
-    results = {}
-    for name in names:
-        try:
-            CHECKS[name]()
-            results[name] = None
-        except Exception as error:
-            results[name] = f"{type(error).__name__}: {error}\n{traceback.format_exc()}"
+    results = run_checks({name: CHECKS[name] for name in names})
     print(json.dumps(results), flush=True)
     dist.destroy_process_group()
     # torch's gloo threads can still be joinable when C++'s static destructors run
