@@ -30,6 +30,7 @@ from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
 from ..errors import RangeError, ShapeError
 from ..lang.ast import Access, IndexExpr, Quasi, accesses
+from .missing_ranges import unranged_error, unsized_error
 from .options import Options
 from .spec import IndexUse, Spec
 
@@ -166,13 +167,19 @@ class _Inference:
         self.check_ranks()
         binding = self.binding_ranges()
         pending: List[str] = []
+        unsized: List[str] = []
         for index in self.spec.all_indices:
             if index in binding:
                 self.ranges[index], self.sources[index] = binding[index]
             elif self.affine_uses(index):
                 pending.append(index)
+            elif not self.plain_uses(index):
+                unsized.append(index)   # reported together, once the others are checked
             else:
                 self.settle_plain(index, self.plain_uses(index))
+        if unsized:
+            raise unsized_error(self.spec, unsized, self.options.pad is not None,
+                                self.index_span(unsized[0]))
         self.check_output_extents()
         self.settle_affine(pending)
         self.check_accesses()
@@ -252,18 +259,7 @@ class _Inference:
                                      f"exactly{hint}", use.access.span)
 
     def settle_plain(self, index: str, plain: List[IndexUse]):
-        if not plain:
-            spans = [u.access.span for u in self.spec.uses(index)]
-            if not spans:
-                where = "no array is indexed by it"
-            elif self.options.pad is not None:
-                where = "no plain subscript gives its size, and with pad= shifted " \
-                        "subscripts do not limit ranges"
-            else:
-                where = "no plain subscript gives its size"
-            raise self.error(RangeError, f"index {index}: its range cannot be inferred "
-                             f"({where}); give ranges={{{index!r}: ...}}",
-                             spans[0] if spans else self.index_span(index))
+        """One extent from every plain use (``plain`` is not empty)."""
         first = plain[0]
         size = self.dim(first.access, first.axis)
         for use in plain[1:]:
@@ -302,17 +298,17 @@ class _Inference:
                         self.settle_pass(pending, via_outputs, force=True):
                     break
             else:
-                index = pending[0]
-                use = next(u for u in self.spec.uses(index) if u.subscript.plain_index != index)
-                if not any(solvable(u.subscript, index) for u in self.affine_uses(index)):
+                for index in pending:
+                    if any(solvable(u.subscript, index) for u in self.affine_uses(index)):
+                        continue
+                    use = self.affine_uses(index)[0]
                     raise self.error(RangeError, f"index {index}: its range cannot be "
                                      f"inferred: {use.access} uses it only under '%' (or "
                                      "twice in one subscript), which does not bound it; "
                                      f"give ranges={{{index!r}: ...}}", use.access.span)
-                raise self.error(RangeError, f"index {index}: its range cannot be inferred "
-                                 f"from {use.access} because the other indices there have "
-                                 f"no range yet; give ranges={{{index!r}: ...}}",
-                                 use.access.span)
+                # Each index left shares every subscript with another one left (a pooling
+                # window and its output index): say which extent the user has to give.
+                raise unranged_error(self.spec, pending)
 
     def settle_pass(self, pending: List[str], via_outputs: bool, force: bool) -> bool:
         """Settle what can be settled (only the first one when ``force``: reduced indices
