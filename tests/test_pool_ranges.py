@@ -327,3 +327,15 @@ def test_a_failed_update_writes_nothing(backend):
         ef.ein("y[i] = max[p](x[2*i+p])", x=np.ones(9), y=y, ranges={"p": 3},
                backend=backend)
     assert (y == 7.0).all()
+
+
+def test_the_message_docs_notation_quotes_is_current():
+    """docs/notation.md §6.6 quotes the max-pool message (wrapped: compared with the
+    whitespace collapsed)."""
+    import os
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    with open(os.path.join(root, "docs", "notation.md"), encoding="utf-8") as handle:
+        docs = " ".join(handle.read().split())
+    with pytest.raises(errors.RangeError) as info:
+        ef.ein("y[b,c,i,j] := max[p,q](x[b,c,2*i+p,2*j+q])", x=np.ones((1, 1, 9, 9)))
+    assert " ".join(f"RangeError: {info.value}".split()) in docs
