@@ -285,6 +285,9 @@ def test_an_output_array_gives_the_largest_window_that_fits(backend):
     # under a floor division
     ("y[i] := max[p](x[(2*i+p)//2])", {"x": (9,)}, {}, ["the window index p has no range"],
      "x[(2*i+p)//2]"),
+    # inside an index array: the gather's subscript ties p to i
+    ("y[i] := max[p](x[idx[2*i+p]])", {"x": (5,), "idx": (9,)}, {},
+     ["the window index p has no range", "idx[2*i + p] only ties it to i"], "idx[2*i+p]"),
     # no window: two output indices tied together
     ("y[i,j] := x[i+j]", {"x": (9,)}, {},
      ["indices i and j have no range", "ranges= for one of them", "ranges={'i': ...}"],
@@ -292,7 +295,8 @@ def test_an_output_array_gives_the_largest_window_that_fits(backend):
 ])
 def test_the_error_says_which_extent_is_missing(backend, statement, shapes, ranges, words,
                                                 marked):
-    arrays = {n: np.ones(s) for n, s in shapes.items()}
+    arrays = {n: np.ones(s, dtype=np.int64 if n == "idx" else np.float64)
+              for n, s in shapes.items()}
     with pytest.raises(errors.RangeError) as info:
         ef.ein(statement, backend=backend, ranges=ranges or None, **arrays)
     for word in words:

@@ -29,7 +29,7 @@ def _tying_use(spec: Spec, named: Sequence[str], stuck: Sequence[str]) -> Option
     first = None
     for index in named:
         for use in spec.uses(index):
-            if use.in_gather or use.subscript.gathers:
+            if use.subscript.gathers:
                 continue
             first = first or use
             others = [n for n in use.subscript.index_names if n != index]
