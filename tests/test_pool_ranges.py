@@ -186,14 +186,29 @@ windows_1d = st.tuples(st.sampled_from(["max", "conv"]), st.integers(1, 3),
                        st.integers(1, 3), st.integers(1, 4), st.integers(0, 2),
                        st.integers(-2, 10))   # x's length past the first window's end
 
-SETTINGS = settings(max_examples=25, deadline=None, derandomize=True, database=None,
+
+def _settings(examples):
+    return settings(max_examples=examples, deadline=None, derandomize=True, database=None,
                     suppress_health_check=[HealthCheck.function_scoped_fixture,
                                            HealthCheck.too_slow])
 
 
-@SETTINGS
+@_settings(8)
 @given(params=windows_1d)
 def test_1d_windows_at_random(backend, params):
+    check_1d_window(backend, params)
+
+
+@pytest.mark.slow
+@_settings(60)
+@given(params=windows_1d)
+def test_1d_windows_at_random_many(backend, params):
+    check_1d_window(backend, params)
+
+
+def check_1d_window(backend, params):
+    """One 1-D window: shape from the formula, values against the oracle and torch,
+    the gradient against finite differences of the oracle."""
     kind, stride, dilation, window, offset, extra = params
     n = max(1, offset + dilation * (window - 1) + 1 + extra)   # a few too short: empty
     sub = f"{stride}*i + {dilation}*a + {offset}"
