@@ -279,6 +279,12 @@ def test_an_output_array_gives_the_largest_window_that_fits(backend):
     ef.ein("y[i] = max[p](x[2*i+p])", x=x, y=y, backend=backend)
     np.testing.assert_array_equal(y, brute_force("y[i] := max[p](x[2*i+p])",
                                                  {"i": (0, 4), "p": (0, 3)}, {"x": x}))
+    # i bound by a plain use instead: 2*2 + p <= 8 lets p run to 4
+    z = np.zeros(3)
+    got = ef.ein("y[i] := max[p](x[2*i+p]) + z[i]", x=x, z=z, backend=backend)
+    np.testing.assert_array_equal(got, brute_force("y[i] := max[p](x[2*i+p]) + z[i]",
+                                                   {"i": (0, 3), "p": (0, 5)},
+                                                   {"x": x, "z": z}))
 
 
 # -- the extent that is missing ---------------------------------------------------------
