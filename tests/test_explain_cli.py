@@ -230,3 +230,17 @@ def test_explain_says_whether_the_first_call_compiles(tmp_path, monkeypatch):
     ef.ein(statement, X=X, backend="c")
     assert any("is built (in the cache)" in note
                for note in ef.explain(statement, X=X, backend="c").notes)
+
+
+def test_missing_window_extents_are_advised_as_one_flag_each(capsys):
+    """A pooling window with no extent: the command line's advice names a --range flag
+    for every missing window index, not only the first."""
+    assert main(["explain", "y[b,c,i,j] := max[p,q](x[b,c,2*i+p,2*j+q])",
+                 "--shape", "x=1x1x8x8"]) != 0
+    err = capsys.readouterr().err
+    assert "--range p=3" in err and "--range q=3" in err, err
+    assert "ranges=" not in err
+    # the flags it advises work
+    assert main(["explain", "y[b,c,i,j] := max[p,q](x[b,c,2*i+p,2*j+q])",
+                 "--shape", "x=1x1x8x8", "--range", "p=3", "--range", "q=3"]) == 0
+    assert "y[b, c, i, j] := max[p, q]" in capsys.readouterr().out

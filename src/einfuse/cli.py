@@ -231,15 +231,27 @@ _CLI_WORDS = (
      r"the scalar parameter \1 was not passed; give it with --param \1=X"),
     (r"(\w+)= is not used by the statement",
      r"\1 (given by --shape or --param) is not used by the statement"),
-    (r"ranges=\{'(\w+)': range\((-?\d+), (-?\d+)\)\}", r"--range \1=\2:\3"),
-    (r"ranges=\{'(\w+)': range\(0, n\)\}", r"--range \1=N"),
-    (r"ranges=\{'(\w+)': [^}]*\}", r"--range \1=N"),
+    (r"ranges=\{[^}]*\}", lambda found: _range_flags(found.group(0))),
     (r"bounds='clip', 'wrap' or 'fill'", "--bounds clip, wrap or fill"),
     (r"\b(bounds|dtype|backend)='([^']*)'", r"--\1 \2"),
     (r"\branges=", "--range"),
     (r"\bshapes=", "--shape"),
     (r"\b(pad|fill|bounds|dtype|backend)=", r"--\1"),
 )
+
+
+def _range_flags(hint: str) -> str:
+    """``ranges={'p': 3, 'q': range(1, 5)}`` as ``--range p=3 --range q=1:5``: one flag
+    per key (a number stays, a range(a, b) is a:b, anything else is N)."""
+    flags = []
+    for name, value in re.findall(r"'(\w+)': (range\([^)]*\)|[^,}]+)", hint):
+        bounds = re.fullmatch(r"range\((-?\d+), (-?\d+)\)", value.strip())
+        if bounds:
+            shown = f"{bounds.group(1)}:{bounds.group(2)}"
+        else:
+            shown = value.strip() if value.strip().isdigit() else "N"
+        flags.append(f"--range {name}={shown}")
+    return " ".join(flags) or "--range"
 
 
 def cli_words(message: str) -> str:
