@@ -380,6 +380,39 @@ def mlp_backward_planned_one_all_reduce():
 
 
 @check
+def backward_of_a_partial_cotangent():
+    # the output gradient arrives as Partial (each rank a share): the backward's plan
+    # reduces it first (one all-reduce, before dh), then x's gradient (another)
+    mesh = _mesh()
+    world = mesh.size()
+    tensors, _ = _mlp(world)
+    leaves = {n: t.double().requires_grad_() for n, t in tensors.items()}
+    rng = np.random.default_rng(12)
+    seed = torch.from_numpy(rng.standard_normal((8, 12)).astype(np.float32))
+    expected = torch.autograd.grad(_torch_mlp(**leaves), list(leaves.values()),
+                                   seed.double())
+    arrays = {n: distribute_tensor(t, mesh, p).requires_grad_() for (n, t), p in zip(
+        tensors.items(), ([Replicate()], [Shard(1)], [Shard(0)]))}
+    y = ef.ein(MLP, **arrays)
+    share = DTensor.from_local(seed / world, mesh, [Partial()])
+    with CommDebugMode() as mode:
+        grads = torch.autograd.grad(y, list(arrays.values()), share)
+    assert _issued(mode) == {"all-reduce": 2}, _issued(mode)
+    for (name, array), grad, want in zip(arrays.items(), grads, expected):
+        assert tuple(grad.placements) == tuple(array.placements), (name, grad.placements)
+        _close(grad, want.numpy(), f"d{name}")
+    # the same call again: the cached plans; and a backward asked to be differentiable
+    y = ef.ein(MLP, **arrays)
+    _close(torch.autograd.grad(y, [arrays["W2"]], share)[0], expected[2].numpy(), "again")
+    try:
+        torch.autograd.grad(ef.ein(MLP, **arrays), [arrays["W1"]], share, create_graph=True)
+    except ef.EinfuseError as error:
+        assert "create_graph" in str(error), str(error)
+    else:
+        raise AssertionError("create_graph=True through a planned backward: no error")
+
+
+@check
 def dist_backward_split_over_k_and_over_i():
     mesh = _mesh()
     tensors, _ = _dist(mesh.size())
@@ -445,7 +478,8 @@ def backward_not_planned_goes_through_dtensor_ops():
 
 
 # the planned backward's checks (test_sharding_dtensor_backward.py runs them)
-BACKWARD = ["mlp_backward_planned_one_all_reduce", "dist_backward_split_over_k_and_over_i",
+BACKWARD = ["mlp_backward_planned_one_all_reduce", "backward_of_a_partial_cotangent",
+            "dist_backward_split_over_k_and_over_i",
             "attention_backward_heads_split", "backward_on_a_two_dimensional_mesh",
             "backward_not_planned_goes_through_dtensor_ops"]
 

@@ -122,6 +122,8 @@ class DTensorRun:
             return None
         found = self._backwards.get((key, wrt))
         if found is None:
+            if len(self._backwards) >= CACHED_PLANS:
+                self._backwards.pop(next(iter(self._backwards)))
             found = self._backwards[(key, wrt)] = self._backward_program(
                 plan, key, values, info, wrt)
         return found if isinstance(found, BackwardProgram) else None

@@ -13,8 +13,8 @@ from dataclasses import dataclass
 from typing import Dict, Mapping, Tuple
 
 import torch
-from torch.autograd.function import once_differentiable
 
+from ..errors import NoGradientError, attach_statement
 from .dtensor_execute import execute, plan_key, rank_text, wait_for
 from .dtensor_backward import (BackwardNotPlanned, BackwardProgram, dtensor_placement,
                                gradient_targets, placements_in)
@@ -56,9 +56,13 @@ class PlannedFunction(torch.autograd.Function):
         return results
 
     @staticmethod
-    @once_differentiable
     def backward(ctx, *grads):
         call = ctx.call
+        if torch.is_grad_enabled():
+            raise attach_statement(NoGradientError(
+                "the backward of a call on DTensors runs its plan once and is not "
+                "differentiated again (create_graph=True); take higher derivatives "
+                "without DTensors"), call.run.program.source)
         try:
             return (None,) + _gradients(call, dict(zip(ctx.keys, ctx.saved_tensors)),
                                         grads, ctx.outputs)
