@@ -283,6 +283,19 @@ def partial_input_float64_and_a_two_dimensional_mesh():
         got, _ = _run(DIST, tensors, {"w": [Shard(1), Replicate()]}, grid, expected, {},
                       shard={"i": "x", "j": "y"})
         assert tuple(got.placements) == (Shard(0), Shard(1)), got.placements
+        # a reduce-scatter and an all-gather over x*y: one collective each
+        rng = np.random.default_rng(13)
+        h, w = _tensor(rng, 8, 4 * world), _tensor(rng, 4 * world, 4 * world)
+        nh, nw = h.double().numpy(), w.double().numpy()
+        both = [Shard(1), Shard(1)]
+        _, explained = _run("t[b,o] := sum[f](h[b,f]*W[f,o]); y[b,l] := relu(t[b,l])",
+                            dict(h=h, W=w), {}, grid, np.maximum(nh @ nw, 0),
+                            {"reduce-scatter": 1},
+                            shard={"f": ("x", "y"), "l": ("x", "y")})
+        assert explained.collectives[0].mesh_axes == ("x", "y")
+        _run("g[b,f] := relu(A[b,f]); s[b] := log(sum[f](exp(g[b,f])))", dict(A=h),
+             {"A": both}, grid, np.log(np.exp(np.maximum(nh, 0)).sum(1)),
+             {"all-gather": 1})
 
 
 @check
