@@ -148,8 +148,8 @@ def mlp_gradient_through_dtensors():
     (y ** 2).sum().backward()
     for name in arrays:
         assert arrays[name].grad is not None, name
-        if name != "x":    # x's gradient is each rank's part of a sum: Partial
-            assert tuple(arrays[name].grad.placements) == tuple(arrays[name].placements)
+        # each gradient at its input's placement: x's all-reduced (the backward's plan)
+        assert tuple(arrays[name].grad.placements) == tuple(arrays[name].placements)
         _close(arrays[name].grad, leaves[name].grad.double().numpy(), f"d{name}")
 
 
@@ -180,15 +180,18 @@ def dist_gradient_with_k_split():
         _close(arrays[name].grad, leaves[name].grad.double().numpy(), f"d{name}")
 
 
+ATTENTION = """S[b,h,t,s] := sum[r](Q[b,t,h,r]*K[b,s,h,r]) / 8
+               m[b,h,t] := max[s](S[b,h,t,s])
+               E[b,h,t,s] := exp(S[b,h,t,s] - m[b,h,t])
+               O[b,t,h,r] := sum[s](E[b,h,t,s]*V[b,s,h,r]) / sum[s](E[b,h,t,s])"""
+
+
 @check
 def attention_heads_split():
     mesh = _mesh()
     rng, heads = np.random.default_rng(5), 2 * mesh.size()
     q, k, v = (_tensor(rng, 2, 6, heads, 8) for _ in range(3))
-    text = """S[b,h,t,s] := sum[r](Q[b,t,h,r]*K[b,s,h,r]) / 8
-              m[b,h,t] := max[s](S[b,h,t,s])
-              E[b,h,t,s] := exp(S[b,h,t,s] - m[b,h,t])
-              O[b,t,h,r] := sum[s](E[b,h,t,s]*V[b,s,h,r]) / sum[s](E[b,h,t,s])"""
+    text = ATTENTION
     nq, nk, nv = (a.double().numpy() for a in (q, k, v))
     scores = np.einsum("bthr,bshr->bhts", nq, nk) / 8
     weights = np.exp(scores - scores.max(-1, keepdims=True))
@@ -271,17 +274,28 @@ def partial_input_float64_and_a_two_dimensional_mesh():
     assert reduce.itemsize == 8 and reduce.operand_bytes == expected.size * 8
     if world % 2 == 0:
         grid = init_device_mesh("cpu", (world // 2, 2), mesh_dim_names=("x", "y"))
-        # k over both mesh dimensions: one all-reduce over x*y in the plan, which DTensor
-        # issues as one all-reduce per mesh dimension of more than one rank
-        # (docs/sharding.md, Limits)
-        per_dimension = sum(size > 1 for size in grid.shape)
+        # k over both mesh dimensions: one all-reduce over x*y in the plan, and one
+        # issued (over the mesh's flattened x*y group, not one per mesh dimension)
         _, explained = _run(DIST, tensors, {"w": [Shard(0), Shard(0)],
                                             "x": [Shard(0), Shard(0)]}, grid, expected,
-                            {"all-reduce": per_dimension}, planned={"all-reduce": 1})
+                            {"all-reduce": 1})
         assert explained.collectives[0].mesh_axes == ("x", "y")
         got, _ = _run(DIST, tensors, {"w": [Shard(1), Replicate()]}, grid, expected, {},
                       shard={"i": "x", "j": "y"})
         assert tuple(got.placements) == (Shard(0), Shard(1)), got.placements
+        # a reduce-scatter and an all-gather over x*y: one collective each
+        rng = np.random.default_rng(13)
+        h, w = _tensor(rng, 8, 4 * world), _tensor(rng, 4 * world, 4 * world)
+        nh, nw = h.double().numpy(), w.double().numpy()
+        both = [Shard(1), Shard(1)]
+        _, explained = _run("t[b,o] := sum[f](h[b,f]*W[f,o]); y[b,l] := relu(t[b,l])",
+                            dict(h=h, W=w), {}, grid, np.maximum(nh @ nw, 0),
+                            {"reduce-scatter": 1},
+                            shard={"f": ("x", "y"), "l": ("x", "y")})
+        assert explained.collectives[0].mesh_axes == ("x", "y")
+        _run("g[b,f] := relu(A[b,f]); s[b] := log(sum[f](exp(g[b,f])))", dict(A=h),
+             {"A": both}, grid, np.log(np.exp(np.maximum(nh, 0)).sum(1)),
+             {"all-gather": 1})
 
 
 @check
@@ -313,6 +327,174 @@ def collective_results_read_by_later_statements():
     assert tuple(y.placements) == (Shard(1),), y.placements
     (y * distribute_tensor(a, mesh, [Shard(1)])).sum().backward()
     _close(spread.grad, leaf.grad.double().numpy(), "dA through the all-to-all")
+
+
+def _counted(moves):
+    """kind -> count of the collectives among ``moves`` that move data: one over mesh
+    axes of one device (a 1 x 2 mesh's x) is in the plan, but nothing to issue."""
+    found = {}
+    for move in moves:
+        if move.group == 1:
+            continue
+        found[move.kind.value] = found.get(move.kind.value, 0) + 1
+    return found
+
+
+def _backward(text, tensors, placements, mesh, reference, kinds, shard=None):
+    """Gradients through a DTensor call equal torch autograd's on the plain tensors
+    (``reference``: the computation in torch ops, in float64), and the collectives
+    torch issues in the backward (CommDebugMode) are those of the backward's plan that
+    explain(..., gradients=True) shows, which are ``kinds``."""
+    rng = np.random.default_rng(11)
+    leaves = {n: t.double().requires_grad_() for n, t in tensors.items()}
+    out = reference(**leaves)
+    seed = torch.from_numpy(rng.standard_normal(tuple(out.shape)).astype(np.float32))
+    expected = torch.autograd.grad(out, list(leaves.values()), seed.double())
+    arrays = {n: distribute_tensor(t, mesh, placements.get(n, [Replicate()] * mesh.ndim))
+              .requires_grad_() for n, t in tensors.items()}
+    f = ef.compile(text, mesh=mesh, shard=shard) if shard is not None else ef.compile(text)
+    y = f(**arrays)
+    y = y[-1] if isinstance(y, tuple) else y
+    _close(y, out.detach().numpy(), "DTensor result")
+    dy = distribute_tensor(seed, mesh, y.placements)
+    with CommDebugMode() as mode:
+        grads = torch.autograd.grad(y, list(arrays.values()), dy)
+    explained = ef.explain(text, mesh=mesh, shard=shard, gradients=True, **arrays)
+    assert explained.backward.plan is not None, str(explained.backward)
+    planned = _counted(explained.backward_collectives)
+    assert planned == kinds, f"the backward's plan has {planned}, expected {kinds}"
+    assert _issued(mode) == planned, \
+        f"torch issued {_issued(mode)} in the backward, the plan {planned}"
+    for (name, array), grad, want in zip(arrays.items(), grads, expected):
+        assert isinstance(grad, DTensor), (name, type(grad))
+        assert tuple(grad.placements) == tuple(array.placements), (name, grad.placements)
+        _close(grad, want.numpy(), f"d{name}")
+    return explained
+
+
+def _torch_mlp(x, W1, W2):
+    return torch.relu(x @ W1) @ W2
+
+
+def _torch_dist(w, x):
+    return ((w[:, :, None] - x[:, None, :]) ** 2).sum(0)
+
+
+@check
+def mlp_backward_planned_one_all_reduce():
+    # Megatron: the backward's one collective is the all-reduce of x's gradient
+    mesh = _mesh()
+    tensors, _ = _mlp(mesh.size())
+    explained = _backward(MLP, tensors, {"W1": [Shard(1)], "W2": [Shard(0)]}, mesh,
+                          _torch_mlp, {"all-reduce": 1})
+    (reduce,) = explained.backward_collectives
+    assert reduce.tensor.startswith("dx"), reduce
+    assert "Backward (gradients of x, W1, W2" in str(explained), str(explained)
+
+
+@check
+def backward_of_a_partial_cotangent():
+    # the output gradient arrives as Partial (each rank a share): the backward's plan
+    # reduces it first (one all-reduce, before dh), then x's gradient (another)
+    mesh = _mesh()
+    world = mesh.size()
+    tensors, _ = _mlp(world)
+    leaves = {n: t.double().requires_grad_() for n, t in tensors.items()}
+    rng = np.random.default_rng(12)
+    seed = torch.from_numpy(rng.standard_normal((8, 12)).astype(np.float32))
+    expected = torch.autograd.grad(_torch_mlp(**leaves), list(leaves.values()),
+                                   seed.double())
+    arrays = {n: distribute_tensor(t, mesh, p).requires_grad_() for (n, t), p in zip(
+        tensors.items(), ([Replicate()], [Shard(1)], [Shard(0)]))}
+    y = ef.ein(MLP, **arrays)
+    share = DTensor.from_local(seed / world, mesh, [Partial()])
+    with CommDebugMode() as mode:
+        grads = torch.autograd.grad(y, list(arrays.values()), share)
+    assert _issued(mode) == {"all-reduce": 2}, _issued(mode)
+    for (name, array), grad, want in zip(arrays.items(), grads, expected):
+        assert tuple(grad.placements) == tuple(array.placements), (name, grad.placements)
+        _close(grad, want.numpy(), f"d{name}")
+    # the same call again: the cached plans; and a backward asked to be differentiable
+    y = ef.ein(MLP, **arrays)
+    _close(torch.autograd.grad(y, [arrays["W2"]], share)[0], expected[2].numpy(), "again")
+    try:
+        torch.autograd.grad(ef.ein(MLP, **arrays), [arrays["W1"]], share, create_graph=True)
+    except ef.EinfuseError as error:
+        assert "create_graph" in str(error), str(error)
+    else:
+        raise AssertionError("create_graph=True through a planned backward: no error")
+
+
+@check
+def dist_backward_split_over_k_and_over_i():
+    mesh = _mesh()
+    tensors, _ = _dist(mesh.size())
+    # k split: every gradient is local
+    _backward(DIST, tensors, {"w": [Shard(0)], "x": [Shard(0)]}, mesh, _torch_dist, {})
+    # i split: x's gradient sums over i across ranks
+    _backward(DIST, tensors, {"w": [Shard(1)]}, mesh, _torch_dist, {"all-reduce": 1})
+
+
+def _torch_attention(Q, K, V):
+    scores = torch.einsum("bthr,bshr->bhts", Q, K) / 8
+    return torch.einsum("bhts,bshr->bthr", torch.softmax(scores, -1), V)
+
+
+@check
+def attention_backward_heads_split():
+    mesh = _mesh()
+    rng, heads = np.random.default_rng(5), 2 * mesh.size()
+    tensors = {n: _tensor(rng, 2, 6, heads, 8) for n in "QKV"}
+    _backward(ATTENTION, tensors, {n: [Shard(2)] for n in "QKV"}, mesh, _torch_attention,
+              {})
+
+
+@check
+def backward_on_a_two_dimensional_mesh():
+    world = dist.get_world_size()
+    if world % 2:
+        return
+    grid = init_device_mesh("cpu", (world // 2, 2), mesh_dim_names=("x", "y"))
+    tensors, _ = _mlp(world)
+    # f over both mesh dimensions: one all-reduce over x*y each way (one collective,
+    # not one per mesh dimension)
+    both = [Shard(1), Shard(1)], [Shard(0), Shard(0)]
+    _backward(MLP, tensors, {"W1": both[0], "W2": both[1]}, grid, _torch_mlp,
+              {"all-reduce": 1})
+    tensors, _ = _dist(world)
+    # i on x, j on y: each input's gradient sums over the other's mesh axis (an axis
+    # of one device, x on 2 ranks, moves nothing)
+    _backward(DIST, tensors, {"w": [Shard(1), Replicate()], "x": [Replicate(), Shard(1)]},
+              grid, _torch_dist, {"all-reduce": sum(n > 1 for n in grid.shape)})
+
+
+@check
+def backward_not_planned_goes_through_dtensor_ops():
+    # a gathered read's gradient is a scatter-add, which the planner does not split:
+    # autograd goes through DTensor's ops (and explain says so); the gradient is right
+    mesh = _mesh()
+    rng = np.random.default_rng(9)
+    a = _tensor(rng, 6, 2 * mesh.size())
+    idx = torch.tensor([4, 0, 4, 1, 5, 2])
+    text = "y[i,j] := A[idx[i],j]"
+    leaf = a.clone().requires_grad_()
+    weights = _tensor(rng, 6, 2 * mesh.size())
+    (ef.ein(text, A=leaf, idx=idx) * weights).sum().backward()
+    arrays = {"A": distribute_tensor(a, mesh, [Shard(1)]).requires_grad_(),
+              "idx": distribute_tensor(idx, mesh, [Replicate()])}
+    y = ef.ein(text, **arrays)
+    (y * distribute_tensor(weights, mesh, [Shard(1)])).sum().backward()
+    _close(arrays["A"].grad, leaf.grad.double().numpy(), "dA through DTensor's ops")
+    explained = ef.explain(text, gradients=True, **arrays)
+    assert explained.backward.plan is None and explained.backward_collectives == ()
+    assert "not planned" in str(explained) and "scatter-add" in str(explained)
+
+
+# the planned backward's checks (test_sharding_dtensor_backward.py runs them)
+BACKWARD = ["mlp_backward_planned_one_all_reduce", "backward_of_a_partial_cotangent",
+            "dist_backward_split_over_k_and_over_i",
+            "attention_backward_heads_split", "backward_on_a_two_dimensional_mesh",
+            "backward_not_planned_goes_through_dtensor_ops"]
 
 
 def killed_peer(rank, world):

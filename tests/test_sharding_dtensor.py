@@ -36,7 +36,9 @@ def test_two_ranks_smoke(tmp_path):
     _assert_passed(_job(tmp_path, 2, checks.QUICK), checks.QUICK)
 
 
-SLOW = [name for name in checks.CHECKS if name not in checks.QUICK]
+# (the planned backward's checks: test_sharding_dtensor_backward.py)
+SLOW = [name for name in checks.CHECKS if name not in checks.QUICK and
+        name not in checks.BACKWARD]
 
 
 @pytest.mark.slow

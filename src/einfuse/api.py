@@ -176,7 +176,7 @@ def explain(statement=NOT_GIVEN, /, *args, shapes: Optional[Dict[str, tuple]] = 
     check_named(compiled, arrays, keyword_options(explain) + ("arrays",))
     if mesh is not None or shard is not None:
         return explain_sharded(compiled, args, arrays, shapes, mesh, shard, cost_model,
-                               gradients or source, memory)
+                               source, memory, gradients=gradients)
     if not isinstance(compiled, Kernel):
         given = dict(zip(compiled.inputs, args))
         given.update(arrays.get("arrays") or {})

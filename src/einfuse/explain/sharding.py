@@ -5,7 +5,7 @@ modelled cost, and the alternatives side by side with the cheapest named."""
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import List, Optional, Sequence
+from typing import List, Optional, Sequence, Tuple
 
 from ..analysis.cost import bytes_text, count_text
 from ..analysis.placeholders import program_placeholders, statement_placeholders
@@ -14,6 +14,10 @@ from ..program import Program
 from ..sharding.api import (Choice, check_options, choose, shape_values, shard_of_inputs,
                             statements_of, with_memory)
 from ..sharding.cost import CostModel, plan_cost, seconds_text
+from ..sharding.dtensor_execute import check_sayable
+from ..sharding.dtensor_backward import (BackwardNotPlanned, backward_plan,
+                                         backward_statements, forward_shapes,
+                                         gradient_inputs, gradient_targets, seed_placements)
 from ..sharding.layout import MoveKind
 from ..sharding.memory import memory_use
 from ..sharding.planner import ShardPlan, StatementPlan
@@ -35,10 +39,57 @@ def collectives_text(plan: ShardPlan) -> str:
 
 
 @dataclass
+class BackwardExplanation:
+    """``explain(..., gradients=True)`` on DTensors: the plan of the backward that a
+    recorded call runs (sharding/dtensor_backward.py), each output's gradient arriving
+    at the output's placement; ``plan`` None where it is not planned (``why``: then
+    autograd goes through DTensor's own ops)."""
+    plan: Optional[ShardPlan]
+    wrt: Tuple[str, ...]
+    why: Optional[str] = None
+    seeds: Tuple[str, ...] = ()
+
+    @property
+    def collectives(self):
+        """The backward's collectives (``Move`` objects, as ``collectives`` of the
+        forward); empty where it is not planned."""
+        return self.plan.collectives if self.plan is not None else ()
+
+    def __str__(self) -> str:
+        names = ", ".join(self.wrt)
+        if self.plan is None:
+            return (f"Backward (gradients of {names}): not planned ({self.why}); autograd "
+                    "goes through DTensor's own ops (the collectives' transposes)")
+        plan = self.plan
+        out = [f"Backward (gradients of {names}; planned on the forward's assignment "
+               f"{plan.assignment}, {', '.join(self.seeds)} where the outputs are)",
+               "  Inputs (saved by the forward where it left them, and the output "
+               "gradients)"]
+        rows = [[name, plan.tensor(name).dtype, _shape(plan.tensor(name).shape), str(place)]
+                for name, place in plan.inputs]
+        out += ["    " + line for line in _table(rows)] if rows else ["    none"]
+        out += ["  Steps, in order"] + ["  " + line for line in steps_text(plan)]
+        out += ["  Gradients"] + ["  " + line for line in results_text(plan)]
+        out += [f"  Per device: FLOPs {count_text(plan.local_flops)}, collectives "
+                f"{collectives_text(plan)}, bytes sent {bytes_text(plan.bytes_sent)}"]
+        return "\n".join(out)
+
+
+@dataclass
 class ShardingExplanation:
     statements: Sequence[str]
     choice: Choice
     model: CostModel
+    # gradients=True on DTensors: the backward's plan
+    backward: Optional[BackwardExplanation] = None
+
+    @property
+    def backward_collectives(self):
+        """The collectives of the backward's plan (``gradients=True`` on DTensors)."""
+        if self.backward is None:
+            raise OptionError("the backward's collectives are explained with "
+                              "gradients=True (on DTensors: explain(..., gradients=True))")
+        return self.backward.collectives
 
     @property
     def plan(self) -> ShardPlan:
@@ -99,27 +150,9 @@ class ShardingExplanation:
                 for name, place in plan.inputs]
         out += ["  " + line for line in _table(rows)] if rows else ["  none"]
         out += ["", "Steps, in order (what every device does)"]
-        number = 0
-        for step in plan.steps:
-            if isinstance(step, StatementPlan):
-                out += self._statement(step)
-            elif step.kind is MoveKind.SLICE:
-                out.append(f"  - local slice: {step.tensor} {step.source} -> {step.target}, "
-                           f"per device {_shape(step.result_shape)} (no communication)")
-            else:
-                number += 1
-                op = f" ({step.op})" if step.op else ""
-                out.append(f"  * collective {number}: {step.kind.value}{op} of {step.tensor} "
-                           f"over {'*'.join(step.mesh_axes)} ({step.group} devices): "
-                           f"operand {plan.tensor(step.tensor).dtype} "
-                           f"{_shape(step.operand_shape)} ({bytes_text(step.operand_bytes)}) -> "
-                           f"{_shape(step.result_shape)}; each device sends "
-                           f"{bytes_text(step.bytes_sent)}   [{step.reason}]")
+        out += steps_text(plan)
         out += ["", "Results"]
-        for name, place in plan.outputs:
-            shape = plan.tensor(name).shape
-            out.append(f"  {name} {_shape(shape)} at {place}, per device "
-                       f"{_shape(place.local_shape(shape, mesh))}")
+        out += results_text(plan)
         cost = plan_cost(plan, self.model)
         whole = sum(s.flops for s in plan.statements)
         out += ["", "Per device",
@@ -144,30 +177,14 @@ class ShardingExplanation:
                 plan_cost(best, self.model).seconds, 1e-30)
             out.append(f"  Cheapest: {best.assignment} ({saving:.2f}x less than the plan "
                        "above by the model)")
+        if self.backward is not None:
+            out += ["", str(self.backward)]
         m = self.model
         out += ["", f"Cost model: FLOPs / {m.flops_per_second:.3g} FLOP/s + per collective "
                     f"{seconds_text(m.latency_seconds)} + bytes sent / "
                     f"{m.bytes_per_second:.3g} B/s (einfuse.sharding.CostModel; "
                     "cost_model= to change)"]
         return "\n".join(out)
-
-    def _statement(self, step: StatementPlan) -> List[str]:
-        mesh = self.plan.mesh
-        lines = [f"  {step.number}. {step.text.strip()}"]
-        split = str(step.split) if step.split.pairs else "nothing (every device computes " \
-                                                          "all of it)"
-        lines.append(f"     splits {split}; FLOPs per device {count_text(step.local_flops)} "
-                     f"of {count_text(step.flops)}")
-        reads = ", ".join(f"{n} {_shape(p.local_shape(self.plan.tensor(n).shape, mesh))}"
-                          for n, p in step.reads)
-        lines.append(f"     reads {reads or 'nothing'}; writes {step.output} "
-                     f"{_shape(step.local_output_shape)} per device at "
-                     f"{step.output_placement}")
-        for name in step.deferred:
-            lines.append(f"     {name} is a partial sum and this statement is linear in it: "
-                         "its reduction moves past this statement")
-        lines += [f"     note: {n}" for n in step.notes]
-        return lines
 
     def _memory(self, plan: ShardPlan) -> str:
         use, limit = memory_use(plan), self.model.memory_per_device
@@ -194,26 +211,82 @@ class ShardingExplanation:
         return rows
 
 
+def statement_lines(plan: ShardPlan, step: StatementPlan) -> List[str]:
+    mesh = plan.mesh
+    lines = [f"  {step.number}. {step.text.strip()}"]
+    split = str(step.split) if step.split.pairs else "nothing (every device computes " \
+                                                      "all of it)"
+    lines.append(f"     splits {split}; FLOPs per device {count_text(step.local_flops)} "
+                 f"of {count_text(step.flops)}")
+    reads = ", ".join(f"{n} {_shape(p.local_shape(plan.tensor(n).shape, mesh))}"
+                      for n, p in step.reads)
+    lines.append(f"     reads {reads or 'nothing'}; writes {step.output} "
+                 f"{_shape(step.local_output_shape)} per device at "
+                 f"{step.output_placement}")
+    for name in step.deferred:
+        lines.append(f"     {name} is a partial sum and this statement is linear in it: "
+                     "its reduction moves past this statement")
+    lines += [f"     note: {n}" for n in step.notes]
+    return lines
+
+
+def steps_text(plan: ShardPlan) -> List[str]:
+    """Each step of ``plan``: its statements, local slices and collectives (numbered,
+    with their bytes)."""
+    out: List[str] = []
+    number = 0
+    for step in plan.steps:
+        if isinstance(step, StatementPlan):
+            out += statement_lines(plan, step)
+        elif step.kind is MoveKind.SLICE:
+            out.append(f"  - local slice: {step.tensor} {step.source} -> {step.target}, "
+                       f"per device {_shape(step.result_shape)} (no communication)")
+        else:
+            number += 1
+            op = f" ({step.op})" if step.op else ""
+            out.append(f"  * collective {number}: {step.kind.value}{op} of {step.tensor} "
+                       f"over {'*'.join(step.mesh_axes)} ({step.group} devices): "
+                       f"operand {plan.tensor(step.tensor).dtype} "
+                       f"{_shape(step.operand_shape)} ({bytes_text(step.operand_bytes)}) -> "
+                       f"{_shape(step.result_shape)}; each device sends "
+                       f"{bytes_text(step.bytes_sent)}   [{step.reason}]")
+    return out
+
+
+def results_text(plan: ShardPlan) -> List[str]:
+    mesh = plan.mesh
+    out: List[str] = []
+    for name, place in plan.outputs:
+        shape = plan.tensor(name).shape
+        out.append(f"  {name} {_shape(shape)} at {place}, per device "
+                   f"{_shape(place.local_shape(shape, mesh))}")
+    return out
+
+
 def _table(rows) -> List[str]:
     widths = [max(len(r[c]) for r in rows) for c in range(len(rows[0]))]
     return ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in rows]
 
 
 def explain_sharded(compiled, args, arrays, shapes, mesh, shard, cost_model=None,
-                    extras=False, memory=None):
-    """``ef.explain`` with ``mesh=``; ``extras``: gradients= or source= was asked for,
-    which the sharded explanation does not show."""
-    if extras:
+                    extras=False, memory=None, gradients=False):
+    """``ef.explain`` with ``mesh=``; ``extras``: source= (or, on a mesh that is not a
+    torch DeviceMesh, gradients=) was asked for, which the sharded explanation does not
+    show; ``gradients``: on a torch DeviceMesh, the backward's plan too."""
+    torch_mesh = hasattr(mesh, "mesh_dim_names")      # a torch DeviceMesh (sharding/mesh.py)
+    if extras or (gradients and not torch_mesh):
         source = getattr(compiled, "source", None)
         raise attach_statement(OptionError(
             "explain with mesh= shows the plan on the mesh, not gradients= or source=; "
-            "ask for those without mesh="), source if isinstance(source, str)
+            "ask for those without mesh= (gradients=True with mesh= shows the backward's "
+            "plan of a call on DTensors)"), source if isinstance(source, str)
             else compiled.statement)
-    return _explain(compiled, args, arrays, shapes, mesh, shard, cost_model, memory)
+    return _explain(compiled, args, arrays, shapes, mesh, shard, cost_model, memory,
+                    gradients)
 
 
 def _explain(compiled, args, arrays, shapes, mesh, shard,
-             cost_model: Optional[CostModel], memory=None):
+             cost_model: Optional[CostModel], memory=None, gradients=False):
     """``ef.explain(..., mesh=, shard=, memory=)``."""
     mesh_info = check_options(mesh, shard)
     model = with_memory(_model(cost_model), memory, mesh)
@@ -237,7 +310,28 @@ def _explain(compiled, args, arrays, shapes, mesh, shard,
                     narrow=not torch_mesh)
     if from_inputs:
         choice = replace(choice, how="inputs")
-    return ShardingExplanation(program.texts, choice, model)
+    backward = explain_backward(compiled, program, choice.plan, values, mesh_info) \
+        if gradients else None
+    return ShardingExplanation(program.texts, choice, model, backward)
+
+
+def explain_backward(compiled, program, forward: ShardPlan, values, mesh_info
+                     ) -> BackwardExplanation:
+    """The backward's plan as a recorded DTensor call makes it (dtensor.py), for the
+    inputs that require a gradient (every floating one where none does)."""
+    wrt = gradient_inputs(values, forward)
+    try:
+        backward = backward_statements(program, compiled.options, wrt,
+                                       forward_shapes(forward, program.params))
+        plan = backward_plan(forward, backward, mesh_info,
+                             seed_placements(forward, backward),
+                             gradient_targets(values, forward, mesh_info, wrt), CostModel())
+        check_sayable(plan, mesh_info)
+    except BackwardNotPlanned as why:
+        return BackwardExplanation(None, wrt, str(why))
+    except OptionError as error:
+        return BackwardExplanation(None, wrt, str(error))
+    return BackwardExplanation(plan, wrt, seeds=backward.seeds)
 
 
 def _model(cost_model) -> CostModel:

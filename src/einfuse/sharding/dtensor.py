@@ -1,8 +1,10 @@
 """Statements and programs on PyTorch DTensors (``torch.distributed.tensor``): the
 plan comes from the same planner as for JAX (planner.py), each rank runs the einfuse
-kernels on its local tensors, and the plan's moves are DTensor redistributions, which
-torch.distributed carries out with its functional collectives (gloo on CPU, NCCL on
-GPU) and differentiates (their backward is the transposed collective).
+kernels on its local tensors, and the plan's moves are DTensor redistributions or
+functional collectives, which torch.distributed carries out (gloo on CPU, NCCL on GPU;
+dtensor_execute.py).  A call that autograd records is one node whose backward is
+planned too (dtensor_backward.py, dtensor_autograd.py); where it cannot be, autograd
+goes through DTensor's ops (their backward is the transposed collective).
 
 Placements: an einfuse layout splits a tensor axis over mesh axes (the first the major
 one); a DTensor places each mesh dimension: ``Shard(axis)``, ``Replicate()`` or
@@ -18,17 +20,19 @@ from __future__ import annotations
 import numbers
 from typing import Dict, Mapping, Tuple
 
-import numpy as np
-
 from ..analysis.frameworks import has_dtensor
 from ..errors import EinfuseError, EinfuseTypeError, OptionError, attach_statement
 from .api import check_options, choose, shard_of_inputs, statements_of, with_memory
 from .cost import CostModel
-from .layout import MoveKind, Placement
+from .dtensor_backward import (BackwardNotPlanned, BackwardProgram, backward_plan,
+                               backward_statements, forward_shapes, gradient_inputs,
+                               gradient_targets, seed_placements)
+from .dtensor_execute import (check_sayable, execute, placements_of, plan_key, rank_text,
+                              wait_for)
 from .memory import check_fits
 from .mesh import MeshShape
 from .multiprocess import failure, lost_peer
-from .planner import ShardPlan, StatementPlan
+from .planner import ShardPlan
 
 
 def is_dtensor(value) -> bool:
@@ -60,16 +64,25 @@ class DTensorRun:
         self.shard = shard
         self.memory = memory
         self._plans: Dict[Tuple, ShardPlan] = {}
+        # per (plan key, inputs needing a gradient): the backward program, or why not
+        self._backwards: Dict[Tuple, object] = {}
+        self._backward_plans: Dict[Tuple, ShardPlan] = {}
 
     def __call__(self, values: Mapping[str, object]):
         try:
             device_mesh = self._device_mesh(values)
             info = check_options(device_mesh, self.shard)
-            plan = self.plan(values, device_mesh, info)
+            key = plan_key(values)
+            plan = self.plan(values, device_mesh, info, key)
+            recorded = self.recorded(plan, key, values, info)
         except EinfuseError as error:
             raise attach_statement(error, self.program.source) from None
         try:
-            results = execute(plan, self.program.kernels, values, device_mesh, info)
+            if recorded is not None:     # autograd records one node: its backward planned
+                from .dtensor_autograd import run_recorded
+                results = run_recorded(self, plan, recorded, values, device_mesh, info)
+            else:
+                results = execute(plan, self.program.kernels, values, device_mesh, info)
             wait_for(results)
         except RuntimeError as error:
             if lost_peer(error):      # gloo/NCCL: a rank of the job died
@@ -77,9 +90,8 @@ class DTensorRun:
             raise
         return results[0] if len(results) == 1 else results
 
-    def plan(self, values, device_mesh, info: MeshShape) -> ShardPlan:
-        key = tuple((n, tuple(v.shape), str(v.dtype), tuple(map(str, v.placements)))
-                    if is_dtensor(v) else (n, v) for n, v in sorted(values.items()))
+    def plan(self, values, device_mesh, info: MeshShape, key=None) -> ShardPlan:
+        key = plan_key(values) if key is None else key
         plan = self._plans.get(key)
         if plan is None:
             shard = self.shard
@@ -89,16 +101,58 @@ class DTensorRun:
             plan = choose(self.program, placeholders(values), info, shard, model,
                           rank=False, narrow=False).plan
             check_fits(plan, model.memory_per_device)
-            for _, place in plan.inputs + plan.outputs:   # a DTensor can say each one
-                placements_of(place, info)
-            for step in plan.steps:
-                places = [step.output_placement] if isinstance(step, StatementPlan) \
-                    else [step.source, step.target]
-                for place in places:
-                    placements_of(place, info)
+            check_sayable(plan, info)
             if len(self._plans) >= CACHED_PLANS:
                 self._plans.pop(next(iter(self._plans)))
             self._plans[key] = plan
+        return plan
+
+    def recorded(self, plan: ShardPlan, key, values, info: MeshShape):
+        """The backward (a BackwardProgram) of a call that autograd records, for the
+        DTensors that require a gradient; None where autograd records nothing, or
+        where the backward cannot be planned (then autograd goes through DTensor's own
+        ops, as :func:`execute` leaves them)."""
+        import torch
+        if not torch.is_grad_enabled() or not any(
+                getattr(v, "requires_grad", False) for v in values.values()):
+            return None
+        wrt = gradient_inputs(values, plan)
+        wrt = tuple(n for n in wrt if getattr(values[n], "requires_grad", False))
+        if not wrt:
+            return None
+        found = self._backwards.get((key, wrt))
+        if found is None:
+            if len(self._backwards) >= CACHED_PLANS:
+                self._backwards.pop(next(iter(self._backwards)))
+            found = self._backwards[(key, wrt)] = self._backward_program(
+                plan, key, values, info, wrt)
+        return found if isinstance(found, BackwardProgram) else None
+
+    def _backward_program(self, plan, key, values, info, wrt):
+        try:
+            program = backward_statements(self.program, self.compiled.options, wrt,
+                                          forward_shapes(plan, self.program.params))
+            # planned once for seeds where the outputs are, to know that it plans
+            self.backward_plan(plan, program, info, key,
+                               seed_placements(plan, program),
+                               gradient_targets(values, plan, info, wrt))
+        except BackwardNotPlanned as why:
+            return why
+        except OptionError as error:      # a placement no DTensor can say
+            return BackwardNotPlanned(str(error))
+        return program
+
+    def backward_plan(self, forward: ShardPlan, program, info: MeshShape, key, seeds,
+                      targets) -> ShardPlan:
+        """The backward's plan for seeds at ``seeds`` (cached per signature)."""
+        signature = (key, program.wrt, tuple(sorted(seeds.items(), key=str)))
+        plan = self._backward_plans.get(signature)
+        if plan is None:
+            plan = backward_plan(forward, program, info, seeds, targets, CostModel())
+            check_sayable(plan, info)
+            if len(self._backward_plans) >= CACHED_PLANS:
+                self._backward_plans.pop(next(iter(self._backward_plans)))
+            self._backward_plans[signature] = plan
         return plan
 
     def _device_mesh(self, values):
@@ -133,121 +187,6 @@ def placeholders(values) -> dict:
     from ..analysis.frameworks import placeholder
     return {n: v if isinstance(v, numbers.Number) else placeholder(v)
             for n, v in values.items()}
-
-
-def placements_of(place: Placement, info: MeshShape):
-    """The DTensor placements (one per mesh dimension) of an einfuse placement."""
-    from torch.distributed.tensor import Partial, Replicate, Shard
-    result = [Replicate() for _ in info.names]
-    for axis, axes in enumerate(place.layout):
-        order = [info.names.index(a) for a in axes]
-        if order != sorted(order):
-            # a DTensor splits a tensor axis over mesh dimensions in their order
-            raise OptionError(
-                f"the plan splits a tensor axis over mesh axes {'*'.join(axes)}, not in "
-                "the DeviceMesh's order, which a DTensor placement cannot say; list them "
-                "in the mesh's order in shard=")
-        for m in order:
-            result[m] = Shard(axis)
-    if place.pending is not None:
-        for axis in place.pending.axes:
-            result[info.names.index(axis)] = Partial(place.pending.op)
-    return tuple(result)
-
-
-def gradient_placements(place: Placement, step: StatementPlan, info: MeshShape):
-    """The placements of the gradient of a statement's local input: on a mesh axis the
-    statement splits but the input is not split over, each rank's gradient is its part
-    of a sum (Partial); elsewhere the gradient is placed as the input is."""
-    from torch.distributed.tensor import Partial, Replicate
-    placements = list(placements_of(Placement(place.layout), info))
-    used = {a for _, axes in step.split.pairs for a in axes}
-    split = {a for axes in place.layout for a in axes}
-    for m, name in enumerate(info.names):
-        if name in used and name not in split:
-            placements[m] = Partial("sum")
-        elif place.pending is not None and name in place.pending.axes:
-            placements[m] = Replicate()
-    return tuple(placements)
-
-
-def execute(plan: ShardPlan, kernels, values, device_mesh, info: MeshShape):
-    from torch.distributed.tensor import DTensor
-    env = {}
-    for name, place in plan.inputs:
-        value = values[name]
-        wanted = placements_of(place, info)
-        if tuple(value.placements) != wanted:
-            value = value.redistribute(device_mesh, wanted)
-        env[(name, place)] = value
-    for step in plan.steps:
-        if isinstance(step, StatementPlan):
-            kernel = kernels[step.number - 1]
-            named = {name: env[(name, place)].to_local(
-                grad_placements=gradient_placements(place, step, info))
-                for name, place in step.reads}
-            for param in kernel.spec.params:
-                value = values[param]
-                named[param] = value.to_local() if is_dtensor(value) else value
-            local = kernel(**named)
-            env[(step.output, step.output_placement)] = DTensor.from_local(
-                local, device_mesh, placements_of(step.output_placement, info),
-                run_check=False, shape=step.output_shape,
-                stride=tuple(int(s) for s in _strides(step.output_shape)))
-        else:
-            env[(step.tensor, step.target)] = move(step, env[(step.tensor, step.source)],
-                                                   device_mesh, info)
-    return tuple(env[key] for key in plan.outputs)
-
-
-def move(step, value, device_mesh, info: MeshShape):
-    """The plan's move ``step`` of the DTensor ``value``: a redistribution, which issues
-    the collective the plan names -- except the all-to-all, which DTensor's
-    redistribution does as an all-gather and a slice (n times the bytes): that one is
-    issued here, as the functional collective it is."""
-    target = placements_of(step.target, info)
-    if step.kind is not MoveKind.ALL_TO_ALL or len(step.mesh_axes) != 1:
-        return value.redistribute(device_mesh, target)
-    import torch
-    from torch.distributed import _functional_collectives as collectives
-    from torch.distributed.tensor import DTensor
-    dim = info.names.index(step.mesh_axes[0])
-    group = step.group
-    # this rank's block of axis other_axis, cut into one piece per rank along axis: the
-    # piece for rank s goes to s, and the pieces received, in rank order, are this
-    # rank's block of axis ``axis`` whole along other_axis
-    pieces = torch.stack(value.to_local().chunk(group, dim=step.axis)).contiguous()
-    received = collectives.all_to_all_single_autograd(pieces, None, None,
-                                                      (device_mesh, dim))
-    local = torch.cat(received.unbind(0), dim=step.other_axis)
-    shape = value.shape
-    return DTensor.from_local(local, device_mesh, target, run_check=False,
-                              shape=shape, stride=_strides(shape))
-
-
-def wait_for(results) -> None:
-    """Wait for the collectives behind ``results`` (functional collectives return
-    tensors that wait when first used): a failed collective raises here, in the call."""
-    import torch
-    with torch.no_grad():
-        for result in results:
-            local = result.to_local()
-            wait = getattr(local, "wait", None)
-            if callable(wait):
-                wait()
-
-
-def rank_text() -> str:
-    import torch.distributed as dist
-    return f"rank {dist.get_rank()} of {dist.get_world_size()}"
-
-
-def _strides(shape) -> Tuple[int, ...]:
-    strides, running = [], 1
-    for extent in reversed(shape):
-        strides.append(running)
-        running *= max(int(extent), 1)
-    return tuple(reversed(strides))
 
 
 _RUNS: Dict[int, Tuple[object, DTensorRun]] = {}
