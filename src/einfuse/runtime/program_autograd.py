@@ -34,8 +34,11 @@ from .torch_autograd import (numpy_view, numpy_views, refuse_in_transform, save_
                              saved_tensors)
 from ..analysis.frameworks import torch_recording as recording
 from .program_calls import differentiable_inputs, remember_call, shaped_like
-from .program_backward import PLANS_KEPT, BackwardRun
+from .program_backward import PLANS_KEPT, BackwardRun, Count
 
+
+
+DERIVATIONS = Count()       # program backwards derived (ProgramAutograd.backward_for)
 
 
 class PreparedCall:
@@ -270,6 +273,7 @@ class ProgramAutograd:
         """(the backward, the intermediates to save, the forward kernels to recompute)
         for gradients of ``names``, or None where it cannot be derived."""
         if names not in self.backwards:
+            DERIVATIONS.add()
             try:
                 backward = backward_program(self.pieces, self.specs, self.outputs, names,
                                             self.options)
