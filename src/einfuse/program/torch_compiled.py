@@ -261,8 +261,12 @@ def _plan(key: str, tensors, wanted: str) -> Optional[fused.FusedPlan]:
     """The fused route's plan of this call (program/torch_compiled_fused.py), or None."""
     if not wanted:
         return None
+    identity = fused.identity_of(key, wanted, tensors)
+    found = fused.known_plan(identity)      # (every call after the trace's first)
+    if found is not fused.UNKNOWN:
+        return found
     compiled = _COMPILED[key]
-    return fused.plan_for(key, compiled, _kernels(compiled), _outputs(compiled),
+    return fused.plan_for(identity, compiled, _kernels(compiled), _outputs(compiled),
                           tuple(_split(wanted)), tensors)
 
 

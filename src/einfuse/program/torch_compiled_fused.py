@@ -60,15 +60,31 @@ class FusedPlan:
     found: Tuple       # owner.backward_for(wanted): (backward, saved, recompute)
 
 
-def plan_for(key: str, compiled, kernels: Sequence, outputs: Sequence[str],
+# what known_plan answers for a call whose plan is not decided yet
+UNKNOWN = object()
+
+
+def identity_of(key: str, wanted: str, tensors: Sequence[torch.Tensor]) -> Tuple:
+    """What decides a call's plan: the operator's key, the wanted inputs, and the
+    dtypes, devices and layouts of the tensors."""
+    return (key, wanted, tuple((t.dtype, t.is_cpu, t.layout) for t in tensors))
+
+
+def known_plan(identity: Tuple):
+    """The plan decided for ``identity`` (None: the statement-by-statement operators),
+    or UNKNOWN."""
+    return _PLANS.get(identity, UNKNOWN)
+
+
+def plan_for(identity: Tuple, compiled, kernels: Sequence, outputs: Sequence[str],
              wanted: Tuple[str, ...], tensors: Sequence[torch.Tensor]
              ) -> Optional[FusedPlan]:
     """The fused plan of this call, or None where the call keeps the statement-by-
     statement operators; decided from dtypes and devices alone, so fake tensors (the
     trace) and real ones (the run) get the same answer."""
+    key = identity[0]
     if not wanted:
         return None
-    identity = (key, wanted, tuple((t.dtype, t.device.type, t.layout) for t in tensors))
     if identity in _PLANS:
         return _PLANS[identity]
     plan = _new_plan(key, compiled, tuple(kernels), tuple(outputs), wanted, tensors)
@@ -135,9 +151,12 @@ def _own_tensor(value, given: list) -> torch.Tensor:
     """``value`` as a tensor that shares no memory with ``given`` (the inputs and the
     results before it: an operator's outputs may not alias), which it joins."""
     array = contiguous(value)
-    if not array.flags.writeable or any(
+    # an array that owns its memory (a kernel's fresh result, the common case) aliases
+    # nothing but itself; any other is compared with each of ``given``
+    owns = array.base is None and not any(other is array for other in given)
+    if not array.flags.writeable or (not owns and any(
             type(other) is np.ndarray and np.may_share_memory(array, other)
-            for other in given):
+            for other in given)):
         array = array.copy()
     given.append(array)
     return torch.from_numpy(array)
