@@ -223,3 +223,34 @@ def test_the_mlp_under_inductor_equals_the_torch_twin():
     torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
     for a, b in zip(grads, want_grads):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
+
+
+def test_eager_repeated_calls_that_record_nothing_then_one_that_records():
+    # (the prepared forward of a call that records nothing must not be taken for a
+    # recorded call's: grad mode and requires_grad decide, call by call)
+    program = ef.compile("""
+        m[i]   := max[j](X[i,j])
+        e[i,j] := exp(X[i,j] - m[i])
+        P[i,j] := e[i,j] / sum[k](e[i,k])
+    """)
+    x = torch.randn(6, 5, dtype=torch.float64)
+    want = torch.softmax(x, 1)
+    for _ in range(3):              # nothing needs a gradient
+        got = program(X=x)
+        assert got.grad_fn is None
+        torch.testing.assert_close(got, want)
+    leaf = x.clone().requires_grad_(True)
+    weights = torch.randn(6, 5, dtype=torch.float64)
+    for _ in range(2):              # recorded, then the same signature under no_grad
+        got = program(X=leaf)
+        assert got.grad_fn is not None
+        leaf.grad = None
+        (got * weights).sum().backward()
+        torch.testing.assert_close(got.detach(), want)
+        with torch.no_grad():
+            quiet = program(X=leaf)
+        assert quiet.grad_fn is None
+        torch.testing.assert_close(quiet, want)
+    expected = x.clone().requires_grad_(True)
+    (torch.softmax(expected, 1) * weights).sum().backward()
+    torch.testing.assert_close(leaf.grad, expected.grad)
