@@ -254,3 +254,29 @@ def test_eager_repeated_calls_that_record_nothing_then_one_that_records():
     expected = x.clone().requires_grad_(True)
     (torch.softmax(expected, 1) * weights).sum().backward()
     torch.testing.assert_close(leaf.grad, expected.grad)
+
+
+def test_cross_entropy_with_an_index_input_and_a_0d_output():
+    program = ef.compile("""
+        m[i] := max[j](X[i,j])
+        l[i] := log(sum[j](exp(X[i,j] - m[i]))) + m[i] - X[i, t[i]]
+        L := sum[i](l[i]) / 8
+    """)
+
+    def model(x, t):
+        return program(X=x, t=t) * 2.0
+
+    torch._dynamo.reset()
+    run = torch.compile(model, fullgraph=True, backend="aot_eager")
+    x = torch.randn(8, 5, dtype=torch.float64, requires_grad=True)
+    t = torch.randint(0, 5, (8,))
+    for _ in range(3):
+        x.grad = None
+        value = run(x, t)
+        value.backward()
+    got = x.grad.clone()
+    x.grad = None
+    want = torch.nn.functional.cross_entropy(x, t) * 2.0
+    want.backward()
+    torch.testing.assert_close(value.detach(), want.detach())
+    torch.testing.assert_close(got, x.grad)
