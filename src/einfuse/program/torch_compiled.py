@@ -13,11 +13,15 @@ two things only:
   converts every argument with ``as_python_constant``, which no object of ours has, and
   under ``dynamic=True`` a float option read from an object is symbolic): a Kernel or
   Program goes as its ``id()``, on which Dynamo guards, and is found again by it;
-* the operator ``einfuse::run(key, names, tensors, scalars)``
+* the operator ``einfuse::run(key, names, tensors, scalars, wanted)``
   returning the outputs, with a fake implementation (output shapes and dtypes from
   einfuse's range and dtype inference on shape-only placeholders) and an autograd
-  formula whose backward is a second operator, ``einfuse::run_backward``, that runs
-  the gradient statements (``ef.derive``) for the inputs that need them.
+  formula.  On CPU floats with inputs that need a gradient (``wanted``) it also returns
+  the intermediates the backward reads, and its backward is
+  ``einfuse::run_fused_backward``, the eager recorded call's fused backward, derived
+  once and planned once per signature (program/torch_compiled_fused.py); elsewhere the
+  backward is ``einfuse::run_backward``, running the gradient statements
+  (``ef.derive``) for the inputs that need them.
 
 So a model that calls einfuse compiles without graph breaks, and AOTAutograd records
 the backward as einfuse's kernels.  The backward operator has no derivative itself:
