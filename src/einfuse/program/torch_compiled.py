@@ -241,6 +241,13 @@ def _scalars(scalars: str) -> Dict[str, object]:
     return values
 
 
+@functools.lru_cache(maxsize=1024)
+def _parsed(names: str, scalars: str) -> Tuple[Tuple[str, ...], Dict[str, object]]:
+    """The operator's names and scalars as the fused route reads them, parsed once per
+    text (the dict is shared: read only)."""
+    return tuple(_split(names)), _scalars(scalars)
+
+
 def _host(tensor: torch.Tensor):
     """What the kernels read: a NumPy view for CPU tensors, the tensor on a device."""
     detached = tensor.detach()
@@ -279,7 +286,8 @@ def run(key: str, names: str, tensors: List[torch.Tensor], scalars: str,
         wanted: str) -> List[torch.Tensor]:
     plan = _plan(key, tensors, wanted)
     if plan is not None:
-        return fused.forward(plan, _split(names), tensors, scalars, _scalars(scalars))
+        split, numbers = _parsed(names, scalars)
+        return fused.forward(plan, split, tensors, scalars, numbers)
     compiled = _COMPILED[key]
     values = {name: _host(t) for name, t in zip(_split(names), tensors)}
     values.update(_scalars(scalars))
@@ -390,8 +398,8 @@ def run_fused_backward(key: str, names: str, tensors: List[torch.Tensor], scalar
                        wanted: str, saved: List[torch.Tensor],
                        grads: List[Optional[torch.Tensor]]) -> List[torch.Tensor]:
     plan = _plan(key, tensors, wanted)
-    return fused.backward(plan, _split(names), tensors, scalars, _scalars(scalars), saved,
-                          grads)
+    split, numbers = _parsed(names, scalars)
+    return fused.backward(plan, split, tensors, scalars, numbers, saved, grads)
 
 
 @run_fused_backward.register_fake

@@ -113,14 +113,16 @@ def _new_plan(key, compiled, kernels, outputs, wanted, tensors) -> Optional[Fuse
     return FusedPlan(key, owner, kernels, wanted, outputs, kept, backend, found)
 
 
-def _prepared(plan: FusedPlan, names: Sequence[str], tensors: Sequence[torch.Tensor],
-              scalars: str, values: Dict[str, object]) -> PreparedCall:
+def _prepared(plan: FusedPlan, names: Tuple[str, ...], tensors: Sequence[torch.Tensor],
+              scalars: str, numbers: Dict[str, object]) -> PreparedCall:
     """The prepared call of this signature: names, shapes, dtypes and strides of the
     tensors and the scalars' text (a Python number is a constant of the traced graph)."""
-    signature = (plan.key, plan.wanted, tuple(names), scalars,
+    signature = (plan.key, plan.wanted, names, scalars,
                  tuple((t.shape, t.dtype, t.stride()) for t in tensors))
     call = _CALLS.get(signature)
     if call is None:
+        values: Dict[str, object] = dict(zip(names, tensors))
+        values.update(numbers)
         call = PreparedCall(plan.owner, plan.kernels, plan.wanted, values, plan.found,
                             plan.backend)
         with _LOCK:
@@ -130,14 +132,21 @@ def _prepared(plan: FusedPlan, names: Sequence[str], tensors: Sequence[torch.Ten
     return call
 
 
-def forward(plan: FusedPlan, names: Sequence[str], tensors: List[torch.Tensor],
+def _views(names: Tuple[str, ...], tensors: Sequence[torch.Tensor],
+           numbers: Dict[str, object]) -> Dict[str, object]:
+    """NumPy views of the tensors by name, and the numbers."""
+    arrays = numpy_views(dict(zip(names, tensors)), names)
+    if numbers:
+        arrays.update(numbers)
+    return arrays
+
+
+def forward(plan: FusedPlan, names: Tuple[str, ...], tensors: List[torch.Tensor],
             scalars: str, numbers: Dict[str, object]) -> List[torch.Tensor]:
-    """The outputs, then the kept intermediates, as tensors of their own memory."""
-    values: Dict[str, object] = dict(zip(names, tensors))
-    values.update(numbers)
-    call = _prepared(plan, names, tensors, scalars, values)
-    arrays = numpy_views(values, names)
-    arrays.update(numbers)
+    """The outputs, then the kept intermediates, as tensors of their own memory;
+    ``names``, ``numbers``: the tensors' names and the scalars, parsed (read only)."""
+    call = _prepared(plan, names, tensors, scalars, numbers)
+    arrays = _views(names, tensors, numbers)
     env = dict(arrays)
     call.run_forward(env)
     given = list(arrays.values())
@@ -162,16 +171,13 @@ def _own_tensor(value, given: list) -> torch.Tensor:
     return torch.from_numpy(array)
 
 
-def backward(plan: FusedPlan, names: Sequence[str], tensors: List[torch.Tensor],
+def backward(plan: FusedPlan, names: Tuple[str, ...], tensors: List[torch.Tensor],
              scalars: str, numbers: Dict[str, object], saved: List[torch.Tensor],
              grads: List[Optional[torch.Tensor]]) -> List[torch.Tensor]:
     """The gradients of the wanted inputs, in ``plan.wanted``'s order; ``saved``: the
     forward operator's results (outputs, then kept intermediates)."""
-    values: Dict[str, object] = dict(zip(names, tensors))
-    values.update(numbers)
-    call = _prepared(plan, names, tensors, scalars, values)
-    arrays = numpy_views(values, names)
-    arrays.update(numbers)
+    call = _prepared(plan, names, tensors, scalars, numbers)
+    arrays = _views(names, tensors, numbers)
     count = len(plan.outputs)
     outputs, kept = saved[:count], saved[count:]
     env = dict(arrays)
