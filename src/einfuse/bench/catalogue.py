@@ -1,6 +1,6 @@
 """The benchmark's catalogue: every case ``einfuse bench`` runs, gathered from the
 modules that define them (cases.py, frontend_cases.py, overhead_cases.py, jit_cases.py,
-jit_call_cases.py; gpu.py and gpu_programs.py for ``--device cuda``)."""
+jit_call_cases.py, module_cases.py; gpu.py and gpu_programs.py for ``--device cuda``)."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ from .frontend_cases import frontend_cases
 from .gpu_programs import program_cases
 from .jit_call_cases import jit_call_cases
 from .jit_cases import seed_case
+from .module_cases import module_cases
 from .overhead_cases import overhead_cases
 
 
@@ -25,11 +26,13 @@ def all_cases(quick: bool = False) -> List[Case]:
                 bmm_rev_case(32, 8), conv2d_case(200, 7), embed_case(5000, 64, 2048),
                 logsumexp_case(512), attention_case(1, 2, 128, 16)] + \
             (training_cases(quick=True) + [attention_training_case(1, 2, 128, 16)] +
-             small_training_cases(quick=True) if installed("torch") else []) + \
+             small_training_cases(quick=True) + module_cases(quick=True)
+             if installed("torch") else []) + \
             frontend_cases(quick=True) + overhead_cases() + jit
     return [dist_case(), gauss_case(10**4), gauss_case(10**5), matmul_case(), bmm_rev_case(),
             conv2d_case(), embed_case(), logsumexp_case(), attention_case()] + training_cases() + \
-        [attention_training_case()] + small_training_cases() + frontend_cases() + \
+        [attention_training_case()] + small_training_cases() + \
+        (module_cases() if installed("torch") else []) + frontend_cases() + \
         overhead_cases() + jit
 
 

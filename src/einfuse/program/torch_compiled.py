@@ -13,11 +13,15 @@ two things only:
   converts every argument with ``as_python_constant``, which no object of ours has, and
   under ``dynamic=True`` a float option read from an object is symbolic): a Kernel or
   Program goes as its ``id()``, on which Dynamo guards, and is found again by it;
-* the operator ``einfuse::run(key, names, tensors, scalars)``
+* the operator ``einfuse::run(key, names, tensors, scalars, wanted)``
   returning the outputs, with a fake implementation (output shapes and dtypes from
   einfuse's range and dtype inference on shape-only placeholders) and an autograd
-  formula whose backward is a second operator, ``einfuse::run_backward``, that runs
-  the gradient statements (``ef.derive``) for the inputs that need them.
+  formula.  On CPU floats with inputs that need a gradient (``wanted``) it also returns
+  the intermediates the backward reads, and its backward is
+  ``einfuse::run_fused_backward``, the eager recorded call's fused backward, derived
+  once and planned once per signature (program/torch_compiled_fused.py); elsewhere the
+  backward is ``einfuse::run_backward``, running the gradient statements
+  (``ef.derive``) for the inputs that need them.
 
 So a model that calls einfuse compiles without graph breaks, and AOTAutograd records
 the backward as einfuse's kernels.  The backward operator has no derivative itself:
@@ -42,6 +46,7 @@ from ..analysis.options import Options
 from ..runtime.kernel import Kernel
 from .compile import compile_source
 from .program import Program
+from . import torch_compiled_fused as fused
 from ..errors import EinfuseError, EinfuseTypeError, UnexpectedArgumentError, attach_statement
 from ..analysis.frameworks import contiguous, numpy_dtype, to_numpy, torch_stand_in
 
@@ -53,10 +58,11 @@ _OPTION_NAMES = ("ranges", "pad", "bounds", "fill", "dtype", "backend", "threads
 
 
 @torch._dynamo.assume_constant_result
-def _compiled_key(source: str, options, outputs) -> Tuple[str, Tuple[str, ...]]:
+def _compiled_key(source: str, options, outputs) -> Tuple[str, Tuple[str, ...], int]:
     """Compile ``source`` once per (text, options, outputs) and name it by a key that
     the operator carries; runs eagerly while Dynamo traces, which takes the key and
-    the input names (for positional arguments) as constants.  ``options``: a
+    the input names (for positional arguments) and the number of outputs as
+    constants.  ``options``: a
     compiled Kernel's or Program's Options, or the values ``compile`` takes."""
     if isinstance(options, Options):
         options = _option_values(options)
@@ -70,7 +76,12 @@ def _compiled_key(source: str, options, outputs) -> Tuple[str, Tuple[str, ...]]:
             key = f"einfuse-{len(_KEYS)}"
             _COMPILED[key] = compiled
             _KEYS[identity] = key
-    return key, tuple(_COMPILED[key].inputs)
+    compiled = _COMPILED[key]
+    return key, tuple(compiled.inputs), len(_outputs(compiled))
+
+
+def _outputs(compiled) -> Tuple:
+    return tuple(compiled.outputs) if _is_program(compiled) else (compiled.spec.output,)
 
 
 # Kernels and Programs by id(), for _object_key: those met at trace time stay findable
@@ -79,7 +90,7 @@ _BY_ID: "weakref.WeakValueDictionary[int, object]" = weakref.WeakValueDictionary
 
 
 @torch._dynamo.assume_constant_result
-def _object_key(ident: int) -> Tuple[str, Tuple[str, ...]]:
+def _object_key(ident: int) -> Tuple[str, Tuple[str, ...], int]:
     """:func:`_compiled_key` of the Kernel or Program whose ``id()`` is ``ident``; runs
     eagerly while Dynamo traces a call of it, so the object is alive (the traced frame
     holds it)."""
@@ -134,14 +145,14 @@ def call_statement(kernel, args, kwargs, arrays):
     """``Kernel.__call__`` while torch.compile traces."""
     # its id(), not its options: under dynamic=True Dynamo makes a float read from an
     # attribute (fill) symbolic, and a symbolic value cannot reach the key
-    key, inputs = _object_key(id(kernel))
-    return _call_key(key, inputs, args, kwargs, arrays)
+    key, inputs, count = _object_key(id(kernel))
+    return _call_key(key, inputs, count, args, kwargs, arrays)
 
 
 def call_program(program, args, kwargs, arrays):
     """``Program.__call__`` while torch.compile traces."""
-    key, inputs = _object_key(id(program))
-    return _call_key(key, inputs, args, kwargs, arrays)
+    key, inputs, count = _object_key(id(program))
+    return _call_key(key, inputs, count, args, kwargs, arrays)
 
 
 def call_source(source, options: Tuple, outputs, args, kwargs, arrays):
@@ -150,15 +161,15 @@ def call_source(source, options: Tuple, outputs, args, kwargs, arrays):
     # ein's default fill=0.0 is symbolic under dynamic=True; comparing it settles it
     # (Dynamo guards on the comparison), so the key gets a constant
     options = tuple(0.0 if _positive_zero(value) else value for value in options)
-    key, inputs = _compiled_key(source, options, outputs)
-    return _call_key(key, inputs, args, kwargs, arrays)
+    key, inputs, count = _compiled_key(source, options, outputs)
+    return _call_key(key, inputs, count, args, kwargs, arrays)
 
 
 def _positive_zero(value) -> bool:
     return isinstance(value, float) and value == 0.0 and math.copysign(1.0, value) > 0
 
 
-def _call_key(key: str, inputs, args, kwargs, arrays):
+def _call_key(key: str, inputs, count: int, args, kwargs, arrays):
     names: List[str] = []
     tensors: List[torch.Tensor] = []
     scalars: List[str] = []
@@ -182,8 +193,15 @@ def _call_key(key: str, inputs, args, kwargs, arrays):
     # identifiers, checked when the statement was parsed
     # Python numbers are constants of the traced graph (torch.compile specialises on
     # them), so they travel in the text too
-    results = torch.ops.einfuse.run(key, ",".join(names), tensors, ",".join(scalars))
-    return results[0] if len(results) == 1 else tuple(results)
+    # the inputs a gradient is wanted for decide what the forward keeps for the
+    # backward (torch.compile guards on requires_grad and on grad mode)
+    wanted = [name for name, t in zip(names, tensors)
+              if t.requires_grad and t.dtype.is_floating_point] \
+        if torch.is_grad_enabled() else []
+    results = torch.ops.einfuse.run(key, ",".join(names), tensors, ",".join(scalars),
+                                    ",".join(wanted))
+    # (after the outputs: the intermediates kept for the backward, fused.forward)
+    return results[0] if count == 1 else tuple(results[:count])
 
 
 def _outside_the_graph(fn):
@@ -223,6 +241,13 @@ def _scalars(scalars: str) -> Dict[str, object]:
     return values
 
 
+@functools.lru_cache(maxsize=1024)
+def _parsed(names: str, scalars: str) -> Tuple[Tuple[str, ...], Dict[str, object]]:
+    """The operator's names and scalars as the fused route reads them, parsed once per
+    text (the dict is shared: read only)."""
+    return tuple(_split(names)), _scalars(scalars)
+
+
 def _host(tensor: torch.Tensor):
     """What the kernels read: a NumPy view for CPU tensors, the tensor on a device."""
     detached = tensor.detach()
@@ -243,8 +268,26 @@ def _as_tensor(value, like: Optional[torch.Tensor]) -> torch.Tensor:
     return tensor.to(like.device) if like is not None else tensor
 
 
+def _plan(key: str, tensors, wanted: str) -> Optional[fused.FusedPlan]:
+    """The fused route's plan of this call (program/torch_compiled_fused.py), or None."""
+    if not wanted:
+        return None
+    identity = fused.identity_of(key, wanted, tensors)
+    found = fused.known_plan(identity)      # (every call after the trace's first)
+    if found is not fused.UNKNOWN:
+        return found
+    compiled = _COMPILED[key]
+    return fused.plan_for(identity, compiled, _kernels(compiled), _outputs(compiled),
+                          tuple(_split(wanted)), tensors)
+
+
 @torch.library.custom_op("einfuse::run", mutates_args=())
-def run(key: str, names: str, tensors: List[torch.Tensor], scalars: str) -> List[torch.Tensor]:
+def run(key: str, names: str, tensors: List[torch.Tensor], scalars: str,
+        wanted: str) -> List[torch.Tensor]:
+    plan = _plan(key, tensors, wanted)
+    if plan is not None:
+        split, numbers = _parsed(names, scalars)
+        return fused.forward(plan, split, tensors, scalars, numbers)
     compiled = _COMPILED[key]
     values = {name: _host(t) for name, t in zip(_split(names), tensors)}
     values.update(_scalars(scalars))
@@ -263,9 +306,10 @@ def _all_bfloat16(tensors) -> bool:
 
 
 @run.register_fake
-def _run_fake(key, names, tensors, scalars):
+def _run_fake(key, names, tensors, scalars, wanted):
     shapes = _output_placeholders(_COMPILED[key], _split(names), tensors,
-                                  _scalars(scalars))
+                                  _scalars(scalars),
+                                  fused.kept_names(_plan(key, tensors, wanted)))
     device = tensors[0].device if tensors else torch.device("cpu")
     return [tensors[0].new_empty(shape, dtype=dtype) if tensors else
             torch.empty(shape, dtype=dtype, device=device) for shape, dtype in shapes]
@@ -288,8 +332,9 @@ def _torch_dtype(dtype: np.dtype) -> torch.dtype:
     return getattr(torch, np.dtype(dtype).name)
 
 
-def _output_placeholders(compiled, names, tensors, scalars):
-    """(shape, torch dtype) of each output, from binding shape-only placeholders."""
+def _output_placeholders(compiled, names, tensors, scalars, kept=()):
+    """(shape, torch dtype) of each output, and then of each intermediate of ``kept``,
+    from binding shape-only placeholders."""
     env = {name: _fake_value(t) for name, t in zip(names, tensors)}
     env.update(scalars)
     bf16 = _all_bfloat16(tensors)
@@ -308,7 +353,7 @@ def _output_placeholders(compiled, names, tensors, scalars):
             env[spec.output] = torch_stand_in(env[spec.output])
         produced[spec.output] = (call.output_shape, dtype)
     shapes = []
-    for name in outputs:
+    for name in tuple(outputs) + tuple(kept):
         shape, dtype = produced[name if name is not None else kernels[0].spec.output]
         torch_dtype = torch.bfloat16 if bf16 and dtype.kind == "f" else _torch_dtype(dtype)
         shapes.append((tuple(shape), torch_dtype))
@@ -316,8 +361,14 @@ def _output_placeholders(compiled, names, tensors, scalars):
 
 
 def _setup_context(ctx, inputs, output):
-    key, names, tensors, scalars = inputs
+    key, names, tensors, scalars, wanted = inputs
     ctx.key, ctx.names, ctx.scalars = key, names, scalars
+    ctx.plan = _plan(key, tensors, wanted)
+    if ctx.plan is not None:      # the fused backward reads the outputs and kept values
+        ctx.wanted = list(ctx.plan.wanted)
+        ctx.save_for_backward(*tensors, *output)
+        ctx.count = len(tensors)
+        return
     ctx.wanted = [name for name, t in zip(_split(names), tensors)
                   if t.requires_grad and t.dtype.is_floating_point]
     ctx.save_for_backward(*tensors)
@@ -326,15 +377,35 @@ def _setup_context(ctx, inputs, output):
 def _backward(ctx, grads):
     tensors = ctx.saved_tensors
     found = {}
-    if ctx.wanted:
+    if ctx.plan is not None:
+        computed = torch.ops.einfuse.run_fused_backward(
+            ctx.key, ctx.names, list(tensors[:ctx.count]), ctx.scalars,
+            ",".join(ctx.wanted), list(tensors[ctx.count:]), list(grads))
+        found = dict(zip(ctx.wanted, computed))
+    elif ctx.wanted:
         computed = torch.ops.einfuse.run_backward(ctx.key, ctx.names, list(tensors),
                                                   ctx.scalars, list(grads),
                                                   ",".join(ctx.wanted))
         found = dict(zip(ctx.wanted, computed))
-    return None, None, [found.get(name) for name in _split(ctx.names)], None
+    return None, None, [found.get(name) for name in _split(ctx.names)], None, None
 
 
 run.register_autograd(_backward, setup_context=_setup_context)
+
+
+@torch.library.custom_op("einfuse::run_fused_backward", mutates_args=())
+def run_fused_backward(key: str, names: str, tensors: List[torch.Tensor], scalars: str,
+                       wanted: str, saved: List[torch.Tensor],
+                       grads: List[Optional[torch.Tensor]]) -> List[torch.Tensor]:
+    plan = _plan(key, tensors, wanted)
+    split, numbers = _parsed(names, scalars)
+    return fused.backward(plan, split, tensors, scalars, numbers, saved, grads)
+
+
+@run_fused_backward.register_fake
+def _run_fused_backward_fake(key, names, tensors, scalars, wanted, saved, grads):
+    by_name = dict(zip(_split(names), tensors))
+    return [torch.empty_like(by_name[name]) for name in _split(wanted)]
 
 
 @torch.library.custom_op("einfuse::run_backward", mutates_args=())

@@ -34,8 +34,11 @@ from .torch_autograd import (numpy_view, numpy_views, refuse_in_transform, save_
                              saved_tensors)
 from ..analysis.frameworks import torch_recording as recording
 from .program_calls import differentiable_inputs, remember_call, shaped_like
-from .program_backward import PLANS_KEPT, BackwardRun
+from .program_backward import PLANS_KEPT, BackwardRun, Count
 
+
+
+DERIVATIONS = Count()       # program backwards derived (ProgramAutograd.backward_for)
 
 
 class PreparedCall:
@@ -78,11 +81,13 @@ class PreparedCall:
         as tensors that autograd records as one node; None where autograd records
         nothing now (grad mode off: the caller's path runs the statements fused,
         unrecorded)."""
-        if not _grad_enabled():
-            return None
         arrays = numpy_views(env, self.tensors)
         for name in self.scalars:
             arrays[name] = env[name]
+        if not _grad_enabled():     # (no_grad, an evaluation): the prepared forward alone
+            self.run_forward(arrays)
+            return tuple(torch.from_numpy(contiguous(np.asarray(arrays[name])))
+                         for name in self.outputs)
         tensors = [env[name] for name in self.passed]
         if _DIRECT_APPLY is not None and not _transforms_active():
             return _DIRECT_APPLY((self, arrays), *tensors)
@@ -270,6 +275,7 @@ class ProgramAutograd:
         """(the backward, the intermediates to save, the forward kernels to recompute)
         for gradients of ``names``, or None where it cannot be derived."""
         if names not in self.backwards:
+            DERIVATIONS.add()
             try:
                 backward = backward_program(self.pieces, self.specs, self.outputs, names,
                                             self.options)
@@ -355,7 +361,12 @@ def _run_recorded(owner: ProgramAutograd, kernels: Sequence, env: Dict[str, obje
     names = differentiable_inputs(env)
     if names is None:
         return None
-    if not names or not grad:
+    if not names:       # nothing to record, now or in grad mode: remembered as such
+        signature = signature if grad else signature_of(env)
+        call = UnrecordedCall(owner, tuple(kernels), env)
+        remember_call(owner, signature, call)
+        return call.apply(env)
+    if not grad:
         return _unrecorded(owner, kernels, {
             name: to_numpy(value) if isinstance(value, torch.Tensor) else value
             for name, value in env.items()})
@@ -365,6 +376,30 @@ def _run_recorded(owner: ProgramAutograd, kernels: Sequence, env: Dict[str, obje
     prepared = PreparedCall(owner, tuple(kernels), tuple(names), env, found, backend)
     remember_call(owner, signature, prepared)
     return prepared.apply(env)
+
+
+class UnrecordedCall:
+    """A repeated call of one signature in which no tensor requires a gradient: the
+    statements' prepared run on NumPy views, the outputs as tensors sharing their
+    arrays (what :func:`_unrecorded` gives, without its checks and conversions)."""
+
+    def __init__(self, owner: ProgramAutograd, kernels: Tuple, env: Dict[str, object]):
+        self.owner, self.kernels, self.outputs = owner, kernels, owner.outputs
+        self.tensors = tuple(n for n, v in env.items() if isinstance(v, torch.Tensor))
+        self.scalars = tuple(n for n in env if n not in self.tensors)
+        self._run = None
+
+    def apply(self, env: Dict[str, object]) -> Tuple:
+        arrays = numpy_views(env, self.tensors)
+        for name in self.scalars:
+            arrays[name] = env[name]
+        if self._run is not None:
+            self._run(arrays)
+        else:
+            self._run = run_statements(self.kernels, arrays, "numpy",
+                                       keep=set(self.outputs), runs=self.owner.runs)
+        return tuple(torch.from_numpy(contiguous(np.asarray(arrays[name])))
+                     for name in self.outputs)
 
 
 def _unrecorded(owner: ProgramAutograd, kernels: Sequence, arrays: Dict[str, object]):

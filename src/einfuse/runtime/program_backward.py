@@ -55,6 +55,20 @@ class _Sum:
 
 _Piece = Union[_Kernels, _Scatter, _Sum]
 
+class Count:
+    """How many times a step ran: the derivations of program backwards
+    (program_autograd.py) and their plans, which a repeated call must not repeat (the
+    tests count them)."""
+
+    def __init__(self) -> None:
+        self.value = 0
+
+    def add(self) -> None:
+        self.value += 1
+
+
+PLANS_MADE = Count()        # BackwardRuns planned
+
 # Planned backwards kept per recorded call signature (one per layout of the seeds); a
 # new layout past this replaces the oldest.
 PLANS_KEPT = 16
@@ -73,6 +87,7 @@ class BackwardRun:
     def __init__(self, backward: Backward, env: Mapping[str, object], backend: str,
                  recompute: Tuple = (), framework: str = "numpy",
                  threads: Optional[int] = None):
+        PLANS_MADE.add()
         self.pieces = tuple(_with_threads(piece, threads)
                             for piece in _plan(backward, env, backend, recompute))
         self.results = tuple((name, result) for name, result in

@@ -1,0 +1,225 @@
+"""einfuse inside a torch model, eager and under torch.compile (issue 32, items 1-2).
+
+* the module step: a 2-block MLP (RMSNorm, Linear, GELU, Linear, residual) whose blocks
+  are one einfuse program each, forward + backward + zeroing the gradients, as an eager
+  module and under ``torch.compile`` (inductor), against its pure-torch twin eager and
+  compiled;
+* small layers at 256x256 float32 as programs (softmax, layernorm, cross-entropy),
+  forward (under no_grad) and forward + backward, against torch eager.
+
+One thread, CPU time (time.process_time), the contenders interleaved, the median of
+several repeats.  ``--before REV`` (default db73c28, main before this work) runs the same
+measurements on that revision's src/ too (git archive into a temporary folder), in its
+own process, so one run reports the ratios before and after.
+
+    OMP_NUM_THREADS=1 PYTHONPATH=src python benchmarks/torch_compile_mlp.py
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+B, D, H = 64, 128, 512
+N = 256
+
+BLOCK = f"""
+r[b] := sqrt(sum[d](X[b,d]**2) / {D} + 0.000001)
+n[b,d] := X[b,d] / r[b] * G[d]
+h[b,f] := sum[d](n[b,d] * W1[d,f])
+g[b,f] := 0.5 * h[b,f] * (1 + erf(h[b,f] * 0.7071067811865476))
+y[b,e] := X[b,e] + sum[f](g[b,f] * W2[f,e])
+"""
+SOFTMAX = """m[i] := max[j](X[i,j])
+e[i,j] := exp(X[i,j] - m[i])
+P[i,j] := e[i,j] / sum[k](e[i,k])"""
+LAYERNORM = f"""mu[i] := sum[j](X[i,j]) / {N}
+v[i] := sum[j]((X[i,j] - mu[i])**2) / {N}
+y[i,j] := (X[i,j] - mu[i]) / sqrt(v[i] + 0.00001) * g[j] + b[j]"""
+CROSS_ENTROPY = f"""m[i] := max[j](X[i,j])
+l[i] := log(sum[j](exp(X[i,j] - m[i]))) + m[i] - X[i, t[i]]
+L := sum[i](l[i]) / {N}"""
+
+
+def contenders(compile_models: bool):
+    """name -> (group, callable): each group's first entry is einfuse's."""
+    import torch
+    import einfuse as ef
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+    program = ef.compile(BLOCK, outputs=("y",))
+
+    class Block(torch.nn.Module):
+        def __init__(self, ours):
+            super().__init__()
+            self.ours = ours
+            self.G = torch.nn.Parameter(torch.ones(D))
+            self.W1 = torch.nn.Parameter(torch.randn(D, H) / D ** 0.5)
+            self.W2 = torch.nn.Parameter(torch.randn(H, D) / H ** 0.5)
+
+        def forward(self, x):
+            if self.ours:
+                return program(X=x, G=self.G, W1=self.W1, W2=self.W2)
+            r = torch.sqrt((x * x).mean(1, keepdim=True) + 1e-6)
+            return x + torch.nn.functional.gelu((x / r * self.G) @ self.W1) @ self.W2
+
+    class MLP(torch.nn.Module):
+        def __init__(self, ours):
+            super().__init__()
+            self.blocks = torch.nn.ModuleList([Block(ours), Block(ours)])
+
+        def forward(self, x):
+            for block in self.blocks:
+                x = block(x)
+            return x.square().mean()
+
+    ours, twin = MLP(True), MLP(False)
+    twin.load_state_dict(ours.state_dict())
+    x = torch.randn(B, D)
+
+    def step(model):
+        def run():
+            for p in model.parameters():
+                p.grad = None
+            model(x).backward()
+        return run
+    found = {"mlp: einfuse eager": ("mlp", step(ours)),
+             "mlp: torch eager": ("mlp", step(twin))}
+    if compile_models:
+        found["mlp: einfuse compiled"] = ("mlp", step(torch.compile(ours)))
+        found["mlp: torch compiled"] = ("mlp", step(torch.compile(twin)))
+
+    X = torch.randn(N, N, requires_grad=True)
+    g = torch.randn(N, requires_grad=True)
+    b = torch.randn(N, requires_grad=True)
+    t = torch.randint(0, N, (N,))
+    seed = torch.randn(N, N)
+    softmax, layernorm = ef.compile(SOFTMAX), ef.compile(LAYERNORM)
+    cross_entropy = ef.compile(CROSS_ENTROPY)
+    layers = {
+        "softmax": (lambda: softmax(X=X), lambda: torch.softmax(X, 1), seed),
+        "layernorm": (lambda: layernorm(X=X, g=g, b=b),
+                      lambda: torch.nn.functional.layer_norm(X, (N,), g, b), seed),
+        "cross-entropy": (lambda: cross_entropy(X=X, t=t),
+                          lambda: torch.nn.functional.cross_entropy(X, t), None)}
+
+    def forward(fn):
+        def run():
+            with torch.no_grad():
+                fn()
+        return run
+
+    def train(fn, weight):
+        def run():
+            X.grad = g.grad = b.grad = None
+            value = fn()
+            (value * weight).sum().backward() if weight is not None else value.backward()
+        return run
+    for name, (mine, peer, weight) in layers.items():
+        found[f"{name} fwd: einfuse"] = (f"{name} fwd", forward(mine))
+        found[f"{name} fwd: torch eager"] = (f"{name} fwd", forward(peer))
+        found[f"{name} fwd+bwd: einfuse"] = (f"{name} fwd+bwd", train(mine, weight))
+        found[f"{name} fwd+bwd: torch eager"] = (f"{name} fwd+bwd", train(peer, weight))
+    return found
+
+
+def measure(repeats: int, calls: int, compile_models: bool) -> dict:
+    import numpy as np
+    found = contenders(compile_models)
+    first = {}
+    for name, (_, fn) in found.items():
+        start = time.perf_counter()
+        fn()
+        first[name] = time.perf_counter() - start
+        for _ in range(3):
+            fn()
+    times = {name: [] for name in found}
+    for _ in range(repeats):
+        for name, (_, fn) in found.items():       # interleaved
+            start = time.process_time()
+            for _ in range(calls):
+                fn()
+            times[name].append((time.process_time() - start) / calls)
+    return {name: {"group": found[name][0], "seconds": float(np.median(times[name])),
+                   "first": first[name]} for name in found}
+
+
+def report(label: str, results: dict) -> None:
+    print(f"\n== {label} (median CPU time per call; and as a multiple of "
+          "the group's einfuse entry)")
+    groups = {}
+    for name, row in results.items():
+        groups.setdefault(row["group"], []).append((name, row))
+    for group, rows in groups.items():
+        reference = rows[0][1]["seconds"]
+        for name, row in rows:
+            print(f"  {name:32s} {row['seconds'] * 1e6:9.1f} us   "
+                  f"{row['seconds'] / reference:5.2f}x of einfuse's"
+                  f"   (first call {row['first']:.2f} s)")
+
+
+def ratios(results: dict) -> dict:
+    """Ratios the issue states: the peer's time over einfuse's (>= 1: einfuse faster)."""
+    def t(name):
+        return results[name]["seconds"] if name in results else float("nan")
+    found = {"compiled einfuse / eager einfuse (time)":
+             t("mlp: einfuse compiled") / t("mlp: einfuse eager"),
+             "torch eager / einfuse eager (module step)":
+             t("mlp: torch eager") / t("mlp: einfuse eager"),
+             "torch compiled / einfuse compiled (module step)":
+             t("mlp: torch compiled") / t("mlp: einfuse compiled")}
+    for layer in ("softmax", "layernorm", "cross-entropy"):
+        for kind in ("fwd", "fwd+bwd"):
+            found[f"torch eager / einfuse: {layer} {kind}"] = \
+                t(f"{layer} {kind}: torch eager") / t(f"{layer} {kind}: einfuse")
+    return found
+
+
+def _run_child(src: str, args) -> dict:
+    env = dict(os.environ, PYTHONPATH=src, OMP_NUM_THREADS="1")
+    out = subprocess.run([sys.executable, __file__, "--child", "--repeats", str(args.repeats),
+                          "--calls", str(args.calls)] + (["--no-compile"] if args.no_compile
+                                                         else []),
+                         env=env, capture_output=True, text=True, check=True)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeats", type=int, default=7)
+    parser.add_argument("--calls", type=int, default=30)
+    parser.add_argument("--before", default="db73c28",
+                        help="a git revision to measure too ('' for none)")
+    parser.add_argument("--no-compile", action="store_true",
+                        help="leave out the torch.compile contenders")
+    parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        print(json.dumps(measure(args.repeats, args.calls, not args.no_compile)))
+        return
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    runs = {}
+    if args.before:
+        with tempfile.TemporaryDirectory() as folder:
+            archive = subprocess.run(["git", "-C", root, "archive", args.before, "src"],
+                                     capture_output=True, check=True).stdout
+            subprocess.run(["tar", "-x", "-C", folder], input=archive, check=True)
+            runs[f"before ({args.before})"] = _run_child(os.path.join(folder, "src"), args)
+    runs["after (this tree)"] = _run_child(os.path.join(root, "src"), args)
+    for label, results in runs.items():
+        report(label, results)
+    print("\n== ratios (one thread, CPU time)")
+    table = {label: ratios(results) for label, results in runs.items()}
+    labels = list(table)
+    print(f"  {'':52s}" + "".join(f"{label:>22s}" for label in labels))
+    for key in table[labels[0]]:
+        print(f"  {key:52s}" + "".join(f"{table[label][key]:22.2f}" for label in labels))
+
+
+if __name__ == "__main__":
+    main()
