@@ -27,7 +27,8 @@ def present(name):
     return True
 
 
-@pytest.mark.parametrize("name", ["c", "triton", "torch", "jax", "einops", "hypothesis"])
+@pytest.mark.parametrize("name", ["c", "triton", "torch", "jax", "einops", "hypothesis",
+                                  "equinox", "flax"])
 def test_the_run_has(name):
     if name in ALLOWED_MISSING:
         pytest.skip(f"EINFUSE_TEST_ALLOW_MISSING names {name}")

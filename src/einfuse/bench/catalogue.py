@@ -1,6 +1,7 @@
 """The benchmark's catalogue: every case ``einfuse bench`` runs, gathered from the
 modules that define them (cases.py, frontend_cases.py, overhead_cases.py, jit_cases.py,
-jit_call_cases.py, module_cases.py; gpu.py and gpu_programs.py for ``--device cuda``)."""
+jit_call_cases.py, module_cases.py, jax_gather_cases.py; gpu.py and gpu_programs.py for
+``--device cuda``)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from .cases import (Case, attention_case, attention_training_case, bmm_rev_case,
                     small_training_cases, training_cases)
 from .frontend_cases import frontend_cases
 from .gpu_programs import program_cases
+from .jax_gather_cases import gather_grad_cases
 from .jit_call_cases import jit_call_cases
 from .jit_cases import seed_case
 from .module_cases import module_cases
@@ -40,7 +42,7 @@ def jit_cases(quick: bool = False) -> List[Case]:
     if quick:
         return [seed_case(500), seed_case(100, 8, chains=8), seed_case(200, kind="grad"),
                 seed_case(100, 8, chains=8, kind="grad"),
-                seed_case(100, 8, chains=8, dtype="float32")]
+                seed_case(100, 8, chains=8, dtype="float32")] + gather_grad_cases(quick=True)
     # the vmapped case at other chain counts, hidden sizes and float32 (issue 12's
     # hidden variants), and its gradient (jax.grad of the vmapped loss)
     return [seed_case(), seed_case(2000, 32, chains=256), seed_case(kind="grad"),
@@ -50,7 +52,7 @@ def jit_cases(quick: bool = False) -> List[Case]:
             seed_case(500, 64, chains=1000),
             # rows that are not whole vectors, chains that leave a remainder block
             seed_case(3000, 24, chains=200), seed_case(3000, 20, chains=100, dtype="float32")
-            ] + jit_call_cases()
+            ] + jit_call_cases() + gather_grad_cases()
 
 
 def gpu_cases(device: str = "cuda", quick: bool = False) -> List[gpu.GpuCase]:

@@ -414,7 +414,28 @@ def numpy_scatter_add(ops, target, g: GradientStatement, values, options, arrays
         positions.append(where)
     if isinstance(ops, NumpyOps) and _add_rows(target, g, values, positions, keep):
         return target
+    if isinstance(ops, _JaxOps) and _rows_shape(target, g, values) and all(
+            options["ranges"][sub.plain_index].start == 0 for sub in g.scatter[1:]):
+        return _jax_add_rows(target, g, values, positions, keep)
     return ops.add_at(target, positions, values, keep)
+
+
+def _jax_add_rows(target, g: GradientStatement, values, positions, keep):
+    """``_add_rows`` on JAX arrays: one index per row (whole rows added, a scatter
+    with window dimensions), not one index tuple per element, which XLA and the
+    ``ef.jit`` converter both run element by element."""
+    import jax.numpy as jnp
+    if values.size == 0:    # nothing to add (an empty index array, or rows of width 0)
+        return target
+    rest = len(g.scatter) - 1
+    lead = values.shape[:len(values.shape) - rest]
+    count = int(np.prod(lead, dtype=np.int64))
+    rows = values.reshape(count, -1).astype(target.dtype)
+    where = positions[0][(Ellipsis,) + (0,) * rest].reshape(-1)
+    ok = keep[(Ellipsis,) + (0,) * rest].reshape(-1)
+    where = jnp.where(ok, where, target.shape[0])      # past the end: dropped
+    flat = target.reshape(target.shape[0], -1)
+    return flat.at[where].add(rows, mode="drop").reshape(target.shape)
 
 
 def _add_rows(target: np.ndarray, g: GradientStatement, values: np.ndarray, positions,
@@ -423,15 +444,9 @@ def _add_rows(target: np.ndarray, g: GradientStatement, values: np.ndarray, posi
     target is scattered, its other axes are the values' last axes taken whole.  Rows are
     then added whole (:func:`einfuse.backends.c.scatter.scatter_rows`: deterministic, and
     far faster than ``np.add.at`` element by element)."""
-    indices = g.spec.output_indices
+    if not _rows_shape(target, g, values):
+        return False
     rest = len(g.scatter) - 1
-    if rest < 0 or any(sub.gathers for sub in g.scatter[1:]) or not g.scatter[0].gathers:
-        return False
-    trailing = indices[len(indices) - rest:] if rest else ()
-    if tuple(sub.plain_index for sub in g.scatter[1:]) != trailing or \
-            values.shape[len(values.shape) - rest:] != target.shape[1:] or \
-            any(name in trailing for name in g.scatter[0].index_names):
-        return False
     if values.size == 0:    # nothing to add (an empty index array, or rows of width 0)
         return True
     lead = values.shape[:len(values.shape) - rest]
@@ -443,6 +458,19 @@ def _add_rows(target: np.ndarray, g: GradientStatement, values: np.ndarray, posi
     from ..backends.c.scatter import scatter_rows
     scatter_rows(target.reshape(target.shape[0], -1), rows, where)
     return True
+
+
+def _rows_shape(target, g: GradientStatement, values) -> bool:
+    """Whether ``g`` scatters whole rows: the first axis of the target at gathered
+    positions, its other axes the values' last axes, taken whole and in order."""
+    indices = g.spec.output_indices
+    rest = len(g.scatter) - 1
+    if rest < 0 or any(sub.gathers for sub in g.scatter[1:]) or not g.scatter[0].gathers:
+        return False
+    trailing = indices[len(indices) - rest:] if rest else ()
+    return tuple(sub.plain_index for sub in g.scatter[1:]) == trailing and \
+        tuple(values.shape[len(values.shape) - rest:]) == tuple(target.shape[1:]) and \
+        not any(name in trailing for name in g.scatter[0].index_names)
 
 
 def _evaluate(ops, sub: IndexExpr, grid, arrays):

@@ -206,6 +206,13 @@ def _cotangents(cotangent, arrays, wanted, statement, options) -> Dict[str, obje
     run as primitives again (so that they can be differentiated in turn)."""
     if type(cotangent) is ad.Zero or not wanted:
         return {}
+    from . import jax_scatter_grad
+    if jax_scatter_grad.scatters(statement, options, wanted):
+        # a gather's gradient: the values and the scatter-add as one compiled kernel
+        fused = jax_scatter_grad.fused_cotangents(cotangent, arrays, wanted, statement,
+                                                  options)
+        if fused is not None:
+            return fused
     found = gradients.compute_gradients(statement, options, arrays, cotangent, wanted)
     return {n: jnp.asarray(found[n]).astype(arrays[n].dtype).reshape(np.shape(arrays[n]))
             for n in wanted}

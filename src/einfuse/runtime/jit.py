@@ -39,12 +39,16 @@ _lock = threading.Lock()
 
 @dataclass(frozen=True)
 class Signature:
-    """What a compiled kernel is specialised on: the argument tree, each leaf's shape,
-    dtype and weak type, the static arguments, and whether x64 is on."""
+    """What a compiled kernel is specialised on: the argument tree, each traced leaf's
+    shape, dtype and weak type, the static arguments, whether x64 is on, and which
+    leaves are static (non-array leaves: an Equinox module's functions) with their
+    types and values."""
     tree: object
     leaves: Tuple[Tuple[Tuple[int, ...], np.dtype, bool], ...]
     static: Tuple[object, ...]
     x64: bool = False     # jax_enable_x64 changes the dtypes that fn traces to
+    traced: Tuple[bool, ...] = ()
+    fixed: Tuple[Tuple[type, object], ...] = ()
 
 
 def _leaf_key(leaf):
@@ -77,7 +81,7 @@ class JitFunction:
 
     def __call__(self, *args, **kwargs):
         compiled, out_tree, leaves = self._compiled(args, kwargs)
-        return jax.tree_util.tree_unflatten(out_tree(), compiled.run(leaves))
+        return out_tree.unflatten(compiled.run(leaves))
 
     def compiled(self, *args, **kwargs) -> CompiledFunction:
         """The compiled form for these arguments (explain and benchmarks use it)."""
@@ -109,13 +113,21 @@ class JitFunction:
 
     def _compiled(self, args, kwargs):
         static, dynamic_args, dynamic_kwargs = self._split(args, kwargs)
-        leaves, tree = jax.tree_util.tree_flatten((dynamic_args, dynamic_kwargs))
+        all_leaves, tree = jax.tree_util.tree_flatten((dynamic_args, dynamic_kwargs))
+        # eqx.filter_jit's rule: array (and Python scalar) leaves are traced, every other
+        # leaf (an Equinox module's activation function, a string) is static, part of
+        # the key, put back in place when fn is traced
+        traced = tuple(_is_traced(leaf) for leaf in all_leaves)
+        leaves = [leaf for leaf, t in zip(all_leaves, traced) if t]
+        fixed = tuple((type(leaf), leaf) for leaf, t in zip(all_leaves, traced) if not t)
+        if fixed:
+            _check_hashable(fixed, all_leaves, traced, tree)
         try:
             # the static values' types too: 1 == True == 1.0, but fn may tell them apart
             key = Signature(tree, tuple(_leaf_key(leaf) for leaf in leaves),
                             tuple((kind, where, type(value), value)
                                   for kind, where, value in static),
-                            bool(jax.config.jax_enable_x64))
+                            bool(jax.config.jax_enable_x64), traced, fixed)
         except TypeError:
             raise EinfuseTypeError("ef.jit takes arrays, scalars and pytrees of them as "
                                    "its non-static arguments") from None
@@ -126,7 +138,9 @@ class JitFunction:
             fn = self.fn
 
             def flat_fn(*flat):
-                dyn_args, dyn_kwargs = jax.tree_util.tree_unflatten(tree, flat)
+                moving, kept = iter(flat), iter(value for _, value in fixed)
+                full_leaves = [next(moving) if t else next(kept) for t in traced]
+                dyn_args, dyn_kwargs = jax.tree_util.tree_unflatten(tree, full_leaves)
                 full = list(dyn_args)
                 for kind, where, value in static:
                     if kind == "arg":
@@ -135,9 +149,14 @@ class JitFunction:
                         dyn_kwargs = {**dyn_kwargs, where: value}
                 out = fn(*full, **dyn_kwargs)
                 out_leaves, out_tree = jax.tree_util.tree_flatten(out)
+                # non-array outputs (a module's functions, returned with it) come back as
+                # they were at trace time, as eqx.filter_jit returns them
+                arrays = tuple(_is_output_array(leaf) for leaf in out_leaves)
                 if not out_trees:
-                    out_trees.append(out_tree)
-                return out_leaves
+                    out_trees.append(_OutputTree(
+                        out_tree, arrays,
+                        tuple(leaf for leaf, a in zip(out_leaves, arrays) if not a)))
+                return [leaf for leaf, a in zip(out_leaves, arrays) if a]
             examples = [_struct(leaf) for leaf in leaves]
             name = getattr(fn, "__name__", "fn")
             try:
@@ -152,7 +171,54 @@ class JitFunction:
             with _lock:
                 found = self._cache.setdefault(key, found)
         compiled, out_tree = found
-        return compiled, (lambda: out_tree), leaves
+        return compiled, out_tree, leaves
+
+
+@dataclass(frozen=True)
+class _OutputTree:
+    """How a compiled function's array outputs go back into ``fn``'s output: its tree,
+    which leaves are arrays, and the other leaves as tracing found them."""
+    tree: object
+    arrays: Tuple[bool, ...]
+    fixed: Tuple[object, ...]
+
+    def unflatten(self, outputs):
+        moving, kept = iter(outputs), iter(self.fixed)
+        return jax.tree_util.tree_unflatten(
+            self.tree, [next(moving) if a else next(kept) for a in self.arrays])
+
+
+_ARRAYS = (jax.Array, jax.core.Tracer, np.ndarray, np.generic, bool, int, float, complex)
+
+
+def _is_traced(leaf) -> bool:
+    """An argument leaf that ef.jit traces: a JAX or NumPy array (a tracer of an outer
+    transformation included) or a Python or NumPy scalar, as jax.jit traces them."""
+    return isinstance(leaf, _ARRAYS)
+
+
+def _is_output_array(leaf) -> bool:
+    return isinstance(leaf, _ARRAYS)
+
+
+def _check_hashable(fixed, all_leaves, traced, tree):
+    """Static leaves are part of the cache key: one that cannot be hashed is refused,
+    named by its path (keying it by identity would reuse a kernel traced with an
+    object that may since have changed)."""
+    for kind, value in fixed:
+        try:
+            hash(value)
+        except TypeError:
+            paths = [jax.tree_util.keystr(path) for path, _ in
+                     jax.tree_util.tree_flatten_with_path(
+                         jax.tree_util.tree_unflatten(tree, list(all_leaves)))[0]]
+            where = next(p for p, leaf, t in zip(paths, all_leaves, traced)
+                         if not t and leaf is value)
+            raise EinfuseTypeError(
+                f"ef.jit: the argument leaf at {where or 'the top'} is a "
+                f"{kind.__name__}, neither an array nor a scalar, so it is static, and a "
+                "static leaf must be hashable (it is part of the cache key); make it "
+                "hashable, or close over it in fn") from None
 
 
 def _struct(leaf) -> jax.ShapeDtypeStruct:

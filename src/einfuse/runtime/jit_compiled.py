@@ -37,6 +37,7 @@ class CompiledFunction:
         self._backward: Optional[CompiledFunction] = None
         self._forward_mode = None      # a CompiledFunction (or InJax), made when needed
         self._batched: Dict[object, object] = {}   # BatchedFunction per batch
+        self._vmapped_backward: Dict[object, object] = {}
         self.linear = Linear(self)
         self.call = self._differentiable()
 
@@ -122,25 +123,59 @@ class CompiledFunction:
         with _lock:
             if self._backward is not None:
                 return self._backward
-        flat_fn, in_avals, out_avals = self.flat_fn, self.in_avals, self.out_avals
-        count = len(in_avals)
-
-        def vjp_flat(*values):
-            primals, cts = values[:count], iter(values[count:])
-            full = tuple(next(cts) if is_float(a.dtype) else
-                         np.zeros(a.shape, jax.dtypes.float0) for a in out_avals)
-            _, pull = jax.vjp(lambda *p: tuple(flat_fn(*p)), *primals)
-            grads = pull(full)
-            return [g for g, a in zip(grads, in_avals) if is_float(a.dtype)]
-        examples = [jax.ShapeDtypeStruct(a.shape, a.dtype) for a in in_avals] + \
-            [jax.ShapeDtypeStruct(a.shape, a.dtype) for a in out_avals if is_float(a.dtype)]
-        compiled = CompiledFunction(vjp_flat, examples, f"the gradient of {self.name}")
+        compiled = compile_backward(self.flat_fn, self.in_avals, self.out_avals,
+                                    f"the gradient of {self.name}")
         with _lock:
             self._backward = self._backward or compiled
             return self._backward
+
+    def vmapped_backward(self, size: int, axes: Tuple[Optional[int], ...]):
+        """The compiled backward of ``jax.vmap(fn, in_axes=axes)`` over a batch of
+        ``size`` (None where its jaxpr does not convert).  An input the batch does not
+        map (a shared weight) gets one gradient, summed inside the kernel (a gather's
+        becomes one scatter-add), not one per batch element summed afterwards."""
+        key = (size, axes)
+        with _lock:
+            found = self._vmapped_backward.get(key)
+        if found is None:
+            flat_fn = self.flat_fn
+
+            def vmapped(*values):
+                return list(jax.vmap(lambda *x: tuple(flat_fn(*x)), in_axes=axes,
+                                     axis_size=size)(*values))
+            in_avals = [jax.core.ShapedArray(((size,) if axis == 0 else ()) + a.shape,
+                                             a.dtype)
+                        for a, axis in zip(self.in_avals, axes)]
+            out_avals = [jax.core.ShapedArray((size,) + a.shape, a.dtype)
+                         for a in self.out_avals]
+            try:
+                found = compile_backward(vmapped, in_avals, out_avals,
+                                         f"the gradient of the vmapped {self.name}")
+            except JaxprConversionError:
+                found = False
+            with _lock:
+                found = self._vmapped_backward.setdefault(key, found)
+        return found or None
 
     def batched(self, size: int, in_batched: Tuple[bool, ...]):
         """This function over a batch of ``size`` (``jax.vmap``): one kernel running
         this function's program per batch element (runtime/jit_batch.py)."""
         return batched_function(self, (size,), tuple((b,) for b in in_batched),
                                 self._batched)
+
+
+def compile_backward(flat_fn: Callable, in_avals, out_avals, name: str) -> CompiledFunction:
+    """The backward pass of ``flat_fn`` at ``in_avals``, compiled: (primals, float
+    cotangents) -> float gradients; the jaxpr of ``jax.vjp(flat_fn)`` converted."""
+    count = len(in_avals)
+
+    def vjp_flat(*values):
+        primals, cts = values[:count], iter(values[count:])
+        full = tuple(next(cts) if is_float(a.dtype) else
+                     np.zeros(a.shape, jax.dtypes.float0) for a in out_avals)
+        _, pull = jax.vjp(lambda *p: tuple(flat_fn(*p)), *primals)
+        grads = pull(full)
+        return [g for g, a in zip(grads, in_avals) if is_float(a.dtype)]
+    examples = [jax.ShapeDtypeStruct(a.shape, a.dtype) for a in in_avals] + \
+        [jax.ShapeDtypeStruct(a.shape, a.dtype) for a in out_avals if is_float(a.dtype)]
+    return CompiledFunction(vjp_flat, examples, name)

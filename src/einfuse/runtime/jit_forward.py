@@ -79,6 +79,10 @@ class BatchedLinear:
                              axis_size=self.size)(*values))
 
     def cotangent(self, primals, cotangents):
+        if isinstance(self.inner, Linear):
+            found = self._fused_cotangent(primals, cotangents)
+            if found is not None:
+                return found
         primal_dims = list(self.dims[:self.count])
         run = jax.vmap(self.inner.cotangent, in_axes=(primal_dims, 0), axis_size=self.size)
         found = run(list(primals), list(cotangents))
@@ -86,6 +90,28 @@ class BatchedLinear:
         # batch element: its cotangent is the sum of theirs
         return [g if d is not None else g.sum(0)
                 for g, d in zip(found, self.dims[self.count:])]
+
+    def _fused_cotangent(self, primals, cotangents):
+        """The cotangents from one kernel, the backward of the vmapped function: vmap of
+        the element's backward would give an input the batch does not map (a shared
+        embedding table) one gradient per element, then sum them (B x its size)."""
+        function = self.inner.function
+        floats = [k for k, a in enumerate(function.in_avals) if is_float(a.dtype)]
+        primal_dims = self.dims[:self.count]
+        tangent_dims = dict(zip(floats, self.dims[self.count:]))
+        # an input is mapped when its primal or its tangent has the batch
+        axes = tuple(0 if d is not None or tangent_dims.get(k) is not None else None
+                     for k, d in enumerate(primal_dims))
+        backward = function.vmapped_backward(self.size, axes)
+        if backward is None:
+            return None
+        primals = [jnp.broadcast_to(p, (self.size,) + tuple(jnp.shape(p)))
+                   if axis == 0 and d is None else p
+                   for p, axis, d in zip(primals, axes, primal_dims)]
+        found = backward.run(list(primals) + list(cotangents))
+        # mapped for its primal only: the tangent was shared, so is its cotangent
+        return [g.sum(0) if axes[k] == 0 and tangent_dims[k] is None else g
+                for g, k in zip(found, floats)]
 
     def batched(self, size: int, dims: Tuple) -> "BatchedLinear":
         return batched_linear(self, size, dims)
