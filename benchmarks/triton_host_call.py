@@ -99,6 +99,7 @@ def main():
         for record in seen:
             launches[record.kernel] = launches.get(record.kernel, 0) + 1
         prepared = launch.PreparedLaunch(_Stand(), (1,), {}, {})
+        direct = _direct_launch()
         # the softmax's row-group runner (its prepared run's one step)
         step = next(iter(softmax._runs.values())).steps[0]
         rows_runner, env = step.run.args[0], {"X": x}
@@ -110,6 +111,8 @@ def main():
                 lambda: prepared(x, 0.5, 8, 16, x),
                 lambda: rows_runner(env)])
             totals = per_call_us([case[1] for case in cases])
+        # (outside the stub: the direct path's own work, its compiled launcher a no-op)
+        pieces += per_call_us([lambda: direct(x, 0.5, 8, 16, x)])
         peers = per_call_us([case[3] for case in cases])
     print("host time per repeated call, kernels stubbed (TRITON_INTERPRET=1, CPU time, "
           f"median of {ROUNDS} rounds of {CALLS} calls)")
@@ -124,7 +127,39 @@ def main():
           f"({', '.join(r.kernel for r in seen_recorded)})")
     print(f"pieces: signature look-up {pieces[0]:.1f} us, output allocation "
           f"{pieces[1]:.1f} us, stubbed prepared launch {pieces[2]:.1f} us, the softmax's "
-          f"row-group runner (stubbed launch) {pieces[3]:.1f} us")
+          f"row-group runner (stubbed launch) {pieces[3]:.1f} us; the GPU path's direct "
+          f"launch with a no-op compiled launcher (the specialisation check, the "
+          f"metadata, the call) {pieces[4]:.1f} us")
+
+
+class _NoOpCompiled:
+    """A compiled kernel whose launcher does nothing: what the direct path costs on
+    the host before the driver's launch (about 7 us more on an H100)."""
+    function, packed_metadata = None, None
+
+    def launch_metadata(self, grid, stream, *args):
+        return None
+
+    def run(self, *args):
+        return None
+
+
+class _NoOpJIT:
+    params = [type("P", (), {"name": n})() for n in ("x", "s", "m", "n", "out", "BLOCK")]
+
+    def __getitem__(self, grid):
+        return lambda *args, **options: _NoOpCompiled()
+
+
+def _direct_launch():
+    """A prepared launch on the direct path (its first call adopted the no-op compiled
+    kernel; the driver's stream look-up replaced, there is no GPU here)."""
+    launch.stream_getter = lambda: (lambda index: None)
+    prepared = launch.PreparedLaunch(_NoOpJIT(), (4, 1), {"num_warps": 4}, {"BLOCK": 64})
+    x = torch.zeros(8, 16)
+    prepared(x, 0.5, 8, 16, x)
+    assert prepared.direct
+    return prepared
 
 
 class _Stand:

@@ -116,6 +116,35 @@ def _specialisation(args) -> Tuple:
     return tuple(found)
 
 
+def same_specialisation(first) -> Callable[[Tuple], bool]:
+    """``same(args)``: whether ``args`` specialise as ``first`` did (_specialisation),
+    asked cheaply per call: the arguments' types at once, each tensor's dtype and
+    alignment, the ints compared as values first (a training loop passes the same ones)
+    and by kind only where they differ."""
+    types = tuple(map(type, first))
+    tensors = tuple((position, arg.dtype, arg.data_ptr() % 16 == 0)
+                    for position, arg in enumerate(first)
+                    if types[position] not in (int, float, bool) and
+                    hasattr(arg, "data_ptr"))
+    int_positions = tuple(p for p, kind in enumerate(types) if kind is int)
+    ints = tuple(first[p] for p in int_positions)
+    kinds = tuple(_int_kind(v) for v in ints)
+
+    def same(args) -> bool:
+        if tuple(map(type, args)) != types:
+            return False
+        for position, dtype, aligned in tensors:
+            tensor = args[position]
+            if tensor.dtype != dtype or (tensor.data_ptr() % 16 == 0) != aligned:
+                return False
+        if int_positions:
+            values = tuple(args[p] for p in int_positions)
+            if values != ints and tuple(_int_kind(v) for v in values) != kinds:
+                return False
+        return True
+    return same
+
+
 Direct = Callable[[Tuple], None]
 
 
@@ -169,7 +198,7 @@ class PreparedLaunch:
         self.tail = _constexpr_tail(kernel, constexprs)
         self.device_index = device_index or 0
         self._direct: Optional[Direct] = None
-        self._specialised: Optional[Tuple] = None
+        self._specialised: Optional[Callable[[Tuple], bool]] = None
         self._tried = False
         self._lock = threading.Lock()
 
@@ -182,7 +211,7 @@ class PreparedLaunch:
         if (_observers or _stubbed) and _notify(self.kernel, self.grid):
             return
         direct = self._direct
-        if direct is not None and _specialisation(args) == self._specialised:
+        if direct is not None and self._specialised(args):
             direct(args)
             return
         compiled = self.kernel[self.grid](*args, **self.options)
@@ -200,7 +229,7 @@ class PreparedLaunch:
                 return
             direct = direct_launcher(compiled, self.grid, self.tail, self.device_index)
             if direct is not None:
-                self._specialised = _specialisation(args)
+                self._specialised = same_specialisation(args)
                 self._direct = direct
 
 
