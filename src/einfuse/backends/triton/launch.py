@@ -9,9 +9,10 @@ attention, tuning trials), for two reasons:
   ``CompiledKernel`` (Triton 3.x) that this module keeps; later calls hand the
   arguments straight to ``CompiledKernel.run`` with the grid, the stream, the
   launch metadata and Triton's launch hooks, as ``JITFunction.run`` does.  A call whose
-  arguments would be specialised differently (a pointer not 16-byte aligned where the
-  first call's was, an int that is 1 or a multiple of 16 where the first's was not, or
-  the reverse) takes Triton's path, which compiles or finds that specialisation.  Under
+  arguments would be specialised differently (a tensor of another dtype, or not 16-byte
+  aligned where the first call's was; an int of another width, or 1 or a multiple of 16
+  where the first's was not, or the reverse) takes Triton's path, which compiles or
+  finds that specialisation.  Under
   ``TRITON_INTERPRET=1`` there is no compiled kernel (the interpreter's launch returns
   None): every call is the interpreter's.
 * **launches can be observed** (:func:`observed`: one record per launch, how the tests
@@ -25,7 +26,6 @@ import threading
 from dataclasses import dataclass
 from typing import Callable, Dict, Iterator, List, Optional, Tuple
 
-_state = threading.local()
 _observers: List[List["Launched"]] = []
 _stubbed = 0
 _lock = threading.Lock()
