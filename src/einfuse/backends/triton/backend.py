@@ -38,6 +38,7 @@ _modules: Dict[str, object] = {}
 TILE = (32, 32)
 _lock = threading.Lock()
 _launch_lock = threading.RLock()
+launch_turns = _launch_lock    # (held by interpreted launches: rows.py takes it too)
 
 
 def interpreted() -> bool:

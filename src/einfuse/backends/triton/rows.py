@@ -22,7 +22,7 @@ from ... import ir
 from ...ir import ReduceOp
 from ...plan.row_group import RowGroup, along_columns, grid_locals
 from ..identifiers import name
-from .backend import _kernel_module, interpreted, launch_guard, warm_launches
+from .backend import _kernel_module, interpreted, launch_guard, launch_turns, warm_launches
 from .repeat import PARAMETER_ARRAYS_KEPT
 from .launch import PreparedLaunch
 from .elementwise import ELEMENTWISE_HELPERS, TARGET_HELPERS
@@ -205,10 +205,15 @@ class RowRunner:
         if self.grid[0]:
             args = (*tensors, *params, *self.extents, *strides, *outs)
             key = ("rows", self.kernel, self.dtypes, tuple(strides))
-            if self.compiled_launch and key in warm_launches:
-                self.launcher(*args)     # (a warm GPU kernel: launches run concurrently)
+            # (launches take turns as the statements' do, triton_backend.launch_guard:
+            # a warm GPU kernel's run concurrently, interpreted ones one at a time)
+            if key in warm_launches:
+                if self.compiled_launch:
+                    self.launcher(*args)
+                else:
+                    with launch_turns:
+                        self.launcher(*args)
             else:
-                # (launches take turns as the statements' do: triton_backend.launch_guard)
                 with launch_guard(key):
                     self.launcher(*args)
         for member, out in zip(self.outputs, outs):
