@@ -87,6 +87,10 @@ class TritonCall:
                             n not in env and n not in self.outputs)
         self.input_shapes = tuple((tuple(env[n].shape), env[n].dtype) for n in names)
         self.runs: dict = {}          # the forward's prepared runs (run_statements)
+        # the forward's prepared run, once there is one: every call of this node has the
+        # signature it was made for (the holder looks it up by signature), so a repeated
+        # forward goes straight to its steps, without the signature's look-up again
+        self._forward_run = None
         self._backwards: Dict[Tuple, BackwardRun] = {}
         self._placeholders: Optional[Dict[str, object]] = None
         self._lock = threading.Lock()
@@ -99,7 +103,12 @@ class TritonCall:
         return TritonProgramFunction.apply((self, scalars), *[env[n] for n in self.passed])
 
     def forward(self, env: Dict[str, object]) -> None:
-        run_statements(self.kernels, env, "torch", keep=set(self.keep), runs=self.runs)
+        prepared = self._forward_run
+        if prepared is not None:
+            prepared(env)
+            return
+        self._forward_run = run_statements(self.kernels, env, "torch", keep=set(self.keep),
+                                           runs=self.runs)
 
     def placeholders(self, env: Dict[str, object]) -> Dict[str, object]:
         """Tensors of the shapes (and dtypes) of the intermediates whose shape alone the
@@ -141,7 +150,10 @@ class TritonCall:
                 result.append(None)
                 continue
             shape, dtype = self.input_shapes[number]
-            result.append(torch.as_tensor(value).to(dtype).reshape(shape))
+            if type(value) is not torch.Tensor or value.dtype != dtype or \
+                    value.shape != shape:
+                value = torch.as_tensor(value).to(dtype).reshape(shape)
+            result.append(value)
         return tuple(result)
 
 

@@ -32,9 +32,13 @@ import numpy as np
 import triton
 import triton.language as tl
 
+from .launch import PreparedLaunch
+
 MAX_HEAD_DIM = 128      # D and E up to this (padded to a power of two, at least 16)
 _GRID_AXIS_LIMIT = 65535
 _INT32_MAX = 2 ** 31 - 1
+# (grid, extents, config, modes, dtype, device) -> the kernel's prepared launch
+_launchers: dict = {}
 
 
 @dataclass(frozen=True)
@@ -141,15 +145,25 @@ def launch(query: Operand, key: Operand, value: Operand, out: Operand,
     dtype_name = str(query.tensor.dtype).rsplit(".", 1)[-1]
     config = choose_config(dtype_name, max(dot, features), interpreted)
     grid = (triton.cdiv(rows, config.block_m), batch[0], batch[1])
-    _attention_forward[grid](
-        query.tensor, key.tensor, value.tensor, out.tensor, score_scale,
-        *query.strides, *key.strides, *value.strides, *out.strides,
-        rows, keys,
-        DOT=dot, FEATURES=features, BLOCK_D=_padded(dot), BLOCK_E=_padded(features),
-        BLOCK_M=config.block_m, BLOCK_N=config.block_n, MASK=mask,
-        NORMALISED=normalised, EXACT=dtype_name == "float32",
-        UPCAST=interpreted and dtype_name == "bfloat16",
-        num_warps=config.warps, num_stages=config.stages)
+    device = out.tensor.device
+    signature = (grid, dot, features, config, mask, normalised, dtype_name, interpreted,
+                 device)
+    launcher = _launchers.get(signature)
+    if launcher is None:
+        launcher = PreparedLaunch(
+            _attention_forward, grid, dict(num_warps=config.warps, num_stages=config.stages),
+            dict(DOT=dot, FEATURES=features, BLOCK_D=_padded(dot),
+                 BLOCK_E=_padded(features), BLOCK_M=config.block_m,
+                 BLOCK_N=config.block_n, MASK=mask, NORMALISED=normalised,
+                 EXACT=dtype_name == "float32",
+                 UPCAST=interpreted and dtype_name == "bfloat16"),
+            device.index if device.type == "cuda" else None)
+        if len(_launchers) >= _PLANS_KEPT:
+            _launchers.clear()
+        _launchers[signature] = launcher
+    launcher(query.tensor, key.tensor, value.tensor, out.tensor,
+             score_scale, *query.strides, *key.strides, *value.strides, *out.strides,
+             rows, keys)
     return config
 
 

@@ -30,6 +30,7 @@ from ...plan import buffer_slots, call_arguments, plan_for, unit_axis
 from .. import disk_cache
 from . import tuning as tuning
 from ..capabilities import not_compiled
+from .launch import PreparedLaunch, launch_once
 from .render import Launch
 
 _modules: Dict[str, object] = {}
@@ -37,6 +38,7 @@ _modules: Dict[str, object] = {}
 TILE = (32, 32)
 _lock = threading.Lock()
 _launch_lock = threading.RLock()
+launch_turns = _launch_lock    # (held by interpreted launches: rows.py takes it too)
 
 
 def interpreted() -> bool:
@@ -311,6 +313,16 @@ class _Ready:
     config: tuning.Config
     grid: Tuple[int, ...]
     constexprs: Dict[str, int]
+    launcher: PreparedLaunch      # the kernel with this grid and these options
+
+
+def ready_launch(prepared: Prepared, config: tuning.Config, device) -> _Ready:
+    """The prepared launch of ``prepared`` with ``config`` on ``device``."""
+    grid, constexprs = prepared.grid(config), prepared.constexprs(config)
+    index = device.index if getattr(device, "type", None) == "cuda" else None
+    launcher = PreparedLaunch(prepared.kernel, grid, dict(
+        num_warps=config.num_warps, num_stages=config.num_stages), constexprs, index)
+    return _Ready(prepared, config, grid, constexprs, launcher)
 
 
 # (statement, options, dtypes, ranges, bounds mode, buffer layouts, tuning setting) ->
@@ -336,6 +348,7 @@ def _remember_launch(key: tuple, ready: _Ready) -> None:
 # launch keys whose kernel has compiled and run once in this process (a statement's
 # tuning key, a row group's kernel, dtypes and strides)
 _warm = set()
+warm_launches = _warm      # (read by rows.py: a warm kernel's launch takes no turn)
 _WARM_KEPT = 4096
 # first launches of a kernel in this process (each compiles it, or loads it from Triton's
 # disk cache, and may tune it): bench reports them beside the first call's time
@@ -399,21 +412,19 @@ class TritonBackend:
                                device=device)] if prepared.params else []
 
         def launch_with(config: tuning.Config):
-            prepared.kernel[prepared.grid(config)](
-                *tensors, *params, *prepared.scalars, result, num_warps=config.num_warps,
-                num_stages=config.num_stages, **prepared.constexprs(config))
+            launch_once(prepared.kernel, prepared.grid(config),
+                        (*tensors, *params, *prepared.scalars, result),
+                        dict(num_warps=config.num_warps, num_stages=config.num_stages,
+                             **prepared.constexprs(config)))
             return result
         with _launch_guard(prepared):
-            if ready is not None:   # the repeated call: no planning, no tuning look-up
-                prepared.kernel[ready.grid](*tensors, *params, *prepared.scalars, result,
-                                            num_warps=ready.config.num_warps,
-                                            num_stages=ready.config.num_stages,
-                                            **ready.constexprs)
-            else:
+            if ready is None:
                 config = choose_config(prepared, launch_with, on_gpu)
-                launch_with(config)
-                _remember_launch(key, _Ready(prepared, config, prepared.grid(config),
-                                             prepared.constexprs(config)))
+                ready = ready_launch(prepared, config, device)
+                _remember_launch(key, ready)
+            # (the first call too: its launch is the prepared one, which keeps Triton's
+            # compiled kernel for the direct launch of the calls after it)
+            ready.launcher(*tensors, *params, *prepared.scalars, result)
         return _returned(result, call)
 
     @staticmethod

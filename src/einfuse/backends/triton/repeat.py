@@ -3,7 +3,7 @@ GPU; issue 15): a statement called again with torch tensors of the same shapes,
 dtypes, strides and device skips binding, planning and Triton's own per-call argument
 binding and specialisation.  What is left per call: the tensors looked up by name, one
 output allocation, the scalar parameters' device array (kept per value), and the
-compiled kernel's launcher.
+prepared launch (launch.py: the compiled kernel's own launcher after the first call).
 
 On an H100 machine the full path cost about 240 us of host time per call on a
 16-element statement (torch's own op: 11 us); Triton's ``kernel[grid](...)`` alone
@@ -14,8 +14,8 @@ Prepared only where nothing a launch depends on can change between such calls: '
 statements of the Triton backend, torch tensors that need no conversion (already on
 the kernel's device, float values, not requiring a gradient), no gathers (their bounds
 handling reads the index values), no hoisted form.  A call whose tensors' addresses are
-not 16-byte aligned (Triton specialises a kernel on that) takes the kernel's usual
-launch."""
+not 16-byte aligned where the first call's were (Triton specialises a kernel on that)
+takes the kernel's usual launch (launch.py)."""
 
 from __future__ import annotations
 
@@ -66,8 +66,9 @@ def repeat_runner(call, final_dtype) -> Optional[Runner]:
     working = getattr(torch, call.dtypes.working.name)
     shape, params, scalars = tuple(call.output_shape), prepared.params, prepared.scalars
     convert = final_dtype if final_dtype != result_dtype else None
-    launch = _launcher(prepared, ready, device, len(names) + (1 if params else 0)
-                       + len(scalars) + 1, len(names))
+    # the prepared launch (launch.py): direct after its first call on a GPU, the
+    # interpreter's call under TRITON_INTERPRET=1
+    launch = ready.launcher
     arrays: Dict[bytes, object] = {}
     lock = threading.Lock()
 
@@ -85,75 +86,7 @@ def repeat_runner(call, final_dtype) -> Optional[Runner]:
 
     def run(named):
         out = torch.empty(shape, dtype=result_dtype, device=device)
-        launch((*[named[name] for name in names],
-                *(parameter_array(named) if params else ()), *scalars, out))
+        launch(*[named[name] for name in names],
+               *(parameter_array(named) if params else ()), *scalars, out)
         return out if convert is None else out.to(convert)
     return run
-
-
-def _launcher(prepared, ready, device, count: int, inputs: int):
-    """launch(args): the kernel on these positional arguments (``inputs`` caller's
-    tensors, parameter array, ints and floats, output), with the remembered
-    configuration."""
-    kernel, grid = prepared.kernel, ready.grid
-    options = dict(num_warps=ready.config.num_warps, num_stages=ready.config.num_stages,
-                   **ready.constexprs)
-
-    def usual(args):
-        return kernel[grid](*args, **options)
-    direct = _direct(kernel, grid, ready, device, count)
-    if direct is None:
-        return usual
-
-    def launch(args):
-        # Triton specialises pointers on 16-byte alignment: the caller's tensors may be
-        # views at any offset (the parameter array and the output are allocated here)
-        for tensor in args[:inputs]:
-            if tensor.data_ptr() % 16:
-                return usual(args)
-        return direct(args)
-    return launch
-
-
-def _direct(kernel, grid, ready, device, count: int):
-    """The compiled kernel's own launcher, bypassing ``JITFunction.run`` (its argument
-    binding, specialisation and cache-key computation on every call), or None: under
-    the interpreter, or where this Triton's compiled kernel does not have the launcher
-    this code knows (then the usual launch is kept).  The launch metadata and the
-    launch hooks are passed as ``JITFunction.run`` passes them, so profilers that
-    hook launches still see these."""
-    from .backend import interpreted
-    if interpreted() or device.type != "cuda":
-        return None
-    try:
-        from triton import knobs
-        from triton.runtime import driver
-        runtime = knobs.runtime
-        names = [p.name for p in kernel.params]
-    except (ImportError, AttributeError):
-        return None
-    constexprs = dict(ready.constexprs)
-    if len(names) != count + len(constexprs) or \
-            any(name not in constexprs for name in names[count:]):
-        return None
-    tail = tuple(constexprs[name] for name in names[count:])
-    g0, g1, g2 = tuple(grid) + (1,) * (3 - len(grid))
-    state = {}
-    get_stream = driver.active.get_current_stream
-    index = device.index if device.index is not None else 0
-
-    def direct(args):
-        compiled = state.get("compiled")
-        if compiled is None:   # the first launch goes through Triton and keeps its kernel
-            compiled = kernel[grid](*args, num_warps=ready.config.num_warps,
-                                    num_stages=ready.config.num_stages, **constexprs)
-            if compiled is not None and all(hasattr(compiled, a) for a in (
-                    "run", "function", "packed_metadata", "launch_metadata")):
-                state["compiled"] = compiled
-            return
-        stream = get_stream(index)
-        every = (*args, *tail)
-        compiled.run(g0, g1, g2, stream, compiled.function, compiled.packed_metadata,
-                     compiled.launch_metadata(grid, stream, *every),
-                     runtime.launch_enter_hook, runtime.launch_exit_hook, *every)
-    return direct

@@ -13,15 +13,18 @@ from __future__ import annotations
 
 import functools
 import math
+import struct
 import threading
-from dataclasses import dataclass
-from typing import Dict, List, Tuple
+from dataclasses import dataclass, field
+from typing import Callable, Dict, List, Tuple
 
 from ... import ir
 from ...ir import ReduceOp
 from ...plan.row_group import RowGroup, along_columns, grid_locals
 from ..identifiers import name
-from .backend import _kernel_module, interpreted, launch_guard
+from .backend import _kernel_module, interpreted, launch_guard, launch_turns, warm_launches
+from .repeat import PARAMETER_ARRAYS_KEPT
+from .launch import PreparedLaunch
 from .elementwise import ELEMENTWISE_HELPERS, TARGET_HELPERS
 from .helpers import HELPERS
 from .render import TritonRenderer
@@ -162,20 +165,31 @@ def compiled(group: RowGroup, native: bool):
 class RowRunner:
     """A group's launch for one call signature: the kernel, its grid and the extents
     (M rows, N columns); each input's strides are read at each call, from the tensor
-    passed to the kernel."""
+    passed to the kernel.  ``launcher``: the kernel with this grid and the group's
+    block sizes (launch.py), direct after its first call on a GPU."""
     group: RowGroup
     kernel: object
     grid: Tuple[int]
     extents: Tuple[int, int]
     device: object
     dtypes: Tuple[object, ...]       # per input: the dtype it is passed in
+    launcher: PreparedLaunch
+
+    compiled_launch: bool            # compiled for a GPU (not interpreted)
+    working: object                  # the group's working torch dtype
+    empty: Callable                  # torch.empty (torch is imported on first use)
+    outputs: Tuple                   # group.outputs (a property that builds a tuple)
+    # scalar parameter values -> their device array (a training loop passes the same
+    # few values again and again; a host-to-device copy per call costs about 19 us)
+    parameter_arrays: dict = field(default_factory=dict, compare=False, hash=False)
 
     def __call__(self, env: Dict[str, object]) -> None:
-        import torch
         group = self.group
         tensors, strides = [], []
         for spec, dtype in zip(group.inputs, self.dtypes):
-            tensor = env[spec.key].detach()
+            tensor = env[spec.key]
+            if tensor.requires_grad:
+                tensor = tensor.detach()
             if tensor.is_neg():    # a lazily negated view (z.conj().imag): its values
                 tensor = tensor.resolve_neg()
             if tensor.dtype != dtype:
@@ -184,20 +198,39 @@ class RowRunner:
             # (a converted or resolved copy of a strided slice is laid out anew: the
             # kernel reads it with its own strides, not the argument's)
             strides += tensor.stride()
-        working = getattr(torch, group.working)
-        params = [torch.tensor([float(env[p]) for p in group.params], dtype=working,
-                               device=self.device)] if group.params else []
-        outs = [torch.empty(m.shape, dtype=working, device=self.device)
-                for m in group.outputs]
+        params = (self.parameter_array(env),) if group.params else ()
+        empty = self.empty
+        outs = [empty(m.shape, dtype=self.working, device=self.device)
+                for m in self.outputs]
         if self.grid[0]:
-            launch = group.launch
-            # (launches take turns as the statements' do: triton_backend.launch_guard)
-            with launch_guard(("rows", self.kernel, self.dtypes, tuple(strides))):
-                self.kernel[self.grid](*tensors, *params, *self.extents, *strides, *outs,
-                                       ROWS=launch.rows, BLOCK=launch.block,
-                                       num_warps=launch.warps)
-        for member, out in zip(group.outputs, outs):
+            args = (*tensors, *params, *self.extents, *strides, *outs)
+            key = ("rows", self.kernel, self.dtypes, tuple(strides))
+            # (launches take turns as the statements' do, triton_backend.launch_guard:
+            # a warm GPU kernel's run concurrently, interpreted ones one at a time)
+            if key in warm_launches:
+                if self.compiled_launch:
+                    self.launcher(*args)
+                else:
+                    with launch_turns:
+                        self.launcher(*args)
+            else:
+                with launch_guard(key):
+                    self.launcher(*args)
+        for member, out in zip(self.outputs, outs):
             env[member.key] = out
+
+    def parameter_array(self, env: Dict[str, object]):
+        values = tuple(float(env[p]) for p in self.group.params)
+        key = struct.pack(f"{len(values)}d", *values)      # bits: -0.0 is not 0.0
+        array = self.parameter_arrays.get(key)
+        if array is None:
+            import torch
+            array = torch.tensor(values, dtype=self.working, device=self.device)
+            with _lock:
+                if len(self.parameter_arrays) >= PARAMETER_ARRAYS_KEPT:
+                    self.parameter_arrays.clear()
+                self.parameter_arrays[key] = array
+        return array
 
 
 def runner(group: RowGroup, env: Dict[str, object]) -> RowRunner:
@@ -216,5 +249,10 @@ def runner(group: RowGroup, env: Dict[str, object]) -> RowRunner:
         device = next(v.device for v in env.values() if isinstance(v, torch.Tensor))
     with _lock:
         kernel = compiled(group, not interpreted())
-    return RowRunner(group, kernel, (triton.cdiv(rows, group.launch.rows),),
-                     (rows, columns), device, tuple(dtypes))
+    grid = (triton.cdiv(rows, group.launch.rows),)
+    launch = group.launch
+    launcher = PreparedLaunch(kernel, grid, dict(num_warps=launch.warps),
+                              dict(ROWS=launch.rows, BLOCK=launch.block),
+                              device.index if device.type == "cuda" else None)
+    return RowRunner(group, kernel, grid, (rows, columns), device, tuple(dtypes), launcher,
+                     not interpreted(), working, torch.empty, tuple(group.outputs))

@@ -1,0 +1,175 @@
+"""Host time per repeated call on the Triton backend (issue 36 item 3), the kernels
+stubbed: every launch einfuse makes goes through backends/triton/launch.py, and inside
+``launch.stubbed()`` a launch is counted but not run, so what is timed is einfuse's own
+host path of a repeated call -- the signature look-up, the prepared runner, the output
+allocation, the prepared launch -- and neither the interpreter nor a GPU.
+
+Runs under TRITON_INTERPRET=1 on CPU tensors (set below; no GPU needed).  CPU time of
+this process (time.process_time), one thread, the cases interleaved, the median of
+several rounds.  Run:
+
+    PYTHONPATH=src python benchmarks/triton_host_call.py
+
+Prints one Markdown row per case: the call as a user makes it, then its pieces (the
+call signature's look-up, one output allocation, the stubbed prepared launch) and
+torch's own op on the same tensor for scale."""
+
+import os
+
+os.environ.setdefault("TRITON_INTERPRET", "1")
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+import statistics  # noqa: E402
+import time  # noqa: E402
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+
+import einfuse as ef  # noqa: E402
+from einfuse.backends.triton import launch  # noqa: E402
+from einfuse.runtime.signatures import signature_of  # noqa: E402
+
+torch.set_num_threads(1)
+ROUNDS, CALLS = 15, 2000
+
+
+def per_call_us(fns):
+    """Median over ROUNDS of each function's CPU time per call, in microseconds; the
+    functions timed in turn within each round (the machine is shared)."""
+    for fn in fns:
+        fn()
+    times = [[] for _ in fns]
+    for _ in range(ROUNDS):
+        for number, fn in enumerate(fns):
+            start = time.process_time()
+            for _ in range(CALLS):
+                fn()
+            times[number].append((time.process_time() - start) / CALLS * 1e6)
+    return [statistics.median(t) for t in times]
+
+
+def main():
+    rng = np.random.default_rng(0)
+    x = torch.from_numpy(rng.standard_normal((8, 16)).astype(np.float32))
+    statement = ef.compile("y[i,j] := x[i,j] * 2.0 + 1.0", backend="triton")
+    scaled = ef.compile("y[i,j] := x[i,j] * a + 1.0", backend="triton")
+    softmax = ef.compile("m[i] := max[j](X[i,j])\ne[i,j] := exp(X[i,j] - m[i])\n"
+                         "P[i,j] := e[i,j] / sum[k](e[i,k])", backend="triton")
+    cases = [
+        ("statement `y[i,j] := x[i,j] * 2.0 + 1.0`", lambda: statement(x=x),
+         {"x": x}, lambda: x * 2.0 + 1.0),
+        ("statement with a scalar parameter `x * a + 1`", lambda: scaled(x=x, a=0.5),
+         {"x": x, "a": 0.5}, lambda: x * 0.5 + 1.0),
+        ("softmax program (3 statements, one row-group kernel), no grad",
+         lambda: softmax(X=x), {"X": x}, lambda: torch.softmax(x, 1)),
+    ]
+    leaf = x.clone().requires_grad_(True)
+    seed = torch.ones_like(x)
+    reference = x.clone().requires_grad_(True)
+
+    def recorded_forward():
+        return softmax(X=leaf)
+
+    def recorded_step():
+        softmax(X=leaf).backward(seed)
+
+    def torch_step():
+        torch.softmax(reference, 1).backward(seed)
+    recorded = [
+        ("softmax program, recorded forward (one autograd node, one kernel)",
+         recorded_forward, {"X": leaf}, lambda: torch.softmax(reference, 1)),
+        ("softmax program, forward + backward (one kernel each)", recorded_step,
+         {"X": leaf}, torch_step)]
+    for _, call, _, _ in recorded:
+        for _ in range(3):
+            call()
+    with launch.observed() as seen_recorded:
+        recorded_step()
+    with launch.stubbed():
+        recorded_totals = per_call_us([case[1] for case in recorded])
+    recorded_peers = per_call_us([case[3] for case in recorded])
+    with torch.no_grad():
+        for _, call, _, _ in cases:     # the first calls compile, group and prepare
+            for _ in range(3):
+                call()
+        with launch.observed() as seen:
+            for _, call, _, _ in cases:
+                call()
+        launches = {}
+        for record in seen:
+            launches[record.kernel] = launches.get(record.kernel, 0) + 1
+        prepared = launch.PreparedLaunch(_Stand(), (1,), {}, {})
+        direct = _direct_launch()
+        # the softmax's row-group runner (its prepared run's one step)
+        step = next(iter(softmax._runs.values())).steps[0]
+        rows_runner, env = step.run.args[0], {"X": x}
+        out_shape = tuple(x.shape)
+        with launch.stubbed():
+            pieces = per_call_us([
+                lambda: signature_of({"x": x}),
+                lambda: torch.empty(out_shape, dtype=torch.float32),
+                lambda: prepared(x, 0.5, 8, 16, x),
+                lambda: rows_runner(env)])
+            totals = per_call_us([case[1] for case in cases])
+        # (outside the stub: the direct path's own work, its compiled launcher a no-op)
+        pieces += per_call_us([lambda: direct(x, 0.5, 8, 16, x)])
+        peers = per_call_us([case[3] for case in cases])
+    print("host time per repeated call, kernels stubbed (TRITON_INTERPRET=1, CPU time, "
+          f"median of {ROUNDS} rounds of {CALLS} calls)")
+    print(f"launches per call: {sum(launches.values()) / len(cases):.0f} "
+          f"({', '.join(f'{k}: {v}' for k, v in sorted(launches.items()))})")
+    print("| call | einfuse host path | torch's op (runs it) | ratio |")
+    print("|---|---|---|---|")
+    for (name, *_), total, peer in zip(cases + recorded, totals + recorded_totals,
+                                       peers + recorded_peers):
+        print(f"| {name} | {total:.1f} us | {peer:.1f} us | {total / peer:.2f}x |")
+    print(f"forward + backward launches: {len(seen_recorded)} "
+          f"({', '.join(r.kernel for r in seen_recorded)})")
+    print(f"pieces: signature look-up {pieces[0]:.1f} us, output allocation "
+          f"{pieces[1]:.1f} us, stubbed prepared launch {pieces[2]:.1f} us, the softmax's "
+          f"row-group runner (stubbed launch) {pieces[3]:.1f} us; the GPU path's direct "
+          f"launch with a no-op compiled launcher (the specialisation check, the "
+          f"metadata, the call) {pieces[4]:.1f} us")
+
+
+class _NoOpCompiled:
+    """A compiled kernel whose launcher does nothing: what the direct path costs on
+    the host before the driver's launch (about 7 us more on an H100)."""
+    function, packed_metadata = None, None
+
+    def launch_metadata(self, grid, stream, *args):
+        return None
+
+    def run(self, *args):
+        return None
+
+
+class _NoOpJIT:
+    params = [type("P", (), {"name": n})() for n in ("x", "s", "m", "n", "out", "BLOCK")]
+
+    def __getitem__(self, grid):
+        return lambda *args, **options: _NoOpCompiled()
+
+
+def _direct_launch():
+    """A prepared launch on the direct path (its first call adopted the no-op compiled
+    kernel; the driver's stream look-up replaced, there is no GPU here)."""
+    launch.stream_getter = lambda: (lambda index: None)
+    prepared = launch.PreparedLaunch(_NoOpJIT(), (4, 1), {"num_warps": 4}, {"BLOCK": 64})
+    x = torch.zeros(8, 16)
+    prepared(x, 0.5, 8, 16, x)
+    assert prepared.direct
+    return prepared
+
+
+class _Stand:
+    """A kernel that is never launched (the launch is stubbed): measures the prepared
+    launch's own bookkeeping."""
+    fn = None
+
+    def __getitem__(self, grid):
+        raise AssertionError("stubbed launches never reach the kernel")
+
+
+if __name__ == "__main__":
+    main()
