@@ -18,7 +18,8 @@ import numpy as np
 
 from ...analysis.machine import machine
 from ...errors import BackendError, EinfuseWarning
-from ...plan import buffer_slots, call_arguments, plan_for, unit_axis
+from ...plan import buffer_slots, call_arguments, unit_axis
+from ...plan.kernel_key import KernelKey
 from ...plan.contraction import run_contraction
 from ...plan.contraction_addend import ContractionAddend
 from ...plan.gathers import bounds_mode
@@ -48,7 +49,7 @@ def block_for(working: np.dtype) -> Tuple[int, int]:
     lanes = 2 * _VECTOR_BYTES // working.itemsize
     return (8 if _VECTOR_BYTES == 64 else 4), max(4, lanes)
 
-_kernels: Dict[Tuple, Tuple] = {}
+_kernels: Dict[KernelKey, Tuple] = {}   # compiled kernels (plan/kernel_key.py)
 _kernels_lock = threading.Lock()
 _warned = []
 _ARGTYPES = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_void_p, ctypes.c_void_p,
@@ -78,10 +79,17 @@ def _bounds(call) -> str:
     return bounds_mode(call, unsigned_checks=True)
 
 
+def kernel_key(call, layouts, bounds=None) -> KernelKey:
+    """The key of this call's loop-nest kernel for these buffer layouts (and a bounds
+    mode other than the one this call's data allows): what its lowering reads."""
+    working = call.dtypes.working
+    return KernelKey(call.spec, working.name, call.options.pad is not None,
+                     bounds or _bounds(call), tuple(layouts), tile_for(working),
+                     block_for(working), _short_indices(call))
+
+
 def _plan(call, layouts, bounds=None):
-    return plan_for(call.spec, call.dtypes.working.name, call.options.pad is not None,
-                    bounds or _bounds(call), tuple(layouts), tile_for(call.dtypes.working),
-                    block_for(call.dtypes.working), _short_indices(call))
+    return kernel_key(call, layouts, bounds).plan()
 
 
 # An index with fewer values than this is not worth spreading over SIMD lanes.
@@ -156,12 +164,10 @@ def _run_layouts(call, buffers: List[np.ndarray]) -> Tuple[int, ...]:
 def kernel_functions(call, layouts, bounds=None):
     """(plan, [ctypes function per IR kernel]) for this call's statement and layout;
     ``bounds``: a kernel bounds mode other than the one this call's data allows."""
-    bounds = bounds or _bounds(call)
-    key = (call.spec, call.dtypes.working.name, call.options.pad is not None,
-           bounds, tuple(layouts), _short_indices(call))
+    key = kernel_key(call, layouts, bounds)
     found = _kernels.get(key)
     if found is None:
-        plan = _plan(call, layouts, bounds)
+        plan = key.plan()
         library = c_build.load(render_c(plan.program, c_build.vector_math()),
                                plan.fast_math)
         functions = []
