@@ -153,7 +153,10 @@ class Kernel:
                 if self.spec.assign != ":=":
                     _refuse_unrecorded_write(self.spec, call, self.statement)
                 grad = bool(torch_autograd.differentiable_names(call))
-        schedule = self.schedule(call, signature)
+        try:
+            schedule = self.schedule(call, signature)
+        except EinfuseError as error:
+            raise attach_statement(error, self.statement) from None
         if schedule.route is Route.LIBRARY:
             # a hand-written kernel, which may decline the call's data: then its fallback
             result = _LIBRARY_RUNS[schedule.library](self, call, args, kwargs)
