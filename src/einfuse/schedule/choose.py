@@ -22,6 +22,10 @@ from .schedule import LoopSchedule, Materialised, Reason, Route, Schedule
 
 _BACKEND_ROUTES = {"numpy": Route.HOST, "triton": Route.TRITON}
 
+# A Schedule per distinct set of fields, made once: a frozen dataclass's constructor
+# costs a microsecond, and a call without a signature to cache by chooses every time.
+_schedule = functools.lru_cache(maxsize=2048)(Schedule)
+
 
 def blas_choice(call: BoundCall):
     """The contraction (plan/contraction.py), or contraction plus added term
@@ -54,11 +58,11 @@ def choose(kernel, call: BoundCall, backend: Optional[str] = None,
     if form is not None and form.runs(call):
         temporaries = tuple(Materialised(t.output, Reason.HOISTED)
                             for t in form.hoisted.temporaries)
-        schedule = Schedule(name, Route.HOISTED, form.texts, materialised=temporaries,
+        schedule = _schedule(name, Route.HOISTED, form.texts, materialised=temporaries,
                             fallback=schedule)
     library = library_for(kernel.statement, call.framework, name)
     if library is not None:
-        schedule = Schedule(name, Route.LIBRARY, (_text(kernel),), library=library,
+        schedule = _schedule(name, Route.LIBRARY, (_text(kernel),), library=library,
                             fallback=schedule)
     if detail and schedule.route is Route.LOOP_NEST:    # (a fallback's nest: not planned)
         schedule = as_written(kernel, call, name, detail)
@@ -72,13 +76,15 @@ def as_written(kernel, call: BoundCall, backend: Optional[str] = None,
     name = resolved_backend(kernel, call, backend)
     statements = (_text(kernel),)
     if name != "c":
-        return Schedule(name, _BACKEND_ROUTES.get(name, Route.LOOP_NEST), statements)
+        return _schedule(name, _BACKEND_ROUTES.get(name, Route.LOOP_NEST), statements)
     blas = blas_choice(call)
     if blas is not None:
         route = Route.BLAS if isinstance(blas, Contraction) else Route.BLAS_THEN_ADDEND
-        return Schedule(name, route, statements, blas=blas)
+        return _schedule(name, route, statements, blas=blas)
     threads = fixed_thread_count(call.options.threads, call.bounds.points)
-    loops, packed = _loop_schedule(call) if detail else (None, ())
+    if not detail:
+        return _schedule(name, Route.LOOP_NEST, statements, threads=threads)
+    loops, packed = _loop_schedule(call)
     return Schedule(name, Route.LOOP_NEST, statements, loops=loops, threads=threads,
                     materialised=tuple(Materialised(p, Reason.PACKED_FOR_LANES)
                                        for p in packed))
