@@ -19,6 +19,8 @@ from ..lang.ast import Binary, Call, Expr, Param, Reduce, Unary, accesses, map_c
 from ..lang.printer import format_expr, format_statement
 from ..runtime.kernel import Kernel
 from ..runtime.kernel_maker import compile_statement
+from ..schedule.choose import as_written, choose
+from ..schedule.schedule import Route
 from ..runtime.gradient_reference import resolve_options
 from ..pictures import save_page, statement_page
 from .data import LoopLevel, Operand, loop_levels
@@ -61,6 +63,7 @@ class Explanation:
     inputs: Optional[List[Operand]] = None    # the arrays read (with arrays or shapes)
     output: Optional[Operand] = None          # the array written (with arrays or shapes)
     measured: Optional[Measured] = None       # with measure=True: the time per call
+    schedule: Optional[str] = None            # the call's schedule (schedule/schedule.py)
 
     def page(self):
         """The picture of the plan (docs/pictures.md), a ``pictures.Page``."""
@@ -100,6 +103,8 @@ class Explanation:
             out += ["  " + line for line in self.hoisted]
         if self.strategy:
             out += ["", "How it runs", "  " + self.strategy]
+            if self.schedule:
+                out.append("  schedule: " + self.schedule)
         if self.compiled_loop_nest:
             out += ["", "Compiled kernel (pseudo-code)"]
             out += ["  " + line for line in self.compiled_loop_nest]
@@ -295,18 +300,22 @@ def explain_kernel(kernel: Kernel, args, arrays, shapes, gradients: bool,
     written = int(np.prod(call.output_shape, dtype=np.int64)) * result_item
     if spec.assign == "+=":
         read += written
-    from ..schedule.route import backend_name     # (CUDA tensors: Triton, as they run)
-    chosen = get_backend(backend_name(kernel.options.backend, call))
+    # (CUDA tensors: Triton, as they run)
+    schedule = choose(kernel, call, detail=True)
+    chosen = get_backend(schedule.backend)
     form = kernel.hoisted_form
-    hoisted = form.hoisted if form is not None and form.runs(call) else None
+    hoisted = form.hoisted if schedule.without_library().route is Route.HOISTED else None
     lines = None
     if hoisted is not None:
         lines, nests = hoisted_lines(form, call, chosen)
         how = hoisted_how(len(form.texts), hoisted_groups(form, call))
     else:
-        nests = chosen.loop_nest(call) if hasattr(chosen, "loop_nest") else None
-        how = chosen.strategy(call)
-    built = _built(chosen, call) if hoisted is None and hasattr(chosen, "built") else None
+        blas = schedule.as_written().blas
+        nests = chosen.loop_nest(call) if hasattr(chosen, "loop_nest") and blas is None \
+            else None
+        how = how_it_runs(chosen, call, blas)
+    built = _built(chosen, call) if hoisted is None and hasattr(chosen, "built") and \
+        schedule.as_written().blas is None else None
     notes = [] if built is None else [
         "the C kernel for these shapes is built (in the cache): no compile on the first call"
         if built else "the first call with these shapes compiles the C kernel (once; then "
@@ -325,6 +334,7 @@ def explain_kernel(kernel: Kernel, args, arrays, shapes, gradients: bool,
         compiled_loop_nest=nests,
         gradients=gradient_lines(kernel, call) if gradients else None, hoisted=lines,
         notes=notes, result_dtype=result, loops=loop_levels(spec, call.bounds),
+        schedule=schedule.describe(),
         inputs=[Operand(name, tuple(value.shape), _dtype_name(value), int(value.nbytes))
                 for name, value in call.arrays.items()],
         output=Operand(spec.output, tuple(call.output_shape), result,
@@ -431,9 +441,10 @@ def hoisted_lines(form, call, backend):
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             bound = kernel.bind(arrays={name: arrays[name] for name in needed})
-        lines += [text, f"    {backend.strategy(bound)}"]
+        blas = as_written(kernel, bound, backend.name).blas
+        lines += [text, f"    {how_it_runs(backend, bound, blas)}"]
         if hasattr(backend, "loop_nest"):
-            nests += [f"# {text}"] + (backend.loop_nest(bound) or [])   # None: BLAS
+            nests += [f"# {text}"] + (backend.loop_nest(bound) if blas is None else [])
         if spec.assign == ":=":
             arrays[spec.output] = np.empty(bound.output_shape, call.dtypes.working)
     return lines, nests or None
@@ -481,12 +492,18 @@ def gradient_lines(kernel, call) -> List[str]:
                 gradient = _compile_for(g.text, kernel.options.backend, options)
                 bound = gradient.bind(**{n: arrays[n] for n in g.inputs})
             backend = get_backend(kernel.options.backend)
-            plan = backend.strategy(bound)
+            plan = how_it_runs(backend, bound, as_written(gradient, bound, backend.name).blas)
             if g.kind == "scatter":
                 plan += "; then added into the gradient by a scatter-add (rows: a " \
                         "column-parallel C kernel, deterministic)"
             lines.append(f"    {plan}")
     return lines
+
+
+def how_it_runs(backend, call, blas) -> str:
+    """The backend's 'How it runs' for a call; ``blas``: what the call's schedule hands
+    to BLAS (schedule/choose.py), or None."""
+    return backend.strategy(call) if blas is None else backend.blas_strategy(call, blas)
 
 
 def _compile_for(text: str, backend: str, options):

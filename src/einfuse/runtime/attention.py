@@ -12,16 +12,15 @@ statement, which raises any error itself."""
 from __future__ import annotations
 
 import dataclasses
-import functools
 from typing import Dict, Optional, Sequence, Tuple
 
 import numpy as np
 
 from ..rewrite.monoids import SOFTMAX_WEIGHTED_SUM, WeightedState, finalise_weighted
 from ..rewrite.online_softmax import Attention, MaskKind, ScaleKind, recognise
-from ..analysis.spec import spec_of
 from ..analysis.cost import bytes_text, count_text
 from ..rewrite.attention_layout import Canonical, canonical, float_extents, to_output
+from ..schedule.library import statement_attention
 from . import attention_run
 from .attention_run import torch_inputs, triton_scale
 
@@ -32,16 +31,6 @@ def program_attention(specs: Sequence, outputs: Tuple[str, ...]) -> Optional[Att
     """The attention a program's statements (their specs) compute, or None."""
     statements = [dataclasses.replace(spec.statement, rhs=spec.rhs) for spec in specs]
     return recognise(statements, tuple(outputs))
-
-
-@functools.lru_cache(maxsize=256)
-def statement_attention(statement: str) -> Optional[Attention]:
-    """The attention one statement computes, or None (cached by its text: every call
-    of a kernel asks)."""
-    spec = spec_of(statement)
-    if spec.assign != ":=":
-        return None
-    return program_attention([spec], (spec.output,))
 
 
 def run_fused_attention(attention: Attention, named: Dict[str, object], options,

@@ -31,8 +31,7 @@ import jaxlib
 import numpy as np
 
 from ..backends.c import build as c_build
-from ..backends import get_backend
-from ..backends.c.backend import blas_contraction, output_dtype
+from ..backends.c.backend import output_dtype
 from ..backends.c.ffi_support import XLA_DTYPES
 from ..backends.c.threads import fixed_thread_count
 from ..errors import EinfuseError, attach_statement
@@ -40,6 +39,8 @@ from ..plan import buffer_slots, call_arguments, unit_axis
 from ..analysis.ranges import subscript_span
 from ..lang.ast import IndexExpr, accesses
 from ..plan.contraction import prepare_contraction
+from ..schedule.choose import as_written
+from ..schedule.schedule import Route
 from .kernel_maker import new_kernel
 
 
@@ -150,7 +151,6 @@ def _canonical(dtype) -> np.dtype:
 @functools.lru_cache(maxsize=512)
 def _route_for(statement, options, names, avals, x64):
     # x64 is only part of the cache key: the dtypes JAX can hold (_canonical) follow it
-    from ..schedule.route import backend_name
     from ..analysis.result_size import check_result_size
     kernel = jax_kernel(statement, options)
     if options.backend not in ("auto", "c"):
@@ -160,7 +160,8 @@ def _route_for(statement, options, names, avals, x64):
     spec = kernel.spec
     call = kernel.bind(**{name: np.broadcast_to(np.zeros((), dtype), shape)
                           for name, (shape, dtype) in zip(names, avals)})
-    if get_backend(backend_name(options.backend, call)).name != "c":
+    schedule = as_written(kernel, call)     # (schedule/choose.py decides the route)
+    if schedule.backend != "c":
         return _callback("the statement runs on another backend")
     working, out = call.dtypes.working, output_dtype(call)
     if working.name not in XLA_DTYPES or out.name not in XLA_DTYPES:
@@ -181,10 +182,9 @@ def _route_for(statement, options, names, avals, x64):
         arrival.append(dtype)
         casts.append(cast)
     check_result_size(call)
-    contraction = blas_contraction(call)
-    if contraction is not None and _canonical(working) == working:
+    if schedule.route is Route.BLAS and _canonical(working) == working:
         return CpuRoute(CpuRouteKind.DOT, "a contraction, which the C backend hands to "
-                        "BLAS"), DotPlan(prepare_contraction(contraction, call), names)
+                        "BLAS"), DotPlan(prepare_contraction(schedule.blas, call), names)
     slots = buffer_slots(spec)
     if len(slots) > MAX_SLOTS or len(spec.params) > MAX_SLOTS:
         return _callback(f"the kernel takes more than {MAX_SLOTS} arrays or parameters")

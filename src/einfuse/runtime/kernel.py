@@ -28,7 +28,9 @@ from . import kernel_maker
 from .kernel_maker import option_collision
 from .distributed import run_on_dtensors
 from .tracing import traced_call
+from ..schedule.choose import as_written, choose
 from ..schedule.route import backend_name
+from ..schedule.schedule import Library, Route, Schedule
 from .repeat import run_first
 from .signatures import signature_of
 from ..analysis.result_size import check_result_size, too_large
@@ -58,6 +60,8 @@ class Kernel:
             warn(message, source=statement, span=span)
         # signature of a call -> its prepared runner, or None (runtime/repeat.py)
         self._repeat: Dict[Tuple, object] = {}
+        # signature of a call -> its schedule (schedule/choose.py), chosen once
+        self._schedules: Dict[Tuple, Schedule] = {}
 
     @property
     def inputs(self):
@@ -112,7 +116,7 @@ class Kernel:
     def __call__(self, /, *args, arrays=None, **kwargs):
         if torch_compiling():   # torch.compile sees a custom operator, not this code
             return traced_call(self, args, kwargs, arrays)
-        given = _given(args, kwargs, arrays)
+        given, signature = _given(args, kwargs, arrays), None
         if given is not None:
             signature = signature_of(given)
             runner = self._repeat.get(signature) if signature is not None else None
@@ -149,16 +153,20 @@ class Kernel:
                 if self.spec.assign != ":=":
                     _refuse_unrecorded_write(self.spec, call, self.statement)
                 grad = bool(torch_autograd.differentiable_names(call))
-        attention = statement_attention(self.statement)
-        if attention is not None and call.framework in (NUMPY, TORCH):   # online softmax
-            fused = run_fused_attention(attention, bind_names(self.spec, args, kwargs),
-                                        self.options, call.framework)
-            if fused is not None and numpy_dtype(fused) == call.dtypes.result:
-                return self.deliver(call, fused)
-        form = self.hoisted_form
-        if form is not None and form.runs(call):
+        try:
+            schedule = self.schedule(call, signature)
+        except EinfuseError as error:
+            raise attach_statement(error, self.statement) from None
+        if schedule.route is Route.LIBRARY:
+            # a hand-written kernel, which may decline the call's data: then its fallback
+            result = _LIBRARY_RUNS[schedule.library](self, call, args, kwargs)
+            if result is not None:
+                return self.deliver(call, result)
+            schedule = schedule.fallback
+        if schedule.route is Route.HOISTED:
             # autograd records each kernel of the hoisted form on its own
-            done, result = run_hoisted(form, call, bind_names(self.spec, args, kwargs))
+            done, result = run_hoisted(self.hoisted_form, call,
+                                       bind_names(self.spec, args, kwargs))
             if done:
                 if given is not None:
                     self._prepare_repeat(call, given)
@@ -166,20 +174,37 @@ class Kernel:
         elif given is not None:
             # the first call of a signature runs as its repeats will (the same kernels,
             # BLAS and backward): the same bits, call after call (runtime/repeat.py)
-            done, result = run_first(self, call, given,
-                                     backend_name(self.options.backend, call))
+            done, result = run_first(self, call, given, schedule.backend)
             if done:
                 return result
+        written = schedule.as_written()
         if grad and self.spec.assign == ":=":
-            result = torch_autograd.apply(self, call, lambda: self.run(call),
+            result = torch_autograd.apply(self, call, lambda: self.run(call, written),
                                           backend_name(self.options.backend, call))
             if given is not None:
                 self._prepare_repeat(call, given)
             return result
-        result = self.deliver(call, self.run(call))
+        result = self.deliver(call, self.run(call, written))
         if given is not None:
             self._prepare_repeat(call, given)
         return result
+
+    def schedule(self, call: BoundCall, signature: Optional[Tuple] = None) -> Schedule:
+        """The schedule of this call (schedule/choose.py): its route -- a library kernel,
+        the hoisted form, BLAS, the loop nest, the NumPy reference, Triton -- and what was
+        decided for it; chosen once per call ``signature`` (runtime/signatures.py)."""
+        if signature is None:
+            return choose(self, call)
+        cache = self._schedules
+        found = cache.get(signature)
+        if found is None:
+            if len(cache) >= SCHEDULES_KEPT:
+                try:     # another thread may drop the same oldest one between these steps
+                    cache.pop(next(iter(cache)), None)
+                except (StopIteration, RuntimeError):
+                    pass
+            found = cache[signature] = choose(self, call)
+        return found
 
     def _prepare_repeat(self, call: BoundCall, kwargs) -> None:
         from .repeat import prepare
@@ -198,16 +223,15 @@ class Kernel:
         form = self.hoisted_form
         kernels = form.kernels(call.dtypes) if form is not None else None
         if kernels is None:
-            return get_backend(backend_name(self.options.backend, call)).source(call)
+            return _source(as_written(self, call), call)
         env = bind_names(self.spec, args, self._named(args, kwargs, arrays))
         parts = []
         for kernel in kernels:
             spec = kernel.spec
             bound = kernel.bind(arrays={name: env[name] for name in spec.arg_order})
             env[spec.output] = np.zeros(bound.output_shape, bound.dtypes.result)
-            backend = get_backend(backend_name(kernel.options.backend, bound))
             parts.append(f"=== {format_statement(spec.statement)} ===\n"
-                         f"{backend.source(bound)}")
+                         f"{_source(as_written(kernel, bound), bound)}")
         return "\n\n".join(parts)
 
     @property
@@ -216,13 +240,17 @@ class Kernel:
         loops that do not need them (rewrite/hoist.py), or None."""
         return hoisted_form(self.statement, self.spec, self.options)
 
-    def run(self, call: BoundCall) -> np.ndarray:
-        """The result as a NumPy array in the result dtype."""
+    def run(self, call: BoundCall, schedule: Optional[Schedule] = None) -> np.ndarray:
+        """The result of the statement as written, as a NumPy array in the result
+        dtype; ``schedule``: the call's as-written schedule, where chosen already."""
         try:
-            backend = get_backend(backend_name(self.options.backend, call))
+            schedule = schedule or as_written(self, call)
+            backend = get_backend(schedule.backend)
             check_result_size(call)
             try:
-                result = backend.run(call)
+                # BLAS where the schedule says so (only the C backend has a BLAS route)
+                result = backend.run(call) if schedule.blas is None else \
+                    backend.run(call, blas=schedule.blas)
             except (EinfuseError, RecursionError):
                 raise
             except Exception as error:
@@ -285,6 +313,31 @@ class Kernel:
             f"'{spec.assign}' cannot write into a {call.framework} array, which is immutable;"
             " use ':=' and the framework's own update", span=spec.statement.output_span),
             self.statement)
+
+
+# Schedules kept per kernel (a new signature past this replaces the oldest).
+SCHEDULES_KEPT = 32
+
+
+def _run_attention(kernel: Kernel, call: BoundCall, args, kwargs):
+    """The statement's online-softmax attention as one pass (runtime/attention.py), or
+    None where the fused kernel declines the call (then the statement's fallback runs)."""
+    fused = run_fused_attention(statement_attention(kernel.statement),
+                                bind_names(kernel.spec, args, kwargs), kernel.options,
+                                call.framework)
+    return fused if fused is not None and numpy_dtype(fused) == call.dtypes.result \
+        else None
+
+
+# How each library kernel a schedule names runs (schedule/library.py registers them).
+_LIBRARY_RUNS = {Library.ATTENTION: _run_attention}
+
+
+def _source(schedule: Schedule, call: BoundCall) -> str:
+    """The generated source of the statement as written, by its schedule."""
+    backend = get_backend(schedule.backend)
+    return backend.source(call) if schedule.blas is None else \
+        backend.blas_source(schedule.blas)
 
 
 def _given(args, kwargs, arrays):

@@ -16,6 +16,7 @@ from ..backends import get_backend
 from ..errors import EinfuseError, attach_statement
 from ..analysis.frameworks import NUMPY, TORCH, torch_recording
 from ..analysis.result_size import check_result_size, too_large
+from ..schedule.schedule import Route
 from .signatures import BY_NAME, signature_of
 
 # Prepared signatures kept per kernel (a new one past this replaces the oldest).
@@ -24,7 +25,6 @@ SIGNATURES_KEPT = 32
 def prepare(kernel, call, kwargs) -> None:
     """Remember in ``kernel._repeat`` a runner for calls with this call's signature, or
     None where the full path must run (so the question is asked once)."""
-    from ..schedule.route import backend_name
     signature = signature_of(kwargs)
     cache = kernel._repeat
     if signature is None or signature in cache:
@@ -41,28 +41,26 @@ def prepare(kernel, call, kwargs) -> None:
     if any(type(value) is float and name not in kernel.spec.params
            for name, value in kwargs.items()):
         return      # a float for a 0-d tensor (x[]): the runners take arrays there
-    backend = get_backend(backend_name(kernel.options.backend, call)).name
+    schedule = kernel.schedule(call, signature)     # (schedule/choose.py)
+    backend = schedule.backend
     if call.framework not in (NUMPY, TORCH) or kernel.spec.assign != ":=" or \
             backend not in ("c", "triton") or call.bfloat16 and backend == "c":
         return
-    from .attention import statement_attention
-    if statement_attention(kernel.statement) is not None:
+    if schedule.route is Route.LIBRARY:
         return      # whether it runs fused depends on the data (a finite V): full path
     if backend == "triton":
-        form = kernel.hoisted_form
-        if form is None:
+        if schedule.route is Route.HOISTED:   # its kernels, fused by rows (row_groups.py)
+            cache[signature] = _hoisted_runner(kernel, kernel.hoisted_form, call)
+        elif kernel.hoisted_form is None:
             cache[signature] = _triton_runner(call)
-        elif form.runs(call):     # its kernels, fused by rows (schedule/row_groups.py)
-            cache[signature] = _hoisted_runner(kernel, form, call)
         return
     if any(getattr(value, "is_cuda", False) for value in kwargs.values()):
         return      # C on CUDA tensors copies them: the full path
-    form = kernel.hoisted_form
-    if form is not None and form.runs(call):
-        cache[signature] = _hoisted_runner(kernel, form, call)
+    if schedule.route is Route.HOISTED:
+        cache[signature] = _hoisted_runner(kernel, kernel.hoisted_form, call)
         return
     from ..backends.c.repeat import GatherFlagged, repeat_runner
-    prepared = repeat_runner(call)
+    prepared = repeat_runner(call, schedule.blas)
     if prepared is None:
         return
     runner, result_dtype = prepared.run, call.dtypes.result

@@ -284,12 +284,14 @@ def _on_torch_blas(kernel, named) -> Optional[Callable]:
     is (backends/c/blas.py says why); None for any other statement."""
     from ..backends import get_backend
     from ..backends.c.repeat import blas_runner
+    from ..schedule.choose import blas_choice
     call = kernel.bind(arrays=named)
     if get_backend(kernel.options.backend).name != "c":
         return None
-    prepared = blas_runner(call, True)
-    if prepared is None:
+    blas = blas_choice(call)     # (the schedule's BLAS decision: schedule/choose.py)
+    if blas is None:
         return None
+    prepared = blas_runner(call, blas, True)
     run, result = prepared.run, call.dtypes.result
     if prepared.dtype == result:
         return run

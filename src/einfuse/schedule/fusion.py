@@ -39,6 +39,7 @@ from ..lang import ast
 from ..lang.printer import format_expr
 from ..plan import buffer_slots
 from ..analysis.result_size import fits_in_memory
+from .choose import blas_contraction
 from .row_groups import row_group, triton_rows_possible
 from .units import needed as _needed, statement_units as _units
 
@@ -303,7 +304,7 @@ def _join(kernel, names: Dict[str, str], members: List[Member], produced: Dict[s
     except (EinfuseError, KeyError):
         return None
     if column is not None and (not _same_ranges(column.call, call) or
-                               c_fused.is_contraction(column.call)):
+                               _summed_contraction(column.call)):
         return None     # a product summed over rows (W[i,o] * v[i]) stays with BLAS
     if call.framework != "numpy" or call.dtypes.result != call.dtypes.working or \
             call.dtypes.working.kind not in "fiu":
@@ -315,7 +316,7 @@ def _join(kernel, names: Dict[str, str], members: List[Member], produced: Dict[s
         return None
     if not fits_in_memory(call) or column is not None and not fits_in_memory(column.call):
         return None     # alone, the statement refuses it (AllocationError)
-    prepared = c_fused.prepare(kernel, call)
+    prepared = c_fused.prepare(kernel, call, blas_contraction(call))
     if prepared is None:
         return None
     plan, buffers, outer = prepared
@@ -397,3 +398,9 @@ def _intermediate_reads(spec, plan, names, produced, members, outer):
         slot = plan.slots.index((access.tensor, "value"))
         reads[slot] = (produced[key], len(producer.plan.slots) - 1)
     return reads
+
+
+def _summed_contraction(call) -> bool:
+    """Whether the call's schedule hands it to BLAS as a contraction that sums."""
+    contraction = blas_contraction(call)
+    return contraction is not None and bool(contraction.k)

@@ -1,6 +1,5 @@
-"""Route facts the schedule decides before anything runs: which backend runs a bound
-call.  (The rest of the route -- BLAS or loop nest, the host fallback -- is still asked
-of the backends themselves; docs/architecture.md names that gap.)"""
+"""Which backend runs a bound call; the rest of a kernel's route (library kernel,
+hoisted form, BLAS, loop nest) is chosen by schedule/choose.py, which asks this first."""
 
 from __future__ import annotations
 

@@ -18,9 +18,10 @@ import numpy as np
 
 from ...analysis.machine import machine
 from ...errors import BackendError, EinfuseWarning
-from ...plan import buffer_slots, call_arguments, plan_for, unit_axis
-from ...plan.contraction import match_contraction, run_contraction
-from ...plan.contraction_addend import match_contraction_addend
+from ...plan import buffer_slots, call_arguments, unit_axis
+from ...plan.kernel_key import KernelKey
+from ...plan.contraction import run_contraction
+from ...plan.contraction_addend import ContractionAddend
 from ...plan.gathers import bounds_mode
 from . import build as c_build
 from .blas import blas_library, run_contraction_addend
@@ -48,7 +49,7 @@ def block_for(working: np.dtype) -> Tuple[int, int]:
     lanes = 2 * _VECTOR_BYTES // working.itemsize
     return (8 if _VECTOR_BYTES == 64 else 4), max(4, lanes)
 
-_kernels: Dict[Tuple, Tuple] = {}
+_kernels: Dict[KernelKey, Tuple] = {}   # compiled kernels (plan/kernel_key.py)
 _kernels_lock = threading.Lock()
 _warned = []
 _ARGTYPES = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_void_p, ctypes.c_void_p,
@@ -78,10 +79,17 @@ def _bounds(call) -> str:
     return bounds_mode(call, unsigned_checks=True)
 
 
+def kernel_key(call, layouts, bounds=None) -> KernelKey:
+    """The key of this call's loop-nest kernel for these buffer layouts (and a bounds
+    mode other than the one this call's data allows): what its lowering reads."""
+    working = call.dtypes.working
+    return KernelKey(call.spec, working.name, call.options.pad is not None,
+                     bounds or _bounds(call), tuple(layouts), tile_for(working),
+                     block_for(working), _short_indices(call))
+
+
 def _plan(call, layouts, bounds=None):
-    return plan_for(call.spec, call.dtypes.working.name, call.options.pad is not None,
-                    bounds or _bounds(call), tuple(layouts), tile_for(call.dtypes.working),
-                    block_for(call.dtypes.working), _short_indices(call))
+    return kernel_key(call, layouts, bounds).plan()
 
 
 # An index with fewer values than this is not worth spreading over SIMD lanes.
@@ -156,12 +164,10 @@ def _run_layouts(call, buffers: List[np.ndarray]) -> Tuple[int, ...]:
 def kernel_functions(call, layouts, bounds=None):
     """(plan, [ctypes function per IR kernel]) for this call's statement and layout;
     ``bounds``: a kernel bounds mode other than the one this call's data allows."""
-    bounds = bounds or _bounds(call)
-    key = (call.spec, call.dtypes.working.name, call.options.pad is not None,
-           bounds, tuple(layouts), _short_indices(call))
+    key = kernel_key(call, layouts, bounds)
     found = _kernels.get(key)
     if found is None:
-        plan = _plan(call, layouts, bounds)
+        plan = key.plan()
         library = c_build.load(render_c(plan.program, c_build.vector_math()),
                                plan.fast_math)
         functions = []
@@ -190,16 +196,18 @@ class CBackend:
         return ok
 
     @staticmethod
-    def run(call) -> np.ndarray:
+    def run(call, blas=None) -> np.ndarray:
+        """The call's result by its schedule (schedule/choose.py): ``blas``, the
+        contraction (plan/contraction.py) or contraction plus term
+        (plan/contraction_addend.py) the schedule hands to BLAS, else None: the loop
+        nest."""
         if c_build.find_compiler() is None:
             raise BackendError("backend='c' needs a C compiler with OpenMP support (cc, gcc "
                                "or clang on PATH, or CC=...); use backend='numpy'")
-        contraction = blas_contraction(call)
-        if contraction is not None:
-            return run_contraction(contraction, call)
-        found = contraction_addend(call)
-        if found is not None:     # BLAS, then the term added (backends/c/blas.py)
-            return run_contraction_addend(found, call)
+        if isinstance(blas, ContractionAddend):   # BLAS, then the term added (blas.py)
+            return run_contraction_addend(blas, call)
+        if blas is not None:
+            return run_contraction(blas, call)
         out = np.empty(call.output_shape, dtype=output_dtype(call))
         if out.size == 0:
             return out
@@ -234,12 +242,13 @@ class CBackend:
         return _loop_nest(call)
 
     @staticmethod
+    def blas_source(blas) -> str:
+        """What :meth:`source` is for a call the schedule hands to BLAS."""
+        return f"/* no generated source: {blas.describe()} (numpy.matmul) */"
+
+    @staticmethod
     def source(call) -> str:
-        """The C source this call's kernel is compiled from."""
-        contraction = blas_contraction(call)
-        contraction = contraction or contraction_addend(call)
-        if contraction is not None:
-            return f"/* no generated source: {contraction.describe()} (numpy.matmul) */"
+        """The C source this call's loop nest is compiled from."""
         buffers = _buffers(call) + [np.empty(call.output_shape, dtype=output_dtype(call))]
         plan = _plan(call, _run_layouts(call, buffers))
         return render_c(plan.program, c_build.vector_math())
@@ -247,19 +256,18 @@ class CBackend:
     @staticmethod
     def built(call) -> Optional[bool]:
         """Is this call's C kernel compiled already (in this process or in the disk
-        cache)?  None when no kernel is generated (a BLAS contraction)."""
-        if blas_contraction(call) is not None or contraction_addend(call) is not None:
-            return None
+        cache)?  (A call the schedule hands to BLAS generates none: not asked.)"""
         buffers = _buffers(call) + [np.empty(call.output_shape, dtype=output_dtype(call))]
         plan = _plan(call, _run_layouts(call, buffers))
         return c_build.is_built(render_c(plan.program, c_build.vector_math()), plan.fast_math)
 
     @staticmethod
+    def blas_strategy(call, blas) -> str:
+        """What :meth:`strategy` is for a call the schedule hands to BLAS."""
+        return f"{blas.describe()} ({blas_library(blas, call)}), after the needed transposes"
+
+    @staticmethod
     def strategy(call) -> str:
-        contraction = blas_contraction(call) or contraction_addend(call)
-        if contraction is not None:
-            return f"{contraction.describe()} ({blas_library(contraction, call)}), after the " \
-                "needed transposes"
         layouts, packed = _explained_layouts(call)
         plan = _plan(call, layouts)
         kernel = plan.program.kernels[0]
@@ -281,10 +289,7 @@ class CBackend:
 
 
 def _loop_nest(call):
-    """The compiled kernel as pseudo-code with the statement's names and sizes, or None
-    for a BLAS contraction."""
-    if blas_contraction(call) is not None or contraction_addend(call) is not None:
-        return None
+    """The compiled loop nest as pseudo-code with the statement's names and sizes."""
     from ..pseudo_render import render_pseudo
     plan = _plan(call, _explained_layouts(call)[0])
     kernel = plan.program.kernels[0]
@@ -299,19 +304,11 @@ def _loop_nest(call):
                          call.spec.all_indices, plan.params, values)
 
 
-def blas_contraction(call):
-    """The contraction to hand to BLAS, when the statement is one (and pad= is off)."""
-    if call.options.pad is not None or call.dtypes.working.kind != "f":
-        return None
-    return match_contraction(call.spec)
-
-
-def contraction_addend(call):
-    """The contraction and its added term to hand to BLAS (plan/contraction_addend.py),
-    when the statement is one (and pad= is off)."""
-    if call.options.pad is not None or call.dtypes.working.kind != "f":
-        return None
-    return match_contraction_addend(call.spec)
+def explained_plan(call):
+    """(plan, names of the inputs packed) of the loop nest a run of this call takes, laid
+    out from shapes without copying anything (explain, the schedule's loop facts)."""
+    layouts, packed = _explained_layouts(call)
+    return _plan(call, layouts), packed
 
 
 def _explained_layouts(call) -> Tuple[Tuple[int, ...], Tuple[str, ...]]:

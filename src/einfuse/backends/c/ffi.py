@@ -9,13 +9,14 @@ from __future__ import annotations
 import ctypes
 import functools
 import threading
+import dataclasses
 from dataclasses import dataclass
 from typing import Dict, Optional, Sequence, Tuple
 
-from ...plan import Plan, plan_for
+from ...plan import Plan
 from ...plan.gathers import unsigned_slots
 from . import build as c_build
-from .backend import block_for, tile_for
+from .backend import kernel_key
 from .ffi_support import kernel_stub, support_source
 from .render import render_c
 
@@ -58,21 +59,18 @@ def checked_bounds(call) -> str:
 def ffi_kernel(call, layouts: Sequence[int], header: str, version: str) -> FfiKernel:
     """The kernel library for this call's statement, dtypes and buffer layouts, with
     its handler bound to the support library (built and loaded on first use)."""
-    from .backend import _short_indices
-    working = call.dtypes.working
-    key = (call.spec, working.name, call.options.pad is not None, checked_bounds(call),
-           tuple(layouts), _short_indices(call), header, version)
+    kernel = kernel_key(call, layouts, checked_bounds(call))    # (plan/kernel_key.py)
+    key = (kernel, header, version)
     found = _handlers.get(key)
     if found is not None:
         return found
     support = support_library(header, version)
-    plan = plan_for(*key[:5], tile_for(working), block_for(working), key[5])
+    plan = kernel.plan()
     source = render_c(plan.program, c_build.vector_math()) + \
         kernel_stub([k.name for k in plan.program.kernels])
     verified, table = None, None
     if plan_checks_gathers(plan):
-        verified = plan_for(*key[:3], "verified", *key[4:5], tile_for(working),
-                            block_for(working), key[5])
+        verified = dataclasses.replace(kernel, bounds="verified").plan()
         checked_free = c_build.load(render_c(verified.program, c_build.vector_math()),
                                     verified.fast_math)
         table = (ctypes.c_void_p * len(verified.program.kernels))(*[

@@ -21,7 +21,7 @@ from ...plan.fuse_columns import column_sum_dtype
 from ...plan.fuse_sums import GUARD_INT, guard_verdict
 from ...plan.expression_facts import divides
 from . import build as c_build, rows as c_rows
-from .backend import _ARGTYPES, blas_contraction, _buffers, _pack_for_lanes, _plan
+from .backend import _ARGTYPES, _buffers, _pack_for_lanes, _plan
 from .render import render_c
 from .threads import PARALLEL_MIN_WORK, default_threads, fixed_thread_count, thread_count
 
@@ -33,10 +33,10 @@ def available() -> bool:
     return c_build.find_compiler() is not None
 
 
-def prepare(kernel, call):
+def prepare(kernel, call, contraction=None):
     """(plan, buffers, outer index) of a statement that can be a member of a group, or
-    None: it must run on the C backend as one kernel that is a single parallel loop."""
-    contraction = blas_contraction(call)
+    None: it must run on the C backend as one kernel that is a single parallel loop;
+    ``contraction``: the contraction the call's schedule hands to BLAS, or None."""
     # a product that sums nothing (A[i,j] * B[i,j], a[i] * B[i,j]) is elementwise
     if call.options.backend not in ("auto", "c") or call.spec.has_position_reductions or \
             contraction is not None and contraction.k:
@@ -58,12 +58,6 @@ def prepare(kernel, call):
         return None
     number = int(body[0].var[1:])
     return plan, buffers, call.spec.all_indices[number]
-
-
-def is_contraction(call) -> bool:
-    """Whether the C backend runs the statement as a BLAS contraction."""
-    contraction = blas_contraction(call)
-    return contraction is not None and bool(contraction.k)
 
 
 def run(members, thread_rows: FrozenSet[int] = frozenset()) -> Optional[Dict[int, np.ndarray]]:

@@ -24,8 +24,8 @@ from ...plan import buffer_slots, call_arguments, unit_axis
 from ...plan.gathers import array_extremes, gather_spans, spans_in_range, unsigned_slots
 from ...analysis.frameworks import TORCH
 from . import call as c_call
-from .backend import (blas_contraction, _buffers, _pack_for_lanes, contraction_addend,
-                      kernel_functions, output_dtype)
+from ...plan.contraction_addend import ContractionAddend
+from .backend import _buffers, _pack_for_lanes, kernel_functions, output_dtype
 from .blas import addend_runner, contraction_runner, route_for
 from .gather_rows import gather_rows_runner
 from .threads import fixed_thread_count, free_threads
@@ -53,9 +53,10 @@ class GatherFlagged(BackendError):
     of bounds): the call's full path finds the value and raises the exact error."""
 
 
-def repeat_runner(call) -> Optional[PreparedRunner]:
+def repeat_runner(call, blas=None) -> Optional[PreparedRunner]:
     """A runner computing this call's result (working dtype) from arrays of the same
-    shapes, dtypes and strides by name, or None where the arguments depend on data."""
+    shapes, dtypes and strides by name, or None where the arguments depend on data;
+    ``blas``: what the call's schedule hands to BLAS (schedule/choose.py), or None."""
     spec = call.spec
     gathers = any(t.as_index for t in spec.tensors)
     rows = gather_rows_runner(call, GatherFlagged) if gathers else None
@@ -74,9 +75,8 @@ def repeat_runner(call) -> Optional[PreparedRunner]:
     if any(type(call.params.get(name)) is not float for name in spec.params) or \
             (spec.params and call.dtypes.working.kind != "f"):
         return None
-    blas = blas_runner(call, call.framework == TORCH)
     if blas is not None:
-        return blas
+        return blas_runner(call, blas, call.framework == TORCH)
     working = call.dtypes.working
     shape = tuple(call.output_shape)
     out_dtype = output_dtype(call)
@@ -143,22 +143,17 @@ def repeat_runner(call) -> Optional[PreparedRunner]:
     return PreparedRunner(run, np.dtype(out_dtype))
 
 
-def blas_runner(call, torch_route: bool) -> Optional[PreparedRunner]:
-    """The runner of a statement BLAS computes (a contraction, or one plus a broadcast
-    term: backends/c/blas.py), as the backend's full path runs it; with ``torch_route``
-    (a call on torch tensors) the products large enough run on torch's BLAS.  None for
-    any other statement."""
-    contraction = blas_contraction(call)
-    if contraction is not None:
-        return PreparedRunner(contraction_runner(
-            contraction, call, route_for(contraction, call, torch_route)),
-            np.dtype(call.dtypes.working))
-    found = contraction_addend(call)
-    if found is not None:
+def blas_runner(call, blas, torch_route: bool) -> PreparedRunner:
+    """The runner of a statement its schedule hands to BLAS (``blas``: a contraction,
+    or one plus a broadcast term: backends/c/blas.py), as the backend's full path runs
+    it; with ``torch_route`` (a call on torch tensors) the products large enough run on
+    torch's BLAS."""
+    if isinstance(blas, ContractionAddend):
         return PreparedRunner(addend_runner(
-            found, call, route_for(found.contraction, call, torch_route)),
+            blas, call, route_for(blas.contraction, call, torch_route)),
             np.dtype(call.dtypes.working))
-    return None
+    return PreparedRunner(contraction_runner(
+        blas, call, route_for(blas, call, torch_route)), np.dtype(call.dtypes.working))
 
 
 def _checking_mode(call) -> str:

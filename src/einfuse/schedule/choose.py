@@ -1,0 +1,130 @@
+"""The one place a kernel's route is chosen: :func:`choose` returns the
+:class:`~einfuse.schedule.schedule.Schedule` of a Kernel's bound call -- a library
+kernel (schedule/library.py), the hoisted form, or the statement as written on its
+backend: BLAS where the statement is a contraction (or one plus a broadcast term) and
+the C backend runs it, else the C loop nest, the NumPy reference or a Triton kernel.
+The backends and the runtime read the value; nothing here runs."""
+
+from __future__ import annotations
+
+import functools
+from typing import Optional
+
+from ..analysis.binding import BoundCall
+from ..backends import get_backend
+from ..backends.c.threads import fixed_thread_count
+from ..lang.printer import format_statement
+from ..plan.contraction import Contraction, match_contraction
+from ..plan.contraction_addend import match_contraction_addend
+from .library import library_for
+from .route import backend_name
+from .schedule import LoopSchedule, Materialised, Reason, Route, Schedule
+
+_BACKEND_ROUTES = {"numpy": Route.HOST, "triton": Route.TRITON}
+
+# A Schedule per distinct set of fields, made once: a frozen dataclass's constructor
+# costs a microsecond, and a call without a signature to cache by chooses every time.
+_schedule = functools.lru_cache(maxsize=2048)(Schedule)
+
+
+def blas_choice(call: BoundCall):
+    """The contraction (plan/contraction.py), or contraction plus added term
+    (plan/contraction_addend.py), that BLAS computes for this call on the C backend, or
+    None: a float working dtype and pad= off (BLAS knows no padding and no integers)."""
+    if call.options.pad is not None or call.dtypes.working.kind != "f":
+        return None
+    return match_contraction(call.spec) or match_contraction_addend(call.spec)
+
+
+def blas_contraction(call: BoundCall) -> Optional[Contraction]:
+    """The BLAS choice where it is a contraction alone (no added term), else None."""
+    choice = blas_choice(call)
+    return choice if isinstance(choice, Contraction) else None
+
+
+def resolved_backend(kernel, call: BoundCall, backend: Optional[str] = None) -> str:
+    """The name of the backend that runs the call (``auto`` resolved)."""
+    return get_backend(backend or backend_name(kernel.options.backend, call)).name
+
+
+def choose(kernel, call: BoundCall, backend: Optional[str] = None,
+           detail: bool = False) -> Schedule:
+    """The schedule of ``kernel`` (a Kernel: statement, spec, options, hoisted_form)
+    for ``call``; ``backend``: a backend name to use instead of the kernel's options;
+    ``detail``: also the loop nest's order and blocking (explain; it plans the kernel)."""
+    name = resolved_backend(kernel, call, backend)
+    schedule = as_written(kernel, call, name)
+    form = kernel.hoisted_form
+    if form is not None and form.runs(call):
+        temporaries = tuple(Materialised(t.output, Reason.HOISTED)
+                            for t in form.hoisted.temporaries)
+        schedule = _schedule(name, Route.HOISTED, form.texts, materialised=temporaries,
+                            fallback=schedule)
+    library = library_for(kernel.statement, call.framework, name)
+    if library is not None:
+        schedule = _schedule(name, Route.LIBRARY, (_text(kernel),), library=library,
+                            fallback=schedule)
+    if detail and schedule.route is Route.LOOP_NEST:    # (a fallback's nest: not planned)
+        schedule = as_written(kernel, call, name, detail)
+    return schedule
+
+
+def as_written(kernel, call: BoundCall, backend: Optional[str] = None,
+               detail: bool = False) -> Schedule:
+    """The schedule of the statement as written (no library kernel, no hoisted form):
+    what ``Kernel.run`` runs."""
+    name = resolved_backend(kernel, call, backend)
+    statements = (_text(kernel),)
+    if name != "c":
+        return _schedule(name, _BACKEND_ROUTES.get(name, Route.LOOP_NEST), statements)
+    blas = blas_choice(call)
+    if blas is not None:
+        route = Route.BLAS if isinstance(blas, Contraction) else Route.BLAS_THEN_ADDEND
+        return _schedule(name, route, statements, blas=blas)
+    threads = fixed_thread_count(call.options.threads, call.bounds.points)
+    if not detail:
+        return _schedule(name, Route.LOOP_NEST, statements, threads=threads)
+    loops, packed = _loop_schedule(call)
+    return Schedule(name, Route.LOOP_NEST, statements, loops=loops, threads=threads,
+                    materialised=tuple(Materialised(p, Reason.PACKED_FOR_LANES)
+                                       for p in packed))
+
+
+def _text(kernel) -> str:
+    return _statement_text(kernel.spec)
+
+
+@functools.lru_cache(maxsize=1024)
+def _statement_text(spec) -> str:
+    return format_statement(spec.statement)
+
+
+def _loop_schedule(call: BoundCall):
+    """(LoopSchedule, inputs packed) of the C loop nest the lowering plans for this
+    call's layouts (as explain lays them out, copying nothing)."""
+    from ..backends.c.backend import block_for, explained_plan, tile_for
+    plan, packed = explained_plan(call)
+    spec = call.spec
+    order = []
+    body = plan.program.kernels[0].body
+    while body:     # the first nest, outermost first; a loop's var is a letter and
+        # the index's position (b0: blocked, p2: reduction ...); lane loops have none
+        loop = next((s for s in body if hasattr(s, "var") and hasattr(s, "body")), None)
+        if loop is None:
+            break
+        number = loop.var.lstrip("abcdefghijklmnopqrstuvwxyz")
+        if number.isdigit() and int(number) < len(spec.all_indices):
+            index = spec.all_indices[int(number)]
+            if index not in order:
+                order.append(index)
+        body = loop.body
+    parallel = tuple(n for n in spec.output_indices if n in spec.race_free_indices)
+    tile = block = None
+    if plan.mode == "tiled":
+        if plan.row_index is None:
+            tile = tile_for(call.dtypes.working)
+        else:
+            rows, lanes = block_for(call.dtypes.working)
+            block = (plan.row_index, plan.inner, rows, lanes)
+    return LoopSchedule(plan.mode, tuple(order), parallel, tuple(plan.lane_indices),
+                        tile, block), packed

@@ -1,0 +1,124 @@
+"""The schedule of one kernel as a value: which route computes it (a generated loop
+nest, BLAS, a hand-written library kernel, its hoisted form, the NumPy reference, a
+Triton kernel), on which backend, with what the code decided for it (the BLAS
+contraction, the loop order and blocking of the loop nest, the thread count, what is
+materialised and why).  Frozen and hashable: a Kernel keeps the schedule of each call
+signature (runtime/kernel.py), and ``explain`` prints it.  It is chosen in one place,
+:func:`einfuse.schedule.choose.choose`; the backends and the runtime read it."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from typing import Optional, Tuple
+
+
+class Route(enum.Enum):
+    """How a kernel is computed."""
+    LOOP_NEST = "generated loop nest"
+    BLAS = "BLAS"
+    BLAS_THEN_ADDEND = "BLAS, then the added term"
+    LIBRARY = "hand-written library kernel"
+    HOISTED = "hoisted form"
+    HOST = "NumPy reference"
+    TRITON = "Triton kernel"
+
+
+class Library(enum.Enum):
+    """The hand-written kernels a route may name (schedule/library.py registers them)."""
+    ATTENTION = "online-softmax attention"
+
+
+class Reason(enum.Enum):
+    """Why a value is materialised (written to memory) rather than kept in registers."""
+    HOISTED = "a loop-invariant reduction, computed once before the loops"
+    PACKED_FOR_LANES = "copied into a layout the vector lanes walk"
+    OUTPUT = "the result"
+
+
+@dataclass(frozen=True)
+class Materialised:
+    name: str
+    reason: Reason
+
+    def __str__(self) -> str:
+        return f"{self.name} ({self.reason.value})"
+
+
+@dataclass(frozen=True)
+class LoopSchedule:
+    """What the lowering (plan/lower.plan_for) decided for a generated C loop nest."""
+    mode: str                       # "tiled", "scalar" or "elementwise"
+    order: Tuple[str, ...]          # the loops, outermost first (the statement's names)
+    parallel: Tuple[str, ...]       # the indices OpenMP may split over threads
+    lanes: Tuple[str, ...]          # the indices walked by vectorised lane loops
+    tile: Optional[int] = None      # lanes of a 1-D output tile
+    block: Optional[Tuple[str, str, int, int]] = None   # (rows index, lanes index, rows, lanes)
+
+    def describe(self) -> str:
+        parts = [self.mode, "loops " + (", ".join(self.order) or "none")]
+        parts.append("parallel over " + (", ".join(self.parallel) or "nothing"))
+        if self.block is not None:
+            rows, lanes, r, n = self.block
+            parts.append(f"register block {rows} x {lanes} of {r} x {n}")
+        elif self.tile is not None:
+            parts.append(f"tile of {self.tile} lanes")
+        return "; ".join(parts)
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """The schedule of one kernel for one call signature.
+
+    ``statements``: the statements the kernel computes (the hoisted form's, in order,
+    for Route.HOISTED); ``blas``: the plan-level contraction (plan/contraction.py or
+    plan/contraction_addend.py) BLAS computes on the BLAS routes; ``threads``: the fixed
+    thread count, or None where the free cores decide call by call; ``fallback``: the
+    schedule that runs where the route declines a call at run time (a library kernel
+    that checks the data, a hoisted form whose temporary cannot be computed)."""
+    backend: str
+    route: Route
+    statements: Tuple[str, ...]
+    library: Optional[Library] = None
+    blas: object = None
+    loops: Optional[LoopSchedule] = None
+    threads: Optional[int] = None
+    materialised: Tuple[Materialised, ...] = ()
+    fallback: Optional["Schedule"] = None
+
+    def without_library(self) -> "Schedule":
+        """The schedule that runs where the library kernel declines (self where there is
+        none)."""
+        return self.fallback if self.route is Route.LIBRARY and self.fallback is not None \
+            else self
+
+    def as_written(self) -> "Schedule":
+        """The schedule of the statement as written: past a library kernel or a hoisted
+        form to the fallback that runs when they decline (what ``Kernel.run`` runs)."""
+        schedule = self
+        while schedule.route in (Route.LIBRARY, Route.HOISTED) and \
+                schedule.fallback is not None:
+            schedule = schedule.fallback
+        return schedule
+
+    def describe(self) -> str:
+        """One line: the route and what was decided for it."""
+        what = self.library.value if self.library is not None else self.route.value
+        parts = [f"{what} on backend {self.backend}"]
+        if self.blas is not None:
+            parts.append(self.blas.describe())
+        if self.loops is not None:
+            parts.append(self.loops.describe())
+        if self.route is Route.LOOP_NEST and self.backend == "c":
+            parts.append("threads " + (str(self.threads) if self.threads is not None
+                                       else "as the free cores allow, per call"))
+        if self.materialised:
+            parts.append("materialised: " + ", ".join(map(str, self.materialised)))
+        if len(self.statements) > 1:
+            parts.append(f"{len(self.statements)} statements")
+        text = "; ".join(parts)
+        if self.fallback is not None:
+            text += f" (else {self.fallback.describe()})"
+        return text
+
+    __str__ = describe
