@@ -10,7 +10,9 @@ import warnings
 from ..analysis.options import Options, make_options
 from ..errors import EinfuseError, OptionError, attach_statement, warn
 from ..runtime.kernel import Kernel
-from ..runtime.kernel_maker import option_collision, statement_kernel
+from ..lang.printer import format_statement
+from ..rewrite.canonical import canonical_statement
+from ..runtime.kernel_maker import option_collision, shared_kernel, statement_kernel
 from .program import compile_program, is_program, output_names
 
 
@@ -36,7 +38,21 @@ def compile_source(statement: str, ranges=None, pad=None, bounds="check", fill=0
             raise attach_statement(option_collision(error, statement), statement) from None
         except EinfuseError as error:
             raise attach_statement(error, statement) from None
-    return statement_kernel(statement, options)
+    kernel = statement_kernel(statement, options)    # its errors and warnings as written
+    return canonical_kernel(kernel, options)
+
+
+def canonical_kernel(kernel, options: Options):
+    """The Kernel of ``kernel``'s statement in canonical form (rewrite/canonical.py), or
+    ``kernel`` where the rules change nothing or the canonical text does not compile."""
+    spec = kernel.spec
+    canonical, fired = canonical_statement(spec.statement, spec.rhs)
+    if not fired:
+        return kernel
+    try:
+        return shared_kernel(format_statement(canonical), options)
+    except EinfuseError:
+        return kernel
 
 
 @functools.lru_cache(maxsize=128)
