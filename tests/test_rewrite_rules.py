@@ -183,7 +183,8 @@ def test_expanded_logsumexp_of_two_different_rows_is_left():
 @pytest.mark.parametrize("statement,expected", [
     ("S[i,j] := sum[d](Q[i,d] * K[j,d] * 0.125)", "S[i, j] := sum[d](Q[i, d] * K[j, d]) * 0.125"),
     ("S[i,j] := Q[i,d] * K[j,d] / c", "S[i, j] := sum[d](Q[i, d] * K[j, d]) / c"),
-    ("S[i,j] := sum[d](c * Q[i,d] * K[j,d])", "S[i, j] := sum[d](Q[i, d] * K[j, d]) * c"),
+    # (a factor written first stays first: the order of positional arguments)
+    ("S[i,j] := sum[d](c * Q[i,d] * K[j,d])", "S[i, j] := c * sum[d](Q[i, d] * K[j, d])"),
     ("O[i,e] := sum[j](Q[i,j] / Z[i] * K[j,e])", "O[i, e] := sum[j](Q[i, j] * K[j, e]) / Z[i]"),
 ])
 def test_factors_move_out_of_sums(backend, statement, expected):
@@ -303,3 +304,24 @@ def test_errors_are_the_written_programs():
     # a program whose canonical form would differ raises the written form's error
     with pytest.raises(ef.EinfuseError, match="defined later"):
         ef.compile("P[i,j] := where(j <= i, exp(E[i,j]), 0)\nE[i,j] := X[i,j] * 2")
+
+
+def test_positional_arguments_keep_their_order(backend):
+    x = np.random.default_rng(5).standard_normal(6)
+    # alpha is used first as written; the canonical form would read x first
+    got = ef.ein("s := sum[i](x[i]**2 * alpha)", x, 0.5, backend=backend)
+    assert np.isclose(float(got), 0.5 * (x ** 2).sum())
+    program = ef.compile("t[i] := x[i] * 2\nu := sum[i](t[i] * alpha) + sum[i](y[i])")
+    assert program.inputs == ("x", "alpha", "y")
+    assert np.isclose(float(program(x, 0.5, x)), x.sum() + x.sum())
+
+
+def test_an_intermediate_with_two_reductions_is_split(backend):
+    source = "m[i] := mean[j](X[i,j])\nY[i,j] := X[i,j] - m[i]"
+    form = program_form(source, ("Y",))
+    assert form.shared == ("m: 2 reductions as statements",)
+    assert len(form.texts) == 4 and form.origins == (0, 0, 0, 1)
+    X = special_matrix()
+    assert close(ef.ein(source, X=X, backend=backend), oracle_program(source, {"X": X})["Y"])
+    # the last statement's reductions stay in its own loop nest
+    assert program_form("Y[i] := sum[j](X[i,j]) / sum[j](X[i,j]**2)", ("Y",)).shared == ()

@@ -50,9 +50,11 @@ def canonical_kernel(kernel, options: Options):
     if not fired:
         return kernel
     try:
-        return shared_kernel(format_statement(canonical), options)
+        rewritten = shared_kernel(format_statement(canonical), options)
     except EinfuseError:
         return kernel
+    # (the arguments' order of first use is the order positional arguments take)
+    return rewritten if rewritten.spec.arg_order == spec.arg_order else kernel
 
 
 @functools.lru_cache(maxsize=128)

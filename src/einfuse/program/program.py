@@ -224,7 +224,19 @@ def _canonical(statements, outputs, options: Options, make_kernel):
                 dataclasses.replace(written, text=text)))
     except EinfuseError:
         return statements
-    return rewritten
+    # the inputs' order of first use is the order positional arguments take
+    return rewritten if _input_order(rewritten) == _input_order(statements) else statements
+
+
+def _input_order(statements) -> Tuple[str, ...]:
+    defined = {s.output for s in statements if s.assign == ":="}
+    order: Dict[str, None] = {}
+    for statement in statements:
+        for name in statement.reads + ((statement.output,) if statement.assign != ":="
+                                       else ()):
+            if name not in defined:
+                order.setdefault(name)
+    return tuple(order)
 
 
 def _options_for(text: str, options: Options) -> Options:

@@ -80,13 +80,67 @@ def canonical_program(statements: Sequence[Tuple[Statement, Expr]],
         rewritten.append(new if names else dataclasses.replace(statement, rhs=rhs))
     shared: List[str] = []
     origins = tuple(range(len(rewritten)))
-    if plain_ranges:
-        rewritten, origins = _drop_repeated_definitions(rewritten, set(outputs), shared)
+    if plain_ranges and len(rewritten) > 1:
+        rewritten, origins = _split_reductions(rewritten, shared)
+        rewritten, kept = _drop_repeated_definitions(rewritten, set(outputs), shared)
+        origins = tuple(origins[k] for k in kept)
         rewritten = _read_intermediates(rewritten, shared)
     if not fired and not shared:
         return CanonicalProgram(tuple(s for s, _ in statements), (), (),
                                 tuple(range(len(statements))))
     return CanonicalProgram(tuple(rewritten), tuple(fired), tuple(shared), origins)
+
+
+def _split_reductions(statements: List[Statement], shared: List[str]):
+    """Each intermediate of a program (a statement a later one reads) with two or more
+    outermost reductions, with those computed by statements of their own before it (named
+    afresh, indexed by the statement's output indices they use, in that order): the
+    fusion groups see one row reduction per statement, as the program written with
+    explicit sums has them (a statement with two reductions -- ``mean``'s sum and
+    count -- joins no group), and the pass after this one shares the repeated ones
+    (``var``'s mean, a count) across statements.  A reduction is split off only under
+    the hoisting conditions (``_plain_in``)."""
+    taken = set().union(*(names_in(s) for s in statements))
+    counter = [0]
+    result: List[Statement] = []
+    origins: List[int] = []
+    for position, statement in enumerate(statements):
+        if isinstance(statement.rhs, Reduce) or statement.assign != ":=" or \
+                not any(statement.output in {a.tensor for a in accesses(later.rhs)}
+                        for later in statements[position + 1:]):
+            result.append(statement)
+            origins.append(position)
+            continue
+        whole = statement.rhs
+        parts: List[Statement] = []
+
+        def visit(node: Expr) -> Expr:
+            if not isinstance(node, Reduce):
+                return map_children(node, visit)
+            free = free_indices(node)
+            if not free <= set(statement.output_indices) or not _plain_in(node, whole):
+                return node
+            counter[0] += 1
+            while f"h{counter[0]}" in taken:
+                counter[0] += 1
+            name = f"h{counter[0]}"
+            taken.add(name)
+            order = tuple(i for i in statement.output_indices if i in free)
+            parts.append(Statement(name, order, ":=", node))
+            return Access(name, tuple(IndexExpr(((i, 1),)) for i in order), span=node.span)
+
+        rhs = visit(whole)
+        if len(parts) < 2:      # one reduction and what is done with it: fused as it is
+            parts, rhs = [], whole
+        for part in parts:
+            result.append(part)
+            origins.append(position)
+        result.append(dataclasses.replace(statement, rhs=rhs, source="") if parts
+                      else statement)
+        origins.append(position)
+        if parts:
+            shared.append(f"{statement.output}: {len(parts)} reductions as statements")
+    return result, tuple(origins)
 
 
 def _definition_key(statement: Statement) -> Optional[Expr]:
@@ -106,7 +160,7 @@ def _drop_repeated_definitions(statements: List[Statement], outputs, shared: Lis
     renamed: Dict[str, str] = {}
     written = [s.output for s in statements]
     kept: List[Statement] = []
-    origins: List[int] = []
+    positions: List[int] = []
     for position, statement in enumerate(statements):
         statement = dataclasses.replace(statement, rhs=_renamed_reads(statement.rhs, renamed))
         key = _definition_key(statement)
@@ -118,8 +172,8 @@ def _drop_repeated_definitions(statements: List[Statement], outputs, shared: Lis
         if key is not None and written.count(statement.output) == 1:
             seen.setdefault(key, statement.output)
         kept.append(statement)
-        origins.append(position)
-    return kept, tuple(origins)
+        positions.append(position)
+    return kept, tuple(positions)
 
 
 def _renamed_reads(expr: Expr, renamed: Dict[str, str]) -> Expr:

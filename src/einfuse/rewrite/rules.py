@@ -213,7 +213,13 @@ def _factor_out_of_sum(c: Captures, expr: Expr, fresh: FreshNames) -> Optional[E
         return None     # nothing to move, or a sum of constants (a count), or 1/x
     span = _span(expr)
     total = Reduce("sum", expr.indices, _chain(inner, span), span=span)
-    return _chain([("*", total)] + outer, span)
+    # the factors written before the first one that moves with K stay before the sum, so
+    # that the statement's tensors and scalars keep their order of first use (the
+    # order of positional arguments)
+    first = parts.index(inner[0])
+    before = [(op, f) for op, f in parts[:first] if op == "*"]
+    after = [part for part in outer if part not in before]
+    return _chain(before + [("*", total)] + after, span)
 
 
 def _same_up_to(value: Expr, reduced: Expr, indices: Tuple[str, ...]) -> bool:
