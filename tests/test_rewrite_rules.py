@@ -206,6 +206,12 @@ def test_factors_move_out_of_sums(backend, statement, expected):
     assert close(ef.ein(statement, **arrays, **params, backend=backend), written, rtol=1e-12)
 
 
+def test_a_plain_sum_of_one_term_keeps_its_factor():
+    # a column sum of X[i,j] * 2 runs compensated as written (schedule/fusion.py)
+    assert canonical_text("s[j] := X[i,j] * 2")[1] == ()
+    assert canonical_text("s[j] := sum[i](c * X[i,j])")[1] == ()
+
+
 def test_a_reciprocal_stays_in_its_sum():
     assert canonical_text("y[i] := sum[j](c / X[i,j])")[1] == ()
     assert canonical_text("y[i] := sum[j](X[i,j] / X[i,j+1])")[1] == ()
@@ -247,7 +253,7 @@ def test_a_cycling_table_stops_at_the_step_bound():
 
 def test_rules_apply_bottom_up_to_a_fixed_point():
     # the inner mask fires first, then the product: the result has no rule left to fire
-    expr = spec_of("P[i,j] := sum[k](exp(X[i,k]) * (k <= i) * 3) * Y[i,j]").rhs
+    expr = spec_of("P[i,j] := sum[k](exp(X[i,k]) * (k <= i) * W[k] * 3) * Y[i,j]").rhs
     result = rewrite(expr)
     assert "factor-out-of-sum" in result.fired
     assert rewrite(result.expr).fired == ()

@@ -8,6 +8,7 @@ import functools
 import warnings
 
 from ..analysis.options import Options, make_options
+from ..analysis.spec import spec_of
 from ..errors import EinfuseError, OptionError, attach_statement, warn
 from ..runtime.kernel import Kernel
 from ..lang.printer import format_statement
@@ -45,16 +46,24 @@ def compile_source(statement: str, ranges=None, pad=None, bounds="check", fill=0
 def canonical_kernel(kernel, options: Options):
     """The Kernel of ``kernel``'s statement in canonical form (rewrite/canonical.py), or
     ``kernel`` where the rules change nothing or the canonical text does not compile."""
-    spec = kernel.spec
-    canonical, fired = canonical_statement(spec.statement, spec.rhs)
-    if not fired:
+    text = canonical_text(kernel.statement)
+    if text is None:
         return kernel
     try:
-        rewritten = shared_kernel(format_statement(canonical), options)
+        rewritten = shared_kernel(text, options)
     except EinfuseError:
         return kernel
     # (the arguments' order of first use is the order positional arguments take)
-    return rewritten if rewritten.spec.arg_order == spec.arg_order else kernel
+    return rewritten if rewritten.spec.arg_order == kernel.spec.arg_order else kernel
+
+
+@functools.lru_cache(maxsize=512)
+def canonical_text(statement: str):
+    """The canonical statement's text, or None where no rule fires (cached by the text:
+    ``ein`` in a loop asks on every call)."""
+    spec = spec_of(statement)
+    canonical, fired = canonical_statement(spec.statement, spec.rhs)
+    return format_statement(canonical) if fired else None
 
 
 @functools.lru_cache(maxsize=128)

@@ -24,6 +24,7 @@ from ..runtime.signatures import signature_of
 from ..runtime.run_groups import run_statements
 from ..lang.split import StatementText, split_program
 from ..rewrite.canonical import canonical_program
+from ..lang.printer import format_statement
 from .writes import guarded_names, keep_contents, restore_contents
 from ..analysis.spec import spec_of
 from ..runtime.distributed import run_on_dtensors
@@ -217,7 +218,12 @@ def _canonical(statements, outputs, options: Options, make_kernel):
         return statements
     try:
         rewritten = []
-        for text, origin in zip(form.texts, form.origins):
+        for statement, origin, changed in zip(form.statements, form.origins,
+                                              form.rewritten):
+            if not changed:      # compiled already, as written
+                rewritten.append(statements[origin])
+                continue
+            text = format_statement(statement)
             written = statements[origin].source
             rewritten.append(ProgramStatement(
                 make_kernel(text, _options_for(text, options)),

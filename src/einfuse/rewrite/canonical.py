@@ -21,18 +21,25 @@ Everything here works on statement text in, statement text out: the callers
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import itertools
 from dataclasses import dataclass
 from typing import Dict, List, Optional, Sequence, Tuple
 
-from ..lang.ast import Access, Expr, IndexExpr, Reduce, Statement, accesses, map_children
+from ..lang.ast import (Access, Expr, IndexExpr, Reduce, Statement, accesses,
+                        expression_size, map_children)
 from ..lang.printer import format_expr, format_statement
 from ..lang.rewrite import free_indices, names_in
 from ..lang.sugar import rename_indices
 from .hoist import canonical
 from .online_softmax import inline_program
 from .rules import RULES, rewrite
+
+# The largest right side the rules are applied to (nodes, nesting depth): the walks are
+# recursive, and a generated statement of thousands of terms has no spelling to fix.
+CANONICAL_NODES = 4000
+CANONICAL_DEPTH = 120
 
 # Free indices tried in every order when matching a reduction to an intermediate.
 _MATCHED_INDICES = 4
@@ -46,6 +53,7 @@ class CanonicalProgram:
     fired: Tuple[str, ...]
     shared: Tuple[str, ...]
     origins: Tuple[int, ...] = ()    # each statement's position in the program as written
+    rewritten: Tuple[bool, ...] = ()  # whether a step changed each statement
 
     @property
     def changed(self) -> bool:
@@ -62,6 +70,9 @@ class CanonicalProgram:
 def canonical_statement(statement: Statement, rhs: Expr) -> Tuple[Statement, Tuple[str, ...]]:
     """``statement`` (whose right side with implicit reductions explicit is ``rhs``) with
     that right side rewritten to its fixed point, and the rules that fired."""
+    nodes, depth = expression_size(rhs)
+    if nodes > CANONICAL_NODES or depth > CANONICAL_DEPTH:
+        return statement, ()      # (the rules' walks recurse: a giant stays as written)
     result = rewrite(rhs, RULES, taken=names_in(statement))
     if not result.fired:
         return statement, ()
@@ -74,10 +85,13 @@ def canonical_program(statements: Sequence[Tuple[Statement, Expr]],
     ``outputs`` are the names the caller receives."""
     fired: List[str] = []
     rewritten: List[Statement] = []
+    unchanged: Dict[int, Statement] = {}     # by id: the statements no step touched
     for statement, rhs in statements:
         new, names = canonical_statement(statement, rhs)
         fired += names
         rewritten.append(new if names else dataclasses.replace(statement, rhs=rhs))
+        if not names:
+            unchanged[id(rewritten[-1])] = rewritten[-1]
     shared: List[str] = []
     origins = tuple(range(len(rewritten)))
     if plain_ranges and len(rewritten) > 1:
@@ -87,8 +101,9 @@ def canonical_program(statements: Sequence[Tuple[Statement, Expr]],
         rewritten = _read_intermediates(rewritten, shared)
     if not fired and not shared:
         return CanonicalProgram(tuple(s for s, _ in statements), (), (),
-                                tuple(range(len(statements))))
-    return CanonicalProgram(tuple(rewritten), tuple(fired), tuple(shared), origins)
+                                tuple(range(len(statements))), (False,) * len(statements))
+    return CanonicalProgram(tuple(rewritten), tuple(fired), tuple(shared), origins,
+                            tuple(unchanged.get(id(s)) is not s for s in rewritten))
 
 
 def _split_reductions(statements: List[Statement], shared: List[str]):
@@ -101,13 +116,18 @@ def _split_reductions(statements: List[Statement], shared: List[str]):
     (``var``'s mean, a count) across statements.  A reduction is split off only under
     the hoisting conditions (``_plain_in``)."""
     taken = set().union(*(names_in(s) for s in statements))
+    read_later: List[set] = []        # names read after each position (one pass back)
+    seen: set = set()
+    for statement in reversed(statements):
+        read_later.append(set(seen))
+        seen |= {a.tensor for a in accesses(statement.rhs)}
+    read_later.reverse()
     counter = [0]
     result: List[Statement] = []
     origins: List[int] = []
     for position, statement in enumerate(statements):
         if isinstance(statement.rhs, Reduce) or statement.assign != ":=" or \
-                not any(statement.output in {a.tensor for a in accesses(later.rhs)}
-                        for later in statements[position + 1:]):
+                statement.output not in read_later[position]:
             result.append(statement)
             origins.append(position)
             continue
@@ -158,19 +178,40 @@ def _definition_key(statement: Statement) -> Optional[Expr]:
 def _drop_repeated_definitions(statements: List[Statement], outputs, shared: List[str]):
     seen: Dict[Expr, str] = {}
     renamed: Dict[str, str] = {}
-    written = [s.output for s in statements]
+    written = collections.Counter(s.output for s in statements)
     kept: List[Statement] = []
     positions: List[int] = []
+    # the full key (a canonical tree) is computed only for statements whose cheap
+    # signature another statement shares: a long program of different statements
+    # compares none
+    waiting: Dict[Tuple, List[Statement]] = {}
+
+    def remember(statement: Statement) -> None:
+        key = _definition_key(statement)
+        if key is not None and written[statement.output] == 1:
+            seen.setdefault(key, statement.output)
+
     for position, statement in enumerate(statements):
-        statement = dataclasses.replace(statement, rhs=_renamed_reads(statement.rhs, renamed))
+        rhs = _renamed_reads(statement.rhs, renamed)
+        if rhs is not statement.rhs:
+            statement = dataclasses.replace(statement, rhs=rhs, source="")
+        signature = (len(statement.output_indices), expression_size(rhs)[0],
+                     tuple(sorted({a.tensor for a in accesses(rhs)})))
+        if signature not in waiting:
+            waiting[signature] = [statement]
+            kept.append(statement)
+            positions.append(position)
+            continue
+        for earlier in waiting[signature]:
+            remember(earlier)
+        waiting[signature] = []
         key = _definition_key(statement)
         if key is not None and key in seen and statement.output not in outputs and \
-                written.count(statement.output) == 1:
+                written[statement.output] == 1:
             renamed[statement.output] = seen[key]
             shared.append(f"{statement.output} is {seen[key]}")
             continue
-        if key is not None and written.count(statement.output) == 1:
-            seen.setdefault(key, statement.output)
+        remember(statement)
         kept.append(statement)
         positions.append(position)
     return kept, tuple(positions)
@@ -178,6 +219,9 @@ def _drop_repeated_definitions(statements: List[Statement], outputs, shared: Lis
 
 def _renamed_reads(expr: Expr, renamed: Dict[str, str]) -> Expr:
     if not renamed:
+        return expr
+
+    if not any(a.tensor in renamed for a in accesses(expr)):
         return expr
 
     def visit(node: Expr) -> Expr:
@@ -207,7 +251,9 @@ def _subscripts(expr: Expr):
 def _read_intermediates(statements: List[Statement], shared: List[str]) -> List[Statement]:
     """Each statement with the reductions that earlier intermediates define read from
     them."""
-    definitions: List[Tuple[Statement, Expr]] = []   # (statement, canonical right side)
+    # (statement, canonical right side) by the reduction's operator and tensors, so
+    # that a long program looks at the few definitions that could match
+    definitions: Dict[Tuple, List[Tuple[Statement, Expr]]] = {}
     result: List[Statement] = []
     for statement in statements:
         if definitions:
@@ -217,8 +263,13 @@ def _read_intermediates(statements: List[Statement], shared: List[str]) -> List[
                 len(set(statement.output_indices)) == len(statement.output_indices) and \
                 free_indices(statement.rhs) == set(statement.output_indices) and \
                 _plain_in(statement.rhs, statement.rhs):
-            definitions.append((statement, canonical(statement.rhs)))
+            definitions.setdefault(_bucket(statement.rhs), []).append(
+                (statement, canonical(statement.rhs)))
     return result
+
+
+def _bucket(reduce: Reduce) -> Tuple:
+    return (reduce.op, tuple(sorted({a.tensor for a in accesses(reduce)})))
 
 
 def _plain_in(reduce: Reduce, whole: Expr) -> bool:
@@ -256,7 +307,7 @@ def _defined(node: Reduce, whole: Expr, definitions, output: str) -> Optional[Ac
     if len(free) > _MATCHED_INDICES or not _plain_in(node, whole):
         return None
     key = canonical(node)
-    for definition, definition_key in definitions:
+    for definition, definition_key in definitions.get(_bucket(node), ()):
         indices = definition.output_indices
         if len(indices) != len(free) or definition.output == output:
             continue

@@ -209,8 +209,12 @@ def _factor_out_of_sum(c: Captures, expr: Expr, fresh: FreshNames) -> Optional[E
     parts = _factors(c["body"])
     inner = [(op, f) for op, f in parts if free_indices(f) & indices]
     outer = [(op, f) for op, f in parts if not free_indices(f) & indices]
-    if not outer or not inner or inner[0][0] == "/":
-        return None     # nothing to move, or a sum of constants (a count), or 1/x
+    if not outer or len(inner) < 2 or inner[0][0] == "/":
+        # nothing to move; a sum of constants (a count) or of 1/x; or a plain sum of one
+        # term (``sum[i](X[i,j] * 2)``: the column sums of schedule/fusion.py take it as
+        # written, compensated; the spellings that matter are products -- a scaled dot,
+        # a weighted sum normalised before or after)
+        return None
     span = _span(expr)
     total = Reduce("sum", expr.indices, _chain(inner, span), span=span)
     # the factors written before the first one that moves with K stay before the sum, so
@@ -326,8 +330,9 @@ RULES: Tuple[Rule, ...] = (
          "of e that uses k: the count of mean/var written one way whatever was averaged"),
     Rule("factor-out-of-sum", Reduction("sum", "k", Cap("body")), _factor_out_of_sum,
          Keeps.ROUNDING,
-         "sum[k](a * f / g) -> sum[k](a) * f / g for f, g free of k: constant factors, "
-         "scales and normalisers (a weighted sum normalised after) outside the sum"),
+         "sum[k](a * b * f / g) -> sum[k](a * b) * f / g for f, g free of k and a product "
+         "a * b of terms that move with k: scales and normalisers (a weighted sum "
+         "normalised after) outside a contraction"),
 )
 
 # Steps (rules fired) one statement may take: every rule but the two mask rules makes
