@@ -116,18 +116,16 @@ def _split_reductions(statements: List[Statement], shared: List[str]):
     (``var``'s mean, a count) across statements.  A reduction is split off only under
     the hoisting conditions (``_plain_in``)."""
     taken = set().union(*(names_in(s) for s in statements))
-    read_later: List[set] = []        # names read after each position (one pass back)
-    seen: set = set()
-    for statement in reversed(statements):
-        read_later.append(set(seen))
-        seen |= {a.tensor for a in accesses(statement.rhs)}
-    read_later.reverse()
+    last_read: Dict[str, int] = {}    # the last position reading each name
+    for position, statement in enumerate(statements):
+        for access in accesses(statement.rhs):
+            last_read[access.tensor] = position
     counter = [0]
     result: List[Statement] = []
     origins: List[int] = []
     for position, statement in enumerate(statements):
         if isinstance(statement.rhs, Reduce) or statement.assign != ":=" or \
-                statement.output not in read_later[position]:
+                last_read.get(statement.output, -1) <= position:
             result.append(statement)
             origins.append(position)
             continue
