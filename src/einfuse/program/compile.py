@@ -8,9 +8,12 @@ import functools
 import warnings
 
 from ..analysis.options import Options, make_options
+from ..analysis.spec import spec_of
 from ..errors import EinfuseError, OptionError, attach_statement, warn
 from ..runtime.kernel import Kernel
-from ..runtime.kernel_maker import option_collision, statement_kernel
+from ..lang.printer import format_statement
+from ..rewrite.canonical import canonical_statement
+from ..runtime.kernel_maker import option_collision, shared_kernel, statement_kernel
 from .program import compile_program, is_program, output_names
 
 
@@ -36,7 +39,31 @@ def compile_source(statement: str, ranges=None, pad=None, bounds="check", fill=0
             raise attach_statement(option_collision(error, statement), statement) from None
         except EinfuseError as error:
             raise attach_statement(error, statement) from None
-    return statement_kernel(statement, options)
+    kernel = statement_kernel(statement, options)    # its errors and warnings as written
+    return canonical_kernel(kernel, options)
+
+
+def canonical_kernel(kernel, options: Options):
+    """The Kernel of ``kernel``'s statement in canonical form (rewrite/canonical.py), or
+    ``kernel`` where the rules change nothing or the canonical text does not compile."""
+    text = canonical_text(kernel.statement)
+    if text is None:
+        return kernel
+    try:
+        rewritten = shared_kernel(text, options)
+    except EinfuseError:
+        return kernel
+    # (the arguments' order of first use is the order positional arguments take)
+    return rewritten if rewritten.spec.arg_order == kernel.spec.arg_order else kernel
+
+
+@functools.lru_cache(maxsize=512)
+def canonical_text(statement: str):
+    """The canonical statement's text, or None where no rule fires (cached by the text:
+    ``ein`` in a loop asks on every call)."""
+    spec = spec_of(statement)
+    canonical, fired = canonical_statement(spec.statement, spec.rhs)
+    return format_statement(canonical) if fired else None
 
 
 @functools.lru_cache(maxsize=128)

@@ -23,6 +23,8 @@ from ..analysis.frameworks import common_framework, from_numpy, has_dtensor, tor
 from ..runtime.signatures import signature_of
 from ..runtime.run_groups import run_statements
 from ..lang.split import StatementText, split_program
+from ..rewrite.canonical import canonical_program
+from ..lang.printer import format_statement
 from .writes import guarded_names, keep_contents, restore_contents
 from ..analysis.spec import spec_of
 from ..runtime.distributed import run_on_dtensors
@@ -200,7 +202,47 @@ def compile_program(source: str, options: Options, outputs, make_kernel) -> Prog
                 f"'{spec.assign}' writes into {spec.output}, an intermediate defined by "
                 f"statement {defined[spec.output]}; write into a new name with ':='",
                 span=spec.statement.output_span), statement.source.text)
-    return Program(source, statements, _outputs(statements, outputs), options)
+    chosen = _outputs(statements, outputs)
+    return Program(source, _canonical(statements, chosen, options, make_kernel), chosen,
+                   options)
+
+
+def _canonical(statements, outputs, options: Options, make_kernel):
+    """The program's statements in canonical form (rewrite/canonical.py), compiled as the
+    written ones were; the written ones where nothing changes or where the canonical
+    form does not compile (it is then not the program's: the written form decides)."""
+    specs = [s.kernel.spec for s in statements]
+    form = canonical_program([(spec.statement, spec.rhs) for spec in specs], outputs,
+                             plain_ranges=not options.ranges and options.pad is None)
+    if not form.changed:
+        return statements
+    try:
+        rewritten = []
+        for statement, origin, changed in zip(form.statements, form.origins,
+                                              form.rewritten):
+            if not changed:      # compiled already, as written
+                rewritten.append(statements[origin])
+                continue
+            text = format_statement(statement)
+            written = statements[origin].source
+            rewritten.append(ProgramStatement(
+                make_kernel(text, _options_for(text, options)),
+                dataclasses.replace(written, text=text)))
+    except EinfuseError:
+        return statements
+    # the inputs' order of first use is the order positional arguments take
+    return rewritten if _input_order(rewritten) == _input_order(statements) else statements
+
+
+def _input_order(statements) -> Tuple[str, ...]:
+    defined = {s.output for s in statements if s.assign == ":="}
+    order: Dict[str, None] = {}
+    for statement in statements:
+        for name in statement.reads + ((statement.output,) if statement.assign != ":="
+                                       else ()):
+            if name not in defined:
+                order.setdefault(name)
+    return tuple(order)
 
 
 def _options_for(text: str, options: Options) -> Options:

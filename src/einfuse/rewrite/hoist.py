@@ -152,6 +152,13 @@ class _Rewriter:
         body = factors(self, expr.body, tuple(i for i in enclosing if i in free) + own)
         reduce = dataclasses.replace(expr, body=self.visit(body, enclosing + own))
         if not free < set(enclosing) or not self._hoistable(reduce, free):
+            # a reduction that depends on every loop around it (inside a temporary of
+            # its own) is still computed once where an equal one has a temporary
+            # already: var's mean inside a hoisted factor reads mean's own sums
+            known = self.shared.get(canonical(reduce))
+            if known is not None and free == set(enclosing) and \
+                    self._hoistable(reduce, free):
+                return known
             return reduce
         return self.temporary(reduce, tuple(i for i in enclosing if i in free))
 

@@ -25,7 +25,8 @@ import math
 from dataclasses import dataclass
 from typing import Dict, Optional, Sequence, Set, Tuple
 
-from ..lang.ast import Access, Expr, Number, Param, Reduce, Statement, accesses, map_children
+from ..lang.ast import (Access, Call, Expr, Number, Param, Reduce, Statement, accesses,
+                        map_children)
 from ..lang.sugar import rename_indices
 from .patterns import (Any, Bindings, Compare, Const, Fn, OneOf, Op, Red, Scalar, Tensor,
                        match, placeholder, plain_subscripts)
@@ -62,6 +63,29 @@ SOFTMAX_RULES = (
                                       Any("v", over=("j",)), commutative=True))),
     ("weighted sum", Red("sum", "j", Op("*", _weights("j", "k"), Any("v", over=("j",)),
                                         commutative=True))),
+)
+
+def _masked_weights(j: str, k: str, mask: str):
+    """exp(where(c_j, s_j - max[k](s_k), -inf)): the weights masked after their shift (a
+    mask on the weights, rewrite/rules.py's ``mask-into-exp``)."""
+    return Fn("exp", (Fn("where", (Compare(mask), Op("-", Any("s", over=(j,)),
+                                                      Red("max", k, Any("s", over=(k,)))),
+                                   Const(-math.inf))),))
+
+
+# The normalised weighted sum of weights masked after an unmasked shift.  The shift
+# cancels in the ratio, so it is the softmax of the masked scores where(c, s, -inf),
+# which the fused kernel computes with the masked row's maximum: the same values up to
+# rounding wherever the written form's weights do not underflow (where the unmasked
+# maximum dominates a row so far that every unmasked weight underflows, the written
+# form divides 0 by 0 and the fused one gives the softmax).
+MASKED_AFTER_SHIFT_RULES = (
+    Op("/", Red("sum", "j", Op("*", _masked_weights("j", "k", "mask"),
+                               Any("v", over=("j",)), commutative=True)),
+       Red("sum", "j2", _masked_weights("j2", "k2", "mask2"))),
+    Red("sum", "j", Op("*", Op("/", _masked_weights("j", "k", "mask"),
+                               Red("sum", "j2", _masked_weights("j2", "k2", "mask2"))),
+                       Any("v", over=("j",)), commutative=True)),
 )
 
 _DOT = Red("sum", "d", Op("*", Tensor("q"), Tensor("k"), commutative=True))
@@ -121,7 +145,27 @@ def recognise(statements: Sequence[Statement], outputs: Tuple[str, ...]) -> Opti
             found = _attention(last, bound, name == "normalised", len(statements))
             if found is not None:
                 return found
+    for rule in MASKED_AFTER_SHIFT_RULES:
+        for bound in match(rule, rhs):
+            masked = _masked_scores(bound)
+            found = None if masked is None else \
+                _attention(last, masked, True, len(statements))
+            if found is not None:
+                return found
     return None
+
+
+def _masked_scores(bound: Bindings) -> Optional[Bindings]:
+    """``bound`` with its scores ``s`` masked as its two sums' weights are (the same
+    comparison, up to the name of each sum's index), or None."""
+    j = placeholder(0)
+    first = rename_indices(bound.expr("mask"), {bound.index("j"): j})
+    second = rename_indices(bound.expr("mask2"), {bound.index("j2"): j})
+    if first != second:
+        return None
+    scores = Call("where", (first, bound.expr("s"), Number(-math.inf)))
+    return dataclasses.replace(bound, exprs=tuple(
+        (name, scores if name == "s" else expr) for name, expr in bound.exprs))
 
 
 # The most nodes an inlined program may have (the attention forms have about 50): a

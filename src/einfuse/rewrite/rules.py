@@ -1,0 +1,396 @@
+"""Rewrite rules kept as data: the table that brings a statement's right side to its
+canonical form (v3.md section 1, "speed does not depend on spelling").
+
+A rule is a named entry of ``RULES``: a pattern over the syntax tree (lang/ast.py), a
+``build`` that makes the replacement from what the pattern captured (returning None
+where the rule's guard refuses), and what the rule keeps of the values: ``EXACT`` rules
+give bitwise the same result on every input, NaN, infinities and signed zeros included;
+the others state the semantic they keep in ``keeps`` (docs/rewrite.md lists them all).
+:func:`rewrite` applies the table bottom-up (children first, then the node, again
+whenever a rule fired) until nothing fires, within a step bound, as tinygrad's
+PatternMatcher applies its table.
+
+The patterns are the small dataclasses below; captures are the expressions as written
+(not renamed), so that a ``build`` can rebuild from them.  A capture named twice must
+match equal expressions (the span takes no part in equality)."""
+
+from __future__ import annotations
+
+import enum
+import itertools
+import math
+from dataclasses import dataclass
+from typing import Callable, Dict, Iterable, Iterator, List, Optional, Tuple
+
+from ..lang.ast import (COMPARISON_OPS, LOGICAL_OPS, Binary, Call, Expr, Number, Reduce,
+                        Unary, accesses, map_children)
+from ..lang.rewrite import free_indices
+from ..lang.sugar import FreshNames, rename_indices
+
+
+class Pattern:
+    """Base of the rules' patterns."""
+
+
+@dataclass(frozen=True)
+class Cap(Pattern):
+    """Any expression, captured as ``name``."""
+    name: str
+
+
+@dataclass(frozen=True)
+class BoolCap(Pattern):
+    """A boolean expression (a comparison, or ``&``/``|`` of them), captured."""
+    name: str
+
+
+@dataclass(frozen=True)
+class Lit(Pattern):
+    """A number literal of this value (``-inf`` written as a negated ``inf`` too)."""
+    value: float
+
+
+@dataclass(frozen=True)
+class BinOp(Pattern):
+    op: str
+    left: Pattern
+    right: Pattern
+    commutative: bool = False
+
+
+@dataclass(frozen=True)
+class Func(Pattern):
+    func: str
+    args: Tuple[Pattern, ...]
+
+
+@dataclass(frozen=True)
+class Reduction(Pattern):
+    """``op[indices](body)``, its index tuple captured as ``indices``."""
+    op: str
+    indices: str
+    body: Pattern
+
+
+Captures = Dict[str, object]
+
+
+def match(pattern: Pattern, expr: Expr, bound: Captures) -> Iterator[Captures]:
+    """Every way ``expr`` matches ``pattern`` extending the captures ``bound``."""
+    if isinstance(pattern, Cap):
+        yield from _capture(bound, pattern.name, expr)
+    elif isinstance(pattern, BoolCap):
+        if is_boolean(expr):
+            yield from _capture(bound, pattern.name, expr)
+    elif isinstance(pattern, Lit):
+        if literal_value(expr) == pattern.value:
+            yield bound
+    elif isinstance(pattern, BinOp):
+        if isinstance(expr, Binary) and expr.op == pattern.op:
+            orders = [(expr.left, expr.right)]
+            if pattern.commutative:
+                orders.append((expr.right, expr.left))
+            for left, right in orders:
+                for after in match(pattern.left, left, bound):
+                    yield from match(pattern.right, right, after)
+    elif isinstance(pattern, Func):
+        if isinstance(expr, Call) and expr.func == pattern.func and \
+                len(expr.args) == len(pattern.args):
+            yield from _match_args(pattern.args, expr.args, bound)
+    elif isinstance(pattern, Reduction):
+        if isinstance(expr, Reduce) and expr.op == pattern.op:
+            for after in _capture(bound, pattern.indices, expr.indices):
+                yield from match(pattern.body, expr.body, after)
+    else:   # a pattern class without a rule here is a bug in the table
+        raise TypeError(f"unknown pattern {type(pattern).__name__}")
+
+
+def _capture(bound: Captures, name: str, value) -> Iterator[Captures]:
+    if name in bound:
+        if bound[name] == value:
+            yield bound
+        return
+    yield {**bound, name: value}
+
+
+def _match_args(patterns, exprs, bound: Captures) -> Iterator[Captures]:
+    if not patterns:
+        yield bound
+        return
+    for first in match(patterns[0], exprs[0], bound):
+        yield from _match_args(patterns[1:], exprs[1:], first)
+
+
+def is_boolean(expr: Expr) -> bool:
+    """A comparison, or a logical combination of booleans: 0 or 1, never NaN."""
+    if isinstance(expr, Binary) and expr.op in COMPARISON_OPS:
+        return True
+    return isinstance(expr, Binary) and expr.op in LOGICAL_OPS and \
+        is_boolean(expr.left) and is_boolean(expr.right)
+
+
+def literal_value(expr: Expr) -> Optional[float]:
+    """The value of a number literal (negated or not), or None."""
+    if isinstance(expr, Number) and not isinstance(expr.value, bool):
+        return float(expr.value)
+    if isinstance(expr, Unary) and expr.op == "-" and isinstance(expr.operand, Number):
+        return -float(expr.operand.value)
+    return None
+
+
+class Keeps(enum.Enum):
+    """What a rule keeps of the values it rewrites."""
+    EXACT = "bitwise the same on every input, NaN, infinities and -0.0 included"
+    ROUNDING = "the same up to rounding (the order of operations changes)"
+    MASK = "the mask's meaning: a masked-out position contributes 0 even where the " \
+           "product would give NaN (an inf or NaN weight times False)"
+    SOFTMAX = "softmax's semantic: a row holding +inf is NaN throughout (as " \
+              "torch.softmax), where exp(x - logsumexp(x)) gives 0 at its finite entries"
+    LOGSUMEXP = "logsumexp's semantic (notation.md): a row of -inf gives -inf and a row " \
+                "holding +inf gives +inf, where the expanded form gives NaN"
+
+
+@dataclass(frozen=True)
+class Rule:
+    """One named rewrite: ``pattern`` -> ``build(captures, expr, fresh)`` (None: the
+    guard refuses; ``fresh`` gives index names the statement does not use, for a
+    reduction the replacement nests); ``keeps`` says what of the values it keeps."""
+    name: str
+    pattern: Pattern
+    build: Callable[[Captures, Expr, FreshNames], Optional[Expr]]
+    keeps: Keeps
+    doc: str
+
+
+def _span(expr: Expr):
+    return getattr(expr, "span", None)
+
+
+def _mask_into_exp(c: Captures, expr: Expr, fresh: FreshNames) -> Expr:
+    span = _span(expr)
+    inside = Call("where", (c["c"], c["x"], Number(-math.inf, span=span)), span=span)
+    return Call("exp", (inside,), span=span)
+
+
+def _mask_out_into_exp(c: Captures, expr: Expr, fresh: FreshNames) -> Expr:
+    span = _span(expr)
+    inside = Call("where", (c["c"], Number(-math.inf, span=span), c["x"]), span=span)
+    return Call("exp", (inside,), span=span)
+
+
+def _product_to_where(c: Captures, expr: Expr, fresh: FreshNames) -> Expr:
+    weight = Call("exp", (c["x"],), span=_span(expr))
+    return Call("where", (c["c"], weight, Number(0, span=_span(expr))), span=_span(expr))
+
+
+def _factors(body: Expr) -> List[Tuple[str, Expr]]:
+    """``body`` as a product chain: (``*`` or ``/``, factor) pairs, the first ``*``.
+    ``a * b / c`` is ``[(*, a), (*, b), (/, c)]``; a division's right side is a factor
+    only there (``a / (b * c)`` keeps ``b * c`` whole)."""
+    if isinstance(body, Binary) and body.op == "*":
+        return _factors(body.left) + _factors(body.right)
+    if isinstance(body, Binary) and body.op == "/":
+        return _factors(body.left) + [("/", body.right)]
+    return [("*", body)]
+
+
+def _chain(factors: List[Tuple[str, Expr]], span) -> Expr:
+    result = factors[0][1]
+    if factors[0][0] == "/":
+        result = Binary("/", Number(1, span=span), result, span=span)
+    for op, factor in factors[1:]:
+        result = Binary(op, result, factor, span=span)
+    return result
+
+
+def _factor_out_of_sum(c: Captures, expr: Expr, fresh: FreshNames) -> Optional[Expr]:
+    """``sum[K](a * f / g)`` with ``f``, ``g`` free of ``K``: ``sum[K](a) * f / g``."""
+    indices = set(c["k"])
+    parts = _factors(c["body"])
+    inner = [(op, f) for op, f in parts if free_indices(f) & indices]
+    outer = [(op, f) for op, f in parts if not free_indices(f) & indices]
+    if not outer or len(inner) < 2 or inner[0][0] == "/":
+        # nothing to move; a sum of constants (a count) or of 1/x; or a plain sum of one
+        # term (``sum[i](X[i,j] * 2)``: the column sums of schedule/fusion.py take it as
+        # written, compensated; the spellings that matter are products -- a scaled dot,
+        # a weighted sum normalised before or after)
+        return None
+    span = _span(expr)
+    total = Reduce("sum", expr.indices, _chain(inner, span), span=span)
+    # the factors written before the first one that moves with K stay before the sum, so
+    # that the statement's tensors and scalars keep their order of first use (the
+    # order of positional arguments)
+    first = parts.index(inner[0])
+    before = [(op, f) for op, f in parts[:first] if op == "*"]
+    after = [part for part in outer if part not in before]
+    return _chain(before + [("*", total)] + after, span)
+
+
+def _same_up_to(value: Expr, reduced: Expr, indices: Tuple[str, ...]) -> bool:
+    """Whether ``value`` is ``reduced`` with ``indices`` renamed to indices free in
+    ``value``, one each (``X[i,j]`` against ``X[i,k]`` over ``k``)."""
+    free = free_indices(reduced)
+    targets = sorted(free_indices(value) - free)
+    if len(targets) != len(indices):
+        return False
+    return any(rename_indices(reduced, dict(zip(indices, order))) == value
+               for order in itertools.permutations(targets))
+
+
+def _logsumexp_as_softmax(c: Captures, expr: Expr, fresh: FreshNames) -> Optional[Expr]:
+    """``exp(x_j - logsumexp[k](x_k))`` -> ``exp(x_j - max[k](x_k)) / sum[k](exp(x_k -
+    max[k](x_k)))``: the softmax the row kernels and the online reduction know."""
+    lse = c["lse"]
+    if len(lse.indices) > 3 or not _same_up_to(c["x"], lse.body, lse.indices):
+        return None
+    span = _span(expr)
+    top = Reduce("max", lse.indices, lse.body, span=span)
+    weights = Call("exp", (Binary("-", c["x"], top, span=span),), span=span)
+    copies = {k: fresh.copy_of(k) for k in lse.indices}     # (a reduction nested in a
+    inner = Reduce("max", tuple(copies.values()),           # sum binds its own names)
+                   rename_indices(lse.body, copies), span=span)
+    row = Reduce("sum", lse.indices, Call("exp", (Binary("-", lse.body, inner, span=span),),
+                                          span=span), span=span)
+    return Binary("/", weights, row, span=span)
+
+
+def _expanded_logsumexp(c: Captures, expr: Expr, fresh: FreshNames) -> Optional[Expr]:
+    """``max[k](x) + log(sum[k2](exp(x' - max[k3](x''))))``, the three ``x`` the same
+    up to the names of their reduced indices -> ``logsumexp[k](x)``."""
+    top, inner, k2 = c["top"], c["inner"], c["k2"]
+    if not all(isinstance(r, Reduce) and r.op == "max" for r in (top, inner)) or \
+            len(top.indices) != len(k2) or canonical_reduction(top) != \
+            canonical_reduction(inner):
+        return None
+    if rename_indices(c["x2"], dict(zip(k2, top.indices))) != top.body or \
+            set(top.indices) & free_indices(c["x2"]):
+        return None
+    return Reduce("logsumexp", top.indices, top.body, span=_span(expr))
+
+
+def _count_by_access(c: Captures, expr: Expr, fresh: FreshNames) -> Optional[Expr]:
+    """``sum[K](where(e == e, 1, 1))`` (lang/sugar.py's count of ``K``'s points) ->
+    the same count written with the one access of ``e`` that uses ``K``: every access
+    of ``e`` that uses an index of ``K`` is that access, so ``K``'s ranges are
+    inferred from it alone either way and the count is the same number."""
+    indices = set(c["k"])
+    using = {a for a in accesses(c["e"]) if set(_access_indices(a)) & indices}
+    if len(using) != 1:
+        return None
+    (access,) = using
+    if access == c["e"] or not indices <= set(_access_indices(access)):
+        return None
+    span = _span(expr)
+    ones = Call("where", (Binary("==", access, access, span=span), Number(1, span=span),
+                          Number(1, span=span)), span=span)
+    return Reduce("sum", expr.indices, ones, span=span)
+
+
+def _access_indices(access) -> Tuple[str, ...]:
+    return tuple(name for sub in access.indices for name in sub.index_names)
+
+
+def canonical_reduction(reduce: Reduce) -> Expr:
+    """``reduce`` with its own reduced indices renamed by position (``max[k](X[i,k])``
+    and ``max[l](X[i,l])`` compare equal)."""
+    names = {index: f"#{n}" for n, index in enumerate(reduce.indices)}
+    return Reduce(reduce.op, tuple(names.values()), rename_indices(reduce.body, names))
+
+
+_EXPANDED_LSE = BinOp("+", Cap("top"), Func("log", (Reduction("sum", "k2", Func("exp", (
+    BinOp("-", Cap("x2"), Cap("inner")),))),)), commutative=True)
+
+
+RULES: Tuple[Rule, ...] = (
+    Rule("mask-into-exp", Func("where", (BoolCap("c"), Func("exp", (Cap("x"),)), Lit(0.0))),
+         _mask_into_exp, Keeps.EXACT,
+         "where(c, exp(x), 0) -> exp(where(c, x, -inf)): a mask on the weights is a mask "
+         "on the scores (exp(-inf) is +0.0, whatever x holds where c is false)"),
+    Rule("mask-out-into-exp",
+         Func("where", (BoolCap("c"), Lit(0.0), Func("exp", (Cap("x"),)))),
+         _mask_out_into_exp, Keeps.EXACT,
+         "where(c, 0, exp(x)) -> exp(where(c, -inf, x))"),
+    Rule("boolean-product-to-where",
+         BinOp("*", Func("exp", (Cap("x"),)), BoolCap("c"), commutative=True),
+         _product_to_where, Keeps.MASK,
+         "exp(x) * (c) -> where(c, exp(x), 0) for a boolean c: a weight times a mask is "
+         "the masked weight (exp is never negative, so no -0.0 appears either way)"),
+    Rule("logsumexp-as-softmax",
+         Func("exp", (BinOp("-", Cap("x"), Cap("lse")),)),
+         lambda c, e, fresh: _logsumexp_as_softmax(c, e, fresh)
+         if isinstance(c["lse"], Reduce) and c["lse"].op == "logsumexp" else None,
+         Keeps.SOFTMAX,
+         "exp(x_j - logsumexp[k](x_k)) -> exp(x_j - max[k](x_k)) / sum[k](exp(x_k - "
+         "max[k](x_k))): softmax as max, exp and sum"),
+    Rule("logsumexp-from-parts", _EXPANDED_LSE, _expanded_logsumexp, Keeps.LOGSUMEXP,
+         "max[k](x) + log(sum[k](exp(x - max[k](x)))) -> logsumexp[k](x): one pass"),
+    Rule("count-by-access", Reduction("sum", "k", Func("where", (
+        BinOp("==", Cap("e"), Cap("e")), Lit(1.0), Lit(1.0)))), _count_by_access, Keeps.EXACT,
+         "sum[k](where(e == e, 1, 1)) -> sum[k](where(A == A, 1, 1)), A the one access "
+         "of e that uses k: the count of mean/var written one way whatever was averaged"),
+    Rule("factor-out-of-sum", Reduction("sum", "k", Cap("body")), _factor_out_of_sum,
+         Keeps.ROUNDING,
+         "sum[k](a * b * f / g) -> sum[k](a * b) * f / g for f, g free of k and a product "
+         "a * b of terms that move with k: scales and normalisers (a weighted sum "
+         "normalised after) outside a contraction"),
+)
+
+# Steps (rules fired) one statement may take: every rule but the two mask rules makes
+# the tree smaller or moves work outward, so a canonical form takes a handful; the
+# bound stops a table that would cycle instead of hanging the compile.
+STEP_BOUND = 200
+
+
+@dataclass(frozen=True)
+class Rewritten:
+    """A canonical expression and the names of the rules that fired, in order."""
+    expr: Expr
+    fired: Tuple[str, ...]
+
+
+def rewrite(expr: Expr, rules: Tuple[Rule, ...] = RULES, step_bound: int = STEP_BOUND,
+            taken: Iterable[str] = ()) -> Rewritten:
+    """``expr`` with ``rules`` applied bottom-up to a fixed point (at most
+    ``step_bound`` firings); ``taken``: names of the statement that fresh indices must
+    avoid (those in ``expr`` are avoided anyway)."""
+    fired: List[str] = []
+    fresh = FreshNames(set(taken) | _names(expr))
+
+    def visit(node: Expr) -> Expr:
+        node = map_children(node, visit)
+        while len(fired) < step_bound:
+            replaced = _first(rules, node, fresh)
+            if replaced is None:
+                return node
+            name, new = replaced
+            fired.append(name)
+            node = map_children(new, visit)
+        return node
+
+    return Rewritten(visit(expr), tuple(fired))
+
+
+def _names(expr: Expr) -> set:
+    found = set()
+    for node in expr.walk():
+        if isinstance(node, Reduce):
+            found.update(node.indices)
+        found.update(free_indices(node))
+    return found
+
+
+def _first(rules, node: Expr, fresh: FreshNames) -> Optional[Tuple[str, Expr]]:
+    for rule in rules:
+        for captures in match(rule.pattern, node, {}):
+            new = rule.build(captures, node, fresh)
+            if new is not None and new != node:
+                return rule.name, new
+    return None
+
+
+def rule_named(name: str) -> Rule:
+    return next(rule for rule in RULES if rule.name == name)
+
+
+__all__ = ["RULES", "Rule", "Keeps", "Rewritten", "rewrite", "rule_named", "match", "Cap",
+           "BoolCap", "Lit", "BinOp", "Func", "Reduction", "STEP_BOUND"]
