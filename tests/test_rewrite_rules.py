@@ -17,7 +17,8 @@ from einfuse.lang.parser import parse
 from einfuse.lang.printer import format_statement
 from einfuse.lang.split import split_program
 from einfuse.rewrite.canonical import canonical_program, canonical_statement
-from einfuse.rewrite.rules import (RULES, STEP_BOUND, BinOp, Cap, Keeps, Rule, rewrite,
+from einfuse.rewrite.patterns import Capture, Op
+from einfuse.rewrite.rules import (RULES, STEP_BOUND, Keeps, Rule, rewrite,
                                    rule_named)
 from oracle import brute_force
 
@@ -243,7 +244,7 @@ def test_the_callers_variance_is_not_recentred():
 
 
 def test_a_cycling_table_stops_at_the_step_bound():
-    swap = Rule("swap", BinOp("+", Cap("a"), Cap("b")),
+    swap = Rule("swap", Op("+", Capture("a"), Capture("b")),
                 lambda c, e, fresh: Binary("+", c["b"], c["a"]), Keeps.EXACT, "a + b -> b + a")
     expr = parse("y[i] := X[i] + Y[i]").rhs
     result = rewrite(expr, (swap,))

@@ -18,8 +18,8 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Iterator, Optional, Tuple
 
-from ..lang.ast import (Access, Binary, Call, Expr, IndexValue, Number, Param, Reduce, Unary,
-                        map_children)
+from ..lang.ast import (COMPARISON_OPS, LOGICAL_OPS, Access, Binary, Call, Expr, IndexValue,
+                        Number, Param, Reduce, Unary, map_children)
 from ..lang.sugar import rename_indices
 
 
@@ -33,6 +33,20 @@ class Any(Pattern):
     indices to canonicalise in it (see the module docstring)."""
     name: str
     over: Tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Capture(Pattern):
+    """Any expression, captured as written (nothing renamed, so that a rewrite can build
+    from it); a second use of ``name`` matches only an equal expression (spans aside)."""
+    name: str
+
+
+@dataclass(frozen=True)
+class Boolean(Pattern):
+    """A boolean expression (a comparison, or ``&``/``|`` of them: 0 or 1, never NaN),
+    captured as written as ``name``."""
+    name: str
 
 
 @dataclass(frozen=True)
@@ -57,6 +71,15 @@ class Red(Pattern):
     variable ``index``."""
     op: str
     index: str
+    body: Pattern
+
+
+@dataclass(frozen=True)
+class Reduction(Pattern):
+    """A reduction ``op[indices](body)`` over any number of indices, their names (a
+    tuple) bound to the pattern variable ``indices``."""
+    op: str
+    indices: str
     body: Pattern
 
 
@@ -96,7 +119,7 @@ class Bindings:
     """What a match captured: expressions by capture name, index names by pattern
     variable."""
     exprs: Tuple[Tuple[str, Expr], ...] = ()
-    indices: Tuple[Tuple[str, str], ...] = ()
+    indices: Tuple[Tuple[str, object], ...] = ()   # a name, or a Reduction's tuple
 
     def expr(self, name: str) -> Expr:
         return dict(self.exprs)[name]
@@ -107,13 +130,17 @@ class Bindings:
     def has(self, name: str) -> bool:
         return name in dict(self.exprs)
 
+    def as_dict(self) -> dict:
+        """Captured expressions and index variables in one mapping, by name."""
+        return {**dict(self.exprs), **dict(self.indices)}
+
     def _with_expr(self, name: str, expr: Expr) -> Optional["Bindings"]:
         known = dict(self.exprs)
         if name in known:
             return self if known[name] == expr else None
         return dataclasses.replace(self, exprs=self.exprs + ((name, expr),))
 
-    def _with_index(self, name: str, index: str) -> Optional["Bindings"]:
+    def _with_index(self, name: str, index) -> Optional["Bindings"]:
         known = dict(self.indices)
         if name in known:
             return self if known[name] == index else None
@@ -159,6 +186,15 @@ def match(pattern: Pattern, expr: Expr, bound: Bindings = Bindings()) -> Iterato
                                   canonical_bound(rename_indices(expr, names)))
         if result is not None:
             yield result
+    elif isinstance(pattern, Capture):
+        result = bound._with_expr(pattern.name, expr)
+        if result is not None:
+            yield result
+    elif isinstance(pattern, Boolean):
+        if is_boolean(expr):
+            result = bound._with_expr(pattern.name, expr)
+            if result is not None:
+                yield result
     elif isinstance(pattern, Op):
         if isinstance(expr, Binary) and expr.op == pattern.op:
             orders = [(expr.left, expr.right)]
@@ -176,11 +212,13 @@ def match(pattern: Pattern, expr: Expr, bound: Bindings = Bindings()) -> Iterato
             result = bound._with_index(pattern.index, expr.indices[0])
             if result is not None:
                 yield from match(pattern.body, expr.body, result)
+    elif isinstance(pattern, Reduction):
+        if isinstance(expr, Reduce) and expr.op == pattern.op:
+            result = bound._with_index(pattern.indices, expr.indices)
+            if result is not None:
+                yield from match(pattern.body, expr.body, result)
     elif isinstance(pattern, Const):
-        if isinstance(expr, Number) and expr.value == pattern.value:
-            yield bound
-        elif isinstance(expr, Unary) and expr.op == "-" and isinstance(expr.operand, Number) \
-                and -expr.operand.value == pattern.value:
+        if literal_value(expr) == pattern.value:
             yield bound
     elif isinstance(pattern, Scalar):
         if isinstance(expr, (Number, Param)):
@@ -221,3 +259,21 @@ def plain_subscripts(access: Access) -> Optional[Tuple[str, ...]]:
         return None
     return names
 
+
+def is_boolean(expr: Expr) -> bool:
+    """A comparison, or a logical combination of booleans: 0 or 1, never NaN."""
+    if isinstance(expr, Binary) and expr.op in COMPARISON_OPS:
+        return True
+    return isinstance(expr, Binary) and expr.op in LOGICAL_OPS and \
+        is_boolean(expr.left) and is_boolean(expr.right)
+
+
+def literal_value(expr: Expr) -> Optional[float]:
+    """The value of a number literal (negated or not), or None (booleans are not
+    numbers here)."""
+    if isinstance(expr, Number) and not isinstance(expr.value, bool):
+        return float(expr.value)
+    if isinstance(expr, Unary) and expr.op == "-" and isinstance(expr.operand, Number) \
+            and not isinstance(expr.operand.value, bool):
+        return -float(expr.operand.value)
+    return None

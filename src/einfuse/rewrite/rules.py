@@ -10,9 +10,11 @@ the others state the semantic they keep in ``keeps`` (docs/rewrite.md lists them
 whenever a rule fired) until nothing fires, within a step bound, as tinygrad's
 PatternMatcher applies its table.
 
-The patterns are the small dataclasses below; captures are the expressions as written
-(not renamed), so that a ``build`` can rebuild from them.  A capture named twice must
-match equal expressions (the span takes no part in equality)."""
+The patterns are rewrite/patterns.py's (the one pattern language of rewrite/, which the
+online-softmax recogniser uses too); the rules capture expressions as written
+(``Capture``, ``Boolean``: nothing renamed), so that a ``build`` can rebuild from them,
+and a capture named twice must match equal expressions (the span takes no part in
+equality).  A build receives the captures as one mapping by name."""
 
 from __future__ import annotations
 
@@ -20,122 +22,16 @@ import enum
 import itertools
 import math
 from dataclasses import dataclass
-from typing import Callable, Dict, Iterable, Iterator, List, Optional, Tuple
+from typing import Callable, Dict, Iterable, List, Optional, Tuple
 
-from ..lang.ast import (COMPARISON_OPS, LOGICAL_OPS, Binary, Call, Expr, Number, Reduce,
-                        Unary, accesses, map_children)
+from ..lang.ast import Binary, Call, Expr, Number, Reduce, accesses, map_children
 from ..lang.rewrite import free_indices
 from ..lang.sugar import FreshNames, rename_indices
+from .patterns import Boolean, Capture, Const, Fn, Op, Pattern, Reduction, match
 
 
-class Pattern:
-    """Base of the rules' patterns."""
-
-
-@dataclass(frozen=True)
-class Cap(Pattern):
-    """Any expression, captured as ``name``."""
-    name: str
-
-
-@dataclass(frozen=True)
-class BoolCap(Pattern):
-    """A boolean expression (a comparison, or ``&``/``|`` of them), captured."""
-    name: str
-
-
-@dataclass(frozen=True)
-class Lit(Pattern):
-    """A number literal of this value (``-inf`` written as a negated ``inf`` too)."""
-    value: float
-
-
-@dataclass(frozen=True)
-class BinOp(Pattern):
-    op: str
-    left: Pattern
-    right: Pattern
-    commutative: bool = False
-
-
-@dataclass(frozen=True)
-class Func(Pattern):
-    func: str
-    args: Tuple[Pattern, ...]
-
-
-@dataclass(frozen=True)
-class Reduction(Pattern):
-    """``op[indices](body)``, its index tuple captured as ``indices``."""
-    op: str
-    indices: str
-    body: Pattern
-
-
+# what a rule's build receives: the captured expressions and index tuples, by name
 Captures = Dict[str, object]
-
-
-def match(pattern: Pattern, expr: Expr, bound: Captures) -> Iterator[Captures]:
-    """Every way ``expr`` matches ``pattern`` extending the captures ``bound``."""
-    if isinstance(pattern, Cap):
-        yield from _capture(bound, pattern.name, expr)
-    elif isinstance(pattern, BoolCap):
-        if is_boolean(expr):
-            yield from _capture(bound, pattern.name, expr)
-    elif isinstance(pattern, Lit):
-        if literal_value(expr) == pattern.value:
-            yield bound
-    elif isinstance(pattern, BinOp):
-        if isinstance(expr, Binary) and expr.op == pattern.op:
-            orders = [(expr.left, expr.right)]
-            if pattern.commutative:
-                orders.append((expr.right, expr.left))
-            for left, right in orders:
-                for after in match(pattern.left, left, bound):
-                    yield from match(pattern.right, right, after)
-    elif isinstance(pattern, Func):
-        if isinstance(expr, Call) and expr.func == pattern.func and \
-                len(expr.args) == len(pattern.args):
-            yield from _match_args(pattern.args, expr.args, bound)
-    elif isinstance(pattern, Reduction):
-        if isinstance(expr, Reduce) and expr.op == pattern.op:
-            for after in _capture(bound, pattern.indices, expr.indices):
-                yield from match(pattern.body, expr.body, after)
-    else:   # a pattern class without a rule here is a bug in the table
-        raise TypeError(f"unknown pattern {type(pattern).__name__}")
-
-
-def _capture(bound: Captures, name: str, value) -> Iterator[Captures]:
-    if name in bound:
-        if bound[name] == value:
-            yield bound
-        return
-    yield {**bound, name: value}
-
-
-def _match_args(patterns, exprs, bound: Captures) -> Iterator[Captures]:
-    if not patterns:
-        yield bound
-        return
-    for first in match(patterns[0], exprs[0], bound):
-        yield from _match_args(patterns[1:], exprs[1:], first)
-
-
-def is_boolean(expr: Expr) -> bool:
-    """A comparison, or a logical combination of booleans: 0 or 1, never NaN."""
-    if isinstance(expr, Binary) and expr.op in COMPARISON_OPS:
-        return True
-    return isinstance(expr, Binary) and expr.op in LOGICAL_OPS and \
-        is_boolean(expr.left) and is_boolean(expr.right)
-
-
-def literal_value(expr: Expr) -> Optional[float]:
-    """The value of a number literal (negated or not), or None."""
-    if isinstance(expr, Number) and not isinstance(expr.value, bool):
-        return float(expr.value)
-    if isinstance(expr, Unary) and expr.op == "-" and isinstance(expr.operand, Number):
-        return -float(expr.operand.value)
-    return None
 
 
 class Keeps(enum.Enum):
@@ -297,26 +193,26 @@ def canonical_reduction(reduce: Reduce) -> Expr:
     return Reduce(reduce.op, tuple(names.values()), rename_indices(reduce.body, names))
 
 
-_EXPANDED_LSE = BinOp("+", Cap("top"), Func("log", (Reduction("sum", "k2", Func("exp", (
-    BinOp("-", Cap("x2"), Cap("inner")),))),)), commutative=True)
+_EXPANDED_LSE = Op("+", Capture("top"), Fn("log", (Reduction("sum", "k2", Fn("exp", (
+    Op("-", Capture("x2"), Capture("inner")),))),)), commutative=True)
 
 
 RULES: Tuple[Rule, ...] = (
-    Rule("mask-into-exp", Func("where", (BoolCap("c"), Func("exp", (Cap("x"),)), Lit(0.0))),
+    Rule("mask-into-exp", Fn("where", (Boolean("c"), Fn("exp", (Capture("x"),)), Const(0.0))),
          _mask_into_exp, Keeps.EXACT,
          "where(c, exp(x), 0) -> exp(where(c, x, -inf)): a mask on the weights is a mask "
          "on the scores (exp(-inf) is +0.0, whatever x holds where c is false)"),
     Rule("mask-out-into-exp",
-         Func("where", (BoolCap("c"), Lit(0.0), Func("exp", (Cap("x"),)))),
+         Fn("where", (Boolean("c"), Const(0.0), Fn("exp", (Capture("x"),)))),
          _mask_out_into_exp, Keeps.EXACT,
          "where(c, 0, exp(x)) -> exp(where(c, -inf, x))"),
     Rule("boolean-product-to-where",
-         BinOp("*", Func("exp", (Cap("x"),)), BoolCap("c"), commutative=True),
+         Op("*", Fn("exp", (Capture("x"),)), Boolean("c"), commutative=True),
          _product_to_where, Keeps.MASK,
          "exp(x) * (c) -> where(c, exp(x), 0) for a boolean c: a weight times a mask is "
          "the masked weight (exp is never negative, so no -0.0 appears either way)"),
     Rule("logsumexp-as-softmax",
-         Func("exp", (BinOp("-", Cap("x"), Cap("lse")),)),
+         Fn("exp", (Op("-", Capture("x"), Capture("lse")),)),
          lambda c, e, fresh: _logsumexp_as_softmax(c, e, fresh)
          if isinstance(c["lse"], Reduce) and c["lse"].op == "logsumexp" else None,
          Keeps.SOFTMAX,
@@ -324,11 +220,11 @@ RULES: Tuple[Rule, ...] = (
          "max[k](x_k))): softmax as max, exp and sum"),
     Rule("logsumexp-from-parts", _EXPANDED_LSE, _expanded_logsumexp, Keeps.LOGSUMEXP,
          "max[k](x) + log(sum[k](exp(x - max[k](x)))) -> logsumexp[k](x): one pass"),
-    Rule("count-by-access", Reduction("sum", "k", Func("where", (
-        BinOp("==", Cap("e"), Cap("e")), Lit(1.0), Lit(1.0)))), _count_by_access, Keeps.EXACT,
+    Rule("count-by-access", Reduction("sum", "k", Fn("where", (
+        Op("==", Capture("e"), Capture("e")), Const(1.0), Const(1.0)))), _count_by_access, Keeps.EXACT,
          "sum[k](where(e == e, 1, 1)) -> sum[k](where(A == A, 1, 1)), A the one access "
          "of e that uses k: the count of mean/var written one way whatever was averaged"),
-    Rule("factor-out-of-sum", Reduction("sum", "k", Cap("body")), _factor_out_of_sum,
+    Rule("factor-out-of-sum", Reduction("sum", "k", Capture("body")), _factor_out_of_sum,
          Keeps.ROUNDING,
          "sum[k](a * b * f / g) -> sum[k](a * b) * f / g for f, g free of k and a product "
          "a * b of terms that move with k: scales and normalisers (a weighted sum "
@@ -381,8 +277,8 @@ def _names(expr: Expr) -> set:
 
 def _first(rules, node: Expr, fresh: FreshNames) -> Optional[Tuple[str, Expr]]:
     for rule in rules:
-        for captures in match(rule.pattern, node, {}):
-            new = rule.build(captures, node, fresh)
+        for bindings in match(rule.pattern, node):
+            new = rule.build(bindings.as_dict(), node, fresh)
             if new is not None and new != node:
                 return rule.name, new
     return None
@@ -392,5 +288,4 @@ def rule_named(name: str) -> Rule:
     return next(rule for rule in RULES if rule.name == name)
 
 
-__all__ = ["RULES", "Rule", "Keeps", "Rewritten", "rewrite", "rule_named", "match", "Cap",
-           "BoolCap", "Lit", "BinOp", "Func", "Reduction", "STEP_BOUND"]
+__all__ = ["RULES", "Rule", "Keeps", "Rewritten", "rewrite", "rule_named", "STEP_BOUND"]
