@@ -107,3 +107,17 @@ if _CPU_LOG:
         yield
         with open(_CPU_LOG, "a") as handle:
             handle.write(f"{_cpu_now() - start:.3f}\t{item.nodeid}\n")
+
+
+@pytest.fixture
+def row_patterns(monkeypatch):
+    """The patterns of the C row kernels that ran in the test (backends/c/rows.py)."""
+    from einfuse.backends.c import rows as c_rows
+    seen = []
+    call = c_rows._call
+
+    def spy(group, *args):
+        seen.append(group.pattern)
+        return call(group, *args)
+    monkeypatch.setattr(c_rows, "_call", spy)
+    return seen

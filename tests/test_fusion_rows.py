@@ -18,19 +18,6 @@ v[i] := sum[j]((X[i,j] - mu[i])**2) / {n}
 y[i,j] := (X[i,j] - mu[i]) / sqrt(v[i] + {eps}) * g[j] + b[j]"""
 
 
-@pytest.fixture
-def patterns(monkeypatch):
-    """The patterns of the row kernels that ran."""
-    seen = []
-    call = c_rows._call
-
-    def spy(group, *args):
-        seen.append(group.pattern)
-        return call(group, *args)
-    monkeypatch.setattr(c_rows, "_call", spy)
-    return seen
-
-
 def _generic(monkeypatch, run):
     """``run()`` on the generic fused kernel (row kernels off)."""
     with monkeypatch.context() as patch:
@@ -61,12 +48,12 @@ def _special(rows, cols, dtype):
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
 @pytest.mark.parametrize("shape", [(63, 1000), (41, 2049), (301, 37), (9, 6000), (300, 16), (2000, 3)])
 @pytest.mark.parametrize("source", [SOFTMAX, STATEMENT], ids=["program", "statement"])
-def test_softmax_rows(monkeypatch, patterns, source, shape, dtype):
+def test_softmax_rows(monkeypatch, row_patterns, source, shape, dtype):
     X = _special(*shape, dtype)
     program = ef.compile(source)
     out = program(X=X)
     again = program(X=X)                     # the prepared run
-    assert patterns == [c_rows.RowPattern.SOFTMAX] * 2
+    assert row_patterns == [c_rows.RowPattern.SOFTMAX] * 2
     np.testing.assert_array_equal(out, again)
     tolerance = 2e-6 if dtype == "float32" else 1e-14
     np.testing.assert_allclose(out, _softmax(X), rtol=tolerance, atol=tolerance * 1e-3)
@@ -77,7 +64,7 @@ def test_softmax_rows(monkeypatch, patterns, source, shape, dtype):
 
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
 @pytest.mark.parametrize("shape", [(63, 1000), (41, 2049), (301, 37), (9, 6000)])
-def test_layernorm_rows(monkeypatch, patterns, shape, dtype):
+def test_layernorm_rows(monkeypatch, row_patterns, shape, dtype):
     rng = np.random.default_rng(shape[1])
     X = (rng.standard_normal(shape) * 3 + 5).astype(dtype)
     X[1] = 2.5                                      # variance 0: divided by sqrt(eps)
@@ -89,7 +76,7 @@ def test_layernorm_rows(monkeypatch, patterns, shape, dtype):
     program = ef.compile(source, outputs=("y", "mu", "v"))
     y, mu, v = program(X=X, g=g, b=b)
     y2, _, _ = program(X=X, g=g, b=b)
-    assert patterns == [c_rows.RowPattern.LAYERNORM] * 2
+    assert row_patterns == [c_rows.RowPattern.LAYERNORM] * 2
     np.testing.assert_array_equal(y, y2)
     with np.errstate(all="ignore"):
         mean = X.mean(1)
@@ -137,7 +124,7 @@ def test_exponential_within_one_unit_float64():
 
 @pytest.mark.parametrize("case", ["exponentials asked for", "shifted range", "transposed",
                                   "other function", "other layernorm"])
-def test_other_groups_run_the_generic_kernel(patterns, case):
+def test_other_groups_run_the_generic_kernel(row_patterns, case):
     X = np.random.default_rng(2).standard_normal((200, 90))
     if case == "exponentials asked for":
         P, e = ef.compile(SOFTMAX, outputs=("P", "e"))(X=X)
@@ -160,25 +147,25 @@ def test_other_groups_run_the_generic_kernel(patterns, case):
         v = ((X - mu) ** 3).mean(1, keepdims=True)
         with np.errstate(invalid="ignore"):
             np.testing.assert_allclose(y, (X - mu) / np.sqrt(v + 1e-5) + 1, rtol=1e-10)
-    assert patterns == []
+    assert row_patterns == []
 
 
-def test_strided_rows_and_changed_layouts(patterns):
+def test_strided_rows_and_changed_layouts(row_patterns):
     # rows 2 apart (a view), then contiguous rows, then an int array: each call right
     base = np.random.default_rng(5).standard_normal((400, 130)).astype(np.float32)
     program = ef.compile(SOFTMAX)
     for X in (base[::2], base[::2], base[:200], base[::-2], np.ascontiguousarray(base[::2])):
         np.testing.assert_allclose(program(X=X), _softmax(X), rtol=2e-6, atol=1e-9)
-    assert set(patterns) == {c_rows.RowPattern.SOFTMAX} and len(patterns) == 5
+    assert set(row_patterns) == {c_rows.RowPattern.SOFTMAX} and len(row_patterns) == 5
     ints = np.arange(200 * 130).reshape(200, 130) % 7
     np.testing.assert_allclose(program(X=ints), _softmax(ints.astype(float)), rtol=1e-12)
 
 
-def test_threads_do_not_change_bits(patterns):
+def test_threads_do_not_change_bits(row_patterns):
     X = np.random.default_rng(6).standard_normal((512, 300)).astype(np.float32)
     one = ef.compile(STATEMENT, threads=1)(X=X)
     two = ef.compile(STATEMENT, threads=2)(X=X)
-    assert len(patterns) == 2
+    assert len(row_patterns) == 2
     np.testing.assert_array_equal(one, two)
 
 

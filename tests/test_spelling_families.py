@@ -87,19 +87,6 @@ def test_the_explicit_layernorm_differs_only_by_its_count():
         .replace("#3", "#2").replace("#4", "#3")
 
 
-@pytest.fixture
-def row_patterns(monkeypatch):
-    """The C row kernels that ran (backends/c/rows.py)."""
-    seen = []
-    call = c_rows._call
-
-    def spy(group, *args):
-        seen.append(group.pattern)
-        return call(group, *args)
-    monkeypatch.setattr(c_rows, "_call", spy)
-    return seen
-
-
 def test_every_softmax_spelling_runs_the_row_kernel(row_patterns):
     family = softmax_family(63, 1000)
     X = family.inputs(np.random.default_rng(2))["X"]

@@ -32,7 +32,7 @@ from ..lang.ast import (Access, Expr, IndexExpr, Reduce, Statement, accesses,
 from ..lang.printer import format_expr, format_statement
 from ..lang.rewrite import free_indices, names_in
 from ..lang.sugar import rename_indices
-from .hoist import canonical
+from .hoist import canonical, only_plain, subscripts_of
 from .online_softmax import inline_program
 from .rules import RULES, rewrite
 
@@ -231,21 +231,6 @@ def _renamed_reads(expr: Expr, renamed: Dict[str, str]) -> Expr:
     return visit(expr)
 
 
-def _only_plain(index: str, subscripts) -> bool:
-    seen = False
-    for sub in subscripts:
-        if index in sub.index_names:
-            if sub.plain_index != index:
-                return False
-            seen = True
-    return seen
-
-
-def _subscripts(expr: Expr):
-    for access in accesses(expr):
-        yield from access.indices
-
-
 def _read_intermediates(statements: List[Statement], shared: List[str]) -> List[Statement]:
     """Each statement with the reductions that earlier intermediates define read from
     them."""
@@ -273,11 +258,11 @@ def _bucket(reduce: Reduce) -> Tuple:
 def _plain_in(reduce: Reduce, whole: Expr) -> bool:
     """The conditions under which ``reduce``, inside the statement's ``whole`` right
     side, has the values an intermediate defined by it holds."""
-    own = list(_subscripts(reduce))
-    everywhere = list(_subscripts(whole))
+    own = list(subscripts_of(reduce))
+    everywhere = list(subscripts_of(whole))
     bound = {i for node in reduce.walk() if isinstance(node, Reduce) for i in node.indices}
-    return all(_only_plain(i, own) for i in free_indices(reduce)) and \
-        all(_only_plain(i, everywhere) for i in bound)
+    return all(only_plain(i, own) for i in free_indices(reduce)) and \
+        all(only_plain(i, everywhere) for i in bound)
 
 
 def _reuse(statement: Statement, definitions, shared: List[str]) -> Statement:

@@ -84,13 +84,13 @@ def hoist(statement: Statement, rhs: Expr,
     return Hoisted(tuple(rewriter.temporaries), dataclasses.replace(statement, rhs=new_rhs))
 
 
-def _subscripts(expr: Expr):
+def subscripts_of(expr: Expr):
     """Every subscript in ``expr`` (gather arrays' own included)."""
     for access in accesses(expr):
         yield from access.indices
 
 
-def _only_plain(index: str, subscripts) -> bool:
+def only_plain(index: str, subscripts) -> bool:
     """``index`` occurs in ``subscripts`` only as whole plain subscripts, at least once."""
     seen = False
     for sub in subscripts:
@@ -135,7 +135,7 @@ class _Rewriter:
         self.taken = names_in(statement)
         self.temporaries: List[Statement] = []
         self.shared: Dict[Reduce, Access] = {}     # canonical reduction -> its temporary
-        self.subscripts = tuple(_subscripts(rhs))
+        self.subscripts = tuple(subscripts_of(rhs))
         self.counter = 0
 
     def visit(self, expr: Expr, enclosing: Tuple[str, ...]) -> Expr:
@@ -177,16 +177,16 @@ class _Rewriter:
             return False
         if has_position_reduction(reduce):
             return False    # a temporary in the working dtype would round positions
-        own = tuple(_subscripts(reduce))
+        own = tuple(subscripts_of(reduce))
         for index in free:
             # an explicit range fixes the index's values whatever its subscripts (the
             # temporary gets the same range: position p holds index value p)
             if index in self.offset or \
-                    index not in self.explicit and not _only_plain(index, own):
+                    index not in self.explicit and not only_plain(index, own):
                 return False
         for index in _bound(reduce):
             # a reduced index's range is the statement's: plain everywhere, or explicit
-            if index not in self.explicit and not _only_plain(index, self.subscripts):
+            if index not in self.explicit and not only_plain(index, self.subscripts):
                 return False
         return True
 
