@@ -16,7 +16,11 @@ A statement joins the group of the statements before it when, for this call,
 * its output is ``[r]`` or ``[r, c]`` and it uses no index but ``r`` and ``c``: ``r``
   runs over the group's rows (0 to M), ``c`` over the group's columns (0 to N, a row at most
   :data:`MAX_ROW_BYTES`); its reductions are ``sum``, ``max`` or ``min`` over ``c``,
-  not nested;
+  not nested; or it is a column sum ``c[c] := sum[r](body)`` (``[c]``, its sum over the
+  group's rows, taken as one where the statement cannot join as a row's: layernorm's
+  ``dg[j] := dy[i,j] * xhat[i,j]``), whose body is a block as a ``[r, c]`` member's and
+  which no later member reads (backends/triton/rows.py adds the programs' partial sums
+  in the same launch);
 * every subscript is a plain index, at most once per access: an input array read as
   ``X[r, c]``, ``X[c, r]``, ``X[r]``, ``X[c]`` or ``X[]`` (an array of two or more
   axes laid out with its unit stride along the columns, so that a block's loads are
