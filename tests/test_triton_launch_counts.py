@@ -51,15 +51,15 @@ def _cross_entropy(X, T, **_):
 
 
 # (program, the inputs it takes and differentiates, torch's function, launches of the
-# backward).  The forward is one row-group kernel each.  The backward's row part is one
-# kernel too; layernorm's and RMSNorm's backwards also sum over the rows for the
-# gradients of g and b (dg[j], db[j]: column sums), each its own statement kernel today:
-# the row groups (schedule/row_groups.py) hold reductions along a row only, so these
-# are the current numbers of issue 36 item 2 for them (layernorm 3, RMSNorm 2).
+# backward).  The forward is one row-group kernel each, and so is the backward:
+# layernorm's and RMSNorm's gradients of g and b (dg[j], db[j]: sums over the rows)
+# join the backward's row group as column sums (schedule/row_groups.py), each program
+# adding its rows' partial sums and the last one to finish adding those
+# (backends/triton/rows.py) -- issue 36 item 2's one launch (it was 3 and 2).
 CASES = {
     "softmax": (SOFTMAX, ("X",), _softmax, 1),
-    "layernorm": (LAYERNORM.format(n=COLUMNS), ("X", "g", "b"), _layernorm, 3),
-    "rmsnorm": (RMSNORM, ("X", "g"), _rmsnorm, 2),
+    "layernorm": (LAYERNORM.format(n=COLUMNS), ("X", "g", "b"), _layernorm, 1),
+    "rmsnorm": (RMSNORM, ("X", "g"), _rmsnorm, 1),
     "cross-entropy": (CROSS_ENTROPY, ("X",), _cross_entropy, 1),
 }
 

@@ -39,22 +39,27 @@ class RowMember:
     """One statement of the group: its reductions, computed first, then its value
     (``ir.Local(f"m{k}")`` in later members); ``grid``: its output is [r, c], else
     [r]; ``stored``: the number of the output buffer it is written to, or None when it
-    lives only in registers."""
+    lives only in registers.  ``column``: a column sum (``dg[c] := sum[r](value)``,
+    output ``[c]``): ``value`` is a whole block, summed over the rows of every program
+    (backends/triton/rows.py); no later member reads it."""
     key: str
     grid: bool
     reductions: Tuple[RowReduction, ...]
     value: ir.Expr
     stored: Optional[int]
     shape: Tuple[int, ...]
+    column: bool = False
 
 
 @dataclass(frozen=True)
 class RowLaunch:
     """The grid: ``rows`` rows per program, ``block`` columns (a power of two at least
-    the row's length), ``warps`` warps a program."""
+    the row's length), ``warps`` warps a program; ``parts``: in a group with column
+    sums, how many programs' partial sums the last program adds at a time."""
     rows: int
     block: int
     warps: int
+    parts: int = 1
 
 
 @dataclass(frozen=True)
@@ -73,6 +78,11 @@ class RowGroup:
     @property
     def outputs(self) -> Tuple[RowMember, ...]:
         return tuple(m for m in self.members if m.stored is not None)
+
+    @property
+    def columns(self) -> Tuple[RowMember, ...]:
+        """The column-sum members, in order (their partial sums' slots)."""
+        return tuple(m for m in self.members if m.column)
 
 
 _LEAVES = (ir.Const, ir.Param, ir.Local, ir.AccValue, ir.IndexValue)
@@ -183,6 +193,8 @@ class RowLowering:
         if len(set(counters)) != len(counters):
             raise RowRefused
         key = self.names.get(e.tensor, e.tensor)
+        if key in self.builder.column_sums:
+            raise RowRefused    # (known only once every program has added its part)
         producer = self.builder.produced.get(key)
         if producer is not None:
             made_grid = self.builder.members[producer][1]

@@ -16,7 +16,11 @@ A statement joins the group of the statements before it when, for this call,
 * its output is ``[r]`` or ``[r, c]`` and it uses no index but ``r`` and ``c``: ``r``
   runs over the group's rows (0 to M), ``c`` over the group's columns (0 to N, a row at most
   :data:`MAX_ROW_BYTES`); its reductions are ``sum``, ``max`` or ``min`` over ``c``,
-  not nested;
+  not nested; or it is a column sum ``c[c] := sum[r](body)`` (``[c]``, its sum over the
+  group's rows, taken as one where the statement cannot join as a row's: layernorm's
+  ``dg[j] := dy[i,j] * xhat[i,j]``), whose body is a block as a ``[r, c]`` member's and
+  which no later member reads (backends/triton/rows.py adds the programs' partial sums
+  in the same launch);
 * every subscript is a plain index, at most once per access: an input array read as
   ``X[r, c]``, ``X[c, r]``, ``X[r]``, ``X[c]`` or ``X[]`` (an array of two or more
   axes laid out with its unit stride along the columns, so that a block's loads are
@@ -40,6 +44,7 @@ from dataclasses import dataclass
 from typing import Dict, List, Optional, Sequence, Set, Tuple
 
 from .. import ir
+from ..lang import ast
 from ..errors import EinfuseError
 from ..plan.row_group import (RowGroup, RowInput, RowLaunch, RowLowering, RowMember,
                               RowReduction, RowRefused, repeated)
@@ -129,19 +134,21 @@ class _Builder:
         self.inputs: List[RowInput] = []
         self.params: List[str] = []
         self.members: List[Tuple[str, bool, Tuple[RowReduction, ...], ir.Expr,
-                                 Tuple[int, ...]]] = []
+                                 Tuple[int, ...], bool]] = []
         self.produced: Dict[str, int] = {}
+        self.column_sums: Set[str] = set()   # the column-sum members' keys
         self.working: Optional[str] = None
         self.extents: Optional[Tuple[int, int]] = None
         self.accs = 0
 
     def snapshot(self):
         return (list(self.inputs), list(self.params), list(self.members),
-                dict(self.produced), self.working, self.extents, self.accs)
+                dict(self.produced), set(self.column_sums), self.working, self.extents,
+                self.accs)
 
     def restore(self, saved) -> None:
-        (self.inputs, self.params, self.members, self.produced, self.working,
-         self.extents, self.accs) = saved
+        (self.inputs, self.params, self.members, self.produced, self.column_sums,
+         self.working, self.extents, self.accs) = saved
 
     def join(self, kernel, scratch, names: Dict[str, str]
              ) -> Optional[Tuple[Tuple[int, ...], object]]:
@@ -183,57 +190,80 @@ class _Builder:
             check_result_size(call)
         except EinfuseError:
             return None
-        row = spec.output_indices[0]
-        grid = len(spec.output_indices) == 2
-        columns_named = spec.output_indices[1:] + tuple(spec.reduction_indices)
-        if row in spec.reduction_indices or \
-                set(spec.all_indices) != {row} | set(columns_named):
+        for name in spec.params:
+            value = call.params.get(name)
+            if isinstance(value, bool) or not isinstance(value, numbers.Real):
+                return None
+        # as a row's statement first; a sum over its one output index's rows where that
+        # is refused (dg[j] := dy[i,j] * xhat[i,j]: j is not the group's rows, or dy's
+        # unit stride runs along j)
+        if not self._lower(spec, call, scratch, names, working, column=False) and \
+                not self._lower(spec, call, scratch, names, working, column=True):
             return None
+        return tuple(call.output_shape), getattr(torch, working.name)
+
+    def _lower(self, spec, call, scratch, names: Dict[str, str], working,
+               column: bool) -> bool:
+        """Lower the bound statement as the next member (a column sum where ``column``);
+        whether it joined (nothing of it is kept otherwise)."""
+        rhs = spec.rhs
+        if column:
+            if len(spec.output_indices) != 1 or not isinstance(rhs, ast.Reduce) or \
+                    rhs.op != "sum" or len(rhs.indices) != 1:
+                return False
+            row, columns_named = rhs.indices[0], spec.output_indices
+            rhs, grid = rhs.body, False
+            bound = {row: "row", spec.output_indices[0]: "col"}
+        else:
+            row = spec.output_indices[0]
+            grid = len(spec.output_indices) == 2
+            columns_named = spec.output_indices[1:] + tuple(spec.reduction_indices)
+            bound = {row: "row", spec.output_indices[1]: "col"} if grid else {row: "row"}
+        if row in columns_named or set(spec.all_indices) != {row} | set(columns_named):
+            return False
         ranges = call.bounds.range_map
         if any(ranges[name][0] != 0 for name in (row,) + columns_named):
-            return None
+            return False
         rows = ranges[row][1]
         widths = {ranges[name][1] for name in columns_named}
         known = self.extents
         if len(widths) > 1 or known is not None and (
                 rows != known[0] or widths and known[1] is not None and
                 widths != {known[1]}):
-            return None
+            return False
         columns = widths.pop() if widths else None
         if columns is not None and columns * working.itemsize > MAX_ROW_BYTES:
-            return None
-        for name in spec.params:
-            value = call.params.get(name)
-            if isinstance(value, bool) or not isinstance(value, numbers.Real):
-                return None
+            return False
         lowering = RowLowering(self, spec, names)
-        bound = {row: "row", spec.output_indices[1]: "col"} if grid else {row: "row"}
         try:
-            value = lowering.expr(spec.rhs, bound)
+            value = lowering.expr(rhs, bound)
         except RowRefused:
-            return None
+            return False
         if any(_strided_along_columns(i, scratch[i.key]) for i in lowering.inputs):
-            return None
+            return False
         # committed: the member and what it added
         self.working = working.name
         self.extents = (rows, columns if columns is not None else
                         (known[1] if known is not None else None))
         self.inputs, self.params, self.accs = lowering.inputs, lowering.params, lowering.accs
         key = names.get(spec.output, spec.output)
-        self.produced[key] = len(self.members)
+        if column:
+            self.column_sums.add(key)
+        else:
+            self.produced[key] = len(self.members)
         self.members.append((key, grid, tuple(lowering.reductions), value,
-                             tuple(call.output_shape)))
-        return tuple(call.output_shape), getattr(torch, working.name)
+                             tuple(call.output_shape), column))
+        return True
 
     def group(self, joined: int, stored) -> Optional[RowGroup]:
         rows, columns = self.extents
         columns = 0 if columns is None else columns
         members, outputs = [], 0
-        for key, grid, reductions, value, shape in self.members:
+        for key, grid, reductions, value, shape, column in self.members:
             number = None
-            if stored(key):
+            if column or stored(key):
                 number, outputs = outputs, outputs + 1
-            members.append(RowMember(key, grid, reductions, value, number, shape))
+            members.append(RowMember(key, grid, reductions, value, number, shape, column))
         block = 1
         while block < columns:
             block *= 2
@@ -242,9 +272,12 @@ class _Builder:
             per_program *= 2
         elements = per_program * block
         warps = 16 if elements >= 8192 else 8 if elements >= 4096 else 4
+        # (the last program adds the others' partial column sums a tile of programs at
+        # a time: one load of parts x block values each)
+        parts = max(1, min(64, PROGRAM_ELEMENTS // block)) if self.column_sums else 1
         return RowGroup(joined, tuple(self.inputs), tuple(self.params), tuple(members),
-                        self.working, (rows, columns), RowLaunch(per_program, block, warps),
-                        repeated(members))
+                        self.working, (rows, columns),
+                        RowLaunch(per_program, block, warps, parts), repeated(members))
 
 
 def _strided_along_columns(read: RowInput, array) -> bool:
@@ -260,6 +293,8 @@ def _strided_along_columns(read: RowInput, array) -> bool:
     strides = strides()
     if not any(not rows and extent > 1 for rows, extent in zip(read.along_rows, shape)):
         return False
-    unit = min((abs(st), axis) for axis, (st, extent) in enumerate(zip(strides, shape))
-               if extent > 1)[1]
-    return read.along_rows[unit]
+    # (an axis of stride 0 -- a broadcast, as the ones of ``y.sum().backward()`` --
+    # reads one address however long: it is no axis a block gathers along)
+    moving = [(abs(st), axis) for axis, (st, extent) in enumerate(zip(strides, shape))
+              if extent > 1 and st != 0]
+    return bool(moving) and read.along_rows[min(moving)[1]]

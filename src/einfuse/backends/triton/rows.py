@@ -54,32 +54,83 @@ class RowRenderer(TritonRenderer):
         strides = [f"s{b}_{axis}" for b, i in enumerate(group.inputs)
                    for axis in range(len(i.along_rows))]
         outputs = [f"o{m.stored}" for m in group.outputs]
-        args = inputs + (["qv"] if group.params else []) + ["M", "N"] + strides + outputs
+        sums = ["part", "count"] if group.columns else []
+        args = inputs + (["qv"] if group.params else []) + ["M", "N"] + strides + \
+            outputs + sums
         lines = ["@triton.jit",
                  f"def einfuse_rows({', '.join(args)}, ROWS: tl.constexpr, "
-                 "BLOCK: tl.constexpr):",
-                 "    row = (tl.program_id(0).to(tl.int64) * ROWS + "
-                 "tl.arange(0, ROWS).to(tl.int64))[:, None]",
-                 "    col = tl.arange(0, BLOCK).to(tl.int64)[None, :]",
-                 "    rmask = row < M",
-                 "    cmask = col < N",
-                 "    omask = rmask & cmask"]
+                 "BLOCK: tl.constexpr, PARTS: tl.constexpr):"]
+        body = ["    col = tl.arange(0, BLOCK).to(tl.int64)[None, :]",
+                "    rmask = row < M",
+                "    cmask = col < N",
+                "    omask = rmask & cmask"]
+        slots = {id(m): slot for slot, m in enumerate(group.columns)}
         for number, member in enumerate(group.members):
             for reduction in member.reductions:
-                lines += self.reduction(reduction)
+                body += self.reduction(reduction)
+            if member.column:
+                body += self.column_part(member, slots[id(member)])
+                continue
             self.shape = "[ROWS, BLOCK]" if member.grid else "[ROWS, 1]"
             value = f"m{int(number)}"
             text = self.widen(self.expr(member.value))
-            lines += self.flushed() + [f"    {value} = {text}"]
+            body += self.flushed() + [f"    {value} = {text}"]
             if member.stored is not None:
                 out = f"o{int(member.stored)}"
                 if member.grid:
-                    lines.append(f"    tl.store({out} + row * N + col, {value}, mask=omask)")
+                    body.append(f"    tl.store({out} + row * N + col, {value}, mask=omask)")
                 else:
-                    lines.append(f"    tl.store({out} + row, {value}, mask=rmask)")
+                    body.append(f"    tl.store({out} + row, {value}, mask=rmask)")
+        if not group.columns:
+            lines += ["    row = (tl.program_id(0).to(tl.int64) * ROWS + "
+                      "tl.arange(0, ROWS).to(tl.int64))[:, None]"] + body
+        else:
+            lines += self.with_column_sums(body)
         return "import triton\nimport triton.language as tl\n" + HELPERS + \
             TARGET_HELPERS[self.native_dot] + ELEMENTWISE_HELPERS + "\n\n" + \
             "\n".join(lines) + "\n"
+
+    def column_part(self, member, slot: int) -> List[str]:
+        """This block's rows added into the program's partial sum of ``member``
+        (float64 whatever the working dtype, as the C backend's column sums)."""
+        self.shape = "[ROWS, BLOCK]"
+        body = self.widen(self.expr(member.value))
+        return self.flushed() + [
+            f"    c{slot} += tl.sum(tl.where(omask, {body}, 0.0).to(tl.float64), axis=0)"]
+
+    def with_column_sums(self, body: List[str]) -> List[str]:
+        """The group's lines as a loop over blocks of rows (program p takes blocks p,
+        p + P, ...: a grid of P programs, capped by the runner), each program keeping
+        one float64 partial sum per column member; then each program writes its
+        partials to ``part`` (P x sums x BLOCK) and takes a ticket, and the program
+        that takes the last adds every program's partials in program order and stores
+        the sums.  One launch, and the same bits on every call (the order of the
+        additions is fixed by the shapes and the grid, not by which program ends
+        first).  The barrier makes the program's stores precede its ticket (a scalar
+        atomic is one thread's); ``.cg`` loads read the partials from L2."""
+        sums = len(self.group.columns)
+        lines = [f"    c{k} = tl.zeros([BLOCK], tl.float64)" for k in range(sums)]
+        lines += ["    pid = tl.program_id(0)",
+                  "    for blk in range(pid, tl.cdiv(M, ROWS), tl.num_programs(0)):",
+                  "        row = (tl.arange(0, ROWS).to(tl.int64) + blk * ROWS)[:, None]"]
+        lines += ["    " + line for line in body]
+        lines.append("    cols = tl.arange(0, BLOCK).to(tl.int64)")
+        lines += [f"    tl.store(part + (pid * {sums} + {k}) * BLOCK + cols, c{k})"
+                  for k in range(sums)]
+        lines += ["    tl.debug_barrier()",
+                  "    ticket = tl.atomic_add(count, 1)",
+                  "    if ticket == tl.num_programs(0) - 1:",
+                  "        programs = tl.num_programs(0)"]
+        for k, member in enumerate(self.group.columns):
+            lines += [f"        total = tl.zeros([BLOCK], tl.float64)",
+                      "        for first in range(0, programs, PARTS):",
+                      "            p = (first + tl.arange(0, PARTS))[:, None]",
+                      f"            total += tl.sum(tl.load(part + (p * {sums} + {k}) * BLOCK"
+                      " + cols[None, :], mask=p < programs, other=0.0, "
+                      "cache_modifier=\".cg\"), axis=0)",
+                      f"        tl.store(o{int(member.stored)} + cols, total.to({self.T}), "
+                      "mask=cols < N)"]
+        return lines
 
     def reduction(self, reduction) -> List[str]:
         self.shape = "[ROWS, BLOCK]"
@@ -202,8 +253,17 @@ class RowRunner:
         empty = self.empty
         outs = [empty(m.shape, dtype=self.working, device=self.device)
                 for m in self.outputs]
+        sums = ()
+        if group.columns:
+            import torch
+            if not self.grid[0]:     # no rows: every column's sum is 0
+                outs = [torch.zeros(m.shape, dtype=self.working, device=self.device)
+                        if m.column else out for m, out in zip(self.outputs, outs)]
+            sums = (empty((self.grid[0] * len(group.columns) * group.launch.block,),
+                          dtype=torch.float64, device=self.device),
+                    torch.zeros((1,), dtype=torch.int32, device=self.device))
         if self.grid[0]:
-            args = (*tensors, *params, *self.extents, *strides, *outs)
+            args = (*tensors, *params, *self.extents, *strides, *outs, *sums)
             key = ("rows", self.kernel, self.dtypes, tuple(strides))
             # (launches take turns as the statements' do, triton_backend.launch_guard:
             # a warm GPU kernel's run concurrently, interpreted ones one at a time)
@@ -233,6 +293,22 @@ class RowRunner:
         return array
 
 
+# Programs of a group with column sums: a few per multiprocessor on a GPU (each loops
+# over blocks of rows, so its partial sums cover many rows and the last program adds
+# few of them); under the interpreter a handful, so that tests run several programs
+# and several blocks per program.
+COLUMN_PROGRAMS_PER_SM = 2
+COLUMN_PROGRAMS_INTERPRETED = 4
+
+
+def column_programs(device) -> int:
+    if device.type != "cuda":
+        return COLUMN_PROGRAMS_INTERPRETED
+    import torch
+    return COLUMN_PROGRAMS_PER_SM * torch.cuda.get_device_properties(
+        device).multi_processor_count
+
+
 def runner(group: RowGroup, env: Dict[str, object]) -> RowRunner:
     """The launch of ``group`` on arrays laid out as ``env``'s."""
     import torch
@@ -250,9 +326,12 @@ def runner(group: RowGroup, env: Dict[str, object]) -> RowRunner:
     with _lock:
         kernel = compiled(group, not interpreted())
     grid = (triton.cdiv(rows, group.launch.rows),)
+    if group.columns:
+        grid = (min(grid[0], column_programs(device)),)
     launch = group.launch
     launcher = PreparedLaunch(kernel, grid, dict(num_warps=launch.warps),
-                              dict(ROWS=launch.rows, BLOCK=launch.block),
+                              dict(ROWS=launch.rows, BLOCK=launch.block,
+                                   PARTS=launch.parts),
                               device.index if device.type == "cuda" else None)
     return RowRunner(group, kernel, grid, (rows, columns), device, tuple(dtypes), launcher,
                      not interpreted(), working, torch.empty, tuple(group.outputs))
