@@ -31,12 +31,14 @@ def text(statements):
 
 
 def oracle(statements, arrays, bounds="check", fill=0.0):
-    """Each statement by brute force (tests/oracle.py), in order."""
-    env = dict(arrays)
+    """Each statement by brute force (tests/oracle.py), in order; scalars in
+    ``arrays`` are its parameters."""
+    env = {k: v for k, v in arrays.items() if not isinstance(v, (int, float))}
+    params = {k: v for k, v in arrays.items() if isinstance(v, (int, float))}
     for statement, extents in statements:
         ranges = {name: (0, n) for name, n in extents.items()}
         name = statement.split("[")[0].split(" ")[0].strip()
-        env[name] = brute_force(statement, ranges, env, bounds=bounds, fill=fill)
+        env[name] = brute_force(statement, ranges, env, params, bounds=bounds, fill=fill)
     return env
 
 
@@ -274,3 +276,46 @@ def test_bounds_modes_repeated(full_runs, bounds):
         np.testing.assert_allclose(program(X=X, t=t), want, rtol=1e-12)
         runs = len(full_runs) if runs is None else runs
     assert len(full_runs) == runs
+
+
+TEMPERED = [("m[i] := max[j](X[i,j])", {"i": B, "j": V}),
+            ("l[i] := log(sum[j](exp((X[i,j] - m[i]) / T))) + (m[i] - X[i, t[i]]) / T",
+             {"i": B, "j": V}),
+            (f"L := sum[i](l[i]) / {B}", {"i": B})]
+
+
+def test_scalar_parameters_are_per_call_arguments(full_runs):
+    """A temperature T (a Python float) with a gather: prepared once, each call's T
+    used; a T of another type (an int) takes the full path and is still right."""
+    program = ef.compile(text(TEMPERED))
+    rng = np.random.default_rng(11)
+    X, t = rng.standard_normal((B, V)), labels(rng)
+
+    def want(T):
+        return oracle(TEMPERED, {"X": X, "t": t, "T": T})["L"]
+    np.testing.assert_allclose(program(X=X, t=t, T=1.0), want(1.0), rtol=1e-12)
+    runs = len(full_runs)
+    for T in (0.5, 2.0, 7.25, 1.0):
+        np.testing.assert_allclose(program(X=X, t=t, T=T), want(T), rtol=1e-12)
+    assert len(full_runs) == runs       # prepared: T is a per-call argument
+    np.testing.assert_allclose(program(X=X, t=t, T=3), want(3.0), rtol=1e-12)
+    np.testing.assert_allclose(program(X=X, t=t, T=0.25), want(0.25), rtol=1e-12)
+
+
+def test_scalar_parameters_from_threads_at_once():
+    """Calls from several threads at once (the runner's own doubles are one call's):
+    each gets its own T's result."""
+    from concurrent.futures import ThreadPoolExecutor
+    program = ef.compile(text(TEMPERED))
+    rng = np.random.default_rng(12)
+    X, t = rng.standard_normal((B, V)), labels(rng)
+    program(X=X, t=t, T=1.0)
+    temperatures = [0.5 + 0.25 * n for n in range(24)]
+    wanted = {T: program(X=X, t=t, T=T) for T in temperatures[:4]}
+    with ThreadPoolExecutor(4) as pool:
+        got = list(pool.map(lambda T: (T, program(X=X, t=t, T=T)), temperatures * 2))
+    for T, value in got:
+        if T in wanted:
+            assert value == wanted[T]
+    np.testing.assert_allclose(got[5][1], oracle(TEMPERED, {"X": X, "t": t, "T": got[5][0]}
+                                                 )["L"], rtol=1e-12)

@@ -20,7 +20,12 @@ a member whose index arrays were all in range runs a kernel without per-element 
 ('verified', plan/gathers.py), so its arrays' extremes are taken again each call and
 the full path runs where they are out of range now.  A raised error flag (an
 out-of-bounds gather under bounds='check') delivers nothing: the full path runs the
-call again, where the statements run alone and raise their own errors."""
+call again, where the statements run alone and raise their own errors.
+
+Scalar parameters are per-call arguments: a call writes each one's value (a Python
+float, as the call signature has it) into the runner's own doubles, or takes the full
+path where the value is anything else.  A parameter's key in the environment is its
+name (the groups rename only the temporaries of hoisted forms: outputs)."""
 
 from __future__ import annotations
 
@@ -42,12 +47,15 @@ from .threads import default_threads, free_threads
 
 def prepared_runner(members, thread_rows: FrozenSet[int], sources: Sequence[object]):
     """The group's run for repeated calls with the same layouts, or None where its
-    arguments could depend on the data (scalar parameters, padding).
+    arguments could depend on the data (padding).
     ``sources[k][slot]``: where member k's input ``slot`` comes from, a key of the
     environment or None for a member's output.  The runner takes the environment,
     checks every array it reads has the layout seen here (False and nothing run when
     not) and stores the delivered members' outputs under ``keys``."""
-    if any(m.call.options.pad is not None or m.plan.params for m in members):
+    if any(m.call.options.pad is not None for m in members):
+        return None
+    params = _param_slots(members)
+    if params is None:
         return None
     verified = _verified_spans(members, sources)
     if verified is None:
@@ -70,6 +78,7 @@ def prepared_runner(members, thread_rows: FrozenSet[int], sources: Sequence[obje
                                    c_fused.row_ints_for(members, rows, thread_rows, columns),
                                    guards)
     addresses = tuple(a.ctypes.data for a in arguments)
+    doubles, integers = arguments[1], arguments[2]
     working = members[0].call.dtypes.working
     plan = _plan(members, passed, scratch, sources)
     if plan is None:
@@ -110,13 +119,13 @@ def prepared_runner(members, thread_rows: FrozenSet[int], sources: Sequence[obje
         count = free_threads() or threads
         return min(count, threads) if threads else count
 
-    def launch(arrays, count) -> None:
+    def launch(arrays, count, where=addresses) -> bool:
         if caller is not None:
-            error = caller(entry, tuple(arrays), *addresses, count)
+            error = caller(entry, tuple(arrays), *where, count)
         else:
             pointers = (ctypes.c_void_p * len(arrays))(*[a.ctypes.data for a in arrays])
             flag = ctypes.c_int32(0)
-            function(pointers, *addresses, count, ctypes.byref(flag))
+            function(pointers, *where, count, ctypes.byref(flag))
             error = flag.value
         # an out-of-bounds gather: nothing is delivered; the full path runs the call
         # again and the statements raise their own errors
@@ -165,7 +174,7 @@ def prepared_runner(members, thread_rows: FrozenSet[int], sources: Sequence[obje
                 kept_for[0] = keys
             arrays = template.copy()
             made = fill(arrays, env, kept_for[1])
-            if made is None:
+            if made is None or params and not _set_params(params, env, doubles, integers):
                 return False
             owned.zero()
             if not launch(arrays, count_now()):
@@ -181,7 +190,14 @@ def prepared_runner(members, thread_rows: FrozenSet[int], sources: Sequence[obje
         made = fill(arrays, env, (None,) * len(outputs))
         if made is None:
             return False
-        if not launch(arrays, count_now()):
+        where = addresses
+        if params:      # the runner's own doubles are another thread's now
+            mine_doubles, mine_integers = doubles.copy(), integers.copy()
+            if not _set_params(params, env, mine_doubles, mine_integers):
+                return False
+            where = (addresses[0], mine_doubles.ctypes.data, mine_integers.ctypes.data,
+                     addresses[3])
+        if not launch(arrays, count_now(), where):
             return False
         deliver(env, keys, made, tuple((k, _column_total(members[k], *pair))
                                        for k, pair in mine.columns.items()))
@@ -214,6 +230,35 @@ def _plan(members, passed, scratch, sources) -> Optional[list]:
         given = np.dtype(members[k].call.arrays.dtypes[tensor]) if kind == "index" else None
         plan.append(("in", key, given, (array.shape, array.dtype, array.strides)))
     return plan
+
+
+def _param_slots(members):
+    """(position in the fused call's doubles, parameter name) of every member's scalar
+    parameters (c_fused.arguments_for lays them out member after member), or None
+    where one was not given as a Python float."""
+    slots, start = [], 0
+    for member in members:
+        count = member.plan.program.kernels[0].n_params
+        for n, name in enumerate(member.plan.params[:count]):
+            if type(member.call.params[name]) is not float:
+                return None
+            slots.append((start + n, name))
+        start += count
+    return tuple(slots)
+
+
+def _set_params(slots, env, doubles: np.ndarray, integers: np.ndarray) -> bool:
+    """This call's parameter values written into ``doubles`` (and ``integers``, which
+    only integer working dtypes read: a float parameter makes the working dtype a
+    float one); False where one is not a Python float (the full path decides)."""
+    for position, name in slots:
+        value = env.get(name)
+        if type(value) is not float:
+            return False
+        doubles[position] = value
+        integers[position] = int(value) if value.is_integer() and \
+            -2**63 <= value < 2**63 else 0
+    return True
 
 
 def _index_laid_out(value, layout, given: np.dtype) -> Optional[np.ndarray]:
