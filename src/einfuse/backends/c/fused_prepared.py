@@ -11,7 +11,21 @@ runs) allocates scratch of its own.
 
 At small sizes this bookkeeping is most of a call: a 64x64 layernorm backward (ten
 statements, two column sums) spent 16 of its 21 µs in Python before it was prepared
-this way."""
+this way.
+
+Gathers (``x[b, y[b]]``) are prepared too: an index array is one more input, checked
+for its own dtype (the one the plan read, uint64 read unsigned) and passed as the int64
+array the plan takes.  What the first call's data decided is checked again per call:
+a member whose index arrays were all in range runs a kernel without per-element tests
+('verified', plan/gathers.py), so its arrays' extremes are taken again each call and
+the full path runs where they are out of range now.  A raised error flag (an
+out-of-bounds gather under bounds='check') delivers nothing: the full path runs the
+call again, where the statements run alone and raise their own errors.
+
+Scalar parameters are per-call arguments: a call writes each one's value (a Python
+float, as the call signature has it) into the runner's own doubles, or takes the full
+path where the value is anything else.  A parameter's key in the environment is its
+name (the groups rename only the temporaries of hoisted forms: outputs)."""
 
 from __future__ import annotations
 
@@ -22,7 +36,9 @@ from typing import Dict, FrozenSet, Optional, Sequence
 import numpy as np
 
 from ...errors import BackendError
+from ...plan import buffer_slots
 from ...plan.fuse import COLUMN_SUMS
+from ...plan.gathers import array_extremes, bounds_mode, gather_spans, spans_in_range
 from . import call as c_call, fused as c_fused, rows as c_rows
 from .fused import column_total, thread_scratch
 from .rows import laid_out
@@ -31,13 +47,18 @@ from .threads import default_threads, free_threads
 
 def prepared_runner(members, thread_rows: FrozenSet[int], sources: Sequence[object]):
     """The group's run for repeated calls with the same layouts, or None where its
-    arguments could depend on the data (gathers, scalar parameters, padding).
+    arguments could depend on the data (padding).
     ``sources[k][slot]``: where member k's input ``slot`` comes from, a key of the
     environment or None for a member's output.  The runner takes the environment,
     checks every array it reads has the layout seen here (False and nothing run when
     not) and stores the delivered members' outputs under ``keys``."""
-    if any(m.call.options.pad is not None or m.plan.params or
-           any(t.as_index for t in m.kernel.spec.tensors) for m in members):
+    if any(m.call.options.pad is not None for m in members):
+        return None
+    params = _param_slots(members)
+    if params is None:
+        return None
+    verified = _verified_spans(members, sources)
+    if verified is None:
         return None
     rows_group = c_rows.match(members, thread_rows)
     if rows_group is not None:
@@ -57,6 +78,7 @@ def prepared_runner(members, thread_rows: FrozenSet[int], sources: Sequence[obje
                                    c_fused.row_ints_for(members, rows, thread_rows, columns),
                                    guards)
     addresses = tuple(a.ctypes.data for a in arguments)
+    doubles, integers = arguments[1], arguments[2]
     working = members[0].call.dtypes.working
     plan = _plan(members, passed, scratch, sources)
     if plan is None:
@@ -66,16 +88,17 @@ def prepared_runner(members, thread_rows: FrozenSet[int], sources: Sequence[obje
     slot_of = {k: n for n, k in enumerate(outputs)}
     owned = _Scratch(members, scratch, columns, threads, working)
     template = [None] * len(plan)
-    by_key: Dict[str, list] = {}      # each input's layout is checked once a call
+    by_key: Dict[tuple, list] = {}      # each input's layout is checked once a call
     fresh = []
     for position, how in enumerate(plan):
-        if how[0] == "in":
-            by_key.setdefault(how[1], [how[2]]).append(position)
+        if how[0] == "in":     # (one key may be read as values and as an index array)
+            by_key.setdefault((how[1], how[2]), [how[3]]).append(position)
         elif how[0] == "out":
             fresh.append((position, slot_of[how[1]]))
         else:
             template[position] = owned.array(how)
-    inputs = tuple((key, found[0], tuple(found[1:])) for key, found in by_key.items())
+    inputs = tuple((key, found[0], given, tuple(found[1:]))
+                   for (key, given), found in by_key.items())
     fresh = tuple(fresh)
     totals = tuple((k, _column_total(members[k], *owned.columns[k]))
                    for k in sorted(owned.columns))
@@ -96,27 +119,36 @@ def prepared_runner(members, thread_rows: FrozenSet[int], sources: Sequence[obje
         count = free_threads() or threads
         return min(count, threads) if threads else count
 
-    def launch(arrays, count) -> None:
+    def launch(arrays, count, where=addresses) -> bool:
         if caller is not None:
-            error = caller(entry, tuple(arrays), *addresses, count)
+            error = caller(entry, tuple(arrays), *where, count)
         else:
             pointers = (ctypes.c_void_p * len(arrays))(*[a.ctypes.data for a in arrays])
             flag = ctypes.c_int32(0)
-            function(pointers, *addresses, count, ctypes.byref(flag))
+            function(pointers, *where, count, ctypes.byref(flag))
             error = flag.value
-        if error:    # only gathers raise the flag, and they are not prepared
-            raise BackendError("a prepared fused C kernel raised its error flag")
+        # an out-of-bounds gather: nothing is delivered; the full path runs the call
+        # again and the statements raise their own errors
+        return not error
 
     def fill(arrays, env, reused) -> Optional[list]:
         """The inputs and the outputs put into ``arrays`` (fresh ones where
         ``reused`` has None): the outputs, or None where an input's layout is not
-        the one prepared for."""
-        for key, layout, positions in inputs:
-            array = laid_out(env[key], layout, working)
+        the one prepared for (or a verified gather is out of range now)."""
+        for key, layout, given, positions in inputs:
+            value = env[key]
+            if given is None:
+                array = laid_out(value, layout, working)
+            else:
+                array = _index_laid_out(value, layout, given)
             if array is None:
                 return None
             for position in positions:
                 arrays[position] = array
+        for spans, keys in verified:
+            if not spans_in_range(spans, lambda name: array_extremes(
+                    np.asarray(env[keys[name]]))):
+                return None
         made = [np.empty(shape, working) if old is None else old
                 for shape, old in zip(shapes, reused)]
         for position, slot in fresh:
@@ -142,10 +174,11 @@ def prepared_runner(members, thread_rows: FrozenSet[int], sources: Sequence[obje
                 kept_for[0] = keys
             arrays = template.copy()
             made = fill(arrays, env, kept_for[1])
-            if made is None:
+            if made is None or params and not _set_params(params, env, doubles, integers):
                 return False
             owned.zero()
-            launch(arrays, count_now())
+            if not launch(arrays, count_now()):
+                return False
             deliver(env, keys, made, totals)
             return True
         finally:
@@ -157,7 +190,15 @@ def prepared_runner(members, thread_rows: FrozenSet[int], sources: Sequence[obje
         made = fill(arrays, env, (None,) * len(outputs))
         if made is None:
             return False
-        launch(arrays, count_now())
+        where = addresses
+        if params:      # the runner's own doubles are another thread's now
+            mine_doubles, mine_integers = doubles.copy(), integers.copy()
+            if not _set_params(params, env, mine_doubles, mine_integers):
+                return False
+            where = (addresses[0], mine_doubles.ctypes.data, mine_integers.ctypes.data,
+                     addresses[3])
+        if not launch(arrays, count_now(), where):
+            return False
         deliver(env, keys, made, tuple((k, _column_total(members[k], *pair))
                                        for k, pair in mine.columns.items()))
         return True
@@ -166,8 +207,9 @@ def prepared_runner(members, thread_rows: FrozenSet[int], sources: Sequence[obje
 
 
 def _plan(members, passed, scratch, sources) -> Optional[list]:
-    """Per passed buffer: ("in", key, layout) | ("out", k) | ("rows", k) |
-    ("column", k, slot); None where an input comes from no key of the environment."""
+    """Per passed buffer: ("in", key, given, layout) | ("out", k) | ("rows", k) |
+    ("column", k, slot); None where an input comes from no key of the environment.
+    ``given``: an index array's dtype as the call gave it (None for values)."""
     plan = []
     for k, slot in passed:
         if slot < 0:
@@ -184,8 +226,75 @@ def _plan(members, passed, scratch, sources) -> Optional[list]:
         key, array = sources[k][slot], members[k].buffers[slot]
         if key is None:
             return None
-        plan.append(("in", key, (array.shape, array.dtype, array.strides)))
+        tensor, kind = buffer_slots(members[k].kernel.spec)[slot]
+        given = np.dtype(members[k].call.arrays.dtypes[tensor]) if kind == "index" else None
+        plan.append(("in", key, given, (array.shape, array.dtype, array.strides)))
     return plan
+
+
+def _param_slots(members):
+    """(position in the fused call's doubles, parameter name) of every member's scalar
+    parameters (c_fused.arguments_for lays them out member after member), or None
+    where one was not given as a Python float."""
+    slots, start = [], 0
+    for member in members:
+        count = member.plan.program.kernels[0].n_params
+        for n, name in enumerate(member.plan.params[:count]):
+            if type(member.call.params[name]) is not float:
+                return None
+            slots.append((start + n, name))
+        start += count
+    return tuple(slots)
+
+
+def _set_params(slots, env, doubles: np.ndarray, integers: np.ndarray) -> bool:
+    """This call's parameter values written into ``doubles`` (and ``integers``, which
+    only integer working dtypes read: a float parameter makes the working dtype a
+    float one); False where one is not a Python float (the full path decides)."""
+    for position, name in slots:
+        value = env.get(name)
+        if type(value) is not float:
+            return False
+        doubles[position] = value
+        integers[position] = int(value) if value.is_integer() and \
+            -2**63 <= value < 2**63 else 0
+    return True
+
+
+def _index_laid_out(value, layout, given: np.dtype) -> Optional[np.ndarray]:
+    """An index array as the plan takes it (int64, the layout prepared for), or None
+    where its dtype is not the one prepared for (the plan reads uint64 unsigned, and
+    the gathers' overflow checks depend on the dtype) or no int64 copy has the
+    layout."""
+    if type(value) is np.ndarray and value.dtype == given:
+        array = value
+    else:
+        array = np.asarray(value)
+        if array.dtype != given:
+            return None
+    if array.dtype != np.int64:
+        array = array.astype(np.int64)
+    return array if (array.shape, array.dtype, array.strides) == layout else None
+
+
+def _verified_spans(members, sources):
+    """Per member whose kernel tests no gather (its index arrays were in range when
+    planned: 'verified'), its gathers' spans and the environment's key of each index
+    array it reads; None where an index array comes from no key."""
+    found = []
+    for k, member in enumerate(members):
+        spec = member.kernel.spec
+        if not any(t.as_index for t in spec.tensors) or \
+                bounds_mode(member.call, unsigned_checks=True) != "verified":
+            continue
+        keys = {}
+        for slot, (tensor, kind) in enumerate(buffer_slots(spec)[:-1]):
+            if kind == "index":
+                if sources[k][slot] is None:
+                    return None
+                keys[tensor] = sources[k][slot]
+        found.append((gather_spans(member.call), keys))
+    return tuple(found)
 
 
 class _Scratch:
