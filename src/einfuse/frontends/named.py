@@ -318,7 +318,7 @@ class Named:
     Combine with operators, ``ef.where`` and the notation's functions; reduce with the
     methods; materialise with :meth:`order`, ``np.asarray`` or ``ef.evaluate``."""
     __slots__ = ("op", "args", "children", "dims", "info", "framework", "line", "reduces",
-                 "local", "depth", "_value", "__weakref__")
+                 "local", "depth", "key", "arrays", "params", "_value", "__weakref__")
     __array_priority__ = 1000           # NumPy defers binary operators to ours
     __hash__ = object.__hash__
     _named_expression = True            # (what named_dims' arithmetic defers to)
@@ -524,7 +524,85 @@ def _node(op, args, children, found, where, info, framework) -> Named:
         node.local = ("r", args[0], tuple(d.name for d in args[1]))
     else:
         node.local = (op[0], args[0])
+    _keyed(node, op, args, children)
     return node
+
+
+# Structural keys, hash-consed: a node's key is the number of (its local part, its
+# children's keys, how their arrays and parameters map onto its own), so equal keys are
+# equal DAGs up to the arrays' identities and the parameters' values, and a repeated
+# materialisation looks its program up by the root's key with no walk.  ``arrays`` are
+# the DAG's arrays in first use (children first, as named_program.structure numbers
+# them), distinct by identity; ``params`` its parameters' (text, value), distinct by
+# text.  Keys are never reused: when the table is full it is emptied, and a node built
+# before then only misses (its key then matches no new one).
+_KEYS_KEPT = 1 << 16
+_keys: Dict[tuple, int] = {}
+_next_key = [0]
+
+
+def _keyed(node, op, args, children) -> None:
+    local = node.local
+    if not children:
+        if op == "read":
+            node.arrays, node.params, sig = (args[0].array,), (), local
+        elif op == "param":
+            value = args[0]
+            node.arrays, node.params, sig = (), ((value.hex() if isinstance(value, float)
+                                                  else value, value),), local
+        else:
+            node.arrays, node.params, sig = (), (), local
+    elif len(children) == 1 and op != "read":
+        child = children[0]
+        node.arrays, node.params, sig = child.arrays, child.params, (local, child.key)
+    else:
+        parts = [local]
+        arrays, params = (), ()
+        for child in children:
+            parts.append(child.key)
+            if child.arrays:
+                arrays = _joined(arrays, child.arrays, parts, _identity)
+            if child.params:
+                params = _joined(params, child.params, parts, _text)
+        if op == "read":
+            arrays = _joined(arrays, (args[0].array,), parts, _identity)
+        node.arrays, node.params, sig = arrays, params, tuple(parts)
+    key = _keys.get(sig)
+    if key is None:
+        if len(_keys) >= _KEYS_KEPT:
+            _keys.clear()
+        key = _keys[sig] = _next_key[0]
+        _next_key[0] += 1
+    node.key = key
+
+
+def _identity(value):
+    return id(value)
+
+
+def _text(param):
+    return param[0]
+
+
+def _joined(mine: tuple, theirs: tuple, parts: list, of) -> tuple:
+    """``mine`` and then those of ``theirs`` not in it; ``parts`` (the key) records
+    where each of ``theirs`` went: None when all are new (appended in order)."""
+    if not mine:
+        parts.append(None)
+        return theirs
+    seen = {of(v): n for n, v in enumerate(mine)}
+    if not any(of(v) in seen for v in theirs):
+        parts.append(None)
+        return mine + theirs
+    placed, grown = [], list(mine)
+    for v in theirs:
+        at = seen.get(of(v))
+        if at is None:
+            at = seen[of(v)] = len(grown)
+            grown.append(v)
+        placed.append(at)
+    parts.append(tuple(placed))
+    return tuple(grown)
 
 
 def _combine(op, args, operands, where) -> Named:
