@@ -144,8 +144,10 @@ def _looked_up(requests, options, where):
             held = _by_key.get(key)
             if held is not None and held[0] is _translations:
                 entry = held[1]
-                return (entry, node.arrays, [value for _, value in node.params],
-                        [(node, order)], [lengths], range_values(entry.translation, info))
+                params = [value for _, value in node.params] if node.params else ()
+                ranges = range_values(entry.translation, info) \
+                    if entry.translation.ranged else ()
+                return entry, node.arrays, params, [(node, order)], [lengths], ranges
             entry, found, roots, groups, ranges = translate(requests, options, where)
             if len(_by_key) >= _TRANSLATIONS_KEPT:
                 _by_key.pop(next(iter(_by_key)))
@@ -194,7 +196,7 @@ def materialise(requests, options, where):
     delivered = []
     for position, lengths in zip(translation.root_outputs, groups):
         result = results[position]
-        if any(n > 1 for n in lengths):        # .order(b, (h, h2)): flatten, a view
+        if lengths and max(lengths) > 1:        # .order(b, (h, h2)): flatten, a view
             shape, at = [], 0
             for n in lengths:
                 size = 1

@@ -30,6 +30,7 @@ from ..lang.ast import UNARY_FUNCTIONS
 from .named_checks import (DimInfo, Use, Where, caller_line, error, framework_name,
                            merge_framework, merge_info)
 from .named_dims import Affine, Dim, Slot, dims, hooks, slot   # noqa: F401 (re-exported)
+from .named_keys import keyed
 
 SMALL_INT = 16          # ints up to this magnitude are literals, larger ones parameters
 REDUCTION_METHODS = ("sum", "prod", "max", "min", "logsumexp", "mean", "var", "argmax",
@@ -70,6 +71,9 @@ class Wrapped:
 def wrap(array, name: Optional[str] = None) -> Wrapped:
     """``array`` made indexable by dimensions.  ``name=`` names it in the program (and in
     messages); by default arrays are named A, B, C ... in order of use."""
+    framework = _FRAMEWORK_OF.get(type(array))
+    if framework is not None and name is None:         # an array of a type seen before
+        return Wrapped(array, None, framework, caller_line())
     if isinstance(array, Wrapped):
         return array if name is None else Wrapped(array.array, name, array.framework,
                                                   array.where)
@@ -88,7 +92,14 @@ def wrap(array, name: Optional[str] = None) -> Wrapped:
         else:
             raise error(EinfuseTypeError, "ef.wrap takes a NumPy array, torch tensor or JAX "
                         f"array, not {type(array).__name__}", where)
+    elif type(array) not in _FRAMEWORK_OF and len(_FRAMEWORK_OF) < 256:
+        _FRAMEWORK_OF[type(array)] = framework
     return Wrapped(array, name, framework, where)
+
+
+# the array types wrap() has taken as they are (ndarray, torch.Tensor, JAX's arrays and
+# tracers), and their frameworks: the next array of the type takes no checks
+_FRAMEWORK_OF: Dict[type, str] = {}
 
 
 def named(array, *dimensions) -> "Named":
@@ -259,20 +270,39 @@ def affine_sig(affine) -> tuple:
 def _plain_read(wrapped, items, where):
     """``w[k, i]``: each axis a different dimension without a set size (the common case,
     taken without the general path's bookkeeping); None for anything else."""
-    info = {}
+    ids = tuple(map(id, items))     # (by identity: items compare as expressions)
+    parts = _PLAIN_PARTS.get(ids)
+    if parts is None:
+        names = set()
+        for d in items:
+            if type(d) is not Dim or d.name in names:
+                return None
+            names.add(d.name)
+        if len(_PLAIN_PARTS) >= 1024:        # (it holds the dimension objects)
+            _PLAIN_PARTS.clear()
+        parts = _PLAIN_PARTS[ids] = (tuple([("d", d) for d in items]),
+                                       tuple([("d", d.name) for d in items]))
     for d in items:
-        if type(d) is not Dim or d._size is not None or d.name in info:
+        if d._size is not None:
             return None
-        info[d.name] = None
-    for axis, d in enumerate(items):
-        size = wrapped.shape[axis]
+    info = {}
+    shape = wrapped.shape
+    axis = 0
+    for d in items:
+        size = shape[axis]
         use = _new_tuple(Use, (size, _new_tuple(_AxisUse, (wrapped, items, axis)), where,
                                False))
         info[d.name] = _new_tuple(DimInfo, (d, use))
         d._bound = size
-    return _node("read", (wrapped, tuple([("d", d) for d in items]),
-                          tuple([("d", d.name) for d in items])), (), items, where, info,
-                 (wrapped.framework, wrapped, wrapped.where))
+        axis += 1
+    return _node("read", (wrapped,) + parts, (), items, where, info,
+                 (wrapped.framework, wrapped, wrapped.where),
+                 ("read", wrapped.name, parts[1]))
+
+
+# a plain index (the ids of distinct dimensions, which its entry keeps alive, so that no
+# other object has their ids) -> its subscripts and their signature
+_PLAIN_PARTS: Dict[tuple, tuple] = {}
 
 
 def _group(wrapped, items, axis, group, bind, where):
@@ -449,15 +479,16 @@ def _unary_method(name: str):
 
 
 def _binary_operator(op: str, reflected: bool = False):
-    args = (op,)
+    args, local = (op,), ("b", op)
 
     def method(self, other):
         where = caller_line()
         operand = other if type(other) is Named else _operand(other, where)
         if operand is None:
             return NotImplemented
-        return _combine("bin", args, (operand, self) if reflected else (self, operand),
-                        where)
+        if reflected:
+            return _pair(args, local, operand, self, where)
+        return _pair(args, local, self, operand, where)
     return method
 
 
@@ -495,114 +526,72 @@ def _dimension_list(dimensions, what: str, where: Where) -> Tuple[Dim, ...]:
     return tuple(flat)
 
 
-def _node(op, args, children, found, where, info, framework) -> Named:
+def _node(op, args, children, found, where, info, framework, local=None) -> Named:
     node = Named.__new__(Named)
     node.op, node.args, node.children, node.dims = op, args, children, found
     node.info, node.framework, node.line, node._value = info, framework, where, None
-    reduces = op == "reduce"
-    depth = 0
-    for child in children:          # (the walk's choice of recursion: named_program)
-        if child.reduces:
-            reduces = True
-        if child.depth > depth:
-            depth = child.depth
-    node.reduces, node.depth = reduces, depth + 1
-    # the node's part of its structural signature (named_program.structure); the
-    # operators' nodes first, the most built
-    if op == "bin" or op == "call" or op == "un":
-        node.local = (op[0], args[0])
-    elif op == "read":
-        node.local = ("read", args[0].name, args[2])
-    elif op == "param":
-        node.local = ("p",)
-    elif op == "lit":
-        value = args[0]
-        node.local = ("l", value) if isinstance(value, int) else ("f", repr(value))
-    elif op == "index":
-        node.local = ("v", args[0].name)
-    elif op == "reduce":
-        node.local = ("r", args[0], tuple(d.name for d in args[1]))
+    if local is None:
+        local = _local_of(op, args)
+    node.local = local
+    if len(children) == 2:          # (the operators' nodes, the most built)
+        first, second = children
+        node.reduces = op == "reduce" or first.reduces or second.reduces
+        node.depth = (first.depth if first.depth > second.depth else second.depth) + 1
     else:
-        node.local = (op[0], args[0])
-    _keyed(node, op, args, children)
+        reduces = op == "reduce"
+        depth = 0
+        for child in children:      # (the walk's choice of recursion: named_program)
+            if child.reduces:
+                reduces = True
+            if child.depth > depth:
+                depth = child.depth
+        node.reduces, node.depth = reduces, depth + 1
+    keyed(node, op, args, children)
     return node
 
 
-# Structural keys, hash-consed: a node's key is the number of (its local part, its
-# children's keys, how their arrays and parameters map onto its own), so equal keys are
-# equal DAGs up to the arrays' identities and the parameters' values, and a repeated
-# materialisation looks its program up by the root's key with no walk.  ``arrays`` are
-# the DAG's arrays in first use (children first, as named_program.structure numbers
-# them), distinct by identity; ``params`` its parameters' (text, value), distinct by
-# text.  Keys are never reused: when the table is full it is emptied, and a node built
-# before then only misses (its key then matches no new one).
-_KEYS_KEPT = 1 << 16
-_keys: Dict[tuple, int] = {}
-_next_key = [0]
+def _local_of(op, args) -> tuple:
+    """The node's part of its structural signature (named_program.structure)."""
+    if op == "bin" or op == "call" or op == "un":
+        return (op[0], args[0])
+    if op == "read":
+        return ("read", args[0].name, args[2])
+    if op == "param":
+        return ("p",)
+    if op == "lit":
+        value = args[0]
+        return ("l", value) if isinstance(value, int) else ("f", repr(value))
+    if op == "index":
+        return ("v", args[0].name)
+    if op == "reduce":
+        return ("r", args[0], tuple(d.name for d in args[1]))
+    return (op[0], args[0])
 
 
-def _keyed(node, op, args, children) -> None:
-    local = node.local
-    if not children:
-        if op == "read":
-            node.arrays, node.params, sig = (args[0].array,), (), local
-        elif op == "param":
-            value = args[0]
-            node.arrays, node.params, sig = (), ((value.hex() if isinstance(value, float)
-                                                  else value, value),), local
-        else:
-            node.arrays, node.params, sig = (), (), local
-    elif len(children) == 1 and op != "read":
-        child = children[0]
-        node.arrays, node.params, sig = child.arrays, child.params, (local, child.key)
+def _pair(args, local, first, second, where) -> Named:
+    """The binary node over two named expressions (``_combine``'s case, unrolled)."""
+    fa, fb = first.framework, second.framework
+    if fb is None or fa is fb:
+        framework = fa
+    elif fa is None:
+        framework = fb
+    elif fa[0] == fb[0]:
+        framework = fa
     else:
-        parts = [local]
-        arrays, params = (), ()
-        for child in children:
-            parts.append(child.key)
-            if child.arrays:
-                arrays = _joined(arrays, child.arrays, parts, _identity)
-            if child.params:
-                params = _joined(params, child.params, parts, _text)
-        if op == "read":
-            arrays = _joined(arrays, (args[0].array,), parts, _identity)
-        node.arrays, node.params, sig = arrays, params, tuple(parts)
-    key = _keys.get(sig)
-    if key is None:
-        if len(_keys) >= _KEYS_KEPT:
-            _keys.clear()
-        key = _keys[sig] = _next_key[0]
-        _next_key[0] += 1
-    node.key = key
-
-
-def _identity(value):
-    return id(value)
-
-
-def _text(param):
-    return param[0]
-
-
-def _joined(mine: tuple, theirs: tuple, parts: list, of) -> tuple:
-    """``mine`` and then those of ``theirs`` not in it; ``parts`` (the key) records
-    where each of ``theirs`` went: None when all are new (appended in order)."""
-    if not mine:
-        parts.append(None)
-        return theirs
-    seen = {of(v): n for n, v in enumerate(mine)}
-    if not any(of(v) in seen for v in theirs):
-        parts.append(None)
-        return mine + theirs
-    placed, grown = [], list(mine)
-    for v in theirs:
-        at = seen.get(of(v))
-        if at is None:
-            at = seen[of(v)] = len(grown)
-            grown.append(v)
-        placed.append(at)
-    parts.append(tuple(placed))
-    return tuple(grown)
+        framework = merge_framework(fa, fb, where)
+    da, db = first.dims, second.dims
+    if da == db or not db:
+        found = da
+    elif not da:
+        found = db
+    else:
+        found = da
+        for d in db:
+            if d not in da:
+                found = found + (d,)
+    ia, ib = first.info, second.info
+    info = ia if ia is ib or not ib else ib if not ia else merge_info((ia, ib), where)
+    return _node("bin", args, (first, second), found, where, info, framework, local)
 
 
 def _combine(op, args, operands, where) -> Named:
