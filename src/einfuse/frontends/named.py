@@ -421,16 +421,23 @@ class Named:
         chosen = _dimension_list(dimensions, f".{kind}()", where)
         if not chosen:
             chosen = self.dims
+        # (sets: a tuple's `in` compares dimensions through their Python-level rich
+        # comparison, slower than hashing them)
+        present_dims = set(self.dims)
         for d in chosen:
-            if d not in self.dims:
+            if d not in present_dims:
                 present = self.info.get(d.name)
                 how = " (it is reduced already inside)" if present is not None and \
                     present.dim is d else ""
                 raise error(IndexRuleError, f".{kind}({d.name}): dimension {d.name} is not "
                             f"a dimension of the expression{how}; its dimensions are "
                             f"{_names(self.dims)}", where)
-        kept = tuple(d for d in self.dims if d not in chosen)
-        return _node("reduce", (kind, chosen), (self,), kept, where, self.info,
+        reduced = set(chosen)
+        kept = []
+        for d in self.dims:
+            if d not in reduced:
+                kept.append(d)
+        return _node("reduce", (kind, chosen), (self,), tuple(kept), where, self.info,
                      self.framework)
 
     def softmax(self, *dimensions):
@@ -512,6 +519,8 @@ def _names(found) -> str:
 
 
 def _dimension_list(dimensions, what: str, where: Where) -> Tuple[Dim, ...]:
+    if len(dimensions) == 1 and type(dimensions[0]) is Dim:     # .sum(k)
+        return tuple(dimensions)
     flat = []
     for item in dimensions:
         for d in (item if isinstance(item, (tuple, list)) else (item,)):
@@ -585,9 +594,9 @@ def _pair(args, local, first, second, where) -> Named:
     elif not da:
         found = db
     else:
-        found = da
+        found, seen = da, set(da)
         for d in db:
-            if d not in da:
+            if d not in seen:
                 found = found + (d,)
     ia, ib = first.info, second.info
     info = ia if ia is ib or not ib else ib if not ia else merge_info((ia, ib), where)
@@ -606,8 +615,9 @@ def _combine(op, args, operands, where) -> Named:
         if not found:
             found = o.dims
         elif o.dims and o.dims != found:
+            seen = set(found)
             for d in o.dims:
-                if d not in found:
+                if d not in seen:
                     found = found + (d,)
     return _node(op, args, operands, found, where, merge_info(infos, where), framework)
 

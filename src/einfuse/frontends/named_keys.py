@@ -40,7 +40,10 @@ def keyed(node, op, args, children) -> None:
             if child.arrays:
                 arrays = _joined_arrays(arrays, child.arrays, parts)
             if child.params:
-                params = _joined(params, child.params, parts, _text)
+                if child.params is params:
+                    parts.append(_counting(len(params)))
+                else:
+                    params = _joined(params, child.params, parts, _text)
         if op == "read":
             arrays = _joined_arrays(arrays, (args[0].array,), parts)
         node.arrays, node.params, sig = arrays, params, tuple(parts)
@@ -62,6 +65,9 @@ def _joined_arrays(mine: tuple, theirs: tuple, parts: list) -> tuple:
     if not mine:
         parts.append(None)
         return theirs
+    if theirs is mine:          # one subexpression under both (as the general case says)
+        parts.append(_counting(len(mine)))
+        return mine
     if len(mine) + len(theirs) > 8:
         return _joined(mine, theirs, parts, _identity)
     for v in theirs:
@@ -74,6 +80,16 @@ def _joined_arrays(mine: tuple, theirs: tuple, parts: list) -> tuple:
 
 def _text(param):
     return param[0]
+
+
+def _counting(n: int) -> tuple:
+    found = _COUNTS.get(n)
+    if found is None:
+        found = _COUNTS[n] = tuple(range(n))
+    return found
+
+
+_COUNTS: Dict[int, tuple] = {}
 
 
 def _joined(mine: tuple, theirs: tuple, parts: list, of) -> tuple:
