@@ -30,7 +30,7 @@ from ..lang.ast import UNARY_FUNCTIONS
 from .named_checks import (DimInfo, Use, Where, caller_line, error, framework_name,
                            merge_framework, merge_info)
 from .named_dims import Affine, Dim, Slot, dims, hooks, slot   # noqa: F401 (re-exported)
-from .named_keys import keyed
+from .named_keys import keyed, keys as _keys
 
 SMALL_INT = 16          # ints up to this magnitude are literals, larger ones parameters
 REDUCTION_METHODS = ("sum", "prod", "max", "min", "logsumexp", "mean", "var", "argmax",
@@ -438,7 +438,7 @@ class Named:
             if d not in reduced:
                 kept.append(d)
         return _node("reduce", (kind, chosen), (self,), tuple(kept), where, self.info,
-                     self.framework)
+                     self.framework, ("r", kind, tuple([d.name for d in chosen])))
 
     def softmax(self, *dimensions):
         """``exp(x - max) / sum(exp(x - max))`` over ``dimensions``, which it keeps."""
@@ -555,6 +555,14 @@ def _node(op, args, children, found, where, info, framework, local=None) -> Name
             if child.depth > depth:
                 depth = child.depth
         node.reduces, node.depth = reduces, depth + 1
+        if len(children) == 1 and op != "read":     # (keyed()'s case, inlined)
+            child = children[0]
+            node.arrays, node.params = child.arrays, child.params
+            sig = (local, child.key)
+            key = _keys.get(sig)
+            if key is not None:
+                node.key = key
+                return node
     keyed(node, op, args, children)
     return node
 
@@ -619,7 +627,8 @@ def _combine(op, args, operands, where) -> Named:
             for d in o.dims:
                 if d not in seen:
                     found = found + (d,)
-    return _node(op, args, operands, found, where, merge_info(infos, where), framework)
+    return _node(op, args, operands, found, where, merge_info(infos, where), framework,
+                 (op[0], args[0]))
 
 
 def _node_of(op, args, operands, where) -> Named:

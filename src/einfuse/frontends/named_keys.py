@@ -14,7 +14,7 @@ from __future__ import annotations
 from typing import Dict
 
 _KEYS_KEPT = 1 << 16
-_keys: Dict[tuple, int] = {}
+keys: Dict[tuple, int] = {}       # signature -> key (read by frontends/named.py)
 _next_key = [0]
 
 
@@ -47,11 +47,11 @@ def keyed(node, op, args, children) -> None:
         if op == "read":
             arrays = _joined_arrays(arrays, (args[0].array,), parts)
         node.arrays, node.params, sig = arrays, params, tuple(parts)
-    key = _keys.get(sig)
+    key = keys.get(sig)
     if key is None:
-        if len(_keys) >= _KEYS_KEPT:
-            _keys.clear()
-        key = _keys[sig] = _next_key[0]
+        if len(keys) >= _KEYS_KEPT:
+            keys.clear()
+        key = keys[sig] = _next_key[0]
         _next_key[0] += 1
     node.key = key
 
