@@ -643,7 +643,22 @@ def _node_of(op, args, operands, where) -> Named:
 
 
 def _leaf(op, value, where) -> Named:
-    return _node(op, (value,), (), (), where, {}, None)
+    if op != "lit":
+        return _node(op, (value,), (), (), where, {}, None)
+    # a literal built again on the same line is the same node (nodes are immutable;
+    # the line is kept, so that an error still names the one that built it)
+    known = (type(value), value, where)
+    found = _LITERALS.get(known)
+    if found is None:
+        found = _node(op, (value,), (), (), where, {}, None)
+        if value == value:      # (nan is not found again by value)
+            if len(_LITERALS) >= 256:
+                _LITERALS.clear()
+            _LITERALS[known] = found
+    return found
+
+
+_LITERALS: Dict[tuple, Named] = {}
 
 
 def _index_value(d: Dim, where) -> Named:
