@@ -65,3 +65,14 @@ def test_order_and_size_change_the_program():
         v.order(k, i, j)
     j.size = 2
     np.testing.assert_allclose(v.order(k, i, j), y[:, :, None] + np.arange(2))
+
+
+@pytest.mark.parametrize("backend", ["numpy", "c"])
+def test_gathers_by_other_index_arrays(backend):
+    b, k = ef.dims("b k")
+    table = np.arange(12.0).reshape(4, 3)
+    first, second = np.array([0, 3, 1]), np.array([2, 2, 0])
+    for idx in (first, second, first):
+        got = ef.wrap(table)[ef.wrap(idx)[b], k] * ef.wrap(table)[ef.wrap(first)[b], k]
+        np.testing.assert_allclose(got.order(b, k, backend=backend),
+                                   table[idx] * table[first])
