@@ -546,6 +546,22 @@ def _node(op, args, children, found, where, info, framework, local=None) -> Name
         first, second = children
         node.reduces = op == "reduce" or first.reduces or second.reduces
         node.depth = (first.depth if first.depth > second.depth else second.depth) + 1
+        if not first.params and not second.params:   # (keyed()'s common cases, inlined:
+            one, two = first.arrays, second.arrays  # the same signatures as it builds)
+            if not two:
+                sig = (local, first.key, None, second.key) if one else \
+                    (local, first.key, second.key)
+            elif not one:
+                one, sig = two, (local, first.key, second.key, None)
+            elif len(one) == 1 and len(two) == 1 and one[0] is not two[0]:
+                one, sig = one + two, (local, first.key, None, second.key, None)
+            else:
+                sig = None
+            if sig is not None:
+                key = _keys.get(sig)
+                if key is not None:
+                    node.arrays, node.params, node.key = one, (), key
+                    return node
     else:
         reduces = op == "reduce"
         depth = 0
@@ -555,11 +571,17 @@ def _node(op, args, children, found, where, info, framework, local=None) -> Name
             if child.depth > depth:
                 depth = child.depth
         node.reduces, node.depth = reduces, depth + 1
-        if len(children) == 1 and op != "read":     # (keyed()'s case, inlined)
+        if len(children) == 1 and op != "read":     # (keyed()'s cases, inlined)
             child = children[0]
             node.arrays, node.params = child.arrays, child.params
-            sig = (local, child.key)
-            key = _keys.get(sig)
+            key = _keys.get((local, child.key))
+            if key is not None:
+                node.key = key
+                return node
+        elif not children and op != "param":
+            node.arrays = (args[0].array,) if op == "read" else ()
+            node.params = ()
+            key = _keys.get(local)
             if key is not None:
                 node.key = key
                 return node
