@@ -1,8 +1,9 @@
 """Running named expressions (frontends/named.py): one einfuse program per request.
 
 ``expr.order(i, j)``, ``np.asarray(expr)``, ``ef.evaluate(...)`` and ``ef.explain(expr)``
-walk the expression's DAG (frontends/named_program.structure), look its structural key
-up in ``_translations`` (a miss spells the program once: named_program.emit), and call
+look one expression up by its root's key (``_by_key``, built with the nodes), else walk
+the DAG (frontends/named_program.structure), look its structural key up in
+``_translations`` (a miss spells the program once: named_program.emit), and call
 the compiled program -- ``ef.compile(text, **options)`` -- on the arrays, exactly as
 ``ef.ein`` would: the same kernels, fusion, hoisting, online-softmax attention, torch
 autograd node and JAX rules.  A training step that rebuilds an equal expression finds

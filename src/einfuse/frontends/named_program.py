@@ -1,7 +1,9 @@
 """Named expressions spelled as einfuse programs.
 
-Two steps, so that a training loop that rebuilds the same expression pays a walk and a
-dictionary lookup, not a translation:
+Two steps, so that a training loop that rebuilds the same expression pays a dictionary
+lookup, not a translation (one expression is first looked up by its root's key, built
+with the nodes: frontends/named_keys.py; these steps run on a miss and for several
+expressions at once):
 
 * :func:`structure` walks the DAG (children first) and gives each node a canonical
   signature built from its operation, its dimensions' *names* and its children's
