@@ -1,8 +1,9 @@
 """Running named expressions (frontends/named.py): one einfuse program per request.
 
 ``expr.order(i, j)``, ``np.asarray(expr)``, ``ef.evaluate(...)`` and ``ef.explain(expr)``
-walk the expression's DAG (frontends/named_program.structure), look its structural key
-up in ``_translations`` (a miss spells the program once: named_program.emit), and call
+look one expression up by its root's key (``_by_key``, built with the nodes), else walk
+the DAG (frontends/named_program.structure), look its structural key up in
+``_translations`` (a miss spells the program once: named_program.emit), and call
 the compiled program -- ``ef.compile(text, **options)`` -- on the arrays, exactly as
 ``ef.ein`` would: the same kernels, fusion, hoisting, online-softmax attention, torch
 autograd node and JAX rules.  A training step that rebuilds an equal expression finds
@@ -113,6 +114,50 @@ def translate(requests, options=None, where=None, function="order()"):
     return entry, found, roots, groups, range_values(entry.translation, info)
 
 
+# (root key, order, sizes, options) -> (_translations, its entry): an index into the
+# translations by the root's structural key, valid while that table is the one in use
+_by_key: Dict[tuple, tuple] = {}
+
+
+def _looked_up(requests, options, where):
+    """(entry, arrays, params, roots, groups, ranges) for ``requests``: one request is
+    looked up by its root's structural key (frontends/named.py builds it with the node),
+    with no walk; a miss, or several requests, walks the DAG (``translate``)."""
+    if len(requests) == 1:
+        node, items = requests[0]
+        order, lengths = order_spec(node, items, where)
+        info = node.info
+        sized = []
+        for name, entry in info.items():
+            use = entry.use
+            if use is None:
+                if entry.dim._size is not None:     # dim.size = n since: the walk's way
+                    sized = None
+                    break
+                sized.append((name, 0))
+            else:
+                sized.append((name, 2 if use.explicit else 1))
+        if sized is not None:
+            names = []
+            for d in order:
+                names.append(d.name)
+            key = (node.key, tuple(names), tuple(sized), _options_key(options, where))
+            held = _by_key.get(key)
+            if held is not None and held[0] is _translations:
+                entry = held[1]
+                params = [value for _, value in node.params] if node.params else ()
+                ranges = range_values(entry.translation, info) \
+                    if entry.translation.ranged else ()
+                return entry, node.arrays, params, [(node, order)], [lengths], ranges
+            entry, found, roots, groups, ranges = translate(requests, options, where)
+            if len(_by_key) >= _TRANSLATIONS_KEPT:
+                _by_key.pop(next(iter(_by_key)))
+            _by_key[key] = (_translations, entry)
+            return entry, found.arrays, found.params, roots, groups, ranges
+    entry, found, roots, groups, ranges = translate(requests, options, where)
+    return entry, found.arrays, found.params, roots, groups, ranges
+
+
 def materialise(requests, options, where):
     """Run ``requests`` ((expression, order items) pairs) as one program; one array per
     request, in the inputs' framework.  ``mesh=``/``shard=`` (shard by dimension) run it
@@ -121,7 +166,7 @@ def materialise(requests, options, where):
     if options and ("mesh" in options or "shard" in options):
         placement = {k: options[k] for k in ("mesh", "shard") if options.get(k) is not None}
         options = {k: v for k, v in options.items() if k not in ("mesh", "shard")}
-    entry, found, roots, groups, ranges = translate(requests, options, where)
+    entry, arrays, params, roots, groups, ranges = _looked_up(requests, options, where)
     translation = entry.translation
     key = ranges
     if placement:
@@ -140,8 +185,9 @@ def materialise(requests, options, where):
         if len(entry.compiled) >= _COMPILED_KEPT:     # (sizes given by dim.size vary)
             entry.compiled.pop(next(iter(entry.compiled)))
         entry.compiled[key] = compiled
-    values = dict(zip(translation.tensors, found.arrays))
-    values.update(zip(translation.params, found.params))
+    values = dict(zip(translation.tensors, arrays))
+    if params:
+        values.update(zip(translation.params, params))
     try:
         results = compiled(**values)
     except EinfuseError as problem:
@@ -151,7 +197,7 @@ def materialise(requests, options, where):
     delivered = []
     for position, lengths in zip(translation.root_outputs, groups):
         result = results[position]
-        if any(n > 1 for n in lengths):        # .order(b, (h, h2)): flatten, a view
+        if lengths and max(lengths) > 1:        # .order(b, (h, h2)): flatten, a view
             shape, at = [], 0
             for n in lengths:
                 size = 1

@@ -30,6 +30,7 @@ from ..lang.ast import UNARY_FUNCTIONS
 from .named_checks import (DimInfo, Use, Where, caller_line, error, framework_name,
                            merge_framework, merge_info)
 from .named_dims import Affine, Dim, Slot, dims, hooks, slot   # noqa: F401 (re-exported)
+from .named_keys import keyed, keys as _keys
 
 SMALL_INT = 16          # ints up to this magnitude are literals, larger ones parameters
 REDUCTION_METHODS = ("sum", "prod", "max", "min", "logsumexp", "mean", "var", "argmax",
@@ -70,6 +71,9 @@ class Wrapped:
 def wrap(array, name: Optional[str] = None) -> Wrapped:
     """``array`` made indexable by dimensions.  ``name=`` names it in the program (and in
     messages); by default arrays are named A, B, C ... in order of use."""
+    framework = _FRAMEWORK_OF.get(type(array))
+    if framework is not None and name is None:         # an array of a type seen before
+        return Wrapped(array, None, framework, caller_line())
     if isinstance(array, Wrapped):
         return array if name is None else Wrapped(array.array, name, array.framework,
                                                   array.where)
@@ -88,7 +92,14 @@ def wrap(array, name: Optional[str] = None) -> Wrapped:
         else:
             raise error(EinfuseTypeError, "ef.wrap takes a NumPy array, torch tensor or JAX "
                         f"array, not {type(array).__name__}", where)
+    elif type(array) not in _FRAMEWORK_OF and len(_FRAMEWORK_OF) < 256:
+        _FRAMEWORK_OF[type(array)] = framework
     return Wrapped(array, name, framework, where)
+
+
+# the array types wrap() has taken as they are (ndarray, torch.Tensor, JAX's arrays and
+# tracers), and their frameworks: the next array of the type takes no checks
+_FRAMEWORK_OF: Dict[type, str] = {}
 
 
 def named(array, *dimensions) -> "Named":
@@ -259,20 +270,39 @@ def affine_sig(affine) -> tuple:
 def _plain_read(wrapped, items, where):
     """``w[k, i]``: each axis a different dimension without a set size (the common case,
     taken without the general path's bookkeeping); None for anything else."""
-    info = {}
+    ids = tuple(map(id, items))     # (by identity: items compare as expressions)
+    parts = _PLAIN_PARTS.get(ids)
+    if parts is None:
+        names = set()
+        for d in items:
+            if type(d) is not Dim or d.name in names:
+                return None
+            names.add(d.name)
+        if len(_PLAIN_PARTS) >= 1024:        # (it holds the dimension objects)
+            _PLAIN_PARTS.clear()
+        parts = _PLAIN_PARTS[ids] = (tuple([("d", d) for d in items]),
+                                       tuple([("d", d.name) for d in items]))
     for d in items:
-        if type(d) is not Dim or d._size is not None or d.name in info:
+        if d._size is not None:
             return None
-        info[d.name] = None
-    for axis, d in enumerate(items):
-        size = wrapped.shape[axis]
+    info = {}
+    shape = wrapped.shape
+    axis = 0
+    for d in items:
+        size = shape[axis]
         use = _new_tuple(Use, (size, _new_tuple(_AxisUse, (wrapped, items, axis)), where,
                                False))
         info[d.name] = _new_tuple(DimInfo, (d, use))
         d._bound = size
-    return _node("read", (wrapped, tuple([("d", d) for d in items]),
-                          tuple([("d", d.name) for d in items])), (), items, where, info,
-                 (wrapped.framework, wrapped, wrapped.where))
+        axis += 1
+    return _node("read", (wrapped,) + parts, (), items, where, info,
+                 (wrapped.framework, wrapped, wrapped.where),
+                 ("read", wrapped.name, parts[1]))
+
+
+# a plain index (the ids of distinct dimensions, which its entry keeps alive, so that no
+# other object has their ids) -> its subscripts and their signature
+_PLAIN_PARTS: Dict[tuple, tuple] = {}
 
 
 def _group(wrapped, items, axis, group, bind, where):
@@ -318,7 +348,7 @@ class Named:
     Combine with operators, ``ef.where`` and the notation's functions; reduce with the
     methods; materialise with :meth:`order`, ``np.asarray`` or ``ef.evaluate``."""
     __slots__ = ("op", "args", "children", "dims", "info", "framework", "line", "reduces",
-                 "local", "depth", "_value", "__weakref__")
+                 "local", "depth", "key", "arrays", "params", "_value", "__weakref__")
     __array_priority__ = 1000           # NumPy defers binary operators to ours
     __hash__ = object.__hash__
     _named_expression = True            # (what named_dims' arithmetic defers to)
@@ -391,17 +421,24 @@ class Named:
         chosen = _dimension_list(dimensions, f".{kind}()", where)
         if not chosen:
             chosen = self.dims
+        # (sets: a tuple's `in` compares dimensions through their Python-level rich
+        # comparison, slower than hashing them)
+        present_dims = set(self.dims)
         for d in chosen:
-            if d not in self.dims:
+            if d not in present_dims:
                 present = self.info.get(d.name)
                 how = " (it is reduced already inside)" if present is not None and \
                     present.dim is d else ""
                 raise error(IndexRuleError, f".{kind}({d.name}): dimension {d.name} is not "
                             f"a dimension of the expression{how}; its dimensions are "
                             f"{_names(self.dims)}", where)
-        kept = tuple(d for d in self.dims if d not in chosen)
-        return _node("reduce", (kind, chosen), (self,), kept, where, self.info,
-                     self.framework)
+        reduced = set(chosen)
+        kept = []
+        for d in self.dims:
+            if d not in reduced:
+                kept.append(d)
+        return _node("reduce", (kind, chosen), (self,), tuple(kept), where, self.info,
+                     self.framework, ("r", kind, tuple([d.name for d in chosen])))
 
     def softmax(self, *dimensions):
         """``exp(x - max) / sum(exp(x - max))`` over ``dimensions``, which it keeps."""
@@ -449,15 +486,16 @@ def _unary_method(name: str):
 
 
 def _binary_operator(op: str, reflected: bool = False):
-    args = (op,)
+    args, local = (op,), ("b", op)
 
     def method(self, other):
         where = caller_line()
         operand = other if type(other) is Named else _operand(other, where)
         if operand is None:
             return NotImplemented
-        return _combine("bin", args, (operand, self) if reflected else (self, operand),
-                        where)
+        if reflected:
+            return _pair(args, local, operand, self, where)
+        return _pair(args, local, self, operand, where)
     return method
 
 
@@ -481,6 +519,8 @@ def _names(found) -> str:
 
 
 def _dimension_list(dimensions, what: str, where: Where) -> Tuple[Dim, ...]:
+    if len(dimensions) == 1 and type(dimensions[0]) is Dim:     # .sum(k)
+        return tuple(dimensions)
     flat = []
     for item in dimensions:
         for d in (item if isinstance(item, (tuple, list)) else (item,)):
@@ -495,36 +535,102 @@ def _dimension_list(dimensions, what: str, where: Where) -> Tuple[Dim, ...]:
     return tuple(flat)
 
 
-def _node(op, args, children, found, where, info, framework) -> Named:
+def _node(op, args, children, found, where, info, framework, local=None) -> Named:
     node = Named.__new__(Named)
     node.op, node.args, node.children, node.dims = op, args, children, found
     node.info, node.framework, node.line, node._value = info, framework, where, None
-    reduces = op == "reduce"
-    depth = 0
-    for child in children:          # (the walk's choice of recursion: named_program)
-        if child.reduces:
-            reduces = True
-        if child.depth > depth:
-            depth = child.depth
-    node.reduces, node.depth = reduces, depth + 1
-    # the node's part of its structural signature (named_program.structure); the
-    # operators' nodes first, the most built
-    if op == "bin" or op == "call" or op == "un":
-        node.local = (op[0], args[0])
-    elif op == "read":
-        node.local = ("read", args[0].name, args[2])
-    elif op == "param":
-        node.local = ("p",)
-    elif op == "lit":
-        value = args[0]
-        node.local = ("l", value) if isinstance(value, int) else ("f", repr(value))
-    elif op == "index":
-        node.local = ("v", args[0].name)
-    elif op == "reduce":
-        node.local = ("r", args[0], tuple(d.name for d in args[1]))
+    if local is None:
+        local = _local_of(op, args)
+    node.local = local
+    if len(children) == 2:          # (the operators' nodes, the most built)
+        first, second = children
+        node.reduces = op == "reduce" or first.reduces or second.reduces
+        node.depth = (first.depth if first.depth > second.depth else second.depth) + 1
+        if not first.params and not second.params:   # (keyed()'s common cases, inlined:
+            one, two = first.arrays, second.arrays  # the same signatures as it builds)
+            if not two:
+                sig = (local, first.key, None, second.key) if one else \
+                    (local, first.key, second.key)
+            elif not one:
+                one, sig = two, (local, first.key, second.key, None)
+            elif len(one) == 1 and len(two) == 1 and one[0] is not two[0]:
+                one, sig = one + two, (local, first.key, None, second.key, None)
+            else:
+                sig = None
+            if sig is not None:
+                key = _keys.get(sig)
+                if key is not None:
+                    node.arrays, node.params, node.key = one, (), key
+                    return node
     else:
-        node.local = (op[0], args[0])
+        reduces = op == "reduce"
+        depth = 0
+        for child in children:      # (the walk's choice of recursion: named_program)
+            if child.reduces:
+                reduces = True
+            if child.depth > depth:
+                depth = child.depth
+        node.reduces, node.depth = reduces, depth + 1
+        if len(children) == 1 and op != "read":     # (keyed()'s cases, inlined)
+            child = children[0]
+            node.arrays, node.params = child.arrays, child.params
+            key = _keys.get((local, child.key))
+            if key is not None:
+                node.key = key
+                return node
+        elif not children and op != "param":
+            node.arrays = (args[0].array,) if op == "read" else ()
+            node.params = ()
+            key = _keys.get(local)
+            if key is not None:
+                node.key = key
+                return node
+    keyed(node, op, args, children)
     return node
+
+
+def _local_of(op, args) -> tuple:
+    """The node's part of its structural signature (named_program.structure)."""
+    if op == "bin" or op == "call" or op == "un":
+        return (op[0], args[0])
+    if op == "read":
+        return ("read", args[0].name, args[2])
+    if op == "param":
+        return ("p",)
+    if op == "lit":
+        value = args[0]
+        return ("l", value) if isinstance(value, int) else ("f", repr(value))
+    if op == "index":
+        return ("v", args[0].name)
+    if op == "reduce":
+        return ("r", args[0], tuple(d.name for d in args[1]))
+    return (op[0], args[0])
+
+
+def _pair(args, local, first, second, where) -> Named:
+    """The binary node over two named expressions (``_combine``'s case, unrolled)."""
+    fa, fb = first.framework, second.framework
+    if fb is None or fa is fb:
+        framework = fa
+    elif fa is None:
+        framework = fb
+    elif fa[0] == fb[0]:
+        framework = fa
+    else:
+        framework = merge_framework(fa, fb, where)
+    da, db = first.dims, second.dims
+    if da == db or not db:
+        found = da
+    elif not da:
+        found = db
+    else:
+        found, seen = da, set(da)
+        for d in db:
+            if d not in seen:
+                found = found + (d,)
+    ia, ib = first.info, second.info
+    info = ia if ia is ib or not ib else ib if not ia else merge_info((ia, ib), where)
+    return _node("bin", args, (first, second), found, where, info, framework, local)
 
 
 def _combine(op, args, operands, where) -> Named:
@@ -539,10 +645,12 @@ def _combine(op, args, operands, where) -> Named:
         if not found:
             found = o.dims
         elif o.dims and o.dims != found:
+            seen = set(found)
             for d in o.dims:
-                if d not in found:
+                if d not in seen:
                     found = found + (d,)
-    return _node(op, args, operands, found, where, merge_info(infos, where), framework)
+    return _node(op, args, operands, found, where, merge_info(infos, where), framework,
+                 (op[0], args[0]))
 
 
 def _node_of(op, args, operands, where) -> Named:
@@ -557,7 +665,22 @@ def _node_of(op, args, operands, where) -> Named:
 
 
 def _leaf(op, value, where) -> Named:
-    return _node(op, (value,), (), (), where, {}, None)
+    if op != "lit":
+        return _node(op, (value,), (), (), where, {}, None)
+    # a literal built again on the same line is the same node (nodes are immutable;
+    # the line is kept, so that an error still names the one that built it)
+    known = (type(value), value, where)
+    found = _LITERALS.get(known)
+    if found is None:
+        found = _node(op, (value,), (), (), where, {}, None)
+        if value == value:      # (nan is not found again by value)
+            if len(_LITERALS) >= 256:
+                _LITERALS.clear()
+            _LITERALS[known] = found
+    return found
+
+
+_LITERALS: Dict[tuple, Named] = {}
 
 
 def _index_value(d: Dim, where) -> Named:

@@ -1,7 +1,9 @@
 """Named expressions spelled as einfuse programs.
 
-Two steps, so that a training loop that rebuilds the same expression pays a walk and a
-dictionary lookup, not a translation:
+Two steps, so that a training loop that rebuilds the same expression pays a dictionary
+lookup, not a translation (one expression is first looked up by its root's key, built
+with the nodes: frontends/named_keys.py; these steps run on a miss and for several
+expressions at once):
 
 * :func:`structure` walks the DAG (children first) and gives each node a canonical
   signature built from its operation, its dimensions' *names* and its children's
@@ -65,9 +67,14 @@ def order_spec(node, items, where: Where) -> Tuple[Tuple[Dim, ...], Tuple[int, .
     """``.order(i, (j, k))``: the dimensions in order (positional axes last) and how many
     of them each result axis flattens; every dimension of ``node`` exactly once."""
     dims_ = node.dims
-    if len(items) == len(dims_) and all(type(d) is Dim for d in items) and \
-            set(items) == set(dims_) and len(set(items)) == len(items):
-        return tuple(items), (1,) * len(items)        # the common case, checked at once
+    if len(items) == len(dims_):            # the common case, checked at once
+        for d in items:
+            if type(d) is not Dim:
+                break
+        else:
+            distinct = set(items)
+            if len(distinct) == len(items) and distinct == set(dims_):
+                return tuple(items), (1,) * len(items)
     flat, groups = [], []
     for item in items:
         group = tuple(item) if isinstance(item, (tuple, list)) else (item,)
