@@ -11,6 +11,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import time
 
 from check_reports import run_checks
 
@@ -28,17 +29,31 @@ def run_script(path: str, timeout: float = 600) -> dict:
     if run is None:
         return _run(path, timeout)
     key = hashlib.sha256(f"{run}\0{os.path.abspath(path)}".encode()).hexdigest()[:20]
-    shared = os.path.join(tempfile.gettempdir(), f"einfuse-eight-devices-{key}")
+    directory = os.path.join(tempfile.gettempdir(), "einfuse-eight-devices")
+    os.makedirs(directory, exist_ok=True)
+    shared = os.path.join(directory, key)
     with open(shared + ".lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if os.path.exists(shared):
             with open(shared, encoding="utf-8") as handle:
                 return json.load(handle)
         found = _run(path, timeout)      # a failed run leaves no report: the next retries
+        _forget_old_reports(directory)
         with open(shared + ".part", "w", encoding="utf-8") as handle:
             json.dump(found, handle)
         os.replace(shared + ".part", shared)
         return found
+
+
+def _forget_old_reports(directory: str, age: float = 86400) -> None:
+    """Earlier runs' reports and locks (a day old): each run has its own keys."""
+    now = time.time()
+    for name in os.listdir(directory):
+        try:
+            if now - os.path.getmtime(os.path.join(directory, name)) > age:
+                os.remove(os.path.join(directory, name))
+        except OSError:
+            pass
 
 
 def _run(path: str, timeout: float) -> dict:
