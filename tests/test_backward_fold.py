@@ -56,9 +56,12 @@ def test_layernorm_backward_folds_into_one_statement_for_dx():
     assert "dX" in keys and not any(k and k.startswith(("dmu", "dv")) for k in keys)
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
-@pytest.mark.parametrize("shape", [(1, 1), pytest.param((5, 3), marks=pytest.mark.slow),
-                                   (40, 300)])
+# each shape and each dtype in the default run, not every pairing (the rest: -m slow)
+@pytest.mark.parametrize("shape, dtype", [
+    ((1, 1), torch.float32), pytest.param((1, 1), torch.float64, marks=pytest.mark.slow),
+    pytest.param((5, 3), torch.float32, marks=pytest.mark.slow),
+    pytest.param((5, 3), torch.float64, marks=pytest.mark.slow),
+    pytest.param((40, 300), torch.float32, marks=pytest.mark.slow), ((40, 300), torch.float64)])
 @pytest.mark.parametrize("case", ["temperature", "masked"])
 def test_softmax_variants_equal_torch(case, shape, dtype):
     gen = torch.Generator().manual_seed(sum(shape))
@@ -133,8 +136,11 @@ P[i,j] := e[i,j] / sum[k](e[i,k])""")
     assert _backward(SOFTMAX, ("X",), ranges={"j": range(0, 3)}).folded is None
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
-@pytest.mark.parametrize("shape", [(1, 4), (9, 2), (64, 130)])
+# each shape and each dtype in the default run, not every pairing (the rest: -m slow)
+@pytest.mark.parametrize("shape, dtype", [
+    ((1, 4), torch.float32), pytest.param((1, 4), torch.float64, marks=pytest.mark.slow),
+    ((9, 2), torch.float64), pytest.param((9, 2), torch.float32, marks=pytest.mark.slow),
+    ((64, 130), torch.float32), pytest.param((64, 130), torch.float64, marks=pytest.mark.slow)])
 def test_layernorm_equals_torch(shape, dtype):
     rows, cols = shape
     gen = torch.Generator().manual_seed(rows + cols)

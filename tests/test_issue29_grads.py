@@ -293,8 +293,13 @@ def x64():
     jax.config.update("jax_enable_x64", previous)
 
 
-@pytest.mark.parametrize("statement, shapes, index_arrays, options", SHIFTED,
-                         ids=[c[0] + (f" {c[3]}" if c[3] else "") for c in SHIFTED])
+# every statement runs through torch's gradcheck above on each backend; here (derive,
+# run_reference on NumPy and C, jax.grad against finite differences) every other one by
+# default, the rest in the slow run
+@pytest.mark.parametrize("statement, shapes, index_arrays, options", [
+    pytest.param(*case, id=case[0] + (f" {case[3]}" if case[3] else ""),
+                 marks=[pytest.mark.slow] if number % 2 else [])
+    for number, case in enumerate(SHIFTED)])
 def test_shifted_reads_under_derive_and_jax_match_finite_differences(
         statement, shapes, index_arrays, options, x64):
     jnp = x64.numpy
@@ -463,10 +468,18 @@ def _close(got, want):
         np.testing.assert_allclose(np.asarray(g), np.asarray(w), rtol=1e-5, atol=1e-6)
 
 
-@pytest.mark.parametrize("name", FUNCTIONS)
-@pytest.mark.parametrize("transform", [
-    "jvp", "linearize", pytest.param("jit linearize", marks=pytest.mark.slow), "jacfwd",
-    pytest.param("vmap linearize", marks=pytest.mark.slow), "hessian"])
+# jax.hessian of one branch (cond) and one loop (scan) by default; of switch and
+# fori_loop, whose jvp, linearize and jacfwd run here too, in the slow run
+_SLOW_HESSIANS = ("switch", "fori_loop")
+
+
+@pytest.mark.parametrize("transform, name", [
+    pytest.param(transform, name, id=f"{transform}-{name}", marks=[pytest.mark.slow] if
+                 transform in ("jit linearize", "vmap linearize") or
+                 (transform == "hessian" and name in _SLOW_HESSIANS) else [])
+    for transform in ("jvp", "linearize", "jit linearize", "jacfwd", "vmap linearize",
+                      "hessian")
+    for name in FUNCTIONS])
 def test_forward_mode_of_ef_jit_equals_jax_jit(name, transform, forward_kernels):
     jax = pytest.importorskip("jax")
     jnp = jax.numpy

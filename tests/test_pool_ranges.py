@@ -142,7 +142,17 @@ def test_values_match_the_oracle_and_torch(case, backend):
     np.testing.assert_allclose(got, theirs, rtol=1e-12, atol=1e-12)
 
 
-@pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
+# on the Triton interpreter, gradients of the cases whose kind (a max, a sum, a mean,
+# a kernel, an offset, a reversed read) another case checks there too: the slow run's
+# (their values above run there by default)
+TRITON_GRADIENTS_SLOW = ("mean sugar, 2x3 window, stride (3, 2)", "dilated max-pool",
+                         "conv2d stride 2, window from the kernel", "conv1d dilation 2",
+                         "conv1d stride 3 dilation 2")
+
+
+@pytest.mark.parametrize("case", [
+    pytest.param(c, id=c.name, marks=[pytest.mark.slow_on("triton")]
+                 if c.name in TRITON_GRADIENTS_SLOW else []) for c in CASES])
 def test_gradients_match_torch(case, backend):
     """The backward statements bind with the forward's ranges (window from ranges= or
     from the kernel, output from 'valid') on every backend."""
