@@ -15,11 +15,9 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import subprocess
-import sys
-import tempfile
-import time
+
+from before_after import (interleaved, run_child, source_trees, training_step,
+                          without_grad)
 
 N, ROWS = 256, 1000
 CROSS_ENTROPY = f"""m[i] := max[j](X[i,j])
@@ -56,25 +54,15 @@ def contenders() -> dict:
               "embed+rmsnorm": (lambda: embed_norm(E=E, ids=ids, s=s), twin_embed,
                                 lambda: embed_norm(E=En, ids=idsn, s=sn), seed)}
 
-    def forward(fn):
-        def run():
-            with torch.no_grad():
-                fn()
-        return run
-
-    def train(fn, weight):
-        def run():
-            X.grad = E.grad = s.grad = None
-            value = fn()
-            (value * weight).sum().backward() if weight is not None else value.backward()
-        return run
     found = {}
     for name, (mine, peer, numpy_call, weight) in layers.items():
-        found[f"{name} fwd: einfuse"] = (f"{name} fwd", forward(mine))
-        found[f"{name} fwd: torch eager"] = (f"{name} fwd", forward(peer))
+        found[f"{name} fwd: einfuse"] = (f"{name} fwd", without_grad(mine))
+        found[f"{name} fwd: torch eager"] = (f"{name} fwd", without_grad(peer))
         found[f"{name} fwd: einfuse numpy"] = (f"{name} fwd", numpy_call)
-        found[f"{name} fwd+bwd: einfuse"] = (f"{name} fwd+bwd", train(mine, weight))
-        found[f"{name} fwd+bwd: torch eager"] = (f"{name} fwd+bwd", train(peer, weight))
+        found[f"{name} fwd+bwd: einfuse"] = (f"{name} fwd+bwd",
+                                            training_step(mine, weight, (X, E, s)))
+        found[f"{name} fwd+bwd: torch eager"] = (f"{name} fwd+bwd",
+                                                 training_step(peer, weight, (X, E, s)))
     # checked against torch first
     with torch.no_grad():
         assert np.allclose(float(layers["cross-entropy"][0]()),
@@ -85,20 +73,7 @@ def contenders() -> dict:
 
 
 def measure(repeats: int, calls: int) -> dict:
-    import numpy as np
-    found = contenders()
-    for _, fn in found.values():
-        for _ in range(5):
-            fn()
-    times = {name: [] for name in found}
-    for _ in range(repeats):
-        for name, (_, fn) in found.items():       # interleaved
-            start = time.process_time()
-            for _ in range(calls):
-                fn()
-            times[name].append((time.process_time() - start) / calls)
-    return {name: {"group": found[name][0], "seconds": float(np.median(times[name]))}
-            for name in found}
+    return interleaved(contenders(), repeats, calls, warm=5)
 
 
 def report(label: str, results: dict) -> None:
@@ -114,14 +89,6 @@ def report(label: str, results: dict) -> None:
                   f"torch/this {peer / row['seconds']:5.2f}")
 
 
-def _run_child(src: str, args) -> dict:
-    env = dict(os.environ, PYTHONPATH=src, OMP_NUM_THREADS="1")
-    out = subprocess.run([sys.executable, __file__, "--child", "--repeats", str(args.repeats),
-                          "--calls", str(args.calls)],
-                         env=env, capture_output=True, text=True, check=True)
-    return json.loads(out.stdout.strip().splitlines()[-1])
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=7)
@@ -133,15 +100,9 @@ def main() -> None:
     if args.child:
         print(json.dumps(measure(args.repeats, args.calls)))
         return
-    here = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
-    runs = {}
-    if args.before:
-        with tempfile.TemporaryDirectory() as folder:
-            archive = subprocess.run(["git", "-C", here, "archive", args.before, "src"],
-                                     capture_output=True, check=True).stdout
-            subprocess.run(["tar", "-x", "-C", folder], input=archive, check=True)
-            runs[f"before ({args.before})"] = _run_child(os.path.join(folder, "src"), args)
-    runs["after (this tree)"] = _run_child(os.path.join(here, "src"), args)
+    arguments = ["--repeats", str(args.repeats), "--calls", str(args.calls)]
+    with source_trees(args.before) as trees:
+        runs = {label: run_child(__file__, src, arguments) for label, src in trees.items()}
     for label, results in runs.items():
         report(label, results)
 

@@ -19,11 +19,9 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import subprocess
-import sys
-import tempfile
-import time
+
+from before_after import (interleaved, run_child, source_trees, training_step,
+                          without_grad)
 
 B, D, H = 64, 128, 512
 N = 256
@@ -107,46 +105,18 @@ def contenders(compile_models: bool):
                       lambda: torch.nn.functional.layer_norm(X, (N,), g, b), seed),
         "cross-entropy": (lambda: cross_entropy(X=X, t=t),
                           lambda: torch.nn.functional.cross_entropy(X, t), None)}
-
-    def forward(fn):
-        def run():
-            with torch.no_grad():
-                fn()
-        return run
-
-    def train(fn, weight):
-        def run():
-            X.grad = g.grad = b.grad = None
-            value = fn()
-            (value * weight).sum().backward() if weight is not None else value.backward()
-        return run
     for name, (mine, peer, weight) in layers.items():
-        found[f"{name} fwd: einfuse"] = (f"{name} fwd", forward(mine))
-        found[f"{name} fwd: torch eager"] = (f"{name} fwd", forward(peer))
-        found[f"{name} fwd+bwd: einfuse"] = (f"{name} fwd+bwd", train(mine, weight))
-        found[f"{name} fwd+bwd: torch eager"] = (f"{name} fwd+bwd", train(peer, weight))
+        found[f"{name} fwd: einfuse"] = (f"{name} fwd", without_grad(mine))
+        found[f"{name} fwd: torch eager"] = (f"{name} fwd", without_grad(peer))
+        found[f"{name} fwd+bwd: einfuse"] = (f"{name} fwd+bwd",
+                                            training_step(mine, weight, (X, g, b)))
+        found[f"{name} fwd+bwd: torch eager"] = (f"{name} fwd+bwd",
+                                                 training_step(peer, weight, (X, g, b)))
     return found
 
 
 def measure(repeats: int, calls: int, compile_models: bool) -> dict:
-    import numpy as np
-    found = contenders(compile_models)
-    first = {}
-    for name, (_, fn) in found.items():
-        start = time.perf_counter()
-        fn()
-        first[name] = time.perf_counter() - start
-        for _ in range(3):
-            fn()
-    times = {name: [] for name in found}
-    for _ in range(repeats):
-        for name, (_, fn) in found.items():       # interleaved
-            start = time.process_time()
-            for _ in range(calls):
-                fn()
-            times[name].append((time.process_time() - start) / calls)
-    return {name: {"group": found[name][0], "seconds": float(np.median(times[name])),
-                   "first": first[name]} for name in found}
+    return interleaved(contenders(compile_models), repeats, calls)
 
 
 def report(label: str, results: dict) -> None:
@@ -180,15 +150,6 @@ def ratios(results: dict) -> dict:
     return found
 
 
-def _run_child(src: str, args) -> dict:
-    env = dict(os.environ, PYTHONPATH=src, OMP_NUM_THREADS="1")
-    out = subprocess.run([sys.executable, __file__, "--child", "--repeats", str(args.repeats),
-                          "--calls", str(args.calls)] + (["--no-compile"] if args.no_compile
-                                                         else []),
-                         env=env, capture_output=True, text=True, check=True)
-    return json.loads(out.stdout.strip().splitlines()[-1])
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=7)
@@ -202,15 +163,10 @@ def main() -> None:
     if args.child:
         print(json.dumps(measure(args.repeats, args.calls, not args.no_compile)))
         return
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    runs = {}
-    if args.before:
-        with tempfile.TemporaryDirectory() as folder:
-            archive = subprocess.run(["git", "-C", root, "archive", args.before, "src"],
-                                     capture_output=True, check=True).stdout
-            subprocess.run(["tar", "-x", "-C", folder], input=archive, check=True)
-            runs[f"before ({args.before})"] = _run_child(os.path.join(folder, "src"), args)
-    runs["after (this tree)"] = _run_child(os.path.join(root, "src"), args)
+    arguments = ["--repeats", str(args.repeats), "--calls", str(args.calls)] + \
+        (["--no-compile"] if args.no_compile else [])
+    with source_trees(args.before) as trees:
+        runs = {label: run_child(__file__, src, arguments) for label, src in trees.items()}
     for label, results in runs.items():
         report(label, results)
     print("\n== ratios (one thread, CPU time)")
