@@ -121,3 +121,19 @@ def row_patterns(monkeypatch):
         return call(group, *args)
     monkeypatch.setattr(c_rows, "_call", spy)
     return seen
+
+
+@pytest.fixture
+def full_runs(monkeypatch):
+    """The sizes of the groups the C backend's full fused path ran (a prepared run goes
+    around it).  ef.compile of one text may give a program an earlier test prepared, so
+    a test counts the groups fused after a call of its own, not from zero."""
+    from einfuse.backends.c import fused as c_fused
+    seen = []
+    run = c_fused.run
+
+    def spy(members, thread_rows=frozenset()):
+        seen.append(len(members))
+        return run(members, thread_rows)
+    monkeypatch.setattr(c_fused, "run", spy)
+    return seen

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import einfuse as ef
-from einfuse.backends.c import build as c_build, fused as c_fused
+from einfuse.backends.c import build as c_build
 from einfuse.errors import EinfuseError
 from oracle import brute_force
 
@@ -40,21 +40,6 @@ def oracle(statements, arrays, bounds="check", fill=0.0):
         name = statement.split("[")[0].split(" ")[0].strip()
         env[name] = brute_force(statement, ranges, env, params, bounds=bounds, fill=fill)
     return env
-
-
-@pytest.fixture
-def full_runs(monkeypatch):
-    """The groups the full path fused (a prepared run fuses none).  ef.compile of one
-    text may give a program an earlier test prepared, so tests count the groups fused
-    after a call of theirs, not from zero."""
-    seen = []
-    run = c_fused.run
-
-    def spy(members, thread_rows=frozenset()):
-        seen.append(len(members))
-        return run(members, thread_rows)
-    monkeypatch.setattr(c_fused, "run", spy)
-    return seen
 
 
 def labels(rng, n=B, high=V):

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 import einfuse as ef
-from einfuse.backends.c import build as c_build, fused as c_fused
+from einfuse.backends.c import build as c_build
 from einfuse.runtime.signatures import signature_of
 from program_texts import SOFTMAX
 
@@ -27,19 +27,6 @@ def softmax(X):
 def layernorm(X, g, b, eps):
     mu = X.mean(1, keepdims=True)
     return (X - mu) / np.sqrt(((X - mu) ** 2).mean(1, keepdims=True) + eps) * g + b
-
-
-@pytest.fixture
-def full_runs(monkeypatch):
-    """How many times the full path fused a group (the prepared run does not)."""
-    seen = []
-    run = c_fused.run
-
-    def spy(members, thread_rows=frozenset()):
-        seen.append(len(members))
-        return run(members, thread_rows)
-    monkeypatch.setattr(c_fused, "run", spy)
-    return seen
 
 
 @pytest.mark.parametrize("dtype", [np.float64, np.float32])
