@@ -98,6 +98,19 @@ def launch(script: str, processes: int, arguments: List[str], env: dict,
     return outcomes
 
 
+
+def assert_all_passed(outcomes, names) -> None:
+    """Every process reported every check in ``names`` as passed (None) and exited 0;
+    a failure names the process, the check and what it reported."""
+    for outcome in outcomes:
+        assert outcome.report is not None, outcome.describe()
+        for name in names:
+            assert name in outcome.report, outcome.describe()
+            assert outcome.report[name] is None, \
+                f"process {outcome.process}, {name}:\n{outcome.report[name]}"
+        assert outcome.returncode == 0, outcome.describe()
+
+
 def _temporary(name: str):
     import tempfile
     return tempfile.TemporaryFile(prefix=f"einfuse-mp-{name}-")

@@ -10,7 +10,7 @@ if not torch.distributed.is_available() or not torch.distributed.is_gloo_availab
     pytest.skip("torch.distributed with gloo is not available", allow_module_level=True)
 
 import multiprocess_torch_checks as checks  # noqa: E402  (conftest puts tests/ on sys.path)
-from multiprocess_launch import free_port, launch  # noqa: E402
+from multiprocess_launch import assert_all_passed, free_port, launch  # noqa: E402
 
 TIMEOUT = 300
 
@@ -21,19 +21,9 @@ def _job(tmp_path, ranks, names):
                   TIMEOUT)
 
 
-def _assert_passed(outcomes, names):
-    for outcome in outcomes:
-        assert outcome.report is not None, outcome.describe()
-        for name in names:
-            assert name in outcome.report, outcome.describe()
-            assert outcome.report[name] is None, \
-                f"rank {outcome.process}, {name}:\n{outcome.report[name]}"
-        assert outcome.returncode == 0, outcome.describe()
-
-
 def test_two_ranks_smoke(tmp_path):
     """The Megatron MLP on DTensors: one all-reduce, the result a DTensor."""
-    _assert_passed(_job(tmp_path, 2, checks.QUICK), checks.QUICK)
+    assert_all_passed(_job(tmp_path, 2, checks.QUICK), checks.QUICK)
 
 
 # (the planned backward's checks: test_sharding_dtensor_backward.py)
@@ -43,14 +33,14 @@ SLOW = [name for name in checks.CHECKS if name not in checks.QUICK and
 
 @pytest.mark.slow
 def test_two_ranks_all_checks(tmp_path):
-    _assert_passed(_job(tmp_path, 2, SLOW), SLOW)
+    assert_all_passed(_job(tmp_path, 2, SLOW), SLOW)
 
 
 @pytest.mark.slow
 def test_four_ranks(tmp_path):
     names = ["mlp_hidden_split_one_all_reduce", "mlp_gradient_through_dtensors",
              "dist_split_over_k_and_over_i", "partial_input_float64_and_a_two_dimensional_mesh"]
-    _assert_passed(_job(tmp_path, 4, names), names)
+    assert_all_passed(_job(tmp_path, 4, names), names)
 
 
 @pytest.mark.slow

@@ -75,7 +75,7 @@ except ImportError:
     distributed = False
 
 import multiprocess_torch_checks as checks  # noqa: E402  (conftest puts tests/ on sys.path)
-from multiprocess_launch import free_port, launch  # noqa: E402
+from multiprocess_launch import assert_all_passed, free_port, launch  # noqa: E402
 
 TIMEOUT = 300
 BACKWARD = checks.BACKWARD
@@ -84,15 +84,8 @@ needs_gloo = pytest.mark.skipif(not distributed,
 
 
 def _passed(ranks, names):
-    outcomes = launch(checks.__file__, ranks, [str(free_port()), ",".join(names)],
-                      {"OMP_NUM_THREADS": "1"}, TIMEOUT)
-    for outcome in outcomes:
-        assert outcome.report is not None, outcome.describe()
-        for name in names:
-            assert name in outcome.report, outcome.describe()
-            assert outcome.report[name] is None, \
-                f"rank {outcome.process}, {name}:\n{outcome.report[name]}"
-        assert outcome.returncode == 0, outcome.describe()
+    assert_all_passed(launch(checks.__file__, ranks, [str(free_port()), ",".join(names)],
+                             {"OMP_NUM_THREADS": "1"}, TIMEOUT), names)
 
 
 @needs_gloo

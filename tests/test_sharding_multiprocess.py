@@ -8,7 +8,7 @@ import pytest
 
 pytest.importorskip("jax")
 import multiprocess_jax_checks as checks  # noqa: E402  (conftest puts tests/ on sys.path)
-from multiprocess_launch import free_port, launch  # noqa: E402
+from multiprocess_launch import assert_all_passed, free_port, launch  # noqa: E402
 
 TIMEOUT = 300           # seconds for a whole job; the machine may be slow and shared
 
@@ -25,15 +25,6 @@ def _job(tmp_path, processes, names, timeout=TIMEOUT):
     for outcome in outcomes:
         assert outcome.report is not None, outcome.describe()
     return outcomes
-
-
-def _assert_passed(outcomes, names):
-    for outcome in outcomes:
-        for name in names:
-            assert name in outcome.report, outcome.describe()
-            assert outcome.report[name] is None, \
-                f"process {outcome.process}, {name}:\n{outcome.report[name]}"
-        assert outcome.returncode == 0, outcome.describe()
 
 
 def test_failures_on_global_arrays_are_einfuse_errors():
@@ -59,7 +50,7 @@ def test_failures_on_global_arrays_are_einfuse_errors():
 
 def test_two_processes_smoke(tmp_path):
     """The Megatron MLP (one all-reduce) and dist with k over both processes' devices."""
-    _assert_passed(_job(tmp_path, 2, checks.QUICK), checks.QUICK)
+    assert_all_passed(_job(tmp_path, 2, checks.QUICK), checks.QUICK)
     assert any((tmp_path / "cache").rglob("*.so")), "the kernels were not cached"
 
 
@@ -68,14 +59,14 @@ SLOW = [name for name in checks.CHECKS if name not in checks.QUICK]
 
 @pytest.mark.slow
 def test_two_processes_all_checks(tmp_path):
-    _assert_passed(_job(tmp_path, 2, SLOW), SLOW)
+    assert_all_passed(_job(tmp_path, 2, SLOW), SLOW)
 
 
 @pytest.mark.slow
 def test_four_processes(tmp_path):
     names = ["mlp_hidden_split_one_all_reduce", "dist_split_over_k_across_processes",
              "dist_split_over_i_and_j", "program_gradient"]
-    _assert_passed(_job(tmp_path, 4, names), names)
+    assert_all_passed(_job(tmp_path, 4, names), names)
 
 
 @pytest.mark.slow
