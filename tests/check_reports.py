@@ -6,6 +6,22 @@ import time
 import traceback
 
 
+def check_registry():
+    """A registry of named checks for one subprocess script: (checks by name, the names
+    of the quick ones the default test run starts, the decorator ``@check`` or
+    ``@check(quick=True)`` that registers a function under its name)."""
+    checks, quick_names = {}, []
+
+    def check(function=None, *, quick=False):
+        def register(f):
+            checks[f.__name__] = f
+            if quick:
+                quick_names.append(f.__name__)
+            return f
+        return register(function) if function is not None else register
+    return checks, quick_names, check
+
+
 def run_checks(checks: dict, names=None) -> dict:
     """``checks`` (name -> function), those in ``names`` when given, run one by one."""
     results = {}

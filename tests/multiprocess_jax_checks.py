@@ -19,20 +19,11 @@ import time
 
 import numpy as np
 
-from check_reports import failure_after, run_checks
+from check_reports import check_registry, failure_after, run_checks
 
-CHECKS = {}
-QUICK = []            # the checks of the quick smoke test (the default test run)
+# QUICK: the checks of the quick smoke test (the default test run)
+CHECKS, QUICK, check = check_registry()
 DEVICES_PER_PROCESS = 2
-
-
-def check(function=None, *, quick=False):
-    def register(f):
-        CHECKS[f.__name__] = f
-        if quick:
-            QUICK.append(f.__name__)
-        return f
-    return register(function) if function is not None else register
 
 
 def _setup(rank, processes, port):

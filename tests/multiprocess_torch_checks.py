@@ -18,19 +18,9 @@ import time
 
 import numpy as np
 
-from check_reports import failure_after, run_checks
+from check_reports import check_registry, failure_after, run_checks
 
-CHECKS = {}
-QUICK = []
-
-
-def check(function=None, *, quick=False):
-    def register(f):
-        CHECKS[f.__name__] = f
-        if quick:
-            QUICK.append(f.__name__)
-        return f
-    return register(function) if function is not None else register
+CHECKS, QUICK, check = check_registry()
 
 
 def _setup(rank, world, port):

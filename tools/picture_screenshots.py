@@ -15,16 +15,9 @@ import einfuse as ef
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
-SOFTMAX = """M[i] := max[j](X[i,j])
-E[i,j] := exp(X[i,j] - M[i])
-S[i] := sum[j](E[i,j])
-Y[i,j] := E[i,j] / S[i]"""
-ATTENTION = """S[b,h,i,j] := sum[r](Q[b,h,i,r]*K[b,h,j,r]) * scale
-M[b,h,i] := max[j](S[b,h,i,j])
-P[b,h,i,j] := exp(S[b,h,i,j] - M[b,h,i])
-O[b,h,i,r] := sum[j](P[b,h,i,j]*V[b,h,j,r]) / sum[j](P[b,h,i,j])"""
-MLP = """h[b,f] := relu(sum[d](x[b,d]*W1[d,f]))
-y[b,o] := sum[f](h[b,f]*W2[f,o])"""
+# the docs' example programs, as the picture tests check them (one copy)
+sys.path.insert(0, os.path.join(ROOT, "tests"))
+from picture_checks import ATTENTION, MLP, SOFTMAX  # noqa: E402
 
 
 def pages():
