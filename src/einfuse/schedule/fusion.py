@@ -213,7 +213,7 @@ def _triton_groups(kernels: Sequence, env: Dict[str, object],
                 row_kernel="triton", source=triton_rows.source(group)))
             position += group.statements
             continue
-        from ..backends.triton.backend import result_dtype
+        from ..analysis.triton_facts import result_dtype
         _alone(kernels[position], env,
                lambda call: placeholder(call.output_shape, result_dtype(call)))
         groups.append(FusionGroup((position,)))

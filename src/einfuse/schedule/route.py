@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from ..analysis.binding import BoundCall
 from ..analysis.frameworks import TORCH
-from ..backends.triton.backend import available
+from ..analysis.triton_facts import available
 
 
 def backend_name(requested: str, call: BoundCall) -> str:

@@ -44,6 +44,7 @@ from dataclasses import dataclass
 from typing import Dict, List, Optional, Sequence, Set, Tuple
 
 from .. import ir
+from ..analysis import triton_facts
 from ..lang import ast
 from ..errors import EinfuseError
 from ..plan.row_group import (RowGroup, RowInput, RowLaunch, RowLowering, RowMember,
@@ -63,8 +64,7 @@ def triton_rows_possible(kernels: Sequence, env: Dict[str, object]) -> bool:
     made before any statement is bound)."""
     if len(kernels) < 2:
         return False
-    from ..backends.triton import backend as triton_backend
-    if not triton_backend.available():
+    if not triton_facts.available():
         return False
     import torch
     from ..analysis.frameworks import torch_recording as recording
@@ -80,7 +80,7 @@ def triton_rows_possible(kernels: Sequence, env: Dict[str, object]) -> bool:
     if device is None:
         return False
     if device.type != "cuda":     # CPU tensors: the Triton interpreter, when named
-        return triton_backend.interpreted() and \
+        return triton_facts.interpreted() and \
             any(k.options.backend == "triton" for k in kernels)
     return True
 
@@ -164,10 +164,9 @@ class _Builder:
                                        for name in spec.arg_order})
         except (EinfuseError, KeyError):
             return None
-        from ..backends.triton.backend import host_fallback
         from .route import backend_name
         if backend_name(kernel.options.backend, call) != "triton" or \
-                call.framework != "torch" or host_fallback(call):
+                call.framework != "torch" or triton_facts.host_fallback(call):
             return None
         form = kernel.hoisted_form
         if form is not None and form.runs(call):
@@ -182,8 +181,7 @@ class _Builder:
         if working.name not in ("float32", "float64") or call.dtypes.result != working or \
                 (self.working is not None and working.name != self.working):
             return None
-        from ..backends.triton.backend import result_dtype
-        if result_dtype(call) != getattr(torch, working.name):
+        if triton_facts.result_dtype(call) != getattr(torch, working.name):
             return None     # (a bfloat16 input: the statement stores a bfloat16 result)
         from ..analysis.result_size import check_result_size
         try:    # a result larger than the machine's memory: the statement says so

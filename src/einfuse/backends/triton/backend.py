@@ -29,7 +29,7 @@ from ...errors import BackendError
 from ...plan import buffer_slots, call_arguments, plan_for, unit_axis
 from .. import disk_cache
 from . import tuning as tuning
-from ..capabilities import not_compiled
+from ...analysis.triton_facts import available, host_fallback, interpreted, result_dtype
 from .launch import PreparedLaunch, launch_once
 from .render import Launch
 
@@ -41,17 +41,8 @@ _launch_lock = threading.RLock()
 launch_turns = _launch_lock    # (held by interpreted launches: rows.py takes it too)
 
 
-def interpreted() -> bool:
-    return os.environ.get("TRITON_INTERPRET") == "1"
 
 
-def available() -> bool:
-    if importlib.util.find_spec("triton") is None or importlib.util.find_spec("torch") is None:
-        return False
-    if interpreted():
-        return True
-    import torch
-    return torch.cuda.is_available()
 
 
 def _device():
@@ -188,16 +179,6 @@ def _input_tensors(call, device):
     return tensors
 
 
-def result_dtype(call):
-    """The output's storage dtype: float16/bfloat16 results are stored as such (the
-    kernel accumulates in float32 and converts once, at the store)."""
-    import torch
-    if call.bfloat16:
-        return torch.bfloat16
-    result = call.dtypes.result
-    if result.kind == "f" and result.itemsize < call.dtypes.working.itemsize:
-        return getattr(torch, result.name)
-    return getattr(torch, call.dtypes.working.name)
 
 
 @dataclass
@@ -294,16 +275,6 @@ def _returned(result, call):
     return result.cpu().numpy()
 
 
-def host_fallback(call) -> bool:
-    """Statements whose working dtype is not float32/float64 run on the NumPy
-    reference (the Triton kernels compute in floating point), and so do those a compiled
-    backend cannot render (backends/capabilities.py) and those with an
-    empty input: every read of it is pad= or fill= (or none happens), and a kernel's
-    clamped address into an empty array would point outside it."""
-    working = call.dtypes.working
-    if working.kind != "f" or working.itemsize < 4 or not_compiled(call.spec, "triton"):
-        return True
-    return any(0 in shape for shape in call.arrays.shapes.values())
 
 
 @dataclass(frozen=True)
