@@ -100,6 +100,9 @@ def compute_gradients(statement: str, options: Options, arrays: Mapping[str, obj
     computed where they are by the chosen backend).  ``output``: the forward's result
     (a NumPy array), which gradients that recompute it read instead."""
     key = options_key(options)
+    wanted = list(wanted)
+    if len(wanted) > 1 and _first_on_host(statement, key, wanted, arrays, output_grad):
+        return _side_by_side(statement, options, arrays, output_grad, wanted, output)
     result = {}
     for name in wanted:
         grads = gradient_statements(statement, name, key)
@@ -123,6 +126,56 @@ def compute_gradients(statement: str, options: Options, arrays: Mapping[str, obj
         found = run_reference(grads, values, backend=options.backend)
         value = found[grads[0].target]   # a torch/JAX gradient stays in its framework
         result[name] = np.asarray(value) if framework_of(value) == NUMPY else value
+    return result
+
+
+# Signatures whose gradients have been computed once (their kernels compiled then).
+_SEEN_SIGNATURES: Dict[Tuple, bool] = {}
+_SEEN_KEPT = 4096
+
+
+def _first_on_host(statement: str, key, wanted, arrays, output_grad) -> bool:
+    """Whether this is the first computation of these gradients for arrays of these
+    shapes and dtypes, all of them NumPy arrays or numbers (host kernels: no framework
+    whose tracing or recording is per thread)."""
+    signature = [statement, key, tuple(wanted)]
+    for name, value in sorted(arrays.items()) + [("", output_grad)]:
+        if type(value) is np.ndarray:
+            signature.append((name, value.shape, value.dtype, value.strides))
+        elif type(value) in (int, float, bool) or isinstance(value, np.generic):
+            signature.append((name, type(value)))
+        else:
+            return False
+    signature = tuple(signature)
+    if signature in _SEEN_SIGNATURES:
+        return False
+    if len(_SEEN_SIGNATURES) >= _SEEN_KEPT:
+        _SEEN_SIGNATURES.clear()
+    _SEEN_SIGNATURES[signature] = True
+    return True
+
+
+def _side_by_side(statement: str, options: Options, arrays, output_grad, wanted,
+                  output) -> Dict[str, object]:
+    """The gradients of a first call, each wanted input's in its own thread: their
+    kernels are independent, so a first backward compiles them side by side and waits
+    for the slowest compile rather than the sum (issue 32).  The values are those of
+    the one-by-one loop (each gradient is computed as it would be alone, from the same
+    read-only arrays); an error is the one the loop would raise first."""
+    import concurrent.futures
+    import os
+
+    def one(name):
+        return compute_gradients(statement, options, arrays, output_grad, [name], output)
+
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else \
+        (os.cpu_count() or 1)
+    with concurrent.futures.ThreadPoolExecutor(max(1, min(len(wanted), cores)),
+                                               "einfuse-gradient") as pool:
+        futures = [pool.submit(one, name) for name in wanted]
+        result = {}
+        for future in futures:      # in the order asked: the first error is the loop's
+            result.update(future.result())
     return result
 
 

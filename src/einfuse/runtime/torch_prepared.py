@@ -112,16 +112,23 @@ class PreparedAutograd:
         from .gradient_reference import statements_to_run
         key = gradients.options_key(self.options)
         output = self.output if self.keeps_output else None   # (put in arrays then)
-        plans = []
+        plans, wanted = [], []
         for name in self.recorded:
             grads = gradients.gradient_statements(self.statement, name, key)
             output_grad = grads[0].output_grad if grads else "dOUT"
             values = dict(arrays)
             values[output_grad] = grad
-            todo = statements_to_run(grads, values) if grads else []
+            wanted.append((name, output_grad, values,
+                           statements_to_run(grads, values) if grads else []))
+        made = self._steps_side_by_side([(g, values) for _, _, values, todo in wanted
+                                         for g in todo], output)
+        for name, output_grad, values, todo in wanted:
             shape, dtype = self.shapes[name]
             if todo:
-                steps = tuple(self._attributed_step(g, values, output) for g in todo)
+                # (a step whose making failed is made again here, in order: its error
+                # is the one the one-by-one loop raises)
+                steps = tuple(made.get(id(g)) or self._attributed_step(g, values, output)
+                              for g in todo)
                 compute = _gradient(steps, values, shape, dtype)
             else:       # no statement: the general path says why, every call
                 compute = self._general(name, output_grad, shape, dtype)
@@ -132,6 +139,39 @@ class PreparedAutograd:
                 self._layouts.clear()
             self._layouts[(grad.strides, grad.dtype)] = plans
         return plans
+
+    def _steps_side_by_side(self, todo, output: Optional[str]) -> Dict[int, "GradientStep"]:
+        """The steps of the gradient statements in ``todo`` ((statement, values) pairs),
+        made in threads side by side: making a step runs its kernel once, which compiles
+        it on a first backward, and the compiles of independent kernels then take the
+        time of the slowest rather than their sum (issue 32).  By ``id`` of the
+        statement; one whose making raised is left out (the caller makes it again)."""
+        seen = set()     # one thread per statement text: two must not prepare one kernel
+        todo = [(g, values) for g, values in todo
+                if not (g.text in seen or seen.add(g.text))]
+        if len(todo) < 2:
+            return {}
+        import concurrent.futures
+        import os
+        grad_mode = torch.is_grad_enabled()
+
+        def make(pair):
+            g, values = pair
+            with torch.set_grad_enabled(grad_mode):    # (autograd's mode is per thread)
+                return self._attributed_step(g, values, output)
+
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else \
+            (os.cpu_count() or 1)
+        made = {}
+        with concurrent.futures.ThreadPoolExecutor(max(1, min(len(todo), cores)),
+                                                   "einfuse-gradient") as pool:
+            futures = [(id(pair[0]), pool.submit(make, pair)) for pair in todo]
+            for key, future in futures:
+                try:
+                    made[key] = future.result()
+                except Exception:      # (made again by the caller, which raises it)
+                    pass
+        return made
 
     def _attributed_step(self, g, values, output: Optional[str]) -> "GradientStep":
         with gradient_errors(g):     # its errors told of the statement as written
