@@ -1,6 +1,6 @@
 """The benchmark's catalogue: every case ``einfuse bench`` runs, gathered from the
 modules that define them (cases.py, frontend_cases.py, overhead_cases.py, jit_cases.py,
-jit_call_cases.py, module_cases.py, jax_gather_cases.py, spellings.py; gpu.py and
+jit_call_cases.py, module_cases.py, jax_gather_cases.py, spellings.py, row_cases.py; gpu.py and
 gpu_programs.py for ``--device cuda``)."""
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from .jax_gather_cases import gather_grad_cases
 from .jit_call_cases import jit_call_cases
 from .jit_cases import seed_case
 from .module_cases import module_cases
+from .row_cases import row_cases
 from .overhead_cases import overhead_cases
 from .spellings import spelling_cases
 
@@ -31,12 +32,13 @@ def all_cases(quick: bool = False) -> List[Case]:
             (training_cases(quick=True) + [attention_training_case(1, 2, 128, 16)] +
              small_training_cases(quick=True) + module_cases(quick=True)
              if installed("torch") else []) + \
-            frontend_cases(quick=True) + overhead_cases() + spelling_cases(quick=True) + jit
+            frontend_cases(quick=True) + overhead_cases() + spelling_cases(quick=True) + \
+            row_cases(quick=True) + jit
     return [dist_case(), gauss_case(10**4), gauss_case(10**5), matmul_case(), bmm_rev_case(),
             conv2d_case(), embed_case(), logsumexp_case(), attention_case()] + training_cases() + \
         [attention_training_case()] + small_training_cases() + \
         (module_cases() if installed("torch") else []) + frontend_cases() + \
-        overhead_cases() + spelling_cases() + jit
+        overhead_cases() + spelling_cases() + row_cases() + jit
 
 
 def jit_cases(quick: bool = False) -> List[Case]:

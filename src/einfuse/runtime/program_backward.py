@@ -4,7 +4,9 @@ For each signature of the arrays (names, shapes, dtypes) the steps are resolved 
 into a plan: runs of gather statements and Totals become compiled kernels that
 schedule/fusion.py runs as one loop over rows where it can (softmax's ``de`` then
 lives as one row per thread and never reaches memory); scatter statements, and Totals
-that cannot be a kernel, add with NumPy between those runs."""
+that cannot be a kernel, add with NumPy between those runs (a scatter that gathers its
+positions, as cross-entropy's ``dX[i, t[i]] += -dl[i]``, is prepared once:
+runtime/program_scatter.py)."""
 
 from __future__ import annotations
 
@@ -26,6 +28,7 @@ from ..lang.ast import Access, IndexExpr, sum_tree
 from ..lang.printer import format_expr
 from ..analysis.frameworks import JAX, TORCH, framework_of, placeholder
 from .run_groups import run_statements
+from .program_scatter import prepared_scatter
 from .program_shared import Entry, shared_kernels
 from .kernel_maker import compile_statement
 from .gradient_reference import resolve_options
@@ -96,8 +99,9 @@ class BackwardRun:
         # per piece, how it runs: a run of kernels starts the full way (and then
         # keeps its prepared run), scatters and sums as they are
         self._runs = [self._first(n, piece) if isinstance(piece, _Kernels) else
-                      functools.partial(_scatter, piece) if isinstance(piece, _Scatter)
-                      else functools.partial(_add, piece.total)
+                      _ScatterRun(piece, backend) if isinstance(piece, _Scatter) and
+                      framework != "jax" else functools.partial(_scatter, piece)
+                      if isinstance(piece, _Scatter) else functools.partial(_add, piece.total)
                       for n, piece in enumerate(self.pieces)]
 
     def _first(self, number: int, piece: "_Kernels"):
@@ -132,6 +136,24 @@ def _add(total: Total, env) -> None:
     for part in total.parts[1:]:
         value = value + env[part]
     env[total.target] = value
+
+
+class _ScatterRun:
+    """A scatter piece's run: prepared once for the first call's layouts where
+    runtime/program_scatter.py applies (then a call is the values kernel and one
+    compiled add), else, and for any call it declines, the general path."""
+
+    def __init__(self, piece: "_Scatter", backend: str):
+        self.piece = piece
+        self.backend = backend
+        self.prepared = None        # None: not tried yet; False: does not apply
+
+    def __call__(self, env) -> None:
+        if self.prepared is None:
+            self.prepared = prepared_scatter(self.piece.statements, self.piece.key, env,
+                                             self.backend) or False
+        if not (self.prepared and self.prepared(env)):
+            _scatter(self.piece, env)
 
 
 def _scatter(piece: "_Scatter", env) -> None:

@@ -202,18 +202,23 @@ def _library(dtype: np.dtype) -> ctypes.CDLL:
             function = getattr(found, name)
             function.argtypes = _ARGTYPES
             function.restype = None
-        found.ef_exp_values.argtypes = [ctypes.c_void_p] * 2 + [ctypes.c_int64]
-        found.ef_exp_values.restype = None
+        for name in ("ef_exp_values", "ef_exp_values_fast"):
+            getattr(found, name).argtypes = [ctypes.c_void_p] * 2 + [ctypes.c_int64]
+            getattr(found, name).restype = None
         with _lock:
             found = _libraries.setdefault(dtype, found)
     return found
 
 
-def exp_values(x: np.ndarray) -> np.ndarray:
-    """The row kernels' exponential of each value of a float32 or float64 vector."""
+def exp_values(x: np.ndarray, fast: bool = False) -> np.ndarray:
+    """The row kernels' exponential of each value of a float32 or float64 vector;
+    ``fast``: the form a row takes once its extremes put every argument in range
+    (rows_source.py's ef_vexp_fast), for arguments in that range only."""
     x = np.ascontiguousarray(x)
     y = np.empty_like(x)
-    _library(x.dtype).ef_exp_values(x.ctypes.data, y.ctypes.data, x.size)
+    library = _library(x.dtype)
+    (library.ef_exp_values_fast if fast else library.ef_exp_values)(
+        x.ctypes.data, y.ctypes.data, x.size)
     return y
 
 

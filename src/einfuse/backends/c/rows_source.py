@@ -85,6 +85,18 @@ static inline void ef_store(T *p, vT v) { memcpy(p, &v, sizeof v); }
 static inline vT ef_load_part(const T *p, int64_t c, T fill) {
   vT v = ef_splat(fill); memcpy(&v, p, (size_t)c * sizeof(T)); return v;
 }
+/* exp(x) for x in [-EF_BIG, EF_BIG] (no NaN): ef_vexp's arithmetic without its
+   special cases, the same bits there (2**n from the exponent bits of k + 1, where
+   ef_vexp multiplies 2**(n - 1) by 2: both exact).  The kernels take it for a whole
+   row once the row's extremes put every argument in that range. */
+static inline vT ef_vexp_fast(vT x) {
+  vT k = x * (T)EF_LOG2E + (T)EF_SHIFT;
+  vT n = k - (T)EF_SHIFT;
+  vT r = x - n * (T)EF_LN2HI;
+  r = r - n * (T)EF_LN2LO;
+  vT p = ef_poly(r) * (r * r) + r + (T)1;
+  return p * (vT)(((vI)k + 1) << EF_MANT);
+}
 static inline vT ef_vexp(vT x) {
   vT k = x * (T)EF_LOG2E + (T)EF_SHIFT;
   vT n = k - (T)EF_SHIFT;
@@ -101,11 +113,25 @@ static inline vT ef_vexp(vT x) {
 /* NaN wins, as in NumPy's maximum */
 static inline T ef_max(T a, T b) { return (a > b || a != a) ? a : b; }
 static inline vT ef_vmax(vT a, vT b) { return ef_sel((a > b) | (a != a), a, b); }
+/* max(v, a) and min(v, a) of an accumulator a that holds no NaN, ignoring a NaN v
+   (the x86 instructions return their second operand where either is NaN) */
+#if %(minmax_guard)s
+#include <immintrin.h>
+static inline vT ef_qmax(vT v, vT a) { return (vT)%(max_op)s((%(mm)s)v, (%(mm)s)a); }
+static inline vT ef_qmin(vT v, vT a) { return (vT)%(min_op)s((%(mm)s)v, (%(mm)s)a); }
+#else
+static inline vT ef_qmax(vT v, vT a) { return ef_sel(v > a, v, a); }
+static inline vT ef_qmin(vT v, vT a) { return ef_sel(v < a, v, a); }
+#endif
 /* lane l of EF_ROTk(v) is lane (l + VW / 2**k) %% VW of v: after folding v with each
    rotation in turn every lane holds the fold of all (the lanes taken pairwise) */
 %(rotations)s
 static inline T ef_hmax(vT v) {
 %(max_steps)s
+  return v[0];
+}
+static inline T ef_hmin(vT v) {     /* (of a vector without NaN) */
+%(min_steps)s
   return v[0];
 }
 static inline vT ef_vabs(vT v) { return ef_sel(v < 0, -v, v); }
@@ -145,26 +171,88 @@ static inline T ef_row_max(const T *x, int64_t n) {
   return ef_hmax(ef_vmax(ef_vmax(a0, a1), ef_vmax(a2, a3)));
 }
 
+/* The row's maximum and (into *lo) minimum over its values that are not NaN (-inf
+   and inf where all are NaN), by the machine's max and min instructions: one each a
+   vector, where the NaN-propagating maximum takes four.  A row holding a NaN has a
+   NaN sum of exponentials whatever its maximum, which is how the kernels find the
+   rows to take again with ef_row_max.  The minimum tells whether every exp(x - max)
+   of the row is in ef_vexp_fast's range. */
+static inline T ef_row_range(const T *x, int64_t n, T *lo) {
+  vT a0 = ef_splat(-INFINITY), a1 = a0, a2 = a0, a3 = a0;
+  vT b0 = ef_splat(INFINITY), b1 = b0;
+  int64_t j = 0;
+  for (; j + 4 * VW <= n; j += 4 * VW) {
+    const vT x0 = ef_load(x + j), x1 = ef_load(x + j + VW);
+    const vT x2 = ef_load(x + j + 2 * VW), x3 = ef_load(x + j + 3 * VW);
+    a0 = ef_qmax(x0, a0); a1 = ef_qmax(x1, a1); a2 = ef_qmax(x2, a2); a3 = ef_qmax(x3, a3);
+    b0 = ef_qmin(ef_qmin(x0, x1), b0); b1 = ef_qmin(ef_qmin(x2, x3), b1);
+  }
+  for (; j + VW <= n; j += VW) {
+    const vT v = ef_load(x + j);
+    a0 = ef_qmax(v, a0); b0 = ef_qmin(v, b0);
+  }
+  if (j < n) {
+    a1 = ef_qmax(ef_load_part(x + j, n - j, -INFINITY), a1);
+    b1 = ef_qmin(ef_load_part(x + j, n - j, INFINITY), b1);
+  }
+  *lo = ef_hmin(ef_qmin(b0, b1));
+  return ef_hmax(ef_qmax(ef_qmax(a0, a1), ef_qmax(a2, a3)));
+}
+
+/* Whether every exp(x - m) of a row with maximum m and minimum lo is in
+   ef_vexp_fast's range (false for NaN and infinite maxima). */
+static inline int ef_fast_row(T m, T lo) { return isfinite(m) && lo - m >= -(T)EF_BIG; }
+
+/* Rows stream from memory while the kernels compute in the L1 cache: each pass over a
+   row that is in the cache already prefetches, line by line, the row EF_AHEAD rows
+   on, so that its loads overlap this row's arithmetic (without it a short row's time
+   was its arithmetic plus its transfer).  A row longer than EF_SHORT bytes prefetches
+   its own lines (a no-op: the hardware's stream prefetch runs far enough ahead in a
+   long row), and so does a thread's last row. */
+#define EF_AHEAD 2
+#define EF_SHORT 8192
+static inline const T *ef_ahead_row(const T *X, int64_t i, int64_t hi, int64_t ldx,
+                                    int64_t n) {
+  const int near = n * (int64_t)sizeof(T) <= EF_SHORT && i + EF_AHEAD < hi;
+  return X + (near ? i + EF_AHEAD : i) * ldx;
+}
+/* the lines of ahead[j, j + 4 VW) (64, 128 or 256 bytes), written out: GCC drops a
+   loop of prefetches */
+static inline void ef_prefetch4(const T *ahead, int64_t j) {
+  const char *a = (const char *)(ahead + j);
+  const int bytes = 4 * VW * (int)sizeof(T);
+  __builtin_prefetch(a, 0, 3);
+  if (bytes >= 128) __builtin_prefetch(a + 64, 0, 3);
+  if (bytes >= 256) { __builtin_prefetch(a + 128, 0, 3); __builtin_prefetch(a + 192, 0, 3); }
+}
+
+/* exp(v) by ef_vexp_fast where fast (a constant after inlining), else by ef_vexp */
+static inline vT ef_vexp_row(vT v, int fast) { return fast ? ef_vexp_fast(v) : ef_vexp(v); }
+
 /* p[j] = exp(x[j] - m) for j in [b, end), their sum added into two vectors of lanes
-   (each lane adds at most (end - b) / (2 VW) + 1 values) */
+   (each lane adds at most (end - b) / (2 VW) + 1 values); ``ahead``: the row to
+   prefetch (or null) */
 static inline void ef_exp_block(const T *x, T *p, int64_t b, int64_t end, vT mv,
-                                vT *sum0, vT *sum1) {
+                                vT *sum0, vT *sum1, int fast, const T *ahead) {
   vT t0 = {}, t1 = {}, t2 = {}, t3 = {};
   int64_t j = b;
   for (; j + 4 * VW <= end; j += 4 * VW) {
-    vT e0 = ef_vexp(ef_load(x + j) - mv), e1 = ef_vexp(ef_load(x + j + VW) - mv);
-    vT e2 = ef_vexp(ef_load(x + j + 2 * VW) - mv), e3 = ef_vexp(ef_load(x + j + 3 * VW) - mv);
+    ef_prefetch4(ahead, j);
+    vT e0 = ef_vexp_row(ef_load(x + j) - mv, fast);
+    vT e1 = ef_vexp_row(ef_load(x + j + VW) - mv, fast);
+    vT e2 = ef_vexp_row(ef_load(x + j + 2 * VW) - mv, fast);
+    vT e3 = ef_vexp_row(ef_load(x + j + 3 * VW) - mv, fast);
     ef_store(p + j, e0); ef_store(p + j + VW, e1);
     ef_store(p + j + 2 * VW, e2); ef_store(p + j + 3 * VW, e3);
     t0 += e0; t1 += e1; t2 += e2; t3 += e3;
   }
   for (; j + VW <= end; j += VW) {
-    vT e = ef_vexp(ef_load(x + j) - mv);
+    vT e = ef_vexp_row(ef_load(x + j) - mv, fast);
     ef_store(p + j, e);
     t0 += e;
   }
-  if (j < end) {
-    vT e = ef_vexp(ef_load_part(x + j, end - j, 0) - mv);
+  if (j < end) {     /* the lanes past the row hold m: exp(0), in range, not added */
+    vT e = ef_vexp_row(ef_load_part(x + j, end - j, mv[0]) - mv, fast);
     memcpy(p + j, &e, (size_t)(end - j) * sizeof(T));
     t1 += ef_sel(ef_lanes() < (T)(end - j), e, (vT){});
   }
@@ -172,7 +260,31 @@ static inline void ef_exp_block(const T *x, T *p, int64_t b, int64_t end, vT mv,
   *sum1 += t1 + t3;
 }
 
-/* P[i,:] = exp(X[i,:] - M[i]) / S[i], M the row max, S the row sum of the exponentials */
+/* The row's sum of exp(x[j] - m), the exponentials written to p[0, n) */
+static inline T ef_exp_row(const T *x, T *p, int64_t n, T m, int fast, const T *ahead) {
+  const vT mv = ef_splat(m);
+  vT t0 = {}, t1 = {}, c0 = {}, c1 = {};
+  if (n <= EF_BLOCK) {     /* one block: its lane partials need no compensation */
+    if (fast) ef_exp_block(x, p, 0, n, mv, &t0, &t1, 1, ahead);
+    else ef_exp_block(x, p, 0, n, mv, &t0, &t1, 0, ahead);
+    return ef_hsum(t0 + t1);
+  }
+  vT s0 = {}, s1 = {};
+  for (int64_t b = 0; b < n; b += EF_BLOCK) {
+    vT u0 = {}, u1 = {};
+    if (fast) ef_exp_block(x, p, b, ef_min(n, b + EF_BLOCK), mv, &u0, &u1, 1, ahead);
+    else ef_exp_block(x, p, b, ef_min(n, b + EF_BLOCK), mv, &u0, &u1, 0, ahead);
+    ef_vfold(&s0, &c0, u0);
+    ef_vfold(&s1, &c1, u1);
+  }
+  return ef_total(s0 + s1, c0 + c1);
+}
+
+/* P[i,:] = exp(X[i,:] - M[i]) / S[i], M the row max, S the row sum of the exponentials.
+   A row is read from memory once, by ef_row_range; its exponentials and their scaling
+   run in the L1 cache.  A row whose sum is NaN may hold a NaN that ef_row_range
+   passed over: it is taken again as the statements are written (ef_row_max, which
+   propagates NaN, and ef_vexp), so its M and P are theirs. */
 void ef_softmax_rows(const T *X, T *P, T *M, T *S, int64_t rows, int64_t n,
                      int64_t ldx, int64_t ldp, int nthreads) {
   const int nth = nthreads > 0 ? nthreads : omp_get_max_threads();
@@ -180,34 +292,24 @@ void ef_softmax_rows(const T *X, T *P, T *M, T *S, int64_t rows, int64_t n,
      are independent, so the next row's loads and comparisons overlap the lane
      reduction, the division and the scaling (a long row would push this one's
      exponentials out of the L1 cache before they are scaled) */
-  const int early = n * (int64_t)sizeof(T) <= 8192;
+  const int early = n * (int64_t)sizeof(T) <= EF_SHORT;
   #pragma omp parallel num_threads(nth)
   {
     /* the rows split as schedule(static) does: one run of consecutive rows a thread */
     const int64_t parts = omp_get_num_threads(), part = omp_get_thread_num();
     const int64_t lo = rows / parts * part + (part < rows %% parts ? part : rows %% parts);
     const int64_t hi = lo + rows / parts + (part < rows %% parts);
-    T m = lo < hi ? ef_row_max(X + lo * ldx, n) : 0;
+    T low = 0, m = lo < hi ? ef_row_range(X + lo * ldx, n, &low) : 0;
     for (int64_t i = lo; i < hi; ++i) {
       const T *x = X + i * ldx;
       T *p = P + i * ldp;
-      const vT mv = ef_splat(m);
-      vT t0 = {}, t1 = {}, c0 = {}, c1 = {};
-      if (n <= EF_BLOCK) {     /* one block: its lane partials need no compensation */
-        ef_exp_block(x, p, 0, n, mv, &t0, &t1);
-      } else {
-        vT s0 = {}, s1 = {};
-        for (int64_t b = 0; b < n; b += EF_BLOCK) {
-          vT u0 = {}, u1 = {};
-          ef_exp_block(x, p, b, ef_min(n, b + EF_BLOCK), mv, &u0, &u1);
-          ef_vfold(&s0, &c0, u0);
-          ef_vfold(&s1, &c1, u1);
-        }
-        t0 = s0; t1 = s1;
+      T s = ef_exp_row(x, p, n, m, ef_fast_row(m, low), ef_ahead_row(X, i, hi, ldx, n));
+      if (s != s) {
+        m = ef_row_max(x, n);
+        s = ef_exp_row(x, p, n, m, 0, x);
       }
-      T next = 0;
-      if (early && i + 1 < hi) next = ef_row_max(x + ldx, n);
-      const T s = n <= EF_BLOCK ? ef_hsum(t0 + t1) : ef_total(t0 + t1, c0 + c1);
+      T next = 0, next_low = 0;
+      if (early && i + 1 < hi) next = ef_row_range(x + ldx, n, &next_low);
       M[i] = m;
       S[i] = s;
       const T r = (T)1 / s;
@@ -219,20 +321,22 @@ void ef_softmax_rows(const T *X, T *P, T *M, T *S, int64_t rows, int64_t n,
       } else {
         for (int64_t j = 0; j < n; ++j) p[j] /= s;
       }
-      if (!early && i + 1 < hi) next = ef_row_max(x + ldx, n);
+      if (!early && i + 1 < hi) next = ef_row_range(x + ldx, n, &next_low);
       m = next;
+      low = next_low;
     }
   }
 }
 
 /* The row's compensated sum of (x - mu)**k, k = 1 (mu = 0) or 2. */
 static inline void ef_sum_block(const T *x, int64_t b, int64_t end, T mu, int square,
-                                vT *sum0, vT *sum1) {
+                                vT *sum0, vT *sum1, const T *ahead) {
   const vT mv = ef_splat(mu);
   vT t0 = {}, t1 = {}, t2 = {}, t3 = {};
   int64_t j = b;
   if (square) {
     for (; j + 4 * VW <= end; j += 4 * VW) {
+      ef_prefetch4(ahead, j);
       vT d0 = ef_load(x + j) - mv, d1 = ef_load(x + j + VW) - mv;
       vT d2 = ef_load(x + j + 2 * VW) - mv, d3 = ef_load(x + j + 3 * VW) - mv;
       t0 += d0 * d0; t1 += d1 * d1; t2 += d2 * d2; t3 += d3 * d3;
@@ -265,17 +369,28 @@ void ef_exp_values(const T *x, T *y, int64_t n) {
   }
 }
 
+/* the same by ef_vexp_fast, for arguments in its range (tests check it gives
+   ef_vexp's bits there) */
+void ef_exp_values_fast(const T *x, T *y, int64_t n) {
+  int64_t j = 0;
+  for (; j + VW <= n; j += VW) ef_store(y + j, ef_vexp_fast(ef_load(x + j)));
+  if (j < n) {
+    vT e = ef_vexp_fast(ef_load_part(x + j, n - j, 0));
+    memcpy(y + j, &e, (size_t)(n - j) * sizeof(T));
+  }
+}
+
 /* The row's sum of (x - mu)**k, k = 1 (mu = 0) or 2; compensated past one block. */
-static inline T ef_row_sum(const T *x, int64_t n, T mu, int square) {
+static inline T ef_row_sum(const T *x, int64_t n, T mu, int square, const T *ahead) {
   if (n <= EF_BLOCK) {
     vT t0 = {}, t1 = {};
-    ef_sum_block(x, 0, n, mu, square, &t0, &t1);
+    ef_sum_block(x, 0, n, mu, square, &t0, &t1, ahead);
     return ef_hsum(t0 + t1);
   }
   vT s0 = {}, s1 = {}, c0 = {}, c1 = {};
   for (int64_t b = 0; b < n; b += EF_BLOCK) {
     vT t0 = {}, t1 = {};
-    ef_sum_block(x, b, ef_min(n, b + EF_BLOCK), mu, square, &t0, &t1);
+    ef_sum_block(x, b, ef_min(n, b + EF_BLOCK), mu, square, &t0, &t1, 0);
     ef_vfold(&s0, &c0, t0);
     ef_vfold(&s1, &c1, t1);
   }
@@ -294,9 +409,9 @@ static inline void ef_row_moments(const T *x, int64_t n, T d1, T *mu, T *squares
   for (int64_t b = 0; b < n; b += EF_BLOCK) {
     const int64_t end = ef_min(n, b + EF_BLOCK);
     vT u0 = {}, u1 = {}, q0 = {}, q1 = {};
-    ef_sum_block(x, b, end, 0, 0, &u0, &u1);
+    ef_sum_block(x, b, end, 0, 0, &u0, &u1, 0);
     const T size = (T)(end - b), block_mean = ef_hsum(u0 + u1) / size;
-    ef_sum_block(x, b, end, block_mean, 1, &q0, &q1);
+    ef_sum_block(x, b, end, block_mean, 1, &q0, &q1, 0);
     const T delta = block_mean - mean, total = count + size;
     mean += delta * (size / total);
     m2 += ef_hsum(q0 + q1) + delta * delta * (count * (size / total));
@@ -307,7 +422,7 @@ static inline void ef_row_moments(const T *x, int64_t n, T d1, T *mu, T *squares
   *mu = ef_total(s0 + s1, c0 + c1) / d1;
   const T shift = mean - *mu;
   *squares = m2 + count * shift * shift;
-  if (!isfinite(*squares)) *squares = ef_row_sum(x, n, *mu, 1);
+  if (!isfinite(*squares)) *squares = ef_row_sum(x, n, *mu, 1, 0);
 }
 
 /* MU[i] = sum(X[i,:]) / n1, V[i] = sum((X[i,:] - MU[i])**2) / n2,
@@ -317,14 +432,18 @@ void ef_layernorm_rows(const T *X, const T *G, const T *B, T *Y, T *MU, T *V,
                        double n1, double n2, double eps, int nthreads) {
   const int nth = nthreads > 0 ? nthreads : omp_get_max_threads();
   const T d1 = (T)n1, d2 = (T)n2, e = (T)eps;
-  #pragma omp parallel for schedule(static) num_threads(nth)
-  for (int64_t i = 0; i < rows; ++i) {
+  #pragma omp parallel num_threads(nth)
+  {
+  const int64_t parts = omp_get_num_threads(), part = omp_get_thread_num();
+  const int64_t lo = rows / parts * part + (part < rows %% parts ? part : rows %% parts);
+  const int64_t hi = lo + rows / parts + (part < rows %% parts);
+  for (int64_t i = lo; i < hi; ++i) {
     const T *x = X + i * ldx;
     T *y = Y + i * ldy;
     T mu, squares;
-    if (n <= EF_BLOCK) {
-      mu = ef_row_sum(x, n, 0, 0) / d1;
-      squares = ef_row_sum(x, n, mu, 1);
+    if (n <= EF_BLOCK) {     /* the sum reads the row; the squares prefetch as they go */
+      mu = ef_row_sum(x, n, 0, 0, 0) / d1;
+      squares = ef_row_sum(x, n, mu, 1, ef_ahead_row(X, i, hi, ldx, n));
     } else {
       ef_row_moments(x, n, d1, &mu, &squares);
     }
@@ -343,6 +462,7 @@ void ef_layernorm_rows(const T *X, const T *G, const T *B, T *Y, T *MU, T *V,
     } else {
       for (; j < n; ++j) y[j] = (x[j] - mu) / d * G[j] + B[j];
     }
+  }
   }
 }
 
@@ -369,7 +489,7 @@ def source(dtype: np.dtype, vector_bytes: int) -> str:
     """The kernels' C source for float32 or float64 elements."""
     single = dtype == np.float32
     lanes = max(vector_bytes, 16) // dtype.itemsize
-    rotations, max_steps, sum_steps = [], [], []
+    rotations, max_steps, min_steps, sum_steps = [], [], [], []
     step, half = 1, lanes // 2
     while half:
         order = ", ".join(str((lane + half) % lanes) for lane in range(lanes))
@@ -379,8 +499,17 @@ def source(dtype: np.dtype, vector_bytes: int) -> str:
                       f"#define EF_ROT{step}(v) __builtin_shuffle(v, (vI){{{order}}})",
                       "#endif"]
         max_steps.append(f"  v = ef_vmax(v, EF_ROT{step}(v));")
+        min_steps.append(f"  v = ef_qmin(v, EF_ROT{step}(v));")
         sum_steps.append(f"  s = s + EF_ROT{step}(s);")
         step, half = step + 1, half // 2
+    width = max(vector_bytes, 16)
+    prefix, guard = {64: ("_mm512", "defined(__AVX512F__)"), 32: ("_mm256", "defined(__AVX__)"),
+                     16: ("_mm", "defined(__SSE2__)")}.get(width, ("", "0"))
+    suffix = "ps" if single else "pd"
+    mm = {64: "__m512", 32: "__m256", 16: "__m128"}.get(width, "") + ("" if single else "d")
     return TEMPLATE % {"ctype": "float" if single else "double", "single": int(single),
+                       "minmax_guard": guard, "max_op": f"{prefix}_max_{suffix}",
+                       "min_op": f"{prefix}_min_{suffix}", "mm": mm,
                        "lanes": lanes, "rotations": "\n".join(rotations),
-                       "max_steps": "\n".join(max_steps), "sum_steps": "\n".join(sum_steps)}
+                       "max_steps": "\n".join(max_steps),
+                       "min_steps": "\n".join(min_steps), "sum_steps": "\n".join(sum_steps)}

@@ -1,0 +1,171 @@
+"""A program backward's scatter-add piece prepared for repeated calls on NumPy arrays
+(runtime/program_backward.py): ``dX[i, t[i]] += -dl[i]``, the gradient of a gather.
+
+The general path (``gradient_reference.run_reference``) resolves each statement's
+options, binds its values statement, builds the index grids and evaluates every
+subscript anew on each call: about 120-280 µs of Python for cross-entropy's 256 labels
+(256x256 float32), most of a backward whose kernels take tens of µs.  A backward runs
+for one signature of its arrays (names, shapes, dtypes), so all of that but the values
+and the gathered subscripts is found once here; a call is then the values statement's
+compiled kernel (its own fast path, on the backend the backward's gathers run on), the
+gathered subscripts read from their index arrays, a range check and one compiled loop
+adding the values in ``np.add.at``'s order (``backends/c/scatter.scatter_flat``: the
+same bits).
+
+Prepared only where every array the piece reads is a NumPy array, every statement is a
+scatter into the piece's key, at least one subscript gathers (an affine scatter has its
+own strided path) but not the first alone (an embedding's ``dW[idx[b], d]`` adds whole
+rows, column-parallel, on the general path) and the subscripts without gathers stay inside the target (the
+general path drops the points of a padded affine read).  A call whose arrays have
+other shapes or dtypes, whose values are not of the target's float dtype, or whose
+gathered positions fall outside the target, returns False: the general path runs it
+(and raises the out-of-bounds error where ``bounds='check'``)."""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass
+from typing import Callable, Dict, Mapping, Optional, Tuple
+
+import numpy as np
+
+from ..autodiff.attribution import gradient_errors
+from ..errors import EinfuseError
+from ..lang.ast import IndexExpr
+from ..backends.c.scatter import scatter_flat
+from .gradient_reference import resolve_options, statements_to_run, text_kernel
+
+_FLOATS = (np.dtype(np.float32), np.dtype(np.float64))
+
+
+@dataclass(frozen=True)
+class _Step:
+    """One scatter statement: its values kernel and inputs, the target's shape, and
+    per target axis either fixed positions (no gather) or a subscript to evaluate."""
+    kernel: object
+    inputs: Tuple[str, ...]
+    shape: Tuple[int, ...]
+    axes: Tuple[object, ...]          # np.ndarray (fixed) or IndexExpr (gathers)
+    grid: Dict[str, np.ndarray]
+    bounds: str
+
+
+def prepared_scatter(statements, key: str, env: Mapping[str, object],
+                     backend: str) -> Optional[Callable[[Dict[str, object]], bool]]:
+    """A run of the scatter piece (``statements`` adding into ``key``) for arrays laid
+    out as ``env``'s, or None where the general path must run every call."""
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            grads = statements_to_run(list(statements), env)
+            steps = tuple(_step(g, env, backend) for g in grads)
+    except EinfuseError:        # the general path raises it, attributed
+        return None
+    if not steps or any(s is None for s in steps) or \
+            any(g.kind != "scatter" or g.target != key for g in grads):
+        return None
+    reads = sorted({n for g in grads for n in g.inputs} |
+                   {a.tensor for s in steps for sub in s.axes
+                    if isinstance(sub, IndexExpr) for a in _gathered(sub)})
+    if any(type(env.get(n)) is not np.ndarray for n in reads):
+        return None
+    layouts = tuple((n, env[n].shape, env[n].dtype) for n in reads)
+    shape = steps[0].shape
+    if any(s.shape != shape for s in steps):
+        return None
+
+    def run(env: Dict[str, object]) -> bool:
+        for name, layout_shape, dtype in layouts:
+            value = env[name]
+            if type(value) is not np.ndarray or value.shape != layout_shape or \
+                    value.dtype != dtype:
+                return False
+        target = None
+        for step in steps:
+            values = step.kernel(arrays={n: env[n] for n in step.inputs})
+            if type(values) is not np.ndarray or values.dtype not in _FLOATS or \
+                    target is not None and values.dtype != target.dtype:
+                return False
+            positions = _positions(step, env, values.shape)
+            if positions is None:
+                return False
+            if target is None:
+                target = np.zeros(shape, values.dtype)
+            if not scatter_flat(target, positions, values):
+                return False
+        env[key] = target
+        return True
+    return run
+
+
+def _step(g, env, backend: str) -> Optional[_Step]:
+    with gradient_errors(g):
+        options = resolve_options(g, env)
+    bounds = options.get("bounds", "check")
+    if not any(sub.gathers for sub in g.scatter) or \
+            bounds not in ("check", "promise", "clip", "wrap"):
+        return None
+    if g.scatter[0].gathers and not any(sub.gathers for sub in g.scatter[1:]):
+        return None     # whole rows, maybe: the general path's column-parallel row add
+    indices = g.spec.output_indices
+    grid = {}
+    for pos, name in enumerate(indices):
+        rng = options["ranges"][name]
+        shape = [1] * len(indices)
+        shape[pos] = len(rng)
+        grid[name] = np.arange(rng.start, rng.stop, dtype=np.int64).reshape(shape)
+    values_shape = tuple(len(options["ranges"][name]) for name in indices)
+    target_shape = tuple(np.shape(env[g.wrt]))
+    if len(target_shape) != len(g.scatter):
+        return None
+    axes = []
+    for axis, sub in enumerate(g.scatter):
+        if sub.gathers:
+            axes.append(sub)
+            continue
+        fixed = np.broadcast_to(np.asarray(sub.index_value(grid.__getitem__), np.int64),
+                                values_shape)
+        if fixed.size and (fixed.min() < 0 or fixed.max() >= target_shape[axis]):
+            return None       # a padded affine read: the general path drops those points
+        axes.append(fixed)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        kernel = text_kernel(g.text, options, backend)
+    return _Step(kernel, tuple(g.inputs), target_shape, tuple(axes), grid, bounds)
+
+
+def _gathered(sub: IndexExpr):
+    """The index-array accesses of a subscript, nested ones included."""
+    for access, _ in sub.gathers:
+        yield access
+        for inner in access.indices:
+            yield from _gathered(inner)
+
+
+def _positions(step: _Step, env, shape) -> Optional[Tuple[np.ndarray, ...]]:
+    """Each target axis's positions for the values (``shape``), or None where a
+    gathered one is outside the target under 'check'/'promise'."""
+    found = []
+    for axis, sub in enumerate(step.axes):
+        if not isinstance(sub, IndexExpr):
+            found.append(sub)
+            continue
+        where = np.broadcast_to(_evaluate(sub, step.grid, env), shape)
+        n = step.shape[axis]
+        if step.bounds == "clip":
+            where = where.clip(0, n - 1)
+        elif step.bounds == "wrap":
+            where = where % n
+        elif where.size and (where.min() < 0 or where.max() >= n):
+            return None
+        found.append(where)
+    return tuple(found)
+
+
+def _evaluate(sub: IndexExpr, grid, env) -> np.ndarray:
+    """A subscript's integer values over the grid (gathers read from ``env``)."""
+    value = sub.index_value(grid.__getitem__)
+    for access, coeff in sub.gathers:
+        where = tuple(_evaluate(s, grid, env) for s in access.indices)
+        value = value + coeff * np.asarray(env[access.tensor])[where].astype(np.int64)
+    return np.asarray(value, np.int64)
