@@ -84,6 +84,7 @@ class Gemm:
     pre: Tuple[str, ...]
     rows: Tuple[str, ...]
     cols: Tuple[str, ...]
+    k: Tuple[str, ...]              # the summed indices, in the order both operands flatten
     rows_from: int                  # 0: the left operand, 1: the right
     order: Tuple[int, ...]
 
@@ -238,17 +239,77 @@ def _match(spec) -> _Match:
                           if not s.plain))
     found = WindowedContraction(left, right, tuple(spec.output_indices),
                                 *(tuple(groups[g]) for g in ("batch", "m", "n", "k")),
-                                window, _gemm(spec.output_indices, groups), scale)
+                                window, _gemm(spec.output_indices, groups, views), scale)
     return _Match(found, None)
 
 
-def _gemm(out: Tuple[str, ...], groups) -> Gemm:
+def _gemm(out: Tuple[str, ...], groups, views) -> Gemm:
+    """The GEMM's layout: the one whose product is the output in its own order
+    (:func:`_in_order`), unless that copies an operand read through plain subscripts
+    (a weight, an output gradient) which another layout reads in place, as its own axes
+    lie (:func:`_in_place`): the result is then a transposed view, which its consumer
+    reads in its memory order (a gradient's scatter walks the target's)."""
+    in_order = _in_order(out, groups)
+    for side, operand in enumerate(views):
+        if all(s.plain for s in operand.subscripts) and \
+                not _reads_in_place(in_order, operand.axes, side):
+            found = _in_place(out, groups, operand.axes, side)
+            if found is not None:
+                return found
+    return in_order
+
+
+def _reads_in_place(gemm: Gemm, axes: Tuple[str, ...], side: int) -> bool:
+    """Whether the operand with ``axes`` on ``side`` reaches ``gemm`` without a copy:
+    its axes are the GEMM's batch axes it has, then its two groups in either order (a
+    transposed matrix BLAS reads as it is)."""
+    own = gemm.rows if side == gemm.rows_from else gemm.cols
+    lead = tuple(n for n in gemm.pre if n in axes)
+    return axes in (lead + own + gemm.k, lead + gemm.k + own)
+
+
+def _in_place(out, groups, axes: Tuple[str, ...], side: int) -> Optional[Gemm]:
+    """The layout that reads the operand with ``axes`` (on ``side``) as its axes lie:
+    leading output indices as the batch, then its own output indices and the summed
+    ones as two runs; None where its axes do not fall so."""
+    own = set(groups["m"] if side == 0 else groups["n"])
+    summed = set(groups["k"])
+    batch = set(groups["batch"])
+    for cut in range(len(axes) + 1):
+        lead, rest = axes[:cut], axes[cut:]
+        if not batch <= set(lead) or not set(lead) <= set(out) or not rest:
+            continue
+        first = [n for n in rest if n in own]
+        second = [n for n in rest if n in summed]
+        if len(first) + len(second) != len(rest) or not first or not second:
+            continue
+        if tuple(rest) not in (tuple(first + second), tuple(second + first)):
+            continue
+        # the other operand's own indices, in the output's order
+        others = tuple(n for n in out if n not in lead and n not in own)
+        if not others:
+            continue
+        pre = tuple(n for n in out if n in lead)       # the output's order
+        if pre != tuple(lead):
+            continue
+        if tuple(rest) == tuple(first + second):        # (own, summed): the rows
+            rows, cols, rows_from = tuple(first), others, side
+        else:                                           # (summed, own): the columns
+            rows, cols, rows_from = others, tuple(first), 1 - side
+        grid = pre + rows + cols
+        return Gemm(pre, rows, cols, tuple(second), rows_from,
+                    tuple(grid.index(n) for n in out))
+    return None
+
+
+def _in_order(out: Tuple[str, ...], groups) -> Gemm:
     """The GEMM whose result is the output in its own order where one exists: the
     shortest run of leading output indices as batch, then the rows of one operand and
     the columns of the other; else batch, M, N and a transpose at the end."""
     side = {n: 0 for n in groups["m"]}
     side.update({n: 1 for n in groups["n"]})
     batch = set(groups["batch"])
+    k = tuple(groups["k"])
     for start in range(len(out)):
         rest = out[start:]
         if batch & set(rest):
@@ -259,8 +320,8 @@ def _gemm(out: Tuple[str, ...], groups) -> Gemm:
                 runs.append(side[name])
         if len(runs) == 2:
             cut = next(n for n, name in enumerate(rest) if side[name] != runs[0])
-            return Gemm(tuple(out[:start]), tuple(rest[:cut]), tuple(rest[cut:]), runs[0],
-                        tuple(range(len(out))))
+            return Gemm(tuple(out[:start]), tuple(rest[:cut]), tuple(rest[cut:]), k,
+                        runs[0], tuple(range(len(out))))
     grid = tuple(groups["batch"]) + tuple(groups["m"]) + tuple(groups["n"])
-    return Gemm(tuple(groups["batch"]), tuple(groups["m"]), tuple(groups["n"]), 0,
+    return Gemm(tuple(groups["batch"]), tuple(groups["m"]), tuple(groups["n"]), k, 0,
                 tuple(grid.index(n) for n in out))
