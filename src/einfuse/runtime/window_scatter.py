@@ -23,12 +23,20 @@ MAX_OFFSETS = 256
 
 
 def offset_plan(scatter, indices: Sequence[str], ranges: Mapping[str, range],
-                target_shape: Sequence[int]) -> Optional[Tuple[Tuple[str, ...], Tuple[str, ...]]]:
-    """(looped indices, kept indices) for a scatter of values over ``indices``, or None
-    where it is not such a scatter."""
+                target_shape: Sequence[int]):
+    """(looped indices, kept indices, the offsets in the order they are added) for a
+    scatter of values over ``indices``, or None where it is not such a scatter.
+
+    The order keeps the bits of the general path (np.add.at's, the values' order): each
+    target position receives its points in the order of the values' axes.  In a
+    subscript ``c*k + d*l + e`` with ``k`` kept and ``l`` looped, a position's points
+    have ``k`` falling as ``l`` rises (``c``, ``d`` of one sign) or rising with it; the
+    values order them by whichever of the two comes first among the values' axes, so
+    ``l`` is looped over in the direction that puts those first, and the looped indices
+    by the place of their pairs."""
     if len(scatter) != len(target_shape):
         return None
-    kept, looped = [], []
+    kept, looped, keys = [], [], []
     for sub in scatter:
         if sub.gathers or getattr(sub, "quasi", ()):
             return None
@@ -38,18 +46,28 @@ def offset_plan(scatter, indices: Sequence[str], ranges: Mapping[str, range],
         if not terms:
             continue
         keep = max(terms, key=lambda t: (abs(t[1]) * len(ranges[t[0]]), -terms.index(t)))
-        if keep[0] in kept or keep[0] in looped:
+        others = [t for t in terms if t[0] != keep[0]]
+        if keep[0] in kept or keep[0] in looped or len(others) > 1 or \
+                any(n in looped or n in kept for n, _ in others):
             return None
         kept.append(keep[0])
-        looped += [n for n, _ in terms if n != keep[0] and n not in looped]
-    if set(kept) & set(looped) or not looped:
+        for name, c in others:
+            k_at, l_at = indices.index(keep[0]), indices.index(name)
+            falling = l_at > k_at and (c > 0) == (keep[1] > 0)
+            looped.append(name)
+            keys.append((min(k_at, l_at), falling))
+    if not looped:
         return None
     offsets = 1
     for name in looped:
         offsets *= len(ranges[name])
     if offsets > MAX_OFFSETS:
         return None
-    return tuple(looped), tuple(kept)
+    ordered = sorted(range(len(looped)), key=lambda a: keys[a][0])
+    axes = [reversed(ranges[looped[a]]) if keys[a][1] else ranges[looped[a]]
+            for a in ordered]
+    names = tuple(looped[a] for a in ordered)
+    return names, tuple(kept), tuple(itertools.product(*axes))
 
 
 def add_by_offsets(target, g, values, ranges: Mapping[str, range]) -> bool:
@@ -68,7 +86,7 @@ def add_by_offsets(target, g, values, ranges: Mapping[str, range]) -> bool:
     plan = offset_plan(g.scatter, indices, ranges, target.shape)
     if plan is None:
         return False
-    looped, kept = plan
+    looped, kept, offsets = plan
     if numpy_target:
         steps = [s // target.itemsize for s in target.strides]
     else:
@@ -89,7 +107,7 @@ def add_by_offsets(target, g, values, ranges: Mapping[str, range]) -> bool:
         if any(c < 0 for sub in g.scatter for _, c in sub.terms):
             return False            # (torch's views take no negative steps)
         values = values.to(target.dtype)
-    for offset in itertools.product(*(ranges[n] for n in looped)):
+    for offset in offsets:
         fixed = dict(zip(looped, offset))
         window = _window(g.scatter, fixed, kept, ranges, target.shape, steps)
         if window is None:
@@ -101,7 +119,7 @@ def add_by_offsets(target, g, values, ranges: Mapping[str, range]) -> bool:
         # walked in the target's memory order (largest step first): in the values'
         # order a convolution's channel axis, innermost there, jumps a whole image
         walk = sorted(range(len(order)), key=lambda a: -abs(view_steps[order[a]]))
-        part = part.transpose(walk)
+        part = part.transpose(walk) if numpy_target else part.permute(*walk)
         order = [order[a] for a in walk]
         view_strides = [view_steps[n] for n in order]
         view_shape = [shape[n] for n in order]
