@@ -118,13 +118,16 @@ class WindowedContraction:
         g = self.gemm
         first, second = (self.left, self.right) if g.rows_from == 0 else \
             (self.right, self.left)
+        kept = [f"{names(group)} ({who})" for group, who in (
+            (self.batch, "both"), (self.m, self.left.tensor), (self.n, self.right.tensor))
+            if group]
+        batch = f" per {names(g.pre)}" if g.pre else ""
         return (f"windowed contraction by BLAS: {self.left.text} and {self.right.text} "
-                f"read as strided views ({'; '.join(windows)}); kept {names(self.batch)} "
-                f"(both), {names(self.m)} ({self.left.tensor}), {names(self.n)} "
-                f"({self.right.tensor}); summed {names(self.k)} (window "
-                f"{names(self.window)}); GEMM over batch {names(g.pre)}: {first.tensor} as "
-                f"({names(g.rows)}) x ({names(self.k)}) times {second.tensor} as "
-                f"({names(self.k)}) x ({names(g.cols)}); {self.method.value}")
+                f"read as strided views ({'; '.join(windows)}); kept {', '.join(kept)}; "
+                f"summed {names(g.k)} (window {names(self.window)}); GEMM{batch}: "
+                f"{first.tensor} as ({names(g.rows)}) x ({names(g.k)}) times "
+                f"{second.tensor} as ({names(g.k)}) x ({names(g.cols)}); "
+                f"{self.method.value}")
 
 
 def _subscript_text(sub: Subscript) -> str:
