@@ -11,6 +11,7 @@ from . import gpu
 from .cases import (Case, attention_case, attention_training_case, bmm_rev_case, conv2d_case,
                     dist_case, embed_case, gauss_case, installed, logsumexp_case, matmul_case,
                     small_training_cases, training_cases)
+from .conv_cases import conv_cases
 from .frontend_cases import frontend_cases
 from .gpu_programs import program_cases
 from .jax_gather_cases import gather_grad_cases
@@ -33,12 +34,13 @@ def all_cases(quick: bool = False) -> List[Case]:
              small_training_cases(quick=True) + module_cases(quick=True)
              if installed("torch") else []) + \
             frontend_cases(quick=True) + overhead_cases() + spelling_cases(quick=True) + \
-            row_cases(quick=True) + jit
+            row_cases(quick=True) + jit + (conv_cases(quick=True) if installed("torch") else [])
     return [dist_case(), gauss_case(10**4), gauss_case(10**5), matmul_case(), bmm_rev_case(),
             conv2d_case(), embed_case(), logsumexp_case(), attention_case()] + training_cases() + \
         [attention_training_case()] + small_training_cases() + \
         (module_cases() if installed("torch") else []) + frontend_cases() + \
-        overhead_cases() + spelling_cases() + row_cases() + jit
+        overhead_cases() + spelling_cases() + row_cases() + jit + \
+        (conv_cases() if installed("torch") else [])
 
 
 def jit_cases(quick: bool = False) -> List[Case]:

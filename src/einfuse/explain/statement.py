@@ -8,6 +8,7 @@ from typing import List, Optional
 
 import numpy as np
 
+from ..plan.windowed_contraction import windowed_refusal
 from ..analysis.options import shown
 from ..analysis.ranges import Bounds
 from ..analysis.cost import bytes_text, count_flops, count_text
@@ -320,6 +321,11 @@ def explain_kernel(kernel: Kernel, args, arrays, shapes, gradients: bool,
         "the C kernel for these shapes is built (in the cache): no compile on the first call"
         if built else "the first call with these shapes compiles the C kernel (once; then "
         "it is cached on disk for every later call and process)"]
+    refusal = windowed_refusal(spec) if schedule.backend == "c" and \
+        schedule.as_written().route is Route.LOOP_NEST else None
+    if refusal is not None:     # it reads through windows, but BLAS cannot take it
+        notes.append(f"not a windowed contraction for BLAS ({refusal}): the loop nest "
+                     "runs it")
     if call.framework == "jax":   # where jax.jit runs it (runtime/jax_ffi.py)
         from ..runtime.jax_ffi import route_note
         notes.append(route_note(kernel, call))

@@ -39,9 +39,10 @@ class Contraction:
                 f"K {names(self.k)}, N {names(self.n)})")
 
 
-def _factors(expr: ast.Expr) -> Optional[List[ast.Expr]]:
+def product_factors(expr: ast.Expr) -> Optional[List[ast.Expr]]:
+    """The factors of a product of accesses, numbers and parameters, else None."""
     if isinstance(expr, ast.Binary) and expr.op == "*":
-        left, right = _factors(expr.left), _factors(expr.right)
+        left, right = product_factors(expr.left), product_factors(expr.right)
         return None if left is None or right is None else left + right
     if isinstance(expr, (ast.Access, ast.Number, ast.Param)):
         return [expr]
@@ -57,7 +58,7 @@ def match_contraction(spec) -> Optional[Contraction]:
         if body.op != "sum":
             return None
         body, summed = body.body, body.indices
-    factors = _factors(body)
+    factors = product_factors(body)
     if factors is None:
         return None
     accesses = [f for f in factors if isinstance(f, ast.Access)]
@@ -71,18 +72,8 @@ def match_contraction(spec) -> Optional[Contraction]:
             return None
         indices.append(names)
     left, right = indices
-    out = spec.output_indices
-    groups = {"batch": [], "m": [], "n": [], "k": []}
-    for name in dict.fromkeys(out + left + right):
-        where = (name in out, name in left, name in right)
-        group = {(True, True, True): "batch", (True, True, False): "m",
-                 (True, False, True): "n", (False, True, True): "k"}.get(where)
-        if group is None:
-            return None
-        if group == "k" and name not in summed:
-            return None
-        groups[group].append(name)
-    if set(summed) != set(groups["k"]):
+    groups = index_groups(spec.output_indices, left, right, summed)
+    if groups is None:
         return None
     if not (groups["m"] and groups["n"]) and (not groups["k"] or all(
             names[-1] in groups["k"] for names in indices if len(names) >= 2)):
@@ -96,6 +87,27 @@ def match_contraction(spec) -> Optional[Contraction]:
         return None
     return Contraction(accesses[0].tensor, accesses[1].tensor, left, right,
                        *(tuple(groups[g]) for g in ("batch", "m", "n", "k")), scale)
+
+
+def index_groups(out, left, right, summed) -> Optional[dict]:
+    """The indices of a product of two operands by role, in first-use order: ``batch``
+    (output and both operands), ``m`` (output and left), ``n`` (output and right), ``k``
+    (both operands, summed: exactly ``summed``); None where an index has no such role
+    (it is used by one of the three alone, or an operand index is neither kept nor
+    summed)."""
+    groups = {"batch": [], "m": [], "n": [], "k": []}
+    for name in dict.fromkeys(tuple(out) + tuple(left) + tuple(right)):
+        where = (name in out, name in left, name in right)
+        group = {(True, True, True): "batch", (True, True, False): "m",
+                 (True, False, True): "n", (False, True, True): "k"}.get(where)
+        if group is None:
+            return None
+        if group == "k" and name not in summed:
+            return None
+        groups[group].append(name)
+    if set(summed) != set(groups["k"]):
+        return None
+    return groups
 
 
 def run_contraction(c: Contraction, call) -> np.ndarray:

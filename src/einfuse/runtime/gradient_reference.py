@@ -20,6 +20,7 @@ from ..autodiff.derive import AxisOf, ExtentOf, GradientStatement, NoGradientErr
 from ..autodiff.attribution import gradient_errors
 from ..autodiff.rebase import output_indices, output_starts, rebased
 from .strided_scatter import add_strided
+from .window_scatter import add_by_offsets
 
 _PASSED = ("ranges", "pad", "bounds", "fill")
 
@@ -388,6 +389,9 @@ def numpy_scatter_add(ops, target, g: GradientStatement, values, options, arrays
     if not isinstance(ops, _JaxOps) and \
             add_strided(target, g, values, {n: options["ranges"][n] for n in indices}):
         return target
+    if not isinstance(ops, _JaxOps) and \
+            add_by_offsets(target, g, values, {n: options["ranges"][n] for n in indices}):
+        return target       # (col2im: a strided view add per window offset)
     grid = {}
     for pos, name in enumerate(indices):
         rng = options["ranges"][name]

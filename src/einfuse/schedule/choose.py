@@ -16,6 +16,8 @@ from ..backends.c.threads import fixed_thread_count
 from ..lang.printer import format_statement
 from ..plan.contraction import Contraction, match_contraction
 from ..plan.contraction_addend import match_contraction_addend
+from ..plan.windowed_contraction import (WindowedContraction, window_method,
+                                         windowed_contraction, with_method)
 from .library import library_for
 from .route import backend_name
 from .schedule import LoopSchedule, Materialised, Reason, Route, Schedule
@@ -29,11 +31,27 @@ _schedule = functools.lru_cache(maxsize=2048)(Schedule)
 
 def blas_choice(call: BoundCall):
     """The contraction (plan/contraction.py), or contraction plus added term
-    (plan/contraction_addend.py), that BLAS computes for this call on the C backend, or
-    None: a float working dtype and pad= off (BLAS knows no padding and no integers)."""
-    if call.options.pad is not None or call.dtypes.working.kind != "f":
+    (plan/contraction_addend.py), or windowed contraction (plan/windowed_contraction.py,
+    the one of these that takes pad=: it pads the arrays), that BLAS computes for this
+    call on the C backend, or None: a float working dtype (BLAS knows no integers)."""
+    if call.dtypes.working.kind != "f":
         return None
-    return match_contraction(call.spec) or match_contraction_addend(call.spec)
+    if call.options.pad is None:
+        found = match_contraction(call.spec) or match_contraction_addend(call.spec)
+        if found is not None:
+            return found
+    return windowed_choice(call)
+
+
+def windowed_choice(call: BoundCall) -> Optional[WindowedContraction]:
+    """The windowed contraction (plan/windowed_contraction.py: a convolution's form,
+    its gradients) BLAS computes for this call, with the way chosen for its ranges
+    (one patch matrix or a GEMM per window offset), or None."""
+    found = windowed_contraction(call.spec, call.options.pad is not None)
+    if found is None:
+        return None
+    return with_method(found, window_method(found, call.bounds.range_map,
+                                            call.dtypes.working.itemsize))
 
 
 def blas_contraction(call: BoundCall) -> Optional[Contraction]:
@@ -79,7 +97,9 @@ def as_written(kernel, call: BoundCall, backend: Optional[str] = None,
         return _schedule(name, _BACKEND_ROUTES.get(name, Route.LOOP_NEST), statements)
     blas = blas_choice(call)
     if blas is not None:
-        route = Route.BLAS if isinstance(blas, Contraction) else Route.BLAS_THEN_ADDEND
+        route = Route.BLAS if isinstance(blas, Contraction) else \
+            Route.BLAS_WINDOWED if isinstance(blas, WindowedContraction) else \
+            Route.BLAS_THEN_ADDEND
         return _schedule(name, route, statements, blas=blas)
     threads = fixed_thread_count(call.options.threads, call.bounds.points)
     if not detail:

@@ -18,6 +18,7 @@ class Route(enum.Enum):
     LOOP_NEST = "generated loop nest"
     BLAS = "BLAS"
     BLAS_THEN_ADDEND = "BLAS, then the added term"
+    BLAS_WINDOWED = "BLAS over strided views (a windowed contraction)"
     LIBRARY = "hand-written library kernel"
     HOISTED = "hoisted form"
     HOST = "NumPy reference"

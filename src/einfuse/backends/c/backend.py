@@ -27,6 +27,8 @@ from . import build as c_build
 from .blas import blas_library, run_contraction_addend
 from .pack import pack_axis
 from .threads import thread_count
+from .windowed import run_windowed, windowed_library
+from ...plan.windowed_contraction import WindowedContraction
 from .render import render_c
 
 # Lanes per output tile: 256 bytes of accumulators (8 AVX2 / 4 AVX-512 registers),
@@ -206,6 +208,8 @@ class CBackend:
                                "or clang on PATH, or CC=...); use backend='numpy'")
         if isinstance(blas, ContractionAddend):   # BLAS, then the term added (blas.py)
             return run_contraction_addend(blas, call)
+        if isinstance(blas, WindowedContraction):     # strided views, then BLAS
+            return run_windowed(blas, call)
         if blas is not None:
             return run_contraction(blas, call)
         out = np.empty(call.output_shape, dtype=output_dtype(call))
@@ -264,6 +268,8 @@ class CBackend:
     @staticmethod
     def blas_strategy(call, blas) -> str:
         """What :meth:`strategy` is for a call the schedule hands to BLAS."""
+        if isinstance(blas, WindowedContraction):
+            return f"{blas.describe()} ({windowed_library(blas, call)})"
         return f"{blas.describe()} ({blas_library(blas, call)}), after the needed transposes"
 
     @staticmethod

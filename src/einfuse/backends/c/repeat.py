@@ -28,6 +28,8 @@ from ...plan.contraction_addend import ContractionAddend
 from .backend import _buffers, _pack_for_lanes, kernel_functions, output_dtype
 from .blas import addend_runner, contraction_runner, route_for
 from .gather_rows import gather_rows_runner
+from .windowed import windowed_route, windowed_runner
+from ...plan.windowed_contraction import WindowedContraction
 from .threads import fixed_thread_count, free_threads
 
 Runner = Callable[[Mapping[str, np.ndarray]], np.ndarray]
@@ -148,6 +150,10 @@ def blas_runner(call, blas, torch_route: bool) -> PreparedRunner:
     or one plus a broadcast term: backends/c/blas.py), as the backend's full path runs
     it; with ``torch_route`` (a call on torch tensors) the products large enough run on
     torch's BLAS."""
+    if isinstance(blas, WindowedContraction):
+        return PreparedRunner(windowed_runner(
+            blas, call, windowed_route(blas, call, torch_route)),
+            np.dtype(call.dtypes.working))
     if isinstance(blas, ContractionAddend):
         return PreparedRunner(addend_runner(
             blas, call, route_for(blas.contraction, call, torch_route)),

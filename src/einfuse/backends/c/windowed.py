@@ -1,0 +1,239 @@
+"""The run of a windowed contraction (plan/windowed_contraction.py) for one signature of
+its arguments: each operand as the strided view its subscripts read (after padding it by
+the margins its reads leave, with the ``pad=`` value), then BLAS -- the views packed into
+one patch matrix and one (broadcast) matmul, or one matmul per window offset added into
+the result -- by NumPy's BLAS or torch's (backends/c/blas.py says when whose).
+
+Memory safety rests on the ranges: every element a view addresses lies inside the padded
+array (the margins are computed from each subscript's extremes over the call's ranges),
+so the views are read-only ``as_strided`` windows of it, never wider."""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+from typing import Callable, Mapping, Optional, Tuple
+
+import numpy as np
+from numpy.lib.stride_tricks import as_strided
+
+from .blas import TORCH_BLAS_WORK
+from .blas_route import NUMPY_BLAS, BlasRoute
+from ...plan.windowed_contraction import WindowedContraction, WindowedOperand, WindowMethod
+
+Runner = Callable[[Mapping[str, np.ndarray]], np.ndarray]
+
+
+@dataclass(frozen=True)
+class _View:
+    """How an operand's view is cut from its array for one call's ranges."""
+    tensor: str
+    axes: Tuple[str, ...]
+    shape: Tuple[int, ...]                      # the extent of each axis
+    margins: Optional[Tuple[Tuple[int, int], ...]]   # padding per array axis, or None
+    origin: Tuple[int, ...]                     # the element at the ranges' first values
+    coefficients: Tuple[Tuple[int, ...], ...]   # per view axis: its step on each array axis
+
+
+def multiply_adds(found: WindowedContraction, ranges) -> int:
+    total = 1
+    for name in found.batch + found.m + found.n + found.k:
+        lo, hi = ranges[name]
+        total *= max(0, hi - lo)
+    return total
+
+
+def windowed_route(found: WindowedContraction, call, torch_route: bool) -> BlasRoute:
+    """NumPy's BLAS, or torch's for a call on torch tensors with enough work (as
+    backends/c/blas.route_for decides for a contraction) where more than one thread
+    may run: at one thread NumPy's (OpenBLAS) ran these products' shapes 1.4-1.7x
+    faster than torch.matmul (a conv2d's 32x144 by 144x1024 per image: 1.2 ms against
+    1.9 ms), and there is no other pool of threads to compete with."""
+    if torch_route and call.dtypes.working in (np.float32, np.float64) and \
+            multiply_adds(found, call.bounds.range_map) >= TORCH_BLAS_WORK and \
+            _torch_threads() > 1:
+        from .torch_blas import TORCH_BLAS
+        return TORCH_BLAS
+    return NUMPY_BLAS
+
+
+def _torch_threads() -> int:
+    import torch
+    return torch.get_num_threads()
+
+
+def windowed_library(found: WindowedContraction, call) -> str:
+    """Whose BLAS runs it for this call, in explain's words."""
+    from ...analysis.frameworks import TORCH
+    route = windowed_route(found, call, call.framework == TORCH)
+    return "numpy.matmul" if route is NUMPY_BLAS else "torch.matmul"
+
+
+def run_windowed(found: WindowedContraction, call) -> np.ndarray:
+    """The full path's run (NumPy's BLAS)."""
+    named = dict(call.arrays)
+    named.update(call.params)
+    return windowed_runner(found, call)(named)
+
+
+def windowed_runner(found: WindowedContraction, call,
+                    route: BlasRoute = NUMPY_BLAS) -> Runner:
+    """The statement's result (working dtype) from arrays (and parameters) by name, of
+    this call's signature."""
+    ranges = call.bounds.range_map
+    working = np.dtype(call.dtypes.working)
+    extents = {name: max(0, hi - lo) for name, (lo, hi) in ranges.items()}
+    out_shape = tuple(extents[n] for n in found.output)
+    if any(extents[n] == 0 for o in found.operands for n in o.axes) or \
+            any(s == 0 for s in out_shape):
+        return lambda named: np.zeros(out_shape, working)     # (a sum over nothing)
+    pad = call.options.pad
+    views = tuple(_view(o, ranges, tuple(call.arrays.shapes[o.tensor]))
+                  for o in found.operands)
+    if pad is None and any(v.margins is not None for v in views):
+        from ...errors import BackendError
+        raise BackendError("a windowed contraction's reads leave the array although "
+                           "pad= is not given (the ranges should have prevented it)")
+    fill = working.type(0 if pad is None else pad)
+    gemm = found.gemm
+    first, second = (0, 1) if gemm.rows_from == 0 else (1, 0)
+    product_shape = tuple(extents[n] for n in gemm.pre + gemm.rows + gemm.cols)
+    order = gemm.order
+    in_order = order == tuple(range(len(order)))
+    matmul = route.matmul
+    factors = found.scale
+
+    def arranged(view_arrays, axes_of, summed):
+        """The two matmul operands from the views (their axes ``axes_of``), summing
+        ``summed``."""
+        rows = _arrange(view_arrays[first], axes_of[first], gemm.pre, gemm.rows, summed,
+                        extents)
+        cols = _arrange(view_arrays[second], axes_of[second], gemm.pre, summed, gemm.cols,
+                        extents)
+        return rows, cols
+
+    def finish(product, named):
+        for factor in factors:
+            value = factor.value if hasattr(factor, "value") else named[factor.name]
+            product *= working.type(value)
+        product = product.reshape(product_shape)
+        return product if in_order else product.transpose(order)
+
+    axes = tuple(v.axes for v in views)
+    if found.method is WindowMethod.PATCHES:
+        def run(named):
+            arrays = tuple(_cut(named[v.tensor], v, working, fill) for v in views)
+            rows, cols = arranged(arrays, axes, gemm.k)
+            return finish(matmul(rows, cols), named)
+        return run
+
+    window = found.window
+    kept = tuple(n for n in gemm.k if n not in window)
+    offsets = tuple(itertools.product(*(range(extents[n]) for n in window)))
+    reduced = tuple(tuple(n for n in a if n not in window) for a in axes)
+
+    def run_per_offset(named):
+        arrays = tuple(_cut(named[v.tensor], v, working, fill) for v in views)
+        total = None
+        for offset in offsets:
+            at = dict(zip(window, offset))
+            parts = tuple(array[tuple(at.get(n, slice(None)) for n in a)]
+                          for array, a in zip(arrays, axes))
+            rows, cols = arranged(parts, reduced, kept)
+            product = matmul(rows, cols)
+            if total is None:
+                total = product
+            else:
+                np.add(total, product, out=total)
+        return finish(total, named)
+    return run_per_offset
+
+
+def _view(operand: WindowedOperand, ranges, shape: Tuple[int, ...]) -> _View:
+    """The view of ``operand`` for these ranges: each array axis's extremes over the
+    ranges give the margins to pad, the first values the origin."""
+    margins, origin = [], []
+    for sub, size in zip(operand.subscripts, shape):
+        low = high = start = sub.constant
+        for name, c in sub.terms:
+            lo, hi = ranges[name]
+            low += c * (lo if c > 0 else hi - 1)
+            high += c * (hi - 1 if c > 0 else lo)
+            start += c * lo
+        before, after = max(0, -low), max(0, high - (size - 1))
+        margins.append((before, after))
+        origin.append(start + before)
+    coefficients = tuple(tuple(operand.stride_of(name, axis)
+                               for axis in range(len(shape))) for name in operand.axes)
+    padded = any(b or a for b, a in margins)
+    return _View(operand.tensor, operand.axes,
+                 tuple(max(0, ranges[n][1] - ranges[n][0]) for n in operand.axes),
+                 tuple(margins) if padded else None, tuple(origin), coefficients)
+
+
+def _cut(array, view: _View, working: np.dtype, fill) -> np.ndarray:
+    """The read-only strided view of ``array`` (converted to ``working``, padded with
+    ``fill`` where the view's reads leave it)."""
+    array = np.asarray(array)
+    if array.dtype != working:
+        array = array.astype(working)
+    if view.margins is not None:
+        shape = tuple(n + b + a for n, (b, a) in zip(array.shape, view.margins))
+        # (zeros: fresh zero pages from the system, no fill pass)
+        padded = np.zeros(shape, working) if fill == 0 else np.full(shape, fill, working)
+        padded[tuple(slice(b, b + n) for n, (b, _) in zip(array.shape, view.margins))] = array
+        array = padded
+    start = array[tuple(slice(o, o + 1) for o in view.origin)]
+    strides = tuple(sum(c * s for c, s in zip(coefficients, array.strides))
+                    for coefficients in view.coefficients)
+    return as_strided(start, view.shape, strides, writeable=False)
+
+
+def _arrange(array: np.ndarray, axes: Tuple[str, ...], pre, rows, cols,
+             extents) -> np.ndarray:
+    """``array`` (axes ``axes``) as a matmul operand: the ``pre`` axes it has (unit axes
+    for those it lacks, which broadcast), then ``rows`` flattened, then ``cols``
+    flattened; packed (the copy is the patch matrix) unless already a layout BLAS reads.
+    ``rows``/``cols`` are the operand's own (M, K) or (K, N) groups."""
+    lead = [axes.index(n) for n in pre if n in axes]
+    first, second = [axes.index(n) for n in rows], [axes.index(n) for n in cols]
+    batch = tuple(extents[n] if n in axes else 1 for n in pre)
+    shape = batch + (_size(rows, extents), _size(cols, extents))
+    try:
+        arranged = np.reshape(array.transpose(lead + first + second), shape, copy=False)
+        if _blas_ready(arranged):
+            return arranged
+    except ValueError:
+        pass                    # a copy it is: the patch matrix
+    # packed with the group whose last axis is the longer innermost (copy) loop: a
+    # weight gradient's patches (b, i, j) x (c, p, q) would copy runs of 3 (q), packed
+    # the other way round runs of 32 (j), 3x faster; BLAS reads either as it lies
+    def inner(group):
+        return (array.shape[group[-1]], -abs(array.strides[group[-1]])) if group else (0, 0)
+    if inner(first) > inner(second):
+        packed = array.transpose(lead + second + first).reshape(
+            batch + (shape[-1], shape[-2]))
+        return np.ascontiguousarray(packed).swapaxes(-1, -2)
+    return np.ascontiguousarray(array.transpose(lead + first + second).reshape(shape))
+
+
+def _blas_ready(array: np.ndarray) -> bool:
+    """Whether BLAS reads the matrices of ``array`` in place: a unit step along one of
+    the last two axes, and a leading dimension no smaller than the other's extent, on a
+    writeable array (torch refuses read-only views)."""
+    if not array.flags.writeable or array.ndim < 2:
+        return array.flags.c_contiguous and array.flags.writeable
+    item = array.itemsize
+    rows, cols = array.shape[-2:]
+    s_rows, s_cols = array.strides[-2:]
+    if any(s < 0 for s in array.strides):
+        return False
+    return (s_cols == item and s_rows >= max(1, cols) * item) or \
+        (s_rows == item and s_cols >= max(1, rows) * item)
+
+
+def _size(names, extents) -> int:
+    total = 1
+    for name in names:
+        total *= extents[name]
+    return total
