@@ -30,11 +30,11 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Dict, List, Optional, Tuple
 
-from ..lang.ast import Access, Expr, IndexExpr, Reduce, Statement, accesses, map_children
+from ..lang.ast import Access, Binary, Expr, IndexExpr, Reduce, Statement, accesses, map_children
 from ..lang.printer import format_statement
 from ..lang.rewrite import free_indices, names_in
 from ..rewrite.hoist import Hoisted, canonical, hoist, only_plain, subscripts_of
-from .contraction import Contraction, match_contraction
+from .contraction import match_contraction
 from .contraction_addend import match_contraction_addend
 
 
@@ -52,7 +52,7 @@ class ContractionEpilogue:
     """The contractions split out of a statement (``temporaries``, each computed by
     BLAS as ``contractions`` says) and the elementwise statement reading them."""
     temporaries: Tuple[Statement, ...]
-    contractions: Tuple[Contraction, ...]
+    contractions: Tuple[object, ...]    # Contraction, or ContractionAddend (+ a term)
     epilogue: Statement
 
     def describe(self) -> str:
@@ -115,20 +115,34 @@ class _Splitter:
         self.counter = 0
 
     def visit(self, expr: Expr) -> Expr:
+        if isinstance(expr, Binary) and expr.op == "+":
+            # a broadcast term added to a contraction joins its temporary (one addmm):
+            # the epilogue's gradient then reaches the term through the temporary's
+            # (a column sum of dp), not through the epilogue's derivative again
+            joined = self._temporary(expr, match_contraction_addend)
+            if joined is not None:
+                return joined
         if not isinstance(expr, Reduce):
             return map_children(expr, self.visit)
+        found = self._temporary(expr, match_contraction)
+        return expr if found is None else found
+
+    def _temporary(self, expr: Expr, match) -> Optional[Access]:
+        """The read of the temporary computing ``expr`` (made, or shared with an equal
+        expression's) where ``match`` finds it a BLAS product over its free indices,
+        else None."""
         # (a reduction's inside is not elementwise work over the output: left alone)
         key = canonical(expr)
         if key in self.shared:
             return self.shared[key]
         free = free_indices(expr)
         if not free <= set(self.out) or not self._ranges_kept(expr, free):
-            return expr
+            return None
         order = tuple(i for i in self.out if i in free)
         name = self._fresh()
-        contraction = match_contraction(_Part(":=", expr, name, order))
+        contraction = match(_Part(":=", expr, name, order))
         if contraction is None:
-            return expr
+            return None
         self.taken.add(name)
         self.temporaries.append(Statement(name, order, ":=", expr))
         self.contractions.append(contraction)
@@ -136,18 +150,19 @@ class _Splitter:
         self.shared[key] = read
         return read
 
-    def _ranges_kept(self, reduce: Reduce, free) -> bool:
+    def _ranges_kept(self, expr: Expr, free) -> bool:
         """Whether the temporary's ranges are provably those the statement used (the
         rules of rewrite/hoist.py's ``_hoistable``)."""
-        if any(a.tensor == self.statement.output for a in accesses(reduce)):
+        if any(a.tensor == self.statement.output for a in accesses(expr)):
             return False
-        own = tuple(subscripts_of(reduce))
+        own = tuple(subscripts_of(expr))
         for index in free:
             if index in self.offset or \
                     index not in self.explicit and not only_plain(index, own):
                 return False
+        bound = {i for node in expr.walk() if isinstance(node, Reduce) for i in node.indices}
         return all(index in self.explicit or only_plain(index, self.subscripts)
-                   for index in reduce.indices)
+                   for index in bound)
 
     def _fresh(self) -> str:
         while True:
