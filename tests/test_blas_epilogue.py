@@ -53,7 +53,8 @@ def _route(kernel, **arrays):
 
 
 @needs_c
-@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("dtype", [pytest.param(np.float32, marks=pytest.mark.slow),
+                                   np.float64])
 @pytest.mark.parametrize("statement, twin", CASES)
 def test_values_match_the_oracle_and_torch(statement, twin, dtype):
     arrays = _inputs(dtype)
@@ -168,7 +169,8 @@ def test_explain_names_the_route():
 
 
 @needs_c
-@pytest.mark.parametrize("statement, twin", [CASES[0], CASES[3], CASES[4]])
+@pytest.mark.parametrize("statement, twin", [CASES[0], pytest.param(*CASES[3],
+                                             marks=pytest.mark.slow), CASES[4]])
 def test_gradients_match_torch_autograd(statement, twin):
     kernel = ef.compile(statement, backend="c")
     arrays = _inputs(np.float32, 6, 9, 5)

@@ -25,6 +25,7 @@ from typing import Callable, Dict, List, Mapping, Optional, Tuple
 
 import numpy as np
 
+from ...errors import EinfuseError
 from ...analysis.binding import BoundCall, bind_call
 from ...analysis.spec import spec_of
 from ...lang import ast
@@ -65,22 +66,26 @@ def merged_call(call: BoundCall) -> Optional[MergedCall]:
     text = format_statement(statement)
     try:
         merged_spec = spec_of(text)
-    except Exception:     # (a statement this module made: never the user's error)
+    except EinfuseError:     # (a statement this module made: never the user's error)
         return None
     if set(merged_spec.params) != set(spec.params) | set(counts):
         return None
     # the call's own arrays as views of the merged shapes: the kernel's layouts (which
     # axis has unit stride) are read from them
+    read = set(merged_spec.arg_order)      # (a count replaced the only read of some)
     stand_ins = {name: np.asarray(call.arrays[name]).reshape(reshaped[name])
-                 for name in shapes}
+                 for name in shapes if name in read}
     stand_ins.update({name: call.params[name] for name in spec.params})
     stand_ins.update(counts)
-    merged = bind_call(merged_spec, options, (), stand_ins)
+    try:
+        merged = bind_call(merged_spec, options, (), stand_ins)
+    except EinfuseError:     # (a statement this module made: the call runs as it is)
+        return None
     if merged.dtypes.working != call.dtypes.working or \
             merged.dtypes.result != call.dtypes.result:
         return None
     changed = tuple((name, shape) for name, shape in reshaped.items()
-                    if shape != shapes[name])
+                    if shape != shapes[name] and name in read)
     fixed = tuple(counts.items())
 
     def adapt(named: Named) -> Dict[str, object]:
