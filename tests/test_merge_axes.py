@@ -38,6 +38,9 @@ def test_what_merges():
     assert _merged("m[b,c] := sum[h,w](X[b,c,h,w])", X=X.transpose(0, 1, 3, 2))[0] == \
         "m[b] := sum[h, w](X[b, h, w])"
     assert _merged("m[c,b] := sum[h](X[b,c,h])", X=X[:, :, :, 0]) is None
+    # one array read with the pair at two different axes: its view has one shape
+    A = rng.standard_normal((4, 4, 4))
+    assert _merged("y[k] := sum[h,w](A[h,w,k] * A[k,h,w])", A=A) is None
     # integers, gathers and pad= run as written
     assert _merged(MEAN.replace("mean", "sum"), X=X.astype(np.int64)) is None
     assert merged_call(ef.compile(MEAN, backend="c", pad=0.0).bind(X=X)) is None

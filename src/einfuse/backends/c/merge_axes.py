@@ -191,8 +191,14 @@ def _one_pair(statement, shapes, strides, ranges) -> Optional[Tuple[str, str]]:
         if scopes.get(first, 0) is not scopes.get(second, 1) or \
                 ranges[first][0] != 0 or ranges[second][0] != 0:
             continue
-        if all(_together(tensor, names, first, second, shapes, strides, ranges)
-               for tensor, names in uses):
+        axes: Dict[str, set] = {}
+        for tensor, names in uses:
+            if first in names:
+                axes.setdefault(tensor, set()).add(names.index(first))
+        # each array's accesses merge the same two of its axes (its view has one shape)
+        if all(len(found) == 1 for found in axes.values()) and \
+                all(_together(tensor, names, first, second, shapes, strides, ranges)
+                    for tensor, names in uses):
             return first, second
     return None
 
@@ -211,6 +217,8 @@ def _together(tensor, names, first, second, shapes, strides, ranges) -> bool:
     if tensor == "":       # the output: made C-contiguous by the kernel's caller
         return True
     shape, stride = shapes[tensor], strides[tensor]
+    if len(shape) != len(names):      # another access of it merged other indices
+        return False
     if shape[axis] != ranges[first][1] or shape[axis + 1] != ranges[second][1]:
         return False
     return shape[axis] == 1 or shape[axis + 1] == 1 or \
