@@ -110,6 +110,24 @@ def test_a_program_of_two_keeps_the_blas_route():
 
 
 @needs_c
+def test_an_epilogue_statement_inside_a_program_runs_its_product_on_blas(monkeypatch):
+    products = []
+    original = c_blas.addend_runner
+
+    def counting(found, call, route=c_blas.NUMPY_BLAS):
+        products.append(call.spec.output)
+        return original(found, call, route)
+    from einfuse.backends.c import repeat as c_repeat
+    monkeypatch.setattr(c_repeat, "addend_runner", counting)
+    arrays = dict(_inputs(np.float64), V=rng.standard_normal((3, 6)))
+    program = ef.compile(f"h[b,o] := max({C_OI} + bias[o], 0)\n"
+                         "y[b,p] := sum[o](h[b,o]*V[p,o])", outputs=("y",), backend="c")
+    expected = np.maximum(arrays["x"] @ arrays["W"].T + arrays["bias"], 0) @ arrays["V"].T
+    np.testing.assert_allclose(program(**arrays), expected, rtol=1e-12)
+    assert products == ["p1"]
+
+
+@needs_c
 def test_equal_spellings_get_equal_schedules():
     arrays = _inputs(np.float64)
     one, spaced = (_route(ef.compile(s, backend="c"), **arrays) for s in (
