@@ -41,6 +41,8 @@ def test_what_merges():
     # one array read with the pair at two different axes: its view has one shape
     A = rng.standard_normal((4, 4, 4))
     assert _merged("y[k] := sum[h,w](A[h,w,k] * A[k,h,w])", A=A) is None
+    # a position counts row-major over the indices as listed: no merge
+    assert _merged("y[k] := argmax[i,j](A[i,j,k])", A=A) is None
     # integers, gathers and pad= run as written
     assert _merged(MEAN.replace("mean", "sum"), X=X.astype(np.int64)) is None
     assert merged_call(ef.compile(MEAN, backend="c", pad=0.0).bind(X=X)) is None

@@ -13,8 +13,9 @@ number of points of its ranges, which the call knows: it becomes a scalar parame
 the merged statement, so the count costs no pass over the data and one compiled kernel
 serves every size.
 
-Only ``:=`` statements without gathers, ``pad=``, explicit ranges or index values, in a
-float working dtype; anything else runs as it is (None)."""
+Only ``:=`` statements without gathers, ``pad=``, explicit ranges, index values or
+position reductions (argmax), in a float working dtype; anything else runs as it is
+(None)."""
 
 from __future__ import annotations
 
@@ -48,7 +49,10 @@ def merged_call(call: BoundCall) -> Optional[MergedCall]:
     spec, options = call.spec, call.options
     if spec.assign != ":=" or options.pad is not None or options.ranges or \
             call.dtypes.working.kind != "f" or any(t.as_index for t in spec.tensors) or \
-            any(isinstance(node, ast.IndexValue) for node in spec.rhs.walk()):
+            any(isinstance(node, ast.IndexValue) for node in spec.rhs.walk()) or \
+            ast.has_position_reduction(spec.rhs):
+        # (a position reduction counts positions row-major over its indices as listed:
+        # a merged index would count them in another order)
         return None
     ranges = call.bounds.range_map
     counts: Dict[str, float] = {}
