@@ -33,7 +33,7 @@ CASES = [
      lambda x, W, bias: torch.relu(x @ W.T + bias)),
     ("y[b,o] := " + GELU.format(z=f"{C_OI} + bias[o]"),
      lambda x, W, bias: torch.nn.functional.gelu(x @ W.T + bias)),
-    (f"y[b,o] := tanh(sum[i](W[o,i]*x[b,i])) * bias[o]",     # operands swapped
+    ("y[b,o] := tanh(sum[i](W[o,i]*x[b,i])) * bias[o]",     # operands swapped
      lambda x, W, bias: torch.tanh(x @ W.T) * bias),
     (f"y[b,o] := sigmoid({C_OI} - bias[o])",
      lambda x, W, bias: torch.sigmoid(x @ W.T - bias)),
@@ -134,7 +134,7 @@ def test_equal_spellings_get_equal_schedules():
         f"y[b,o] := max({C_OI} + bias[o], 0)", f"y[b,o]:=max({C_OI}+bias[o],0)"))
     assert one == spaced and hash(one) == hash(spaced)
     # the reduced index renamed, the term on the other side: the same products
-    for other in (f"y[b,o] := max(sum[k](x[b,k]*W[o,k]) + bias[o], 0)",
+    for other in ("y[b,o] := max(sum[k](x[b,k]*W[o,k]) + bias[o], 0)",
                   f"y[b,o] := max(bias[o] + {C_OI}, 0)"):
         schedule = _route(ef.compile(other, backend="c"), **arrays)
         assert schedule.route is Route.BLAS_THEN_EPILOGUE

@@ -3,14 +3,16 @@ bias[o], 0)``, a Linear layer's GELU, an attention projection's scale -- split i
 contraction, which BLAS computes into a temporary, and the statement reading it (the
 epilogue), which one compiled elementwise pass computes::
 
-    p1[b,o] := sum[i](x[b,i] * W[o,i])
-    y[b,o]  := max(p1[b,o] + bias[o], 0)
+    p1[b,o] := sum[i](x[b,i] * W[o,i]) + bias[o]
+    y[b,o]  := max(p1[b,o], 0)
 
 One rule, not a spelling: every sum at the top of the right side (inside no other
 reduction) whose free indices are output indices and which, as a statement of its own
 over those indices, is a contraction BLAS computes (plan/contraction.py) becomes a
-temporary; sums equal up to the names of their reduced indices share one (GELU's
-``0.5*C*(1 + erf(C*0.707))``).  A statement that is a contraction, or one plus a
+temporary -- with a broadcast term added to it where the sum is one side of a ``+``
+(plan/contraction_addend.py: one ``addmm``, and the term's gradient a column sum of the
+temporary's); expressions equal up to the names of their reduced indices share one
+(GELU's ``0.5*z*(1 + erf(z*0.707))`` reads ``z`` twice).  A statement that is a contraction, or one plus a
 broadcast term, already runs on BLAS as written (plan/contraction_addend.py) and is
 not split.  BLAS's kernels are several times faster than a fused loop nest of the same
 product (at 64x784x256 float32, one thread: 0.35 ms against 1.4 ms for the whole
@@ -110,7 +112,7 @@ class _Splitter:
         self.subscripts = tuple(subscripts_of(rhs))
         self.taken = set(taken) | names_in(statement)
         self.temporaries: List[Statement] = []
-        self.contractions: List[Contraction] = []
+        self.contractions: List[object] = []
         self.shared: Dict[Expr, Access] = {}
         self.counter = 0
 
