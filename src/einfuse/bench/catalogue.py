@@ -1,7 +1,7 @@
 """The benchmark's catalogue: every case ``einfuse bench`` runs, gathered from the
 modules that define them (cases.py, frontend_cases.py, overhead_cases.py, jit_cases.py,
-jit_call_cases.py, module_cases.py, jax_gather_cases.py, spellings.py, row_cases.py; gpu.py and
-gpu_programs.py for ``--device cuda``)."""
+jit_call_cases.py, module_cases.py, epilogue_cases.py, jax_gather_cases.py, spellings.py,
+row_cases.py, conv_cases.py; gpu.py and gpu_programs.py for ``--device cuda``)."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from .cases import (Case, attention_case, attention_training_case, bmm_rev_case,
                     dist_case, embed_case, gauss_case, installed, logsumexp_case, matmul_case,
                     small_training_cases, training_cases)
 from .conv_cases import conv_cases
+from .epilogue_cases import epilogue_cases
 from .frontend_cases import frontend_cases
 from .gpu_programs import program_cases
 from .jax_gather_cases import gather_grad_cases
@@ -31,14 +32,14 @@ def all_cases(quick: bool = False) -> List[Case]:
                 bmm_rev_case(32, 8), conv2d_case(200, 7), embed_case(5000, 64, 2048),
                 logsumexp_case(512), attention_case(1, 2, 128, 16)] + \
             (training_cases(quick=True) + [attention_training_case(1, 2, 128, 16)] +
-             small_training_cases(quick=True) + module_cases(quick=True)
-             if installed("torch") else []) + \
+             small_training_cases(quick=True) + module_cases(quick=True) +
+             epilogue_cases(quick=True) if installed("torch") else []) + \
             frontend_cases(quick=True) + overhead_cases() + spelling_cases(quick=True) + \
             row_cases(quick=True) + jit + (conv_cases(quick=True) if installed("torch") else [])
     return [dist_case(), gauss_case(10**4), gauss_case(10**5), matmul_case(), bmm_rev_case(),
             conv2d_case(), embed_case(), logsumexp_case(), attention_case()] + training_cases() + \
         [attention_training_case()] + small_training_cases() + \
-        (module_cases() if installed("torch") else []) + frontend_cases() + \
+        (module_cases() + epilogue_cases() if installed("torch") else []) + frontend_cases() + \
         overhead_cases() + spelling_cases() + row_cases() + jit + \
         (conv_cases() if installed("torch") else [])
 

@@ -100,7 +100,8 @@ class Explanation:
                            "einfuse never does)")
         if self.hoisted:
             out += ["", "Computed once (reductions hoisted out of the loops that do not "
-                        "need them; in order, run as 'How it runs' says)"]
+                        "need them, contractions split from their elementwise epilogue for "
+                        "BLAS; in order, run as 'How it runs' says)"]
             out += ["  " + line for line in self.hoisted]
         if self.strategy:
             out += ["", "How it runs", "  " + self.strategy]
@@ -304,8 +305,9 @@ def explain_kernel(kernel: Kernel, args, arrays, shapes, gradients: bool,
     # (CUDA tensors: Triton, as they run)
     schedule = choose(kernel, call, detail=True)
     chosen = get_backend(schedule.backend)
-    form = kernel.hoisted_form
-    hoisted = form.hoisted if schedule.without_library().route is Route.HOISTED else None
+    route = schedule.without_library().route
+    form = kernel.epilogue_form if route is Route.BLAS_THEN_EPILOGUE else kernel.hoisted_form
+    hoisted = form.hoisted if route in (Route.HOISTED, Route.BLAS_THEN_EPILOGUE) else None
     lines = None
     if hoisted is not None:
         lines, nests = hoisted_lines(form, call, chosen)

@@ -24,6 +24,7 @@ import numpy as np
 
 from ..errors import EinfuseError
 from ..lang.printer import format_statement
+from ..plan.contraction_epilogue import epilogue_program
 from ..rewrite.hoist import Hoisted, hoist
 from ..analysis.spec import spec_of
 from .kernel_maker import new_kernel
@@ -35,8 +36,11 @@ _HOISTED_DTYPES = (np.dtype(np.float32), np.dtype(np.float64), np.dtype(np.int64
 class HoistedForm:
     """The hoisted program of one Kernel, with its kernels per working dtype."""
 
-    def __init__(self, hoisted: Hoisted, options):
+    def __init__(self, hoisted: Hoisted, options, epilogue=None):
         self.hoisted = hoisted
+        # plan/contraction_epilogue.ContractionEpilogue where the form splits a
+        # contraction from its elementwise epilogue (the BLAS_THEN_EPILOGUE route)
+        self.epilogue = epilogue
         self.options = options
         self.texts = tuple(format_statement(s) for s in hoisted.statements)
         self._kernels: Dict[str, Tuple] = {}
@@ -198,6 +202,17 @@ def hoisted_form(statement: str, spec, options) -> Optional[HoistedForm]:
     """The hoisted form of a statement under these options (cached, with its
     kernels, across the Kernel objects that ``ein`` creates per call)."""
     return HoistedForm.of(spec, options)
+
+
+@functools.lru_cache(maxsize=256)
+def epilogue_form(statement: str, spec, options) -> Optional[HoistedForm]:
+    """The statement as its hoisted temporaries, the contractions under its
+    elementwise work (each a temporary BLAS computes) and the epilogue reading them
+    (plan/contraction_epilogue.py), or None where it has no such contraction; the
+    schedule (schedule/choose.py) decides where it runs."""
+    found = epilogue_program(spec.statement, spec.rhs, options.ranges,
+                             pad=options.pad is not None)
+    return None if found is None else HoistedForm(found[0], options, found[1])
 
 
 def _positions_exact(call) -> bool:

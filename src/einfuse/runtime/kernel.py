@@ -23,7 +23,7 @@ from ..analysis.binding import BoundCall, bind_call, bind_names
 from ..analysis.frameworks import (JAX, NUMPY, TORCH, common_framework, contiguous, framework_of,
                                    from_numpy, has_dtensor, numpy_dtype, torch_compiling,
                                    torch_recording)
-from .hoisted import HoistedForm, hoisted_form, run_hoisted
+from .hoisted import HoistedForm, epilogue_form, hoisted_form, run_hoisted
 from . import kernel_maker
 from .kernel_maker import option_collision
 from .distributed import run_on_dtensors
@@ -163,10 +163,11 @@ class Kernel:
             if result is not None:
                 return self.deliver(call, result)
             schedule = schedule.fallback
-        if schedule.route is Route.HOISTED:
+        if schedule.route in (Route.HOISTED, Route.BLAS_THEN_EPILOGUE):
             # autograd records each kernel of the hoisted form on its own
-            done, result = run_hoisted(self.hoisted_form, call,
-                                       bind_names(self.spec, args, kwargs))
+            form = self.hoisted_form if schedule.route is Route.HOISTED else \
+                self.epilogue_form
+            done, result = run_hoisted(form, call, bind_names(self.spec, args, kwargs))
             if done:
                 if given is not None:
                     self._prepare_repeat(call, given)
@@ -239,6 +240,13 @@ class Kernel:
         """The statement with its loop-invariant reductions computed once, before the
         loops that do not need them (rewrite/hoist.py), or None."""
         return hoisted_form(self.statement, self.spec, self.options)
+
+    @property
+    def epilogue_form(self) -> Optional[HoistedForm]:
+        """The statement with its contractions under elementwise work split out, each
+        a temporary BLAS computes, before the epilogue reading them
+        (plan/contraction_epilogue.py), or None."""
+        return epilogue_form(self.statement, self.spec, self.options)
 
     def run(self, call: BoundCall, schedule: Optional[Schedule] = None) -> np.ndarray:
         """The result of the statement as written, as a NumPy array in the result

@@ -59,6 +59,9 @@ def prepare(kernel, call, kwargs) -> None:
     if schedule.route is Route.HOISTED:
         cache[signature] = _hoisted_runner(kernel, kernel.hoisted_form, call)
         return
+    if schedule.route is Route.BLAS_THEN_EPILOGUE:    # (its kernels: BLAS, then a pass)
+        cache[signature] = _hoisted_runner(kernel, kernel.epilogue_form, call)
+        return
     from ..backends.c.repeat import GatherFlagged, repeat_runner
     prepared = repeat_runner(call, schedule.blas)
     if prepared is None:

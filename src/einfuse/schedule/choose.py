@@ -60,6 +60,17 @@ def blas_contraction(call: BoundCall) -> Optional[Contraction]:
     return choice if isinstance(choice, Contraction) else None
 
 
+def epilogue_form_for(kernel, call: BoundCall, backend: str):
+    """The kernel's epilogue form (runtime/hoisted.epilogue_form: its contractions on
+    BLAS, then the elementwise rest) where this call runs it: the C backend (whose BLAS
+    route it feeds) and a float working dtype BLAS takes, no pad=; else None."""
+    if backend != "c" or call.options.pad is not None or \
+            call.dtypes.working.kind != "f":
+        return None
+    form = getattr(kernel, "epilogue_form", None)
+    return form if form is not None and form.runs(call) else None
+
+
 def resolved_backend(kernel, call: BoundCall, backend: Optional[str] = None) -> str:
     """The name of the backend that runs the call (``auto`` resolved)."""
     return get_backend(backend or backend_name(kernel.options.backend, call)).name
@@ -73,7 +84,17 @@ def choose(kernel, call: BoundCall, backend: Optional[str] = None,
     name = resolved_backend(kernel, call, backend)
     schedule = as_written(kernel, call, name)
     form = kernel.hoisted_form
-    if form is not None and form.runs(call):
+    epilogue = epilogue_form_for(kernel, call, name)
+    if epilogue is not None:
+        products = tuple(Materialised(t.output, Reason.PRODUCT)
+                         for t in epilogue.epilogue.temporaries)
+        earlier = tuple(Materialised(t.output, Reason.HOISTED)
+                        for t in epilogue.hoisted.temporaries
+                        if t not in epilogue.epilogue.temporaries)
+        schedule = _schedule(name, Route.BLAS_THEN_EPILOGUE, epilogue.texts,
+                             blas=epilogue.epilogue, materialised=earlier + products,
+                             fallback=schedule)
+    elif form is not None and form.runs(call):
         temporaries = tuple(Materialised(t.output, Reason.HOISTED)
                             for t in form.hoisted.temporaries)
         schedule = _schedule(name, Route.HOISTED, form.texts, materialised=temporaries,

@@ -19,6 +19,7 @@ class Route(enum.Enum):
     BLAS = "BLAS"
     BLAS_THEN_ADDEND = "BLAS, then the added term"
     BLAS_WINDOWED = "BLAS over strided views (a windowed contraction)"
+    BLAS_THEN_EPILOGUE = "BLAS, then the elementwise epilogue"
     LIBRARY = "hand-written library kernel"
     HOISTED = "hoisted form"
     HOST = "NumPy reference"
@@ -33,6 +34,7 @@ class Library(enum.Enum):
 class Reason(enum.Enum):
     """Why a value is materialised (written to memory) rather than kept in registers."""
     HOISTED = "a loop-invariant reduction, computed once before the loops"
+    PRODUCT = "a contraction's product, computed by BLAS before its elementwise epilogue"
     PACKED_FOR_LANES = "copied into a layout the vector lanes walk"
     OUTPUT = "the result"
 
@@ -72,8 +74,10 @@ class Schedule:
     """The schedule of one kernel for one call signature.
 
     ``statements``: the statements the kernel computes (the hoisted form's, in order,
-    for Route.HOISTED); ``blas``: the plan-level contraction (plan/contraction.py or
-    plan/contraction_addend.py) BLAS computes on the BLAS routes; ``threads``: the fixed
+    for Route.HOISTED and Route.BLAS_THEN_EPILOGUE); ``blas``: the plan-level
+    contraction (plan/contraction.py or plan/contraction_addend.py) BLAS computes on the
+    BLAS routes, the contractions and their epilogue (plan/contraction_epilogue.py) on
+    Route.BLAS_THEN_EPILOGUE; ``threads``: the fixed
     thread count, or None where the free cores decide call by call; ``fallback``: the
     schedule that runs where the route declines a call at run time (a library kernel
     that checks the data, a hoisted form whose temporary cannot be computed)."""
@@ -97,7 +101,8 @@ class Schedule:
         """The schedule of the statement as written: past a library kernel or a hoisted
         form to the fallback that runs when they decline (what ``Kernel.run`` runs)."""
         schedule = self
-        while schedule.route in (Route.LIBRARY, Route.HOISTED) and \
+        while schedule.route in (Route.LIBRARY, Route.HOISTED,
+                                 Route.BLAS_THEN_EPILOGUE) and \
                 schedule.fallback is not None:
             schedule = schedule.fallback
         return schedule

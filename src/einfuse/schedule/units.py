@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Tuple
 
 from ..errors import EinfuseError
+from .choose import epilogue_form_for, resolved_backend
 
 
 def needed(spec) -> Tuple[str, ...]:
@@ -22,12 +23,18 @@ def statement_units(kernel, scratch, number: int):
     if spec.assign != ":=":
         return None
     form = kernel.hoisted_form
-    if form is None:
+    if form is None and getattr(kernel, "epilogue_form", None) is None:
         return [(kernel, {}, spec.output)]
     try:
         call = kernel.bind(arrays={name: scratch[name] for name in needed(spec)})
     except (EinfuseError, KeyError):
         return None
+    # a contraction under elementwise work: its product on BLAS, then the epilogue, as
+    # the statement alone runs (choose.py decides where)
+    epilogue = epilogue_form_for(kernel, call, resolved_backend(kernel, call))
+    form = epilogue if epilogue is not None else form
+    if form is None:
+        return [(kernel, {}, spec.output)]
     kernels = form.kernels(call.dtypes) if form.runs(call) else None
     if kernels is None:
         return [(kernel, {}, spec.output)]

@@ -30,6 +30,7 @@ from .blas import addend_runner, contraction_runner, route_for
 from .gather_rows import gather_rows_runner
 from .windowed import windowed_route, windowed_runner
 from ...plan.windowed_contraction import WindowedContraction
+from .merge_axes import merged_call
 from .threads import fixed_thread_count, free_threads
 
 Runner = Callable[[Mapping[str, np.ndarray]], np.ndarray]
@@ -79,6 +80,14 @@ def repeat_runner(call, blas=None) -> Optional[PreparedRunner]:
         return None
     if blas is not None:
         return blas_runner(call, blas, call.framework == TORCH)
+    merged = merged_call(call)     # fewer, longer loops (merge_axes.py), on views
+    if merged is not None:
+        inner = repeat_runner(merged.call)
+        if inner is None:
+            return None
+        run_merged, adapt, shape = inner.run, merged.adapt, tuple(call.output_shape)
+        return PreparedRunner(lambda named: run_merged(adapt(named)).reshape(shape),
+                              inner.dtype)
     working = call.dtypes.working
     shape = tuple(call.output_shape)
     out_dtype = output_dtype(call)
