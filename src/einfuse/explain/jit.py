@@ -9,16 +9,16 @@ from typing import List, Optional, Tuple
 
 from ..pictures import Block, jit_page, save_page
 
-from ..ir.jit_cost import step_flops
-from ..ir.jit import (Apply, Assign, Branch, Cast, Const, Index, JitProgram, Loop, LoopKind, Node,
-                      Read, ScatterAdd, Select)
+from ..analysis.cost import step_flops
+from ..ir import (Apply, Assign, Cast, Const, Expr, Index, JitProgram, Loop, LoopKind, Read,
+                  ScatterAdd, Select, Switch)
 
 _INFIX = {"add": "+", "sub": "-", "mul": "*", "div": "/", "lt": "<", "le": "<=", "gt": ">",
           "ge": ">=", "eq": "==", "ne": "!=", "and": "&", "or": "|", "idiv": "//",
           "imod": "%", "rem": "%"}
 
 
-def node_text(node: Node) -> str:
+def node_text(node: Expr) -> str:
     if isinstance(node, Const):
         return repr(node.value)
     if isinstance(node, Index):
@@ -26,7 +26,7 @@ def node_text(node: Node) -> str:
     if isinstance(node, Read):
         return f"{node.buffer}[{', '.join(node_text(s) for s in node.subscripts)}]"
     if isinstance(node, Cast):
-        return f"{node.dtype.value[0]}({node_text(node.arg)})"
+        return f"{node.dtype.value}({node_text(node.arg)})"
     if isinstance(node, Select):
         if len(node.cases) == 2:
             return (f"where({node_text(node.which)}, {node_text(node.cases[1])}, "
@@ -77,7 +77,7 @@ class _Walker:
             elif isinstance(step, Loop):
                 self.loops += 1
                 if step.kind is LoopKind.SCAN:
-                    self.lines.append(f"{pad}loop {step.counter} in 0..{step.length - 1} "
+                    self.lines.append(f"{pad}loop {step.var} in 0..{step.length - 1} "
                                       f"({step.origin}), inside the kernel:")
                     inner = repeat * step.length
                 else:
@@ -88,14 +88,14 @@ class _Walker:
                 self.steps(step.body, depth + 1, inner)
                 for carry, new in step.updates:
                     self.lines.append(f"{pad}  {carry} <- {new}   (carry)")
-            elif isinstance(step, Branch):
+            elif isinstance(step, Switch):
                 self.lines.append(f"{pad}switch on {node_text(step.which)} ({step.origin}):")
                 for k, body in enumerate(step.branches):
                     self.lines.append(f"{pad}  branch {k}:")
                     self.steps(body, depth + 2, repeat)
 
 
-def _node_reads(node: Node, found: set) -> None:
+def _node_reads(node: Expr, found: set) -> None:
     if isinstance(node, Read):
         found.add(node.buffer)
         children = node.subscripts
@@ -125,7 +125,7 @@ def _reads(step) -> set:
         if step.condition is not None:
             _node_reads(step.condition, found)
         found |= {new for _, new in step.updates}
-    elif isinstance(step, Branch):
+    elif isinstance(step, Switch):
         for body in step.branches:
             for inner in body:
                 found |= _reads(inner)
@@ -141,7 +141,7 @@ def _writes(step) -> set:
         found = {carry for carry, _ in step.updates}
         for inner in step.condition_steps + step.body:
             found |= _writes(inner)
-    elif isinstance(step, Branch):
+    elif isinstance(step, Switch):
         for body in step.branches:
             for inner in body:
                 found |= _writes(inner)
@@ -167,7 +167,7 @@ def _step_label(step) -> str:
     if isinstance(step, ScatterAdd):
         return f"{step.buffer}[...] {'=' if step.replace else '+='} (scatter)"
     if isinstance(step, Loop):
-        return (f"loop {step.counter} in 0..{step.length - 1}" if step.kind is LoopKind.SCAN
+        return (f"loop {step.var} in 0..{step.length - 1}" if step.kind is LoopKind.SCAN
                 else f"loop while {node_text(step.condition)}") + f"  ({step.origin})"
     return f"switch on {node_text(step.which)}"
 
@@ -182,7 +182,7 @@ def flow(program: JitProgram):
     for b in program.buffers:
         role = "input" if b.name in program.inputs else \
             "output" if b.name in program.outputs else "intermediate"
-        arrays.append(FlowArray(b.name, tuple(b.shape), b.dtype.value[0],
+        arrays.append(FlowArray(b.name, tuple(b.shape), b.dtype.value,
                                 b.size * b.dtype.numpy.itemsize, role,
                                 tuple(k for k, w in enumerate(writes) if b.name in w),
                                 tuple(k for k, r in enumerate(reads) if b.name in r)))
@@ -217,11 +217,11 @@ def explain_program(program: JitProgram, name: str) -> str:
            "", "Inputs"]
     for buffer_name in program.inputs:
         b = program.buffer(buffer_name)
-        out.append(f"  {buffer_name}  {b.dtype.value[0]}{list(b.shape)}")
+        out.append(f"  {buffer_name}  {b.dtype.value}{list(b.shape)}")
     out.append("Outputs")
     for buffer_name in program.outputs:
         b = program.buffer(buffer_name)
-        out.append(f"  {buffer_name}  {b.dtype.value[0]}{list(b.shape)}")
+        out.append(f"  {buffer_name}  {b.dtype.value}{list(b.shape)}")
     out += ["", "Program (in order; loops run inside the kernel)"] + walker.lines
     out += ["", f"Loops: {walker.loops}"]
     if hoisted:
@@ -282,7 +282,7 @@ def outline(program: JitProgram) -> List[Block]:
                 out.append(Block(text, "body", text))
             elif isinstance(step, Loop):
                 if step.kind is LoopKind.SCAN:
-                    label = f"loop {step.counter} in 0..{step.length - 1}"
+                    label = f"loop {step.var} in 0..{step.length - 1}"
                 else:
                     label = f"loop while {node_text(step.condition)}"
                 inner = blocks(step.condition_steps + step.body, False)
@@ -290,7 +290,7 @@ def outline(program: JitProgram) -> List[Block]:
                                 f"carry {carry} <- {new}") for carry, new in step.updates]
                 out.append(Block(label, "loop", f"{label} ({step.origin}); "
                                  f"steps={len(step.body)}", inner))
-            elif isinstance(step, Branch):
+            elif isinstance(step, Switch):
                 arms = [Block(f"branch {n}", "branch", f"branch {n}", blocks(body, False))
                         for n, body in enumerate(step.branches)]
                 label = f"switch on {node_text(step.which)}"
@@ -321,7 +321,7 @@ def explain_function(fn, args, kwargs) -> "JitExplanation":
         return JitExplanation(explain_split(compiled), name, None, [])
     from ..runtime.jit_ffi import route_lines
     program = compiled.program
-    arrays = [f"{role} {n}: {program.buffer(n).dtype.value[0]}{list(program.buffer(n).shape)}"
+    arrays = [f"{role} {n}: {program.buffer(n).dtype.value}{list(program.buffer(n).shape)}"
               for role, names in (("input", program.inputs), ("output", program.outputs))
               for n in names]
     return JitExplanation("\n".join([explain_program(program, name), "",
