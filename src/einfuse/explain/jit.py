@@ -9,7 +9,7 @@ from typing import List, Optional, Tuple
 
 from ..pictures import Block, jit_page, save_page
 
-from ..analysis.cost import step_flops
+from ..analysis.cost import step_flops, typed_work
 from ..ir import (Apply, Assign, Cast, Const, Expr, Index, JitProgram, Loop, LoopKind, Read,
                   ScatterAdd, Select, Switch)
 
@@ -58,14 +58,11 @@ class _Walker:
         self.lines: List[str] = []
         self.loops = 0
         self.hoisted: List[str] = []
-        self.total = 0
 
-    def steps(self, steps, depth: int, repeat: int) -> None:
+    def steps(self, steps, depth: int) -> None:
         pad = "  " * depth
         for step in steps:
             if isinstance(step, Assign):
-                flops = step_flops(step)
-                self.total += flops * repeat
                 self.lines.append(f"{pad}{_statement(step)}")
                 if step.origin:
                     self.lines.append(f"{pad}    # {step.origin}")
@@ -79,20 +76,18 @@ class _Walker:
                 if step.kind is LoopKind.SCAN:
                     self.lines.append(f"{pad}loop {step.var} in 0..{step.length - 1} "
                                       f"({step.origin}), inside the kernel:")
-                    inner = repeat * step.length
                 else:
                     self.lines.append(f"{pad}loop while {node_text(step.condition)} "
                                       "(while_loop; the condition is evaluated in the kernel):")
-                    self.steps(step.condition_steps, depth + 1, repeat)
-                    inner = repeat
-                self.steps(step.body, depth + 1, inner)
+                    self.steps(step.condition_steps, depth + 1)
+                self.steps(step.body, depth + 1)
                 for carry, new in step.updates:
                     self.lines.append(f"{pad}  {carry} <- {new}   (carry)")
             elif isinstance(step, Switch):
                 self.lines.append(f"{pad}switch on {node_text(step.which)} ({step.origin}):")
                 for k, body in enumerate(step.branches):
                     self.lines.append(f"{pad}  branch {k}:")
-                    self.steps(body, depth + 2, repeat)
+                    self.steps(body, depth + 2)
 
 
 def _node_reads(node: Expr, found: set) -> None:
@@ -204,14 +199,12 @@ def hoisted_buffers(program: JitProgram) -> List[str]:
 
 
 def _operations_of(program: JitProgram) -> int:
-    walker = _Walker()
-    walker.steps(program.steps, 1, 1)
-    return walker.total
+    return typed_work(program.steps)      # the one count (analysis/cost.py)
 
 
 def explain_program(program: JitProgram, name: str) -> str:
     walker = _Walker()
-    walker.steps(program.steps, 1, 1)
+    walker.steps(program.steps, 1)
     hoisted = hoisted_buffers(program)
     out = [f"ef.jit of {name}: 1 kernel (one generated C function, called once per call)",
            "", "Inputs"]
@@ -231,7 +224,7 @@ def explain_program(program: JitProgram, name: str) -> str:
              b.name not in program.outputs]
     nbytes = sum(b.size * b.dtype.numpy.itemsize for b in temps)
     out.append(f"Intermediates: {len(temps)} buffers, {nbytes} bytes in all")
-    out.append(f"Cost: about {walker.total} operations (while loops counted once)")
+    out.append(f"Cost: about {typed_work(program.steps)} operations (while loops counted once)")
     out += ["", "Jaxpr equations -> where they went ('inline': part of the expression of "
             "the statement that reads it)"]
     out += [f"  {eqn}  ->  {where}" for eqn, where in program.mapping]
