@@ -15,7 +15,7 @@ from jax import lax  # noqa: E402
 import einfuse as ef  # noqa: E402
 from einfuse.backends.c import build as c_build, loops_rewrite as c_loops_rewrite  # noqa: E402
 from einfuse.frontends.jaxpr import convert  # noqa: E402
-from einfuse.ir.jit import Assign, Loop  # noqa: E402
+from einfuse.ir import Assign, Loop  # noqa: E402
 
 from jit_support import close, x64  # noqa: E402,F401  (x64: an autouse fixture)
 

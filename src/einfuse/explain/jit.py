@@ -9,16 +9,16 @@ from typing import List, Optional, Tuple
 
 from ..pictures import Block, jit_page, save_page
 
-from ..ir.jit_cost import step_flops
-from ..ir.jit import (Apply, Assign, Branch, Cast, Const, Index, JitProgram, Loop, LoopKind, Node,
-                      Read, ScatterAdd, Select)
+from ..analysis.cost import step_flops, typed_work
+from ..ir import (Apply, Assign, Cast, Const, Expr, Index, JitProgram, Loop, LoopKind, Read,
+                  ScatterAdd, Select, Switch)
 
 _INFIX = {"add": "+", "sub": "-", "mul": "*", "div": "/", "lt": "<", "le": "<=", "gt": ">",
           "ge": ">=", "eq": "==", "ne": "!=", "and": "&", "or": "|", "idiv": "//",
           "imod": "%", "rem": "%"}
 
 
-def node_text(node: Node) -> str:
+def node_text(node: Expr) -> str:
     if isinstance(node, Const):
         return repr(node.value)
     if isinstance(node, Index):
@@ -26,7 +26,7 @@ def node_text(node: Node) -> str:
     if isinstance(node, Read):
         return f"{node.buffer}[{', '.join(node_text(s) for s in node.subscripts)}]"
     if isinstance(node, Cast):
-        return f"{node.dtype.value[0]}({node_text(node.arg)})"
+        return f"{node.dtype.value}({node_text(node.arg)})"
     if isinstance(node, Select):
         if len(node.cases) == 2:
             return (f"where({node_text(node.which)}, {node_text(node.cases[1])}, "
@@ -58,14 +58,11 @@ class _Walker:
         self.lines: List[str] = []
         self.loops = 0
         self.hoisted: List[str] = []
-        self.total = 0
 
-    def steps(self, steps, depth: int, repeat: int) -> None:
+    def steps(self, steps, depth: int) -> None:
         pad = "  " * depth
         for step in steps:
             if isinstance(step, Assign):
-                flops = step_flops(step)
-                self.total += flops * repeat
                 self.lines.append(f"{pad}{_statement(step)}")
                 if step.origin:
                     self.lines.append(f"{pad}    # {step.origin}")
@@ -77,25 +74,23 @@ class _Walker:
             elif isinstance(step, Loop):
                 self.loops += 1
                 if step.kind is LoopKind.SCAN:
-                    self.lines.append(f"{pad}loop {step.counter} in 0..{step.length - 1} "
+                    self.lines.append(f"{pad}loop {step.var} in 0..{step.length - 1} "
                                       f"({step.origin}), inside the kernel:")
-                    inner = repeat * step.length
                 else:
                     self.lines.append(f"{pad}loop while {node_text(step.condition)} "
                                       "(while_loop; the condition is evaluated in the kernel):")
-                    self.steps(step.condition_steps, depth + 1, repeat)
-                    inner = repeat
-                self.steps(step.body, depth + 1, inner)
+                    self.steps(step.condition_steps, depth + 1)
+                self.steps(step.body, depth + 1)
                 for carry, new in step.updates:
                     self.lines.append(f"{pad}  {carry} <- {new}   (carry)")
-            elif isinstance(step, Branch):
+            elif isinstance(step, Switch):
                 self.lines.append(f"{pad}switch on {node_text(step.which)} ({step.origin}):")
                 for k, body in enumerate(step.branches):
                     self.lines.append(f"{pad}  branch {k}:")
-                    self.steps(body, depth + 2, repeat)
+                    self.steps(body, depth + 2)
 
 
-def _node_reads(node: Node, found: set) -> None:
+def _node_reads(node: Expr, found: set) -> None:
     if isinstance(node, Read):
         found.add(node.buffer)
         children = node.subscripts
@@ -125,7 +120,7 @@ def _reads(step) -> set:
         if step.condition is not None:
             _node_reads(step.condition, found)
         found |= {new for _, new in step.updates}
-    elif isinstance(step, Branch):
+    elif isinstance(step, Switch):
         for body in step.branches:
             for inner in body:
                 found |= _reads(inner)
@@ -141,7 +136,7 @@ def _writes(step) -> set:
         found = {carry for carry, _ in step.updates}
         for inner in step.condition_steps + step.body:
             found |= _writes(inner)
-    elif isinstance(step, Branch):
+    elif isinstance(step, Switch):
         for body in step.branches:
             for inner in body:
                 found |= _writes(inner)
@@ -167,7 +162,7 @@ def _step_label(step) -> str:
     if isinstance(step, ScatterAdd):
         return f"{step.buffer}[...] {'=' if step.replace else '+='} (scatter)"
     if isinstance(step, Loop):
-        return (f"loop {step.counter} in 0..{step.length - 1}" if step.kind is LoopKind.SCAN
+        return (f"loop {step.var} in 0..{step.length - 1}" if step.kind is LoopKind.SCAN
                 else f"loop while {node_text(step.condition)}") + f"  ({step.origin})"
     return f"switch on {node_text(step.which)}"
 
@@ -182,7 +177,7 @@ def flow(program: JitProgram):
     for b in program.buffers:
         role = "input" if b.name in program.inputs else \
             "output" if b.name in program.outputs else "intermediate"
-        arrays.append(FlowArray(b.name, tuple(b.shape), b.dtype.value[0],
+        arrays.append(FlowArray(b.name, tuple(b.shape), b.dtype.value,
                                 b.size * b.dtype.numpy.itemsize, role,
                                 tuple(k for k, w in enumerate(writes) if b.name in w),
                                 tuple(k for k, r in enumerate(reads) if b.name in r)))
@@ -204,24 +199,22 @@ def hoisted_buffers(program: JitProgram) -> List[str]:
 
 
 def _operations_of(program: JitProgram) -> int:
-    walker = _Walker()
-    walker.steps(program.steps, 1, 1)
-    return walker.total
+    return typed_work(program.steps)      # the one count (analysis/cost.py)
 
 
 def explain_program(program: JitProgram, name: str) -> str:
     walker = _Walker()
-    walker.steps(program.steps, 1, 1)
+    walker.steps(program.steps, 1)
     hoisted = hoisted_buffers(program)
     out = [f"ef.jit of {name}: 1 kernel (one generated C function, called once per call)",
            "", "Inputs"]
     for buffer_name in program.inputs:
         b = program.buffer(buffer_name)
-        out.append(f"  {buffer_name}  {b.dtype.value[0]}{list(b.shape)}")
+        out.append(f"  {buffer_name}  {b.dtype.value}{list(b.shape)}")
     out.append("Outputs")
     for buffer_name in program.outputs:
         b = program.buffer(buffer_name)
-        out.append(f"  {buffer_name}  {b.dtype.value[0]}{list(b.shape)}")
+        out.append(f"  {buffer_name}  {b.dtype.value}{list(b.shape)}")
     out += ["", "Program (in order; loops run inside the kernel)"] + walker.lines
     out += ["", f"Loops: {walker.loops}"]
     if hoisted:
@@ -231,7 +224,7 @@ def explain_program(program: JitProgram, name: str) -> str:
              b.name not in program.outputs]
     nbytes = sum(b.size * b.dtype.numpy.itemsize for b in temps)
     out.append(f"Intermediates: {len(temps)} buffers, {nbytes} bytes in all")
-    out.append(f"Cost: about {walker.total} operations (while loops counted once)")
+    out.append(f"Cost: about {typed_work(program.steps)} operations (while loops counted once)")
     out += ["", "Jaxpr equations -> where they went ('inline': part of the expression of "
             "the statement that reads it)"]
     out += [f"  {eqn}  ->  {where}" for eqn, where in program.mapping]
@@ -282,7 +275,7 @@ def outline(program: JitProgram) -> List[Block]:
                 out.append(Block(text, "body", text))
             elif isinstance(step, Loop):
                 if step.kind is LoopKind.SCAN:
-                    label = f"loop {step.counter} in 0..{step.length - 1}"
+                    label = f"loop {step.var} in 0..{step.length - 1}"
                 else:
                     label = f"loop while {node_text(step.condition)}"
                 inner = blocks(step.condition_steps + step.body, False)
@@ -290,7 +283,7 @@ def outline(program: JitProgram) -> List[Block]:
                                 f"carry {carry} <- {new}") for carry, new in step.updates]
                 out.append(Block(label, "loop", f"{label} ({step.origin}); "
                                  f"steps={len(step.body)}", inner))
-            elif isinstance(step, Branch):
+            elif isinstance(step, Switch):
                 arms = [Block(f"branch {n}", "branch", f"branch {n}", blocks(body, False))
                         for n, body in enumerate(step.branches)]
                 label = f"switch on {node_text(step.which)}"
@@ -321,7 +314,7 @@ def explain_function(fn, args, kwargs) -> "JitExplanation":
         return JitExplanation(explain_split(compiled), name, None, [])
     from ..runtime.jit_ffi import route_lines
     program = compiled.program
-    arrays = [f"{role} {n}: {program.buffer(n).dtype.value[0]}{list(program.buffer(n).shape)}"
+    arrays = [f"{role} {n}: {program.buffer(n).dtype.value}{list(program.buffer(n).shape)}"
               for role, names in (("input", program.inputs), ("output", program.outputs))
               for n in names]
     return JitExplanation("\n".join([explain_program(program, name), "",

@@ -1,7 +1,7 @@
 """The jaxpr front end of ``ef.jit``: a ``ClosedJaxpr`` becomes a :class:`JitProgram`.
 
 Every jaxpr variable is held as a :class:`Value`: a function from subscripts (integer
-:class:`Node` s, one per axis) to the element's expression.  Elementwise equations, and
+:class:`Expr` s, one per axis) to the element's expression.  Elementwise equations, and
 those that only move elements (broadcast, reshape, transpose, slice, gather ...), compose
 these functions, so a chain of them becomes one expression - one statement, no
 intermediate array.  A value is *materialised* (an :class:`Assign` into a buffer) where
@@ -24,7 +24,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Dict, List, Sequence, Tuple
 
-from ..ir.jit import Apply, Assign, Buffer, Index, JitProgram, Node, ScalarType, Step
+from ..ir import Apply, Assign, Buffer, Expr, Index, JitProgram, ScalarType, Step
+from ..lang.sugar import FreshNames
 from .jaxpr_values import (ADVICE, JaxprConversionError, Value, constant_value, read_value,
                            scalar_type, source_line)
 from .jaxpr_control import closed_consts
@@ -59,7 +60,7 @@ class Converter:
         self.buffers: Dict[str, Buffer] = {}
         self.blocks: List[List[Step]] = [[]]
         self.floor = 0
-        self.counter = 0
+        self.names_made = FreshNames()    # the converter's names: t1, i2, s3 ...
         self.mapping: List[Tuple[str, Tuple[str, ...]]] = []   # (equation, its outvars)
         self.homes: Dict[str, str] = {}    # jaxpr variable -> the buffer that holds it
         self.names: Dict[int, str] = {}    # id of a jaxpr variable -> its name here
@@ -69,11 +70,10 @@ class Converter:
 
     # -- names and buffers ---------------------------------------------------------------
     def fresh(self, prefix: str) -> str:
-        self.counter += 1
-        return f"{prefix}{self.counter}"
+        return self.names_made.numbered(prefix)
 
     def new_buffer(self, shape, dtype: ScalarType, prefix: str = "t") -> Buffer:
-        buffer = Buffer(self.fresh(prefix), tuple(int(d) for d in shape), dtype)
+        buffer = Buffer(self.fresh(prefix), dtype, shape=tuple(int(d) for d in shape))
         self.buffers[buffer.name] = buffer
         return buffer
 
@@ -98,7 +98,7 @@ class Converter:
             self.homes.setdefault(value.var, buffer.name)
         return read_value(buffer, value.level)
 
-    def write(self, buffer: str, prefix: Tuple[Node, ...], value: Value, level: int,
+    def write(self, buffer: str, prefix: Tuple[Expr, ...], value: Value, level: int,
               origin: str = "") -> None:
         """``buffer[prefix..., :] := value`` as a step of block ``level``."""
         indices = self.index_names(value.shape)
@@ -134,7 +134,7 @@ class Converter:
 
     def constant_buffer(self, array, dtype: ScalarType) -> Buffer:
         """An array constant of the jaxpr: one more input of the kernel."""
-        buffer = Buffer(f"k{len(self.constants)}", tuple(array.shape), dtype)
+        buffer = Buffer(f"k{len(self.constants)}", dtype, shape=tuple(array.shape))
         self.buffers[buffer.name] = buffer
         self.constants.append((buffer.name, array))
         return buffer
@@ -203,7 +203,7 @@ class Converter:
         inputs = []
         args = []
         for number, var in enumerate(jaxpr.invars):
-            buffer = Buffer(f"x{number}", tuple(var.aval.shape), scalar_type(var.aval))
+            buffer = Buffer(f"x{number}", scalar_type(var.aval), shape=tuple(var.aval.shape))
             self.buffers[buffer.name] = buffer
             inputs.append(buffer.name)
             args.append(read_value(buffer, 0))
@@ -211,7 +211,7 @@ class Converter:
         outs = self.run_jaxpr(jaxpr, consts, args)
         outputs = []
         for number, value in enumerate(outs):
-            buffer = Buffer(f"y{number}", value.shape, value.dtype)
+            buffer = Buffer(f"y{number}", value.dtype, shape=tuple(value.shape))
             self.buffers[buffer.name] = buffer
             self.write(buffer.name, (), value, 0, "output")
             outputs.append(buffer.name)

@@ -1,14 +1,13 @@
 """Rules for control flow and call wrappers: ``scan``, ``while``, ``cond`` become a
-:class:`Loop` or :class:`Branch` inside the one generated kernel (carries in buffers, the
+:class:`Loop` or :class:`Switch` inside the one generated kernel (carries in buffers, the
 body's statements as loop nests inside a C loop over steps); ``pjit``, ``closed_call``,
 ``custom_jvp_call``, ``custom_vjp_call`` and ``checkpoint`` are inlined."""
 
 from __future__ import annotations
 
-from ..ir.jit import INDEX
+from ..ir import (INDEX, Affine, Apply, Const, Index, Loop, LoopKind, ReduceOp, Reduction,
+                  ScalarType, Select, Switch)
 from .jaxpr_values import Value, constant_value, index_add, read_value, scalar_type, unsupported
-from ..ir.jit import (Apply, Branch, Const, Index, Loop, LoopKind, ReduceOp, Reduction, ScalarType,
-                      Select)
 
 
 def closed_consts(conv, closed):
@@ -126,8 +125,8 @@ def scan(conv, eqn, invals, level):
         conv.write(buffer.name, (step,), value, inner, "stacked output (ys)")
     updates = _updates(conv, carries, outs[:n_carry])
     steps = tuple(conv.blocks.pop())
-    conv.emit(conv.level, Loop(LoopKind.SCAN, counter, length, (), None, steps, updates,
-                               origin=f"scan of length {length}"))
+    conv.emit(conv.level, Loop(counter, Affine(const=length), LoopKind.SCAN, steps,
+                               updates=updates, origin=f"scan of length {length}"))
     return [read_value(b, conv.level) for b in carries] + \
         [read_value(b, conv.level) for b in ys]
 
@@ -159,8 +158,9 @@ def while_loop(conv, eqn, invals, level):
         outs = [_where(test, new, old) for new, old in zip(outs, olds)]
     updates = _updates(conv, carries, outs)
     steps = tuple(conv.blocks.pop())
-    conv.emit(conv.level, Loop(LoopKind.WHILE, conv.fresh("s"), None, condition_steps,
-                               condition, steps, updates, origin="while_loop"))
+    conv.emit(conv.level, Loop(conv.fresh("s"), None, LoopKind.WHILE, steps,
+                               condition_steps=condition_steps, condition=condition,
+                               updates=updates, origin="while_loop"))
     return [read_value(b, conv.level) for b in carries]
 
 
@@ -199,7 +199,7 @@ def cond(conv, eqn, invals, level):
         finally:
             conv.floor = saved_floor
         bodies.append(tuple(conv.blocks.pop()))
-    conv.emit(conv.level, Branch(which.at(()), tuple(bodies),
+    conv.emit(conv.level, Switch(which.at(()), tuple(bodies),
                                  origin=f"cond of {len(branches)} branches"))
     return [read_value(b, conv.level) for b in results]
 

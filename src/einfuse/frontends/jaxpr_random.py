@@ -8,9 +8,8 @@ from __future__ import annotations
 
 import math
 
-from ..ir.jit import INDEX
+from ..ir import INDEX, Apply, Cast, Const, ScalarType
 from .jaxpr_values import Value, scalar_type, unsupported
-from ..ir.jit import Apply, Cast, Const, ScalarType
 
 UINT32 = ScalarType.UINT32
 

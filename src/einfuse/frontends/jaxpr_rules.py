@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Callable, Dict
 
 from .jaxpr_values import JaxprConversionError, Value, scalar_type, unsupported
-from ..ir.jit import INDEX, Apply, Cast, Const, ScalarType, Select
+from ..ir import INDEX, Apply, Cast, Const, ScalarType, Select
 from . import (jaxpr_control, jaxpr_random, jaxpr_statements, jaxpr_structural,
                jaxpr_windows)
 
@@ -46,9 +46,9 @@ def elementwise(conv, eqn, invals, level):
     dtype = scalar_type(out_aval, eqn)
     operand_type = invals[0].dtype
     if op in FLOAT_ONLY and not operand_type.is_float:
-        raise unsupported(eqn, f"on {operand_type.value[0]}")
+        raise unsupported(eqn, f"on {operand_type.value}")
     if op in INTEGER_ONLY and operand_type.is_float:
-        raise unsupported(eqn, f"on {operand_type.value[0]}")
+        raise unsupported(eqn, f"on {operand_type.value}")
     if op == "round" and int(eqn.params.get("rounding_method", 0)) == 1:
         op = "round_even"      # RoundingMethod.TO_NEAREST_EVEN
     if any(not v.dtype.is_float for v in invals) and any(v.dtype.is_float for v in invals):
@@ -105,7 +105,7 @@ def one_minus_square(conv, eqn, invals, level):
     dtype = scalar_type(eqn.outvars[0].aval, eqn)
     (x,) = invals
     if not x.dtype.is_float:
-        raise unsupported(eqn, f"on {x.dtype.value[0]}")
+        raise unsupported(eqn, f"on {x.dtype.value}")
     one = Const(1.0, dtype)
     return [_combine(x.shape, dtype, invals, level, lambda args: Apply("mul", (
         Apply("sub", (one, args[0]), dtype), Apply("add", (one, args[0]), dtype)), dtype))]

@@ -30,8 +30,8 @@ from ..lang.rewrite import free_indices
 from ..lang.ast import (Access, Binary, Call, Expr, IndexExpr, IndexValue, Number, Param,
                         Reduce, Unary)
 from .jaxpr_values import Value, scalar_type, unsupported
-from ..ir.jit import (INDEX, Apply, Cast, Const, Index, Node, Read, ReduceOp, Reduction,
-                      ScalarType, Select)
+from ..ir import (INDEX, Apply, Cast, Const, Expr as IRExpr, Index, Read, ReduceOp, Reduction,
+                  ScalarType, Select)
 
 BOOL = ScalarType.BOOL
 _REDUCE_OPS = {"sum": ReduceOp.SUM, "prod": ReduceOp.PROD, "max": ReduceOp.MAX,
@@ -87,7 +87,7 @@ class _Statement:
             return self.cast(self.expr(rhs, self.scope(outputs, subs)), self.result)
         return Value(tuple(shape), self.result, at, self.level, True)
 
-    def scope(self, names, subs) -> Dict[str, Node]:
+    def scope(self, names, subs) -> Dict[str, IRExpr]:
         """Index values for the positions ``subs`` of the indices ``names``."""
         return {name: _plus(sub, self.ranges[name][0]) for name, sub in zip(names, subs)}
 
@@ -166,7 +166,7 @@ class _Statement:
         return self.conv.materialize(result).buffer
 
     # -- expressions ----------------------------------------------------------------------
-    def expr(self, expr: Expr, scope: Dict[str, Node], probing: bool = False) -> Node:
+    def expr(self, expr: Expr, scope: Dict[str, IRExpr], probing: bool = False) -> IRExpr:
         recurse = functools.partial(self.expr, scope=scope, probing=probing)
         if isinstance(expr, Number):
             value = expr.value
@@ -197,7 +197,7 @@ class _Statement:
             return Read(found.name, from_zero, found.dtype)
         raise unsupported(self.eqn, f"the construct {expr!s} of a statement")
 
-    def binary(self, op: str, a: Node, b: Node) -> Node:
+    def binary(self, op: str, a: IRExpr, b: IRExpr) -> IRExpr:
         if op in _COMPARE:
             a, b = self.common(a, b)
             return Apply(_COMPARE[op], (a, b), BOOL)
@@ -231,7 +231,7 @@ class _Statement:
         quotient = Apply("div", (a, b), dtype)
         return Select(off, (quotient, Apply("sub", (quotient, Const(1, dtype)), dtype)), dtype)
 
-    def call(self, func: str, args) -> Node:
+    def call(self, func: str, args) -> IRExpr:
         if func == "where":
             test, yes, no = args
             yes, no = self.common(yes, no)
@@ -260,7 +260,7 @@ class _Statement:
         raise unsupported(self.eqn, f"the function {func} in a statement")
 
     # -- reads ------------------------------------------------------------------------------
-    def read(self, access: Access, scope, probing: bool) -> Node:
+    def read(self, access: Access, scope, probing: bool) -> IRExpr:
         value = self.operands[access.tensor]
         if probing:
             return Const(0, value.dtype) if not value.dtype.is_float else Const(0.0, value.dtype)
@@ -290,8 +290,8 @@ class _Statement:
         fill = float(fill) if element.dtype.is_float else int(fill)
         return Select(valid, (Const(fill, element.dtype), element), element.dtype)
 
-    def subscript(self, sub: IndexExpr, scope) -> Node:
-        total: Node = Const(sub.constant, INDEX)
+    def subscript(self, sub: IndexExpr, scope) -> IRExpr:
+        total: IRExpr = Const(sub.constant, INDEX)
         for name, coeff in sub.terms:
             total = _add(total, _times(scope[name], coeff))
         for part, coeff in sub.quasi:
@@ -337,7 +337,7 @@ class _Statement:
         return lo, hi
 
     # -- types ------------------------------------------------------------------------------
-    def common(self, a: Node, b: Node) -> Tuple[Node, Node]:
+    def common(self, a: IRExpr, b: IRExpr) -> Tuple[IRExpr, IRExpr]:
         """``a`` and ``b`` in one type: a float if either is (the wider), else the wider
         integer; a bool meeting a number counts as 0 or 1."""
         if a.dtype is b.dtype:
@@ -351,7 +351,7 @@ class _Statement:
         return self.cast(a, target), self.cast(b, target)
 
     @staticmethod
-    def cast(node: Node, dtype: ScalarType) -> Node:
+    def cast(node: IRExpr, dtype: ScalarType) -> IRExpr:
         if node.dtype is dtype:
             return node
         if isinstance(node, Const):
@@ -365,11 +365,11 @@ class _Statement:
         return Cast(node, dtype)
 
 
-def _plus(node: Node, constant: int) -> Node:
+def _plus(node: IRExpr, constant: int) -> IRExpr:
     return _add(node, Const(constant, INDEX)) if constant else node
 
 
-def _add(a: Node, b: Node) -> Node:
+def _add(a: IRExpr, b: IRExpr) -> IRExpr:
     if isinstance(b, Const) and b.value == 0:
         return a
     if isinstance(a, Const) and a.value == 0:
@@ -379,7 +379,7 @@ def _add(a: Node, b: Node) -> Node:
     return Apply("add", (a, b), INDEX)
 
 
-def _times(node: Node, factor: int) -> Node:
+def _times(node: IRExpr, factor: int) -> IRExpr:
     if factor == 1:
         return node
     if isinstance(node, Const):
@@ -387,12 +387,12 @@ def _times(node: Node, factor: int) -> Node:
     return Apply("mul", (node, Const(factor, INDEX)), INDEX)
 
 
-def _within(position: Node, extent: int) -> Node:
+def _within(position: IRExpr, extent: int) -> IRExpr:
     return Apply("and", (Apply("ge", (position, Const(0, INDEX)), BOOL),
                          Apply("lt", (position, Const(extent, INDEX)), BOOL)), BOOL)
 
 
-def _clamped(position: Node, extent: int) -> Node:
+def _clamped(position: IRExpr, extent: int) -> IRExpr:
     return Apply("min", (Apply("max", (position, Const(0, INDEX)), INDEX),
                          Const(max(extent - 1, 0), INDEX)), INDEX)
 

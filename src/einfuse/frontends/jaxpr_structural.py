@@ -7,10 +7,9 @@ from __future__ import annotations
 import math
 from typing import Tuple
 
-from ..ir.jit import INDEX
+from ..ir import (INDEX, Apply, Cast, Const, Expr, Index, ReduceOp, Reduction, ScalarType,
+                  ScatterAdd, Select)
 from .jaxpr_values import Value, as_index, index_add, index_mul, read_value, scalar_type, unsupported
-from ..ir.jit import (Apply, Cast, Const, Index, Node, ReduceOp, Reduction, ScalarType, ScatterAdd,
-                      Select)
 
 BOOL = ScalarType.BOOL
 
@@ -26,19 +25,19 @@ def _moved(x: Value, shape, level, subs_of, compound=None) -> Value:
                  x.compound if compound is None else compound)
 
 
-def _imin(a: Node, b: Node) -> Node:
+def _imin(a: Expr, b: Expr) -> Expr:
     return Apply("min", (a, b), INDEX)
 
 
-def _imax(a: Node, b: Node) -> Node:
+def _imax(a: Expr, b: Expr) -> Expr:
     return Apply("max", (a, b), INDEX)
 
 
-def _lt(a: Node, b: Node) -> Node:
+def _lt(a: Expr, b: Expr) -> Expr:
     return Apply("lt", (a, b), BOOL)
 
 
-def _and(a: Node, b: Node) -> Node:
+def _and(a: Expr, b: Expr) -> Expr:
     return Apply("and", (a, b), BOOL)
 
 
@@ -78,7 +77,7 @@ def reshape(conv, eqn, invals, level):
     return [_moved(x, shape, level, subs_of)]
 
 
-def _reshaped(subs, shape, old_shape) -> Tuple[Node, ...]:
+def _reshaped(subs, shape, old_shape) -> Tuple[Expr, ...]:
     """The operand subscripts of a row-major reshape from ``old_shape`` to ``shape``:
     axes of size 1 are dropped and added without arithmetic; where the remaining axes
     agree one to one they map directly; else through the linear position."""
@@ -374,7 +373,7 @@ def _reduction(op: ReduceOp):
         if op in (ReduceOp.ARGMAX, ReduceOp.ARGMIN) and not x.dtype.is_float and \
                 x.dtype is not BOOL and not x.dtype.is_signed_int and \
                 not x.dtype.is_unsigned_int:
-            raise unsupported(eqn, f"on {x.dtype.value[0]}")
+            raise unsupported(eqn, f"on {x.dtype.value}")
 
         def reduction_of(out_subs):
             names = {a: conv.fresh("r") for a in axes}

@@ -1,6 +1,6 @@
 """The vocabulary every jaxpr rule speaks: a converted value (Value), the conversion's
 error (JaxprConversionError, unsupported), scalar types, reads, constants and index
-arithmetic on the jit IR (ir/jit.py).  frontends/jaxpr.py's Converter and the rule
+arithmetic on the typed IR (ir/typed.py).  frontends/jaxpr.py's Converter and the rule
 modules (jaxpr_rules, _control, _structural, _windows, _random) build on it."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import Callable, Optional, Tuple
 
 from ..errors import EinfuseError
-from ..ir.jit import INDEX, Apply, Buffer, Cast, Const, Node, Read, ScalarType
+from ..ir import INDEX, Apply, Buffer, Cast, Const, Expr, Read, ScalarType
 
 
 class JaxprConversionError(EinfuseError, NotImplementedError):
@@ -23,7 +23,7 @@ class Value:
     """A jaxpr variable's elements: ``at(subscripts)`` is the expression of one element."""
     shape: Tuple[int, ...]
     dtype: ScalarType
-    at: Callable[[Tuple[Node, ...]], Node]
+    at: Callable[[Tuple[Expr, ...]], Expr]
     level: int
     compound: bool              # an element costs more than a read to compute
     buffer: Optional[str] = None
@@ -99,7 +99,7 @@ def _python_number(value, dtype: ScalarType):
     return int(value)
 
 
-def index_add(*parts: Node) -> Node:
+def index_add(*parts: Expr) -> Expr:
     """The sum of integer subscript parts, constants folded."""
     constant = 0
     rest = []
@@ -118,7 +118,7 @@ def index_add(*parts: Node) -> Node:
     return total
 
 
-def index_mul(part: Node, factor: int) -> Node:
+def index_mul(part: Expr, factor: int) -> Expr:
     if factor == 1:
         return part
     if factor == 0:
@@ -128,5 +128,5 @@ def index_mul(part: Node, factor: int) -> Node:
     return Apply("mul", (part, Const(factor, INDEX)), INDEX)
 
 
-def as_index(node: Node) -> Node:
+def as_index(node: Expr) -> Expr:
     return node if node.dtype is INDEX else Cast(node, INDEX)

@@ -16,9 +16,8 @@ from typing import List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from ..ir.jit import INDEX
+from ..ir import INDEX, Apply, Cast, Const, Expr, Index, ReduceOp, Reduction, ScalarType, Select
 from .jaxpr_values import index_add, index_mul, scalar_type, unsupported
-from ..ir.jit import Apply, Cast, Const, Index, Node, ReduceOp, Reduction, ScalarType, Select
 
 BOOL = ScalarType.BOOL
 
@@ -28,7 +27,7 @@ def _out(eqn, k=0):
     return tuple(int(d) for d in aval.shape), scalar_type(aval, eqn)
 
 
-def _and(a: Optional[Node], b: Optional[Node]) -> Optional[Node]:
+def _and(a: Optional[Expr], b: Optional[Expr]) -> Optional[Expr]:
     if a is None:
         return b
     if b is None:
@@ -36,8 +35,8 @@ def _and(a: Optional[Node], b: Optional[Node]) -> Optional[Node]:
     return Apply("and", (a, b), BOOL)
 
 
-def _operand_index(out: Node, offset: Node, stride: int, dilation: int, low: int,
-                   base: int, extent: int) -> Tuple[Node, Node]:
+def _operand_index(out: Expr, offset: Expr, stride: int, dilation: int, low: int,
+                   base: int, extent: int) -> Tuple[Expr, Expr]:
     """(the condition that window ``offset`` of output ``out`` reads an element; that
     element's index, clamped so that a read never leaves the array where it is not
     selected)."""
@@ -65,8 +64,8 @@ def _identity(op: ReduceOp, dtype: ScalarType, eqn) -> Const:
     return Const(int(info.min if op is ReduceOp.MAX else info.max), dtype)
 
 
-def _window_reads(x, out_subs: Sequence[Node], offsets: Sequence[Node], params
-                  ) -> Tuple[Optional[Node], Tuple[Node, ...]]:
+def _window_reads(x, out_subs: Sequence[Expr], offsets: Sequence[Expr], params
+                  ) -> Tuple[Optional[Expr], Tuple[Expr, ...]]:
     """The condition (None: always) and subscripts of ``x``'s element at window
     ``offsets`` of output ``out_subs``."""
     valid, subs = None, []
@@ -140,7 +139,7 @@ def conv_general_dilated(conv, eqn, invals, level):
         outs = [out_subs[out_spec[2 + d]] for d in range(spatial)]
         feature = conv.fresh("c")
         offsets = [conv.fresh("w") for _ in range(spatial)]
-        channel: Node = Index(feature)
+        channel: Expr = Index(feature)
         if features > 1:      # output feature o reads the input features of its group
             group = Apply("idiv", (o, Const(out_features // features, INDEX)), INDEX)
             channel = index_add(index_mul(group, in_per_group), channel)
@@ -150,14 +149,14 @@ def conv_general_dilated(conv, eqn, invals, level):
             batch = index_add(index_mul(group, shape[out_spec[0]]), n)
         valid, subs = _window_reads(spatial_lhs, outs, [Index(w) for w in offsets], params)
         left = lhs.at(spatial_lhs.full(batch, channel, subs))
-        rsubs: List[Node] = [Const(0, INDEX)] * len(rhs.shape)
+        rsubs: List[Expr] = [Const(0, INDEX)] * len(rhs.shape)
         rsubs[rhs_spec[0]], rsubs[rhs_spec[1]] = o, Index(feature)
         for d in range(spatial):
             rsubs[rhs_spec[2 + d]] = Index(offsets[d])
         right = rhs.at(tuple(rsubs))
         left = left if left.dtype is dtype else Cast(left, dtype)
         right = right if right.dtype is dtype else Cast(right, dtype)
-        body: Node = Apply("and" if dtype is BOOL else "mul", (left, right), dtype)
+        body: Expr = Apply("and" if dtype is BOOL else "mul", (left, right), dtype)
         if valid is not None:
             body = Select(valid, (zero, body), dtype)
         indices = ((feature, in_per_group),) + tuple(zip(offsets, window))
@@ -173,8 +172,8 @@ class _SpatialView:
         self.spec = spec
         self.shape = tuple(value.shape[spec[2 + d]] for d in range(len(spec) - 2))
 
-    def full(self, batch: Node, feature: Node, spatial: Sequence[Node]) -> Tuple[Node, ...]:
-        subs: List[Node] = [Const(0, INDEX)] * (len(self.shape) + 2)
+    def full(self, batch: Expr, feature: Expr, spatial: Sequence[Expr]) -> Tuple[Expr, ...]:
+        subs: List[Expr] = [Const(0, INDEX)] * (len(self.shape) + 2)
         subs[self.spec[0]], subs[self.spec[1]] = batch, feature
         for d, sub in enumerate(spatial):
             subs[self.spec[2 + d]] = sub

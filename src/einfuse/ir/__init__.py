@@ -1,16 +1,20 @@
-"""The loop-nest IR shared by the code generators (see :mod:`einfuse.ir.nodes`), with its
-vocabularies as enums (:mod:`einfuse.ir.kinds`)."""
+"""The one IR shared by the code generators: loop nests (:mod:`einfuse.ir.nodes`), the
+typed nodes of ``ef.jit``'s programs (:mod:`einfuse.ir.typed`), and their vocabularies
+as enums (:mod:`einfuse.ir.kinds`)."""
 
-from .kinds import (BinaryOp, BufferType, FillSource, Function, LoopKind, Policy, QuasiOp,
-                    ReduceOp, UnaryOp)
+from .kinds import (INDEX, BinaryOp, BufferType, ElementOp, FillSource, Function, LoopKind,
+                    Policy, QuasiOp, ReduceOp, ScalarType, UnaryOp)
 from .nodes import (AccValue, Accumulate, Affine, Binary, Branch, Buffer, Call, CombineLanes,
                     Compensate, Const, DeclareAcc, Expr, Fold, IndexValue, Kernel, Let, Load,
                     Local, Loop, NormalBranch, Param, Program, Quasi, SLICE_ROWS, Stmt, Store,
                     Subscript, TiledLoop, Unary, walk)
+from .typed import (Apply, Assign, Cast, Index, JitProgram, Read, Reduction, ScatterAdd, Select,
+                    Step, Switch)
 
-__all__ = ["AccValue", "Accumulate", "Affine", "Binary", "BinaryOp", "Branch", "Buffer",
-           "BufferType", "Call", "CombineLanes", "Compensate", "Const", "DeclareAcc", "Expr",
-           "FillSource", "Fold", "Function", "IndexValue", "Kernel", "Let", "Load", "Local",
-           "Loop", "LoopKind", "NormalBranch", "Param", "Policy", "Program", "Quasi",
-           "QuasiOp", "ReduceOp", "SLICE_ROWS", "Stmt", "Store", "Subscript", "TiledLoop",
-           "Unary", "UnaryOp", "walk"]
+__all__ = ["AccValue", "Accumulate", "Affine", "Apply", "Assign", "Binary", "BinaryOp", "Branch",
+           "Buffer", "BufferType", "Call", "Cast", "CombineLanes", "Compensate", "Const",
+           "DeclareAcc", "ElementOp", "Expr", "FillSource", "Fold", "Function", "INDEX", "Index",
+           "IndexValue", "JitProgram", "Kernel", "Let", "Load", "Local", "Loop", "LoopKind",
+           "NormalBranch", "Param", "Policy", "Program", "Quasi", "QuasiOp", "Read", "ReduceOp",
+           "Reduction", "SLICE_ROWS", "ScalarType", "ScatterAdd", "Select", "Step", "Stmt",
+           "Store", "Subscript", "Switch", "TiledLoop", "Unary", "UnaryOp", "walk"]

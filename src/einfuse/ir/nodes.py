@@ -5,7 +5,9 @@ statements (loops, accumulator declarations, accumulations, stores) over
 value expressions (constants, parameters, index values, loads, arithmetic).
 Nothing here knows about C: the C renderer (backends/c/render.py) prints one
 method per node type, and a Triton renderer or gradient kernels can reuse the
-same nodes.
+same nodes.  ``ef.jit``'s programs (:mod:`einfuse.ir.typed`) are made of the same
+nodes -- :class:`Loop` (its scan and while kinds), :class:`Buffer` (with a static
+shape), :class:`Const` (with a type) -- and of typed nodes of their own.
 
 Names in the IR are generated (``p0``, ``lo0``, ``t1``, ``a2`` ...): user
 names never reach a renderer, so no user text can reach a compiler.
@@ -18,14 +20,17 @@ Kernels are size-generic: every size is such a runtime name.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Optional, Tuple, Union
 
-from .kinds import (BinaryOp, BufferType, FillSource, Function, LoopKind, Policy, QuasiOp,
-                    ReduceOp, UnaryOp)
+import numpy as np
+
+from .kinds import (BinaryOp, FillSource, Function, LoopKind, Policy, QuasiOp, ReduceOp,
+                    ScalarType, UnaryOp)
 
 
-def _as(node, name: str, kind) -> None:
+def as_member(node, name: str, kind) -> None:
     """Field ``name`` of a frozen node as a member of the enum ``kind`` (a producer may
     pass the text): an unknown word fails here, when the node is built."""
     value = getattr(node, name)
@@ -64,12 +69,27 @@ class Affine:
 
 class Expr:
     """Base of value expressions (computed in the kernel's working dtype, or int64
-    for loads from index arrays)."""
+    for loads from index arrays; a typed expression, ir.typed, carries its ``dtype``)."""
 
 
 @dataclass(frozen=True)
 class Const(Expr):
-    value: Union[int, float]
+    """A literal; ``dtype`` None: of the kernel's working dtype (the statement
+    lowering's), else of that type (a typed expression's)."""
+    value: Union[int, float, bool]
+    dtype: Optional[ScalarType] = None
+
+    def __post_init__(self):
+        if self.dtype is None:
+            return
+        as_member(self, "dtype", ScalarType)
+        # validated literals only: a renderer writes them into source text
+        if isinstance(self.value, (np.integer, np.floating, np.bool_)):
+            object.__setattr__(self, "value", self.value.item())
+        if not isinstance(self.value, (bool, int, float)):
+            raise TypeError(f"constant {self.value!r} is not a number")
+        if self.dtype.is_float and not isinstance(self.value, float):
+            object.__setattr__(self, "value", float(self.value))
 
 
 @dataclass(frozen=True)
@@ -99,7 +119,7 @@ class Quasi:
     divisor: int
 
     def __post_init__(self):
-        _as(self, "op", QuasiOp)
+        as_member(self, "op", QuasiOp)
 
 
 @dataclass(frozen=True)
@@ -120,7 +140,7 @@ class Subscript:
         return self.affine.names + tuple(n for q, _ in self.quasi for n in q.affine.names)
 
     def __post_init__(self):
-        _as(self, "policy", Policy)
+        as_member(self, "policy", Policy)
 
 
 @dataclass(frozen=True)
@@ -134,7 +154,7 @@ class Load(Expr):
     is_index: bool = False      # an int64 index array (for gathers)
 
     def __post_init__(self):
-        _as(self, "fill", FillSource)
+        as_member(self, "fill", FillSource)
 
 
 @dataclass(frozen=True)
@@ -143,7 +163,7 @@ class Unary(Expr):
     operand: Expr
 
     def __post_init__(self):
-        _as(self, "op", UnaryOp)
+        as_member(self, "op", UnaryOp)
 
 
 @dataclass(frozen=True)
@@ -153,7 +173,7 @@ class Binary(Expr):
     right: Expr
 
     def __post_init__(self):
-        _as(self, "op", BinaryOp)
+        as_member(self, "op", BinaryOp)
 
 
 @dataclass(frozen=True)
@@ -162,7 +182,7 @@ class Call(Expr):
     args: Tuple[Expr, ...]
 
     def __post_init__(self):
-        _as(self, "func", Function)
+        as_member(self, "func", Function)
 
 
 @dataclass(frozen=True)
@@ -180,7 +200,7 @@ class AccValue(Expr):
     row: Optional[str] = None   # row counter for a block of them
 
     def __post_init__(self):
-        _as(self, "op", ReduceOp)
+        as_member(self, "op", ReduceOp)
 
 
 # ------------------------------------------------------------------ statements
@@ -203,7 +223,7 @@ class DeclareAcc(Stmt):
     rows: Optional[int] = None  # with lanes: a rows x lanes block (register blocking)
 
     def __post_init__(self):
-        _as(self, "op", ReduceOp)
+        as_member(self, "op", ReduceOp)
 
 
 @dataclass(frozen=True)
@@ -219,7 +239,7 @@ class Accumulate(Stmt):
     position: Tuple[Tuple[Affine, Affine], ...] = ()
 
     def __post_init__(self):
-        _as(self, "op", ReduceOp)
+        as_member(self, "op", ReduceOp)
 
 
 @dataclass(frozen=True)
@@ -228,17 +248,34 @@ class Loop(Stmt):
     of a longer loop).  kind: parallel (race-free, may run on threads), serial,
     reduction (feeds accumulators), vectorised (innermost, SIMD).  ``simd`` asks for
     SIMD code on a parallel/reduction loop too; ``reductions`` lists (accumulator, op)
-    pairs a SIMD loop combines (sum/prod only)."""
+    pairs a SIMD loop combines (sum/prod only).
+
+    A loop of a typed program (ir.typed): kind ``scan``, ``var`` running over a constant
+    ``extent``; or ``while`` (``extent`` None): ``condition_steps`` then ``condition``
+    tested before each step.  After the body each ``(carry, new)`` pair of ``updates``
+    copies buffer ``new`` into buffer ``carry`` (all news are computed before any carry
+    is overwritten); ``origin``: the jaxpr equation it comes from, for explain."""
     var: str
-    extent: Affine
+    extent: Optional[Affine]
     kind: LoopKind
     body: Tuple[Stmt, ...]
     simd: bool = False
     reductions: Tuple[Tuple[str, ReduceOp], ...] = ()
     start: Optional[Affine] = None
+    condition_steps: Tuple[Stmt, ...] = ()
+    condition: Optional[Expr] = None
+    updates: Tuple[Tuple[str, str], ...] = ()
+    origin: str = ""
+
+    @property
+    def length(self) -> Optional[int]:
+        """The trip count of a loop over a constant extent (a scan), else None."""
+        if self.extent is None or self.extent.terms:
+            return None
+        return self.extent.const
 
     def __post_init__(self):
-        _as(self, "kind", LoopKind)
+        as_member(self, "kind", LoopKind)
         if any(type(op) is not ReduceOp for _, op in self.reductions):
             object.__setattr__(self, "reductions", tuple(
                 (acc, ReduceOp(op)) for acc, op in self.reductions))
@@ -307,7 +344,7 @@ class CombineLanes(Stmt):
     errors: Optional[Tuple[str, str]] = None
 
     def __post_init__(self):
-        _as(self, "op", ReduceOp)
+        as_member(self, "op", ReduceOp)
 
 
 @dataclass(frozen=True)
@@ -327,7 +364,7 @@ class TiledLoop(Stmt):
     constant_full: bool = True
 
     def __post_init__(self):
-        _as(self, "kind", LoopKind)
+        as_member(self, "kind", LoopKind)
 
 
 @dataclass(frozen=True)
@@ -348,7 +385,9 @@ SLICE_ROWS = "slice_rows"
 
 @dataclass(frozen=True)
 class Buffer:
-    """A kernel argument array of ``dtype`` elements (ir.kinds.BufferType).  ``per_thread``
+    """An array of ``dtype`` elements (ir.kinds.ScalarType): a kernel argument of a
+    statement kernel (its sizes are runtime ints; ``shape`` None), or a buffer of a typed
+    program (ir.typed), whose ``shape`` is static.  ``per_thread``
     names the runtime int holding a row length: the array then holds one row of that
     many elements per thread, and each thread of the outermost parallel loop reads and
     writes its own row (a fused intermediate that never goes to memory whole).
@@ -357,13 +396,19 @@ class Buffer:
     thread runs a whole slice), so that sums kept in it do not depend on the thread
     count."""
     name: str
-    dtype: BufferType
+    dtype: ScalarType
     output: bool = False
     per_thread: Optional[str] = None
     per_slice: bool = False
+    shape: Optional[Tuple[int, ...]] = None
 
     def __post_init__(self):
-        _as(self, "dtype", BufferType)
+        as_member(self, "dtype", ScalarType)
+
+    @property
+    def size(self) -> int:
+        """Elements of a buffer of static shape."""
+        return int(math.prod(self.shape))
 
 
 @dataclass(frozen=True)
@@ -391,7 +436,14 @@ def walk(node):
     if isinstance(node, (Program,)):
         for k in node.kernels:
             yield from walk(k)
-    elif isinstance(node, (Kernel, Loop, TiledLoop)):
+    elif isinstance(node, Loop):
+        for s in node.condition_steps:
+            yield from walk(s)
+        if node.condition is not None:
+            yield from walk(node.condition)
+        for s in node.body:
+            yield from walk(s)
+    elif isinstance(node, (Kernel, TiledLoop)):
         for s in node.body:
             yield from walk(s)
     elif isinstance(node, Branch):
@@ -414,3 +466,6 @@ def walk(node):
     elif isinstance(node, Call):
         for a in node.args:
             yield from walk(a)
+    elif hasattr(node, "children"):          # the typed nodes (ir.typed)
+        for child in node.children():
+            yield from walk(child)

@@ -13,7 +13,7 @@ from typing import List, Tuple
 
 from ..frontends.jaxpr import Converter, equation_text
 from ..frontends.jaxpr_values import JaxprConversionError, source_line
-from ..ir.jit import ScalarType
+from ..ir import ScalarType
 from .jit_compiled import CompiledFunction
 
 

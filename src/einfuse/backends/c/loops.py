@@ -1,4 +1,4 @@
-"""Renders a converted JAX function (:class:`~einfuse.ir.jit.JitProgram`) as
+"""Renders a converted JAX function (:class:`~einfuse.ir.JitProgram`) as
 ONE C function, ``int ef_jit(void **args)``: statements are loop nests over static
 extents, ``scan``/``while`` are C loops whose bodies are those loop nests (carries in
 buffers), ``cond`` is an if-chain.  So a loop of thousands of steps is one call, with no
@@ -20,23 +20,14 @@ from ...errors import BackendError
 from . import (loops_dot as c_loops_dot, loops_flat as c_loops_flat, loops_parts as c_loops_parts,
                loops_rewrite as c_loops_rewrite, loops_select as c_loops_select,
                loops_vmath as c_loops_vmath)
-from ...ir.jit import (INDEX, Apply, Assign, Branch, Cast, Const, Index, JitProgram, Loop, LoopKind,
-                       Node, Read, ReduceOp, ScalarType, ScatterAdd, Select)
-from ...ir.jit_cost import step_flops
+from ...ir import (INDEX, Apply, Assign, Cast, Const, Expr, Index, JitProgram, Loop, LoopKind,
+                   Read, ReduceOp, ScalarType, ScatterAdd, Select, Switch)
+from ...plan.jit_threads import accumulator_row, decide
+from .scalar_types import C_TYPE, SUFFIX, UNSIGNED_OF_BITS
 
 STACK_LIMIT = 65536        # bytes of intermediates on the stack in all (callbacks run on
                            # threads with small stacks); the rest are allocated per call
 ENTRY = "ef_jit"
-PARALLEL_WORK = 1 << 16    # operations of a statement before its outer loop gets threads
-# ... inside a loop of the kernel, where each step would fork and join the threads: a
-# statement must be larger, so that a thread descheduled on a shared machine (every join
-# waits for the slowest) costs little against the statement's own time
-PARALLEL_WORK_IN_LOOP = 1 << 20
-
-SUFFIX = {ScalarType.BOOL: "b", ScalarType.INT8: "i8", ScalarType.INT16: "i16",
-          ScalarType.INT32: "i32", ScalarType.INT64: "i64", ScalarType.UINT8: "u8",
-          ScalarType.UINT16: "u16", ScalarType.UINT32: "u32", ScalarType.UINT64: "u64",
-          ScalarType.FLOAT32: "f", ScalarType.FLOAT64: "d"}
 
 _FLOAT = {
     "add": "return a + b;", "sub": "return a - b;", "mul": "return a * b;",
@@ -106,22 +97,18 @@ UNARY = {"neg", "abs", "sign", "exp", "exp2", "log", "log1p", "expm1", "tanh", "
          "erfc", "square", "not", "is_finite", "erf_inv"}
 
 
-def _unsigned(dtype: ScalarType) -> str:
-    return {8: "unsigned char", 16: "unsigned short", 32: "unsigned int",
-            64: "unsigned long long"}[dtype.bits]
-
-
 class Renderer:
-    def __init__(self, program: JitProgram):
+    def __init__(self, program: JitProgram, threads_inside: bool = True):
         # the program as rendered: c_loops_rewrite's transposed weights, vector math
-        # outside sums and carries updated in place (every value unchanged)
-        self.program = c_loops_rewrite.optimise(program)
+        # outside sums and carries updated in place (every value unchanged), then which
+        # statements run on threads, decided before any line is printed
+        # (plan/jit_threads.py; threads_inside False: the caller runs this code on a
+        # thread team, so no statement gets threads of its own)
+        self.program = decide(c_loops_rewrite.optimise(program), threads_inside)
         self.helpers: Dict[str, str] = {}
         self.lines: List[str] = []
         self.depth = 1
         self.counter = 0
-        self.loop_depth = 0
-        self.threads_inside = True   # False: the caller runs this code on a thread team
         self._extents = None         # loop index -> extent (c_loops_select), when needed
 
     # -- helpers ------------------------------------------------------------------------------
@@ -129,7 +116,7 @@ class Renderer:
         name = f"ef_{op}_{SUFFIX[dtype]}"
         if name in self.helpers:
             return name
-        t = dtype.c_type
+        t = C_TYPE[dtype]
         if op in _COMPARE:
             body = f"return a {_COMPARE[op]} b;"
             self.helpers[name] = f"static inline unsigned char {name}({t} a, {t} b) {{ {body} }}"
@@ -149,9 +136,9 @@ class Renderer:
             if body is not None:
                 minimum = f"({-(2 ** (dtype.bits - 1))}LL)" if dtype.is_signed_int else "0"
                 body = body.replace("MIN", minimum).replace("BITS", str(dtype.bits)) \
-                    .replace("(U)", f"({_unsigned(dtype)})")
+                    .replace("(U)", f"({UNSIGNED_OF_BITS[dtype.bits]})")
         if body is None:
-            raise BackendError(f"the operation {op} is not defined on {dtype.value[0]} in "
+            raise BackendError(f"the operation {op} is not defined on {dtype.value} in "
                                "the jit kernel renderer")
         body = body.replace("(T)", f"({t})").replace("T r", f"{t} r").replace("T p", f"{t} p")
         if op == "integer_pow":
@@ -167,7 +154,7 @@ class Renderer:
         """The bits of a value read as another type of the same width."""
         name = f"ef_bitcast_{SUFFIX[source]}_{SUFFIX[target]}"
         if name not in self.helpers:
-            s, t = source.c_type, target.c_type
+            s, t = C_TYPE[source], C_TYPE[target]
             self.helpers[name] = (f"static inline {t} {name}({s} a) {{ {t} b; "
                                   f"memcpy(&b, &a, sizeof b); return b; }}")
         return name
@@ -179,7 +166,7 @@ class Renderer:
         if name not in self.helpers:
             info = np.iinfo(target.numpy)
             low, high = int(info.min), int(info.max)
-            t, s = target.c_type, source.c_type
+            t, s = C_TYPE[target], C_TYPE[source]
             high_literal = f"{high}ULL" if high > 2 ** 63 - 1 else f"{high}LL"
             low_literal = f"({low + 1}LL - 1)" if low < 0 else f"{low}LL"
             self.helpers[name] = (
@@ -190,7 +177,7 @@ class Renderer:
         return name
 
     # -- expressions ----------------------------------------------------------------------------
-    def expr(self, node: Node) -> str:
+    def expr(self, node: Expr) -> str:
         if isinstance(node, Const):
             return literal(node)
         if isinstance(node, Index):
@@ -206,7 +193,7 @@ class Renderer:
                 # every arm read first, then chosen: no masked loads (c_loops_select)
                 self.counter += 1
                 names = [f"s{self.counter}_{k}" for k in range(len(cases))]
-                t = node.dtype.c_type
+                t = C_TYPE[node.dtype]
                 values = " ".join(f"{t} {n} = {c};" for n, c in zip(names, cases))
                 cases = names
                 if len(cases) == 2:
@@ -266,7 +253,7 @@ class Renderer:
             return f"(({inner}) != 0)"
         if source.is_float and not target.is_float:
             return f"{self.convert_helper(source, target)}({inner})"
-        return f"(({target.c_type})({inner}))"
+        return f"(({C_TYPE[target]})({inner}))"
 
     def offset(self, buffer: str, subscripts) -> str:
         shape = self.program.buffer(buffer).shape
@@ -329,8 +316,8 @@ class Renderer:
                 self.scatter_add(step)
             elif isinstance(step, Loop):
                 self.loop(step)
-            elif isinstance(step, Branch):
-                self.branch(step)
+            elif isinstance(step, Switch):
+                self.switch(step)
             else:
                 raise BackendError(f"the jit kernel renderer has no rule for {step!r}")
 
@@ -342,9 +329,7 @@ class Renderer:
             if operands is not None:
                 c_loops_dot.render_contraction(self, step, *operands)
                 return
-        if step.reduction is not None and step.indices and \
-                4 <= step.indices[-1][1] <= 4096 and \
-                step.reduction.op not in (ReduceOp.ARGMAX, ReduceOp.ARGMIN):
+        if accumulator_row(step):
             self.row_reduction(step)
             return
         if c_loops_vmath.applies(self, step):
@@ -356,29 +341,13 @@ class Renderer:
         # the innermost loop that is a loop (a vmapped (8, 1) activation: the 8)
         real = [extent for _, extent in step.indices if extent != 1]
         simd = step.reduction is None and bool(real) and real[-1] >= 4
-        opened = self.open_loops(step.indices, simd, parallel=self.parallel(step))
+        opened = self.open_loops(step.indices, simd, parallel=step.parallel)
         target = f"{step.buffer}[{self.offset(step.buffer, step.prefix + tuple(Index(n) for n, _ in step.indices))}]"
         if step.reduction is None:
             self.emit(f"{target} = {self.expr(step.value)};")
         else:
             self.reduction(step.reduction, target, self.program.buffer(step.buffer).dtype)
         self.close(opened)
-
-    def parallel(self, step: Assign) -> bool:
-        """Whether a statement's outermost loop is worth threads: enough work (at
-        least PARALLEL_WORK operations) and an outermost loop of 2 or more.  Tiny
-        statements (the seed's 12-wide layers) stay single-threaded: a fork and join
-        would cost more than the statement."""
-        if not self.threads_inside:
-            return False
-        real = [extent for _, extent in step.indices if extent != 1]
-        if len(real) < 1 or real[0] < 2:
-            return False
-        if step.reduction is not None and len(real) == 1 and \
-                step.indices[-1][1] == real[0] and 4 <= real[0] <= 4096 and \
-                step.reduction.op not in (ReduceOp.ARGMAX, ReduceOp.ARGMIN):
-            return False    # a row reduction's only loop is its accumulator row
-        return step_flops(step) >= (PARALLEL_WORK_IN_LOOP if self.loop_depth else PARALLEL_WORK)
 
     def row_reduction(self, step: Assign) -> None:
         """A reduction with the last output loop moved inside the reduced loops: a row of
@@ -387,11 +356,11 @@ class Renderer:
         reduction = step.reduction
         dtype = self.program.buffer(step.buffer).dtype
         *outer, (last, extent) = step.indices
-        opened = self.open_loops(outer, parallel=self.parallel(step))
+        opened = self.open_loops(outer, parallel=step.parallel)
         self.emit("{")
         self.depth += 1
         initial = identity(reduction.op, dtype)
-        self.emit(f"{dtype.c_type} acc[{extent}];")
+        self.emit(f"{C_TYPE[dtype]} acc[{extent}];")
         self.emit(f"for (long long {last} = 0; {last} < {extent}LL; ++{last}) "
                   f"acc[{last}] = {initial};")
         inner = self.open_loops(reduction.indices)
@@ -416,18 +385,18 @@ class Renderer:
         self.depth += 1
         if op in (ReduceOp.ARGMAX, ReduceOp.ARGMIN):
             better = ">" if op is ReduceOp.ARGMAX else "<"
-            self.emit(f"{body_type.c_type} best = 0; long long pos = 0, at = 0;")
+            self.emit(f"{C_TYPE[body_type]} best = 0; long long pos = 0, at = 0;")
             opened = self.open_loops(reduction.indices)
-            self.emit(f"{body_type.c_type} v = {self.expr(reduction.body)};")
+            self.emit(f"{C_TYPE[body_type]} v = {self.expr(reduction.body)};")
             # the first NaN wins, as in NumPy and JAX
             self.emit(f"if (at == 0 || (!(best != best) && (v {better} best || v != v))) "
                       "{ best = v; pos = at; }")
             self.emit("++at;")
             self.close(opened)
-            self.emit(f"{target} = ({dtype.c_type})pos;")
+            self.emit(f"{target} = ({C_TYPE[dtype]})pos;")
         else:
             initial = identity(op, dtype)
-            self.emit(f"{dtype.c_type} acc = {initial};")
+            self.emit(f"{C_TYPE[dtype]} acc = {initial};")
             simd = op is ReduceOp.SUM and dtype.is_float and len(reduction.indices) == 1 \
                 and reduction.indices[0][1] >= 4
             opened = self.open_loops(reduction.indices, simd, " reduction(+:acc)")
@@ -457,26 +426,24 @@ class Renderer:
     def loop(self, step: Loop) -> None:
         self.emit(f"/* {_comment(step.origin)} */")
         if step.kind is LoopKind.SCAN:
-            self.emit(f"for (long long {step.counter} = 0; {step.counter} < {step.length}LL; "
-                      f"++{step.counter}) {{")
+            self.emit(f"for (long long {step.var} = 0; {step.var} < {step.length}LL; "
+                      f"++{step.var}) {{")
             self.depth += 1
-        else:
+        elif step.kind is LoopKind.WHILE:
             self.emit("for (;;) {")
             self.depth += 1
-            self.loop_depth += 1
             self.steps(step.condition_steps)
-            self.loop_depth -= 1
             self.emit(f"if (!({self.expr(step.condition)})) break;")
-        self.loop_depth += 1
+        else:
+            raise BackendError(f"the jit kernel renderer has no rule for a {step.kind} loop")
         self.steps(step.body)
-        self.loop_depth -= 1
         for carry, new in step.updates:
             nbytes = self.program.buffer(carry).size * self.program.buffer(carry).dtype.numpy.itemsize
             self.emit(f"memcpy({carry}, {new}, {nbytes});")
         self.depth -= 1
         self.emit("}")
 
-    def branch(self, step: Branch) -> None:
+    def switch(self, step: Switch) -> None:
         self.emit(f"/* {_comment(step.origin)} */")
         self.emit("{")
         self.depth += 1
@@ -540,7 +507,7 @@ class Renderer:
             nbytes = max(1, buffer.size) * buffer.dtype.numpy.itemsize
             fits = on_stack + nbytes <= STACK_LIMIT
             on_stack += nbytes if fits else 0
-            yield buffer, buffer.dtype.c_type, nbytes, fits
+            yield buffer, C_TYPE[buffer.dtype], nbytes, fits
 
     def render(self) -> str:
         body = self.function(f"int {ENTRY}(void **args)")
@@ -553,10 +520,10 @@ class Renderer:
         program = self.program
         prologue = []
         for k, name in enumerate(program.inputs):
-            t = program.buffer(name).dtype.c_type
+            t = C_TYPE[program.buffer(name).dtype]
             prologue.append(f"const {t} *restrict {name} = (const {t} *)args[{k}];")
         for k, name in enumerate(program.outputs):
-            t = program.buffer(name).dtype.c_type
+            t = C_TYPE[program.buffer(name).dtype]
             prologue.append(f"{t} *restrict {name} = ({t} *)args[{len(program.inputs) + k}];")
         split = c_loops_parts.split_function(self, signature, STACK_LIMIT)
         if split is not None:
@@ -587,22 +554,22 @@ def literal(node: Const) -> str:
             text = "INFINITY" if value > 0 else "(-INFINITY)"
         else:
             text = repr(value)
-        return f"(({dtype.c_type}){text})"
+        return f"(({C_TYPE[dtype]}){text})"
     if dtype is ScalarType.BOOL:
         return "1" if value else "0"
     value = int(value)
     if dtype.is_unsigned_int:
-        return f"(({dtype.c_type}){value}ULL)"
+        return f"(({C_TYPE[dtype]}){value}ULL)"
     if value == -(2 ** 63):
         return "((long long)(-9223372036854775807LL - 1))"
-    return f"(({dtype.c_type}){value}LL)"
+    return f"(({C_TYPE[dtype]}){value}LL)"
 
 
 def identity(op: ReduceOp, dtype: ScalarType) -> str:
     """The C literal a reduction starts from.  AND on integers is bitwise (reduce_and
     of an int array): it starts from all bits set, not from 1."""
     if op is ReduceOp.AND and dtype is not ScalarType.BOOL:
-        return f"(({dtype.c_type})-1)"
+        return f"(({C_TYPE[dtype]})-1)"
     found = {ReduceOp.SUM: "0", ReduceOp.PROD: "1", ReduceOp.OR: "0",
              ReduceOp.AND: "1"}.get(op)
     return found if found is not None else extreme(dtype, low=op is ReduceOp.MAX)

@@ -25,12 +25,10 @@ from dataclasses import dataclass
 from typing import List, Optional, Tuple
 
 from ...errors import BackendError
-from ...ir.jit import JitProgram
-from .loops import ENTRY, PARALLEL_WORK, Renderer, load_entry
-from ...ir.jit_cost import work
-
-DYNAMIC_WORK = 1 << 14     # operations of one element above which threads take elements
-                           # one by one (an atomic increment each) rather than in chunks
+from ...ir import JitProgram
+from ...plan.jit_threads import batch_threads, one_by_one
+from .loops import ENTRY, Renderer, load_entry
+from .scalar_types import C_TYPE
 
 
 @dataclass(frozen=True)
@@ -51,18 +49,6 @@ class Batch:
     @property
     def count(self) -> int:
         return math.prod(self.sizes)
-
-
-def _program_work(program: JitProgram) -> int:
-    """Operations of one element (scan bodies times their lengths, a ``while_loop``'s
-    body once: its trip count is not known)."""
-    return work(program.steps)
-
-
-def threaded(program: JitProgram, batch: Batch) -> bool:
-    """Whether the batch loop gets threads: two or more elements and at least
-    PARALLEL_WORK operations in all (a fork and join costs more than smaller work)."""
-    return batch.count >= 2 and _program_work(program) * batch.count >= PARALLEL_WORK
 
 
 def _element_offset(flags: Tuple[bool, ...], sizes: Tuple[int, ...], element_size: int) -> str:
@@ -89,9 +75,10 @@ def render(program: JitProgram, batch: Batch) -> str:
     if len(batch.batched) != len(program.inputs):
         raise BackendError(f"the batch gives {len(batch.batched)} inputs flags; the "
                            f"program has {len(program.inputs)} inputs")
-    team = threaded(program, batch)
-    renderer = Renderer(program)
-    renderer.threads_inside = not team
+    # the threading, decided before rendering (plan/jit_threads.py): the batch elements
+    # shared among threads, or the statements' own loops
+    team = batch_threads(program, batch.count)
+    renderer = Renderer(program, threads_inside=not team)
     renderer.depth = 3
     declarations, allocations, frees = renderer.storage(
         set(program.inputs + program.outputs), on_failure="ef_ok = 0;")
@@ -99,19 +86,18 @@ def render(program: JitProgram, batch: Batch) -> str:
     pointers: List[str] = []
     for k, (name, flags) in enumerate(zip(program.inputs, batch.batched)):
         buffer = program.buffer(name)
-        t = buffer.dtype.c_type
+        t = C_TYPE[buffer.dtype]
         offset = _element_offset(flags, batch.sizes, max(1, buffer.size))
         pointers.append(f"const {t} *restrict {name} = (const {t} *)args[{k}] + {offset};")
     every_level = tuple(True for _ in batch.sizes)
     for k, name in enumerate(program.outputs):
         buffer = program.buffer(name)
-        t = buffer.dtype.c_type
+        t = C_TYPE[buffer.dtype]
         offset = _element_offset(every_level, batch.sizes, max(1, buffer.size))
         pointers.append(f"{t} *restrict {name} = ({t} *)args[{len(program.inputs) + k}]"
                         f" + {offset};")
-    # elements of some work are handed out one at a time, so that a thread descheduled on
-    # a shared machine (or an element whose while_loop runs longer) delays only its own
-    schedule = "dynamic, 1" if _program_work(program) >= DYNAMIC_WORK else "static"
+    # elements of some work are handed out one at a time (plan/jit_threads.one_by_one)
+    schedule = "dynamic, 1" if one_by_one(program) else "static"
     lines = [renderer.head(), "#include <omp.h>", "",
              f"int {ENTRY}(void **args, int threads) {{",
              "    int ef_failed = 0;",
@@ -196,11 +182,10 @@ def render_blocks(blocks: Blocks) -> str:
     parts = [blocks.full] + ([blocks.rest] if blocks.rest is not None else [])
     whole = blocks.count // blocks.block
     total = whole + (1 if blocks.rest is not None else 0)
-    team = total >= 2 and _program_work(blocks.full) * total >= PARALLEL_WORK
+    team = batch_threads(blocks.full, total)
     helpers, functions, arena = {}, [], 0
     for k, part in enumerate(parts):
-        renderer = _ArenaRenderer(part)
-        renderer.threads_inside = not team
+        renderer = _ArenaRenderer(part, threads_inside=not team)
         functions.append(renderer.function(f"static int ef_part{k}(void **args, "
                                            "char *ef_arena)"))
         helpers.update(renderer.helpers)
@@ -232,7 +217,7 @@ def render_blocks(blocks: Blocks) -> str:
     for k, part in enumerate(parts):
         pointers = []
         for i, (batched, size) in enumerate(zip(blocks.batched, blocks.input_sizes)):
-            t = part.buffer(part.inputs[i]).dtype.c_type
+            t = C_TYPE[part.buffer(part.inputs[i]).dtype]
             pointers.append(f"(void *)((const {t} *)args[{i}] + ef_b * "
                             f"{blocks.block * size}LL)" if batched else f"args[{i}]")
         constants = len(part.constants)
@@ -240,7 +225,7 @@ def render_blocks(blocks: Blocks) -> str:
                      for j in range(constants)]
         constants_before += constants
         for j, size in enumerate(blocks.output_sizes):
-            t = part.buffer(part.outputs[j]).dtype.c_type
+            t = C_TYPE[part.buffer(part.outputs[j]).dtype]
             pointers.append(f"(void *)(({t} *)args[{users + j}] + ef_b * "
                             f"{blocks.block * size}LL)")
         condition = f"if (ef_b < {whole}LL)" if k == 0 else "else"

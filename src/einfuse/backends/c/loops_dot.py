@@ -15,7 +15,8 @@ from __future__ import annotations
 
 from typing import Optional, Tuple
 
-from ...ir.jit import Apply, Assign, Cast, Index, Node, Read, ReduceOp, ScalarType, Select
+from ...ir import Apply, Assign, Cast, Expr, Index, Read, ReduceOp, ScalarType, Select
+from .scalar_types import C_TYPE
 
 VECTOR_BYTES = 64          # one AVX-512 register; compilers split it on narrower machines
 GROUP = 8                  # vectors of accumulators along a row (registers in use)
@@ -31,7 +32,7 @@ KEEP_IN_REGISTER = ("#if defined(__x86_64__) && defined(__AVX512F__)\n"
                     "#else\n#define EF_IN_REGISTER(v) ((void)0)\n#endif")
 
 
-def mentions(node: Node, name: str) -> bool:
+def mentions(node: Expr, name: str) -> bool:
     """Whether the index ``name`` appears anywhere in ``node``."""
     if isinstance(node, Index):
         return node.name == name
@@ -46,7 +47,7 @@ def mentions(node: Node, name: str) -> bool:
     return False
 
 
-def contraction_operands(step: Assign, dtype: ScalarType) -> Optional[Tuple[Node, Read]]:
+def contraction_operands(step: Assign, dtype: ScalarType) -> Optional[Tuple[Expr, Read]]:
     """``(x, y)`` when ``step`` is ``out[..., j] = sum_r x * y`` with ``x`` free of
     ``j`` and ``y`` a read whose last subscript is ``j`` and no other mentions it;
     None for any other statement (it is rendered the plain way)."""
@@ -67,10 +68,10 @@ def contraction_operands(step: Assign, dtype: ScalarType) -> Optional[Tuple[Node
     return None
 
 
-def render_contraction(renderer, step: Assign, x: Node, y: Read) -> None:
+def render_contraction(renderer, step: Assign, x: Expr, y: Read) -> None:
     """Emits the blocked loops for ``step`` (``contraction_operands`` matched it)."""
     dtype = renderer.program.buffer(step.buffer).dtype
-    t = dtype.c_type
+    t = C_TYPE[dtype]
     lanes = VECTOR_BYTES // dtype.numpy.itemsize
     vector = f"ef_vec_{t}"
     renderer.helpers.setdefault(
@@ -84,7 +85,7 @@ def render_contraction(renderer, step: Assign, x: Node, y: Read) -> None:
     if outer and outer[-1][1] > 1 and not mentions(y, outer[-1][0]) and whole:
         row, rows = outer[-1]
         outer = outer[:-1]
-    parallel = renderer.parallel(step)
+    parallel = step.parallel
     # threads over the first loop of the nest: the row blocks when no loop is outside
     share_rows = row is not None and parallel and all(e == 1 for _, e in outer)
     opened = renderer.open_loops(outer, parallel=parallel and not share_rows)

@@ -12,13 +12,13 @@ from __future__ import annotations
 
 import math
 
-from ...ir.jit import Apply, Assign, Cast, Const, Index, Node, Read, Select
+from ...ir import Apply, Assign, Cast, Const, Expr, Index, Read, Select
 
 
-def reads_only_at(node: Node, identity, extents, shape_of, names) -> bool:
+def reads_only_at(node: Expr, identity, extents, shape_of, names) -> bool:
     """Whether the indices ``names`` appear in ``node`` only as the whole subscript
     ``identity`` of reads of buffers whose shape is ``extents``."""
-    def walk(node: Node) -> bool:
+    def walk(node: Expr) -> bool:
         if isinstance(node, Index):
             return node.name not in names
         if isinstance(node, Const):
@@ -43,7 +43,7 @@ def flattens(renderer, step: Assign) -> bool:
     if step.reduction is not None or step.value is None or step.prefix:
         return False
     extents = tuple(e for _, e in step.indices)
-    if sum(e > 1 for e in extents) < 2 or renderer.parallel(step):
+    if sum(e > 1 for e in extents) < 2 or step.parallel:
         return False
     program = renderer.program
     if program.buffer(step.buffer).shape != extents:

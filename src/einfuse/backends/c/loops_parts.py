@@ -17,6 +17,8 @@ from __future__ import annotations
 import re
 from typing import List, Optional, Sequence
 
+from .scalar_types import C_TYPE
+
 PART_STEPS = 32          # top-level steps per function
 PART_THRESHOLD = 64      # programs with more top-level steps are split
 ALIGN = 16               # bytes each buffer in a block is aligned to (any scalar's)
@@ -82,7 +84,7 @@ def _places(program, stack_limit: int):
 
 def _pointer(program, name: str, place) -> str:
     block, at = place
-    t = program.buffer(name).dtype.c_type
+    t = C_TYPE[program.buffer(name).dtype]
     if block == "args":
         const = "const " if name in program.inputs else ""
         return f"    {const}{t} *restrict {name} = ({const}{t} *)args[{at}];"

@@ -31,8 +31,9 @@ import dataclasses
 import math
 from typing import Dict, Iterator, List, Optional, Set, Tuple
 
-from ...ir.jit import (Apply, Assign, Branch, Buffer, Cast, Index, JitProgram, Loop, Node, Read,
-                       ReduceOp, ScatterAdd, Select, Step)
+from ...ir import (Apply, Assign, Buffer, Cast, Expr, Index, JitProgram, Loop, Read, ReduceOp,
+                   ScatterAdd, Select, Step, Switch)
+from ...lang.sugar import FreshNames
 from .loops_dot import mentions
 
 MIN_ROW = 8        # output rows shorter than this are not rendered as blocked contractions
@@ -47,7 +48,7 @@ def optimise(program: JitProgram) -> JitProgram:
 
 
 # -- walking -----------------------------------------------------------------------------------
-def _node_reads(node: Node) -> Iterator[str]:
+def _node_reads(node: Expr) -> Iterator[str]:
     if isinstance(node, Read):
         yield node.buffer
         for sub in node.subscripts:
@@ -83,7 +84,7 @@ def _step_reads(step: Step) -> Iterator[str]:
             yield from _node_reads(step.condition)
         for _, new in step.updates:
             yield new
-    elif isinstance(step, Branch):
+    elif isinstance(step, Switch):
         yield from _node_reads(step.which)
         for body in step.branches:
             for inner in body:
@@ -98,26 +99,15 @@ def _step_writes(step: Step) -> Iterator[str]:
             yield from _step_writes(inner)
         for carry, _ in step.updates:
             yield carry
-    elif isinstance(step, Branch):
+    elif isinstance(step, Switch):
         for body in step.branches:
             for inner in body:
                 yield from _step_writes(inner)
 
 
-class _Names:
+def _names(program: JitProgram) -> FreshNames:
     """Fresh buffer and index names (``ef`` prefixes: the converter never makes them)."""
-
-    def __init__(self, program: JitProgram):
-        self.taken = {b.name for b in program.buffers}
-        self.count = 0
-
-    def fresh(self, stem: str) -> str:
-        while True:
-            self.count += 1
-            name = f"{stem}{self.count}"
-            if name not in self.taken:
-                self.taken.add(name)
-                return name
+    return FreshNames(b.name for b in program.buffers)
 
 
 # -- transposed operands -------------------------------------------------------------------------
@@ -160,7 +150,7 @@ def _transposable(step: Assign, shape_of) -> Optional[Tuple[Read, int]]:
 
 
 def _transpose_operands(program: JitProgram) -> JitProgram:
-    names = _Names(program)
+    names = _names(program)
     shapes = {b.name: b.shape for b in program.buffers}
     new_buffers: List[Buffer] = []
     dtype_of = {b.name: b.dtype for b in program.buffers}
@@ -188,7 +178,7 @@ def _transpose_operands(program: JitProgram) -> JitProgram:
                     body=rewrite(step.body, inner))
                 out += frame.before
                 out.append(replaced)
-            elif isinstance(step, Branch):
+            elif isinstance(step, Switch):
                 out.append(dataclasses.replace(
                     step, branches=tuple(rewrite(b, frames) for b in step.branches)))
             else:
@@ -201,11 +191,11 @@ def _transpose_operands(program: JitProgram) -> JitProgram:
         copy = made.get(source)
         if copy is None:
             shape = shapes[source]
-            copy = names.fresh("ef_wt")
+            copy = names.numbered("ef_wt")
             copy_shape = shape[:-2] + (shape[-1], shape[-2])
             shapes[copy] = copy_shape
-            new_buffers.append(Buffer(copy, copy_shape, dtype_of[source]))
-            axes = tuple((names.fresh("ef_ti"), e) for e in copy_shape)
+            new_buffers.append(Buffer(copy, dtype_of[source], shape=copy_shape))
+            axes = tuple((names.numbered("ef_ti"), e) for e in copy_shape)
             *lead, a, b = (Index(n) for n, _ in axes)
             before.append(Assign(copy, (), axes,
                                  Read(source, tuple(lead) + (b, a), y.dtype),
@@ -265,7 +255,7 @@ def _carries_in_place(program: JitProgram) -> JitProgram:
             if isinstance(step, Loop):
                 yield loop(dataclasses.replace(step, condition_steps=tuple(
                     walk(step.condition_steps))))
-            elif isinstance(step, Branch):
+            elif isinstance(step, Switch):
                 yield dataclasses.replace(step, branches=tuple(tuple(walk(b))
                                                                for b in step.branches))
             else:
@@ -286,7 +276,7 @@ def _elementwise_over(step: Assign, carry: str, shape: Tuple[int, ...]) -> bool:
         return False
     identity = tuple(Index(n) for n, _ in step.indices)
 
-    def clean(node: Node) -> bool:
+    def clean(node: Expr) -> bool:
         if isinstance(node, Read):
             if node.buffer == carry and tuple(node.subscripts) != identity:
                 return False
@@ -309,7 +299,7 @@ TRANSCENDENTAL = frozenset({
 MAX_OPERAND = 4096         # elements of a materialised operand (it lives on the stack)
 
 
-def _calls(node: Node) -> bool:
+def _calls(node: Expr) -> bool:
     if isinstance(node, Apply):
         return node.op in TRANSCENDENTAL or any(_calls(a) for a in node.args)
     if isinstance(node, Cast):
@@ -321,7 +311,7 @@ def _calls(node: Node) -> bool:
     return False
 
 
-def _split_operand(step: Assign, names: _Names) -> Optional[Tuple[Assign, Assign, Buffer]]:
+def _split_operand(step: Assign, names: FreshNames) -> Optional[Tuple[Assign, Assign, Buffer]]:
     """``(tmp := operand, the sum reading tmp, tmp's buffer)`` for a float sum over one
     index whose product has one operand with vector math in it."""
     reduction = step.reduction
@@ -343,7 +333,7 @@ def _split_operand(step: Assign, names: _Names) -> Optional[Tuple[Assign, Assign
     if any(mentions(operand, n) for n, e in step.indices if e == 1) or \
             math.prod(e for _, e in axes) > MAX_OPERAND:
         return None
-    buffer = Buffer(names.fresh("ef_op"), tuple(e for _, e in axes), operand.dtype)
+    buffer = Buffer(names.numbered("ef_op"), operand.dtype, shape=tuple(e for _, e in axes))
     make = Assign(buffer.name, (), axes, operand,
                   origin="the vector math of a sum's operand, before the sum")
     read = Read(buffer.name, tuple(Index(n) for n, _ in axes), operand.dtype)
@@ -354,7 +344,7 @@ def _split_operand(step: Assign, names: _Names) -> Optional[Tuple[Assign, Assign
 
 
 def _vector_math_outside_sums(program: JitProgram) -> JitProgram:
-    names = _Names(program)
+    names = _names(program)
     made: List[Buffer] = []
 
     def walk(steps):
@@ -370,7 +360,7 @@ def _vector_math_outside_sums(program: JitProgram) -> JitProgram:
             elif isinstance(step, Loop):
                 out.append(dataclasses.replace(step, condition_steps=walk(
                     step.condition_steps), body=walk(step.body)))
-            elif isinstance(step, Branch):
+            elif isinstance(step, Switch):
                 out.append(dataclasses.replace(step, branches=tuple(
                     walk(b) for b in step.branches)))
             else:

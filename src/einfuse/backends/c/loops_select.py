@@ -18,8 +18,8 @@ from __future__ import annotations
 
 from typing import Dict, Optional, Tuple
 
-from ...ir.jit import (INDEX, Apply, Assign, Branch, Cast, Const, Index, JitProgram, Loop, LoopKind,
-                       Node, Read, ScatterAdd, Select)
+from ...ir import (INDEX, Apply, Assign, Cast, Const, Expr, Index, JitProgram, Loop, LoopKind,
+                   Read, ScatterAdd, Select, Switch)
 
 Interval = Optional[Tuple[int, int]]
 
@@ -42,17 +42,17 @@ def index_extents(program: JitProgram) -> Dict[str, int]:
                 note(step.indices)
             elif isinstance(step, Loop):
                 if step.kind is LoopKind.SCAN and step.length is not None:
-                    note([(step.counter, step.length)])
+                    note([(step.var, step.length)])
                 walk(step.condition_steps)
                 walk(step.body)
-            elif isinstance(step, Branch):
+            elif isinstance(step, Switch):
                 for body in step.branches:
                     walk(body)
     walk(program.steps)
     return extents
 
 
-def bounds(node: Node, extents: Dict[str, int]) -> Interval:
+def bounds(node: Expr, extents: Dict[str, int]) -> Interval:
     """The smallest and largest value of an index expression, or None if unknown."""
     if isinstance(node, Const):
         if isinstance(node.value, bool) or not isinstance(node.value, int):
@@ -81,7 +81,7 @@ def bounds(node: Node, extents: Dict[str, int]) -> Interval:
     return None
 
 
-def reads_in_bounds(node: Node, extents: Dict[str, int], shape_of) -> bool:
+def reads_in_bounds(node: Expr, extents: Dict[str, int], shape_of) -> bool:
     """Whether every read in ``node`` stays inside its buffer for every value of the
     loop indices (so ``node`` may be evaluated whatever a select decides)."""
     if isinstance(node, (Const, Index)):

@@ -28,8 +28,9 @@ from __future__ import annotations
 import math
 from typing import Tuple
 
-from ...ir.jit import Apply, Assign, Index, Read, ScalarType
+from ...ir import Apply, Assign, Index, Read, ScalarType
 from .loops_flat import reads_only_at
+from .scalar_types import C_TYPE
 
 VECTOR_BYTES = 64
 CONDITION = "EF_VECTOR_LOGISTIC"
@@ -117,7 +118,7 @@ static inline ef_vec_float ef_vlogistic_f(ef_vec_float a) {{
 
 def _helper(dtype: ScalarType) -> Tuple[str, str]:
     """(name, C text) of the vector function for ``dtype``, inside the #if."""
-    t = dtype.c_type
+    t = C_TYPE[dtype]
     if dtype is ScalarType.FLOAT64:
         name, source, ints = "ef_vlogistic_d", _double_source(), ("long long", "u64", "i64")
     else:
@@ -152,7 +153,7 @@ def applies(renderer, step: Assign) -> bool:
     lanes = VECTOR_BYTES // value.dtype.numpy.itemsize
     program = renderer.program
     if math.prod(extents) < 2 * lanes or program.buffer(step.buffer).shape != extents or \
-            program.buffer(step.buffer).dtype is not value.dtype or renderer.parallel(step):
+            program.buffer(step.buffer).dtype is not value.dtype or step.parallel:
         return False
     identity = tuple(Index(n) for n, _ in step.indices)
     return reads_only_at(value.args[0], identity, extents,
@@ -164,7 +165,7 @@ def render(renderer, step: Assign) -> None:
     """The whole vectors through ``ef_vlogistic_*``, the rest (and compilers without
     the vector code) through the scalar loop."""
     dtype = step.value.dtype
-    t = dtype.c_type
+    t = C_TYPE[dtype]
     lanes = VECTOR_BYTES // dtype.numpy.itemsize
     total = math.prod(e for _, e in step.indices)
     whole = total // lanes * lanes
