@@ -248,9 +248,9 @@ class Kernel:
             backend = get_backend(schedule.backend)
             check_result_size(call)
             try:
-                # BLAS where the schedule says so (only the C backend has a BLAS route)
-                result = backend.run(call) if schedule.blas is None else \
-                    backend.run(call, blas=schedule.blas)
+                # the backend renders and runs what the schedule decided (BLAS or the
+                # loop nest, its threads)
+                result = backend.run(call, schedule)
             except (EinfuseError, RecursionError):
                 raise
             except Exception as error:
