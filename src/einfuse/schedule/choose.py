@@ -18,7 +18,7 @@ from ..plan.blocking import block_for, tile_for
 from ..plan.contraction import Contraction, match_contraction
 from ..plan.contraction_addend import match_contraction_addend
 from ..plan.loop_plan import explained_plan
-from .library import library_for
+from .library import library_for, prepared_library
 from .route import backend_name, resolved_name
 from .schedule import LoopSchedule, Materialised, Reason, Route, Schedule
 
@@ -84,12 +84,16 @@ def as_written(kernel, call: BoundCall, backend: Optional[str] = None,
         route = Route.BLAS if isinstance(blas, Contraction) else Route.BLAS_THEN_ADDEND
         return _schedule(name, route, statements, blas=blas)
     threads = fixed_thread_count(call.options.threads, call.bounds.points)
+    # a gather's prepared repeat may copy whole rows (schedule/library.py)
+    prepared = prepared_library(call, name) if any(t.as_index for t in call.spec.tensors) \
+        else None
     if not detail:
-        return _schedule(name, Route.LOOP_NEST, statements, threads=threads)
+        return _schedule(name, Route.LOOP_NEST, statements, threads=threads,
+                         prepared=prepared)
     loops, packed = _loop_schedule(call)
     return Schedule(name, Route.LOOP_NEST, statements, loops=loops, threads=threads,
                     materialised=tuple(Materialised(p, Reason.PACKED_FOR_LANES)
-                                       for p in packed))
+                                       for p in packed), prepared=prepared)
 
 
 def _text(kernel) -> str:

@@ -25,7 +25,7 @@ from ...plan.gathers import array_extremes, gather_spans, spans_in_range, unsign
 from ...analysis.frameworks import TORCH
 from . import call as c_call
 from ...plan.contraction_addend import ContractionAddend
-from ...schedule.schedule import Schedule
+from ...schedule.schedule import Library, Schedule
 from ...plan.loop_plan import input_buffers, lane_packs
 from .backend import kernel_functions, output_dtype
 from .blas import addend_runner, contraction_runner, route_for
@@ -59,12 +59,13 @@ def repeat_runner(call, schedule: Optional[Schedule] = None) -> Optional[Prepare
     """A runner computing this call's result (working dtype) from arrays of the same
     shapes, dtypes and strides by name, or None where the arguments depend on data;
     ``schedule``: the call's as-written schedule (schedule/choose.py): what it hands to
-    BLAS, the thread count it fixed.  Without one: the loop nest, threads as the
+    BLAS, the thread count it fixed, the row gather it chose (Library.GATHER_ROWS).  Without one: the loop nest, threads as the
     call's options say."""
     blas = schedule.blas if schedule is not None else None
     spec = call.spec
     gathers = any(t.as_index for t in spec.tensors)
-    rows = gather_rows_runner(call, GatherFlagged) if gathers else None
+    rows = gather_rows_runner(call, GatherFlagged) \
+        if schedule is not None and schedule.prepared is Library.GATHER_ROWS else None
     if rows is not None:     # the embedding form: a test and a memcpy per row
         return PreparedRunner(rows, np.dtype(output_dtype(call)))
     mode, spans = (_checking_mode(call) if gathers else None), None
