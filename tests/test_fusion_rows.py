@@ -8,6 +8,7 @@ import pytest
 
 import einfuse as ef
 from einfuse.backends.c import build as c_build, fused as c_fused, rows as c_rows
+from einfuse.plan import row_kernel
 from program_texts import SOFTMAX, SOFTMAX_STATEMENT as STATEMENT
 
 pytestmark = pytest.mark.skipif(c_build.find_compiler() is None,
@@ -21,7 +22,7 @@ y[i,j] := (X[i,j] - mu[i]) / sqrt(v[i] + {eps}) * g[j] + b[j]"""
 def _generic(monkeypatch, run):
     """``run()`` on the generic fused kernel (row kernels off)."""
     with monkeypatch.context() as patch:
-        patch.setattr(c_rows, "match", lambda members, rows: None)
+        patch.setattr(row_kernel, "match", lambda members, rows: None)
         patch.setattr(c_fused, "_fused", {})
         return run()
 

@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 
 import einfuse as ef
-from einfuse.backends.c import build as c_build, fused as c_fused, rows as c_rows
+from einfuse.backends.c import build as c_build, fused as c_fused
+from einfuse.plan import row_kernel
 from einfuse.plan import fuse
 from fresh_runs import fresh_runs, without_pass
 from program_texts import SOFTMAX, SOFTMAX_STATEMENT as STATEMENT
@@ -44,7 +45,7 @@ def verdicts(monkeypatch):
         return seen[-1]
     monkeypatch.setattr(c_fused, "guard_verdict", spy)
     fresh_runs(monkeypatch)         # no prepared run of another test
-    monkeypatch.setattr(c_rows, "match", lambda members, rows: None)
+    monkeypatch.setattr(row_kernel, "match", lambda members, rows: None)   # (the schedule's match)
     return seen
 
 
@@ -130,7 +131,7 @@ def test_row_extremum_by_vectors(monkeypatch, dtype, cols, op):
         return combine(body) if rewritten[-1] else body
     monkeypatch.setattr(fuse, "combine_extrema_by_vectors", spy)
     monkeypatch.setattr(c_fused, "_fused", {})
-    monkeypatch.setattr(c_rows, "match", lambda members, rows: None)
+    monkeypatch.setattr(row_kernel, "match", lambda members, rows: None)   # (the schedule's match)
     out = ef.compile(f"""m[i] := {op}[j](X[i,j])
                          d[i,j] := X[i,j] - m[i]""", outputs=("m", "d"))(X=X)
     assert rewritten == [True]

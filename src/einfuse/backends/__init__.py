@@ -1,13 +1,15 @@
 """Backends: each one runs a :class:`~einfuse.analysis.binding.BoundCall`.
 
-A backend is a small object with ``name``, ``available()``, ``run(call)``
-returning the result in the working dtype as a NumPy array,
+A backend is a small object with ``name``, ``available()``, ``run(call, schedule)``
+returning the result in the working dtype as a NumPy array (``schedule``: the call's
+as-written schedule, schedule/schedule.Schedule, whose decisions it renders and runs),
 ``strategy(call)`` describing, for ``explain``, how it will run, and
 ``source(call)``, the code it generates for the call.
 """
 
 from __future__ import annotations
 
+from ..analysis.capabilities import register_probe
 from ..errors import OptionError
 from .c.backend import CBackend
 from .numpy.backend import NumpyExecutor
@@ -22,7 +24,7 @@ class NumpyBackend:
         return True
 
     @staticmethod
-    def run(call):
+    def run(call, schedule=None):
         return NumpyExecutor.for_call(call).run()
 
     @staticmethod
@@ -35,6 +37,8 @@ class NumpyBackend:
 
 
 _BACKENDS = {"numpy": NumpyBackend, "c": CBackend, "triton": TritonBackend}
+# the schedule asks analysis/capabilities.py whether C kernels can be built here
+register_probe("c", CBackend.available)
 
 
 def get_backend(name: str):

@@ -170,14 +170,15 @@ def _add_source(part, kernel, given, position: int, groups) -> None:
     if group is not None and len(groups[group - 1].statements) > 1:
         fused = groups[group - 1]
         others = ", ".join(str(i + 1) for i in fused.statements)
-        if fused.source is not None:     # one printed kernel: shown with its first member
+        if fused.row_group is not None:  # one printed kernel: shown with its first member
             part.notes.append(f"source=True: this statement runs inside kernel {group}, "
                               f"one fused kernel of statements {others}" +
                               (", whose source follows" if position == fused.statements[0]
                                else f", whose source is shown with statement "
                                f"{fused.statements[0] + 1}"))
             if position == fused.statements[0]:
-                part.source = fused.source
+                from ..backends.triton import rows as triton_rows
+                part.source = triton_rows.source(fused.row_group)
             return
         part.notes.append(f"source=True: this statement runs inside kernel {group}, one "
                           f"fused kernel of statements {others}; that kernel's merged "

@@ -20,6 +20,7 @@ from ..rewrite.monoids import SOFTMAX_WEIGHTED_SUM, WeightedState, finalise_weig
 from ..rewrite.online_softmax import Attention, MaskKind, ScaleKind, recognise
 from ..analysis.cost import bytes_text, count_text
 from ..rewrite.attention_layout import Canonical, canonical, float_extents, to_output
+from ..schedule.early import triton_may_take
 from ..schedule.library import statement_attention
 from . import attention_run
 from .attention_run import torch_inputs, triton_scale
@@ -56,36 +57,21 @@ def run_fused_attention(attention: Attention, named: Dict[str, object], options,
     return run_attention(attention, views, options) if views is not None else None
 
 
-def run_before_binding(kernel, args, kwargs):
-    """A statement's recognised attention on torch tensors that the Triton kernel takes,
-    run before the call is bound (binding checks what the statements need; the fused
-    path checks its own, and an odd call falls through to binding): the result, or None
-    to bind and go on.  Saves the binding's Python on every call of a short kernel."""
+def run_before_binding(kernel, named: Dict[str, object]):
+    """A statement's recognised attention on torch tensors, run by the Triton kernel
+    before the call is bound (schedule/early.py chose that route): the result, or
+    None where the kernel declines the call (it is then bound and goes on)."""
     attention = statement_attention(kernel.statement)
-    if attention is None or kernel.options.backend not in ("auto", "triton"):
-        return None
-    from ..analysis.binding import bind_names
-    named = bind_names(kernel.spec, args, kwargs)
-    if not all(type(named.get(n)).__module__.startswith("torch")
-               for n in (attention.query, attention.key, attention.value)) or \
-            triton_route(attention, named, kernel.options) is None:
+    if triton_route(attention, named, kernel.options) is None:
         return None
     return run_fused_attention(attention, named, kernel.options, "torch")
 
 
 def triton_route(attention: Attention, named: Dict[str, object], options):
     """The route (backends/triton/attention.Route) of a call the fused Triton kernel
-    takes -- torch CUDA tensors, or backend='triton' -- or None.  Imports no framework
-    the caller's arrays do not belong to."""
-    if options.backend not in ("auto", "triton"):
-        return None
-    arrays = [named.get(n) for n in (attention.query, attention.key, attention.value)]
-    if options.backend == "auto" and not all(
-            type(a).__module__.startswith("torch") and getattr(a, "is_cuda", False)
-            for a in arrays):
-        return None
-    from ..backends.triton import backend as triton_backend
-    if not triton_backend.available():
+    takes -- torch CUDA tensors, or backend='triton' (schedule/early.triton_may_take)
+    -- or None.  Imports no framework the caller's arrays do not belong to."""
+    if not triton_may_take(attention, named, options):
         return None
     from ..backends.triton import attention as triton_attention
     return triton_attention.route(options, named,

@@ -14,12 +14,15 @@ import numpy as np
 from ..errors import OutOfBoundsError, RangeError, ShapeError
 from ..lang.ast import IndexExpr, Param, accesses
 from ..lang.parser import parse
-from ..analysis.frameworks import JAX, TORCH, framework_of, placeholder
+from ..analysis.frameworks import JAX, NUMPY, TORCH, framework_of, placeholder
 from .kernel_maker import compile_statement
 from ..autodiff.derive import AxisOf, ExtentOf, GradientStatement, NoGradientError, RangeOf
 from ..autodiff.attribution import gradient_errors
 from ..autodiff.rebase import output_indices, output_starts, rebased
-from .strided_scatter import add_strided
+from .strided_scatter import add_to_view, target_view
+from ..plan.library_patterns import scatters_rows
+from ..schedule.library import ScatterCall, scatter_library
+from ..schedule.schedule import Library
 from .window_scatter import add_by_offsets
 
 _PASSED = ("ranges", "pad", "bounds", "fill")
@@ -385,9 +388,20 @@ class _JaxOps:
 
 
 def numpy_scatter_add(ops, target, g: GradientStatement, values, options, arrays):
+    """``target`` plus ``values`` at ``g``'s scatter positions, by the kernel the
+    library's rule for the arrays' framework chooses (schedule/library.scatter_library):
+    one strided view, whole rows, or element by element."""
     indices = g.spec.output_indices
-    if not isinstance(ops, _JaxOps) and \
-            add_strided(target, g, values, {n: options["ranges"][n] for n in indices}):
+    framework = _framework_of_ops(ops)
+    view = None if framework == JAX else \
+        target_view(target, g, values, {n: options["ranges"][n] for n in indices})
+    rows = scatters_rows(g, target.shape, values.shape)
+    library = scatter_library(ScatterCall(
+        view is not None, rows,
+        rows and all(options["ranges"][sub.plain_index].start == 0
+                     for sub in g.scatter[1:])), framework)
+    if library is Library.STRIDED_ADD:
+        add_to_view(target, view, values)
         return target
     if not isinstance(ops, _JaxOps) and \
             add_by_offsets(target, g, values, {n: options["ranges"][n] for n in indices}):
@@ -416,12 +430,18 @@ def numpy_scatter_add(ops, target, g: GradientStatement, values, options, arrays
         else:   # fill, or a padded affine read: the value read did not come from wrt
             keep = keep & ~outside
         positions.append(where)
-    if isinstance(ops, NumpyOps) and _add_rows(target, g, values, positions, keep):
+    if library is Library.SCATTER_ROWS:
+        if framework == JAX:
+            return _jax_add_rows(target, g, values, positions, keep)
+        _add_rows(target, g, values, positions, keep)
         return target
-    if isinstance(ops, _JaxOps) and _rows_shape(target, g, values) and all(
-            options["ranges"][sub.plain_index].start == 0 for sub in g.scatter[1:]):
-        return _jax_add_rows(target, g, values, positions, keep)
     return ops.add_at(target, positions, values, keep)
+
+
+def _framework_of_ops(ops) -> str:
+    """The framework whose arrays ``ops`` computes on (the library rules' backend)."""
+    return JAX if isinstance(ops, _JaxOps) else TORCH if isinstance(ops, _TorchOps) \
+        else NUMPY
 
 
 def _jax_add_rows(target, g: GradientStatement, values, positions, keep):
@@ -443,16 +463,15 @@ def _jax_add_rows(target, g: GradientStatement, values, positions, keep):
 
 
 def _add_rows(target: np.ndarray, g: GradientStatement, values: np.ndarray, positions,
-              keep) -> bool:
-    """The embedding-backward shape, ``dW[idx[b], d] += v[b, d]``: the first axis of the
-    target is scattered, its other axes are the values' last axes taken whole.  Rows are
-    then added whole (:func:`einfuse.backends.c.scatter.scatter_rows`: deterministic, and
-    far faster than ``np.add.at`` element by element)."""
-    if not _rows_shape(target, g, values):
-        return False
+              keep) -> None:
+    """The embedding-backward shape, ``dW[idx[b], d] += v[b, d]`` (plan/library_patterns
+    .scatters_rows): the first axis of the target is scattered, its other axes are the
+    values' last axes taken whole.  Rows are added whole
+    (:func:`einfuse.backends.c.scatter.scatter_rows`: deterministic, and far faster
+    than ``np.add.at`` element by element)."""
     rest = len(g.scatter) - 1
     if values.size == 0:    # nothing to add (an empty index array, or rows of width 0)
-        return True
+        return
     lead = values.shape[:len(values.shape) - rest]
     rows = values.reshape(int(np.prod(lead, dtype=np.int64)), -1)
     where = positions[0][(Ellipsis,) + (0,) * rest].reshape(-1)
@@ -461,20 +480,6 @@ def _add_rows(target: np.ndarray, g: GradientStatement, values: np.ndarray, posi
         rows, where = rows[ok], where[ok]
     from ..backends.c.scatter import scatter_rows
     scatter_rows(target.reshape(target.shape[0], -1), rows, where)
-    return True
-
-
-def _rows_shape(target, g: GradientStatement, values) -> bool:
-    """Whether ``g`` scatters whole rows: the first axis of the target at gathered
-    positions, its other axes the values' last axes, taken whole and in order."""
-    indices = g.spec.output_indices
-    rest = len(g.scatter) - 1
-    if rest < 0 or any(sub.gathers for sub in g.scatter[1:]) or not g.scatter[0].gathers:
-        return False
-    trailing = indices[len(indices) - rest:] if rest else ()
-    return tuple(sub.plain_index for sub in g.scatter[1:]) == trailing and \
-        tuple(values.shape[len(values.shape) - rest:]) == tuple(target.shape[1:]) and \
-        not any(name in trailing for name in g.scatter[0].index_names)
 
 
 def _evaluate(ops, sub: IndexExpr, grid, arrays):

@@ -20,8 +20,8 @@ from ..lang.ast import Number, accesses
 from ..lang.printer import format_statement
 from .attention import run_before_binding, run_fused_attention, statement_attention
 from ..analysis.binding import BoundCall, bind_call, bind_names
-from ..analysis.frameworks import (JAX, NUMPY, TORCH, common_framework, contiguous, framework_of,
-                                   from_numpy, has_dtensor, numpy_dtype, torch_compiling,
+from ..analysis.frameworks import (JAX, NUMPY, TORCH, contiguous, framework_of,
+                                   from_numpy, numpy_dtype, torch_compiling,
                                    torch_recording)
 from .hoisted import HoistedForm, epilogue_form, hoisted_form, run_hoisted
 from . import kernel_maker
@@ -29,6 +29,7 @@ from .kernel_maker import option_collision
 from .distributed import run_on_dtensors
 from .tracing import traced_call
 from ..schedule.choose import as_written, choose
+from ..schedule.early import Early, before_binding
 from ..schedule.route import backend_name
 from ..schedule.schedule import Library, Route, Schedule
 from .repeat import run_first
@@ -124,25 +125,25 @@ class Kernel:
                 return runner(given)
         try:
             kwargs = self._named(args, kwargs, arrays)
-            if has_dtensor(args, kwargs):     # torch.distributed.tensor: docs/sharding.md
+            early, named = before_binding(self, args, kwargs)     # schedule/early.py
+            if early is Early.DTENSORS:
                 return run_on_dtensors(self, bind_names(self.spec, args, kwargs))
-            early = run_before_binding(self, args, kwargs)    # attention on the GPU
-            if early is not None:
-                return early
-            if _has_jax_value(args, kwargs):
+            if early is Early.ATTENTION:
+                result = run_before_binding(self, named)     # None: the kernel declines
+                if result is not None:
+                    return result
+            if early is Early.JAX:
                 from . import jax_adapter
-                named = bind_names(self.spec, args, kwargs)
-                if common_framework(named) == JAX:
-                    form = self.hoisted_form
-                    if form is not None and self.spec.assign == ":=":
-                        # (a weakly typed scalar parameter stands in as a Python number,
-                        # so the hoisted kernels have the dtypes the statement has)
-                        done, result = run_hoisted(form, self.bind(**{
-                            name: jax_adapter.stand_in(self, name, v)
-                            for name, v in named.items()}), named, JAX)
-                        if done:
-                            return result
-                    return jax_adapter.call(self, named)
+                form = self.hoisted_form
+                if form is not None and self.spec.assign == ":=":
+                    # (a weakly typed scalar parameter stands in as a Python number,
+                    # so the hoisted kernels have the dtypes the statement has)
+                    done, result = run_hoisted(form, self.bind(**{
+                        name: jax_adapter.stand_in(self, name, v)
+                        for name, v in named.items()}), named, JAX)
+                    if done:
+                        return result
+                return jax_adapter.call(self, named)
             call = self._bind_named(args, kwargs)
         except EinfuseError as error:
             raise attach_statement(error, self.statement) from None
@@ -256,9 +257,9 @@ class Kernel:
             backend = get_backend(schedule.backend)
             check_result_size(call)
             try:
-                # BLAS where the schedule says so (only the C backend has a BLAS route)
-                result = backend.run(call) if schedule.blas is None else \
-                    backend.run(call, blas=schedule.blas)
+                # the backend renders and runs what the schedule decided (BLAS or the
+                # loop nest, its threads)
+                result = backend.run(call, schedule)
             except (EinfuseError, RecursionError):
                 raise
             except Exception as error:
@@ -371,10 +372,6 @@ def _refuse_unrecorded_write(spec: Spec, call: BoundCall, statement: str) -> Non
         f"'{spec.assign}' writes into {spec.output} in place, which autograd would not "
         f"record, and {', '.join(sorted(involved))} require grad; use ':=' (differentiable)"
         f" or call inside torch.no_grad()", span=spec.statement.output_span), statement)
-
-
-def _has_jax_value(args, kwargs) -> bool:
-    return any(framework_of(v) == JAX for v in (*args, *kwargs.values()))
 
 
 class _NotGiven:

@@ -63,7 +63,7 @@ def prepare(kernel, call, kwargs) -> None:
         cache[signature] = _hoisted_runner(kernel, kernel.epilogue_form, call)
         return
     from ..backends.c.repeat import GatherFlagged, repeat_runner
-    prepared = repeat_runner(call, schedule.blas)
+    prepared = repeat_runner(call, schedule.as_written())
     if prepared is None:
         return
     runner, result_dtype = prepared.run, call.dtypes.result

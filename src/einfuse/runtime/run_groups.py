@@ -14,8 +14,7 @@ import numpy as np
 from ..analysis.frameworks import framework_of, from_numpy, torch_recording
 from ..backends.c import fused as c_fused, fused_prepared as c_fused_prepared
 from ..backends.triton import rows as triton_rows
-from ..schedule.fusion import (column_members, group_from, inside_group, last_read_positions,
-                               worth_fusing)
+from ..schedule.fusion import bound_group, column_members, last_read_positions, worth_fusing
 from ..schedule.row_groups import row_group, triton_rows_possible
 from ..schedule.units import needed
 from .signatures import signature_of
@@ -168,14 +167,13 @@ def _try_fused(kernels, start: int, env, keep: Optional[Set[str]], record=None,
     """Run a group starting at ``start`` as one kernel; the number of statements it
     ran (0: none, the caller runs the statement alone).  ``last_reads``: last_reads
     of ``kernels``, where the caller has it."""
-    members, outputs, joined = group_from(kernels, start, env)
-    if not joined:
+    group = bound_group(kernels, start, env, keep, last_reads)
+    if group is None:
         return 0
+    members, outputs, joined, inside = group.members, group.outputs, group.statements, \
+        group.inside
     columns = column_members(members)
-    if last_reads is None:
-        last_reads = last_read_positions(kernels)
-    inside = inside_group(last_reads, start + joined, outputs, keep) | columns
-    results = c_fused.run(members, inside)
+    results = c_fused.run(group, inside)     # (the group names its row kernel, if any)
     if results is None:
         return 0
     for number, (member, key) in enumerate(zip(members, outputs)):
@@ -185,7 +183,7 @@ def _try_fused(kernels, start: int, env, keep: Optional[Set[str]], record=None,
         column = members[number].column
         env[outputs[number]] = column.kernel.deliver(column.call, value)
     if record is not None:
-        runner = c_fused_prepared.prepared_runner(members, inside, [m.sources for m in members])
+        runner = c_fused_prepared.prepared_runner(group, inside, [m.sources for m in members])
         keys = tuple(None if n in inside and n not in columns else key
                      for n, key in enumerate(outputs))
         record.append(None if runner is None else

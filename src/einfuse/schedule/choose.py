@@ -3,7 +3,8 @@
 kernel (schedule/library.py), the hoisted form, or the statement as written on its
 backend: BLAS where the statement is a contraction (or one plus a broadcast term) and
 the C backend runs it, else the C loop nest, the NumPy reference or a Triton kernel.
-The backends and the runtime read the value; nothing here runs."""
+The backends and the runtime read the value; nothing here runs, and nothing here
+asks a backend: the facts are analysis/'s and plan/'s."""
 
 from __future__ import annotations
 
@@ -11,15 +12,16 @@ import functools
 from typing import Optional
 
 from ..analysis.binding import BoundCall
-from ..backends import get_backend
-from ..backends.c.threads import fixed_thread_count
+from ..analysis.thread_policy import fixed_thread_count
 from ..lang.printer import format_statement
+from ..plan.blocking import block_for, tile_for
 from ..plan.contraction import Contraction, match_contraction
 from ..plan.contraction_addend import match_contraction_addend
 from ..plan.windowed_contraction import (WindowedContraction, window_method,
                                          windowed_contraction, with_method)
-from .library import library_for
-from .route import backend_name
+from ..plan.loop_plan import explained_plan
+from .library import library_for, prepared_library
+from .route import backend_name, resolved_name
 from .schedule import LoopSchedule, Materialised, Reason, Route, Schedule
 
 _BACKEND_ROUTES = {"numpy": Route.HOST, "triton": Route.TRITON}
@@ -73,7 +75,7 @@ def epilogue_form_for(kernel, call: BoundCall, backend: str):
 
 def resolved_backend(kernel, call: BoundCall, backend: Optional[str] = None) -> str:
     """The name of the backend that runs the call (``auto`` resolved)."""
-    return get_backend(backend or backend_name(kernel.options.backend, call)).name
+    return resolved_name(backend or backend_name(kernel.options.backend, call))
 
 
 def choose(kernel, call: BoundCall, backend: Optional[str] = None,
@@ -123,12 +125,16 @@ def as_written(kernel, call: BoundCall, backend: Optional[str] = None,
             Route.BLAS_THEN_ADDEND
         return _schedule(name, route, statements, blas=blas)
     threads = fixed_thread_count(call.options.threads, call.bounds.points)
+    # a gather's prepared repeat may copy whole rows (schedule/library.py)
+    prepared = prepared_library(call, name) if any(t.as_index for t in call.spec.tensors) \
+        else None
     if not detail:
-        return _schedule(name, Route.LOOP_NEST, statements, threads=threads)
+        return _schedule(name, Route.LOOP_NEST, statements, threads=threads,
+                         prepared=prepared)
     loops, packed = _loop_schedule(call)
     return Schedule(name, Route.LOOP_NEST, statements, loops=loops, threads=threads,
                     materialised=tuple(Materialised(p, Reason.PACKED_FOR_LANES)
-                                       for p in packed))
+                                       for p in packed), prepared=prepared)
 
 
 def _text(kernel) -> str:
@@ -143,7 +149,6 @@ def _statement_text(spec) -> str:
 def _loop_schedule(call: BoundCall):
     """(LoopSchedule, inputs packed) of the C loop nest the lowering plans for this
     call's layouts (as explain lays them out, copying nothing)."""
-    from ..backends.c.backend import block_for, explained_plan, tile_for
     plan, packed = explained_plan(call)
     spec = call.spec
     order = []

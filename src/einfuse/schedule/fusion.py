@@ -29,15 +29,20 @@ error)."""
 from __future__ import annotations
 
 import warnings
-from dataclasses import dataclass
-from typing import Dict, List, Optional, Sequence, Set, Tuple
+from dataclasses import dataclass, field
+from typing import Dict, FrozenSet, List, Optional, Sequence, Set, Tuple
 
 import numpy as np
 
+from .. import ir
 from ..errors import EinfuseError
+from ..ir import LoopKind
 from ..lang import ast
 from ..lang.printer import format_expr
-from ..plan import buffer_slots
+from ..plan import buffer_slots, row_kernel as row_kernels, unit_axis
+from ..plan.loop_plan import input_buffers, lane_packs, loop_plan
+from ..plan.thread_rows import fitting_rows, row_bytes
+from ..analysis.capabilities import can_build
 from ..analysis.result_size import fits_in_memory
 from .choose import blas_contraction
 from .row_groups import row_group, triton_rows_possible
@@ -117,17 +122,58 @@ class FusionGroup:
     thread_rows: Tuple[Tuple[str, int], ...] = ()
     # statements that sum over the rows into per-thread accumulators (fuse_columns)
     column_sums: Tuple[int, ...] = ()
-    # the row kernel that runs the group (backends/c/rows.py), if one does
+    # the row kernel that runs the group (plan/row_kernel.py: "softmax", "layernorm";
+    # "triton" for a Triton row group), if one does
     row_kernel: Optional[str] = None
-    # the group's generated source, where it is one printed kernel (a Triton row group)
-    source: Optional[str] = None
+    # a Triton row group's lowering (plan/row_group.RowGroup): one printed kernel, whose
+    # source backends/triton/rows.py prints
+    row_group: Optional[object] = field(default=None, compare=False)
+
+
+@dataclass(frozen=True)
+class BoundGroup:
+    """A C fusion group as the schedule decided it for one call: its bound members
+    (iterating a BoundGroup iterates them), their keys in the environment, the
+    statements it covers, the members whose outputs nothing after it reads (they
+    live as one row per thread; the column sums among them) and the hand-written
+    row kernel that runs it (plan/row_kernel.py), or None: the merged loop nests of
+    plan/fuse.py.  backends/c/fused.py runs what it is handed."""
+    members: Tuple[Member, ...]
+    outputs: Tuple[str, ...]
+    statements: int
+    inside: FrozenSet[int]
+    row_kernel: Optional[object] = None     # plan/row_kernel.RowKernel
+
+    def __len__(self) -> int:
+        return len(self.members)
+
+    def __iter__(self):
+        return iter(self.members)
+
+    def __getitem__(self, index):
+        return self.members[index]
+
+
+def bound_group(kernels: Sequence, start: int, env, keep: Optional[Set[str]] = None,
+                last_reads: Optional[Dict[str, int]] = None) -> Optional[BoundGroup]:
+    """The fusion group starting at statement ``start`` for arrays ``env``, or None;
+    ``keep`` as for run_statements, ``last_reads``: last_read_positions(kernels)
+    where the caller has it."""
+    members, outputs, joined = group_from(kernels, start, env)
+    if not joined:
+        return None
+    columns = column_members(members)
+    if last_reads is None:
+        last_reads = last_read_positions(kernels)
+    inside = inside_group(last_reads, start + joined, outputs, keep) | columns
+    return BoundGroup(tuple(members), tuple(outputs), joined, inside,
+                      row_kernels.match(members, inside))
 
 
 def fusion_groups(kernels: Sequence, env: Dict[str, object],
                   keep: Optional[Set[str]] = None) -> List[FusionGroup]:
     """The kernels that would run for arrays like those in ``env`` (their contents are
     not read), for explain; ``keep`` as for run_statements."""
-    from ..backends.c import fused as c_fused, rows as c_rows
     env = dict(env)
     if triton_rows_possible(kernels, env):
         return _triton_groups(kernels, env, keep)
@@ -136,23 +182,23 @@ def fusion_groups(kernels: Sequence, env: Dict[str, object],
     worth = worth_fusing(kernels, env, "numpy")
     last_reads = last_read_positions(kernels)
     while position < len(kernels):
-        members, outputs, joined = group_from(kernels, position, env) if worth else ([], [], 0)
-        if joined:
+        group = bound_group(kernels, position, env, keep, last_reads) if worth else None
+        if group is not None:
+            members, outputs, joined = group.members, group.outputs, group.statements
             columns = column_members(members)
             for number, (member, key) in enumerate(zip(members, outputs)):
                 env[key] = member.buffers[-1] if number not in columns else \
                     np.empty(member.column.call.output_shape, member.column.call.dtypes.result)
-            inside = inside_group(last_reads, position + joined, outputs, keep) | columns
-            rows = c_fused.fitting_rows(members, inside)
-            row_group = c_rows.match(members, inside)
+            rows = fitting_rows(members, group.inside)
             summed = {outputs[k] for k in columns}
             groups.append(FusionGroup(tuple(range(position, position + joined)),
-                                      tuple((outputs[k], c_fused.row_bytes(members[k]))
+                                      tuple((outputs[k], row_bytes(members[k]))
                                             for k in sorted(rows - columns)
                                             if "#" not in outputs[k]),
                                       tuple(n for n in range(position, position + joined)
                                             if kernels[n].spec.output in summed),
-                                      None if row_group is None else row_group.pattern.value))
+                                      None if group.row_kernel is None else
+                                      group.row_kernel.pattern.value))
             position += joined
             continue
         _alone(kernels[position], env,
@@ -190,7 +236,6 @@ def _triton_groups(kernels: Sequence, env: Dict[str, object],
     (schedule/row_groups.py) and the statements that run alone."""
     import torch
 
-    from ..backends.triton import rows as triton_rows
     from ..analysis.frameworks import tensor_placeholder
     device = next(v.device for v in env.values() if isinstance(v, torch.Tensor))
 
@@ -210,7 +255,7 @@ def _triton_groups(kernels: Sequence, env: Dict[str, object],
                 tuple(range(position, position + group.statements)),
                 tuple((m.key, size * (group.extents[1] if m.grid else 1))
                       for m in group.members if m.stored is None and "#" not in m.key),
-                row_kernel="triton", source=triton_rows.source(group)))
+                row_kernel="triton", row_group=group))
             position += group.statements
             continue
         from ..analysis.triton_facts import result_dtype
@@ -226,8 +271,7 @@ def group_from(kernels, start: int, env):
     starts at ``start``; no statements joined when there is no group of two or more
     loop nests worth fusing.  A statement with a hoisted form (rewrite/hoist.py)
     joins as its statements, all or none of them."""
-    from ..backends.c import fused as c_fused
-    if not c_fused.available():
+    if not can_build("c"):
         return [], [], 0
     members: List[Member] = []
     outputs: List[str] = []            # each member's key in ``scratch``
@@ -289,7 +333,6 @@ def _join(kernel, names: Dict[str, str], members: List[Member], produced: Dict[s
     """``kernel`` bound as the next member of the group, or None where it cannot join;
     ``names`` maps the statement's names to keys of ``scratch`` where they differ.
     ``original``: the column sum whose elementwise body ``kernel`` is (_column_of)."""
-    from ..backends.c import fused as c_fused
     spec = kernel.spec
     if spec.assign != ":=" or not spec.output_indices:
         return None
@@ -316,7 +359,7 @@ def _join(kernel, names: Dict[str, str], members: List[Member], produced: Dict[s
         return None
     if not fits_in_memory(call) or column is not None and not fits_in_memory(column.call):
         return None     # alone, the statement refuses it (AllocationError)
-    prepared = c_fused.prepare(kernel, call, blas_contraction(call))
+    prepared = _prepare(call, blas_contraction(call))
     if prepared is None:
         return None
     plan, buffers, outer = prepared
@@ -332,12 +375,40 @@ def _join(kernel, names: Dict[str, str], members: List[Member], produced: Dict[s
     if column is not None and (outer != spec.output_indices[0] or
                                call.dtypes.working.kind != "f" or
                                column.call.dtypes.result != call.dtypes.working or
-                               not c_fused.fitting_rows([member], frozenset({0})) or
-                               c_fused.row_bytes(member) > COLUMN_ROW_BYTES):
+                               not fitting_rows([member], frozenset({0})) or
+                               row_bytes(member) > COLUMN_ROW_BYTES):
         # the summed index is not the loop over rows, no row per thread, or rows so
         # long that the accumulators would stream through memory on every row
         return None
     return member
+
+
+def _prepare(call, contraction=None):
+    """(plan, buffers, outer index) of a statement that can be a member of a group, or
+    None: it must run on the C backend as one kernel that is a single parallel loop,
+    with no input packed for lanes; ``contraction``: the contraction the call's
+    schedule hands to BLAS, or None."""
+    # a product that sums nothing (A[i,j] * B[i,j], a[i] * B[i,j]) is elementwise
+    if call.options.backend not in ("auto", "c") or call.spec.has_position_reductions or \
+            contraction is not None and contraction.k:
+        return None
+    try:
+        out = np.empty(call.output_shape, dtype=call.dtypes.working)
+    except (ValueError, MemoryError):
+        # NumPy's 'array is too big' (more bytes than an array holds) or no memory: the
+        # statement runs alone, where the result's own check says so (AllocationError)
+        return None
+    if out.size == 0:
+        return None
+    buffers = input_buffers(call) + [out]
+    plan = loop_plan(call, [unit_axis(b) for b in buffers])
+    if lane_packs(call, plan, buffers) or len(plan.program.kernels) != 1:
+        return None
+    body = plan.program.kernels[0].body
+    if len(body) != 1 or not isinstance(body[0], ir.Loop) or body[0].kind != LoopKind.PARALLEL:
+        return None
+    number = int(body[0].var[1:])
+    return plan, buffers, call.spec.all_indices[number]
 
 
 def _same_ranges(original, call) -> bool:

@@ -1,12 +1,23 @@
 """The hand-written library kernels, one rule per (pattern, backend) -- as JAX registers
-one lowering rule per primitive per platform.  A rule says whether a call of a
-statement takes that kernel; :func:`library_for` is what schedule/choose.py asks.
+one lowering rule per primitive per platform.  A rule says whether a call takes that
+kernel, from facts of the statement and the call (plan/library_patterns.py,
+rewrite/online_softmax.py); the kernel itself may still decline data it cannot take
+(a dtype, a layout, too little work), and then its fallback runs.  What each rule is
+asked depends on its pattern:
 
-Registered: online-softmax attention (rewrite/online_softmax.py) on the C, NumPy and
-Triton backends, run by runtime/attention.py (the kernels: backends/c/attention.py,
-the NumPy key-block loop, backends/triton/attention.py).  The kernels of gradients
-(scatter, gather rows, strided add) are still chosen where they run
-(docs/architecture.md names that gap)."""
+* a statement's pattern (attention), asked by schedule/choose.py through
+  :func:`library_for` with the statement and the arrays' framework; the kernels run
+  in runtime/attention.py (backends/c/attention.py, the NumPy key-block loop,
+  backends/triton/attention.py);
+* a bound call's prepared repeat (the row gather), asked by schedule/choose.py
+  through :func:`prepared_library`; the kernel is backends/c/gather_rows.py;
+* a gradient's scatter-add, asked by runtime/gradient_reference.py through
+  :func:`scatter_library` with a :class:`ScatterCall`, per framework of the arrays
+  (the backend a gradient's scatter runs on): the strided view
+  (runtime/strided_scatter.py: backends/c/strided_add.py or a NumPy/torch window),
+  whole rows (backends/c/scatter.scatter_rows, JAX's windowed scatter), else
+  element by element (backends/c/scatter.scatter_flat or np.add.at, torch's
+  index_put_, JAX's .at[].add)."""
 
 from __future__ import annotations
 
@@ -15,8 +26,9 @@ import functools
 from dataclasses import dataclass
 from typing import Callable, Dict, Optional, Tuple
 
-from ..analysis.frameworks import NUMPY, TORCH
+from ..analysis.frameworks import JAX, NUMPY, TORCH
 from ..analysis.spec import spec_of
+from ..plan.library_patterns import row_gather
 from ..rewrite.online_softmax import Attention, recognise
 from .schedule import Library
 
@@ -34,18 +46,22 @@ def statement_attention(statement: str) -> Optional[Attention]:
 
 @dataclass(frozen=True)
 class LibraryRule:
-    """``applies(statement, framework)``: whether a call of the statement from that
-    framework takes the kernel (the kernel itself may still decline a call whose data
-    it cannot take: the schedule's fallback runs then)."""
+    """``applies(*question)``: whether the call the question describes takes the kernel
+    on ``backend`` (the question is the pattern's: see the module's text)."""
     library: Library
     backend: str
-    applies: Callable[[str, str], bool]
+    applies: Callable[..., bool]
 
+
+# The patterns each way of asking considers, in the order they are tried.
+STATEMENT_PATTERNS = (Library.ATTENTION,)
+PREPARED_PATTERNS = (Library.GATHER_ROWS,)
+SCATTER_PATTERNS = (Library.STRIDED_ADD, Library.SCATTER_ROWS, Library.SCATTER_ADD)
 
 _RULES: Dict[Tuple[Library, str], LibraryRule] = {}
 
 
-def register(library: Library, backend: str, applies: Callable[[str, str], bool]) -> None:
+def register(library: Library, backend: str, applies: Callable[..., bool]) -> None:
     _RULES[(library, backend)] = LibraryRule(library, backend, applies)
 
 
@@ -53,13 +69,42 @@ def rules() -> Tuple[LibraryRule, ...]:
     return tuple(_RULES.values())
 
 
+def _first(patterns, backend: str, *question) -> Optional[Library]:
+    for library in patterns:
+        rule = _RULES.get((library, backend))
+        if rule is not None and rule.applies(*question):
+            return library
+    return None
+
+
 def library_for(statement: str, framework: str, backend: str) -> Optional[Library]:
     """The library kernel a call of ``statement`` from ``framework`` on ``backend`` (a
     resolved backend name) takes, or None."""
-    for (library, name), rule in _RULES.items():
-        if name == backend and rule.applies(statement, framework):
-            return library
-    return None
+    return _first(STATEMENT_PATTERNS, backend, statement, framework)
+
+
+def prepared_library(call, backend: str) -> Optional[Library]:
+    """The library kernel a prepared repeat of ``call``'s loop nest on ``backend``
+    takes where the data lets it, or None."""
+    return _first(PREPARED_PATTERNS, backend, call)
+
+
+@dataclass(frozen=True)
+class ScatterCall:
+    """What a gradient's scatter-add is decided from: whether its positions form one
+    strided view of the target (runtime/strided_scatter.target_view, from
+    plan/library_patterns.strided_view); whether it adds whole rows of the target
+    (plan/library_patterns.scatters_rows) and, then, whether those rows' other axes
+    all start at 0."""
+    strided: bool
+    rows: bool
+    rows_from_zero: bool = False
+
+
+def scatter_library(question: ScatterCall, framework: str) -> Library:
+    """The kernel a gradient's scatter-add on arrays of ``framework`` takes (the
+    element-by-element scatter where no other applies)."""
+    return _first(SCATTER_PATTERNS, framework, question) or Library.SCATTER_ADD
 
 
 def _attention_applies(statement: str, framework: str) -> bool:
@@ -69,3 +114,25 @@ def _attention_applies(statement: str, framework: str) -> bool:
 
 for _backend in ("c", "numpy", "triton"):
     register(Library.ATTENTION, _backend, _attention_applies)
+
+
+@functools.lru_cache(maxsize=512)
+def _row_gather(spec):
+    return row_gather(spec)
+
+
+def _gather_rows_applies(call) -> bool:
+    # a copy per row: bounds that raise (check/promise), nothing padded
+    return call.options.bounds in ("check", "promise") and call.options.pad is None and \
+        _row_gather(call.spec) is not None
+
+
+register(Library.GATHER_ROWS, "c", _gather_rows_applies)
+
+# a gradient's scatter, per framework of its arrays (JAX's are immutable: no view)
+register(Library.STRIDED_ADD, NUMPY, lambda q: q.strided)
+register(Library.STRIDED_ADD, TORCH, lambda q: q.strided)
+register(Library.SCATTER_ROWS, NUMPY, lambda q: q.rows)
+register(Library.SCATTER_ROWS, JAX, lambda q: q.rows and q.rows_from_zero)
+for _framework in (NUMPY, TORCH, JAX):
+    register(Library.SCATTER_ADD, _framework, lambda q: True)

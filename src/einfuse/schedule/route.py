@@ -1,9 +1,12 @@
-"""Which backend runs a bound call; the rest of a kernel's route (library kernel,
+"""Which backend runs a bound call (``auto`` resolved); the rest of a kernel's route (library kernel,
 hoisted form, BLAS, loop nest) is chosen by schedule/choose.py, which asks this first."""
 
 from __future__ import annotations
 
 from ..analysis.binding import BoundCall
+from ..analysis.capabilities import can_build
+from ..analysis.options import BACKENDS
+from ..errors import OptionError
 from ..analysis.frameworks import TORCH
 from ..analysis.triton_facts import available
 
@@ -14,4 +17,15 @@ def backend_name(requested: str, call: BoundCall) -> str:
             getattr(value, "is_cuda", False) for value in (call.sources or {}).values()):
         if available():
             return "triton"
+    return requested
+
+
+def resolved_name(requested: str) -> str:
+    """The backend ``requested`` names: ``auto`` is the C backend where a C compiler is
+    found (analysis/capabilities.py), else the NumPy reference (warning once)."""
+    if requested == "auto":
+        return "c" if can_build("c", announce=True) else "numpy"
+    if requested not in BACKENDS:
+        raise OptionError(f"backend={requested!r} is not available in this build of "
+                          f"einfuse (available: {', '.join(sorted(set(BACKENDS) - {'auto'}))})")
     return requested

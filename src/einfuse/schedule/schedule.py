@@ -27,8 +27,14 @@ class Route(enum.Enum):
 
 
 class Library(enum.Enum):
-    """The hand-written kernels a route may name (schedule/library.py registers them)."""
+    """The hand-written kernels (schedule/library.py registers one rule per kernel and
+    backend): a route may name attention; a loop nest's prepared repeat may take the
+    row gather; a gradient's scatter-add takes one of the three scatters."""
     ATTENTION = "online-softmax attention"
+    GATHER_ROWS = "a gather of whole rows (the embedding form), one copy per row"
+    STRIDED_ADD = "a scatter-add into one strided view of the target"
+    SCATTER_ROWS = "a scatter-add of whole rows"
+    SCATTER_ADD = "a scatter-add element by element, in the values' order"
 
 
 class Reason(enum.Enum):
@@ -80,7 +86,10 @@ class Schedule:
     Route.BLAS_THEN_EPILOGUE; ``threads``: the fixed
     thread count, or None where the free cores decide call by call; ``fallback``: the
     schedule that runs where the route declines a call at run time (a library kernel
-    that checks the data, a hoisted form whose temporary cannot be computed)."""
+    that checks the data, a hoisted form whose temporary cannot be computed);
+    ``prepared``: the library kernel a prepared repeat of the loop nest takes
+    (Library.GATHER_ROWS) where the data lets it (not printed: the result is the loop
+    nest's)."""
     backend: str
     route: Route
     statements: Tuple[str, ...]
@@ -90,6 +99,7 @@ class Schedule:
     threads: Optional[int] = None
     materialised: Tuple[Materialised, ...] = ()
     fallback: Optional["Schedule"] = None
+    prepared: Optional[Library] = None
 
     def without_library(self) -> "Schedule":
         """The schedule that runs where the library kernel declines (self where there is

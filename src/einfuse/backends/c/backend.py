@@ -18,38 +18,33 @@ import numpy as np
 
 from ...analysis.machine import machine
 from ...errors import BackendError, EinfuseWarning
-from ...plan import buffer_slots, call_arguments, unit_axis
+from ...plan import call_arguments, unit_axis
+from ...plan.blocking import block_for, tile_for
 from ...plan.kernel_key import KernelKey
+from ...plan.loop_plan import (PACK_WORK_RATIO, buffers_layout_only, explained_layouts,  # noqa: F401
+                               explained_plan, input_buffers, kernel_key, lane_packs,
+                               loop_plan, short_indices)
 from ...plan.contraction import run_contraction
 from ...plan.contraction_addend import ContractionAddend
-from ...plan.gathers import bounds_mode
+from ...schedule.schedule import Schedule
 from . import build as c_build
 from .blas import blas_library, run_contraction_addend
 from .pack import pack_axis
-from .threads import thread_count
+from .threads import fixed_thread_count, thread_count, threads_for
 from .windowed import run_windowed, windowed_library
 from ...plan.windowed_contraction import WindowedContraction
 from .render import render_c
 
-# Lanes per output tile: 256 bytes of accumulators (8 AVX2 / 4 AVX-512 registers),
-# enough independent chains to hide FMA latency; measured on dist/matmul.
-TILE_BYTES = 256
-
-
-def tile_for(working: np.dtype) -> int:
-    return max(8, TILE_BYTES // working.itemsize)
-
-
-# The widest vector the target CPU has (analysis/machine.py: -march=native, or EINFUSE_CPU).
+# The widest vector the target CPU has (analysis/machine.py: -march=native, or EINFUSE_CPU):
+# the hand-written kernels' vector width (attention, rows).
 _VECTOR_BYTES = machine().vector_bytes
 
-
-def block_for(working: np.dtype) -> Tuple[int, int]:
-    """(rows, lanes) of a register block: two vectors of lanes times 8 rows (AVX-512,
-    32 registers) or 4 rows (AVX2, 16 registers) fill half the register file with
-    accumulators; measured on dist, 8 x 32 float32 lanes ran 4x faster than 1 x 64."""
-    lanes = 2 * _VECTOR_BYTES // working.itemsize
-    return (8 if _VECTOR_BYTES == 64 else 4), max(4, lanes)
+# The C modules' names for the lowering's facts (plan/loop_plan.py).
+_buffers = input_buffers
+_plan = loop_plan
+_short_indices = short_indices
+_explained_layouts = explained_layouts
+_buffers_layout_only = buffers_layout_only
 
 _kernels: Dict[KernelKey, Tuple] = {}   # compiled kernels (plan/kernel_key.py)
 _kernels_lock = threading.Lock()
@@ -58,95 +53,19 @@ _ARGTYPES = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_void_p, ctypes.c_void_p,
              ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int, ctypes.POINTER(ctypes.c_int32)]
 
 
-def _buffers(call) -> List[np.ndarray]:
-    """One array per kernel buffer slot (the output excluded)."""
-    working = call.dtypes.working
-    result = []
-    for tensor, kind in buffer_slots(call.spec)[:-1]:
-        array = np.asarray(call.arrays[tensor])
-        dtype = np.int64 if kind == "index" else working
-        result.append(array.astype(dtype, copy=False))
-    return result
-
-
 def output_dtype(call) -> np.dtype:
     """The kernel's output buffer: the working dtype, or int64 for argmax/argmin
     positions (exact whatever the values' dtype)."""
     return np.dtype(np.int64) if call.spec.result_is_position else call.dtypes.working
 
 
-def _bounds(call) -> str:
-    """The kernel's bounds mode; a C kernel tests each gathered value itself under
-    check/promise too, so it reads uint64 index arrays as unsigned then as well."""
-    return bounds_mode(call, unsigned_checks=True)
-
-
-def kernel_key(call, layouts, bounds=None) -> KernelKey:
-    """The key of this call's loop-nest kernel for these buffer layouts (and a bounds
-    mode other than the one this call's data allows): what its lowering reads."""
-    working = call.dtypes.working
-    return KernelKey(call.spec, working.name, call.options.pad is not None,
-                     bounds or _bounds(call), tuple(layouts), tile_for(working),
-                     block_for(working), _short_indices(call))
-
-
-def _plan(call, layouts, bounds=None):
-    return kernel_key(call, layouts, bounds).plan()
-
-
-# An index with fewer values than this is not worth spreading over SIMD lanes.
-SHORT_EXTENT = 8
-
-
-def _short_indices(call) -> Tuple[str, ...]:
-    return tuple(name for name in call.spec.all_indices
-                 if call.bounds.extent(name) < SHORT_EXTENT)
-
-
-# Pack an input only when it is small next to the work: its copy must cost little.
-PACK_WORK_RATIO = 8
-
-
 def _pack_for_lanes(call, plan, buffers: List[np.ndarray]) -> bool:
-    """Copy (in place in ``buffers``) each input that a vectorised lane loop walks along a
-    strided axis into a layout where that axis has unit stride, so lanes load one
-    contiguous vector instead of gathering (gauss: y[j, d] walked along j).  Returns
-    whether anything was packed."""
-    if not plan.lane_indices:
-        return plan.mode == "scalar" and _pack_to_tile(call, buffers)
-    from ...lang.ast import accesses
-    work = call.bounds.points
-    slots = buffer_slots(call.spec)
-    packed = False
-    for access in accesses(call.spec.rhs):
-        slot = slots.index((access.tensor, "value")) if (access.tensor, "value") in slots \
-            else None
-        if slot is None or access.tensor == call.spec.output:
-            continue
-        array = buffers[slot]
-        if array.size * PACK_WORK_RATIO > work:
-            continue
-        for axis, sub in enumerate(access.indices):
-            walks = any(dict(sub.terms).get(lane) in (1, -1) for lane in plan.lane_indices)
-            if walks and array.shape[axis] > 1 and unit_axis(array) != axis:
-                buffers[slot] = pack_axis(array, axis, _pack_threads(call, array))
-                packed = True
-                break
-    return packed or _pack_to_tile(call, buffers, plan)
-
-
-def _pack_to_tile(call, buffers: List[np.ndarray], plan=None) -> bool:
-    """Pack (in place in ``buffers``) the inputs whose layout keeps a lane tile off an
-    output index (cdist's y[j, d] read along j), or, given a row-blocked ``plan``, those
-    it reads across its rows along their unit-stride axis (backends/c/lane_layout.py);
-    whether anything was packed."""
-    from .lane_layout import packing_for_lanes, packing_for_rows
-    args = (call.spec, tuple(unit_axis(b) for b in buffers), [b.shape for b in buffers],
-            call.bounds.points, lambda layouts: _plan(call, layouts), PACK_WORK_RATIO)
-    packing = packing_for_lanes(*args) if plan is None else packing_for_rows(plan, *args)
-    for slot, axis in (packing or {}).items():
+    """Copy (in place in ``buffers``) the inputs plan/loop_plan.lane_packs names into
+    the layout the plan's lanes walk; whether anything was packed."""
+    packs = lane_packs(call, plan, buffers)
+    for slot, axis in packs:
         buffers[slot] = pack_axis(buffers[slot], axis, _pack_threads(call, buffers[slot]))
-    return bool(packing)
+    return bool(packs)
 
 
 def _pack_threads(call, array: np.ndarray) -> int:
@@ -187,9 +106,11 @@ class CBackend:
     name = "c"
 
     @staticmethod
-    def available() -> bool:
+    def available(announce: bool = True) -> bool:
+        """Whether a C compiler with OpenMP is found; ``announce``: warn once where
+        not (``auto`` then means the NumPy backend)."""
         ok = c_build.find_compiler() is not None
-        if not ok and not _warned:
+        if not ok and announce and not _warned:
             _warned.append(True)
             import warnings
             warnings.warn("einfuse: no C compiler with OpenMP found (set CC); "
@@ -198,11 +119,14 @@ class CBackend:
         return ok
 
     @staticmethod
-    def run(call, blas=None) -> np.ndarray:
-        """The call's result by its schedule (schedule/choose.py): ``blas``, the
-        contraction (plan/contraction.py) or contraction plus term
-        (plan/contraction_addend.py) the schedule hands to BLAS, else None: the loop
-        nest."""
+    def run(call, schedule: Optional[Schedule] = None) -> np.ndarray:
+        """The call's result by its schedule (schedule/schedule.Schedule, chosen by
+        schedule/choose.py): the contraction (plan/contraction.py) or contraction plus
+        term (plan/contraction_addend.py) it hands to BLAS, else the loop nest on the
+        thread count it fixed (or, where it fixed none, the cores other tasks leave,
+        call by call).  Without a schedule: the loop nest, threads as the call's
+        options and the free cores say."""
+        blas = schedule.blas if schedule is not None else None
         if c_build.find_compiler() is None:
             raise BackendError("backend='c' needs a C compiler with OpenMP support (cc, gcc "
                                "or clang on PATH, or CC=...); use backend='numpy'")
@@ -225,8 +149,9 @@ class CBackend:
         fills = np.array([options.pad if options.pad is not None else 0.0, options.fill],
                          dtype=np.float64)
         pointers = (ctypes.c_void_p * len(buffers))(*[b.ctypes.data for b in buffers])
-        work = call.bounds.points
-        threads = thread_count(options.threads, work)
+        fixed = schedule.threads if schedule is not None else \
+            fixed_thread_count(options.threads, call.bounds.points)
+        threads = threads_for(fixed)
         error = ctypes.c_int32(0)
         for function in functions:
             function(pointers, ints.ctypes.data, doubles.ctypes.data, integers.ctypes.data,
@@ -274,7 +199,7 @@ class CBackend:
 
     @staticmethod
     def strategy(call) -> str:
-        layouts, packed = _explained_layouts(call)
+        layouts, packed = explained_layouts(call)
         plan = _plan(call, layouts)
         kernel = plan.program.kernels[0]
         parallel = [n for n in call.spec.output_indices if n in call.spec.race_free_indices]
@@ -297,7 +222,7 @@ class CBackend:
 def _loop_nest(call):
     """The compiled loop nest as pseudo-code with the statement's names and sizes."""
     from ..pseudo_render import render_pseudo
-    plan = _plan(call, _explained_layouts(call)[0])
+    plan = _plan(call, explained_layouts(call)[0])
     kernel = plan.program.kernels[0]
     ranges = call.bounds.range_map
     values = {}
@@ -308,43 +233,3 @@ def _loop_nest(call):
             values[generated] = max(0, ranges[how[1]][1] - ranges[how[1]][0])
     return render_pseudo(plan.program, [tensor for tensor, _ in plan.slots],
                          call.spec.all_indices, plan.params, values)
-
-
-def explained_plan(call):
-    """(plan, names of the inputs packed) of the loop nest a run of this call takes, laid
-    out from shapes without copying anything (explain, the schedule's loop facts)."""
-    layouts, packed = _explained_layouts(call)
-    return _plan(call, layouts), packed
-
-
-def _explained_layouts(call) -> Tuple[Tuple[int, ...], Tuple[str, ...]]:
-    """(layouts, names of the inputs packed) of the plan a run takes where packing turns
-    a scalar plan into a lane tile (backends/c/lane_layout.py), decided from shapes
-    without copying anything, for explain."""
-    from .lane_layout import packing_for_lanes
-    layouts = tuple(_buffers_layout_only(call))
-    if _plan(call, layouts).mode != "scalar":
-        return layouts, ()
-    slots = buffer_slots(call.spec)
-    shapes = [np.shape(call.arrays[tensor]) for tensor, _ in slots[:-1]]
-    packing = packing_for_lanes(call.spec, layouts, shapes + [tuple(call.output_shape)],
-                                call.bounds.points, lambda trial: _plan(call, trial),
-                                PACK_WORK_RATIO) or {}
-    return (tuple(packing.get(slot, axis) for slot, axis in enumerate(layouts)),
-            tuple(slots[slot][0] for slot in sorted(packing)))
-
-
-def _buffers_layout_only(call) -> List[int]:
-    """The unit-stride axes the buffers will have, without converting anything."""
-    working = call.dtypes.working
-    layouts = []
-    for tensor, kind in buffer_slots(call.spec)[:-1]:
-        array = np.asarray(call.arrays[tensor])
-        dtype = np.dtype(np.int64 if kind == "index" else working)
-        if array.dtype != dtype:
-            layouts.append(array.ndim - 1 if array.ndim and array.shape[-1] > 1 else -1)
-        else:
-            layouts.append(unit_axis(array))
-    shape = call.output_shape
-    layouts.append(len(shape) - 1 if shape and shape[-1] > 1 else -1)
-    return layouts

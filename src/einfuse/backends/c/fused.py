@@ -1,5 +1,6 @@
-"""Running a fusion group (schedule/fusion.py) as one C kernel: each member's plan is
-the one the C backend would use for it alone; plan/fuse.py merges their loop nests;
+"""Running a fusion group (schedule/fusion.py decides it, with the row kernel that runs
+it, if one does) as one C kernel: each member's plan is the one the C backend would use
+for it alone; plan/fuse.py merges their loop nests;
 the merged kernel is compiled once per combination of plans and called with every
 member's arrays, runtime ints and parameters.  A column member's per-thread
 accumulators are zeroed per call and added up after it (column_total)."""
@@ -12,16 +13,17 @@ from typing import Dict, FrozenSet, Optional, Tuple
 
 import numpy as np
 
-from ... import ir
-from ...ir import LoopKind
 from ...errors import BackendError
-from ...plan import call_arguments, unit_axis
+from ...plan import call_arguments
 from ...plan.fuse import COLUMN_SUMS, fuse_kernels, renamed_int, slots_after_fusion
 from ...plan.fuse_columns import column_sum_dtype
 from ...plan.fuse_sums import GUARD_INT, guard_verdict
 from ...plan.expression_facts import divides
+from ...plan.thread_rows import (fitting_rows, padded, padded_length, row_bytes,  # noqa: F401
+                                 thread_rows_view, thread_scratch)
+from ...schedule.fusion import BoundGroup
 from . import build as c_build, rows as c_rows
-from .backend import _ARGTYPES, _buffers, _pack_for_lanes, _plan
+from .backend import _ARGTYPES
 from .render import render_c
 from .threads import PARALLEL_MIN_WORK, default_threads, fixed_thread_count, thread_count
 
@@ -29,46 +31,18 @@ _fused: Dict[Tuple, Tuple] = {}
 _lock = threading.Lock()
 
 
-def available() -> bool:
-    return c_build.find_compiler() is not None
-
-
-def prepare(kernel, call, contraction=None):
-    """(plan, buffers, outer index) of a statement that can be a member of a group, or
-    None: it must run on the C backend as one kernel that is a single parallel loop;
-    ``contraction``: the contraction the call's schedule hands to BLAS, or None."""
-    # a product that sums nothing (A[i,j] * B[i,j], a[i] * B[i,j]) is elementwise
-    if call.options.backend not in ("auto", "c") or call.spec.has_position_reductions or \
-            contraction is not None and contraction.k:
-        return None
-    try:
-        out = np.empty(call.output_shape, dtype=call.dtypes.working)
-    except (ValueError, MemoryError):
-        # NumPy's 'array is too big' (more bytes than an array holds) or no memory: the
-        # statement runs alone, where the result's own check says so (AllocationError)
-        return None
-    if out.size == 0:
-        return None
-    buffers = _buffers(call) + [out]
-    plan = _plan(call, [unit_axis(b) for b in buffers])
-    if _pack_for_lanes(call, plan, list(buffers)) or len(plan.program.kernels) != 1:
-        return None
-    body = plan.program.kernels[0].body
-    if len(body) != 1 or not isinstance(body[0], ir.Loop) or body[0].kind != LoopKind.PARALLEL:
-        return None
-    number = int(body[0].var[1:])
-    return plan, buffers, call.spec.all_indices[number]
-
-
 def run(members, thread_rows: FrozenSet[int] = frozenset()) -> Optional[Dict[int, np.ndarray]]:
     """Run the group; None when its kernel flagged an out-of-bounds gather (nothing
     is delivered then: the statements run one by one and raise their own errors), else
     the results of its column members by member (their sums over the rows).
     The outputs of the members in ``thread_rows`` (nothing after the group reads them)
-    may live as one row per thread: they are not delivered in their buffers."""
-    rows_group = c_rows.match(members, thread_rows)
-    if rows_group is not None:      # a softmax or layernorm: backends/c/rows.py
-        c_rows.run(rows_group, members, threads_for(members, frozenset()))
+    may live as one row per thread: they are not delivered in their buffers.
+    ``members``: the group as the schedule decided it (schedule/fusion.BoundGroup),
+    run by the row kernel it names (a softmax or layernorm: backends/c/rows.py), else
+    as the merged loop nests; or a plain sequence of members: the merged loop nests."""
+    row_kernel = members.row_kernel if isinstance(members, BoundGroup) else None
+    if row_kernel is not None:
+        c_rows.run(row_kernel, members, threads_for(members, frozenset()))
         return {}
     function, passed, thread_rows, guards = compiled_for(members, thread_rows)
     threads = threads_for(members, thread_rows)
@@ -141,7 +115,7 @@ def with_thread_rows(members, thread_rows, threads: int):
     buffers = [list(m.buffers) for m in members]
     rows = []
     for k in sorted(thread_rows):
-        view, length = _thread_rows(members[k], threads)
+        view, length = thread_rows_view(members[k], threads)
         rows.append(length)
         for j, slot in _uses(members, k):
             buffers[j][slot] = view
@@ -190,7 +164,7 @@ def column_accumulators_for(members, thread_rows: FrozenSet[int]):
     (plan/fuse_columns.py)."""
     # as long as the value row (the kernel steps from slice to slice by its length)
     slices = column_slices(members)
-    return {k: tuple(thread_scratch(slices, _padded(members[k]),
+    return {k: tuple(thread_scratch(slices, padded(members[k]),
                                     _column_dtype(members[k]), zeroed=True)
                      for _ in range(2))
             for k in sorted(_columns(members) & thread_rows)}
@@ -251,79 +225,3 @@ def column_total(member, sums: np.ndarray, errors: np.ndarray) -> np.ndarray:
         for row in totals[1:]:
             result += row
     return result.reshape(shape)
-
-
-def fitting_rows(members, candidates: FrozenSet[int]) -> FrozenSet[int]:
-    """The candidates (members whose outputs nothing after the group reads) whose
-    outputs live as per-thread rows."""
-    return frozenset(k for k in candidates if _rows_fit_plan(members[k]))
-
-
-def row_bytes(member) -> int:
-    """The bytes of one thread's row of the member's output."""
-    shape = tuple(member.call.output_shape)
-    axis = member.kernel.spec.output_indices.index(member.outer)
-    elements = int(np.prod([n for a, n in enumerate(shape) if a != axis], dtype=np.int64))
-    return elements * member.call.dtypes.working.itemsize
-
-
-def _rows_fit_plan(member) -> bool:
-    """Whether the member's output can live as per-thread rows under the plans as
-    lowered: the plans address its unit-stride axis without a stride, so the rows'
-    view must keep that axis (and it must not be the row axis, whose stride is 0)."""
-    shape = tuple(member.call.output_shape)
-    axis = member.kernel.spec.output_indices.index(member.outer)
-    full = unit_axis(member.buffers[-1])
-    view, _ = _thread_rows(member, 1)
-    return full != axis and unit_axis(view) == full and len(shape) >= 2
-
-
-def _padded(member) -> int:
-    """The padded row length (elements) of the member's per-thread rows."""
-    itemsize = member.call.dtypes.working.itemsize
-    return padded_length(row_bytes(member) // itemsize, itemsize)
-
-
-def _thread_rows(member, threads: int):
-    """(view, padded row length): a scratch array of one row per thread, seen with the
-    member's output shape and stride 0 along the shared (row) axis, so that each
-    thread's row pointer (ir.Buffer.per_thread) plus the usual addressing lands in its
-    own row."""
-    shape = tuple(member.call.output_shape)
-    axis = member.kernel.spec.output_indices.index(member.outer)
-    itemsize = member.call.dtypes.working.itemsize
-    strides, step = [0] * len(shape), itemsize
-    for a in reversed(range(len(shape))):
-        if a != axis:
-            strides[a] = step
-            step *= shape[a]
-    scratch = thread_scratch(max(threads, 1), step // itemsize, member.call.dtypes.working)
-    view = np.lib.stride_tricks.as_strided(scratch, shape=shape, strides=tuple(strides))
-    return view, scratch.shape[1]
-
-
-# Each thread's row starts on its own pair of cache lines (the line and the neighbour
-# the hardware prefetches with it).  Rows of 2 KiB laid end to end from a 16-byte
-# aligned allocation shared a line between one thread's last elements and the next
-# thread's first; with layernorm's four column accumulators written every row, the
-# 8192x256 backward took 3.5 ms on two threads against 1.1 ms on one.
-ROW_ALIGN = 128
-
-
-def thread_scratch(threads: int, length: int, dtype, zeroed: bool = False) -> np.ndarray:
-    """A (threads, padded length) array whose rows each start on a ROW_ALIGN-byte
-    boundary; the padded length (a multiple of ROW_ALIGN bytes) is the row stride the
-    kernel takes."""
-    dtype = np.dtype(dtype)
-    per_line = max(1, ROW_ALIGN // dtype.itemsize)
-    padded = padded_length(length, dtype.itemsize)
-    raw = (np.zeros if zeroed else np.empty)(threads * padded + per_line, dtype)
-    start = (-raw.ctypes.data % ROW_ALIGN) // dtype.itemsize
-    return raw[start:start + threads * padded].reshape(threads, padded)
-
-
-def padded_length(length: int, itemsize: int) -> int:
-    """``length`` elements rounded up to whole ROW_ALIGN-byte lines (a row of float32
-    padded so is a whole number of lines of float64 too)."""
-    per_line = max(1, ROW_ALIGN // itemsize)
-    return -(-max(length, 1) // per_line) * per_line

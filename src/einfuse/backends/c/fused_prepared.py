@@ -39,6 +39,7 @@ from ...errors import BackendError
 from ...plan import buffer_slots
 from ...plan.fuse import COLUMN_SUMS
 from ...plan.gathers import array_extremes, bounds_mode, gather_spans, spans_in_range
+from ...schedule.fusion import BoundGroup
 from . import call as c_call, fused as c_fused, rows as c_rows
 from .fused import column_total, thread_scratch
 from .rows import laid_out
@@ -60,8 +61,8 @@ def prepared_runner(members, thread_rows: FrozenSet[int], sources: Sequence[obje
     verified = _verified_spans(members, sources)
     if verified is None:
         return None
-    rows_group = c_rows.match(members, thread_rows)
-    if rows_group is not None:
+    rows_group = members.row_kernel if isinstance(members, BoundGroup) else None
+    if rows_group is not None:      # the row kernel the schedule chose (plan/row_kernel.py)
         return c_rows.prepared_runner(rows_group, members, c_fused.is_adaptive(members),
                                       c_fused.threads_for(members, frozenset()))
     function, passed, thread_rows, guards = c_fused.compiled_for(members, thread_rows)

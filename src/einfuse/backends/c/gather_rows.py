@@ -22,7 +22,7 @@ from typing import Optional, Tuple, Type
 
 import numpy as np
 
-from ...lang import ast
+from ...plan.library_patterns import row_gather  # noqa: F401  (the pattern: plan/)
 from . import build as c_build, call as c_call
 from .threads import free_threads
 
@@ -66,34 +66,14 @@ void einfuse_gather_rows(void **bufs, const int64_t *ints, const double *dprm,
 """
 
 
-def row_gather(spec) -> Optional[Tuple[str, str]]:
-    """(table, index array) where ``spec`` is ``:=`` of the embedding
-    form: the right side one access whose first subscript is exactly one index array
-    read by the output's leading indices in order, the other subscripts the output's
-    remaining indices in order; else None."""
-    rhs = spec.rhs
-    if spec.assign != ":=" or not isinstance(rhs, ast.Access) or not rhs.indices:
-        return None
-    first, rest = rhs.indices[0], rhs.indices[1:]
-    if first.terms or first.constant or first.quasi or len(first.gathers) != 1:
-        return None
-    index, coefficient = first.gathers[0]
-    lead = tuple(sub.plain_index for sub in index.indices)
-    trailing = tuple(sub.plain_index for sub in rest)
-    if coefficient != 1 or not all(lead) or not all(trailing) or \
-            lead + trailing != tuple(spec.output_indices) or index.tensor == rhs.tensor:
-        return None
-    return rhs.tensor, index.tensor
-
-
 def gather_rows_runner(call, flagged: Type[Exception]):
     """``run(named)`` copying the rows for arrays of this call's signature (raising
-    ``flagged`` for an index value out of bounds), or None where the statement
-    has another form, the call needs more than a copy (a dtype conversion, a window,
-    bounds other than check/promise, pad=) or there is no compiler."""
+    ``flagged`` for an index value out of bounds), for a call the schedule gave this
+    kernel (schedule/library.py: the embedding form, bounds check/promise, no pad=);
+    None where the data needs more than a copy (a dtype conversion, a window, rows not
+    contiguous) or there is no compiler: the generic prepared kernel then."""
     found = row_gather(call.spec)
-    if found is None or call.options.bounds not in ("check", "promise") or \
-            call.options.pad is not None or c_build.find_compiler() is None:
+    if found is None or c_build.find_compiler() is None:
         return None
     table_name, index_name = found
     arrays = call.arrays

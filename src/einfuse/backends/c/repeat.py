@@ -25,7 +25,9 @@ from ...plan.gathers import array_extremes, gather_spans, spans_in_range, unsign
 from ...analysis.frameworks import TORCH
 from . import call as c_call
 from ...plan.contraction_addend import ContractionAddend
-from .backend import _buffers, _pack_for_lanes, kernel_functions, output_dtype
+from ...schedule.schedule import Library, Schedule
+from ...plan.loop_plan import input_buffers, lane_packs
+from .backend import kernel_functions, output_dtype
 from .blas import addend_runner, contraction_runner, route_for
 from .gather_rows import gather_rows_runner
 from .windowed import windowed_route, windowed_runner
@@ -56,13 +58,17 @@ class GatherFlagged(BackendError):
     of bounds): the call's full path finds the value and raises the exact error."""
 
 
-def repeat_runner(call, blas=None) -> Optional[PreparedRunner]:
+def repeat_runner(call, schedule: Optional[Schedule] = None) -> Optional[PreparedRunner]:
     """A runner computing this call's result (working dtype) from arrays of the same
     shapes, dtypes and strides by name, or None where the arguments depend on data;
-    ``blas``: what the call's schedule hands to BLAS (schedule/choose.py), or None."""
+    ``schedule``: the call's as-written schedule (schedule/choose.py): what it hands to
+    BLAS, the thread count it fixed, the row gather it chose (Library.GATHER_ROWS).  Without one: the loop nest, threads as the
+    call's options say."""
+    blas = schedule.blas if schedule is not None else None
     spec = call.spec
     gathers = any(t.as_index for t in spec.tensors)
-    rows = gather_rows_runner(call, GatherFlagged) if gathers else None
+    rows = gather_rows_runner(call, GatherFlagged) \
+        if schedule is not None and schedule.prepared is Library.GATHER_ROWS else None
     if rows is not None:     # the embedding form: a test and a memcpy per row
         return PreparedRunner(rows, np.dtype(output_dtype(call)))
     mode, spans = (_checking_mode(call) if gathers else None), None
@@ -91,18 +97,19 @@ def repeat_runner(call, blas=None) -> Optional[PreparedRunner]:
     working = call.dtypes.working
     shape = tuple(call.output_shape)
     out_dtype = output_dtype(call)
-    buffers = _buffers(call) + [np.empty(shape, dtype=out_dtype)]
+    buffers = input_buffers(call) + [np.empty(shape, dtype=out_dtype)]
     if buffers[-1].size == 0:
         return None
     plan, functions = kernel_functions(call, [unit_axis(b) for b in buffers], mode)
-    if _pack_for_lanes(call, plan, list(buffers)):
+    if lane_packs(call, plan, buffers):     # (a packed input: the full path, per call)
         return None
     ints, doubles, integers = call_arguments(plan, call, buffers)
     params = tuple(plan.params)
     options = call.options      # (as the backend's full path passes them)
     fills = np.array([options.pad if options.pad is not None else 0.0, options.fill],
                      dtype=np.float64)
-    fixed = fixed_thread_count(call.options.threads, call.bounds.points)
+    fixed = schedule.threads if schedule is not None else \
+        fixed_thread_count(call.options.threads, call.bounds.points)
     # else the cores left by other tasks, per call (c_threads.py)
     threads, adaptive = fixed or 0, fixed is None
     slots = buffer_slots(spec)[:-1]

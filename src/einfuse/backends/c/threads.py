@@ -30,8 +30,9 @@ import threading
 import time
 from typing import Optional
 
-# Below this many loop iterations in total, threads cost more than they save.
-PARALLEL_MIN_WORK = 1 << 15
+from ...analysis.thread_policy import (PARALLEL_MIN_WORK, default_threads,  # noqa: F401
+                                       fixed_thread_count)
+
 # How long one reading of the running tasks stands.
 SAMPLE_SECONDS = 0.01
 
@@ -39,28 +40,15 @@ _lock = threading.Lock()
 _sample = [-1.0, 0]        # (time.monotonic() of the reading, the thread count it gave)
 
 
-def default_threads() -> int:
-    """The thread count OpenMP would choose (OMP_NUM_THREADS, else the CPUs)."""
-    try:
-        value = int(os.environ.get("OMP_NUM_THREADS", "").split(",")[0])
-    except ValueError:
-        value = 0
-    return value if value > 0 else (os.cpu_count() or 1)
-
-
-def fixed_thread_count(requested: Optional[int], work: int) -> Optional[int]:
-    """The thread count of a kernel of ``work`` loop iterations where no sample decides
-    it: ``requested`` where given, 1 for small work; None where the free cores decide,
-    call by call."""
-    if requested:
-        return requested
-    return 1 if work < PARALLEL_MIN_WORK else None
-
-
 def thread_count(requested: Optional[int], work: int) -> int:
     """Threads for a kernel of ``work`` loop iterations: the fixed count, else
     :func:`free_threads` (0 means OpenMP's default)."""
-    fixed = fixed_thread_count(requested, work)
+    return threads_for(fixed_thread_count(requested, work))
+
+
+def threads_for(fixed: Optional[int]) -> int:
+    """The threads of this call of a kernel whose schedule fixed ``fixed`` threads
+    (schedule/schedule.Schedule.threads), or None: the cores left, sampled now."""
     return free_threads() if fixed is None else fixed
 
 

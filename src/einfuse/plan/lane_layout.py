@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from typing import Callable, Dict, List, Optional, Tuple
 
-from ...lang.ast import accesses, reductions
+from ..lang.ast import accesses, reductions
 
 # A packed call has no prepared fast path (backends/c/repeat.py): it is bound every time,
 # about 80 us more per call.  Below this many loop iterations the layout as given costs
@@ -37,7 +37,7 @@ def packing_for_lanes(spec, layouts: Tuple[int, ...], shapes: List[Tuple[int, ..
     buffer's unit-stride axis (the output's last); ``shapes``: the input buffers' shapes;
     ``plan_of(layouts)``: the plan for other layouts; an input is packed only when
     ``ratio`` times its size is at most ``work`` (its copy must cost little)."""
-    from ...plan import buffer_slots
+    from .slots import buffer_slots
     if work < MIN_WORK:
         return None
     slots = buffer_slots(spec)
@@ -73,7 +73,7 @@ def packing_for_rows(plan, spec, layouts: Tuple[int, ...], shapes: List[Tuple[in
     a page: the reads wait on memory, 6.2 ms).  Packed along the reduced axis each row of
     the block reads a contiguous stream (2.5 ms, plus 0.6 ms for the copy).  Only where
     the plan for the packed layout keeps its lanes and rows."""
-    from ...plan import buffer_slots
+    from .slots import buffer_slots
     if plan.mode != "tiled" or plan.row_index is None or work < MIN_WORK:
         return None
     slots = buffer_slots(spec)

@@ -1,0 +1,145 @@
+"""The C loop nest's plan for one bound call: the lowering's inputs as this call fixes
+them (working dtype, padding, the bounds mode of its gathers, the buffers' unit-stride
+axes, the lane tile and register block of plan/blocking.py, the indices too short for
+lanes), the key a compiled kernel is cached by (plan/kernel_key.py), which inputs are
+packed so that lanes walk them contiguously (plan/lane_layout.py), and the plan a run
+takes as explain lays it out from shapes, copying nothing.
+
+These are facts of the lowering, read by the schedule (its loop order and blocking,
+which statements can share a fused loop) and by the C backend, which builds and runs
+the plan (backends/c/backend.py)."""
+
+from __future__ import annotations
+
+from typing import List, Tuple
+
+import numpy as np
+
+from ..lang.ast import accesses
+from .blocking import block_for, tile_for
+from .gathers import bounds_mode
+from .kernel_key import KernelKey
+from .lane_layout import packing_for_lanes, packing_for_rows
+from .lower import unit_axis
+from .slots import buffer_slots
+
+# An index with fewer values than this is not worth spreading over SIMD lanes.
+SHORT_EXTENT = 8
+# Pack an input only when it is small next to the work: its copy must cost little.
+PACK_WORK_RATIO = 8
+
+
+def input_buffers(call) -> List[np.ndarray]:
+    """One array per kernel buffer slot (the output excluded): value arrays in the
+    working dtype, index arrays as int64 (no copy where they are already)."""
+    working = call.dtypes.working
+    result = []
+    for tensor, kind in buffer_slots(call.spec)[:-1]:
+        array = np.asarray(call.arrays[tensor])
+        dtype = np.int64 if kind == "index" else working
+        result.append(array.astype(dtype, copy=False))
+    return result
+
+
+def call_bounds(call) -> str:
+    """The kernel's bounds mode; a C kernel tests each gathered value itself under
+    check/promise too, so it reads uint64 index arrays as unsigned then as well."""
+    return bounds_mode(call, unsigned_checks=True)
+
+
+def short_indices(call) -> Tuple[str, ...]:
+    return tuple(name for name in call.spec.all_indices
+                 if call.bounds.extent(name) < SHORT_EXTENT)
+
+
+def kernel_key(call, layouts, bounds=None) -> KernelKey:
+    """The key of this call's loop-nest kernel for these buffer layouts (and a bounds
+    mode other than the one this call's data allows): what its lowering reads."""
+    working = call.dtypes.working
+    return KernelKey(call.spec, working.name, call.options.pad is not None,
+                     bounds or call_bounds(call), tuple(layouts), tile_for(working),
+                     block_for(working), short_indices(call))
+
+
+def loop_plan(call, layouts, bounds=None):
+    """The lowering's plan of this call for these buffer layouts (plan_for caches it)."""
+    return kernel_key(call, layouts, bounds).plan()
+
+
+def lane_packs(call, plan, buffers: List[np.ndarray]) -> Tuple[Tuple[int, int], ...]:
+    """(buffer slot, axis to make unit-stride), in the order a run packs them: each
+    input that a vectorised lane loop of ``plan`` walks along a strided axis (gauss:
+    y[j, d] walked along j), so that lanes load one contiguous vector instead of
+    gathering; where there is none, the packing plan/lane_layout.py finds that turns
+    a scalar plan into a lane tile, or that streams a row-blocked plan's reads.
+    ``buffers``: the call's buffers (the output last); nothing is copied here."""
+    units = [unit_axis(b) for b in buffers]
+    shapes = [b.shape for b in buffers]
+    if not plan.lane_indices:
+        return _tile_packs(call, units, shapes) if plan.mode == "scalar" else ()
+    work = call.bounds.points
+    slots = buffer_slots(call.spec)
+    packs = []
+    for access in accesses(call.spec.rhs):
+        slot = slots.index((access.tensor, "value")) if (access.tensor, "value") in slots \
+            else None
+        if slot is None or access.tensor == call.spec.output:
+            continue
+        if buffers[slot].size * PACK_WORK_RATIO > work:
+            continue
+        for axis, sub in enumerate(access.indices):
+            walks = any(dict(sub.terms).get(lane) in (1, -1) for lane in plan.lane_indices)
+            if walks and shapes[slot][axis] > 1 and units[slot] != axis:
+                packs.append((slot, axis))
+                units[slot] = axis      # a packed copy's unit-stride axis
+                break
+    return tuple(packs) or _tile_packs(call, units, shapes, plan)
+
+
+def _tile_packs(call, units, shapes, plan=None) -> Tuple[Tuple[int, int], ...]:
+    """The inputs whose layout keeps a lane tile off an output index (cdist's y[j, d]
+    read along j), or, given a row-blocked ``plan``, those it reads across its rows
+    along their unit-stride axis (plan/lane_layout.py)."""
+    args = (call.spec, tuple(units), list(shapes), call.bounds.points,
+            lambda layouts: loop_plan(call, layouts), PACK_WORK_RATIO)
+    packing = packing_for_lanes(*args) if plan is None else packing_for_rows(plan, *args)
+    return tuple((packing or {}).items())
+
+
+def explained_plan(call):
+    """(plan, names of the inputs packed) of the loop nest a run of this call takes, laid
+    out from shapes without copying anything (explain, the schedule's loop facts)."""
+    layouts, packed = explained_layouts(call)
+    return loop_plan(call, layouts), packed
+
+
+def explained_layouts(call) -> Tuple[Tuple[int, ...], Tuple[str, ...]]:
+    """(layouts, names of the inputs packed) of the plan a run takes where packing turns
+    a scalar plan into a lane tile (plan/lane_layout.py), decided from shapes without
+    copying anything, for explain."""
+    layouts = tuple(buffers_layout_only(call))
+    if loop_plan(call, layouts).mode != "scalar":
+        return layouts, ()
+    slots = buffer_slots(call.spec)
+    shapes = [np.shape(call.arrays[tensor]) for tensor, _ in slots[:-1]]
+    packing = packing_for_lanes(call.spec, layouts, shapes + [tuple(call.output_shape)],
+                                call.bounds.points, lambda trial: loop_plan(call, trial),
+                                PACK_WORK_RATIO) or {}
+    return (tuple(packing.get(slot, axis) for slot, axis in enumerate(layouts)),
+            tuple(slots[slot][0] for slot in sorted(packing)))
+
+
+def buffers_layout_only(call) -> List[int]:
+    """The unit-stride axes the buffers will have, without converting anything."""
+    working = call.dtypes.working
+    layouts = []
+    for tensor, kind in buffer_slots(call.spec)[:-1]:
+        array = np.asarray(call.arrays[tensor])
+        dtype = np.dtype(np.int64 if kind == "index" else working)
+        if array.dtype != dtype:
+            layouts.append(array.ndim - 1 if array.ndim and array.shape[-1] > 1 else -1)
+        else:
+            layouts.append(unit_axis(array))
+    shape = call.output_shape
+    layouts.append(len(shape) - 1 if shape and shape[-1] > 1 else -1)
+    return layouts
