@@ -10,8 +10,9 @@ import numpy as np
 import pytest
 
 import einfuse as ef
-from einfuse.backends.c import build as c_build, fused as c_fused, rows as c_rows
+from einfuse.backends.c import build as c_build, fused as c_fused
 from einfuse.backends.c.rows_source import source
+from einfuse.plan import row_kernel
 from program_texts import SOFTMAX
 
 pytestmark = pytest.mark.skipif(c_build.find_compiler() is None,
@@ -101,7 +102,7 @@ def test_program_rows_with_nan_as_the_generic_kernel(monkeypatch, dtype):
     program = ef.compile(SOFTMAX, outputs=("P", "m"))
     P, M = program(X=X)
     with monkeypatch.context() as patch:
-        patch.setattr(c_rows, "match", lambda members, rows: None)
+        patch.setattr(row_kernel, "match", lambda members, rows: None)
         patch.setattr(c_fused, "_fused", {})
         P2, M2 = ef.compile(SOFTMAX, outputs=("P", "m"))(X=X)
     np.testing.assert_array_equal(M, M2)
