@@ -7,8 +7,11 @@ Sizes, range starts and strides are runtime ints (:func:`call_arguments`).
 
 Planning choices (why):
 
-* the innermost output loop is the output index that is the unit-stride axis
-  of the most loads (ties: the later output index, whose store is contiguous);
+* the innermost output loop is the output index with the most votes, counted as
+  memory transfers an inner loop over it keeps contiguous or saves: one per load
+  that walks its unit-stride axis with it, one per load outside the reductions that
+  it does not move (read once per run of the inner loop), two for the store when it
+  walks the output's unit-stride axis (ties: the later output index);
 * when the right side has reductions and that index is contiguous in a load
   inside them, the output loop is *tiled*: per tile of ``tile`` consecutive
   outputs, each top-level reduction keeps a vector of register accumulators and
@@ -39,6 +42,10 @@ from .slots import buffer_slots
 from .gathers import check_gather_arithmetic, parse_mode
 from .sums import BlockedSums
 from .windows import LANE_STEPS, UNIT_STEPS, read_once_per_block, wide_lanes
+
+# The output loop order's vote for the index a store walks along its unit stride: a
+# write moves its cache line twice (read for ownership, written back), a load once.
+STORE_VOTES = 2
 
 # "verified": bounds='check'/'promise' with every index array found in range before the
 # call, so the kernel needs no test at all.
@@ -195,6 +202,28 @@ class _Lowering(BlockedSums):
         return index not in self.short and sum(
             self.contiguity(index, r.body, _bound_indices(r), steps) for r in tops) > 0
 
+    def output_votes(self, outs: Sequence[str], rhs: ast.Expr, out_slot: int) -> Dict[str, int]:
+        """Votes for the innermost output loop beyond the loads that walk it
+        (``contiguity``), counted as memory transfers an inner loop over that index
+        saves: the store walking its unit-stride axis counts two (a write moves its
+        line twice: read for ownership, then written back), and a load outside the
+        reductions that does not move with the index counts one (loop-invariant: read
+        once per run of the inner loop, as ``dm[i]`` and ``h[i]`` under an inner ``j``
+        in ``dX[i, j] := where(j == h[i], dm[i], 0)``, which an inner ``i`` would store
+        256 elements apart)."""
+        votes = dict.fromkeys(outs, 0)
+        axis = self.layouts[out_slot]
+        if 0 <= axis < len(outs):
+            votes[outs[axis]] += STORE_VOTES
+        for access in _top_accesses(rhs):
+            if not access.indices:
+                continue    # (a scalar is invariant along every index alike)
+            used = indices_used(access)
+            for name in outs:
+                if name not in used:
+                    votes[name] += 1
+        return votes
+
     def order_indices(self, names: Sequence[str], expr: ast.Expr, bonus=None) -> List[str]:
         """``names`` with the most contiguous one moved innermost (last)."""
         if len(names) < 2:
@@ -210,8 +239,7 @@ class _Lowering(BlockedSums):
         rhs = spec.rhs
         tops = _top_reductions(rhs)
         out_slot = len(self.slots) - 1
-        last = {outs[-1]: 1} if outs and self.layouts[out_slot] == len(outs) - 1 else {}
-        order = self.order_indices(outs, rhs, last)
+        order = self.order_indices(outs, rhs, self.output_votes(outs, rhs, out_slot))
         inner = order[-1] if order else None
         can_tile = (not self.plain or self.blocks) and bool(tops)
         self.wide_lanes = wide_lanes(rhs, self.plain)
@@ -545,6 +573,15 @@ def _affine(sub: ast.IndexExpr, env) -> Affine:
 def _bound_indices(reduce: ast.Reduce) -> frozenset:
     """The indices ``reduce`` and the reductions inside it bind."""
     return frozenset(i for r in ast.reductions(reduce) for i in r.indices)
+
+
+def _top_accesses(expr: ast.Expr) -> List[ast.Access]:
+    """The accesses of ``expr`` outside its reductions (gathers' own included)."""
+    if isinstance(expr, ast.Reduce):
+        return []
+    if isinstance(expr, ast.Access):
+        return list(ast.accesses(expr))
+    return [a for child in expr.children() for a in _top_accesses(child)]
 
 
 def _top_reductions(expr: ast.Expr) -> List[ast.Reduce]:
