@@ -1,5 +1,10 @@
 """Lowering: an analysed statement (Spec) and its working dtype to a loop-nest
-:class:`~einfuse.ir.Program`, and the per-call runtime arguments it needs.
+:class:`~einfuse.ir.Program` (``plan_for``); and a Triton row schedule -- several
+statements over one row axis, plan/row_group.RowSchedule -- to a RowGroup
+(``plan_rows``), by the same lowering: one expression lowering, with reductions and
+reads placed as the schedule says (loops and buffer loads in a loop nest; a row's
+registers, the group's inputs and earlier members in a row schedule).  The per-call
+runtime arguments of a loop nest are plan/arguments.py's.
 
 The plan depends only on the statement, the working dtype, the bounds/pad mode
 and which axis of each buffer has unit stride (the layout); never on sizes.
