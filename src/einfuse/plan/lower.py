@@ -1,5 +1,10 @@
 """Lowering: an analysed statement (Spec) and its working dtype to a loop-nest
-:class:`~einfuse.ir.Program`, and the per-call runtime arguments it needs.
+:class:`~einfuse.ir.Program` (``plan_for``); and a Triton row schedule -- several
+statements over one row axis, plan/row_group.RowSchedule -- to a RowGroup
+(``plan_rows``), by the same lowering: one expression lowering, with reductions and
+reads placed as the schedule says (loops and buffer loads in a loop nest; a row's
+registers, the group's inputs and earlier members in a row schedule).  The per-call
+runtime arguments of a loop nest are plan/arguments.py's.
 
 The plan depends only on the statement, the working dtype, the bounds/pad mode
 and which axis of each buffer has unit stride (the layout); never on sizes.
@@ -7,8 +12,11 @@ Sizes, range starts and strides are runtime ints (:func:`call_arguments`).
 
 Planning choices (why):
 
-* the innermost output loop is the output index that is the unit-stride axis
-  of the most loads (ties: the later output index, whose store is contiguous);
+* the innermost output loop is the output index with the most votes, counted as
+  memory transfers an inner loop over it keeps contiguous or saves: one per load
+  that walks its unit-stride axis with it, one per load outside the reductions that
+  it does not move (read once per run of the inner loop), two for the store when it
+  walks the output's unit-stride axis (ties: the later output index);
 * when the right side has reductions and that index is contiguous in a load
   inside them, the output loop is *tiled*: per tile of ``tile`` consecutive
   outputs, each top-level reduction keeps a vector of register accumulators and
@@ -25,33 +33,36 @@ Planning choices (why):
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
+import math
+from dataclasses import dataclass, replace
 from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
 from .. import ir
-from ..ir import BinaryOp, BufferType, FillSource, LoopKind, Policy, UnaryOp
+from ..ir import BinaryOp, BufferType, FillSource, Function, LoopKind, Policy, UnaryOp
 from ..ir import Affine
 from ..lang import ast
 from .expression_facts import fast_math_safe, indices_used
 from .slots import buffer_slots
-from .gathers import check_gather_arithmetic, parse_mode
+from .gathers import parse_mode
+from .lane_reductions import LaneReductions
+from .row_group import (ROW_REDUCTIONS, RowGroup, RowInput, RowMember, RowReduction,
+                        RowRefused, RowRole, RowSchedule, RowScope, RowStatement, repeated)
 from .sums import BlockedSums
 from .windows import LANE_STEPS, UNIT_STEPS, read_once_per_block, wide_lanes
+
+# A row schedule's counters: the row (one per row of a program's block) and the column.
+ROW, COL = "row", "col"
+
+# The output loop order's vote for the index a store walks along its unit stride: a
+# write moves its cache line twice (read for ownership, written back), a load once.
+STORE_VOTES = 2
 
 # "verified": bounds='check'/'promise' with every index array found in range before the
 # call, so the kernel needs no test at all.
 _POLICY = {"clip": Policy.CLIP, "wrap": Policy.WRAP, "fill": Policy.FILL, "check": Policy.CHECK,
            "promise": Policy.CHECK, "verified": Policy.NONE}
-
-
-def unit_axis(array: np.ndarray) -> int:
-    """The axis of ``array`` with unit element stride (and more than one element), or -1."""
-    for axis in reversed(range(array.ndim)):
-        if array.shape[axis] > 1 and array.strides[axis] == array.itemsize:
-            return axis
-    return -1
 
 
 @dataclass(frozen=True)
@@ -82,40 +93,11 @@ def plan_for(spec, working: str, pad: bool, bounds: str, layouts: Tuple[int, ...
                      short, plain, blocks).run()
 
 
-def call_arguments(plan: Plan, call, buffers: Sequence[np.ndarray]):
-    """The runtime ints and scalar parameters of one call, as int64/float64 arrays."""
-    check_gather_arithmetic(call)
-    ranges = call.bounds.range_map
-    ints = []
-    for how in plan.int_args:
-        if how[0] == "lo":
-            ints.append(ranges[how[1]][0])
-        elif how[0] == "n":
-            lo, hi = ranges[how[1]]
-            ints.append(max(0, hi - lo))
-        elif how[0] == "dim":
-            ints.append(buffers[how[1]].shape[how[2]])
-        else:  # stride, in elements
-            array = buffers[how[1]]
-            ints.append(array.strides[how[2]] // array.itemsize)
-    values = [call.params[name] for name in plan.params]
-    doubles = np.array([float(v) for v in values] or [0.0], dtype=np.float64)
-    # only integer working dtypes read these, and then every parameter is an int64 (a
-    # float parameter makes the working dtype float); 1e30 must not overflow the slot
-    integers = np.array([_int64_or_zero(v) for v in values] or [0], dtype=np.int64)
-    return np.array(ints or [0], dtype=np.int64), doubles, integers
-
-
-def _int64_or_zero(value) -> int:
-    if np.ndim(value) == 0 and float(value).is_integer() and -2**63 <= int(value) < 2**63:
-        return int(value)
-    return 0
-
-
-class _Lowering(BlockedSums):
+class _Lowering(BlockedSums, LaneReductions):
     def __init__(self, spec, working: np.dtype, pad: bool, bounds: str, layouts, tile: int,
                  block: Tuple[int, int] = (1, 32), short: Tuple[str, ...] = (),
-                 plain: bool = False, blocks: bool = False):
+                 plain: bool = False, blocks: bool = False,
+                 rows: Optional[Tuple[RowScope, RowStatement]] = None):
         self.spec = spec
         # the reciprocals of divisors fixed along the innermost loop (see run())
         self.fixed_along: Optional[str] = None
@@ -144,7 +126,15 @@ class _Lowering(BlockedSums):
         self.wide_lanes = False   # lanes may step by more than 1 (set in run())
         self.checks = any(sub.gathers for a in ast.accesses(spec.rhs) for sub in a.indices) \
             and self.bounds in ("check", "promise")
-
+        # a row schedule's statement (plan_rows): the scope lowered so far, and what
+        # this statement adds to it
+        self.row: Optional[RowStatement] = None
+        if rows is not None:
+            self.scope, self.row = rows
+            self.row_inputs = list(self.scope.inputs)
+            self.row_params = list(self.scope.params)
+            self.row_reductions: List[RowReduction] = []
+            self.n_acc = self.scope.accs
 
     # -- runtime ints ----------------------------------------------------------------
     def runtime_int(self, how: Tuple) -> str:
@@ -195,6 +185,28 @@ class _Lowering(BlockedSums):
         return index not in self.short and sum(
             self.contiguity(index, r.body, _bound_indices(r), steps) for r in tops) > 0
 
+    def output_votes(self, outs: Sequence[str], rhs: ast.Expr, out_slot: int) -> Dict[str, int]:
+        """Votes for the innermost output loop beyond the loads that walk it
+        (``contiguity``), counted as memory transfers an inner loop over that index
+        saves: the store walking its unit-stride axis counts two (a write moves its
+        line twice: read for ownership, then written back), and a load outside the
+        reductions that does not move with the index counts one (loop-invariant: read
+        once per run of the inner loop, as ``dm[i]`` and ``h[i]`` under an inner ``j``
+        in ``dX[i, j] := where(j == h[i], dm[i], 0)``, which an inner ``i`` would store
+        256 elements apart)."""
+        votes = dict.fromkeys(outs, 0)
+        axis = self.layouts[out_slot]
+        if 0 <= axis < len(outs):
+            votes[outs[axis]] += STORE_VOTES
+        for access in _top_accesses(rhs):
+            if not access.indices:
+                continue    # (a scalar is invariant along every index alike)
+            used = indices_used(access)
+            for name in outs:
+                if name not in used:
+                    votes[name] += 1
+        return votes
+
     def order_indices(self, names: Sequence[str], expr: ast.Expr, bonus=None) -> List[str]:
         """``names`` with the most contiguous one moved innermost (last)."""
         if len(names) < 2:
@@ -210,8 +222,7 @@ class _Lowering(BlockedSums):
         rhs = spec.rhs
         tops = _top_reductions(rhs)
         out_slot = len(self.slots) - 1
-        last = {outs[-1]: 1} if outs and self.layouts[out_slot] == len(outs) - 1 else {}
-        order = self.order_indices(outs, rhs, last)
+        order = self.order_indices(outs, rhs, self.output_votes(outs, rhs, out_slot))
         inner = order[-1] if order else None
         can_tile = (not self.plain or self.blocks) and bool(tops)
         self.wide_lanes = wide_lanes(rhs, self.plain)
@@ -330,16 +341,29 @@ class _Lowering(BlockedSums):
 
     # -- expressions --------------------------------------------------------------------
     def expr(self, e: ast.Expr, env, pre: List[ir.Stmt], lanes=None) -> ir.Expr:
+        """``e`` as an IR value over ``env`` (index -> its value as an Affine of loop
+        counters, or of a row schedule's ``row``/``col``); reductions go where the
+        schedule keeps them (loops before the value in ``pre``, or a row's registers)."""
         if isinstance(e, ast.Number):
+            if e.value == 0 and math.copysign(1.0, e.value) < 0:
+                # -0.0 as -(0.0): Const(-0.0) == Const(0.0), and what is keyed by
+                # equality (a row group's shared subexpressions, kernel caches) would
+                # merge them
+                return ir.Unary(UnaryOp.NEG, ir.Const(0.0))
             return ir.Const(e.value)
         if isinstance(e, ast.Param):
-            return ir.Param(self.param_slot[e.name])
+            return ir.Param(self.param(e.name))
         if isinstance(e, ast.IndexValue):
+            if e.name not in env:   # (a row schedule binds only the indices it sees)
+                raise RowRefused
             return ir.IndexValue(env[e.name])
         if isinstance(e, ast.Access):
+            if self.row is not None:
+                return self.row_load(e, env)
             return self.load(e, env, in_gather=False)
         if isinstance(e, ast.Unary):
-            return ir.Unary(UnaryOp.NEG, self.expr(e.operand, env, pre, lanes))
+            operand = self.expr(e.operand, env, pre, lanes)
+            return operand if e.op == "+" else ir.Unary(UnaryOp.NEG, operand)
         if isinstance(e, ast.Binary):
             left, right = self.expr(e.left, env, pre, lanes), self.expr(e.right, env, pre, lanes)
             if e.op == "/" and self.fixed_along is not None and \
@@ -347,12 +371,83 @@ class _Lowering(BlockedSums):
                 local = f"r{len(self.reciprocals)}"
                 self.reciprocals.append((local, right))
                 return ir.Binary(BinaryOp.MUL, left, ir.Local(local))
-            return ir.Binary(e.op, left, right)
+            return ir.Binary(BinaryOp(e.op), left, right)
         if isinstance(e, ast.Call):
-            return ir.Call(e.func, tuple(self.expr(a, env, pre, lanes) for a in e.args))
+            return ir.Call(Function(e.func), tuple(self.expr(a, env, pre, lanes)
+                                                   for a in e.args))
         if isinstance(e, ast.Reduce):
+            if self.row is not None:
+                return self.row_reduce(e, env)
             return self.reduce(e, env, pre, lanes)
         raise TypeError(type(e).__name__)
+
+    def param(self, name: str) -> int:
+        """The parameter slot of ``name``: the statement's, or in a row schedule the
+        group's (every member's parameters in one array)."""
+        if self.row is None:
+            return self.param_slot[name]
+        if name not in self.row_params:
+            self.row_params.append(name)
+        return self.row_params.index(name)
+
+    # -- the row schedule: statements over one row axis, rows held in registers -------
+    def run_row(self) -> RowScope:
+        """The statement as the row scope's next member: its reductions over the
+        block's columns (kept in registers, one per row) and its value, over the
+        counters its role binds (RowStatement.indices)."""
+        statement = self.row
+        rhs = self.spec.rhs.body if statement.role == RowRole.COLUMN else self.spec.rhs
+        env = {index: Affine.var(counter) for index, counter in statement.indices.items()}
+        value = self.expr(rhs, env, [])
+        member = RowMember(statement.key, statement.role, tuple(self.row_reductions), value,
+                           None, statement.shape)
+        return RowScope(tuple(self.row_inputs), tuple(self.row_params),
+                        self.scope.members + (member,), self.n_acc)
+
+    def row_reduce(self, e: ast.Reduce, env) -> ir.Expr:
+        """A row's sum, max or min over one index, not nested: the reduced index is the
+        column counter in its body (a grid statement's own column index is not visible
+        there)."""
+        op = ROW_REDUCTIONS.get(e.op)
+        if op is None or len(e.indices) != 1 or any(True for _ in ast.reductions(e.body)):
+            raise RowRefused
+        acc = self.fresh_acc()
+        column = Affine.var(COL)
+        inner = {name: at for name, at in env.items() if at != column}
+        body = self.expr(e.body, {**inner, e.indices[0]: column}, [])
+        self.row_reductions.append(RowReduction(acc, op, body))
+        return ir.AccValue(acc, op)
+
+    def row_load(self, e: ast.Access, env) -> ir.Expr:
+        """An input read along the row and column counters (plain indices, each at most
+        once), or an earlier member read exactly as it was written (in registers)."""
+        counters = []
+        for sub in e.indices:
+            index = sub.plain_index
+            if index is None or index not in env:
+                raise RowRefused
+            counters.append(env[index].names[0])
+        if len(set(counters)) != len(counters):
+            raise RowRefused
+        key = dict(self.row.names).get(e.tensor, e.tensor)
+        if self.scope.column_sum(key):
+            raise RowRefused    # (known only once every program has added its part)
+        producer = self.scope.producer(key)
+        if producer is not None:
+            made_grid = self.scope.members[producer].grid
+            if counters != ([ROW, COL] if made_grid else [ROW]):
+                raise RowRefused
+            return ir.Local(f"m{producer}")
+        if any(info.name == e.tensor and info.as_index for info in self.spec.tensors):
+            raise RowRefused
+        wanted = RowInput(key, tuple(c == ROW for c in counters))
+        if wanted not in self.row_inputs:     # (read with two layouts: one buffer each)
+            self.row_inputs.append(wanted)
+        number = self.row_inputs.index(wanted)
+        subscripts = tuple(ir.Subscript(Affine.var(c), (), Policy.NONE, f"n{number}_{axis}",
+                                        f"s{number}_{axis}")
+                           for axis, c in enumerate(counters))
+        return ir.Load(number, subscripts)
 
     def reduce(self, e: ast.Reduce, env, pre: List[ir.Stmt], lanes) -> ir.Expr:
         acc = f"a{self.n_acc}"
@@ -410,99 +505,6 @@ class _Lowering(BlockedSums):
                                            lanes is not None))
         return ir.AccValue(acc, e.op, lanes[0] if lanes is not None else None, row)
 
-    def position(self, e: ast.Reduce, counters=None) -> Tuple[Tuple[Affine, Affine], ...]:
-        """For argmax/argmin, (counter, extent) per reduced index in the listed order
-        (ir.Accumulate.position); ``counters`` replaces an index's loop counter."""
-        if e.op not in ast.POSITION_REDUCTIONS:
-            return ()
-        counters = counters or {}
-        return tuple((counters.get(k, Affine.var(f"p{self.index_no[k]}")), self.extent(k))
-                     for k in e.indices)
-
-    def fresh_acc(self) -> str:
-        self.n_acc += 1
-        return f"a{self.n_acc - 1}"
-
-    def fresh_var(self) -> str:
-        """A loop counter after the indices' own (p0, p1 ... are theirs)."""
-        self.n_var += 1
-        return f"p{self.n_var - 1}"
-
-    def reduction_loops(self, order, body, target: str, op: str,
-                        simd: bool) -> Tuple[ir.Stmt, ...]:
-        """The loops over ``order`` (outermost first) around ``body``, which accumulates
-        into ``target``; the innermost one a SIMD reduction with ``simd``."""
-        for depth, name in enumerate(reversed(order)):
-            here = simd and depth == 0
-            body = (ir.Loop(f"p{self.index_no[name]}", self.extent(name), LoopKind.REDUCTION, body,
-                            simd=here, reductions=((target, op),) if here else ()),)
-        return body
-
-    def lane_tile(self, inner: str, acc: str, env):
-        """Names for walking reduction index ``inner`` in tiles of lanes (block start,
-        lane, lane count) and ``env`` with ``inner`` = its start + block + lane."""
-        self.lane_indices.append(inner)
-        block, lane, count = f"r{self.index_no[inner]}", f"l{acc}", f"c{acc}"
-        env = dict(env)
-        env[inner] = self.lo(inner) + Affine.var(block) + Affine.var(lane)
-        return block, lane, count, env
-
-    def outer_reduction_loops(self, names, inner: ir.Stmt) -> Tuple[ir.Stmt, ...]:
-        """``inner`` inside plain loops over the other reduced ``names`` (outermost first)."""
-        body: Tuple[ir.Stmt, ...] = (inner,)
-        for name in reversed(names):
-            body = (ir.Loop(f"p{self.index_no[name]}", self.extent(name), LoopKind.REDUCTION, body),)
-        return body
-
-    def lane_partial_reduce(self, e: ast.Reduce, acc: str, order, env, pre) -> ir.Expr:
-        """max/min/logsumexp/argmax/argmin have no OpenMP SIMD reduction that keeps
-        NumPy's NaN rules; instead four vectors of lanes each keep their own partial result
-        (branch-free updates), folded into one value at the end (:class:`ir.CombineLanes`;
-        argmax/argmin: the better value, on a tie the earlier position)."""
-        # four 64-byte vectors: independent chains, so the compare-and-select latency of
-        # one lane group overlaps the others (one vector: 5x slower than torch.amax)
-        lanes_count = max(4, 256 // self.working.itemsize)
-        block, lane, count, env = self.lane_tile(order[-1], acc, env)
-        partial = acc + "v"
-        value = self.expr(e.body, env, [])
-        # each lane: its first extremum and where (the last index walks block + lane)
-        position = self.position(e, {order[-1]: Affine.var(block) + Affine.var(lane)})
-        step = ir.Loop(lane, Affine.var(count), LoopKind.VECTORISED,
-                       (ir.Accumulate(partial, e.op, value, lane, position=position),),
-                       simd=True)
-        tiles = ir.TiledLoop(block, self.extent(order[-1]), lanes_count, count, LoopKind.REDUCTION,
-                             (step,))
-        pre.append(ir.DeclareAcc(partial, e.op, lanes=lanes_count))
-        pre.extend(self.outer_reduction_loops(order[:-1], tiles))
-        pre.append(ir.CombineLanes(partial, e.op, lanes_count, acc))
-        return ir.AccValue(acc, e.op)
-
-    def lane_tiled_reduce(self, e: ast.Reduce, acc: str, order, env, pre) -> ir.Expr:
-        """A sum/prod whose body holds nested reductions (gauss: the sum over j of
-        exp(-sum over d ...)): its innermost index runs in tiles of lanes, each nested
-        reduction keeps one register accumulator per lane (``for d: for lane``), and
-        the lane loop that combines them is SIMD (exp on a vector, via libmvec).  The
-        nested loops are typically short (d = 3) and this one long."""
-        block, lane, count, env = self.lane_tile(order[-1], acc, env)
-        body_pre: List[ir.Stmt] = []
-        value = self.expr(e.body, env, body_pre, lanes=(lane, count))
-        combine = ir.Loop(lane, Affine.var(count), LoopKind.VECTORISED,
-                          (ir.Accumulate(acc, e.op, value),), simd=True,
-                          reductions=((acc, e.op),))
-        tiles = self.outer_reduction_loops(order[:-1], ir.TiledLoop(
-            block, self.extent(order[-1]), self.tile, count, LoopKind.REDUCTION,
-            tuple(body_pre) + (combine,)))
-        pre.append(ir.DeclareAcc(acc, e.op))
-        if not self.sum_blocks(e.op, order):
-            pre.extend(tiles)
-            return ir.AccValue(acc, e.op)
-
-        def step(partial: str) -> ir.Stmt:
-            return ir.Loop(lane, Affine.var(count), LoopKind.VECTORISED,
-                           (ir.Accumulate(partial, e.op, value, lane),), simd=True)
-        pre.append(self.tiled_lane_sum(acc, order, block, count, body_pre, step, tiles))
-        return ir.AccValue(acc, e.op)
-
     def load(self, access: ast.Access, env, in_gather: bool) -> ir.Load:
         slot = self.slot_of[(access.tensor, "index" if in_gather else "value")]
         subs = []
@@ -534,6 +536,30 @@ class _Lowering(BlockedSums):
         return ir.Load(slot, tuple(subs), ",".join(used) or None, is_index=in_gather)
 
 
+def plan_rows(schedule: RowSchedule) -> RowGroup:
+    """A row schedule lowered (its statements one after another, lower_row_statement),
+    its stored members numbered in order, its repeated subexpressions named once."""
+    scope = RowScope()
+    for statement in schedule.statements:
+        scope = lower_row_statement(scope, statement, schedule.working)
+    members, outputs = [], 0
+    for statement, member in zip(schedule.statements, scope.members):
+        number = None
+        if statement.stored:
+            number, outputs = outputs, outputs + 1
+        members.append(replace(member, stored=number))
+    return RowGroup(schedule, scope.inputs, scope.params, tuple(members), repeated(members))
+
+
+def lower_row_statement(scope: RowScope, statement: RowStatement, working: str) -> RowScope:
+    """``scope`` with ``statement`` lowered as its next member (RowRefused where a row
+    of registers cannot hold it: a subscript that is not a plain index of the group,
+    a nested or other reduction, an index array, an earlier member read otherwise than
+    written, a column sum read)."""
+    return _Lowering(statement.spec, np.dtype(working), False, "check", (), 32,
+                     rows=(scope, statement)).run_row()
+
+
 def _affine(sub: ast.IndexExpr, env) -> Affine:
     """The affine part of a subscript (its terms and constant) over the loop names."""
     affine = Affine(const=sub.constant)
@@ -545,6 +571,15 @@ def _affine(sub: ast.IndexExpr, env) -> Affine:
 def _bound_indices(reduce: ast.Reduce) -> frozenset:
     """The indices ``reduce`` and the reductions inside it bind."""
     return frozenset(i for r in ast.reductions(reduce) for i in r.indices)
+
+
+def _top_accesses(expr: ast.Expr) -> List[ast.Access]:
+    """The accesses of ``expr`` outside its reductions (gathers' own included)."""
+    if isinstance(expr, ast.Reduce):
+        return []
+    if isinstance(expr, ast.Access):
+        return list(ast.accesses(expr))
+    return [a for child in expr.children() for a in _top_accesses(child)]
 
 
 def _top_reductions(expr: ast.Expr) -> List[ast.Reduce]:

@@ -1,20 +1,20 @@
-"""A Triton row group as a value of the lowering: its inputs, members (each one
-statement's reductions and value as IR expressions over the row counter ``row`` and the
-column counter ``col``), launch shape and repeated subexpressions, and the lowering of
-one statement's right-hand side into those expressions (RowLowering).  The schedule
-(schedule/row_groups.py) decides which statements join a group; backends/triton/rows.py
-prints and launches the group."""
+"""A Triton row group: the row schedule (RowSchedule: which statements share the row
+axis, in which role, with which launch -- decided by schedule/row_groups.py) and its
+lowering (RowGroup: the inputs, members -- each statement's reductions and value as IR
+expressions over the row counter ``row`` and the column counter ``col`` -- and repeated
+subexpressions), made by the statements' lowering, plan/lower.py (``plan_rows``);
+backends/triton/rows.py prints and launches the group."""
 
 from __future__ import annotations
 
-import math
+import enum
 from dataclasses import dataclass
-from typing import Dict, List, Optional, Sequence, Set, Tuple
+from typing import Dict, Optional, Sequence, Set, Tuple
 
 from .. import ir
-from ..ir import BinaryOp, Function, ReduceOp, UnaryOp
-from ..lang import ast
+from ..ir import ReduceOp
 
+# the reductions a row keeps in registers (over the block's columns)
 ROW_REDUCTIONS = {"sum": ReduceOp.SUM, "max": ReduceOp.MAX, "min": ReduceOp.MIN}
 
 
@@ -35,23 +35,6 @@ class RowReduction:
 
 
 @dataclass(frozen=True)
-class RowMember:
-    """One statement of the group: its reductions, computed first, then its value
-    (``ir.Local(f"m{k}")`` in later members); ``grid``: its output is [r, c], else
-    [r]; ``stored``: the number of the output buffer it is written to, or None when it
-    lives only in registers.  ``column``: a column sum (``dg[c] := sum[r](value)``,
-    output ``[c]``): ``value`` is a whole block, summed over the rows of every program
-    (backends/triton/rows.py); no later member reads it."""
-    key: str
-    grid: bool
-    reductions: Tuple[RowReduction, ...]
-    value: ir.Expr
-    stored: Optional[int]
-    shape: Tuple[int, ...]
-    column: bool = False
-
-
-@dataclass(frozen=True)
 class RowLaunch:
     """The grid: ``rows`` rows per program, ``block`` columns (a power of two at least
     the row's length), ``warps`` warps a program; ``parts``: in a group with column
@@ -62,18 +45,130 @@ class RowLaunch:
     parts: int = 1
 
 
+class RowRole(enum.Enum):
+    """How a statement of a row group uses the row axis: ``ROW``, output ``[r]`` (a
+    row's value, one per row in registers); ``GRID``, output ``[r, c]`` (a block of
+    whole rows); ``COLUMN``, a column sum ``o[c] := sum[r](body)`` (output ``[c]``:
+    each program sums its rows' blocks, the programs' partial sums are added across the
+    grid, docs/backends.md)."""
+    ROW = "row"
+    GRID = "grid"
+    COLUMN = "column"
+
+
+@dataclass(frozen=True)
+class RowMember:
+    """One statement of the group, lowered: its reductions, computed first, then its
+    value (``ir.Local(f"m{k}")`` in later members); ``role``: its output is [r]
+    (ROW), [r, c] (GRID) or a column sum [c] (COLUMN: ``value`` is a whole block,
+    summed over the rows of every program, backends/triton/rows.py; no later member
+    reads it); ``stored``: the number of the output buffer it is written to, or None
+    when it lives only in registers."""
+    key: str
+    role: RowRole
+    reductions: Tuple[RowReduction, ...]
+    value: ir.Expr
+    stored: Optional[int]
+    shape: Tuple[int, ...]
+
+    @property
+    def grid(self) -> bool:
+        return self.role == RowRole.GRID
+
+    @property
+    def column(self) -> bool:
+        return self.role == RowRole.COLUMN
+
+
+@dataclass(frozen=True)
+class RowStatement:
+    """One statement of a row schedule: its analysed statement, its names that have
+    other keys in the environment (``names``, a hoisted form's temporaries), its role,
+    its output's key and shape, and whether that output is written to memory
+    (``stored``; else it lives in registers only)."""
+    spec: object
+    names: Tuple[Tuple[str, str], ...]
+    role: RowRole
+    key: str
+    shape: Tuple[int, ...]
+    stored: bool = True
+
+    @property
+    def indices(self) -> Dict[str, str]:
+        """The statement's indices bound to the group's counters: the row index to
+        ``row`` and the output's column index to ``col`` (a reduction's own index is
+        the column counter in its body only)."""
+        spec = self.spec
+        if self.role == RowRole.COLUMN:
+            return {spec.rhs.indices[0]: "row", spec.output_indices[0]: "col"}
+        if self.role == RowRole.GRID:
+            return {spec.output_indices[0]: "row", spec.output_indices[1]: "col"}
+        return {spec.output_indices[0]: "row"}
+
+
+@dataclass(frozen=True)
+class RowSchedule:
+    """The row group's schedule: ``statements`` lowered as one kernel over ``extents``
+    (M rows, N columns) in the ``working`` dtype ("float32" or "float64"), launched
+    as ``launch``; ``joined``: how many of the program's statements from the group's
+    start it runs (a statement with a hoisted form joins as its statements)."""
+    joined: int
+    statements: Tuple[RowStatement, ...]
+    working: str
+    extents: Tuple[int, int]
+    launch: RowLaunch
+
+
+@dataclass(frozen=True)
+class RowScope:
+    """The lowering of a row schedule so far (plan/lower.lower_row_statement): the
+    inputs and parameters its statements read, its members (unnumbered: ``stored`` is
+    None until the group is made) and the accumulators named."""
+    inputs: Tuple[RowInput, ...] = ()
+    params: Tuple[str, ...] = ()
+    members: Tuple[RowMember, ...] = ()
+    accs: int = 0
+
+    def producer(self, key: str) -> Optional[int]:
+        """The member whose row value ``key`` is (the latest), or None."""
+        found = None
+        for number, member in enumerate(self.members):
+            if member.key == key and not member.column:
+                found = number
+        return found
+
+    def column_sum(self, key: str) -> bool:
+        return any(m.key == key and m.column for m in self.members)
+
+
 @dataclass(frozen=True)
 class RowGroup:
-    statements: int                   # how many statements from the start it runs
+    """A row schedule lowered: what backends/triton/rows.py prints and launches (and
+    the compiled kernel's key)."""
+    schedule: RowSchedule
     inputs: Tuple[RowInput, ...]      # load buffer b is inputs[b]
     params: Tuple[str, ...]           # ir.Param slot s is the value of env[params[s]]
     members: Tuple[RowMember, ...]
-    working: str                      # "float32" or "float64"
-    extents: Tuple[int, int]          # (M rows, N columns)
-    launch: RowLaunch
     # subexpressions along the columns that occur more than once (an input's load,
     # softmax's exp(x - m) in the row sum and the quotient): each computed once
     shared: Tuple[ir.Expr, ...] = ()
+
+    @property
+    def statements(self) -> int:
+        """How many statements from the start it runs."""
+        return self.schedule.joined
+
+    @property
+    def working(self) -> str:
+        return self.schedule.working
+
+    @property
+    def extents(self) -> Tuple[int, int]:
+        return self.schedule.extents
+
+    @property
+    def launch(self) -> RowLaunch:
+        return self.schedule.launch
 
     @property
     def outputs(self) -> Tuple[RowMember, ...]:
@@ -122,92 +217,5 @@ def along_columns(node: ir.Expr, grid: Set[str]) -> bool:
 
 
 class RowRefused(Exception):
-    """The statement cannot join the group (raised inside the lowering only)."""
-
-
-class RowLowering:
-    """One statement's right-hand side as IR value expressions over the group's row
-    (``row``) and column (``col``) counters; ``bound`` maps the statement's indices
-    to them where they are visible (a reduction's own index is the column counter in
-    its body).  It works on copies of the builder's inputs and parameters, which the
-    builder takes once the statement joins."""
-
-    def __init__(self, builder, spec, names: Dict[str, str]):
-        self.builder, self.spec, self.names = builder, spec, names
-        self.inputs = list(builder.inputs)
-        self.params = list(builder.params)
-        self.accs = builder.accs
-        self.reductions: List[RowReduction] = []
-
-    @staticmethod
-    def counter(index: str, bound: Dict[str, str]) -> str:
-        if index not in bound:
-            raise RowRefused
-        return bound[index]
-
-    def expr(self, e: ast.Expr, bound: Dict[str, str]) -> ir.Expr:
-        if isinstance(e, ast.Number):
-            if e.value == 0 and math.copysign(1.0, e.value) < 0:
-                # -0.0 as -(0.0): Const(-0.0) == Const(0.0), and the group's shared
-                # subexpressions and kernel cache (keyed by equality) would merge them
-                return ir.Unary(UnaryOp.NEG, ir.Const(0.0))
-            return ir.Const(e.value)
-        if isinstance(e, ast.Param):
-            if e.name not in self.params:
-                self.params.append(e.name)
-            return ir.Param(self.params.index(e.name))
-        if isinstance(e, ast.IndexValue):
-            return ir.IndexValue(ir.Affine.var(self.counter(e.name, bound)))
-        if isinstance(e, ast.Access):
-            return self.access(e, bound)
-        if isinstance(e, ast.Unary):
-            operand = self.expr(e.operand, bound)
-            return ir.Unary(UnaryOp.NEG, operand) if e.op == "-" else operand
-        if isinstance(e, ast.Binary):
-            return ir.Binary(BinaryOp(e.op), self.expr(e.left, bound),
-                             self.expr(e.right, bound))
-        if isinstance(e, ast.Call):
-            return ir.Call(Function(e.func), tuple(self.expr(a, bound) for a in e.args))
-        if isinstance(e, ast.Reduce):
-            op = ROW_REDUCTIONS.get(e.op)
-            if op is None or len(e.indices) != 1 or \
-                    any(True for _ in ast.reductions(e.body)):
-                raise RowRefused
-            acc = f"a{self.accs}"
-            self.accs += 1
-            # in its body the column counter is the reduced index (a grid statement's
-            # own column index is not visible there)
-            inner = {n: c for n, c in bound.items() if c != "col"}
-            body = self.expr(e.body, {**inner, e.indices[0]: "col"})
-            self.reductions.append(RowReduction(acc, op, body))
-            return ir.AccValue(acc, op)
-        raise RowRefused
-
-    def access(self, e: ast.Access, bound: Dict[str, str]) -> ir.Expr:
-        counters = []
-        for sub in e.indices:
-            index = sub.plain_index
-            if index is None:
-                raise RowRefused
-            counters.append(self.counter(index, bound))
-        if len(set(counters)) != len(counters):
-            raise RowRefused
-        key = self.names.get(e.tensor, e.tensor)
-        if key in self.builder.column_sums:
-            raise RowRefused    # (known only once every program has added its part)
-        producer = self.builder.produced.get(key)
-        if producer is not None:
-            made_grid = self.builder.members[producer][1]
-            if counters != (["row", "col"] if made_grid else ["row"]):
-                raise RowRefused
-            return ir.Local(f"m{producer}")
-        if any(info.name == e.tensor and info.as_index for info in self.spec.tensors):
-            raise RowRefused
-        wanted = RowInput(key, tuple(c == "row" for c in counters))
-        if wanted not in self.inputs:     # (read with two layouts: one buffer each)
-            self.inputs.append(wanted)
-        number = self.inputs.index(wanted)
-        subscripts = tuple(ir.Subscript(ir.Affine.var(c), (), ir.Policy.NONE,
-                                        f"n{number}_{axis}", f"s{number}_{axis}")
-                           for axis, c in enumerate(counters))
-        return ir.Load(number, subscripts)
+    """The statement cannot be lowered as a member of the row schedule (raised by
+    plan/lower.lower_row_statement; the schedule then ends the group before it)."""

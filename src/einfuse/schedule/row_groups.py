@@ -31,24 +31,27 @@ A statement joins the group of the statements before it when, for this call,
   (no tensor requires a gradient, or grad mode is off): a recorded call keeps one
   autograd node per statement.
 
-The group is described here (which values are written out, in which order things are
-computed, the launch's shape) as :class:`RowGroup` over the IR's value expressions;
-backends/triton/rows.py prints and launches it.  Rows longer than that, and
+The group is decided here as a row schedule (plan/row_group.RowSchedule: its
+statements, each one's role -- a row's value, a block of rows, a column sum -- which
+outputs are written out, the launch's shape) and lowered by the statements' lowering
+(plan/lower.plan_rows, which refuses what a row of registers cannot hold) to a
+:class:`RowGroup` over the IR's value expressions; backends/triton/rows.py prints and
+launches it.  Rows longer than that, and
 every other statement, run one statement at a time as before."""
 
 from __future__ import annotations
 
 import numbers
 import warnings
-from dataclasses import dataclass
+from dataclasses import replace
 from typing import Dict, List, Optional, Sequence, Set, Tuple
 
-from .. import ir
 from ..analysis import triton_facts
 from ..lang import ast
 from ..errors import EinfuseError
-from ..plan.row_group import (RowGroup, RowInput, RowLaunch, RowLowering, RowMember,
-                              RowReduction, RowRefused, repeated)
+from ..plan.lower import lower_row_statement, plan_rows
+from ..plan.row_group import (RowGroup, RowInput, RowLaunch, RowRefused, RowRole,
+                              RowSchedule, RowScope, RowStatement)
 from .units import statement_units
 
 # The longest row a group holds in registers: 64 KiB (16384 float32, 8192 float64)
@@ -116,7 +119,7 @@ def row_group(kernels: Sequence, start: int, env: Dict[str, object],
                 continue
             builder.restore(saved)
             break
-    if joined < 1 or len(builder.members) < 2:
+    if joined < 1 or len(builder.statements) < 2:
         return None
     needed: Set[str] = set()
     for kernel in kernels[start + joined:]:
@@ -128,33 +131,28 @@ def row_group(kernels: Sequence, start: int, env: Dict[str, object],
 
 
 class _Builder:
-    """Members bound one by one (``join``), then the group (``group``)."""
+    """Statements scheduled one by one (``join``, each lowered as it joins: the
+    lowering refuses what a row of registers cannot hold), then the group
+    (``group``)."""
 
     def __init__(self):
-        self.inputs: List[RowInput] = []
-        self.params: List[str] = []
-        self.members: List[Tuple[str, bool, Tuple[RowReduction, ...], ir.Expr,
-                                 Tuple[int, ...], bool]] = []
-        self.produced: Dict[str, int] = {}
-        self.column_sums: Set[str] = set()   # the column-sum members' keys
+        self.statements: List[RowStatement] = []
+        self.scope = RowScope()       # the statements so far, lowered
         self.working: Optional[str] = None
-        self.extents: Optional[Tuple[int, int]] = None
-        self.accs = 0
+        self.extents: Optional[Tuple[int, Optional[int]]] = None
 
     def snapshot(self):
-        return (list(self.inputs), list(self.params), list(self.members),
-                dict(self.produced), set(self.column_sums), self.working, self.extents,
-                self.accs)
+        return list(self.statements), self.scope, self.working, self.extents
 
     def restore(self, saved) -> None:
-        (self.inputs, self.params, self.members, self.produced, self.column_sums,
-         self.working, self.extents, self.accs) = saved
+        self.statements, self.scope, self.working, self.extents = saved
 
     def join(self, kernel, scratch, names: Dict[str, str]
              ) -> Optional[Tuple[Tuple[int, ...], object]]:
-        """Lower ``kernel`` as the next member: (its output shape, torch dtype), or None
-        where it cannot join (nothing of it is kept then).  ``names``: the statement's
-        names that have other keys in ``scratch`` (a hoisted form's temporaries)."""
+        """Schedule ``kernel`` as the next member: (its output shape, torch dtype), or
+        None where it cannot join (nothing of it is kept then).  ``names``: the
+        statement's names that have other keys in ``scratch`` (a hoisted form's
+        temporaries)."""
         spec = kernel.spec
         if spec.assign != ":=" or not 1 <= len(spec.output_indices) <= 2 or \
                 kernel.options.pad is not None:
@@ -195,28 +193,26 @@ class _Builder:
         # as a row's statement first; a sum over its one output index's rows where that
         # is refused (dg[j] := dy[i,j] * xhat[i,j]: j is not the group's rows, or dy's
         # unit stride runs along j)
-        if not self._lower(spec, call, scratch, names, working, column=False) and \
-                not self._lower(spec, call, scratch, names, working, column=True):
+        if not self._schedule(spec, call, scratch, names, working, column=False) and \
+                not self._schedule(spec, call, scratch, names, working, column=True):
             return None
         return tuple(call.output_shape), getattr(torch, working.name)
 
-    def _lower(self, spec, call, scratch, names: Dict[str, str], working,
-               column: bool) -> bool:
-        """Lower the bound statement as the next member (a column sum where ``column``);
-        whether it joined (nothing of it is kept otherwise)."""
+    def _schedule(self, spec, call, scratch, names: Dict[str, str], working,
+                  column: bool) -> bool:
+        """Schedule the bound statement as the next member (a column sum where
+        ``column``); whether it joined (nothing of it is kept otherwise)."""
         rhs = spec.rhs
         if column:
             if len(spec.output_indices) != 1 or not isinstance(rhs, ast.Reduce) or \
                     rhs.op != "sum" or len(rhs.indices) != 1:
                 return False
             row, columns_named = rhs.indices[0], spec.output_indices
-            rhs, grid = rhs.body, False
-            bound = {row: "row", spec.output_indices[0]: "col"}
+            role = RowRole.COLUMN
         else:
             row = spec.output_indices[0]
-            grid = len(spec.output_indices) == 2
+            role = RowRole.GRID if len(spec.output_indices) == 2 else RowRole.ROW
             columns_named = spec.output_indices[1:] + tuple(spec.reduction_indices)
-            bound = {row: "row", spec.output_indices[1]: "col"} if grid else {row: "row"}
         if row in columns_named or set(spec.all_indices) != {row} | set(columns_named):
             return False
         ranges = call.bounds.range_map
@@ -232,36 +228,30 @@ class _Builder:
         columns = widths.pop() if widths else None
         if columns is not None and columns * working.itemsize > MAX_ROW_BYTES:
             return False
-        lowering = RowLowering(self, spec, names)
+        statement = RowStatement(spec, tuple(sorted(names.items())), role,
+                                 names.get(spec.output, spec.output),
+                                 tuple(call.output_shape))
         try:
-            value = lowering.expr(rhs, bound)
+            scope = lower_row_statement(self.scope, statement, working.name)
         except RowRefused:
             return False
-        if any(_strided_along_columns(i, scratch[i.key]) for i in lowering.inputs):
+        if any(_strided_along_columns(i, scratch[i.key]) for i in scope.inputs):
             return False
-        # committed: the member and what it added
+        # committed: the member and what its lowering added
         self.working = working.name
         self.extents = (rows, columns if columns is not None else
                         (known[1] if known is not None else None))
-        self.inputs, self.params, self.accs = lowering.inputs, lowering.params, lowering.accs
-        key = names.get(spec.output, spec.output)
-        if column:
-            self.column_sums.add(key)
-        else:
-            self.produced[key] = len(self.members)
-        self.members.append((key, grid, tuple(lowering.reductions), value,
-                             tuple(call.output_shape), column))
+        self.statements.append(statement)
+        self.scope = scope
         return True
 
-    def group(self, joined: int, stored) -> Optional[RowGroup]:
+    def group(self, joined: int, stored) -> RowGroup:
+        """The row schedule of the statements joined, lowered: ``stored(key)``, whether
+        a member's output is written to memory (a column sum's always is)."""
         rows, columns = self.extents
         columns = 0 if columns is None else columns
-        members, outputs = [], 0
-        for key, grid, reductions, value, shape, column in self.members:
-            number = None
-            if column or stored(key):
-                number, outputs = outputs, outputs + 1
-            members.append(RowMember(key, grid, reductions, value, number, shape, column))
+        statements = tuple(replace(s, stored=s.role == RowRole.COLUMN or stored(s.key))
+                           for s in self.statements)
         block = 1
         while block < columns:
             block *= 2
@@ -272,10 +262,10 @@ class _Builder:
         warps = 16 if elements >= 8192 else 8 if elements >= 4096 else 4
         # (the last program adds the others' partial column sums a tile of programs at
         # a time: one load of parts x block values each)
-        parts = max(1, min(64, PROGRAM_ELEMENTS // block)) if self.column_sums else 1
-        return RowGroup(joined, tuple(self.inputs), tuple(self.params), tuple(members),
-                        self.working, (rows, columns),
-                        RowLaunch(per_program, block, warps, parts), repeated(members))
+        sums = any(s.role == RowRole.COLUMN for s in statements)
+        parts = max(1, min(64, PROGRAM_ELEMENTS // block)) if sums else 1
+        return plan_rows(RowSchedule(joined, statements, self.working, (rows, columns),
+                                     RowLaunch(per_program, block, warps, parts)))
 
 
 def _strided_along_columns(read: RowInput, array) -> bool:
