@@ -20,7 +20,7 @@ from .blocking import block_for, tile_for
 from .gathers import bounds_mode
 from .kernel_key import KernelKey
 from .lane_layout import packing_for_lanes, packing_for_rows
-from .lower import unit_axis
+from .arguments import unit_axis
 from .slots import buffer_slots
 
 # An index with fewer values than this is not worth spreading over SIMD lanes.

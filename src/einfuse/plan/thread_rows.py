@@ -13,7 +13,7 @@ from typing import FrozenSet
 
 import numpy as np
 
-from .lower import unit_axis
+from .arguments import unit_axis
 
 
 def fitting_rows(members, candidates: FrozenSet[int]) -> FrozenSet[int]:
