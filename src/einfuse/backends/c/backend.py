@@ -19,6 +19,9 @@ import numpy as np
 from ...analysis.machine import machine
 from ...errors import BackendError, EinfuseWarning
 from ...plan import buffer_slots, call_arguments, unit_axis
+# the lane tile and the register block, chosen from the machine's facts (re-exported:
+# the C modules and the schedule read them here)
+from ...plan.blocking import block_for, tile_for  # noqa: F401
 from ...plan.kernel_key import KernelKey
 from ...plan.contraction import run_contraction
 from ...plan.contraction_addend import ContractionAddend
@@ -29,25 +32,8 @@ from .pack import pack_axis
 from .threads import thread_count
 from .render import render_c
 
-# Lanes per output tile: 256 bytes of accumulators (8 AVX2 / 4 AVX-512 registers),
-# enough independent chains to hide FMA latency; measured on dist/matmul.
-TILE_BYTES = 256
-
-
-def tile_for(working: np.dtype) -> int:
-    return max(8, TILE_BYTES // working.itemsize)
-
-
 # The widest vector the target CPU has (analysis/machine.py: -march=native, or EINFUSE_CPU).
 _VECTOR_BYTES = machine().vector_bytes
-
-
-def block_for(working: np.dtype) -> Tuple[int, int]:
-    """(rows, lanes) of a register block: two vectors of lanes times 8 rows (AVX-512,
-    32 registers) or 4 rows (AVX2, 16 registers) fill half the register file with
-    accumulators; measured on dist, 8 x 32 float32 lanes ran 4x faster than 1 x 64."""
-    lanes = 2 * _VECTOR_BYTES // working.itemsize
-    return (8 if _VECTOR_BYTES == 64 else 4), max(4, lanes)
 
 _kernels: Dict[KernelKey, Tuple] = {}   # compiled kernels (plan/kernel_key.py)
 _kernels_lock = threading.Lock()
