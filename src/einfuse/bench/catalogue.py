@@ -5,6 +5,7 @@ gpu_programs.py for ``--device cuda``)."""
 
 from __future__ import annotations
 
+import dataclasses
 from typing import List
 
 from . import gpu
@@ -32,11 +33,19 @@ def all_cases(quick: bool = False) -> List[Case]:
              small_training_cases(quick=True) + module_cases(quick=True)
              if installed("torch") else []) + \
             frontend_cases(quick=True) + overhead_cases() + spelling_cases(quick=True) + jit
-    return [dist_case(), gauss_case(10**4), gauss_case(10**5), matmul_case(), bmm_rev_case(),
+    return [dist_case(), fast_dist_case(), gauss_case(10**4), gauss_case(10**5), matmul_case(),
+            bmm_rev_case(),
             conv2d_case(), embed_case(), logsumexp_case(), attention_case()] + training_cases() + \
         [attention_training_case()] + small_training_cases() + \
         (module_cases() if installed("torch") else []) + frontend_cases() + \
         overhead_cases() + spelling_cases() + jit
+
+
+def fast_dist_case() -> Case:
+    """The squared distance with precision="fast" (norms and a matrix product)."""
+    case = dist_case()
+    return dataclasses.replace(case, name=case.name + " precision=fast",
+                               options={"precision": "fast"})
 
 
 def jit_cases(quick: bool = False) -> List[Case]:
