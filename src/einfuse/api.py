@@ -44,7 +44,7 @@ from .sharding.dtensor import run_on_dtensors
 def compile(statement=NOT_GIVEN, /, *, ranges=None, pad=None, bounds="check", fill=0.0,
             dtype=None, backend="auto", threads: Optional[int] = None,
             memory_limit: Optional[int] = None, outputs=None, mesh=None, shard=None,
-            memory=None, **named):
+            memory=None, precision: str = "exact", **named):
     """Compile ``statement`` into a reusable :class:`Kernel`, or a program (several
     statements, separated by newlines or ';') into a :class:`~einfuse.program.Program`
     whose ``outputs`` are chosen by name (default: what no later statement reads).
@@ -52,7 +52,9 @@ def compile(statement=NOT_GIVEN, /, *, ranges=None, pad=None, bounds="check", fi
     Options (as for :func:`ein`): ``ranges=`` ({"i": 10} or {"i": range(2, 12)}),
     ``pad=`` (value read outside affine accesses), ``bounds=`` ("check", "clip",
     "wrap", "fill", "promise": gathers out of range), ``fill=``, ``dtype=``,
-    ``backend=`` ("auto", "c", "numpy", "triton"), ``threads=``, ``memory_limit=``.
+    ``backend=`` ("auto", "c", "numpy", "triton"), ``threads=``, ``memory_limit=``,
+    ``precision=`` ("exact", or "fast": rewrites that trade exactness for speed, such
+    as a squared distance computed as a matrix product; docs/performance.md).
 
     Example::
 
@@ -66,7 +68,8 @@ def compile(statement=NOT_GIVEN, /, *, ranges=None, pad=None, bounds="check", fi
                 "(docs/sharding.md)"), statement)
         return sharded(compile(statement, ranges=ranges, pad=pad, bounds=bounds, fill=fill,
                                dtype=dtype, backend=backend, threads=threads,
-                               memory_limit=memory_limit, outputs=outputs, **named),
+                               memory_limit=memory_limit, outputs=outputs,
+                               precision=precision, **named),
                        mesh, shard, memory)
     if named:
         options = keyword_options(compile)
@@ -76,13 +79,13 @@ def compile(statement=NOT_GIVEN, /, *, ranges=None, pad=None, bounds="check", fi
             "calling the kernel"), statement)
     return compile_source(statement, ranges=ranges, pad=pad, bounds=bounds, fill=fill,
                           dtype=dtype, backend=backend, threads=threads,
-                          memory_limit=memory_limit, outputs=outputs)
+                          memory_limit=memory_limit, outputs=outputs, precision=precision)
 
 
 def ein(statement=NOT_GIVEN, /, *args, ranges=None, pad=None, bounds="check", fill=0.0,
         dtype=None, backend="auto", threads: Optional[int] = None,
         memory_limit: Optional[int] = None, outputs=None, arrays=None, mesh=None, shard=None,
-        memory=None, **named):
+        memory=None, precision: str = "exact", **named):
     """Evaluate ``statement`` (or a program of several) once on the given arrays and
     scalars.  A tensor whose name is one of the options (``bounds``, ``ranges`` ...)
     goes in ``arrays={"bounds": b}``.  The options are :func:`compile`'s; NumPy,
@@ -100,7 +103,7 @@ def ein(statement=NOT_GIVEN, /, *args, ranges=None, pad=None, bounds="check", fi
     kernel = compile(statement, ranges=ranges, pad=pad, bounds=bounds, fill=fill,
                      dtype=dtype, backend=backend, threads=threads,
                      memory_limit=memory_limit, outputs=outputs, mesh=mesh, shard=shard,
-                     memory=memory)
+                     memory=memory, precision=precision)
     check_named(kernel, named, keyword_options(ein))
     return kernel(*args, arrays=arrays, **named)
 
@@ -114,7 +117,7 @@ def explain(statement=NOT_GIVEN, /, *args, shapes: Optional[Dict[str, tuple]] = 
             ranges=None, pad=None, bounds="check", fill=0.0, dtype=None, backend="auto",
             threads=None, memory_limit=None, gradients: bool = False, outputs=None,
             source: bool = False, mesh=None, shard=None, cost_model=None, memory=None,
-            measure: bool = False, **arrays):
+            measure: bool = False, precision: str = "exact", **arrays):
     """Explain ``statement`` (or a program of several); with arrays (or
     ``shapes={"A": (100, 50)}``) also the ranges, costs and plan for those shapes; with
     ``gradients=True`` also every gradient statement and how it runs; with
@@ -171,7 +174,7 @@ def explain(statement=NOT_GIVEN, /, *args, shapes: Optional[Dict[str, tuple]] = 
 
     compiled = compile(statement, ranges=ranges, pad=pad, bounds=bounds, fill=fill,
                        dtype=dtype, backend=backend, threads=threads,
-                       memory_limit=memory_limit, outputs=outputs)
+                       memory_limit=memory_limit, outputs=outputs, precision=precision)
     # (arrays= is a keyword of explain's too, merged by binding as for ein)
     check_named(compiled, arrays, keyword_options(explain) + ("arrays",))
     if mesh is not None or shard is not None:

@@ -13,12 +13,16 @@ from ..lang.parser import INT64_MAX   # index values are int64 on every backend
 
 BOUNDS_MODES = ("check", "clip", "wrap", "fill", "promise")
 BACKENDS = ("auto", "numpy", "c", "triton")
+# precision="fast" lets the rewrite rules that trade exactness for speed fire (as
+# torch.cdist's compute_mode): (a - b)**2 summed as a**2 - 2ab + b**2, a matrix product
+# (rewrite/rules.py, docs/performance.md); "exact" (the default) keeps every value.
+PRECISIONS = ("exact", "fast")
 DEFAULT_MEMORY_LIMIT = 256 * 2**20
 # More OpenMP threads than this only costs memory (libgomp aborts the whole process when
 # it cannot allocate their stacks, as for threads=10**9).
 MAX_THREADS = max(1024, 4 * (os.cpu_count() or 1))
 OPTION_NAMES = ("ranges", "pad", "bounds", "fill", "dtype", "backend", "threads",
-                "memory_limit", "outputs")
+                "memory_limit", "outputs", "precision")
 
 # An explicit range: (start, stop), stop exclusive.
 RangeBounds = Tuple[int, int]
@@ -34,6 +38,7 @@ class Options:
     backend: str = "auto"
     threads: Optional[int] = None
     memory_limit: int = DEFAULT_MEMORY_LIMIT
+    precision: str = "exact"
     # 0.0 == -0.0, yet a pad or fill of -0.0 gives other results (1 / pad is -inf): the
     # caches keyed by Options must tell them apart (set from pad and fill)
     negative_zeros: Tuple[bool, bool] = field(init=False, repr=False, default=(False, False))
@@ -41,6 +46,11 @@ class Options:
     def __post_init__(self):
         object.__setattr__(self, "negative_zeros", (_negative_zero(self.pad),
                                                     _negative_zero(self.fill)))
+
+    @property
+    def rewrite_options(self) -> frozenset:
+        """The options rewrite rules may be guarded by (rewrite/rules.py ``Rule.option``)."""
+        return frozenset({f"precision={self.precision}"})
 
     @property
     def range_map(self) -> Mapping[str, RangeBounds]:
@@ -52,13 +62,15 @@ def _negative_zero(value) -> bool:
 
 
 def make_options(ranges=None, pad=None, bounds="check", fill=0.0, dtype=None,
-                 backend="auto", threads=None, memory_limit=None) -> Options:
+                 backend="auto", threads=None, memory_limit=None,
+                 precision="exact") -> Options:
     """Validate user options into a hashable :class:`Options`."""
     return Options(ranges=_ranges(ranges), pad=_pad(pad), bounds=_choice("bounds", bounds,
                                                                            BOUNDS_MODES),
                    fill=_number("fill", fill), dtype=_dtype(dtype),
                    backend=_choice("backend", backend, BACKENDS), threads=_threads(threads),
-                   memory_limit=_memory_limit(memory_limit))
+                   memory_limit=_memory_limit(memory_limit),
+                   precision=_choice("precision", precision, PRECISIONS))
 
 
 def option_error(option: str, message: str) -> OptionError:

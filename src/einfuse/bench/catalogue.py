@@ -5,6 +5,7 @@ row_cases.py, conv_cases.py; gpu.py and gpu_programs.py for ``--device cuda``)."
 
 from __future__ import annotations
 
+import dataclasses
 from typing import List
 
 from . import gpu
@@ -36,12 +37,20 @@ def all_cases(quick: bool = False) -> List[Case]:
              epilogue_cases(quick=True) if installed("torch") else []) + \
             frontend_cases(quick=True) + overhead_cases() + spelling_cases(quick=True) + \
             row_cases(quick=True) + jit + (conv_cases(quick=True) if installed("torch") else [])
-    return [dist_case(), gauss_case(10**4), gauss_case(10**5), matmul_case(), bmm_rev_case(),
+    return [dist_case(), fast_dist_case(), gauss_case(10**4), gauss_case(10**5), matmul_case(),
+            bmm_rev_case(),
             conv2d_case(), embed_case(), logsumexp_case(), attention_case()] + training_cases() + \
         [attention_training_case()] + small_training_cases() + \
         (module_cases() + epilogue_cases() if installed("torch") else []) + frontend_cases() + \
         overhead_cases() + spelling_cases() + row_cases() + jit + \
         (conv_cases() if installed("torch") else [])
+
+
+def fast_dist_case() -> Case:
+    """The squared distance with precision="fast" (norms and a matrix product)."""
+    case = dist_case()
+    return dataclasses.replace(case, name=case.name + " precision=fast",
+                               options={"precision": "fast"})
 
 
 def jit_cases(quick: bool = False) -> List[Case]:

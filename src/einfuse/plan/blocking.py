@@ -1,31 +1,147 @@
-"""The lane tile and register block of a C loop nest, chosen from the working dtype and
-the target CPU's vector width (analysis/machine.py): inputs of the lowering
-(plan/lower.plan_for), so the schedule reads them without asking a backend."""
+"""Register blocks and lane tiles chosen from the machine (analysis/machine.py), not
+fixed: the C loop nests (``tile_for``, ``block_for``, read by the lowering through
+plan/kernel_key.py) and the attention kernels (``attention_block``) take their sizes
+from here.
+
+A register block is ``rows`` x ``vectors`` accumulators: per step of the reduction each
+row's operand is broadcast once and each of the ``vectors`` column vectors is loaded
+once, then every (row, vector) pair does one multiply-add.  So
+
+* it must fit the register file: rows x vectors accumulators + the vectors loaded +
+  ``reserve`` (the broadcast, a temporary) <= vector registers -- a block that does not
+  fit spills an accumulator to the stack on every step (issue 31: 64-byte blocks on a
+  16-register AVX2 file);
+* it should keep every FMA unit busy: at least latency x units independent chains
+  (Machine.accumulators);
+* among the blocks that fit, the best does the fewest loads per multiply-add,
+  (rows + vectors) / (rows x vectors); ties go to more accumulators (more latency
+  hidden).  Vectors per row are powers of two, so a block's width divides the usual
+  extents and a row of output is walked in whole blocks.
+
+On AVX2 (16 registers of 32 bytes) this gives 6 rows x 2 vectors (16 float32 lanes);
+on AVX-512 (32 of 64 bytes) 6 rows x 4 vectors (64 lanes).  The choices are read once
+per process (the machine is), and are part of every kernel's key, so a kernel built
+for one machine's blocking is never reused for another's.
+"""
 
 from __future__ import annotations
 
-from typing import Tuple
+import functools
+from dataclasses import dataclass
+from typing import Optional, Tuple
 
 import numpy as np
 
-from ..analysis.machine import machine
+from ..analysis.machine import Machine, machine
 
-# Lanes per output tile: 256 bytes of accumulators (8 AVX2 / 4 AVX-512 registers),
-# enough independent chains to hide FMA latency; measured on dist/matmul.
-TILE_BYTES = 256
+# Vector registers a statement kernel's block leaves for its operands beyond the
+# accumulators and the loaded vectors: the broadcast row value and one temporary (dist's
+# difference before it is squared).  A hand-written kernel whose step is a bare
+# multiply-add (attention's Q K^T and P V) needs only the broadcast.
+STATEMENT_RESERVE = 2
+PRODUCT_RESERVE = 1
+# Row counts above this gain little (loads per FMA fall as 1/rows) and cost remainder
+# work on short extents.
+MAX_ROWS = 8
+
+
+@dataclass(frozen=True)
+class Block:
+    """A register block: ``rows`` x ``vectors`` accumulator registers of ``lanes``
+    elements each."""
+    rows: int
+    vectors: int
+    lanes: int
+
+    @property
+    def width(self) -> int:
+        """Elements of a block's row: the lane tile of the column index."""
+        return self.vectors * self.lanes
+
+    def registers(self, reserve: int) -> int:
+        return self.rows * self.vectors + self.vectors + reserve
+
+
+def best_block(registers: int, accumulators: int, reserve: int, lanes: int,
+               vectors: Optional[int] = None, max_rows: int = MAX_ROWS) -> Block:
+    """The register block for a file of ``registers`` vector registers that wants at
+    least ``accumulators`` independent chains (the fewest loads per multiply-add among
+    the blocks that fit; ``vectors`` fixed when given)."""
+    choices = []
+    widths = (vectors,) if vectors else tuple(2 ** n for n in range(4))
+    for width in widths:
+        rows = min(max_rows, (registers - reserve - width) // width)
+        if rows < 1:
+            continue
+        block = Block(rows, width, lanes)
+        product = rows * width
+        choices.append(((product < accumulators), (rows + width) / product, -product,
+                         block))
+    if not choices:
+        return Block(1, 1, lanes)
+    return min(choices, key=lambda choice: choice[:3])[3]
+
+
+def lanes_outer(rows: int, width: int) -> bool:
+    """Loop order of a register-blocked loop nest: whether its lane tiles run outside
+    its row blocks.  Whichever loop is outside keeps its tile's operand cached while
+    the inner loop walks the other operand whole, so the inner operand is read again
+    once per outer tile: extent / width times with the lane tiles outside, extent /
+    rows with the rows outside.  A block is wider than it is tall (width >= rows),
+    so the lane tiles go outside: AVX2 dist K=784 1024 x 1024 ran 15-30% faster so
+    (standalone, the same kernel both ways), AVX-512 5-25%."""
+    return width >= rows
+
+
+@dataclass(frozen=True)
+class Blocking:
+    """Every blocking choice of one machine, computed once (``blocking()``)."""
+    machine: Machine
+
+    def lanes(self, itemsize: int) -> int:
+        return max(1, self.machine.vector_bytes // itemsize)
+
+    def statement_block(self, itemsize: int) -> Block:
+        m = self.machine
+        return best_block(m.vector_registers, m.accumulators, STATEMENT_RESERVE,
+                          self.lanes(itemsize))
+
+    def product_block(self, itemsize: int) -> Block:
+        m = self.machine
+        return best_block(m.vector_registers, m.accumulators, PRODUCT_RESERVE,
+                          self.lanes(itemsize))
+
+    def tile(self, itemsize: int) -> int:
+        """Lanes of a 1-D lane tile (one output index vectorised, the reduction outside
+        the lane loop): enough vectors for latency x units independent chains, at most
+        half the register file (the loop body needs the rest), at least 8 lanes."""
+        m = self.machine
+        vectors = max(1, min(m.accumulators, m.vector_registers // 2))
+        return max(8, vectors * self.lanes(itemsize))
+
+
+@functools.lru_cache(maxsize=None)
+def blocking_for(target: Machine) -> Blocking:
+    return Blocking(target)
+
+
+def blocking() -> Blocking:
+    """This process's blocking (the machine's, read once)."""
+    return blocking_for(machine())
 
 
 def tile_for(working: np.dtype) -> int:
-    return max(8, TILE_BYTES // working.itemsize)
-
-
-# The widest vector the target CPU has (analysis/machine.py: -march=native, or EINFUSE_CPU).
-_VECTOR_BYTES = machine().vector_bytes
+    """Lanes per 1-D output tile of a loop nest, for elements of ``working``."""
+    return blocking().tile(np.dtype(working).itemsize)
 
 
 def block_for(working: np.dtype) -> Tuple[int, int]:
-    """(rows, lanes) of a register block: two vectors of lanes times 8 rows (AVX-512,
-    32 registers) or 4 rows (AVX2, 16 registers) fill half the register file with
-    accumulators; measured on dist, 8 x 32 float32 lanes ran 4x faster than 1 x 64."""
-    lanes = 2 * _VECTOR_BYTES // working.itemsize
-    return (8 if _VECTOR_BYTES == 64 else 4), max(4, lanes)
+    """(rows, lanes) of a loop nest's register block (two output indices tiled: dist,
+    the matmul shape), for elements of ``working``."""
+    block = blocking().statement_block(np.dtype(working).itemsize)
+    return block.rows, max(4, block.width)
+
+
+def attention_block(dtype: np.dtype) -> Block:
+    """The attention kernels' block for Q K^T and P V (backends/c/attention*.py)."""
+    return blocking().product_block(np.dtype(dtype).itemsize)

@@ -50,6 +50,7 @@ from .lane_reductions import LaneReductions
 from .row_group import (ROW_REDUCTIONS, RowGroup, RowInput, RowMember, RowReduction,
                         RowRefused, RowRole, RowSchedule, RowScope, RowStatement, repeated)
 from .sums import BlockedSums
+from .blocking import lanes_outer
 from .windows import LANE_STEPS, UNIT_STEPS, read_once_per_block, wide_lanes
 
 # A row schedule's counters: the row (one per row of a program's block) and the column.
@@ -332,6 +333,13 @@ class _Lowering(BlockedSums, LaneReductions):
         if row is not None:
             stores = ir.Loop(row, Affine.var(row_count), LoopKind.SERIAL, (stores,))
         kind = LoopKind.PARALLEL if inner in spec.race_free_indices else LoopKind.SERIAL
+        if row is not None and not self.plain and lanes_outer(rows, lanes_tile):
+            # the lane tiles outermost: each lane tile's panel stays cached while every
+            # row block passes over it (plan/blocking.py)
+            rows_loop = ir.TiledLoop(row_block, self.extent(self.row_index), rows, row_count,
+                                     LoopKind.SERIAL, tuple(pre) + (stores,))
+            return (ir.TiledLoop(block, self.extent(inner), lanes_tile, count,
+                                 LoopKind.PARALLEL, (rows_loop,)),)
         body: Tuple[ir.Stmt, ...] = (ir.TiledLoop(block, self.extent(inner), lanes_tile, count,
                                                   kind, tuple(pre) + (stores,)),)
         if row is not None:

@@ -19,11 +19,11 @@ from .program import compile_program, is_program, output_names
 
 def compile_source(statement: str, ranges=None, pad=None, bounds="check", fill=0.0,
                    dtype=None, backend="auto", threads=None, memory_limit=None,
-                   outputs=None):
+                   outputs=None, precision="exact"):
     """``statement`` (a checked string) compiled with ``compile``'s options."""
     try:
         options = make_options(ranges, pad, bounds, fill, dtype, backend, threads,
-                               memory_limit)
+                               memory_limit, precision)
     except OptionError as error:
         raise attach_statement(option_collision(error, statement), statement) from None
     if is_program(statement, outputs):
@@ -46,7 +46,7 @@ def compile_source(statement: str, ranges=None, pad=None, bounds="check", fill=0
 def canonical_kernel(kernel, options: Options):
     """The Kernel of ``kernel``'s statement in canonical form (rewrite/canonical.py), or
     ``kernel`` where the rules change nothing or the canonical text does not compile."""
-    text = canonical_text(kernel.statement)
+    text = canonical_text(kernel.statement, options.rewrite_options)
     if text is None:
         return kernel
     try:
@@ -58,11 +58,11 @@ def canonical_kernel(kernel, options: Options):
 
 
 @functools.lru_cache(maxsize=512)
-def canonical_text(statement: str):
+def canonical_text(statement: str, options: frozenset = frozenset()):
     """The canonical statement's text, or None where no rule fires (cached by the text:
-    ``ein`` in a loop asks on every call)."""
+    ``ein`` in a loop asks on every call); ``options``: Options.rewrite_options."""
     spec = spec_of(statement)
-    canonical, fired = canonical_statement(spec.statement, spec.rhs)
+    canonical, fired = canonical_statement(spec.statement, spec.rhs, options)
     return format_statement(canonical) if fired else None
 
 

@@ -213,7 +213,8 @@ def _canonical(statements, outputs, options: Options, make_kernel):
     form does not compile (it is then not the program's: the written form decides)."""
     specs = [s.kernel.spec for s in statements]
     form = canonical_program([(spec.statement, spec.rhs) for spec in specs], outputs,
-                             plain_ranges=not options.ranges and options.pad is None)
+                             plain_ranges=not options.ranges and options.pad is None,
+                             options=options.rewrite_options)
     if not form.changed:
         return statements
     try:

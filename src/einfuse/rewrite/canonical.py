@@ -67,27 +67,30 @@ class CanonicalProgram:
         return "\n".join(self.texts)
 
 
-def canonical_statement(statement: Statement, rhs: Expr) -> Tuple[Statement, Tuple[str, ...]]:
+def canonical_statement(statement: Statement, rhs: Expr,
+                        options: frozenset = frozenset()) -> Tuple[Statement, Tuple[str, ...]]:
     """``statement`` (whose right side with implicit reductions explicit is ``rhs``) with
-    that right side rewritten to its fixed point, and the rules that fired."""
+    that right side rewritten to its fixed point, and the rules that fired; ``options``:
+    the options that let guarded rules fire (Options.rewrite_options)."""
     nodes, depth = expression_size(rhs)
     if nodes > CANONICAL_NODES or depth > CANONICAL_DEPTH:
         return statement, ()      # (the rules' walks recurse: a giant stays as written)
-    result = rewrite(rhs, RULES, taken=names_in(statement))
+    result = rewrite(rhs, RULES, taken=names_in(statement), options=options)
     if not result.fired:
         return statement, ()
     return dataclasses.replace(statement, rhs=result.expr, source=""), result.fired
 
 
 def canonical_program(statements: Sequence[Tuple[Statement, Expr]],
-                      outputs: Sequence[str], plain_ranges: bool = True) -> CanonicalProgram:
+                      outputs: Sequence[str], plain_ranges: bool = True,
+                      options: frozenset = frozenset()) -> CanonicalProgram:
     """The canonical form of a program given as (statement, explicit right side) pairs;
     ``outputs`` are the names the caller receives."""
     fired: List[str] = []
     rewritten: List[Statement] = []
     unchanged: Dict[int, Statement] = {}     # by id: the statements no step touched
     for statement, rhs in statements:
-        new, names = canonical_statement(statement, rhs)
+        new, names = canonical_statement(statement, rhs, options)
         fired += names
         rewritten.append(new if names else dataclasses.replace(statement, rhs=rhs))
         if not names:

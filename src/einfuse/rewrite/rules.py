@@ -44,6 +44,10 @@ class Keeps(enum.Enum):
               "torch.softmax), where exp(x - logsumexp(x)) gives 0 at its finite entries"
     LOGSUMEXP = "logsumexp's semantic (notation.md): a row of -inf gives -inf and a row " \
                 "holding +inf gives +inf, where the expanded form gives NaN"
+    CANCELLATION = "the value up to cancellation, only under precision='fast': " \
+                   "a**2 - 2ab + b**2 loses the digits a**2 and b**2 share (an error " \
+                   "of about eps * (|a|**2 + |b|**2), so close points may get a small " \
+                   "negative distance) and an infinite a or b gives NaN, not inf"
 
 
 @dataclass(frozen=True)
@@ -56,6 +60,9 @@ class Rule:
     build: Callable[[Captures, Expr, FreshNames], Optional[Expr]]
     keeps: Keeps
     doc: str
+    # the option (analysis/options.Options.rewrite_options) without which the rule never
+    # fires: a rule that changes values beyond rounding is the user's choice
+    option: Optional[str] = None
 
 
 def _span(expr: Expr):
@@ -193,6 +200,28 @@ def canonical_reduction(reduce: Reduce) -> Expr:
     return Reduce(reduce.op, tuple(names.values()), rename_indices(reduce.body, names))
 
 
+def _expanded_square(c: Captures, expr: Expr, fresh: FreshNames) -> Optional[Expr]:
+    """``sum[K]((a - b)**2)`` -> ``sum[K](a*a) + sum[K](b*b) - 2 * sum[K](a*b)`` where
+    ``a`` and ``b`` both move with every index of ``K`` and each has a free index the
+    other lacks: the cross term is then a matrix product (BLAS's, or the register-blocked
+    loop nest), and the two norms are loop-invariant sums the schedule hoists."""
+    a, b, indices = c["a"], c["b"], set(c["k"])
+    fa, fb = free_indices(a), free_indices(b)
+    if not (indices <= fa and indices <= fb) or not (fa - fb - indices) or \
+            not (fb - fa - indices):
+        return None
+    span = _span(expr)
+
+    def total(body: Expr) -> Expr:
+        return Reduce("sum", expr.indices, body, span=span)
+
+    norms = Binary("+", total(Binary("*", a, a, span=span)),
+                   total(Binary("*", b, b, span=span)), span=span)
+    cross = Binary("*", Number(2, span=span), total(Binary("*", a, b, span=span)),
+                   span=span)
+    return Binary("-", norms, cross, span=span)
+
+
 _EXPANDED_LSE = Op("+", Capture("top"), Fn("log", (Reduction("sum", "k2", Fn("exp", (
     Op("-", Capture("x2"), Capture("inner")),))),)), commutative=True)
 
@@ -229,6 +258,13 @@ RULES: Tuple[Rule, ...] = (
          "sum[k](a * b * f / g) -> sum[k](a * b) * f / g for f, g free of k and a product "
          "a * b of terms that move with k: scales and normalisers (a weighted sum "
          "normalised after) outside a contraction"),
+    Rule("square-of-difference-expanded",
+         Reduction("sum", "k", Op("**", Op("-", Capture("a"), Capture("b")), Const(2.0))),
+         _expanded_square, Keeps.CANCELLATION,
+         "sum[k]((a - b)**2) -> sum[k](a*a) + sum[k](b*b) - 2*sum[k](a*b), a and b each "
+         "with an index of its own: a squared distance as norms and a matrix product "
+         "(torch.cdist's GEMM mode); only with precision='fast'",
+         option="precision=fast"),
 )
 
 # Steps (rules fired) one statement may take: every rule but the two mask rules makes
@@ -245,10 +281,13 @@ class Rewritten:
 
 
 def rewrite(expr: Expr, rules: Tuple[Rule, ...] = RULES, step_bound: int = STEP_BOUND,
-            taken: Iterable[str] = ()) -> Rewritten:
+            taken: Iterable[str] = (), options: Iterable[str] = ()) -> Rewritten:
     """``expr`` with ``rules`` applied bottom-up to a fixed point (at most
     ``step_bound`` firings); ``taken``: names of the statement that fresh indices must
-    avoid (those in ``expr`` are avoided anyway)."""
+    avoid (those in ``expr`` are avoided anyway); ``options``: the options given
+    (``"precision=fast"``), without which a rule guarded by one never fires."""
+    given = frozenset(options)
+    rules = tuple(rule for rule in rules if rule.option is None or rule.option in given)
     fired: List[str] = []
     fresh = FreshNames(set(taken) | _names(expr))
 

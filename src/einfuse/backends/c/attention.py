@@ -9,8 +9,9 @@ block's last row: masked key blocks are never computed), and per key block
 
 1. copies the key block transposed and the value block (zero-padded to whole vectors)
    into per-thread buffers, so the inner loops read unit-stride, aligned, cached data;
-2. computes the scores block Q K^T with register blocking (RB rows x 4 vectors of
-   accumulators, the d loop innermost over a broadcast query value);
+2. computes the scores block Q K^T with register blocking (RB rows x CV vectors of
+   accumulators, the d loop innermost over a broadcast query value; RB and CV chosen
+   from the machine's register file by plan/blocking.py);
 3. applies the scale and the mask per row and updates the running max, the running
    denominator and the rescaled accumulator (the softmax-weighted-sum monoid of
    rewrite/monoids.py): a score of -inf weighs 0 until the end, and a row whose max is
@@ -32,7 +33,7 @@ from typing import Dict
 import numpy as np
 
 from . import build as c_build
-from .backend import _VECTOR_BYTES
+from ...plan.blocking import attention_block
 
 _TEMPLATE = r"""
 #include <math.h>
@@ -42,8 +43,10 @@ _TEMPLATE = r"""
 typedef %(ctype)s T;
 #define VW %(lanes)d
 #define RB %(rows)d
-#define BQ 64
-#define BK (4 * VW)
+#define CV %(vectors)d
+/* BQ rows per block, a multiple of RB; BK keys, a multiple of CV vectors */
+#define BQ (RB * ((64 + RB - 1) / RB))
+#define BK (CV * VW * ((4 + CV - 1) / CV))
 typedef T vT __attribute__((vector_size(VW * sizeof(T))));
 %(declarations)s
 static inline vT ef_load(const T *p) { vT v; memcpy(&v, p, sizeof v); return v; }
@@ -172,28 +175,29 @@ int ef_attention(const T *Q, const T *K, const T *V, T *O, T *LSE, long G, long 
             vrows = vb;
           }
           /* scores: s[r][c] = sum_d q[r][d] * k[c][d] */
-          for (long r0 = 0; r0 < padded_rows; r0 += RB) {
-            vT a[RB][4];
-            #pragma GCC unroll 16
-            for (int rr = 0; rr < RB; ++rr)
-              #pragma GCC unroll 4
-              for (int x = 0; x < 4; ++x) a[rr][x] = (vT){0};
-            for (long d = 0; d < D; ++d) {
-              vT k0 = ef_load(kt + d * BK), k1 = ef_load(kt + d * BK + VW),
-                       k2 = ef_load(kt + d * BK + 2 * VW), k3 = ef_load(kt + d * BK + 3 * VW);
-              EF_KEEP(k0); EF_KEEP(k1); EF_KEEP(k2); EF_KEEP(k3);
+          for (long r0 = 0; r0 < padded_rows; r0 += RB)
+            for (long x0 = 0; x0 < BK; x0 += CV * VW) {
+              vT a[RB][CV];
               #pragma GCC unroll 16
-              for (int rr = 0; rr < RB; ++rr) {
-                const T qv = qb[(r0 + rr) * D + d];
-                a[rr][0] += qv * k0; a[rr][1] += qv * k1;
-                a[rr][2] += qv * k2; a[rr][3] += qv * k3;
+              for (int rr = 0; rr < RB; ++rr)
+                #pragma GCC unroll 8
+                for (int x = 0; x < CV; ++x) a[rr][x] = (vT){0};
+              for (long d = 0; d < D; ++d) {
+                vT k[CV];
+                #pragma GCC unroll 8
+                for (int x = 0; x < CV; ++x) { k[x] = ef_load(kt + d * BK + x0 + x * VW); EF_KEEP(k[x]); }
+                #pragma GCC unroll 16
+                for (int rr = 0; rr < RB; ++rr) {
+                  const T qv = qb[(r0 + rr) * D + d];
+                  #pragma GCC unroll 8
+                  for (int x = 0; x < CV; ++x) a[rr][x] += qv * k[x];
+                }
               }
+              #pragma GCC unroll 16
+              for (int rr = 0; rr < RB; ++rr)
+                #pragma GCC unroll 8
+                for (int x = 0; x < CV; ++x) ef_store(s + (r0 + rr) * BK + x0 + x * VW, a[rr][x]);
             }
-            #pragma GCC unroll 16
-            for (int rr = 0; rr < RB; ++rr)
-              #pragma GCC unroll 4
-              for (int x = 0; x < 4; ++x) ef_store(s + (r0 + rr) * BK + x * VW, a[rr][x]);
-          }
           /* the online softmax update of each row */
           for (long r = 0; r < padded_rows; ++r) {
             T *sr = s + r * BK;
@@ -220,28 +224,28 @@ int ef_attention(const T *Q, const T *K, const T *V, T *O, T *LSE, long G, long 
             if (mask == 1) cend = ef_min(BK, i0 + r0 + RB - j0);
             else if (mask == 2) cend = ef_min(BK, i0 + r0 + RB - 1 - j0);
             long e0 = 0;
-            for (; e0 + 4 * VW <= EP; e0 += 4 * VW) {
-              vT a[RB][4];
+            for (; e0 + CV * VW <= EP; e0 += CV * VW) {
+              vT a[RB][CV];
               #pragma GCC unroll 16
               for (int rr = 0; rr < RB; ++rr)
-                #pragma GCC unroll 4
-                for (int x = 0; x < 4; ++x) a[rr][x] = ef_load(acc + (r0 + rr) * EP + e0 + x * VW);
+                #pragma GCC unroll 8
+                for (int x = 0; x < CV; ++x) a[rr][x] = ef_load(acc + (r0 + rr) * EP + e0 + x * VW);
               for (long c = 0; c < cend; ++c) {
                 const T *vr = vrows + c * EP + e0;
-                vT v0 = ef_load(vr), v1 = ef_load(vr + VW), v2 = ef_load(vr + 2 * VW),
-                         v3 = ef_load(vr + 3 * VW);
-                EF_KEEP(v0); EF_KEEP(v1); EF_KEEP(v2); EF_KEEP(v3);
+                vT v[CV];
+                #pragma GCC unroll 8
+                for (int x = 0; x < CV; ++x) { v[x] = ef_load(vr + x * VW); EF_KEEP(v[x]); }
                 #pragma GCC unroll 16
                 for (int rr = 0; rr < RB; ++rr) {
                   const T pv = s[(r0 + rr) * BK + c];
-                  a[rr][0] += pv * v0; a[rr][1] += pv * v1;
-                  a[rr][2] += pv * v2; a[rr][3] += pv * v3;
+                  #pragma GCC unroll 8
+                  for (int x = 0; x < CV; ++x) a[rr][x] += pv * v[x];
                 }
               }
               #pragma GCC unroll 16
               for (int rr = 0; rr < RB; ++rr)
-                #pragma GCC unroll 4
-                for (int x = 0; x < 4; ++x) ef_store(acc + (r0 + rr) * EP + e0 + x * VW, a[rr][x]);
+                #pragma GCC unroll 8
+                for (int x = 0; x < CV; ++x) ef_store(acc + (r0 + rr) * EP + e0 + x * VW, a[rr][x]);
             }
             for (; e0 < EP; e0 += VW) {
               vT a[RB];
@@ -284,14 +288,14 @@ _functions: Dict[str, tuple] = {}
 def source(dtype: np.dtype) -> str:
     """The kernel's C source for float32 or float64 elements."""
     single = dtype == np.float32
-    lanes = _VECTOR_BYTES // dtype.itemsize
+    block = attention_block(dtype)
     vector_math = c_build.vector_math()
     declarations = ""
     if vector_math:
         declarations = c_build.vector_math_declarations("f", "float") if single else \
             c_build.vector_math_declarations("", "double")
-    return _TEMPLATE % {"ctype": "float" if single else "double", "lanes": lanes,
-                        "rows": 4 if _VECTOR_BYTES == 64 else 2,
+    return _TEMPLATE % {"ctype": "float" if single else "double", "lanes": block.lanes,
+                        "rows": block.rows, "vectors": block.vectors,
                         "declarations": declarations, "exp": "expf" if single else "exp",
                         "log": "logf" if single else "log"}
 

@@ -15,7 +15,7 @@ that see them (a causal mask starts at the block's first key), and keeps the key
 and value block transposed and their gradients in per-thread buffers: the extra memory
 is a few blocks per thread and one row of delta per batch element, never N x N.  The
 five block products (scores, dP, P^T dO, dS^T Q, dS K) are one register-blocked routine
-(RB rows x 4 vectors of accumulators, as the forward's), which took a 1 x 4 x 1024 x 64
+(RB rows x CV vectors of accumulators, as the forward's), which took a 1 x 4 x 1024 x 64
 causal backward from 44 to 16 ms on one core.  A batch of fewer elements than threads
 leaves threads idle.  The
 forward's condition holds here too: values without inf or NaN (the runtime checks the
@@ -30,7 +30,7 @@ from typing import Dict
 import numpy as np
 
 from . import build as c_build
-from .backend import _VECTOR_BYTES
+from ...plan.blocking import attention_block
 
 _TEMPLATE = r"""
 #include <math.h>
@@ -40,6 +40,7 @@ _TEMPLATE = r"""
 typedef %(ctype)s T;
 #define VW %(lanes)d
 #define RB %(rows)d
+#define CV %(vectors)d
 #define BQ 64
 #define BK 64
 typedef T vT __attribute__((vector_size(VW * sizeof(T))));
@@ -64,28 +65,29 @@ static inline T ef_scaled(T x, T scale, int scale_mode) {
 }
 
 /* C[m][n] += sum_k A[m*sm + k*sk] * B[k*ldb + n] for m < M, n < N, k < KD: RB rows of C
-   times 4 vectors of columns in registers, one broadcast A value per row and step of
+   times CV vectors of columns in registers (plan/blocking.py), one broadcast A value per row and step of
    k; then single vectors, then scalars for the columns left. */
 #define EF_ROWS(R)                                                                     \
   for (; m0 + R <= M; m0 += R) {                                                       \
     long n0 = 0;                                                                       \
-    for (; n0 + 4 * VW <= N; n0 += 4 * VW) {                                           \
-      vT a[R][4];                                                                      \
+    for (; n0 + CV * VW <= N; n0 += CV * VW) {                                         \
+      vT a[R][CV];                                                                     \
       _Pragma("GCC unroll 16") for (int r = 0; r < R; ++r)                             \
-        _Pragma("GCC unroll 4") for (int x = 0; x < 4; ++x)                            \
+        _Pragma("GCC unroll 8") for (int x = 0; x < CV; ++x)                           \
           a[r][x] = ef_load(C + (m0 + r) * ldc + n0 + x * VW);                         \
       for (long k = 0; k < KD; ++k) {                                                  \
         const T *b = B + k * ldb + n0;                                                 \
-        vT b0 = ef_load(b), b1 = ef_load(b + VW), b2 = ef_load(b + 2 * VW),            \
-           b3 = ef_load(b + 3 * VW);                                                   \
-        EF_KEEP(b0); EF_KEEP(b1); EF_KEEP(b2); EF_KEEP(b3);                            \
+        vT bv[CV];                                                                     \
+        _Pragma("GCC unroll 8") for (int x = 0; x < CV; ++x) {                         \
+          bv[x] = ef_load(b + x * VW); EF_KEEP(bv[x]);                                 \
+        }                                                                              \
         _Pragma("GCC unroll 16") for (int r = 0; r < R; ++r) {                         \
           const T w = A[(m0 + r) * sm + k * sk];                                       \
-          a[r][0] += w * b0; a[r][1] += w * b1; a[r][2] += w * b2; a[r][3] += w * b3;  \
+          _Pragma("GCC unroll 8") for (int x = 0; x < CV; ++x) a[r][x] += w * bv[x];   \
         }                                                                              \
       }                                                                                \
       _Pragma("GCC unroll 16") for (int r = 0; r < R; ++r)                             \
-        _Pragma("GCC unroll 4") for (int x = 0; x < 4; ++x)                            \
+        _Pragma("GCC unroll 8") for (int x = 0; x < CV; ++x)                           \
           ef_store(C + (m0 + r) * ldc + n0 + x * VW, a[r][x]);                         \
     }                                                                                  \
     for (; n0 + VW <= N; n0 += VW) {                                                   \
@@ -202,13 +204,14 @@ _functions: Dict[str, object] = {}
 def source(dtype: np.dtype) -> str:
     """The kernel's C source for float32 or float64 elements."""
     single = dtype == np.float32
+    block = attention_block(dtype)
     declarations = ""
     if c_build.vector_math():
         declarations = c_build.vector_math_declarations("f", "float") if single else \
             c_build.vector_math_declarations("", "double")
     return _TEMPLATE % {"ctype": "float" if single else "double",
-                        "lanes": _VECTOR_BYTES // dtype.itemsize,
-                        "rows": 4 if _VECTOR_BYTES == 64 else 2,
+                        "lanes": block.lanes, "rows": block.rows,
+                        "vectors": block.vectors,
                         "declarations": declarations, "exp": "expf" if single else "exp"}
 
 

@@ -19,7 +19,9 @@ import numpy as np
 from ...analysis.machine import machine
 from ...errors import BackendError, EinfuseWarning
 from ...plan import call_arguments, unit_axis
-from ...plan.blocking import block_for, tile_for
+# the lane tile and the register block, chosen from the machine's facts (re-exported:
+# the C modules read them here)
+from ...plan.blocking import block_for, tile_for  # noqa: F401
 from ...plan.kernel_key import KernelKey
 from ...plan.loop_plan import (PACK_WORK_RATIO, buffers_layout_only, explained_layouts,  # noqa: F401
                                explained_plan, input_buffers, kernel_key, lane_packs,

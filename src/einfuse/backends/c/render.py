@@ -122,6 +122,7 @@ class CRenderer:
         self.in_parallel = False
         self.buffers: tuple = ()
         self.tiles_doubled = False    # a tiled loop's body was written twice (below)
+        self.single_copy = False      # inside a partial register block: no doubling
 
     # -- program and kernels -----------------------------------------------------------
     def render(self) -> str:
@@ -371,7 +372,13 @@ class CRenderer:
         extent = self.affine(node.extent)
         first = "0" if node.start is None else self.affine(node.start)
         lines.append(f"{pad}for (int64_t {var} = {first}; {var} < {extent}; {var} += {tile}) {{")
-        if not node.constant_full:
+        if node.constant_full and not self.single_copy and _register_block(node):
+            lines += self.register_block(node, depth)
+            lines.append(pad + "}")
+            if entered:
+                self.in_parallel = False
+            return lines
+        if not node.constant_full or self.single_copy:
             lines.append(f"{pad}  const int64_t {count} = {extent} - {var} < {tile} ? "
                          f"{extent} - {var} : {tile};")
             lines += self.block(node.body, depth + 1)
@@ -403,6 +410,28 @@ class CRenderer:
         if entered:
             self.in_parallel = False
         return lines
+
+    def register_block(self, node: ir.TiledLoop, depth: int) -> List[str]:
+        """The rows of a register block (plan/blocking.py): a full block sees a constant
+        row count, so GCC unrolls its rows and keeps every accumulator in a register
+        (with the count a runtime value they lived on the stack: AVX2 dist ran at half
+        speed); its lane loop inside is doubled as usual.  A partial block (the last
+        rows) is written once with runtime counts: three copies of the body, not four."""
+        pad = "  " * depth
+        var, count, tile = name(node.var), name(node.count), int(node.tile)
+        extent = self.affine(node.extent)
+        lines = [f"{pad}  if ({extent} - {var} >= {tile}) {{",
+                 f"{pad}    const int64_t {count} = {tile};"]
+        lines += self.block(node.body, depth + 2)
+        lines += [f"{pad}  }} else {{",
+                  f"{pad}    const int64_t {count} = {extent} - {var};"]
+        self.single_copy = True
+        try:
+            lines += self.block(node.body, depth + 2)
+        finally:
+            self.single_copy = False
+        self.tiles_doubled = True
+        return lines + [f"{pad}  }}"]
 
     def stmt_Store(self, node: ir.Store, depth: int) -> List[str]:
         address = self.address([self.affine(p) for p in node.position], node.strides)
@@ -585,3 +614,9 @@ class CRenderer:
 def render_c(program: ir.Program, vector_math: bool = False) -> str:
     """C source for ``program``; ``vector_math`` lets SIMD loops call libmvec."""
     return CRenderer(program, vector_math).render()
+
+
+def _register_block(node: ir.TiledLoop) -> bool:
+    """Whether ``node`` is the row loop of a register block: its body one lane tile."""
+    return len(node.body) == 1 and isinstance(node.body[0], ir.TiledLoop) and \
+        node.body[0].constant_full
