@@ -36,7 +36,7 @@ from ..errors import IndexRuleError
 from ..lang.ast import (RESERVED, Access, Binary, Call, IndexExpr, IndexValue, Number, Param,
                         Quasi, Reduce, Statement, Unary)
 from ..lang.printer import format_statement
-from .named import Dim, Slot
+from .named_dims import Dim, Slot
 from .named_checks import Where, error
 
 
