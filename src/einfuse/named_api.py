@@ -266,7 +266,7 @@ def to_jax(node: Named, where):
 def dlpack(node: Named, where):
     """The materialised array a DLPack consumer (torch.as_tensor, np.from_dlpack) reads:
     kept between __dlpack_device__ and __dlpack__, then dropped."""
-    if node._value is None:
+    if getattr(node, "_value", None) is None:
         value = materialise([(node, _single_order(node, where, "torch.as_tensor"))], {},
                             where)[0]
         if getattr(value, "requires_grad", False):

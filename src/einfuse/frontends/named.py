@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import math
 import numbers
-from typing import Optional
+from typing import Dict, Optional
 
 from ..errors import EinfuseTypeError
 from ..lang.ast import UNARY_FUNCTIONS
@@ -118,16 +118,32 @@ def _operand(value, where) -> Optional[Named]:
 
 
 def _value_op(op: str, left, right) -> Named:
-    """An index-value expression: dimensions used as numbers (``j <= i``, ``i * j``)."""
+    """An index-value expression: dimensions used as numbers (``j <= i``, ``i * j``).
+    Over two dimensions, or a dimension and a number, built again on the same line it is
+    the same node (nodes are immutable; a mask rebuilt each training step costs a
+    lookup); a dimension's set size is a part of what it depends on."""
     where = caller_line()
+    known = None
+    if type(left) is Dim and (type(right) is Dim or type(right) in (int, float)):
+        known = (op, left, left._size, left._size_where, type(right), right,
+                 getattr(right, "_size", None), getattr(right, "_size_where", None), where)
+        found = _VALUE_OPS.get(known)
+        if found is not None:
+            return found
     a, b = _operand(left, where), _operand(right, where)
     if a is None or b is None:
         bad = right if b is None else left
         raise error(EinfuseTypeError, f"dimension arithmetic takes dimensions, numbers and "
                     f"named expressions, not {type(bad).__name__}", where)
-    return combine("bin", (op,), (a, b), where)
+    found = combine("bin", (op,), (a, b), where)
+    if known is not None and (type(right) is not float or right == right):
+        if len(_VALUE_OPS) >= 256:
+            _VALUE_OPS.clear()
+        _VALUE_OPS[known] = found
+    return found
 
 
+_VALUE_OPS: Dict[tuple, Named] = {}
 hooks["value_op"] = _value_op
 
 
@@ -153,7 +169,10 @@ def _function(name: str, arity: int):
         if len(args) != arity:
             raise error(EinfuseTypeError, f"ef.{name} takes {arity} argument"
                         f"{'s' if arity > 1 else ''}, not {len(args)}", where)
-        if not any(isinstance(a, (Named, Dim, Affine)) for a in args):
+        for a in args:
+            if isinstance(a, (Named, Dim, Affine)):
+                break
+        else:
             raise error(EinfuseTypeError, f"ef.{name} builds a named expression: give it "
                         "one (an array indexed by dimensions), not only "
                         f"{', '.join(type(a).__name__ for a in args)}", where)

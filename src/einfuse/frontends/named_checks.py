@@ -27,6 +27,13 @@ Where = Optional[Tuple[str, int]]
 
 def caller_line() -> Where:
     """(file, line) of the innermost frame outside einfuse: the user's line."""
+    # (the caller is einfuse's; most often its caller is the user's, known as such)
+    try:
+        frame = sys._getframe(2)
+    except ValueError:          # (called from a frame with no Python caller)
+        frame = None
+    if frame is not None and _inside.get(frame.f_code.co_filename) is False:
+        return (frame.f_code.co_filename, frame.f_lineno)
     frame = sys._getframe(1)
     while frame is not None:
         name = frame.f_code.co_filename

@@ -19,7 +19,7 @@ from ..errors import EinfuseTypeError, IndexRuleError
 from ..lang.ast import UNARY_FUNCTIONS
 from .named_checks import DimInfo, Use, Where, caller_line, error, merge_framework, merge_info
 from .named_dims import Affine, Dim, hooks
-from .named_keys import keyed, keys as _keys
+from .named_keys import counting, keyed, keys as _keys
 
 REDUCTION_METHODS = ("sum", "prod", "max", "min", "logsumexp", "mean", "var", "argmax",
                      "argmin")
@@ -72,7 +72,8 @@ class Named:
 
     def __dlpack__(self, **kwargs):
         value = hooks["dlpack"](self, caller_line())
-        self._value = None          # (kept only from __dlpack_device__ to here)
+        self._value = None          # (kept only from __dlpack_device__ to here; unset
+        #                             until then: getattr(node, "_value", None))
         return value.__dlpack__(**kwargs)
 
     def __dlpack_device__(self):
@@ -100,27 +101,19 @@ class Named:
 
     # reductions
     def _reduced(self, kind: str, dimensions, where: Where) -> "Named":
-        chosen = dimension_list(dimensions, f".{kind}()", where)
-        if not chosen:
-            chosen = self.dims
-        # (sets: a tuple's `in` compares dimensions through their Python-level rich
-        # comparison, slower than hashing them)
-        present_dims = set(self.dims)
-        for d in chosen:
-            if d not in present_dims:
-                present = self.info.get(d.name)
-                how = " (it is reduced already inside)" if present is not None and \
-                    present.dim is d else ""
-                raise error(IndexRuleError, f".{kind}({d.name}): dimension {d.name} is not "
-                            f"a dimension of the expression{how}; its dimensions are "
-                            f"{_names(self.dims)}", where)
-        reduced = set(chosen)
-        kept = []
-        for d in self.dims:
-            if d not in reduced:
-                kept.append(d)
-        return new_node("reduce", (kind, chosen), (self,), tuple(kept), where, self.info,
-                     self.framework, ("r", kind, tuple([d.name for d in chosen])))
+        if len(dimensions) == 1 and type(dimensions[0]) is Dim:     # .sum(k)
+            chosen = dimensions if type(dimensions) is tuple else tuple(dimensions)
+        else:
+            chosen = dimension_list(dimensions, f".{kind}()", where) or self.dims
+        known = (kind, self.dims, chosen)
+        parts = _REDUCED.get(known)
+        if parts is None:
+            parts = _reduction_parts(self, kind, chosen, where)
+            if len(_REDUCED) >= 1024:
+                _REDUCED.clear()
+            _REDUCED[known] = parts
+        return new_node("reduce", (kind, chosen), (self,), parts[0], where, self.info,
+                        self.framework, parts[1])
 
     def softmax(self, *dimensions):
         """``exp(x - max) / sum(exp(x - max))`` over ``dimensions``, which it keeps."""
@@ -129,10 +122,10 @@ class Named:
         if not chosen:
             raise error(IndexRuleError, ".softmax() needs the dimension(s) to normalise "
                         "over: x.softmax(k)", where)
-        weights = combine("call", ("exp",), (combine(
-            "bin", ("-",), (self, self._reduced("max", chosen, where)), where),), where)
-        return combine("bin", ("/",), (weights, weights._reduced("sum", chosen, where)),
-                        where)
+        weights = combine("call", ("exp",), (pair(
+            ("-",), ("b", "-"), self, self._reduced("max", chosen, where), where),), where)
+        return pair(("/",), ("b", "/"), weights, weights._reduced("sum", chosen, where),
+                    where)
 
     def log_softmax(self, *dimensions):
         """``x - logsumexp(x)`` over ``dimensions``, which it keeps."""
@@ -141,8 +134,8 @@ class Named:
         if not chosen:
             raise error(IndexRuleError, ".log_softmax() needs the dimension(s): "
                         "x.log_softmax(k)", where)
-        return combine("bin", ("-",), (self, self._reduced("logsumexp", chosen, where)),
-                        where)
+        return pair(("-",), ("b", "-"), self, self._reduced("logsumexp", chosen, where),
+                    where)
 
 
 def _reduction_method(kind: str):
@@ -168,6 +161,29 @@ for _name in UNARY_FUNCTIONS:
         setattr(Named, _name, _unary_method(_name))
 
 
+def _reduction_parts(node, kind, chosen, where):
+    """(the dimensions kept, the local signature) of ``node``'s reduction over
+    ``chosen``, or the error naming a dimension it does not have."""
+    # (sets: a tuple's `in` would compare dimensions through their rich comparison)
+    present_dims = set(node.dims)
+    for d in chosen:
+        if d not in present_dims:
+            present = node.info.get(d.name)
+            how = " (it is reduced already inside)" if present is not None and \
+                present.dim is d else ""
+            raise error(IndexRuleError, f".{kind}({d.name}): dimension {d.name} is not "
+                        f"a dimension of the expression{how}; its dimensions are "
+                        f"{_names(node.dims)}", where)
+    reduced = set(chosen)
+    kept = tuple(d for d in node.dims if d not in reduced)
+    return kept, ("r", kind, tuple(d.name for d in chosen))
+
+
+# (kind, the dimensions, those reduced) -> _reduction_parts (it holds dimension objects
+# only)
+_REDUCED: Dict[tuple, tuple] = {}
+
+
 def _names(found) -> str:
     return ", ".join(d.name for d in found) or "none"
 
@@ -190,32 +206,42 @@ def dimension_list(dimensions, what: str, where: Where) -> Tuple[Dim, ...]:
 
 
 def new_node(op, args, children, found, where, info, framework, local=None) -> Named:
-    node = Named.__new__(Named)
-    node.op, node.args, node.children, node.dims = op, args, children, found
-    node.info, node.framework, node.line, node._value = info, framework, where, None
+    """The node ``op(args)`` over ``children``, with its dimensions, sizes and framework
+    already merged by the caller, and its structural key."""
     if local is None:
         local = _local_of(op, args)
-    node.local = local
     if len(children) == 2:          # (the operators' nodes, the most built)
-        first, second = children
-        node.reduces = op == "reduce" or first.reduces or second.reduces
-        node.depth = (first.depth if first.depth > second.depth else second.depth) + 1
-        if not first.params and not second.params:   # (keyed()'s common cases, inlined:
-            one, two = first.arrays, second.arrays  # the same signatures as it builds)
-            if not two:
-                sig = (local, first.key, None, second.key) if one else \
-                    (local, first.key, second.key)
-            elif not one:
-                one, sig = two, (local, first.key, second.key, None)
-            elif len(one) == 1 and len(two) == 1 and one[0] is not two[0]:
-                one, sig = one + two, (local, first.key, None, second.key, None)
-            else:
-                sig = None
-            if sig is not None:
-                key = _keys.get(sig)
-                if key is not None:
-                    node.arrays, node.params, node.key = one, (), key
-                    return node
+        return binary_node(op, args, children, found, where, info, framework, local)
+    node = _new(Named)
+    node.op = op
+    node.args = args
+    node.children = children
+    node.dims = found
+    node.info = info
+    node.framework = framework
+    node.line = where
+    node.local = local
+    if len(children) == 1:
+        child = children[0]
+        node.reduces = op == "reduce" or child.reduces
+        node.depth = child.depth + 1
+        if op != "read":            # (keyed()'s case, inlined)
+            node.arrays = child.arrays
+            node.params = child.params
+            key = _keys.get((local, child.key))
+            if key is not None:
+                node.key = key
+                return node
+    elif not children:
+        node.reduces = False
+        node.depth = 1
+        if op != "param":           # (keyed()'s case, inlined)
+            node.arrays = (args[0].array,) if op == "read" else ()
+            node.params = ()
+            key = _keys.get(local)
+            if key is not None:
+                node.key = key
+                return node
     else:
         reduces = op == "reduce"
         depth = 0
@@ -224,23 +250,112 @@ def new_node(op, args, children, found, where, info, framework, local=None) -> N
                 reduces = True
             if child.depth > depth:
                 depth = child.depth
-        node.reduces, node.depth = reduces, depth + 1
-        if len(children) == 1 and op != "read":     # (keyed()'s cases, inlined)
-            child = children[0]
-            node.arrays, node.params = child.arrays, child.params
-            key = _keys.get((local, child.key))
-            if key is not None:
-                node.key = key
-                return node
-        elif not children and op != "param":
-            node.arrays = (args[0].array,) if op == "read" else ()
-            node.params = ()
-            key = _keys.get(local)
-            if key is not None:
-                node.key = key
-                return node
+        node.reduces = reduces
+        node.depth = depth + 1
     keyed(node, op, args, children)
     return node
+
+
+def binary_node(op, args, children, found, where, info, framework, local) -> Named:
+    """``new_node`` of two children (one statement per attribute: cheaper than tuple
+    assignments of four)."""
+    node = _new(Named)
+    node.op = op
+    node.args = args
+    node.children = children
+    node.dims = found
+    node.info = info
+    node.framework = framework
+    node.line = where
+    node.local = local
+    first, second = children
+    node.reduces = op == "reduce" or first.reduces or second.reduces
+    node.depth = (first.depth if first.depth > second.depth else second.depth) + 1
+    if not first.params and not second.params:   # (keyed()'s commonest cases,
+        one, two = first.arrays, second.arrays  # inlined: the signatures it builds)
+        if not two:
+            sig = (local, first.key, None, second.key) if one else \
+                (local, first.key, second.key)
+        elif not one:
+            one, sig = two, (local, first.key, second.key, None)
+        elif len(one) == 1 and len(two) == 1 and one[0] is not two[0]:
+            one, sig = one + two, (local, first.key, None, second.key, None)
+        else:
+            sig = None
+        if sig is not None:
+            key = _keys.get(sig)
+            if key is not None:
+                node.arrays = one
+                node.params = ()
+                node.key = key
+                return node
+    found = _pair_signature(local, first, second)     # (the other common ones)
+    if found is not None:
+        key = _keys.get(found[0])
+        if key is not None:
+            node.arrays, node.params, node.key = found[1], found[2], key
+            return node
+    keyed(node, op, args, children)
+    return node
+
+
+def read_node(args, found, where, info, framework, local) -> Named:
+    """``new_node`` of a read without gathers (named_reads.py's common case)."""
+    node = _new(Named)
+    node.op = "read"
+    node.args = args
+    node.children = ()
+    node.dims = found
+    node.info = info
+    node.framework = framework
+    node.line = where
+    node.local = local
+    node.reduces = False
+    node.depth = 1
+    node.arrays = (args[0].array,)
+    node.params = ()
+    key = _keys.get(local)
+    if key is None:
+        keyed(node, "read", args, ())
+    else:
+        node.key = key
+    return node
+
+
+_new = object.__new__
+
+def _pair_signature(local, first, second):
+    """(signature, arrays, parameters) of a binary node as named_keys.keyed() builds
+    them, for its common cases (each part joined to an empty one, or the same tuple on
+    both sides, or arrays that are all new); None for the rest (keyed() then)."""
+    one, two, pa, pb = first.arrays, second.arrays, first.params, second.params
+    if pa and pb and pa is not pb:
+        return None
+    parts = [local, first.key]
+    if one:
+        parts.append(None)
+    if pa:
+        parts.append(None)
+    parts.append(second.key)
+    arrays = one
+    if two:
+        if not one:
+            parts.append(None)
+            arrays = two
+        elif two is one:
+            parts.append(counting(len(one)))
+        elif len(one) + len(two) <= 8:
+            for v in two:
+                for m in one:
+                    if v is m:
+                        return None
+            parts.append(None)
+            arrays = one + two
+        else:
+            return None
+    if pb:
+        parts.append(counting(len(pb)) if pa else None)
+    return tuple(parts), arrays, pa or pb
 
 
 def _local_of(op, args) -> tuple:
@@ -284,11 +399,15 @@ def pair(args, local, first, second, where) -> Named:
                 found = found + (d,)
     ia, ib = first.info, second.info
     info = ia if ia is ib or not ib else ib if not ia else merge_info((ia, ib), where)
-    return new_node("bin", args, (first, second), found, where, info, framework, local)
+    return binary_node("bin", args, (first, second), found, where, info, framework, local)
 
 
 def combine(op, args, operands, where) -> Named:
     """A node over ``operands`` (named expressions): dimensions by name, one size each."""
+    if len(operands) == 1:      # (a function of one operand: its dimensions and sizes)
+        o = operands[0]
+        return new_node(op, args, operands, o.dims, where, o.info, o.framework,
+                        (op[0], args[0]))
     infos = []
     framework = None
     found = ()
@@ -304,7 +423,7 @@ def combine(op, args, operands, where) -> Named:
                 if d not in seen:
                     found = found + (d,)
     return new_node(op, args, operands, found, where, merge_info(infos, where), framework,
-                 (op[0], args[0]))
+                    (op[0], args[0]))
 
 
 def leaf(op, value, where) -> Named:

@@ -20,7 +20,7 @@ from ..errors import (EinfuseNameError, EinfuseTypeError, IndexRuleError,
 from .named_checks import (DimInfo, Use, Where, caller_line, error, framework_name,
                            merge_framework, merge_info)
 from .named_dims import Affine, Dim, Slot, slot
-from .named_node import Named, explicit_use, new_node
+from .named_node import Named, explicit_use, new_node, read_node
 
 
 class Wrapped:
@@ -263,24 +263,38 @@ def _plain_read(wrapped, items, where):
     for d in items:
         if d._size is not None:
             return None
-    info = {}
     shape = wrapped.shape
+    known = (ids, shape, wrapped.name, wrapped.framework, wrapped.array.dtype, where)
+    info = _READ_INFO.get(known)
+    if info is None:
+        info = {}
+        axis = 0
+        for d in items:
+            # (the axis' description formatted now, once per entry: an entry holds no
+            # array, and any array of this kind and shape read here is described alike)
+            what = str(_new_tuple(_AxisUse, (wrapped, items, axis)))
+            info[d.name] = _new_tuple(DimInfo, (d, _new_tuple(Use, (shape[axis], what,
+                                                                    where, False))))
+            axis += 1
+        if len(_READ_INFO) >= 1024:
+            _READ_INFO.clear()
+        _READ_INFO[known] = info
     axis = 0
-    for d in items:
-        size = shape[axis]
-        use = _new_tuple(Use, (size, _new_tuple(_AxisUse, (wrapped, items, axis)), where,
-                               False))
-        info[d.name] = _new_tuple(DimInfo, (d, use))
-        d._bound = size
+    for d in items:             # (torchdim's binding on use: d.size reads it)
+        d._bound = shape[axis]
         axis += 1
-    return new_node("read", (wrapped,) + parts, (), items, where, info,
-                 (wrapped.framework, wrapped, wrapped.where),
-                 ("read", wrapped.name, parts[1]))
+    return read_node((wrapped,) + parts, items, where, info,
+                     (wrapped.framework, wrapped, wrapped.where),
+                     ("read", wrapped.name, parts[1]))
 
 
 # a plain index (the ids of distinct dimensions, which its entry keeps alive, so that no
 # other object has their ids) -> its subscripts and their signature
 _PLAIN_PARTS: Dict[tuple, tuple] = {}
+# (those ids, the shape, the array's name, framework and dtype, the line) -> the read's
+# dimension records (shared by the reads it describes: no node writes to its info; the
+# records hold the dimension objects, so the ids stay theirs)
+_READ_INFO: Dict[tuple, dict] = {}
 
 
 def _group(wrapped, items, axis, group, bind, where):
