@@ -29,8 +29,8 @@ class Named:
     """A named expression: a set of dimensions and the DAG that computes its values.
     Combine with operators, ``ef.where`` and the notation's functions; reduce with the
     methods; materialise with :meth:`order`, ``np.asarray`` or ``ef.evaluate``."""
-    __slots__ = ("op", "args", "children", "dims", "info", "framework", "line", "reduces",
-                 "local", "depth", "key", "arrays", "params", "_value", "__weakref__")
+    __slots__ = ("op", "args", "children", "dims", "info", "framework", "line", "local",
+                 "depth", "key", "arrays", "params", "_value", "__weakref__")
     __array_priority__ = 1000           # NumPy defers binary operators to ours
     __hash__ = object.__hash__
     _named_expression = True            # (what named_dims' arithmetic defers to)
@@ -223,7 +223,6 @@ def new_node(op, args, children, found, where, info, framework, local=None) -> N
     node.local = local
     if len(children) == 1:
         child = children[0]
-        node.reduces = op == "reduce" or child.reduces
         node.depth = child.depth + 1
         if op != "read":            # (keyed()'s case, inlined)
             node.arrays = child.arrays
@@ -233,7 +232,6 @@ def new_node(op, args, children, found, where, info, framework, local=None) -> N
                 node.key = key
                 return node
     elif not children:
-        node.reduces = False
         node.depth = 1
         if op != "param":           # (keyed()'s case, inlined)
             node.arrays = (args[0].array,) if op == "read" else ()
@@ -243,14 +241,10 @@ def new_node(op, args, children, found, where, info, framework, local=None) -> N
                 node.key = key
                 return node
     else:
-        reduces = op == "reduce"
         depth = 0
         for child in children:      # (the walk's choice of recursion: named_program)
-            if child.reduces:
-                reduces = True
             if child.depth > depth:
                 depth = child.depth
-        node.reduces = reduces
         node.depth = depth + 1
     keyed(node, op, args, children)
     return node
@@ -269,7 +263,6 @@ def binary_node(op, args, children, found, where, info, framework, local) -> Nam
     node.line = where
     node.local = local
     first, second = children
-    node.reduces = op == "reduce" or first.reduces or second.reduces
     node.depth = (first.depth if first.depth > second.depth else second.depth) + 1
     if not first.params and not second.params:   # (keyed()'s commonest cases,
         one, two = first.arrays, second.arrays  # inlined: the signatures it builds)
@@ -310,7 +303,6 @@ def read_node(args, found, where, info, framework, local) -> Named:
     node.framework = framework
     node.line = where
     node.local = local
-    node.reduces = False
     node.depth = 1
     node.arrays = (args[0].array,)
     node.params = ()
