@@ -96,6 +96,32 @@ class DimInfo(NamedTuple):
     use: Optional[Use]             # None: no size known yet (affine or index uses only)
 
 
+class Records(dict):
+    """A ``name -> DimInfo`` dict that holds no array (its uses are described by text,
+    not by the wrapped array), so that it may be kept in a cache: ``merged`` remembers
+    the union of two of them."""
+    __slots__ = ()
+
+
+def merged(first: Records, second: Records, where: Where) -> Records:
+    """``merge_info`` of two records, remembered by their identities (records are never
+    written to once made; the entry holds both, so their ids stay theirs): a rebuilt
+    expression merges the same records again."""
+    held = _MERGED.get((id(first), id(second)))
+    if held is not None:
+        return held[2]
+    result = merge_info((first, second), where)
+    if type(result) is not Records:
+        result = Records(result)
+    if len(_MERGED) >= 1024:
+        _MERGED.clear()
+    _MERGED[(id(first), id(second))] = (first, second, result)
+    return result
+
+
+_MERGED: Dict[tuple, tuple] = {}
+
+
 def merge_info(infos, where: Where) -> Dict[str, DimInfo]:
     """The union of nodes' ``name -> DimInfo`` dicts: one dimension object per name and
     one size per dimension, else the error naming both uses and the line combining

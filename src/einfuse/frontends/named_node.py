@@ -17,7 +17,8 @@ from typing import Dict, Optional, Tuple
 
 from ..errors import EinfuseTypeError, IndexRuleError
 from ..lang.ast import UNARY_FUNCTIONS
-from .named_checks import DimInfo, Use, Where, caller_line, error, merge_framework, merge_info
+from .named_checks import (DimInfo, Records, Use, Where, caller_line, error, merge_framework,
+                           merge_info, merged)
 from .named_dims import Affine, Dim, hooks
 from .named_keys import counting, keyed, keys as _keys
 
@@ -390,7 +391,14 @@ def pair(args, local, first, second, where) -> Named:
             if d not in seen:
                 found = found + (d,)
     ia, ib = first.info, second.info
-    info = ia if ia is ib or not ib else ib if not ia else merge_info((ia, ib), where)
+    if ia is ib or not ib:
+        info = ia
+    elif not ia:
+        info = ib
+    elif type(ia) is Records and type(ib) is Records:
+        info = merged(ia, ib, where)
+    else:
+        info = merge_info((ia, ib), where)
     return binary_node("bin", args, (first, second), found, where, info, framework, local)
 
 
@@ -400,11 +408,18 @@ def combine(op, args, operands, where) -> Named:
         o = operands[0]
         return new_node(op, args, operands, o.dims, where, o.info, o.framework,
                         (op[0], args[0]))
-    infos = []
+    info = None
     framework = None
     found = ()
     for o in operands:
-        infos.append(o.info)
+        mine = o.info           # (merge_info's left fold, records remembered: merged)
+        if mine and mine is not info:
+            if info is None:
+                info = mine
+            elif type(info) is Records and type(mine) is Records:
+                info = merged(info, mine, where)
+            else:
+                info = merge_info((info, mine), where)
         if o.framework is not None and o.framework is not framework:
             framework = merge_framework(framework, o.framework, where)
         if not found:
@@ -414,8 +429,8 @@ def combine(op, args, operands, where) -> Named:
             for d in o.dims:
                 if d not in seen:
                     found = found + (d,)
-    return new_node(op, args, operands, found, where, merge_info(infos, where), framework,
-                    (op[0], args[0]))
+    return new_node(op, args, operands, found, where, info if info is not None else {},
+                    framework, (op[0], args[0]))
 
 
 def leaf(op, value, where) -> Named:
@@ -438,7 +453,8 @@ LITERALS: Dict[tuple, Named] = {}
 
 
 def index_value(d: Dim, where) -> Named:
-    return new_node("index", (d,), (), (d,), where, {d.name: DimInfo(d, explicit_use(d))}, None)
+    return new_node("index", (d,), (), (d,), where,
+                    Records({d.name: DimInfo(d, explicit_use(d))}), None)
 
 
 def affine_value(affine: Affine, where) -> Named:

@@ -17,8 +17,8 @@ import numpy as np
 
 from ..errors import (EinfuseNameError, EinfuseTypeError, IndexRuleError,
                       OutOfBoundsError, RangeError, ShapeError)
-from .named_checks import (DimInfo, Use, Where, caller_line, error, framework_name,
-                           merge_framework, merge_info)
+from .named_checks import (DimInfo, Records, Use, Where, caller_line, error,
+                           framework_name, merge_framework, merge_info)
 from .named_dims import Affine, Dim, Slot, slot
 from .named_node import Named, explicit_use, new_node, read_node
 
@@ -267,7 +267,7 @@ def _plain_read(wrapped, items, where):
     known = (ids, shape, wrapped.name, wrapped.framework, wrapped.array.dtype, where)
     info = _READ_INFO.get(known)
     if info is None:
-        info = {}
+        info = Records()
         axis = 0
         for d in items:
             # (the axis' description formatted now, once per entry: an entry holds no
