@@ -322,8 +322,20 @@ def _pair_signature(local, first, second):
     them, for its common cases (each part joined to an empty one, or the same tuple on
     both sides, or arrays that are all new); None for the rest (keyed() then)."""
     one, two, pa, pb = first.arrays, second.arrays, first.params, second.params
-    if pa and pb and pa is not pb:
-        return None
+    if pa and pb:
+        if pa is not pb:
+            return None
+        if one and one is two:          # x - max(x), e / sum(e): all shared
+            shared = counting(len(one))
+            return (local, first.key, None, None, second.key, shared,
+                    counting(len(pa))), one, pa
+    elif pa and one and two and len(two) == 1 and len(one) < 8:   # s * v: the other's
+        new = two[0]                                               # array new
+        for m in one:
+            if m is new:        # (by identity: arrays compare elementwise)
+                break
+        else:
+            return (local, first.key, None, None, second.key, None), one + two, pa
     parts = [local, first.key]
     if one:
         parts.append(None)
@@ -386,10 +398,15 @@ def pair(args, local, first, second, where) -> Named:
     elif not da:
         found = db
     else:
-        found, seen = da, set(da)
-        for d in db:
-            if d not in seen:
-                found = found + (d,)
+        found = _UNIONS.get((da, db))
+        if found is None:
+            found, seen = da, set(da)
+            for d in db:
+                if d not in seen:
+                    found = found + (d,)
+            if len(_UNIONS) >= 1024:
+                _UNIONS.clear()
+            _UNIONS[(da, db)] = found
     ia, ib = first.info, second.info
     if ia is ib or not ib:
         info = ia
@@ -400,6 +417,10 @@ def pair(args, local, first, second, where) -> Named:
     else:
         info = merge_info((ia, ib), where)
     return binary_node("bin", args, (first, second), found, where, info, framework, local)
+
+
+# (two nodes' dimensions) -> their union, in order of first use (dimension objects only)
+_UNIONS: Dict[tuple, tuple] = {}
 
 
 def combine(op, args, operands, where) -> Named:
