@@ -121,7 +121,7 @@ _by_key: Dict[tuple, tuple] = {}
 
 def _looked_up(requests, options, where):
     """(entry, arrays, params, roots, groups, ranges) for ``requests``: one request is
-    looked up by its root's structural key (frontends/named.py builds it with the node),
+    looked up by its root's structural key (frontends/named_node.py builds it with the node),
     with no walk; a miss, or several requests, walks the DAG (``translate``)."""
     if len(requests) == 1:
         node, items = requests[0]
