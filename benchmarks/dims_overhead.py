@@ -27,6 +27,19 @@ text = "out[i, j] := sum[k]((A[k, i] - B[k, j])**2)"
 assert D.order(i, j).shape == (5, 4)
 rows = [("dist, one statement", *best(lambda: D.order(i, j), lambda: build_dist().order(i, j),
                                       lambda: ef.ein(text, A=w, B=x)))]
+# a training step's case: new input arrays (of the same shapes) every call
+pool = [(rng.standard_normal((3, 5)), rng.standard_normal((3, 4))) for _ in range(16)]
+turn = [0]
+def fresh():
+    turn[0] = (turn[0] + 1) % len(pool)
+    return pool[turn[0]]
+def build_fresh():
+    a, c = fresh()
+    return ((ef.wrap(a)[k, i] - ef.wrap(c)[k, j]) ** 2).sum(k)
+D2 = build_fresh()
+rows.append(("dist, new arrays each call", *best(lambda: D2.order(i, j),
+                                                lambda: build_fresh().order(i, j),
+                                                lambda: ef.ein(text, **dict(zip("AB", fresh()))))))
 Q, K, V = (rng.standard_normal((1, 8, 2, 4)) for _ in range(3))
 b, t, T, h, r = ef.dims("b t T h r")
 def build_attention():

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 import einfuse as ef
+from einfuse.errors import EinfuseNameError, ShapeError
 
 rng = np.random.default_rng(3)
 x, y = rng.standard_normal((4, 3)), rng.standard_normal((4, 3))
@@ -76,3 +77,35 @@ def test_gathers_by_other_index_arrays(backend):
         got = ef.wrap(table)[ef.wrap(idx)[b], k] * ef.wrap(table)[ef.wrap(first)[b], k]
         np.testing.assert_allclose(got.order(b, k, backend=backend),
                                    table[idx] * table[first])
+
+
+# -- what building remembers (frontends/named_checks.Records, the reads' and reductions'
+# parts, masks of dimensions): never an array, and never a check ------------------------
+
+def test_remembered_building_keeps_no_array_alive():
+    import gc
+    import weakref
+    i, j, k = ef.dims("i j k")
+    w, v = rng.standard_normal((3, 5)), rng.standard_normal((3, 4))
+    for _ in range(2):          # the second build finds what the first remembered
+        D = ef.where(i <= j, ((ef.wrap(w)[k, i] - ef.wrap(v)[k, j]) ** 2).sum(k), 0.0)
+        np.testing.assert_allclose(D.order(i, j), np.triu(((w[:, :, None] - v[:, None, :]) ** 2)
+                                                          .sum(0)))
+    alive = weakref.ref(w), weakref.ref(v)
+    del D, w, v
+    gc.collect()
+    assert [ref() for ref in alive] == [None, None]
+
+
+def test_remembered_merges_still_check_sizes_and_objects():
+    i, j, k = ef.dims("i j k")
+    w = rng.standard_normal((3, 5))
+    for _ in range(2):
+        (ef.wrap(w)[k, i] * ef.wrap(w)[k, j]).sum(k).order(i, j)
+    with pytest.raises(ShapeError, match="dimension k"):     # same line, other shapes
+        for a in (w, rng.standard_normal((4, 5))):
+            (ef.wrap(w)[k, i] * ef.wrap(a)[k, j]).sum(k)
+    other_k = ef.Dim("k")
+    with pytest.raises(EinfuseNameError, match="'k'"):
+        for d in (k, other_k):
+            (ef.wrap(w)[k, i] * ef.wrap(w)[d, j]).sum(k)

@@ -242,3 +242,57 @@ def test_cache_is_by_structure_not_identity(translations):
     for count in (100, 200):            # a large int is a parameter: one program
         np.testing.assert_array_equal(ef.evaluate(ef.wrap(n)[i] * count), n * count)
     assert translations["emit"] == 3
+
+
+# -- torchdim's examples run the kernels of their statement forms --------------------------
+
+def _torchdim_cases():
+    """(the named expression before .order, its order, the hand-written statements,
+    their arrays, their ranges) for each of torchdim's README examples."""
+    A, B = randn(3, 4), randn(4, 5)
+    i, j, k = ef.dims(3)
+    yield ((A[i, k] * B[k, j]).sum(k), (i, j), "C[i,j] := sum[k](A[i,k] * B[k,j])",
+           {"A": A, "B": B}, None)
+    weights, tokens = randn(10, 3), torch.randint(0, 10, (4, 6), generator=g)
+    batch, sequence, features = ef.dims(3)
+    yield (weights[tokens[batch, sequence], features].sum(sequence), (batch, features),
+           "E[batch,features] := sum[sequence](B[A[batch,sequence], features])",
+           {"A": tokens, "B": weights}, None)
+    img = randn(2, 12, 3, 4)
+    h2, w2, c, b, h, w = ef.dims(6)
+    h2.size = w2.size = 2
+    yield (img[b, (c, h2, w2), h, w], (b, c, h, h2, w, w2),
+           "P[b,c,h,h2,w,w2] := A[b, 4*c + 2*h2 + w2, h, w]", {"A": img},
+           {"h2": 2, "w2": 2, "c": 3})
+    # (NumPy arrays: ef.explain names the fused attention for them; torch tensors run it
+    # too, test_torchdim_attention_runs_the_online_softmax_kernel)
+    rng = np.random.default_rng(5)
+    K, Q, V = (rng.standard_normal((2, 8, 40)).astype(np.float32) for _ in range(3))
+    batch, channel, key, query = ef.dims(4)
+    a = (ef.wrap(K)[batch, channel, key] * ef.wrap(Q)[batch, channel, query]).sum(channel)
+    a = ef.softmax(a * (channel.size ** -0.5), dim=key)
+    yield ((ef.wrap(V)[batch, channel, key] * a).sum(key), (batch, channel, query),
+           "S[b,q,k] := sum[c](K[b,c,k] * Q[b,c,q]) * s\nm[b,q] := max[k](S[b,q,k])\n"
+           "P[b,q,k] := exp(S[b,q,k] - m[b,q])\n"
+           "R[b,c,q] := sum[k](V[b,c,k] * P[b,q,k]) / sum[k](P[b,q,k])",
+           {"K": K, "Q": Q, "V": V, "s": 8 ** -0.5}, None)
+
+
+@pytest.mark.parametrize("case", range(4), ids=["mm", "embedding_bag", "pixel_shuffle",
+                                                "attention"])
+def test_torchdim_examples_schedule_equals_the_statement_form(case):
+    expr, order, statements, arrays, ranges = list(_torchdim_cases())[case]
+    ours = ef.explain((expr, *order))
+    theirs = ef.explain(statements, ranges=ranges, **arrays)
+    assert schedule(ours) == schedule(theirs)
+    got = expr.order(*order)
+    want = ef.ein(statements, ranges=ranges, **arrays)
+    np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=2e-6, atol=2e-6)
+
+
+def test_torchdim_attention_runs_the_online_softmax_kernel(fused_calls):
+    K, Q, V = (randn(2, 8, 40, dtype=torch.float32) for _ in range(3))
+    got = attention(K, Q, V)
+    assert fused_calls == [True]
+    a = torch.softmax(torch.einsum("bck,bcq->bkq", K, Q) * 8 ** -0.5, dim=1)
+    torch.testing.assert_close(got, torch.cat((torch.einsum("bck,bkq->bcq", V, a), Q), dim=1))

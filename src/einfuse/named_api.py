@@ -121,7 +121,7 @@ _by_key: Dict[tuple, tuple] = {}
 
 def _looked_up(requests, options, where):
     """(entry, arrays, params, roots, groups, ranges) for ``requests``: one request is
-    looked up by its root's structural key (frontends/named.py builds it with the node),
+    looked up by its root's structural key (frontends/named_node.py builds it with the node),
     with no walk; a miss, or several requests, walks the DAG (``translate``)."""
     if len(requests) == 1:
         node, items = requests[0]
@@ -266,7 +266,7 @@ def to_jax(node: Named, where):
 def dlpack(node: Named, where):
     """The materialised array a DLPack consumer (torch.as_tensor, np.from_dlpack) reads:
     kept between __dlpack_device__ and __dlpack__, then dropped."""
-    if node._value is None:
+    if getattr(node, "_value", None) is None:
         value = materialise([(node, _single_order(node, where, "torch.as_tensor"))], {},
                             where)[0]
         if getattr(value, "requires_grad", False):

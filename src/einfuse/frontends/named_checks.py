@@ -27,6 +27,13 @@ Where = Optional[Tuple[str, int]]
 
 def caller_line() -> Where:
     """(file, line) of the innermost frame outside einfuse: the user's line."""
+    # (the caller is einfuse's; most often its caller is the user's, known as such)
+    try:
+        frame = sys._getframe(2)
+    except ValueError:          # (called from a frame with no Python caller)
+        frame = None
+    if frame is not None and _inside.get(frame.f_code.co_filename) is False:
+        return (frame.f_code.co_filename, frame.f_lineno)
     frame = sys._getframe(1)
     while frame is not None:
         name = frame.f_code.co_filename
@@ -87,6 +94,32 @@ class Use(NamedTuple):
 class DimInfo(NamedTuple):
     dim: object
     use: Optional[Use]             # None: no size known yet (affine or index uses only)
+
+
+class Records(dict):
+    """A ``name -> DimInfo`` dict that holds no array (its uses are described by text,
+    not by the wrapped array), so that it may be kept in a cache: ``merged`` remembers
+    the union of two of them."""
+    __slots__ = ()
+
+
+def merged(first: Records, second: Records, where: Where) -> Records:
+    """``merge_info`` of two records, remembered by their identities (records are never
+    written to once made; the entry holds both, so their ids stay theirs): a rebuilt
+    expression merges the same records again."""
+    held = _MERGED.get((id(first), id(second)))
+    if held is not None:
+        return held[2]
+    result = merge_info((first, second), where)
+    if type(result) is not Records:
+        result = Records(result)
+    if len(_MERGED) >= 1024:
+        _MERGED.clear()
+    _MERGED[(id(first), id(second))] = (first, second, result)
+    return result
+
+
+_MERGED: Dict[tuple, tuple] = {}
 
 
 def merge_info(infos, where: Where) -> Dict[str, DimInfo]:

@@ -41,7 +41,7 @@ def keyed(node, op, args, children) -> None:
                 arrays = _joined_arrays(arrays, child.arrays, parts)
             if child.params:
                 if child.params is params:
-                    parts.append(_counting(len(params)))
+                    parts.append(counting(len(params)))
                 else:
                     params = _joined(params, child.params, parts, _text)
         if op == "read":
@@ -66,7 +66,7 @@ def _joined_arrays(mine: tuple, theirs: tuple, parts: list) -> tuple:
         parts.append(None)
         return theirs
     if theirs is mine:          # one subexpression under both (as the general case says)
-        parts.append(_counting(len(mine)))
+        parts.append(counting(len(mine)))
         return mine
     if len(mine) + len(theirs) > 8:
         return _joined(mine, theirs, parts, _identity)
@@ -82,7 +82,9 @@ def _text(param):
     return param[0]
 
 
-def _counting(n: int) -> tuple:
+def counting(n: int) -> tuple:
+    """(0, 1, ..., n - 1), one tuple per n: the part of a key saying that a child's
+    arrays (or parameters) are all the node's already, in order."""
     found = _COUNTS.get(n)
     if found is None:
         found = _COUNTS[n] = tuple(range(n))

@@ -36,7 +36,7 @@ from ..errors import IndexRuleError
 from ..lang.ast import (RESERVED, Access, Binary, Call, IndexExpr, IndexValue, Number, Param,
                         Quasi, Reduce, Statement, Unary)
 from ..lang.printer import format_statement
-from .named import Dim, Slot
+from .named_dims import Dim, Slot
 from .named_checks import Where, error
 
 
@@ -234,7 +234,10 @@ class _Emitter:
             for child in _children(sig):
                 uses[child] += 1
         roots = {cid for cid, _ in found.roots}
-        self.statement = [cid in roots or (uses[cid] >= 2 and self.nodes[cid].reduces and
+        reduces = [False] * count       # (children are numbered before their parents)
+        for cid, sig in enumerate(self.sigs):
+            reduces[cid] = sig[0] == "r" or any(reduces[child] for child in _children(sig))
+        self.statement = [cid in roots or (uses[cid] >= 2 and reduces[cid] and
                                            self.sigs[cid][0] != "read")
                           for cid in range(count)]
         shaped = [False] * count
