@@ -71,9 +71,9 @@ def test_hand_built_program_renders_compiles_and_runs():
         ir.Loop("p1", ir.Affine.var("n1"), "reduction", (ir.Accumulate("a0", "sum", load),),
                 simd=True, reductions=(("a0", "sum"),)),
         ir.Store(1, (ir.Affine.var("p0"),), (None,), ir.AccValue("a0", "sum")))),)
-    kernel = ir.Kernel("k0", (ir.Buffer("t0", "working"), ir.Buffer("t1", "working", True)),
+    kernel = ir.LoopNest("k0", (ir.Buffer("t0", "working"), ir.Buffer("t1", "working", True)),
                        ("n0", "n1", "d0_0", "d0_1", "s0_0"), 0, body)
-    source = render_c(ir.Program("float64", (kernel,)))
+    source = render_c(ir.LoopProgram("float64", (kernel,)))
     assert "#pragma omp parallel for" in source
     assert "#pragma omp simd reduction(+:a0)" in source
     assert "typedef double T;" in source
@@ -92,9 +92,9 @@ def test_hand_built_program_renders_compiles_and_runs():
 
 
 def test_renderer_rejects_non_identifiers():
-    bad = ir.Kernel("k0; system(\"rm\")", (), (), 0, ())
+    bad = ir.LoopNest("k0; system(\"rm\")", (), (), 0, ())
     with pytest.raises(ValueError):
-        render_c(ir.Program("float64", (bad,)))
+        render_c(ir.LoopProgram("float64", (bad,)))
 
 
 def test_user_names_and_literals_never_reach_the_compiler():

@@ -59,8 +59,8 @@ def test_verified_gathers_still_raise_and_still_respect_ranges():
 
 def test_vector_math_declarations_only_with_libmvec():
     from einfuse.backends.c.render import render_c
-    from einfuse.ir import Kernel, Program
-    program = Program("float32", (Kernel("k", (), (), 0, ()),))
+    from einfuse.ir import LoopNest, LoopProgram
+    program = LoopProgram("float32", (LoopNest("k", (), (), 0, ()),))
     assert "__simd__" in render_c(program, vector_math=True)
     assert "__simd__" not in render_c(program, vector_math=False)
 

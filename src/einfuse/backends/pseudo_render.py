@@ -31,7 +31,7 @@ class LoopLine(str):
 
 
 class PseudoRenderer:
-    def __init__(self, program: ir.Program, tensors: Sequence[str], indices: Sequence[str],
+    def __init__(self, program: ir.LoopProgram, tensors: Sequence[str], indices: Sequence[str],
                  params: Sequence[str], values: Optional[Mapping[str, int]] = None):
         self.program = program
         self.tensors = list(tensors)          # tensor name per buffer slot
@@ -243,7 +243,7 @@ class PseudoRenderer:
         return self.acc(node.acc, node.lane, node.row)
 
 
-def render_pseudo(program: ir.Program, tensors: Sequence[str], indices: Sequence[str],
+def render_pseudo(program: ir.LoopProgram, tensors: Sequence[str], indices: Sequence[str],
                   params: Sequence[str], values: Optional[Mapping[str, int]] = None
                   ) -> List[str]:
     return PseudoRenderer(program, tensors, indices, params, values).render()

@@ -18,7 +18,7 @@ from ..schedule.fusion import FusionGroup
 from ..program.program import Program
 
 @dataclass(frozen=True)
-class Materialised:
+class Intermediate:
     name: str
     shape: Tuple[int, ...]
     dtype: str
@@ -32,7 +32,7 @@ class ProgramExplanation:
     statements: List[str]
     outputs: Tuple[str, ...]
     parts: list                              # each statement's Explanation
-    materialised: Optional[List[Materialised]] = None
+    materialised: Optional[List[Intermediate]] = None
     groups: Optional[List[FusionGroup]] = None   # the kernels, in order
     notes: List[str] = field(default_factory=list)
     attention: Optional[object] = None   # runtime.attention.FusedAttention, when it applies
@@ -254,7 +254,7 @@ def explain_program(program: Program, args, arrays, shapes, gradients: bool,
         readers = tuple(i for i, s in enumerate(program.statements, 1) if name in s.reads)
         if readers:
             nbytes = int(np.prod(shape, dtype=np.int64)) * dtype_itemsize(dtype)
-            materialised.append(Materialised(name, shape, dtype, nbytes, readers,
+            materialised.append(Intermediate(name, shape, dtype, nbytes, readers,
                                              rows.get(name)))
     from ..runtime.attention import explain_attention, triton_fallback_notes
     # as the call: the fused attention runs for NumPy and torch callers only

@@ -5,8 +5,8 @@ as enums (:mod:`einfuse.ir.kinds`)."""
 from .kinds import (INDEX, BinaryOp, BufferType, ElementOp, FillSource, Function, LoopKind,
                     Policy, QuasiOp, ReduceOp, ScalarType, UnaryOp)
 from .nodes import (AccValue, Accumulate, Affine, Binary, Branch, Buffer, Call, CombineLanes,
-                    Compensate, Const, DeclareAcc, Expr, Fold, IndexValue, Kernel, Let, Load,
-                    Local, Loop, NormalBranch, Param, Program, Quasi, SLICE_ROWS, Stmt, Store,
+                    Compensate, Const, DeclareAcc, Expr, Fold, IndexValue, LoopNest, Let, Load,
+                    Local, Loop, NormalBranch, Param, LoopProgram, Quasi, SLICE_ROWS, Stmt, Store,
                     Subscript, TiledLoop, Unary, walk)
 from .typed import (Apply, Assign, Cast, Index, JitProgram, Read, Reduction, ScatterAdd, Select,
                     Step, Switch)
@@ -14,7 +14,7 @@ from .typed import (Apply, Assign, Cast, Index, JitProgram, Read, Reduction, Sca
 __all__ = ["AccValue", "Accumulate", "Affine", "Apply", "Assign", "Binary", "BinaryOp", "Branch",
            "Buffer", "BufferType", "Call", "Cast", "CombineLanes", "Compensate", "Const",
            "DeclareAcc", "ElementOp", "Expr", "FillSource", "Fold", "Function", "INDEX", "Index",
-           "IndexValue", "JitProgram", "Kernel", "Let", "Load", "Local", "Loop", "LoopKind",
-           "NormalBranch", "Param", "Policy", "Program", "Quasi", "QuasiOp", "Read", "ReduceOp",
+           "IndexValue", "JitProgram", "LoopNest", "Let", "Load", "Local", "Loop", "LoopKind",
+           "NormalBranch", "Param", "Policy", "LoopProgram", "Quasi", "QuasiOp", "Read", "ReduceOp",
            "Reduction", "SLICE_ROWS", "ScalarType", "ScatterAdd", "Select", "Step", "Stmt",
            "Store", "Subscript", "Switch", "TiledLoop", "Unary", "UnaryOp", "walk"]

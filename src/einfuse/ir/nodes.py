@@ -1,6 +1,6 @@
 """A backend-neutral loop-nest IR.
 
-A :class:`Program` is a list of :class:`Kernel` s; a kernel is a list of
+A :class:`LoopProgram` is a list of :class:`LoopNest` s; a kernel is a list of
 statements (loops, accumulator declarations, accumulations, stores) over
 value expressions (constants, parameters, index values, loads, arithmetic).
 Nothing here knows about C: the C renderer (backends/c/render.py) prints one
@@ -412,7 +412,7 @@ class Buffer:
 
 
 @dataclass(frozen=True)
-class Kernel:
+class LoopNest:
     """One loop nest with its arguments: buffers, runtime ints (sizes, range
     starts, strides, in this order in the ints array), scalar parameter count."""
     name: str
@@ -424,16 +424,16 @@ class Kernel:
 
 
 @dataclass(frozen=True)
-class Program:
+class LoopProgram:
     """Kernels run in order on shared buffers; ``working`` is the dtype name."""
     working: str
-    kernels: Tuple[Kernel, ...]
+    kernels: Tuple[LoopNest, ...]
 
 
 def walk(node):
     """Every IR node below ``node`` (statements and expressions), parents first."""
     yield node
-    if isinstance(node, (Program,)):
+    if isinstance(node, (LoopProgram,)):
         for k in node.kernels:
             yield from walk(k)
     elif isinstance(node, Loop):
@@ -443,7 +443,7 @@ def walk(node):
             yield from walk(node.condition)
         for s in node.body:
             yield from walk(s)
-    elif isinstance(node, (Kernel, TiledLoop)):
+    elif isinstance(node, (LoopNest, TiledLoop)):
         for s in node.body:
             yield from walk(s)
     elif isinstance(node, Branch):

@@ -36,7 +36,7 @@ class FusedProgram:
     be 0 for its merged producer/sum loops (plan/fuse_sums.py) and sibling loops
     (plan/fuse_siblings.py) to run; the caller passes their verdict as the last
     runtime int (``fuse_sums.GUARD_INT``)."""
-    program: ir.Program
+    program: ir.LoopProgram
     guards: Tuple[ir.Affine, ...] = ()
 
 
@@ -104,7 +104,7 @@ _NAME_FIELDS: Dict[type, Tuple[str, ...]] = {
 }
 
 
-def fuse_kernels(kernels: Sequence[ir.Kernel], reads: Sequence[Dict[int, Tuple[int, int]]],
+def fuse_kernels(kernels: Sequence[ir.LoopNest], reads: Sequence[Dict[int, Tuple[int, int]]],
                  working: str, thread_rows: FrozenSet[Tuple[int, int]] = frozenset(),
                  columns: FrozenSet[int] = frozenset()) -> FusedProgram:
     """One kernel running ``kernels`` (each a single parallel loop over the shared
@@ -167,18 +167,18 @@ def fuse_kernels(kernels: Sequence[ir.Kernel], reads: Sequence[Dict[int, Tuple[i
     guards = sums.guards + tuple(g for g in siblings.guards if g not in sums.guards)
     if guards or sums.body != tuple(body):
         ints.append(GUARD_INT)
-    merged = ir.Kernel("einfuse_kernel", tuple(buffers), tuple(ints), params,
+    merged = ir.LoopNest("einfuse_kernel", tuple(buffers), tuple(ints), params,
                        (ir.Loop(SHARED_LOOP, extent, LoopKind.PARALLEL,
                                 combine_extrema_by_vectors(siblings.body)),),
                        checks_bounds=any(k.checks_bounds for k in kernels))
-    return FusedProgram(ir.Program(working, (merged,)), guards)
+    return FusedProgram(ir.LoopProgram(working, (merged,)), guards)
 
 
 # The slots of a column member's accumulators in slots_after_fusion (after its own).
 COLUMN_SUMS, COLUMN_ERRORS = -1, -2
 
 
-def slots_after_fusion(kernels: Sequence[ir.Kernel],
+def slots_after_fusion(kernels: Sequence[ir.LoopNest],
                        reads: Sequence[Dict[int, Tuple[int, int]]],
                        columns: FrozenSet[int] = frozenset()) -> Tuple[Tuple, ...]:
     """For each merged buffer slot, (kernel, slot) of the array passed there; a column

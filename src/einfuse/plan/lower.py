@@ -1,5 +1,5 @@
 """Lowering: an analysed statement (Spec) and its working dtype to a loop-nest
-:class:`~einfuse.ir.Program` (``plan_for``); and a Triton row schedule -- several
+:class:`~einfuse.ir.LoopProgram` (``plan_for``); and a Triton row schedule -- several
 statements over one row axis, plan/row_group.RowSchedule -- to a RowGroup
 (``plan_rows``), by the same lowering: one expression lowering, with reductions and
 reads placed as the schedule says (loops and buffer loads in a loop nest; a row's
@@ -68,7 +68,7 @@ _POLICY = {"clip": Policy.CLIP, "wrap": Policy.WRAP, "fill": Policy.FILL, "check
 
 @dataclass(frozen=True)
 class Plan:
-    program: ir.Program
+    program: ir.LoopProgram
     slots: Tuple[Tuple[str, str], ...]
     int_args: Tuple[Tuple, ...]       # how to compute each runtime int, in order
     params: Tuple[str, ...]
@@ -287,10 +287,10 @@ class _Lowering(BlockedSums, LaneReductions):
                                   if kind == "index" or (kind == "output" and positions)
                                   else BufferType.WORKING, output=kind == "output")
                         for n, (_, kind) in enumerate(self.slots))
-        kernel = ir.Kernel("einfuse_kernel", buffers, tuple(self.int_names[h]
+        kernel = ir.LoopNest("einfuse_kernel", buffers, tuple(self.int_names[h]
                                                             for h in self.int_args),
                            len(self.params), body, checks_bounds=self.checks)
-        program = ir.Program(self.working.name, (kernel,))
+        program = ir.LoopProgram(self.working.name, (kernel,))
         mode = "tiled" if tiled else ("scalar" if tops else "elementwise")
         if tiled:
             self.lane_indices.insert(0, inner)

@@ -68,7 +68,7 @@ def run_before_binding(kernel, named: Dict[str, object]):
 
 
 def triton_route(attention: Attention, named: Dict[str, object], options):
-    """The route (backends/triton/attention.Route) of a call the fused Triton kernel
+    """The route (backends/triton/attention.AttentionTarget) of a call the fused Triton kernel
     takes -- torch CUDA tensors, or backend='triton' (schedule/early.triton_may_take)
     -- or None.  Imports no framework the caller's arrays do not belong to."""
     if not triton_may_take(attention, named, options):
@@ -148,7 +148,7 @@ class FusedAttention:
     features: int        # E
     itemsize: int
     dtype: str
-    # where the Triton kernel runs (backends/triton/attention.Route) and its Config;
+    # where the Triton kernel runs (backends/triton/attention.AttentionTarget) and its Config;
     # None: the C kernel (or the NumPy pass)
     route: Optional[object] = None
     config: Optional[object] = None
@@ -299,7 +299,7 @@ def _explain_triton(attention: Attention, values: Dict[str, object], route):
     if triton_attention.unsupported(dtype, dot, features) is not None:
         return None
     config = triton_attention.choose_config(
-        dtype, max(dot, features), route is triton_attention.Route.INTERPRETER)
+        dtype, max(dot, features), route is triton_attention.AttentionTarget.INTERPRETER)
     groups = int(np.prod([extents[b] for b in attention.batch], dtype=np.int64))
     itemsize = 4 if dtype == "float32" else 2
     return FusedAttention(attention, groups, extents[attention.row],

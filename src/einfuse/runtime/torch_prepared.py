@@ -50,7 +50,7 @@ SMALL_SCATTER = 256
 
 
 @dataclass(frozen=True)
-class GradientStep:
+class PreparedStep:
     """One gradient statement's kernel for one layout of its arrays: ``run`` is its
     prepared runner (or the kernel itself, called by keyword, where it has none), given
     every array when ``by_name`` (it picks its own), else just ``inputs``.  A scatter
@@ -140,7 +140,7 @@ class PreparedAutograd:
             self._layouts[(grad.strides, grad.dtype)] = plans
         return plans
 
-    def _steps_side_by_side(self, todo, output: Optional[str]) -> Dict[int, "GradientStep"]:
+    def _steps_side_by_side(self, todo, output: Optional[str]) -> Dict[int, "PreparedStep"]:
         """The steps of the gradient statements in ``todo`` ((statement, values) pairs),
         made in threads side by side: making a step runs its kernel once, which compiles
         it on a first backward, and the compiles of independent kernels then take the
@@ -173,11 +173,11 @@ class PreparedAutograd:
                     pass
         return made
 
-    def _attributed_step(self, g, values, output: Optional[str]) -> "GradientStep":
+    def _attributed_step(self, g, values, output: Optional[str]) -> "PreparedStep":
         with gradient_errors(g):     # its errors told of the statement as written
             return self._step(g, values, output)
 
-    def _step(self, g, values, output: Optional[str]) -> "GradientStep":
+    def _step(self, g, values, output: Optional[str]) -> "PreparedStep":
         """The step running gradient statement ``g``: a gather reads the forward's
         result ``output`` where it would recompute it (runtime/gradients.py)."""
         from .gradient_reference import gradient_kernel
@@ -196,7 +196,7 @@ class PreparedAutograd:
         return compute
 
 
-def _run_steps(steps: Tuple[GradientStep, ...], values, shape) -> np.ndarray:
+def _run_steps(steps: Tuple[PreparedStep, ...], values, shape) -> np.ndarray:
     """The gradient as autodiff/reference.py's run_reference computes it: the gathers'
     results added up, and the scatters' values added in at their positions."""
     total = None
@@ -254,7 +254,7 @@ def _add_rows(total: np.ndarray, part: np.ndarray, index: np.ndarray) -> bool:
     return True
 
 
-def _gradient(steps: Tuple[GradientStep, ...], values, shape, dtype):
+def _gradient(steps: Tuple[PreparedStep, ...], values, shape, dtype):
     """``compute`` for one gradient: one run decides whether its result can go to
     torch as it is (the input's shape and dtype, memory of its own), and a single gather
     statement is called without the loop."""
@@ -292,7 +292,7 @@ def _copied(g, values) -> Optional[str]:
     return rhs.tensor
 
 
-def _step(g, kernel, inputs, values) -> GradientStep:
+def _step(g, kernel, inputs, values) -> PreparedStep:
     """Gradient statement ``g``'s kernel (reading ``inputs``) for arrays like these: the
     kernel is called once (which prepares its fast path, runtime/repeat.py) and the
     runner taken from it, so that later backwards skip even the signature lookup."""
@@ -311,11 +311,11 @@ def _step(g, kernel, inputs, values) -> GradientStep:
         scatter = (g, options, _rows_by(g, options, values))
         copied = _copied(g, values)
         if copied is not None:     # the values are dOUT itself, only read: no kernel
-            return GradientStep(lambda arrays: arrays[copied], inputs, True, scatter)
+            return PreparedStep(lambda arrays: arrays[copied], inputs, True, scatter)
     if runner is None:
-        return GradientStep(lambda arrays: np.asarray(kernel(arrays=dict(arrays))), inputs,
+        return PreparedStep(lambda arrays: np.asarray(kernel(arrays=dict(arrays))), inputs,
                             False, scatter)
-    return GradientStep(runner, inputs, by_name, scatter)
+    return PreparedStep(runner, inputs, by_name, scatter)
 
 
 def _on_torch_blas(kernel, named) -> Optional[Callable]:

@@ -111,7 +111,7 @@ SIGNATURE = ("void {name}(void **bufs, const int64_t *ints, const double *dprm, 
 
 
 class CRenderer:
-    def __init__(self, program: ir.Program, vector_math: bool = False):
+    def __init__(self, program: ir.LoopProgram, vector_math: bool = False):
         self.program = program
         self.vector_math = vector_math
         self.working = program.working
@@ -135,7 +135,7 @@ class CRenderer:
             parts.append(self.kernel(kernel))
         return "\n".join(parts)
 
-    def kernel(self, k: ir.Kernel) -> str:
+    def kernel(self, k: ir.LoopNest) -> str:
         lines = [SIGNATURE.format(name=name(k.name)) + " {"]
         self.buffers = k.buffers
         self.thread_rows = []
@@ -611,7 +611,7 @@ class CRenderer:
         return self.acc_ref(node.acc, node.lane, row=node.row)
 
 
-def render_c(program: ir.Program, vector_math: bool = False) -> str:
+def render_c(program: ir.LoopProgram, vector_math: bool = False) -> str:
     """C source for ``program``; ``vector_math`` lets SIMD loops call libmvec."""
     return CRenderer(program, vector_math).render()
 

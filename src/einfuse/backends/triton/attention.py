@@ -299,13 +299,13 @@ def _attention_forward(Q, K, V, O, score_scale,
 
 # -- the call: which route, the operands' strided views, the launch -----------------------
 
-class Route(enum.Enum):
+class AttentionTarget(enum.Enum):
     """Where the kernel runs for a call."""
     GPU = "the GPU"                                   # CUDA tensors, or copied there
     INTERPRETER = "the CPU (TRITON_INTERPRET=1)"      # backend='triton' under the interpreter
 
 
-def route(options, named, operand_names) -> Optional[Route]:
+def route(options, named, operand_names) -> Optional[AttentionTarget]:
     """The route of a call whose query, key and value are ``named[operand_names]``, or
     None where it is not the kernel's: torch CUDA tensors (backend 'auto' or 'triton'),
     or NumPy arrays / CPU tensors with backend='triton' (on the GPU, or on the CPU under
@@ -328,16 +328,16 @@ def route(options, named, operand_names) -> Optional[Route]:
         return None
     device = devices.pop()
     if device.startswith("cuda"):
-        return Route.GPU if not interpreted() else None
+        return AttentionTarget.GPU if not interpreted() else None
     if device != "cpu" or options.backend != "triton":
         return None
     if interpreted():
-        return Route.INTERPRETER
+        return AttentionTarget.INTERPRETER
     import torch
-    return Route.GPU if torch.cuda.is_available() else None
+    return AttentionTarget.GPU if torch.cuda.is_available() else None
 
 
-def run(attention, named, scale_of, route_taken: Route):
+def run(attention, named, scale_of, route_taken: AttentionTarget):
     """The attention's output for this call (a torch tensor for torch callers, a NumPy
     array for NumPy callers), or None where the statements must run: not one supported
     float dtype, extents that disagree or are empty, a value holding inf or NaN (a
@@ -374,10 +374,10 @@ def run(attention, named, scale_of, route_taken: Route):
     score_scale = _score_scale(attention, scale)
     if score_scale is None:
         return None
-    if route_taken is Route.GPU and tensors[0].device.type == "cpu":
+    if route_taken is AttentionTarget.GPU and tensors[0].device.type == "cpu":
         tensors = [t.cuda() for t in tensors]
     out = _launch_call(attention, tensors, extents, score_scale,
-                       route_taken is Route.INTERPRETER)
+                       route_taken is AttentionTarget.INTERPRETER)
     if out is None:
         return None
     if numpy_caller:

@@ -50,7 +50,7 @@ class TritonRenderer(ChunkedSums):
     bfloat16 dot is wrong), C's fmod is libdevice's (the interpreter has none) and a
     float32 division is correctly rounded (triton_elementwise.TARGET_HELPERS)."""
 
-    def __init__(self, program: ir.Program, buffer_dtypes: Tuple[str, ...] = (),
+    def __init__(self, program: ir.LoopProgram, buffer_dtypes: Tuple[str, ...] = (),
                  native_dot: bool = True):
         if len(program.kernels) != 1:
             raise ValueError("one kernel per program is rendered")
@@ -604,6 +604,6 @@ class TritonRenderer(ChunkedSums):
         return f"ef_total({acc}, {acc}_e)" if node.op == ReduceOp.SUM else acc
 
 
-def render_triton(program: ir.Program, buffer_dtypes: Tuple[str, ...] = (),
+def render_triton(program: ir.LoopProgram, buffer_dtypes: Tuple[str, ...] = (),
                   native_dot: bool = True):
     return TritonRenderer(program, buffer_dtypes, native_dot).render()
