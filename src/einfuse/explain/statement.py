@@ -323,8 +323,9 @@ def explain_kernel(kernel: Kernel, args, arrays, shapes, gradients: bool,
         "the C kernel for these shapes is built (in the cache): no compile on the first call"
         if built else "the first call with these shapes compiles the C kernel (once; then "
         "it is cached on disk for every later call and process)"]
+    # (said only of a reduction through windows: a gather alone is no contraction)
     refusal = windowed_refusal(spec) if schedule.backend == "c" and \
-        schedule.as_written().route is Route.LOOP_NEST else None
+        schedule.as_written().route is Route.LOOP_NEST and spec.reduction_indices else None
     if refusal is not None:     # it reads through windows, but BLAS cannot take it
         notes.append(f"not a windowed contraction for BLAS ({refusal}): the loop nest "
                      "runs it")
