@@ -1,5 +1,5 @@
-"""Compiles of a first call: several at once (backends/c/build.build_all) and a progress
-line while they last long (backends/c/compile_progress.py)."""
+"""Compiles of a first call: a backward's gradient kernels made side by side and a
+progress line while compiles last long (backends/c/compile_progress.py)."""
 
 from __future__ import annotations
 
@@ -8,45 +8,8 @@ import pytest
 
 import einfuse as ef
 from einfuse.backends.c import build as c_build, compile_progress
-from einfuse.errors import EinfuseError
 
 pytestmark = pytest.mark.skipif(c_build.find_compiler() is None, reason="no C compiler")
-
-
-def _sources(tag: str, count: int):
-    # distinct libraries (the tag and number are part of each), small enough to build fast
-    return [(f"double einfuse_test_{tag}_{n}(double x) {{ return x * {n + 2}.0; }}\n", False)
-            for n in range(count)]
-
-
-def test_build_all_builds_what_is_missing_and_load_then_compiles_nothing(tmp_path, monkeypatch):
-    monkeypatch.setenv("EINFUSE_CACHE_DIR", str(tmp_path))
-    c_build.clear_memory_cache()
-    sources = _sources(tmp_path.name.replace("-", "_"), 3)
-    before = c_build.compile_count
-    c_build.build_all(sources + sources[:1])         # a repeated source is built once
-    assert c_build.compile_count - before == 3
-    assert all(c_build.is_built(source, fast) for source, fast in sources)
-    c_build.build_all(sources)                       # all there: nothing to do
-    import ctypes
-    for n, (source, fast) in enumerate(sources):
-        library = c_build.load(source, fast)
-        function = getattr(library, f"einfuse_test_{tmp_path.name.replace('-', '_')}_{n}")
-        function.restype, function.argtypes = ctypes.c_double, [ctypes.c_double]
-        assert function(1.5) == 1.5 * (n + 2)
-    assert c_build.compile_count - before == 3
-
-
-def test_a_compile_that_fails_in_build_all_raises_from_its_load(tmp_path, monkeypatch):
-    monkeypatch.setenv("EINFUSE_CACHE_DIR", str(tmp_path))
-    c_build.clear_memory_cache()
-    good = _sources("good_" + tmp_path.name.replace("-", "_"), 1)
-    bad = ("this is not C at all;\n", False)
-    c_build.build_all(good + [bad])                  # no error here: the good one is built
-    assert c_build.is_built(*good[0])
-    for _ in range(2):                   # from the saved error, then from compiling again
-        with pytest.raises(EinfuseError):
-            c_build.load(*bad)
 
 
 def test_the_progress_line_comes_once_a_run_of_compiles_passes_its_time(monkeypatch):
@@ -93,7 +56,6 @@ def test_a_first_backward_computes_its_gradients_side_by_side_with_the_loops_val
         monkeypatch):
     torch = pytest.importorskip("torch")
     import threading
-    from einfuse.runtime import gradients
     threads = set()
     load = c_build.load
 

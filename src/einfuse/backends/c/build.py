@@ -35,7 +35,6 @@ bounded (backends/cache_limit.py: least recently used libraries go past
 
 from __future__ import annotations
 
-import concurrent.futures
 import contextlib
 import ctypes
 import functools
@@ -49,7 +48,7 @@ import subprocess
 import tempfile
 import threading
 import time
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Dict, List, Optional, Tuple
 
 from ...analysis.machine import machine
 from ...errors import warn
@@ -78,8 +77,6 @@ LEAN_FLAGS = ("-fno-loop-unroll-and-jam",)
 _lock = threading.Lock()
 _loaded: Dict[str, ctypes.CDLL] = {}
 _by_source: Dict[Tuple[str, bool], ctypes.CDLL] = {}   # skips hashing on repeat loads
-# compiles build_all saw fail: the load of that source raises the error (once)
-_failed: Dict[str, CompileError] = {}
 _compiler: Optional[Tuple[Tuple[str, ...], str]] = None
 _probed = False
 
@@ -276,10 +273,6 @@ def load(source: str, fast_math: bool = False) -> ctypes.CDLL:
     if library is not None:
         _by_source[(source, fast_math)] = library
         return library
-    with _lock:
-        failed = _failed.pop(key, None)
-    if failed is not None:
-        raise failed
     path = _cached_library(key) or _build(source, flags, key)
     with _lock:
         library = _loaded.get(key)
@@ -301,40 +294,6 @@ def build_extension(source: str, extra_flags: Tuple[str, ...]) -> str:
     flags = flags_for(False) + tuple(extra_flags)
     key = library_key(source, flags)
     return _cached_library(key) or _build(source, flags, key)
-
-
-def build_all(sources: Sequence[Tuple[str, bool]]) -> None:
-    """Compile the ``(source, fast_math)`` libraries not yet in the cache, several at a
-    time (one compiler process per free core), so that a program's first call waits for
-    its slowest kernel rather than for the sum of them.  Loading stays with :func:`load`,
-    which then finds each library built; a compile that fails here raises its error
-    from :func:`load` of that source (once: a later load compiles again)."""
-    missing, seen = [], set()
-    for source, fast_math in sources:
-        flags = flags_for(fast_math)
-        key = library_key(source, flags)
-        if key in seen or key in _loaded or _cached_library(key) is not None:
-            continue
-        seen.add(key)
-        missing.append((source, flags, key))
-    if not missing:
-        return
-
-    def build(job):
-        try:
-            _build(*job)
-        except CompileError as error:
-            with _lock:
-                _failed[job[2]] = error
-
-    workers = max(1, min(len(missing), len(os.sched_getaffinity(0))
-                         if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1))
-    pool = concurrent.futures.ThreadPoolExecutor(workers, "einfuse-compile")
-    try:
-        list(pool.map(build, missing))
-    finally:
-        # (after Ctrl-C: the compiles not started are dropped; running ones end alone)
-        pool.shutdown(wait=True, cancel_futures=True)
 
 
 def is_built(source: str, fast_math: bool = False) -> bool:
