@@ -29,8 +29,9 @@ Runner = Callable[[Mapping[str, np.ndarray]], np.ndarray]
 TORCH_BLAS_WORK = 1 << 18
 
 
-def multiply_adds(contraction: Contraction, call) -> int:
-    """m * n * k (times the batch) of ``contraction`` for this call's ranges."""
+def multiply_adds(contraction, call) -> int:
+    """m * n * k (times the batch) of ``contraction`` (a Contraction, or a windowed one:
+    both name their batch, m, n and k axes) for this call's ranges."""
     ranges = call.bounds.range_map
     total = 1
     for name in contraction.batch + contraction.m + contraction.n + contraction.k:

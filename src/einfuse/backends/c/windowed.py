@@ -17,7 +17,7 @@ from typing import Callable, Mapping, Optional, Tuple
 import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
-from .blas import TORCH_BLAS_WORK
+from .blas import TORCH_BLAS_WORK, multiply_adds
 from .blas_route import NUMPY_BLAS, BlasRoute
 from ...plan.windowed_contraction import WindowedContraction, WindowedOperand, WindowMethod
 
@@ -35,14 +35,6 @@ class _View:
     coefficients: Tuple[Tuple[int, ...], ...]   # per view axis: its step on each array axis
 
 
-def multiply_adds(found: WindowedContraction, ranges) -> int:
-    total = 1
-    for name in found.batch + found.m + found.n + found.k:
-        lo, hi = ranges[name]
-        total *= max(0, hi - lo)
-    return total
-
-
 def windowed_route(found: WindowedContraction, call, torch_route: bool) -> BlasRoute:
     """NumPy's BLAS, or torch's for a call on torch tensors with enough work (as
     backends/c/blas.route_for decides for a contraction) where more than one thread
@@ -50,7 +42,7 @@ def windowed_route(found: WindowedContraction, call, torch_route: bool) -> BlasR
     faster than torch.matmul (a conv2d's 32x144 by 144x1024 per image: 1.2 ms against
     1.9 ms), and there is no other pool of threads to compete with."""
     if torch_route and call.dtypes.working in (np.float32, np.float64) and \
-            multiply_adds(found, call.bounds.range_map) >= TORCH_BLAS_WORK and \
+            multiply_adds(found, call) >= TORCH_BLAS_WORK and \
             _torch_threads() > 1:
         from .torch_blas import TORCH_BLAS
         return TORCH_BLAS
