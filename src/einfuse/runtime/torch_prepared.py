@@ -322,16 +322,14 @@ def _on_torch_blas(kernel, named) -> Optional[Callable]:
     """A gradient statement that BLAS computes (dx = dy W^T, dW = x^T dy), run on
     torch's BLAS where it is large enough, as the forward of a call on torch tensors
     is (backends/c/blas.py says why); None for any other statement."""
-    from ..backends import get_backend
     from ..backends.c.repeat import blas_runner
-    from ..schedule.choose import blas_choice
+    from ..schedule.schedule import Route
     call = kernel.bind(arrays=named)
-    if get_backend(kernel.options.backend).name != "c":
+    schedule = kernel.schedule(call, signature_of(named))    # (schedule/choose.py)
+    if schedule.backend != "c" or schedule.route not in (
+            Route.BLAS, Route.BLAS_THEN_ADDEND, Route.BLAS_WINDOWED):
         return None
-    blas = blas_choice(call)     # (the schedule's BLAS decision: schedule/choose.py)
-    if blas is None:
-        return None
-    prepared = blas_runner(call, blas, True)
+    prepared = blas_runner(call, schedule.blas, True)
     run, result = prepared.run, call.dtypes.result
     if prepared.dtype == result:
         return run
