@@ -50,9 +50,11 @@ def merged_call(call: BoundCall) -> Optional[MergedCall]:
     if spec.assign != ":=" or options.pad is not None or options.ranges or \
             call.dtypes.working.kind != "f" or any(t.as_index for t in spec.tensors) or \
             any(isinstance(node, ast.IndexValue) for node in spec.rhs.walk()) or \
-            ast.has_position_reduction(spec.rhs):
+            ast.has_position_reduction(spec.rhs) or any(
+                sub.quasi for access in ast.accesses(spec.rhs) for sub in access.indices):
         # (a position reduction counts positions row-major over its indices as listed:
-        # a merged index would count them in another order)
+        # a merged index would count them in another order; a subscript under // or %
+        # splits an index into digits that a merge would join again)
         return None
     ranges = call.bounds.range_map
     counts: Dict[str, float] = {}
