@@ -265,6 +265,26 @@ def test_explain_of_attention_for_a_jax_caller_says_what_the_call_runs():
     assert "fused as attention" not in shown and "4 kernels" in shown
 
 
+def test_explain_of_attention_for_a_torch_caller_names_the_fused_kernel_it_runs(monkeypatch):
+    """CPU torch tensors run the fused attention (on NumPy views of themselves); explain
+    said "4 kernels" for them (it asked for NumPy arrays)."""
+    torch = pytest.importorskip("torch")
+    from einfuse.runtime import attention_run
+    text = ("S[b,i,j] := sum[d](Q[b,i,d]*K[b,j,d]) * 0.25\nm[b,i] := max[j](S[b,i,j])\n"
+            "P[b,i,j] := exp(S[b,i,j] - m[b,i])\n"
+            "O[b,i,d] := sum[j](P[b,i,j]*V[b,j,d]) / sum[j](P[b,i,j])")
+    Q = torch.from_numpy(np.random.default_rng(0).standard_normal((2, 6, 4)).astype(np.float32))
+    assert "fused as attention" in str(ef.explain(text, Q=Q, K=Q, V=Q, backend="c"))
+    ran = []
+    run_c = attention_run.run_c
+    monkeypatch.setattr(attention_run, "run_c", lambda *a, **k: ran.append(1) or run_c(*a, **k))
+    ef.ein(text, Q=Q, K=Q, V=Q, backend="c")
+    assert ran
+    half = Q.to(torch.bfloat16)      # (no fused kernel for bfloat16: nor does explain say one)
+    assert "fused as attention" not in str(ef.explain(text, Q=half, K=half, V=half,
+                                                      backend="c"))
+
+
 def test_explain_of_an_intermediate_larger_than_an_array_names_it():
     """A 2**31 x 2**31 outer product cannot be an array: explain names it (it was a raw
     NumPy ValueError from planning the fused group)."""

@@ -18,6 +18,7 @@ import numpy as np
 
 from ..rewrite.monoids import SOFTMAX_WEIGHTED_SUM, WeightedState, finalise_weighted
 from ..rewrite.online_softmax import Attention, MaskKind, ScaleKind, recognise
+from ..analysis.frameworks import TORCH, framework_of, placeholder
 from ..analysis.cost import bytes_text, count_text
 from ..rewrite.attention_layout import Canonical, canonical, float_extents, to_output
 from ..schedule.early import triton_may_take
@@ -258,6 +259,10 @@ def explain_attention(attention: Optional[Attention], values: Dict[str, object],
     arrays = [values.get(n) for n in (attention.query, attention.key, attention.value)]
     if any(isinstance(a, np.ndarray) and type(a) is not np.ndarray for a in arrays):
         arrays = [np.asarray(a) if isinstance(a, np.ndarray) else a for a in arrays]
+    # CPU torch tensors of float32/float64 run the C kernel on NumPy views of themselves
+    # (as the call does): stand-ins of their shapes and dtypes answer for them here
+    arrays = [placeholder(a) if framework_of(a) == TORCH and a.device.type == "cpu" and
+              str(a.dtype) in ("torch.float32", "torch.float64") else a for a in arrays]
     extents = float_extents(attention, arrays)
     if extents is None:
         return None
