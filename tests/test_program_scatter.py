@@ -40,8 +40,9 @@ def _general(monkeypatch, run):
         return run()
 
 
-@pytest.mark.parametrize("dtype, bounds", [(np.float32, "check"), (np.float64, "check"),
-                                           (np.float64, "clip"), (np.float32, "wrap")])
+@pytest.mark.parametrize("dtype, bounds", [
+    (np.float32, "check"), pytest.param(np.float64, "check", marks=pytest.mark.slow),
+    pytest.param(np.float64, "clip", marks=pytest.mark.slow), (np.float32, "wrap")])
 def test_cross_entropy_backward_as_the_general_path(monkeypatch, dtype, bounds):
     rng = np.random.default_rng(5)
     X = rng.standard_normal((B, V)).astype(dtype)
