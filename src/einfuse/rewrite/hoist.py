@@ -44,6 +44,7 @@ from typing import Dict, List, Optional, Set, Tuple
 from ..lang.ast import (Access, Expr, IndexExpr, IndexValue, Reduce, Statement, accesses,
                         has_position_reduction, map_children)
 from ..lang.rewrite import names_in
+from ..lang.sugar import FreshNames
 from .factors import factors
 from ..lang.rewrite import free_indices
 
@@ -132,11 +133,10 @@ class _Rewriter:
         self.rhs = rhs
         self.explicit = frozenset(name for name, _ in explicit_ranges)
         self.offset = frozenset(name for name, (start, _) in explicit_ranges if start != 0)
-        self.taken = names_in(statement)
+        self.names = FreshNames(names_in(statement))   # (h1, h2, ...: not the statement's)
         self.temporaries: List[Statement] = []
         self.shared: Dict[Reduce, Access] = {}     # canonical reduction -> its temporary
         self.subscripts = tuple(subscripts_of(rhs))
-        self.counter = 0
 
     def visit(self, expr: Expr, enclosing: Tuple[str, ...]) -> Expr:
         """``expr`` inside loops over ``enclosing``, its hoistable reductions replaced
@@ -167,7 +167,7 @@ class _Rewriter:
         with an equal expression's)."""
         key = canonical(expr)
         if key not in self.shared:
-            name = self._fresh()
+            name = self.names.numbered("h")
             self.temporaries.append(Statement(name, order, ":=", expr))
             self.shared[key] = Access(name, tuple(IndexExpr(((i, 1),)) for i in order))
         return self.shared[key]
@@ -189,15 +189,6 @@ class _Rewriter:
             if index not in self.explicit and not only_plain(index, self.subscripts):
                 return False
         return True
-
-    def _fresh(self) -> str:
-        while True:
-            self.counter += 1
-            name = f"h{self.counter}"
-            if name not in self.taken:
-                self.taken.add(name)
-                return name
-
 
 def _bound(reduce: Expr) -> Set[str]:
     """Every index a reduction binds, its nested reductions' included."""
