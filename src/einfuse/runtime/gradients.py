@@ -14,6 +14,7 @@ import numpy as np
 from ..analysis.options import Options
 from ..autodiff import derive
 from .gradient_reference import run_reference
+from .side_by_side import side_by_side
 from ..autodiff.attribution import gradient_errors
 from ..autodiff.forward import tangent
 from ..analysis.frameworks import NUMPY, framework_of
@@ -162,20 +163,14 @@ def _side_by_side(statement: str, options: Options, arrays, output_grad, wanted,
     for the slowest compile rather than the sum (issue 32).  The values are those of
     the one-by-one loop (each gradient is computed as it would be alone, from the same
     read-only arrays); an error is the one the loop would raise first."""
-    import concurrent.futures
-    import os
-
     def one(name):
         return compute_gradients(statement, options, arrays, output_grad, [name], output)
 
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else \
-        (os.cpu_count() or 1)
-    with concurrent.futures.ThreadPoolExecutor(max(1, min(len(wanted), cores)),
-                                               "einfuse-gradient") as pool:
-        futures = [pool.submit(one, name) for name in wanted]
-        result = {}
-        for future in futures:      # in the order asked: the first error is the loop's
-            result.update(future.result())
+    result = {}
+    for outcome in side_by_side(one, wanted):  # in the order asked: the loop's first error
+        if isinstance(outcome, Exception):
+            raise outcome
+        result.update(outcome)
     return result
 
 

@@ -33,6 +33,7 @@ from ..backends.c.scatter import scatter_rows
 from ..lang.ast import Access
 from . import gradients
 from .signatures import BY_NAME, signature_of
+from .side_by_side import side_by_side
 from .torch_autograd import (differentiable_names, input_gradients, numpy_view,
                              numpy_views, refuse_in_transform, save_tensors,
                              saved_tensors)
@@ -151,8 +152,6 @@ class PreparedAutograd:
                 if not (g.text in seen or seen.add(g.text))]
         if len(todo) < 2:
             return {}
-        import concurrent.futures
-        import os
         grad_mode = torch.is_grad_enabled()
 
         def make(pair):
@@ -160,18 +159,9 @@ class PreparedAutograd:
             with torch.set_grad_enabled(grad_mode):    # (autograd's mode is per thread)
                 return self._attributed_step(g, values, output)
 
-        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else \
-            (os.cpu_count() or 1)
-        made = {}
-        with concurrent.futures.ThreadPoolExecutor(max(1, min(len(todo), cores)),
-                                                   "einfuse-gradient") as pool:
-            futures = [(id(pair[0]), pool.submit(make, pair)) for pair in todo]
-            for key, future in futures:
-                try:
-                    made[key] = future.result()
-                except Exception:      # (made again by the caller, which raises it)
-                    pass
-        return made
+        # (a step whose making raised is left out: the caller makes it again, in order)
+        return {id(pair[0]): outcome for pair, outcome in zip(todo, side_by_side(make, todo))
+                if not isinstance(outcome, Exception)}
 
     def _attributed_step(self, g, values, output: Optional[str]) -> "PreparedStep":
         with gradient_errors(g):     # its errors told of the statement as written
