@@ -25,6 +25,7 @@ class Intermediate:
     nbytes: int
     readers: Tuple[int, ...]     # statements (1-based) that read it
     row_bytes: Optional[int] = None   # lives as one row per thread (of these bytes)
+    why: Optional[str] = None         # why it is written to memory (None: not known)
 
 
 @dataclass
@@ -89,6 +90,8 @@ class ProgramExplanation:
                     " summed over the rows as each row passes, into per-thread " \
                     "accumulators (float64 for float32, else compensated)"
             out.append(f"    kernel {number}: statement{'s' if many else ''} {which} ({how})")
+            if group.ended_by is not None:
+                out.append(f"      ({group.ended_by.describe()})")
         if self.materialised is not None:
             rows = [m for m in self.materialised if m.row_bytes is not None]
             memory = [m for m in self.materialised if m.row_bytes is None]
@@ -110,7 +113,8 @@ class ProgramExplanation:
                 for m in memory:
                     readers = ", ".join(str(r) for r in m.readers)
                     out.append(f"    {m.name}  {m.dtype} {'x'.join(map(str, m.shape)) or '()'}"
-                               f"  {bytes_text(m.nbytes)}  read by statement {readers}")
+                               f"  {bytes_text(m.nbytes)}  read by statement {readers}" +
+                               (f": {m.why}" if m.why else ""))
             elif not rows:
                 out.append("  no intermediate is materialised")
         return out
@@ -255,7 +259,9 @@ def explain_program(program: Program, args, arrays, shapes, gradients: bool,
         if readers:
             nbytes = int(np.prod(shape, dtype=np.int64)) * dtype_itemsize(dtype)
             materialised.append(Intermediate(name, shape, dtype, nbytes, readers,
-                                             rows.get(name)))
+                                             rows.get(name),
+                                             _why_materialised(name, shape, readers,
+                                                               program, groups)))
     from ..runtime.attention import explain_attention, triton_fallback_notes
     # as the call: the fused attention runs for NumPy and torch callers only
     fused = explain_attention(program.attention, values, program.options) \
@@ -265,3 +271,26 @@ def explain_program(program: Program, args, arrays, shapes, gradients: bool,
     notes = unplanned + notes
     return ProgramExplanation(texts, program.outputs, parts, materialised, groups,
                               notes=notes, attention=fused)
+
+
+def _why_materialised(name: str, shape, readers: Tuple[int, ...], program,
+                      groups: Optional[List[FusionGroup]]) -> Optional[str]:
+    """Why the intermediate ``name`` is written to memory whole, from the kernels the
+    schedule chose (None where there are none to say it from)."""
+    if not groups:
+        return None
+    kernel_of = {s: k for k, group in enumerate(groups, 1) for s in group.statements}
+    producer = next(n for n, s in enumerate(program.statements)
+                    if s.output == name and s.assign == ":=")
+    mine = kernel_of.get(producer)
+    later = sorted({kernel_of[r - 1] for r in readers if kernel_of.get(r - 1) != mine})
+    if name in program.outputs:
+        return "an output of the program"
+    if later:
+        where = ", ".join(str(k) for k in later)
+        return f"computed by kernel {mine}, read by kernel{'s' if len(later) > 1 else ''} " \
+            f"{where} after it ends"
+    if len(shape) < 2:
+        return "one value per row, written as each row passes"
+    return "written whole: a reader inside the kernel reads it laid out as the loops " \
+        "address it, not as one row per thread"

@@ -45,6 +45,7 @@ from ..plan.thread_rows import fitting_rows, row_bytes
 from ..analysis.capabilities import can_build
 from ..analysis.result_size import fits_in_memory
 from .choose import blas_contraction
+from .fusion_reasons import KernelBreak, Split
 from .row_groups import row_group, triton_rows_possible
 from .units import needed as _needed, statement_units as _units
 
@@ -128,6 +129,9 @@ class FusionGroup:
     # a Triton row group's lowering (plan/row_group.RowGroup): one printed kernel, whose
     # source backends/triton/rows.py prints
     row_group: Optional[object] = field(default=None, compare=False)
+    # why the group ends where it does (the statement after it that did not join, or the
+    # statement that runs alone and why); None where the program ends or nothing says
+    ended_by: Optional[KernelBreak] = None
 
 
 @dataclass(frozen=True)
@@ -159,15 +163,22 @@ def bound_group(kernels: Sequence, start: int, env, keep: Optional[Set[str]] = N
     """The fusion group starting at statement ``start`` for arrays ``env``, or None;
     ``keep`` as for run_statements, ``last_reads``: last_read_positions(kernels)
     where the caller has it."""
-    members, outputs, joined = group_from(kernels, start, env)
+    return group_and_break(kernels, start, env, keep, last_reads)[0]
+
+
+def group_and_break(kernels: Sequence, start: int, env, keep: Optional[Set[str]] = None,
+                    last_reads: Optional[Dict[str, int]] = None
+                    ) -> Tuple[Optional[BoundGroup], Optional[KernelBreak]]:
+    """bound_group's group, and why it ends where it does (or why there is none)."""
+    members, outputs, joined, ended_by = group_from(kernels, start, env)
     if not joined:
-        return None
+        return None, ended_by
     columns = column_members(members)
     if last_reads is None:
         last_reads = last_read_positions(kernels)
     inside = inside_group(last_reads, start + joined, outputs, keep) | columns
     return BoundGroup(tuple(members), tuple(outputs), joined, inside,
-                      row_kernels.match(members, inside))
+                      row_kernels.match(members, inside)), ended_by
 
 
 def fusion_groups(kernels: Sequence, env: Dict[str, object],
@@ -182,7 +193,11 @@ def fusion_groups(kernels: Sequence, env: Dict[str, object],
     worth = worth_fusing(kernels, env, "numpy")
     last_reads = last_read_positions(kernels)
     while position < len(kernels):
-        group = bound_group(kernels, position, env, keep, last_reads) if worth else None
+        group, ended_by = None, None
+        if worth:
+            group, ended_by = group_and_break(kernels, position, env, keep, last_reads)
+        elif position == 0 and len(kernels) >= 2:
+            ended_by = KernelBreak(1, Split.LITTLE_WORK)
         if group is not None:
             members, outputs, joined = group.members, group.outputs, group.statements
             columns = column_members(members)
@@ -198,12 +213,13 @@ def fusion_groups(kernels: Sequence, env: Dict[str, object],
                                       tuple(n for n in range(position, position + joined)
                                             if kernels[n].spec.output in summed),
                                       None if group.row_kernel is None else
-                                      group.row_kernel.pattern.value))
+                                      group.row_kernel.pattern.value,
+                                      ended_by=ended_by))
             position += joined
             continue
         _alone(kernels[position], env,
                lambda call: _empty(call.output_shape, call.dtypes.result))
-        groups.append(FusionGroup((position,)))
+        groups.append(FusionGroup((position,), ended_by=ended_by))
         position += 1
     return groups
 
@@ -267,34 +283,40 @@ def _triton_groups(kernels: Sequence, env: Dict[str, object],
 
 
 def group_from(kernels, start: int, env):
-    """(members, their keys in the environment, statements joined) of the group that
-    starts at ``start``; no statements joined when there is no group of two or more
-    loop nests worth fusing.  A statement with a hoisted form (rewrite/hoist.py)
-    joins as its statements, all or none of them."""
+    """(members, their keys in the environment, statements joined, why the group ends)
+    of the group that starts at ``start``; no statements joined when there is no group
+    of two or more loop nests worth fusing.  A statement with a hoisted form
+    (rewrite/hoist.py) joins as its statements, all or none of them.  The last item is
+    the KernelBreak of the statement that did not join (None: the program ended)."""
     if not can_build("c"):
-        return [], [], 0
+        return [], [], 0, KernelBreak(start, Split.NO_COMPILER, alone=True)
     members: List[Member] = []
     outputs: List[str] = []            # each member's key in ``scratch``
     scratch = dict(env)
     produced: Dict[str, int] = {}
     summed: Set[str] = set()           # outputs of column members: complete only after
     joined = 0
+    ended_by: Optional[KernelBreak] = None
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         for number, kernel in enumerate(kernels[start:start + MAX_GROUP_STATEMENTS]):
             units = _units(kernel, scratch, number)
             if units is None:
+                ended_by = KernelBreak(start + number, Split.UPDATES
+                                       if kernel.spec.assign != ":=" else Split.NOT_BOUND,
+                                       alone=not members)
                 break
             size = len(members)
             for unit, names, key in units:
                 if any(names.get(n, n) in summed for n in _needed(unit.spec)):
-                    member = None
+                    member = Split.READS_COLUMN_SUM
                 else:
                     member = _join(unit, names, members, produced, scratch)
-                    column = _column_of(unit) if member is None else None
+                    column = _column_of(unit) if not isinstance(member, Member) else None
                     if column is not None:
                         member = _join(column, names, members, produced, scratch, unit)
-                if member is None:
+                if not isinstance(member, Member):
+                    ended_by = KernelBreak(start + number, member, alone=size == 0)
                     break
                 members.append(member)
                 outputs.append(key)
@@ -310,9 +332,15 @@ def group_from(kernels, start: int, env):
                 continue
             del members[size:], outputs[size:]
             break
-    if len(members) < 2 or sum(m.call.bounds.points for m in members) < MIN_FUSED_ELEMENTS:
-        return [], [], 0
-    return members, outputs, joined
+        else:
+            if start + joined < len(kernels):
+                ended_by = KernelBreak(start + joined, Split.GROUP_FULL)
+    if len(members) >= 2 and \
+            sum(m.call.bounds.points for m in members) < MIN_FUSED_ELEMENTS:
+        return [], [], 0, KernelBreak(start + 1, Split.LITTLE_WORK)
+    if len(members) < 2:
+        return [], [], 0, ended_by
+    return members, outputs, joined, ended_by
 
 
 def worth_fusing(kernels, env, framework: str) -> bool:
@@ -329,46 +357,53 @@ def _elements(value) -> int:
 
 
 def _join(kernel, names: Dict[str, str], members: List[Member], produced: Dict[str, int],
-          scratch, original=None) -> Optional[Member]:
-    """``kernel`` bound as the next member of the group, or None where it cannot join;
-    ``names`` maps the statement's names to keys of ``scratch`` where they differ.
-    ``original``: the column sum whose elementwise body ``kernel`` is (_column_of)."""
+          scratch, original=None):
+    """``kernel`` bound as the next member of the group, or the Split rule it breaks
+    where it cannot join; ``names`` maps the statement's names to keys of ``scratch``
+    where they differ.  ``original``: the column sum whose elementwise body ``kernel``
+    is (_column_of)."""
     spec = kernel.spec
-    if spec.assign != ":=" or not spec.output_indices:
-        return None
+    if spec.assign != ":=":
+        return Split.UPDATES
+    if not spec.output_indices:
+        return Split.NO_OUTPUT_INDEX
     for info in spec.tensors:
         if names.get(info.name, info.name) in produced and info.as_index:
-            return None
+            return Split.GATHERS_INTERMEDIATE
     try:
         call = kernel.bind(arrays={name: scratch[names.get(name, name)]
                                    for name in _needed(spec)})
         column = None if original is None else ColumnOf(original, original.bind(
             arrays={name: scratch[names.get(name, name)] for name in _needed(spec)}))
     except (EinfuseError, KeyError):
-        return None
-    if column is not None and (not _same_ranges(column.call, call) or
-                               _summed_contraction(column.call)):
-        return None     # a product summed over rows (W[i,o] * v[i]) stays with BLAS
-    if call.framework != "numpy" or call.dtypes.result != call.dtypes.working or \
-            call.dtypes.working.kind not in "fiu":
-        return None
+        return Split.NOT_BOUND
+    if column is not None and not _same_ranges(column.call, call):
+        return Split.COLUMN_UNFIT
+    if column is not None and _summed_contraction(column.call):
+        return Split.SUMMED_PRODUCT    # a product summed over rows (W[i,o] * v[i]): BLAS
+    if call.framework != "numpy":
+        return Split.FRAMEWORK
+    if call.dtypes.result != call.dtypes.working:
+        return Split.ROUNDED
+    if call.dtypes.working.kind not in "fiu":
+        return Split.DTYPE_KIND
     if members and call.dtypes.working != members[0].call.dtypes.working:
-        return None
+        return Split.OTHER_DTYPE
     if members and call.options.pad != members[0].call.options.pad or \
             members and call.options.fill != members[0].call.options.fill:
-        return None
+        return Split.OTHER_PADDING
     if not fits_in_memory(call) or column is not None and not fits_in_memory(column.call):
-        return None     # alone, the statement refuses it (AllocationError)
+        return Split.MEMORY     # alone, the statement refuses it (AllocationError)
     prepared = _prepare(call, blas_contraction(call))
-    if prepared is None:
-        return None
+    if isinstance(prepared, Split):
+        return prepared
     plan, buffers, outer = prepared
     lo, hi = call.bounds.range_map[outer]
     if lo != 0 or (members and hi != members[0].extent):
-        return None
+        return Split.OTHER_ROWS
     reads = _intermediate_reads(spec, plan, names, produced, members, outer)
     if reads is None:
-        return None
+        return Split.OTHER_ROW_READ
     sources = tuple(None if slot in reads else names.get(tensor, tensor)
                     for slot, (tensor, _) in enumerate(buffer_slots(spec)[:-1]))
     member = Member(kernel, call, plan, tuple(buffers), outer, hi, reads, sources, column)
@@ -379,34 +414,37 @@ def _join(kernel, names: Dict[str, str], members: List[Member], produced: Dict[s
                                row_bytes(member) > COLUMN_ROW_BYTES):
         # the summed index is not the loop over rows, no row per thread, or rows so
         # long that the accumulators would stream through memory on every row
-        return None
+        return Split.COLUMN_UNFIT
     return member
 
 
 def _prepare(call, contraction=None):
     """(plan, buffers, outer index) of a statement that can be a member of a group, or
-    None: it must run on the C backend as one kernel that is a single parallel loop,
-    with no input packed for lanes; ``contraction``: the contraction the call's
-    schedule hands to BLAS, or None."""
+    the Split rule it breaks: it must run on the C backend as one kernel that is a
+    single parallel loop, with no input packed for lanes; ``contraction``: the
+    contraction the call's schedule hands to BLAS, or None."""
     # a product that sums nothing (A[i,j] * B[i,j], a[i] * B[i,j]) is elementwise
-    if call.options.backend not in ("auto", "c") or call.spec.has_position_reductions or \
-            contraction is not None and contraction.k:
-        return None
+    if call.options.backend not in ("auto", "c"):
+        return Split.OTHER_BACKEND
+    if call.spec.has_position_reductions:
+        return Split.POSITION_REDUCTION
+    if contraction is not None and contraction.k:
+        return Split.BLAS
     try:
         out = np.empty(call.output_shape, dtype=call.dtypes.working)
     except (ValueError, MemoryError):
         # NumPy's 'array is too big' (more bytes than an array holds) or no memory: the
         # statement runs alone, where the result's own check says so (AllocationError)
-        return None
+        return Split.MEMORY
     if out.size == 0:
-        return None
+        return Split.EMPTY
     buffers = input_buffers(call) + [out]
     plan = loop_plan(call, [unit_axis(b) for b in buffers])
     if lane_packs(call, plan, buffers) or len(plan.program.kernels) != 1:
-        return None
+        return Split.NOT_ONE_LOOP
     body = plan.program.kernels[0].body
     if len(body) != 1 or not isinstance(body[0], ir.Loop) or body[0].kind != LoopKind.PARALLEL:
-        return None
+        return Split.NO_PARALLEL_LOOP
     number = int(body[0].var[1:])
     return plan, buffers, call.spec.all_indices[number]
 
