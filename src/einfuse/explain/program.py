@@ -75,6 +75,7 @@ class ProgramExplanation:
                "torch autograd fused too; torch tensors on the Triton backend fused by "
                "rows, forward and backward; JAX runs one kernel per statement, and under "
                "jax.grad the program's backward, not each statement's):"]
+        said = None     # the break the line before gave (a statement alone repeats it)
         for number, group in enumerate(groups, 1):
             many = len(group.statements) > 1
             which = ", ".join(str(i + 1) for i in group.statements)
@@ -90,8 +91,10 @@ class ProgramExplanation:
                     " summed over the rows as each row passes, into per-thread " \
                     "accumulators (float64 for float32, else compensated)"
             out.append(f"    kernel {number}: statement{'s' if many else ''} {which} ({how})")
-            if group.ended_by is not None:
-                out.append(f"      ({group.ended_by.describe()})")
+            ended = group.ended_by
+            if ended is not None and (ended.statement, ended.reason) != said:
+                out.append(f"      ({ended.describe()})")
+            said = None if ended is None else (ended.statement, ended.reason)
         if self.materialised is not None:
             rows = [m for m in self.materialised if m.row_bytes is not None]
             memory = [m for m in self.materialised if m.row_bytes is None]

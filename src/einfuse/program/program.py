@@ -56,7 +56,8 @@ class Program:
     statements write into) by keyword, or positionally in order of first use."""
 
     def __init__(self, source: str, statements: Sequence[ProgramStatement],
-                 outputs: Tuple[str, ...], options: Optional[Options] = None):
+                 outputs: Tuple[str, ...], options: Optional[Options] = None,
+                 inputs: Optional[Tuple[str, ...]] = None):
         self.source = source
         self.options = options if options is not None else Options()
         # the online-softmax rewrite of the whole program (rewrite/online_softmax.py)
@@ -64,14 +65,9 @@ class Program:
             if options is not None else None
         self.statements = tuple(statements)
         self.outputs = outputs
-        defined = {s.output for s in self.statements if s.assign == ":="}
-        order = []
-        for statement in self.statements:
-            for name in statement.reads + ((statement.output,) if statement.assign != ":="
-                                           else ()):
-                if name not in defined and name not in order:
-                    order.append(name)
-        self.inputs = tuple(order)
+        # positional arguments take the inputs in their order of first use as written
+        # (``inputs``, where the statements run in another order)
+        self.inputs = inputs if inputs is not None else _input_order(self.statements)
         self.intermediates = tuple(s.output for s in self.statements if s.assign == ":=")
         self._kernels = tuple(s.kernel for s in self.statements)
         # arrays written by '='/'+=' with statements still to follow (program/writes.py)
@@ -204,7 +200,7 @@ def compile_program(source: str, options: Options, outputs, make_kernel) -> Prog
                 span=spec.statement.output_span), statement.source.text)
     chosen = _outputs(statements, outputs)
     return Program(source, _canonical(statements, chosen, options, make_kernel), chosen,
-                   options)
+                   options, inputs=_input_order(statements))
 
 
 def _canonical(statements, outputs, options: Options, make_kernel):
@@ -231,8 +227,10 @@ def _canonical(statements, outputs, options: Options, make_kernel):
                 dataclasses.replace(written, text=text)))
     except EinfuseError:
         return statements
-    # the inputs' order of first use is the order positional arguments take
-    return rewritten if _input_order(rewritten) == _input_order(statements) else statements
+    # the same inputs (the program takes them in their order as written, whatever the
+    # order the statements run in)
+    return rewritten if set(_input_order(rewritten)) == set(_input_order(statements)) \
+        else statements
 
 
 def _input_order(statements) -> Tuple[str, ...]:

@@ -35,6 +35,7 @@ from ..lang.sugar import rename_indices
 from .hoist import canonical, only_plain, subscripts_of
 from .online_softmax import inline_program
 from .rules import RULES, rewrite
+from .statement_order import dataflow_order
 
 # The largest right side the rules are applied to (nodes, nesting depth): the walks are
 # recursive, and a generated statement of thousands of terms has no spelling to fix.
@@ -54,10 +55,11 @@ class CanonicalProgram:
     shared: Tuple[str, ...]
     origins: Tuple[int, ...] = ()    # each statement's position in the program as written
     rewritten: Tuple[bool, ...] = ()  # whether a step changed each statement
+    reordered: bool = False           # the run order is not the order written
 
     @property
     def changed(self) -> bool:
-        return bool(self.fired or self.shared)
+        return bool(self.fired or self.shared or self.reordered)
 
     @property
     def texts(self) -> Tuple[str, ...]:
@@ -103,10 +105,19 @@ def canonical_program(statements: Sequence[Tuple[Statement, Expr]],
         origins = tuple(origins[k] for k in kept)
         rewritten = _read_intermediates(rewritten, shared)
     if not fired and not shared:
-        return CanonicalProgram(tuple(s for s, _ in statements), (), (),
-                                tuple(range(len(statements))), (False,) * len(statements))
+        rewritten = [s for s, _ in statements]
+        unchanged = {id(s): s for s in rewritten}
+        origins = tuple(range(len(rewritten)))
+    order = dataflow_order(rewritten)
+    reordered = order != tuple(range(len(order)))
+    if reordered:
+        rewritten = [rewritten[k] for k in order]
+        origins = tuple(origins[k] for k in order)
+    if not fired and not shared and not reordered:
+        return CanonicalProgram(tuple(rewritten), (), (), origins, (False,) * len(rewritten))
     return CanonicalProgram(tuple(rewritten), tuple(fired), tuple(shared), origins,
-                            tuple(unchanged.get(id(s)) is not s for s in rewritten))
+                            tuple(unchanged.get(id(s)) is not s for s in rewritten),
+                            reordered)
 
 
 def _split_reductions(statements: List[Statement], shared: List[str]):

@@ -1,0 +1,74 @@
+"""The order a program's statements run in, from its dataflow rather than from the order
+they were written in (a program step of rewrite/canonical.py).
+
+The fusion groups (schedule/fusion.py) join consecutive statements, so a statement
+written between a producer and its consumer -- a contraction for another output, a
+reduction of another array -- would end the producer's group although nothing ties
+them.  Here each statement runs as soon after the statement it reads from as the
+dataflow allows: among the statements whose inputs are ready, the one reading the
+most recently run intermediate goes first (a consumer joins its producer); among
+equals, the one with the longest chain of statements depending on it (a producer starts
+its consumers' group early), then the statement's text (not its position, so that the
+order written does not decide).  So a program and any reordering of its independent
+statements run in one order and fuse alike.
+
+Statements that write into an existing array (``=``, ``+=``) keep their place: nothing
+moves across one, so every read and write of such an array happens in the order written."""
+
+from __future__ import annotations
+
+from typing import Dict, List, Sequence, Tuple
+
+from ..lang.ast import Statement, accesses
+from ..lang.printer import format_statement
+
+
+def dataflow_order(statements: Sequence[Statement]) -> Tuple[int, ...]:
+    """The positions of ``statements`` in the order they should run (a permutation
+    that keeps every intermediate after its definition)."""
+    order: List[int] = []
+    segment: List[int] = []
+    for position, statement in enumerate(statements):
+        if statement.assign == ":=":
+            segment.append(position)
+            continue
+        order += _segment_order(statements, segment)
+        order.append(position)          # an update: a barrier
+        segment = []
+    order += _segment_order(statements, segment)
+    return tuple(order)
+
+
+def _segment_order(statements: Sequence[Statement], segment: List[int]) -> List[int]:
+    """The run order of a stretch of ':=' statements (each name defined once)."""
+    if len(segment) < 3:
+        return list(segment)      # two statements: the second reads the first or not
+    defined = {statements[p].output: p for p in segment}
+    reads: Dict[int, Tuple[int, ...]] = {}
+    for p in segment:
+        names = {a.tensor for a in accesses(statements[p].rhs)}
+        reads[p] = tuple(sorted(defined[n] for n in names
+                                if n in defined and defined[n] != p))
+    chain: Dict[int, int] = {}      # the longest chain of readers after each statement
+    for p in reversed(segment):
+        chain[p] = 1 + max((chain[r] for r in segment if p in reads[r]), default=0)
+    text = {p: format_statement(statements[p]) for p in segment}
+    ran: Dict[int, int] = {}        # position as written -> its place in the run order
+    waiting = list(segment)
+    order: List[int] = []
+    while waiting:
+        best, best_key = None, None
+        for p in waiting:
+            if any(q not in ran for q in reads[p]):
+                continue
+            # the latest-run intermediate it reads (-1: none), its chain, its text
+            key = (-max((ran[q] for q in reads[p]), default=-1), -chain[p], text[p])
+            if best_key is None or key < best_key:
+                best, best_key = p, key
+        waiting.remove(best)     # (a statement only reads what is defined before it)
+        ran[best] = len(order)
+        order.append(best)
+    return order
+
+
+__all__ = ["dataflow_order"]
