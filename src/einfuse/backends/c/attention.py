@@ -103,12 +103,26 @@ static inline __attribute__((always_inline)) T ef_weights(
   #pragma omp simd reduction(max:top)
   for (long c = 0; c < seen; ++c) top = sr[c] > top ? sr[c] : top;
   T total = 0;
-  #pragma omp simd reduction(+:total)
-  for (long c = 0; c < seen; ++c) {
-    const T w = %(exp)s(sr[c] - top);
-    const T p = sr[c] == -INFINITY ? (T)0 : w;
-    sr[c] = p;
-    total += p;
+  /* a score of -inf (a masked key) weighs 0, and exp is not asked about it: the vector
+     exp takes a slow scalar path for such an argument.  ``keep`` goes through memory
+     so that the compiler cannot fold exp(hidden ? 0 : x) back into exp(x). */
+  T keep[BK];
+  #pragma omp simd
+  for (long c = 0; c < seen; ++c) keep[c] = sr[c] == -INFINITY ? (T)0 : (T)1;
+  if (top == -INFINITY) {      /* every score so far -inf (or NaN, which stays NaN) */
+    for (long c = 0; c < seen; ++c) {
+      const T p = keep[c] == 0 ? (T)0 : %(exp)s(sr[c] - top);
+      sr[c] = p;
+      total += p;
+    }
+  } else {
+    #pragma omp simd reduction(+:total)
+    for (long c = 0; c < seen; ++c) {
+      const T x = sr[c] == -INFINITY ? top : sr[c];     /* exp(0) for a hidden key */
+      const T p = %(exp)s(x - top) * keep[c];
+      sr[c] = p;
+      total += p;
+    }
   }
   for (long c = seen; c < BK; ++c) sr[c] = 0;
   *sum = total;

@@ -186,12 +186,23 @@ int ef_attention_backward(const T *Q, const T *K, const T *V, const T *O, const 
                            term_offsets, term_info);
               mode = 0;
             }
+            /* exp is not asked about a hidden key (its score may be -inf: the vector
+               exp's slow path); ``keep`` goes through memory so that the compiler
+               cannot fold exp(shown ? x : 0) back into exp(x) (c_attention.py) */
+            T keep[BK];
             #pragma omp simd
             for (long c = 0; c < BK; ++c) {
               const T s = mode == 1 ? pr[c] * scale : (mode == 2 ? pr[c] / scale : pr[c]);
-              const T w = c < seen && c >= first ? %(exp)s(s - top) : (T)0;
+              pr[c] = s;
+              keep[c] = c < seen && c >= first && s != -INFINITY ? (T)1 : (T)0;
+            }
+            #pragma omp simd
+            for (long c = 0; c < BK; ++c) {
+              /* (top, the row's log-sum-exp, is finite here: the runtime checks) */
+              const T x = keep[c] != 0 ? pr[c] : top;
+              const T w = %(exp)s(x - top) * keep[c];
               pr[c] = w;
-              dsr[c] = c < seen && c >= first ? w * (dsr[c] - di) : (T)0;
+              dsr[c] = w * (dsr[c] - di);
             }
           }
           /* dV block += P^T dO, dK block += dS^T Q (the scale's factor at the end),
