@@ -381,3 +381,66 @@ def test_a_row_masked_by_the_tensor_takes_the_formula_backward(backward_calls):
     for a, b in zip(got, want):
         np.testing.assert_array_equal(torch.isnan(a), torch.isnan(b))
         torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-11, equal_nan=True)
+
+
+# -- blocks a padding mask hides entirely -------------------------------------------------
+
+def block_masked(N=300, dtype=np.float64):
+    Q, K, V, M, slope, bias = data(2, 2, N, 8, dtype, seed=3, masked=0.0)
+    M[0, 64:200] = -np.inf               # whole key blocks of element 0
+    M[1, 100:] = -np.inf
+    return Q, K, V, M
+
+
+def skippable(Q, K, V, M, scale=0.3):
+    from einfuse.rewrite.attention_layout import canonical
+    attention = attention_of(program(PADDED, mask=None))
+    return canonical(attention, {"Q": Q, "K": K, "V": V, "M": M, "scale": scale}).skip_hidden
+
+
+@pytest.mark.parametrize("backend", FUSED_BACKENDS)
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_hidden_blocks_are_skipped_exactly(backend, dtype, fused_calls):
+    Q, K, V, M = block_masked(dtype=dtype)
+    assert skippable(Q, K, V, M)
+    got = run(program(PADDED, mask=None), Q=Q, K=K, V=V, M=M, scale=0.3, backend=backend)
+    want = mirror(Q, K, V, 0.3, M=M)
+    tol = 3e-5 if dtype == np.float32 else 1e-12
+    np.testing.assert_allclose(got, want, rtol=tol, atol=tol)
+
+
+@pytest.mark.parametrize("backend", FUSED_BACKENDS)
+@pytest.mark.parametrize("poison", ["nan key", "inf key", "+inf bias", "huge query"])
+def test_a_hidden_block_that_is_nan_in_the_statements_is_not_skipped(backend, poison,
+                                                                     fused_calls):
+    Q, K, V, M = block_masked()
+    text, named = program(PADDED, mask=None), {}
+    if poison == "nan key":
+        K[0, 1, 100, 3] = np.nan         # a key the mask hides: NaN + -inf is NaN
+    elif poison == "inf key":
+        K[0, 1, 100, 3] = np.inf
+    elif poison == "+inf bias":
+        text = program(PADDED + BIAS, mask=None)
+        named["bias"] = np.zeros((2, 300, 300))
+        named["bias"][1, 5, 150] = np.inf
+    else:
+        Q[0, 0, 7] = 1e308               # its dot products overflow to +-inf
+    assert not skippable(Q, K, V, M) or poison == "+inf bias"
+    got = run(text, Q=Q, K=K, V=V, M=M, scale=0.3, backend=backend, **named)
+    want = mirror(Q, K, V, 0.3, M=M, bias=named.get("bias"))
+    assert np.isnan(want).any()
+    np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
+    np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.skipif(c_build.find_compiler() is None, reason="the fused backward is C")
+def test_gradients_with_hidden_blocks(backward_calls):
+    Q, K, V, M = block_masked(N=200)
+    Q, K, V = leaves((Q, K, V), (True,) * 3)
+    out = run(program(PADDED, mask=None), Q=Q, K=K, V=V, M=torch.from_numpy(M), scale=0.3)
+    got = torch.autograd.grad(out.sum(), (Q, K, V))
+    assert backward_calls
+    S = Q @ K.transpose(-1, -2) * 0.3 + torch.from_numpy(M)[:, None, None, :]
+    want = torch.autograd.grad((torch.softmax(S, -1) @ V).sum(), (Q, K, V))
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-11)

@@ -62,6 +62,9 @@ class Canonical:
     lower: int = 0
     upper: int = 0
     terms: Tuple[CallTerm, ...] = ()
+    # whether the kernels may skip a block where an added tensor is all -inf (no other
+    # part of a score can be +inf or NaN: hidden_blocks_skippable)
+    skip_hidden: bool = False
 
 
 def float_extents(attention: Attention, arrays) -> Optional[Dict[str, int]]:
@@ -109,7 +112,46 @@ def canonical(attention: Attention, named: Dict[str, object]) -> Optional[Canoni
         return None
     shaped = [to_canonical(array, indices, order, len(batch))
               for array, (order, indices) in zip(arrays, operand_layouts(attention))]
-    return Canonical(*shaped, batch_shape, scale, band[0], band[1], terms)
+    skip = hidden_blocks_skippable(attention, arrays[0], arrays[1], scale, terms,
+                                   extents)
+    return Canonical(*shaped, batch_shape, scale, band[0], band[1], terms, skip)
+
+
+def hidden_blocks_skippable(attention: Attention, query: np.ndarray, key: np.ndarray,
+                            scale: float, terms, extents: Dict[str, int]) -> bool:
+    """Whether every score where an added tensor term is -inf is -inf (as the statements
+    compute it), so that a block of such keys may be skipped: the query and key finite
+    and small enough that no dot product, nor its sum with the finite parts of the
+    other terms, overflows; no term NaN or +inf (-inf where it is subtracted); every
+    index term finite.  Only asked where some tensor term exists."""
+    if not any(t.kind == 0 and t.sign > 0 for t in terms):
+        return False
+    dtype = query.dtype
+    with np.errstate(all="ignore"):
+        # (a max and a min, NaN propagating, say both finiteness and magnitude)
+        largest = [max(abs(float(a.max())), abs(float(a.min()))) for a in (query, key)]
+        if not all(np.isfinite(largest)):
+            return False
+        factor = abs(scale) if attention.scale is ScaleKind.MULTIPLY else \
+            1 / abs(scale) if attention.scale is ScaleKind.DIVIDE else 1.0
+        total = largest[0] * largest[1] * extents[attention.dot_index] * factor
+        rows, keys = extents[attention.row], extents[attention.key_index]
+        for term in terms:
+            if term.kind == 0:
+                values = term.view[tuple(slice(0, 1) if stride == 0 else slice(None)
+                                         for stride in term.view.strides)]  # (its data)
+                bad = np.inf if term.sign > 0 else -np.inf
+                if np.isnan(values).any() or (values == bad).any():
+                    return False
+                finite = np.abs(values[np.isfinite(values)])
+                total += float(finite.max(initial=0))
+            else:
+                if not np.isfinite(term.data).all():
+                    return False
+                a, b, k = term.affine
+                total += float(np.abs(term.data).max(initial=0)) * \
+                    (abs(a) * keys + abs(b) * rows + abs(k))
+    return bool(np.isfinite(total) and total < float(np.finfo(dtype).max) / 4)
 
 
 def call_band(attention: Attention, named: Dict[str, object],

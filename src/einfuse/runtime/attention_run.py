@@ -84,8 +84,9 @@ def run_c(attention: Attention, arrays: Canonical, threads: int,
 
 class TermArguments:
     """The scores' terms as the C kernels take them (backends/c/attention.TERMS): the
-    count, the data pointers, the batch offsets (nterms, G) and the info (nterms, 7);
-    the arrays kept alive while the call runs."""
+    count, the data pointers, the batch offsets (nterms, G), the info (nterms, 7) and
+    whether blocks a term hides may be skipped; the arrays kept alive while the call
+    runs."""
 
     def __init__(self, arrays: Canonical):
         terms = arrays.terms
@@ -97,11 +98,12 @@ class TermArguments:
             np.int64)
         self.info = np.ascontiguousarray([t.info() for t in terms] or [[0] * 7], np.int64)
         self.keep = [t.data for t in terms]
+        self.skip_hidden = int(arrays.skip_hidden)
 
     @property
     def pointers(self):
         return (len(self.keep), ctypes.cast(self.data, ctypes.c_void_p),
-                self.offsets.ctypes.data, self.info.ctypes.data)
+                self.offsets.ctypes.data, self.info.ctypes.data, self.skip_hidden)
 
 
 def term_arguments(arrays: Canonical) -> TermArguments:

@@ -136,7 +136,7 @@ static inline __attribute__((always_inline)) T ef_weights(
 int ef_attention(const T *Q, const T *K, const T *V, T *O, T *LSE, long G, long NQ, long NK,
                  long D, long E, double scale_in, int scale_mode, long lo, long hi,
                  int normalise, int threads, int nterms, const T *const *term_data,
-                 const long *term_offsets, const long *term_info) {
+                 const long *term_offsets, const long *term_info, int skip_hidden) {
   const T scale = (T)scale_in;
   const long EP = ef_round(E);
   const long blocks = (NQ + BQ - 1) / BQ;
@@ -185,6 +185,9 @@ int ef_attention(const T *Q, const T *K, const T *V, T *O, T *LSE, long G, long 
         const long padded_rows = (rows + RB - 1) / RB * RB;
         for (long j0 = jstart; j0 < jend; j0 += BK) {
           const long cols = ef_min(BK, NK - j0);
+          if (skip_hidden && ef_block_hidden(g, i0, rows, j0, cols, G, nterms, term_data,
+                                             term_offsets, term_info))
+            continue;       /* a padding mask's keys: every weight 0 */
           const T *kt = kt_all + (g * kblocks + j0 / BK) * D * BK;
           /* the value block as whole vectors: read in place when it is, else copied
              zero-padded */
@@ -346,6 +349,28 @@ static void ef_add_terms(T *restrict sr, const long n, const long g, const long 
     }
   }
 }
+
+/* Whether an added tensor term is -inf for every (row, key) of the block rows i0..,
+   keys j0..: every score there is -inf and weighs 0, so the block is skipped.  Asked
+   only where the runtime knows no other part of a score can be +inf or NaN (then
+   -inf + x is -inf, as the statements compute it). */
+static int ef_block_hidden(const long g, const long i0, const long rows, const long j0,
+                           const long cols, const long G, const int nterms,
+                           const T *const *term_data, const long *term_offsets,
+                           const long *term_info) {
+  for (int t = 0; t < nterms; ++t) {
+    const long *f = term_info + 7 * t;
+    if (f[0] != 0 || f[1] < 0) continue;
+    const T *x = term_data[t] + term_offsets[t * G + g] + f[2] * i0 + f[3] * j0;
+    const long checked = f[2] == 0 ? 1 : rows;     /* broadcast over rows: one is all */
+    int hidden = 1;
+    for (long r = 0; r < checked && hidden; ++r)
+      for (long c = 0; c < cols; ++c)
+        if (x[r * f[2] + c * f[3]] != -INFINITY) { hidden = 0; break; }
+    if (hidden) return 1;
+  }
+  return 0;
+}
 """
 
 _lock = threading.Lock()
@@ -378,7 +403,7 @@ def functions(dtype: np.dtype):
     size = ctypes.c_long
     attention.argtypes = [ctypes.c_void_p] * 5 + [size] * 5 + [
         ctypes.c_double, ctypes.c_int, size, size, ctypes.c_int, ctypes.c_int,
-        ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]
+        ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int]
     attention.restype = ctypes.c_int
     finite.argtypes = [ctypes.c_void_p, size, ctypes.c_int]
     finite.restype = ctypes.c_int

@@ -129,7 +129,8 @@ int ef_attention_backward(const T *Q, const T *K, const T *V, const T *O, const 
                           const T *LSE, T *dQ, T *dK, T *dV, long G, long NQ, long NK,
                           long D, long E, double scale_in, int scale_mode, long lo, long hi,
                           int threads, int nterms, const T *const *term_data,
-                          const long *term_offsets, const long *term_info) {
+                          const long *term_offsets, const long *term_info,
+                          int skip_hidden) {
   const T scale = (T)scale_in;
   int failed = 0;
   if (threads <= 0) threads = omp_get_max_threads();
@@ -169,6 +170,9 @@ int ef_attention_backward(const T *Q, const T *K, const T *V, const T *O, const 
         const long iend = ef_min(NQ, j0 + cols - lo);
         for (long i0 = ef_max(0, j0 - hi); i0 < iend; i0 += BQ) {
           const long rows = ef_min(BQ, iend - i0);
+          if (skip_hidden && ef_block_hidden(g, i0, rows, j0, cols, G, nterms, term_data,
+                                             term_offsets, term_info))
+            continue;       /* every weight 0: nothing to add (the forward skipped it) */
           memset(p, 0, sizeof(T) * (size_t)(rows * BK));
           memset(ds, 0, sizeof(T) * (size_t)(rows * BK));
           ef_product(q + i0 * D, D, 1, kt, BK, p, BK, rows, BK, D);      /* scores */
@@ -254,7 +258,7 @@ def backward_function(dtype: np.dtype):
     size = ctypes.c_long
     function.argtypes = [ctypes.c_void_p] * 9 + [size] * 5 + [
         ctypes.c_double, ctypes.c_int, size, size, ctypes.c_int, ctypes.c_int,
-        ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]
+        ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int]
     function.restype = ctypes.c_int
     with _lock:
         _functions[dtype.name] = function
