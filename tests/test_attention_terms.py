@@ -444,3 +444,18 @@ def test_gradients_with_hidden_blocks(backward_calls):
     want = torch.autograd.grad((torch.softmax(S, -1) @ V).sum(), (Q, K, V))
     for a, b in zip(got, want):
         torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-11)
+
+
+@pytest.mark.parametrize("backend", FUSED_BACKENDS)
+def test_a_window_on_the_weights_is_the_same_band(backend, fused_calls):
+    text = ("S[b,h,i,j] := sum[d](Q[b,h,i,d]*K[b,h,j,d]) * scale + M[b,j]\n"
+            "m[b,h,i] := max[j](S[b,h,i,j])\n"
+            "P[b,h,i,j] := where((j <= i) & (i - j < W), exp(S[b,h,i,j] - m[b,h,i]), 0)\n"
+            "O[b,h,i,e] := sum[j](P[b,h,i,j] * V[b,h,j,e]) / sum[j](P[b,h,i,j])")
+    found = attention_of(text)
+    assert found.upper == (Bound(0),) and found.lower == (Bound(1, (("W", -1),)),)
+    Q, K, V, M, slope, bias = data(2, 2, 90, 8, np.float64, masked=0.0)
+    got = ef.ein(text, Q=Q, K=K, V=V, M=M, scale=0.3, W=20, backend=backend)
+    assert fused_calls == [True]
+    np.testing.assert_allclose(got, mirror(Q, K, V, 0.3, M=M, lower=-19, upper=0),
+                               rtol=1e-12, atol=1e-12)
