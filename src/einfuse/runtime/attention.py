@@ -212,9 +212,9 @@ class FusedAttention:
             f"    {count_text(self.pairs * self.groups)} (i, j) pairs computed",
             f"    for NumPy {self.dtype} arrays and CPU torch tensors on the C backend "
             "(the NumPy backend runs the same pass by key blocks); under torch autograd "
-            "the backward is one fused kernel too (normalised, no mask or j <= i, finite "
-            "inputs); JAX and Triton run the statements one by one, and so does a value "
-            "array holding inf or NaN",
+            "the backward is one fused kernel too (normalised, every row seeing a key, "
+            "finite inputs, the scores' terms needing no gradient); JAX and Triton run "
+            "the statements one by one, and so does a value array holding inf or NaN",
             f"  materialised: nothing N x N (scores or weights in memory would take {square} "
             "each); per thread: blocks of 64 x 64 scores and 64 rows of the accumulator; "
             f"the keys transposed in blocks of 64 (once per call): {bytes_text(transposed)}"]
