@@ -459,3 +459,25 @@ def test_a_window_on_the_weights_is_the_same_band(backend, fused_calls):
     assert fused_calls == [True]
     np.testing.assert_allclose(got, mirror(Q, K, V, 0.3, M=M, lower=-19, upper=0),
                                rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.skipif(c_build.find_compiler() is None, reason="the fused backward is C")
+@settings(max_examples=8, deadline=None)
+@given(st.integers(1, 70), st.integers(1, 6), st.integers(1, 80),
+       st.sampled_from(["causal padding mask", "alibi", "window", "everything"]),
+       st.integers(0, 2 ** 16))
+def test_hypothesis_gradients(N, D, W, case, seed):
+    Q, K, V, M, slope, bias = data(1, 2, N, D, np.float64, seed=seed, masked=0.3)
+    M[:, 0] = 0.0                        # every row sees key 0 (the fused backward)
+    spec = CASES[case]
+    text = program(**spec)
+    leaves_ = leaves((Q, K, V), (True,) * 3)
+    named = dict(M=torch.from_numpy(M), slope=torch.from_numpy(slope),
+                 bias=torch.from_numpy(bias), scale=0.3, W=W)
+    got = torch.autograd.grad(run(text, Q=leaves_[0], K=leaves_[1], V=leaves_[2],
+                                  **named).sum(), leaves_)
+    plain = [torch.from_numpy(a).requires_grad_() for a in (Q, K, V)]
+    want = torch.autograd.grad(run(text, Q=plain[0], K=plain[1], V=plain[2],
+                                   ranges={"i": N}, **named).sum(), plain)
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-10)

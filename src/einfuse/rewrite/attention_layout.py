@@ -120,15 +120,14 @@ def canonical(attention: Attention, named: Dict[str, object]) -> Optional[Canoni
 def hidden_blocks_skippable(attention: Attention, query: np.ndarray, key: np.ndarray,
                             scale: float, terms, extents: Dict[str, int]) -> bool:
     """Whether every score where an added tensor term is -inf is -inf (as the statements
-    compute it), so that a block of such keys may be skipped: the query and key finite
-    and small enough that no dot product, nor its sum with the finite parts of the
-    other terms, overflows; no term NaN or +inf (-inf where it is subtracted); every
-    index term finite.  Only asked where some tensor term exists."""
+    compute it), so that a block of such keys may be skipped.  -inf plus anything but
+    +inf and NaN is -inf, and a sum reaches +inf only by overflowing upwards, so it is
+    enough that the query and key are finite, no term is NaN or +inf, and the largest
+    positive part of each score's addends sums to well below the dtype's maximum (one
+    max or min per array, NaN propagating).  Only asked where a tensor term exists."""
     if not any(t.kind == 0 and t.sign > 0 for t in terms):
         return False
-    dtype = query.dtype
     with np.errstate(all="ignore"):
-        # (a max and a min, NaN propagating, say both finiteness and magnitude)
         largest = [max(abs(float(a.max())), abs(float(a.min()))) for a in (query, key)]
         if not all(np.isfinite(largest)):
             return False
@@ -137,21 +136,20 @@ def hidden_blocks_skippable(attention: Attention, query: np.ndarray, key: np.nda
         total = largest[0] * largest[1] * extents[attention.dot_index] * factor
         rows, keys = extents[attention.row], extents[attention.key_index]
         for term in terms:
-            if term.kind == 0:
+            if term.kind == 0:     # (its data: the broadcast axes taken once)
                 values = term.view[tuple(slice(0, 1) if stride == 0 else slice(None)
-                                         for stride in term.view.strides)]  # (its data)
-                bad = np.inf if term.sign > 0 else -np.inf
-                if np.isnan(values).any() or (values == bad).any():
+                                         for stride in term.view.strides)]
+                positive = float(values.max()) if term.sign > 0 else -float(values.min())
+                if not np.isfinite(positive):
                     return False
-                finite = np.abs(values[np.isfinite(values)])
-                total += float(finite.max(initial=0))
+                total += max(positive, 0.0)
             else:
                 if not np.isfinite(term.data).all():
                     return False
                 a, b, k = term.affine
                 total += float(np.abs(term.data).max(initial=0)) * \
                     (abs(a) * keys + abs(b) * rows + abs(k))
-    return bool(np.isfinite(total) and total < float(np.finfo(dtype).max) / 4)
+    return bool(np.isfinite(total) and total < float(np.finfo(query.dtype).max) / 4)
 
 
 def call_band(attention: Attention, named: Dict[str, object],
