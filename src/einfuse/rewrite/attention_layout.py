@@ -12,7 +12,7 @@ from typing import Dict, Optional, Tuple
 import numpy as np
 
 from ..analysis.options import INT64_MAX
-from .attention_scores import IndexTerm, TensorTerm
+from .attention_scores import TensorTerm
 from .online_softmax import Attention, ScaleKind
 
 
