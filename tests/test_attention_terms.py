@@ -481,3 +481,20 @@ def test_hypothesis_gradients(N, D, W, case, seed):
                                    ranges={"i": N}, **named).sum(), plain)
     for a, b in zip(got, want):
         torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-10)
+
+
+def test_scores_not_fused_still_run_as_written(fused_calls):
+    Q, K, V, M, slope, bias = data(1, 2, 30, 4, np.float64, masked=0.0)
+    M = np.random.default_rng(2).standard_normal(M.shape)
+    got = run(program(" + M[b,j] * M[b,j]"), Q=Q, K=K, V=V, M=M, scale=0.3)
+    assert not any(fused_calls)
+    np.testing.assert_allclose(got, mirror(Q, K, V, 0.3, M=M * M, upper=0),
+                               rtol=1e-12, atol=1e-12)
+    got = run(program(" + exp(M[b,j])", mask="j * 2 <= i"), Q=Q, K=K, V=V, M=M, scale=0.3)
+    i, j = np.arange(30)[:, None], np.arange(30)[None, :]
+    S = np.einsum("bhid,bhjd->bhij", Q, K) * 0.3 + np.exp(M)[:, None, None, :]
+    with np.errstate(all="ignore"):
+        S = np.where(j * 2 <= i, S, -np.inf)
+        P = np.exp(S - S.max(-1, keepdims=True))
+        want = (P @ V) / P.sum(-1)[..., None]
+    np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12)
