@@ -266,6 +266,79 @@ def attention_training_case(B=4, H=8, N=1024, D=64) -> Case:
                          ATTENTION.format(scale=repr(scale)), inputs, sdpa, compiled=False)
 
 
+MASKED_ATTENTION = {      # issue 31: scores with additive terms (rewrite/attention_scores.py)
+    "padding-masked": "sum[d](Q[b,h,i,d]*K[b,h,j,d]) * {scale} + M[b,j]",
+    "ALiBi causal": "where(j <= i, sum[d](Q[b,h,i,d]*K[b,h,j,d]) * {scale} "
+                    "+ slope[h] * (j - i), -inf)",
+}
+
+
+def masked_attention_cases(B=2, H=4, N=512, D=64) -> List[Case]:
+    """Attention with a padding mask ``+ M[b,j]`` (the last quarter and half of the keys
+    of the two batch elements -inf) and with ALiBi's ``+ slope[h] * (j - i)`` under the
+    causal mask: one fused kernel against torch's SDPA with the same scores as a float
+    attn_mask (precomputed, outside the timing), forward and forward + backward (the
+    gradients of Q, K and V)."""
+    scale = float(1.0 / np.sqrt(D))
+    i, j = np.arange(N)[:, None], np.arange(N)[None, :]
+
+    def inputs(kind):
+        def make(rng):
+            arrays = attention_inputs(B, H, N, D)(rng)
+            if kind == "padding-masked":
+                M = np.zeros((B, N), np.float32)
+                for b in range(B):
+                    M[b, N - N * (b + 1) // (B + 2):] = -np.inf
+                arrays["M"] = M
+                arrays["mask"] = M[:, None, None, :]
+            else:
+                slope = (2.0 ** -np.arange(1, H + 1)).astype(np.float32)
+                arrays["slope"] = slope
+                arrays["mask"] = np.where(j <= i, slope[:, None, None] * (j - i),
+                                          -np.inf).astype(np.float32)[None]
+            return arrays
+        return make
+
+    def sdpa(Q, K, V, mask, **_):
+        import torch
+        return torch.nn.functional.scaled_dot_product_attention(Q, K, V, attn_mask=mask,
+                                                                scale=scale)
+
+    def ours(source, train):
+        def make(arrays, backend):
+            import einfuse as ef
+            import torch
+            program = ef.compile(source, backend=backend)
+            named = {k: torch.from_numpy(np.ascontiguousarray(v))
+                     .requires_grad_(train and k in ("Q", "K", "V"))
+                     for k, v in arrays.items() if k in program.inputs}
+            if not train:
+                return lambda: program(**named)
+            return lambda: _train_step(program, named)
+        return make
+
+    def sdpa_training(arrays):
+        import torch
+        named = {k: torch.from_numpy(np.ascontiguousarray(v))
+                 .requires_grad_(k in ("Q", "K", "V")) for k, v in arrays.items()}
+        return lambda: _train_step(sdpa, named)
+
+    cases = []
+    for kind, scores in MASKED_ATTENTION.items():
+        source = ("S[b,h,i,j] := " + scores.format(scale=repr(scale)) +
+                  "\nm[b,h,i]   := max[j](S[b,h,i,j])\nP[b,h,i,j] := exp(S[b,h,i,j] - "
+                  "m[b,h,i])\nO[b,h,i,e] := sum[j](P[b,h,i,j] * V[b,h,j,e]) / "
+                  "sum[j](P[b,h,i,j])")
+        name = f"{kind} attention B={B} H={H} N={N} D={D}"
+        cases.append(Case(name, source, inputs(kind),
+                          [torch_peer("torch SDPA float mask", sdpa)],
+                          einfuse_call=ours(source, False)))
+        cases.append(Case(f"fwd+bwd {name}", source, inputs(kind),
+                          [Peer("torch SDPA float mask", sdpa_training, "torch")],
+                          einfuse_call=ours(source, True)))
+    return cases
+
+
 # -- forward + backward (issue 4): torch tensors through autograd --------------------------
 def _leaves(arrays):
     import torch

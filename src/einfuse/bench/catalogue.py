@@ -10,6 +10,7 @@ from typing import List
 
 from . import gpu
 from .cases import (Case, attention_case, attention_training_case, bmm_rev_case, conv2d_case,
+                    masked_attention_cases,
                     dist_case, embed_case, gauss_case, installed, logsumexp_case, matmul_case,
                     small_training_cases, training_cases)
 from .conv_cases import conv_cases
@@ -34,6 +35,7 @@ def all_cases(quick: bool = False) -> List[Case]:
                 logsumexp_case(512), attention_case(1, 2, 128, 16)] + \
             (training_cases(quick=True) + [attention_training_case(1, 2, 128, 16)] +
              small_training_cases(quick=True) + module_cases(quick=True) +
+             masked_attention_cases(1, 2, 128, 16) +
              epilogue_cases(quick=True) if installed("torch") else []) + \
             frontend_cases(quick=True) + overhead_cases() + spelling_cases(quick=True) + \
             row_cases(quick=True) + jit + (conv_cases(quick=True) if installed("torch") else [])
@@ -41,7 +43,8 @@ def all_cases(quick: bool = False) -> List[Case]:
             bmm_rev_case(),
             conv2d_case(), embed_case(), logsumexp_case(), attention_case()] + training_cases() + \
         [attention_training_case()] + small_training_cases() + \
-        (module_cases() + epilogue_cases() if installed("torch") else []) + frontend_cases() + \
+        (module_cases() + epilogue_cases() + masked_attention_cases()
+         if installed("torch") else []) + frontend_cases() + \
         overhead_cases() + spelling_cases() + row_cases() + jit + \
         (conv_cases() if installed("torch") else [])
 

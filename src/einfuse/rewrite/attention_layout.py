@@ -12,21 +12,59 @@ from typing import Dict, Optional, Tuple
 import numpy as np
 
 from ..analysis.options import INT64_MAX
-from .online_softmax import Attention, MaskKind, ScaleKind
+from .attention_scores import TensorTerm
+from .online_softmax import Attention, ScaleKind
 
 
 _FLOATS = (np.dtype(np.float32), np.dtype(np.float64))
 
 
 @dataclasses.dataclass(frozen=True)
+class CallTerm:
+    """One additive term of the scores for a call, as the kernels read it: the value
+    at (g, i, j) is ``sign * data[offsets[g] + row_stride * i + key_stride * j]`` for a
+    tensor (``kind`` 0; strides in elements, 0 where it is broadcast), and
+    ``data[offsets[g]] * (a j + b i + k)`` for an index term (``kind`` 1)."""
+    kind: int
+    data: np.ndarray          # the tensor itself (a view), or the G coefficients
+    offsets: np.ndarray       # (G,) int64
+    sign: int = 1
+    row_stride: int = 0
+    key_stride: int = 0
+    affine: Tuple[int, int, int] = (0, 0, 0)
+    view: Optional[np.ndarray] = None    # a tensor's broadcast view (batch..., NQ, NK)
+
+    def info(self) -> Tuple[int, ...]:
+        return (self.kind, self.sign, self.row_stride, self.key_stride) + self.affine
+
+    def block(self, j0: int, j1: int, rows: int) -> np.ndarray:
+        """The term's values for keys j0..j1-1, (G, NQ, j1 - j0)."""
+        if self.kind == 0:
+            part = self.view[..., j0:j1]
+            block = part.reshape((-1,) + part.shape[-2:])
+            return -block if self.sign < 0 else block
+        a, b, k = self.affine
+        index = (a * np.arange(j0, j1)[None, :] + b * np.arange(rows)[:, None] + k)
+        coefficients = self.data[self.offsets]
+        return coefficients[:, None, None] * index.astype(self.data.dtype)[None]
+
+
+@dataclasses.dataclass(frozen=True)
 class Canonical:
     """A call's arrays in the kernel's layout: query (G, NQ, D), key (G, NK, D), value
-    (G, NK, E); the batch extents (in the output's batch order) and the scale."""
+    (G, NK, E); the batch extents (in the output's batch order) and the scale; the band
+    ``lower <= j - i <= upper`` of keys each row sees and the scores' terms."""
     query: np.ndarray
     key: np.ndarray
     value: np.ndarray
     batch_shape: Tuple[int, ...]
     scale: float
+    lower: int = 0
+    upper: int = 0
+    terms: Tuple[CallTerm, ...] = ()
+    # whether the kernels may skip a block where an added tensor is all -inf (no other
+    # part of a score can be +inf or NaN: hidden_blocks_skippable)
+    skip_hidden: bool = False
 
 
 def float_extents(attention: Attention, arrays) -> Optional[Dict[str, int]]:
@@ -67,9 +105,150 @@ def canonical(attention: Attention, named: Dict[str, object]) -> Optional[Canoni
     if scale is None:
         return None
     batch = attention.batch
+    batch_shape = tuple(extents[b] for b in batch)
+    band = call_band(attention, named, extents)
+    terms = call_terms(attention, named, extents, arrays[0].dtype)
+    if band is None or terms is None:
+        return None
     shaped = [to_canonical(array, indices, order, len(batch))
               for array, (order, indices) in zip(arrays, operand_layouts(attention))]
-    return Canonical(*shaped, tuple(extents[b] for b in batch), scale)
+    skip = hidden_blocks_skippable(attention, arrays[0], arrays[1], scale, terms,
+                                   extents)
+    return Canonical(*shaped, batch_shape, scale, band[0], band[1], terms, skip)
+
+
+def hidden_blocks_skippable(attention: Attention, query: np.ndarray, key: np.ndarray,
+                            scale: float, terms, extents: Dict[str, int]) -> bool:
+    """Whether every score where an added tensor term is -inf is -inf (as the statements
+    compute it), so that a block of such keys may be skipped.  -inf plus anything but
+    +inf and NaN is -inf, and a sum reaches +inf only by overflowing upwards, so it is
+    enough that the query and key are finite, no term is NaN or +inf, and the largest
+    positive part of each score's addends sums to well below the dtype's maximum (one
+    max or min per array, NaN propagating).  Only asked where a tensor term exists."""
+    if not any(t.kind == 0 and t.sign > 0 for t in terms):
+        return False
+    with np.errstate(all="ignore"):
+        largest = [max(abs(float(a.max())), abs(float(a.min()))) for a in (query, key)]
+        if not all(np.isfinite(largest)):
+            return False
+        factor = abs(scale) if attention.scale is ScaleKind.MULTIPLY else \
+            1 / abs(scale) if attention.scale is ScaleKind.DIVIDE else 1.0
+        total = largest[0] * largest[1] * extents[attention.dot_index] * factor
+        rows, keys = extents[attention.row], extents[attention.key_index]
+        for term in terms:
+            if term.kind == 0:     # (its data: the broadcast axes taken once)
+                values = term.view[tuple(slice(0, 1) if stride == 0 else slice(None)
+                                         for stride in term.view.strides)]
+                positive = float(values.max()) if term.sign > 0 else -float(values.min())
+                if not np.isfinite(positive):
+                    return False
+                total += max(positive, 0.0)
+            else:
+                if not np.isfinite(term.data).all():
+                    return False
+                a, b, k = term.affine
+                total += float(np.abs(term.data).max(initial=0)) * \
+                    (abs(a) * keys + abs(b) * rows + abs(k))
+    return bool(np.isfinite(total) and total < float(np.finfo(query.dtype).max) / 4)
+
+
+def call_band(attention: Attention, named: Dict[str, object],
+              extents: Dict[str, int]) -> Optional[Tuple[int, int]]:
+    """(lower, upper): row i sees the keys j with lower <= j - i <= upper, clamped to
+    what the extents allow; None where a bound's parameter is not an integer."""
+    rows, keys = extents[attention.row], extents[attention.key_index]
+    lower, upper = -rows, keys           # no bound: every key
+    for bound in attention.lower:
+        value = bound.value(named)
+        if value is None:
+            return None
+        lower = max(lower, value)
+    for bound in attention.upper:
+        value = bound.value(named)
+        if value is None:
+            return None
+        upper = min(upper, value)
+    return min(max(lower, -rows), keys), max(min(upper, keys), -rows)
+
+
+def call_terms(attention: Attention, named: Dict[str, object], extents: Dict[str, int],
+               dtype: np.dtype) -> Optional[Tuple[CallTerm, ...]]:
+    """The scores' terms for a call, or None where one is not a NumPy array of the
+    working dtype with the extents of the query, key and value (or its scalar is not
+    a real number that keeps the dtype): the statements then judge the call."""
+    batch = attention.batch
+    batch_shape = tuple(extents[b] for b in batch)
+    full = batch + (attention.row, attention.key_index)
+    groups = int(np.prod(batch_shape, dtype=np.int64))
+    found = []
+    for term in attention.terms:
+        if isinstance(term, TensorTerm):
+            view = _broadcast(named.get(term.tensor), term.indices, full, extents, dtype)
+            if view is None:
+                return None
+            strides = [s // dtype.itemsize for s in view.strides]
+            found.append(CallTerm(0, view, _offsets(batch_shape, strides[:len(batch)]),
+                                  term.sign, strides[-2], strides[-1], view=view))
+            continue
+        coefficient = term.coefficient
+        if coefficient.tensor is not None:
+            view = _broadcast(named.get(coefficient.tensor), coefficient.indices, batch,
+                              extents, dtype)
+            if view is None:
+                return None
+            values = np.ascontiguousarray(view).reshape(groups)
+        else:
+            value = 1.0
+            if coefficient.param is not None:
+                value = _real(named.get(coefficient.param), dtype)
+                if value is None:
+                    return None
+            values = np.full(groups, value, dtype)
+        if coefficient.value != 1.0:
+            values = (values * dtype.type(coefficient.value)).astype(dtype)
+        found.append(CallTerm(1, np.ascontiguousarray(values, dtype),
+                              np.arange(groups, dtype=np.int64),
+                              affine=(term.key, term.row, term.constant)))
+    return tuple(found)
+
+
+def _broadcast(array, indices, order, extents: Dict[str, int],
+               dtype: np.dtype) -> Optional[np.ndarray]:
+    """``array`` (axes named ``indices``) as a view with the axes ``order``, broadcast
+    where it lacks one; None unless it is a NumPy array of ``dtype`` whose extents are
+    the call's and whose strides are whole elements."""
+    if type(array) is not np.ndarray or array.dtype != dtype or \
+            array.ndim != len(indices) or \
+            any(array.shape[n] != extents[name] for n, name in enumerate(indices)) or \
+            any(s % dtype.itemsize for s in array.strides):
+        return None
+    moved = array.transpose([indices.index(n) for n in order if n in indices])
+    shape = tuple(extents[n] if n in indices else 1 for n in order)
+    return np.broadcast_to(moved.reshape(shape), tuple(extents[n] for n in order))
+
+
+def _offsets(batch_shape, strides) -> np.ndarray:
+    """Each batch element's offset (elements) for these strides of the batch axes."""
+    offsets = np.zeros(batch_shape or (), np.int64)
+    for axis, stride in enumerate(strides):
+        shape = [1] * len(batch_shape)
+        shape[axis] = batch_shape[axis]
+        offsets = offsets + np.arange(batch_shape[axis], dtype=np.int64).reshape(shape) * \
+            stride
+    return np.ascontiguousarray(offsets, np.int64).reshape(-1)
+
+
+def _real(value, dtype: np.dtype) -> Optional[float]:
+    """A scalar parameter as a float (call_scale's rules), or None."""
+    if isinstance(value, np.ndarray) and value.ndim == 0:
+        value = value[()]
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Real):
+        return None
+    if isinstance(value, numbers.Integral) and not -INT64_MAX <= int(value) <= INT64_MAX:
+        return None
+    if isinstance(value, np.generic) and np.result_type(value.dtype, dtype) != dtype:
+        return None
+    return float(value)
 
 
 def call_scale(attention: Attention, named: Dict[str, object], dtype: np.dtype) -> Optional[float]:
@@ -119,4 +298,3 @@ def to_output(attention: Attention, arrays: Canonical, out: np.ndarray) -> np.nd
 
 
 SCALE_MODES = {ScaleKind.NONE: 0, ScaleKind.MULTIPLY: 1, ScaleKind.DIVIDE: 2}
-MASK_MODES = {MaskKind.NONE: 0, MaskKind.CAUSAL: 1, MaskKind.STRICT_CAUSAL: 2}

@@ -12,10 +12,13 @@ rescaled whenever the max grows.  A program is first inlined into one expression
 (``inline_program``), so the four-statement form (scores, row max, probabilities,
 weighted sum) and the one-statement form are the same match.
 
-Lowered today: the ``s`` and ``v`` of attention (``ATTENTION_SCORES``): ``s`` a scaled
-dot product of two tensors, optionally masked causally by ``where(j <= i, s, -inf)``
-(or ``j < i``), and ``v`` a tensor read at ``j``.  Anything else matches nothing and
-runs as before (statement by statement, hoisted)."""
+Lowered: ``v`` a tensor read at ``j`` and ``s`` a (scaled) dot product of two tensors
+plus additive terms, masked by comparisons of ``i`` and ``j``
+(rewrite/attention_scores.py): a tensor broadcast over (batch..., i, j) such as a padding
+mask ``m[b,j]`` or a bias ``bias[h,i,j]``, index terms such as ALiBi's
+``slope[h] * (j - i)``, and bands of ``j - i`` from ``where(j <= i, s, -inf)``,
+``where(i - j < W, s, -inf)`` and the like.  Anything else matches nothing and runs as
+before (statement by statement, hoisted)."""
 
 from __future__ import annotations
 
@@ -28,7 +31,8 @@ from typing import Dict, Optional, Sequence, Set, Tuple
 from ..lang.ast import (Access, Call, Expr, Number, Param, Reduce, Statement, accesses,
                         map_children)
 from ..lang.sugar import rename_indices
-from .patterns import (Any, Bindings, Compare, Const, Fn, OneOf, Op, Red, Scalar, Tensor,
+from .attention_scores import Bound, IndexTerm, Term, TensorTerm, take_apart
+from .patterns import (Any, Bindings, Boolean, Const, Fn, OneOf, Op, Red, Scalar, Tensor,
                        match, placeholder, plain_subscripts)
 from ..lang.rewrite import free_indices
 
@@ -37,6 +41,7 @@ class MaskKind(enum.Enum):
     NONE = "none"
     CAUSAL = "j <= i"
     STRICT_CAUSAL = "j < i"
+    BAND = "band"           # any other bounds on j - i (a window): Attention.upper/lower
 
 
 class ScaleKind(enum.Enum):
@@ -68,7 +73,7 @@ SOFTMAX_RULES = (
 def _masked_weights(j: str, k: str, mask: str):
     """exp(where(c_j, s_j - max[k](s_k), -inf)): the weights masked after their shift (a
     mask on the weights, rewrite/rules.py's ``mask-into-exp``)."""
-    return Fn("exp", (Fn("where", (Compare(mask), Op("-", Any("s", over=(j,)),
+    return Fn("exp", (Fn("where", (Boolean(mask), Op("-", Any("s", over=(j,)),
                                                       Red("max", k, Any("s", over=(k,)))),
                                    Const(-math.inf))),))
 
@@ -89,10 +94,10 @@ MASKED_AFTER_SHIFT_RULES = (
 )
 
 _DOT = Red("sum", "d", Op("*", Tensor("q"), Tensor("k"), commutative=True))
+# The dot-product term of the scores attention is lowered for (the other terms and the
+# masks: rewrite/attention_scores.py)
 _SCALED = OneOf((Op("*", _DOT, Scalar("scale"), commutative=True),
                  Op("/", _DOT, Scalar("divisor")), _DOT))
-# The scores attention is lowered for: a scaled dot product, masked or not.
-ATTENTION_SCORES = OneOf((Fn("where", (Compare("mask"), _SCALED, Const(-math.inf))), _SCALED))
 
 
 @dataclass(frozen=True)
@@ -119,11 +124,40 @@ class Attention:
     scale_value: Optional[float]    # the literal, or None
     normalised: bool
     statements: int                 # how many statements it replaces
+    # the scores' additive terms, and the bounds on j - i their masks set (the key j is
+    # seen by row i where max(lower) <= j - i <= min(upper)); ``mask`` names the usual
+    # upper bounds, BAND any other band
+    terms: Tuple[Term, ...] = ()
+    upper: Tuple[Bound, ...] = ()
+    lower: Tuple[Bound, ...] = ()
+
+    @property
+    def term_tensors(self) -> Tuple[str, ...]:
+        """The tensors the additive terms read (a padding mask, a bias, ALiBi slopes)."""
+        names = [t.tensor for t in self.terms if isinstance(t, TensorTerm)] + \
+            [t.coefficient.tensor for t in self.terms
+             if isinstance(t, IndexTerm) and t.coefficient.tensor is not None]
+        return tuple(dict.fromkeys(names))
+
+    @property
+    def term_params(self) -> Tuple[str, ...]:
+        """The scalar parameters the terms and bounds read."""
+        names = [t.coefficient.param for t in self.terms
+                 if isinstance(t, IndexTerm) and t.coefficient.param is not None] + \
+            [p for b in self.upper + self.lower for p, _ in b.params]
+        return tuple(dict.fromkeys(names))
+
+    @property
+    def plain(self) -> bool:
+        """A scaled dot product masked causally or not at all: the form every kernel
+        (Triton's too) takes."""
+        return not self.terms and self.mask is not MaskKind.BAND
 
     def flops_per_pair(self, dot: int, feature: int) -> int:
-        """FLOPs of one (row, key) pair: the dot product, the scale, the weight, the
-        weighted sum and its denominator."""
-        return 2 * dot + 2 * feature + (1 if self.scale is not ScaleKind.NONE else 0) + 3
+        """FLOPs of one (row, key) pair: the dot product, the scale, the terms, the
+        weight, the weighted sum and its denominator."""
+        return 2 * dot + 2 * feature + (1 if self.scale is not ScaleKind.NONE else 0) + \
+            2 * len(self.terms) + 3
 
 
 def recognise(statements: Sequence[Statement], outputs: Tuple[str, ...]) -> Optional[Attention]:
@@ -239,20 +273,22 @@ class _NotInlinable(Exception):
 def _attention(last: Statement, bound: Bindings, normalised: bool,
                count: int) -> Optional[Attention]:
     j = placeholder(0)
-    for scores in match(ATTENTION_SCORES, bound.expr("s")):
-        found = _lowerable(last, bound, scores, j, normalised, count)
-        if found is not None:
-            return found
+    scores = take_apart(bound.expr("s"))
+    for position, candidate in scores.candidates():
+        for dot in match(_SCALED, candidate):
+            found = _lowerable(last, bound, scores, position, dot, j, normalised, count)
+            if found is not None:
+                return found
     return None
 
 
-def _lowerable(last, bound, scores: Bindings, j: str, normalised: bool,
-               count: int) -> Optional[Attention]:
-    query, key, value = scores.expr("q"), scores.expr("k"), bound.expr("v")
+def _lowerable(last, bound, scores, position: int, dot_product: Bindings, j: str,
+               normalised: bool, count: int) -> Optional[Attention]:
+    query, key, value = dot_product.expr("q"), dot_product.expr("k"), bound.expr("v")
     if not isinstance(value, Access) or plain_subscripts(value) is None:
         return None
     q_idx, k_idx, v_idx = (plain_subscripts(a) for a in (query, key, value))
-    dot = scores.index("d")
+    dot = dot_product.index("d")
     if dot not in q_idx or dot not in k_idx or j in q_idx or j not in k_idx:
         return None     # (a product written k*q is matched the other way round too)
     batch = set(q_idx) & set(k_idx) - {dot}
@@ -269,38 +305,44 @@ def _lowerable(last, bound, scores: Bindings, j: str, normalised: bool,
         return None
     if free_indices(bound.expr("s")) != batch | {row, j}:
         return None
-    mask = _mask(scores, row, j)
-    if mask is None:
+    terms = scores.others(position, row, j)
+    bands = scores.bands(row, j)
+    if terms is None or bands is None or not _terms_fit(terms, batch, row, j):
         return None
+    upper, lower = bands
+    mask = MaskKind.BAND if lower else {(): MaskKind.NONE, (Bound(0),): MaskKind.CAUSAL,
+                                        (Bound(-1),): MaskKind.STRICT_CAUSAL}.get(
+                                            upper, MaskKind.BAND)
     scale, param, literal = ScaleKind.NONE, None, None
     for capture, kind in (("scale", ScaleKind.MULTIPLY), ("divisor", ScaleKind.DIVIDE)):
-        if not scores.has(capture):
+        if not dot_product.has(capture):
             continue
-        factor, scale = scores.expr(capture), kind
+        factor, scale = dot_product.expr(capture), kind
         if isinstance(factor, Param):
             param = factor.name
         elif isinstance(factor, Number):
             literal = float(factor.value)
-    names = {query.tensor, key.tensor, value.tensor}
-    if last.output in names:
-        return None
-    return Attention(
+    found = Attention(
         output=last.output, output_indices=tuple(last.output_indices),
         query=query.tensor, query_indices=q_idx, key=key.tensor, key_indices=k_idx,
         value=value.tensor, value_indices=v_idx,
         batch=tuple(i for i in last.output_indices if i in batch), row=row, key_index=j,
         dot_index=dot, feature=feature, mask=mask, scale=scale, scale_param=param,
-        scale_value=literal, normalised=normalised, statements=count)
-
-
-def _mask(scores: Bindings, row: str, j: str) -> Optional[MaskKind]:
-    if not scores.has("mask"):
-        return MaskKind.NONE
-    compare = scores.expr("mask")
-    left, right, op = compare.left.name, compare.right.name, compare.op
-    if (left, right) == (row, j):          # i >= j is j <= i
-        left, right = right, left
-        op = {"<": ">", ">": "<", "<=": ">=", ">=": "<="}[op]
-    if (left, right) != (j, row):
+        scale_value=literal, normalised=normalised, statements=count, terms=terms,
+        upper=upper, lower=lower)
+    names = {query.tensor, key.tensor, value.tensor, *found.term_tensors}
+    if last.output in names:
         return None
-    return {"<=": MaskKind.CAUSAL, "<": MaskKind.STRICT_CAUSAL}.get(op)
+    return found
+
+
+def _terms_fit(terms, batch: Set[str], row: str, j: str) -> bool:
+    """Whether each term's tensor is read at batch indices, the row and the key only."""
+    for term in terms:
+        if isinstance(term, TensorTerm):
+            if not set(term.indices) <= batch | {row, j}:
+                return False
+        elif term.coefficient.tensor is not None and \
+                not set(term.coefficient.indices) <= batch:
+            return False
+    return True

@@ -20,7 +20,8 @@ from ..rewrite.monoids import SOFTMAX_WEIGHTED_SUM, WeightedState, finalise_weig
 from ..rewrite.online_softmax import Attention, MaskKind, ScaleKind, recognise
 from ..analysis.frameworks import TORCH, framework_of, placeholder
 from ..analysis.cost import bytes_text, count_text
-from ..rewrite.attention_layout import Canonical, canonical, float_extents, to_output
+from ..rewrite.attention_layout import (Canonical, call_band, canonical, float_extents,
+                                        to_output)
 from ..schedule.early import triton_may_take
 from ..schedule.library import statement_attention
 from . import attention_run
@@ -72,8 +73,8 @@ def triton_route(attention: Attention, named: Dict[str, object], options):
     """The route (backends/triton/attention.AttentionTarget) of a call the fused Triton kernel
     takes -- torch CUDA tensors, or backend='triton' (schedule/early.triton_may_take)
     -- or None.  Imports no framework the caller's arrays do not belong to."""
-    if not triton_may_take(attention, named, options):
-        return None
+    if not attention.plain or not triton_may_take(attention, named, options):
+        return None         # (the Triton kernel takes no terms and no windows)
     from ..backends.triton import attention as triton_attention
     return triton_attention.route(options, named,
                                   (attention.query, attention.key, attention.value))
@@ -127,8 +128,9 @@ def _run_numpy(attention: Attention, arrays: Canonical) -> np.ndarray:
                 scores = scores * scale
             elif attention.scale is ScaleKind.DIVIDE:
                 scores = scores / scale
-            seen = np.ones((rows, j.shape[1]), bool) if attention.mask is MaskKind.NONE \
-                else (j <= i) if attention.mask is MaskKind.CAUSAL else (j < i)
+            for term in arrays.terms:
+                scores = scores + term.block(j0, j0 + j.shape[1], rows)
+            seen = (j - i >= arrays.lower) & (j - i <= arrays.upper)
             top = np.where(seen, scores, -np.inf).max(axis=-1)
             weights = np.where(seen & (scores != -np.inf), np.exp(scores - top[..., None]), 0)
             weights = weights.astype(dtype, copy=False)
@@ -153,15 +155,18 @@ class FusedAttention:
     # None: the C kernel (or the NumPy pass)
     route: Optional[object] = None
     config: Optional[object] = None
+    # (lower, upper) on j - i for this call (None: a bound's parameter not given)
+    band: Optional[Tuple[int, int]] = None
 
     @property
     def pairs(self) -> int:
-        """(i, j) pairs a row sees, over all rows of one batch element."""
+        """(i, j) pairs the rows see, over all rows of one batch element."""
         rows, keys = self.rows, self.keys
-        if self.attention.mask is MaskKind.NONE:
+        if self.band is None:
             return rows * keys
-        shift = 1 if self.attention.mask is MaskKind.CAUSAL else 0
-        return sum(max(0, min(keys, i + shift)) for i in range(rows))
+        lower, upper = self.band
+        return sum(max(0, min(keys - 1, i + upper) - max(0, i + lower) + 1)
+                   for i in range(rows))
 
     @property
     def flops(self) -> int:
@@ -182,7 +187,14 @@ class FusedAttention:
         a = self.attention
         square = bytes_text(self.groups * self.rows * self.keys * self.itemsize)
         skipped = "" if a.mask is MaskKind.NONE else \
-            f"; mask {a.mask.value}: key blocks past the diagonal are never computed"
+            f"; mask {a.mask.value}: key blocks past the diagonal are never computed" \
+            if a.mask is not MaskKind.BAND else \
+            "; masks " + " and ".join([f"j - i <= {b}" for b in a.upper] +
+                                      [f"j - i >= {b}" for b in a.lower]) + \
+            ": key blocks outside the band are never computed"
+        if a.terms:
+            skipped += f"; plus {len(a.terms)} additive term(s) of the scores " \
+                f"({', '.join(a.term_tensors) or 'index terms'}), read per block"
         weights = "exp(s_j - max_k s_k)"
         what = f"sum_j {weights} * {a.value}_j" + (f" / sum_j {weights}" if a.normalised
                                                     else "")
@@ -200,9 +212,9 @@ class FusedAttention:
             f"    {count_text(self.pairs * self.groups)} (i, j) pairs computed",
             f"    for NumPy {self.dtype} arrays and CPU torch tensors on the C backend "
             "(the NumPy backend runs the same pass by key blocks); under torch autograd "
-            "the backward is one fused kernel too (normalised, no mask or j <= i, finite "
-            "inputs); JAX and Triton run the statements one by one, and so does a value "
-            "array holding inf or NaN",
+            "the backward is one fused kernel too (normalised, every row seeing a key, "
+            "finite inputs, the scores' terms needing no gradient); JAX and Triton run "
+            "the statements one by one, and so does a value array holding inf or NaN",
             f"  materialised: nothing N x N (scores or weights in memory would take {square} "
             "each); per thread: blocks of 64 x 64 scores and 64 rows of the accumulator; "
             f"the keys transposed in blocks of 64 (once per call): {bytes_text(transposed)}"]
@@ -268,9 +280,11 @@ def explain_attention(attention: Optional[Attention], values: Dict[str, object],
         return None
     groups = int(np.prod([extents[b] for b in attention.batch], dtype=np.int64))
     dtype = arrays[0].dtype
+    band = call_band(attention, values, extents)
     return FusedAttention(attention, groups, extents[attention.row],
                           extents[attention.key_index], extents[attention.dot_index],
-                          extents[attention.feature], dtype.itemsize, dtype.name)
+                          extents[attention.feature], dtype.itemsize, dtype.name,
+                          band=band)
 
 
 def _triton_call(attention: Attention, values: Dict[str, object]):
@@ -309,7 +323,8 @@ def _explain_triton(attention: Attention, values: Dict[str, object], route):
     itemsize = 4 if dtype == "float32" else 2
     return FusedAttention(attention, groups, extents[attention.row],
                           extents[attention.key_index], dot, features, itemsize, dtype,
-                          route=route, config=config)
+                          route=route, config=config,
+                          band=call_band(attention, values, extents))
 
 
 def triton_fallback_notes(attention: Optional[Attention], values: Dict[str, object],

@@ -3,13 +3,15 @@
 one fused kernel (backends/c/attention_grad.py) that recomputes the weights block by
 block.  Neither direction holds anything N x N.
 
-Taken for a normalised attention with no mask or the causal mask ``j <= i`` (every row
-sees a key), CPU float32/float64 tensors, a scale that needs no gradient, and a query,
-key and value without inf or NaN; any other call records the statements one by one,
-as before.  The backward falls back to the same formula in torch (materialising the
-weights, exactly the statements' arithmetic) where the output's gradient holds inf or
-NaN, where a double backward needs a differentiable gradient (create_graph=True), and
-where the scores are so large that weights recomputed from the log-sum-exp would lose
+Taken for a normalised attention (any band of keys, any additive terms of the scores),
+CPU float32/float64 tensors, a scale and terms that need no gradient (a bias that needs
+one records the statements, whose backward gives it), and a query, key and value
+without inf or NaN; any other call records the statements one by one, as before.  The
+backward falls back to the same formula in torch (materialising the weights, exactly
+the statements' arithmetic) where the output's gradient holds inf or NaN, where a row
+sees no finite score (its log-sum-exp is -inf: the statements' NaN), where a double
+backward needs a differentiable gradient (create_graph=True), and where the scores are
+so large that weights recomputed from the log-sum-exp would lose
 their accuracy (|L| * eps > 2**-10: float32 scores past ~8000)."""
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ import torch
 
 from ..errors import AllocationError
 from ..rewrite.online_softmax import Attention, MaskKind, ScaleKind
-from ..rewrite.attention_layout import (MASK_MODES, SCALE_MODES, Canonical, canonical,
+from ..rewrite.attention_layout import (SCALE_MODES, Canonical, canonical,
                                         from_canonical, operand_layouts, to_canonical,
                                         to_output)
 from . import attention_run
@@ -29,10 +31,12 @@ from .attention_run import torch_inputs, triton_scale
 
 
 def recording(attention: Attention, named: Dict[str, object]) -> bool:
-    """Whether autograd records this call (a query, key, value or scale needing grad)."""
+    """Whether autograd records this call (a query, key, value, scale or one of the
+    scores' terms needing grad)."""
     if not torch.is_grad_enabled() or torch.is_inference_mode_enabled():
         return False
-    names = (attention.query, attention.key, attention.value, attention.scale_param)
+    names = (attention.query, attention.key, attention.value, attention.scale_param) + \
+        attention.term_tensors + attention.term_params
     return any(isinstance(named.get(n), torch.Tensor) and named[n].requires_grad
                for n in names if n is not None)
 
@@ -40,22 +44,20 @@ def recording(attention: Attention, named: Dict[str, object]) -> bool:
 def run_recorded(attention: Attention, named: Dict[str, object], options) -> Optional[torch.Tensor]:
     """The output, recorded as one autograd node with a fused backward, or None where
     the statements must run (and record) one by one."""
-    if not attention.normalised or attention.mask not in (MaskKind.NONE, MaskKind.CAUSAL) \
-            or options.backend not in ("auto", "c") or options.pad is not None \
-            or options.ranges or options.dtype is not None:
+    if not attention.normalised or options.backend not in ("auto", "c") or \
+            options.pad is not None or options.ranges or options.dtype is not None:
         return None
     from ..backends.c import build as c_build
     if c_build.find_compiler() is None:
         return None
-    scale = named.get(attention.scale_param) if attention.scale_param else None
-    if isinstance(scale, torch.Tensor) and scale.requires_grad:
-        return None       # its gradient needs the statements
+    if _constants_need_grad(attention, named):
+        return None       # their gradient needs the statements
     tensors = tuple(named.get(n) for n in (attention.query, attention.key, attention.value))
     with torch.no_grad():     # the views only: this call is recorded below, as one node
         views = torch_inputs(attention, named)
     arrays = canonical(attention, views) if views is not None else None
-    if arrays is None:
-        return None
+    if arrays is None or not _every_row_sees_a_key(arrays):
+        return None       # (a row its band hides entirely: the statements' NaN)
     threads = options.threads or 0
     from ..backends.c import attention as c_attention
     finite = c_attention.functions(arrays.query.dtype)[1]     # (parallel, in C)
@@ -67,6 +69,20 @@ def run_recorded(attention: Attention, named: Dict[str, object], options) -> Opt
         return None
     saved = _Saved(attention, arrays, out, lse, threads)
     return _FusedAttention.apply(saved, *tensors)
+
+
+def _every_row_sees_a_key(arrays: Canonical) -> bool:
+    rows, keys = arrays.query.shape[1], arrays.key.shape[1]
+    i = np.arange(rows)
+    return bool((np.minimum(keys - 1, i + arrays.upper) >= np.maximum(0, i + arrays.lower)).all())
+
+
+def _constants_need_grad(attention: Attention, named: Dict[str, object]) -> bool:
+    """Whether the scale, a term's tensor or a term's parameter needs a gradient."""
+    names = ((attention.scale_param,) if attention.scale_param else ()) + \
+        attention.term_tensors + attention.term_params
+    return any(isinstance(named.get(n), torch.Tensor) and named[n].requires_grad
+               for n in names)
 
 
 class _Saved:
@@ -99,7 +115,7 @@ class _FusedAttention(torch.autograd.Function):
                                    for t, w in zip(tensors, wanted))
         flowing = _canonical_output(saved, grad.detach())
         if torch.is_grad_enabled() or not np.isfinite(flowing).all() or \
-                _scores_too_large(saved.lse):
+                not np.isfinite(saved.lse).all() or _scores_too_large(saved.lse):
             return (None,) + _reference_gradients(saved, tensors, grad, wanted)
         grads = _fused_gradients(saved, flowing)
         return (None,) + tuple(torch.from_numpy(g) if w else None
@@ -134,8 +150,10 @@ def _fused_gradients(saved: _Saved, flowing: np.ndarray) -> Tuple[np.ndarray, ..
     dq, dk, dv = np.empty_like(q), np.empty_like(k), np.empty_like(v)
     backward = c_attention_grad.backward_function(q.dtype)
     pointers = [x.ctypes.data for x in (q, k, v, saved.out, flowing, saved.lse, dq, dk, dv)]
+    terms = attention_run.term_arguments(arrays)
     if backward(*pointers, groups, rows, keys, dot, features, arrays.scale,
-                SCALE_MODES[a.scale], MASK_MODES[a.mask], saved.threads):
+                SCALE_MODES[a.scale], arrays.lower, arrays.upper, saved.threads,
+                *terms.pointers):
         raise AllocationError("the attention backward could not allocate its per-thread "
                               "blocks")
     return tuple(from_canonical(g, arrays.batch_shape, order, indices)
@@ -144,14 +162,15 @@ def _fused_gradients(saved: _Saved, flowing: np.ndarray) -> Tuple[np.ndarray, ..
 
 def _reference_gradients(saved: _Saved, tensors, grad, wanted):
     return formula_gradients(saved.attention, saved.arrays.scale, saved.arrays.batch_shape,
-                             tensors, grad, wanted)
+                             tensors, grad, wanted, saved.arrays)
 
 
-def formula_gradients(attention: Attention, scale: float, batch_shape, tensors, grad, wanted):
+def formula_gradients(attention: Attention, scale: float, batch_shape, tensors, grad, wanted,
+                      arrays: Optional[Canonical] = None):
     """The gradients by the statements' formula in torch (weights materialised, on the
     tensors' device; float16/bfloat16 computed in float32 as the statements are):
     differentiable again under create_graph, and NaN/inf where the statements give
-    them."""
+    them.  ``arrays``: the call's band and terms (constants here), where it has any."""
     a = attention
     create = torch.is_grad_enabled()      # backward(create_graph=True)
     inputs = tensors if create else \
@@ -166,9 +185,18 @@ def formula_gradients(attention: Attention, scale: float, batch_shape, tensors, 
             scores = scores * scale
         elif a.scale is ScaleKind.DIVIDE:
             scores = scores / scale
-        if a.mask is MaskKind.CAUSAL:
-            rows, keys = scores.shape[-2:]
-            seen = torch.ones(rows, keys, dtype=torch.bool, device=scores.device).tril()
+        rows, keys = scores.shape[-2:]
+        for term in (arrays.terms if arrays is not None else ()):
+            scores = scores + torch.from_numpy(np.array(term.block(0, keys, rows))).to(scores)
+        if arrays is not None:
+            lower, upper = arrays.lower, arrays.upper
+        else:     # (the Triton kernel's plain masks)
+            lower, upper = -rows, {MaskKind.CAUSAL: 0, MaskKind.STRICT_CAUSAL: -1}.get(
+                a.mask, keys)
+        offset = torch.arange(keys, device=scores.device)[None, :] - \
+            torch.arange(rows, device=scores.device)[:, None]
+        seen = (offset >= lower) & (offset <= upper)
+        if not bool(seen.all()):
             scores = torch.where(seen, scores, torch.tensor(-torch.inf, dtype=scores.dtype,
                                                             device=scores.device))
         weights = torch.exp(scores - scores.amax(-1, keepdim=True))
@@ -187,7 +215,8 @@ def run_recorded_triton(attention: Attention, named: Dict[str, object], options,
     one autograd node whose backward is the statements' formula in torch (the weights
     materialised: O(N^2) memory, as the statements' own backward); None where the
     statements must run and record one by one (run_recorded's rules)."""
-    if not attention.normalised or attention.mask not in (MaskKind.NONE, MaskKind.CAUSAL):
+    if not attention.normalised or not attention.plain or \
+            attention.mask not in (MaskKind.NONE, MaskKind.CAUSAL):
         return None
     scale = named.get(attention.scale_param) if attention.scale_param else None
     if isinstance(scale, torch.Tensor) and scale.requires_grad:

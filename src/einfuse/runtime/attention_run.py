@@ -4,24 +4,26 @@ as the kernels take them, the Triton call's scale, the C kernel's call."""
 
 from __future__ import annotations
 
+import ctypes
 from typing import Dict, Optional
 
 import numpy as np
 
 from ..analysis.frameworks import to_numpy
 from ..errors import AllocationError
-from ..rewrite.attention_layout import MASK_MODES, SCALE_MODES, Canonical, call_scale
+from ..rewrite.attention_layout import SCALE_MODES, Canonical, call_scale
 from ..rewrite.online_softmax import Attention
 
 
 def torch_inputs(attention: Attention, named: Dict[str, object]) -> Optional[Dict[str, object]]:
-    """``named`` with the query, key and value as NumPy views of CPU torch tensors (and a
-    0-d tensor scale as a number), or None: a tensor on a device, or one autograd must
-    record (its gradient needs the statements), runs the statements one by one."""
+    """``named`` with the query, key, value and the scores' term tensors as NumPy views
+    of CPU torch tensors (and a 0-d tensor scale or term parameter as a number), or
+    None: a tensor on a device, or one autograd must record (its gradient needs the
+    statements), runs the statements one by one."""
     import torch
     views = dict(named)
     recording = torch.is_grad_enabled() and not torch.is_inference_mode_enabled()
-    for name in (attention.query, attention.key, attention.value):
+    for name in (attention.query, attention.key, attention.value) + attention.term_tensors:
         tensor = named.get(name)
         if not isinstance(tensor, torch.Tensor) or tensor.device.type != "cpu" or \
                 tensor.layout != torch.strided or tensor.is_nested or \
@@ -30,13 +32,16 @@ def torch_inputs(attention: Attention, named: Dict[str, object]) -> Optional[Dic
                 (recording and tensor.requires_grad):
             return None     # (sparse, nested, torch.func: the statements say why not)
         views[name] = to_numpy(tensor)      # (a negative-bit view: its values)
-    scale = named.get(attention.scale_param) if attention.scale_param else None
-    if isinstance(scale, torch.Tensor):
-        if scale.ndim != 0 or scale.device.type != "cpu" or (recording and
-                                                               scale.requires_grad) \
-                or scale.dtype != named[attention.query].dtype:
-            return None
-        views[attention.scale_param] = scale.item()
+    scalars = ((attention.scale_param,) if attention.scale_param else ()) + \
+        attention.term_params
+    for name in scalars:
+        scale = named.get(name)
+        if isinstance(scale, torch.Tensor):
+            if scale.ndim != 0 or scale.device.type != "cpu" or (recording and
+                                                                   scale.requires_grad) \
+                    or scale.dtype != named[attention.query].dtype:
+                return None
+            views[name] = scale.item()
     return views
 
 
@@ -65,11 +70,41 @@ def run_c(attention: Attention, arrays: Canonical, threads: int,
     groups, rows, dot = q.shape
     keys, features = v.shape[1], v.shape[2]
     out = np.empty((groups, rows, features), q.dtype)
+    terms = term_arguments(arrays)
     failed = attend(q.ctypes.data, k.ctypes.data, v.ctypes.data, out.ctypes.data,
                     None if lse is None else lse.ctypes.data, groups,
                     rows, keys, dot, features, arrays.scale, SCALE_MODES[attention.scale],
-                    MASK_MODES[attention.mask], int(attention.normalised), threads)
+                    arrays.lower, arrays.upper, int(attention.normalised), threads,
+                    *terms.pointers)
     if failed:
         raise AllocationError("the attention kernel could not allocate its per-thread "
                               "blocks")
     return out
+
+
+class TermArguments:
+    """The scores' terms as the C kernels take them (backends/c/attention.TERMS): the
+    count, the data pointers, the batch offsets (nterms, G), the info (nterms, 7) and
+    whether blocks a term hides may be skipped; the arrays kept alive while the call
+    runs."""
+
+    def __init__(self, arrays: Canonical):
+        terms = arrays.terms
+        groups = arrays.query.shape[0]
+        self.data = (ctypes.c_void_p * max(1, len(terms)))(
+            *[t.data.ctypes.data for t in terms])
+        self.offsets = np.ascontiguousarray(
+            np.stack([t.offsets for t in terms]) if terms else np.zeros((1, groups)),
+            np.int64)
+        self.info = np.ascontiguousarray([t.info() for t in terms] or [[0] * 7], np.int64)
+        self.keep = [t.data for t in terms]
+        self.skip_hidden = int(arrays.skip_hidden)
+
+    @property
+    def pointers(self):
+        return (len(self.keep), ctypes.cast(self.data, ctypes.c_void_p),
+                self.offsets.ctypes.data, self.info.ctypes.data, self.skip_hidden)
+
+
+def term_arguments(arrays: Canonical) -> TermArguments:
+    return TermArguments(arrays)

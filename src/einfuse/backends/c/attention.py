@@ -4,15 +4,19 @@ The arrays come in canonical layout: query (G, NQ, D), key (G, NK, D), value (G,
 and the output (G, NQ, E), all C-contiguous, where G is the product of the batch
 extents.  The work is split over (g, block of BQ rows) with OpenMP (dynamic schedule:
 causal blocks near the diagonal cost less).  For each row block the kernel walks the
-key blocks of BK keys that some row of the block may see (a causal mask stops at the
-block's last row: masked key blocks are never computed), and per key block
+key blocks of BK keys that some row of the block may see (the band lo <= j - i <= hi
+the masks set: a causal mask stops at the block's last row, a window starts at its
+first row's lower bound; key blocks outside the band are never computed), and per key
+block
 
 1. copies the key block transposed and the value block (zero-padded to whole vectors)
    into per-thread buffers, so the inner loops read unit-stride, aligned, cached data;
 2. computes the scores block Q K^T with register blocking (RB rows x CV vectors of
    accumulators, the d loop innermost over a broadcast query value; RB and CV chosen
    from the machine's register file by plan/blocking.py);
-3. applies the scale and the mask per row and updates the running max, the running
+3. applies the scale, adds the scores' terms (a padding mask or bias read in place per
+   block, ALiBi-like index terms; ``TERMS``), hides the keys outside the band and
+   updates the running max, the running
    denominator and the rescaled accumulator (the softmax-weighted-sum monoid of
    rewrite/monoids.py): a score of -inf weighs 0 until the end, and a row whose max is
    -inf at the end (no finite score, every key masked) is NaN, as one-by-one is;
@@ -20,7 +24,7 @@ block's last row: masked key blocks are never computed), and per key block
 
 The extra memory is per thread (a few blocks), never N x N.  The source is a fixed
 template: only the element type, the vector width and the block sizes vary, and every
-size, scale and flag is a runtime argument.  A value array with an inf or NaN is left
+size, scale, bound, term and flag is a runtime argument.  A value array with an inf or NaN is left
 to the statements run one by one (its masked entries would make 0 * inf = NaN there):
 ``values_finite`` checks that first, in parallel."""
 
@@ -61,6 +65,7 @@ static inline vT ef_load(const T *p) { vT v; memcpy(&v, p, sizeof v); return v; 
 #endif
 static inline void ef_store(T *p, vT v) { memcpy(p, &v, sizeof v); }
 static inline long ef_min(long a, long b) { return a < b ? a : b; }
+static inline long ef_max(long a, long b) { return a > b ? a : b; }
 static inline long ef_round(long n) { return (n + VW - 1) / VW * VW; }
 /* n elements, 64-byte aligned (aligned_alloc wants a size that is a multiple of 64) */
 static inline T *ef_alloc(long n) {
@@ -81,6 +86,8 @@ int ef_attention_finite(const T *v, long n, int threads) {
   return !bad;
 }
 
+%(terms)s
+
 /* One row of a scores block, its first ``seen`` keys visible: scaled, then replaced by
    the weights exp(s - top) (0 for a score of -inf and for the keys not seen); returns
    top, the running max after these keys (from ``old``), and their weights' sum.
@@ -96,24 +103,40 @@ static inline __attribute__((always_inline)) T ef_weights(
   #pragma omp simd reduction(max:top)
   for (long c = 0; c < seen; ++c) top = sr[c] > top ? sr[c] : top;
   T total = 0;
-  #pragma omp simd reduction(+:total)
-  for (long c = 0; c < seen; ++c) {
-    const T w = %(exp)s(sr[c] - top);
-    const T p = sr[c] == -INFINITY ? (T)0 : w;
-    sr[c] = p;
-    total += p;
+  /* a score of -inf (a masked key) weighs 0, and exp is not asked about it: the vector
+     exp takes a slow scalar path for such an argument.  ``keep`` goes through memory
+     so that the compiler cannot fold exp(hidden ? 0 : x) back into exp(x). */
+  T keep[BK];
+  #pragma omp simd
+  for (long c = 0; c < seen; ++c) keep[c] = sr[c] == -INFINITY ? (T)0 : (T)1;
+  if (top == -INFINITY) {      /* every score so far -inf (or NaN, which stays NaN) */
+    for (long c = 0; c < seen; ++c) {
+      const T p = keep[c] == 0 ? (T)0 : %(exp)s(sr[c] - top);
+      sr[c] = p;
+      total += p;
+    }
+  } else {
+    #pragma omp simd reduction(+:total)
+    for (long c = 0; c < seen; ++c) {
+      const T x = sr[c] == -INFINITY ? top : sr[c];     /* exp(0) for a hidden key */
+      const T p = %(exp)s(x - top) * keep[c];
+      sr[c] = p;
+      total += p;
+    }
   }
   for (long c = seen; c < BK; ++c) sr[c] = 0;
   *sum = total;
   return top;
 }
 
-/* scale_mode: 0 none, 1 multiply, 2 divide; mask: 0 none, 1 j <= i, 2 j < i */
+/* scale_mode: 0 none, 1 multiply, 2 divide; row i sees the keys j with lo <= j - i <= hi;
+   the terms: see TERMS */
 /* LSE, when not NULL: each row's log-sum-exp of its scores, m + log(l) (G, NQ), which
    the backward (c_attention_grad.py) recomputes the weights from */
 int ef_attention(const T *Q, const T *K, const T *V, T *O, T *LSE, long G, long NQ, long NK,
-                 long D, long E, double scale_in, int scale_mode, int mask, int normalise,
-                 int threads) {
+                 long D, long E, double scale_in, int scale_mode, long lo, long hi,
+                 int normalise, int threads, int nterms, const T *const *term_data,
+                 const long *term_offsets, const long *term_info, int skip_hidden) {
   const T scale = (T)scale_in;
   const long EP = ef_round(E);
   const long blocks = (NQ + BQ - 1) / BQ;
@@ -156,12 +179,15 @@ int ef_attention(const T *Q, const T *K, const T *V, T *O, T *LSE, long G, long 
         memset(qb + rows * D, 0, sizeof(T) * (size_t)((BQ - rows) * D));
         for (long r = 0; r < BQ; ++r) { m[r] = -INFINITY; l[r] = 0; }
         memset(acc, 0, sizeof(T) * (size_t)(BQ * EP));
-        long jend = NK;       /* keys any row of the block sees */
-        if (mask == 1) jend = ef_min(NK, i0 + rows);
-        else if (mask == 2) jend = ef_min(NK, i0 + rows - 1);
+        /* the key blocks some row of the block sees */
+        const long jend = ef_min(NK, i0 + rows + hi);
+        const long jstart = ef_max(0, i0 + lo) / BK * BK;
         const long padded_rows = (rows + RB - 1) / RB * RB;
-        for (long j0 = 0; j0 < jend; j0 += BK) {
+        for (long j0 = jstart; j0 < jend; j0 += BK) {
           const long cols = ef_min(BK, NK - j0);
+          if (skip_hidden && ef_block_hidden(g, i0, rows, j0, cols, G, nterms, term_data,
+                                             term_offsets, term_info))
+            continue;       /* a padding mask's keys: every weight 0 */
           const T *kt = kt_all + (g * kblocks + j0 / BK) * D * BK;
           /* the value block as whole vectors: read in place when it is, else copied
              zero-padded */
@@ -202,13 +228,22 @@ int ef_attention(const T *Q, const T *K, const T *V, T *O, T *LSE, long G, long 
           for (long r = 0; r < padded_rows; ++r) {
             T *sr = s + r * BK;
             const long i = i0 + r;
-            long seen = r < rows ? cols : 0;
-            if (mask == 1) seen = ef_min(seen, i - j0 + 1);
-            else if (mask == 2) seen = ef_min(seen, i - j0);
-            if (seen <= 0) { memset(sr, 0, sizeof(T) * BK); continue; }
-            T total;
-            const T top = seen == BK ? ef_weights(sr, BK, scale, scale_mode, m[r], &total)
-                                     : ef_weights(sr, seen, scale, scale_mode, m[r], &total);
+            /* the keys c of the block row i sees: first <= c < seen */
+            const long seen = r < rows ? ef_min(cols, i + hi - j0 + 1) : 0;
+            const long first = ef_max(0, i + lo - j0);
+            if (seen <= first) { memset(sr, 0, sizeof(T) * BK); continue; }
+            T total, top;
+            if (nterms || first) {
+              if (scale_mode == 1) for (long c = first; c < seen; ++c) sr[c] *= scale;
+              else if (scale_mode == 2) for (long c = first; c < seen; ++c) sr[c] /= scale;
+              ef_add_terms(sr + first, seen - first, g, i, j0 + first, G, nterms, term_data,
+                           term_offsets, term_info);
+              for (long c = 0; c < first; ++c) sr[c] = -INFINITY;
+              top = ef_weights(sr, seen, scale, 0, m[r], &total);
+            } else {
+              top = seen == BK ? ef_weights(sr, BK, scale, scale_mode, m[r], &total)
+                               : ef_weights(sr, seen, scale, scale_mode, m[r], &total);
+            }
             const T rescale = top == m[r] ? (T)1 : %(exp)s(m[r] - top);
             l[r] = l[r] * rescale + total;
             m[r] = top;
@@ -219,10 +254,9 @@ int ef_attention(const T *Q, const T *K, const T *V, T *O, T *LSE, long G, long 
           }
           /* acc[r][e] += sum_c p[r][c] * v[c][e] */
           for (long r0 = 0; r0 < padded_rows; r0 += RB) {
-            /* past the keys the group's last row sees every weight is 0 */
-            long cend = BK;
-            if (mask == 1) cend = ef_min(BK, i0 + r0 + RB - j0);
-            else if (mask == 2) cend = ef_min(BK, i0 + r0 + RB - 1 - j0);
+            /* outside the keys the group's rows see every weight is 0 */
+            const long cend = ef_min(BK, i0 + r0 + RB + hi - j0);
+            const long cstart = ef_max(0, i0 + r0 + lo - j0);
             long e0 = 0;
             for (; e0 + CV * VW <= EP; e0 += CV * VW) {
               vT a[RB][CV];
@@ -230,7 +264,7 @@ int ef_attention(const T *Q, const T *K, const T *V, T *O, T *LSE, long G, long 
               for (int rr = 0; rr < RB; ++rr)
                 #pragma GCC unroll 8
                 for (int x = 0; x < CV; ++x) a[rr][x] = ef_load(acc + (r0 + rr) * EP + e0 + x * VW);
-              for (long c = 0; c < cend; ++c) {
+              for (long c = cstart; c < cend; ++c) {
                 const T *vr = vrows + c * EP + e0;
                 vT v[CV];
                 #pragma GCC unroll 8
@@ -251,7 +285,7 @@ int ef_attention(const T *Q, const T *K, const T *V, T *O, T *LSE, long G, long 
               vT a[RB];
               #pragma GCC unroll 16
               for (int rr = 0; rr < RB; ++rr) a[rr] = ef_load(acc + (r0 + rr) * EP + e0);
-              for (long c = 0; c < cend; ++c) {
+              for (long c = cstart; c < cend; ++c) {
                 const vT v0 = ef_load(vrows + c * EP + e0);
                 #pragma GCC unroll 16
                 for (int rr = 0; rr < RB; ++rr) a[rr] += s[(r0 + rr) * BK + c] * v0;
@@ -281,6 +315,64 @@ int ef_attention(const T *Q, const T *K, const T *V, T *O, T *LSE, long G, long 
 }
 """
 
+# The scores' additive terms (rewrite/attention_scores.py), added to n scores of row i
+# from key j0 on.  Term t reads term_data[t] + term_offsets[t * G + g] (its batch element
+# g's offset) and term_info[7 t ...] = kind, sign, row stride, key stride, a, b, k:
+# kind 0 a tensor, sign * x[i * row stride + j * key stride] (a stride 0 where it is
+# broadcast); kind 1 an index term, coefficient * (a j + b i + k), the coefficient the
+# one value at the offset.  Terms are added in the order written, after the scale, as
+# the statements add them.
+TERMS = r"""
+static void ef_add_terms(T *restrict sr, const long n, const long g, const long i,
+                         const long j0, const long G, const int nterms,
+                         const T *const *term_data, const long *term_offsets,
+                         const long *term_info) {
+  for (int t = 0; t < nterms; ++t) {
+    const long *f = term_info + 7 * t;
+    const T *base = term_data[t] + term_offsets[t * G + g];
+    if (f[0] == 0) {
+      const T *x = base + f[2] * i + f[3] * j0;
+      const long sj = f[3];
+      if (f[1] > 0 && sj == 1) {
+        #pragma omp simd
+        for (long c = 0; c < n; ++c) sr[c] += x[c];
+      } else if (f[1] > 0) {
+        for (long c = 0; c < n; ++c) sr[c] += x[c * sj];
+      } else {
+        for (long c = 0; c < n; ++c) sr[c] -= x[c * sj];
+      }
+    } else {
+      const T coefficient = base[0];
+      const long a = f[4], start = f[4] * j0 + f[5] * i + f[6];
+      #pragma omp simd
+      for (long c = 0; c < n; ++c) sr[c] += coefficient * (T)(start + a * c);
+    }
+  }
+}
+
+/* Whether an added tensor term is -inf for every (row, key) of the block rows i0..,
+   keys j0..: every score there is -inf and weighs 0, so the block is skipped.  Asked
+   only where the runtime knows no other part of a score can be +inf or NaN (then
+   -inf + x is -inf, as the statements compute it). */
+static int ef_block_hidden(const long g, const long i0, const long rows, const long j0,
+                           const long cols, const long G, const int nterms,
+                           const T *const *term_data, const long *term_offsets,
+                           const long *term_info) {
+  for (int t = 0; t < nterms; ++t) {
+    const long *f = term_info + 7 * t;
+    if (f[0] != 0 || f[1] < 0) continue;
+    const T *x = term_data[t] + term_offsets[t * G + g] + f[2] * i0 + f[3] * j0;
+    const long checked = f[2] == 0 ? 1 : rows;     /* broadcast over rows: one is all */
+    int hidden = 1;
+    for (long r = 0; r < checked && hidden; ++r)
+      for (long c = 0; c < cols; ++c)
+        if (x[r * f[2] + c * f[3]] != -INFINITY) { hidden = 0; break; }
+    if (hidden) return 1;
+  }
+  return 0;
+}
+"""
+
 _lock = threading.Lock()
 _functions: Dict[str, tuple] = {}
 
@@ -297,7 +389,7 @@ def source(dtype: np.dtype) -> str:
     return _TEMPLATE % {"ctype": "float" if single else "double", "lanes": block.lanes,
                         "rows": block.rows, "vectors": block.vectors,
                         "declarations": declarations, "exp": "expf" if single else "exp",
-                        "log": "logf" if single else "log"}
+                        "log": "logf" if single else "log", "terms": TERMS}
 
 
 def functions(dtype: np.dtype):
@@ -310,7 +402,8 @@ def functions(dtype: np.dtype):
     attention, finite = library.ef_attention, library.ef_attention_finite
     size = ctypes.c_long
     attention.argtypes = [ctypes.c_void_p] * 5 + [size] * 5 + [
-        ctypes.c_double, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int]
+        ctypes.c_double, ctypes.c_int, size, size, ctypes.c_int, ctypes.c_int,
+        ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int]
     attention.restype = ctypes.c_int
     finite.argtypes = [ctypes.c_void_p, size, ctypes.c_int]
     finite.restype = ctypes.c_int

@@ -9,9 +9,14 @@ block as p_ij = exp(s_ij - L_i) (0 where the mask hides key j from row i), and
     dv_j += p_ij do_i          dp_ij = do_i . v_j          ds_ij = p_ij (dp_ij - delta_i)
     dq_i += c ds_ij k_j        dk_j += c ds_ij q_i          delta_i = do_i . o_i
 
+where s also adds the scores' terms (backends/c/attention.TERMS: constants here, their
+gradient is not computed: the runtime records the statements where one is wanted) and
+row i sees the keys lo <= j - i <= hi.
+
 with c the scale's derivative (scale, 1/scale or 1).  Each thread owns whole batch
 elements g (so dQ needs no atomics); for each block of BK keys it walks the row blocks
-that see them (a causal mask starts at the block's first key), and keeps the key block
+that see them (the band: a causal mask starts at the block's first key, a window ends
+W rows past its last), and keeps the key block
 and value block transposed and their gradients in per-thread buffers: the extra memory
 is a few blocks per thread and one row of delta per batch element, never N x N.  The
 five block products (scores, dP, P^T dO, dS^T Q, dS K) are one register-blocked routine
@@ -30,6 +35,7 @@ from typing import Dict
 import numpy as np
 
 from . import build as c_build
+from .attention import TERMS
 from ...plan.blocking import attention_block
 
 _TEMPLATE = r"""
@@ -56,6 +62,8 @@ static inline void ef_store(T *p, vT v) { memcpy(p, &v, sizeof v); }
 #define EF_KEEP(v) ((void)0)
 #endif
 static inline long ef_min(long a, long b) { return a < b ? a : b; }
+static inline long ef_max(long a, long b) { return a > b ? a : b; }
+%(terms)s
 static inline T *ef_alloc(long n) {
   return aligned_alloc(64, ((size_t)(n > 0 ? n : 1) * sizeof(T) + 63) / 64 * 64);
 }
@@ -116,11 +124,13 @@ static void ef_product(const T *restrict A, long sm, long sk, const T *restrict 
   EF_ROWS(1)
 }
 
-/* mask: 0 none, 1 j <= i */
+/* row i sees the keys lo <= j - i <= hi; the terms as the forward's */
 int ef_attention_backward(const T *Q, const T *K, const T *V, const T *O, const T *dO,
                           const T *LSE, T *dQ, T *dK, T *dV, long G, long NQ, long NK,
-                          long D, long E, double scale_in, int scale_mode, int mask,
-                          int threads) {
+                          long D, long E, double scale_in, int scale_mode, long lo, long hi,
+                          int threads, int nterms, const T *const *term_data,
+                          const long *term_offsets, const long *term_info,
+                          int skip_hidden) {
   const T scale = (T)scale_in;
   int failed = 0;
   if (threads <= 0) threads = omp_get_max_threads();
@@ -156,9 +166,13 @@ int ef_attention_backward(const T *Q, const T *K, const T *V, const T *O, const 
           for (long c = 0; c < BK; ++c) vt[e * BK + c] = c < cols ? v[(j0 + c) * E + e] : 0;
         memset(dkb, 0, sizeof(T) * (size_t)(BK * D));
         memset(dvb, 0, sizeof(T) * (size_t)(BK * E));
-        /* under the causal mask, rows before j0 see none of these keys */
-        for (long i0 = mask == 1 ? j0 : 0; i0 < NQ; i0 += BQ) {
-          const long rows = ef_min(BQ, NQ - i0);
+        /* the rows that see some of these keys */
+        const long iend = ef_min(NQ, j0 + cols - lo);
+        for (long i0 = ef_max(0, j0 - hi); i0 < iend; i0 += BQ) {
+          const long rows = ef_min(BQ, iend - i0);
+          if (skip_hidden && ef_block_hidden(g, i0, rows, j0, cols, G, nterms, term_data,
+                                             term_offsets, term_info))
+            continue;       /* every weight 0: nothing to add (the forward skipped it) */
           memset(p, 0, sizeof(T) * (size_t)(rows * BK));
           memset(ds, 0, sizeof(T) * (size_t)(rows * BK));
           ef_product(q + i0 * D, D, 1, kt, BK, p, BK, rows, BK, D);      /* scores */
@@ -166,15 +180,33 @@ int ef_attention_backward(const T *Q, const T *K, const T *V, const T *O, const 
           for (long r = 0; r < rows; ++r) {
             const long i = i0 + r;
             T *pr = p + r * BK, *dsr = ds + r * BK;
-            const long seen = mask == 1 ? ef_min(cols, i - j0 + 1) : cols;
+            const long seen = ef_min(cols, i + hi - j0 + 1);
+            const long first = ef_max(0, i + lo - j0);
             const T top = lse[i], di = delta[i];
+            int mode = scale_mode;
+            if (nterms && seen > first) {      /* the scores with their terms */
+              for (long c = first; c < seen; ++c) pr[c] = ef_scaled(pr[c], scale, scale_mode);
+              ef_add_terms(pr + first, seen - first, g, i, j0 + first, G, nterms, term_data,
+                           term_offsets, term_info);
+              mode = 0;
+            }
+            /* exp is not asked about a hidden key (its score may be -inf: the vector
+               exp's slow path); ``keep`` goes through memory so that the compiler
+               cannot fold exp(shown ? x : 0) back into exp(x) (c_attention.py) */
+            T keep[BK];
             #pragma omp simd
             for (long c = 0; c < BK; ++c) {
-              const T s = scale_mode == 1 ? pr[c] * scale
-                                          : (scale_mode == 2 ? pr[c] / scale : pr[c]);
-              const T w = c < seen ? %(exp)s(s - top) : (T)0;
+              const T s = mode == 1 ? pr[c] * scale : (mode == 2 ? pr[c] / scale : pr[c]);
+              pr[c] = s;
+              keep[c] = c < seen && c >= first && s != -INFINITY ? (T)1 : (T)0;
+            }
+            #pragma omp simd
+            for (long c = 0; c < BK; ++c) {
+              /* (top, the row's log-sum-exp, is finite here: the runtime checks) */
+              const T x = keep[c] != 0 ? pr[c] : top;
+              const T w = %(exp)s(x - top) * keep[c];
               pr[c] = w;
-              dsr[c] = c < seen ? w * (dsr[c] - di) : (T)0;
+              dsr[c] = w * (dsr[c] - di);
             }
           }
           /* dV block += P^T dO, dK block += dS^T Q (the scale's factor at the end),
@@ -212,7 +244,8 @@ def source(dtype: np.dtype) -> str:
     return _TEMPLATE % {"ctype": "float" if single else "double",
                         "lanes": block.lanes, "rows": block.rows,
                         "vectors": block.vectors,
-                        "declarations": declarations, "exp": "expf" if single else "exp"}
+                        "declarations": declarations, "exp": "expf" if single else "exp",
+                        "terms": TERMS}
 
 
 def backward_function(dtype: np.dtype):
@@ -224,7 +257,8 @@ def backward_function(dtype: np.dtype):
     function = c_build.load(source(dtype)).ef_attention_backward
     size = ctypes.c_long
     function.argtypes = [ctypes.c_void_p] * 9 + [size] * 5 + [
-        ctypes.c_double, ctypes.c_int, ctypes.c_int, ctypes.c_int]
+        ctypes.c_double, ctypes.c_int, size, size, ctypes.c_int, ctypes.c_int,
+        ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int]
     function.restype = ctypes.c_int
     with _lock:
         _functions[dtype.name] = function
