@@ -37,21 +37,16 @@ class _View:
 
 def windowed_route(found: WindowedContraction, call, torch_route: bool) -> BlasRoute:
     """NumPy's BLAS, or torch's for a call on torch tensors with enough work (as
-    backends/c/blas.route_for decides for a contraction) where more than one thread
-    may run: at one thread NumPy's (OpenBLAS) ran these products' shapes 1.4-1.7x
-    faster than torch.matmul (a conv2d's 32x144 by 144x1024 per image: 1.2 ms against
-    1.9 ms), and there is no other pool of threads to compete with."""
+    backends/c/blas.route_for decides for a contraction), at any thread count: at one
+    thread torch's MKL ran these products' shapes about 1.7x faster than NumPy's
+    OpenBLAS once broadcast batches go to ``torch.bmm`` (windowed_torch.py; a conv2d's
+    8 x (32x144 by 144x1024): 0.49 ms against 0.85 ms), and at more threads a torch
+    program's products then share torch's pool of threads."""
     if torch_route and call.dtypes.working in (np.float32, np.float64) and \
-            multiply_adds(found, call) >= TORCH_BLAS_WORK and \
-            _torch_threads() > 1:
-        from .torch_blas import TORCH_BLAS
-        return TORCH_BLAS
+            multiply_adds(found, call) >= TORCH_BLAS_WORK:
+        from .windowed_torch import TORCH_WINDOWED_BLAS
+        return TORCH_WINDOWED_BLAS
     return NUMPY_BLAS
-
-
-def _torch_threads() -> int:
-    import torch
-    return torch.get_num_threads()
 
 
 def windowed_library(found: WindowedContraction, call) -> str:
@@ -95,6 +90,22 @@ def windowed_runner(found: WindowedContraction, call,
     matmul = route.matmul
     factors = found.scale
 
+    def operand(named, view, side, summed):
+        """One matmul operand: the operand's view read in place where BLAS can, else
+        packed from the array as it is by C (no padded copy), else by NumPy."""
+        array = _working(named[view.tensor], working)
+        groups = (gemm.rows, summed) if side == first else (summed, gemm.cols)
+        if view.margins is None:
+            strided = _cut(array, view, working, fill)
+            in_place = _in_place(strided, view.axes, gemm.pre, *groups, extents)
+            if in_place is not None:
+                return in_place
+        packed = _pack(array, view, gemm.pre, *groups, extents, fill)
+        if packed is not None:
+            return packed
+        return _arrange(_cut(array, view, working, fill), view.axes, gemm.pre, *groups,
+                        extents)
+
     def arranged(view_arrays, axes_of, summed):
         """The two matmul operands from the views (their axes ``axes_of``), summing
         ``summed``."""
@@ -114,8 +125,8 @@ def windowed_runner(found: WindowedContraction, call,
     axes = tuple(v.axes for v in views)
     if found.method is WindowMethod.PATCHES:
         def run(named):
-            arrays = tuple(_cut(named[v.tensor], v, working, fill) for v in views)
-            rows, cols = arranged(arrays, axes, gemm.k)
+            rows = operand(named, views[first], first, gemm.k)
+            cols = operand(named, views[second], second, gemm.k)
             return finish(matmul(rows, cols), named)
         return run
 
@@ -163,12 +174,17 @@ def _view(operand: WindowedOperand, ranges, shape: Tuple[int, ...]) -> _View:
                  tuple(margins) if padded else None, tuple(origin), coefficients)
 
 
-def _cut(array, view: _View, working: np.dtype, fill) -> np.ndarray:
-    """The read-only strided view of ``array`` (converted to ``working``, padded with
-    ``fill`` where the view's reads leave it)."""
+def _working(array, working: np.dtype) -> np.ndarray:
     array = np.asarray(array)
-    if array.dtype != working:
-        array = array.astype(working)
+    return array if array.dtype == working else array.astype(working)
+
+
+def _cut(array, view: _View, working: np.dtype, fill) -> np.ndarray:
+    """The strided view of ``array`` (converted to ``working``, padded with ``fill``
+    where the view's reads leave it): read-only where its windows overlap, else as
+    writeable as the array (torch's BLAS takes only writeable arrays; nothing writes
+    through it)."""
+    array = _working(array, working)
     if view.margins is not None:
         shape = tuple(n + b + a for n, (b, a) in zip(array.shape, view.margins))
         # (zeros: fresh zero pages from the system, no fill pass)
@@ -178,7 +194,64 @@ def _cut(array, view: _View, working: np.dtype, fill) -> np.ndarray:
     start = array[tuple(slice(o, o + 1) for o in view.origin)]
     strides = tuple(sum(c * s for c, s in zip(coefficients, array.strides))
                     for coefficients in view.coefficients)
-    return as_strided(start, view.shape, strides, writeable=False)
+    plain = all(sum(1 for c in column if c) <= 1 for column in zip(*view.coefficients)) and \
+        view.margins is None
+    return as_strided(start, view.shape, strides,
+                      writeable=plain and array.flags.writeable)
+
+
+def _order(array_shape, steps, axes, pre, rows, cols):
+    """The axis order ``_arrange`` packs a view in (its axes ``axes``, each of
+    ``array_shape`` extent and ``steps`` memory step): the ``pre`` axes it has, then
+    the two groups, the one whose last axis is the longer innermost (copy) loop last
+    (a weight gradient's patches (b, i, j) x (c, p, q) would copy runs of 3 (q), packed
+    the other way round runs of 32 (j), 3x faster; BLAS reads either as it lies);
+    whether the groups were swapped."""
+    lead = [axes.index(n) for n in pre if n in axes]
+    first, second = [axes.index(n) for n in rows], [axes.index(n) for n in cols]
+
+    def inner(group):
+        return (array_shape[group[-1]], -abs(steps[group[-1]])) if group else (0, 0)
+    if inner(first) > inner(second):
+        return lead + second + first, True
+    return lead + first + second, False
+
+
+def _pack(array: np.ndarray, view: _View, pre, rows, cols, extents,
+          fill) -> Optional[np.ndarray]:
+    """The view of ``array`` as a matmul operand (as ``_arrange`` gives it), packed by
+    C straight from the unpadded array (reads outside it are ``fill``); None where the
+    C kernel does not take it."""
+    from .window_pack import pack_window
+    if view.margins is not None:
+        origin = tuple(o - b for o, (b, _) in zip(view.origin, view.margins))
+    else:
+        origin = view.origin
+    steps = [sum(c * s for c, s in zip(column, array.strides)) for column in view.coefficients]
+    order, swapped = _order(view.shape, steps, view.axes, pre, rows, cols)
+    packed = pack_window(array, [view.shape[a] for a in order],
+                         [view.coefficients[a] for a in order], origin, fill)
+    if packed is None:
+        return None
+    batch = tuple(extents[n] if n in view.axes else 1 for n in pre)
+    m, k = _size(rows, extents), _size(cols, extents)
+    if swapped:
+        return packed.reshape(batch + (k, m)).swapaxes(-1, -2)
+    return packed.reshape(batch + (m, k))
+
+
+def _in_place(array: np.ndarray, axes, pre, rows, cols, extents) -> Optional[np.ndarray]:
+    """``array`` (axes ``axes``) as a matmul operand without a copy (``_arrange``'s
+    layout), or None where BLAS cannot read it so."""
+    lead = [axes.index(n) for n in pre if n in axes]
+    first, second = [axes.index(n) for n in rows], [axes.index(n) for n in cols]
+    batch = tuple(extents[n] if n in axes else 1 for n in pre)
+    shape = batch + (_size(rows, extents), _size(cols, extents))
+    try:
+        arranged = np.reshape(array.transpose(lead + first + second), shape, copy=False)
+    except ValueError:
+        return None
+    return arranged if _blas_ready(arranged) else None
 
 
 def _arrange(array: np.ndarray, axes: Tuple[str, ...], pre, rows, cols,
