@@ -17,7 +17,8 @@ in the row's index), and the inner loop copies or adds without tests."""
 from __future__ import annotations
 
 import ctypes
-from typing import Optional, Sequence
+import math
+from typing import List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -26,6 +27,7 @@ from .threads import thread_count
 
 _SOURCE = """\
 #include <stdint.h>
+#include <string.h>
 #include <omp.h>
 #define MAX_AXES 16
 /* The stretch [*lo, *hi) of positions t (0 <= t < n) at which every array coordinate
@@ -144,8 +146,8 @@ void einfuse_pack_window_##SUFFIX(const T *src, T *dst, int64_t rank, \\
         const T *row = in + i * step1; \\
         for (int64_t t = 0; t < lo2; ++t) out[t] = fill; \\
         if (step == 1) { \\
-          _Pragma("omp simd") \\
-          for (int64_t t = lo2; t < hi2; ++t) out[t] = row[t]; \\
+          /* (memcpy: rows of 31 of 32 points, cut by the pad, would run a scalar tail) */ \\
+          if (hi2 > lo2) memcpy(out + lo2, row + lo2, (size_t)(hi2 - lo2) * sizeof(T)); \\
         } else if (step == 2) { \\
           _Pragma("omp simd") \\
           for (int64_t t = lo2; t < hi2; ++t) out[t] = row[2 * t]; \\
@@ -211,31 +213,46 @@ MAX_AXES = 16
 MIN_ELEMENTS = 1 << 12
 
 
+_FUNCTIONS: dict = {}
+
+
 def _function(name: str):
     """The kernel, or None where it cannot be built (the callers then copy or add by
-    NumPy)."""
+    NumPy); looked up once."""
+    if name in _FUNCTIONS:
+        return _FUNCTIONS[name]
     from .compiler_process import CompileError
-    try:
-        function = getattr(c_build.load(_SOURCE), name)
-    except CompileError:
-        return None
-    function.restype = None
+    function = None
+    if c_build.find_compiler() is not None:
+        try:
+            function = getattr(c_build.load(_SOURCE), name)
+            function.restype = None
+        except CompileError:
+            function = None
+    _FUNCTIONS[name] = function
     return function
 
 
-def _int64s(values) -> np.ndarray:
-    return np.ascontiguousarray(np.asarray(values, dtype=np.int64).reshape(-1))
+def _arguments(*groups) -> Tuple[np.ndarray, List[ctypes.c_void_p]]:
+    """The integer arrays the kernels read, in one int64 buffer (one NumPy call, not
+    one per array: these calls are made per GEMM operand), and a pointer to each."""
+    flat = [int(v) for group in groups for v in group]
+    buffer = np.array(flat, dtype=np.int64)
+    address, at, pointers = buffer.ctypes.data, 0, []
+    for group in groups:
+        pointers.append(ctypes.c_void_p(address + 8 * at))
+        at += len(group)
+    return buffer, pointers
 
 
 def _usable(array: np.ndarray, shape: Sequence[int], coefficients) -> Optional[str]:
     """The kernel suffix for ``array`` (its dtype), or None where these kernels do not
-    take it: another dtype, too few elements, too many axes, no compiler."""
+    take it: another dtype, too few elements, too many axes."""
     kind = _KINDS.get(array.dtype)
-    size = int(np.prod(shape, dtype=np.int64)) if len(shape) else 1
-    if kind is None or size < MIN_ELEMENTS or not len(shape) or \
+    if kind is None or not len(shape) or math.prod(shape) < MIN_ELEMENTS or \
             array.ndim > MAX_AXES or array.ndim == 0 or len(shape) + 1 > MAX_AXES or \
             any(s % array.itemsize for s in array.strides) or \
-            len(coefficients) != len(shape) or c_build.find_compiler() is None:
+            len(coefficients) != len(shape):
         return None
     return kind
 
@@ -261,21 +278,19 @@ def pack_window(array: np.ndarray, shape: Sequence[int], coefficients: Sequence[
     array), copied into a fresh C-contiguous array of ``shape``; None where the kernel
     does not take these arrays (the caller copies by NumPy)."""
     kind = _usable(array, shape, coefficients)
-    if kind is None:
-        return None
-    function = _function(f"einfuse_pack_window_{kind}")
+    function = None if kind is None else _function(f"einfuse_pack_window_{kind}")
     if function is None:
         return None
     out = np.empty(tuple(shape), array.dtype)
     strides = [s // array.itemsize for s in array.strides]
     shape, coefficients, _ = _blocks(shape, coefficients)
-    arguments = [_int64s(shape), _int64s(array.shape), _int64s(strides),
-                 _int64s(coefficients), _int64s(origin)]
+    keep, pointers = _arguments(shape, array.shape, strides,
+                                [c for row in coefficients for c in row], origin)
     function(
         ctypes.c_void_p(array.ctypes.data), ctypes.c_void_p(out.ctypes.data),
-        ctypes.c_int64(len(shape)), ctypes.c_void_p(arguments[0].ctypes.data),
-        ctypes.c_int64(array.ndim), *(ctypes.c_void_p(a.ctypes.data) for a in arguments[1:]),
+        ctypes.c_int64(len(shape)), pointers[0], ctypes.c_int64(array.ndim), *pointers[1:],
         ctypes.c_double(float(fill)), ctypes.c_int(thread_count(None, out.size)))
+    del keep
     return out
 
 
@@ -301,12 +316,12 @@ def add_window(target: np.ndarray, values: np.ndarray, coefficients: Sequence[Se
     shape, coefficients, vsteps = _blocks(shape, coefficients, vsteps)
     # (the runs: the blocks of the shared axes, and of the row axis where a unit one
     # was put in after it)
-    group = int(np.prod(shape[max(0, rank - 2 - shared):len(shape) - 2], dtype=np.int64))
-    arguments = [_int64s(shape), _int64s(target.shape), _int64s(strides),
-                 _int64s(coefficients), _int64s(origin), _int64s(vsteps)]
+    group = math.prod(shape[max(0, rank - 2 - shared):len(shape) - 2])
+    keep, pointers = _arguments(shape, target.shape, strides,
+                                [c for row in coefficients for c in row], origin, vsteps)
     function(
         ctypes.c_void_p(target.ctypes.data), ctypes.c_void_p(values.ctypes.data),
-        ctypes.c_int64(len(shape)), ctypes.c_void_p(arguments[0].ctypes.data),
-        ctypes.c_int64(target.ndim), *(ctypes.c_void_p(a.ctypes.data) for a in arguments[1:]),
+        ctypes.c_int64(len(shape)), pointers[0], ctypes.c_int64(target.ndim), *pointers[1:],
         ctypes.c_int64(max(1, group)), ctypes.c_int(thread_count(None, values.size)))
+    del keep
     return True
