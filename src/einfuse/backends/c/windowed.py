@@ -23,6 +23,9 @@ from ...plan.windowed_contraction import WindowedContraction, WindowedOperand, W
 
 Runner = Callable[[Mapping[str, np.ndarray]], np.ndarray]
 
+# How each operand is made is found per layout (strides) of its array, a few kept.
+LAYOUTS_KEPT = 8
+
 
 @dataclass(frozen=True)
 class _View:
@@ -90,21 +93,23 @@ def windowed_runner(found: WindowedContraction, call,
     matmul = route.matmul
     factors = found.scale
 
-    def operand(named, view, side, summed):
-        """One matmul operand: the operand's view read in place where BLAS can, else
-        packed from the array as it is by C (no padded copy), else by NumPy."""
-        array = _working(named[view.tensor], working)
+    def operand_maker(view, side, summed):
+        """One matmul operand from the arrays by name: the operand's view read in place
+        where BLAS can, else packed from the array as it is by C (no padded copy), else
+        by NumPy; which of them found once per layout of the array."""
         groups = (gemm.rows, summed) if side == first else (summed, gemm.cols)
-        if view.margins is None:
-            strided = _cut(array, view, working, fill)
-            in_place = _in_place(strided, view.axes, gemm.pre, *groups, extents)
-            if in_place is not None:
-                return in_place
-        packed = _pack(array, view, gemm.pre, *groups, extents, fill)
-        if packed is not None:
-            return packed
-        return _arrange(_cut(array, view, working, fill), view.axes, gemm.pre, *groups,
-                        extents)
+        found = {}
+
+        def make(named):
+            array = _working(named[view.tensor], working)
+            how = found.get(array.strides)
+            if how is None:
+                if len(found) >= LAYOUTS_KEPT:
+                    found.clear()
+                how = found[array.strides] = _operand_way(array, view, gemm.pre, groups,
+                                                          extents, working, fill)
+            return how(array)
+        return make
 
     def arranged(view_arrays, axes_of, summed):
         """The two matmul operands from the views (their axes ``axes_of``), summing
@@ -124,10 +129,11 @@ def windowed_runner(found: WindowedContraction, call,
 
     axes = tuple(v.axes for v in views)
     if found.method is WindowMethod.PATCHES:
+        row_operand = operand_maker(views[first], first, gemm.k)
+        col_operand = operand_maker(views[second], second, gemm.k)
+
         def run(named):
-            rows = operand(named, views[first], first, gemm.k)
-            cols = operand(named, views[second], second, gemm.k)
-            return finish(matmul(rows, cols), named)
+            return finish(matmul(row_operand(named), col_operand(named)), named)
         return run
 
     window = found.window
@@ -217,27 +223,45 @@ def _order(array_shape, steps, axes, pre, rows, cols):
     return lead + first + second, False
 
 
-def _pack(array: np.ndarray, view: _View, pre, rows, cols, extents,
-          fill) -> Optional[np.ndarray]:
-    """The view of ``array`` as a matmul operand (as ``_arrange`` gives it), packed by
-    C straight from the unpadded array (reads outside it are ``fill``); None where the
-    C kernel does not take it."""
-    from .window_pack import pack_window
+def _operand_way(array: np.ndarray, view: _View, pre, groups, extents, working,
+                 fill) -> Callable[[np.ndarray], np.ndarray]:
+    """How a matmul operand comes from arrays laid out as ``array``: the view as it is
+    (BLAS reads it), else packed by C, else by NumPy."""
+    if view.margins is None and \
+            _in_place(_cut(array, view, working, fill), view.axes, pre, *groups,
+                      extents) is not None:
+        return lambda a: _in_place(_cut(a, view, working, fill), view.axes, pre, *groups,
+                                   extents)
+    packer = _packer(array, view, pre, *groups, extents, fill)
+    if packer is not None:
+        return packer
+    return lambda a: _arrange(_cut(a, view, working, fill), view.axes, pre, *groups,
+                              extents)
+
+
+def _packer(array: np.ndarray, view: _View, pre, rows, cols, extents,
+            fill) -> Optional[Callable[[np.ndarray], np.ndarray]]:
+    """The view of arrays laid out as ``array`` as a matmul operand (as ``_arrange``
+    gives it), packed by C straight from the unpadded array (reads outside it are
+    ``fill``); None where the C kernel does not take it."""
+    from .window_pack import prepared_pack
     if view.margins is not None:
         origin = tuple(o - b for o, (b, _) in zip(view.origin, view.margins))
     else:
         origin = view.origin
     steps = [sum(c * s for c, s in zip(column, array.strides)) for column in view.coefficients]
     order, swapped = _order(view.shape, steps, view.axes, pre, rows, cols)
-    packed = pack_window(array, [view.shape[a] for a in order],
+    pack = prepared_pack(array, [view.shape[a] for a in order],
                          [view.coefficients[a] for a in order], origin, fill)
-    if packed is None:
+    if pack is None:
         return None
     batch = tuple(extents[n] if n in view.axes else 1 for n in pre)
     m, k = _size(rows, extents), _size(cols, extents)
     if swapped:
-        return packed.reshape(batch + (k, m)).swapaxes(-1, -2)
-    return packed.reshape(batch + (m, k))
+        shape = batch + (k, m)
+        return lambda a: pack(a).reshape(shape).swapaxes(-1, -2)
+    shape = batch + (m, k)
+    return lambda a: pack(a).reshape(shape)
 
 
 def _in_place(array: np.ndarray, axes, pre, rows, cols, extents) -> Optional[np.ndarray]:
