@@ -182,3 +182,52 @@ def test_conv_on_numpy_arrays_against_the_oracle():
     want = brute_force(statement, ranges_of(statement, {"x": x, "w": w}, **options),
                        {"x": x, "w": w}, pad=0)
     np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12)
+
+
+TRANSPOSED = [
+    ("dx[b,c,k,l] := dy[b,o,k-p+1,l-q+1] * w[o,c,p,q]", {"pad": 0, "ranges": {"k": 20, "l": 20}},
+     (4, 32, 20, 20), (32, 8, 3, 3), dict(padding=1)),
+    ("dx[b,c,k] := dy[b,o,k-2*p+2] * w[o,c,p]", {"pad": 0, "ranges": {"k": 500}},
+     (3, 40, 500), (40, 6, 3), dict(padding=2, dilation=2)),
+    ("dx[b,c,k] := dy[b,o,k-p] * w[o,c,p]", {"pad": 0, "ranges": {"k": 503}},
+     (3, 40, 500), (40, 6, 4), {}),
+]
+
+
+@needs_c
+@pytest.mark.parametrize("statement, options, dyshape, wshape, conv", TRANSPOSED)
+def test_transposed_convs_take_the_scatter_form(statement, options, dyshape, wshape, conv):
+    torch = pytest.importorskip("torch")
+    from einfuse.plan.windowed_contraction import WindowMethod
+    from einfuse.schedule.choose import choose
+    dy, w = rng.standard_normal(dyshape), rng.standard_normal(wshape)
+    kernel = ef.compile(statement, backend="c", **options)
+    assert choose(kernel, kernel.bind(dy=dy, w=w)).blas.method is WindowMethod.SCATTER
+    got = kernel(dy=dy, w=w)
+    transpose = torch.nn.functional.conv_transpose2d if dy.ndim == 4 else \
+        torch.nn.functional.conv_transpose1d
+    want = transpose(torch.from_numpy(dy), torch.from_numpy(w), **conv).numpy()
+    np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12)
+
+
+@needs_c
+def test_the_scatter_form_gathers_where_pads_meet_infinities():
+    # a padded read times inf is NaN in the semantics; the scatter form has no such
+    # product, so the call gathers: NaN exactly where the oracle has it
+    statement, options = TRANSPOSED[0][0], {"pad": 0, "ranges": {"k": 12, "l": 12}}
+    dy, w = rng.standard_normal((2, 8, 12, 12)), rng.standard_normal((8, 4, 3, 3))
+    w[3, 2, 0, 1] = np.inf
+    dy[1, 5, 7, 7] = np.nan
+    got = ef.ein(statement, dy=dy, w=w, backend="c", **options)
+    want = brute_force(statement, ranges_of(statement, {"dy": dy, "w": w}, **options),
+                       {"dy": dy, "w": w}, pad=0)
+    np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
+    np.testing.assert_array_equal(np.isinf(got), np.isinf(want))
+    finite = np.isfinite(want)
+    np.testing.assert_allclose(got[finite], want[finite], rtol=1e-12, atol=1e-12)
+    # a non-zero pad is read as itself: gathered too
+    arrays = {"dy": rng.standard_normal((2, 8, 12, 12)), "w": np.ones_like(w)}
+    got = ef.ein(statement, **arrays, backend="c", pad=2.0, ranges={"k": 10, "l": 10})
+    want = brute_force(statement, ranges_of(statement, arrays, pad=2.0,
+                                            ranges={"k": 10, "l": 10}), arrays, pad=2.0)
+    np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12)

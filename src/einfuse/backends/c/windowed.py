@@ -70,16 +70,27 @@ def windowed_runner(found: WindowedContraction, call,
                     route: BlasRoute = NUMPY_BLAS) -> Runner:
     """The statement's result (working dtype) from arrays (and parameters) by name, of
     this call's signature."""
-    ranges = call.bounds.range_map
+    shapes = {name: tuple(call.arrays.shapes[name])
+              for name in {o.tensor for o in found.operands}}
     working = np.dtype(call.dtypes.working)
+    if found.method is WindowMethod.SCATTER:
+        from .windowed_scatter import scatter_runner
+        return scatter_runner(found, call.bounds.range_map, shapes, working,
+                              call.options.pad, route, runner_of)
+    return runner_of(found, call.bounds.range_map, shapes, working, call.options.pad,
+                     route)
+
+
+def runner_of(found: WindowedContraction, ranges, shapes, working: np.dtype, pad,
+              route: BlasRoute) -> Runner:
+    """windowed_runner's gathering runs (patches, or one GEMM per offset) for these
+    ranges, array shapes (by name), working dtype and pad value."""
     extents = {name: max(0, hi - lo) for name, (lo, hi) in ranges.items()}
     out_shape = tuple(extents[n] for n in found.output)
     if any(extents[n] == 0 for o in found.operands for n in o.axes) or \
             any(s == 0 for s in out_shape):
         return lambda named: np.zeros(out_shape, working)     # (a sum over nothing)
-    pad = call.options.pad
-    views = tuple(_view(o, ranges, tuple(call.arrays.shapes[o.tensor]))
-                  for o in found.operands)
+    views = tuple(_view(o, ranges, shapes[o.tensor]) for o in found.operands)
     if pad is None and any(v.margins is not None for v in views):
         from ...errors import BackendError
         raise BackendError("a windowed contraction's reads leave the array although "
@@ -128,7 +139,7 @@ def windowed_runner(found: WindowedContraction, call,
         return product if in_order else product.transpose(order)
 
     axes = tuple(v.axes for v in views)
-    if found.method is WindowMethod.PATCHES:
+    if found.method is not WindowMethod.PER_OFFSET:
         row_operand = operand_maker(views[first], first, gemm.k)
         col_operand = operand_maker(views[second], second, gemm.k)
 
