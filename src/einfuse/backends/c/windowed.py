@@ -19,7 +19,8 @@ from numpy.lib.stride_tricks import as_strided
 
 from .blas import TORCH_BLAS_WORK, multiply_adds
 from .blas_route import NUMPY_BLAS, BlasRoute
-from ...plan.windowed_contraction import WindowedContraction, WindowedOperand, WindowMethod
+from ...plan.windowed_contraction import (WindowedContraction, WindowedOperand, WindowMethod,
+                                          chunked_patches)
 
 Runner = Callable[[Mapping[str, np.ndarray]], np.ndarray]
 
@@ -104,21 +105,21 @@ def runner_of(found: WindowedContraction, ranges, shapes, working: np.dtype, pad
     matmul = route.matmul
     factors = found.scale
 
-    def operand_maker(view, side, summed):
+    def operand_maker(view, side, summed, pre=gemm.pre):
         """One matmul operand from the arrays by name: the operand's view read in place
         where BLAS can, else packed from the array as it is by C (no padded copy), else
         by NumPy; which of them found once per layout of the array."""
         groups = (gemm.rows, summed) if side == first else (summed, gemm.cols)
-        found = {}
+        ways = {}
 
         def make(named):
             array = _working(named[view.tensor], working)
-            how = found.get(array.strides)
+            how = ways.get(array.strides)
             if how is None:
-                if len(found) >= LAYOUTS_KEPT:
-                    found.clear()
-                how = found[array.strides] = _operand_way(array, view, gemm.pre, groups,
-                                                          extents, working, fill)
+                if len(ways) >= LAYOUTS_KEPT:
+                    ways.clear()
+                how = ways[array.strides] = _operand_way(array, view, pre, groups,
+                                                         extents, working, fill)
             return how(array)
         return make
 
@@ -139,6 +140,29 @@ def runner_of(found: WindowedContraction, ranges, shapes, working: np.dtype, pad
         return product if in_order else product.transpose(order)
 
     axes = tuple(v.axes for v in views)
+    chunk = _chunk(views, gemm.pre, (first, second)) \
+        if chunked_patches(found, ranges) else None
+    if chunk is not None:
+        side, sub_view, axis, start = chunk
+        image = operand_maker(sub_view, side, gemm.k, pre=())
+        whole = operand_maker(views[1 - side], 1 - side, gemm.k)
+        into = _product_into(route)
+        tensor, count = sub_view.tensor, extents[gemm.pre[0]]
+        out_shape = (count, _size(gemm.rows, extents), _size(gemm.cols, extents))
+
+        def run_by_image(named):
+            other = whole(named)
+            array = _working(named[tensor], working)
+            out = np.empty(out_shape, working)
+            lead = (slice(None),) * axis
+            for b in range(count):
+                part = image({tensor: array[lead + (start + b,)]})
+                kept = other[b if other.shape[0] > 1 else 0]
+                rows, cols = (part, kept) if side == first else (kept, part)
+                into(rows, cols, out[b])
+            return finish(out, named)
+        return run_by_image
+
     if found.method is not WindowMethod.PER_OFFSET:
         row_operand = operand_maker(views[first], first, gemm.k)
         col_operand = operand_maker(views[second], second, gemm.k)
@@ -167,6 +191,45 @@ def runner_of(found: WindowedContraction, ranges, shapes, working: np.dtype, pad
                 np.add(total, product, out=total)
         return finish(total, named)
     return run_per_offset
+
+
+def _chunk(views, pre, sides):
+    """(side, the view of one value of the batch index ``pre[0]``, the array axis it
+    indexes, its first value) for the operand to pack an image at a time: one read
+    through windows whose batch index is a plain subscript of an axis of its own; None
+    where there is none."""
+    for side in sides:
+        view = views[side]
+        if pre[0] not in view.axes or (view.margins is None and all(
+                sum(1 for c in column if c) <= 1 for column in zip(*view.coefficients))):
+            continue        # (no batch index, or read in place: nothing to pack)
+        at = view.axes.index(pre[0])
+        moved = [axis for axis, c in enumerate(view.coefficients[at]) if c]
+        if len(moved) != 1 or view.coefficients[at][moved[0]] != 1:
+            continue
+        axis = moved[0]
+        if any(row[axis] for n, row in enumerate(view.coefficients) if n != at) or \
+                (view.margins is not None and any(view.margins[axis])):
+            continue
+        keep = [n for n in range(len(view.axes)) if n != at]
+        margins = None if view.margins is None else \
+            tuple(m for a, m in enumerate(view.margins) if a != axis)
+        sub = _View(view.tensor, tuple(view.axes[n] for n in keep),
+                    tuple(view.shape[n] for n in keep), margins,
+                    tuple(o for a, o in enumerate(view.origin) if a != axis),
+                    tuple(tuple(c for a, c in enumerate(view.coefficients[n]) if a != axis)
+                          for n in keep))
+        return side, sub, axis, view.origin[axis]
+    return None
+
+
+def _product_into(route: BlasRoute):
+    """``into(a, b, out)``: the 2-D product ``a @ b`` written into ``out``, by the
+    route's library."""
+    if route.name == "torch":
+        from .windowed_torch import product_into
+        return product_into
+    return lambda a, b, out: np.matmul(a, b, out=out)
 
 
 def _view(operand: WindowedOperand, ranges, shape: Tuple[int, ...]) -> _View:

@@ -53,6 +53,15 @@ def _product(left: np.ndarray, right: np.ndarray) -> np.ndarray:
     return product.reshape(*batch, *product.shape[-2:]).numpy()
 
 
+def product_into(left: np.ndarray, right: np.ndarray, out: np.ndarray) -> None:
+    """``out[...] = left @ right`` (2-D) by torch's BLAS, NumPy's where torch cannot
+    take the arrays as they are."""
+    if _ready(left) and _ready(right) and _ready(out):
+        torch.mm(_from_numpy(left), _from_numpy(right), out=_from_numpy(out))
+    else:
+        np.matmul(left, right, out=out)
+
+
 def _addmm(addend: np.ndarray, left: np.ndarray, right: np.ndarray) -> np.ndarray:
     product = _product(left, right)
     np.add(product, addend, out=product)
