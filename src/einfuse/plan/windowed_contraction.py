@@ -14,10 +14,14 @@ batch, M, N, K), whatever the indices are called, in any order, of either operan
 convolution a stride-1 input gradient is) and repeated indices.  ``pad=`` pads each array
 by the margins its reads leave (with the pad value: what the semantics read there).
 
-Two ways to run it (:class:`WindowMethod`), chosen per call by :func:`window_method`: the
-views packed into one patch matrix (im2col) and one GEMM, or a GEMM per value of the
-window indices accumulated into the result (no patch matrix; the form for patches too
-large for memory).  Statements that do not have this form keep the loop nest, and
+Three ways to run it (:class:`WindowMethod`), chosen per call by :func:`window_method`:
+the views packed into one patch matrix (im2col) and one GEMM (an image at a time where
+the GEMMs are large: :func:`chunked_patches`); a GEMM per value of the window indices
+accumulated into the result (no patch matrix; the form for patches too large for
+memory); or, where one operand's windows are ``k + sum(c * w) + e`` in an output index
+``k`` (a transposed convolution), the product over that array as it lies with its values
+added at the window positions (:class:`ScatterForm`, col2im), where those values are
+fewer than the patches.  Statements that do not have this form keep the loop nest, and
 :func:`windowed_refusal` says why (explain prints it)."""
 
 from __future__ import annotations

@@ -1,12 +1,18 @@
 """The run of a windowed contraction (plan/windowed_contraction.py) for one signature of
-its arguments: each operand as the strided view its subscripts read (after padding it by
-the margins its reads leave, with the ``pad=`` value), then BLAS -- the views packed into
-one patch matrix and one (broadcast) matmul, or one matmul per window offset added into
-the result -- by NumPy's BLAS or torch's (backends/c/blas.py says when whose).
+its arguments: each operand as the strided view its subscripts read, then BLAS -- the
+views packed into one patch matrix and one (broadcast) matmul (an image at a time where
+plan/windowed_contraction.chunked_patches says so), one matmul per window offset added
+into the result, or the scatter form (windowed_scatter.py) -- by NumPy's BLAS or
+torch's (windowed_route says when whose).
 
-Memory safety rests on the ranges: every element a view addresses lies inside the padded
-array (the margins are computed from each subscript's extremes over the call's ranges),
-so the views are read-only ``as_strided`` windows of it, never wider."""
+The patches are packed by C straight from the array (window_pack.py: reads outside it
+are the ``pad=`` value, no padded copy first); where no C compiler is found, NumPy pads
+the array by the margins its reads leave and copies the strided view.
+
+Memory safety rests on the ranges: every element a view addresses lies inside the
+(padded) array (the margins are computed from each subscript's extremes over the
+call's ranges); views whose windows overlap are read-only ``as_strided`` windows of it,
+never wider, and the C pack tests each row's stretch against the array's bounds."""
 
 from __future__ import annotations
 
