@@ -231,3 +231,44 @@ def test_the_scatter_form_gathers_where_pads_meet_infinities():
     want = brute_force(statement, ranges_of(statement, arrays, pad=2.0,
                                             ranges={"k": 10, "l": 10}), arrays, pad=2.0)
     np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12)
+
+
+@needs_c
+@pytest.mark.parametrize("statement, options, xshape, wshape, conv", CONVS[:1] + CONVS[3:4])
+def test_image_at_a_time_runs_match_torch(statement, options, xshape, wshape, conv,
+                                          monkeypatch):
+    # the forward packs and multiplies an image at a time (chunked_patches), the weight
+    # gradient adds one product per image (chunked_sum): forced at these sizes
+    torch = pytest.importorskip("torch")
+    from einfuse.plan import windowed_contraction as wc
+    monkeypatch.setattr(wc, "CHUNK_WORK", 1)
+    monkeypatch.setattr(wc, "CHUNK_SUM_WORK", 1)
+    x = torch.randn(*xshape, dtype=torch.float64, requires_grad=True)
+    w = torch.randn(*wshape, dtype=torch.float64, requires_grad=True)
+    kernel = ef.compile(statement.replace("b", "n"), backend="c", **options)
+    convolve = torch.nn.functional.conv2d if len(xshape) == 4 else \
+        torch.nn.functional.conv1d
+    want = convolve(x, w, **conv)
+    got = kernel(x=x, w=w)
+    torch.testing.assert_close(got, want)
+    seed = torch.randn_like(want)
+    for a, b in zip(torch.autograd.grad(got, (x, w), seed),
+                    torch.autograd.grad(want, (x, w), seed)):
+        torch.testing.assert_close(a, b)
+
+
+@needs_c
+def test_weight_gradient_by_image_against_the_oracle(monkeypatch):
+    from einfuse.plan import windowed_contraction as wc
+    monkeypatch.setattr(wc, "CHUNK_SUM_WORK", 1)
+    dw = "dw[o,c,p,q] := dy[n,o,i,j] * x[n,c,2*i+p-1,2*j+q-1]"
+    x, dy = rng.standard_normal((3, 2, 9, 9)), rng.standard_normal((3, 4, 4, 4))
+    options = {"pad": 0, "ranges": {"p": 3, "q": 3}}
+    kernel = ef.compile(dw, backend="c", **options)
+    from einfuse.schedule.choose import choose
+    found = choose(kernel, kernel.bind(dy=dy, x=x)).blas
+    assert wc.chunked_sum(found, kernel.bind(dy=dy, x=x).bounds.range_map) == "n"
+    got = kernel(dy=dy, x=x)
+    want = brute_force(dw, ranges_of(dw, {"dy": dy, "x": x}, **options),
+                       {"dy": dy, "x": x}, pad=0)
+    np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12)

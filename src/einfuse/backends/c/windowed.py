@@ -26,7 +26,7 @@ from numpy.lib.stride_tricks import as_strided
 from .blas import TORCH_BLAS_WORK, multiply_adds
 from .blas_route import NUMPY_BLAS, BlasRoute
 from ...plan.windowed_contraction import (WindowedContraction, WindowedOperand, WindowMethod,
-                                          chunked_patches)
+                                          chunked_patches, chunked_sum)
 
 Runner = Callable[[Mapping[str, np.ndarray]], np.ndarray]
 
@@ -169,6 +169,28 @@ def runner_of(found: WindowedContraction, ranges, shapes, working: np.dtype, pad
             return finish(out, named)
         return run_by_image
 
+    summed = chunked_sum(found, ranges)
+    parts = None if summed is None else [_sub_view(v, summed) for v in views]
+    if parts is not None and all(part is not None for part in parts):
+        makers = [operand_maker(part[0], side, tuple(n for n in gemm.k if n != summed),
+                                pre=()) for side, part in enumerate(parts)]
+        count = extents[summed]
+
+        def run_by_value(named):
+            arrays = [_working(named[v.tensor], working) for v in views]
+            total = None
+            for b in range(count):
+                ops = [make({part[0].tensor: array[(slice(None),) * part[1] +
+                                                   (part[2] + b,)]})
+                       for make, part, array in zip(makers, parts, arrays)]
+                product = matmul(ops[first], ops[second])
+                if total is None:
+                    total = np.array(product, copy=True)
+                else:
+                    total += product
+            return finish(total, named)
+        return run_by_value
+
     if found.method is not WindowMethod.PER_OFFSET:
         row_operand = operand_maker(views[first], first, gemm.k)
         col_operand = operand_maker(views[second], second, gemm.k)
@@ -209,24 +231,34 @@ def _chunk(views, pre, sides):
         if pre[0] not in view.axes or (view.margins is None and all(
                 sum(1 for c in column if c) <= 1 for column in zip(*view.coefficients))):
             continue        # (no batch index, or read in place: nothing to pack)
-        at = view.axes.index(pre[0])
-        moved = [axis for axis, c in enumerate(view.coefficients[at]) if c]
-        if len(moved) != 1 or view.coefficients[at][moved[0]] != 1:
-            continue
-        axis = moved[0]
-        if any(row[axis] for n, row in enumerate(view.coefficients) if n != at) or \
-                (view.margins is not None and any(view.margins[axis])):
-            continue
-        keep = [n for n in range(len(view.axes)) if n != at]
-        margins = None if view.margins is None else \
-            tuple(m for a, m in enumerate(view.margins) if a != axis)
-        sub = _View(view.tensor, tuple(view.axes[n] for n in keep),
-                    tuple(view.shape[n] for n in keep), margins,
-                    tuple(o for a, o in enumerate(view.origin) if a != axis),
-                    tuple(tuple(c for a, c in enumerate(view.coefficients[n]) if a != axis)
-                          for n in keep))
-        return side, sub, axis, view.origin[axis]
+        found = _sub_view(view, pre[0])
+        if found is not None:
+            return (side,) + found
     return None
+
+
+def _sub_view(view: _View, index: str):
+    """(the view of one value of ``index``, the array axis it indexes, its first value),
+    or None where ``index`` is not a plain subscript of an axis of its own."""
+    if index not in view.axes:
+        return None
+    at = view.axes.index(index)
+    moved = [axis for axis, c in enumerate(view.coefficients[at]) if c]
+    if len(moved) != 1 or view.coefficients[at][moved[0]] != 1:
+        return None
+    axis = moved[0]
+    if any(row[axis] for n, row in enumerate(view.coefficients) if n != at) or \
+            (view.margins is not None and any(view.margins[axis])):
+        return None
+    keep = [n for n in range(len(view.axes)) if n != at]
+    margins = None if view.margins is None else \
+        tuple(m for a, m in enumerate(view.margins) if a != axis)
+    sub = _View(view.tensor, tuple(view.axes[n] for n in keep),
+                tuple(view.shape[n] for n in keep), margins,
+                tuple(o for a, o in enumerate(view.origin) if a != axis),
+                tuple(tuple(c for a, c in enumerate(view.coefficients[n]) if a != axis)
+                      for n in keep))
+    return sub, axis, view.origin[axis]
 
 
 def _product_into(route: BlasRoute):
