@@ -98,6 +98,11 @@ def test_conv2d_values_and_route(statement, options, expected, dtype):
 def test_1d_values_against_the_oracle(statement, options, method, monkeypatch):
     if method is WindowMethod.PER_OFFSET:       # no room for a patch matrix
         monkeypatch.setattr(wc, "PATCH_BYTES", 0)
+    if method is WindowMethod.SCATTER:          # col2im wherever there is a scatter form
+        monkeypatch.setattr(wc, "SCATTER_RATIO", float("inf"))
+        monkeypatch.setattr("einfuse.backends.c.window_pack.MIN_ELEMENTS", 1)
+        if wc.scatter_form(windowed_contraction(spec_of(statement))) is None:
+            method = WindowMethod.PATCHES       # (a stride: no scatter form)
     batched = "b," in statement
     x = rng.standard_normal((2, 3, 11) if batched else (3, 11))
     w = rng.standard_normal((4, 3, 3))

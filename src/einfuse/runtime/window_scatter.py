@@ -34,6 +34,17 @@ def offset_plan(scatter, indices: Sequence[str], ranges: Mapping[str, range],
     values order them by whichever of the two comes first among the values' axes, so
     ``l`` is looped over in the direction that puts those first, and the looped indices
     by the place of their pairs."""
+    order = _offset_order(scatter, indices, ranges, target_shape)
+    if order is None:
+        return None
+    names, kept, falling = order
+    axes = [reversed(ranges[n]) if down else ranges[n] for n, down in zip(names, falling)]
+    return names, kept, tuple(itertools.product(*axes))
+
+
+def _offset_order(scatter, indices, ranges, target_shape):
+    """(looped indices in the order they nest, kept indices, per looped index whether
+    it is walked downwards) for offset_plan."""
     if len(scatter) != len(target_shape):
         return None
     kept, looped, keys = [], [], []
@@ -64,10 +75,8 @@ def offset_plan(scatter, indices: Sequence[str], ranges: Mapping[str, range],
     if offsets > MAX_OFFSETS:
         return None
     ordered = sorted(range(len(looped)), key=lambda a: keys[a][0])
-    axes = [reversed(ranges[looped[a]]) if keys[a][1] else ranges[looped[a]]
-            for a in ordered]
-    names = tuple(looped[a] for a in ordered)
-    return names, tuple(kept), tuple(itertools.product(*axes))
+    return (tuple(looped[a] for a in ordered), tuple(kept),
+            tuple(keys[a][1] for a in ordered))
 
 
 def add_by_offsets(target, g, values, ranges: Mapping[str, range]) -> bool:
@@ -103,6 +112,9 @@ def add_by_offsets(target, g, values, ranges: Mapping[str, range]) -> bool:
         if stride <= covered:
             return False
         covered += stride * (count - 1)
+    if numpy_target and isinstance(values, np.ndarray) and \
+            _add_in_one_pass(target, g, values, ranges, looped, kept, offsets, steps):
+        return True
     if not numpy_target:
         if any(c < 0 for sub in g.scatter for _, c in sub.terms):
             return False            # (torch's views take no negative steps)
@@ -132,6 +144,48 @@ def add_by_offsets(target, g, values, ranges: Mapping[str, range]) -> bool:
             target.as_strided(view_shape, view_strides,
                               target.storage_offset() + start).add_(part)
     return True
+
+
+def _add_in_one_pass(target, g, values, ranges, looped, kept, offsets, steps) -> bool:
+    """The whole scatter as one C walk (backends/c/window_pack.add_window): the kept
+    indices alone in their subscripts outermost (an image and channel of a conv), then
+    the offsets in offset_plan's order, then the other kept indices (the output
+    positions).  Each target block then receives every offset while it is in cache
+    (nine passes over a whole conv gradient went to memory each time: 1.4 ms of
+    NumPy adds against 0.3 ms), in the same order as the per-offset adds, so the same
+    bits.  False where the kernel does not take the arrays."""
+    import numpy as np
+    from ..backends.c.window_pack import add_window
+    indices = tuple(g.spec.output_indices)
+    beside = {n for sub in g.scatter for n, _ in sub.terms if n in looped}
+    paired = {n for sub in g.scatter if any(m in beside for m, _ in sub.terms)
+              for n, _ in sub.terms if n in kept}
+    alone = [n for n in kept if n not in paired]
+    inner = [n for n in kept if n in paired]
+
+    def target_step(name):
+        return -abs(sum(c * step for sub, step in zip(g.scatter, steps)
+                        for n, c in sub.terms if n == name))
+    alone.sort(key=target_step)
+    inner.sort(key=target_step)
+    first = offsets[0] if offsets else ()
+    down = {n: len(ranges[n]) > 1 and v == ranges[n].stop - 1
+            for n, v in zip(looped, first)}
+    order = alone + list(looped) + inner
+    coefficients, origin = [], []
+    for sub in g.scatter:
+        origin.append(sub.constant + sum(
+            c * (ranges[n].stop - 1 if down.get(n) else ranges[n].start)
+            for n, c in sub.terms))
+    for name in order:
+        sign = -1 if down.get(name) else 1
+        coefficients.append([sign * sum(c for n, c in sub.terms if n == name)
+                             for sub in g.scatter])
+    part = values.transpose([indices.index(n) for n in order])
+    part = part[tuple(slice(None, None, -1) if down.get(n) else slice(None) for n in order)]
+    if part.dtype != target.dtype:
+        part = part.astype(target.dtype)
+    return add_window(target, part, coefficients, origin, shared=len(looped) + len(inner) - 2)
 
 
 def _window(scatter, fixed, kept, ranges, target_shape, steps):

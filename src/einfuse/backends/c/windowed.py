@@ -1,12 +1,18 @@
 """The run of a windowed contraction (plan/windowed_contraction.py) for one signature of
-its arguments: each operand as the strided view its subscripts read (after padding it by
-the margins its reads leave, with the ``pad=`` value), then BLAS -- the views packed into
-one patch matrix and one (broadcast) matmul, or one matmul per window offset added into
-the result -- by NumPy's BLAS or torch's (backends/c/blas.py says when whose).
+its arguments: each operand as the strided view its subscripts read, then BLAS -- the
+views packed into one patch matrix and one (broadcast) matmul (an image at a time where
+plan/windowed_contraction.chunked_patches says so), one matmul per window offset added
+into the result, or the scatter form (windowed_scatter.py) -- by NumPy's BLAS or
+torch's (windowed_route says when whose).
 
-Memory safety rests on the ranges: every element a view addresses lies inside the padded
-array (the margins are computed from each subscript's extremes over the call's ranges),
-so the views are read-only ``as_strided`` windows of it, never wider."""
+The patches are packed by C straight from the array (window_pack.py: reads outside it
+are the ``pad=`` value, no padded copy first); where no C compiler is found, NumPy pads
+the array by the margins its reads leave and copies the strided view.
+
+Memory safety rests on the ranges: every element a view addresses lies inside the
+(padded) array (the margins are computed from each subscript's extremes over the
+call's ranges); views whose windows overlap are read-only ``as_strided`` windows of it,
+never wider, and the C pack tests each row's stretch against the array's bounds."""
 
 from __future__ import annotations
 
@@ -19,9 +25,13 @@ from numpy.lib.stride_tricks import as_strided
 
 from .blas import TORCH_BLAS_WORK, multiply_adds
 from .blas_route import NUMPY_BLAS, BlasRoute
-from ...plan.windowed_contraction import WindowedContraction, WindowedOperand, WindowMethod
+from ...plan.windowed_contraction import (WindowedContraction, WindowedOperand, WindowMethod,
+                                          chunked_patches, chunked_sum)
 
 Runner = Callable[[Mapping[str, np.ndarray]], np.ndarray]
+
+# How each operand is made is found per layout (strides) of its array, a few kept.
+LAYOUTS_KEPT = 8
 
 
 @dataclass(frozen=True)
@@ -37,21 +47,16 @@ class _View:
 
 def windowed_route(found: WindowedContraction, call, torch_route: bool) -> BlasRoute:
     """NumPy's BLAS, or torch's for a call on torch tensors with enough work (as
-    backends/c/blas.route_for decides for a contraction) where more than one thread
-    may run: at one thread NumPy's (OpenBLAS) ran these products' shapes 1.4-1.7x
-    faster than torch.matmul (a conv2d's 32x144 by 144x1024 per image: 1.2 ms against
-    1.9 ms), and there is no other pool of threads to compete with."""
+    backends/c/blas.route_for decides for a contraction), at any thread count: at one
+    thread torch's MKL ran these products' shapes about 1.7x faster than NumPy's
+    OpenBLAS once broadcast batches go to ``torch.bmm`` (windowed_torch.py; a conv2d's
+    8 x (32x144 by 144x1024): 0.49 ms against 0.85 ms), and at more threads a torch
+    program's products then share torch's pool of threads."""
     if torch_route and call.dtypes.working in (np.float32, np.float64) and \
-            multiply_adds(found, call) >= TORCH_BLAS_WORK and \
-            _torch_threads() > 1:
-        from .torch_blas import TORCH_BLAS
-        return TORCH_BLAS
+            multiply_adds(found, call) >= TORCH_BLAS_WORK:
+        from .windowed_torch import TORCH_WINDOWED_BLAS
+        return TORCH_WINDOWED_BLAS
     return NUMPY_BLAS
-
-
-def _torch_threads() -> int:
-    import torch
-    return torch.get_num_threads()
 
 
 def windowed_library(found: WindowedContraction, call) -> str:
@@ -72,16 +77,27 @@ def windowed_runner(found: WindowedContraction, call,
                     route: BlasRoute = NUMPY_BLAS) -> Runner:
     """The statement's result (working dtype) from arrays (and parameters) by name, of
     this call's signature."""
-    ranges = call.bounds.range_map
+    shapes = {name: tuple(call.arrays.shapes[name])
+              for name in {o.tensor for o in found.operands}}
     working = np.dtype(call.dtypes.working)
+    if found.method is WindowMethod.SCATTER:
+        from .windowed_scatter import scatter_runner
+        return scatter_runner(found, call.bounds.range_map, shapes, working,
+                              call.options.pad, route, runner_of)
+    return runner_of(found, call.bounds.range_map, shapes, working, call.options.pad,
+                     route)
+
+
+def runner_of(found: WindowedContraction, ranges, shapes, working: np.dtype, pad,
+              route: BlasRoute) -> Runner:
+    """windowed_runner's gathering runs (patches, or one GEMM per offset) for these
+    ranges, array shapes (by name), working dtype and pad value."""
     extents = {name: max(0, hi - lo) for name, (lo, hi) in ranges.items()}
     out_shape = tuple(extents[n] for n in found.output)
     if any(extents[n] == 0 for o in found.operands for n in o.axes) or \
             any(s == 0 for s in out_shape):
         return lambda named: np.zeros(out_shape, working)     # (a sum over nothing)
-    pad = call.options.pad
-    views = tuple(_view(o, ranges, tuple(call.arrays.shapes[o.tensor]))
-                  for o in found.operands)
+    views = tuple(_view(o, ranges, shapes[o.tensor]) for o in found.operands)
     if pad is None and any(v.margins is not None for v in views):
         from ...errors import BackendError
         raise BackendError("a windowed contraction's reads leave the array although "
@@ -94,6 +110,24 @@ def windowed_runner(found: WindowedContraction, call,
     in_order = order == tuple(range(len(order)))
     matmul = route.matmul
     factors = found.scale
+
+    def operand_maker(view, side, summed, pre=gemm.pre):
+        """One matmul operand from the arrays by name: the operand's view read in place
+        where BLAS can, else packed from the array as it is by C (no padded copy), else
+        by NumPy; which of them found once per layout of the array."""
+        groups = (gemm.rows, summed) if side == first else (summed, gemm.cols)
+        ways = {}
+
+        def make(named):
+            array = _working(named[view.tensor], working)
+            how = ways.get(array.strides)
+            if how is None:
+                if len(ways) >= LAYOUTS_KEPT:
+                    ways.clear()
+                how = ways[array.strides] = _operand_way(array, view, pre, groups,
+                                                         extents, working, fill)
+            return how(array)
+        return make
 
     def arranged(view_arrays, axes_of, summed):
         """The two matmul operands from the views (their axes ``axes_of``), summing
@@ -112,11 +146,57 @@ def windowed_runner(found: WindowedContraction, call,
         return product if in_order else product.transpose(order)
 
     axes = tuple(v.axes for v in views)
-    if found.method is WindowMethod.PATCHES:
+    chunk = _chunk(views, gemm.pre, (first, second)) \
+        if chunked_patches(found, ranges) else None
+    if chunk is not None:
+        side, sub_view, axis, start = chunk
+        image = operand_maker(sub_view, side, gemm.k, pre=())
+        whole = operand_maker(views[1 - side], 1 - side, gemm.k)
+        into = _product_into(route)
+        tensor, count = sub_view.tensor, extents[gemm.pre[0]]
+        out_shape = (count, _size(gemm.rows, extents), _size(gemm.cols, extents))
+
+        def run_by_image(named):
+            other = whole(named)
+            array = _working(named[tensor], working)
+            out = np.empty(out_shape, working)
+            lead = (slice(None),) * axis
+            for b in range(count):
+                part = image({tensor: array[lead + (start + b,)]})
+                kept = other[b if other.shape[0] > 1 else 0]
+                rows, cols = (part, kept) if side == first else (kept, part)
+                into(rows, cols, out[b])
+            return finish(out, named)
+        return run_by_image
+
+    summed = chunked_sum(found, ranges)
+    parts = None if summed is None else [_sub_view(v, summed) for v in views]
+    if parts is not None and all(part is not None for part in parts):
+        makers = [operand_maker(part[0], side, tuple(n for n in gemm.k if n != summed),
+                                pre=()) for side, part in enumerate(parts)]
+        count = extents[summed]
+
+        def run_by_value(named):
+            arrays = [_working(named[v.tensor], working) for v in views]
+            total = None
+            for b in range(count):
+                ops = [make({part[0].tensor: array[(slice(None),) * part[1] +
+                                                   (part[2] + b,)]})
+                       for make, part, array in zip(makers, parts, arrays)]
+                product = matmul(ops[first], ops[second])
+                if total is None:
+                    total = np.array(product, copy=True)
+                else:
+                    total += product
+            return finish(total, named)
+        return run_by_value
+
+    if found.method is not WindowMethod.PER_OFFSET:
+        row_operand = operand_maker(views[first], first, gemm.k)
+        col_operand = operand_maker(views[second], second, gemm.k)
+
         def run(named):
-            arrays = tuple(_cut(named[v.tensor], v, working, fill) for v in views)
-            rows, cols = arranged(arrays, axes, gemm.k)
-            return finish(matmul(rows, cols), named)
+            return finish(matmul(row_operand(named), col_operand(named)), named)
         return run
 
     window = found.window
@@ -141,6 +221,55 @@ def windowed_runner(found: WindowedContraction, call,
     return run_per_offset
 
 
+def _chunk(views, pre, sides):
+    """(side, the view of one value of the batch index ``pre[0]``, the array axis it
+    indexes, its first value) for the operand to pack an image at a time: one read
+    through windows whose batch index is a plain subscript of an axis of its own; None
+    where there is none."""
+    for side in sides:
+        view = views[side]
+        if pre[0] not in view.axes or (view.margins is None and all(
+                sum(1 for c in column if c) <= 1 for column in zip(*view.coefficients))):
+            continue        # (no batch index, or read in place: nothing to pack)
+        found = _sub_view(view, pre[0])
+        if found is not None:
+            return (side,) + found
+    return None
+
+
+def _sub_view(view: _View, index: str):
+    """(the view of one value of ``index``, the array axis it indexes, its first value),
+    or None where ``index`` is not a plain subscript of an axis of its own."""
+    if index not in view.axes:
+        return None
+    at = view.axes.index(index)
+    moved = [axis for axis, c in enumerate(view.coefficients[at]) if c]
+    if len(moved) != 1 or view.coefficients[at][moved[0]] != 1:
+        return None
+    axis = moved[0]
+    if any(row[axis] for n, row in enumerate(view.coefficients) if n != at) or \
+            (view.margins is not None and any(view.margins[axis])):
+        return None
+    keep = [n for n in range(len(view.axes)) if n != at]
+    margins = None if view.margins is None else \
+        tuple(m for a, m in enumerate(view.margins) if a != axis)
+    sub = _View(view.tensor, tuple(view.axes[n] for n in keep),
+                tuple(view.shape[n] for n in keep), margins,
+                tuple(o for a, o in enumerate(view.origin) if a != axis),
+                tuple(tuple(c for a, c in enumerate(view.coefficients[n]) if a != axis)
+                      for n in keep))
+    return sub, axis, view.origin[axis]
+
+
+def _product_into(route: BlasRoute):
+    """``into(a, b, out)``: the 2-D product ``a @ b`` written into ``out``, by the
+    route's library."""
+    if route.name == "torch":
+        from .windowed_torch import product_into
+        return product_into
+    return lambda a, b, out: np.matmul(a, b, out=out)
+
+
 def _view(operand: WindowedOperand, ranges, shape: Tuple[int, ...]) -> _View:
     """The view of ``operand`` for these ranges: each array axis's extremes over the
     ranges give the margins to pad, the first values the origin."""
@@ -163,12 +292,17 @@ def _view(operand: WindowedOperand, ranges, shape: Tuple[int, ...]) -> _View:
                  tuple(margins) if padded else None, tuple(origin), coefficients)
 
 
-def _cut(array, view: _View, working: np.dtype, fill) -> np.ndarray:
-    """The read-only strided view of ``array`` (converted to ``working``, padded with
-    ``fill`` where the view's reads leave it)."""
+def _working(array, working: np.dtype) -> np.ndarray:
     array = np.asarray(array)
-    if array.dtype != working:
-        array = array.astype(working)
+    return array if array.dtype == working else array.astype(working)
+
+
+def _cut(array, view: _View, working: np.dtype, fill) -> np.ndarray:
+    """The strided view of ``array`` (converted to ``working``, padded with ``fill``
+    where the view's reads leave it): read-only where its windows overlap, else as
+    writeable as the array (torch's BLAS takes only writeable arrays; nothing writes
+    through it)."""
+    array = _working(array, working)
     if view.margins is not None:
         shape = tuple(n + b + a for n, (b, a) in zip(array.shape, view.margins))
         # (zeros: fresh zero pages from the system, no fill pass)
@@ -178,7 +312,82 @@ def _cut(array, view: _View, working: np.dtype, fill) -> np.ndarray:
     start = array[tuple(slice(o, o + 1) for o in view.origin)]
     strides = tuple(sum(c * s for c, s in zip(coefficients, array.strides))
                     for coefficients in view.coefficients)
-    return as_strided(start, view.shape, strides, writeable=False)
+    plain = all(sum(1 for c in column if c) <= 1 for column in zip(*view.coefficients)) and \
+        view.margins is None
+    return as_strided(start, view.shape, strides,
+                      writeable=plain and array.flags.writeable)
+
+
+def _order(array_shape, steps, axes, pre, rows, cols):
+    """The axis order ``_arrange`` packs a view in (its axes ``axes``, each of
+    ``array_shape`` extent and ``steps`` memory step): the ``pre`` axes it has, then
+    the two groups, the one whose last axis is the longer innermost (copy) loop last
+    (a weight gradient's patches (b, i, j) x (c, p, q) would copy runs of 3 (q), packed
+    the other way round runs of 32 (j), 3x faster; BLAS reads either as it lies);
+    whether the groups were swapped."""
+    lead = [axes.index(n) for n in pre if n in axes]
+    first, second = [axes.index(n) for n in rows], [axes.index(n) for n in cols]
+
+    def inner(group):
+        return (array_shape[group[-1]], -abs(steps[group[-1]])) if group else (0, 0)
+    if inner(first) > inner(second):
+        return lead + second + first, True
+    return lead + first + second, False
+
+
+def _operand_way(array: np.ndarray, view: _View, pre, groups, extents, working,
+                 fill) -> Callable[[np.ndarray], np.ndarray]:
+    """How a matmul operand comes from arrays laid out as ``array``: the view as it is
+    (BLAS reads it), else packed by C, else by NumPy."""
+    if view.margins is None and \
+            _in_place(_cut(array, view, working, fill), view.axes, pre, *groups,
+                      extents) is not None:
+        return lambda a: _in_place(_cut(a, view, working, fill), view.axes, pre, *groups,
+                                   extents)
+    packer = _packer(array, view, pre, *groups, extents, fill)
+    if packer is not None:
+        return packer
+    return lambda a: _arrange(_cut(a, view, working, fill), view.axes, pre, *groups,
+                              extents)
+
+
+def _packer(array: np.ndarray, view: _View, pre, rows, cols, extents,
+            fill) -> Optional[Callable[[np.ndarray], np.ndarray]]:
+    """The view of arrays laid out as ``array`` as a matmul operand (as ``_arrange``
+    gives it), packed by C straight from the unpadded array (reads outside it are
+    ``fill``); None where the C kernel does not take it."""
+    from .window_pack import prepared_pack
+    if view.margins is not None:
+        origin = tuple(o - b for o, (b, _) in zip(view.origin, view.margins))
+    else:
+        origin = view.origin
+    steps = [sum(c * s for c, s in zip(column, array.strides)) for column in view.coefficients]
+    order, swapped = _order(view.shape, steps, view.axes, pre, rows, cols)
+    pack = prepared_pack(array, [view.shape[a] for a in order],
+                         [view.coefficients[a] for a in order], origin, fill)
+    if pack is None:
+        return None
+    batch = tuple(extents[n] if n in view.axes else 1 for n in pre)
+    m, k = _size(rows, extents), _size(cols, extents)
+    if swapped:
+        shape = batch + (k, m)
+        return lambda a: pack(a).reshape(shape).swapaxes(-1, -2)
+    shape = batch + (m, k)
+    return lambda a: pack(a).reshape(shape)
+
+
+def _in_place(array: np.ndarray, axes, pre, rows, cols, extents) -> Optional[np.ndarray]:
+    """``array`` (axes ``axes``) as a matmul operand without a copy (``_arrange``'s
+    layout), or None where BLAS cannot read it so."""
+    lead = [axes.index(n) for n in pre if n in axes]
+    first, second = [axes.index(n) for n in rows], [axes.index(n) for n in cols]
+    batch = tuple(extents[n] if n in axes else 1 for n in pre)
+    shape = batch + (_size(rows, extents), _size(cols, extents))
+    try:
+        arranged = np.reshape(array.transpose(lead + first + second), shape, copy=False)
+    except ValueError:
+        return None
+    return arranged if _blas_ready(arranged) else None
 
 
 def _arrange(array: np.ndarray, axes: Tuple[str, ...], pre, rows, cols,

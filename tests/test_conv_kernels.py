@@ -1,0 +1,274 @@
+"""The copies around a windowed contraction's GEMMs at sizes that reach their C kernels
+(backends/c/window_pack.py: patches packed from the unpadded array, col2im as one walk)
+and torch's BLAS (backends/c/windowed_torch.py): values against NumPy formulations and
+tests/oracle.py, the col2im's bits against np.add.at, gradients against torch autograd."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import einfuse as ef
+from einfuse.backends.c import build as c_build
+from einfuse.backends.c.window_pack import MIN_ELEMENTS, add_window, pack_window
+from einfuse.runtime import gradients
+from einfuse.runtime.gradient_reference import resolve_options
+from einfuse.runtime.window_scatter import add_by_offsets
+
+from oracle import brute_force
+
+needs_c = pytest.mark.skipif(c_build.find_compiler() is None, reason="no C compiler")
+rng = np.random.default_rng(31)
+
+
+def ranges_of(statement, arrays, **options):
+    kernel = ef.compile(statement, backend="c", **options)
+    return dict(kernel.bind(**arrays).bounds.range_map)
+
+
+def _reference_pack(array, shape, coefficients, origin, fill):
+    """The same view, point by point."""
+    out = np.empty(shape, array.dtype)
+    for point in np.ndindex(*shape):
+        at = np.array(origin) + sum(t * np.array(c) for t, c in zip(point, coefficients))
+        inside = all(0 <= a < n for a, n in zip(at, array.shape))
+        out[point] = array[tuple(at)] if inside else fill
+    return out
+
+
+@needs_c
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("xshape, shape, coefficients, origin", [
+    # conv2d patches (b, c, p, q, i, j) of x[b, c, 2i+p-1, 2j+q-1]
+    ((2, 3, 17, 17), (2, 3, 3, 3, 9, 9), [[1, 0, 0, 0], [0, 1, 0, 0], [0, 0, 1, 0], [0, 0, 0, 1],
+                          [0, 0, 2, 0], [0, 0, 0, 2]], (0, 0, -1, -1)),
+    # the weight gradient's order (c, p, q, b, i, j), dilation 2, a wide pad
+    ((2, 3, 17, 17), (3, 3, 3, 2, 10, 10), [[0, 1, 0, 0], [0, 0, 2, 0], [0, 0, 0, 2], [1, 0, 0, 0],
+                            [0, 0, 1, 0], [0, 0, 0, 1]], (0, 0, -3, -3)),
+    # a transposed convolution's reversed reads, and a last axis sharing an array axis
+    ((4, 3, 400), (4, 3, 4, 400), [[1, 0, 0], [0, 1, 0], [0, 0, -1], [0, 0, 1]], (0, 0, 2)),
+    # reads that fall outside on every axis
+    ((3, 40, 33), (4, 30, 40), [[1, 0, 0], [0, 0, 1], [0, 1, 0]], (-1, -5, 30)),
+])
+def test_pack_window_matches_the_view_point_by_point(xshape, shape, coefficients, origin,
+                                                     dtype):
+    x = rng.standard_normal(xshape).astype(dtype)
+    assert np.prod(shape) >= MIN_ELEMENTS
+    got = pack_window(x, shape, coefficients, origin, -2.5)
+    assert got is not None and got.flags.c_contiguous
+    np.testing.assert_array_equal(got, _reference_pack(x, shape, coefficients, origin, -2.5))
+
+
+@needs_c
+def test_pack_window_reads_a_non_contiguous_array():
+    x = rng.standard_normal((20, 40, 30)).astype(np.float32).transpose(2, 0, 1)[:, ::2]
+    shape, coefficients, origin = (30, 3, 10, 20), [[1, 0, 0], [0, 1, 0], [0, 2, 0],
+                                                    [0, 0, 2]], (0, -1, -3)
+    got = pack_window(x, shape, coefficients, origin, 0.0)
+    np.testing.assert_array_equal(got, _reference_pack(x, shape, coefficients, origin, 0.0))
+
+
+@needs_c
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_add_window_adds_each_point_once_and_drops_the_outside(dtype):
+    target = rng.standard_normal((4, 8, 20, 21)).astype(dtype)
+    values = rng.standard_normal((4, 8, 12, 12)).astype(dtype)
+    coefficients, origin = [[1, 0, 0, 0], [0, 1, 0, 0], [0, 0, 2, 0], [0, 0, 0, 2]], \
+        (0, 0, -1, -2)
+    want = target.copy()
+    for point in np.ndindex(*values.shape):
+        at = np.array(origin) + sum(t * np.array(c) for t, c in zip(point, coefficients))
+        if all(0 <= a < n for a, n in zip(at, target.shape)):
+            want[tuple(at)] += values[point]
+    # the values with steps of their own (a GEMM's product as it lies)
+    strided = np.ascontiguousarray(values.transpose(0, 2, 3, 1)).transpose(0, 3, 1, 2)
+    assert add_window(target, strided, coefficients, origin)
+    np.testing.assert_array_equal(target, want)
+
+
+def _scatter_of(statement, options, xshape, wshape):
+    kernel = ef.compile(statement, **options)
+    key = gradients.options_key(kernel.options)
+    scatter, = [g for g in gradients.gradient_statements(kernel.statement, "x", key)
+                if g.kind == "scatter"]
+    x, w = rng.standard_normal(xshape), rng.standard_normal(wshape)
+    y = kernel(x=x, w=w)
+    values = {"x": x, "w": w, scatter.output_grad: rng.standard_normal(y.shape)}
+    ranges = resolve_options(scatter, values)["ranges"]
+    return scatter, {n: ranges[n] for n in scatter.spec.output_indices}
+
+
+@needs_c
+@pytest.mark.parametrize("statement, options, xshape, wshape", [
+    ("y[b,o,i,j] := x[b,c,2*i+p-1,2*j+q-1] * w[o,c,p,q]",
+     {"pad": 0, "ranges": {"i": 16, "j": 16}}, (2, 3, 32, 32), (4, 3, 3, 3)),
+    ("y[b,o,i,j] := x[b,c,2*i+p-1,3*j+q-2] * w[o,c,p,q]",
+     {"pad": 0, "ranges": {"i": 17, "j": 14}}, (2, 3, 33, 40), (4, 3, 3, 4)),
+    ("y[b,o,i] := x[b,c,2*i+p] * w[o,c,p]", {}, (2, 8, 301), (4, 8, 5)),
+    ("y[b,o,i] := x[b,c,2*i-p+4] * w[o,c,p]",       # a falling window: walked downwards
+     {"pad": 0, "ranges": {"i": 300}}, (2, 8, 600), (4, 8, 5)),
+    ("y[o,i,b] := x[2*i+p-1,c,b] * w[o,c,p]",       # the channels and images innermost
+     {"pad": 0, "ranges": {"i": 100}}, (200, 6, 5), (4, 6, 3)),
+])
+def test_col2im_in_one_walk_has_the_bits_of_np_add_at(statement, options, xshape, wshape):
+    scatter, ranges = _scatter_of(statement, options, xshape, wshape)
+    values = rng.standard_normal(tuple(len(ranges[n]) for n in scatter.spec.output_indices))
+    assert values.size >= MIN_ELEMENTS
+    base = rng.standard_normal(xshape)
+    got = base.copy()
+    assert add_by_offsets(got, scatter, values, ranges)
+    grid = dict(zip(scatter.spec.output_indices, np.meshgrid(
+        *[np.arange(ranges[n].start, ranges[n].stop) for n in scatter.spec.output_indices],
+        indexing="ij")))
+    keep = np.ones(values.shape, bool)
+    positions = []
+    for axis, sub in enumerate(scatter.scatter):
+        where = np.broadcast_to(sub.constant + sum(c * grid[n] for n, c in sub.terms),
+                                values.shape)
+        keep &= (where >= 0) & (where < xshape[axis])
+        positions.append(where)
+    want = base.copy()
+    np.add.at(want, tuple(p[keep] for p in positions), values[keep])
+    np.testing.assert_array_equal(got, want)
+
+
+CONVS = [
+    ("y[b,o,i,j] := x[b,c,2*i+p-1,2*j+q-1] * w[o,c,p,q]",
+     {"pad": 0, "ranges": {"i": 12, "j": 12}}, (4, 8, 24, 24), (16, 8, 3, 3),
+     dict(stride=2, padding=1)),
+    ("y[b,o,i,j] := x[b,c,i+p-1,j+q-1] * w[o,c,p,q]",
+     {"pad": 0, "ranges": {"i": 20, "j": 18}}, (2, 6, 20, 18), (8, 6, 3, 3),
+     dict(padding=1)),
+    ("y[b,o,i,j] := x[b,c,i+2*p-2,j+2*q-2] * w[o,c,p,q]",
+     {"pad": 0, "ranges": {"i": 20, "j": 20}}, (2, 6, 20, 20), (8, 6, 3, 3),
+     dict(padding=2, dilation=2)),
+    ("y[b,o,i] := x[b,c,2*i+p] * w[o,c,p]", {}, (4, 16, 201), (16, 16, 5),
+     dict(stride=2)),
+    ("y[b,o,i] := x[b,c,i+p-1] * w[o,c,p]", {"pad": 0, "ranges": {"i": 300}},
+     (4, 16, 300), (16, 16, 3), dict(padding=1)),
+]
+
+
+@needs_c
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("statement, options, xshape, wshape, conv", CONVS)
+def test_conv_forward_and_gradients_match_torch(statement, options, xshape, wshape, conv,
+                                                dtype):
+    torch = pytest.importorskip("torch")
+    F = torch.nn.functional
+    kind = getattr(torch, dtype)
+    x = torch.randn(*xshape, dtype=kind, requires_grad=True)
+    w = torch.randn(*wshape, dtype=kind, requires_grad=True)
+    kernel = ef.compile(statement, backend="c", **options)
+    convolve = F.conv2d if len(xshape) == 4 else F.conv1d
+    tolerance = dict(rtol=1e-4, atol=1e-4) if dtype == "float32" else {}
+    for _ in range(2):          # the first call and the prepared repeat
+        want = convolve(x, w, **conv)
+        got = kernel(x=x, w=w)
+        torch.testing.assert_close(got, want, **tolerance)
+        seed = torch.randn_like(want)
+        mine = torch.autograd.grad(got, (x, w), seed)
+        theirs = torch.autograd.grad(want, (x, w), seed)
+        for a, b in zip(mine, theirs):
+            torch.testing.assert_close(a, b, **tolerance)
+
+
+@needs_c
+def test_conv_on_numpy_arrays_against_the_oracle():
+    statement = "y[b,o,i,j] := x[b,c,2*i+p-1,2*j+q-1] * w[o,c,p,q]"
+    x, w = rng.standard_normal((2, 3, 20, 20)), rng.standard_normal((4, 3, 3, 3))
+    options = {"pad": 0, "ranges": {"i": 10, "j": 10}}
+    got = ef.ein(statement, x=x, w=w, backend="c", **options)
+    want = brute_force(statement, ranges_of(statement, {"x": x, "w": w}, **options),
+                       {"x": x, "w": w}, pad=0)
+    np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12)
+
+
+TRANSPOSED = [
+    ("dx[b,c,k,l] := dy[b,o,k-p+1,l-q+1] * w[o,c,p,q]", {"pad": 0, "ranges": {"k": 20, "l": 20}},
+     (4, 32, 20, 20), (32, 8, 3, 3), dict(padding=1)),
+    ("dx[b,c,k] := dy[b,o,k-2*p+2] * w[o,c,p]", {"pad": 0, "ranges": {"k": 500}},
+     (3, 40, 500), (40, 6, 3), dict(padding=2, dilation=2)),
+    ("dx[b,c,k] := dy[b,o,k-p] * w[o,c,p]", {"pad": 0, "ranges": {"k": 503}},
+     (3, 40, 500), (40, 6, 4), {}),
+]
+
+
+@needs_c
+@pytest.mark.parametrize("statement, options, dyshape, wshape, conv", TRANSPOSED)
+def test_transposed_convs_take_the_scatter_form(statement, options, dyshape, wshape, conv):
+    torch = pytest.importorskip("torch")
+    from einfuse.plan.windowed_contraction import WindowMethod
+    from einfuse.schedule.choose import choose
+    dy, w = rng.standard_normal(dyshape), rng.standard_normal(wshape)
+    kernel = ef.compile(statement, backend="c", **options)
+    assert choose(kernel, kernel.bind(dy=dy, w=w)).blas.method is WindowMethod.SCATTER
+    got = kernel(dy=dy, w=w)
+    transpose = torch.nn.functional.conv_transpose2d if dy.ndim == 4 else \
+        torch.nn.functional.conv_transpose1d
+    want = transpose(torch.from_numpy(dy), torch.from_numpy(w), **conv).numpy()
+    np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12)
+
+
+@needs_c
+def test_the_scatter_form_gathers_where_pads_meet_infinities():
+    # a padded read times inf is NaN in the semantics; the scatter form has no such
+    # product, so the call gathers: NaN exactly where the oracle has it
+    statement, options = TRANSPOSED[0][0], {"pad": 0, "ranges": {"k": 12, "l": 12}}
+    dy, w = rng.standard_normal((2, 8, 12, 12)), rng.standard_normal((8, 4, 3, 3))
+    w[3, 2, 0, 1] = np.inf
+    dy[1, 5, 7, 7] = np.nan
+    got = ef.ein(statement, dy=dy, w=w, backend="c", **options)
+    want = brute_force(statement, ranges_of(statement, {"dy": dy, "w": w}, **options),
+                       {"dy": dy, "w": w}, pad=0)
+    np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
+    np.testing.assert_array_equal(np.isinf(got), np.isinf(want))
+    finite = np.isfinite(want)
+    np.testing.assert_allclose(got[finite], want[finite], rtol=1e-12, atol=1e-12)
+    # a non-zero pad is read as itself: gathered too
+    arrays = {"dy": rng.standard_normal((2, 8, 12, 12)), "w": np.ones_like(w)}
+    got = ef.ein(statement, **arrays, backend="c", pad=2.0, ranges={"k": 10, "l": 10})
+    want = brute_force(statement, ranges_of(statement, arrays, pad=2.0,
+                                            ranges={"k": 10, "l": 10}), arrays, pad=2.0)
+    np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12)
+
+
+@needs_c
+@pytest.mark.parametrize("statement, options, xshape, wshape, conv", CONVS[:1] + CONVS[3:4])
+def test_image_at_a_time_runs_match_torch(statement, options, xshape, wshape, conv,
+                                          monkeypatch):
+    # the forward packs and multiplies an image at a time (chunked_patches), the weight
+    # gradient adds one product per image (chunked_sum): forced at these sizes
+    torch = pytest.importorskip("torch")
+    from einfuse.plan import windowed_contraction as wc
+    monkeypatch.setattr(wc, "CHUNK_WORK", 1)
+    monkeypatch.setattr(wc, "CHUNK_SUM_WORK", 1)
+    x = torch.randn(*xshape, dtype=torch.float64, requires_grad=True)
+    w = torch.randn(*wshape, dtype=torch.float64, requires_grad=True)
+    kernel = ef.compile(statement.replace("b", "n"), backend="c", **options)
+    convolve = torch.nn.functional.conv2d if len(xshape) == 4 else \
+        torch.nn.functional.conv1d
+    want = convolve(x, w, **conv)
+    got = kernel(x=x, w=w)
+    torch.testing.assert_close(got, want)
+    seed = torch.randn_like(want)
+    for a, b in zip(torch.autograd.grad(got, (x, w), seed),
+                    torch.autograd.grad(want, (x, w), seed)):
+        torch.testing.assert_close(a, b)
+
+
+@needs_c
+def test_weight_gradient_by_image_against_the_oracle(monkeypatch):
+    from einfuse.plan import windowed_contraction as wc
+    monkeypatch.setattr(wc, "CHUNK_SUM_WORK", 1)
+    dw = "dw[o,c,p,q] := dy[n,o,i,j] * x[n,c,2*i+p-1,2*j+q-1]"
+    x, dy = rng.standard_normal((3, 2, 9, 9)), rng.standard_normal((3, 4, 4, 4))
+    options = {"pad": 0, "ranges": {"p": 3, "q": 3}}
+    kernel = ef.compile(dw, backend="c", **options)
+    from einfuse.schedule.choose import choose
+    found = choose(kernel, kernel.bind(dy=dy, x=x)).blas
+    assert wc.chunked_sum(found, kernel.bind(dy=dy, x=x).bounds.range_map) == "n"
+    got = kernel(dy=dy, x=x)
+    want = brute_force(dw, ranges_of(dw, {"dy": dy, "x": x}, **options),
+                       {"dy": dy, "x": x}, pad=0)
+    np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12)
