@@ -30,8 +30,9 @@ from typing import Callable, Dict, Mapping, Optional, Tuple
 import numpy as np
 
 from ..autodiff.attribution import gradient_errors
-from ..errors import EinfuseError
+from ..errors import EinfuseError, OutOfBoundsError
 from ..lang.ast import IndexExpr
+from ..lang.printer import format_expr
 from ..backends.c.scatter import scatter_flat
 from .gradient_reference import resolve_options, statements_to_run, text_kernel
 
@@ -169,3 +170,115 @@ def _evaluate(sub: IndexExpr, grid, env) -> np.ndarray:
         where = tuple(_evaluate(s, grid, env) for s in access.indices)
         value = value + coeff * np.asarray(env[access.tensor])[where].astype(np.int64)
     return np.asarray(value, np.int64)
+
+
+@dataclass(frozen=True)
+class WhereForm:
+    """A scatter statement rewritten as the gather it equals: ``dX[i, t[i]] += v[i]``
+    adds exactly one value at each ``(i, t[i])``, so ``dX[i, j] := where(j == t[i],
+    v[i], 0)`` holds the same numbers, and as a plain statement over the target's rows
+    it joins the backward's row kernel (cross-entropy's ``softmax - onehot`` becomes one
+    pass).  ``checks``: (index array, size of the target axis it addresses, that axis)
+    per gathered axis, whose values must lie inside the axis for the rewrite to hold
+    (the scatter raises on such labels; the gather would drop them)."""
+    text: str
+    options: Dict[str, object]
+    checks: Tuple[Tuple[str, int, int], ...]
+
+
+def where_form(g, shapes: Mapping[str, object], taken, backend: str
+               ) -> Optional[WhereForm]:
+    """``g`` (a scatter statement) as a :class:`WhereForm`, or None where the two are not
+    the same for arrays like ``shapes``: each target axis is either one of the values'
+    indices, each index on one axis and over the whole axis (so no two values meet),
+    or one index array read at the values' indices over its whole extent (``t[i]``);
+    bounds 'check' or 'promise' (where a label outside raises: a fill never applies),
+    no padding."""
+    if g.kind != "scatter" or g.options.get("pad") not in (None, 0):
+        return None
+    with gradient_errors(g), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        try:
+            options = resolve_options(g, shapes)
+        except EinfuseError:
+            return None
+    if options.get("bounds", "check") not in ("check", "promise"):
+        return None
+    ranges = options["ranges"]
+    target = tuple(np.shape(shapes[g.wrt]))
+    indices = tuple(g.spec.output_indices)
+    if len(target) != len(g.scatter) or len(set(indices)) != len(indices):
+        return None
+    used = set(taken) | set(indices) | set(ranges)
+    subscripts, conditions, checks, plain = [], [], [], []
+    for axis, sub in enumerate(g.scatter):
+        name = sub.plain_index
+        if name is not None:
+            if name not in indices or name in plain or \
+                    ranges[name] != range(0, target[axis]):
+                return None
+            plain.append(name)
+            subscripts.append(name)
+            continue
+        array = _label_array(sub, indices, ranges, shapes)
+        if array is None:
+            return None
+        fresh = _fresh_index(used)
+        ranges = dict(ranges, **{fresh: range(0, target[axis])})
+        subscripts.append(fresh)
+        conditions.append(f"({fresh} == {sub.gathers[0][0]})")
+        checks.append((array, target[axis], axis))
+    if sorted(plain) != sorted(indices) or not conditions:
+        return None
+    # the scattered values' dtype, which the comparison with int64 labels would
+    # otherwise promote; the labels compare exactly in it below 2**24 (float32)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        values_kernel = text_kernel(g.text, options, backend)
+        call = values_kernel.bind(arrays={n: shapes[n] for n in values_kernel.spec.arg_order})
+    dtype = np.dtype(call.dtypes.result)
+    if dtype not in _FLOATS or max(size for _, size, _ in checks) > \
+            2 ** (np.finfo(dtype).nmant + 1):
+        return None
+    values = format_expr(g.statement.rhs)
+    text = f"{g.target}[{', '.join(subscripts)}] := " \
+           f"where({' & '.join(conditions)}, {values}, 0)"
+    return WhereForm(text, dict(options, ranges=ranges, dtype=dtype.name), tuple(checks))
+
+
+def _label_array(sub: IndexExpr, indices, ranges, shapes) -> Optional[str]:
+    """The index array of a subscript that is exactly ``t[i, ...]``, read at plain
+    indices of the values over all of its extent (so that its values are the labels
+    checked), or None."""
+    if sub.terms or sub.constant or sub.quasi or len(sub.gathers) != 1 or \
+            sub.gathers[0][1] != 1:
+        return None
+    access = sub.gathers[0][0]
+    array = shapes.get(access.tensor)
+    names = tuple(s.plain_index for s in access.indices)
+    if array is None or np.dtype(getattr(array, "dtype", np.float64)).kind not in "iu" or \
+            None in names or len(names) != np.ndim(array) or \
+            any(n not in indices or ranges[n] != range(0, size)
+                for n, size in zip(names, np.shape(array))):
+        return None
+    return access.tensor
+
+
+def _fresh_index(used) -> str:
+    number = 1
+    while f"s{number}" in used:
+        number += 1
+    used.add(f"s{number}")
+    return f"s{number}"
+
+
+def check_labels(g, checks: Tuple[Tuple[str, int, int], ...], env) -> None:
+    """Raise the scatter ``g``'s own out-of-bounds error where an index array of
+    ``checks`` (a :class:`WhereForm`'s) holds a value outside its axis."""
+    for name, size, axis in checks:
+        labels = np.asarray(env[name])
+        if labels.size and (labels.min() < 0 or labels.max() >= size):
+            bad = int(labels[(labels < 0) | (labels >= size)].reshape(-1)[0])
+            with gradient_errors(g):
+                raise OutOfBoundsError(f"{g.description}: index value {bad} is outside "
+                                       f"0..{size - 1} (axis {axis} of {g.wrt})")
