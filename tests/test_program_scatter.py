@@ -188,3 +188,62 @@ def test_scatters_that_are_not_one_value_per_position_stay_scatters(monkeypatch)
                       [{"X": X, "t": rng.integers(0, 9, 6)}], ["X"])[0]
     assert not any(isinstance(p, program_backward._Labels) for p in made[-1].pieces)
     assert got.shape == X.shape
+
+
+EMBED_NORM = """h[b,d] := E[ids[b], d] * s[d]
+r[b] := sqrt(sum[d](h[b,d]**2) / 24 + 0.000001)
+y[b,d] := h[b,d] / r[b]
+L := sum[b, d](y[b, d] * W[b, d])"""
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_an_embedding_backward_adds_prepared_rows(monkeypatch, dtype):
+    """dE[ids[b], d] += v[b, d] (whole rows, repeated ids among them) prepared once:
+    call after call the general path's bits and torch's gradient, ids changing."""
+    rng = np.random.default_rng(11)
+    rows = 37 if dtype == np.float32 else 35            # signatures no other test planned
+    calls = [{"E": rng.standard_normal((rows, 24)).astype(dtype),
+              "ids": rng.integers(0, rows, 40), "s": rng.standard_normal(24).astype(dtype),
+              "W": rng.standard_normal((40, 24)).astype(dtype)} for _ in range(3)]
+    calls[1]["ids"][:5] = 3                             # the same row five times
+    made = _backward_runs(monkeypatch)
+    mine = _gradients(ef.compile(EMBED_NORM), calls, ["E", "s"])
+    scatters = [r for r in made[-1]._runs if isinstance(r, program_backward._ScatterRun)]
+    assert scatters and all(r.prepared for r in scatters)
+    general = _general(monkeypatch, lambda: _gradients(ef.compile(EMBED_NORM), calls,
+                                                       ["E", "s"]))
+    tolerance = 1e-5 if dtype == np.float32 else 1e-12
+    for got, theirs, arrays in zip(mine, general, calls):
+        for a, b in zip(got, theirs):
+            assert torch.equal(a, b)
+        E = torch.tensor(arrays["E"], dtype=torch.float64, requires_grad=True)
+        s = torch.tensor(arrays["s"], dtype=torch.float64, requires_grad=True)
+        h = E[torch.tensor(arrays["ids"])] * s
+        y = h / torch.sqrt((h * h).mean(1, keepdim=True) + 1e-6)
+        W = torch.tensor(arrays["W"], dtype=torch.float64)
+        want = torch.autograd.grad((y * W).sum(), [E, s])
+        for a, b in zip(got, want):       # (float32: to its rounding at b's scale)
+            scale = float(b.abs().max())
+            torch.testing.assert_close(a.double(), b, rtol=tolerance,
+                                       atol=tolerance * scale)
+
+
+def test_an_embedding_id_outside_runs_the_general_path(monkeypatch):
+    """The prepared rows decline (False, nothing written) ids outside the table, which
+    the general path then refuses with the statement's own error."""
+    rng = np.random.default_rng(12)
+    rows = 33
+    arrays = {"E": rng.standard_normal((rows, 24)), "ids": rng.integers(0, rows, 40),
+              "s": rng.standard_normal(24), "W": rng.standard_normal((40, 24))}
+    made = _backward_runs(monkeypatch)
+    _gradients(ef.compile(EMBED_NORM), [arrays], ["E"])
+    run = next(r for r in made[-1]._runs if isinstance(r, program_backward._ScatterRun))
+    assert run.prepared
+    env = {"E": arrays["E"], "ids": arrays["ids"].copy(), "s": arrays["s"]}
+    for name in run.piece.statements[0].inputs:      # the values' inputs (dh, s)
+        env.setdefault(name, np.ones((40, 24)))
+    assert run.prepared(dict(env)) is True
+    env["ids"][7] = rows
+    assert run.prepared(env) is False and run.piece.key not in env
+    with pytest.raises(ef.EinfuseError, match=f"index value {rows} is outside"):
+        run(env)

@@ -33,7 +33,8 @@ from ..autodiff.attribution import gradient_errors
 from ..errors import EinfuseError, OutOfBoundsError
 from ..lang.ast import IndexExpr
 from ..lang.printer import format_expr
-from ..backends.c.scatter import scatter_flat
+from ..backends.c.scatter import scatter_flat, scatter_rows
+from ..plan.library_patterns import scatters_rows
 from .gradient_reference import resolve_options, statements_to_run, text_kernel
 
 _FLOATS = (np.dtype(np.float32), np.dtype(np.float64))
@@ -62,6 +63,10 @@ def prepared_scatter(statements, key: str, env: Mapping[str, object],
             steps = tuple(_step(g, env, backend) for g in grads)
     except EinfuseError:        # the general path raises it, attributed
         return None
+    if len(grads) == 1 and grads[0].kind == "scatter" and grads[0].target == key:
+        rows = _rows_run(grads[0], env, backend)
+        if rows is not None:
+            return rows
     if not steps or any(s is None for s in steps) or \
             any(g.kind != "scatter" or g.target != key for g in grads):
         return None
@@ -94,6 +99,65 @@ def prepared_scatter(statements, key: str, env: Mapping[str, object],
                 target = np.zeros(shape, values.dtype)
             if not scatter_flat(target, positions, values):
                 return False
+        env[key] = target
+        return True
+    return run
+
+
+def _rows_run(g, env, backend: str) -> Optional[Callable[[Dict[str, object]], bool]]:
+    """The embedding backward's shape, ``dW[idx[b], d] += v[b, d]`` (whole rows at
+    gathered positions, plan/library_patterns.scatters_rows), prepared: a call is the
+    values kernel, the positions read from the index arrays over the values' leading
+    indices alone (the general path builds them over every value), one range check and
+    ``scatter_rows`` on zeros, as the general path's ``_add_rows`` adds them (the same
+    bits).  None where it does not apply (bounds other than 'check'/'promise', trailing
+    ranges not from 0, arrays other than NumPy's)."""
+    with gradient_errors(g), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        options = resolve_options(g, env)
+    ranges = options["ranges"]
+    indices = tuple(g.spec.output_indices)
+    target_shape = tuple(np.shape(env[g.wrt]))
+    values_shape = tuple(len(ranges[name]) for name in indices)
+    rest = len(g.scatter) - 1
+    if options.get("bounds", "check") not in ("check", "promise") or \
+            not scatters_rows(g, target_shape, values_shape) or \
+            any(ranges[sub.plain_index].start != 0 for sub in g.scatter[1:]):
+        return None
+    lead = indices[:len(indices) - rest]
+    grid = {}
+    for pos, name in enumerate(lead):
+        shape = [1] * len(lead)
+        shape[pos] = len(ranges[name])
+        grid[name] = np.arange(ranges[name].start, ranges[name].stop,
+                               dtype=np.int64).reshape(shape)
+    reads = sorted(set(g.inputs) | {a.tensor for a in _gathered(g.scatter[0])})
+    if any(type(env.get(n)) is not np.ndarray for n in reads):
+        return None
+    layouts = tuple((n, env[n].shape, env[n].dtype) for n in reads)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        kernel = text_kernel(g.text, options, backend)
+    inputs, first, key = tuple(g.inputs), g.scatter[0], g.target
+    lead_shape = values_shape[:len(lead)]
+    count = int(np.prod(lead_shape, dtype=np.int64))
+
+    def run(env: Dict[str, object]) -> bool:
+        for name, shape, dtype in layouts:
+            value = env[name]
+            if type(value) is not np.ndarray or value.shape != shape or \
+                    value.dtype != dtype:
+                return False
+        values = kernel(arrays={n: env[n] for n in inputs})
+        if type(values) is not np.ndarray or values.dtype not in _FLOATS:
+            return False
+        where = np.broadcast_to(_evaluate(first, grid, env), lead_shape).reshape(-1)
+        if where.size and (where.min() < 0 or where.max() >= target_shape[0]):
+            return False         # the general path raises the statement's own error
+        target = np.zeros(target_shape, values.dtype)
+        if values.size:
+            scatter_rows(target.reshape(target_shape[0], -1),
+                         values.reshape(count, -1), np.ascontiguousarray(where))
         env[key] = target
         return True
     return run
