@@ -14,9 +14,11 @@ same bits).
 
 Prepared only where every array the piece reads is a NumPy array, every statement is a
 scatter into the piece's key, at least one subscript gathers (an affine scatter has its
-own strided path) but not the first alone (an embedding's ``dW[idx[b], d]`` adds whole
-rows, column-parallel, on the general path) and the subscripts without gathers stay inside the target (the
-general path drops the points of a padded affine read).  A call whose arrays have
+own strided path) and the subscripts without gathers stay inside the target (the
+general path drops the points of a padded affine read).  A scatter whose first
+subscript alone gathers, over whole rows (an embedding's ``dW[idx[b], d]``), is
+prepared as the general path adds it: the positions read over the leading indices
+only, then ``scatter_rows``.  A call whose arrays have
 other shapes or dtypes, whose values are not of the target's float dtype, or whose
 gathered positions fall outside the target, returns False: the general path runs it
 (and raises the out-of-bounds error where ``bounds='check'``)."""
