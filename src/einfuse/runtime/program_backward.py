@@ -255,8 +255,7 @@ def _plan_steps(backward: Backward, steps, shapes, backend: str, recompute: Tupl
                 if framework == "numpy" and len(chosen) == 1 else None
             if form is not None:
                 checks.append((chosen[0], form.checks))
-                run.append(Entry(text_kernel(form.text, form.options, backend), form.text,
-                                 form.options))
+                run.append(Entry(form.kernel, form.text, form.options))
             else:
                 close()
                 pieces.append(_Scatter(tuple(chosen), step.key, step.like))

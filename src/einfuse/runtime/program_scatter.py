@@ -250,6 +250,7 @@ class WhereForm:
     text: str
     options: Dict[str, object]
     checks: Tuple[Tuple[str, int, int], ...]
+    kernel: object                   # the text compiled under the options
 
 
 def where_form(g, shapes: Mapping[str, object], taken, backend: str
@@ -300,8 +301,12 @@ def where_form(g, shapes: Mapping[str, object], taken, backend: str
     # otherwise promote; the labels compare exactly in it below 2**24 (float32)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        values_kernel = text_kernel(g.text, options, backend)
-        call = values_kernel.bind(arrays={n: shapes[n] for n in values_kernel.spec.arg_order})
+        try:
+            values_kernel = text_kernel(g.text, options, backend)
+            call = values_kernel.bind(arrays={n: shapes[n]
+                                              for n in values_kernel.spec.arg_order})
+        except (EinfuseError, KeyError):   # the scatter path says what is wrong, if anything
+            return None
     dtype = np.dtype(call.dtypes.result)
     if dtype not in _FLOATS or max(size for _, size, _ in checks) > \
             2 ** (np.finfo(dtype).nmant + 1):
@@ -309,7 +314,14 @@ def where_form(g, shapes: Mapping[str, object], taken, backend: str
     values = format_expr(g.statement.rhs)
     text = f"{g.target}[{', '.join(subscripts)}] := " \
            f"where({' & '.join(conditions)}, {values}, 0)"
-    return WhereForm(text, dict(options, ranges=ranges, dtype=dtype.name), tuple(checks))
+    options = dict(options, ranges=ranges, dtype=dtype.name)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        try:
+            kernel = text_kernel(text, options, backend)
+        except EinfuseError:        # (not expected: then the scatter runs as derived)
+            return None
+    return WhereForm(text, options, tuple(checks), kernel)
 
 
 def _label_array(sub: IndexExpr, indices, ranges, shapes) -> Optional[str]:
