@@ -87,6 +87,55 @@ def test_shift_invariance_is_recognised_only_where_exact():
     assert _shifts(scalar, ["P"]) == {"m"}
 
 
+CROSS_ENTROPY = """m[i] := max[j](X[i,j])
+l[i] := log(sum[j](exp(X[i,j] - m[i]))) + m[i] - X[i, t[i]]
+L := sum[i](l[i]) / 4"""
+
+
+def test_a_log_sum_exp_shift_is_recognised_only_where_exact():
+    assert _shifts(CROSS_ENTROPY, ["L"]) == {"m"}
+    assert _shifts(CROSS_ENTROPY, ["l"]) == {"m"}
+    lse = "m[i] := max[j](X[i,j])\ny[i] := m[i] + log(sum[j](exp(X[i,j] - m[i])))"
+    assert _shifts(lse, ["y"]) == {"m"}
+    # log-softmax: X - m - log(sum(exp(X - m))) moves by nothing
+    log_softmax = "m[i] := max[j](X[i,j])\n" \
+        "y[i,j] := X[i,j] - m[i] - log(sum[k](exp(X[i,k] - m[i])))"
+    assert _shifts(log_softmax, ["y"]) == {"m"}
+    twice = "m[i] := max[j](X[i,j])\ny[i] := 2 * m[i] + 2 * log(sum[j](exp(X[i,j] - m[i])))"
+    assert _shifts(twice, ["y"]) == {"m"}
+    # each of these moves with m (or is undefined): m's gradient is kept
+    for source in ["m[i] := max[j](X[i,j])\ny[i] := log(sum[j](exp(X[i,j] - m[i])))",
+                   "m[i] := max[j](X[i,j])\ny[i] := 2 * log(sum[j](exp(X[i,j] - m[i]))) + m[i]",
+                   "m[i] := max[j](X[i,j])\ny[i] := (m[i] + log(sum[j](exp(X[i,j] - m[i])))) * m[i]",
+                   "m[i] := max[j](X[i,j])\ny[i] := sum[j](m[i] - X[i,j]) + log(sum[j](exp(X[i,j] - m[i])))",
+                   "m[i] := max[j](X[i,j])\ny[i] := where(X[i,0] > 0, log(sum[j](exp(X[i,j] - m[i]))), 0)",
+                   "m[i] := max[j](X[i,j])\ny[i,j] := m[j] + log(sum[k](exp(X[i,k] - m[i])))",
+                   "m[i] := max[j](X[i,j])\ny[i] := exp(m[i] + log(sum[j](exp(X[i,j] - m[i])))) - m[i]"]:
+        assert _shifts(source, ["y"]) == set(), source
+    # exp turns the additive degree back into a factor: a ratio of them is invariant
+    ratio = "m[i] := max[j](X[i,j])\nq[i] := exp(log(sum[j](exp(X[i,j] - m[i])))) / sum[j](exp(X[i,j] - m[i]))"
+    assert _shifts(ratio, ["q"]) == {"m"}
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_cross_entropy_gradients_equal_torch(dtype):
+    gen = torch.Generator().manual_seed(7)
+    X = torch.randn(4, 6, generator=gen, dtype=dtype, requires_grad=True)
+    t = torch.tensor([0, 5, 2, 2])
+    program = ef.compile(CROSS_ENTROPY)
+    for _ in range(3):      # the first call, then the prepared one
+        X.grad = None
+        loss = program(X=X, t=t)
+        loss.backward()
+        want_loss = torch.nn.functional.cross_entropy(X, t)
+        _close(loss.detach(), want_loss.detach(), dtype)
+        X2 = X.detach().clone().requires_grad_(True)
+        torch.nn.functional.cross_entropy(X2, t).backward()
+        _close(X.grad, X2.grad, dtype)
+    if dtype == torch.float64:
+        assert torch.autograd.gradcheck(lambda X: program(X=X, t=t), (X,))
+
+
 def test_a_max_that_is_not_a_shift_passes_its_gradient():
     # the row maximum also scales the result: its arg-max gradient must be there
     source = SOFTMAX + "\nQ[i,j] := P[i,j] * m[i]"

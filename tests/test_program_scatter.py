@@ -81,7 +81,9 @@ def test_colliding_positions_as_the_general_path(monkeypatch):
 
 def test_a_declined_call_runs_the_general_path(monkeypatch):
     """The prepared run declines (False, nothing written) arrays of another layout than
-    it was prepared for, which the general path then runs; with the layout it adds."""
+    it was prepared for, which the general path then runs; with the layout it adds.
+    (Cross-entropy's scatter as a scatter: its gather form off.)"""
+    monkeypatch.setattr(program_backward, "where_form", lambda *a: None)
     rng = np.random.default_rng(7)
     rows = 31               # a signature no other test planned (plans are kept per one)
     X, t = rng.standard_normal((rows, V)), rng.integers(0, V, rows)
@@ -105,3 +107,143 @@ def test_a_declined_call_runs_the_general_path(monkeypatch):
     want = np.zeros((rows, V))
     np.add.at(want, (np.arange(rows), t), -dl)
     np.testing.assert_array_equal(env[run.piece.key], want)
+
+
+def _backward_runs(monkeypatch):
+    made = []
+    original = program_backward.BackwardRun.__init__
+
+    def init(self, *args, **kwargs):
+        original(self, *args, **kwargs)
+        made.append(self)
+    monkeypatch.setattr(program_backward.BackwardRun, "__init__", init)
+    return made
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_cross_entropy_scatter_runs_as_a_gather_in_the_row_kernel(monkeypatch, dtype):
+    """dX[i, t[i]] += -dl[i] adds one value per position: it runs as where(j == t[i],
+    -dl[i], 0) inside the backward's one kernel run (no scatter piece), with the
+    gradient of the scatter path and of torch, labels changing call after call."""
+    rng = np.random.default_rng(8)
+    rows = 29               # a signature no other test planned
+    calls = [{"X": rng.standard_normal((rows, V)).astype(dtype),
+              "t": rng.integers(0, V, rows)} for _ in range(3)]
+    calls.append({"X": calls[0]["X"], "t": np.full(rows, V - 1)})   # every label alike
+    program = ef.compile(CROSS_ENTROPY.replace(f"/ {B}", f"/ {rows}"))
+    made = _backward_runs(monkeypatch)
+    mine = _gradients(program, calls, ["X"])
+    pieces = made[-1].pieces
+    assert [type(p).__name__ for p in pieces] == ["_Labels", "_Kernels"]
+    with monkeypatch.context() as patch:
+        patch.setattr(program_backward, "where_form", lambda *a: None)
+        scattered = _gradients(ef.compile(CROSS_ENTROPY.replace(f"/ {B}", f"/ {rows}")),
+                               calls, ["X"])
+    tolerance = 1e-6 if dtype == np.float32 else 1e-12
+    for (got,), (theirs,), arrays in zip(mine, scattered, calls):
+        assert got.dtype == torch.from_numpy(arrays["X"]).dtype
+        torch.testing.assert_close(got, theirs, rtol=tolerance, atol=tolerance)
+        X = torch.tensor(arrays["X"], requires_grad=True)
+        want, = torch.autograd.grad(torch.nn.functional.cross_entropy(
+            X, torch.tensor(arrays["t"])), [X])
+        torch.testing.assert_close(got, want, rtol=tolerance, atol=tolerance)
+
+
+@pytest.mark.parametrize("bad", [V, -1])
+def test_a_label_outside_raises_in_the_gather_form(monkeypatch, bad):
+    """The gather form checks the labels first: one outside raises the scatter's own
+    out-of-bounds error (an EinfuseError naming the value), and nothing is written."""
+    rng = np.random.default_rng(9)
+    rows = 27 if bad > 0 else 25         # signatures no other test planned
+    X, t = rng.standard_normal((rows, V)), rng.integers(0, V, rows)
+    program = ef.compile(CROSS_ENTROPY.replace(f"/ {B}", f"/ {rows}"))
+    made = _backward_runs(monkeypatch)
+    _gradients(program, [{"X": X, "t": t}], ["X"])
+    run = made[-1]
+    env = dict(X=X, t=t.copy(), m=X.max(1), dL=np.array(1.0), l=np.zeros(rows))
+    assert run(dict(env))["X"].shape == X.shape
+    env["t"][3] = bad
+    before = set(env)
+    with pytest.raises(ef.EinfuseError, match=f"index value {bad} is outside"):
+        run(env)
+    assert set(env) == before
+    # and through torch: the forward names the label first
+    with pytest.raises(ef.EinfuseError):
+        program(X=torch.tensor(X, requires_grad=True), t=torch.tensor(env["t"]))
+
+
+def test_scatters_that_are_not_one_value_per_position_stay_scatters(monkeypatch):
+    """Colliding positions (every b of a row adds into column idx[b]) and a scatter
+    over part of its target keep the scatter piece."""
+    rng = np.random.default_rng(10)
+    made = _backward_runs(monkeypatch)
+    _gradients(ef.compile(COLUMNS), [{"W": rng.standard_normal((5, 20)),
+                                      "idx": rng.integers(0, 20, 40),
+                                      "s": rng.standard_normal(40)}], ["W", "s"])
+    assert not any(isinstance(p, program_backward._Labels) for p in made[-1].pieces)
+    # the labels address the second axis, but only rows 0..3 of 6 are scattered into
+    part = "y[i] := X[i, t[i]] * X[i, t[i]]\nL := sum[i](y[i])"
+    X = rng.standard_normal((6, 9))
+    got, = _gradients(ef.compile(part, ranges={"i": range(4)}),
+                      [{"X": X, "t": rng.integers(0, 9, 6)}], ["X"])[0]
+    assert not any(isinstance(p, program_backward._Labels) for p in made[-1].pieces)
+    assert got.shape == X.shape
+
+
+EMBED_NORM = """h[b,d] := E[ids[b], d] * s[d]
+r[b] := sqrt(sum[d](h[b,d]**2) / 24 + 0.000001)
+y[b,d] := h[b,d] / r[b]
+L := sum[b, d](y[b, d] * W[b, d])"""
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_an_embedding_backward_adds_prepared_rows(monkeypatch, dtype):
+    """dE[ids[b], d] += v[b, d] (whole rows, repeated ids among them) prepared once:
+    call after call the general path's bits and torch's gradient, ids changing."""
+    rng = np.random.default_rng(11)
+    rows = 37 if dtype == np.float32 else 35            # signatures no other test planned
+    calls = [{"E": rng.standard_normal((rows, 24)).astype(dtype),
+              "ids": rng.integers(0, rows, 40), "s": rng.standard_normal(24).astype(dtype),
+              "W": rng.standard_normal((40, 24)).astype(dtype)} for _ in range(3)]
+    calls[1]["ids"][:5] = 3                             # the same row five times
+    made = _backward_runs(monkeypatch)
+    mine = _gradients(ef.compile(EMBED_NORM), calls, ["E", "s"])
+    scatters = [r for r in made[-1]._runs if isinstance(r, program_backward._ScatterRun)]
+    assert scatters and all(r.prepared for r in scatters)
+    general = _general(monkeypatch, lambda: _gradients(ef.compile(EMBED_NORM), calls,
+                                                       ["E", "s"]))
+    tolerance = 1e-5 if dtype == np.float32 else 1e-12
+    for got, theirs, arrays in zip(mine, general, calls):
+        for a, b in zip(got, theirs):
+            assert torch.equal(a, b)
+        E = torch.tensor(arrays["E"], dtype=torch.float64, requires_grad=True)
+        s = torch.tensor(arrays["s"], dtype=torch.float64, requires_grad=True)
+        h = E[torch.tensor(arrays["ids"])] * s
+        y = h / torch.sqrt((h * h).mean(1, keepdim=True) + 1e-6)
+        W = torch.tensor(arrays["W"], dtype=torch.float64)
+        want = torch.autograd.grad((y * W).sum(), [E, s])
+        for a, b in zip(got, want):       # (float32: to its rounding at b's scale)
+            scale = float(b.abs().max())
+            torch.testing.assert_close(a.double(), b, rtol=tolerance,
+                                       atol=tolerance * scale)
+
+
+def test_an_embedding_id_outside_runs_the_general_path(monkeypatch):
+    """The prepared rows decline (False, nothing written) ids outside the table, which
+    the general path then refuses with the statement's own error."""
+    rng = np.random.default_rng(12)
+    rows = 33
+    arrays = {"E": rng.standard_normal((rows, 24)), "ids": rng.integers(0, rows, 40),
+              "s": rng.standard_normal(24), "W": rng.standard_normal((40, 24))}
+    made = _backward_runs(monkeypatch)
+    _gradients(ef.compile(EMBED_NORM), [arrays], ["E"])
+    run = next(r for r in made[-1]._runs if isinstance(r, program_backward._ScatterRun))
+    assert run.prepared
+    env = {"E": arrays["E"], "ids": arrays["ids"].copy(), "s": arrays["s"]}
+    for name in run.piece.statements[0].inputs:      # the values' inputs (dh, s)
+        env.setdefault(name, np.ones((40, 24)))
+    assert run.prepared(dict(env)) is True
+    env["ids"][7] = rows
+    assert run.prepared(env) is False and run.piece.key not in env
+    with pytest.raises(ef.EinfuseError, match=f"index value {rows} is outside"):
+        run(env)

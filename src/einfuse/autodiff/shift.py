@@ -15,10 +15,19 @@ The degree of an expression is tracked symbolically as a monomial in the factors
 must agree, and a reduction keeps its body's degree only where the factor does not vary
 along the reduced indices.  Anything else that depends on ``m`` (``log``, a comparison,
 ``m`` read bare) makes the degree undefined, and ``m`` is then not a shift.  The rule
-is exact: it never drops a gradient that is not identically zero."""
+is exact: it never drops a gradient that is not identically zero.
+
+The log-sum-exp form (cross-entropy's ``log(sum[j](exp(X[i,j] - m[i]))) + m[i]``) is
+invariant too, additively: ``log`` of a degree-``t`` expression moves by ``log t``, and
+``m`` read bare moves by ``-log t``, so their sum does not move.  Such values carry an
+additive degree (``_Log``: the coefficients of ``log t[s]`` they move by), which sums and
+differences add up, constants leave alone, a number scales, ``max``/``min`` keep, and
+``exp`` turns back into a monomial; an additive degree of all-zero coefficients is
+invariance (``ONE``).  Anything else done with one is undefined, as above."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Dict, FrozenSet, Optional, Sequence, Set, Tuple
 
 from ..lang.ast import Access, Binary, Call, Expr, IndexValue, Number, Param, Reduce, Unary
@@ -28,6 +37,26 @@ from ..lang.ast import Access, Binary, Call, Expr, IndexValue, Number, Param, Re
 Monomial = Tuple[Tuple[Tuple[str, ...], int], ...]
 ANY = "any"
 ONE: Monomial = ()
+
+
+@dataclass(frozen=True)
+class _Log:
+    """An additive degree: the value moves by ``sum(p * log t[f])`` over ``pairs``
+    (normalised like a Monomial, never empty: no movement is ``ONE``)."""
+    pairs: Monomial
+
+
+def _additive(pairs):
+    """The additive degree of ``pairs`` (``ONE`` where every coefficient is zero)."""
+    pairs = _normal(pairs)
+    return _Log(pairs) if pairs else ONE
+
+
+def _pairs_of(degree) -> Optional[Monomial]:
+    """The coefficients of an additive degree, of a constant (none), or None."""
+    if isinstance(degree, _Log):
+        return degree.pairs
+    return ONE if degree in (ONE, ANY) else None
 
 
 def zero_gradient_shifts(specs: Sequence, outputs: Sequence[str]) -> FrozenSet[str]:
@@ -101,7 +130,10 @@ class _Degree:
         if isinstance(expr, Access):
             return self.access(expr)
         if isinstance(expr, Unary):
-            return self.of(expr.operand)
+            found = self.of(expr.operand)
+            if isinstance(found, _Log) and expr.op == "-":
+                return _additive(tuple((f, -p) for f, p in found.pairs))
+            return found
         if isinstance(expr, Binary):
             return self.binary(expr)
         if isinstance(expr, Call):
@@ -121,7 +153,9 @@ class _Degree:
                 if not self.constant(gather):
                     return None      # a position that moves with the shift
         if access.tensor == self.shift:
-            return None              # read other than as exp(A - shift)
+            # read bare: m + d, that is m - log t (t = exp(-d))
+            names = tuple(sub.plain_index for sub in access.indices)
+            return None if None in names else _additive(((names, -1),))
         if access.tensor not in self.known:
             return ONE
         indices, degree = self.known[access.tensor]
@@ -131,17 +165,19 @@ class _Degree:
         for index, sub in zip(indices, access.indices):
             renamed[index] = sub.plain_index
         monomial = []
-        for factor, power in degree:
+        for factor, power in degree.pairs if isinstance(degree, _Log) else degree:
             names = tuple(renamed.get(n) for n in factor)
             if None in names:
                 return None          # the factor's position is not a plain index here
             monomial.append((names, power))
-        return _normal(monomial)
+        return _additive(monomial) if isinstance(degree, _Log) else _normal(monomial)
 
     def binary(self, expr: Binary):
         left, right = self.of(expr.left), self.of(expr.right)
         if left is None or right is None:
             return None
+        if isinstance(left, _Log) or isinstance(right, _Log):
+            return self.additive_binary(expr, left, right)
         if expr.op in ("+", "-"):
             if left == ANY:
                 return right
@@ -161,6 +197,23 @@ class _Degree:
         # comparisons, logic, floor division, modulo, powers of varying exponents
         return ONE if left in (ONE, ANY) and right in (ONE, ANY) else None
 
+    def additive_binary(self, expr: Binary, left, right):
+        """``expr`` where one side has an additive degree."""
+        a, b = _pairs_of(left), _pairs_of(right)
+        if expr.op in ("+", "-") and a is not None and b is not None:
+            sign = 1 if expr.op == "+" else -1
+            return _additive(a + tuple((f, sign * p) for f, p in b))
+        # scaled by a whole number: c * (v + k log t) moves by c * k log t
+        if expr.op == "*" and isinstance(expr.left, Number) and b is not None:
+            scale, pairs = expr.left.value, b
+        elif expr.op == "*" and isinstance(expr.right, Number) and a is not None:
+            scale, pairs = expr.right.value, a
+        else:
+            return None
+        if float(scale).is_integer():
+            return _additive(tuple((f, int(scale) * p) for f, p in pairs))
+        return None
+
     def call(self, expr: Call):
         shift = _shift_access(expr)
         if shift is not None and shift.tensor == self.shift:
@@ -171,6 +224,18 @@ class _Degree:
         args = [self.of(a) for a in expr.args]
         if None in args:
             return None
+        if expr.func == "log" and len(args) == 1 and args[0] not in (ONE, ANY) and \
+                not isinstance(args[0], _Log):
+            return _additive(args[0])      # log(t^k v) = log v + k log t
+        if expr.func == "exp" and len(args) == 1 and isinstance(args[0], _Log):
+            return _normal(args[0].pairs)  # exp(v + k log t) = t^k exp(v)
+        if any(isinstance(a, _Log) for a in args):
+            # where(c, a, b), max(a, b): both sides moving alike (a literal 0 does not)
+            a, b = args[-2:] if len(args) >= 2 else (None, None)
+            fine = expr.func in ("where", "max", "min") and len(args) in (2, 3) and \
+                isinstance(a, _Log) and a == b and \
+                (expr.func != "where" or args[0] in (ONE, ANY))
+            return a if fine else None
         if expr.func == "where":
             if args[0] not in (ONE, ANY):
                 return None
@@ -186,8 +251,13 @@ class _Degree:
         body = self.of(expr.body)
         if body is None or body == ANY or body == ONE:
             return body
-        if expr.op not in ("sum", "max", "min"):
-            return None
+        if expr.op not in (("max", "min", "logsumexp") if isinstance(body, _Log) else
+                           ("sum", "max", "min")):
+            return None     # a sum of shifted values moves by a multiple of the shift
+        if isinstance(body, _Log):
+            if any(set(factor) & set(expr.indices) for factor, _ in body.pairs):
+                return None
+            return body
         if any(set(factor) & set(expr.indices) for factor, _ in body):
             return None              # the factor varies along the reduced indices
         return body

@@ -2,7 +2,8 @@
 is all dispatch.  One case per way of calling einfuse, each against what a user of that
 framework would otherwise write: NumPy (np.einsum), torch without gradients
 (torch.einsum), torch forward and backward (autograd), and JAX under jax.jit
-(jax.jit of jnp.einsum).  And a gather right after a BLAS call against np.take.
+(jax.jit of jnp.einsum).  And a gather right after a BLAS call against np.take, and an
+embedding + RMS norm program's forward + backward against torch eager.
 `einfuse bench --case overhead` runs them."""
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from typing import List
 
 import numpy as np
 
-from .cases import Case, Peer, installed, numpy_peer, torch_peer
+from .cases import Case, Peer, installed, numpy_peer, torch_peer, training_case
 
 STATEMENT = "C[i,j] := A[i,k] * B[k,j]"
 
@@ -128,10 +129,32 @@ def gather_after_blas_case(B: int, V: int = 50000, D: int = 256, n: int = 512) -
                 einfuse_call=ours)
 
 
+EMBED_NORM = """h[b,d] := E[ids[b], d] * s[d]
+r[b] := sqrt(sum[d](h[b,d]**2) / 256 + 0.000001)
+y[b,d] := h[b,d] / r[b]"""
+
+
+def embed_norm_case(ids: int = 256, rows: int = 1000) -> Case:
+    """An embedding lookup and an RMS norm as one program (issue 32's small layers),
+    forward + backward on torch tensors: the backward's row scatter into the table is
+    per-call cost at this size."""
+    def inputs(rng):
+        return {"E": rng.standard_normal((rows, 256), dtype=np.float32),
+                "ids": rng.integers(0, rows, ids).astype(np.int64),
+                "s": rng.standard_normal(256, dtype=np.float32)}
+
+    def formula(E, ids, s):
+        import torch
+        h = E[ids] * s
+        return h * torch.rsqrt((h * h).mean(1, keepdim=True) + 1e-6)
+    return training_case(f"embedding+rmsnorm program {ids}x256", EMBED_NORM, inputs,
+                         formula, compiled=False)
+
+
 def overhead_cases() -> List[Case]:
     cases = [_numpy_case(), gather_after_blas_case(2048), gather_after_blas_case(16384)]
     if installed("torch"):
-        cases += [_torch_case(), _autograd_case()]
+        cases += [_torch_case(), _autograd_case(), embed_norm_case()]
     if installed("jax"):
         cases.append(_jax_case())
     return cases

@@ -28,7 +28,7 @@ from ..lang.ast import Access, IndexExpr, sum_tree
 from ..lang.printer import format_expr
 from ..analysis.frameworks import JAX, TORCH, framework_of, placeholder
 from .run_groups import run_statements
-from .program_scatter import prepared_scatter
+from .program_scatter import check_labels, prepared_scatter, where_form
 from .program_shared import Entry, shared_kernels
 from .kernel_maker import compile_statement
 from .gradient_reference import resolve_options
@@ -56,7 +56,15 @@ class _Sum:
     total: Total
 
 
-_Piece = Union[_Kernels, _Scatter, _Sum]
+@dataclass(frozen=True)
+class _Labels:
+    """The range checks of scatters that run as gathers (program_scatter.WhereForm),
+    per scatter statement: they hold before the kernels run, or the statement's own
+    out-of-bounds error is raised."""
+    checks: Tuple[Tuple[object, Tuple[Tuple[str, int, int], ...]], ...]
+
+
+_Piece = Union[_Kernels, _Scatter, _Sum, _Labels]
 
 class Count:
     """How many times a step ran: the derivations of program backwards
@@ -92,17 +100,23 @@ class BackwardRun:
                  threads: Optional[int] = None):
         PLANS_MADE.add()
         self.pieces = tuple(_with_threads(piece, threads)
-                            for piece in _plan(backward, env, backend, recompute))
+                            for piece in _plan(backward, env, backend, recompute, framework))
         self.results = tuple((name, result) for name, result in
                              zip(backward.wrt, backward.results) if result is not None)
         self.framework = framework
         # per piece, how it runs: a run of kernels starts the full way (and then
         # keeps its prepared run), scatters and sums as they are
-        self._runs = [self._first(n, piece) if isinstance(piece, _Kernels) else
-                      _ScatterRun(piece, backend) if isinstance(piece, _Scatter) and
-                      framework != "jax" else functools.partial(_scatter, piece)
-                      if isinstance(piece, _Scatter) else functools.partial(_add, piece.total)
-                      for n, piece in enumerate(self.pieces)]
+        self._runs = [self._run_of(n, piece, backend) for n, piece in enumerate(self.pieces)]
+
+    def _run_of(self, number: int, piece: "_Piece", backend: str):
+        if isinstance(piece, _Kernels):
+            return self._first(number, piece)
+        if isinstance(piece, _Scatter):
+            return _ScatterRun(piece, backend) if self.framework != "jax" else \
+                functools.partial(_scatter, piece)
+        if isinstance(piece, _Labels):
+            return functools.partial(_check_labels, piece)
+        return functools.partial(_add, piece.total)
 
     def _first(self, number: int, piece: "_Kernels"):
         framework = self.framework
@@ -129,6 +143,11 @@ def _with_threads(piece: "_Piece", threads: Optional[int]) -> "_Piece":
                     new_kernel(k.statement, dataclasses.replace(k.options, threads=threads))
                     for k in piece.kernels)
     return _Kernels(kernels, piece.keep)
+
+
+def _check_labels(piece: _Labels, env) -> None:
+    for statement, checks in piece.checks:
+        check_labels(statement, checks, env)
 
 
 def _add(total: Total, env) -> None:
@@ -180,7 +199,7 @@ def output_placeholder(kernel, shapes: Mapping[str, object]) -> np.ndarray:
 
 
 def _plan(backward: Backward, env: Mapping[str, object], backend: str,
-          recompute: Tuple) -> List[_Piece]:
+          recompute: Tuple, framework: str = "numpy") -> List[_Piece]:
     shapes = {name: placeholder(value) for name, value in env.items()}
     for kernel in recompute:
         shapes[kernel.spec.output] = output_placeholder(kernel, shapes)
@@ -190,14 +209,18 @@ def _plan(backward: Backward, env: Mapping[str, object], backend: str,
             entries, shapes_after = found
             needed = [k for k in recompute if k.spec.output in backward.folded.reads]
             return _plan_steps(backward, backward.folded.steps, shapes_after, backend,
-                               needed, entries)
-    return _plan_steps(backward, backward.steps, dict(shapes), backend, recompute, {})
+                               needed, entries, framework)
+    return _plan_steps(backward, backward.steps, dict(shapes), backend, recompute, {},
+                       framework)
 
 
 def _plan_steps(backward: Backward, steps, shapes, backend: str, recompute: Tuple,
-                entries: Dict[str, Entry]) -> List[_Piece]:
-    """The plan of ``steps``; ``entries``: the kernels of folded steps by key."""
+                entries: Dict[str, Entry], framework: str = "numpy") -> List[_Piece]:
+    """The plan of ``steps``; ``entries``: the kernels of folded steps by key.  On NumPy
+    arrays a scatter that adds one value per position of its target runs as the gather
+    it equals (program_scatter.where_form), after one check of its labels."""
     pieces: List[_Piece] = []
+    checks = []                        # (scatter statement, its labels' checks)
     run: List[Entry] = [Entry(kernel, definition=True) for kernel in recompute]
 
     def close():
@@ -228,11 +251,19 @@ def _plan_steps(backward: Backward, steps, shapes, backend: str, recompute: Tupl
                 run.append(Entry(gradient_kernel(chosen[0], shapes, backend),
                                  chosen[0].text, options))
         else:
-            close()
-            pieces.append(_Scatter(tuple(chosen), step.key, step.like))
+            form = where_form(chosen[0], shapes, backward.taken, backend) \
+                if framework == "numpy" and len(chosen) == 1 else None
+            if form is not None:
+                checks.append((chosen[0], form.checks))
+                run.append(Entry(form.kernel, form.text, form.options))
+            else:
+                close()
+                pieces.append(_Scatter(tuple(chosen), step.key, step.like))
         like = shapes[step.like]
         shapes[step.key] = np.broadcast_to(np.zeros((), _dtype(like)), np.shape(like))
     close()
+    if checks:           # the labels are forward values: checked before anything runs
+        pieces.insert(0, _Labels(tuple(checks)))
     return _with_keep(pieces, backward)
 
 
@@ -300,6 +331,9 @@ def _with_keep(pieces: List[_Piece], backward: Backward) -> List[_Piece]:
         elif isinstance(piece, _Scatter):
             result.append(piece)
             needed |= {n for g in piece.statements for n in g.inputs} | {piece.like}
+        elif isinstance(piece, _Labels):
+            result.append(piece)
+            needed |= {name for _, found in piece.checks for name, _, _ in found}
         else:
             result.append(piece)
             needed |= set(piece.total.parts)
