@@ -1,6 +1,8 @@
 """Row kernels: a fusion group (schedule/fusion.py) that is exactly a softmax or a
-layernorm over the rows of one matrix runs as a hand-written C kernel
-(backends/c/rows_source.py) instead of the merged loop nests of plan/fuse.py.
+layernorm over the rows of one matrix, or values per row from a matrix's log-sum-exp
+row statistics (plan/row_statistics.py: a log-sum-exp, a cross-entropy), runs as a
+hand-written C kernel (backends/c/rows_source.py; the per-row rest of the latter by
+backends/c/row_values.py) instead of the merged loop nests of plan/fuse.py.
 
 The generic fused kernel is what GCC makes of each statement's loops: per-lane
 partials kept in arrays on the stack, a sum's lanes combined one after another at the
@@ -30,7 +32,7 @@ import numpy as np
 from ...errors import BackendError
 from ...plan.row_kernel import (NEVER_WRITTEN, RowKernel, RowPattern,  # noqa: F401
                                 row_input)
-from . import build as c_build, call as c_call
+from . import build as c_build, call as c_call, row_values
 from .backend import _ARGTYPES, _VECTOR_BYTES
 from .rows_source import source
 from .threads import free_threads
@@ -45,7 +47,7 @@ def _library(dtype: np.dtype) -> ctypes.CDLL:
     found = _libraries.get(dtype)
     if found is None:
         found = c_build.load(source(dtype, _VECTOR_BYTES))
-        for name in ("ef_softmax_call", "ef_layernorm_call"):
+        for name in ("ef_softmax_call", "ef_layernorm_call", "ef_lse_call"):
             function = getattr(found, name)
             function.argtypes = _ARGTYPES
             function.restype = None
@@ -97,6 +99,8 @@ def _launch(group: RowKernel, x: np.ndarray) -> _Launch:
     elif group.pattern is RowPattern.LAYERNORM:
         n1, _, n2, eps = group.constants
         function, doubles = library.ef_layernorm_call, np.array([n1, n2, eps])
+    elif group.pattern is RowPattern.LOGSUMEXP:
+        function, doubles = library.ef_lse_call, np.zeros(1)
     else:
         raise BackendError(f"no row kernel for {group.pattern}")
     rows, n = x.shape
@@ -117,12 +121,33 @@ def _call(group: RowKernel, launch: _Launch, arrays, threads: int) -> None:
     launch(arrays, threads)
 
 
-def run(group: RowKernel, members, threads: int) -> None:
+def _statistics_run(group: RowKernel, launch: _Launch, inputs, outs, threads: int) -> bool:
+    """The log-sum-exp kernel: each row's maximum and sum of shifted exponentials, then
+    the members' values from them; False (nothing run) where a gather's index leaves
+    its axis."""
+    rows = inputs[0].shape[0]
+    reads = row_values.gathered(group.statistics, dict(zip(group.inputs, inputs)), rows)
+    if reads is None:
+        return False
+    maxima = np.empty(rows, inputs[0].dtype)
+    sums = np.empty(rows, inputs[0].dtype)
+    _call(group, launch, (inputs[0], maxima, sums), threads)
+    row_values.evaluate(group.statistics, reads, maxima, sums, outs)
+    return True
+
+
+def run(group: RowKernel, members, threads: int) -> Optional[dict]:
     """Run the group on the members' own buffers (their outputs are filled, except
-    the never-written ones, as c_fused.run's callers expect)."""
+    the never-written ones, as c_fused.run's callers expect): {} (no column sums), or
+    None where a gathered index is out of bounds (nothing is delivered then: the
+    statements run one by one and raise their own error)."""
     inputs = [row_input(members, group, k) for k in range(len(group.inputs))]
-    arrays = _arrays(group, inputs, [m.buffers[-1] for m in members])
-    _call(group, _launch(group, inputs[0]), arrays, threads)
+    outs = [m.buffers[-1] for m in members]
+    if group.pattern is RowPattern.LOGSUMEXP:
+        done = _statistics_run(group, _launch(group, inputs[0]), inputs, outs, threads)
+        return {} if done else None
+    _call(group, _launch(group, inputs[0]), _arrays(group, inputs, outs), threads)
+    return {}
 
 
 def laid_out(array, layout, working) -> Optional[np.ndarray]:
@@ -152,15 +177,20 @@ def prepared_runner(group: RowKernel, members, adaptive: bool, threads: int):
     def runner(env, keys) -> bool:
         inputs = []
         for key, layout in layouts:
-            array = laid_out(env[key], layout, working)
+            # (in its bound dtype: the working one, or an index array's integers)
+            array = laid_out(env[key], layout, layout[1])
             if array is None:
                 return False
             inputs.append(array)
         outs = [None] * len(members)
         for k, shape in shapes:
             outs[k] = np.empty(shape, working)
-        _call(group, launch, _arrays(group, inputs, outs),
-              (free_threads() or threads) if adaptive else threads)
+        count = (free_threads() or threads) if adaptive else threads
+        if group.pattern is RowPattern.LOGSUMEXP:
+            if not _statistics_run(group, launch, inputs, outs, count):
+                return False     # an index out of bounds: the full path names it
+        else:
+            _call(group, launch, _arrays(group, inputs, outs), count)
         for k, _ in shapes:
             if keys[k] is not None:
                 env[keys[k]] = outs[k]

@@ -1,0 +1,246 @@
+"""The log-sum-exp row kernel's rule (plan/row_kernel.py asks it): a C fusion group
+whose every member computes one value per row from two *row statistics* of one matrix
+``X`` -- its maximum ``M[i] = max[j](X[i,j])`` and the sum of its exponentials shifted
+by that maximum ``S[i] = sum[j](exp(X[i,j] - M[i]))`` -- and from values of the row
+alone (other members' results, per-row inputs, gathers such as a label's logit
+``X[i, t[i]]``, numbers, elementwise functions).
+
+That covers each way of writing a log-sum-exp or a cross-entropy as statements::
+
+    m[i] := max[j](X[i,j])
+    l[i] := m[i] + log(sum[j](exp(X[i,j] - m[i])))          (its spellings: any order,
+    loss[i] := log(sum[j](exp(X[i,j] - m[i]))) + m[i] - X[i, t[i]]    any per-row rest)
+    z[i] := logsumexp[j](X[i,j]) - X[i, t[i]]                (within a group)
+
+The matrix is read once per row by the kernel (backends/c/rows_source.ef_lse_rows,
+which computes M and S as the statements do, NaN and infinite rows included); what is
+left of each member is a value per row, evaluated over whole columns of row values
+(backends/c/row_values.py): a few operations on vectors of ``rows`` elements, where
+the generic fused kernel calls the exponential per element through libmvec and the
+statement ``logsumexp[j]`` alone runs a scalar running maximum.
+
+``logsumexp[j](X[i,j])`` is ``M + log(S)`` where M is finite; where it is not (a row of
+-inf, a row holding inf, a NaN) it is M itself, which is what the one-pass running
+maximum gives (backends/c/render.ef_lse).  Anything else -- a reduction over another
+body, a read along the columns outside the two statistics, a parameter, an index used
+as a value, a function not listed below -- is no member of this kernel, and the group
+runs the generic fused kernel."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Dict, Optional, Tuple
+
+from ..lang import ast
+
+# the per-row functions the row values take (backends/c/row_values.py: their NumPy
+# twins give the C functions' values up to rounding)
+ROW_FUNCTIONS = ("exp", "log", "log1p", "expm1", "sqrt", "abs", "tanh")
+ROW_BINARY = ("+", "-", "*", "/", "<", "<=", ">", ">=", "==", "!=", "&", "|")
+BOUNDS_TAKEN = ("check", "promise")     # an index out of bounds: the statements say so
+
+
+@dataclass(frozen=True)
+class Stat:
+    """A row statistic of the matrix: ``max`` (M), ``sum`` (S) or ``logsumexp``."""
+    name: str
+
+
+@dataclass(frozen=True)
+class MemberValue:
+    """The value of an earlier member of the group, in this row."""
+    number: int
+
+
+@dataclass(frozen=True)
+class Read:
+    """``array[subscripts]`` for each row: the array's environment key and, per axis,
+    the subscript (an :class:`Subscript`)."""
+    key: str
+    subscripts: Tuple["Subscript", ...]
+
+
+@dataclass(frozen=True)
+class Subscript:
+    """``constant + row * row_coefficient + sum(c * gathered)``: each gathered value a
+    :class:`Read` of an integer array (a label ``t[i]``)."""
+    constant: int
+    row: int
+    gathers: Tuple[Tuple[Read, int], ...] = ()
+
+
+@dataclass(frozen=True)
+class Const:
+    value: float
+
+
+@dataclass(frozen=True)
+class Apply:
+    """``op`` applied to ``args``: a function of ROW_FUNCTIONS, ``where``, a binary
+    operator of ROW_BINARY, ``neg``, or ``square`` (``x**2``)."""
+    op: str
+    args: Tuple[object, ...]
+
+
+@dataclass(frozen=True)
+class RowStatistics:
+    """The rule's answer: the matrix's key, the other input keys the values read, and
+    each member's value."""
+    matrix: str
+    inputs: Tuple[str, ...]
+    values: Tuple[object, ...]
+
+
+def row_statistics(members) -> Optional[RowStatistics]:
+    """The group as the row statistics of one matrix and per-row values, or None."""
+    reader = _Reader()
+    values = []
+    for number, member in enumerate(members):
+        spec = member.kernel.spec
+        if spec.assign != ":=" or spec.params or spec.output_indices != (member.outer,) or \
+                member.call.options.pad is not None or \
+                member.call.options.bounds not in BOUNDS_TAKEN:
+            return None
+        value = reader.member(member, number, values)
+        if value is None:
+            return None
+        values.append(value)
+    if reader.matrix is None or not reader.exponentials:
+        return None
+    inputs = tuple(k for k in dict.fromkeys(reader.keys) if k != reader.matrix)
+    return RowStatistics(reader.matrix, inputs, tuple(values))
+
+
+class _Reader:
+    """The members' right sides as row values, one after another."""
+
+    def __init__(self):
+        self.matrix: Optional[str] = None     # the key of the matrix X
+        self.column: Optional[str] = None     # (per member: its column index)
+        self.keys = []                        # input keys, in order of first use
+        self.exponentials = False             # a sum of exponentials or a logsumexp seen
+
+    def member(self, member, number: int, values):
+        spec = member.kernel.spec
+        names: Dict[str, object] = {}
+        for slot, (tensor, role) in enumerate(member.plan.slots[:-1]):
+            if slot in member.reads:
+                if role != "value":
+                    return None
+                names[tensor] = MemberValue(member.reads[slot][0])
+            else:
+                key = member.sources[slot] if slot < len(member.sources) else None
+                if key is None:
+                    return None
+                names[tensor] = key
+        others = [n for n in spec.all_indices if n != member.outer]
+        if len(set(others)) > 1:
+            return None
+        self.row, self.column = member.outer, others[0] if others else None
+        self.names, self.values = names, values
+        try:
+            return self.value(spec.rhs)
+        except _Refused:
+            return None
+
+    def value(self, e):
+        if isinstance(e, ast.Number):
+            return Const(float(e.value))
+        if isinstance(e, ast.Reduce):
+            return self.statistic(e)
+        if isinstance(e, ast.Access):
+            return self.read(e, as_value=True)
+        if isinstance(e, ast.Unary):
+            inner = self.value(e.operand)
+            return Apply("neg", (inner,)) if e.op == "-" else inner
+        if isinstance(e, ast.Binary):
+            if e.op == "**" and isinstance(e.right, ast.Number) and e.right.value == 2:
+                return Apply("square", (self.value(e.left),))
+            if e.op not in ROW_BINARY:
+                raise _Refused
+            return Apply(e.op, (self.value(e.left), self.value(e.right)))
+        if isinstance(e, ast.Call) and (e.func in ROW_FUNCTIONS and len(e.args) == 1 or
+                                        e.func == "where" and len(e.args) == 3):
+            return Apply(e.func, tuple(self.value(a) for a in e.args))
+        raise _Refused
+
+    def statistic(self, e: ast.Reduce) -> Stat:
+        """max[j](X[i,j]), logsumexp[j](X[i,j]) or sum[j](exp(X[i,j] - M)) with M the
+        row maximum (a member holding it, or the reduction written out)."""
+        if len(e.indices) != 1 or e.indices[0] != self.column:
+            raise _Refused
+        if e.op in ("max", "logsumexp"):
+            self.row_of_matrix(e.body)
+            self.exponentials |= e.op == "logsumexp"
+            return Stat(e.op)
+        body = e.body
+        if e.op != "sum" or not (isinstance(body, ast.Call) and body.func == "exp" and
+                                 len(body.args) == 1):
+            raise _Refused
+        shifted = body.args[0]
+        if not (isinstance(shifted, ast.Binary) and shifted.op == "-"):
+            raise _Refused
+        self.row_of_matrix(shifted.left)
+        if not self.is_maximum(shifted.right):
+            raise _Refused
+        self.exponentials = True
+        return Stat("sum")
+
+    def is_maximum(self, e) -> bool:
+        """Whether ``e`` is the row maximum of the matrix (read or written out)."""
+        if isinstance(e, ast.Reduce):
+            saved = self.column
+            try:
+                if len(e.indices) != 1 or e.op != "max":
+                    return False
+                self.column = e.indices[0]
+                self.row_of_matrix(e.body)
+                return True
+            finally:
+                self.column = saved
+        if isinstance(e, ast.Access):
+            found = self.read(e, as_value=True)
+            return isinstance(found, MemberValue) and \
+                self.values[found.number] == Stat("max")
+        return False
+
+    def row_of_matrix(self, e) -> None:
+        """``e`` must be ``X[i, j]`` (the row index, the column index) of the one
+        matrix of the group, an input."""
+        if not isinstance(e, ast.Access) or len(e.indices) != 2 or \
+                tuple(s.plain_index for s in e.indices) != (self.row, self.column):
+            raise _Refused
+        key = self.names.get(e.tensor)
+        if not isinstance(key, str) or self.matrix not in (None, key):
+            raise _Refused
+        self.matrix = key
+        self.keys.append(key)
+
+    def read(self, e: ast.Access, as_value: bool):
+        """A read of the row's values (no column index in it)."""
+        source = self.names.get(e.tensor)
+        if source is None:
+            raise _Refused
+        subscripts = tuple(self.subscript(s) for s in e.indices)
+        if isinstance(source, MemberValue):
+            if subscripts != (Subscript(0, 1),):
+                raise _Refused
+            return source
+        self.keys.append(source)
+        return Read(source, subscripts)
+
+    def subscript(self, s: ast.IndexExpr) -> Subscript:
+        if s.quasi or any(name != self.row for name, _ in s.terms):
+            raise _Refused      # the column index, another index, // or %
+        row = sum(c for _, c in s.terms)
+        gathers = []
+        for access, coefficient in s.gathers:
+            found = self.read(access, as_value=False)
+            if not isinstance(found, Read):
+                raise _Refused      # (a member's result as an index: not an index array)
+            gathers.append((found, coefficient))
+        return Subscript(s.constant, row, tuple(gathers))
+
+
+class _Refused(Exception):
+    """A part of a member that is no row value."""
