@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from typing import Dict, Optional, Tuple
 
 from ..lang import ast
+from .slots import buffer_slots
 
 # the per-row functions the row values take (backends/c/row_values.py: their NumPy
 # twins give the C functions' values up to rounding)
@@ -92,16 +93,34 @@ class RowStatistics:
 
 
 def row_statistics(members) -> Optional[RowStatistics]:
-    """The group as the row statistics of one matrix and per-row values, or None."""
+    """The fusion group (schedule/fusion.Member's) as the row statistics of one matrix
+    and per-row values, or None."""
+    return _statistics([(m.kernel.spec, m.outer, m.call.options, m.plan.slots[:-1],
+                         m.reads, m.sources) for m in members])
+
+
+def statement_statistics(spec, options) -> Optional[RowStatistics]:
+    """The same for one statement run alone (its arrays' keys are its names): where it
+    is a log-sum-exp or a cross-entropy written as one statement (``logsumexp[j]``,
+    the canonical form of ``max + log(sum(exp(x - max)))``, rewrite/rules.py)."""
+    if spec.assign != ":=" or len(spec.output_indices) != 1:
+        return None
+    slots = buffer_slots(spec)[:-1]
+    return _statistics([(spec, spec.output_indices[0], options, slots, {},
+                         tuple(tensor for tensor, _ in slots))])
+
+
+def _statistics(parts) -> Optional[RowStatistics]:
+    """``parts``: per member (spec, its row index, options, its input slots (tensor,
+    role), slot -> (producer member, slot) for reads of earlier members, per slot the
+    environment key read)."""
     reader = _Reader()
     values = []
-    for number, member in enumerate(members):
-        spec = member.kernel.spec
-        if spec.assign != ":=" or spec.params or spec.output_indices != (member.outer,) or \
-                member.call.options.pad is not None or \
-                member.call.options.bounds not in BOUNDS_TAKEN:
+    for number, (spec, outer, options, slots, reads, sources) in enumerate(parts):
+        if spec.assign != ":=" or spec.params or spec.output_indices != (outer,) or \
+                options.pad is not None or options.bounds not in BOUNDS_TAKEN:
             return None
-        value = reader.member(member, number, values)
+        value = reader.member(spec, outer, slots, reads, sources, values)
         if value is None:
             return None
         values.append(value)
@@ -120,23 +139,22 @@ class _Reader:
         self.keys = []                        # input keys, in order of first use
         self.exponentials = False             # a sum of exponentials or a logsumexp seen
 
-    def member(self, member, number: int, values):
-        spec = member.kernel.spec
+    def member(self, spec, outer: str, slots, reads, sources, values):
         names: Dict[str, object] = {}
-        for slot, (tensor, role) in enumerate(member.plan.slots[:-1]):
-            if slot in member.reads:
+        for slot, (tensor, role) in enumerate(slots):
+            if slot in reads:
                 if role != "value":
                     return None
-                names[tensor] = MemberValue(member.reads[slot][0])
+                names[tensor] = MemberValue(reads[slot][0])
             else:
-                key = member.sources[slot] if slot < len(member.sources) else None
+                key = sources[slot] if slot < len(sources) else None
                 if key is None:
                     return None
                 names[tensor] = key
-        others = [n for n in spec.all_indices if n != member.outer]
+        others = [n for n in spec.all_indices if n != outer]
         if len(set(others)) > 1:
             return None
-        self.row, self.column = member.outer, others[0] if others else None
+        self.row, self.column = outer, others[0] if others else None
         self.names, self.values = names, values
         try:
             return self.value(spec.rhs)
@@ -149,7 +167,7 @@ class _Reader:
         if isinstance(e, ast.Reduce):
             return self.statistic(e)
         if isinstance(e, ast.Access):
-            return self.read(e, as_value=True)
+            return self.read(e)
         if isinstance(e, ast.Unary):
             inner = self.value(e.operand)
             return Apply("neg", (inner,)) if e.op == "-" else inner
@@ -199,7 +217,7 @@ class _Reader:
             finally:
                 self.column = saved
         if isinstance(e, ast.Access):
-            found = self.read(e, as_value=True)
+            found = self.read(e)
             return isinstance(found, MemberValue) and \
                 self.values[found.number] == Stat("max")
         return False
@@ -216,7 +234,7 @@ class _Reader:
         self.matrix = key
         self.keys.append(key)
 
-    def read(self, e: ast.Access, as_value: bool):
+    def read(self, e: ast.Access):
         """A read of the row's values (no column index in it)."""
         source = self.names.get(e.tensor)
         if source is None:
@@ -235,7 +253,7 @@ class _Reader:
         row = sum(c for _, c in s.terms)
         gathers = []
         for access, coefficient in s.gathers:
-            found = self.read(access, as_value=False)
+            found = self.read(access)
             if not isinstance(found, Read):
                 raise _Refused      # (a member's result as an index: not an index array)
             gathers.append((found, coefficient))

@@ -25,17 +25,18 @@ from __future__ import annotations
 import ctypes
 import threading
 from dataclasses import dataclass
-from typing import Dict, Optional, Sequence, Tuple
+from typing import Dict, Optional, Sequence, Tuple, Type
 
 import numpy as np
 
 from ...errors import BackendError
 from ...plan.row_kernel import (NEVER_WRITTEN, RowKernel, RowPattern,  # noqa: F401
                                 row_input)
+from ...plan.row_statistics import statement_statistics
 from . import build as c_build, call as c_call, row_values
 from .backend import _ARGTYPES, _VECTOR_BYTES
 from .rows_source import source
-from .threads import free_threads
+from .threads import fixed_thread_count, free_threads
 
 
 _lock = threading.Lock()
@@ -197,3 +198,45 @@ def prepared_runner(group: RowKernel, members, adaptive: bool, threads: int):
         return True
     runner.keep = launch
     return runner
+
+
+def statement_runner(call, flagged: Type[Exception]):
+    """``run(named)`` for a statement run alone that the schedule gave the log-sum-exp
+    row kernel (schedule/library.py: Library.ROW_STATISTICS, from
+    plan/row_statistics.statement_statistics: ``logsumexp[j](X[i,j])``, a cross-entropy
+    as one statement), raising ``flagged`` where a gathered index leaves its axis (the
+    full path then names it); None where this call needs more than the kernel takes
+    (other extents than whole rows, a dtype it has no kernel for): the generic
+    prepared kernel then."""
+    statistics = statement_statistics(call.spec, call.options)
+    working = np.dtype(call.dtypes.working)
+    if statistics is None or working not in (np.float32, np.float64) or \
+            call.dtypes.result != working or c_build.find_compiler() is None:
+        return None
+    shape = tuple(call.arrays.shapes[statistics.matrix])
+    if len(shape) != 2 or 0 in shape:
+        return None
+    rows, n = shape
+    ranges, outer = call.bounds.range_map, call.spec.output_indices[0]
+    if ranges[outer] != (0, rows) or \
+            any(r != (0, n) for name, r in ranges.items() if name != outer):
+        return None
+    group = RowKernel(RowPattern.LOGSUMEXP, (statistics.matrix,) + statistics.inputs, (),
+                      statistics)
+    fixed = fixed_thread_count(call.options.threads, call.bounds.points)
+    launches: Dict[int, _Launch] = {}
+    item = working.itemsize
+
+    def run(named):
+        x = np.asarray(named[statistics.matrix]).astype(working, copy=False)
+        if x.strides[1] != item or x.strides[0] < 0 or x.strides[0] % item:
+            x = np.ascontiguousarray(x)      # (rows the kernel cannot step through)
+        launch = launches.get(x.strides[0])
+        if launch is None:
+            launch = launches.setdefault(x.strides[0], _launch(group, x))
+        inputs = [x] + [np.asarray(named[key]) for key in statistics.inputs]
+        out = np.empty(rows, working)
+        if not _statistics_run(group, launch, inputs, [out], fixed or free_threads()):
+            raise flagged("an index value out of bounds")
+        return out
+    return run
