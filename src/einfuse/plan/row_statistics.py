@@ -14,10 +14,10 @@ That covers each way of writing a log-sum-exp or a cross-entropy as statements::
 
 The matrix is read once per row by the kernel (backends/c/rows_source.ef_lse_rows,
 which computes M and S as the statements do, NaN and infinite rows included); what is
-left of each member is a value per row, evaluated over whole columns of row values
-(backends/c/row_values.py): a few operations on vectors of ``rows`` elements, where
-the generic fused kernel calls the exponential per element through libmvec and the
-statement ``logsumexp[j]`` alone runs a scalar running maximum.
+left of each member is a value per row, printed into the same kernel after the row's
+statistics (backends/c/row_values.py), where the generic fused kernel calls the
+exponential per element through libmvec and the statement ``logsumexp[j]`` alone runs
+a scalar running maximum.
 
 ``logsumexp[j](X[i,j])`` is ``M + log(S)`` where M is finite; where it is not (a row of
 -inf, a row holding inf, a NaN) it is M itself, which is what the one-pass running
@@ -29,13 +29,13 @@ runs the generic fused kernel."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Dict, Optional, Tuple
+from typing import Dict, FrozenSet, Optional, Tuple
 
 from ..lang import ast
 from .slots import buffer_slots
 
-# the per-row functions the row values take (backends/c/row_values.py: their NumPy
-# twins give the C functions' values up to rounding)
+# the per-row functions the row values take (backends/c/row_values.py prints them as
+# the C library's, as the generic kernel does)
 ROW_FUNCTIONS = ("exp", "log", "log1p", "expm1", "sqrt", "abs", "tanh")
 ROW_BINARY = ("+", "-", "*", "/", "<", "<=", ">", ">=", "==", "!=", "&", "|")
 BOUNDS_TAKEN = ("check", "promise")     # an index out of bounds: the statements say so
@@ -86,10 +86,17 @@ class Apply:
 @dataclass(frozen=True)
 class RowStatistics:
     """The rule's answer: the matrix's key, the other input keys the values read, and
-    each member's value."""
+    each member's value; which of the inputs are index arrays (read in subscripts
+    only) and each input's number of axes."""
     matrix: str
     inputs: Tuple[str, ...]
     values: Tuple[object, ...]
+    index_keys: FrozenSet[str] = frozenset()
+    axes: Tuple[Tuple[str, int], ...] = ()
+
+    @property
+    def ndims(self) -> Dict[str, int]:
+        return dict(self.axes)
 
 
 def row_statistics(members) -> Optional[RowStatistics]:
@@ -127,7 +134,11 @@ def _statistics(parts) -> Optional[RowStatistics]:
     if reader.matrix is None or not reader.exponentials:
         return None
     inputs = tuple(k for k in dict.fromkeys(reader.keys) if k != reader.matrix)
-    return RowStatistics(reader.matrix, inputs, tuple(values))
+    indices = frozenset(k for k, role in reader.roles.items() if role == "index")
+    if reader.matrix in indices:
+        return None
+    return RowStatistics(reader.matrix, inputs, tuple(values), indices,
+                         tuple((k, reader.axes[k]) for k in inputs))
 
 
 class _Reader:
@@ -137,6 +148,8 @@ class _Reader:
         self.matrix: Optional[str] = None     # the key of the matrix X
         self.column: Optional[str] = None     # (per member: its column index)
         self.keys = []                        # input keys, in order of first use
+        self.roles: Dict[str, str] = {}       # key -> "value" or "index" (one of them)
+        self.axes: Dict[str, int] = {}        # key -> its number of axes
         self.exponentials = False             # a sum of exponentials or a logsumexp seen
 
     def member(self, spec, outer: str, slots, reads, sources, values):
@@ -167,7 +180,7 @@ class _Reader:
         if isinstance(e, ast.Reduce):
             return self.statistic(e)
         if isinstance(e, ast.Access):
-            return self.read(e)
+            return self.read(e, "value")
         if isinstance(e, ast.Unary):
             inner = self.value(e.operand)
             return Apply("neg", (inner,)) if e.op == "-" else inner
@@ -217,7 +230,7 @@ class _Reader:
             finally:
                 self.column = saved
         if isinstance(e, ast.Access):
-            found = self.read(e)
+            found = self.read(e, "value")
             return isinstance(found, MemberValue) and \
                 self.values[found.number] == Stat("max")
         return False
@@ -233,9 +246,15 @@ class _Reader:
             raise _Refused
         self.matrix = key
         self.keys.append(key)
+        self.role(key, "value", 2)
 
-    def read(self, e: ast.Access):
-        """A read of the row's values (no column index in it)."""
+    def role(self, key: str, role: str, axes: int) -> None:
+        if self.roles.setdefault(key, role) != role or self.axes.setdefault(key, axes) != axes:
+            raise _Refused      # (an array read both as values and as indices)
+
+    def read(self, e: ast.Access, role: str):
+        """A read of the row's values (no column index in it); ``role``: "value", or
+        "index" for a gather's index array."""
         source = self.names.get(e.tensor)
         if source is None:
             raise _Refused
@@ -245,6 +264,7 @@ class _Reader:
                 raise _Refused
             return source
         self.keys.append(source)
+        self.role(source, role, len(subscripts))
         return Read(source, subscripts)
 
     def subscript(self, s: ast.IndexExpr) -> Subscript:
@@ -253,7 +273,7 @@ class _Reader:
         row = sum(c for _, c in s.terms)
         gathers = []
         for access, coefficient in s.gathers:
-            found = self.read(access)
+            found = self.read(access, "index")
             if not isinstance(found, Read):
                 raise _Refused      # (a member's result as an index: not an index array)
             gathers.append((found, coefficient))

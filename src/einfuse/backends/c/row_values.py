@@ -1,107 +1,188 @@
-"""The per-row values of the log-sum-exp row kernel (plan/row_statistics.py decides
-them): once the C kernel has each row's maximum M and sum of shifted exponentials S
-(rows_source.ef_lse_rows), every member of the group is a value per row, computed
-here over whole vectors of rows with NumPy -- a handful of operations on ``rows``
-elements, against the kernel's ``rows x n``.
+"""C source of the log-sum-exp row kernel for one group (plan/row_statistics.py decides
+what it computes): each row's maximum M and sum of shifted exponentials S, as
+rows_source.ef_lse_rows computes them (one read of the row from memory, the sum from
+the L1 cache), then every member's value for that row, printed here from the group's
+value trees -- while the row is still in the cache, so that a label's logit
+``X[i, t[i]]`` costs a load, and with no per-call work but the kernel call.
 
-The gathers (a label's logit ``X[i, t[i]]``) are taken first, before the kernel runs,
-and an index outside its axis makes the run decline (:func:`gathered` gives None): the
-statements then run one by one and raise their own error, so nothing is delivered.
-Every value is computed in the group's working dtype (numbers as scalars of it), so
-that each operation rounds as the statement's does; the functions are NumPy's, which
-give the C library's values up to rounding."""
+The kernel's buffers are the matrix, the members' outputs (one value per row each, in
+the members' order), then the other inputs in ``RowStatistics.inputs`` order (values
+in the working type, index arrays as int64); its ints are the rows, the row length,
+the matrix's row stride, then per other input its shape and strides (in elements).
+A gathered index outside its axis sets the error flag (the row's values are not
+written): the caller then declines the run and the statements name the value.
+
+Functions are the C library's (``expf``, ``logf`` ...: the generic kernel's own), a
+``logsumexp`` is ``M + log(S)`` where M is finite and M where it is not (the running
+maximum's value for a row of -inf, a row holding inf, a NaN)."""
 
 from __future__ import annotations
 
-from typing import Dict, Optional, Sequence
+import math
+from typing import Dict, List, Tuple
 
 import numpy as np
 
 from ...plan.row_statistics import (Apply, Const, MemberValue, Read, RowStatistics, Stat,
                                     Subscript)
+from .rows_source import source as rows_source
 
-_FUNCTIONS = {"exp": np.exp, "log": np.log, "log1p": np.log1p, "expm1": np.expm1,
-              "sqrt": np.sqrt, "abs": np.abs, "tanh": np.tanh, "neg": np.negative,
-              "square": lambda a: a * a}
-_BINARY = {"+": np.add, "-": np.subtract, "*": np.multiply, "/": np.true_divide,
-           "<": np.less, "<=": np.less_equal, ">": np.greater, ">=": np.greater_equal,
-           "==": np.equal, "!=": np.not_equal, "&": np.logical_and, "|": np.logical_or}
+FUNCTION = "ef_lse_values_call"
+_FUNCTIONS = {"exp": "exp", "log": "log", "log1p": "log1p", "expm1": "expm1",
+              "sqrt": "sqrt", "abs": "fabs", "tanh": "tanh"}
+_COMPARE = ("<", "<=", ">", ">=", "==", "!=")
+
+_KERNEL = r"""
+/* bufs: X, the members' outputs, the other inputs; ints: rows, n, ldx, then per other
+   input its shape and strides */
+void %(name)s(void **bufs, const int64_t *ints, const double *dprm,
+              const int64_t *iprm, const double *fills, int nthreads, int32_t *err) {
+  (void)dprm; (void)iprm; (void)fills;
+  const T *X = (const T *)bufs[0];
+  const int64_t rows = ints[0], n = ints[1], ldx = ints[2];
+%(declarations)s
+  const int nth = nthreads > 0 ? nthreads : omp_get_max_threads();
+  int32_t bad = 0;
+  #pragma omp parallel num_threads(nth) reduction(|:bad)
+  {
+    const int64_t parts = omp_get_num_threads(), part = omp_get_thread_num();
+    const int64_t lo = rows / parts * part + (part < rows %% parts ? part : rows %% parts);
+    const int64_t hi = lo + rows / parts + (part < rows %% parts);
+    for (int64_t i = lo; i < hi; ++i) {
+      const T *x = X + i * ldx;
+      T low = 0;
+      T m = ef_row_range(x, n, &low);
+      T s = ef_exp_row(x, (T *)x, n, m, ef_fast_row(m, low),
+                       ef_ahead_row(X, i, hi, ldx, n), 0);
+      if (s != s) {
+        m = ef_row_max(x, n);
+        s = ef_exp_row(x, (T *)x, n, m, 0, x, 0);
+      }
+      const T lse = isfinite(m) ? m + EF_FN(log)(s) : m;
+      (void)lse;
+%(body)s
+    }
+  }
+  if (bad) *err = 1;
+}
+"""
 
 
-def gathered(statistics: RowStatistics, arrays: Dict[str, np.ndarray], rows: int
-             ) -> Optional[Dict[Read, np.ndarray]]:
-    """Each read of the members' values, row by row (``arrays``: the inputs by key);
-    None where a subscript leaves its axis."""
-    found: Dict[Read, np.ndarray] = {}
-    counter = np.arange(rows)
-    for value in statistics.values:
-        for read in _reads(value):
-            if read not in found:
-                taken = _take(read, arrays, counter, found)
-                if taken is None:
-                    return None
-                found[read] = taken
+def values_source(statistics: RowStatistics, dtype: np.dtype, vector_bytes: int) -> str:
+    """The row kernels' source with this group's kernel (FUNCTION) added."""
+    return rows_source(dtype, vector_bytes) + _Printer(statistics).kernel()
+
+
+def ints_of(statistics: RowStatistics, inputs) -> np.ndarray:
+    """The kernel's ints for the matrix and the other inputs (``inputs``, the matrix
+    first, as the kernel takes them: RowStatistics.inputs' order)."""
+    x = inputs[0]
+    ints = [x.shape[0], x.shape[1], x.strides[0] // x.itemsize]
+    for array in inputs[1:]:
+        ints += list(array.shape) + [s // array.itemsize for s in array.strides]
+    return np.array(ints, dtype=np.int64)
+
+
+def kernel_inputs(statistics: RowStatistics, arrays, working: np.dtype):
+    """The other inputs in the kernel's types (values in ``working``, index arrays as
+    int64), each with strides a whole number of elements."""
+    found = []
+    for key in statistics.inputs:
+        target = np.dtype(np.int64) if key in statistics.index_keys else working
+        array = np.asarray(arrays[key]).astype(target, copy=False)
+        if any(s % array.itemsize for s in array.strides):
+            array = np.ascontiguousarray(array)
+        found.append(array)
     return found
 
 
-def _reads(value):
-    """The reads of a value's tree, outermost first."""
-    if isinstance(value, Read):
-        yield value
-    elif isinstance(value, Apply):
-        for arg in value.args:
-            yield from _reads(arg)
+class _Printer:
+    def __init__(self, statistics: RowStatistics):
+        self.statistics = statistics
+        self.members = len(statistics.values)
+        self.reads: Dict[Read, str] = {}
+        self.lines: List[str] = []
+
+    def kernel(self) -> str:
+        declarations = [f"  T *O{k} = (T *)bufs[{1 + k}];" for k in range(self.members)]
+        offset = 3
+        self.layout: Dict[str, Tuple[str, int, int]] = {}
+        for number, key in enumerate(self.statistics.inputs):
+            ndim = self.statistics.ndims[key]
+            ctype = "int64_t" if key in self.statistics.index_keys else "T"
+            declarations.append(f"  const {ctype} *A{number} = (const {ctype} *)"
+                                f"bufs[{1 + self.members + number}];")
+            self.layout[key] = (f"A{number}", offset, ndim)
+            offset += 2 * ndim
+        for k, value in enumerate(self.statistics.values):
+            self.lines.append(f"      const T v{k} = (T)({self.value(value)});")
+        body = list(self.lines)
+        body += [f"      O{k}[i] = v{k};" for k in range(self.members)]
+        return _KERNEL % {"name": FUNCTION, "declarations": "\n".join(declarations),
+                          "body": "\n".join(body)}
+
+    def value(self, node) -> str:
+        if isinstance(node, Const):
+            return _literal(node.value)
+        if isinstance(node, Stat):
+            return {"max": "m", "sum": "s", "logsumexp": "lse"}[node.name]
+        if isinstance(node, MemberValue):
+            return f"v{node.number}"
+        if isinstance(node, Read):
+            return self.read(node)
+        args = [self.value(a) for a in node.args]
+        op = node.op
+        if op == "where":
+            return f"(({args[0]}) ? (T)({args[1]}) : (T)({args[2]}))"
+        if op == "neg":
+            return f"(-({args[0]}))"
+        if op == "square":
+            return f"ef_square((T)({args[0]}))"
+        if op in ("&", "|"):
+            return f"((({args[0]}) != 0) {op} (({args[1]}) != 0))"
+        if op in _COMPARE or op in "+-*/":
+            return f"(({args[0]}) {op} ({args[1]}))"
+        return f"EF_FN({_FUNCTIONS[op]})((T)({args[0]}))"
+
+    def read(self, read: Read) -> str:
+        """A local holding the read's value in this row (its subscripts checked first:
+        out of its axis, the row's values are skipped and the flag raised)."""
+        found = self.reads.get(read)
+        if found is not None:
+            return found
+        if read.key == self.statistics.matrix:
+            pointer, extents, strides = "X", ["rows", "n"], ["ldx", "1"]
+            ctype = "T"
+        else:
+            pointer, offset, ndim = self.layout[read.key]
+            extents = [f"ints[{offset + a}]" for a in range(ndim)]
+            strides = [f"ints[{offset + ndim + a}]" for a in range(ndim)]
+            ctype = "int64_t" if read.key in self.statistics.index_keys else "T"
+        positions = [self.subscript(s) for s in read.subscripts]   # (its gathers first)
+        name = f"r{len(self.reads)}"
+        terms = []
+        for axis, value in enumerate(positions):
+            position = f"{name}_{axis}"
+            self.lines.append(f"      const int64_t {position} = {value};")
+            self.lines.append(f"      if ((uint64_t){position} >= (uint64_t){extents[axis]})"
+                              " { bad = 1; continue; }")
+            terms.append(f"{position} * {strides[axis]}")
+        self.lines.append(f"      const {ctype} {name} = {pointer}[{' + '.join(terms) or '0'}];")
+        self.reads[read] = name
+        return name
+
+    def subscript(self, subscript: Subscript) -> str:
+        parts = [f"(int64_t){subscript.constant}"]
+        if subscript.row:
+            parts.append(f"(int64_t){subscript.row} * i")
+        for read, coefficient in subscript.gathers:
+            parts.append(f"(int64_t){coefficient} * {self.read(read)}")
+        return " + ".join(parts)
 
 
-def _take(read: Read, arrays, counter: np.ndarray, found) -> Optional[np.ndarray]:
-    array = arrays[read.key]
-    if array.ndim != len(read.subscripts):
-        return None
-    if read.subscripts == (Subscript(0, 1),) and array.shape[0] >= len(counter):
-        return array[:len(counter)]
-    where = []
-    for axis, subscript in enumerate(read.subscripts):
-        position = subscript.constant + subscript.row * counter
-        for index, coefficient in subscript.gathers:
-            values = found.get(index)
-            if values is None:
-                values = _take(index, arrays, counter, found)
-                if values is None or values.dtype.kind not in "iub":
-                    return None
-                found[index] = values
-            position = position + coefficient * values.astype(np.int64, copy=False)
-        if len(counter) and (position.min() < 0 or position.max() >= array.shape[axis]):
-            return None
-        where.append(position)
-    return array[tuple(where)]
-
-
-def evaluate(statistics: RowStatistics, reads: Dict[Read, np.ndarray], maxima: np.ndarray,
-             sums: np.ndarray, outs: Sequence[np.ndarray]) -> None:
-    """Each member's value into its output (``outs``, in the members' order)."""
-    working = maxima.dtype
-    stats: Dict[str, np.ndarray] = {"max": maxima, "sum": sums}
-    with np.errstate(all="ignore"):
-        # a log-sum-exp is the maximum itself where that is not finite (the running
-        # maximum's value: -inf for a row of -inf, inf, NaN)
-        stats["logsumexp"] = np.where(np.isfinite(maxima), maxima + np.log(sums), maxima)
-
-        def value(node):
-            if isinstance(node, Const):
-                return working.type(node.value)
-            if isinstance(node, Stat):
-                return stats[node.name]
-            if isinstance(node, MemberValue):
-                return outs[node.number]
-            if isinstance(node, Read):
-                taken = reads[node]
-                return taken if taken.dtype == working else taken.astype(working)
-            args = [value(a) for a in node.args]
-            if node.op == "where":
-                return np.where(*args)
-            if node.op in _BINARY:
-                return _BINARY[node.op](*args)
-            return _FUNCTIONS[node.op](*args)
-
-        for number, node in enumerate(statistics.values):
-            np.copyto(outs[number], value(node), casting="unsafe")
+def _literal(value: float) -> str:
+    if math.isnan(value):
+        return "(T)NAN"
+    if math.isinf(value):
+        return "(T)INFINITY" if value > 0 else "(-(T)INFINITY)"
+    return f"(T){float(value).hex()}"

@@ -82,15 +82,44 @@ class _Launch:
     doubles: np.ndarray
     addresses: Tuple[int, int] = (0, 0)
 
-    def __call__(self, arrays: Tuple[np.ndarray, ...], threads: int) -> None:
+    def __call__(self, arrays: Tuple[np.ndarray, ...], threads: int) -> int:
+        """The kernel run on ``arrays``; its error flag (a gathered index out of
+        bounds: only the log-sum-exp kernel's values gather)."""
         caller = c_call.caller()
         ints, doubles = self.addresses
         if caller is not None and len(arrays) <= c_call.MAX_BUFFERS:
-            caller(self.entry, arrays, ints, doubles, ints, doubles, threads)
-            return
+            return caller(self.entry, arrays, ints, doubles, ints, doubles, threads)
         pointers = (ctypes.c_void_p * len(arrays))(*[a.ctypes.data for a in arrays])
-        self.function(pointers, ints, doubles, ints, doubles, threads,
-                      ctypes.byref(ctypes.c_int32(0)))
+        error = ctypes.c_int32(0)
+        self.function(pointers, ints, doubles, ints, doubles, threads, ctypes.byref(error))
+        return error.value
+
+
+_values_libraries: Dict[Tuple, object] = {}
+
+
+def _values_function(statistics, dtype: np.dtype):
+    """The log-sum-exp kernel of this group's values (row_values.py), compiled once."""
+    key = (statistics, dtype)
+    found = _values_libraries.get(key)
+    if found is None:
+        found = getattr(c_build.load(row_values.values_source(statistics, dtype,
+                                                              _VECTOR_BYTES)),
+                        row_values.FUNCTION)
+        found.argtypes = _ARGTYPES
+        found.restype = None
+        with _lock:
+            found = _values_libraries.setdefault(key, found)
+    return found
+
+
+def _statistics_launch(group: RowKernel, inputs) -> _Launch:
+    """The log-sum-exp kernel's launch for inputs of these layouts (the matrix first,
+    then the other inputs as the kernel takes them)."""
+    function = _values_function(group.statistics, inputs[0].dtype)
+    ints, doubles = row_values.ints_of(group.statistics, inputs), np.zeros(1)
+    return _Launch(function, ctypes.cast(function, ctypes.c_void_p).value, ints, doubles,
+                   (ints.ctypes.data, doubles.ctypes.data))
 
 
 def _launch(group: RowKernel, x: np.ndarray) -> _Launch:
@@ -100,8 +129,6 @@ def _launch(group: RowKernel, x: np.ndarray) -> _Launch:
     elif group.pattern is RowPattern.LAYERNORM:
         n1, _, n2, eps = group.constants
         function, doubles = library.ef_layernorm_call, np.array([n1, n2, eps])
-    elif group.pattern is RowPattern.LOGSUMEXP:
-        function, doubles = library.ef_lse_call, np.zeros(1)
     else:
         raise BackendError(f"no row kernel for {group.pattern}")
     rows, n = x.shape
@@ -118,23 +145,23 @@ def _arrays(group: RowKernel, inputs: Sequence[np.ndarray], outs) -> Tuple[np.nd
     return tuple(inputs) + tuple(outs)
 
 
-def _call(group: RowKernel, launch: _Launch, arrays, threads: int) -> None:
-    launch(arrays, threads)
+def _call(group: RowKernel, launch: _Launch, arrays, threads: int) -> int:
+    return launch(arrays, threads)
 
 
 def _statistics_run(group: RowKernel, launch: _Launch, inputs, outs, threads: int) -> bool:
     """The log-sum-exp kernel: each row's maximum and sum of shifted exponentials, then
-    the members' values from them; False (nothing run) where a gather's index leaves
-    its axis."""
-    rows = inputs[0].shape[0]
-    reads = row_values.gathered(group.statistics, dict(zip(group.inputs, inputs)), rows)
-    if reads is None:
-        return False
-    maxima = np.empty(rows, inputs[0].dtype)
-    sums = np.empty(rows, inputs[0].dtype)
-    _call(group, launch, (inputs[0], maxima, sums), threads)
-    row_values.evaluate(group.statistics, reads, maxima, sums, outs)
-    return True
+    the members' values from them (``inputs``: the matrix, then the other inputs as
+    row_values.kernel_inputs gives them); False where a gathered index left its axis
+    (what was written is not to be delivered)."""
+    return not _call(group, launch, (inputs[0],) + tuple(outs) + tuple(inputs[1:]), threads)
+
+
+def _statistics_inputs(group: RowKernel, arrays):
+    """The matrix and the other inputs (``arrays``, in group.inputs' order) as the
+    log-sum-exp kernel takes them."""
+    return [arrays[0]] + row_values.kernel_inputs(
+        group.statistics, dict(zip(group.inputs[1:], arrays[1:])), arrays[0].dtype)
 
 
 def run(group: RowKernel, members, threads: int) -> Optional[dict]:
@@ -145,7 +172,9 @@ def run(group: RowKernel, members, threads: int) -> Optional[dict]:
     inputs = [row_input(members, group, k) for k in range(len(group.inputs))]
     outs = [m.buffers[-1] for m in members]
     if group.pattern is RowPattern.LOGSUMEXP:
-        done = _statistics_run(group, _launch(group, inputs[0]), inputs, outs, threads)
+        inputs = _statistics_inputs(group, inputs)
+        done = _statistics_run(group, _statistics_launch(group, inputs), inputs, outs,
+                               threads)
         return {} if done else None
     _call(group, _launch(group, inputs[0]), _arrays(group, inputs, outs), threads)
     return {}
@@ -173,7 +202,10 @@ def prepared_runner(group: RowKernel, members, adaptive: bool, threads: int):
     never = NEVER_WRITTEN[group.pattern]
     shapes = tuple((k, tuple(m.buffers[-1].shape)) for k, m in enumerate(members)
                    if k not in never)
-    launch = _launch(group, row_input(members, group, 0))
+    bound = [row_input(members, group, k) for k in range(len(group.inputs))]
+    statistics = group.pattern is RowPattern.LOGSUMEXP
+    launch = _statistics_launch(group, _statistics_inputs(group, bound)) if statistics \
+        else _launch(group, bound[0])
 
     def runner(env, keys) -> bool:
         inputs = []
@@ -187,7 +219,8 @@ def prepared_runner(group: RowKernel, members, adaptive: bool, threads: int):
         for k, shape in shapes:
             outs[k] = np.empty(shape, working)
         count = (free_threads() or threads) if adaptive else threads
-        if group.pattern is RowPattern.LOGSUMEXP:
+        if statistics:      # (the same layouts as the bound arrays': launch's ints)
+            inputs = _statistics_inputs(group, inputs)
             if not _statistics_run(group, launch, inputs, outs, count):
                 return False     # an index out of bounds: the full path names it
         else:
@@ -224,17 +257,18 @@ def statement_runner(call, flagged: Type[Exception]):
     group = RowKernel(RowPattern.LOGSUMEXP, (statistics.matrix,) + statistics.inputs, (),
                       statistics)
     fixed = fixed_thread_count(call.options.threads, call.bounds.points)
-    launches: Dict[int, _Launch] = {}
+    launches: Dict[Tuple, _Launch] = {}
     item = working.itemsize
 
     def run(named):
         x = np.asarray(named[statistics.matrix]).astype(working, copy=False)
         if x.strides[1] != item or x.strides[0] < 0 or x.strides[0] % item:
             x = np.ascontiguousarray(x)      # (rows the kernel cannot step through)
-        launch = launches.get(x.strides[0])
+        inputs = _statistics_inputs(group, [x] + [named[key] for key in statistics.inputs])
+        layout = tuple((a.shape, a.strides) for a in inputs)
+        launch = launches.get(layout)
         if launch is None:
-            launch = launches.setdefault(x.strides[0], _launch(group, x))
-        inputs = [x] + [np.asarray(named[key]) for key in statistics.inputs]
+            launch = launches.setdefault(layout, _statistics_launch(group, inputs))
         out = np.empty(rows, working)
         if not _statistics_run(group, launch, inputs, [out], fixed or free_threads()):
             raise flagged("an index value out of bounds")

@@ -78,6 +78,13 @@ static inline vT ef_poly(vT r) {
   return q * r + (T)0.5;
 }
 #endif
+/* the C library's function f for T (expf or exp ...) */
+#if EF_SINGLE
+#define EF_FN(name) name##f
+#else
+#define EF_FN(name) name
+#endif
+static inline T ef_square(T a) { return a * a; }
 static inline vT ef_sel(vI m, vT a, vT b) { return (vT)((m & (vI)a) | (~m & (vI)b)); }
 static inline vT ef_splat(T x) { return (vT){} + x; }
 static inline vT ef_load(const T *p) { vT v; memcpy(&v, p, sizeof v); return v; }
