@@ -150,3 +150,27 @@ def test_explain_names_the_row_kernel():
     shown = str(ef.explain(CROSS_ENTROPY, X=np.zeros((256, 1024), np.float32),
                            t=np.zeros(256, np.int64)))
     assert "the logsumexp row kernel" in shown
+
+
+@pytest.mark.parametrize("vector_bytes", [pytest.param(16, marks=pytest.mark.slow), 32, 64])
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_every_vector_width_gives_the_statements_values(monkeypatch, row_patterns,
+                                                        vector_bytes, dtype):
+    # the SSE, AVX2 and AVX-512 builds of the kernel (the host runs each)
+    monkeypatch.setattr(c_rows, "_VECTOR_BYTES", vector_bytes)
+    monkeypatch.setattr(c_rows, "_values_libraries", {})
+    arrays = _arrays(41, 1037, dtype)
+    for text in (CROSS_ENTROPY, SPELLINGS["cross-entropy as one statement"]):
+        got = ef.compile(text)(X=arrays["X"], t=arrays["t"])
+        _compare(got, _oracle(text, arrays), dtype)
+    assert row_patterns == [c_rows.RowPattern.LOGSUMEXP] * 2
+
+
+def test_threads_do_not_change_bits(row_patterns):
+    arrays = _arrays(517, 300, "float32")
+    for text in (CROSS_ENTROPY, SPELLINGS["logsumexp"]):
+        given = {k: v for k, v in arrays.items() if f"{k}[" in text}
+        one = ef.compile(text, threads=1)(**given)
+        two = ef.compile(text, threads=2)(**given)
+        np.testing.assert_array_equal(one, two)
+    assert row_patterns == [c_rows.RowPattern.LOGSUMEXP] * 4

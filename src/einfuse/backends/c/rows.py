@@ -48,7 +48,7 @@ def _library(dtype: np.dtype) -> ctypes.CDLL:
     found = _libraries.get(dtype)
     if found is None:
         found = c_build.load(source(dtype, _VECTOR_BYTES))
-        for name in ("ef_softmax_call", "ef_layernorm_call", "ef_lse_call"):
+        for name in ("ef_softmax_call", "ef_layernorm_call"):
             function = getattr(found, name)
             function.argtypes = _ARGTYPES
             function.restype = None

@@ -1,6 +1,6 @@
-"""C source of the row kernels (backends/c/rows.py): softmax, layernorm and the
-log-sum-exp row statistics (maximum, sum of shifted exponentials) over the rows of a
-matrix, one row per OpenMP iteration, written with GCC vector extensions so that the
+"""C source of the row kernels (backends/c/rows.py): softmax and layernorm over the rows
+of a matrix (and the helpers of the log-sum-exp kernel, backends/c/row_values.py), one
+row per OpenMP iteration, written with GCC vector extensions so that the
 accumulators stay in registers and each row is read from memory once.
 
 The template is fixed: only the element type and the vector width vary; every size,
@@ -340,37 +340,6 @@ void ef_softmax_rows(const T *X, T *P, T *M, T *S, int64_t rows, int64_t n,
   }
 }
 
-/* M[i] = max(X[i,:]) (NaN where the row holds one), S[i] = sum(exp(X[i,:] - M[i])):
-   the row statistics of a log-sum-exp, a cross-entropy (backends/c/rows.py computes
-   the rest of each row from them).  A row is read from memory once, by ef_row_range,
-   and its exponentials summed from the L1 cache while the row EF_AHEAD on is
-   prefetched; nothing is written but the two numbers.  A row whose sum is NaN (a
-   NaN, or a maximum of inf or -inf: exp(inf - inf)) is taken again as the
-   statements are written, so its M and S are theirs. */
-void ef_lse_rows(const T *X, T *M, T *S, int64_t rows, int64_t n, int64_t ldx,
-                 int nthreads) {
-  const int nth = nthreads > 0 ? nthreads : omp_get_max_threads();
-  #pragma omp parallel num_threads(nth)
-  {
-    const int64_t parts = omp_get_num_threads(), part = omp_get_thread_num();
-    const int64_t lo = rows / parts * part + (part < rows %% parts ? part : rows %% parts);
-    const int64_t hi = lo + rows / parts + (part < rows %% parts);
-    for (int64_t i = lo; i < hi; ++i) {
-      const T *x = X + i * ldx;
-      T low = 0;
-      T m = ef_row_range(x, n, &low);
-      T s = ef_exp_row(x, (T *)x, n, m, ef_fast_row(m, low),
-                       ef_ahead_row(X, i, hi, ldx, n), 0);
-      if (s != s) {
-        m = ef_row_max(x, n);
-        s = ef_exp_row(x, (T *)x, n, m, 0, x, 0);
-      }
-      M[i] = m;
-      S[i] = s;
-    }
-  }
-}
-
 /* The row's compensated sum of (x - mu)**k, k = 1 (mu = 0) or 2. */
 static inline void ef_sum_block(const T *x, int64_t b, int64_t end, T mu, int square,
                                 vT *sum0, vT *sum1, const T *ahead) {
@@ -510,19 +479,14 @@ void ef_layernorm_rows(const T *X, const T *G, const T *B, T *Y, T *MU, T *V,
 }
 
 /* The same kernels with the C backend's kernel signature (backends/c/call.py calls it
-   without ctypes): bufs X, M, S, P (softmax), X, M, S (log-sum-exp statistics) or X, G,
-   B, MU, V, Y (layernorm); ints rows, n, ldx, ldp; dprm (layernorm) n1, n2, eps. */
+   without ctypes): bufs X, M, S, P (softmax) or X, G, B, MU, V, Y (layernorm); ints
+   rows, n, ldx, ldp; dprm (layernorm) n1, n2, eps.  (The log-sum-exp row kernel is
+   printed per group after these: backends/c/row_values.py.) */
 void ef_softmax_call(void **bufs, const int64_t *ints, const double *dprm,
                      const int64_t *iprm, const double *fills, int nthreads, int32_t *err) {
   (void)dprm; (void)iprm; (void)fills; (void)err;
   ef_softmax_rows((const T *)bufs[0], (T *)bufs[3], (T *)bufs[1], (T *)bufs[2],
                   ints[0], ints[1], ints[2], ints[3], nthreads);
-}
-void ef_lse_call(void **bufs, const int64_t *ints, const double *dprm,
-                 const int64_t *iprm, const double *fills, int nthreads, int32_t *err) {
-  (void)dprm; (void)iprm; (void)fills; (void)err;
-  ef_lse_rows((const T *)bufs[0], (T *)bufs[1], (T *)bufs[2], ints[0], ints[1], ints[2],
-              nthreads);
 }
 void ef_layernorm_call(void **bufs, const int64_t *ints, const double *dprm,
                        const int64_t *iprm, const double *fills, int nthreads, int32_t *err) {
