@@ -32,6 +32,7 @@ SPELLINGS = {
     "cross-entropy, logsumexp in a group": "m[i] := max[j](X[i,j])\n"
                                            "l[i] := logsumexp[j](X[i,j]) - X[i, t[i]] + 0 * m[i]",
     "cross-entropy, mean": CROSS_ENTROPY + "\nL[] := sum[i](l[i]) / 37",
+    "cross-entropy, mean as one statement": "L[] := sum[i](logsumexp[j](X[i,j]) - X[i, t[i]]) / 37",
     "weighted cross-entropy": "m[i] := max[j](X[i,j])\n"
                               "l[i] := w[i] * (log(sum[j](exp(X[i,j] - m[i]))) + m[i] - X[i, t[i]])",
     "log-softmax at the label": "m[i] := max[j](X[i,j])\n"
@@ -100,7 +101,9 @@ def test_spellings_run_the_row_kernel_with_the_statements_values(row_patterns, n
     _compare(first, _oracle(ORACLE_TEXT.get(name, text), given), dtype)
 
 
-@pytest.mark.parametrize("text", [CROSS_ENTROPY, SPELLINGS["cross-entropy as one statement"]])
+@pytest.mark.parametrize("text", [
+    CROSS_ENTROPY, SPELLINGS["cross-entropy as one statement"],
+    SPELLINGS["cross-entropy, mean as one statement"].replace("37", "64")])
 def test_an_out_of_bounds_label_is_the_statements_error(row_patterns, text):
     arrays = _arrays(64, 300, "float32")
     program = ef.compile(text)

@@ -28,7 +28,7 @@ runs the generic fused kernel."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Dict, FrozenSet, Optional, Tuple
 
 from ..lang import ast
@@ -76,6 +76,11 @@ class Const:
 
 
 @dataclass(frozen=True)
+class Total:
+    """The sum over the rows of the (one) member's values."""
+
+
+@dataclass(frozen=True)
 class Apply:
     """``op`` applied to ``args``: a function of ROW_FUNCTIONS, ``where``, a binary
     operator of ROW_BINARY, ``neg``, or ``square`` (``x**2``)."""
@@ -93,6 +98,10 @@ class RowStatistics:
     values: Tuple[object, ...]
     index_keys: FrozenSet[str] = frozenset()
     axes: Tuple[Tuple[str, int], ...] = ()
+    row: str = ""                   # the row index (of a statement run alone)
+    # a scalar statement's value from the sum over the rows of its one member's values
+    # (a :class:`Total` in it), or None: each member's values are its output
+    total: Optional[object] = None
 
     @property
     def ndims(self) -> Dict[str, int]:
@@ -102,32 +111,66 @@ class RowStatistics:
 def row_statistics(members) -> Optional[RowStatistics]:
     """The fusion group (schedule/fusion.Member's) as the row statistics of one matrix
     and per-row values, or None."""
-    return _statistics([(m.kernel.spec, m.outer, m.call.options, m.plan.slots[:-1],
-                         m.reads, m.sources) for m in members])
+    if any(m.kernel.spec.output_indices != (m.outer,) for m in members):
+        return None
+    return _statistics([(m.kernel.spec, m.kernel.spec.rhs, m.outer, m.call.options,
+                         m.plan.slots[:-1], m.reads, m.sources) for m in members])
 
 
 def statement_statistics(spec, options) -> Optional[RowStatistics]:
     """The same for one statement run alone (its arrays' keys are its names): where it
     is a log-sum-exp or a cross-entropy written as one statement (``logsumexp[j]``,
-    the canonical form of ``max + log(sum(exp(x - max)))``, rewrite/rules.py)."""
-    if spec.assign != ":=" or len(spec.output_indices) != 1:
+    the canonical form of ``max + log(sum(exp(x - max)))``, rewrite/rules.py), or the
+    sum over the rows of one (a mean cross-entropy ``L[] := sum[i](...) / N``: its
+    ``total``)."""
+    if spec.assign != ":=" or len(spec.output_indices) > 1:
         return None
     slots = buffer_slots(spec)[:-1]
-    return _statistics([(spec, spec.output_indices[0], options, slots, {},
-                         tuple(tensor for tensor, _ in slots))])
+    names = tuple(tensor for tensor, _ in slots)
+    if spec.output_indices:
+        return _statistics([(spec, spec.rhs, spec.output_indices[0], options, slots, {},
+                             names)])
+    sums = [e for e in spec.rhs.walk() if isinstance(e, ast.Reduce)]
+    if not sums or sums[0].op != "sum" or len(sums[0].indices) != 1:
+        return None
+    summed = sums[0]
+    try:
+        total = _total(spec.rhs, summed)
+    except _Refused:
+        return None
+    found = _statistics([(spec, summed.body, summed.indices[0], options, slots, {},
+                          names)])
+    return None if found is None else replace(found, total=total)
+
+
+def _total(e, summed):
+    """The scalar statement's value from its one sum over the rows (``summed``, a
+    :class:`Total` here) and numbers."""
+    if e is summed:
+        return Total()
+    if isinstance(e, ast.Number):
+        return Const(float(e.value))
+    if isinstance(e, ast.Unary):
+        inner = _total(e.operand, summed)
+        return Apply("neg", (inner,)) if e.op == "-" else inner
+    if isinstance(e, ast.Binary) and e.op in "+-*/":
+        return Apply(e.op, (_total(e.left, summed), _total(e.right, summed)))
+    if isinstance(e, ast.Call) and e.func in ROW_FUNCTIONS and len(e.args) == 1:
+        return Apply(e.func, (_total(e.args[0], summed),))
+    raise _Refused
 
 
 def _statistics(parts) -> Optional[RowStatistics]:
-    """``parts``: per member (spec, its row index, options, its input slots (tensor,
-    role), slot -> (producer member, slot) for reads of earlier members, per slot the
-    environment key read)."""
+    """``parts``: per member (spec, the value per row, its row index, options, its
+    input slots (tensor, role), slot -> (producer member, slot) for reads of earlier
+    members, per slot the environment key read)."""
     reader = _Reader()
     values = []
-    for number, (spec, outer, options, slots, reads, sources) in enumerate(parts):
-        if spec.assign != ":=" or spec.params or spec.output_indices != (outer,) or \
-                options.pad is not None or options.bounds not in BOUNDS_TAKEN:
+    for number, (spec, rhs, outer, options, slots, reads, sources) in enumerate(parts):
+        if spec.assign != ":=" or spec.params or options.pad is not None or \
+                options.bounds not in BOUNDS_TAKEN:
             return None
-        value = reader.member(spec, outer, slots, reads, sources, values)
+        value = reader.member(spec, rhs, outer, slots, reads, sources, values)
         if value is None:
             return None
         values.append(value)
@@ -138,7 +181,7 @@ def _statistics(parts) -> Optional[RowStatistics]:
     if reader.matrix in indices:
         return None
     return RowStatistics(reader.matrix, inputs, tuple(values), indices,
-                         tuple((k, reader.axes[k]) for k in inputs))
+                         tuple((k, reader.axes[k]) for k in inputs), parts[0][2])
 
 
 class _Reader:
@@ -152,7 +195,7 @@ class _Reader:
         self.axes: Dict[str, int] = {}        # key -> its number of axes
         self.exponentials = False             # a sum of exponentials or a logsumexp seen
 
-    def member(self, spec, outer: str, slots, reads, sources, values):
+    def member(self, spec, rhs, outer: str, slots, reads, sources, values):
         names: Dict[str, object] = {}
         for slot, (tensor, role) in enumerate(slots):
             if slot in reads:
@@ -170,7 +213,7 @@ class _Reader:
         self.row, self.column = outer, others[0] if others else None
         self.names, self.values = names, values
         try:
-            return self.value(spec.rhs)
+            return self.value(rhs)
         except _Refused:
             return None
 

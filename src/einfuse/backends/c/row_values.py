@@ -24,7 +24,7 @@ from typing import Dict, List, Tuple
 import numpy as np
 
 from ...plan.row_statistics import (Apply, Const, MemberValue, Read, RowStatistics, Stat,
-                                    Subscript)
+                                    Subscript, Total)
 from .rows_source import source as rows_source
 
 FUNCTION = "ef_lse_values_call"
@@ -43,9 +43,11 @@ void %(name)s(void **bufs, const int64_t *ints, const double *dprm,
 %(declarations)s
   const int nth = nthreads > 0 ? nthreads : omp_get_max_threads();
   int32_t bad = 0;
+%(total_declarations)s
   #pragma omp parallel num_threads(nth) reduction(|:bad)
   {
     const int64_t parts = omp_get_num_threads(), part = omp_get_thread_num();
+%(thread_total)s
     const int64_t lo = rows / parts * part + (part < rows %% parts ? part : rows %% parts);
     const int64_t hi = lo + rows / parts + (part < rows %% parts);
     for (int64_t i = lo; i < hi; ++i) {
@@ -62,15 +64,40 @@ void %(name)s(void **bufs, const int64_t *ints, const double *dprm,
       (void)lse;
 %(body)s
     }
+%(thread_end)s
   }
   if (bad) *err = 1;
+%(total_end)s
+}
+"""
+# a scalar statement's sum over the rows: per thread a compensated double sum of its
+# rows' values (Neumaier), the threads' sums then added in thread order
+_TOTAL = {
+    "total_declarations": "  double *totals = (double *)calloc(2 * (size_t)nth, sizeof(double));\n"
+                          "  if (!totals) { *err = 2; return; }",
+    "thread_total": "    double sum = 0, error = 0;",
+    "thread_end": "    totals[2 * part] = sum; totals[2 * part + 1] = error;",
+    "total_end": "  double sum = 0, error = 0;\n"
+                 "  for (int p = 0; p < nth; ++p) { ef_fold_double(&sum, &error, totals[2 * p]);"
+                 " error += totals[2 * p + 1]; }\n"
+                 "  free(totals);\n"
+                 "  const double total = isfinite(sum) ? sum + error : sum;\n"
+                 "  O0[0] = (T)(%(value)s);",
+}
+_PER_ROW = {"total_declarations": "", "thread_total": "", "thread_end": "", "total_end": ""}
+_FOLD = r"""
+#include <stdlib.h>
+static inline void ef_fold_double(double *s, double *c, double x) {
+  double t = *s + x;
+  *c += fabs(*s) >= fabs(x) ? (*s - t) + x : (x - t) + *s;
+  *s = t;
 }
 """
 
 
 def values_source(statistics: RowStatistics, dtype: np.dtype, vector_bytes: int) -> str:
     """The row kernels' source with this group's kernel (FUNCTION) added."""
-    return rows_source(dtype, vector_bytes) + _Printer(statistics).kernel()
+    return rows_source(dtype, vector_bytes) + _FOLD + _Printer(statistics).kernel()
 
 
 def ints_of(statistics: RowStatistics, inputs) -> np.ndarray:
@@ -117,13 +144,22 @@ class _Printer:
         for k, value in enumerate(self.statistics.values):
             self.lines.append(f"      const T v{k} = (T)({self.value(value)});")
         body = list(self.lines)
-        body += [f"      O{k}[i] = v{k};" for k in range(self.members)]
-        return _KERNEL % {"name": FUNCTION, "declarations": "\n".join(declarations),
-                          "body": "\n".join(body)}
+        parts = dict(_PER_ROW)
+        if self.statistics.total is None:
+            body += [f"      O{k}[i] = v{k};" for k in range(self.members)]
+        else:       # (one member: the summand)
+            body.append("      ef_fold_double(&sum, &error, (double)v0);")
+            parts = dict(_TOTAL)
+            parts["total_end"] = parts["total_end"] % {
+                "value": self.value(self.statistics.total)}
+        return _KERNEL % dict(parts, name=FUNCTION, declarations="\n".join(declarations),
+                              body="\n".join(body))
 
     def value(self, node) -> str:
         if isinstance(node, Const):
             return _literal(node.value)
+        if isinstance(node, Total):
+            return "total"
         if isinstance(node, Stat):
             return {"max": "m", "sum": "s", "logsumexp": "lse"}[node.name]
         if isinstance(node, MemberValue):

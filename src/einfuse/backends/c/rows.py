@@ -240,7 +240,8 @@ def statement_runner(call, flagged: Type[Exception]):
     as one statement), raising ``flagged`` where a gathered index leaves its axis (the
     full path then names it); None where this call needs more than the kernel takes
     (other extents than whole rows, a dtype it has no kernel for): the generic
-    prepared kernel then."""
+    prepared kernel then.  A scalar statement summing such values over the rows (a
+    mean cross-entropy) gets its sum from the kernel too."""
     statistics = statement_statistics(call.spec, call.options)
     working = np.dtype(call.dtypes.working)
     if statistics is None or working not in (np.float32, np.float64) or \
@@ -250,7 +251,7 @@ def statement_runner(call, flagged: Type[Exception]):
     if len(shape) != 2 or 0 in shape:
         return None
     rows, n = shape
-    ranges, outer = call.bounds.range_map, call.spec.output_indices[0]
+    ranges, outer = call.bounds.range_map, statistics.row
     if ranges[outer] != (0, rows) or \
             any(r != (0, n) for name, r in ranges.items() if name != outer):
         return None
@@ -259,6 +260,7 @@ def statement_runner(call, flagged: Type[Exception]):
     fixed = fixed_thread_count(call.options.threads, call.bounds.points)
     launches: Dict[Tuple, _Launch] = {}
     item = working.itemsize
+    shape_out = (rows,) if statistics.total is None else ()     # (a sum over the rows)
 
     def run(named):
         x = np.asarray(named[statistics.matrix]).astype(working, copy=False)
@@ -269,7 +271,7 @@ def statement_runner(call, flagged: Type[Exception]):
         launch = launches.get(layout)
         if launch is None:
             launch = launches.setdefault(layout, _statistics_launch(group, inputs))
-        out = np.empty(rows, working)
+        out = np.empty(shape_out, working)
         if not _statistics_run(group, launch, inputs, [out], fixed or free_threads()):
             raise flagged("an index value out of bounds")
         return out
