@@ -50,6 +50,8 @@ def programs(cols: int, rows: int = 4096) -> dict:
         "ce mean": ("m[i] := max[j](X[i,j])\n"
                     "l[i] := log(sum[j](exp(X[i,j] - m[i]))) + m[i] - X[i, t[i]]\n"
                     f"L[] := sum[i](l[i]) / {rows}", "cross_entropy_mean", 4 * cols + 8),
+        "ce mean (1 st)": (f"L[] := sum[i](logsumexp[j](X[i,j]) - X[i, t[i]]) / {rows}",
+                           "cross_entropy_mean", 4 * cols + 8),
     }
 
 

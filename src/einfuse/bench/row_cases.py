@@ -47,6 +47,9 @@ def _programs(cols: int, rows: int):
             "l[i] := log(sum[j](exp(X[i,j] - m[i]))) + m[i] - X[i, t[i]]\n"
             f"L[] := sum[i](l[i]) / {rows}",
             lambda F, torch: lambda X, t: F.cross_entropy(X, t), "Xt"),
+        "cross-entropy mean as one statement": (
+            f"L[] := sum[i](logsumexp[j](X[i,j]) - X[i, t[i]]) / {rows}",
+            lambda F, torch: lambda X, t: F.cross_entropy(X, t), "Xt"),
     }
 
 
