@@ -52,6 +52,7 @@ def programs(cols: int, rows: int = 4096) -> dict:
                     f"L[] := sum[i](l[i]) / {rows}", "cross_entropy_mean", 4 * cols + 8),
         "ce mean (1 st)": (f"L[] := sum[i](logsumexp[j](X[i,j]) - X[i, t[i]]) / {rows}",
                            "cross_entropy_mean", 4 * cols + 8),
+        "log-softmax": ("Y[i,j] := X[i,j] - logsumexp[k](X[i,k])", "log_softmax", 8 * cols),
     }
 
 
@@ -64,6 +65,7 @@ def torch_twin(kind: str, cols: int):
             "logsumexp": lambda X, g, b, t: torch.logsumexp(X, 1),
             "cross_entropy": lambda X, g, b, t: F.cross_entropy(X, t, reduction="none"),
             "cross_entropy_mean": lambda X, g, b, t: F.cross_entropy(X, t),
+            "log_softmax": lambda X, g, b, t: torch.log_softmax(X, 1),
             }[kind]
 
 

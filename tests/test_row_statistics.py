@@ -101,6 +101,29 @@ def test_spellings_run_the_row_kernel_with_the_statements_values(row_patterns, n
     _compare(first, _oracle(ORACLE_TEXT.get(name, text), given), dtype)
 
 
+LOG_SOFTMAX = {
+    "program": "z[i] := logsumexp[k](X[i,k])\nY[i,j] := X[i,j] - z[i]",
+    "one statement": "Y[i,j] := X[i,j] - logsumexp[k](X[i,k])",
+    "max and sum": "m[i] := max[k](X[i,k])\n"
+                   "Y[i,j] := X[i,j] - m[i] - log(sum[k](exp(X[i,k] - m[i])))",
+    "scaled": "m[i] := max[k](X[i,k])\ns[i] := sum[k](exp(X[i,k] - m[i]))\n"
+              "Y[i,j] := 2 * (X[i,j] - m[i]) - log(s[i])",
+}
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("name", list(LOG_SOFTMAX))
+def test_log_softmax_rows(row_patterns, name, dtype):
+    # members over [i, j] from the row's values and X[i, j] itself
+    text = LOG_SOFTMAX[name]
+    X = _special(40, 123, dtype)
+    program = ef.compile(text)
+    first, again = program(X=X), program(X=X)
+    np.testing.assert_array_equal(first, again)
+    assert row_patterns == [c_rows.RowPattern.LOGSUMEXP] * 2
+    _compare(first, _oracle(text, {"X": X}), dtype)
+
+
 @pytest.mark.parametrize("text", [
     CROSS_ENTROPY, SPELLINGS["cross-entropy as one statement"],
     SPELLINGS["cross-entropy, mean as one statement"].replace("37", "64")])
@@ -138,6 +161,9 @@ def test_int32_labels_and_strided_rows(row_patterns):
     # a parameter, an index as a value
     "m[i] := max[j](X[i,j])\nl[i] := a * log(sum[j](exp(X[i,j] - m[i])))",
     "m[i] := max[j](X[i,j])\nl[i] := i + log(sum[j](exp(X[i,j] - m[i])))",
+    # a member over [i, j] read by a later one; a column's array read along the row
+    "z[i] := logsumexp[k](X[i,k])\nY[i,j] := X[i,j] - z[i]\nw[i] := sum[j](Y[i,j])",
+    "z[i] := logsumexp[k](X[i,k])\nY[i,j] := X[i,j] - z[i] + X[0,j]",
 ])
 def test_other_groups_run_the_generic_kernel(row_patterns, text):
     X = np.random.default_rng(1).standard_normal((40, 300))
@@ -161,7 +187,6 @@ def test_every_vector_width_gives_the_statements_values(monkeypatch, row_pattern
                                                         vector_bytes, dtype):
     # the SSE, AVX2 and AVX-512 builds of the kernel (the host runs each)
     monkeypatch.setattr(c_rows, "_VECTOR_BYTES", vector_bytes)
-    monkeypatch.setattr(c_rows, "_values_libraries", {})
     arrays = _arrays(41, 1037, dtype)
     for text in (CROSS_ENTROPY, SPELLINGS["cross-entropy as one statement"]):
         got = ef.compile(text)(X=arrays["X"], t=arrays["t"])

@@ -47,6 +47,8 @@ def _programs(cols: int, rows: int):
             "l[i] := log(sum[j](exp(X[i,j] - m[i]))) + m[i] - X[i, t[i]]\n"
             f"L[] := sum[i](l[i]) / {rows}",
             lambda F, torch: lambda X, t: F.cross_entropy(X, t), "Xt"),
+        "log-softmax": ("Y[i,j] := X[i,j] - logsumexp[k](X[i,k])",
+                        lambda F, torch: lambda X: torch.log_softmax(X, 1), "X"),
         "cross-entropy mean as one statement": (
             f"L[] := sum[i](logsumexp[j](X[i,j]) - X[i, t[i]]) / {rows}",
             lambda F, torch: lambda X, t: F.cross_entropy(X, t), "Xt"),

@@ -76,6 +76,11 @@ class Const:
 
 
 @dataclass(frozen=True)
+class Column:
+    """The matrix's value at the output's column, in a member over [i, j]."""
+
+
+@dataclass(frozen=True)
 class Total:
     """The sum over the rows of the (one) member's values."""
 
@@ -102,6 +107,9 @@ class RowStatistics:
     # a scalar statement's value from the sum over the rows of its one member's values
     # (a :class:`Total` in it), or None: each member's values are its output
     total: Optional[object] = None
+    # per member, whether its value is a row over the columns ([i, j]: a log-softmax's
+    # X[i,j] - lse[i], computed from :class:`Column`) rather than one per row
+    grid: Tuple[bool, ...] = ()
 
     @property
     def ndims(self) -> Dict[str, int]:
@@ -111,7 +119,8 @@ class RowStatistics:
 def row_statistics(members) -> Optional[RowStatistics]:
     """The fusion group (schedule/fusion.Member's) as the row statistics of one matrix
     and per-row values, or None."""
-    if any(m.kernel.spec.output_indices != (m.outer,) for m in members):
+    if any(m.kernel.spec.output_indices[:1] != (m.outer,) or
+           len(m.kernel.spec.output_indices) > 2 for m in members):
         return None
     return _statistics([(m.kernel.spec, m.kernel.spec.rhs, m.outer, m.call.options,
                          m.plan.slots[:-1], m.reads, m.sources) for m in members])
@@ -174,6 +183,7 @@ def _statistics(parts) -> Optional[RowStatistics]:
         if value is None:
             return None
         values.append(value)
+        reader.grids.append(len(spec.output_indices) == 2)
     if reader.matrix is None or not reader.exponentials:
         return None
     inputs = tuple(k for k in dict.fromkeys(reader.keys) if k != reader.matrix)
@@ -181,7 +191,8 @@ def _statistics(parts) -> Optional[RowStatistics]:
     if reader.matrix in indices:
         return None
     return RowStatistics(reader.matrix, inputs, tuple(values), indices,
-                         tuple((k, reader.axes[k]) for k in inputs), parts[0][2])
+                         tuple((k, reader.axes[k]) for k in inputs), parts[0][2],
+                         grid=tuple(reader.grids))
 
 
 class _Reader:
@@ -194,6 +205,7 @@ class _Reader:
         self.roles: Dict[str, str] = {}       # key -> "value" or "index" (one of them)
         self.axes: Dict[str, int] = {}        # key -> its number of axes
         self.exponentials = False             # a sum of exponentials or a logsumexp seen
+        self.grids = []                       # per member so far: whether over [i, j]
 
     def member(self, spec, rhs, outer: str, slots, reads, sources, values):
         names: Dict[str, object] = {}
@@ -207,10 +219,9 @@ class _Reader:
                 if key is None:
                     return None
                 names[tensor] = key
-        others = [n for n in spec.all_indices if n != outer]
-        if len(set(others)) > 1:
-            return None
-        self.row, self.column = outer, others[0] if others else None
+        self.row, self.column = outer, None
+        # a member over the row's columns too ([i, j]): its column index
+        self.grid_column = spec.output_indices[1] if len(spec.output_indices) == 2 else None
         self.names, self.values = names, values
         try:
             return self.value(rhs)
@@ -223,6 +234,12 @@ class _Reader:
         if isinstance(e, ast.Reduce):
             return self.statistic(e)
         if isinstance(e, ast.Access):
+            if self.grid_column is not None and len(e.indices) == 2 and \
+                    tuple(s.plain_index for s in e.indices) == (self.row, self.grid_column):
+                self.column = self.grid_column
+                self.row_of_matrix(e)       # X[i, j] itself, in a member over [i, j]
+                self.column = None
+                return Column()
             return self.read(e, "value")
         if isinstance(e, ast.Unary):
             inner = self.value(e.operand)
@@ -241,8 +258,16 @@ class _Reader:
     def statistic(self, e: ast.Reduce) -> Stat:
         """max[j](X[i,j]), logsumexp[j](X[i,j]) or sum[j](exp(X[i,j] - M)) with M the
         row maximum (a member holding it, or the reduction written out)."""
-        if len(e.indices) != 1 or e.indices[0] != self.column:
-            raise _Refused
+        if len(e.indices) != 1 or e.indices[0] in (self.row, self.grid_column) or \
+                self.column is not None:
+            raise _Refused      # (over the row index, the output's column, or nested)
+        self.column = e.indices[0]
+        try:
+            return self.reduction(e)
+        finally:
+            self.column = None
+
+    def reduction(self, e: ast.Reduce) -> Stat:
         if e.op in ("max", "logsumexp"):
             self.row_of_matrix(e.body)
             self.exponentials |= e.op == "logsumexp"
@@ -265,7 +290,8 @@ class _Reader:
         if isinstance(e, ast.Reduce):
             saved = self.column
             try:
-                if len(e.indices) != 1 or e.op != "max":
+                if len(e.indices) != 1 or e.op != "max" or \
+                        e.indices[0] in (self.row, self.grid_column):
                     return False
                 self.column = e.indices[0]
                 self.row_of_matrix(e.body)
@@ -303,8 +329,8 @@ class _Reader:
             raise _Refused
         subscripts = tuple(self.subscript(s) for s in e.indices)
         if isinstance(source, MemberValue):
-            if subscripts != (Subscript(0, 1),):
-                raise _Refused
+            if subscripts != (Subscript(0, 1),) or self.grids[source.number]:
+                raise _Refused      # (a member over [i, j] is read by nothing after it)
             return source
         self.keys.append(source)
         self.role(source, role, len(subscripts))

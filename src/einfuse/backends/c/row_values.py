@@ -5,8 +5,8 @@ the L1 cache), then every member's value for that row, printed here from the gro
 value trees -- while the row is still in the cache, so that a label's logit
 ``X[i, t[i]]`` costs a load, and with no per-call work but the kernel call.
 
-The kernel's buffers are the matrix, the members' outputs (one value per row each, in
-the members' order), then the other inputs in ``RowStatistics.inputs`` order (values
+The kernel's buffers are the matrix, the members' outputs (one value per row each, or
+a whole row for a member over [i, j] -- a log-softmax --, in the members' order), then the other inputs in ``RowStatistics.inputs`` order (values
 in the working type, index arrays as int64); its ints are the rows, the row length,
 the matrix's row stride, then per other input its shape and strides (in elements).
 A gathered index outside its axis sets the error flag (the row's values are not
@@ -24,7 +24,7 @@ from typing import Dict, List, Tuple
 import numpy as np
 
 from ...plan.row_statistics import (Apply, Const, MemberValue, Read, RowStatistics, Stat,
-                                    Subscript, Total)
+                                    Subscript, Total, Column)
 from .rows_source import source as rows_source
 
 FUNCTION = "ef_lse_values_call"
@@ -141,12 +141,21 @@ class _Printer:
                                 f"bufs[{1 + self.members + number}];")
             self.layout[key] = (f"A{number}", offset, ndim)
             offset += 2 * ndim
+        grid = self.statistics.grid or (False,) * self.members
+        loops = []
         for k, value in enumerate(self.statistics.values):
-            self.lines.append(f"      const T v{k} = (T)({self.value(value)});")
+            if grid[k]:     # a row of values over the columns, from x[c] (in the cache)
+                loops += [f"      for (int64_t c = 0; c < n; ++c) {{",
+                          f"        const T xc = x[c];",
+                          f"        O{k}[i * n + c] = (T)({self.value(value)});",
+                          "      }"]
+            else:
+                self.lines.append(f"      const T v{k} = (T)({self.value(value)});")
         body = list(self.lines)
         parts = dict(_PER_ROW)
         if self.statistics.total is None:
-            body += [f"      O{k}[i] = v{k};" for k in range(self.members)]
+            body += [f"      O{k}[i] = v{k};" for k in range(self.members) if not grid[k]]
+            body += loops
         else:       # (one member: the summand)
             body.append("      ef_fold_double(&sum, &error, (double)v0);")
             parts = dict(_TOTAL)
@@ -160,6 +169,8 @@ class _Printer:
             return _literal(node.value)
         if isinstance(node, Total):
             return "total"
+        if isinstance(node, Column):
+            return "xc"
         if isinstance(node, Stat):
             return {"max": "m", "sum": "s", "logsumexp": "lse"}[node.name]
         if isinstance(node, MemberValue):

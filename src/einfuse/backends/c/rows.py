@@ -95,22 +95,21 @@ class _Launch:
         return error.value
 
 
-_values_libraries: Dict[Tuple, object] = {}
+_values_sources: Dict[Tuple, str] = {}
 
 
 def _values_function(statistics, dtype: np.dtype):
-    """The log-sum-exp kernel of this group's values (row_values.py), compiled once."""
-    key = (statistics, dtype)
-    found = _values_libraries.get(key)
-    if found is None:
-        found = getattr(c_build.load(row_values.values_source(statistics, dtype,
-                                                              _VECTOR_BYTES)),
-                        row_values.FUNCTION)
-        found.argtypes = _ARGTYPES
-        found.restype = None
-        with _lock:
-            found = _values_libraries.setdefault(key, found)
-    return found
+    """The log-sum-exp kernel of this group's values (row_values.py): its source
+    printed once, the library c_build's (compiled once, kept by source)."""
+    key = (statistics, dtype, _VECTOR_BYTES)
+    text = _values_sources.get(key)
+    if text is None:
+        text = _values_sources.setdefault(key, row_values.values_source(
+            statistics, dtype, _VECTOR_BYTES))
+    function = getattr(c_build.load(text), row_values.FUNCTION)
+    function.argtypes = _ARGTYPES
+    function.restype = None
+    return function
 
 
 def _statistics_launch(group: RowKernel, inputs) -> _Launch:
