@@ -1,30 +1,34 @@
-"""The log-sum-exp row kernel's rule (plan/row_kernel.py asks it): a C fusion group
-whose every member computes one value per row from two *row statistics* of one matrix
-``X`` -- its maximum ``M[i] = max[j](X[i,j])`` and the sum of its exponentials shifted
-by that maximum ``S[i] = sum[j](exp(X[i,j] - M[i]))`` -- and from values of the row
-alone (other members' results, per-row inputs, gathers such as a label's logit
-``X[i, t[i]]``, numbers, elementwise functions).
+"""The log-sum-exp row kernel's rule (plan/row_kernel.py asks it for a C fusion group,
+schedule/library.py for a statement run alone): every member computes its value from
+two *row statistics* of one matrix ``X`` -- its maximum ``M[i] = max[j](X[i,j])`` and
+the sum of its exponentials shifted by that maximum ``S[i] = sum[j](exp(X[i,j] -
+M[i]))``, or ``logsumexp[j](X[i,j])`` -- and from values of the row alone (other
+members' results, per-row inputs, gathers such as a label's logit ``X[i, t[i]]``,
+numbers, elementwise functions): one value per row, or, for a member over ``[i, j]``,
+a row of values from ``X[i, j]`` itself (a log-softmax, read by no later member).  A
+statement run alone may also be the sum over the rows of such a value (a mean
+cross-entropy ``L[] := sum[i](...) / N``: :class:`Total`).
 
-That covers each way of writing a log-sum-exp or a cross-entropy as statements::
+That covers each way of writing a log-sum-exp, a cross-entropy or a log-softmax::
 
     m[i] := max[j](X[i,j])
     l[i] := m[i] + log(sum[j](exp(X[i,j] - m[i])))          (its spellings: any order,
     loss[i] := log(sum[j](exp(X[i,j] - m[i]))) + m[i] - X[i, t[i]]    any per-row rest)
-    z[i] := logsumexp[j](X[i,j]) - X[i, t[i]]                (within a group)
+    loss[i] := logsumexp[j](X[i,j]) - X[i, t[i]]             (one statement)
+    Y[i,j] := X[i,j] - logsumexp[k](X[i,k])                  (hoisted: two members)
 
-The matrix is read once per row by the kernel (backends/c/rows_source.ef_lse_rows,
-which computes M and S as the statements do, NaN and infinite rows included); what is
-left of each member is a value per row, printed into the same kernel after the row's
-statistics (backends/c/row_values.py), where the generic fused kernel calls the
-exponential per element through libmvec and the statement ``logsumexp[j]`` alone runs
-a scalar running maximum.
+The kernel (backends/c/row_values.py prints it) reads each row from memory once,
+computes M and S as the statements do (NaN and infinite rows included), then each
+member's value while the row is in the cache; the generic fused kernel calls the
+exponential per element through libmvec, and the statement ``logsumexp[j]`` alone
+runs a scalar running maximum.
 
 ``logsumexp[j](X[i,j])`` is ``M + log(S)`` where M is finite; where it is not (a row of
 -inf, a row holding inf, a NaN) it is M itself, which is what the one-pass running
 maximum gives (backends/c/render.ef_lse).  Anything else -- a reduction over another
-body, a read along the columns outside the two statistics, a parameter, an index used
-as a value, a function not listed below -- is no member of this kernel, and the group
-runs the generic fused kernel."""
+body, a read along the columns outside the two statistics and ``X[i, j]``, a
+parameter, an index used as a value, a function not listed below -- is no member of
+this kernel, and the group (statement) runs the generic kernel."""
 
 from __future__ import annotations
 

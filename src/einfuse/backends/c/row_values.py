@@ -23,8 +23,8 @@ from typing import Dict, List, Tuple
 
 import numpy as np
 
-from ...plan.row_statistics import (Apply, Const, MemberValue, Read, RowStatistics, Stat,
-                                    Subscript, Total, Column)
+from ...plan.row_statistics import (Column, Const, MemberValue, Read, RowStatistics, Stat,
+                                    Subscript, Total)
 from .rows_source import source as rows_source
 
 FUNCTION = "ef_lse_values_call"
@@ -145,8 +145,8 @@ class _Printer:
         loops = []
         for k, value in enumerate(self.statistics.values):
             if grid[k]:     # a row of values over the columns, from x[c] (in the cache)
-                loops += [f"      for (int64_t c = 0; c < n; ++c) {{",
-                          f"        const T xc = x[c];",
+                loops += ["      for (int64_t c = 0; c < n; ++c) {",
+                          "        const T xc = x[c];",
                           f"        O{k}[i * n + c] = (T)({self.value(value)});",
                           "      }"]
             else:
