@@ -1,6 +1,6 @@
 """C source of the log-sum-exp row kernel for one group (plan/row_statistics.py decides
 what it computes): each row's maximum M and sum of shifted exponentials S, as
-rows_source.ef_lse_rows computes them (one read of the row from memory, the sum from
+the softmax kernel finds them (rows_source.py: one read of the row from memory, the sum from
 the L1 cache), then every member's value for that row, printed here from the group's
 value trees -- while the row is still in the cache, so that a label's logit
 ``X[i, t[i]]`` costs a load, and with no per-call work but the kernel call.
