@@ -25,7 +25,7 @@ from before_after import interleaved, run_child, source_trees
 EPS = "1e-05"
 
 
-def programs(cols: int) -> dict:
+def programs(cols: int, rows: int = 4096) -> dict:
     """name -> (program text, torch twin, the bytes it must move per row)."""
     return {
         "softmax": ("M[i] := max[j](X[i,j])\nE[i,j] := exp(X[i,j] - M[i])\n"
@@ -41,6 +41,18 @@ def programs(cols: int) -> dict:
         "cross-entropy": ("m[i] := max[j](X[i,j])\n"
                           "l[i] := log(sum[j](exp(X[i,j] - m[i]))) + m[i] - X[i, t[i]]",
                           "cross_entropy", 4 * cols + 8 + 4),
+        # the other spellings users write (plan/row_statistics.py takes each)
+        "lse (max+log)": ("m[i] := max[j](X[i,j])\n"
+                          "l[i] := m[i] + log(sum[j](exp(X[i,j] - m[i])))",
+                          "logsumexp", 4 * cols + 4),
+        "ce (one stmt)": ("l[i] := logsumexp[j](X[i,j]) - X[i, t[i]]",
+                          "cross_entropy", 4 * cols + 8 + 4),
+        "ce mean": ("m[i] := max[j](X[i,j])\n"
+                    "l[i] := log(sum[j](exp(X[i,j] - m[i]))) + m[i] - X[i, t[i]]\n"
+                    f"L[] := sum[i](l[i]) / {rows}", "cross_entropy_mean", 4 * cols + 8),
+        "ce mean (1 st)": (f"L[] := sum[i](logsumexp[j](X[i,j]) - X[i, t[i]]) / {rows}",
+                           "cross_entropy_mean", 4 * cols + 8),
+        "log-softmax": ("Y[i,j] := X[i,j] - logsumexp[k](X[i,k])", "log_softmax", 8 * cols),
     }
 
 
@@ -52,6 +64,8 @@ def torch_twin(kind: str, cols: int):
             "rmsnorm": lambda X, g, b, t: F.rms_norm(X, (cols,), g, float(EPS)),
             "logsumexp": lambda X, g, b, t: torch.logsumexp(X, 1),
             "cross_entropy": lambda X, g, b, t: F.cross_entropy(X, t, reduction="none"),
+            "cross_entropy_mean": lambda X, g, b, t: F.cross_entropy(X, t),
+            "log_softmax": lambda X, g, b, t: torch.log_softmax(X, 1),
             }[kind]
 
 
@@ -69,7 +83,7 @@ def einfuse_contenders(rows: int, cols: int) -> dict:
     import einfuse as ef
     arrays = inputs(rows, cols)
     found = {"copy": ("copy", _copy(arrays["X"]))}
-    for name, (text, _, _) in programs(cols).items():
+    for name, (text, _, _) in programs(cols, rows).items():
         program = ef.compile(text)
         given = {k: v for k, v in arrays.items() if f"{k}[" in text}
         found[name] = (name, (lambda p=program, a=given: p(**a)))
@@ -87,7 +101,7 @@ def torch_contenders(rows: int, cols: int) -> dict:
     torch.set_num_threads(1)
     arrays = {k: torch.from_numpy(v) for k, v in inputs(rows, cols).items()}
     found = {}
-    for name, (_, kind, _) in programs(cols).items():
+    for name, (_, kind, _) in programs(cols, rows).items():
         eager = torch_twin(kind, cols)
         compiled = torch.compile(eager)
         with torch.no_grad():
@@ -112,7 +126,7 @@ def check(rows: int, cols: int) -> None:
     import einfuse as ef
     arrays = inputs(rows, cols)
     tensors = {k: torch.from_numpy(v) for k, v in arrays.items()}
-    for name, (text, kind, _) in programs(cols).items():
+    for name, (text, kind, _) in programs(cols, rows).items():
         given = {k: v for k, v in arrays.items() if f"{k}[" in text}
         result = ef.compile(text)(**given)
         mine = result[-1] if isinstance(result, (tuple, list)) else result
@@ -157,7 +171,7 @@ def report(runs: dict, rows: int, cols: int) -> None:
     print(f"copy (np.copyto, {rows}x{cols} float32): {copy_seconds * 1e3:.3f} ms, "
           f"{copy_bw:.1f} GB/s (read + write); load {os.getloadavg()[0]:.1f}")
     torch_times = runs["after (this tree)"]
-    for name, (_, _, per_row) in programs(cols).items():
+    for name, (_, _, per_row) in programs(cols, rows).items():
         moved = per_row * rows
         line = [f"{name:14s}"]
         for label, results in runs.items():

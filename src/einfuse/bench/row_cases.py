@@ -1,7 +1,8 @@
 """Row operations at the memory limit (issue 31, item 6): softmax, layernorm, RMSNorm,
-logsumexp and cross-entropy over the rows of a 4096x1024 float32 matrix, each against
-torch eager and torch.compile (benchmarks/row_bandwidth.py reports each as a share of
-the machine's copy bandwidth)."""
+logsumexp and cross-entropy (the last two in the spellings users write) over the rows
+of a 4096x1024 float32 matrix, each against torch eager and torch.compile
+(benchmarks/row_bandwidth.py reports each as a share of the machine's copy
+bandwidth)."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from .cases import Case, torch_peer
 EPS = 1e-05
 
 
-def _programs(cols: int):
+def _programs(cols: int, rows: int):
     """name -> (program, the torch twin's body, the inputs it reads)."""
     return {
         "softmax": ("M[i] := max[j](X[i,j])\nE[i,j] := exp(X[i,j] - M[i])\n"
@@ -34,6 +35,23 @@ def _programs(cols: int):
                           "l[i] := log(sum[j](exp(X[i,j] - m[i]))) + m[i] - X[i, t[i]]",
                           lambda F, torch: lambda X, t: F.cross_entropy(
                               X, t, reduction="none"), "Xt"),
+        # other spellings of the last two (plan/row_statistics.py runs each by rows)
+        "logsumexp as max + log-sum-exp": (
+            "m[i] := max[j](X[i,j])\nl[i] := m[i] + log(sum[j](exp(X[i,j] - m[i])))",
+            lambda F, torch: lambda X: torch.logsumexp(X, 1), "X"),
+        "cross-entropy as one statement": (
+            "l[i] := logsumexp[j](X[i,j]) - X[i, t[i]]",
+            lambda F, torch: lambda X, t: F.cross_entropy(X, t, reduction="none"), "Xt"),
+        "cross-entropy mean": (
+            "m[i] := max[j](X[i,j])\n"
+            "l[i] := log(sum[j](exp(X[i,j] - m[i]))) + m[i] - X[i, t[i]]\n"
+            f"L[] := sum[i](l[i]) / {rows}",
+            lambda F, torch: lambda X, t: F.cross_entropy(X, t), "Xt"),
+        "log-softmax": ("Y[i,j] := X[i,j] - logsumexp[k](X[i,k])",
+                        lambda F, torch: lambda X: torch.log_softmax(X, 1), "X"),
+        "cross-entropy mean as one statement": (
+            f"L[] := sum[i](logsumexp[j](X[i,j]) - X[i, t[i]]) / {rows}",
+            lambda F, torch: lambda X, t: F.cross_entropy(X, t), "Xt"),
     }
 
 
@@ -47,7 +65,7 @@ def _twin(body):
 def row_cases(quick: bool = False) -> List[Case]:
     rows, cols = (64, 128) if quick else (4096, 1024)
     cases = []
-    for name, (text, body, reads) in _programs(cols).items():
+    for name, (text, body, reads) in _programs(cols, rows).items():
         def inputs(rng, reads=reads):
             arrays = {"X": rng.standard_normal((rows, cols), dtype=np.float32),
                       "g": rng.standard_normal(cols, dtype=np.float32),

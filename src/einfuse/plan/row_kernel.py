@@ -1,6 +1,8 @@
 """Which hand-written row kernel (backends/c/rows.py, rows_source.py), if any, runs a C
 fusion group (schedule/fusion.py) for one call: a group that is exactly a softmax or a
-layernorm over the rows of one matrix.  A fact of the group's statements and of the
+layernorm over the rows of one matrix, or one whose members are each a value per row
+computed from the row statistics of a log-sum-exp (plan/row_statistics.py: the row
+maximum, the sum of shifted exponentials; a log-sum-exp, a cross-entropy).  A fact of the group's statements and of the
 call's layouts, decided with the group (the schedule records it); the C backend runs
 what it is handed.
 
@@ -26,11 +28,13 @@ from typing import Dict, FrozenSet, Optional, Tuple
 import numpy as np
 
 from ..lang.printer import format_expr
+from .row_statistics import RowStatistics, row_statistics
 
 
 class RowPattern(enum.Enum):
     SOFTMAX = "softmax"
     LAYERNORM = "layernorm"
+    LOGSUMEXP = "logsumexp"     # row statistics, then each member's value per row
 
 
 # member k's statement, canonically named, for each pattern
@@ -52,22 +56,38 @@ _TEMPLATE_TOKENS = {pattern: tuple(tuple(_TOKEN.findall(t)) for t in texts)
 _CONSTANTS_FIT = {RowPattern.SOFTMAX: lambda c: c == (),
                   RowPattern.LAYERNORM: lambda c: len(c) == 4 and c[1] == 2.0}
 # the members whose values are written only where delivered (may stay unwritten)
-NEVER_WRITTEN = {RowPattern.SOFTMAX: frozenset({1}), RowPattern.LAYERNORM: frozenset()}
+NEVER_WRITTEN = {RowPattern.SOFTMAX: frozenset({1}), RowPattern.LAYERNORM: frozenset(),
+                 RowPattern.LOGSUMEXP: frozenset()}
 
 
 @dataclass(frozen=True)
 class RowKernel:
     """A recognised group: its pattern, the input keys by canonical number (X0, X1 ...),
-    and the group's numeric literals in order of appearance."""
+    and the group's numeric literals in order of appearance; for LOGSUMEXP, the matrix
+    is input 0 and ``statistics`` says what each member computes from its rows."""
     pattern: RowPattern
     inputs: Tuple[str, ...]
     constants: Tuple[float, ...]
+    statistics: Optional[RowStatistics] = None
 
 
 def match(members, thread_rows: FrozenSet[int]) -> Optional[RowKernel]:
     """The row kernel that runs this group for this call, or None."""
-    if not members or len(members) > 4 or any(m.column is not None for m in members):
+    if not members or any(m.column is not None for m in members):
         return None
+    found = _template(members, thread_rows) if len(members) <= 4 else None
+    if found is not None:
+        return found
+    statistics = row_statistics(members)
+    if statistics is None:
+        return None
+    group = RowKernel(RowPattern.LOGSUMEXP, (statistics.matrix,) + statistics.inputs, (),
+                      statistics)
+    return group if _layouts_fit(group, members) else None
+
+
+def _template(members, thread_rows: FrozenSet[int]) -> Optional[RowKernel]:
+    """The softmax or layernorm kernel, where the group is one of them."""
     canonical = _canonical(members)
     if canonical is None:
         return None

@@ -125,9 +125,10 @@ def as_written(kernel, call: BoundCall, backend: Optional[str] = None,
             Route.BLAS_THEN_ADDEND
         return _schedule(name, route, statements, blas=blas)
     threads = fixed_thread_count(call.options.threads, call.bounds.points)
-    # a gather's prepared repeat may copy whole rows (schedule/library.py)
-    prepared = prepared_library(call, name) if any(t.as_index for t in call.spec.tensors) \
-        else None
+    # a gather's prepared repeat may copy whole rows, a log-sum-exp's run the row
+    # statistics kernel (schedule/library.py)
+    prepared = prepared_library(call, name) if call.spec.reduction_indices or \
+        any(t.as_index for t in call.spec.tensors) else None
     if not detail:
         return _schedule(name, Route.LOOP_NEST, statements, threads=threads,
                          prepared=prepared)

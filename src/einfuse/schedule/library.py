@@ -9,8 +9,9 @@ asked depends on its pattern:
   :func:`library_for` with the statement and the arrays' framework; the kernels run
   in runtime/attention.py (backends/c/attention.py, the NumPy key-block loop,
   backends/triton/attention.py);
-* a bound call's prepared repeat (the row gather), asked by schedule/choose.py
-  through :func:`prepared_library`; the kernel is backends/c/gather_rows.py;
+* a bound call's prepared repeat (the row gather; a log-sum-exp's row statistics),
+  asked by schedule/choose.py through :func:`prepared_library`; the kernels are
+  backends/c/gather_rows.py and backends/c/rows.statement_runner;
 * a gradient's scatter-add, asked by runtime/gradient_reference.py through
   :func:`scatter_library` with a :class:`ScatterCall`, per framework of the arrays
   (the backend a gradient's scatter runs on): the strided view
@@ -29,6 +30,7 @@ from typing import Callable, Dict, Optional, Tuple
 from ..analysis.frameworks import JAX, NUMPY, TORCH
 from ..analysis.spec import spec_of
 from ..plan.library_patterns import row_gather
+from ..plan.row_statistics import statement_statistics
 from ..rewrite.online_softmax import Attention, recognise
 from .schedule import Library
 
@@ -55,7 +57,7 @@ class LibraryRule:
 
 # The patterns each way of asking considers, in the order they are tried.
 STATEMENT_PATTERNS = (Library.ATTENTION,)
-PREPARED_PATTERNS = (Library.GATHER_ROWS,)
+PREPARED_PATTERNS = (Library.GATHER_ROWS, Library.ROW_STATISTICS)
 SCATTER_PATTERNS = (Library.STRIDED_ADD, Library.SCATTER_ROWS, Library.SCATTER_ADD)
 
 _RULES: Dict[Tuple[Library, str], LibraryRule] = {}
@@ -128,6 +130,20 @@ def _gather_rows_applies(call) -> bool:
 
 
 register(Library.GATHER_ROWS, "c", _gather_rows_applies)
+
+
+@functools.lru_cache(maxsize=512)
+def _statement_statistics(spec, options):
+    return statement_statistics(spec, options)
+
+
+def _row_statistics_applies(call) -> bool:
+    # a log-sum-exp or cross-entropy statement (plan/row_statistics.py), float rows
+    return call.dtypes.working.kind == "f" and call.dtypes.result == call.dtypes.working \
+        and _statement_statistics(call.spec, call.options) is not None
+
+
+register(Library.ROW_STATISTICS, "c", _row_statistics_applies)
 
 # a gradient's scatter, per framework of its arrays (JAX's are immutable: no view)
 register(Library.STRIDED_ADD, NUMPY, lambda q: q.strided)

@@ -32,6 +32,7 @@ class Library(enum.Enum):
     row gather; a gradient's scatter-add takes one of the three scatters."""
     ATTENTION = "online-softmax attention"
     GATHER_ROWS = "a gather of whole rows (the embedding form), one copy per row"
+    ROW_STATISTICS = "a log-sum-exp row kernel (row maxima and sums of exponentials)"
     STRIDED_ADD = "a scatter-add into one strided view of the target"
     SCATTER_ROWS = "a scatter-add of whole rows"
     SCATTER_ADD = "a scatter-add element by element, in the values' order"
@@ -88,7 +89,7 @@ class Schedule:
     schedule that runs where the route declines a call at run time (a library kernel
     that checks the data, a hoisted form whose temporary cannot be computed);
     ``prepared``: the library kernel a prepared repeat of the loop nest takes
-    (Library.GATHER_ROWS) where the data lets it (not printed: the result is the loop
+    (Library.GATHER_ROWS, Library.ROW_STATISTICS) where the data lets it (not printed: the result is the loop
     nest's)."""
     backend: str
     route: Route

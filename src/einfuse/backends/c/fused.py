@@ -42,8 +42,7 @@ def run(members, thread_rows: FrozenSet[int] = frozenset()) -> Optional[Dict[int
     as the merged loop nests; or a plain sequence of members: the merged loop nests."""
     row_kernel = members.row_kernel if isinstance(members, BoundGroup) else None
     if row_kernel is not None:
-        c_rows.run(row_kernel, members, threads_for(members, frozenset()))
-        return {}
+        return c_rows.run(row_kernel, members, threads_for(members, frozenset()))
     function, passed, thread_rows, guards = compiled_for(members, thread_rows)
     threads = threads_for(members, thread_rows)
     buffers, rows = with_thread_rows(members, thread_rows, threads)

@@ -30,6 +30,7 @@ from ...plan.loop_plan import input_buffers, lane_packs
 from .backend import kernel_functions, output_dtype
 from .blas import addend_runner, contraction_runner, route_for
 from .gather_rows import gather_rows_runner
+from .rows import statement_runner
 from .windowed import windowed_route, windowed_runner
 from ...plan.windowed_contraction import WindowedContraction
 from .merge_axes import merged_call
@@ -71,6 +72,10 @@ def repeat_runner(call, schedule: Optional[Schedule] = None) -> Optional[Prepare
         if schedule is not None and schedule.prepared is Library.GATHER_ROWS else None
     if rows is not None:     # the embedding form: a test and a memcpy per row
         return PreparedRunner(rows, np.dtype(output_dtype(call)))
+    statistics = statement_runner(call, GatherFlagged) \
+        if schedule is not None and schedule.prepared is Library.ROW_STATISTICS else None
+    if statistics is not None:      # a log-sum-exp: one read of each row (rows.py)
+        return PreparedRunner(statistics, np.dtype(call.dtypes.working))
     mode, spans = (_checking_mode(call) if gathers else None), None
     if gathers and call.bounds.points >= GATHER_WORK_PREPARED and \
             call.options.bounds in ("check", "promise"):

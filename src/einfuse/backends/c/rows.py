@@ -1,6 +1,8 @@
 """Row kernels: a fusion group (schedule/fusion.py) that is exactly a softmax or a
-layernorm over the rows of one matrix runs as a hand-written C kernel
-(backends/c/rows_source.py) instead of the merged loop nests of plan/fuse.py.
+layernorm over the rows of one matrix, or values per row from a matrix's log-sum-exp
+row statistics (plan/row_statistics.py: a log-sum-exp, a cross-entropy), runs as a
+hand-written C kernel (backends/c/rows_source.py; the per-row rest of the latter by
+backends/c/row_values.py) instead of the merged loop nests of plan/fuse.py.
 
 The generic fused kernel is what GCC makes of each statement's loops: per-lane
 partials kept in arrays on the stack, a sum's lanes combined one after another at the
@@ -23,17 +25,18 @@ from __future__ import annotations
 import ctypes
 import threading
 from dataclasses import dataclass
-from typing import Dict, Optional, Sequence, Tuple
+from typing import Dict, Optional, Sequence, Tuple, Type
 
 import numpy as np
 
 from ...errors import BackendError
 from ...plan.row_kernel import (NEVER_WRITTEN, RowKernel, RowPattern,  # noqa: F401
                                 row_input)
-from . import build as c_build, call as c_call
+from ...plan.row_statistics import statement_statistics
+from . import build as c_build, call as c_call, row_values
 from .backend import _ARGTYPES, _VECTOR_BYTES
 from .rows_source import source
-from .threads import free_threads
+from .threads import fixed_thread_count, free_threads
 
 
 _lock = threading.Lock()
@@ -79,15 +82,43 @@ class _Launch:
     doubles: np.ndarray
     addresses: Tuple[int, int] = (0, 0)
 
-    def __call__(self, arrays: Tuple[np.ndarray, ...], threads: int) -> None:
+    def __call__(self, arrays: Tuple[np.ndarray, ...], threads: int) -> int:
+        """The kernel run on ``arrays``; its error flag (a gathered index out of
+        bounds: only the log-sum-exp kernel's values gather)."""
         caller = c_call.caller()
         ints, doubles = self.addresses
         if caller is not None and len(arrays) <= c_call.MAX_BUFFERS:
-            caller(self.entry, arrays, ints, doubles, ints, doubles, threads)
-            return
+            return caller(self.entry, arrays, ints, doubles, ints, doubles, threads)
         pointers = (ctypes.c_void_p * len(arrays))(*[a.ctypes.data for a in arrays])
-        self.function(pointers, ints, doubles, ints, doubles, threads,
-                      ctypes.byref(ctypes.c_int32(0)))
+        error = ctypes.c_int32(0)
+        self.function(pointers, ints, doubles, ints, doubles, threads, ctypes.byref(error))
+        return error.value
+
+
+_values_sources: Dict[Tuple, str] = {}
+
+
+def _values_function(statistics, dtype: np.dtype):
+    """The log-sum-exp kernel of this group's values (row_values.py): its source
+    printed once, the library c_build's (compiled once, kept by source)."""
+    key = (statistics, dtype, _VECTOR_BYTES)
+    text = _values_sources.get(key)
+    if text is None:
+        text = _values_sources.setdefault(key, row_values.values_source(
+            statistics, dtype, _VECTOR_BYTES))
+    function = getattr(c_build.load(text), row_values.FUNCTION)
+    function.argtypes = _ARGTYPES
+    function.restype = None
+    return function
+
+
+def _statistics_launch(group: RowKernel, inputs) -> _Launch:
+    """The log-sum-exp kernel's launch for inputs of these layouts (the matrix first,
+    then the other inputs as the kernel takes them)."""
+    function = _values_function(group.statistics, inputs[0].dtype)
+    ints, doubles = row_values.ints_of(group.statistics, inputs), np.zeros(1)
+    return _Launch(function, ctypes.cast(function, ctypes.c_void_p).value, ints, doubles,
+                   (ints.ctypes.data, doubles.ctypes.data))
 
 
 def _launch(group: RowKernel, x: np.ndarray) -> _Launch:
@@ -113,16 +144,39 @@ def _arrays(group: RowKernel, inputs: Sequence[np.ndarray], outs) -> Tuple[np.nd
     return tuple(inputs) + tuple(outs)
 
 
-def _call(group: RowKernel, launch: _Launch, arrays, threads: int) -> None:
-    launch(arrays, threads)
+def _call(group: RowKernel, launch: _Launch, arrays, threads: int) -> int:
+    return launch(arrays, threads)
 
 
-def run(group: RowKernel, members, threads: int) -> None:
+def _statistics_run(group: RowKernel, launch: _Launch, inputs, outs, threads: int) -> bool:
+    """The log-sum-exp kernel: each row's maximum and sum of shifted exponentials, then
+    the members' values from them (``inputs``: the matrix, then the other inputs as
+    row_values.kernel_inputs gives them); False where a gathered index left its axis
+    (what was written is not to be delivered)."""
+    return not _call(group, launch, (inputs[0],) + tuple(outs) + tuple(inputs[1:]), threads)
+
+
+def _statistics_inputs(group: RowKernel, arrays):
+    """The matrix and the other inputs (``arrays``, in group.inputs' order) as the
+    log-sum-exp kernel takes them."""
+    return [arrays[0]] + row_values.kernel_inputs(
+        group.statistics, dict(zip(group.inputs[1:], arrays[1:])), arrays[0].dtype)
+
+
+def run(group: RowKernel, members, threads: int) -> Optional[dict]:
     """Run the group on the members' own buffers (their outputs are filled, except
-    the never-written ones, as c_fused.run's callers expect)."""
+    the never-written ones, as c_fused.run's callers expect): {} (no column sums), or
+    None where a gathered index is out of bounds (nothing is delivered then: the
+    statements run one by one and raise their own error)."""
     inputs = [row_input(members, group, k) for k in range(len(group.inputs))]
-    arrays = _arrays(group, inputs, [m.buffers[-1] for m in members])
-    _call(group, _launch(group, inputs[0]), arrays, threads)
+    outs = [m.buffers[-1] for m in members]
+    if group.pattern is RowPattern.LOGSUMEXP:
+        inputs = _statistics_inputs(group, inputs)
+        done = _statistics_run(group, _statistics_launch(group, inputs), inputs, outs,
+                               threads)
+        return {} if done else None
+    _call(group, _launch(group, inputs[0]), _arrays(group, inputs, outs), threads)
+    return {}
 
 
 def laid_out(array, layout, working) -> Optional[np.ndarray]:
@@ -147,23 +201,77 @@ def prepared_runner(group: RowKernel, members, adaptive: bool, threads: int):
     never = NEVER_WRITTEN[group.pattern]
     shapes = tuple((k, tuple(m.buffers[-1].shape)) for k, m in enumerate(members)
                    if k not in never)
-    launch = _launch(group, row_input(members, group, 0))
+    bound = [row_input(members, group, k) for k in range(len(group.inputs))]
+    statistics = group.pattern is RowPattern.LOGSUMEXP
+    launch = _statistics_launch(group, _statistics_inputs(group, bound)) if statistics \
+        else _launch(group, bound[0])
 
     def runner(env, keys) -> bool:
         inputs = []
         for key, layout in layouts:
-            array = laid_out(env[key], layout, working)
+            # (in its bound dtype: the working one, or an index array's integers)
+            array = laid_out(env[key], layout, layout[1])
             if array is None:
                 return False
             inputs.append(array)
         outs = [None] * len(members)
         for k, shape in shapes:
             outs[k] = np.empty(shape, working)
-        _call(group, launch, _arrays(group, inputs, outs),
-              (free_threads() or threads) if adaptive else threads)
+        count = (free_threads() or threads) if adaptive else threads
+        if statistics:      # (the same layouts as the bound arrays': launch's ints)
+            inputs = _statistics_inputs(group, inputs)
+            if not _statistics_run(group, launch, inputs, outs, count):
+                return False     # an index out of bounds: the full path names it
+        else:
+            _call(group, launch, _arrays(group, inputs, outs), count)
         for k, _ in shapes:
             if keys[k] is not None:
                 env[keys[k]] = outs[k]
         return True
     runner.keep = launch
     return runner
+
+
+def statement_runner(call, flagged: Type[Exception]):
+    """``run(named)`` for a statement run alone that the schedule gave the log-sum-exp
+    row kernel (schedule/library.py: Library.ROW_STATISTICS, from
+    plan/row_statistics.statement_statistics: ``logsumexp[j](X[i,j])``, a cross-entropy
+    as one statement), raising ``flagged`` where a gathered index leaves its axis (the
+    full path then names it); None where this call needs more than the kernel takes
+    (other extents than whole rows, a dtype it has no kernel for): the generic
+    prepared kernel then.  A scalar statement summing such values over the rows (a
+    mean cross-entropy) gets its sum from the kernel too."""
+    statistics = statement_statistics(call.spec, call.options)
+    working = np.dtype(call.dtypes.working)
+    if statistics is None or working not in (np.float32, np.float64) or \
+            call.dtypes.result != working or c_build.find_compiler() is None:
+        return None
+    shape = tuple(call.arrays.shapes[statistics.matrix])
+    if len(shape) != 2 or 0 in shape:
+        return None
+    rows, n = shape
+    ranges, outer = call.bounds.range_map, statistics.row
+    if ranges[outer] != (0, rows) or \
+            any(r != (0, n) for name, r in ranges.items() if name != outer):
+        return None
+    group = RowKernel(RowPattern.LOGSUMEXP, (statistics.matrix,) + statistics.inputs, (),
+                      statistics)
+    fixed = fixed_thread_count(call.options.threads, call.bounds.points)
+    launches: Dict[Tuple, _Launch] = {}
+    item = working.itemsize
+    shape_out = (rows,) if statistics.total is None else ()     # (a sum over the rows)
+
+    def run(named):
+        x = np.asarray(named[statistics.matrix]).astype(working, copy=False)
+        if x.strides[1] != item or x.strides[0] < 0 or x.strides[0] % item:
+            x = np.ascontiguousarray(x)      # (rows the kernel cannot step through)
+        inputs = _statistics_inputs(group, [x] + [named[key] for key in statistics.inputs])
+        layout = tuple((a.shape, a.strides) for a in inputs)
+        launch = launches.get(layout)
+        if launch is None:
+            launch = launches.setdefault(layout, _statistics_launch(group, inputs))
+        out = np.empty(shape_out, working)
+        if not _statistics_run(group, launch, inputs, [out], fixed or free_threads()):
+            raise flagged("an index value out of bounds")
+        return out
+    return run

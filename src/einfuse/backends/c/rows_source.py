@@ -1,6 +1,7 @@
 """C source of the row kernels (backends/c/rows.py): softmax and layernorm over the rows
-of a matrix, one row per OpenMP iteration, written with GCC vector extensions so that
-the accumulators stay in registers and each row is read from memory once.
+of a matrix (and the helpers of the log-sum-exp kernel, backends/c/row_values.py), one
+row per OpenMP iteration, written with GCC vector extensions so that the
+accumulators stay in registers and each row is read from memory once.
 
 The template is fixed: only the element type and the vector width vary; every size,
 stride and constant is a runtime argument.
@@ -77,6 +78,13 @@ static inline vT ef_poly(vT r) {
   return q * r + (T)0.5;
 }
 #endif
+/* the C library's function f for T (expf or exp ...) */
+#if EF_SINGLE
+#define EF_FN(name) name##f
+#else
+#define EF_FN(name) name
+#endif
+static inline T ef_square(T a) { return a * a; }
 static inline vT ef_sel(vI m, vT a, vT b) { return (vT)((m & (vI)a) | (~m & (vI)b)); }
 static inline vT ef_splat(T x) { return (vT){} + x; }
 static inline vT ef_load(const T *p) { vT v; memcpy(&v, p, sizeof v); return v; }
@@ -229,11 +237,11 @@ static inline void ef_prefetch4(const T *ahead, int64_t j) {
 /* exp(v) by ef_vexp_fast where fast (a constant after inlining), else by ef_vexp */
 static inline vT ef_vexp_row(vT v, int fast) { return fast ? ef_vexp_fast(v) : ef_vexp(v); }
 
-/* p[j] = exp(x[j] - m) for j in [b, end), their sum added into two vectors of lanes
-   (each lane adds at most (end - b) / (2 VW) + 1 values); ``ahead``: the row to
-   prefetch (or null) */
+/* p[j] = exp(x[j] - m) for j in [b, end) (where ``store``; else p is not touched),
+   their sum added into two vectors of lanes (each lane adds at most (end - b) / (2 VW)
+   + 1 values); ``ahead``: the row to prefetch (or null) */
 static inline void ef_exp_block(const T *x, T *p, int64_t b, int64_t end, vT mv,
-                                vT *sum0, vT *sum1, int fast, const T *ahead) {
+                                vT *sum0, vT *sum1, int fast, const T *ahead, int store) {
   vT t0 = {}, t1 = {}, t2 = {}, t3 = {};
   int64_t j = b;
   for (; j + 4 * VW <= end; j += 4 * VW) {
@@ -242,38 +250,42 @@ static inline void ef_exp_block(const T *x, T *p, int64_t b, int64_t end, vT mv,
     vT e1 = ef_vexp_row(ef_load(x + j + VW) - mv, fast);
     vT e2 = ef_vexp_row(ef_load(x + j + 2 * VW) - mv, fast);
     vT e3 = ef_vexp_row(ef_load(x + j + 3 * VW) - mv, fast);
-    ef_store(p + j, e0); ef_store(p + j + VW, e1);
-    ef_store(p + j + 2 * VW, e2); ef_store(p + j + 3 * VW, e3);
+    if (store) {
+      ef_store(p + j, e0); ef_store(p + j + VW, e1);
+      ef_store(p + j + 2 * VW, e2); ef_store(p + j + 3 * VW, e3);
+    }
     t0 += e0; t1 += e1; t2 += e2; t3 += e3;
   }
   for (; j + VW <= end; j += VW) {
     vT e = ef_vexp_row(ef_load(x + j) - mv, fast);
-    ef_store(p + j, e);
+    if (store) ef_store(p + j, e);
     t0 += e;
   }
   if (j < end) {     /* the lanes past the row hold m: exp(0), in range, not added */
     vT e = ef_vexp_row(ef_load_part(x + j, end - j, mv[0]) - mv, fast);
-    memcpy(p + j, &e, (size_t)(end - j) * sizeof(T));
+    if (store) memcpy(p + j, &e, (size_t)(end - j) * sizeof(T));
     t1 += ef_sel(ef_lanes() < (T)(end - j), e, (vT){});
   }
   *sum0 += t0 + t2;
   *sum1 += t1 + t3;
 }
 
-/* The row's sum of exp(x[j] - m), the exponentials written to p[0, n) */
-static inline T ef_exp_row(const T *x, T *p, int64_t n, T m, int fast, const T *ahead) {
+/* The row's sum of exp(x[j] - m), the exponentials written to p[0, n) where ``store``
+   (a constant after inlining: the log-sum-exp rows keep only the sum) */
+static inline T ef_exp_row(const T *x, T *p, int64_t n, T m, int fast, const T *ahead,
+                           int store) {
   const vT mv = ef_splat(m);
   vT t0 = {}, t1 = {}, c0 = {}, c1 = {};
   if (n <= EF_BLOCK) {     /* one block: its lane partials need no compensation */
-    if (fast) ef_exp_block(x, p, 0, n, mv, &t0, &t1, 1, ahead);
-    else ef_exp_block(x, p, 0, n, mv, &t0, &t1, 0, ahead);
+    if (fast) ef_exp_block(x, p, 0, n, mv, &t0, &t1, 1, ahead, store);
+    else ef_exp_block(x, p, 0, n, mv, &t0, &t1, 0, ahead, store);
     return ef_hsum(t0 + t1);
   }
   vT s0 = {}, s1 = {};
   for (int64_t b = 0; b < n; b += EF_BLOCK) {
     vT u0 = {}, u1 = {};
-    if (fast) ef_exp_block(x, p, b, ef_min(n, b + EF_BLOCK), mv, &u0, &u1, 1, ahead);
-    else ef_exp_block(x, p, b, ef_min(n, b + EF_BLOCK), mv, &u0, &u1, 0, ahead);
+    if (fast) ef_exp_block(x, p, b, ef_min(n, b + EF_BLOCK), mv, &u0, &u1, 1, ahead, store);
+    else ef_exp_block(x, p, b, ef_min(n, b + EF_BLOCK), mv, &u0, &u1, 0, ahead, store);
     ef_vfold(&s0, &c0, u0);
     ef_vfold(&s1, &c1, u1);
   }
@@ -303,10 +315,10 @@ void ef_softmax_rows(const T *X, T *P, T *M, T *S, int64_t rows, int64_t n,
     for (int64_t i = lo; i < hi; ++i) {
       const T *x = X + i * ldx;
       T *p = P + i * ldp;
-      T s = ef_exp_row(x, p, n, m, ef_fast_row(m, low), ef_ahead_row(X, i, hi, ldx, n));
+      T s = ef_exp_row(x, p, n, m, ef_fast_row(m, low), ef_ahead_row(X, i, hi, ldx, n), 1);
       if (s != s) {
         m = ef_row_max(x, n);
-        s = ef_exp_row(x, p, n, m, 0, x);
+        s = ef_exp_row(x, p, n, m, 0, x, 1);
       }
       T next = 0, next_low = 0;
       if (early && i + 1 < hi) next = ef_row_range(x + ldx, n, &next_low);
@@ -468,7 +480,8 @@ void ef_layernorm_rows(const T *X, const T *G, const T *B, T *Y, T *MU, T *V,
 
 /* The same kernels with the C backend's kernel signature (backends/c/call.py calls it
    without ctypes): bufs X, M, S, P (softmax) or X, G, B, MU, V, Y (layernorm); ints
-   rows, n, ldx, ldp; dprm (layernorm) n1, n2, eps. */
+   rows, n, ldx, ldp; dprm (layernorm) n1, n2, eps.  (The log-sum-exp row kernel is
+   printed per group after these: backends/c/row_values.py.) */
 void ef_softmax_call(void **bufs, const int64_t *ints, const double *dprm,
                      const int64_t *iprm, const double *fills, int nthreads, int32_t *err) {
   (void)dprm; (void)iprm; (void)fills; (void)err;

@@ -1,0 +1,235 @@
+"""C source of the log-sum-exp row kernel for one group (plan/row_statistics.py decides
+what it computes): each row's maximum M and sum of shifted exponentials S, as
+the softmax kernel finds them (rows_source.py: one read of the row from memory, the sum from
+the L1 cache), then every member's value for that row, printed here from the group's
+value trees -- while the row is still in the cache, so that a label's logit
+``X[i, t[i]]`` costs a load, and with no per-call work but the kernel call.
+
+The kernel's buffers are the matrix, the members' outputs (one value per row each, or
+a whole row for a member over [i, j] -- a log-softmax --, in the members' order), then the other inputs in ``RowStatistics.inputs`` order (values
+in the working type, index arrays as int64); its ints are the rows, the row length,
+the matrix's row stride, then per other input its shape and strides (in elements).
+A gathered index outside its axis sets the error flag (the row's values are not
+written): the caller then declines the run and the statements name the value.
+
+Functions are the C library's (``expf``, ``logf`` ...: the generic kernel's own), a
+``logsumexp`` is ``M + log(S)`` where M is finite and M where it is not (the running
+maximum's value for a row of -inf, a row holding inf, a NaN)."""
+
+from __future__ import annotations
+
+import math
+from typing import Dict, List, Tuple
+
+import numpy as np
+
+from ...plan.row_statistics import (Column, Const, MemberValue, Read, RowStatistics, Stat,
+                                    Subscript, Total)
+from .rows_source import source as rows_source
+
+FUNCTION = "ef_lse_values_call"
+_FUNCTIONS = {"exp": "exp", "log": "log", "log1p": "log1p", "expm1": "expm1",
+              "sqrt": "sqrt", "abs": "fabs", "tanh": "tanh"}
+_COMPARE = ("<", "<=", ">", ">=", "==", "!=")
+
+_KERNEL = r"""
+/* bufs: X, the members' outputs, the other inputs; ints: rows, n, ldx, then per other
+   input its shape and strides */
+void %(name)s(void **bufs, const int64_t *ints, const double *dprm,
+              const int64_t *iprm, const double *fills, int nthreads, int32_t *err) {
+  (void)dprm; (void)iprm; (void)fills;
+  const T *X = (const T *)bufs[0];
+  const int64_t rows = ints[0], n = ints[1], ldx = ints[2];
+%(declarations)s
+  const int nth = nthreads > 0 ? nthreads : omp_get_max_threads();
+  int32_t bad = 0;
+%(total_declarations)s
+  #pragma omp parallel num_threads(nth) reduction(|:bad)
+  {
+    const int64_t parts = omp_get_num_threads(), part = omp_get_thread_num();
+%(thread_total)s
+    const int64_t lo = rows / parts * part + (part < rows %% parts ? part : rows %% parts);
+    const int64_t hi = lo + rows / parts + (part < rows %% parts);
+    for (int64_t i = lo; i < hi; ++i) {
+      const T *x = X + i * ldx;
+      T low = 0;
+      T m = ef_row_range(x, n, &low);
+      T s = ef_exp_row(x, (T *)x, n, m, ef_fast_row(m, low),
+                       ef_ahead_row(X, i, hi, ldx, n), 0);
+      if (s != s) {
+        m = ef_row_max(x, n);
+        s = ef_exp_row(x, (T *)x, n, m, 0, x, 0);
+      }
+      const T lse = isfinite(m) ? m + EF_FN(log)(s) : m;
+      (void)lse;
+%(body)s
+    }
+%(thread_end)s
+  }
+  if (bad) *err = 1;
+%(total_end)s
+}
+"""
+# a scalar statement's sum over the rows: per thread a compensated double sum of its
+# rows' values (Neumaier), the threads' sums then added in thread order
+_TOTAL = {
+    "total_declarations": "  double *totals = (double *)calloc(2 * (size_t)nth, sizeof(double));\n"
+                          "  if (!totals) { *err = 2; return; }",
+    "thread_total": "    double sum = 0, error = 0;",
+    "thread_end": "    totals[2 * part] = sum; totals[2 * part + 1] = error;",
+    "total_end": "  double sum = 0, error = 0;\n"
+                 "  for (int p = 0; p < nth; ++p) { ef_fold_double(&sum, &error, totals[2 * p]);"
+                 " error += totals[2 * p + 1]; }\n"
+                 "  free(totals);\n"
+                 "  const double total = isfinite(sum) ? sum + error : sum;\n"
+                 "  O0[0] = (T)(%(value)s);",
+}
+_PER_ROW = {"total_declarations": "", "thread_total": "", "thread_end": "", "total_end": ""}
+_FOLD = r"""
+#include <stdlib.h>
+static inline void ef_fold_double(double *s, double *c, double x) {
+  double t = *s + x;
+  *c += fabs(*s) >= fabs(x) ? (*s - t) + x : (x - t) + *s;
+  *s = t;
+}
+"""
+
+
+def values_source(statistics: RowStatistics, dtype: np.dtype, vector_bytes: int) -> str:
+    """The row kernels' source with this group's kernel (FUNCTION) added."""
+    return rows_source(dtype, vector_bytes) + _FOLD + _Printer(statistics).kernel()
+
+
+def ints_of(statistics: RowStatistics, inputs) -> np.ndarray:
+    """The kernel's ints for the matrix and the other inputs (``inputs``, the matrix
+    first, as the kernel takes them: RowStatistics.inputs' order)."""
+    x = inputs[0]
+    ints = [x.shape[0], x.shape[1], x.strides[0] // x.itemsize]
+    for array in inputs[1:]:
+        ints += list(array.shape) + [s // array.itemsize for s in array.strides]
+    return np.array(ints, dtype=np.int64)
+
+
+def kernel_inputs(statistics: RowStatistics, arrays, working: np.dtype):
+    """The other inputs in the kernel's types (values in ``working``, index arrays as
+    int64), each with strides a whole number of elements."""
+    found = []
+    for key in statistics.inputs:
+        target = np.dtype(np.int64) if key in statistics.index_keys else working
+        array = np.asarray(arrays[key]).astype(target, copy=False)
+        if any(s % array.itemsize for s in array.strides):
+            array = np.ascontiguousarray(array)
+        found.append(array)
+    return found
+
+
+class _Printer:
+    def __init__(self, statistics: RowStatistics):
+        self.statistics = statistics
+        self.members = len(statistics.values)
+        self.reads: Dict[Read, str] = {}
+        self.lines: List[str] = []
+
+    def kernel(self) -> str:
+        declarations = [f"  T *O{k} = (T *)bufs[{1 + k}];" for k in range(self.members)]
+        offset = 3
+        self.layout: Dict[str, Tuple[str, int, int]] = {}
+        for number, key in enumerate(self.statistics.inputs):
+            ndim = self.statistics.ndims[key]
+            ctype = "int64_t" if key in self.statistics.index_keys else "T"
+            declarations.append(f"  const {ctype} *A{number} = (const {ctype} *)"
+                                f"bufs[{1 + self.members + number}];")
+            self.layout[key] = (f"A{number}", offset, ndim)
+            offset += 2 * ndim
+        grid = self.statistics.grid or (False,) * self.members
+        loops = []
+        for k, value in enumerate(self.statistics.values):
+            if grid[k]:     # a row of values over the columns, from x[c] (in the cache)
+                loops += ["      for (int64_t c = 0; c < n; ++c) {",
+                          "        const T xc = x[c];",
+                          f"        O{k}[i * n + c] = (T)({self.value(value)});",
+                          "      }"]
+            else:
+                self.lines.append(f"      const T v{k} = (T)({self.value(value)});")
+        body = list(self.lines)
+        parts = dict(_PER_ROW)
+        if self.statistics.total is None:
+            body += [f"      O{k}[i] = v{k};" for k in range(self.members) if not grid[k]]
+            body += loops
+        else:       # (one member: the summand)
+            body.append("      ef_fold_double(&sum, &error, (double)v0);")
+            parts = dict(_TOTAL)
+            parts["total_end"] = parts["total_end"] % {
+                "value": self.value(self.statistics.total)}
+        return _KERNEL % dict(parts, name=FUNCTION, declarations="\n".join(declarations),
+                              body="\n".join(body))
+
+    def value(self, node) -> str:
+        if isinstance(node, Const):
+            return _literal(node.value)
+        if isinstance(node, Total):
+            return "total"
+        if isinstance(node, Column):
+            return "xc"
+        if isinstance(node, Stat):
+            return {"max": "m", "sum": "s", "logsumexp": "lse"}[node.name]
+        if isinstance(node, MemberValue):
+            return f"v{node.number}"
+        if isinstance(node, Read):
+            return self.read(node)
+        args = [self.value(a) for a in node.args]
+        op = node.op
+        if op == "where":
+            return f"(({args[0]}) ? (T)({args[1]}) : (T)({args[2]}))"
+        if op == "neg":
+            return f"(-({args[0]}))"
+        if op == "square":
+            return f"ef_square((T)({args[0]}))"
+        if op in ("&", "|"):
+            return f"((({args[0]}) != 0) {op} (({args[1]}) != 0))"
+        if op in _COMPARE or op in "+-*/":
+            return f"(({args[0]}) {op} ({args[1]}))"
+        return f"EF_FN({_FUNCTIONS[op]})((T)({args[0]}))"
+
+    def read(self, read: Read) -> str:
+        """A local holding the read's value in this row (its subscripts checked first:
+        out of its axis, the row's values are skipped and the flag raised)."""
+        found = self.reads.get(read)
+        if found is not None:
+            return found
+        if read.key == self.statistics.matrix:
+            pointer, extents, strides = "X", ["rows", "n"], ["ldx", "1"]
+            ctype = "T"
+        else:
+            pointer, offset, ndim = self.layout[read.key]
+            extents = [f"ints[{offset + a}]" for a in range(ndim)]
+            strides = [f"ints[{offset + ndim + a}]" for a in range(ndim)]
+            ctype = "int64_t" if read.key in self.statistics.index_keys else "T"
+        positions = [self.subscript(s) for s in read.subscripts]   # (its gathers first)
+        name = f"r{len(self.reads)}"
+        terms = []
+        for axis, value in enumerate(positions):
+            position = f"{name}_{axis}"
+            self.lines.append(f"      const int64_t {position} = {value};")
+            self.lines.append(f"      if ((uint64_t){position} >= (uint64_t){extents[axis]})"
+                              " { bad = 1; continue; }")
+            terms.append(f"{position} * {strides[axis]}")
+        self.lines.append(f"      const {ctype} {name} = {pointer}[{' + '.join(terms) or '0'}];")
+        self.reads[read] = name
+        return name
+
+    def subscript(self, subscript: Subscript) -> str:
+        parts = [f"(int64_t){subscript.constant}"]
+        if subscript.row:
+            parts.append(f"(int64_t){subscript.row} * i")
+        for read, coefficient in subscript.gathers:
+            parts.append(f"(int64_t){coefficient} * {self.read(read)}")
+        return " + ".join(parts)
+
+
+def _literal(value: float) -> str:
+    if math.isnan(value):
+        return "(T)NAN"
+    if math.isinf(value):
+        return "(T)INFINITY" if value > 0 else "(-(T)INFINITY)"
+    return f"(T){float(value).hex()}"
