@@ -89,8 +89,8 @@ class Schedule:
     schedule that runs where the route declines a call at run time (a library kernel
     that checks the data, a hoisted form whose temporary cannot be computed);
     ``prepared``: the library kernel a prepared repeat of the loop nest takes
-    (Library.GATHER_ROWS, Library.ROW_STATISTICS) where the data lets it (not printed: the result is the loop
-    nest's)."""
+    (Library.GATHER_ROWS, Library.ROW_STATISTICS) where the data lets it (printed last:
+    the result is the loop nest's, the time the library kernel's)."""
     backend: str
     route: Route
     statements: Tuple[str, ...]
@@ -133,6 +133,9 @@ class Schedule:
             parts.append("materialised: " + ", ".join(map(str, self.materialised)))
         if len(self.statements) > 1:
             parts.append(f"{len(self.statements)} statements")
+        if self.prepared is not None:
+            parts.append(f"calls with these arrays' layouts run {self.prepared.value} where "
+                         "their values let it")
         text = "; ".join(parts)
         if self.fallback is not None:
             text += f" (else {self.fallback.describe()})"
