@@ -23,7 +23,7 @@ from ...ir import ReduceOp
 from ...plan.row_group import RowGroup, along_columns, grid_locals
 from ..identifiers import name
 from .backend import _kernel_module, interpreted, launch_guard, launch_turns, warm_launches
-from .repeat import PARAMETER_ARRAYS_KEPT
+from .repeat import PARAMETER_ARRAYS_KEPT, output_template
 from .launch import PreparedLaunch
 from .elementwise import ELEMENTWISE_HELPERS, TARGET_HELPERS
 from .helpers import HELPERS
@@ -360,13 +360,3 @@ def runner(group: RowGroup, env: Dict[str, object]) -> RowRunner:
                      tuple((m.key, output_template(m.shape, working, device))
                            for m in outputs), len(group.columns))
 
-
-def output_template(shape: Tuple[int, ...], dtype, device):
-    """A tensor of ``shape``, ``dtype`` and ``device`` holding one element (every axis
-    broadcast), whose ``torch.empty_like`` is a new contiguous tensor of that shape:
-    torch lays out anew a tensor that is not dense.  An empty shape's template is an
-    empty contiguous tensor itself."""
-    import torch
-    if math.prod(shape) == 0:
-        return torch.empty(shape, dtype=dtype, device=device)
-    return torch.empty((1,) * len(shape), dtype=dtype, device=device).expand(shape)
