@@ -15,7 +15,11 @@ accumulator (the softmax-weighted-sum monoid), so nothing N x N exists.
   over: no transposing copies), two batch axes addressed directly;
 * every row whose visible scores are all -inf gives NaN, as the statements' exp(-inf -
   -inf) does, and a -inf block seen first does not poison the rows that see finite
-  scores later.
+  scores later;
+* a value (V) holding inf or NaN gives what the statements give (0 * inf = NaN at a
+  key a row weighs 0, a masked one too): the kernel finds it (in its accumulator, and
+  under a causal mask in the keys past the ones it weighed) and weighs every key again
+  for that block of rows, so the host never waits for a check.
 
 Runs on CUDA tensors, and on the CPU under ``TRITON_INTERPRET=1`` (where the bfloat16
 dot is computed in float32: the interpreter's bfloat16 dot is wrong)."""
@@ -184,14 +188,12 @@ def _load_tile(base, first, second, stride_first, stride_second, limit_first, li
 
 
 @triton.jit
-def _key_block(q, m_i, l_i, acc, K, V, offs_m, offs_n, offs_d, offs_e,
-               stride_kn, stride_kd, stride_vn, stride_ve, keys, score_scale,
-               DOT: tl.constexpr, FEATURES: tl.constexpr, BLOCK_D: tl.constexpr,
-               BLOCK_E: tl.constexpr, MASK: tl.constexpr, EDGE: tl.constexpr,
-               EXACT: tl.constexpr, UPCAST: tl.constexpr):
-    """One block of keys folded into the running state (m_i, l_i, acc).  ``EDGE``: the
-    block may hold keys past the end or past the diagonal, which are masked to -inf.
-    K and V point at the block's first key; ``offs_m`` and ``keys`` are relative to it."""
+def _scores(q, K, offs_m, offs_n, offs_d, stride_kn, stride_kd, keys, score_scale,
+            DOT: tl.constexpr, BLOCK_D: tl.constexpr, MASK: tl.constexpr,
+            EDGE: tl.constexpr, EXACT: tl.constexpr, UPCAST: tl.constexpr):
+    """One block's scores (BLOCK_M x BLOCK_N, log2 domain).  ``EDGE``: the block may
+    hold keys past the end or past the diagonal, which are masked to -inf.  K points at
+    the block's first key; ``offs_m`` and ``keys`` are relative to it."""
     cols = offs_n
     # the keys transposed (BLOCK_D x BLOCK_N), read through their strides
     k = _load_tile(K, offs_d, cols, stride_kd, stride_kn, DOT, keys,
@@ -210,6 +212,21 @@ def _key_block(q, m_i, l_i, acc, K, V, offs_m, offs_n, offs_d, offs_e,
         elif MASK == 2:
             seen = seen & (cols[None, :] < offs_m[:, None])
         s = tl.where(seen, s, float("-inf"))
+    return s
+
+
+@triton.jit
+def _key_block(q, m_i, l_i, acc, K, V, offs_m, offs_n, offs_d, offs_e,
+               stride_kn, stride_kd, stride_vn, stride_ve, keys, score_scale,
+               DOT: tl.constexpr, FEATURES: tl.constexpr, BLOCK_D: tl.constexpr,
+               BLOCK_E: tl.constexpr, MASK: tl.constexpr, EDGE: tl.constexpr,
+               EXACT: tl.constexpr, UPCAST: tl.constexpr):
+    """One block of keys folded into the running state (m_i, l_i, acc).  ``EDGE``: the
+    block may hold keys past the end or past the diagonal, which are masked to -inf.
+    K and V point at the block's first key; ``offs_m`` and ``keys`` are relative to it."""
+    cols = offs_n
+    s = _scores(q, K, offs_m, offs_n, offs_d, stride_kn, stride_kd, keys, score_scale,
+                DOT, BLOCK_D, MASK, EDGE, EXACT, UPCAST)
     m_new = tl.maximum(m_i, tl.max(s, 1))
     # while every score seen is -inf the weights are 0 (not exp2(-inf + inf) = NaN):
     # a row that sees a finite score later must not be poisoned
@@ -283,6 +300,33 @@ def _attention_forward(Q, K, V, O, score_scale,
                                    offs_d, offs_e, stride_kn, stride_kd, stride_vn,
                                    stride_ve, keys - start, score_scale, DOT, FEATURES,
                                    BLOCK_D, BLOCK_E, MASK, True, EXACT, UPCAST)
+    # The value's inf and NaN, answered here (no check the host waits for): the
+    # statements weigh every key, a masked one by 0, and 0 * inf is NaN.  A non-finite
+    # value at a key this block weighed has reached the accumulator (p * inf is inf,
+    # 0 * inf NaN, and neither turns finite again); under a causal mask the keys past
+    # the last block it weighed are read for it here.  Then (or where the running
+    # rescaling overflowed) the block's sums are taken again with the final maxima, every
+    # key weighed as the statements weigh it, in float32 IEEE products.
+    bad = tl.max(tl.max(tl.where((acc == acc) & (tl.abs(acc) != float("inf")), 0, 1),
+                        1), 0)
+    if MASK != 0:
+        weighed = inner + tl.cdiv(outer - inner, BLOCK_N) * BLOCK_N
+        for start in range(weighed, keys, BLOCK_N):
+            v = _load_tile(V + start * stride_vn, offs_n, offs_e, stride_vn, stride_ve,
+                           keys - start, FEATURES, True, BLOCK_E != FEATURES)
+            bad = tl.maximum(bad, tl.max(tl.max(
+                tl.where(v.to(tl.float32) * 0.0 == 0.0, 0, 1), 1), 0))
+    if bad > 0:
+        m_base = tl.where(m_i == float("-inf"), 0.0, m_i)
+        acc = tl.zeros([BLOCK_M, BLOCK_E], tl.float32)
+        for start in range(0, keys, BLOCK_N):
+            s = _scores(q, K + start * stride_kn, offs_m - start, offs_n, offs_d,
+                        stride_kn, stride_kd, keys - start, score_scale, DOT, BLOCK_D,
+                        MASK, True, EXACT, UPCAST)
+            p = tl.math.exp2(s - m_base[:, None])
+            v = _load_tile(V + start * stride_vn, offs_n, offs_e, stride_vn, stride_ve,
+                           keys - start, FEATURES, True, BLOCK_E != FEATURES)
+            acc = tl.dot(p, v.to(tl.float32), acc, input_precision="ieee")
     if NORMALISED:
         result = acc / l_i[:, None]
     else:
@@ -337,13 +381,17 @@ def route(options, named, operand_names) -> Optional[AttentionTarget]:
     return AttentionTarget.GPU if torch.cuda.is_available() else None
 
 
-def run(attention, named, scale_of, route_taken: AttentionTarget):
+def run(attention, named, scale_of, route_taken: AttentionTarget,
+        finite_values: bool = False):
     """The attention's output for this call (a torch tensor for torch callers, a NumPy
     array for NumPy callers), or None where the statements must run: not one supported
-    float dtype, extents that disagree or are empty, a value holding inf or NaN (a
-    masked key's inf value gives 0 * inf = NaN in the statements; the kernel never
-    reads it), offsets past int32.  ``scale_of(query)`` gives the scale (a float), or
-    None where the statements must judge it."""
+    float dtype, extents that disagree or are empty, offsets past int32.
+    ``scale_of(query)`` gives the scale (a float), or None where the statements must
+    judge it.  (A value holding inf or NaN is the kernel's own case: where it finds one
+    it weighs every key as the statements do, _attention_forward.)  ``finite_values``:
+    None for a value holding inf or NaN too (checked beside the kernel, the host
+    waiting for that check alone): for a caller whose own backward formula is the
+    statements' only on finite values (runtime/attention_autograd.py)."""
     import torch
     names = (attention.query, attention.key, attention.value)
     given = [named[n] for n in names]
@@ -377,7 +425,7 @@ def run(attention, named, scale_of, route_taken: AttentionTarget):
     if route_taken is AttentionTarget.GPU and tensors[0].device.type == "cpu":
         tensors = [t.cuda() for t in tensors]
     out = _launch_call(attention, tensors, extents, score_scale,
-                       route_taken is AttentionTarget.INTERPRETER)
+                       route_taken is AttentionTarget.INTERPRETER, finite_values)
     if out is None:
         return None
     if numpy_caller:
@@ -459,14 +507,15 @@ def _direct_plan(attention, tensors, extents) -> Optional[_Plan]:
     return plan
 
 
-def _launch_call(attention, tensors, extents, score_scale: float, interpreted: bool):
+def _launch_call(attention, tensors, extents, score_scale: float, interpreted: bool,
+                 finite_values: bool = False):
     import torch
     from ...errors import BackendError
     from ...rewrite.online_softmax import MaskKind
     from ...rewrite.attention_layout import operand_layouts
     plan = _direct_plan(attention, tensors, extents)
     if plan is not None:
-        return _launch(attention, plan, tensors, score_scale, interpreted)
+        return _launch(attention, plan, tensors, score_scale, interpreted, finite_values)
     batch_rank = len(attention.batch)
     views = [_canonical_view(t, indices, order, batch_rank)
              for t, (order, indices) in zip(tensors, operand_layouts(attention))]
@@ -487,11 +536,11 @@ def _launch_call(attention, tensors, extents, score_scale: float, interpreted: b
     try:
         with torch.cuda.device(out.device) if on_gpu and \
                 out.device.index != torch.cuda.current_device() else contextlib.nullcontext():
-            finite = _finite_check(tensors[2], on_gpu)
+            finite = _finite_check(tensors[2], on_gpu) if finite_values else None
             launch(*(Operand(x, tuple(x.stride())) for x in (q, k, v, out_view)),
                    tuple(q.shape[:2]), q.shape[2], k.shape[2], q.shape[3], v.shape[3],
                    score_scale, mask, attention.normalised, interpreted)
-            if not finite():
+            if finite is not None and not finite():
                 return None      # the result is dropped: the statements run
     except Exception as error:     # compilation or resources: the kernel's fault
         raise BackendError(f"the fused Triton attention kernel failed: "
@@ -505,7 +554,8 @@ def _launch_call(attention, tensors, extents, score_scale: float, interpreted: b
 _MASK_MODES = {"none": 0, "j <= i": 1, "j < i": 2}     # MaskKind's values
 
 
-def _launch(attention, plan: _Plan, tensors, score_scale: float, interpreted: bool):
+def _launch(attention, plan: _Plan, tensors, score_scale: float, interpreted: bool,
+            finite_values: bool = False):
     """The launch of a cached plan: the operands as they are, with the plan's strides."""
     import torch
     from ...errors import BackendError
@@ -515,12 +565,12 @@ def _launch(attention, plan: _Plan, tensors, score_scale: float, interpreted: bo
     try:
         with torch.cuda.device(device) if on_gpu and \
                 device.index != torch.cuda.current_device() else contextlib.nullcontext():
-            finite = _finite_check(tensors[2], on_gpu)
+            finite = _finite_check(tensors[2], on_gpu) if finite_values else None
             launch(*(Operand(x, strides) for x, strides in zip(
                        (tensors[0], tensors[1], tensors[2], out), plan.strides)),
                    plan.batch, *plan.extents, score_scale,
                    _MASK_MODES[attention.mask.value], attention.normalised, interpreted)
-            if not finite():
+            if finite is not None and not finite():
                 return None      # the result is dropped: the statements run
     except Exception as error:     # compilation or resources: the kernel's fault
         raise BackendError(f"the fused Triton attention kernel failed: "
