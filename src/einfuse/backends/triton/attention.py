@@ -317,14 +317,17 @@ def _attention_forward(Q, K, V, O, score_scale,
             bad = tl.maximum(bad, tl.max(tl.max(
                 tl.where(v.to(tl.float32) * 0.0 == 0.0, 0, 1), 1), 0))
     if bad > 0:
+        # (keys 16 at a time: the float32 products' tiles stay small, so that this
+        # rare branch does not raise the kernel's registers for the usual one)
         m_base = tl.where(m_i == float("-inf"), 0.0, m_i)
         acc = tl.zeros([BLOCK_M, BLOCK_E], tl.float32)
-        for start in range(0, keys, BLOCK_N):
-            s = _scores(q, K + start * stride_kn, offs_m - start, offs_n, offs_d,
+        offs_k = tl.arange(0, 16)
+        for start in range(0, keys, 16):
+            s = _scores(q, K + start * stride_kn, offs_m - start, offs_k, offs_d,
                         stride_kn, stride_kd, keys - start, score_scale, DOT, BLOCK_D,
                         MASK, True, EXACT, UPCAST)
             p = tl.math.exp2(s - m_base[:, None])
-            v = _load_tile(V + start * stride_vn, offs_n, offs_e, stride_vn, stride_ve,
+            v = _load_tile(V + start * stride_vn, offs_k, offs_e, stride_vn, stride_ve,
                            keys - start, FEATURES, True, BLOCK_E != FEATURES)
             acc = tl.dot(p, v.to(tl.float32), acc, input_precision="ieee")
     if NORMALISED:
