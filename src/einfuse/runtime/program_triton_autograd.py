@@ -83,6 +83,8 @@ class TritonCall:
         tensors = tuple(n for n, v in env.items() if isinstance(v, torch.Tensor))
         self.others = tuple(n for n in tensors if n not in names)
         self.passed = names + self.others
+        self.saved_names = self.passed + tuple(self.outputs)    # the saved tensors
+        self.extra = (None,) * len(self.others)      # the other tensors' gradients
         self.scalars = tuple(n for n in env if n not in tensors)
         self.backward, self.recompute = backward, recompute
         self.keep = frozenset(self.outputs) | frozenset(saved)
@@ -200,18 +202,15 @@ class TritonProgramFunction(torch.autograd.Function):
     def backward(ctx, *grads):
         call, scalars = ctx.state
         saved = saved_tensors(ctx)
-        tensors, outputs = saved[:len(call.passed)], saved[len(call.passed):]
         wanted = ctx.needs_input_grad[1:1 + len(call.names)]
-        extra = (None,) * len(call.others)
         if torch.is_grad_enabled():      # create_graph=True: a differentiable backward
-            found = _differentiable(call, scalars, tensors, grads, wanted)
-            return (None,) + tuple(found.get(name) for name in call.names) + extra
-        env = dict(scalars)
-        env.update(zip(call.passed, map(_detach, tensors)))
-        env.update(zip(call.outputs, map(_detach, outputs)))
-        env.update(ctx.kept)
-        env.update(ctx.shaped)
-        return (None,) + call.gradients(env, grads, wanted) + extra
+            found = _differentiable(call, scalars, saved[:len(call.passed)], grads, wanted)
+            return (None,) + tuple(found.get(name) for name in call.names) + call.extra
+        # (the names are disjoint: the call's tensors, its outputs, the intermediates
+        # kept and the placeholders' shapes)
+        env = {**scalars, **ctx.kept, **ctx.shaped}
+        env.update(zip(call.saved_names, map(_detach, saved)))
+        return (None,) + call.gradients(env, grads, wanted) + call.extra
 
 
 # torch's C entry of a Function (what ``Function.apply`` calls last), bound to the node
