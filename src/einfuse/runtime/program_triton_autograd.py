@@ -19,6 +19,7 @@ needs no scatter (a gather's gradient: it runs statement by statement, as before
 
 from __future__ import annotations
 
+import importlib.util
 import threading
 from types import MappingProxyType
 from typing import Dict, Optional, Tuple
@@ -30,6 +31,7 @@ from .run_groups import run_statements
 from .signatures import signature_of
 from .torch_autograd import refuse_in_transform, save_tensors, saved_tensors
 from ..analysis.frameworks import torch_recording as recording
+from ..analysis.triton_facts import interpreted
 from .program_calls import differentiable_inputs, remember_call, shaped_like
 from .program_backward import PLANS_KEPT, BackwardRun
 
@@ -40,17 +42,33 @@ _detach = torch.Tensor.detach
 def triton_route(env: Dict[str, object], backend: str) -> bool:
     """Whether a call on ``env`` runs on the Triton backend: torch tensors of one CUDA
     device with ``backend="auto"`` or ``"triton"``, or, under the interpreter, CPU
-    tensors with ``backend="triton"``."""
-    from ..backends.triton import backend as triton_backend
+    tensors with ``backend="triton"``.  (Asked on every unrecorded torch call: the
+    tensors' places are read by ``is_cuda``/``get_device``, which make no torch.device
+    object, and a CUDA tensor's presence already says that CUDA is there, so that only
+    whether Triton is installed is left to ask, once.)"""
     if backend not in ("auto", "triton"):
         return False
-    devices = {v.device for v in env.values() if isinstance(v, torch.Tensor)}
-    if len(devices) != 1:
+    place = None
+    for value in env.values():
+        if isinstance(value, torch.Tensor):
+            here = value.get_device() if value.is_cuda else "cpu" if value.is_cpu else None
+            if here is None or (place is not None and here != place):
+                return False     # another device type, or two devices
+            place = here
+    if place is None:
         return False
-    device = next(iter(devices))
-    if device.type == "cuda":
-        return triton_backend.available()
-    return device.type == "cpu" and backend == "triton" and triton_backend.interpreted()
+    if place != "cpu":
+        return _triton_installed()
+    return backend == "triton" and interpreted()
+
+
+_installed: list = []
+
+
+def _triton_installed() -> bool:
+    if not _installed:
+        _installed.append(importlib.util.find_spec("triton") is not None)
+    return _installed[0]
 
 
 def recorded(owner, kernels, env: Dict[str, object], backend: str) -> Optional[Tuple]:
