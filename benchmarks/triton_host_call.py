@@ -12,7 +12,9 @@ several rounds.  Run:
 
 Prints one Markdown row per case: the call as a user makes it, then its pieces (the
 call signature's look-up, one output allocation, the stubbed prepared launch) and
-torch's own op on the same tensor for scale."""
+torch's own op on the same tensor for scale; last, torch's floor for any Python
+autograd node (a Function that only allocates), forward and forward + backward, which
+a recorded call's time includes (einfuse's own part is the difference)."""
 
 import os
 

@@ -217,6 +217,20 @@ def test_nonfinite_values_are_the_kernels(case, mask, launches):
     np.testing.assert_allclose(unnormalised.cpu().numpy(), want, rtol=2e-5, atol=2e-6)
 
 
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("case", ["inf past the diagonal", "-inf in the tail"])
+def test_nonfinite_half_values(case, dtype, launches):
+    # the causal mask's unweighed keys read as bits: each 16-bit format's exponent field
+    Q, K, V = qkv((1, 1, 37, 40, 4, 3), dtype)
+    VALUE_CASES[case](V)
+    got = ef.ein(program(MASKS["causal"]), Q=Q, K=K, V=V, scale=0.3, backend="triton")
+    assert len(launches) == 1
+    expected = expected_of(Q, K, V, 0.3, MASKS["causal"])
+    result = got.double().cpu().numpy()
+    np.testing.assert_array_equal(np.isnan(result), np.isnan(expected))
+    np.testing.assert_allclose(result, expected, rtol=TOLERANCE[dtype], atol=TOLERANCE[dtype])
+
+
 def test_values_whose_sums_overflow(launches):
     # finite values whose float32 sums overflow: the block's sums are taken again with
     # the final maxima, as the statements take them (inf past row 0)

@@ -37,7 +37,8 @@ SCRIPT = textwrap.dedent("""
     config = attention.choose_config("float32" if exact else "float16", 64, False)
     constants = dict(DOT=64, FEATURES=64, BLOCK_D=64, BLOCK_E=64,
                      BLOCK_M=config.block_m, BLOCK_N=config.block_n, MASK=mask,
-                     NORMALISED=True, EXACT=exact, UPCAST=False)
+                     NORMALISED=True, EXACT=exact, UPCAST=False,
+                     EXPONENT=attention._EXPONENT_BITS["float32" if exact else "float16"])
     signature, attributes = {}, {}
     for number, name in enumerate(names):
         if name in ("Q", "K", "V", "O"):

@@ -18,8 +18,10 @@ accumulator (the softmax-weighted-sum monoid), so nothing N x N exists.
   scores later;
 * a value (V) holding inf or NaN gives what the statements give (0 * inf = NaN at a
   key a row weighs 0, a masked one too): the kernel finds it (in its accumulator, and
-  under a causal mask in the keys past the ones it weighed) and weighs every key again
-  for that block of rows, so the host never waits for a check.
+  under a causal mask in the keys past the ones it weighed, read as bits: their
+  exponent fields, an extra read of those value rows per block of query rows, from L2,
+  not yet timed on a GPU) and weighs every key again for that block of rows, so the
+  host never waits for a check.
 
 Runs on CUDA tensors, and on the CPU under ``TRITON_INTERPRET=1`` (where the bfloat16
 dot is computed in float32: the interpreter's bfloat16 dot is wrong)."""
@@ -160,7 +162,8 @@ def launch(query: Operand, key: Operand, value: Operand, out: Operand,
                  BLOCK_E=_padded(features), BLOCK_M=config.block_m,
                  BLOCK_N=config.block_n, MASK=mask, NORMALISED=normalised,
                  EXACT=dtype_name == "float32",
-                 UPCAST=interpreted and dtype_name == "bfloat16"),
+                 UPCAST=interpreted and dtype_name == "bfloat16",
+                 EXPONENT=_EXPONENT_BITS[dtype_name]),
             device.index if device.type == "cuda" else None)
         if len(_launchers) >= _PLANS_KEPT:
             _launchers.clear()
@@ -169,6 +172,10 @@ def launch(query: Operand, key: Operand, value: Operand, out: Operand,
              score_scale, *query.strides, *key.strides, *value.strides, *out.strides,
              rows, keys)
     return config
+
+
+# a value dtype's exponent field (all ones: inf or NaN), as an int of its width
+_EXPONENT_BITS = {"float16": 0x7C00, "bfloat16": 0x7F80, "float32": 0x7F800000}
 
 
 @triton.jit
@@ -257,7 +264,8 @@ def _attention_forward(Q, K, V, O, score_scale,
                        BLOCK_D: tl.constexpr, BLOCK_E: tl.constexpr,
                        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                        MASK: tl.constexpr, NORMALISED: tl.constexpr,
-                       EXACT: tl.constexpr, UPCAST: tl.constexpr):
+                       EXACT: tl.constexpr, UPCAST: tl.constexpr,
+                       EXPONENT: tl.constexpr):
     block = tl.program_id(0)
     if MASK != 0:        # the longest programs (the last rows) first
         block = tl.num_programs(0) - 1 - block
@@ -310,12 +318,20 @@ def _attention_forward(Q, K, V, O, score_scale,
     bad = tl.max(tl.max(tl.where((acc == acc) & (tl.abs(acc) != float("inf")), 0, 1),
                         1), 0)
     if MASK != 0:
+        # (read as bits: a non-finite value's exponent is all ones, so the tile's
+        # largest exponent field says it; two integer operations an element, the
+        # reduction once after the loop)
         weighed = inner + tl.cdiv(outer - inner, BLOCK_N) * BLOCK_N
+        worst = tl.zeros([BLOCK_N, BLOCK_E], tl.int32)
         for start in range(weighed, keys, BLOCK_N):
             v = _load_tile(V + start * stride_vn, offs_n, offs_e, stride_vn, stride_ve,
                            keys - start, FEATURES, True, BLOCK_E != FEATURES)
-            bad = tl.maximum(bad, tl.max(tl.max(
-                tl.where(v.to(tl.float32) * 0.0 == 0.0, 0, 1), 1), 0))
+            if EXACT:
+                field = v.to(tl.int32, bitcast=True) & EXPONENT
+            else:
+                field = (v.to(tl.int16, bitcast=True) & EXPONENT).to(tl.int32)
+            worst = tl.maximum(worst, field)
+        bad = tl.maximum(bad, (tl.max(tl.max(worst, 1), 0) == EXPONENT).to(tl.int32))
     if bad > 0:
         # (keys 16 at a time: the float32 products' tiles stay small, so that this
         # rare branch does not raise the kernel's registers for the usual one)
