@@ -29,16 +29,16 @@ SCRIPT = textwrap.dedent("""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
-    from einfuse.backends.triton import attention
+    from einfuse.backends.triton import attention, attention_kernel
 
-    kernel = attention._attention_forward
+    kernel = attention_kernel._attention_forward
     names = [p.name for p in kernel.params]
     dtype, mask, exact = sys.argv[1], int(sys.argv[2]), sys.argv[1] == "fp32"
     config = attention.choose_config("float32" if exact else "float16", 64, False)
     constants = dict(DOT=64, FEATURES=64, BLOCK_D=64, BLOCK_E=64,
                      BLOCK_M=config.block_m, BLOCK_N=config.block_n, MASK=mask,
                      NORMALISED=True, EXACT=exact, UPCAST=False,
-                     EXPONENT=attention._EXPONENT_BITS["float32" if exact else "float16"])
+                     EXPONENT=attention_kernel.EXPONENT_BITS["float32" if exact else "float16"])
     signature, attributes = {}, {}
     for number, name in enumerate(names):
         if name in ("Q", "K", "V", "O"):
