@@ -12,7 +12,9 @@ several rounds.  Run:
 
 Prints one Markdown row per case: the call as a user makes it, then its pieces (the
 call signature's look-up, one output allocation, the stubbed prepared launch) and
-torch's own op on the same tensor for scale."""
+torch's own op on the same tensor for scale; last, torch's floor for any Python
+autograd node (a Function that only allocates), forward and forward + backward, which
+a recorded call's time includes (einfuse's own part is the difference)."""
 
 import os
 
@@ -75,11 +77,20 @@ def main():
 
     def torch_step():
         torch.softmax(reference, 1).backward(seed)
+    def node_forward():
+        return _EmptyNode.apply(None, leaf)
+
+    def node_step():
+        _EmptyNode.apply(None, leaf).backward(seed)
     recorded = [
         ("softmax program, recorded forward (one autograd node, one kernel)",
          recorded_forward, {"X": leaf}, lambda: torch.softmax(reference, 1)),
         ("softmax program, forward + backward (one kernel each)", recorded_step,
-         {"X": leaf}, torch_step)]
+         {"X": leaf}, torch_step),
+        ("torch's floor: a Python autograd.Function that only allocates, forward",
+         node_forward, {"X": leaf}, lambda: torch.softmax(reference, 1)),
+        ("torch's floor: that Function, forward + backward", node_step, {"X": leaf},
+         torch_step)]
     for _, call, _, _ in recorded:
         for _ in range(3):
             call()
@@ -130,6 +141,22 @@ def main():
           f"row-group runner (stubbed launch) {pieces[3]:.1f} us; the GPU path's direct "
           f"launch with a no-op compiled launcher (the specialisation check, the "
           f"metadata, the call) {pieces[4]:.1f} us")
+
+
+class _EmptyNode(torch.autograd.Function):
+    """What any Python autograd node costs torch per call: its forward saves the input
+    and allocates the output, its backward allocates the gradient (einfuse's part of a
+    recorded call is its time less this)."""
+
+    @staticmethod
+    def forward(ctx, state, tensor):
+        ctx.save_for_backward(tensor)
+        return torch.empty_like(tensor)
+
+    @staticmethod
+    def backward(ctx, grad):
+        (tensor,) = ctx.saved_tensors
+        return None, torch.empty_like(tensor)
 
 
 class _NoOpCompiled:

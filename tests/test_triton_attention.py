@@ -186,21 +186,62 @@ def test_fully_masked_row_is_nan(launches):
     assert torch.isnan(got[0, 0, 0]).all() and not torch.isnan(got[0, 0, 1:]).any()
 
 
-def test_nonfinite_value_runs_the_statements(launches):
-    Q, K, V = qkv((1, 1, 6, 6, 2, 2))
-    V[0, 0, 4, 1] = np.inf
-    got = ef.ein(program(), Q=Q, K=K, V=V, scale=1.0, backend="triton")
-    # the kernel is queued before the value's check answers; its result is dropped
+# (1 batch, 1 head, 37 rows, 40 keys, D=4, E=3): under the interpreter's 32 x 16 blocks
+# the first row block weighs keys 0-31 and reads keys 32-39 only for their values'
+# finiteness (a causal mask); the second weighs the tail block
+VALUE_CASES = {
+    "inf past the diagonal": lambda V: V[0, 0, 35, 1].fill_(np.inf),
+    "nan at a weighed key": lambda V: V[0, 0, 3, 0].fill_(np.nan),
+    "inf and -inf": lambda V: (V[0, 0, 10, 2].fill_(np.inf), V[0, 0, 30, 2].fill_(-np.inf)),
+    "-inf in the tail": lambda V: V[0, 0, 39, 0].fill_(-np.inf),
+}
+
+
+@pytest.mark.parametrize("mask", ["causal", "strict", "none"])
+@pytest.mark.parametrize("case", list(VALUE_CASES))
+def test_nonfinite_values_are_the_kernels(case, mask, launches):
+    """A value holding inf or NaN gives the statements' result from the kernel alone (a
+    masked key's inf weighs 0 * inf = NaN there): one launch, nothing run beside it."""
+    Q, K, V = qkv((1, 1, 37, 40, 4, 3))
+    VALUE_CASES[case](V)
+    got = ef.ein(program(MASKS[mask]), Q=Q, K=K, V=V, scale=0.3, backend="triton")
     assert len(launches) == 1
-    expected = expected_of(Q, K, V, 1.0, "j <= i")
-    assert np.isnan(got[0, 0, :4, 1].cpu().numpy()).all()     # 0 * inf at the masked key
-    # finite values whose float32 sum overflows: the check cannot tell, the statements run
+    expected = expected_of(Q, K, V, 0.3, MASKS[mask])
+    assert not np.isfinite(expected).all()
+    np.testing.assert_array_equal(np.isnan(got.cpu().numpy()), np.isnan(expected))
+    np.testing.assert_allclose(got.cpu().numpy(), expected, rtol=2e-5, atol=2e-6)
+    unnormalised = ef.ein(program(MASKS[mask], normalised=False), Q=Q, K=K, V=V,
+                          scale=0.3, backend="triton")
+    want = expected_of(Q, K, V, 0.3, MASKS[mask], normalised=False)
+    np.testing.assert_array_equal(np.isnan(unnormalised.cpu().numpy()), np.isnan(want))
+    np.testing.assert_allclose(unnormalised.cpu().numpy(), want, rtol=2e-5, atol=2e-6)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("case", ["inf past the diagonal", "-inf in the tail"])
+def test_nonfinite_half_values(case, dtype, launches):
+    # the causal mask's unweighed keys read as bits: each 16-bit format's exponent field
+    Q, K, V = qkv((1, 1, 37, 40, 4, 3), dtype)
+    VALUE_CASES[case](V)
+    got = ef.ein(program(MASKS["causal"]), Q=Q, K=K, V=V, scale=0.3, backend="triton")
+    assert len(launches) == 1
+    expected = expected_of(Q, K, V, 0.3, MASKS["causal"])
+    result = got.double().cpu().numpy()
+    np.testing.assert_array_equal(np.isnan(result), np.isnan(expected))
+    np.testing.assert_allclose(result, expected, rtol=TOLERANCE[dtype], atol=TOLERANCE[dtype])
+
+
+def test_values_whose_sums_overflow(launches):
+    # finite values whose float32 sums overflow: the block's sums are taken again with
+    # the final maxima, as the statements take them (inf past row 0)
+    Q, K, _ = qkv((1, 1, 6, 6, 2, 2))
     V = torch.full((1, 1, 6, 2), 3e38, device=DEVICE)
     huge = ef.ein(program(), Q=Q, K=K, V=V, scale=1.0, backend="triton")
+    assert len(launches) == 1
     one_by_one_f32, _ = ef.ein(program(), Q=Q, K=K, V=V, scale=1.0, backend="numpy",
                                outputs=("O", "S"))      # float32 sums: inf past row 0
+    assert np.isinf(one_by_one_f32.cpu().numpy()).any()
     np.testing.assert_allclose(huge.cpu().numpy(), one_by_one_f32.cpu().numpy(), rtol=1e-6)
-    np.testing.assert_array_equal(np.isnan(got.cpu().numpy()), np.isnan(expected))
 
 
 # -- what the kernel leaves to the statements --------------------------------------------
@@ -301,3 +342,23 @@ def test_explain_says_where_the_kernel_runs():
     text = str(ef.explain(single, shapes={"Q": (50, 32), "K": (50, 32), "V": (50, 32)},
                           backend="triton"))
     assert "Triton kernel" in text
+
+
+def test_recorded_with_a_nonfinite_value_records_the_statements():
+    """Recorded by autograd, a value holding inf runs the statements (their backward's
+    inf and NaN differ from the fused node's formula there): output and gradients equal
+    the statements' on the NumPy backend, NaN and inf included."""
+    g = torch.Generator().manual_seed(3)
+    base = [torch.randn(1, 1, 12, 4, generator=g) for _ in range(3)]
+    base[2][0, 0, 8, 1] = torch.inf
+    seed = torch.randn(1, 1, 12, 4, generator=g)
+    found = {}
+    for backend in ("triton", "numpy"):
+        Q, K, V = (t.clone().to(DEVICE).requires_grad_() for t in base)
+        out = ef.ein(program(), Q=Q, K=K, V=V, scale=0.5, backend=backend)
+        out.backward(seed.to(DEVICE))
+        found[backend] = [out.detach()] + [t.grad for t in (Q, K, V)]
+    for got, want in zip(found["triton"], found["numpy"]):
+        got, want = got.cpu().numpy(), want.cpu().numpy()
+        np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)

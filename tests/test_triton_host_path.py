@@ -181,3 +181,26 @@ def test_row_group_parameters_are_kept_per_value():
         assert [r.kernel for r in seen] == ["einfuse_rows"]
         want = x / torch.sqrt((x * x).mean(1, keepdim=True) + eps)
         np.testing.assert_allclose(got.cpu().numpy(), want.cpu().numpy(), rtol=1e-12)
+
+
+def test_recorded_program_repeated_with_a_differentiable_backward():
+    """The Triton program node's repeated call (torch's C entry, the signature's node),
+    then a backward with create_graph=True (the statements again, recorded): first and
+    second derivatives against torch's softmax."""
+    x = torch.from_numpy(np.random.default_rng(5).standard_normal((4, 6))).to(DEVICE)
+    seed = torch.from_numpy(np.random.default_rng(6).standard_normal((4, 6))).to(DEVICE)
+    program = ef.compile("m[i] := max[j](X[i,j])\ne[i,j] := exp(X[i,j] - m[i])\n"
+                         "P[i,j] := e[i,j] / sum[k](e[i,k])", backend="triton")
+    for _ in range(2):              # the first call makes the node, the second repeats it
+        ours, theirs = x.clone().requires_grad_(), x.clone().requires_grad_()
+        out = program(X=ours)
+        assert type(out.grad_fn).__name__ == "TritonProgramFunctionBackward"
+        (grad,) = torch.autograd.grad(out, ours, seed, create_graph=True)
+        (want,) = torch.autograd.grad(torch.softmax(theirs, 1), theirs, seed,
+                                      create_graph=True)
+        np.testing.assert_allclose(grad.detach().cpu().numpy(), want.detach().cpu().numpy(),
+                                   rtol=1e-10, atol=1e-12)
+        (second,) = torch.autograd.grad((grad * grad).sum(), ours)
+        (second_want,) = torch.autograd.grad((want * want).sum(), theirs)
+        np.testing.assert_allclose(second.cpu().numpy(), second_want.cpu().numpy(),
+                                   rtol=1e-9, atol=1e-11)

@@ -13,6 +13,7 @@ from einfuse.backends.triton import backend as triton_backend, launch
 from program_texts import LAYERNORM, SOFTMAX
 
 torch = pytest.importorskip("torch")
+from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
 pytestmark = pytest.mark.skipif(not triton_backend.available(),
                                 reason="Triton is not installed")
 DEVICE = torch.device("cpu" if triton_backend.interpreted() else "cuda")
@@ -104,21 +105,50 @@ ATTENTION = ("S[b,h,i,j] := where(j <= i, sum[d](Q[b,h,i,d]*K[b,h,j,d]) * scale,
              "O[b,h,i,e] := sum[j](P[b,h,i,j] * V[b,h,j,e]) / sum[j](P[b,h,i,j])")
 
 
+# what torch runs beside the kernel in a call, allowed: allocations, views and the
+# interpreter's copies of its operands (no reduction, no comparison, and no read of a
+# device value by the host: aten._local_scalar_dense is that round trip)
+MEMORY_OPS = ("aten.empty", "aten.new_empty", "aten.empty_like", "aten.detach",
+              "aten.copy_", "aten.set_", "aten.alias", "aten.view", "aten.as_strided",
+              "aten._to_copy", "aten.permute", "aten.unsqueeze", "aten.squeeze",
+              "aten.select", "aten.slice", "aten.expand", "aten._unsafe_view",
+              "aten._reshape_alias", "aten.reshape", "aten.clone")
+
+
+class _TorchOps(TorchDispatchMode):
+    """The names of the aten operations run inside the block."""
+
+    def __init__(self):
+        super().__init__()
+        self.names = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.names.append(str(func))
+        return func(*args, **(kwargs or {}))
+
+
 def test_attention_is_one_kernel():
-    """The fused attention's forward is one Triton launch per call, repeated calls too.
-    (The value's finiteness check -- a sum over V in torch and a wait for that answer,
-    backends/triton/attention._finite_check -- still runs beside it: the host round
-    trip that issue 36 item 2 asks to remove is still there.)"""
+    """The fused attention is one Triton launch per call, repeated calls too, with no
+    host round trip: the value's inf and NaN are the kernel's own question
+    (backends/triton/attention.py), so torch runs nothing beside it but allocations --
+    with a value holding inf too, which gives the statements' NaN from the kernel."""
     g = torch.Generator().manual_seed(5)
     Q, K, V = (torch.randn(1, 2, 37, 8, generator=g).to(DEVICE) for _ in range(3))
     program = ef.compile(ATTENTION, backend="triton")
-    scores = torch.einsum("bhid,bhjd->bhij", Q.double(), K.double()) * 0.5
-    scores = scores.masked_fill(~torch.ones(37, 37, dtype=torch.bool).tril().to(DEVICE),
-                                -torch.inf)
-    want = torch.softmax(scores, -1) @ V.double()
-    for _ in range(2):
-        with launch.observed() as seen:
-            got = program(Q=Q, K=K, V=V, scale=0.5)
+    poisoned = V.clone()
+    poisoned[0, 1, 30, 2] = torch.inf        # rows 0-29 weigh it 0: NaN in column 2
+    for value in (V, V, poisoned, poisoned):
+        scores = torch.einsum("bhid,bhjd->bhij", Q.double(), K.double()) * 0.5
+        scores = scores.masked_fill(
+            ~torch.ones(37, 37, dtype=torch.bool).tril().to(DEVICE), -torch.inf)
+        weights = torch.softmax(scores, -1)
+        want = (weights[..., None] * value.double()[:, :, None]).sum(-2)   # 0 * inf: NaN
+        with launch.observed() as seen, _TorchOps() as ops:
+            got = program(Q=Q, K=K, V=value, scale=0.5)
         assert [r.kernel for r in seen] == ["_attention_forward"]
+        assert all(name.startswith(MEMORY_OPS) for name in ops.names), \
+            sorted(set(ops.names))
+        np.testing.assert_array_equal(got.isnan().cpu().numpy(), want.isnan().cpu().numpy())
         np.testing.assert_allclose(got.cpu().numpy(), want.cpu().numpy(), rtol=2e-5,
                                    atol=2e-5)
+    assert got[0, 1, :30, 2].isnan().all() and got[0, 1, 30:, 2].isinf().all()

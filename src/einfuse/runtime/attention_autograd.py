@@ -229,7 +229,10 @@ def run_recorded_triton(attention: Attention, named: Dict[str, object], options,
     if scale_value is None:
         return None
     with torch.no_grad():
-        out = triton_attention.run(attention, named, lambda query: scale_value, route)
+        # (finite values only: the backward's formula gives the statements' inf and NaN
+        # for finite values, not for a value holding inf or NaN)
+        out = triton_attention.run(attention, named, lambda query: scale_value, route,
+                                   finite_values=True)
     if out is None:
         return None
     batch_shape = tuple(tensors[0].shape[attention.query_indices.index(b)]

@@ -19,7 +19,9 @@ needs no scatter (a gather's gradient: it runs statement by statement, as before
 
 from __future__ import annotations
 
+import importlib.util
 import threading
+from types import MappingProxyType
 from typing import Dict, Optional, Tuple
 
 import numpy as np
@@ -29,24 +31,44 @@ from .run_groups import run_statements
 from .signatures import signature_of
 from .torch_autograd import refuse_in_transform, save_tensors, saved_tensors
 from ..analysis.frameworks import torch_recording as recording
+from ..analysis.triton_facts import interpreted
 from .program_calls import differentiable_inputs, remember_call, shaped_like
 from .program_backward import PLANS_KEPT, BackwardRun
+
+_NONE = MappingProxyType({})     # a call's scalars where it has none
+_detach = torch.Tensor.detach
 
 
 def triton_route(env: Dict[str, object], backend: str) -> bool:
     """Whether a call on ``env`` runs on the Triton backend: torch tensors of one CUDA
     device with ``backend="auto"`` or ``"triton"``, or, under the interpreter, CPU
-    tensors with ``backend="triton"``."""
-    from ..backends.triton import backend as triton_backend
+    tensors with ``backend="triton"``.  (Asked on every unrecorded torch call: the
+    tensors' places are read by ``is_cuda``/``get_device``, which make no torch.device
+    object, and a CUDA tensor's presence already says that CUDA is there, so that only
+    whether Triton is installed is left to ask, once.)"""
     if backend not in ("auto", "triton"):
         return False
-    devices = {v.device for v in env.values() if isinstance(v, torch.Tensor)}
-    if len(devices) != 1:
+    place = None
+    for value in env.values():
+        if isinstance(value, torch.Tensor):
+            here = value.get_device() if value.is_cuda else "cpu" if value.is_cpu else None
+            if here is None or (place is not None and here != place):
+                return False     # another device type, or two devices
+            place = here
+    if place is None:
         return False
-    device = next(iter(devices))
-    if device.type == "cuda":
-        return triton_backend.available()
-    return device.type == "cpu" and backend == "triton" and triton_backend.interpreted()
+    if place != "cpu":
+        return _triton_installed()
+    return backend == "triton" and interpreted()
+
+
+_installed: list = []
+
+
+def _triton_installed() -> bool:
+    if not _installed:
+        _installed.append(importlib.util.find_spec("triton") is not None)
+    return _installed[0]
 
 
 def recorded(owner, kernels, env: Dict[str, object], backend: str) -> Optional[Tuple]:
@@ -63,7 +85,7 @@ def recorded(owner, kernels, env: Dict[str, object], backend: str) -> Optional[T
         return None
     call = TritonCall(owner, tuple(kernels), tuple(names), env, found, backend)
     remember_call(owner, signature_of(env), call)
-    return call.apply(env)
+    return call.apply(env, TritonProgramFunction.apply)
 
 
 class TritonCall:
@@ -79,6 +101,8 @@ class TritonCall:
         tensors = tuple(n for n, v in env.items() if isinstance(v, torch.Tensor))
         self.others = tuple(n for n in tensors if n not in names)
         self.passed = names + self.others
+        self.saved_names = self.passed + tuple(self.outputs)    # the saved tensors
+        self.extra = (None,) * len(self.others)      # the other tensors' gradients
         self.scalars = tuple(n for n in env if n not in tensors)
         self.backward, self.recompute = backward, recompute
         self.keep = frozenset(self.outputs) | frozenset(saved)
@@ -86,6 +110,10 @@ class TritonCall:
         self.shaped = tuple(n for n in backward.shaped if n not in self.kept and
                             n not in env and n not in self.outputs)
         self.input_shapes = tuple((tuple(env[n].shape), env[n].dtype) for n in names)
+        # per seed of the backward: the output's position among the gradients torch
+        # passes, its name and the seed's
+        self.seeding = tuple((self.outputs.index(name), name, seed) for name, seed in
+                             zip(backward.outputs, backward.seeds))
         self.runs: dict = {}          # the forward's prepared runs (run_statements)
         # the forward's prepared run, once there is one: every call of this node has the
         # signature it was made for (the holder looks it up by signature), so a repeated
@@ -95,12 +123,19 @@ class TritonCall:
         self._placeholders: Optional[Dict[str, object]] = None
         self._lock = threading.Lock()
 
-    def apply(self, env: Dict[str, object]):
-        if not recording():
-            return None
-        refuse_in_transform(self.names)
-        scalars = {name: env[name] for name in self.scalars}
-        return TritonProgramFunction.apply((self, scalars), *[env[n] for n in self.passed])
+    def apply(self, env: Dict[str, object], node_apply=None):
+        """The node's outputs on ``env``, a call of this node's signature (looked up by
+        signature_of, which refuses torch.func's wrapped tensors): the node is applied
+        by torch's C entry, without ``Function.apply``'s Python steps (the setup-context
+        probe, the transform check made here, the unwrapping of dead torch.func
+        wrappers that such a signature cannot hold).  ``node_apply``: torch's full
+        ``Function.apply`` instead (the first call, whose tensors nothing has vetted)."""
+        if not torch.is_grad_enabled() or torch.is_inference_mode_enabled():
+            return None       # (recording(), inlined: this is every repeated call's path)
+        if torch._C._are_functorch_transforms_active():
+            refuse_in_transform(self.names)
+        scalars = {name: env[name] for name in self.scalars} if self.scalars else _NONE
+        return (node_apply or _node_apply)((self, scalars), *[env[n] for n in self.passed])
 
     def forward(self, env: Dict[str, object]) -> None:
         prepared = self._forward_run
@@ -125,16 +160,19 @@ class TritonCall:
     def gradients(self, env: Dict[str, object], grads, wanted) -> Tuple:
         """The wanted inputs' gradients (None for the others) from the program's
         backward on ``env`` (the saved tensors and scalars) and the outputs' ``grads``."""
-        for name, seed in zip(self.backward.outputs, self.backward.seeds):
-            grad = grads[self.outputs.index(name)]
-            value = env[name]
-            if grad is None or not value.dtype.is_floating_point:
+        key = []
+        for position, name, seed in self.seeding:
+            grad = grads[position]
+            if grad is None or not env[name].dtype.is_floating_point:
+                value = env[name]
                 grad = torch.zeros(value.shape, dtype=value.dtype if
                                    value.dtype.is_floating_point else torch.float32,
                                    device=value.device)
             env[seed] = grad
-        key = tuple((tuple(env[s].shape), env[s].dtype, env[s].stride())
-                    for s in self.backward.seeds)
+            key.append((grad.shape, grad.dtype, grad.stride()))
+        # the backward is planned per layout of the seeds (the saved tensors' follow
+        # from the forward's signature, which is this node's)
+        key = tuple(key)
         run = self._backwards.get(key)
         if run is None:
             run = BackwardRun(self.backward, env, self.backend, self.recompute, "torch")
@@ -166,7 +204,7 @@ class TritonProgramFunction(torch.autograd.Function):
     def forward(ctx, state, *tensors):
         call, scalars = state
         env = dict(scalars)
-        env.update(zip(call.passed, (t.detach() for t in tensors)))
+        env.update(zip(call.passed, map(_detach, tensors)))
         call.forward(env)
         outputs = tuple(env[name] for name in call.outputs)
         for output in outputs:
@@ -182,18 +220,19 @@ class TritonProgramFunction(torch.autograd.Function):
     def backward(ctx, *grads):
         call, scalars = ctx.state
         saved = saved_tensors(ctx)
-        tensors, outputs = saved[:len(call.passed)], saved[len(call.passed):]
         wanted = ctx.needs_input_grad[1:1 + len(call.names)]
-        extra = (None,) * len(call.others)
         if torch.is_grad_enabled():      # create_graph=True: a differentiable backward
-            found = _differentiable(call, scalars, tensors, grads, wanted)
-            return (None,) + tuple(found.get(name) for name in call.names) + extra
-        env = dict(scalars)
-        env.update(zip(call.passed, (t.detach() for t in tensors)))
-        env.update(zip(call.outputs, (o.detach() for o in outputs)))
-        env.update(ctx.kept)
-        env.update(ctx.shaped)
-        return (None,) + call.gradients(env, grads, wanted) + extra
+            found = _differentiable(call, scalars, saved[:len(call.passed)], grads, wanted)
+            return (None,) + tuple(found.get(name) for name in call.names) + call.extra
+        # (the names are disjoint: the call's tensors, its outputs, the intermediates
+        # kept and the placeholders' shapes)
+        env = {**scalars, **ctx.kept, **ctx.shaped}
+        env.update(zip(call.saved_names, map(_detach, saved)))
+        return (None,) + call.gradients(env, grads, wanted) + call.extra
+
+
+# torch's C entry of a Function (what ``Function.apply`` calls last), bound to the node
+_node_apply = super(torch.autograd.Function, TritonProgramFunction).apply
 
 
 def _differentiable(call: TritonCall, scalars, tensors, grads, wanted):

@@ -15,7 +15,13 @@ accumulator (the softmax-weighted-sum monoid), so nothing N x N exists.
   over: no transposing copies), two batch axes addressed directly;
 * every row whose visible scores are all -inf gives NaN, as the statements' exp(-inf -
   -inf) does, and a -inf block seen first does not poison the rows that see finite
-  scores later.
+  scores later;
+* a value (V) holding inf or NaN gives what the statements give (0 * inf = NaN at a
+  key a row weighs 0, a masked one too): the kernel finds it (in its accumulator, and
+  under a causal mask in the keys past the ones it weighed, read as bits: their
+  exponent fields, an extra read of those value rows per block of query rows, from L2,
+  not yet timed on a GPU) and weighs every key again for that block of rows, so the
+  host never waits for a check.
 
 Runs on CUDA tensors, and on the CPU under ``TRITON_INTERPRET=1`` (where the bfloat16
 dot is computed in float32: the interpreter's bfloat16 dot is wrong)."""
@@ -30,8 +36,8 @@ from typing import Iterator, Optional, Tuple
 import numpy as np
 
 import triton
-import triton.language as tl
 
+from .attention_kernel import EXPONENT_BITS, _attention_forward
 from .launch import PreparedLaunch
 
 MAX_HEAD_DIM = 128      # D and E up to this (padded to a power of two, at least 16)
@@ -156,7 +162,8 @@ def launch(query: Operand, key: Operand, value: Operand, out: Operand,
                  BLOCK_E=_padded(features), BLOCK_M=config.block_m,
                  BLOCK_N=config.block_n, MASK=mask, NORMALISED=normalised,
                  EXACT=dtype_name == "float32",
-                 UPCAST=interpreted and dtype_name == "bfloat16"),
+                 UPCAST=interpreted and dtype_name == "bfloat16",
+                 EXPONENT=EXPONENT_BITS[dtype_name]),
             device.index if device.type == "cuda" else None)
         if len(_launchers) >= _PLANS_KEPT:
             _launchers.clear()
@@ -165,136 +172,6 @@ def launch(query: Operand, key: Operand, value: Operand, out: Operand,
              score_scale, *query.strides, *key.strides, *value.strides, *out.strides,
              rows, keys)
     return config
-
-
-@triton.jit
-def _load_tile(base, first, second, stride_first, stride_second, limit_first, limit_second,
-               CHECK_FIRST: tl.constexpr, CHECK_SECOND: tl.constexpr):
-    """A 2-d tile at offsets first x second; the bounds checked only where asked."""
-    pointers = base + first[:, None] * stride_first + second[None, :] * stride_second
-    if CHECK_FIRST and CHECK_SECOND:
-        return tl.load(pointers, mask=(first[:, None] < limit_first)
-                       & (second[None, :] < limit_second), other=0.0)
-    elif CHECK_FIRST:
-        return tl.load(pointers, mask=first[:, None] < limit_first, other=0.0)
-    elif CHECK_SECOND:
-        return tl.load(pointers, mask=second[None, :] < limit_second, other=0.0)
-    else:
-        return tl.load(pointers)
-
-
-@triton.jit
-def _key_block(q, m_i, l_i, acc, K, V, offs_m, offs_n, offs_d, offs_e,
-               stride_kn, stride_kd, stride_vn, stride_ve, keys, score_scale,
-               DOT: tl.constexpr, FEATURES: tl.constexpr, BLOCK_D: tl.constexpr,
-               BLOCK_E: tl.constexpr, MASK: tl.constexpr, EDGE: tl.constexpr,
-               EXACT: tl.constexpr, UPCAST: tl.constexpr):
-    """One block of keys folded into the running state (m_i, l_i, acc).  ``EDGE``: the
-    block may hold keys past the end or past the diagonal, which are masked to -inf.
-    K and V point at the block's first key; ``offs_m`` and ``keys`` are relative to it."""
-    cols = offs_n
-    # the keys transposed (BLOCK_D x BLOCK_N), read through their strides
-    k = _load_tile(K, offs_d, cols, stride_kd, stride_kn, DOT, keys,
-                   BLOCK_D != DOT, EDGE)
-    if UPCAST:
-        k = k.to(tl.float32)
-    if EXACT:
-        s = tl.dot(q, k, input_precision="ieee")
-    else:
-        s = tl.dot(q, k)
-    s = s * score_scale
-    if EDGE:
-        seen = cols[None, :] < keys
-        if MASK == 1:
-            seen = seen & (cols[None, :] <= offs_m[:, None])
-        elif MASK == 2:
-            seen = seen & (cols[None, :] < offs_m[:, None])
-        s = tl.where(seen, s, float("-inf"))
-    m_new = tl.maximum(m_i, tl.max(s, 1))
-    # while every score seen is -inf the weights are 0 (not exp2(-inf + inf) = NaN):
-    # a row that sees a finite score later must not be poisoned
-    m_base = tl.where(m_new == float("-inf"), 0.0, m_new)
-    p = tl.math.exp2(s - m_base[:, None])
-    alpha = tl.math.exp2(m_i - m_base)
-    l_i = l_i * alpha + tl.sum(p, 1)
-    v = _load_tile(V, cols, offs_e, stride_vn, stride_ve, keys, FEATURES,
-                   EDGE, BLOCK_E != FEATURES)
-    acc = acc * alpha[:, None]
-    if EXACT:
-        acc = tl.dot(p, v, acc, input_precision="ieee")
-    elif UPCAST:
-        acc = tl.dot(p, v.to(tl.float32), acc)
-    else:
-        acc = tl.dot(p.to(v.dtype), v, acc)
-    return m_new, l_i, acc
-
-
-@triton.jit
-def _attention_forward(Q, K, V, O, score_scale,
-                       stride_q1, stride_q2, stride_qm, stride_qd,
-                       stride_k1, stride_k2, stride_kn, stride_kd,
-                       stride_v1, stride_v2, stride_vn, stride_ve,
-                       stride_o1, stride_o2, stride_om, stride_oe,
-                       rows, keys,
-                       DOT: tl.constexpr, FEATURES: tl.constexpr,
-                       BLOCK_D: tl.constexpr, BLOCK_E: tl.constexpr,
-                       BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                       MASK: tl.constexpr, NORMALISED: tl.constexpr,
-                       EXACT: tl.constexpr, UPCAST: tl.constexpr):
-    block = tl.program_id(0)
-    if MASK != 0:        # the longest programs (the last rows) first
-        block = tl.num_programs(0) - 1 - block
-    b1 = tl.program_id(1).to(tl.int64)
-    b2 = tl.program_id(2).to(tl.int64)
-    Q += b1 * stride_q1 + b2 * stride_q2
-    K += b1 * stride_k1 + b2 * stride_k2
-    V += b1 * stride_v1 + b2 * stride_v2
-    O += b1 * stride_o1 + b2 * stride_o2
-    first_row = block * BLOCK_M
-    offs_m = first_row + tl.arange(0, BLOCK_M)
-    offs_n = tl.arange(0, BLOCK_N)
-    offs_d = tl.arange(0, BLOCK_D)
-    offs_e = tl.arange(0, BLOCK_E)
-    q = _load_tile(Q, offs_m, offs_d, stride_qm, stride_qd, rows, DOT, True, BLOCK_D != DOT)
-    if UPCAST:
-        q = q.to(tl.float32)
-    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
-    l_i = tl.zeros([BLOCK_M], tl.float32)
-    acc = tl.zeros([BLOCK_M, BLOCK_E], tl.float32)
-    # keys [0, inner) are seen by every row of the block and all exist: no masks;
-    # keys [inner, outer) are the diagonal's and the tail's blocks, masked
-    whole = (keys // BLOCK_N) * BLOCK_N
-    if MASK == 0:
-        inner = whole
-        outer = keys
-    else:
-        shift = 1 if MASK == 1 else 0          # j <= i sees key i, j < i does not
-        inner = tl.minimum(((first_row + shift) // BLOCK_N) * BLOCK_N, whole)
-        outer = tl.minimum(first_row + BLOCK_M - 1 + shift, keys)
-    for start in range(0, inner, BLOCK_N):
-        m_i, l_i, acc = _key_block(q, m_i, l_i, acc, K + start * stride_kn,
-                                   V + start * stride_vn, offs_m - start, offs_n,
-                                   offs_d, offs_e, stride_kn, stride_kd, stride_vn,
-                                   stride_ve, keys - start, score_scale, DOT, FEATURES,
-                                   BLOCK_D, BLOCK_E, MASK, False, EXACT, UPCAST)
-    for start in range(inner, outer, BLOCK_N):
-        m_i, l_i, acc = _key_block(q, m_i, l_i, acc, K + start * stride_kn,
-                                   V + start * stride_vn, offs_m - start, offs_n,
-                                   offs_d, offs_e, stride_kn, stride_kd, stride_vn,
-                                   stride_ve, keys - start, score_scale, DOT, FEATURES,
-                                   BLOCK_D, BLOCK_E, MASK, True, EXACT, UPCAST)
-    if NORMALISED:
-        result = acc / l_i[:, None]
-    else:
-        result = acc
-    # a row that saw no finite score: the statements' exp(-inf - -inf) is NaN
-    result = tl.where((m_i == float("-inf"))[:, None], float("nan"), result)
-    pointers = O + offs_m[:, None] * stride_om + offs_e[None, :] * stride_oe
-    if BLOCK_E != FEATURES:
-        stored = (offs_m[:, None] < rows) & (offs_e[None, :] < FEATURES)
-    else:
-        stored = offs_m[:, None] < rows
-    tl.store(pointers, result.to(O.dtype.element_ty), mask=stored)
 
 
 # -- the call: which route, the operands' strided views, the launch -----------------------
@@ -337,13 +214,17 @@ def route(options, named, operand_names) -> Optional[AttentionTarget]:
     return AttentionTarget.GPU if torch.cuda.is_available() else None
 
 
-def run(attention, named, scale_of, route_taken: AttentionTarget):
+def run(attention, named, scale_of, route_taken: AttentionTarget,
+        finite_values: bool = False):
     """The attention's output for this call (a torch tensor for torch callers, a NumPy
     array for NumPy callers), or None where the statements must run: not one supported
-    float dtype, extents that disagree or are empty, a value holding inf or NaN (a
-    masked key's inf value gives 0 * inf = NaN in the statements; the kernel never
-    reads it), offsets past int32.  ``scale_of(query)`` gives the scale (a float), or
-    None where the statements must judge it."""
+    float dtype, extents that disagree or are empty, offsets past int32.
+    ``scale_of(query)`` gives the scale (a float), or None where the statements must
+    judge it.  (A value holding inf or NaN is the kernel's own case: where it finds one
+    it weighs every key as the statements do, _attention_forward.)  ``finite_values``:
+    None for a value holding inf or NaN too (checked beside the kernel, the host
+    waiting for that check alone): for a caller whose own backward formula is the
+    statements' only on finite values (runtime/attention_autograd.py)."""
     import torch
     names = (attention.query, attention.key, attention.value)
     given = [named[n] for n in names]
@@ -377,7 +258,7 @@ def run(attention, named, scale_of, route_taken: AttentionTarget):
     if route_taken is AttentionTarget.GPU and tensors[0].device.type == "cpu":
         tensors = [t.cuda() for t in tensors]
     out = _launch_call(attention, tensors, extents, score_scale,
-                       route_taken is AttentionTarget.INTERPRETER)
+                       route_taken is AttentionTarget.INTERPRETER, finite_values)
     if out is None:
         return None
     if numpy_caller:
@@ -459,14 +340,14 @@ def _direct_plan(attention, tensors, extents) -> Optional[_Plan]:
     return plan
 
 
-def _launch_call(attention, tensors, extents, score_scale: float, interpreted: bool):
+def _launch_call(attention, tensors, extents, score_scale: float, interpreted: bool,
+                 finite_values: bool = False):
     import torch
-    from ...errors import BackendError
     from ...rewrite.online_softmax import MaskKind
     from ...rewrite.attention_layout import operand_layouts
     plan = _direct_plan(attention, tensors, extents)
     if plan is not None:
-        return _launch(attention, plan, tensors, score_scale, interpreted)
+        return _launch(attention, plan, tensors, score_scale, interpreted, finite_values)
     batch_rank = len(attention.batch)
     views = [_canonical_view(t, indices, order, batch_rank)
              for t, (order, indices) in zip(tensors, operand_layouts(attention))]
@@ -483,19 +364,11 @@ def _launch_call(attention, tensors, extents, score_scale: float, interpreted: b
         return None
     q, k, v = views
     mask = {MaskKind.NONE: 0, MaskKind.CAUSAL: 1, MaskKind.STRICT_CAUSAL: 2}[attention.mask]
-    on_gpu = out.device.type == "cuda"
-    try:
-        with torch.cuda.device(out.device) if on_gpu and \
-                out.device.index != torch.cuda.current_device() else contextlib.nullcontext():
-            finite = _finite_check(tensors[2], on_gpu)
-            launch(*(Operand(x, tuple(x.stride())) for x in (q, k, v, out_view)),
-                   tuple(q.shape[:2]), q.shape[2], k.shape[2], q.shape[3], v.shape[3],
-                   score_scale, mask, attention.normalised, interpreted)
-            if not finite():
-                return None      # the result is dropped: the statements run
-    except Exception as error:     # compilation or resources: the kernel's fault
-        raise BackendError(f"the fused Triton attention kernel failed: "
-                           f"{type(error).__name__}: {error}") from error
+    if not _launched(out.device, tensors[2] if finite_values else None,
+                     *(Operand(x, tuple(x.stride())) for x in (q, k, v, out_view)),
+                     tuple(q.shape[:2]), q.shape[2], k.shape[2], q.shape[3], v.shape[3],
+                     score_scale, mask, attention.normalised, interpreted):
+        return None      # the result is dropped: the statements run
     if staged:
         shaped = out_view.reshape([extents[n] for n in out_order])
         out.copy_(shaped.permute([out_order.index(n) for n in attention.output_indices]))
@@ -505,27 +378,36 @@ def _launch_call(attention, tensors, extents, score_scale: float, interpreted: b
 _MASK_MODES = {"none": 0, "j <= i": 1, "j < i": 2}     # MaskKind's values
 
 
-def _launch(attention, plan: _Plan, tensors, score_scale: float, interpreted: bool):
+def _launch(attention, plan: _Plan, tensors, score_scale: float, interpreted: bool,
+            finite_values: bool = False):
     """The launch of a cached plan: the operands as they are, with the plan's strides."""
     import torch
+    out = torch.empty(plan.out_shape, dtype=tensors[0].dtype, device=tensors[0].device)
+    if not _launched(out.device, tensors[2] if finite_values else None,
+                     *(Operand(x, strides) for x, strides in zip(
+                         (tensors[0], tensors[1], tensors[2], out), plan.strides)),
+                     plan.batch, *plan.extents, score_scale,
+                     _MASK_MODES[attention.mask.value], attention.normalised, interpreted):
+        return None      # the result is dropped: the statements run
+    return out
+
+
+def _launched(device, checked, *arguments) -> bool:
+    """``launch(*arguments)`` on ``device``; False where ``checked`` (a value to check
+    for inf and NaN beside the kernel, or None) is not all finite.  A failure of the
+    kernel (its compilation, resources) is raised as the kernel's."""
+    import torch
     from ...errors import BackendError
-    device = tensors[0].device
-    out = torch.empty(plan.out_shape, dtype=tensors[0].dtype, device=device)
     on_gpu = device.type == "cuda"
     try:
         with torch.cuda.device(device) if on_gpu and \
                 device.index != torch.cuda.current_device() else contextlib.nullcontext():
-            finite = _finite_check(tensors[2], on_gpu)
-            launch(*(Operand(x, strides) for x, strides in zip(
-                       (tensors[0], tensors[1], tensors[2], out), plan.strides)),
-                   plan.batch, *plan.extents, score_scale,
-                   _MASK_MODES[attention.mask.value], attention.normalised, interpreted)
-            if not finite():
-                return None      # the result is dropped: the statements run
+            finite = _finite_check(checked, on_gpu) if checked is not None else None
+            launch(*arguments)
+            return finite is None or finite()
     except Exception as error:     # compilation or resources: the kernel's fault
         raise BackendError(f"the fused Triton attention kernel failed: "
                            f"{type(error).__name__}: {error}") from error
-    return out
 
 
 def _finite_check(value, on_gpu: bool):

@@ -19,9 +19,10 @@ takes the kernel's usual launch (launch.py)."""
 
 from __future__ import annotations
 
+import math
 import struct
 import threading
-from typing import Callable, Dict, Mapping, Optional
+from typing import Callable, Dict, Mapping, Optional, Tuple
 
 from ...plan import buffer_slots
 
@@ -57,6 +58,8 @@ def repeat_runner(call, final_dtype) -> Optional[Runner]:
     result = torch.empty(call.output_shape, dtype=result_dtype, device=device)
     if result.numel() == 0:
         return None
+    template, empty_like = output_template(result.shape, result_dtype, device), \
+        torch.empty_like
     bounds = bounds_mode(call)
     layouts = [tb._Layout.of(t) for t in tensors + [result]]
     ready = tb._launches.get(tb._launch_key(call, layouts, bounds))
@@ -85,8 +88,19 @@ def repeat_runner(call, final_dtype) -> Optional[Runner]:
         return (array,)
 
     def run(named):
-        out = torch.empty(shape, dtype=result_dtype, device=device)
+        out = empty_like(template)
         launch(*[named[name] for name in names],
                *(parameter_array(named) if params else ()), *scalars, out)
         return out if convert is None else out.to(convert)
     return run
+
+
+def output_template(shape: Tuple[int, ...], dtype, device):
+    """A tensor of ``shape``, ``dtype`` and ``device`` holding one element (every axis
+    broadcast), whose ``torch.empty_like`` is a new contiguous tensor of that shape:
+    torch lays out anew a tensor that is not dense.  An empty shape's template is an
+    empty contiguous tensor itself."""
+    import torch
+    if math.prod(shape) == 0:
+        return torch.empty(shape, dtype=dtype, device=device)
+    return torch.empty((1,) * len(shape), dtype=dtype, device=device).expand(shape)

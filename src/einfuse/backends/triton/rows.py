@@ -23,7 +23,7 @@ from ...ir import ReduceOp
 from ...plan.row_group import RowGroup, along_columns, grid_locals
 from ..identifiers import name
 from .backend import _kernel_module, interpreted, launch_guard, launch_turns, warm_launches
-from .repeat import PARAMETER_ARRAYS_KEPT
+from .repeat import PARAMETER_ARRAYS_KEPT, output_template
 from .launch import PreparedLaunch
 from .elementwise import ELEMENTWISE_HELPERS, TARGET_HELPERS
 from .helpers import HELPERS
@@ -217,7 +217,10 @@ class RowRunner:
     """A group's launch for one call signature: the kernel, its grid and the extents
     (M rows, N columns); each input's strides are read at each call, from the tensor
     passed to the kernel.  ``launcher``: the kernel with this grid and the group's
-    block sizes (launch.py), direct after its first call on a GPU."""
+    block sizes (launch.py), direct after its first call on a GPU.  What a call reads
+    of the group (its inputs' keys, the outputs' keys and shapes, whether it has column
+    sums) is taken out of it once, here, so that a repeated call is the loads of its
+    tensors, the outputs' allocation and the launch."""
     group: RowGroup
     kernel: object
     grid: Tuple[int]
@@ -229,16 +232,26 @@ class RowRunner:
     compiled_launch: bool            # compiled for a GPU (not interpreted)
     working: object                  # the group's working torch dtype
     empty: Callable                  # torch.empty (torch is imported on first use)
+    empty_like: Callable             # torch.empty_like
     outputs: Tuple                   # group.outputs (a property that builds a tuple)
+    inputs: Tuple[Tuple[str, object], ...] = ()   # per input: its key and passed dtype
+    # per output: its key and a template of one element (of its shape, the working
+    # dtype, on the device) that ``torch.empty_like`` copies all but the layout of: about
+    # half the host time of ``torch.empty(shape, dtype=, device=)``, whose keywords torch
+    # parses on every call
+    out_templates: Tuple[Tuple[str, object], ...] = ()
+    column_sums: int = 0             # len(group.columns)
     # scalar parameter values -> their device array (a training loop passes the same
     # few values again and again; a host-to-device copy per call costs about 19 us)
     parameter_arrays: dict = field(default_factory=dict, compare=False, hash=False)
+    # the strides (of the tensors passed) whose launch key is warm (launch_guard): a
+    # repeated call compares its strides with these instead of building that key
+    warm_strides: set = field(default_factory=set, compare=False, hash=False)
 
     def __call__(self, env: Dict[str, object]) -> None:
-        group = self.group
         tensors, strides = [], []
-        for spec, dtype in zip(group.inputs, self.dtypes):
-            tensor = env[spec.key]
+        for key, dtype in self.inputs:
+            tensor = env[key]
             if tensor.requires_grad:
                 tensor = tensor.detach()
             if tensor.is_neg():    # a lazily negated view (z.conj().imag): its values
@@ -249,35 +262,42 @@ class RowRunner:
             # (a converted or resolved copy of a strided slice is laid out anew: the
             # kernel reads it with its own strides, not the argument's)
             strides += tensor.stride()
-        params = (self.parameter_array(env),) if group.params else ()
-        empty = self.empty
-        outs = [empty(m.shape, dtype=self.working, device=self.device)
-                for m in self.outputs]
-        sums = ()
-        if group.columns:
-            import torch
-            if not self.grid[0]:     # no rows: every column's sum is 0
-                outs = [torch.zeros(m.shape, dtype=self.working, device=self.device)
-                        if m.column else out for m, out in zip(self.outputs, outs)]
-            sums = (empty((self.grid[0] * len(group.columns) * group.launch.block,),
-                          dtype=torch.float64, device=self.device),
-                    torch.zeros((1,), dtype=torch.int32, device=self.device))
+        params = (self.parameter_array(env),) if self.group.params else ()
+        empty_like = self.empty_like
+        outs = [empty_like(template) for _, template in self.out_templates]
+        sums = self.column_sum_buffers(outs) if self.column_sums else ()
         if self.grid[0]:
             args = (*tensors, *params, *self.extents, *strides, *outs, *sums)
-            key = ("rows", self.kernel, self.dtypes, tuple(strides))
+            strides = tuple(strides)
             # (launches take turns as the statements' do, triton_backend.launch_guard:
             # a warm GPU kernel's run concurrently, interpreted ones one at a time)
-            if key in warm_launches:
+            if strides in self.warm_strides:
                 if self.compiled_launch:
                     self.launcher(*args)
                 else:
                     with launch_turns:
                         self.launcher(*args)
             else:
+                key = ("rows", self.kernel, self.dtypes, strides)
                 with launch_guard(key):
                     self.launcher(*args)
-        for member, out in zip(self.outputs, outs):
-            env[member.key] = out
+                if key in warm_launches:
+                    with _lock:
+                        self.warm_strides.add(strides)
+        for (key, _), out in zip(self.out_templates, outs):
+            env[key] = out
+
+    def column_sum_buffers(self, outs: List) -> Tuple:
+        """The partial sums' buffer and the finished programs' counter of a group with
+        column sums; with no rows, its column outputs are zeros (``outs`` replaced)."""
+        import torch
+        if not self.grid[0]:     # no rows: every column's sum is 0
+            outs[:] = [torch.zeros(m.shape, dtype=self.working, device=self.device)
+                       if m.column else out for m, out in zip(self.outputs, outs)]
+        block = self.group.launch.block
+        return (self.empty((self.grid[0] * self.column_sums * block,), dtype=torch.float64,
+                           device=self.device),
+                torch.zeros((1,), dtype=torch.int32, device=self.device))
 
     def parameter_array(self, env: Dict[str, object]):
         values = tuple(float(env[p]) for p in self.group.params)
@@ -333,5 +353,10 @@ def runner(group: RowGroup, env: Dict[str, object]) -> RowRunner:
                               dict(ROWS=launch.rows, BLOCK=launch.block,
                                    PARTS=launch.parts),
                               device.index if device.type == "cuda" else None)
+    outputs = tuple(group.outputs)
     return RowRunner(group, kernel, grid, (rows, columns), device, tuple(dtypes), launcher,
-                     not interpreted(), working, torch.empty, tuple(group.outputs))
+                     not interpreted(), working, torch.empty, torch.empty_like, outputs,
+                     tuple((spec.key, dtype) for spec, dtype in zip(group.inputs, dtypes)),
+                     tuple((m.key, output_template(m.shape, working, device))
+                           for m in outputs), len(group.columns))
+
