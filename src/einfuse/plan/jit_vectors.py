@@ -1,0 +1,66 @@
+"""The vector shape of ``ef.jit`` loop bodies, from the machine they are built for.
+
+The jit renderer's register-blocked contractions (backends/c/loops_dot.py) and its
+explicit vector math (backends/c/loops_vmath.py) are written in GCC/Clang vector
+extension types.  Such a type wider than one register is split by the compiler, and
+badly: a 64-byte vector of doubles on AVX2 (two ymm halves) and a block of 16 of them
+(32 ymm registers' worth on a 16-register file) compiled to hundreds of stack stores
+and reloads per block, with the halves moved through general registers; a vmapped
+32 x 32 layer ran 11x slower than the AVX-512 build of the same source.
+
+So the width is one register of the target (analysis/machine.py: 64 bytes with
+AVX-512, 32 with AVX2, 16 with SSE or NEON) and the block is sized to the register
+file: each block holds ``rows x group`` vectors of accumulators, one broadcast of the
+left operand per row and one loaded vector of the right operand, all in registers.
+
+The numbers for 32 registers are those measured on AVX-512 (a group of 8 vectors,
+up to 8 rows, 16 accumulators: the 32 x 32 layer at the FMA peak); for 16 registers
+the same rule, half the file in accumulators, leaves room for the broadcasts."""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+
+from ..analysis.machine import Machine, machine
+
+
+@dataclass(frozen=True)
+class JitVectors:
+    """How the jit renderer's vector code is shaped on one machine."""
+    vector_bytes: int       # one vector register: the width of every vector type used
+    group: int              # vectors of accumulators along an output row, at most
+    rows: int               # rows of a batch of rows computed together, at most
+    accumulators: int       # vectors of accumulators in a block, in all
+    # whether an asm statement may pin a loaded vector to a register ("v" constraint:
+    # x86 only, and only where the vector type is exactly one register)
+    pin_loads: bool
+    # the ``#if`` condition under which the explicit vector math is compiled: GCC with
+    # vector registers of this width (other compilers keep the scalar loops)
+    vector_math_condition: str
+
+    def lanes(self, itemsize: int) -> int:
+        return self.vector_bytes // itemsize
+
+
+_WIDTH_MACRO = {64: "__AVX512F__", 32: "__AVX2__"}
+
+
+def shape_for(target: Machine) -> JitVectors:
+    """The vector shape for ``target``: its register width and count."""
+    width = target.vector_bytes
+    registers = target.vector_registers
+    accumulators = registers // 2
+    group = max(1, registers // 4)
+    rows = max(1, min(8, accumulators // 2))
+    macro = _WIDTH_MACRO.get(width)
+    x86 = macro is not None
+    condition = (f"defined(__GNUC__) && !defined(__clang__) && defined({macro})" if x86
+                 else "0")
+    return JitVectors(width, group, rows, accumulators, x86, condition)
+
+
+@functools.lru_cache(maxsize=1)
+def jit_vectors() -> JitVectors:
+    """The vector shape for this process's C target (``EINFUSE_CPU``)."""
+    return shape_for(machine())
