@@ -15,7 +15,9 @@ Two ways to ``exp``:
   error is below 0.1 ulp on that interval) by Horner's rule, and ``2^n`` built in the
   exponent bits.
 
-From that core (each within 1 ulp of the exact value, as measured):
+From that core (largest errors measured against the exact value on 2001 arguments,
+float64/float32, the same on AVX2 and AVX-512: exp 0.92/0.91 ulp, tanh 2.1/2.5,
+logistic 2.3/1.8):
 
 * ``exp(x) = 2^n (1 + p)``, the power of two applied in two halves so that results
   in the subnormal range round once and large ones overflow to ``inf``;
