@@ -95,7 +95,7 @@ def render_contraction(renderer, step: Assign, x: Expr, y: Read) -> None:
     target = f"&{step.buffer}[" + renderer.offset(
         step.buffer, step.prefix + tuple(Index(n) for n, _ in step.indices)) + "]"
     source = f"&{y.buffer}[{renderer.offset(y.buffer, y.subscripts)}]"
-    group = shape.group
+    group = shape.group if row is not None else shape.row_group
     groups = [(start, min(group, whole - start)) for start in range(0, whole, group)]
     # the groups of ``group`` vectors as one C loop, a shorter last group after it
     shapes = []

@@ -12,8 +12,10 @@ Two ways to ``exp``:
   and a gather costs more than the longer polynomial): ``x = n ln 2 + r`` with
   ``|r| <= ln 2 / 2`` (``ln 2`` split in two so that ``n ln 2`` loses nothing), then
   ``exp(r) - 1 = r + r^2/2 + ... + r^13/13!`` (float: to ``r^7/7!``; the truncation
-  error is below 0.1 ulp on that interval) by Horner's rule, and ``2^n`` built in the
-  exponent bits.
+  error is below 0.1 ulp on that interval) by Estrin's scheme, and ``2^n`` built in the
+  exponent bits.  Estrin's scheme, not Horner's rule: the same number of multiply-adds,
+  but 4 of them deep instead of 11 (float: 3, not 5), and in a loop whose steps depend
+  on each other (an RNN cell, the unbatched seed) that latency is the step's.
 
 From that core (largest errors measured against the exact value on 2001 arguments,
 float64/float32, the same on AVX2 and AVX-512: exp 0.92/0.91 ulp, tanh 2.1/2.5,
@@ -100,17 +102,31 @@ def _select(k: _Type, mask: str, yes: str, no: str) -> str:
 def _reduction(k: _Type, argument: str) -> str:
     """C statements setting ``z`` (n in its low bits), ``n``, ``r`` and ``p = exp(r) - 1``
     for ``argument = n ln 2 + r``, and ``ni``, n as an integer vector."""
-    horner = [f"    {k.v} p = r * {k.taylor[-1]} + {k.taylor[-2]};"]
-    horner += [f"    p = p * r + {c};" for c in reversed(k.taylor[:-2])]
+    powers = len(k.taylor).bit_length() - 1          # r^2, r^4 (, r^8) are needed
+    squares = [f"    {k.v} r2 = r * r;"] + [f"    {k.v} r{2 << j} = r{1 << j} * r{1 << j};"
+                                             for j in range(1, powers)]
     return "\n".join([
         f"    const {k.v} shift = {k.splat(k.shift)};",
         f"    {k.v} z = {argument} * {k.inv_ln2} + shift;          /* n = round(x / ln 2) */",
         f"    {k.v} n = z - shift;",
         f"    {k.v} r = {argument} - n * {k.ln2_hi};",
         "    r = r - n * " + k.ln2_lo + ";",
-        *horner,
-        "    p = p * (r * r) + r;                                  /* exp(r) - 1 */",
+        *squares,
+        f"    {k.v} p = {_estrin(k.taylor)};",
+        "    p = p * r2 + r;                                  /* exp(r) - 1 */",
         f"    {k.i} ni = ({k.i})z - ({k.i})shift;"])
+
+
+def _estrin(coefficients, power: int = 1) -> str:
+    """``c0 + c1 r + c2 r^2 + ...`` as a C expression of the variables ``r``, ``r2``,
+    ``r4``, ``r8``: the low half plus the high half times the power of ``r`` that
+    splits them, each half the same way (a tree of multiply-adds)."""
+    if len(coefficients) == 1:
+        return coefficients[0]
+    split = 1 << (len(coefficients) - 1).bit_length() - 1
+    name = "r" if split == 1 else f"r{split}"
+    low = _estrin(coefficients[:split])
+    return f"({low} + {name} * {_estrin(coefficients[split:])})"
 
 
 def _pow2(k: _Type, exponent: str) -> str:
