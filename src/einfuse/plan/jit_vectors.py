@@ -41,9 +41,23 @@ class JitVectors:
     # the ``#if`` condition under which the explicit vector math is compiled: GCC with
     # vector registers of this width (other compilers keep the scalar loops)
     vector_math_condition: str
+    chains: int = 8         # independent multiply-add chains that keep the FMA units busy
 
     def lanes(self, itemsize: int) -> int:
         return self.vector_bytes // itemsize
+
+    def partial_sums(self, vectors: int, extent: int) -> int:
+        """Independent partial sums along the reduced index of a single row of
+        ``vectors`` accumulators reduced over ``extent`` terms: more than one where the
+        row alone has fewer chains than the FMA units need (``chains``), so that a
+        loop step waiting on the row (an unbatched 12-wide layer: 3 AVX2 vectors, 12
+        multiply-adds one after the other) waits half as long.  Each element then sums
+        its terms in two (or more) interleaved partial sums added at the end: a
+        rounding difference from the plain nest's order, as any vectorised sum."""
+        if vectors >= self.chains:
+            return 1
+        split = min(self.chains // vectors, self.row_group // vectors, extent // 4)
+        return max(1, split)
 
 
 _WIDTH_MACRO = {64: "__AVX512F__", 32: "__AVX2__"}
@@ -64,7 +78,8 @@ def shape_for(target: Machine) -> JitVectors:
     x86 = macro is not None
     condition = (f"defined(__GNUC__) && !defined(__clang__) && defined({macro})" if x86
                  else "0")
-    return JitVectors(width, group, row_group, rows, accumulators, x86, condition)
+    return JitVectors(width, group, row_group, rows, accumulators, x86, condition,
+                      chains=target.accumulators)
 
 
 @functools.lru_cache(maxsize=1)

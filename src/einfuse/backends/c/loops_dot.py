@@ -141,6 +141,13 @@ def _block(renderer, step, x, t, vector, lanes, last, start, repeat, count, row,
     renderer.emit(f"for (long long ef_g = 0; ef_g < {repeat}LL; ++ef_g) {{")
     renderer.depth += 1
     renderer.emit(f"const long long {last} = {start};")
+    reduced = step.reduction.indices
+    split = jit_vectors().partial_sums(count, reduced[-1][1]) if row is None and reduced else 1
+    if split > 1:
+        _split_row(renderer, step, x, t, vector, lanes, count, split, source, target)
+        renderer.depth -= 1
+        renderer.emit("}")
+        return
     for r in range(rows):
         renderer.emit(" ".join(f"{vector} ef_a{r}_{k} = {{0}};" for k in range(count)))
     inner = renderer.open_loops(step.reduction.indices)
@@ -159,6 +166,40 @@ def _block(renderer, step, x, t, vector, lanes, last, start, repeat, count, row,
         _at_row(renderer, row, r, f"{t} *ef_out = {target}; {stores}")
     renderer.depth -= 1
     renderer.emit("}")
+
+
+def _split_row(renderer, step, x, t, vector, lanes, count, split, source, target) -> None:
+    """One row of ``count`` vectors summed as ``split`` interleaved partial sums along
+    the last reduced index (terms ``split * q + p`` in sum ``p``), then added in order:
+    ``split`` times the independent chains of the plain block."""
+    *outer, (index, extent) = step.reduction.indices
+    for p in range(split):
+        renderer.emit(" ".join(f"{vector} ef_a{p}_{k} = {{0}};" for k in range(count)))
+    opened = renderer.open_loops(outer)
+    whole = extent // split * split
+
+    def terms(parts: int) -> None:
+        for p in range(parts):
+            renderer.emit(f"{{ const long long {index} = ef_q + {p}LL; "
+                          f"const {t} ef_x = {renderer.expr(x)}; const {t} *ef_y = {source};")
+            for k in range(count):
+                renderer.emit(f"  {{ {vector} ef_v; memcpy(&ef_v, ef_y + {k * lanes}, "
+                              f"sizeof ef_v); ef_a{p}_{k} += ef_x * ef_v; }}")
+            renderer.emit("}")
+    renderer.emit(f"for (long long ef_q = 0; ef_q < {whole}LL; ef_q += {split}LL) {{")
+    terms(split)
+    renderer.emit("}")
+    if whole < extent:
+        renderer.emit("{")
+        renderer.emit(f"const long long ef_q = {whole}LL;")
+        terms(extent - whole)
+        renderer.emit("}")
+    renderer.close(opened)
+    for k in range(count):
+        renderer.emit(f"ef_a0_{k} = " + " + ".join(f"ef_a{p}_{k}" for p in range(split)) + ";")
+    stores = " ".join(f"memcpy(ef_out + {k * lanes}, &ef_a0_{k}, sizeof ef_a0_{k});"
+                      for k in range(count))
+    renderer.emit(f"{{ {t} *ef_out = {target}; {stores} }}")
 
 
 def _at_row(renderer, row, r: int, statement: str) -> None:
