@@ -9,7 +9,14 @@ FMA (4).  Here the row is cut into groups of a few vectors of GCC/Clang
 vector-extension type held in local variables (registers): per reduced index one
 broadcast of ``x`` and one load and one multiply-add per vector.  Each output element
 still sums its terms in the same order as the plain nest, so the result is unchanged;
-the elements past the last whole vector are summed one by one the same way."""
+the elements past the last whole vector are summed one by one the same way.  The one
+exception: a single row too short to keep the FMA units busy (plan/jit_vectors.py's
+``partial_sums``) sums in interleaved partial sums added at the end, a rounding
+difference, because in a loop whose steps wait on that row the chain's length is the
+step's time.
+
+The vector width and the block sizes are the machine's (plan/jit_vectors.py): one
+register per vector, the accumulators a fraction of the register file."""
 
 from __future__ import annotations
 
