@@ -42,6 +42,13 @@ class JitVectors:
     # vector registers of this width (other compilers keep the scalar loops)
     vector_math_condition: str
     chains: int = 8         # independent multiply-add chains that keep the FMA units busy
+    # the fewest whole vectors a statement needs for the explicit vector math: below
+    # that the statement is short enough that its time is one evaluation's latency,
+    # where glibc's vector exp is shorter (the unbatched seed's 12-wide logistic, 3 AVX2
+    # vectors: 12% less time a step through libmvec; the RNN cell's 64-float tanh, 8
+    # vectors, 9% less through the vector code; on AVX-512 a row of 12 doubles, 1.5
+    # vectors, ran no faster either)
+    math_vectors: int = 4
 
     def lanes(self, itemsize: int) -> int:
         return self.vector_bytes // itemsize

@@ -41,8 +41,9 @@ def _guard() -> str:
 def applies(renderer, step: Assign) -> bool:
     """Whether ``step`` is ``out[i...] = f(value)`` (``f`` exp, tanh or logistic) over
     the whole of ``out`` (float32/float64), ``value`` reading whole same-shaped buffers only at the
-    statement's own position, and not given threads; at least two vectors long (a row
-    of 12, one vector and 4 left, ran no faster than the libmvec loop)."""
+    statement's own position, and not given threads; at least
+    ``plan/jit_vectors.JitVectors.math_vectors`` vectors long (a shorter one runs
+    faster through the libmvec loop)."""
     value = step.value
     if step.reduction is not None or step.prefix or not isinstance(value, Apply) or \
             value.op not in FUNCTIONS or value.dtype not in (ScalarType.FLOAT32,
@@ -51,8 +52,9 @@ def applies(renderer, step: Assign) -> bool:
     extents = tuple(e for _, e in step.indices)
     lanes = jit_vectors().lanes(value.dtype.numpy.itemsize)
     program = renderer.program
-    if math.prod(extents) < 2 * lanes or program.buffer(step.buffer).shape != extents or \
-            program.buffer(step.buffer).dtype is not value.dtype or step.parallel:
+    target = program.buffer(step.buffer)
+    if math.prod(extents) < jit_vectors().math_vectors * lanes or target.shape != extents or \
+            target.dtype is not value.dtype or step.parallel:
         return False
     identity = tuple(Index(n) for n, _ in step.indices)
     return reads_only_at(value.args[0], identity, extents,
