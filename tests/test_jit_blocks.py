@@ -42,7 +42,8 @@ for key in sorted({k.rsplit("_", 1)[0] for k in data.files}):
         xs = jnp.asarray(data[f"{key}_xs"].astype(dtype))
         h, sums = ef.jit(cell)(params, xs)
         out[f"{key}_{dtype}_h"], out[f"{key}_{dtype}_sums"] = np.asarray(h), np.asarray(sums)
-        hb, _ = jax.vmap(ef.jit(cell), in_axes=(None, 0))(params, jnp.stack([xs * (1 + 0.1 * c) for c in range(CHAINS)]))
+        chains = jnp.stack([xs * (1 + 0.1 * c) for c in range(CHAINS)])
+        hb, _ = jax.vmap(ef.jit(cell), in_axes=(None, 0))(params, chains)
         out[f"{key}_{dtype}_batch"] = np.asarray(hb)
 np.savez(OUT, **out)
 """

@@ -1,8 +1,8 @@
 """Benchmark cases of ``ef.jit`` (issue 12): the seed workload of JAX issue #7024 - a tiny
 MLP iterated in a ``lax.scan`` - as one einfuse kernel against ``jax.jit`` of the same
 function; the same vmapped over chains; and its gradient.  Also a tanh RNN cell over a
-sequence (issue 32: hidden 64, float32) under jax.jit, forward and gradient.  float64 needs JAX's x64 mode,
-which these cases switch on (for the benchmark process)."""
+sequence (issue 32: hidden 64, float32) under jax.jit, forward and gradient.  float64
+needs JAX's x64 mode, which these cases switch on (for the benchmark process)."""
 
 from __future__ import annotations
 
