@@ -19,7 +19,7 @@ from .frontend_cases import frontend_cases
 from .gpu_programs import program_cases
 from .jax_gather_cases import gather_grad_cases
 from .jit_call_cases import jit_call_cases
-from .jit_cases import seed_case
+from .jit_cases import rnn_case, seed_case
 from .module_cases import module_cases
 from .row_cases import row_cases
 from .overhead_cases import overhead_cases
@@ -69,8 +69,8 @@ def jit_cases(quick: bool = False) -> List[Case]:
             seed_case(2000, 32, chains=256, dtype="float32"),
             seed_case(500, 64, chains=1000),
             # rows that are not whole vectors, chains that leave a remainder block
-            seed_case(3000, 24, chains=200), seed_case(3000, 20, chains=100, dtype="float32")
-            ] + jit_call_cases() + gather_grad_cases()
+            seed_case(3000, 24, chains=200), seed_case(3000, 20, chains=100, dtype="float32"),
+            rnn_case(), rnn_case(kind="grad")] + jit_call_cases() + gather_grad_cases()
 
 
 def gpu_cases(device: str = "cuda", quick: bool = False) -> List[gpu.GpuCase]:

@@ -5,31 +5,39 @@ whose output's last axis is ``y``'s contiguous last axis) is, inside a loop kern
 usually a short row: 32 outputs of a 32x32 layer.  The plain rendering keeps the row of
 accumulators in a stack array, and GCC stores it back after every reduced index, so
 each step of the sum waits for a store and a reload (about 10 cycles) instead of an
-FMA (4).  Here the row is cut into groups of up to ``GROUP`` vectors of GCC/Clang
+FMA (4).  Here the row is cut into groups of a few vectors of GCC/Clang
 vector-extension type held in local variables (registers): per reduced index one
 broadcast of ``x`` and one load and one multiply-add per vector.  Each output element
 still sums its terms in the same order as the plain nest, so the result is unchanged;
-the elements past the last whole vector are summed one by one the same way."""
+the elements past the last whole vector are summed one by one the same way.  The one
+exception: a single row too short to keep the FMA units busy (plan/jit_vectors.py's
+``partial_sums``) sums in interleaved partial sums added at the end, a rounding
+difference, because in a loop whose steps wait on that row the chain's length is the
+step's time.
+
+The vector width and the block sizes are the machine's (plan/jit_vectors.py): one
+register per vector, the accumulators a fraction of the register file."""
 
 from __future__ import annotations
 
 from typing import Optional, Tuple
 
 from ...ir import Apply, Assign, Cast, Expr, Index, Read, ReduceOp, ScalarType, Select
+from ...plan.jit_vectors import jit_vectors
 from .scalar_types import C_TYPE
 
-VECTOR_BYTES = 64          # one AVX-512 register; compilers split it on narrower machines
-GROUP = 8                  # vectors of accumulators along a row (registers in use)
-ROWS = 8                   # rows of a batch of rows computed together (at most)
-ACCUMULATORS = 16          # vectors of accumulators in all (of 32 AVX-512 registers)
+# The vector width and the block (``group`` vectors along a row, ``rows`` rows,
+# ``accumulators`` vectors in all) are the machine's, decided in plan/jit_vectors.py.
+#
 # A vector of y loaded once into a register serves every row of the block.  GCC folds
 # the load into each row's multiply-add instead (one load per FMA: with 4 rows, 20 loads
 # for 16 FMAs, and the loads, not the FMAs, set the pace: 82% of peak against 100% in a
-# 32 x 32 layer); an empty asm statement that claims to change the register keeps the
-# one load.  Only where the vector is one AVX-512 register ("v": any xmm/ymm/zmm).
-KEEP_IN_REGISTER = ("#if defined(__x86_64__) && defined(__AVX512F__)\n"
+# 32 x 32 layer on AVX-512); an empty asm statement that claims to change the register
+# keeps the one load.  Only where the vector is one register ("v": any xmm/ymm/zmm).
+KEEP_IN_REGISTER = ("#if defined(__x86_64__)\n"
                     "#define EF_IN_REGISTER(v) __asm__(\"\" : \"+v\"(v))\n"
                     "#else\n#define EF_IN_REGISTER(v) ((void)0)\n#endif")
+NO_KEEP = "#define EF_IN_REGISTER(v) ((void)0)"
 
 
 def mentions(node: Expr, name: str) -> bool:
@@ -72,15 +80,17 @@ def render_contraction(renderer, step: Assign, x: Expr, y: Read) -> None:
     """Emits the blocked loops for ``step`` (``contraction_operands`` matched it)."""
     dtype = renderer.program.buffer(step.buffer).dtype
     t = C_TYPE[dtype]
-    lanes = VECTOR_BYTES // dtype.numpy.itemsize
+    shape = jit_vectors()
+    lanes = shape.lanes(dtype.numpy.itemsize)
     vector = f"ef_vec_{t}"
     renderer.helpers.setdefault(
-        vector, f"typedef {t} {vector} __attribute__((vector_size({VECTOR_BYTES})));")
-    renderer.helpers.setdefault("EF_IN_REGISTER", KEEP_IN_REGISTER)
+        vector, f"typedef {t} {vector} __attribute__((vector_size({shape.vector_bytes})));")
+    renderer.helpers.setdefault("EF_IN_REGISTER",
+                                KEEP_IN_REGISTER if shape.pin_loads else NO_KEEP)
     *outer, (last, extent) = step.indices
     whole = extent // lanes                       # whole vectors in the row
     # the output index before the row, when y does not read it (a batch of rows, as in
-    # a vmapped layer): ROWS rows at once, so each vector of y loaded serves them all
+    # a vmapped layer): several rows at once, so each vector of y loaded serves them all
     row = None
     if outer and outer[-1][1] > 1 and not mentions(y, outer[-1][0]) and whole:
         row, rows = outer[-1]
@@ -92,19 +102,20 @@ def render_contraction(renderer, step: Assign, x: Expr, y: Read) -> None:
     target = f"&{step.buffer}[" + renderer.offset(
         step.buffer, step.prefix + tuple(Index(n) for n, _ in step.indices)) + "]"
     source = f"&{y.buffer}[{renderer.offset(y.buffer, y.subscripts)}]"
-    groups = [(start, min(GROUP, whole - start)) for start in range(0, whole, GROUP)]
-    # the groups of GROUP vectors as one C loop, a shorter last group after it
+    group = shape.group if row is not None else shape.row_group
+    groups = [(start, min(group, whole - start)) for start in range(0, whole, group)]
+    # the groups of ``group`` vectors as one C loop, a shorter last group after it
     shapes = []
-    if any(g[1] == GROUP for g in groups):
-        shapes.append((f"ef_g * {GROUP * lanes}LL", sum(g[1] == GROUP for g in groups), GROUP))
-    if groups and groups[-1][1] != GROUP:
+    if any(g[1] == group for g in groups):
+        shapes.append((f"ef_g * {group * lanes}LL", sum(g[1] == group for g in groups), group))
+    if groups and groups[-1][1] != group:
         shapes.append((f"{groups[-1][0] * lanes}LL", 1, groups[-1][1]))
     for start, repeat, count in shapes:
         if row is None:
             _block(renderer, step, x, t, vector, lanes, last, start, repeat, count,
                    None, 1, source, target)
             continue
-        per_block = max(1, min(ROWS, ACCUMULATORS // count, rows))
+        per_block = max(1, min(shape.rows, shape.accumulators // count, rows))
         blocks, left = divmod(rows, per_block)
         if share_rows and blocks >= 2:
             renderer.emit("#pragma omp parallel for")
@@ -137,6 +148,13 @@ def _block(renderer, step, x, t, vector, lanes, last, start, repeat, count, row,
     renderer.emit(f"for (long long ef_g = 0; ef_g < {repeat}LL; ++ef_g) {{")
     renderer.depth += 1
     renderer.emit(f"const long long {last} = {start};")
+    reduced = step.reduction.indices
+    split = jit_vectors().partial_sums(count, reduced[-1][1]) if row is None and reduced else 1
+    if split > 1:
+        _split_row(renderer, step, x, t, vector, lanes, count, split, source, target)
+        renderer.depth -= 1
+        renderer.emit("}")
+        return
     for r in range(rows):
         renderer.emit(" ".join(f"{vector} ef_a{r}_{k} = {{0}};" for k in range(count)))
     inner = renderer.open_loops(step.reduction.indices)
@@ -157,6 +175,40 @@ def _block(renderer, step, x, t, vector, lanes, last, start, repeat, count, row,
     renderer.emit("}")
 
 
+def _split_row(renderer, step, x, t, vector, lanes, count, split, source, target) -> None:
+    """One row of ``count`` vectors summed as ``split`` interleaved partial sums along
+    the last reduced index (terms ``split * q + p`` in sum ``p``), then added in order:
+    ``split`` times the independent chains of the plain block."""
+    *outer, (index, extent) = step.reduction.indices
+    for p in range(split):
+        renderer.emit(" ".join(f"{vector} ef_a{p}_{k} = {{0}};" for k in range(count)))
+    opened = renderer.open_loops(outer)
+    whole = extent // split * split
+
+    def terms(parts: int) -> None:
+        for p in range(parts):
+            renderer.emit(f"{{ const long long {index} = ef_q + {p}LL; "
+                          f"const {t} ef_x = {renderer.expr(x)}; const {t} *ef_y = {source};")
+            for k in range(count):
+                renderer.emit(f"  {{ {vector} ef_v; memcpy(&ef_v, ef_y + {k * lanes}, "
+                              f"sizeof ef_v); ef_a{p}_{k} += ef_x * ef_v; }}")
+            renderer.emit("}")
+    renderer.emit(f"for (long long ef_q = 0; ef_q < {whole}LL; ef_q += {split}LL) {{")
+    terms(split)
+    renderer.emit("}")
+    if whole < extent:
+        renderer.emit("{")
+        renderer.emit(f"const long long ef_q = {whole}LL;")
+        terms(extent - whole)
+        renderer.emit("}")
+    renderer.close(opened)
+    for k in range(count):
+        renderer.emit(f"ef_a0_{k} = " + " + ".join(f"ef_a{p}_{k}" for p in range(split)) + ";")
+    stores = " ".join(f"memcpy(ef_out + {k * lanes}, &ef_a0_{k}, sizeof ef_a0_{k});"
+                      for k in range(count))
+    renderer.emit(f"{{ {t} *ef_out = {target}; {stores} }}")
+
+
 def _at_row(renderer, row, r: int, statement: str) -> None:
     """``statement`` with the row index ``row`` at ``ef_r + r`` (as is without a row)."""
     if row is None:
@@ -168,7 +220,8 @@ def _at_row(renderer, row, r: int, statement: str) -> None:
 def _rest(renderer, step, x, y, dtype, t, last, extent, start, source, target) -> None:
     """The row's elements past its last whole vector: narrower vectors (12 = 8 + 4
     doubles), then one accumulator each, every element summed in the same order."""
-    for width in (VECTOR_BYTES // 2, VECTOR_BYTES // 4):
+    widest = jit_vectors().vector_bytes
+    for width in (widest // 2, widest // 4):
         narrow = width // dtype.numpy.itemsize
         if narrow < 2 or extent - start < narrow:
             continue
