@@ -291,4 +291,15 @@ def route_lines(function) -> list:
             "  eager call on concrete arrays: the kernel on the arrays' host buffers",
             f"  under jax.jit on the CPU (jax.grad/vmap inside it too): {route}",
             "  arrays of another platform (GPU): host callback (jax.pure_callback), the "
-            "C kernel on host copies"]
+            "C kernel on host copies"] + _device_lines(function)
+
+
+def _device_lines(function) -> list:
+    """The eager call's choice between the host kernel and one Triton kernel
+    (runtime/jit_triton.py, schedule/jit_device.py)."""
+    from .jit_triton import batched_route_of, route_of
+    if getattr(function, "backend", getattr(getattr(function, "base", None), "backend",
+                                            "auto")) == "c":
+        return []
+    route = batched_route_of(function) if hasattr(function, "base") else route_of(function)
+    return route.describe()

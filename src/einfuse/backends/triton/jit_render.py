@@ -1,0 +1,645 @@
+"""Renders a converted JAX function (:class:`~einfuse.ir.JitProgram`, the IR the C
+renderer of ``ef.jit`` prints as one C function, backends/c/loops.py) as ONE Triton
+kernel: each program instance runs the whole function for one batch element.
+
+How the IR maps onto a Triton program:
+
+* every buffer that is not an input is a **register tensor** of its static shape, each
+  axis padded to a power of two (Triton's tiles); they are all created at the top of the
+  kernel, so a loop or a branch only ever rebinds a value of the same shape and type
+  (what compiled Triton requires of loop-carried and branch-joined values);
+* an :class:`~einfuse.ir.Assign` is one tile expression over its nest (output axes, then
+  reduction axes): the nest's indices are ``tl.arange`` s along their own axes, a
+  reduction is ``tl.sum``/``tl.reduce`` over its axes after the padded lanes are set to
+  the operator's identity, a prefix (``ys[t, :] := ...``) is a ``tl.where`` on the
+  prefix position;
+* a read of an input is a ``tl.load`` at the subscripts, each clamped into its axis (so
+  an arm of a select that is not taken, or a padded lane, never reads outside the
+  array); a read of a register tensor is that tensor permuted and reshaped onto the
+  nest's axes, and an axis read at any other position is picked out by a one-hot
+  ``tl.where`` and a sum over it (exactly one term is kept);
+* ``scan`` is a ``for`` loop, ``while`` a ``while`` loop whose condition is recomputed at
+  the end of each step, ``cond`` an ``if`` chain; a loop's carries are rebound after the
+  body from temporaries (every new value is read before any carry changes);
+* outputs are stored, masked to their real extent, at the end.
+
+What it cannot render it DECLINES (:class:`Declined`, naming the construct and the
+jaxpr equation it comes from): scatter-adds, argmax/argmin, operations or types without
+a rule here.  The caller then runs the host C kernel; nothing is launched."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Dict, List, Optional, Tuple
+
+from ...ir import (INDEX, Apply, Assign, Cast, Const, ElementOp, Expr, Index, JitProgram, Loop,
+                   LoopKind, Read, ReduceOp, ScalarType, ScatterAdd, Select, Switch)
+from ..identifiers import name as checked
+from .helpers import HELPERS
+
+KERNEL = "ef_jit_kernel"
+
+TL_TYPE = {ScalarType.BOOL: "tl.int1", ScalarType.INT8: "tl.int8", ScalarType.INT16: "tl.int16",
+           ScalarType.INT32: "tl.int32", ScalarType.INT64: "tl.int64",
+           ScalarType.UINT8: "tl.uint8", ScalarType.FLOAT32: "tl.float32",
+           ScalarType.FLOAT64: "tl.float64"}
+
+# NaN-propagating max/min (XLA's), the combine functions of tl.reduce, and C's
+# saturating float-to-integer conversion (NaN to 0)
+JIT_HELPERS = '''
+@triton.jit
+def ef_fmax(a, b):
+    return tl.where(a != a, a, tl.where(b != b, b, tl.maximum(a, b)))
+
+
+@triton.jit
+def ef_fmin(a, b):
+    return tl.where(a != a, a, tl.where(b != b, b, tl.minimum(a, b)))
+
+
+@triton.jit
+def ef_imax(a, b):
+    return tl.maximum(a, b)
+
+
+@triton.jit
+def ef_imin(a, b):
+    return tl.minimum(a, b)
+
+
+@triton.jit
+def ef_mul(a, b):
+    return a * b
+
+
+@triton.jit
+def ef_and(a, b):
+    return a & b
+
+
+@triton.jit
+def ef_or(a, b):
+    return a | b
+
+
+@triton.jit
+def ef_ifloordiv(a, b):
+    # floor division whether '//' truncates (compiled) or floors (NumPy): the remainder
+    # decides
+    q = a // b
+    r = a - q * b
+    return tl.where((r != 0) & ((r < 0) != (b < 0)), q - 1, q)
+
+
+@triton.jit
+def ef_ifloormod(a, b):
+    return a - ef_ifloordiv(a, b) * b
+'''
+
+
+class Declined(Exception):
+    """The program holds something this renderer has no rule for (``reason`` says what)."""
+
+    def __init__(self, reason: str):
+        super().__init__(reason)
+        self.reason = reason
+
+
+@dataclass(frozen=True)
+class RenderedJit:
+    """One kernel's source: its parameters are the input pointers (the program's inputs,
+    constants included), then the output pointers; program ``pid`` reads batched inputs
+    and writes outputs at ``pid`` times their element counts.  ``largest``: elements of
+    its largest tile (registers per program); ``registers``: elements of all register
+    tensors together."""
+    source: str
+    kernel: str
+    largest: int
+    registers: int
+
+
+def padded(extent: int) -> int:
+    return 1 << max(0, int(extent) - 1).bit_length()
+
+
+def _float_literal(value: float) -> str:
+    if math.isnan(value):
+        return 'float("nan")'
+    if math.isinf(value):
+        return 'float("inf")' if value > 0 else 'float("-inf")'
+    return repr(float(value))
+
+
+def _where(origin: str) -> str:
+    return f" ({origin[:120]})" if origin else ""
+
+
+_UNARY_FLOAT = {ElementOp.EXP: "tl.exp({0})", ElementOp.EXP2: "tl.exp2({0})",
+                ElementOp.LOG: "tl.log({0})", ElementOp.LOG1P: "ef_log1p({0})",
+                ElementOp.EXPM1: "ef_expm1({0})", ElementOp.TANH: "ef_tanh({0})",
+                ElementOp.LOGISTIC: "(1.0 / (1.0 + tl.exp(ef_neg({0}))))",
+                ElementOp.SIN: "tl.sin({0})", ElementOp.COS: "tl.cos({0})",
+                ElementOp.NEG: "ef_neg({0})", ElementOp.ABS: "tl.abs({0})",
+                ElementOp.FLOOR: "tl.floor({0})", ElementOp.CEIL: "tl.ceil({0})",
+                ElementOp.SQUARE: "({0} * {0})",
+                ElementOp.SIGN: "tl.where({0} > 0.0, 1.0, tl.where({0} < 0.0, -1.0, {0}))",
+                ElementOp.IS_FINITE: "(({0} == {0}) & (tl.abs({0}) != float(\"inf\")))"}
+_BINARY_FLOAT = {ElementOp.ADD: "({0} + {1})", ElementOp.SUB: "({0} - {1})",
+                 ElementOp.MUL: "({0} * {1})", ElementOp.MAX: "ef_fmax({0}, {1})",
+                 ElementOp.MIN: "ef_fmin({0}, {1})", ElementOp.POW: "ef_pow({0}, {1})"}
+_BINARY_INT = {ElementOp.ADD: "({0} + {1})", ElementOp.SUB: "({0} - {1})",
+               ElementOp.MUL: "({0} * {1})", ElementOp.MAX: "tl.maximum({0}, {1})",
+               ElementOp.MIN: "tl.minimum({0}, {1})", ElementOp.AND: "({0} & {1})",
+               ElementOp.OR: "({0} | {1})", ElementOp.XOR: "({0} ^ {1})",
+               ElementOp.IDIV: "ef_ifloordiv({0}, {1})",
+               ElementOp.IMOD: "ef_ifloormod({0}, {1})"}
+_BINARY_BOOL = {ElementOp.AND: "({0} & {1})", ElementOp.OR: "({0} | {1})",
+                ElementOp.XOR: "({0} ^ {1})", ElementOp.MAX: "({0} | {1})",
+                ElementOp.MIN: "({0} & {1})", ElementOp.ADD: "({0} | {1})",
+                ElementOp.MUL: "({0} & {1})"}
+_COMPARE = {ElementOp.EQ: "==", ElementOp.NE: "!=", ElementOp.LT: "<", ElementOp.LE: "<=",
+            ElementOp.GT: ">", ElementOp.GE: ">="}
+
+
+class _Nest:
+    """The axes of the statement being rendered: name -> (position, extent, padded)."""
+
+    def __init__(self, axes):
+        self.axes = {n: (k, e, padded(e)) for k, (n, e) in enumerate(axes)}
+        self.rank = len(axes)
+        self.shape = tuple(padded(e) for _, e in axes)
+
+
+class JitRenderer:
+    def __init__(self, program: JitProgram):
+        self.program = program
+        self.inputs = set(program.inputs)
+        self.lines: List[str] = []
+        self.depth = 1
+        self.counter = 0
+        self.largest = 1
+        for buffer in program.buffers:
+            if buffer.dtype not in TL_TYPE:
+                raise Declined(f"buffer {buffer.name} is {buffer.dtype.value}, a type the "
+                               "Triton jit renderer does not take")
+            if buffer.size == 0:
+                raise Declined(f"buffer {buffer.name} is empty")
+
+    # -- small things -------------------------------------------------------------------------
+    def fresh(self, stem: str) -> str:
+        self.counter += 1
+        return f"{stem}{self.counter}"
+
+    def emit(self, line: str) -> None:
+        self.lines.append("    " * self.depth + line)
+
+    def shape_of(self, buffer: str) -> Tuple[int, ...]:
+        return tuple(self.program.buffer(buffer).shape)
+
+    def padded_shape(self, buffer: str) -> Tuple[int, ...]:
+        return tuple(padded(e) for e in self.shape_of(buffer))
+
+    def tile(self, shape) -> None:
+        self.largest = max(self.largest, math.prod(shape) if shape else 1)
+
+    @staticmethod
+    def register(buffer: str) -> str:
+        return checked(f"b_{buffer}")
+
+    @staticmethod
+    def pointer(buffer: str) -> str:
+        return checked(f"p_{buffer}")
+
+    # -- expressions ----------------------------------------------------------------------------
+    def const(self, node: Const) -> str:
+        dtype = node.dtype or ScalarType.FLOAT64
+        if dtype is ScalarType.BOOL:
+            value = "1" if node.value else "0"
+        elif dtype.is_float:
+            value = _float_literal(float(node.value))
+        else:
+            value = str(int(node.value))
+        return f"tl.full((), {value}, {TL_TYPE[dtype]})"
+
+    def expr(self, node: Expr, nest: _Nest) -> str:
+        if isinstance(node, Const):
+            return self.const(node)
+        if isinstance(node, Index):
+            # a nest index (a tile along its axis) or a loop counter (a scalar)
+            return checked(f"n_{node.name}")
+        if isinstance(node, Read):
+            if node.buffer in self.inputs:
+                return self.load(node, nest)
+            return self.register_read(node, nest)
+        if isinstance(node, Cast):
+            return self.cast(node, nest)
+        if isinstance(node, Select):
+            which = self.expr(node.which, nest)
+            cases = [self.expr(c, nest) for c in node.cases]
+            if node.which.dtype is ScalarType.BOOL:
+                if len(cases) != 2:
+                    raise Declined("a select on a bool with more than two cases")
+                return f"tl.where({which}, {cases[1]}, {cases[0]})"
+            chain = cases[-1]
+            for k in range(len(cases) - 2, -1, -1):
+                chain = f"tl.where({which} <= {k}, {cases[k]}, {chain})"
+            return chain
+        if isinstance(node, Apply):
+            return self.apply(node, nest)
+        raise Declined(f"no Triton rule for the expression {type(node).__name__}")
+
+    def apply(self, node: Apply, nest: _Nest) -> str:
+        op = node.op
+        operand = node.args[0].dtype
+        if op is ElementOp.INTEGER_POW:
+            exponent = node.args[1]
+            if not isinstance(exponent, Const) or not operand.is_float:
+                raise Declined("integer_pow with an exponent that is not a literal")
+            base = self.fresh("q")
+            self.emit(f"{base} = {self.expr(node.args[0], nest)}")
+            n = abs(int(exponent.value))
+            power = " * ".join([base] * n) if n else "1.0"
+            return f"(1.0 / ({power}))" if int(exponent.value) < 0 else f"({power})"
+        args = [self.expr(a, nest) for a in node.args]
+        if op in _COMPARE:
+            return f"({args[0]} {_COMPARE[op]} {args[1]})"
+        if operand is ScalarType.BOOL:
+            if op is ElementOp.NOT:
+                return f"({args[0]} == 0)"
+            rule = _BINARY_BOOL.get(op)
+        elif operand.is_float:
+            if op is ElementOp.DIV:
+                return f"ef_div({args[0]}, {args[1]})"
+            if op is ElementOp.SQRT:
+                return f"tl.sqrt_rn({args[0]})" if operand is ScalarType.FLOAT32 else \
+                    f"tl.sqrt({args[0]})"
+            if op is ElementOp.RSQRT:
+                inner = f"tl.sqrt_rn({args[0]})" if operand is ScalarType.FLOAT32 else \
+                    f"tl.sqrt({args[0]})"
+                return f"ef_div(1.0, {inner})"
+            rule = _UNARY_FLOAT.get(op) or _BINARY_FLOAT.get(op)
+        else:
+            if op is ElementOp.NOT:
+                return f"(~{args[0]})"
+            if op is ElementOp.NEG:
+                return f"(0 - {args[0]})"
+            if op is ElementOp.ABS:
+                return f"tl.abs({args[0]})"
+            if op in (ElementOp.IDIV, ElementOp.IMOD) and node.dtype is not INDEX:
+                rule = None
+            else:
+                rule = _BINARY_INT.get(op)
+        if rule is None:
+            raise Declined(f"the operation {op.value} on {operand.value} has no Triton rule")
+        return rule.format(*args)
+
+    def cast(self, node: Cast, nest: _Nest) -> str:
+        inner = self.expr(node.arg, nest)
+        source, target = node.arg.dtype, node.dtype
+        if target is ScalarType.BOOL:
+            return f"({inner} != 0)"
+        if source.is_float and not target.is_float:
+            import numpy as np
+            info = np.iinfo(target.numpy)
+            low, high = int(info.min), int(info.max)
+            # the largest value of the source type below high + 1: the conversion of
+            # the clamped value stays in range however the target rounds
+            safe = source.numpy.type(high)
+            while int(safe) > high:
+                safe = np.nextafter(safe, source.numpy.type(-np.inf))
+            value = self.fresh("f")
+            self.emit(f"{value} = {inner}")
+            t = TL_TYPE[target]
+            # saturating, NaN to 0 (XLA's conversion)
+            return (f"tl.where({value} != {value}, 0, tl.where({value} >= {float(high)!r}, "
+                    f"{high}, tl.where({value} <= {float(low)!r}, {low}, "
+                    f"tl.minimum(tl.maximum({value}, {float(low)!r}), {float(safe)!r})"
+                    f".to({t})))).to({t})")
+        return f"({inner}).to({TL_TYPE[target]})"
+
+    def load(self, node: Read, nest: _Nest) -> str:
+        shape = self.shape_of(node.buffer)
+        if len(shape) != len(node.subscripts):
+            raise Declined(f"{node.buffer} is read with {len(node.subscripts)} subscripts")
+        parts = []
+        stride = 1
+        for sub, extent in reversed(list(zip(node.subscripts, shape))):
+            if isinstance(sub, Const):
+                position = min(max(int(sub.value), 0), extent - 1)
+                if position:
+                    parts.append(str(position * stride))
+            elif extent > 1:
+                text = self.expr(sub, nest)
+                clamped = f"tl.minimum(tl.maximum({text}, 0), {extent - 1})"
+                parts.append(clamped if stride == 1 else f"{clamped} * {stride}")
+            stride *= extent
+        offset = " + ".join(reversed(parts)) or "0"
+        return f"tl.load({self.pointer(node.buffer)} + {offset})"
+
+    def register_read(self, node: Read, nest: _Nest) -> str:
+        """The register tensor of ``node.buffer`` laid onto ``nest``'s axes: axes read at
+        a nest index become that axis of the nest, extent-1 axes drop, any other axis
+        is picked by a one-hot sum (a trailing axis, summed away)."""
+        shape = self.shape_of(node.buffer)
+        pshape = self.padded_shape(node.buffer)
+        if len(shape) != len(node.subscripts):
+            raise Declined(f"{node.buffer} is read with {len(node.subscripts)} subscripts")
+        direct: Dict[int, int] = {}         # buffer axis -> nest position
+        unit, onehot = [], []
+        used = set()
+        for k, sub in enumerate(node.subscripts):
+            if isinstance(sub, Index) and sub.name in nest.axes and sub.name not in used \
+                    and nest.axes[sub.name][2] == pshape[k] \
+                    and nest.axes[sub.name][1] <= shape[k]:
+                direct[k] = nest.axes[sub.name][0]
+                used.add(sub.name)
+            elif shape[k] == 1:
+                unit.append(k)
+            else:
+                onehot.append(k)
+        value = self.register(node.buffer)
+        if not shape:
+            return value
+        order = sorted(direct, key=direct.get) + unit + onehot
+        if order != list(range(len(shape))):
+            value = f"tl.permute({value}, {tuple(order)})"
+        target = tuple(nest.shape[p] if p in direct.values() else 1
+                       for p in range(nest.rank)) + tuple(pshape[k] for k in onehot)
+        current = tuple(pshape[k] for k in order)
+        if not target:
+            # a scalar from a tensor of one element: a reduction of one term is that term
+            if node.dtype is ScalarType.BOOL:
+                return f"(tl.max(tl.reshape({value}, (1,)).to(tl.int8), 0) != 0)"
+            return f"tl.max(tl.reshape({value}, (1,)), 0)"
+        if target != current:
+            value = f"tl.reshape({value}, {target})"
+        if not onehot:
+            return value
+        self.tile(target)
+        picked = self.fresh("g")
+        full = len(target)
+        self.emit(f"{picked} = {value}")
+        if node.dtype is ScalarType.BOOL:
+            self.emit(f"{picked} = {picked}.to(tl.int8)")
+        conditions = []
+        for j, k in enumerate(onehot):
+            where = nest.rank + j
+            lane = "tl.arange(0, %d).to(tl.int64)" % pshape[k]
+            lane += "[" + ", ".join(":" if a == where else "None" for a in range(full)) + "]"
+            position = self.expr(node.subscripts[k], nest)
+            extra = len(onehot)
+            spread = position if self.is_scalar(node.subscripts[k], nest) else \
+                f"{position}[{', '.join([':'] * nest.rank + ['None'] * extra)}]"
+            conditions.append(f"({lane} == {spread})")
+        self.emit(f"{picked} = tl.where({' & '.join(conditions)}, {picked}, 0)")
+        for axis in range(full - 1, nest.rank - 1, -1):
+            self.emit(f"{picked} = tl.sum({picked}, {axis})")
+        if node.dtype is ScalarType.BOOL:
+            return f"({picked} != 0)"
+        return f"{picked}.to({TL_TYPE[node.dtype]})"
+
+    def is_scalar(self, node: Expr, nest: _Nest) -> bool:
+        """Whether ``node`` does not depend on the nest's indices (renders as a scalar)."""
+        if isinstance(node, Index):
+            return node.name not in nest.axes
+        if isinstance(node, Read) and node.buffer not in self.inputs:
+            shape = self.shape_of(node.buffer)
+            if any(isinstance(s, Index) and s.name in nest.axes and n > 1
+                   for s, n in zip(node.subscripts, shape)):
+                return False
+        children = node.children() if hasattr(node, "children") else ()
+        return all(self.is_scalar(c, nest) for c in children)
+
+    # -- statements -----------------------------------------------------------------------------
+    def steps(self, steps) -> None:
+        for step in steps:
+            if isinstance(step, Assign):
+                self.assign(step)
+            elif isinstance(step, Loop):
+                self.loop(step)
+            elif isinstance(step, Switch):
+                self.switch(step)
+            elif isinstance(step, ScatterAdd):
+                raise Declined(f"a scatter-add{_where(step.origin)} has no Triton rendering yet")
+            else:
+                raise Declined(f"no Triton rule for the statement {type(step).__name__}")
+
+    def open_nest(self, axes) -> _Nest:
+        nest = _Nest(axes)
+        self.tile(nest.shape)
+        for name, (position, _, size) in nest.axes.items():
+            spread = "" if nest.rank == 1 else \
+                "[" + ", ".join(":" if a == position else "None" for a in range(nest.rank)) + "]"
+            self.emit(f"{checked('n_' + name)} = tl.arange(0, {size}).to(tl.int64){spread}")
+        return nest
+
+    def assign(self, step: Assign) -> None:
+        buffer = self.program.buffer(step.buffer)
+        if step.buffer in self.inputs:
+            raise Declined(f"a statement writes the input {step.buffer}")
+        shape = self.shape_of(step.buffer)
+        prefix = len(step.prefix)
+        if len(shape) != prefix + len(step.indices) or \
+                tuple(e for _, e in step.indices) != shape[prefix:]:
+            raise Declined(f"the statement{_where(step.origin)} does not cover the trailing "
+                           f"axes of {step.buffer}")
+        self.emit(f"# {step.origin[:150]!s}".replace("\n", " "))
+        reduced = step.reduction.indices if step.reduction is not None else ()
+        nest = self.open_nest(tuple(step.indices) + tuple(reduced))
+        dtype = TL_TYPE[buffer.dtype]
+        value = self.fresh("v")
+        if step.reduction is None:
+            self.emit(f"{value} = {self.expr(step.value, nest)}")
+        else:
+            self.reduction(step.reduction, value, nest, len(step.indices), buffer.dtype)
+        out_shape = tuple(padded(e) for _, e in step.indices)
+        self.emit(f"{value} = tl.broadcast_to(({value}).to({dtype}), {out_shape})"
+                  if out_shape else f"{value} = ({value}).to({dtype})")
+        target = self.register(step.buffer)
+        if not prefix:
+            self.emit(f"{target} = {value}")
+            return
+        pshape = self.padded_shape(step.buffer)
+        conditions = []
+        for k, sub in enumerate(step.prefix):
+            if not self.is_scalar(sub, _Nest(())):
+                raise Declined(f"the statement{_where(step.origin)} writes at a position "
+                               "that is not a scalar")
+            lane = f"tl.arange(0, {pshape[k]}).to(tl.int64)"
+            if len(pshape) > 1:
+                lane += "[" + ", ".join(":" if a == k else "None"
+                                        for a in range(len(pshape))) + "]"
+            conditions.append(f"({lane} == {self.expr(sub, _Nest(()))})")
+        spread = value if not out_shape else \
+            f"{value}[{', '.join(['None'] * prefix + [':'] * len(out_shape))}]"
+        self.emit(f"{target} = tl.where({' & '.join(conditions)}, {spread}, {target})")
+
+    def reduction(self, reduction, value: str, nest: _Nest, kept: int, dtype) -> None:
+        op = reduction.op
+        body_type = reduction.body.dtype
+        if op not in (ReduceOp.SUM, ReduceOp.PROD, ReduceOp.MAX, ReduceOp.MIN, ReduceOp.AND,
+                      ReduceOp.OR):
+            raise Declined(f"the reduction {op.value} has no Triton rendering yet")
+        self.emit(f"{value} = {self.expr(reduction.body, nest)}")
+        self.emit(f"{value} = tl.broadcast_to({value}, {nest.shape})")
+        names = list(nest.axes)
+        padding = [f"(n_{n} < {nest.axes[n][1]})" for n in names[kept:]
+                   if nest.axes[n][1] != nest.axes[n][2]]
+        if padding:
+            self.emit(f"{value} = tl.where({' & '.join(padding)}, {value}, "
+                      f"{self.identity(op, body_type)})")
+        if body_type is ScalarType.BOOL:
+            self.emit(f"{value} = {value}.to(tl.int8)")
+        combine = {ReduceOp.PROD: "ef_mul", ReduceOp.AND: "ef_and", ReduceOp.OR: "ef_or",
+                   ReduceOp.MAX: "ef_fmax" if body_type.is_float else "ef_imax",
+                   ReduceOp.MIN: "ef_fmin" if body_type.is_float else "ef_imin"}.get(op)
+        for axis in range(nest.rank - 1, kept - 1, -1):
+            self.emit(f"{value} = tl.sum({value}, {axis})" if combine is None else
+                      f"{value} = tl.reduce({value}, {axis}, {combine})")
+        if body_type is ScalarType.BOOL:
+            self.emit(f"{value} = {value} != 0")
+
+    @staticmethod
+    def identity(op: ReduceOp, dtype: ScalarType) -> str:
+        import numpy as np
+        if op is ReduceOp.SUM or op is ReduceOp.OR:
+            return "0"
+        if op is ReduceOp.PROD:
+            return "1"
+        if op is ReduceOp.AND:
+            return "1" if dtype is ScalarType.BOOL else "-1"
+        low = op is ReduceOp.MAX
+        if dtype.is_float:
+            return 'float("-inf")' if low else 'float("inf")'
+        if dtype is ScalarType.BOOL:
+            return "0" if low else "1"
+        info = np.iinfo(dtype.numpy)
+        return str(int(info.min if low else info.max))
+
+    def scalar(self, node: Expr) -> str:
+        """A scalar value (a loop condition, a branch index) outside any nest."""
+        return self.expr(node, _Nest(()))
+
+    def loop(self, step: Loop) -> None:
+        self.emit(f"# {step.origin[:150]!s}".replace("\n", " "))
+        if step.kind is LoopKind.SCAN:
+            counter = checked(f"n_{step.var}")
+            self.emit(f"for {counter}_ in range(0, {int(step.length)}):")
+            self.depth += 1
+            self.emit(f"{counter} = {counter}_ + tl.zeros((), tl.int64)")
+            self.body(step)
+            self.depth -= 1
+        elif step.kind is LoopKind.WHILE:
+            test = self.fresh("w")
+            self.steps(step.condition_steps)
+            self.emit(f"{test} = {self.scalar(step.condition)}")
+            self.emit(f"while {test}:")
+            self.depth += 1
+            self.body(step)
+            self.steps(step.condition_steps)
+            self.emit(f"{test} = {self.scalar(step.condition)}")
+            self.depth -= 1
+        else:
+            raise Declined(f"a {step.kind.value} loop has no Triton rendering")
+
+    def body(self, step: Loop) -> None:
+        self.steps(step.body)
+        temporaries = []
+        for carry, new in step.updates:
+            temporary = self.fresh("u")
+            self.emit(f"{temporary} = {self.register(new)}")
+            temporaries.append((carry, temporary))
+        for carry, temporary in temporaries:
+            self.emit(f"{self.register(carry)} = {temporary}")
+        if not step.body and not step.updates:
+            self.emit("pass")
+
+    def switch(self, step: Switch) -> None:
+        self.emit(f"# {step.origin[:150]!s}".replace("\n", " "))
+        which = self.fresh("k")
+        self.emit(f"{which} = ({self.scalar(step.which)}).to(tl.int64)")
+        count = len(step.branches)
+        for k, body in enumerate(step.branches):
+            if count == 1:
+                self.emit("if True:")
+            elif k == 0:
+                self.emit(f"if {which} <= 0:")
+            elif k == count - 1:
+                self.emit("else:")
+            else:
+                self.emit(f"elif {which} == {k}:")
+            self.depth += 1
+            before = len(self.lines)
+            self.steps(body)
+            if len(self.lines) == before:
+                self.emit("pass")
+            self.depth -= 1
+
+    # -- the kernel -----------------------------------------------------------------------------
+    def render(self, batched: Tuple[bool, ...]) -> RenderedJit:
+        program = self.program
+        registers = 0
+        prologue = ["pid = tl.program_id(0).to(tl.int64)"]
+        for name, moving in zip(program.inputs, batched):
+            if moving:
+                size = self.program.buffer(name).size
+                prologue.append(f"{self.pointer(name)} = {self.pointer(name)} + pid * {size}")
+        for buffer in program.buffers:
+            if buffer.name in self.inputs:
+                continue
+            shape = self.padded_shape(buffer.name)
+            registers += math.prod(shape) if shape else 1
+            self.tile(shape)
+            prologue.append(f"{self.register(buffer.name)} = tl.zeros({shape}, "
+                            f"{TL_TYPE[buffer.dtype]})")
+        self.steps(program.steps)
+        epilogue = []
+        for name in program.outputs:
+            shape, pshape = self.shape_of(name), self.padded_shape(name)
+            pointer = self.pointer(name)
+            epilogue.append(f"{pointer} = {pointer} + pid * {self.program.buffer(name).size}")
+            if not shape:
+                epilogue.append(f"tl.store({pointer}, {self.register(name)})")
+                continue
+            offsets, masks, stride = [], [], 1
+            rank = len(shape)
+            for k in range(rank - 1, -1, -1):
+                lane = f"tl.arange(0, {pshape[k]}).to(tl.int64)"
+                if rank > 1:
+                    lane += "[" + ", ".join(":" if a == k else "None" for a in range(rank)) + "]"
+                offsets.append(lane if stride == 1 else f"{lane} * {stride}")
+                if pshape[k] != shape[k]:
+                    masks.append(f"({lane} < {shape[k]})")
+                stride *= shape[k]
+            mask = f", mask={' & '.join(masks)}" if masks else ""
+            epilogue.append(f"tl.store({pointer} + {' + '.join(reversed(offsets))}, "
+                            f"{self.register(name)}{mask})")
+        params = ", ".join([self.pointer(n) for n in program.inputs] +
+                           [self.pointer(n) for n in program.outputs])
+        source = "\n".join(
+            ["import triton", "import triton.language as tl", HELPERS, JIT_HELPERS,
+             _division_helper(), "", "@triton.jit", f"def {KERNEL}({params}):"] +
+            ["    " + line for line in prologue] + self.lines +
+            ["    " + line for line in epilogue]) + "\n"
+        return RenderedJit(source, KERNEL, self.largest, registers)
+
+
+def _division_helper() -> str:
+    # float division: correctly rounded where the kernel is compiled (Triton's float32
+    # '/' is div.full.f32 there); the interpreter's '/' is NumPy's, exact already
+    from ...analysis.triton_facts import interpreted
+    from .elementwise import TARGET_HELPERS
+    return TARGET_HELPERS[not interpreted()]
+
+
+def render_jit(program: JitProgram, batched: Optional[Tuple[bool, ...]] = None) -> RenderedJit:
+    """``program`` as one Triton kernel (``batched``: which inputs advance per program
+    instance; the outputs always do), or :class:`Declined`."""
+    flags = tuple(batched) if batched is not None else tuple(False for _ in program.inputs)
+    if len(flags) != len(program.inputs):
+        raise Declined("the batch flags do not match the program's inputs")
+    return JitRenderer(program).render(flags)
+
+
+__all__ = ["Declined", "KERNEL", "RenderedJit", "padded", "render_jit"]
