@@ -66,9 +66,9 @@ class BatchedFunction:
         """Runs the kernel on NumPy arrays; returns a tuple of NumPy arrays."""
         if self.base.backend != "c":
             from .jit_triton import batched_route_of
-            route = batched_route_of(self)
-            if route.takes(arrays):
-                return route.run(arrays, as_jax=False)
+            found = batched_route_of(self).attempt(arrays, as_jax=False)
+            if found is not None:
+                return found
         inputs = []
         for array, aval in zip(arrays, self.in_avals):
             # (np.require keeps a 0-d array 0-d; ascontiguousarray makes it 1-d)

@@ -48,9 +48,9 @@ class CompiledFunction:
         import ctypes
         if self.backend != "c":
             from .jit_triton import route_of
-            route = route_of(self)
-            if route.takes(arrays):
-                return route.run(arrays, as_jax=False)
+            found = route_of(self).attempt(arrays, as_jax=False)
+            if found is not None:
+                return found
         inputs = [np.ascontiguousarray(a, dtype=aval.dtype)
                   for a, aval in zip(arrays, self.in_avals)]
         outputs = allocate_outputs(self.out_avals, self.name)
@@ -72,9 +72,9 @@ class CompiledFunction:
         if not any(isinstance(leaf, jax.core.Tracer) for leaf in leaves):
             if self.backend != "c":
                 from .jit_triton import route_of
-                route = route_of(self)
-                if route.takes(leaves):        # (GPU arrays reach it without a copy)
-                    return route.run(leaves, as_jax=True)
+                found = route_of(self).attempt(leaves, as_jax=True)   # (GPU arrays:
+                if found is not None:                                   # no copy)
+                    return found
             return [jnp.asarray(out) for out in self.host(*leaves)]
         return list(self.call(*leaves))
 

@@ -69,6 +69,7 @@ class TritonRoute:
         self._rendered = None
         self._kernel = None
         self._choices: Dict[bool, DeviceChoice] = {}
+        self._succeeded = False
 
     # -- the decision ---------------------------------------------------------------------------
     def _render(self):
@@ -79,6 +80,8 @@ class TritonRoute:
             self._rendered = render_jit(self.program, self.batched)
         except Declined as declined:
             self._declined = declined.reason
+        except Exception as error:   # noqa: BLE001 -- a renderer's fault: the host runs
+            self._declined = f"the Triton renderer failed ({type(error).__name__}: {error})"
 
     def choice(self, on_gpu: bool) -> DeviceChoice:
         with _lock:
@@ -125,6 +128,28 @@ class TritonRoute:
                                          choice.num_warps if choice else 1)
             return self._kernel
 
+    def attempt(self, arrays, as_jax: bool):
+        """The kernel's outputs on ``arrays`` where the rule chooses it, else None (the
+        host kernel runs).  A kernel that fails to build (Triton's compiler refusing what
+        the renderer wrote) declines from then on, with that reason; the host kernel
+        runs instead, so the call still gets its result."""
+        if not self.takes(arrays):
+            return None
+        try:
+            return self.run(arrays, as_jax)
+        except EinfuseTypeError:
+            raise
+        except Exception as error:   # noqa: BLE001 -- see above; only before a success
+            if self._succeeded:
+                raise
+            with _lock:
+                self._declined = (f"its Triton kernel did not build ({type(error).__name__}: "
+                                  f"{str(error)[:300]})")
+                self._rendered = None
+                self._kernel = None
+                self._choices.clear()
+            return None
+
     def run(self, arrays, as_jax: bool):
         """The outputs of the kernel on ``arrays`` (JAX arrays when ``as_jax``, else
         NumPy arrays)."""
@@ -139,6 +164,7 @@ class TritonRoute:
         outputs = [torch.empty(tuple(aval.shape), dtype=_torch_dtype(aval.dtype), device=device)
                    for aval in function.out_avals]
         self.kernel()(inputs, outputs)
+        self._succeeded = True
         if as_jax:
             return [_to_jax(out) for out in outputs]
         return tuple(out.cpu().numpy() for out in outputs)

@@ -95,6 +95,23 @@ def ef_ifloordiv(a, b):
 @triton.jit
 def ef_ifloormod(a, b):
     return a - ef_ifloordiv(a, b) * b
+
+
+@triton.jit
+def ef_idiv(a, b):
+    # XLA's signed division: truncating, b = 0 gives -1, MIN / -1 wraps to MIN; the
+    # divisor is made safe first (0 and -1 trap or are undefined where compiled)
+    safe = tl.where((b == 0) | (b == -1), 1, b)
+    q = a // safe
+    r = a - q * safe
+    q = tl.where((r != 0) & ((r < 0) != (a < 0)), q + 1, q)
+    return tl.where(b == 0, -1, tl.where(b == -1, 0 - a, q))
+
+
+@triton.jit
+def ef_irem(a, b):
+    # XLA's: the sign of a; b = 0 gives a, b = -1 gives 0
+    return a - ef_idiv(a, b) * b
 '''
 
 
@@ -286,8 +303,15 @@ class JitRenderer:
                 return f"(0 - {args[0]})"
             if op is ElementOp.ABS:
                 return f"tl.abs({args[0]})"
+            if op is ElementOp.SIGN:
+                t = TL_TYPE[operand]
+                return f"(({args[0]} > 0).to({t}) - ({args[0]} < 0).to({t}))"
+            if op is ElementOp.SQUARE:
+                return f"({args[0]} * {args[0]})"
             if op in (ElementOp.IDIV, ElementOp.IMOD) and node.dtype is not INDEX:
                 rule = None
+            elif op in (ElementOp.DIV, ElementOp.REM) and operand.is_signed_int:
+                rule = "ef_idiv({0}, {1})" if op is ElementOp.DIV else "ef_irem({0}, {1})"
             else:
                 rule = _BINARY_INT.get(op)
         if rule is None:

@@ -1,0 +1,204 @@
+"""``ef.jit`` as ONE Triton kernel (v3.md section 5, issue 36 item 1), run by Triton's
+interpreter (conftest sets TRITON_INTERPRET=1) on CPU arrays with ``backend="triton"``,
+against ``jax.jit`` of the same function: the seed workload (a hidden-to-hidden layer
+stepped in a scan) and its vmap over chains, an RNN, an RK4 integrator, a fori loop
+with a cond and a while loop, gradients; one launch per call; a program the renderer
+declines runs the host C kernel, says why, and launches nothing.  Sizes are small:
+the interpreter is slow."""
+
+import numpy as np
+import pytest
+
+jax = pytest.importorskip("jax")
+import jax.numpy as jnp  # noqa: E402
+
+import einfuse as ef  # noqa: E402
+from einfuse.backends.c import build as c_build  # noqa: E402
+from einfuse.backends.triton import backend as triton_backend  # noqa: E402
+from einfuse.errors import OptionError  # noqa: E402
+
+pytestmark = [
+    pytest.mark.skipif(not triton_backend.available(), reason="triton (and torch) not installed"),
+    pytest.mark.skipif(c_build.find_compiler() is None, reason="ef.jit builds its host kernel"),
+]
+
+
+@pytest.fixture(autouse=True)
+def _x64():
+    previous = jax.config.jax_enable_x64
+    jax.config.update("jax_enable_x64", True)
+    yield
+    jax.config.update("jax_enable_x64", previous)
+
+
+def launches(call):
+    from einfuse.backends.triton import launch
+    with launch.observed() as seen:
+        result = call()
+    return result, seen
+
+
+def close(got, want, tol=1e-12):
+    got_leaves, want_leaves = jax.tree_util.tree_leaves(got), jax.tree_util.tree_leaves(want)
+    assert len(got_leaves) == len(want_leaves)
+    for g, w in zip(got_leaves, want_leaves):
+        assert np.asarray(g).shape == np.asarray(w).shape
+        assert np.asarray(g).dtype == np.asarray(w).dtype
+        np.testing.assert_allclose(np.asarray(g), np.asarray(w), rtol=tol, atol=tol)
+
+
+def seed_arrays(steps, hidden, chains=0, seed=0):
+    from einfuse.bench.jit_cases import seed_inputs
+    arrays = seed_inputs(steps, hidden, chains)(np.random.default_rng(seed))
+    return [jnp.asarray(arrays[k]) for k in ("w0", "w1", "w2")], jnp.asarray(arrays["noise"])
+
+
+def test_seed_workload_is_one_triton_kernel():
+    from einfuse.bench.jit_cases import seed_function
+    params, noise = seed_arrays(6, 5)
+    fn = ef.jit(seed_function, backend="triton")
+    out, seen = launches(lambda: fn(params, noise))
+    assert [(s.kernel, s.grid) for s in seen] == [("ef_jit_kernel", (1,))]
+    close(out, jax.jit(seed_function)(params, noise))
+
+
+def test_vmapped_chains_spread_over_programs():
+    from einfuse.bench.jit_cases import seed_function
+    params, noise = seed_arrays(4, 5, chains=3, seed=1)
+    fn = jax.vmap(ef.jit(seed_function, backend="triton"), in_axes=(None, 0))
+    out, seen = launches(lambda: fn(params, noise))
+    assert [s.grid for s in seen] == [(3,)]      # one launch, one program per chain
+    close(out, jax.jit(jax.vmap(seed_function, in_axes=(None, 0)))(params, noise))
+
+
+def rnn(W, U, b, xs):
+    def step(h, x):
+        h = jnp.tanh(W @ h + U @ x + b)
+        return h, (h * h).sum()
+    return jax.lax.scan(step, jnp.zeros(W.shape[0], xs.dtype), xs)
+
+
+def test_rnn_cell_with_stacked_outputs():
+    rng = np.random.default_rng(2)
+    W = jnp.asarray(rng.standard_normal((6, 6)) * 0.5)
+    U = jnp.asarray(rng.standard_normal((6, 3)))
+    b = jnp.asarray(rng.standard_normal(6))
+    xs = jnp.asarray(rng.standard_normal((7, 3)))
+    out, seen = launches(lambda: ef.jit(rnn, backend="triton")(W, U, b, xs))
+    assert len(seen) == 1
+    close(out, jax.jit(rnn)(W, U, b, xs))
+
+
+def rk4(A, y0, dt):
+    def f(y):
+        return jnp.tanh(A @ y) - 0.1 * y
+
+    def step(y, _):
+        k1 = f(y)
+        k2 = f(y + 0.5 * dt * k1)
+        k3 = f(y + 0.5 * dt * k2)
+        k4 = f(y + dt * k3)
+        return y + dt / 6.0 * (k1 + 2 * k2 + 2 * k3 + k4), None
+    return jax.lax.scan(step, y0, None, length=5)[0]
+
+
+def test_rk4_integrator_in_float32_and_its_gradient():
+    rng = np.random.default_rng(3)
+    A = jnp.asarray(rng.standard_normal((4, 4)), jnp.float32)
+    y0 = jnp.asarray(rng.standard_normal(4), jnp.float32)
+    out, seen = launches(lambda: ef.jit(rk4, backend="triton")(A, y0, 0.1))
+    assert len(seen) == 1
+    close(out, jax.jit(rk4)(A, y0, 0.1), tol=1e-5)
+
+    def loss(A, y0):
+        return rk4(A, y0, 0.1).sum()
+    grads, seen = launches(lambda: jax.grad(ef.jit(loss, backend="triton"), (0, 1))(A, y0))
+    # the forward kernel and the backward kernel (the jaxpr of jax.vjp), both Triton
+    assert len(seen) == 2
+    close(grads, jax.jit(jax.grad(loss, (0, 1)))(A, y0), tol=1e-5)
+
+
+def cond_and_while(x, n):
+    def body(i, x):
+        return jax.lax.cond(x.sum() > 0, lambda y: y * 0.5 - 1.0,
+                            lambda y: jnp.sin(y) + 2.0 + i, x)
+    x = jax.lax.fori_loop(0, n, body, x)
+    count, y = jax.lax.while_loop(lambda c: c[1].max() < 30.0,
+                                  lambda c: (c[0] + 1, c[1] * 1.5 + 0.25), (0, x))
+    return y, count
+
+
+def test_loop_with_cond_and_while_inside_the_kernel():
+    x = jnp.asarray(np.random.default_rng(4).standard_normal(5))
+    fn = ef.jit(cond_and_while, backend="triton", static_argnums=1)
+    out, seen = launches(lambda: fn(x, 6))
+    assert len(seen) == 1
+    want = jax.jit(cond_and_while, static_argnums=1)(x, 6)
+    close(out[0], want[0])
+    assert int(out[1]) == int(want[1])
+
+
+def integers(x, k):
+    # saturating float -> int conversion (NaN to 0), integer arithmetic, floor division
+    big = (x * 1e10).astype(jnp.int32)
+    small = jnp.floor(x * 3.0).astype(jnp.int64)
+    return big, (small * k + 7) // 3, jnp.where(small % 2 == 0, x, -x)
+
+
+def test_casts_and_integer_arithmetic_follow_xla():
+    x = jnp.asarray([0.5, -2.25, np.nan, np.inf, -np.inf, 1e-3, -0.7])
+    k = jnp.asarray(5, jnp.int64)
+    out, seen = launches(lambda: ef.jit(integers, backend="triton")(x, k))
+    assert len(seen) == 1
+    close(out, jax.jit(integers)(x, k))
+
+
+def scatter_then_argmax(x, i):
+    return x.at[i].add(1.0) * jnp.argmax(x)
+
+
+def test_a_program_the_renderer_declines_runs_the_host_kernel_and_says_why():
+    from einfuse.runtime.jit_triton import route_of
+    x = jnp.asarray(np.random.default_rng(5).standard_normal(6))
+    i = jnp.asarray([1, 3, 1])
+    fn = ef.jit(scatter_then_argmax, backend="triton")
+    out, seen = launches(lambda: fn(x, i))
+    assert seen == []
+    close(out, scatter_then_argmax(x, i))
+    lines = route_of(fn.compiled(x, i)).describe()
+    assert any("the host C kernel: the Triton renderer declines: a scatter-add" in line
+               for line in lines)
+    assert "the Triton renderer declines" in str(ef.explain(fn, x, i))
+
+
+def test_auto_keeps_host_arrays_on_the_host_kernel():
+    from einfuse.bench.jit_cases import seed_function
+    from einfuse.runtime.jit_triton import route_of
+    params, noise = seed_arrays(3, 4)
+    fn = ef.jit(seed_function)
+    out, seen = launches(lambda: fn(params, noise))
+    assert seen == []
+    close(out, jax.jit(seed_function)(params, noise))
+    lines = route_of(fn.compiled(params, noise)).describe()
+    assert "eager call on host arrays: the host C kernel: the arrays are on the host" in lines[0]
+
+
+def test_the_cost_rule_keeps_one_tiny_chain_on_the_host_and_sends_many_to_the_gpu():
+    from einfuse.bench.jit_cases import seed_function
+    from einfuse.frontends.jaxpr import convert
+    from einfuse.runtime.jit_support import without_dead_code
+    from einfuse.schedule.jit_device import choose
+    params, noise = seed_arrays(8000, 12)
+    program = convert(without_dead_code(jax.make_jaxpr(seed_function)(params, noise)))
+    one = choose(program, 1, "auto", True, True, None, 256, 900)
+    many = choose(program, 256, "auto", True, True, None, 256, 900)
+    assert not one.triton and "the host is faster" in one.reason
+    assert many.triton and "the device is faster" in many.reason
+    assert not choose(program, 256, "auto", False, True, None, 256, 900).triton
+    big = choose(program, 256, "triton", True, True, None, 1 << 20, 1 << 20)
+    assert not big.triton and "registers" in big.reason
+
+
+def test_backend_is_checked():
+    with pytest.raises(OptionError, match="backend"):
+        ef.jit(lambda x: x, backend="cuda")
