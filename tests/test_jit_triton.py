@@ -202,3 +202,34 @@ def test_the_cost_rule_keeps_one_tiny_chain_on_the_host_and_sends_many_to_the_gp
 def test_backend_is_checked():
     with pytest.raises(OptionError, match="backend"):
         ef.jit(lambda x: x, backend="cuda")
+
+
+def test_seed_gradient_keeps_its_residuals_in_scratch_memory():
+    from einfuse.backends.triton.jit_render import render_jit
+    from einfuse.bench.jit_cases import seed_function
+    params, noise = seed_arrays(60, 5, seed=6)
+
+    def loss(p, n):
+        return seed_function(p, n).sum()
+    fn = ef.jit(loss, backend="triton")
+    grads, seen = launches(lambda: jax.grad(fn)(params, noise))
+    assert len(seen) == 2
+    close(grads, jax.jit(jax.grad(loss))(params, noise))
+    # the reversed scan reads residuals stacked by the forward scan: a row per step,
+    # kept in a scratch array per program, not in a register tile rewritten per step
+    backward = fn.compiled(params, noise).backward().program
+    assert render_jit(backward).scratch
+
+
+def test_a_long_stacked_scan_output_is_written_in_place():
+    def states(W, xs):
+        def step(h, x):
+            h = jnp.tanh(W @ h + x)
+            return h, h
+        return jax.lax.scan(step, jnp.zeros(W.shape[0], xs.dtype), xs)[1]
+    rng = np.random.default_rng(7)
+    W = jnp.asarray(rng.standard_normal((6, 6)) * 0.5)
+    xs = jnp.asarray(rng.standard_normal((100, 6)))
+    out, seen = launches(lambda: ef.jit(states, backend="triton")(W, xs))
+    assert len(seen) == 1
+    close(out, jax.jit(states)(W, xs))

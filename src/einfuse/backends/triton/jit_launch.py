@@ -40,7 +40,8 @@ class JitKernel:
 
     def __call__(self, inputs: Sequence, outputs: Sequence) -> None:
         """Runs the kernel on torch tensors (contiguous, of the program's dtypes): the
-        inputs in the program's order (constants included), then the outputs."""
+        inputs in the program's order (constants included), then the outputs and the
+        scratch arrays (RenderedJit.scratch)."""
         device = outputs[0].device if outputs else None
         index = device.index if device is not None and device.type == "cuda" else None
         self.launcher(index)(*inputs, *outputs)

@@ -21,7 +21,14 @@ How the IR maps onto a Triton program:
 * ``scan`` is a ``for`` loop, ``while`` a ``while`` loop whose condition is recomputed at
   the end of each step, ``cond`` an ``if`` chain; a loop's carries are rebound after the
   body from temporaries (every new value is read before any carry changes);
-* outputs are stored, masked to their real extent, at the end.
+* outputs are stored, masked to their real extent, at the end;
+* a buffer too large for registers (MEMORY_ELEMENTS), or one written a row at a time
+  (``ys[t, :] := ...``, a stacked scan output or a gradient's residuals: a tl.where over
+  the whole tile per step would make the loop quadratic), lives in **memory** instead:
+  an output in its own output array, an intermediate in a scratch array per program
+  (allocated by the caller, ``RenderedJit.scratch``); it is written by ``tl.store`` and
+  read by ``tl.load``, each store between two ``tl.debug_barrier`` s so that every
+  thread of the program sees it and none overwrites what another has yet to read.
 
 What it cannot render it DECLINES (:class:`Declined`, naming the construct and the
 jaxpr equation it comes from): scatter-adds, argmax/argmin, operations or types without
@@ -39,6 +46,9 @@ from ..identifiers import name as checked
 from .helpers import HELPERS
 
 KERNEL = "ef_jit_kernel"
+
+MEMORY_ELEMENTS = 4096      # a buffer of more (padded) elements lives in memory
+ROW_WRITTEN_ELEMENTS = 256  # a buffer written a row at a time lives in memory above this
 
 TL_TYPE = {ScalarType.BOOL: "tl.int1", ScalarType.INT8: "tl.int8", ScalarType.INT16: "tl.int16",
            ScalarType.INT32: "tl.int32", ScalarType.INT64: "tl.int64",
@@ -134,6 +144,9 @@ class RenderedJit:
     kernel: str
     largest: int
     registers: int
+    # (buffer, NumPy dtype name, elements per program): the scratch arrays the caller
+    # passes after the outputs, in this order
+    scratch: Tuple[Tuple[str, str, int], ...] = ()
 
 
 def padded(extent: int) -> int:
@@ -202,6 +215,27 @@ class JitRenderer:
                                "Triton jit renderer does not take")
             if buffer.size == 0:
                 raise Declined(f"buffer {buffer.name} is empty")
+        self.memory = self.placed_in_memory()
+
+    def placed_in_memory(self) -> set:
+        """The non-input buffers kept in memory (see the module's docstring)."""
+        from ...ir import walk
+        row_written = {node.buffer for node in walk(self.program)
+                       if isinstance(node, Assign) and node.prefix}
+        found = set()
+        for buffer in self.program.buffers:
+            if buffer.name in self.inputs:
+                continue
+            size = math.prod(padded(e) for e in buffer.shape) if buffer.shape else 1
+            if size > MEMORY_ELEMENTS or (buffer.name in row_written and
+                                          size > ROW_WRITTEN_ELEMENTS):
+                found.add(buffer.name)
+        for node in walk(self.program):
+            if isinstance(node, Loop):
+                for carry, new in node.updates:
+                    if carry in found or new in found:
+                        raise Declined(f"the loop carry {carry} is too large for registers")
+        return found
 
     # -- small things -------------------------------------------------------------------------
     def fresh(self, stem: str) -> str:
@@ -246,7 +280,7 @@ class JitRenderer:
             # a nest index (a tile along its axis) or a loop counter (a scalar)
             return checked(f"n_{node.name}")
         if isinstance(node, Read):
-            if node.buffer in self.inputs:
+            if node.buffer in self.inputs or node.buffer in self.memory:
                 return self.load(node, nest)
             return self.register_read(node, nest)
         if isinstance(node, Cast):
@@ -427,7 +461,8 @@ class JitRenderer:
         """Whether ``node`` does not depend on the nest's indices (renders as a scalar)."""
         if isinstance(node, Index):
             return node.name not in nest.axes
-        if isinstance(node, Read) and node.buffer not in self.inputs:
+        if isinstance(node, Read) and node.buffer not in self.inputs and \
+                node.buffer not in self.memory:
             shape = self.shape_of(node.buffer)
             if any(isinstance(s, Index) and s.name in nest.axes and n > 1
                    for s, n in zip(node.subscripts, shape)):
@@ -480,6 +515,9 @@ class JitRenderer:
         out_shape = tuple(padded(e) for _, e in step.indices)
         self.emit(f"{value} = tl.broadcast_to(({value}).to({dtype}), {out_shape})"
                   if out_shape else f"{value} = ({value}).to({dtype})")
+        if step.buffer in self.memory:
+            self.store(step, value, out_shape)
+            return
         target = self.register(step.buffer)
         if not prefix:
             self.emit(f"{target} = {value}")
@@ -498,6 +536,37 @@ class JitRenderer:
         spread = value if not out_shape else \
             f"{value}[{', '.join(['None'] * prefix + [':'] * len(out_shape))}]"
         self.emit(f"{target} = tl.where({' & '.join(conditions)}, {spread}, {target})")
+
+    def store(self, step: Assign, value: str, out_shape) -> None:
+        """``value`` (a tile over the statement's output axes) into the memory of
+        ``step.buffer`` at the prefix position (a prefix out of range writes nothing)."""
+        shape = self.shape_of(step.buffer)
+        prefix = len(step.prefix)
+        rank = len(out_shape)
+        offsets, masks, stride = [], [], 1
+        for k in range(len(shape) - 1, -1, -1):
+            if k >= prefix:
+                axis = k - prefix
+                lane = f"tl.arange(0, {out_shape[axis]}).to(tl.int64)"
+                if rank > 1:
+                    lane += "[" + ", ".join(":" if a == axis else "None"
+                                            for a in range(rank)) + "]"
+                if out_shape[axis] != shape[k]:
+                    masks.append(f"({lane} < {shape[k]})")
+            else:
+                if not self.is_scalar(step.prefix[k], _Nest(())):
+                    raise Declined(f"the statement{_where(step.origin)} writes at a "
+                                   "position that is not a scalar")
+                lane = self.fresh("o")
+                self.emit(f"{lane} = {self.expr(step.prefix[k], _Nest(()))}")
+                masks.append(f"({lane} >= 0) & ({lane} < {shape[k]})")
+            offsets.append(lane if stride == 1 else f"{lane} * {stride}")
+            stride *= shape[k]
+        mask = f", mask={' & '.join(masks)}" if masks else ""
+        self.emit("tl.debug_barrier()")
+        self.emit(f"tl.store({self.pointer(step.buffer)} + "
+                  f"{' + '.join(reversed(offsets)) or '0'}, {value}{mask})")
+        self.emit("tl.debug_barrier()")
 
     def reduction(self, reduction, value: str, nest: _Nest, kept: int, dtype) -> None:
         op = reduction.op
@@ -609,8 +678,17 @@ class JitRenderer:
             if moving:
                 size = self.program.buffer(name).size
                 prologue.append(f"{self.pointer(name)} = {self.pointer(name)} + pid * {size}")
+        scratch = []
+        for name in program.outputs:
+            size = self.program.buffer(name).size
+            prologue.append(f"{self.pointer(name)} = {self.pointer(name)} + pid * {size}")
         for buffer in program.buffers:
-            if buffer.name in self.inputs:
+            if buffer.name in self.memory and buffer.name not in program.outputs:
+                scratch.append((buffer.name, buffer.dtype.numpy.name, buffer.size))
+                prologue.append(f"{self.pointer(buffer.name)} = {self.pointer(buffer.name)}"
+                                f" + pid * {buffer.size}")
+        for buffer in program.buffers:
+            if buffer.name in self.inputs or buffer.name in self.memory:
                 continue
             shape = self.padded_shape(buffer.name)
             registers += math.prod(shape) if shape else 1
@@ -620,9 +698,10 @@ class JitRenderer:
         self.steps(program.steps)
         epilogue = []
         for name in program.outputs:
+            if name in self.memory:
+                continue             # written in place already
             shape, pshape = self.shape_of(name), self.padded_shape(name)
             pointer = self.pointer(name)
-            epilogue.append(f"{pointer} = {pointer} + pid * {self.program.buffer(name).size}")
             if not shape:
                 epilogue.append(f"tl.store({pointer}, {self.register(name)})")
                 continue
@@ -640,13 +719,14 @@ class JitRenderer:
             epilogue.append(f"tl.store({pointer} + {' + '.join(reversed(offsets))}, "
                             f"{self.register(name)}{mask})")
         params = ", ".join([self.pointer(n) for n in program.inputs] +
-                           [self.pointer(n) for n in program.outputs])
+                           [self.pointer(n) for n in program.outputs] +
+                           [self.pointer(n) for n, _, _ in scratch])
         source = "\n".join(
             ["import triton", "import triton.language as tl", HELPERS, JIT_HELPERS,
              _division_helper(), "", "@triton.jit", f"def {KERNEL}({params}):"] +
             ["    " + line for line in prologue] + self.lines +
             ["    " + line for line in epilogue]) + "\n"
-        return RenderedJit(source, KERNEL, self.largest, registers)
+        return RenderedJit(source, KERNEL, self.largest, registers, tuple(scratch))
 
 
 def _division_helper() -> str:
