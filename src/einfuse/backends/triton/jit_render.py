@@ -31,8 +31,10 @@ How the IR maps onto a Triton program:
   thread of the program sees it and none overwrites what another has yet to read.
 
 What it cannot render it DECLINES (:class:`Declined`, naming the construct and the
-jaxpr equation it comes from): scatter-adds, argmax/argmin, operations or types without
-a rule here.  The caller then runs the host C kernel; nothing is launched."""
+jaxpr equation it comes from): scatter-adds into memory or whose last write wins
+(backends/triton/jit_reductions.py renders the others, and argmax/argmin), operations
+or types without a rule here.  The caller then runs the host C kernel; nothing is
+launched."""
 
 from __future__ import annotations
 
@@ -46,6 +48,7 @@ from ..identifiers import name as checked
 from .helpers import HELPERS
 from .jit_ops import (JIT_HELPERS, TL_TYPE, Declined, ExpressionRules, division_helper, padded,
                       where_text as _where)
+from .jit_reductions import arg_reduction, scatter_add
 
 KERNEL = "ef_jit_kernel"
 
@@ -271,7 +274,7 @@ class JitRenderer(ExpressionRules):
             elif isinstance(step, Switch):
                 self.switch(step)
             elif isinstance(step, ScatterAdd):
-                raise Declined(f"a scatter-add{_where(step.origin)} has no Triton rendering yet")
+                scatter_add(self, step)
             else:
                 raise Declined(f"no Triton rule for the statement {type(step).__name__}")
 
@@ -362,6 +365,9 @@ class JitRenderer(ExpressionRules):
     def reduction(self, reduction, value: str, nest: _Nest, kept: int, dtype) -> None:
         op = reduction.op
         body_type = reduction.body.dtype
+        if op in (ReduceOp.ARGMAX, ReduceOp.ARGMIN):
+            arg_reduction(self, reduction, value, nest, kept)
+            return
         if op not in (ReduceOp.SUM, ReduceOp.PROD, ReduceOp.MAX, ReduceOp.MIN, ReduceOp.AND,
                       ReduceOp.OR):
             raise Declined(f"the reduction {op.value} has no Triton rendering yet")
