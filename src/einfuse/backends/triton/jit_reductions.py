@@ -26,12 +26,13 @@ def _keep(axes, line_value: str, reducer: str) -> str:
     return line_value
 
 
-def arg_reduction(renderer, reduction, value: str, nest, kept: int) -> None:
-    """``value`` := argmax/argmin of ``reduction.body`` over the nest's axes from ``kept``
-    on (the reduction's indices, in their order)."""
+def arg_reduction(renderer, reduction, value: str, nest, reduced) -> None:
+    """``value`` := argmax/argmin of ``reduction.body`` over the nest positions
+    ``reduced`` (the position counted row-major over the reduction's indices, in the
+    order the reduction lists them)."""
     body_type = reduction.body.dtype
-    names = list(nest.axes)[kept:]
-    axes = list(range(kept, nest.rank))
+    names = [n for n, _ in reduction.indices]
+    axes = sorted(reduced)
     emit, fresh = renderer.emit, renderer.fresh
     emit(f"{value} = tl.broadcast_to({renderer.expr(reduction.body, nest)}, {nest.shape})")
     if body_type is ScalarType.BOOL:

@@ -299,13 +299,20 @@ class JitRenderer(ExpressionRules):
                            f"axes of {step.buffer}")
         self.emit(f"# {step.origin[:150]!s}".replace("\n", " "))
         reduced = step.reduction.indices if step.reduction is not None else ()
-        nest = self.open_nest(tuple(step.indices) + tuple(reduced))
+        nest = self.open_nest(self.nest_order(step))
         dtype = TL_TYPE[buffer.dtype]
         value = self.fresh("v")
         if step.reduction is None:
             self.emit(f"{value} = {self.expr(step.value, nest)}")
         else:
-            self.reduction(step.reduction, value, nest, len(step.indices), buffer.dtype)
+            names = {n for n, _ in reduced}
+            self.reduction(step.reduction, value, nest,
+                           [p for n, (p, _, _) in nest.axes.items() if n in names])
+            left = [n for n in nest.axes if n not in names]
+            wanted = [n for n, _ in step.indices]
+            if left != wanted:       # the nest's order was the weights' (nest_order)
+                self.emit(f"{value} = tl.permute({value}, "
+                          f"{tuple(left.index(n) for n in wanted)})")
         out_shape = tuple(padded(e) for _, e in step.indices)
         self.emit(f"{value} = tl.broadcast_to(({value}).to({dtype}), {out_shape})"
                   if out_shape else f"{value} = ({value}).to({dtype})")
@@ -330,6 +337,34 @@ class JitRenderer(ExpressionRules):
         spread = value if not out_shape else \
             f"{value}[{', '.join(['None'] * prefix + [':'] * len(out_shape))}]"
         self.emit(f"{target} = tl.where({' & '.join(conditions)}, {spread}, {target})")
+
+    def nest_order(self, step: Assign):
+        """The axes of ``step``'s nest in the order its tiles are laid out: output axes
+        then reduced ones, except in a reduction, whose largest operand read at plain
+        indices (a weight matrix) sets the order of its axes, so that it is used as it
+        is stored -- not permuted on every step of a loop -- and the result is permuted
+        instead (a vector: nothing to move)."""
+        axes = tuple(step.indices) + (tuple(step.reduction.indices)
+                                      if step.reduction is not None else ())
+        if step.reduction is None:
+            return axes
+        from ...ir import walk
+        extents = dict(axes)
+        best, best_size = None, 1
+        for node in walk(step.reduction.body):
+            if not isinstance(node, Read):
+                continue
+            names = [s.name for s in node.subscripts if isinstance(s, Index)]
+            if len(names) != len(node.subscripts) or len(set(names)) != len(names) or \
+                    any(n not in extents for n in names):
+                continue
+            size = self.program.buffer(node.buffer).size
+            if size > best_size:
+                best, best_size = names, size
+        if best is None:
+            return axes
+        return tuple((n, extents[n]) for n in best) + \
+            tuple((n, e) for n, e in axes if n not in best)
 
     def store(self, step: Assign, value: str, out_shape) -> None:
         """``value`` (a tile over the statement's output axes) into the memory of
@@ -362,20 +397,21 @@ class JitRenderer(ExpressionRules):
                   f"{' + '.join(reversed(offsets)) or '0'}, {value}{mask})")
         self.emit("tl.debug_barrier()")
 
-    def reduction(self, reduction, value: str, nest: _Nest, kept: int, dtype) -> None:
+    def reduction(self, reduction, value: str, nest: _Nest, reduced) -> None:
+        """``value`` := ``reduction`` over the nest positions ``reduced`` (the others
+        are left, in the nest's order)."""
         op = reduction.op
         body_type = reduction.body.dtype
         if op in (ReduceOp.ARGMAX, ReduceOp.ARGMIN):
-            arg_reduction(self, reduction, value, nest, kept)
+            arg_reduction(self, reduction, value, nest, reduced)
             return
         if op not in (ReduceOp.SUM, ReduceOp.PROD, ReduceOp.MAX, ReduceOp.MIN, ReduceOp.AND,
                       ReduceOp.OR):
             raise Declined(f"the reduction {op.value} has no Triton rendering yet")
         self.emit(f"{value} = {self.expr(reduction.body, nest)}")
         self.emit(f"{value} = tl.broadcast_to({value}, {nest.shape})")
-        names = list(nest.axes)
-        padding = [f"(n_{n} < {nest.axes[n][1]})" for n in names[kept:]
-                   if nest.axes[n][1] != nest.axes[n][2]]
+        padding = [f"(n_{n} < {extent})" for n, (p, extent, size) in nest.axes.items()
+                   if p in reduced and extent != size]
         if padding:
             self.emit(f"{value} = tl.where({' & '.join(padding)}, {value}, "
                       f"{self.identity(op, body_type)})")
@@ -384,7 +420,7 @@ class JitRenderer(ExpressionRules):
         combine = {ReduceOp.PROD: "ef_mul", ReduceOp.AND: "ef_and", ReduceOp.OR: "ef_or",
                    ReduceOp.MAX: "ef_fmax" if body_type.is_float else "ef_imax",
                    ReduceOp.MIN: "ef_fmin" if body_type.is_float else "ef_imin"}.get(op)
-        for axis in range(nest.rank - 1, kept - 1, -1):
+        for axis in sorted(reduced, reverse=True):
             self.emit(f"{value} = tl.sum({value}, {axis})" if combine is None else
                       f"{value} = tl.reduce({value}, {axis}, {combine})")
         if body_type is ScalarType.BOOL:
