@@ -257,3 +257,43 @@ def test_a_long_stacked_scan_output_is_written_in_place():
     out, seen = launches(lambda: ef.jit(states, backend="triton")(W, xs))
     assert len(seen) == 1
     close(out, jax.jit(states)(W, xs))
+
+
+def _jax_gpu():
+    from einfuse.analysis.triton_facts import interpreted
+    try:
+        return not interpreted() and jax.devices()[0].platform == "gpu"
+    except RuntimeError:
+        return False
+
+
+@pytest.mark.skipif(not _jax_gpu(), reason="needs JAX on a GPU and TRITON_INTERPRET=0")
+def test_on_gpu_arrays_the_cost_rule_sends_many_chains_to_one_triton_kernel():
+    from einfuse.bench.jit_cases import seed_function
+    params, noise = seed_arrays(200, 12, chains=256, seed=9)
+    fn = jax.vmap(ef.jit(seed_function), in_axes=(None, 0))
+    out, seen = launches(lambda: fn(params, noise))
+    assert [s.grid for s in seen] == [(256,)]
+    assert next(iter(out.devices())).platform == "gpu"      # no copy to the host
+    close(out, jax.jit(jax.vmap(seed_function, in_axes=(None, 0)))(params, noise), tol=1e-10)
+    # one chain: the host kernel (the rule's estimate), still the right result
+    single, seen = launches(lambda: ef.jit(seed_function)(params, noise[0]))
+    assert seen == []
+    close(single, jax.jit(seed_function)(params, noise[0]), tol=1e-10)
+
+
+def test_forward_mode_and_a_nested_vmap():
+    rng = np.random.default_rng(10)
+    A = jnp.asarray(rng.standard_normal((4, 4)))
+    y0 = jnp.asarray(rng.standard_normal(4))
+    fn = ef.jit(rk4, backend="triton")
+    # jax.jvp: the primal kernel and the forward-mode kernel, both Triton
+    (primal, tangent), seen = launches(lambda: jax.jvp(lambda a: fn(a, y0, 0.1), (A,), (A,)))
+    assert len(seen) == 2
+    close((primal, tangent), jax.jvp(lambda a: rk4(a, y0, 0.1), (A,), (A,)))
+    # two batch levels have no Triton grid yet: the host kernel runs them, right
+    ys = jnp.asarray(rng.standard_normal((2, 3, 4)))
+    nested = jax.vmap(jax.vmap(lambda y: fn(A, y, 0.1)))
+    out, seen = launches(lambda: nested(ys))
+    assert seen == []
+    close(out, jax.vmap(jax.vmap(lambda y: rk4(A, y, 0.1)))(ys))
