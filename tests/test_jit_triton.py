@@ -249,11 +249,11 @@ def test_a_long_stacked_scan_output_is_written_in_place():
     def states(W, xs):
         def step(h, x):
             h = jnp.tanh(W @ h + x)
-            return h, h
+            return h, (h, h.sum())         # rows of a matrix, and scalars
         return jax.lax.scan(step, jnp.zeros(W.shape[0], xs.dtype), xs)[1]
     rng = np.random.default_rng(7)
     W = jnp.asarray(rng.standard_normal((6, 6)) * 0.5)
-    xs = jnp.asarray(rng.standard_normal((100, 6)))
+    xs = jnp.asarray(rng.standard_normal((300, 6)))
     out, seen = launches(lambda: ef.jit(states, backend="triton")(W, xs))
     assert len(seen) == 1
     close(out, jax.jit(states)(W, xs))

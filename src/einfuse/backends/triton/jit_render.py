@@ -371,6 +371,10 @@ class JitRenderer(ExpressionRules):
         ``step.buffer`` at the prefix position (a prefix out of range writes nothing)."""
         shape = self.shape_of(step.buffer)
         prefix = len(step.prefix)
+        if not out_shape:            # a scalar: stored as a tile of one
+            out_shape = (1,)
+            self.emit(f"{value} = tl.broadcast_to({value}, (1,))")
+            shape = shape + (1,)
         rank = len(out_shape)
         offsets, masks, stride = [], [], 1
         for k in range(len(shape) - 1, -1, -1):
@@ -386,8 +390,11 @@ class JitRenderer(ExpressionRules):
                 if not self.is_scalar(step.prefix[k], _Nest(())):
                     raise Declined(f"the statement{_where(step.origin)} writes at a "
                                    "position that is not a scalar")
+                # the position as a tile (the interpreter takes no mask made of a
+                # scalar broadcast to the tile)
                 lane = self.fresh("o")
-                self.emit(f"{lane} = {self.expr(step.prefix[k], _Nest(()))}")
+                self.emit(f"{lane} = tl.zeros({out_shape}, tl.int64) + "
+                          f"{self.expr(step.prefix[k], _Nest(()))}")
                 masks.append(f"({lane} >= 0) & ({lane} < {shape[k]})")
             offsets.append(lane if stride == 1 else f"{lane} * {stride}")
             stride *= shape[k]
