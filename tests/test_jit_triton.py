@@ -168,11 +168,13 @@ def test_scatter_add_and_argmax_with_nans_ties_and_infinities():
     close(out, jax.jit(scatter_and_argmax)(x, i, m))
 
 
-def test_embedding_gradient_scatters_inside_the_backward_kernel():
+@pytest.mark.parametrize("rows", [5, 300])    # a register tile; memory (atomic adds)
+def test_embedding_gradient_scatters_inside_the_backward_kernel(rows):
     def loss(E, ids):
         return (jnp.tanh(E[ids]) ** 2).sum()
-    E = jnp.asarray(np.random.default_rng(8).standard_normal((5, 3)))
-    ids = jnp.asarray([0, 2, 2, 4, 0, 1])
+    rng = np.random.default_rng(8)
+    E = jnp.asarray(rng.standard_normal((rows, 3)))
+    ids = jnp.asarray(np.r_[0, 2, 2, rows - 1, 0, 1, rng.integers(0, rows, 20)])
     grads, seen = launches(lambda: jax.grad(ef.jit(loss, backend="triton"))(E, ids))
     assert len(seen) == 2
     close(grads, jax.jit(jax.grad(loss))(E, ids))

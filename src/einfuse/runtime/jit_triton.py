@@ -163,11 +163,12 @@ class TritonRoute:
             inputs.append(_tensor(np.asarray(constant), None, device, function.name))
         outputs = [torch.empty(tuple(aval.shape), dtype=_torch_dtype(aval.dtype), device=device)
                    for aval in function.out_avals]
-        kernel = self.kernel()
-        scratch = [torch.empty(max(1, kernel.programs * size), dtype=_torch_dtype(dtype),
-                               device=device)
-                   for _, dtype, size in self._rendered.scratch]
-        kernel(inputs, outputs + scratch)
+        if self.batch > 0:          # (an empty batch: nothing to compute, nothing to launch)
+            kernel = self.kernel()
+            scratch = [torch.empty(max(1, kernel.programs * size), dtype=_torch_dtype(dtype),
+                                   device=device)
+                       for _, dtype, size in self._rendered.scratch]
+            kernel(inputs, outputs + scratch)
         self._succeeded = True
         if as_jax:
             return [_to_jax(out) for out in outputs]

@@ -23,7 +23,9 @@ class JitKernel:
 
     def __init__(self, rendered: RenderedJit, programs: int, num_warps: int):
         self.rendered = rendered
-        self.programs = max(1, int(programs))
+        if int(programs) < 1:
+            raise ValueError("a jit kernel runs at least one program")
+        self.programs = int(programs)
         self.num_warps = num_warps
         _, module = _kernel_module(rendered.source)
         self.kernel = getattr(module, rendered.kernel)

@@ -10,8 +10,9 @@ and scatter-adds into a register tensor.
   element of the buffer meet in one tile (nest axes, then buffer axes), the element a
   point targets takes its value, and the sum over the nest's axes is added to the
   buffer -- each element gets the sum of exactly the values aimed at it (in another
-  order than a sequential loop: floating sums may differ in the last bits).  A buffer in
-  memory, or a scatter whose last write wins (``replace``), is declined."""
+  order than a sequential loop: floating sums may differ in the last bits).  Into a
+  buffer in memory it is one ``tl.atomic_add`` (float32/64, int32/64).  A scatter whose
+  last write wins (``replace``) is declined."""
 
 from __future__ import annotations
 
@@ -74,8 +75,8 @@ def arg_reduction(renderer, reduction, value: str, nest, reduced) -> None:
 def scatter_add(renderer, step: ScatterAdd) -> None:
     """``step`` into its register tensor (see the module's docstring)."""
     if step.buffer in renderer.memory:
-        raise Declined(f"a scatter-add{where_text(step.origin)} into a buffer in memory has "
-                       "no Triton rendering yet")
+        memory_scatter_add(renderer, step)
+        return
     if step.replace:
         raise Declined(f"a scatter{where_text(step.origin)} whose last write wins has no "
                        "Triton rendering yet")
@@ -119,4 +120,49 @@ def scatter_add(renderer, step: ScatterAdd) -> None:
     renderer.emit(f"{target} = ({target} + {added}).to({dtype})")
 
 
-__all__ = ["arg_reduction", "scatter_add"]
+ATOMIC_TYPES = (ScalarType.FLOAT32, ScalarType.FLOAT64, ScalarType.INT32, ScalarType.INT64)
+
+
+def memory_scatter_add(renderer, step: ScatterAdd) -> None:
+    """``step`` into a buffer in memory: one ``tl.atomic_add`` of the nest's values at
+    their targets (points aimed at one element add up whatever the order; a target out
+    of range adds nothing), between barriers as every store to memory is."""
+    buffer = renderer.program.buffer(step.buffer)
+    if step.replace:
+        raise Declined(f"a scatter{where_text(step.origin)} whose last write wins, into a "
+                       "buffer in memory, has no Triton rendering yet")
+    if buffer.dtype not in ATOMIC_TYPES:
+        raise Declined(f"a scatter-add{where_text(step.origin)} into {buffer.dtype.value} "
+                       "memory (no atomic add of that type)")
+    shape = renderer.shape_of(step.buffer)
+    if len(step.target) != len(shape):
+        raise Declined(f"a scatter-add{where_text(step.origin)} with {len(step.target)} "
+                       "target subscripts")
+    renderer.emit(f"# {step.origin[:150]!s}".replace("\n", " "))
+    nest = renderer.open_nest(step.indices)
+    tile = tuple(nest.shape) or (1,)
+    zero = f"tl.zeros({tile}, tl.int64)"
+    # every condition a tile (the interpreter takes no mask made of a scalar)
+    valid = f"(({zero} + ({renderer.expr(step.valid, nest)}).to(tl.int64)) != 0)"
+    offsets, conditions, stride = [], [valid], 1
+    for target, extent in reversed(list(zip(step.target, shape))):
+        position = renderer.fresh("o")
+        renderer.emit(f"{position} = {zero} + {renderer.expr(target, nest)}")
+        conditions.append(f"({position} >= 0) & ({position} < {extent})")
+        offsets.append(position if stride == 1 else f"{position} * {stride}")
+        stride *= extent
+    for name, (_, extent, size) in nest.axes.items():
+        if extent != size:
+            conditions.append(f"({zero} + n_{name} < {extent})")
+    dtype = TL_TYPE[buffer.dtype]
+    value = renderer.fresh("c")
+    renderer.emit(f"{value} = tl.broadcast_to(({renderer.expr(step.value, nest)}).to({dtype}), "
+                  f"{tile})")
+    renderer.emit("tl.debug_barrier()")
+    renderer.emit(f"tl.atomic_add({renderer.pointer(step.buffer)} + "
+                  f"{' + '.join(reversed(offsets)) or zero}, {value}, "
+                  f"mask={' & '.join(conditions)})")
+    renderer.emit("tl.debug_barrier()")
+
+
+__all__ = ["ATOMIC_TYPES", "arg_reduction", "memory_scatter_add", "scatter_add"]

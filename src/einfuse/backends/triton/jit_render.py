@@ -22,7 +22,8 @@ How the IR maps onto a Triton program:
   the end of each step, ``cond`` an ``if`` chain; a loop's carries are rebound after the
   body from temporaries (every new value is read before any carry changes);
 * outputs are stored, masked to their real extent, at the end;
-* a buffer too large for registers (MEMORY_ELEMENTS), or one written a row at a time
+* a buffer too large for registers (MEMORY_ELEMENTS), one read at computed positions
+  along a long axis (ONE_HOT_EXTENT: a window or a gather), or one written a row at a time
   (``ys[t, :] := ...``, a stacked scan output or a gradient's residuals: a tl.where over
   the whole tile per step would make the loop quadratic), lives in **memory** instead:
   an output in its own output array, an intermediate in a scratch array per program
@@ -48,12 +49,13 @@ from ..identifiers import name as checked
 from .helpers import HELPERS
 from .jit_ops import (JIT_HELPERS, TL_TYPE, Declined, ExpressionRules, division_helper, padded,
                       where_text as _where)
-from .jit_reductions import arg_reduction, scatter_add
+from .jit_reductions import ATOMIC_TYPES, arg_reduction, scatter_add
 
 KERNEL = "ef_jit_kernel"
 
 MEMORY_ELEMENTS = 4096      # a buffer of more (padded) elements lives in memory
 ROW_WRITTEN_ELEMENTS = 256  # a buffer written a row at a time lives in memory above this
+ONE_HOT_EXTENT = 16         # ... and one read at computed positions along a longer axis
 
 
 @dataclass(frozen=True)
@@ -102,13 +104,28 @@ class JitRenderer(ExpressionRules):
         from ...ir import walk
         row_written = {node.buffer for node in walk(self.program)
                        if isinstance(node, Assign) and node.prefix}
+        # read at computed positions (a window x[i + k], a gather) along a long axis: a
+        # one-hot pick would cost the nest times that axis; a load costs the nest
+        gathered = set()
+        for node in walk(self.program):
+            if isinstance(node, Read) and node.buffer not in self.inputs:
+                shape = self.shape_of(node.buffer)
+                if any(not isinstance(s, (Index, Const)) and e > ONE_HOT_EXTENT
+                       for s, e in zip(node.subscripts, shape)):
+                    gathered.add(node.buffer)
+            # a scatter-add's one-hot tile is its points times its target: a target of
+            # more than a row goes to memory (an atomic add there)
+            if isinstance(node, ScatterAdd) and not node.replace and \
+                    self.program.buffer(node.buffer).size > ROW_WRITTEN_ELEMENTS and \
+                    self.program.buffer(node.buffer).dtype in ATOMIC_TYPES:
+                gathered.add(node.buffer)
         found = set()
         for buffer in self.program.buffers:
             if buffer.name in self.inputs:
                 continue
             size = math.prod(padded(e) for e in buffer.shape) if buffer.shape else 1
-            if size > MEMORY_ELEMENTS or (buffer.name in row_written and
-                                          size > ROW_WRITTEN_ELEMENTS):
+            if size > MEMORY_ELEMENTS or buffer.name in gathered or \
+                    (buffer.name in row_written and size > ROW_WRITTEN_ELEMENTS):
                 found.add(buffer.name)
         for node in walk(self.program):
             if isinstance(node, Loop):
@@ -228,7 +245,7 @@ class JitRenderer(ExpressionRules):
             value = f"tl.reshape({value}, {target})"
         if not onehot:
             return value
-        self.tile(target)
+        self.tile(tuple(nest.shape) + tuple(pshape[k] for k in onehot))
         picked = self.fresh("g")
         full = len(target)
         self.emit(f"{picked} = {value}")
