@@ -299,3 +299,16 @@ def test_forward_mode_and_a_nested_vmap():
     out, seen = launches(lambda: nested(ys))
     assert seen == []
     close(out, jax.vmap(jax.vmap(lambda y: rk4(A, y, 0.1)))(ys))
+
+
+def trigonometry(x, y):
+    return jnp.fmod(x, y), jnp.arctan2(x, y), jnp.tan(x), jax.scipy.special.erf(x)
+
+
+def test_remainder_atan2_tan_and_erf_follow_xla():
+    rng = np.random.default_rng(11)
+    x = jnp.asarray(np.r_[rng.standard_normal(6) * 3, 0.0, -0.0, np.inf])
+    y = jnp.asarray(np.r_[rng.standard_normal(6), -1.5, 2.0, 1.0])
+    out, seen = launches(lambda: ef.jit(trigonometry, backend="triton")(x, y))
+    assert len(seen) == 1
+    close(out, jax.jit(trigonometry)(x, y))

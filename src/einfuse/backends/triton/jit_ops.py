@@ -105,6 +105,21 @@ def float_literal(value: float) -> str:
     return repr(float(value))
 
 
+def tl_type(dtype: ScalarType) -> str:
+    """Triton's name of ``dtype``; a type without one declines."""
+    found = TL_TYPE.get(dtype)
+    if found is None:
+        raise Declined(f"the type {dtype.value} has no Triton rendering here")
+    return found
+
+
+def int_literal(value: int) -> str:
+    """An integer literal; int64's minimum as an expression (its magnitude alone does not
+    fit int64, and a compiler may type it unsigned before negating it)."""
+    value = int(value)
+    return f"({value + 1} - 1)" if value == -(2 ** 63) else str(value)
+
+
 def where_text(origin: str) -> str:
     return f" ({origin[:120]})" if origin else ""
 
@@ -114,6 +129,7 @@ _UNARY_FLOAT = {ElementOp.EXP: "tl.exp({0})", ElementOp.EXP2: "tl.exp2({0})",
                 ElementOp.EXPM1: "ef_expm1({0})", ElementOp.TANH: "ef_tanh({0})",
                 ElementOp.LOGISTIC: "(1.0 / (1.0 + tl.exp(ef_neg({0}))))",
                 ElementOp.SIN: "tl.sin({0})", ElementOp.COS: "tl.cos({0})",
+                ElementOp.TAN: "ef_tan({0})", ElementOp.ERF: "tl.erf({0})",
                 ElementOp.NEG: "ef_neg({0})", ElementOp.ABS: "tl.abs({0})",
                 ElementOp.FLOOR: "tl.floor({0})", ElementOp.CEIL: "tl.ceil({0})",
                 ElementOp.SQUARE: "({0} * {0})",
@@ -121,7 +137,8 @@ _UNARY_FLOAT = {ElementOp.EXP: "tl.exp({0})", ElementOp.EXP2: "tl.exp2({0})",
                 ElementOp.IS_FINITE: "(({0} == {0}) & (tl.abs({0}) != float(\"inf\")))"}
 _BINARY_FLOAT = {ElementOp.ADD: "({0} + {1})", ElementOp.SUB: "({0} - {1})",
                  ElementOp.MUL: "({0} * {1})", ElementOp.MAX: "ef_fmax({0}, {1})",
-                 ElementOp.MIN: "ef_fmin({0}, {1})", ElementOp.POW: "ef_pow({0}, {1})"}
+                 ElementOp.MIN: "ef_fmin({0}, {1})", ElementOp.POW: "ef_pow({0}, {1})",
+                 ElementOp.REM: "ef_fmod({0}, {1})", ElementOp.ATAN2: "ef_atan2({0}, {1})"}
 _BINARY_INT = {ElementOp.ADD: "({0} + {1})", ElementOp.SUB: "({0} - {1})",
                ElementOp.MUL: "({0} * {1})", ElementOp.MAX: "tl.maximum({0}, {1})",
                ElementOp.MIN: "tl.minimum({0}, {1})", ElementOp.AND: "({0} & {1})",
@@ -147,8 +164,8 @@ class ExpressionRules:
         elif dtype.is_float:
             value = float_literal(float(node.value))
         else:
-            value = str(int(node.value))
-        return f"tl.full((), {value}, {TL_TYPE[dtype]})"
+            value = int_literal(node.value)
+        return f"tl.full((), {value}, {tl_type(dtype)})"
 
     def apply(self, node: Apply, nest) -> str:
         op = node.op
@@ -188,7 +205,7 @@ class ExpressionRules:
             if op is ElementOp.ABS:
                 return f"tl.abs({args[0]})"
             if op is ElementOp.SIGN:
-                t = TL_TYPE[operand]
+                t = tl_type(operand)
                 return f"(({args[0]} > 0).to({t}) - ({args[0]} < 0).to({t}))"
             if op is ElementOp.SQUARE:
                 return f"({args[0]} * {args[0]})"
@@ -218,13 +235,13 @@ class ExpressionRules:
                 safe = np.nextafter(safe, source.numpy.type(-np.inf))
             value = self.fresh("f")
             self.emit(f"{value} = {inner}")
-            t = TL_TYPE[target]
+            t = tl_type(target)
             # saturating, NaN to 0 (XLA's conversion)
             return (f"tl.where({value} != {value}, 0, tl.where({value} >= {float(high)!r}, "
-                    f"{high}, tl.where({value} <= {float(low)!r}, {low}, "
+                    f"{high}, tl.where({value} <= {float(low)!r}, {int_literal(low)}, "
                     f"tl.minimum(tl.maximum({value}, {float(low)!r}), {float(safe)!r})"
                     f".to({t})))).to({t})")
-        return f"({inner}).to({TL_TYPE[target]})"
+        return f"({inner}).to({tl_type(target)})"
 
 
     @staticmethod
@@ -242,7 +259,7 @@ class ExpressionRules:
         if dtype is ScalarType.BOOL:
             return "0" if low else "1"
         info = np.iinfo(dtype.numpy)
-        return str(int(info.min if low else info.max))
+        return int_literal(info.min if low else info.max)
 
 
 def division_helper() -> str:

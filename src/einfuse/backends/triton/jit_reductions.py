@@ -17,7 +17,7 @@ and scatter-adds into a register tensor.
 from __future__ import annotations
 
 from ...ir import ReduceOp, ScalarType, ScatterAdd
-from .jit_ops import TL_TYPE, Declined, where_text
+from .jit_ops import TL_TYPE, Declined, int_literal, where_text
 
 
 def _keep(axes, line_value: str, reducer: str) -> str:
@@ -65,7 +65,8 @@ def arg_reduction(renderer, reduction, value: str, nest, reduced) -> None:
         import numpy as np
         info = np.iinfo(np.int8 if body_type is ScalarType.BOOL else body_type.numpy)
         clean = fresh("a")
-        emit(f"{clean} = tl.where({valid}, {value}, {int(info.min if high else info.max)})")
+        emit(f"{clean} = tl.where({valid}, {value}, "
+             f"{int_literal(info.min if high else info.max)})")
         emit(f"{hit} = {valid} & ({clean} == {_keep(axes, clean, reducer)})")
     emit(f"{value} = tl.where({hit}, {where}, {stride})")
     for axis in reversed(axes):

@@ -46,6 +46,7 @@ from typing import Dict, List, Optional, Tuple
 from ...ir import (Apply, Assign, Cast, Const, Expr, Index, JitProgram, Loop, LoopKind, Read,
                    ReduceOp, ScalarType, ScatterAdd, Select, Switch)
 from ..identifiers import name as checked
+from .elementwise import ELEMENTWISE_HELPERS
 from .helpers import HELPERS
 from .jit_ops import (JIT_HELPERS, TL_TYPE, Declined, ExpressionRules, division_helper, padded,
                       where_text as _where)
@@ -563,7 +564,8 @@ class JitRenderer(ExpressionRules):
                            [self.pointer(n) for n, _, _ in scratch])
         source = "\n".join(
             ["import triton", "import triton.language as tl", HELPERS, JIT_HELPERS,
-             division_helper(), "", "@triton.jit", f"def {KERNEL}({params}):"] +
+             division_helper(), ELEMENTWISE_HELPERS, "", "@triton.jit",
+             f"def {KERNEL}({params}):"] +
             ["    " + line for line in prologue] + self.lines +
             ["    " + line for line in epilogue]) + "\n"
         return RenderedJit(source, KERNEL, self.largest, registers, tuple(scratch))
