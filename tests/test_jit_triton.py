@@ -293,12 +293,14 @@ def test_forward_mode_and_a_nested_vmap():
     (primal, tangent), seen = launches(lambda: jax.jvp(lambda a: fn(a, y0, 0.1), (A,), (A,)))
     assert len(seen) == 2
     close((primal, tangent), jax.jvp(lambda a: rk4(a, y0, 0.1), (A,), (A,)))
-    # two batch levels have no Triton grid yet: the host kernel runs them, right
+    # two batch levels, the matrix batched over the outer one only: one program per
+    # element of both
+    As = jnp.asarray(rng.standard_normal((2, 4, 4)))
     ys = jnp.asarray(rng.standard_normal((2, 3, 4)))
-    nested = jax.vmap(jax.vmap(lambda y: fn(A, y, 0.1)))
-    out, seen = launches(lambda: nested(ys))
-    assert seen == []
-    close(out, jax.vmap(jax.vmap(lambda y: rk4(A, y, 0.1)))(ys))
+    nested = jax.vmap(lambda a, y: jax.vmap(lambda v: fn(a, v, 0.1))(y))
+    out, seen = launches(lambda: nested(As, ys))
+    assert [s.grid for s in seen] == [(6,)]
+    close(out, jax.vmap(lambda a, y: jax.vmap(lambda v: rk4(a, v, 0.1))(y))(As, ys))
 
 
 def trigonometry(x, y):

@@ -51,21 +51,22 @@ def _device():
 
 
 class TritonRoute:
-    """The Triton kernel of ``program`` over ``batch`` elements (1: not vmapped) for
-    ``function`` (a CompiledFunction or BatchedFunction: its in_avals/out_avals, name and
-    backend), rendered when first asked; ``batched``: which of the program's inputs
-    (constants included) advance per element.  ``nested``: the reason this function
-    cannot be a Triton kernel before any rendering (a nested vmap)."""
+    """The Triton kernel of ``program`` over the batch levels ``sizes`` (none: not
+    vmapped; one program per element of all levels) for ``function`` (a CompiledFunction
+    or BatchedFunction: its in_avals/out_avals, name and backend), rendered when first
+    asked; ``batched[i][k]``: whether the program's input ``i`` (constants included) has
+    an axis for level ``k``."""
 
-    def __init__(self, function, program, batch: int, batched: Tuple[bool, ...],
-                 backend: str, constants: Sequence, nested: Optional[str] = None):
+    def __init__(self, function, program, sizes: Tuple[int, ...],
+                 batched: Tuple[Tuple[bool, ...], ...], backend: str, constants: Sequence):
         self.function = function
         self.program = program
-        self.batch = batch
+        self.sizes = tuple(sizes)
+        self.batch = int(np.prod(self.sizes)) if self.sizes else 1
         self.batched = batched
         self.backend = backend
         self.constants = list(constants)
-        self._declined: Optional[str] = nested
+        self._declined: Optional[str] = None
         self._rendered = None
         self._kernel = None
         self._choices: Dict[bool, DeviceChoice] = {}
@@ -77,7 +78,7 @@ class TritonRoute:
             return
         from ..backends.triton.jit_render import Declined, render_jit
         try:
-            self._rendered = render_jit(self.program, self.batched)
+            self._rendered = render_jit(self.program, self.batched, self.sizes)
         except Declined as declined:
             self._declined = declined.reason
         except Exception as error:   # noqa: BLE001 -- a renderer's fault: the host runs
@@ -214,7 +215,7 @@ def route_of(function) -> TritonRoute:
     if found is None:
         program = function.program
         constants = [array for _, array in program.constants]
-        found = TritonRoute(function, program, 1, tuple(False for _ in program.inputs),
+        found = TritonRoute(function, program, (), tuple(() for _ in program.inputs),
                             function.backend, constants)
         with _lock:
             found = function.__dict__.setdefault("_triton_route", found)
@@ -223,19 +224,16 @@ def route_of(function) -> TritonRoute:
 
 def batched_route_of(batched) -> TritonRoute:
     """The Triton route of a BatchedFunction: its base program once per batch element
-    (one vmap level; a nested vmap stays on the host)."""
+    (of every vmap level: a nested vmap too)."""
     found = batched.__dict__.get("_triton_route")
     if found is None:
         base = batched.base
         program = base.program
         constants = [array for _, array in program.constants]
-        nested = None if len(batched.sizes) == 1 else \
-            "a nested vmap (more than one batch level) has no Triton grid yet"
-        flags = tuple(bool(f[0]) for f in batched.batched) if nested is None else \
-            tuple(False for _ in batched.batched)
-        flags = flags + tuple(False for _ in constants)
-        found = TritonRoute(batched, program, int(np.prod(batched.sizes)), flags,
-                            base.backend, constants, nested)
+        sizes = tuple(int(n) for n in batched.sizes)
+        flags = tuple(tuple(bool(b) for b in f) for f in batched.batched) + \
+            tuple(tuple(False for _ in sizes) for _ in constants)
+        found = TritonRoute(batched, program, sizes, flags, base.backend, constants)
         with _lock:
             found = batched.__dict__.setdefault("_triton_route", found)
     return found

@@ -41,7 +41,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, List, Tuple
 
 from ...ir import (Apply, Assign, Cast, Const, Expr, Index, JitProgram, Loop, LoopKind, Read,
                    ReduceOp, ScalarType, ScatterAdd, Select, Switch)
@@ -511,14 +511,29 @@ class JitRenderer(ExpressionRules):
             self.depth -= 1
 
     # -- the kernel -----------------------------------------------------------------------------
-    def render(self, batched: Tuple[bool, ...]) -> RenderedJit:
+    def render(self, batched: Tuple[Tuple[bool, ...], ...], sizes: Tuple[int, ...]) \
+            -> RenderedJit:
+        """The kernel; program ``pid`` is the batch element at row-major position ``pid``
+        over the batch levels ``sizes`` (outermost first); ``batched[i][k]``: whether input
+        ``i`` has an axis for level ``k`` (its leading axes, in level order)."""
         program = self.program
         registers = 0
         prologue = ["pid = tl.program_id(0).to(tl.int64)"]
-        for name, moving in zip(program.inputs, batched):
-            if moving:
-                size = self.program.buffer(name).size
-                prologue.append(f"{self.pointer(name)} = {self.pointer(name)} + pid * {size}")
+        inner = [math.prod(sizes[k + 1:]) for k in range(len(sizes))]
+        for k, size in enumerate(sizes):
+            level = f"pid // {inner[k]}" if inner[k] != 1 else "pid"
+            prologue.append(f"lv{k} = {level}" if k == 0 else f"lv{k} = ({level}) % {size}")
+        for name, flags in zip(program.inputs, batched):
+            element = self.program.buffer(name).size
+            terms = []
+            for k, moving in enumerate(flags):
+                if moving:
+                    stride = element * math.prod(n for n, f in zip(sizes[k + 1:], flags[k + 1:])
+                                                 if f)
+                    terms.append(f"lv{k} * {stride}")
+            if terms:
+                prologue.append(f"{self.pointer(name)} = {self.pointer(name)} + "
+                                f"{' + '.join(terms)}")
         scratch = []
         for name in program.outputs:
             size = self.program.buffer(name).size
@@ -571,13 +586,19 @@ class JitRenderer(ExpressionRules):
         return RenderedJit(source, KERNEL, self.largest, registers, tuple(scratch))
 
 
-def render_jit(program: JitProgram, batched: Optional[Tuple[bool, ...]] = None) -> RenderedJit:
-    """``program`` as one Triton kernel (``batched``: which inputs advance per program
-    instance; the outputs always do), or :class:`Declined`."""
-    flags = tuple(batched) if batched is not None else tuple(False for _ in program.inputs)
-    if len(flags) != len(program.inputs):
+def render_jit(program: JitProgram, batched=None, sizes: Tuple[int, ...] = ()) -> RenderedJit:
+    """``program`` as one Triton kernel, one program per element of the batch levels
+    ``sizes`` (none: one program); ``batched[i]``: per level, whether input ``i`` has
+    its axis (a bool per input for a single level); the outputs have every level.
+    Raises :class:`Declined`."""
+    sizes = tuple(int(n) for n in sizes)
+    if batched is None:
+        batched = tuple(tuple(False for _ in sizes) for _ in program.inputs)
+    flags = tuple(tuple(f) if isinstance(f, (tuple, list)) else (bool(f),) * len(sizes)
+                  for f in batched)
+    if len(flags) != len(program.inputs) or any(len(f) != len(sizes) for f in flags):
         raise Declined("the batch flags do not match the program's inputs")
-    return JitRenderer(program).render(flags)
+    return JitRenderer(program).render(flags, sizes)
 
 
 __all__ = ["Declined", "KERNEL", "RenderedJit", "padded", "render_jit"]
