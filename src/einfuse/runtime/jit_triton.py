@@ -6,7 +6,8 @@ kernel runs as before, and :meth:`TritonRoute.describe` says why.
 
 JAX arrays on a GPU reach the kernel without a copy (DLPack both ways); NumPy arrays
 (a host callback's, the interpreter's) are copied to the kernel's device and the
-outputs copied back.  Imported only by runtime/jit_compiled.py and jit_batch.py."""
+outputs copied back.  Imported only by runtime/jit_compiled.py, jit_batch.py and
+jit_ffi.py (the primitive's eager evaluation, explain's lines)."""
 
 from __future__ import annotations
 
