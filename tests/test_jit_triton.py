@@ -314,3 +314,20 @@ def test_remainder_atan2_tan_and_erf_follow_xla():
     out, seen = launches(lambda: ef.jit(trigonometry, backend="triton")(x, y))
     assert len(seen) == 1
     close(out, jax.jit(trigonometry)(x, y))
+
+
+def test_a_kernel_triton_fails_to_build_falls_back_to_the_host_and_says_so(monkeypatch):
+    from einfuse.backends.triton import jit_launch
+    from einfuse.runtime.jit_triton import route_of
+
+    def refuse(self, inputs, outputs):
+        raise RuntimeError("the compiler refused it")
+    monkeypatch.setattr(jit_launch.JitKernel, "__call__", refuse)
+    rng = np.random.default_rng(12)
+    A = jnp.asarray(rng.standard_normal((3, 3)))
+    y0 = jnp.asarray(rng.standard_normal(3))
+    fn = ef.jit(rk4, backend="triton")
+    close(fn(A, y0, 0.1), jax.jit(rk4)(A, y0, 0.1))
+    assert "did not build (RuntimeError: the compiler refused it)" in \
+        route_of(fn.compiled(A, y0, 0.1)).describe()[0]
+    close(fn(A, y0, 0.1), jax.jit(rk4)(A, y0, 0.1))      # the host from then on
