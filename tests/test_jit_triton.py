@@ -154,11 +154,13 @@ def test_casts_and_integer_arithmetic_follow_xla():
 
 
 def scatter_and_argmax(x, i, m):
+    # (a repeated index: .add sums, .set keeps the last write, as the C kernel does)
     return (x.at[i].add(1.0) * jnp.argmax(x), jnp.argmax(m, axis=1),
-            jnp.argmin(m.astype(jnp.int32), axis=0), jnp.argmax(m))
+            jnp.argmin(m.astype(jnp.int32), axis=0), jnp.argmax(m),
+            x.at[i].set(x[:4] * 3.0), m.at[i[:3], 1].set(7.0))
 
 
-def test_scatter_add_and_argmax_with_nans_ties_and_infinities():
+def test_scatters_and_argmax_with_nans_ties_and_infinities():
     x = jnp.asarray([0.3, 2.0, -1.0, 2.0, np.nan, 5.0])
     i = jnp.asarray([1, 3, 1, -1])
     m = jnp.asarray([[1.0, 3.0, 3.0], [np.nan, 0.0, np.nan], [-np.inf, -np.inf, -np.inf],

@@ -12,7 +12,8 @@ and scatter-adds into a register tensor.
   buffer -- each element gets the sum of exactly the values aimed at it (in another
   order than a sequential loop: floating sums may differ in the last bits).  Into a
   buffer in memory it is one ``tl.atomic_add`` (float32/64, int32/64).  A scatter whose
-  last write wins (``replace``) is declined."""
+  last write wins (``replace``) takes, per element, the value of the last point aimed
+  at it (into a register tensor; in memory it is declined)."""
 
 from __future__ import annotations
 
@@ -78,9 +79,6 @@ def scatter_add(renderer, step: ScatterAdd) -> None:
     if step.buffer in renderer.memory:
         memory_scatter_add(renderer, step)
         return
-    if step.replace:
-        raise Declined(f"a scatter{where_text(step.origin)} whose last write wins has no "
-                       "Triton rendering yet")
     buffer = renderer.program.buffer(step.buffer)
     if buffer.dtype is ScalarType.BOOL or step.buffer in renderer.inputs:
         raise Declined(f"a scatter-add{where_text(step.origin)} into {step.buffer}")
@@ -111,6 +109,9 @@ def scatter_add(renderer, step: ScatterAdd) -> None:
             conditions.append(f"({lane} < {extent})")
     added = renderer.fresh("c")
     dtype = TL_TYPE[buffer.dtype]
+    if step.replace:
+        _last_write(renderer, step, nest, full, " & ".join(conditions), spread)
+        return
     renderer.emit(f"{added} = tl.where({' & '.join(conditions)}, "
                   f"({spread(step.value)}).to({dtype}), 0)")
     renderer.emit(f"{added} = tl.broadcast_to({added}, {full})" if full else
@@ -119,6 +120,39 @@ def scatter_add(renderer, step: ScatterAdd) -> None:
         renderer.emit(f"{added} = tl.sum({added}, 0)")
     target = renderer.register(step.buffer)
     renderer.emit(f"{target} = ({target} + {added}).to({dtype})")
+
+
+def _last_write(renderer, step: ScatterAdd, nest, full, condition: str, spread) -> None:
+    """``buffer[target] = value`` where the last point (row-major over the nest, as a
+    sequential loop writes) aimed at an element wins: the largest position aimed at each
+    element, then the value of the point at it; elements no point aims at keep theirs."""
+    q = nest.rank
+    emit, fresh = renderer.emit, renderer.fresh
+    dtype = TL_TYPE[renderer.program.buffer(step.buffer).dtype]
+    terms, stride = [], 1
+    for name in reversed(list(nest.axes)):
+        terms.append(f"n_{name}" if stride == 1 else f"n_{name} * {stride}")
+        stride *= nest.axes[name][1]
+    hit, position, last, chosen = fresh("c"), fresh("c"), fresh("c"), fresh("c")
+    emit(f"{hit} = tl.broadcast_to({condition}, {full})" if full else f"{hit} = {condition}")
+    spread_position = " + ".join(reversed(terms)) or "0"
+    if q and len(full) > q:
+        spread_position = f"({spread_position})[{', '.join([':'] * q + ['None'] * (len(full) - q))}]"
+    emit(f"{position} = tl.broadcast_to({spread_position}, {full})" if full else
+         f"{position} = 0")
+    emit(f"{last} = tl.where({hit}, {position}, -1)")
+    for _ in range(q):
+        emit(f"{last} = tl.max({last}, 0)")
+    # the largest position again over the nest's axes (nothing to spread: no nest, or a
+    # scalar target)
+    again = f"{last}[{', '.join(['None'] * q + [':'] * (len(full) - q))}]" \
+        if q and len(full) > q else last
+    emit(f"{chosen} = tl.where({hit} & ({position} == {again}), "
+         f"({spread(step.value)}).to({dtype}), 0)")
+    for _ in range(q):
+        emit(f"{chosen} = tl.sum({chosen}, 0)")
+    target = renderer.register(step.buffer)
+    emit(f"{target} = tl.where({last} >= 0, ({chosen}).to({dtype}), {target})")
 
 
 ATOMIC_TYPES = (ScalarType.FLOAT32, ScalarType.FLOAT64, ScalarType.INT32, ScalarType.INT64)
