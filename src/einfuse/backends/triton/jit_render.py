@@ -22,14 +22,15 @@ How the IR maps onto a Triton program:
   the end of each step, ``cond`` an ``if`` chain; a loop's carries are rebound after the
   body from temporaries (every new value is read before any carry changes);
 * outputs are stored, masked to their real extent, at the end;
-* a buffer too large for registers (MEMORY_ELEMENTS), one read at computed positions
-  along a long axis (ONE_HOT_EXTENT: a window or a gather), or one written a row at a time
+* a buffer too large for registers, one read at computed positions along a long axis (a
+  window or a gather), or one written a row at a time
   (``ys[t, :] := ...``, a stacked scan output or a gradient's residuals: a tl.where over
   the whole tile per step would make the loop quadratic), lives in **memory** instead:
   an output in its own output array, an intermediate in a scratch array per program
   (allocated by the caller, ``RenderedJit.scratch``); it is written by ``tl.store`` and
   read by ``tl.load``, each store between two ``tl.debug_barrier`` s so that every
-  thread of the program sees it and none overwrites what another has yet to read.
+  thread of the program sees it and none overwrites what another has yet to read
+  (backends/triton/jit_memory.py has the rule and the store);
 
 What it cannot render it DECLINES (:class:`Declined`, naming the construct and the
 jaxpr equation it comes from): scatter-adds into memory or whose last write wins
@@ -44,19 +45,17 @@ from dataclasses import dataclass
 from typing import Dict, List, Tuple
 
 from ...ir import (Apply, Assign, Cast, Const, Expr, Index, JitProgram, Loop, LoopKind, Read,
-                   ReduceOp, ScalarType, ScatterAdd, Select, Switch)
+                   ReduceOp, ScalarType, ScatterAdd, Select, Switch, walk)
 from ..identifiers import name as checked
 from .elementwise import ELEMENTWISE_HELPERS
 from .helpers import HELPERS
 from .jit_ops import (JIT_HELPERS, TL_TYPE, Declined, ExpressionRules, division_helper, padded,
                       where_text as _where)
-from .jit_reductions import ATOMIC_TYPES, arg_reduction, scatter_add
+from .jit_memory import Nest, placed_in_memory, store
+from .jit_reductions import arg_reduction, scatter_add
 
 KERNEL = "ef_jit_kernel"
 
-MEMORY_ELEMENTS = 4096      # a buffer of more (padded) elements lives in memory
-ROW_WRITTEN_ELEMENTS = 256  # a buffer written a row at a time lives in memory above this
-ONE_HOT_EXTENT = 16         # ... and one read at computed positions along a longer axis
 
 
 @dataclass(frozen=True)
@@ -75,15 +74,6 @@ class RenderedJit:
     scratch: Tuple[Tuple[str, str, int], ...] = ()
 
 
-class _Nest:
-    """The axes of the statement being rendered: name -> (position, extent, padded)."""
-
-    def __init__(self, axes):
-        self.axes = {n: (k, e, padded(e)) for k, (n, e) in enumerate(axes)}
-        self.rank = len(axes)
-        self.shape = tuple(padded(e) for _, e in axes)
-
-
 class JitRenderer(ExpressionRules):
     def __init__(self, program: JitProgram):
         self.program = program
@@ -98,44 +88,10 @@ class JitRenderer(ExpressionRules):
                                "Triton jit renderer does not take")
             if buffer.size == 0:
                 raise Declined(f"buffer {buffer.name} is empty")
-        self.memory = self.placed_in_memory()
-
-    def placed_in_memory(self) -> set:
-        """The non-input buffers kept in memory (see the module's docstring)."""
-        from ...ir import walk
-        row_written = {node.buffer for node in walk(self.program)
-                       if isinstance(node, Assign) and node.prefix}
-        # read at computed positions (a window x[i + k], a gather) along a long axis: a
-        # one-hot pick would cost the nest times that axis; a load costs the nest
-        gathered = set()
-        for node in walk(self.program):
-            if isinstance(node, Read) and node.buffer not in self.inputs:
-                shape = self.shape_of(node.buffer)
-                if any(not isinstance(s, (Index, Const)) and e > ONE_HOT_EXTENT
-                       for s, e in zip(node.subscripts, shape)):
-                    gathered.add(node.buffer)
-            # a scatter-add's one-hot tile is its points times its target: a target of
-            # more than a row goes to memory (an atomic add there)
-            if isinstance(node, ScatterAdd) and not node.replace and \
-                    self.program.buffer(node.buffer).size > ROW_WRITTEN_ELEMENTS and \
-                    self.program.buffer(node.buffer).dtype in ATOMIC_TYPES:
-                gathered.add(node.buffer)
-        found = set()
-        for buffer in self.program.buffers:
-            if buffer.name in self.inputs:
-                continue
-            size = math.prod(padded(e) for e in buffer.shape) if buffer.shape else 1
-            if size > MEMORY_ELEMENTS or buffer.name in gathered or \
-                    (buffer.name in row_written and size > ROW_WRITTEN_ELEMENTS):
-                found.add(buffer.name)
-        for node in walk(self.program):
-            if isinstance(node, Loop):
-                for carry, new in node.updates:
-                    if carry in found or new in found:
-                        raise Declined(f"the loop carry {carry} is too large for registers")
-        return found
+        self.memory = placed_in_memory(self)
 
     # -- small things -------------------------------------------------------------------------
+
     def fresh(self, stem: str) -> str:
         self.counter += 1
         return f"{stem}{self.counter}"
@@ -161,7 +117,7 @@ class JitRenderer(ExpressionRules):
         return checked(f"p_{buffer}")
 
     # -- expressions ----------------------------------------------------------------------------
-    def expr(self, node: Expr, nest: _Nest) -> str:
+    def expr(self, node: Expr, nest: Nest) -> str:
         if isinstance(node, Const):
             return self.const(node)
         if isinstance(node, Index):
@@ -188,7 +144,7 @@ class JitRenderer(ExpressionRules):
             return self.apply(node, nest)
         raise Declined(f"no Triton rule for the expression {type(node).__name__}")
 
-    def load(self, node: Read, nest: _Nest) -> str:
+    def load(self, node: Read, nest: Nest) -> str:
         shape = self.shape_of(node.buffer)
         if len(shape) != len(node.subscripts):
             raise Declined(f"{node.buffer} is read with {len(node.subscripts)} subscripts")
@@ -207,7 +163,7 @@ class JitRenderer(ExpressionRules):
         offset = " + ".join(reversed(parts)) or "0"
         return f"tl.load({self.pointer(node.buffer)} + {offset})"
 
-    def register_read(self, node: Read, nest: _Nest) -> str:
+    def register_read(self, node: Read, nest: Nest) -> str:
         """The register tensor of ``node.buffer`` laid onto ``nest``'s axes: axes read at
         a nest index become that axis of the nest, extent-1 axes drop, any other axis
         is picked by a one-hot sum (a trailing axis, summed away)."""
@@ -269,7 +225,7 @@ class JitRenderer(ExpressionRules):
             return f"({picked} != 0)"
         return f"{picked}.to({TL_TYPE[node.dtype]})"
 
-    def is_scalar(self, node: Expr, nest: _Nest) -> bool:
+    def is_scalar(self, node: Expr, nest: Nest) -> bool:
         """Whether ``node`` does not depend on the nest's indices (renders as a scalar)."""
         if isinstance(node, Index):
             return node.name not in nest.axes
@@ -296,8 +252,8 @@ class JitRenderer(ExpressionRules):
             else:
                 raise Declined(f"no Triton rule for the statement {type(step).__name__}")
 
-    def open_nest(self, axes) -> _Nest:
-        nest = _Nest(axes)
+    def open_nest(self, axes) -> Nest:
+        nest = Nest(axes)
         self.tile(nest.shape)
         for name, (position, _, size) in nest.axes.items():
             spread = "" if nest.rank == 1 else \
@@ -335,7 +291,7 @@ class JitRenderer(ExpressionRules):
         self.emit(f"{value} = tl.broadcast_to(({value}).to({dtype}), {out_shape})"
                   if out_shape else f"{value} = ({value}).to({dtype})")
         if step.buffer in self.memory:
-            self.store(step, value, out_shape)
+            store(self, step, value, out_shape)
             return
         target = self.register(step.buffer)
         if not prefix:
@@ -344,14 +300,14 @@ class JitRenderer(ExpressionRules):
         pshape = self.padded_shape(step.buffer)
         conditions = []
         for k, sub in enumerate(step.prefix):
-            if not self.is_scalar(sub, _Nest(())):
+            if not self.is_scalar(sub, Nest(())):
                 raise Declined(f"the statement{_where(step.origin)} writes at a position "
                                "that is not a scalar")
             lane = f"tl.arange(0, {pshape[k]}).to(tl.int64)"
             if len(pshape) > 1:
                 lane += "[" + ", ".join(":" if a == k else "None"
                                         for a in range(len(pshape))) + "]"
-            conditions.append(f"({lane} == {self.expr(sub, _Nest(()))})")
+            conditions.append(f"({lane} == {self.expr(sub, Nest(()))})")
         spread = value if not out_shape else \
             f"{value}[{', '.join(['None'] * prefix + [':'] * len(out_shape))}]"
         self.emit(f"{target} = tl.where({' & '.join(conditions)}, {spread}, {target})")
@@ -366,7 +322,6 @@ class JitRenderer(ExpressionRules):
                                       if step.reduction is not None else ())
         if step.reduction is None:
             return axes
-        from ...ir import walk
         extents = dict(axes)
         best, best_size = None, 1
         for node in walk(step.reduction.body):
@@ -384,45 +339,7 @@ class JitRenderer(ExpressionRules):
         return tuple((n, extents[n]) for n in best) + \
             tuple((n, e) for n, e in axes if n not in best)
 
-    def store(self, step: Assign, value: str, out_shape) -> None:
-        """``value`` (a tile over the statement's output axes) into the memory of
-        ``step.buffer`` at the prefix position (a prefix out of range writes nothing)."""
-        shape = self.shape_of(step.buffer)
-        prefix = len(step.prefix)
-        if not out_shape:            # a scalar: stored as a tile of one
-            out_shape = (1,)
-            self.emit(f"{value} = tl.broadcast_to({value}, (1,))")
-            shape = shape + (1,)
-        rank = len(out_shape)
-        offsets, masks, stride = [], [], 1
-        for k in range(len(shape) - 1, -1, -1):
-            if k >= prefix:
-                axis = k - prefix
-                lane = f"tl.arange(0, {out_shape[axis]}).to(tl.int64)"
-                if rank > 1:
-                    lane += "[" + ", ".join(":" if a == axis else "None"
-                                            for a in range(rank)) + "]"
-                if out_shape[axis] != shape[k]:
-                    masks.append(f"({lane} < {shape[k]})")
-            else:
-                if not self.is_scalar(step.prefix[k], _Nest(())):
-                    raise Declined(f"the statement{_where(step.origin)} writes at a "
-                                   "position that is not a scalar")
-                # the position as a tile (the interpreter takes no mask made of a
-                # scalar broadcast to the tile)
-                lane = self.fresh("o")
-                self.emit(f"{lane} = tl.zeros({out_shape}, tl.int64) + "
-                          f"{self.expr(step.prefix[k], _Nest(()))}")
-                masks.append(f"({lane} >= 0) & ({lane} < {shape[k]})")
-            offsets.append(lane if stride == 1 else f"{lane} * {stride}")
-            stride *= shape[k]
-        mask = f", mask={' & '.join(masks)}" if masks else ""
-        self.emit("tl.debug_barrier()")
-        self.emit(f"tl.store({self.pointer(step.buffer)} + "
-                  f"{' + '.join(reversed(offsets)) or '0'}, {value}{mask})")
-        self.emit("tl.debug_barrier()")
-
-    def reduction(self, reduction, value: str, nest: _Nest, reduced) -> None:
+    def reduction(self, reduction, value: str, nest: Nest, reduced) -> None:
         """``value`` := ``reduction`` over the nest positions ``reduced`` (the others
         are left, in the nest's order)."""
         op = reduction.op
@@ -453,7 +370,7 @@ class JitRenderer(ExpressionRules):
 
     def scalar(self, node: Expr) -> str:
         """A scalar value (a loop condition, a branch index) outside any nest."""
-        return self.expr(node, _Nest(()))
+        return self.expr(node, Nest(()))
 
     def loop(self, step: Loop) -> None:
         self.emit(f"# {step.origin[:150]!s}".replace("\n", " "))
