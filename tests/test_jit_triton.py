@@ -333,3 +333,35 @@ def test_a_kernel_triton_fails_to_build_falls_back_to_the_host_and_says_so(monke
     assert "did not build (RuntimeError: the compiler refused it)" in \
         route_of(fn.compiled(A, y0, 0.1)).describe()[0]
     close(fn(A, y0, 0.1), jax.jit(rk4)(A, y0, 0.1))      # the host from then on
+
+
+def bit_twiddling(a, b):
+    signed = a.astype(jnp.int32), b.astype(jnp.int32)
+    return (a << b, a >> b, jax.lax.shift_right_logical(*signed),
+            jax.lax.shift_right_arithmetic(*signed), a // jnp.uint32(3), a % b,
+            jax.lax.bitcast_convert_type(a, jnp.float32))
+
+
+def test_unsigned_shifts_division_and_bitcasts_follow_xla():
+    a = jnp.asarray([1, 2 ** 31 + 5, 7, 0xFFFFFFFF, 12, 9], jnp.uint32)
+    b = jnp.asarray([0, 1, 31, 32, 40, 0], jnp.uint32)     # counts past the width, by zero
+    out, seen = launches(lambda: ef.jit(bit_twiddling, backend="triton")(a, b))
+    assert len(seen) == 1
+    for got, want in zip(out, jax.jit(bit_twiddling)(a, b)):
+        assert got.dtype == want.dtype
+        np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+
+
+def langevin(key, x0):
+    def step(x, k):
+        return x - 0.01 * x + 0.1 * jax.random.normal(k, x.shape), None
+    return jax.lax.scan(step, x0, jax.random.split(key, 5))[0]
+
+
+def test_vmapped_langevin_chains_draw_their_noise_inside_the_kernel():
+    keys = jax.random.split(jax.random.PRNGKey(0), 3)
+    x0 = jnp.ones(4)
+    fn = jax.vmap(ef.jit(langevin, backend="triton"), in_axes=(0, None))
+    out, seen = launches(lambda: fn(keys, x0))
+    assert [s.grid for s in seen] == [(3,)]
+    close(out, jax.jit(jax.vmap(langevin, in_axes=(0, None)))(keys, x0))

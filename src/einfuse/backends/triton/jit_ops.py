@@ -12,8 +12,10 @@ from ...ir import INDEX, Apply, Cast, Const, ElementOp, ReduceOp, ScalarType
 
 TL_TYPE = {ScalarType.BOOL: "tl.int1", ScalarType.INT8: "tl.int8", ScalarType.INT16: "tl.int16",
            ScalarType.INT32: "tl.int32", ScalarType.INT64: "tl.int64",
-           ScalarType.UINT8: "tl.uint8", ScalarType.FLOAT32: "tl.float32",
-           ScalarType.FLOAT64: "tl.float64"}
+           ScalarType.UINT8: "tl.uint8", ScalarType.UINT16: "tl.uint16",
+           ScalarType.UINT32: "tl.uint32", ScalarType.UINT64: "tl.uint64",
+           ScalarType.FLOAT32: "tl.float32", ScalarType.FLOAT64: "tl.float64"}
+_UNSIGNED_OF_BITS = {8: "tl.uint8", 16: "tl.uint16", 32: "tl.uint32", 64: "tl.uint64"}
 
 # NaN-propagating max/min (XLA's), the combine functions of tl.reduce, floor division
 # of subscripts and XLA's signed integer division
@@ -65,6 +67,41 @@ def ef_ifloordiv(a, b):
 @triton.jit
 def ef_ifloormod(a, b):
     return a - ef_ifloordiv(a, b) * b
+
+
+@triton.jit
+def ef_erfinv(a):
+    # as the C kernel: Giles' approximation as a start, then two Newton steps on erf,
+    # in float64 (jax.random.normal's inverse transform)
+    y = a.to(tl.float64)
+    w = -tl.log((1.0 - y) * (1.0 + y))
+    s = w - 2.5
+    p = 2.81022636e-08
+    p = 3.43273939e-07 + p * s
+    p = -3.5233877e-06 + p * s
+    p = -4.39150654e-06 + p * s
+    p = 0.00021858087 + p * s
+    p = -0.00125372503 + p * s
+    p = -0.00417768164 + p * s
+    p = 0.246640727 + p * s
+    p = 1.50140941 + p * s
+    t = tl.sqrt(tl.maximum(w, 0.0)) - 3.0
+    q = -0.000200214257
+    q = 0.000100950558 + q * t
+    q = 0.00134934322 + q * t
+    q = -0.00367342844 + q * t
+    q = 0.00573950773 + q * t
+    q = -0.0076224613 + q * t
+    q = 0.00943887047 + q * t
+    q = 1.00167406 + q * t
+    q = 2.83297682 + q * t
+    x = tl.where(w < 5.0, p, q) * y
+    for _ in tl.static_range(2):
+        x = x - (tl.erf(x) - y) / (1.1283791670955126 * tl.exp(-x * x))
+    inside = (y > -1.0) & (y < 1.0)
+    x = tl.where(inside, x, tl.where(y == 1.0, float("inf"),
+                                     tl.where(y == -1.0, float("-inf"), float("nan"))))
+    return x.to(a.dtype)
 
 
 @triton.jit
@@ -130,6 +167,7 @@ _UNARY_FLOAT = {ElementOp.EXP: "tl.exp({0})", ElementOp.EXP2: "tl.exp2({0})",
                 ElementOp.LOGISTIC: "(1.0 / (1.0 + tl.exp(ef_neg({0}))))",
                 ElementOp.SIN: "tl.sin({0})", ElementOp.COS: "tl.cos({0})",
                 ElementOp.TAN: "ef_tan({0})", ElementOp.ERF: "tl.erf({0})",
+                ElementOp.ERF_INV: "ef_erfinv({0})",
                 ElementOp.NEG: "ef_neg({0})", ElementOp.ABS: "tl.abs({0})",
                 ElementOp.FLOOR: "tl.floor({0})", ElementOp.CEIL: "tl.ceil({0})",
                 ElementOp.SQUARE: "({0} * {0})",
@@ -179,7 +217,16 @@ class ExpressionRules:
             n = abs(int(exponent.value))
             power = " * ".join([base] * n) if n else "1.0"
             return f"(1.0 / ({power}))" if int(exponent.value) < 0 else f"({power})"
+        if op is ElementOp.BITCAST:
+            source, target = operand, node.dtype
+            if source.bits != target.bits or ScalarType.BOOL in (source, target):
+                raise Declined(f"a bitcast of {source.value} to {target.value}")
+            return f"({self.expr(node.args[0], nest)}).to({tl_type(target)}, bitcast=True)"
         args = [self.expr(a, nest) for a in node.args]
+        if op in (ElementOp.SHIFT_LEFT, ElementOp.SHIFT_RIGHT_LOGICAL,
+                  ElementOp.SHIFT_RIGHT_ARITHMETIC) and not operand.is_float and \
+                operand is not ScalarType.BOOL:
+            return self.shift(op, operand, *args)
         if op in _COMPARE:
             return f"({args[0]} {_COMPARE[op]} {args[1]})"
         if operand is ScalarType.BOOL:
@@ -213,11 +260,37 @@ class ExpressionRules:
                 rule = None
             elif op in (ElementOp.DIV, ElementOp.REM) and operand.is_signed_int:
                 rule = "ef_idiv({0}, {1})" if op is ElementOp.DIV else "ef_irem({0}, {1})"
+            elif op in (ElementOp.DIV, ElementOp.REM):
+                # unsigned, XLA's: by zero, all bits set (division) or a (remainder)
+                a, b = args
+                safe = f"tl.where({b} == 0, 1, {b})"
+                return (f"tl.where({b} == 0, {int(2 ** operand.bits - 1)}, {a} // {safe})"
+                        if op is ElementOp.DIV else f"tl.where({b} == 0, {a}, {a} % {safe})")
             else:
                 rule = _BINARY_INT.get(op)
         if rule is None:
             raise Declined(f"the operation {op.value} on {operand.value} has no Triton rule")
         return rule.format(*args)
+
+    def shift(self, op: ElementOp, dtype: ScalarType, a: str, b: str) -> str:
+        """XLA's shifts: a count outside 0..bits-1 gives 0 (an arithmetic right shift: the
+        sign, -1 or 0); the count is made safe first (out of range is undefined where
+        compiled)."""
+        bits = dtype.bits
+        out = f"({b} >= {bits})" if dtype.is_unsigned_int else f"(({b} < 0) | ({b} >= {bits}))"
+        count = self.fresh("h")
+        self.emit(f"{count} = tl.where({out}, 0, {b})")
+        if op is ElementOp.SHIFT_LEFT:
+            return f"tl.where({out}, 0, {a} << {count})"
+        if op is ElementOp.SHIFT_RIGHT_ARITHMETIC:
+            if dtype.is_unsigned_int:
+                raise Declined(f"an arithmetic right shift of {dtype.value}")
+            return f"tl.where({out}, tl.where({a} < 0, -1, 0), {a} >> {count})"
+        if dtype.is_unsigned_int:
+            return f"tl.where({out}, 0, {a} >> {count})"
+        unsigned = _UNSIGNED_OF_BITS[bits]
+        return (f"tl.where({out}, 0, (({a}).to({unsigned}, bitcast=True) >> "
+                f"{count}.to({unsigned})).to({tl_type(dtype)}, bitcast=True))")
 
     def cast(self, node: Cast, nest) -> str:
         inner = self.expr(node.arg, nest)
