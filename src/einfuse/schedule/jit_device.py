@@ -6,8 +6,10 @@ The rule, per call signature (``backend="auto"``):
 
 * arrays on the host: the host kernel (it runs on them where they are);
 * arrays on a GPU: the estimated times are compared --
-  host = its operations x batch at HOST_NS_PER_OP, plus copying the arrays to the host
-  and back (COPY_US and COPY_GB_PER_S); device = LAUNCH_US plus the statements one
+  host = its operations x batch at HOST_NS_PER_OP (HOST_NS_PER_BATCHED_OP for a batch:
+  blocks of chains in SIMD lanes, over the OpenMP threads at THREAD_EFFICIENCY), plus
+  copying the arrays to
+  the host and back (COPY_US and COPY_GB_PER_S); device = LAUNCH_US plus the statements one
   program runs one after another (each scan body times its length) at
   DEVICE_NS_PER_STATEMENT, times the waves of programs the batch needs on DEVICE_SMS
   multiprocessors -- and the smaller wins: one tiny chain stays on the host, a batch
@@ -18,8 +20,10 @@ interpreter under ``TRITON_INTERPRET=1``); ``backend="c"`` forces the host kerne
 Either way a program the Triton renderer declines, or whose tiles do not fit one
 program's registers (TILE_LIMIT, REGISTER_LIMIT), runs on the host, with the reason.
 
-The constants are estimates, not calibrated on a GPU yet (tools/gpu_session.sh is
-where they would be measured); they decide only between two correct kernels."""
+The host constants are measured (the seed, 8000 steps, 12 hidden, float64, one core of
+an AVX-512 EPYC: 0.40 ns per operation for one chain, 0.09 for 64 vmapped chains); the
+device ones are estimates, not calibrated on a GPU yet; they decide only between two
+correct kernels."""
 
 from __future__ import annotations
 
@@ -28,16 +32,21 @@ from dataclasses import dataclass
 from typing import Optional
 
 from ..analysis.cost import typed_work
+from ..analysis.thread_policy import default_threads
 from ..ir import Assign, JitProgram, Loop, LoopKind, Switch
 
 BACKENDS = ("auto", "c", "triton")
 
-HOST_NS_PER_OP = 1.0            # the C kernel, one core, scalar-ish loops over tiny tiles
+HOST_NS_PER_OP = 0.4            # the C kernel, one chain, one core (measured, see above)
+HOST_NS_PER_BATCHED_OP = 0.1    # ... a vmapped batch, per core (measured)
+THREAD_EFFICIENCY = 0.3         # a batch over the OpenMP threads: the H100 machine's C
+                                # kernel ran the 256-chain seed in 16.7 ms
+                                # (benchmarks/results/gpu.md), 4.4 cores' worth at the rate above
 COPY_US = 20.0                  # one device -> host -> device round trip of the arrays
 COPY_GB_PER_S = 10.0
 LAUNCH_US = 8.0
-DEVICE_NS_PER_STATEMENT = 400.0  # a dependent tile statement in one program (a reduction
-                                 # through shared memory and a barrier, a few math ops)
+DEVICE_NS_PER_STATEMENT = 150.0  # a dependent tile statement in one program (a warp's
+                                 # reduction, a few math ops; a guess until measured)
 DEVICE_SMS = 132
 PROGRAMS_PER_SM = 8
 TILE_LIMIT = 16384              # elements of one tile (register pressure of one program)
@@ -82,7 +91,12 @@ def warps_for(largest: int) -> int:
 
 def estimates(program: JitProgram, batch: int, on_gpu: bool):
     """(host microseconds, device microseconds) by the rule above."""
-    host = typed_work(program.steps) * max(1, batch) * HOST_NS_PER_OP / 1000.0
+    if batch > 1:
+        threads = min(default_threads(), max(1, batch // 8))
+        per_op = HOST_NS_PER_BATCHED_OP / max(1.0, THREAD_EFFICIENCY * threads)
+    else:
+        per_op = HOST_NS_PER_OP
+    host = typed_work(program.steps) * max(1, batch) * per_op / 1000.0
     if on_gpu:
         nbytes = sum(b.size * b.dtype.numpy.itemsize for b in program.buffers
                      if b.name in program.inputs or b.name in program.outputs) * max(1, batch)
