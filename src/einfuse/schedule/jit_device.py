@@ -8,9 +8,9 @@ The rule, per call signature (``backend="auto"``):
 * arrays on a GPU: the estimated times are compared --
   host = its operations x batch at HOST_NS_PER_OP (HOST_NS_PER_BATCHED_OP for a batch:
   blocks of chains in SIMD lanes, over the OpenMP threads at THREAD_EFFICIENCY), plus
-  copying the arrays to
-  the host and back (COPY_US and COPY_GB_PER_S); device = LAUNCH_US plus the statements one
-  program runs one after another (each scan body times its length) at
+  copying the arrays to the host and back (COPY_US and COPY_GB_PER_S); device =
+  LAUNCH_US plus the statements one program runs one after another (each scan body
+  times its length) at
   DEVICE_NS_PER_STATEMENT, times the waves of programs the batch needs on DEVICE_SMS
   multiprocessors -- and the smaller wins: one tiny chain stays on the host, a batch
   of chains goes to the GPU.
