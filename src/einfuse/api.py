@@ -347,15 +347,16 @@ def _einops_callable(reduction, inner, plan: EinopsPlan, pattern: str, options):
     return reduced.reshape(plan.output_shape)
 
 
-def jit(fn=None, *, static_argnums=(), static_argnames=(), fallback=False, **unknown):
+def jit(fn=None, *, static_argnums=(), static_argnames=(), fallback=False, backend="auto",
+        **unknown):
     """A JAX function compiled into one einfuse kernel, loops included (docs/jit.md);
     imports JAX only when called."""
     if unknown:     # (an EinfuseError, a TypeError as Python's own would be)
         raise unexpected_keywords("jit()", unknown, ("static_argnums", "static_argnames",
-                                                     "fallback"))
+                                                     "fallback", "backend"))
     from .runtime.jit import jit as _jit
     return _jit(fn, static_argnums=static_argnums, static_argnames=static_argnames,
-                fallback=fallback)
+                fallback=fallback, backend=backend)
 
 
 

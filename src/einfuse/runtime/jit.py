@@ -64,11 +64,16 @@ class JitFunction:
     """``ef.jit(fn)``: call it like ``fn``.  ``explain(*args)`` shows the program."""
 
     def __init__(self, fn: Callable, static_argnums=(), static_argnames=(),
-                 fallback: bool = False):
+                 fallback: bool = False, backend: str = "auto"):
         if not callable(fn):
             raise EinfuseTypeError(f"ef.jit takes a function, not {type(fn).__name__}")
         if not isinstance(fallback, bool):
             raise OptionError(f"ef.jit: fallback= takes True or False, not {fallback!r}")
+        from ..schedule.jit_device import BACKENDS
+        if not isinstance(backend, str) or backend not in BACKENDS:
+            raise OptionError(f"ef.jit: backend= takes one of {', '.join(BACKENDS)}, not "
+                              f"{backend!r}")
+        self.backend = backend
         self.fallback = fallback
         self.fn = fn
         self.static_argnums = _as_tuple(static_argnums)
@@ -160,7 +165,7 @@ class JitFunction:
             examples = [_struct(leaf) for leaf in leaves]
             name = getattr(fn, "__name__", "fn")
             try:
-                compiled = CompiledFunction(flat_fn, examples, name)
+                compiled = CompiledFunction(flat_fn, examples, name, self.backend)
             except JaxprConversionError:
                 if not self.fallback:
                     raise
@@ -246,14 +251,18 @@ def _as_tuple(value) -> tuple:
     return tuple(value)
 
 
-def jit(fn=None, *, static_argnums=(), static_argnames=(), fallback: bool = False):
+def jit(fn=None, *, static_argnums=(), static_argnames=(), fallback: bool = False,
+        backend: str = "auto"):
     """Compile a JAX function (``jax.numpy``/``jax.lax`` code, loops included) into one
-    einfuse kernel; usable as ``@ef.jit`` or ``ef.jit(fn, static_argnums=...)``.  See
+    einfuse kernel; usable as ``@ef.jit`` or ``ef.jit(fn, static_argnums=...)``.
+    ``backend``: "auto" (the host C kernel, or one Triton kernel for GPU arrays where
+    schedule/jit_device.py's rule says so), "c", or "triton" (forced).  See
     docs/jit.md."""
     if fn is None:
         return functools.partial(jit, static_argnums=static_argnums,
-                                 static_argnames=static_argnames, fallback=fallback)
-    return JitFunction(fn, static_argnums, static_argnames, fallback)
+                                 static_argnames=static_argnames, fallback=fallback,
+                                 backend=backend)
+    return JitFunction(fn, static_argnums, static_argnames, fallback, backend)
 
 
 __all__ = ["jit", "JitFunction", "CompiledFunction", "JaxprConversionError"]

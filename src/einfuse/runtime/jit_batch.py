@@ -64,6 +64,11 @@ class BatchedFunction:
 
     def host(self, *arrays):
         """Runs the kernel on NumPy arrays; returns a tuple of NumPy arrays."""
+        if self.base.backend != "c":
+            from .jit_triton import batched_route_of
+            found = batched_route_of(self).attempt(arrays, as_jax=False)
+            if found is not None:
+                return found
         inputs = []
         for array, aval in zip(arrays, self.in_avals):
             # (np.require keeps a 0-d array 0-d; ascontiguousarray makes it 1-d)

@@ -24,9 +24,10 @@ class CompiledFunction:
     """One flat function (leaves in, list of leaves out) for one signature: its jaxpr,
     program and kernel, and the JAX-callable forms of it."""
 
-    def __init__(self, flat_fn: Callable, leaves, name: str = "fn"):
+    def __init__(self, flat_fn: Callable, leaves, name: str = "fn", backend: str = "auto"):
         self.flat_fn = flat_fn
         self.name = name
+        self.backend = backend     # "auto", "c" or "triton" (schedule/jit_device.py)
         self.closed = without_dead_code(jax.make_jaxpr(flat_fn)(*leaves))
         self.in_avals = tuple(v.aval for v in self.closed.jaxpr.invars)
         self.out_avals = tuple(v.aval for v in self.closed.jaxpr.outvars)
@@ -45,6 +46,11 @@ class CompiledFunction:
     def host(self, *arrays):
         """Runs the kernel on NumPy arrays; returns a tuple of NumPy arrays."""
         import ctypes
+        if self.backend != "c":
+            from .jit_triton import route_of
+            found = route_of(self).attempt(arrays, as_jax=False)
+            if found is not None:
+                return found
         inputs = [np.ascontiguousarray(a, dtype=aval.dtype)
                   for a, aval in zip(arrays, self.in_avals)]
         outputs = allocate_outputs(self.out_avals, self.name)
@@ -64,6 +70,11 @@ class CompiledFunction:
     def run(self, leaves):
         """Outputs as JAX arrays: directly on concrete arrays, else through JAX."""
         if not any(isinstance(leaf, jax.core.Tracer) for leaf in leaves):
+            if self.backend != "c":
+                from .jit_triton import route_of
+                found = route_of(self).attempt(leaves, as_jax=True)   # (GPU arrays:
+                if found is not None:                                   # no copy)
+                    return found
             return [jnp.asarray(out) for out in self.host(*leaves)]
         return list(self.call(*leaves))
 
@@ -111,7 +122,8 @@ class CompiledFunction:
         examples = [jax.ShapeDtypeStruct(a.shape, a.dtype) for a in in_avals] + \
             [jax.ShapeDtypeStruct(a.shape, a.dtype) for a in in_avals if is_float(a.dtype)]
         try:
-            found = CompiledFunction(jvp_flat, examples, f"the forward mode of {self.name}")
+            found = CompiledFunction(jvp_flat, examples, f"the forward mode of {self.name}",
+                                     self.backend)
         except JaxprConversionError:
             found = InJax(jvp_flat)
         with _lock:
@@ -124,7 +136,7 @@ class CompiledFunction:
             if self._backward is not None:
                 return self._backward
         compiled = compile_backward(self.flat_fn, self.in_avals, self.out_avals,
-                                    f"the gradient of {self.name}")
+                                    f"the gradient of {self.name}", self.backend)
         with _lock:
             self._backward = self._backward or compiled
             return self._backward
@@ -150,7 +162,8 @@ class CompiledFunction:
                          for a in self.out_avals]
             try:
                 found = compile_backward(vmapped, in_avals, out_avals,
-                                         f"the gradient of the vmapped {self.name}")
+                                         f"the gradient of the vmapped {self.name}",
+                                         self.backend)
             except JaxprConversionError:
                 found = False
             with _lock:
@@ -164,7 +177,8 @@ class CompiledFunction:
                                 self._batched)
 
 
-def compile_backward(flat_fn: Callable, in_avals, out_avals, name: str) -> CompiledFunction:
+def compile_backward(flat_fn: Callable, in_avals, out_avals, name: str,
+                     backend: str = "auto") -> CompiledFunction:
     """The backward pass of ``flat_fn`` at ``in_avals``, compiled: (primals, float
     cotangents) -> float gradients; the jaxpr of ``jax.vjp(flat_fn)`` converted."""
     count = len(in_avals)
@@ -178,4 +192,4 @@ def compile_backward(flat_fn: Callable, in_avals, out_avals, name: str) -> Compi
         return [g for g, a in zip(grads, in_avals) if is_float(a.dtype)]
     examples = [jax.ShapeDtypeStruct(a.shape, a.dtype) for a in in_avals] + \
         [jax.ShapeDtypeStruct(a.shape, a.dtype) for a in out_avals if is_float(a.dtype)]
-    return CompiledFunction(vjp_flat, examples, name)
+    return CompiledFunction(vjp_flat, examples, name, backend)

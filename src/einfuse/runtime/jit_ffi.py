@@ -129,7 +129,21 @@ def _abstract(*avals, function, vmapped):
 
 
 def _impl(*values, function, vmapped):
+    found = _device_call(function, values)
+    if found is not None:
+        return found
     return [jnp.asarray(out) for out in function.host(*(np.asarray(v) for v in values))]
+
+
+def _device_call(function, values):
+    """The Triton kernel's outputs on the arrays as they are (GPU arrays stay on the
+    GPU), where runtime/jit_triton.py's route takes them; else None."""
+    base = getattr(function, "base", function)
+    if getattr(base, "backend", "c") == "c":
+        return None
+    from .jit_triton import batched_route_of, route_of
+    route = batched_route_of(function) if function is not base else route_of(function)
+    return route.attempt(values, as_jax=True)
 
 
 def _batch(values, dims, *, function, vmapped):
@@ -291,4 +305,15 @@ def route_lines(function) -> list:
             "  eager call on concrete arrays: the kernel on the arrays' host buffers",
             f"  under jax.jit on the CPU (jax.grad/vmap inside it too): {route}",
             "  arrays of another platform (GPU): host callback (jax.pure_callback), the "
-            "C kernel on host copies"]
+            "C kernel on host copies"] + _device_lines(function)
+
+
+def _device_lines(function) -> list:
+    """The eager call's choice between the host kernel and one Triton kernel
+    (runtime/jit_triton.py, schedule/jit_device.py)."""
+    from .jit_triton import batched_route_of, route_of
+    base = getattr(function, "base", function)
+    if getattr(base, "backend", "c") == "c":
+        return []
+    route = batched_route_of(function) if function is not base else route_of(function)
+    return route.describe()

@@ -1,0 +1,243 @@
+"""The Triton route of ``ef.jit`` (v3.md section 5): one compiled function (or its
+vmapped form) run as ONE Triton kernel -- the program rendered by
+backends/triton/jit_render.py, one program instance per batch element, loops and
+carries inside it -- where schedule/jit_device.py's rule chooses it; else the host C
+kernel runs as before, and :meth:`TritonRoute.describe` says why.
+
+JAX arrays on a GPU reach the kernel without a copy (DLPack both ways); NumPy arrays
+(a host callback's, the interpreter's) are copied to the kernel's device and the
+outputs copied back.  Imported only by runtime/jit_compiled.py, jit_batch.py and
+jit_ffi.py (the primitive's eager evaluation, explain's lines)."""
+
+from __future__ import annotations
+
+import threading
+from typing import Dict, Optional, Sequence, Tuple
+
+import numpy as np
+
+from ..analysis.triton_facts import available, interpreted
+from ..errors import EinfuseTypeError
+from ..schedule.jit_device import DeviceChoice, choose
+
+_lock = threading.Lock()
+
+
+def _on_gpu(arrays) -> bool:
+    """Whether the (JAX) arrays live on a GPU."""
+    for array in arrays:
+        devices = getattr(array, "devices", None)
+        if devices is None:
+            continue
+        try:
+            found = next(iter(devices()))
+        except (TypeError, StopIteration, RuntimeError):
+            continue
+        return getattr(found, "platform", "cpu") in ("gpu", "cuda", "rocm")
+    return False
+
+
+def _can_run() -> bool:
+    if not available():
+        return False
+    if interpreted():
+        return True
+    import torch
+    return torch.cuda.is_available()
+
+
+def _device():
+    import torch
+    return torch.device("cpu" if interpreted() or not torch.cuda.is_available() else "cuda")
+
+
+class TritonRoute:
+    """The Triton kernel of ``program`` over the batch levels ``sizes`` (none: not
+    vmapped; one program per element of all levels) for ``function`` (a CompiledFunction
+    or BatchedFunction: its in_avals/out_avals, name and backend), rendered when first
+    asked; ``batched[i][k]``: whether the program's input ``i`` (constants included) has
+    an axis for level ``k``."""
+
+    def __init__(self, function, program, sizes: Tuple[int, ...],
+                 batched: Tuple[Tuple[bool, ...], ...], backend: str, constants: Sequence):
+        self.function = function
+        self.program = program
+        self.sizes = tuple(sizes)
+        self.batch = int(np.prod(self.sizes)) if self.sizes else 1
+        self.batched = batched
+        self.backend = backend
+        self.constants = list(constants)
+        self._declined: Optional[str] = None
+        self._rendered = None
+        self._kernel = None
+        self._choices: Dict[bool, DeviceChoice] = {}
+        self._succeeded = False
+
+    # -- the decision ---------------------------------------------------------------------------
+    def _render(self):
+        if self._rendered is not None or self._declined is not None:
+            return
+        from ..backends.triton.jit_render import Declined, render_jit
+        try:
+            self._rendered = render_jit(self.program, self.batched, self.sizes)
+        except Declined as declined:
+            self._declined = declined.reason
+        except Exception as error:   # noqa: BLE001 -- a renderer's fault: the host runs
+            self._declined = f"the Triton renderer failed ({type(error).__name__}: {error})"
+
+    def choice(self, on_gpu: bool) -> DeviceChoice:
+        with _lock:
+            found = self._choices.get(on_gpu)
+        if found is not None:
+            return found
+        if self.backend == "c" or (self.backend == "auto" and not on_gpu):
+            made = choose(self.program, self.batch, self.backend, on_gpu, True, None)
+        else:
+            can_run = _can_run()
+            if can_run:
+                self._render()
+            rendered = self._rendered
+            made = choose(self.program, self.batch, self.backend, on_gpu, can_run,
+                          self._declined, rendered.largest if rendered else 0,
+                          rendered.registers if rendered else 0)
+        with _lock:
+            return self._choices.setdefault(on_gpu, made)
+
+    def takes(self, arrays) -> bool:
+        """Whether a call on ``arrays`` runs the Triton kernel."""
+        if self.backend == "c":
+            return False
+        return self.choice(_on_gpu(arrays)).triton
+
+    def describe(self) -> list:
+        """explain()'s lines: the choice for host arrays and for GPU arrays."""
+        lines = []
+        for on_gpu, where in ((False, "host arrays"), (True, "GPU arrays")):
+            try:
+                text = self.choice(on_gpu).describe()
+            except Exception as error:       # explain describes; the call itself raises
+                text = f"not decided ({type(error).__name__}: {error})"
+            lines.append(f"  eager call on {where}: {text}")
+        return lines
+
+    # -- the call -------------------------------------------------------------------------------
+    def kernel(self):
+        with _lock:
+            if self._kernel is None:
+                from ..backends.triton.jit_launch import JitKernel
+                choice = self._choices.get(True) or self._choices.get(False)
+                self._kernel = JitKernel(self._rendered, self.batch,
+                                         choice.num_warps if choice else 1)
+            return self._kernel
+
+    def attempt(self, arrays, as_jax: bool):
+        """The kernel's outputs on ``arrays`` where the rule chooses it, else None (the
+        host kernel runs).  A kernel that fails to build (Triton's compiler refusing what
+        the renderer wrote) declines from then on, with that reason; the host kernel
+        runs instead, so the call still gets its result."""
+        if not self.takes(arrays):
+            return None
+        try:
+            return self.run(arrays, as_jax)
+        except EinfuseTypeError:
+            raise
+        except Exception as error:   # noqa: BLE001 -- see above; only before a success
+            if self._succeeded:
+                raise
+            with _lock:
+                self._declined = (f"its Triton kernel did not build ({type(error).__name__}: "
+                                  f"{str(error)[:300]})")
+                self._rendered = None
+                self._kernel = None
+                self._choices.clear()
+            return None
+
+    def run(self, arrays, as_jax: bool):
+        """The outputs of the kernel on ``arrays`` (JAX arrays when ``as_jax``, else
+        NumPy arrays)."""
+        import torch
+        device = _device()
+        function = self.function
+        inputs = []
+        for array, aval in zip(arrays, function.in_avals):
+            inputs.append(_tensor(array, aval, device, function.name))
+        for constant in self.constants:
+            inputs.append(_tensor(np.asarray(constant), None, device, function.name))
+        outputs = [torch.empty(tuple(aval.shape), dtype=_torch_dtype(aval.dtype), device=device)
+                   for aval in function.out_avals]
+        if self.batch > 0:          # (an empty batch: nothing to compute, nothing to launch)
+            kernel = self.kernel()
+            scratch = [torch.empty(max(1, kernel.programs * size), dtype=_torch_dtype(dtype),
+                                   device=device)
+                       for _, dtype, size in self._rendered.scratch]
+            kernel(inputs, outputs + scratch)
+        self._succeeded = True
+        if as_jax:
+            return [_to_jax(out) for out in outputs]
+        return tuple(out.cpu().numpy() for out in outputs)
+
+
+def _torch_dtype(dtype):
+    import torch
+    return getattr(torch, np.dtype(dtype).name)
+
+
+def _tensor(array, aval, device, name: str):
+    """``array`` as a contiguous torch tensor on ``device`` (of ``aval``'s dtype and
+    shape): a JAX GPU array through DLPack, anything else through NumPy."""
+    import torch
+    if device.type == "cuda" and _on_gpu([array]):
+        tensor = torch.from_dlpack(array)
+        if aval is not None:
+            tensor = tensor.to(_torch_dtype(aval.dtype))
+        return tensor.contiguous()
+    host = np.asarray(array)
+    if aval is not None:
+        host = np.asarray(host, dtype=aval.dtype)
+        if host.shape != tuple(aval.shape):
+            raise EinfuseTypeError(f"{name} takes an argument of shape {tuple(aval.shape)}, "
+                                   f"not {host.shape}")
+    if not host.flags.c_contiguous or not host.flags.writeable or not host.dtype.isnative:
+        host = np.array(host, order="C", dtype=host.dtype.newbyteorder("="))
+    return torch.from_numpy(host).to(device)
+
+
+def _to_jax(tensor):
+    import jax
+    import jax.numpy as jnp
+    if tensor.device.type == "cuda":
+        return jax.dlpack.from_dlpack(tensor)
+    return jnp.asarray(tensor.numpy())
+
+
+def route_of(function) -> TritonRoute:
+    """The Triton route of a CompiledFunction, made once."""
+    found = function.__dict__.get("_triton_route")
+    if found is None:
+        program = function.program
+        constants = [array for _, array in program.constants]
+        found = TritonRoute(function, program, (), tuple(() for _ in program.inputs),
+                            function.backend, constants)
+        with _lock:
+            found = function.__dict__.setdefault("_triton_route", found)
+    return found
+
+
+def batched_route_of(batched) -> TritonRoute:
+    """The Triton route of a BatchedFunction: its base program once per batch element
+    (of every vmap level: a nested vmap too)."""
+    found = batched.__dict__.get("_triton_route")
+    if found is None:
+        base = batched.base
+        program = base.program
+        constants = [array for _, array in program.constants]
+        sizes = tuple(int(n) for n in batched.sizes)
+        flags = tuple(tuple(bool(b) for b in f) for f in batched.batched) + \
+            tuple(tuple(False for _ in sizes) for _ in constants)
+        found = TritonRoute(batched, program, sizes, flags, base.backend, constants)
+        with _lock:
+            found = batched.__dict__.setdefault("_triton_route", found)
+    return found
+
+
+__all__ = ["TritonRoute", "batched_route_of", "route_of"]

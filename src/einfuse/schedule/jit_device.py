@@ -1,0 +1,142 @@
+"""Where an ``ef.jit`` call runs: the host C kernel (backends/c/loops.py) or the one
+Triton kernel (backends/triton/jit_render.py), decided by a stated cost rule so that
+``explain`` can say which was chosen and why.
+
+The rule, per call signature (``backend="auto"``):
+
+* arrays on the host: the host kernel (it runs on them where they are);
+* arrays on a GPU: the estimated times are compared --
+  host = its operations x batch at HOST_NS_PER_OP (HOST_NS_PER_BATCHED_OP for a batch:
+  blocks of chains in SIMD lanes, over the OpenMP threads at THREAD_EFFICIENCY), plus
+  copying the arrays to the host and back (COPY_US and COPY_GB_PER_S); device =
+  LAUNCH_US plus the statements one program runs one after another (each scan body
+  times its length) at
+  DEVICE_NS_PER_STATEMENT, times the waves of programs the batch needs on DEVICE_SMS
+  multiprocessors -- and the smaller wins: one tiny chain stays on the host, a batch
+  of chains goes to the GPU.
+
+``backend="triton"`` forces the Triton kernel wherever it can run (a GPU, or the
+interpreter under ``TRITON_INTERPRET=1``); ``backend="c"`` forces the host kernel.
+Either way a program the Triton renderer declines, or whose tiles do not fit one
+program's registers (TILE_LIMIT, REGISTER_LIMIT), runs on the host, with the reason.
+
+The host constants are measured (the seed, 8000 steps, 12 hidden, float64, one core of
+an AVX-512 EPYC: 0.40 ns per operation for one chain, 0.09 for 64 vmapped chains); the
+device ones are estimates, not calibrated on a GPU yet; they decide only between two
+correct kernels."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Optional
+
+from ..analysis.cost import typed_work
+from ..analysis.thread_policy import default_threads
+from ..ir import Assign, JitProgram, Loop, LoopKind, Switch
+
+BACKENDS = ("auto", "c", "triton")
+
+HOST_NS_PER_OP = 0.4            # the C kernel, one chain, one core (measured, see above)
+HOST_NS_PER_BATCHED_OP = 0.1    # ... a vmapped batch, per core (measured)
+THREAD_EFFICIENCY = 0.3         # a batch over the OpenMP threads: the H100 machine's C
+                                # kernel ran the 256-chain seed in 16.7 ms
+                                # (benchmarks/results/gpu.md), 4.4 cores' worth at the rate above
+COPY_US = 20.0                  # one device -> host -> device round trip of the arrays
+COPY_GB_PER_S = 10.0
+LAUNCH_US = 8.0
+DEVICE_NS_PER_STATEMENT = 150.0  # a dependent tile statement in one program (a warp's
+                                 # reduction, a few math ops; a guess until measured)
+DEVICE_SMS = 132
+PROGRAMS_PER_SM = 8
+TILE_LIMIT = 16384              # elements of one tile (register pressure of one program)
+REGISTER_LIMIT = 32768          # elements of all register tensors of one program
+
+
+@dataclass(frozen=True)
+class DeviceChoice:
+    """``triton`` (run the Triton kernel) or not, the reason in words, and the warps per
+    program when it is."""
+    triton: bool
+    reason: str
+    num_warps: int = 1
+
+    def describe(self) -> str:
+        where = "one Triton kernel" if self.triton else "the host C kernel"
+        return f"{where}: {self.reason}"
+
+
+def serial_statements(steps, repeat: int = 1) -> int:
+    """Statements one program runs one after another: scan bodies times their lengths,
+    a while loop's condition and body once (its trip count is not known), the longest
+    branch of a cond."""
+    total = 0
+    for step in steps:
+        if isinstance(step, Loop):
+            inner = repeat * (step.length if step.kind is LoopKind.SCAN else 1)
+            total += serial_statements(step.condition_steps, inner)
+            total += serial_statements(step.body, inner)
+        elif isinstance(step, Switch):
+            total += max((serial_statements(b, repeat) for b in step.branches), default=0)
+        elif isinstance(step, Assign):
+            total += repeat
+        else:
+            total += repeat
+    return total
+
+
+def warps_for(largest: int) -> int:
+    return 1 if largest <= 512 else 2 if largest <= 2048 else 4
+
+
+def estimates(program: JitProgram, batch: int, on_gpu: bool):
+    """(host microseconds, device microseconds) by the rule above."""
+    if batch > 1:
+        threads = min(default_threads(), max(1, batch // 8))
+        per_op = HOST_NS_PER_BATCHED_OP / max(1.0, THREAD_EFFICIENCY * threads)
+    else:
+        per_op = HOST_NS_PER_OP
+    host = typed_work(program.steps) * max(1, batch) * per_op / 1000.0
+    if on_gpu:
+        nbytes = sum(b.size * b.dtype.numpy.itemsize for b in program.buffers
+                     if b.name in program.inputs or b.name in program.outputs) * max(1, batch)
+        host += COPY_US + nbytes / (COPY_GB_PER_S * 1000.0)
+    waves = math.ceil(max(1, batch) / (DEVICE_SMS * PROGRAMS_PER_SM))
+    device = LAUNCH_US + serial_statements(program.steps) * DEVICE_NS_PER_STATEMENT / 1000.0 \
+        * waves
+    return host, device
+
+
+def choose(program: JitProgram, batch: int, backend: str, on_gpu: bool, can_run: bool,
+           declined: Optional[str], largest: int = 0, registers: int = 0) -> DeviceChoice:
+    """Host or Triton for ``program`` over ``batch`` elements (1: not vmapped).
+    ``on_gpu``: the arrays live on a GPU; ``can_run``: a Triton kernel can run here (a
+    GPU, or the interpreter); ``declined``: the renderer's reason where it declined;
+    ``largest``/``registers``: its tile sizes where it did not."""
+    if backend == "c":
+        return DeviceChoice(False, 'backend="c" asks for it')
+    if backend == "auto" and not on_gpu:
+        return DeviceChoice(False, "the arrays are on the host, where the C kernel runs on "
+                                   "them as they are")
+    if not can_run:
+        return DeviceChoice(False, "Triton cannot run here (no GPU, and TRITON_INTERPRET "
+                                   "is not 1)")
+    if declined is not None:
+        return DeviceChoice(False, f"the Triton renderer declines: {declined}")
+    if largest > TILE_LIMIT or registers > REGISTER_LIMIT:
+        return DeviceChoice(False, f"its tiles ({largest} elements, {registers} in all) "
+                                   f"exceed one program's registers ({TILE_LIMIT}, "
+                                   f"{REGISTER_LIMIT})")
+    warps = warps_for(largest)
+    if backend == "triton":
+        return DeviceChoice(True, f'backend="triton" asks for it; {max(1, batch)} '
+                                  f"program(s), {warps} warp(s) each", warps)
+    host, device = estimates(program, batch, on_gpu)
+    rule = (f"estimated host {host:.1f} us (operations x batch, copies) against device "
+            f"{device:.1f} us (launch + serial statements x waves)")
+    if device < host:
+        return DeviceChoice(True, f"{rule}: the device is faster", warps)
+    return DeviceChoice(False, f"{rule}: the host is faster")
+
+
+__all__ = ["BACKENDS", "DeviceChoice", "choose", "estimates", "serial_statements"]
