@@ -365,3 +365,15 @@ def test_vmapped_langevin_chains_draw_their_noise_inside_the_kernel():
     out, seen = launches(lambda: fn(keys, x0))
     assert [s.grid for s in seen] == [(3,)]
     close(out, jax.jit(jax.vmap(langevin, in_axes=(0, None)))(keys, x0))
+
+
+@pytest.mark.slow
+def test_the_256_chain_vmap_of_the_bench_is_one_launch_of_256_programs():
+    # the vmapped case (256 chains, 32 hidden, float64), a few steps: the
+    # interpreter runs each program in turn
+    from einfuse.bench.jit_cases import seed_function
+    params, noise = seed_arrays(3, 32, chains=256, seed=2)
+    fn = jax.vmap(ef.jit(seed_function, backend="triton"), in_axes=(None, 0))
+    out, seen = launches(lambda: fn(params, noise))
+    assert [s.grid for s in seen] == [(256,)]
+    close(out, jax.jit(jax.vmap(seed_function, in_axes=(None, 0)))(params, noise))
