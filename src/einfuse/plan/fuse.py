@@ -12,7 +12,9 @@ loop becomes one.  A statement's read of an intermediate written earlier in the 
 reads the producer's own output buffer (not a second pointer to the same memory,
 which ``restrict`` would forbid).  An intermediate that nothing after the group
 reads lives as one row per thread instead (``thread_rows``): the row axis gets
-stride 0 and each thread its own row, so the whole array never goes to memory."""
+stride 0 and each thread its own row, so the whole array never goes to memory.
+A value an inner loop reads at every step (a row's sum, written just before) is read
+once per row (plan/fuse_invariants.py)."""
 
 from __future__ import annotations
 
@@ -24,6 +26,7 @@ from .. import ir
 from ..ir import LoopKind
 from .fuse_columns import ColumnAccumulators, accumulate_into_columns, column_sum_dtype
 from .fuse_extrema import combine_extrema_by_vectors
+from .fuse_invariants import read_invariants_once
 from .fuse_siblings import merge_sibling_loops
 from .fuse_sums import GUARD_INT, merge_row_sums
 
@@ -169,7 +172,9 @@ def fuse_kernels(kernels: Sequence[ir.LoopNest], reads: Sequence[Dict[int, Tuple
         ints.append(GUARD_INT)
     merged = ir.LoopNest("einfuse_kernel", tuple(buffers), tuple(ints), params,
                        (ir.Loop(SHARED_LOOP, extent, LoopKind.PARALLEL,
-                                combine_extrema_by_vectors(siblings.body)),),
+                                read_invariants_once(
+                                    combine_extrema_by_vectors(siblings.body),
+                                    tuple(buffers), working)),),
                        checks_bounds=any(k.checks_bounds for k in kernels))
     return FusedProgram(ir.LoopProgram(working, (merged,)), guards)
 
