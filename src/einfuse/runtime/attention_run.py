@@ -12,6 +12,7 @@ import numpy as np
 from ..analysis.frameworks import to_numpy
 from ..errors import AllocationError
 from ..rewrite.attention_layout import SCALE_MODES, Canonical, call_scale
+from ..rewrite.attention_scores import TensorTerm
 from ..rewrite.online_softmax import Attention
 
 
@@ -108,3 +109,69 @@ class TermArguments:
 
 def term_arguments(arrays: Canonical) -> TermArguments:
     return TermArguments(arrays)
+
+
+class TermGradientSlices:
+    """Where the backward kernel adds the gradient of each added tensor that wants one
+    (backends/c/attention_grad.ef_term_gradients): a zeroed buffer (G, NQ or 1, NK or 1)
+    per such term -- one slice per batch element, so each slice is written by one
+    thread in a fixed order -- and the info (sign, row stride, key stride, slice size)
+    per term.  ``gradients`` sums the slices over the batch axes a tensor lacks (NumPy,
+    one thread: the same bits for every thread count of the kernel) and puts the axes
+    in the tensor's own order."""
+
+    def __init__(self, attention: Attention, arrays: Canonical, wanted):
+        self.attention, self.batch_shape = attention, arrays.batch_shape
+        groups, rows = arrays.query.shape[:2]
+        keys = arrays.key.shape[1]
+        self.buffers = []         # (term, buffer) per term whose gradient is wanted
+        grads, info = [], []
+        for term in attention.terms:
+            buffer = None
+            row_stride = key_stride = size = 0
+            if isinstance(term, TensorTerm) and term.tensor in wanted:
+                has_row = attention.row in term.indices
+                has_key = attention.key_index in term.indices
+                shape = (groups, rows if has_row else 1, keys if has_key else 1)
+                buffer = np.zeros(shape, arrays.query.dtype)
+                self.buffers.append((term, buffer))
+                row_stride, key_stride = shape[2] if has_row else 0, int(has_key)
+                size = shape[1] * shape[2]
+            grads.append(buffer)
+            info.append((term.sign if isinstance(term, TensorTerm) else 1, row_stride,
+                         key_stride, size))
+        self.grads = (ctypes.c_void_p * max(1, len(grads)))(
+            *[None if b is None else b.ctypes.data for b in grads])
+        self.info = np.ascontiguousarray(info or [(0, 0, 0, 0)], np.int64)
+
+    @property
+    def pointers(self):
+        if not self.buffers:
+            return (None, None)
+        return (ctypes.cast(self.grads, ctypes.c_void_p), self.info.ctypes.data)
+
+    def gradients(self) -> Dict[str, np.ndarray]:
+        a = self.attention
+        found: Dict[str, np.ndarray] = {}
+        for term, buffer in self.buffers:
+            shaped = buffer.reshape(tuple(self.batch_shape) + buffer.shape[1:])
+            kept = [b for b in a.batch if b in term.indices]
+            summed = tuple(n for n, b in enumerate(a.batch) if b not in term.indices)
+            if summed:
+                shaped = shaped.sum(axis=summed)
+            order = kept + [a.row, a.key_index]
+            dropped = tuple(len(kept) + n for n, name in enumerate((a.row, a.key_index))
+                            if name not in term.indices)
+            shaped = shaped.reshape([e for n, e in enumerate(shaped.shape)
+                                     if n not in dropped])
+            order = [name for name in order if name in term.indices]
+            grad = np.ascontiguousarray(shaped.transpose([order.index(n)
+                                                          for n in term.indices]))
+            found[term.tensor] = grad if term.tensor not in found else \
+                found[term.tensor] + grad
+        return found
+
+
+def term_gradient_slices(attention: Attention, arrays: Canonical,
+                         wanted) -> TermGradientSlices:
+    return TermGradientSlices(attention, arrays, wanted)
