@@ -145,6 +145,10 @@ static void ef_term_gradients(const T *dsr, long first, long seen, long g, long 
       T total = 0;
       for (long c = first; c < seen; ++c) total += dsr[c];
       grad[0] += sign * total;
+    } else if (info[2] == 1) {        /* (the usual case: a vector loop) */
+      T *restrict at = grad + j0;
+      #pragma omp simd
+      for (long c = first; c < seen; ++c) at[c] += sign * dsr[c];
     } else {
       T *at = grad + (j0 + first) * info[2];
       for (long c = first; c < seen; ++c) at[(c - first) * info[2]] += sign * dsr[c];
