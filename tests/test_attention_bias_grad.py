@@ -187,3 +187,17 @@ def test_a_bias_that_is_also_an_operand_runs_the_statements(backward_calls):
     want = torch.autograd.grad(by_torch("full", Q, K, V, V).sum(), (Q, V))
     for a, b in zip(got, want):
         torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-11)
+
+
+def test_an_expanded_bias_gets_its_gradient_through_the_expand(backward_calls):
+    """A bias of stride 0 along b (an expand of a (H, N, N) parameter, written as
+    bias[b,h,i,j]): read in place, its gradient flows back through the expand."""
+    Q, K, V, parameter = inputs("over b", 2, 2, 30, 4, seed=5)
+    out = ef.ein(program(" + bias[b,h,i,j]"), Q=Q, K=K, V=V,
+                 bias=parameter.expand(2, -1, -1, -1), scale=0.3)
+    got = torch.autograd.grad(out.square().sum(), (K, parameter))
+    assert backward_calls
+    want = torch.autograd.grad(by_torch("over b", Q, K, V, parameter).square().sum(),
+                               (K, parameter))
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-11)

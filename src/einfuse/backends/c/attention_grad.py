@@ -20,7 +20,8 @@ elements g (so dQ needs no atomics); for each block of BK keys it walks the row 
 that see them (the band: a causal mask starts at the block's first key, a window ends
 W rows past its last), and keeps the key block
 and value block transposed and their gradients in per-thread buffers: the extra memory
-is a few blocks per thread and one row of delta per batch element, never N x N.  The
+is a few blocks per thread and one row of delta per batch element, never N x N (but
+for the gradient slices of an added tensor that wants one, its size per batch element).  The
 five block products (scores, dP, P^T dO, dS^T Q, dS K) are one register-blocked routine
 (RB rows x CV vectors of accumulators, as the forward's), which took a 1 x 4 x 1024 x 64
 causal backward from 44 to 16 ms on one core.  A batch of fewer elements than threads
