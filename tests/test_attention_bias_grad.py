@@ -201,3 +201,77 @@ def test_an_expanded_bias_gets_its_gradient_through_the_expand(backward_calls):
                                (K, parameter))
     for a, b in zip(got, want):
         torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-11)
+
+
+# -- an index term's coefficient: ALiBi's slope[h] * (j - i), a 0-d parameter ------------
+
+def slope_inputs(B=2, H=3, N=6, D=3, seed=0):
+    generator = torch.Generator().manual_seed(seed)
+    Q, K, V = (torch.randn(B, H, N, D, dtype=torch.float64, generator=generator)
+               for _ in range(3))
+    slope = torch.rand(H, dtype=torch.float64, generator=generator)
+    return [t.requires_grad_() for t in (Q, K, V, slope)]
+
+
+def alibi_by_torch(Q, K, V, slope, scale=0.3, factor=1.0, bias=None):
+    N = Q.shape[2]
+    i, j = torch.arange(N)[:, None], torch.arange(N)[None, :]
+    slope = slope[None, :, None, None] if slope.ndim else slope
+    S = Q @ K.transpose(-1, -2) * scale + factor * slope * (j - i)
+    if bias is not None:
+        S = S + bias[None]
+    return torch.softmax(S.masked_fill(~(j <= i), -torch.inf), -1) @ V
+
+
+def test_gradcheck_of_a_slope(backward_calls):
+    Q, K, V, slope = slope_inputs()
+    text = program(" + slope[h] * (j - i)")
+
+    def attend(Q, K, V, slope):
+        return ef.ein(text, Q=Q, K=K, V=V, slope=slope, scale=0.3)
+    assert torch.autograd.gradcheck(attend, (Q, K, V, slope), eps=1e-6, atol=1e-8)
+    assert backward_calls
+
+
+@pytest.mark.parametrize("N", [9, 131])
+def test_slope_bias_and_a_scalar_slope_match_torch(N, backward_calls):
+    Q, K, V, slope = slope_inputs(2, 3, N, 5, seed=N)
+    bias = torch.randn(3, N, N, dtype=torch.float64).requires_grad_()
+    out = ef.ein(program(" + bias[h,i,j] + slope[h] * (j - i)"), Q=Q, K=K, V=V,
+                 slope=slope, bias=bias, scale=0.3)
+    got = torch.autograd.grad(out.square().sum(), (Q, slope, bias))
+    assert len(backward_calls) == 1
+    want = torch.autograd.grad(alibi_by_torch(Q, K, V, slope, bias=bias).square().sum(),
+                               (Q, slope, bias))
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-10)
+    p = torch.tensor(0.25, dtype=torch.float64, requires_grad=True)
+    out = ef.ein(program(" - p * (j - i)"), Q=Q, K=K, V=V, p=p, scale=0.3)
+    got, = torch.autograd.grad(out.square().sum(), p)
+    assert len(backward_calls) == 2 and got.shape == ()
+    want, = torch.autograd.grad(alibi_by_torch(Q, K, V, p, factor=-1.0).square().sum(),
+                                p)
+    torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-10)
+
+
+def test_a_slope_through_the_formula_fallback(backward_calls):
+    Q, K, V, slope = slope_inputs()
+    out = ef.ein(program(" + slope[h] * (j - i)"), Q=Q, K=K, V=V, slope=slope, scale=0.3)
+    seed = torch.ones_like(out)
+    seed[1, 2, 3, 0] = torch.nan
+    got = torch.autograd.grad(out, (Q, slope), seed)
+    assert not backward_calls
+    want = torch.autograd.grad(alibi_by_torch(Q, K, V, slope), (Q, slope), seed)
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-11, equal_nan=True)
+
+
+def test_slope_same_bits_for_every_thread_count():
+    found = []
+    for threads in (1, 2, 3):
+        Q, K, V, slope = slope_inputs(3, 2, 150, 8, seed=2)
+        Q, K, V, slope = (t.detach().float().requires_grad_() for t in (Q, K, V, slope))
+        out = ef.ein(program(" + slope[h] * (j - i)"), Q=Q, K=K, V=V, slope=slope,
+                     scale=0.3, threads=threads)
+        found.append(torch.autograd.grad(out.sum(), slope)[0])
+    assert all(torch.equal(found[0], other) for other in found[1:])

@@ -7,9 +7,8 @@ batch element, then over the batch axes it lacks in a fixed order -- the same bi
 for every thread count).
 
 Taken for a normalised attention (any band of keys, any additive terms of the scores),
-CPU float32/float64 tensors, a scale and index terms' coefficients that need no
-gradient (where one does, the statements record, and their backward gives it), and a
-query, key and value
+CPU float32/float64 tensors, a scale and bounds that need no gradient (where one
+does, the statements record, and their backward gives it), and a query, key and value
 without inf or NaN; any other call records the statements one by one, as before.  The
 backward falls back to the same formula in torch (materialising the weights, exactly
 the statements' arithmetic) where the output's gradient holds inf or NaN, where a row
@@ -32,7 +31,7 @@ from ..rewrite.attention_layout import (SCALE_MODES, Canonical, canonical,
                                         from_canonical, operand_layouts, to_canonical,
                                         to_output)
 from . import attention_run
-from .attention_run import term_gradient_slices
+from .attention_run import term_coefficient_name, term_gradient_slices
 from .attention_run import torch_inputs, triton_scale
 
 
@@ -89,24 +88,29 @@ def _needs_grad(value) -> bool:
 
 
 def _constants_need_grad(attention: Attention, named: Dict[str, object]) -> bool:
-    """Whether the scale, an index term's coefficient tensor or a term's parameter needs
-    a gradient (the fused backward computes none for them), or an added tensor needing
-    one is also the query, key or value (its gradients would have to be joined)."""
-    coefficients = tuple(t.coefficient.tensor for t in attention.terms
-                         if isinstance(t, IndexTerm) and t.coefficient.tensor)
-    names = ((attention.scale_param,) if attention.scale_param else ()) + \
-        coefficients + attention.term_params
+    """Whether the scale or a bound's parameter needs a gradient (the fused backward
+    computes none for them), or a term's tensor needing one is also the query, key or
+    value or is read both as an added tensor and as a coefficient (its gradients would
+    have to be joined)."""
+    bounds = [p for b in attention.upper + attention.lower for p, _ in b.params]
+    names = ((attention.scale_param,) if attention.scale_param else ()) + tuple(bounds)
     if any(_needs_grad(named.get(n)) for n in names):
         return True
+    wanted = _biases_needing_grad(attention, named)
+    added = {t.tensor for t in attention.terms if isinstance(t, TensorTerm)}
+    coefficients = {term_coefficient_name(t) for t in attention.terms
+                    if isinstance(t, IndexTerm)}
     operands = {id(named.get(n)) for n in (attention.query, attention.key, attention.value)}
-    return any(id(named.get(n)) in operands for n in _biases_needing_grad(attention, named))
+    return any(id(named.get(n)) in operands or (n in added and n in coefficients)
+               for n in wanted)
 
 
 def _biases_needing_grad(attention: Attention, named: Dict[str, object]) -> Tuple[str, ...]:
-    """The added tensors (bias, mask) whose gradient the backward computes, in order."""
-    names = [t.tensor for t in attention.terms
-             if isinstance(t, TensorTerm) and _needs_grad(named.get(t.tensor))]
-    return tuple(dict.fromkeys(names))
+    """The terms' tensors (a bias, a mask, ALiBi's slopes, a 0-d slope) whose gradient
+    the backward computes, in order."""
+    names = [t.tensor if isinstance(t, TensorTerm) else term_coefficient_name(t)
+             for t in attention.terms]
+    return tuple(dict.fromkeys(n for n in names if n and _needs_grad(named.get(n))))
 
 
 class _Saved:
@@ -224,6 +228,10 @@ def formula_gradients(attention: Attention, scale: float, batch_shape, tensors, 
                 added = _broadcast_term(inputs[3 + biases.index(term.tensor)], term, a,
                                         batch_shape, rows, keys).to(scores)
                 scores = scores + added if term.sign > 0 else scores - added
+            elif isinstance(term, IndexTerm) and term_coefficient_name(term) in biases:
+                scores = scores + _index_term(
+                    inputs[3 + biases.index(term_coefficient_name(term))], term, a,
+                    batch_shape, rows, keys).to(scores)
             else:
                 scores = scores + torch.from_numpy(
                     np.array(call_term.block(0, keys, rows))).to(scores)
@@ -304,6 +312,23 @@ def _broadcast_term(tensor: torch.Tensor, term: TensorTerm, attention: Attention
     moved = tensor.permute([term.indices.index(n) for n in full if n in term.indices])
     shaped = moved.reshape([e if n in term.indices else 1 for n, e in zip(full, extents)])
     return shaped.expand(extents).reshape((-1, rows, keys))
+
+
+def _index_term(coefficient: torch.Tensor, term: IndexTerm, attention: Attention,
+                batch_shape, rows: int, keys: int) -> torch.Tensor:
+    """value * c * (a j + b i + k) as (G, NQ, NK), differentiable in the coefficient c
+    (a tensor over batch indices, or a 0-d parameter)."""
+    c = term.coefficient
+    if c.tensor is not None:
+        moved = coefficient.permute([c.indices.index(n) for n in attention.batch
+                                     if n in c.indices])
+        coefficient = moved.reshape([e if n in c.indices else 1
+                                     for n, e in zip(attention.batch, batch_shape)])
+    per_group = (coefficient * c.value).expand(tuple(batch_shape)).reshape(-1)
+    i = torch.arange(rows, device=coefficient.device)[:, None]
+    j = torch.arange(keys, device=coefficient.device)[None, :]
+    index = (term.key * j + term.row * i + term.constant).to(per_group.dtype)
+    return per_group[:, None, None] * index
 
 
 def _canonical_tensor(tensor: torch.Tensor, order, indices) -> torch.Tensor:

@@ -12,8 +12,8 @@ block as p_ij = exp(s_ij - L_i) (0 where the mask hides key j from row i), and
 where s also adds the scores' terms (backends/c/attention.TERMS) and row i sees the
 keys lo <= j - i <= hi.  An added tensor's gradient is sign * ds summed over the axes
 it is broadcast along (ef_term_gradients: per batch element, then summed by the
-runtime in a fixed order); an index term's coefficient gets none (the runtime records
-the statements where one is wanted).
+runtime in a fixed order); an index term's coefficient c (ALiBi's slope) gets
+sum ds * (a j + b i + k) the same way.
 
 with c the scale's derivative (scale, 1/scale or 1).  Each thread owns whole batch
 elements g (so dQ needs no atomics); for each block of BK keys it walks the row blocks
@@ -127,20 +127,29 @@ static void ef_product(const T *restrict A, long sm, long sk, const T *restrict 
   EF_ROWS(1)
 }
 
-/* Adds row i's dS (keys j0 + first .. j0 + seen - 1) into the gradient of each tensor
-   term that wants one: term_grads[t] (NULL: none) holds one slice per batch element g
-   (grad_info[4t + 3] elements), the row's slot at i * grad_info[4t + 1] and key j's at
-   j * grad_info[4t + 2] (a stride 0: the term is broadcast along that axis, summed
-   here), the term's sign grad_info[4t].  A slice belongs to one g, so to one thread,
-   which adds in a fixed order (key blocks, then row blocks, then keys): the same bits
-   for every thread count; the runtime sums the slices over broadcast batch axes. */
+/* Adds row i's dS (keys j0 + first .. j0 + seen - 1) into the gradient of each term
+   that wants one: term_grads[t] (NULL: none) holds one slice per batch element g
+   (info[3] elements of grad_info + 8t).  An added tensor (info[7] == 0): the row's
+   slot at i * info[1], key j's at j * info[2] (a stride 0: the term is broadcast along
+   that axis, summed here), times its sign info[0].  An index term's coefficient
+   (info[7] == 1): one slot per g, the sum of dS times (a j + b i + k), a b k = info[4..6].
+   A slice belongs to one g, so to one thread, which adds in a fixed order (key
+   blocks, then row blocks, then keys): the same bits for every thread count; the
+   runtime sums the slices over broadcast batch axes. */
 static void ef_term_gradients(const T *dsr, long first, long seen, long g, long i, long j0,
                               int nterms, T *const *term_grads, const long *grad_info) {
   for (int t = 0; t < nterms; ++t) {
     T *grad = term_grads[t];
     if (!grad) continue;
-    const long *info = grad_info + 4 * t;
+    const long *info = grad_info + 8 * t;
     const T sign = (T)info[0];
+    if (info[7] == 1) {
+      const T a = (T)info[4], base = (T)(info[5] * i + info[6]);
+      T total = 0;
+      for (long c = first; c < seen; ++c) total += dsr[c] * (a * (T)(j0 + c) + base);
+      grad[g] += total;
+      continue;
+    }
     grad += g * info[3] + i * info[1];
     if (info[2] == 0) {
       T total = 0;
