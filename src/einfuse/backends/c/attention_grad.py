@@ -145,7 +145,8 @@ static void ef_term_gradients(const T *dsr, long first, long seen, long g, long 
     const T sign = (T)info[0];
     if (info[7] == 1) {
       const T a = (T)info[4], base = (T)(info[5] * i + info[6]);
-      T total = 0;
+      T total = 0;      /* (the vector sum's order is fixed by the build, not threads) */
+      #pragma omp simd reduction(+:total)
       for (long c = first; c < seen; ++c) total += dsr[c] * (a * (T)(j0 + c) + base);
       grad[g] += total;
       continue;
@@ -153,6 +154,7 @@ static void ef_term_gradients(const T *dsr, long first, long seen, long g, long 
     grad += g * info[3] + i * info[1];
     if (info[2] == 0) {
       T total = 0;
+      #pragma omp simd reduction(+:total)
       for (long c = first; c < seen; ++c) total += dsr[c];
       grad[0] += sign * total;
     } else if (info[2] == 1) {        /* (the usual case: a vector loop) */
