@@ -345,21 +345,19 @@ def test_gradients_match_torch_autograd(case, N, backward_calls):
 
 
 @pytest.mark.skipif(c_build.find_compiler() is None, reason="the fused backward is C")
-@pytest.mark.parametrize("which", ["bias", "slope"])
-def test_a_term_needing_its_gradient_records_the_statements(which, fused_calls,
-                                                            backward_calls):
+def test_a_scale_needing_its_gradient_records_the_statements(fused_calls, backward_calls):
+    """(The terms' gradients come from the fused backward: test_attention_bias_grad.py.)"""
     Q, K, V, M, slope, bias = data(1, 2, 12, 3, np.float64)
-    Q, K, V, slope, bias = leaves((Q, K, V, slope, bias),
-                                  (True, True, True, which == "slope", which == "bias"))
-    out = ef.ein(program(BIAS + ALIBI), Q=Q, K=K, V=V, slope=slope, bias=bias, scale=0.3)
+    Q, K, V, slope, bias = leaves((Q, K, V, slope, bias), (True, True, True, True, False))
+    scale = torch.tensor(0.3, dtype=torch.float64, requires_grad=True)
+    out = ef.ein(program(BIAS + ALIBI), Q=Q, K=K, V=V, slope=slope, bias=bias, scale=scale)
     assert not any(fused_calls) and not backward_calls
-    wanted = bias if which == "bias" else slope
-    got = torch.autograd.grad(out.sum(), (Q, wanted))
+    got = torch.autograd.grad(out.sum(), (Q, slope, scale))
     i, j = torch.arange(12)[:, None], torch.arange(12)[None, :]
-    S = Q @ K.transpose(-1, -2) * 0.3 + bias[None] + slope[None, :, None, None] * (j - i)
+    S = Q @ K.transpose(-1, -2) * scale + bias[None] + slope[None, :, None, None] * (j - i)
     S = S.masked_fill(~(j <= i), -torch.inf)
     P = torch.softmax(S, -1)
-    want = torch.autograd.grad((P @ V).sum(), (Q, wanted))
+    want = torch.autograd.grad((P @ V).sum(), (Q, slope, scale))
     for a, b in zip(got, want):
         torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-11)
 

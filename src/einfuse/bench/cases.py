@@ -270,15 +270,19 @@ MASKED_ATTENTION = {      # issue 31: scores with additive terms (rewrite/attent
     "padding-masked": "sum[d](Q[b,h,i,d]*K[b,h,j,d]) * {scale} + M[b,j]",
     "ALiBi causal": "where(j <= i, sum[d](Q[b,h,i,d]*K[b,h,j,d]) * {scale} "
                     "+ slope[h] * (j - i), -inf)",
+    "learnable-bias": "sum[d](Q[b,h,i,d]*K[b,h,j,d]) * {scale} + bias[h,i,j]",
 }
+# the kinds whose added tensor needs its gradient: (einfuse's name, SDPA's)
+_LEARNED = {"learnable-bias": ("bias", "mask")}
 
 
 def masked_attention_cases(B=2, H=4, N=512, D=64) -> List[Case]:
     """Attention with a padding mask ``+ M[b,j]`` (the last quarter and half of the keys
     of the two batch elements -inf) and with ALiBi's ``+ slope[h] * (j - i)`` under the
-    causal mask: one fused kernel against torch's SDPA with the same scores as a float
-    attn_mask (precomputed, outside the timing), forward and forward + backward (the
-    gradients of Q, K and V)."""
+    causal mask, and with a learnable ``+ bias[h,i,j]`` (broadcast over b): one fused
+    kernel against torch's SDPA with the same scores as a float attn_mask (precomputed,
+    outside the timing), forward and forward + backward (the gradients of Q, K and V,
+    and the bias's, or the attn_mask's, for the learnable one)."""
     scale = float(1.0 / np.sqrt(D))
     i, j = np.arange(N)[:, None], np.arange(N)[None, :]
 
@@ -291,6 +295,9 @@ def masked_attention_cases(B=2, H=4, N=512, D=64) -> List[Case]:
                     M[b, N - N * (b + 1) // (B + 2):] = -np.inf
                 arrays["M"] = M
                 arrays["mask"] = M[:, None, None, :]
+            elif kind == "learnable-bias":
+                arrays["bias"] = rng.standard_normal((H, N, N), dtype=np.float32)
+                arrays["mask"] = arrays["bias"][None]
             else:
                 slope = (2.0 ** -np.arange(1, H + 1)).astype(np.float32)
                 arrays["slope"] = slope
@@ -304,24 +311,28 @@ def masked_attention_cases(B=2, H=4, N=512, D=64) -> List[Case]:
         return torch.nn.functional.scaled_dot_product_attention(Q, K, V, attn_mask=mask,
                                                                 scale=scale)
 
-    def ours(source, train):
+    def ours(source, train, kind):
         def make(arrays, backend):
             import einfuse as ef
             import torch
             program = ef.compile(source, backend=backend)
+            learned = ("Q", "K", "V") + _LEARNED.get(kind, ())[:1]
             named = {k: torch.from_numpy(np.ascontiguousarray(v))
-                     .requires_grad_(train and k in ("Q", "K", "V"))
+                     .requires_grad_(train and k in learned)
                      for k, v in arrays.items() if k in program.inputs}
             if not train:
                 return lambda: program(**named)
             return lambda: _train_step(program, named)
         return make
 
-    def sdpa_training(arrays):
-        import torch
-        named = {k: torch.from_numpy(np.ascontiguousarray(v))
-                 .requires_grad_(k in ("Q", "K", "V")) for k, v in arrays.items()}
-        return lambda: _train_step(sdpa, named)
+    def sdpa_training(kind):
+        def make(arrays):
+            import torch
+            learned = ("Q", "K", "V") + _LEARNED.get(kind, ())[1:]
+            named = {k: torch.from_numpy(np.ascontiguousarray(v))
+                     .requires_grad_(k in learned) for k, v in arrays.items()}
+            return lambda: _train_step(sdpa, named)
+        return make
 
     cases = []
     for kind, scores in MASKED_ATTENTION.items():
@@ -332,10 +343,10 @@ def masked_attention_cases(B=2, H=4, N=512, D=64) -> List[Case]:
         name = f"{kind} attention B={B} H={H} N={N} D={D}"
         cases.append(Case(name, source, inputs(kind),
                           [torch_peer("torch SDPA float mask", sdpa)],
-                          einfuse_call=ours(source, False)))
+                          einfuse_call=ours(source, False, kind)))
         cases.append(Case(f"fwd+bwd {name}", source, inputs(kind),
-                          [Peer("torch SDPA float mask", sdpa_training, "torch")],
-                          einfuse_call=ours(source, True)))
+                          [Peer("torch SDPA float mask", sdpa_training(kind), "torch")],
+                          einfuse_call=ours(source, True, kind)))
     return cases
 
 

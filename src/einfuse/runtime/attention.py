@@ -213,7 +213,8 @@ class FusedAttention:
             f"    for NumPy {self.dtype} arrays and CPU torch tensors on the C backend "
             "(the NumPy backend runs the same pass by key blocks); under torch autograd "
             "the backward is one fused kernel too (normalised, every row seeing a key, "
-            "finite inputs, the scores' terms needing no gradient); JAX and Triton run "
+            "finite inputs, a scale needing no gradient; the gradients of an added bias or "
+            "mask and of a slope from the same kernel); JAX and Triton run "
             "the statements one by one, and so does a value array holding inf or NaN",
             f"  materialised: nothing N x N (scores or weights in memory would take {square} "
             "each); per thread: blocks of 64 x 64 scores and 64 rows of the accumulator; "

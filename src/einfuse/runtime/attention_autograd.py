@@ -1,11 +1,14 @@
 """Fused attention under torch autograd: the forward runs as the online-softmax kernel
 (backends/c/attention.py) and also keeps each row's log-sum-exp; the backward runs as
 one fused kernel (backends/c/attention_grad.py) that recomputes the weights block by
-block.  Neither direction holds anything N x N.
+block.  Neither direction holds anything N x N beyond the gradient of an added tensor
+(a bias or mask needing grad: its dS summed over the axes it is broadcast along, per
+batch element, then over the batch axes it lacks in a fixed order -- the same bits
+for every thread count).
 
 Taken for a normalised attention (any band of keys, any additive terms of the scores),
-CPU float32/float64 tensors, a scale and terms that need no gradient (a bias that needs
-one records the statements, whose backward gives it), and a query, key and value
+CPU float32/float64 tensors, a scale and bounds that need no gradient (where one
+does, the statements record, and their backward gives it), and a query, key and value
 without inf or NaN; any other call records the statements one by one, as before.  The
 backward falls back to the same formula in torch (materialising the weights, exactly
 the statements' arithmetic) where the output's gradient holds inf or NaN, where a row
@@ -23,10 +26,12 @@ import torch
 
 from ..errors import AllocationError
 from ..rewrite.online_softmax import Attention, MaskKind, ScaleKind
+from ..rewrite.attention_scores import IndexTerm, TensorTerm
 from ..rewrite.attention_layout import (SCALE_MODES, Canonical, canonical,
                                         from_canonical, operand_layouts, to_canonical,
                                         to_output)
 from . import attention_run
+from .attention_run import term_coefficient_name, term_gradient_slices
 from .attention_run import torch_inputs, triton_scale
 
 
@@ -52,6 +57,7 @@ def run_recorded(attention: Attention, named: Dict[str, object], options) -> Opt
         return None
     if _constants_need_grad(attention, named):
         return None       # their gradient needs the statements
+    biases = _biases_needing_grad(attention, named)
     tensors = tuple(named.get(n) for n in (attention.query, attention.key, attention.value))
     with torch.no_grad():     # the views only: this call is recorded below, as one node
         views = torch_inputs(attention, named)
@@ -67,8 +73,8 @@ def run_recorded(attention: Attention, named: Dict[str, object], options) -> Opt
     out = attention_run.run_c(attention, arrays, threads, lse)
     if out is None:       # a value with inf or NaN
         return None
-    saved = _Saved(attention, arrays, out, lse, threads)
-    return _FusedAttention.apply(saved, *tensors)
+    saved = _Saved(attention, arrays, out, lse, threads, biases)
+    return _FusedAttention.apply(saved, *tensors, *(named[n] for n in biases))
 
 
 def _every_row_sees_a_key(arrays: Canonical) -> bool:
@@ -77,12 +83,34 @@ def _every_row_sees_a_key(arrays: Canonical) -> bool:
     return bool((np.minimum(keys - 1, i + arrays.upper) >= np.maximum(0, i + arrays.lower)).all())
 
 
+def _needs_grad(value) -> bool:
+    return isinstance(value, torch.Tensor) and value.requires_grad
+
+
 def _constants_need_grad(attention: Attention, named: Dict[str, object]) -> bool:
-    """Whether the scale, a term's tensor or a term's parameter needs a gradient."""
-    names = ((attention.scale_param,) if attention.scale_param else ()) + \
-        attention.term_tensors + attention.term_params
-    return any(isinstance(named.get(n), torch.Tensor) and named[n].requires_grad
-               for n in names)
+    """Whether the scale or a bound's parameter needs a gradient (the fused backward
+    computes none for them), or a term's tensor needing one is also the query, key or
+    value or is read both as an added tensor and as a coefficient (its gradients would
+    have to be joined)."""
+    bounds = [p for b in attention.upper + attention.lower for p, _ in b.params]
+    names = ((attention.scale_param,) if attention.scale_param else ()) + tuple(bounds)
+    if any(_needs_grad(named.get(n)) for n in names):
+        return True
+    wanted = _biases_needing_grad(attention, named)
+    added = {t.tensor for t in attention.terms if isinstance(t, TensorTerm)}
+    coefficients = {term_coefficient_name(t) for t in attention.terms
+                    if isinstance(t, IndexTerm)}
+    operands = {id(named.get(n)) for n in (attention.query, attention.key, attention.value)}
+    return any(id(named.get(n)) in operands or (n in added and n in coefficients)
+               for n in wanted)
+
+
+def _biases_needing_grad(attention: Attention, named: Dict[str, object]) -> Tuple[str, ...]:
+    """The terms' tensors (a bias, a mask, ALiBi's slopes, a 0-d slope) whose gradient
+    the backward computes, in order."""
+    names = [t.tensor if isinstance(t, TensorTerm) else term_coefficient_name(t)
+             for t in attention.terms]
+    return tuple(dict.fromkeys(n for n in names if n and _needs_grad(named.get(n))))
 
 
 class _Saved:
@@ -90,16 +118,17 @@ class _Saved:
     layout: autograd does not track them)."""
 
     def __init__(self, attention: Attention, arrays: Canonical, out: np.ndarray,
-                 lse: np.ndarray, threads: int):
+                 lse: np.ndarray, threads: int, biases: Tuple[str, ...] = ()):
         self.attention, self.arrays, self.out, self.lse = attention, arrays, out, lse
         self.threads = threads
+        self.biases = biases      # the added tensors whose gradient is wanted
 
 
 class _FusedAttention(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, saved: _Saved, query, key, value):
+    def forward(ctx, saved: _Saved, query, key, value, *biases):
         ctx.saved = saved
-        ctx.save_for_backward(query, key, value)
+        ctx.save_for_backward(query, key, value, *biases)
         result = to_output(saved.attention, saved.arrays, saved.out)
         if np.shares_memory(result, saved.out):   # the caller may modify it in place
             result = result.copy()                # (h += x); the backward reads out
@@ -117,7 +146,7 @@ class _FusedAttention(torch.autograd.Function):
         if torch.is_grad_enabled() or not np.isfinite(flowing).all() or \
                 not np.isfinite(saved.lse).all() or _scores_too_large(saved.lse):
             return (None,) + _reference_gradients(saved, tensors, grad, wanted)
-        grads = _fused_gradients(saved, flowing)
+        grads = _fused_gradients(saved, flowing, wanted[3:])
         return (None,) + tuple(torch.from_numpy(g) if w else None
                                for g, w in zip(grads, wanted))
 
@@ -141,7 +170,9 @@ def _canonical_output(saved: _Saved, grad: torch.Tensor) -> np.ndarray:
     return to_canonical(array, a.output_indices, a.batch + (a.row, a.feature), len(a.batch))
 
 
-def _fused_gradients(saved: _Saved, flowing: np.ndarray) -> Tuple[np.ndarray, ...]:
+def _fused_gradients(saved: _Saved, flowing: np.ndarray,
+                     biases_wanted=()) -> Tuple[np.ndarray, ...]:
+    """dQ, dK, dV and the wanted added tensors' gradients (None for the others)."""
     from ..backends.c import attention_grad as c_attention_grad
     a, arrays = saved.attention, saved.arrays
     q, k, v = arrays.query, arrays.key, arrays.value
@@ -151,26 +182,32 @@ def _fused_gradients(saved: _Saved, flowing: np.ndarray) -> Tuple[np.ndarray, ..
     backward = c_attention_grad.backward_function(q.dtype)
     pointers = [x.ctypes.data for x in (q, k, v, saved.out, flowing, saved.lse, dq, dk, dv)]
     terms = attention_run.term_arguments(arrays)
+    wanted = {n for n, w in zip(saved.biases, biases_wanted) if w}
+    slices = term_gradient_slices(a, arrays, wanted)
     if backward(*pointers, groups, rows, keys, dot, features, arrays.scale,
                 SCALE_MODES[a.scale], arrays.lower, arrays.upper, saved.threads,
-                *terms.pointers):
+                *terms.pointers, *slices.pointers):
         raise AllocationError("the attention backward could not allocate its per-thread "
                               "blocks")
-    return tuple(from_canonical(g, arrays.batch_shape, order, indices)
-                 for g, (order, indices) in zip((dq, dk, dv), operand_layouts(a)))
+    operands = tuple(from_canonical(g, arrays.batch_shape, order, indices)
+                     for g, (order, indices) in zip((dq, dk, dv), operand_layouts(a)))
+    found = slices.gradients()
+    return operands + tuple(found.get(n) for n in saved.biases)
 
 
 def _reference_gradients(saved: _Saved, tensors, grad, wanted):
     return formula_gradients(saved.attention, saved.arrays.scale, saved.arrays.batch_shape,
-                             tensors, grad, wanted, saved.arrays)
+                             tensors, grad, wanted, saved.arrays, saved.biases)
 
 
 def formula_gradients(attention: Attention, scale: float, batch_shape, tensors, grad, wanted,
-                      arrays: Optional[Canonical] = None):
+                      arrays: Optional[Canonical] = None, biases: Tuple[str, ...] = ()):
     """The gradients by the statements' formula in torch (weights materialised, on the
     tensors' device; float16/bfloat16 computed in float32 as the statements are):
     differentiable again under create_graph, and NaN/inf where the statements give
-    them.  ``arrays``: the call's band and terms (constants here), where it has any."""
+    them.  ``arrays``: the call's band and terms, where it has any; ``biases``: the
+    added tensors among them that are ``tensors`` after the query, key and value (in
+    this order), differentiated too; the other terms are constants."""
     a = attention
     create = torch.is_grad_enabled()      # backward(create_graph=True)
     inputs = tensors if create else \
@@ -186,8 +223,18 @@ def formula_gradients(attention: Attention, scale: float, batch_shape, tensors, 
         elif a.scale is ScaleKind.DIVIDE:
             scores = scores / scale
         rows, keys = scores.shape[-2:]
-        for term in (arrays.terms if arrays is not None else ()):
-            scores = scores + torch.from_numpy(np.array(term.block(0, keys, rows))).to(scores)
+        for term, call_term in zip(a.terms, arrays.terms if arrays is not None else ()):
+            if isinstance(term, TensorTerm) and term.tensor in biases:
+                added = _broadcast_term(inputs[3 + biases.index(term.tensor)], term, a,
+                                        batch_shape, rows, keys).to(scores)
+                scores = scores + added if term.sign > 0 else scores - added
+            elif isinstance(term, IndexTerm) and term_coefficient_name(term) in biases:
+                scores = scores + _index_term(
+                    inputs[3 + biases.index(term_coefficient_name(term))], term, a,
+                    batch_shape, rows, keys).to(scores)
+            else:
+                scores = scores + torch.from_numpy(
+                    np.array(call_term.block(0, keys, rows))).to(scores)
         if arrays is not None:
             lower, upper = arrays.lower, arrays.upper
         else:     # (the Triton kernel's plain masks)
@@ -257,6 +304,34 @@ class _TritonAttention(torch.autograd.Function):
         attention, scale, batch_shape = ctx.how
         return (None, None) + formula_gradients(attention, scale, batch_shape, tensors,
                                                 grad, wanted)
+
+
+def _broadcast_term(tensor: torch.Tensor, term: TensorTerm, attention: Attention,
+                    batch_shape, rows: int, keys: int) -> torch.Tensor:
+    """An added tensor (axes ``term.indices``) as the scores' shape (G, NQ, NK),
+    broadcast along the axes it lacks (differentiable: its gradient sums over them)."""
+    full = attention.batch + (attention.row, attention.key_index)
+    extents = tuple(batch_shape) + (rows, keys)
+    moved = tensor.permute([term.indices.index(n) for n in full if n in term.indices])
+    shaped = moved.reshape([e if n in term.indices else 1 for n, e in zip(full, extents)])
+    return shaped.expand(extents).reshape((-1, rows, keys))
+
+
+def _index_term(coefficient: torch.Tensor, term: IndexTerm, attention: Attention,
+                batch_shape, rows: int, keys: int) -> torch.Tensor:
+    """value * c * (a j + b i + k) as (G, NQ, NK), differentiable in the coefficient c
+    (a tensor over batch indices, or a 0-d parameter)."""
+    c = term.coefficient
+    if c.tensor is not None:
+        moved = coefficient.permute([c.indices.index(n) for n in attention.batch
+                                     if n in c.indices])
+        coefficient = moved.reshape([e if n in c.indices else 1
+                                     for n, e in zip(attention.batch, batch_shape)])
+    per_group = (coefficient * c.value).expand(tuple(batch_shape)).reshape(-1)
+    i = torch.arange(rows, device=coefficient.device)[:, None]
+    j = torch.arange(keys, device=coefficient.device)[None, :]
+    index = (term.key * j + term.row * i + term.constant).to(per_group.dtype)
+    return per_group[:, None, None] * index
 
 
 def _canonical_tensor(tensor: torch.Tensor, order, indices) -> torch.Tensor:

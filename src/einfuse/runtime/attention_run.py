@@ -12,6 +12,7 @@ import numpy as np
 from ..analysis.frameworks import to_numpy
 from ..errors import AllocationError
 from ..rewrite.attention_layout import SCALE_MODES, Canonical, call_scale
+from ..rewrite.attention_scores import IndexTerm, TensorTerm
 from ..rewrite.online_softmax import Attention
 
 
@@ -108,3 +109,95 @@ class TermArguments:
 
 def term_arguments(arrays: Canonical) -> TermArguments:
     return TermArguments(arrays)
+
+
+class TermGradientSlices:
+    """Where the backward kernel adds the gradient of each term that wants one
+    (backends/c/attention_grad.ef_term_gradients): a zeroed buffer per such term -- (G,
+    NQ or 1, NK or 1) for an added tensor, (G,) for an index term's coefficient --
+    one slice per batch element, so each slice is written by one thread in a fixed
+    order; and the info (sign, row stride, key stride, slice size, a, b, k, kind) per
+    term.  ``gradients`` sums the slices over the batch axes a tensor lacks (NumPy, one
+    thread: the same bits for every thread count of the kernel) and puts the axes in
+    the tensor's own order."""
+
+    def __init__(self, attention: Attention, arrays: Canonical, wanted):
+        self.attention, self.batch_shape = attention, arrays.batch_shape
+        groups, rows = arrays.query.shape[:2]
+        keys = arrays.key.shape[1]
+        dtype = arrays.query.dtype
+        self.buffers = []         # (term, buffer) per term whose gradient is wanted
+        grads, info = [], []
+        for term in attention.terms:
+            buffer, fields = None, (0,) * 8
+            if isinstance(term, TensorTerm) and term.tensor in wanted:
+                has_row = attention.row in term.indices
+                has_key = attention.key_index in term.indices
+                buffer = np.zeros((groups, rows if has_row else 1, keys if has_key else 1),
+                                  dtype)
+                fields = (term.sign, buffer.shape[2] if has_row else 0, int(has_key),
+                          buffer.shape[1] * buffer.shape[2], 0, 0, 0, 0)
+            elif isinstance(term, IndexTerm) and term_coefficient_name(term) in wanted:
+                buffer = np.zeros(groups, dtype)
+                fields = (1, 0, 0, 1, term.key, term.row, term.constant, 1)
+            if buffer is not None:
+                self.buffers.append((term, buffer))
+            grads.append(buffer)
+            info.append(fields)
+        self.grads = (ctypes.c_void_p * max(1, len(grads)))(
+            *[None if b is None else b.ctypes.data for b in grads])
+        self.info = np.ascontiguousarray(info or [(0,) * 8], np.int64)
+
+    @property
+    def pointers(self):
+        if not self.buffers:
+            return (None, None)
+        return (ctypes.cast(self.grads, ctypes.c_void_p), self.info.ctypes.data)
+
+    def gradients(self) -> Dict[str, np.ndarray]:
+        found: Dict[str, np.ndarray] = {}
+        for term, buffer in self.buffers:
+            if isinstance(term, TensorTerm):
+                name, grad = term.tensor, self._tensor_gradient(term, buffer)
+            else:
+                name, grad = term_coefficient_name(term), self._coefficient_gradient(term,
+                                                                                 buffer)
+            found[name] = grad if name not in found else found[name] + grad
+        return found
+
+    def _tensor_gradient(self, term: TensorTerm, buffer: np.ndarray) -> np.ndarray:
+        a = self.attention
+        shaped = buffer.reshape(tuple(self.batch_shape) + buffer.shape[1:])
+        kept = [b for b in a.batch if b in term.indices]
+        summed = tuple(n for n, b in enumerate(a.batch) if b not in term.indices)
+        if summed:
+            shaped = shaped.sum(axis=summed)
+        dropped = tuple(len(kept) + n for n, name in enumerate((a.row, a.key_index))
+                        if name not in term.indices)
+        shaped = shaped.reshape([e for n, e in enumerate(shaped.shape) if n not in dropped])
+        order = [name for name in kept + [a.row, a.key_index] if name in term.indices]
+        return np.ascontiguousarray(shaped.transpose([order.index(n)
+                                                      for n in term.indices]))
+
+    def _coefficient_gradient(self, term: IndexTerm, buffer: np.ndarray) -> np.ndarray:
+        """d/d c of value * c * (a j + b i + k), c the coefficient tensor or parameter."""
+        a, coefficient = self.attention, term.coefficient
+        shaped = buffer.reshape(self.batch_shape)
+        indices = coefficient.indices if coefficient.tensor is not None else ()
+        summed = tuple(n for n, b in enumerate(a.batch) if b not in indices)
+        if summed:
+            shaped = shaped.sum(axis=summed)
+        order = [b for b in a.batch if b in indices]
+        shaped = np.asarray(shaped).transpose([order.index(n) for n in indices])
+        # (np.array keeps a 0-d result 0-d, as a 0-d parameter's gradient must be)
+        return np.array(shaped * buffer.dtype.type(coefficient.value), buffer.dtype)
+
+
+def term_coefficient_name(term: IndexTerm) -> Optional[str]:
+    """The tensor or parameter an index term's coefficient reads, or None (a constant)."""
+    return term.coefficient.tensor or term.coefficient.param
+
+
+def term_gradient_slices(attention: Attention, arrays: Canonical,
+                         wanted) -> TermGradientSlices:
+    return TermGradientSlices(attention, arrays, wanted)

@@ -9,16 +9,19 @@ block as p_ij = exp(s_ij - L_i) (0 where the mask hides key j from row i), and
     dv_j += p_ij do_i          dp_ij = do_i . v_j          ds_ij = p_ij (dp_ij - delta_i)
     dq_i += c ds_ij k_j        dk_j += c ds_ij q_i          delta_i = do_i . o_i
 
-where s also adds the scores' terms (backends/c/attention.TERMS: constants here, their
-gradient is not computed: the runtime records the statements where one is wanted) and
-row i sees the keys lo <= j - i <= hi.
+where s also adds the scores' terms (backends/c/attention.TERMS) and row i sees the
+keys lo <= j - i <= hi.  An added tensor's gradient is sign * ds summed over the axes
+it is broadcast along (ef_term_gradients: per batch element, then summed by the
+runtime in a fixed order); an index term's coefficient c (ALiBi's slope) gets
+sum ds * (a j + b i + k) the same way.
 
 with c the scale's derivative (scale, 1/scale or 1).  Each thread owns whole batch
 elements g (so dQ needs no atomics); for each block of BK keys it walks the row blocks
 that see them (the band: a causal mask starts at the block's first key, a window ends
 W rows past its last), and keeps the key block
 and value block transposed and their gradients in per-thread buffers: the extra memory
-is a few blocks per thread and one row of delta per batch element, never N x N.  The
+is a few blocks per thread and one row of delta per batch element, never N x N (but
+for the gradient slices of an added tensor that wants one, its size per batch element).  The
 five block products (scores, dP, P^T dO, dS^T Q, dS K) are one register-blocked routine
 (RB rows x CV vectors of accumulators, as the forward's), which took a 1 x 4 x 1024 x 64
 causal backward from 44 to 16 ms on one core.  A batch of fewer elements than threads
@@ -124,13 +127,54 @@ static void ef_product(const T *restrict A, long sm, long sk, const T *restrict 
   EF_ROWS(1)
 }
 
+/* Adds row i's dS (keys j0 + first .. j0 + seen - 1) into the gradient of each term
+   that wants one: term_grads[t] (NULL: none) holds one slice per batch element g
+   (info[3] elements of grad_info + 8t).  An added tensor (info[7] == 0): the row's
+   slot at i * info[1], key j's at j * info[2] (a stride 0: the term is broadcast along
+   that axis, summed here), times its sign info[0].  An index term's coefficient
+   (info[7] == 1): one slot per g, the sum of dS times (a j + b i + k), a b k = info[4..6].
+   A slice belongs to one g, so to one thread, which adds in a fixed order (key
+   blocks, then row blocks, then keys): the same bits for every thread count; the
+   runtime sums the slices over broadcast batch axes. */
+static void ef_term_gradients(const T *dsr, long first, long seen, long g, long i, long j0,
+                              int nterms, T *const *term_grads, const long *grad_info) {
+  for (int t = 0; t < nterms; ++t) {
+    T *grad = term_grads[t];
+    if (!grad) continue;
+    const long *info = grad_info + 8 * t;
+    const T sign = (T)info[0];
+    if (info[7] == 1) {
+      const T a = (T)info[4], base = (T)(info[5] * i + info[6]);
+      T total = 0;      /* (the vector sum's order is fixed by the build, not threads) */
+      #pragma omp simd reduction(+:total)
+      for (long c = first; c < seen; ++c) total += dsr[c] * (a * (T)(j0 + c) + base);
+      grad[g] += total;
+      continue;
+    }
+    grad += g * info[3] + i * info[1];
+    if (info[2] == 0) {
+      T total = 0;
+      #pragma omp simd reduction(+:total)
+      for (long c = first; c < seen; ++c) total += dsr[c];
+      grad[0] += sign * total;
+    } else if (info[2] == 1) {        /* (the usual case: a vector loop) */
+      T *restrict at = grad + j0;
+      #pragma omp simd
+      for (long c = first; c < seen; ++c) at[c] += sign * dsr[c];
+    } else {
+      T *at = grad + (j0 + first) * info[2];
+      for (long c = first; c < seen; ++c) at[(c - first) * info[2]] += sign * dsr[c];
+    }
+  }
+}
+
 /* row i sees the keys lo <= j - i <= hi; the terms as the forward's */
 int ef_attention_backward(const T *Q, const T *K, const T *V, const T *O, const T *dO,
                           const T *LSE, T *dQ, T *dK, T *dV, long G, long NQ, long NK,
                           long D, long E, double scale_in, int scale_mode, long lo, long hi,
                           int threads, int nterms, const T *const *term_data,
                           const long *term_offsets, const long *term_info,
-                          int skip_hidden) {
+                          int skip_hidden, T *const *term_grads, const long *grad_info) {
   const T scale = (T)scale_in;
   int failed = 0;
   if (threads <= 0) threads = omp_get_max_threads();
@@ -208,6 +252,8 @@ int ef_attention_backward(const T *Q, const T *K, const T *V, const T *O, const 
               pr[c] = w;
               dsr[c] = w * (dsr[c] - di);
             }
+            if (term_grads)
+              ef_term_gradients(dsr, first, seen, g, i, j0, nterms, term_grads, grad_info);
           }
           /* dV block += P^T dO, dK block += dS^T Q (the scale's factor at the end),
              dQ rows += dS K */
@@ -258,7 +304,8 @@ def backward_function(dtype: np.dtype):
     size = ctypes.c_long
     function.argtypes = [ctypes.c_void_p] * 9 + [size] * 5 + [
         ctypes.c_double, ctypes.c_int, size, size, ctypes.c_int, ctypes.c_int,
-        ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int]
+        ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int,
+        ctypes.c_void_p, ctypes.c_void_p]
     function.restype = ctypes.c_int
     with _lock:
         _functions[dtype.name] = function
