@@ -176,6 +176,8 @@ def call_terms(attention: Attention, named: Dict[str, object], extents: Dict[str
     """The scores' terms for a call, or None where one is not a NumPy array of the
     working dtype with the extents of the query, key and value (or its scalar is not
     a real number that keeps the dtype): the statements then judge the call."""
+    if not attention.terms:
+        return ()       # (the plain scores: nothing to resolve, on every call)
     batch = attention.batch
     batch_shape = tuple(extents[b] for b in batch)
     full = batch + (attention.row, attention.key_index)

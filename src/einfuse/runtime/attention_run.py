@@ -100,15 +100,26 @@ class TermArguments:
         self.info = np.ascontiguousarray([t.info() for t in terms] or [[0] * 7], np.int64)
         self.keep = [t.data for t in terms]
         self.skip_hidden = int(arrays.skip_hidden)
+        # (addresses of the arrays above, which this object keeps alive)
+        self.pointers = (len(self.keep), ctypes.cast(self.data, ctypes.c_void_p),
+                         self.offsets.ctypes.data, self.info.ctypes.data,
+                         self.skip_hidden)
 
-    @property
-    def pointers(self):
-        return (len(self.keep), ctypes.cast(self.data, ctypes.c_void_p),
-                self.offsets.ctypes.data, self.info.ctypes.data, self.skip_hidden)
+
+# the arguments of scores without terms, by batch size: the same on every such call
+_NO_TERMS: Dict[int, TermArguments] = {}
 
 
 def term_arguments(arrays: Canonical) -> TermArguments:
-    return TermArguments(arrays)
+    if arrays.terms:
+        return TermArguments(arrays)
+    groups = arrays.query.shape[0]
+    found = _NO_TERMS.get(groups)
+    if found is None:
+        if len(_NO_TERMS) >= 64:
+            _NO_TERMS.clear()
+        found = _NO_TERMS[groups] = TermArguments(arrays)
+    return found
 
 
 class TermGradientSlices:
