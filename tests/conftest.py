@@ -14,42 +14,6 @@ sys.path.insert(0, os.path.dirname(__file__))  # lets tests import oracle.py, st
 from einfuse.backends.c import build as c_build
 from einfuse.backends.triton import backend as triton_backend  # noqa: E402
 
-
-
-def _share_jax_compiles_between_workers():
-    """Under pytest-xdist, JAX's compiles go to its persistent cache in a directory of
-    this run's own (cold in every run, as in CI), so that a computation one worker
-    compiled the other loads: eager jax.grad, vmap and jvp compile every primitive at
-    every shape, and the workers compiled many of the same small computations each.
-    Set before any compile (collection's included): JAX decides at its first compile
-    whether it uses the cache.  A JAX_COMPILATION_CACHE_DIR of the caller's wins."""
-    run = os.environ.get("PYTEST_XDIST_TESTRUNUID")
-    if run is None or "JAX_COMPILATION_CACHE_DIR" in os.environ:
-        return
-    try:
-        import jax
-    except ImportError:
-        return
-    import hashlib
-    import shutil
-    import tempfile
-    import time
-    parent = os.path.join(tempfile.gettempdir(), "einfuse-test-jax-compiles")
-    os.makedirs(parent, exist_ok=True)
-    for name in os.listdir(parent):       # earlier runs' (a day old)
-        try:
-            if time.time() - os.path.getmtime(os.path.join(parent, name)) > 86400:
-                shutil.rmtree(os.path.join(parent, name), ignore_errors=True)
-        except OSError:
-            pass
-    directory = os.path.join(parent, hashlib.sha256(run.encode()).hexdigest()[:20])
-    jax.config.update("jax_compilation_cache_dir", directory)
-    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
-    jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
-
-
-_share_jax_compiles_between_workers()
-
 BACKENDS = ["numpy"] + (["c"] if c_build.find_compiler() is not None else []) + \
     (["triton"] if triton_backend.available() else [])
 
