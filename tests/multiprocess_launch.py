@@ -12,8 +12,10 @@ import socket
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import List, Optional
+
+from worker_shared import shared_result
 
 SRC = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "src")
 TESTS = os.path.dirname(os.path.abspath(__file__))
@@ -97,6 +99,16 @@ def launch(script: str, processes: int, arguments: List[str], env: dict,
                                 child.returncode, report, texts[0], texts[1]))
     return outcomes
 
+
+def launch_shared(script: str, processes: int, names: List[str], env: dict,
+                  timeout: float) -> List[Outcome]:
+    """:func:`launch` of ``script`` running the checks ``names`` (after a free port),
+    once per test run for all the tests that ask for the same job (worker_shared.py):
+    each job of its own started the processes, torch and the process group again."""
+    key = json.dumps([os.path.abspath(script), processes, names, sorted(env.items())])
+    found = shared_result("launch " + key, lambda: [asdict(outcome) for outcome in launch(
+        script, processes, [str(free_port()), ",".join(names)], env, timeout)])
+    return [Outcome(**outcome) for outcome in found]
 
 
 def assert_all_passed(outcomes, names) -> None:

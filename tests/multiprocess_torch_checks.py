@@ -485,6 +485,11 @@ BACKWARD = ["mlp_backward_planned_one_all_reduce", "backward_of_a_partial_cotang
             "dist_backward_split_over_k_and_over_i",
             "attention_backward_heads_split", "backward_on_a_two_dimensional_mesh",
             "backward_not_planned_goes_through_dtensor_ops"]
+# the default run's one job of 2 ranks (multiprocess_launch.launch_shared): the quick
+# checks (test_sharding_dtensor.py) and the planned backward's first
+# (test_sharding_dtensor_backward.py) share it
+DEFAULT_TWO_RANKS = [*QUICK, BACKWARD[0]]
+DEFAULT_ENV = {"OMP_NUM_THREADS": "1"}
 
 
 def killed_peer(rank, world):

@@ -10,7 +10,7 @@ if not torch.distributed.is_available() or not torch.distributed.is_gloo_availab
     pytest.skip("torch.distributed with gloo is not available", allow_module_level=True)
 
 import multiprocess_torch_checks as checks  # noqa: E402  (conftest puts tests/ on sys.path)
-from multiprocess_launch import assert_all_passed, free_port, launch  # noqa: E402
+from multiprocess_launch import assert_all_passed, free_port, launch, launch_shared  # noqa: E402
 
 TIMEOUT = 300
 
@@ -23,7 +23,8 @@ def _job(tmp_path, ranks, names):
 
 def test_two_ranks_smoke(tmp_path):
     """The Megatron MLP on DTensors: one all-reduce, the result a DTensor."""
-    assert_all_passed(_job(tmp_path, 2, checks.QUICK), checks.QUICK)
+    assert_all_passed(launch_shared(checks.__file__, 2, checks.DEFAULT_TWO_RANKS,
+                                    checks.DEFAULT_ENV, TIMEOUT), checks.QUICK)
 
 
 # (the planned backward's checks: test_sharding_dtensor_backward.py)

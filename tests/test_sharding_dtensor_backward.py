@@ -75,7 +75,7 @@ except ImportError:
     distributed = False
 
 import multiprocess_torch_checks as checks  # noqa: E402  (conftest puts tests/ on sys.path)
-from multiprocess_launch import assert_all_passed, free_port, launch  # noqa: E402
+from multiprocess_launch import assert_all_passed, free_port, launch, launch_shared  # noqa: E402
 
 TIMEOUT = 300
 BACKWARD = checks.BACKWARD
@@ -90,7 +90,8 @@ def _passed(ranks, names):
 
 @needs_gloo
 def test_two_ranks_megatron_backward():
-    _passed(2, ["mlp_backward_planned_one_all_reduce"])
+    assert_all_passed(launch_shared(checks.__file__, 2, checks.DEFAULT_TWO_RANKS,
+                                    checks.DEFAULT_ENV, TIMEOUT), [BACKWARD[0]])
 
 
 @needs_gloo
