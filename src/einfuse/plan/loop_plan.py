@@ -11,7 +11,7 @@ the plan (backends/c/backend.py)."""
 
 from __future__ import annotations
 
-from typing import List, Tuple
+from typing import List, NamedTuple, Tuple
 
 import numpy as np
 
@@ -155,15 +155,40 @@ def explained_layouts(call) -> Tuple[Tuple[int, ...], Tuple[str, ...]]:
     a scalar plan into a lane tile (plan/lane_layout.py), decided from shapes without
     copying anything, for explain."""
     layouts = tuple(buffers_layout_only(call))
-    if loop_plan(call, layouts).mode != "scalar":
-        return layouts, ()
     slots = buffer_slots(call.spec)
+    plan = loop_plan(call, layouts)
+    if plan.mode != "scalar":
+        pads = _strip_pads(call, plan, _strided_layouts(call), list(layouts), set())
+        return layouts, tuple(slots[slot][0] for slot, _ in pads)
     shapes = [np.shape(call.arrays[tensor]) for tensor, _ in slots[:-1]]
     packing = packing_for_lanes(call.spec, layouts, shapes + [tuple(call.output_shape)],
                                 call.bounds.points, lambda trial: loop_plan(call, trial),
                                 PACK_WORK_RATIO) or {}
     return (tuple(packing.get(slot, axis) for slot, axis in enumerate(layouts)),
             tuple(slots[slot][0] for slot in sorted(packing)))
+
+
+class _StridedLayout(NamedTuple):
+    """What _strip_pads reads of a buffer, without converting it."""
+    shape: Tuple[int, ...]
+    size: int
+    strides: Tuple[int, ...]
+
+
+def _strided_layouts(call) -> List[_StridedLayout]:
+    """The input buffers' shapes and strides as a run will see them (a converted input
+    is a fresh C-ordered copy), copying nothing."""
+    working = call.dtypes.working
+    result = []
+    for tensor, kind in buffer_slots(call.spec)[:-1]:
+        array = np.asarray(call.arrays[tensor])
+        dtype = np.dtype(np.int64 if kind == "index" else working)
+        strides = array.strides
+        if array.dtype != dtype:
+            strides = tuple(int(np.prod(array.shape[axis + 1:], dtype=np.int64)) *
+                            dtype.itemsize for axis in range(array.ndim))
+        result.append(_StridedLayout(array.shape, array.size, strides))
+    return result
 
 
 def buffers_layout_only(call) -> List[int]:
