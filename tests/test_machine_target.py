@@ -20,7 +20,12 @@ HOST_FLAGS = machine_module._cpu_flags()
 def test_default_target_is_native():
     found = machine_module.machine()
     if os.environ.get(machine_module.TARGET_VARIABLE, "native") == "native":
-        assert found.target == "native" and found.march == ("-march=native",)
+        assert found.target == "native" and found.march[0] == "-march=native"
+        # the compiler is told to use the vector width the blocks are sized for
+        wide = machine_module.WIDE_VECTORS
+        assert (found.march == ("-march=native",) + wide) == (found.vector_bytes == 64)
+    assert (found.vector_bytes == 64) == all(flag in found.march
+                                             for flag in machine_module.WIDE_VECTORS)
     assert found.vector_bytes in (16, 32, 64) and found.vector_registers in (16, 32)
 
 

@@ -145,3 +145,41 @@ def block_for(working: np.dtype) -> Tuple[int, int]:
 def attention_block(dtype: np.dtype) -> Block:
     """The attention kernels' block for Q K^T and P V (backends/c/attention*.py)."""
     return blocking().product_block(np.dtype(dtype).itemsize)
+
+
+# -- strides that alias in the cache ------------------------------------------------------
+# A lane tile walked along a strided axis (dist's x[k, j0:j0+16] for every k) reads one
+# cache line per step, ``stride`` bytes apart.  An x86 L1 is virtually indexed within a
+# page: its sets span 4096 bytes, so lines a multiple of 4096 apart all fall in one set
+# (8-12 ways), and the 16-way L2 holds only a few hundred of them: the strip that the
+# register block reuses across its row blocks is evicted before it is reused.  AVX2
+# dist K=784 1024 x 1024 (rows of 4096 bytes) ran at 26 GFLOP/s, 71 with the rows padded
+# by one line (the same kernel, the strides are runtime values).
+SET_SPAN = 4096
+CACHE_LINE = 64
+# The fewest L1 sets a strip's lines must spread over (of SET_SPAN / CACHE_LINE = 64):
+# with 16 sets x 8 ways a strip keeps 128 lines in L1 and the L2 holds it whole.
+MIN_SETS = 16
+
+
+def strip_sets(stride_bytes: int) -> int:
+    """L1 sets that lines ``stride_bytes`` apart fall into."""
+    stride = abs(int(stride_bytes)) % SET_SPAN
+    if stride == 0:
+        return 1
+    return max(1, SET_SPAN // np.gcd(stride, SET_SPAN)) if stride >= CACHE_LINE \
+        else SET_SPAN // CACHE_LINE
+
+
+def aliases(stride_bytes: int) -> bool:
+    """Whether a strip walked at this stride crowds into too few cache sets."""
+    return abs(int(stride_bytes)) >= SET_SPAN // MIN_SETS and \
+        strip_sets(stride_bytes) < MIN_SETS
+
+
+def padded_row(length: int, itemsize: int) -> int:
+    """Elements to allocate for a contiguous row of ``length`` elements so that the
+    rows' stride does not alias (one cache line more where it would)."""
+    if not aliases(length * itemsize):
+        return length
+    return length + max(1, CACHE_LINE // itemsize)

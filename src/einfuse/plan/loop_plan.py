@@ -11,12 +11,12 @@ the plan (backends/c/backend.py)."""
 
 from __future__ import annotations
 
-from typing import List, Tuple
+from typing import List, NamedTuple, Tuple
 
 import numpy as np
 
 from ..lang.ast import accesses
-from .blocking import block_for, tile_for
+from .blocking import aliases, block_for, tile_for
 from .gathers import bounds_mode
 from .kernel_key import KernelKey
 from .lane_layout import packing_for_lanes, packing_for_rows
@@ -93,7 +93,44 @@ def lane_packs(call, plan, buffers: List[np.ndarray]) -> Tuple[Tuple[int, int], 
                 packs.append((slot, axis))
                 units[slot] = axis      # a packed copy's unit-stride axis
                 break
-    return tuple(packs) or _tile_packs(call, units, shapes, plan)
+    packs = tuple(packs) or _tile_packs(call, units, shapes, plan)
+    return packs + _strip_pads(call, plan, buffers, units, {slot for slot, _ in packs})
+
+
+def _strip_pads(call, plan, buffers, units, packed) -> Tuple[Tuple[int, int], ...]:
+    """(slot, its unit axis) of each input whose lanes' strip is walked by a reduction
+    along a stride that aliases in the cache (plan/blocking.aliases; dist's x[k, j] at
+    4096-byte rows): the strip is read whole again for every other block of the
+    output, and crowded into a few cache sets it is evicted first.  Its copy
+    (backends/c/pack.pack_axis) keeps the layout and pads the rows; inputs packed
+    already are padded by their copy.  An output index's axis is walked once: a row
+    kernel's x[i, j] stays as it is."""
+    work = call.bounds.points
+    slots = buffer_slots(call.spec)
+    outputs = set(call.spec.output_indices)
+    lanes = set(plan.lane_indices)
+
+    def walked(sub) -> bool:
+        return any(dict(sub.terms).get(lane) in (1, -1) for lane in lanes)
+
+    def reduced(sub) -> bool:
+        terms = {index for index, scale in sub.terms if scale}
+        return bool(terms) and not terms & outputs
+
+    pads = []
+    for access in accesses(call.spec.rhs):
+        slot = slots.index((access.tensor, "value")) if (access.tensor, "value") in slots \
+            else None
+        if slot is None or slot in packed or access.tensor == call.spec.output \
+                or units[slot] < 0 or buffers[slot].size * PACK_WORK_RATIO > work \
+                or not walked(access.indices[units[slot]]):
+            continue
+        if any(buffers[slot].shape[axis] > 1 and reduced(sub)
+               and aliases(buffers[slot].strides[axis])
+               for axis, sub in enumerate(access.indices)):
+            pads.append((slot, units[slot]))
+            packed = packed | {slot}
+    return tuple(pads)
 
 
 def _tile_packs(call, units, shapes, plan=None) -> Tuple[Tuple[int, int], ...]:
@@ -118,15 +155,40 @@ def explained_layouts(call) -> Tuple[Tuple[int, ...], Tuple[str, ...]]:
     a scalar plan into a lane tile (plan/lane_layout.py), decided from shapes without
     copying anything, for explain."""
     layouts = tuple(buffers_layout_only(call))
-    if loop_plan(call, layouts).mode != "scalar":
-        return layouts, ()
     slots = buffer_slots(call.spec)
+    plan = loop_plan(call, layouts)
+    if plan.mode != "scalar":
+        pads = _strip_pads(call, plan, _strided_layouts(call), list(layouts), set())
+        return layouts, tuple(slots[slot][0] for slot, _ in pads)
     shapes = [np.shape(call.arrays[tensor]) for tensor, _ in slots[:-1]]
     packing = packing_for_lanes(call.spec, layouts, shapes + [tuple(call.output_shape)],
                                 call.bounds.points, lambda trial: loop_plan(call, trial),
                                 PACK_WORK_RATIO) or {}
     return (tuple(packing.get(slot, axis) for slot, axis in enumerate(layouts)),
             tuple(slots[slot][0] for slot in sorted(packing)))
+
+
+class _StridedLayout(NamedTuple):
+    """What _strip_pads reads of a buffer, without converting it."""
+    shape: Tuple[int, ...]
+    size: int
+    strides: Tuple[int, ...]
+
+
+def _strided_layouts(call) -> List[_StridedLayout]:
+    """The input buffers' shapes and strides as a run will see them (a converted input
+    is a fresh C-ordered copy), copying nothing."""
+    working = call.dtypes.working
+    result = []
+    for tensor, kind in buffer_slots(call.spec)[:-1]:
+        array = np.asarray(call.arrays[tensor])
+        dtype = np.dtype(np.int64 if kind == "index" else working)
+        strides = array.strides
+        if array.dtype != dtype:
+            strides = tuple(int(np.prod(array.shape[axis + 1:], dtype=np.int64)) *
+                            dtype.itemsize for axis in range(array.ndim))
+        result.append(_StridedLayout(array.shape, array.size, strides))
+    return result
 
 
 def buffers_layout_only(call) -> List[int]:
