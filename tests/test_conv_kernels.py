@@ -272,3 +272,28 @@ def test_weight_gradient_by_image_against_the_oracle(monkeypatch):
     want = brute_force(dw, ranges_of(dw, {"dy": dy, "x": x}, **options),
                        {"dy": dy, "x": x}, pad=0)
     np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12)
+
+
+@needs_c
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_strided_input_gradient_runs_on_torch_blas_with_torch_values(dtype):
+    """A stride-2 conv's input gradient is a scatter (its values dy W, then added in at
+    the windows): for torch callers its product runs on torch's BLAS, as the gathers'
+    do, with torch's values for every layout of the incoming gradient."""
+    torch = pytest.importorskip("torch")
+    kind = getattr(torch, dtype)
+    x = torch.randn(4, 8, 24, 24, dtype=kind, requires_grad=True)
+    w = torch.randn(16, 8, 3, 3, dtype=kind)      # (dx alone: the scatter's product)
+    kernel = ef.compile("y[b,o,i,j] := x[b,c,2*i+p-1,2*j+q-1] * w[o,c,p,q]", backend="c",
+                        pad=0, ranges={"i": 12, "j": 12})
+    tolerance = dict(rtol=1e-4, atol=1e-4) if dtype == "float32" else {}
+    want = torch.nn.functional.conv2d(x, w, stride=2, padding=1)
+    seeds = [torch.randn_like(want), torch.randn(4, 16, 12, 12, dtype=kind).transpose(2, 3),
+             torch.randn_like(want)]
+    for seed in seeds:     # the first backward, another layout of dy, the prepared repeat
+        got = kernel(x=x, w=w)
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+            mine = torch.autograd.grad(got, (x,), seed)[0]
+        theirs = torch.autograd.grad(want, (x,), seed, retain_graph=True)[0]
+        torch.testing.assert_close(mine, theirs, **tolerance)
+        assert any(event.key in ("aten::bmm", "aten::mm") for event in prof.key_averages())

@@ -291,7 +291,9 @@ def _step(g, kernel, inputs, values) -> PreparedStep:
     signature = signature_of(named)
     runner = kernel._repeat.get(signature) if signature is not None else None
     by_name = runner in BY_NAME
-    if runner is not None and g.kind == "gather":
+    if runner is not None:
+        # (a scatter's values statement is a product too: a strided convolution's input
+        # gradient dx_at = dy W, added in at its windows afterwards)
         on_torch = _on_torch_blas(kernel, named)
         if on_torch is not None:
             runner, by_name = on_torch, True
@@ -309,7 +311,8 @@ def _step(g, kernel, inputs, values) -> PreparedStep:
 
 
 def _on_torch_blas(kernel, named) -> Optional[Callable]:
-    """A gradient statement that BLAS computes (dx = dy W^T, dW = x^T dy), run on
+    """A gradient statement (or a scatter's values statement) that BLAS computes
+    (dx = dy W^T, dW = x^T dy), run on
     torch's BLAS where it is large enough, as the forward of a call on torch tensors
     is (backends/c/blas.py says why); None for any other statement."""
     from ..backends.c.repeat import blas_runner
