@@ -375,3 +375,30 @@ def test_kept_patches_never_outlive_an_in_place_change(statement, options, xshap
     mine = torch.autograd.grad(kernel(x=x, w=w), (w,), seed)[0]
     theirs = torch.autograd.grad(torch.nn.functional.conv2d(x, w, **conv), (w,), seed)[0]
     torch.testing.assert_close(mine, theirs)
+
+
+@needs_c
+def test_no_patches_kept_where_no_weight_gradient_reads_them(monkeypatch):
+    """With only x requiring a gradient (its gradient reads dy and w, not x's patches)
+    the forward keeps no patches."""
+    torch = pytest.importorskip("torch")
+    from einfuse.backends.c import window_pack
+    kept = []
+    keep = window_pack.PackMemo.keep
+    monkeypatch.setattr(window_pack.PackMemo, "keep",
+                        lambda self, key, source, packed: (kept.append(key),
+                                                           keep(self, key, source, packed)))
+    statement, options, xshape, wshape, conv = KEPT_PATCHES[1]
+    x = torch.randn(*xshape, dtype=torch.float64, requires_grad=True)
+    w = torch.randn(*wshape, dtype=torch.float64)
+    kernel = ef.compile(statement, backend="c", **options)
+    for _ in range(2):
+        got = kernel(x=x, w=w)
+        seed = torch.randn_like(got)
+        mine = torch.autograd.grad(got, (x,), seed)[0]
+        want = torch.nn.functional.conv2d(x, w, **conv)
+        torch.testing.assert_close(mine, torch.autograd.grad(want, (x,), seed)[0])
+    assert kept == []
+    w.requires_grad_(True)
+    kernel(x=x, w=w).sum().backward()
+    assert kept

@@ -418,7 +418,7 @@ def repeat_runner(kernel, call, runner):
     shapes = {name: (tuple(call.sources[name].shape), call.sources[name].dtype)
               for name in recorded}
     prepared = PreparedAutograd(kernel, call.options, recorded, saved, run_forward, shapes)
-    prepared.keeps_packs = _packs_patches(kernel, call)
+    prepared.keeps_packs = _packs_patches(kernel, call, recorded)
     # (inside inference_mode, enable_grad() records nothing either: recording)
     apply, grad_enabled = PreparedFunction.apply, recording
     transforms_active = torch._C._are_functorch_transforms_active
@@ -437,11 +437,18 @@ def repeat_runner(kernel, call, runner):
     return repeat
 
 
-def _packs_patches(kernel, call) -> bool:
-    """Whether the statement's forward is a windowed contraction (it packs patches)."""
+def _packs_patches(kernel, call, recorded) -> bool:
+    """Whether the statement's forward is a windowed contraction (it packs patches of
+    the operand read through windows) and a recorded input is the other operand, read
+    plainly, whose gradient (a conv's weight gradient) packs the same patches."""
     from ..schedule.schedule import Route
     schedule = kernel.schedule(call)
-    return schedule.backend == "c" and schedule.route is Route.BLAS_WINDOWED
+    if schedule.backend != "c" or schedule.route is not Route.BLAS_WINDOWED:
+        return False
+    operands = schedule.blas.operands
+    plain = [all(sub.plain for sub in operand.subscripts) for operand in operands]
+    return any(is_plain and not other_plain and operand.tensor in recorded
+               for operand, is_plain, other_plain in zip(operands, plain, plain[::-1]))
 
 
 def _direct_apply():
