@@ -272,3 +272,133 @@ def test_weight_gradient_by_image_against_the_oracle(monkeypatch):
     want = brute_force(dw, ranges_of(dw, {"dy": dy, "x": x}, **options),
                        {"dy": dy, "x": x}, pad=0)
     np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12)
+
+
+@needs_c
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_strided_input_gradient_runs_on_torch_blas_with_torch_values(dtype):
+    """A stride-2 conv's input gradient is a scatter (its values dy W, then added in at
+    the windows): for torch callers its product runs on torch's BLAS, as the gathers'
+    do, with torch's values for every layout of the incoming gradient."""
+    torch = pytest.importorskip("torch")
+    kind = getattr(torch, dtype)
+    x = torch.randn(4, 8, 24, 24, dtype=kind, requires_grad=True)
+    w = torch.randn(16, 8, 3, 3, dtype=kind)      # (dx alone: the scatter's product)
+    kernel = ef.compile("y[b,o,i,j] := x[b,c,2*i+p-1,2*j+q-1] * w[o,c,p,q]", backend="c",
+                        pad=0, ranges={"i": 12, "j": 12})
+    tolerance = dict(rtol=1e-4, atol=1e-4) if dtype == "float32" else {}
+    want = torch.nn.functional.conv2d(x, w, stride=2, padding=1)
+    seeds = [torch.randn_like(want), torch.randn(4, 16, 12, 12, dtype=kind).transpose(2, 3),
+             torch.randn_like(want)]
+    for seed in seeds:     # the first backward, another layout of dy, the prepared repeat
+        got = kernel(x=x, w=w)
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+            mine = torch.autograd.grad(got, (x,), seed)[0]
+        theirs = torch.autograd.grad(want, (x,), seed, retain_graph=True)[0]
+        torch.testing.assert_close(mine, theirs, **tolerance)
+        assert any(event.key in ("aten::bmm", "aten::mm") for event in prof.key_averages())
+
+
+# (shapes whose forward packs patches an image at a time: plan.chunked_patches)
+KEPT_PATCHES = [
+    ("y[b,o,i,j] := x[b,c,i+p-1,j+q-1] * w[o,c,p,q]",
+     {"pad": 0, "ranges": {"i": 32, "j": 32}}, (4, 32, 32, 32), (64, 32, 3, 3),
+     dict(padding=1)),
+    ("y[b,o,i,j] := x[b,c,2*i+p-1,2*j+q-1] * w[o,c,p,q]",
+     {"pad": 0, "ranges": {"i": 32, "j": 32}}, (3, 16, 64, 64), (32, 16, 3, 3),
+     dict(stride=2, padding=1)),
+]
+
+
+def _counting_packs(monkeypatch, source):
+    """The number of patch matrices packed from tensor ``source`` (not taken from a
+    kept pack), as a list."""
+    from einfuse.backends.c import window_pack
+    count = [0]
+    pack = window_pack.WindowPack._pack
+    low = source.data_ptr()
+    high = low + source.numel() * source.element_size()
+
+    def counted(self, array):
+        count[0] += low <= array.ctypes.data < high
+        return pack(self, array)
+    monkeypatch.setattr(window_pack.WindowPack, "_pack", counted)
+    return count
+
+
+@needs_c
+@pytest.mark.parametrize("statement, options, xshape, wshape, conv", KEPT_PATCHES)
+def test_weight_gradient_takes_the_forwards_patches(statement, options, xshape, wshape,
+                                                    conv, monkeypatch):
+    """An autograd node keeps the patches its forward packed for its backward: the
+    weight gradient packs none of x again, with torch's values; a second backward of a
+    retained graph packs again, with the same values."""
+    torch = pytest.importorskip("torch")
+    x = torch.randn(*xshape, dtype=torch.float64, requires_grad=True)
+    count = _counting_packs(monkeypatch, x)
+    w = torch.randn(*wshape, dtype=torch.float64, requires_grad=True)
+    kernel = ef.compile(statement, backend="c", **options)
+    want = torch.nn.functional.conv2d(x, w, **conv)
+    for _ in range(3):       # the first call, then the prepared repeats
+        seed = torch.randn_like(want)
+        theirs = torch.autograd.grad(want, (x, w), seed, retain_graph=True)
+        got = kernel(x=x, w=w)
+        packed = count[0]
+        mine = torch.autograd.grad(got, (x, w), seed, retain_graph=True)
+        for a, b in zip(mine, theirs):
+            torch.testing.assert_close(a, b)
+    assert packed > 0 and count[0] == packed     # (the last backward packed no x)
+    again = torch.autograd.grad(got, (x, w), seed)
+    for a, b in zip(again, theirs):
+        torch.testing.assert_close(a, b)
+
+
+@needs_c
+@pytest.mark.parametrize("statement, options, xshape, wshape, conv", KEPT_PATCHES)
+def test_kept_patches_never_outlive_an_in_place_change(statement, options, xshape, wshape,
+                                                       conv):
+    """A change of x in place between forward and backward is refused (torch's version
+    check on the node's saved tensors); the next node packs the changed x afresh."""
+    torch = pytest.importorskip("torch")
+    x = torch.randn(*xshape, dtype=torch.float64)
+    w = torch.randn(*wshape, dtype=torch.float64, requires_grad=True)
+    kernel = ef.compile(statement, backend="c", **options)
+    for _ in range(2):
+        kernel(x=x, w=w).sum().backward()       # prepared, patches kept
+    got = kernel(x=x, w=w)
+    with torch.no_grad():
+        x.mul_(-2.0).add_(1.0)
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        got.sum().backward()
+    w.grad = None
+    seed = torch.randn_like(got)
+    mine = torch.autograd.grad(kernel(x=x, w=w), (w,), seed)[0]
+    theirs = torch.autograd.grad(torch.nn.functional.conv2d(x, w, **conv), (w,), seed)[0]
+    torch.testing.assert_close(mine, theirs)
+
+
+@needs_c
+def test_no_patches_kept_where_no_weight_gradient_reads_them(monkeypatch):
+    """With only x requiring a gradient (its gradient reads dy and w, not x's patches)
+    the forward keeps no patches."""
+    torch = pytest.importorskip("torch")
+    from einfuse.backends.c import window_pack
+    kept = []
+    keep = window_pack.PackMemo.keep
+    monkeypatch.setattr(window_pack.PackMemo, "keep",
+                        lambda self, key, source, packed: (kept.append(key),
+                                                           keep(self, key, source, packed)))
+    statement, options, xshape, wshape, conv = KEPT_PATCHES[1]
+    x = torch.randn(*xshape, dtype=torch.float64, requires_grad=True)
+    w = torch.randn(*wshape, dtype=torch.float64)
+    kernel = ef.compile(statement, backend="c", **options)
+    for _ in range(2):
+        got = kernel(x=x, w=w)
+        seed = torch.randn_like(got)
+        mine = torch.autograd.grad(got, (x,), seed)[0]
+        want = torch.nn.functional.conv2d(x, w, **conv)
+        torch.testing.assert_close(mine, torch.autograd.grad(want, (x,), seed)[0])
+    assert kept == []
+    w.requires_grad_(True)
+    kernel(x=x, w=w).sum().backward()
+    assert kept

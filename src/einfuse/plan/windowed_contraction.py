@@ -335,13 +335,16 @@ def chunked_patches(found: WindowedContraction, ranges: Mapping[str, Tuple[int, 
 CHUNK_SUM_WORK = 1 << 23
 
 
-def chunked_sum(found: WindowedContraction,
-                ranges: Mapping[str, Tuple[int, int]]) -> Optional[str]:
+def chunked_sum(found: WindowedContraction, ranges: Mapping[str, Tuple[int, int]],
+                work: Optional[int] = None) -> Optional[str]:
     """The summed index over whose values a PATCHES run without batch axes packs and
     multiplies one value at a time, the products added up (a weight gradient's images:
     each image's patches then meet BLAS in cache, as with chunked_patches), or None:
     an index that each operand reads as a plain subscript of an axis of its own, where
-    one value's GEMM has CHUNK_SUM_WORK multiply-adds."""
+    one value's GEMM has ``work`` multiply-adds (CHUNK_SUM_WORK where None; 0 where
+    each value's patches are at hand already, kept from a forward:
+    backends/c/windowed.py)."""
+    work = CHUNK_SUM_WORK if work is None else work
     gemm = found.gemm
     if found.method is not WindowMethod.PATCHES or gemm.pre or \
             all(all(sub.plain for sub in o.subscripts) for o in found.operands):
@@ -362,7 +365,7 @@ def chunked_sum(found: WindowedContraction,
         if name in found.window or not all(own_axis(o, name) for o in found.operands):
             continue
         if size((name,)) > 1 and size(gemm.rows + gemm.cols + gemm.k) // size((name,)) \
-                >= CHUNK_SUM_WORK:
+                >= work:
             return name
     return None
 

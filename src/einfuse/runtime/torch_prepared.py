@@ -30,6 +30,7 @@ import torch
 from ..autodiff.attribution import gradient_errors
 from .gradient_reference import NumpyOps, numpy_scatter_add
 from ..backends.c.scatter import scatter_rows
+from ..backends.c.window_pack import PackMemo, set_memo
 from ..lang.ast import Access
 from . import gradients
 from .signatures import BY_NAME, signature_of
@@ -88,6 +89,9 @@ class PreparedAutograd:
         # a gradient reads the forward's result (autodiff/reuse.py): the node saves it
         self.keeps_output = gradients.reads_output(self.statement, options, recorded)
         self.output = kernel.spec.output
+        # the forward packs patch matrices (a windowed contraction): the node keeps them
+        # for its backward, whose weight gradient packs the same ones
+        self.keeps_packs = False
         self._layouts: Dict[Tuple, Tuple[PreparedGradient, ...]] = {}
         self._lock = threading.Lock()
 
@@ -291,7 +295,9 @@ def _step(g, kernel, inputs, values) -> PreparedStep:
     signature = signature_of(named)
     runner = kernel._repeat.get(signature) if signature is not None else None
     by_name = runner in BY_NAME
-    if runner is not None and g.kind == "gather":
+    if runner is not None:
+        # (a scatter's values statement is a product too: a strided convolution's input
+        # gradient dx_at = dy W, added in at its windows afterwards)
         on_torch = _on_torch_blas(kernel, named)
         if on_torch is not None:
             runner, by_name = on_torch, True
@@ -309,7 +315,8 @@ def _step(g, kernel, inputs, values) -> PreparedStep:
 
 
 def _on_torch_blas(kernel, named) -> Optional[Callable]:
-    """A gradient statement that BLAS computes (dx = dy W^T, dW = x^T dy), run on
+    """A gradient statement (or a scatter's values statement) that BLAS computes
+    (dx = dy W^T, dW = x^T dy), run on
     torch's BLAS where it is large enough, as the forward of a call on torch tensors
     is (backends/c/blas.py says why); None for any other statement."""
     from ..backends.c.repeat import blas_runner
@@ -337,7 +344,18 @@ class PreparedFunction(torch.autograd.Function):
         # tensors, and the floats), one argument (torch.func's wrapper check walks every
         # argument of apply)
         ctx.state = state
-        result = torch.from_numpy(state[0].run_forward(state[1]))
+        if state[0].keeps_packs:
+            # (kept inside this node alone: its saved tensors' version check refuses a
+            # backward after an in-place change, and the memo goes with the backward)
+            ctx.packs = memo = PackMemo()
+            previous = set_memo(memo)
+            try:
+                result = torch.from_numpy(state[0].run_forward(state[1]))
+            finally:
+                set_memo(previous)
+        else:
+            ctx.packs = None
+            result = torch.from_numpy(state[0].run_forward(state[1]))
         save_tensors(ctx, (*tensors, *([result] if state[0].keeps_output else [])))
         return result
 
@@ -345,6 +363,7 @@ class PreparedFunction(torch.autograd.Function):
     def backward(ctx, grad_output):
         saved = saved_tensors(ctx)       # (the version check)
         prepared, arrays = ctx.state
+        memo, ctx.packs = ctx.packs, None       # (a second backward packs again)
         names = prepared.recorded
         output = None
         if prepared.keeps_output:      # (saved last)
@@ -360,7 +379,13 @@ class PreparedFunction(torch.autograd.Function):
             return (None,) + input_gradients(found, names, saved) + extra
         if output is not None:
             output = output.detach().numpy()
-        return (None,) + prepared.gradients(arrays, grad_output, output) + extra
+        if memo is None:
+            return (None,) + prepared.gradients(arrays, grad_output, output) + extra
+        previous = set_memo(memo)
+        try:
+            return (None,) + prepared.gradients(arrays, grad_output, output) + extra
+        finally:
+            set_memo(previous)
 
 
 def repeat_runner(kernel, call, runner):
@@ -393,6 +418,7 @@ def repeat_runner(kernel, call, runner):
     shapes = {name: (tuple(call.sources[name].shape), call.sources[name].dtype)
               for name in recorded}
     prepared = PreparedAutograd(kernel, call.options, recorded, saved, run_forward, shapes)
+    prepared.keeps_packs = _packs_patches(kernel, call, recorded)
     # (inside inference_mode, enable_grad() records nothing either: recording)
     apply, grad_enabled = PreparedFunction.apply, recording
     transforms_active = torch._C._are_functorch_transforms_active
@@ -409,6 +435,20 @@ def repeat_runner(kernel, call, runner):
             return apply((prepared, arrays), *[named[name] for name in saved])
         return torch.from_numpy(run_forward(arrays))
     return repeat
+
+
+def _packs_patches(kernel, call, recorded) -> bool:
+    """Whether the statement's forward is a windowed contraction (it packs patches of
+    the operand read through windows) and a recorded input is the other operand, read
+    plainly, whose gradient (a conv's weight gradient) packs the same patches."""
+    from ..schedule.schedule import Route
+    schedule = kernel.schedule(call)
+    if schedule.backend != "c" or schedule.route is not Route.BLAS_WINDOWED:
+        return False
+    operands = schedule.blas.operands
+    plain = [all(sub.plain for sub in operand.subscripts) for operand in operands]
+    return any(is_plain and not other_plain and operand.tensor in recorded
+               for operand, is_plain, other_plain in zip(operands, plain, plain[::-1]))
 
 
 def _direct_apply():

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import ctypes
 import math
+import threading
 from typing import List, Optional, Sequence, Tuple
 
 import numpy as np
@@ -271,6 +272,56 @@ def _blocks(shape, coefficients, steps=None):
     return shape, coefficients, steps
 
 
+# Packs kept by one PackMemo at most (bytes): past it they are packed again.
+MEMO_BYTES = 1 << 28
+
+_ACTIVE = threading.local()       # the PackMemo in force on this thread, if any
+
+
+class PackMemo:
+    """The patch matrices packed while it is in force (:func:`keeping_packs`), kept by
+    what they were packed from: the array's memory, layout and dtype and the pack's
+    window, so that a later pack of the same view of the same array (a conv's weight
+    gradient re-packing the forward's patches) is the kept one.
+
+    Whoever puts it in force answers for the arrays not changing while it lives: a
+    torch autograd node keeps one from its forward to its backward, over tensors it has
+    saved, whose version check refuses a backward after an in-place change
+    (runtime/torch_prepared.py).  Each entry holds its source array, so that no other
+    array can come to lie at its address while the memo lives."""
+
+    def __init__(self):
+        self.kept: dict = {}
+        self.sources: set = set()     # (address, shape, strides) of the arrays packed
+        self.bytes = 0
+
+    def packed_from(self, array: np.ndarray) -> bool:
+        """Whether it keeps a pack of an array at ``array``'s address and of its shape
+        and strides."""
+        return (array.ctypes.data, array.shape, array.strides) in self.sources
+
+    def find(self, key) -> Optional[np.ndarray]:
+        entry = self.kept.get(key)
+        return None if entry is None else entry[1]
+
+    def keep(self, key, source: np.ndarray, packed: np.ndarray) -> None:
+        if self.bytes + packed.nbytes <= MEMO_BYTES:
+            self.kept[key] = (source, packed)
+            self.sources.add((key[0], source.shape, source.strides))
+            self.bytes += packed.nbytes
+
+
+def active_memo() -> Optional[PackMemo]:
+    return getattr(_ACTIVE, "memo", None)
+
+
+def set_memo(memo: Optional[PackMemo]) -> Optional[PackMemo]:
+    """Puts ``memo`` (or none) in force on this thread; the one it replaces."""
+    previous = getattr(_ACTIVE, "memo", None)
+    _ACTIVE.memo = memo
+    return previous
+
+
 class WindowPack:
     """:func:`pack_window` prepared for arrays of one shape, dtype and strides (a
     runner's signature): the kernel and its integer arguments found once, so that a
@@ -288,10 +339,26 @@ class WindowPack:
         self.pointers = pointers
         self.fill = ctypes.c_double(float(fill))
         self.size = math.prod(self.shape)
+        # what the result depends on besides the array's values
+        self.window = (self.dtype.str, like.shape, like.strides, self.shape,
+                       tuple(tuple(int(c) for c in row) for row in coefficients),
+                       tuple(int(o) for o in origin), float(fill))
 
     def __call__(self, array: np.ndarray) -> np.ndarray:
         if (array.shape, array.strides) != self.key or array.dtype != self.dtype:
             raise ValueError("a WindowPack was given an array of another layout")
+        memo = getattr(_ACTIVE, "memo", None)
+        if memo is not None:
+            key = (array.ctypes.data, self.window)
+            kept = memo.find(key)
+            if kept is not None:
+                return kept
+            out = self._pack(array)
+            memo.keep(key, array, out)
+            return out
+        return self._pack(array)
+
+    def _pack(self, array: np.ndarray) -> np.ndarray:
         out = np.empty(self.shape, self.dtype)
         self.function(ctypes.c_void_p(array.ctypes.data), ctypes.c_void_p(out.ctypes.data),
                       self.rank, self.pointers[0], self.naxes, *self.pointers[1:],

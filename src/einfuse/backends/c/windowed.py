@@ -25,6 +25,7 @@ from numpy.lib.stride_tricks import as_strided
 
 from .blas import TORCH_BLAS_WORK, multiply_adds
 from .blas_route import NUMPY_BLAS, BlasRoute
+from .window_pack import active_memo
 from ...plan.windowed_contraction import (WindowedContraction, WindowedOperand, WindowMethod,
                                           chunked_patches, chunked_sum)
 
@@ -169,7 +170,13 @@ def runner_of(found: WindowedContraction, ranges, shapes, working: np.dtype, pad
             return finish(out, named)
         return run_by_image
 
+    # (a summed index whose values' products are too small to chunk by themselves is
+    # chunked still where a forward's patches of each value are kept: they then need
+    # no packing, and one image's GEMM costs about what its share of the whole does)
     summed = chunked_sum(found, ranges)
+    chunk_if_kept = summed is None
+    if chunk_if_kept:
+        summed = chunked_sum(found, ranges, work=0)
     parts = None if summed is None else [_sub_view(v, summed) for v in views]
     if parts is not None and all(part is not None for part in parts):
         makers = [operand_maker(part[0], side, tuple(n for n in gemm.k if n != summed),
@@ -189,15 +196,30 @@ def runner_of(found: WindowedContraction, ranges, shapes, working: np.dtype, pad
                 else:
                     total += product
             return finish(total, named)
-        return run_by_value
+        if not chunk_if_kept:
+            return run_by_value
+        whole = _whole_run(views, first, second, gemm, operand_maker, matmul, finish)
+        # the operand packed per value: the one read through windows
+        windowed = next((side for side, v in enumerate(views) if v.margins is not None or
+                         any(sum(1 for c in column if c) > 1
+                             for column in zip(*v.coefficients))), None)
+        if windowed is None:
+            return whole
+        tensor, axis, start = parts[windowed][0].tensor, parts[windowed][1], \
+            parts[windowed][2]
+
+        def run_by_kept_value(named):
+            memo = active_memo()
+            if memo is not None:
+                array = np.asarray(named[tensor])    # (another dtype: packed from a copy)
+                if array.dtype == working and \
+                        memo.packed_from(array[(slice(None),) * axis + (start,)]):
+                    return run_by_value(named)
+            return whole(named)
+        return run_by_kept_value
 
     if found.method is not WindowMethod.PER_OFFSET:
-        row_operand = operand_maker(views[first], first, gemm.k)
-        col_operand = operand_maker(views[second], second, gemm.k)
-
-        def run(named):
-            return finish(matmul(row_operand(named), col_operand(named)), named)
-        return run
+        return _whole_run(views, first, second, gemm, operand_maker, matmul, finish)
 
     window = found.window
     kept = tuple(n for n in gemm.k if n not in window)
@@ -219,6 +241,16 @@ def runner_of(found: WindowedContraction, ranges, shapes, working: np.dtype, pad
                 np.add(total, product, out=total)
         return finish(total, named)
     return run_per_offset
+
+
+def _whole_run(views, first, second, gemm, operand_maker, matmul, finish) -> Runner:
+    """The PATCHES run in one product: both operands whole."""
+    row_operand = operand_maker(views[first], first, gemm.k)
+    col_operand = operand_maker(views[second], second, gemm.k)
+
+    def run(named):
+        return finish(matmul(row_operand(named), col_operand(named)), named)
+    return run
 
 
 def _chunk(views, pre, sides):
