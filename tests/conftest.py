@@ -137,3 +137,22 @@ def full_runs(monkeypatch):
         return run(members, thread_rows)
     monkeypatch.setattr(c_fused, "run", spy)
     return seen
+
+
+@pytest.fixture
+def backward_calls(monkeypatch):
+    """How many times the fused attention backward kernel ran (the C kernel
+    counted where it is fetched: tests/test_attention*.py)."""
+    from einfuse.backends.c import attention_grad as c_attention_grad
+    calls = []
+    original = c_attention_grad.backward_function
+
+    def counting(dtype):
+        function = original(dtype)
+
+        def run(*args):
+            calls.append(dtype)
+            return function(*args)
+        return run
+    monkeypatch.setattr(c_attention_grad, "backward_function", counting)
+    return calls

@@ -5,7 +5,6 @@ broadcast over the batch, over the heads, over rows and heads, with either sign 
 transposed axes; the same bits for every thread count; the formula fallbacks (double
 backward, a non-finite output gradient) give the bias its gradient too."""
 
-import numpy as np
 import pytest
 
 import einfuse as ef
@@ -39,22 +38,6 @@ BROADCASTS = {
 }
 
 
-@pytest.fixture
-def backward_calls(monkeypatch):
-    """How many times the fused backward kernel ran."""
-    from einfuse.backends.c import attention_grad as c_attention_grad
-    calls = []
-    original = c_attention_grad.backward_function
-
-    def counting(dtype):
-        function = original(dtype)
-
-        def run(*args):
-            calls.append(dtype)
-            return function(*args)
-        return run
-    monkeypatch.setattr(c_attention_grad, "backward_function", counting)
-    return calls
 
 
 def inputs(case, B, H, N, D, dtype=torch.float64, seed=0, masked=0.0):

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import einfuse as ef
-from einfuse.backends.c import attention_grad as c_attention_grad, build as c_build
+from einfuse.backends.c import build as c_build
 from einfuse.runtime import attention_run
 
 torch = pytest.importorskip("torch")
@@ -38,21 +38,6 @@ def naive(Q, K, V, scale=1.0, mask="j <= i", divide=False):
     return (P @ V) / P.sum(-1, keepdim=True)
 
 
-@pytest.fixture
-def backward_calls(monkeypatch):
-    """How many times the fused backward kernel ran."""
-    calls = []
-    original = c_attention_grad.backward_function
-
-    def counting(dtype):
-        function = original(dtype)
-
-        def run(*args):
-            calls.append(dtype)
-            return function(*args)
-        return run
-    monkeypatch.setattr(c_attention_grad, "backward_function", counting)
-    return calls
 
 
 def tensors(shapes, dtype=torch.float64, seed=0):

@@ -282,21 +282,6 @@ def test_torch_sdpa_with_a_float_mask(dtype, fused_calls):
     torch.testing.assert_close(got, want, rtol=tol, atol=tol)
 
 
-@pytest.fixture
-def backward_calls(monkeypatch):
-    from einfuse.backends.c import attention_grad as c_attention_grad
-    calls = []
-    original = c_attention_grad.backward_function
-
-    def counting(dtype):
-        function = original(dtype)
-
-        def run(*args):
-            calls.append(dtype)
-            return function(*args)
-        return run
-    monkeypatch.setattr(c_attention_grad, "backward_function", counting)
-    return calls
 
 
 def leaves(arrays, grad):

@@ -175,31 +175,35 @@ def windowed_refusal(spec) -> Optional[str]:
     return _match(spec).reason
 
 
+def _points(names, ranges: Mapping[str, Tuple[int, int]]) -> int:
+    """The points of the indices ``names`` under ``ranges`` (0 where one is empty)."""
+    total = 1
+    for name in names:
+        lo, hi = ranges[name]
+        total *= max(0, hi - lo)
+    return total
+
+
 def window_method(found: WindowedContraction, ranges: Mapping[str, Tuple[int, int]],
                   itemsize: int) -> WindowMethod:
     """PATCHES while the patch matrix fits the budget (PATCH_BYTES, PATCH_FACTOR times
     the bytes the call reads and writes anyway), else PER_OFFSET where the window has
     few enough offsets."""
-    def size(names):
-        total = 1
-        for name in names:
-            lo, hi = ranges[name]
-            total *= max(0, hi - lo)
-        return total
-    patch_count = sum(size(o.axes) for o in found.operands
+    patch_count = sum(_points(o.axes, ranges) for o in found.operands
                       if not all(s.plain for s in o.subscripts))
     patches = patch_count * itemsize
     form = scatter_form(found)
     if form is not None and found.window and \
-            _scatter_size(form, ranges, size) < SCATTER_RATIO * patch_count:
+            _scatter_size(form, ranges) < SCATTER_RATIO * patch_count:
         # the values to add are fewer than the patches to pack: a stride-1 input
         # gradient with more output channels than input ones (a conv2d 8x32x32x32 by
         # 64 filters: 2.4 M values against 4.7 M patch elements, 2.4 ms against 4.0)
         return WindowMethod.SCATTER
-    anyway = (size(found.output) + sum(size(o.axes) for o in found.operands
-                                       if all(s.plain for s in o.subscripts))) * itemsize
+    anyway = (_points(found.output, ranges) +
+              sum(_points(o.axes, ranges) for o in found.operands
+                  if all(s.plain for s in o.subscripts))) * itemsize
     if patches <= min(PATCH_BYTES, PATCH_FACTOR * max(anyway, 1 << 16)) or \
-            not found.window or size(found.window) > MAX_OFFSETS:
+            not found.window or _points(found.window, ranges) > MAX_OFFSETS:
         return WindowMethod.PATCHES
     return WindowMethod.PER_OFFSET
 
@@ -275,11 +279,11 @@ def scatter_form(found: WindowedContraction) -> Optional[ScatterForm]:
     return ScatterForm(values, tuple(fresh), side)
 
 
-def _scatter_size(form: ScatterForm, ranges, size) -> int:
+def _scatter_size(form: ScatterForm, ranges) -> int:
     """The elements of the scatter form's values (each fresh index over the array
     positions its subscript reaches)."""
     reach = scatter_reach(form, ranges)
-    total = size(tuple(n for n in form.values.output if n not in reach))
+    total = _points(tuple(n for n in form.values.output if n not in reach), ranges)
     for lo, hi in reach.values():
         total *= max(0, hi - lo)
     return total
@@ -318,13 +322,8 @@ def chunked_patches(found: WindowedContraction, ranges: Mapping[str, Tuple[int, 
     gemm = found.gemm
     if found.method is not WindowMethod.PATCHES or len(gemm.pre) != 1:
         return False
-    def size(names):
-        total = 1
-        for name in names:
-            lo, hi = ranges[name]
-            total *= max(0, hi - lo)
-        return total
-    return size(gemm.pre) > 1 and size(gemm.rows + gemm.cols + gemm.k) >= CHUNK_WORK
+    return _points(gemm.pre, ranges) > 1 and \
+        _points(gemm.rows + gemm.cols + gemm.k, ranges) >= CHUNK_WORK
 
 
 # A summed index is chunked (chunked_sum) from this many multiply-adds a value: each
@@ -350,13 +349,6 @@ def chunked_sum(found: WindowedContraction, ranges: Mapping[str, Tuple[int, int]
             all(all(sub.plain for sub in o.subscripts) for o in found.operands):
         return None
 
-    def size(names):
-        total = 1
-        for name in names:
-            lo, hi = ranges[name]
-            total *= max(0, hi - lo)
-        return total
-
     def own_axis(operand, name):
         return sum(1 for sub in operand.subscripts if sub.plain and sub.terms[0][0] == name) \
             == 1 and sum(1 for sub in operand.subscripts for n, _ in sub.terms
@@ -364,8 +356,8 @@ def chunked_sum(found: WindowedContraction, ranges: Mapping[str, Tuple[int, int]
     for name in gemm.k:
         if name in found.window or not all(own_axis(o, name) for o in found.operands):
             continue
-        if size((name,)) > 1 and size(gemm.rows + gemm.cols + gemm.k) // size((name,)) \
-                >= work:
+        values = _points((name,), ranges)
+        if values > 1 and _points(gemm.rows + gemm.cols + gemm.k, ranges) // values >= work:
             return name
     return None
 
