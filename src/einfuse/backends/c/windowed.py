@@ -428,16 +428,14 @@ def _arrange(array: np.ndarray, axes: Tuple[str, ...], pre, rows, cols,
     for those it lacks, which broadcast), then ``rows`` flattened, then ``cols``
     flattened; packed (the copy is the patch matrix) unless already a layout BLAS reads.
     ``rows``/``cols`` are the operand's own (M, K) or (K, N) groups."""
+    arranged = _in_place(array, axes, pre, rows, cols, extents)
+    if arranged is not None:
+        return arranged
+    # a copy it is: the patch matrix
     lead = [axes.index(n) for n in pre if n in axes]
     first, second = [axes.index(n) for n in rows], [axes.index(n) for n in cols]
     batch = tuple(extents[n] if n in axes else 1 for n in pre)
     shape = batch + (_size(rows, extents), _size(cols, extents))
-    try:
-        arranged = np.reshape(array.transpose(lead + first + second), shape, copy=False)
-        if _blas_ready(arranged):
-            return arranged
-    except ValueError:
-        pass                    # a copy it is: the patch matrix
     # packed with the group whose last axis is the longer innermost (copy) loop: a
     # weight gradient's patches (b, i, j) x (c, p, q) would copy runs of 3 (q), packed
     # the other way round runs of 32 (j), 3x faster; BLAS reads either as it lies
