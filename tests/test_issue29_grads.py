@@ -455,9 +455,9 @@ def forward_kernels(monkeypatch):
     made = []
     original = jit_module.CompiledFunction.__init__
 
-    def counted(self, flat_fn, leaves, name="fn"):
+    def counted(self, flat_fn, leaves, name="fn", *rest, **options):
         made.append(name)
-        original(self, flat_fn, leaves, name)
+        original(self, flat_fn, leaves, name, *rest, **options)
     monkeypatch.setattr(jit_module.CompiledFunction, "__init__", counted)
     return made
 
