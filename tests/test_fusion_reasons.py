@@ -114,3 +114,24 @@ def test_every_reason_reads_as_a_clause(reason):
     from einfuse.schedule.fusion_reasons import KernelBreak
     text = KernelBreak(4, reason).describe()
     assert text.startswith("statement 5 ") and text.endswith(reason.value)
+
+
+def test_the_triton_row_groups_say_why_they_end():
+    torch = pytest.importorskip("torch")
+    from einfuse.backends.triton import backend as triton_backend
+    if not triton_backend.available():
+        pytest.skip("Triton is not installed")
+    device = torch.device("cpu" if triton_backend.interpreted() else "cuda")
+    text = ("m[i] := max[j](x[i,j])\n"
+            "e[i,j] := exp(x[i,j] - m[i])\n"
+            "p[i,j] := e[i,j] / sum[k](e[i,k])\n"
+            "h[i,o] := sum[j](p[i,j] * w[j,o])")
+    x = torch.from_numpy(X[:8, :16].copy()).to(device)
+    w = torch.from_numpy(W[:16, :4].copy()).to(device)
+    explanation = ef.explain(text, x=x, w=w, backend="triton")
+    first = explanation.groups[0]
+    assert first.row_kernel == "triton" and first.statements == (0, 1, 2)
+    # the contraction's output runs over another index than the rows' columns
+    assert first.ended_by.statement == 3 and first.ended_by.reason is Split.ROW_UNFIT
+    assert "statement 4 starts a new kernel: it does not fit a row of registers" in \
+        str(explanation)

@@ -46,7 +46,7 @@ from ..analysis.capabilities import can_build
 from ..analysis.result_size import fits_in_memory
 from .choose import blas_contraction
 from .fusion_reasons import KernelBreak, Split
-from .row_groups import row_group, triton_rows_possible
+from .row_groups import row_group_and_break, triton_rows_possible
 from .units import needed as _needed, statement_units as _units
 
 # Below this much work (points of the statements' iteration spaces) a fused kernel saves
@@ -260,7 +260,7 @@ def _triton_groups(kernels: Sequence, env: Dict[str, object],
     groups: List[FusionGroup] = []
     position = 0
     while position < len(kernels):
-        group = row_group(kernels, position, env, keep)
+        group, ended_by = row_group_and_break(kernels, position, env, keep)
         if group is not None:
             working = getattr(torch, group.working)
             for member in group.members:
@@ -271,13 +271,13 @@ def _triton_groups(kernels: Sequence, env: Dict[str, object],
                 tuple(range(position, position + group.statements)),
                 tuple((m.key, size * (group.extents[1] if m.grid else 1))
                       for m in group.members if m.stored is None and "#" not in m.key),
-                row_kernel="triton", row_group=group))
+                row_kernel="triton", row_group=group, ended_by=ended_by))
             position += group.statements
             continue
         from ..analysis.triton_facts import result_dtype
         _alone(kernels[position], env,
                lambda call: placeholder(call.output_shape, result_dtype(call)))
-        groups.append(FusionGroup((position,)))
+        groups.append(FusionGroup((position,), ended_by=ended_by))
         position += 1
     return groups
 

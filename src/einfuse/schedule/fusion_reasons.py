@@ -49,6 +49,16 @@ class Split(enum.Enum):
     LITTLE_WORK = "and the kernel before it have too little work for a fused kernel to " \
                   "pay for binding it"
     NO_COMPILER = "cannot be fused: no C compiler is available"
+    # the Triton row groups' own rules (schedule/row_groups.py)
+    ROW_SHAPE = "has not one or two output indices (a row, or rows and columns), or " \
+                "has pad="
+    NOT_TRITON = "does not run on the Triton backend on torch tensors (or a host " \
+                 "fallback takes it)"
+    HOISTED_FORM = "runs its own hoisted form (its loop-invariant reductions first)"
+    NOT_TENSOR = "reads a number or a list where the group's launch takes tensors"
+    PARAMETER = "has a scalar parameter that is not a real number"
+    ROW_UNFIT = "does not fit a row of registers (its subscripts, reductions or row " \
+                "length are not what one program of the group holds)"
 
 
 @dataclass(frozen=True)

@@ -44,7 +44,7 @@ from __future__ import annotations
 import numbers
 import warnings
 from dataclasses import replace
-from typing import Dict, List, Optional, Sequence, Set, Tuple
+from typing import Dict, List, Optional, Sequence, Set, Tuple, Union
 
 from ..analysis import triton_facts
 from ..lang import ast
@@ -52,6 +52,7 @@ from ..errors import EinfuseError
 from ..plan.lower import lower_row_statement, plan_rows
 from ..plan.row_group import (RowGroup, RowInput, RowLaunch, RowRefused, RowRole,
                               RowSchedule, RowScope, RowStatement)
+from .fusion_reasons import KernelBreak, Split
 from .units import statement_units
 
 # The longest row a group holds in registers: 64 KiB (16384 float32, 8192 float64)
@@ -94,23 +95,38 @@ def row_group(kernels: Sequence, start: int, env: Dict[str, object],
     statement with a hoisted form that runs for this call (rewrite/hoist.py) joins as
     its statements, all or none of them; their temporaries live in registers.  A member
     is stored when ``keep`` is None or names it, or a later statement reads it."""
+    return row_group_and_break(kernels, start, env, keep)[0]
+
+
+def row_group_and_break(kernels: Sequence, start: int, env: Dict[str, object],
+                        keep: Optional[Set[str]]
+                        ) -> Tuple[Optional[RowGroup], Optional[KernelBreak]]:
+    """row_group's group, and why it ends where it does (schedule/fusion_reasons.py:
+    the statement that did not join and the rule it broke; None where the program
+    ends)."""
     import torch
 
     from ..analysis.frameworks import tensor_placeholder
     scratch = dict(env)
     builder = _Builder()
     joined = 0
+    ended_by: Optional[KernelBreak] = None
     device = next(v.device for v in env.values() if isinstance(v, torch.Tensor))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         for number, kernel in enumerate(kernels[start:]):
             units = statement_units(kernel, scratch, number)
             if units is None:
+                ended_by = KernelBreak(start + number, Split.UPDATES
+                                       if kernel.spec.assign != ":=" else Split.NOT_BOUND,
+                                       alone=not builder.statements)
                 break
             saved = builder.snapshot()
+            alone = not builder.statements
             for unit, names, key in units:
                 member = builder.join(unit, scratch, names)
-                if member is None:
+                if isinstance(member, Split):
+                    ended_by = KernelBreak(start + number, member, alone=alone)
                     break
                 shape, dtype = member
                 scratch[key] = tensor_placeholder(shape, dtype, device)
@@ -120,14 +136,14 @@ def row_group(kernels: Sequence, start: int, env: Dict[str, object],
             builder.restore(saved)
             break
     if joined < 1 or len(builder.statements) < 2:
-        return None
+        return None, ended_by
     needed: Set[str] = set()
     for kernel in kernels[start + joined:]:
         needed.update(kernel.spec.arg_order)
         if kernel.spec.assign != ":=":
             needed.add(kernel.spec.output)
     return builder.group(joined, lambda key: "#" not in key and (
-        keep is None or key in keep or key in needed))
+        keep is None or key in keep or key in needed)), ended_by
 
 
 class _Builder:
@@ -148,54 +164,58 @@ class _Builder:
         self.statements, self.scope, self.working, self.extents = saved
 
     def join(self, kernel, scratch, names: Dict[str, str]
-             ) -> Optional[Tuple[Tuple[int, ...], object]]:
+             ) -> Union[Tuple[Tuple[int, ...], object], Split]:
         """Schedule ``kernel`` as the next member: (its output shape, torch dtype), or
-        None where it cannot join (nothing of it is kept then).  ``names``: the
+        the rule it breaks where it cannot join (nothing of it is kept then).  ``names``: the
         statement's names that have other keys in ``scratch`` (a hoisted form's
         temporaries)."""
         spec = kernel.spec
-        if spec.assign != ":=" or not 1 <= len(spec.output_indices) <= 2 or \
-                kernel.options.pad is not None:
-            return None
+        if spec.assign != ":=":
+            return Split.UPDATES
+        if not 1 <= len(spec.output_indices) <= 2 or kernel.options.pad is not None:
+            return Split.ROW_SHAPE
         try:
             call = kernel.bind(arrays={name: scratch[names.get(name, name)]
                                        for name in spec.arg_order})
         except (EinfuseError, KeyError):
-            return None
+            return Split.NOT_BOUND
         from .route import backend_name
         if backend_name(kernel.options.backend, call) != "triton" or \
                 call.framework != "torch" or triton_facts.host_fallback(call):
-            return None
+            return Split.NOT_TRITON
         form = kernel.hoisted_form
         if form is not None and form.runs(call):
-            return None
+            return Split.HOISTED_FORM
         import torch
         if any(not isinstance(scratch[names.get(info.name, info.name)], torch.Tensor)
                for info in spec.tensors):
             # an array given as a Python or NumPy number or a list (``s[]`` from 2.0):
             # the statement converts it, the group's launch takes tensors only
-            return None
+            return Split.NOT_TENSOR
         working = call.dtypes.working
-        if working.name not in ("float32", "float64") or call.dtypes.result != working or \
-                (self.working is not None and working.name != self.working):
-            return None
+        if working.name not in ("float32", "float64"):
+            return Split.DTYPE_KIND
+        if call.dtypes.result != working:
+            return Split.ROUNDED
+        if self.working is not None and working.name != self.working:
+            return Split.OTHER_DTYPE
         if triton_facts.result_dtype(call) != getattr(torch, working.name):
-            return None     # (a bfloat16 input: the statement stores a bfloat16 result)
+            return Split.ROUNDED    # (a bfloat16 input: it stores a bfloat16 result)
         from ..analysis.result_size import check_result_size
         try:    # a result larger than the machine's memory: the statement says so
             check_result_size(call)
         except EinfuseError:
-            return None
+            return Split.MEMORY
         for name in spec.params:
             value = call.params.get(name)
             if isinstance(value, bool) or not isinstance(value, numbers.Real):
-                return None
+                return Split.PARAMETER
         # as a row's statement first; a sum over its one output index's rows where that
         # is refused (dg[j] := dy[i,j] * xhat[i,j]: j is not the group's rows, or dy's
         # unit stride runs along j)
         if not self._schedule(spec, call, scratch, names, working, column=False) and \
                 not self._schedule(spec, call, scratch, names, working, column=True):
-            return None
+            return Split.ROW_UNFIT
         return tuple(call.output_shape), getattr(torch, working.name)
 
     def _schedule(self, spec, call, scratch, names: Dict[str, str], working,
