@@ -115,6 +115,90 @@ static void share(int64_t blocks, int64_t group, int64_t *r0, int64_t *r1) {
   *r1 = *r0 + (each + (me < extra)) * group;
 }
 
+/* out[2 t] += in[t] for lo <= t < hi, as the scalar loop (one IEEE addition each), but
+   with whole vectors of ``out``: the points between (out[2 t + 1]) are loaded and
+   stored back unchanged (a blend, so their bits stay), which only one thread may do --
+   another block's points may lie there.  The vectors stop before the last point, so
+   every element touched lies between two points of the row, inside the array. */
+#if defined(__AVX512F__) || defined(__AVX2__)
+#include <immintrin.h>
+#endif
+static void add_every_other_f32(float *out, const float *in, int64_t lo, int64_t hi) {
+  int64_t t = lo;
+#if defined(__AVX512F__)
+  const __m512i low = _mm512_set_epi32(7, 7, 6, 6, 5, 5, 4, 4, 3, 3, 2, 2, 1, 1, 0, 0);
+  const __m512i high = _mm512_add_epi32(low, _mm512_set1_epi32(8));
+  for (; t + 16 < hi; t += 16) {
+    __m512 v = _mm512_loadu_ps(in + t);
+    __m512 o0 = _mm512_loadu_ps(out + 2 * t), o1 = _mm512_loadu_ps(out + 2 * t + 16);
+    o0 = _mm512_mask_add_ps(o0, 0x5555, o0, _mm512_permutexvar_ps(low, v));
+    o1 = _mm512_mask_add_ps(o1, 0x5555, o1, _mm512_permutexvar_ps(high, v));
+    _mm512_storeu_ps(out + 2 * t, o0); _mm512_storeu_ps(out + 2 * t + 16, o1);
+  }
+  if (t < hi) {   /* the last 1..16 points: masked, so nothing past the last point */
+    const int64_t n = hi - t;
+    const uint32_t lanes = (uint32_t)(2 * n - 1) >= 32 ? 0xFFFFFFFFu : (1u << (2 * n - 1)) - 1;
+    const __mmask16 m0 = (__mmask16)(lanes & 0xFFFF), m1 = (__mmask16)(lanes >> 16);
+    __m512 v = _mm512_maskz_loadu_ps((__mmask16)((1u << n) - 1), in + t);
+    __m512 o0 = _mm512_maskz_loadu_ps(m0, out + 2 * t);
+    __m512 o1 = _mm512_maskz_loadu_ps(m1, out + 2 * t + 16);
+    o0 = _mm512_mask_add_ps(o0, 0x5555, o0, _mm512_permutexvar_ps(low, v));
+    o1 = _mm512_mask_add_ps(o1, 0x5555, o1, _mm512_permutexvar_ps(high, v));
+    _mm512_mask_storeu_ps(out + 2 * t, m0, o0);
+    _mm512_mask_storeu_ps(out + 2 * t + 16, m1, o1);
+    t = hi;
+  }
+#elif defined(__AVX2__)
+  const __m256i low = _mm256_set_epi32(3, 3, 2, 2, 1, 1, 0, 0);
+  const __m256i high = _mm256_set_epi32(7, 7, 6, 6, 5, 5, 4, 4);
+  for (; t + 8 < hi; t += 8) {
+    __m256 v = _mm256_loadu_ps(in + t);
+    __m256 o0 = _mm256_loadu_ps(out + 2 * t), o1 = _mm256_loadu_ps(out + 2 * t + 8);
+    o0 = _mm256_blend_ps(o0, _mm256_add_ps(o0, _mm256_permutevar8x32_ps(v, low)), 0x55);
+    o1 = _mm256_blend_ps(o1, _mm256_add_ps(o1, _mm256_permutevar8x32_ps(v, high)), 0x55);
+    _mm256_storeu_ps(out + 2 * t, o0); _mm256_storeu_ps(out + 2 * t + 8, o1);
+  }
+#endif
+  for (; t < hi; ++t) out[2 * t] += in[t];
+}
+
+static void add_every_other_f64(double *out, const double *in, int64_t lo, int64_t hi) {
+  int64_t t = lo;
+#if defined(__AVX512F__)
+  const __m512i low = _mm512_set_epi64(3, 3, 2, 2, 1, 1, 0, 0);
+  const __m512i high = _mm512_set_epi64(7, 7, 6, 6, 5, 5, 4, 4);
+  for (; t + 8 < hi; t += 8) {
+    __m512d v = _mm512_loadu_pd(in + t);
+    __m512d o0 = _mm512_loadu_pd(out + 2 * t), o1 = _mm512_loadu_pd(out + 2 * t + 8);
+    o0 = _mm512_mask_add_pd(o0, 0x55, o0, _mm512_permutexvar_pd(low, v));
+    o1 = _mm512_mask_add_pd(o1, 0x55, o1, _mm512_permutexvar_pd(high, v));
+    _mm512_storeu_pd(out + 2 * t, o0); _mm512_storeu_pd(out + 2 * t + 8, o1);
+  }
+  if (t < hi) {   /* the last 1..8 points, masked */
+    const int64_t n = hi - t;
+    const uint32_t lanes = (1u << (2 * n - 1)) - 1;
+    const __mmask8 m0 = (__mmask8)(lanes & 0xFF), m1 = (__mmask8)(lanes >> 8);
+    __m512d v = _mm512_maskz_loadu_pd((__mmask8)((1u << n) - 1), in + t);
+    __m512d o0 = _mm512_maskz_loadu_pd(m0, out + 2 * t);
+    __m512d o1 = _mm512_maskz_loadu_pd(m1, out + 2 * t + 8);
+    o0 = _mm512_mask_add_pd(o0, 0x55, o0, _mm512_permutexvar_pd(low, v));
+    o1 = _mm512_mask_add_pd(o1, 0x55, o1, _mm512_permutexvar_pd(high, v));
+    _mm512_mask_storeu_pd(out + 2 * t, m0, o0);
+    _mm512_mask_storeu_pd(out + 2 * t + 8, m1, o1);
+    t = hi;
+  }
+#elif defined(__AVX2__)
+  for (; t + 4 < hi; t += 4) {
+    __m256d v = _mm256_loadu_pd(in + t);
+    __m256d o0 = _mm256_loadu_pd(out + 2 * t), o1 = _mm256_loadu_pd(out + 2 * t + 4);
+    o0 = _mm256_blend_pd(o0, _mm256_add_pd(o0, _mm256_permute4x64_pd(v, 0x50)), 0x5);
+    o1 = _mm256_blend_pd(o1, _mm256_add_pd(o1, _mm256_permute4x64_pd(v, 0xFA)), 0x5);
+    _mm256_storeu_pd(out + 2 * t, o0); _mm256_storeu_pd(out + 2 * t + 4, o1);
+  }
+#endif
+  for (; t < hi; ++t) out[2 * t] += in[t];
+}
+
 #define KERNELS(SUFFIX, T) \\
 void einfuse_pack_window_##SUFFIX(const T *src, T *dst, int64_t rank, \\
     const int64_t *shape, int64_t naxes, const int64_t *size, const int64_t *strides, \\
@@ -177,6 +261,7 @@ void einfuse_add_window_##SUFFIX(T *target, const T *values, int64_t rank, \\
   { \\
     int64_t r0, r1, lo1, hi1, lo2, hi2; \\
     Walk w; \\
+    const int alone = omp_get_num_threads() == 1; \\
     share(blocks, group, &r0, &r1); \\
     if (r0 < r1) walk_start(&w, r0, outer, shape, naxes, coef, origin); \\
     for (int64_t r = r0; r < r1; ++r) { \\
@@ -192,6 +277,8 @@ void einfuse_add_window_##SUFFIX(T *target, const T *values, int64_t rank, \\
           if (step == 1 && vs == 1) { \\
             _Pragma("omp simd") \\
             for (int64_t t = lo2; t < hi2; ++t) out[t] += in[t]; \\
+          } else if (step == 2 && vs == 1 && alone) { \\
+            add_every_other_##SUFFIX(out, in, lo2, hi2); \\
           } else if (step == 2 && vs == 1) { \\
             for (int64_t t = lo2; t < hi2; ++t) out[2 * t] += in[t]; \\
           } else { \\
