@@ -8,7 +8,9 @@
 * :func:`add_window`: ``target[view] += values`` for a view of the target whose points
   never repeat an address (one window offset of col2im), the values read with any
   steps (a GEMM's product as it lies) and points outside the target dropped (they were
-  padded reads).  Each element receives one IEEE addition, as with NumPy's ``+=``.
+  padded reads).  Each element receives one IEEE addition, as with NumPy's ``+=``; on
+  one thread, rows of step 2 (a stride-2 col2im) are added with whole vectors, the
+  elements between the points blended back as they were.
 
 Both walk the view as rows of its last axis: per row the array coordinates of its first
 point and the stretch of the row inside the array are found once (the bounds are linear
@@ -118,7 +120,8 @@ static void share(int64_t blocks, int64_t group, int64_t *r0, int64_t *r1) {
 /* out[2 t] += in[t] for lo <= t < hi, as the scalar loop (one IEEE addition each), but
    with whole vectors of ``out``: the points between (out[2 t + 1]) are loaded and
    stored back unchanged (a blend, so their bits stay), which only one thread may do --
-   another block's points may lie there.  The vectors stop before the last point, so
+   another block's points may lie there -- and only in a C-contiguous target (they are
+   its own elements).  The vectors stop before the last point, so
    every element touched lies between two points of the row, inside the array. */
 #if defined(__AVX512F__) || defined(__AVX2__)
 #include <immintrin.h>
@@ -249,7 +252,8 @@ void einfuse_pack_window_##SUFFIX(const T *src, T *dst, int64_t rank, \\
    checks), so threads may split the blocks */ \\
 void einfuse_add_window_##SUFFIX(T *target, const T *values, int64_t rank, \\
     const int64_t *shape, int64_t naxes, const int64_t *size, const int64_t *strides, \\
-    const int64_t *coef, const int64_t *origin, const int64_t *vsteps, int64_t group, int nthreads) { \\
+    const int64_t *coef, const int64_t *origin, const int64_t *vsteps, int64_t group, int nthreads, \\
+    int dense) { \\
   const int64_t outer = rank - 2, n1 = shape[rank - 2], n2 = shape[rank - 1]; \\
   const int64_t v1 = vsteps[rank - 2], vs = vsteps[rank - 1]; \\
   int64_t blocks = 1; \\
@@ -261,7 +265,9 @@ void einfuse_add_window_##SUFFIX(T *target, const T *values, int64_t rank, \\
   { \\
     int64_t r0, r1, lo1, hi1, lo2, hi2; \\
     Walk w; \\
-    const int alone = omp_get_num_threads() == 1; \\
+    /* the whole-vector rows: one thread, and a target whose every element between two \\
+       points is its own (C-contiguous) */ \\
+    const int alone = dense && omp_get_num_threads() == 1; \\
     share(blocks, group, &r0, &r1); \\
     if (r0 < r1) walk_start(&w, r0, outer, shape, naxes, coef, origin); \\
     for (int64_t r = r0; r < r1; ++r) { \\
@@ -502,6 +508,7 @@ def add_window(target: np.ndarray, values: np.ndarray, coefficients: Sequence[Se
     function(
         ctypes.c_void_p(target.ctypes.data), ctypes.c_void_p(values.ctypes.data),
         ctypes.c_int64(len(shape)), pointers[0], ctypes.c_int64(target.ndim), *pointers[1:],
-        ctypes.c_int64(max(1, group)), ctypes.c_int(thread_count(None, values.size)))
+        ctypes.c_int64(max(1, group)), ctypes.c_int(thread_count(None, values.size)),
+        ctypes.c_int(int(target.flags.c_contiguous)))
     del keep
     return True
