@@ -86,6 +86,26 @@ def test_add_window_adds_each_point_once_and_drops_the_outside(dtype):
     np.testing.assert_array_equal(target, want)
 
 
+
+@needs_c
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_add_window_at_stride_two_touches_only_its_points(dtype):
+    """Rows of a stride-2 view of every length from 1 to 40 (the vector path, its
+    masked tail and the scalar loop): each point gets one IEEE addition, and the
+    elements between the points -- NaN, -0.0, inf here -- keep their bits."""
+    for width in range(1, 41):
+        rows = max(1, MIN_ELEMENTS // width + 1)
+        target = rng.standard_normal((rows, 2 * width + 1)).astype(dtype)
+        target[:, 1::2] = np.array([np.nan, -0.0, np.inf], dtype)[np.arange(width) % 3]
+        target[::3, 0] = -0.0
+        values = rng.standard_normal((rows, width)).astype(dtype)
+        values[1::3, 0] = -0.0
+        want = target.copy()
+        want[:, 0:2 * width:2] += values
+        assert add_window(target, values, [[1, 0], [0, 2]], (0, 0))
+        np.testing.assert_array_equal(target.view(f"u{target.itemsize}"),
+                                      want.view(f"u{want.itemsize}"))
+
 def _scatter_of(statement, options, xshape, wshape):
     kernel = ef.compile(statement, **options)
     key = gradients.options_key(kernel.options)
