@@ -156,3 +156,22 @@ def backward_calls(monkeypatch):
         return run
     monkeypatch.setattr(c_attention_grad, "backward_function", counting)
     return calls
+
+
+@pytest.fixture
+def fused_calls(monkeypatch):
+    """How many calls ran the fused attention: the C kernel or the NumPy key-block pass
+    (tests/test_attention*.py, tests/test_dims_torchdim.py); each entry whether it
+    gave the output (False: it declined the call)."""
+    from einfuse.runtime import attention as attention_runtime
+    from einfuse.runtime import attention_run
+    calls = []
+    for module, name in ((attention_run, "run_c"), (attention_runtime, "_run_numpy")):
+        original = getattr(module, name)
+
+        def counting(*args, _original=original):
+            out = _original(*args)
+            calls.append(out is not None)
+            return out
+        monkeypatch.setattr(module, name, counting)
+    return calls

@@ -10,8 +10,6 @@ import pytest
 
 import einfuse as ef
 from einfuse import named_api
-from einfuse.runtime import attention as attention_runtime
-from einfuse.runtime import attention_run
 
 torch = pytest.importorskip("torch")
 g = torch.Generator().manual_seed(33)
@@ -106,21 +104,6 @@ def test_batched_gather():
 
 
 # -- the kernels a materialised program runs -----------------------------------------------
-
-@pytest.fixture
-def fused_calls(monkeypatch):
-    """How many calls ran the fused attention (as tests/test_attention.py counts them)."""
-    calls = []
-    for module, name in ((attention_run, "run_c"), (attention_runtime, "_run_numpy")):
-        original = getattr(module, name)
-
-        def counting(*args, _original=original):
-            out = _original(*args)
-            calls.append(out is not None)
-            return out
-        monkeypatch.setattr(module, name, counting)
-    return calls
-
 
 def seed_attention(Q, K, V, scale):
     """The seed's attention, W_bhtT = einsum('bthr,bThr->bhtT', Q, K), with dimensions."""

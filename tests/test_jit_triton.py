@@ -16,19 +16,12 @@ import einfuse as ef  # noqa: E402
 from einfuse.backends.c import build as c_build  # noqa: E402
 from einfuse.backends.triton import backend as triton_backend  # noqa: E402
 from einfuse.errors import OptionError  # noqa: E402
+from jit_support import x64  # noqa: E402,F401  (x64 mode around each test)
 
 pytestmark = [
     pytest.mark.skipif(not triton_backend.available(), reason="triton (and torch) not installed"),
     pytest.mark.skipif(c_build.find_compiler() is None, reason="ef.jit builds its host kernel"),
 ]
-
-
-@pytest.fixture(autouse=True)
-def _x64():
-    previous = jax.config.jax_enable_x64
-    jax.config.update("jax_enable_x64", True)
-    yield
-    jax.config.update("jax_enable_x64", previous)
 
 
 def launches(call):
