@@ -35,6 +35,7 @@ from ..autodiff.attribution import gradient_errors
 from ..errors import EinfuseError, OutOfBoundsError
 from ..lang.ast import IndexExpr
 from ..lang.printer import format_expr
+from ..lang.sugar import FreshNames
 from ..backends.c.scatter import scatter_flat, scatter_rows
 from ..plan.library_patterns import scatters_rows
 from .gradient_reference import resolve_options, statements_to_run, text_kernel
@@ -83,11 +84,8 @@ def prepared_scatter(statements, key: str, env: Mapping[str, object],
         return None
 
     def run(env: Dict[str, object]) -> bool:
-        for name, layout_shape, dtype in layouts:
-            value = env[name]
-            if type(value) is not np.ndarray or value.shape != layout_shape or \
-                    value.dtype != dtype:
-                return False
+        if not _laid_out(env, layouts):
+            return False
         target = None
         for step in steps:
             values = step.kernel(arrays={n: env[n] for n in step.inputs})
@@ -145,11 +143,8 @@ def _rows_run(g, env, backend: str) -> Optional[Callable[[Dict[str, object]], bo
     count = int(np.prod(lead_shape, dtype=np.int64))
 
     def run(env: Dict[str, object]) -> bool:
-        for name, shape, dtype in layouts:
-            value = env[name]
-            if type(value) is not np.ndarray or value.shape != shape or \
-                    value.dtype != dtype:
-                return False
+        if not _laid_out(env, layouts):
+            return False
         values = kernel(arrays={n: env[n] for n in inputs})
         if type(values) is not np.ndarray or values.dtype not in _FLOATS:
             return False
@@ -276,7 +271,7 @@ def where_form(g, shapes: Mapping[str, object], taken, backend: str
     indices = tuple(g.spec.output_indices)
     if len(target) != len(g.scatter) or len(set(indices)) != len(indices):
         return None
-    used = set(taken) | set(indices) | set(ranges)
+    fresh_names = FreshNames(set(taken) | set(indices) | set(ranges))
     subscripts, conditions, checks, plain = [], [], [], []
     for axis, sub in enumerate(g.scatter):
         name = sub.plain_index
@@ -290,7 +285,7 @@ def where_form(g, shapes: Mapping[str, object], taken, backend: str
         array = _label_array(sub, indices, ranges, shapes)
         if array is None:
             return None
-        fresh = _fresh_index(used)
+        fresh = fresh_names.numbered("s")
         ranges = dict(ranges, **{fresh: range(0, target[axis])})
         subscripts.append(fresh)
         conditions.append(f"({fresh} == {sub.gathers[0][0]})")
@@ -342,14 +337,6 @@ def _label_array(sub: IndexExpr, indices, ranges, shapes) -> Optional[str]:
     return access.tensor
 
 
-def _fresh_index(used) -> str:
-    number = 1
-    while f"s{number}" in used:
-        number += 1
-    used.add(f"s{number}")
-    return f"s{number}"
-
-
 def check_labels(g, checks: Tuple[Tuple[str, int, int], ...], env) -> None:
     """Raise the scatter ``g``'s own out-of-bounds error where an index array of
     ``checks`` (a :class:`WhereForm`'s) holds a value outside its axis."""
@@ -360,3 +347,13 @@ def check_labels(g, checks: Tuple[Tuple[str, int, int], ...], env) -> None:
             with gradient_errors(g):
                 raise OutOfBoundsError(f"{g.description}: index value {bad} is outside "
                                        f"0..{size - 1} (axis {axis} of {g.wrt})")
+
+
+def _laid_out(env: Dict[str, object], layouts) -> bool:
+    """Whether every array ``layouts`` names ((name, shape, dtype), as a prepared run
+    saw them first) is a NumPy array of that shape and dtype again."""
+    for name, shape, dtype in layouts:
+        value = env[name]
+        if type(value) is not np.ndarray or value.shape != shape or value.dtype != dtype:
+            return False
+    return True
