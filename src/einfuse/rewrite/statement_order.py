@@ -17,6 +17,7 @@ moves across one, so every read and write of such an array happens in the order 
 
 from __future__ import annotations
 
+import heapq
 from typing import Dict, List, Sequence, Tuple
 
 from ..lang.ast import Statement, accesses
@@ -49,25 +50,31 @@ def _segment_order(statements: Sequence[Statement], segment: List[int]) -> List[
         names = {a.tensor for a in accesses(statements[p].rhs)}
         reads[p] = tuple(sorted(defined[n] for n in names
                                 if n in defined and defined[n] != p))
+    readers: Dict[int, List[int]] = {p: [] for p in segment}
+    for p in segment:
+        for q in reads[p]:
+            readers[q].append(p)
     chain: Dict[int, int] = {}      # the longest chain of readers after each statement
-    for p in reversed(segment):
-        chain[p] = 1 + max((chain[r] for r in segment if p in reads[r]), default=0)
+    for p in reversed(segment):     # (readers come after what they read)
+        chain[p] = 1 + max((chain[r] for r in readers[p]), default=0)
     text = {p: format_statement(statements[p]) for p in segment}
+    # a statement's key is fixed once it is ready (every producer has its place): the
+    # latest-run intermediate it reads (-1: none), its chain, its text; the smallest
+    # key runs next, the order as written breaking what is left of ties
+    unmet = {p: len(reads[p]) for p in segment}
     ran: Dict[int, int] = {}        # position as written -> its place in the run order
-    waiting = list(segment)
+    ready = [((1, -chain[p], text[p]), p) for p in segment if not reads[p]]
+    heapq.heapify(ready)
     order: List[int] = []
-    while waiting:
-        best, best_key = None, None
-        for p in waiting:
-            if any(q not in ran for q in reads[p]):
-                continue
-            # the latest-run intermediate it reads (-1: none), its chain, its text
-            key = (-max((ran[q] for q in reads[p]), default=-1), -chain[p], text[p])
-            if best_key is None or key < best_key:
-                best, best_key = p, key
-        waiting.remove(best)     # (a statement only reads what is defined before it)
+    while ready:
+        _, best = heapq.heappop(ready)
         ran[best] = len(order)
         order.append(best)
+        for r in readers[best]:
+            unmet[r] -= 1
+            if not unmet[r]:
+                latest = max(ran[q] for q in reads[r])
+                heapq.heappush(ready, ((-latest, -chain[r], text[r]), r))
     return order
 
 
