@@ -256,6 +256,9 @@ def explain_program(program: Program, args, arrays, shapes, gradients: bool,
             env[statement.output] = shaped(call.output_shape, result)
             produced[statement.output] = (tuple(call.output_shape), result)
     rows = {name: size for group in groups or () for name, size in group.thread_rows}
+    # each statement's kernel (1-based) and each intermediate's statement, once
+    kernel_of = {s: k for k, group in enumerate(groups or (), 1) for s in group.statements}
+    producer_of = {s.output: n for n, s in enumerate(program.statements) if s.assign == ":="}
     materialised = []
     for name, (shape, dtype) in produced.items():
         readers = tuple(i for i, s in enumerate(program.statements, 1) if name in s.reads)
@@ -263,8 +266,9 @@ def explain_program(program: Program, args, arrays, shapes, gradients: bool,
             nbytes = int(np.prod(shape, dtype=np.int64)) * dtype_itemsize(dtype)
             materialised.append(Intermediate(name, shape, dtype, nbytes, readers,
                                              rows.get(name),
-                                             _why_materialised(name, shape, readers,
-                                                               program, groups)))
+                                             _why_materialised(
+                                                 name in program.outputs, shape, readers,
+                                                 kernel_of, producer_of[name])))
     from ..runtime.attention import explain_attention, triton_fallback_notes
     # as the call: the fused attention runs for NumPy and torch callers only
     fused = explain_attention(program.attention, values, program.options) \
@@ -276,18 +280,17 @@ def explain_program(program: Program, args, arrays, shapes, gradients: bool,
                               notes=notes, attention=fused)
 
 
-def _why_materialised(name: str, shape, readers: Tuple[int, ...], program,
-                      groups: Optional[List[FusionGroup]]) -> Optional[str]:
-    """Why the intermediate ``name`` is written to memory whole, from the kernels the
-    schedule chose (None where there are none to say it from)."""
-    if not groups:
+def _why_materialised(output: bool, shape, readers: Tuple[int, ...],
+                      kernel_of: Dict[int, int], producer: int) -> Optional[str]:
+    """Why an intermediate (``output``: one the caller receives) computed by statement
+    ``producer`` (0-based) and read by ``readers`` (1-based) is written to memory whole,
+    from the kernels the schedule chose (``kernel_of``: statement -> kernel; empty where
+    there are none to say it from: None)."""
+    if not kernel_of:
         return None
-    kernel_of = {s: k for k, group in enumerate(groups, 1) for s in group.statements}
-    producer = next(n for n, s in enumerate(program.statements)
-                    if s.output == name and s.assign == ":=")
     mine = kernel_of.get(producer)
     later = sorted({kernel_of[r - 1] for r in readers if kernel_of.get(r - 1) != mine})
-    if name in program.outputs:
+    if output:
         return "an output of the program"
     if later:
         where = ", ".join(str(k) for k in later)
