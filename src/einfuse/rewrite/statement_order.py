@@ -75,7 +75,9 @@ def _segment_order(statements: Sequence[Statement], segment: List[int]) -> List[
             if not unmet[r]:
                 latest = max(ran[q] for q in reads[r])
                 heapq.heappush(ready, ((-latest, -chain[r], text[r]), r))
-    return order
+    # (a program reads only what is defined before it, so every statement gets its
+    # place; should one not, the order as written is kept rather than losing it)
+    return order if len(order) == len(segment) else list(segment)
 
 
 __all__ = ["dataflow_order"]
