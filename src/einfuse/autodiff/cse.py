@@ -21,6 +21,7 @@ from typing import Dict, List, Optional, Sequence, Set, Tuple
 from ..lang.ast import Access, Call, Expr, IndexExpr, IndexValue, Reduce, Statement, \
     map_children
 from ..lang.printer import format_expr
+from ..lang.fresh_names import FreshNames
 from ..lang.sugar import rename_indices
 
 # Functions worth computing once (a transcendental costs tens of simple operations).
@@ -49,18 +50,14 @@ def share(statements: Sequence[Statement], definitions: Sequence[bool],
     current = list(statements)
     fixed = list(definitions)
     shares: List[Share] = []
-    used = set(taken)
+    used = FreshNames(taken)
     for _ in range(MAX_SHARED):
         found = _most_repeated(current, fixed)
         if found is None:
             break
         key, definer = found
         if definer is None:
-            number = 1
-            while f"cse_{number}" in used:
-                number += 1
-            name = f"cse_{number}"
-            used.add(name)
+            name = used.suffixed("cse", bare=False)
             first = next(n for n, s in enumerate(current) if not fixed[n] and
                          any(k == key for k, _, _ in _calls(s.rhs)))
             node, order = next((node, order) for k, node, order in _calls(current[first].rhs)

@@ -203,19 +203,14 @@ class _Deriver:
         st = spec.statement
         self.names = Names(used_names(spec))
         self.check_wrt()
-        self.dout = self.names.take(dout or self.free_name("d" + st.output))
-        self.target = self.names.take(self.free_name("d" + wrt))
+        self.dout = self.names.take(dout) if dout else self.names.underscored("d" + st.output)
+        self.target = self.names.underscored("d" + wrt)
         self.outputs = st.output_indices
         pad = options.get("pad")
         if pad not in (None, 0, 0.0):
             raise NoGradientError(f"derivation supports pad=0 or no pad, not pad={pad!r}")
         self.forward_pad = pad is not None
         self.rank = next((len(a.indices) for a in accesses(spec.rhs) if a.tensor == wrt), 0)
-
-    def free_name(self, name: str) -> str:
-        while name in self.names.used:
-            name += "_"
-        return name
 
     def check_wrt(self):
         spec, wrt = self.spec, self.wrt
@@ -409,7 +404,7 @@ class _Deriver:
             if plain is not None and (plain not in frame or
                                       not self.affine_use(self.outputs[axis])):
                 continue   # a forward grid index, or one as long as dOUT's axis
-            n = self.names.take(self.free_name(f"size{axis}"))
+            n = self.names.underscored(f"size{axis}")
             sizes[n] = ExtentOf(self.dout, axis)
             value = affine_expr((s.terms, s.constant))
             if plain is None:
@@ -430,8 +425,8 @@ class _Deriver:
         if summed and not _implicit_sum(term, summed):
             term = Reduce("sum", summed, term)
         rhs = freshen(term, set(keep), self.names)
-        values = self.names.take(self.free_name(f"{self.target}_at{n}" if n else
-                                                f"{self.target}_at"))
+        values = self.names.underscored(f"{self.target}_at{n}" if n else
+                                        f"{self.target}_at")
         text = self.format(values, keep, rhs)
         shown = Reduce("sum", summed, c.term) if summed and term is c.term else rhs
         where_to = f"{self.target}[{', '.join(str(s) for s in subs)}]"

@@ -14,6 +14,7 @@ from typing import Dict, Iterable, List, Mapping, Optional, Set, Tuple
 
 from ..lang.ast import (Access, Binary, Call, Expr, IndexExpr, IndexValue, Number, Param,
                         Quasi, Reduce, RESERVED, Unary)
+from ..lang.fresh_names import FreshNames
 
 # An affine combination of indices: ((name, coeff), ...), constant.
 Affine = Tuple[Tuple[Tuple[str, int], ...], int]
@@ -23,32 +24,29 @@ def affine(name: str) -> Affine:
     return (((name, 1),), 0)
 
 
-class Names:
+class Names(FreshNames):
     """Hands out names unused anywhere in the statements being built, remembering which
     forward index each new index stands for (its range is that index's range)."""
 
     LETTERS = ("j", "k", "l", "m", "n", "p", "q", "r", "s", "t", "u", "v", "w")
 
     def __init__(self, used: Iterable[str]):
-        self.used: Set[str] = set(used) | set(RESERVED)
+        super().__init__(set(used) | set(RESERVED))
         self.origin: Dict[str, str] = {}
 
-    def take(self, name: str) -> str:
-        self.used.add(name)
-        return name
+    @property
+    def used(self) -> Set[str]:
+        return self.taken
 
     def fresh(self, base: Optional[str] = None) -> str:
         """``base2``, ``base3``... for a copy of index ``base``; else a free letter."""
         if base is None:
-            for letter in self.LETTERS:
-                if letter not in self.used:
-                    return self.take(letter)
+            letter = self.letter(self.LETTERS)
+            if letter is not None:
+                return letter
             base = "g"
         root = self.origin.get(base, base)
-        n = 2
-        while f"{base}{n}" in self.used:
-            n += 1
-        name = self.take(f"{base}{n}")
+        name = self.copy_of(base)
         self.origin[name] = root
         return name
 

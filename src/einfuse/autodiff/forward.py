@@ -69,13 +69,8 @@ class _Tangent:
             if name == st.output or name not in values:
                 raise NoGradientError(f"{name} is not an input the statement reads for its "
                                       "value; it has no tangent")
-        self.tangents = {name: self.names.take(self.free("t" + name)) for name in wrt}
-        self.output = self.names.take(self.free("t" + st.output))
-
-    def free(self, name: str) -> str:
-        while name in self.names.used:
-            name += "_"
-        return name
+        self.tangents = {name: self.names.underscored("t" + name) for name in wrt}
+        self.output = self.names.underscored("t" + st.output)
 
     def run(self) -> Optional[Tangent]:
         self.check_options()

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from typing import Dict, List, Sequence, Tuple
 
 from ..ir import Apply, Assign, Buffer, Expr, Index, JitProgram, ScalarType, Step
-from ..lang.sugar import FreshNames
+from ..lang.fresh_names import FreshNames
 from .jaxpr_values import (ADVICE, JaxprConversionError, Value, constant_value, read_value,
                            scalar_type, source_line)
 from .jaxpr_control import closed_consts

@@ -36,6 +36,7 @@ from ..errors import IndexRuleError
 from ..lang.ast import (RESERVED, Access, Binary, Call, IndexExpr, IndexValue, Number, Param,
                         Quasi, Reduce, Statement, Unary)
 from ..lang.printer import format_statement
+from ..lang.fresh_names import FreshNames
 from .named_dims import Dim, Slot
 from .named_checks import Where, error
 
@@ -251,12 +252,9 @@ class _Emitter:
         self.wrapped = found.wrapped
         self.params_count = len(found.params)
         # every name the program uses; dimensions first, as themselves where allowed
-        self.used: set = {"arrays"}     # (a compiled program's keyword, never a name)
-        self.index = {}
-        for name in self._dimension_names():
-            self.index[name] = self._fresh(name) if name in RESERVED or name in self.used \
-                else name
-            self.used.add(self.index[name])
+        self.taken = FreshNames({"arrays"})   # (a compiled program's keyword, never a name)
+        self.index = {name: self.taken.suffixed(name, RESERVED)
+                      for name in self._dimension_names()}
         self.affine_dims = self._affine_dimensions()
         self.split_dims = {name for sig in self.sigs if sig[0] == "read"
                            for sub in sig[2][2] if sub[0] == "g" for name, _ in sub[1]}
@@ -265,14 +263,6 @@ class _Emitter:
         self.needs_range: set = set()            # dimension names given ranges=
 
     # -- names ---------------------------------------------------------------------------
-    def _fresh(self, base: str, local=()) -> str:
-        if base not in self.used and base not in local and base not in RESERVED:
-            return base
-        n = 1
-        while f"{base}_{n}" in self.used or f"{base}_{n}" in local:
-            n += 1
-        return f"{base}_{n}"
-
     def _dimension_names(self) -> List[str]:
         names = []
         for cid, sig in enumerate(self.sigs):
@@ -326,14 +316,12 @@ class _Emitter:
         tensors = []
         letters = iter(_letters())
         for wrapped in self.wrapped:
-            base = wrapped.name or next(n for n in letters if n not in self.used)
-            tensors.append(self._fresh(base))
-            self.used.add(tensors[-1])
+            base = wrapped.name or next(n for n in letters if n not in self.taken)
+            tensors.append(self.taken.suffixed(base, RESERVED))
         self.tensors = tuple(tensors)
         self.params = []
         for n in range(self.params_count):
-            self.params.append(self._fresh(f"c{n}"))
-            self.used.add(self.params[-1])
+            self.params.append(self.taken.suffixed(f"c{n}", RESERVED))
         self.names: Dict[int, str] = {}
         self.orders: Dict[int, Tuple[str, ...]] = {}
         for cid, order in self.roots:
@@ -349,8 +337,7 @@ class _Emitter:
                 base = f"out{out_number}" if many else "out"
             else:
                 base = f"t{len(statements) + 1}"
-            self.names[cid] = self._fresh(base)
-            self.used.add(self.names[cid])
+            self.names[cid] = self.taken.suffixed(base, RESERVED)
             order = self.orders.get(cid) or self._intermediate_order(cid)
             self.orders[cid] = order
             statements.append(self._statement(self.names[cid], order,
@@ -360,8 +347,7 @@ class _Emitter:
             name = self.names[cid]
             if order != self.orders[cid]:       # the same values in another order: a copy
                 out_number += 1
-                name = self._fresh(f"out{out_number}")
-                self.used.add(name)
+                name = self.taken.suffixed(f"out{out_number}", RESERVED)
                 statements.append(self._statement(name, order, lambda ren, bound, cid=cid:
                                                   self._read_statement(cid, ren)))
             if name not in outputs:
@@ -459,9 +445,8 @@ class _Emitter:
                 pool = self.alias_pool.setdefault(name, [])
                 index = next((a for a in pool if a not in taken), None)
                 if index is None:       # a new one, unique in the program
-                    index = self._fresh(self.index[name], local=taken)
+                    index = self.taken.suffixed(self.index[name], RESERVED, local=taken)
                     pool.append(index)
-                    self.used.add(index)
                     self.aliases[index] = name
             inner[name] = index
             chosen.append(index)

@@ -15,37 +15,12 @@ expansion carries the span of the reduction as written, so errors point at it.""
 from __future__ import annotations
 
 import dataclasses
-from typing import Callable, Dict, Iterable, Set, Tuple
+from typing import Callable, Dict, Tuple
 
 from .ast import Access, Binary, Call, Expr, IndexValue, Number, Reduce, map_children
+from .fresh_names import FreshNames
 
 SUGAR_REDUCTIONS = ("mean", "var")
-
-
-class FreshNames:
-    """Names unused among ``taken`` (the names of the statement being expanded, or of
-    the buffers of a typed program), each one taken as it is handed out."""
-
-    def __init__(self, taken: Iterable[str] = ()):
-        self.taken: Set[str] = set(taken)
-        self.count = 0
-
-    def copy_of(self, name: str) -> str:
-        n = 2
-        while f"{name}{n}" in self.taken:
-            n += 1
-        self.taken.add(f"{name}{n}")
-        return f"{name}{n}"
-
-    def numbered(self, stem: str) -> str:
-        """``stem`` and the next number of one count shared by every stem (``t1``,
-        ``i2``, ``t3`` ...), skipping taken names."""
-        while True:
-            self.count += 1
-            name = f"{stem}{self.count}"
-            if name not in self.taken:
-                self.taken.add(name)
-                return name
 
 
 def expand(reduce: Reduce, fresh: FreshNames) -> Expr:

@@ -32,6 +32,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Dict, List, Optional, Tuple
 
+from ..lang.fresh_names import FreshNames
 from ..lang.ast import Access, Binary, Expr, IndexExpr, Reduce, Statement, accesses, map_children
 from ..lang.printer import format_statement
 from ..lang.rewrite import free_indices, names_in
@@ -110,11 +111,10 @@ class _Splitter:
         self.explicit = frozenset(name for name, _ in explicit_ranges)
         self.offset = frozenset(name for name, (start, _) in explicit_ranges if start != 0)
         self.subscripts = tuple(subscripts_of(rhs))
-        self.taken = set(taken) | names_in(statement)
+        self.names = FreshNames(set(taken) | names_in(statement))
         self.temporaries: List[Statement] = []
         self.contractions: List[object] = []
         self.shared: Dict[Expr, Access] = {}
-        self.counter = 0
 
     def visit(self, expr: Expr) -> Expr:
         if isinstance(expr, Binary) and expr.op == "+":
@@ -141,11 +141,10 @@ class _Splitter:
         if not free <= set(self.out) or not self._ranges_kept(expr, free):
             return None
         order = tuple(i for i in self.out if i in free)
-        name = self._fresh()
+        name = self.names.numbered("p")
         contraction = match(_Part(":=", expr, name, order))
         if contraction is None:
             return None
-        self.taken.add(name)
         self.temporaries.append(Statement(name, order, ":=", expr))
         self.contractions.append(contraction)
         read = Access(name, tuple(IndexExpr(((i, 1),)) for i in order))
@@ -166,9 +165,3 @@ class _Splitter:
         return all(index in self.explicit or only_plain(index, self.subscripts)
                    for index in bound)
 
-    def _fresh(self) -> str:
-        while True:
-            self.counter += 1
-            name = f"p{self.counter}"
-            if name not in self.taken:
-                return name

@@ -21,10 +21,12 @@ moved after the row-wise steps (they read only the seed and forward values)."""
 from __future__ import annotations
 
 import dataclasses
+import functools
 from dataclasses import dataclass
 from typing import Dict, FrozenSet, List, Optional, Sequence, Set, Tuple, Union
 
 from ..errors import EinfuseError
+from ..lang.fresh_names import FreshNames
 from ..lang.parser import parse
 from ..lang.printer import format_statement
 from .backward_steps import Contribution, Total
@@ -84,7 +86,8 @@ def backward_program(pieces: Sequence[str], specs: Sequence, outputs: Sequence[s
     for spec in specs:
         used |= used_names(spec)
     used |= {prefix + name for name in used}
-    fresh = _Fresh(used)
+    names = FreshNames(used)
+    fresh = functools.partial(names.suffixed, bare=False)     # base_1, base_2 ...
     parts: Dict[str, List[str]] = {prefix + name: [prefix + name] for name in outputs}
     steps: List[Step] = []
     late: List[Step] = []      # contributions reducing over their statement's rows
@@ -123,7 +126,7 @@ def backward_program(pieces: Sequence[str], specs: Sequence, outputs: Sequence[s
                        for n in spec.arg_order) - reads
     backward = Backward(wrt, outputs, tuple(prefix + name for name in outputs),
                         tuple(results), tuple(steps), constants, reads, shaped,
-                        tuple(fresh("a") for _ in range(8)), frozenset(fresh.used))
+                        tuple(fresh("a") for _ in range(8)), frozenset(names.taken))
     try:
         folded = fold(backward, specs, options)
     except EinfuseError:       # a folded statement the analysis refuses: as derived
@@ -166,19 +169,6 @@ def _renamed(g: GradientStatement, key: str) -> GradientStatement:
     text = format_statement(dataclasses.replace(statement, output=key))
     return dataclasses.replace(g, text=text, target=key, fallback=fallback,
                                description="")
-
-
-class _Fresh:
-    def __init__(self, used: Set[str]):
-        self.used = set(used)
-
-    def __call__(self, base: str) -> str:
-        number = 1
-        while f"{base}_{number}" in self.used:
-            number += 1
-        name = f"{base}_{number}"
-        self.used.add(name)
-        return name
 
 
 __all__ = ["Backward", "Contribution", "Total", "backward_program"]

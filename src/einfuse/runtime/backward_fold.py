@@ -37,6 +37,7 @@ from ..lang.ast import (Access, Call, Expr, IndexExpr, Param, Reduce, Statement,
                         expression_size, map_children, sum_tree)
 from ..lang.parser import parse
 from ..lang.printer import format_statement
+from ..lang.fresh_names import FreshNames
 from ..lang.sugar import rename_indices
 from ..lang.rewrite import free_indices
 from ..autodiff.algebra import Algebra, Definition, Poly, Term, TooLarge, definition_of, merge
@@ -113,7 +114,7 @@ def fold(backward, specs: Sequence, options: Mapping[str, object]) -> Optional[F
         else:
             nodes.append(step)
     results = {name for name in backward.results if name is not None}
-    taken: Set[str] = _Taken(backward.taken)
+    taken = FreshNames(backward.taken)
     _fold(nodes, results, taken)
     definitions = _definitions(specs, seeded)
     steps = []
@@ -177,7 +178,7 @@ FOLDED_NODES = 512
 FOLDED_DEPTH = 48
 
 
-def _fold(nodes: List, results: Set[str], taken: Set[str]) -> None:
+def _fold(nodes: List, results: Set[str], taken: FreshNames) -> None:
     """Substitute each node that exactly one later node reads (and nothing else), at
     plain distinct subscripts, into that reader; again until nothing folds (layernorm's
     ``dv`` folds once its two readers have folded into one).  The first foldable node
@@ -240,10 +241,10 @@ def _replace_access(expr: Expr, target: Access, value: Expr) -> Expr:
     return map_children(expr, lambda child: _replace_access(child, target, value))
 
 
-def _fresh_bound(expr: Expr, taken: Set[str]) -> Expr:
+def _fresh_bound(expr: Expr, taken: FreshNames) -> Expr:
     """``expr`` with every reduction's indices renamed to names not in ``taken``."""
     if isinstance(expr, Reduce):
-        names = {index: _fresh("r", taken) for index in expr.indices}
+        names = {index: taken.counted("r") for index in expr.indices}
         body = rename_indices(expr.body, names)
         return dataclasses.replace(expr, indices=tuple(names[i] for i in expr.indices),
                                    body=_fresh_bound(body, taken), implicit=False)
@@ -286,7 +287,7 @@ def _simplified(node: _Node, seeded, definitions) -> Optional[Tuple[Algebra, Pol
 
 
 def _with_row_coefficients(node: _Node, algebra: Algebra, poly: Poly,
-                           taken: Set[str]) -> List[Combined]:
+                           taken: FreshNames) -> List[Combined]:
     """The node as Combined steps: each sum of the terms' factors that vary along its
     first index alone (``-sum(dP*P)``; layernorm's ``1/s``, ``-h/(N s**3)``) computed
     first into a row coefficient ``key_r<n>[i]``, so that the statement itself reads
@@ -305,7 +306,7 @@ def _with_row_coefficients(node: _Node, algebra: Algebra, poly: Poly,
         for term in coefficients:
             for key, _ in term.factors:
                 if key not in sums and algebra.sum_parts(key) is not None:
-                    name = _fresh(f"{node.key}_s", taken)
+                    name = taken.counted(f"{node.key}_s")
                     rhs = _fresh_bound(algebra.atoms[key].expr, taken)
                     steps.append(Combined(name, name, node.like, format_statement(
                         Statement(name, (row,), ":=", rhs)), node.parts, ((node.like, 0),)))
@@ -322,7 +323,7 @@ def _with_row_coefficients(node: _Node, algebra: Algebra, poly: Poly,
             terms += [Term(c.coefficient, tuple(sorted(c.factors + rest)))
                       for c in coefficients]
             continue
-        name = _fresh(f"{node.key}_r", taken)
+        name = taken.counted(f"{node.key}_r")
         rhs = _fresh_bound(algebra.expr(tuple(coefficients)), taken)
         text = format_statement(Statement(name, (row,), ":=", rhs))
         steps.append(Combined(name, name, node.like, text, node.parts, ((node.like, 0),)))
@@ -334,26 +335,6 @@ def _with_row_coefficients(node: _Node, algebra: Algebra, poly: Poly,
             Statement(node.key, node.indices, ":=", node.rhs)), node.parts)]
     text = format_statement(Statement(node.key, node.indices, ":=", rhs))
     return steps + [Combined(node.key, node.target, node.like, text, node.parts)]
-
-
-class _Taken(set):
-    """The names in use, with the first number worth trying per stem: names are only
-    added, so the first free ``r<n>`` never moves down (counting up from 1 on every
-    call made a long backward's renaming quadratic)."""
-
-    def __init__(self, names=()):
-        super().__init__(names)
-        self.next: Dict[str, int] = {}
-
-
-def _fresh(stem: str, taken: Set[str]) -> str:
-    hints = getattr(taken, "next", {})
-    number = hints.get(stem, 1)
-    while f"{stem}{number}" in taken:
-        number += 1
-    taken.add(f"{stem}{number}")
-    hints[stem] = number + 1
-    return f"{stem}{number}"
 
 
 def _inputs(step) -> Tuple[str, ...]:

@@ -35,7 +35,7 @@ from ..autodiff.attribution import gradient_errors
 from ..errors import EinfuseError, OutOfBoundsError
 from ..lang.ast import IndexExpr
 from ..lang.printer import format_expr
-from ..lang.sugar import FreshNames
+from ..lang.fresh_names import FreshNames
 from ..backends.c.scatter import scatter_flat, scatter_rows
 from ..plan.library_patterns import scatters_rows
 from .gradient_reference import resolve_options, statements_to_run, text_kernel

@@ -38,6 +38,7 @@ from .. import ir
 from ..errors import EinfuseError
 from ..ir import LoopKind
 from ..lang import ast
+from ..lang.fresh_names import FreshNames
 from ..lang.printer import format_expr
 from ..plan import buffer_slots, row_kernel as row_kernels, unit_axis
 from ..plan.loop_plan import input_buffers, lane_packs, loop_plan
@@ -477,9 +478,7 @@ def _column_of(kernel):
             not any(len(a.indices) >= 2 and rhs.indices[0] in a.indices[-1].index_names
                     for a in ast.accesses(rhs.body)):
         taken = {t.name for t in spec.tensors} | set(spec.params) | {spec.output}
-        name = f"{spec.output}_row"
-        while name in taken:
-            name += "_"
+        name = FreshNames(taken).underscored(f"{spec.output}_row")
         indices = ", ".join(rhs.indices + spec.output_indices)
         try:
             # (a kernel of the statement's own class: the schedule builds no runtime type)

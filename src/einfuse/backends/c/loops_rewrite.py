@@ -33,7 +33,7 @@ from typing import Dict, Iterator, List, Optional, Set, Tuple
 
 from ...ir import (Apply, Assign, Buffer, Cast, Expr, Index, JitProgram, Loop, Read, ReduceOp,
                    ScatterAdd, Select, Step, Switch)
-from ...lang.sugar import FreshNames
+from ...lang.fresh_names import FreshNames
 from .loops_dot import mentions
 
 MIN_ROW = 8        # output rows shorter than this are not rendered as blocked contractions

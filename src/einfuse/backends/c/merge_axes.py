@@ -30,6 +30,7 @@ from ...errors import EinfuseError
 from ...analysis.binding import BoundCall, bind_call
 from ...analysis.spec import spec_of
 from ...lang import ast
+from ...lang.fresh_names import FreshNames
 from ...lang.printer import format_statement
 
 Named = Mapping[str, object]
@@ -58,7 +59,7 @@ def merged_call(call: BoundCall) -> Optional[MergedCall]:
         return None
     ranges = call.bounds.range_map
     counts: Dict[str, float] = {}
-    taken = set(spec.all_indices) | set(spec.arg_order) | {spec.output}
+    taken = FreshNames(set(spec.all_indices) | set(spec.arg_order) | {spec.output})
     rhs = _constant_reductions(spec.rhs, ranges, counts, taken)
     statement = dataclasses.replace(spec.statement, rhs=rhs)
     shapes = {name: tuple(call.arrays.shapes[name]) for name in spec.arg_order
@@ -116,11 +117,7 @@ def _constant_reductions(expr: ast.Expr, ranges, counts: Dict[str, float], taken
         value = _constant(expr.body)
         if value is not None:
             points = math.prod(max(0, ranges[i][1] - ranges[i][0]) for i in expr.indices)
-            number = 1
-            while f"count_{number}" in taken:
-                number += 1
-            name = f"count_{number}"
-            taken.add(name)
+            name = taken.suffixed("count", bare=False)
             counts[name] = float(value * points)
             return ast.Param(name, span=expr.span)
     return ast.map_children(expr, lambda child: _constant_reductions(child, ranges,
