@@ -229,10 +229,11 @@ def _positions_exact(call) -> bool:
 
 def run_hoisted(form: HoistedForm, call, named, framework: Optional[str] = None
                 ) -> Tuple[bool, object]:
-    """(True, result) from the hoisted form, or (False, None) when the statement must
-    run as written.  ``framework``: that of ``named`` where ``call`` was bound on
-    stand-ins (JAX values)."""
-    kernels = form.kernels(call.dtypes) if form.runs(call) else None
+    """(True, result) from the hoisted form the schedule chose for ``call``
+    (schedule/choose.runs_hoisted), or (False, None) when its temporaries cannot be
+    computed and the statement must run as written.  ``framework``: that of ``named``
+    where ``call`` was bound on stand-ins (JAX values)."""
+    kernels = form.kernels(call.dtypes)
     if kernels is None:
         return False, None
     try:

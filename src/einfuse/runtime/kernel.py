@@ -28,7 +28,7 @@ from . import kernel_maker
 from .kernel_maker import option_collision
 from .distributed import run_on_dtensors
 from .tracing import traced_call
-from ..schedule.choose import as_written, choose
+from ..schedule.choose import as_written, choose, runs_hoisted
 from ..schedule.early import Early, before_binding
 from ..schedule.route import backend_name
 from ..schedule.schedule import Library, Route, Schedule
@@ -138,11 +138,12 @@ class Kernel:
                 if form is not None and self.spec.assign == ":=":
                     # (a weakly typed scalar parameter stands in as a Python number,
                     # so the hoisted kernels have the dtypes the statement has)
-                    done, result = run_hoisted(form, self.bind(**{
-                        name: jax_adapter.stand_in(self, name, v)
-                        for name, v in named.items()}), named, JAX)
-                    if done:
-                        return result
+                    stand_ins = self.bind(**{name: jax_adapter.stand_in(self, name, v)
+                                             for name, v in named.items()})
+                    if runs_hoisted(form, stand_ins):
+                        done, result = run_hoisted(form, stand_ins, named, JAX)
+                        if done:
+                            return result
                 return jax_adapter.call(self, named)
             call = self._bind_named(args, kwargs)
         except EinfuseError as error:

@@ -62,6 +62,15 @@ def blas_contraction(call: BoundCall) -> Optional[Contraction]:
     return choice if isinstance(choice, Contraction) else None
 
 
+def runs_hoisted(form, call: BoundCall) -> bool:
+    """Whether ``call`` runs in ``form`` (a statement's hoisted form or its BLAS
+    epilogue form, runtime/hoisted.py): the form's dtypes apply to the call and the
+    positions it holds in a temporary are exact for the call's ranges.  The one rule
+    every route that may take a hoisted form asks (the schedule, the program units,
+    the row groups, sharding's planner, a JAX call)."""
+    return form is not None and form.runs(call)
+
+
 def epilogue_form_for(kernel, call: BoundCall, backend: str):
     """The kernel's epilogue form (runtime/hoisted.epilogue_form: its contractions on
     BLAS, then the elementwise rest) where this call runs it: the C backend (whose BLAS
@@ -70,7 +79,7 @@ def epilogue_form_for(kernel, call: BoundCall, backend: str):
             call.dtypes.working.kind != "f":
         return None
     form = getattr(kernel, "epilogue_form", None)
-    return form if form is not None and form.runs(call) else None
+    return form if runs_hoisted(form, call) else None
 
 
 def resolved_backend(kernel, call: BoundCall, backend: Optional[str] = None) -> str:
@@ -96,7 +105,7 @@ def choose(kernel, call: BoundCall, backend: Optional[str] = None,
         schedule = _schedule(name, Route.BLAS_THEN_EPILOGUE, epilogue.texts,
                              blas=epilogue.epilogue, materialised=earlier + products,
                              fallback=schedule)
-    elif form is not None and form.runs(call):
+    elif runs_hoisted(form, call):
         temporaries = tuple(Materialised(t.output, Reason.HOISTED)
                             for t in form.hoisted.temporaries)
         schedule = _schedule(name, Route.HOISTED, form.texts, materialised=temporaries,

@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Tuple
 
 from ..errors import EinfuseError
-from .choose import epilogue_form_for, resolved_backend
+from .choose import epilogue_form_for, resolved_backend, runs_hoisted
 
 
 def needed(spec) -> Tuple[str, ...]:
@@ -35,7 +35,7 @@ def statement_units(kernel, scratch, number: int):
     form = epilogue if epilogue is not None else form
     if form is None:
         return [(kernel, {}, spec.output)]
-    kernels = form.kernels(call.dtypes) if form.runs(call) else None
+    kernels = form.kernels(call.dtypes) if runs_hoisted(form, call) else None
     if kernels is None:
         return [(kernel, {}, spec.output)]
     local = {k.spec.output: f"#{number}#{k.spec.output}" for k in kernels[:-1]}

@@ -32,6 +32,7 @@ from ..lang.ast import Access, Binary, IndexValue, Reduce, Unary, accesses, redu
 from .layout import Move, Pending, Placement, moves_between
 from .mesh import Assignment, MeshAxes, MeshShape, axes_text, check_statement_axes
 from ..analysis.cost import count_flops
+from ..schedule.choose import runs_hoisted
 
 SPLITTABLE_REDUCTIONS = ("sum", "max", "min")
 
@@ -168,7 +169,7 @@ def bind_statements(kernels: Sequence, texts: Sequence[str],
                 f"{number} cannot read it"), text)
         call = kernel.bind(arrays={n: env[n] for n in spec.arg_order if n in env})
         form = kernel.hoisted_form
-        hoisted = form.hoisted if form is not None and form.runs(call) else None
+        hoisted = form.hoisted if runs_hoisted(form, call) else None
         result = run_dtype(call.dtypes.result) if narrow else np.dtype(call.dtypes.result)
         bound.append(BoundStatement(number, text, kernel, call.bounds,
                                     tuple(call.output_shape), result, hoisted))
