@@ -13,6 +13,7 @@ from typing import Optional
 
 from ..analysis.binding import BoundCall
 from ..analysis.thread_policy import fixed_thread_count
+from ..analysis.triton_facts import host_fallback
 from ..lang.printer import format_statement
 from ..plan.blocking import block_for, tile_for
 from ..plan.contraction import Contraction, match_contraction
@@ -126,7 +127,10 @@ def as_written(kernel, call: BoundCall, backend: Optional[str] = None,
     name = resolved_backend(kernel, call, backend)
     statements = (_text(kernel),)
     if name != "c":
-        return _schedule(name, _BACKEND_ROUTES.get(name, Route.LOOP_NEST), statements)
+        route = _BACKEND_ROUTES.get(name, Route.LOOP_NEST)
+        if route is Route.TRITON and host_fallback(call):
+            route = Route.HOST      # what no Triton kernel computes (analysis/triton_facts)
+        return _schedule(name, route, statements)
     blas = blas_choice(call)
     if blas is not None:
         route = Route.BLAS if isinstance(blas, Contraction) else \

@@ -30,6 +30,7 @@ from ...plan import buffer_slots, call_arguments, plan_for, unit_axis
 from .. import disk_cache
 from . import tuning as tuning
 from ...analysis.triton_facts import available, host_fallback, interpreted, result_dtype
+from ...schedule.schedule import Route
 from .launch import PreparedLaunch, launch_once
 from .render import Launch
 
@@ -358,10 +359,11 @@ class TritonBackend:
 
     @staticmethod
     def run(call, schedule=None):
-        # (the schedule names the Triton route; nothing in it is the launch's to read yet)
+        # the schedule's route: a Triton kernel, or the NumPy reference for what no Triton
+        # kernel computes (schedule/choose.as_written; asked here only without one)
         from ...plan.gathers import bounds_mode
         from ..numpy.backend import NumpyExecutor
-        if host_fallback(call):
+        if (schedule.route is Route.HOST) if schedule is not None else host_fallback(call):
             return NumpyExecutor.for_call(call).run()
         bounds = bounds_mode(call)
         if bounds in ("check", "promise"):  # an index value may be out of range: raise
