@@ -1,7 +1,8 @@
 """Contractions under elementwise work and reductions over inner axes (issue 32, item
 3): a Linear layer with ReLU or GELU (the product on BLAS, the epilogue one pass:
 plan/contraction_epilogue.py) at 64x784x256, 256x1024x1024 and 32x128x128, forward and
-forward + backward, against torch's addmm + activation; and a mean over H, W
+forward + backward, against torch's addmm + activation (einfuse given the same torch
+tensors, as inside a model); and a mean over H, W
 (backends/c/merge_axes.py) against torch.mean, forward and forward + backward."""
 
 from __future__ import annotations
@@ -40,6 +41,22 @@ def _torch_mean(X):
     return X.mean(dim=(2, 3))
 
 
+def _on_tensors(statement: str):
+    """einfuse's timed call on torch tensors, as the layer runs inside a torch model
+    (its product then on torch's BLAS, as the peer's is), under no_grad as the peer."""
+    def make(arrays, backend):
+        import torch
+        import einfuse as ef
+        kernel = ef.compile(statement, backend=backend)
+        tensors = {k: torch.from_numpy(np.ascontiguousarray(v)) for k, v in arrays.items()}
+
+        def run():
+            with torch.no_grad():
+                return kernel(**tensors)
+        return run
+    return make
+
+
 def epilogue_cases(quick: bool = False) -> List[Case]:
     sizes = [(32, 128, 128)] if quick else [(64, 784, 256), (256, 1024, 1024), (32, 128, 128)]
     cases = []
@@ -48,7 +65,8 @@ def epilogue_cases(quick: bool = False) -> List[Case]:
         inputs = _linear_inputs(batch, inner, outer)
         for name, statement, twin in (("relu", RELU, _torch_relu), ("gelu", GELU, _torch_gelu)):
             cases.append(Case(f"linear+{name} {shape}", statement, inputs,
-                              [torch_peer("torch addmm + activation", twin)]))
+                              [torch_peer("torch addmm + activation", twin)],
+                              einfuse_call=_on_tensors(statement)))
             cases.append(training_case(f"linear+{name} {shape}", statement, inputs, twin,
                                        compiled=False))
     image = (8, 16, 28, 28) if quick else (32, 64, 28, 28)

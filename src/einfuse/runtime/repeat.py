@@ -10,8 +10,6 @@ from __future__ import annotations
 import unicodedata
 from typing import Tuple
 
-import numpy as np
-
 from ..backends import get_backend
 from ..errors import EinfuseError, attach_statement
 from ..analysis.frameworks import NUMPY, TORCH, torch_recording
@@ -60,7 +58,7 @@ def prepare(kernel, call, kwargs) -> None:
         cache[signature] = _hoisted_runner(kernel, kernel.hoisted_form, call)
         return
     if schedule.route is Route.BLAS_THEN_EPILOGUE:    # (its kernels: BLAS, then a pass)
-        cache[signature] = _hoisted_runner(kernel, kernel.epilogue_form, call)
+        cache[signature] = _epilogue_runner(kernel, kernel.epilogue_form, call)
         return
     from ..backends.c.repeat import GatherFlagged, repeat_runner
     prepared = repeat_runner(call, schedule.as_written())
@@ -122,6 +120,28 @@ def _triton_runner(call):
     from ..backends.triton.repeat import repeat_runner
     final = torch.bfloat16 if call.bfloat16 else getattr(torch, call.dtypes.result.name)
     return repeat_runner(call, final)
+
+
+def _epilogue_runner(kernel, form, call):
+    """The hoisted runner of a BLAS-then-epilogue statement, with a torch call autograd
+    does not record taking the form's kernels chained by their prepared runners
+    (runtime/epilogue_chain.py)."""
+    from .epilogue_chain import epilogue_chain, recorded
+    generic = _hoisted_runner(kernel, form, call)
+    # (a NumPy caller's form runs each kernel on its own fast path already, with the
+    # BLAS the chain would take: only a torch caller's run gains)
+    chain = epilogue_chain(form, call) if call.framework == TORCH else None
+    if chain is None:
+        return generic
+
+    def repeat(named):
+        if recorded(named):
+            return generic(named)
+        try:
+            return chain(named)
+        except EinfuseError:    # (a runner that declines: the form's own run says why)
+            return generic(named)
+    return repeat
 
 
 def _hoisted_runner(kernel, form, call):

@@ -1,0 +1,86 @@
+"""A repeated call of a statement its schedule runs as BLAS, then an elementwise
+epilogue (Route.BLAS_THEN_EPILOGUE: a Linear layer's ``max(x @ W.T + b, 0)``), where
+autograd records nothing: the epilogue form's kernels chained directly, each by its
+prepared runner (backends/c/repeat.py) -- the products on BLAS (torch's for a torch
+caller, as the statement's own BLAS route takes it), then the one epilogue pass --
+instead of through the program machinery, which binds, converts and looks each
+kernel up again per call (about 20 us of Python against a 12 us product at
+32x128x128).
+
+What the chain computes is what the form's kernels compute (the same kernels, the
+same BLAS route as a torch caller's statements take, the same thread rule).  A call
+autograd records (grad mode on and an input that requires a gradient) takes the
+form's own run, which builds the autograd node; so does any call the chain's
+runners decline."""
+
+from __future__ import annotations
+
+from typing import Callable, Dict, List, Optional, Tuple
+
+import numpy as np
+
+from ..analysis.frameworks import TORCH, torch_recording
+from ..errors import EinfuseError
+from ..schedule.choose import as_written
+
+
+def epilogue_chain(form, call) -> Optional[Callable]:
+    """``run(named)`` -> the statement's result for calls of ``call``'s signature that
+    autograd does not record, or None where a kernel of the form has no prepared
+    runner (a gather, a parameter of another type, a packed input)."""
+    from ..backends.c.repeat import blas_runner, repeat_runner
+    kernels = form.kernels(call.dtypes)
+    torch_caller = call.framework == TORCH
+    if kernels is None or call.framework not in ("numpy", TORCH):
+        return None
+    env: Dict[str, object] = {name: call.arrays[name] for name in call.arrays}
+    env.update(call.params)
+    steps: List[Tuple[str, Callable]] = []
+    for kernel in kernels:
+        spec = kernel.spec
+        if any(t.as_index for t in spec.tensors) or spec.assign != ":=":
+            return None
+        try:
+            bound = kernel.bind(arrays={n: env[n] for n in spec.arg_order if n in env})
+        except (EinfuseError, KeyError):
+            return None
+        schedule = as_written(kernel, bound)
+        if schedule.backend != "c":
+            return None
+        if schedule.blas is not None:
+            prepared = blas_runner(bound, schedule.blas, torch_caller)
+        else:
+            prepared = repeat_runner(bound, schedule)
+        if prepared is None:
+            return None
+        steps.append((spec.output, prepared.run))
+        env[spec.output] = np.empty(tuple(bound.output_shape), prepared.dtype)
+    result_dtype = np.dtype(call.dtypes.result)
+    arrays = tuple(call.arrays)
+    if torch_caller:
+        import torch
+        tensor_type = torch.Tensor
+
+    def run(named):
+        values = dict(named)
+        if torch_caller:
+            for name in arrays:
+                value = named[name]
+                if isinstance(value, tensor_type):
+                    values[name] = value.detach().numpy()
+        for output, step in steps:
+            values[output] = step(values)
+        result = np.asarray(values[steps[-1][0]])
+        if result.dtype != result_dtype:
+            result = result.astype(result_dtype)
+        return torch.from_numpy(result) if torch_caller else result
+    return run
+
+
+def recorded(named) -> bool:
+    """Whether autograd records a torch call with these arguments."""
+    return torch_recording() and any(getattr(v, "requires_grad", False)
+                                     for v in named.values())
+
+
+__all__ = ["epilogue_chain", "recorded"]
