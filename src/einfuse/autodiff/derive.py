@@ -170,7 +170,7 @@ def derive(statement: Union[str, GradientStatement], wrt: str, *,
     options = dict(options or {})
     try:
         spec = analyse(parse(statement))
-        return _Deriver(spec, wrt, output_grad_name, options, parent).run()
+        return Deriver(spec, wrt, output_grad_name, options, parent).run()
     except EinfuseError as error:
         if error.source is None:
             error.source = statement
@@ -195,7 +195,7 @@ def used_names(spec: Spec) -> set:
     return used
 
 
-class _Deriver:
+class Deriver:
     def __init__(self, spec: Spec, wrt: str, dout: Optional[str], options, parent,
                  starts: Optional[Dict[str, int]] = None):
         self.spec, self.wrt, self.options, self.parent = spec, wrt, options, parent

@@ -18,7 +18,7 @@ from ..analysis.spec import analyse
 from ..errors import EinfuseError
 from ..lang import parse
 from ..lang.printer import format_statement
-from .derive import GradientStatement, _Deriver
+from .derive import GradientStatement, Deriver
 
 # Derivations kept per gradient statement, one per set of starts.
 _KEPT = 16
@@ -62,7 +62,7 @@ def rebased(g: GradientStatement, starts: Mapping[str, int]) -> List[GradientSta
 def _derive(g: GradientStatement, starts: Dict[str, int]) -> List[GradientStatement]:
     spec = analyse(parse(g.forward))
     try:
-        found = _Deriver(spec, g.wrt, g.output_grad, dict(g.forward_options), None,
+        found = Deriver(spec, g.wrt, g.output_grad, dict(g.forward_options), None,
                          starts).run()
     except EinfuseError as error:
         if error.source is None:
