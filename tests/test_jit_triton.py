@@ -279,7 +279,9 @@ def test_on_gpu_arrays_the_cost_rule_sends_many_chains_to_one_triton_kernel():
     close(single, jax.jit(seed_function)(params, noise[0]), tol=1e-10)
 
 
-def test_forward_mode_and_a_nested_vmap():
+def test_forward_mode_and_a_nested_vmap(monkeypatch):
+    # one program per chain here (test_jit_triton_lanes spreads a nested vmap over lanes)
+    monkeypatch.setenv("EINFUSE_JIT_LANES", "1")
     rng = np.random.default_rng(10)
     A = jnp.asarray(rng.standard_normal((4, 4)))
     y0 = jnp.asarray(rng.standard_normal(4))

@@ -59,8 +59,13 @@ class TritonRoute:
     an axis for level ``k``."""
 
     def __init__(self, function, program, sizes: Tuple[int, ...],
-                 batched: Tuple[Tuple[bool, ...], ...], backend: str, constants: Sequence):
+                 batched: Tuple[Tuple[bool, ...], ...], backend: str, constants: Sequence,
+                 block=None):
         self.function = function
+        # block(lanes) -> (block program, its constants): the vmap of the function over
+        # that many chains of the innermost level (None: not vmapped)
+        self.block = block
+        self.spread = ""          # how the batch lies over programs and lanes, in words
         self.program = program
         self.sizes = tuple(sizes)
         self.batch = int(np.prod(self.sizes)) if self.sizes else 1
@@ -84,6 +89,42 @@ class TritonRoute:
             self._declined = declined.reason
         except Exception as error:   # noqa: BLE001 -- a renderer's fault: the host runs
             self._declined = f"the Triton renderer failed ({type(error).__name__}: {error})"
+        if self._rendered is not None and self.block is not None:
+            self._spread_over_lanes()
+
+    def _spread_over_lanes(self) -> None:
+        """Chains per program by schedule/jit_device.lanes_for, from the one-chain
+        program's tiles: the block program of that many chains rendered in its place
+        (halved while its tiles exceed a program's registers); where none can be (its
+        conversion or rendering declines) one program per chain stays, and ``spread``
+        says why."""
+        from ..backends.triton.jit_render import Declined, render_jit
+        from ..schedule.jit_device import REGISTER_LIMIT, TILE_LIMIT, lanes_for
+        one = self._rendered
+        lanes, reason = lanes_for(self.sizes[-1], int(np.prod(self.sizes[:-1])),
+                                  one.largest, one.registers)
+        why = reason
+        while lanes > 1:
+            try:
+                block, constants = self.block(lanes)
+                flags = tuple(self.batched[:len(self.function.in_avals)]) + \
+                    tuple(tuple(False for _ in self.sizes) for _ in constants)
+                rendered = render_jit(block, flags, self.sizes, lanes)
+            except Declined as declined:
+                why = f"the block program of {lanes} chains declines: {declined.reason}"
+                break
+            except Exception as error:   # noqa: BLE001 -- its conversion: per chain
+                why = (f"the block program of {lanes} chains is not converted "
+                       f"({type(error).__name__}: {str(error)[:200]})")
+                break
+            if rendered.largest <= TILE_LIMIT and rendered.registers <= REGISTER_LIMIT:
+                self._rendered, self.constants = rendered, list(constants)
+                self.spread = f"{lanes} chains per program, as lanes ({reason})"
+                return
+            why = (f"the block program of {lanes} chains has tiles of {rendered.largest} "
+                   f"elements, {rendered.registers} in all, over a program's registers")
+            lanes //= 2
+        self.spread = f"one program per chain ({why})"
 
     def choice(self, on_gpu: bool) -> DeviceChoice:
         with _lock:
@@ -99,7 +140,8 @@ class TritonRoute:
             rendered = self._rendered
             made = choose(self.program, self.batch, self.backend, on_gpu, can_run,
                           self._declined, rendered.largest if rendered else 0,
-                          rendered.registers if rendered else 0)
+                          rendered.registers if rendered else 0,
+                          rendered.programs if rendered else None, self.spread)
         with _lock:
             return self._choices.setdefault(on_gpu, made)
 
@@ -126,7 +168,7 @@ class TritonRoute:
             if self._kernel is None:
                 from ..backends.triton.jit_launch import JitKernel
                 choice = self._choices.get(True) or self._choices.get(False)
-                self._kernel = JitKernel(self._rendered, self.batch,
+                self._kernel = JitKernel(self._rendered, self._rendered.programs,
                                          choice.num_warps if choice else 1)
             return self._kernel
 
@@ -234,10 +276,29 @@ def batched_route_of(batched) -> TritonRoute:
         sizes = tuple(int(n) for n in batched.sizes)
         flags = tuple(tuple(bool(b) for b in f) for f in batched.batched) + \
             tuple(tuple(False for _ in sizes) for _ in constants)
-        found = TritonRoute(batched, program, sizes, flags, base.backend, constants)
+        found = TritonRoute(batched, program, sizes, flags, base.backend, constants,
+                            block=lambda lanes: _block_program(batched, lanes))
         with _lock:
             found = batched.__dict__.setdefault("_triton_route", found)
     return found
+
+
+def _block_program(batched, lanes: int):
+    """The program of ``jax.vmap`` of ``batched``'s function over ``lanes`` chains of
+    its innermost batch level (JAX's batching rules: a per-chain loop condition becomes
+    a masked loop until every lane is done, a per-chain branch both branches and a
+    select), converted; and its constants."""
+    import jax
+    from ..frontends.jaxpr import convert
+    from .jit_support import without_dead_code
+    base = batched.base
+    inner = tuple(bool(flags[-1]) for flags in batched.batched)
+    vmapped = jax.vmap(lambda *x: tuple(base.flat_fn(*x)),
+                       in_axes=tuple(0 if b else None for b in inner))
+    examples = [jax.ShapeDtypeStruct(((lanes,) if b else ()) + tuple(a.shape), a.dtype)
+                for a, b in zip(base.in_avals, inner)]
+    program = convert(without_dead_code(jax.make_jaxpr(vmapped)(*examples)))
+    return program, [array for _, array in program.constants]
 
 
 __all__ = ["TritonRoute", "batched_route_of", "route_of"]

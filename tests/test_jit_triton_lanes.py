@@ -1,0 +1,183 @@
+"""A vmapped ``ef.jit`` function as ONE Triton kernel spread over programs AND lanes
+(issue 36 item 1): several chains per program, the chain axis leading every tile
+(backends/triton/jit_lanes.py; the number of lanes by schedule/jit_device.lanes_for),
+run by Triton's interpreter against ``jax.jit`` of the ``vmap``: the seed workload, a
+while loop whose trip count differs per chain, a cond and a switch with a per-chain
+predicate, a nested vmap, an RNN with stacked outputs, scatters and argmax per lane,
+gradients, ragged batches (not a multiple of the lanes); one launch per call.  The
+lanes are asked for through EINFUSE_JIT_LANES (the rule itself keeps these small
+batches at one chain per program, as its own test shows)."""
+
+import numpy as np
+import pytest
+
+jax = pytest.importorskip("jax")
+import jax.numpy as jnp  # noqa: E402
+
+import einfuse as ef  # noqa: E402
+from einfuse.backends.c import build as c_build  # noqa: E402
+from einfuse.backends.triton import backend as triton_backend  # noqa: E402
+from jit_support import x64  # noqa: E402,F401  (x64 mode around each test)
+from test_jit_triton import close, launches, rnn, scatter_and_argmax, seed_arrays  # noqa: E402
+
+pytestmark = [
+    pytest.mark.skipif(not triton_backend.available(), reason="triton (and torch) not installed"),
+    pytest.mark.skipif(c_build.find_compiler() is None, reason="ef.jit builds its host kernel"),
+]
+
+
+@pytest.fixture
+def lanes(monkeypatch):
+    def ask(n):
+        monkeypatch.setenv("EINFUSE_JIT_LANES", str(n))
+    return ask
+
+
+def spread_of(function, *args, batched, size):
+    """How the batch of ``size`` of ``function`` (an ef.jit function) lies over programs
+    and lanes, in explain's words."""
+    from einfuse.runtime.jit_triton import batched_route_of
+    compiled = function.compiled(*args)
+    leaves = jax.tree_util.tree_leaves(batched)
+    return " ".join(batched_route_of(compiled.batched(size, tuple(leaves))).describe())
+
+
+@pytest.mark.parametrize("chains, ask, programs", [(3, 2, 2), (5, 4, 2)])
+def test_vmapped_seed_runs_several_chains_per_program(lanes, chains, ask, programs):
+    from einfuse.bench.jit_cases import seed_function
+    lanes(ask)
+    params, noise = seed_arrays(4, 5, chains=chains, seed=chains)
+    inner = ef.jit(seed_function, backend="triton")
+    fn = jax.vmap(inner, in_axes=(None, 0))
+    out, seen = launches(lambda: fn(params, noise))
+    assert [s.grid for s in seen] == [(programs,)]      # one launch, blocks of chains
+    close(out, jax.jit(jax.vmap(seed_function, in_axes=(None, 0)))(params, noise))
+    text = spread_of(inner, params, noise[0], batched=([False] * 3, True), size=chains)
+    assert f"{ask} chains per program, as lanes" in text
+
+
+def per_chain_loop(x):
+    # the trip count depends on the chain's own data: 0 to several steps
+    count, y = jax.lax.while_loop(lambda c: c[1].max() < 30.0,
+                                  lambda c: (c[0] + 1, c[1] * 1.5 + 0.25), (0, x))
+    z = jax.lax.cond(x.sum() > 0, lambda v: v * 0.5 - 1.0, lambda v: jnp.sin(v) + 2.0, y)
+    k = jax.lax.switch(jnp.clip(count, 0, 2), [lambda v: v + 1.0, lambda v: v * v,
+                                                lambda v: -v], z)
+    return k, count
+
+
+def test_a_while_loop_and_branches_whose_conditions_differ_per_chain(lanes):
+    lanes(4)
+    rng = np.random.default_rng(1)
+    # chains that stop after 0, 1, ... steps; 7 chains: the second block is ragged
+    x = jnp.asarray(rng.standard_normal((7, 5)) * np.array([[40.0], [0.1], [3.0], [-1.0],
+                                                             [20.0], [0.5], [31.0]]))
+    fn = jax.vmap(ef.jit(per_chain_loop, backend="triton"))
+    out, seen = launches(lambda: fn(x))
+    assert [s.grid for s in seen] == [(2,)]
+    want = jax.jit(jax.vmap(per_chain_loop))(x)
+    assert len(set(np.asarray(want[1]).tolist())) > 2       # trip counts do differ
+    close(out, want)
+
+
+def test_a_nested_vmap_spreads_its_inner_level_over_lanes(lanes):
+    from test_jit_triton import rk4
+    lanes(2)
+    rng = np.random.default_rng(10)
+    As = jnp.asarray(rng.standard_normal((2, 4, 4)))
+    ys = jnp.asarray(rng.standard_normal((2, 3, 4)))
+    fn = ef.jit(rk4, backend="triton")
+    nested = jax.vmap(lambda a, y: jax.vmap(lambda v: fn(a, v, 0.1))(y))
+    out, seen = launches(lambda: nested(As, ys))
+    assert [s.grid for s in seen] == [(4,)]      # 2 outer x 2 blocks of 2 of 3 chains
+    close(out, jax.vmap(lambda a, y: jax.vmap(lambda v: rk4(a, v, 0.1))(y))(As, ys))
+
+
+@pytest.mark.parametrize("steps", [7, 90])     # stacked outputs in registers; in memory
+def test_a_vmapped_rnn_with_stacked_outputs(lanes, steps):
+    lanes(4)
+    rng = np.random.default_rng(2)
+    W = jnp.asarray(rng.standard_normal((6, 6)) * 0.5)
+    U = jnp.asarray(rng.standard_normal((6, 3)))
+    b = jnp.asarray(rng.standard_normal(6))
+    xs = jnp.asarray(rng.standard_normal((5, steps, 3)))
+    fn = jax.vmap(ef.jit(rnn, backend="triton"), in_axes=(None, None, None, 0))
+    out, seen = launches(lambda: fn(W, U, b, xs))
+    assert [s.grid for s in seen] == [(2,)]
+    close(out, jax.jit(jax.vmap(rnn, in_axes=(None, None, None, 0)))(W, U, b, xs))
+
+
+def test_scatters_and_argmax_per_lane(lanes):
+    lanes(2)
+    rng = np.random.default_rng(3)
+    x = jnp.asarray(rng.standard_normal((3, 6)))
+    x = x.at[1, 4].set(np.nan).at[2, 0].set(9.0).at[2, 5].set(9.0)
+    i = jnp.asarray([[1, 3, 1, -1], [0, 0, 5, 2], [4, 4, 4, 4]])
+    m = jnp.asarray(rng.standard_normal((3, 4, 3))).at[0, 1, 2].set(np.nan)
+    fn = jax.vmap(ef.jit(scatter_and_argmax, backend="triton"))
+    out, seen = launches(lambda: fn(x, i, m))
+    assert [s.grid for s in seen] == [(2,)]
+    close(out, jax.jit(jax.vmap(scatter_and_argmax))(x, i, m))
+
+
+def test_gradients_through_the_vmapped_seed(lanes):
+    from einfuse.bench.jit_cases import seed_function
+    lanes(4)
+    params, noise = seed_arrays(5, 4, chains=6, seed=4)
+    fn = jax.vmap(ef.jit(seed_function, backend="triton"), in_axes=(None, 0))
+
+    def loss(p, f):
+        return (f(p, noise) ** 2).sum()
+    grads, seen = launches(lambda: jax.grad(loss)(params, fn))
+    # the forward kernel over blocks of 4 chains, then the backward kernel: one launch
+    # each (the backward comes as one function of the whole batch, a single program)
+    assert len(seen) == 2 and seen[0].grid == (2,)
+    close(grads, jax.jit(jax.grad(lambda p: loss(p, jax.vmap(seed_function,
+                                                             in_axes=(None, 0)))))(params))
+
+
+def test_where_no_block_program_can_be_made_one_program_per_chain_runs(lanes, monkeypatch):
+    from einfuse.bench.jit_cases import seed_function
+    from einfuse.frontends.jaxpr_values import JaxprConversionError
+    from einfuse.runtime import jit_triton
+    lanes(2)
+
+    def refuse(batched, count):
+        raise JaxprConversionError("a batched form with no conversion")
+    monkeypatch.setattr(jit_triton, "_block_program", refuse)
+    params, noise = seed_arrays(3, 4, chains=3, seed=5)
+    inner = ef.jit(seed_function, backend="triton")
+    out, seen = launches(lambda: jax.vmap(inner, in_axes=(None, 0))(params, noise))
+    assert [s.grid for s in seen] == [(3,)]
+    close(out, jax.jit(jax.vmap(seed_function, in_axes=(None, 0)))(params, noise))
+    text = spread_of(inner, params, noise[0], batched=([False] * 3, True), size=3)
+    assert "one program per chain (the block program of 2 chains is not converted" in text
+
+
+def test_the_lanes_rule(monkeypatch):
+    from einfuse.schedule.jit_device import TILE_LIMIT, lanes_for
+    monkeypatch.delenv("EINFUSE_JIT_LANES", raising=False)
+    # 16 x 16 tiles, 256 chains: one wave of programs already, lanes only add rounds
+    assert lanes_for(256, 1, 256, 900)[0] == 1
+    assert "no fewer with lanes" in lanes_for(256, 1, 256, 900)[1]
+    # more chains than one wave: lanes take over
+    assert lanes_for(4096, 1, 256, 900)[0] == 4
+    # tiles smaller than a warp: lanes fill its threads
+    assert lanes_for(3, 1, 1, 10)[0] == 4
+    assert lanes_for(256, 1, 1, 4)[0] == 32
+    # what one program cannot hold is never asked for
+    assert lanes_for(64, 1, TILE_LIMIT // 2, 100)[0] <= 2
+    monkeypatch.setenv("EINFUSE_JIT_LANES", "6")
+    assert lanes_for(100, 1, 16, 16)[0] == 4
+    assert lanes_for(3, 1, TILE_LIMIT // 2, 100)[0] == 2
+
+
+@pytest.mark.slow
+def test_the_256_chain_vmap_in_lanes(lanes):
+    from einfuse.bench.jit_cases import seed_function
+    lanes(8)
+    params, noise = seed_arrays(3, 32, chains=256, seed=2)
+    fn = jax.vmap(ef.jit(seed_function, backend="triton"), in_axes=(None, 0))
+    out, seen = launches(lambda: fn(params, noise))
+    assert [s.grid for s in seen] == [(32,)]
+    close(out, jax.jit(jax.vmap(seed_function, in_axes=(None, 0)))(params, noise))
