@@ -107,6 +107,30 @@ def test_a_vmapped_rnn_with_stacked_outputs(lanes, steps):
     close(out, jax.jit(jax.vmap(rnn, in_axes=(None, None, None, 0)))(W, U, b, xs))
 
 
+def states(W, xs):
+    def step(h, x):
+        h = jnp.tanh(W @ h + x)
+        return h, h
+    return jax.lax.scan(step, jnp.zeros(W.shape[0], xs.dtype), xs)[1]
+
+
+def test_a_vmapped_output_too_large_for_registers_is_stored_for_the_valid_lanes(lanes):
+    from einfuse.backends.triton.jit_memory import MEMORY_ELEMENTS
+    from einfuse.runtime.jit_triton import batched_route_of
+    lanes(4)
+    rng = np.random.default_rng(7)
+    W = jnp.asarray(rng.standard_normal((6, 6)) * 0.5)
+    xs = jnp.asarray(rng.standard_normal((5, 300, 6)))
+    inner = ef.jit(states, backend="triton")
+    out, seen = launches(lambda: jax.vmap(inner, in_axes=(None, 0))(W, xs))
+    assert [s.grid for s in seen] == [(2,)]
+    close(out, jax.jit(jax.vmap(states, in_axes=(None, 0)))(W, xs))
+    # (the block's output, 4 x 300 x 6, lives in memory: its stores are masked)
+    assert 4 * 512 * 8 > MEMORY_ELEMENTS
+    route = batched_route_of(inner.compiled(W, xs[0]).batched(5, (False, True)))
+    assert route.choice(False).triton and route.rendered.lanes == 4
+
+
 def test_scatters_and_argmax_per_lane(lanes):
     lanes(2)
     rng = np.random.default_rng(3)
@@ -152,6 +176,27 @@ def test_where_no_block_program_can_be_made_one_program_per_chain_runs(lanes, mo
     close(out, jax.jit(jax.vmap(seed_function, in_axes=(None, 0)))(params, noise))
     text = spread_of(inner, params, noise[0], batched=([False] * 3, True), size=3)
     assert "one program per chain (the block program of 2 chains is not converted" in text
+
+
+def test_a_kernel_over_lanes_that_fails_to_build_gives_way_to_one_program_per_chain(
+        lanes, monkeypatch):
+    from einfuse.backends.triton import jit_launch
+    from einfuse.bench.jit_cases import seed_function
+    lanes(2)
+    real = jit_launch.JitKernel.__call__
+
+    def refuse_lanes(self, inputs, outputs):
+        if self.rendered.lanes > 1:
+            raise RuntimeError("the compiler refused it")
+        return real(self, inputs, outputs)
+    monkeypatch.setattr(jit_launch.JitKernel, "__call__", refuse_lanes)
+    params, noise = seed_arrays(3, 4, chains=3, seed=6)
+    inner = ef.jit(seed_function, backend="triton")
+    out, seen = launches(lambda: jax.vmap(inner, in_axes=(None, 0))(params, noise))
+    assert [s.grid for s in seen] == [(3,)]
+    close(out, jax.jit(jax.vmap(seed_function, in_axes=(None, 0)))(params, noise))
+    text = spread_of(inner, params, noise[0], batched=([False] * 3, True), size=3)
+    assert "one program per chain (its kernel over lanes did not build: RuntimeError" in text
 
 
 def test_the_lanes_rule(monkeypatch):

@@ -72,11 +72,17 @@ class TritonRoute:
         self.batched = batched
         self.backend = backend
         self.constants = list(constants)
+        self._one_constants = list(constants)     # the one-chain program's
         self._declined: Optional[str] = None
         self._rendered = None
         self._kernel = None
         self._choices: Dict[bool, DeviceChoice] = {}
         self._succeeded = False
+
+    @property
+    def rendered(self):
+        """The kernel's RenderedJit once decided (None: none, or declined)."""
+        return self._rendered
 
     # -- the decision ---------------------------------------------------------------------------
     def _render(self):
@@ -176,7 +182,8 @@ class TritonRoute:
         """The kernel's outputs on ``arrays`` where the rule chooses it, else None (the
         host kernel runs).  A kernel that fails to build (Triton's compiler refusing what
         the renderer wrote) declines from then on, with that reason; the host kernel
-        runs instead, so the call still gets its result."""
+        runs instead, so the call still gets its result.  A kernel over lanes that
+        fails so gives way to one program per chain first."""
         if not self.takes(arrays):
             return None
         try:
@@ -186,6 +193,15 @@ class TritonRoute:
         except Exception as error:   # noqa: BLE001 -- see above; only before a success
             if self._succeeded:
                 raise
+            if self._rendered is not None and self._rendered.lanes > 1:
+                with _lock:
+                    self._rendered, self.block, self._kernel = None, None, None
+                    self.constants, self._choices = list(self._one_constants), {}
+                    self._render()
+                    self.spread = (f"one program per chain (its kernel over lanes did not "
+                                   f"build: {type(error).__name__}: {str(error)[:200]})")
+                if self._rendered is not None:
+                    return self.attempt(arrays, as_jax)
             with _lock:
                 self._declined = (f"its Triton kernel did not build ({type(error).__name__}: "
                                   f"{str(error)[:300]})")
