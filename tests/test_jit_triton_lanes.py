@@ -54,6 +54,12 @@ def test_vmapped_seed_runs_several_chains_per_program(lanes, chains, ask, progra
     close(out, jax.jit(jax.vmap(seed_function, in_axes=(None, 0)))(params, noise))
     text = spread_of(inner, params, noise[0], batched=([False] * 3, True), size=chains)
     assert f"{ask} chains per program, as lanes" in text
+    # explain of the function says it of each vmap made of it
+    assert f"vmapped over {chains} (GPU arrays): one Triton kernel: " in \
+        str(ef.explain(inner, params, noise[0]))
+    assert f"{programs} program(s), 1 warp(s) each; {ask} chains per program, as lanes " \
+        f"(EINFUSE_JIT_LANES={ask} asks for {ask} lane(s))" in str(ef.explain(inner, params,
+                                                                             noise[0]))
 
 
 def per_chain_loop(x):

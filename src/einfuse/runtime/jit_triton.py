@@ -166,6 +166,8 @@ class TritonRoute:
             except Exception as error:       # explain describes; the call itself raises
                 text = f"not decided ({type(error).__name__}: {error})"
             lines.append(f"  eager call on {where}: {text}")
+        if self.block is None and not self.sizes:
+            lines += _vmapped_lines(self.function)
         return lines
 
     # -- the call -------------------------------------------------------------------------------
@@ -297,6 +299,23 @@ def batched_route_of(batched) -> TritonRoute:
         with _lock:
             found = batched.__dict__.setdefault("_triton_route", found)
     return found
+
+
+def _vmapped_lines(function) -> list:
+    """explain()'s lines on the vmaps of ``function`` (a CompiledFunction) made so far:
+    how each batch lies over programs and lanes, on GPU arrays."""
+    lines, pending = [], list(getattr(function, "_batched", {}).values())
+    while pending:
+        batched = pending.pop(0)
+        pending += list(getattr(batched, "_nested", {}).values())
+        route = batched_route_of(batched)
+        try:
+            text = route.choice(True).describe()
+        except Exception as error:       # explain describes; the call itself raises
+            text = f"not decided ({type(error).__name__}: {error})"
+        lines.append(f"  vmapped over {' x '.join(map(str, batched.sizes))} (GPU arrays): "
+                     f"{text}")
+    return lines
 
 
 def _block_program(batched, lanes: int):

@@ -145,8 +145,8 @@ def lanes_for(chains: int, outer: int, largest: int, registers: int) -> Tuple[in
         if best is None or cost(lanes) <= cost(best):
             best = lanes
         lanes *= 2
-    rule = (f"waves of programs x elements per thread of the largest tile, "
-            f"{largest} per chain: {cost(1)} at one chain per program")
+    rule = (f"waves of programs x elements per thread of the largest tile "
+            f"({largest} per chain): {cost(1)} at one chain per program")
     if best == 1:
         return 1, (f"{rule}, no fewer with lanes (up to {fit} fit one program)")
     return best, f"{rule}, {cost(best)} at {best} (up to {fit} fit one program)"
