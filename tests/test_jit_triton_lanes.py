@@ -232,3 +232,71 @@ def test_the_256_chain_vmap_in_lanes(lanes):
     out, seen = launches(lambda: fn(params, noise))
     assert [s.grid for s in seen] == [(32,)]
     close(out, jax.jit(jax.vmap(seed_function, in_axes=(None, 0)))(params, noise))
+
+
+COMPILE_SCRIPT = """
+import importlib.util, os, sys
+sys.path.insert(0, sys.argv[1])
+import jax, jax.numpy as jnp
+jax.config.update("jax_enable_x64", True)
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+from einfuse.backends.triton.jit_render import render_jit
+from einfuse.bench.jit_cases import seed_function
+from einfuse.frontends.jaxpr import convert
+from einfuse.runtime.jit_support import without_dead_code
+from test_jit_triton import scatter_and_argmax
+from test_jit_triton_lanes import per_chain_loop, states
+
+S, f64 = jax.ShapeDtypeStruct, jnp.float64
+TYPES = {"float64": "fp64", "int64": "i64", "int32": "i32", "bool": "i1"}
+
+
+def compile_block(name, fn, examples, axes, lanes, chains):
+    lanes_examples = [S(((lanes,) if a == 0 else ()) + e.shape, e.dtype)
+                      for e, a in zip(examples, axes)]
+    program = convert(without_dead_code(jax.make_jaxpr(jax.vmap(fn, in_axes=axes))(
+        *lanes_examples)))
+    flags = [(a == 0,) for a in axes] + [(False,)] * len(program.constants)
+    rendered = render_jit(program, flags, (chains,), lanes)
+    assert rendered.lanes == lanes
+    path = os.path.join(sys.argv[2], name + ".py")
+    with open(path, "w") as handle:
+        handle.write(rendered.source)
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    kernel = module.ef_jit_kernel
+    buffers = list(program.inputs) + list(program.outputs) + [n for n, _, _ in rendered.scratch]
+    signature = {param.name: "*" + TYPES[program.buffer(b).dtype.numpy.name]
+                 for param, b in zip(kernel.params, buffers)}
+    compiled = triton.compile(ASTSource(fn=kernel, signature=signature, constexprs={}),
+                              target=GPUTarget("cuda", 90, 32), options=dict(num_warps=1))
+    assert compiled.asm["cubin"] and ".entry ef_jit_kernel" in compiled.asm["ptx"]
+    print("compiled", name)
+
+
+compile_block("seed", lambda w0, w1, w2, n: seed_function((w0, w1, w2), n),
+              [S((1, 12), f64), S((12, 12), f64), S((12, 1), f64), S((4, 1), f64)],
+              (None, None, None, 0), 4, 7)
+compile_block("loop", per_chain_loop, [S((5,), f64)], (0,), 4, 7)
+compile_block("states", states, [S((6, 6), f64), S((300, 6), f64)], (None, 0), 4, 5)
+compile_block("scatter", scatter_and_argmax,
+              [S((6,), f64), S((4,), jnp.int64), S((4, 3), f64)], (0, 0, 0), 2, 3)
+"""
+
+
+@pytest.mark.slow
+def test_block_kernels_compile_for_sm90(tmp_path):
+    # Triton's compiler, not the interpreter (which takes constructs the compiler
+    # refuses): the block programs of a per-chain while loop and branches, the seed,
+    # stacked outputs in memory and scatters/argmax, down to a cubin for sm_90
+    import os
+    from test_triton_compiles import _compiled_elsewhere, _has_cuda_compiler
+    if not _has_cuda_compiler():
+        pytest.skip("Triton's CUDA compiler is absent")
+    out = _compiled_elsewhere(COMPILE_SCRIPT, (os.path.dirname(__file__), str(tmp_path)),
+                              tmp_path)
+    assert out.split() == ["compiled", "seed", "compiled", "loop", "compiled", "states",
+                           "compiled", "scatter"]
