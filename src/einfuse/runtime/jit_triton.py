@@ -7,7 +7,23 @@ kernel runs as before, and :meth:`TritonRoute.describe` says why.
 JAX arrays on a GPU reach the kernel without a copy (DLPack both ways); NumPy arrays
 (a host callback's, the interpreter's) are copied to the kernel's device and the
 outputs copied back.  Imported only by runtime/jit_compiled.py, jit_batch.py and
-jit_ffi.py (the primitive's eager evaluation, explain's lines)."""
+jit_ffi.py (the primitive's eager evaluation, explain's lines).
+
+Not built (no GPU to test it): the kernel under an *outer* ``jax.jit`` on a GPU still
+takes the host callback.  What jaxlib 0.10.2 offers for it, as read here:
+``jaxlib.gpu_triton`` registers the custom-call targets ``triton_kernel_call`` and the
+CUDA plugin's others, and exposes ``TritonKernel`` / ``TritonKernelCall`` /
+``create_array_parameter``, only where the plugin (``jax_cuda12_plugin``/``13``)
+provides its ``_triton`` module -- absent on a CPU-only install (``_cuda_triton`` is
+None); Pallas on jaxlib <= 0.10.2 lowers instead to ``__gpu$xla.gpu.triton`` with
+Triton IR built in jaxlib's own Triton dialect, which XLA compiles (IR from the pip
+Triton's front end would have to match that dialect's version).  The fitting path is
+the one runtime/jax_gpu.py already takes for statement kernels:
+``jax_triton.triton_call`` of this kernel (pointer parameters only, a 1-D grid of
+``RenderedJit.programs``), the scratch arrays as extra outputs dropped after, so XLA
+launches the cubin on its own stream; failing jax_triton, ``jax.ffi`` (present:
+``register_ffi_target``, ``ffi_call``, the XLA FFI headers) would take a handler of our
+own that launches the cubin on the stream XLA passes."""
 
 from __future__ import annotations
 

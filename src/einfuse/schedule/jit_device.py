@@ -152,8 +152,11 @@ def lanes_for(chains: int, outer: int, largest: int, registers: int) -> Tuple[in
     return best, f"{rule}, {cost(best)} at {best} (up to {fit} fit one program)"
 
 
-def estimates(program: JitProgram, batch: int, on_gpu: bool):
-    """(host microseconds, device microseconds) by the rule above."""
+def estimates(program: JitProgram, batch: int, on_gpu: bool, programs: Optional[int] = None):
+    """(host microseconds, device microseconds) by the rule above; ``programs``: how
+    many the kernel launches (default one per batch element; fewer over lanes), the
+    waves counted over them (a statement's time is taken as the same with lanes:
+    :func:`lanes_for` chose them only where they cost no more rounds in all)."""
     if batch > 1:
         threads = min(default_threads(), max(1, batch // 8))
         per_op = HOST_NS_PER_BATCHED_OP / max(1.0, THREAD_EFFICIENCY * threads)
@@ -164,7 +167,8 @@ def estimates(program: JitProgram, batch: int, on_gpu: bool):
         nbytes = sum(b.size * b.dtype.numpy.itemsize for b in program.buffers
                      if b.name in program.inputs or b.name in program.outputs) * max(1, batch)
         host += COPY_US + nbytes / (COPY_GB_PER_S * 1000.0)
-    waves = math.ceil(max(1, batch) / (DEVICE_SMS * PROGRAMS_PER_SM))
+    programs = max(1, batch) if programs is None else max(1, programs)
+    waves = math.ceil(programs / (DEVICE_SMS * PROGRAMS_PER_SM))
     device = LAUNCH_US + serial_statements(program.steps) * DEVICE_NS_PER_STATEMENT / 1000.0 \
         * waves
     return host, device
@@ -198,7 +202,7 @@ def choose(program: JitProgram, batch: int, backend: str, on_gpu: bool, can_run:
     layout = f"{programs} program(s), {warps} warp(s) each" + (f"; {spread}" if spread else "")
     if backend == "triton":
         return DeviceChoice(True, f'backend="triton" asks for it; {layout}', warps)
-    host, device = estimates(program, batch, on_gpu)
+    host, device = estimates(program, batch, on_gpu, programs)
     rule = (f"estimated host {host:.1f} us (operations x batch, copies) against device "
             f"{device:.1f} us (launch + serial statements x waves)")
     if device < host:
