@@ -33,6 +33,60 @@ def lanes(monkeypatch):
     return ask
 
 
+@pytest.fixture
+def in_bounds(monkeypatch):
+    """Checks that every load, store and atomic add of the jit kernels launched stays
+    inside the arrays passed to them (the interpreter reads and writes wherever a
+    pointer points; a GPU may fault); checked after the test, the lanes of a ragged
+    block included (their reads clamped to the last chain, their stores masked)."""
+    from triton.runtime import interpreter
+    from einfuse.backends.triton import jit_launch
+    ranges, outside = [], []
+    real_call = jit_launch.JitKernel.__call__
+
+    def call(self, inputs, outputs):
+        ranges[:] = [(t.data_ptr(), t.data_ptr() + t.numel() * t.element_size())
+                     for t in list(inputs) + list(outputs)]
+        try:
+            return real_call(self, inputs, outputs)
+        finally:
+            ranges.clear()
+    monkeypatch.setattr(jit_launch.JitKernel, "__call__", call)
+
+    def check(what, ptrs, mask):
+        if not ranges:
+            return
+        size = np.dtype(interpreter._get_np_dtype(ptrs.get_element_ty())).itemsize
+        addresses = np.asarray(ptrs.data, dtype=np.uint64)
+        taken = np.broadcast_to(np.asarray(mask.data, dtype=bool), addresses.shape)
+        addresses = addresses[taken]
+        inside = np.zeros(addresses.shape, dtype=bool)
+        for low, high in ranges:
+            inside |= (addresses >= low) & (addresses + size <= high)
+        if not inside.all():
+            outside.append((what, int((~inside).sum())))
+    builder = interpreter.interpreter_builder
+    load, store, atomic = (builder.create_masked_load, builder.create_masked_store,
+                           builder.create_atomic_rmw)
+
+    def checked_load(ptrs, mask, *rest):
+        check("load", ptrs, mask)
+        return load(ptrs, mask, *rest)
+
+    def checked_store(ptrs, value, mask, *rest):
+        check("store", ptrs, mask)
+        return store(ptrs, value, mask, *rest)
+
+    def checked_atomic(op, ptr, value, mask, *rest):
+        check("atomic add", ptr, mask)
+        return atomic(op, ptr, value, mask, *rest)
+    monkeypatch.setattr(builder, "create_masked_load", checked_load)
+    monkeypatch.setattr(builder, "create_masked_store", checked_store)
+    monkeypatch.setattr(builder, "create_atomic_rmw", checked_atomic)
+    yield outside
+    assert outside == [], "accesses outside the kernel's arrays (kind, elements)"
+
+
 def spread_of(function, *args, batched, size):
     """How the batch of ``size`` of ``function`` (an ef.jit function) lies over programs
     and lanes, in explain's words."""
@@ -43,7 +97,7 @@ def spread_of(function, *args, batched, size):
 
 
 @pytest.mark.parametrize("chains, ask, programs", [(3, 2, 2), (5, 4, 2)])
-def test_vmapped_seed_runs_several_chains_per_program(lanes, chains, ask, programs):
+def test_vmapped_seed_runs_several_chains_per_program(lanes, in_bounds, chains, ask, programs):
     from einfuse.bench.jit_cases import seed_function
     lanes(ask)
     params, noise = seed_arrays(4, 5, chains=chains, seed=chains)
@@ -72,7 +126,7 @@ def per_chain_loop(x):
     return k, count
 
 
-def test_a_while_loop_and_branches_whose_conditions_differ_per_chain(lanes):
+def test_a_while_loop_and_branches_whose_conditions_differ_per_chain(lanes, in_bounds):
     lanes(4)
     rng = np.random.default_rng(1)
     # chains that stop after 0, 1, ... steps; 7 chains: the second block is ragged
@@ -86,7 +140,7 @@ def test_a_while_loop_and_branches_whose_conditions_differ_per_chain(lanes):
     close(out, want)
 
 
-def test_a_nested_vmap_spreads_its_inner_level_over_lanes(lanes):
+def test_a_nested_vmap_spreads_its_inner_level_over_lanes(lanes, in_bounds):
     from test_jit_triton import rk4
     lanes(2)
     rng = np.random.default_rng(10)
@@ -100,7 +154,7 @@ def test_a_nested_vmap_spreads_its_inner_level_over_lanes(lanes):
 
 
 @pytest.mark.parametrize("steps", [7, 90])     # stacked outputs in registers; in memory
-def test_a_vmapped_rnn_with_stacked_outputs(lanes, steps):
+def test_a_vmapped_rnn_with_stacked_outputs(lanes, in_bounds, steps):
     lanes(4)
     rng = np.random.default_rng(2)
     W = jnp.asarray(rng.standard_normal((6, 6)) * 0.5)
@@ -120,7 +174,8 @@ def states(W, xs):
     return jax.lax.scan(step, jnp.zeros(W.shape[0], xs.dtype), xs)[1]
 
 
-def test_a_vmapped_output_too_large_for_registers_is_stored_for_the_valid_lanes(lanes):
+def test_a_vmapped_output_too_large_for_registers_is_stored_for_the_valid_lanes(lanes,
+                                                                                in_bounds):
     from einfuse.backends.triton.jit_memory import MEMORY_ELEMENTS
     from einfuse.runtime.jit_triton import batched_route_of
     lanes(4)
@@ -137,7 +192,7 @@ def test_a_vmapped_output_too_large_for_registers_is_stored_for_the_valid_lanes(
     assert route.choice(False).triton and route.rendered.lanes == 4
 
 
-def test_scatters_and_argmax_per_lane(lanes):
+def test_scatters_and_argmax_per_lane(lanes, in_bounds):
     lanes(2)
     rng = np.random.default_rng(3)
     x = jnp.asarray(rng.standard_normal((3, 6)))
@@ -150,7 +205,7 @@ def test_scatters_and_argmax_per_lane(lanes):
     close(out, jax.jit(jax.vmap(scatter_and_argmax))(x, i, m))
 
 
-def test_gradients_through_the_vmapped_seed(lanes):
+def test_gradients_through_the_vmapped_seed(lanes, in_bounds):
     from einfuse.bench.jit_cases import seed_function
     lanes(4)
     params, noise = seed_arrays(5, 4, chains=6, seed=4)
