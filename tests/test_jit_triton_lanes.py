@@ -169,6 +169,20 @@ def test_gradients_through_the_vmapped_seed(lanes, in_bounds):
                                                              in_axes=(None, 0)))))(params))
 
 
+def test_per_chain_gradients_run_their_backward_kernel_in_lanes_too(lanes, in_bounds):
+    from einfuse.bench.jit_cases import seed_function
+    lanes(4)
+    params, noise = seed_arrays(5, 4, chains=5, seed=8)
+
+    def loss(p, n):
+        return (seed_function(p, n) ** 2).sum()
+    fn = jax.vmap(jax.grad(ef.jit(loss, backend="triton")), in_axes=(None, 0))
+    grads, seen = launches(lambda: fn(params, noise))
+    # the vmapped forward and the vmapped backward kernel: blocks of 4 of the 5 chains
+    assert [s.grid for s in seen] == [(2,), (2,)]
+    close(grads, jax.jit(jax.vmap(jax.grad(loss), in_axes=(None, 0)))(params, noise))
+
+
 def test_where_no_block_program_can_be_made_one_program_per_chain_runs(lanes, monkeypatch):
     from einfuse.bench.jit_cases import seed_function
     from einfuse.frontends.jaxpr_values import JaxprConversionError
