@@ -22,14 +22,15 @@ program's registers (TILE_LIMIT, REGISTER_LIMIT), runs on the host, with the rea
 
 A vmapped batch is spread over programs and, where the rule of :func:`lanes_for`
 says so, over **lanes**: L chains (a power of two) of the innermost batch level per
-program, the chain axis leading every tile (backends/triton/jit_lanes.py).  The rule
+program, the chain axis an axis of every tile (leading, where JAX's batching puts it
+there: all but a scan's stacked values; backends/triton/jit_lanes.py).  The rule
 weighs, for each L that fits one program (L times the one-chain program's largest tile
 within TILE_LIMIT, L times its register elements within REGISTER_LIMIT):
 waves(L) x rounds(L), where waves(L) = ceil(programs / (DEVICE_SMS x PROGRAMS_PER_SM))
 (the batches of programs the GPU runs one after another) and rounds(L) =
-ceil(L x largest / (32 x warps)) (how many elements of its largest tile each thread
-of a program holds: the time of one of its statements); the smallest wins, ties
-to the larger L (fewer programs, each shared weight loaded once for L chains).  So
+ceil(L x largest / (32 x warps)), warps = warps_for(L x largest) (how many elements
+of its largest tile each thread of a program holds: the time of one of its
+statements); the smallest wins, ties to the larger L (fewer programs, each shared weight loaded once for L chains).  So
 lanes fill the threads of a program whose tiles are smaller than a warp, and take over
 when the batch is more than one wave of programs; a batch of 256 chains of 16 x 16
 tiles stays at one chain per program.  ``EINFUSE_JIT_LANES`` = n asks for n lanes

@@ -1,6 +1,8 @@
 """Renders a converted JAX function (:class:`~einfuse.ir.JitProgram`, the IR the C
 renderer of ``ef.jit`` prints as one C function, backends/c/loops.py) as ONE Triton
-kernel: each program instance runs the whole function for one batch element.
+kernel: each program instance runs the whole function for one batch element, or for a
+block of chains in lanes (backends/triton/jit_lanes.py: the program is then the vmap of
+the function over the block).
 
 How the IR maps onto a Triton program:
 
