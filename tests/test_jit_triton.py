@@ -24,6 +24,65 @@ pytestmark = [
 ]
 
 
+@pytest.fixture
+def in_bounds(monkeypatch):
+    """Checks that every load, store and atomic add of the jit kernels launched stays
+    inside the arrays passed to them (the interpreter reads and writes wherever a
+    pointer points; a GPU may fault); checked after the test, the lanes of a ragged
+    block included (their reads clamped to the last chain, their stores masked)."""
+    from triton.runtime import interpreter
+    from einfuse.backends.triton import jit_launch
+    ranges, outside = [], []
+    real_call = jit_launch.JitKernel.__call__
+
+    def call(self, inputs, outputs):
+        ranges[:] = [(t.data_ptr(), t.data_ptr() + t.numel() * t.element_size())
+                     for t in list(inputs) + list(outputs)]
+        try:
+            return real_call(self, inputs, outputs)
+        finally:
+            ranges.clear()
+    monkeypatch.setattr(jit_launch.JitKernel, "__call__", call)
+
+    def check(what, ptrs, mask):
+        if not ranges:
+            return
+        size = np.dtype(interpreter._get_np_dtype(ptrs.get_element_ty())).itemsize
+        addresses = np.asarray(ptrs.data, dtype=np.uint64)
+        taken = np.broadcast_to(np.asarray(mask.data, dtype=bool), addresses.shape)
+        addresses = addresses[taken]
+        inside = np.zeros(addresses.shape, dtype=bool)
+        for low, high in ranges:
+            inside |= (addresses >= low) & (addresses + size <= high)
+        if not inside.all():
+            outside.append((what, int((~inside).sum())))
+    builder = interpreter.interpreter_builder
+    load, store, atomic = (builder.create_masked_load, builder.create_masked_store,
+                           builder.create_atomic_rmw)
+
+    def checked_load(ptrs, mask, *rest):
+        check("load", ptrs, mask)
+        return load(ptrs, mask, *rest)
+
+    def checked_store(ptrs, value, mask, *rest):
+        check("store", ptrs, mask)
+        return store(ptrs, value, mask, *rest)
+
+    def checked_atomic(op, ptr, value, mask, *rest):
+        check("atomic add", ptr, mask)
+        return atomic(op, ptr, value, mask, *rest)
+    monkeypatch.setattr(builder, "create_masked_load", checked_load)
+    monkeypatch.setattr(builder, "create_masked_store", checked_store)
+    monkeypatch.setattr(builder, "create_atomic_rmw", checked_atomic)
+    yield outside
+    assert outside == [], "accesses outside the kernel's arrays (kind, elements)"
+
+
+@pytest.fixture(autouse=True)
+def every_access_in_bounds(in_bounds):
+    yield
+
+
 def launches(call):
     from einfuse.backends.triton import launch
     with launch.observed() as seen:
@@ -279,7 +338,9 @@ def test_on_gpu_arrays_the_cost_rule_sends_many_chains_to_one_triton_kernel():
     close(single, jax.jit(seed_function)(params, noise[0]), tol=1e-10)
 
 
-def test_forward_mode_and_a_nested_vmap():
+def test_forward_mode_and_a_nested_vmap(monkeypatch):
+    # one program per chain here (test_jit_triton_lanes spreads a nested vmap over lanes)
+    monkeypatch.setenv("EINFUSE_JIT_LANES", "1")
     rng = np.random.default_rng(10)
     A = jnp.asarray(rng.standard_normal((4, 4)))
     y0 = jnp.asarray(rng.standard_normal(4))

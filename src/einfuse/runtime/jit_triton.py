@@ -7,7 +7,23 @@ kernel runs as before, and :meth:`TritonRoute.describe` says why.
 JAX arrays on a GPU reach the kernel without a copy (DLPack both ways); NumPy arrays
 (a host callback's, the interpreter's) are copied to the kernel's device and the
 outputs copied back.  Imported only by runtime/jit_compiled.py, jit_batch.py and
-jit_ffi.py (the primitive's eager evaluation, explain's lines)."""
+jit_ffi.py (the primitive's eager evaluation, explain's lines).
+
+Not built (no GPU to test it): the kernel under an *outer* ``jax.jit`` on a GPU still
+takes the host callback.  What jaxlib 0.10.2 offers for it, as read here:
+``jaxlib.gpu_triton`` registers the custom-call targets ``triton_kernel_call`` and the
+CUDA plugin's others, and exposes ``TritonKernel`` / ``TritonKernelCall`` /
+``create_array_parameter``, only where the plugin (``jax_cuda12_plugin``/``13``)
+provides its ``_triton`` module -- absent on a CPU-only install (``_cuda_triton`` is
+None); Pallas on jaxlib <= 0.10.2 lowers instead to ``__gpu$xla.gpu.triton`` with
+Triton IR built in jaxlib's own Triton dialect, which XLA compiles (IR from the pip
+Triton's front end would have to match that dialect's version).  The fitting path is
+the one runtime/jax_gpu.py already takes for statement kernels:
+``jax_triton.triton_call`` of this kernel (pointer parameters only, a 1-D grid of
+``RenderedJit.programs``), the scratch arrays as extra outputs dropped after, so XLA
+launches the cubin on its own stream; failing jax_triton, ``jax.ffi`` (present:
+``register_ffi_target``, ``ffi_call``, the XLA FFI headers) would take a handler of our
+own that launches the cubin on the stream XLA passes."""
 
 from __future__ import annotations
 
@@ -59,19 +75,30 @@ class TritonRoute:
     an axis for level ``k``."""
 
     def __init__(self, function, program, sizes: Tuple[int, ...],
-                 batched: Tuple[Tuple[bool, ...], ...], backend: str, constants: Sequence):
+                 batched: Tuple[Tuple[bool, ...], ...], backend: str, constants: Sequence,
+                 block=None):
         self.function = function
+        # block(lanes) -> (block program, its constants): the vmap of the function over
+        # that many chains of the innermost level (None: not vmapped)
+        self.block = block
+        self.spread = ""          # how the batch lies over programs and lanes, in words
         self.program = program
         self.sizes = tuple(sizes)
         self.batch = int(np.prod(self.sizes)) if self.sizes else 1
         self.batched = batched
         self.backend = backend
         self.constants = list(constants)
+        self._one_constants = list(constants)     # the one-chain program's
         self._declined: Optional[str] = None
         self._rendered = None
         self._kernel = None
         self._choices: Dict[bool, DeviceChoice] = {}
         self._succeeded = False
+
+    @property
+    def rendered(self):
+        """The kernel's RenderedJit once decided (None: none, or declined)."""
+        return self._rendered
 
     # -- the decision ---------------------------------------------------------------------------
     def _render(self):
@@ -84,6 +111,42 @@ class TritonRoute:
             self._declined = declined.reason
         except Exception as error:   # noqa: BLE001 -- a renderer's fault: the host runs
             self._declined = f"the Triton renderer failed ({type(error).__name__}: {error})"
+        if self._rendered is not None and self.block is not None:
+            self._spread_over_lanes()
+
+    def _spread_over_lanes(self) -> None:
+        """Chains per program by schedule/jit_device.lanes_for, from the one-chain
+        program's tiles: the block program of that many chains rendered in its place
+        (halved while its tiles exceed a program's registers); where none can be (its
+        conversion or rendering declines) one program per chain stays, and ``spread``
+        says why."""
+        from ..backends.triton.jit_render import Declined, render_jit
+        from ..schedule.jit_device import REGISTER_LIMIT, TILE_LIMIT, lanes_for
+        one = self._rendered
+        lanes, reason = lanes_for(self.sizes[-1], int(np.prod(self.sizes[:-1])),
+                                  one.largest, one.registers)
+        why = reason
+        while lanes > 1:
+            try:
+                block, constants = self.block(lanes)
+                flags = tuple(self.batched[:len(self.function.in_avals)]) + \
+                    tuple(tuple(False for _ in self.sizes) for _ in constants)
+                rendered = render_jit(block, flags, self.sizes, lanes)
+            except Declined as declined:
+                why = f"the block program of {lanes} chains declines: {declined.reason}"
+                break
+            except Exception as error:   # noqa: BLE001 -- its conversion: per chain
+                why = (f"the block program of {lanes} chains is not converted "
+                       f"({type(error).__name__}: {str(error)[:200]})")
+                break
+            if rendered.largest <= TILE_LIMIT and rendered.registers <= REGISTER_LIMIT:
+                self._rendered, self.constants = rendered, list(constants)
+                self.spread = f"{lanes} chains per program, as lanes ({reason})"
+                return
+            why = (f"the block program of {lanes} chains has tiles of {rendered.largest} "
+                   f"elements, {rendered.registers} in all, over a program's registers")
+            lanes //= 2
+        self.spread = f"one program per chain ({why})"
 
     def choice(self, on_gpu: bool) -> DeviceChoice:
         with _lock:
@@ -99,7 +162,8 @@ class TritonRoute:
             rendered = self._rendered
             made = choose(self.program, self.batch, self.backend, on_gpu, can_run,
                           self._declined, rendered.largest if rendered else 0,
-                          rendered.registers if rendered else 0)
+                          rendered.registers if rendered else 0,
+                          rendered.programs if rendered else None, self.spread)
         with _lock:
             return self._choices.setdefault(on_gpu, made)
 
@@ -118,6 +182,8 @@ class TritonRoute:
             except Exception as error:       # explain describes; the call itself raises
                 text = f"not decided ({type(error).__name__}: {error})"
             lines.append(f"  eager call on {where}: {text}")
+        if self.block is None and not self.sizes:
+            lines += _vmapped_lines(self.function)
         return lines
 
     # -- the call -------------------------------------------------------------------------------
@@ -126,7 +192,7 @@ class TritonRoute:
             if self._kernel is None:
                 from ..backends.triton.jit_launch import JitKernel
                 choice = self._choices.get(True) or self._choices.get(False)
-                self._kernel = JitKernel(self._rendered, self.batch,
+                self._kernel = JitKernel(self._rendered, self._rendered.programs,
                                          choice.num_warps if choice else 1)
             return self._kernel
 
@@ -134,7 +200,8 @@ class TritonRoute:
         """The kernel's outputs on ``arrays`` where the rule chooses it, else None (the
         host kernel runs).  A kernel that fails to build (Triton's compiler refusing what
         the renderer wrote) declines from then on, with that reason; the host kernel
-        runs instead, so the call still gets its result."""
+        runs instead, so the call still gets its result.  A kernel over lanes that
+        fails so gives way to one program per chain first."""
         if not self.takes(arrays):
             return None
         try:
@@ -144,6 +211,15 @@ class TritonRoute:
         except Exception as error:   # noqa: BLE001 -- see above; only before a success
             if self._succeeded:
                 raise
+            if self._rendered is not None and self._rendered.lanes > 1:
+                with _lock:
+                    self._rendered, self.block, self._kernel = None, None, None
+                    self.constants, self._choices = list(self._one_constants), {}
+                    self._render()
+                    self.spread = (f"one program per chain (its kernel over lanes did not "
+                                   f"build: {type(error).__name__}: {str(error)[:200]})")
+                if self._rendered is not None:
+                    return self.attempt(arrays, as_jax)
             with _lock:
                 self._declined = (f"its Triton kernel did not build ({type(error).__name__}: "
                                   f"{str(error)[:300]})")
@@ -234,10 +310,46 @@ def batched_route_of(batched) -> TritonRoute:
         sizes = tuple(int(n) for n in batched.sizes)
         flags = tuple(tuple(bool(b) for b in f) for f in batched.batched) + \
             tuple(tuple(False for _ in sizes) for _ in constants)
-        found = TritonRoute(batched, program, sizes, flags, base.backend, constants)
+        found = TritonRoute(batched, program, sizes, flags, base.backend, constants,
+                            block=lambda lanes: _block_program(batched, lanes))
         with _lock:
             found = batched.__dict__.setdefault("_triton_route", found)
     return found
+
+
+def _vmapped_lines(function) -> list:
+    """explain()'s lines on the vmaps of ``function`` (a CompiledFunction) made so far:
+    how each batch lies over programs and lanes, on GPU arrays."""
+    lines, pending = [], list(getattr(function, "_batched", {}).values())
+    while pending:
+        batched = pending.pop(0)
+        pending += list(getattr(batched, "_nested", {}).values())
+        route = batched_route_of(batched)
+        try:
+            text = route.choice(True).describe()
+        except Exception as error:       # explain describes; the call itself raises
+            text = f"not decided ({type(error).__name__}: {error})"
+        lines.append(f"  vmapped over {' x '.join(map(str, batched.sizes))} (GPU arrays): "
+                     f"{text}")
+    return lines
+
+
+def _block_program(batched, lanes: int):
+    """The program of ``jax.vmap`` of ``batched``'s function over ``lanes`` chains of
+    its innermost batch level (JAX's batching rules: a per-chain loop condition becomes
+    a masked loop until every lane is done, a per-chain branch both branches and a
+    select), converted; and its constants."""
+    import jax
+    from ..frontends.jaxpr import convert
+    from .jit_support import without_dead_code
+    base = batched.base
+    inner = tuple(bool(flags[-1]) for flags in batched.batched)
+    vmapped = jax.vmap(lambda *x: tuple(base.flat_fn(*x)),
+                       in_axes=tuple(0 if b else None for b in inner))
+    examples = [jax.ShapeDtypeStruct(((lanes,) if b else ()) + tuple(a.shape), a.dtype)
+                for a, b in zip(base.in_avals, inner)]
+    program = convert(without_dead_code(jax.make_jaxpr(vmapped)(*examples)))
+    return program, [array for _, array in program.constants]
 
 
 __all__ = ["TritonRoute", "batched_route_of", "route_of"]

@@ -20,6 +20,22 @@ interpreter under ``TRITON_INTERPRET=1``); ``backend="c"`` forces the host kerne
 Either way a program the Triton renderer declines, or whose tiles do not fit one
 program's registers (TILE_LIMIT, REGISTER_LIMIT), runs on the host, with the reason.
 
+A vmapped batch is spread over programs and, where the rule of :func:`lanes_for`
+says so, over **lanes**: L chains (a power of two) of the innermost batch level per
+program, the chain axis an axis of every tile (leading, where JAX's batching puts it
+there: all but a scan's stacked values; backends/triton/jit_lanes.py).  The rule
+weighs, for each L that fits one program (L times the one-chain program's largest tile
+within TILE_LIMIT, L times its register elements within REGISTER_LIMIT):
+waves(L) x rounds(L), where waves(L) = ceil(programs / (DEVICE_SMS x PROGRAMS_PER_SM))
+(the batches of programs the GPU runs one after another) and rounds(L) =
+ceil(L x largest / (32 x warps)), warps = warps_for(L x largest) (how many elements
+of its largest tile each thread of a program holds: the time of one of its
+statements); the smallest wins, ties to the larger L (fewer programs, each shared weight loaded once for L chains).  So
+lanes fill the threads of a program whose tiles are smaller than a warp, and take over
+when the batch is more than one wave of programs; a batch of 256 chains of 16 x 16
+tiles stays at one chain per program.  ``EINFUSE_JIT_LANES`` = n asks for n lanes
+(rounded down to a power of two, still within the fit; for tests and tuning).
+
 The host constants are measured (the seed, 8000 steps, 12 hidden, float64, one core of
 an AVX-512 EPYC: 0.40 ns per operation for one chain, 0.09 for 64 vmapped chains); the
 device ones are estimates, not calibrated on a GPU yet; they decide only between two
@@ -28,8 +44,9 @@ correct kernels."""
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import dataclass
-from typing import Optional
+from typing import Optional, Tuple
 
 from ..analysis.cost import typed_work
 from ..analysis.thread_policy import default_threads
@@ -51,6 +68,8 @@ DEVICE_SMS = 132
 PROGRAMS_PER_SM = 8
 TILE_LIMIT = 16384              # elements of one tile (register pressure of one program)
 REGISTER_LIMIT = 32768          # elements of all register tensors of one program
+WARP = 32                       # threads of a warp
+LANES_ENV = "EINFUSE_JIT_LANES"
 
 
 @dataclass(frozen=True)
@@ -89,8 +108,56 @@ def warps_for(largest: int) -> int:
     return 1 if largest <= 512 else 2 if largest <= 2048 else 4
 
 
-def estimates(program: JitProgram, batch: int, on_gpu: bool):
-    """(host microseconds, device microseconds) by the rule above."""
+def _floor_pow2(n: int) -> int:
+    return 1 << (max(1, int(n)).bit_length() - 1)
+
+
+def lanes_for(chains: int, outer: int, largest: int, registers: int) -> Tuple[int, str]:
+    """Chains per program (L, a power of two) for a batch level of ``chains`` chains
+    (``outer``: the elements of the batch levels around it, each its own programs) whose
+    one-chain program has ``largest`` elements in its largest tile and ``registers``
+    in all; and the reason in words.  The rule is the module's docstring's."""
+    chains, outer = max(1, int(chains)), max(1, int(outer))
+    largest, registers = max(1, int(largest)), max(1, int(registers))
+    fit = 1
+    while fit * 2 <= chains * 2 - 1 and 2 * fit * largest <= TILE_LIMIT and \
+            2 * fit * registers <= REGISTER_LIMIT:
+        fit *= 2              # up to the power of two at or above the chains
+    if chains == 1:
+        return 1, "one chain"
+    forced = os.environ.get(LANES_ENV)
+    if forced:
+        try:
+            wanted = _floor_pow2(int(forced))
+        except ValueError:
+            wanted = 0
+        if wanted >= 1:
+            lanes = min(wanted, fit)
+            return lanes, (f"{LANES_ENV}={forced} asks for {wanted} lane(s)" +
+                           (f", {fit} fit one program" if fit < wanted else ""))
+
+    def cost(lanes):
+        programs = outer * -(-chains // lanes)
+        waves = -(-programs // (DEVICE_SMS * PROGRAMS_PER_SM))
+        tile = lanes * largest
+        return waves * -(-tile // (WARP * warps_for(tile)))
+    best, lanes = None, 1
+    while lanes <= fit:
+        if best is None or cost(lanes) <= cost(best):
+            best = lanes
+        lanes *= 2
+    rule = (f"waves of programs x elements per thread of the largest tile "
+            f"({largest} per chain): {cost(1)} at one chain per program")
+    if best == 1:
+        return 1, (f"{rule}, no fewer with lanes (up to {fit} fit one program)")
+    return best, f"{rule}, {cost(best)} at {best} (up to {fit} fit one program)"
+
+
+def estimates(program: JitProgram, batch: int, on_gpu: bool, programs: Optional[int] = None):
+    """(host microseconds, device microseconds) by the rule above; ``programs``: how
+    many the kernel launches (default one per batch element; fewer over lanes), the
+    waves counted over them (a statement's time is taken as the same with lanes:
+    :func:`lanes_for` chose them only where they cost no more rounds in all)."""
     if batch > 1:
         threads = min(default_threads(), max(1, batch // 8))
         per_op = HOST_NS_PER_BATCHED_OP / max(1.0, THREAD_EFFICIENCY * threads)
@@ -101,18 +168,22 @@ def estimates(program: JitProgram, batch: int, on_gpu: bool):
         nbytes = sum(b.size * b.dtype.numpy.itemsize for b in program.buffers
                      if b.name in program.inputs or b.name in program.outputs) * max(1, batch)
         host += COPY_US + nbytes / (COPY_GB_PER_S * 1000.0)
-    waves = math.ceil(max(1, batch) / (DEVICE_SMS * PROGRAMS_PER_SM))
+    programs = max(1, batch) if programs is None else max(1, programs)
+    waves = math.ceil(programs / (DEVICE_SMS * PROGRAMS_PER_SM))
     device = LAUNCH_US + serial_statements(program.steps) * DEVICE_NS_PER_STATEMENT / 1000.0 \
         * waves
     return host, device
 
 
 def choose(program: JitProgram, batch: int, backend: str, on_gpu: bool, can_run: bool,
-           declined: Optional[str], largest: int = 0, registers: int = 0) -> DeviceChoice:
+           declined: Optional[str], largest: int = 0, registers: int = 0,
+           programs: Optional[int] = None, spread: str = "") -> DeviceChoice:
     """Host or Triton for ``program`` over ``batch`` elements (1: not vmapped).
     ``on_gpu``: the arrays live on a GPU; ``can_run``: a Triton kernel can run here (a
     GPU, or the interpreter); ``declined``: the renderer's reason where it declined;
-    ``largest``/``registers``: its tile sizes where it did not."""
+    ``largest``/``registers``: its tile sizes where it did not; ``programs``: how many
+    it launches (default: one per batch element) and ``spread`` how the batch is laid
+    over them and their lanes, in words (:func:`lanes_for`)."""
     if backend == "c":
         return DeviceChoice(False, 'backend="c" asks for it')
     if backend == "auto" and not on_gpu:
@@ -128,15 +199,17 @@ def choose(program: JitProgram, batch: int, backend: str, on_gpu: bool, can_run:
                                    f"exceed one program's registers ({TILE_LIMIT}, "
                                    f"{REGISTER_LIMIT})")
     warps = warps_for(largest)
+    programs = max(1, batch) if programs is None else programs
+    layout = f"{programs} program(s), {warps} warp(s) each" + (f"; {spread}" if spread else "")
     if backend == "triton":
-        return DeviceChoice(True, f'backend="triton" asks for it; {max(1, batch)} '
-                                  f"program(s), {warps} warp(s) each", warps)
-    host, device = estimates(program, batch, on_gpu)
+        return DeviceChoice(True, f'backend="triton" asks for it; {layout}', warps)
+    host, device = estimates(program, batch, on_gpu, programs)
     rule = (f"estimated host {host:.1f} us (operations x batch, copies) against device "
             f"{device:.1f} us (launch + serial statements x waves)")
     if device < host:
-        return DeviceChoice(True, f"{rule}: the device is faster", warps)
+        return DeviceChoice(True, f"{rule}: the device is faster; {layout}", warps)
     return DeviceChoice(False, f"{rule}: the host is faster")
 
 
-__all__ = ["BACKENDS", "DeviceChoice", "choose", "estimates", "serial_statements"]
+__all__ = ["BACKENDS", "DeviceChoice", "LANES_ENV", "choose", "estimates", "lanes_for",
+           "serial_statements"]

@@ -8,6 +8,7 @@ from __future__ import annotations
 import math
 
 from ...ir import Assign, Const, Index, Loop, Read, ScatterAdd, walk
+from .jit_lanes import output_mask
 from .jit_ops import Declined, padded, where_text
 from .jit_reductions import ATOMIC_TYPES
 
@@ -95,6 +96,8 @@ def store(renderer, step: Assign, value: str, out_shape) -> None:
             renderer.emit(f"{lane} = tl.zeros({out_shape}, tl.int64) + "
                       f"{renderer.expr(step.prefix[k], Nest(()))}")
             masks.append(f"({lane} >= 0) & ({lane} < {shape[k]})")
+        if k == 0 and output_mask(renderer, step.buffer, lane) is not None:
+            masks.append(output_mask(renderer, step.buffer, lane))   # a ragged block
         offsets.append(lane if stride == 1 else f"{lane} * {stride}")
         stride *= shape[k]
     mask = f", mask={' & '.join(masks)}" if masks else ""

@@ -18,6 +18,7 @@ and scatter-adds into a register tensor.
 from __future__ import annotations
 
 from ...ir import ReduceOp, ScalarType, ScatterAdd
+from .jit_lanes import output_mask
 from .jit_ops import TL_TYPE, Declined, int_literal, where_text
 
 
@@ -180,10 +181,13 @@ def memory_scatter_add(renderer, step: ScatterAdd) -> None:
     # every condition a tile (the interpreter takes no mask made of a scalar)
     valid = f"(({zero} + ({renderer.expr(step.valid, nest)}).to(tl.int64)) != 0)"
     offsets, conditions, stride = [], [valid], 1
-    for target, extent in reversed(list(zip(step.target, shape))):
+    for axis in range(len(shape) - 1, -1, -1):
+        target, extent = step.target[axis], shape[axis]
         position = renderer.fresh("o")
         renderer.emit(f"{position} = {zero} + {renderer.expr(target, nest)}")
         conditions.append(f"({position} >= 0) & ({position} < {extent})")
+        if axis == 0 and output_mask(renderer, step.buffer, position) is not None:
+            conditions.append(output_mask(renderer, step.buffer, position))
         offsets.append(position if stride == 1 else f"{position} * {stride}")
         stride *= extent
     for name, (_, extent, size) in nest.axes.items():

@@ -1,6 +1,8 @@
 """Renders a converted JAX function (:class:`~einfuse.ir.JitProgram`, the IR the C
 renderer of ``ef.jit`` prints as one C function, backends/c/loops.py) as ONE Triton
-kernel: each program instance runs the whole function for one batch element.
+kernel: each program instance runs the whole function for one batch element, or for a
+block of chains in lanes (backends/triton/jit_lanes.py: the program is then the vmap of
+the function over the block).
 
 How the IR maps onto a Triton program:
 
@@ -51,6 +53,7 @@ from .elementwise import ELEMENTWISE_HELPERS
 from .helpers import HELPERS
 from .jit_ops import (JIT_HELPERS, TL_TYPE, Declined, ExpressionRules, division_helper, padded,
                       where_text as _where)
+from .jit_lanes import chain_bound, grid, output_mask, prologue as lane_prologue
 from .jit_memory import Nest, placed_in_memory, store
 from .jit_reductions import arg_reduction, scatter_add
 
@@ -72,12 +75,19 @@ class RenderedJit:
     # (buffer, NumPy dtype name, elements per program): the scratch arrays the caller
     # passes after the outputs, in this order
     scratch: Tuple[Tuple[str, str, int], ...] = ()
+    # chains per program (backends/triton/jit_lanes.py) and the programs to launch
+    lanes: int = 1
+    programs: int = 1
 
 
 class JitRenderer(ExpressionRules):
-    def __init__(self, program: JitProgram):
+    def __init__(self, program: JitProgram, lanes: int = 1, lane_inputs=()):
         self.program = program
         self.inputs = set(program.inputs)
+        # a block of ``lanes`` chains per program: the buffers whose leading axis is the
+        # chain axis (batched inputs, outputs), read clamped to the valid lanes
+        self.lanes = lanes
+        self.lane_buffers = set(lane_inputs) | set(program.outputs) if lanes > 1 else set()
         self.lines: List[str] = []
         self.depth = 1
         self.counter = 0
@@ -150,14 +160,20 @@ class JitRenderer(ExpressionRules):
             raise Declined(f"{node.buffer} is read with {len(node.subscripts)} subscripts")
         parts = []
         stride = 1
-        for sub, extent in reversed(list(zip(node.subscripts, shape))):
+        for axis in range(len(shape) - 1, -1, -1):
+            sub, extent = node.subscripts[axis], shape[axis]
+            # the chain axis of a block that may be ragged: clamped to its valid lanes
+            bound = chain_bound(self, node.buffer, axis)
             if isinstance(sub, Const):
                 position = min(max(int(sub.value), 0), extent - 1)
-                if position:
+                if position and bound is not None:
+                    parts.append(f"tl.minimum({position}, {bound})" if stride == 1 else
+                                 f"tl.minimum({position}, {bound}) * {stride}")
+                elif position:
                     parts.append(str(position * stride))
             elif extent > 1:
                 text = self.expr(sub, nest)
-                clamped = f"tl.minimum(tl.maximum({text}, 0), {extent - 1})"
+                clamped = f"tl.minimum(tl.maximum({text}, 0), {bound or extent - 1})"
                 parts.append(clamped if stride == 1 else f"{clamped} * {stride}")
             stride *= extent
         offset = " + ".join(reversed(parts)) or "0"
@@ -431,30 +447,14 @@ class JitRenderer(ExpressionRules):
     def render(self, batched: Tuple[Tuple[bool, ...], ...], sizes: Tuple[int, ...]) \
             -> RenderedJit:
         """The kernel; program ``pid`` is the batch element at row-major position ``pid``
-        over the batch levels ``sizes`` (outermost first); ``batched[i][k]``: whether input
-        ``i`` has an axis for level ``k`` (its leading axes, in level order)."""
+        over the batch levels ``sizes`` (outermost first) -- with lanes, the block of
+        ``self.lanes`` chains of the innermost level there (backends/triton/jit_lanes.py);
+        ``batched[i][k]``: whether input ``i`` has an axis for level ``k`` (its leading
+        axes, in level order)."""
         program = self.program
         registers = 0
-        prologue = ["pid = tl.program_id(0).to(tl.int64)"]
-        inner = [math.prod(sizes[k + 1:]) for k in range(len(sizes))]
-        for k, size in enumerate(sizes):
-            level = f"pid // {inner[k]}" if inner[k] != 1 else "pid"
-            prologue.append(f"lv{k} = {level}" if k == 0 else f"lv{k} = ({level}) % {size}")
-        for name, flags in zip(program.inputs, batched):
-            element = self.program.buffer(name).size
-            terms = []
-            for k, moving in enumerate(flags):
-                if moving:
-                    stride = element * math.prod(n for n, f in zip(sizes[k + 1:], flags[k + 1:])
-                                                 if f)
-                    terms.append(f"lv{k} * {stride}")
-            if terms:
-                prologue.append(f"{self.pointer(name)} = {self.pointer(name)} + "
-                                f"{' + '.join(terms)}")
+        prologue = lane_prologue(self, batched, sizes, self.lanes)
         scratch = []
-        for name in program.outputs:
-            size = self.program.buffer(name).size
-            prologue.append(f"{self.pointer(name)} = {self.pointer(name)} + pid * {size}")
         for buffer in program.buffers:
             if buffer.name in self.memory and buffer.name not in program.outputs:
                 scratch.append((buffer.name, buffer.dtype.numpy.name, buffer.size))
@@ -487,6 +487,8 @@ class JitRenderer(ExpressionRules):
                 offsets.append(lane if stride == 1 else f"{lane} * {stride}")
                 if pshape[k] != shape[k]:
                     masks.append(f"({lane} < {shape[k]})")
+                if k == 0 and output_mask(self, name, lane) is not None:
+                    masks.append(output_mask(self, name, lane))
                 stride *= shape[k]
             mask = f", mask={' & '.join(masks)}" if masks else ""
             epilogue.append(f"tl.store({pointer} + {' + '.join(reversed(offsets))}, "
@@ -500,13 +502,17 @@ class JitRenderer(ExpressionRules):
              f"def {KERNEL}({params}):"] +
             ["    " + line for line in prologue] + self.lines +
             ["    " + line for line in epilogue]) + "\n"
-        return RenderedJit(source, KERNEL, self.largest, registers, tuple(scratch))
+        return RenderedJit(source, KERNEL, self.largest, registers, tuple(scratch),
+                           self.lanes, math.prod(grid(sizes, self.lanes)))
 
 
-def render_jit(program: JitProgram, batched=None, sizes: Tuple[int, ...] = ()) -> RenderedJit:
+def render_jit(program: JitProgram, batched=None, sizes: Tuple[int, ...] = (),
+               lanes: int = 1) -> RenderedJit:
     """``program`` as one Triton kernel, one program per element of the batch levels
     ``sizes`` (none: one program); ``batched[i]``: per level, whether input ``i`` has
     its axis (a bool per input for a single level); the outputs have every level.
+    ``lanes`` > 1: ``program`` is the block program of that many chains of the
+    innermost level (backends/triton/jit_lanes.py), one program per block.
     Raises :class:`Declined`."""
     sizes = tuple(int(n) for n in sizes)
     if batched is None:
@@ -515,6 +521,17 @@ def render_jit(program: JitProgram, batched=None, sizes: Tuple[int, ...] = ()) -
                   for f in batched)
     if len(flags) != len(program.inputs) or any(len(f) != len(sizes) for f in flags):
         raise Declined("the batch flags do not match the program's inputs")
+    lanes = int(lanes)
+    if lanes > 1:
+        if not sizes:
+            raise Declined("lanes without a batch level")
+        lane_inputs = [name for name, f in zip(program.inputs, flags) if f[-1]]
+        for name in lane_inputs + list(program.outputs):
+            shape = program.buffer(name).shape
+            if not shape or shape[0] != lanes:
+                raise Declined(f"{name} of the block program does not lead with its "
+                               f"{lanes} chains")
+        return JitRenderer(program, lanes, lane_inputs).render(flags, sizes)
     return JitRenderer(program).render(flags, sizes)
 
 
