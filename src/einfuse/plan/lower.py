@@ -47,6 +47,7 @@ from .expression_facts import fast_math_safe, indices_used
 from .slots import buffer_slots
 from .gathers import parse_mode
 from .lane_reductions import LaneReductions
+from .row_gathers import gathered_load
 from .row_group import (ROW_REDUCTIONS, RowGroup, RowInput, RowMember, RowReduction,
                         RowRefused, RowRole, RowSchedule, RowScope, RowStatement, repeated)
 from .sums import BlockedSums
@@ -428,7 +429,10 @@ class _Lowering(BlockedSums, LaneReductions):
 
     def row_load(self, e: ast.Access, env) -> ir.Expr:
         """An input read along the row and column counters (plain indices, each at most
-        once), or an earlier member read exactly as it was written (in registers)."""
+        once), or an earlier member read exactly as it was written (in registers); a
+        subscript that gathers, plan/row_gathers.py."""
+        if any(sub.gathers for sub in e.indices):
+            return gathered_load(self, e, env)
         counters = []
         for sub in e.indices:
             index = sub.plain_index

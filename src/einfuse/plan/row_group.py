@@ -15,15 +15,18 @@ from .. import ir
 from ..ir import ReduceOp
 
 # the reductions a row keeps in registers (over the block's columns)
-ROW_REDUCTIONS = {"sum": ReduceOp.SUM, "max": ReduceOp.MAX, "min": ReduceOp.MIN}
+ROW_REDUCTIONS = {"sum": ReduceOp.SUM, "max": ReduceOp.MAX, "min": ReduceOp.MIN,
+                  "logsumexp": ReduceOp.LOGSUMEXP}
 
 
 @dataclass(frozen=True)
 class RowInput:
     """An array the group reads: its environment key and, per axis, whether that axis
-    runs along the rows (True) or the columns (False)."""
+    runs along the rows (True) or the columns (False, or a gathered axis); ``index``:
+    an index array, read as integers in a gathered subscript (plan/row_gathers.py)."""
     key: str
     along_rows: Tuple[bool, ...]
+    index: bool = False
 
 
 @dataclass(frozen=True)

@@ -206,6 +206,9 @@ class _Builder:
             check_result_size(call)
         except EinfuseError:
             return Split.MEMORY
+        if kernel.options.bounds not in ("check", "promise") and any(
+                sub.gathers for access in ast.accesses(spec.rhs) for sub in access.indices):
+            return Split.GATHER_POLICY
         for name in spec.params:
             value = call.params.get(name)
             if isinstance(value, bool) or not isinstance(value, numbers.Real):
