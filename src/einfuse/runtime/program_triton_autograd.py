@@ -14,8 +14,11 @@ tensors and differentiates that graph, as the CPU node does.
 
 Used for CUDA tensors (one device; CPU tensors only under ``TRITON_INTERPRET=1`` with
 ``backend="triton"``, how the tests check it) of float32/float64 where autograd records
-the call, when every statement is a ':=' statement, the backward can be derived and
-needs no scatter (a gather's gradient: it runs statement by statement, as before)."""
+the call, when every statement is a ':=' statement and the backward can be derived.  A
+gather's gradient that adds one value per position (cross-entropy's ``dX[i, t[i]] +=
+v[i]``) runs inside the backward's row kernel as ``where(j == t[i], v[i], 0)``, after
+one check of the labels on the device (runtime/program_scatter.where_form); other
+scatters run as their own kernels."""
 
 from __future__ import annotations
 

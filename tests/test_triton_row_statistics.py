@@ -1,0 +1,167 @@
+"""The log-sum-exp statistics on the Triton row groups (schedule/row_groups.py,
+plan/row_gathers.py, backends/triton/rows.py): ``logsumexp[j]``, max + log-sum-exp,
+cross-entropy with a label gather ``X[i, t[i]]``, log-softmax ``X - logsumexp`` and the
+mean cross-entropy, on torch tensors with backend="triton", each one Triton kernel
+forward and one backward (counted at einfuse's launch path), against the NumPy backend
+(rows of NaN, inf and -inf) and torch's own functions (values and autograd gradients);
+a label outside its axis is the statements' own error, with nothing delivered."""
+
+import numpy as np
+import pytest
+
+import einfuse as ef
+from einfuse.backends.triton import backend as triton_backend, launch
+from einfuse.errors import EinfuseError
+
+torch = pytest.importorskip("torch")
+F = torch.nn.functional
+pytestmark = pytest.mark.skipif(not triton_backend.available(),
+                                reason="Triton is not installed")
+DEVICE = torch.device("cpu" if triton_backend.interpreted() else "cuda")
+ROWS, COLUMNS = 11, 37
+
+LSE = "m[i] := max[j](X[i,j])\nl[i] := m[i] + log(sum[j](exp(X[i,j] - m[i])))"
+CROSS_ENTROPY = ("m[i] := max[j](X[i,j])\n"
+                 "l[i] := log(sum[j](exp(X[i,j] - m[i]))) + m[i] - X[i, t[i]]")
+# (program, torch's formulation of its output from X and t)
+PROGRAMS = {
+    "lse": (LSE, lambda X, t: torch.logsumexp(X, 1)),
+    "logsumexp and a row's value": ("l[i] := logsumexp[j](X[i,j])\ny[i] := 2 * l[i]",
+                                    lambda X, t: 2 * torch.logsumexp(X, 1)),
+    "cross-entropy": (CROSS_ENTROPY,
+                      lambda X, t: F.cross_entropy(X, t, reduction="none")),
+    "cross-entropy, logsumexp": ("z[i] := logsumexp[j](X[i,j])\n"
+                                 "l[i] := z[i] - X[i, t[i]]",
+                                 lambda X, t: F.cross_entropy(X, t, reduction="none")),
+    "log-softmax": ("Y[i,j] := X[i,j] - logsumexp[k](X[i,k])",
+                    lambda X, t: F.log_softmax(X, 1)),
+    "log-softmax, two statements": ("z[i] := logsumexp[k](X[i,k])\nY[i,j] := X[i,j] - z[i]",
+                                    lambda X, t: F.log_softmax(X, 1)),
+}
+
+
+def _data(dtype, special=False, seed=3):
+    rng = np.random.default_rng(seed)
+    X = rng.standard_normal((ROWS, COLUMNS)).astype(dtype)
+    if special:
+        X[1, 4] = np.nan                 # a NaN
+        X[2, :] = -np.inf                # a row of -inf
+        X[3, COLUMNS - 1] = np.inf       # an inf
+        X[4, ::2] = -np.inf              # -inf beside finite values
+        X[5] *= 1e4                      # exponentials that underflow
+        X[6] += 80                       # exp(x) alone would overflow float32
+        X[7, 0], X[7, 1] = np.inf, -np.inf
+    return X, rng.integers(0, COLUMNS, ROWS)
+
+
+def _tensors(**arrays):
+    return {name: torch.from_numpy(np.array(value, copy=True)).to(DEVICE)
+            for name, value in arrays.items()}
+
+
+def _host(value):
+    return value.detach().cpu().numpy()
+
+
+def _tolerance(dtype):
+    return dict(rtol=2e-6, atol=2e-6) if dtype == np.float32 else dict(rtol=1e-12,
+                                                                        atol=1e-12)
+
+
+def _given(source, X, t):
+    return {"X": X, "t": t} if "t[" in source else {"X": X}
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("name", list(PROGRAMS))
+def test_values_as_the_numpy_backend_one_kernel(name, dtype):
+    source, _ = PROGRAMS[name]
+    X, t = _data(dtype, special=True)
+    given = _given(source, X, t)
+    want = ef.compile(source, backend="numpy")(**given)
+    program = ef.compile(source, backend="triton")
+    for _ in range(2):           # the first call groups and prepares, the second repeats
+        with launch.observed() as seen:
+            got = program(**_tensors(**given))
+        assert [r.kernel for r in seen] == ["einfuse_rows"], name
+        assert got.dtype == torch.from_numpy(np.asarray(want)).dtype
+        got, expected = _host(got), np.asarray(want)
+        np.testing.assert_array_equal(np.isnan(got), np.isnan(expected))
+        np.testing.assert_array_equal(np.isinf(got), np.isinf(expected))
+        finite = np.isfinite(expected)
+        np.testing.assert_array_equal(got[~finite & ~np.isnan(expected)],
+                                      expected[~finite & ~np.isnan(expected)])
+        np.testing.assert_allclose(got[finite], expected[finite], **_tolerance(dtype),
+                                   err_msg=name)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("name", list(PROGRAMS))
+def test_values_and_gradients_as_torch_one_kernel_each_way(name, dtype):
+    source, reference = PROGRAMS[name]
+    X, t = _data(dtype, seed=5)
+    program = ef.compile(source, backend="triton")
+    for _ in range(2):           # the first call derives and prepares, the second repeats
+        ins = _tensors(X=X, t=t)
+        ins["X"].requires_grad_(True)
+        with launch.observed() as forward:
+            got = program(**_given(source, ins["X"], ins["t"]))
+        assert [r.kernel for r in forward] == ["einfuse_rows"], name
+        seed = torch.from_numpy(np.random.default_rng(6).standard_normal(
+            tuple(got.shape))).to(got.dtype).to(DEVICE)
+        with launch.observed() as backward:
+            (got * seed).sum().backward()
+        assert [r.kernel for r in backward] == ["einfuse_rows"], name
+        ref = _tensors(X=X, t=t)
+        ref["X"].requires_grad_(True)
+        want = reference(ref["X"], ref["t"])
+        (want * seed).sum().backward()
+        np.testing.assert_allclose(_host(got), _host(want), **_tolerance(dtype), err_msg=name)
+        np.testing.assert_allclose(_host(ins["X"].grad), _host(ref["X"].grad),
+                                   **_tolerance(dtype), err_msg=name)
+
+
+@pytest.mark.parametrize("name", ["cross-entropy", "cross-entropy, logsumexp"])
+@pytest.mark.parametrize("recorded", [False, True])
+def test_a_label_outside_its_axis_is_the_statements_error(name, recorded):
+    source, _ = PROGRAMS[name]
+    X, t = _data(np.float32)
+    program = ef.compile(source, backend="triton")
+    program(**_tensors(X=X, t=t))                 # prepares the repeat
+    for bad in (COLUMNS, -1, 10 ** 6):
+        labels = t.copy()
+        labels[5] = bad
+        for fresh in (False, True):   # the prepared run, then the full path first
+            ins = _tensors(X=X, t=labels)
+            ins["X"].requires_grad_(recorded)
+            run = ef.compile(source, backend="triton") if fresh else program
+            with pytest.raises(EinfuseError, match=r"t\[5\]"):
+                run(**ins)
+    # and the right labels again give the right values
+    got = program(**_tensors(X=X, t=t))
+    want = ef.compile(source, backend="numpy")(X=X, t=t)
+    np.testing.assert_allclose(_host(got), want, rtol=2e-6)
+
+
+def test_int32_labels_and_a_strided_matrix():
+    X, t = _data(np.float64)
+    wide = torch.from_numpy(np.concatenate([X, X], 1)).to(DEVICE)[:, ::2]
+    labels = torch.from_numpy(t.astype(np.int32)).to(DEVICE)
+    with launch.observed() as seen:
+        got = ef.compile(CROSS_ENTROPY, backend="triton")(X=wide, t=labels)
+    assert [r.kernel for r in seen] == ["einfuse_rows"]
+    want = F.cross_entropy(wide.cpu(), labels.cpu().long(), reduction="none")
+    np.testing.assert_allclose(_host(got), want.numpy(), rtol=1e-12)
+
+
+def test_clipped_labels_end_the_group_and_explain_says_why():
+    # bounds='clip' reads a label outside as the axis's end: no checked row gather
+    source = "m[i] := max[j](X[i,j])\nl[i] := m[i] - X[i, t[i]]"
+    X, t = _data(np.float64)
+    t[3] = COLUMNS + 4
+    program = ef.compile(source, backend="triton", bounds="clip")
+    got = program(**_tensors(X=X, t=t))
+    want = ef.compile(source, backend="numpy", bounds="clip")(X=X, t=t)
+    np.testing.assert_allclose(_host(got), want, rtol=1e-12)
+    text = str(ef.explain(source, backend="triton", bounds="clip", **_tensors(X=X, t=t)))
+    assert "gathers under bounds=" in text, text
