@@ -37,6 +37,11 @@ PROGRAMS = {
                     lambda X, t: F.log_softmax(X, 1)),
     "log-softmax, two statements": ("z[i] := logsumexp[k](X[i,k])\nY[i,j] := X[i,j] - z[i]",
                                     lambda X, t: F.log_softmax(X, 1)),
+    "mean cross-entropy": (CROSS_ENTROPY + f"\nL[] := sum[i](l[i]) / {ROWS}",
+                           lambda X, t: F.cross_entropy(X, t)),
+    "mean cross-entropy, logsumexp": ("z[i] := logsumexp[j](X[i,j])\n"
+                                      f"L[] := sum[i](z[i] - X[i, t[i]]) * (1 / {ROWS})",
+                                      lambda X, t: F.cross_entropy(X, t)),
 }
 
 
@@ -121,7 +126,8 @@ def test_values_and_gradients_as_torch_one_kernel_each_way(name, dtype):
                                    **_tolerance(dtype), err_msg=name)
 
 
-@pytest.mark.parametrize("name", ["cross-entropy", "cross-entropy, logsumexp"])
+@pytest.mark.parametrize("name", ["cross-entropy", "cross-entropy, logsumexp",
+                                  "mean cross-entropy"])
 @pytest.mark.parametrize("recorded", [False, True])
 def test_a_label_outside_its_axis_is_the_statements_error(name, recorded):
     source, _ = PROGRAMS[name]

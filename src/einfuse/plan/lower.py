@@ -48,6 +48,7 @@ from .slots import buffer_slots
 from .gathers import parse_mode
 from .lane_reductions import LaneReductions
 from .row_gathers import gathered_load
+from .row_totals import lower_total
 from .row_group import (ROW_REDUCTIONS, RowGroup, RowInput, RowMember, RowReduction,
                         RowRefused, RowRole, RowSchedule, RowScope, RowStatement, repeated)
 from .sums import BlockedSums
@@ -407,9 +408,13 @@ class _Lowering(BlockedSums, LaneReductions):
         statement = self.row
         rhs = self.spec.rhs.body if statement.role == RowRole.COLUMN else self.spec.rhs
         env = {index: Affine.var(counter) for index, counter in statement.indices.items()}
-        value = self.expr(rhs, env, [])
+        total = None
+        if statement.role == RowRole.TOTAL:     # (plan/row_totals.py)
+            value, total = lower_total(self, env)
+        else:
+            value = self.expr(rhs, env, [])
         member = RowMember(statement.key, statement.role, tuple(self.row_reductions), value,
-                           None, statement.shape)
+                           None, statement.shape, total)
         return RowScope(tuple(self.row_inputs), tuple(self.row_params),
                         self.scope.members + (member,), self.n_acc)
 

@@ -20,7 +20,7 @@ from typing import Callable, Dict, List, Tuple
 
 from ... import ir
 from ...ir import ReduceOp
-from ...plan.row_group import RowGroup, along_columns, grid_locals
+from ...plan.row_group import TOTAL_LOCAL, RowGroup, RowRole, along_columns, grid_locals
 from ..identifiers import name
 from .backend import _kernel_module, interpreted, launch_guard, launch_turns, warm_launches
 from .repeat import PARAMETER_ARRAYS_KEPT, output_template
@@ -48,6 +48,7 @@ class RowRenderer(TritonRenderer):
         self.pending: List[str] = []   # their assignments, before the line using them
         self.grid = grid_locals(group.members)
         self.gathers = 0          # gathered loads printed so far (their locals' numbers)
+        self.outer_shape = None   # a total's value: printed over [1, BLOCK]
 
     def render(self) -> str:
         group = self.group
@@ -100,8 +101,10 @@ class RowRenderer(TritonRenderer):
         (float64 whatever the working dtype, as the C backend's column sums)."""
         self.shape = "[ROWS, BLOCK]"
         body = self.widen(self.expr(member.value))
+        # (a total's row values, one per row, are summed in column 0 of its partials)
+        mask = "rmask & (col == 0)" if member.role == RowRole.TOTAL else "omask"
         return self.flushed() + [
-            f"    c{slot} += tl.sum(tl.where(omask, {body}, 0.0).to(tl.float64), axis=0)"]
+            f"    c{slot} += tl.sum(tl.where({mask}, {body}, 0.0).to(tl.float64), axis=0)"]
 
     def with_column_sums(self, body: List[str]) -> List[str]:
         """The group's lines as a loop over blocks of rows (program p takes blocks p,
@@ -132,10 +135,25 @@ class RowRenderer(TritonRenderer):
                       "            p = (first + tl.arange(0, PARTS))[:, None]",
                       f"            total += tl.sum(tl.load(part + (p * {sums} + {k}) * BLOCK"
                       " + cols[None, :], mask=p < programs, other=0.0, "
-                      "cache_modifier=\".cg\"), axis=0)",
-                      f"        tl.store(o{int(member.stored)} + cols, total.to({self.T}), "
-                      "mask=cols < N)"]
+                      "cache_modifier=\".cg\"), axis=0)"]
+            lines += self.column_store(member)
         return lines
+
+    def column_store(self, member) -> List[str]:
+        """The last program's store of a column member's sums (``total``): a column
+        sum's as they are, a total's value from its sum (column 0) by the rest of its
+        statement, in the working dtype."""
+        out = f"o{int(member.stored)}"
+        if member.role != RowRole.TOTAL:
+            return [f"        tl.store({out} + cols, total.to({self.T}), mask=cols < N)"]
+        self.outer_shape = self.shape = "[1, BLOCK]"
+        try:
+            value = self.widen(self.expr(member.total))
+        finally:
+            self.outer_shape = None
+        return [f"        {TOTAL_LOCAL} = total[None, :].to({self.T})"] + \
+            ["    " + line for line in self.flushed()] + \
+            [f"        tl.store({out} + cols[None, :] * 0, {value}, mask=cols[None, :] == 0)"]
 
     def reduction(self, reduction) -> List[str]:
         self.shape = "[ROWS, BLOCK]"
@@ -176,7 +194,8 @@ class RowRenderer(TritonRenderer):
         the columns and to one value per row where it does not (a row's sqrt(v + eps)
         is taken once, not once per column)."""
         saved = self.shape
-        self.shape = "[ROWS, BLOCK]" if along_columns(node, self.grid) else "[ROWS, 1]"
+        self.shape = self.outer_shape or (
+            "[ROWS, BLOCK]" if along_columns(node, self.grid) else "[ROWS, 1]")
         try:
             return super().expr(node)
         finally:
