@@ -171,3 +171,41 @@ def test_clipped_labels_end_the_group_and_explain_says_why():
     np.testing.assert_allclose(_host(got), want, rtol=1e-12)
     text = str(ef.explain(source, backend="triton", bounds="clip", **_tensors(X=X, t=t)))
     assert "gathers under bounds=" in text, text
+
+
+SOFTMAX = ("m[i] := max[j](X[i,j])\ne[i,j] := exp(X[i,j] - m[i])\n"
+           "y[i,j] := e[i,j] / sum[k](e[i,k])")
+
+
+@pytest.mark.parametrize("name, source, written", [
+    # the folded backward reads the output alone: the row maximum stays in registers
+    ("softmax", SOFTMAX, ["y"]),
+    # the cross-entropy's backward reads the row maximum: it is written beside the row
+    ("cross-entropy", CROSS_ENTROPY, ["m", "l"])])
+def test_a_recorded_forward_writes_what_its_backward_reads(monkeypatch, name, source,
+                                                           written):
+    from einfuse.backends.triton import rows as triton_rows
+    stored = []
+    original = triton_rows.RowRunner.__call__
+
+    def recording(self, env):
+        stored.append([m.key for m in self.group.outputs])
+        return original(self, env)
+    monkeypatch.setattr(triton_rows.RowRunner, "__call__", recording)
+    X, t = _data(np.float64, seed=8)
+    program = ef.compile(source, backend="triton")
+    for _ in range(2):
+        ins = _tensors(X=X, t=t)
+        ins["X"].requires_grad_(True)
+        stored.clear()
+        got = program(**_given(source, ins["X"], ins["t"]))
+        assert stored == [written], name
+        seed = torch.linspace(-1, 1, got.numel(), dtype=got.dtype).reshape(got.shape)
+        (got * seed.to(DEVICE)).sum().backward()
+        ref = _tensors(X=X, t=t)
+        ref["X"].requires_grad_(True)
+        want = torch.softmax(ref["X"], 1) if name == "softmax" else \
+            F.cross_entropy(ref["X"], ref["t"], reduction="none")
+        (want * seed.to(DEVICE)).sum().backward()
+        np.testing.assert_allclose(_host(ins["X"].grad), _host(ref["X"].grad), rtol=1e-10,
+                                   atol=1e-12)
