@@ -209,3 +209,36 @@ def test_a_recorded_forward_writes_what_its_backward_reads(monkeypatch, name, so
         (want * seed.to(DEVICE)).sum().backward()
         np.testing.assert_allclose(_host(ins["X"].grad), _host(ref["X"].grad), rtol=1e-10,
                                    atol=1e-12)
+
+
+GATHERS = {
+    # rows picked by a label (an embedding's rows), along the columns as written
+    "rows gathered": "Y[i,j] := E[u[i], j] * 2\ns[i] := sum[j](Y[i,j] * X[i,j])",
+    # a row's label value beside the whole row
+    "a label in a block": "m[i] := max[j](X[i,j])\nY[i,j] := X[i,j] - X[i, t[i]] + m[i]",
+    "a label of a label": "m[i] := max[j](X[i,j])\nl[i] := m[i] - X[i, t[w[i]]]",
+    "a shifted label": "m[i] := max[j](X[i,j])\nl[i] := m[i] - X[i, t[i] + 1]",
+}
+
+
+@pytest.mark.parametrize("name", list(GATHERS))
+def test_other_gathered_reads_are_one_kernel_and_checked(name):
+    source = GATHERS[name]
+    rng = np.random.default_rng(12)
+    arrays = {"X": rng.standard_normal((ROWS, COLUMNS)),
+              "E": rng.standard_normal((2 * ROWS, COLUMNS)),
+              "t": rng.integers(0, COLUMNS - 1, ROWS), "u": rng.integers(0, 2 * ROWS, ROWS),
+              "w": rng.integers(0, ROWS, ROWS)}
+    given = {k: v for k, v in arrays.items() if f"{k}[" in source}
+    program = ef.compile(source, backend="triton")
+    with launch.observed() as seen:
+        got = program(**_tensors(**given))
+    assert [r.kernel for r in seen] == ["einfuse_rows"]
+    np.testing.assert_allclose(_host(got), ef.compile(source, backend="numpy")(**given),
+                               rtol=1e-12)
+    label = next(k for k in ("w", "u", "t") if k in given)
+    bad = dict(given)
+    bad[label] = given[label].copy()
+    bad[label][2] = 10 ** 4
+    with pytest.raises(EinfuseError, match=rf"{label}\[2\]"):
+        program(**_tensors(**bad))
