@@ -408,11 +408,8 @@ class _Lowering(BlockedSums, LaneReductions):
         statement = self.row
         rhs = self.spec.rhs.body if statement.role == RowRole.COLUMN else self.spec.rhs
         env = {index: Affine.var(counter) for index, counter in statement.indices.items()}
-        total = None
-        if statement.role == RowRole.TOTAL:     # (plan/row_totals.py)
-            value, total = lower_total(self, env)
-        else:
-            value = self.expr(rhs, env, [])
+        value, total = lower_total(self, env) if statement.role == RowRole.TOTAL else \
+            (self.expr(rhs, env, []), None)       # (a total: plan/row_totals.py)
         member = RowMember(statement.key, statement.role, tuple(self.row_reductions), value,
                            None, statement.shape, total)
         return RowScope(tuple(self.row_inputs), tuple(self.row_params),
@@ -434,8 +431,8 @@ class _Lowering(BlockedSums, LaneReductions):
 
     def row_load(self, e: ast.Access, env) -> ir.Expr:
         """An input read along the row and column counters (plain indices, each at most
-        once), or an earlier member read exactly as it was written (in registers); a
-        subscript that gathers, plan/row_gathers.py."""
+        once), an earlier member read as written (in registers), or a gather
+        (plan/row_gathers.py)."""
         if any(sub.gathers for sub in e.indices):
             return gathered_load(self, e, env)
         counters = []
