@@ -242,3 +242,19 @@ def test_other_gathered_reads_are_one_kernel_and_checked(name):
     bad[label][2] = 10 ** 4
     with pytest.raises(EinfuseError, match=rf"{label}\[2\]"):
         program(**_tensors(**bad))
+
+
+@pytest.mark.parametrize("name", ["cross-entropy", "mean cross-entropy",
+                                  "log-softmax, two statements"])
+def test_gradcheck_and_gradgradcheck(name):
+    source, _ = PROGRAMS[name]
+    rng = np.random.default_rng(13)
+    X = torch.from_numpy(rng.standard_normal((3, 5))).to(DEVICE).requires_grad_(True)
+    t = torch.from_numpy(rng.integers(0, 5, 3)).to(DEVICE)
+    program = ef.compile(source.replace(f"/ {ROWS}", "/ 3"), backend="triton")
+
+    def run(X):
+        return program(**_given(source, X, t))
+    # (fast mode: the interpreter runs every kernel of every perturbed call in Python)
+    assert torch.autograd.gradcheck(run, (X,), fast_mode=True)
+    assert torch.autograd.gradgradcheck(run, (X,), fast_mode=True)
