@@ -258,3 +258,32 @@ def test_gradcheck_and_gradgradcheck(name):
     # (fast mode: the interpreter runs every kernel of every perturbed call in Python)
     assert torch.autograd.gradcheck(run, (X,), fast_mode=True)
     assert torch.autograd.gradgradcheck(run, (X,), fast_mode=True)
+
+
+TOTALS = {
+    "a total of a block": ("Y[i,j] := exp(X[i,j])\nL[] := sum[i](sum[j](Y[i,j]))", 1),
+    "a parameter around the sum": ("l[i] := max[j](X[i,j])\nL[] := -sum[i](l[i]) * s + 1", 1),
+    "two totals": ("l[i] := max[j](X[i,j])\nA[] := sum[i](l[i])\n"
+                   "B[] := sum[i](exp(l[i])) / 13", 1),
+    # a total is known once every program has added its rows: a reader runs after
+    "read after the group": ("l[i] := max[j](X[i,j])\nL[] := sqrt(sum[i](l[i] * l[i]))\n"
+                             "q[i] := l[i] / L[]", 2),
+}
+
+
+@pytest.mark.parametrize("rows", [13, 1, 0])
+@pytest.mark.parametrize("name", list(TOTALS))
+def test_totals_over_the_rows(name, rows):
+    source, launches = TOTALS[name]
+    X = np.random.default_rng(rows).standard_normal((rows, 7))
+    outputs = ["A", "B"] if name == "two totals" else None
+    scalars = {"s": 0.5} if "s *" in source or "* s" in source else {}
+    want = ef.compile(source, backend="numpy", outputs=outputs)(X=X, **scalars)
+    with launch.observed() as seen:
+        got = ef.compile(source, backend="triton", outputs=outputs)(
+            X=torch.from_numpy(X).to(DEVICE), **scalars)
+    for g, w in zip(got if outputs else [got], want if outputs else [want]):
+        np.testing.assert_allclose(_host(g), w, rtol=1e-12)
+    if rows:        # (no rows: no program adds an empty sum; the statements run alone)
+        assert [r.kernel for r in seen][:1] == ["einfuse_rows"]
+        assert len(seen) == launches
