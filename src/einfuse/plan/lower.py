@@ -47,6 +47,8 @@ from .expression_facts import fast_math_safe, indices_used
 from .slots import buffer_slots
 from .gathers import parse_mode
 from .lane_reductions import LaneReductions
+from .row_gathers import gathered_load
+from .row_totals import lower_total
 from .row_group import (ROW_REDUCTIONS, RowGroup, RowInput, RowMember, RowReduction,
                         RowRefused, RowRole, RowSchedule, RowScope, RowStatement, repeated)
 from .sums import BlockedSums
@@ -406,9 +408,10 @@ class _Lowering(BlockedSums, LaneReductions):
         statement = self.row
         rhs = self.spec.rhs.body if statement.role == RowRole.COLUMN else self.spec.rhs
         env = {index: Affine.var(counter) for index, counter in statement.indices.items()}
-        value = self.expr(rhs, env, [])
+        value, total = lower_total(self, env) if statement.role == RowRole.TOTAL else \
+            (self.expr(rhs, env, []), None)       # (a total: plan/row_totals.py)
         member = RowMember(statement.key, statement.role, tuple(self.row_reductions), value,
-                           None, statement.shape)
+                           None, statement.shape, total)
         return RowScope(tuple(self.row_inputs), tuple(self.row_params),
                         self.scope.members + (member,), self.n_acc)
 
@@ -428,7 +431,10 @@ class _Lowering(BlockedSums, LaneReductions):
 
     def row_load(self, e: ast.Access, env) -> ir.Expr:
         """An input read along the row and column counters (plain indices, each at most
-        once), or an earlier member read exactly as it was written (in registers)."""
+        once), an earlier member read as written (in registers), or a gather
+        (plan/row_gathers.py)."""
+        if any(sub.gathers for sub in e.indices):
+            return gathered_load(self, e, env)
         counters = []
         for sub in e.indices:
             index = sub.plain_index

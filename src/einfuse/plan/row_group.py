@@ -13,17 +13,21 @@ from typing import Dict, Optional, Sequence, Set, Tuple
 
 from .. import ir
 from ..ir import ReduceOp
+from ..lang import ast
 
 # the reductions a row keeps in registers (over the block's columns)
-ROW_REDUCTIONS = {"sum": ReduceOp.SUM, "max": ReduceOp.MAX, "min": ReduceOp.MIN}
+ROW_REDUCTIONS = {"sum": ReduceOp.SUM, "max": ReduceOp.MAX, "min": ReduceOp.MIN,
+                  "logsumexp": ReduceOp.LOGSUMEXP}
 
 
 @dataclass(frozen=True)
 class RowInput:
     """An array the group reads: its environment key and, per axis, whether that axis
-    runs along the rows (True) or the columns (False)."""
+    runs along the rows (True) or the columns (False, or a gathered axis); ``index``:
+    an index array, read as integers in a gathered subscript (plan/row_gathers.py)."""
     key: str
     along_rows: Tuple[bool, ...]
+    index: bool = False
 
 
 @dataclass(frozen=True)
@@ -50,10 +54,13 @@ class RowRole(enum.Enum):
     row's value, one per row in registers); ``GRID``, output ``[r, c]`` (a block of
     whole rows); ``COLUMN``, a column sum ``o[c] := sum[r](body)`` (output ``[c]``:
     each program sums its rows' blocks, the programs' partial sums are added across the
-    grid, docs/backends.md)."""
+    grid, docs/backends.md); ``TOTAL``, a number from the sum over the rows of a row's
+    value (``L[] := sum[i](l[i]) / N``, a mean cross-entropy: output ``[]``, summed as
+    a column sum of one column, then the rest of its right side applied)."""
     ROW = "row"
     GRID = "grid"
     COLUMN = "column"
+    TOTAL = "total"
 
 
 @dataclass(frozen=True)
@@ -63,13 +70,15 @@ class RowMember:
     (ROW), [r, c] (GRID) or a column sum [c] (COLUMN: ``value`` is a whole block,
     summed over the rows of every program, backends/triton/rows.py; no later member
     reads it); ``stored``: the number of the output buffer it is written to, or None
-    when it lives only in registers."""
+    when it lives only in registers; ``total`` (a TOTAL member): its value from the sum
+    over the rows of ``value``, which it reads as ``ir.Local(TOTAL_LOCAL)``."""
     key: str
     role: RowRole
     reductions: Tuple[RowReduction, ...]
     value: ir.Expr
     stored: Optional[int]
     shape: Tuple[int, ...]
+    total: Optional[ir.Expr] = None
 
     @property
     def grid(self) -> bool:
@@ -77,7 +86,8 @@ class RowMember:
 
     @property
     def column(self) -> bool:
-        return self.role == RowRole.COLUMN
+        """Summed over the rows across the grid (a column sum, or a total)."""
+        return self.role in (RowRole.COLUMN, RowRole.TOTAL)
 
 
 @dataclass(frozen=True)
@@ -101,6 +111,8 @@ class RowStatement:
         spec = self.spec
         if self.role == RowRole.COLUMN:
             return {spec.rhs.indices[0]: "row", spec.output_indices[0]: "col"}
+        if self.role == RowRole.TOTAL:
+            return {total_sum(spec.rhs).indices[0]: "row"}
         if self.role == RowRole.GRID:
             return {spec.output_indices[0]: "row", spec.output_indices[1]: "col"}
         return {spec.output_indices[0]: "row"}
@@ -178,6 +190,27 @@ class RowGroup:
     def columns(self) -> Tuple[RowMember, ...]:
         """The column-sum members, in order (their partial sums' slots)."""
         return tuple(m for m in self.members if m.column)
+
+
+# the name a TOTAL member's ``total`` reads its sum over the rows by
+TOTAL_LOCAL = "tsum"
+
+
+def total_sum(rhs):
+    """The one sum of a TOTAL statement's right side (outside it: numbers, parameters
+    and functions of them), or None."""
+    found = []
+
+    def walk(e) -> bool:
+        if isinstance(e, ast.Reduce):
+            found.append(e)
+            return e.op == "sum" and len(e.indices) == 1
+        if isinstance(e, (ast.Number, ast.Param)):
+            return True
+        if isinstance(e, (ast.Unary, ast.Binary, ast.Call)):
+            return all(walk(child) for child in e.children())
+        return False
+    return found[0] if walk(rhs) and len(found) == 1 else None
 
 
 _LEAVES = (ir.Const, ir.Param, ir.Local, ir.AccValue, ir.IndexValue)

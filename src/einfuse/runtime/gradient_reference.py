@@ -344,8 +344,12 @@ class _TorchOps:
 
     def add_at(self, target, positions, values, keep):
         # index_put_ with accumulate: repeated positions add up (atomics on a GPU)
-        target.index_put_(tuple(p[keep].long() for p in positions),
-                          values[keep].to(target.dtype), accumulate=True)
+        where, added = tuple(p[keep].long() for p in positions), values[keep].to(target.dtype)
+        if target.requires_grad:
+            # (create_graph=True: the target may be a recorded node's saved output, a
+            # gather's part; adding in place would fail its version check)
+            return target.index_put(where, added, accumulate=True)
+        target.index_put_(where, added, accumulate=True)
         return target
 
 

@@ -217,8 +217,9 @@ def _plan(backward: Backward, env: Mapping[str, object], backend: str,
 def _plan_steps(backward: Backward, steps, shapes, backend: str, recompute: Tuple,
                 entries: Dict[str, Entry], framework: str = "numpy") -> List[_Piece]:
     """The plan of ``steps``; ``entries``: the kernels of folded steps by key.  On NumPy
-    arrays a scatter that adds one value per position of its target runs as the gather
-    it equals (program_scatter.where_form), after one check of its labels."""
+    arrays and torch tensors (the Triton backward) a scatter that adds one value per
+    position of its target runs as the gather it equals (program_scatter.where_form),
+    after one check of its labels."""
     pieces: List[_Piece] = []
     checks = []                        # (scatter statement, its labels' checks)
     run: List[Entry] = [Entry(kernel, definition=True) for kernel in recompute]
@@ -252,7 +253,7 @@ def _plan_steps(backward: Backward, steps, shapes, backend: str, recompute: Tupl
                                  chosen[0].text, options))
         else:
             form = where_form(chosen[0], shapes, backward.taken, backend) \
-                if framework == "numpy" and len(chosen) == 1 else None
+                if framework in ("numpy", "torch") and len(chosen) == 1 else None
             if form is not None:
                 checks.append((chosen[0], form.checks))
                 run.append(Entry(form.kernel, form.text, form.options))

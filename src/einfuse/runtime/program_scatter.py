@@ -341,9 +341,12 @@ def check_labels(g, checks: Tuple[Tuple[str, int, int], ...], env) -> None:
     """Raise the scatter ``g``'s own out-of-bounds error where an index array of
     ``checks`` (a :class:`WhereForm`'s) holds a value outside its axis."""
     for name, size, axis in checks:
-        labels = np.asarray(env[name])
-        if labels.size and (labels.min() < 0 or labels.max() >= size):
-            bad = int(labels[(labels < 0) | (labels >= size)].reshape(-1)[0])
+        labels = env[name]
+        if not hasattr(labels, "numel"):    # (a torch tensor is checked on its device:
+            labels = np.asarray(labels)     # one read of the answer)
+        outside = (labels < 0) | (labels >= size)
+        if bool(outside.any()):
+            bad = int(labels[outside].reshape(-1)[0])
             with gradient_errors(g):
                 raise OutOfBoundsError(f"{g.description}: index value {bad} is outside "
                                        f"0..{size - 1} (axis {axis} of {g.wrt})")

@@ -14,8 +14,11 @@ tensors and differentiates that graph, as the CPU node does.
 
 Used for CUDA tensors (one device; CPU tensors only under ``TRITON_INTERPRET=1`` with
 ``backend="triton"``, how the tests check it) of float32/float64 where autograd records
-the call, when every statement is a ':=' statement, the backward can be derived and
-needs no scatter (a gather's gradient: it runs statement by statement, as before)."""
+the call, when every statement is a ':=' statement and the backward can be derived.  A
+gather's gradient that adds one value per position (cross-entropy's ``dX[i, t[i]] +=
+v[i]``) runs inside the backward's row kernel as ``where(j == t[i], v[i], 0)``, after
+one check of the labels on the device (runtime/program_scatter.where_form); other
+scatters run as their own kernels."""
 
 from __future__ import annotations
 
@@ -98,6 +101,13 @@ class TritonCall:
         backward, saved, recompute = found
         self.kernels, self.outputs, self.backend = kernels, owner.outputs, backend
         self.names = names
+        # (the per-call facts saved_by_plan reads: the seeds' names by output)
+        self.seeding = tuple((owner.outputs.index(name), name, seed) for name, seed in
+                             zip(backward.outputs, backward.seeds))
+        narrowed = self.saved_by_plan(env, backward, saved, recompute, backend)
+        # (a name the plan does not read is still bound by shape: a placeholder)
+        dropped = tuple(n for n in saved if n not in narrowed)
+        saved = narrowed
         tensors = tuple(n for n, v in env.items() if isinstance(v, torch.Tensor))
         self.others = tuple(n for n in tensors if n not in names)
         self.passed = names + self.others
@@ -107,13 +117,12 @@ class TritonCall:
         self.backward, self.recompute = backward, recompute
         self.keep = frozenset(self.outputs) | frozenset(saved)
         self.kept = tuple(n for n in saved if n not in self.outputs)
-        self.shaped = tuple(n for n in backward.shaped if n not in self.kept and
-                            n not in env and n not in self.outputs)
+        self.shaped = tuple(n for n in dict.fromkeys(tuple(backward.shaped) + dropped)
+                            if n not in self.kept and n not in env and
+                            n not in self.outputs)
         self.input_shapes = tuple((tuple(env[n].shape), env[n].dtype) for n in names)
-        # per seed of the backward: the output's position among the gradients torch
-        # passes, its name and the seed's
-        self.seeding = tuple((self.outputs.index(name), name, seed) for name, seed in
-                             zip(backward.outputs, backward.seeds))
+        # (self.seeding, above: per seed of the backward, the output's position among
+        # the gradients torch passes, its name and the seed's)
         self.runs: dict = {}          # the forward's prepared runs (run_statements)
         # the forward's prepared run, once there is one: every call of this node has the
         # signature it was made for (the holder looks it up by signature), so a repeated
@@ -144,6 +153,32 @@ class TritonCall:
             return
         self._forward_run = run_statements(self.kernels, env, "torch", keep=set(self.keep),
                                            runs=self.runs)
+
+    def saved_by_plan(self, env, backward, saved: Tuple[str, ...], recompute,
+                      backend: str) -> Tuple[str, ...]:
+        """``saved`` narrowed to the names the backward's plan for arrays like ``env``
+        reads: where the folded backward runs (program_backward: exact for these
+        shapes), softmax's ``P * (dP - sum(dP * P))`` reads the output, not the row
+        maximum ``m``, which then stays in the forward's registers instead of being
+        written beside each row.  (The plan is the same at the backward: it depends on
+        the shapes and dtypes, which this node's signature fixes.)"""
+        folded = backward.folded
+        if folded is None or not saved:
+            return saved
+        from .program_backward import _folded_entries, output_placeholder
+        from ..analysis.frameworks import placeholder
+        with torch.no_grad():
+            shapes = {name: placeholder(value) for name, value in env.items()}
+            shapes.update(shaped_like(self.kernels, env, tuple(self.outputs) + saved))
+            for _, name, seed in self.seeding:
+                shapes[seed] = shapes[name]
+            for kernel in recompute:
+                shapes[kernel.spec.output] = output_placeholder(kernel, shapes)
+            if _folded_entries(folded, shapes, backend) is None:
+                return saved
+        needed = [k for k in recompute if k.spec.output in folded.reads]
+        reads = set(folded.reads) | {n for k in needed for n in k.spec.arg_order}
+        return tuple(name for name in saved if name in reads)
 
     def placeholders(self, env: Dict[str, object]) -> Dict[str, object]:
         """Tensors of the shapes (and dtypes) of the intermediates whose shape alone the

@@ -151,10 +151,12 @@ def _rows_step(runner, guarded: bool, env) -> bool:
 
 def _rows_ran(runner, env) -> bool:
     """Whether the group's launch ran; False where its outputs could not be allocated
-    (nothing written to ``env`` then): the statements run alone and report it as theirs
-    (an AllocationError), or fit one at a time."""
+    or a label is outside its axis (nothing written to ``env`` then): the statements
+    run alone and report it as theirs (an AllocationError, an out-of-bounds error), or
+    fit one at a time."""
     try:
-        runner(env)
+        if runner(env) is False:      # a label out of bounds: the statements say so
+            return False
     except Exception as error:
         if isinstance(error, MemoryError) or type(error).__name__ == "OutOfMemoryError":
             return False

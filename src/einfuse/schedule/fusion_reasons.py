@@ -59,6 +59,8 @@ class Split(enum.Enum):
     PARAMETER = "has a scalar parameter that is not a real number"
     ROW_UNFIT = "does not fit a row of registers (its subscripts, reductions or row " \
                 "length are not what one program of the group holds)"
+    GATHER_POLICY = "gathers under bounds= 'clip', 'wrap' or 'fill' (a row group's " \
+                    "labels are checked, under 'check' or 'promise', and raise)"
 
 
 @dataclass(frozen=True)

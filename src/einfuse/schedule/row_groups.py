@@ -15,13 +15,19 @@ A statement joins the group of the statements before it when, for this call,
   dtype, the same for every member;
 * its output is ``[r]`` or ``[r, c]`` and it uses no index but ``r`` and ``c``: ``r``
   runs over the group's rows (0 to M), ``c`` over the group's columns (0 to N, a row at most
-  :data:`MAX_ROW_BYTES`); its reductions are ``sum``, ``max`` or ``min`` over ``c``,
-  not nested; or it is a column sum ``c[c] := sum[r](body)`` (``[c]``, its sum over the
+  :data:`MAX_ROW_BYTES`); its reductions are ``sum``, ``max``, ``min`` or
+  ``logsumexp`` over ``c``, not nested; or it is a total ``L[] := f(sum[r](body))``
+  (``[]``: a mean cross-entropy, its body a row's value, ``f`` numbers and parameters
+  around the one sum; rows there must be); or it is a column sum ``c[c] := sum[r](body)`` (``[c]``, its sum over the
   group's rows, taken as one where the statement cannot join as a row's: layernorm's
   ``dg[j] := dy[i,j] * xhat[i,j]``), whose body is a block as a ``[r, c]`` member's and
   which no later member reads (backends/triton/rows.py adds the programs' partial sums
   in the same launch);
-* every subscript is a plain index, at most once per access: an input array read as
+* every subscript is a plain index, at most once per access, or a gathered one
+  (``X[i, t[i]]``: an input read at positions an input index array gives, checked in
+  the kernel under bounds='check' or 'promise' -- a label outside its axis and the
+  statements run alone and raise their own error -- plan/row_gathers.py); an input
+  array read as
   ``X[r, c]``, ``X[c, r]``, ``X[r]``, ``X[c]`` or ``X[]`` (an array of two or more
   axes laid out with its unit stride along the columns, so that a block's loads are
   contiguous), an earlier member read
@@ -51,7 +57,7 @@ from ..lang import ast
 from ..errors import EinfuseError
 from ..plan.lower import lower_row_statement, plan_rows
 from ..plan.row_group import (RowGroup, RowInput, RowLaunch, RowRefused, RowRole,
-                              RowSchedule, RowScope, RowStatement)
+                              RowSchedule, RowScope, RowStatement, total_sum)
 from .fusion_reasons import KernelBreak, Split
 from .units import statement_units
 
@@ -172,7 +178,8 @@ class _Builder:
         spec = kernel.spec
         if spec.assign != ":=":
             return Split.UPDATES
-        if not 1 <= len(spec.output_indices) <= 2 or kernel.options.pad is not None:
+        if len(spec.output_indices) > 2 or kernel.options.pad is not None or \
+                not spec.output_indices and total_sum(spec.rhs) is None:
             return Split.ROW_SHAPE
         try:
             call = kernel.bind(arrays={name: scratch[names.get(name, name)]
@@ -206,6 +213,9 @@ class _Builder:
             check_result_size(call)
         except EinfuseError:
             return Split.MEMORY
+        if kernel.options.bounds not in ("check", "promise") and any(
+                sub.gathers for access in ast.accesses(spec.rhs) for sub in access.indices):
+            return Split.GATHER_POLICY
         for name in spec.params:
             value = call.params.get(name)
             if isinstance(value, bool) or not isinstance(value, numbers.Real):
@@ -213,7 +223,10 @@ class _Builder:
         # as a row's statement first; a sum over its one output index's rows where that
         # is refused (dg[j] := dy[i,j] * xhat[i,j]: j is not the group's rows, or dy's
         # unit stride runs along j)
-        if not self._schedule(spec, call, scratch, names, working, column=False) and \
+        if not spec.output_indices:     # a total over the rows (a mean cross-entropy)
+            if not self._schedule(spec, call, scratch, names, working, column=True):
+                return Split.ROW_UNFIT
+        elif not self._schedule(spec, call, scratch, names, working, column=False) and \
                 not self._schedule(spec, call, scratch, names, working, column=True):
             return Split.ROW_UNFIT
         return tuple(call.output_shape), getattr(torch, working.name)
@@ -223,7 +236,13 @@ class _Builder:
         """Schedule the bound statement as the next member (a column sum where
         ``column``); whether it joined (nothing of it is kept otherwise)."""
         rhs = spec.rhs
-        if column:
+        if column and not spec.output_indices:
+            summed = total_sum(rhs)
+            row, role = summed.indices[0], RowRole.TOTAL
+            columns_named = tuple(i for i in spec.all_indices if i != row)
+            if not call.bounds.range_map[row][1] > 0:
+                return False    # (no rows: no program adds the value of an empty sum)
+        elif column:
             if len(spec.output_indices) != 1 or not isinstance(rhs, ast.Reduce) or \
                     rhs.op != "sum" or len(rhs.indices) != 1:
                 return False
@@ -270,8 +289,8 @@ class _Builder:
         a member's output is written to memory (a column sum's always is)."""
         rows, columns = self.extents
         columns = 0 if columns is None else columns
-        statements = tuple(replace(s, stored=s.role == RowRole.COLUMN or stored(s.key))
-                           for s in self.statements)
+        statements = tuple(replace(s, stored=s.role in (RowRole.COLUMN, RowRole.TOTAL) or
+                                   stored(s.key)) for s in self.statements)
         block = 1
         while block < columns:
             block *= 2
@@ -282,7 +301,7 @@ class _Builder:
         warps = 16 if elements >= 8192 else 8 if elements >= 4096 else 4
         # (the last program adds the others' partial column sums a tile of programs at
         # a time: one load of parts x block values each)
-        sums = any(s.role == RowRole.COLUMN for s in statements)
+        sums = any(s.role in (RowRole.COLUMN, RowRole.TOTAL) for s in statements)
         parts = max(1, min(64, PROGRAM_ELEMENTS // block)) if sums else 1
         return plan_rows(RowSchedule(joined, statements, self.working, (rows, columns),
                                      RowLaunch(per_program, block, warps, parts)))

@@ -20,7 +20,7 @@ from typing import Callable, Dict, List, Tuple
 
 from ... import ir
 from ...ir import ReduceOp
-from ...plan.row_group import RowGroup, along_columns, grid_locals
+from ...plan.row_group import TOTAL_LOCAL, RowGroup, RowRole, along_columns, grid_locals
 from ..identifiers import name
 from .backend import _kernel_module, interpreted, launch_guard, launch_turns, warm_launches
 from .repeat import PARAMETER_ARRAYS_KEPT, output_template
@@ -47,6 +47,8 @@ class RowRenderer(TritonRenderer):
         self.named = set()        # shared subexpressions assigned already
         self.pending: List[str] = []   # their assignments, before the line using them
         self.grid = grid_locals(group.members)
+        self.gathers = 0          # gathered loads printed so far (their locals' numbers)
+        self.outer_shape = None   # a total's value: printed over [1, BLOCK]
 
     def render(self) -> str:
         group = self.group
@@ -55,8 +57,12 @@ class RowRenderer(TritonRenderer):
                    for axis in range(len(i.along_rows))]
         outputs = [f"o{m.stored}" for m in group.outputs]
         sums = ["part", "count"] if group.columns else []
-        args = inputs + (["qv"] if group.params else []) + ["M", "N"] + strides + \
-            outputs + sums
+        # a gathered axis's length (its labels are checked against it) and the error
+        # flag a label outside it raises
+        dims = [f"n{b}_{axis}" for b, axis in gathered_axes(group)]
+        flag = ["err"] if dims else []
+        args = inputs + (["qv"] if group.params else []) + ["M", "N"] + strides + dims + \
+            outputs + flag + sums
         lines = ["@triton.jit",
                  f"def einfuse_rows({', '.join(args)}, ROWS: tl.constexpr, "
                  "BLOCK: tl.constexpr, PARTS: tl.constexpr):"]
@@ -95,8 +101,10 @@ class RowRenderer(TritonRenderer):
         (float64 whatever the working dtype, as the C backend's column sums)."""
         self.shape = "[ROWS, BLOCK]"
         body = self.widen(self.expr(member.value))
+        # (a total's row values, one per row, are summed in column 0 of its partials)
+        mask = "rmask & (col == 0)" if member.role == RowRole.TOTAL else "omask"
         return self.flushed() + [
-            f"    c{slot} += tl.sum(tl.where(omask, {body}, 0.0).to(tl.float64), axis=0)"]
+            f"    c{slot} += tl.sum(tl.where({mask}, {body}, 0.0).to(tl.float64), axis=0)"]
 
     def with_column_sums(self, body: List[str]) -> List[str]:
         """The group's lines as a loop over blocks of rows (program p takes blocks p,
@@ -127,10 +135,25 @@ class RowRenderer(TritonRenderer):
                       "            p = (first + tl.arange(0, PARTS))[:, None]",
                       f"            total += tl.sum(tl.load(part + (p * {sums} + {k}) * BLOCK"
                       " + cols[None, :], mask=p < programs, other=0.0, "
-                      "cache_modifier=\".cg\"), axis=0)",
-                      f"        tl.store(o{int(member.stored)} + cols, total.to({self.T}), "
-                      "mask=cols < N)"]
+                      "cache_modifier=\".cg\"), axis=0)"]
+            lines += self.column_store(member)
         return lines
+
+    def column_store(self, member) -> List[str]:
+        """The last program's store of a column member's sums (``total``): a column
+        sum's as they are, a total's value from its sum (column 0) by the rest of its
+        statement, in the working dtype."""
+        out = f"o{int(member.stored)}"
+        if member.role != RowRole.TOTAL:
+            return [f"        tl.store({out} + cols, total.to({self.T}), mask=cols < N)"]
+        self.outer_shape = self.shape = "[1, BLOCK]"
+        try:
+            value = self.widen(self.expr(member.total))
+        finally:
+            self.outer_shape = None
+        return [f"        {TOTAL_LOCAL} = total[None, :].to({self.T})"] + \
+            ["    " + line for line in self.flushed()] + \
+            [f"        tl.store({out} + cols[None, :] * 0, {value}, mask=cols[None, :] == 0)"]
 
     def reduction(self, reduction) -> List[str]:
         self.shape = "[ROWS, BLOCK]"
@@ -138,6 +161,18 @@ class RowRenderer(TritonRenderer):
         if reduction.op == ReduceOp.SUM:
             return self.flushed() + [
                 f"    {acc} = tl.sum(tl.where(omask, {body}, 0.0), axis=1)[:, None]"]
+        if reduction.op == ReduceOp.LOGSUMEXP:
+            # the row's maximum M (NaN kept), then M + log(sum(exp(x - M))) where M is
+            # finite and M itself where not (a row of -inf, one holding inf or a NaN):
+            # the statements' value (plan/row_statistics.py), two passes over registers
+            return self.flushed() + [
+                f"    v_ = tl.where(omask, {body}, float(\"-inf\"))",
+                "    x_ = tl.where(tl.sum((v_ != v_).to(tl.int32), axis=1)[:, None] > 0, "
+                "float(\"nan\"), tl.max(v_, axis=1)[:, None])",
+                "    f_ = (x_ - x_) == 0",
+                "    c_ = tl.where(f_, x_, 0.0)",
+                f"    {acc} = tl.sum(tl.where(omask, tl.exp(v_ - c_), 0.0), axis=1)[:, None]",
+                f"    {acc} = tl.where(f_, c_ + tl.log({acc}), x_)"]
         fill = 'float("-inf")' if reduction.op == ReduceOp.MAX else 'float("inf")'
         return self.flushed() + [
                 f"    v_ = tl.where(omask, {body}, {fill})",
@@ -159,7 +194,8 @@ class RowRenderer(TritonRenderer):
         the columns and to one value per row where it does not (a row's sqrt(v + eps)
         is taken once, not once per column)."""
         saved = self.shape
-        self.shape = "[ROWS, BLOCK]" if along_columns(node, self.grid) else "[ROWS, 1]"
+        self.shape = self.outer_shape or (
+            "[ROWS, BLOCK]" if along_columns(node, self.grid) else "[ROWS, 1]")
         try:
             return super().expr(node)
         finally:
@@ -171,14 +207,43 @@ class RowRenderer(TritonRenderer):
 
     def expr_Load(self, node: ir.Load) -> str:
         buffer = int(node.buffer)
+        kind = "tl.int64" if node.is_index else self.T
+        if any(sub.gathers for sub in node.subscripts):
+            return self.gathered(node, kind)
         counters = [sub.affine.names[0] for sub in node.subscripts]
         address = " + ".join(f"{name(c)} * {name(sub.stride)}"
                              for c, sub in zip(counters, node.subscripts))
         if not counters:
-            return f"tl.load(t{buffer}).to({self.T})"
+            return f"tl.load(t{buffer}).to({kind})"
         mask = {frozenset({"row"}): "rmask", frozenset({"col"}): "cmask"}.get(
             frozenset(counters), "omask")
-        return f"tl.load(t{buffer} + {address}, mask={mask}, other=0).to({self.T})"
+        return f"tl.load(t{buffer} + {address}, mask={mask}, other=0).to({kind})"
+
+    def gathered(self, node: ir.Load, kind: str) -> str:
+        """A load at a gathered position (``X[i, t[i]]``): each gathered position is
+        checked against its axis; the load reads only where every one is inside, and
+        one outside in a row of this block raises the error flag (the runner then
+        delivers nothing, and the statements raise their own error)."""
+        buffer, number = int(node.buffer), self.gathers
+        self.gathers += 1
+        mask = "omask" if along_columns(node, set()) else "rmask"
+        positions, inside = [], []
+        for axis, sub in enumerate(node.subscripts):
+            position = self.affine(sub.affine)
+            for load, coefficient in sub.gathers:
+                position = f"({position} + {int(coefficient)} * {self.expr(load)})"
+            if sub.gathers:
+                local = f"q{number}_{axis}"
+                self.pending.append(f"    {local} = {position}")
+                inside.append(f"({local} >= 0) & ({local} < n{buffer}_{axis})")
+                position = local
+            positions.append(f"{position} * s{buffer}_{axis}")
+        ok = f"g{number}"
+        self.pending += [
+            f"    {ok} = {mask} & {' & '.join(inside)}",
+            f"    tl.store(err, 1, mask=tl.sum(tl.sum(({mask} & ~{ok}).to(tl.int32), "
+            "axis=1), axis=0) > 0)"]
+        return f"tl.load(t{buffer} + {' + '.join(positions)}, mask={ok}, other=0).to({kind})"
 
     def expr_Const(self, node: ir.Const) -> str:
         # a tensor of the working dtype, not a Python number: an operation on constants
@@ -198,6 +263,18 @@ class RowRenderer(TritonRenderer):
 
     def expr_AccValue(self, node: ir.AccValue) -> str:
         return name(node.acc)
+
+
+def gathered_axes(group: RowGroup) -> Tuple[Tuple[int, int], ...]:
+    """(input buffer, axis) of every gathered subscript of the group, in order."""
+    found = []
+    for member in group.members:
+        for root in [r.body for r in member.reductions] + [member.value]:
+            for node in ir.walk(root):
+                if isinstance(node, ir.Load):
+                    found += [(int(node.buffer), axis)
+                              for axis, sub in enumerate(node.subscripts) if sub.gathers]
+    return tuple(dict.fromkeys(found))
 
 
 def source(group: RowGroup) -> str:
@@ -241,6 +318,11 @@ class RowRunner:
     # parses on every call
     out_templates: Tuple[Tuple[str, object], ...] = ()
     column_sums: int = 0             # len(group.columns)
+    # per gathered axis (gathered_axes): the input's position among ``inputs`` and the
+    # axis, whose length the kernel checks each label against
+    gathered: Tuple[Tuple[int, int], ...] = ()
+    zeros: Callable = None           # torch.zeros (the error flag)
+    int32: object = None             # torch.int32
     # scalar parameter values -> their device array (a training loop passes the same
     # few values again and again; a host-to-device copy per call costs about 19 us)
     parameter_arrays: dict = field(default_factory=dict, compare=False, hash=False)
@@ -248,7 +330,10 @@ class RowRunner:
     # repeated call compares its strides with these instead of building that key
     warm_strides: set = field(default_factory=set, compare=False, hash=False)
 
-    def __call__(self, env: Dict[str, object]) -> None:
+    def __call__(self, env: Dict[str, object]) -> bool:
+        """Run the group on ``env`` and write its outputs there; False (nothing
+        written) where a label is outside its axis: the statements, run one by one,
+        raise their own error."""
         tensors, strides = [], []
         for key, dtype in self.inputs:
             tensor = env[key]
@@ -266,8 +351,10 @@ class RowRunner:
         empty_like = self.empty_like
         outs = [empty_like(template) for _, template in self.out_templates]
         sums = self.column_sum_buffers(outs) if self.column_sums else ()
+        dims = tuple(tensors[b].shape[axis] for b, axis in self.gathered)
+        flag = (self.zeros((1,), dtype=self.int32, device=self.device),) if dims else ()
         if self.grid[0]:
-            args = (*tensors, *params, *self.extents, *strides, *outs, *sums)
+            args = (*tensors, *params, *self.extents, *strides, *dims, *outs, *flag, *sums)
             strides = tuple(strides)
             # (launches take turns as the statements' do, triton_backend.launch_guard:
             # a warm GPU kernel's run concurrently, interpreted ones one at a time)
@@ -284,8 +371,13 @@ class RowRunner:
                 if key in warm_launches:
                     with _lock:
                         self.warm_strides.add(strides)
+            # (the one read of the device a group with labels makes: the statements'
+            # error must be raised by this call, before anything is delivered)
+            if flag and flag[0].item():
+                return False
         for (key, _), out in zip(self.out_templates, outs):
             env[key] = out
+        return True
 
     def column_sum_buffers(self, outs: List) -> Tuple:
         """The partial sums' buffer and the finished programs' counter of a group with
@@ -339,6 +431,10 @@ def runner(group: RowGroup, env: Dict[str, object]) -> RowRunner:
     for spec in group.inputs:
         tensor = env[spec.key]
         device = tensor.device
+        if spec.index:      # labels: as integers (int32 and int64 as they are)
+            dtypes.append(tensor.dtype if tensor.dtype in (torch.int32, torch.int64)
+                          else torch.int64)
+            continue
         # bool and integer values are computed as floats (as triton_backend passes them)
         dtypes.append(tensor.dtype if tensor.dtype.is_floating_point else working)
     if device is None:
@@ -358,5 +454,6 @@ def runner(group: RowGroup, env: Dict[str, object]) -> RowRunner:
                      not interpreted(), working, torch.empty, torch.empty_like, outputs,
                      tuple((spec.key, dtype) for spec, dtype in zip(group.inputs, dtypes)),
                      tuple((m.key, output_template(m.shape, working, device))
-                           for m in outputs), len(group.columns))
+                           for m in outputs), len(group.columns), gathered_axes(group),
+                     torch.zeros, torch.int32)
 
