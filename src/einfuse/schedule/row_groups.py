@@ -59,6 +59,7 @@ from ..plan.lower import lower_row_statement, plan_rows
 from ..plan.row_group import (RowGroup, RowInput, RowLaunch, RowRefused, RowRole,
                               RowSchedule, RowScope, RowStatement, total_sum)
 from .fusion_reasons import KernelBreak, Split
+from .choose import runs_hoisted
 from .units import statement_units
 
 # The longest row a group holds in registers: 64 KiB (16384 float32, 8192 float64)
@@ -191,7 +192,7 @@ class _Builder:
                 call.framework != "torch" or triton_facts.host_fallback(call):
             return Split.NOT_TRITON
         form = kernel.hoisted_form
-        if form is not None and form.runs(call):
+        if runs_hoisted(form, call):
             return Split.HOISTED_FORM
         import torch
         if any(not isinstance(scratch[names.get(info.name, info.name)], torch.Tensor)
