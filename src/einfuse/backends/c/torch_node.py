@@ -42,8 +42,10 @@ def enabled() -> bool:
 def module(wait: bool = False):
     """The loaded extension, or None: not built yet (the build is started in the
     background, or awaited where ``wait``), or not buildable here (see :func:`reason`)."""
+    if not enabled():
+        return None
     found = _state["module"]
-    if found is not None or not enabled():
+    if found is not None:
         return found
     with _lock:
         thread = _state["thread"]
