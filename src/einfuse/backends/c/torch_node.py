@@ -20,6 +20,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
+import subprocess
 import sys
 import threading
 from typing import Optional
@@ -109,6 +110,19 @@ def _load():
             with open(path + ".tmp", "w") as handle:
                 handle.write(source)
             os.replace(path + ".tmp", path)
+        # built by a process of its own, in a session of its own: a process that ends
+        # while the build runs (its thread is a daemon) must not leave torch's build
+        # lock behind half-way, which would stop every later build
+        built = subprocess.run([sys.executable, "-c", _BUILD, name, path, directory],
+                               start_new_session=True, capture_output=True, text=True,
+                               timeout=_BUILD_TIMEOUT_S)
+        if built.returncode != 0:
+            raise RuntimeError(f"the build failed: {built.stderr[-2000:]}")
         return cpp_extension.load(name=name, sources=[path], build_directory=directory,
-                                  extra_cflags=["-O2", "-ffp-contract=off"],
-                                  verbose=False)
+                                  extra_cflags=_FLAGS, verbose=False)
+
+
+_FLAGS = ["-O2", "-ffp-contract=off"]
+_BUILD = ("import sys\nfrom torch.utils import cpp_extension\n"
+          "cpp_extension.load(name=sys.argv[1], sources=[sys.argv[2]], "
+          f"build_directory=sys.argv[3], extra_cflags={_FLAGS!r}, verbose=False)\n")
