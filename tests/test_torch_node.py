@@ -191,3 +191,25 @@ def test_turned_off_keeps_the_python_path(node, monkeypatch):
     twin = x.detach().clone().requires_grad_()
     torch.softmax(twin, 1).backward(seed)
     torch.testing.assert_close(grads["X"], twin.grad)
+
+
+def test_forward_mode_tangents_take_the_python_path(node):
+    x, _, _, seed = _inputs()
+    program = ef.compile(SOFTMAX, outputs=("P",))
+    _warm(program, {"X": x.requires_grad_()}, seed)
+    import torch.autograd.forward_ad as fwad
+
+    def tangent_of_program():
+        with fwad.dual_level():
+            out = program(X=fwad.make_dual(x.detach().clone().requires_grad_(), seed))
+            return fwad.unpack_dual(out).tangent
+
+    try:        # the node never drops a tangent: the Python path's answer, or its error
+        tangent = tangent_of_program()
+    except Exception as error:     # (the Python node has no forward-mode formula)
+        assert "jvp" in str(error) or "forward" in str(error).lower()
+    else:
+        assert tangent is not None
+        with fwad.dual_level():
+            want = fwad.unpack_dual(torch.softmax(fwad.make_dual(x.detach(), seed), 1)).tangent
+        torch.testing.assert_close(tangent, want)

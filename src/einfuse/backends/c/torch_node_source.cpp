@@ -324,7 +324,8 @@ py::object apply(std::shared_ptr<Plan> plan, std::vector<at::Tensor> tensors, in
     const at::Tensor &t = tensors[l.slot];
     if (t.scalar_type() != l.dtype || t.sizes() != c10::IntArrayRef(l.sizes) ||
         t.strides() != c10::IntArrayRef(l.strides) || t.device().type() != at::kCPU ||
-        t.layout() != at::kStrided || t.is_neg() || t.is_conj() || t.is_inference())
+        t.layout() != at::kStrided || t.is_neg() || t.is_conj() || t.is_inference() ||
+        t._fw_grad(0).defined())     // (forward-mode AD: the Python path says what it does)
       return py::none();
   }
   std::vector<at::Tensor> slots(p.slots);
