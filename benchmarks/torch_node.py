@@ -86,10 +86,11 @@ def layer_steps():
 
 
 def module_steps():
+    """The MLP's training step, torch's twin and einfuse's blocks (whatever path they
+    take: the node where their steps translate)."""
     arrays = _mlp_inputs(64, 128, 512)(np.random.default_rng(0))
     x = torch.from_numpy(arrays["X"])
-    models = {"torch": _mlp(arrays, False), "python": _mlp(arrays, True),
-              "node": _mlp(arrays, True)}
+    models = {"torch": _mlp(arrays, False), "einfuse": _mlp(arrays, True)}
 
     def step_of(model):
         def step():
@@ -99,12 +100,9 @@ def module_steps():
         return step
     steps = {k: step_of(m) for k, m in models.items()}
     for _ in range(3):
-        for form, step in steps.items():
+        for step in steps.values():
             step()
-            if form == "python":
-                for block in models[form].blocks:
-                    pass
-    return steps, models
+    return steps
 
 
 def timed(fn, inner: int) -> float:
@@ -131,6 +129,14 @@ def main(repeats: int = 9, inner: int = 100):
                   f"{med['python']:7.1f} ({med['python'] / med['torch']:.2f}x)  node "
                   f"{med['node']:7.1f} ({med['node'] / med['torch']:.2f}x)"
                   f"{'' if forms['in use'] else '  [node not used: Python path]'}")
+    steps = module_steps()
+    times = {f: [] for f in steps}
+    for _ in range(repeats):
+        for f, fn in steps.items():
+            times[f].append(timed(fn, max(inner // 10, 5)))
+    med = {f: float(np.median(v)) for f, v in times.items()}
+    print(f"module step (MLP b=64 d=128 h=512) torch {med['torch']:7.1f} us  einfuse "
+          f"{med['einfuse']:7.1f} ({med['einfuse'] / med['torch']:.2f}x)")
 
 
 if __name__ == "__main__":

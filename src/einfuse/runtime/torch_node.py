@@ -77,16 +77,18 @@ class _Builder:
             raise Untranslatable(f"{key} of another layout than the step's")
         return slot
 
-    def empty(self, ops: list, shape, dtype) -> int:
+    def empty(self, ops: list, shape, dtype, owned: bool = False) -> int:
+        """A fresh array's slot; ``owned``: one nothing reads after its step, which
+        the plan keeps from call to call."""
         slot = self.new(shape, dtype)
-        ops.append((_EMPTY, slot, list(shape), _code(dtype)))
+        ops.append((_EMPTY, slot, list(shape), _code(dtype), owned))
         return slot
 
     def scratch(self, ops: list, rows: int, length: int, dtype, zero: bool) -> int:
         dtype = np.dtype(dtype)
         padded = padded_length(length, dtype.itemsize)
         slot = self.new((rows, padded), dtype)
-        ops.append((_SCRATCH, slot, rows, padded, _code(dtype), zero, ROW_ALIGN))
+        ops.append((_SCRATCH, slot, rows, padded, _code(dtype), zero, ROW_ALIGN, True))
         return slot
 
     def steps(self, run, ops: list) -> None:
@@ -105,7 +107,8 @@ class _Builder:
                 found["threads"])
         if "plan" not in found:          # a row kernel
             inputs = [self.read(key, layout) for key, layout in found["inputs"]]
-            outs = {k: self.empty(ops, shape, working) for k, shape in found["shapes"]}
+            outs = {k: self.empty(ops, shape, working, keys[k] is None)
+                    for k, shape in found["shapes"]}
             buffers = [inputs[0], outs[0], outs[2], outs[3]] if found["softmax"] else \
                 inputs + [outs[k] for k, _ in found["shapes"]]
             ops.append(call + (buffers,))
@@ -113,7 +116,7 @@ class _Builder:
                 if keys[k] is not None:
                     self.slot[keys[k]] = slot
             return
-        outputs = {k: self.empty(ops, shape, working)
+        outputs = {k: self.empty(ops, shape, working, keys[k] is None)
                    for k, shape in zip(found["outputs"], found["shapes"])}
         rows = {k: self.scratch(ops, *shape, working, False)
                 for k, shape in found["scratch"].items()}

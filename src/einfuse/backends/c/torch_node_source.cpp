@@ -14,9 +14,13 @@
 #include <torch/csrc/autograd/functions/utils.h>
 #include <torch/csrc/autograd/saved_variable.h>
 
+#include <ATen/EmptyTensor.h>
+
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <memory>
+#include <mutex>
 #include <vector>
 
 namespace py = pybind11;
@@ -50,7 +54,16 @@ struct Op {
   int sums = -1, errors = -1;          // TOTAL: the accumulators' slots
   int64_t size = 0;                    // TOTAL: elements of the output
   bool compensated = true;             // TOTAL: sums in the working dtype, errors beside
+  bool owned = false;                  // EMPTY, SCRATCH: never leaves the run: the plan's own
 };
+
+// An array of a plain CPU tensor, allocated without the dispatcher (a dozen
+// allocations a backward cost more than its small kernels through at::empty).
+at::Tensor allocate(c10::IntArrayRef sizes, at::ScalarType dtype, bool zero) {
+  at::Tensor t = at::detail::empty_cpu(sizes, dtype);
+  if (zero && t.numel()) std::memset(t.data_ptr(), 0, t.numel() * t.element_size());
+  return t;
+}
 
 struct Layout {
   int slot;
@@ -92,19 +105,28 @@ void add_columns(const Op &op, const at::Tensor &sums, const at::Tensor &errors,
 }
 
 // Runs ``ops`` on ``slots``; false where a kernel raised its error flag (an index out
-// of bounds: nothing is to be delivered, the caller's full path names it).
-bool run_ops(const std::vector<Op> &ops, std::vector<at::Tensor> &slots, int free) {
+// of bounds: nothing is to be delivered, the caller's full path names it).  ``owned``
+// (the plan's arrays by operation, or null): where the arrays of the operations that
+// never leave a run are kept from one run to the next, as the Python runners keep theirs.
+bool run_ops(const std::vector<Op> &ops, std::vector<at::Tensor> &slots, int free,
+             std::vector<at::Tensor> *owned) {
   void *pointers[64];
-  for (const Op &op : ops) {
+  for (size_t number = 0; number < ops.size(); ++number) {
+    const Op &op = ops[number];
+    at::Tensor *kept = owned && op.owned ? &(*owned)[number] : nullptr;
+    if (kept && kept->defined() && op.kind != CALL && op.kind != TOTAL) {
+      if (op.zero) std::memset(kept->data_ptr(), 0, kept->numel() * kept->element_size());
+      slots[op.slot] = *kept;
+      continue;
+    }
     switch (op.kind) {
       case EMPTY:
-        slots[op.slot] = at::empty(op.sizes, at::TensorOptions().dtype(op.dtype));
+        slots[op.slot] = allocate(op.sizes, op.dtype, false);
         break;
       case SCRATCH: {
         // rows starting on ``align``-byte boundaries (plan/thread_rows.thread_scratch)
         int64_t item = c10::elementSize(op.dtype), line = std::max<int64_t>(1, op.align / item);
-        at::Tensor raw = op.zero ? at::zeros({op.rows * op.padded + line}, op.dtype)
-                                 : at::empty({op.rows * op.padded + line}, op.dtype);
+        at::Tensor raw = allocate({op.rows * op.padded + line}, op.dtype, op.zero);
         int64_t address = (int64_t)(uintptr_t)raw.data_ptr();
         int64_t start = ((-address) % op.align + op.align) % op.align / item;
         slots[op.slot] = raw.narrow(0, start, op.rows * op.padded).view({op.rows, op.padded});
@@ -120,7 +142,7 @@ bool run_ops(const std::vector<Op> &ops, std::vector<at::Tensor> &slots, int fre
         break;
       }
       case TOTAL: {
-        at::Tensor out = at::empty(op.sizes, at::TensorOptions().dtype(op.dtype));
+        at::Tensor out = allocate(op.sizes, op.dtype, false);
         const at::Tensor &sums = slots[op.sums], &errors = slots[op.errors];
         at::ScalarType wide = sums.scalar_type();
         if (wide == at::kDouble && op.dtype == at::kDouble)
@@ -135,6 +157,7 @@ bool run_ops(const std::vector<Op> &ops, std::vector<at::Tensor> &slots, int fre
         break;
       }
     }
+    if (kept) *kept = slots[op.slot];
   }
   return true;
 }
@@ -146,6 +169,7 @@ Op op_of(py::tuple t) {
     op.slot = t[1].cast<int>();
     op.sizes = t[2].cast<std::vector<int64_t>>();
     op.dtype = (at::ScalarType)t[3].cast<int>();
+    op.owned = t[4].cast<bool>();
   } else if (op.kind == SCRATCH) {
     op.slot = t[1].cast<int>();
     op.rows = t[2].cast<int64_t>();
@@ -153,6 +177,7 @@ Op op_of(py::tuple t) {
     op.dtype = (at::ScalarType)t[4].cast<int>();
     op.zero = t[5].cast<bool>();
     op.align = t[6].cast<int64_t>();
+    op.owned = t[7].cast<bool>();
   } else if (op.kind == CALL) {
     op.entry = (kernel_fn)(uintptr_t)t[1].cast<uint64_t>();
     op.ints = (const int64_t *)(uintptr_t)t[2].cast<uint64_t>();
@@ -199,6 +224,20 @@ struct Plan {
   std::vector<int> gradients;          // per recorded input: its gradient's slot
   py::object fallback;                 // (tensors, grads, wanted) -> gradients
   py::object keep;
+  // the arrays of the operations that never leave a run, per direction, for the one
+  // run at a time that holds the lock (another at the same time allocates its own)
+  std::mutex forward_lock, backward_lock;
+  std::vector<at::Tensor> forward_owned, backward_owned;
+
+  bool run(bool backward_run, std::vector<at::Tensor> &slots, int free) {
+    const std::vector<Op> &ops = backward_run ? backward : forward;
+    std::mutex &lock = backward_run ? backward_lock : forward_lock;
+    std::unique_lock<std::mutex> held(lock, std::try_to_lock);
+    if (!held.owns_lock()) return run_ops(ops, slots, free, nullptr);
+    std::vector<at::Tensor> &owned = backward_run ? backward_owned : forward_owned;
+    if (owned.size() != ops.size()) owned.resize(ops.size());
+    return run_ops(ops, slots, free, &owned);
+  }
 
   ~Plan() {
     if (Py_IsInitialized()) {
@@ -262,7 +301,7 @@ struct ProgramNode : public Node {
       }
       slots[seed.slot] = g;
     }
-    TORCH_CHECK(run_ops(p.backward, slots, free),
+    TORCH_CHECK(plan->run(true, slots, free),
                 "einfuse torch node: a backward kernel raised its error flag");
     variable_list out;
     for (int i = 0; i < p.recorded; ++i)
@@ -334,7 +373,7 @@ py::object apply(std::shared_ptr<Plan> plan, std::vector<at::Tensor> tensors, in
   {
     py::gil_scoped_release released;
     at::AutoDispatchBelowADInplaceOrView below;
-    done = run_ops(p.forward, slots, free);
+    done = plan->run(false, slots, free);
   }
   if (!done) return py::none();
   std::vector<at::Tensor> results;
