@@ -213,3 +213,23 @@ def test_forward_mode_tangents_take_the_python_path(node):
         with fwad.dual_level():
             want = fwad.unpack_dual(torch.softmax(fwad.make_dual(x.detach(), seed), 1)).tangent
         torch.testing.assert_close(tangent, want)
+
+
+def test_a_program_it_cannot_translate_keeps_the_python_path(node):
+    # cross-entropy: its labels are checked per call in Python, so the whole call stays
+    # there, with torch's gradients and the error naming a label out of range
+    text = ("m[i] := max[j](X[i,j])\nl[i] := log(sum[j](exp(X[i,j] - m[i]))) + m[i] - "
+            "X[i, t[i]]\nL := sum[i](l[i]) / 64")
+    program = ef.compile(text, outputs=("L",))
+    x, _, _, _ = _inputs()
+    t = torch.from_numpy(np.random.default_rng(1).integers(0, 64, 64))
+    for _ in range(3):
+        leaf = x.detach().clone().requires_grad_()
+        program(X=leaf, t=t).backward()
+    twin = x.detach().clone().requires_grad_()
+    torch.nn.functional.cross_entropy(twin, t).backward()
+    torch.testing.assert_close(leaf.grad, twin.grad)
+    bad = t.clone()
+    bad[5] = 64
+    with pytest.raises(ef.EinfuseError, match="64"):
+        program(X=x.detach().clone().requires_grad_(), t=bad).backward()
