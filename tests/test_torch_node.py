@@ -233,3 +233,27 @@ def test_a_program_it_cannot_translate_keeps_the_python_path(node):
     bad[5] = 64
     with pytest.raises(ef.EinfuseError, match="64"):
         program(X=x.detach().clone().requires_grad_(), t=bad).backward()
+
+
+def test_two_outputs_one_unused_by_the_loss(node):
+    x, g, b, seed = _inputs(torch.float64)
+    program = ef.compile(LAYERNORM, outputs=("m", "Y"))
+    python = ef.compile(LAYERNORM + "\n", outputs=("m", "Y"))
+    env = {"X": x, "g": g, "b": b}
+
+    def step(p, use_mean):
+        leaves = {k: v.detach().clone().requires_grad_() for k, v in env.items()}
+        m, y = p(**leaves)
+        loss = (y * seed).sum() + (m.sum() * 3 if use_mean else 0)
+        loss.backward()
+        return m.detach(), y.detach(), {k: v.grad for k, v in leaves.items()}
+    for _ in range(2):
+        step(program, True)
+        step(python, True)
+        _python_path(python)
+    assert _uses_node(program)
+    for use_mean in (True, False):
+        got, want = step(program, use_mean), step(python, use_mean)
+        assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+        for name in env:
+            assert torch.equal(got[2][name], want[2][name]), (name, use_mean)

@@ -134,6 +134,8 @@ class PreparedCall:
             key.append((array.shape, array.dtype, array.strides))
         key = tuple(key)
         found = self._backwards.get(key)
+        # (the arrays before this backward writes its own into env: the node's plan)
+        clean = dict(env) if not self._node_tried else None
         given = list(env.values())
         if found is None:
             run = BackwardRun(self.backward, env, self.backend, self.recompute,
@@ -142,8 +144,8 @@ class PreparedCall:
             found = self._keep_backward(key, run, values, given)
         else:
             values = found[0](env)
-        if not self._node_tried:
-            self._try_node(key, found)
+        if clean is not None:
+            self._try_node(clean, key, found)
         result = []
         for number, name in enumerate(self.names):
             value = values.get(name)
@@ -157,12 +159,30 @@ class PreparedCall:
                 result.append(tensor.clone() if _shares(tensor.numpy(), given) else tensor)
         return tuple(result)
 
-    def _try_node(self, key, found) -> None:
-        """The C++ node's plan for later calls, where the backward ``found`` was planned
-        for seeds laid out as the outputs are (the node makes other seeds so)."""
+    def _try_node(self, env: Dict[str, object], key, found) -> None:
+        """The C++ node's plan for later calls: with the backward ``found`` where it was
+        planned for contiguous seeds (the node makes every seed so), else with one
+        planned now on contiguous copies of this call's seeds (``env``: the arrays the
+        backward was given; computed once more, once)."""
         if not torch_node.available():
             return      # (its build runs in the background: a later backward tries)
         self._node_tried = True
+        contiguous_key = tuple((shape, dtype, np.empty(shape, dtype).strides)
+                               for shape, dtype, _ in key)
+        if contiguous_key != key:
+            found = self._backwards.get(contiguous_key)
+            if found is None:
+                for seed in self.backward.seeds:
+                    env[seed] = np.ascontiguousarray(env[seed])
+                given = list(env.values())
+                try:
+                    run = BackwardRun(self.backward, env, self.backend, self.recompute,
+                                      threads=self.threads)
+                    values = run(env)
+                except EinfuseError:        # (as this call's did not: the Python path)
+                    return
+                found = self._keep_backward(contiguous_key, run, values, given)
+            key = contiguous_key
         owner = weakref.ref(self)     # (the plan, held by C++, must not keep this alive)
 
         def differentiable(tensors, grads, wanted):
