@@ -257,3 +257,21 @@ def test_two_outputs_one_unused_by_the_loss(node):
         assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
         for name in env:
             assert torch.equal(got[2][name], want[2][name]), (name, use_mean)
+
+
+def test_a_short_run_never_starts_the_build(node, monkeypatch):
+    # (where the node is not loaded yet: the build starts from a signature's third
+    # backward on, so that a script or test with a backward or two never pays for it)
+    started = []
+    monkeypatch.setattr(c_torch_node, "_state", {"module": None, "reason": "not built yet",
+                                                 "thread": None})
+    monkeypatch.setattr(c_torch_node, "_build_and_load", lambda: started.append(1))
+    x, _, _, seed = _inputs(seed=5)
+    program = ef.compile(SOFTMAX + "\n\n\n", outputs=("P",))
+    for count in range(1, 5):
+        _step(program, {"X": x.requires_grad_()}, seed, "P")
+        thread = c_torch_node._state["thread"]
+        if thread is not None:
+            thread.join()
+        assert bool(started) == (count >= 3), count
+    assert not _uses_node(program)

@@ -82,6 +82,7 @@ class PreparedCall:
         self.layouts = torch_node.layouts_of(env, self.passed)
         self._node = None
         self._node_tried = self.layouts is None or bool(self.scalars)
+        self._backward_count = 0
 
     def apply(self, env: Dict[str, object]):
         """The outputs of the program on ``env`` (this signature's tensors and scalars)
@@ -164,7 +165,8 @@ class PreparedCall:
         planned for contiguous seeds (the node makes every seed so), else with one
         planned now on contiguous copies of this call's seeds (``env``: the arrays the
         backward was given; computed once more, once)."""
-        if not torch_node.available():
+        self._backward_count += 1
+        if not torch_node.available(self._backward_count):
             return      # (its build runs in the background: a later backward tries)
         self._node_tried = True
         contiguous_key = tuple((shape, dtype, np.empty(shape, dtype).strides)

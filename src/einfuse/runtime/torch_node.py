@@ -169,8 +169,16 @@ def layouts_of(env: Dict[str, object], names) -> Optional[Tuple]:
     return tuple(found)
 
 
-def available() -> bool:
-    """Whether the node is built and loaded (a call starts its build otherwise)."""
+# A signature's backwards before one starts the node's build (where it is not loaded
+# yet): a short script or test with a backward or two never pays for it
+BACKWARDS_BEFORE_BUILD = 3
+
+
+def available(backwards: int) -> bool:
+    """Whether the node is built and loaded; after ``backwards`` backwards of one
+    signature (at least BACKWARDS_BEFORE_BUILD), its build starts otherwise."""
+    if backwards < BACKWARDS_BEFORE_BUILD:
+        return c_torch_node.loaded() is not None
     return c_torch_node.module() is not None
 
 

@@ -59,6 +59,11 @@ def module(wait: bool = False):
     return _state["module"]
 
 
+def loaded():
+    """The extension where it is loaded already, else None (no build started)."""
+    return _state["module"] if enabled() else None
+
+
 def reason() -> str:
     """Why :func:`module` is None (or "loaded")."""
     return "loaded" if _state["module"] is not None else _state["reason"]
