@@ -23,7 +23,6 @@ import os
 import subprocess
 import sys
 import threading
-from typing import Optional
 
 from ..disk_cache import cache_dir, file_lock
 from . import build as c_build

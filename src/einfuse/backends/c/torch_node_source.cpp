@@ -284,7 +284,8 @@ struct ProgramNode : public Node {
       for (bool w : wanted) asked.append(w);
       py::list found = p.fallback(given, seeds, asked);
       variable_list out;
-      for (auto item : found) out.push_back(item.is_none() ? at::Tensor() : item.cast<at::Tensor>());
+      for (auto item : found)
+        out.push_back(item.is_none() ? at::Tensor() : item.cast<at::Tensor>());
       return out;
     }
     for (size_t i = 0; i < p.seeds.size(); ++i) {
