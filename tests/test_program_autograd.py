@@ -28,7 +28,8 @@ def test_softmax_gradients_equal_torch(form, shape, dtype):
     want_out, (want,) = _grads(lambda X: torch.softmax(X, 1), [X], seed)
     _close(out, want_out, dtype)
     _close(dX, want, dtype)
-    assert type(kernel(X=X).grad_fn).__name__ == "ProgramFunctionBackward"
+    # one node: the Python autograd Function, or the C++ node once a backward planned it
+    assert kernel(X=X).grad_fn.name() in ("ProgramFunctionBackward", "EinfuseProgramBackward")
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])

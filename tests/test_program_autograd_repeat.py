@@ -207,8 +207,9 @@ def test_the_backward_runs_on_the_programs_threads(monkeypatch, threads):
     differently from call to call)."""
     from einfuse.backends.c import (fused_prepared as c_fused_prepared, repeat as c_repeat,
                                     rows as c_rows)
+    from einfuse.runtime import torch_node     # (the C++ node asks once a call)
     asked = []
-    for module in (c_fused_prepared, c_repeat, c_rows):
+    for module in (c_fused_prepared, c_repeat, c_rows, torch_node):
         monkeypatch.setattr(module, "free_threads", lambda: asked.append(1) or 0)
     options = {} if threads is None else {"threads": threads}
     program = ef.compile(LAYERNORM.format(n=300), **options)

@@ -18,6 +18,7 @@ are those of the statements."""
 from __future__ import annotations
 
 import threading
+import weakref
 from dataclasses import dataclass, field
 from typing import Dict, Optional, Sequence, Tuple
 
@@ -35,6 +36,7 @@ from .torch_autograd import (numpy_view, numpy_views, refuse_in_transform, save_
 from ..analysis.frameworks import torch_recording as recording
 from .program_calls import differentiable_inputs, remember_call, shaped_like
 from .program_backward import PLANS_KEPT, BackwardRun, Count
+from . import torch_node
 
 
 
@@ -75,12 +77,23 @@ class PreparedCall:
         self._placeholders: Optional[Dict[str, object]] = None
         self._backwards: Dict[Tuple, Tuple[BackwardRun, Tuple[bool, ...]]] = {}
         self._lock = threading.Lock()
+        # the C++ node's plan (runtime/torch_node.py), made after the first backward
+        # with seeds like the outputs; tried once the node is built
+        self.layouts = torch_node.layouts_of(env, self.passed)
+        self._node = None
+        self._node_tried = self.layouts is None or bool(self.scalars)
+        self._backward_count = 0
 
     def apply(self, env: Dict[str, object]):
         """The outputs of the program on ``env`` (this signature's tensors and scalars)
         as tensors that autograd records as one node; None where autograd records
         nothing now (grad mode off: the caller's path runs the statements fused,
         unrecorded)."""
+        node = self._node
+        if node is not None and not _transforms_active():
+            found = torch_node.run(node, [env[name] for name in self.passed])
+            if found is not None:
+                return found
         arrays = numpy_views(env, self.tensors)
         for name in self.scalars:
             arrays[name] = env[name]
@@ -122,6 +135,8 @@ class PreparedCall:
             key.append((array.shape, array.dtype, array.strides))
         key = tuple(key)
         found = self._backwards.get(key)
+        # (the arrays before this backward writes its own into env: the node's plan)
+        clean = dict(env) if not self._node_tried else None
         given = list(env.values())
         if found is None:
             run = BackwardRun(self.backward, env, self.backend, self.recompute,
@@ -130,6 +145,8 @@ class PreparedCall:
             found = self._keep_backward(key, run, values, given)
         else:
             values = found[0](env)
+        if clean is not None:
+            self._try_node(clean, key, found)
         result = []
         for number, name in enumerate(self.names):
             value = values.get(name)
@@ -142,6 +159,41 @@ class PreparedCall:
                 tensor = torch.as_tensor(value).to(dtype).reshape(shape)
                 result.append(tensor.clone() if _shares(tensor.numpy(), given) else tensor)
         return tuple(result)
+
+    def _try_node(self, env: Dict[str, object], key, found) -> None:
+        """The C++ node's plan for later calls: with the backward ``found`` where it was
+        planned for contiguous seeds (the node makes every seed so), else with one
+        planned now on contiguous copies of this call's seeds (``env``: the arrays the
+        backward was given; computed once more, once)."""
+        self._backward_count += 1
+        if not torch_node.available(self._backward_count):
+            return      # (its build runs in the background: a later backward tries)
+        self._node_tried = True
+        contiguous_key = tuple((shape, dtype, np.empty(shape, dtype).strides)
+                               for shape, dtype, _ in key)
+        if contiguous_key != key:
+            found = self._backwards.get(contiguous_key)
+            if found is None:
+                for seed in self.backward.seeds:
+                    env[seed] = np.ascontiguousarray(env[seed])
+                given = list(env.values())
+                try:
+                    run = BackwardRun(self.backward, env, self.backend, self.recompute,
+                                      threads=self.threads)
+                    values = run(env)
+                except EinfuseError:        # (as this call's did not: the Python path)
+                    return
+                found = self._keep_backward(contiguous_key, run, values, given)
+            key = contiguous_key
+        owner = weakref.ref(self)     # (the plan, held by C++, must not keep this alive)
+
+        def differentiable(tensors, grads, wanted):
+            prepared = owner()
+            found = _differentiable_backward(prepared, {}, tuple(tensors), tuple(grads),
+                                             tuple(wanted))
+            return [found.get(name) for name in prepared.names]
+        self._node = torch_node.translate(self, self.layouts, key, found[0], found[1],
+                                          differentiable)
 
     def _keep_backward(self, key, run: BackwardRun, values, given):
         """Remember ``run`` for seeds of this layout, with, per recorded input, whether

@@ -204,6 +204,16 @@ def prepared_runner(members, thread_rows: FrozenSet[int], sources: Sequence[obje
                                        for k, pair in mine.columns.items()))
         return True
     runner.keep = (arguments, owned)
+    # what runtime/torch_node.py needs to run the same kernel call from C++: None where
+    # a call depends on more than the layouts (parameters, gathers checked per call)
+    runner.describe = None if params or verified or any(
+        how[0] == "in" and how[2] is not None for how in plan) else lambda: {
+        "entry": entry, "addresses": addresses, "adaptive": 2 if adaptive else 0,
+        "threads": threads, "working": np.dtype(working), "plan": tuple(plan),
+        "outputs": outputs, "shapes": shapes, "scratch": dict(scratch),
+        "columns": {k: (pair[0].shape, pair[0].dtype) for k, pair in owned.columns.items()},
+        "totals": {k: (tuple(members[k].column.call.output_shape),
+                       owned.columns[k][0].dtype == working) for k in owned.columns}}
     return runner
 
 

@@ -229,6 +229,13 @@ def prepared_runner(group: RowKernel, members, adaptive: bool, threads: int):
                 env[keys[k]] = outs[k]
         return True
     runner.keep = launch
+    # the same kernel call as runtime/torch_node.py runs it from C++ (not the
+    # log-sum-exp kernel: its values read index arrays converted per call)
+    runner.describe = None if statistics or (
+        group.pattern is not RowPattern.SOFTMAX and never) else lambda: {
+        "entry": launch.entry, "addresses": launch.addresses * 2, "adaptive": 1 if adaptive
+        else 0, "threads": threads, "working": np.dtype(working), "inputs": tuple(layouts),
+        "shapes": shapes, "softmax": group.pattern is RowPattern.SOFTMAX}
     return runner
 
 

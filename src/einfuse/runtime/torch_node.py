@@ -1,0 +1,265 @@
+"""A prepared program call on CPU torch tensors handed to the C++ autograd node
+(backends/c/torch_node.py): the forward's prepared run and the backward's, once both are
+known for a signature (after its first backward), are translated into one plan of
+slots and kernel calls; later calls of that signature are one C++ call each way, with
+the same kernels on the same arrays, so the same values.
+
+A call is translated only where every step is a prepared fused group or row kernel
+whose arguments depend on the layouts alone (no scalar parameters, no gathers checked
+per call, no scatter or label check in the backward), every output is a float array
+the forward makes, and every gradient is an array the backward makes of the input's
+shape and dtype.  Anything else, a call whose tensors have another layout, a kernel
+that raises its error flag and torch.func's transforms keep the Python path; a
+backward with ``create_graph=True`` calls the Python path back from C++."""
+
+from __future__ import annotations
+
+from typing import Dict, List, Optional, Tuple
+
+import numpy as np
+
+from ..backends.c import torch_node as c_torch_node
+from ..backends.c.threads import free_threads
+from ..plan.thread_rows import ROW_ALIGN, padded_length
+from .run_groups import PreparedRun
+
+# at::ScalarType's numbers (c10/core/ScalarType.h) of the dtypes a plan may hold
+_SCALAR_TYPES = {np.dtype(np.float32): 6, np.dtype(np.float64): 7,
+                 np.dtype(np.int64): 4, np.dtype(np.int32): 3}
+_EMPTY, _SCRATCH, _CALL, _TOTAL = 0, 1, 2, 3
+
+
+class Untranslatable(Exception):
+    """A step or value the C++ node cannot run as the Python path does."""
+
+
+def _code(dtype) -> int:
+    code = _SCALAR_TYPES.get(np.dtype(dtype))
+    if code is None:
+        raise Untranslatable(f"dtype {dtype}")
+    return code
+
+
+def _strides(shape, itemsize: int) -> Tuple[int, ...]:
+    strides, step = [], itemsize
+    for extent in reversed(shape):
+        strides.append(step)
+        step *= max(extent, 1)
+    return tuple(reversed(strides))
+
+
+class _Builder:
+    """Slots by environment key while the steps are translated in order."""
+
+    def __init__(self, passed: Tuple[str, ...], layouts):
+        self.count = len(passed)
+        self.slot: Dict[str, int] = {name: n for n, name in enumerate(passed)}
+        # per slot: (shape, dtype, byte strides) of the array it holds
+        self.layout: Dict[int, Tuple] = dict(enumerate(layouts))
+        self.made = set()        # slots an operation writes (fresh arrays)
+
+    def new(self, shape, dtype, strides=None) -> int:
+        slot = self.count
+        self.count += 1
+        dtype = np.dtype(dtype)
+        self.layout[slot] = (tuple(shape), dtype,
+                             strides if strides is not None else _strides(shape, dtype.itemsize))
+        self.made.add(slot)
+        return slot
+
+    def read(self, key, layout) -> int:
+        slot = self.slot.get(key)
+        if slot is None:
+            raise Untranslatable(f"{key} comes from no step")
+        shape, dtype, strides = self.layout[slot]
+        if (tuple(shape), np.dtype(dtype), tuple(strides)) != \
+                (tuple(layout[0]), np.dtype(layout[1]), tuple(layout[2])):
+            raise Untranslatable(f"{key} of another layout than the step's")
+        return slot
+
+    def empty(self, ops: list, shape, dtype, owned: bool = False) -> int:
+        """A fresh array's slot; ``owned``: one nothing reads after its step, which
+        the plan keeps from call to call."""
+        slot = self.new(shape, dtype)
+        ops.append((_EMPTY, slot, list(shape), _code(dtype), owned))
+        return slot
+
+    def scratch(self, ops: list, rows: int, length: int, dtype, zero: bool) -> int:
+        dtype = np.dtype(dtype)
+        padded = padded_length(length, dtype.itemsize)
+        slot = self.new((rows, padded), dtype)
+        ops.append((_SCRATCH, slot, rows, padded, _code(dtype), zero, ROW_ALIGN, True))
+        return slot
+
+    def steps(self, run, ops: list) -> None:
+        if not isinstance(run, PreparedRun):
+            raise Untranslatable(f"a {type(run).__name__} step")
+        for step in run.steps:
+            function = getattr(step.run, "func", None)
+            describe = getattr(function, "describe", None)
+            if describe is None:
+                raise Untranslatable("a step run alone")
+            self.step(describe(), step.run.keywords["keys"], ops)
+
+    def step(self, found, keys, ops: list) -> None:
+        working = found["working"]
+        call = (_CALL, found["entry"], *found["addresses"], found["adaptive"],
+                found["threads"])
+        if "plan" not in found:          # a row kernel
+            inputs = [self.read(key, layout) for key, layout in found["inputs"]]
+            outs = {k: self.empty(ops, shape, working, keys[k] is None)
+                    for k, shape in found["shapes"]}
+            buffers = [inputs[0], outs[0], outs[2], outs[3]] if found["softmax"] else \
+                inputs + [outs[k] for k, _ in found["shapes"]]
+            ops.append(call + (buffers,))
+            for k, slot in outs.items():
+                if keys[k] is not None:
+                    self.slot[keys[k]] = slot
+            return
+        outputs = {k: self.empty(ops, shape, working, keys[k] is None)
+                   for k, shape in zip(found["outputs"], found["shapes"])}
+        rows = {k: self.scratch(ops, *shape, working, False)
+                for k, shape in found["scratch"].items()}
+        columns = {}
+        for k, (shape, dtype) in found["columns"].items():
+            columns[k] = tuple(self.scratch(ops, shape[0], shape[1], dtype, True)
+                               for _ in range(2))
+            if self.layout[columns[k][0]][0] != tuple(shape):
+                raise Untranslatable("column accumulators of another row length")
+        buffers = []
+        for how in found["plan"]:
+            if how[0] == "in":
+                buffers.append(self.read(how[1], how[3]))
+            elif how[0] == "out":
+                buffers.append(outputs[how[1]])
+            elif how[0] == "rows":
+                buffers.append(rows[how[1]])
+            else:
+                from ..plan.fuse import COLUMN_SUMS
+                buffers.append(columns[how[1]][0 if how[2] == COLUMN_SUMS else 1])
+        ops.append(call + (buffers,))
+        for k, slot in outputs.items():
+            if keys[k] is not None:
+                self.slot[keys[k]] = slot
+        for k, (shape, compensated) in found["totals"].items():
+            if keys[k] is None:
+                continue
+            sums, errors = columns[k]
+            slot = self.new(shape, working)
+            size = int(np.prod(shape, dtype=np.int64))
+            ops.append((_TOTAL, slot, sums, errors, size, list(shape), _code(working),
+                        bool(compensated)))
+            self.slot[keys[k]] = slot
+
+
+def layouts_of(env: Dict[str, object], names) -> Optional[Tuple]:
+    """(shape, NumPy dtype, byte strides) of each tensor ``names`` of ``env``, or None
+    where one is not a plain strided CPU tensor of a dtype a plan holds."""
+    found = []
+    for name in names:
+        tensor = env[name]
+        dtype = np.dtype(str(tensor.dtype).split(".")[-1]) \
+            if str(tensor.dtype).split(".")[-1] in ("float32", "float64", "int64", "int32") \
+            else None
+        if dtype is None or str(tensor.layout) != "torch.strided" or \
+                tensor.device.type != "cpu":
+            return None
+        found.append((tuple(tensor.shape), dtype,
+                      tuple(s * dtype.itemsize for s in tensor.stride())))
+    return tuple(found)
+
+
+# A signature's backwards before one starts the node's build (where it is not loaded
+# yet): a short script or test with a backward or two never pays for it
+BACKWARDS_BEFORE_BUILD = 3
+
+
+def available(backwards: int) -> bool:
+    """Whether the node is built and loaded; after ``backwards`` backwards of one
+    signature (at least BACKWARDS_BEFORE_BUILD), its build starts otherwise."""
+    if backwards < BACKWARDS_BEFORE_BUILD:
+        return c_torch_node.loaded() is not None
+    return c_torch_node.module() is not None
+
+
+def translate(prepared, layouts, seed_layouts, backward_run, direct, fallback):
+    """The C++ plan of ``prepared`` (a PreparedCall) for tensors of ``layouts`` (its
+    passed ones'), with the backward ``backward_run`` that was planned for seeds of
+    ``seed_layouts`` (they must be the outputs' own, contiguous), or None where a step
+    is not translatable or the node is not built."""
+    node = c_torch_node.module()
+    if node is None or layouts is None or prepared.scalars or not all(direct) or \
+            prepared._forward is None:
+        return None
+    try:
+        return _translate(node, prepared, prepared.passed, layouts, seed_layouts,
+                          backward_run, fallback)
+    except Untranslatable:
+        return None
+
+
+def _translate(node, prepared, passed, layouts, seed_layouts, backward_run, fallback):
+    builder = _Builder(passed, layouts)
+    forward: List[tuple] = []
+    builder.steps(prepared._forward, forward)
+    outputs = []
+    for name in prepared.outputs:
+        slot = builder.slot.get(name)
+        if slot is None or slot not in builder.made or \
+                builder.layout[slot][1].kind != "f":
+            raise Untranslatable(f"output {name}")
+        outputs.append(slot)
+    if len(set(outputs)) != len(outputs):
+        raise Untranslatable("one array for two outputs")
+    forward_slots = dict(builder.slot)
+    seeds = []
+    if len(seed_layouts) != len(outputs):
+        raise Untranslatable("seeds")
+    for name, slot, given in zip(prepared.backward.seeds, outputs, seed_layouts):
+        shape, dtype, strides = builder.layout[slot]
+        if (tuple(given[0]), np.dtype(given[1]), tuple(given[2])) != (shape, dtype, strides):
+            raise Untranslatable("seeds of another layout than the outputs'")
+        seed = builder.new(shape, dtype)
+        builder.slot[name] = seed
+        seeds.append((seed, list(shape), [s // dtype.itemsize for s in strides],
+                      _code(dtype)))
+    start = builder.count
+    backward: List[tuple] = []
+    for run in backward_run._runs:
+        builder.steps(run, backward)
+    # what the backward reads of the forward: passed tensors (all saved: torch's version
+    # check), outputs, and intermediates kept
+    read = {slot for op in backward if op[0] == _CALL for slot in op[-1]} | \
+        {slot for op in backward if op[0] == _TOTAL for slot in op[2:4]}
+    kept = sorted(s for s in read if len(passed) <= s < start and s not in outputs and
+                  s in forward_slots.values() and s not in {seed[0] for seed in seeds})
+    saved_outputs = [n for n, slot in enumerate(outputs) if slot in read]
+    gradients = []
+    results = dict(backward_run.results)
+    for number, name in enumerate(prepared.names):
+        key = results.get(name)
+        if key is None:
+            gradients.append(-1)
+            continue
+        slot = builder.slot.get(key)
+        shape, dtype = prepared.input_shapes[number]
+        if slot is None or slot < start or slot not in builder.made or \
+                builder.layout[slot][0] != tuple(shape) or \
+                _SCALAR_TYPES.get(builder.layout[slot][1]) != _code(str(dtype).split(".")[-1]):
+            raise Untranslatable(f"the gradient of {name}")
+        gradients.append(slot)
+    checks = [(n, list(shape), [s // np.dtype(dtype).itemsize for s in strides], _code(dtype))
+              for n, (shape, dtype, strides) in enumerate(layouts)]
+    plan = node.make_plan(builder.count, len(passed), len(prepared.names), checks, forward,
+                          backward, outputs, list(range(len(passed))), saved_outputs, kept,
+                          seeds, gradients, fallback,
+                          (prepared._forward, backward_run))
+    adaptive = any(op[0] == _CALL and op[6] for op in forward + backward)
+    return node.apply, plan, adaptive
+
+
+def run(found, tensors) -> Optional[tuple]:
+    """The outputs of the call on ``tensors`` (the passed ones, in order) by the node
+    ``found`` (translate's), or None where the node declines this call."""
+    apply, plan, adaptive = found
+    return apply(plan, tensors, free_threads() if adaptive else 0)
