@@ -7,7 +7,7 @@ the same canonical program for the spellings that are the same computation)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Dict, List, Tuple
+from typing import Callable, Dict, List, Optional, Tuple
 
 import numpy as np
 
@@ -66,6 +66,8 @@ class Family:
     name: str
     spellings: Tuple[Tuple[str, str], ...]     # (what the spelling is, its program)
     inputs: Callable[[np.random.Generator], Dict[str, np.ndarray]]
+    # the computation in NumPy (float64 arrays in): what every spelling must equal
+    reference: Optional[Callable[[Dict[str, np.ndarray]], np.ndarray]] = None
 
 
 def softmax_family(rows: int = 2048, cols: int = 1024) -> Family:
