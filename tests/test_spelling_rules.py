@@ -145,3 +145,123 @@ def test_nested_sums_are_one_sum(backend, statement):
 def test_a_sum_nested_in_another_expression_is_left():
     assert "nested-sums-merged" not in \
         canonical_text("y[b] := sum[h](sum[w](x[b,h,w]) * 2)")[1]
+
+
+# -- log-normaliser-as-division ------------------------------------------------------------
+def test_a_log_domain_normaliser_is_a_division(backend):
+    statement = ("P[i,j] := exp(X[i,j] - max[k](X[i,k]) - "
+                 "log(sum[k](exp(X[i,k] - max[l](X[i,l])))))")
+    text, fired = canonical_text(statement)
+    assert "log-normaliser-as-division" in fired and "log(" not in text
+    X = special_matrix()
+    written = oracle(statement, {"X": X})
+    assert close(oracle(text, {"X": X}), written)
+    assert close(ef.ein(statement, X=X, backend=backend), written, rtol=1e-12)
+
+
+def test_an_overflowing_normaliser_gives_nan_as_documented():
+    # Keeps.LOG_NORMALISER: exp(1000) is inf, so the row's sum is inf: the written form
+    # gives exp(x - inf) = 0 everywhere, the quotient inf / inf = NaN at that entry
+    statement = "P[i,j] := exp(X[i,j] - log(sum[k](exp(X[i,k]))))"
+    text, fired = canonical_text(statement)
+    assert fired == ("log-normaliser-as-division",)
+    X = np.array([[1000.0, 0.0, 1.0], [0.5, 0.25, -1.0]])
+    written, rewritten = oracle(statement, {"X": X}), oracle(text, {"X": X})
+    assert np.all(written[0] == 0) and np.isnan(rewritten[0, 0])
+    assert np.all(rewritten[0, 1:] == 0) and close(rewritten[1], written[1], rtol=1e-15)
+    assert rule_named("log-normaliser-as-division").keeps is Keeps.LOG_NORMALISER
+
+
+def test_a_normaliser_of_other_terms_is_left():
+    assert "log-normaliser-as-division" not in \
+        canonical_text("P[i,j] := exp(X[i,j] - log(sum[k](exp(X[k,i]))))")[1]
+
+
+# -- the program passes: intermediates put back, costly terms shared --------------------------
+def oracle_program(text, arrays):
+    """The program as written, each statement by the brute-force oracle in turn."""
+    from einfuse.lang.split import split_program
+    values = dict(arrays)
+    for piece in split_program(text):
+        spec = __import__("einfuse.analysis.spec", fromlist=["spec_of"]).spec_of(piece.text)
+        values[spec.output] = oracle(piece.text, values)
+    return values[spec.output]
+
+
+SOFTMAX_PROGRAMS = [
+    "M[i] := max[j](X[i,j])\nZ[i] := sum[j](exp(X[i,j] - M[i]))\n"
+    "P[i,j] := exp(X[i,j] - M[i]) / Z[i]",
+    "M[i] := max[j](X[i,j])\nZ[i] := sum[j](exp(X[i,j] - M[i]))\n"
+    "P[i,j] := exp(X[i,j] - M[i] - log(Z[i]))",
+]
+
+
+@pytest.mark.parametrize("text", SOFTMAX_PROGRAMS)
+def test_softmax_programs_keep_their_values(backend, text):
+    X = special_matrix(6, 7)
+    written = oracle_program(text, {"X": X})
+    assert close(ef.ein(text, X=X, backend=backend), written, rtol=1e-12)
+    program = ef.compile(text)
+    assert len(program.statements) == 4      # M, the shared exponential, Z, P
+
+
+def test_a_logsumexp_statement_put_back_is_softmax(backend):
+    text = "L[i] := logsumexp[j](X[i,j])\nP[i,j] := exp(X[i,j] - L[i])"
+    X = special_matrix(6, 7)
+    written = oracle_program(text, {"X": X})
+    got = np.asarray(ef.ein(text, X=X, backend=backend), np.float64)
+    plus_inf = np.isposinf(X).any(axis=1)
+    assert close(got[~plus_inf], written[~plus_inf], rtol=1e-12)
+    # Keeps.SOFTMAX (logsumexp-as-softmax): a row holding +inf is NaN throughout
+    assert np.isnan(got[plus_inf]).all()
+    assert len(ef.compile(text).statements) == 1       # L is read by nothing: dropped
+
+
+def test_an_intermediate_read_once_is_computed_where_it_is_read(backend):
+    text = "T[i,j,k] := A[i,k] - B[j,k]\nD[i,j] := sum[k](T[i,j,k]**2)"
+    rng = np.random.default_rng(8)
+    A, B = rng.standard_normal((4, 3)), rng.standard_normal((5, 3))
+    A[0, 1], A[1, 2], B[2, 0], A[3, 0], B[3, 0] = NAN, INF, -INF, -0.0, 0.0
+    written = oracle_program(text, {"A": A, "B": B})
+    assert close(ef.ein(text, A=A, B=B, backend=backend), written, rtol=1e-12)
+    assert len(ef.compile(text).statements) == 1
+
+
+@pytest.mark.parametrize("text", [
+    # read twice, an output, read with a shifted subscript: each stays a statement
+    "T[i,k] := A[i,k] * 2\nD[i] := sum[k](T[i,k] * T[i,k])",
+    "T[i,k] := A[i,k] * 2\nD[i] := sum[k](T[i,k])\nE[i] := max[k](T[i,k])",
+    "T[i] := A[i,0] * 2\nD[i] := T[i+1] - A[i,0]",
+])
+def test_intermediates_that_are_not_read_once_stay(text):
+    written = len(text.splitlines())
+    assert len(ef.compile(text).statements) == written
+
+
+def test_an_intermediate_put_back_is_still_the_programs_own():
+    program = ef.compile("T[i,j,k] := A[i,k] - B[j,k]\nD[i,j] := sum[k](T[i,j,k]**2)")
+    assert "T" in program.intermediates
+    with pytest.raises(ef.EinfuseError, match="T is computed by the program"):
+        program(A=np.ones((2, 3)), B=np.ones((2, 3)), T=np.ones((2, 2, 3)))
+
+
+# -- product-as-square ---------------------------------------------------------------------
+@pytest.mark.parametrize("statement", [
+    "Y[i,j] := (X[i,j] - 0.5) * (X[i,j] - 0.5)",
+    "v[i] := sum[j]((X[i,j] - X[i,0]) * (X[i,j] - X[i,0]))",
+])
+def test_a_product_of_equals_is_a_square_bitwise(backend, statement):
+    text, fired = canonical_text(statement)
+    assert fired[0] == "product-as-square" and "**2" in text
+    X = special_matrix()
+    written = oracle(statement, {"X": X})
+    assert same_bits(oracle(text, {"X": X}), written)
+    if "sum" not in statement:     # (a sum's order is the backend's)
+        assert same_bits(ef.ein(statement, X=X, backend=backend), written)
+    else:
+        assert close(ef.ein(statement, X=X, backend=backend), written)
+
+
+def test_a_product_of_booleans_or_different_terms_is_left():
+    assert "product-as-square" not in canonical_text("Y[i,j] := (j <= i) * (j <= i)")[1]
+    assert "product-as-square" not in canonical_text("Y[i,j] := X[i,j] * X[j,i]")[1]

@@ -16,7 +16,7 @@ from typing import Dict, List
 
 import numpy as np
 
-from .spellings import Family
+from .spellings import Family, cases_of
 
 Arrays = Dict[str, np.ndarray]
 
@@ -314,3 +314,9 @@ def audit_families(quick: bool = False) -> List[Family]:
     return rows_families(2048, 1024) + [attention_more(1, 2, 1024, 64)] + \
         products(512, 16, 128) + [spatial_family(16, 64, 32, 32)] + \
         distance_families(1024, 1024, 64) + [conv_family(32, 32, 8192, 5)]
+
+
+def audit_cases(quick: bool = False):
+    """The audit's families as ``einfuse bench`` cases (each spelling against its
+    family's first)."""
+    return cases_of(audit_families(quick))

@@ -27,8 +27,9 @@ from typing import Callable, Dict, Iterable, List, Optional, Tuple
 from ..lang.ast import Binary, Call, Expr, Number, Reduce, accesses, map_children
 from ..lang.rewrite import free_indices
 from ..lang.sugar import FreshNames, rename_indices
+from .hoist import canonical
 from .patterns import (Boolean, Capture, Compare, Const, Fn, OneOf, Op, Pattern, Reduction,
-                       literal_value, match)
+                       is_boolean, literal_value, match)
 
 
 # what a rule's build receives: the captured expressions and index tuples, by name
@@ -51,6 +52,9 @@ class Keeps(enum.Enum):
     ADDITIVE_MASK = "the mask's meaning: a masked-out score is -inf even where the " \
                     "score is +inf or NaN (the sum gives NaN there), and an unmasked " \
                     "-0.0 stays -0.0 (the sum with 0 gives +0.0)"
+    LOG_NORMALISER = "the value up to rounding; where the sum of exponentials overflows " \
+                     "(a weight that is itself inf) the quotient is NaN where the " \
+                     "written exp(x - log(inf)) gives 0"
     CANCELLATION = "the value up to cancellation, only under precision='fast': " \
                    "a**2 - 2ab + b**2 loses the digits a**2 and b**2 share (an error " \
                    "of about eps * (|a|**2 + |b|**2), so close points may get a small " \
@@ -265,6 +269,26 @@ def _nested_sums_merged(c: Captures, expr: Expr, fresh: FreshNames) -> Optional[
     return Reduce("sum", tuple(outer) + tuple(inner), c["body"], span=_span(expr))
 
 
+def _log_normaliser_as_division(c: Captures, expr: Expr, fresh: FreshNames) -> Optional[Expr]:
+    """``exp(a_j - log(sum[k](exp(a_k))))`` -> ``exp(a_j) / sum[k](exp(a_k))``, the two
+    ``a`` the same up to the reduced indices (a normalised weight: never above 1)."""
+    total = c["total"]
+    # (the reductions inside the two compared with their own indices named by position)
+    if not _same_up_to(canonical(c["a"]), canonical(c["e"]), total.indices):
+        return None
+    span = _span(expr)
+    return Binary("/", Call("exp", (c["a"],), span=span), total, span=span)
+
+
+def _product_as_square(c: Captures, expr: Expr, fresh: FreshNames) -> Optional[Expr]:
+    """``e * e`` -> ``e**2`` (not for a boolean or a literal ``e``)."""
+    e = c["e"]
+    if is_boolean(e) or literal_value(e) is not None:
+        return None
+    span = _span(expr)
+    return Binary("**", e, Number(2, span=span), span=span)
+
+
 _NEG_INF = Const(-math.inf)
 _MASK_TERM = OneOf((Fn("where", (Boolean("c"), Const(0.0), _NEG_INF)),
                     Fn("where", (Boolean("c"), _NEG_INF, Const(0.0)))))
@@ -324,11 +348,25 @@ RULES: Tuple[Rule, ...] = (
          Keeps.ADDITIVE_MASK,
          "x + where(c, 0, -inf) -> where(c, x, -inf): an additive -inf mask is a mask "
          "(c a comparison or &/| of them)"),
+    Rule("product-as-square", Op("*", Capture("e"), Capture("e")), _product_as_square,
+         Keeps.EXACT,
+         "e * e -> e**2: a variance written (x - m) * (x - m) is the one written "
+         "(x - m)**2 (pow(x, 2) is correctly rounded, as the product is: the same bits, "
+         "NaN, infinities and -0.0 squared to +0.0 included)"),
     Rule("nested-sums-merged",
          Reduction("sum", "k", Reduction("sum", "l", Capture("body"))),
          _nested_sums_merged, Keeps.ROUNDING,
          "sum[k](sum[l](e)) -> sum[k,l](e): one sum over both, the same terms added in "
          "another order"),
+    Rule("log-normaliser-as-division",
+         Fn("exp", (Op("-", Capture("a"), Fn("log", (Capture("total"),))),)),
+         lambda c, e, fresh: _log_normaliser_as_division(
+             {**c, "e": c["total"].body.args[0]}, e, fresh)
+         if isinstance(c["total"], Reduce) and c["total"].op == "sum" and
+         isinstance(c["total"].body, Call) and c["total"].body.func == "exp" else None,
+         Keeps.LOG_NORMALISER,
+         "exp(a_j - log(sum[k](exp(a_k)))) -> exp(a_j) / sum[k](exp(a_k)): a weight "
+         "normalised in the log domain is the weight over its row's sum"),
     Rule("square-of-difference-expanded",
          Reduction("sum", "k", Op("**", Op("-", Capture("a"), Capture("b")), Const(2.0))),
          _expanded_square, Keeps.CANCELLATION,
