@@ -10,7 +10,7 @@ import pytest
 
 import einfuse as ef
 from einfuse.backends.c import rows as c_rows
-from einfuse.bench.spelling_audit import audit_families
+from einfuse.bench.spelling_audit import audit_families, rows_families
 from test_spelling_families import normal
 
 def family(prefix):
@@ -108,3 +108,16 @@ def test_nested_sums_run_as_one_sum(prefix, name):
     texts = dict(family(prefix).spellings)
     flat = next(v for k, v in texts.items() if k != name and "sum" in v)
     assert normal(texts[name]).count("sum[") == normal(flat).count("sum[")
+
+
+def test_the_layernorm_spellings_of_one_canonical_program_run_the_row_kernel(row_patterns):
+    # (rows long enough for the row kernel to pay for itself)
+    chosen = next(f for f in rows_families(63, 1000) if f.name.startswith("layernorm"))
+    arrays = chosen.inputs(np.random.default_rng(9))
+    for name in ("explicit sums", "times rsqrt", "rsqrt statement", "(x-m)*(x-m)"):
+        text = dict(chosen.spellings)[name]
+        row_patterns.clear()
+        got = ef.compile(text)(**arrays)
+        assert row_patterns == [c_rows.RowPattern.LAYERNORM], name
+        np.testing.assert_allclose(got, chosen.reference(float64(arrays)), rtol=1e-4,
+                                   atol=1e-5, err_msg=name)

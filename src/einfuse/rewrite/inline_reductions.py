@@ -1,7 +1,9 @@
-"""The rules seen through statements: an intermediate that is one reduction is put back
-into a reader where a rule of rewrite/rules.py then fires on the reader that did not
-fire on it as written (issue 31: the canonical form does not depend on how a program
-is cut into statements).
+"""The rules seen through statements: an intermediate that is one reduction, or
+element-wise, is put back into a reader where a rule of rewrite/rules.py then fires on
+the reader that did not fire on it as written (issue 31: the canonical form does not
+depend on how a program is cut into statements).  ``r[i] := 1 / sqrt(v[i] + eps)``
+then ``(X[i,j] - m[i]) * r[i]`` is ``(X[i,j] - m[i]) / sqrt(v[i] + eps)``, the layernorm
+the row kernel runs.
 
 ``L[i] := logsumexp[j](X[i,j])`` then ``P[i,j] := exp(X[i,j] - L[i])`` is softmax;
 ``logsumexp-as-softmax`` sees it only in ``exp(X[i,j] - logsumexp[k](X[i,k]))``.
@@ -40,13 +42,14 @@ INLINED_STATEMENTS = 64
 
 def _inlinable(statement: Statement, outputs: Set[str]) -> bool:
     rhs = statement.rhs
+    elementwise = not any(isinstance(n, Reduce) for n in rhs.walk())
     if statement.assign != ":=" or statement.output in outputs or \
-            not isinstance(rhs, Reduce) or \
+            not (isinstance(rhs, Reduce) or elementwise) or \
             len(set(statement.output_indices)) != len(statement.output_indices) or \
             free_indices(rhs) != set(statement.output_indices):
         return False
     own = list(subscripts_of(rhs))
-    return all(only_plain(i, own) for i in rhs.indices) and \
+    return all(only_plain(i, own) for i in getattr(rhs, "indices", ())) and \
         all(only_plain(i, own) for i in statement.output_indices)
 
 
