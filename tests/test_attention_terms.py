@@ -112,7 +112,8 @@ def test_terms_and_bands_as_data():
     program(" + M[b,j] * M[b,j]"),                  # a product of tensors
     program(" + exp(M[b,j])"),                       # a function of a tensor
     program(mask="j * 2 <= i"),                      # not a band of j - i
-    program(" + where(j <= i, 0, -inf)", mask=None),   # a mask added, not applied
+    # (a mask added, `+ where(j <= i, 0, -inf)`, is the mask applied under
+    # rewrite/rules.py's additive-mask-as-where: tests/test_spelling_audit.py)
 ])
 def test_other_scores_are_not_fused(text):
     assert ef.compile(text).attention is None

@@ -290,5 +290,6 @@ def test_explain_of_an_intermediate_larger_than_an_array_names_it():
     NumPy ValueError from planning the fused group)."""
     from einfuse import errors
     with pytest.raises(errors.ShapeError, match="t would have shape"):
-        ef.explain("t[i,j] := a[i]*b[j]\ns := sum[i,j](t[i,j])",
+        # (t read twice: a t read once inside the sum is computed there, no array at all)
+        ef.explain("t[i,j] := a[i]*b[j]\ns := sum[i,j](t[i,j] * t[i,j])",
                    shapes={"a": (2**31,), "b": (2**31,)})

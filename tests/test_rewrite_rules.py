@@ -89,7 +89,7 @@ def test_every_rule_is_named_once_and_documented():
 ])
 def test_masks_move_into_the_exponential_bitwise(backend, statement):
     text, fired = canonical_text(statement)
-    assert fired and set(fired) <= {"mask-into-exp", "mask-out-into-exp"}
+    assert fired and set(fired) <= {"mask-into-exp", "mask-out-into-exp", "mask-kept-where-true"}
     assert "where(" in text and text.index("exp(") < text.index("where(")
     X = special_matrix()
     written = oracle(statement, {"X": X})

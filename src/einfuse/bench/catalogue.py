@@ -1,6 +1,6 @@
 """The benchmark's catalogue: every case ``einfuse bench`` runs, gathered from the
 modules that define them (cases.py, frontend_cases.py, overhead_cases.py, jit_cases.py,
-jit_call_cases.py, module_cases.py, epilogue_cases.py, jax_gather_cases.py, spellings.py,
+jit_call_cases.py, module_cases.py, epilogue_cases.py, jax_gather_cases.py, spellings.py, spelling_audit.py,
 row_cases.py, conv_cases.py; gpu.py and gpu_programs.py for ``--device cuda``)."""
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from .jit_cases import rnn_case, seed_case
 from .module_cases import module_cases
 from .row_cases import row_cases
 from .overhead_cases import overhead_cases
+from .spelling_audit import audit_cases
 from .spellings import spelling_cases
 
 
@@ -45,7 +46,7 @@ def all_cases(quick: bool = False) -> List[Case]:
         [attention_training_case()] + small_training_cases() + \
         (module_cases() + epilogue_cases() + masked_attention_cases()
          if installed("torch") else []) + frontend_cases() + \
-        overhead_cases() + spelling_cases() + row_cases() + jit + \
+        overhead_cases() + spelling_cases() + audit_cases() + row_cases() + jit + \
         (conv_cases() if installed("torch") else [])
 
 

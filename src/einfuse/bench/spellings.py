@@ -7,7 +7,7 @@ the same canonical program for the spellings that are the same computation)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Dict, List, Tuple
+from typing import Callable, Dict, List, Optional, Tuple
 
 import numpy as np
 
@@ -66,6 +66,8 @@ class Family:
     name: str
     spellings: Tuple[Tuple[str, str], ...]     # (what the spelling is, its program)
     inputs: Callable[[np.random.Generator], Dict[str, np.ndarray]]
+    # the computation in NumPy (float64 arrays in): what every spelling must equal
+    reference: Optional[Callable[[Dict[str, np.ndarray]], np.ndarray]] = None
 
 
 def softmax_family(rows: int = 2048, cols: int = 1024) -> Family:
@@ -98,9 +100,14 @@ def families(quick: bool = False) -> List[Family]:
 def spelling_cases(quick: bool = False):
     """The families as ``einfuse bench`` cases: each spelling a case whose peer is the
     family's first spelling (a ratio above 1: this spelling is faster)."""
+    return cases_of(families(quick))
+
+
+def cases_of(chosen: List[Family]):
+    """``einfuse bench`` cases of ``chosen`` families (see :func:`spelling_cases`)."""
     from .cases import Case, Peer
     cases = []
-    for family in families(quick):
+    for family in chosen:
         best_name, best_text = family.spellings[0]
 
         def first(arrays, text=best_text):

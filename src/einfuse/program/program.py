@@ -57,7 +57,8 @@ class Program:
 
     def __init__(self, source: str, statements: Sequence[ProgramStatement],
                  outputs: Tuple[str, ...], options: Optional[Options] = None,
-                 inputs: Optional[Tuple[str, ...]] = None):
+                 inputs: Optional[Tuple[str, ...]] = None,
+                 written: Optional[Sequence[ProgramStatement]] = None):
         self.source = source
         self.options = options if options is not None else Options()
         # the online-softmax rewrite of the whole program (rewrite/online_softmax.py)
@@ -68,7 +69,10 @@ class Program:
         # positional arguments take the inputs in their order of first use as written
         # (``inputs``, where the statements run in another order)
         self.inputs = inputs if inputs is not None else _input_order(self.statements)
-        self.intermediates = tuple(s.output for s in self.statements if s.assign == ":=")
+        # the intermediates as written (``written``: the statements before the canonical
+        # form, which may compute one inside its reader instead)
+        self._written = tuple(written) if written is not None else self.statements
+        self.intermediates = tuple(s.output for s in self._written if s.assign == ":=")
         self._kernels = tuple(s.kernel for s in self.statements)
         # arrays written by '='/'+=' with statements still to follow (program/writes.py)
         self._guarded = guarded_names(self._kernels)
@@ -135,11 +139,11 @@ class Program:
                 named[name] = value
         for name in named:
             if name in self.intermediates:
-                where = next(i for i, s in enumerate(self.statements, 1)
+                where = next(i for i, s in enumerate(self._written, 1)
                              if s.assign == ":=" and s.output == name)
                 raise UnexpectedArgumentError(
                     f"{name} is computed by the program (statement {where}: "
-                    f"{self.statements[where - 1].source.text}); it cannot be passed")
+                    f"{self._written[where - 1].source.text}); it cannot be passed")
             if name not in self.inputs:
                 raise UnexpectedArgumentError(
                     f"the program has no input {name}{did_you_mean(name, self.inputs)}; it "
@@ -200,7 +204,7 @@ def compile_program(source: str, options: Options, outputs, make_kernel) -> Prog
                 span=spec.statement.output_span), statement.source.text)
     chosen = _outputs(statements, outputs)
     return Program(source, _canonical(statements, chosen, options, make_kernel), chosen,
-                   options, inputs=_input_order(statements))
+                   options, inputs=_input_order(statements), written=statements)
 
 
 def _canonical(statements, outputs, options: Options, make_kernel):

@@ -34,7 +34,9 @@ from ..lang.rewrite import free_indices, names_in
 from ..lang.sugar import rename_indices
 from .hoist import canonical, only_plain, subscripts_of
 from .online_softmax import inline_program
+from .inline_reductions import inline_where_rules_fire
 from .rules import RULES, rewrite
+from .shared_terms import share_costly_terms
 from .statement_order import dataflow_order
 
 # The largest right side the rules are applied to (nodes, nesting depth): the walks are
@@ -89,25 +91,38 @@ def canonical_program(statements: Sequence[Tuple[Statement, Expr]],
     """The canonical form of a program given as (statement, explicit right side) pairs;
     ``outputs`` are the names the caller receives."""
     fired: List[str] = []
+    shared: List[str] = []
+    first = tuple(range(len(statements)))    # each statement's place in the program given
+    put_back = [False] * len(statements)      # a reduction intermediate put back into it
+    if plain_ranges and len(statements) > 1:
+        given = [dataclasses.replace(s, rhs=rhs) for s, rhs in statements]
+        whole, first = inline_where_rules_fire(given, set(outputs), options, fired, shared)
+        put_back = [s is not given[k] for s, k in zip(whole, first)]
+        if any(put_back) or len(whole) != len(given):
+            statements = [(s, s.rhs) for s in whole]
+        else:
+            put_back = [False] * len(statements)
     rewritten: List[Statement] = []
     unchanged: Dict[int, Statement] = {}     # by id: the statements no step touched
-    for statement, rhs in statements:
+    for (statement, rhs), inlined in zip(statements, put_back):
         new, names = canonical_statement(statement, rhs, options)
         fired += names
         rewritten.append(new if names else dataclasses.replace(statement, rhs=rhs))
-        if not names:
+        if not names and not inlined:
             unchanged[id(rewritten[-1])] = rewritten[-1]
-    shared: List[str] = []
-    origins = tuple(range(len(rewritten)))
+    origins = first
     if plain_ranges and len(rewritten) > 1:
-        rewritten, origins = _split_reductions(rewritten, shared)
+        rewritten, split = _split_reductions(rewritten, shared)
+        origins = tuple(first[k] for k in split)
         rewritten, kept = _drop_repeated_definitions(rewritten, set(outputs), shared)
         origins = tuple(origins[k] for k in kept)
         rewritten = _read_intermediates(rewritten, shared)
+        rewritten, placed = share_costly_terms(rewritten, shared)
+        origins = tuple(origins[k] for k in placed)
     if not fired and not shared:
         rewritten = [s for s, _ in statements]
         unchanged = {id(s): s for s in rewritten}
-        origins = tuple(range(len(rewritten)))
+        origins = first
     order = dataflow_order(rewritten)
     reordered = order != tuple(range(len(order)))
     if reordered:

@@ -27,7 +27,9 @@ from typing import Callable, Dict, Iterable, List, Optional, Tuple
 from ..lang.ast import Binary, Call, Expr, Number, Reduce, accesses, map_children
 from ..lang.rewrite import free_indices
 from ..lang.sugar import FreshNames, rename_indices
-from .patterns import Boolean, Capture, Const, Fn, Op, Pattern, Reduction, match
+from .hoist import canonical
+from .patterns import (Boolean, Capture, Compare, Const, Fn, OneOf, Op, Pattern, Reduction,
+                       is_boolean, literal_value, match)
 
 
 # what a rule's build receives: the captured expressions and index tuples, by name
@@ -44,6 +46,15 @@ class Keeps(enum.Enum):
               "torch.softmax), where exp(x - logsumexp(x)) gives 0 at its finite entries"
     LOGSUMEXP = "logsumexp's semantic (notation.md): a row of -inf gives -inf and a row " \
                 "holding +inf gives +inf, where the expanded form gives NaN"
+    RECIPROCAL = "the quotient, correctly rounded, where the written a * (1 / b) rounds " \
+                 "1 / b first: NaN, infinities and signed zeros as written, but where " \
+                 "1 / b overflows (a subnormal b) a / b stays finite"
+    ADDITIVE_MASK = "the mask's meaning: a masked-out score is -inf even where the " \
+                    "score is +inf or NaN (the sum gives NaN there), and an unmasked " \
+                    "-0.0 stays -0.0 (the sum with 0 gives +0.0)"
+    LOG_NORMALISER = "the value up to rounding; where the sum of exponentials overflows " \
+                     "(a weight that is itself inf) the quotient is NaN where the " \
+                     "written exp(x - log(inf)) gives 0"
     CANCELLATION = "the value up to cancellation, only under precision='fast': " \
                    "a**2 - 2ab + b**2 loses the digits a**2 and b**2 share (an error " \
                    "of about eps * (|a|**2 + |b|**2), so close points may get a small " \
@@ -222,6 +233,67 @@ def _expanded_square(c: Captures, expr: Expr, fresh: FreshNames) -> Optional[Exp
     return Binary("-", norms, cross, span=span)
 
 
+def _reciprocal_as_division(c: Captures, expr: Expr, fresh: FreshNames) -> Expr:
+    return Binary("/", c["a"], c["b"], span=_span(expr))
+
+
+# a comparison of two index values and the one that holds exactly where it does not
+# (integers: no NaN, so the negation of < is >=)
+_NEGATED = {"<": ">=", "<=": ">", ">": "<=", ">=": "<"}
+
+
+def _mask_kept_where_true(c: Captures, expr: Expr, fresh: FreshNames) -> Expr:
+    """``where(c, -inf, x)`` -> ``where(not c, x, -inf)`` for an index comparison c."""
+    cond = c["c"]
+    span = _span(expr)
+    kept = Binary(_NEGATED[cond.op], cond.left, cond.right, span=_span(cond))
+    return Call("where", (kept, c["x"], Number(-math.inf, span=span)), span=span)
+
+
+def _additive_mask_as_where(c: Captures, expr: Expr, fresh: FreshNames) -> Expr:
+    """``x + where(c, 0, -inf)`` -> ``where(c, x, -inf)`` (and with the branches the other
+    way round, ``where(c, -inf, x)``)."""
+    mask, span = c["mask"], _span(expr)
+    kept_if_true = literal_value(mask.args[1]) == 0.0
+    branches = (c["x"], Number(-math.inf, span=span)) if kept_if_true else \
+        (Number(-math.inf, span=span), c["x"])
+    return Call("where", (mask.args[0],) + branches, span=span)
+
+
+def _nested_sums_merged(c: Captures, expr: Expr, fresh: FreshNames) -> Optional[Expr]:
+    """``sum[K](sum[L](e))`` -> ``sum[K, L](e)``: one reduction over both index sets
+    (the loop nest, contraction and convolution kernels see one sum)."""
+    outer, inner = c["k"], c["l"]
+    if set(outer) & set(inner):
+        return None
+    return Reduce("sum", tuple(outer) + tuple(inner), c["body"], span=_span(expr))
+
+
+def _log_normaliser_as_division(c: Captures, expr: Expr, fresh: FreshNames) -> Optional[Expr]:
+    """``exp(a_j - log(sum[k](exp(a_k))))`` -> ``exp(a_j) / sum[k](exp(a_k))``, the two
+    ``a`` the same up to the reduced indices (a normalised weight: never above 1)."""
+    total = c["total"]
+    # (the reductions inside the two compared with their own indices named by position)
+    if not _same_up_to(canonical(c["a"]), canonical(c["e"]), total.indices):
+        return None
+    span = _span(expr)
+    return Binary("/", Call("exp", (c["a"],), span=span), total, span=span)
+
+
+def _product_as_square(c: Captures, expr: Expr, fresh: FreshNames) -> Optional[Expr]:
+    """``e * e`` -> ``e**2`` (not for a boolean or a literal ``e``)."""
+    e = c["e"]
+    if is_boolean(e) or literal_value(e) is not None:
+        return None
+    span = _span(expr)
+    return Binary("**", e, Number(2, span=span), span=span)
+
+
+_NEG_INF = Const(-math.inf)
+_MASK_TERM = OneOf((Fn("where", (Boolean("c"), Const(0.0), _NEG_INF)),
+                    Fn("where", (Boolean("c"), _NEG_INF, Const(0.0)))))
+
+
 _EXPANDED_LSE = Op("+", Capture("top"), Fn("log", (Reduction("sum", "k2", Fn("exp", (
     Op("-", Capture("x2"), Capture("inner")),))),)), commutative=True)
 
@@ -258,6 +330,43 @@ RULES: Tuple[Rule, ...] = (
          "sum[k](a * b * f / g) -> sum[k](a * b) * f / g for f, g free of k and a product "
          "a * b of terms that move with k: scales and normalisers (a weighted sum "
          "normalised after) outside a contraction"),
+    Rule("reciprocal-product-as-division",
+         Op("*", Capture("a"), Op("/", Const(1.0), Capture("b"))),
+         _reciprocal_as_division, Keeps.RECIPROCAL,
+         "a * (1 / b) -> a / b: x * rsqrt(v) is x / sqrt(v), a weighted sum times the "
+         "reciprocal of its normaliser is the sum divided by it"),
+    Rule("mask-kept-where-true",
+         Fn("where", (Compare("c"), _NEG_INF, Capture("x"))), _mask_kept_where_true,
+         Keeps.EXACT,
+         "where(j > i, -inf, x) -> where(j <= i, x, -inf) for a comparison of index "
+         "values: a mask names the positions it keeps (integers have no NaN, so the "
+         "negated comparison holds exactly where the written one does not)"),
+    Rule("additive-mask-as-where",
+         Op("+", Capture("x"), Capture("mask"), commutative=True),
+         lambda c, e, fresh: _additive_mask_as_where(c, e, fresh)
+         if any(True for _ in match(_MASK_TERM, c["mask"])) else None,
+         Keeps.ADDITIVE_MASK,
+         "x + where(c, 0, -inf) -> where(c, x, -inf): an additive -inf mask is a mask "
+         "(c a comparison or &/| of them)"),
+    Rule("product-as-square", Op("*", Capture("e"), Capture("e")), _product_as_square,
+         Keeps.EXACT,
+         "e * e -> e**2: a variance written (x - m) * (x - m) is the one written "
+         "(x - m)**2 (pow(x, 2) is correctly rounded, as the product is: the same bits, "
+         "NaN, infinities and -0.0 squared to +0.0 included)"),
+    Rule("nested-sums-merged",
+         Reduction("sum", "k", Reduction("sum", "l", Capture("body"))),
+         _nested_sums_merged, Keeps.ROUNDING,
+         "sum[k](sum[l](e)) -> sum[k,l](e): one sum over both, the same terms added in "
+         "another order"),
+    Rule("log-normaliser-as-division",
+         Fn("exp", (Op("-", Capture("a"), Fn("log", (Capture("total"),))),)),
+         lambda c, e, fresh: _log_normaliser_as_division(
+             {**c, "e": c["total"].body.args[0]}, e, fresh)
+         if isinstance(c["total"], Reduce) and c["total"].op == "sum" and
+         isinstance(c["total"].body, Call) and c["total"].body.func == "exp" else None,
+         Keeps.LOG_NORMALISER,
+         "exp(a_j - log(sum[k](exp(a_k)))) -> exp(a_j) / sum[k](exp(a_k)): a weight "
+         "normalised in the log domain is the weight over its row's sum"),
     Rule("square-of-difference-expanded",
          Reduction("sum", "k", Op("**", Op("-", Capture("a"), Capture("b")), Const(2.0))),
          _expanded_square, Keeps.CANCELLATION,
