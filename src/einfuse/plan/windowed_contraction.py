@@ -112,6 +112,9 @@ class WindowedContraction:
     gemm: Gemm
     scale: Tuple[ast.Expr, ...]     # scalar factors (numbers, parameters)
     method: WindowMethod = WindowMethod.PATCHES     # chosen per call (window_method)
+    # the panel form (plan/windowed_panels.PanelForm) where the schedule chose it
+    # (schedule/choose.py): method PATCHES then, packed as panels
+    panels: Optional[object] = None
 
     @property
     def operands(self) -> Tuple[WindowedOperand, WindowedOperand]:
@@ -137,7 +140,7 @@ class WindowedContraction:
                 f"summed {names(g.k)} (window {names(self.window)}); GEMM{batch}: "
                 f"{first.tensor} as ({names(g.rows)}) x ({names(g.k)}) times "
                 f"{second.tensor} as ({names(g.k)}) x ({names(g.cols)}); "
-                f"{self.method.value}")
+                f"{self.method.value if self.panels is None else self.panels.describe()}")
 
 
 def _subscript_text(sub: Subscript) -> str:

@@ -81,6 +81,21 @@ def windowed_runner(found: WindowedContraction, call,
     shapes = {name: tuple(call.arrays.shapes[name])
               for name in {o.tensor for o in found.operands}}
     working = np.dtype(call.dtypes.working)
+    if found.panels is not None:
+        from dataclasses import replace
+        from .conv_panels import panel_runner
+        gathering = []
+
+        def gather():
+            if not gathering:
+                gathering.append(runner_of(replace(found, panels=None), call.bounds.range_map,
+                                           shapes, working, call.options.pad, route))
+            return gathering[0]
+        runner = panel_runner(found, found.panels, call.bounds.range_map, shapes, working,
+                              call.options.pad, route, gather)
+        if runner is not None:
+            return runner
+        found = replace(found, panels=None)
     if found.method is WindowMethod.SCATTER:
         from .windowed_scatter import scatter_runner
         return scatter_runner(found, call.bounds.range_map, shapes, working,
