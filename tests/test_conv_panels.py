@@ -23,11 +23,13 @@ rng = np.random.default_rng(43)
 
 @pytest.fixture
 def forced(monkeypatch):
-    """The panel form at any size (the rule's work and the pack's size floor at 1);
+    """The panel form at any size (the rule's work and depth and the pack's size
+    floor at 1);
     the list of panel runners made."""
     from einfuse.backends.c import conv_panels
     from einfuse.schedule import choose as choose_module
     monkeypatch.setattr(choose_module, "PANEL_WORK", 1)
+    monkeypatch.setattr(choose_module, "PANEL_DEPTH", 1)
     monkeypatch.setattr("einfuse.backends.c.window_pack.MIN_ELEMENTS", 1)
     made = []
     real = conv_panels.panel_runner
@@ -70,6 +72,12 @@ PANELLED = [
      {"pad": 0, "ranges": {"p": 3, "q": 3}}, {"dy": (2, 6, 6, 4), "x": (2, 6, 6, 3)}),
     ("dw[o,c,p,q] := dy[o,i,j] * x[c,i+p,j+q]", {"ranges": {"p": 3, "q": 2}},
      {"dy": (4, 5, 6), "x": (2, 7, 7)}),
+    ("y[b,o,i] := x[b,c,i+2*p-2] * w[o,c,p]",                    # 1-D: nothing folded
+     {"pad": 0, "ranges": {"i": 9}}, {"x": (2, 3, 9), "w": (4, 3, 3)}),
+    ("dx[b,c,k] := dy[b,o,k-p+1] * w[o,c,p]", {"pad": 0, "ranges": {"k": 8}},
+     {"dy": (2, 4, 8), "w": (4, 3, 3)}),
+    ("dw[o,c,p] := dy[n,o,i] * x[n,c,i+p-1]", {"pad": 0, "ranges": {"p": 3}},
+     {"dy": (3, 4, 8), "x": (3, 2, 8)}),
 ]
 
 
@@ -127,12 +135,30 @@ def test_panel_form_keeps_nan_where_a_pad_meets_an_infinity(forced):
     np.testing.assert_allclose(got[finite], want[finite], rtol=1e-12, atol=1e-12)
 
 
+@needs_c
+@pytest.mark.parametrize("statement, shapes, panelled", [
+    ("y[b,o,i] := x[b,c,i+p-1] * w[o,c,p]", {"x": (4, 64, 512), "w": (64, 64, 3)}, True),
+    # GEMMs of K = 3 (the channels): the patches' one GEMM of K = 9 instead
+    ("y[b,o,i] := x[b,c,i+p-1] * w[o,c,p]", {"x": (4, 3, 8192), "w": (64, 3, 3)}, False),
+    # too little work an image for one BLAS call per window row
+    ("y[b,o,i,j] := x[b,c,i+p-1,j+q-1] * w[o,c,p,q]", {"x": (2, 8, 8, 8), "w": (8, 8, 3, 3)},
+     False),
+])
+def test_the_rule_takes_panels_from_work_and_depth(statement, shapes, panelled):
+    arrays = {n: np.zeros(s) for n, s in shapes.items()}
+    extent = shapes["x"][2]
+    ranges = {"i": extent} if "j" not in statement else {"i": extent, "j": extent}
+    kernel = ef.compile(statement, backend="c", pad=0, ranges=ranges)
+    assert (choose(kernel, kernel.bind(**arrays)).blas.panels is not None) is panelled
+
+
 def test_panel_form_refuses_what_it_cannot_shift():
     def form(statement):
         from einfuse.analysis.spec import spec_of
         return panel_form(windowed_contraction(spec_of(statement), True))
     assert form("y[b,o,i,j] := x[b,c,i+p,j+q] * w[o,c,p,q]") is not None
-    assert form("y[b,o,i] := x[b,c,i+p] * w[o,c,p]") is None            # one window axis
+    assert form("y[b,o,i] := x[b,c,i+p] * w[o,c,p]") is not None
+    assert form("y[b,o,i] := x[b,c,2*i+p] * w[o,c,p]") is None          # a strided row
     assert form("y[b,o,i,j] := x[b,c,2*i+p,j+q] * w[o,c,p,q]") is None  # a strided row
     assert form("y[b,o,i,j] := x[b,c,i+p,j+q] * w[b,o,c,p,q]") is None  # per-image weights
     assert form("y[b,o,i,j] := x[b,c,i+p,j+p] * w[o,c,p]") is None      # a shared window

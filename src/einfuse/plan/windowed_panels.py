@@ -16,7 +16,9 @@ of the panel (BLAS reads it in place, leading dimension the panel's).  So
   is ``dW_p = sum_b dy_b @ panel_b[:, shift(p) T : ...]^T``, over the same panels (a
   torch node's forward keeps them: backends/c/window_pack.PackMemo);
 * a stride-1 input gradient ``dx[b, c, k, l] = sum dy[b, o, k-p+1, l-q+1] w[o, c, p, q]``
-  is the forward's form with ``s = -1`` (the transposed convolution, gathered).
+  is the forward's form with ``s = -1`` (the transposed convolution, gathered);
+* a 1-D convolution has nothing to fold: its panel is the padded image, one GEMM of
+  K = C per window offset (no patches at all).
 
 Every read of a panel column is a read of the statement (the pad value outside the
 array), no extra columns: the values are the gather's, summed in another order.
@@ -62,7 +64,7 @@ class PanelForm:
         return (self.row[2],) + tuple(f[2] for f in self.folded)
 
     def describe(self) -> str:
-        folded = ",".join(self.offsets[1:])
+        folded = ",".join(self.offsets[1:]) or "no window index"
         return (f"panels: one GEMM per value of {self.row[2]} over shifted column windows "
                 f"of one panel an image ({folded} packed beside "
                 f"{','.join(self.channels) or '-'}: 1/{self.row[2]}'s extent of the "
@@ -71,7 +73,7 @@ class PanelForm:
 
 def panel_form(found: WindowedContraction) -> Optional[PanelForm]:
     """The contraction's panel form, or None where it has none: one operand read
-    through windows, two or more of its axes ``pos + s*win + e`` (each index in that
+    through windows, one or more of its axes ``pos + s*win + e`` (each index in that
     subscript alone, the first axis's ``pos`` of coefficient 1), every other subscript
     of either operand one plain index used once."""
     sides = [side for side, o in enumerate(found.operands)
@@ -102,7 +104,7 @@ def panel_form(found: WindowedContraction) -> Optional[PanelForm]:
                 break
         else:
             return None
-    if len(windowed) < 2 or len({w[5] for w in windowed}) != 1 or windowed[0][4] != 1:
+    if not windowed or len({w[5] for w in windowed}) != 1 or windowed[0][4] != 1:
         return None
     gradient = windowed[0][5]
     names = [n for w in windowed for n in (w[1], w[2])] + plain

@@ -67,6 +67,10 @@ def windowed_choice(call: BoundCall) -> Optional[WindowedContraction]:
 # either way), and it packs a third of the patches and no col2im.  Below it the
 # extra BLAS calls per image cost more than the packing saves.
 PANEL_WORK = 1 << 20
+# ... and from this many rows of a panel (each GEMM's K: the channels times the folded
+# window): a conv1d of 3 channels would run GEMMs of K = 3.  (A 2-D first layer, 3
+# channels by 7x7 filters, K = 21, ran as fast either way.)
+PANEL_DEPTH = 32
 
 
 def _panels_pay(form: PanelForm, ranges) -> bool:
@@ -80,7 +84,8 @@ def _panels_pay(form: PanelForm, ranges) -> bool:
     if points((form.row[2],)) < 2 or offsets == 0:
         return False
     work = points(form.own + form.channels + form.positions) * offsets
-    return work >= PANEL_WORK
+    depth = points(form.channels + form.offsets[1:])
+    return work >= PANEL_WORK and depth >= PANEL_DEPTH
 
 
 def blas_contraction(call: BoundCall) -> Optional[Contraction]:
