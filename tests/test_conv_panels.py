@@ -196,3 +196,11 @@ def test_panel_convs_and_gradients_match_torch(statement, options, xshape, wshap
         for a, b in zip(torch.autograd.grad(got, (x, w), seed),
                         torch.autograd.grad(want, (x, w), seed)):
             torch.testing.assert_close(a, b, **tolerance)
+
+
+@needs_c
+def test_explain_names_the_panel_form():
+    x, w = np.zeros((4, 32, 32, 32), np.float32), np.zeros((64, 32, 3, 3), np.float32)
+    text = str(ef.explain("y[b,o,i,j] := x[b,c,i+p-1,j+q-1] * w[o,c,p,q]", x=x, w=w, pad=0,
+                          ranges={"i": 32, "j": 32}))
+    assert "panels: one GEMM per value of p" in text and "q packed beside c" in text
