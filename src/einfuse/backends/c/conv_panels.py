@@ -165,6 +165,7 @@ def panel_runner(found: WindowedContraction, form: PanelForm, ranges, shapes,
                 for v, shift in enumerate(shifts):
                     columns = panel[:, shift * inner:shift * inner + positions]
                     (add if v else into)(weights[v], columns, out[b])
+                del panel, columns      # (the next pack then reuses their memory, in cache)
             return scaled(out.reshape(out_shape), named).transpose(order)
         return run_forward
 
@@ -184,6 +185,7 @@ def panel_runner(found: WindowedContraction, form: PanelForm, ranges, shapes,
             for v, shift in enumerate(shifts):
                 columns = panel[:, shift * inner:shift * inner + positions]
                 (add if b else into)(grads[b], columns.T, out[v])
+            del panel, columns
         return scaled(out.reshape(out_shape), named).transpose(order)
     return run_gradient
 

@@ -182,6 +182,9 @@ def runner_of(found: WindowedContraction, ranges, shapes, working: np.dtype, pad
                 kept = other[b if other.shape[0] > 1 else 0]
                 rows, cols = (part, kept) if side == first else (kept, part)
                 into(rows, cols, out[b])
+                # (dropped before the next image's pack: that one then takes the same
+                # memory, still in cache, not a second buffer)
+                part = rows = cols = None
             return finish(out, named)
         return run_by_image
 
