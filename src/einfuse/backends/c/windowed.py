@@ -213,6 +213,7 @@ def runner_of(found: WindowedContraction, ranges, shapes, working: np.dtype, pad
                     total = np.array(product, copy=True)
                 else:
                     total += product
+                ops = product = None    # (the next value's packs reuse their memory)
             return finish(total, named)
         if not chunk_if_kept:
             return run_by_value
