@@ -112,6 +112,9 @@ class WindowedContraction:
     gemm: Gemm
     scale: Tuple[ast.Expr, ...]     # scalar factors (numbers, parameters)
     method: WindowMethod = WindowMethod.PATCHES     # chosen per call (window_method)
+    # the panel form (plan/windowed_panels.PanelForm) where the schedule chose it
+    # (schedule/choose.py): method PATCHES then, packed as panels
+    panels: Optional[object] = None
 
     @property
     def operands(self) -> Tuple[WindowedOperand, WindowedOperand]:
@@ -137,7 +140,7 @@ class WindowedContraction:
                 f"summed {names(g.k)} (window {names(self.window)}); GEMM{batch}: "
                 f"{first.tensor} as ({names(g.rows)}) x ({names(g.k)}) times "
                 f"{second.tensor} as ({names(g.k)}) x ({names(g.cols)}); "
-                f"{self.method.value}")
+                f"{self.method.value if self.panels is None else self.panels.describe()}")
 
 
 def _subscript_text(sub: Subscript) -> str:
@@ -310,10 +313,12 @@ def scatter_reach(form: ScatterForm, ranges, shapes: Optional[Mapping[str, Tuple
 # The patches are packed and multiplied one value of the GEMM's batch index (an image)
 # at a time where each such GEMM has this many multiply-adds: the image's patches are
 # then still in cache when BLAS reads them (a conv2d 8x16x64x64 by 32 filters, stride
-# 2: 0.87 ms against 1.24 ms packed whole; 8x32x32x32 by 64: 3.3 against 3.9 ms; a
-# conv1d 8x32x512 by 32 filters of 5, 1.3 M multiply-adds an image: 0.34 against
-# 0.38 ms).  Below it the calls per image would cost more than the cache saves.
-CHUNK_WORK = 1 << 20
+# 2, 4.7 M multiply-adds an image: 0.87 ms against 1.24 ms packed whole; 8x32x32x32 by
+# 64: 3.3 against 3.9 ms).  Below it the calls per image cost more than the cache
+# saves: a conv1d 8x32x512 by 32 filters of 5 (stride 2), 1.3 M an image, ran its
+# forward in 0.45-0.49 ms packed whole against 0.66 ms an image at a time (torch tensors,
+# one thread; torch 0.39-0.43 ms), forward + backward 1.9-2.1 against 2.0-2.2 ms.
+CHUNK_WORK = 1 << 21
 
 
 def chunked_patches(found: WindowedContraction, ranges: Mapping[str, Tuple[int, int]]) -> bool:

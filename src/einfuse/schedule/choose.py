@@ -9,6 +9,7 @@ asks a backend: the facts are analysis/'s and plan/'s."""
 from __future__ import annotations
 
 import functools
+from dataclasses import replace
 from typing import Optional
 
 from ..analysis.binding import BoundCall
@@ -18,8 +19,9 @@ from ..lang.printer import format_statement
 from ..plan.blocking import block_for, tile_for
 from ..plan.contraction import Contraction, match_contraction
 from ..plan.contraction_addend import match_contraction_addend
-from ..plan.windowed_contraction import (WindowedContraction, window_method,
+from ..plan.windowed_contraction import (WindowedContraction, WindowMethod, window_method,
                                          windowed_contraction, with_method)
+from ..plan.windowed_panels import PanelForm, panel_form
 from ..plan.loop_plan import explained_plan
 from .library import library_for, prepared_library
 from .route import backend_name, resolved_name
@@ -53,8 +55,38 @@ def windowed_choice(call: BoundCall) -> Optional[WindowedContraction]:
     found = windowed_contraction(call.spec, call.options.pad is not None)
     if found is None:
         return None
-    return with_method(found, window_method(found, call.bounds.range_map,
-                                            call.dtypes.working.itemsize))
+    ranges = call.bounds.range_map
+    form = panel_form(found)
+    if form is not None and _panels_pay(form, ranges):
+        return replace(with_method(found, WindowMethod.PATCHES), panels=form)
+    return with_method(found, window_method(found, ranges, call.dtypes.working.itemsize))
+
+
+# The panel form (plan/windowed_panels.py) from this many multiply-adds an image: its
+# GEMMs (one per value of the window's outer index) then cost what one GEMM over
+# im2col's patches does (conv2d 8x32x32x32 by 64 filters of 3x3, one thread: 2.2 ms
+# either way), and it packs a third of the patches and no col2im.  Below it the
+# extra BLAS calls per image cost more than the packing saves.
+PANEL_WORK = 1 << 20
+# ... and from this many rows of a panel (each GEMM's K: the channels times the folded
+# window): a conv1d of 3 channels would run GEMMs of K = 3.  (A 2-D first layer, 3
+# channels by 7x7 filters, K = 21, ran as fast either way.)
+PANEL_DEPTH = 32
+
+
+def _panels_pay(form: PanelForm, ranges) -> bool:
+    def points(names):
+        total = 1
+        for name in names:
+            lo, hi = ranges[name]
+            total *= max(0, hi - lo)
+        return total
+    offsets = points(form.offsets)
+    if points((form.row[2],)) < 2 or offsets == 0:
+        return False
+    work = points(form.own + form.channels + form.positions) * offsets
+    depth = points(form.channels + form.offsets[1:])
+    return work >= PANEL_WORK and depth >= PANEL_DEPTH
 
 
 def blas_contraction(call: BoundCall) -> Optional[Contraction]:

@@ -55,6 +55,8 @@ def threads_for(fixed: Optional[int]) -> int:
 def free_threads() -> int:
     """0 (OpenMP's default) when no other task is running, else the cores left (at
     least 1)."""
+    if default_threads() <= 1:
+        return 0        # (one thread either way: no /proc reads, 50 us a pack at worst)
     now = time.monotonic()
     if now - _sample[0] < SAMPLE_SECONDS:
         return _sample[1]

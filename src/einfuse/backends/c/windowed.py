@@ -81,6 +81,21 @@ def windowed_runner(found: WindowedContraction, call,
     shapes = {name: tuple(call.arrays.shapes[name])
               for name in {o.tensor for o in found.operands}}
     working = np.dtype(call.dtypes.working)
+    if found.panels is not None:
+        from dataclasses import replace
+        from .conv_panels import panel_runner
+        gathering = []
+
+        def gather():
+            if not gathering:
+                gathering.append(runner_of(replace(found, panels=None), call.bounds.range_map,
+                                           shapes, working, call.options.pad, route))
+            return gathering[0]
+        runner = panel_runner(found, found.panels, call.bounds.range_map, shapes, working,
+                              call.options.pad, route, gather)
+        if runner is not None:
+            return runner
+        found = replace(found, panels=None)
     if found.method is WindowMethod.SCATTER:
         from .windowed_scatter import scatter_runner
         return scatter_runner(found, call.bounds.range_map, shapes, working,
@@ -167,6 +182,9 @@ def runner_of(found: WindowedContraction, ranges, shapes, working: np.dtype, pad
                 kept = other[b if other.shape[0] > 1 else 0]
                 rows, cols = (part, kept) if side == first else (kept, part)
                 into(rows, cols, out[b])
+                # (dropped before the next image's pack: that one then takes the same
+                # memory, still in cache, not a second buffer)
+                part = rows = cols = None
             return finish(out, named)
         return run_by_image
 
@@ -195,6 +213,7 @@ def runner_of(found: WindowedContraction, ranges, shapes, working: np.dtype, pad
                     total = np.array(product, copy=True)
                 else:
                     total += product
+                ops = product = None    # (the next value's packs reuse their memory)
             return finish(total, named)
         if not chunk_if_kept:
             return run_by_value
