@@ -73,8 +73,8 @@ def triton_route(attention: Attention, named: Dict[str, object], options):
     """The route (backends/triton/attention.AttentionTarget) of a call the fused Triton kernel
     takes -- torch CUDA tensors, or backend='triton' (schedule/early.triton_may_take)
     -- or None.  Imports no framework the caller's arrays do not belong to."""
-    if not attention.plain or not triton_may_take(attention, named, options):
-        return None         # (the Triton kernel takes no terms and no windows)
+    if not triton_may_take(attention, named, options):
+        return None
     from ..backends.triton import attention as triton_attention
     return triton_attention.route(options, named,
                                   (attention.query, attention.key, attention.value))
