@@ -306,8 +306,11 @@ def record(attention, named, scale: float, route, wanted: Tuple[str, ...]):
     """The forward of a call autograd records: (its output, the :class:`Saved` for its
     backward), or None where the kernel declines the call (a value holding inf or NaN
     too: checked beside the kernel, the backward's arithmetic being the statements'
-    only for finite values)."""
+    only for finite values) or a row sees no key (the statements record: their NaN and
+    its gradient, as on the C route)."""
     from . import attention as triton_attention
+    if not _every_row_sees_a_key(attention, named):
+        return None
     kept: list = []
     out = triton_attention.run(attention, named, lambda query: scale, route,
                                finite_values=True, lse=kept)
@@ -321,3 +324,16 @@ def record(attention, named, scale: float, route, wanted: Tuple[str, ...]):
     from .backend import interpreted
     return out, Saved(attention, scale, score_scale, views, lse, terms, batch_shape,
                       wanted, interpreted())
+
+
+def _every_row_sees_a_key(attention, named) -> bool:
+    """Whether the band leaves every row a key (from the extents and bounds alone)."""
+    from ...rewrite.attention_layout import call_band
+    query, key = named.get(attention.query), named.get(attention.key)
+    rows = query.shape[attention.query_indices.index(attention.row)]
+    keys = key.shape[attention.key_indices.index(attention.key_index)]
+    band = call_band(attention, named, {attention.row: rows, attention.key_index: keys})
+    if band is None:
+        return False
+    lower, upper = band
+    return lower <= upper and upper >= 0 and rows - 1 + lower <= keys - 1
