@@ -363,3 +363,52 @@ def test_recorded_call_whose_band_hides_a_row_records_the_statements():
     assert not any(r.kernel == FORWARD for r in seen)
     assert torch.isnan(out[0, 0, 0]).all() and not torch.isnan(out[0, 0, 1:]).any()
     assert attention_backward is not None
+
+
+# -- compiled for a GPU (no GPU needed: Triton's CUDA compiler, as test_triton_compiles) ---
+
+BACKWARD_SCRIPT = """
+import sys
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+from einfuse.backends.triton import attention_backward, attention_backward_kernel as kernels
+
+dtype = sys.argv[1]
+exact = dtype == "fp32"
+config = attention_backward._GPU_CONFIG["float32" if exact else "16-bit"]
+common = dict(DOT=64, FEATURES=64, BLOCK_D=64, BLOCK_E=64, BLOCK_M=config.block_m,
+              BLOCK_N=config.block_n, EXACT=exact, UPCAST=False, BANDED=True,
+              TENSOR_TERMS=2, INDEX_TERMS=2, X0_LOADS=True, X1_LOADS=False)
+for kernel, extra in ((kernels._attention_backward_keys,
+                       dict(STORE_DS=True, COLUMN_SUMS=True)),
+                      (kernels._attention_backward_rows, dict(ROW_SUMS=True))):
+    constants = dict(common, **extra)
+    signature = {}
+    for param in kernel.params:
+        name = param.name
+        if param.is_constexpr:
+            signature[name] = "constexpr"
+        elif name in ("Q", "K", "V", "DO", "DK", "DV", "DQ", "T0", "T1", "X0", "X1"):
+            signature[name] = "*" + dtype
+        elif name in ("LSE", "DELTA", "DS", "COLS", "SUMS"):
+            signature[name] = "*fp32"
+        elif name in ("score_scale", "grad_scale") or name.endswith("_f"):
+            signature[name] = "fp32"
+        else:
+            signature[name] = "i32"
+    compiled = triton.compile(ASTSource(fn=kernel, signature=signature, constexprs=constants),
+                              target=GPUTarget("cuda", 90, 32),
+                              options=dict(num_warps=config.warps, num_stages=config.stages))
+    assert compiled.asm["cubin"]
+print("compiled")
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("dtype", ["fp16", "fp32"])
+def test_backward_kernels_compile_for_sm90(dtype, tmp_path):
+    from test_triton_compiles import _compiled_elsewhere, _has_cuda_compiler
+    if not _has_cuda_compiler():
+        pytest.skip("Triton's CUDA compiler is absent")
+    assert "compiled" in _compiled_elsewhere(BACKWARD_SCRIPT, (dtype,), tmp_path)
