@@ -18,6 +18,7 @@ Up to ``MAX_TERMS`` terms of each kind; anything the kernel does not take is a r
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import numbers
 from dataclasses import dataclass
@@ -81,7 +82,56 @@ def resolve(attention, named: Dict[str, object], query, extents: Dict[str, int],
             batch_axes: Tuple[Tuple[str, ...], Tuple[str, ...]]) -> Union[KernelTerms, str]:
     """The call's terms and band for the kernel, or the reason it does not take them.
     ``query`` is the call's query as a torch tensor (dtype and device); ``batch_axes``
-    the batch indices merged into the launch grid's first and second axes."""
+    the batch indices merged into the launch grid's first and second axes.  Resolved
+    once per signature (the terms' shapes, strides, dtypes and the numbers given):
+    a repeated call only puts its tensors in their slots."""
+    key = _signature(attention, named, query, extents, batch_axes)
+    found = _resolutions.get(key) if key is not None else None
+    if found is None:
+        found = _resolved(attention, named, query, extents, batch_axes)
+        if key is not None:
+            if len(_resolutions) >= _RESOLUTIONS_KEPT:
+                _resolutions.clear()
+            _resolutions[key] = found
+    if isinstance(found, str):
+        return found
+    return _bound(found, named, query)
+
+
+_resolutions: dict = {}
+_RESOLUTIONS_KEPT = 256
+
+
+def _signature(attention, named, query, extents, batch_axes) -> Optional[Tuple]:
+    """What a resolution depends on, or None where it is not to be kept (a value of
+    another kind, a bound read from a tensor)."""
+    import torch
+    bounds = {p for b in attention.upper + attention.lower for p, _ in b.params}
+    parts = [attention, query.dtype, query.device, tuple(sorted(extents.items())),
+             batch_axes]
+    for name in attention.term_tensors + attention.term_params:
+        value = named.get(name)
+        if isinstance(value, torch.Tensor) and name not in bounds:
+            parts.append((value.shape, value.stride(), value.dtype, value.device))
+        elif type(value) is np.ndarray and name not in bounds:
+            parts.append((value.shape, value.strides, value.dtype))
+        elif type(value) in (int, float) and value == value:
+            parts.append((type(value), value))
+        else:
+            return None
+    return tuple(parts)
+
+
+def _bound(terms: KernelTerms, named, query) -> KernelTerms:
+    """``terms`` with each slot that names a tensor holding this call's tensor."""
+    def bind(args):
+        return tuple(as_tensor(named[a], query) if type(a) is str else a for a in args)
+    return dataclasses.replace(terms, tensor_args=bind(terms.tensor_args),
+                               index_args=bind(terms.index_args))
+
+
+def _resolved(attention, named, query, extents, batch_axes) -> Union[KernelTerms, str]:
+    """resolve's answer, each tensor slot holding the name of its tensor."""
     band = call_band(attention, named, extents)
     if band is None:
         return "a band whose bound is not an integer"
@@ -167,7 +217,7 @@ def _tensor_term(attention, term: TensorTerm, named, query, extents, batch_axes)
              for n in (attention.row, attention.key_index)]
     if not _fits(tensor):
         return f"the added tensor {term.tensor}, whose offsets pass int32"
-    return (tensor,) + strides + tuple(inner) + (term.sign * _LOG2E,)
+    return (term.tensor,) + strides + tuple(inner) + (term.sign * _LOG2E,)
 
 
 def _index_term(term: IndexTerm, named, query, extents, batch_axes, rows, keys):
@@ -185,7 +235,7 @@ def _index_term(term: IndexTerm, named, query, extents, batch_axes, rows, keys):
         if strides is None or not _fits(tensor):
             return f"the coefficient tensor {coefficient.tensor}, whose batch axes do " \
                 "not merge"
-        return (tensor,) + strides + (factor, term.key, term.row, term.constant)
+        return (coefficient.tensor,) + strides + (factor, term.key, term.row, term.constant)
     if coefficient.param is not None:
         value = named.get(coefficient.param)
         tensor = as_tensor(value, query) if not isinstance(value, numbers.Real) else None
@@ -194,7 +244,7 @@ def _index_term(term: IndexTerm, named, query, extents, batch_axes, rows, keys):
                     tensor.device != query.device:
                 return f"the parameter {coefficient.param} (not a 0-d tensor of the " \
                     "query's dtype and device)"
-            return (tensor, 0, 0, factor, term.key, term.row, term.constant)
+            return (coefficient.param, 0, 0, factor, term.key, term.row, term.constant)
         if isinstance(value, np.ndarray) and value.ndim == 0:
             value = value[()]
         if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Real) or \
