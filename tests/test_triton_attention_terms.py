@@ -335,6 +335,16 @@ def test_what_the_kernel_declines_runs_the_statements_and_explain_says_why():
     assert not any(r.kernel == FORWARD for r in seen)
     np.testing.assert_allclose(got.cpu().numpy(), mirror(Q, K, V, 0.3, lower=-2, upper=0),
                                rtol=3e-5, atol=3e-5)
+    # float64: not the kernel's dtype; the statements, in float64
+    wide = tensors(Q, K, V, M, dtype=torch.float64)
+    with triton_launch.observed() as seen:
+        got = call(program(PADDED), Q=wide[0], K=wide[1], V=wide[2], M=wide[3], scale=0.3)
+    assert not any(r.kernel == FORWARD for r in seen) and got.dtype == torch.float64
+    np.testing.assert_allclose(got.cpu().numpy(), mirror(Q, K, V, 0.3, M=M, upper=0),
+                               rtol=1e-12, atol=1e-12)
+    assert "kernel does not take float64" in str(ef.explain(
+        program(PADDED), Q=wide[0], K=wide[1], V=wide[2], M=wide[3], scale=0.3,
+        backend="triton"))
     # a bias of another dtype than the query's
     with triton_launch.observed() as seen:
         got = call(program(BIAS), Q=q, K=k, V=v, bias=b.double(), scale=0.3)
