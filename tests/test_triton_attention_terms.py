@@ -199,6 +199,52 @@ def test_nonfinite_entries_as_the_statements(poison):
     assert np.isnan(got).any() == (poison != "nan bias outside band")
 
 
+BANDS = [(-3, 0), (0, 20), (5, 9), (-40, -33), (-60, 60), (17, 17), (-2, -2), (30, 80),
+         (-80, -37), (1, 0)]
+
+
+def test_bands_of_every_placement():
+    """Bands above, below and across the diagonal, past either end, of one key, empty:
+    the key blocks visited (masked at the band's edges, whole inside) against the
+    mirror, 37 rows (a tail of the 32-row blocks) and 50 keys (of the 16-key blocks)."""
+    rng = np.random.default_rng(11)
+    Q = rng.standard_normal((1, 2, 37, 8)).astype(np.float32)
+    K, V = (rng.standard_normal((1, 2, 50, 8)).astype(np.float32) for _ in range(2))
+    slope = np.array([0.5, 0.25], np.float32)
+    text = program(ALIBI, mask="j - i <= U", window="j - i >= L")
+    q, k, v, s = tensors(Q, K, V, slope)
+    for lower, upper in BANDS:
+        with triton_launch.observed() as seen:
+            got = call(text, Q=q, K=k, V=v, slope=s, scale=0.3, L=lower, U=upper)
+        assert launched(seen) == [FORWARD], (lower, upper)
+        got = got.cpu().numpy()
+        want = mirror(Q, K, V, 0.3, slope=slope, lower=lower, upper=upper)
+        np.testing.assert_array_equal(np.isnan(got), np.isnan(want), err_msg=str((lower, upper)))
+        np.testing.assert_allclose(got, want, rtol=3e-5, atol=3e-5, err_msg=str((lower, upper)))
+
+
+def test_gradients_of_a_band_off_the_diagonal():
+    g = torch.Generator().manual_seed(12)
+    wide = [torch.randn(1, 2, n, 8, generator=g, dtype=torch.float64).requires_grad_()
+            for n in (37, 50, 50)]
+    bias = torch.randn(2, 37, 50, generator=g, dtype=torch.float64).requires_grad_()
+    narrow = [t.detach().float().to(DEVICE).requires_grad_() for t in wide + [bias]]
+    text = program(BIAS, mask="j - i <= U", window="j - i >= L")
+    out = call(text, Q=narrow[0], K=narrow[1], V=narrow[2], bias=narrow[3], scale=0.3,
+               L=5, U=21)
+    seed = torch.randn(out.shape, generator=g, dtype=torch.float64)
+    with triton_launch.observed() as seen:
+        got = torch.autograd.grad(out, narrow, seed.float().to(DEVICE))
+    assert set(launched(seen)) == BACKWARD
+    i, j = torch.arange(37)[:, None], torch.arange(50)[None, :]
+    S = (wide[0] @ wide[1].transpose(-1, -2) * 0.3 + bias[None]).masked_fill(
+        ~((j - i <= 21) & (j - i >= 5)), -torch.inf)
+    want = torch.autograd.grad(torch.softmax(S, -1) @ wide[2], wide + [bias], seed)
+    for a, b in zip(got, want):
+        np.testing.assert_allclose(a.double().cpu().numpy(), b.numpy(), rtol=1e-4,
+                                   atol=1e-5 * max(float(b.abs().max()), 1.0))
+
+
 # -- gradients ---------------------------------------------------------------------------
 
 def by_torch(text_case, Q, K, V, named, scale=0.3):

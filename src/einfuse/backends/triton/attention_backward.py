@@ -33,6 +33,7 @@ from .launch import PreparedLaunch
 _GPU_CONFIG = {"float32": Config(32, 32, 4, 2), "16-bit": Config(64, 64, 4, 2)}
 # |L| * eps past this: exp(s - L) recomputed loses accuracy (runtime/attention_autograd)
 _LOG_SUM_EXP_LIMIT = 2.0 ** -10
+_INT32_MAX = 2 ** 31 - 1
 _launchers: dict = {}
 
 
@@ -65,9 +66,14 @@ def grad_scale(attention, scale: float) -> float:
 
 def fusable(saved: Saved, grad) -> bool:
     """Whether the kernels' arithmetic gives the statements' gradients for this output
-    gradient (a host read of three flags: the backward waits for them)."""
+    gradient (a host read of three flags: the backward waits for them) and the kernels
+    can address the buffers."""
     import torch
     lse = saved.lse
+    rows, keys = saved.views[0].shape[2], saved.views[1].shape[2]
+    if "both" in _buffers_needed(saved.attention, saved.wanted) and \
+            rows * keys > _INT32_MAX:
+        return False      # (the kernel addresses dS's (i, j) slice in int32)
     if torch.is_grad_enabled() or not bool(torch.isfinite(grad).all()) or \
             not bool(torch.isfinite(lse).all()):
         return False
