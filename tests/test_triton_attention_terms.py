@@ -358,6 +358,74 @@ def test_formula_fallbacks_give_the_terms_their_gradients():
         np.testing.assert_array_equal(np.isnan(a.cpu().numpy()), np.isnan(b.numpy()))
 
 
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_16_bit_gradients(dtype):
+    g = torch.Generator().manual_seed(13)
+    wide = [torch.randn(1, 2, 40, 16, generator=g, dtype=torch.float64).requires_grad_()
+            for _ in range(3)]
+    bias = torch.randn(2, 40, 40, generator=g, dtype=torch.float64).requires_grad_()
+    slope = torch.tensor([0.5, 0.25], dtype=torch.float64).requires_grad_()
+    narrow = [t.detach().to(dtype).to(DEVICE).requires_grad_() for t in wide + [bias, slope]]
+    text = program(BIAS + ALIBI)
+    out = call(text, Q=narrow[0], K=narrow[1], V=narrow[2], bias=narrow[3],
+               slope=narrow[4], scale=0.25)
+    assert out.dtype == dtype
+    seed = torch.randn(out.shape, generator=g, dtype=torch.float64)
+    with triton_launch.observed() as seen:
+        got = torch.autograd.grad(out, narrow, seed.to(dtype).to(DEVICE))
+    assert set(launched(seen)) == BACKWARD
+    # the reference from the rounded inputs, in float64
+    rounded = [t.detach().double().cpu().requires_grad_() for t in narrow]
+    q, k, v, b, s = rounded
+    i, j = torch.arange(40)[:, None], torch.arange(40)[None, :]
+    S = (q @ k.transpose(-1, -2) * 0.25 + b[None] + s[None, :, None, None] * (j - i))
+    ref = torch.softmax(S.masked_fill(~(j <= i), -torch.inf), -1) @ v
+    want = torch.autograd.grad(ref, rounded, seed)
+    tol = 2e-2 if dtype == torch.float16 else 8e-2
+    for a, w in zip(got, want):
+        assert a.dtype == dtype
+        np.testing.assert_allclose(a.double().cpu().numpy(), w.numpy(), rtol=tol,
+                                   atol=tol * max(float(w.abs().max()), 1.0))
+
+
+def test_batch_ranks_with_terms():
+    rng = np.random.default_rng(14)
+    # one batch axis
+    Q, K, V = (rng.standard_normal((3, 20, 8)).astype(np.float32) for _ in range(3))
+    bias = rng.standard_normal((3, 20, 20)).astype(np.float32)
+    one = ("S[h,i,j] := where(j <= i, sum[d](Q[h,i,d]*K[h,j,d]) * scale + bias[h,i,j], "
+           "-inf)\nm[h,i] := max[j](S[h,i,j])\nP[h,i,j] := exp(S[h,i,j] - m[h,i])\n"
+           "O[h,i,e] := sum[j](P[h,i,j] * V[h,j,e]) / sum[j](P[h,i,j])")
+    with triton_launch.observed() as seen:
+        got = call(one, **dict(zip("QKV", tensors(Q, K, V))), bias=tensors(bias)[0],
+                   scale=0.3)
+    assert launched(seen) == [FORWARD]
+    want = mirror(Q[None], K[None], V[None], 0.3, bias=bias, upper=0)[0]
+    np.testing.assert_allclose(got.cpu().numpy(), want, rtol=3e-5, atol=3e-5)
+    # three batch axes (b and g merged on the grid): a bias over h alone merges (its
+    # stride 0 along both), a mask over b alone does not (the statements run)
+    Q, K, V = (rng.standard_normal((2, 2, 2, 20, 8)).astype(np.float32) for _ in range(3))
+    bias = rng.standard_normal((2, 20, 20)).astype(np.float32)
+    M = np.where(rng.random((2, 20)) < 0.2, -np.inf, 0.0).astype(np.float32)
+    M[:, 0] = 0.0
+    three = ("S[b,g,h,i,j] := where(j <= i, sum[d](Q[b,g,h,i,d]*K[b,g,h,j,d]) * scale "
+             "+ TERM, -inf)\nm[b,g,h,i] := max[j](S[b,g,h,i,j])\n"
+             "P[b,g,h,i,j] := exp(S[b,g,h,i,j] - m[b,g,h,i])\n"
+             "O[b,g,h,i,e] := sum[j](P[b,g,h,i,j] * V[b,g,h,j,e]) / sum[j](P[b,g,h,i,j])")
+    S = np.einsum("bghid,bghjd->bghij", Q.astype(np.float64), K.astype(np.float64)) * 0.3
+    i, j = np.arange(20)[:, None], np.arange(20)[None, :]
+    for term, added, kernels in (("bias[h,i,j]", bias[None, None], [FORWARD]),
+                                 ("M[b,j]", M[:, None, None, None, :], [])):
+        with triton_launch.observed() as seen:
+            got = call(three.replace("TERM", term), **dict(zip("QKV", tensors(Q, K, V))),
+                       bias=tensors(bias)[0], M=tensors(M)[0], scale=0.3)
+        assert [r for r in launched(seen) if r == FORWARD] == kernels
+        scores = np.where(j <= i, S + added, -np.inf)
+        P = np.exp(scores - scores.max(-1, keepdims=True))
+        want = (P @ V.astype(np.float64)) / P.sum(-1)[..., None]
+        np.testing.assert_allclose(got.cpu().numpy(), want, rtol=3e-5, atol=3e-5)
+
+
 # -- what the kernel does not take ------------------------------------------------------------
 
 def test_what_the_kernel_declines_runs_the_statements_and_explain_says_why():
