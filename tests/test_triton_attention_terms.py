@@ -426,6 +426,24 @@ def test_batch_ranks_with_terms():
         np.testing.assert_allclose(got.cpu().numpy(), want, rtol=3e-5, atol=3e-5)
 
 
+def test_one_statement_spelling_with_a_bias():
+    """The attention written as one statement (run before the call is bound,
+    schedule/early.py) takes its terms too."""
+    s = "sum[d](Q[h,i,d]*K[h,j,d]) * 0.3 + bias[h,i,j]"
+    sk = s.replace(",j", ",k").replace("j]", "k]")
+    weights = f"exp(where(j <= i, {s}, -inf) - max[k](where(k <= i, {sk}, -inf)))"
+    single = f"O[h,i,e] := sum[j]({weights} * V[h,j,e]) / sum[j]({weights})"
+    rng = np.random.default_rng(15)
+    Q, K, V = (rng.standard_normal((2, 20, 8)).astype(np.float32) for _ in range(3))
+    bias = rng.standard_normal((2, 20, 20)).astype(np.float32)
+    with triton_launch.observed() as seen:
+        got = ef.ein(single, **dict(zip("QKV", tensors(Q, K, V))), bias=tensors(bias)[0],
+                     backend="triton")
+    assert launched(seen) == [FORWARD]
+    want = mirror(Q[None], K[None], V[None], 0.3, bias=bias, upper=0)[0]
+    np.testing.assert_allclose(got.cpu().numpy(), want, rtol=3e-5, atol=3e-5)
+
+
 # -- what the kernel does not take ------------------------------------------------------------
 
 def test_what_the_kernel_declines_runs_the_statements_and_explain_says_why():
