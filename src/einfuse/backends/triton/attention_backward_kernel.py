@@ -14,27 +14,30 @@ with the scores' terms and band exactly as the forward reads them
   ``dS * j`` (an added tensor over i alone, an index term's coefficient).
 
 Every output element is written by one program in a fixed order (no atomics): the same
-bits on every run.  Blocks outside the band are never visited; every visited block is
+bits on every run.  Each block's keys are read once, for the scores and the products.  Blocks outside the band are never visited; every visited block is
 masked (the backward is not yet split into masked and whole blocks)."""
 
 import triton
 import triton.language as tl
 
-from .attention_kernel import _key_range, _load_tile, _scores, _index_coefficient
+from .attention_kernel import _index_coefficient, _key_range, _load_tile, _scores_of
 
 
 @triton.jit
-def _weights(q, K, rows_at, cols_at, offs_d, stride_kn, stride_kd, rows, keys,
-             score_scale, lower, upper, T0, t0_si, t0_sj, t0_f, T1, t1_si, t1_sj, t1_f,
+def _weights(q, k, rows_at, cols_at, rows, keys, score_scale, lower, upper,
+             T0, t0_si, t0_sj, t0_f, T1, t1_si, t1_sj, t1_f,
              x0, x0_a, x0_b, x0_k, x1, x1_a, x1_b, x1_k, lse,
-             DOT: tl.constexpr, BLOCK_D: tl.constexpr, BANDED: tl.constexpr,
-             TENSOR_TERMS: tl.constexpr, INDEX_TERMS: tl.constexpr,
+             BANDED: tl.constexpr, TENSOR_TERMS: tl.constexpr, INDEX_TERMS: tl.constexpr,
              EXACT: tl.constexpr, UPCAST: tl.constexpr):
-    """A block's weights exp2(s - L), 0 outside the band and past the ends."""
-    s = _scores(q, K, rows_at, cols_at, offs_d, stride_kn, stride_kd, rows, keys,
-                score_scale, lower, upper, T0, t0_si, t0_sj, t0_f, T1, t1_si, t1_sj, t1_f,
-                x0, x0_a, x0_b, x0_k, x1, x1_a, x1_b, x1_k, DOT, BLOCK_D, BANDED,
-                TENSOR_TERMS, INDEX_TERMS, True, EXACT, UPCAST)
+    """A block's weights exp2(s - L), 0 outside the band and past the ends, from the
+    block's keys ``k`` (BLOCK_N x BLOCK_D, as loaded for the gradients' products)."""
+    kt = tl.trans(k)
+    if UPCAST:
+        kt = kt.to(tl.float32)
+    s = _scores_of(q, kt, rows_at, cols_at, rows, keys, score_scale, lower, upper,
+                   T0, t0_si, t0_sj, t0_f, T1, t1_si, t1_sj, t1_f,
+                   x0, x0_a, x0_b, x0_k, x1, x1_a, x1_b, x1_k, BANDED, TENSOR_TERMS,
+                   INDEX_TERMS, True, EXACT)
     return tl.math.exp2(s - lse[:, None])
 
 
@@ -116,10 +119,10 @@ def _attention_backward_keys(Q, K, V, DO, LSE, DELTA, DK, DV, DS, COLS, score_sc
         # (a row past the end: L = +inf, so its weights are 0)
         lse = tl.load(LSE + rows_at, mask=rows_at < rows, other=float("inf"))
         delta = tl.load(DELTA + rows_at, mask=rows_at < rows, other=0.0)
-        p = _weights(q, K, rows_at, cols_at, offs_d, stride_kn, stride_kd, rows, keys,
-                     score_scale, lower, upper, T0, t0_si, t0_sj, t0_f,
-                     T1, t1_si, t1_sj, t1_f, x0, x0_a, x0_b, x0_k, x1, x1_a, x1_b, x1_k,
-                     lse, DOT, BLOCK_D, BANDED, TENSOR_TERMS, INDEX_TERMS, EXACT, UPCAST)
+        p = _weights(q, k, rows_at, cols_at, rows, keys, score_scale, lower, upper,
+                     T0, t0_si, t0_sj, t0_f, T1, t1_si, t1_sj, t1_f,
+                     x0, x0_a, x0_b, x0_k, x1, x1_a, x1_b, x1_k, lse, BANDED,
+                     TENSOR_TERMS, INDEX_TERMS, EXACT, UPCAST)
         do = _load_tile(DO, rows_at, offs_e, stride_om, stride_oe, rows, FEATURES, True,
                         BLOCK_E != FEATURES)
         dv += _product(tl.trans(p), do, EXACT, UPCAST, v)
@@ -196,14 +199,14 @@ def _attention_backward_rows(Q, K, V, DO, LSE, DELTA, DQ, SUMS, score_scale, gra
                                       BANDED)
     for start in range(lo, hi, BLOCK_N):
         cols_at = start + offs_n
-        p = _weights(q, K, rows_at, cols_at, offs_d, stride_kn, stride_kd, rows, keys,
-                     score_scale, lower, upper, T0, t0_si, t0_sj, t0_f,
-                     T1, t1_si, t1_sj, t1_f, x0, x0_a, x0_b, x0_k, x1, x1_a, x1_b, x1_k,
-                     lse, DOT, BLOCK_D, BANDED, TENSOR_TERMS, INDEX_TERMS, EXACT, UPCAST)
-        v = _load_tile(V, cols_at, offs_e, stride_vn, stride_ve, keys, FEATURES, True,
-                       BLOCK_E != FEATURES)
         k = _load_tile(K, cols_at, offs_d, stride_kn, stride_kd, keys, DOT, True,
                        BLOCK_D != DOT)
+        p = _weights(q, k, rows_at, cols_at, rows, keys, score_scale, lower, upper,
+                     T0, t0_si, t0_sj, t0_f, T1, t1_si, t1_sj, t1_f,
+                     x0, x0_a, x0_b, x0_k, x1, x1_a, x1_b, x1_k, lse, BANDED,
+                     TENSOR_TERMS, INDEX_TERMS, EXACT, UPCAST)
+        v = _load_tile(V, cols_at, offs_e, stride_vn, stride_ve, keys, FEATURES, True,
+                       BLOCK_E != FEATURES)
         dp = _product(do, tl.trans(v), EXACT, UPCAST, v)
         ds = p * (dp - delta[:, None])
         dq += _product(ds, k, EXACT, UPCAST, k)

@@ -59,15 +59,29 @@ def _scores(q, K, rows_at, cols_at, offs_d, stride_kn, stride_kd, rows, keys, sc
             DOT: tl.constexpr, BLOCK_D: tl.constexpr, BANDED: tl.constexpr,
             TENSOR_TERMS: tl.constexpr, INDEX_TERMS: tl.constexpr,
             EDGE: tl.constexpr, EXACT: tl.constexpr, UPCAST: tl.constexpr):
-    """One block's scores (rows_at x cols_at, absolute offsets; log2 domain): the scaled
-    dot product plus the terms.  ``EDGE``: the block may hold keys past the end or
-    outside the band ``lower <= j - i <= upper``, which are -inf (whatever the terms
-    hold there: the statements' where)."""
+    """One block's scores (rows_at x cols_at, absolute offsets; log2 domain), the keys
+    read here (_scores_of)."""
     # the keys transposed (BLOCK_D x BLOCK_N), read through their strides
     k = _load_tile(K, offs_d, cols_at, stride_kd, stride_kn, DOT, keys,
                    BLOCK_D != DOT, EDGE)
     if UPCAST:
         k = k.to(tl.float32)
+    return _scores_of(q, k, rows_at, cols_at, rows, keys, score_scale, lower, upper,
+                      T0, t0_si, t0_sj, t0_f, T1, t1_si, t1_sj, t1_f,
+                      x0, x0_a, x0_b, x0_k, x1, x1_a, x1_b, x1_k, BANDED, TENSOR_TERMS,
+                      INDEX_TERMS, EDGE, EXACT)
+
+
+@triton.jit
+def _scores_of(q, k, rows_at, cols_at, rows, keys, score_scale,
+               lower, upper, T0, t0_si, t0_sj, t0_f, T1, t1_si, t1_sj, t1_f,
+               x0, x0_a, x0_b, x0_k, x1, x1_a, x1_b, x1_k, BANDED: tl.constexpr,
+               TENSOR_TERMS: tl.constexpr, INDEX_TERMS: tl.constexpr,
+               EDGE: tl.constexpr, EXACT: tl.constexpr):
+    """The scores of a block from its keys transposed (``k``, BLOCK_D x BLOCK_N): the
+    scaled dot product plus the terms.  ``EDGE``: the block may hold keys past the end
+    or outside the band ``lower <= j - i <= upper``, which are -inf (whatever the terms
+    hold there: the statements' where)."""
     if EXACT:
         s = tl.dot(q, k, input_precision="ieee")
     else:
