@@ -1,12 +1,15 @@
 """Recognised attention (rewrite/online_softmax.py) as one Triton kernel: the forward of
-FlashAttention-2.  One program per block of query rows of one batch element; it streams
+FlashAttention-2 (its backward: attention_backward.py).  One program per block of query rows of one batch element; it streams
 the key and value blocks with a running max, a running denominator and a rescaled
 accumulator (the softmax-weighted-sum monoid), so nothing N x N exists.
 
 * scores in the log2 domain: log2(e) is folded into the scale, weights are ``exp2``;
-* a causal mask (``j <= i`` or ``j < i``) never visits key blocks past the diagonal and
-  masks only the blocks that straddle it (and the key tail); rows of the last blocks are
-  launched first, so the longest programs start earliest;
+* a causal mask (``j <= i`` or ``j < i``), or any band ``lower <= j - i <= upper`` (a
+  window), never visits key blocks outside it and masks only the blocks that straddle
+  its edges (and the key tail); rows of the last blocks are launched first, so the
+  longest programs start earliest;
+* the scores' additive terms (a padding mask, a bias, ALiBi's slopes: attention_terms.py)
+  are read by the kernel per block through their strides, after the scale;
 * float16/bfloat16 operands go to ``tl.dot`` as they are (float32 accumulation; the
   weights are rounded to the input dtype for the weights x value dot, as flash kernels
   do); float32 dots are IEEE-exact (``input_precision="ieee"``); the result is stored in
