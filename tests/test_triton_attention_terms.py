@@ -444,6 +444,55 @@ def test_one_statement_spelling_with_a_bias():
     np.testing.assert_allclose(got.cpu().numpy(), want, rtol=3e-5, atol=3e-5)
 
 
+@pytest.mark.parametrize("seed", range(12))
+def test_random_shapes_bands_and_terms(seed):
+    """Random extents (1 to 45 rows and keys: single rows, single keys, tails), a random
+    band and random terms: the forward against the mirror, the gradients (of the
+    bias and the slopes too) against torch autograd in float64, where every row sees a
+    key (else the statements record, and only the forward is compared)."""
+    rng = np.random.default_rng(100 + seed)
+    B, H = 1, 2
+    NQ, NK, D = int(rng.integers(1, 46)), int(rng.integers(1, 46)), int(rng.integers(1, 20))
+    lower, upper = sorted(int(x) for x in rng.integers(-50, 50, size=2))
+    g = torch.Generator().manual_seed(seed)
+    wide = {"Q": torch.randn(B, H, NQ, D, generator=g, dtype=torch.float64),
+            "K": torch.randn(B, H, NK, D, generator=g, dtype=torch.float64),
+            "V": torch.randn(B, H, NK, 5, generator=g, dtype=torch.float64),
+            "bias": torch.randn(H, NQ, NK, generator=g, dtype=torch.float64),
+            "slope": torch.tensor([0.5, -0.25], dtype=torch.float64)}
+    terms = "".join(t for t, keep in ((BIAS, rng.random() < 0.6), (ALIBI, rng.random() < 0.6))
+                    if keep)
+    for t in wide.values():
+        t.requires_grad_()
+    narrow = {n: t.detach().float().to(DEVICE).requires_grad_() for n, t in wide.items()}
+    text = program(terms, mask="j - i <= U", window="j - i >= L")
+    with triton_launch.observed() as seen:
+        out = call(text, **narrow, scale=0.3, L=lower, U=upper)
+    i, j = torch.arange(NQ)[:, None], torch.arange(NK)[None, :]
+    S = wide["Q"] @ wide["K"].transpose(-1, -2) * 0.3
+    if "bias" in terms:
+        S = S + wide["bias"][None]
+    if "slope" in terms:
+        S = S + wide["slope"][None, :, None, None] * (j - i)
+    S = S.masked_fill(~((j - i >= lower) & (j - i <= upper)), -torch.inf)
+    P = torch.exp(S - S.amax(-1, keepdim=True))
+    ref = (P @ wide["V"]) / P.sum(-1, keepdim=True)
+    np.testing.assert_array_equal(torch.isnan(out).cpu().numpy(), torch.isnan(ref).numpy())
+    np.testing.assert_allclose(out.detach().double().cpu().numpy(), ref.detach().numpy(),
+                               rtol=3e-5, atol=3e-5)
+    if FORWARD not in launched(seen):
+        assert torch.isnan(ref).any(), "only a row that sees no key records the statements"
+        return
+    assert launched(seen) == [FORWARD]
+    names = list("QKV") + [n for n in ("bias", "slope") if n in terms]
+    seed_grad = torch.randn(out.shape, generator=g, dtype=torch.float64)
+    got = torch.autograd.grad(out, [narrow[n] for n in names], seed_grad.float().to(DEVICE))
+    want = torch.autograd.grad(ref, [wide[n] for n in names], seed_grad)
+    for name, a, b in zip(names, got, want):
+        np.testing.assert_allclose(a.double().cpu().numpy(), b.numpy(), rtol=1e-4,
+                                   atol=1e-5 * max(float(b.abs().max()), 1.0), err_msg=name)
+
+
 # -- what the kernel does not take ------------------------------------------------------------
 
 def test_what_the_kernel_declines_runs_the_statements_and_explain_says_why():
