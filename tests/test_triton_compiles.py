@@ -35,24 +35,30 @@ SCRIPT = textwrap.dedent("""
     names = [p.name for p in kernel.params]
     dtype, mask, exact = sys.argv[1], int(sys.argv[2]), sys.argv[1] == "fp32"
     config = attention.choose_config("float32" if exact else "float16", 64, False)
+    # (mask 1: a band with every kind of term the kernel takes; 0: plain scores)
+    terms = dict(BANDED=mask != 0, TENSOR_TERMS=2 * mask, INDEX_TERMS=2 * mask,
+                 X0_LOADS=mask != 0, X1_LOADS=False)
     constants = dict(DOT=64, FEATURES=64, BLOCK_D=64, BLOCK_E=64,
-                     BLOCK_M=config.block_m, BLOCK_N=config.block_n, MASK=mask,
-                     NORMALISED=True, EXACT=exact, UPCAST=False,
-                     EXPONENT=attention_kernel.EXPONENT_BITS["float32" if exact else "float16"])
+                     BLOCK_M=config.block_m, BLOCK_N=config.block_n,
+                     NORMALISED=True, STORE_LSE=mask != 0, EXACT=exact, UPCAST=False,
+                     EXPONENT=attention_kernel.EXPONENT_BITS["float32" if exact else "float16"],
+                     **terms)
     signature, attributes = {}, {}
     for number, name in enumerate(names):
-        if name in ("Q", "K", "V", "O"):
+        if name in ("Q", "K", "V", "O", "T0", "T1", "X0", "X1"):
             signature[name] = "*" + dtype
-        elif name == "score_scale":
+        elif name == "LSE":
+            signature[name] = "*fp32"
+        elif name == "score_scale" or name.endswith("_f"):
             signature[name] = "fp32"
         elif name.startswith("stride") and name[-1] in "de":
             signature[name] = "constexpr"      # (a unit stride: Triton's specialisation)
             constants[name] = 1
-        elif name.startswith("stride") or name in ("rows", "keys"):
+        elif name not in constants:
             signature[name] = "i32"
         else:
             signature[name] = "constexpr"
-        if signature[name] != "constexpr" and name != "score_scale":
+        if signature[name] not in ("constexpr", "fp32") and name not in ("lower", "upper"):
             attributes[(number,)] = [["tt.divisibility", 16]]
     compiled = triton.compile(
         ASTSource(fn=kernel, signature=signature, constexprs=constants, attrs=attributes),

@@ -73,8 +73,8 @@ def triton_route(attention: Attention, named: Dict[str, object], options):
     """The route (backends/triton/attention.AttentionTarget) of a call the fused Triton kernel
     takes -- torch CUDA tensors, or backend='triton' (schedule/early.triton_may_take)
     -- or None.  Imports no framework the caller's arrays do not belong to."""
-    if not attention.plain or not triton_may_take(attention, named, options):
-        return None         # (the Triton kernel takes no terms and no windows)
+    if not triton_may_take(attention, named, options):
+        return None
     from ..backends.triton import attention as triton_attention
     return triton_attention.route(options, named,
                                   (attention.query, attention.key, attention.value))
@@ -214,7 +214,7 @@ class FusedAttention:
             "(the NumPy backend runs the same pass by key blocks); under torch autograd "
             "the backward is one fused kernel too (normalised, every row seeing a key, "
             "finite inputs, a scale needing no gradient; the gradients of an added bias or "
-            "mask and of a slope from the same kernel); JAX and Triton run "
+            "mask and of a slope from the same kernel); JAX runs "
             "the statements one by one, and so does a value array holding inf or NaN",
             f"  materialised: nothing N x N (scores or weights in memory would take {square} "
             "each); per thread: blocks of 64 x 64 scores and 64 rows of the accumulator; "
@@ -238,9 +238,11 @@ class FusedAttention:
             f"rescaled accumulator; exp2 with log2(e) folded into the scale; {dots}; "
             f"the result in {self.dtype}",
             f"    {count_text(self.pairs * self.groups)} (i, j) pairs computed",
-            "    under torch autograd the backward is the statements' formula in torch "
-            "(the weights materialised); a value array holding inf or NaN runs the "
-            "statements one by one",
+            "    under torch autograd the backward is fused too (two Triton kernels, "
+            "backends/triton/attention_backward.py: dQ, dK, dV and the gradients of "
+            "added tensors and slopes that need one; the statements' formula in torch for "
+            "a non-finite output gradient, a row seeing no finite score, a double "
+            "backward); a value array holding inf or NaN runs the statements one by one",
             f"  materialised: nothing N x N (scores or weights in memory would take {square} "
             f"each); per program: a {config.block_m} x {config.block_n} block of scores and "
             f"{config.block_m} rows of the accumulator, in registers"]
@@ -316,7 +318,8 @@ def _explain_triton(attention: Attention, values: Dict[str, object], route):
         return None
     extents, dtype = found
     dot, features = extents[attention.dot_index], extents[attention.feature]
-    if triton_attention.unsupported(dtype, dot, features) is not None:
+    if triton_attention.unsupported(dtype, dot, features) is not None or \
+            triton_attention.terms_reason(attention, values) is not None:
         return None
     config = triton_attention.choose_config(
         dtype, max(dot, features), route is triton_attention.AttentionTarget.INTERPRETER)
@@ -340,7 +343,8 @@ def triton_fallback_notes(attention: Optional[Attention], values: Dict[str, obje
     from ..backends.triton import attention as triton_attention
     extents, dtype = found
     reason = triton_attention.unsupported(dtype, extents[attention.dot_index],
-                                          extents[attention.feature])
+                                          extents[attention.feature]) or \
+        triton_attention.terms_reason(attention, values)
     return [] if reason is None else [
         f"the fused Triton attention kernel does not take {reason}: the statements run "
         "one by one"]

@@ -259,51 +259,57 @@ def formula_gradients(attention: Attention, scale: float, batch_shape, tensors, 
 
 def run_recorded_triton(attention: Attention, named: Dict[str, object], options, route):
     """The output of the fused Triton kernel (backends/triton/attention.py), recorded as
-    one autograd node whose backward is the statements' formula in torch (the weights
-    materialised: O(N^2) memory, as the statements' own backward); None where the
-    statements must run and record one by one (run_recorded's rules)."""
-    if not attention.normalised or not attention.plain or \
-            attention.mask not in (MaskKind.NONE, MaskKind.CAUSAL):
-        return None
-    scale = named.get(attention.scale_param) if attention.scale_param else None
-    if isinstance(scale, torch.Tensor) and scale.requires_grad:
-        return None       # its gradient needs the statements
+    one autograd node whose backward is the fused Triton backward
+    (backends/triton/attention_backward.py: dQ, dK, dV and the gradients of the scores'
+    terms that want one), or the statements' formula in torch where its arithmetic
+    would not be the statements'; None where the statements must run and record one by
+    one (run_recorded's rules)."""
+    if not attention.normalised or _constants_need_grad(attention, named):
+        return None       # (a scale or bound needing grad: the statements give it)
     tensors = tuple(named.get(n) for n in (attention.query, attention.key, attention.value))
     if not all(isinstance(t, torch.Tensor) for t in tensors):
         return None
-    from ..backends.triton import attention as triton_attention
     scale_value = triton_scale(attention, named, tensors[0])
     if scale_value is None:
         return None
+    biases = _biases_needing_grad(attention, named)
+    from ..backends.triton import attention_backward as triton_backward
     with torch.no_grad():
-        # (finite values only: the backward's formula gives the statements' inf and NaN
-        # for finite values, not for a value holding inf or NaN)
-        out = triton_attention.run(attention, named, lambda query: scale_value, route,
-                                   finite_values=True)
-    if out is None:
+        recorded = triton_backward.record(attention, named, scale_value, route, biases)
+    if recorded is None:
         return None
-    batch_shape = tuple(tensors[0].shape[attention.query_indices.index(b)]
-                        for b in attention.batch)
-    return _TritonAttention.apply((attention, scale_value, batch_shape), out, *tensors)
+    out, saved = recorded
+    terms = {n: named.get(n) for n in attention.term_tensors + attention.term_params}
+    return _TritonAttention.apply((saved, terms), out, *tensors,
+                                  *(named[n] for n in biases))
 
 
 class _TritonAttention(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, how, out, query, key, value):
+    def forward(ctx, how, out, *tensors):
         ctx.how = how
-        ctx.save_for_backward(query, key, value)
+        ctx.save_for_backward(*tensors)
         return out
 
     @staticmethod
     def backward(ctx, grad):
+        from ..backends.triton import attention_backward as triton_backward
         tensors = ctx.saved_tensors
         wanted = ctx.needs_input_grad[2:]
         if grad is None:
             return (None, None) + tuple(torch.zeros_like(t) if w else None
                                         for t, w in zip(tensors, wanted))
-        attention, scale, batch_shape = ctx.how
-        return (None, None) + formula_gradients(attention, scale, batch_shape, tensors,
-                                                grad, wanted)
+        saved, terms = ctx.how
+        on = saved.views[0].device
+        if not triton_backward.fusable(saved, grad.to(on)):
+            found = triton_backward.formula_gradients(saved, terms, tensors, grad, wanted)
+            return (None, None) + found
+        operands, term_grads = triton_backward.fused_gradients(saved, grad.to(on))
+        found = operands + tuple(term_grads.get(n) for n in saved.wanted)
+        return (None, None) + tuple(
+            g.to(device=t.device, dtype=t.dtype) if w and g is not None else
+            (torch.zeros_like(t) if w else None)
+            for g, t, w in zip(found, tensors, wanted))
 
 
 def _broadcast_term(tensor: torch.Tensor, term: TensorTerm, attention: Attention,

@@ -1,12 +1,15 @@
 """Recognised attention (rewrite/online_softmax.py) as one Triton kernel: the forward of
-FlashAttention-2.  One program per block of query rows of one batch element; it streams
+FlashAttention-2 (its backward: attention_backward.py).  One program per block of query rows of one batch element; it streams
 the key and value blocks with a running max, a running denominator and a rescaled
 accumulator (the softmax-weighted-sum monoid), so nothing N x N exists.
 
 * scores in the log2 domain: log2(e) is folded into the scale, weights are ``exp2``;
-* a causal mask (``j <= i`` or ``j < i``) never visits key blocks past the diagonal and
-  masks only the blocks that straddle it (and the key tail); rows of the last blocks are
-  launched first, so the longest programs start earliest;
+* a causal mask (``j <= i`` or ``j < i``), or any band ``lower <= j - i <= upper`` (a
+  window), never visits key blocks outside it and masks only the blocks that straddle
+  its edges (and the key tail); rows of the last blocks are launched first, so the
+  longest programs start earliest;
+* the scores' additive terms (a padding mask, a bias, ALiBi's slopes: attention_terms.py)
+  are read by the kernel per block through their strides, after the scale;
 * float16/bfloat16 operands go to ``tl.dot`` as they are (float32 accumulation; the
   weights are rounded to the input dtype for the weights x value dot, as flash kernels
   do); float32 dots are IEEE-exact (``input_precision="ieee"``); the result is stored in
@@ -38,6 +41,7 @@ import numpy as np
 import triton
 
 from .attention_kernel import EXPONENT_BITS, _attention_forward
+from .attention_terms import KernelTerms, plain_terms, resolve
 from .launch import PreparedLaunch
 
 MAX_HEAD_DIM = 128      # D and E up to this (padded to a power of two, at least 16)
@@ -143,34 +147,44 @@ def fits(shape, strides) -> bool:
 
 def launch(query: Operand, key: Operand, value: Operand, out: Operand,
            batch: Tuple[int, int], rows: int, keys: int, dot: int, features: int,
-           score_scale: float, mask: int, normalised: bool, interpreted: bool) -> Config:
+           score_scale: float, mask: int, normalised: bool, interpreted: bool,
+           terms: Optional[KernelTerms] = None, lse=None) -> Config:
     """Run the kernel: ``out`` (B1, B2, rows, features) from query (B1, B2, rows, dot),
     key (B1, B2, keys, dot) and value (B1, B2, keys, features); ``score_scale`` is the
-    scores' factor with log2(e) folded in; ``mask`` 0 none, 1 ``j <= i``, 2 ``j < i``.
-    Returns the configuration it ran with."""
+    scores' factor with log2(e) folded in; ``mask`` 0 none, 1 ``j <= i``, 2 ``j < i``
+    where ``terms`` (backends/triton/attention_terms.py: the scores' terms and band) is
+    None; ``lse``, a contiguous (B1, B2, rows) float32 tensor, receives each row's
+    log2-sum-exp2 of its scores (the backward's).  Returns the configuration it ran
+    with."""
     dtype_name = str(query.tensor.dtype).rsplit(".", 1)[-1]
     config = choose_config(dtype_name, max(dot, features), interpreted)
+    if terms is None:
+        terms = plain_terms(mask)
     grid = (triton.cdiv(rows, config.block_m), batch[0], batch[1])
     device = out.tensor.device
-    signature = (grid, dot, features, config, mask, normalised, dtype_name, interpreted,
-                 device)
+    signature = (grid, dot, features, config, terms.signature, lse is not None, normalised,
+                 dtype_name, interpreted, device)
     launcher = _launchers.get(signature)
     if launcher is None:
         launcher = PreparedLaunch(
             _attention_forward, grid, dict(num_warps=config.warps, num_stages=config.stages),
             dict(DOT=dot, FEATURES=features, BLOCK_D=_padded(dot),
                  BLOCK_E=_padded(features), BLOCK_M=config.block_m,
-                 BLOCK_N=config.block_n, MASK=mask, NORMALISED=normalised,
+                 BLOCK_N=config.block_n, NORMALISED=normalised, STORE_LSE=lse is not None,
                  EXACT=dtype_name == "float32",
                  UPCAST=interpreted and dtype_name == "bfloat16",
-                 EXPONENT=EXPONENT_BITS[dtype_name]),
+                 EXPONENT=EXPONENT_BITS[dtype_name], **terms.constants),
             device.index if device.type == "cuda" else None)
         if len(_launchers) >= _PLANS_KEPT:
             _launchers.clear()
         _launchers[signature] = launcher
+    # (an unused slot's pointer: an operand the kernel never reads there)
+    slots = [query.tensor if a is None else a for a in terms.tensor_args + terms.index_args]
+    lse_strides = (lse.stride(0), lse.stride(1)) if lse is not None else (0, 0)
     launcher(query.tensor, key.tensor, value.tensor, out.tensor,
+             out.tensor if lse is None else lse,
              score_scale, *query.strides, *key.strides, *value.strides, *out.strides,
-             rows, keys)
+             *lse_strides, rows, keys, terms.lower, terms.upper, *slots)
     return config
 
 
@@ -215,7 +229,7 @@ def route(options, named, operand_names) -> Optional[AttentionTarget]:
 
 
 def run(attention, named, scale_of, route_taken: AttentionTarget,
-        finite_values: bool = False):
+        finite_values: bool = False, lse: Optional[list] = None):
     """The attention's output for this call (a torch tensor for torch callers, a NumPy
     array for NumPy callers), or None where the statements must run: not one supported
     float dtype, extents that disagree or are empty, offsets past int32.
@@ -257,8 +271,14 @@ def run(attention, named, scale_of, route_taken: AttentionTarget,
         return None
     if route_taken is AttentionTarget.GPU and tensors[0].device.type == "cpu":
         tensors = [t.cuda() for t in tensors]
+    terms = None
+    if not attention.plain:
+        terms = resolve(attention, named, tensors[0], extents, batch_axes(attention))
+        if isinstance(terms, str):
+            return None
     out = _launch_call(attention, tensors, extents, score_scale,
-                       route_taken is AttentionTarget.INTERPRETER, finite_values)
+                       route_taken is AttentionTarget.INTERPRETER, finite_values, terms,
+                       lse)
     if out is None:
         return None
     if numpy_caller:
@@ -280,6 +300,42 @@ def _score_scale(attention, scale: float) -> Optional[float]:
 
 
 _LOG2E = np.float32(1.4426950408889634)
+
+
+def folded_scale(attention, scale: float) -> Optional[float]:
+    """The kernel's scale (log2(e) folded in) for the call's scale."""
+    return _score_scale(attention, scale)
+
+
+def batch_axes(attention) -> Tuple[Tuple[str, ...], Tuple[str, ...]]:
+    """The batch indices the launch grid's two batch axes stand for (_canonical_view:
+    all but the last merged into the first)."""
+    batch = attention.batch
+    if len(batch) <= 1:
+        return (), tuple(batch)
+    return tuple(batch[:-1]), (batch[-1],)
+
+
+def terms_reason(attention, named) -> Optional[str]:
+    """Why the kernel does not take this call's scores' terms or band (for explain), or
+    None where it does (or the scores are plain)."""
+    if attention.plain:
+        return None
+    import torch
+    query = named.get(attention.query)
+    if type(query) is np.ndarray:
+        query = torch.from_numpy(np.ascontiguousarray(query))
+    if not isinstance(query, torch.Tensor):
+        return None
+    from ...rewrite.attention_layout import shape_extents
+    arrays = [named.get(n) for n in (attention.query, attention.key, attention.value)]
+    if not all(hasattr(a, "shape") and hasattr(a, "ndim") for a in arrays):
+        return None
+    extents = shape_extents(attention, arrays)
+    if extents is None:
+        return None
+    found = resolve(attention, named, query, extents, batch_axes(attention))
+    return found if isinstance(found, str) else None
 
 
 def _canonical_view(tensor, indices, order, batch_rank: int):
@@ -341,13 +397,15 @@ def _direct_plan(attention, tensors, extents) -> Optional[_Plan]:
 
 
 def _launch_call(attention, tensors, extents, score_scale: float, interpreted: bool,
-                 finite_values: bool = False):
+                 finite_values: bool = False, terms: Optional[KernelTerms] = None,
+                 lse: Optional[list] = None):
     import torch
     from ...rewrite.online_softmax import MaskKind
     from ...rewrite.attention_layout import operand_layouts
-    plan = _direct_plan(attention, tensors, extents)
+    plan = _direct_plan(attention, tensors, extents) if lse is None else None
     if plan is not None:
-        return _launch(attention, plan, tensors, score_scale, interpreted, finite_values)
+        return _launch(attention, plan, tensors, score_scale, interpreted, finite_values,
+                       terms)
     batch_rank = len(attention.batch)
     views = [_canonical_view(t, indices, order, batch_rank)
              for t, (order, indices) in zip(tensors, operand_layouts(attention))]
@@ -363,12 +421,19 @@ def _launch_call(attention, tensors, extents, score_scale: float, interpreted: b
     if not all(fits(v.shape, v.stride()) for v in views + [out_view]):
         return None
     q, k, v = views
-    mask = {MaskKind.NONE: 0, MaskKind.CAUSAL: 1, MaskKind.STRICT_CAUSAL: 2}[attention.mask]
+    mask = {MaskKind.NONE: 0, MaskKind.CAUSAL: 1, MaskKind.STRICT_CAUSAL: 2,
+            MaskKind.BAND: 0}[attention.mask]
+    rows_lse = None
+    if lse is not None:
+        rows_lse = torch.empty(tuple(q.shape[:3]), dtype=torch.float32, device=q.device)
     if not _launched(out.device, tensors[2] if finite_values else None,
                      *(Operand(x, tuple(x.stride())) for x in (q, k, v, out_view)),
                      tuple(q.shape[:2]), q.shape[2], k.shape[2], q.shape[3], v.shape[3],
-                     score_scale, mask, attention.normalised, interpreted):
+                     score_scale, mask, attention.normalised, interpreted, terms,
+                     rows_lse):
         return None      # the result is dropped: the statements run
+    if lse is not None:
+        lse.extend([rows_lse, (q, k, v, out_view), terms or plain_terms(mask)])
     if staged:
         shaped = out_view.reshape([extents[n] for n in out_order])
         out.copy_(shaped.permute([out_order.index(n) for n in attention.output_indices]))
@@ -379,7 +444,7 @@ _MASK_MODES = {"none": 0, "j <= i": 1, "j < i": 2}     # MaskKind's values
 
 
 def _launch(attention, plan: _Plan, tensors, score_scale: float, interpreted: bool,
-            finite_values: bool = False):
+            finite_values: bool = False, terms: Optional[KernelTerms] = None):
     """The launch of a cached plan: the operands as they are, with the plan's strides."""
     import torch
     out = torch.empty(plan.out_shape, dtype=tensors[0].dtype, device=tensors[0].device)
@@ -387,7 +452,8 @@ def _launch(attention, plan: _Plan, tensors, score_scale: float, interpreted: bo
                      *(Operand(x, strides) for x, strides in zip(
                          (tensors[0], tensors[1], tensors[2], out), plan.strides)),
                      plan.batch, *plan.extents, score_scale,
-                     _MASK_MODES[attention.mask.value], attention.normalised, interpreted):
+                     _MASK_MODES.get(attention.mask.value, 0), attention.normalised,
+                     interpreted, terms):
         return None      # the result is dropped: the statements run
     return out
 
