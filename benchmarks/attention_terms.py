@@ -10,8 +10,9 @@ rounds; the figure printed is SDPA's time over einfuse's (above 1: einfuse is fa
 SDPA gets the same scores as a float ``attn_mask`` computed outside the timing (or
 ``is_causal`` for the plain causal case).  Each program's output is checked against
 SDPA's before it is timed.  ``--cpu avx2`` builds einfuse for AVX2 + FMA
-(EINFUSE_CPU=avx2) and runs torch's AVX2 kernels (ATEN_CPU_CAPABILITY=avx2), as on a
-Zen 3 host; it must be given on the command line, before torch and einfuse load."""
+(EINFUSE_CPU=avx2) and runs torch's AVX2 kernels and GEMMs (ATEN_CPU_CAPABILITY,
+MKL_ENABLE_INSTRUCTIONS, ONEDNN_MAX_CPU_ISA; without them MKL's sgemm under SDPA
+still runs AVX-512), as on a Zen 3 host; it must be given on the command line, before torch and einfuse load."""
 
 from __future__ import annotations
 
@@ -36,8 +37,10 @@ ARGS = _arguments() if __name__ == "__main__" else None
 os.environ["OMP_NUM_THREADS"] = "1"
 if ARGS is not None and ARGS.cpu:
     os.environ["EINFUSE_CPU"] = ARGS.cpu
-    if ARGS.cpu == "avx2":
+    if ARGS.cpu == "avx2":      # torch's kernels and its GEMMs (MKL, oneDNN) as well
         os.environ["ATEN_CPU_CAPABILITY"] = "avx2"
+        os.environ["MKL_ENABLE_INSTRUCTIONS"] = "AVX2"
+        os.environ["ONEDNN_MAX_CPU_ISA"] = "AVX2"
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402

@@ -37,6 +37,7 @@ from typing import Dict
 
 import numpy as np
 
+from . import attention_softmax as softmax
 from . import build as c_build
 from .attention import TERMS
 from ...plan.blocking import attention_block
@@ -50,6 +51,7 @@ typedef %(ctype)s T;
 #define VW %(lanes)d
 #define RB %(rows)d
 #define CV %(vectors)d
+#define EF_DOUBLE %(double)d
 #define BQ 64
 #define BK 64
 typedef T vT __attribute__((vector_size(VW * sizeof(T))));
@@ -66,6 +68,7 @@ static inline void ef_store(T *p, vT v) { memcpy(p, &v, sizeof v); }
 #endif
 static inline long ef_min(long a, long b) { return a < b ? a : b; }
 static inline long ef_max(long a, long b) { return a > b ? a : b; }
+%(exp_source)s
 %(terms)s
 static inline T *ef_alloc(long n) {
   return aligned_alloc(64, ((size_t)(n > 0 ? n : 1) * sizeof(T) + 63) / 64 * 64);
@@ -231,24 +234,17 @@ int ef_attention_backward(const T *Q, const T *K, const T *V, const T *O, const 
             if (nterms && seen > first) {      /* the scores with their terms */
               for (long c = first; c < seen; ++c) pr[c] = ef_scaled(pr[c], scale, scale_mode);
               ef_add_terms(pr + first, seen - first, g, i, j0 + first, G, nterms, term_data,
-                           term_offsets, term_info);
+                           term_offsets, term_info, BQ);
               mode = 0;
             }
-            /* exp is not asked about a hidden key (its score may be -inf: the vector
-               exp's slow path); ``keep`` goes through memory so that the compiler
-               cannot fold exp(shown ? x : 0) back into exp(x) (c_attention.py) */
-            T keep[BK];
+            /* a hidden key weighs 0; so does a score below top + EF_CUT (its weight
+               would be subnormal: backends/c/attention_softmax.py, as the forward) */
             #pragma omp simd
             for (long c = 0; c < BK; ++c) {
               const T s = mode == 1 ? pr[c] * scale : (mode == 2 ? pr[c] / scale : pr[c]);
-              pr[c] = s;
-              keep[c] = c < seen && c >= first && s != -INFINITY ? (T)1 : (T)0;
-            }
-            #pragma omp simd
-            for (long c = 0; c < BK; ++c) {
+              const T shown = c < seen && c >= first ? (T)1 : (T)0;
               /* (top, the row's log-sum-exp, is finite here: the runtime checks) */
-              const T x = keep[c] != 0 ? pr[c] : top;
-              const T w = %(exp)s(x - top) * keep[c];
+              const T w = ef_sexp((shown != 0 ? s : top) - top) * shown;
               pr[c] = w;
               dsr[c] = w * (dsr[c] - di);
             }
@@ -289,9 +285,9 @@ def source(dtype: np.dtype) -> str:
             c_build.vector_math_declarations("", "double")
     return _TEMPLATE % {"ctype": "float" if single else "double",
                         "lanes": block.lanes, "rows": block.rows,
-                        "vectors": block.vectors,
-                        "declarations": declarations, "exp": "expf" if single else "exp",
-                        "terms": TERMS}
+                        "vectors": block.vectors, "double": int(not single),
+                        "exp_source": softmax.exp_source(block.lanes),
+                        "declarations": declarations, "terms": TERMS}
 
 
 def backward_function(dtype: np.dtype):
