@@ -127,6 +127,14 @@ static void ef_product(const T *restrict A, long sm, long sk, const T *restrict 
                        T *restrict C, long ldc, long M, long N, long KD) {
   long m0 = 0;
   EF_ROWS(RB)
+  /* (the rows left of a block of 64: 4 with RB = 6, run as one block of 4 rather than
+     4 single rows, which load a vector per multiply-add) */
+#if RB > 4
+  EF_ROWS(4)
+#endif
+#if RB > 2
+  EF_ROWS(2)
+#endif
   EF_ROWS(1)
 }
 
@@ -181,6 +189,9 @@ int ef_attention_backward(const T *Q, const T *K, const T *V, const T *O, const 
   const T scale = (T)scale_in;
   int failed = 0;
   if (threads <= 0) threads = omp_get_max_threads();
+  long *order = malloc(sizeof(long) * (size_t)(G > 0 ? G : 1));
+  if (!order) return 1;
+  ef_order_items(order, G, 1, nterms, term_offsets, term_info);
   #pragma omp parallel num_threads(threads)
   {
     T *kt = ef_alloc(D * BK), *vt = ef_alloc(E * BK);
@@ -192,8 +203,9 @@ int ef_attention_backward(const T *Q, const T *K, const T *V, const T *O, const 
       failed = 1;
     }
     #pragma omp for schedule(dynamic)
-    for (long g = 0; g < G; ++g) {
+    for (long w = 0; w < G; ++w) {
       if (!ok) continue;
+      const long g = order[w];
       const T *q = Q + g * NQ * D, *k = K + g * NK * D, *v = V + g * NK * E;
       const T *o = O + g * NQ * E, *go = dO + g * NQ * E, *lse = LSE + g * NQ;
       T *gq = dQ + g * NQ * D, *gk = dK + g * NK * D, *gv = dV + g * NK * E;
@@ -267,6 +279,7 @@ int ef_attention_backward(const T *Q, const T *K, const T *V, const T *O, const 
     }
     free(kt); free(vt); free(p); free(ds); free(dkb); free(dvb); free(delta);
   }
+  free(order);
   return failed;
 }
 """
