@@ -14,11 +14,13 @@ block
 2. computes the scores block Q K^T with register blocking (RB rows x CV vectors of
    accumulators, the d loop innermost over a broadcast query value; RB and CV chosen
    from the machine's register file by plan/blocking.py);
-3. applies the scale, adds the scores' terms (a padding mask or bias read in place per
-   block, ALiBi-like index terms; ``TERMS``), hides the keys outside the band and
-   updates the running max, the running
-   denominator and the rescaled accumulator (the softmax-weighted-sum monoid of
-   rewrite/monoids.py): a score of -inf weighs 0 until the end, and a row whose max is
+3. applies the scale (as the scores are stored), adds the scores' terms (a padding
+   mask or bias read in place per block, its next block prefetched; ALiBi-like index
+   terms; ``TERMS``), hides the keys outside the band and updates the running max, the
+   running denominator and the rescaled accumulator (the softmax-weighted-sum monoid
+   of rewrite/monoids.py) -- RB rows at a time on whole vectors where each sees the
+   whole block, else row by row (attention_softmax.py, which also says why a weight
+   under exp(-87) is 0): a score of -inf weighs 0 until the end, and a row whose max is
    -inf at the end (no finite score, every key masked) is NaN, as one-by-one is;
 4. adds the weights times the value block to the accumulator (register-blocked again).
 
