@@ -2,16 +2,23 @@
 that see a whole key block updated together with an inlined exp, a weight below
 exp(-87) (float32) / exp(-708) (float64) taken as 0, NaN kept, the work items of a bias
 broadcast over a batch axis reordered -- checked against a float64 NumPy mirror of the
-statements and torch autograd, and for the same bits at every thread count."""
+statements and torch autograd, and for the same bits at every thread count; on the AVX2
+build and the host's, each in a child process."""
+
+import os
+import subprocess
+import sys
 
 import numpy as np
 import pytest
 
 import einfuse as ef
+from einfuse.analysis import machine as machine_module
 from einfuse.backends.c import build as c_build
 
 torch = pytest.importorskip("torch")
 pytestmark = pytest.mark.skipif(c_build.find_compiler() is None, reason="no C compiler")
+HOST_FLAGS = machine_module._cpu_flags()
 
 SOFTMAX = ("\nm[b,h,i] := max[j](S[b,h,i,j])\nP[b,h,i,j] := exp(S[b,h,i,j] - m[b,h,i])\n"
            "O[b,h,i,e] := sum[j](P[b,h,i,j] * V[b,h,j,e]) / sum[j](P[b,h,i,j])")
@@ -136,3 +143,63 @@ def test_bias_broadcast_over_the_batch_same_bits_for_every_thread_count():
         assert np.array_equal(found[0], other)
     np.testing.assert_allclose(found[0], mirror(Q, K, V, 0.3, bias=bias), rtol=2e-5,
                                atol=2e-6)
+
+
+CHILD = r"""
+import numpy as np, torch
+import einfuse as ef
+from einfuse.plan.blocking import attention_block
+data = dict(np.load(IN))
+out = {"lanes": attention_block(np.dtype(np.float32)).lanes}
+for dtype in ("float32", "float64"):
+    Q, K, V = (data[n].astype(dtype) for n in "QKV")
+    out[f"plain_{dtype}"] = ef.ein(PLAIN, Q=Q, K=K, V=V, scale=0.4, backend="c")
+    out[f"alibi_{dtype}"] = ef.ein(ALIBI, Q=Q, K=K, V=V, slope=data["slope"].astype(dtype),
+                                   scale=0.25, backend="c")
+    out[f"bias_{dtype}"] = ef.ein(BIAS, Q=Q, K=K, V=V, bias=data["bias"].astype(dtype),
+                                  scale=0.3, backend="c")
+tensors = [torch.from_numpy(data[n]).requires_grad_() for n in "QKV"]
+result = ef.ein(ALIBI, Q=tensors[0], K=tensors[1], V=tensors[2],
+                slope=torch.from_numpy(data["slope"]), scale=0.25)
+for name, grad in zip("QKV", torch.autograd.grad((result * result).sum(), tensors)):
+    out[f"grad_{name}"] = grad.numpy()
+np.savez(OUT, **out)
+"""
+
+
+@pytest.mark.parametrize("target", [
+    pytest.param("avx2", marks=pytest.mark.skipif(not {"avx2", "fma", "bmi2"} <= HOST_FLAGS,
+                                                  reason="the host runs no AVX2")),
+    "native"])
+def test_the_vector_step_on_each_instruction_set(target, tmp_path):
+    # the vector width decides the reductions' shuffles, the row groups and BK's
+    # vectors: the AVX2 build (8 float32 lanes) and the host's, each in a child process
+    rng = np.random.default_rng(9)
+    Q, K, V = (rng.standard_normal((1, 2, 140, 16)).astype(np.float32) for _ in range(3))
+    slope = np.array([1.0, 4.0], np.float32)
+    bias = rng.standard_normal((2, 140, 140)).astype(np.float32)
+    bias[:, :, :70] = -np.inf
+    source, found = tmp_path / "in.npz", tmp_path / "out.npz"
+    np.savez(source, Q=Q, K=K, V=V, slope=slope, bias=bias)
+    script = (f"IN = {str(source)!r}\nOUT = {str(found)!r}\nPLAIN = {PLAIN!r}\n"
+              f"ALIBI = {ALIBI!r}\nBIAS = {BIAS!r}\n" + CHILD)
+    env = dict(os.environ, EINFUSE_CPU=target, OMP_NUM_THREADS="2")
+    subprocess.run([sys.executable, "-c", script], env=env, check=True, timeout=900)
+    out = np.load(found)
+    if target == "avx2":
+        assert int(out["lanes"]) == 8
+    for dtype, tolerance in (("float32", 2e-5), ("float64", 1e-12)):
+        for name, want in (("plain", mirror(Q, K, V, 0.4)),
+                           ("alibi", mirror(Q, K, V, 0.25, slope=slope, causal=True)),
+                           ("bias", mirror(Q, K, V, 0.3, bias=bias))):
+            np.testing.assert_allclose(out[f"{name}_{dtype}"], want, rtol=tolerance,
+                                       atol=tolerance)
+    reference = [torch.from_numpy(a).double().requires_grad_() for a in (Q, K, V)]
+    i, j = np.arange(140)[:, None], np.arange(140)[None, :]
+    mask = torch.from_numpy(np.where(j <= i, slope[:, None, None].astype(np.float64) *
+                                     (j - i), -np.inf)[None])
+    result = torch.nn.functional.scaled_dot_product_attention(*reference, attn_mask=mask,
+                                                              scale=0.25)
+    want = torch.autograd.grad((result * result).sum(), reference)
+    for name, grad in zip("QKV", want):
+        np.testing.assert_allclose(out[f"grad_{name}"], grad.numpy(), rtol=1e-4, atol=1e-5)
