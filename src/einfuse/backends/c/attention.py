@@ -14,11 +14,13 @@ block
 2. computes the scores block Q K^T with register blocking (RB rows x CV vectors of
    accumulators, the d loop innermost over a broadcast query value; RB and CV chosen
    from the machine's register file by plan/blocking.py);
-3. applies the scale, adds the scores' terms (a padding mask or bias read in place per
-   block, ALiBi-like index terms; ``TERMS``), hides the keys outside the band and
-   updates the running max, the running
-   denominator and the rescaled accumulator (the softmax-weighted-sum monoid of
-   rewrite/monoids.py): a score of -inf weighs 0 until the end, and a row whose max is
+3. applies the scale (as the scores are stored), adds the scores' terms (a padding
+   mask or bias read in place per block, its next block prefetched; ALiBi-like index
+   terms; ``TERMS``), hides the keys outside the band and updates the running max, the
+   running denominator and the rescaled accumulator (the softmax-weighted-sum monoid
+   of rewrite/monoids.py) -- RB rows at a time on whole vectors where each sees the
+   whole block, else row by row (attention_softmax.py, which also says why a weight
+   under exp(-87) is 0): a score of -inf weighs 0 until the end, and a row whose max is
    -inf at the end (no finite score, every key masked) is NaN, as one-by-one is;
 4. adds the weights times the value block to the accumulator (register-blocked again).
 
@@ -36,6 +38,7 @@ from typing import Dict
 
 import numpy as np
 
+from . import attention_softmax as softmax
 from . import build as c_build
 from ...plan.blocking import attention_block
 
@@ -48,9 +51,12 @@ typedef %(ctype)s T;
 #define VW %(lanes)d
 #define RB %(rows)d
 #define CV %(vectors)d
-/* BQ rows per block, a multiple of RB; BK keys, a multiple of CV vectors */
+#define EF_DOUBLE %(double)d
+#define EF_EXP %(exp)s
+/* BQ rows per block, a multiple of RB; BK keys, a multiple of CV vectors (64 or more:
+   the per-block work of the online softmax is paid per BK keys) */
 #define BQ (RB * ((64 + RB - 1) / RB))
-#define BK (CV * VW * ((4 + CV - 1) / CV))
+#define BK (CV * VW * ((64 + CV * VW - 1) / (CV * VW)))
 typedef T vT __attribute__((vector_size(VW * sizeof(T))));
 %(declarations)s
 static inline vT ef_load(const T *p) { vT v; memcpy(&v, p, sizeof v); return v; }
@@ -64,6 +70,7 @@ static inline vT ef_load(const T *p) { vT v; memcpy(&v, p, sizeof v); return v; 
 #define EF_KEEP(v) ((void)0)
 #endif
 static inline void ef_store(T *p, vT v) { memcpy(p, &v, sizeof v); }
+%(softmax)s
 static inline long ef_min(long a, long b) { return a < b ? a : b; }
 static inline long ef_max(long a, long b) { return a > b ? a : b; }
 static inline long ef_round(long n) { return (n + VW - 1) / VW * VW; }
@@ -88,38 +95,28 @@ int ef_attention_finite(const T *v, long n, int threads) {
 
 %(terms)s
 
-/* One row of a scores block, its first ``seen`` keys visible: scaled, then replaced by
-   the weights exp(s - top) (0 for a score of -inf and for the keys not seen); returns
-   top, the running max after these keys (from ``old``), and their weights' sum.
-   Inlined twice: for whole blocks (seen == BK, loops of constant length) and the rest. */
+/* One row of a scores block (scaled, terms added), its first ``seen`` keys visible:
+   replaced by the weights exp(s - top) (0 for a score of -inf or below top + EF_CUT,
+   backends/c/attention_softmax.py, and for the keys not seen); returns top, the running
+   max after these keys (from ``old``), and their weights' sum. */
 static inline __attribute__((always_inline)) T ef_weights(
-    T *restrict sr, const long seen, const T scale, const int scale_mode, const T old,
-    T *sum) {
-  if (scale_mode == 1) for (long c = 0; c < seen; ++c) sr[c] = sr[c] * scale;
-  else if (scale_mode == 2) for (long c = 0; c < seen; ++c) sr[c] = sr[c] / scale;
+    T *restrict sr, const long seen, const T old, T *sum) {
   T top = old;
   /* (a vector max may drop a NaN score; exp(NaN - top) below still makes the row NaN,
      as max[j] would) */
   #pragma omp simd reduction(max:top)
   for (long c = 0; c < seen; ++c) top = sr[c] > top ? sr[c] : top;
   T total = 0;
-  /* a score of -inf (a masked key) weighs 0, and exp is not asked about it: the vector
-     exp takes a slow scalar path for such an argument.  ``keep`` goes through memory
-     so that the compiler cannot fold exp(hidden ? 0 : x) back into exp(x). */
-  T keep[BK];
-  #pragma omp simd
-  for (long c = 0; c < seen; ++c) keep[c] = sr[c] == -INFINITY ? (T)0 : (T)1;
   if (top == -INFINITY) {      /* every score so far -inf (or NaN, which stays NaN) */
     for (long c = 0; c < seen; ++c) {
-      const T p = keep[c] == 0 ? (T)0 : %(exp)s(sr[c] - top);
+      const T p = sr[c] == -INFINITY ? (T)0 : %(exp)s(sr[c] - top);
       sr[c] = p;
       total += p;
     }
   } else {
     #pragma omp simd reduction(+:total)
     for (long c = 0; c < seen; ++c) {
-      const T x = sr[c] == -INFINITY ? top : sr[c];     /* exp(0) for a hidden key */
-      const T p = %(exp)s(x - top) * keep[c];
+      const T p = ef_sexp(sr[c] - top);
       sr[c] = p;
       total += p;
     }
@@ -127,6 +124,24 @@ static inline __attribute__((always_inline)) T ef_weights(
   for (long c = seen; c < BK; ++c) sr[c] = 0;
   *sum = total;
   return top;
+}
+
+/* The online softmax update of row r of the block, its keys first <= c < seen visible
+   (0 <= first < seen): the others hidden, the weights, the running state, the
+   accumulator's row rescaled. */
+static inline void ef_row_update(T *restrict sr, const long first, const long seen,
+                                 T *restrict mr, vT *restrict lr, T *restrict ar,
+                                 const long EP) {
+  for (long c = 0; c < first; ++c) sr[c] = -INFINITY;
+  T total;
+  const T top = seen == BK ? ef_weights(sr, BK, *mr, &total)
+                           : ef_weights(sr, seen, *mr, &total);
+  const T rescale = top == *mr ? (T)1 : ef_sexp(*mr - top);
+  *lr = *lr * rescale;        /* (the denominator's lanes: ef_group_update) */
+  (*lr)[0] += total;
+  *mr = top;
+  if (rescale != 1)
+    for (long e = 0; e < EP; ++e) ar[e] *= rescale;
 }
 
 /* scale_mode: 0 none, 1 multiply, 2 divide; row i sees the keys j with lo <= j - i <= hi;
@@ -145,7 +160,9 @@ int ef_attention(const T *Q, const T *K, const T *V, T *O, T *LSE, long G, long 
   const long kblocks = (NK + BK - 1) / BK;
   /* every key block transposed once, zero-padded to BK keys: (G, kblocks, D, BK) */
   T *kt_all = ef_alloc(G * kblocks * D * BK);
-  if (!kt_all) return 1;
+  long *items = malloc(sizeof(long) * (size_t)(G * blocks));
+  if (!kt_all || !items) { free(kt_all); free(items); return 1; }
+  ef_order_items(items, G, blocks, nterms, term_offsets, term_info);
   #pragma omp parallel num_threads(threads)
   {
     #pragma omp for collapse(2) schedule(static)
@@ -163,21 +180,22 @@ int ef_attention(const T *Q, const T *K, const T *V, T *O, T *LSE, long G, long 
     T *vb = ef_alloc(BK * EP);
     T *s = ef_alloc(BQ * BK);
     T *acc = ef_alloc(BQ * EP);
-    T m[BQ], l[BQ];
+    T m[BQ];
+    vT l[BQ];
     int ok = qb && vb && s && acc;
     if (!ok) {
       #pragma omp atomic write
       failed = 1;
     }
-    #pragma omp for collapse(2) schedule(dynamic)
-    for (long g = 0; g < G; ++g)
-      for (long ib = 0; ib < blocks; ++ib) {
+    #pragma omp for schedule(dynamic)
+    for (long w = 0; w < G * blocks; ++w) {
         if (!ok) continue;
+        const long g = items[w] / blocks, ib = items[w] %% blocks;
         const long i0 = ib * BQ, rows = ef_min(BQ, NQ - i0);
         const T *q = Q + (g * NQ + i0) * D;
         memcpy(qb, q, sizeof(T) * (size_t)(rows * D));
         memset(qb + rows * D, 0, sizeof(T) * (size_t)((BQ - rows) * D));
-        for (long r = 0; r < BQ; ++r) { m[r] = -INFINITY; l[r] = 0; }
+        for (long r = 0; r < BQ; ++r) { m[r] = -INFINITY; l[r] = (vT){0}; }
         memset(acc, 0, sizeof(T) * (size_t)(BQ * EP));
         /* the key blocks some row of the block sees */
         const long jend = ef_min(NK, i0 + rows + hi);
@@ -219,37 +237,48 @@ int ef_attention(const T *Q, const T *K, const T *V, T *O, T *LSE, long G, long 
                   for (int x = 0; x < CV; ++x) a[rr][x] += qv * k[x];
                 }
               }
+              /* scaled as the statements scale (the same operation, once) */
+              if (scale_mode == 1) {
+                #pragma GCC unroll 16
+                for (int rr = 0; rr < RB; ++rr)
+                  #pragma GCC unroll 8
+                  for (int x = 0; x < CV; ++x) a[rr][x] = a[rr][x] * scale;
+              } else if (scale_mode == 2) {
+                #pragma GCC unroll 16
+                for (int rr = 0; rr < RB; ++rr)
+                  #pragma GCC unroll 8
+                  for (int x = 0; x < CV; ++x) a[rr][x] = a[rr][x] / scale;
+              }
               #pragma GCC unroll 16
               for (int rr = 0; rr < RB; ++rr)
                 #pragma GCC unroll 8
                 for (int x = 0; x < CV; ++x) ef_store(s + (r0 + rr) * BK + x0 + x * VW, a[rr][x]);
             }
-          /* the online softmax update of each row */
-          for (long r = 0; r < padded_rows; ++r) {
-            T *sr = s + r * BK;
-            const long i = i0 + r;
-            /* the keys c of the block row i sees: first <= c < seen */
-            const long seen = r < rows ? ef_min(cols, i + hi - j0 + 1) : 0;
-            const long first = ef_max(0, i + lo - j0);
-            if (seen <= first) { memset(sr, 0, sizeof(T) * BK); continue; }
-            T total, top;
-            if (nterms || first) {
-              if (scale_mode == 1) for (long c = first; c < seen; ++c) sr[c] *= scale;
-              else if (scale_mode == 2) for (long c = first; c < seen; ++c) sr[c] /= scale;
-              ef_add_terms(sr + first, seen - first, g, i, j0 + first, G, nterms, term_data,
-                           term_offsets, term_info);
-              for (long c = 0; c < first; ++c) sr[c] = -INFINITY;
-              top = ef_weights(sr, seen, scale, 0, m[r], &total);
-            } else {
-              top = seen == BK ? ef_weights(sr, BK, scale, scale_mode, m[r], &total)
-                               : ef_weights(sr, seen, scale, scale_mode, m[r], &total);
+          /* the online softmax update of each row: RB rows together where each sees
+             every key of the block, else row by row */
+          for (long r0 = 0; r0 < padded_rows; r0 += RB) {
+            const long top_row = i0 + r0 + RB - 1;
+            const int whole = r0 + RB <= rows && cols == BK &&
+                              i0 + r0 + hi - j0 + 1 >= BK && top_row + lo - j0 <= 0;
+            if (whole) {
+              if (nterms)
+                for (long r = r0; r < r0 + RB; ++r)
+                  ef_add_terms(s + r * BK, BK, g, i0 + r, j0, G, nterms, term_data,
+                               term_offsets, term_info, 0);
+              if (ef_group_update(s + r0 * BK, m + r0, l + r0, acc + r0 * EP, EP))
+                continue;
             }
-            const T rescale = top == m[r] ? (T)1 : %(exp)s(m[r] - top);
-            l[r] = l[r] * rescale + total;
-            m[r] = top;
-            if (rescale != 1) {
-              T *ar = acc + r * EP;
-              for (long e = 0; e < EP; ++e) ar[e] *= rescale;
+            for (long r = r0; r < r0 + RB; ++r) {
+              T *sr = s + r * BK;
+              const long i = i0 + r;
+              /* the keys c of the block row i sees: first <= c < seen */
+              const long seen = r < rows ? ef_min(cols, i + hi - j0 + 1) : 0;
+              const long first = ef_max(0, i + lo - j0);
+              if (seen <= first) { memset(sr, 0, sizeof(T) * BK); continue; }
+              if (nterms && !whole)
+                ef_add_terms(sr + first, seen - first, g, i, j0 + first, G, nterms,
+                             term_data, term_offsets, term_info, 0);
+              ef_row_update(sr, first, seen, m + r, l + r, acc + r * EP, EP);
             }
           }
           /* acc[r][e] += sum_c p[r][c] * v[c][e] */
@@ -296,13 +325,14 @@ int ef_attention(const T *Q, const T *K, const T *V, T *O, T *LSE, long G, long 
           }
         }
         for (long r = 0; r < rows; ++r) {
-          if (LSE) LSE[g * NQ + i0 + r] = m[r] + %(log)s(l[r]);
+          const T denominator = ef_hsum(l[r]);
+          if (LSE) LSE[g * NQ + i0 + r] = m[r] + %(log)s(denominator);
           T *o = O + (g * NQ + i0 + r) * E;
           const T *ar = acc + r * EP;
           if (m[r] == -INFINITY) {       /* every weight exp(-inf - -inf) is NaN */
             for (long e = 0; e < E; ++e) o[e] = NAN;
           } else if (normalise) {
-            for (long e = 0; e < E; ++e) o[e] = ar[e] / l[r];
+            for (long e = 0; e < E; ++e) o[e] = ar[e] / denominator;
           } else {
             for (long e = 0; e < E; ++e) o[e] = ar[e];
           }
@@ -311,6 +341,7 @@ int ef_attention(const T *Q, const T *K, const T *V, T *O, T *LSE, long G, long 
     free(qb); free(vb); free(s); free(acc);
   }
   free(kt_all);
+  free(items);
   return failed;
 }
 """
@@ -323,16 +354,55 @@ int ef_attention(const T *Q, const T *K, const T *V, T *O, T *LSE, long G, long 
 # one value at the offset.  Terms are added in the order written, after the scale, as
 # the statements add them.
 TERMS = r"""
+/* The work items, g * blocks + ib (the backward's: blocks = 1), in the order the
+   threads take them: g by g, but the batch elements that read the same data of the first added tensor (a bias[h,i,j]
+   broadcast over b) next to each other, row block by row block, so that the second
+   finds the bias tile the first brought into the cache (a 2x4x512x64 bias forward read
+   8 MB from L3, now 4).  Only the order: each item's values are the same. */
+typedef struct { long offset, g; } ef_keyed;
+static int ef_keyed_order(const void *a, const void *b) {
+  const ef_keyed *x = a, *y = b;
+  return x->offset != y->offset ? (x->offset < y->offset ? -1 : 1)
+                                : (x->g < y->g ? -1 : x->g > y->g);
+}
+static void ef_order_items(long *items, const long G, const long blocks, const int nterms,
+                           const long *term_offsets, const long *term_info) {
+  int t = 0;
+  while (t < nterms && term_info[7 * t] != 0) ++t;
+  ef_keyed *keyed = t < nterms && G > 1 ? malloc(sizeof(ef_keyed) * (size_t)G) : NULL;
+  if (!keyed) {
+    for (long w = 0; w < G * blocks; ++w) items[w] = w;
+    return;
+  }
+  for (long g = 0; g < G; ++g) keyed[g] = (ef_keyed){term_offsets[t * G + g], g};
+  qsort(keyed, (size_t)G, sizeof(ef_keyed), ef_keyed_order);
+  long w = 0;
+  for (long start = 0, end; start < G; start = end) {
+    for (end = start + 1; end < G && keyed[end].offset == keyed[start].offset; ++end) {}
+    for (long ib = 0; ib < blocks; ++ib)
+      for (long k = start; k < end; ++k) items[w++] = keyed[k].g * blocks + ib;
+  }
+  free(keyed);
+}
+
 static void ef_add_terms(T *restrict sr, const long n, const long g, const long i,
                          const long j0, const long G, const int nterms,
                          const T *const *term_data, const long *term_offsets,
-                         const long *term_info) {
+                         const long *term_info, const long ahead_rows) {
   for (int t = 0; t < nterms; ++t) {
     const long *f = term_info + 7 * t;
     const T *base = term_data[t] + term_offsets[t * G + g];
     if (f[0] == 0) {
       const T *x = base + f[2] * i + f[3] * j0;
       const long sj = f[3];
+      /* the same row's next key block (the forward's order), or the row ahead_rows
+         further on at these keys (the backward's): fetched while this block computes,
+         as a tensor's rows are too far apart for the hardware's prefetcher (a
+         bias[h,i,j] block is BQ rows of BK keys, N apart).  Not for a term broadcast
+         along that axis: its data is the same and already cached. */
+      const long ahead = ahead_rows ? ahead_rows * f[2] : BK * sj;
+      if (ahead && sj == 1)
+        for (long c = 0; c < n; c += 64 / sizeof(T)) __builtin_prefetch(x + ahead + c);
       if (f[1] > 0 && sj == 1) {
         #pragma omp simd
         for (long c = 0; c < n; ++c) sr[c] += x[c];
@@ -388,6 +458,8 @@ def source(dtype: np.dtype) -> str:
             c_build.vector_math_declarations("", "double")
     return _TEMPLATE % {"ctype": "float" if single else "double", "lanes": block.lanes,
                         "rows": block.rows, "vectors": block.vectors,
+                        "double": int(not single), "softmax": softmax.exp_source(block.lanes) +
+                        softmax.GROUP_UPDATE,
                         "declarations": declarations, "exp": "expf" if single else "exp",
                         "log": "logf" if single else "log", "terms": TERMS}
 

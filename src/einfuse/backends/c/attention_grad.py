@@ -37,6 +37,7 @@ from typing import Dict
 
 import numpy as np
 
+from . import attention_softmax as softmax
 from . import build as c_build
 from .attention import TERMS
 from ...plan.blocking import attention_block
@@ -50,6 +51,7 @@ typedef %(ctype)s T;
 #define VW %(lanes)d
 #define RB %(rows)d
 #define CV %(vectors)d
+#define EF_DOUBLE %(double)d
 #define BQ 64
 #define BK 64
 typedef T vT __attribute__((vector_size(VW * sizeof(T))));
@@ -66,6 +68,7 @@ static inline void ef_store(T *p, vT v) { memcpy(p, &v, sizeof v); }
 #endif
 static inline long ef_min(long a, long b) { return a < b ? a : b; }
 static inline long ef_max(long a, long b) { return a > b ? a : b; }
+%(exp_source)s
 %(terms)s
 static inline T *ef_alloc(long n) {
   return aligned_alloc(64, ((size_t)(n > 0 ? n : 1) * sizeof(T) + 63) / 64 * 64);
@@ -124,6 +127,14 @@ static void ef_product(const T *restrict A, long sm, long sk, const T *restrict 
                        T *restrict C, long ldc, long M, long N, long KD) {
   long m0 = 0;
   EF_ROWS(RB)
+  /* (the rows left of a block of 64: 4 with RB = 6, run as one block of 4 rather than
+     4 single rows, which load a vector per multiply-add) */
+#if RB > 4
+  EF_ROWS(4)
+#endif
+#if RB > 2
+  EF_ROWS(2)
+#endif
   EF_ROWS(1)
 }
 
@@ -178,6 +189,9 @@ int ef_attention_backward(const T *Q, const T *K, const T *V, const T *O, const 
   const T scale = (T)scale_in;
   int failed = 0;
   if (threads <= 0) threads = omp_get_max_threads();
+  long *order = malloc(sizeof(long) * (size_t)(G > 0 ? G : 1));
+  if (!order) return 1;
+  ef_order_items(order, G, 1, nterms, term_offsets, term_info);
   #pragma omp parallel num_threads(threads)
   {
     T *kt = ef_alloc(D * BK), *vt = ef_alloc(E * BK);
@@ -189,8 +203,9 @@ int ef_attention_backward(const T *Q, const T *K, const T *V, const T *O, const 
       failed = 1;
     }
     #pragma omp for schedule(dynamic)
-    for (long g = 0; g < G; ++g) {
+    for (long w = 0; w < G; ++w) {
       if (!ok) continue;
+      const long g = order[w];
       const T *q = Q + g * NQ * D, *k = K + g * NK * D, *v = V + g * NK * E;
       const T *o = O + g * NQ * E, *go = dO + g * NQ * E, *lse = LSE + g * NQ;
       T *gq = dQ + g * NQ * D, *gk = dK + g * NK * D, *gv = dV + g * NK * E;
@@ -231,24 +246,17 @@ int ef_attention_backward(const T *Q, const T *K, const T *V, const T *O, const 
             if (nterms && seen > first) {      /* the scores with their terms */
               for (long c = first; c < seen; ++c) pr[c] = ef_scaled(pr[c], scale, scale_mode);
               ef_add_terms(pr + first, seen - first, g, i, j0 + first, G, nterms, term_data,
-                           term_offsets, term_info);
+                           term_offsets, term_info, BQ);
               mode = 0;
             }
-            /* exp is not asked about a hidden key (its score may be -inf: the vector
-               exp's slow path); ``keep`` goes through memory so that the compiler
-               cannot fold exp(shown ? x : 0) back into exp(x) (c_attention.py) */
-            T keep[BK];
+            /* a hidden key weighs 0; so does a score below top + EF_CUT (its weight
+               would be subnormal: backends/c/attention_softmax.py, as the forward) */
             #pragma omp simd
             for (long c = 0; c < BK; ++c) {
               const T s = mode == 1 ? pr[c] * scale : (mode == 2 ? pr[c] / scale : pr[c]);
-              pr[c] = s;
-              keep[c] = c < seen && c >= first && s != -INFINITY ? (T)1 : (T)0;
-            }
-            #pragma omp simd
-            for (long c = 0; c < BK; ++c) {
+              const T shown = c < seen && c >= first ? (T)1 : (T)0;
               /* (top, the row's log-sum-exp, is finite here: the runtime checks) */
-              const T x = keep[c] != 0 ? pr[c] : top;
-              const T w = %(exp)s(x - top) * keep[c];
+              const T w = ef_sexp((shown != 0 ? s : top) - top) * shown;
               pr[c] = w;
               dsr[c] = w * (dsr[c] - di);
             }
@@ -271,6 +279,7 @@ int ef_attention_backward(const T *Q, const T *K, const T *V, const T *O, const 
     }
     free(kt); free(vt); free(p); free(ds); free(dkb); free(dvb); free(delta);
   }
+  free(order);
   return failed;
 }
 """
@@ -289,9 +298,9 @@ def source(dtype: np.dtype) -> str:
             c_build.vector_math_declarations("", "double")
     return _TEMPLATE % {"ctype": "float" if single else "double",
                         "lanes": block.lanes, "rows": block.rows,
-                        "vectors": block.vectors,
-                        "declarations": declarations, "exp": "expf" if single else "exp",
-                        "terms": TERMS}
+                        "vectors": block.vectors, "double": int(not single),
+                        "exp_source": softmax.exp_source(block.lanes),
+                        "declarations": declarations, "terms": TERMS}
 
 
 def backward_function(dtype: np.dtype):
