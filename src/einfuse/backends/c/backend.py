@@ -208,6 +208,7 @@ class CBackend:
         rows, lanes = block_for(call.dtypes.working)
         tiled = f"output index {plan.inner} tiled by {tile_for(call.dtypes.working)} lanes" \
             if plan.row_index is None else \
+            ("output " if plan.row_index in call.spec.output_indices else "") + \
             f"indices {plan.row_index} x {plan.inner} in register blocks of " \
             f"{rows} x {lanes}"
         how = {"tiled": f"{tiled} with register accumulators, reductions outside the "
