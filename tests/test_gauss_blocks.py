@@ -66,6 +66,11 @@ def test_the_block_is_chosen_over_the_reduced_index():
     w, x = (np.ones((40, 70), np.float32) for _ in range(2))
     text = str(ef.explain("o[i] := sum[j](exp(-sum[k]((w[k,i] - x[k,j])**2)))", w=w, x=x))
     assert "register block j x i" in text
+    # x[k, j] is read across the block's rows at each k: explain names its copy
+    # along k, as the run makes it
+    report = ef.explain("o[i] := sum[j](exp(-sum[k]((w[k,i] - x[k,j])**2)))", backend="c",
+                        shapes={"w": (96, 1000), "x": (96, 1024)})
+    assert "x (copied" in (report.schedule or "")
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])

@@ -66,14 +66,16 @@ def loop_plan(call, layouts, bounds=None):
     return kernel_key(call, layouts, bounds).plan()
 
 
-def lane_packs(call, plan, buffers: List[np.ndarray]) -> Tuple[Tuple[int, int], ...]:
+def lane_packs(call, plan, buffers: List[np.ndarray], units=None
+               ) -> Tuple[Tuple[int, int], ...]:
     """(buffer slot, axis to make unit-stride), in the order a run packs them: each
     input that a vectorised lane loop of ``plan`` walks along a strided axis (gauss:
     y[j, d] walked along j), so that lanes load one contiguous vector instead of
     gathering; where there is none, the packing plan/lane_layout.py finds that turns
     a scalar plan into a lane tile, or that streams a row-blocked plan's reads.
-    ``buffers``: the call's buffers (the output last); nothing is copied here."""
-    units = [unit_axis(b) for b in buffers]
+    ``buffers``: the call's buffers (the output last), or what explain reads of them
+    (shape, size, strides) with their unit-stride axes ``units``; nothing is copied."""
+    units = [unit_axis(b) for b in buffers] if units is None else list(units)
     shapes = [b.shape for b in buffers]
     if not plan.lane_indices:
         return _tile_packs(call, units, shapes) if plan.mode == "scalar" else ()
@@ -158,8 +160,16 @@ def explained_layouts(call) -> Tuple[Tuple[int, ...], Tuple[str, ...]]:
     slots = buffer_slots(call.spec)
     plan = loop_plan(call, layouts)
     if plan.mode != "scalar":
-        pads = _strip_pads(call, plan, _strided_layouts(call), list(layouts), set())
-        return layouts, tuple(slots[slot][0] for slot, _ in pads)
+        # what a run copies: lane-walked inputs, a row block's operands packed along
+        # the reduction (dist's w, an epilogue block's x), strips padded
+        shape = tuple(call.output_shape)
+        output = _StridedLayout(shape, int(np.prod(shape, dtype=np.int64)), tuple(
+            int(np.prod(shape[axis + 1:], dtype=np.int64)) for axis in range(len(shape))))
+        packs = lane_packs(call, plan, _strided_layouts(call) + [output], layouts)
+        packed = list(layouts)
+        for slot, axis in packs:
+            packed[slot] = axis
+        return tuple(packed), tuple(dict.fromkeys(slots[slot][0] for slot, _ in packs))
     shapes = [np.shape(call.arrays[tensor]) for tensor, _ in slots[:-1]]
     packing = packing_for_lanes(call.spec, layouts, shapes + [tuple(call.output_shape)],
                                 call.bounds.points, lambda trial: loop_plan(call, trial),
