@@ -167,3 +167,21 @@ def test_either_target_against_numpy(target, tmp_path):
         for n, want in enumerate(wants):
             np.testing.assert_allclose(got[f"{n}_{tag}"], want, rtol=rtol,
                                        atol=rtol * max(1.0, np.abs(want).max()))
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_row_major_operands(dtype):
+    # w[i, k], x[j, k] (cdist's layout): the run packs w so that the output lanes walk
+    # it and blocks j in rows; big enough for the packing (plan/lane_layout.MIN_WORK),
+    # ragged on every extent
+    rng = np.random.default_rng(13)
+    w = (rng.standard_normal((83, 41)) * 0.2).astype(dtype)
+    x = (rng.standard_normal((101, 41)) * 0.2).astype(dtype)
+    statement = "o[i] := sum[j](exp(-sum[k]((w[i,k] - x[j,k])**2) * 0.5))"
+    got = np.asarray(ef.ein(statement, w=w, x=x, backend="c"))
+    d2 = ((w.astype(np.float64)[:, None, :] - x.astype(np.float64)[None, :, :]) ** 2).sum(-1)
+    want = np.exp(-d2 * 0.5).sum(1)
+    rtol = 2e-5 if dtype == np.float32 else 1e-12
+    np.testing.assert_allclose(got, want, rtol=rtol)
+    report = ef.explain(statement, backend="c", shapes={"w": w.shape, "x": x.shape})
+    assert "register block j x i" in (report.schedule or "")
