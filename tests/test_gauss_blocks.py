@@ -77,7 +77,7 @@ def test_the_block_is_chosen_over_the_reduced_index():
 def test_long_outer_sum_takes_the_compensated_chunks(dtype):
     # 1500 > 1024 terms over j: chunks of whole row blocks folded with compensation;
     # each term is about 0.1, so a plain float32 running sum would drift
-    extents = {"i": 5, "j": 1500, "k": 3}
+    extents = {"i": 5, "j": 1500, "k": 9}
     arrays = _inputs({"w": "ki", "x": "kj"}, extents, dtype, seed=3, scale=0.01)
     statement = "o[i] := sum[j](exp(-sum[k]((w[k,i] - x[k,j])**2)) * 0.1)"
     got = np.asarray(ef.ein(statement, **arrays, backend="c"))

@@ -22,8 +22,9 @@ small; the outer reduction takes its terms per lane in the order of j, as before
 a long one runs in compensated chunks (plan/sums.py) of whole row blocks.
 
 The rule is the shape, not the spelling: an outer sum/prod/max/min over one index,
-not short, whose body holds exactly one reduction (sum/prod/max/min, not nested) that
-moves with that index and reads some operand once per block (``read_once_per_block``);
+not short, whose body holds exactly one reduction (sum/prod/max/min, not nested, not
+over short indices only: there f is the work) that moves with that index and reads
+some operand once per block (``read_once_per_block``);
 mixed into plan.lower._Lowering (which provides ``expr``, ``extent``, ``lo``,
 ``index_no``, ``block``, ``tile``, ``short``, ``plain``, ``checks``, ``order_indices``,
 ``sum_blocks``, ``fresh_acc`` and ``fresh_var``)."""
@@ -70,6 +71,10 @@ class EpilogueBlocks:
             return None
         reduction = inner[0]
         if reduction.op not in INNER_OPS or any(True for _ in ast.reductions(reduction.body)):
+            return None
+        if all(name in self.short for name in reduction.indices):
+            # gauss D=3: f is the work, and GCC's AVX2 code for the block's epilogue
+            # called the scalar exp for most lanes (2x slower than lanes over j)
             return None
         used = {n for a in ast.accesses(reduction.body) for sub in a.indices
                 for n in sub.index_names}
