@@ -125,6 +125,24 @@ def gauss_case(N: int, D: int = 3) -> Case:
                 "o[i] := sum[j](exp(-sum[d]((x[i,d] - y[j,d])**2)) * b[j])", inputs, peers)
 
 
+def gauss_dist_case(K=784, N=1024, M=1024) -> Case:
+    """The Gaussian-kernel sum over squared distances of long vectors (dist's shape
+    under exp and a sum: plan/epilogue_blocks.py); torch's peer takes the GEMM route
+    of cdist."""
+    statement = "g[i] := sum[j](exp(-sum[k]((w[k,i] - x[k,j])**2) * 0.5))"
+
+    def inputs(rng):
+        return {"w": rng.standard_normal((K, N), dtype=np.float32) * 0.05,
+                "x": rng.standard_normal((K, M), dtype=np.float32) * 0.05}
+
+    def cdist(w, x):
+        import torch
+        return torch.exp(-torch.cdist(w.T, x.T) ** 2 * 0.5).sum(1)
+    # (no broadcasting peers: their K x N x M intermediate takes NumPy 10 s a call)
+    return Case(f"gauss-dist K={K} N=M={N}", statement, inputs,
+                [torch_peer("torch cdist**2 (GEMM)", cdist)])
+
+
 def matmul_case(n=1024) -> Case:
     def inputs(rng):
         return {"A": rng.standard_normal((n, n), dtype=np.float32),

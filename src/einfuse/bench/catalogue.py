@@ -11,7 +11,7 @@ from typing import List
 from . import gpu
 from .cases import (Case, attention_case, attention_training_case, bmm_rev_case, conv2d_case,
                     masked_attention_cases,
-                    dist_case, embed_case, gauss_case, installed, logsumexp_case, matmul_case,
+                    dist_case, embed_case, gauss_case, gauss_dist_case, installed, logsumexp_case, matmul_case,
                     small_training_cases, training_cases)
 from .conv_cases import conv_cases
 from .epilogue_cases import epilogue_cases
@@ -31,7 +31,8 @@ def all_cases(quick: bool = False) -> List[Case]:
     """The issue's cases; ``quick`` shrinks every size (for a smoke run)."""
     jit = jit_cases(quick) if installed("jax") else []
     if quick:
-        return [dist_case(64, 128, 128), gauss_case(2000), matmul_case(256),
+        return [dist_case(64, 128, 128), gauss_case(2000), gauss_dist_case(64, 128, 128),
+                matmul_case(256),
                 bmm_rev_case(32, 8), conv2d_case(200, 7), embed_case(5000, 64, 2048),
                 logsumexp_case(512), attention_case(1, 2, 128, 16)] + \
             (training_cases(quick=True) + [attention_training_case(1, 2, 128, 16)] +
@@ -40,7 +41,8 @@ def all_cases(quick: bool = False) -> List[Case]:
              epilogue_cases(quick=True) if installed("torch") else []) + \
             frontend_cases(quick=True) + overhead_cases() + spelling_cases(quick=True) + \
             row_cases(quick=True) + jit + (conv_cases(quick=True) if installed("torch") else [])
-    return [dist_case(), fast_dist_case(), gauss_case(10**4), gauss_case(10**5), matmul_case(),
+    return [dist_case(), fast_dist_case(), gauss_case(10**4), gauss_case(10**5),
+            gauss_dist_case(), matmul_case(),
             bmm_rev_case(),
             conv2d_case(), embed_case(), logsumexp_case(), attention_case()] + training_cases() + \
         [attention_training_case()] + small_training_cases() + \

@@ -15,7 +15,7 @@ from typing import List, NamedTuple, Tuple
 
 import numpy as np
 
-from ..lang.ast import accesses
+from ..lang.ast import accesses, reductions
 from .blocking import aliases, block_for, tile_for
 from .gathers import bounds_mode
 from .kernel_key import KernelKey
@@ -66,17 +66,29 @@ def loop_plan(call, layouts, bounds=None):
     return kernel_key(call, layouts, bounds).plan()
 
 
-def lane_packs(call, plan, buffers: List[np.ndarray]) -> Tuple[Tuple[int, int], ...]:
+def lane_packs(call, plan, buffers: List[np.ndarray], units=None
+               ) -> Tuple[Tuple[int, int], ...]:
     """(buffer slot, axis to make unit-stride), in the order a run packs them: each
     input that a vectorised lane loop of ``plan`` walks along a strided axis (gauss:
     y[j, d] walked along j), so that lanes load one contiguous vector instead of
     gathering; where there is none, the packing plan/lane_layout.py finds that turns
     a scalar plan into a lane tile, or that streams a row-blocked plan's reads.
-    ``buffers``: the call's buffers (the output last); nothing is copied here."""
-    units = [unit_axis(b) for b in buffers]
+    ``buffers``: the call's buffers (the output last), or what explain reads of them
+    (shape, size, strides) with their unit-stride axes ``units``; nothing is copied."""
+    units = [unit_axis(b) for b in buffers] if units is None else list(units)
     shapes = [b.shape for b in buffers]
-    if not plan.lane_indices:
-        return _tile_packs(call, units, shapes) if plan.mode == "scalar" else ()
+    if plan.mode == "scalar" and (not plan.lane_indices or not _short_inner(call)):
+        # a lane tile over an output index first (explain's choice too): a scalar plan's
+        # lanes over a reduced index run each inner contraction as a scalar chain (the
+        # row-major gauss of distances, K=784: 21 -> 116 GFLOP/s with the tile's
+        # register block, plan/epilogue_blocks.py).  Not where the inner reductions are
+        # short (gauss D=3): there the epilogue's exp is the work, and GCC's AVX2 code
+        # for the block's epilogue called the scalar exp for most lanes (2x slower)
+        packs = _tile_packs(call, units, shapes)
+        if packs or not plan.lane_indices:
+            return packs
+    elif not plan.lane_indices:
+        return ()
     work = call.bounds.points
     slots = buffer_slots(call.spec)
     packs = []
@@ -95,6 +107,13 @@ def lane_packs(call, plan, buffers: List[np.ndarray]) -> Tuple[Tuple[int, int], 
                 break
     packs = tuple(packs) or _tile_packs(call, units, shapes, plan)
     return packs + _strip_pads(call, plan, buffers, units, {slot for slot, _ in packs})
+
+
+def _short_inner(call) -> bool:
+    """Whether every reduction nested inside another runs over short indices only."""
+    short = set(short_indices(call))
+    return all(set(inner.indices) <= short for top in reductions(call.spec.rhs)
+               for inner in reductions(top.body))
 
 
 def _strip_pads(call, plan, buffers, units, packed) -> Tuple[Tuple[int, int], ...]:
@@ -157,15 +176,17 @@ def explained_layouts(call) -> Tuple[Tuple[int, ...], Tuple[str, ...]]:
     layouts = tuple(buffers_layout_only(call))
     slots = buffer_slots(call.spec)
     plan = loop_plan(call, layouts)
-    if plan.mode != "scalar":
-        pads = _strip_pads(call, plan, _strided_layouts(call), list(layouts), set())
-        return layouts, tuple(slots[slot][0] for slot, _ in pads)
-    shapes = [np.shape(call.arrays[tensor]) for tensor, _ in slots[:-1]]
-    packing = packing_for_lanes(call.spec, layouts, shapes + [tuple(call.output_shape)],
-                                call.bounds.points, lambda trial: loop_plan(call, trial),
-                                PACK_WORK_RATIO) or {}
-    return (tuple(packing.get(slot, axis) for slot, axis in enumerate(layouts)),
-            tuple(slots[slot][0] for slot in sorted(packing)))
+    # what a run copies (lane_packs on the buffers' shapes and strides): the packing
+    # that turns a scalar plan into a lane tile, lane-walked inputs, a row block's
+    # operands packed along the reduction (dist's w, an epilogue block's x), strips
+    shape = tuple(call.output_shape)
+    output = _StridedLayout(shape, int(np.prod(shape, dtype=np.int64)), tuple(
+        int(np.prod(shape[axis + 1:], dtype=np.int64)) for axis in range(len(shape))))
+    packs = lane_packs(call, plan, _strided_layouts(call) + [output], layouts)
+    packed = list(layouts)
+    for slot, axis in packs:
+        packed[slot] = axis
+    return tuple(packed), tuple(dict.fromkeys(slots[slot][0] for slot, _ in packs))
 
 
 class _StridedLayout(NamedTuple):

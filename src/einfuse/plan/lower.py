@@ -52,6 +52,7 @@ from .row_totals import lower_total
 from .row_group import (ROW_REDUCTIONS, RowGroup, RowInput, RowMember, RowReduction,
                         RowRefused, RowRole, RowSchedule, RowScope, RowStatement, repeated)
 from .sums import BlockedSums
+from .epilogue_blocks import EpilogueBlocks
 from .blocking import lanes_outer
 from .windows import LANE_STEPS, UNIT_STEPS, read_once_per_block, wide_lanes
 
@@ -78,7 +79,8 @@ class Plan:
     mode: str                         # "tiled", "scalar" or "elementwise", for explain
     inner: Optional[str]              # the innermost output index
     lane_indices: Tuple[str, ...] = ()  # indices walked by vectorised lane loops
-    row_index: Optional[str] = None     # the output index blocked in rows, if any
+    row_index: Optional[str] = None     # the index blocked in rows, if any (an output
+    #                                     index, or plan/epilogue_blocks.py's reduced one)
 
 
 @functools.lru_cache(maxsize=256)
@@ -96,7 +98,7 @@ def plan_for(spec, working: str, pad: bool, bounds: str, layouts: Tuple[int, ...
                      short, plain, blocks).run()
 
 
-class _Lowering(BlockedSums, LaneReductions):
+class _Lowering(BlockedSums, LaneReductions, EpilogueBlocks):
     def __init__(self, spec, working: np.dtype, pad: bool, bounds: str, layouts, tile: int,
                  block: Tuple[int, int] = (1, 32), short: Tuple[str, ...] = (),
                  plain: bool = False, blocks: bool = False,
@@ -319,6 +321,8 @@ class _Lowering(BlockedSums, LaneReductions):
         env[inner] = self.lo(inner) + pos[inner]
         lanes_tile = self.tile
         row = row_count = None
+        if self.row_index is None and self.takes_epilogue_blocks(tops):
+            lanes_tile = block_lanes    # (plan/epilogue_blocks.py: a reduced index's rows)
         if self.row_index is not None:
             lanes_tile = block_lanes
             kr = self.index_no[self.row_index]
@@ -473,6 +477,9 @@ class _Lowering(BlockedSums, LaneReductions):
         for name in order:
             inner_env[name] = self.lo(name) + Affine.var(f"p{self.index_no[name]}")
         nested = any(True for _ in ast.reductions(e.body))
+        if lanes is not None and (len(lanes) < 3 or lanes[2] is None) and \
+                self.epilogue_block_index(e) is not None:
+            return self.epilogue_block_reduce(e, acc, inner_env, pre, lanes)
         if nested and lanes is None and e.op in ("sum", "prod") and not self.checks \
                 and not self.plain:
             return self.lane_tiled_reduce(e, acc, order, inner_env, pre)

@@ -208,7 +208,8 @@ class CBackend:
         rows, lanes = block_for(call.dtypes.working)
         tiled = f"output index {plan.inner} tiled by {tile_for(call.dtypes.working)} lanes" \
             if plan.row_index is None else \
-            f"output indices {plan.row_index} x {plan.inner} in register blocks of " \
+            ("output " if plan.row_index in call.spec.output_indices else "") + \
+            f"indices {plan.row_index} x {plan.inner} in register blocks of " \
             f"{rows} x {lanes}"
         how = {"tiled": f"{tiled} with register accumulators, reductions outside the "
                         "vectorised lane loop",

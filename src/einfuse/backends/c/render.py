@@ -617,6 +617,20 @@ def render_c(program: ir.LoopProgram, vector_math: bool = False) -> str:
 
 
 def _register_block(node: ir.TiledLoop) -> bool:
-    """Whether ``node`` is the row loop of a register block: its body one lane tile."""
+    """Whether ``node`` is the row loop of a register block: its body one lane tile; or
+    the lane tile of a reduced index's row blocks (plan/epilogue_blocks.py), whose full
+    tiles must see a constant lane count as well as their full blocks a constant row
+    count."""
     return len(node.body) == 1 and isinstance(node.body[0], ir.TiledLoop) and \
-        node.body[0].constant_full
+        node.body[0].constant_full or any(_reduced_rows(s) for s in node.body)
+
+
+def _reduced_rows(node) -> bool:
+    """Whether ``node`` is (or a branch of it holds) a reduction's row blocks."""
+    if isinstance(node, ir.Branch):
+        return any(_reduced_rows(s) for s in node.small + node.large)
+    if isinstance(node, ir.TiledLoop) and not node.constant_full:
+        return any(_reduced_rows(s) for s in node.body)
+    return isinstance(node, ir.TiledLoop) and node.kind == LoopKind.REDUCTION and \
+        node.constant_full and any(isinstance(s, ir.DeclareAcc) and s.rows
+                                   for s in node.body)
