@@ -233,7 +233,9 @@ def test_other_gathered_reads_are_one_kernel_and_checked(name):
     program = ef.compile(source, backend="triton")
     with launch.observed() as seen:
         got = program(**_tensors(**given))
-    assert [r.kernel for r in seen] == ["einfuse_rows"]
+    # one kernel: the row group, or the one statement the canonical program makes of
+    # an intermediate read once (rewrite/inline_reductions.py: rows gathered)
+    assert [r.kernel for r in seen] in (["einfuse_rows"], ["einfuse_kernel"])
     np.testing.assert_allclose(_host(got), ef.compile(source, backend="numpy")(**given),
                                rtol=1e-12)
     label = next(k for k in ("w", "u", "t") if k in given)

@@ -204,13 +204,24 @@ def total_sum(rhs):
     def walk(e) -> bool:
         if isinstance(e, ast.Reduce):
             found.append(e)
-            return e.op == "sum" and len(e.indices) == 1
+            # (a sum over more indices than the rows' -- sum[i, j], which
+            # rewrite/rules' nested-sums-merged makes of sum[i](sum[j]) -- sums each
+            # row over the rest first: row_body)
+            return e.op == "sum" and len(e.indices) >= 1
         if isinstance(e, (ast.Number, ast.Param)):
             return True
         if isinstance(e, (ast.Unary, ast.Binary, ast.Call)):
             return all(walk(child) for child in e.children())
         return False
     return found[0] if walk(rhs) and len(found) == 1 else None
+
+
+def row_body(summed):
+    """What a TOTAL's sum adds per row (its first index is the rows'): its body, or the
+    sum of it over the sum's other indices, which the row's columns hold."""
+    if len(summed.indices) == 1:
+        return summed.body
+    return ast.Reduce("sum", summed.indices[1:], summed.body, span=summed.span)
 
 
 _LEAVES = (ir.Const, ir.Param, ir.Local, ir.AccValue, ir.IndexValue)

@@ -11,7 +11,7 @@ from __future__ import annotations
 from .. import ir
 from ..ir import BinaryOp, Function, UnaryOp
 from ..lang import ast
-from .row_group import TOTAL_LOCAL, RowRefused, total_sum
+from .row_group import TOTAL_LOCAL, RowRefused, row_body, total_sum
 
 
 def lower_total(lowering, env):
@@ -20,7 +20,7 @@ def lower_total(lowering, env):
     summed = total_sum(lowering.spec.rhs)
     if summed is None:
         raise RowRefused
-    value = lowering.expr(summed.body, env, [])
+    value = lowering.expr(row_body(summed), env, [])
 
     def outer(e) -> ir.Expr:
         if e is summed:
