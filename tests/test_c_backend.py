@@ -81,7 +81,7 @@ def test_hand_built_program_renders_compiles_and_runs():
     x = rng.standard_normal((5, 7))
     out = np.empty(5)
     func = lib.k0
-    func.argtypes = c_backend._ARGTYPES
+    func.argtypes = c_backend.KERNEL_ARGTYPES
     import ctypes
     ptrs = (ctypes.c_void_p * 2)(x.ctypes.data, out.ctypes.data)
     ints = np.array([5, 7, 5, 7, 7], dtype=np.int64)

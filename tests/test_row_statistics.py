@@ -186,7 +186,7 @@ def test_explain_names_the_row_kernel():
 def test_every_vector_width_gives_the_statements_values(monkeypatch, row_patterns,
                                                         vector_bytes, dtype):
     # the SSE, AVX2 and AVX-512 builds of the kernel (the host runs each)
-    monkeypatch.setattr(c_rows, "_VECTOR_BYTES", vector_bytes)
+    monkeypatch.setattr(c_rows, "VECTOR_BYTES", vector_bytes)
     arrays = _arrays(41, 1037, dtype)
     for text in (CROSS_ENTROPY, SPELLINGS["cross-entropy as one statement"]):
         got = ef.compile(text)(X=arrays["X"], t=arrays["t"])

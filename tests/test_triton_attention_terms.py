@@ -26,8 +26,8 @@ DEVICE = "cpu" if triton_backend.interpreted() else "cuda"
 from einfuse.backends.triton import attention_backward  # noqa: E402
 from einfuse.backends.triton import launch as triton_launch  # noqa: E402
 
-FORWARD = "_attention_forward"
-BACKWARD = {"_attention_backward_keys", "_attention_backward_rows"}
+FORWARD = "attention_forward"
+BACKWARD = {"attention_backward_keys", "attention_backward_rows"}
 
 CASES = {
     "padding mask": dict(terms=PADDED, mask=None),
@@ -571,9 +571,9 @@ config = attention_backward._GPU_CONFIG["float32" if exact else "16-bit"]
 common = dict(DOT=64, FEATURES=64, BLOCK_D=64, BLOCK_E=64, BLOCK_M=config.block_m,
               BLOCK_N=config.block_n, EXACT=exact, UPCAST=False, BANDED=True,
               TENSOR_TERMS=2, INDEX_TERMS=2, X0_LOADS=True, X1_LOADS=False)
-for kernel, extra in ((kernels._attention_backward_keys,
+for kernel, extra in ((kernels.attention_backward_keys,
                        dict(STORE_DS=True, COLUMN_SUMS=True)),
-                      (kernels._attention_backward_rows, dict(ROW_SUMS=True))):
+                      (kernels.attention_backward_rows, dict(ROW_SUMS=True))):
     constants = dict(common, **extra)
     signature = {}
     for param in kernel.params:

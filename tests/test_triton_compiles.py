@@ -31,7 +31,7 @@ SCRIPT = textwrap.dedent("""
     from triton.compiler import ASTSource
     from einfuse.backends.triton import attention, attention_kernel
 
-    kernel = attention_kernel._attention_forward
+    kernel = attention_kernel.attention_forward
     names = [p.name for p in kernel.params]
     dtype, mask, exact = sys.argv[1], int(sys.argv[2]), sys.argv[1] == "fp32"
     config = attention.choose_config("float32" if exact else "float16", 64, False)
@@ -64,7 +64,7 @@ SCRIPT = textwrap.dedent("""
         ASTSource(fn=kernel, signature=signature, constexprs=constants, attrs=attributes),
         target=GPUTarget("cuda", 90, 32),
         options=dict(num_warps=config.warps, num_stages=config.stages))
-    assert compiled.asm["cubin"] and ".entry _attention_forward" in compiled.asm["ptx"]
+    assert compiled.asm["cubin"] and ".entry attention_forward" in compiled.asm["ptx"]
     print("compiled")
 """)
 

@@ -204,7 +204,7 @@ def _plan(backward: Backward, env: Mapping[str, object], backend: str,
     for kernel in recompute:
         shapes[kernel.spec.output] = output_placeholder(kernel, shapes)
     if backward.folded is not None:
-        found = _folded_entries(backward.folded, shapes, backend)
+        found = folded_entries(backward.folded, shapes, backend)
         if found is not None:
             entries, shapes_after = found
             needed = [k for k in recompute if k.spec.output in backward.folded.reads]
@@ -268,7 +268,7 @@ def _plan_steps(backward: Backward, steps, shapes, backend: str, recompute: Tupl
     return _with_keep(pieces, backward)
 
 
-def _folded_entries(folded: Folded, shapes: Dict[str, object], backend: str
+def folded_entries(folded: Folded, shapes: Dict[str, object], backend: str
                     ) -> Optional[Tuple[Dict[str, Entry], Dict[str, object]]]:
     """The kernels of the folded steps by key, and the shapes with a placeholder for
     every gradient name of the backward as derived (the parts' ranges may name them);

@@ -165,7 +165,7 @@ class TritonCall:
         folded = backward.folded
         if folded is None or not saved:
             return saved
-        from .program_backward import _folded_entries, output_placeholder
+        from .program_backward import folded_entries, output_placeholder
         from ..analysis.frameworks import placeholder
         with torch.no_grad():
             shapes = {name: placeholder(value) for name, value in env.items()}
@@ -174,7 +174,7 @@ class TritonCall:
                 shapes[seed] = shapes[name]
             for kernel in recompute:
                 shapes[kernel.spec.output] = output_placeholder(kernel, shapes)
-            if _folded_entries(folded, shapes, backend) is None:
+            if folded_entries(folded, shapes, backend) is None:
                 return saved
         needed = [k for k in recompute if k.spec.output in folded.reads]
         reads = set(folded.reads) | {n for k in needed for n in k.spec.arg_order}

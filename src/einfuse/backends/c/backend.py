@@ -39,7 +39,7 @@ from .render import render_c
 
 # The widest vector the target CPU has (analysis/machine.py: -march=native, or EINFUSE_CPU):
 # the hand-written kernels' vector width (attention, rows).
-_VECTOR_BYTES = machine().vector_bytes
+VECTOR_BYTES = machine().vector_bytes
 
 # The C modules' names for the lowering's facts (plan/loop_plan.py).
 _buffers = input_buffers
@@ -51,7 +51,7 @@ _buffers_layout_only = buffers_layout_only
 _kernels: Dict[KernelKey, Tuple] = {}   # compiled kernels (plan/kernel_key.py)
 _kernels_lock = threading.Lock()
 _warned = []
-_ARGTYPES = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_void_p, ctypes.c_void_p,
+KERNEL_ARGTYPES = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_void_p, ctypes.c_void_p,
              ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int, ctypes.POINTER(ctypes.c_int32)]
 
 
@@ -96,7 +96,7 @@ def kernel_functions(call, layouts, bounds=None):
         functions = []
         for kernel in plan.program.kernels:
             function = getattr(library, kernel.name)
-            function.argtypes = _ARGTYPES
+            function.argtypes = KERNEL_ARGTYPES
             function.restype = None
             functions.append(function)
         with _kernels_lock:

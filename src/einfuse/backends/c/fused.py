@@ -23,7 +23,7 @@ from ...plan.thread_rows import (fitting_rows, padded, padded_length, row_bytes,
                                  thread_rows_view, thread_scratch)
 from ...schedule.fusion import BoundGroup
 from . import build as c_build, rows as c_rows
-from .backend import _ARGTYPES
+from .backend import KERNEL_ARGTYPES
 from .render import render_c
 from .threads import PARALLEL_MIN_WORK, default_threads, fixed_thread_count, thread_count
 
@@ -82,7 +82,7 @@ def compiled_for(members, thread_rows: FrozenSet[int]):
                                all(m.plan.fast_math or not divides(m.call.spec.rhs)
                                    for m in members))
         function = getattr(library, program.kernels[0].name)
-        function.argtypes = _ARGTYPES
+        function.argtypes = KERNEL_ARGTYPES
         function.restype = None
         # the plans stay referenced, so their ids in the key cannot be reused
         found = (function, slots_after_fusion(kernels, reads, columns), guards,

@@ -34,7 +34,7 @@ from ...plan.row_kernel import (NEVER_WRITTEN, RowKernel, RowPattern,  # noqa: F
                                 row_input)
 from ...plan.row_statistics import statement_statistics
 from . import build as c_build, call as c_call, row_values
-from .backend import _ARGTYPES, _VECTOR_BYTES
+from .backend import KERNEL_ARGTYPES, VECTOR_BYTES
 from .rows_source import source
 from .threads import fixed_thread_count, free_threads
 
@@ -47,10 +47,10 @@ def _library(dtype: np.dtype) -> ctypes.CDLL:
     """The row kernels for this element type, compiled once."""
     found = _libraries.get(dtype)
     if found is None:
-        found = c_build.load(source(dtype, _VECTOR_BYTES))
+        found = c_build.load(source(dtype, VECTOR_BYTES))
         for name in ("ef_softmax_call", "ef_layernorm_call"):
             function = getattr(found, name)
-            function.argtypes = _ARGTYPES
+            function.argtypes = KERNEL_ARGTYPES
             function.restype = None
         for name in ("ef_exp_values", "ef_exp_values_fast"):
             getattr(found, name).argtypes = [ctypes.c_void_p] * 2 + [ctypes.c_int64]
@@ -101,13 +101,13 @@ _values_sources: Dict[Tuple, str] = {}
 def _values_function(statistics, dtype: np.dtype):
     """The log-sum-exp kernel of this group's values (row_values.py): its source
     printed once, the library c_build's (compiled once, kept by source)."""
-    key = (statistics, dtype, _VECTOR_BYTES)
+    key = (statistics, dtype, VECTOR_BYTES)
     text = _values_sources.get(key)
     if text is None:
         text = _values_sources.setdefault(key, row_values.values_source(
-            statistics, dtype, _VECTOR_BYTES))
+            statistics, dtype, VECTOR_BYTES))
     function = getattr(c_build.load(text), row_values.FUNCTION)
-    function.argtypes = _ARGTYPES
+    function.argtypes = KERNEL_ARGTYPES
     function.restype = None
     return function
 

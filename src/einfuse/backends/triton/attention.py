@@ -40,7 +40,7 @@ import numpy as np
 
 import triton
 
-from .attention_kernel import EXPONENT_BITS, _attention_forward
+from .attention_kernel import EXPONENT_BITS, attention_forward
 from .attention_terms import KernelTerms, plain_terms, resolve
 from .launch import PreparedLaunch
 
@@ -89,7 +89,7 @@ def candidates(dtype_name: str, head_dim: int) -> Tuple[Config, ...]:
     """The configurations tried for this dtype ('float16', 'bfloat16', 'float32') and
     head dimension (the larger of D and E), the default first."""
     width = "float32" if dtype_name == "float32" else "16-bit"
-    return _CANDIDATES[(width, 64 if _padded(head_dim) <= 64 else 128)]
+    return _CANDIDATES[(width, 64 if padded_block(head_dim) <= 64 else 128)]
 
 
 @contextlib.contextmanager
@@ -116,7 +116,8 @@ def choose_config(dtype_name: str, head_dim: int, interpreted: bool) -> Config:
     return candidates(dtype_name, head_dim)[0]
 
 
-def _padded(extent: int) -> int:
+def padded_block(extent: int) -> int:
+    """The block holding ``extent`` features: a power of two, 16 at least (tl.dot's)."""
     return max(16, triton.next_power_of_2(extent))
 
 
@@ -167,9 +168,9 @@ def launch(query: Operand, key: Operand, value: Operand, out: Operand,
     launcher = _launchers.get(signature)
     if launcher is None:
         launcher = PreparedLaunch(
-            _attention_forward, grid, dict(num_warps=config.warps, num_stages=config.stages),
-            dict(DOT=dot, FEATURES=features, BLOCK_D=_padded(dot),
-                 BLOCK_E=_padded(features), BLOCK_M=config.block_m,
+            attention_forward, grid, dict(num_warps=config.warps, num_stages=config.stages),
+            dict(DOT=dot, FEATURES=features, BLOCK_D=padded_block(dot),
+                 BLOCK_E=padded_block(features), BLOCK_M=config.block_m,
                  BLOCK_N=config.block_n, NORMALISED=normalised, STORE_LSE=lse is not None,
                  EXACT=dtype_name == "float32",
                  UPCAST=interpreted and dtype_name == "bfloat16",
@@ -235,7 +236,7 @@ def run(attention, named, scale_of, route_taken: AttentionTarget,
     float dtype, extents that disagree or are empty, offsets past int32.
     ``scale_of(query)`` gives the scale (a float), or None where the statements must
     judge it.  (A value holding inf or NaN is the kernel's own case: where it finds one
-    it weighs every key as the statements do, _attention_forward.)  ``finite_values``:
+    it weighs every key as the statements do, attention_forward.)  ``finite_values``:
     None for a value holding inf or NaN too (checked beside the kernel, the host
     waiting for that check alone): for a caller whose own backward formula is the
     statements' only on finite values (runtime/attention_autograd.py)."""

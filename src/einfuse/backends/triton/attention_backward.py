@@ -18,14 +18,14 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Dict, Optional, Tuple
+from typing import Dict, Tuple
 
 import triton
 
 from ...rewrite.attention_scores import IndexTerm, TensorTerm
 from ...rewrite.online_softmax import ScaleKind
-from .attention import INTERPRETED_CONFIG, Config, _padded, batch_axes
-from .attention_backward_kernel import _attention_backward_keys, _attention_backward_rows
+from .attention import INTERPRETED_CONFIG, Config, padded_block
+from .attention_backward_kernel import attention_backward_keys, attention_backward_rows
 from .attention_terms import KernelTerms, as_tensor
 from .launch import PreparedLaunch
 
@@ -115,21 +115,21 @@ def fused_gradients(saved: Saved, grad) -> Tuple[Tuple, Dict[str, object]]:
     config = _config(dtype_name, saved.interpreted)
     terms = saved.terms
     slots = [q if x is None else x for x in terms.tensor_args + terms.index_args]
-    common = dict(DOT=dot, FEATURES=features, BLOCK_D=_padded(dot),
-                  BLOCK_E=_padded(features), BLOCK_M=config.block_m,
+    common = dict(DOT=dot, FEATURES=features, BLOCK_D=padded_block(dot),
+                  BLOCK_E=padded_block(features), BLOCK_M=config.block_m,
                   BLOCK_N=config.block_n, EXACT=dtype_name == "float32",
                   UPCAST=saved.interpreted and dtype_name == "bfloat16", **terms.constants)
     strides = [*q.stride(), *k.stride(), *v.stride(), *do.stride(), delta.stride(0),
                delta.stride(1)]
     factor = grad_scale(a, saved.scale)
-    _run(_attention_backward_keys, (triton.cdiv(keys, config.block_n), B1, B2), config,
+    _run(attention_backward_keys, (triton.cdiv(keys, config.block_n), B1, B2), config,
          dict(common, STORE_DS="both" in needs, COLUMN_SUMS="key" in needs),
          (q, k, v, do, saved.lse, delta, dk, dv, ds, cols, saved.score_scale, factor,
           *strides, ds.stride(0) if "both" in needs else 0,
           ds.stride(1) if "both" in needs else 0, cols.stride(0) if "key" in needs else 0,
           cols.stride(1) if "key" in needs else 0, rows, keys, terms.lower, terms.upper,
           *slots), device)
-    _run(_attention_backward_rows, (triton.cdiv(rows, config.block_m), B1, B2), config,
+    _run(attention_backward_rows, (triton.cdiv(rows, config.block_m), B1, B2), config,
          dict(common, ROW_SUMS="row" in needs),
          (q, k, v, do, saved.lse, delta, dq, sums, saved.score_scale, factor,
           *strides, sums.stride(0) if "row" in needs else 0,

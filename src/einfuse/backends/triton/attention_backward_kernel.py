@@ -5,11 +5,11 @@ with the scores' terms and band exactly as the forward reads them
 (attention_kernel._scores).  With ``P = exp2(s - L)``, ``dP = dO . V`` and
 ``delta_i = sum_e dO_ie O_ie``, the scores' gradient is ``dS = P (dP - delta)``:
 
-* one program per block of keys (``_attention_backward_keys``) folds every block of
+* one program per block of keys (``attention_backward_keys``) folds every block of
   rows that sees them into ``dV = P^T dO`` and ``dK = c dS^T Q`` (``c`` the scale's
   factor), and where a term wants it writes ``dS`` (an added tensor over i and j) or
   its sums over the rows (one over j alone);
-* one program per block of rows (``_attention_backward_rows``) folds the keys into
+* one program per block of rows (``attention_backward_rows``) folds the keys into
   ``dQ = c dS K`` and where a term wants them the rows' sums of ``dS`` and of
   ``dS * j`` (an added tensor over i alone, an index term's coefficient).
 
@@ -20,7 +20,7 @@ masked (the backward is not yet split into masked and whole blocks)."""
 import triton
 import triton.language as tl
 
-from .attention_kernel import _index_coefficient, _key_range, _load_tile, _scores_of
+from .attention_kernel import index_coefficient, key_range, load_tile, scores_of
 
 
 @triton.jit
@@ -34,7 +34,7 @@ def _weights(q, k, rows_at, cols_at, rows, keys, score_scale, lower, upper,
     kt = tl.trans(k)
     if UPCAST:
         kt = kt.to(tl.float32)
-    s = _scores_of(q, kt, rows_at, cols_at, rows, keys, score_scale, lower, upper,
+    s = scores_of(q, kt, rows_at, cols_at, rows, keys, score_scale, lower, upper,
                    T0, t0_si, t0_sj, t0_f, T1, t1_si, t1_sj, t1_f,
                    x0, x0_a, x0_b, x0_k, x1, x1_a, x1_b, x1_k, BANDED, TENSOR_TERMS,
                    INDEX_TERMS, True, EXACT)
@@ -54,7 +54,7 @@ def _product(a, b, EXACT: tl.constexpr, UPCAST: tl.constexpr, LOW):
 
 
 @triton.jit
-def _attention_backward_keys(Q, K, V, DO, LSE, DELTA, DK, DV, DS, COLS, score_scale,
+def attention_backward_keys(Q, K, V, DO, LSE, DELTA, DK, DV, DS, COLS, score_scale,
                              grad_scale,
                              stride_q1, stride_q2, stride_qm, stride_qd,
                              stride_k1, stride_k2, stride_kn, stride_kd,
@@ -89,16 +89,16 @@ def _attention_backward_keys(Q, K, V, DO, LSE, DELTA, DK, DV, DS, COLS, score_sc
     COLS += b1 * stride_c1 + b2 * stride_c2
     T0 += b1 * t0_s1 + b2 * t0_s2
     T1 += b1 * t1_s1 + b2 * t1_s2
-    x0 = _index_coefficient(X0, b1 * x0_s1 + b2 * x0_s2, x0_f, X0_LOADS)
-    x1 = _index_coefficient(X1, b1 * x1_s1 + b2 * x1_s2, x1_f, X1_LOADS)
+    x0 = index_coefficient(X0, b1 * x0_s1 + b2 * x0_s2, x0_f, X0_LOADS)
+    x1 = index_coefficient(X1, b1 * x1_s1 + b2 * x1_s2, x1_f, X1_LOADS)
     first_key = block * BLOCK_N
     cols_at = first_key + tl.arange(0, BLOCK_N)
     offs_m = tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, BLOCK_D)
     offs_e = tl.arange(0, BLOCK_E)
-    k = _load_tile(K, cols_at, offs_d, stride_kn, stride_kd, keys, DOT, True,
+    k = load_tile(K, cols_at, offs_d, stride_kn, stride_kd, keys, DOT, True,
                    BLOCK_D != DOT)
-    v = _load_tile(V, cols_at, offs_e, stride_vn, stride_ve, keys, FEATURES, True,
+    v = load_tile(V, cols_at, offs_e, stride_vn, stride_ve, keys, FEATURES, True,
                    BLOCK_E != FEATURES)
     dk = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
     dv = tl.zeros([BLOCK_N, BLOCK_E], tl.float32)
@@ -112,7 +112,7 @@ def _attention_backward_keys(Q, K, V, DO, LSE, DELTA, DK, DV, DS, COLS, score_sc
         last = rows
     for start in range(first, last, BLOCK_M):
         rows_at = start + offs_m
-        q = _load_tile(Q, rows_at, offs_d, stride_qm, stride_qd, rows, DOT, True,
+        q = load_tile(Q, rows_at, offs_d, stride_qm, stride_qd, rows, DOT, True,
                        BLOCK_D != DOT)
         if UPCAST:
             q = q.to(tl.float32)
@@ -123,7 +123,7 @@ def _attention_backward_keys(Q, K, V, DO, LSE, DELTA, DK, DV, DS, COLS, score_sc
                      T0, t0_si, t0_sj, t0_f, T1, t1_si, t1_sj, t1_f,
                      x0, x0_a, x0_b, x0_k, x1, x1_a, x1_b, x1_k, lse, BANDED,
                      TENSOR_TERMS, INDEX_TERMS, EXACT, UPCAST)
-        do = _load_tile(DO, rows_at, offs_e, stride_om, stride_oe, rows, FEATURES, True,
+        do = load_tile(DO, rows_at, offs_e, stride_om, stride_oe, rows, FEATURES, True,
                         BLOCK_E != FEATURES)
         dv += _product(tl.trans(p), do, EXACT, UPCAST, v)
         dp = _product(do, tl.trans(v), EXACT, UPCAST, v)
@@ -146,7 +146,7 @@ def _attention_backward_keys(Q, K, V, DO, LSE, DELTA, DK, DV, DS, COLS, score_sc
 
 
 @triton.jit
-def _attention_backward_rows(Q, K, V, DO, LSE, DELTA, DQ, SUMS, score_scale, grad_scale,
+def attention_backward_rows(Q, K, V, DO, LSE, DELTA, DQ, SUMS, score_scale, grad_scale,
                              stride_q1, stride_q2, stride_qm, stride_qd,
                              stride_k1, stride_k2, stride_kn, stride_kd,
                              stride_v1, stride_v2, stride_vn, stride_ve,
@@ -177,35 +177,35 @@ def _attention_backward_rows(Q, K, V, DO, LSE, DELTA, DQ, SUMS, score_scale, gra
     SUMS += b1 * stride_r1 + b2 * stride_r2
     T0 += b1 * t0_s1 + b2 * t0_s2
     T1 += b1 * t1_s1 + b2 * t1_s2
-    x0 = _index_coefficient(X0, b1 * x0_s1 + b2 * x0_s2, x0_f, X0_LOADS)
-    x1 = _index_coefficient(X1, b1 * x1_s1 + b2 * x1_s2, x1_f, X1_LOADS)
+    x0 = index_coefficient(X0, b1 * x0_s1 + b2 * x0_s2, x0_f, X0_LOADS)
+    x1 = index_coefficient(X1, b1 * x1_s1 + b2 * x1_s2, x1_f, X1_LOADS)
     first_row = block * BLOCK_M
     rows_at = first_row + tl.arange(0, BLOCK_M)
     offs_n = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, BLOCK_D)
     offs_e = tl.arange(0, BLOCK_E)
-    q = _load_tile(Q, rows_at, offs_d, stride_qm, stride_qd, rows, DOT, True,
+    q = load_tile(Q, rows_at, offs_d, stride_qm, stride_qd, rows, DOT, True,
                    BLOCK_D != DOT)
     if UPCAST:
         q = q.to(tl.float32)
     lse = tl.load(LSE + rows_at, mask=rows_at < rows, other=float("inf"))
     delta = tl.load(DELTA + rows_at, mask=rows_at < rows, other=0.0)
-    do = _load_tile(DO, rows_at, offs_e, stride_om, stride_oe, rows, FEATURES, True,
+    do = load_tile(DO, rows_at, offs_e, stride_om, stride_oe, rows, FEATURES, True,
                     BLOCK_E != FEATURES)
     dq = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
     sums = tl.zeros([BLOCK_M], tl.float32)
     weighted = tl.zeros([BLOCK_M], tl.float32)
-    lo, inner, outer, hi = _key_range(first_row, keys, lower, upper, BLOCK_M, BLOCK_N,
+    lo, inner, outer, hi = key_range(first_row, keys, lower, upper, BLOCK_M, BLOCK_N,
                                       BANDED)
     for start in range(lo, hi, BLOCK_N):
         cols_at = start + offs_n
-        k = _load_tile(K, cols_at, offs_d, stride_kn, stride_kd, keys, DOT, True,
+        k = load_tile(K, cols_at, offs_d, stride_kn, stride_kd, keys, DOT, True,
                        BLOCK_D != DOT)
         p = _weights(q, k, rows_at, cols_at, rows, keys, score_scale, lower, upper,
                      T0, t0_si, t0_sj, t0_f, T1, t1_si, t1_sj, t1_f,
                      x0, x0_a, x0_b, x0_k, x1, x1_a, x1_b, x1_k, lse, BANDED,
                      TENSOR_TERMS, INDEX_TERMS, EXACT, UPCAST)
-        v = _load_tile(V, cols_at, offs_e, stride_vn, stride_ve, keys, FEATURES, True,
+        v = load_tile(V, cols_at, offs_e, stride_vn, stride_ve, keys, FEATURES, True,
                        BLOCK_E != FEATURES)
         dp = _product(do, tl.trans(v), EXACT, UPCAST, v)
         ds = p * (dp - delta[:, None])

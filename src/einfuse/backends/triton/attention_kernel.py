@@ -12,7 +12,7 @@ EXPONENT_BITS = {"float16": 0x7C00, "bfloat16": 0x7F80, "float32": 0x7F800000}
 
 
 @triton.jit
-def _load_tile(base, first, second, stride_first, stride_second, limit_first, limit_second,
+def load_tile(base, first, second, stride_first, stride_second, limit_first, limit_second,
                CHECK_FIRST: tl.constexpr, CHECK_SECOND: tl.constexpr):
     """A 2-d tile at offsets first x second; the bounds checked only where asked."""
     pointers = base + first[:, None] * stride_first + second[None, :] * stride_second
@@ -38,10 +38,10 @@ def _add_terms(s, rows_at, cols_at, rows, keys,
     the axes they are broadcast over), index terms ``x * (a*j + b*i + k)`` with the
     batch element's coefficient ``x``.  Absolute row and key offsets."""
     if TENSOR_TERMS >= 1:
-        t = _load_tile(T0, rows_at, cols_at, t0_si, t0_sj, rows, keys, True, EDGE)
+        t = load_tile(T0, rows_at, cols_at, t0_si, t0_sj, rows, keys, True, EDGE)
         s = s + t.to(tl.float32) * t0_f
     if TENSOR_TERMS >= 2:
-        t = _load_tile(T1, rows_at, cols_at, t1_si, t1_sj, rows, keys, True, EDGE)
+        t = load_tile(T1, rows_at, cols_at, t1_si, t1_sj, rows, keys, True, EDGE)
         s = s + t.to(tl.float32) * t1_f
     if INDEX_TERMS >= 1:
         s = s + x0 * (x0_a * cols_at[None, :] + x0_b * rows_at[:, None]
@@ -60,20 +60,20 @@ def _scores(q, K, rows_at, cols_at, offs_d, stride_kn, stride_kd, rows, keys, sc
             TENSOR_TERMS: tl.constexpr, INDEX_TERMS: tl.constexpr,
             EDGE: tl.constexpr, EXACT: tl.constexpr, UPCAST: tl.constexpr):
     """One block's scores (rows_at x cols_at, absolute offsets; log2 domain), the keys
-    read here (_scores_of)."""
+    read here (scores_of)."""
     # the keys transposed (BLOCK_D x BLOCK_N), read through their strides
-    k = _load_tile(K, offs_d, cols_at, stride_kd, stride_kn, DOT, keys,
+    k = load_tile(K, offs_d, cols_at, stride_kd, stride_kn, DOT, keys,
                    BLOCK_D != DOT, EDGE)
     if UPCAST:
         k = k.to(tl.float32)
-    return _scores_of(q, k, rows_at, cols_at, rows, keys, score_scale, lower, upper,
+    return scores_of(q, k, rows_at, cols_at, rows, keys, score_scale, lower, upper,
                       T0, t0_si, t0_sj, t0_f, T1, t1_si, t1_sj, t1_f,
                       x0, x0_a, x0_b, x0_k, x1, x1_a, x1_b, x1_k, BANDED, TENSOR_TERMS,
                       INDEX_TERMS, EDGE, EXACT)
 
 
 @triton.jit
-def _scores_of(q, k, rows_at, cols_at, rows, keys, score_scale,
+def scores_of(q, k, rows_at, cols_at, rows, keys, score_scale,
                lower, upper, T0, t0_si, t0_sj, t0_f, T1, t1_si, t1_sj, t1_f,
                x0, x0_a, x0_b, x0_k, x1, x1_a, x1_b, x1_k, BANDED: tl.constexpr,
                TENSOR_TERMS: tl.constexpr, INDEX_TERMS: tl.constexpr,
@@ -100,7 +100,7 @@ def _scores_of(q, k, rows_at, cols_at, rows, keys, score_scale,
 
 
 @triton.jit
-def _key_range(first_row, keys, lower, upper, BLOCK_M: tl.constexpr,
+def key_range(first_row, keys, lower, upper, BLOCK_M: tl.constexpr,
                BLOCK_N: tl.constexpr, BANDED: tl.constexpr):
     """The key blocks a block of rows visits: [lo, inner) and [outer, hi) masked,
     [inner, outer) whole blocks inside every row's band (no masks); all three start
@@ -124,7 +124,7 @@ def _key_range(first_row, keys, lower, upper, BLOCK_M: tl.constexpr,
 
 
 @triton.jit
-def _index_coefficient(X, offset, factor, LOADS: tl.constexpr):
+def index_coefficient(X, offset, factor, LOADS: tl.constexpr):
     """An index term's coefficient for this batch element: the coefficient tensor's
     entry times ``factor``, or ``factor`` alone (a number given to the call)."""
     if LOADS:
@@ -156,7 +156,7 @@ def _key_block(q, m_i, l_i, acc, K, V, rows_at, start, offs_n, offs_d, offs_e,
     p = tl.math.exp2(s - m_base[:, None])
     alpha = tl.math.exp2(m_i - m_base)
     l_i = l_i * alpha + tl.sum(p, 1)
-    v = _load_tile(V, cols_at, offs_e, stride_vn, stride_ve, keys, FEATURES,
+    v = load_tile(V, cols_at, offs_e, stride_vn, stride_ve, keys, FEATURES,
                    EDGE, BLOCK_E != FEATURES)
     acc = acc * alpha[:, None]
     if EXACT:
@@ -177,7 +177,7 @@ def _unweighed_exponents(worst, V, begin, end, offs_n, offs_e, stride_vn, stride
     (read as bits: a non-finite value's exponent is all ones; two integer operations
     an element, the reduction once after the loop)."""
     for start in range(begin, end, BLOCK_N):
-        v = _load_tile(V, start + offs_n, offs_e, stride_vn, stride_ve, keys, FEATURES,
+        v = load_tile(V, start + offs_n, offs_e, stride_vn, stride_ve, keys, FEATURES,
                        True, BLOCK_E != FEATURES)
         if EXACT:
             field = v.to(tl.int32, bitcast=True) & EXPONENT
@@ -188,7 +188,7 @@ def _unweighed_exponents(worst, V, begin, end, offs_n, offs_e, stride_vn, stride
 
 
 @triton.jit
-def _attention_forward(Q, K, V, O, LSE, score_scale,
+def attention_forward(Q, K, V, O, LSE, score_scale,
                        stride_q1, stride_q2, stride_qm, stride_qd,
                        stride_k1, stride_k2, stride_kn, stride_kd,
                        stride_v1, stride_v2, stride_vn, stride_ve,
@@ -218,14 +218,14 @@ def _attention_forward(Q, K, V, O, LSE, score_scale,
     O += b1 * stride_o1 + b2 * stride_o2
     T0 += b1 * t0_s1 + b2 * t0_s2
     T1 += b1 * t1_s1 + b2 * t1_s2
-    x0 = _index_coefficient(X0, b1 * x0_s1 + b2 * x0_s2, x0_f, X0_LOADS)
-    x1 = _index_coefficient(X1, b1 * x1_s1 + b2 * x1_s2, x1_f, X1_LOADS)
+    x0 = index_coefficient(X0, b1 * x0_s1 + b2 * x0_s2, x0_f, X0_LOADS)
+    x1 = index_coefficient(X1, b1 * x1_s1 + b2 * x1_s2, x1_f, X1_LOADS)
     first_row = block * BLOCK_M
     offs_m = first_row + tl.arange(0, BLOCK_M)
     offs_n = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, BLOCK_D)
     offs_e = tl.arange(0, BLOCK_E)
-    q = _load_tile(Q, offs_m, offs_d, stride_qm, stride_qd, rows, DOT, True, BLOCK_D != DOT)
+    q = load_tile(Q, offs_m, offs_d, stride_qm, stride_qd, rows, DOT, True, BLOCK_D != DOT)
     if UPCAST:
         q = q.to(tl.float32)
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
@@ -234,7 +234,7 @@ def _attention_forward(Q, K, V, O, LSE, score_scale,
     # keys [inner, outer) are seen by every row of the block and all exist: no masks;
     # [lo, inner) and [outer, hi) are the band's edges and the tail's blocks, masked;
     # blocks outside [lo, hi) are never visited
-    lo, inner, outer, hi = _key_range(first_row, keys, lower, upper, BLOCK_M, BLOCK_N,
+    lo, inner, outer, hi = key_range(first_row, keys, lower, upper, BLOCK_M, BLOCK_N,
                                       BANDED)
     for start in range(lo, inner, BLOCK_N):
         m_i, l_i, acc = _key_block(q, m_i, l_i, acc, K, V, offs_m, start, offs_n, offs_d,
@@ -292,7 +292,7 @@ def _attention_forward(Q, K, V, O, LSE, score_scale,
                         x0, x0_a, x0_b, x0_k, x1, x1_a, x1_b, x1_k, DOT, BLOCK_D,
                         BANDED, TENSOR_TERMS, INDEX_TERMS, True, EXACT, UPCAST)
             p = tl.math.exp2(s - m_base[:, None])
-            v = _load_tile(V, start + offs_k, offs_e, stride_vn, stride_ve,
+            v = load_tile(V, start + offs_k, offs_e, stride_vn, stride_ve,
                            keys, FEATURES, True, BLOCK_E != FEATURES)
             acc = tl.dot(p, v.to(tl.float32), acc, input_precision="ieee")
     if NORMALISED:

@@ -74,7 +74,7 @@ def _caller_device(call):
     return None
 
 
-def _kernel_module(source: str):
+def kernel_module(source: str):
     """(source hash, module): Triton reads a kernel's source from its file, so each one
     is written into the cache directory (named by its hash) and imported once."""
     key = hashlib.sha256(source.encode()).hexdigest()[:32]
@@ -224,7 +224,7 @@ def _compiled(spec, working: str, pad: bool, bounds: str, axes: Tuple[int, ...],
     plan = plan_for(spec, working, pad, bounds, axes, TILE[1], TILE, plain=True,
                     blocks=True)
     source, launch = render_triton(plan.program, dtypes, native_dot)
-    source_hash, module = _kernel_module(source)
+    source_hash, module = kernel_module(source)
     return plan, module.einfuse_kernel, launch, source_hash
 
 

@@ -1,6 +1,6 @@
 """Builds and launches the one Triton kernel of an ``ef.jit`` program
 (backends/triton/jit_render.py): the source imported once per text (as the statement
-kernels are, backend._kernel_module), launched through launch.PreparedLaunch (observed,
+kernels are, backend.kernel_module), launched through launch.PreparedLaunch (observed,
 stubbable, and direct after the first call on a GPU) on a grid of one program per batch
 element.  Arguments are torch tensors; converting the caller's arrays is the runtime's
 (runtime/jit_triton.py)."""
@@ -10,7 +10,7 @@ from __future__ import annotations
 import threading
 from typing import Dict, Optional, Sequence
 
-from .backend import _kernel_module
+from .backend import kernel_module
 from .jit_render import RenderedJit
 from .launch import PreparedLaunch
 
@@ -27,7 +27,7 @@ class JitKernel:
             raise ValueError("a jit kernel runs at least one program")
         self.programs = int(programs)
         self.num_warps = num_warps
-        _, module = _kernel_module(rendered.source)
+        _, module = kernel_module(rendered.source)
         self.kernel = getattr(module, rendered.kernel)
         self._launches: Dict[Optional[int], PreparedLaunch] = {}
 

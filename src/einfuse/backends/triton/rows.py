@@ -22,7 +22,7 @@ from ... import ir
 from ...ir import ReduceOp
 from ...plan.row_group import TOTAL_LOCAL, RowGroup, RowRole, along_columns, grid_locals
 from ..identifiers import name
-from .backend import _kernel_module, interpreted, launch_guard, launch_turns, warm_launches
+from .backend import kernel_module, interpreted, launch_guard, launch_turns, warm_launches
 from .repeat import PARAMETER_ARRAYS_KEPT, output_template
 from .launch import PreparedLaunch
 from .elementwise import ELEMENTWISE_HELPERS, TARGET_HELPERS
@@ -130,7 +130,7 @@ class RowRenderer(TritonRenderer):
                   "    if ticket == tl.num_programs(0) - 1:",
                   "        programs = tl.num_programs(0)"]
         for k, member in enumerate(self.group.columns):
-            lines += [f"        total = tl.zeros([BLOCK], tl.float64)",
+            lines += ["        total = tl.zeros([BLOCK], tl.float64)",
                       "        for first in range(0, programs, PARTS):",
                       "            p = (first + tl.arange(0, PARTS))[:, None]",
                       f"            total += tl.sum(tl.load(part + (p * {sums} + {k}) * BLOCK"
@@ -285,7 +285,7 @@ def source(group: RowGroup) -> str:
 @functools.lru_cache(maxsize=256)
 def compiled(group: RowGroup, native: bool):
     """The @triton.jit kernel of ``group`` (printed and imported once per group)."""
-    _, module = _kernel_module(RowRenderer(group, native).render())
+    _, module = kernel_module(RowRenderer(group, native).render())
     return module.einfuse_rows
 
 
