@@ -173,7 +173,10 @@ def test_a_result_larger_than_memory_is_the_statements_error(monkeypatch, row_la
     monkeypatch.setattr(result_size, "_physical_memory", lambda: 1 << 16)
     v = torch.ones(20, dtype=torch.float64, device=DEVICE)
     w = torch.ones(1024, dtype=torch.float64, device=DEVICE)     # y: 160 kB
-    program = ef.compile("y[i,j] := v[i] * w[j]\nz[i] := sum[j](y[i,j])", backend="triton")
+    # (y read twice: read once inside the sum, the canonical program would compute it
+    # where it is read, rewrite/inline_reductions.py, and never make it)
+    program = ef.compile("y[i,j] := v[i] * w[j]\nz[i] := sum[j](y[i,j]) + max[j](y[i,j])",
+                         backend="triton")
     with pytest.raises(EinfuseError, match="memory"):
         program(v=v, w=w)
     assert not row_launches

@@ -62,7 +62,8 @@ def test_huge_shapes_give_numbers_or_a_shape_error():
     assert "per device 1073741824x4294967296" in str(e)
     # read by a later statement: refused, naming it (was a raw ValueError from NumPy)
     with pytest.raises(ShapeError, match="t .statement 1. would have the shape"):
-        ef.explain("t[i,j] := a[i]*b[j]; s := sum[i,j](t[i,j])",
+        # (t read twice: read once in a sum, it would be computed where it is read)
+        ef.explain("t[i,j] := a[i]*b[j]; s := sum[i,j](t[i,j]) + max[i,j](t[i,j])",
                    shapes={"a": (n,), "b": (n,)}, mesh={"x": 4}, shard={"i": "x"})
     # an input of 2**62 float32 elements (2**64 bytes): refused, naming it
     with pytest.raises(ShapeError, match="shapes= gives a the shape"):

@@ -94,7 +94,8 @@ def _put_back(reader: Statement, definition: Statement, sites: List[Tuple[Expr, 
     """``reader``'s right side with each read of ``definition`` replaced by its
     reduction (each put in ``sites`` with the read it replaced), or None where a read is
     not by distinct plain subscripts."""
-    fresh = FreshNames(names_in(reader) | names_in(definition))
+    in_reader = names_in(reader)
+    fresh = FreshNames(in_reader | names_in(definition))
     failed = [False]
 
     def visit(node: Expr) -> Expr:
@@ -106,7 +107,10 @@ def _put_back(reader: Statement, definition: Statement, sites: List[Tuple[Expr, 
             if not isinstance(definition.rhs, Reduce):     # element-wise: renamed only
                 return rename_indices(definition.rhs,
                                       dict(zip(definition.output_indices, names)))
-            bound = {k: fresh.copy_of(k) for k in definition.rhs.indices}
+            # a reduced index keeps its name where the reader has none like it (the
+            # user's name: shard= and ranges= may name it), else a fresh copy
+            bound = {k: fresh.copy_of(k) if k in in_reader else k
+                     for k in definition.rhs.indices}
             body = rename_indices(definition.rhs.body, {**bound, **dict(zip(
                 definition.output_indices, names))})
             reduce = Reduce(definition.rhs.op,
