@@ -63,14 +63,7 @@ def index_load(lowering, e: ast.Access, env) -> ir.Load:
         raise RowRefused    # an intermediate as labels: not in memory
     if any(sub.gathers for sub in e.indices):
         return gathered_load(lowering, e, env, as_index=True)
-    counters = []
-    for sub in e.indices:
-        index = sub.plain_index
-        if index is None or index not in env:
-            raise RowRefused
-        counters.append(env[index].names[0])
-    if len(set(counters)) != len(counters):
-        raise RowRefused
+    counters = row_counters(e, env)
     wanted = RowInput(key, tuple(c == ROW for c in counters), index=True)
     if wanted not in lowering.row_inputs:
         lowering.row_inputs.append(wanted)
@@ -79,3 +72,18 @@ def index_load(lowering, e: ast.Access, env) -> ir.Load:
                                     f"s{number}_{axis}")
                        for axis, c in enumerate(counters))
     return ir.Load(number, subscripts, is_index=True)
+
+
+def row_counters(e, env):
+    """The row schedule's counters ``e`` is read along: each subscript a plain index the
+    statement binds to one (plan/row_group.RowStatement.indices), none twice; else the
+    read is refused."""
+    counters = []
+    for sub in e.indices:
+        index = sub.plain_index
+        if index is None or index not in env:
+            raise RowRefused
+        counters.append(env[index].names[0])
+    if len(set(counters)) != len(counters):
+        raise RowRefused
+    return counters

@@ -9,7 +9,7 @@ from __future__ import annotations
 from .. import ir
 from ..ir import Affine, Policy
 from ..lang import ast
-from .row_gathers import gathered_load
+from .row_gathers import gathered_load, row_counters
 from .row_group import (ROW_REDUCTIONS, RowInput, RowMember, RowReduction, RowRefused,
                         RowRole, RowScope)
 from .row_totals import lower_total
@@ -53,14 +53,7 @@ class RowStatements:
         (plan/row_gathers.py)."""
         if any(sub.gathers for sub in e.indices):
             return gathered_load(self, e, env)
-        counters = []
-        for sub in e.indices:
-            index = sub.plain_index
-            if index is None or index not in env:
-                raise RowRefused
-            counters.append(env[index].names[0])
-        if len(set(counters)) != len(counters):
-            raise RowRefused
+        counters = row_counters(e, env)
         key = dict(self.row.names).get(e.tensor, e.tensor)
         if self.scope.column_sum(key):
             raise RowRefused    # (known only once every program has added its part)
