@@ -23,6 +23,33 @@ two so that n ln2's high part is exact, then exp(r) by its Taylor series (degree
 float32: truncation 5e-9 relative, under half an ulp; degree 13 for float64), times 2^n
 built in the exponent bits (n >= -126 / -1021 above the cut: a normal number)."""
 
+# exp's polynomial on the reduced argument r, the same for the vector and the scalar
+# form (``ty``: the type of p), so that the rows seeing part of a block get the bits of
+# those seeing a whole one
+_POLYNOMIAL = r"""#if EF_DOUBLE
+  @ p = r * (T)(1.0 / 6227020800.0) + (T)(1.0 / 479001600.0);
+  p = p * r + (T)(1.0 / 39916800.0);
+  p = p * r + (T)(1.0 / 3628800.0);
+  p = p * r + (T)(1.0 / 362880.0);
+  p = p * r + (T)(1.0 / 40320.0);
+  p = p * r + (T)(1.0 / 5040.0);
+  p = p * r + (T)(1.0 / 720.0);
+#else
+  @ p = r * (T)(1.0 / 5040.0) + (T)(1.0 / 720.0);
+#endif
+  p = p * r + (T)(1.0 / 120.0);
+  p = p * r + (T)(1.0 / 24.0);
+  p = p * r + (T)(1.0 / 6.0);
+  p = p * r + (T)0.5;
+  p = p * r + (T)1;
+  p = p * r + (T)1;
+"""
+
+
+def _polynomial(ty: str) -> str:
+    return _POLYNOMIAL.replace("@", ty)
+
+
 VECTOR_EXP = r"""
 #if EF_DOUBLE
 typedef unsigned long long ef_bits;
@@ -52,24 +79,7 @@ static inline vT ef_vexp_in_range(vT x) {
   const vT t = x * (T)EF_LOG2E + (T)EF_SHIFTER;
   const vT n = t - (T)EF_SHIFTER;
   const vT r = (x - n * (T)EF_LN2_HI) - n * (T)EF_LN2_LO;
-#if EF_DOUBLE
-  vT p = r * (T)(1.0 / 6227020800.0) + (T)(1.0 / 479001600.0);
-  p = p * r + (T)(1.0 / 39916800.0);
-  p = p * r + (T)(1.0 / 3628800.0);
-  p = p * r + (T)(1.0 / 362880.0);
-  p = p * r + (T)(1.0 / 40320.0);
-  p = p * r + (T)(1.0 / 5040.0);
-  p = p * r + (T)(1.0 / 720.0);
-#else
-  vT p = r * (T)(1.0 / 5040.0) + (T)(1.0 / 720.0);
-#endif
-  p = p * r + (T)(1.0 / 120.0);
-  p = p * r + (T)(1.0 / 24.0);
-  p = p * r + (T)(1.0 / 6.0);
-  p = p * r + (T)0.5;
-  p = p * r + (T)1;
-  p = p * r + (T)1;
-  /* t's low bits hold n (two's complement): shifted into the exponent of 1.0 */
+""" + _polynomial("vT") + r"""  /* t's low bits hold n (two's complement): shifted into the exponent of 1.0 */
   const vB power = ((vB)t << EF_MANTISSA) + EF_ONE_BITS;
   return p * (vT)power;
 }
@@ -139,24 +149,7 @@ static inline T ef_sexp(T x) {
   const T t = safe * (T)EF_LOG2E + (T)EF_SHIFTER;
   const T n = t - (T)EF_SHIFTER;
   const T r = (safe - n * (T)EF_LN2_HI) - n * (T)EF_LN2_LO;
-#if EF_DOUBLE
-  T p = r * (T)(1.0 / 6227020800.0) + (T)(1.0 / 479001600.0);
-  p = p * r + (T)(1.0 / 39916800.0);
-  p = p * r + (T)(1.0 / 3628800.0);
-  p = p * r + (T)(1.0 / 362880.0);
-  p = p * r + (T)(1.0 / 40320.0);
-  p = p * r + (T)(1.0 / 5040.0);
-  p = p * r + (T)(1.0 / 720.0);
-#else
-  T p = r * (T)(1.0 / 5040.0) + (T)(1.0 / 720.0);
-#endif
-  p = p * r + (T)(1.0 / 120.0);
-  p = p * r + (T)(1.0 / 24.0);
-  p = p * r + (T)(1.0 / 6.0);
-  p = p * r + (T)0.5;
-  p = p * r + (T)1;
-  p = p * r + (T)1;
-  ef_bits bits;
+""" + _polynomial("T") + r"""  ef_bits bits;
   memcpy(&bits, &t, sizeof bits);
   bits = (bits << EF_MANTISSA) + EF_ONE_BITS;
   T power;
