@@ -21,7 +21,7 @@ from __future__ import annotations
 import dataclasses
 from typing import List, Optional, Set, Tuple
 
-from ..lang.ast import Access, Expr, Reduce, Statement, accesses, map_children
+from ..lang.ast import Access, Binary, Expr, Reduce, Statement, accesses, map_children
 from ..lang.rewrite import free_indices, names_in
 from ..lang.sugar import FreshNames, rename_indices
 from .hoist import canonical, only_plain, subscripts_of
@@ -87,6 +87,33 @@ def _only_reader(definition: Statement, statements, position: int, outputs: Set[
     bound = {i for node in statements[readers[0]].rhs.walk()
              if isinstance(node, Reduce) and node.op == "sum" for i in node.indices}
     return readers[0] if set(plain_subscripts(reads[0]) or ()) & bound else None
+
+
+def _factors(expr: Expr) -> List[Expr]:
+    if isinstance(expr, Binary) and expr.op in ("*", "/"):
+        return _factors(expr.left) + ([expr.right] if expr.op == "/" else
+                                      _factors(expr.right))
+    return [expr]
+
+
+def contraction_operand(reader: Statement, name: str) -> bool:
+    """Whether ``reader`` reads ``name`` as an operand of a contraction: a factor of a
+    sum's body beside another array read that walks the summed index too (a matmul's
+    operand).  Such an intermediate stays a statement: put back, its elementwise work
+    would sit inside the sum's body and the product would no longer reach BLAS (an MLP's
+    normalised input, its activation)."""
+    for node in reader.rhs.walk():
+        if not (isinstance(node, Reduce) and node.op == "sum"):
+            continue
+        summed = set(node.indices)
+        reads = [f for f in _factors(node.body) if isinstance(f, Access)]
+        mine = [f for f in reads if f.tensor == name
+                and summed & set(plain_subscripts(f) or ())]
+        others = [f for f in reads if f.tensor != name
+                  and summed & {i for sub in f.indices for i, _ in sub.terms}]
+        if mine and others:
+            return True
+    return False
 
 
 def _put_back(reader: Statement, definition: Statement, sites: List[Tuple[Expr, Access]]
@@ -166,11 +193,14 @@ def inline_where_rules_fire(statements: List[Statement], outputs: Set[str],
         if definition is None or not _inlinable(definition, outputs):
             continue
         put_back = False
+        elementwise = not isinstance(definition.rhs, Reduce)
         for reader_at in range(position + 1, len(result)):
             reader = result[reader_at]
             if reader.output == definition.output:
                 break      # (written again: later readers read the new values)
             if definition.output not in {a.tensor for a in accesses(reader.rhs)}:
+                continue
+            if elementwise and contraction_operand(reader, definition.output):
                 continue
             sites: List[Tuple[Expr, Access]] = []
             inlined = _put_back(reader, definition, sites)
