@@ -130,3 +130,25 @@ def test_labels_changed_behind_autograd_before_the_backward(node, form):
     labels.data[7] = 70
     with pytest.raises(ef.EinfuseError, match="70"):
         loss.backward()
+
+
+def test_the_plan_keeps_a_statements_runner_its_kernel_dropped(node):
+    # the mean's repeat runner holds the runtime arrays the plan's kernel call points
+    # into; a kernel dropping it from its cache must not free them under the node
+    import gc
+    x, t = _inputs(torch.float64)
+    program = ef.compile(MEAN + "\n" * 6, outputs=("L",))
+    for _ in range(4):
+        want, want_grad = _step(program, x, t, None)
+    assert _uses_node(program)
+    alone = [step.run.args[0] for owner in program._autograd.values()
+             for call in owner.calls.values() for step in call._forward.steps
+             if len(getattr(step.run, "args", ())) == 2]     # (a statement run alone)
+    assert alone
+    for kernel in alone:
+        kernel._repeat.clear()
+    gc.collect()
+    for _ in range(50):       # (fresh small arrays that would reuse freed memory)
+        np.full(4, 123456789, dtype=np.int64)
+    got, got_grad = _step(program, x, t, None)
+    assert torch.equal(got, want) and torch.equal(got_grad, want_grad)

@@ -64,6 +64,9 @@ class _Builder:
         # per slot: (shape, dtype, byte strides) of the array it holds
         self.layout: Dict[int, Tuple] = dict(enumerate(layouts))
         self.made = set()        # slots an operation writes (fresh arrays)
+        # what the plan's raw addresses point into, beyond the prepared runs: the repeat
+        # runners of statements run alone (a kernel may drop one from its cache)
+        self.alive: List[object] = []
 
     def new(self, shape, dtype, strides=None) -> int:
         slot = self.count
@@ -153,6 +156,7 @@ class _Builder:
         if describe is None:
             raise Untranslatable(f"{kernel.spec.output}: a statement with no prepared kernel")
         found = describe()
+        self.alive.append(runner)
         buffers = []
         for name, dtype in found["inputs"]:
             slot = self.slot[name]
@@ -321,7 +325,7 @@ def _translate(node, prepared, passed, layouts, seed_layouts, backward_run, fall
     plan = node.make_plan(builder.count, len(passed), len(prepared.names), checks, forward,
                           backward, outputs, list(range(len(passed))), saved_outputs, kept,
                           seeds, gradients, fallback,
-                          (prepared._forward, backward_run))
+                          (prepared._forward, backward_run, tuple(builder.alive)))
     adaptive = any(op[0] == _CALL and op[6] for op in forward + backward)
     return node.apply, plan, adaptive
 
