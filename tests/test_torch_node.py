@@ -216,23 +216,25 @@ def test_forward_mode_tangents_take_the_python_path(node):
 
 
 def test_a_program_it_cannot_translate_keeps_the_python_path(node):
-    # cross-entropy: its labels are checked per call in Python, so the whole call stays
-    # there, with torch's gradients and the error naming a label out of range
-    text = ("m[i] := max[j](X[i,j])\nl[i] := log(sum[j](exp(X[i,j] - m[i]))) + m[i] - "
-            "X[i, t[i]]\nL := sum[i](l[i]) / 64")
-    program = ef.compile(text, outputs=("L",))
-    x, _, _, _ = _inputs()
-    t = torch.from_numpy(np.random.default_rng(1).integers(0, 64, 64))
-    for _ in range(3):
-        leaf = x.detach().clone().requires_grad_()
-        program(X=leaf, t=t).backward()
-    twin = x.detach().clone().requires_grad_()
-    torch.nn.functional.cross_entropy(twin, t).backward()
+    # an embedding's weights: their gradient is a scatter, which the node does not run,
+    # so the whole call stays on the Python path, with torch's gradients and the error
+    # naming a label out of range (cross-entropy's labels: tests/test_torch_node_labels.py)
+    program = ef.compile("E[i,k] := W[t[i], k]\nY[i] := sum[k](E[i,k] * X[i,k])",
+                         outputs=("Y",))
+    rng = np.random.default_rng(1)
+    w, x = (torch.from_numpy(rng.standard_normal(shape)) for shape in ((64, 64), (32, 64)))
+    t = torch.from_numpy(rng.integers(0, 64, 32))
+    for _ in range(4):
+        leaf = w.detach().clone().requires_grad_()
+        program(W=leaf, X=x, t=t).sum().backward()
+    assert not _uses_node(program)
+    twin = w.detach().clone().requires_grad_()
+    (twin[t] * x).sum().backward()
     torch.testing.assert_close(leaf.grad, twin.grad)
     bad = t.clone()
     bad[5] = 64
     with pytest.raises(ef.EinfuseError, match="64"):
-        program(X=x.detach().clone().requires_grad_(), t=bad).backward()
+        program(W=w.detach().clone().requires_grad_(), X=x, t=bad).sum().backward()
 
 
 def test_two_outputs_one_unused_by_the_loss(node):

@@ -4,12 +4,16 @@ known for a signature (after its first backward), are translated into one plan o
 slots and kernel calls; later calls of that signature are one C++ call each way, with
 the same kernels on the same arrays, so the same values.
 
-A call is translated only where every step is a prepared fused group or row kernel
-whose arguments depend on the layouts alone (no scalar parameters, no gathers checked
-per call, no scatter or label check in the backward), every output is a float array
-the forward makes, and every gradient is an array the backward makes of the input's
-shape and dtype.  Anything else, a call whose tensors have another layout, a kernel
-that raises its error flag and torch.func's transforms keep the Python path; a
+A call is translated only where every step is a prepared fused group, row kernel
+(the log-sum-exp one too, on int64 labels), statement run alone by its repeat runner
+(backends/c/repeat.py) or a backward's label check, whose arguments depend on the
+layouts alone (no scalar parameters, no gathers checked per call, no scatter), every
+output is a float array the forward makes, and every gradient is an array the
+backward makes of the input's shape and dtype.  An index array a fused kernel reads as
+values is converted in C++, as the Python runner converts it.  Anything else, a call
+whose tensors have another layout and torch.func's transforms keep the Python path; a
+kernel that raises its error flag or a label out of range hands the call (forward) or
+the backward to the Python path, which raises the statement's own error; a
 backward with ``create_graph=True`` calls the Python path back from C++."""
 
 from __future__ import annotations
@@ -21,12 +25,15 @@ import numpy as np
 from ..backends.c import torch_node as c_torch_node
 from ..backends.c.threads import free_threads
 from ..plan.thread_rows import ROW_ALIGN, padded_length
-from .run_groups import PreparedRun
+from ..schedule.units import needed
+from .program_backward import _check_labels
+from .run_groups import PreparedRun, _run_one_step
+from .signatures import signature_of
 
 # at::ScalarType's numbers (c10/core/ScalarType.h) of the dtypes a plan may hold
 _SCALAR_TYPES = {np.dtype(np.float32): 6, np.dtype(np.float64): 7,
                  np.dtype(np.int64): 4, np.dtype(np.int32): 3}
-_EMPTY, _SCRATCH, _CALL, _TOTAL = 0, 1, 2, 3
+_EMPTY, _SCRATCH, _CALL, _TOTAL, _CHECK, _CAST = 0, 1, 2, 3, 4, 5
 
 
 class Untranslatable(Exception):
@@ -57,6 +64,9 @@ class _Builder:
         # per slot: (shape, dtype, byte strides) of the array it holds
         self.layout: Dict[int, Tuple] = dict(enumerate(layouts))
         self.made = set()        # slots an operation writes (fresh arrays)
+        # what the plan's raw addresses point into, beyond the prepared runs: the repeat
+        # runners of statements run alone (a kernel may drop one from its cache)
+        self.alive: List[object] = []
 
     def new(self, shape, dtype, strides=None) -> int:
         slot = self.count
@@ -67,15 +77,23 @@ class _Builder:
         self.made.add(slot)
         return slot
 
-    def read(self, key, layout) -> int:
+    def read(self, key, layout, ops: list) -> int:
         slot = self.slot.get(key)
         if slot is None:
             raise Untranslatable(f"{key} comes from no step")
         shape, dtype, strides = self.layout[slot]
-        if (tuple(shape), np.dtype(dtype), tuple(strides)) != \
-                (tuple(layout[0]), np.dtype(layout[1]), tuple(layout[2])):
-            raise Untranslatable(f"{key} of another layout than the step's")
-        return slot
+        wanted = (tuple(layout[0]), np.dtype(layout[1]), tuple(layout[2]))
+        if (tuple(shape), np.dtype(dtype), tuple(strides)) == wanted:
+            return slot
+        # an index array a kernel reads as values (converted per call, as the Python
+        # runner's laid_out does): a contiguous copy in the working dtype
+        if tuple(shape) == wanted[0] and np.dtype(dtype) in (np.int64, np.int32) and \
+                wanted[1] in (np.float32, np.float64) and \
+                wanted[2] == _strides(shape, wanted[1].itemsize):
+            cast = self.new(shape, wanted[1])
+            ops.append((_CAST, cast, slot, list(shape), _code(wanted[1])))
+            return cast
+        raise Untranslatable(f"{key} of another layout than the step's")
 
     def empty(self, ops: list, shape, dtype, owned: bool = False) -> int:
         """A fresh array's slot; ``owned``: one nothing reads after its step, which
@@ -92,25 +110,78 @@ class _Builder:
         return slot
 
     def steps(self, run, ops: list) -> None:
+        if getattr(run, "func", None) is _check_labels:
+            self.labels(run.args[0], ops)
+            return
         if not isinstance(run, PreparedRun):
             raise Untranslatable(f"a {type(run).__name__} step")
         for step in run.steps:
             function = getattr(step.run, "func", None)
+            if function is _run_one_step:
+                self.alone(*step.run.args, ops)
+                continue
             describe = getattr(function, "describe", None)
             if describe is None:
                 raise Untranslatable("a step run alone")
             self.step(describe(), step.run.keywords["keys"], ops)
+
+    def labels(self, piece, ops: list) -> None:
+        """A backward's range checks of the labels its scatters gather by: in C++,
+        where a failed one hands the backward to the Python path (which raises the
+        statement's own error)."""
+        for _statement, checks in piece.checks:
+            for name, size, _axis in checks:
+                slot = self.slot.get(name)
+                if slot is None or self.layout[slot][1] not in (np.int64, np.int32):
+                    raise Untranslatable(f"labels {name}")
+                ops.append((_CHECK, slot, int(size)))
+
+    def alone(self, kernel, framework: str, ops: list) -> None:
+        """A statement run alone: the kernel calls of the repeat runner that its
+        signature's arrays (by layout) have prepared (backends/c/repeat.py)."""
+        if framework != "numpy":
+            raise Untranslatable("a statement on another framework's arrays")
+        names = needed(kernel.spec)
+        stand_ins = {}
+        for name in names:
+            slot = self.slot.get(name)
+            if slot is None:
+                raise Untranslatable(f"{name} comes from no step")
+            shape, dtype, strides = self.layout[slot]
+            stand_ins[name] = np.lib.stride_tricks.as_strided(
+                np.empty(1, dtype), shape, strides, writeable=False)
+        signature = signature_of(stand_ins)
+        runner = kernel._repeat.get(signature) if signature is not None else None
+        describe = getattr(runner, "describe", None)
+        if describe is None:
+            raise Untranslatable(f"{kernel.spec.output}: a statement with no prepared kernel")
+        found = describe()
+        self.alive.append(runner)
+        buffers = []
+        for name, dtype in found["inputs"]:
+            slot = self.slot[name]
+            if self.layout[slot][1] != np.dtype(dtype):
+                raise Untranslatable(f"{name} converted per call")
+            buffers.append(slot)
+        out = self.empty(ops, found["shape"], found["dtype"])
+        buffers.append(out)
+        for entry in found["entries"]:
+            ops.append((_CALL, entry, *found["addresses"], 1 if found["adaptive"] else 0,
+                        found["threads"], buffers))
+        self.slot[kernel.spec.output] = out
 
     def step(self, found, keys, ops: list) -> None:
         working = found["working"]
         call = (_CALL, found["entry"], *found["addresses"], found["adaptive"],
                 found["threads"])
         if "plan" not in found:          # a row kernel
-            inputs = [self.read(key, layout) for key, layout in found["inputs"]]
+            inputs = [self.read(key, layout, ops) for key, layout in found["inputs"]]
             outs = {k: self.empty(ops, shape, working, keys[k] is None)
                     for k, shape in found["shapes"]}
+            members = [outs[k] for k, _ in found["shapes"]]
             buffers = [inputs[0], outs[0], outs[2], outs[3]] if found["softmax"] else \
-                inputs + [outs[k] for k, _ in found["shapes"]]
+                [inputs[0]] + members + inputs[1:] if found.get("statistics") else \
+                inputs + members
             ops.append(call + (buffers,))
             for k, slot in outs.items():
                 if keys[k] is not None:
@@ -129,7 +200,7 @@ class _Builder:
         buffers = []
         for how in found["plan"]:
             if how[0] == "in":
-                buffers.append(self.read(how[1], how[3]))
+                buffers.append(self.read(how[1], how[3], ops))
             elif how[0] == "out":
                 buffers.append(outputs[how[1]])
             elif how[0] == "rows":
@@ -230,7 +301,8 @@ def _translate(node, prepared, passed, layouts, seed_layouts, backward_run, fall
     # what the backward reads of the forward: passed tensors (all saved: torch's version
     # check), outputs, and intermediates kept
     read = {slot for op in backward if op[0] == _CALL for slot in op[-1]} | \
-        {slot for op in backward if op[0] == _TOTAL for slot in op[2:4]}
+        {slot for op in backward if op[0] == _TOTAL for slot in op[2:4]} | \
+        {op[2] for op in backward if op[0] == _CAST}
     kept = sorted(s for s in read if len(passed) <= s < start and s not in outputs and
                   s in forward_slots.values() and s not in {seed[0] for seed in seeds})
     saved_outputs = [n for n, slot in enumerate(outputs) if slot in read]
@@ -253,7 +325,7 @@ def _translate(node, prepared, passed, layouts, seed_layouts, backward_run, fall
     plan = node.make_plan(builder.count, len(passed), len(prepared.names), checks, forward,
                           backward, outputs, list(range(len(passed))), saved_outputs, kept,
                           seeds, gradients, fallback,
-                          (prepared._forward, backward_run))
+                          (prepared._forward, backward_run, tuple(builder.alive)))
     adaptive = any(op[0] == _CALL and op[6] for op in forward + backward)
     return node.apply, plan, adaptive
 

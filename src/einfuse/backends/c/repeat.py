@@ -150,6 +150,12 @@ def repeat_runner(call, schedule: Optional[Schedule] = None) -> Optional[Prepare
                     raise GatherFlagged("a prepared C kernel raised its error flag")
             return arrays[-1]
         run_direct.keep = (ints, doubles, integers, fills, functions)
+        # the same kernel calls as runtime/torch_node.py makes them from C++ (not with
+        # parameters, whose values fill the doubles per call, nor a per-call check)
+        run_direct.describe = None if params or spans is not None else lambda: {
+            "entries": entries, "addresses": addresses, "adaptive": adaptive,
+            "threads": threads, "inputs": tuple(zip(names, dtypes)), "shape": shape,
+            "dtype": np.dtype(out_dtype)}
         return PreparedRunner(run_direct, np.dtype(out_dtype))
 
     def run(named: Mapping[str, np.ndarray]) -> np.ndarray:

@@ -229,13 +229,25 @@ def prepared_runner(group: RowKernel, members, adaptive: bool, threads: int):
                 env[keys[k]] = outs[k]
         return True
     runner.keep = launch
-    # the same kernel call as runtime/torch_node.py runs it from C++ (not the
-    # log-sum-exp kernel: its values read index arrays converted per call)
-    runner.describe = None if statistics or (
+    # the same kernel call as runtime/torch_node.py runs it from C++ (the log-sum-exp
+    # kernel's where its inputs need no conversion per call: int64 index arrays, values
+    # in the working dtype; the matrix, the outputs, then the other inputs)
+    by_key = dict(layouts)
+    if statistics:
+        order = (group.inputs[0],) + tuple(group.statistics.inputs)
+        targets = [np.dtype(working)] + [
+            np.dtype(np.int64) if key in group.statistics.index_keys else np.dtype(working)
+            for key in group.statistics.inputs]
+        plain = all(key in by_key and by_key[key][1] == target and
+                    all(s % target.itemsize == 0 for s in by_key[key][2])
+                    for key, target in zip(order, targets))
+    runner.describe = None if (statistics and not plain) or (
         group.pattern is not RowPattern.SOFTMAX and never) else lambda: {
         "entry": launch.entry, "addresses": launch.addresses * 2, "adaptive": 1 if adaptive
-        else 0, "threads": threads, "working": np.dtype(working), "inputs": tuple(layouts),
-        "shapes": shapes, "softmax": group.pattern is RowPattern.SOFTMAX}
+        else 0, "threads": threads, "working": np.dtype(working),
+        "inputs": tuple((key, by_key[key]) for key in order) if statistics else
+        tuple(layouts), "shapes": shapes, "softmax": group.pattern is RowPattern.SOFTMAX,
+        "statistics": statistics}
     return runner
 
 

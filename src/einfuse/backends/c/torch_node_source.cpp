@@ -33,7 +33,7 @@ typedef void (*kernel_fn)(void **, const int64_t *, const double *, const int64_
 
 namespace {
 
-enum OpKind { EMPTY = 0, SCRATCH = 1, CALL = 2, TOTAL = 3 };
+enum OpKind { EMPTY = 0, SCRATCH = 1, CALL = 2, TOTAL = 3, CHECK = 4, CAST = 5 };
 
 struct Op {
   int kind = EMPTY;
@@ -52,7 +52,8 @@ struct Op {
   int adaptive = 0;                    // 0 fixed, 1 a row kernel's rule, 2 a fused group's
   std::vector<int> buffers;            // CALL: the slots passed, in the kernel's order
   int sums = -1, errors = -1;          // TOTAL: the accumulators' slots
-  int64_t size = 0;                    // TOTAL: elements of the output
+  int source = -1;                     // CAST: the index array's slot
+  int64_t size = 0;                    // TOTAL: elements of the output; CHECK: the bound
   bool compensated = true;             // TOTAL: sums in the working dtype, errors beside
   bool owned = false;                  // EMPTY, SCRATCH: never leaves the run: the plan's own
 };
@@ -104,8 +105,31 @@ void add_columns(const Op &op, const at::Tensor &sums, const at::Tensor &errors,
   }
 }
 
-// Runs ``ops`` on ``slots``; false where a kernel raised its error flag (an index out
-// of bounds: nothing is to be delivered, the caller's full path names it).  ``owned``
+// Whether every value of an index array lies in 0..size-1 (a scatter's labels, checked
+// before the kernels run as program_scatter.check_labels does).
+template <typename Index>
+bool labels_in_range(const at::Tensor &labels, int64_t size) {
+  at::Tensor plain = labels.contiguous();
+  const Index *v = plain.data_ptr<Index>();
+  bool inside = true;
+  for (int64_t i = 0, n = plain.numel(); i < n; ++i)
+    inside &= v[i] >= 0 && (int64_t)v[i] < size;
+  return inside;
+}
+
+// An index array's values in a kernel's working dtype, as NumPy's astype makes them
+// (a fused group that compares an index with a loop counter reads them so).
+template <typename Index, typename Value>
+void cast_values(const at::Tensor &from, at::Tensor &to) {
+  at::Tensor plain = from.contiguous();
+  const Index *v = plain.data_ptr<Index>();
+  Value *o = to.data_ptr<Value>();
+  for (int64_t i = 0, n = plain.numel(); i < n; ++i) o[i] = (Value)v[i];
+}
+
+// Runs ``ops`` on ``slots``; false where a kernel raised its error flag or a label
+// check failed (an index out of bounds: nothing is to be delivered, the caller's full
+// path names it).  ``owned``
 // (the plan's arrays by operation, or null): where the arrays of the operations that
 // never leave a run are kept from one run to the next, as the Python runners keep theirs.
 bool run_ops(const std::vector<Op> &ops, std::vector<at::Tensor> &slots, int free,
@@ -114,6 +138,13 @@ bool run_ops(const std::vector<Op> &ops, std::vector<at::Tensor> &slots, int fre
   for (size_t number = 0; number < ops.size(); ++number) {
     const Op &op = ops[number];
     at::Tensor *kept = owned && op.owned ? &(*owned)[number] : nullptr;
+    if (op.kind == CHECK) {
+      const at::Tensor &labels = slots[op.slot];
+      bool inside = labels.scalar_type() == at::kLong ? labels_in_range<int64_t>(labels, op.size)
+                                                      : labels_in_range<int32_t>(labels, op.size);
+      if (!inside) return false;
+      continue;
+    }
     if (kept && kept->defined() && op.kind != CALL && op.kind != TOTAL) {
       if (op.zero) std::memset(kept->data_ptr(), 0, kept->numel() * kept->element_size());
       slots[op.slot] = *kept;
@@ -139,6 +170,19 @@ bool run_ops(const std::vector<Op> &ops, std::vector<at::Tensor> &slots, int fre
         op.entry(pointers, op.ints, op.doubles, op.integers, op.fills, threads_for(op, free),
                  &error);
         if (error) return false;
+        break;
+      }
+      case CAST: {
+        const at::Tensor &from = slots[op.source];
+        at::Tensor out = allocate(op.sizes, op.dtype, false);
+        bool wide = from.scalar_type() == at::kLong;
+        TORCH_CHECK(wide || from.scalar_type() == at::kInt,
+                    "einfuse torch node: a cast from an unplanned dtype");
+        if (op.dtype == at::kFloat)
+          wide ? cast_values<int64_t, float>(from, out) : cast_values<int32_t, float>(from, out);
+        else
+          wide ? cast_values<int64_t, double>(from, out) : cast_values<int32_t, double>(from, out);
+        slots[op.slot] = out;
         break;
       }
       case TOTAL: {
@@ -196,6 +240,16 @@ Op op_of(py::tuple t) {
     op.sizes = t[5].cast<std::vector<int64_t>>();
     op.dtype = (at::ScalarType)t[6].cast<int>();
     op.compensated = t[7].cast<bool>();
+  } else if (op.kind == CHECK) {
+    op.slot = t[1].cast<int>();
+    op.size = t[2].cast<int64_t>();
+  } else if (op.kind == CAST) {
+    op.slot = t[1].cast<int>();
+    op.source = t[2].cast<int>();
+    op.sizes = t[3].cast<std::vector<int64_t>>();
+    op.dtype = (at::ScalarType)t[4].cast<int>();
+    TORCH_CHECK(op.dtype == at::kFloat || op.dtype == at::kDouble,
+                "einfuse torch node: a cast to an unplanned dtype");
   } else {
     TORCH_CHECK(false, "einfuse torch node: an unknown operation");
   }
@@ -276,7 +330,9 @@ struct ProgramNode : public Node {
     for (size_t i = 0; i < grads.size() && i < p.seeds.size(); ++i)
       if (!grads[i].defined())      // (an output the loss does not read: zeros, as torch's)
         grads[i] = at::zeros(p.seeds[i].sizes, at::TensorOptions().dtype(p.seeds[i].dtype));
-    if (at::GradMode::is_enabled()) {       // create_graph=True: the Python path
+    // create_graph=True, or a label check or kernel flag below: the Python path, which
+    // differentiates or raises the statement's own error
+    auto python_path = [&]() {
       py::gil_scoped_acquire held;
       py::list given, seeds, asked;
       for (auto &t : passed) given.append(t);
@@ -287,7 +343,8 @@ struct ProgramNode : public Node {
       for (auto item : found)
         out.push_back(item.is_none() ? at::Tensor() : item.cast<at::Tensor>());
       return out;
-    }
+    };
+    if (at::GradMode::is_enabled()) return python_path();
     for (size_t i = 0; i < p.seeds.size(); ++i) {
       const Layout &seed = p.seeds[i];
       at::Tensor g = grads[i];
@@ -302,8 +359,7 @@ struct ProgramNode : public Node {
       }
       slots[seed.slot] = g;
     }
-    TORCH_CHECK(plan->run(true, slots, free),
-                "einfuse torch node: a backward kernel raised its error flag");
+    if (!plan->run(true, slots, free)) return python_path();
     variable_list out;
     for (int i = 0; i < p.recorded; ++i)
       out.push_back(wanted[i] && p.gradients[i] >= 0 ? slots[p.gradients[i]] : at::Tensor());
