@@ -108,6 +108,9 @@ def _load():
         "einfuse: building the torch autograd node in %s (once per machine and torch "
         "version)", directory)
     with file_lock(os.path.join(cache_dir(), name + ".lock"), _BUILD_TIMEOUT_S):
+        built_before = _import_built(name, directory)
+        if built_before is not None:      # (the key names the source: no build to check)
+            return built_before
         # the source is copied in: the build directory's ninja file names it
         path = os.path.join(directory, "torch_node.cpp")
         if not os.path.exists(path) or open(path).read() != source:
@@ -124,6 +127,23 @@ def _load():
             raise RuntimeError(f"the build failed: {built.stderr[-2000:]}")
         return cpp_extension.load(name=name, sources=[path], build_directory=directory,
                                   extra_cflags=_FLAGS, verbose=False)
+
+
+def _import_built(name: str, directory: str):
+    """The extension a build of this key left in ``directory``, imported as it is, or
+    None: asking torch's builder to check it (a process importing torch, then ninja)
+    costs seconds of CPU in every process, counted against the calls it runs beside."""
+    import importlib.util
+    library = os.path.join(directory, name + ".so")
+    if not os.path.exists(library):
+        return None
+    try:
+        spec = importlib.util.spec_from_file_location(name, library)
+        found = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(found)
+    except (ImportError, OSError):    # (a partial or foreign file: built again)
+        return None
+    return found
 
 
 _FLAGS = ["-O2", "-ffp-contract=off"]
