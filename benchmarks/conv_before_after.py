@@ -3,6 +3,7 @@ case's ratio measured within one process, ours against torch interleaved), so th
 before/after comparison shares the machine's load of the moment.
 
     OMP_NUM_THREADS=1 python benchmarks/conv_before_after.py BEFORE_SRC AFTER_SRC [--rounds 2]
+        [--case s2 --case c1s2]
 
 (BEFORE_SRC, e.g. ``git archive <rev> src | tar -x -C /tmp/before`` then /tmp/before/src.)"""
 
@@ -22,11 +23,13 @@ def main():
     parser.add_argument("after")
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--repeats", type=int, default=15)
+    parser.add_argument("--case", action="append", help="only these cases (keys of "
+                        "conv_cases_ratio.CASES); all by default")
     args = parser.parse_args()
     sys.path.insert(0, HERE)
     from conv_cases_ratio import CASES
     env = dict(os.environ, OMP_NUM_THREADS="1")
-    for key in CASES:
+    for key in args.case or list(CASES):
         for round_ in range(args.rounds):
             for label, tree in (("before", args.before), ("after", args.after)):
                 line = subprocess.run(

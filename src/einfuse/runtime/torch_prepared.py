@@ -21,7 +21,7 @@ Imported only when the caller's arrays are torch tensors."""
 from __future__ import annotations
 
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable, Dict, Mapping, Optional, Tuple
 
 import numpy as np
@@ -40,6 +40,12 @@ from .torch_autograd import (differentiable_names, input_gradients, numpy_view,
                              saved_tensors)
 from ..analysis.frameworks import torch_recording as recording
 from .gradient_reference import resolve_options
+from .strided_scatter import target_view
+from .window_scatter import prepared_add
+from ..analysis.frameworks import NUMPY
+from ..plan.library_patterns import scatters_rows
+from ..schedule.library import ScatterCall, scatter_library
+from ..schedule.schedule import Library
 
 # Prepared backwards kept per forward signature: one per layout (strides) of dOUT.
 LAYOUTS_KEPT = 8
@@ -58,11 +64,14 @@ class PreparedStep:
     every array when ``by_name`` (it picks its own), else just ``inputs``.  A scatter
     statement (``scatter``: it and its options, resolved for this signature) computes
     values that are then added into the gradient at the positions it names (by rows of
-    the index array named third, where it has the embedding-backward form)."""
+    the index array named third, where it has the embedding-backward form).  ``adders``:
+    per layout of gradient and values, the scatter's col2im prepared once
+    (window_scatter.prepared_add), or None where it takes another way."""
     run: Callable[[Mapping[str, object]], np.ndarray]
     inputs: Tuple[str, ...]
     by_name: bool
     scatter: Optional[Tuple[object, Mapping[str, object], Optional[str]]] = None
+    adders: Dict[Tuple, Optional[Callable]] = field(default_factory=dict, compare=False)
 
 
 @dataclass(frozen=True)
@@ -204,9 +213,46 @@ def _run_steps(steps: Tuple[PreparedStep, ...], values, shape) -> np.ndarray:
         part = np.asarray(part)
         if total is None:     # (in the values' float dtype, as run_reference does)
             total = _NUMPY_OPS.zeros(shape, part)
-        if rows_by is None or not _add_rows(total, part, values[rows_by]):
-            total = numpy_scatter_add(_NUMPY_OPS, total, g, part, options, values)
+        if rows_by is not None and _add_rows(total, part, values[rows_by]):
+            continue
+        if rows_by is None and _add_prepared(step.adders, total, g, part, options):
+            continue
+        total = numpy_scatter_add(_NUMPY_OPS, total, g, part, options, values)
     return total
+
+
+_UNSEEN = object()
+
+
+def _add_prepared(adders, total, g, part, options) -> bool:
+    """``part`` added into ``total`` at ``g``'s windows by the col2im prepared for
+    their layouts (True), made on the first call of a layout; False where that
+    layout takes another way, left to numpy_scatter_add."""
+    if type(total) is not np.ndarray or type(part) is not np.ndarray:
+        return False
+    key = (total.shape, total.strides, total.dtype, part.shape, part.strides, part.dtype)
+    adder = adders.get(key, _UNSEEN)
+    if adder is _UNSEEN:
+        if len(adders) >= LAYOUTS_KEPT:
+            adders.clear()
+        adder = adders[key] = _scatter_adder(total, g, part, options)
+    return adder is not None and adder(total, part)
+
+
+def _scatter_adder(total, g, part, options) -> Optional[Callable]:
+    """window_scatter.prepared_add for arrays like these where numpy_scatter_add adds
+    them by that one C walk (the library rule does not take one strided view); None
+    otherwise."""
+    ranges = {n: options["ranges"][n] for n in g.spec.output_indices}
+    view = target_view(total, g, part, ranges)
+    rows = scatters_rows(g, total.shape, part.shape)
+    library = scatter_library(ScatterCall(
+        view is not None, rows,
+        rows and all(options["ranges"][sub.plain_index].start == 0
+                     for sub in g.scatter[1:])), NUMPY)
+    if library is Library.STRIDED_ADD:
+        return None
+    return prepared_add(total, g, part, ranges)
 
 
 def _rows_by(g, options, values) -> Optional[str]:

@@ -87,31 +87,10 @@ def add_by_offsets(target, g, values, ranges: Mapping[str, range]) -> bool:
     import numpy as np
     indices = tuple(g.spec.output_indices)
     numpy_target = isinstance(target, np.ndarray)
-    if numpy_target and (not target.flags.c_contiguous or not target.flags.writeable
-                         or target.ndim == 0):
+    found = _checked_plan(target, g, values, ranges)
+    if found is None:
         return False
-    if tuple(values.shape) != tuple(len(ranges[n]) for n in indices):
-        return False
-    plan = offset_plan(g.scatter, indices, ranges, target.shape)
-    if plan is None:
-        return False
-    looped, kept, offsets = plan
-    if numpy_target:
-        steps = [s // target.itemsize for s in target.strides]
-    else:
-        steps = list(target.stride())
-    # the kept indices' views must never repeat an address (the mixed-radix test)
-    strides = {n: 0 for n in kept}
-    for sub, step in zip(g.scatter, steps):
-        for name, c in sub.terms:
-            if name in strides:
-                strides[name] += c * step
-    covered = 0
-    for stride, count in sorted((abs(strides[n]), len(ranges[n])) for n in kept
-                                if len(ranges[n]) > 1):
-        if stride <= covered:
-            return False
-        covered += stride * (count - 1)
+    looped, kept, offsets, steps = found
     if numpy_target and isinstance(values, np.ndarray) and \
             _add_in_one_pass(target, g, values, ranges, looped, kept, offsets, steps):
         return True
@@ -146,6 +125,66 @@ def add_by_offsets(target, g, values, ranges: Mapping[str, range]) -> bool:
     return True
 
 
+def _checked_plan(target, g, values, ranges):
+    """(looped, kept, offsets, the target's element steps) of add_by_offsets for these
+    arrays, or None where the scatter is not of its form."""
+    import numpy as np
+    indices = tuple(g.spec.output_indices)
+    numpy_target = isinstance(target, np.ndarray)
+    if numpy_target and (not target.flags.c_contiguous or not target.flags.writeable
+                         or target.ndim == 0):
+        return None
+    if tuple(values.shape) != tuple(len(ranges[n]) for n in indices):
+        return None
+    plan = offset_plan(g.scatter, indices, ranges, target.shape)
+    if plan is None:
+        return None
+    looped, kept, offsets = plan
+    if numpy_target:
+        steps = [s // target.itemsize for s in target.strides]
+    else:
+        steps = list(target.stride())
+    # the kept indices' views must never repeat an address (the mixed-radix test)
+    strides = {n: 0 for n in kept}
+    for sub, step in zip(g.scatter, steps):
+        for name, c in sub.terms:
+            if name in strides:
+                strides[name] += c * step
+    covered = 0
+    for stride, count in sorted((abs(strides[n]), len(ranges[n])) for n in kept
+                                if len(ranges[n]) > 1):
+        if stride <= covered:
+            return None
+        covered += stride * (count - 1)
+    return looped, kept, offsets, steps
+
+
+def prepared_add(target, g, values, ranges: Mapping[str, range]):
+    """add_by_offsets's one C walk decided once for a NumPy target and values laid
+    out like these: a callable ``add(target, values)`` doing what add_by_offsets does
+    for such arrays (the same kernel, arguments, bits), False (nothing done) for
+    arrays of another layout; None where add_by_offsets would not take the one walk."""
+    import numpy as np
+    if not isinstance(target, np.ndarray) or not isinstance(values, np.ndarray) or \
+            values.dtype != target.dtype:
+        return None
+    found = _checked_plan(target, g, values, ranges)
+    if found is None:
+        return None
+    looped, kept, offsets, steps = found
+    order, flips, coefficients, origin, shared = _one_pass_walk(
+        g, ranges, looped, kept, offsets, steps)
+    from ..backends.c.window_pack import window_adder
+    adder = window_adder(target, values.transpose(order)[flips], coefficients, origin,
+                         shared)
+    if adder is None:
+        return None
+
+    def add(target, values) -> bool:
+        return type(values) is np.ndarray and adder(target, values.transpose(order)[flips])
+    return add
+
+
 def _add_in_one_pass(target, g, values, ranges, looped, kept, offsets, steps) -> bool:
     """The whole scatter as one C walk (backends/c/window_pack.add_window): the kept
     indices alone in their subscripts outermost (an image and channel of a conv), then
@@ -154,8 +193,19 @@ def _add_in_one_pass(target, g, values, ranges, looped, kept, offsets, steps) ->
     (nine passes over a whole conv gradient went to memory each time: 1.4 ms of
     NumPy adds against 0.3 ms), in the same order as the per-offset adds, so the same
     bits.  False where the kernel does not take the arrays."""
-    import numpy as np
     from ..backends.c.window_pack import add_window
+    order, flips, coefficients, origin, shared = _one_pass_walk(
+        g, ranges, looped, kept, offsets, steps)
+    part = values.transpose(order)[flips]
+    if part.dtype != target.dtype:
+        part = part.astype(target.dtype)
+    return add_window(target, part, coefficients, origin, shared=shared)
+
+
+def _one_pass_walk(g, ranges, looped, kept, offsets, steps):
+    """(the values' axes in walk order, the flips of those walked downwards, the
+    coefficients and origin of the walk in the target, its shared axes) for
+    _add_in_one_pass."""
     indices = tuple(g.spec.output_indices)
     beside = {n for sub in g.scatter for n, _ in sub.terms if n in looped}
     paired = {n for sub in g.scatter if any(m in beside for m, _ in sub.terms)
@@ -181,11 +231,9 @@ def _add_in_one_pass(target, g, values, ranges, looped, kept, offsets, steps) ->
         sign = -1 if down.get(name) else 1
         coefficients.append([sign * sum(c for n, c in sub.terms if n == name)
                              for sub in g.scatter])
-    part = values.transpose([indices.index(n) for n in order])
-    part = part[tuple(slice(None, None, -1) if down.get(n) else slice(None) for n in order)]
-    if part.dtype != target.dtype:
-        part = part.astype(target.dtype)
-    return add_window(target, part, coefficients, origin, shared=len(looped) + len(inner) - 2)
+    flips = tuple(slice(None, None, -1) if down.get(n) else slice(None) for n in order)
+    return ([indices.index(n) for n in order], flips, coefficients, origin,
+            len(looped) + len(inner) - 2)
 
 
 def _window(scatter, fixed, kept, ranges, target_shape, steps):

@@ -482,27 +482,58 @@ def add_window(target: np.ndarray, values: np.ndarray, coefficients: Sequence[Se
     arrays.  The caller guarantees that two points which share an address differ only
     in the view's last ``shared`` axes and the two innermost (those run on one
     thread; threads split the others)."""
-    shape = tuple(values.shape)
-    kind = _usable(target, shape, coefficients)
+    adder = window_adder(target, values, coefficients, origin, shared)
+    if adder is None:
+        return False
+    return adder(target, values)
+
+
+class WindowAdder:
+    """:func:`add_window` for one layout of target and values (shapes, strides, dtype),
+    its kernel arguments made once: a repeated backward's col2im then costs the
+    kernel alone."""
+
+    def __init__(self, function, target, values, coefficients, origin, shared):
+        shape = tuple(values.shape)
+        self.function = function
+        self.key = (target.shape, target.strides, values.shape, values.strides,
+                    target.dtype)
+        strides = [s // target.itemsize for s in target.strides]
+        vsteps = [s // values.itemsize for s in values.strides]
+        rank = len(shape)
+        shape, coefficients, vsteps = _blocks(shape, coefficients, vsteps)
+        # (the runs: the blocks of the shared axes, and of the row axis where a unit one
+        # was put in after it)
+        group = math.prod(shape[max(0, rank - 2 - shared):len(shape) - 2])
+        self.keep, pointers = _arguments(shape, target.shape, strides,
+                                         [c for row in coefficients for c in row], origin,
+                                         vsteps)
+        self.head = (ctypes.c_int64(len(shape)), pointers[0], ctypes.c_int64(target.ndim),
+                     *pointers[1:], ctypes.c_int64(max(1, group)))
+        self.size = values.size
+        self.dense = ctypes.c_int(int(target.flags.c_contiguous))
+
+    def __call__(self, target: np.ndarray, values: np.ndarray) -> bool:
+        """The add, True; False (nothing done) for arrays of another layout."""
+        if (target.shape, target.strides, values.shape, values.strides,
+                target.dtype) != self.key or values.dtype != target.dtype or \
+                not target.flags.writeable:
+            return False
+        self.function(ctypes.c_void_p(target.ctypes.data),
+                      ctypes.c_void_p(values.ctypes.data), *self.head,
+                      ctypes.c_int(thread_count(None, self.size)), self.dense)
+        return True
+
+
+def window_adder(target: np.ndarray, values: np.ndarray, coefficients: Sequence[Sequence[int]],
+                 origin: Sequence[int], shared: int = 0) -> Optional[WindowAdder]:
+    """:func:`add_window` prepared for arrays laid out as ``target`` and ``values``, or
+    None where the kernel does not take them."""
+    kind = _usable(target, tuple(values.shape), coefficients)
     if kind is None or not target.flags.writeable or values.dtype != target.dtype or \
             any(s % values.itemsize for s in values.strides):
-        return False
+        return None
     function = _function(f"einfuse_add_window_{kind}")
     if function is None:
-        return False
-    strides = [s // target.itemsize for s in target.strides]
-    vsteps = [s // values.itemsize for s in values.strides]
-    rank = len(shape)
-    shape, coefficients, vsteps = _blocks(shape, coefficients, vsteps)
-    # (the runs: the blocks of the shared axes, and of the row axis where a unit one
-    # was put in after it)
-    group = math.prod(shape[max(0, rank - 2 - shared):len(shape) - 2])
-    keep, pointers = _arguments(shape, target.shape, strides,
-                                [c for row in coefficients for c in row], origin, vsteps)
-    function(
-        ctypes.c_void_p(target.ctypes.data), ctypes.c_void_p(values.ctypes.data),
-        ctypes.c_int64(len(shape)), pointers[0], ctypes.c_int64(target.ndim), *pointers[1:],
-        ctypes.c_int64(max(1, group)), ctypes.c_int(thread_count(None, values.size)),
-        ctypes.c_int(int(target.flags.c_contiguous)))
-    del keep
-    return True
+        return None
+    return WindowAdder(function, target, values, coefficients, origin, shared)
