@@ -175,3 +175,15 @@ def fused_calls(monkeypatch):
             return out
         monkeypatch.setattr(module, name, counting)
     return calls
+
+
+@pytest.fixture(scope="module")
+def node():
+    """The C++ autograd node (backends/c/torch_node.py), built or loaded: a failed build
+    fails the test, it does not skip; skipped only where there is no C compiler."""
+    from einfuse.backends.c import build as c_build, torch_node as c_torch_node
+    if c_build.find_compiler() is None:
+        pytest.skip("no C compiler: the C backend itself is unavailable")
+    found = c_torch_node.module(wait=True)
+    assert found is not None, c_torch_node.reason()
+    return found

@@ -11,7 +11,8 @@ import pytest
 import torch
 
 import einfuse as ef
-from einfuse.backends.c import build as c_build, torch_node as c_torch_node
+from einfuse.backends.c import torch_node as c_torch_node
+from torch_node_support import python_path as _python_path, uses_node as _uses_node
 
 SOFTMAX = ("M[i] := max[j](X[i,j])\nE[i,j] := exp(X[i,j] - M[i])\n"
            "Z[i] := sum[j](E[i,j])\nP[i,j] := E[i,j] / Z[i]")
@@ -19,24 +20,6 @@ LAYERNORM = ("m[i] := sum[j](X[i,j]) / 64\nv[i] := sum[j]((X[i,j] - m[i])**2) / 
              "Y[i,j] := (X[i,j] - m[i]) / sqrt(v[i] + 1e-05) * g[j] + b[j]")
 
 
-@pytest.fixture(scope="module")
-def node():
-    if c_build.find_compiler() is None:
-        pytest.skip("no C compiler: the C backend itself is unavailable")
-    found = c_torch_node.module(wait=True)
-    assert found is not None, c_torch_node.reason()
-    return found
-
-
-def _uses_node(program) -> bool:
-    return any(call._node is not None for owner in program._autograd.values()
-               for call in owner.calls.values())
-
-
-def _python_path(program) -> None:
-    for owner in program._autograd.values():
-        for call in owner.calls.values():
-            call._node, call._node_tried = None, True
 
 
 def _inputs(dtype=torch.float32, rows=64, cols=64, seed=0):

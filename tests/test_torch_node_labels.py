@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import einfuse as ef
-from einfuse.backends.c import build as c_build, torch_node as c_torch_node
+from torch_node_support import python_path as _python_path, uses_node as _uses_node
 
 MEAN = ("m[i] := max[j](X[i,j])\nl[i] := log(sum[j](exp(X[i,j] - m[i]))) + m[i] - "
         "X[i, t[i]]\nL := sum[i](l[i]) / 64")
@@ -18,24 +18,6 @@ PER_ROW = ("m[i] := max[j](X[i,j])\nl[i] := log(sum[j](exp(X[i,j] - m[i]))) + m[
            "X[i, t[i]]")
 
 
-@pytest.fixture(scope="module")
-def node():
-    if c_build.find_compiler() is None:
-        pytest.skip("no C compiler: the C backend itself is unavailable")
-    found = c_torch_node.module(wait=True)
-    assert found is not None, c_torch_node.reason()
-    return found
-
-
-def _uses_node(program) -> bool:
-    return any(call._node is not None for owner in program._autograd.values()
-               for call in owner.calls.values())
-
-
-def _python_path(program) -> None:
-    for owner in program._autograd.values():
-        for call in owner.calls.values():
-            call._node, call._node_tried = None, True
 
 
 def _step(program, x, t, seed):
