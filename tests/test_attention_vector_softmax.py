@@ -167,6 +167,7 @@ np.savez(OUT, **out)
 """
 
 
+@pytest.mark.slow      # (a child process per target, each compiling its kernels cold)
 @pytest.mark.parametrize("target", [
     pytest.param("avx2", marks=pytest.mark.skipif(not {"avx2", "fma", "bmi2"} <= HOST_FLAGS,
                                                   reason="the host runs no AVX2")),

@@ -148,6 +148,7 @@ TARGET_STATEMENTS = [
 ]
 
 
+@pytest.mark.slow      # (a child process per target, each compiling its kernels cold)
 @pytest.mark.parametrize("target", ["native", "avx2"])
 def test_either_target_against_numpy(target, tmp_path):
     # 45 lanes (AVX2 tiles of 16, AVX-512 of 64: both ragged), 1100 terms over j (the
