@@ -19,19 +19,21 @@ from typing import Callable, Dict, List, Optional, Tuple
 
 import numpy as np
 
-from ..analysis.frameworks import TORCH, torch_recording
+from ..analysis.frameworks import TORCH
 from ..errors import EinfuseError
 from ..schedule.choose import as_written
 
 
-def epilogue_chain(form, call) -> Optional[Callable]:
-    """``run(named)`` -> the statement's result for calls of ``call``'s signature that
-    autograd does not record, or None where a kernel of the form has no prepared
-    runner (a gather, a parameter of another type, a packed input)."""
+def epilogue_chain(form, call, kwargs) -> Optional[Callable]:
+    """``run(named)`` -> the statement's result for torch calls of ``call``'s signature
+    (``kwargs``: the first call's arguments) that autograd does not record, or None
+    where a kernel of the form has no prepared runner (a gather, a parameter of another
+    type, a packed input)."""
+    import torch
     from ..backends.c.repeat import blas_runner, repeat_runner
+    from .torch_autograd import numpy_views
     kernels = form.kernels(call.dtypes)
-    torch_caller = call.framework == TORCH
-    if kernels is None or call.framework not in ("numpy", TORCH):
+    if kernels is None or call.framework != TORCH:
         return None
     env: Dict[str, object] = {name: call.arrays[name] for name in call.arrays}
     env.update(call.params)
@@ -47,40 +49,27 @@ def epilogue_chain(form, call) -> Optional[Callable]:
         schedule = as_written(kernel, bound)
         if schedule.backend != "c":
             return None
-        if schedule.blas is not None:
-            prepared = blas_runner(bound, schedule.blas, torch_caller)
-        else:
-            prepared = repeat_runner(bound, schedule)
+        # (bound on NumPy views: the products take torch's BLAS as the caller's would)
+        prepared = blas_runner(bound, schedule.blas, True) if schedule.blas is not None \
+            else repeat_runner(bound, schedule)
         if prepared is None:
             return None
         steps.append((spec.output, prepared.run))
         env[spec.output] = np.empty(tuple(bound.output_shape), prepared.dtype)
     result_dtype = np.dtype(call.dtypes.result)
-    arrays = tuple(call.arrays)
-    if torch_caller:
-        import torch
-        tensor_type = torch.Tensor
+    # (the signature fixes which arguments are tensors)
+    tensors = tuple(n for n, v in kwargs.items() if isinstance(v, torch.Tensor))
 
     def run(named):
         values = dict(named)
-        if torch_caller:
-            for name in arrays:
-                value = named[name]
-                if isinstance(value, tensor_type):
-                    values[name] = value.detach().numpy()
+        values.update(numpy_views(named, tensors))
         for output, step in steps:
             values[output] = step(values)
         result = np.asarray(values[steps[-1][0]])
         if result.dtype != result_dtype:
             result = result.astype(result_dtype)
-        return torch.from_numpy(result) if torch_caller else result
+        return torch.from_numpy(result)
     return run
 
 
-def recorded(named) -> bool:
-    """Whether autograd records a torch call with these arguments."""
-    return torch_recording() and any(getattr(v, "requires_grad", False)
-                                     for v in named.values())
-
-
-__all__ = ["epilogue_chain", "recorded"]
+__all__ = ["epilogue_chain"]

@@ -58,7 +58,7 @@ def prepare(kernel, call, kwargs) -> None:
         cache[signature] = _hoisted_runner(kernel, kernel.hoisted_form, call)
         return
     if schedule.route is Route.BLAS_THEN_EPILOGUE:    # (its kernels: BLAS, then a pass)
-        cache[signature] = _epilogue_runner(kernel, kernel.epilogue_form, call)
+        cache[signature] = _epilogue_runner(kernel, kernel.epilogue_form, call, kwargs)
         return
     from ..backends.c.repeat import GatherFlagged, repeat_runner
     prepared = repeat_runner(call, schedule.as_written())
@@ -122,20 +122,23 @@ def _triton_runner(call):
     return repeat_runner(call, final)
 
 
-def _epilogue_runner(kernel, form, call):
+def _epilogue_runner(kernel, form, call, kwargs):
     """The hoisted runner of a BLAS-then-epilogue statement, with a torch call autograd
     does not record taking the form's kernels chained by their prepared runners
     (runtime/epilogue_chain.py)."""
-    from .epilogue_chain import epilogue_chain, recorded
+    from .epilogue_chain import epilogue_chain
     generic = _hoisted_runner(kernel, form, call)
     # (a NumPy caller's form runs each kernel on its own fast path already, with the
     # BLAS the chain would take: only a torch caller's run gains)
-    chain = epilogue_chain(form, call) if call.framework == TORCH else None
+    chain = epilogue_chain(form, call, kwargs) if call.framework == TORCH else None
     if chain is None:
         return generic
+    # (the signature fixes whether an argument requires a gradient: per call, only
+    # whether autograd records now)
+    grads = any(getattr(v, "requires_grad", False) for v in kwargs.values())
 
     def repeat(named):
-        if recorded(named):
+        if grads and torch_recording():
             return generic(named)
         try:
             return chain(named)
