@@ -204,3 +204,34 @@ def test_recorded_program_repeated_with_a_differentiable_backward():
         (second_want,) = torch.autograd.grad((want * want).sum(), theirs)
         np.testing.assert_allclose(second.cpu().numpy(), second_want.cpu().numpy(),
                                    rtol=1e-9, atol=1e-11)
+
+
+@pytest.mark.parametrize("mode", ["grad on", "no_grad"])
+def test_unrecorded_program_repeats_through_its_signature(mode):
+    """A program call whose tensors need no gradient is remembered by its signature and
+    repeated as its prepared run (one row-group launch a call): new values on every call,
+    fresh outputs, a leaf that requires a gradient under no_grad computed alike, and a
+    recorded call of the same program afterwards still a node (against torch)."""
+    import contextlib
+    rng = np.random.default_rng(7)
+    program = ef.compile("m[i] := max[j](X[i,j])\ne[i,j] := exp(X[i,j] - m[i])\n"
+                         "P[i,j] := e[i,j] / sum[k](e[i,k])", backend="triton")
+    context = torch.no_grad if mode == "no_grad" else contextlib.nullcontext
+    results = []
+    for call in range(4):
+        x = torch.from_numpy(rng.standard_normal((5, 7))).to(DEVICE)
+        if call == 3 and mode == "no_grad":
+            x.requires_grad_()     # recorded nothing either: no_grad
+        with context(), launch.observed() as seen:
+            got = program(X=x)
+        assert [r.kernel for r in seen] == ["einfuse_rows"]
+        assert got.grad_fn is None
+        np.testing.assert_allclose(got.detach().cpu().numpy(),
+                                   torch.softmax(x.detach(), 1).cpu().numpy(), rtol=1e-12)
+        assert all(got.data_ptr() != other.data_ptr() for other in results)
+        results.append(got)
+    leaf = torch.from_numpy(rng.standard_normal((5, 7))).to(DEVICE).requires_grad_()
+    out = program(X=leaf)
+    assert type(out.grad_fn).__name__ == "TritonProgramFunctionBackward"
+    (grad,) = torch.autograd.grad(out, leaf, torch.ones_like(out))
+    np.testing.assert_allclose(grad.cpu().numpy(), np.zeros((5, 7)), atol=1e-12)

@@ -78,10 +78,16 @@ def recorded(owner, kernels, env: Dict[str, object], backend: str) -> Optional[T
     """The outputs of ``kernels`` on ``env`` as one recorded autograd node, or None where
     this call keeps the statement-by-statement path (grad mode off too: the caller's
     path then runs the statements fused, unrecorded)."""
-    if not recording() or any(k.spec.assign != ":=" for k in kernels):
+    if any(k.spec.assign != ":=" for k in kernels):
         return None
     names = differentiable_inputs(env)
-    if not names:
+    if names is None:
+        return None
+    if not names:       # nothing to record, in either grad mode: remembered as such
+        unrecorded = UnrecordedTritonCall(owner, tuple(kernels))
+        remember_call(owner, signature_of(env), unrecorded)
+        return unrecorded.apply(env)
+    if not recording():
         return None
     found = owner.backward_for(tuple(names), kernels)
     if found is None:
@@ -89,6 +95,28 @@ def recorded(owner, kernels, env: Dict[str, object], backend: str) -> Optional[T
     call = TritonCall(owner, tuple(kernels), tuple(names), env, found, backend)
     remember_call(owner, signature_of(env), call)
     return call.apply(env, TritonProgramFunction.apply)
+
+
+class UnrecordedTritonCall:
+    """A repeated Triton call of one signature in which no tensor requires a gradient
+    (so autograd records nothing, whatever the grad mode): the statements' prepared run
+    on the tensors, found by the holder's look-up of the call's signature, without the
+    argument checks, the framework and route questions and the second signature look-up
+    of the full path (which computes the same: the statements fused, the outputs kept)."""
+
+    def __init__(self, owner, kernels: Tuple):
+        self.kernels, self.outputs, self.runs = kernels, owner.outputs, owner.runs
+        self._run = None
+
+    def apply(self, env: Dict[str, object], node_apply=None) -> Tuple:
+        env = dict(env)
+        run = self._run
+        if run is not None:
+            run(env)
+        else:
+            self._run = run_statements(self.kernels, env, "torch", keep=set(self.outputs),
+                                       runs=self.runs)
+        return tuple(env[name] for name in self.outputs)
 
 
 class TritonCall:
