@@ -35,6 +35,14 @@ class FreshNames:
             n += 1
         return self.take(f"{name}{n}")
 
+    def primed(self, name: str) -> str:
+        """``name'``, ``name''`` ...: a second index standing for ``name`` (the position
+        a windowed read reaches, beside the output index it is added back into)."""
+        name += "'"
+        while name in self.taken:
+            name += "'"
+        return self.take(name)
+
     def numbered(self, stem: str) -> str:
         """``stem`` and the next number of one count shared by every stem (``t1``,
         ``i2``, ``t3`` ...), skipping taken names."""

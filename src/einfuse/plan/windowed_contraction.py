@@ -32,6 +32,7 @@ from dataclasses import dataclass, replace
 from typing import Mapping, Optional, Tuple
 
 from ..lang import ast
+from ..lang.fresh_names import FreshNames
 from ..lang.printer import format_expr
 from .contraction import index_groups, product_factors
 
@@ -240,7 +241,7 @@ def scatter_form(found: WindowedContraction) -> Optional[ScatterForm]:
     side = sides[0]
     windowed, other = found.operands[side], found.operands[1 - side]
     window = set(found.window)
-    names = set(found.output) | set(windowed.axes) | set(other.axes)
+    names = FreshNames(set(found.output) | set(windowed.axes) | set(other.axes))
     fresh, subscripts, seen = [], [], set()
     for axis, sub in enumerate(windowed.subscripts):
         if sub.plain:
@@ -253,10 +254,7 @@ def scatter_form(found: WindowedContraction) -> Optional[ScatterForm]:
                 kept[0][0] in seen or \
                 any(n not in window for n, _ in sub.terms if n != kept[0][0]):
             return None
-        name = kept[0][0] + "'"
-        while name in names:
-            name += "'"
-        names.add(name)
+        name = names.primed(kept[0][0])
         seen.add(kept[0][0])
         fresh.append((name, kept[0][0], axis, sub))
         subscripts.append(Subscript(((name, 1),), 0))
