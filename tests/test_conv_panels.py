@@ -204,3 +204,31 @@ def test_explain_names_the_panel_form():
     text = str(ef.explain("y[b,o,i,j] := x[b,c,i+p-1,j+q-1] * w[o,c,p,q]", x=x, w=w, pad=0,
                           ranges={"i": 32, "j": 32}))
     assert "panels: one GEMM per value of p" in text and "q packed beside c" in text
+
+
+@needs_c
+@pytest.mark.parametrize("library", ["numpy", "torch"])
+def test_panel_weight_gradient_reads_any_layout_and_keeps_nan(library, forced):
+    """The weight gradient multiplies the panel's columns by a transposed copy of dy:
+    a read-only dy of negative strides, channels last, is read as it is, and the pad's
+    products with an infinity stay NaN."""
+    statement = "dw[o,c,p,q] := dy[n,o,i,j] * x[n,c,i+2*p-2,j+2*q-2]"
+    options = {"pad": 0, "ranges": {"p": 3, "q": 3}}
+    dy = rng.standard_normal((2, 6, 7, 4))[:, ::-1, :, ::-1].transpose(0, 3, 1, 2)
+    x = rng.standard_normal((2, 3, 6, 7))
+    dy[1, 2, 0, 1] = np.inf          # (row 0 meets the pad for p = 0)
+    x[0, 1, 4, 4] = np.nan
+    dy.flags.writeable = False
+    want = _oracle(statement, {"dy": np.array(dy), "x": x}, **options)
+    if library == "torch":
+        torch = pytest.importorskip("torch")
+        got = ef.ein(statement, backend="c", dy=torch.from_numpy(np.array(dy)),
+                     x=torch.from_numpy(x), **options).numpy()
+    else:
+        got = ef.ein(statement, backend="c", dy=dy, x=x, **options)
+    assert [r for r in forced if r is not None], "the panel form did not run"
+    assert np.isnan(want).any() and np.isfinite(want).any()
+    np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
+    np.testing.assert_array_equal(np.isinf(got), np.isinf(want))
+    finite = np.isfinite(want)
+    np.testing.assert_allclose(got[finite], want[finite], rtol=1e-12, atol=1e-12)
