@@ -154,7 +154,8 @@ class _Builder:
         runner = kernel._repeat.get(signature) if signature is not None else None
         describe = getattr(runner, "describe", None)
         if describe is None:
-            raise Untranslatable(f"{kernel.spec.output}: a statement with no prepared kernel")
+            self.hoisted(kernel, names, stand_ins, ops)
+            return
         found = describe()
         self.alive.append(runner)
         buffers = []
@@ -168,6 +169,27 @@ class _Builder:
         for entry in found["entries"]:
             ops.append((_CALL, entry, *found["addresses"], 1 if found["adaptive"] else 0,
                         found["threads"], buffers))
+        self.slot[kernel.spec.output] = out
+
+    def hoisted(self, kernel, names, stand_ins, ops: list) -> None:
+        """A statement run alone in its hoisted form (runtime/hoisted.py): the steps of
+        the prepared run its arrays' layouts made (a gain's column sum ``dg[j]`` over a
+        per-row temporary), translated on slots of their own names: a temporary's name
+        hides none of the program's."""
+        form = kernel.hoisted_form
+        run = form.prepared_run(stand_ins) if form is not None else None
+        if run is None or run.kernels[-1].spec.output != kernel.spec.output:
+            raise Untranslatable(f"{kernel.spec.output}: a statement with no prepared kernel")
+        program_slots = self.slot
+        self.slot = {name: program_slots[name] for name in names}
+        try:
+            self.steps(run, ops)
+            out = self.slot.get(kernel.spec.output)
+        finally:
+            self.slot = program_slots
+        if out is None or out not in self.made:
+            raise Untranslatable(f"{kernel.spec.output}: its hoisted form's result")
+        self.alive.append(run)
         self.slot[kernel.spec.output] = out
 
     def step(self, found, keys, ops: list) -> None:
