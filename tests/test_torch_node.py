@@ -83,13 +83,18 @@ def _warm(program, env, seed):
 def test_some_inputs_recorded_only(node):
     x, g, b, seed = _inputs()
     program = ef.compile(LAYERNORM, outputs=("Y",))
+    python = ef.compile(LAYERNORM + "\n", outputs=("Y",))
     env = {"X": x, "g": g.requires_grad_(), "b": b}
-    # (on the node or not: the gain's column sum of dg runs alone, and the node takes it
-    # only where that statement's repeat was prepared for the node's stand-in layouts,
-    # which in a fresh process it is not yet -- a gap; the values are checked either way)
+    # the gain's column sum of dg runs alone in its hoisted form (a per-row temporary,
+    # then the sum): the node takes the steps of its prepared run
     for _ in range(3):
+        _step(python, env, seed, None)
+        _python_path(python)
         _step(program, env, seed, None)
-    _, grads = _step(program, env, seed, "Y")
+    assert _uses_node(program) and not _uses_node(python)
+    got, grads = _step(program, env, seed, "Y")
+    want, want_grads = _step(python, env, seed, "Y")
+    assert torch.equal(got, want) and torch.equal(grads["g"], want_grads["g"])
     assert grads["X"] is None and grads["b"] is None
     leaf = g.detach().clone().requires_grad_()
     torch.nn.functional.layer_norm(x, (64,), leaf, b, 1e-5).backward(seed)

@@ -115,6 +115,24 @@ class HoistedForm:
                        runs=self._runs.setdefault(id(kernels), {}))
         return env[kernels[-1].spec.output]
 
+    def prepared_run(self, named: Dict[str, object]):
+        """The prepared run (run_groups.PreparedRun) an earlier NumPy call of this form
+        on arrays like ``named`` made (the one its next such call takes), or None where
+        none has run (runtime/torch_node.py translates it)."""
+        from .signatures import signature_of
+        signature = signature_of(named)
+        if signature is None:
+            return None
+        for kernels in self._kernels.values():
+            chosen = self._chosen.get((id(kernels), signature))
+            if chosen is None:
+                continue
+            run = self._runs.get(id(chosen), {}).get(
+                (signature, frozenset({chosen[-1].spec.output})))
+            if run is not None:
+                return run
+        return None
+
     def recorded_calls(self, kernels, named: Dict[str, object]) -> Tuple:
         """The prepared autograd call (program/autograd.py) of these kernels for
         arrays like ``named``, once a call made it: a tuple of it, or empty."""

@@ -37,6 +37,7 @@ from ..analysis.frameworks import torch_recording as recording
 from .program_calls import differentiable_inputs, remember_call, shaped_like
 from .program_backward import PLANS_KEPT, BackwardRun, Count
 from . import torch_node
+from ..schedule.torch_node_plan import signature_eligibility
 
 
 
@@ -81,7 +82,10 @@ class PreparedCall:
         # with seeds like the outputs; tried once the node is built
         self.layouts = torch_node.layouts_of(env, self.passed)
         self._node = None
-        self._node_tried = self.layouts is None or bool(self.scalars)
+        # (schedule/torch_node_plan: from the signature now, else after a backward)
+        early = signature_eligibility(self.layouts is not None, bool(self.scalars))
+        self.node_decision = None if early.eligible else early
+        self._node_tried = not early.eligible
         self._backward_count = 0
 
     def apply(self, env: Dict[str, object]):
@@ -192,8 +196,9 @@ class PreparedCall:
             found = _differentiable_backward(prepared, {}, tuple(tensors), tuple(grads),
                                              tuple(wanted))
             return [found.get(name) for name in prepared.names]
-        self._node = torch_node.translate(self, self.layouts, key, found[0], found[1],
-                                          differentiable)
+        # (schedule/torch_node_plan.NodeEligibility: whether it runs as the node, or why not)
+        self._node, self.node_decision = torch_node.translate(
+            self, self.layouts, key, found[0], found[1], differentiable)
 
     def _keep_backward(self, key, run: BackwardRun, values, given):
         """Remember ``run`` for seeds of this layout, with, per recorded input, whether

@@ -25,6 +25,8 @@ import numpy as np
 from ..backends.c import torch_node as c_torch_node
 from ..backends.c.threads import free_threads
 from ..plan.thread_rows import ROW_ALIGN, padded_length
+from ..schedule.torch_node_plan import (NodeCallFacts, NodeEligibility, NodeStep,
+                                        NodeStepKind, node_eligibility)
 from ..schedule.units import needed
 from .program_backward import _check_labels
 from .run_groups import PreparedRun, _run_one_step
@@ -109,21 +111,17 @@ class _Builder:
         ops.append((_SCRATCH, slot, rows, padded, _code(dtype), zero, ROW_ALIGN, True))
         return slot
 
-    def steps(self, run, ops: list) -> None:
-        if getattr(run, "func", None) is _check_labels:
-            self.labels(run.args[0], ops)
-            return
-        if not isinstance(run, PreparedRun):
-            raise Untranslatable(f"a {type(run).__name__} step")
-        for step in run.steps:
-            function = getattr(step.run, "func", None)
-            if function is _run_one_step:
-                self.alone(*step.run.args, ops)
-                continue
-            describe = getattr(function, "describe", None)
-            if describe is None:
-                raise Untranslatable("a step run alone")
-            self.step(describe(), step.run.keywords["keys"], ops)
+    def steps(self, classified, ops: list) -> None:
+        """The operations of a run's steps, as :func:`classify` found them."""
+        for step, payload in classified:
+            if step.kind is NodeStepKind.LABEL_CHECK:
+                self.labels(payload, ops)
+            elif step.kind is NodeStepKind.STATEMENT:
+                self.alone(*payload, ops)
+            elif step.kind in (NodeStepKind.FUSED_GROUP, NodeStepKind.ROW_KERNEL):
+                self.step(*payload, ops)
+            else:     # (node_eligibility refused these before)
+                raise Untranslatable(step.kind.value)
 
     def labels(self, piece, ops: list) -> None:
         """A backward's range checks of the labels its scatters gather by: in C++,
@@ -139,8 +137,6 @@ class _Builder:
     def alone(self, kernel, framework: str, ops: list) -> None:
         """A statement run alone: the kernel calls of the repeat runner that its
         signature's arrays (by layout) have prepared (backends/c/repeat.py)."""
-        if framework != "numpy":
-            raise Untranslatable("a statement on another framework's arrays")
         names = needed(kernel.spec)
         stand_ins = {}
         for name in names:
@@ -154,7 +150,8 @@ class _Builder:
         runner = kernel._repeat.get(signature) if signature is not None else None
         describe = getattr(runner, "describe", None)
         if describe is None:
-            raise Untranslatable(f"{kernel.spec.output}: a statement with no prepared kernel")
+            self.hoisted(kernel, names, stand_ins, ops)
+            return
         found = describe()
         self.alive.append(runner)
         buffers = []
@@ -168,6 +165,34 @@ class _Builder:
         for entry in found["entries"]:
             ops.append((_CALL, entry, *found["addresses"], 1 if found["adaptive"] else 0,
                         found["threads"], buffers))
+        self.slot[kernel.spec.output] = out
+
+    def hoisted(self, kernel, names, stand_ins, ops: list) -> None:
+        """A statement run alone in its hoisted form (runtime/hoisted.py): the steps of
+        the prepared run its arrays' layouts made (a gain's column sum ``dg[j]`` over a
+        per-row temporary), translated on slots of their own names: a temporary's name
+        hides none of the program's."""
+        form = kernel.hoisted_form
+        run = form.prepared_run(stand_ins) if form is not None else None
+        if run is None or run.kernels[-1].spec.output != kernel.spec.output:
+            raise Untranslatable(f"{kernel.spec.output}: a statement with no prepared kernel")
+        program_slots = self.slot
+        self.slot = {name: program_slots[name] for name in names}
+        try:
+            classified = classify(run)
+            refused = next((step for step, _ in classified if step.kind not in
+                            (NodeStepKind.FUSED_GROUP, NodeStepKind.ROW_KERNEL,
+                             NodeStepKind.STATEMENT)), None)
+            if refused is not None:
+                raise Untranslatable(f"{kernel.spec.output}'s hoisted form has "
+                                     f"{refused.kind.value}")
+            self.steps(classified, ops)
+            out = self.slot.get(kernel.spec.output)
+        finally:
+            self.slot = program_slots
+        if out is None or out not in self.made:
+            raise Untranslatable(f"{kernel.spec.output}: its hoisted form's result")
+        self.alive.append(run)
         self.slot[kernel.spec.output] = out
 
     def step(self, found, keys, ops: list) -> None:
@@ -223,6 +248,33 @@ class _Builder:
             self.slot[keys[k]] = slot
 
 
+def classify(run) -> Tuple[Tuple[NodeStep, object], ...]:
+    """Each step of a prepared forward's or backward's run (``run``) with what its
+    translation reads: the piece of a label check, a statement's (kernel, framework),
+    a fused group's or row kernel's (description, environment keys)."""
+    if getattr(run, "func", None) is _check_labels:
+        return ((NodeStep(NodeStepKind.LABEL_CHECK), run.args[0]),)
+    if not isinstance(run, PreparedRun):
+        return ((NodeStep(NodeStepKind.UNKNOWN_RUN, type(run).__name__), None),)
+    found = []
+    for step in run.steps:
+        function = getattr(step.run, "func", None)
+        if function is _run_one_step:
+            kernel, framework = step.run.args
+            kind = NodeStepKind.STATEMENT if framework == "numpy" else \
+                NodeStepKind.OTHER_FRAMEWORK
+            found.append((NodeStep(kind, kernel.spec.output), (kernel, framework)))
+            continue
+        describe = getattr(function, "describe", None)
+        if describe is None:
+            found.append((NodeStep(NodeStepKind.UNPREPARED), None))
+            continue
+        described = describe()
+        kind = NodeStepKind.FUSED_GROUP if "plan" in described else NodeStepKind.ROW_KERNEL
+        found.append((NodeStep(kind), (described, step.run.keywords["keys"])))
+    return tuple(found)
+
+
 def layouts_of(env: Dict[str, object], names) -> Optional[Tuple]:
     """(shape, NumPy dtype, byte strides) of each tensor ``names`` of ``env``, or None
     where one is not a plain strided CPU tensor of a dtype a plan holds."""
@@ -253,26 +305,36 @@ def available(backwards: int) -> bool:
     return c_torch_node.module() is not None
 
 
-def translate(prepared, layouts, seed_layouts, backward_run, direct, fallback):
-    """The C++ plan of ``prepared`` (a PreparedCall) for tensors of ``layouts`` (its
+def translate(prepared, layouts, seed_layouts, backward_run, direct, fallback
+              ) -> Tuple[Optional[tuple], NodeEligibility]:
+    """(the C++ plan of ``prepared`` (a PreparedCall) for tensors of ``layouts`` (its
     passed ones'), with the backward ``backward_run`` that was planned for seeds of
-    ``seed_layouts`` (they must be the outputs' own, contiguous), or None where a step
-    is not translatable or the node is not built."""
+    ``seed_layouts`` (they must be the outputs' own, contiguous), or None; and the
+    decision: schedule/torch_node_plan.node_eligibility's, or the reason a step gave
+    while it was translated)."""
     node = c_torch_node.module()
-    if node is None or layouts is None or prepared.scalars or not all(direct) or \
-            prepared._forward is None:
-        return None
+    forward = classify(prepared._forward) if prepared._forward is not None else ()
+    backward = tuple(item for run in backward_run._runs for item in classify(run))
+    facts = NodeCallFacts(node_built=node is not None, strided_cpu=layouts is not None,
+                          scalar_parameters=bool(prepared.scalars),
+                          gradients_direct=all(direct),
+                          forward_prepared=prepared._forward is not None)
+    decision = node_eligibility(facts, tuple(step for step, _ in forward),
+                                tuple(step for step, _ in backward))
+    if not decision.eligible:
+        return None, decision
     try:
         return _translate(node, prepared, prepared.passed, layouts, seed_layouts,
-                          backward_run, fallback)
-    except Untranslatable:
-        return None
+                          forward, backward, fallback, backward_run), decision
+    except Untranslatable as why:
+        return None, NodeEligibility.declined(str(why))
 
 
-def _translate(node, prepared, passed, layouts, seed_layouts, backward_run, fallback):
+def _translate(node, prepared, passed, layouts, seed_layouts, forward_steps,
+               backward_steps, fallback, backward_run):
     builder = _Builder(passed, layouts)
     forward: List[tuple] = []
-    builder.steps(prepared._forward, forward)
+    builder.steps(forward_steps, forward)
     outputs = []
     for name in prepared.outputs:
         slot = builder.slot.get(name)
@@ -296,8 +358,7 @@ def _translate(node, prepared, passed, layouts, seed_layouts, backward_run, fall
                       _code(dtype)))
     start = builder.count
     backward: List[tuple] = []
-    for run in backward_run._runs:
-        builder.steps(run, backward)
+    builder.steps(backward_steps, backward)
     # what the backward reads of the forward: passed tensors (all saved: torch's version
     # check), outputs, and intermediates kept
     read = {slot for op in backward if op[0] == _CALL for slot in op[-1]} | \

@@ -1,0 +1,96 @@
+"""Whether a prepared program call on CPU torch tensors runs as the C++ autograd node
+(backends/c/torch_node_source.cpp), decided from facts of the call and of its prepared
+steps (runtime/torch_node.py gathers them; it then translates an eligible call into
+the node's plan, where a step may still decline the layouts it is given: that reason
+is recorded the same way).  Decides; runs nothing.
+
+The node runs kernels the Python path has prepared, by their function pointers, on
+arrays whose layouts the signature fixes; so a call is eligible only where each step
+is one of those kernels (or a backward's label check, which it makes itself) and
+nothing is decided per call: no scalar parameter (its value fills the kernel's doubles
+per call), every gradient an array the backward makes of the input's own shape and
+dtype, every tensor a plain strided CPU one of a dtype a plan holds."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from typing import Optional, Tuple
+
+
+class NodeStepKind(enum.Enum):
+    """What one step of a prepared forward or backward is, as the node sees it."""
+    FUSED_GROUP = "a prepared fused group"
+    ROW_KERNEL = "a prepared row kernel"
+    STATEMENT = "a statement run alone by its repeat runner"
+    LABEL_CHECK = "a backward's range check of its labels"
+    OTHER_FRAMEWORK = "a statement on another framework's arrays"
+    UNPREPARED = "a step with no prepared kernel calls"
+    UNKNOWN_RUN = "a run of another kind than a prepared run"
+
+
+_RUNNABLE = frozenset({NodeStepKind.FUSED_GROUP, NodeStepKind.ROW_KERNEL,
+                       NodeStepKind.STATEMENT, NodeStepKind.LABEL_CHECK})
+
+
+@dataclass(frozen=True)
+class NodeStep:
+    """One step: its kind and what it computes (a statement's output, or empty)."""
+    kind: NodeStepKind
+    computes: str = ""
+
+
+@dataclass(frozen=True)
+class NodeCallFacts:
+    """What the call's signature fixes, before its steps are looked at."""
+    node_built: bool            # the extension is built and loaded
+    strided_cpu: bool           # every passed tensor is a plain strided CPU one a plan holds
+    scalar_parameters: bool     # a scalar parameter is passed (its value per call)
+    gradients_direct: bool      # every gradient goes to torch as the backward makes it
+    forward_prepared: bool      # the forward's prepared run is known
+
+
+@dataclass(frozen=True)
+class NodeEligibility:
+    """Whether the call runs as the node; ``reason``: why not (None where it does)."""
+    eligible: bool
+    reason: Optional[str] = None
+
+    @staticmethod
+    def declined(reason: str) -> "NodeEligibility":
+        return NodeEligibility(False, reason)
+
+
+ELIGIBLE = NodeEligibility(True)
+
+
+def signature_eligibility(strided_cpu: bool, scalar_parameters: bool) -> NodeEligibility:
+    """What the call's signature alone decides (asked when the prepared call is made:
+    a call it declines never keeps its forward's arrays for a translation)."""
+    if not strided_cpu:
+        return NodeEligibility.declined(
+            "a tensor is not a plain strided CPU tensor of float32/64 or int32/64")
+    if scalar_parameters:
+        return NodeEligibility.declined("a scalar parameter's value is read per call")
+    return ELIGIBLE
+
+
+def node_eligibility(facts: NodeCallFacts, forward: Tuple[NodeStep, ...],
+                     backward: Tuple[NodeStep, ...]) -> NodeEligibility:
+    """Eligible, or the first rule the call fails, in the order they are checked."""
+    if not facts.node_built:
+        return NodeEligibility.declined("the C++ node is not built")
+    early = signature_eligibility(facts.strided_cpu, facts.scalar_parameters)
+    if not early.eligible:
+        return early
+    if not facts.gradients_direct:
+        return NodeEligibility.declined(
+            "a gradient is not an array of its input's own shape and dtype")
+    if not facts.forward_prepared:
+        return NodeEligibility.declined("the forward has no prepared run")
+    for direction, steps in (("forward", forward), ("backward", backward)):
+        for step in steps:
+            if step.kind not in _RUNNABLE:
+                what = f" ({step.computes})" if step.computes else ""
+                return NodeEligibility.declined(f"the {direction} has {step.kind.value}{what}")
+    return ELIGIBLE
