@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import numbers
 import sys
+import threading
 from typing import Dict, Mapping, Tuple
 
 import numpy as np
@@ -20,6 +21,38 @@ NUMPY, TORCH, JAX = "numpy", "torch", "jax"
 # read-only, so shared: (shape, dtype) -> placeholder (a torch program's backward asks
 # for its outputs' on every call)
 _placeholders: Dict[Tuple, np.ndarray] = {}
+
+
+class _CallerState(threading.local):
+    torch_views = False
+
+
+_CALLER = _CallerState()
+
+
+class torch_views:
+    """Within it, the NumPy arrays this thread hands einfuse's kernels are views of a
+    torch caller's tensors (a program's prepared forward and backward, the operator
+    under torch.compile).  What that changes: whose BLAS computes their large products
+    (torch's, as for the tensors themselves: MKL beside torch's own thread pool rather
+    than NumPy's OpenBLAS competing with it; backends/c/blas.py), and so the call's
+    signature (runtime/signatures.py), which keys every prepared runner: a NumPy
+    caller's runner is never a torch caller's."""
+    __slots__ = ("_before",)
+
+    def __enter__(self):
+        self._before = _CALLER.torch_views
+        _CALLER.torch_views = True
+        return self
+
+    def __exit__(self, *exc):
+        _CALLER.torch_views = self._before
+        return False
+
+
+def for_torch_caller() -> bool:
+    """Whether this thread's kernel calls are on views of a torch caller's tensors."""
+    return _CALLER.torch_views
 
 
 def torch_compiling() -> bool:

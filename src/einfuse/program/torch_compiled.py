@@ -48,7 +48,8 @@ from .compile import compile_source
 from .program import Program
 from . import torch_compiled_fused as fused
 from ..errors import EinfuseError, EinfuseTypeError, UnexpectedArgumentError, attach_statement
-from ..analysis.frameworks import contiguous, numpy_dtype, to_numpy, torch_stand_in
+from ..analysis.frameworks import (contiguous, numpy_dtype, to_numpy, torch_stand_in,
+                                   torch_views)
 
 _LOCK = threading.Lock()
 _COMPILED: Dict[str, object] = {}       # key -> Kernel or Program
@@ -257,7 +258,8 @@ def _host(tensor: torch.Tensor):
 
 
 def _results(compiled, values) -> Tuple:
-    results = compiled(**values)
+    with torch_views():     # (NumPy views of the operator's tensors)
+        results = compiled(**values)
     return results if isinstance(results, tuple) else (results,)
 
 

@@ -28,7 +28,7 @@ import torch
 from .backward import Backward, backward_program
 from ..errors import EinfuseError, GradientBlockedError
 from ..lang.ast import reductions
-from ..analysis.frameworks import contiguous, placeholder, to_numpy
+from ..analysis.frameworks import contiguous, placeholder, to_numpy, torch_views
 from .run_groups import run_statements
 from .signatures import signature_of
 from .torch_autograd import (numpy_view, numpy_views, refuse_in_transform, save_tensors,
@@ -113,11 +113,12 @@ class PreparedCall:
 
     def run_forward(self, env: Dict[str, object]) -> None:
         prepared = self._forward
-        if prepared is not None:
-            prepared(env)
-        else:
-            self._forward = run_statements(self.kernels, env, "numpy", keep=self.keep,
-                                           runs=self.runs)
+        with torch_views():
+            if prepared is not None:
+                prepared(env)
+            else:
+                self._forward = run_statements(self.kernels, env, "numpy", keep=self.keep,
+                                               runs=self.runs)
 
     def saved(self, env: Dict[str, object], arrays: Dict[str, object]) -> Dict[str, object]:
         """What the backward reads of the forward but its outputs: the kept
@@ -133,6 +134,10 @@ class PreparedCall:
     def gradients(self, env: Dict[str, object], grads, wanted) -> Tuple:
         """The gradients of the recorded inputs (None where not wanted or not
         reached), as tensors like the inputs; ``env``: the forward's saved arrays."""
+        with torch_views():
+            return self._gradients(env, grads, wanted)
+
+    def _gradients(self, env: Dict[str, object], grads, wanted) -> Tuple:
         key = []
         for seed, grad in zip(self.backward.seeds, grads):
             array = env[seed] = numpy_view(grad)
@@ -450,11 +455,12 @@ class UnrecordedCall:
         arrays = numpy_views(env, self.tensors)
         for name in self.scalars:
             arrays[name] = env[name]
-        if self._run is not None:
-            self._run(arrays)
-        else:
-            self._run = run_statements(self.kernels, arrays, "numpy",
-                                       keep=set(self.outputs), runs=self.owner.runs)
+        with torch_views():
+            if self._run is not None:
+                self._run(arrays)
+            else:
+                self._run = run_statements(self.kernels, arrays, "numpy",
+                                           keep=set(self.outputs), runs=self.owner.runs)
         return tuple(torch.from_numpy(contiguous(np.asarray(arrays[name])))
                      for name in self.outputs)
 
@@ -462,7 +468,8 @@ class UnrecordedCall:
 def _unrecorded(owner: ProgramAutograd, kernels: Sequence, arrays: Dict[str, object]):
     """A call autograd does not record: the statements fused on NumPy views, as for
     NumPy callers; the outputs as tensors sharing their arrays."""
-    run_statements(kernels, arrays, "numpy", keep=set(owner.outputs), runs=owner.runs)
+    with torch_views():
+        run_statements(kernels, arrays, "numpy", keep=set(owner.outputs), runs=owner.runs)
     return tuple(torch.from_numpy(contiguous(np.asarray(arrays[name])))
                  for name in owner.outputs)
 

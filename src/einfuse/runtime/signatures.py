@@ -10,7 +10,7 @@ from typing import Callable, Dict, Optional, Tuple
 
 import numpy as np
 
-from ..analysis.frameworks import has_tangent
+from ..analysis.frameworks import for_torch_caller, has_tangent
 
 
 # torch's tensor classes (Tensor, Parameter) -> torch.func's "is this a wrapped tensor"
@@ -20,6 +20,10 @@ _TENSOR_CLASSES: Dict[type, Callable[[object], bool]] = {}
 # The prepared runners of NumPy calls that look their arrays up by name and ignore any
 # other name passed (so a caller holding more arrays may pass them all)
 BY_NAME: "weakref.WeakSet" = weakref.WeakSet()
+
+
+# the last entry of a signature of NumPy views of a torch caller's tensors
+TORCH_VIEWS = ("<views of torch tensors>",)
 
 
 def signature_of(kwargs) -> Optional[Tuple]:
@@ -60,4 +64,6 @@ def signature_of(kwargs) -> Optional[Tuple]:
                     return None
             except RuntimeError:     # no strides (sparse) or no shape (nested): full path
                 return None
+    if for_torch_caller():      # (views of a torch caller's tensors: torch's BLAS)
+        signature.append(TORCH_VIEWS)
     return tuple(signature)

@@ -22,7 +22,7 @@ import numpy as np
 from ...errors import BackendError
 from ...plan import buffer_slots, call_arguments, unit_axis
 from ...plan.gathers import array_extremes, gather_spans, spans_in_range, unsigned_slots
-from ...analysis.frameworks import TORCH
+from ...analysis.frameworks import TORCH, for_torch_caller
 from . import call as c_call
 from ...plan.contraction_addend import ContractionAddend
 from ...schedule.schedule import Library, Schedule
@@ -90,7 +90,7 @@ def repeat_runner(call, schedule: Optional[Schedule] = None) -> Optional[Prepare
             (spec.params and call.dtypes.working.kind != "f"):
         return None
     if blas is not None:
-        return blas_runner(call, blas, call.framework == TORCH)
+        return blas_runner(call, blas, call.framework == TORCH or for_torch_caller())
     merged = merged_call(call)     # fewer, longer loops (merge_axes.py), on views
     if merged is not None:
         inner = repeat_runner(merged.call)
