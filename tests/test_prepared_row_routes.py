@@ -81,3 +81,20 @@ def test_program_rows_run_the_decided_route(monkeypatch, batch, width, route):
     if not decided:
         pytest.skip("this program's backward does not take the prepared row scatter")
     assert [d.route for d in decided] == [route]          # once for the signature
+
+
+def test_program_flat_scatter_decides_once(monkeypatch):
+    # dW[d, idx[b]] += ...: colliding positions, the element-by-element compiled add
+    decided = _counting(monkeypatch, program_scatter, "flat_route")
+    program = ef.compile("y[d, b] := W[d, idx[b]] * s[b]\nL := sum[d, b](y[d, b] * y[d, b])")
+    rng = np.random.default_rng(7)
+    for call in range(3):
+        W0, s0, idx = rng.standard_normal((7, 20)), rng.standard_normal(50), \
+            torch.tensor(rng.integers(0, 20, 50))
+        W, s = torch.tensor(W0, requires_grad=True), torch.tensor(s0)
+        got, = torch.autograd.grad(program(W=W, idx=idx, s=s), [W])
+        Wt = torch.tensor(W0, requires_grad=True)
+        y = Wt[:, idx] * torch.tensor(s0)
+        want, = torch.autograd.grad((y * y).sum(), [Wt])
+        torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
+    assert [d.route for d in decided] == [ScatterRoute.COMPILED]    # once, then kept

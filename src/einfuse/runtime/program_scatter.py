@@ -36,7 +36,7 @@ from ..errors import EinfuseError, OutOfBoundsError
 from ..lang.ast import IndexExpr
 from ..lang.printer import format_expr
 from ..lang.fresh_names import FreshNames
-from ..backends.c.scatter import scatter_flat, scatter_rows
+from ..backends.c.scatter import flat_route, scatter_flat, scatter_rows
 from ..plan.library_patterns import scatters_rows
 from ..schedule.scatter_kernels import ScatterKernel, scatter_route
 from .gradient_reference import resolve_options, statements_to_run, text_kernel
@@ -84,6 +84,10 @@ def prepared_scatter(statements, key: str, env: Mapping[str, object],
     if any(s.shape != shape for s in steps):
         return None
 
+    # the flat add's route (schedule/scatter_kernels.py) per values dtype and size:
+    # the target is fresh zeros of the first values' dtype, the sizes the signature's
+    routes = {}
+
     def run(env: Dict[str, object]) -> bool:
         if not _laid_out(env, layouts):
             return False
@@ -98,7 +102,11 @@ def prepared_scatter(statements, key: str, env: Mapping[str, object],
                 return False
             if target is None:
                 target = np.zeros(shape, values.dtype)
-            if not scatter_flat(target, positions, values):
+            layout = (values.dtype, values.size)
+            route = routes.get(layout)
+            if route is None:
+                route = routes[layout] = flat_route(target, values)
+            if not scatter_flat(target, positions, values, route=route):
                 return False
         env[key] = target
         return True

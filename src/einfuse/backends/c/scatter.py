@@ -79,17 +79,24 @@ def scatter_rows(target: np.ndarray, rows: np.ndarray, where: np.ndarray,
              ctypes.c_int64(rows.shape[1]), ctypes.c_int(0))
 
 
-def scatter_flat(target: np.ndarray, positions, values: np.ndarray) -> bool:
+def flat_route(target: np.ndarray, values: np.ndarray):
+    """The route (schedule/scatter_kernels.py) :func:`scatter_flat` takes for arrays
+    like these: their dtypes, the target's layout and the values' size only."""
+    return scatter_route(ScatterKernel.SCATTER_FLAT, target.dtype, values.size,
+                         contiguous=target.flags.c_contiguous,
+                         writeable=target.flags.writeable, values_dtype=values.dtype)
+
+
+def scatter_flat(target: np.ndarray, positions, values: np.ndarray, route=None) -> bool:
     """``np.add.at(target, positions, values)`` (``positions`` a tuple of in-range
     integer arrays of ``values``' shape, one per axis of ``target``) as one compiled
     loop over the values in their order, which is np.add.at's: the same bits.  False
     (nothing done) where its route (schedule/scatter_kernels.py) is not the compiled
     one: not float32/float64, values of another dtype (np.add.at would round their
-    sum differently), not C-contiguous or read-only, no values, no compiler."""
-    if scatter_route(ScatterKernel.SCATTER_FLAT, target.dtype, values.size,
-                     contiguous=target.flags.c_contiguous,
-                     writeable=target.flags.writeable,
-                     values_dtype=values.dtype).route is not ScatterRoute.COMPILED:
+    sum differently), not C-contiguous or read-only, no values, no compiler.
+    ``route``: :func:`flat_route`'s decision for arrays like these, where the caller
+    made it once (else made here)."""
+    if (route or flat_route(target, values)).route is not ScatterRoute.COMPILED:
         return False
     kind = _KINDS[target.dtype]
     flat = np.ravel_multi_index(tuple(np.asarray(p, dtype=np.int64) for p in positions),
