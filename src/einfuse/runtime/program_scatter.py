@@ -36,8 +36,9 @@ from ..errors import EinfuseError, OutOfBoundsError
 from ..lang.ast import IndexExpr
 from ..lang.printer import format_expr
 from ..lang.fresh_names import FreshNames
-from ..backends.c.scatter import scatter_flat, scatter_rows
+from ..backends.c.scatter import flat_route, scatter_flat, scatter_rows
 from ..plan.library_patterns import scatters_rows
+from ..schedule.scatter_kernels import ScatterKernel, scatter_route
 from .gradient_reference import resolve_options, statements_to_run, text_kernel
 
 _FLOATS = (np.dtype(np.float32), np.dtype(np.float64))
@@ -83,6 +84,10 @@ def prepared_scatter(statements, key: str, env: Mapping[str, object],
     if any(s.shape != shape for s in steps):
         return None
 
+    # the flat add's route (schedule/scatter_kernels.py) per values dtype and size:
+    # the target is fresh zeros of the first values' dtype, the sizes the signature's
+    routes = {}
+
     def run(env: Dict[str, object]) -> bool:
         if not _laid_out(env, layouts):
             return False
@@ -97,7 +102,11 @@ def prepared_scatter(statements, key: str, env: Mapping[str, object],
                 return False
             if target is None:
                 target = np.zeros(shape, values.dtype)
-            if not scatter_flat(target, positions, values):
+            layout = (values.dtype, values.size)
+            route = routes.get(layout)
+            if route is None:
+                route = routes[layout] = flat_route(target, values)
+            if not scatter_flat(target, positions, values, route=route):
                 return False
         env[key] = target
         return True
@@ -141,6 +150,9 @@ def _rows_run(g, env, backend: str) -> Optional[Callable[[Dict[str, object]], bo
     inputs, first, key = tuple(g.inputs), g.scatter[0], g.target
     lead_shape = values_shape[:len(lead)]
     count = int(np.prod(lead_shape, dtype=np.int64))
+    # the row add's route (schedule/scatter_kernels.py), decided once per values dtype:
+    # the target is fresh zeros of the values' dtype, the sizes are the signature's
+    routes = {}
 
     def run(env: Dict[str, object]) -> bool:
         if not _laid_out(env, layouts):
@@ -153,8 +165,12 @@ def _rows_run(g, env, backend: str) -> Optional[Callable[[Dict[str, object]], bo
             return False         # the general path raises the statement's own error
         target = np.zeros(target_shape, values.dtype)
         if values.size:
+            route = routes.get(values.dtype)
+            if route is None:
+                route = routes[values.dtype] = scatter_route(
+                    ScatterKernel.SCATTER_ROWS, values.dtype, values.size)
             scatter_rows(target.reshape(target_shape[0], -1),
-                         values.reshape(count, -1), np.ascontiguousarray(where))
+                         values.reshape(count, -1), np.ascontiguousarray(where), route=route)
         env[key] = target
         return True
     return run

@@ -45,16 +45,13 @@ from .window_scatter import prepared_add
 from ..analysis.frameworks import NUMPY
 from ..plan.library_patterns import scatters_rows
 from ..schedule.library import ScatterCall, scatter_library
+from ..schedule.scatter_kernels import ScatterRoute, prepared_rows_route
 from ..schedule.schedule import Library
 
 # Prepared backwards kept per forward signature: one per layout (strides) of dOUT.
 LAYOUTS_KEPT = 8
 
 _NUMPY_OPS = NumpyOps()
-
-# Below this many elements a row scatter is one np.add.at (about 1 µs to start, 30 ns an
-# element); above it backends/c/scatter.py's sorted or compiled row adds
-SMALL_SCATTER = 256
 
 
 @dataclass(frozen=True)
@@ -66,12 +63,15 @@ class PreparedStep:
     values that are then added into the gradient at the positions it names (by rows of
     the index array named third, where it has the embedding-backward form).  ``adders``:
     per layout of gradient and values, the scatter's col2im prepared once
-    (window_scatter.prepared_add), or None where it takes another way."""
+    (window_scatter.prepared_add), or None where it takes another way.  ``row_routes``:
+    per layout of gradient and rows, the route of the row scatter
+    (schedule/scatter_kernels.prepared_rows_route), decided once."""
     run: Callable[[Mapping[str, object]], np.ndarray]
     inputs: Tuple[str, ...]
     by_name: bool
     scatter: Optional[Tuple[object, Mapping[str, object], Optional[str]]] = None
     adders: Dict[Tuple, Optional[Callable]] = field(default_factory=dict, compare=False)
+    row_routes: Dict[Tuple, object] = field(default_factory=dict, compare=False)
 
 
 @dataclass(frozen=True)
@@ -213,7 +213,7 @@ def _run_steps(steps: Tuple[PreparedStep, ...], values, shape) -> np.ndarray:
         part = np.asarray(part)
         if total is None:     # (in the values' float dtype, as run_reference does)
             total = _NUMPY_OPS.zeros(shape, part)
-        if rows_by is not None and _add_rows(total, part, values[rows_by]):
+        if rows_by is not None and _add_rows(total, part, values[rows_by], step.row_routes):
             continue
         if rows_by is None and _add_prepared(step.adders, total, g, part, options):
             continue
@@ -276,9 +276,12 @@ def _rows_by(g, options, values) -> Optional[str]:
     return access.tensor
 
 
-def _add_rows(total: np.ndarray, part: np.ndarray, index: np.ndarray) -> bool:
+def _add_rows(total: np.ndarray, part: np.ndarray, index: np.ndarray,
+              routes: Optional[Dict[Tuple, object]] = None) -> bool:
     """``total[index[...]] += part[...]`` row by row where every index value is in
-    bounds (True); False leaves the general scatter to find and name the one that is not."""
+    bounds (True: a value check, not a route); False leaves the general scatter to find
+    and name the one that is not.  The row add runs the route of
+    schedule/scatter_kernels.prepared_rows_route, kept in ``routes`` per layout."""
     where = index.reshape(-1).astype(np.int64, copy=False)
     if where.size:
         # one test for both ends: a negative value is a large unsigned one
@@ -287,10 +290,19 @@ def _add_rows(total: np.ndarray, part: np.ndarray, index: np.ndarray) -> bool:
         if part.size == 0:                 # rows of width 0: nothing to add
             return True
         rows = part.reshape(where.size, -1)
-        if rows.size < SMALL_SCATTER:      # np.add.at costs per element, but starts fast
-            np.add.at(total.reshape(total.shape[0], -1), where, rows)
+        target = total.reshape(total.shape[0], -1)
+        key = (target.dtype, target.flags.c_contiguous, rows.size)
+        route = routes.get(key) if routes is not None else None
+        if route is None:
+            route = prepared_rows_route(target.dtype, rows.size, target.flags.c_contiguous)
+            if routes is not None:
+                if len(routes) >= LAYOUTS_KEPT:
+                    routes.clear()
+                routes[key] = route
+        if route.route is ScatterRoute.ADD_AT:
+            np.add.at(target, where, rows)
         else:
-            scatter_rows(total.reshape(total.shape[0], -1), rows, where)
+            scatter_rows(target, rows, where, route=route)
     return True
 
 

@@ -13,6 +13,7 @@ import ctypes
 
 import numpy as np
 
+from ...schedule.scatter_kernels import ScatterKernel, ScatterRoute, scatter_route
 from . import build as c_build
 
 _SOURCE = """\
@@ -46,20 +47,29 @@ SCATTER_FLAT(einfuse_scatter_flat_f32, float)
 SCATTER_FLAT(einfuse_scatter_flat_f64, double)
 """
 
-# Below this many elements the NumPy path is as fast and needs no compiler.
-_MIN_ELEMENTS = 1 << 14
+_KINDS = {np.dtype(np.float32): "f32", np.dtype(np.float64): "f64"}
 
 
-def scatter_rows(target: np.ndarray, rows: np.ndarray, where: np.ndarray) -> None:
+def rows_route(target: np.ndarray, rows: np.ndarray):
+    """The route (schedule/scatter_kernels.py) :func:`scatter_rows` takes for arrays
+    like these: it depends on the target's dtype and layout and the rows' size only."""
+    return scatter_route(ScatterKernel.SCATTER_ROWS, target.dtype, rows.size,
+                         contiguous=target.flags.c_contiguous)
+
+
+def scatter_rows(target: np.ndarray, rows: np.ndarray, where: np.ndarray,
+                 route=None) -> None:
     """``target[where[n]] += rows[n]`` for 2-D ``target`` and ``rows`` (same width);
-    ``where`` must already be in range."""
+    ``where`` must already be in range.  ``route``: the decision of :func:`rows_route`
+    for arrays like these, where the caller made it once (else made here)."""
     if rows.size == 0:
         return
-    kind = {np.dtype(np.float32): "f32", np.dtype(np.float64): "f64"}.get(target.dtype)
-    if kind is None or rows.size < _MIN_ELEMENTS or c_build.find_compiler() is None or \
-            not target.flags.c_contiguous:
+    if route is None:
+        route = rows_route(target, rows)
+    if route.route is not ScatterRoute.COMPILED:
         _scatter_rows_numpy(target, rows, where)
         return
+    kind = _KINDS[target.dtype]
     rows = np.ascontiguousarray(rows, dtype=target.dtype)
     where = np.ascontiguousarray(where, dtype=np.int64)
     function = getattr(c_build.load(_SOURCE), f"einfuse_scatter_rows_{kind}")
@@ -69,18 +79,26 @@ def scatter_rows(target: np.ndarray, rows: np.ndarray, where: np.ndarray) -> Non
              ctypes.c_int64(rows.shape[1]), ctypes.c_int(0))
 
 
-def scatter_flat(target: np.ndarray, positions, values: np.ndarray) -> bool:
+def flat_route(target: np.ndarray, values: np.ndarray):
+    """The route (schedule/scatter_kernels.py) :func:`scatter_flat` takes for arrays
+    like these: their dtypes, the target's layout and the values' size only."""
+    return scatter_route(ScatterKernel.SCATTER_FLAT, target.dtype, values.size,
+                         contiguous=target.flags.c_contiguous,
+                         writeable=target.flags.writeable, values_dtype=values.dtype)
+
+
+def scatter_flat(target: np.ndarray, positions, values: np.ndarray, route=None) -> bool:
     """``np.add.at(target, positions, values)`` (``positions`` a tuple of in-range
     integer arrays of ``values``' shape, one per axis of ``target``) as one compiled
     loop over the values in their order, which is np.add.at's: the same bits.  False
-    (nothing done) where it does not apply: not float32/float64, values of another
-    dtype (np.add.at would round their sum differently), not C-contiguous, no values,
-    no compiler."""
-    kind = {np.dtype(np.float32): "f32", np.dtype(np.float64): "f64"}.get(target.dtype)
-    if kind is None or values.dtype != target.dtype or values.size == 0 or \
-            not target.flags.c_contiguous or \
-            not target.flags.writeable or c_build.find_compiler() is None:
+    (nothing done) where its route (schedule/scatter_kernels.py) is not the compiled
+    one: not float32/float64, values of another dtype (np.add.at would round their
+    sum differently), not C-contiguous or read-only, no values, no compiler.
+    ``route``: :func:`flat_route`'s decision for arrays like these, where the caller
+    made it once (else made here)."""
+    if (route or flat_route(target, values)).route is not ScatterRoute.COMPILED:
         return False
+    kind = _KINDS[target.dtype]
     flat = np.ravel_multi_index(tuple(np.asarray(p, dtype=np.int64) for p in positions),
                                 target.shape) if target.ndim else \
         np.zeros(values.shape, np.int64)

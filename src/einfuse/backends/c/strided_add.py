@@ -16,6 +16,8 @@ from typing import List, Optional, Sequence, Tuple
 
 import numpy as np
 
+from ...schedule.scatter_kernels import CAPABILITIES, ScatterKernel, ScatterRoute, \
+    scatter_route
 from . import build as c_build
 from .threads import thread_count
 
@@ -64,8 +66,9 @@ STRIDED_ADD(einfuse_strided_add_f64, double)
 # innermost axis has 2 elements, and a loop of 2 iterations costs more than its adds.
 FIXED_INNER = 8
 
-# Below this many elements NumPy's own add is as fast and needs no compiler.
-MIN_ELEMENTS = 1 << 14
+# Below this many elements NumPy's own add is as fast and needs no compiler (the
+# kernel's declared capability, schedule/scatter_kernels.py).
+MIN_ELEMENTS = CAPABILITIES[ScatterKernel.STRIDED_ADD].min_elements
 
 _KINDS = {np.dtype(np.float32): "f32", np.dtype(np.float64): "f64"}
 
@@ -93,16 +96,18 @@ def merged_axes(shape: Sequence[int], target_steps: Sequence[int],
 def strided_add(target: np.ndarray, offset: int, shape: Sequence[int],
                 steps: Sequence[int], values: np.ndarray) -> bool:
     """``target``'s view (``shape``, ``steps`` and ``offset`` in elements) plus
-    ``values`` in place, in C; False (nothing done) where this kernel does not apply:
-    a dtype other than float32/float64, a small view, a non-contiguous target, no
-    compiler.  The caller guarantees the view is in bounds and never repeats an
-    address."""
-    kind = _KINDS.get(target.dtype)
+    ``values`` in place, in C; False (nothing done) where its route
+    (schedule/scatter_kernels.py) is not the compiled one: a dtype other than
+    float32/float64, a small view, a non-contiguous or read-only target, no compiler
+    (or values not of the view's shape).  The caller guarantees the view is in bounds
+    and never repeats an address."""
     size = int(np.prod(shape, dtype=np.int64)) if len(shape) else 1
-    if kind is None or size < MIN_ELEMENTS or not target.flags.c_contiguous or \
-            not target.flags.writeable or tuple(values.shape) != tuple(shape) or \
-            c_build.find_compiler() is None:
+    if tuple(values.shape) != tuple(shape) or scatter_route(
+            ScatterKernel.STRIDED_ADD, target.dtype, size,
+            contiguous=target.flags.c_contiguous,
+            writeable=target.flags.writeable).route is not ScatterRoute.COMPILED:
         return False
+    kind = _KINDS[target.dtype]
     values = np.ascontiguousarray(values, dtype=target.dtype)
     value_steps = _contiguous_steps(shape)
     axes = merged_axes(shape, steps, value_steps)
