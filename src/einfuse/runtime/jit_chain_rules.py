@@ -334,8 +334,13 @@ def while_loop(eqn, ins) -> List[Val]:
     if predicate.any_of:
         raise NotPerChain("a while loop runs until no chain is left (a trip count per "
                           "chain)")
-    if not predicate.shared:
+    if predicate.chain is not None and not all(k.chain is not None for k in kinds):
+        raise NotPerChain("a while loop whose condition is per chain carries a shared value")
+    if not predicate.shared and predicate.chain is None:
         raise NotPerChain(f"a while loop's condition is {predicate.describe()}")
+    # a condition chained at its only axis: JAX's while over a batch of predicates runs
+    # each chain until its own is false (a carry of a finished chain stays): the chain's
+    # own loop on its own predicate
 
     def keep_going(carry):
         return closed_interpret(cond_body, list(cond_consts) +
