@@ -17,10 +17,10 @@ jaxpr once per candidate, each value of a :class:`Kind`:
   keep it partial (sums of partials, products with shared values, transposes,
   reshapes, accumulating scan carries); an output that is partial is summed over the
   chains after the kernel, in chain order;
-* **any**: a ``reduce_or`` over the chain axis: JAX's batched ``while`` loop runs until
-  no chain is left, each chain's carries kept by a ``select`` on its own predicate once
-  it is done; that loop, and only it, becomes the chain's own loop on its own
-  predicate (checked: every chained carry of the body is that ``select``).
+* **any**: a ``reduce_or`` over the chain axis (a value every chain needs: declined
+  wherever it is read).  A ``while`` whose condition is a batch of predicates (JAX's
+  batched while: each chain runs until its own predicate is false, its carries kept
+  after) is the chain's own loop on its own predicate.
 
 Anything else across the chain axis (a max over chains, a partial read nonlinearly, a
 gather along it, a scan over it) ends the candidate with a reason; where no candidate

@@ -36,6 +36,14 @@ when the batch is more than one wave of programs; a batch of 256 chains of 16 x 
 tiles stays at one chain per program.  ``EINFUSE_JIT_LANES`` = n asks for n lanes
 (rounded down to a power of two, still within the fit; for tests and tuning).
 
+A function of a whole batch of chains (``jax.grad`` of a sum over a ``jax.vmap``: the
+batch is in its primitives, no vmap left; runtime/jit_chains.py recovers the one-chain
+function) runs as that function spread over programs and lanes, then one fixed-order
+sum kernel per dtype of the gradients of shared weights, where :func:`spread_over_chains`
+says so: always where the whole batch as one program runs no Triton kernel (its tiles
+past the limits), else where serial statements x rounds x waves plus the sums' launches
+cost less than the one program's statements x rounds.
+
 The host constants are measured (the seed, 8000 steps, 12 hidden, float64, one core of
 an AVX-512 EPYC: 0.40 ns per operation for one chain, 0.09 for 64 vmapped chains); the
 device ones are estimates, not calibrated on a GPU yet; they decide only between two
