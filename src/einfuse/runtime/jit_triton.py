@@ -94,6 +94,10 @@ class TritonRoute:
         self._kernel = None
         self._choices: Dict[bool, DeviceChoice] = {}
         self._succeeded = False
+        # a function of a whole batch of chains: (the route of its one-chain program
+        # over the chains, its ChainOutputs), or why not (runtime/jit_chains.py)
+        self._chains = None
+        self._spread: Dict[bool, Tuple[bool, str]] = {}
 
     @property
     def rendered(self):
@@ -164,8 +168,63 @@ class TritonRoute:
                           self._declined, rendered.largest if rendered else 0,
                           rendered.registers if rendered else 0,
                           rendered.programs if rendered else None, self.spread)
+            if can_run and self.block is None and not self.sizes:
+                made = self._over_chains(on_gpu, made)
         with _lock:
             return self._choices.setdefault(on_gpu, made)
+
+    # -- a function of a whole batch of chains ---------------------------------------------------
+    def _chain_route(self):
+        if self._chains is None:
+            found = _chain_route_of(self.function)
+            with _lock:
+                if self._chains is None:
+                    self._chains = found
+        return self._chains
+
+    def _over_chains(self, on_gpu: bool, whole: DeviceChoice) -> DeviceChoice:
+        """``whole`` (the choice for the program as one), or the choice of its one-chain
+        program spread over the chains where schedule/jit_device.spread_over_chains
+        says so; the reason kept for explain either way."""
+        from ..schedule.jit_device import serial_statements, spread_over_chains
+        found = self._chain_route()
+        if isinstance(found, str):
+            self._spread[on_gpu] = (False, f"not spread over chains: {found}")
+            return whole
+        route, outputs = found
+        chain = route.choice(on_gpu)
+        rendered = route.rendered
+        use, why = spread_over_chains(
+            whole, self._rendered.largest if self._rendered else 0,
+            serial_statements(route.program.steps), chain,
+            rendered.programs if rendered else 1, rendered.largest if rendered else 0,
+            len(outputs.groups))
+        form = outputs.batch.form
+        if not use:
+            self._spread[on_gpu] = (False, f"not spread over its {form.chains} chains ({why})")
+            return whole
+        self._spread[on_gpu] = (True, f"spread over {form.describe()}: {why}")
+        return DeviceChoice(True, f"its one-chain program over {form.chains} chains, then "
+                                  f"{len(outputs.groups)} fixed-order sum kernel(s): "
+                                  f"{chain.reason}", chain.num_warps)
+
+    def _run_chains(self, arrays, as_jax: bool):
+        """The outputs by the one-chain kernel and the sums over the chains, or None where
+        that kernel does not build (then never again: the whole program's route)."""
+        route, chain_outputs = self._chains
+        outputs, buffers = chain_outputs.allocate(_device())
+        if route.attempt(arrays, None, outputs) is None:
+            with _lock:
+                reason = route._declined or "its kernel did not build"
+                self._chains = f"its one-chain kernel declined ({reason})"
+                self._choices.clear()
+                self._spread.clear()
+            return self.attempt(arrays, as_jax)
+        found = chain_outputs.finish(outputs, buffers)
+        self._succeeded = True
+        if as_jax:
+            return [_to_jax(out) for out in found]
+        return tuple(out.cpu().numpy() for out in found)
 
     def takes(self, arrays) -> bool:
         """Whether a call on ``arrays`` runs the Triton kernel."""
@@ -182,6 +241,9 @@ class TritonRoute:
             except Exception as error:       # explain describes; the call itself raises
                 text = f"not decided ({type(error).__name__}: {error})"
             lines.append(f"  eager call on {where}: {text}")
+            spread = self._spread.get(on_gpu)
+            if spread is not None and (spread[0] or self._chains is not None):
+                lines.append(f"    ({spread[1]})")
         if self.block is None and not self.sizes:
             lines += _vmapped_lines(self.function)
         return lines
@@ -196,16 +258,18 @@ class TritonRoute:
                                          choice.num_warps if choice else 1)
             return self._kernel
 
-    def attempt(self, arrays, as_jax: bool):
+    def attempt(self, arrays, as_jax, outputs=None):
         """The kernel's outputs on ``arrays`` where the rule chooses it, else None (the
-        host kernel runs).  A kernel that fails to build (Triton's compiler refusing what
+        host kernel runs); ``as_jax`` None: torch tensors, into ``outputs`` where given.  A kernel that fails to build (Triton's compiler refusing what
         the renderer wrote) declines from then on, with that reason; the host kernel
         runs instead, so the call still gets its result.  A kernel over lanes that
         fails so gives way to one program per chain first."""
         if not self.takes(arrays):
             return None
+        if self._spread.get(_on_gpu(arrays), (False,))[0]:
+            return self._run_chains(arrays, as_jax)
         try:
-            return self.run(arrays, as_jax)
+            return self.run(arrays, as_jax, outputs)
         except EinfuseTypeError:
             raise
         except Exception as error:   # noqa: BLE001 -- see above; only before a success
@@ -219,7 +283,7 @@ class TritonRoute:
                     self.spread = (f"one program per chain (its kernel over lanes did not "
                                    f"build: {type(error).__name__}: {str(error)[:200]})")
                 if self._rendered is not None:
-                    return self.attempt(arrays, as_jax)
+                    return self.attempt(arrays, as_jax, outputs)
             with _lock:
                 self._declined = (f"its Triton kernel did not build ({type(error).__name__}: "
                                   f"{str(error)[:300]})")
@@ -228,9 +292,9 @@ class TritonRoute:
                 self._choices.clear()
             return None
 
-    def run(self, arrays, as_jax: bool):
-        """The outputs of the kernel on ``arrays`` (JAX arrays when ``as_jax``, else
-        NumPy arrays)."""
+    def run(self, arrays, as_jax, outputs=None):
+        """The outputs of the kernel on ``arrays`` (JAX arrays when ``as_jax``, NumPy
+        arrays when False, the torch tensors -- ``outputs`` where given -- when None)."""
         import torch
         device = _device()
         function = self.function
@@ -239,8 +303,9 @@ class TritonRoute:
             inputs.append(_tensor(array, aval, device, function.name))
         for constant in self.constants:
             inputs.append(_tensor(np.asarray(constant), None, device, function.name))
-        outputs = [torch.empty(tuple(aval.shape), dtype=_torch_dtype(aval.dtype), device=device)
-                   for aval in function.out_avals]
+        if outputs is None:
+            outputs = [torch.empty(tuple(aval.shape), dtype=_torch_dtype(aval.dtype),
+                                   device=device) for aval in function.out_avals]
         if self.batch > 0:          # (an empty batch: nothing to compute, nothing to launch)
             kernel = self.kernel()
             scratch = [torch.empty(max(1, kernel.programs * size), dtype=_torch_dtype(dtype),
@@ -248,9 +313,35 @@ class TritonRoute:
                        for _, dtype, size in self._rendered.scratch]
             kernel(inputs, outputs + scratch)
         self._succeeded = True
+        if as_jax is None:
+            return list(outputs)
         if as_jax:
             return [_to_jax(out) for out in outputs]
         return tuple(out.cpu().numpy() for out in outputs)
+
+
+def _chain_route_of(function):
+    """(the TritonRoute of ``function``'s one-chain program over its chains, its
+    ChainOutputs), or why there is none: ``function`` (a CompiledFunction) is not a
+    batch of chains that runtime/jit_chains.py recovers, or its one-chain program is
+    not converted."""
+    closed = getattr(function, "closed", None)
+    if closed is None:
+        return "no jaxpr to look into"
+    from .jit_chain_route import ChainBatch, ChainOutputs
+    from .jit_chains import find_chains
+    try:
+        form, why = find_chains(closed)
+        if form is None:
+            return why
+        batch = ChainBatch(function, form)
+    except Exception as error:   # noqa: BLE001 -- a form not converted: the whole program
+        return f"its one-chain program is not converted ({type(error).__name__}: " \
+               f"{str(error)[:200]})"
+    flags = tuple(batch.batched) + tuple((False,) for _ in batch.constants)
+    route = TritonRoute(batch, batch.program, batch.sizes, flags, function.backend,
+                        batch.constants, block=batch.block)
+    return route, ChainOutputs(batch)
 
 
 def _torch_dtype(dtype):

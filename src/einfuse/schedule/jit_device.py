@@ -36,6 +36,14 @@ when the batch is more than one wave of programs; a batch of 256 chains of 16 x 
 tiles stays at one chain per program.  ``EINFUSE_JIT_LANES`` = n asks for n lanes
 (rounded down to a power of two, still within the fit; for tests and tuning).
 
+A function of a whole batch of chains (``jax.grad`` of a sum over a ``jax.vmap``: the
+batch is in its primitives, no vmap left; runtime/jit_chains.py recovers the one-chain
+function) runs as that function spread over programs and lanes, then one fixed-order
+sum kernel per dtype of the gradients of shared weights, where :func:`spread_over_chains`
+says so: always where the whole batch as one program runs no Triton kernel (its tiles
+past the limits), else where serial statements x rounds x waves plus the sums' launches
+cost less than the one program's statements x rounds.
+
 The host constants are measured (the seed, 8000 steps, 12 hidden, float64, one core of
 an AVX-512 EPYC: 0.40 ns per operation for one chain, 0.09 for 64 vmapped chains); the
 device ones are estimates, not calibrated on a GPU yet; they decide only between two
@@ -70,6 +78,7 @@ TILE_LIMIT = 16384              # elements of one tile (register pressure of one
 REGISTER_LIMIT = 32768          # elements of all register tensors of one program
 WARP = 32                       # threads of a warp
 LANES_ENV = "EINFUSE_JIT_LANES"
+CHAINS_ENV = "EINFUSE_JIT_CHAINS"
 
 
 @dataclass(frozen=True)
@@ -153,6 +162,38 @@ def lanes_for(chains: int, outer: int, largest: int, registers: int) -> Tuple[in
     return best, f"{rule}, {cost(best)} at {best} (up to {fit} fit one program)"
 
 
+def spread_over_chains(whole: DeviceChoice, whole_largest: int, serial: int,
+                       chain: DeviceChoice, chain_programs: int, chain_largest: int,
+                       sums: int) -> Tuple[bool, str]:
+    """Whether a function of a whole batch of chains (one program: ``whole``, its
+    largest tile ``whole_largest``) runs instead as its one-chain program spread over
+    ``chain_programs`` programs (``chain``: that kernel's own choice; ``chain_largest``:
+    the largest tile of one of its programs, lanes included) followed by ``sums``
+    fixed-order sum kernels; and why.  The rule: where the whole program runs no Triton
+    kernel and the spread one does, spread; where both do, the smaller of
+    serial statements x rounds (elements of the largest tile per thread) x waves of
+    programs, plus a launch for each sum kernel, in DEVICE_NS_PER_STATEMENT and
+    LAUNCH_US.  ``EINFUSE_JIT_CHAINS`` = 1 / 0 forces it / forbids it."""
+    forced = os.environ.get(CHAINS_ENV)
+    if not chain.triton:
+        return False, f"its one-chain kernel would not run ({chain.reason})"
+    if forced in ("0", "1"):
+        return forced == "1", f"{CHAINS_ENV}={forced} asks for it"
+    if not whole.triton:
+        return True, "the program of the whole batch runs no Triton kernel"
+
+    def rounds(tile):
+        return -(-max(1, tile) // (WARP * warps_for(tile)))
+    waves = -(-max(1, chain_programs) // (DEVICE_SMS * PROGRAMS_PER_SM))
+    whole_us = serial * rounds(whole_largest) * DEVICE_NS_PER_STATEMENT / 1000.0
+    spread_us = serial * rounds(chain_largest) * waves * DEVICE_NS_PER_STATEMENT / 1000.0 \
+        + sums * LAUNCH_US
+    rule = (f"statements x rounds x waves: {whole_us:.1f} us as one program of the whole "
+            f"batch ({whole_largest}-element tiles) against {spread_us:.1f} us spread "
+            f"({chain_largest}-element tiles, {waves} wave(s), {sums} sum launch(es))")
+    return spread_us < whole_us, rule
+
+
 def estimates(program: JitProgram, batch: int, on_gpu: bool, programs: Optional[int] = None):
     """(host microseconds, device microseconds) by the rule above; ``programs``: how
     many the kernel launches (default one per batch element; fewer over lanes), the
@@ -211,5 +252,5 @@ def choose(program: JitProgram, batch: int, backend: str, on_gpu: bool, can_run:
     return DeviceChoice(False, f"{rule}: the host is faster")
 
 
-__all__ = ["BACKENDS", "DeviceChoice", "LANES_ENV", "choose", "estimates", "lanes_for",
-           "serial_statements"]
+__all__ = ["BACKENDS", "CHAINS_ENV", "DeviceChoice", "LANES_ENV", "choose", "estimates",
+           "lanes_for", "serial_statements", "spread_over_chains"]

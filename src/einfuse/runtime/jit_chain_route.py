@@ -1,0 +1,128 @@
+"""A function of a whole batch of chains run as its one-chain function vmapped
+(runtime/jit_chains.py finds the form): the one-chain program spread over programs
+and lanes as any vmapped call is (runtime/jit_triton.py's TritonRoute over the batch
+level of the chains), the outputs that are sums over the chains summed after it by one
+fixed-order kernel (backends/triton/jit_chain_sum.py), the chained ones stacked with
+their chain axis back in place, the shared ones taken from the first chain."""
+
+from __future__ import annotations
+
+import threading
+from typing import Dict, List, Tuple
+
+import jax
+import numpy as np
+
+from .jit_chains import ChainForm
+from .jit_support import without_dead_code
+
+_lock = threading.Lock()
+
+
+class ChainBatch:
+    """The one-chain function over the chains, as a vmapped call looks to TritonRoute:
+    ``in_avals``/``out_avals`` of the batch (each output stacked over the chains),
+    ``base`` the one-chain function, ``batched`` which inputs carry the chains."""
+
+    def __init__(self, function, form: ChainForm):
+        self.form = form
+        self.name = f"{function.name} per chain"
+        self.sizes = (form.chains,)
+        self.batched = tuple((axis is not None,) for axis in form.in_axes)
+        self.in_avals = tuple(function.in_avals)
+        self.closed = without_dead_code(jax.make_jaxpr(form.per_chain)(*form.examples))
+        self.out_avals = tuple(jax.core.ShapedArray((form.chains,) + tuple(v.aval.shape),
+                                                    v.aval.dtype)
+                               for v in self.closed.jaxpr.outvars)
+        from ..frontends.jaxpr import convert
+        self.program = convert(self.closed)
+        self.constants = [array for _, array in self.program.constants]
+
+    def block(self, lanes: int):
+        """The program of ``lanes`` chains (the one-chain function vmapped over them)
+        and its constants."""
+        from ..frontends.jaxpr import convert
+        form = self.form
+        vmapped = jax.vmap(lambda *x: tuple(form.per_chain(*x)), in_axes=form.in_axes)
+        examples = [jax.ShapeDtypeStruct(((lanes,) if axis is not None else ()) +
+                                          tuple(e.shape), e.dtype)
+                    for e, axis in zip(form.examples, form.in_axes)]
+        program = convert(without_dead_code(jax.make_jaxpr(vmapped)(*examples)))
+        return program, [array for _, array in program.constants]
+
+
+class ChainOutputs:
+    """Where the stacked outputs of the one-chain kernel go: those that are sums over
+    the chains into one flat buffer per dtype (output after output), summed by one
+    ChainSum per dtype; the rest allocated on their own."""
+
+    def __init__(self, batch: ChainBatch):
+        self.batch = batch
+        groups: Dict[str, List[int]] = {}
+        for k, kind in enumerate(batch.form.out_kinds):
+            if kind.partial:
+                groups.setdefault(np.dtype(batch.out_avals[k].dtype).name, []).append(k)
+        self.groups = groups
+        self._sums: Dict[str, object] = {}
+
+    def summer(self, dtype: str):
+        with _lock:
+            found = self._sums.get(dtype)
+            if found is None:
+                from ..backends.triton.jit_chain_sum import ChainSum
+                sizes = [int(np.prod(self.batch.out_avals[k].shape[1:]))
+                         for k in self.groups[dtype]]
+                found = self._sums[dtype] = ChainSum(self.batch.form.chains, sizes)
+            return found
+
+    def allocate(self, device) -> Tuple[list, list]:
+        """(the kernel's output tensors, the flat term buffers per group)."""
+        import torch
+        avals = self.batch.out_avals
+        outputs: list = [None] * len(avals)
+        buffers = []
+        for dtype, members in self.groups.items():
+            total = sum(int(np.prod(avals[k].shape)) for k in members)
+            flat = torch.empty(max(1, total), dtype=getattr(torch, dtype), device=device)
+            start = 0
+            for k in members:
+                size = int(np.prod(avals[k].shape))
+                outputs[k] = flat[start:start + size].view(tuple(avals[k].shape))
+                start += size
+            buffers.append((dtype, flat))
+        for k, aval in enumerate(avals):
+            if outputs[k] is None:
+                outputs[k] = torch.empty(tuple(aval.shape),
+                                         dtype=getattr(torch, np.dtype(aval.dtype).name),
+                                         device=device)
+        return outputs, buffers
+
+    def finish(self, outputs, buffers) -> list:
+        """The batch function's outputs from the kernel's."""
+        import torch
+        form = self.batch.form
+        found: list = [None] * len(outputs)
+        for (dtype, flat), members in zip(buffers, self.groups.values()):
+            if not flat.numel() or not sum(int(np.prod(outputs[k].shape)) for k in members):
+                for k in members:       # (no elements: nothing to sum, nothing to launch)
+                    found[k] = outputs[k].new_zeros(tuple(outputs[k].shape[1:]))
+                continue
+            summer = self.summer(dtype)
+            result = torch.empty(max(1, sum(summer.sizes)), dtype=flat.dtype,
+                                 device=flat.device)
+            summer(flat, result)
+            start = 0
+            for k, size in zip(members, summer.sizes):
+                found[k] = result[start:start + size].view(tuple(outputs[k].shape[1:]))
+                start += size
+        for k, kind in enumerate(form.out_kinds):
+            if found[k] is not None:
+                continue
+            if kind.chain is not None:
+                found[k] = outputs[k].movedim(0, kind.chain).contiguous()
+            else:
+                found[k] = outputs[k][0]
+        return found
+
+
+__all__ = ["ChainBatch", "ChainOutputs"]
