@@ -121,3 +121,23 @@ def test_the_layernorm_spellings_of_one_canonical_program_run_the_row_kernel(row
         assert row_patterns == [c_rows.RowPattern.LAYERNORM], name
         np.testing.assert_allclose(got, chosen.reference(float64(arrays)), rtol=1e-4,
                                    atol=1e-5, err_msg=name)
+
+
+def test_minus_log_softmax_at_the_label_runs_the_gather_spellings_row_kernel(row_patterns):
+    # rewrite/gathered_reads.py: -Y[n, y[n]] of the log-softmax intermediate is read at the
+    # label, so the program is the one-statement cross-entropy (its normal form differs
+    # only as -(a - b) from b - a: the sign of a zero result)
+    chosen = next(f for f in rows_families(63, 1000) if f.name.startswith("cross-entropy"))
+    arrays = chosen.inputs(np.random.default_rng(10))
+    texts = dict(chosen.spellings)
+    patterns = {}
+    for name in ("gather", "minus log-softmax at the label"):
+        row_patterns.clear()
+        program = ef.compile(texts[name])
+        assert len(getattr(program, "statements", (program,))) == 1, name
+        got = program(**arrays)
+        patterns[name] = list(row_patterns)
+        np.testing.assert_allclose(got, chosen.reference(float64(arrays)), rtol=1e-4,
+                                   atol=1e-5, err_msg=name)
+    assert patterns["gather"] and patterns["minus log-softmax at the label"] == \
+        patterns["gather"]
