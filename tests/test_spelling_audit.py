@@ -44,7 +44,7 @@ SAME = {
     "logsumexp": [("logsumexp", "max + log(sum(exp)) in one", "max statement, then log-sum",
                    "log-sum first, max added last")],
     "layernorm (more)": [("explicit sums", "times rsqrt", "rsqrt statement",
-                          "centred statement", "(x-m)*(x-m)")],
+                          "centred statement", "(x-m)*(x-m)", "gain first")],
     "RMSNorm": [("mean-square statement", "squared with **2", "times rsqrt")],
     "cross-entropy": [("gather", "max and log-sum statements")],
     "causal attention (more)": [("mask on the scores", "scale on q", "scale on k",
@@ -115,7 +115,8 @@ def test_the_layernorm_spellings_of_one_canonical_program_run_the_row_kernel(row
     # (rows long enough for the row kernel to pay for itself)
     chosen = next(f for f in rows_families(63, 1000) if f.name.startswith("layernorm"))
     arrays = chosen.inputs(np.random.default_rng(9))
-    for name in ("explicit sums", "times rsqrt", "rsqrt statement", "(x-m)*(x-m)"):
+    for name in ("explicit sums", "times rsqrt", "rsqrt statement", "(x-m)*(x-m)",
+                 "gain first"):
         text = dict(chosen.spellings)[name]
         row_patterns.clear()
         got = ef.compile(text)(**arrays)

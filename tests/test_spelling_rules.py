@@ -324,3 +324,28 @@ def test_a_count_by_access_keeps_its_bound_indices_bound():
     written = brute_force(statement, ranges, {"x": x, "t": t})
     assert close(brute_force(text, ranges, {"x": x, "t": t}), written)
     assert close(ef.ein(statement, x=x, t=t), written)
+
+
+# -- gain-after-quotient -------------------------------------------------------------------
+@pytest.mark.parametrize("statement", [
+    "Y[i,j] := g[j] * X[i,j] / Z[i]",
+    "Y[i,j] := g[j] * (X[i,j] - 1) / sqrt(Z[i] + 1e-05) + 2",
+])
+def test_a_gain_written_first_is_applied_after_the_quotient(backend, statement):
+    text, fired = canonical_text(statement)
+    assert "gain-after-quotient" in fired and text.count("* g[j]") == 1
+    X, Z = special_matrix(), special_row()
+    g = np.array([1.0, -0.0, INF, NAN, -2.5, 3.0])
+    written = oracle(statement, {"X": X, "Z": Z, "g": g})
+    rewritten = oracle(text, {"X": X, "Z": Z, "g": g})
+    # NaN and infinities where the written form has them (0 * inf, inf / inf, a NaN
+    # gain), finite values to rounding, zeros with the written sign
+    assert close(rewritten, written, rtol=1e-15)
+    zeros = written == 0
+    assert np.array_equal(np.signbit(rewritten[zeros]), np.signbit(written[zeros]))
+    assert close(ef.ein(statement, X=X, Z=Z, g=g, backend=backend), written, rtol=1e-12)
+
+
+def test_a_gain_with_as_many_indices_or_a_number_is_left():
+    assert "gain-after-quotient" not in canonical_text("Y[i,j] := W[i,j] * X[i,j] / Z[i]")[1]
+    assert "gain-after-quotient" not in canonical_text("Y[i,j] := 2 * X[i,j] / Z[i]")[1]

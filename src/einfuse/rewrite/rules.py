@@ -24,7 +24,7 @@ import math
 from dataclasses import dataclass
 from typing import Callable, Dict, Iterable, List, Optional, Tuple
 
-from ..lang.ast import Binary, Call, Expr, Number, Reduce, accesses, map_children
+from ..lang.ast import Access, Binary, Call, Expr, Number, Reduce, accesses, map_children
 from ..lang.rewrite import free_indices
 from ..lang.sugar import FreshNames, rename_indices
 from .hoist import canonical
@@ -347,6 +347,16 @@ def _only_plain(index: str, subscripts) -> bool:
     return seen
 
 
+def _gain_after_quotient(c: Captures, expr: Expr, fresh: FreshNames) -> Optional[Expr]:
+    """``g * n / d`` -> ``n / d * g`` for an array read ``g`` with fewer indices than
+    ``n`` (a per-column gain written first: the layernorm the row kernel runs)."""
+    gain, numerator = c["g"], c["n"]
+    if not isinstance(gain, Access) or not free_indices(gain) < free_indices(numerator):
+        return None
+    span = _span(expr)
+    return Binary("*", Binary("/", numerator, c["d"], span=span), gain, span=span)
+
+
 def _log_normaliser_as_division(c: Captures, expr: Expr, fresh: FreshNames) -> Optional[Expr]:
     """``exp(a_j - log(sum[k](exp(a_k))))`` -> ``exp(a_j) / sum[k](exp(a_k))``, the two
     ``a`` the same up to the reduced indices (a normalised weight: never above 1)."""
@@ -443,6 +453,10 @@ RULES: Tuple[Rule, ...] = (
          "mean[h](mean[w](e)) -> mean[h,w](e), as sum[h,w](e) / count[h,w], where h and w "
          "are plain subscripts of e (every inner mean counts the same points): one sum "
          "and one division, the same terms added in another order"),
+    Rule("gain-after-quotient", Op("/", Op("*", Capture("g"), Capture("n")), Capture("d")),
+         _gain_after_quotient, Keeps.ROUNDING,
+         "g * n / d -> n / d * g for an array g with fewer indices than n: a gain written "
+         "before the normalised value is applied after it (a product chain in one order)"),
     Rule("log-normaliser-as-division",
          Fn("exp", (Op("-", Capture("a"), Fn("log", (Capture("total"),))),)),
          lambda c, e, fresh: _log_normaliser_as_division(
