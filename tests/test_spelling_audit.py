@@ -44,14 +44,15 @@ SAME = {
     "logsumexp": [("logsumexp", "max + log(sum(exp)) in one", "max statement, then log-sum",
                    "log-sum first, max added last")],
     "layernorm (more)": [("explicit sums", "times rsqrt", "rsqrt statement",
-                          "centred statement", "(x-m)*(x-m)")],
+                          "centred statement", "(x-m)*(x-m)", "gain first")],
     "RMSNorm": [("mean-square statement", "squared with **2", "times rsqrt")],
     "cross-entropy": [("gather", "max and log-sum statements")],
     "causal attention (more)": [("mask on the scores", "scale on q", "scale on k",
                                  "additive -inf mask", "mask out where j > i",
                                  "times the reciprocal of the sum", "normaliser statement")],
     "matmul": [("A[i,k] * B[k,j]", "explicit sum, other names")],
-    "mean over H,W": [("sum over the count", "nested sums", "row sums statement")],
+    "mean over H,W": [("sum over the count", "nested sums", "row sums statement"),
+                      ("mean[h,w]", "nested means")],
     "squared distance": [("(a-b)**2", "(a-b)*(a-b)", "implicit sum", "difference statement")],
     "gaussian kernel": [("exp(-sum((a-b)**2) / s)", "distance statement")],
     "conv1d": [("x[c,i+a] * w[o,c,a]", "other index names")],
@@ -114,10 +115,31 @@ def test_the_layernorm_spellings_of_one_canonical_program_run_the_row_kernel(row
     # (rows long enough for the row kernel to pay for itself)
     chosen = next(f for f in rows_families(63, 1000) if f.name.startswith("layernorm"))
     arrays = chosen.inputs(np.random.default_rng(9))
-    for name in ("explicit sums", "times rsqrt", "rsqrt statement", "(x-m)*(x-m)"):
+    for name in ("explicit sums", "times rsqrt", "rsqrt statement", "(x-m)*(x-m)",
+                 "gain first"):
         text = dict(chosen.spellings)[name]
         row_patterns.clear()
         got = ef.compile(text)(**arrays)
         assert row_patterns == [c_rows.RowPattern.LAYERNORM], name
         np.testing.assert_allclose(got, chosen.reference(float64(arrays)), rtol=1e-4,
                                    atol=1e-5, err_msg=name)
+
+
+def test_minus_log_softmax_at_the_label_runs_the_gather_spellings_row_kernel(row_patterns):
+    # rewrite/gathered_reads.py: -Y[n, y[n]] of the log-softmax intermediate is read at the
+    # label, so the program is the one-statement cross-entropy (its normal form differs
+    # only as -(a - b) from b - a: the sign of a zero result)
+    chosen = next(f for f in rows_families(63, 1000) if f.name.startswith("cross-entropy"))
+    arrays = chosen.inputs(np.random.default_rng(10))
+    texts = dict(chosen.spellings)
+    patterns = {}
+    for name in ("gather", "minus log-softmax at the label"):
+        row_patterns.clear()
+        program = ef.compile(texts[name])
+        assert len(getattr(program, "statements", (program,))) == 1, name
+        got = program(**arrays)
+        patterns[name] = list(row_patterns)
+        np.testing.assert_allclose(got, chosen.reference(float64(arrays)), rtol=1e-4,
+                                   atol=1e-5, err_msg=name)
+    assert patterns["gather"] and patterns["minus log-softmax at the label"] == \
+        patterns["gather"]

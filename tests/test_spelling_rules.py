@@ -265,3 +265,87 @@ def test_a_product_of_equals_is_a_square_bitwise(backend, statement):
 def test_a_product_of_booleans_or_different_terms_is_left():
     assert "product-as-square" not in canonical_text("Y[i,j] := (j <= i) * (j <= i)")[1]
     assert "product-as-square" not in canonical_text("Y[i,j] := X[i,j] * X[j,i]")[1]
+
+
+# -- nested-means-merged (and count-by-access's bound indices) ----------------------------
+@pytest.mark.parametrize("statement", [
+    "y[b] := mean[h](mean[w](x[b,h,w]))",
+    "y[b] := mean[h](mean[w](x[b,h,w] * g[w]))",
+    "y[b] := mean[w](mean[h](x[b,h,w]))",
+])
+def test_nested_means_are_one_mean(backend, statement):
+    text, fired = canonical_text(statement)
+    assert "nested-means-merged" in fired
+    assert text.count("sum[") == 2 and ("sum[h, w]" in text or "sum[w, h]" in text)
+    x = np.random.default_rng(5).standard_normal((4, 3, 5))
+    x[1, 0, 0], x[2, 1, 1], x[2, 2, 2], x[3, :, :] = NAN, INF, -INF, -0.0
+    arrays = {"x": x, "g": np.array([1.0, -0.0, 2.0, INF, -3.0])}
+    given = {k: v for k, v in arrays.items() if f"{k}[" in statement}
+    from oracle import brute_force
+    ranges = {"b": (0, 4), "h": (0, 3), "w": (0, 5)}
+    written = brute_force(statement, ranges, given)
+    assert close(brute_force(text, ranges, given), written)
+    got = np.asarray(ef.ein(statement, **given, backend=backend))
+    assert close(got, written)
+    assert np.isnan(got[1]) and np.isnan(got[2])           # a NaN; inf + -inf
+    if "g[" not in statement:
+        assert got[3] == 0 and not np.signbit(got[3])       # a mean of -0.0s: +0.0 both
+
+
+@pytest.mark.parametrize("shape", [(2, 0, 5), (2, 3, 0)])
+def test_nested_means_of_nothing_are_nan_both_ways(backend, shape):
+    statement = "y[b] := mean[h](mean[w](x[b,h,w]))"
+    got = np.asarray(ef.ein(statement, x=np.ones(shape), backend=backend))
+    assert got.shape == (2,) and np.isnan(got).all()
+
+
+@pytest.mark.parametrize("statement", [
+    "y[b] := mean[h](mean[w](x[b,h,w+h]))",        # the inner extent depends on h
+    "y[b] := mean[h](mean[w](x[b,h,t[w]]))",       # w read through an index array
+    "y[b] := mean[h](mean[w](x[b,h,w]) * 2)",      # not a mean of means
+])
+def test_means_whose_inner_count_may_vary_are_left(statement):
+    text, fired = canonical_text(statement)
+    assert "nested-means-merged" not in fired
+    # and no count reads an index bound inside what it counts (count-by-access)
+    from einfuse.analysis.spec import spec_of
+    assert spec_of(text).statement is not None
+
+
+def test_a_count_by_access_keeps_its_bound_indices_bound():
+    # the outer mean's count of a mean written with a gather: the one access using h
+    # also uses w through t[w], bound inside the inner mean; picking it would leave w free
+    statement = "y[b] := mean[h](mean[w](x[b,h,t[w]]))"
+    text, _ = canonical_text(statement)
+    rng = np.random.default_rng(6)
+    x, t = rng.standard_normal((2, 3, 4)), np.array([3, 0, 0, 2, 1])
+    from oracle import brute_force
+    ranges = {"b": (0, 2), "h": (0, 3), "w": (0, 5)}
+    written = brute_force(statement, ranges, {"x": x, "t": t})
+    assert close(brute_force(text, ranges, {"x": x, "t": t}), written)
+    assert close(ef.ein(statement, x=x, t=t), written)
+
+
+# -- gain-after-quotient -------------------------------------------------------------------
+@pytest.mark.parametrize("statement", [
+    "Y[i,j] := g[j] * X[i,j] / Z[i]",
+    "Y[i,j] := g[j] * (X[i,j] - 1) / sqrt(Z[i] + 1e-05) + 2",
+])
+def test_a_gain_written_first_is_applied_after_the_quotient(backend, statement):
+    text, fired = canonical_text(statement)
+    assert "gain-after-quotient" in fired and text.count("* g[j]") == 1
+    X, Z = special_matrix(), special_row()
+    g = np.array([1.0, -0.0, INF, NAN, -2.5, 3.0])
+    written = oracle(statement, {"X": X, "Z": Z, "g": g})
+    rewritten = oracle(text, {"X": X, "Z": Z, "g": g})
+    # NaN and infinities where the written form has them (0 * inf, inf / inf, a NaN
+    # gain), finite values to rounding, zeros with the written sign
+    assert close(rewritten, written, rtol=1e-15)
+    zeros = written == 0
+    assert np.array_equal(np.signbit(rewritten[zeros]), np.signbit(written[zeros]))
+    assert close(ef.ein(statement, X=X, Z=Z, g=g, backend=backend), written, rtol=1e-12)
+
+
+def test_a_gain_with_as_many_indices_or_a_number_is_left():
+    assert "gain-after-quotient" not in canonical_text("Y[i,j] := W[i,j] * X[i,j] / Z[i]")[1]
+    assert "gain-after-quotient" not in canonical_text("Y[i,j] := 2 * X[i,j] / Z[i]")[1]

@@ -50,7 +50,7 @@ class Options:
     @property
     def rewrite_options(self) -> frozenset:
         """The options rewrite rules may be guarded by (rewrite/rules.py ``Rule.option``)."""
-        return frozenset({f"precision={self.precision}"})
+        return frozenset({f"precision={self.precision}", f"bounds={self.bounds}"})
 
     @property
     def range_map(self) -> Mapping[str, RangeBounds]:

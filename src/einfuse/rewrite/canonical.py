@@ -34,6 +34,7 @@ from ..lang.rewrite import free_indices, names_in
 from ..lang.sugar import rename_indices
 from .hoist import canonical, only_plain, subscripts_of
 from .online_softmax import inline_program
+from .gathered_reads import read_gathers_at_their_points
 from .inline_reductions import inline_where_rules_fire
 from .rules import RULES, rewrite
 from .shared_terms import share_costly_terms
@@ -96,7 +97,9 @@ def canonical_program(statements: Sequence[Tuple[Statement, Expr]],
     put_back = [False] * len(statements)      # a reduction intermediate put back into it
     if plain_ranges and len(statements) > 1:
         given = [dataclasses.replace(s, rhs=rhs) for s, rhs in statements]
-        whole, first = inline_where_rules_fire(given, set(outputs), options, fired, shared)
+        read, gathered = read_gathers_at_their_points(given, set(outputs), options, shared)
+        whole, first = inline_where_rules_fire(read, set(outputs), options, fired, shared)
+        first = tuple(gathered[k] for k in first)
         put_back = [s is not given[k] for s, k in zip(whole, first)]
         if any(put_back) or len(whole) != len(given):
             statements = [(s, s.rhs) for s in whole]
@@ -346,6 +349,10 @@ def normal_form(statements: Sequence[Tuple[Statement, Expr]],
     if not whole or any(s.assign != ":=" for s in whole) or \
             tuple(outputs) != (whole[-1].output,):
         return None
+    # (under the default bounds="check": an intermediate read only through gathers is
+    # read at its gathered points, as canonical_program does)
+    whole, _ = read_gathers_at_their_points(whole, {whole[-1].output}, frozenset(
+        {"bounds=check"}), [])
     inlined = inline_program(whole)
     if inlined is None:
         return None

@@ -24,7 +24,7 @@ import math
 from dataclasses import dataclass
 from typing import Callable, Dict, Iterable, List, Optional, Tuple
 
-from ..lang.ast import Binary, Call, Expr, Number, Reduce, accesses, map_children
+from ..lang.ast import Access, Binary, Call, Expr, Number, Reduce, accesses, map_children
 from ..lang.rewrite import free_indices
 from ..lang.sugar import FreshNames, rename_indices
 from .hoist import canonical
@@ -192,8 +192,9 @@ def _count_by_access(c: Captures, expr: Expr, fresh: FreshNames) -> Optional[Exp
     if len(using) != 1:
         return None
     (access,) = using
-    if access == c["e"] or not indices <= set(_access_indices(access)):
-        return None
+    if access == c["e"] or not indices <= set(_access_indices(access)) or \
+            not free_indices(access) <= free_indices(c["e"]):
+        return None       # (an access using an index bound inside e: it would escape)
     span = _span(expr)
     ones = Call("where", (Binary("==", access, access, span=span), Number(1, span=span),
                           Number(1, span=span)), span=span)
@@ -267,6 +268,93 @@ def _nested_sums_merged(c: Captures, expr: Expr, fresh: FreshNames) -> Optional[
     if set(outer) & set(inner):
         return None
     return Reduce("sum", tuple(outer) + tuple(inner), c["body"], span=_span(expr))
+
+
+def _count_of(expr: Expr) -> Optional[Tuple[Tuple[str, ...], Expr]]:
+    """``(K, e)`` for a count ``sum[K](where(e == e, 1, 1))`` (lang/sugar.py's), else
+    None."""
+    if not (isinstance(expr, Reduce) and expr.op == "sum" and isinstance(expr.body, Call)
+            and expr.body.func == "where" and len(expr.body.args) == 3):
+        return None
+    test, one, other = expr.body.args
+    if not (isinstance(test, Binary) and test.op == "==" and
+            canonical(test.left) == canonical(test.right) and
+            literal_value(one) == 1.0 and literal_value(other) == 1.0):
+        return None
+    return tuple(expr.indices), test.left
+
+
+def _renamed_to(expr: Expr, names: Tuple[str, ...], targets: Tuple[str, ...],
+                like: Expr) -> Optional[Expr]:
+    """``expr`` with ``names`` renamed to ``targets`` in some order such that it equals
+    ``like`` (reductions inside compared with their indices named by position)."""
+    if len(names) != len(targets):
+        return None
+    for order in itertools.permutations(targets):
+        renamed = rename_indices(expr, dict(zip(names, order)))
+        if canonical(renamed) == canonical(like):
+            return renamed
+    return None
+
+
+def _nested_means_merged(c: Captures, expr: Expr, fresh: FreshNames) -> Optional[Expr]:
+    """``mean[H](mean[W](e))`` expanded -- ``sum[H](sum[W](e) / count[W]) / count[H]``,
+    the outer count of the inner mean -> ``sum[H, W](e) / count[H, W]``, where every
+    index of H and W is a whole plain subscript wherever it appears in ``e`` and in the
+    inner count's expression (so W's extent is an axis's, the same at every point of H:
+    the mean of equal-sized means is the mean of all)."""
+    outer, inner = tuple(c["h"]), tuple(c["w"])
+    if set(outer) & set(inner):
+        return None
+    inner_count, outer_count = _count_of(c["cw"]), _count_of(c["ch"])
+    if inner_count is None or outer_count is None:
+        return None
+    mean = expr.left.body                      # sum[W](e) / count[W]
+    counted = _renamed_to(inner_count[1], inner_count[0], inner, inner_count[1]) \
+        if set(inner_count[0]) == set(inner) else None
+    if counted is None:
+        # (the count's own names: renamed to W's, any order that leaves it itself)
+        if len(inner_count[0]) != len(inner) or set(inner) & free_indices(inner_count[1]):
+            return None
+        counted = rename_indices(inner_count[1], dict(zip(inner_count[0], inner)))
+    if _renamed_to(outer_count[1], outer_count[0], outer, mean) is None:
+        return None
+    for part in (c["body"], counted):
+        own = list(accesses(part))
+        subs = [sub for access in own for sub in access.indices]
+        if not all(_only_plain(i, subs) for i in outer + inner):
+            return None
+    span = _span(expr)
+    both = outer + inner
+    ones = Call("where", (Binary("==", counted, counted, span=span), Number(1, span=span),
+                          Number(1, span=span)), span=span)
+    return Binary("/", Reduce("sum", both, c["body"], span=span),
+                  Reduce("sum", both, ones, span=span), span=span)
+
+
+def _only_plain(index: str, subscripts) -> bool:
+    """``index`` occurs in ``subscripts`` only as whole plain subscripts, at least once."""
+    seen = False
+    for sub in subscripts:
+        if index in sub.index_names:
+            if sub.plain_index != index:
+                return False
+            seen = True
+        if any(index in sub2.index_names for access, _ in sub.gathers
+               for node in access.walk() if hasattr(node, "indices") and
+               not isinstance(node, Reduce) for sub2 in node.indices):
+            return False       # (read inside an index array: not an axis's extent)
+    return seen
+
+
+def _gain_after_quotient(c: Captures, expr: Expr, fresh: FreshNames) -> Optional[Expr]:
+    """``g * n / d`` -> ``n / d * g`` for an array read ``g`` with fewer indices than
+    ``n`` (a per-column gain written first: the layernorm the row kernel runs)."""
+    gain, numerator = c["g"], c["n"]
+    if not isinstance(gain, Access) or not free_indices(gain) < free_indices(numerator):
+        return None
+    span = _span(expr)
+    return Binary("*", Binary("/", numerator, c["d"], span=span), gain, span=span)
 
 
 def _log_normaliser_as_division(c: Captures, expr: Expr, fresh: FreshNames) -> Optional[Expr]:
@@ -358,6 +446,17 @@ RULES: Tuple[Rule, ...] = (
          _nested_sums_merged, Keeps.ROUNDING,
          "sum[k](sum[l](e)) -> sum[k,l](e): one sum over both, the same terms added in "
          "another order"),
+    Rule("nested-means-merged",
+         Op("/", Reduction("sum", "h", Op("/", Reduction("sum", "w", Capture("body")),
+                                          Capture("cw"))), Capture("ch")),
+         _nested_means_merged, Keeps.ROUNDING,
+         "mean[h](mean[w](e)) -> mean[h,w](e), as sum[h,w](e) / count[h,w], where h and w "
+         "are plain subscripts of e (every inner mean counts the same points): one sum "
+         "and one division, the same terms added in another order"),
+    Rule("gain-after-quotient", Op("/", Op("*", Capture("g"), Capture("n")), Capture("d")),
+         _gain_after_quotient, Keeps.ROUNDING,
+         "g * n / d -> n / d * g for an array g with fewer indices than n: a gain written "
+         "before the normalised value is applied after it (a product chain in one order)"),
     Rule("log-normaliser-as-division",
          Fn("exp", (Op("-", Capture("a"), Fn("log", (Capture("total"),))),)),
          lambda c, e, fresh: _log_normaliser_as_division(
