@@ -130,7 +130,7 @@ def test_values_match_the_oracle_on_every_route(statement, backend):
 @needs_c
 def test_compiled_c_kernels_are_cached_by_one_frozen_key():
     from einfuse.backends.c import backend as c_backend
-    from einfuse.plan.kernel_key import KernelKey
+    from einfuse.schedule.schedule import LoopChoice
     kernel = ef.compile(DIST, backend="c")
     arrays = arrays_for(DIST)
     kernel(**arrays)
@@ -139,4 +139,4 @@ def test_compiled_c_kernels_are_cached_by_one_frozen_key():
     assert key == c_backend.kernel_key(ef.compile(DIST, backend="c").bind(**arrays),
                                        (1, 1, 1))
     assert key.plan().mode == choose(kernel, call, detail=True).loops.mode
-    assert c_backend._kernels and all(isinstance(k, KernelKey) for k in c_backend._kernels)
+    assert c_backend._kernels and all(isinstance(k, LoopChoice) for k in c_backend._kernels)
