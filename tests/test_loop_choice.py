@@ -16,6 +16,7 @@ from einfuse.plan import unit_axis
 from einfuse.plan.loop_plan import input_buffers
 from einfuse.plan.nest_order import NestOrder
 from einfuse.runtime.signatures import signature_of
+from einfuse.schedule.cache_key import CacheKind, loop_nest_key
 from einfuse.schedule.choose import choose
 from einfuse.schedule.loop_choice import loop_schedule
 from einfuse.schedule.schedule import LoopChoice, Route
@@ -24,7 +25,7 @@ from oracle import brute_force
 needs_c = pytest.mark.skipif(c_build.find_compiler() is None, reason="no C compiler")
 rng = np.random.default_rng(44)
 
-DIST = "D[i,j] := sum[k]((w[k,i] - x[k,j])**2)"
+DIST = "E[i,j] := sum[k]((u[k,i] - v[k,j])**2)"   # (its own Kernel: compile caches them)
 SUM_ROWS = "y[i] := sum[j](exp(A[i,j]) * B[i,j])"
 GATHER = "y[i] := sum[j](W[idx[i], j])"
 
@@ -43,8 +44,8 @@ def kernels(monkeypatch):
 
 
 def dist_arrays(k, n, m, dtype=np.float64):
-    return {"w": rng.standard_normal((k, n)).astype(dtype),
-            "x": rng.standard_normal((k, m)).astype(dtype)}
+    return {"u": rng.standard_normal((k, n)).astype(dtype),
+            "v": rng.standard_normal((k, m)).astype(dtype)}
 
 
 @needs_c
@@ -58,15 +59,15 @@ def test_two_calls_with_equal_schedules_share_one_compiled_kernel(kernels):
     assert sa.route is Route.LOOP_NEST and sa.loops.choice == sb.loops.choice
     np.testing.assert_allclose(first(**a), oracle(DIST, ca, a), rtol=1e-12)
     np.testing.assert_allclose(second(**b), oracle(DIST, cb, b), rtol=1e-12)
-    assert list(kernels) == [sa.loops.choice]
+    assert list(kernels) == [loop_nest_key(sa.loops.choice)]
 
 
 @needs_c
 def test_unequal_schedules_get_their_own_kernels(kernels):
     kernel = ef.compile(DIST, backend="c")
     plain = dist_arrays(3, 7, 6)
-    # w read along its other axis (a transposed view), and float32: other choices
-    transposed = {"w": np.asfortranarray(plain["w"]), "x": plain["x"]}
+    # u read along its other axis (a transposed view), and float32: other choices
+    transposed = {"u": np.asfortranarray(plain["u"]), "v": plain["v"]}
     single = {name: value.astype(np.float32) for name, value in plain.items()}
     choices = []
     for arrays in (plain, transposed, single):
@@ -77,7 +78,7 @@ def test_unequal_schedules_get_their_own_kernels(kernels):
     assert len(set(choices)) == 3
     assert choices[0].layouts != choices[1].layouts
     assert choices[0].working == "float64" and choices[2].working == "float32"
-    assert set(kernels) == set(choices)
+    assert set(kernels) == {loop_nest_key(choice) for choice in choices}
 
 
 @needs_c
@@ -93,7 +94,8 @@ def test_the_schedule_explain_prints_is_the_key_the_run_used(kernels):
     # the schedule the kernel keeps for the call's signature is that value, and its
     # loop choice is the one compiled-kernel key
     assert kernel.schedule(call, signature_of(arrays)) == shown
-    assert list(kernels) == [shown.loops.choice]
+    assert list(kernels) == [loop_nest_key(shown.loops.choice)]
+    assert next(iter(kernel._schedules)).kind is CacheKind.SCHEDULE
     assert isinstance(shown.loops.choice, LoopChoice)
 
 
@@ -115,7 +117,7 @@ def test_the_lowering_and_the_backend_obey_the_schedules_loop_order(kernels):
         schedule.loops, choice=choice))
     result = c_backend.CBackend.run(call, ordered)
     np.testing.assert_allclose(result, oracle(statement, call, arrays), rtol=1e-12)
-    assert list(kernels) == [choice]
+    assert list(kernels) == [loop_nest_key(choice)]
 
 
 @needs_c

@@ -27,6 +27,7 @@ from ...plan.loop_plan import (PACK_WORK_RATIO, buffers_layout_only, call_bounds
                                lane_packs, loop_plan, short_indices)
 from ...plan.contraction import run_contraction
 from ...plan.contraction_addend import ContractionAddend
+from ...schedule.cache_key import CacheKey, loop_nest_key
 from ...schedule.loop_choice import loop_choice, loop_schedule, packed_inputs
 from ...schedule.schedule import LoopChoice, LoopSchedule, Schedule
 from . import build as c_build
@@ -48,9 +49,10 @@ _short_indices = short_indices
 _explained_layouts = explained_layouts
 _buffers_layout_only = buffers_layout_only
 
-# compiled kernels by the schedule's loop choice (schedule/schedule.LoopChoice): one per
-# distinct choice, whichever call or spelling made it
-_kernels: Dict[LoopChoice, Tuple] = {}
+# compiled kernels by the schedule's loop choice (schedule/schedule.LoopChoice, in the
+# one cache-key type, schedule/cache_key.py): one per distinct choice, whichever call
+# made it
+_kernels: Dict[CacheKey, Tuple] = {}
 _kernels_lock = threading.Lock()
 _warned = []
 KERNEL_ARGTYPES = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_void_p, ctypes.c_void_p,
@@ -113,7 +115,8 @@ def _run_layouts(call, buffers: List[np.ndarray]) -> Tuple[int, ...]:
 def kernel_functions(choice: LoopChoice):
     """(plan, [ctypes function per IR kernel]) of the loop nest ``choice`` names (the
     schedule's LoopChoice), compiled once per distinct choice."""
-    found = _kernels.get(choice)
+    key = loop_nest_key(choice)
+    found = _kernels.get(key)
     if found is None:
         plan = choice.plan()
         library = c_build.load(render_c(plan.program, c_build.vector_math()),
@@ -125,7 +128,7 @@ def kernel_functions(choice: LoopChoice):
             function.restype = None
             functions.append(function)
         with _kernels_lock:
-            found = _kernels.setdefault(choice, (plan, functions))
+            found = _kernels.setdefault(key, (plan, functions))
     return found
 
 
