@@ -127,7 +127,11 @@ def choose(kernel, call: BoundCall, backend: Optional[str] = None,
     the lowering reads, the compiled kernel's key) and what the lowering made of it;
     ``detail`` (explain's) changes nothing now: kept for its callers."""
     name = resolved_backend(kernel, call, backend)
-    schedule = as_written(kernel, call, name)
+    # a C loop nest carries its loop choice (a fallback's nest is chosen where it runs)
+    schedule = as_written(kernel, call, name, name == "c" and
+                          library_for(kernel.statement, call.framework, name) is None and
+                          epilogue_form_for(kernel, call, name) is None and
+                          not runs_hoisted(kernel.hoisted_form, call))
     form = kernel.hoisted_form
     epilogue = epilogue_form_for(kernel, call, name)
     if epilogue is not None:
@@ -148,9 +152,6 @@ def choose(kernel, call: BoundCall, backend: Optional[str] = None,
     if library is not None:
         schedule = _schedule(name, Route.LIBRARY, (_text(kernel),), library=library,
                             fallback=schedule)
-    if schedule.route is Route.LOOP_NEST and name == "c":
-        # the loop nest's choice (a fallback's nest is chosen where it runs)
-        schedule = as_written(kernel, call, name, True)
     return schedule
 
 

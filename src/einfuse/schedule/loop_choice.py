@@ -52,7 +52,7 @@ def loop_schedule(call, buffers=None, bounds: Optional[str] = None) -> LoopSched
     for slot, axis in packs:
         layouts[slot] = axis    # a packed copy's unit-stride axis
     choice = loop_choice(call, layouts, bounds) if packs else first
-    return _described(call, choice, tuple(packs), given)
+    return _described(choice, tuple(packs), given)
 
 
 def packed_inputs(call, loops: LoopSchedule) -> Tuple[str, ...]:
@@ -61,10 +61,12 @@ def packed_inputs(call, loops: LoopSchedule) -> Tuple[str, ...]:
     return tuple(dict.fromkeys(slots[slot][0] for slot, _ in loops.packs))
 
 
-def _described(call, choice: LoopChoice, packs, given) -> LoopSchedule:
-    """The LoopSchedule of ``choice``, with what its lowering made of it (explain)."""
+@functools.lru_cache(maxsize=1024)
+def _described(choice: LoopChoice, packs, given) -> LoopSchedule:
+    """The LoopSchedule of ``choice``, with what its lowering made of it (explain); made
+    once per distinct value (a call without a signature chooses every time)."""
     plan = choice.plan()
-    spec = call.spec
+    spec = choice.spec
     order = []
     body = plan.program.kernels[0].body
     while body:     # the first nest, outermost first; a loop's var is a letter and
