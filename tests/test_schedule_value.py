@@ -105,7 +105,8 @@ def test_a_kernel_chooses_once_per_signature():
     kernel(**arrays)
     assert len(kernel._schedules) == 1
     (schedule,) = kernel._schedules.values()
-    assert schedule is kernel.schedule(kernel.bind(**arrays), next(iter(kernel._schedules)))
+    assert schedule is kernel.schedule(kernel.bind(**arrays),
+                                       next(iter(kernel._schedules)).value)
 
 
 @pytest.mark.slow_on("triton")
@@ -130,7 +131,8 @@ def test_values_match_the_oracle_on_every_route(statement, backend):
 @needs_c
 def test_compiled_c_kernels_are_cached_by_one_frozen_key():
     from einfuse.backends.c import backend as c_backend
-    from einfuse.plan.kernel_key import KernelKey
+    from einfuse.schedule.cache_key import CacheKey, CacheKind
+    from einfuse.schedule.schedule import LoopChoice
     kernel = ef.compile(DIST, backend="c")
     arrays = arrays_for(DIST)
     kernel(**arrays)
@@ -139,4 +141,6 @@ def test_compiled_c_kernels_are_cached_by_one_frozen_key():
     assert key == c_backend.kernel_key(ef.compile(DIST, backend="c").bind(**arrays),
                                        (1, 1, 1))
     assert key.plan().mode == choose(kernel, call, detail=True).loops.mode
-    assert c_backend._kernels and all(isinstance(k, KernelKey) for k in c_backend._kernels)
+    assert c_backend._kernels and all(isinstance(k, CacheKey) and k.kind is CacheKind.LOOP_NEST
+                                      and isinstance(k.value, LoopChoice)
+                                      for k in c_backend._kernels)

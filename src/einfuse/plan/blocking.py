@@ -1,7 +1,7 @@
 """Register blocks and lane tiles chosen from the machine (analysis/machine.py), not
-fixed: the C loop nests (``tile_for``, ``block_for``, read by the lowering through
-plan/kernel_key.py) and the attention kernels (``attention_block``) take their sizes
-from here.
+fixed: the C loop nests (``tile_for``, ``block_for``, read by the lowering through the
+schedule's loop choice, schedule/loop_choice.py) and the attention kernels
+(``attention_block``) take their sizes from here.
 
 A register block is ``rows`` x ``vectors`` accumulators: per step of the reduction each
 row's operand is broadcast once and each of the ``vectors`` column vectors is loaded

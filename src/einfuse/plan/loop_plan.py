@@ -1,13 +1,13 @@
 """The C loop nest's plan for one bound call: the lowering's inputs as this call fixes
 them (working dtype, padding, the bounds mode of its gathers, the buffers' unit-stride
 axes, the lane tile and register block of plan/blocking.py, the indices too short for
-lanes), the key a compiled kernel is cached by (plan/kernel_key.py), which inputs are
-packed so that lanes walk them contiguously (plan/lane_layout.py), and the plan a run
-takes as explain lays it out from shapes, copying nothing.
+lanes), which inputs are packed so that lanes walk them contiguously
+(plan/lane_layout.py), and the buffers' layouts as a run will hold them, laid out from
+shapes and strides without copying anything.
 
-These are facts of the lowering, read by the schedule (its loop order and blocking,
-which statements can share a fused loop) and by the C backend, which builds and runs
-the plan (backends/c/backend.py)."""
+These are facts of the lowering, read by the schedule, which chooses a loop nest's
+lowering inputs from them (schedule/loop_choice.py: the key its compiled kernel is
+cached by), and by the fusion rules (which statements can share a fused loop)."""
 
 from __future__ import annotations
 
@@ -18,8 +18,8 @@ import numpy as np
 from ..lang.ast import accesses, reductions
 from .blocking import aliases, block_for, tile_for
 from .gathers import bounds_mode
-from .kernel_key import KernelKey
 from .lane_layout import packing_for_lanes, packing_for_rows
+from .lower import plan_for
 from .arguments import unit_axis
 from .slots import buffer_slots
 
@@ -52,18 +52,14 @@ def short_indices(call) -> Tuple[str, ...]:
                  if call.bounds.extent(name) < SHORT_EXTENT)
 
 
-def kernel_key(call, layouts, bounds=None) -> KernelKey:
-    """The key of this call's loop-nest kernel for these buffer layouts (and a bounds
-    mode other than the one this call's data allows): what its lowering reads."""
-    working = call.dtypes.working
-    return KernelKey(call.spec, working.name, call.options.pad is not None,
-                     bounds or call_bounds(call), tuple(layouts), tile_for(working),
-                     block_for(working), short_indices(call))
-
-
 def loop_plan(call, layouts, bounds=None):
-    """The lowering's plan of this call for these buffer layouts (plan_for caches it)."""
-    return kernel_key(call, layouts, bounds).plan()
+    """The lowering's plan of this call for these buffer layouts (and a bounds mode
+    other than the one this call's data allows), its loop nest as plan/lower.nest_order
+    finds it (plan_for caches it)."""
+    working = call.dtypes.working
+    return plan_for(call.spec, working.name, call.options.pad is not None,
+                    bounds or call_bounds(call), tuple(layouts), tile_for(working),
+                    block_for(working), short_indices(call))
 
 
 def lane_packs(call, plan, buffers: List[np.ndarray], units=None
@@ -173,20 +169,35 @@ def explained_layouts(call) -> Tuple[Tuple[int, ...], Tuple[str, ...]]:
     """(layouts, names of the inputs packed) of the plan a run takes where packing turns
     a scalar plan into a lane tile (plan/lane_layout.py), decided from shapes without
     copying anything, for explain."""
-    layouts = tuple(buffers_layout_only(call))
+    buffers = laid_out_buffers(call)
+    layouts = tuple(unit_axes(buffers))
     slots = buffer_slots(call.spec)
     plan = loop_plan(call, layouts)
     # what a run copies (lane_packs on the buffers' shapes and strides): the packing
     # that turns a scalar plan into a lane tile, lane-walked inputs, a row block's
     # operands packed along the reduction (dist's w, an epilogue block's x), strips
-    shape = tuple(call.output_shape)
-    output = _StridedLayout(shape, int(np.prod(shape, dtype=np.int64)), tuple(
-        int(np.prod(shape[axis + 1:], dtype=np.int64)) for axis in range(len(shape))))
-    packs = lane_packs(call, plan, _strided_layouts(call) + [output], layouts)
+    packs = lane_packs(call, plan, buffers, layouts)
     packed = list(layouts)
     for slot, axis in packs:
         packed[slot] = axis
     return tuple(packed), tuple(dict.fromkeys(slots[slot][0] for slot, _ in packs))
+
+
+def laid_out_buffers(call) -> List["_StridedLayout"]:
+    """The call's buffers (the output last) as a run will hold them -- shapes, sizes,
+    strides and item sizes --, copying nothing: what lane_packs and unit_axes read."""
+    shape = tuple(call.output_shape)
+    dtype = np.dtype(np.int64) if call.spec.result_is_position else call.dtypes.working
+    strides = tuple(int(np.prod(shape[axis + 1:], dtype=np.int64)) * dtype.itemsize
+                    for axis in range(len(shape)))
+    return _strided_layouts(call) + [_StridedLayout(
+        shape, int(np.prod(shape, dtype=np.int64)), strides, dtype.itemsize)]
+
+
+def unit_axes(buffers) -> List[int]:
+    """plan/arguments.unit_axis of each buffer (arrays, or laid_out_buffers' layouts)."""
+    return [_unit_axis_of(b) if isinstance(b, _StridedLayout) else unit_axis(b)
+            for b in buffers]
 
 
 class _StridedLayout(NamedTuple):
@@ -194,35 +205,46 @@ class _StridedLayout(NamedTuple):
     shape: Tuple[int, ...]
     size: int
     strides: Tuple[int, ...]
+    itemsize: int = 0
 
 
 def _strided_layouts(call) -> List[_StridedLayout]:
-    """The input buffers' shapes and strides as a run will see them (a converted input
-    is a fresh C-ordered copy), copying nothing."""
+    """The input buffers' shapes and strides as a run will see them, copying nothing
+    (a converted input is a fresh array laid out as ``astype`` lays it out)."""
     working = call.dtypes.working
     result = []
     for tensor, kind in buffer_slots(call.spec)[:-1]:
         array = np.asarray(call.arrays[tensor])
         dtype = np.dtype(np.int64 if kind == "index" else working)
-        strides = array.strides
-        if array.dtype != dtype:
-            strides = tuple(int(np.prod(array.shape[axis + 1:], dtype=np.int64)) *
-                            dtype.itemsize for axis in range(array.ndim))
-        result.append(_StridedLayout(array.shape, array.size, strides))
+        result.append(_StridedLayout(array.shape, array.size,
+                                     _converted_strides(array, dtype), dtype.itemsize))
     return result
+
+
+def _converted_strides(array: np.ndarray, dtype: np.dtype) -> Tuple[int, ...]:
+    """The strides of ``array.astype(dtype, copy=False)`` (input_buffers' conversion),
+    without converting: its own where the dtype is the same, else those of the array
+    ``astype`` makes (order 'K': the input's axis order, packed; ``empty_like`` lays it
+    out the same way and writes nothing)."""
+    if array.dtype == dtype:
+        return array.strides
+    try:
+        return np.empty_like(array, dtype=dtype).strides
+    except (MemoryError, ValueError):
+        # (no memory for the copy now: C order, which the run corrects where it differs)
+        return tuple(int(np.prod(array.shape[axis + 1:], dtype=np.int64)) * dtype.itemsize
+                     for axis in range(array.ndim))
 
 
 def buffers_layout_only(call) -> List[int]:
     """The unit-stride axes the buffers will have, without converting anything."""
-    working = call.dtypes.working
-    layouts = []
-    for tensor, kind in buffer_slots(call.spec)[:-1]:
-        array = np.asarray(call.arrays[tensor])
-        dtype = np.dtype(np.int64 if kind == "index" else working)
-        if array.dtype != dtype:
-            layouts.append(array.ndim - 1 if array.ndim and array.shape[-1] > 1 else -1)
-        else:
-            layouts.append(unit_axis(array))
-    shape = call.output_shape
-    layouts.append(len(shape) - 1 if shape and shape[-1] > 1 else -1)
-    return layouts
+    return unit_axes(laid_out_buffers(call))
+
+
+def _unit_axis_of(layout: _StridedLayout) -> int:
+    """plan/arguments.unit_axis of a buffer laid out as ``layout``."""
+    itemsize = layout.itemsize
+    for axis in reversed(range(len(layout.shape))):
+        if layout.shape[axis] > 1 and layout.strides[axis] == itemsize:
+            return axis
+    return -1

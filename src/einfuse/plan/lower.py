@@ -52,6 +52,7 @@ from .row_group import (RowGroup, RowReduction, RowRefused, RowSchedule, RowScop
 from .sums import BlockedSums
 from .epilogue_blocks import EpilogueBlocks
 from .row_lowering import RowStatements
+from .nest_order import NestOrder
 from .blocking import lanes_outer
 from .windows import LANE_STEPS, UNIT_STEPS, read_once_per_block, wide_lanes
 
@@ -83,16 +84,32 @@ class Plan:
 @functools.lru_cache(maxsize=256)
 def plan_for(spec, working: str, pad: bool, bounds: str, layouts: Tuple[int, ...],
              tile: int = 32, block: Tuple[int, int] = (1, 32),
-             short: Tuple[str, ...] = (), plain: bool = False, blocks: bool = False) -> Plan:
+             short: Tuple[str, ...] = (), plain: bool = False, blocks: bool = False,
+             nest: Optional[NestOrder] = None) -> Plan:
     """``tile``: lanes of a 1-D lane tile; ``block``: (rows, lanes) of the register
     block used when two output indices can be tiled (dist, the matmul shape);
     ``short``: indices whose extent this call is below a vector's width (the plan is
     still size-generic, but does not spread those over SIMD lanes); ``plain``: no lane
     tiles, row blocks or lane partials -- every output loop parallel, every reduction a
     plain loop (what a block-per-program renderer such as Triton's maps onto);
-    ``blocks`` with ``plain``: output tiles (rows x lanes) are still allowed."""
+    ``blocks`` with ``plain``: output tiles (rows x lanes) are still allowed;
+    ``nest``: the output loops' order, tiling and row block as the schedule chose them
+    (schedule/loop_choice.py, from :func:`nest_order`); None: as :func:`nest_order`
+    finds them."""
+    lowering = _Lowering(spec, np.dtype(working), pad, bounds, layouts, tile, block,
+                         short, plain, blocks)
+    return lowering.run(nest or lowering.nest_order())
+
+
+@functools.lru_cache(maxsize=256)
+def nest_order(spec, working: str, pad: bool, bounds: str, layouts: Tuple[int, ...],
+               tile: int = 32, block: Tuple[int, int] = (1, 32),
+               short: Tuple[str, ...] = ()) -> NestOrder:
+    """The C loop nest's output loop order, lane tiling and row block for these
+    lowering inputs (the rules in this module's notes): what the schedule carries and
+    :func:`plan_for` lowers."""
     return _Lowering(spec, np.dtype(working), pad, bounds, layouts, tile, block,
-                     short, plain, blocks).run()
+                     short).nest_order()
 
 
 class _Lowering(BlockedSums, LaneReductions, EpilogueBlocks, RowStatements):
@@ -218,7 +235,9 @@ class _Lowering(BlockedSums, LaneReductions, EpilogueBlocks, RowStatements):
         return [n for a, n in enumerate(names) if a != best] + [names[best]]
 
     # -- driver -------------------------------------------------------------------------
-    def run(self) -> Plan:
+    def nest_order(self) -> NestOrder:
+        """The output loops' order (the most contiguous innermost), whether the
+        innermost runs in lane tiles, and the output index blocked in rows."""
         spec = self.spec
         outs = spec.output_indices
         rhs = spec.rhs
@@ -241,6 +260,28 @@ class _Lowering(BlockedSums, LaneReductions, EpilogueBlocks, RowStatements):
                 inner = walked[-1]
                 order = [n for n in order if n != inner] + [inner]
         tiled = can_tile and inner is not None and self.lanes_pay(inner, tops)
+        rows = None
+        candidates = [n for n in order[:-1] if n in spec.race_free_indices]
+        if tiled and self.block[0] > 1 and candidates and not self.checks and \
+                not any(True for top in tops for _ in ast.reductions(top.body)) and \
+                (not self.wide_lanes or read_once_per_block(candidates[-1], tops)):
+            # the next output index in blocks of rows too, so that each load of the
+            # lane tile serves several rows from registers (dist: 4x fewer
+            # instructions per FLOP than one row at a time)
+            rows = candidates[-1]
+        return NestOrder(tuple(order), tiled, rows)
+
+    def run(self, nest: NestOrder) -> Plan:
+        """The loop nest ``nest`` names (its output loops' order, tiling, row block)."""
+        spec = self.spec
+        outs = spec.output_indices
+        rhs = spec.rhs
+        tops = _top_reductions(rhs)
+        out_slot = len(self.slots) - 1
+        self.wide_lanes = wide_lanes(rhs, self.plain)
+        order, tiled = list(nest.order), nest.tiled
+        inner = nest.inner
+        self.row_index = nest.rows
         strides = tuple(self.stride(out_slot, a) for a in range(len(outs)))
         env: Dict[str, Affine] = {}
         pos: Dict[str, Affine] = {}
@@ -300,18 +341,12 @@ class _Lowering(BlockedSums, LaneReductions, EpilogueBlocks, RowStatements):
                     self.row_index)
 
     def tiled_outputs(self, order, inner, tops, env, pos, strides, out_slot):
-        """The tiled output loops: ``inner`` in tiles of lanes and, when there is another
-        output index and the reductions are single-level, the next index in blocks of
-        rows too, so that each load of the lane tile serves several rows from registers
-        (dist: 4x fewer instructions per FLOP than one row at a time)."""
+        """The tiled output loops: ``inner`` in tiles of lanes and, where the nest
+        blocks one (``row_index``, from :meth:`nest_order`), an output index in blocks
+        of rows."""
         spec = self.spec
         outs = spec.output_indices
         rows, block_lanes = self.block
-        candidates = [n for n in order[:-1] if n in spec.race_free_indices]
-        if rows > 1 and candidates and not self.checks and \
-                not any(True for top in tops for _ in ast.reductions(top.body)) and \
-                (not self.wide_lanes or read_once_per_block(candidates[-1], tops)):
-            self.row_index = candidates[-1]
         k = self.index_no[inner]
         block, lane, count = f"b{k}", "l", "nb"
         pos[inner] = Affine.var(block) + Affine.var(lane)

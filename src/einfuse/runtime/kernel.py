@@ -33,6 +33,7 @@ from ..schedule.early import Early, before_binding
 from ..schedule.route import backend_name
 from ..schedule.schedule import Library, Route, Schedule
 from .repeat import run_first
+from ..schedule.cache_key import CacheKey, CacheKind
 from .signatures import signature_of
 from ..analysis.result_size import check_result_size, too_large
 
@@ -62,7 +63,7 @@ class Kernel:
         # signature of a call -> its prepared runner, or None (runtime/repeat.py)
         self._repeat: Dict[Tuple, object] = {}
         # signature of a call -> its schedule (schedule/choose.py), chosen once
-        self._schedules: Dict[Tuple, Schedule] = {}
+        self._schedules: Dict[CacheKey, Schedule] = {}
 
     @property
     def inputs(self):
@@ -199,14 +200,15 @@ class Kernel:
         if signature is None:
             return choose(self, call)
         cache = self._schedules
-        found = cache.get(signature)
+        key = CacheKey(CacheKind.SCHEDULE, signature)
+        found = cache.get(key)
         if found is None:
             if len(cache) >= SCHEDULES_KEPT:
                 try:     # another thread may drop the same oldest one between these steps
                     cache.pop(next(iter(cache)), None)
                 except (StopIteration, RuntimeError):
                     pass
-            found = cache[signature] = choose(self, call)
+            found = cache[key] = choose(self, call)
         return found
 
     def _prepare_repeat(self, call: BoundCall, kwargs) -> None:

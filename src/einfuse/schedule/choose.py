@@ -16,16 +16,15 @@ from ..analysis.binding import BoundCall
 from ..analysis.thread_policy import fixed_thread_count
 from ..analysis.triton_facts import host_fallback
 from ..lang.printer import format_statement
-from ..plan.blocking import block_for, tile_for
 from ..plan.contraction import Contraction, match_contraction
 from ..plan.contraction_addend import match_contraction_addend
 from ..plan.windowed_contraction import (WindowedContraction, WindowMethod, window_method,
                                          windowed_contraction, with_method)
 from ..plan.windowed_panels import PanelForm, panel_form
-from ..plan.loop_plan import explained_plan
 from .library import library_for, prepared_library
+from .loop_choice import loop_schedule, packed_inputs
 from .route import backend_name, resolved_name
-from .schedule import LoopSchedule, Materialised, Reason, Route, Schedule
+from .schedule import Materialised, Reason, Route, Schedule
 
 _BACKEND_ROUTES = {"numpy": Route.HOST, "triton": Route.TRITON}
 
@@ -123,10 +122,16 @@ def resolved_backend(kernel, call: BoundCall, backend: Optional[str] = None) -> 
 def choose(kernel, call: BoundCall, backend: Optional[str] = None,
            detail: bool = False) -> Schedule:
     """The schedule of ``kernel`` (a Kernel: statement, spec, options, hoisted_form)
-    for ``call``; ``backend``: a backend name to use instead of the kernel's options;
-    ``detail``: also the loop nest's order and blocking (explain; it plans the kernel)."""
+    for ``call``; ``backend``: a backend name to use instead of the kernel's options.
+    A C loop nest's schedule carries its loop choice (schedule/loop_choice.py: what
+    the lowering reads, the compiled kernel's key) and what the lowering made of it;
+    ``detail`` (explain's) changes nothing now: kept for its callers."""
     name = resolved_backend(kernel, call, backend)
-    schedule = as_written(kernel, call, name)
+    # a C loop nest carries its loop choice (a fallback's nest is chosen where it runs)
+    schedule = as_written(kernel, call, name, name == "c" and
+                          library_for(kernel.statement, call.framework, name) is None and
+                          epilogue_form_for(kernel, call, name) is None and
+                          not runs_hoisted(kernel.hoisted_form, call))
     form = kernel.hoisted_form
     epilogue = epilogue_form_for(kernel, call, name)
     if epilogue is not None:
@@ -147,15 +152,15 @@ def choose(kernel, call: BoundCall, backend: Optional[str] = None,
     if library is not None:
         schedule = _schedule(name, Route.LIBRARY, (_text(kernel),), library=library,
                             fallback=schedule)
-    if detail and schedule.route is Route.LOOP_NEST:    # (a fallback's nest: not planned)
-        schedule = as_written(kernel, call, name, detail)
     return schedule
 
 
 def as_written(kernel, call: BoundCall, backend: Optional[str] = None,
                detail: bool = False) -> Schedule:
     """The schedule of the statement as written (no library kernel, no hoisted form):
-    what ``Kernel.run`` runs."""
+    what ``Kernel.run`` runs; ``detail``: a C loop nest with its loop choice
+    (schedule/loop_choice.py; without it the backend chooses it from the buffers it
+    holds, through the same function)."""
     name = resolved_backend(kernel, call, backend)
     statements = (_text(kernel),)
     if name != "c":
@@ -174,13 +179,14 @@ def as_written(kernel, call: BoundCall, backend: Optional[str] = None,
     # statistics kernel (schedule/library.py)
     prepared = prepared_library(call, name) if call.spec.reduction_indices or \
         any(t.as_index for t in call.spec.tensors) else None
-    if not detail:
+    if not detail or 0 in tuple(call.output_shape):     # (an empty result runs no nest)
         return _schedule(name, Route.LOOP_NEST, statements, threads=threads,
                          prepared=prepared)
-    loops, packed = _loop_schedule(call)
+    loops = loop_schedule(call)
     return Schedule(name, Route.LOOP_NEST, statements, loops=loops, threads=threads,
                     materialised=tuple(Materialised(p, Reason.PACKED_FOR_LANES)
-                                       for p in packed), prepared=prepared)
+                                       for p in packed_inputs(call, loops)),
+                    prepared=prepared)
 
 
 def _text(kernel) -> str:
@@ -190,33 +196,3 @@ def _text(kernel) -> str:
 @functools.lru_cache(maxsize=1024)
 def _statement_text(spec) -> str:
     return format_statement(spec.statement)
-
-
-def _loop_schedule(call: BoundCall):
-    """(LoopSchedule, inputs packed) of the C loop nest the lowering plans for this
-    call's layouts (as explain lays them out, copying nothing)."""
-    plan, packed = explained_plan(call)
-    spec = call.spec
-    order = []
-    body = plan.program.kernels[0].body
-    while body:     # the first nest, outermost first; a loop's var is a letter and
-        # the index's position (b0: blocked, p2: reduction ...); lane loops have none
-        loop = next((s for s in body if hasattr(s, "var") and hasattr(s, "body")), None)
-        if loop is None:
-            break
-        number = loop.var.lstrip("abcdefghijklmnopqrstuvwxyz")
-        if number.isdigit() and int(number) < len(spec.all_indices):
-            index = spec.all_indices[int(number)]
-            if index not in order:
-                order.append(index)
-        body = loop.body
-    parallel = tuple(n for n in spec.output_indices if n in spec.race_free_indices)
-    tile = block = None
-    if plan.mode == "tiled":
-        if plan.row_index is None:
-            tile = tile_for(call.dtypes.working)
-        else:
-            rows, lanes = block_for(call.dtypes.working)
-            block = (plan.row_index, plan.inner, rows, lanes)
-    return LoopSchedule(plan.mode, tuple(order), parallel, tuple(plan.lane_indices),
-                        tile, block), packed

@@ -12,6 +12,9 @@ import enum
 from dataclasses import dataclass
 from typing import Optional, Tuple
 
+from ..plan.lower import Plan, nest_order, plan_for
+from ..plan.nest_order import NestOrder
+
 
 class Route(enum.Enum):
     """How a kernel is computed."""
@@ -56,14 +59,69 @@ class Materialised:
 
 
 @dataclass(frozen=True)
+class LoopChoice:
+    """The inputs of a C loop nest's lowering (plan/lower.plan_for) as the schedule
+    chose them for a call (schedule/loop_choice.py): the statement's spec, the working
+    dtype, padding, the bounds mode of its gathers, the buffers' unit-stride axes
+    (after the lane packing the schedule names), the lane tile and register block, the
+    indices too short for lanes, and the nest's loop order, tiling and row block.  The
+    key of the compiled kernel (backends/c/backend.py): one kernel per distinct
+    choice, shared by every call that makes the same one."""
+    spec: object
+    working: str
+    pad: bool
+    bounds: str
+    layouts: Tuple[int, ...]
+    tile: int
+    block: Tuple[int, int]
+    short: Tuple[str, ...]
+    nest: NestOrder
+
+    def plan(self) -> Plan:
+        """The lowering of the statement under these choices (plan_for caches it)."""
+        return plan_for(self.spec, self.working, self.pad, self.bounds, self.layouts,
+                        self.tile, self.block, self.short, nest=self.nest)
+
+    def with_bounds(self, bounds: str) -> "LoopChoice":
+        """The choice for another bounds mode (the nest chosen anew: a kernel that tests
+        its gathers blocks no rows)."""
+        return with_nest(self.spec, self.working, self.pad, bounds, self.layouts,
+                         self.tile, self.block, self.short)
+
+    def describe(self) -> str:
+        parts = [f"{self.working}", f"bounds {self.bounds}",
+                 "unit-stride axes " + ", ".join(map(str, self.layouts))]
+        if self.pad:
+            parts.append("padded")
+        if self.short:
+            parts.append("short " + ", ".join(self.short))
+        return "kernel " + "; ".join(parts)
+
+
+def with_nest(spec, working: str, pad: bool, bounds: str, layouts: Tuple[int, ...],
+              tile: int, block: Tuple[int, int], short: Tuple[str, ...]) -> LoopChoice:
+    """The LoopChoice of these lowering inputs, its nest as plan/lower.nest_order finds
+    it for them."""
+    return LoopChoice(spec, working, pad, bounds, layouts, tile, block, short,
+                      nest_order(spec, working, pad, bounds, layouts, tile, block, short))
+
+
+@dataclass(frozen=True)
 class LoopSchedule:
-    """What the lowering (plan/lower.plan_for) decided for a generated C loop nest."""
+    """The generated C loop nest of a call: ``choice``, what it is lowered from (and
+    compiled by: the kernel's key), ``packs``, the (buffer slot, axis) copies a run
+    makes first so that the buffers have ``choice.layouts``, from ``given``, the
+    unit-stride axes the call's buffers have; and, for explain, what the lowering made
+    of it (mode, loops, parallel and lane indices, tile, register block)."""
     mode: str                       # "tiled", "scalar" or "elementwise"
     order: Tuple[str, ...]          # the loops, outermost first (the statement's names)
     parallel: Tuple[str, ...]       # the indices OpenMP may split over threads
     lanes: Tuple[str, ...]          # the indices walked by vectorised lane loops
     tile: Optional[int] = None      # lanes of a 1-D output tile
     block: Optional[Tuple[str, str, int, int]] = None   # (rows index, lanes index, rows, lanes)
+    choice: Optional[LoopChoice] = None
+    packs: Tuple[Tuple[int, int], ...] = ()
+    given: Tuple[int, ...] = ()
 
     def describe(self) -> str:
         parts = [self.mode, "loops " + (", ".join(self.order) or "none")]

@@ -22,13 +22,14 @@ from ...plan import call_arguments, unit_axis
 # the lane tile and the register block, chosen from the machine's facts (re-exported:
 # the C modules read them here)
 from ...plan.blocking import block_for, tile_for  # noqa: F401
-from ...plan.kernel_key import KernelKey
-from ...plan.loop_plan import (PACK_WORK_RATIO, buffers_layout_only, explained_layouts,  # noqa: F401
-                               explained_plan, input_buffers, kernel_key, lane_packs,
-                               loop_plan, short_indices)
+from ...plan.loop_plan import (PACK_WORK_RATIO, buffers_layout_only, call_bounds,  # noqa: F401
+                               explained_layouts, explained_plan, input_buffers,
+                               lane_packs, loop_plan, short_indices)
 from ...plan.contraction import run_contraction
 from ...plan.contraction_addend import ContractionAddend
-from ...schedule.schedule import Schedule
+from ...schedule.cache_key import CacheKey, loop_nest_key
+from ...schedule.loop_choice import loop_choice, loop_schedule, packed_inputs
+from ...schedule.schedule import LoopChoice, LoopSchedule, Schedule
 from . import build as c_build
 from .blas import blas_library, run_contraction_addend
 from .pack import pack_axis
@@ -48,7 +49,10 @@ _short_indices = short_indices
 _explained_layouts = explained_layouts
 _buffers_layout_only = buffers_layout_only
 
-_kernels: Dict[KernelKey, Tuple] = {}   # compiled kernels (plan/kernel_key.py)
+# compiled kernels by the schedule's loop choice (schedule/schedule.LoopChoice, in the
+# one cache-key type, schedule/cache_key.py): one per distinct choice, whichever call
+# made it
+_kernels: Dict[CacheKey, Tuple] = {}
 _kernels_lock = threading.Lock()
 _warned = []
 KERNEL_ARGTYPES = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_void_p, ctypes.c_void_p,
@@ -61,13 +65,40 @@ def output_dtype(call) -> np.dtype:
     return np.dtype(np.int64) if call.spec.result_is_position else call.dtypes.working
 
 
-def _pack_for_lanes(call, plan, buffers: List[np.ndarray]) -> bool:
-    """Copy (in place in ``buffers``) the inputs plan/loop_plan.lane_packs names into
-    the layout the plan's lanes walk; whether anything was packed."""
-    packs = lane_packs(call, plan, buffers)
-    for slot, axis in packs:
+def kernel_key(call, layouts, bounds=None) -> LoopChoice:
+    """The loop choice (schedule/loop_choice.py) of this call for buffers laid out as
+    ``layouts`` and ``bounds`` (default: the mode this call's data allows): the key its
+    compiled kernel is cached by."""
+    return loop_choice(call, layouts, bounds)
+
+
+def nest_for(call, schedule: Optional[Schedule], buffers: List[np.ndarray],
+             bounds: Optional[str] = None) -> LoopSchedule:
+    """The loop nest the call's schedule chose (its LoopSchedule), or, where it carries
+    none that fits these buffers -- no schedule, a fallback's nest, buffers laid out
+    otherwise than it saw them, or another bounds mode (default: the one this call's
+    data allows; 'verified' depends on the index values) -- the one
+    schedule/loop_choice.py chooses for them."""
+    bounds = bounds or call_bounds(call)
+    loops = schedule.loops if schedule is not None else None
+    if loops is None or loops.choice is None or loops.choice.bounds != bounds or \
+            loops.given != tuple(unit_axis(b) for b in buffers):
+        loops = loop_schedule(call, buffers, bounds)
+    return loops
+
+
+def packed_for(call, loops: LoopSchedule, buffers: List[np.ndarray]) -> LoopChoice:
+    """Make the copies ``loops`` names (in place in ``buffers``) and return the choice
+    for the buffers as they are then: the schedule's, unless a copy's unit-stride axis
+    came out otherwise (then the choice for the layouts it has)."""
+    for slot, axis in loops.packs:
         buffers[slot] = pack_axis(buffers[slot], axis, _pack_threads(call, buffers[slot]))
-    return bool(packs)
+    choice = loops.choice
+    if loops.packs:
+        layouts = tuple(unit_axis(b) for b in buffers)
+        if layouts != choice.layouts:
+            choice = loop_choice(call, layouts, choice.bounds)
+    return choice
 
 
 def _pack_threads(call, array: np.ndarray) -> int:
@@ -77,20 +108,17 @@ def _pack_threads(call, array: np.ndarray) -> int:
 
 def _run_layouts(call, buffers: List[np.ndarray]) -> Tuple[int, ...]:
     """The buffers' unit-stride axes the kernel is planned for, after packing (in place
-    in ``buffers``) the inputs a lane loop would otherwise walk along a strided axis."""
-    layouts = tuple(unit_axis(b) for b in buffers)
-    if _pack_for_lanes(call, _plan(call, layouts), buffers):
-        layouts = tuple(unit_axis(b) for b in buffers)
-    return layouts
+    in ``buffers``) the inputs its loop nest's choice names."""
+    return packed_for(call, loop_schedule(call, buffers), buffers).layouts
 
 
-def kernel_functions(call, layouts, bounds=None):
-    """(plan, [ctypes function per IR kernel]) for this call's statement and layout;
-    ``bounds``: a kernel bounds mode other than the one this call's data allows."""
-    key = kernel_key(call, layouts, bounds)
+def kernel_functions(choice: LoopChoice):
+    """(plan, [ctypes function per IR kernel]) of the loop nest ``choice`` names (the
+    schedule's LoopChoice), compiled once per distinct choice."""
+    key = loop_nest_key(choice)
     found = _kernels.get(key)
     if found is None:
-        plan = key.plan()
+        plan = choice.plan()
         library = c_build.load(render_c(plan.program, c_build.vector_math()),
                                plan.fast_math)
         functions = []
@@ -143,7 +171,8 @@ class CBackend:
             return out
         buffers = _buffers(call) + [out]
         try:
-            plan, functions = kernel_functions(call, _run_layouts(call, buffers))
+            plan, functions = kernel_functions(
+                packed_for(call, nest_for(call, schedule, buffers), buffers))
         except c_build.CompileError as error:
             raise BackendError(str(error)) from None
         ints, doubles, integers = call_arguments(plan, call, buffers)
@@ -181,7 +210,7 @@ class CBackend:
     def source(call) -> str:
         """The C source this call's loop nest is compiled from."""
         buffers = _buffers(call) + [np.empty(call.output_shape, dtype=output_dtype(call))]
-        plan = _plan(call, _run_layouts(call, buffers))
+        plan = packed_for(call, loop_schedule(call, buffers), buffers).plan()
         return render_c(plan.program, c_build.vector_math())
 
     @staticmethod
@@ -189,7 +218,7 @@ class CBackend:
         """Is this call's C kernel compiled already (in this process or in the disk
         cache)?  (A call the schedule hands to BLAS generates none: not asked.)"""
         buffers = _buffers(call) + [np.empty(call.output_shape, dtype=output_dtype(call))]
-        plan = _plan(call, _run_layouts(call, buffers))
+        plan = packed_for(call, loop_schedule(call, buffers), buffers).plan()
         return c_build.is_built(render_c(plan.program, c_build.vector_math()), plan.fast_math)
 
     @staticmethod
@@ -201,8 +230,8 @@ class CBackend:
 
     @staticmethod
     def strategy(call) -> str:
-        layouts, packed = explained_layouts(call)
-        plan = _plan(call, layouts)
+        loops = loop_schedule(call)
+        plan, packed = loops.choice.plan(), packed_inputs(call, loops)
         kernel = plan.program.kernels[0]
         parallel = [n for n in call.spec.output_indices if n in call.spec.race_free_indices]
         rows, lanes = block_for(call.dtypes.working)
@@ -225,7 +254,7 @@ class CBackend:
 def _loop_nest(call):
     """The compiled loop nest as pseudo-code with the statement's names and sizes."""
     from ..pseudo_render import render_pseudo
-    plan = _plan(call, explained_layouts(call)[0])
+    plan = loop_schedule(call).choice.plan()
     kernel = plan.program.kernels[0]
     ranges = call.bounds.range_map
     values = {}

@@ -9,7 +9,6 @@ from __future__ import annotations
 import ctypes
 import functools
 import threading
-import dataclasses
 from dataclasses import dataclass
 from typing import Dict, Optional, Sequence, Tuple
 
@@ -59,7 +58,7 @@ def checked_bounds(call) -> str:
 def ffi_kernel(call, layouts: Sequence[int], header: str, version: str) -> FfiKernel:
     """The kernel library for this call's statement, dtypes and buffer layouts, with
     its handler bound to the support library (built and loaded on first use)."""
-    kernel = kernel_key(call, layouts, checked_bounds(call))    # (plan/kernel_key.py)
+    kernel = kernel_key(call, layouts, checked_bounds(call))    # (schedule.LoopChoice)
     key = (kernel, header, version)
     found = _handlers.get(key)
     if found is not None:
@@ -70,7 +69,7 @@ def ffi_kernel(call, layouts: Sequence[int], header: str, version: str) -> FfiKe
         kernel_stub([k.name for k in plan.program.kernels])
     verified, table = None, None
     if plan_checks_gathers(plan):
-        verified = dataclasses.replace(kernel, bounds="verified").plan()
+        verified = kernel.with_bounds("verified").plan()
         checked_free = c_build.load(render_c(verified.program, c_build.vector_math()),
                                     verified.fast_math)
         table = (ctypes.c_void_p * len(verified.program.kernels))(*[

@@ -21,13 +21,14 @@ from ...plan.fuse_sums import GUARD_INT, guard_verdict
 from ...plan.expression_facts import divides
 from ...plan.thread_rows import (fitting_rows, padded, padded_length, row_bytes,  # noqa: F401
                                  thread_rows_view, thread_scratch)
+from ...schedule.cache_key import CacheKey, CacheKind
 from ...schedule.fusion import BoundGroup
 from . import build as c_build, rows as c_rows
 from .backend import KERNEL_ARGTYPES
 from .render import render_c
 from .threads import PARALLEL_MIN_WORK, default_threads, fixed_thread_count, thread_count
 
-_fused: Dict[Tuple, Tuple] = {}
+_fused: Dict[CacheKey, Tuple] = {}     # (schedule/cache_key.py: CacheKind.FUSED_GROUP)
 _lock = threading.Lock()
 
 
@@ -69,8 +70,8 @@ def compiled_for(members, thread_rows: FrozenSet[int]):
     if not columns <= thread_rows:      # schedule/fusion.py joins only those that fit
         raise BackendError("a fused column sum whose rows do not fit per thread")
     local = frozenset((k, len(kernels[k].buffers) - 1) for k in thread_rows)
-    key = tuple(id(m.plan) for m in members) + (tuple(tuple(sorted(r.items()))
-                                                       for r in reads), local, columns)
+    key = CacheKey(CacheKind.FUSED_GROUP, tuple(id(m.plan) for m in members) + (
+        tuple(tuple(sorted(r.items())) for r in reads), local, columns))
     found = _fused.get(key)
     if found is None:
         working = members[0].call.dtypes.working.name

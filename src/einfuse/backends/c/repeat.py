@@ -20,14 +20,14 @@ from typing import Callable, Mapping, Optional
 import numpy as np
 
 from ...errors import BackendError
-from ...plan import buffer_slots, call_arguments, unit_axis
+from ...plan import buffer_slots, call_arguments
 from ...plan.gathers import array_extremes, gather_spans, spans_in_range, unsigned_slots
 from ...analysis.frameworks import TORCH, for_torch_caller
 from . import call as c_call
 from ...plan.contraction_addend import ContractionAddend
 from ...schedule.schedule import Library, Schedule
-from ...plan.loop_plan import input_buffers, lane_packs
-from .backend import kernel_functions, output_dtype
+from ...plan.loop_plan import input_buffers
+from .backend import kernel_functions, nest_for, output_dtype
 from .blas import addend_runner, contraction_runner, route_for
 from .gather_rows import gather_rows_runner
 from .rows import statement_runner
@@ -105,9 +105,10 @@ def repeat_runner(call, schedule: Optional[Schedule] = None) -> Optional[Prepare
     buffers = input_buffers(call) + [np.empty(shape, dtype=out_dtype)]
     if buffers[-1].size == 0:
         return None
-    plan, functions = kernel_functions(call, [unit_axis(b) for b in buffers], mode)
-    if lane_packs(call, plan, buffers):     # (a packed input: the full path, per call)
+    loops = nest_for(call, schedule, buffers, mode)    # (the schedule's loop choice)
+    if loops.packs:     # (a packed input: the full path, per call)
         return None
+    plan, functions = kernel_functions(loops.choice)
     ints, doubles, integers = call_arguments(plan, call, buffers)
     params = tuple(plan.params)
     options = call.options      # (as the backend's full path passes them)
