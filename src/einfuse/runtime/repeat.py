@@ -126,11 +126,14 @@ def _triton_runner(call):
 def _recorded_triton_runner(kernel, kwargs):
     """A recorded Triton statement's node (runtime/triton_statement_autograd.py), once
     its first call made one; the statement's full run where it declines (grad mode
-    off: nothing is recorded)."""
+    off: nothing is recorded; a differentiable backward: the statement's own node)."""
     from .triton_statement_autograd import repeat_runner
 
     def full_path(named):
         bound = kernel.bind(arrays=named)
+        from . import torch_autograd
+        if torch_recording() and torch_autograd.differentiable_names(bound):
+            return torch_autograd.apply(kernel, bound, lambda: kernel.run(bound), "triton")
         return kernel.deliver(bound, kernel.run(bound))
     return repeat_runner(kernel, kwargs, full_path)
 
