@@ -12,8 +12,9 @@ import einfuse as ef
 jax = pytest.importorskip("jax")
 torch = pytest.importorskip("torch")
 jnp = jax.numpy
-from einfuse.backends.triton import backend as triton_backend, tuning as triton_tuning  # noqa: E402
+from einfuse.backends.triton import backend as triton_backend  # noqa: E402
 from einfuse.runtime import jax_gpu  # noqa: E402
+from einfuse.schedule import triton_blocks  # noqa: E402
 
 pytestmark = pytest.mark.skipif(not triton_backend.available(),
                                 reason="triton (and torch) not installed")
@@ -26,7 +27,7 @@ def interpreted_launch(device, inputs):
     GPU of a machine without jax_triton (TRITON_INTERPRET=0 there)."""
     prepared = device.prepared
     interpreted = triton_backend.interpreted()
-    config = triton_tuning.default_config(prepared.launch.tiles, interpreted=interpreted,
+    config = triton_blocks.default_config(prepared.launch.tiles, interpreted=interpreted,
                                           reduce_block=prepared.launch.reduce_block,
                                           dot=prepared.launch.dot)
     where = "cpu" if interpreted else "cuda"

@@ -258,6 +258,7 @@ def test_small_work_on_a_gpu_takes_the_default_without_a_search(monkeypatch):
     large enough to repay it is tuned; small kernels take the default configuration."""
     from einfuse.backends.triton import backend as triton_backend, tuning as triton_tuning
     from einfuse.backends.triton.render import Launch
+    from einfuse.schedule import triton_blocks
     monkeypatch.delenv("EINFUSE_TRITON_AUTOTUNE", raising=False)
     monkeypatch.setattr(triton_tuning, "lookup", lambda key: None)
     monkeypatch.setattr(triton_tuning, "remember", lambda key, config: None)
@@ -267,10 +268,10 @@ def test_small_work_on_a_gpu_takes_the_default_without_a_search(monkeypatch):
     launch = Launch(True, (), None, None, dot=True)
     small = triton_backend.Prepared(None, launch, (), (), {}, "k", 100, work=1000)
     assert triton_backend.choose_config(small, None, on_gpu=True) == \
-        triton_tuning.default_config(True, False, False, True) and searched == []
+        triton_blocks.default_config(True, False, False, True) and searched == []
     big = triton_backend.Prepared(None, launch, (), (), {}, "k", 10**6, work=10**9)
     triton_backend.choose_config(big, None, on_gpu=True)
-    assert searched == [triton_tuning.candidates(True, False, False, False, True)]
+    assert searched == [triton_blocks.candidates(True, False, False, False, True)]
 
 
 # -- the prepared runner of a repeated call (backends/triton/repeat.py) ---------------------

@@ -30,6 +30,7 @@ from typing import Dict, Optional, Sequence, Tuple
 import numpy as np
 
 from ..analysis.frameworks import placeholder
+from ..schedule.triton_blocks import launch_blocks
 
 
 def on_gpu(values) -> bool:
@@ -138,12 +139,13 @@ def launch_kernel(device: DeviceCall, inputs):
     """One triton_call (the only line that needs jax_triton and a GPU)."""
     import jax
     from ..backends.triton import tuning as triton_tuning
+    from ..backends.triton.backend import kernel_shape
     jax_triton = import_jax_triton()
     prepared = device.prepared
-    config = triton_tuning.lookup(prepared.tuning_key) or \
-        triton_tuning.default_config(prepared.launch.tiles, interpreted=False,
-                                     reduce_block=prepared.launch.reduce_block,
-                                     dot=prepared.launch.dot)
+    # inside JAX's program no search can time candidates: the cached or default blocks
+    config = launch_blocks(kernel_shape(prepared), on_gpu=True,
+                           tuned=triton_tuning.lookup(prepared.tuning_key),
+                           can_search=False).config
     return jax_triton.triton_call(
         *inputs, *prepared.scalars, kernel=prepared.kernel,
         out_shape=jax.ShapeDtypeStruct(device.out_shape, device.out_dtype),

@@ -182,6 +182,15 @@ class Kernel:
             if done:
                 return result
         written = schedule.as_written()
+        if grad and self.spec.assign == ":=" and schedule.route is Route.TRITON:
+            # one program node: its backward's row kernel takes the gathers' scatters
+            from .triton_statement_autograd import recorded_statement, takes_program_node
+            result = recorded_statement(self, bind_names(self.spec, args, kwargs)) \
+                if takes_program_node(self.spec) else None
+            if result is not None:
+                if given is not None:
+                    self._prepare_repeat(call, given)
+                return result
         if grad and self.spec.assign == ":=":
             result = torch_autograd.apply(self, call, lambda: self.run(call, written),
                                           backend_name(self.options.backend, call))

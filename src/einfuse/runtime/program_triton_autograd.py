@@ -298,10 +298,28 @@ class TritonProgramFunction(torch.autograd.Function):
 _node_apply = super(torch.autograd.Function, TritonProgramFunction).apply
 
 
+# set while a differentiable backward records the forward statement by statement: a
+# statement then records its own node, not a one-statement program node again (whose
+# differentiable backward would come back here without end)
+recording_statements = threading.local()
+
+
+def statement_by_statement() -> bool:
+    return getattr(recording_statements, "depth", 0) > 0
+
+
 def _differentiable(call: TritonCall, scalars, tensors, grads, wanted):
     """The forward again, statement by statement with autograd recording (each
     statement its own node), differentiated with ``create_graph=True``."""
     chosen = [name for name, needed in zip(call.names, wanted) if needed]
+    recording_statements.depth = getattr(recording_statements, "depth", 0) + 1
+    try:
+        return _recorded_again(call, chosen, scalars, tensors, grads)
+    finally:
+        recording_statements.depth -= 1
+
+
+def _recorded_again(call: TritonCall, chosen, scalars, tensors, grads):
     with torch.enable_grad():
         env = dict(scalars)
         env.update(zip(call.passed, tensors))

@@ -50,7 +50,8 @@ def prepare(kernel, call, kwargs) -> None:
         if schedule.route is Route.HOISTED:   # its kernels, fused by rows (row_groups.py)
             cache[signature] = _hoisted_runner(kernel, kernel.hoisted_form, call)
         elif kernel.hoisted_form is None:
-            cache[signature] = _triton_runner(call)
+            cache[signature] = _triton_runner(call) or _recorded_triton_runner(
+                kernel, kwargs)
         return
     if any(getattr(value, "is_cuda", False) for value in kwargs.values()):
         return      # C on CUDA tensors copies them: the full path
@@ -120,6 +121,21 @@ def _triton_runner(call):
     from ..backends.triton.repeat import repeat_runner
     final = torch.bfloat16 if call.bfloat16 else getattr(torch, call.dtypes.result.name)
     return repeat_runner(call, final)
+
+
+def _recorded_triton_runner(kernel, kwargs):
+    """A recorded Triton statement's node (runtime/triton_statement_autograd.py), once
+    its first call made one; the statement's full run where it declines (grad mode
+    off: nothing is recorded; a differentiable backward: the statement's own node)."""
+    from .triton_statement_autograd import repeat_runner
+
+    def full_path(named):
+        bound = kernel.bind(arrays=named)
+        from . import torch_autograd
+        if torch_recording() and torch_autograd.differentiable_names(bound):
+            return torch_autograd.apply(kernel, bound, lambda: kernel.run(bound), "triton")
+        return kernel.deliver(bound, kernel.run(bound))
+    return repeat_runner(kernel, kwargs, full_path)
 
 
 def _epilogue_runner(kernel, form, call, kwargs):

@@ -7,7 +7,8 @@ Triton kernels compute in floating point).  Gathers under bounds='check'/'promis
 verified before the launch, as in the C backend; a bad index value raises the
 reference's error and nothing is read out of bounds.
 
-Block sizes come from :mod:`einfuse.backends.triton.tuning`; :class:`Prepared` (the
+Block sizes are the schedule's (:mod:`einfuse.schedule.triton_blocks`, which consults
+the tuning cache and search of :mod:`einfuse.backends.triton.tuning`); :class:`Prepared` (the
 kernel, its scalars and grid) is what both the torch launcher here and the JAX one
 (:mod:`einfuse.runtime.jax_triton`) launch."""
 
@@ -31,11 +32,12 @@ from .. import disk_cache
 from . import tuning as tuning
 from ...analysis.triton_facts import available, host_fallback, interpreted, result_dtype
 from ...schedule.schedule import Route
+from ...schedule.triton_blocks import BlockSource, Config, KernelShape, launch_blocks
 from .launch import PreparedLaunch, launch_once
 from .render import Launch
 
 _modules: Dict[str, object] = {}
-# (rows, lanes) the planner tiles by; the launch's ROWS/LANES are the tuner's choice
+# (rows, lanes) the planner tiles by; the launch's ROWS/LANES are the schedule's choice
 TILE = (32, 32)
 _lock = threading.Lock()
 _launch_lock = threading.RLock()
@@ -195,7 +197,7 @@ class Prepared:
     total: int
     work: int                     # points of the iteration space: whether to autotune
 
-    def grid(self, config: tuning.Config):
+    def grid(self, config: Config):
         import triton
         if not self.launch.tiles:
             return (triton.cdiv(self.total, config.block),)
@@ -210,7 +212,7 @@ class Prepared:
         return (triton.cdiv(rows, sizes["ROWS"]),
                 triton.cdiv(extent(self.launch.lanes), sizes["LANES"]), outer)
 
-    def constexprs(self, config: tuning.Config) -> Dict[str, int]:
+    def constexprs(self, config: Config) -> Dict[str, int]:
         return config.constexprs(self.launch.tiles, self.launch.rows is not None,
                                  self.launch.reduce_block)
 
@@ -248,23 +250,23 @@ def prepare(call, layouts: Sequence[_Layout], bounds: str, native_dot: bool) -> 
                     tuning.tuning_key(source_hash, dtypes, kernel_ints), total, work)
 
 
-def choose_config(prepared: Prepared, launch_with, on_gpu: bool) -> tuning.Config:
-    """The cached choice for this kernel and shape bucket, else a search (on a GPU for
-    work large enough to repay it, or when EINFUSE_TRITON_AUTOTUNE=1), else the
-    default."""
-    found = tuning.lookup(prepared.tuning_key)
-    if found is not None:
-        return found
-    launch = prepared.launch
-    tiles, has_rows = launch.tiles, launch.rows is not None
-    forced = os.environ.get("EINFUSE_TRITON_AUTOTUNE") == "1"
-    if not forced and not (on_gpu and tuning.worth_tuning(prepared.work)):
-        return tuning.default_config(tiles, not on_gpu, launch.reduce_block, launch.dot)
-    best = tuning.search(tuning.candidates(tiles, has_rows, not on_gpu, launch.reduce_block,
-                                           launch.dot),
-                         launch_with, on_gpu)
+def choose_config(prepared: Prepared, launch_with, on_gpu: bool) -> Config:
+    """The blocks the schedule's rule (schedule/triton_blocks.launch_blocks) gives this
+    kernel signature; where the rule asks for a search, the search runs here (a
+    measurement on the caller's arrays) and its winner goes into the tuning cache."""
+    choice = launch_blocks(kernel_shape(prepared), on_gpu,
+                           tuning.lookup(prepared.tuning_key))
+    if choice.source is not BlockSource.SEARCH:
+        return choice.config
+    best = tuning.search(choice.candidates, launch_with, on_gpu)
     tuning.remember(prepared.tuning_key, best)
     return best
+
+
+def kernel_shape(prepared: Prepared) -> KernelShape:
+    launch = prepared.launch
+    return KernelShape(launch.tiles, launch.rows is not None, bool(launch.reduce_block),
+                       bool(launch.dot), prepared.work)
 
 
 def _returned(result, call):
@@ -282,13 +284,13 @@ def _returned(result, call):
 class _Ready:
     """Everything a repeated launch needs beyond the arrays and scalar parameters."""
     prepared: Prepared
-    config: tuning.Config
+    config: Config
     grid: Tuple[int, ...]
     constexprs: Dict[str, int]
     launcher: PreparedLaunch      # the kernel with this grid and these options
 
 
-def ready_launch(prepared: Prepared, config: tuning.Config, device) -> _Ready:
+def ready_launch(prepared: Prepared, config: Config, device) -> _Ready:
     """The prepared launch of ``prepared`` with ``config`` on ``device``."""
     grid, constexprs = prepared.grid(config), prepared.constexprs(config)
     index = device.index if getattr(device, "type", None) == "cuda" else None
@@ -385,7 +387,7 @@ class TritonBackend:
                                dtype=getattr(torch, call.dtypes.working.name),
                                device=device)] if prepared.params else []
 
-        def launch_with(config: tuning.Config):
+        def launch_with(config: Config):
             launch_once(prepared.kernel, prepared.grid(config),
                         (*tensors, *params, *prepared.scalars, result),
                         dict(num_warps=config.num_warps, num_stages=config.num_stages,

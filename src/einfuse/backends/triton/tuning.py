@@ -1,12 +1,16 @@
-"""Block sizes for Triton kernels: a small autotune over candidate configurations per
-(kernel source, storage dtypes, shape bucket), its choice cached on disk next to the
-compiled-kernel cache so that later processes skip the search.
+"""The tuning cache and search of Triton launch blocks: the measurement that the rule of
+:mod:`einfuse.schedule.triton_blocks` consults.  A search times candidate
+configurations per (kernel source, storage dtypes, shape bucket); its choice is cached
+on disk next to the compiled-kernel cache so that later processes skip the search.
+Which blocks a kernel launches with (cached, searched, or the default) is the
+schedule's decision, not this module's.
 
 A shape bucket rounds every runtime int of the kernel (extents, strides) to its power of
 two: shapes within a factor of two of each other share a choice.  On a GPU the first
 call in a new bucket times each candidate (``triton.testing.do_bench``) on the caller's
-own arrays; under ``TRITON_INTERPRET=1`` timing means nothing, so the default is used
-unless ``EINFUSE_TRITON_AUTOTUNE=1`` asks for the search (how the tests exercise it)."""
+own arrays; under ``TRITON_INTERPRET=1`` timing means nothing, so the schedule takes the
+default unless ``EINFUSE_TRITON_AUTOTUNE=1`` asks for the search (how the tests
+exercise it)."""
 
 from __future__ import annotations
 
@@ -15,89 +19,16 @@ import json
 import os
 import threading
 import time
-from dataclasses import asdict, dataclass
-from typing import Callable, Dict, List, Optional, Sequence, Tuple
+from dataclasses import asdict
+from typing import Callable, Dict, Optional, Sequence, Tuple
 
+from ...schedule.triton_blocks import Config
 from .. import disk_cache
 
 _FILE = "triton_tuning.json"
 _lock = threading.Lock()
 _memory: Dict[str, "Config"] = {}
 _loaded = False
-
-
-@dataclass(frozen=True)
-class Config:
-    """One launch configuration: output tile (rows x lanes) and the reduction block of a
-    tl.dot loop for tiled kernels; a flat block of outputs otherwise, and how many
-    positions of a reduction each step takes (``reduce_block``); warps and software
-    pipeline stages for the GPU compiler."""
-    rows: int = 32
-    lanes: int = 32
-    k_block: int = 32
-    block: int = 256
-    num_warps: int = 4
-    num_stages: int = 2
-    reduce_block: int = 64
-
-    def constexprs(self, tiles: bool, has_rows: bool,
-                   reduce_block: bool = False) -> Dict[str, int]:
-        if tiles:
-            return {"ROWS": self.rows if has_rows else 1, "LANES": self.lanes,
-                    "KB": self.k_block}
-        if reduce_block:
-            return {"BLOCK": self.block, "RB": self.reduce_block}
-        return {"BLOCK": self.block}
-
-
-# Below this many points of the iteration space (every index's extent multiplied) a
-# kernel runs in microseconds, where block sizes hardly matter and a search (a compile
-# per candidate, about a second each on an H100) would cost far more than it could save.
-TUNING_MIN_WORK = 1 << 22
-
-
-def worth_tuning(work: int) -> bool:
-    return work >= TUNING_MIN_WORK
-
-
-def default_config(tiles: bool, interpreted: bool, reduce_block: bool = False,
-                   dot: bool = False) -> Config:
-    if interpreted:   # few, wide programs: the interpreter's cost is per program
-        return Config(rows=32, lanes=32, k_block=32, block=64 if reduce_block else 1024,
-                      reduce_block=64)
-    if reduce_block:   # a [32, 128] tile per reduction step
-        return Config(block=32, reduce_block=128, num_warps=4)
-    if tiles and not dot:   # element-wise tile updates: 32 accumulators per thread
-        return Config(rows=64, lanes=64, k_block=32, block=0, num_warps=4, num_stages=2)
-    return Config(rows=64, lanes=64, k_block=32, block=256, num_warps=4, num_stages=3)
-
-
-def candidates(tiles: bool, has_rows: bool, interpreted: bool,
-               reduce_block: bool = False, dot: bool = False) -> List[Config]:
-    """The configurations one search times (tl.dot needs every tile side >= 16).  The
-    lists come from timing every configuration of a wider grid on an H100
-    (tools/gpu_kernels.py): tl.dot tiles want 128 x 256 x 64 with 8 warps and 3-4
-    pipeline stages (tensor cores fed from shared memory); element-wise tile updates
-    (a distance matrix) want about 128 accumulators per thread, 128 x 128 on 4 warps."""
-    if interpreted:   # a search that proves the machinery, not a speed
-        return [Config(16, 16, 16, 256, reduce_block=16), Config(32, 32, 32, 1024)]
-    if not tiles and reduce_block:
-        return [Config(block=b, reduce_block=r, num_warps=w) for b, r, w in
-                ((1, 1024, 4), (8, 256, 4), (16, 128, 4), (32, 128, 4), (64, 64, 4),
-                 (32, 256, 8), (128, 32, 4))]
-    if not tiles:
-        return [Config(block=b, num_warps=w) for b, w in
-                ((128, 4), (256, 4), (512, 4), (1024, 8), (2048, 8))]
-    if not has_rows:
-        return [Config(rows=1, lanes=n, block=0, num_warps=w) for n, w in
-                ((64, 2), (128, 4), (256, 4), (512, 8), (1024, 8))]
-    if dot:
-        return [Config(r, n, k, 0, w, s) for r, n, k, w, s in (
-            (64, 64, 32, 4, 3), (64, 128, 32, 4, 3), (128, 128, 64, 4, 4),
-            (128, 128, 64, 8, 3), (128, 256, 64, 8, 3), (128, 256, 64, 8, 4),
-            (256, 128, 64, 8, 3))]
-    return [Config(r, n, 32, 0, w, 2) for r, n, w in (
-        (32, 32, 2), (64, 64, 2), (64, 64, 4), (128, 64, 4), (128, 128, 4), (256, 128, 8))]
 
 
 def shape_bucket(ints: Sequence[int]) -> Tuple[int, ...]:
