@@ -27,7 +27,7 @@ from typing import Callable, Dict, Iterable, List, Optional, Tuple
 from ..lang.ast import Access, Binary, Call, Expr, Number, Reduce, accesses, map_children
 from ..lang.rewrite import free_indices
 from ..lang.sugar import FreshNames, rename_indices
-from .hoist import canonical
+from .hoist import canonical, only_plain
 from .patterns import (Boolean, Capture, Compare, Const, Fn, OneOf, Op, Pattern, Reduction,
                        is_boolean, literal_value, match)
 
@@ -333,18 +333,12 @@ def _nested_means_merged(c: Captures, expr: Expr, fresh: FreshNames) -> Optional
 
 
 def _only_plain(index: str, subscripts) -> bool:
-    """``index`` occurs in ``subscripts`` only as whole plain subscripts, at least once."""
-    seen = False
-    for sub in subscripts:
-        if index in sub.index_names:
-            if sub.plain_index != index:
-                return False
-            seen = True
-        if any(index in sub2.index_names for access, _ in sub.gathers
-               for node in access.walk() if hasattr(node, "indices") and
-               not isinstance(node, Reduce) for sub2 in node.indices):
-            return False       # (read inside an index array: not an axis's extent)
-    return seen
+    """``index`` occurs in ``subscripts`` only as whole plain subscripts, at least once,
+    and never inside an index array (a value read there is not an axis's extent)."""
+    return only_plain(index, subscripts) and not any(
+        index in sub2.index_names for sub in subscripts for access, _ in sub.gathers
+        for node in access.walk() if hasattr(node, "indices") and
+        not isinstance(node, Reduce) for sub2 in node.indices)
 
 
 def _gain_after_quotient(c: Captures, expr: Expr, fresh: FreshNames) -> Optional[Expr]:
