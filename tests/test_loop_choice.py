@@ -89,7 +89,7 @@ def test_the_schedule_explain_prints_is_the_key_the_run_used(kernels):
     np.testing.assert_allclose(kernel(**arrays), oracle(SUM_ROWS, call, arrays),
                                rtol=1e-12)
     explained = ef.explain(SUM_ROWS, backend="c", **arrays)
-    shown = choose(kernel, call, detail=True)
+    shown = choose(kernel, call)
     assert explained.schedule == shown.describe()
     # the schedule the kernel keeps for the call's signature is that value, and its
     # loop choice is the one compiled-kernel key

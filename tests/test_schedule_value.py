@@ -56,7 +56,7 @@ def test_a_schedule_is_frozen_hashable_and_printable():
     text = str(schedule)
     assert "loop nest" in text and "backend c" in text and "threads" in text
     detailed = choose(ef.compile(DIST, backend="c"),
-                      ef.compile(DIST, backend="c").bind(**arrays_for(DIST)), detail=True)
+                      ef.compile(DIST, backend="c").bind(**arrays_for(DIST)))
     assert detailed.loops is not None and set(detailed.loops.order) == {"i", "j", "k"}
     assert hash(detailed) == hash(detailed)
 
@@ -140,7 +140,7 @@ def test_compiled_c_kernels_are_cached_by_one_frozen_key():
     key = c_backend.kernel_key(call, (1, 1, 1))
     assert key == c_backend.kernel_key(ef.compile(DIST, backend="c").bind(**arrays),
                                        (1, 1, 1))
-    assert key.plan().mode == choose(kernel, call, detail=True).loops.mode
+    assert key.plan().mode == choose(kernel, call).loops.mode
     assert c_backend._kernels and all(isinstance(k, CacheKey) and k.kind is CacheKind.LOOP_NEST
                                       and isinstance(k.value, LoopChoice)
                                       for k in c_backend._kernels)

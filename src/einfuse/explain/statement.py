@@ -303,7 +303,7 @@ def explain_kernel(kernel: Kernel, args, arrays, shapes, gradients: bool,
     if spec.assign == "+=":
         read += written
     # (CUDA tensors: Triton, as they run)
-    schedule = choose(kernel, call, detail=True)
+    schedule = choose(kernel, call)
     chosen = get_backend(schedule.backend)
     route = schedule.without_library().route
     form = kernel.epilogue_form if route is Route.BLAS_THEN_EPILOGUE else kernel.hoisted_form

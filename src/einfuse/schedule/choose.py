@@ -119,21 +119,19 @@ def resolved_backend(kernel, call: BoundCall, backend: Optional[str] = None) -> 
     return resolved_name(backend or backend_name(kernel.options.backend, call))
 
 
-def choose(kernel, call: BoundCall, backend: Optional[str] = None,
-           detail: bool = False) -> Schedule:
+def choose(kernel, call: BoundCall, backend: Optional[str] = None) -> Schedule:
     """The schedule of ``kernel`` (a Kernel: statement, spec, options, hoisted_form)
     for ``call``; ``backend``: a backend name to use instead of the kernel's options.
     A C loop nest's schedule carries its loop choice (schedule/loop_choice.py: what
-    the lowering reads, the compiled kernel's key) and what the lowering made of it;
-    ``detail`` (explain's) changes nothing now: kept for its callers."""
+    the lowering reads, the compiled kernel's key) and what the lowering made of it."""
     name = resolved_backend(kernel, call, backend)
-    # a C loop nest carries its loop choice (a fallback's nest is chosen where it runs)
-    schedule = as_written(kernel, call, name, name == "c" and
-                          library_for(kernel.statement, call.framework, name) is None and
-                          epilogue_form_for(kernel, call, name) is None and
-                          not runs_hoisted(kernel.hoisted_form, call))
     form = kernel.hoisted_form
     epilogue = epilogue_form_for(kernel, call, name)
+    hoisted = epilogue is None and runs_hoisted(form, call)
+    library = library_for(kernel.statement, call.framework, name)
+    # a C loop nest carries its loop choice (a fallback's nest is chosen where it runs)
+    schedule = as_written(kernel, call, name, name == "c" and library is None and
+                          epilogue is None and not hoisted)
     if epilogue is not None:
         products = tuple(Materialised(t.output, Reason.PRODUCT)
                          for t in epilogue.epilogue.temporaries)
@@ -143,12 +141,11 @@ def choose(kernel, call: BoundCall, backend: Optional[str] = None,
         schedule = _schedule(name, Route.BLAS_THEN_EPILOGUE, epilogue.texts,
                              blas=epilogue.epilogue, materialised=earlier + products,
                              fallback=schedule)
-    elif runs_hoisted(form, call):
+    elif hoisted:
         temporaries = tuple(Materialised(t.output, Reason.HOISTED)
                             for t in form.hoisted.temporaries)
         schedule = _schedule(name, Route.HOISTED, form.texts, materialised=temporaries,
                             fallback=schedule)
-    library = library_for(kernel.statement, call.framework, name)
     if library is not None:
         schedule = _schedule(name, Route.LIBRARY, (_text(kernel),), library=library,
                             fallback=schedule)
