@@ -67,7 +67,7 @@ def test_torch_prepared_out_of_bounds_is_a_value_check():
 @pytest.mark.parametrize("batch, width, route", [
     (64, 8, ScatterRoute.NUMPY), (512, 64, ScatterRoute.COMPILED)])
 def test_program_rows_run_the_decided_route(monkeypatch, batch, width, route):
-    decided = _counting(monkeypatch, program_scatter, "scatter_route")
+    decided = _counting(monkeypatch, program_scatter, "rows_route")
     program = ef.compile(f"{EMBEDDING}\nL := sum[b,d](E[b,d] * E[b,d])")
     rng = np.random.default_rng(4)
     W0 = rng.standard_normal((33, width))

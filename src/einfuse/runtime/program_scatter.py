@@ -36,9 +36,8 @@ from ..errors import EinfuseError, OutOfBoundsError
 from ..lang.ast import IndexExpr
 from ..lang.printer import format_expr
 from ..lang.fresh_names import FreshNames
-from ..backends.c.scatter import flat_route, scatter_flat, scatter_rows
+from ..backends.c.scatter import flat_route, rows_route, scatter_flat, scatter_rows
 from ..plan.library_patterns import scatters_rows
-from ..schedule.scatter_kernels import ScatterKernel, scatter_route
 from .gradient_reference import resolve_options, statements_to_run, text_kernel
 
 _FLOATS = (np.dtype(np.float32), np.dtype(np.float64))
@@ -165,12 +164,11 @@ def _rows_run(g, env, backend: str) -> Optional[Callable[[Dict[str, object]], bo
             return False         # the general path raises the statement's own error
         target = np.zeros(target_shape, values.dtype)
         if values.size:
+            rows, flat = values.reshape(count, -1), target.reshape(target_shape[0], -1)
             route = routes.get(values.dtype)
             if route is None:
-                route = routes[values.dtype] = scatter_route(
-                    ScatterKernel.SCATTER_ROWS, values.dtype, values.size)
-            scatter_rows(target.reshape(target_shape[0], -1),
-                         values.reshape(count, -1), np.ascontiguousarray(where), route=route)
+                route = routes[values.dtype] = rows_route(flat, rows)
+            scatter_rows(flat, rows, np.ascontiguousarray(where), route=route)
         env[key] = target
         return True
     return run
