@@ -51,7 +51,6 @@ correct kernels."""
 
 from __future__ import annotations
 
-import math
 import os
 from dataclasses import dataclass
 from typing import Optional, Tuple
@@ -117,6 +116,17 @@ def warps_for(largest: int) -> int:
     return 1 if largest <= 512 else 2 if largest <= 2048 else 4
 
 
+def waves_of(programs: int) -> int:
+    """How many waves ``programs`` programs take on the device (at least one)."""
+    return -(-max(1, programs) // (DEVICE_SMS * PROGRAMS_PER_SM))
+
+
+def rounds_of(tile: int) -> int:
+    """Elements per thread of a ``tile``-element tile on the warps it gets (at least one)."""
+    tile = max(1, tile)
+    return -(-tile // (WARP * warps_for(tile)))
+
+
 def _floor_pow2(n: int) -> int:
     return 1 << (max(1, int(n)).bit_length() - 1)
 
@@ -146,10 +156,7 @@ def lanes_for(chains: int, outer: int, largest: int, registers: int) -> Tuple[in
                            (f", {fit} fit one program" if fit < wanted else ""))
 
     def cost(lanes):
-        programs = outer * -(-chains // lanes)
-        waves = -(-programs // (DEVICE_SMS * PROGRAMS_PER_SM))
-        tile = lanes * largest
-        return waves * -(-tile // (WARP * warps_for(tile)))
+        return waves_of(outer * -(-chains // lanes)) * rounds_of(lanes * largest)
     best, lanes = None, 1
     while lanes <= fit:
         if best is None or cost(lanes) <= cost(best):
@@ -181,13 +188,10 @@ def spread_over_chains(whole: DeviceChoice, whole_largest: int, serial: int,
         return forced == "1", f"{CHAINS_ENV}={forced} asks for it"
     if not whole.triton:
         return True, "the program of the whole batch runs no Triton kernel"
-
-    def rounds(tile):
-        return -(-max(1, tile) // (WARP * warps_for(tile)))
-    waves = -(-max(1, chain_programs) // (DEVICE_SMS * PROGRAMS_PER_SM))
-    whole_us = serial * rounds(whole_largest) * DEVICE_NS_PER_STATEMENT / 1000.0
-    spread_us = serial * rounds(chain_largest) * waves * DEVICE_NS_PER_STATEMENT / 1000.0 \
-        + sums * LAUNCH_US
+    waves = waves_of(chain_programs)
+    whole_us = serial * rounds_of(whole_largest) * DEVICE_NS_PER_STATEMENT / 1000.0
+    spread_us = serial * rounds_of(chain_largest) * waves * DEVICE_NS_PER_STATEMENT / \
+        1000.0 + sums * LAUNCH_US
     rule = (f"statements x rounds x waves: {whole_us:.1f} us as one program of the whole "
             f"batch ({whole_largest}-element tiles) against {spread_us:.1f} us spread "
             f"({chain_largest}-element tiles, {waves} wave(s), {sums} sum launch(es))")
@@ -209,8 +213,7 @@ def estimates(program: JitProgram, batch: int, on_gpu: bool, programs: Optional[
         nbytes = sum(b.size * b.dtype.numpy.itemsize for b in program.buffers
                      if b.name in program.inputs or b.name in program.outputs) * max(1, batch)
         host += COPY_US + nbytes / (COPY_GB_PER_S * 1000.0)
-    programs = max(1, batch) if programs is None else max(1, programs)
-    waves = math.ceil(programs / (DEVICE_SMS * PROGRAMS_PER_SM))
+    waves = waves_of(batch if programs is None else programs)
     device = LAUNCH_US + serial_statements(program.steps) * DEVICE_NS_PER_STATEMENT / 1000.0 \
         * waves
     return host, device
