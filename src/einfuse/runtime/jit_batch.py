@@ -20,7 +20,7 @@ import numpy as np
 
 from ..errors import AllocationError, EinfuseTypeError
 from ..frontends.jaxpr_values import JaxprConversionError
-from .jit_support import allocate_outputs, without_dead_code
+from .jit_support import allocate_outputs, vmapped_program
 
 _lock = threading.Lock()
 
@@ -125,15 +125,10 @@ def _blocks(base, count: int, batched: Tuple[bool, ...]):
     """The programs of ``jax.vmap(base's function)`` over blocks of BLOCK elements (and
     over the remainder), converted from their jaxprs."""
     from ..backends.c.loops_batch import Blocks
-    from ..frontends.jaxpr import convert
     block = min(BLOCK, count)
-    axes = tuple(0 if b else None for b in batched)
-    vmapped = jax.vmap(lambda *x: tuple(base.flat_fn(*x)), in_axes=axes)
 
     def program(size):
-        examples = [jax.ShapeDtypeStruct(((size,) if b else ()) + a.shape, a.dtype)
-                    for a, b in zip(base.in_avals, batched)]
-        return convert(without_dead_code(jax.make_jaxpr(vmapped)(*examples)))
+        return vmapped_program(base.flat_fn, base.in_avals, batched, size)[0]
     rest = count % block
     return Blocks(count, block, program(block), program(rest) if rest else None, batched,
                   tuple(int(np.prod(a.shape)) for a in base.in_avals),

@@ -14,7 +14,7 @@ import jax
 import numpy as np
 
 from .jit_chains import ChainForm
-from .jit_support import without_dead_code
+from .jit_support import vmapped_program, without_dead_code
 
 _lock = threading.Lock()
 
@@ -41,14 +41,9 @@ class ChainBatch:
     def block(self, lanes: int):
         """The program of ``lanes`` chains (the one-chain function vmapped over them)
         and its constants."""
-        from ..frontends.jaxpr import convert
-        form = self.form
-        vmapped = jax.vmap(lambda *x: tuple(form.per_chain(*x)), in_axes=form.in_axes)
-        examples = [jax.ShapeDtypeStruct(((lanes,) if axis is not None else ()) +
-                                          tuple(e.shape), e.dtype)
-                    for e, axis in zip(form.examples, form.in_axes)]
-        program = convert(without_dead_code(jax.make_jaxpr(vmapped)(*examples)))
-        return program, [array for _, array in program.constants]
+        form = self.form        # (a chained input's chain axis leads: in_axes 0 or None)
+        return vmapped_program(form.per_chain, form.examples,
+                               tuple(axis is not None for axis in form.in_axes), lanes)
 
 
 class ChainOutputs:

@@ -1,8 +1,10 @@
 """Small pieces of ``ef.jit`` that the compiled function and its batched form share:
-which dtypes carry tangents, fresh output arrays, a jaxpr without dead equations."""
+which dtypes carry tangents, fresh output arrays, a jaxpr without dead equations, the
+program of a function vmapped over a block of elements."""
 
 from __future__ import annotations
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 
@@ -34,3 +36,17 @@ def without_dead_code(closed):
         return ClosedJaxpr(jaxpr, closed.consts)
     except (ImportError, AttributeError, TypeError):   # a JAX without it: convert as is
         return closed
+
+
+def vmapped_program(function, in_avals, batched, size: int):
+    """The converted program of ``jax.vmap(function)`` over ``size`` elements of the
+    inputs ``batched`` marks (the others shared; ``in_avals``: one element's inputs),
+    and its constants: the block program of a vmapped call's lanes (JAX's batching
+    rules: a per-element loop condition a masked loop, a branch both and a select)."""
+    from ..frontends.jaxpr import convert
+    vmapped = jax.vmap(lambda *x: tuple(function(*x)),
+                       in_axes=tuple(0 if b else None for b in batched))
+    examples = [jax.ShapeDtypeStruct(((size,) if b else ()) + tuple(a.shape), a.dtype)
+                for a, b in zip(in_avals, batched)]
+    program = convert(without_dead_code(jax.make_jaxpr(vmapped)(*examples)))
+    return program, [array for _, array in program.constants]

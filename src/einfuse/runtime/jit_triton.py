@@ -430,17 +430,10 @@ def _block_program(batched, lanes: int):
     its innermost batch level (JAX's batching rules: a per-chain loop condition becomes
     a masked loop until every lane is done, a per-chain branch both branches and a
     select), converted; and its constants."""
-    import jax
-    from ..frontends.jaxpr import convert
-    from .jit_support import without_dead_code
+    from .jit_support import vmapped_program
     base = batched.base
     inner = tuple(bool(flags[-1]) for flags in batched.batched)
-    vmapped = jax.vmap(lambda *x: tuple(base.flat_fn(*x)),
-                       in_axes=tuple(0 if b else None for b in inner))
-    examples = [jax.ShapeDtypeStruct(((lanes,) if b else ()) + tuple(a.shape), a.dtype)
-                for a, b in zip(base.in_avals, inner)]
-    program = convert(without_dead_code(jax.make_jaxpr(vmapped)(*examples)))
-    return program, [array for _, array in program.constants]
+    return vmapped_program(base.flat_fn, base.in_avals, inner, lanes)
 
 
 __all__ = ["TritonRoute", "batched_route_of", "route_of"]
