@@ -28,7 +28,10 @@ def expand(reduce: Reduce, fresh: FreshNames) -> Expr:
     return _RULES[reduce.op](reduce, fresh)
 
 
-def _count(indices: Tuple[str, ...], body: Expr, span) -> Expr:
+def count_points(indices: Tuple[str, ...], body: Expr, span) -> Expr:
+    """``sum[indices](where(body == body, 1, 1))``: how many points of ``indices`` the
+    reduction of ``body`` visits (1 at each, NaN or not), the count mean and var divide
+    by (the rewrite rules build counts this way too)."""
     ones = Call("where", (Binary("==", body, body, span=span), Number(1, span=span),
                           Number(1, span=span)), span=span)
     return Reduce("sum", indices, ones, span=span)
@@ -37,7 +40,7 @@ def _count(indices: Tuple[str, ...], body: Expr, span) -> Expr:
 def _mean(reduce: Reduce, fresh: FreshNames) -> Expr:
     span = reduce.span
     total = Reduce("sum", reduce.indices, reduce.body, span=span)
-    return Binary("/", total, _count(reduce.indices, reduce.body, span), span=span)
+    return Binary("/", total, count_points(reduce.indices, reduce.body, span), span=span)
 
 
 def _var(reduce: Reduce, fresh: FreshNames) -> Expr:
@@ -48,7 +51,7 @@ def _var(reduce: Reduce, fresh: FreshNames) -> Expr:
     deviation = Binary("-", reduce.body, mean, span=span)
     squares = Reduce("sum", reduce.indices,
                      Binary("**", deviation, Number(2, span=span), span=span), span=span)
-    return Binary("/", squares, _count(reduce.indices, reduce.body, span), span=span)
+    return Binary("/", squares, count_points(reduce.indices, reduce.body, span), span=span)
 
 
 _RULES: Dict[str, Callable[[Reduce, FreshNames], Expr]] = {"mean": _mean, "var": _var}
@@ -71,4 +74,4 @@ def rename_indices(expr: Expr, names: Dict[str, str]) -> Expr:
     return expr
 
 
-__all__ = ["SUGAR_REDUCTIONS", "FreshNames", "expand", "rename_indices"]
+__all__ = ["SUGAR_REDUCTIONS", "FreshNames", "count_points", "expand", "rename_indices"]

@@ -26,7 +26,7 @@ from typing import Callable, Dict, Iterable, List, Optional, Tuple
 
 from ..lang.ast import Access, Binary, Call, Expr, Number, Reduce, accesses, map_children
 from ..lang.rewrite import free_indices
-from ..lang.sugar import FreshNames, rename_indices
+from ..lang.sugar import FreshNames, count_points, rename_indices
 from .hoist import canonical, only_plain
 from .patterns import (Boolean, Capture, Compare, Const, Fn, OneOf, Op, Pattern, Reduction,
                        is_boolean, literal_value, match)
@@ -195,10 +195,7 @@ def _count_by_access(c: Captures, expr: Expr, fresh: FreshNames) -> Optional[Exp
     if access == c["e"] or not indices <= set(_access_indices(access)) or \
             not free_indices(access) <= free_indices(c["e"]):
         return None       # (an access using an index bound inside e: it would escape)
-    span = _span(expr)
-    ones = Call("where", (Binary("==", access, access, span=span), Number(1, span=span),
-                          Number(1, span=span)), span=span)
-    return Reduce("sum", expr.indices, ones, span=span)
+    return count_points(expr.indices, access, _span(expr))
 
 
 def _access_indices(access) -> Tuple[str, ...]:
@@ -326,10 +323,8 @@ def _nested_means_merged(c: Captures, expr: Expr, fresh: FreshNames) -> Optional
             return None
     span = _span(expr)
     both = outer + inner
-    ones = Call("where", (Binary("==", counted, counted, span=span), Number(1, span=span),
-                          Number(1, span=span)), span=span)
     return Binary("/", Reduce("sum", both, c["body"], span=span),
-                  Reduce("sum", both, ones, span=span), span=span)
+                  count_points(both, counted, span), span=span)
 
 
 def _only_plain(index: str, subscripts) -> bool:
