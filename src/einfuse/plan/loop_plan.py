@@ -158,31 +158,6 @@ def _tile_packs(call, units, shapes, plan=None) -> Tuple[Tuple[int, int], ...]:
     return tuple((packing or {}).items())
 
 
-def explained_plan(call):
-    """(plan, names of the inputs packed) of the loop nest a run of this call takes, laid
-    out from shapes without copying anything (explain, the schedule's loop facts)."""
-    layouts, packed = explained_layouts(call)
-    return loop_plan(call, layouts), packed
-
-
-def explained_layouts(call) -> Tuple[Tuple[int, ...], Tuple[str, ...]]:
-    """(layouts, names of the inputs packed) of the plan a run takes where packing turns
-    a scalar plan into a lane tile (plan/lane_layout.py), decided from shapes without
-    copying anything, for explain."""
-    buffers = laid_out_buffers(call)
-    layouts = tuple(unit_axes(buffers))
-    slots = buffer_slots(call.spec)
-    plan = loop_plan(call, layouts)
-    # what a run copies (lane_packs on the buffers' shapes and strides): the packing
-    # that turns a scalar plan into a lane tile, lane-walked inputs, a row block's
-    # operands packed along the reduction (dist's w, an epilogue block's x), strips
-    packs = lane_packs(call, plan, buffers, layouts)
-    packed = list(layouts)
-    for slot, axis in packs:
-        packed[slot] = axis
-    return tuple(packed), tuple(dict.fromkeys(slots[slot][0] for slot, _ in packs))
-
-
 def laid_out_buffers(call) -> List["_StridedLayout"]:
     """The call's buffers (the output last) as a run will hold them -- shapes, sizes,
     strides and item sizes --, copying nothing: what lane_packs and unit_axes read."""

@@ -22,9 +22,8 @@ from ...plan import call_arguments, unit_axis
 # the lane tile and the register block, chosen from the machine's facts (re-exported:
 # the C modules read them here)
 from ...plan.blocking import block_for, tile_for  # noqa: F401
-from ...plan.loop_plan import (PACK_WORK_RATIO, buffers_layout_only, call_bounds,  # noqa: F401
-                               explained_layouts, explained_plan, input_buffers,
-                               lane_packs, loop_plan, short_indices)
+from ...plan.loop_plan import (buffers_layout_only, call_bounds, input_buffers, loop_plan,
+                               short_indices)
 from ...plan.contraction import run_contraction
 from ...plan.contraction_addend import ContractionAddend
 from ...schedule.cache_key import CacheKey, loop_nest_key
@@ -46,7 +45,6 @@ VECTOR_BYTES = machine().vector_bytes
 _buffers = input_buffers
 _plan = loop_plan
 _short_indices = short_indices
-_explained_layouts = explained_layouts
 _buffers_layout_only = buffers_layout_only
 
 # compiled kernels by the schedule's loop choice (schedule/schedule.LoopChoice, in the
