@@ -17,6 +17,12 @@ pytestmark = pytest.mark.skipif(c_build.find_compiler() is None, reason="no C co
 PROGRAM = """h[b,f] := sum[d](X[b,d] * W1[d,f])
 g[b,f] := tanh(h[b,f])
 y[b,e] := sum[f](g[b,f] * W2[f,e])"""
+# equal programs spelled otherwise: operands swapped and other names, one statement
+SPELLINGS = [PROGRAM,
+             """h[p,q] := sum[r](W1[r,q] * X[p,r])
+g[p,q] := tanh(h[p,q])
+y[p,s] := sum[q](W2[q,s] * g[p,q])""",
+             "y[b,e] := sum[f](tanh(sum[d](X[b,d] * W1[d,f])) * W2[f,e])"]
 B, D, F, E = 64, 128, 64, 64      # every product >= 2**18 multiply-adds
 
 
@@ -44,9 +50,11 @@ class _MatmulCount:
         monkeypatch.setattr(torch, "matmul", counting)
 
 
-@pytest.mark.parametrize("dtype", [np.float32, np.float64])
-def test_a_recorded_programs_products_run_on_torch_blas(monkeypatch, dtype):
-    program = ef.compile(PROGRAM, outputs=("y",), backend="c")
+@pytest.mark.parametrize("dtype, text", [(np.float32, PROGRAM), (np.float64, PROGRAM),
+                                         (np.float32, SPELLINGS[1]),
+                                         (np.float64, SPELLINGS[2])])
+def test_a_recorded_programs_products_run_on_torch_blas(monkeypatch, dtype, text):
+    program = ef.compile(text, outputs=("y",), backend="c")
     arrays = _arrays(dtype)
     seed = torch.from_numpy(np.random.default_rng(1).standard_normal((B, E)).astype(dtype))
     leaves = {k: torch.from_numpy(v).requires_grad_(True) for k, v in arrays.items()}
