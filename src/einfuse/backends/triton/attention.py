@@ -40,6 +40,8 @@ import numpy as np
 
 import triton
 
+from ...schedule.attention_blocks import (INTERPRETED_CONFIG, AttentionConfig,
+                                          attention_blocks, candidates)
 from .attention_kernel import EXPONENT_BITS, attention_forward
 from .attention_terms import KernelTerms, plain_terms, resolve
 from .launch import PreparedLaunch
@@ -51,45 +53,10 @@ _INT32_MAX = 2 ** 31 - 1
 _launchers: dict = {}
 
 
-@dataclass(frozen=True)
-class Config:
-    """One launch configuration: rows and keys per block, warps, pipeline stages."""
-    block_m: int
-    block_n: int
-    warps: int
-    stages: int
-
-    def __str__(self) -> str:
-        return f"{self.block_m}x{self.block_n} w{self.warps} s{self.stages}"
-
-
-# Candidates per (operand width, head dimension), first the default: the fastest of a
-# sweep on an H100 (tools/gpu_attention.py, B=4 H=8 N=4096, float16; float32 at
-# N=1024), e.g. for D=64 float16 64 x 64 took 0.344 ms (full) and 0.206 ms (causal)
-# against 0.349/0.224 ms for FlashAttention-2's 128 x 64.  float32 dots run without
-# tensor cores (IEEE-exact): small tiles keep registers from spilling (32 x 64 with
-# D=128 spilled: 10x slower).
-_CANDIDATES = {
-    ("16-bit", 64): (Config(64, 64, 4, 3), Config(128, 64, 4, 3), Config(128, 128, 8, 3),
-                     Config(128, 64, 4, 4), Config(64, 64, 4, 4), Config(64, 128, 4, 3)),
-    ("16-bit", 128): (Config(64, 64, 4, 3), Config(128, 64, 8, 3), Config(64, 32, 4, 3),
-                      Config(64, 64, 4, 4), Config(128, 128, 8, 2), Config(64, 64, 8, 3)),
-    ("float32", 64): (Config(32, 32, 4, 2), Config(64, 64, 4, 2), Config(64, 32, 8, 2),
-                      Config(32, 64, 4, 2), Config(32, 32, 4, 3)),
-    ("float32", 128): (Config(32, 32, 4, 2), Config(16, 32, 2, 2), Config(64, 32, 8, 2),
-                       Config(32, 32, 8, 2), Config(16, 64, 4, 2)),
-}
-# Under the interpreter: small blocks, so that short test sequences still cross several
-# key blocks and a tail.
-INTERPRETED_CONFIG = Config(32, 16, 4, 1)
+# The launch blocks are the schedule's (schedule/attention_blocks.py); the names stay
+# here for the kernel's callers (tools/gpu_attention.py sweeps ``candidates``).
+Config = AttentionConfig
 _forced: Optional[Config] = None
-
-
-def candidates(dtype_name: str, head_dim: int) -> Tuple[Config, ...]:
-    """The configurations tried for this dtype ('float16', 'bfloat16', 'float32') and
-    head dimension (the larger of D and E), the default first."""
-    width = "float32" if dtype_name == "float32" else "16-bit"
-    return _CANDIDATES[(width, 64 if padded_block(head_dim) <= 64 else 128)]
 
 
 @contextlib.contextmanager
@@ -109,11 +76,8 @@ def forced_config(config: Optional[Config]) -> Iterator[None]:
 
 
 def choose_config(dtype_name: str, head_dim: int, interpreted: bool) -> Config:
-    if _forced is not None:
-        return _forced
-    if interpreted:
-        return INTERPRETED_CONFIG
-    return candidates(dtype_name, head_dim)[0]
+    """The launch blocks the schedule decided for this call signature."""
+    return attention_blocks(dtype_name, head_dim, interpreted, _forced).config
 
 
 def padded_block(extent: int) -> int:
