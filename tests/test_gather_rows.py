@@ -80,9 +80,9 @@ def test_more_axes_and_a_vector(bind_count):
 @pytest.mark.parametrize("rows", [5, 3000])        # one thread; shared among threads
 @pytest.mark.parametrize("bad", [-1, 50, 2**63 + 5])
 def test_a_value_out_of_bounds_on_a_repeated_call_is_named(rows, bad, monkeypatch):
-    from einfuse.backends.c import gather_rows as c_gather_rows
+    from einfuse.schedule import row_gather as schedule_row_gather
     if rows > 5:       # rows shared among threads from a smaller size
-        monkeypatch.setattr(c_gather_rows, "COPY_PARALLEL_BYTES", 1024)
+        monkeypatch.setattr(schedule_row_gather, "COPY_PARALLEL_BYTES", 1024)
     kernel = ef.compile("E[b,d] := W[idx[b], d]", backend="c")
     W = np.arange(50 * 64, dtype=np.float32).reshape(50, 64)
     dtype = np.uint64 if bad > 2**62 else np.int64
@@ -97,8 +97,8 @@ def test_a_value_out_of_bounds_on_a_repeated_call_is_named(rows, bad, monkeypatc
 
 
 def test_threads_and_clip_keep_their_results(monkeypatch):
-    from einfuse.backends.c import gather_rows as c_gather_rows
-    monkeypatch.setattr(c_gather_rows, "COPY_PARALLEL_BYTES", 1024)
+    from einfuse.schedule import row_gather as schedule_row_gather
+    monkeypatch.setattr(schedule_row_gather, "COPY_PARALLEL_BYTES", 1024)
     rng = np.random.default_rng(4)
     W = rng.standard_normal((500, 64))
     idx = rng.integers(0, 500, 4000)

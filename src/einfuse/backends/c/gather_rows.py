@@ -9,25 +9,23 @@ tests (a second pass, and after a BLAS call, whose threads still spin, it cost ~
 of a 130 µs gather).  Here the test is once per row, in the same pass; a value out of
 bounds raises the error flag and the caller's full path names it.
 
-A copy is memory-bound: below COPY_PARALLEL_BYTES it runs on the calling thread, as
-np.take does (2 threads were 2-3x slower for a 2 MiB gather when the other core was busy,
-e.g. with the spinning threads of a BLAS call just before); above it the rows are shared
-among the threads c_threads.py allows (a quiet 16 MiB gather: 1.7-2.0 ms on 2 threads,
-2.2-3.0 ms on 1), and ``threads=`` is obeyed."""
+Whether a call's data takes the copy (dtype, whole extents, contiguous rows), and on how
+many threads (one below schedule/row_gather.COPY_PARALLEL_BYTES, as np.take; above it
+the threads c_threads.py allows; ``threads=`` obeyed) is the schedule's decision
+(schedule/row_gather.py); this module renders and runs the copy it is handed."""
 
 from __future__ import annotations
 
 import ctypes
-from typing import Optional, Tuple, Type
+from typing import Optional, Type
 
 import numpy as np
 
 from ...plan.library_patterns import row_gather  # noqa: F401  (the pattern: plan/)
+from ...schedule.row_gather import RowCopy, RowGatherDecision, RowGatherRoute, \
+    row_gather_decision
 from . import build as c_build, call as c_call
 from .threads import free_threads
-
-# From this many bytes copied (4 MiB), the rows are shared among threads.
-COPY_PARALLEL_BYTES = 1 << 22
 
 _SOURCE = """\
 #include <stdint.h>
@@ -66,44 +64,28 @@ void einfuse_gather_rows(void **bufs, const int64_t *ints, const double *dprm,
 """
 
 
-def gather_rows_runner(call, flagged: Type[Exception]):
+def gather_rows_runner(call, flagged: Type[Exception],
+                       decision: Optional[RowGatherDecision] = None):
     """``run(named)`` copying the rows for arrays of this call's signature (raising
     ``flagged`` for an index value out of bounds), for a call the schedule gave this
     kernel (schedule/library.py: the embedding form, bounds check/promise, no pad=);
-    None where the data needs more than a copy (a dtype conversion, a window, rows not
-    contiguous) or there is no compiler: the generic prepared kernel then."""
-    found = row_gather(call.spec)
-    if found is None or c_build.find_compiler() is None:
+    None where the schedule's decision for the signature (``decision``, else
+    schedule/row_gather.row_gather_decision's, asked once per signature: a prepared
+    runner is built once) is the generic prepared kernel."""
+    if decision is None:
+        decision = row_gather_decision(call)
+    if decision.route is not RowGatherRoute.COPY_ROWS:
         return None
-    table_name, index_name = found
-    arrays = call.arrays
-    table_shape, index_shape = tuple(arrays.shapes[table_name]), tuple(arrays.shapes[index_name])
-    table_dtype = np.dtype(arrays.dtypes[table_name])
-    from .backend import output_dtype
-    ranges = call.bounds.range_map
-    names = call.spec.output_indices
-    extents = tuple(ranges[name] for name in names)
-    if output_dtype(call) != table_dtype or table_dtype.hasobject or \
-            extents != tuple((0, n) for n in index_shape + table_shape[1:]) or \
-            np.dtype(arrays.dtypes[index_name]).kind not in "iu":
-        return None
-    table = arrays[table_name]
-    item = table_dtype.itemsize
-    # the trailing axes of each row must be contiguous (one memcpy a row)
-    expected = item
-    for size, stride in reversed(list(zip(table_shape[1:], table.strides[1:]))):
-        if size > 1 and stride != expected:
-            return None
-        expected *= size
-    shape = index_shape + table_shape[1:]
-    rows, width = int(np.prod(index_shape, dtype=np.int64)), expected
-    if rows * width == 0:
-        return None
-    ints = np.array([rows, width, table.strides[0], table_shape[0]], dtype=np.int64)
+    return copy_runner(decision.copy, flagged)
+
+
+def copy_runner(copy: RowCopy, flagged: Type[Exception]):
+    """The runner of one decided row copy."""
+    ints = np.array([copy.rows, copy.width, copy.row_stride, copy.table_rows],
+                    dtype=np.int64)
     function = c_build.load(_SOURCE).einfuse_gather_rows
-    threads = call.options.threads or (1 if rows * width < COPY_PARALLEL_BYTES else None)
-    return _runner(function, ints, table_name, index_name, shape, table_dtype, threads,
-                   flagged)
+    return _runner(function, ints, copy.table, copy.index, copy.shape, copy.dtype,
+                   copy.threads, flagged)
 
 
 def _runner(function, ints, table_name, index_name, shape, dtype, threads, flagged):
