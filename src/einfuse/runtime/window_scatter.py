@@ -7,96 +7,43 @@ positions a padded read left outside the target are cut off the view's ranges, n
 masked point by point.  runtime/strided_scatter.py adds the scatters that need no loop
 (their points never collide); this is the next form, tried after it.
 
-Decided from the index expressions and ranges alone, as there: every subscript affine
-with no gathers, at most one index of each subscript kept (the one of largest
-coefficient times extent, the others looped over), the kept indices' views
-collision-free by the same mixed-radix test, and few enough offsets."""
+Whether a scatter is of this form, and its route (one C walk, or view adds), is the
+schedule's decision (schedule/window_scatter.py: from the index expressions, ranges and
+the arrays' signature); this module adds what it decided."""
 
 from __future__ import annotations
 
-import itertools
-from typing import Mapping, Optional, Sequence, Tuple
+from typing import Mapping, Optional
 
-# One view add per offset costs a NumPy call or two: past this many the scatter's
-# general path (one compiled loop over all points) is the better form.
-MAX_OFFSETS = 256
+from ..schedule.window_scatter import (MAX_OFFSETS, OffsetPlan,  # noqa: F401
+                                       WindowScatterDecision, WindowScatterRoute,
+                                       offset_plan, window_scatter_decision, window_target)
 
-
-def offset_plan(scatter, indices: Sequence[str], ranges: Mapping[str, range],
-                target_shape: Sequence[int]):
-    """(looped indices, kept indices, the offsets in the order they are added) for a
-    scatter of values over ``indices``, or None where it is not such a scatter.
-
-    The order keeps the bits of the general path (np.add.at's, the values' order): each
-    target position receives its points in the order of the values' axes.  In a
-    subscript ``c*k + d*l + e`` with ``k`` kept and ``l`` looped, a position's points
-    have ``k`` falling as ``l`` rises (``c``, ``d`` of one sign) or rising with it; the
-    values order them by whichever of the two comes first among the values' axes, so
-    ``l`` is looped over in the direction that puts those first, and the looped indices
-    by the place of their pairs."""
-    order = _offset_order(scatter, indices, ranges, target_shape)
-    if order is None:
-        return None
-    names, kept, falling = order
-    axes = [reversed(ranges[n]) if down else ranges[n] for n, down in zip(names, falling)]
-    return names, kept, tuple(itertools.product(*axes))
-
-
-def _offset_order(scatter, indices, ranges, target_shape):
-    """(looped indices in the order they nest, kept indices, per looped index whether
-    it is walked downwards) for offset_plan."""
-    if len(scatter) != len(target_shape):
-        return None
-    kept, looped, keys = [], [], []
-    for sub in scatter:
-        if sub.gathers or getattr(sub, "quasi", ()):
-            return None
-        terms = list(sub.terms)
-        if any(n not in ranges or ranges[n].step != 1 for n, _ in terms):
-            return None
-        if not terms:
-            continue
-        keep = max(terms, key=lambda t: (abs(t[1]) * len(ranges[t[0]]), -terms.index(t)))
-        others = [t for t in terms if t[0] != keep[0]]
-        if keep[0] in kept or keep[0] in looped or len(others) > 1 or \
-                any(n in looped or n in kept for n, _ in others):
-            return None
-        kept.append(keep[0])
-        for name, c in others:
-            k_at, l_at = indices.index(keep[0]), indices.index(name)
-            falling = l_at > k_at and (c > 0) == (keep[1] > 0)
-            looped.append(name)
-            keys.append((min(k_at, l_at), falling))
-    if not looped:
-        return None
-    offsets = 1
-    for name in looped:
-        offsets *= len(ranges[name])
-    if offsets > MAX_OFFSETS:
-        return None
-    ordered = sorted(range(len(looped)), key=lambda a: keys[a][0])
-    return (tuple(looped[a] for a in ordered), tuple(kept),
-            tuple(keys[a][1] for a in ordered))
-
-
-def add_by_offsets(target, g, values, ranges: Mapping[str, range]) -> bool:
+def add_by_offsets(target, g, values, ranges: Mapping[str, range],
+                   decision: Optional[WindowScatterDecision] = None) -> bool:
     """``target`` (a C-contiguous NumPy array or a torch tensor) plus ``values`` at
-    ``g``'s scatter positions, in place, one strided view per window offset; positions
-    outside the target are dropped (they are padded reads).  False (nothing done) where
-    the scatter is not of this form."""
+    ``g``'s scatter positions, in place, by the route the schedule decided
+    (``decision``, else :func:`scatter_decision`'s): one C walk, or one strided view
+    per window offset; positions outside the target are dropped (they are padded
+    reads).  False (nothing done) where the scatter is not of this form."""
+    if decision is None:
+        decision = scatter_decision(target, g, values, ranges)
+    if decision.route is WindowScatterRoute.NOT_THIS_FORM:
+        return False
+    plan = decision.plan
+    if decision.route is WindowScatterRoute.ONE_PASS and \
+            _add_in_one_pass(target, g, values, ranges, plan):
+        return True
+    # (VIEW_ADDS, or a one-pass walk whose kernel declined the dtype or layout)
+    return _add_by_views(target, g, values, ranges, plan)
+
+
+def _add_by_views(target, g, values, ranges, plan: OffsetPlan) -> bool:
     import numpy as np
     indices = tuple(g.spec.output_indices)
     numpy_target = isinstance(target, np.ndarray)
-    found = _checked_plan(target, g, values, ranges)
-    if found is None:
-        return False
-    looped, kept, offsets, steps = found
-    if numpy_target and isinstance(values, np.ndarray) and \
-            _add_in_one_pass(target, g, values, ranges, looped, kept, offsets, steps):
-        return True
+    looped, kept, offsets, steps = plan.looped, plan.kept, plan.offsets, plan.steps
     if not numpy_target:
-        if any(c < 0 for sub in g.scatter for _, c in sub.terms):
-            return False            # (torch's views take no negative steps)
         values = values.to(target.dtype)
     for offset in offsets:
         fixed = dict(zip(looped, offset))
@@ -125,38 +72,12 @@ def add_by_offsets(target, g, values, ranges: Mapping[str, range]) -> bool:
     return True
 
 
-def _checked_plan(target, g, values, ranges):
-    """(looped, kept, offsets, the target's element steps) of add_by_offsets for these
-    arrays, or None where the scatter is not of its form."""
-    import numpy as np
-    indices = tuple(g.spec.output_indices)
-    numpy_target = isinstance(target, np.ndarray)
-    if numpy_target and (not target.flags.c_contiguous or not target.flags.writeable
-                         or target.ndim == 0):
-        return None
-    if tuple(values.shape) != tuple(len(ranges[n]) for n in indices):
-        return None
-    plan = offset_plan(g.scatter, indices, ranges, target.shape)
-    if plan is None:
-        return None
-    looped, kept, offsets = plan
-    if numpy_target:
-        steps = [s // target.itemsize for s in target.strides]
-    else:
-        steps = list(target.stride())
-    # the kept indices' views must never repeat an address (the mixed-radix test)
-    strides = {n: 0 for n in kept}
-    for sub, step in zip(g.scatter, steps):
-        for name, c in sub.terms:
-            if name in strides:
-                strides[name] += c * step
-    covered = 0
-    for stride, count in sorted((abs(strides[n]), len(ranges[n])) for n in kept
-                                if len(ranges[n]) > 1):
-        if stride <= covered:
-            return None
-        covered += stride * (count - 1)
-    return looped, kept, offsets, steps
+def scatter_decision(target, g, values, ranges: Mapping[str, range]) -> \
+        WindowScatterDecision:
+    """The schedule's route (schedule/window_scatter.window_scatter_decision) for a
+    scatter of ``g`` into ``target`` of these values."""
+    return window_scatter_decision(g.scatter, tuple(g.spec.output_indices), ranges,
+                                   window_target(target, values))
 
 
 def prepared_add(target, g, values, ranges: Mapping[str, range]):
@@ -168,12 +89,10 @@ def prepared_add(target, g, values, ranges: Mapping[str, range]):
     if not isinstance(target, np.ndarray) or not isinstance(values, np.ndarray) or \
             values.dtype != target.dtype:
         return None
-    found = _checked_plan(target, g, values, ranges)
-    if found is None:
+    decision = scatter_decision(target, g, values, ranges)
+    if decision.route is not WindowScatterRoute.ONE_PASS:
         return None
-    looped, kept, offsets, steps = found
-    order, flips, coefficients, origin, shared = _one_pass_walk(
-        g, ranges, looped, kept, offsets, steps)
+    order, flips, coefficients, origin, shared = _one_pass_walk(g, ranges, decision.plan)
     from ..backends.c.window_pack import window_adder
     adder = window_adder(target, values.transpose(order)[flips], coefficients, origin,
                          shared)
@@ -185,7 +104,7 @@ def prepared_add(target, g, values, ranges: Mapping[str, range]):
     return add
 
 
-def _add_in_one_pass(target, g, values, ranges, looped, kept, offsets, steps) -> bool:
+def _add_in_one_pass(target, g, values, ranges, plan: OffsetPlan) -> bool:
     """The whole scatter as one C walk (backends/c/window_pack.add_window): the kept
     indices alone in their subscripts outermost (an image and channel of a conv), then
     the offsets in offset_plan's order, then the other kept indices (the output
@@ -194,19 +113,19 @@ def _add_in_one_pass(target, g, values, ranges, looped, kept, offsets, steps) ->
     NumPy adds against 0.3 ms), in the same order as the per-offset adds, so the same
     bits.  False where the kernel does not take the arrays."""
     from ..backends.c.window_pack import add_window
-    order, flips, coefficients, origin, shared = _one_pass_walk(
-        g, ranges, looped, kept, offsets, steps)
+    order, flips, coefficients, origin, shared = _one_pass_walk(g, ranges, plan)
     part = values.transpose(order)[flips]
     if part.dtype != target.dtype:
         part = part.astype(target.dtype)
     return add_window(target, part, coefficients, origin, shared=shared)
 
 
-def _one_pass_walk(g, ranges, looped, kept, offsets, steps):
+def _one_pass_walk(g, ranges, plan: OffsetPlan):
     """(the values' axes in walk order, the flips of those walked downwards, the
     coefficients and origin of the walk in the target, its shared axes) for
     _add_in_one_pass."""
     indices = tuple(g.spec.output_indices)
+    looped, kept, offsets, steps = plan.looped, plan.kept, plan.offsets, plan.steps
     beside = {n for sub in g.scatter for n, _ in sub.terms if n in looped}
     paired = {n for sub in g.scatter if any(m in beside for m, _ in sub.terms)
               for n, _ in sub.terms if n in kept}
