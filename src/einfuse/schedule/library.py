@@ -18,7 +18,11 @@ asked depends on its pattern:
   (runtime/strided_scatter.py: backends/c/strided_add.py or a NumPy/torch window),
   whole rows (backends/c/scatter.scatter_rows, JAX's windowed scatter), else
   element by element (backends/c/scatter.scatter_flat or np.add.at, torch's
-  index_put_, JAX's .at[].add)."""
+  index_put_, JAX's .at[].add).  An entry on NumPy arrays names the compiled kernel
+  it runs (:attr:`LibraryRule.kernel`); :func:`kernel_route` gives one call's route
+  (the compiled kernel, or its NumPy form) from that kernel's declared capability:
+  backends/c/scatter.py and backends/c/strided_add.py ask it and run what it
+  returned."""
 
 from __future__ import annotations
 
@@ -32,6 +36,7 @@ from ..analysis.spec import spec_of
 from ..plan.library_patterns import row_gather
 from ..plan.row_statistics import statement_statistics
 from ..rewrite.online_softmax import Attention, recognise
+from .scatter_kernels import ScatterDecision, ScatterKernel, scatter_route
 from .schedule import Library
 
 
@@ -49,10 +54,14 @@ def statement_attention(statement: str) -> Optional[Attention]:
 @dataclass(frozen=True)
 class LibraryRule:
     """``applies(*question)``: whether the call the question describes takes the kernel
-    on ``backend`` (the question is the pattern's: see the module's text)."""
+    on ``backend`` (the question is the pattern's: see the module's text); ``kernel``:
+    the compiled scatter kernel the entry runs there (its capability, declared in
+    schedule/scatter_kernels.CAPABILITIES, decides each call's route:
+    :func:`kernel_route`), None where the entry runs a framework's own operation."""
     library: Library
     backend: str
     applies: Callable[..., bool]
+    kernel: Optional[ScatterKernel] = None
 
 
 # The patterns each way of asking considers, in the order they are tried.
@@ -63,8 +72,9 @@ SCATTER_PATTERNS = (Library.STRIDED_ADD, Library.SCATTER_ROWS, Library.SCATTER_A
 _RULES: Dict[Tuple[Library, str], LibraryRule] = {}
 
 
-def register(library: Library, backend: str, applies: Callable[..., bool]) -> None:
-    _RULES[(library, backend)] = LibraryRule(library, backend, applies)
+def register(library: Library, backend: str, applies: Callable[..., bool],
+             kernel: Optional[ScatterKernel] = None) -> None:
+    _RULES[(library, backend)] = LibraryRule(library, backend, applies, kernel)
 
 
 def rules() -> Tuple[LibraryRule, ...]:
@@ -109,6 +119,26 @@ def scatter_library(question: ScatterCall, framework: str) -> Library:
     return _first(SCATTER_PATTERNS, framework, question) or Library.SCATTER_ADD
 
 
+def compiled_kernel(library: Library, framework: str) -> Optional[ScatterKernel]:
+    """The compiled scatter kernel the registry's entry for ``library`` on ``framework``
+    runs, or None (no entry, or the framework's own operation)."""
+    rule = _RULES.get((library, framework))
+    return None if rule is None else rule.kernel
+
+
+def kernel_route(library: Library, framework: str, dtype, elements: int,
+                 contiguous: bool = True, writeable: bool = True,
+                 values_dtype=None) -> Optional[ScatterDecision]:
+    """The route one call of the registry's entry takes on data of these facts (a
+    signature's: no values read): its compiled kernel's (scatter_kernels.scatter_route:
+    COMPILED, or NUMPY with the reason), None where the entry has no compiled kernel."""
+    kernel = compiled_kernel(library, framework)
+    if kernel is None:
+        return None
+    return scatter_route(kernel, dtype, elements, contiguous=contiguous,
+                         writeable=writeable, values_dtype=values_dtype)
+
+
 def _attention_applies(statement: str, framework: str) -> bool:
     # NumPy arrays and torch tensors: runtime/attention.run_fused_attention takes them
     return framework in (NUMPY, TORCH) and statement_attention(statement) is not None
@@ -145,10 +175,12 @@ def _row_statistics_applies(call) -> bool:
 
 register(Library.ROW_STATISTICS, "c", _row_statistics_applies)
 
-# a gradient's scatter, per framework of its arrays (JAX's are immutable: no view)
-register(Library.STRIDED_ADD, NUMPY, lambda q: q.strided)
+# a gradient's scatter, per framework of its arrays (JAX's are immutable: no view); on
+# NumPy arrays each runs a compiled kernel where its capability takes the data
+register(Library.STRIDED_ADD, NUMPY, lambda q: q.strided, ScatterKernel.STRIDED_ADD)
 register(Library.STRIDED_ADD, TORCH, lambda q: q.strided)
-register(Library.SCATTER_ROWS, NUMPY, lambda q: q.rows)
+register(Library.SCATTER_ROWS, NUMPY, lambda q: q.rows, ScatterKernel.SCATTER_ROWS)
 register(Library.SCATTER_ROWS, JAX, lambda q: q.rows and q.rows_from_zero)
-for _framework in (NUMPY, TORCH, JAX):
+register(Library.SCATTER_ADD, NUMPY, lambda q: True, ScatterKernel.SCATTER_FLAT)
+for _framework in (TORCH, JAX):
     register(Library.SCATTER_ADD, _framework, lambda q: True)

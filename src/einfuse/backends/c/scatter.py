@@ -13,7 +13,10 @@ import ctypes
 
 import numpy as np
 
-from ...schedule.scatter_kernels import ScatterKernel, ScatterRoute, scatter_route
+from ...analysis.frameworks import NUMPY
+from ...schedule.library import kernel_route
+from ...schedule.schedule import Library
+from ...schedule.scatter_kernels import ScatterRoute
 from . import build as c_build
 
 _SOURCE = """\
@@ -53,8 +56,8 @@ _KINDS = {np.dtype(np.float32): "f32", np.dtype(np.float64): "f64"}
 def rows_route(target: np.ndarray, rows: np.ndarray):
     """The route (schedule/scatter_kernels.py) :func:`scatter_rows` takes for arrays
     like these: it depends on the target's dtype and layout and the rows' size only."""
-    return scatter_route(ScatterKernel.SCATTER_ROWS, target.dtype, rows.size,
-                         contiguous=target.flags.c_contiguous)
+    return kernel_route(Library.SCATTER_ROWS, NUMPY, target.dtype, rows.size,
+                        contiguous=target.flags.c_contiguous)
 
 
 def scatter_rows(target: np.ndarray, rows: np.ndarray, where: np.ndarray,
@@ -82,9 +85,9 @@ def scatter_rows(target: np.ndarray, rows: np.ndarray, where: np.ndarray,
 def flat_route(target: np.ndarray, values: np.ndarray):
     """The route (schedule/scatter_kernels.py) :func:`scatter_flat` takes for arrays
     like these: their dtypes, the target's layout and the values' size only."""
-    return scatter_route(ScatterKernel.SCATTER_FLAT, target.dtype, values.size,
-                         contiguous=target.flags.c_contiguous,
-                         writeable=target.flags.writeable, values_dtype=values.dtype)
+    return kernel_route(Library.SCATTER_ADD, NUMPY, target.dtype, values.size,
+                        contiguous=target.flags.c_contiguous,
+                        writeable=target.flags.writeable, values_dtype=values.dtype)
 
 
 def scatter_flat(target: np.ndarray, positions, values: np.ndarray, route=None) -> bool:

@@ -16,8 +16,10 @@ from typing import List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from ...schedule.scatter_kernels import CAPABILITIES, ScatterKernel, ScatterRoute, \
-    scatter_route
+from ...analysis.frameworks import NUMPY
+from ...schedule.library import kernel_route
+from ...schedule.schedule import Library
+from ...schedule.scatter_kernels import CAPABILITIES, ScatterKernel, ScatterRoute
 from . import build as c_build
 from .threads import thread_count
 
@@ -102,8 +104,8 @@ def strided_add(target: np.ndarray, offset: int, shape: Sequence[int],
     (or values not of the view's shape).  The caller guarantees the view is in bounds
     and never repeats an address."""
     size = int(np.prod(shape, dtype=np.int64)) if len(shape) else 1
-    if tuple(values.shape) != tuple(shape) or scatter_route(
-            ScatterKernel.STRIDED_ADD, target.dtype, size,
+    if tuple(values.shape) != tuple(shape) or kernel_route(
+            Library.STRIDED_ADD, NUMPY, target.dtype, size,
             contiguous=target.flags.c_contiguous,
             writeable=target.flags.writeable).route is not ScatterRoute.COMPILED:
         return False
