@@ -7,7 +7,10 @@ kernel library.  XLA then runs the kernel inside its executable: no host callbac
 copy of inputs or result (the kernel writes XLA's result buffer).
 
 A call the FFI route cannot run keeps the host callback (``jax.pure_callback``);
-:func:`cpu_route` says which route a call takes and why (``ef.explain`` prints it).
+:func:`cpu_route` says which route a call takes and why (``ef.explain`` prints it):
+the route is the schedule's decision (schedule/jax_route.jax_cpu_route, once per
+signature: the lowering is cached by it); this module builds and registers what it
+decided.
 
 Errors: the handler validates what XLA passes against the plan; a gather out of range
 under bounds='check' comes back from the jitted call as an XLA error carrying einfuse's
@@ -17,7 +20,6 @@ finds by running the NumPy reference on the call's buffers."""
 from __future__ import annotations
 
 import ctypes
-import enum
 import functools
 import hashlib
 import os
@@ -40,7 +42,8 @@ from ..analysis.ranges import subscript_span
 from ..lang.ast import IndexExpr, accesses
 from ..plan.contraction import prepare_contraction
 from ..schedule.choose import as_written
-from ..schedule.schedule import Route
+from ..schedule.jax_route import (CpuRoute, CpuRouteKind, FfiCapability, JaxCall,
+                                  host_route, jax_cpu_route)
 from .kernel_maker import new_kernel
 
 
@@ -56,22 +59,8 @@ def jax_kernel(statement: str, options):
 MAX_SLOTS = 64
 
 
-class CpuRouteKind(enum.Enum):
-    FFI = "XLA FFI custom call"
-    DOT = "XLA dot_general"
-    CALLBACK = "host callback (jax.pure_callback)"
-
-
-@dataclass(frozen=True)
-class CpuRoute:
-    """How the primitive runs on the CPU under jit (and in every JAX transformation)."""
-    kind: CpuRouteKind
-    reason: str                       # why this route
-    target: Optional[str] = None      # the XLA custom-call target, for FFI
-
-    def describe(self) -> str:
-        where = f" {self.target}" if self.target else ""
-        return f"under jax.jit on the CPU: {self.kind.value}{where} ({self.reason})"
+# What the handler reads, as data for the route's rule (schedule/jax_route.py).
+FFI_CAPABILITY = FfiCapability(frozenset(XLA_DTYPES), MAX_SLOTS)
 
 
 @dataclass(frozen=True)
@@ -153,48 +142,33 @@ def _route_for(statement, options, names, avals, x64):
     # x64 is only part of the cache key: the dtypes JAX can hold (_canonical) follow it
     from ..analysis.result_size import check_result_size
     kernel = jax_kernel(statement, options)
-    if options.backend not in ("auto", "c"):
-        return _callback(f"backend={options.backend!r} runs on the host")
-    if c_build.find_compiler() is None:
-        return _callback("no C compiler with OpenMP was found")
+    early = host_route(options.backend, c_build.find_compiler() is not None)
+    if early is not None:
+        return early.route, None
     spec = kernel.spec
     call = kernel.bind(**{name: np.broadcast_to(np.zeros((), dtype), shape)
                           for name, (shape, dtype) in zip(names, avals)})
     schedule = as_written(kernel, call)     # (schedule/choose.py decides the route)
-    if schedule.backend != "c":
-        return _callback("the statement runs on another backend")
-    working, out = call.dtypes.working, output_dtype(call)
-    if working.name not in XLA_DTYPES or out.name not in XLA_DTYPES:
-        return _callback(f"the kernel computes in {working}, which the FFI handler does "
-                         "not convert")
-    if spec.params and working.kind in "iub":
-        # integer parameters are checked against the working dtype by value, per call
-        return _callback("integer scalar parameters are checked by value on the host")
-    position = {name: k for k, name in enumerate(names)}
-    arrival, casts = [], []
-    for name, (shape, dtype) in zip(names, avals):
-        dtype = _canonical(dtype)
-        cast = None
-        if dtype.name not in XLA_DTYPES:
-            if dtype.kind != "f" or name in spec.params:
-                return _callback(f"{name} is {dtype}, which the FFI handler does not read")
-            cast = dtype = _canonical(working)    # float16/bfloat16: widened by XLA
-        arrival.append(dtype)
-        casts.append(cast)
-    check_result_size(call)
-    if schedule.route is Route.BLAS and _canonical(working) == working:
-        return CpuRoute(CpuRouteKind.DOT, "a contraction, which the C backend hands to "
-                        "BLAS"), DotPlan(prepare_contraction(schedule.blas, call), names)
     slots = buffer_slots(spec)
-    if len(slots) > MAX_SLOTS or len(spec.params) > MAX_SLOTS:
-        return _callback(f"the kernel takes more than {MAX_SLOTS} arrays or parameters")
+    working, out = call.dtypes.working, output_dtype(call)
+    decision = jax_cpu_route(JaxCall(
+        schedule.backend, schedule.route, working, out,
+        _canonical(working), tuple(spec.params),
+        tuple((name, _canonical(dtype)) for name, (_, dtype) in zip(names, avals)),
+        tuple(slots[:-1])), FFI_CAPABILITY)
+    if decision.checks_result_size:
+        check_result_size(call)
+    route = decision.route
+    if route.kind is CpuRouteKind.CALLBACK:
+        return route, None
+    if route.kind is CpuRouteKind.DOT:
+        return route, DotPlan(prepare_contraction(schedule.blas, call), names)
+    position = {name: k for k, name in enumerate(names)}
+    arrival, casts = decision.arrival, decision.casts
     layout = []
     buffers = []
-    for tensor, kind in slots[:-1]:
+    for tensor, kind in slots[:-1]:     # (each read as the decision found it can be)
         want = np.dtype(np.int64) if kind == "index" else working
-        have = arrival[position[tensor]]
-        if have.kind == "f" and want.kind != "f":
-            return _callback(f"{tensor} is {have}, read as {want}")
         layout += [position[tensor], XLA_DTYPES[want.name]]
         buffers.append(_dense(avals[position[tensor]][0], want))
     buffers.append(_dense(call.output_shape, out))
@@ -229,8 +203,7 @@ def _route_for(statement, options, names, avals, x64):
     found = FfiPlan(target, tuple(call.output_shape), result_dtype, tuple(casts),
                     tuple(head + layout + params + tail), tuple(int(v) for v in ints), fills,
                     verify, vints if verify else ())
-    return CpuRoute(CpuRouteKind.FFI, "the C kernel runs inside XLA's executable",
-                    target), found
+    return CpuRoute(CpuRouteKind.FFI, route.reason, target), found
 
 
 def _range_rules(call, position) -> Tuple[int, ...]:
