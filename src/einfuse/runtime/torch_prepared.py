@@ -45,6 +45,7 @@ from .window_scatter import prepared_add
 from ..analysis.frameworks import NUMPY
 from ..plan.library_patterns import scatters_rows
 from ..schedule.library import ScatterCall, scatter_library
+from ..schedule.prepared_steps import StepRoute, prepared_step_route
 from ..schedule.scatter_kernels import ScatterRoute, prepared_rows_route
 from ..schedule.schedule import Library
 
@@ -378,13 +379,13 @@ def _on_torch_blas(kernel, named) -> Optional[Callable]:
     torch's BLAS where it is large enough, as the forward of a call on torch tensors
     is (backends/c/blas.py says why); None for any other statement."""
     from ..backends.c.repeat import blas_runner
-    from ..schedule.schedule import Route
     call = kernel.bind(arrays=named)
-    schedule = kernel.schedule(call, signature_of(named))    # (schedule/choose.py)
-    if schedule.backend != "c" or schedule.route not in (
-            Route.BLAS, Route.BLAS_THEN_ADDEND, Route.BLAS_WINDOWED):
+    # (the route is the schedule's: schedule/prepared_steps.py, from the kernel's
+    # schedule for this signature, schedule/choose.py)
+    decision = prepared_step_route(kernel.schedule(call, signature_of(named)))
+    if decision.route is not StepRoute.TORCH_BLAS:
         return None
-    prepared = blas_runner(call, schedule.blas, True)
+    prepared = blas_runner(call, decision.blas, True)
     run, result = prepared.run, call.dtypes.result
     if prepared.dtype == result:
         return run
