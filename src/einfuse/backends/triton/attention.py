@@ -40,8 +40,9 @@ import numpy as np
 
 import triton
 
-from ...schedule.attention_blocks import (INTERPRETED_CONFIG, AttentionConfig,
-                                          attention_blocks, candidates)
+from ...schedule.attention_blocks import (INTERPRETED_CONFIG,  # noqa: F401 (re-exported)
+                                          AttentionConfig, attention_blocks,
+                                          candidates)
 from .attention_kernel import EXPONENT_BITS, attention_forward
 from .attention_terms import KernelTerms, plain_terms, resolve
 from .launch import PreparedLaunch
