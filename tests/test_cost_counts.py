@@ -4,8 +4,6 @@ attention run as one pass (causal, strict, unmasked, unnormalised, unscaled, a b
 terms, on the C kernel and on Triton's), a contraction split over a mesh, a fused group's
 iteration points and the thread decisions they drive."""
 
-import os
-
 import numpy as np
 import pytest
 
@@ -14,8 +12,6 @@ from einfuse.analysis.cost import (attention_bytes, attention_flops, attention_p
                                    group_points)
 from einfuse.backends.c import build as c_build, fused as c_fused
 from einfuse.backends.c.threads import PARALLEL_MIN_WORK, default_threads
-
-os.environ.setdefault("TRITON_INTERPRET", "1")
 
 
 def attention(mask="j <= i", normalised=True, scale="* scale", terms="", window=None):
