@@ -136,7 +136,7 @@ def test_fused_group_work_is_its_members_points(monkeypatch, rows):
     run = c_fused.run
 
     def spy(members, thread_rows=frozenset()):
-        seen.append((group_points(m.call.bounds for m in members),
+        seen.append((group_points([m.call.bounds for m in members]),
                      c_fused.is_adaptive(members), c_fused.column_slices(members)))
         return run(members, thread_rows)
     monkeypatch.setattr(c_fused, "run", spy)

@@ -107,7 +107,7 @@ def is_adaptive(members) -> bool:
 
 
 def _work(members) -> int:
-    return group_points(member.call.bounds for member in members)
+    return group_points([member.call.bounds for member in members])
 
 
 def with_thread_rows(members, thread_rows, threads: int):
