@@ -1,10 +1,13 @@
 """What a statement or a typed program costs, counted once for every stage that reports
 it (explain, the sharding planner, attention's notes, the threading of ``ef.jit``'s
-loops): operations executed, and numbers as explain prints them."""
+loops and of a fused C group): operations executed, bytes moved, iteration points, and
+numbers as explain prints them."""
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
+from typing import Mapping, Optional, Sequence, Tuple
 
 from .. import ir
 from ..lang.ast import Access, Binary, Call, Expr, Reduce, Unary
@@ -47,6 +50,23 @@ def count_flops(spec: Spec, bounds: Bounds, hoisted=None) -> int:
     return _statement_flops(spec.output_indices, spec.rhs, bounds)
 
 
+@dataclass(frozen=True)
+class SplitBounds:
+    """The extents one device sees when indices are split over a mesh: a split index's
+    extent divided by the size of its device group (the planner splits only what divides)."""
+    bounds: Bounds
+    divisors: Tuple[Tuple[str, int], ...]
+
+    def extent(self, name: str) -> int:
+        return self.bounds.extent(name) // dict(self.divisors).get(name, 1)
+
+
+def device_flops(spec: Spec, bounds: Bounds, divisors: Mapping[str, int], hoisted=None) -> int:
+    """count_flops for what one device computes when each index in ``divisors`` is split
+    into that many blocks."""
+    return count_flops(spec, SplitBounds(bounds, tuple(sorted(divisors.items()))), hoisted)
+
+
 def _statement_flops(output_indices, rhs: Expr, bounds: Bounds) -> int:
     def visit(expr: Expr, scope: int) -> int:
         if isinstance(expr, Reduce):
@@ -62,6 +82,44 @@ def _statement_flops(output_indices, rhs: Expr, bounds: Bounds) -> int:
     for name in output_indices:
         outer *= bounds.extent(name)
     return visit(rhs, outer)
+
+
+# -- iteration points ----------------------------------------------------------------------------
+def group_points(bounds: Sequence[Bounds]) -> int:
+    """The work of statements run as one fused loop: the sum of their iteration points
+    (Bounds.points), the measure the thread thresholds compare with.  (Asked per call of
+    a fused group: lists, not generators, keep it as fast as the sum it replaced.)"""
+    return sum([b.points for b in bounds])
+
+
+# -- attention run as one pass with online softmax ------------------------------------------------
+def attention_pairs(rows: int, keys: int, band: Optional[Tuple[int, int]]) -> int:
+    """(row, key) pairs one batch element computes: all of them, or those with
+    ``lower <= j - i <= upper`` for ``band = (lower, upper)`` (key blocks outside it are
+    never computed)."""
+    if band is None:
+        return rows * keys
+    lower, upper = band
+    return sum(max(0, min(keys - 1, i + upper) - max(0, i + lower) + 1) for i in range(rows))
+
+
+def attention_flops(groups: int, pairs: int, rows: int, dot: int, features: int, *,
+                    scaled: bool, terms: int, normalised: bool) -> int:
+    """Operations of the fused kernel: per (row, key) pair the dot product (2 per ``dot``
+    element), the scale, each additive term (2), the weight and the denominator (3) and
+    the weighted sum (2 per feature); per row the division by the denominator where the
+    result is normalised; times the batch ``groups``.  ``pairs``: per batch element."""
+    per_pair = 2 * dot + 2 * features + (1 if scaled else 0) + 2 * terms + 3
+    final = rows * features if normalised else 0
+    return groups * (pairs * per_pair + final)
+
+
+def attention_bytes(groups: int, rows: int, keys: int, dot: int, features: int,
+                    itemsize: int) -> Tuple[int, int]:
+    """(bytes read, bytes written) of the fused kernel: each query, key and value once,
+    the result once (nothing N x N)."""
+    read = groups * (rows * dot + keys * (dot + features)) * itemsize
+    return read, groups * rows * features * itemsize
 
 
 # -- typed programs (ef.jit) ----------------------------------------------------------------------

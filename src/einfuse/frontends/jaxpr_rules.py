@@ -6,7 +6,7 @@ control-flow rules live in ``jaxpr_structural`` and ``jaxpr_control``."""
 
 from __future__ import annotations
 
-from typing import Callable, Dict
+from typing import Callable, Dict, Optional
 
 from .jaxpr_values import JaxprConversionError, Value, scalar_type, unsupported
 from ..ir import INDEX, Apply, Cast, Const, ScalarType, Select
@@ -15,8 +15,13 @@ from . import (jaxpr_control, jaxpr_random, jaxpr_statements, jaxpr_structural,
 
 Rule = Callable[..., list]
 
-# primitive -> the renderer's operation (backends/c/loops.py OPERATIONS)
-ELEMENTWISE = {
+# JAX's elementwise primitives (each result element a function of the operands' elements
+# at its position, operands broadcast as lax allows), the one list of them: with the
+# renderer's operation (backends/c/loops.py OPERATIONS) where the generic ``elementwise``
+# rule below converts the primitive, None where a rule of its own does (a parameter, a
+# dtype change, a select: RULES below) or none does (``real``, ``lgamma`` ...: the front end
+# refuses them).  runtime/jit_chain_rules.py derives the primitives it takes per chain.
+ELEMENTWISE_PRIMITIVES: Dict[str, Optional[str]] = {
     "add": "add", "add_any": "add", "sub": "sub", "mul": "mul", "div": "div", "rem": "rem",
     "max": "max", "min": "min", "pow": "pow", "atan2": "atan2", "nextafter": "nextafter",
     "and": "and", "or": "or", "xor": "xor", "not": "not",
@@ -30,7 +35,14 @@ ELEMENTWISE = {
     "atanh": "atanh", "sqrt": "sqrt", "rsqrt": "rsqrt", "cbrt": "cbrt", "floor": "floor",
     "ceil": "ceil", "is_finite": "is_finite", "erf": "erf", "erfc": "erfc",
     "square": "square", "round": "round", "erf_inv": "erf_inv",
+    # converted by rules of their own
+    "integer_pow": None, "select_n": None, "clamp": None, "convert_element_type": None,
+    "copy": None, "copy_p": None, "reduce_precision": None,
+    # not converted
+    "real": None, "imag": None, "lgamma": None, "digamma": None,
 }
+# primitive -> the renderer's operation, for the generic rule
+ELEMENTWISE = {name: op for name, op in ELEMENTWISE_PRIMITIVES.items() if op is not None}
 # operations defined on floats only: a rule refuses them on integers rather than
 # letting C convert silently
 FLOAT_ONLY = {"exp", "exp2", "log", "log1p", "expm1", "tanh", "logistic", "sin", "cos",

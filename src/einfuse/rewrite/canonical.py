@@ -29,6 +29,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 from ..lang.ast import (Access, Expr, IndexExpr, Reduce, Statement, accesses,
                         expression_size, map_children)
+from ..lang.fresh_names import FreshNames
 from ..lang.printer import format_expr, format_statement
 from ..lang.rewrite import free_indices, names_in
 from ..lang.sugar import rename_indices
@@ -147,12 +148,11 @@ def _split_reductions(statements: List[Statement], shared: List[str]):
     count -- joins no group), and the pass after this one shares the repeated ones
     (``var``'s mean, a count) across statements.  A reduction is split off only under
     the hoisting conditions (``_plain_in``)."""
-    taken = set().union(*(names_in(s) for s in statements))
+    names = FreshNames(set().union(*(names_in(s) for s in statements)))   # h1, h2, ...
     last_read: Dict[str, int] = {}    # the last position reading each name
     for position, statement in enumerate(statements):
         for access in accesses(statement.rhs):
             last_read[access.tensor] = position
-    counter = [0]
     result: List[Statement] = []
     origins: List[int] = []
     for position, statement in enumerate(statements):
@@ -170,11 +170,7 @@ def _split_reductions(statements: List[Statement], shared: List[str]):
             free = free_indices(node)
             if not free <= set(statement.output_indices) or not _plain_in(node, whole):
                 return node
-            counter[0] += 1
-            while f"h{counter[0]}" in taken:
-                counter[0] += 1
-            name = f"h{counter[0]}"
-            taken.add(name)
+            name = names.numbered("h")
             order = tuple(i for i in statement.output_indices if i in free)
             parts.append(Statement(name, order, ":=", node))
             return Access(name, tuple(IndexExpr(((i, 1),)) for i in order), span=node.span)

@@ -153,12 +153,6 @@ class Attention:
         (Triton's too) takes."""
         return not self.terms and self.mask is not MaskKind.BAND
 
-    def flops_per_pair(self, dot: int, feature: int) -> int:
-        """FLOPs of one (row, key) pair: the dot product, the scale, the terms, the
-        weight, the weighted sum and its denominator."""
-        return 2 * dot + 2 * feature + (1 if self.scale is not ScaleKind.NONE else 0) + \
-            2 * len(self.terms) + 3
-
 
 def recognise(statements: Sequence[Statement], outputs: Tuple[str, ...]) -> Optional[Attention]:
     """The attention ``statements`` (each with its implicit reductions explicit) compute,

@@ -19,7 +19,8 @@ import numpy as np
 from ..rewrite.monoids import SOFTMAX_WEIGHTED_SUM, WeightedState, finalise_weighted
 from ..rewrite.online_softmax import Attention, MaskKind, ScaleKind, recognise
 from ..analysis.frameworks import TORCH, framework_of, placeholder
-from ..analysis.cost import bytes_text, count_text
+from ..analysis.cost import (attention_bytes, attention_flops, attention_pairs, bytes_text,
+                             count_text)
 from ..rewrite.attention_layout import (Canonical, call_band, canonical, float_extents,
                                         to_output)
 from ..schedule.early import triton_may_take
@@ -161,27 +162,24 @@ class FusedAttention:
     @property
     def pairs(self) -> int:
         """(i, j) pairs the rows see, over all rows of one batch element."""
-        rows, keys = self.rows, self.keys
-        if self.band is None:
-            return rows * keys
-        lower, upper = self.band
-        return sum(max(0, min(keys - 1, i + upper) - max(0, i + lower) + 1)
-                   for i in range(rows))
+        return attention_pairs(self.rows, self.keys, self.band)
 
     @property
     def flops(self) -> int:
-        final = self.rows * self.features if self.attention.normalised else 0
-        return self.groups * (self.pairs * self.attention.flops_per_pair(
-            self.dot, self.features) + final)
+        a = self.attention
+        return attention_flops(self.groups, self.pairs, self.rows, self.dot, self.features,
+                               scaled=a.scale is not ScaleKind.NONE, terms=len(a.terms),
+                               normalised=a.normalised)
 
     @property
     def bytes_read(self) -> int:
-        return self.groups * (self.rows * self.dot + self.keys * (self.dot + self.features)) \
-            * self.itemsize
+        return attention_bytes(self.groups, self.rows, self.keys, self.dot, self.features,
+                               self.itemsize)[0]
 
     @property
     def bytes_written(self) -> int:
-        return self.groups * self.rows * self.features * self.itemsize
+        return attention_bytes(self.groups, self.rows, self.keys, self.dot, self.features,
+                               self.itemsize)[1]
 
     def lines(self):
         a = self.attention

@@ -117,7 +117,7 @@ class _Builder:
             if step.kind is NodeStepKind.LABEL_CHECK:
                 self.labels(payload, ops)
             elif step.kind is NodeStepKind.STATEMENT:
-                self.alone(*payload, ops)
+                self.alone(payload[0], ops)    # (its framework, numpy, chose the kind)
             elif step.kind in (NodeStepKind.FUSED_GROUP, NodeStepKind.ROW_KERNEL):
                 self.step(*payload, ops)
             else:     # (node_eligibility refused these before)
@@ -134,7 +134,7 @@ class _Builder:
                     raise Untranslatable(f"labels {name}")
                 ops.append((_CHECK, slot, int(size)))
 
-    def alone(self, kernel, framework: str, ops: list) -> None:
+    def alone(self, kernel, ops: list) -> None:
         """A statement run alone: the kernel calls of the repeat runner that its
         signature's arrays (by layout) have prepared (backends/c/repeat.py)."""
         names = needed(kernel.spec)

@@ -31,7 +31,7 @@ from ..errors import EinfuseError, OptionError, ShapeError, attach_statement
 from ..lang.ast import Access, Binary, IndexValue, Reduce, Unary, accesses, reductions
 from .layout import Move, Pending, Placement, moves_between
 from .mesh import Assignment, MeshAxes, MeshShape, axes_text, check_statement_axes
-from ..analysis.cost import count_flops
+from ..analysis.cost import count_flops, device_flops
 from ..schedule.choose import runs_hoisted
 
 SPLITTABLE_REDUCTIONS = ("sum", "max", "min")
@@ -181,16 +181,6 @@ def bind_statements(kernels: Sequence, texts: Sequence[str],
     return bound, shapes
 
 
-class _LocalBounds:
-    """The extents one device sees: a split index's extent divided by its group."""
-
-    def __init__(self, bounds, divisors: Mapping[str, int]):
-        self.bounds, self.divisors = bounds, divisors
-
-    def extent(self, name: str) -> int:
-        return self.bounds.extent(name) // self.divisors.get(name, 1)
-
-
 def plan_program(statements: Sequence[BoundStatement], shapes: Mapping[str, TensorShape],
                  outputs: Sequence[str], mesh: MeshShape, assignment: Assignment,
                  source: str) -> ShardPlan:
@@ -243,7 +233,7 @@ def plan_program(statements: Sequence[BoundStatement], shapes: Mapping[str, Tens
         out_place = Placement(tuple(split.get(i) for i in spec.output_indices), pending)
         divisors = {i: mesh.size(a) for i, a in split.pairs}
         flops = count_flops(spec, st.bounds, st.hoisted)
-        local = count_flops(spec, _LocalBounds(st.bounds, divisors), st.hoisted)
+        local = device_flops(spec, st.bounds, divisors, st.hoisted)
         steps.append(StatementPlan(
             st.number, st.text, split, tuple(notes),
             tuple((n, reads[n]) for n in reads), spec.output, st.output_shape, out_place,

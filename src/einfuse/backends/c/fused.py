@@ -13,6 +13,7 @@ from typing import Dict, FrozenSet, Optional, Tuple
 
 import numpy as np
 
+from ...analysis.cost import group_points
 from ...errors import BackendError
 from ...plan import call_arguments
 from ...plan.fuse import COLUMN_SUMS, fuse_kernels, renamed_int, slots_after_fusion
@@ -106,7 +107,7 @@ def is_adaptive(members) -> bool:
 
 
 def _work(members) -> int:
-    return sum(member.call.bounds.points for member in members)
+    return group_points([member.call.bounds for member in members])
 
 
 def with_thread_rows(members, thread_rows, threads: int):
