@@ -23,8 +23,8 @@ from typing import Dict, List, Tuple
 
 import numpy as np
 
-from ...plan.row_statistics import (Column, Const, MemberValue, Read, RowStatistics, Stat,
-                                    Subscript, Total)
+from ...plan.row_statistics import (Column, ColumnIndex, Const, MemberValue, Read,
+                                    RowPick, RowStatistics, RowSum, Stat, Subscript, Total)
 from .rows_source import source as rows_source
 
 FUNCTION = "ef_lse_values_call"
@@ -128,6 +128,7 @@ class _Printer:
         self.statistics = statistics
         self.members = len(statistics.values)
         self.reads: Dict[Read, str] = {}
+        self.sums: Dict[RowSum, str] = {}
         self.lines: List[str] = []
 
     def kernel(self) -> str:
@@ -171,6 +172,12 @@ class _Printer:
             return "total"
         if isinstance(node, Column):
             return "xc"
+        if isinstance(node, ColumnIndex):
+            return "(T)j"
+        if isinstance(node, RowSum):
+            return self.row_sum(node)
+        if isinstance(node, RowPick):
+            return self.row_pick(node)
         if isinstance(node, Stat):
             return {"max": "m", "sum": "s", "logsumexp": "lse"}[node.name]
         if isinstance(node, MemberValue):
@@ -190,6 +197,64 @@ class _Printer:
         if op in _COMPARE or op in "+-*/":
             return f"(({args[0]}) {op} ({args[1]}))"
         return f"EF_FN({_FUNCTIONS[op]})((T)({args[0]}))"
+
+    def row_sum(self, node: RowSum) -> str:
+        """A local holding the row's sum of ``node.body`` (its per-row reads printed
+        first, before the loop over the columns)."""
+        found = self.sums.get(node)
+        if found is not None:
+            return found
+        body = self.value(node.body)
+        name = f"q{len(self.sums)}"
+        self.lines += [
+            f"      double {name}d = 0;",
+            f"      #pragma omp simd reduction(+:{name}d)",
+            "      for (int64_t j = 0; j < n; ++j) {",
+            "        const T xc = x[j];",
+            f"        {name}d += (double)(T)({body});",
+            "      }",
+            f"      const T {name} = (T){name}d;"]
+        self.sums[node] = name
+        return name
+
+    def row_pick(self, node: RowPick) -> str:
+        """A local holding ``0.0 + value`` at the column ``at`` names, 0.0 where it names
+        none.  The written comparison is ``(T)j == at``: a column names it where ``at``
+        is a whole number in [0, n) -- and only one where every column index is exact in
+        T (n <= 2**24 for float): longer rows sum as written."""
+        found = self.sums.get(node)
+        if found is not None:
+            return found
+        at = self.value(node.at)
+        name = f"q{len(self.sums)}"
+        value = self.value(node.value)
+        # the written summand, for the rows the pick does not take
+        written = f"(T)({value}) * (T)((T)j == {name}a)" if node.dense else \
+            f"(((T)j == {name}a) ? (T)({value}) : (T)0)"
+        # a finite row (its maximum and minimum finite: a NaN's row maximum is NaN)
+        # adds ±0.0 at the other columns of a one-hot product
+        long_row = "n > (sizeof(T) == 4 ? ((int64_t)1 << 24) : ((int64_t)1 << 53))"
+        unpicked = f"{long_row} || !(isfinite(m) && isfinite(low))" if node.dense \
+            else long_row
+        self.lines += [
+            f"      const T {name}a = (T)({at});",
+            f"      T {name};",
+            f"      if ({unpicked}) {{",
+            f"        double {name}d = 0;",
+            "        for (int64_t j = 0; j < n; ++j) {",
+            "          const T xc = x[j]; (void)xc;",
+            f"          {name}d += (double)({written});",
+            "        }",
+            f"        {name} = (T){name}d;",
+            f"      }} else if ({name}a >= 0 && {name}a < (T)n && "
+            f"{name}a == (T)(int64_t){name}a) {{",
+            f"        const int64_t j = (int64_t){name}a; const T xc = x[j]; (void)xc;",
+            f"        {name} = (T)0 + (T)({value});",
+            "      } else {",
+            f"        {name} = 0;",
+            "      }"]
+        self.sums[node] = name
+        return name
 
     def read(self, read: Read) -> str:
         """A local holding the read's value in this row (its subscripts checked first:
