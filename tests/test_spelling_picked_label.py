@@ -187,3 +187,79 @@ def test_gradients_against_torch():
         want = torch.softmax(X, 1) - torch.nn.functional.one_hot(
             y.clamp(0, 5), 6) * ((y >= 0) & (y < 6))[:, None]
         torch.testing.assert_close(got, want.double(), rtol=1e-12, atol=1e-12)
+
+
+# -- -log(exp(x_t) / sum(exp(x))): the written quotient in the row kernel -------------------
+QUOTIENT = "L[n] := -log(exp(X[n, y[n]]) / sum[c](exp(X[n,c])))"
+
+
+@needs_c
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_the_quotient_form_runs_the_row_kernel_as_written(row_patterns, dtype):
+    # computed as written: exp(x) overflows where x is large (inf / inf = NaN, where
+    # the logsumexp form is finite), a row of -inf is 0 / 0 = NaN; no rule changes that
+    X = _matrix(dtype)
+    X[9, :] = 100.0 if dtype == "float32" else 1000.0     # exp overflows: NaN as written
+    X[10, :3] = 50.0                                      # float32's sum overflows
+    X[11, :] = -INF
+    y = np.array([2, 0, 1, 6, 3, 0, 6, 2, 1, 4, 0, 5])
+    program = ef.compile(QUOTIENT)
+    got, again = program(X=X, y=y), program(X=X, y=y)
+    assert same_bits(got, again)
+    assert row_patterns == [c_rows.RowPattern.LOGSUMEXP] * 2
+    want = _oracle(QUOTIENT, X, y)
+    if dtype == "float32":      # (the oracle is float64: float32's own overflow)
+        want[9] = want[11] = NAN
+        assert np.isnan(got[10]) or np.isfinite(got[10])
+        got, want = np.delete(got, 10), np.delete(want, 10)
+    assert np.isnan(got[8]) and np.isnan(want[8])
+    _same_specials(got, want, 3e-6 if dtype == "float32" else 1e-13)
+
+
+@needs_c
+def test_an_out_of_range_label_in_the_quotient_form_is_the_statements_error(row_patterns):
+    # a gather (X[n, y[n]]) under bounds='check': the statement's error, first and repeat
+    X, y = _matrix("float64"), _labels("int64")
+    program = ef.compile(QUOTIENT)
+    for _ in range(2):
+        with pytest.raises(ef.EinfuseError, match="out of bounds|outside"):
+            program(X=X, y=y)
+
+
+@needs_c
+def test_the_quotient_forms_at_size(row_patterns):
+    rng = np.random.default_rng(8)
+    X = rng.standard_normal((200, 3000))
+    y = rng.integers(0, 3000, 200)
+    got = ef.ein(QUOTIENT, X=X, y=y)
+    assert row_patterns == [c_rows.RowPattern.LOGSUMEXP]
+    want = -np.log(np.exp(X[np.arange(200), y]) / np.exp(X).sum(1))
+    np.testing.assert_allclose(got, want, rtol=1e-13)
+
+
+# -- Triton: one launch forward and one backward, as the gathered form ----------------------
+@pytest.mark.parametrize("name", list(PICKS))
+def test_triton_runs_one_kernel_each_way(name):
+    torch = pytest.importorskip("torch")
+    from einfuse.backends.triton import backend as triton_backend, launch
+    if not triton_backend.available():
+        pytest.skip("Triton is not installed")
+    device = torch.device("cpu" if triton_backend.interpreted() else "cuda")
+    rng = np.random.default_rng(4)
+    X0 = rng.standard_normal((ROWS, COLS))
+    y = torch.from_numpy(_labels("int64")).to(device)
+    program = ef.compile(CROSS_ENTROPY.format(lse=LSE, pick=PICKS[name]), backend="triton")
+    for _ in range(2):      # recorded and prepared, then repeated
+        X = torch.from_numpy(X0.copy()).to(device).requires_grad_(True)
+        with launch.observed() as forward:
+            got = program(X=X, y=y)
+        with launch.observed() as backward:
+            got.sum().backward()
+        assert len(forward) == 1 and len(backward) == 1, (forward, backward)
+    ref = torch.from_numpy(X0.copy()).requires_grad_(True)
+    inside = ((y >= 0) & (y < COLS)).cpu()
+    want = torch.logsumexp(ref, 1) - torch.where(
+        inside, ref.gather(1, y.cpu().clamp(0, COLS - 1)[:, None])[:, 0], 0.0)
+    want.sum().backward()
+    torch.testing.assert_close(got.detach().cpu(), want.detach(), rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(X.grad.cpu(), ref.grad, rtol=1e-12, atol=1e-12)

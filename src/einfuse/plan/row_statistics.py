@@ -149,6 +149,10 @@ class RowStatistics:
     # per member, whether its value is a row over the columns ([i, j]: a log-softmax's
     # X[i,j] - lse[i], computed from :class:`Column`) rather than one per row
     grid: Tuple[bool, ...] = ()
+    # whether the kernel needs the row's maximum and sum of shifted exponentials (a
+    # member reads a :class:`Stat`, or a one-hot product asks whether the row is
+    # finite); a group of row sums alone (``sum[j](exp(X[i,j]))`` as written) skips them
+    maximum: bool = True
 
     @property
     def ndims(self) -> Dict[str, int]:
@@ -231,7 +235,8 @@ def _statistics(parts) -> Optional[RowStatistics]:
         return None
     return RowStatistics(reader.matrix, inputs, tuple(values), indices,
                          tuple((k, reader.axes[k]) for k in inputs), parts[0][2],
-                         grid=tuple(reader.grids))
+                         grid=tuple(reader.grids),
+                         maximum=any(_needs_maximum(v) for v in values))
 
 
 class _Reader:
@@ -354,6 +359,9 @@ class _Reader:
             summed = self.value(body)
         finally:
             self.summing = False
+        # (the row's sum of exponentials as written, sum[j](exp(X[i,j])): the kernel's
+        # vector pass of exponentials; any other row sum joins a kernel that has one)
+        self.exponentials |= summed == Apply("exp", (Column(),))
         return _picked(summed) or RowSum(summed)
 
     def is_maximum(self, e) -> bool:
@@ -452,3 +460,12 @@ def _picked(body) -> Optional[RowPick]:
             if at is not None and value == Column():
                 return RowPick(at, value, dense=True)
     return None
+
+
+def _needs_maximum(value) -> bool:
+    if isinstance(value, Stat) or isinstance(value, RowPick) and value.dense:
+        return True
+    parts = value.args if isinstance(value, Apply) else \
+        (value.at, value.value) if isinstance(value, RowPick) else \
+        (value.body,) if isinstance(value, RowSum) else ()
+    return any(_needs_maximum(p) for p in parts)

@@ -23,14 +23,16 @@ from typing import Dict, List, Tuple
 
 import numpy as np
 
-from ...plan.row_statistics import (Column, ColumnIndex, Const, MemberValue, Read,
+from ...plan.row_statistics import (Apply, Column, ColumnIndex, Const, MemberValue, Read,
                                     RowPick, RowStatistics, RowSum, Stat, Subscript, Total)
+from . import build as c_build
 from .rows_source import source as rows_source
 
 FUNCTION = "ef_lse_values_call"
 _FUNCTIONS = {"exp": "exp", "log": "log", "log1p": "log1p", "expm1": "expm1",
               "sqrt": "sqrt", "abs": "fabs", "tanh": "tanh"}
 _COMPARE = ("<", "<=", ">", ">=", "==", "!=")
+_EXPONENTIAL = Apply("exp", (Column(),))
 
 _KERNEL = r"""
 /* bufs: X, the members' outputs, the other inputs; ints: rows, n, ldx, then per other
@@ -52,16 +54,7 @@ void %(name)s(void **bufs, const int64_t *ints, const double *dprm,
     const int64_t hi = lo + rows / parts + (part < rows %% parts);
     for (int64_t i = lo; i < hi; ++i) {
       const T *x = X + i * ldx;
-      T low = 0;
-      T m = ef_row_range(x, n, &low);
-      T s = ef_exp_row(x, (T *)x, n, m, ef_fast_row(m, low),
-                       ef_ahead_row(X, i, hi, ldx, n), 0);
-      if (s != s) {
-        m = ef_row_max(x, n);
-        s = ef_exp_row(x, (T *)x, n, m, 0, x, 0);
-      }
-      const T lse = isfinite(m) ? m + EF_FN(log)(s) : m;
-      (void)lse;
+%(statistics)s
 %(body)s
     }
 %(thread_end)s
@@ -84,6 +77,16 @@ _TOTAL = {
                  "  const double total = isfinite(sum) ? sum + error : sum;\n"
                  "  O0[0] = (T)(%(value)s);",
 }
+_STATISTICS = r"""      T low = 0;
+      T m = ef_row_range(x, n, &low);
+      T s = ef_exp_row(x, (T *)x, n, m, ef_fast_row(m, low),
+                       ef_ahead_row(X, i, hi, ldx, n), 0);
+      if (s != s) {
+        m = ef_row_max(x, n);
+        s = ef_exp_row(x, (T *)x, n, m, 0, x, 0);
+      }
+      const T lse = isfinite(m) ? m + EF_FN(log)(s) : m;
+      (void)lse;"""
 _PER_ROW = {"total_declarations": "", "thread_total": "", "thread_end": "", "total_end": ""}
 _FOLD = r"""
 #include <stdlib.h>
@@ -96,8 +99,16 @@ static inline void ef_fold_double(double *s, double *c, double x) {
 
 
 def values_source(statistics: RowStatistics, dtype: np.dtype, vector_bytes: int) -> str:
-    """The row kernels' source with this group's kernel (FUNCTION) added."""
-    return rows_source(dtype, vector_bytes) + _FOLD + _Printer(statistics).kernel()
+    """The row kernels' source with this group's kernel (FUNCTION) added; where a row
+    sum calls a function, libmvec's vector versions are declared for its SIMD loop (as
+    the generic kernel calls them), and only then (the other members' bits stay)."""
+    printer = _Printer(statistics)
+    kernel = printer.kernel()
+    declarations = ""
+    if printer.sum_functions and c_build.vector_math():
+        declarations = c_build.vector_math_declarations("f", "float") if \
+            dtype == np.float32 else c_build.vector_math_declarations("", "double")
+    return rows_source(dtype, vector_bytes) + _FOLD + declarations + kernel
 
 
 def ints_of(statistics: RowStatistics, inputs) -> np.ndarray:
@@ -129,6 +140,7 @@ class _Printer:
         self.members = len(statistics.values)
         self.reads: Dict[Read, str] = {}
         self.sums: Dict[RowSum, str] = {}
+        self.sum_functions = False      # whether a row sum's loop calls a function
         self.lines: List[str] = []
 
     def kernel(self) -> str:
@@ -163,7 +175,8 @@ class _Printer:
             parts["total_end"] = parts["total_end"] % {
                 "value": self.value(self.statistics.total)}
         return _KERNEL % dict(parts, name=FUNCTION, declarations="\n".join(declarations),
-                              body="\n".join(body))
+                              body="\n".join(body), statistics=_STATISTICS
+                              if self.statistics.maximum else "")
 
     def value(self, node) -> str:
         if isinstance(node, Const):
@@ -204,8 +217,16 @@ class _Printer:
         found = self.sums.get(node)
         if found is not None:
             return found
-        body = self.value(node.body)
         name = f"q{len(self.sums)}"
+        if node.body == _EXPONENTIAL:
+            # the row's sum of exp(x - 0) = exp(x) (NaN, infinities and -0.0 alike):
+            # the softmax kernel's vector exponentials, summed compensated
+            self.lines.append(f"      const T {name} = ef_exp_row(x, (T *)x, n, (T)0, 0, "
+                              "ef_ahead_row(X, i, hi, ldx, n), 0);")
+            self.sums[node] = name
+            return name
+        body = self.value(node.body)
+        self.sum_functions |= "EF_FN(" in body
         self.lines += [
             f"      double {name}d = 0;",
             f"      #pragma omp simd reduction(+:{name}d)",
