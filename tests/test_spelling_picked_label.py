@@ -263,3 +263,19 @@ def test_triton_runs_one_kernel_each_way(name):
     want.sum().backward()
     torch.testing.assert_close(got.detach().cpu(), want.detach(), rtol=1e-12, atol=1e-12)
     torch.testing.assert_close(X.grad.cpu(), ref.grad, rtol=1e-12, atol=1e-12)
+
+
+@needs_c
+def test_every_audited_cross_entropy_spelling_runs_the_row_kernel(row_patterns):
+    # the audit's cross-entropy family (src/einfuse/bench/spelling_audit.py), each
+    # spelling one C row kernel call with the family's NumPy values
+    from einfuse.bench.spelling_audit import rows_families
+    family = next(f for f in rows_families(65, 900) if f.name.startswith("cross-entropy, int16"))
+    arrays = family.inputs(np.random.default_rng(0))
+    want = family.reference({"X": arrays["X"].astype(np.float64), "y": arrays["y"]})
+    for name, text in family.spellings:
+        row_patterns.clear()
+        got = ef.compile(text)(**arrays)
+        assert row_patterns == [c_rows.RowPattern.LOGSUMEXP], name
+        assert got.dtype == np.float32, name
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5, err_msg=name)
