@@ -279,3 +279,16 @@ def test_every_audited_cross_entropy_spelling_runs_the_row_kernel(row_patterns):
         assert row_patterns == [c_rows.RowPattern.LOGSUMEXP], name
         assert got.dtype == np.float32, name
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5, err_msg=name)
+
+
+@needs_c
+def test_a_program_of_the_picked_product_runs_one_row_kernel_group(row_patterns):
+    source = ("z[n] := logsumexp[c](X[n,c])\np[n] := sum[c](X[n,c] * (c == y[n]))\n"
+              "L[n] := z[n] - p[n]")
+    X, y = _matrix("float32"), _labels("int16")
+    got = ef.ein(source, X=X, y=y)
+    assert row_patterns == [c_rows.RowPattern.LOGSUMEXP]
+    env = {"X": X.astype(np.float64), "y": y}
+    for line in source.splitlines():
+        env[line[0]] = brute_force(line, {"n": (0, ROWS), "c": (0, COLS)}, env)
+    _same_specials(got, env["L"], 3e-6)
