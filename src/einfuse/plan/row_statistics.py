@@ -25,10 +25,16 @@ runs a scalar running maximum.
 
 ``logsumexp[j](X[i,j])`` is ``M + log(S)`` where M is finite; where it is not (a row of
 -inf, a row holding inf, a NaN) it is M itself, which is what the one-pass running
-maximum gives (backends/c/render.ef_lse).  Anything else -- a reduction over another
-body, a read along the columns outside the two statistics and ``X[i, j]``, a
-parameter, an index used as a value, a function not listed below -- is no member of
-this kernel, and the group (statement) runs the generic kernel."""
+maximum gives (backends/c/render.ef_lse).
+
+Another sum over the columns is a :class:`RowSum`, summed as written in the cached row
+(``sum[j](exp(X[i,j]))`` of ``-log(exp(X[i,t[i]]) / sum[j](exp(X[i,j])))`` among
+them, which needs no row maximum), and a label picked by a comparison --
+``sum[j](where(j == t[i], X[i,j], 0))``, ``sum[j](X[i,j] * (j == t[i]))`` -- a
+:class:`RowPick`: one read, with the written sum's semantics.  Anything else -- another
+reduction, a read along the columns outside the statistics, the row sums and ``X[i,
+j]``, a parameter, the row index used as a value, a function not listed below -- is no
+member of this kernel, and the group (statement) runs the generic kernel."""
 
 from __future__ import annotations
 
