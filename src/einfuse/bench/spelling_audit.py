@@ -99,6 +99,8 @@ CROSS_ENTROPY = (
      "M[n] := max[c](X[n,c])\nL[n] := M[n] + log(sum[c](exp(X[n,c] - M[n]))) - X[n, y[n]]"),
     ("minus log-softmax at the label",
      "Y[n,c] := X[n,c] - logsumexp[k](X[n,k])\nL[n] := -Y[n, y[n]]"),
+    # (as written: exp overflows where logsumexp does not -- no rule makes it the first)
+    ("-log(exp(x_y) / sum(exp))", "L[n] := -log(exp(X[n, y[n]]) / sum[c](exp(X[n,c])))"),
 )
 
 _DOT = "sum[d](Q[b,h,i,d] * K[b,h,j,d])"
@@ -231,9 +233,9 @@ def rows_families(rows: int, cols: int) -> List[Family]:
     def xgb(rng):
         return {"X": _normal(rng, rows, cols), "g": _normal(rng, cols), "b": _normal(rng, cols)}
 
-    def labels(rng):
+    def labels(rng, dtype=np.int64):
         return {"X": _normal(rng, rows, cols),
-                "y": rng.integers(0, cols, rows).astype(np.int64)}
+                "y": rng.integers(0, cols, rows).astype(dtype)}
 
     size = f"{rows}x{cols}"
     return [
@@ -246,6 +248,12 @@ def rows_families(rows: int, cols: int) -> List[Family]:
         _family(f"RMSNorm {size}", RMSNORM, xgb, lambda a: a["X"] / np.sqrt(
             (a["X"] ** 2).mean(axis=1, keepdims=True) + 1e-6) * a["g"], n=cols),
         _family(f"cross-entropy {size}", CROSS_ENTROPY, labels, lambda a: _logsumexp(a["X"])
+                - a["X"][np.arange(rows), a["y"]]),
+        # int16 labels: the spellings that compare the labels with c read them for their
+        # values (notation.md section 10), and int64 ones make those float64 statements
+        # against the gather's float32; int16 keeps every spelling float32
+        _family(f"cross-entropy, int16 labels {size}", CROSS_ENTROPY,
+                lambda rng: labels(rng, np.int16), lambda a: _logsumexp(a["X"])
                 - a["X"][np.arange(rows), a["y"]]),
     ]
 

@@ -25,10 +25,16 @@ runs a scalar running maximum.
 
 ``logsumexp[j](X[i,j])`` is ``M + log(S)`` where M is finite; where it is not (a row of
 -inf, a row holding inf, a NaN) it is M itself, which is what the one-pass running
-maximum gives (backends/c/render.ef_lse).  Anything else -- a reduction over another
-body, a read along the columns outside the two statistics and ``X[i, j]``, a
-parameter, an index used as a value, a function not listed below -- is no member of
-this kernel, and the group (statement) runs the generic kernel."""
+maximum gives (backends/c/render.ef_lse).
+
+Another sum over the columns is a :class:`RowSum`, summed as written in the cached row
+(``sum[j](exp(X[i,j]))`` of ``-log(exp(X[i,t[i]]) / sum[j](exp(X[i,j])))`` among
+them, which needs no row maximum), and a label picked by a comparison --
+``sum[j](where(j == t[i], X[i,j], 0))``, ``sum[j](X[i,j] * (j == t[i]))`` -- a
+:class:`RowPick`: one read, with the written sum's semantics.  Anything else -- another
+reduction, a read along the columns outside the statistics, the row sums and ``X[i,
+j]``, a parameter, the row index used as a value, a function not listed below -- is no
+member of this kernel, and the group (statement) runs the generic kernel."""
 
 from __future__ import annotations
 
@@ -85,6 +91,41 @@ class Column:
 
 
 @dataclass(frozen=True)
+class ColumnIndex:
+    """The column index as a value (``j`` in ``where(j == t[i], X[i,j], 0)``), inside
+    a :class:`RowSum`."""
+
+
+@dataclass(frozen=True)
+class RowSum:
+    """``sum[j](body)`` over the row's columns, computed as written: ``body`` is a row
+    value of the matrix's element (:class:`Column`), the column index
+    (:class:`ColumnIndex`) and per-row values, summed in one pass over the row while it
+    is in the cache.  It takes the cross-entropies that pick the label's logit by a
+    comparison -- ``sum[j](where(j == t[i], X[i,j], 0))``, ``sum[j](X[i,j] * (j ==
+    t[i]))`` -- with exactly their semantics (an out-of-range label gives 0, a NaN
+    elsewhere in the row is NaN in the product and not in the ``where``), because it
+    evaluates them as written rather than as a gather."""
+    body: object
+
+
+@dataclass(frozen=True)
+class RowPick:
+    """``sum[j](where(j == at, value, 0))`` (or ``at == j``), ``at`` a per-row value:
+    the written sum adds +0.0 at every column but the one ``at`` names, so it is ``0.0 +
+    value`` there (a -0.0 summed is +0.0) and 0.0 where ``at`` names no column (out of
+    range, not a whole number, NaN): the kernel reads that one column -- a gather with
+    the written sum's semantics, which never raises for a label it does not select.
+
+    ``dense``: the one-hot product ``sum[j](X[i,j] * (j == at))``, whose other columns
+    add ``X[i,j] * 0``: ±0.0 in a finite row, NaN where the row holds an inf or a NaN
+    (the kernel sums such a row as written)."""
+    at: object
+    value: object
+    dense: bool = False
+
+
+@dataclass(frozen=True)
 class Total:
     """The sum over the rows of the (one) member's values."""
 
@@ -114,6 +155,10 @@ class RowStatistics:
     # per member, whether its value is a row over the columns ([i, j]: a log-softmax's
     # X[i,j] - lse[i], computed from :class:`Column`) rather than one per row
     grid: Tuple[bool, ...] = ()
+    # whether the kernel needs the row's maximum and sum of shifted exponentials (a
+    # member reads a :class:`Stat`, or a one-hot product asks whether the row is
+    # finite); a group of row sums alone (``sum[j](exp(X[i,j]))`` as written) skips them
+    maximum: bool = True
 
     @property
     def ndims(self) -> Dict[str, int]:
@@ -196,7 +241,8 @@ def _statistics(parts) -> Optional[RowStatistics]:
         return None
     return RowStatistics(reader.matrix, inputs, tuple(values), indices,
                          tuple((k, reader.axes[k]) for k in inputs), parts[0][2],
-                         grid=tuple(reader.grids))
+                         grid=tuple(reader.grids),
+                         maximum=any(_needs_maximum(v) for v in values))
 
 
 class _Reader:
@@ -210,6 +256,7 @@ class _Reader:
         self.axes: Dict[str, int] = {}        # key -> its number of axes
         self.exponentials = False             # a sum of exponentials or a logsumexp seen
         self.grids = []                       # per member so far: whether over [i, j]
+        self.summing = False                  # inside a RowSum's body (over self.column)
 
     def member(self, spec, rhs, outer: str, slots, reads, sources, values):
         names: Dict[str, object] = {}
@@ -237,7 +284,13 @@ class _Reader:
             return Const(float(e.value))
         if isinstance(e, ast.Reduce):
             return self.statistic(e)
+        if isinstance(e, ast.IndexValue) and self.summing and e.name == self.column:
+            return ColumnIndex()
         if isinstance(e, ast.Access):
+            if self.summing and len(e.indices) == 2 and \
+                    tuple(s.plain_index for s in e.indices) == (self.row, self.column):
+                self.row_of_matrix(e)       # X[i, j] in a row sum's body
+                return Column()
             if self.grid_column is not None and len(e.indices) == 2 and \
                     tuple(s.plain_index for s in e.indices) == (self.row, self.grid_column):
                 self.column = self.grid_column
@@ -277,17 +330,45 @@ class _Reader:
             self.exponentials |= e.op == "logsumexp"
             return Stat(e.op)
         body = e.body
-        if e.op != "sum" or not (isinstance(body, ast.Call) and body.func == "exp" and
-                                 len(body.args) == 1):
+        if e.op != "sum":
             raise _Refused
+        if self.shifted_exponentials(body):
+            self.exponentials = True
+            return Stat("sum")
+        return self.row_sum(body)
+
+    def shifted_exponentials(self, body) -> bool:
+        """Whether ``body`` is ``exp(X[i,j] - M)``, M the row maximum."""
+        if not (isinstance(body, ast.Call) and body.func == "exp" and len(body.args) == 1):
+            return False
         shifted = body.args[0]
         if not (isinstance(shifted, ast.Binary) and shifted.op == "-"):
+            return False
+        saved = (self.matrix, list(self.keys), dict(self.roles), dict(self.axes))
+        try:
+            self.row_of_matrix(shifted.left)
+            if self.is_maximum(shifted.right):
+                return True
+        except _Refused:
+            pass
+        # (not this form: what the attempt recorded is undone, for the row sum's turn)
+        self.matrix, self.keys, self.roles, self.axes = saved
+        return False
+
+    def row_sum(self, body):
+        """Any other sum over the columns, as written (a member over [i, j] takes none:
+        its own column would be the sum's)."""
+        if self.grid_column is not None or self.summing:
             raise _Refused
-        self.row_of_matrix(shifted.left)
-        if not self.is_maximum(shifted.right):
-            raise _Refused
-        self.exponentials = True
-        return Stat("sum")
+        self.summing = True
+        try:
+            summed = self.value(body)
+        finally:
+            self.summing = False
+        # (the row's sum of exponentials as written, sum[j](exp(X[i,j])): the kernel's
+        # vector pass of exponentials; any other row sum joins a kernel that has one)
+        self.exponentials |= summed == Apply("exp", (Column(),))
+        return _picked(summed) or RowSum(summed)
 
     def is_maximum(self, e) -> bool:
         """Whether ``e`` is the row maximum of the matrix (read or written out)."""
@@ -355,3 +436,42 @@ class _Reader:
 
 class _Refused(Exception):
     """A part of a member that is no row value."""
+
+
+def _uses_column(value) -> bool:
+    if isinstance(value, (Column, ColumnIndex)):
+        return True
+    return isinstance(value, Apply) and any(_uses_column(a) for a in value.args)
+
+
+def _column_named(test) -> Optional[object]:
+    """``at`` of ``j == at`` or ``at == j`` (``at`` free of the column), or None."""
+    if not (isinstance(test, Apply) and test.op == "=="):
+        return None
+    left, right = test.args
+    at = right if left == ColumnIndex() else left if right == ColumnIndex() else None
+    return None if at is None or _uses_column(at) else at
+
+
+def _picked(body) -> Optional[RowPick]:
+    """``body`` (a row sum's) as a :class:`RowPick`, or None."""
+    if not isinstance(body, Apply):
+        return None
+    if body.op == "where" and body.args[2] == Const(0.0):
+        at = _column_named(body.args[0])
+        return None if at is None else RowPick(at, body.args[1])
+    if body.op == "*":
+        for test, value in (body.args, body.args[::-1]):
+            at = _column_named(test)
+            if at is not None and value == Column():
+                return RowPick(at, value, dense=True)
+    return None
+
+
+def _needs_maximum(value) -> bool:
+    if isinstance(value, Stat) or isinstance(value, RowPick) and value.dense:
+        return True
+    parts = value.args if isinstance(value, Apply) else \
+        (value.at, value.value) if isinstance(value, RowPick) else \
+        (value.body,) if isinstance(value, RowSum) else ()
+    return any(_needs_maximum(p) for p in parts)

@@ -23,14 +23,16 @@ from typing import Dict, List, Tuple
 
 import numpy as np
 
-from ...plan.row_statistics import (Column, Const, MemberValue, Read, RowStatistics, Stat,
-                                    Subscript, Total)
+from ...plan.row_statistics import (Apply, Column, ColumnIndex, Const, MemberValue, Read,
+                                    RowPick, RowStatistics, RowSum, Stat, Subscript, Total)
+from . import build as c_build
 from .rows_source import source as rows_source
 
 FUNCTION = "ef_lse_values_call"
 _FUNCTIONS = {"exp": "exp", "log": "log", "log1p": "log1p", "expm1": "expm1",
               "sqrt": "sqrt", "abs": "fabs", "tanh": "tanh"}
 _COMPARE = ("<", "<=", ">", ">=", "==", "!=")
+_EXPONENTIAL = Apply("exp", (Column(),))
 
 _KERNEL = r"""
 /* bufs: X, the members' outputs, the other inputs; ints: rows, n, ldx, then per other
@@ -52,16 +54,7 @@ void %(name)s(void **bufs, const int64_t *ints, const double *dprm,
     const int64_t hi = lo + rows / parts + (part < rows %% parts);
     for (int64_t i = lo; i < hi; ++i) {
       const T *x = X + i * ldx;
-      T low = 0;
-      T m = ef_row_range(x, n, &low);
-      T s = ef_exp_row(x, (T *)x, n, m, ef_fast_row(m, low),
-                       ef_ahead_row(X, i, hi, ldx, n), 0);
-      if (s != s) {
-        m = ef_row_max(x, n);
-        s = ef_exp_row(x, (T *)x, n, m, 0, x, 0);
-      }
-      const T lse = isfinite(m) ? m + EF_FN(log)(s) : m;
-      (void)lse;
+%(statistics)s
 %(body)s
     }
 %(thread_end)s
@@ -84,6 +77,16 @@ _TOTAL = {
                  "  const double total = isfinite(sum) ? sum + error : sum;\n"
                  "  O0[0] = (T)(%(value)s);",
 }
+_STATISTICS = r"""      T low = 0;
+      T m = ef_row_range(x, n, &low);
+      T s = ef_exp_row(x, (T *)x, n, m, ef_fast_row(m, low),
+                       ef_ahead_row(X, i, hi, ldx, n), 0);
+      if (s != s) {
+        m = ef_row_max(x, n);
+        s = ef_exp_row(x, (T *)x, n, m, 0, x, 0);
+      }
+      const T lse = isfinite(m) ? m + EF_FN(log)(s) : m;
+      (void)lse;"""
 _PER_ROW = {"total_declarations": "", "thread_total": "", "thread_end": "", "total_end": ""}
 _FOLD = r"""
 #include <stdlib.h>
@@ -96,8 +99,16 @@ static inline void ef_fold_double(double *s, double *c, double x) {
 
 
 def values_source(statistics: RowStatistics, dtype: np.dtype, vector_bytes: int) -> str:
-    """The row kernels' source with this group's kernel (FUNCTION) added."""
-    return rows_source(dtype, vector_bytes) + _FOLD + _Printer(statistics).kernel()
+    """The row kernels' source with this group's kernel (FUNCTION) added; where a row
+    sum calls a function, libmvec's vector versions are declared for its SIMD loop (as
+    the generic kernel calls them), and only then (the other members' bits stay)."""
+    printer = _Printer(statistics)
+    kernel = printer.kernel()
+    declarations = ""
+    if printer.sum_functions and c_build.vector_math():
+        declarations = c_build.vector_math_declarations("f", "float") if \
+            dtype == np.float32 else c_build.vector_math_declarations("", "double")
+    return rows_source(dtype, vector_bytes) + _FOLD + declarations + kernel
 
 
 def ints_of(statistics: RowStatistics, inputs) -> np.ndarray:
@@ -128,6 +139,8 @@ class _Printer:
         self.statistics = statistics
         self.members = len(statistics.values)
         self.reads: Dict[Read, str] = {}
+        self.sums: Dict[RowSum, str] = {}
+        self.sum_functions = False      # whether a row sum's loop calls a function
         self.lines: List[str] = []
 
     def kernel(self) -> str:
@@ -162,7 +175,8 @@ class _Printer:
             parts["total_end"] = parts["total_end"] % {
                 "value": self.value(self.statistics.total)}
         return _KERNEL % dict(parts, name=FUNCTION, declarations="\n".join(declarations),
-                              body="\n".join(body))
+                              body="\n".join(body), statistics=_STATISTICS
+                              if self.statistics.maximum else "")
 
     def value(self, node) -> str:
         if isinstance(node, Const):
@@ -171,6 +185,12 @@ class _Printer:
             return "total"
         if isinstance(node, Column):
             return "xc"
+        if isinstance(node, ColumnIndex):
+            return "(T)j"
+        if isinstance(node, RowSum):
+            return self.row_sum(node)
+        if isinstance(node, RowPick):
+            return self.row_pick(node)
         if isinstance(node, Stat):
             return {"max": "m", "sum": "s", "logsumexp": "lse"}[node.name]
         if isinstance(node, MemberValue):
@@ -190,6 +210,72 @@ class _Printer:
         if op in _COMPARE or op in "+-*/":
             return f"(({args[0]}) {op} ({args[1]}))"
         return f"EF_FN({_FUNCTIONS[op]})((T)({args[0]}))"
+
+    def row_sum(self, node: RowSum) -> str:
+        """A local holding the row's sum of ``node.body`` (its per-row reads printed
+        first, before the loop over the columns)."""
+        found = self.sums.get(node)
+        if found is not None:
+            return found
+        name = f"q{len(self.sums)}"
+        if node.body == _EXPONENTIAL:
+            # the row's sum of exp(x - 0) = exp(x) (NaN, infinities and -0.0 alike):
+            # the softmax kernel's vector exponentials, summed compensated
+            self.lines.append(f"      const T {name} = ef_exp_row(x, (T *)x, n, (T)0, 0, "
+                              "ef_ahead_row(X, i, hi, ldx, n), 0);")
+            self.sums[node] = name
+            return name
+        body = self.value(node.body)
+        self.sum_functions |= "EF_FN(" in body
+        self.lines += [
+            f"      double {name}d = 0;",
+            f"      #pragma omp simd reduction(+:{name}d)",
+            "      for (int64_t j = 0; j < n; ++j) {",
+            "        const T xc = x[j];",
+            f"        {name}d += (double)(T)({body});",
+            "      }",
+            f"      const T {name} = (T){name}d;"]
+        self.sums[node] = name
+        return name
+
+    def row_pick(self, node: RowPick) -> str:
+        """A local holding ``0.0 + value`` at the column ``at`` names, 0.0 where it names
+        none.  The written comparison is ``(T)j == at``: a column names it where ``at``
+        is a whole number in [0, n) -- and only one where every column index is exact in
+        T (n <= 2**24 for float): longer rows sum as written."""
+        found = self.sums.get(node)
+        if found is not None:
+            return found
+        at = self.value(node.at)
+        name = f"q{len(self.sums)}"
+        value = self.value(node.value)
+        # the written summand, for the rows the pick does not take
+        written = f"(T)({value}) * (T)((T)j == {name}a)" if node.dense else \
+            f"(((T)j == {name}a) ? (T)({value}) : (T)0)"
+        # a finite row (its maximum and minimum finite: a NaN's row maximum is NaN)
+        # adds ±0.0 at the other columns of a one-hot product
+        long_row = "n > (sizeof(T) == 4 ? ((int64_t)1 << 24) : ((int64_t)1 << 53))"
+        unpicked = f"{long_row} || !(isfinite(m) && isfinite(low))" if node.dense \
+            else long_row
+        self.lines += [
+            f"      const T {name}a = (T)({at});",
+            f"      T {name};",
+            f"      if ({unpicked}) {{",
+            f"        double {name}d = 0;",
+            "        for (int64_t j = 0; j < n; ++j) {",
+            "          const T xc = x[j]; (void)xc;",
+            f"          {name}d += (double)({written});",
+            "        }",
+            f"        {name} = (T){name}d;",
+            f"      }} else if ({name}a >= 0 && {name}a < (T)n && "
+            f"{name}a == (T)(int64_t){name}a) {{",
+            f"        const int64_t j = (int64_t){name}a; const T xc = x[j]; (void)xc;",
+            f"        {name} = (T)0 + (T)({value});",
+            "      } else {",
+            f"        {name} = 0;",
+            "      }"]
+        self.sums[node] = name
+        return name
 
     def read(self, read: Read) -> str:
         """A local holding the read's value in this row (its subscripts checked first:
