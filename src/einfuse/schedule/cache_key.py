@@ -15,7 +15,7 @@ from typing import Hashable, NamedTuple
 class CacheKind(enum.Enum):
     """What a cache holds, and what its key's value is."""
     LOOP_NEST = ("a compiled C loop nest", "the schedule's loop choice")
-    FUSED_GROUP = ("a compiled fused C group", "its members' plans, the reads between "
+    FUSED_GROUP = ("a compiled fused C group", "its members' loop choices, the reads between "
                    "them, the rows kept per thread and the column sums")
     SCHEDULE = ("a call's schedule", "the call's signature (runtime/signatures.py)")
 

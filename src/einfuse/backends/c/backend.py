@@ -22,7 +22,7 @@ from ...plan import call_arguments, unit_axis
 # the lane tile and the register block, chosen from the machine's facts (re-exported:
 # the C modules read them here)
 from ...plan.blocking import block_for, tile_for  # noqa: F401
-from ...plan.loop_plan import (buffers_layout_only, call_bounds, input_buffers, loop_plan,
+from ...plan.loop_plan import (buffers_layout_only, call_bounds, input_buffers,
                                short_indices)
 from ...plan.contraction import run_contraction
 from ...plan.contraction_addend import ContractionAddend
@@ -43,7 +43,6 @@ VECTOR_BYTES = machine().vector_bytes
 
 # The C modules' names for the lowering's facts (plan/loop_plan.py).
 _buffers = input_buffers
-_plan = loop_plan
 _short_indices = short_indices
 _buffers_layout_only = buffers_layout_only
 
@@ -68,6 +67,12 @@ def kernel_key(call, layouts, bounds=None) -> LoopChoice:
     ``layouts`` and ``bounds`` (default: the mode this call's data allows): the key its
     compiled kernel is cached by."""
     return loop_choice(call, layouts, bounds)
+
+
+def _plan(call, layouts, bounds=None):
+    """The plan of the schedule's loop choice for this call's buffers laid out as
+    ``layouts`` (before any packing)."""
+    return loop_choice(call, layouts, bounds).plan()
 
 
 def nest_for(call, schedule: Optional[Schedule], buffers: List[np.ndarray],

@@ -1,7 +1,8 @@
 """Running a fusion group (schedule/fusion.py decides it, with the row kernel that runs
 it, if one does) as one C kernel: each member's plan is the one the C backend would use
 for it alone; plan/fuse.py merges their loop nests;
-the merged kernel is compiled once per combination of plans and called with every
+the merged kernel is compiled once per combination of the members' loop choices (the
+schedule's values, schedule/loop_choice.py) and called with every
 member's arrays, runtime ints and parameters.  A column member's per-thread
 accumulators are zeroed per call and added up after it (column_total)."""
 
@@ -70,7 +71,7 @@ def compiled_for(members, thread_rows: FrozenSet[int]):
     if not columns <= thread_rows:      # schedule/fusion.py joins only those that fit
         raise BackendError("a fused column sum whose rows do not fit per thread")
     local = frozenset((k, len(kernels[k].buffers) - 1) for k in thread_rows)
-    key = CacheKey(CacheKind.FUSED_GROUP, tuple(id(m.plan) for m in members) + (
+    key = CacheKey(CacheKind.FUSED_GROUP, tuple(m.choice for m in members) + (
         tuple(tuple(sorted(r.items())) for r in reads), local, columns))
     found = _fused.get(key)
     if found is None:
@@ -85,9 +86,7 @@ def compiled_for(members, thread_rows: FrozenSet[int]):
         function = getattr(library, program.kernels[0].name)
         function.argtypes = KERNEL_ARGTYPES
         function.restype = None
-        # the plans stay referenced, so their ids in the key cannot be reused
-        found = (function, slots_after_fusion(kernels, reads, columns), guards,
-                 tuple(m.plan for m in members))
+        found = (function, slots_after_fusion(kernels, reads, columns), guards)
         with _lock:
             found = _fused.setdefault(key, found)
     return found[0], found[1], thread_rows, found[2]
