@@ -9,9 +9,11 @@ signature (runtime/kernel.py), and ``explain`` prints it.  It is chosen in one p
 from __future__ import annotations
 
 import enum
+import functools
 from dataclasses import dataclass
-from typing import Optional, Tuple
+from typing import Hashable, Optional, Tuple
 
+from ..analysis.spec_key import index_positions
 from ..plan.lower import Plan, nest_order, plan_for
 from ..plan.nest_order import NestOrder
 
@@ -88,6 +90,16 @@ class LoopChoice:
         return with_nest(self.spec, self.working, self.pad, bounds, self.layouts,
                          self.tile, self.block, self.short)
 
+    @functools.cached_property
+    def key(self) -> Tuple[Hashable, ...]:
+        """The choice with its statement as its structural key and its indices as
+        positions (analysis/spec_key.py): equal for two spellings of one computation
+        that made the same choices, exact in their constants, so that they share one
+        compiled kernel (backends/c/backend.py; a choice itself compares its spec by
+        identity, and its plan names the spelling's own indices)."""
+        return choice_key(self.spec, self.working, self.pad, self.bounds, self.layouts,
+                          self.tile, self.block, self.short, self.nest)
+
     def relaid(self, layouts: Tuple[int, ...]) -> "LoopChoice":
         """The choice for the buffers laid out as ``layouts`` instead (the nest chosen
         anew for them): what the lane-packing search weighs a packing by
@@ -103,6 +115,17 @@ class LoopChoice:
         if self.short:
             parts.append("short " + ", ".join(self.short))
         return "kernel " + "; ".join(parts)
+
+
+def choice_key(spec, working: str, pad: bool, bounds: str, layouts: Tuple[int, ...],
+               tile: int, block: Tuple[int, int], short: Tuple[str, ...],
+               nest: NestOrder) -> Tuple[Hashable, ...]:
+    """LoopChoice.key: the lowering inputs, the statement by its structural key and
+    the indices (short, the nest's order and row block) by their positions."""
+    rows = index_positions(spec, (nest.rows,))[0] if nest.rows is not None else None
+    return ("loop nest", spec.key, working, pad, bounds, layouts, tile, block,
+            index_positions(spec, short), index_positions(spec, nest.order), nest.tiled,
+            rows)
 
 
 def with_nest(spec, working: str, pad: bool, bounds: str, layouts: Tuple[int, ...],
