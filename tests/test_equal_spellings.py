@@ -221,3 +221,19 @@ def test_renamed_indices_give_the_same_key_and_values(expression, summed, names)
         np.testing.assert_allclose(results[-1], want, rtol=1e-10, atol=1e-12)
     assert loaded[1] == 0, (first, second, loaded)     # the second shares the first's
     np.testing.assert_array_equal(results[1], results[0])
+
+
+def test_triton_spellings_share_one_kernel_module():
+    from einfuse.backends.triton import backend as triton_backend
+    if not triton_backend.available():
+        pytest.skip("no Triton")
+    arrays = {"A": rng.standard_normal((6, 40)).astype(np.float32),
+              "B": rng.standard_normal((6, 40)).astype(np.float32)}
+    before = set(triton_backend._modules)
+    results = []
+    for text in SUM_ROWS[:2]:
+        kernel = ef.compile(text, backend="triton")
+        results.append(np.asarray(kernel(**arrays)))
+        np.testing.assert_allclose(results[-1], oracle(text, kernel, arrays), rtol=1e-5)
+    assert len(set(triton_backend._modules) - before) <= 1
+    np.testing.assert_array_equal(results[1], results[0])

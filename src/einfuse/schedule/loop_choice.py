@@ -5,8 +5,14 @@ too short for lanes) and the nest's loop order, tiling and row block
 (plan/lower.nest_order), as one :class:`~einfuse.schedule.schedule.LoopChoice`, carried
 by the call's :class:`~einfuse.schedule.schedule.LoopSchedule`.  plan/lower.plan_for
 lowers what it names, and the C backend compiles and caches one kernel per choice
-(backends/c/backend.py).  Nothing here runs or copies: the facts are plan/'s, read
-from the buffers' shapes and strides (as a run will hold them, or as it holds them)."""
+(backends/c/backend.py; two spellings of one computation share it through
+LoopChoice.key).  A Triton kernel's lowering is chosen here too, as a
+:class:`~einfuse.schedule.schedule.TritonChoice` (``triton_choice``: the same nest rule
+for a block-per-program lowering), which backends/triton/backend.py renders; fusion
+members (schedule/fusion.py) and the lane-packing search (plan/loop_plan.lane_packs,
+through LoopChoice.relaid) lower the choices made here as well.  Nothing here runs or
+copies: the facts are plan/'s, read from the buffers' shapes and strides (as a run
+will hold them, or as it holds them)."""
 
 from __future__ import annotations
 
