@@ -18,7 +18,8 @@ from einfuse.analysis import machine as machine_module
 from einfuse.backends.c import build as c_build
 from einfuse.backends.c.pack import pack_axis
 from einfuse.plan import blocking
-from einfuse.plan.loop_plan import input_buffers, lane_packs, loop_plan
+from einfuse.plan.loop_plan import input_buffers, lane_packs
+from einfuse.schedule.loop_choice import loop_choice
 from einfuse.plan.arguments import unit_axis
 
 from oracle import brute_force
@@ -57,8 +58,8 @@ def _packs(statement, **arrays):
     buffers = input_buffers(call)
     out = np.empty(call.output_shape, call.dtypes.working)
     buffers.append(out)
-    plan = loop_plan(call, [unit_axis(b) for b in buffers])
-    return call, lane_packs(call, plan, buffers)
+    choice = loop_choice(call, [unit_axis(b) for b in buffers])
+    return call, lane_packs(call, choice, buffers)
 
 
 @needs_c

@@ -20,6 +20,7 @@ from ..lang.ast import (Access, Binary, COMPARISON_OPS, LOGICAL_OPS, POSITION_RE
                         has_position_reduction, reductions)
 from ..lang.parser import parse
 from ..lang.printer import format_expr
+from .spec_key import statement_key
 
 
 @dataclass(frozen=True)
@@ -41,7 +42,8 @@ class IndexUse:
 
 
 # Compared and hashed by identity: one Spec exists per statement text (runtime.kernel
-# caches them), and hashing the whole tree on every call would cost more than the call.
+# caches them), and hashing the whole tree on every call would cost more than the call;
+# what is compiled for it is shared by its structural ``key`` (analysis/spec_key.py).
 @dataclass(frozen=True, eq=False)
 class Spec:
     statement: Statement
@@ -65,6 +67,14 @@ class Spec:
     def result_is_position(self) -> bool:
         """The right side is an argmax/argmin: the result is int64 positions."""
         return isinstance(self.rhs, Reduce) and self.rhs.op in POSITION_REDUCTIONS
+
+    @functools.cached_property
+    def key(self) -> tuple:
+        """The statement's structural key (analysis/spec_key.py): equal for two
+        spellings that differ only in their index names, exact in their constants.
+        A Spec itself still compares by identity (its messages name its own indices
+        and spans); the caches of compiled kernels compare by this."""
+        return statement_key(self)
 
     @functools.cached_property
     def has_position_reductions(self) -> bool:

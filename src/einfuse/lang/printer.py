@@ -21,6 +21,8 @@ def format_number(value) -> str:
         return "inf" if value > 0 else "-inf"
     if math.isnan(value):
         return "nan"
+    if value == 0 and math.copysign(1.0, value) < 0:
+        return "-0.0"   # (int(-0.0) is 0: printed so, a reparsed statement lost the sign)
     if value == int(value) and abs(value) < 1e16:
         return f"{int(value)}.0"
     return repr(float(value))
@@ -31,7 +33,7 @@ def _precedence(expr: Expr) -> int:
         return _PRECEDENCE[expr.op]
     if isinstance(expr, Unary):
         return _PRECEDENCE["neg"]
-    if isinstance(expr, Number) and (expr.value < 0 or format_number(expr.value) == "-inf"):
+    if isinstance(expr, Number) and format_number(expr.value).startswith("-"):
         return _PRECEDENCE["neg"]
     return _ATOM
 

@@ -7,7 +7,8 @@ shapes and strides without copying anything.
 
 These are facts of the lowering, read by the schedule, which chooses a loop nest's
 lowering inputs from them (schedule/loop_choice.py: the key its compiled kernel is
-cached by), and by the fusion rules (which statements can share a fused loop)."""
+cached by), and by the fusion rules (which statements can share a fused loop).  No
+plan is made here: the packing search weighs the plans of the schedule's choices."""
 
 from __future__ import annotations
 
@@ -16,10 +17,9 @@ from typing import List, NamedTuple, Tuple
 import numpy as np
 
 from ..lang.ast import accesses, reductions
-from .blocking import aliases, block_for, tile_for
+from .blocking import aliases
 from .gathers import bounds_mode
 from .lane_layout import packing_for_lanes, packing_for_rows
-from .lower import plan_for
 from .arguments import unit_axis
 from .slots import buffer_slots
 
@@ -52,25 +52,19 @@ def short_indices(call) -> Tuple[str, ...]:
                  if call.bounds.extent(name) < SHORT_EXTENT)
 
 
-def loop_plan(call, layouts, bounds=None):
-    """The lowering's plan of this call for these buffer layouts (and a bounds mode
-    other than the one this call's data allows), its loop nest as plan/lower.nest_order
-    finds it (plan_for caches it)."""
-    working = call.dtypes.working
-    return plan_for(call.spec, working.name, call.options.pad is not None,
-                    bounds or call_bounds(call), tuple(layouts), tile_for(working),
-                    block_for(working), short_indices(call))
-
-
-def lane_packs(call, plan, buffers: List[np.ndarray], units=None
+def lane_packs(call, choice, buffers: List[np.ndarray], units=None
                ) -> Tuple[Tuple[int, int], ...]:
     """(buffer slot, axis to make unit-stride), in the order a run packs them: each
-    input that a vectorised lane loop of ``plan`` walks along a strided axis (gauss:
+    input that a vectorised lane loop of ``choice``'s plan walks along a strided axis (gauss:
     y[j, d] walked along j), so that lanes load one contiguous vector instead of
     gathering; where there is none, the packing plan/lane_layout.py finds that turns
     a scalar plan into a lane tile, or that streams a row-blocked plan's reads.
     ``buffers``: the call's buffers (the output last), or what explain reads of them
-    (shape, size, strides) with their unit-stride axes ``units``; nothing is copied."""
+    (shape, size, strides) with their unit-stride axes ``units``; nothing is copied.
+    ``choice``: the schedule's loop choice for the buffers as they are
+    (schedule/loop_choice.py); a packing is weighed by the plan of the choice it makes,
+    ``choice.relaid(layouts)``."""
+    plan = choice.plan()
     units = [unit_axis(b) for b in buffers] if units is None else list(units)
     shapes = [b.shape for b in buffers]
     if plan.mode == "scalar" and (not plan.lane_indices or not _short_inner(call)):
@@ -80,7 +74,7 @@ def lane_packs(call, plan, buffers: List[np.ndarray], units=None
         # register block, plan/epilogue_blocks.py).  Not where the inner reductions are
         # short (gauss D=3): there the epilogue's exp is the work, and GCC's AVX2 code
         # for the block's epilogue called the scalar exp for most lanes (2x slower)
-        packs = _tile_packs(call, units, shapes)
+        packs = _tile_packs(call, choice, units, shapes)
         if packs or not plan.lane_indices:
             return packs
     elif not plan.lane_indices:
@@ -101,7 +95,7 @@ def lane_packs(call, plan, buffers: List[np.ndarray], units=None
                 packs.append((slot, axis))
                 units[slot] = axis      # a packed copy's unit-stride axis
                 break
-    packs = tuple(packs) or _tile_packs(call, units, shapes, plan)
+    packs = tuple(packs) or _tile_packs(call, choice, units, shapes, plan)
     return packs + _strip_pads(call, plan, buffers, units, {slot for slot, _ in packs})
 
 
@@ -148,12 +142,13 @@ def _strip_pads(call, plan, buffers, units, packed) -> Tuple[Tuple[int, int], ..
     return tuple(pads)
 
 
-def _tile_packs(call, units, shapes, plan=None) -> Tuple[Tuple[int, int], ...]:
+def _tile_packs(call, choice, units, shapes, plan=None) -> Tuple[Tuple[int, int], ...]:
     """The inputs whose layout keeps a lane tile off an output index (cdist's y[j, d]
     read along j), or, given a row-blocked ``plan``, those it reads across its rows
-    along their unit-stride axis (plan/lane_layout.py)."""
+    along their unit-stride axis (plan/lane_layout.py); each packing weighed by the
+    plan of the schedule's choice for the layouts it makes."""
     args = (call.spec, tuple(units), list(shapes), call.bounds.points,
-            lambda layouts: loop_plan(call, layouts), PACK_WORK_RATIO)
+            lambda layouts: choice.relaid(layouts).plan(), PACK_WORK_RATIO)
     packing = packing_for_lanes(*args) if plan is None else packing_for_rows(plan, *args)
     return tuple((packing or {}).items())
 

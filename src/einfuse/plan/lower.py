@@ -94,8 +94,10 @@ def plan_for(spec, working: str, pad: bool, bounds: str, layouts: Tuple[int, ...
     plain loop (what a block-per-program renderer such as Triton's maps onto);
     ``blocks`` with ``plain``: output tiles (rows x lanes) are still allowed;
     ``nest``: the output loops' order, tiling and row block as the schedule chose them
-    (schedule/loop_choice.py, from :func:`nest_order`); None: as :func:`nest_order`
-    finds them."""
+    (schedule/loop_choice.py's LoopChoice for C, TritonChoice for Triton, from
+    :func:`nest_order`): every plan the library makes lowers a nest the schedule named
+    (tests/test_nest_from_schedule.py checks that each call in the package passes
+    one); None, for a test probing the lowering alone: as :func:`nest_order` finds it."""
     lowering = _Lowering(spec, np.dtype(working), pad, bounds, layouts, tile, block,
                          short, plain, blocks)
     return lowering.run(nest or lowering.nest_order())
@@ -104,12 +106,13 @@ def plan_for(spec, working: str, pad: bool, bounds: str, layouts: Tuple[int, ...
 @functools.lru_cache(maxsize=256)
 def nest_order(spec, working: str, pad: bool, bounds: str, layouts: Tuple[int, ...],
                tile: int = 32, block: Tuple[int, int] = (1, 32),
-               short: Tuple[str, ...] = ()) -> NestOrder:
-    """The C loop nest's output loop order, lane tiling and row block for these
-    lowering inputs (the rules in this module's notes): what the schedule carries and
-    :func:`plan_for` lowers."""
+               short: Tuple[str, ...] = (), plain: bool = False,
+               blocks: bool = False) -> NestOrder:
+    """The loop nest's output loop order, lane tiling and row block for these lowering
+    inputs (the rules in this module's notes; ``plain``/``blocks`` as
+    :func:`plan_for`'s): what the schedule carries and :func:`plan_for` lowers."""
     return _Lowering(spec, np.dtype(working), pad, bounds, layouts, tile, block,
-                     short).nest_order()
+                     short, plain, blocks).nest_order()
 
 
 class _Lowering(BlockedSums, LaneReductions, EpilogueBlocks, RowStatements):

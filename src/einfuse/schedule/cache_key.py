@@ -15,8 +15,14 @@ from typing import Hashable, NamedTuple
 class CacheKind(enum.Enum):
     """What a cache holds, and what its key's value is."""
     LOOP_NEST = ("a compiled C loop nest", "the schedule's loop choice")
-    FUSED_GROUP = ("a compiled fused C group", "its members' plans, the reads between "
+    COMPILED_NEST = ("a compiled C loop nest, shared by equal spellings",
+                     "the loop choice's structural key (LoopChoice.key: the statement "
+                     "by structure, exact constants, indices by position)")
+    FUSED_GROUP = ("a compiled fused C group", "its members' loop choices, the reads between "
                    "them, the rows kept per thread and the column sums")
+    COMPILED_GROUP = ("a compiled fused C group, shared by equal spellings",
+                      "its members' loop choices' structural keys, the reads between "
+                      "them, the rows kept per thread and the column sums")
     SCHEDULE = ("a call's schedule", "the call's signature (runtime/signatures.py)")
 
     @property
@@ -39,3 +45,9 @@ class CacheKey(NamedTuple):
 def loop_nest_key(choice) -> CacheKey:
     """The key of the compiled C loop nest of ``choice`` (a LoopChoice)."""
     return CacheKey(CacheKind.LOOP_NEST, choice)
+
+
+def compiled_nest_key(choice) -> CacheKey:
+    """The key of the compiled C loop nest that every choice structurally equal to
+    ``choice`` shares (LoopChoice.key)."""
+    return CacheKey(CacheKind.COMPILED_NEST, choice.key)

@@ -41,12 +41,13 @@ from ..lang import ast
 from ..lang.fresh_names import FreshNames
 from ..lang.printer import format_expr
 from ..plan import buffer_slots, row_kernel as row_kernels, unit_axis
-from ..plan.loop_plan import input_buffers, lane_packs, loop_plan
+from ..plan.loop_plan import input_buffers, lane_packs
 from ..plan.thread_rows import fitting_rows, row_bytes
 from ..analysis.capabilities import can_build
 from ..analysis.result_size import fits_in_memory
 from .choose import blas_contraction
 from .fusion_reasons import KernelBreak, Split
+from .loop_choice import loop_choice
 from .row_groups import row_group_and_break, triton_rows_possible
 from .units import needed as _needed, statement_units as _units
 
@@ -76,6 +77,9 @@ class Member:
     # a sum over the rows (plan/fuse_columns.py): the statement as written, bound;
     # ``kernel`` and ``call`` are then its elementwise body with the rows kept
     column: Optional["ColumnOf"] = None
+    # the schedule's loop choice ``plan`` is the lowering of (schedule/loop_choice.py):
+    # what the fused group's compiled kernel is keyed by (backends/c/fused.py)
+    choice: object = None
 
 
 @dataclass(frozen=True)
@@ -398,7 +402,7 @@ def _join(kernel, names: Dict[str, str], members: List[Member], produced: Dict[s
     prepared = _prepare(call, blas_contraction(call))
     if isinstance(prepared, Split):
         return prepared
-    plan, buffers, outer = prepared
+    choice, plan, buffers, outer = prepared
     lo, hi = call.bounds.range_map[outer]
     if lo != 0 or (members and hi != members[0].extent):
         return Split.OTHER_ROWS
@@ -407,7 +411,8 @@ def _join(kernel, names: Dict[str, str], members: List[Member], produced: Dict[s
         return Split.OTHER_ROW_READ
     sources = tuple(None if slot in reads else names.get(tensor, tensor)
                     for slot, (tensor, _) in enumerate(buffer_slots(spec)[:-1]))
-    member = Member(kernel, call, plan, tuple(buffers), outer, hi, reads, sources, column)
+    member = Member(kernel, call, plan, tuple(buffers), outer, hi, reads, sources, column,
+                    choice)
     if column is not None and (outer != spec.output_indices[0] or
                                call.dtypes.working.kind != "f" or
                                column.call.dtypes.result != call.dtypes.working or
@@ -420,7 +425,8 @@ def _join(kernel, names: Dict[str, str], members: List[Member], produced: Dict[s
 
 
 def _prepare(call, contraction=None):
-    """(plan, buffers, outer index) of a statement that can be a member of a group, or
+    """(loop choice, its plan, buffers, outer index) of a statement that can be a
+    member of a group (the nest as the schedule chooses it alone), or
     the Split rule it breaks: it must run on the C backend as one kernel that is a
     single parallel loop, with no input packed for lanes; ``contraction``: the
     contraction the call's schedule hands to BLAS, or None."""
@@ -440,14 +446,15 @@ def _prepare(call, contraction=None):
     if out.size == 0:
         return Split.EMPTY
     buffers = input_buffers(call) + [out]
-    plan = loop_plan(call, [unit_axis(b) for b in buffers])
-    if lane_packs(call, plan, buffers) or len(plan.program.kernels) != 1:
+    choice = loop_choice(call, [unit_axis(b) for b in buffers])
+    plan = choice.plan()
+    if lane_packs(call, choice, buffers) or len(plan.program.kernels) != 1:
         return Split.NOT_ONE_LOOP
     body = plan.program.kernels[0].body
     if len(body) != 1 or not isinstance(body[0], ir.Loop) or body[0].kind != LoopKind.PARALLEL:
         return Split.NO_PARALLEL_LOOP
     number = int(body[0].var[1:])
-    return plan, buffers, call.spec.all_indices[number]
+    return choice, plan, buffers, call.spec.all_indices[number]
 
 
 def _same_ranges(original, call) -> bool:

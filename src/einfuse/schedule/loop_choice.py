@@ -5,8 +5,14 @@ too short for lanes) and the nest's loop order, tiling and row block
 (plan/lower.nest_order), as one :class:`~einfuse.schedule.schedule.LoopChoice`, carried
 by the call's :class:`~einfuse.schedule.schedule.LoopSchedule`.  plan/lower.plan_for
 lowers what it names, and the C backend compiles and caches one kernel per choice
-(backends/c/backend.py).  Nothing here runs or copies: the facts are plan/'s, read
-from the buffers' shapes and strides (as a run will hold them, or as it holds them)."""
+(backends/c/backend.py; two spellings of one computation share it through
+LoopChoice.key).  A Triton kernel's lowering is chosen here too, as a
+:class:`~einfuse.schedule.schedule.TritonChoice` (``triton_choice``: the same nest rule
+for a block-per-program lowering), which backends/triton/backend.py renders; fusion
+members (schedule/fusion.py) and the lane-packing search (plan/loop_plan.lane_packs,
+through LoopChoice.relaid) lower the choices made here as well.  Nothing here runs or
+copies: the facts are plan/'s, read from the buffers' shapes and strides (as a run
+will hold them, or as it holds them)."""
 
 from __future__ import annotations
 
@@ -17,7 +23,11 @@ from ..plan.blocking import block_for, tile_for
 from ..plan.loop_plan import (call_bounds, lane_packs, laid_out_buffers, short_indices,
                               unit_axes)
 from ..plan.slots import buffer_slots
-from .schedule import LoopChoice, LoopSchedule, with_nest
+from .schedule import LoopChoice, LoopSchedule, TritonChoice, triton_with_nest, with_nest
+
+# A Triton kernel's output tile (rows, lanes) as its lowering plans it: the launch's
+# blocks are chosen apart (schedule/triton_blocks.py) and masked to it.
+TRITON_TILE = (32, 32)
 
 
 def loop_choice(call, layouts: Sequence[int], bounds: Optional[str] = None) -> LoopChoice:
@@ -36,6 +46,17 @@ def loop_choice(call, layouts: Sequence[int], bounds: Optional[str] = None) -> L
 _choice = functools.lru_cache(maxsize=1024)(with_nest)
 
 
+def triton_choice(call, layouts: Sequence[int], bounds: str) -> TritonChoice:
+    """The Triton kernel's choice for this call's buffers laid out as ``layouts``
+    (their unit-stride axes, the output last) under the bounds mode ``bounds``."""
+    return _triton_choice(call.spec, call.dtypes.working.name, call.options.pad is not None,
+                          bounds, tuple(layouts), TRITON_TILE)
+
+
+# (made once per distinct set of lowering inputs, as _choice)
+_triton_choice = functools.lru_cache(maxsize=1024)(triton_with_nest)
+
+
 def loop_schedule(call, buffers=None, bounds: Optional[str] = None) -> LoopSchedule:
     """The call's loop nest: its choice, the lane packs a run makes first
     (plan/loop_plan.lane_packs: the inputs a lane loop would otherwise walk along a
@@ -47,7 +68,7 @@ def loop_schedule(call, buffers=None, bounds: Optional[str] = None) -> LoopSched
     given = tuple(unit_axes(buffers))
     bounds = bounds or call_bounds(call)
     first = loop_choice(call, given, bounds)
-    packs = lane_packs(call, first.plan(), buffers, given)
+    packs = lane_packs(call, first, buffers, given)
     layouts = list(given)
     for slot, axis in packs:
         layouts[slot] = axis    # a packed copy's unit-stride axis

@@ -9,9 +9,11 @@ signature (runtime/kernel.py), and ``explain`` prints it.  It is chosen in one p
 from __future__ import annotations
 
 import enum
+import functools
 from dataclasses import dataclass
-from typing import Optional, Tuple
+from typing import Hashable, Optional, Tuple
 
+from ..analysis.spec_key import index_positions
 from ..plan.lower import Plan, nest_order, plan_for
 from ..plan.nest_order import NestOrder
 
@@ -88,6 +90,23 @@ class LoopChoice:
         return with_nest(self.spec, self.working, self.pad, bounds, self.layouts,
                          self.tile, self.block, self.short)
 
+    @functools.cached_property
+    def key(self) -> Tuple[Hashable, ...]:
+        """The choice with its statement as its structural key and its indices as
+        positions (analysis/spec_key.py): equal for two spellings of one computation
+        that made the same choices, exact in their constants, so that they share one
+        compiled kernel (backends/c/backend.py; a choice itself compares its spec by
+        identity, and its plan names the spelling's own indices)."""
+        return choice_key(self.spec, self.working, self.pad, self.bounds, self.layouts,
+                          self.tile, self.block, self.short, self.nest)
+
+    def relaid(self, layouts: Tuple[int, ...]) -> "LoopChoice":
+        """The choice for the buffers laid out as ``layouts`` instead (the nest chosen
+        anew for them): what the lane-packing search weighs a packing by
+        (plan/loop_plan.lane_packs)."""
+        return with_nest(self.spec, self.working, self.pad, self.bounds, tuple(layouts),
+                         self.tile, self.block, self.short)
+
     def describe(self) -> str:
         parts = [f"{self.working}", f"bounds {self.bounds}",
                  "unit-stride axes " + ", ".join(map(str, self.layouts))]
@@ -98,12 +117,55 @@ class LoopChoice:
         return "kernel " + "; ".join(parts)
 
 
+def choice_key(spec, working: str, pad: bool, bounds: str, layouts: Tuple[int, ...],
+               tile: int, block: Tuple[int, int], short: Tuple[str, ...],
+               nest: NestOrder) -> Tuple[Hashable, ...]:
+    """LoopChoice.key: the lowering inputs, the statement by its structural key and
+    the indices (short, the nest's order and row block) by their positions."""
+    rows = index_positions(spec, (nest.rows,))[0] if nest.rows is not None else None
+    return ("loop nest", spec.key, working, pad, bounds, layouts, tile, block,
+            index_positions(spec, short), index_positions(spec, nest.order), nest.tiled,
+            rows)
+
+
 def with_nest(spec, working: str, pad: bool, bounds: str, layouts: Tuple[int, ...],
               tile: int, block: Tuple[int, int], short: Tuple[str, ...]) -> LoopChoice:
     """The LoopChoice of these lowering inputs, its nest as plan/lower.nest_order finds
     it for them."""
     return LoopChoice(spec, working, pad, bounds, layouts, tile, block, short,
                       nest_order(spec, working, pad, bounds, layouts, tile, block, short))
+
+
+@dataclass(frozen=True)
+class TritonChoice:
+    """The inputs of a Triton kernel's lowering (plan/lower.plan_for with ``plain``
+    and ``blocks``: every output loop a program's block, reductions plain loops) as the
+    schedule chose them for a call (schedule/loop_choice.triton_choice): the
+    statement's spec, the working dtype, padding, the bounds mode of its gathers, the
+    buffers' unit-stride axes, the output tile (rows, lanes) and the nest's loop order
+    and tiling.  The backend renders one kernel per choice and buffer dtypes
+    (backends/triton/backend.py)."""
+    spec: object
+    working: str
+    pad: bool
+    bounds: str
+    layouts: Tuple[int, ...]
+    block: Tuple[int, int]
+    nest: NestOrder
+
+    def plan(self) -> Plan:
+        """The lowering of the statement under these choices (plan_for caches it)."""
+        return plan_for(self.spec, self.working, self.pad, self.bounds, self.layouts,
+                        self.block[1], self.block, plain=True, blocks=True, nest=self.nest)
+
+
+def triton_with_nest(spec, working: str, pad: bool, bounds: str, layouts: Tuple[int, ...],
+                     block: Tuple[int, int]) -> TritonChoice:
+    """The TritonChoice of these lowering inputs, its nest as plan/lower.nest_order
+    finds it for a block-per-program lowering."""
+    return TritonChoice(spec, working, pad, bounds, layouts, block,
+                        nest_order(spec, working, pad, bounds, layouts, block[1], block,
+                                   plain=True, blocks=True))
 
 
 @dataclass(frozen=True)

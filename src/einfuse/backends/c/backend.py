@@ -22,11 +22,11 @@ from ...plan import call_arguments, unit_axis
 # the lane tile and the register block, chosen from the machine's facts (re-exported:
 # the C modules read them here)
 from ...plan.blocking import block_for, tile_for  # noqa: F401
-from ...plan.loop_plan import (buffers_layout_only, call_bounds, input_buffers, loop_plan,
+from ...plan.loop_plan import (buffers_layout_only, call_bounds, input_buffers,
                                short_indices)
 from ...plan.contraction import run_contraction
 from ...plan.contraction_addend import ContractionAddend
-from ...schedule.cache_key import CacheKey, loop_nest_key
+from ...schedule.cache_key import CacheKey, compiled_nest_key, loop_nest_key
 from ...schedule.loop_choice import loop_choice, loop_schedule, packed_inputs
 from ...schedule.schedule import LoopChoice, LoopSchedule, Schedule
 from . import build as c_build
@@ -43,7 +43,6 @@ VECTOR_BYTES = machine().vector_bytes
 
 # The C modules' names for the lowering's facts (plan/loop_plan.py).
 _buffers = input_buffers
-_plan = loop_plan
 _short_indices = short_indices
 _buffers_layout_only = buffers_layout_only
 
@@ -51,6 +50,10 @@ _buffers_layout_only = buffers_layout_only
 # one cache-key type, schedule/cache_key.py): one per distinct choice, whichever call
 # made it
 _kernels: Dict[CacheKey, Tuple] = {}
+# which entry of _kernels holds the functions compiled for a structural key
+# (CacheKind.COMPILED_NEST -> a CacheKind.LOOP_NEST key): what a structurally equal
+# choice of another spelling finds (an index only: a cleared _kernels compiles anew)
+_compiled_by_structure: Dict[CacheKey, CacheKey] = {}
 _kernels_lock = threading.Lock()
 _warned = []
 KERNEL_ARGTYPES = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_void_p, ctypes.c_void_p,
@@ -68,6 +71,12 @@ def kernel_key(call, layouts, bounds=None) -> LoopChoice:
     ``layouts`` and ``bounds`` (default: the mode this call's data allows): the key its
     compiled kernel is cached by."""
     return loop_choice(call, layouts, bounds)
+
+
+def _plan(call, layouts, bounds=None):
+    """The plan of the schedule's loop choice for this call's buffers laid out as
+    ``layouts`` (before any packing)."""
+    return loop_choice(call, layouts, bounds).plan()
 
 
 def nest_for(call, schedule: Optional[Schedule], buffers: List[np.ndarray],
@@ -112,22 +121,50 @@ def _run_layouts(call, buffers: List[np.ndarray]) -> Tuple[int, ...]:
 
 def kernel_functions(choice: LoopChoice):
     """(plan, [ctypes function per IR kernel]) of the loop nest ``choice`` names (the
-    schedule's LoopChoice), compiled once per distinct choice."""
+    schedule's LoopChoice), compiled once per distinct choice; and once for every
+    spelling of the statement whose choice is structurally equal (LoopChoice.key):
+    their plans lower to the same loop nest, each run passing its own plan's runtime
+    ints (the plan returned is ``choice``'s own)."""
     key = loop_nest_key(choice)
     found = _kernels.get(key)
     if found is None:
         plan = choice.plan()
-        library = c_build.load(render_c(plan.program, c_build.vector_math()),
-                               plan.fast_math)
-        functions = []
-        for kernel in plan.program.kernels:
-            function = getattr(library, kernel.name)
-            function.argtypes = KERNEL_ARGTYPES
-            function.restype = None
-            functions.append(function)
+        functions = _shared_functions(choice, plan)
         with _kernels_lock:
             found = _kernels.setdefault(key, (plan, functions))
     return found
+
+
+def _shared_functions(choice: LoopChoice, plan):
+    """The compiled functions of ``plan``: those compiled for a structurally equal
+    choice, where its plan is the same loop nest (the same IR, the same runtime ints at
+    the same index positions: the check keeps a lowering that read a name apart), else
+    compiled now and shared under the choice's structural key."""
+    shared = compiled_nest_key(choice)
+    holder = _compiled_by_structure.get(shared)
+    found = _kernels.get(holder) if holder is not None else None
+    if found is not None and found[0].program == plan.program and \
+            positional_ints(holder.value, found[0]) == positional_ints(choice, plan):
+        return found[1]
+    library = c_build.load(render_c(plan.program, c_build.vector_math()), plan.fast_math)
+    functions = []
+    for kernel in plan.program.kernels:
+        function = getattr(library, kernel.name)
+        function.argtypes = KERNEL_ARGTYPES
+        function.restype = None
+        functions.append(function)
+    if found is None:   # (none yet, or its entry was cleared: this one holds it now)
+        with _kernels_lock:
+            _compiled_by_structure[shared] = loop_nest_key(choice)
+    return functions
+
+
+def positional_ints(choice: LoopChoice, plan) -> Tuple:
+    """The plan's runtime ints with their indices as positions in the statement."""
+    positions = {name: n for n, name in enumerate(choice.spec.all_indices)}
+    return tuple((how[0],) + tuple(("index", positions[part]) if isinstance(part, str)
+                                   and part in positions else part for part in how[1:])
+                 for how in plan.int_args)
 
 
 class CBackend:

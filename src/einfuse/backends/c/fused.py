@@ -1,7 +1,8 @@
 """Running a fusion group (schedule/fusion.py decides it, with the row kernel that runs
 it, if one does) as one C kernel: each member's plan is the one the C backend would use
 for it alone; plan/fuse.py merges their loop nests;
-the merged kernel is compiled once per combination of plans and called with every
+the merged kernel is compiled once per combination of the members' loop choices (the
+schedule's values, schedule/loop_choice.py) and called with every
 member's arrays, runtime ints and parameters.  A column member's per-thread
 accumulators are zeroed per call and added up after it (column_total)."""
 
@@ -25,11 +26,16 @@ from ...plan.thread_rows import (fitting_rows, padded, padded_length, row_bytes,
 from ...schedule.cache_key import CacheKey, CacheKind
 from ...schedule.fusion import BoundGroup
 from . import build as c_build, rows as c_rows
-from .backend import KERNEL_ARGTYPES
+from .backend import KERNEL_ARGTYPES, positional_ints
 from .render import render_c
 from .threads import PARALLEL_MIN_WORK, default_threads, fixed_thread_count, thread_count
 
 _fused: Dict[CacheKey, Tuple] = {}     # (schedule/cache_key.py: CacheKind.FUSED_GROUP)
+# which entry of _fused holds the group compiled for its members' structural keys
+# (CacheKind.COMPILED_GROUP -> (a FUSED_GROUP key, its members' IR kernels, their
+# runtime ints by index position)): what a group of other spellings finds (an index
+# only: a cleared _fused compiles anew)
+_compiled_by_structure: Dict[CacheKey, Tuple] = {}
 _lock = threading.Lock()
 
 
@@ -71,27 +77,43 @@ def compiled_for(members, thread_rows: FrozenSet[int]):
     if not columns <= thread_rows:      # schedule/fusion.py joins only those that fit
         raise BackendError("a fused column sum whose rows do not fit per thread")
     local = frozenset((k, len(kernels[k].buffers) - 1) for k in thread_rows)
-    key = CacheKey(CacheKind.FUSED_GROUP, tuple(id(m.plan) for m in members) + (
-        tuple(tuple(sorted(r.items())) for r in reads), local, columns))
+    joins = (tuple(tuple(sorted(r.items())) for r in reads), local, columns)
+    key = CacheKey(CacheKind.FUSED_GROUP, tuple(m.choice for m in members) + joins)
     found = _fused.get(key)
     if found is None:
-        working = members[0].call.dtypes.working.name
-        fused = fuse_kernels(kernels, reads, working, local, columns)
-        program = fused.program
-        guards = fused.guards if GUARD_INT in program.kernels[0].ints else None
-        # reciprocal math where every member allows it or has no division it could change
-        library = c_build.load(render_c(program, c_build.vector_math()),
-                               all(m.plan.fast_math or not divides(m.call.spec.rhs)
-                                   for m in members))
-        function = getattr(library, program.kernels[0].name)
-        function.argtypes = KERNEL_ARGTYPES
-        function.restype = None
-        # the plans stay referenced, so their ids in the key cannot be reused
-        found = (function, slots_after_fusion(kernels, reads, columns), guards,
-                 tuple(m.plan for m in members))
+        found = _shared_group(members, kernels, reads, local, columns, joins, key)
         with _lock:
             found = _fused.setdefault(key, found)
     return found[0], found[1], thread_rows, found[2]
+
+
+def _shared_group(members, kernels, reads, local, columns, joins, key):
+    """(function, passed buffers, guards) of the group: compiled for a group of other
+    spellings whose members' choices are structurally equal (LoopChoice.key) and whose
+    members' plans are the same loop nests with the same runtime ints at the same index
+    positions, else compiled now and shared under those keys."""
+    shared = CacheKey(CacheKind.COMPILED_GROUP, tuple(m.choice.key for m in members) + joins)
+    ints = tuple(positional_ints(m.choice, m.plan) for m in members)
+    holder = _compiled_by_structure.get(shared)
+    found = _fused.get(holder[0]) if holder is not None else None
+    if found is not None and holder[1] == kernels and holder[2] == ints:
+        return found
+    working = members[0].call.dtypes.working.name
+    fused = fuse_kernels(kernels, reads, working, local, columns)
+    program = fused.program
+    guards = fused.guards if GUARD_INT in program.kernels[0].ints else None
+    # reciprocal math where every member allows it or has no division it could change
+    library = c_build.load(render_c(program, c_build.vector_math()),
+                           all(m.plan.fast_math or not divides(m.call.spec.rhs)
+                               for m in members))
+    function = getattr(library, program.kernels[0].name)
+    function.argtypes = KERNEL_ARGTYPES
+    function.restype = None
+    compiled = (function, slots_after_fusion(kernels, reads, columns), guards)
+    if found is None:   # (none yet, or its entry was cleared: this one holds it now)
+        with _lock:
+            _compiled_by_structure[shared] = (key, kernels, ints)
+    return compiled
 
 
 def threads_for(members, thread_rows) -> int:

@@ -27,18 +27,20 @@ from typing import Dict, Sequence, Tuple
 import numpy as np
 
 from ...errors import BackendError
-from ...plan import buffer_slots, call_arguments, plan_for, unit_axis
+from ...plan import buffer_slots, call_arguments, unit_axis
 from .. import disk_cache
 from . import tuning as tuning
 from ...analysis.triton_facts import available, host_fallback, interpreted, result_dtype
-from ...schedule.schedule import Route
+from ...schedule.loop_choice import TRITON_TILE, triton_choice
+from ...schedule.schedule import Route, TritonChoice
 from ...schedule.triton_blocks import BlockSource, Config, KernelShape, launch_blocks
 from .launch import PreparedLaunch, launch_once
 from .render import Launch
 
 _modules: Dict[str, object] = {}
-# (rows, lanes) the planner tiles by; the launch's ROWS/LANES are the schedule's choice
-TILE = (32, 32)
+# (rows, lanes) the planner tiles by (the schedule's TritonChoice carries it); the
+# launch's ROWS/LANES are the schedule's choice too (schedule/triton_blocks.py)
+TILE = TRITON_TILE
 _lock = threading.Lock()
 _launch_lock = threading.RLock()
 launch_turns = _launch_lock    # (held by interpreted launches: rows.py takes it too)
@@ -218,13 +220,12 @@ class Prepared:
 
 
 @functools.lru_cache(maxsize=256)
-def _compiled(spec, working: str, pad: bool, bounds: str, axes: Tuple[int, ...],
-              dtypes: Tuple[str, ...], native_dot: bool):
-    """(plan, @triton.jit kernel, launch, source hash) for one statement, layout and
-    dtype combination: planned, rendered, hashed and imported once, not per call."""
+def _compiled(choice: TritonChoice, dtypes: Tuple[str, ...], native_dot: bool):
+    """(plan, @triton.jit kernel, launch, source hash) for one choice of the schedule
+    (schedule/loop_choice.triton_choice: statement, layouts, nest) and the buffers'
+    dtypes: planned, rendered, hashed and imported once, not per call."""
     from .render import render_triton
-    plan = plan_for(spec, working, pad, bounds, axes, TILE[1], TILE, plain=True,
-                    blocks=True)
+    plan = choice.plan()
     source, launch = render_triton(plan.program, dtypes, native_dot)
     source_hash, module = kernel_module(source)
     return plan, module.einfuse_kernel, launch, source_hash
@@ -234,9 +235,8 @@ def prepare(call, layouts: Sequence[_Layout], bounds: str, native_dot: bool) -> 
     """The kernel for these buffer layouts (the inputs' and the output's) and this
     call's scalar arguments."""
     dtypes = tuple(layout.dtype for layout in layouts)
-    plan, kernel, launch, source_hash = _compiled(
-        call.spec, call.dtypes.working.name, call.options.pad is not None, bounds,
-        tuple(unit_axis(layout) for layout in layouts), dtypes, native_dot)
+    choice = triton_choice(call, [unit_axis(layout) for layout in layouts], bounds)
+    plan, kernel, launch, source_hash = _compiled(choice, dtypes, native_dot)
     ints, _, _ = call_arguments(plan, call, layouts)
     kernel_ints = [int(v) for v in ints[:len(plan.int_args)]]
     pad = call.options.pad if call.options.pad is not None else 0.0
@@ -417,9 +417,8 @@ class TritonBackend:
         layouts = [_Layout.row_major(call.output_shape if n == len(names) - 1 else
                                      np.shape(call.arrays[name]), dtype)
                    for n, (name, dtype) in enumerate(zip(names, dtypes))]
-        plan = plan_for(call.spec, call.dtypes.working.name, call.options.pad is not None,
-                        bounds_mode(call), tuple(unit_axis(layout) for layout in layouts),
-                        TILE[1], TILE, plain=True, blocks=True)
+        plan = triton_choice(call, [unit_axis(layout) for layout in layouts],
+                             bounds_mode(call)).plan()
         return render_triton(plan.program, tuple(dtypes), not interpreted())[0]
 
     @staticmethod
