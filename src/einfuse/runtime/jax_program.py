@@ -38,6 +38,7 @@ from .program_backward import PLANS_KEPT, BackwardRun
 from .run_groups import run_statements
 from ..analysis.frameworks import placeholder
 from .jax_adapter import unliteral
+from .jax_groups import run_kernels
 
 try:
     from jax.extend.core import Primitive
@@ -90,7 +91,7 @@ class ProgramRule:
         if found is None:
             shapes = {name: placeholder(value) for name, value in env.items()}
             found = BackwardRun(self.backward(wrt), shapes, self.backend, (), "jax",
-                                threads=self.threads)
+                                threads=self.threads, run_kernels=run_kernels)
             if len(self._plans) >= PLANS_KEPT:
                 self._plans.clear()
             self._plans[key] = found
