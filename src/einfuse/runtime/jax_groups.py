@@ -90,7 +90,8 @@ def _batched(value) -> bool:
 
 
 def _stand_in(value):
-    if isinstance(value, (jax.Array, jax.core.Tracer)):
+    # (an eager backward's constants may come as NumPy subclasses of JAX's own)
+    if isinstance(value, (jax.Array, jax.core.Tracer, np.ndarray)):
         return np.zeros(np.shape(value), np.dtype(value.dtype))
     return value
 
