@@ -184,6 +184,13 @@ def test_out_of_range_label_raises_the_statements_error():
         jax.grad(loss)(X, bad)
     with pytest.raises(Exception, match=message):
         jax.jit(jax.value_and_grad(loss))(X, bad)[1].block_until_ready()
+    # jax.grad alone needs no value of the gathering statement, which XLA would drop
+    # with the only check of t: the check is kept (it passed silently before)
+    with pytest.raises(Exception, match=message):
+        jax.jit(jax.grad(loss))(X, bad).block_until_ready()
+    stacked = jnp.stack([jnp.asarray(LABELS), bad])
+    with pytest.raises(Exception, match=message):
+        jax.jit(jax.vmap(jax.grad(loss), in_axes=(None, 0)))(X, stacked).block_until_ready()
     good = jax.grad(_cross_entropy)(X)
     _close(jax.jit(jax.grad(loss))(X, jnp.asarray(LABELS)), good, np.float64)
 

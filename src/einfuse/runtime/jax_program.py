@@ -37,7 +37,9 @@ from ..errors import EinfuseError, GradientBlockedError
 from .program_backward import PLANS_KEPT, BackwardRun
 from .run_groups import run_statements
 from ..analysis.frameworks import placeholder
+from . import jax_ffi
 from .jax_adapter import unliteral
+from ..lang.ast import accesses
 from .jax_groups import run_kernels
 
 try:
@@ -160,6 +162,7 @@ def _differentiable(rule: ProgramRule, names: Tuple[str, ...], constants: Tuple)
         primals = tuple(jnp.asarray(p) if isinstance(p, (int, float, complex)) else p
                         for p in primals)
         env = rule.run(dict(constants, **dict(zip(names, primals))))
+        _keep_gather_checks(rule, env)
         outputs = tuple(env[name] for name in rule.outputs)
         live = tuple(name for name, value, tangent in zip(names, primals, tangents)
                      if not isinstance(tangent, SymbolicZero) and _inexact(value))
@@ -179,6 +182,50 @@ def _differentiable(rule: ProgramRule, names: Tuple[str, ...], constants: Tuple)
 
     function.defjvp(jvp, **({"symbolic_zeros": True} if SymbolicZero != () else {}))
     return function
+
+
+# the output of a gather's bounds check (a name no statement can write: leading '_')
+CHECK_OUTPUT = "_bounds_check"
+
+
+def _keep_gather_checks(rule: ProgramRule, env: Dict[str, object]) -> None:
+    """Under jit, a gather that checks its index values under bounds='check' keeps that
+    check where jax.grad needs none of its statement's values (a cross-entropy's
+    ``X[i, t[i]]``: the loss itself is not a residual), which XLA would drop with the
+    statement, the only reader of the labels: a label out of range would then pass
+    silently into the backward.  Each such gathered read is checked by a call of its
+    own, ``_bounds_check[i] := X[i, t[i]]`` (one element per row), that XLA keeps; its
+    error is the statement's out-of-bounds message (naming t, its value and X's
+    axis)."""
+    if not any(isinstance(v, jax.core.Tracer) for v in env.values()):
+        return      # (eager: the statements ran here and raised already)
+    for kernel in rule.kernels:
+        if kernel.options.bounds != "check":
+            continue
+        for access in accesses(kernel.spec.rhs):
+            if not any(sub.gathers for sub in access.indices):
+                continue
+            free = list(dict.fromkeys(n for sub in access.indices for n in _names_in(sub)))
+            if not free:
+                continue
+            text = f"{CHECK_OUTPUT}[{', '.join(free)}] := {access}"
+            try:
+                check = jax_ffi.jax_kernel(text, kernel.options)
+                names = tuple(check.spec.arg_order)
+                values = [jnp.asarray(env[name]) for name in names]
+                _, plan = jax_ffi.cpu_route(check, names, values)
+            except (EinfuseError, KeyError):
+                continue        # (the statement's own call checks, where it runs)
+            if isinstance(plan, jax_ffi.FfiPlan) and plan.verify:
+                plan.emit(values, kept=True)
+
+
+def _names_in(sub):
+    """The loop indices a subscript reads, its gathers' subscripts' included."""
+    yield from sub.index_names
+    for gathered, _ in sub.gathers:
+        for inner in gathered.indices:
+            yield from _names_in(inner)
 
 
 def _inexact(value) -> bool:
