@@ -59,13 +59,13 @@ def _cross_entropy(X):
 # name: (program, inputs, shapes, jax.numpy formulation, (group custom calls, most
 # einfuse calls of the backward): the NumPy caller's groups, extra constant inputs)
 CASES = {
-    "softmax": (SOFTMAX, ("X",), [(N, N)], lambda X: jax.nn.softmax(X, axis=1), (1, 1), {}),
+    "softmax": (SOFTMAX, ("X",), [(N, N)], lambda X: jax.nn.softmax(X, axis=1), (2, 1), {}),
     "layernorm": (LAYERNORM.format(n=N), ("X", "g", "b"), [(N, N), (N,), (N,)],
-                  _layernorm, (1, 1), {}),
-    "rmsnorm": (RMSNORM, ("X", "g"), [(N, N), (N,)], _rmsnorm, (1, 1), {}),
+                  _layernorm, (2, 1), {}),
+    "rmsnorm": (RMSNORM, ("X", "g"), [(N, N), (N,)], _rmsnorm, (2, 1), {}),
     "cross-entropy": (CROSS_ENTROPY, ("X",), [(N, N)], _cross_entropy, (1, 1),
                       {"t": LABELS}),
-    "mlp block": (BLOCK, ("X", "G", "W1", "W2"), [(B, D), (D,), (D, F), (F, D)], _block, (1, 3),
+    "mlp block": (BLOCK, ("X", "G", "W1", "W2"), [(B, D), (D,), (D, F), (F, D)], _block, (2, 3),
                   {}),
 }
 
@@ -139,11 +139,16 @@ def test_statement_by_statement_was_more_calls(monkeypatch):
 @pytest.mark.parametrize("name", ["layernorm", "rmsnorm", "mlp block"])
 def test_groups_give_the_numpy_callers_bits(name, monkeypatch):
     """Each run of backward kernels, given the same values, gives in the custom calls
-    exactly what the NumPy caller's fused run of those kernels gives."""
+    exactly what the NumPy caller's fused run of those kernels gives.  (The forward's
+    softmax and layernorm groups run their merged loop nests, where a NumPy caller's
+    run the hand-written row kernels: equal up to rounding, so not compared here.)"""
     seen = []
     real = jax_program.run_kernels
+    forward = set(ef.compile(CASES[name][0])._kernels)
 
     def watched(kernels, env, keep):
+        if set(kernels) <= forward:
+            return real(kernels, env, keep)
         given = {k: v if isinstance(v, (int, float)) else np.array(v)
                  for k, v in env.items()}
         real(kernels, env, keep)

@@ -19,6 +19,7 @@ tracing batches it (``vmap`` of a jitted gradient): once per batch element
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 import hashlib
 import os
 import threading
@@ -29,6 +30,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ..backends.c import build as c_build
+from ..errors import BackendError
 from ..backends.c.fused_xla import Declined, XlaGroup, trampoline, xla_group
 from ..backends.c.jit_ffi import library_location, register, support_library
 from ..schedule.fusion import bound_group, last_read_positions, worth_fusing
@@ -102,7 +104,15 @@ def _try_group(kernels, start: int, env, stand, keep, last_reads) -> int:
     group = bound_group(kernels, start, stand, keep, last_reads)
     if group is None:
         return 0
-    found = xla_group(group, stand)
+    if group.row_kernel is not None:
+        # a softmax's or layernorm's hand-written row kernel takes no XLA buffers: the
+        # group's merged loop nests, one custom call still (the values are the
+        # statements' up to rounding, as the row kernel's are)
+        group = dataclasses.replace(group, row_kernel=None)
+    try:
+        found = xla_group(group, stand)
+    except BackendError:    # (the merged nests cannot hold the group's column sums)
+        return 0
     if isinstance(found, Declined):
         return 0
     token = _registered(found)

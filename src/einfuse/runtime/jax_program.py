@@ -25,7 +25,7 @@ Imported only when the caller's arrays are JAX arrays."""
 from __future__ import annotations
 
 import functools
-from typing import Dict, Optional, Sequence, Tuple
+from typing import Dict, Optional, Sequence, Set, Tuple
 
 import jax
 import jax.numpy as jnp
@@ -99,12 +99,23 @@ class ProgramRule:
             self._plans[key] = found
         return found
 
-    def run(self, env: Dict[str, object]) -> Dict[str, object]:
-        """``env`` with every statement's result, each statement an einfuse primitive."""
+    def run(self, env: Dict[str, object], keep: Optional[Set[str]] = None
+            ) -> Dict[str, object]:
+        """``env`` with every statement's result, each statement an einfuse primitive;
+        ``keep``: the names needed afterwards (None: all), which lets the fusion
+        groups of runtime/jax_groups.py run them (the rest as rows of their kernel)."""
         # (a weakly typed number traced by a transformation may come as JAX's literal)
         env = {name: unliteral(value) for name, value in env.items()}
-        run_statements(self.kernels, env, "jax", keep=None)
+        if keep is None:
+            run_statements(self.kernels, env, "jax", keep=None)
+        else:       # (a gather's inputs too: _keep_gather_checks reads them)
+            run_kernels(self.kernels, env, set(keep) | self.gathered_inputs)
         return env
+
+    @functools.cached_property
+    def gathered_inputs(self) -> Set[str]:
+        return {name for k in self.kernels if any(t.as_index for t in k.spec.tensors)
+                for name in k.spec.arg_order}
 
 
 def recorded(holder, kernels: Sequence, env: Dict[str, object], outputs: Sequence[str],
@@ -151,7 +162,7 @@ def _differentiable(rule: ProgramRule, names: Tuple[str, ...], constants: Tuple)
     """The program as a function of the arrays ``names`` (``constants``: the Python
     numbers, fixed), with the JVP rule described in the module docstring."""
     def run(*values):
-        env = rule.run(dict(constants, **dict(zip(names, values))))
+        env = rule.run(dict(constants, **dict(zip(names, values))), set(rule.outputs))
         return tuple(env[name] for name in rule.outputs)
 
     function = jax.custom_jvp(run)
@@ -161,9 +172,6 @@ def _differentiable(rule: ProgramRule, names: Tuple[str, ...], constants: Tuple)
         # (no dtype): a weakly typed JAX scalar, as a traced one would be
         primals = tuple(jnp.asarray(p) if isinstance(p, (int, float, complex)) else p
                         for p in primals)
-        env = rule.run(dict(constants, **dict(zip(names, primals))))
-        _keep_gather_checks(rule, env)
-        outputs = tuple(env[name] for name in rule.outputs)
         live = tuple(name for name, value, tangent in zip(names, primals, tangents)
                      if not isinstance(tangent, SymbolicZero) and _inexact(value))
         backward = rule.backward(live) if live else None
@@ -171,6 +179,9 @@ def _differentiable(rule: ProgramRule, names: Tuple[str, ...], constants: Tuple)
             return jax.jvp(run, primals, tuple(_instantiated(t, p) for t, p in
                                                   zip(tangents, primals)))
         read = backward.reads | backward.shaped | set(rule.outputs) | set(names)
+        env = rule.run(dict(constants, **dict(zip(names, primals))), read)
+        _keep_gather_checks(rule, env)
+        outputs = tuple(env[name] for name in rule.outputs)
         fixed = {name for name, _ in constants}
         residuals = tuple(name for name in env if name in read and name not in fixed)
         flowing = [t for name, t in zip(names, tangents) if name in live]
