@@ -209,3 +209,38 @@ def test_small_arrays_keep_the_statements():
     assert jax_groups.emitted[0] == before
     want = jax.grad(lambda X: (jax.nn.softmax(X, axis=1) * X).sum())(X)
     _close(got, want, np.float64)
+
+
+@pytest.mark.parametrize("threads", [2, None])
+def test_threads_and_column_slices(threads):
+    """Per-thread rows and column sums sized for the threads the group was lowered
+    for (threads=2 on a 2-core machine: two slices of the rows), and OpenMP's default."""
+    source, names, shapes, formula, _, _ = CASES["layernorm"]
+    options = {} if threads is None else {"threads": threads}
+    program = ef.compile(source, **options)
+    program.__dict__.pop("_jax_rules", None)
+    rng = np.random.default_rng(7)
+    arrays = [jnp.asarray(rng.standard_normal((512,) + s[1:] if len(s) == 2 else s))
+              for s in shapes]
+    weights = jnp.asarray(rng.standard_normal((512, N)))
+    ours = lambda *v: (program(**dict(zip(names, v))) * weights).sum()     # noqa: E731
+    want = jax.grad(lambda *v: (formula(*v) * weights).sum(), (0, 1, 2))(*arrays)
+    before = jax_groups.emitted[0]
+    graded = jax.jit(jax.grad(ours, (0, 1, 2)))
+    _close(graded(*arrays), want, np.float64)
+    assert jax_groups.emitted[0] > before
+    for _ in range(3):          # every execution has its own rows and sums
+        _close(graded(*arrays), want, np.float64)
+
+
+def test_float32_without_x64():
+    previous = jax.config.jax_enable_x64
+    jax.config.update("jax_enable_x64", False)
+    try:
+        ours, formula, arrays, argnums, _ = _setup("rmsnorm", np.float32)
+        before = jax_groups.emitted[0]
+        got = jax.jit(jax.grad(ours, argnums))(*arrays)
+        assert jax_groups.emitted[0] > before
+        _close(got, jax.grad(formula, argnums)(*arrays), np.float32)
+    finally:
+        jax.config.update("jax_enable_x64", previous)
