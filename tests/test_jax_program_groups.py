@@ -244,3 +244,28 @@ def test_float32_without_x64():
         _close(got, jax.grad(formula, argnums)(*arrays), np.float32)
     finally:
         jax.config.update("jax_enable_x64", previous)
+
+
+def test_traced_parameter_declines_its_groups():
+    """A scalar parameter traced as an array (its value is one of the kernel's doubles,
+    fixed when lowered) keeps its statements apart: values still right."""
+    source = (f"ms[i] := sum[j](X[i,j] * X[i,j]) / {N}\n"
+              "y[i,j] := X[i,j] / sqrt(ms[i] + eps) * g[j]")
+    program = ef.compile(source)
+    program.__dict__.pop("_jax_rules", None)
+    rng = np.random.default_rng(3)
+    X, g = jnp.asarray(rng.standard_normal((N, N))), jnp.asarray(rng.standard_normal(N))
+    weights = jnp.cos(jnp.arange(N * N, dtype=X.dtype)).reshape(N, N)
+
+    def loss(f):
+        return lambda X, g, eps: (f(X, g, eps) * weights).sum()
+    ours = loss(lambda X, g, eps: program(X=X, g=g, eps=eps))
+    theirs = loss(lambda X, g, eps: X / jnp.sqrt((X * X).mean(1, keepdims=True) + eps) * g)
+    for value in (jnp.asarray(1e-3), 0.25):      # (jit traces a Python number too)
+        got = jax.jit(jax.grad(ours, (0, 1)))(X, g, value)
+        _close(got, jax.grad(theirs, (0, 1))(X, g, value), np.float64)
+    # a Python number the function closes over is fixed: its groups are custom calls
+    before = jax_groups.emitted[0]
+    got = jax.jit(jax.grad(lambda X, g: ours(X, g, 0.25), (0, 1)))(X, g)
+    assert jax_groups.emitted[0] > before
+    _close(got, jax.grad(theirs, (0, 1))(X, g, 0.25), np.float64)
