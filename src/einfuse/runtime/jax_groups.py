@@ -4,7 +4,9 @@ schedule forms for a NumPy caller's arrays of the same shapes and dtypes
 (backends/c/fused_xla.py, through the ef.jit handler), every other statement its own
 einfuse primitive (runtime/jax_adapter.py) as before.  A program's backward under
 ``jax.grad`` (runtime/jax_program.py) runs this way: a layernorm's backward is the
-kernels of a NumPy caller's backward, with their bits.
+kernels of a NumPy caller's backward, with their bits; so does its forward under a
+transformation, where a softmax's or layernorm's group runs its merged loop nests (the
+hand-written row kernel of a NumPy caller takes no XLA buffers).
 
 Where the groups are not used -- another backend, no C compiler or no ``jax.ffi``,
 arrays on a GPU, values batched by ``vmap`` (a statement batches as a statement with

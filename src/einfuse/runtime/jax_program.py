@@ -6,12 +6,14 @@ a softmax left out, the backward folded to read the forward's outputs where exac
 program's gradient was eight einfuse primitives (the row maximum's gradient among them,
 which the shift makes zero); here it is two.
 
-How: the statements run one by one as einfuse primitives (runtime/jax_adapter.py), under
+How: the statements run as the C backend's fusion groups, each one XLA custom call, and
+the rest one by one as einfuse primitives (runtime/jax_groups.py), under
 a ``jax.custom_jvp`` whose JVP rule runs them too, keeping every intermediate, and
 gives the output tangents as one primitive, ``einfuse_program_tangent``, linear in the
 inputs' tangents and reading the forward's values the backward needs.  JAX transposes
-that primitive (``jax.grad``, ``jax.vjp``) by running the backward's statements, each
-again an einfuse primitive: grad of grad, ``jax.hessian`` and ``vmap(grad)`` compose
+that primitive (``jax.grad``, ``jax.vjp``) by running the backward's statements, again
+by their fusion groups (the NumPy caller's groups and kernels, with their bits) and
+einfuse primitives: grad of grad, ``jax.hessian`` and ``vmap(grad)`` compose
 as they do through single statements.  Evaluated forward (``jax.jvp``, ``jacfwd``), the
 primitive is the statements' own JVP; batched (``vmap``), that JVP batched.
 
