@@ -8,7 +8,7 @@ which the shift makes zero); here it is two.
 
 How: the statements run as the C backend's fusion groups, each one XLA custom call, and
 the rest one by one as einfuse primitives (runtime/jax_groups.py), under
-a ``jax.custom_jvp`` whose JVP rule runs them too, keeping every intermediate, and
+a ``jax.custom_jvp`` whose JVP rule runs them too, keeping what the backward reads, and
 gives the output tangents as one primitive, ``einfuse_program_tangent``, linear in the
 inputs' tangents and reading the forward's values the backward needs.  JAX transposes
 that primitive (``jax.grad``, ``jax.vjp``) by running the backward's statements, again
