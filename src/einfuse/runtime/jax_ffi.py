@@ -76,13 +76,17 @@ class FfiPlan:
     verify: Tuple[int, ...] = ()    # gathers' range rules (c_ffi_support.ef_in_range)
     vints: Tuple[int, ...] = ()     # the runtime ints of the kernels for verified gathers
 
-    def emit(self, values):
+    def emit(self, values, kept: bool = False):
+        """The custom call on ``values``; ``kept``: one XLA keeps where nothing reads
+        its result (a check of index values, runtime/jax_program.py)."""
         operands = [v if cast is None else v.astype(cast)
                     for v, cast in zip(values, self.casts)]
         result = jax.ShapeDtypeStruct(self.result_shape, self.result_dtype)
         extra = {"verify": np.array(self.verify, dtype=np.int64),
                  "vints": np.array(self.vints, dtype=np.int64)} if self.verify else {}
-        return jax.ffi.ffi_call(self.target, result)(
+        # (a kept check traced under vmap: once per batch element)
+        kept_call = {"has_side_effect": True, "vmap_method": "sequential"} if kept else {}
+        return jax.ffi.ffi_call(self.target, result, **kept_call)(
             *operands, layout=np.array(self.layout, dtype=np.int64),
             ints=np.array(self.ints, dtype=np.int64),
             fills=np.array(self.fills, dtype=np.float64), **extra)

@@ -6,12 +6,14 @@ a softmax left out, the backward folded to read the forward's outputs where exac
 program's gradient was eight einfuse primitives (the row maximum's gradient among them,
 which the shift makes zero); here it is two.
 
-How: the statements run one by one as einfuse primitives (runtime/jax_adapter.py), under
-a ``jax.custom_jvp`` whose JVP rule runs them too, keeping every intermediate, and
+How: the statements run as the C backend's fusion groups, each one XLA custom call, and
+the rest one by one as einfuse primitives (runtime/jax_groups.py), under
+a ``jax.custom_jvp`` whose JVP rule runs them too, keeping what the backward reads, and
 gives the output tangents as one primitive, ``einfuse_program_tangent``, linear in the
 inputs' tangents and reading the forward's values the backward needs.  JAX transposes
-that primitive (``jax.grad``, ``jax.vjp``) by running the backward's statements, each
-again an einfuse primitive: grad of grad, ``jax.hessian`` and ``vmap(grad)`` compose
+that primitive (``jax.grad``, ``jax.vjp``) by running the backward's statements, again
+by their fusion groups (the NumPy caller's groups and kernels, with their bits) and
+einfuse primitives: grad of grad, ``jax.hessian`` and ``vmap(grad)`` compose
 as they do through single statements.  Evaluated forward (``jax.jvp``, ``jacfwd``), the
 primitive is the statements' own JVP; batched (``vmap``), that JVP batched.
 
@@ -25,7 +27,7 @@ Imported only when the caller's arrays are JAX arrays."""
 from __future__ import annotations
 
 import functools
-from typing import Dict, Optional, Sequence, Tuple
+from typing import Dict, Optional, Sequence, Set, Tuple
 
 import jax
 import jax.numpy as jnp
@@ -37,7 +39,10 @@ from ..errors import EinfuseError, GradientBlockedError
 from .program_backward import PLANS_KEPT, BackwardRun
 from .run_groups import run_statements
 from ..analysis.frameworks import placeholder
+from . import jax_ffi
 from .jax_adapter import unliteral
+from ..lang.ast import accesses
+from .jax_groups import run_kernels
 
 try:
     from jax.extend.core import Primitive
@@ -90,18 +95,29 @@ class ProgramRule:
         if found is None:
             shapes = {name: placeholder(value) for name, value in env.items()}
             found = BackwardRun(self.backward(wrt), shapes, self.backend, (), "jax",
-                                threads=self.threads)
+                                threads=self.threads, run_kernels=run_kernels)
             if len(self._plans) >= PLANS_KEPT:
                 self._plans.clear()
             self._plans[key] = found
         return found
 
-    def run(self, env: Dict[str, object]) -> Dict[str, object]:
-        """``env`` with every statement's result, each statement an einfuse primitive."""
+    def run(self, env: Dict[str, object], keep: Optional[Set[str]] = None
+            ) -> Dict[str, object]:
+        """``env`` with every statement's result, each statement an einfuse primitive;
+        ``keep``: the names needed afterwards (None: all), which lets the fusion
+        groups of runtime/jax_groups.py run them (the rest as rows of their kernel)."""
         # (a weakly typed number traced by a transformation may come as JAX's literal)
         env = {name: unliteral(value) for name, value in env.items()}
-        run_statements(self.kernels, env, "jax", keep=None)
+        if keep is None:
+            run_statements(self.kernels, env, "jax", keep=None)
+        else:       # (a gather's inputs too: _keep_gather_checks reads them)
+            run_kernels(self.kernels, env, set(keep) | self.gathered_inputs)
         return env
+
+    @functools.cached_property
+    def gathered_inputs(self) -> Set[str]:
+        return {name for k in self.kernels if any(t.as_index for t in k.spec.tensors)
+                for name in k.spec.arg_order}
 
 
 def recorded(holder, kernels: Sequence, env: Dict[str, object], outputs: Sequence[str],
@@ -148,7 +164,7 @@ def _differentiable(rule: ProgramRule, names: Tuple[str, ...], constants: Tuple)
     """The program as a function of the arrays ``names`` (``constants``: the Python
     numbers, fixed), with the JVP rule described in the module docstring."""
     def run(*values):
-        env = rule.run(dict(constants, **dict(zip(names, values))))
+        env = rule.run(dict(constants, **dict(zip(names, values))), set(rule.outputs))
         return tuple(env[name] for name in rule.outputs)
 
     function = jax.custom_jvp(run)
@@ -158,8 +174,6 @@ def _differentiable(rule: ProgramRule, names: Tuple[str, ...], constants: Tuple)
         # (no dtype): a weakly typed JAX scalar, as a traced one would be
         primals = tuple(jnp.asarray(p) if isinstance(p, (int, float, complex)) else p
                         for p in primals)
-        env = rule.run(dict(constants, **dict(zip(names, primals))))
-        outputs = tuple(env[name] for name in rule.outputs)
         live = tuple(name for name, value, tangent in zip(names, primals, tangents)
                      if not isinstance(tangent, SymbolicZero) and _inexact(value))
         backward = rule.backward(live) if live else None
@@ -167,6 +181,9 @@ def _differentiable(rule: ProgramRule, names: Tuple[str, ...], constants: Tuple)
             return jax.jvp(run, primals, tuple(_instantiated(t, p) for t, p in
                                                   zip(tangents, primals)))
         read = backward.reads | backward.shaped | set(rule.outputs) | set(names)
+        env = rule.run(dict(constants, **dict(zip(names, primals))), read)
+        _keep_gather_checks(rule, env)
+        outputs = tuple(env[name] for name in rule.outputs)
         fixed = {name for name, _ in constants}
         residuals = tuple(name for name in env if name in read and name not in fixed)
         flowing = [t for name, t in zip(names, tangents) if name in live]
@@ -178,6 +195,50 @@ def _differentiable(rule: ProgramRule, names: Tuple[str, ...], constants: Tuple)
 
     function.defjvp(jvp, **({"symbolic_zeros": True} if SymbolicZero != () else {}))
     return function
+
+
+# the output of a gather's bounds check (a name no statement can write: leading '_')
+CHECK_OUTPUT = "_bounds_check"
+
+
+def _keep_gather_checks(rule: ProgramRule, env: Dict[str, object]) -> None:
+    """Under jit, a gather that checks its index values under bounds='check' keeps that
+    check where jax.grad needs none of its statement's values (a cross-entropy's
+    ``X[i, t[i]]``: the loss itself is not a residual), which XLA would drop with the
+    statement, the only reader of the labels: a label out of range would then pass
+    silently into the backward.  Each such gathered read is checked by a call of its
+    own, ``_bounds_check[i] := X[i, t[i]]`` (one element per row), that XLA keeps; its
+    error is the statement's out-of-bounds message (naming t, its value and X's
+    axis)."""
+    if not any(isinstance(v, jax.core.Tracer) for v in env.values()):
+        return      # (eager: the statements ran here and raised already)
+    for kernel in rule.kernels:
+        if kernel.options.bounds != "check":
+            continue
+        for access in accesses(kernel.spec.rhs):
+            if not any(sub.gathers for sub in access.indices):
+                continue
+            free = list(dict.fromkeys(n for sub in access.indices for n in _names_in(sub)))
+            if not free:
+                continue
+            text = f"{CHECK_OUTPUT}[{', '.join(free)}] := {access}"
+            try:
+                check = jax_ffi.jax_kernel(text, kernel.options)
+                names = tuple(check.spec.arg_order)
+                values = [jnp.asarray(env[name]) for name in names]
+                _, plan = jax_ffi.cpu_route(check, names, values)
+            except (EinfuseError, KeyError):
+                continue        # (the statement's own call checks, where it runs)
+            if isinstance(plan, jax_ffi.FfiPlan) and plan.verify:
+                plan.emit(values, kept=True)
+
+
+def _names_in(sub):
+    """The loop indices a subscript reads, its gathers' subscripts' included."""
+    yield from sub.index_names
+    for gathered, _ in sub.gathers:
+        for inner in gathered.indices:
+            yield from _names_in(inner)
 
 
 def _inexact(value) -> bool:

@@ -97,8 +97,11 @@ class BackwardRun:
 
     def __init__(self, backward: Backward, env: Mapping[str, object], backend: str,
                  recompute: Tuple = (), framework: str = "numpy",
-                 threads: Optional[int] = None):
+                 threads: Optional[int] = None, run_kernels=None):
         PLANS_MADE.add()
+        # (kernels, env, keep) -> None: how a JAX caller's runs of kernels run
+        # (runtime/jax_groups.py: fusion groups as custom calls); None: run_statements
+        self._run_kernels = run_kernels
         self.pieces = tuple(_with_threads(piece, threads)
                             for piece in _plan(backward, env, backend, recompute, framework))
         self.results = tuple((name, result) for name, result in
@@ -120,6 +123,9 @@ class BackwardRun:
 
     def _first(self, number: int, piece: "_Kernels"):
         framework = self.framework
+        if self._run_kernels is not None:
+            return lambda env: self._run_kernels(piece.kernels, env, set(piece.keep))
+
         def run(env):
             prepared = run_statements(piece.kernels, env, framework, keep=set(piece.keep),
                                       runs=piece.runs if framework != "jax" else None)

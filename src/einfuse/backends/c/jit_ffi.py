@@ -33,6 +33,7 @@ from __future__ import annotations
 import ctypes
 import enum
 import functools
+import os
 import threading
 from dataclasses import dataclass
 from typing import Dict, Sequence, Tuple
@@ -241,6 +242,26 @@ def support_library(header: str, version: str) -> ctypes.CDLL:
     library.einfuse_jit_share_busy.argtypes = [ctypes.c_void_p]
     library.einfuse_jit_share_busy(statements.einfuse_ffi_busy_flag())
     return library
+
+
+class _DlInfo(ctypes.Structure):
+    _fields_ = [("dli_fname", ctypes.c_char_p), ("dli_fbase", ctypes.c_void_p),
+                ("dli_sname", ctypes.c_char_p), ("dli_saddr", ctypes.c_void_p)]
+
+
+def library_location(address: int) -> Tuple:
+    """The library file holding ``address`` and its offset there, the same in every
+    process that loads the cached library (so a token derived from it names one
+    kernel across processes), or the process and address where the loader cannot say."""
+    info = _DlInfo()
+    try:
+        dladdr = ctypes.CDLL(None).dladdr
+        dladdr.argtypes = [ctypes.c_void_p, ctypes.POINTER(_DlInfo)]
+        if dladdr(address, ctypes.byref(info)) and info.dli_fname and info.dli_fbase:
+            return (info.dli_fname.decode("utf-8", "replace"), address - info.dli_fbase)
+    except (AttributeError, OSError):
+        pass
+    return ("process", os.getpid(), address)
 
 
 _lock = threading.Lock()
