@@ -101,6 +101,46 @@ def test_chained_and_shared_outputs_come_back_in_place(in_bounds, monkeypatch):
     close(out, jax.jit(chained_outputs)(W, xs))
 
 
+def seed_gradient_chains_last(params, noise):
+    from einfuse.bench.jit_cases import seed_function
+    return jax.grad(lambda p: jax.vmap(seed_function, in_axes=(None, noise.ndim - 1))(
+        p, noise).sum())(params)
+
+
+def test_a_chain_axis_that_is_not_leading_is_spread_too(in_bounds, monkeypatch):
+    monkeypatch.delenv("EINFUSE_JIT_CHAINS", raising=False)
+    monkeypatch.delenv("EINFUSE_JIT_LANES", raising=False)
+    params, noise = seed_arrays(3, 4, chains=5, seed=3)
+    noise = jnp.moveaxis(noise, 0, -1)           # the chains last: vmap's in_axes=2
+    fn = ef.jit(seed_gradient_chains_last, backend="triton")
+    out, seen = launches(lambda: fn(params, noise))
+    assert [(s.kernel, s.grid) for s in seen] == [("ef_jit_kernel", (5,)),
+                                                  ("ef_chain_sum", (1,))]
+    close(out, jax.jit(seed_gradient_chains_last)(params, noise))
+    assert "chained at axis 2" in explained(fn, params, noise)
+
+
+def chained_outputs_middle(W, xs):
+    def f(W, x):
+        return jnp.tanh(x @ W)
+    g = jax.grad(lambda W: jax.vmap(f, in_axes=(None, 1))(W, xs).sum())(W)
+    ys = jax.vmap(f, in_axes=(None, 1), out_axes=1)(W, xs)
+    return g, ys, W * 2.0
+
+
+def test_an_input_chained_in_the_middle_and_its_outputs_come_back_in_place(
+        in_bounds, monkeypatch):
+    monkeypatch.setenv("EINFUSE_JIT_CHAINS", "1")
+    rng = np.random.default_rng(8)
+    W = jnp.asarray(rng.standard_normal((3, 4)))
+    xs = jnp.asarray(rng.standard_normal((2, 5, 3)))       # 5 chains at axis 1
+    fn = ef.jit(chained_outputs_middle, backend="triton")
+    out, seen = launches(lambda: fn(W, xs))
+    assert [s.grid for s in seen] == [(5,), (1,)]
+    close(out, jax.jit(chained_outputs_middle)(W, xs))
+    assert "chained at axis 1" in explained(fn, W, xs)
+
+
 def across_chains(W, xs):
     # the largest chain's value is read by every chain: not a per-chain computation
     ys = jnp.tanh(xs @ W)

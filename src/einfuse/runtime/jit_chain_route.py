@@ -13,6 +13,7 @@ from typing import Dict, List, Tuple
 import jax
 import numpy as np
 
+from .jit_chain_kinds import drop
 from .jit_chains import ChainForm
 from .jit_support import vmapped_program, without_dead_code
 
@@ -29,7 +30,11 @@ class ChainBatch:
         self.name = f"{function.name} per chain"
         self.sizes = (form.chains,)
         self.batched = tuple((axis is not None,) for axis in form.in_axes)
-        self.in_avals = tuple(function.in_avals)
+        # (each chained input as the kernel takes it: its chain axis leading, arranged)
+        self.in_avals = tuple(
+            aval if axis in (None, 0) else jax.core.ShapedArray(
+                (aval.shape[axis],) + tuple(drop(aval.shape, axis)), aval.dtype)
+            for aval, axis in zip(function.in_avals, form.in_axes))
         self.closed = without_dead_code(jax.make_jaxpr(form.per_chain)(*form.examples))
         self.out_avals = tuple(jax.core.ShapedArray((form.chains,) + tuple(v.aval.shape),
                                                     v.aval.dtype)
@@ -38,10 +43,22 @@ class ChainBatch:
         self.program = convert(self.closed)
         self.constants = [array for _, array in self.program.constants]
 
+    def arranged(self, arrays) -> list:
+        """The call's arrays as the kernel reads them: a chained input whose chain axis
+        is not its first moved there (a JAX array where it lives, by an XLA transpose;
+        any other through NumPy, made contiguous by the route's conversion)."""
+        found = list(arrays)
+        for position, axis in enumerate(self.form.in_axes):
+            if axis not in (None, 0) and position < len(found):
+                value = found[position]
+                found[position] = jax.numpy.moveaxis(value, axis, 0) if \
+                    isinstance(value, jax.Array) else np.moveaxis(np.asarray(value), axis, 0)
+        return found
+
     def block(self, lanes: int):
         """The program of ``lanes`` chains (the one-chain function vmapped over them)
         and its constants."""
-        form = self.form        # (a chained input's chain axis leads: in_axes 0 or None)
+        form = self.form        # (a chained input's chain axis leads once arranged)
         return vmapped_program(form.per_chain, form.examples,
                                tuple(axis is not None for axis in form.in_axes), lanes)
 

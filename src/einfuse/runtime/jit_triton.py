@@ -213,7 +213,7 @@ class TritonRoute:
         that kernel does not build (then never again: the whole program's route)."""
         route, chain_outputs = self._chains
         outputs, buffers = chain_outputs.allocate(_device())
-        if route.attempt(arrays, None, outputs) is None:
+        if route.attempt(chain_outputs.batch.arranged(arrays), None, outputs) is None:
             with _lock:
                 reason = route._declined or "its kernel did not build"
                 self._chains = f"its one-chain kernel declined ({reason})"
