@@ -57,6 +57,9 @@ def main():
     scaled = ef.compile("y[i,j] := x[i,j] * a + 1.0", backend="triton")
     softmax = ef.compile("m[i] := max[j](X[i,j])\ne[i,j] := exp(X[i,j] - m[i])\n"
                          "P[i,j] := e[i,j] / sum[k](e[i,k])", backend="triton")
+    entropy = ef.compile("L[i] := logsumexp[j](X[i,j]) - X[i, t[i]]", backend="triton")
+    labels = torch.from_numpy(rng.integers(0, 16, 8))
+    row_seed = torch.ones(8)
     cases = [
         ("statement `y[i,j] := x[i,j] * 2.0 + 1.0`", lambda: statement(x=x),
          {"x": x}, lambda: x * 2.0 + 1.0),
@@ -64,6 +67,10 @@ def main():
          {"x": x, "a": 0.5}, lambda: x * 0.5 + 1.0),
         ("softmax program (3 statements, one row-group kernel), no grad",
          lambda: softmax(X=x), {"X": x}, lambda: torch.softmax(x, 1)),
+        ("gathered statement: cross-entropy `logsumexp - X[i, t[i]]`, no grad "
+         "(labels checked per call)", lambda: entropy(X=x, t=labels),
+         {"X": x, "t": labels},
+         lambda: torch.nn.functional.cross_entropy(x, labels, reduction="none")),
     ]
     leaf = x.clone().requires_grad_(True)
     seed = torch.ones_like(x)
@@ -77,6 +84,16 @@ def main():
 
     def torch_step():
         torch.softmax(reference, 1).backward(seed)
+    def entropy_forward():
+        return entropy(X=leaf, t=labels)
+
+    def entropy_step():
+        entropy(X=leaf, t=labels).backward(row_seed)
+
+    def torch_entropy_step():
+        torch.nn.functional.cross_entropy(reference, labels, reduction="none").backward(
+            row_seed)
+
     def node_forward():
         return _EmptyNode.apply(None, leaf)
 
@@ -87,6 +104,11 @@ def main():
          recorded_forward, {"X": leaf}, lambda: torch.softmax(reference, 1)),
         ("softmax program, forward + backward (one kernel each)", recorded_step,
          {"X": leaf}, torch_step),
+        ("cross-entropy statement, recorded forward (one-statement program node)",
+         entropy_forward, {"X": leaf},
+         lambda: torch.nn.functional.cross_entropy(reference, labels, reduction="none")),
+        ("cross-entropy statement, forward + backward (one kernel each)", entropy_step,
+         {"X": leaf}, torch_entropy_step),
         ("torch's floor: a Python autograd.Function that only allocates, forward",
          node_forward, {"X": leaf}, lambda: torch.softmax(reference, 1)),
         ("torch's floor: that Function, forward + backward", node_step, {"X": leaf},

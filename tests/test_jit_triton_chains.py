@@ -2,7 +2,8 @@
 the jaxpr arrives as one function of the whole batch (batched primitives over the chain
 axis, no vmap left); runtime/jit_chains.py recovers the one-chain function, which runs
 spread over programs (and lanes) as a vmapped call, the shared weights' gradients as
-per-chain terms summed by one fixed-order kernel.  Run by Triton's interpreter against
+per-chain terms summed over the chains in chain order by the kernel's last program to
+finish (one launch; a kernel of its own past one block of columns).  Run by Triton's interpreter against
 ``jax.jit(jax.grad(...))`` of the same function; launches and grids asserted; the bounds
 fixture watches the jit kernels' loads and stores."""
 
@@ -40,12 +41,13 @@ def test_the_seed_gradient_over_chains_runs_per_chain_then_one_sum(in_bounds, mo
     params, noise = seed_arrays(3, 4, chains=5, seed=3)
     fn = ef.jit(seed_gradient, backend="triton")
     out, seen = launches(lambda: fn(params, noise))
-    # one program per chain, then the three weights' gradients summed by one kernel
-    assert [(s.kernel, s.grid) for s in seen] == [("ef_jit_kernel", (5,)),
-                                                  ("ef_chain_sum", (1,))]
+    # one program per chain, the last to finish summing the three weights' gradients
+    # over the chains: one launch
+    assert [(s.kernel, s.grid) for s in seen] == [("ef_jit_kernel", (5,))]
     close(out, jax.jit(seed_gradient)(params, noise))
     text = explained(fn, params, noise)
-    assert "its one-chain program over 5 chains, then 1 fixed-order sum kernel(s)" in text
+    assert "its one-chain program over 5 chains, its last program summing the chains " \
+        "in chain order (one launch)" in text
     assert "outputs: a sum over the chains, a sum over the chains, a sum over the chains" \
         in text
 
@@ -56,7 +58,7 @@ def test_the_seed_gradient_over_chains_in_lanes_with_a_ragged_block(in_bounds, m
     params, noise = seed_arrays(2, 3, chains=3, seed=4)
     fn = ef.jit(seed_gradient, backend="triton")
     out, seen = launches(lambda: fn(params, noise))
-    assert [s.grid for s in seen] == [(2,), (1,)]      # blocks of 2 of the 3 chains
+    assert [s.grid for s in seen] == [(2,)]      # blocks of 2 of the 3 chains
     close(out, jax.jit(seed_gradient)(params, noise))
     assert "2 chains per program, as lanes" in explained(fn, params, noise)
 
@@ -77,7 +79,7 @@ def test_an_rnn_gradient_over_chains(in_bounds, monkeypatch):
     xs = jnp.asarray(rng.standard_normal((3, 5, 3)))
     fn = ef.jit(rnn_gradient, backend="triton")
     out, seen = launches(lambda: fn(W, U, b, xs))
-    assert [s.grid for s in seen] == [(3,), (1,)]
+    assert [s.grid for s in seen] == [(3,)]
     close(out, jax.jit(rnn_gradient)(W, U, b, xs))
 
 
@@ -97,8 +99,47 @@ def test_chained_and_shared_outputs_come_back_in_place(in_bounds, monkeypatch):
     xs = jnp.asarray(rng.standard_normal((5, 2, 3)))
     fn = ef.jit(chained_outputs, backend="triton")
     out, seen = launches(lambda: fn(W, xs))
-    assert [s.grid for s in seen] == [(5,), (1,)]
+    assert [s.grid for s in seen] == [(5,)]
     close(out, jax.jit(chained_outputs)(W, xs))
+
+
+def seed_gradient_chains_last(params, noise):
+    from einfuse.bench.jit_cases import seed_function
+    return jax.grad(lambda p: jax.vmap(seed_function, in_axes=(None, noise.ndim - 1))(
+        p, noise).sum())(params)
+
+
+def test_a_chain_axis_that_is_not_leading_is_spread_too(in_bounds, monkeypatch):
+    monkeypatch.delenv("EINFUSE_JIT_CHAINS", raising=False)
+    monkeypatch.delenv("EINFUSE_JIT_LANES", raising=False)
+    params, noise = seed_arrays(3, 4, chains=5, seed=3)
+    noise = jnp.moveaxis(noise, 0, -1)           # the chains last: vmap's in_axes=2
+    fn = ef.jit(seed_gradient_chains_last, backend="triton")
+    out, seen = launches(lambda: fn(params, noise))
+    assert [(s.kernel, s.grid) for s in seen] == [("ef_jit_kernel", (5,))]
+    close(out, jax.jit(seed_gradient_chains_last)(params, noise))
+    assert "chained at axis 2" in explained(fn, params, noise)
+
+
+def chained_outputs_middle(W, xs):
+    def f(W, x):
+        return jnp.tanh(x @ W)
+    g = jax.grad(lambda W: jax.vmap(f, in_axes=(None, 1))(W, xs).sum())(W)
+    ys = jax.vmap(f, in_axes=(None, 1), out_axes=1)(W, xs)
+    return g, ys, W * 2.0
+
+
+def test_an_input_chained_in_the_middle_and_its_outputs_come_back_in_place(
+        in_bounds, monkeypatch):
+    monkeypatch.setenv("EINFUSE_JIT_CHAINS", "1")
+    rng = np.random.default_rng(8)
+    W = jnp.asarray(rng.standard_normal((3, 4)))
+    xs = jnp.asarray(rng.standard_normal((2, 5, 3)))       # 5 chains at axis 1
+    fn = ef.jit(chained_outputs_middle, backend="triton")
+    out, seen = launches(lambda: fn(W, xs))
+    assert [s.grid for s in seen] == [(5,)]
+    close(out, jax.jit(chained_outputs_middle)(W, xs))
+    assert "chained at axis 1" in explained(fn, W, xs)
 
 
 def across_chains(W, xs):
@@ -142,7 +183,7 @@ def test_a_while_loop_with_per_chain_trip_counts(in_bounds, monkeypatch):
     close(out, jax.jit(per_chain_trip_counts)(W, xs))
     # each chain runs its own loop (0 to several trips), two chains per program, the
     # last block ragged
-    assert [s.grid for s in seen] == [(3,), (1,)]
+    assert [s.grid for s in seen] == [(3,)]
     assert "5 chains (inputs: shared, chained at axis 0; outputs: a sum over the chains)" \
         in explained(fn, W, xs)
 
@@ -187,5 +228,47 @@ def test_the_seed_gradient_over_256_chains(in_bounds, monkeypatch):
     params, noise = seed_arrays(2, 3, chains=256, seed=10)
     fn = ef.jit(seed_gradient, backend="triton")
     out, seen = launches(lambda: fn(params, noise))
-    assert [s.grid for s in seen] == [(32,), (1,)]
+    assert [s.grid for s in seen] == [(32,)]
     close(out, jax.jit(seed_gradient)(params, noise))
+
+
+def test_the_sums_in_the_launch_have_the_bits_of_the_separate_kernel(monkeypatch):
+    from einfuse.backends.triton import jit_chain_sum
+    monkeypatch.setenv("EINFUSE_JIT_CHAINS", "1")
+    monkeypatch.setenv("EINFUSE_JIT_LANES", "2")
+    params, noise = seed_arrays(3, 5, chains=7, seed=11)
+    fn = ef.jit(seed_gradient, backend="triton")
+    inside, seen = launches(lambda: fn(params, noise))
+    assert [s.kernel for s in seen] == ["ef_jit_kernel"]
+    monkeypatch.setattr(jit_chain_sum, "IN_KERNEL_COLUMNS", 0)
+    separate_fn = ef.jit(seed_gradient, backend="triton")
+    separate, seen = launches(lambda: separate_fn(params, noise))
+    assert [s.kernel for s in seen] == ["ef_jit_kernel", "ef_chain_sum"]
+    for a, b in zip(jax.tree.leaves(inside), jax.tree.leaves(separate)):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    close(inside, jax.jit(seed_gradient)(params, noise))
+    # and again: the ticket starts from zero on every call
+    again, _ = launches(lambda: fn(params, noise))
+    for a, b in zip(jax.tree.leaves(again), jax.tree.leaves(inside)):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+def wide_gradient(W, xs):
+    def f(W, x):
+        return jnp.sum(jnp.tanh(x @ W))
+    return jax.grad(lambda W: jax.vmap(f, in_axes=(None, 0))(W, xs).sum())(W)
+
+
+def test_sums_past_one_block_of_columns_take_their_own_kernel(in_bounds, monkeypatch):
+    monkeypatch.setenv("EINFUSE_JIT_CHAINS", "1")
+    rng = np.random.default_rng(12)
+    W = jnp.asarray(rng.standard_normal((8, 160)) * 0.1)      # 1280 columns to sum
+    xs = jnp.asarray(rng.standard_normal((3, 8)))
+    fn = ef.jit(wide_gradient, backend="triton")
+    out, seen = launches(lambda: fn(W, xs))
+    # (the one-chain kernel's grid is the lanes rule's; the sum's: 1280 columns in
+    # blocks of 1024)
+    assert [s.kernel for s in seen] == ["ef_jit_kernel", "ef_chain_sum"]
+    assert seen[1].grid == (2,)
+    close(out, jax.jit(wide_gradient)(W, xs))
+    assert "then 1 fixed-order sum kernel(s)" in explained(fn, W, xs)

@@ -56,7 +56,8 @@ class ChainForm:
         return f"{self.chains} chains (inputs: {ins}; outputs: {outs})"
 
 
-def _candidate(closed, chains: int, in_axes: Tuple[Optional[int], ...]) -> ChainForm:
+def _candidate(closed, chains: int, in_axes: Tuple[Optional[int], ...],
+               needs_sum: bool = False) -> ChainForm:
     avals = [v.aval for v in closed.jaxpr.invars]
     examples = tuple(jax.ShapeDtypeStruct(drop(a.shape, axis) if axis is not None
                                           else tuple(a.shape), a.dtype)
@@ -81,34 +82,60 @@ def _candidate(closed, chains: int, in_axes: Tuple[Optional[int], ...]) -> Chain
     kinds = found[0]
     if not any(k.chain is not None or k.partial for k in kinds):
         raise NotPerChain("no output depends on the chains")
+    if needs_sum and not any(k.partial for k in kinds):
+        raise NotPerChain("no output is a sum over the chains")
     return ChainForm(chains, tuple(in_axes), kinds, per_chain, examples)
 
 
 def find_chains(closed) -> Tuple[Optional[ChainForm], str]:
     """The chain form of ``closed`` (a ClosedJaxpr of a whole batch), or None and why.
-    Candidates: each leading size >= 2 of an input, with every input of that leading
-    size chained there, then each such input alone."""
+    Candidates, for each size >= 2 of an input's axis (largest first): every input whose
+    leading axis has that size chained there, then each such input alone; then every
+    input with that size at one axis only (any axis: ``jax.vmap(..., in_axes=1)`` leaves
+    the chains there) chained at it, then each of those alone.  A candidate chained
+    off the leading axes holds only where an output is a sum over the chains (the
+    gradient of a sum over a vmap, what this rewrite is for): any axis of independent
+    columns (a weight's, read by a product column by column) would otherwise be taken
+    for chains."""
     avals = [v.aval for v in closed.jaxpr.invars]
-    sizes = sorted({int(a.shape[0]) for a in avals if len(a.shape) >= 1 and a.shape[0] >= 2},
-                   reverse=True)
+    sizes = sorted({int(n) for a in avals for n in a.shape if n >= 2}, reverse=True)
     if not sizes:
-        return None, "no input has a leading axis of two or more chains"
-    reasons = []
+        return None, "no input has an axis of two or more chains"
+    reasons: List[str] = []
+    tried = set()
     for size in sizes:
-        having = [i for i, a in enumerate(avals) if len(a.shape) >= 1 and a.shape[0] == size]
-        tries = [tuple(having)] + ([(i,) for i in having] if len(having) > 1 else [])
-        for chained in tries:
-            in_axes = tuple(0 if i in chained else None for i in range(len(avals)))
+        for axes in _candidates(avals, size):
+            if axes in tried:
+                continue
+            tried.add(axes)
+            chained = [i for i, axis in enumerate(axes) if axis is not None]
+            named = ", ".join(f"{i}" if axes[i] == 0 else f"{i} (axis {axes[i]})"
+                              for i in chained)
             try:
-                return _candidate(closed, size, in_axes), ""
+                return _candidate(closed, size, axes, needs_sum=any(
+                    axis not in (None, 0) for axis in axes)), ""
             except NotPerChain as why:
-                reasons.append(f"inputs {', '.join(map(str, chained))} chained over "
-                               f"{size}: {why}")
+                reasons.append(f"inputs {named} chained over {size}: {why}")
             except Exception as error:    # noqa: BLE001 -- an unforeseen form: not spread
-                reasons.append(f"inputs {', '.join(map(str, chained))} chained over "
-                               f"{size}: not rewritten ({type(error).__name__}: "
-                               f"{str(error)[:160]})")
+                reasons.append(f"inputs {named} chained over {size}: not rewritten "
+                               f"({type(error).__name__}: {str(error)[:160]})")
     return None, "; ".join(reasons[:3])
+
+
+def _candidates(avals, size: int) -> List[Tuple[Optional[int], ...]]:
+    """The in_axes to try for chains of ``size`` (see find_chains), in order."""
+    found: List[Tuple[Optional[int], ...]] = []
+    leading = {i: 0 for i, a in enumerate(avals) if len(a.shape) >= 1 and a.shape[0] == size}
+    single = {i: [k for k, n in enumerate(a.shape) if n == size] for i, a in enumerate(avals)}
+    anywhere = {i: axes[0] for i, axes in single.items() if len(axes) == 1}
+    for chosen in (leading, anywhere):
+        if not chosen:
+            continue
+        found.append(tuple(chosen.get(i) for i in range(len(avals))))
+        if len(chosen) > 1:
+            found += [tuple(chosen[i] if j == i else None for j in range(len(avals)))
+                      for i in chosen]
+    return found
 
 
 __all__ = ["ChainForm", "find_chains"]

@@ -76,8 +76,11 @@ class TritonRoute:
 
     def __init__(self, function, program, sizes: Tuple[int, ...],
                  batched: Tuple[Tuple[bool, ...], ...], backend: str, constants: Sequence,
-                 block=None):
+                 block=None, epilogue=None):
         self.function = function
+        # epilogue(rendered) -> the kernel as launched (a chain route's: the sums over
+        # the chains in it, runtime/jit_chain_route.ChainOutputs.epilogue); None: as is
+        self.epilogue = epilogue
         # block(lanes) -> (block program, its constants): the vmap of the function over
         # that many chains of the innermost level (None: not vmapped)
         self.block = block
@@ -198,22 +201,25 @@ class TritonRoute:
             whole, self._rendered.largest if self._rendered else 0,
             serial_statements(route.program.steps), chain,
             rendered.programs if rendered else 1, rendered.largest if rendered else 0,
-            len(outputs.groups))
+            outputs.launches,
+            outputs.batch.form.chains * len(outputs.groups) if outputs.in_kernel else 0)
         form = outputs.batch.form
         if not use:
             self._spread[on_gpu] = (False, f"not spread over its {form.chains} chains ({why})")
             return whole
         self._spread[on_gpu] = (True, f"spread over {form.describe()}: {why}")
-        return DeviceChoice(True, f"its one-chain program over {form.chains} chains, then "
-                                  f"{len(outputs.groups)} fixed-order sum kernel(s): "
-                                  f"{chain.reason}", chain.num_warps)
+        return DeviceChoice(True, f"its one-chain program over {form.chains} chains, "
+                                  f"{outputs.describe()}: {chain.reason}", chain.num_warps)
 
     def _run_chains(self, arrays, as_jax: bool):
         """The outputs by the one-chain kernel and the sums over the chains, or None where
         that kernel does not build (then never again: the whole program's route)."""
         route, chain_outputs = self._chains
-        outputs, buffers = chain_outputs.allocate(_device())
-        if route.attempt(arrays, None, outputs) is None:
+        device = _device()
+        outputs, buffers = chain_outputs.allocate(device)
+        extra = chain_outputs.kernel_arguments(buffers, device)
+        if route.attempt(chain_outputs.batch.arranged(arrays), None, outputs,
+                         extra) is None:
             with _lock:
                 reason = route._declined or "its kernel did not build"
                 self._chains = f"its one-chain kernel declined ({reason})"
@@ -254,11 +260,13 @@ class TritonRoute:
             if self._kernel is None:
                 from ..backends.triton.jit_launch import JitKernel
                 choice = self._choices.get(True) or self._choices.get(False)
-                self._kernel = JitKernel(self._rendered, self._rendered.programs,
+                rendered = self._rendered if self.epilogue is None else \
+                    self.epilogue(self._rendered)
+                self._kernel = JitKernel(rendered, self._rendered.programs,
                                          choice.num_warps if choice else 1)
             return self._kernel
 
-    def attempt(self, arrays, as_jax, outputs=None):
+    def attempt(self, arrays, as_jax, outputs=None, extra=()):
         """The kernel's outputs on ``arrays`` where the rule chooses it, else None (the
         host kernel runs); ``as_jax`` None: torch tensors, into ``outputs`` where given.  A kernel that fails to build (Triton's compiler refusing what
         the renderer wrote) declines from then on, with that reason; the host kernel
@@ -269,7 +277,7 @@ class TritonRoute:
         if self._spread.get(_on_gpu(arrays), (False,))[0]:
             return self._run_chains(arrays, as_jax)
         try:
-            return self.run(arrays, as_jax, outputs)
+            return self.run(arrays, as_jax, outputs, extra)
         except EinfuseTypeError:
             raise
         except Exception as error:   # noqa: BLE001 -- see above; only before a success
@@ -283,7 +291,7 @@ class TritonRoute:
                     self.spread = (f"one program per chain (its kernel over lanes did not "
                                    f"build: {type(error).__name__}: {str(error)[:200]})")
                 if self._rendered is not None:
-                    return self.attempt(arrays, as_jax, outputs)
+                    return self.attempt(arrays, as_jax, outputs, extra)
             with _lock:
                 self._declined = (f"its Triton kernel did not build ({type(error).__name__}: "
                                   f"{str(error)[:300]})")
@@ -292,9 +300,10 @@ class TritonRoute:
                 self._choices.clear()
             return None
 
-    def run(self, arrays, as_jax, outputs=None):
+    def run(self, arrays, as_jax, outputs=None, extra=()):
         """The outputs of the kernel on ``arrays`` (JAX arrays when ``as_jax``, NumPy
-        arrays when False, the torch tensors -- ``outputs`` where given -- when None)."""
+        arrays when False, the torch tensors -- ``outputs`` where given -- when None);
+        ``extra``: what the kernel takes after its scratch (its epilogue's tensors)."""
         import torch
         device = _device()
         function = self.function
@@ -311,7 +320,7 @@ class TritonRoute:
             scratch = [torch.empty(max(1, kernel.programs * size), dtype=_torch_dtype(dtype),
                                    device=device)
                        for _, dtype, size in self._rendered.scratch]
-            kernel(inputs, outputs + scratch)
+            kernel(inputs, list(outputs) + scratch + list(extra))
         self._succeeded = True
         if as_jax is None:
             return list(outputs)
@@ -339,9 +348,10 @@ def _chain_route_of(function):
         return f"its one-chain program is not converted ({type(error).__name__}: " \
                f"{str(error)[:200]})"
     flags = tuple(batch.batched) + tuple((False,) for _ in batch.constants)
+    outputs = ChainOutputs(batch)
     route = TritonRoute(batch, batch.program, batch.sizes, flags, function.backend,
-                        batch.constants, block=batch.block)
-    return route, ChainOutputs(batch)
+                        batch.constants, block=batch.block, epilogue=outputs.epilogue)
+    return route, outputs
 
 
 def _torch_dtype(dtype):

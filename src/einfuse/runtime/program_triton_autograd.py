@@ -40,6 +40,7 @@ from .program_backward import PLANS_KEPT, BackwardRun
 
 _NONE = MappingProxyType({})     # a call's scalars where it has none
 _detach = torch.Tensor.detach
+_is_inference = torch.Tensor.is_inference
 
 
 def triton_route(env: Dict[str, object], backend: str) -> bool:
@@ -156,7 +157,8 @@ class TritonCall:
         # signature it was made for (the holder looks it up by signature), so a repeated
         # forward goes straight to its steps, without the signature's look-up again
         self._forward_run = None
-        self._backwards: Dict[Tuple, BackwardRun] = {}
+        self.marks: Optional[Tuple[int, ...]] = None   # the outputs that are not floats
+        self._backwards: Dict[Tuple, _PreparedBackward] = {}
         self._placeholders: Optional[Dict[str, object]] = None
         self._lock = threading.Lock()
 
@@ -222,7 +224,11 @@ class TritonCall:
 
     def gradients(self, env: Dict[str, object], grads, wanted) -> Tuple:
         """The wanted inputs' gradients (None for the others) from the program's
-        backward on ``env`` (the saved tensors and scalars) and the outputs' ``grads``."""
+        backward on ``env`` (the saved tensors and scalars) and the outputs' ``grads``.
+        The backward is planned per layout of the seeds (the saved tensors' follow from
+        the forward's signature, which is this node's), and with it, on its first run,
+        which of its results need converting to their input's dtype and shape: a
+        repeated backward is the seeds' layouts, one look-up and the plan's kernels."""
         key = []
         for position, name, seed in self.seeding:
             grad = grads[position]
@@ -232,30 +238,52 @@ class TritonCall:
                                    value.dtype.is_floating_point else torch.float32,
                                    device=value.device)
             env[seed] = grad
-            key.append((grad.shape, grad.dtype, grad.stride()))
-        # the backward is planned per layout of the seeds (the saved tensors' follow
-        # from the forward's signature, which is this node's)
+            key.append((grad.dtype, grad.stride()))
         key = tuple(key)
-        run = self._backwards.get(key)
-        if run is None:
+        prepared = self._backwards.get(key)
+        if prepared is None:
             run = BackwardRun(self.backward, env, self.backend, self.recompute, "torch")
+            values = run(env)
+            prepared = _PreparedBackward(run, self._conversions(values))
             with self._lock:
                 if len(self._backwards) >= PLANS_KEPT:
                     self._backwards.clear()
-                self._backwards[key] = run
-        values = run(env)
+                self._backwards[key] = prepared
+        else:
+            values = prepared.run(env)
         result = []
-        for number, name in enumerate(self.names):
-            value = values.get(name)
+        get = values.get
+        for number, (name, convert) in enumerate(prepared.conversions):
+            value = get(name)
             if value is None or not wanted[number]:
                 result.append(None)
-                continue
-            shape, dtype = self.input_shapes[number]
-            if type(value) is not torch.Tensor or value.dtype != dtype or \
-                    value.shape != shape:
-                value = torch.as_tensor(value).to(dtype).reshape(shape)
-            result.append(value)
+            elif convert:
+                shape, dtype = self.input_shapes[number]
+                result.append(torch.as_tensor(value).to(dtype).reshape(shape))
+            else:
+                result.append(value)
         return tuple(result)
+
+    def _conversions(self, values: Dict[str, object]) -> Tuple[Tuple[str, bool], ...]:
+        """Per differentiated input, its name and whether the backward's result for it
+        is to be converted (not a torch tensor of the input's dtype and shape).  The
+        plan fixes it: the same kernels on the same layouts give the same kinds."""
+        found = []
+        for name, (shape, dtype) in zip(self.names, self.input_shapes):
+            value = values.get(name)
+            found.append((name, value is not None and (
+                type(value) is not torch.Tensor or value.dtype != dtype or
+                tuple(value.shape) != shape)))
+        return tuple(found)
+
+
+class _PreparedBackward:
+    """A node's backward for one layout of its seeds: the planned run and, per
+    differentiated input, whether its result is converted (TritonCall._conversions)."""
+    __slots__ = ("run", "conversions")
+
+    def __init__(self, run: BackwardRun, conversions: Tuple[Tuple[str, bool], ...]):
+        self.run, self.conversions = run, conversions
 
 
 class TritonProgramFunction(torch.autograd.Function):
@@ -269,27 +297,37 @@ class TritonProgramFunction(torch.autograd.Function):
         env = dict(scalars)
         env.update(zip(call.passed, map(_detach, tensors)))
         call.forward(env)
-        outputs = tuple(env[name] for name in call.outputs)
-        for output in outputs:
-            if not output.dtype.is_floating_point:
-                ctx.mark_non_differentiable(output)
+        outputs = tuple(map(env.__getitem__, call.outputs))
+        marks = call.marks
+        if marks is None:       # (the first call: which outputs are not floats)
+            marks = call.marks = tuple(o for o, out in enumerate(outputs)
+                                       if not out.dtype.is_floating_point)
+        for position in marks:
+            ctx.mark_non_differentiable(outputs[position])
         ctx.state = state
-        ctx.kept = {name: env[name] for name in call.kept}
-        ctx.shaped = call.placeholders(env) if call.shaped else {}
-        save_tensors(ctx, (*tensors, *outputs))
+        ctx.kept = {name: env[name] for name in call.kept} if call.kept else _NONE
+        ctx.shaped = call.placeholders(env) if call.shaped else _NONE
+        # (the outputs are new tensors, never inference tensors: only the inputs are
+        # asked, save_tensors' question)
+        if any(map(_is_inference, tensors)):
+            save_tensors(ctx, (*tensors, *outputs))
+        else:
+            ctx.inference = None
+            ctx.save_for_backward(*tensors, *outputs)
         return outputs
 
     @staticmethod
     def backward(ctx, *grads):
         call, scalars = ctx.state
-        saved = saved_tensors(ctx)
+        saved = ctx.saved_tensors if ctx.inference is None else saved_tensors(ctx)
         wanted = ctx.needs_input_grad[1:1 + len(call.names)]
         if torch.is_grad_enabled():      # create_graph=True: a differentiable backward
             found = _differentiable(call, scalars, saved[:len(call.passed)], grads, wanted)
             return (None,) + tuple(found.get(name) for name in call.names) + call.extra
         # (the names are disjoint: the call's tensors, its outputs, the intermediates
         # kept and the placeholders' shapes)
-        env = {**scalars, **ctx.kept, **ctx.shaped}
+        env = {**scalars, **ctx.kept, **ctx.shaped} if scalars or call.kept or \
+            call.shaped else {}
         env.update(zip(call.saved_names, map(_detach, saved)))
         return (None,) + call.gradients(env, grads, wanted) + call.extra
 

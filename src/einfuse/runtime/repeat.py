@@ -50,7 +50,7 @@ def prepare(kernel, call, kwargs) -> None:
         if schedule.route is Route.HOISTED:   # its kernels, fused by rows (row_groups.py)
             cache[signature] = _hoisted_runner(kernel, kernel.hoisted_form, call)
         elif kernel.hoisted_form is None:
-            cache[signature] = _triton_runner(call) or _recorded_triton_runner(
+            cache[signature] = _triton_runner(kernel, call) or _recorded_triton_runner(
                 kernel, kwargs)
         return
     if any(getattr(value, "is_cuda", False) for value in kwargs.values()):
@@ -114,13 +114,25 @@ def run_first(kernel, call, kwargs, backend: str) -> Tuple[bool, object]:
         raise attach_statement(error, kernel.statement) from None
 
 
-def _triton_runner(call):
+def _triton_runner(kernel, call):
     """The Triton backend's prepared runner (backends/triton/repeat.py), or None; it
-    hands back what ``Kernel.run`` would: the result dtype, bfloat16 for bfloat16 inputs."""
+    hands back what ``Kernel.run`` would: the result dtype, bfloat16 for bfloat16 inputs.
+    A call it declines (an index value out of the prepared kernel's range: nothing was
+    allocated or launched) runs the full path, which raises the statement's bounds error."""
     import torch
-    from ..backends.triton.repeat import repeat_runner
+    from ..backends.triton.repeat import GatherOutOfRange, repeat_runner
     final = torch.bfloat16 if call.bfloat16 else getattr(torch, call.dtypes.result.name)
-    return repeat_runner(call, final)
+    prepared = repeat_runner(call, final)
+    if prepared is None:
+        return None
+
+    def run(named):
+        try:
+            return prepared(named)
+        except GatherOutOfRange:
+            bound = kernel.bind(arrays=named)
+            return kernel.deliver(bound, kernel.run(bound))
+    return run
 
 
 def _recorded_triton_runner(kernel, kwargs):

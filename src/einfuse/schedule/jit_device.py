@@ -171,16 +171,17 @@ def lanes_for(chains: int, outer: int, largest: int, registers: int) -> Tuple[in
 
 def spread_over_chains(whole: DeviceChoice, whole_largest: int, serial: int,
                        chain: DeviceChoice, chain_programs: int, chain_largest: int,
-                       sums: int) -> Tuple[bool, str]:
+                       sums: int, summed_in_kernel: int = 0) -> Tuple[bool, str]:
     """Whether a function of a whole batch of chains (one program: ``whole``, its
     largest tile ``whole_largest``) runs instead as its one-chain program spread over
     ``chain_programs`` programs (``chain``: that kernel's own choice; ``chain_largest``:
     the largest tile of one of its programs, lanes included) followed by ``sums``
-    fixed-order sum kernels; and why.  The rule: where the whole program runs no Triton
+    fixed-order sum kernels, its last program adding ``summed_in_kernel`` blocks of
+    terms one after another (the sums in the same launch: chains x dtypes); and why.  The rule: where the whole program runs no Triton
     kernel and the spread one does, spread; where both do, the smaller of
     serial statements x rounds (elements of the largest tile per thread) x waves of
-    programs, plus a launch for each sum kernel, in DEVICE_NS_PER_STATEMENT and
-    LAUNCH_US.  ``EINFUSE_JIT_CHAINS`` = 1 / 0 forces it / forbids it."""
+    programs, plus a launch for each sum kernel and a statement for each block the
+    last program adds, in DEVICE_NS_PER_STATEMENT and LAUNCH_US.  ``EINFUSE_JIT_CHAINS`` = 1 / 0 forces it / forbids it."""
     forced = os.environ.get(CHAINS_ENV)
     if not chain.triton:
         return False, f"its one-chain kernel would not run ({chain.reason})"
@@ -191,10 +192,12 @@ def spread_over_chains(whole: DeviceChoice, whole_largest: int, serial: int,
     waves = waves_of(chain_programs)
     whole_us = serial * rounds_of(whole_largest) * DEVICE_NS_PER_STATEMENT / 1000.0
     spread_us = serial * rounds_of(chain_largest) * waves * DEVICE_NS_PER_STATEMENT / \
-        1000.0 + sums * LAUNCH_US
+        1000.0 + sums * LAUNCH_US + summed_in_kernel * DEVICE_NS_PER_STATEMENT / 1000.0
+    summed = f", {summed_in_kernel} blocks summed in the launch" if summed_in_kernel else ""
     rule = (f"statements x rounds x waves: {whole_us:.1f} us as one program of the whole "
             f"batch ({whole_largest}-element tiles) against {spread_us:.1f} us spread "
-            f"({chain_largest}-element tiles, {waves} wave(s), {sums} sum launch(es))")
+            f"({chain_largest}-element tiles, {waves} wave(s), {sums} sum launch(es)"
+            f"{summed})")
     return spread_us < whole_us, rule
 
 

@@ -12,9 +12,18 @@ calls.
 
 Prepared only where nothing a launch depends on can change between such calls: ':='
 statements of the Triton backend, torch tensors that need no conversion (already on
-the kernel's device, float values, not requiring a gradient), no gathers (their bounds
-handling reads the index values), no hoisted form.  A call whose tensors' addresses are
-not 16-byte aligned where the first call's were (Triton specialises a kernel on that)
+the kernel's device, float values or int32/int64 index arrays, not requiring a
+gradient), no hoisted form.  A gather's bounds mode is the kernel's choice (its launch
+key): under bounds='clip'/'wrap'/'fill' it depends on the dtypes alone, which the
+signature fixes; under 'check'/'promise' the kernel the first call took reads without a
+per-element test because every index value was in range ('verified'), so each repeat
+reduces its index arrays to their (min, max) again (one device read of two values per
+array, what the full path reads) and raises :class:`GatherOutOfRange` before anything is
+allocated or launched where a span leaves its axis: the caller then runs the full path,
+which raises the statement's bounds error (or, under 'promise', takes its own launch).
+A lazily negated view (``z.conj().imag``, which the signature does not tell apart)
+raises it too: the full path resolves it.  A call whose tensors' addresses are not
+16-byte aligned where the first call's were (Triton specialises a kernel on that)
 takes the kernel's usual launch (launch.py)."""
 
 from __future__ import annotations
@@ -24,6 +33,7 @@ import struct
 import threading
 from typing import Callable, Dict, Mapping, Optional, Tuple
 
+from ...errors import BackendError
 from ...plan import buffer_slots
 
 Runner = Callable[[Mapping[str, object]], object]
@@ -34,25 +44,47 @@ Runner = Callable[[Mapping[str, object]], object]
 PARAMETER_ARRAYS_KEPT = 16
 
 
+class GatherOutOfRange(BackendError):
+    """A repeated call the prepared runner does not launch (nothing allocated or run):
+    an index value outside the range the prepared kernel was chosen for, or a lazily
+    negated view.  The caller runs the statement's full path, which says why or runs it."""
+
+
+def tensor_extremes(tensor) -> Optional[Tuple[int, int]]:
+    """(min, max) of an int32/int64 index tensor, reduced where it lives (a CUDA
+    tensor's two values are read in one transfer), or None when it is empty (an access
+    through it reads nothing)."""
+    if tensor.numel() == 0:
+        return None
+    low, high = tensor.aminmax()
+    if tensor.is_cuda:
+        import torch
+        low, high = torch.stack((low, high)).tolist()
+    return int(low), int(high)
+
+
 def repeat_runner(call, final_dtype) -> Optional[Runner]:
     """A runner for calls with this call's signature, or None where the full path must
     run.  ``final_dtype``: the torch dtype the caller gets (as ``Kernel.run`` converts).
     Call only after the full path has run this call once (its launch is remembered)."""
     import torch
-    from ...plan.gathers import bounds_mode
+    from ...plan.gathers import bounds_mode, gather_spans, spans_in_range
     from . import backend as tb
     spec = call.spec
-    if call.framework != "torch" or any(t.as_index for t in spec.tensors) or \
-            tb.host_fallback(call):
+    if call.framework != "torch" or tb.host_fallback(call):
         return None
     device = tb._kernel_device(call)
-    names = [name for name, _ in buffer_slots(spec)[:-1]]
+    slots = buffer_slots(spec)[:-1]
+    names = [name for name, _ in slots]
     sources = call.sources or {}
-    for name in names:
+    for name, kind in slots:
         tensor = sources.get(name)
         if not isinstance(tensor, torch.Tensor) or tensor.device != device or \
-                not tensor.dtype.is_floating_point or tensor.requires_grad:
+                tensor.requires_grad or tensor.is_neg():
             return None
+        if (tensor.dtype not in (torch.int32, torch.int64)) if kind == "index" else \
+                not tensor.dtype.is_floating_point:
+            return None     # (the full path converts those: its copy is not the caller's)
     tensors = [sources[name] for name in names]
     result_dtype = tb.result_dtype(call)
     result = torch.empty(call.output_shape, dtype=result_dtype, device=device)
@@ -61,6 +93,11 @@ def repeat_runner(call, final_dtype) -> Optional[Runner]:
     template, empty_like = output_template(result.shape, result_dtype, device), \
         torch.empty_like
     bounds = bounds_mode(call)
+    # the gathered spans whose index values each repeat checks (under check/promise)
+    spans = gather_spans(call) if call.options.bounds in ("check", "promise") and \
+        any(kind == "index" for _, kind in slots) else ()
+    if spans and bounds != "verified":
+        return None     # the first call's values were out of range: the full path
     layouts = [tb._Layout.of(t) for t in tensors + [result]]
     ready = tb._launches.get(tb._launch_key(call, layouts, bounds))
     if ready is None:
@@ -87,10 +124,18 @@ def repeat_runner(call, final_dtype) -> Optional[Runner]:
                 arrays[key] = array
         return (array,)
 
+    def in_range(named) -> bool:
+        return spans_in_range(spans, lambda name: tensor_extremes(named[name]))
+
     def run(named):
+        given = [named[name] for name in names]
+        for tensor in given:
+            if tensor.is_neg():
+                raise GatherOutOfRange("a lazily negated view")
+        if spans and not in_range(named):
+            raise GatherOutOfRange("an index value outside the prepared kernel's range")
         out = empty_like(template)
-        launch(*[named[name] for name in names],
-               *(parameter_array(named) if params else ()), *scalars, out)
+        launch(*given, *(parameter_array(named) if params else ()), *scalars, out)
         return out if convert is None else out.to(convert)
     return run
 
