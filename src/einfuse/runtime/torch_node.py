@@ -31,11 +31,12 @@ from ..schedule.units import needed
 from .program_backward import _check_labels
 from .run_groups import PreparedRun, _run_one_step
 from .signatures import signature_of
+from .torch_node_products import recorded_product
 
 # at::ScalarType's numbers (c10/core/ScalarType.h) of the dtypes a plan may hold
 _SCALAR_TYPES = {np.dtype(np.float32): 6, np.dtype(np.float64): 7,
                  np.dtype(np.int64): 4, np.dtype(np.int32): 3}
-_EMPTY, _SCRATCH, _CALL, _TOTAL, _CHECK, _CAST = 0, 1, 2, 3, 4, 5
+_EMPTY, _SCRATCH, _CALL, _TOTAL, _CHECK, _CAST, _PRODUCT = 0, 1, 2, 3, 4, 5, 6
 
 
 class Untranslatable(Exception):
@@ -150,7 +151,8 @@ class _Builder:
         runner = kernel._repeat.get(signature) if signature is not None else None
         describe = getattr(runner, "describe", None)
         if describe is None:
-            self.hoisted(kernel, names, stand_ins, ops)
+            if not self.product(kernel, names, ops):
+                self.hoisted(kernel, names, stand_ins, ops)
             return
         found = describe()
         self.alive.append(runner)
@@ -166,6 +168,23 @@ class _Builder:
             ops.append((_CALL, entry, *found["addresses"], 1 if found["adaptive"] else 0,
                         found["threads"], buffers))
         self.slot[kernel.spec.output] = out
+
+    def product(self, kernel, names, ops: list) -> bool:
+        """A statement BLAS computes: the torch BLAS call its runner makes, on views
+        of the same slots (runtime/torch_node_products.py); False where the statement
+        is no product."""
+        layouts = {name: self.layout[self.slot[name]] for name in names}
+        found, declined = recorded_product(kernel, layouts)
+        if declined is not None:
+            raise Untranslatable(f"{kernel.spec.output}: {declined.reason}")
+        if found is None:
+            return False
+        views = [(self.slot[o.name], o.offset, list(o.sizes), list(o.strides))
+                 for o in found.operands]
+        out = self.new(found.shape, found.dtype)
+        ops.append((_PRODUCT, out, found.addmm, views))
+        self.slot[kernel.spec.output] = out
+        return True
 
     def hoisted(self, kernel, names, stand_ins, ops: list) -> None:
         """A statement run alone in its hoisted form (runtime/hoisted.py): the steps of
@@ -363,7 +382,8 @@ def _translate(node, prepared, passed, layouts, seed_layouts, forward_steps,
     # check), outputs, and intermediates kept
     read = {slot for op in backward if op[0] == _CALL for slot in op[-1]} | \
         {slot for op in backward if op[0] == _TOTAL for slot in op[2:4]} | \
-        {op[2] for op in backward if op[0] == _CAST}
+        {op[2] for op in backward if op[0] == _CAST} | \
+        {view[0] for op in backward if op[0] == _PRODUCT for view in op[3]}
     kept = sorted(s for s in read if len(passed) <= s < start and s not in outputs and
                   s in forward_slots.values() and s not in {seed[0] for seed in seeds})
     saved_outputs = [n for n, slot in enumerate(outputs) if slot in read]
