@@ -154,7 +154,12 @@ class _Builder:
             if not self.product(kernel, names, ops):
                 self.hoisted(kernel, names, stand_ins, ops)
             return
-        found = describe()
+        self.described(runner, kernel.spec.output, ops)
+
+    def described(self, runner, output: str, ops: list) -> None:
+        """The kernel calls of a prepared repeat runner (backends/c/repeat.py's
+        ``describe``) computing ``output``."""
+        found = runner.describe()
         self.alive.append(runner)
         buffers = []
         for name, dtype in found["inputs"]:
@@ -167,14 +172,18 @@ class _Builder:
         for entry in found["entries"]:
             ops.append((_CALL, entry, *found["addresses"], 1 if found["adaptive"] else 0,
                         found["threads"], buffers))
-        self.slot[kernel.spec.output] = out
+        self.slot[output] = out
 
-    def product(self, kernel, names, ops: list) -> bool:
+    def product(self, kernel, names, ops: list, chained: bool = False) -> bool:
         """A statement BLAS computes: the torch BLAS call its runner makes, on views
         of the same slots (runtime/torch_node_products.py); False where the statement
-        is no product."""
-        layouts = {name: self.layout[self.slot[name]] for name in names}
-        found, declined = recorded_product(kernel, layouts)
+        is no product.  ``chained``: a step of runtime/epilogue_chain.py's chain."""
+        layouts = {}
+        for name in names:
+            if name not in self.slot:
+                raise Untranslatable(f"{name} comes from no step")
+            layouts[name] = self.layout[self.slot[name]]
+        found, declined = recorded_product(kernel, layouts, chained=chained)
         if declined is not None:
             raise Untranslatable(f"{kernel.spec.output}: {declined.reason}")
         if found is None:
@@ -408,6 +417,46 @@ def _translate(node, prepared, passed, layouts, seed_layouts, forward_steps,
                           seeds, gradients, fallback,
                           (prepared._forward, backward_run, tuple(builder.alive)))
     adaptive = any(op[0] == _CALL and op[6] for op in forward + backward)
+    return node.apply, plan, adaptive
+
+
+def forward_only(passed: Tuple[str, ...], layouts, steps) -> Optional[tuple]:
+    """The node's plan of an unrecorded chain of statements (runtime/epilogue_chain.py:
+    a product, then its epilogue) on tensors ``passed`` of ``layouts``, for :func:`run`:
+    a forward with no backward, recording nothing; or None where the node is not
+    loaded or a step does not translate.  ``steps``: per statement, (its kernel, the
+    chain's prepared runner of it, whether BLAS computes it, (shape, dtype, byte
+    strides) of each array the runner was prepared for, by name)."""
+    node = c_torch_node.loaded()
+    if node is None or layouts is None:
+        return None
+    builder = _Builder(passed, layouts)
+    ops: List[tuple] = []
+    try:
+        for kernel, runner, product, prepared_for in steps:
+            for name, layout in prepared_for.items():
+                slot = builder.slot.get(name)
+                if slot is None or builder.layout[slot] != layout:
+                    raise Untranslatable(f"{name} of another layout than its runner's")
+            if product:
+                if not builder.product(kernel, tuple(prepared_for), ops, chained=True):
+                    raise Untranslatable(f"{kernel.spec.output}: no product")
+            elif getattr(runner, "describe", None) is not None:
+                builder.described(runner, kernel.spec.output, ops)
+            else:
+                raise Untranslatable(f"{kernel.spec.output}: no kernel calls described")
+    except Untranslatable:
+        return None
+    out = builder.slot[steps[-1][0].spec.output]
+    shape, dtype, strides = builder.layout[out]
+    # (no backward: one unused seed per output, as the plan's shape asks)
+    seed = builder.new(shape, dtype)
+    checks = [(n, list(s), [b // np.dtype(d).itemsize for b in st], _code(d))
+              for n, (s, d, st) in enumerate(layouts)]
+    plan = node.make_plan(builder.count, len(passed), 0, checks, ops, [], [out], [], [],
+                          [], [(seed, list(shape), [b // dtype.itemsize for b in strides],
+                                _code(dtype))], [], None, tuple(builder.alive))
+    adaptive = any(op[0] == _CALL and op[6] for op in ops)
     return node.apply, plan, adaptive
 
 

@@ -22,7 +22,6 @@ import numpy as np
 
 from ..backends.c.blas import addend_runner, contraction_runner, route_for
 from ..backends.c.blas_route import BlasRoute
-from ..backends.c.torch_blas import TORCH_BLAS
 from ..errors import EinfuseError
 from ..plan.contraction_addend import ContractionAddend
 from ..plan.windowed_contraction import WindowedContraction
@@ -32,7 +31,7 @@ from ..schedule.torch_node_plan import (NodeEligibility, NodeProductFacts,
                                         product_eligibility)
 from .signatures import signature_of
 
-_PRODUCT_ROUTES = (Route.BLAS, Route.BLAS_THEN_ADDEND)
+_PRODUCT_ROUTES = (Route.BLAS, Route.BLAS_THEN_ADDEND, Route.BLAS_WINDOWED)
 
 
 @dataclass(frozen=True)
@@ -106,11 +105,14 @@ def _view_of(array: np.ndarray, stand_ins: Dict[str, np.ndarray]) -> Optional[Op
     return None
 
 
-def recorded_product(kernel, layouts: Dict[str, Tuple]
+def recorded_product(kernel, layouts: Dict[str, Tuple], chained: bool = False
                      ) -> Tuple[Optional[RecordedProduct], Optional[NodeEligibility]]:
     """(the product, None) of a statement BLAS computes for arguments of ``layouts``
     (name -> (shape, dtype, byte strides)); (None, the reason) where it is one the node
-    does not repeat; (None, None) where the statement is not a product at all."""
+    does not repeat; (None, None) where the statement is not a product at all.
+    ``chained``: a product runtime/epilogue_chain.py's chain runs by a runner of its
+    own (backends/c/repeat.blas_runner on the as-written schedule, torch's route), not
+    the statement's repeat runner."""
     stand_ins = _stand_ins(layouts)
     if stand_ins is None:
         return None, None
@@ -119,14 +121,15 @@ def recorded_product(kernel, layouts: Dict[str, Tuple]
     except EinfuseError:
         return None, None
     signature = signature_of(stand_ins)
-    schedule = kernel.schedule(bound, signature)
-    blas = as_written(kernel, bound).blas
+    written = as_written(kernel, bound)
+    blas = written.blas
+    schedule = written if chained else kernel.schedule(bound, signature)
     if schedule.backend != "c" or schedule.route not in _PRODUCT_ROUTES or blas is None:
         return None, None
-    prepared = signature is not None and kernel._repeat.get(signature) is not None
+    prepared = chained or signature is not None and kernel._repeat.get(signature) is not None
     windowed = isinstance(blas, WindowedContraction)
     contraction = blas.contraction if isinstance(blas, ContractionAddend) else blas
-    torch_blas = not windowed and route_for(contraction, bound, True) is TORCH_BLAS
+    torch_blas = not windowed and route_for(contraction, bound, True).name == "torch"
     one_call = viewed = False
     views: Tuple[OperandView, ...] = ()
     call = None

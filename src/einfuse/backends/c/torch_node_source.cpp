@@ -210,6 +210,8 @@ bool run_ops(const std::vector<Op> &ops, std::vector<at::Tensor> &slots, int fre
             ? at::addmm(view_of(slots[v[0].slot], v[0]), view_of(slots[v[1].slot], v[1]),
                         view_of(slots[v[2].slot], v[2]))
             : at::matmul(view_of(slots[v[0].slot], v[0]), view_of(slots[v[1].slot], v[1]));
+        // (the plan lays the result out C-contiguous, as torch.matmul's .numpy() is)
+        if (!slots[op.slot].is_contiguous()) slots[op.slot] = slots[op.slot].contiguous();
         break;
       }
       case TOTAL: {
