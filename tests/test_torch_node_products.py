@@ -225,3 +225,35 @@ def test_product_eligibility_rules():
                                 ("result_dtype", False, "result dtype")):
         decision = product_eligibility(dataclasses.replace(fine, **{field: value}))
         assert not decision.eligible and words in decision.reason, field
+
+
+BATCHED = """S[b,i,j] := sum[d](Q[b,i,d] * K[b,j,d])
+P[b,i,j] := tanh(S[b,i,j])
+O[b,i,e] := sum[j](P[b,i,j] * V[b,j,e])"""
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_batched_products(node, dtype):
+    # 8 x 64 x 64 x 64 multiply-adds each: torch.matmul on 3-D views (a bmm), forward
+    # and every gradient
+    rng = np.random.default_rng(13)
+    env = {name: torch.from_numpy(rng.standard_normal((8, 64, 64)) / 8).to(dtype)
+           for name in ("Q", "K", "V")}
+    seed = torch.from_numpy(rng.standard_normal((8, 64, 64))).to(dtype)
+    ours, python = _pair(BATCHED, "O", env, seed)
+    got, grads = _same_bits(ours, python, env, seed)
+    leaves = {k: v.detach().clone().requires_grad_() for k, v in env.items()}
+    twin = torch.tanh(leaves["Q"] @ leaves["K"].transpose(1, 2)) @ leaves["V"]
+    twin.backward(seed)
+    _close(got, twin.detach(), dtype)
+    for name in env:
+        _close(grads[name], leaves[name].grad, dtype)
+
+
+def test_mlp_gradcheck(node):
+    env = _mlp_env(torch.float64, seed=2)
+    seed = torch.ones(64, D, dtype=torch.float64)
+    ours, _ = _pair(MLP, "y", env, seed)
+    leaves = tuple(env[k].detach().clone().requires_grad_() for k in ("X", "G", "W1", "W2"))
+    assert torch.autograd.gradcheck(lambda X, G, W1, W2: ours(X=X, G=G, W1=W1, W2=W2),
+                                    leaves, fast_mode=True)

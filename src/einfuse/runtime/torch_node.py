@@ -200,8 +200,13 @@ class _Builder:
         the prepared run its arrays' layouts made (a gain's column sum ``dg[j]`` over a
         per-row temporary), translated on slots of their own names: a temporary's name
         hides none of the program's."""
-        form = kernel.hoisted_form
-        run = form.prepared_run(stand_ins) if form is not None else None
+        run = None
+        # (or a product under an elementwise epilogue: its epilogue form, a product
+        # statement and then the epilogue's pass, runtime/repeat.py's _epilogue_runner)
+        for form in (kernel.hoisted_form, kernel.epilogue_form):
+            run = form.prepared_run(stand_ins) if form is not None else None
+            if run is not None:
+                break
         if run is None or run.kernels[-1].spec.output != kernel.spec.output:
             raise Untranslatable(f"{kernel.spec.output}: a statement with no prepared kernel")
         program_slots = self.slot
