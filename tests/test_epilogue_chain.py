@@ -188,3 +188,23 @@ def test_the_node_chain_with_strided_inputs_and_non_finite_values(node, monkeypa
     kept = first.clone()
     ours(**arrays).add_(1.0)
     torch.testing.assert_close(first, kept, equal_nan=True)
+
+
+def test_inference_mode_and_a_float_parameter(node, monkeypatch):
+    # under inference_mode (the node declines inference tensors: the chain in Python),
+    # and with a float parameter (its value read per call: the chain in Python)
+    statement, twin = CASES[0]
+    ours = ef.compile(statement + " " * 7, backend="c")
+    arrays = _tensors(torch.float32, batch=32, inner=128, outer=128, seed=4)
+    with torch.inference_mode():
+        made = _tensors(torch.float32, batch=32, inner=128, outer=128, seed=4)
+        for given in (arrays, made, arrays, made, made, arrays):
+            got = ours(**given)
+            torch.testing.assert_close(got, twin(**given), rtol=1e-5, atol=1e-5)
+    ran = _node_runs(monkeypatch)
+    scaled = ef.compile(f"y[b,o] := max({C_OI} + bias[o], 0) * s", backend="c")
+    for _ in range(5):
+        with torch.no_grad():
+            got = scaled(**arrays, s=0.5)
+        torch.testing.assert_close(got, 0.5 * twin(**arrays), rtol=1e-5, atol=1e-5)
+    assert not any(ran)

@@ -98,9 +98,12 @@ def epilogue_chain(form, call, kwargs) -> Optional[Callable]:
 
 
 def _layout(value) -> Tuple:
-    """(shape, dtype, byte strides) of an array or CPU tensor, as the node's slots."""
+    """(shape, dtype, byte strides) of an array or CPU tensor, as the node's slots;
+    None for anything else (a scalar parameter)."""
     if isinstance(value, np.ndarray):
         return tuple(value.shape), value.dtype, tuple(value.strides)
+    if not hasattr(value, "layout"):      # (not a tensor)
+        return None
     found = torch_node.layouts_of({"value": value}, ("value",))
     return found[0] if found is not None else None
 
