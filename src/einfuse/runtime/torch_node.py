@@ -6,10 +6,14 @@ the same kernels on the same arrays, so the same values.
 
 A call is translated only where every step is a prepared fused group, row kernel
 (the log-sum-exp one too, on int64 labels), statement run alone by its repeat runner
-(backends/c/repeat.py) or a backward's label check, whose arguments depend on the
-layouts alone (no scalar parameters, no gathers checked per call, no scatter), every
-output is a float array the forward makes, and every gradient is an array the
-backward makes of the input's shape and dtype.  An index array a fused kernel reads as
+(backends/c/repeat.py; or in its hoisted or epilogue form, by that form's prepared
+run), product on torch's BLAS (an at::matmul / at::addmm operation on views of the
+same slots: runtime/torch_node_products.py) or a backward's label check, whose
+arguments depend on the layouts alone (no scalar parameters, no gathers checked per
+call, no scatter), every output is a float array the forward makes, and every
+gradient is an array the backward makes of the input's shape and dtype.
+:func:`forward_only` plans an unrecorded chain (runtime/epilogue_chain.py) the same
+way: a forward with no backward.  An index array a fused kernel reads as
 values is converted in C++, as the Python runner converts it.  Anything else, a call
 whose tensors have another layout and torch.func's transforms keep the Python path; a
 kernel that raises its error flag or a label out of range hands the call (forward) or

@@ -6,7 +6,8 @@ is recorded the same way).  Decides; runs nothing.
 
 The node runs kernels the Python path has prepared, by their function pointers, on
 arrays whose layouts the signature fixes; so a call is eligible only where each step
-is one of those kernels (or a backward's label check, which it makes itself) and
+is one of those kernels (or a backward's label check, which it makes itself, or a
+product on torch's BLAS, which it calls as the Python path does: product_eligibility) and
 nothing is decided per call: no scalar parameter (its value fills the kernel's doubles
 per call), every gradient an array the backward makes of the input's own shape and
 dtype, every tensor a plain strided CPU one of a dtype a plan holds."""
