@@ -5,7 +5,10 @@
   module and under ``torch.compile`` (inductor), against its pure-torch twin eager and
   compiled;
 * small layers at 256x256 float32 as programs (softmax, layernorm, cross-entropy),
-  forward (under no_grad) and forward + backward, against torch eager.
+  forward (under no_grad) and forward + backward, against torch eager;
+* a Linear layer and ReLU as one statement (``max(x @ W.T + bias, 0)``) at 64x784x256
+  and 32x128x128, forward (no_grad) and forward + backward (W and bias learn), against
+  torch's addmm + relu.
 
 One thread, CPU time (time.process_time), the contenders interleaved, the median of
 several repeats.  ``--before REV`` (default db73c28, main before this work) runs the same
@@ -42,14 +45,18 @@ y[i,j] := (X[i,j] - mu[i]) / sqrt(v[i] + 0.00001) * g[j] + b[j]"""
 CROSS_ENTROPY = f"""m[i] := max[j](X[i,j])
 l[i] := log(sum[j](exp(X[i,j] - m[i]))) + m[i] - X[i, t[i]]
 L := sum[i](l[i]) / {N}"""
+LINEAR_RELU = "y[b,o] := max(sum[i](x[b,i]*W[o,i]) + bias[o], 0)"
+LINEAR_SHAPES = ((64, 784, 256), (32, 128, 128))
 
 
 def contenders(compile_models: bool):
     """name -> (group, callable): each group's first entry is einfuse's."""
     import torch
     import einfuse as ef
+    from einfuse.backends.c import torch_node
     torch.set_num_threads(1)
     torch.manual_seed(0)
+    torch_node.module(wait=True)     # (the C++ node loaded before anything is timed)
     program = ef.compile(BLOCK, outputs=("y",))
 
     class Block(torch.nn.Module):
@@ -105,13 +112,24 @@ def contenders(compile_models: bool):
                       lambda: torch.nn.functional.layer_norm(X, (N,), g, b), seed),
         "cross-entropy": (lambda: cross_entropy(X=X, t=t),
                           lambda: torch.nn.functional.cross_entropy(X, t), None)}
+    leaves = {name: (X, g, b) for name in layers}
+    linear = ef.compile(LINEAR_RELU)
+    for batch, inner, outer in LINEAR_SHAPES:
+        x = torch.randn(batch, inner)
+        W = (torch.randn(outer, inner) / inner ** 0.5).requires_grad_()
+        bias = torch.randn(outer, requires_grad=True)
+        name = f"linear+relu {batch}x{inner}x{outer}"
+        layers[name] = (lambda x=x, W=W, bias=bias: linear(x=x, W=W, bias=bias),
+                        lambda x=x, W=W, bias=bias: torch.relu(torch.addmm(bias, x, W.T)),
+                        torch.randn(batch, outer))
+        leaves[name] = (W, bias)
     for name, (mine, peer, weight) in layers.items():
         found[f"{name} fwd: einfuse"] = (f"{name} fwd", without_grad(mine))
         found[f"{name} fwd: torch eager"] = (f"{name} fwd", without_grad(peer))
         found[f"{name} fwd+bwd: einfuse"] = (f"{name} fwd+bwd",
-                                            training_step(mine, weight, (X, g, b)))
+                                            training_step(mine, weight, leaves[name]))
         found[f"{name} fwd+bwd: torch eager"] = (f"{name} fwd+bwd",
-                                                 training_step(peer, weight, (X, g, b)))
+                                                 training_step(peer, weight, leaves[name]))
     return found
 
 
@@ -143,7 +161,8 @@ def ratios(results: dict) -> dict:
              t("mlp: torch eager") / t("mlp: einfuse eager"),
              "torch compiled / einfuse compiled (module step)":
              t("mlp: torch compiled") / t("mlp: einfuse compiled")}
-    for layer in ("softmax", "layernorm", "cross-entropy"):
+    for layer in ("softmax", "layernorm", "cross-entropy") + tuple(
+            f"linear+relu {b}x{i}x{o}" for b, i, o in LINEAR_SHAPES):
         for kind in ("fwd", "fwd+bwd"):
             found[f"torch eager / einfuse: {layer} {kind}"] = \
                 t(f"{layer} {kind}: torch eager") / t(f"{layer} {kind}: einfuse")

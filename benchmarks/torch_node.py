@@ -1,7 +1,9 @@
 """The C++ autograd node (runtime/torch_node.py) against the Python autograd path it
 replaces and torch eager: the training step (forward + backward) and the forward of
-softmax, layernorm and cross-entropy programs at 256x256 float32 and of the 2-block MLP
-module (bench/module_cases.py), one thread, CPU time, interleaved, medians.
+softmax, layernorm and cross-entropy programs at 256x256 float32, of a Linear layer and
+ReLU as a two-statement program (its product and its gradients' products node
+operations: runtime/torch_node_products.py) at 64x784x256 and 32x128x128, and of the
+2-block MLP module (bench/module_cases.py), one thread, CPU time, interleaved, medians.
 
     PYTHONPATH=src python benchmarks/torch_node.py [repeats]"""
 
@@ -24,6 +26,7 @@ SOFTMAX = ("M[i] := max[j](X[i,j])\nE[i,j] := exp(X[i,j] - M[i])\n"
            "Z[i] := sum[j](E[i,j])\nP[i,j] := E[i,j] / Z[i]")
 LAYERNORM = (f"m[i] := sum[j](X[i,j]) / {N}\nv[i] := sum[j]((X[i,j] - m[i])**2) / {N}\n"
              f"Y[i,j] := (X[i,j] - m[i]) / sqrt(v[i] + 1e-05) * g[j] + b[j]")
+LINEAR_RELU = "h[b,o] := sum[i](x[b,i] * W[o,i]) + c[o]\ny[b,o] := max(h[b,o], 0)"
 
 
 def python_path(holder):
@@ -61,6 +64,18 @@ def layer_steps():
         "cross-entropy": (CROSS_ENTROPY.replace("N", str(N)), ("L",), dict(X=x, t=t),
                           lambda: F.cross_entropy(x, t), None),
     }
+    leaves = {name: (x, g, b) for name in cases}
+    for batch, inner, outer in ((64, 784, 256), (32, 128, 128)):
+        xs = torch.from_numpy(rng.standard_normal((batch, inner), dtype=np.float32))
+        W = torch.from_numpy(rng.standard_normal((outer, inner), dtype=np.float32) /
+                             inner ** 0.5).requires_grad_()
+        c = torch.from_numpy(rng.standard_normal(outer, dtype=np.float32)).requires_grad_()
+        name = f"linear+relu {batch}x{inner}x{outer}"
+        cases[name] = (LINEAR_RELU, ("y",), dict(x=xs, W=W, c=c),
+                       lambda xs=xs, W=W, c=c: torch.relu(F.linear(xs, W, c)),
+                       torch.from_numpy(rng.standard_normal((batch, outer),
+                                                            dtype=np.float32)))
+        leaves[name] = (W, c)
     found = {}
     for name, (text, outputs, env, twin, seed_of) in cases.items():
         made = {}
@@ -74,9 +89,9 @@ def layer_steps():
                 if form == "python":
                     python_path(program)
 
-        def train(fn, seed=seed_of):
+        def train(fn, seed=seed_of, zeroed=leaves[name]):
             def step():
-                for v in (x, g, b):
+                for v in zeroed:
                     v.grad = None
                 out = fn()
                 out.backward(seed) if seed is not None else out.backward()
@@ -132,7 +147,7 @@ def main(repeats: int = 9, inner: int = 100):
                 for f, fn in fns.items():
                     times[f].append(timed(fn, inner))
             med = {f: float(np.median(v)) for f, v in times.items()}
-            print(f"{name:20s} {kind:8s} torch {med['torch']:7.1f} us  python path "
+            print(f"{name:26s} {kind:8s} torch {med['torch']:7.1f} us  python path "
                   f"{med['python']:7.1f} ({med['python'] / med['torch']:.2f}x)  node "
                   f"{med['node']:7.1f} ({med['node'] / med['torch']:.2f}x)"
                   f"{'' if forms['in use'] else '  [node not used: Python path]'}")

@@ -121,3 +121,90 @@ def test_results_are_fresh_tensors():
     second = kernel(**arrays)
     second.add_(1.0)          # a caller writing into one result leaves the other alone
     torch.testing.assert_close(first, kept)
+
+
+def _node_runs(monkeypatch):
+    """Counts the chain's calls the C++ node ran (runtime/torch_node.run not None)."""
+    from einfuse.runtime import torch_node
+    ran, original = [], torch_node.run
+
+    def counting(found, tensors):
+        result = original(found, tensors)
+        ran.append(result is not None)
+        return result
+    monkeypatch.setattr(torch_node, "run", counting)
+    return ran
+
+
+@pytest.mark.parametrize("shape", [(32, 128, 128), (64, 784, 256)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("case", range(len(CASES)))
+def test_unrecorded_repeats_run_as_the_node_with_the_chains_bits(node, monkeypatch, case,
+                                                                 dtype, shape):
+    # (the chain in Python is the reference: a kernel of its own with the node off)
+    statement, twin = CASES[case]
+    ours = ef.compile(statement + " " * 3, backend="c")
+    python = ef.compile(statement + " " * 4, backend="c")
+    batch, inner, outer = shape
+    arrays = _tensors(dtype, batch=batch, inner=inner, outer=outer, seed=case)
+    ran = _node_runs(monkeypatch)
+    tol = 1e-5 if dtype == torch.float32 else 1e-12
+    for round_ in range(6):
+        fresh = {k: v.clone() for k, v in arrays.items()}
+        with torch.no_grad():
+            got = ours(**fresh)
+        monkeypatch.setenv("EINFUSE_TORCH_NODE", "0")
+        want = python(**fresh)
+        monkeypatch.delenv("EINFUSE_TORCH_NODE")
+        assert torch.equal(got, want), round_
+        assert not got.requires_grad and got.is_contiguous()
+        torch.testing.assert_close(got, twin(**arrays), rtol=tol, atol=tol)
+    assert sum(ran) >= 2, "the node never ran the unrecorded chain"
+
+
+def test_the_node_chain_with_strided_inputs_and_non_finite_values(node, monkeypatch):
+    statement, twin = CASES[0]
+    ours = ef.compile(statement + " " * 5, backend="c")
+    python = ef.compile(statement + " " * 6, backend="c")
+    x = torch.randn(256, 64).T           # a transposed view
+    W = torch.randn(128, 512)[:, ::2]    # every other column
+    bias = torch.randn(128)
+    bias[2] = float("nan")
+    x[3, 4] = float("inf")
+    arrays = {"x": x, "W": W, "bias": bias}
+    ran = _node_runs(monkeypatch)
+    for _ in range(5):
+        got = ours(**arrays)
+        monkeypatch.setenv("EINFUSE_TORCH_NODE", "0")
+        want = python(**arrays)
+        monkeypatch.delenv("EINFUSE_TORCH_NODE")
+        # (bit for bit but where NaN, which never equals itself)
+        assert torch.equal(got.isnan(), want.isnan()) and got.isnan().any()
+        assert torch.equal(torch.nan_to_num(got), torch.nan_to_num(want))
+    assert sum(ran) >= 2
+    torch.testing.assert_close(got, twin(**arrays), rtol=1e-5, atol=1e-5, equal_nan=True)
+    # a result the caller writes into leaves the next one alone
+    first = ours(**arrays)
+    kept = first.clone()
+    ours(**arrays).add_(1.0)
+    torch.testing.assert_close(first, kept, equal_nan=True)
+
+
+def test_inference_mode_and_a_float_parameter(node, monkeypatch):
+    # under inference_mode (the node declines inference tensors: the chain in Python),
+    # and with a float parameter (its value read per call: the chain in Python)
+    statement, twin = CASES[0]
+    ours = ef.compile(statement + " " * 7, backend="c")
+    arrays = _tensors(torch.float32, batch=32, inner=128, outer=128, seed=4)
+    with torch.inference_mode():
+        made = _tensors(torch.float32, batch=32, inner=128, outer=128, seed=4)
+        for given in (arrays, made, arrays, made, made, arrays):
+            got = ours(**given)
+            torch.testing.assert_close(got, twin(**given), rtol=1e-5, atol=1e-5)
+    ran = _node_runs(monkeypatch)
+    scaled = ef.compile(f"y[b,o] := max({C_OI} + bias[o], 0) * s", backend="c")
+    for _ in range(5):
+        with torch.no_grad():
+            got = scaled(**arrays, s=0.5)
+        torch.testing.assert_close(got, 0.5 * twin(**arrays), rtol=1e-5, atol=1e-5)
+    assert not any(ran)

@@ -11,7 +11,13 @@ What the chain computes is what the form's kernels compute (the same kernels, th
 same BLAS route as a torch caller's statements take, the same thread rule).  A call
 autograd records (grad mode on and an input that requires a gradient) takes the
 form's own run, which builds the autograd node; so does any call the chain's
-runners decline."""
+runners decline.
+
+Where the C++ autograd node is loaded (runtime/torch_node.py; its build starts after
+a few calls), the chain runs as one node call with nothing recorded: the same product
+(at::matmul / at::addmm on the same views, runtime/torch_node_products.py), then the
+same epilogue kernel by its function pointer, with no Python between them (at
+32x128x128 the chain's Python was most of a forward's time)."""
 
 from __future__ import annotations
 
@@ -22,6 +28,8 @@ import numpy as np
 from ..analysis.frameworks import TORCH
 from ..errors import EinfuseError
 from ..schedule.choose import as_written
+from ..schedule.units import needed
+from . import torch_node
 
 
 def epilogue_chain(form, call, kwargs) -> Optional[Callable]:
@@ -38,6 +46,7 @@ def epilogue_chain(form, call, kwargs) -> Optional[Callable]:
     env: Dict[str, object] = {name: call.arrays[name] for name in call.arrays}
     env.update(call.params)
     steps: List[Tuple[str, Callable]] = []
+    described = []      # (the node's translation: torch_node.forward_only's steps)
     for kernel in kernels:
         spec = kernel.spec
         if any(t.as_index for t in spec.tensors) or spec.assign != ":=":
@@ -55,12 +64,28 @@ def epilogue_chain(form, call, kwargs) -> Optional[Callable]:
         if prepared is None:
             return None
         steps.append((spec.output, prepared.run))
+        described.append((kernel, prepared.run, schedule.blas is not None,
+                          {name: _layout(env[name]) for name in needed(spec)}))
         env[spec.output] = np.empty(tuple(bound.output_shape), prepared.dtype)
     result_dtype = np.dtype(call.dtypes.result)
     # (the signature fixes which arguments are tensors)
     tensors = tuple(n for n, v in kwargs.items() if isinstance(v, torch.Tensor))
+    node = [None, 0]     # the node's plan, once made; calls before it was tried
+    # (a float parameter, or a result converted at the end: the chain in Python)
+    whole = len(tensors) == len(kwargs) and env[steps[-1][0]].dtype == result_dtype
 
     def run(named):
+        found = node[0]
+        if found is not None:
+            result = torch_node.run(found, [named[name] for name in tensors])
+            if result is not None:
+                return result[0]
+        elif whole and node[1] >= 0:
+            node[1] += 1
+            if torch_node.available(node[1]):
+                node[1] = -1        # (tried once)
+                node[0] = torch_node.forward_only(
+                    tensors, torch_node.layouts_of(kwargs, tensors), described)
         values = dict(named)
         values.update(numpy_views(named, tensors))
         for output, step in steps:
@@ -70,6 +95,17 @@ def epilogue_chain(form, call, kwargs) -> Optional[Callable]:
             result = result.astype(result_dtype)
         return torch.from_numpy(result)
     return run
+
+
+def _layout(value) -> Tuple:
+    """(shape, dtype, byte strides) of an array or CPU tensor, as the node's slots;
+    None for anything else (a scalar parameter)."""
+    if isinstance(value, np.ndarray):
+        return tuple(value.shape), value.dtype, tuple(value.strides)
+    if not hasattr(value, "layout"):      # (not a tensor)
+        return None
+    found = torch_node.layouts_of({"value": value}, ("value",))
+    return found[0] if found is not None else None
 
 
 __all__ = ["epilogue_chain"]

@@ -6,10 +6,14 @@ the same kernels on the same arrays, so the same values.
 
 A call is translated only where every step is a prepared fused group, row kernel
 (the log-sum-exp one too, on int64 labels), statement run alone by its repeat runner
-(backends/c/repeat.py) or a backward's label check, whose arguments depend on the
-layouts alone (no scalar parameters, no gathers checked per call, no scatter), every
-output is a float array the forward makes, and every gradient is an array the
-backward makes of the input's shape and dtype.  An index array a fused kernel reads as
+(backends/c/repeat.py; or in its hoisted or epilogue form, by that form's prepared
+run), product on torch's BLAS (an at::matmul / at::addmm operation on views of the
+same slots: runtime/torch_node_products.py) or a backward's label check, whose
+arguments depend on the layouts alone (no scalar parameters, no gathers checked per
+call, no scatter), every output is a float array the forward makes, and every
+gradient is an array the backward makes of the input's shape and dtype.
+:func:`forward_only` plans an unrecorded chain (runtime/epilogue_chain.py) the same
+way: a forward with no backward.  An index array a fused kernel reads as
 values is converted in C++, as the Python runner converts it.  Anything else, a call
 whose tensors have another layout and torch.func's transforms keep the Python path; a
 kernel that raises its error flag or a label out of range hands the call (forward) or
@@ -31,11 +35,12 @@ from ..schedule.units import needed
 from .program_backward import _check_labels
 from .run_groups import PreparedRun, _run_one_step
 from .signatures import signature_of
+from .torch_node_products import recorded_product
 
 # at::ScalarType's numbers (c10/core/ScalarType.h) of the dtypes a plan may hold
 _SCALAR_TYPES = {np.dtype(np.float32): 6, np.dtype(np.float64): 7,
                  np.dtype(np.int64): 4, np.dtype(np.int32): 3}
-_EMPTY, _SCRATCH, _CALL, _TOTAL, _CHECK, _CAST = 0, 1, 2, 3, 4, 5
+_EMPTY, _SCRATCH, _CALL, _TOTAL, _CHECK, _CAST, _PRODUCT = 0, 1, 2, 3, 4, 5, 6
 
 
 class Untranslatable(Exception):
@@ -150,9 +155,15 @@ class _Builder:
         runner = kernel._repeat.get(signature) if signature is not None else None
         describe = getattr(runner, "describe", None)
         if describe is None:
-            self.hoisted(kernel, names, stand_ins, ops)
+            if not self.product(kernel, names, ops):
+                self.hoisted(kernel, names, stand_ins, ops)
             return
-        found = describe()
+        self.described(runner, kernel.spec.output, ops)
+
+    def described(self, runner, output: str, ops: list) -> None:
+        """The kernel calls of a prepared repeat runner (backends/c/repeat.py's
+        ``describe``) computing ``output``."""
+        found = runner.describe()
         self.alive.append(runner)
         buffers = []
         for name, dtype in found["inputs"]:
@@ -165,15 +176,41 @@ class _Builder:
         for entry in found["entries"]:
             ops.append((_CALL, entry, *found["addresses"], 1 if found["adaptive"] else 0,
                         found["threads"], buffers))
+        self.slot[output] = out
+
+    def product(self, kernel, names, ops: list, chained: bool = False) -> bool:
+        """A statement BLAS computes: the torch BLAS call its runner makes, on views
+        of the same slots (runtime/torch_node_products.py); False where the statement
+        is no product.  ``chained``: a step of runtime/epilogue_chain.py's chain."""
+        layouts = {}
+        for name in names:
+            if name not in self.slot:
+                raise Untranslatable(f"{name} comes from no step")
+            layouts[name] = self.layout[self.slot[name]]
+        found, declined = recorded_product(kernel, layouts, chained=chained)
+        if declined is not None:
+            raise Untranslatable(f"{kernel.spec.output}: {declined.reason}")
+        if found is None:
+            return False
+        views = [(self.slot[o.name], o.offset, list(o.sizes), list(o.strides))
+                 for o in found.operands]
+        out = self.new(found.shape, found.dtype)
+        ops.append((_PRODUCT, out, found.addmm, views))
         self.slot[kernel.spec.output] = out
+        return True
 
     def hoisted(self, kernel, names, stand_ins, ops: list) -> None:
         """A statement run alone in its hoisted form (runtime/hoisted.py): the steps of
         the prepared run its arrays' layouts made (a gain's column sum ``dg[j]`` over a
         per-row temporary), translated on slots of their own names: a temporary's name
         hides none of the program's."""
-        form = kernel.hoisted_form
-        run = form.prepared_run(stand_ins) if form is not None else None
+        run = None
+        # (or a product under an elementwise epilogue: its epilogue form, a product
+        # statement and then the epilogue's pass, runtime/repeat.py's _epilogue_runner)
+        for form in (kernel.hoisted_form, kernel.epilogue_form):
+            run = form.prepared_run(stand_ins) if form is not None else None
+            if run is not None:
+                break
         if run is None or run.kernels[-1].spec.output != kernel.spec.output:
             raise Untranslatable(f"{kernel.spec.output}: a statement with no prepared kernel")
         program_slots = self.slot
@@ -363,7 +400,8 @@ def _translate(node, prepared, passed, layouts, seed_layouts, forward_steps,
     # check), outputs, and intermediates kept
     read = {slot for op in backward if op[0] == _CALL for slot in op[-1]} | \
         {slot for op in backward if op[0] == _TOTAL for slot in op[2:4]} | \
-        {op[2] for op in backward if op[0] == _CAST}
+        {op[2] for op in backward if op[0] == _CAST} | \
+        {view[0] for op in backward if op[0] == _PRODUCT for view in op[3]}
     kept = sorted(s for s in read if len(passed) <= s < start and s not in outputs and
                   s in forward_slots.values() and s not in {seed[0] for seed in seeds})
     saved_outputs = [n for n, slot in enumerate(outputs) if slot in read]
@@ -388,6 +426,46 @@ def _translate(node, prepared, passed, layouts, seed_layouts, forward_steps,
                           seeds, gradients, fallback,
                           (prepared._forward, backward_run, tuple(builder.alive)))
     adaptive = any(op[0] == _CALL and op[6] for op in forward + backward)
+    return node.apply, plan, adaptive
+
+
+def forward_only(passed: Tuple[str, ...], layouts, steps) -> Optional[tuple]:
+    """The node's plan of an unrecorded chain of statements (runtime/epilogue_chain.py:
+    a product, then its epilogue) on tensors ``passed`` of ``layouts``, for :func:`run`:
+    a forward with no backward, recording nothing; or None where the node is not
+    loaded or a step does not translate.  ``steps``: per statement, (its kernel, the
+    chain's prepared runner of it, whether BLAS computes it, (shape, dtype, byte
+    strides) of each array the runner was prepared for, by name)."""
+    node = c_torch_node.loaded()
+    if node is None or layouts is None:
+        return None
+    builder = _Builder(passed, layouts)
+    ops: List[tuple] = []
+    try:
+        for kernel, runner, product, prepared_for in steps:
+            for name, layout in prepared_for.items():
+                slot = builder.slot.get(name)
+                if slot is None or builder.layout[slot] != layout:
+                    raise Untranslatable(f"{name} of another layout than its runner's")
+            if product:
+                if not builder.product(kernel, tuple(prepared_for), ops, chained=True):
+                    raise Untranslatable(f"{kernel.spec.output}: no product")
+            elif getattr(runner, "describe", None) is not None:
+                builder.described(runner, kernel.spec.output, ops)
+            else:
+                raise Untranslatable(f"{kernel.spec.output}: no kernel calls described")
+    except Untranslatable:
+        return None
+    out = builder.slot[steps[-1][0].spec.output]
+    shape, dtype, strides = builder.layout[out]
+    # (no backward: one unused seed per output, as the plan's shape asks)
+    seed = builder.new(shape, dtype)
+    checks = [(n, list(s), [b // np.dtype(d).itemsize for b in st], _code(d))
+              for n, (s, d, st) in enumerate(layouts)]
+    plan = node.make_plan(builder.count, len(passed), 0, checks, ops, [], [out], [], [],
+                          [], [(seed, list(shape), [b // dtype.itemsize for b in strides],
+                                _code(dtype))], [], None, tuple(builder.alive))
+    adaptive = any(op[0] == _CALL and op[6] for op in ops)
     return node.apply, plan, adaptive
 
 

@@ -6,7 +6,8 @@ is recorded the same way).  Decides; runs nothing.
 
 The node runs kernels the Python path has prepared, by their function pointers, on
 arrays whose layouts the signature fixes; so a call is eligible only where each step
-is one of those kernels (or a backward's label check, which it makes itself) and
+is one of those kernels (or a backward's label check, which it makes itself, or a
+product on torch's BLAS, which it calls as the Python path does: product_eligibility) and
 nothing is decided per call: no scalar parameter (its value fills the kernel's doubles
 per call), every gradient an array the backward makes of the input's own shape and
 dtype, every tensor a plain strided CPU one of a dtype a plan holds."""
@@ -93,4 +94,36 @@ def node_eligibility(facts: NodeCallFacts, forward: Tuple[NodeStep, ...],
             if step.kind not in _RUNNABLE:
                 what = f" ({step.computes})" if step.computes else ""
                 return NodeEligibility.declined(f"the {direction} has {step.kind.value}{what}")
+    return ELIGIBLE
+
+
+@dataclass(frozen=True)
+class NodeProductFacts:
+    """What the Python path's prepared runner of a statement BLAS computes does for one
+    signature (runtime/torch_node_products.py records it on stand-in arrays): the node
+    runs the same torch BLAS call on the same views, so the same bits, or declines."""
+    prepared: bool              # the statement's repeats run a prepared runner
+    torch_blas: bool            # its product is torch's (large enough, a float dtype)
+    windowed: bool              # a windowed contraction (a convolution's)
+    one_call: bool              # one torch.matmul or torch.addmm, its result returned as is
+    operands_viewed: bool       # every operand a view of an argument (no copy, no conversion)
+    result_dtype: bool          # the product's dtype is the statement's result dtype
+
+
+def product_eligibility(facts: NodeProductFacts) -> NodeEligibility:
+    """Whether a product statement runs as a node operation (``at::matmul`` or
+    ``at::addmm`` on the recorded views), or the first rule it fails."""
+    if not facts.prepared:
+        return NodeEligibility.declined("a product with no prepared runner (its full path)")
+    if facts.windowed:
+        return NodeEligibility.declined("a windowed product")
+    if not facts.torch_blas:
+        return NodeEligibility.declined("a product on NumPy's BLAS (too small for torch's)")
+    if not facts.one_call:
+        return NodeEligibility.declined(
+            "a product that is more than one torch BLAS call on its operands")
+    if not facts.operands_viewed:
+        return NodeEligibility.declined("a product whose operands are converted or copied")
+    if not facts.result_dtype:
+        return NodeEligibility.declined("a product converted to its result dtype")
     return ELIGIBLE

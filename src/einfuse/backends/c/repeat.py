@@ -97,8 +97,14 @@ def repeat_runner(call, schedule: Optional[Schedule] = None) -> Optional[Prepare
         if inner is None:
             return None
         run_merged, adapt, shape = inner.run, merged.adapt, tuple(call.output_shape)
-        return PreparedRunner(lambda named: run_merged(adapt(named)).reshape(shape),
-                              inner.dtype)
+
+        def run_reshaped(named):
+            return run_merged(adapt(named)).reshape(shape)
+        inner_describe = getattr(run_merged, "describe", None)
+        if inner_describe is not None:      # (its views share their arrays' memory:
+            # runtime/torch_node.py makes the same kernel calls on the arrays as they are)
+            run_reshaped.describe = lambda: dict(inner_describe(), shape=shape)
+        return PreparedRunner(run_reshaped, inner.dtype)
     working = call.dtypes.working
     shape = tuple(call.output_shape)
     out_dtype = output_dtype(call)

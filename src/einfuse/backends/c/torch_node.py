@@ -97,7 +97,6 @@ def _build_and_load() -> None:
 def _load():
     if c_build.find_compiler() is None:
         raise RuntimeError("no C compiler")
-    from torch.utils import cpp_extension
     with open(_SOURCE_FILE) as handle:
         source = handle.read()
     key = _key(source)
@@ -111,6 +110,9 @@ def _load():
         built_before = _import_built(name, directory)
         if built_before is not None:      # (the key names the source: no build to check)
             return built_before
+        # (imported only to build: its imports, on this background thread, would change
+        # sys.modules under a torch.compile tracing the main thread, which iterates it)
+        from torch.utils import cpp_extension
         # the source is copied in: the build directory's ninja file names it
         path = os.path.join(directory, "torch_node.cpp")
         if not os.path.exists(path) or open(path).read() != source:

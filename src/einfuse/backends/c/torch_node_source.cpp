@@ -5,7 +5,10 @@
 // the passed tensors first, then every array the prepared forward and backward make.
 // An operation allocates a slot, calls a compiled kernel (the same function pointer,
 // runtime ints and doubles the Python runner calls) on slots, or adds up a column
-// member's per-thread accumulators as backends/c/fused.py's column_total does.  The
+// member's per-thread accumulators as backends/c/fused.py's column_total does, or
+// multiplies views of slots on torch's BLAS as the Python path's runner of a product
+// statement does (at::matmul, at::addmm: the functions its torch.matmul and
+// torch.addmm are, on views of the same layouts: runtime/torch_node_products.py).  The
 // forward runs its plan when apply() is called; the backward's plan runs inside the
 // autograd engine, with no Python, except a backward that must itself be
 // differentiable (create_graph=True): it calls back the Python path under the GIL.
@@ -33,7 +36,14 @@ typedef void (*kernel_fn)(void **, const int64_t *, const double *, const int64_
 
 namespace {
 
-enum OpKind { EMPTY = 0, SCRATCH = 1, CALL = 2, TOTAL = 3, CHECK = 4, CAST = 5 };
+enum OpKind { EMPTY = 0, SCRATCH = 1, CALL = 2, TOTAL = 3, CHECK = 4, CAST = 5, PRODUCT = 6 };
+
+// PRODUCT: an operand, a view of one slot's tensor
+struct View {
+  int slot = -1;
+  int64_t offset = 0;                  // elements past the tensor's own first
+  std::vector<int64_t> sizes, strides;
+};
 
 struct Op {
   int kind = EMPTY;
@@ -56,7 +66,16 @@ struct Op {
   int64_t size = 0;                    // TOTAL: elements of the output; CHECK: the bound
   bool compensated = true;             // TOTAL: sums in the working dtype, errors beside
   bool owned = false;                  // EMPTY, SCRATCH: never leaves the run: the plan's own
+  bool addmm = false;                  // PRODUCT: at::addmm(views[0], views[1], views[2])
+  std::vector<View> views;             // PRODUCT: else at::matmul(views[0], views[1])
 };
+
+at::Tensor view_of(const at::Tensor &t, const View &v) {
+  if (v.offset == 0 && t.sizes() == c10::IntArrayRef(v.sizes) &&
+      t.strides() == c10::IntArrayRef(v.strides))
+    return t;
+  return t.as_strided(v.sizes, v.strides, t.storage_offset() + v.offset);
+}
 
 // An array of a plain CPU tensor, allocated without the dispatcher (a dozen
 // allocations a backward cost more than its small kernels through at::empty).
@@ -185,6 +204,16 @@ bool run_ops(const std::vector<Op> &ops, std::vector<at::Tensor> &slots, int fre
         slots[op.slot] = out;
         break;
       }
+      case PRODUCT: {
+        const std::vector<View> &v = op.views;
+        slots[op.slot] = op.addmm
+            ? at::addmm(view_of(slots[v[0].slot], v[0]), view_of(slots[v[1].slot], v[1]),
+                        view_of(slots[v[2].slot], v[2]))
+            : at::matmul(view_of(slots[v[0].slot], v[0]), view_of(slots[v[1].slot], v[1]));
+        // (the plan lays the result out C-contiguous, as torch.matmul's .numpy() is)
+        if (!slots[op.slot].is_contiguous()) slots[op.slot] = slots[op.slot].contiguous();
+        break;
+      }
       case TOTAL: {
         at::Tensor out = allocate(op.sizes, op.dtype, false);
         const at::Tensor &sums = slots[op.sums], &errors = slots[op.errors];
@@ -250,6 +279,19 @@ Op op_of(py::tuple t) {
     op.dtype = (at::ScalarType)t[4].cast<int>();
     TORCH_CHECK(op.dtype == at::kFloat || op.dtype == at::kDouble,
                 "einfuse torch node: a cast to an unplanned dtype");
+  } else if (op.kind == PRODUCT) {
+    op.slot = t[1].cast<int>();
+    op.addmm = t[2].cast<bool>();
+    for (auto item : t[3].cast<py::list>()) {
+      py::tuple u = item.cast<py::tuple>();
+      View v;
+      v.slot = u[0].cast<int>();
+      v.offset = u[1].cast<int64_t>();
+      v.sizes = u[2].cast<std::vector<int64_t>>();
+      v.strides = u[3].cast<std::vector<int64_t>>();
+      op.views.push_back(v);
+    }
+    TORCH_CHECK(op.views.size() == (op.addmm ? 3u : 2u), "einfuse torch node: a bad product");
   } else {
     TORCH_CHECK(false, "einfuse torch node: an unknown operation");
   }
