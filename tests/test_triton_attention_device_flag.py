@@ -153,3 +153,31 @@ def test_no_host_read_in_the_forward_one_in_the_backward(poison, host_reads):
         # the backward's one read: which kernels (or the formula) it launches
         assert host_reads == ["__bool__ in fusable"], host_reads
         host_reads.clear()
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_16_bit_values_raise_the_flag(dtype):
+    """A 16-bit value's inf is flagged too (its exponent field, in the kernel): the
+    backward takes the formula (in float32, as the statements compute 16-bit inputs),
+    its NaN and inf where the float32 statements put them for the same rounded inputs."""
+    tensors, extra, seed_grad = inputs("window", "inf at a key the first rows do not see")
+    tensors = [t.to(dtype) for t in tensors]
+    Q, K, V = (t.clone().to(DEVICE).requires_grad_() for t in tensors)
+    text = PROGRAMS["window"][0]
+    with triton_launch.observed() as forward:
+        out = ef.ein(text, Q=Q, K=K, V=V, scale=0.5, backend="triton", **extra)
+    with triton_launch.observed() as backward:
+        out.backward(seed_grad.to(dtype).to(DEVICE))
+    assert [r.kernel for r in forward] == FORWARD and out.dtype == dtype
+    assert not FUSED_BACKWARD & {r.kernel for r in backward}
+    want, _, _ = run("window", "numpy", [t.float() for t in tensors], extra,
+                     seed_grad.to(dtype).float())
+    for what, a, b in zip(("output", "dQ", "dK", "dV"),
+                          (out.detach(), Q.grad, K.grad, V.grad), want):
+        a = a.float().cpu().numpy()
+        np.testing.assert_array_equal(np.isnan(a), np.isnan(b), err_msg=what)
+        np.testing.assert_array_equal(np.isinf(a), np.isinf(b), err_msg=what)
+        assert np.isfinite(b).any(), what
+        tol = {torch.float16: 4e-3, torch.bfloat16: 3e-2}[dtype]
+        finite = np.isfinite(b)
+        np.testing.assert_allclose(a[finite], b[finite], rtol=tol, atol=tol, err_msg=what)
