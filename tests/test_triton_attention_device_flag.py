@@ -181,3 +181,18 @@ def test_16_bit_values_raise_the_flag(dtype):
         tol = {torch.float16: 4e-3, torch.bfloat16: 3e-2}[dtype]
         finite = np.isfinite(b)
         np.testing.assert_allclose(a[finite], b[finite], rtol=tol, atol=tol, err_msg=what)
+
+
+def test_no_host_read_without_autograd(host_reads):
+    g = torch.Generator().manual_seed(8)
+    Q, K, V = (torch.randn(1, 2, N, 4, generator=g).to(DEVICE) for _ in range(3))
+    V[0, 0, 20, 3] = torch.nan
+    text = PROGRAMS["window"][0]
+    ef.ein(text, Q=Q, K=K, V=V, scale=0.5, backend="triton", W=9)
+    host_reads.clear()
+    with triton_launch.observed() as seen:
+        out = ef.ein(text, Q=Q, K=K, V=V, scale=0.5, backend="triton", W=9)
+    assert [r.kernel for r in seen] == FORWARD and host_reads == []
+    want, _, _ = run("window", "numpy", (Q, K, V), {"W": 9}, torch.ones(1, 2, N, 4))
+    np.testing.assert_array_equal(np.isnan(out.cpu().numpy()), np.isnan(want[0]))
+    np.testing.assert_allclose(out.cpu().numpy(), want[0], rtol=1e-5, atol=1e-6)
