@@ -344,10 +344,11 @@ def test_explain_says_where_the_kernel_runs():
     assert "Triton kernel" in text
 
 
-def test_recorded_with_a_nonfinite_value_records_the_statements():
-    """Recorded by autograd, a value holding inf runs the statements (their backward's
-    inf and NaN differ from the fused node's formula there): output and gradients equal
-    the statements' on the NumPy backend, NaN and inf included."""
+def test_recorded_with_a_nonfinite_value_gives_the_statements(launches):
+    """Recorded by autograd, a value holding inf is the kernel's (one launch, its result
+    kept; its flags send the backward to the statements' formula, the shift without a
+    gradient as in the statements): output and gradients equal the statements' on the
+    NumPy backend, NaN and inf included (test_triton_attention_device_flag.py: more)."""
     g = torch.Generator().manual_seed(3)
     base = [torch.randn(1, 1, 12, 4, generator=g) for _ in range(3)]
     base[2][0, 0, 8, 1] = torch.inf
@@ -356,6 +357,7 @@ def test_recorded_with_a_nonfinite_value_records_the_statements():
     for backend in ("triton", "numpy"):
         Q, K, V = (t.clone().to(DEVICE).requires_grad_() for t in base)
         out = ef.ein(program(), Q=Q, K=K, V=V, scale=0.5, backend=backend)
+        assert len(launches) == 1
         out.backward(seed.to(DEVICE))
         found[backend] = [out.detach()] + [t.grad for t in (Q, K, V)]
     for got, want in zip(found["triton"], found["numpy"]):

@@ -49,6 +49,8 @@ SCRIPT = textwrap.dedent("""
             signature[name] = "*" + dtype
         elif name == "LSE":
             signature[name] = "*fp32"
+        elif name == "FLAGS":
+            signature[name] = "*i32"
         elif name == "score_scale" or name.endswith("_f"):
             signature[name] = "fp32"
         elif name.startswith("stride") and name[-1] in "de":

@@ -240,7 +240,8 @@ class FusedAttention:
             "backends/triton/attention_backward.py: dQ, dK, dV and the gradients of "
             "added tensors and slopes that need one; the statements' formula in torch for "
             "a non-finite output gradient, a row seeing no finite score, a double "
-            "backward); a value array holding inf or NaN runs the statements one by one",
+            "backward, a value holding inf or NaN: flagged on the device by the forward "
+            "kernel, whose result is kept, and read with the backward's checks at once)",
             f"  materialised: nothing N x N (scores or weights in memory would take {square} "
             f"each); per program: a {config.block_m} x {config.block_n} block of scores and "
             f"{config.block_m} rows of the accumulator, in registers"]

@@ -114,14 +114,17 @@ def fits(shape, strides) -> bool:
 def launch(query: Operand, key: Operand, value: Operand, out: Operand,
            batch: Tuple[int, int], rows: int, keys: int, dot: int, features: int,
            score_scale: float, mask: int, normalised: bool, interpreted: bool,
-           terms: Optional[KernelTerms] = None, lse=None) -> Config:
+           terms: Optional[KernelTerms] = None, lse=None, flags=None) -> Config:
     """Run the kernel: ``out`` (B1, B2, rows, features) from query (B1, B2, rows, dot),
     key (B1, B2, keys, dot) and value (B1, B2, keys, features); ``score_scale`` is the
     scores' factor with log2(e) folded in; ``mask`` 0 none, 1 ``j <= i``, 2 ``j < i``
     where ``terms`` (backends/triton/attention_terms.py: the scores' terms and band) is
     None; ``lse``, a contiguous (B1, B2, rows) float32 tensor, receives each row's
-    log2-sum-exp2 of its scores (the backward's).  Returns the configuration it ran
-    with."""
+    log2-sum-exp2 of its scores (the backward's), and ``flags`` with it, a contiguous
+    int32 tensor of one element per program (:func:`flag_count`), each program's 1
+    where a value of its batch element holds inf or NaN or its sums overflowed (the
+    backward reads them, on the device, with its own checks).  Returns the
+    configuration it ran with."""
     dtype_name = str(query.tensor.dtype).rsplit(".", 1)[-1]
     config = choose_config(dtype_name, max(dot, features), interpreted)
     if terms is None:
@@ -148,10 +151,17 @@ def launch(query: Operand, key: Operand, value: Operand, out: Operand,
     slots = [query.tensor if a is None else a for a in terms.tensor_args + terms.index_args]
     lse_strides = (lse.stride(0), lse.stride(1)) if lse is not None else (0, 0)
     launcher(query.tensor, key.tensor, value.tensor, out.tensor,
-             out.tensor if lse is None else lse,
+             out.tensor if lse is None else lse, out.tensor if flags is None else flags,
              score_scale, *query.strides, *key.strides, *value.strides, *out.strides,
              *lse_strides, rows, keys, terms.lower, terms.upper, *slots)
     return config
+
+
+def flag_count(rows: int, batch: Tuple[int, int], interpreted: bool, dtype_name: str,
+               head_dim: int) -> int:
+    """How many programs the launch for these extents has (one flag each)."""
+    config = choose_config(dtype_name, head_dim, interpreted)
+    return triton.cdiv(rows, config.block_m) * batch[0] * batch[1]
 
 
 # -- the call: which route, the operands' strided views, the launch -----------------------
@@ -195,16 +205,16 @@ def route(options, named, operand_names) -> Optional[AttentionTarget]:
 
 
 def run(attention, named, scale_of, route_taken: AttentionTarget,
-        finite_values: bool = False, lse: Optional[list] = None):
+        lse: Optional[list] = None):
     """The attention's output for this call (a torch tensor for torch callers, a NumPy
     array for NumPy callers), or None where the statements must run: not one supported
     float dtype, extents that disagree or are empty, offsets past int32.
     ``scale_of(query)`` gives the scale (a float), or None where the statements must
     judge it.  (A value holding inf or NaN is the kernel's own case: where it finds one
-    it weighs every key as the statements do, attention_forward.)  ``finite_values``:
-    None for a value holding inf or NaN too (checked beside the kernel, the host
-    waiting for that check alone): for a caller whose own backward formula is the
-    statements' only on finite values (runtime/attention_autograd.py)."""
+    it weighs every key as the statements do, attention_forward; nothing is checked on
+    the host.)  ``lse``: a list that receives, for the backward, the rows'
+    log2-sum-exp2, the canonical views, the terms and the programs' flags (a value
+    holding inf or NaN: a device tensor, never read here)."""
     import torch
     names = (attention.query, attention.key, attention.value)
     given = [named[n] for n in names]
@@ -243,8 +253,7 @@ def run(attention, named, scale_of, route_taken: AttentionTarget,
         if isinstance(terms, str):
             return None
     out = _launch_call(attention, tensors, extents, score_scale,
-                       route_taken is AttentionTarget.INTERPRETER, finite_values, terms,
-                       lse)
+                       route_taken is AttentionTarget.INTERPRETER, terms, lse)
     if out is None:
         return None
     if numpy_caller:
@@ -363,15 +372,13 @@ def _direct_plan(attention, tensors, extents) -> Optional[_Plan]:
 
 
 def _launch_call(attention, tensors, extents, score_scale: float, interpreted: bool,
-                 finite_values: bool = False, terms: Optional[KernelTerms] = None,
-                 lse: Optional[list] = None):
+                 terms: Optional[KernelTerms] = None, lse: Optional[list] = None):
     import torch
     from ...rewrite.online_softmax import MaskKind
     from ...rewrite.attention_layout import operand_layouts
     plan = _direct_plan(attention, tensors, extents) if lse is None else None
     if plan is not None:
-        return _launch(attention, plan, tensors, score_scale, interpreted, finite_values,
-                       terms)
+        return _launch(attention, plan, tensors, score_scale, interpreted, terms)
     batch_rank = len(attention.batch)
     views = [_canonical_view(t, indices, order, batch_rank)
              for t, (order, indices) in zip(tensors, operand_layouts(attention))]
@@ -389,17 +396,18 @@ def _launch_call(attention, tensors, extents, score_scale: float, interpreted: b
     q, k, v = views
     mask = {MaskKind.NONE: 0, MaskKind.CAUSAL: 1, MaskKind.STRICT_CAUSAL: 2,
             MaskKind.BAND: 0}[attention.mask]
-    rows_lse = None
+    rows_lse = flags = None
     if lse is not None:
         rows_lse = torch.empty(tuple(q.shape[:3]), dtype=torch.float32, device=q.device)
-    if not _launched(out.device, tensors[2] if finite_values else None,
-                     *(Operand(x, tuple(x.stride())) for x in (q, k, v, out_view)),
-                     tuple(q.shape[:2]), q.shape[2], k.shape[2], q.shape[3], v.shape[3],
-                     score_scale, mask, attention.normalised, interpreted, terms,
-                     rows_lse):
-        return None      # the result is dropped: the statements run
+        flags = torch.empty(flag_count(q.shape[2], tuple(q.shape[:2]), interpreted,
+                                       str(q.dtype).rsplit(".", 1)[-1],
+                                       max(q.shape[3], v.shape[3])),
+                            dtype=torch.int32, device=q.device)
+    _launched(out.device, *(Operand(x, tuple(x.stride())) for x in (q, k, v, out_view)),
+              tuple(q.shape[:2]), q.shape[2], k.shape[2], q.shape[3], v.shape[3],
+              score_scale, mask, attention.normalised, interpreted, terms, rows_lse, flags)
     if lse is not None:
-        lse.extend([rows_lse, (q, k, v, out_view), terms or plain_terms(mask)])
+        lse.extend([rows_lse, (q, k, v, out_view), terms or plain_terms(mask), flags])
     if staged:
         shaped = out_view.reshape([extents[n] for n in out_order])
         out.copy_(shaped.permute([out_order.index(n) for n in attention.output_indices]))
@@ -410,56 +418,27 @@ _MASK_MODES = {"none": 0, "j <= i": 1, "j < i": 2}     # MaskKind's values
 
 
 def _launch(attention, plan: _Plan, tensors, score_scale: float, interpreted: bool,
-            finite_values: bool = False, terms: Optional[KernelTerms] = None):
+            terms: Optional[KernelTerms] = None):
     """The launch of a cached plan: the operands as they are, with the plan's strides."""
     import torch
     out = torch.empty(plan.out_shape, dtype=tensors[0].dtype, device=tensors[0].device)
-    if not _launched(out.device, tensors[2] if finite_values else None,
-                     *(Operand(x, strides) for x, strides in zip(
-                         (tensors[0], tensors[1], tensors[2], out), plan.strides)),
-                     plan.batch, *plan.extents, score_scale,
-                     _MASK_MODES.get(attention.mask.value, 0), attention.normalised,
-                     interpreted, terms):
-        return None      # the result is dropped: the statements run
+    _launched(out.device, *(Operand(x, strides) for x, strides in zip(
+        (tensors[0], tensors[1], tensors[2], out), plan.strides)),
+        plan.batch, *plan.extents, score_scale, _MASK_MODES.get(attention.mask.value, 0),
+        attention.normalised, interpreted, terms)
     return out
 
 
-def _launched(device, checked, *arguments) -> bool:
-    """``launch(*arguments)`` on ``device``; False where ``checked`` (a value to check
-    for inf and NaN beside the kernel, or None) is not all finite.  A failure of the
-    kernel (its compilation, resources) is raised as the kernel's."""
+def _launched(device, *arguments) -> None:
+    """``launch(*arguments)`` on ``device``.  A failure of the kernel (its compilation,
+    resources) is raised as the kernel's."""
     import torch
     from ...errors import BackendError
     on_gpu = device.type == "cuda"
     try:
         with torch.cuda.device(device) if on_gpu and \
                 device.index != torch.cuda.current_device() else contextlib.nullcontext():
-            finite = _finite_check(checked, on_gpu) if checked is not None else None
             launch(*arguments)
-            return finite is None or finite()
     except Exception as error:     # compilation or resources: the kernel's fault
         raise BackendError(f"the fused Triton attention kernel failed: "
                            f"{type(error).__name__}: {error}") from error
-
-
-def _finite_check(value, on_gpu: bool):
-    """Start checking that ``value`` is all finite; returns the function that gives the
-    answer.  On the GPU the check's flag is copied to pinned host memory behind an
-    event before the attention kernel is queued, so waiting for the answer waits for
-    the check alone, not for the kernel, and the caller's next work overlaps it."""
-    import torch
-    # one reduction over the value instead of torch.isfinite's elementwise passes: a
-    # sum is finite only if every term is (inf and NaN never cancel back to finite);
-    # a finite sum that overflows float32 only sends the call to the statements
-    finite = torch.isfinite(value.sum(dtype=torch.float32))
-    if not on_gpu:
-        return lambda: bool(finite)
-    flag = torch.empty((), dtype=torch.bool, pin_memory=True)
-    flag.copy_(finite, non_blocking=True)
-    copied = torch.cuda.Event()
-    copied.record()
-
-    def answer() -> bool:
-        copied.synchronize()
-        return bool(flag)
-    return answer

@@ -10,9 +10,10 @@ reductions in a fixed order: the same bits on every run.
 :class:`Saved` is what the forward keeps; :func:`fused_gradients` launches the two
 kernels; :func:`formula_gradients` is the statements' formula in torch (the weights
 materialised, differentiable again) for the cases the kernels' arithmetic would not
-reproduce: an output gradient holding inf or NaN, a row whose scores are all -inf (its
-log-sum-exp is -inf: the statements' NaN), scores so large that weights recomputed from
-the log-sum-exp lose their accuracy, a double backward."""
+reproduce: an output gradient holding inf or NaN, a value holding inf or NaN (the
+forward kernel's flags, read with the others in one host read), a row whose scores are
+all -inf (its log-sum-exp is -inf: the statements' NaN), scores so large that weights
+recomputed from the log-sum-exp lose their accuracy, a double backward."""
 
 from __future__ import annotations
 
@@ -43,7 +44,8 @@ class Saved:
     natural one and the kernel's log2 one), the canonical views (B1, B2, ...) of the
     query, key, value and output, the rows' log2-sum-exp2, the terms, the batch shape,
     and the names of the terms' tensors whose gradient is wanted (in the order the
-    autograd node takes them)."""
+    autograd node takes them); ``flags``, the forward's programs' flags (a value
+    holding inf or NaN, or sums that overflowed: the formula's case), on the device."""
     attention: object
     scale: float
     score_scale: float
@@ -53,6 +55,7 @@ class Saved:
     batch_shape: Tuple[int, ...]
     wanted: Tuple[str, ...]
     interpreted: bool
+    flags: object = None
 
 
 def grad_scale(attention, scale: float) -> float:
@@ -66,21 +69,27 @@ def grad_scale(attention, scale: float) -> float:
 
 def fusable(saved: Saved, grad) -> bool:
     """Whether the kernels' arithmetic gives the statements' gradients for this output
-    gradient (a host read of three flags: the backward waits for them) and the kernels
-    can address the buffers."""
+    gradient and the kernels can address the buffers: the output gradient and the
+    rows' log-sum-exp finite, the scores not too large, no value holding inf or NaN
+    (the forward's flags) -- one device value, the one host read of the backward
+    (it decides which kernels to launch)."""
     import torch
     lse = saved.lse
     rows, keys = saved.views[0].shape[2], saved.views[1].shape[2]
     if "both" in _buffers_needed(saved.attention, saved.wanted) and \
             rows * keys > _INT32_MAX:
         return False      # (the kernel addresses dS's (i, j) slice in int32)
-    if torch.is_grad_enabled() or not bool(torch.isfinite(grad).all()) or \
-            not bool(torch.isfinite(lse).all()):
+    if torch.is_grad_enabled():
         return False
     eps = float(torch.finfo(torch.float32).eps)     # (the kernels' scores: float32)
-    # (L is in log2 units: the natural one is L * ln 2)
-    largest = float(lse.abs().max()) * math.log(2) if lse.numel() else 0.0
-    return largest * eps <= _LOG_SUM_EXP_LIMIT
+    # (L is in log2 units: the natural one is L * ln 2; NaN and inf fail the test)
+    limit = _LOG_SUM_EXP_LIMIT / (eps * math.log(2))
+    ok = torch.isfinite(grad).all()
+    if lse.numel():
+        ok = ok & (lse.abs().max() <= limit)
+    if saved.flags is not None and saved.flags.numel():
+        ok = ok & (saved.flags.max() == 0)
+    return bool(ok)
 
 
 def _config(dtype_name: str, interpreted: bool) -> Config:
@@ -266,10 +275,14 @@ def formula_gradients(saved: Saved, named_terms: Dict[str, object], tensors, gra
             torch.arange(rows, device=q.device)[:, None]
         terms = saved.terms
         seen = (offset >= terms.lower) & (offset <= terms.upper)
-        if not bool(seen.all()):
+        # (every key seen: decided from the bounds, not read back from the device)
+        if terms.lower > 1 - rows or terms.upper < keys - 1:
             scores = torch.where(seen, scores, torch.tensor(-torch.inf, dtype=scores.dtype,
                                                             device=scores.device))
-        weights = torch.exp(scores - scores.amax(-1, keepdim=True))
+        # the shift's gradient is exactly zero in the statements (autodiff/shift.py: a
+        # normalised softmax does not depend on it), so it gets none here either: with
+        # it, an inf in a row's dS would reach the row's maximum as NaN
+        weights = torch.exp(scores - scores.amax(-1, keepdim=True).detach())
         out = (weights @ vc) / weights.sum(-1, keepdim=True)
         order = a.batch + (a.row, a.feature)
         out = out.permute([order.index(n) for n in a.output_indices])
@@ -310,26 +323,26 @@ def _term_values(term, given, full, extents, query):
 
 def record(attention, named, scale: float, route, wanted: Tuple[str, ...]):
     """The forward of a call autograd records: (its output, the :class:`Saved` for its
-    backward), or None where the kernel declines the call (a value holding inf or NaN
-    too: checked beside the kernel, the backward's arithmetic being the statements'
-    only for finite values) or a row sees no key (the statements record: their NaN and
-    its gradient, as on the C route)."""
+    backward), or None where the kernel declines the call or a row sees no key (the
+    statements record: their NaN and its gradient, as on the C route).  A value holding
+    inf or NaN is the kernel's (its result is the statements'); the kernel's flags say
+    so to the backward, which then takes the statements' formula (nothing is read on
+    the host here)."""
     from . import attention as triton_attention
     if not _every_row_sees_a_key(attention, named):
         return None
     kept: list = []
-    out = triton_attention.run(attention, named, lambda query: scale, route,
-                               finite_values=True, lse=kept)
+    out = triton_attention.run(attention, named, lambda query: scale, route, lse=kept)
     if out is None or not kept:
         return None
-    lse, views, terms = kept
+    lse, views, terms, flags = kept
     score_scale = triton_attention.folded_scale(attention, scale)
     query = named[attention.query]
     batch_shape = tuple(query.shape[attention.query_indices.index(b)]
                         for b in attention.batch)
     from .backend import interpreted
     return out, Saved(attention, scale, score_scale, views, lse, terms, batch_shape,
-                      wanted, interpreted())
+                      wanted, interpreted(), flags)
 
 
 def _every_row_sees_a_key(attention, named) -> bool:

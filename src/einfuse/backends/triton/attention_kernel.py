@@ -188,7 +188,7 @@ def _unweighed_exponents(worst, V, begin, end, offs_n, offs_e, stride_vn, stride
 
 
 @triton.jit
-def attention_forward(Q, K, V, O, LSE, score_scale,
+def attention_forward(Q, K, V, O, LSE, FLAGS, score_scale,
                        stride_q1, stride_q2, stride_qm, stride_qd,
                        stride_k1, stride_k2, stride_kn, stride_kd,
                        stride_v1, stride_v2, stride_vn, stride_ve,
@@ -310,3 +310,9 @@ def attention_forward(Q, K, V, O, LSE, score_scale,
     if STORE_LSE:     # each row's log2-sum-exp2 of its scores, for the backward
         tl.store(LSE + b1 * stride_l1 + b2 * stride_l2 + offs_m,
                  m_i + tl.math.log2(l_i), mask=offs_m < rows)
+        # and this program's answer (1: a value of its batch element holds inf or NaN,
+        # or its sums overflowed) for the backward to read with its own flags: one int
+        # per program, every program writing its own (no atomics, no zeroing launch)
+        program = (tl.program_id(1) * tl.num_programs(2) + tl.program_id(2)) * \
+            tl.num_programs(0) + tl.program_id(0)
+        tl.store(FLAGS + program, bad)
