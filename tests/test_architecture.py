@@ -7,6 +7,7 @@ statement of src/einfuse with ``ast``, wherever it stands in a module."""
 from __future__ import annotations
 
 import ast
+import functools
 import os
 import subprocess
 import sys
@@ -106,22 +107,29 @@ def _cycles(modules, imports) -> List[List[str]]:
     return found
 
 
+@functools.lru_cache(maxsize=None)
+def _source_imports() -> Tuple[Dict[str, Path], Tuple[Tuple[str, str, str, int], ...]]:
+    """The modules and their imports, parsed once per process (three tests read them:
+    about 2 s of CPU each time)."""
+    modules = _modules()
+    return modules, tuple(_imports(modules))
+
+
 def _package(module: str) -> str:
     parts = module.split(".")
     return parts[1] if len(parts) > 1 else parts[0]
 
 
 def test_no_import_cycle_counting_function_level_imports():
-    modules = _modules()
-    cycles = _cycles(modules, _imports(modules))
+    modules, imports = _source_imports()
+    cycles = _cycles(modules, list(imports))
     assert not cycles, "import cycles (every import statement counted):\n" + "\n".join(
         " <-> ".join(cycle) for cycle in cycles)
 
 
 def test_no_private_name_is_imported_across_packages():
-    modules = _modules()
     crossing = [f"{source} imports {name} from {target} (line {line})"
-                for source, target, name, line in _imports(modules)
+                for source, target, name, line in _source_imports()[1]
                 if name.startswith("_") and not name.startswith("__")
                 and _package(source) != _package(target)]
     assert not crossing, "\n".join(crossing)
@@ -131,7 +139,7 @@ def test_the_walk_sees_function_level_imports():
     """The walk counts an import inside a function (the way a cycle hides from Python),
     so the cycle test above can fail: runtime/kernel.py's lazy import of the prepared
     repeat path is one."""
-    imports = _imports(_modules())
+    imports = _source_imports()[1]
     assert ("einfuse.runtime.kernel", "einfuse.runtime.repeat", "prepare") in \
         {(s, t, n) for s, t, n, _ in imports}
 

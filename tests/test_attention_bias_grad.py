@@ -63,7 +63,16 @@ def by_torch(case, Q, K, V, bias, scale=0.3, causal=True):
     return torch.softmax(S, -1) @ V
 
 
-@pytest.mark.parametrize("case", sorted(BROADCASTS))
+# float64 gradcheck costs seconds per case (hundreds of calls, one per perturbed element):
+# the default run checks the broadcasts whose bias gradient is a reduction (over b, over
+# b and h, a [b,j] mask); the slow run adds the rest.  test_matches_torch_autograd checks
+# every case's gradients against torch in both runs.
+GRADCHECKED = ("mask [b,j]", "over b", "over b and h")
+
+
+@pytest.mark.parametrize("case", [case if case in GRADCHECKED else
+                                  pytest.param(case, marks=pytest.mark.slow)
+                                  for case in sorted(BROADCASTS)])
 def test_gradcheck_through_the_fused_path(case, backward_calls):
     Q, K, V, bias = inputs(case, 2, 2, 5, 3)
     text = program(BROADCASTS[case][0])
@@ -206,8 +215,11 @@ def alibi_by_torch(Q, K, V, slope, scale=0.3, factor=1.0, bias=None):
     return torch.softmax(S.masked_fill(~(j <= i), -torch.inf), -1) @ V
 
 
-def test_gradcheck_of_a_slope(backward_calls):
-    Q, K, V, slope = slope_inputs()
+# (B, H, N, D): the default run's case has 5x fewer elements to perturb than the slow one
+@pytest.mark.parametrize("sizes", [(1, 2, 5, 2),
+                                   pytest.param((2, 3, 6, 3), marks=pytest.mark.slow)])
+def test_gradcheck_of_a_slope(sizes, backward_calls):
+    Q, K, V, slope = slope_inputs(*sizes)
     text = program(" + slope[h] * (j - i)")
 
     def attend(Q, K, V, slope):

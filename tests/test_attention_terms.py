@@ -435,12 +435,29 @@ def test_a_window_on_the_weights_is_the_same_band(backend, fused_calls):
                                rtol=1e-12, atol=1e-12)
 
 
+GRADIENT_CASES = (st.integers(1, 70), st.integers(1, 6), st.integers(1, 80),
+                  st.sampled_from(["causal padding mask", "alibi", "window", "everything"]),
+                  st.integers(0, 2 ** 16))
+
+
+# each example compiles the statements' kernels for its N (about 1 s of CPU, cold): the
+# default run draws 4, the slow run 12 more
 @pytest.mark.skipif(c_build.find_compiler() is None, reason="the fused backward is C")
-@settings(max_examples=8, deadline=None)
-@given(st.integers(1, 70), st.integers(1, 6), st.integers(1, 80),
-       st.sampled_from(["causal padding mask", "alibi", "window", "everything"]),
-       st.integers(0, 2 ** 16))
+@settings(max_examples=4, deadline=None)
+@given(*GRADIENT_CASES)
 def test_hypothesis_gradients(N, D, W, case, seed):
+    check_gradients(N, D, W, case, seed)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(c_build.find_compiler() is None, reason="the fused backward is C")
+@settings(max_examples=12, deadline=None)
+@given(*GRADIENT_CASES)
+def test_more_hypothesis_gradients(N, D, W, case, seed):
+    check_gradients(N, D, W, case, seed)
+
+
+def check_gradients(N, D, W, case, seed):
     Q, K, V, M, slope, bias = data(1, 2, N, D, np.float64, seed=seed, masked=0.3)
     M[:, 0] = 0.0                        # every row sees key 0 (the fused backward)
     spec = CASES[case]

@@ -169,6 +169,10 @@ def test_disk_cache_and_memory_cache(tmp_path, monkeypatch):
     assert other != c_build.library_key(source, c_build.flags_for(False))
 
 
+# (test_cache_faults.test_concurrent_builds_compile_each_kernel_once checks the same in
+# the default run, counting the compiler's runs; this one uses the real compiler, which
+# every child probes in its empty cache)
+@pytest.mark.slow
 def test_concurrent_processes_compile_the_same_kernel(tmp_path):
     script = ("import numpy as np, sys; sys.path.insert(0, %r)\n"
               "from einfuse.backends.c import build as c_build\n"
