@@ -197,3 +197,47 @@ def test_an_output_the_loss_does_not_read_seeds_zeros(node):
         assert torch.equal(x.grad, reference.grad)
     torch.testing.assert_close(x.grad, torch.autograd.grad(
         (torch.softmax(reference, 1) ** 2).sum(), reference)[0])
+
+
+def test_a_label_out_of_range_after_the_node_took_the_call_raises_einfuses_error(
+        node, node_runs):
+    n = 64       # (float32: the node's log-sum-exp row kernel on int64 labels)
+    program = ef.compile(f"""m[i] := max[j](X[i,j])
+        l[i] := log(sum[j](exp(X[i,j] - m[i]))) + m[i] - X[i, t[i]]
+        L := sum[i](l[i]) / {n}""")
+
+    def model(x, t):
+        return program(X=x, t=t)
+
+    torch._dynamo.reset()
+    run = torch.compile(model, fullgraph=True, backend="aot_eager")
+    torch.manual_seed(2)
+    x = torch.randn(n, n, requires_grad=True)
+    reference = x.detach().clone().requires_grad_()
+    labels = torch.randint(0, n, (n,))
+    for _ in range(4):
+        x.grad = reference.grad = None
+        got = run(x, labels)
+        got.backward()
+        want = model(reference, labels)
+        want.backward()
+        assert torch.equal(got, want) and torch.equal(x.grad, reference.grad)
+    assert node_runs["forward"] >= 1 and node_runs["backward"] >= 1
+    bad = labels.clone()
+    bad[3] = n + 5
+    with pytest.raises(Exception) as raised:
+        run(x, bad)
+    assert "t[3] = 69 is outside its valid range" in str(raised.value)
+
+
+def test_the_split_rules_decline_in_order():
+    from einfuse.schedule.torch_node_split import SplitFacts, split_eligibility
+    every = dict(named=True, fresh=True, declared=True, reads_covered=True,
+                 gradients_apart=True)
+    assert split_eligibility(SplitFacts(**every)).eligible
+    reasons = set()
+    for rule in every:
+        decision = split_eligibility(SplitFacts(**dict(every, **{rule: False})))
+        assert not decision.eligible and decision.reason
+        reasons.add(decision.reason)
+    assert len(reasons) == len(every)
