@@ -67,9 +67,42 @@ class FusedPlan:
 @dataclass(frozen=True)
 class _Split:
     """A call's node plan as the operators run it: ``order``, the operator's tensor of
-    each passed slot."""
+    each passed slot; ``wanted``, the operator's tensor of each recorded input."""
     order: Tuple[int, ...]
+    wanted: Tuple[int, ...]
+    outputs: int                  # (the gradients after these are the kept values')
     plan: torch_node.SplitPlan
+
+
+# (key, wanted, names, scalars) as the operator's strings -> the split its last
+# signature made: the operators try it first, before any Python work of the call (the
+# node checks every tensor's layout and declines one of another signature)
+_LATEST: Dict[Tuple, _Split] = {}
+
+
+def node_forward(site: Tuple, tensors: List[torch.Tensor]) -> Optional[List[torch.Tensor]]:
+    """The forward operator's results by the node, or None (the operator's other
+    routes run); ``site``: its (key, wanted, names, scalars)."""
+    split = _LATEST.get(site)
+    if split is None:
+        return None
+    found = torch_node.split_forward(split.plan, [tensors[n] for n in split.order])
+    return list(found) if found is not None else None
+
+
+def node_backward(site: Tuple, tensors: List[torch.Tensor], saved: List[torch.Tensor],
+                  grads: List[Optional[torch.Tensor]]) -> Optional[List[torch.Tensor]]:
+    """The backward operator's gradients by the node, or None (see node_forward)."""
+    split = _LATEST.get(site)
+    if split is None or len(saved) != len(split.plan.returned):
+        return None
+    given = [tensors[n] for n in split.order]
+    given.extend(saved)
+    computed = torch_node.split_backward(split.plan, given, list(grads[:split.outputs]))
+    if computed is None:
+        return None
+    return [grad if grad is not None else torch.zeros_like(tensors[n])
+            for grad, n in zip(computed, split.wanted)]
 
 
 # what known_plan answers for a call whose plan is not decided yet
@@ -146,6 +179,7 @@ def _prepared(plan: FusedPlan, signature: Tuple, names: Tuple[str, ...],
             if len(_CALLS) >= 4 * PLANS_KEPT:
                 _CALLS.clear()
                 _SPLITS.clear()
+                _LATEST.clear()
             _CALLS[signature] = call
     return call
 
@@ -156,7 +190,8 @@ def _split_of(signature: Tuple) -> Optional[_Split]:
 
 
 def _new_split(plan: FusedPlan, signature: Tuple, call: PreparedCall,
-               names: Tuple[str, ...], saved: Sequence[torch.Tensor]) -> Optional[_Split]:
+               names: Tuple[str, ...], saved: Sequence[torch.Tensor],
+               site: Optional[Tuple]) -> Optional[_Split]:
     """The node's plan of ``call`` split for the two operators (runtime/torch_node.py's
     split_plan), once the call has one, checked against the tensors the forward
     operator returned (``saved``); None where it keeps the Python path."""
@@ -171,9 +206,13 @@ def _new_split(plan: FusedPlan, signature: Tuple, call: PreparedCall,
         made, decision = torch_node.split_plan(found, len(call.passed),
                                                plan.outputs + plan.kept, declared)
         if made is not None:
-            split = _Split(tuple(names.index(name) for name in call.passed), made)
+            split = _Split(tuple(names.index(name) for name in call.passed),
+                           tuple(names.index(name) for name in plan.wanted),
+                           len(plan.outputs), made)
     with _LOCK:
         _SPLITS[signature] = (found, split, decision)
+        if split is not None and site is not None:
+            _LATEST[site] = split
     return split
 
 
@@ -224,13 +263,14 @@ def _own_tensor(value, given: list) -> torch.Tensor:
 
 def backward(plan: FusedPlan, names: Tuple[str, ...], tensors: List[torch.Tensor],
              scalars: str, numbers: Dict[str, object], saved: List[torch.Tensor],
-             grads: List[Optional[torch.Tensor]]) -> List[torch.Tensor]:
+             grads: List[Optional[torch.Tensor]], site: Optional[Tuple] = None
+             ) -> List[torch.Tensor]:
     """The gradients of the wanted inputs, in ``plan.wanted``'s order; ``saved``: the
     forward operator's results (outputs, then kept intermediates)."""
     signature = _signature(plan, names, tensors, scalars)
     call = _prepared(plan, signature, names, tensors, numbers)
     count = len(plan.outputs)
-    split = _new_split(plan, signature, call, names, saved)
+    split = _new_split(plan, signature, call, names, saved, site)
     if split is not None:      # the C++ node's backward (None: a kernel raised its flag)
         given = [tensors[n] for n in split.order]
         given.extend(saved)

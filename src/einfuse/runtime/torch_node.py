@@ -502,6 +502,7 @@ class SplitPlan:
     (program/torch_compiled_fused.py): the forward returns the slots ``returned`` (the
     outputs, then the kept intermediates the operator declares, by name); the backward
     is given the passed tensors and those again."""
+    node: object                  # the loaded extension
     plan: object
     adaptive: bool
     returned: Tuple[int, ...]
@@ -534,7 +535,10 @@ def split_plan(found, passed: int, names: Sequence[str], declared: Sequence[Tupl
     decision = split_eligibility(facts)
     if not decision.eligible:
         return None, decision
-    return SplitPlan(found[1], found[2], returned, tuple(range(passed)) + returned,
+    node = c_torch_node.loaded()
+    if node is None:
+        return None, NodeEligibility.declined("the node is not loaded")
+    return SplitPlan(node, found[1], found[2], returned, tuple(range(passed)) + returned,
                      tuple(_code(layout[1]) for layout in declared),
                      tuple(int(np.prod(layout[0], dtype=np.int64)) for layout in declared)
                      ), decision
@@ -548,8 +552,7 @@ def _same_layout(one, other) -> bool:
 def split_forward(split: SplitPlan, tensors) -> Optional[tuple]:
     """The forward's returned slots on ``tensors`` (the passed ones, in order), or None
     where the node declines this call (the operator's Python path runs)."""
-    node = c_torch_node.loaded()
-    return node.forward_slots(split.plan, tensors,
+    return split.node.forward_slots(split.plan, tensors,
                               free_threads() if split.adaptive else 0, split.returned)
 
 
@@ -557,7 +560,6 @@ def split_backward(split: SplitPlan, given, grads) -> Optional[list]:
     """Each recorded input's gradient (None: the plan makes none) from ``given`` (the
     passed tensors, then what the forward returned) and the outputs' gradients, or None
     where a kernel raised its flag."""
-    node = c_torch_node.loaded()
-    return node.backward_slots(split.plan, split.given, given, grads,
+    return split.node.backward_slots(split.plan, split.given, given, grads,
                                free_threads() if split.adaptive else 0, split.dtypes,
                                split.numels)
