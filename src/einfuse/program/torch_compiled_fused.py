@@ -21,6 +21,14 @@ too (the forward's prepared run, the backward's plans per seed layout) is the
 first real call and reused by every later forward and backward.  So a training step
 derives nothing and plans nothing after its first call.
 
+Where the eager call runs as the C++ node (runtime/torch_node.py; the same plan, made
+in a backward of this route), the operators run its two halves apart
+(torch_node.split_plan: the forward returns exactly what the node's backward reads,
+schedule/torch_node_split.py says when): each operator site first tries the split of its
+last signature, before any Python work of the call, and the node checks every tensor's
+layout, declining one of another signature or a kernel that raised its flag (the route
+below then runs, and raises the statement's error).
+
 Used where the eager path would record one node: CPU tensors, float32/float64 floats,
 the C or NumPy backend, a backward that can be derived; any other call keeps the
 statement-by-statement operators."""

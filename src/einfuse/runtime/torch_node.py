@@ -13,7 +13,9 @@ arguments depend on the layouts alone (no scalar parameters, no gathers checked 
 call, no scatter), every output is a float array the forward makes, and every
 gradient is an array the backward makes of the input's shape and dtype.
 :func:`forward_only` plans an unrecorded chain (runtime/epilogue_chain.py) the same
-way: a forward with no backward.  An index array a fused kernel reads as
+way: a forward with no backward.  :func:`split_plan` hands a translated plan's two
+halves to torch.compile's operators (program/torch_compiled_fused.py), run apart by
+:func:`split_forward` and :func:`split_backward`, recording nothing.  An index array a fused kernel reads as
 values is converted in C++, as the Python runner converts it.  Anything else, a call
 whose tensors have another layout and torch.func's transforms keep the Python path; a
 kernel that raises its error flag or a label out of range hands the call (forward) or
