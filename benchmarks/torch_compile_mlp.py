@@ -49,7 +49,7 @@ LINEAR_RELU = "y[b,o] := max(sum[i](x[b,i]*W[o,i]) + bias[o], 0)"
 LINEAR_SHAPES = ((64, 784, 256), (32, 128, 128))
 
 
-def contenders(compile_models: bool):
+def contenders(compile_models: bool, mlp_only: bool = False):
     """name -> (group, callable): each group's first entry is einfuse's."""
     import torch
     import einfuse as ef
@@ -98,6 +98,8 @@ def contenders(compile_models: bool):
     if compile_models:
         found["mlp: einfuse compiled"] = ("mlp", step(torch.compile(ours)))
         found["mlp: torch compiled"] = ("mlp", step(torch.compile(twin)))
+    if mlp_only:
+        return found
 
     X = torch.randn(N, N, requires_grad=True)
     g = torch.randn(N, requires_grad=True)
@@ -133,8 +135,8 @@ def contenders(compile_models: bool):
     return found
 
 
-def measure(repeats: int, calls: int, compile_models: bool) -> dict:
-    return interleaved(contenders(compile_models), repeats, calls)
+def measure(repeats: int, calls: int, compile_models: bool, mlp_only: bool) -> dict:
+    return interleaved(contenders(compile_models, mlp_only), repeats, calls)
 
 
 def report(label: str, results: dict) -> None:
@@ -177,13 +179,17 @@ def main() -> None:
                         help="a git revision to measure too ('' for none)")
     parser.add_argument("--no-compile", action="store_true",
                         help="leave out the torch.compile contenders")
+    parser.add_argument("--mlp-only", action="store_true",
+                        help="only the module step (eager and compiled, einfuse and torch)")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
-        print(json.dumps(measure(args.repeats, args.calls, not args.no_compile)))
+        print(json.dumps(measure(args.repeats, args.calls, not args.no_compile,
+                                 args.mlp_only)))
         return
     arguments = ["--repeats", str(args.repeats), "--calls", str(args.calls)] + \
-        (["--no-compile"] if args.no_compile else [])
+        (["--no-compile"] if args.no_compile else []) + \
+        (["--mlp-only"] if args.mlp_only else [])
     with source_trees(args.before) as trees:
         runs = {label: run_child(__file__, src, arguments) for label, src in trees.items()}
     for label, results in runs.items():
@@ -193,6 +199,8 @@ def main() -> None:
     labels = list(table)
     print(f"  {'':52s}" + "".join(f"{label:>22s}" for label in labels))
     for key in table[labels[0]]:
+        if all(table[label][key] != table[label][key] for label in labels):
+            continue        # (a group not measured: --mlp-only)
         print(f"  {key:52s}" + "".join(f"{table[label][key]:22.2f}" for label in labels))
 
 

@@ -286,6 +286,10 @@ def _plan(key: str, tensors, wanted: str) -> Optional[fused.FusedPlan]:
 @torch.library.custom_op("einfuse::run", mutates_args=())
 def run(key: str, names: str, tensors: List[torch.Tensor], scalars: str,
         wanted: str) -> List[torch.Tensor]:
+    if wanted:      # the C++ node's forward, where this site's last signature has one
+        found = fused.node_forward((key, wanted, names, scalars), tensors)
+        if found is not None:
+            return found
     plan = _plan(key, tensors, wanted)
     if plan is not None:
         split, numbers = _parsed(names, scalars)
@@ -399,9 +403,13 @@ run.register_autograd(_backward, setup_context=_setup_context)
 def run_fused_backward(key: str, names: str, tensors: List[torch.Tensor], scalars: str,
                        wanted: str, saved: List[torch.Tensor],
                        grads: List[Optional[torch.Tensor]]) -> List[torch.Tensor]:
+    site = (key, wanted, names, scalars)
+    found = fused.node_backward(site, tensors, saved, grads)
+    if found is not None:
+        return found
     plan = _plan(key, tensors, wanted)
     split, numbers = _parsed(names, scalars)
-    return fused.backward(plan, split, tensors, scalars, numbers, saved, grads)
+    return fused.backward(plan, split, tensors, scalars, numbers, saved, grads, site)
 
 
 @run_fused_backward.register_fake

@@ -21,6 +21,14 @@ too (the forward's prepared run, the backward's plans per seed layout) is the
 first real call and reused by every later forward and backward.  So a training step
 derives nothing and plans nothing after its first call.
 
+Where the eager call runs as the C++ node (runtime/torch_node.py; the same plan, made
+in a backward of this route), the operators run its two halves apart
+(torch_node.split_plan: the forward returns exactly what the node's backward reads,
+schedule/torch_node_split.py says when): each operator site first tries the split of its
+last signature, before any Python work of the call, and the node checks every tensor's
+layout, declining one of another signature or a kernel that raised its flag (the route
+below then runs, and raises the statement's error).
+
 Used where the eager path would record one node: CPU tensors, float32/float64 floats,
 the C or NumPy backend, a backward that can be derived; any other call keeps the
 statement-by-statement operators."""
@@ -34,7 +42,8 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import numpy as np
 import torch
 
-from ..analysis.frameworks import contiguous, placeholder
+from ..analysis.frameworks import contiguous, numpy_dtype, placeholder
+from ..runtime import torch_node
 from ..runtime.program_autograd import PreparedCall, ProgramAutograd
 from ..runtime.program_backward import PLANS_KEPT
 from ..runtime.torch_autograd import numpy_views
@@ -44,6 +53,9 @@ _LOCK = threading.Lock()
 _OWNERS: Dict[str, ProgramAutograd] = {}              # operator key -> derived backwards
 _PLANS: Dict[Tuple, Optional["FusedPlan"]] = {}
 _CALLS: Dict[Tuple, PreparedCall] = {}                # see _prepared
+# signature -> (the node plan it was split from, the split or None, the decision:
+# schedule/torch_node_split.py's, None before the call has a node plan): _new_split
+_SPLITS: Dict[Tuple, Tuple[object, Optional["_Split"], object]] = {}
 
 
 @dataclass(frozen=True)
@@ -58,6 +70,47 @@ class FusedPlan:
     kept: Tuple[str, ...]
     backend: str
     found: Tuple       # owner.backward_for(wanted): (backward, saved, recompute)
+
+
+@dataclass(frozen=True)
+class _Split:
+    """A call's node plan as the operators run it: ``order``, the operator's tensor of
+    each passed slot; ``wanted``, the operator's tensor of each recorded input."""
+    order: Tuple[int, ...]
+    wanted: Tuple[int, ...]
+    outputs: int                  # (the gradients after these are the kept values')
+    plan: torch_node.SplitPlan
+
+
+# (key, wanted, names, scalars) as the operator's strings -> the split its last
+# signature made: the operators try it first, before any Python work of the call (the
+# node checks every tensor's layout and declines one of another signature)
+_LATEST: Dict[Tuple, _Split] = {}
+
+
+def node_forward(site: Tuple, tensors: List[torch.Tensor]) -> Optional[List[torch.Tensor]]:
+    """The forward operator's results by the node, or None (the operator's other
+    routes run); ``site``: its (key, wanted, names, scalars)."""
+    split = _LATEST.get(site)
+    if split is None:
+        return None
+    found = torch_node.split_forward(split.plan, [tensors[n] for n in split.order])
+    return list(found) if found is not None else None
+
+
+def node_backward(site: Tuple, tensors: List[torch.Tensor], saved: List[torch.Tensor],
+                  grads: List[Optional[torch.Tensor]]) -> Optional[List[torch.Tensor]]:
+    """The backward operator's gradients by the node, or None (see node_forward)."""
+    split = _LATEST.get(site)
+    if split is None or len(saved) != len(split.plan.returned):
+        return None
+    given = [tensors[n] for n in split.order]
+    given.extend(saved)
+    computed = torch_node.split_backward(split.plan, given, list(grads[:split.outputs]))
+    if computed is None:
+        return None
+    return [grad if grad is not None else torch.zeros_like(tensors[n])
+            for grad, n in zip(computed, split.wanted)]
 
 
 # what known_plan answers for a call whose plan is not decided yet
@@ -113,12 +166,17 @@ def _new_plan(key, compiled, kernels, outputs, wanted, tensors) -> Optional[Fuse
     return FusedPlan(key, owner, kernels, wanted, outputs, kept, backend, found)
 
 
-def _prepared(plan: FusedPlan, names: Tuple[str, ...], tensors: Sequence[torch.Tensor],
-              scalars: str, numbers: Dict[str, object]) -> PreparedCall:
-    """The prepared call of this signature: names, shapes, dtypes and strides of the
+def _signature(plan: FusedPlan, names: Tuple[str, ...], tensors: Sequence[torch.Tensor],
+               scalars: str) -> Tuple:
+    """What a prepared call is made for: names, shapes, dtypes and strides of the
     tensors and the scalars' text (a Python number is a constant of the traced graph)."""
-    signature = (plan.key, plan.wanted, names, scalars,
-                 tuple((t.shape, t.dtype, t.stride()) for t in tensors))
+    return (plan.key, plan.wanted, names, scalars,
+            tuple((t.shape, t.dtype, t.stride()) for t in tensors))
+
+
+def _prepared(plan: FusedPlan, signature: Tuple, names: Tuple[str, ...],
+              tensors: Sequence[torch.Tensor], numbers: Dict[str, object]) -> PreparedCall:
+    """The prepared call of this signature."""
     call = _CALLS.get(signature)
     if call is None:
         values: Dict[str, object] = dict(zip(names, tensors))
@@ -128,8 +186,42 @@ def _prepared(plan: FusedPlan, names: Tuple[str, ...], tensors: Sequence[torch.T
         with _LOCK:
             if len(_CALLS) >= 4 * PLANS_KEPT:
                 _CALLS.clear()
+                _SPLITS.clear()
+                _LATEST.clear()
             _CALLS[signature] = call
     return call
+
+
+def _split_of(signature: Tuple) -> Optional[_Split]:
+    entry = _SPLITS.get(signature)
+    return entry[1] if entry is not None else None
+
+
+def _new_split(plan: FusedPlan, signature: Tuple, call: PreparedCall,
+               names: Tuple[str, ...], saved: Sequence[torch.Tensor],
+               site: Optional[Tuple]) -> Optional[_Split]:
+    """The node's plan of ``call`` split for the two operators (runtime/torch_node.py's
+    split_plan), once the call has one, checked against the tensors the forward
+    operator returned (``saved``); None where it keeps the Python path."""
+    found = call.node_plan
+    entry = _SPLITS.get(signature)
+    if entry is not None and entry[0] is found:
+        return entry[1]
+    split, decision = None, None
+    if found is not None:
+        declared = tuple((tuple(t.shape), numpy_dtype(t),
+                          tuple(s * t.element_size() for s in t.stride())) for t in saved)
+        made, decision = torch_node.split_plan(found, len(call.passed),
+                                               plan.outputs + plan.kept, declared)
+        if made is not None:
+            split = _Split(tuple(names.index(name) for name in call.passed),
+                           tuple(names.index(name) for name in plan.wanted),
+                           len(plan.outputs), made)
+    with _LOCK:
+        _SPLITS[signature] = (found, split, decision)
+        if split is not None and site is not None:
+            _LATEST[site] = split
+    return split
 
 
 def _views(names: Tuple[str, ...], tensors: Sequence[torch.Tensor],
@@ -145,7 +237,13 @@ def forward(plan: FusedPlan, names: Tuple[str, ...], tensors: List[torch.Tensor]
             scalars: str, numbers: Dict[str, object]) -> List[torch.Tensor]:
     """The outputs, then the kept intermediates, as tensors of their own memory;
     ``names``, ``numbers``: the tensors' names and the scalars, parsed (read only)."""
-    call = _prepared(plan, names, tensors, scalars, numbers)
+    signature = _signature(plan, names, tensors, scalars)
+    split = _split_of(signature)
+    if split is not None:      # the C++ node's forward (None: it declines this call)
+        found = torch_node.split_forward(split.plan, [tensors[n] for n in split.order])
+        if found is not None:
+            return list(found)
+    call = _prepared(plan, signature, names, tensors, numbers)
     arrays = _views(names, tensors, numbers)
     env = dict(arrays)
     call.run_forward(env)
@@ -173,12 +271,21 @@ def _own_tensor(value, given: list) -> torch.Tensor:
 
 def backward(plan: FusedPlan, names: Tuple[str, ...], tensors: List[torch.Tensor],
              scalars: str, numbers: Dict[str, object], saved: List[torch.Tensor],
-             grads: List[Optional[torch.Tensor]]) -> List[torch.Tensor]:
+             grads: List[Optional[torch.Tensor]], site: Optional[Tuple] = None
+             ) -> List[torch.Tensor]:
     """The gradients of the wanted inputs, in ``plan.wanted``'s order; ``saved``: the
     forward operator's results (outputs, then kept intermediates)."""
-    call = _prepared(plan, names, tensors, scalars, numbers)
-    arrays = _views(names, tensors, numbers)
+    signature = _signature(plan, names, tensors, scalars)
+    call = _prepared(plan, signature, names, tensors, numbers)
     count = len(plan.outputs)
+    split = _new_split(plan, signature, call, names, saved, site)
+    if split is not None:      # the C++ node's backward (None: a kernel raised its flag)
+        given = [tensors[n] for n in split.order]
+        given.extend(saved)
+        computed = torch_node.split_backward(split.plan, given, list(grads[:count]))
+        if computed is not None:
+            return _gradient_results(plan, names, tensors, computed)
+    arrays = _views(names, tensors, numbers)
     outputs, kept = saved[:count], saved[count:]
     env = dict(arrays)
     for name, tensor in zip(plan.kept, kept):
@@ -193,6 +300,13 @@ def backward(plan: FusedPlan, names: Tuple[str, ...], tensors: List[torch.Tensor
     seeds = [grad if grad is not None else torch.zeros_like(out)
              for grad, out in zip(grads[:count], outputs)]
     computed = call.gradients(found, seeds, (True,) * len(plan.wanted))
+    return _gradient_results(plan, names, tensors, computed)
+
+
+def _gradient_results(plan: FusedPlan, names: Tuple[str, ...],
+                      tensors: List[torch.Tensor], computed) -> List[torch.Tensor]:
+    """The wanted inputs' gradients as the operator returns them: zeros where the
+    outputs do not depend on an input, no two sharing memory."""
     by_name = dict(zip(names, tensors))
     results: List[torch.Tensor] = []
     for name, grad in zip(plan.wanted, computed):
@@ -204,6 +318,12 @@ def backward(plan: FusedPlan, names: Tuple[str, ...], tensors: List[torch.Tensor
             grad = grad.clone()
         results.append(grad)
     return results
+
+
+def node_decisions() -> Tuple:
+    """Per signature the operators met, whether its node plan runs them (a
+    NodeEligibility), or None where the call has no node plan (yet)."""
+    return tuple(entry[2] for entry in list(_SPLITS.values()))
 
 
 def kept_names(plan: Optional[FusedPlan]) -> Tuple[str, ...]:

@@ -88,6 +88,12 @@ class PreparedCall:
         self._node_tried = not early.eligible
         self._backward_count = 0
 
+    @property
+    def node_plan(self):
+        """The C++ node's plan of this signature (runtime/torch_node.translate's), or
+        None: not made (yet), or declined (see ``node_decision``)."""
+        return self._node
+
     def apply(self, env: Dict[str, object]):
         """The outputs of the program on ``env`` (this signature's tensors and scalars)
         as tensors that autograd records as one node; None where autograd records

@@ -13,7 +13,9 @@ arguments depend on the layouts alone (no scalar parameters, no gathers checked 
 call, no scatter), every output is a float array the forward makes, and every
 gradient is an array the backward makes of the input's shape and dtype.
 :func:`forward_only` plans an unrecorded chain (runtime/epilogue_chain.py) the same
-way: a forward with no backward.  An index array a fused kernel reads as
+way: a forward with no backward.  :func:`split_plan` hands a translated plan's two
+halves to torch.compile's operators (program/torch_compiled_fused.py), run apart by
+:func:`split_forward` and :func:`split_backward`, recording nothing.  An index array a fused kernel reads as
 values is converted in C++, as the Python runner converts it.  Anything else, a call
 whose tensors have another layout and torch.func's transforms keep the Python path; a
 kernel that raises its error flag or a label out of range hands the call (forward) or
@@ -22,7 +24,8 @@ backward with ``create_graph=True`` calls the Python path back from C++."""
 
 from __future__ import annotations
 
-from typing import Dict, List, Optional, Tuple
+from dataclasses import dataclass
+from typing import Dict, FrozenSet, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -31,6 +34,7 @@ from ..backends.c.threads import free_threads
 from ..plan.thread_rows import ROW_ALIGN, padded_length
 from ..schedule.torch_node_plan import (NodeCallFacts, NodeEligibility, NodeStep,
                                         NodeStepKind, node_eligibility)
+from ..schedule.torch_node_split import SplitFacts, split_eligibility
 from ..schedule.units import needed
 from .program_backward import _check_labels
 from .run_groups import PreparedRun, _run_one_step
@@ -41,6 +45,19 @@ from .torch_node_products import recorded_product
 _SCALAR_TYPES = {np.dtype(np.float32): 6, np.dtype(np.float64): 7,
                  np.dtype(np.int64): 4, np.dtype(np.int32): 3}
 _EMPTY, _SCRATCH, _CALL, _TOTAL, _CHECK, _CAST, _PRODUCT = 0, 1, 2, 3, 4, 5, 6
+
+
+@dataclass(frozen=True)
+class NodeSlots:
+    """Where a translated call's arrays are in its plan: each array the forward names
+    (slot, (shape, dtype, byte strides)), the slots operations make, the forward slots
+    the backward reads beyond the passed tensors and outputs, the outputs' slots, and
+    each recorded input's gradient slot (-1: none)."""
+    named: Tuple[Tuple[str, int, Tuple], ...]
+    made: FrozenSet[int]
+    kept: Tuple[int, ...]
+    outputs: Tuple[int, ...]
+    gradients: Tuple[int, ...]
 
 
 class Untranslatable(Exception):
@@ -426,7 +443,12 @@ def _translate(node, prepared, passed, layouts, seed_layouts, forward_steps,
                           seeds, gradients, fallback,
                           (prepared._forward, backward_run, tuple(builder.alive)))
     adaptive = any(op[0] == _CALL and op[6] for op in forward + backward)
-    return node.apply, plan, adaptive
+    # (where the arrays are, for split_plan: torch.compile runs the halves apart)
+    slots = NodeSlots(tuple((name, slot, builder.layout[slot])
+                            for name, slot in forward_slots.items()),
+                      frozenset(builder.made), tuple(kept), tuple(outputs),
+                      tuple(gradients))
+    return node.apply, plan, adaptive, slots
 
 
 def forward_only(passed: Tuple[str, ...], layouts, steps) -> Optional[tuple]:
@@ -472,5 +494,74 @@ def forward_only(passed: Tuple[str, ...], layouts, steps) -> Optional[tuple]:
 def run(found, tensors) -> Optional[tuple]:
     """The outputs of the call on ``tensors`` (the passed ones, in order) by the node
     ``found`` (translate's), or None where the node declines this call."""
-    apply, plan, adaptive = found
+    apply, plan, adaptive = found[:3]
     return apply(plan, tensors, free_threads() if adaptive else 0)
+
+
+@dataclass(frozen=True)
+class SplitPlan:
+    """A translated call's node plan as torch.compile's two operators run it
+    (program/torch_compiled_fused.py): the forward returns the slots ``returned`` (the
+    outputs, then the kept intermediates the operator declares, by name); the backward
+    is given the passed tensors and those again."""
+    node: object                  # the loaded extension
+    plan: object
+    adaptive: bool
+    returned: Tuple[int, ...]
+    given: Tuple[int, ...]        # the passed slots, then ``returned``
+    dtypes: Tuple[int, ...]       # per returned slot: its at::ScalarType, its elements
+    numels: Tuple[int, ...]
+
+
+def split_plan(found, passed: int, names: Sequence[str], declared: Sequence[Tuple]
+               ) -> Tuple[Optional[SplitPlan], NodeEligibility]:
+    """The node plan ``found`` (translate's) for torch.compile's operators, where the
+    tensors between them, ``names`` (the outputs, then the kept intermediates) of the
+    ``declared`` (shape, dtype, byte strides) are exactly what its backward reads; or
+    None, and why not (schedule/torch_node_split.py)."""
+    if len(found) < 4:
+        return None, NodeEligibility.declined("a plan with no backward")
+    slots: NodeSlots = found[3]
+    named = {name: (slot, layout) for name, slot, layout in slots.named}
+    located = [named.get(name) for name in names]
+    returned = tuple(pair[0] for pair in located if pair is not None)
+    facts = SplitFacts(
+        named=all(pair is not None for pair in located),
+        fresh=len(set(returned)) == len(returned) and
+        all(slot in slots.made for slot in returned),
+        declared=all(pair is not None and _same_layout(pair[1], layout)
+                     for pair, layout in zip(located, declared)),
+        reads_covered=set(slots.kept) <= set(returned),
+        gradients_apart=len({g for g in slots.gradients if g >= 0}) ==
+        len([g for g in slots.gradients if g >= 0]))
+    decision = split_eligibility(facts)
+    if not decision.eligible:
+        return None, decision
+    node = c_torch_node.loaded()
+    if node is None:
+        return None, NodeEligibility.declined("the node is not loaded")
+    return SplitPlan(node, found[1], found[2], returned, tuple(range(passed)) + returned,
+                     tuple(_code(layout[1]) for layout in declared),
+                     tuple(int(np.prod(layout[0], dtype=np.int64)) for layout in declared)
+                     ), decision
+
+
+def _same_layout(one, other) -> bool:
+    return (tuple(one[0]), np.dtype(one[1]), tuple(one[2])) == \
+        (tuple(other[0]), np.dtype(other[1]), tuple(other[2]))
+
+
+def split_forward(split: SplitPlan, tensors) -> Optional[tuple]:
+    """The forward's returned slots on ``tensors`` (the passed ones, in order), or None
+    where the node declines this call (the operator's Python path runs)."""
+    return split.node.forward_slots(split.plan, tensors,
+                              free_threads() if split.adaptive else 0, split.returned)
+
+
+def split_backward(split: SplitPlan, given, grads) -> Optional[list]:
+    """Each recorded input's gradient (None: the plan makes none) from ``given`` (the
+    passed tensors, then what the forward returned) and the outputs' gradients, or None
+    where a kernel raised its flag."""
+    return split.node.backward_slots(split.plan, split.given, given, grads,
+                               free_threads() if split.adaptive else 0, split.dtypes,
+                               split.numels)
