@@ -17,6 +17,7 @@ from jax import lax  # noqa: E402
 
 import einfuse as ef  # noqa: E402
 from einfuse.backends.c import build as c_build  # noqa: E402
+from einfuse.backends.c import jit_ffi as c_jit_ffi  # noqa: E402
 from einfuse.runtime import jit as jit_module  # noqa: E402
 from einfuse.runtime import jit_batch, jit_ffi  # noqa: E402
 
@@ -198,7 +199,7 @@ def test_tokens_are_the_same_for_the_same_kernel_and_differ_with_constants():
     close(jax.jit(lambda x: other.run([x])[0])(x), x * np.array([4.0, 3.0, 2.0, 1.0]))
     close(jax.jit(lambda x: one.run([x])[0])(x), x * np.array([1.0, 2.0, 3.0, 4.0]))
     # the token follows the library file, which every process loads from the cache
-    library, _ = jit_ffi._where(ctypes.cast(one.entry, ctypes.c_void_p).value)
+    library, _ = c_jit_ffi.library_location(ctypes.cast(one.entry, ctypes.c_void_p).value)
     assert library.endswith(".so") and os.path.isfile(library)
 
 

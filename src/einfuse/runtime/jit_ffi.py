@@ -43,7 +43,8 @@ import numpy as np
 from jax.interpreters import batching, mlir
 
 from ..backends.c import build as c_build
-from ..backends.c.jit_ffi import TARGET, EntryLayout, Source, converts, register, support_library
+from ..backends.c.jit_ffi import (TARGET, EntryLayout, Source, converts, library_location,
+                                  register, support_library)
 
 try:
     from jax.extend.core import Primitive
@@ -219,7 +220,7 @@ def _decide(function) -> JitRoute:
     layout, constants = _layout(function)
     entry = ctypes.cast(function.entry, ctypes.c_void_p).value
     held = [np.ascontiguousarray(c) for c in constants]
-    identity = (_where(entry), layout, tuple(_digest(c) for c in held))
+    identity = (library_location(entry), layout, tuple(_digest(c) for c in held))
     failure = f"einfuse AllocationError: the kernel of {function.name} could not " \
               "allocate its intermediates"
     for salt in range(8):
@@ -267,25 +268,6 @@ def _layout(function) -> Tuple[EntryLayout, Sequence[np.ndarray]]:
                          tuple(shape(a) for a in function.out_avals), tuple(slots),
                          takes_threads)
     return layout, constants
-
-
-class _DlInfo(ctypes.Structure):
-    _fields_ = [("dli_fname", ctypes.c_char_p), ("dli_fbase", ctypes.c_void_p),
-                ("dli_sname", ctypes.c_char_p), ("dli_saddr", ctypes.c_void_p)]
-
-
-def _where(address: int) -> Tuple:
-    """The entry's library file and offset in it (the same in every process that loads
-    the cached library), or its address where the loader cannot say."""
-    info = _DlInfo()
-    try:
-        dladdr = ctypes.CDLL(None).dladdr
-        dladdr.argtypes = [ctypes.c_void_p, ctypes.POINTER(_DlInfo)]
-        if dladdr(address, ctypes.byref(info)) and info.dli_fname and info.dli_fbase:
-            return (info.dli_fname.decode("utf-8", "replace"), address - info.dli_fbase)
-    except (AttributeError, OSError):
-        pass
-    return ("process", os.getpid(), address)
 
 
 def _digest(array: np.ndarray) -> str:
