@@ -452,19 +452,35 @@ std::shared_ptr<Plan> make_plan(int slots, int passed, int recorded, py::list in
   return plan;
 }
 
+namespace {
+
+// the passed tensors are laid out as the plan was translated for (dtype, sizes, strides,
+// a CPU strided tensor with no negation or conjugation flag)
+bool passed_match(const Plan &p, const std::vector<at::Tensor> &tensors) {
+  if ((int)tensors.size() != p.passed) return false;
+  for (const Layout &l : p.inputs) {
+    const at::Tensor &t = tensors[l.slot];
+    if (t.scalar_type() != l.dtype || t.sizes() != c10::IntArrayRef(l.sizes) ||
+        t.strides() != c10::IntArrayRef(l.strides) || t.device().type() != at::kCPU ||
+        t.layout() != at::kStrided || t.is_neg() || t.is_conj())
+      return false;
+  }
+  return true;
+}
+
+}  // namespace
+
 // The outputs of one call (a tuple), recorded as one node where grad mode is on and a
 // recorded input requires a gradient; None where a tensor's layout is not the plan's
 // or a kernel raised its error flag (nothing delivered: the caller's Python path runs).
 py::object apply(std::shared_ptr<Plan> plan, std::vector<at::Tensor> tensors, int free) {
   const Plan &p = *plan;
-  if ((int)tensors.size() != p.passed) return py::none();
+  if (!passed_match(p, tensors)) return py::none();
   for (const Layout &l : p.inputs) {
     const at::Tensor &t = tensors[l.slot];
-    if (t.scalar_type() != l.dtype || t.sizes() != c10::IntArrayRef(l.sizes) ||
-        t.strides() != c10::IntArrayRef(l.strides) || t.device().type() != at::kCPU ||
-        t.layout() != at::kStrided || t.is_neg() || t.is_conj() || t.is_inference() ||
-        t._fw_grad(0).defined())     // (forward-mode AD: the Python path says what it does)
-      return py::none();
+    // (an inference tensor cannot be recorded; forward-mode AD: the Python path says
+    // what it does)
+    if (t.is_inference() || t._fw_grad(0).defined()) return py::none();
   }
   std::vector<at::Tensor> slots(p.slots);
   for (int i = 0; i < p.passed; ++i) slots[i] = tensors[i];
@@ -504,21 +520,6 @@ py::object apply(std::shared_ptr<Plan> plan, std::vector<at::Tensor> tensors, in
 // the compiled graph keeps; backward_slots runs the backward on the slots ``given`` set
 // again from them.  Either is None where apply() would decline the call or a kernel
 // raised its flag (the operator's Python path runs, and raises the statement's error).
-namespace {
-
-bool passed_match(const Plan &p, const std::vector<at::Tensor> &tensors) {
-  if ((int)tensors.size() != p.passed) return false;
-  for (const Layout &l : p.inputs) {
-    const at::Tensor &t = tensors[l.slot];
-    if (t.scalar_type() != l.dtype || t.sizes() != c10::IntArrayRef(l.sizes) ||
-        t.strides() != c10::IntArrayRef(l.strides) || t.device().type() != at::kCPU ||
-        t.layout() != at::kStrided || t.is_neg() || t.is_conj())
-      return false;
-  }
-  return true;
-}
-
-}  // namespace
 
 py::object forward_slots(std::shared_ptr<Plan> plan, std::vector<at::Tensor> tensors,
                          int free, std::vector<int> returned) {
