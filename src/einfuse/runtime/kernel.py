@@ -118,10 +118,14 @@ class Kernel:
     def __call__(self, /, *args, arrays=None, **kwargs):
         if torch_compiling():   # torch.compile sees a custom operator, not this code
             return traced_call(self, args, kwargs, arrays)
-        given, signature = _given(args, kwargs, arrays), None
+        # the common case first, with nothing called but the signature and the lookup
+        # (all by keyword: _given's first answer)
+        given = kwargs if not args and arrays is None else _given(args, kwargs, arrays)
+        signature = None
         if given is not None:
             signature = signature_of(given)
-            runner = self._repeat.get(signature) if signature is not None else None
+            # (None is never a key: prepare keeps only signatures)
+            runner = self._repeat.get(signature)
             if runner is not None:     # the fast path: all checks passed for it before
                 return runner(given)
         try:

@@ -31,39 +31,56 @@ def signature_of(kwargs) -> Optional[Tuple]:
     ndarrays or CPU torch tensors (and whether each requires a gradient), and which names
     are Python floats (a float's value is a kernel argument; it decides no dtype, range or
     check).
-    Anything else -- ints, subclasses, other frameworks, devices -- None."""
+    Anything else -- ints, subclasses, other frameworks, devices -- None.
+
+    Every repeated call pays this (about 1 us a tensor): so the forward-mode question
+    is asked once per call, not per tensor (whether a dual level is open: only then can
+    a tensor carry a tangent), and each entry is built from the tensor's own attributes
+    with nothing looked up again."""
     signature = []
+    append = signature.append
+    duals = None        # whether a forward-mode level is open (asked at the first tensor)
     for name, value in kwargs.items():
         kind = type(value)
         if kind is np.ndarray:     # (a dtype hashes and compares as its .str does)
-            signature.append((name, value.shape, value.dtype, value.strides))
-        elif kind is float:
-            signature.append((name, float))
-        else:
-            wrapped = _TENSOR_CLASSES.get(kind)
-            if wrapped is None:
-                if kind.__name__ not in ("Tensor", "Parameter") or \
-                        not kind.__module__.startswith("torch"):
-                    return None
-                wrapped = _TENSOR_CLASSES[kind] = \
-                    sys.modules["torch"]._C._functorch.is_functorch_wrapped_tensor
-            if wrapped(value):    # inside torch.func: the full path refuses
+            append((name, value.shape, value.dtype, value.strides))
+            continue
+        if kind is float:
+            append((name, float))
+            continue
+        wrapped = _TENSOR_CLASSES.get(kind)
+        if wrapped is None:
+            if kind.__name__ not in ("Tensor", "Parameter") or \
+                    not kind.__module__.startswith("torch"):
                 return None
-            # a forward-mode dual tensor: the full path refuses it (its tangent would
-            # be dropped)
-            if has_tangent(value):
+            wrapped = _TENSOR_CLASSES[kind] = \
+                sys.modules["torch"]._C._functorch.is_functorch_wrapped_tensor
+        if wrapped(value):    # inside torch.func: the full path refuses
+            return None
+        if duals is None:
+            duals = _dual_level_open()
+        # a forward-mode dual tensor: the full path refuses it (its tangent would
+        # be dropped)
+        if duals and has_tangent(value):
+            return None
+        try:     # (a torch.Size hashes and compares as the tuple it is)
+            if value.is_cpu:
+                append((name, value.shape, value.dtype, value.stride(),
+                        value.requires_grad))
+            elif value.is_cuda:     # the Triton backend's runner (triton_repeat.py)
+                append((name, value.shape, value.dtype, value.stride(),
+                        value.requires_grad, value.device))
+            else:
                 return None
-            try:     # (a torch.Size hashes and compares as the tuple it is)
-                if value.is_cpu:
-                    signature.append((name, value.shape, value.dtype, value.stride(),
-                                      value.requires_grad))
-                elif value.is_cuda:     # the Triton backend's runner (triton_repeat.py)
-                    signature.append((name, value.shape, value.dtype, value.stride(),
-                                      value.requires_grad, value.device))
-                else:
-                    return None
-            except RuntimeError:     # no strides (sparse) or no shape (nested): full path
-                return None
+        except RuntimeError:     # no strides (sparse) or no shape (nested): full path
+            return None
     if for_torch_caller():      # (views of a torch caller's tensors: torch's BLAS)
-        signature.append(TORCH_VIEWS)
+        append(TORCH_VIEWS)
     return tuple(signature)
+
+
+def _dual_level_open() -> bool:
+    """Whether a ``torch.autograd.forward_ad`` level is open now (has_tangent's own
+    first question), so that no tensor of a call outside one is unpacked."""
+    forward_ad = sys.modules.get("torch.autograd.forward_ad")
+    return forward_ad is not None and getattr(forward_ad, "_current_level", -1) >= 0
