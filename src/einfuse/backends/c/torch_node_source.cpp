@@ -468,6 +468,17 @@ bool passed_match(const Plan &p, const std::vector<at::Tensor> &tensors) {
   return true;
 }
 
+// The plan's forward on the passed tensors (checked by passed_match) into ``slots``, the
+// GIL released; false where a kernel raised its error flag.
+bool forward_of(const std::shared_ptr<Plan> &plan, const std::vector<at::Tensor> &tensors,
+                int free, std::vector<at::Tensor> &slots) {
+  slots.assign(plan->slots, at::Tensor());
+  for (int i = 0; i < plan->passed; ++i) slots[i] = tensors[i];
+  py::gil_scoped_release released;
+  at::AutoDispatchBelowADInplaceOrView below;
+  return plan->run(false, slots, free);
+}
+
 }  // namespace
 
 // The outputs of one call (a tuple), recorded as one node where grad mode is on and a
@@ -482,15 +493,8 @@ py::object apply(std::shared_ptr<Plan> plan, std::vector<at::Tensor> tensors, in
     // what it does)
     if (t.is_inference() || t._fw_grad(0).defined()) return py::none();
   }
-  std::vector<at::Tensor> slots(p.slots);
-  for (int i = 0; i < p.passed; ++i) slots[i] = tensors[i];
-  bool done;
-  {
-    py::gil_scoped_release released;
-    at::AutoDispatchBelowADInplaceOrView below;
-    done = plan->run(false, slots, free);
-  }
-  if (!done) return py::none();
+  std::vector<at::Tensor> slots;
+  if (!forward_of(plan, tensors, free, slots)) return py::none();
   std::vector<at::Tensor> results;
   for (int slot : p.outputs) results.push_back(slots[slot]);
   bool record = at::GradMode::is_enabled();
@@ -525,15 +529,8 @@ py::object forward_slots(std::shared_ptr<Plan> plan, std::vector<at::Tensor> ten
                          int free, std::vector<int> returned) {
   const Plan &p = *plan;
   if (!passed_match(p, tensors)) return py::none();
-  std::vector<at::Tensor> slots(p.slots);
-  for (int i = 0; i < p.passed; ++i) slots[i] = tensors[i];
-  bool done;
-  {
-    py::gil_scoped_release released;
-    at::AutoDispatchBelowADInplaceOrView below;
-    done = plan->run(false, slots, free);
-  }
-  if (!done) return py::none();
+  std::vector<at::Tensor> slots;
+  if (!forward_of(plan, tensors, free, slots)) return py::none();
   py::tuple found(returned.size());
   for (size_t i = 0; i < returned.size(); ++i) {
     TORCH_CHECK(returned[i] >= 0 && returned[i] < p.slots && slots[returned[i]].defined(),
