@@ -20,10 +20,8 @@ tracing batches it (``vmap`` of a jitted gradient): once per batch element
 
 from __future__ import annotations
 
-import ctypes
 import dataclasses
 import hashlib
-import os
 import threading
 from typing import Dict, Optional, Sequence, Set
 
@@ -34,16 +32,16 @@ import numpy as np
 from ..backends.c import build as c_build
 from ..errors import BackendError
 from ..backends.c.fused_xla import Declined, XlaGroup, trampoline, xla_group
-from ..backends.c.jit_ffi import library_location, register, support_library
+from ..backends.c.jit_ffi import library_location, register
 from ..schedule.fusion import bound_group, last_read_positions, worth_fusing
 from . import jax_gpu
+from .jit_ffi import handler_library
 from .run_groups import run_statements
 
 TARGET = "einfuse_group"     # the ef.jit handler, under a target name of its own
 
 _lock = threading.Lock()
 _held: Dict[int, tuple] = {}    # token -> (identity, the group whose constants it reads)
-_target: list = []                  # the handler's library, once registered with XLA
 # how many group custom calls were emitted (tests count them against the statements)
 emitted = [0]
 
@@ -158,7 +156,7 @@ def _registered(found: XlaGroup) -> Optional[int]:
     """The handler's token for this group's kernel and constants (registered once), or
     None where the handler cannot be had."""
     try:
-        library = _library()
+        library = handler_library(TARGET)
     except (c_build.CompileError, ValueError, OSError):
         return None
     entry = trampoline()
@@ -175,21 +173,6 @@ def _registered(found: XlaGroup) -> Optional[int]:
                 ("group",) + identity):
             return token
     return None
-
-
-def _library() -> ctypes.CDLL:
-    with _lock:
-        if _target:
-            return _target[0]
-    header = os.path.join(jax.ffi.include_dir(), "xla", "ffi", "api", "c_api.h")
-    import jaxlib
-    library = support_library(header, jaxlib.__version__)
-    with _lock:
-        if not _target:
-            jax.ffi.register_ffi_target(TARGET, jax.ffi.pycapsule(library.einfuse_jit_handler),
-                                        platform="cpu", api_version=1)
-            _target.append(library)
-    return library
 
 
 __all__ = ["TARGET", "emitted", "run_kernels"]

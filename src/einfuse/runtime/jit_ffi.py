@@ -185,7 +185,7 @@ _lock = threading.Lock()
 # constants _held keeps by token; the kernel object itself dies with JAX's caches
 _routes: "weakref.WeakKeyDictionary[object, JitRoute]" = weakref.WeakKeyDictionary()
 _held: Dict[int, Tuple] = {}     # token -> (identity, the constant arrays its record reads)
-_target_registered = False
+_registered_targets: set = set()     # the target names registered with XLA
 
 
 def route_for(function) -> JitRoute:
@@ -214,7 +214,7 @@ def _decide(function) -> JitRoute:
         if not converts(np.dtype(aval.dtype).name):
             return _callback(f"the handler does not take {np.dtype(aval.dtype)} arrays")
     try:
-        library = _library()
+        library = handler_library()
     except (c_build.CompileError, ValueError, OSError) as error:
         return _callback(f"the XLA handler could not be built: {error}")
     layout, constants = _layout(function)
@@ -237,16 +237,18 @@ def _decide(function) -> JitRoute:
     return _callback("no free token for the XLA handler")   # 8 collisions of 56 bits
 
 
-def _library() -> ctypes.CDLL:
-    global _target_registered
+def handler_library(target: str = TARGET) -> ctypes.CDLL:
+    """The ef.jit XLA handler's library (built once, backends/c/jit_ffi.py), registered
+    with XLA under ``target`` once per process: ef.jit kernels under TARGET, a program's
+    fusion groups under their own name (runtime/jax_groups.py)."""
     header = os.path.join(jax.ffi.include_dir(), "xla", "ffi", "api", "c_api.h")
     import jaxlib
     library = support_library(header, jaxlib.__version__)
     with _lock:
-        if not _target_registered:
-            jax.ffi.register_ffi_target(TARGET, jax.ffi.pycapsule(library.einfuse_jit_handler),
+        if target not in _registered_targets:
+            jax.ffi.register_ffi_target(target, jax.ffi.pycapsule(library.einfuse_jit_handler),
                                         platform="cpu", api_version=1)
-            _target_registered = True
+            _registered_targets.add(target)
     return library
 
 
