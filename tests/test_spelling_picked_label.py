@@ -265,6 +265,96 @@ def test_triton_runs_one_kernel_each_way(name):
     torch.testing.assert_close(X.grad.cpu(), ref.grad, rtol=1e-12, atol=1e-12)
 
 
+
+def _triton_device(torch):
+    from einfuse.backends.triton import backend as triton_backend
+    if not triton_backend.available():
+        pytest.skip("Triton is not installed")
+    return torch.device("cpu" if triton_backend.interpreted() else "cuda")
+
+
+def _quotient_in_torch(torch, X, y, picked=None):
+    """The quotient as written, in torch (autograd gives its gradient); ``picked``: the
+    label's logit where the caller has it (a bounds policy's gather)."""
+    if picked is None:
+        picked = X.gather(1, y[:, None])[:, 0]
+    return -torch.log(torch.exp(picked) / torch.exp(X).sum(1))
+
+
+@pytest.mark.parametrize("dtype", ["float64", "float32"])
+def test_triton_runs_the_quotient_form_in_one_kernel_each_way(dtype):
+    # the gradient statements read the labels both as an index (X[n, y[n]]) and as a
+    # value (the scatter's where(s1 == y[n], ...)): one row group, one buffer each
+    torch = pytest.importorskip("torch")
+    from einfuse.backends.triton import launch
+    device = _triton_device(torch)
+    X0 = _matrix(dtype)
+    X0[9, :] = 100.0 if dtype == "float32" else 1000.0    # exp overflows: NaN as written
+    X0[10, :3] = 50.0                                     # float32's sum**2 overflows
+    X0[11, :] = -INF                                      # 0 / 0
+    y = torch.tensor([2, 0, 1, 6, 3, 0, 6, 2, 1, 4, 0, 5], device=device)
+    seed = torch.from_numpy(np.random.default_rng(2).standard_normal(ROWS).astype(dtype))
+    program = ef.compile(QUOTIENT, backend="triton")
+    for _ in range(2):      # recorded and prepared, then repeated
+        X = torch.from_numpy(X0.copy()).to(device).requires_grad_(True)
+        with launch.observed() as forward:
+            got = program(X=X, y=y)
+        with launch.observed() as backward:
+            got.backward(seed.to(device))
+        assert len(forward) == 1 and len(backward) == 1, (forward, backward)
+    ref = torch.from_numpy(X0.copy()).requires_grad_(True)
+    want = _quotient_in_torch(torch, ref, y.cpu())
+    want.backward(seed)
+    got, grad, want, want_grad = (got.detach().cpu().numpy(), X.grad.cpu().numpy(),
+                                  want.detach().numpy(), ref.grad.numpy())
+    assert np.isnan(got[[8, 9, 11]]).all() and np.isnan(grad[[8, 9, 11]]).all()
+    if dtype == "float32":
+        # the derived gradient's sum**2 overflows in float32 where torch's division
+        # backward does not: the statements' formula, as on C; its other rows agree
+        assert (grad[10, 1:] == 0).all()
+        grad, want_grad = np.delete(grad, 10, 0), np.delete(want_grad, 10, 0)
+    rtol = 1e-12 if dtype == "float64" else 1e-5
+    _same_specials(got, want, rtol)
+    _same_specials(grad, want_grad, rtol)
+
+
+@pytest.mark.parametrize("bounds", ["check", "promise", "clip", "wrap", "fill"])
+def test_triton_quotient_form_under_each_bounds_policy(bounds):
+    # a label naming no column: the gather's policy (the quotient reads X[n, y[n]]),
+    # raised under 'check' and 'promise' on the first call and the repeat; clip, wrap
+    # and fill read the position (or the value) the policy gives, and so does the
+    # gradient
+    torch = pytest.importorskip("torch")
+    device = _triton_device(torch)
+    X0 = _matrix("float64")
+    labels = np.array([2, 0, 1, 6, 3, 0, 6, 2, 1, -1, COLS, -10**4])
+    y = torch.from_numpy(labels).to(device)
+    program = ef.compile(QUOTIENT, backend="triton", bounds=bounds)
+    if bounds in ("check", "promise"):
+        for _ in range(2):
+            X = torch.from_numpy(X0.copy()).to(device).requires_grad_(True)
+            with pytest.raises(ef.EinfuseError, match="outside"):
+                program(X=X, y=y)
+        return
+    for _ in range(2):
+        X = torch.from_numpy(X0.copy()).to(device).requires_grad_(True)
+        got = program(X=X, y=y)
+        got.sum().backward()
+    ranges = {"n": (0, ROWS), "c": (0, COLS)}
+    _same_specials(got.detach().cpu(), brute_force(QUOTIENT, ranges, {"X": X0, "y": labels},
+                                                   bounds=bounds), 1e-12)
+    ref = torch.from_numpy(X0.copy()).requires_grad_(True)
+    inside = torch.from_numpy((labels >= 0) & (labels < COLS))
+    at = torch.from_numpy(labels.clip(0, COLS - 1) if bounds == "clip" else labels % COLS)
+    picked = ref.gather(1, at[:, None])[:, 0]
+    if bounds == "fill":     # (fill=0.0: the label's logit is 0 where it names no column)
+        picked = torch.where(inside, picked, 0.0)
+    want = _quotient_in_torch(torch, ref, at, picked)
+    want.sum().backward()
+    _same_specials(got.detach().cpu(), want.detach(), 1e-12)
+    _same_specials(X.grad.cpu(), ref.grad, 1e-12)
+
+
 @needs_c
 def test_every_audited_cross_entropy_spelling_runs_the_row_kernel(row_patterns):
     # the audit's cross-entropy family (src/einfuse/bench/spelling_audit.py), each

@@ -63,8 +63,10 @@ class RowStatements:
             if counters != ([ROW, COL] if made_grid else [ROW]):
                 raise RowRefused
             return ir.Local(f"m{producer}")
-        if any(info.name == e.tensor and info.as_index for info in self.spec.tensors):
-            raise RowRefused
+        # (an index array the statement also gathers with -- a cross-entropy's gradient
+        # reads its labels in X[n, y[n]] and as the values of where(s1 == y[n], ..) --
+        # is two inputs: its labels as integers, RowInput.index, and its values in the
+        # working dtype, as the statement alone computes with them)
         wanted = RowInput(key, tuple(c == ROW for c in counters))
         if wanted not in self.row_inputs:     # (read with two layouts: one buffer each)
             self.row_inputs.append(wanted)
