@@ -32,7 +32,7 @@ import numpy as np
 from ..backends.c import build as c_build
 from ..errors import BackendError
 from ..backends.c.fused_xla import Declined, XlaGroup, trampoline, xla_group
-from ..backends.c.jit_ffi import library_location, register
+from ..backends.c.jit_ffi import library_location, register, registered_token
 from ..schedule.fusion import bound_group, last_read_positions, worth_fusing
 from . import jax_gpu
 from .jit_ffi import handler_library
@@ -162,17 +162,12 @@ def _registered(found: XlaGroup) -> Optional[int]:
     entry = trampoline()
     identity = (library_location(found.function), found.layout,
                 tuple(hashlib.sha256(c.tobytes()).hexdigest() for c in found.constants))
-    for salt in range(8):
-        token = int.from_bytes(hashlib.sha256(repr((identity, salt)).encode())
-                               .digest()[:7], "little")
-        with _lock:       # the constants the record points at live as long as it does
-            kept_identity, kept = _held.setdefault(token, (identity, found))
-        if kept_identity == identity and register(
-                library, token, entry, kept.layout, kept.constant_addresses(),
-                "einfuse: a fused group's kernel raised its error flag",
-                ("group",) + identity):
-            return token
-    return None
+    # (the constants the record points at live as long as the group _held keeps)
+    return registered_token(
+        identity, found, _held, _lock,
+        lambda token, kept: register(
+            library, token, entry, kept.layout, kept.constant_addresses(),
+            "einfuse: a fused group's kernel raised its error flag", ("group",) + identity))
 
 
 __all__ = ["TARGET", "emitted", "run_kernels"]

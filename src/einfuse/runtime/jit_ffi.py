@@ -44,7 +44,7 @@ from jax.interpreters import batching, mlir
 
 from ..backends.c import build as c_build
 from ..backends.c.jit_ffi import (TARGET, EntryLayout, Source, converts, library_location,
-                                  register, support_library)
+                                  register, registered_token, support_library)
 
 try:
     from jax.extend.core import Primitive
@@ -223,18 +223,14 @@ def _decide(function) -> JitRoute:
     identity = (library_location(entry), layout, tuple(_digest(c) for c in held))
     failure = f"einfuse AllocationError: the kernel of {function.name} could not " \
               "allocate its intermediates"
-    for salt in range(8):
-        token = int.from_bytes(hashlib.sha256(repr((identity, salt)).encode())
-                               .digest()[:7], "little")
-        # one set of arrays per token, kept before the record that points at them
-        with _lock:
-            kept_identity, kept = _held.setdefault(token, (identity, held))
-        if kept_identity == identity and register(
-                library, token, entry, layout, [c.ctypes.data for c in kept], failure,
-                (entry, identity)):
-            return JitRoute(JitRouteKind.FFI, "the C kernel runs inside XLA's executable",
-                            token)
-    return _callback("no free token for the XLA handler")   # 8 collisions of 56 bits
+    token = registered_token(
+        identity, held, _held, _lock,
+        lambda token, kept: register(library, token, entry, layout,
+                                     [c.ctypes.data for c in kept], failure,
+                                     (entry, identity)))
+    if token is None:
+        return _callback("no free token for the XLA handler")   # 8 collisions of 56 bits
+    return JitRoute(JitRouteKind.FFI, "the C kernel runs inside XLA's executable", token)
 
 
 def handler_library(target: str = TARGET) -> ctypes.CDLL:

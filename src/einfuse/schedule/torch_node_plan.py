@@ -16,7 +16,9 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
-from typing import Optional, Tuple
+from typing import Optional, Sequence, Tuple
+
+from .rule_chain import Rule, first_failed, needs, refuses
 
 
 class NodeStepKind(enum.Enum):
@@ -65,30 +67,45 @@ class NodeEligibility:
 ELIGIBLE = NodeEligibility(True)
 
 
+def eligibility(rules: Sequence[Rule], facts) -> NodeEligibility:
+    """Eligible, or declined with the first of ``rules`` that ``facts`` fail."""
+    reason = first_failed(rules, facts)
+    return ELIGIBLE if reason is None else NodeEligibility.declined(reason)
+
+
+# (fields of NodeCallFacts, and of the signature's own facts below)
+_SIGNATURE_RULES = (
+    needs("strided_cpu",
+          "a tensor is not a plain strided CPU tensor of float32/64 or int32/64"),
+    refuses("scalar_parameters", "a scalar parameter's value is read per call"),
+)
+
+_CALL_RULES = (
+    (needs("node_built", "the C++ node is not built"),) + _SIGNATURE_RULES +
+    (needs("gradients_direct",
+           "a gradient is not an array of its input's own shape and dtype"),
+     needs("forward_prepared", "the forward has no prepared run")))
+
+
+@dataclass(frozen=True)
+class _SignatureFacts:
+    strided_cpu: bool
+    scalar_parameters: bool
+
+
 def signature_eligibility(strided_cpu: bool, scalar_parameters: bool) -> NodeEligibility:
     """What the call's signature alone decides (asked when the prepared call is made:
     a call it declines never keeps its forward's arrays for a translation)."""
-    if not strided_cpu:
-        return NodeEligibility.declined(
-            "a tensor is not a plain strided CPU tensor of float32/64 or int32/64")
-    if scalar_parameters:
-        return NodeEligibility.declined("a scalar parameter's value is read per call")
-    return ELIGIBLE
+    return eligibility(_SIGNATURE_RULES, _SignatureFacts(strided_cpu, scalar_parameters))
 
 
 def node_eligibility(facts: NodeCallFacts, forward: Tuple[NodeStep, ...],
                      backward: Tuple[NodeStep, ...]) -> NodeEligibility:
-    """Eligible, or the first rule the call fails, in the order they are checked."""
-    if not facts.node_built:
-        return NodeEligibility.declined("the C++ node is not built")
-    early = signature_eligibility(facts.strided_cpu, facts.scalar_parameters)
-    if not early.eligible:
-        return early
-    if not facts.gradients_direct:
-        return NodeEligibility.declined(
-            "a gradient is not an array of its input's own shape and dtype")
-    if not facts.forward_prepared:
-        return NodeEligibility.declined("the forward has no prepared run")
+    """Eligible, or the first rule the call fails, in the order they are checked: the
+    call's facts (_CALL_RULES, the signature's among them), then every step."""
+    found = eligibility(_CALL_RULES, facts)
+    if not found.eligible:
+        return found
     for direction, steps in (("forward", forward), ("backward", backward)):
         for step in steps:
             if step.kind not in _RUNNABLE:
@@ -110,20 +127,17 @@ class NodeProductFacts:
     result_dtype: bool          # the product's dtype is the statement's result dtype
 
 
+_PRODUCT_RULES = (
+    needs("prepared", "a product with no prepared runner (its full path)"),
+    refuses("windowed", "a windowed product"),
+    needs("torch_blas", "a product on NumPy's BLAS (too small for torch's)"),
+    needs("one_call", "a product that is more than one torch BLAS call on its operands"),
+    needs("operands_viewed", "a product whose operands are converted or copied"),
+    needs("result_dtype", "a product converted to its result dtype"),
+)
+
+
 def product_eligibility(facts: NodeProductFacts) -> NodeEligibility:
     """Whether a product statement runs as a node operation (``at::matmul`` or
     ``at::addmm`` on the recorded views), or the first rule it fails."""
-    if not facts.prepared:
-        return NodeEligibility.declined("a product with no prepared runner (its full path)")
-    if facts.windowed:
-        return NodeEligibility.declined("a windowed product")
-    if not facts.torch_blas:
-        return NodeEligibility.declined("a product on NumPy's BLAS (too small for torch's)")
-    if not facts.one_call:
-        return NodeEligibility.declined(
-            "a product that is more than one torch BLAS call on its operands")
-    if not facts.operands_viewed:
-        return NodeEligibility.declined("a product whose operands are converted or copied")
-    if not facts.result_dtype:
-        return NodeEligibility.declined("a product converted to its result dtype")
-    return ELIGIBLE
+    return eligibility(_PRODUCT_RULES, facts)

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .torch_node_plan import ELIGIBLE, NodeEligibility
+from .rule_chain import needs
+from .torch_node_plan import NodeEligibility, eligibility
 
 
 @dataclass(frozen=True)
@@ -24,20 +25,17 @@ class SplitFacts:
     gradients_apart: bool  # no two gradients in one slot
 
 
+_SPLIT_RULES = (
+    needs("named", "an output or kept intermediate the node's forward does not name"),
+    needs("fresh", "an output or kept intermediate that is not an array of its own"),
+    needs("declared", "an output or kept intermediate of another layout than the "
+                      "operator declares"),
+    needs("reads_covered", "the backward reads a forward array the operator does not "
+                           "return"),
+    needs("gradients_apart", "two gradients in one array"),
+)
+
+
 def split_eligibility(facts: SplitFacts) -> NodeEligibility:
     """Eligible, or the first rule the call fails."""
-    if not facts.named:
-        return NodeEligibility.declined("an output or kept intermediate the node's "
-                                        "forward does not name")
-    if not facts.fresh:
-        return NodeEligibility.declined("an output or kept intermediate that is not "
-                                        "an array of its own")
-    if not facts.declared:
-        return NodeEligibility.declined("an output or kept intermediate of another "
-                                        "layout than the operator declares")
-    if not facts.reads_covered:
-        return NodeEligibility.declined("the backward reads a forward array the "
-                                        "operator does not return")
-    if not facts.gradients_apart:
-        return NodeEligibility.declined("two gradients in one array")
-    return ELIGIBLE
+    return eligibility(_SPLIT_RULES, facts)

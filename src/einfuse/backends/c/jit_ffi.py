@@ -33,10 +33,11 @@ from __future__ import annotations
 import ctypes
 import enum
 import functools
+import hashlib
 import os
 import threading
 from dataclasses import dataclass
-from typing import Dict, Sequence, Tuple
+from typing import Callable, Dict, Optional, Sequence, Tuple
 
 from . import build as c_build
 from .ffi_support import XLA_DTYPES, ffi_prelude
@@ -292,3 +293,26 @@ def register(library: ctypes.CDLL, token: int, entry_address: int, layout: Entry
             return False
         _registered[token] = identity
         return True
+
+
+TOKEN_TRIES = 8     # salts tried before a caller takes its other route (8 collisions of 56 bits)
+
+
+def registered_token(identity: Tuple, value, held: Dict[int, Tuple], lock,
+                     register_kept: Callable[[int, object], bool]) -> Optional[int]:
+    """The handler's token for ``identity`` (a digest of what a kernel is: the same in
+    every process), or None where every salted token is taken by something else.
+
+    Each try keeps ``(identity, value)`` in ``held`` under ``lock`` before the record
+    that points at it is made (``held.setdefault``: a token kept already keeps the value
+    it was first given, and that kept value is what ``register_kept(token, kept)``
+    registers, so a record never points at arrays nothing holds).  A token kept for
+    another identity, or one ``register_kept`` says is taken, moves on to the next salt."""
+    for salt in range(TOKEN_TRIES):
+        token = int.from_bytes(hashlib.sha256(repr((identity, salt)).encode())
+                               .digest()[:7], "little")
+        with lock:
+            kept_identity, kept = held.setdefault(token, (identity, value))
+        if kept_identity == identity and register_kept(token, kept):
+            return token
+    return None

@@ -1,7 +1,8 @@
-"""The C++ autograd node of a program's call on CPU torch tensors (torch_node_source.cpp):
-a torch extension built once per machine, torch version and source, into the cache
-directory, under a file lock so that concurrent processes (pytest-xdist workers) build
-it once.
+"""The C++ autograd node of a program's call on CPU torch tensors (torch_node_source.cpp;
+its halves run apart under torch.compile, torch_node_compiled.cpp; the plan both read,
+torch_node.h): a torch extension built once per machine, torch version and sources,
+into the cache directory, under a file lock so that concurrent processes
+(pytest-xdist workers) build it once.
 
 Why C++: at 256x256 a softmax program's training step spent about 60 of its 117 µs in
 Python around two 15-20 µs kernels, 28 of them in torch's machinery for a Python
@@ -23,11 +24,14 @@ import os
 import subprocess
 import sys
 import threading
+from typing import Dict
 
 from ..disk_cache import cache_dir, file_lock
 from . import build as c_build
 
-_SOURCE_FILE = os.path.join(os.path.dirname(__file__), "torch_node_source.cpp")
+# the extension's files: the translation units first (built in this order), the header
+# they include last; copied side by side into the build directory
+_SOURCE_FILES = ("torch_node_source.cpp", "torch_node_compiled.cpp", "torch_node.h")
 # a cold build on a loaded 2-core machine took 40 s; allow far more before giving up
 _BUILD_TIMEOUT_S = 900
 
@@ -68,11 +72,12 @@ def reason() -> str:
     return "loaded" if _state["module"] is not None else _state["reason"]
 
 
-def _key(source: str) -> str:
+def _key(sources: Dict[str, str]) -> str:
     import torch
     compiler = c_build.find_compiler()
     digest = hashlib.sha256()
-    for part in (source, torch.__version__, getattr(torch.version, "git_version", ""),
+    files = [part for name, text in sources.items() for part in (name, text)]
+    for part in (*files, torch.__version__, getattr(torch.version, "git_version", ""),
                  sys.version, compiler[1] if compiler else ""):
         digest.update(str(part).encode())
         digest.update(b"\0")
@@ -97,9 +102,11 @@ def _build_and_load() -> None:
 def _load():
     if c_build.find_compiler() is None:
         raise RuntimeError("no C compiler")
-    with open(_SOURCE_FILE) as handle:
-        source = handle.read()
-    key = _key(source)
+    sources = {}
+    for file in _SOURCE_FILES:
+        with open(os.path.join(os.path.dirname(__file__), file)) as handle:
+            sources[file] = handle.read()
+    key = _key(sources)
     name = f"einfuse_torch_node_{key}"
     directory = os.path.join(cache_dir(), name)
     os.makedirs(directory, exist_ok=True)
@@ -113,21 +120,25 @@ def _load():
         # (imported only to build: its imports, on this background thread, would change
         # sys.modules under a torch.compile tracing the main thread, which iterates it)
         from torch.utils import cpp_extension
-        # the source is copied in: the build directory's ninja file names it
-        path = os.path.join(directory, "torch_node.cpp")
-        if not os.path.exists(path) or open(path).read() != source:
-            with open(path + ".tmp", "w") as handle:
-                handle.write(source)
-            os.replace(path + ".tmp", path)
+        # the sources are copied in: the build directory's ninja file names them
+        paths = []
+        for file, text in sources.items():
+            path = os.path.join(directory, file)
+            if not os.path.exists(path) or open(path).read() != text:
+                with open(path + ".tmp", "w") as handle:
+                    handle.write(text)
+                os.replace(path + ".tmp", path)
+            if file.endswith(".cpp"):
+                paths.append(path)
         # built by a process of its own, in a session of its own: a process that ends
         # while the build runs (its thread is a daemon) must not leave torch's build
         # lock behind half-way, which would stop every later build
-        built = subprocess.run([sys.executable, "-c", _BUILD, name, path, directory],
+        built = subprocess.run([sys.executable, "-c", _BUILD, name, directory, *paths],
                                start_new_session=True, capture_output=True, text=True,
                                timeout=_BUILD_TIMEOUT_S)
         if built.returncode != 0:
             raise RuntimeError(f"the build failed: {built.stderr[-2000:]}")
-        return cpp_extension.load(name=name, sources=[path], build_directory=directory,
+        return cpp_extension.load(name=name, sources=paths, build_directory=directory,
                                   extra_cflags=_FLAGS, verbose=False)
 
 
@@ -150,5 +161,5 @@ def _import_built(name: str, directory: str):
 
 _FLAGS = ["-O2", "-ffp-contract=off"]
 _BUILD = ("import sys\nfrom torch.utils import cpp_extension\n"
-          "cpp_extension.load(name=sys.argv[1], sources=[sys.argv[2]], "
-          f"build_directory=sys.argv[3], extra_cflags={_FLAGS!r}, verbose=False)\n")
+          "cpp_extension.load(name=sys.argv[1], sources=sys.argv[3:], "
+          f"build_directory=sys.argv[2], extra_cflags={_FLAGS!r}, verbose=False)\n")

@@ -12,6 +12,9 @@
 // forward runs its plan when apply() is called; the backward's plan runs inside the
 // autograd engine, with no Python, except a backward that must itself be
 // differentiable (create_graph=True): it calls back the Python path under the GIL.
+//
+// torch_node_compiled.cpp: the plan's two halves run apart, under torch.compile;
+// torch_node.h: the plan itself, which both files read.
 #include <torch/extension.h>
 #include <torch/csrc/autograd/function.h>
 #include <torch/csrc/autograd/functions/utils.h>
@@ -26,49 +29,15 @@
 #include <mutex>
 #include <vector>
 
-namespace py = pybind11;
+#include "torch_node.h"
+
 using torch::autograd::Node;
 using torch::autograd::SavedVariable;
 using torch::autograd::variable_list;
 
-typedef void (*kernel_fn)(void **, const int64_t *, const double *, const int64_t *,
-                          const double *, int, int32_t *);
+namespace einfuse_node __attribute__((visibility("hidden"))) {
 
 namespace {
-
-enum OpKind { EMPTY = 0, SCRATCH = 1, CALL = 2, TOTAL = 3, CHECK = 4, CAST = 5, PRODUCT = 6 };
-
-// PRODUCT: an operand, a view of one slot's tensor
-struct View {
-  int slot = -1;
-  int64_t offset = 0;                  // elements past the tensor's own first
-  std::vector<int64_t> sizes, strides;
-};
-
-struct Op {
-  int kind = EMPTY;
-  int slot = -1;                       // EMPTY, SCRATCH, TOTAL: the slot written
-  std::vector<int64_t> sizes;          // EMPTY: the shape; TOTAL: the output shape
-  at::ScalarType dtype = at::kFloat;
-  int64_t rows = 0, padded = 0;        // SCRATCH: rows of ``padded`` elements, aligned
-  bool zero = false;                   // SCRATCH: zeroed (column accumulators)
-  int64_t align = 128;
-  kernel_fn entry = nullptr;           // CALL
-  const int64_t *ints = nullptr;
-  const double *doubles = nullptr;
-  const int64_t *integers = nullptr;
-  const double *fills = nullptr;
-  int threads = 0;                     // CALL: the prepared count
-  int adaptive = 0;                    // 0 fixed, 1 a row kernel's rule, 2 a fused group's
-  std::vector<int> buffers;            // CALL: the slots passed, in the kernel's order
-  int sums = -1, errors = -1;          // TOTAL: the accumulators' slots
-  int source = -1;                     // CAST: the index array's slot
-  int64_t size = 0;                    // TOTAL: elements of the output; CHECK: the bound
-  bool compensated = true;             // TOTAL: sums in the working dtype, errors beside
-  bool owned = false;                  // EMPTY, SCRATCH: never leaves the run: the plan's own
-  bool addmm = false;                  // PRODUCT: at::addmm(views[0], views[1], views[2])
-  std::vector<View> views;             // PRODUCT: else at::matmul(views[0], views[1])
-};
 
 at::Tensor view_of(const at::Tensor &t, const View &v) {
   if (v.offset == 0 && t.sizes() == c10::IntArrayRef(v.sizes) &&
@@ -84,12 +53,6 @@ at::Tensor allocate(c10::IntArrayRef sizes, at::ScalarType dtype, bool zero) {
   if (zero && t.numel()) std::memset(t.data_ptr(), 0, t.numel() * t.element_size());
   return t;
 }
-
-struct Layout {
-  int slot;
-  std::vector<int64_t> sizes, strides;
-  at::ScalarType dtype;
-};
 
 int threads_for(const Op &op, int free) {
   if (op.adaptive == 0) return op.threads;
@@ -306,46 +269,15 @@ std::vector<Op> ops_of(py::list items) {
 
 }  // namespace
 
-// One signature's plan: what the Python objects it was made from keep alive (the
-// kernels' ints and doubles), held with the GIL.
-struct Plan {
-  int slots = 0, passed = 0, recorded = 0;
-  std::vector<Layout> inputs;          // the passed tensors' expected layouts
-  std::vector<Op> forward, backward;
-  std::vector<int> outputs;            // the forward's result slots
-  std::vector<int> saved_inputs;       // passed slots the backward reads (version checked)
-  std::vector<int> saved_outputs;      // indexes into outputs the backward reads
-  std::vector<int> kept;               // other slots the backward reads
-  std::vector<Layout> seeds;           // per output: the slot of its gradient, its layout
-  std::vector<int> gradients;          // per recorded input: its gradient's slot
-  py::object fallback;                 // (tensors, grads, wanted) -> gradients
-  py::object keep;
-  // the arrays of the operations that never leave a run, per direction, for the one
-  // run at a time that holds the lock (another at the same time allocates its own)
-  std::mutex forward_lock, backward_lock;
-  std::vector<at::Tensor> forward_owned, backward_owned;
-
-  bool run(bool backward_run, std::vector<at::Tensor> &slots, int free) {
-    const std::vector<Op> &ops = backward_run ? backward : forward;
-    std::mutex &lock = backward_run ? backward_lock : forward_lock;
-    std::unique_lock<std::mutex> held(lock, std::try_to_lock);
-    if (!held.owns_lock()) return run_ops(ops, slots, free, nullptr);
-    std::vector<at::Tensor> &owned = backward_run ? backward_owned : forward_owned;
-    if (owned.size() != ops.size()) owned.resize(ops.size());
-    return run_ops(ops, slots, free, &owned);
-  }
-
-  ~Plan() {
-    if (Py_IsInitialized()) {
-      py::gil_scoped_acquire held;
-      fallback = py::object();
-      keep = py::object();
-    } else {
-      fallback.release();
-      keep.release();
-    }
-  }
-};
+bool Plan::run(bool backward_run, std::vector<at::Tensor> &slots, int free) {
+  const std::vector<Op> &ops = backward_run ? backward : forward;
+  std::mutex &lock = backward_run ? backward_lock : forward_lock;
+  std::unique_lock<std::mutex> held(lock, std::try_to_lock);
+  if (!held.owns_lock()) return run_ops(ops, slots, free, nullptr);
+  std::vector<at::Tensor> &owned = backward_run ? backward_owned : forward_owned;
+  if (owned.size() != ops.size()) owned.resize(ops.size());
+  return run_ops(ops, slots, free, &owned);
+}
 
 struct ProgramNode : public Node {
   std::shared_ptr<Plan> plan;
@@ -452,10 +384,8 @@ std::shared_ptr<Plan> make_plan(int slots, int passed, int recorded, py::list in
   return plan;
 }
 
-namespace {
-
-// the passed tensors are laid out as the plan was translated for (dtype, sizes, strides,
-// a CPU strided tensor with no negation or conjugation flag)
+// (passed_match, forward_of: torch_node.h says what they do; the compiled halves call
+// them too)
 bool passed_match(const Plan &p, const std::vector<at::Tensor> &tensors) {
   if ((int)tensors.size() != p.passed) return false;
   for (const Layout &l : p.inputs) {
@@ -468,8 +398,6 @@ bool passed_match(const Plan &p, const std::vector<at::Tensor> &tensors) {
   return true;
 }
 
-// The plan's forward on the passed tensors (checked by passed_match) into ``slots``, the
-// GIL released; false where a kernel raised its error flag.
 bool forward_of(const std::shared_ptr<Plan> &plan, const std::vector<at::Tensor> &tensors,
                 int free, std::vector<at::Tensor> &slots) {
   slots.assign(plan->slots, at::Tensor());
@@ -478,8 +406,6 @@ bool forward_of(const std::shared_ptr<Plan> &plan, const std::vector<at::Tensor>
   at::AutoDispatchBelowADInplaceOrView below;
   return plan->run(false, slots, free);
 }
-
-}  // namespace
 
 // The outputs of one call (a tuple), recorded as one node where grad mode is on and a
 // recorded input requires a gradient; None where a tensor's layout is not the plan's
@@ -518,94 +444,11 @@ py::object apply(std::shared_ptr<Plan> plan, std::vector<at::Tensor> tensors, in
   return found;
 }
 
-// Under torch.compile (program/torch_compiled_fused.py) a call is two custom operators,
-// so the plan's two halves run apart, recording nothing: forward_slots runs the forward
-// and returns the slots ``returned`` (the outputs, then what the backward reads), which
-// the compiled graph keeps; backward_slots runs the backward on the slots ``given`` set
-// again from them.  Either is None where apply() would decline the call or a kernel
-// raised its flag (the operator's Python path runs, and raises the statement's error).
-
-py::object forward_slots(std::shared_ptr<Plan> plan, std::vector<at::Tensor> tensors,
-                         int free, std::vector<int> returned) {
-  const Plan &p = *plan;
-  if (!passed_match(p, tensors)) return py::none();
-  std::vector<at::Tensor> slots;
-  if (!forward_of(plan, tensors, free, slots)) return py::none();
-  py::tuple found(returned.size());
-  for (size_t i = 0; i < returned.size(); ++i) {
-    TORCH_CHECK(returned[i] >= 0 && returned[i] < p.slots && slots[returned[i]].defined(),
-                "einfuse torch node: a slot the forward does not make");
-    found[i] = py::cast(slots[returned[i]]);
-  }
-  return found;
-}
-
-// ``given``: the passed tensors (checked as the forward's), then the forward's returned
-// slots, each contiguous, of dtype ``dtypes[i]`` and ``numels[i]`` elements (else None).
-py::object backward_slots(std::shared_ptr<Plan> plan, std::vector<int> at_slots,
-                          std::vector<at::Tensor> given, py::list grads, int free,
-                          std::vector<int> dtypes, std::vector<int64_t> numels) {
-  const Plan &p = *plan;
-  TORCH_CHECK(at_slots.size() == given.size() && (int)grads.size() == (int)p.seeds.size() &&
-              (int)given.size() >= p.passed && dtypes.size() == given.size() - p.passed &&
-              numels.size() == dtypes.size(),
-              "einfuse torch node: an inconsistent backward call");
-  std::vector<at::Tensor> passed(given.begin(), given.begin() + p.passed);
-  if (!passed_match(p, passed)) return py::none();
-  for (size_t i = p.passed; i < given.size(); ++i) {
-    const at::Tensor &t = given[i];
-    if (t.scalar_type() != (at::ScalarType)dtypes[i - p.passed] ||
-        t.numel() != numels[i - p.passed] || !t.is_contiguous() ||
-        t.device().type() != at::kCPU || t.layout() != at::kStrided || t.is_neg() ||
-        t.is_conj())
-      return py::none();
-  }
-  std::vector<at::Tensor> slots(p.slots);
-  for (size_t i = 0; i < at_slots.size(); ++i) {
-    TORCH_CHECK(at_slots[i] >= 0 && at_slots[i] < p.slots,
-                "einfuse torch node: a slot out of range");
-    slots[at_slots[i]] = given[i];
-  }
-  for (size_t i = 0; i < p.seeds.size(); ++i) {
-    const Layout &seed = p.seeds[i];
-    at::Tensor g;
-    if (grads[i].is_none()) {     // (an output the loss does not read: zeros)
-      g = at::zeros(seed.sizes, at::TensorOptions().dtype(seed.dtype));
-    } else {
-      g = grads[i].cast<at::Tensor>();
-      if (g.scalar_type() != seed.dtype || g.sizes() != c10::IntArrayRef(seed.sizes) ||
-          g.strides() != c10::IntArrayRef(seed.strides) || g.storage_offset() != 0 ||
-          g.is_neg() || g.is_conj() || g.layout() != at::kStrided ||
-          g.device().type() != at::kCPU) {
-        if (g.sizes() != c10::IntArrayRef(seed.sizes) || g.device().type() != at::kCPU)
-          return py::none();
-        g = g.to(seed.dtype).contiguous().resolve_neg().resolve_conj();
-        if (g.strides() != c10::IntArrayRef(seed.strides)) g = g.clone();
-        if (g.strides() != c10::IntArrayRef(seed.strides)) return py::none();
-      }
-    }
-    slots[seed.slot] = g;
-  }
-  bool done;
-  {
-    py::gil_scoped_release released;
-    at::AutoDispatchBelowADInplaceOrView below;
-    at::NoGradGuard no_grad;
-    done = plan->run(true, slots, free);
-  }
-  if (!done) return py::none();
-  py::list found;
-  for (int i = 0; i < p.recorded; ++i) {
-    if (p.gradients[i] >= 0) found.append(py::cast(slots[p.gradients[i]]));
-    else found.append(py::none());
-  }
-  return found;
-}
+}  // namespace einfuse_node
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  py::class_<Plan, std::shared_ptr<Plan>>(m, "Plan");
-  m.def("make_plan", &make_plan);
-  m.def("apply", &apply);
-  m.def("forward_slots", &forward_slots);
-  m.def("backward_slots", &backward_slots);
+  py::class_<einfuse_node::Plan, std::shared_ptr<einfuse_node::Plan>>(m, "Plan");
+  m.def("make_plan", &einfuse_node::make_plan);
+  m.def("apply", &einfuse_node::apply);
+  einfuse_node::define_compiled(m);
 }
