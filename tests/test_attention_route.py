@@ -67,12 +67,12 @@ def ran(monkeypatch):
     from einfuse.backends.triton import attention as triton_attention
     from einfuse.runtime import attention_autograd
     seen = {"routes": [], "runners": []}
-    decide = attention_runtime.attention_route
+    decide = attention_runtime.route_of
 
-    def deciding(found):
-        seen["routes"].append(decide(found).kind)
-        return decide(found)
-    monkeypatch.setattr(attention_runtime, "attention_route", deciding)
+    def deciding(*fields):
+        seen["routes"].append(decide(*fields).kind)
+        return decide(*fields)
+    monkeypatch.setattr(attention_runtime, "route_of", deciding)
     for module, name in ((attention_run, "run_c"), (attention_runtime, "_run_numpy"),
                          (attention_autograd, "run_recorded"),
                          (attention_autograd, "run_recorded_triton"),
@@ -213,3 +213,10 @@ def test_explain_states_the_routes_reason(monkeypatch):
     text = _explained()
     assert "route: the NumPy key-block pass: no C compiler is found" in text
     assert "online softmax" not in _explained(backend="c")
+
+
+def test_the_cached_route_is_the_rules():
+    for given in ({}, {"backend": "numpy"}, {"framework": "torch", "recording": True}):
+        found = facts(**given)
+        from einfuse.schedule.attention_route import route_of
+        assert route_of(*dataclasses.astuple(found)) == attention_route(found)

@@ -27,7 +27,7 @@ from ..rewrite.attention_layout import (Canonical, call_band, canonical, float_e
                                         to_output)
 from ..schedule.attention_route import AttentionFacts, AttentionRoute
 from ..schedule.attention_route import AttentionRouteKind as RouteKind
-from ..schedule.attention_route import attention_route
+from ..schedule.attention_route import attention_route, route_of
 from ..schedule.early import triton_may_take
 from ..schedule.library import statement_attention
 from . import attention_run
@@ -58,13 +58,13 @@ def attention_decision(attention: Attention, named: Dict[str, object], options,
     if target is None and not recording:
         views = named if framework == "numpy" else torch_inputs(attention, named)
     backend = options.backend
-    facts = AttentionFacts(
-        framework, recording, None if target is None else target.value, backend,
-        disqualifying_option(options),
-        compiler=target is None and backend in ("auto", "c") and compiler_found(),
-        views=views is not None or target is not None or recording,
-        normalised=attention.normalised, constants_need_grad=constants)
-    return attention_route(facts), target, views
+    # (AttentionFacts' fields, in order)
+    route = route_of(framework, recording, None if target is None else target.value,
+                     backend, disqualifying_option(options),
+                     target is None and backend in ("auto", "c") and compiler_found(),
+                     views is not None or target is not None or recording,
+                     attention.normalised, constants)
+    return route, target, views
 
 
 def disqualifying_option(options) -> Optional[str]:

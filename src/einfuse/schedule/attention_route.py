@@ -93,6 +93,13 @@ def _statements(reason: str) -> AttentionRoute:
 
 
 @functools.lru_cache(maxsize=256)
+def route_of(*fields) -> AttentionRoute:
+    """attention_route of ``AttentionFacts(*fields)``, cached by the fields (every call
+    of a recognised attention asks: no facts value is built for a signature seen
+    before)."""
+    return attention_route(AttentionFacts(*fields))
+
+
 def attention_route(facts: AttentionFacts) -> AttentionRoute:
     """The route of a call of these facts (the module's rule)."""
     Kind = AttentionRouteKind
