@@ -207,11 +207,12 @@ def test_explain_states_the_routes_reason(monkeypatch):
         reason = attention_route(facts(backend=options.get("backend", "auto"),
                                        compiler=c_build.find_compiler() is not None))
         assert reason.kind is kind
-        assert f"route: {reason.reason}" in text and "online softmax" in text
+        assert f"route (schedule/attention_route.py): {reason.reason}" in text
+        assert "online softmax" in text
     assert "online softmax" not in _explained(dtype="float64")
     monkeypatch.setattr(c_build, "find_compiler", lambda: None)
     text = _explained()
-    assert "route: the NumPy key-block pass: no C compiler is found" in text
+    assert "attention_route.py): the NumPy key-block pass: no C compiler is found" in text
     assert "online softmax" not in _explained(backend="c")
 
 
@@ -220,3 +221,10 @@ def test_the_cached_route_is_the_rules():
         found = facts(**given)
         from einfuse.schedule.attention_route import route_of
         assert route_of(*dataclasses.astuple(found)) == attention_route(found)
+
+
+@needs_triton
+def test_explain_states_the_triton_route():
+    Q, K, V = qkv(1, 2, 37, 37, 8, 8, np.float32)
+    text = str(ef.explain(program(), Q=Q, K=K, V=V, scale=0.5, backend="triton"))
+    assert "route (schedule/attention_route.py): the fused Triton kernel, on the CPU" in text

@@ -261,7 +261,7 @@ class FusedAttention:
 
     def _route_line(self):
         return [] if self.decision is None else \
-            [f"    route: {self.decision.reason} (schedule/attention_route.py)"]
+            [f"    route (schedule/attention_route.py): {self.decision.reason}"]
 
     def _triton_lines(self, which, what, skipped, square):
         a, config = self.attention, self.config
