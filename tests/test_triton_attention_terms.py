@@ -563,11 +563,12 @@ import sys
 import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
-from einfuse.backends.triton import attention_backward, attention_backward_kernel as kernels
+from einfuse.backends.triton import attention_backward_kernel as kernels
+from einfuse.schedule.attention_blocks import attention_backward_blocks
 
 dtype = sys.argv[1]
 exact = dtype == "fp32"
-config = attention_backward._GPU_CONFIG["float32" if exact else "16-bit"]
+config = attention_backward_blocks("float32" if exact else "float16", 64, False).config
 common = dict(DOT=64, FEATURES=64, BLOCK_D=64, BLOCK_E=64, BLOCK_M=config.block_m,
               BLOCK_N=config.block_n, EXACT=exact, UPCAST=False, BANDED=True,
               TENSOR_TERMS=2, INDEX_TERMS=2, X0_LOADS=True, X1_LOADS=False)

@@ -2,7 +2,9 @@
 decision from the subscripts, ranges and the arrays' signature, which
 runtime/window_scatter.add_by_offsets only runs.  Each route against np.add.at (the
 scatter's general path, the values' order: the same bits) and, for the torch views,
-against the NumPy result."""
+against the NumPy result.  The col2im add is the registry's WINDOW_ADD entry
+(schedule/library.py): a gradient's scatter asks the registry and runs that entry with
+the decision."""
 
 from __future__ import annotations
 
@@ -158,3 +160,90 @@ def test_torch_targets_take_the_views(ran):
                                                scatter, values, ranges)
     assert decision.route is WindowScatterRoute.NOT_THIS_FORM and "negative" in \
         decision.reason
+
+
+# -- the col2im add is an entry of schedule/library.py's registry --------------------------
+
+def test_the_registry_names_the_window_entry():
+    from einfuse.analysis.frameworks import JAX, NUMPY, TORCH
+    from einfuse.schedule.library import ScatterCall, compiled_kernel, scatter_library
+    from einfuse.schedule.schedule import Library
+    for framework in (NUMPY, TORCH):
+        assert scatter_library(ScatterCall(False, False, window=True), framework) is \
+            Library.WINDOW_ADD
+        # (one strided view is tried first; whole rows after the window form)
+        assert scatter_library(ScatterCall(True, False, window=True), framework) is \
+            Library.STRIDED_ADD
+        assert scatter_library(ScatterCall(False, True, True, window=True), framework) is \
+            Library.WINDOW_ADD
+        assert scatter_library(ScatterCall(False, False), framework) is Library.SCATTER_ADD
+        assert compiled_kernel(Library.WINDOW_ADD, framework) is None   # (its own route)
+    assert scatter_library(ScatterCall(False, False, window=True), JAX) is \
+        Library.SCATTER_ADD       # (JAX's arrays are immutable: no window add)
+
+
+def _numpy_add(target, scatter, values, options_ranges):
+    from einfuse.runtime import gradient_reference
+    options = {"ranges": options_ranges}
+    return gradient_reference.numpy_scatter_add(gradient_reference.NumpyOps(), target,
+                                                scatter, values, options, {})
+
+
+@pytest.mark.parametrize("conv", [CONV, SMALL])
+def test_a_strided_convolutions_input_gradient_takes_the_window_entry(conv, ran):
+    from einfuse.analysis.frameworks import NUMPY
+    from einfuse.runtime import gradient_reference
+    from einfuse.schedule.schedule import Library
+    scatter, ranges = _scatter_of(*conv)
+    values = rng.standard_normal(tuple(len(ranges[n]) for n in scatter.spec.output_indices))
+    base = rng.standard_normal(conv[2])
+    library, view, window = gradient_reference.scatter_entry(base, scatter, values,
+                                                             {"ranges": ranges}, NUMPY)
+    assert library is Library.WINDOW_ADD and view is None
+    assert window == window_scatter.scatter_decision(base, scatter, values, ranges)
+    got = _numpy_add(base.copy(), scatter, values, ranges)
+    # the route the entry's decision named ran (CONV: one C walk; SMALL: too few values)
+    assert ran == (["one pass"] if window.route is WindowScatterRoute.ONE_PASS else
+                   ["views"])
+    np.testing.assert_array_equal(got, _add_at(base, scatter, values, ranges))
+
+
+def test_a_scatter_not_of_the_window_form_does_not_take_it(ran):
+    from einfuse.analysis.frameworks import NUMPY, TORCH
+    from einfuse.runtime import gradient_reference
+    from einfuse.schedule.schedule import Library
+    # a window no wider than its stride: its points never collide, one strided view
+    disjoint = ("y[b,o,i] := x[b,c,2*i+p] * w[o,c,p]", {"ranges": {"i": 10}},
+                (2, 3, 20), (4, 3, 2))
+    scatter, ranges = _scatter_of(*disjoint)
+    values = rng.standard_normal(tuple(len(ranges[n]) for n in scatter.spec.output_indices))
+    base = rng.standard_normal(disjoint[2])
+    library = gradient_reference.scatter_entry(base, scatter, values, {"ranges": ranges},
+                                               NUMPY)[0]
+    assert library is Library.STRIDED_ADD
+    np.testing.assert_allclose(_numpy_add(base.copy(), scatter, values, ranges),
+                               _add_at(base, scatter, values, ranges), rtol=1e-13)
+    # a falling subscript into a torch target: not the window form, element by element
+    torch = pytest.importorskip("torch")
+    falling = ("y[b,o,i] := x[b,c,2*i-p+4] * w[o,c,p]", {"pad": 0, "ranges": {"i": 30}},
+               (2, 3, 60), (4, 3, 5))
+    scatter, ranges = _scatter_of(*falling)
+    shape = tuple(len(ranges[n]) for n in scatter.spec.output_indices)
+    values = rng.standard_normal(shape)
+    base = rng.standard_normal(falling[2])
+    library, _, window = gradient_reference.scatter_entry(
+        torch.from_numpy(base.copy()), scatter, torch.from_numpy(values),
+        {"ranges": ranges}, TORCH)
+    assert library is Library.SCATTER_ADD
+    assert window.route is WindowScatterRoute.NOT_THIS_FORM
+    # (on NumPy arrays the same scatter is of the window form)
+    assert gradient_reference.scatter_entry(base, scatter, values, {"ranges": ranges},
+                                            NUMPY)[0] is Library.WINDOW_ADD
+    ran.clear()
+    target = torch.from_numpy(base.copy())
+    got = gradient_reference.numpy_scatter_add(
+        gradient_reference._ops_for(target), target, scatter, torch.from_numpy(values),
+        {"ranges": ranges}, {})
+    assert ran == []
+    np.testing.assert_allclose(got.numpy(), _add_at(base, scatter, values, ranges),
+                               rtol=1e-12, atol=1e-12)

@@ -3,11 +3,13 @@ softmax: on the C backend as one kernel (backends/c/attention.py), on the NumPy 
 as a loop over key blocks that combines partial states with the softmax-weighted-sum
 monoid (rewrite/monoids.py).  Either way no N x N array exists.
 
-The statements as written stay the authority: every call that does not fit exactly
-(not NumPy arrays or CPU torch tensors autograd does not record, not one float dtype,
-extents that disagree, a value with inf or NaN, an empty axis, ``pad=``/``ranges=``/
-``dtype=``, the Triton backend, JAX) gets ``None`` here and runs statement by
-statement, which raises any error itself."""
+Where a call runs (the Triton kernel, recorded or not; the C kernel, recorded or
+not; the NumPy pass; the statements) is schedule/attention_route.py's decision, from
+the facts :func:`attention_decision` gathers; this module runs the route it is handed.
+The statements as written stay the authority: a call the route sends to them, and one
+whose values a kernel declines (not one float dtype, extents that disagree, a value
+with inf or NaN, an empty axis), gets ``None`` here and runs statement by statement,
+which raises any error itself."""
 
 from __future__ import annotations
 
@@ -23,6 +25,9 @@ from ..analysis.cost import (attention_bytes, attention_flops, attention_pairs, 
                              count_text)
 from ..rewrite.attention_layout import (Canonical, call_band, canonical, float_extents,
                                         to_output)
+from ..schedule.attention_route import AttentionFacts, AttentionRoute
+from ..schedule.attention_route import AttentionRouteKind as RouteKind
+from ..schedule.attention_route import attention_route, route_of
 from ..schedule.early import triton_may_take
 from ..schedule.library import statement_attention
 from . import attention_run
@@ -37,27 +42,69 @@ def program_attention(specs: Sequence, outputs: Tuple[str, ...]) -> Optional[Att
     return recognise(statements, tuple(outputs))
 
 
-def run_fused_attention(attention: Attention, named: Dict[str, object], options,
-                        framework: str):
-    """run_attention for a NumPy or torch caller: a NumPy result, or a torch tensor that
-    autograd records with a fused backward (runtime/attention_autograd.py); None where
-    the statements run one by one."""
+def attention_decision(attention: Attention, named: Dict[str, object], options,
+                       framework: str):
+    """(the schedule's AttentionRoute for this call, the Triton kernel's target or None,
+    the arrays as the C kernel and the NumPy pass take them or None): the facts
+    schedule/attention_route.py decides from, gathered here (types, devices, flags and
+    options only: no values read)."""
+    recording = constants = False
     if framework == "torch":
         from . import attention_autograd     # (it imports torch)
-        if attention_autograd.recording(attention, named):
-            on_triton = triton_route(attention, named, options)
-            if on_triton is not None:
-                return attention_autograd.run_recorded_triton(attention, named, options,
-                                                              on_triton)
-            return attention_autograd.run_recorded(attention, named, options)
-    on_triton = triton_route(attention, named, options)
-    if on_triton is not None:       # backends/triton/attention.py
+        recording = attention_autograd.recording(attention, named)
+        constants = recording and attention_autograd.constants_need_grad(attention, named)
+    target = triton_route(attention, named, options)
+    views = None
+    if target is None and not recording:
+        views = named if framework == "numpy" else torch_inputs(attention, named)
+    backend = options.backend
+    # (AttentionFacts' fields, in order)
+    route = route_of(framework, recording, None if target is None else target.value,
+                     backend, disqualifying_option(options),
+                     target is None and backend in ("auto", "c") and compiler_found(),
+                     views is not None or target is not None or recording,
+                     attention.normalised, constants)
+    return route, target, views
+
+
+def disqualifying_option(options) -> Optional[str]:
+    """The first option given that no fused attention kernel takes, or None."""
+    if options.pad is not None:
+        return "pad="
+    if options.ranges:
+        return "ranges="
+    if options.dtype is not None:
+        return "dtype="
+    return None
+
+
+def compiler_found() -> bool:
+    from ..backends.c import build as c_build
+    return c_build.find_compiler() is not None
+
+
+def run_fused_attention(attention: Attention, named: Dict[str, object], options,
+                        framework: str):
+    """The attention run on the route the schedule decided (attention_decision): a
+    NumPy result, or a torch tensor (under autograd recorded with a fused backward:
+    runtime/attention_autograd.py); None where the statements run one by one (the route
+    says so, or the kernel declines the call's values)."""
+    route, target, views = attention_decision(attention, named, options, framework)
+    kind = route.kind
+    if kind is RouteKind.STATEMENTS:
+        return None
+    if kind is RouteKind.TRITON_RECORDED or kind is RouteKind.C_RECORDED:
+        from . import attention_autograd
+        if kind is RouteKind.TRITON_RECORDED:
+            return attention_autograd.run_recorded_triton(attention, named, options,
+                                                          target)
+        return attention_autograd.run_recorded(attention, named, options)
+    if kind is RouteKind.TRITON:       # backends/triton/attention.py
         from ..backends.triton import attention as triton_attention
         return triton_attention.run(attention, named,
                                     lambda query: triton_scale(attention, named, query),
-                                    on_triton)
-    views = named if framework == "numpy" else torch_inputs(attention, named)
-    return run_attention(attention, views, options) if views is not None else None
+                                    target)
+    return run_attention(attention, views, options, kind)
 
 
 def run_before_binding(kernel, named: Dict[str, object]):
@@ -81,32 +128,23 @@ def triton_route(attention: Attention, named: Dict[str, object], options):
                                   (attention.query, attention.key, attention.value))
 
 
-def run_attention(attention: Attention, named: Dict[str, object], options) -> Optional[np.ndarray]:
-    """The attention's output (a NumPy array) for these named NumPy arrays, or None to
-    run the statements one by one."""
-    backend = options.backend
-    if backend not in ("auto", "c", "numpy") or options.pad is not None or options.ranges \
-            or options.dtype is not None:
-        return None
+def run_attention(attention: Attention, named: Dict[str, object], options,
+                  kind: RouteKind) -> Optional[np.ndarray]:
+    """The attention's output (a NumPy array) for these named NumPy arrays on the C or
+    NumPy route the schedule decided, or None where the values decline it (extents
+    that disagree or are empty, not one float dtype, a value holding inf or NaN): the
+    statements then run one by one."""
     arrays = canonical(attention, named)
     if arrays is None:
         return None
-    if backend == "numpy":
+    if kind is RouteKind.NUMPY:
         if not np.isfinite(arrays.value).all():
             return None
         out = _run_numpy(attention, arrays)
     else:
-        from ..backends.c import build as c_build
-        if c_build.find_compiler() is None:
-            if backend == "c":
-                return None     # the statements raise the backend's own error
-            if not np.isfinite(arrays.value).all():
-                return None
-            out = _run_numpy(attention, arrays)
-        else:
-            out = attention_run.run_c(attention, arrays, options.threads or 0)
-            if out is None:
-                return None
+        out = attention_run.run_c(attention, arrays, options.threads or 0)
+        if out is None:     # (a value holding inf or NaN)
+            return None
     return to_output(attention, arrays, out)
 
 
@@ -158,6 +196,8 @@ class FusedAttention:
     config: Optional[object] = None
     # (lower, upper) on j - i for this call (None: a bound's parameter not given)
     band: Optional[Tuple[int, int]] = None
+    # the schedule's route for the call (schedule/attention_route.AttentionRoute)
+    decision: Optional[AttentionRoute] = None
 
     @property
     def pairs(self) -> int:
@@ -202,7 +242,7 @@ class FusedAttention:
         transposed = self.groups * self.dot * -(-self.keys // 64) * 64 * self.itemsize
         return [
             f"  1 kernel: {which} fused as attention with online softmax "
-            "(rewrite/online_softmax.py)",
+            "(rewrite/online_softmax.py)", *self._route_line(),
             f"    {a.output} = {what}, s = {a.query} . {a.key} summed over the dot index"
             f"{' and scaled' if a.scale is not ScaleKind.NONE else ''}{skipped}",
             "    one pass over j per block of 64 rows with a running max, a running "
@@ -219,6 +259,10 @@ class FusedAttention:
             f"the keys transposed in blocks of 64 (once per call): {bytes_text(transposed)}"]
 
 
+    def _route_line(self):
+        return [] if self.decision is None else \
+            [f"    route (schedule/attention_route.py): {self.decision.reason}"]
+
     def _triton_lines(self, which, what, skipped, square):
         a, config = self.attention, self.config
         dots = "IEEE-exact float32 dots (no TF32)" if self.dtype == "float32" else \
@@ -226,7 +270,7 @@ class FusedAttention:
              f"{self.dtype} for the weighted sum)")
         return [
             f"  1 kernel: {which} fused as attention with online softmax "
-            "(rewrite/online_softmax.py)",
+            "(rewrite/online_softmax.py)", *self._route_line(),
             f"    {a.output} = {what}, s = {a.query} . {a.key} summed over the dot index"
             f"{' and scaled' if a.scale is not ScaleKind.NONE else ''}{skipped}",
             f"    one Triton kernel (FlashAttention-2 forward, backends/triton/attention.py) "
@@ -264,11 +308,10 @@ def explain_attention(attention: Optional[Attention], values: Dict[str, object],
     or None where this call would run statement by statement."""
     if attention is None:
         return None
-    route = triton_route(attention, values, options)
-    if route is not None:
-        return _explain_triton(attention, values, route)
-    if options.backend not in ("auto", "c", "numpy") or \
-            options.pad is not None or options.ranges or options.dtype is not None:
+    decision, route = explain_decision(attention, values, options)
+    if decision.kind is RouteKind.TRITON:
+        return _explain_triton(attention, values, route, decision)
+    if not decision.fused:
         return None
     arrays = [values.get(n) for n in (attention.query, attention.key, attention.value)]
     if any(isinstance(a, np.ndarray) and type(a) is not np.ndarray for a in arrays):
@@ -286,7 +329,28 @@ def explain_attention(attention: Optional[Attention], values: Dict[str, object],
     return FusedAttention(attention, groups, extents[attention.row],
                           extents[attention.key_index], extents[attention.dot_index],
                           extents[attention.feature], dtype.itemsize, dtype.name,
-                          band=band)
+                          band=band, decision=decision)
+
+
+def explain_decision(attention: Attention, values: Dict[str, object], options):
+    """(the schedule's route, the Triton target or None) of a call, not recorded by
+    autograd, with arrays like ``values`` (shapes, dtypes and devices only: explain's
+    stand-ins answer for arrays): attention_decision's facts for explain."""
+    arrays = [values.get(n) for n in (attention.query, attention.key, attention.value)]
+    torch_arrays = [framework_of(a) == TORCH for a in arrays]
+    framework = "torch" if any(torch_arrays) else "numpy"
+    # (the C kernel takes CPU float32/float64 tensors, as NumPy views of themselves)
+    views = all(not is_torch or (a.device.type == "cpu" and
+                                 str(a.dtype) in ("torch.float32", "torch.float64"))
+                for a, is_torch in zip(arrays, torch_arrays))
+    target = triton_route(attention, values, options)
+    backend = options.backend
+    facts = AttentionFacts(
+        framework, False, None if target is None else target.value, backend,
+        disqualifying_option(options),
+        compiler=target is None and backend in ("auto", "c") and compiler_found(),
+        views=views or target is not None, normalised=attention.normalised)
+    return attention_route(facts), target
 
 
 def _triton_call(attention: Attention, values: Dict[str, object]):
@@ -310,7 +374,7 @@ def _triton_call(attention: Attention, values: Dict[str, object]):
     return extents, names.pop()
 
 
-def _explain_triton(attention: Attention, values: Dict[str, object], route):
+def _explain_triton(attention: Attention, values: Dict[str, object], route, decision):
     from ..backends.triton import attention as triton_attention
     found = _triton_call(attention, values)
     if found is None:
@@ -327,14 +391,15 @@ def _explain_triton(attention: Attention, values: Dict[str, object], route):
     return FusedAttention(attention, groups, extents[attention.row],
                           extents[attention.key_index], dot, features, itemsize, dtype,
                           route=route, config=config,
-                          band=call_band(attention, values, extents))
+                          band=call_band(attention, values, extents), decision=decision)
 
 
 def triton_fallback_notes(attention: Optional[Attention], values: Dict[str, object],
                           options):
     """explain's note where the Triton kernel would take a call but does not take its
     dtype or head dimension (the statements run one by one)."""
-    if attention is None or triton_route(attention, values, options) is None:
+    if attention is None or \
+            explain_decision(attention, values, options)[0].kind is not RouteKind.TRITON:
         return []
     found = _triton_call(attention, values)
     if found is None:

@@ -48,15 +48,10 @@ def recording(attention: Attention, named: Dict[str, object]) -> bool:
 
 def run_recorded(attention: Attention, named: Dict[str, object], options) -> Optional[torch.Tensor]:
     """The output, recorded as one autograd node with a fused backward, or None where
-    the statements must run (and record) one by one."""
-    if not attention.normalised or options.backend not in ("auto", "c") or \
-            options.pad is not None or options.ranges or options.dtype is not None:
-        return None
-    from ..backends.c import build as c_build
-    if c_build.find_compiler() is None:
-        return None
-    if _constants_need_grad(attention, named):
-        return None       # their gradient needs the statements
+    the values decline it (a row its band hides, a query, key or value holding inf or
+    NaN): the statements then run (and record) one by one.  Asked on the route
+    schedule/attention_route.py decided (C_RECORDED: normalised, on 'auto' or 'c', no
+    disqualifying option, a C compiler, no constant needing a gradient)."""
     biases = _biases_needing_grad(attention, named)
     tensors = tuple(named.get(n) for n in (attention.query, attention.key, attention.value))
     with torch.no_grad():     # the views only: this call is recorded below, as one node
@@ -87,7 +82,7 @@ def _needs_grad(value) -> bool:
     return isinstance(value, torch.Tensor) and value.requires_grad
 
 
-def _constants_need_grad(attention: Attention, named: Dict[str, object]) -> bool:
+def constants_need_grad(attention: Attention, named: Dict[str, object]) -> bool:
     """Whether the scale or a bound's parameter needs a gradient (the fused backward
     computes none for them), or a term's tensor needing one is also the query, key or
     value or is read both as an added tensor and as a coefficient (its gradients would
@@ -263,9 +258,8 @@ def run_recorded_triton(attention: Attention, named: Dict[str, object], options,
     (backends/triton/attention_backward.py: dQ, dK, dV and the gradients of the scores'
     terms that want one), or the statements' formula in torch where its arithmetic
     would not be the statements'; None where the statements must run and record one by
-    one (run_recorded's rules)."""
-    if not attention.normalised or _constants_need_grad(attention, named):
-        return None       # (a scale or bound needing grad: the statements give it)
+    one (the values decline it).  Asked on the route schedule/attention_route.py
+    decided (TRITON_RECORDED: normalised, no constant needing a gradient)."""
     tensors = tuple(named.get(n) for n in (attention.query, attention.key, attention.value))
     if not all(isinstance(t, torch.Tensor) for t in tensors):
         return None

@@ -23,7 +23,7 @@ from .strided_scatter import add_to_view, target_view
 from ..plan.library_patterns import scatters_rows
 from ..schedule.library import ScatterCall, scatter_library
 from ..schedule.schedule import Library
-from .window_scatter import add_by_offsets
+from .window_scatter import WindowScatterRoute, add_by_offsets, scatter_decision
 
 _PASSED = ("ranges", "pad", "bounds", "fill")
 
@@ -394,22 +394,18 @@ class _JaxOps:
 def numpy_scatter_add(ops, target, g: GradientStatement, values, options, arrays):
     """``target`` plus ``values`` at ``g``'s scatter positions, by the kernel the
     library's rule for the arrays' framework chooses (schedule/library.scatter_library):
-    one strided view, whole rows, or element by element."""
+    one strided view, the colliding windows (col2im), whole rows, or element by
+    element."""
     indices = g.spec.output_indices
     framework = _framework_of_ops(ops)
-    view = None if framework == JAX else \
-        target_view(target, g, values, {n: options["ranges"][n] for n in indices})
-    rows = scatters_rows(g, target.shape, values.shape)
-    library = scatter_library(ScatterCall(
-        view is not None, rows,
-        rows and all(options["ranges"][sub.plain_index].start == 0
-                     for sub in g.scatter[1:])), framework)
+    library, view, window = scatter_entry(target, g, values, options, framework)
     if library is Library.STRIDED_ADD:
         add_to_view(target, view, values)
         return target
-    if not isinstance(ops, _JaxOps) and \
-            add_by_offsets(target, g, values, {n: options["ranges"][n] for n in indices}):
-        return target       # (col2im: a strided view add per window offset)
+    if library is Library.WINDOW_ADD:     # (col2im: one C walk, or view adds per offset)
+        add_by_offsets(target, g, values, {n: options["ranges"][n] for n in indices},
+                       window)
+        return target
     grid = {}
     for pos, name in enumerate(indices):
         rng = options["ranges"][name]
@@ -440,6 +436,26 @@ def numpy_scatter_add(ops, target, g: GradientStatement, values, options, arrays
         _add_rows(target, g, values, positions, keep)
         return target
     return ops.add_at(target, positions, values, keep)
+
+
+def scatter_entry(target, g: GradientStatement, values, options, framework: str):
+    """(the registry's scatter entry for this call, the target's strided view where
+    the positions form one, the col2im route where they are not one view): the facts of
+    schedule/library.ScatterCall gathered from the arrays' signature (no values)."""
+    ranges = {n: options["ranges"][n] for n in g.spec.output_indices}
+    view = window = None
+    if framework != JAX:      # (JAX's arrays are immutable: no view, no window add)
+        view = target_view(target, g, values, ranges)
+        if view is None:
+            window = scatter_decision(target, g, values, ranges)
+    rows = scatters_rows(g, target.shape, values.shape)
+    library = scatter_library(ScatterCall(
+        view is not None, rows,
+        rows and all(options["ranges"][sub.plain_index].start == 0
+                     for sub in g.scatter[1:]),
+        window is not None and window.route is not WindowScatterRoute.NOT_THIS_FORM),
+        framework)
+    return library, view, window
 
 
 def _framework_of_ops(ops) -> str:

@@ -28,7 +28,7 @@ import numpy as np
 import torch
 
 from ..autodiff.attribution import gradient_errors
-from .gradient_reference import NumpyOps, numpy_scatter_add
+from .gradient_reference import NumpyOps, numpy_scatter_add, scatter_entry
 from ..backends.c.scatter import scatter_rows
 from ..backends.c.window_pack import PackMemo, set_memo
 from ..lang.ast import Access
@@ -40,11 +40,8 @@ from .torch_autograd import (differentiable_names, input_gradients, numpy_view,
                              saved_tensors)
 from ..analysis.frameworks import torch_recording as recording
 from .gradient_reference import resolve_options
-from .strided_scatter import target_view
 from .window_scatter import prepared_add
 from ..analysis.frameworks import NUMPY
-from ..plan.library_patterns import scatters_rows
-from ..schedule.library import ScatterCall, scatter_library
 from ..schedule.prepared_steps import StepRoute, prepared_step_route
 from ..schedule.scatter_kernels import ScatterRoute, prepared_rows_route
 from ..schedule.schedule import Library
@@ -242,18 +239,11 @@ def _add_prepared(adders, total, g, part, options) -> bool:
 
 def _scatter_adder(total, g, part, options) -> Optional[Callable]:
     """window_scatter.prepared_add for arrays like these where numpy_scatter_add adds
-    them by that one C walk (the library rule does not take one strided view); None
-    otherwise."""
-    ranges = {n: options["ranges"][n] for n in g.spec.output_indices}
-    view = target_view(total, g, part, ranges)
-    rows = scatters_rows(g, total.shape, part.shape)
-    library = scatter_library(ScatterCall(
-        view is not None, rows,
-        rows and all(options["ranges"][sub.plain_index].start == 0
-                     for sub in g.scatter[1:])), NUMPY)
-    if library is Library.STRIDED_ADD:
+    them by that one C walk (the registry's col2im entry); None otherwise."""
+    if scatter_entry(total, g, part, options, NUMPY)[0] is not Library.WINDOW_ADD:
         return None
-    return prepared_add(total, g, part, ranges)
+    return prepared_add(total, g, part, {n: options["ranges"][n]
+                                          for n in g.spec.output_indices})
 
 
 def _rows_by(g, options, values) -> Optional[str]:

@@ -9,7 +9,11 @@ The rule (:func:`attention_blocks`), per (operand dtype, head dimension, interpr
 * under the interpreter, small blocks (:data:`INTERPRETED_CONFIG`), so that short test
   sequences still cross several key blocks and a tail;
 * otherwise the first of the measured candidates for the operand width and head
-  dimension (:func:`candidates`)."""
+  dimension (:func:`candidates`).
+
+The backward's two kernels (backends/triton/attention_backward.py) have their own rule,
+:func:`attention_backward_blocks`: the interpreter's small blocks, else one untuned
+configuration per operand width (:data:`BACKWARD_CONFIGS`)."""
 
 from __future__ import annotations
 
@@ -49,12 +53,16 @@ CANDIDATES = {
                        _C(32, 32, 8, 2), _C(16, 64, 4, 2)),
 }
 INTERPRETED_CONFIG = AttentionConfig(32, 16, 4, 1)
+# The backward's blocks per operand width, not yet measured on a GPU: small tiles (the
+# float32 products run IEEE-exact, without tensor cores, as in the forward).
+BACKWARD_CONFIGS = {"float32": _C(32, 32, 4, 2), "16-bit": _C(64, 64, 4, 2)}
 
 
 class AttentionBlockSource(enum.Enum):
     FORCED = "the configuration a sweep forces (forced_config)"
     INTERPRETER = "small blocks under the interpreter (short sequences cross several)"
     MEASURED = "the fastest of the H100 sweep for this operand width and head dimension"
+    UNTUNED = "the backward's small tiles for this operand width (not yet measured on a GPU)"
 
 
 @dataclass(frozen=True)
@@ -95,3 +103,21 @@ def _unforced(dtype_name: str, bucket: int, interpreted: bool) -> AttentionBlock
         return AttentionBlockChoice(AttentionBlockSource.INTERPRETER, INTERPRETED_CONFIG)
     return AttentionBlockChoice(AttentionBlockSource.MEASURED,
                                 candidates(dtype_name, bucket)[0])
+
+
+def attention_backward_blocks(dtype_name: str, head_dim: int,
+                              interpreted: bool) -> AttentionBlockChoice:
+    """The launch blocks of the fused attention backward's two kernels for one call
+    signature: under the interpreter the forward's small blocks (short test sequences
+    still cross several key blocks), else the untuned configuration for the operand
+    width.  (``head_dim``, the larger of D and E, is not read yet: one configuration
+    per width until a sweep measures the backward.)"""
+    return _backward(dtype_name, interpreted)
+
+
+@functools.lru_cache(maxsize=None)
+def _backward(dtype_name: str, interpreted: bool) -> AttentionBlockChoice:
+    if interpreted:
+        return AttentionBlockChoice(AttentionBlockSource.INTERPRETER, INTERPRETED_CONFIG)
+    width = "float32" if dtype_name == "float32" else "16-bit"
+    return AttentionBlockChoice(AttentionBlockSource.UNTUNED, BACKWARD_CONFIGS[width])

@@ -16,7 +16,9 @@ asked depends on its pattern:
   :func:`scatter_library` with a :class:`ScatterCall`, per framework of the arrays
   (the backend a gradient's scatter runs on): the strided view
   (runtime/strided_scatter.py: backends/c/strided_add.py or a NumPy/torch window),
-  whole rows (backends/c/scatter.scatter_rows, JAX's windowed scatter), else
+  the colliding windows of a strided convolution's input gradient (col2im,
+  runtime/window_scatter.py: one C walk or view adds, by
+  schedule/window_scatter.window_scatter_decision's route), whole rows (backends/c/scatter.scatter_rows, JAX's windowed scatter), else
   element by element (backends/c/scatter.scatter_flat or np.add.at, torch's
   index_put_, JAX's .at[].add).  An entry on NumPy arrays names the compiled kernel
   it runs (:attr:`LibraryRule.kernel`); :func:`kernel_route` gives one call's route
@@ -57,7 +59,9 @@ class LibraryRule:
     on ``backend`` (the question is the pattern's: see the module's text); ``kernel``:
     the compiled scatter kernel the entry runs there (its capability, declared in
     schedule/scatter_kernels.CAPABILITIES, decides each call's route:
-    :func:`kernel_route`), None where the entry runs a framework's own operation."""
+    :func:`kernel_route`), None where the entry runs a framework's own operation or,
+    for the window add, where its route is schedule/window_scatter.py's (the one C
+    walk's capability is declared there: ``ONE_PASS``)."""
     library: Library
     backend: str
     applies: Callable[..., bool]
@@ -67,7 +71,8 @@ class LibraryRule:
 # The patterns each way of asking considers, in the order they are tried.
 STATEMENT_PATTERNS = (Library.ATTENTION,)
 PREPARED_PATTERNS = (Library.GATHER_ROWS, Library.ROW_STATISTICS)
-SCATTER_PATTERNS = (Library.STRIDED_ADD, Library.SCATTER_ROWS, Library.SCATTER_ADD)
+SCATTER_PATTERNS = (Library.STRIDED_ADD, Library.WINDOW_ADD, Library.SCATTER_ROWS,
+                    Library.SCATTER_ADD)
 
 _RULES: Dict[Tuple[Library, str], LibraryRule] = {}
 
@@ -107,10 +112,13 @@ class ScatterCall:
     strided view of the target (runtime/strided_scatter.target_view, from
     plan/library_patterns.strided_view); whether it adds whole rows of the target
     (plan/library_patterns.scatters_rows) and, then, whether those rows' other axes
-    all start at 0."""
+    all start at 0; whether it is of the window form (col2im: the route
+    schedule/window_scatter.window_scatter_decision gives is not NOT_THIS_FORM; asked
+    only where the positions are not one strided view, the entry tried first)."""
     strided: bool
     rows: bool
     rows_from_zero: bool = False
+    window: bool = False
 
 
 def scatter_library(question: ScatterCall, framework: str) -> Library:
@@ -179,6 +187,8 @@ register(Library.ROW_STATISTICS, "c", _row_statistics_applies)
 # NumPy arrays each runs a compiled kernel where its capability takes the data
 register(Library.STRIDED_ADD, NUMPY, lambda q: q.strided, ScatterKernel.STRIDED_ADD)
 register(Library.STRIDED_ADD, TORCH, lambda q: q.strided)
+for _framework in (NUMPY, TORCH):     # (its route: schedule/window_scatter.py's)
+    register(Library.WINDOW_ADD, _framework, lambda q: q.window)
 register(Library.SCATTER_ROWS, NUMPY, lambda q: q.rows, ScatterKernel.SCATTER_ROWS)
 register(Library.SCATTER_ROWS, JAX, lambda q: q.rows and q.rows_from_zero)
 register(Library.SCATTER_ADD, NUMPY, lambda q: True, ScatterKernel.SCATTER_FLAT)

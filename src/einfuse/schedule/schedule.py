@@ -34,11 +34,13 @@ class Route(enum.Enum):
 class Library(enum.Enum):
     """The hand-written kernels (schedule/library.py registers one rule per kernel and
     backend): a route may name attention; a loop nest's prepared repeat may take the
-    row gather; a gradient's scatter-add takes one of the three scatters."""
+    row gather; a gradient's scatter-add takes one of the four scatters."""
     ATTENTION = "online-softmax attention"
     GATHER_ROWS = "a gather of whole rows (the embedding form), one copy per row"
     ROW_STATISTICS = "a log-sum-exp row kernel (row maxima and sums of exponentials)"
     STRIDED_ADD = "a scatter-add into one strided view of the target"
+    WINDOW_ADD = ("a scatter-add of colliding windows (col2im): one C walk, or a strided "
+                  "view add per window offset")
     SCATTER_ROWS = "a scatter-add of whole rows"
     SCATTER_ADD = "a scatter-add element by element, in the values' order"
 

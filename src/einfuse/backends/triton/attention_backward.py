@@ -25,13 +25,12 @@ import triton
 
 from ...rewrite.attention_scores import IndexTerm, TensorTerm
 from ...rewrite.online_softmax import ScaleKind
-from .attention import INTERPRETED_CONFIG, Config, padded_block
+from ...schedule.attention_blocks import attention_backward_blocks
+from .attention import Config, padded_block
 from .attention_backward_kernel import attention_backward_keys, attention_backward_rows
 from .attention_terms import KernelTerms, as_tensor
 from .launch import PreparedLaunch
 
-# untuned on a GPU: small tiles, the float32 products IEEE-exact
-_GPU_CONFIG = {"float32": Config(32, 32, 4, 2), "16-bit": Config(64, 64, 4, 2)}
 # |L| * eps past this: exp(s - L) recomputed loses accuracy (runtime/attention_autograd)
 _LOG_SUM_EXP_LIMIT = 2.0 ** -10
 _INT32_MAX = 2 ** 31 - 1
@@ -92,12 +91,6 @@ def fusable(saved: Saved, grad) -> bool:
     return bool(ok)
 
 
-def _config(dtype_name: str, interpreted: bool) -> Config:
-    if interpreted:
-        return INTERPRETED_CONFIG
-    return _GPU_CONFIG["float32" if dtype_name == "float32" else "16-bit"]
-
-
 def fused_gradients(saved: Saved, grad) -> Tuple[Tuple, Dict[str, object]]:
     """(dQ, dK, dV) in the operands' own axis orders and {term tensor: its gradient}."""
     import torch
@@ -121,7 +114,9 @@ def fused_gradients(saved: Saved, grad) -> Tuple[Tuple, Dict[str, object]]:
     sums = torch.zeros((B1, B2, 2, rows), dtype=torch.float32, device=device) \
         if "row" in needs else delta
     dtype_name = str(q.dtype).rsplit(".", 1)[-1]
-    config = _config(dtype_name, saved.interpreted)
+    # (the launch blocks are the schedule's: schedule/attention_blocks.py)
+    config = attention_backward_blocks(dtype_name, max(dot, features),
+                                       saved.interpreted).config
     terms = saved.terms
     slots = [q if x is None else x for x in terms.tensor_args + terms.index_args]
     common = dict(DOT=dot, FEATURES=features, BLOCK_D=padded_block(dot),
