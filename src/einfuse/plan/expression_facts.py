@@ -57,3 +57,14 @@ def fast_math_safe(expr: ast.Expr) -> bool:
         if isinstance(node, ast.Reduce) and node.op in ("max", "min", "logsumexp"):
             return False
     return True
+
+
+def lane_panel(rhs: ast.Expr, lane: str, row: str) -> bool:
+    """Whether some load of ``rhs`` walks the ``lane`` index but not the ``row`` index
+    (a lane tile's own operand, which stays cached while row blocks pass over it:
+    plan/blocking.lanes_outer)."""
+    for access in ast.accesses(rhs):
+        names = {n for sub in access.indices for n in sub.index_names}
+        if lane in names and row not in names:
+            return True
+    return False

@@ -43,7 +43,7 @@ from .. import ir
 from ..ir import BinaryOp, BufferType, FillSource, Function, LoopKind, Policy, UnaryOp
 from ..ir import Affine
 from ..lang import ast
-from .expression_facts import fast_math_safe, indices_used
+from .expression_facts import fast_math_safe, indices_used, lane_panel
 from .slots import buffer_slots
 from .gathers import parse_mode
 from .lane_reductions import LaneReductions
@@ -145,6 +145,7 @@ class _Lowering(BlockedSums, LaneReductions, EpilogueBlocks, RowStatements):
         self.n_var = len(spec.all_indices)
         self.lane_indices: List[str] = []
         self.row_index: Optional[str] = None   # the output index blocked in rows, if any
+        self.lanes_outer = False    # its lane tiles outside the row blocks (NestOrder's)
         self.wide_lanes = False   # lanes may step by more than 1 (set in run())
         self.checks = any(sub.gathers for a in ast.accesses(spec.rhs) for sub in a.indices) \
             and self.bounds in ("check", "promise")
@@ -272,7 +273,10 @@ class _Lowering(BlockedSums, LaneReductions, EpilogueBlocks, RowStatements):
             # lane tile serves several rows from registers (dist: 4x fewer
             # instructions per FLOP than one row at a time)
             rows = candidates[-1]
-        return NestOrder(tuple(order), tiled, rows)
+        outer = rows is not None and not self.plain and lanes_outer(
+            self.block[0], self.block[1], lane_panel(rhs, inner, rows)
+            and any(k not in self.short for r in tops for k in r.indices))
+        return NestOrder(tuple(order), tiled, rows, outer)
 
     def run(self, nest: NestOrder) -> Plan:
         """The loop nest ``nest`` names (its output loops' order, tiling, row block)."""
@@ -285,6 +289,7 @@ class _Lowering(BlockedSums, LaneReductions, EpilogueBlocks, RowStatements):
         order, tiled = list(nest.order), nest.tiled
         inner = nest.inner
         self.row_index = nest.rows
+        self.lanes_outer = nest.lanes_outer
         strides = tuple(self.stride(out_slot, a) for a in range(len(outs)))
         env: Dict[str, Affine] = {}
         pos: Dict[str, Affine] = {}
@@ -374,7 +379,7 @@ class _Lowering(BlockedSums, LaneReductions, EpilogueBlocks, RowStatements):
         if row is not None:
             stores = ir.Loop(row, Affine.var(row_count), LoopKind.SERIAL, (stores,))
         kind = LoopKind.PARALLEL if inner in spec.race_free_indices else LoopKind.SERIAL
-        if row is not None and not self.plain and lanes_outer(rows, lanes_tile):
+        if row is not None and self.lanes_outer:
             # the lane tiles outermost: each lane tile's panel stays cached while every
             # row block passes over it (plan/blocking.py)
             rows_loop = ir.TiledLoop(row_block, self.extent(self.row_index), rows, row_count,

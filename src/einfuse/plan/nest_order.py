@@ -16,6 +16,8 @@ class NestOrder:
     order: Tuple[str, ...]        # the output loops, outermost first
     tiled: bool                   # the innermost output loop in lane tiles
     rows: Optional[str] = None    # the output index blocked in rows (a tiled nest only)
+    # a row-blocked nest's lane tiles outside its row blocks (plan/blocking.lanes_outer)
+    lanes_outer: bool = False
 
     @property
     def inner(self) -> Optional[str]:
