@@ -3,7 +3,10 @@ its two-statement program runs as (issue 32): the statement's epilogue form (BLA
 then the elementwise pass: Route.BLAS_THEN_EPILOGUE) is that program, prepared by the
 same machinery (runtime/program_autograd.PreparedCall), so the node's decision
 (schedule/torch_node_plan.node_eligibility) is the program's, the values and gradients
-are the program's to the bit, and torch's addmm + relu to rounding."""
+are the program's to the bit, and torch's addmm + relu to rounding.  A signature whose
+recorded calls reach no backward has its node planned at a forward
+(schedule/torch_node_plan.plan_before_backward), for the statement and the program
+alike."""
 
 import itertools
 
@@ -12,6 +15,8 @@ import pytest
 import torch
 
 import einfuse as ef
+from einfuse.runtime.program_backward import PLANS_MADE
+from einfuse.schedule.torch_node_plan import FORWARDS_BEFORE_PLAN
 from torch_node_support import python_path, uses_node
 
 STATEMENT = "y[b,o] := max(sum[i](x[b,i] * W[o,i]) + c[o], 0)"
@@ -205,3 +210,70 @@ def test_gradcheck_on_the_node(node):
     assert torch.autograd.gradcheck(lambda x, W, c: statement(x=x, W=W, c=c), leaves,
                                     fast_mode=True)
     assert uses_node(_form(statement))
+
+
+def _recorded_forwards(fn, env, grads, calls):
+    leaves = {k: v.detach().clone().requires_grad_(k in grads) for k, v in env.items()}
+    return leaves, [fn(**leaves) for _ in range(calls)]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_recorded_forwards_with_no_backward_take_the_node(node, dtype):
+    # (schedule/torch_node_plan.plan_before_backward: after FORWARDS_BEFORE_PLAN of them)
+    env, seed = _inputs(dtype, seed=7)
+    grads = ("x", "W", "c")
+    statement, program, python = _statement(), _program(), _statement()
+    _recorded_forwards(statement, env, grads, FORWARDS_BEFORE_PLAN - 1)
+    _recorded_forwards(program, env, grads, FORWARDS_BEFORE_PLAN - 1)
+    assert not uses_node(_form(statement)) and not uses_node(program)
+    leaves, outs = _recorded_forwards(statement, env, grads, 2)
+    _recorded_forwards(program, env, grads, 1)
+    assert uses_node(_form(statement)) and uses_node(program)
+    assert _decisions(_form(statement)) == _decisions(program)
+    # the Python path's first forward and backward (its node off) is the reference
+    _recorded_forwards(python, env, grads, 1)
+    python_path(_form(python))
+    want, want_grads = _step(python, env, grads, seed)
+    # the forward before the plan was made, the node's, and each one's backward
+    assert torch.equal(outs[0].detach(), want) and torch.equal(outs[1].detach(), want)
+    for out in outs:
+        for leaf in leaves.values():
+            leaf.grad = None
+        out.backward(seed)
+        for name in grads:
+            assert torch.equal(leaves[name].grad, want_grads[name]), name
+    got, got_grads = _step(statement, env, grads, seed)
+    assert torch.equal(got, want)
+    twin, twin_grads = _torch_step(env, grads, seed)
+    torch.testing.assert_close(got, twin, **_tolerance(dtype))
+    for name in grads:
+        assert torch.equal(got_grads[name], want_grads[name]), name
+        torch.testing.assert_close(got_grads[name], twin_grads[name], **_tolerance(dtype))
+
+
+def test_a_signature_with_a_backward_plans_it_once(node):
+    # a training loop's signature is planned at its first backward (no zero-seed run)
+    env, seed = _inputs(torch.float32, seed=8)
+    statement = _statement()
+    planned = PLANS_MADE.value
+    for _ in range(FORWARDS_BEFORE_PLAN + 2):
+        _step(statement, env, ("W", "c"), seed)
+    assert uses_node(_form(statement)) and PLANS_MADE.value - planned == 1
+
+
+def test_forward_only_plan_with_create_graph_and_no_grad(node):
+    env, seed = _inputs(torch.float64, batch=16, seed=9)
+    statement = _statement()
+    leaves, outs = _recorded_forwards(statement, env, ("x", "W", "c"),
+                                      FORWARDS_BEFORE_PLAN + 1)
+    assert uses_node(_form(statement))
+    with torch.no_grad():
+        assert torch.equal(statement(**leaves), outs[-1].detach())
+    dx, = torch.autograd.grad(outs[-1], leaves["x"], seed, create_graph=True)
+    dW, = torch.autograd.grad(dx.square().sum(), leaves["W"])
+    twins = {k: v.detach().clone().requires_grad_() for k, v in env.items()}
+    twin = torch.relu(torch.addmm(twins["c"], twins["x"], twins["W"].t()))
+    tx, = torch.autograd.grad(twin, twins["x"], seed, create_graph=True)
+    tW, = torch.autograd.grad(tx.square().sum(), twins["W"])
+    torch.testing.assert_close(dx, tx, **_tolerance(torch.float64))
+    torch.testing.assert_close(dW, tW, **_tolerance(torch.float64))
