@@ -277,3 +277,13 @@ def test_forward_only_plan_with_create_graph_and_no_grad(node):
     tW, = torch.autograd.grad(tx.square().sum(), twins["W"])
     torch.testing.assert_close(dx, tx, **_tolerance(torch.float64))
     torch.testing.assert_close(dW, tW, **_tolerance(torch.float64))
+
+
+def test_plan_before_backward_rules():
+    from einfuse.schedule.torch_node_plan import plan_before_backward
+    assert plan_before_backward(FORWARDS_BEFORE_PLAN, 0, True)
+    assert not plan_before_backward(FORWARDS_BEFORE_PLAN - 1, 0, True)
+    # a signature that reached a backward is planned there; an unloaded node is not
+    # built for a forward
+    assert not plan_before_backward(FORWARDS_BEFORE_PLAN + 5, 1, True)
+    assert not plan_before_backward(FORWARDS_BEFORE_PLAN + 5, 0, False)
