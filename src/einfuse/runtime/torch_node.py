@@ -2,8 +2,8 @@
 (backends/c/torch_node.py): the forward's prepared run and the backward's, once both are
 known for a signature (after its first backward, or at a forward of one that records
 and has had no backward: program_autograd.PreparedCall.after_forward), are translated
-into one plan of slots and kernel calls; later calls of that signature are one C++ call each way, with
-the same kernels on the same arrays, so the same values.
+into one plan of slots and kernel calls; later calls of that signature are one C++
+call each way, with the same kernels on the same arrays, so the same values.
 
 A call is translated only where every step is a prepared fused group, row kernel
 (the log-sum-exp one too, on int64 labels), statement run alone by its repeat runner
