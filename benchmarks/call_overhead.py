@@ -3,7 +3,11 @@ with the kernels really launched, one thread, CPU time (time.process_time), medi
 interleaved repeats.  Cases: the Linear+ReLU statement 32x128x128 (its schedule runs
 BLAS, then the epilogue: runtime/epilogue_chain.py), a 256x256 softmax program, and a
 4x4 product statement; each with no grad and with autograd recording (inputs that
-require a gradient, grad mode on: the forward only, the node recorded).
+require a gradient, grad mode on: the forward only, the node recorded; and ``step``, the
+forward and its backward, against torch's ``torch step``).  The warm-up calls are
+forwards only: a recorded signature that reaches no backward takes the C++ node after
+a few forwards (schedule/torch_node_plan.plan_before_backward), as one with a backward
+does at its first.
 
 Layers of a statement call (Kernel.__call__'s fast path): ``compiling`` (is
 torch.compile tracing: torch_compiling), ``signature`` (signature_of over the call's
@@ -50,6 +54,17 @@ def tensors(shapes, grad):
             .requires_grad_(grad) for name, shape in shapes.items()}
 
 
+def steps(fn, peer, args):
+    """The forward and its backward of ``fn`` and of torch's ``peer`` on ``args``."""
+    def step(of):
+        def run():
+            for value in args.values():
+                value.grad = None
+            of(args).sum().backward()
+        return run
+    return {"step": step(fn), "torch step": step(peer)}
+
+
 def statement_layers(statement, shapes, peer, grad):
     kernel = ef.compile(statement, backend="c")
     args = tensors(shapes, grad)
@@ -59,12 +74,15 @@ def statement_layers(statement, shapes, peer, grad):
     runner = kernel._repeat.get(signature)
     assert runner is not None, "no prepared runner: the fast path is not taken"
     cache = kernel._repeat
-    return {"call": lambda: kernel(**args),
-            "compiling": torch_compiling,
-            "signature": lambda: signature_of(args),
-            "lookup": lambda: cache.get(signature),
-            "runner": lambda: runner(args),
-            "torch": lambda: peer(args)}
+    layers = {"call": lambda: kernel(**args),
+              "compiling": torch_compiling,
+              "signature": lambda: signature_of(args),
+              "lookup": lambda: cache.get(signature),
+              "runner": lambda: runner(args),
+              "torch": lambda: peer(args)}
+    if grad:
+        layers.update(steps(lambda a: kernel(**a), peer, args))
+    return layers
 
 
 def program_layers(source, outputs, shapes, peer, grad):
@@ -79,6 +97,8 @@ def program_layers(source, outputs, shapes, peer, grad):
     prepared = calls.get(signature_of(args)) if calls else None
     if prepared is not None:
         layers["apply"] = lambda: prepared.apply(args)
+    if grad:
+        layers.update(steps(lambda a: program(**a), peer, args))
     return layers
 
 
@@ -110,9 +130,11 @@ def main(repeats: int, only: str = "") -> None:
             parts = sum(median[k] for k in ("compiling", "signature", "lookup", "runner",
                                             "apply") if k in median)
             shown = ", ".join(f"{k} {v:.2f}" for k, v in median.items())
+            stepped = f"; step/torch step {median['step'] / median['torch step']:.2f}x" \
+                if "step" in median else ""
             print(f"{name} [{'recorded' if grad else 'no grad'}]: {shown}; "
                   f"rest {median['call'] - parts:.2f}; "
-                  f"call/torch {median['call'] / median['torch']:.2f}x")
+                  f"call/torch {median['call'] / median['torch']:.2f}x{stepped}")
     print(f"load average after {os.getloadavg()}")
 
 

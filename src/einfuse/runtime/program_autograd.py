@@ -37,7 +37,7 @@ from ..analysis.frameworks import torch_recording as recording
 from .program_calls import differentiable_inputs, remember_call, shaped_like
 from .program_backward import PLANS_KEPT, BackwardRun, Count
 from . import torch_node
-from ..schedule.torch_node_plan import signature_eligibility
+from ..schedule.torch_node_plan import plan_before_backward, signature_eligibility
 
 
 
@@ -79,7 +79,8 @@ class PreparedCall:
         self._backwards: Dict[Tuple, Tuple[BackwardRun, Tuple[bool, ...]]] = {}
         self._lock = threading.Lock()
         # the C++ node's plan (runtime/torch_node.py), made after the first backward
-        # with seeds like the outputs; tried once the node is built
+        # with seeds like the outputs, or at a forward of a signature that has had
+        # none (after_forward); tried once the node is built
         self.layouts = torch_node.layouts_of(env, self.passed)
         self._node = None
         # (schedule/torch_node_plan: from the signature now, else after a backward)
@@ -87,6 +88,8 @@ class PreparedCall:
         self.node_decision = None if early.eligible else early
         self._node_tried = not early.eligible
         self._backward_count = 0
+        self._forward_count = 0    # recorded forwards on the Python path, untranslated
+        self._early_failed = False
 
     @property
     def node_plan(self):
@@ -174,6 +177,40 @@ class PreparedCall:
                 tensor = torch.as_tensor(value).to(dtype).reshape(shape)
                 result.append(tensor.clone() if _shares(tensor.numpy(), given) else tensor)
         return tuple(result)
+
+    def after_forward(self, saved: Dict[str, object], outputs: Sequence) -> None:
+        """A recorded forward on the Python path ran (``saved``: what its backward
+        reads, ``outputs``: its tensors): where schedule/torch_node_plan's
+        plan_before_backward says so, the node's plan is made now, with the backward
+        planned for contiguous seeds like the outputs and run once on zeros (its
+        plan is kept: the first real backward of such seeds runs it), so that later
+        forwards of a signature that never reaches a backward run as the node too."""
+        self._forward_count += 1
+        if self._early_failed or not plan_before_backward(
+                self._forward_count, self._backward_count, torch_node.loaded()):
+            return
+        seeds = self.backward.seeds
+        if len(seeds) != len(outputs) or \
+                not all(t.dtype.is_floating_point for t in outputs):
+            self._early_failed = True       # (an int output has no seed: its backward)
+            return
+        env = dict(saved)
+        for seed, tensor in zip(seeds, outputs):
+            env[seed] = np.zeros(tuple(tensor.shape), tensor.numpy().dtype)
+        key = tuple((env[s].shape, env[s].dtype, env[s].strides) for s in seeds)
+        clean, given = dict(env), list(env.values())
+        try:
+            with torch_views():
+                found = self._backwards.get(key)
+                if found is None:
+                    run = BackwardRun(self.backward, env, self.backend, self.recompute,
+                                      threads=self.threads)
+                    found = self._keep_backward(key, run, run(env), given)
+                self._try_node(clean, key, found)
+        except EinfuseError:
+            # (a backward that cannot run on these arrays: the first real one, if any,
+            # raises or plans on its own seeds as before)
+            self._early_failed = True
 
     def _try_node(self, env: Dict[str, object], key, found) -> None:
         """The C++ node's plan for later calls: with the backward ``found`` where it was
@@ -267,6 +304,8 @@ class ProgramFunction(torch.autograd.Function):
                 ctx.mark_non_differentiable(tensor)
         ctx.state, ctx.saved = state, saved
         save_tensors(ctx, (*tensors, *read))     # (an inference tensor is held as it is)
+        if not prepared._node_tried:
+            prepared.after_forward(saved, results)
         return tuple(results)
 
     @staticmethod

@@ -1,8 +1,9 @@
 """A prepared program call on CPU torch tensors handed to the C++ autograd node
 (backends/c/torch_node.py): the forward's prepared run and the backward's, once both are
-known for a signature (after its first backward), are translated into one plan of
-slots and kernel calls; later calls of that signature are one C++ call each way, with
-the same kernels on the same arrays, so the same values.
+known for a signature (after its first backward, or at a forward of one that records
+and has had no backward: program_autograd.PreparedCall.after_forward), are translated
+into one plan of slots and kernel calls; later calls of that signature are one C++
+call each way, with the same kernels on the same arrays, so the same values.
 
 A call is translated only where every step is a prepared fused group, row kernel
 (the log-sum-exp one too, on int64 labels), statement run alone by its repeat runner
@@ -357,6 +358,11 @@ def available(backwards: int) -> bool:
     if backwards < BACKWARDS_BEFORE_BUILD:
         return c_torch_node.loaded() is not None
     return c_torch_node.module() is not None
+
+
+def loaded() -> bool:
+    """Whether the node is built and loaded (asking starts no build)."""
+    return c_torch_node.loaded() is not None
 
 
 def translate(prepared, layouts, seed_layouts, backward_run, direct, fallback

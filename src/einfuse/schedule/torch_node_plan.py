@@ -99,6 +99,22 @@ def signature_eligibility(strided_cpu: bool, scalar_parameters: bool) -> NodeEli
     return eligibility(_SIGNATURE_RULES, _SignatureFacts(strided_cpu, scalar_parameters))
 
 
+# Recorded forwards of one signature, with no backward yet, after which its node's
+# plan is made anyway (plan_before_backward)
+FORWARDS_BEFORE_PLAN = 3
+
+
+def plan_before_backward(forwards: int, backwards: int, node_loaded: bool) -> bool:
+    """Whether a recorded call's node plan is made at its forward, from a backward
+    planned (and run once, on zero seeds) then, rather than at its first backward:
+    where ``forwards`` recorded forwards of the signature (at least
+    FORWARDS_BEFORE_PLAN) have had no backward (a loop that records and never
+    differentiates, an evaluation without no_grad), and the node is loaded already (no
+    build is started for it).  A signature that reaches a backward is planned there,
+    with nothing computed twice."""
+    return node_loaded and backwards == 0 and forwards >= FORWARDS_BEFORE_PLAN
+
+
 def node_eligibility(facts: NodeCallFacts, forward: Tuple[NodeStep, ...],
                      backward: Tuple[NodeStep, ...]) -> NodeEligibility:
     """Eligible, or the first rule the call fails, in the order they are checked: the
