@@ -287,3 +287,27 @@ def test_plan_before_backward_rules():
     # built for a forward
     assert not plan_before_backward(FORWARDS_BEFORE_PLAN + 5, 1, True)
     assert not plan_before_backward(FORWARDS_BEFORE_PLAN + 5, 0, False)
+
+
+def test_a_failing_plan_ahead_never_fails_the_forward(node, monkeypatch):
+    # the plan made at a forward is for speed only: whatever its backward raises, the
+    # forwards return their values and a later real backward runs the Python path
+    from einfuse.runtime import program_autograd
+
+    def refuse(*args, **kwargs):
+        raise RuntimeError("a backward that cannot be planned ahead")
+    env, seed = _inputs(torch.float64, seed=9)
+    grads = ("x", "W", "c")
+    statement, python = _statement(), _statement()
+    _recorded_forwards(python, env, grads, 1)
+    python_path(_form(python))
+    want, want_grads = _step(python, env, grads, seed)
+    monkeypatch.setattr(program_autograd, "BackwardRun", refuse)
+    leaves, outs = _recorded_forwards(statement, env, grads, FORWARDS_BEFORE_PLAN + 1)
+    assert not uses_node(_form(statement))
+    for out in outs:
+        assert torch.equal(out.detach(), want)
+    monkeypatch.undo()
+    outs[-1].backward(seed)
+    for name in grads:
+        assert torch.equal(leaves[name].grad, want_grads[name]), name

@@ -207,8 +207,9 @@ class PreparedCall:
                                       threads=self.threads)
                     found = self._keep_backward(key, run, run(env), given)
                 self._try_node(clean, key, found)
-        except EinfuseError:
-            # (a backward that cannot run on these arrays: the first real one, if any,
+        except Exception:   # noqa: BLE001 -- a plan made ahead, for speed only
+            # (a backward that cannot run on these arrays, for whatever reason, must not
+            # fail the forward that asked for nothing: the first real backward, if any,
             # raises or plans on its own seeds as before)
             self._early_failed = True
 
