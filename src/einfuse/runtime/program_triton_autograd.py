@@ -23,6 +23,7 @@ scatters run as their own kernels."""
 from __future__ import annotations
 
 import importlib.util
+import operator
 import threading
 from types import MappingProxyType
 from typing import Dict, Optional, Tuple
@@ -115,9 +116,12 @@ class UnrecordedTritonCall:
         if run is not None:
             run(env)
         else:
-            self._run = run_statements(self.kernels, env, "torch", keep=set(self.outputs),
-                                       runs=self.runs)
-        return tuple(env[name] for name in self.outputs)
+            run = run_statements(self.kernels, env, "torch", keep=set(self.outputs),
+                                 runs=self.runs)
+            # (no tensor requires a gradient, so no step's autograd guard can refuse:
+            # a run of row groups alone is their runners, run_groups.RowLaunches)
+            self._run = (RowLaunches.of((run,)) or run) if run is not None else None
+        return tuple(map(env.__getitem__, self.outputs))
 
 
 class TritonCall:
@@ -229,7 +233,8 @@ class TritonCall:
         return self._placeholders
 
     def gradients(self, env: Dict[str, object], saved: Tuple, grads, wanted) -> Tuple:
-        """The wanted inputs' gradients (None for the others) from the program's
+        """What the node's backward returns: None for the state, the wanted inputs'
+        gradients (None for the others), None for the other tensors; from the program's
         backward on ``env`` (the scalars and the intermediates kept), the ``saved``
         tensors (``saved_names``) and the outputs' ``grads``.  The backward is planned
         per layout of the seeds (the saved tensors' follow from the forward's
@@ -254,14 +259,19 @@ class TritonCall:
         prepared = self._backwards.get(key)
         if prepared is not None and prepared.launches is not None:
             prepared.launches(env)
-            return tuple(None if result is None or not want else env[result]
-                         for result, want in zip(prepared.picks, wanted))
+            if wanted == prepared.wanted:    # (fixed per node: the inputs' requires_grad)
+                env[None] = None             # (what the getter gives for no gradient)
+                return prepared.returned(env)
+            return (None,) + tuple(None if result is None or not want else env[result]
+                                   for result, want in zip(prepared.picks, wanted)) + \
+                self.extra
         # (the full way, and a plan's first run, read detached tensors)
         env.update(zip(self.saved_names, map(_detach, saved)))
         if prepared is None:
             run = BackwardRun(self.backward, env, self.backend, self.recompute, "torch")
             values = run(env)
-            prepared = _PreparedBackward(run, self._conversions(values), self.saved_names)
+            prepared = _PreparedBackward(run, self._conversions(values), self.saved_names,
+                                         wanted, len(self.extra))
             with self._lock:
                 if len(self._backwards) >= PLANS_KEPT:
                     self._backwards.clear()
@@ -279,7 +289,7 @@ class TritonCall:
                 result.append(torch.as_tensor(value).to(dtype).reshape(shape))
             else:
                 result.append(value)
-        return tuple(result)
+        return (None,) + tuple(result) + self.extra
 
     def _conversions(self, values: Dict[str, object]) -> Tuple[Tuple[str, bool], ...]:
         """Per differentiated input, its name and whether the backward's result for it
@@ -299,15 +309,22 @@ class _PreparedBackward:
     differentiated input, whether its result is converted (TritonCall._conversions);
     where no result is and the run is row groups alone, ``launches`` (their runners)
     and ``picks``: per differentiated input, the name of its result in the run's
-    ``env`` (None: no gradient).  A result that is one of the ``saved`` names as it
-    is (no kernel computes it) keeps the full way, which gives it detached."""
-    __slots__ = ("run", "conversions", "launches", "picks")
+    ``env`` (None: no gradient), and ``returned``: for ``wanted`` (the first call's
+    ``needs_input_grad``, fixed per node), the node backward's whole result read out of
+    ``env`` by one getter, its Nones read at the key None.  A result that is one of the
+    ``saved`` names as it is (no kernel computes it) keeps the full way, which gives it
+    detached."""
+    __slots__ = ("run", "conversions", "launches", "picks", "wanted", "returned")
 
     def __init__(self, run: BackwardRun, conversions: Tuple[Tuple[str, bool], ...],
-                 saved: Tuple[str, ...]):
+                 saved: Tuple[str, ...], wanted: Tuple[bool, ...], others: int):
         self.run, self.conversions = run, conversions
         results = dict(run.results)
         self.picks = tuple(results.get(name) for name, _ in conversions)
+        self.wanted = tuple(wanted)
+        self.returned = operator.itemgetter(
+            None, *[pick if want else None for pick, want in zip(self.picks, wanted)],
+            *(None,) * others)
         self.launches = run.row_launches() if not any(
             convert for _, convert in conversions) and \
             not set(self.picks) & set(saved) else None
@@ -360,7 +377,7 @@ class TritonProgramFunction(torch.autograd.Function):
         # kept and the placeholders' shapes)
         env = {**scalars, **ctx.kept, **ctx.shaped} if scalars or call.kept or \
             call.shaped else {}
-        return (None,) + call.gradients(env, saved, grads, wanted) + call.extra
+        return call.gradients(env, saved, grads, wanted)
 
 
 # torch's C entry of a Function (what ``Function.apply`` calls last), bound to the node
