@@ -168,6 +168,7 @@ class TritonCall:
         self._backwards: Dict[Tuple, _PreparedBackward] = {}
         self._placeholders: Optional[Dict[str, object]] = None
         self._lock = threading.Lock()
+        self._state = (self, _NONE)        # the node's state where there are no scalars
 
     def apply(self, env: Dict[str, object], node_apply=None):
         """The node's outputs on ``env``, a call of this node's signature (looked up by
@@ -180,8 +181,9 @@ class TritonCall:
             return None       # (recording(), inlined: this is every repeated call's path)
         if torch._C._are_functorch_transforms_active():
             refuse_in_transform(self.names)
-        scalars = {name: env[name] for name in self.scalars} if self.scalars else _NONE
-        return (node_apply or _node_apply)((self, scalars), *[env[n] for n in self.passed])
+        state = (self, {name: env[name] for name in self.scalars}) if self.scalars else \
+            self._state
+        return (node_apply or _node_apply)(state, *map(env.__getitem__, self.passed))
 
     def forward(self, env: Dict[str, object]) -> None:
         prepared = self._forward_run
