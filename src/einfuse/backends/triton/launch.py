@@ -182,9 +182,12 @@ def direct_launcher(compiled, grid, tail: Tuple, device_index: int) -> Optional[
     def launch(args):
         stream = get_stream(device_index)
         every = (*args, *tail)
+        enter = runtime.launch_enter_hook
+        # (Triton's launch_metadata is None, and asks nothing, where no enter hook is
+        # set -- every Triton with ``knobs`` -- so it is called only under a hook)
+        metadata = None if enter is None else compiled.launch_metadata(grid, stream, *every)
         compiled.run(g0, g1, g2, stream, compiled.function, compiled.packed_metadata,
-                     compiled.launch_metadata(grid, stream, *every),
-                     runtime.launch_enter_hook, runtime.launch_exit_hook, *every)
+                     metadata, enter, runtime.launch_exit_hook, *every)
     return launch
 
 
