@@ -166,3 +166,27 @@ def test_a_differentiable_backward_after_direct_repeats():
     (second,) = torch.autograd.grad(grad.sum(), x)
     (second_want,) = torch.autograd.grad(want.sum(), ref)
     torch.testing.assert_close(second, second_want)
+
+
+def test_mixed_float_inputs_on_the_direct_path(counted):
+    # X (float32) beside W (float64), both requiring gradients: each is launched in its
+    # own dtype and as it is (the group computes in float64)
+    program = ef.compile("m[i] := max[j](X[i,j] * W[i,j])\n"
+                         "P[i,j] := exp(X[i,j] * W[i,j] - m[i])", backend="triton")
+    x = _x(5, 9, dtype=torch.float32).requires_grad_(True)
+    w = _x(5, 9, seed=1).requires_grad_(True)
+    for repeat in range(3):
+        x.grad = w.grad = None
+        seed = _x(5, 9, seed=30 + repeat)
+        got = program(X=x, W=w)
+        got.backward(seed)
+        rx, rw = (t.detach().clone().requires_grad_(True) for t in (x, w))
+        product = rx.double() * rw
+        want = torch.exp(product - product.max(1, keepdim=True).values)
+        want.backward(seed)
+        torch.testing.assert_close(got, want)
+        torch.testing.assert_close(x.grad, rx.grad)
+        torch.testing.assert_close(w.grad, rw.grad)
+    with torch.no_grad():            # unrecorded, a tensor requiring a gradient passed
+        torch.testing.assert_close(program(X=x, W=w), want.detach())
+    assert counted["direct"] >= 1
