@@ -190,3 +190,24 @@ def test_mixed_float_inputs_on_the_direct_path(counted):
     with torch.no_grad():            # unrecorded, a tensor requiring a gradient passed
         torch.testing.assert_close(program(X=x, W=w), want.detach())
     assert counted["direct"] >= 1
+
+
+def test_a_negated_view_requiring_a_gradient_on_the_direct_path(counted):
+    # z.conj().imag: a float view carrying torch's negation bit (its storage holds the
+    # negatives) that requires a gradient; the signature does not see the bit, so the
+    # direct path's runner resolves it (detached first) on every call
+    program = ef.compile(SOFTMAX, backend="triton")
+    z = torch.complex(_x(), _x(seed=1)).requires_grad_(True)
+    for repeat in range(3):              # the first call prepares, the others repeat
+        z.grad = None
+        seed = _x(seed=40 + repeat)
+        view = z.conj().imag
+        assert view.is_neg()
+        got = program(X=view)
+        got.backward(seed)
+        ref = z.detach().clone().requires_grad_(True)
+        want = torch.softmax(ref.conj().imag, 1)
+        want.backward(seed)
+        torch.testing.assert_close(got, want)
+        torch.testing.assert_close(z.grad, ref.grad)
+    assert counted["direct"] >= 2
