@@ -14,14 +14,27 @@ Prints one Markdown row per case: the call as a user makes it, then its pieces (
 call signature's look-up, one output allocation, the stubbed prepared launch) and
 torch's own op on the same tensor for scale; last, torch's floor for any Python
 autograd node (a Function that only allocates), forward and forward + backward, which
-a recorded call's time includes (einfuse's own part is the difference)."""
+a recorded call's time includes (einfuse's own part is the difference).
+
+Before and after a change, in one run:
+
+    PYTHONPATH=src python benchmarks/triton_host_call.py --before /path/to/other/src
+
+runs the softmax program's repeated calls (no grad, recorded forward, forward +
+backward) and torch's floor in a child process per side, the sides alternated
+(``--runs`` each), each side's own einfuse (``--before``'s and this PYTHONPATH's),
+and prints the medians and einfuse's own part (the recorded calls less the floor)."""
 
 import os
 
 os.environ.setdefault("TRITON_INTERPRET", "1")
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
+import argparse  # noqa: E402
+import json  # noqa: E402
 import statistics  # noqa: E402
+import subprocess  # noqa: E402
+import sys  # noqa: E402
 import time  # noqa: E402
 
 import numpy as np  # noqa: E402
@@ -222,5 +235,71 @@ class _Stand:
         raise AssertionError("stubbed launches never reach the kernel")
 
 
+SOFTMAX = ("m[i] := max[j](X[i,j])\ne[i,j] := exp(X[i,j] - m[i])\n"
+           "P[i,j] := e[i,j] / sum[k](e[i,k])")
+SUMMARY = ("no grad", "recorded forward", "forward + backward", "floor forward",
+           "floor forward + backward")
+
+
+def summary():
+    """The softmax program's repeated calls on 8 x 16 float32 tensors and torch's floor
+    (the empty Function), launches stubbed: one JSON line, microseconds per call."""
+    x = torch.from_numpy(np.random.default_rng(0).standard_normal((8, 16)).astype(
+        np.float32))
+    softmax = ef.compile(SOFTMAX, backend="triton")
+    leaf = x.clone().requires_grad_(True)
+    seed = torch.ones_like(x)
+    calls = [lambda: softmax(X=x), lambda: softmax(X=leaf),
+             lambda: softmax(X=leaf).backward(seed),
+             lambda: _EmptyNode.apply(None, leaf),
+             lambda: _EmptyNode.apply(None, leaf).backward(seed)]
+    for call in calls:          # the first calls compile, plan and prepare
+        for _ in range(3):
+            call()
+    with launch.stubbed():
+        times = per_call_us(calls)
+    print(json.dumps(dict(zip(SUMMARY, times))))
+
+
+def compare(before: str, runs: int):
+    """``summary`` in a child process per side (``before``: the other einfuse's src
+    folder), the sides alternated ``runs`` times; the medians, side by side."""
+    here = os.path.abspath(__file__)
+    sides = {"before": before, "after": os.environ.get("PYTHONPATH", "")}
+    found = {side: [] for side in sides}
+    for _ in range(runs):
+        for side, path in sides.items():
+            child = subprocess.run([sys.executable, here, "--summary"], check=True,
+                                   capture_output=True, text=True,
+                                   env={**os.environ, "PYTHONPATH": path})
+            found[side].append(json.loads(child.stdout.strip().splitlines()[-1]))
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
+    print(f"softmax program on 8 x 16 float32, launches stubbed, CPU time per call "
+          f"(medians of {runs} alternated runs of {ROUNDS} rounds x {CALLS} calls; "
+          f"load average {load:.1f})")
+    print("| call | before | after | after / before |")
+    print("|---|---|---|---|")
+    medians = {side: {name: statistics.median(run[name] for run in runs_)
+                      for name in SUMMARY} for side, runs_ in found.items()}
+    rows = [(name, medians["before"][name], medians["after"][name]) for name in SUMMARY]
+    for own, total, floor in (("einfuse's own part, recorded forward", 1, 3),
+                              ("einfuse's own part, forward + backward", 2, 4)):
+        rows.append((own,) + tuple(medians[side][SUMMARY[total]] -
+                                   medians[side][SUMMARY[floor]]
+                                   for side in ("before", "after")))
+    for name, old, new in rows:
+        print(f"| {name} | {old:.1f} us | {new:.1f} us | {new / old:.2f}x |")
+
+
 if __name__ == "__main__":
-    main()
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--before", help="another einfuse's src folder to compare with")
+    parser.add_argument("--runs", type=int, default=3, help="child runs per side")
+    parser.add_argument("--summary", action="store_true", help=argparse.SUPPRESS)
+    options = parser.parse_args()
+    if options.summary:
+        summary()
+    elif options.before:
+        compare(options.before, options.runs)
+    else:
+        main()

@@ -36,6 +36,7 @@ class FakeCompiled:
 
     def run(self, g0, g1, g2, stream, function, packed, metadata, enter, exit_, *args):
         self.launches.append(((g0, g1, g2), stream, function, packed, metadata, args))
+        self.hooks = (enter, exit_)
 
 
 class FakeJIT:
@@ -64,7 +65,14 @@ def _tensor(offset=0):
     return torch.zeros(64, dtype=torch.float32)[offset:]
 
 
-def test_a_compiled_kernel_is_launched_directly_after_the_first_call(streams):
+@pytest.mark.parametrize("hook", [False, True])
+def test_a_compiled_kernel_is_launched_directly_after_the_first_call(streams, monkeypatch,
+                                                                     hook):
+    # Triton's launch hooks and launch metadata are passed as JITFunction.run passes
+    # them; without an enter hook Triton's launch_metadata is None, and is not asked
+    from triton import knobs
+    enter = (lambda metadata: None) if hook else None
+    monkeypatch.setattr(knobs.runtime, "launch_enter_hook", enter)
     compiled = FakeCompiled()
     kernel = FakeJIT(["x", "n", "scale", "out", "BLOCK", "RB"], compiled)
     prepared = launch.PreparedLaunch(kernel, (4, 2), {"num_warps": 4}, {"RB": 8, "BLOCK": 64},
@@ -81,7 +89,9 @@ def test_a_compiled_kernel_is_launched_directly_after_the_first_call(streams):
     assert len(compiled.launches) == 3
     dims, stream, function, packed, metadata, args = compiled.launches[-1]
     assert dims == (4, 2, 1) and stream == "stream1"
-    assert (function, packed, metadata) == ("fn-handle", "packed", ("metadata", (4, 2)))
+    assert (function, packed, metadata) == ("fn-handle", "packed",
+                                            ("metadata", (4, 2)) if hook else None)
+    assert compiled.hooks == (enter, knobs.runtime.launch_exit_hook)
     # the constexprs follow in the kernel's parameter order, as JITFunction.run passes them
     assert args == (x, 37, 0.5, out, 64, 8)
 

@@ -27,7 +27,7 @@ from ..errors import EinfuseError
 from ..lang.ast import Access, IndexExpr, sum_tree
 from ..lang.printer import format_expr
 from ..analysis.frameworks import JAX, TORCH, framework_of, placeholder
-from .run_groups import run_statements
+from .run_groups import RowLaunches, run_statements
 from .program_scatter import check_labels, prepared_scatter, where_form
 from .program_shared import Entry, shared_kernels
 from .kernel_maker import compile_statement
@@ -137,6 +137,12 @@ class BackwardRun:
         for run in self._runs:
             run(env)
         return {name: env[result] for name, result in self.results}
+
+    def row_launches(self) -> Optional[RowLaunches]:
+        """After a first run: the backward as its row groups' runners alone, where its
+        every piece is a run of Triton row groups (run_groups.RowLaunches), else None.
+        Called on ``env``, it writes the results (``results``' names) into it."""
+        return RowLaunches.of(self._runs)
 
 
 def _with_threads(piece: "_Piece", threads: Optional[int]) -> "_Piece":

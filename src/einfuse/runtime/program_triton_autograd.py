@@ -23,6 +23,7 @@ scatters run as their own kernels."""
 from __future__ import annotations
 
 import importlib.util
+import operator
 import threading
 from types import MappingProxyType
 from typing import Dict, Optional, Tuple
@@ -30,7 +31,7 @@ from typing import Dict, Optional, Tuple
 import numpy as np
 import torch
 
-from .run_groups import run_statements
+from .run_groups import RowLaunches, run_statements
 from .signatures import signature_of
 from .torch_autograd import refuse_in_transform, save_tensors, saved_tensors
 from ..analysis.frameworks import torch_recording as recording
@@ -115,9 +116,12 @@ class UnrecordedTritonCall:
         if run is not None:
             run(env)
         else:
-            self._run = run_statements(self.kernels, env, "torch", keep=set(self.outputs),
-                                       runs=self.runs)
-        return tuple(env[name] for name in self.outputs)
+            run = run_statements(self.kernels, env, "torch", keep=set(self.outputs),
+                                 runs=self.runs)
+            # (no tensor requires a gradient, so no step's autograd guard can refuse:
+            # a run of row groups alone is their runners, run_groups.RowLaunches)
+            self._run = (RowLaunches.of((run,)) or run) if run is not None else None
+        return tuple(map(env.__getitem__, self.outputs))
 
 
 class TritonCall:
@@ -157,10 +161,14 @@ class TritonCall:
         # signature it was made for (the holder looks it up by signature), so a repeated
         # forward goes straight to its steps, without the signature's look-up again
         self._forward_run = None
+        # that run as its row groups' runners alone (run_groups.RowLaunches), where it
+        # is one: the node's forward records nothing, and launches them directly
+        self.launches: Optional[RowLaunches] = None
         self.marks: Optional[Tuple[int, ...]] = None   # the outputs that are not floats
         self._backwards: Dict[Tuple, _PreparedBackward] = {}
         self._placeholders: Optional[Dict[str, object]] = None
         self._lock = threading.Lock()
+        self._state = (self, _NONE)        # the node's state where there are no scalars
 
     def apply(self, env: Dict[str, object], node_apply=None):
         """The node's outputs on ``env``, a call of this node's signature (looked up by
@@ -173,16 +181,20 @@ class TritonCall:
             return None       # (recording(), inlined: this is every repeated call's path)
         if torch._C._are_functorch_transforms_active():
             refuse_in_transform(self.names)
-        scalars = {name: env[name] for name in self.scalars} if self.scalars else _NONE
-        return (node_apply or _node_apply)((self, scalars), *[env[n] for n in self.passed])
+        state = (self, {name: env[name] for name in self.scalars}) if self.scalars else \
+            self._state
+        return (node_apply or _node_apply)(state, *map(env.__getitem__, self.passed))
 
     def forward(self, env: Dict[str, object]) -> None:
         prepared = self._forward_run
         if prepared is not None:
             prepared(env)
             return
-        self._forward_run = run_statements(self.kernels, env, "torch", keep=set(self.keep),
-                                           runs=self.runs)
+        run = run_statements(self.kernels, env, "torch", keep=set(self.keep),
+                             runs=self.runs)
+        self._forward_run = run
+        if run is not None:
+            self.launches = RowLaunches.of((run,))
 
     def saved_by_plan(self, env, backward, saved: Tuple[str, ...], recompute,
                       backend: str) -> Tuple[str, ...]:
@@ -222,17 +234,23 @@ class TritonCall:
                 for name, value in shaped_like(self.kernels, env, self.shaped).items()}
         return self._placeholders
 
-    def gradients(self, env: Dict[str, object], grads, wanted) -> Tuple:
-        """The wanted inputs' gradients (None for the others) from the program's
-        backward on ``env`` (the saved tensors and scalars) and the outputs' ``grads``.
-        The backward is planned per layout of the seeds (the saved tensors' follow from
-        the forward's signature, which is this node's), and with it, on its first run,
-        which of its results need converting to their input's dtype and shape: a
-        repeated backward is the seeds' layouts, one look-up and the plan's kernels."""
+    def gradients(self, env: Dict[str, object], saved: Tuple, grads, wanted) -> Tuple:
+        """What the node's backward returns: None for the state, the wanted inputs'
+        gradients (None for the others), None for the other tensors; from the program's
+        backward on ``env`` (the scalars and the intermediates kept), the ``saved``
+        tensors (``saved_names``) and the outputs' ``grads``.  The backward is planned
+        per layout of the seeds (the saved tensors' follow from the forward's
+        signature, which is this node's), and with it, on its first run, which of its
+        results need converting to their input's dtype and shape and whether it is
+        row groups alone: a repeated backward is the seeds' layouts, one look-up and
+        the plan's kernels (row groups: their runners, run_groups.RowLaunches, on the
+        saved tensors as they are -- a launch reads their storage only)."""
+        env.update(zip(self.saved_names, saved))
         key = []
+        marks = self.marks
         for position, name, seed in self.seeding:
             grad = grads[position]
-            if grad is None or not env[name].dtype.is_floating_point:
+            if grad is None or position in marks:    # (marks: the outputs not floats)
                 value = env[name]
                 grad = torch.zeros(value.shape, dtype=value.dtype if
                                    value.dtype.is_floating_point else torch.float32,
@@ -241,10 +259,21 @@ class TritonCall:
             key.append((grad.dtype, grad.stride()))
         key = tuple(key)
         prepared = self._backwards.get(key)
+        if prepared is not None and prepared.launches is not None:
+            prepared.launches(env)
+            if wanted == prepared.wanted:    # (fixed per node: the inputs' requires_grad)
+                env[None] = None             # (what the getter gives for no gradient)
+                return prepared.returned(env)
+            return (None,) + tuple(None if result is None or not want else env[result]
+                                   for result, want in zip(prepared.picks, wanted)) + \
+                self.extra
+        # (the full way, and a plan's first run, read detached tensors)
+        env.update(zip(self.saved_names, map(_detach, saved)))
         if prepared is None:
             run = BackwardRun(self.backward, env, self.backend, self.recompute, "torch")
             values = run(env)
-            prepared = _PreparedBackward(run, self._conversions(values))
+            prepared = _PreparedBackward(run, self._conversions(values), self.saved_names,
+                                         wanted, len(self.extra))
             with self._lock:
                 if len(self._backwards) >= PLANS_KEPT:
                     self._backwards.clear()
@@ -262,7 +291,7 @@ class TritonCall:
                 result.append(torch.as_tensor(value).to(dtype).reshape(shape))
             else:
                 result.append(value)
-        return tuple(result)
+        return (None,) + tuple(result) + self.extra
 
     def _conversions(self, values: Dict[str, object]) -> Tuple[Tuple[str, bool], ...]:
         """Per differentiated input, its name and whether the backward's result for it
@@ -279,11 +308,28 @@ class TritonCall:
 
 class _PreparedBackward:
     """A node's backward for one layout of its seeds: the planned run and, per
-    differentiated input, whether its result is converted (TritonCall._conversions)."""
-    __slots__ = ("run", "conversions")
+    differentiated input, whether its result is converted (TritonCall._conversions);
+    where no result is and the run is row groups alone, ``launches`` (their runners)
+    and ``picks``: per differentiated input, the name of its result in the run's
+    ``env`` (None: no gradient), and ``returned``: for ``wanted`` (the first call's
+    ``needs_input_grad``, fixed per node), the node backward's whole result read out of
+    ``env`` by one getter, its Nones read at the key None.  A result that is one of the
+    ``saved`` names as it is (no kernel computes it) keeps the full way, which gives it
+    detached."""
+    __slots__ = ("run", "conversions", "launches", "picks", "wanted", "returned")
 
-    def __init__(self, run: BackwardRun, conversions: Tuple[Tuple[str, bool], ...]):
+    def __init__(self, run: BackwardRun, conversions: Tuple[Tuple[str, bool], ...],
+                 saved: Tuple[str, ...], wanted: Tuple[bool, ...], others: int):
         self.run, self.conversions = run, conversions
+        results = dict(run.results)
+        self.picks = tuple(results.get(name) for name, _ in conversions)
+        self.wanted = tuple(wanted)
+        self.returned = operator.itemgetter(
+            None, *[pick if want else None for pick, want in zip(self.picks, wanted)],
+            *(None,) * others)
+        self.launches = run.row_launches() if not any(
+            convert for _, convert in conversions) and \
+            not set(self.picks) & set(saved) else None
 
 
 class TritonProgramFunction(torch.autograd.Function):
@@ -294,9 +340,14 @@ class TritonProgramFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, state, *tensors):
         call, scalars = state
-        env = dict(scalars)
-        env.update(zip(call.passed, map(_detach, tensors)))
-        call.forward(env)
+        env = dict(scalars) if scalars else {}
+        launches = call.launches
+        if launches is not None:     # (a launch reads the tensors' storage only)
+            env.update(zip(call.passed, tensors))
+            launches(env)
+        else:
+            env.update(zip(call.passed, map(_detach, tensors)))
+            call.forward(env)
         outputs = tuple(map(env.__getitem__, call.outputs))
         marks = call.marks
         if marks is None:       # (the first call: which outputs are not floats)
@@ -328,8 +379,7 @@ class TritonProgramFunction(torch.autograd.Function):
         # kept and the placeholders' shapes)
         env = {**scalars, **ctx.kept, **ctx.shaped} if scalars or call.kept or \
             call.shaped else {}
-        env.update(zip(call.saved_names, map(_detach, saved)))
-        return (None,) + call.gradients(env, grads, wanted) + call.extra
+        return call.gradients(env, saved, grads, wanted)
 
 
 # torch's C entry of a Function (what ``Function.apply`` calls last), bound to the node

@@ -32,6 +32,9 @@ class Step:
     prepared (nothing run then: the rest runs the full way from ``position``)."""
     position: int
     run: Callable[[Dict[str, object]], bool]
+    # a Triton row group's step: its runner (backends/triton/rows.RowRunner), which
+    # RowLaunches calls directly where autograd records nothing
+    rows: Optional[object] = None
 
 
 def run_statements(kernels: Sequence, env: Dict[str, object], framework: str,
@@ -86,6 +89,57 @@ class PreparedRun:
                 _run_from(self.kernels, step.position, env, self.framework, self.keep, None)
                 return
 
+    def resume(self, number: int, env: Dict[str, object]) -> None:
+        """The full way from step ``number`` on (the steps before it have run)."""
+        _run_from(self.kernels, self.steps[number].position, env, self.framework,
+                  self.keep, None)
+
+
+class RowLaunches:
+    """Prepared runs (in order) whose every step is a Triton row group, as their
+    groups' runners called one after another: a repeated call is the runners' loads,
+    allocations and launches, without each step's layers (its partial, the autograd
+    guard, the launch check).  Only for callers under which autograd records nothing
+    -- an autograd node's forward, its backward without ``create_graph`` -- so that no
+    step's guard (a tensor requiring a gradient under grad mode: the statements' own
+    nodes) could refuse.  A runner that refuses (a label outside its axis, an
+    allocation that failed: _rows_ran) leaves its run to the full way from its step,
+    on detached tensors as the full path always gets them; the later runs follow."""
+    __slots__ = ("runs", "launches")
+
+    def __init__(self, runs: Tuple[PreparedRun, ...]):
+        self.runs = runs
+        self.launches = tuple((step.rows, number, position)
+                              for position, run in enumerate(runs)
+                              for number, step in enumerate(run.steps))
+
+    @staticmethod
+    def of(runs) -> Optional["RowLaunches"]:
+        """The runs as RowLaunches, or None where one is not a PreparedRun of torch
+        row-group steps alone."""
+        if not runs or not all(
+                isinstance(run, PreparedRun) and run.framework == "torch" and run.steps
+                and all(step.rows is not None for step in run.steps) for run in runs):
+            return None
+        return RowLaunches(tuple(runs))
+
+    def __call__(self, env: Dict[str, object]) -> None:
+        for runner, number, position in self.launches:
+            try:        # (_rows_ran, inlined: this is every repeated node's launch)
+                if runner(env) is not False:
+                    continue
+            except Exception as error:
+                if not _out_of_memory(error):
+                    raise
+            # the runner refused: nothing of it was written
+            for name, value in env.items():
+                if getattr(value, "requires_grad", False):
+                    env[name] = value.detach()
+            self.runs[position].resume(number, env)
+            for run in self.runs[position + 1:]:
+                run(env)
+            return
+
 
 def _run_from(kernels, position: int, env, framework: str, keep, record) -> None:
     """The full way from statement ``position``; each step taken is appended to
@@ -138,7 +192,7 @@ def _try_rows(kernels, start: int, env, keep: Optional[Set[str]], record=None) -
         # a tensor that requires a gradient: a later call of this signature with grad
         # mode on must record the statements' autograd nodes (the full way)
         guarded = any(getattr(env.get(i.key), "requires_grad", False) for i in group.inputs)
-        record.append(Step(start, functools.partial(_rows_step, runner, guarded)))
+        record.append(Step(start, functools.partial(_rows_step, runner, guarded), runner))
     return group.statements
 
 
@@ -158,10 +212,14 @@ def _rows_ran(runner, env) -> bool:
         if runner(env) is False:      # a label out of bounds: the statements say so
             return False
     except Exception as error:
-        if isinstance(error, MemoryError) or type(error).__name__ == "OutOfMemoryError":
+        if _out_of_memory(error):
             return False
         raise
     return True
+
+
+def _out_of_memory(error: Exception) -> bool:
+    return isinstance(error, MemoryError) or type(error).__name__ == "OutOfMemoryError"
 
 
 def _try_fused(kernels, start: int, env, keep: Optional[Set[str]], record=None,

@@ -22,6 +22,7 @@ attention, tuning trials), for two reasons:
 from __future__ import annotations
 
 import contextlib
+import operator
 import threading
 from dataclasses import dataclass
 from typing import Callable, Dict, Iterator, List, Optional, Tuple
@@ -127,8 +128,13 @@ def same_specialisation(first) -> Callable[[Tuple], bool]:
                     if types[position] not in (int, float, bool) and
                     hasattr(arg, "data_ptr"))
     int_positions = tuple(p for p, kind in enumerate(types) if kind is int)
-    ints = tuple(first[p] for p in int_positions)
-    kinds = tuple(_int_kind(v) for v in ints)
+    # (the ints read by one itemgetter, which names the first position twice so that
+    # it always returns a tuple: a row group's launch passes a dozen ints, and a
+    # generator over their positions cost a third of the check)
+    ints_of = operator.itemgetter(*int_positions, *int_positions[:1]) if int_positions \
+        else None
+    ints = ints_of(first) if ints_of is not None else ()
+    kinds = tuple(map(_int_kind, ints))
 
     def same(args) -> bool:
         if tuple(map(type, args)) != types:
@@ -137,9 +143,9 @@ def same_specialisation(first) -> Callable[[Tuple], bool]:
             tensor = args[position]
             if tensor.dtype != dtype or (tensor.data_ptr() % 16 == 0) != aligned:
                 return False
-        if int_positions:
-            values = tuple(args[p] for p in int_positions)
-            if values != ints and tuple(_int_kind(v) for v in values) != kinds:
+        if ints_of is not None:
+            values = ints_of(args)
+            if values != ints and tuple(map(_int_kind, values)) != kinds:
                 return False
         return True
     return same
@@ -176,9 +182,12 @@ def direct_launcher(compiled, grid, tail: Tuple, device_index: int) -> Optional[
     def launch(args):
         stream = get_stream(device_index)
         every = (*args, *tail)
+        enter = runtime.launch_enter_hook
+        # (Triton's launch_metadata is None, and asks nothing, where no enter hook is
+        # set -- every Triton with ``knobs`` -- so it is called only under a hook)
+        metadata = None if enter is None else compiled.launch_metadata(grid, stream, *every)
         compiled.run(g0, g1, g2, stream, compiled.function, compiled.packed_metadata,
-                     compiled.launch_metadata(grid, stream, *every),
-                     runtime.launch_enter_hook, runtime.launch_exit_hook, *every)
+                     metadata, enter, runtime.launch_exit_hook, *every)
     return launch
 
 
