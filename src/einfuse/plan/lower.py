@@ -263,6 +263,16 @@ class _Lowering(BlockedSums, LaneReductions, EpilogueBlocks, RowStatements):
             if walked:
                 inner = walked[-1]
                 order = [n for n in order if n != inner] + [inner]
+        if not tops and inner is not None and inner in self.short:
+            # an elementwise nest's innermost loop over a few elements (the store's or
+            # the invariants' votes for it assume a long one): the innermost of the
+            # long indices some load walks, so the lanes have work (a max-pool
+            # gradient's where(..)[c, i, j, a, b] with b of 2: j innermost, 2.9x)
+            walked = [n for n in order[:-1] if n not in self.short and
+                      self.contiguity(n, rhs)]
+            if walked:
+                inner = walked[-1]
+                order = [n for n in order if n != inner] + [inner]
         tiled = can_tile and inner is not None and self.lanes_pay(inner, tops)
         rows = None
         candidates = [n for n in order[:-1] if n in spec.race_free_indices]
