@@ -267,9 +267,13 @@ def test_threads_option_and_large_parallel_result():
 
 
 def test_strategy_describes_the_plan():
-    call = bind("C[i,j] := (A[i,k] - B[k,j])**2", A=np.ones((9, 4)), B=np.ones((4, 10)))
+    call = bind("C[i,j] := (A[i,k] - B[k,j])**2", A=np.ones((9, 12)), B=np.ones((12, 10)))
     text = CBackend.strategy(call)
     assert "OpenMP" in text and "register blocks of" in text and "i x j" in text
+    # a sum of a few terms runs in lane tiles, without a register block of rows
+    call = bind("C[i,j] := (A[i,k] - B[k,j])**2", A=np.ones((9, 4)), B=np.ones((4, 10)))
+    text = CBackend.strategy(call)
+    assert "tiled by" in text and "register blocks of" not in text
 
 
 def test_erf_and_math_functions_match():

@@ -1,9 +1,9 @@
 """The loop order of a register-blocked nest (plan/blocking.lanes_outer, decided in
 plan/lower.nest_order and carried by the schedule's NestOrder): lane tiles outside the
-row blocks only where a lane tile has an operand of its own over a reduction that is
-not short (dist's x[k, j] over a long k); a convolution's windows and a few-term
-reduction keep the rows outside.  Either order computes every output element's sum
-in the same order, so the values are the oracle's either way."""
+row blocks only where a lane tile has an operand of its own (dist's x[k, j]); a
+convolution's windows keep the rows outside; a sum of a few terms (one short reduced
+index) is not row-blocked at all.  Either order computes every output element's sum in
+the same order, so the values are the oracle's either way."""
 
 from __future__ import annotations
 
@@ -35,10 +35,9 @@ def _nest(statement, **arrays):
     return kernel, call, schedule
 
 
-def _check(statement, kernel, call, schedule, arrays, want=None):
-    if want is None:
-        want = brute_force(statement, {n: call.bounds.range_map[n]
-                                       for n in call.spec.all_indices}, arrays)
+def _check(statement, kernel, call, schedule, arrays):
+    want = brute_force(statement, {n: call.bounds.range_map[n]
+                                   for n in call.spec.all_indices}, arrays)
     np.testing.assert_allclose(kernel(**arrays), want, rtol=1e-10, atol=1e-10)
     # the other order, dictated, gives the same bits (each sum in the same order)
     nest = schedule.loops.choice.nest
@@ -69,13 +68,14 @@ def test_a_long_reduction_over_a_lane_panel_puts_the_lane_tiles_outside():
 
 
 @needs_c
-def test_a_short_reduction_keeps_the_rows_outside():
+def test_a_sum_of_a_few_terms_is_not_row_blocked():
     arrays = {"w": rng.standard_normal((3, 37)), "x": rng.standard_normal((3, 45))}
     kernel, call, schedule = _nest(DIST, **arrays)
     nest = schedule.loops.choice.nest
-    assert nest.rows == "i" and not nest.lanes_outer
-    assert schedule.loops.order[:2] == ("i", "j")
-    _check(DIST, kernel, call, schedule, arrays)
+    assert nest.tiled and nest.rows is None and not nest.lanes_outer
+    want = brute_force(DIST, {n: call.bounds.range_map[n]
+                              for n in call.spec.all_indices}, arrays)
+    np.testing.assert_allclose(kernel(**arrays), want, rtol=1e-12)
 
 
 @needs_c
@@ -89,14 +89,14 @@ def test_a_convolutions_windows_keep_the_rows_outside():
 
 
 @needs_c
-def test_a_gaussian_kernels_few_term_sum_keeps_the_rows_outside():
-    n, m = 500, 300     # (smaller outputs are not register-blocked)
+def test_a_gaussian_kernels_few_term_sum_runs_in_lane_tiles():
+    n, m = 500, 300     # (smaller outputs are not tiled)
     arrays = {"do": rng.standard_normal(n), "b": rng.standard_normal(m),
               "x": rng.standard_normal((n, 3)), "y": rng.standard_normal((m, 3))}
     kernel, call, schedule = _nest(GAUSS, **arrays)
     nest = schedule.loops.choice.nest
-    assert nest.rows == "i" and not nest.lanes_outer
+    assert nest.tiled and nest.rows is None
     x, y = arrays["x"], arrays["y"]
     want = arrays["do"][:, None] * arrays["b"][None, :] * np.exp(
         -((x[:, None, :] - y[None, :, :]) ** 2).sum(-1))
-    _check(GAUSS, kernel, call, schedule, arrays, want)
+    np.testing.assert_allclose(kernel(**arrays), want, rtol=1e-12)

@@ -91,17 +91,14 @@ def lanes_outer(rows: int, width: int, lane_panel: bool = True) -> bool:
     so the lane tiles go outside: AVX2 dist K=784 1024 x 1024 ran 15-30% faster so
     (standalone, the same kernel both ways), AVX-512 5-25%.
 
-    That holds only where a lane tile has an operand worth keeping (``lane_panel``: a
-    load that walks the lanes but not the rows, dist's ``x[k, j]``, over a reduction
-    that is not short).  Where every load that walks the lanes walks the rows too (a
-    convolution's ``img[i + a, j + b]``), or the reduction is a few terms (a Gaussian
-    kernel's ``d`` of 3), nothing worth keeping stays cached across row blocks, and
-    lane tiles outside only walk the output and the inputs down their columns: the rows
-    go outside, reading and writing along rows.  AVX2, one thread: conv 1000 x 1000 *
-    7 x 7 6-7 ms with the lane tiles outside, 2.2 ms with the rows; dist 4096 x 4096
-    K=3 25-27 ms against 15-16, K=16 about even, K=64 60 against 73-83, K=784 470-550
-    against 1090-1170; a Gaussian kernel's exp(-sum[d]) 10^4 x 10^4 402-406 against
-    223-370 ms."""
+    That holds only where a lane tile has an operand of its own (``lane_panel``: a
+    load that walks the lanes but not the rows, dist's ``x[k, j]``).  Where every load
+    that walks the lanes walks the rows too (a convolution's ``img[i + a, j + b]``),
+    nothing stays cached across row blocks, and lane tiles outside only walk the
+    output and the inputs down their columns: the rows go outside, reading and writing
+    along rows (AVX2, one thread, conv 1000 x 1000 * 7 x 7: 6-7 ms with the lane tiles
+    outside, 2.2 ms with the rows).  (A sum of a few terms gets no row block at all:
+    plan/lower.nest_order.)"""
     return lane_panel and width >= rows
 
 
