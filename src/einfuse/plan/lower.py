@@ -264,10 +264,8 @@ class _Lowering(BlockedSums, LaneReductions, EpilogueBlocks, RowStatements):
                 inner = walked[-1]
                 order = [n for n in order if n != inner] + [inner]
         if not tops and inner is not None and inner in self.short:
-            # an elementwise nest's innermost loop over a few elements (the store's or
-            # the invariants' votes for it assume a long one): the innermost of the
-            # long indices some load walks, so the lanes have work (a max-pool
-            # gradient's where(..)[c, i, j, a, b] with b of 2: j innermost, 2.9x)
+            # not a few elements innermost (the votes assume a long loop): a long index
+            # a load walks (max-pool's gradient spread over b of 2: j innermost, 2.9x)
             walked = [n for n in order[:-1] if n not in self.short and
                       self.contiguity(n, rhs)]
             if walked:
@@ -276,10 +274,8 @@ class _Lowering(BlockedSums, LaneReductions, EpilogueBlocks, RowStatements):
         tiled = can_tile and inner is not None and self.lanes_pay(inner, tops)
         rows = None
         candidates = [n for n in order[:-1] if n in spec.race_free_indices]
-        # a sum of a few terms (one reduced index, short): a row block would save a few
-        # loads per element and spend more on its epilogue, row by row (a Gaussian
-        # kernel's exp(-sum[d]) with d of 3, 10^4 x 10^4 AVX2: 215-335 ms with 6-row
-        # blocks, 108-117 ms in lane tiles)
+        # a sum of a few terms (one short reduced index) in lane tiles, not row blocks:
+        # gauss's exp(-sum[d]) d=3, 10^4 x 10^4 AVX2 215-335 ms with rows, 108-117 without
         reduced = [k for r in tops for k in r.indices]
         few_terms = len(reduced) == 1 and reduced[0] in self.short
         if tiled and self.block[0] > 1 and candidates and not self.checks and \
