@@ -471,7 +471,9 @@ def check_gradients(N, D, W, case, seed):
     want = torch.autograd.grad(run(text, Q=plain[0], K=plain[1], V=plain[2],
                                    ranges={"i": N}, **named).sum(), plain)
     for a, b in zip(got, want):
-        torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-10)
+        # (a window can hide key 0 from a row whose keys are all masked: that row is
+        # NaN in both, at the same places -- the statements' own semantics)
+        torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-10, equal_nan=True)
 
 
 def test_scores_not_fused_still_run_as_written(fused_calls):

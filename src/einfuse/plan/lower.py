@@ -265,8 +265,9 @@ class _Lowering(BlockedSums, LaneReductions, EpilogueBlocks, RowStatements):
                 order = [n for n in order if n != inner] + [inner]
         if not tops and inner is not None and inner in self.short:
             # not a few elements innermost (the votes assume a long loop): a long index
-            # a load walks (max-pool's gradient spread over b of 2: j innermost, 2.9x)
-            walked = [n for n in order[:-1] if n not in self.short and
+            # a load walks (max-pool's gradient spread over b of 2: j innermost, 2.9x);
+            # never the outermost, whose rows a fused group lines its members up by
+            walked = [n for n in order[1:-1] if n not in self.short and
                       self.contiguity(n, rhs)]
             if walked:
                 inner = walked[-1]
