@@ -311,3 +311,21 @@ def test_a_failing_plan_ahead_never_fails_the_forward(node, monkeypatch):
     outs[-1].backward(seed)
     for name in grads:
         assert torch.equal(leaves[name].grad, want_grads[name]), name
+
+
+def test_inference_mode_with_enable_grad_after_the_node_is_planned(node):
+    # torch records nothing inside inference_mode even under enable_grad; a node planned
+    # by earlier training steps must not save the inference tensors it would make there
+    env, seed = _inputs(torch.float64, seed=10)
+    statement, program = _statement(), _program()
+    for fn in (statement, program):
+        for _ in range(FORWARDS_BEFORE_PLAN):
+            _step(fn, env, ("x", "W", "c"), seed)
+        holder = _form(fn) if fn is statement else fn
+        assert uses_node(holder)
+        leaves = {k: v.detach().clone().requires_grad_(True) for k, v in env.items()}
+        with torch.inference_mode(), torch.enable_grad():
+            got = fn(**leaves)
+        assert not got.requires_grad
+        want = torch.relu(leaves["x"].detach() @ leaves["W"].detach().T + leaves["c"].detach())
+        torch.testing.assert_close(got, want, **_tolerance(torch.float64))

@@ -103,7 +103,9 @@ class PreparedCall:
         nothing now (grad mode off: the caller's path runs the statements fused,
         unrecorded)."""
         node = self._node
-        if node is not None and not _transforms_active():
+        # (inside inference_mode the node would save inference tensors, which torch
+        # refuses even under enable_grad: the Python path records nothing there)
+        if node is not None and not _transforms_active() and not _inference_mode():
             found = torch_node.run(node, [env[name] for name in self.passed])
             if found is not None:
                 return found
@@ -334,6 +336,7 @@ def _direct_apply():
 
 _DIRECT_APPLY = _direct_apply()
 _transforms_active = torch._C._are_functorch_transforms_active
+_inference_mode = torch.is_inference_mode_enabled
 # (inside inference_mode, enable_grad() records nothing either: recording)
 _grad_enabled = recording
 
