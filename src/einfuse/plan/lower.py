@@ -251,27 +251,28 @@ class _Lowering(BlockedSums, LaneReductions, EpilogueBlocks, RowStatements):
         inner = order[-1] if order else None
         can_tile = (not self.plain or self.blocks) and bool(tops)
         self.wide_lanes = wide_lanes(rhs, self.plain)
-        if can_tile and inner is not None and inner in self.short and (
-                not self.contiguity(inner, rhs, None, LANE_STEPS) if self.wide_lanes else
-                not any(self.contiguity(k, r.body) for r in tops for k in r.indices)):
-            # pooling's h3[c, i, j, a]: the store's last index a is short and no load
-            # walks it, the loads walk j: lanes over j (a an outer loop) beat scalar
-            # windows (3.5x on 64x64x64x2); a sum's too where no load walks a reduced
-            # index for the scalar plan's SIMD sum (cdist's dy[j, d] at d=3 reads
-            # h1[i, j] along j: 20 -> 0.3 ms at 2048 x 512)
-            walked = [n for n in order[:-1] if self.lanes_pay(n, tops)]
-            if walked:
-                inner = walked[-1]
-                order = [n for n in order if n != inner] + [inner]
-        if not tops and inner is not None and inner in self.short:
-            # not a few elements innermost (the votes assume a long loop): a long index
-            # a load walks (max-pool's gradient spread over b of 2: j innermost, 2.9x);
-            # never the outermost, whose rows a fused group lines its members up by
-            walked = [n for n in order[1:-1] if n not in self.short and
-                      self.contiguity(n, rhs)]
-            if walked:
-                inner = walked[-1]
-                order = [n for n in order if n != inner] + [inner]
+        walked = []     # (the index to move innermost instead of a short one, last)
+        if inner is not None and inner in self.short:
+            if can_tile and (
+                    not self.contiguity(inner, rhs, None, LANE_STEPS) if self.wide_lanes
+                    else not any(self.contiguity(k, r.body) for r in tops
+                                 for k in r.indices)):
+                # pooling's h3[c, i, j, a]: the store's last index a is short and no load
+                # walks it, the loads walk j: lanes over j (a an outer loop) beat scalar
+                # windows (3.5x on 64x64x64x2); a sum's too where no load walks a reduced
+                # index for the scalar plan's SIMD sum (cdist's dy[j, d] at d=3 reads
+                # h1[i, j] along j: 20 -> 0.3 ms at 2048 x 512)
+                walked = [n for n in order[:-1] if self.lanes_pay(n, tops)]
+            elif not tops:
+                # an elementwise nest: not a few elements innermost (the votes assume a
+                # long loop) but a long index a load walks (max-pool's gradient spread
+                # over b of 2: j innermost, 2.9x); never the outermost, whose rows a
+                # fused group lines its members up by
+                walked = [n for n in order[1:-1] if n not in self.short and
+                          self.contiguity(n, rhs)]
+        if walked:
+            inner = walked[-1]
+            order = [n for n in order if n != inner] + [inner]
         tiled = can_tile and inner is not None and self.lanes_pay(inner, tops)
         rows = None
         candidates = [n for n in order[:-1] if n in spec.race_free_indices]
