@@ -25,9 +25,9 @@ from ..analysis.cost import (attention_bytes, attention_flops, attention_pairs, 
                              count_text)
 from ..rewrite.attention_layout import (Canonical, call_band, canonical, float_extents,
                                         to_output)
-from ..schedule.attention_route import AttentionFacts, AttentionRoute
+from ..schedule.attention_route import AttentionRoute
 from ..schedule.attention_route import AttentionRouteKind as RouteKind
-from ..schedule.attention_route import attention_route, route_of
+from ..schedule.attention_route import route_of
 from ..schedule.early import triton_may_take
 from ..schedule.library import statement_attention
 from . import attention_run
@@ -57,14 +57,22 @@ def attention_decision(attention: Attention, named: Dict[str, object], options,
     views = None
     if target is None and not recording:
         views = named if framework == "numpy" else torch_inputs(attention, named)
-    backend = options.backend
-    # (AttentionFacts' fields, in order)
-    route = route_of(framework, recording, None if target is None else target.value,
-                     backend, disqualifying_option(options),
-                     target is None and backend in ("auto", "c") and compiler_found(),
-                     views is not None or target is not None or recording,
-                     attention.normalised, constants)
+    route = _route(attention, framework, recording, target, options,
+                   views is not None or target is not None or recording, constants)
     return route, target, views
+
+
+def _route(attention: Attention, framework: str, recording: bool, target, options,
+           views: bool, constants: bool = False) -> AttentionRoute:
+    """schedule/attention_route's decision from the facts both a call and explain
+    gather (``target``: the Triton kernel's, or None; ``views``: the arrays are ones a
+    fused kernel takes); a C compiler is asked for only where the C kernel could run."""
+    backend = options.backend
+    # (AttentionFacts' fields, in order: route_of caches by them)
+    return route_of(framework, recording, None if target is None else target.value,
+                    backend, disqualifying_option(options),
+                    target is None and backend in ("auto", "c") and compiler_found(),
+                    views, attention.normalised, constants)
 
 
 def disqualifying_option(options) -> Optional[str]:
@@ -344,13 +352,8 @@ def explain_decision(attention: Attention, values: Dict[str, object], options):
                                  str(a.dtype) in ("torch.float32", "torch.float64"))
                 for a, is_torch in zip(arrays, torch_arrays))
     target = triton_route(attention, values, options)
-    backend = options.backend
-    facts = AttentionFacts(
-        framework, False, None if target is None else target.value, backend,
-        disqualifying_option(options),
-        compiler=target is None and backend in ("auto", "c") and compiler_found(),
-        views=views or target is not None, normalised=attention.normalised)
-    return attention_route(facts), target
+    return _route(attention, framework, False, target, options,
+                  views or target is not None), target
 
 
 def _triton_call(attention: Attention, values: Dict[str, object]):
