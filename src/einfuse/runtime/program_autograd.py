@@ -149,22 +149,13 @@ class PreparedCall:
             return self._gradients(env, grads, wanted)
 
     def _gradients(self, env: Dict[str, object], grads, wanted) -> Tuple:
-        key = []
         for seed, grad in zip(self.backward.seeds, grads):
-            array = env[seed] = numpy_view(grad)
-            key.append((array.shape, array.dtype, array.strides))
-        key = tuple(key)
-        found = self._backwards.get(key)
+            env[seed] = numpy_view(grad)
+        key = self._seed_key(env)
         # (the arrays before this backward writes its own into env: the node's plan)
         clean = dict(env) if not self._node_tried else None
         given = list(env.values())
-        if found is None:
-            run = BackwardRun(self.backward, env, self.backend, self.recompute,
-                              threads=self.threads)
-            values = run(env)
-            found = self._keep_backward(key, run, values, given)
-        else:
-            values = found[0](env)
+        found, values = self._planned_backward(key, env, given)
         if clean is not None:
             self._try_node(clean, key, found)
         result = []
@@ -199,16 +190,11 @@ class PreparedCall:
         env = dict(saved)
         for seed, tensor in zip(seeds, outputs):
             env[seed] = np.zeros(tuple(tensor.shape), tensor.numpy().dtype)
-        key = tuple((env[s].shape, env[s].dtype, env[s].strides) for s in seeds)
+        key = self._seed_key(env)
         clean, given = dict(env), list(env.values())
         try:
             with torch_views():
-                found = self._backwards.get(key)
-                if found is None:
-                    run = BackwardRun(self.backward, env, self.backend, self.recompute,
-                                      threads=self.threads)
-                    found = self._keep_backward(key, run, run(env), given)
-                self._try_node(clean, key, found)
+                self._try_node(clean, key, self._planned_backward(key, env, given)[0])
         except Exception:   # noqa: BLE001 -- a plan made ahead, for speed only
             # (a backward that cannot run on these arrays, for whatever reason, must not
             # fail the forward that asked for nothing: the first real backward, if any,
@@ -231,14 +217,11 @@ class PreparedCall:
             if found is None:
                 for seed in self.backward.seeds:
                     env[seed] = np.ascontiguousarray(env[seed])
-                given = list(env.values())
                 try:
-                    run = BackwardRun(self.backward, env, self.backend, self.recompute,
-                                      threads=self.threads)
-                    values = run(env)
+                    found = self._planned_backward(contiguous_key, env,
+                                                   list(env.values()))[0]
                 except EinfuseError:        # (as this call's did not: the Python path)
                     return
-                found = self._keep_backward(contiguous_key, run, values, given)
             key = contiguous_key
         owner = weakref.ref(self)     # (the plan, held by C++, must not keep this alive)
 
@@ -250,6 +233,22 @@ class PreparedCall:
         # (schedule/torch_node_plan.NodeEligibility: whether it runs as the node, or why not)
         self._node, self.node_decision = torch_node.translate(
             self, self.layouts, key, found[0], found[1], differentiable)
+
+    def _seed_key(self, env: Dict[str, object]) -> Tuple:
+        """The layout of the seeds in ``env``: what a kept backward is planned for."""
+        return tuple((env[s].shape, env[s].dtype, env[s].strides)
+                     for s in self.backward.seeds)
+
+    def _planned_backward(self, key, env: Dict[str, object], given):
+        """(the backward kept for seeds of layout ``key``, its values on ``env``): the
+        kept one run, or one planned, run and kept now."""
+        found = self._backwards.get(key)
+        if found is not None:
+            return found, found[0](env)
+        run = BackwardRun(self.backward, env, self.backend, self.recompute,
+                          threads=self.threads)
+        values = run(env)
+        return self._keep_backward(key, run, values, given), values
 
     def _keep_backward(self, key, run: BackwardRun, values, given):
         """Remember ``run`` for seeds of this layout, with, per recorded input, whether
