@@ -318,11 +318,14 @@ def test_weight_gradient_by_image_against_the_oracle(monkeypatch):
 
 @needs_c
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
-def test_strided_input_gradient_runs_on_torch_blas_with_torch_values(dtype):
+def test_strided_input_gradient_runs_on_torch_blas_with_torch_values(dtype, monkeypatch):
     """A stride-2 conv's input gradient is a scatter (its values dy W, then added in at
-    the windows): for torch callers its product runs on torch's BLAS, as the gathers'
-    do, with torch's values for every layout of the incoming gradient."""
+    the windows): for torch callers where BLAS may take more than one thread its product
+    runs on torch's BLAS, as the gathers' do, with torch's values for every layout of
+    the incoming gradient (at one thread NumPy's: tests/test_conv_blas_route.py)."""
     torch = pytest.importorskip("torch")
+    monkeypatch.delenv("OPENBLAS_NUM_THREADS", raising=False)
+    monkeypatch.setenv("OMP_NUM_THREADS", "2")
     kind = getattr(torch, dtype)
     x = torch.randn(4, 8, 24, 24, dtype=kind, requires_grad=True)
     w = torch.randn(16, 8, 3, 3, dtype=kind)      # (dx alone: the scatter's product)
