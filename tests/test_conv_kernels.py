@@ -60,6 +60,28 @@ def test_pack_window_matches_the_view_point_by_point(xshape, shape, coefficients
 
 
 @needs_c
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("step", [1, 2, 3])
+@pytest.mark.parametrize("length, start, width", [
+    (n, s, w) for n in (1, 3, 4, 5, 7, 8, 9, 12, 16, 17, 31, 32, 33)
+    for s, w in ((0, 200), (-1, 200), (-2, 40), (1, 2 * n - 1), (0, 2 * n))])
+def test_pack_window_rows_of_every_length_and_cut(length, start, width, step, dtype):
+    """Rows of a view (a stride-1, -2 or -3 row of patches) of each length around the
+    vector widths, cut by the pad on the left, the right or both (the C copies a row by
+    whole vectors, the last overlapping the one before): every point is the array's
+    element or the pad, NaN and infinities copied as they are."""
+    x = rng.standard_normal((4096 // length + 8, width)).astype(dtype)
+    x[1, ::3], x[2, ::5], x[3, 1::4] = np.nan, np.inf, -np.inf
+    shape, coefficients = (x.shape[0] - 4, length), [[1, 0], [0, step]]
+    got = pack_window(x, shape, coefficients, (2, start), 7.0)
+    columns = start + step * np.arange(length)
+    inside = (columns >= 0) & (columns < width)
+    want = np.full(shape, 7.0, dtype)
+    want[:, inside] = x[2:2 + shape[0], columns[inside]]
+    np.testing.assert_array_equal(got, want)
+
+
+@needs_c
 def test_pack_window_reads_a_non_contiguous_array():
     x = rng.standard_normal((20, 40, 30)).astype(np.float32).transpose(2, 0, 1)[:, ::2]
     shape, coefficients, origin = (30, 3, 10, 20), [[1, 0, 0], [0, 1, 0], [0, 2, 0],
@@ -296,11 +318,14 @@ def test_weight_gradient_by_image_against_the_oracle(monkeypatch):
 
 @needs_c
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
-def test_strided_input_gradient_runs_on_torch_blas_with_torch_values(dtype):
+def test_strided_input_gradient_runs_on_torch_blas_with_torch_values(dtype, monkeypatch):
     """A stride-2 conv's input gradient is a scatter (its values dy W, then added in at
-    the windows): for torch callers its product runs on torch's BLAS, as the gathers'
-    do, with torch's values for every layout of the incoming gradient."""
+    the windows): for torch callers where BLAS may take more than one thread its product
+    runs on torch's BLAS, as the gathers' do, with torch's values for every layout of
+    the incoming gradient (at one thread NumPy's: tests/test_conv_blas_route.py)."""
     torch = pytest.importorskip("torch")
+    monkeypatch.delenv("OPENBLAS_NUM_THREADS", raising=False)
+    monkeypatch.setenv("OMP_NUM_THREADS", "2")
     kind = getattr(torch, dtype)
     x = torch.randn(4, 8, 24, 24, dtype=kind, requires_grad=True)
     w = torch.randn(16, 8, 3, 3, dtype=kind)      # (dx alone: the scatter's product)

@@ -29,6 +29,7 @@ from ...schedule.schedule import Library, Schedule
 from ...plan.loop_plan import input_buffers
 from .backend import kernel_functions, nest_for, output_dtype
 from .blas import addend_runner, contraction_runner, route_for
+from .blas_route import NUMPY_BLAS
 from .gather_rows import gather_rows_runner
 from .rows import statement_runner
 from .windowed import windowed_route, windowed_runner
@@ -185,15 +186,27 @@ def blas_runner(call, blas, torch_route: bool) -> PreparedRunner:
     it; with ``torch_route`` (a call on torch tensors) the products large enough run on
     torch's BLAS."""
     if isinstance(blas, WindowedContraction):
-        return PreparedRunner(windowed_runner(
-            blas, call, windowed_route(blas, call, torch_route)),
-            np.dtype(call.dtypes.working))
+        route = windowed_route(blas, call, torch_route)
+        runner = windowed_runner(blas, call, route)
+        if torch_route and route is NUMPY_BLAS:
+            runner = _quiet(runner)
+        return PreparedRunner(runner, np.dtype(call.dtypes.working))
     if isinstance(blas, ContractionAddend):
         return PreparedRunner(addend_runner(
             blas, call, route_for(blas.contraction, call, torch_route)),
             np.dtype(call.dtypes.working))
     return PreparedRunner(contraction_runner(
         blas, call, route_for(blas, call, torch_route)), np.dtype(call.dtypes.working))
+
+
+def _quiet(runner):
+    """``runner`` with NumPy's floating-point warnings off: a torch caller's products on
+    NumPy's BLAS (one thread: windowed_route) give NaN where a pad meets an infinity, as
+    torch's do, without NumPy's "invalid value" warning, which torch's never raised."""
+    def run(named):
+        with np.errstate(all="ignore"):
+            return runner(named)
+    return run
 
 
 def _checking_mode(call) -> str:

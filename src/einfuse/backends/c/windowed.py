@@ -17,12 +17,14 @@ never wider, and the C pack tests each row's stretch against the array's bounds.
 from __future__ import annotations
 
 import itertools
+import os
 from dataclasses import dataclass
 from typing import Callable, Mapping, Optional, Tuple
 
 import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
+from ...analysis.thread_policy import default_threads
 from .blas import TORCH_BLAS_WORK, multiply_adds
 from .blas_route import NUMPY_BLAS, BlasRoute
 from .window_pack import active_memo
@@ -48,23 +50,48 @@ class _View:
 
 def windowed_route(found: WindowedContraction, call, torch_route: bool) -> BlasRoute:
     """NumPy's BLAS, or torch's for a call on torch tensors with enough work (as
-    backends/c/blas.route_for decides for a contraction), at any thread count: at one
-    thread torch's MKL ran these products' shapes about 1.7x faster than NumPy's
-    OpenBLAS once broadcast batches go to ``torch.bmm`` (windowed_torch.py; a conv2d's
-    8 x (32x144 by 144x1024): 0.49 ms against 0.85 ms), and at more threads a torch
-    program's products then share torch's pool of threads."""
-    if torch_route and call.dtypes.working in (np.float32, np.float64) and \
+    backends/c/blas.route_for decides for a contraction) where BLAS may run on more
+    than one thread: a torch program's products then share torch's pool of threads
+    rather than compete with OpenBLAS's spinning ones (backends/c/blas.py).
+
+    Where NumPy's OpenBLAS runs on the calling thread alone (:func:`blas_alone`) there
+    is no pool to share, and it ran every product of these runs faster than torch's
+    MKL on this machine (Zen 3, one thread, NumPy's OpenBLAS 0.3.31 against torch
+    2.13's MKL; medians of interleaved runs): the batches of 8 x (32x144 by 144x1024)
+    1.18 against 1.59 ms (float64 2.55 against 3.39), 8 x (64x288 by 288x1024) 4.0
+    against 4.7, a strided conv1d's 8 x (32x160 by 160x254) 0.41 against 0.50; an
+    image-at-a-time conv2d forward (stride 2: the pack, then 8 GEMMs) 1.74 against 2.06
+    ms, torch's own convolution 1.60 at that load."""
+    if torch_route and not blas_alone() and \
+            call.dtypes.working in (np.float32, np.float64) and \
             multiply_adds(found, call) >= TORCH_BLAS_WORK:
         from .windowed_torch import TORCH_WINDOWED_BLAS
         return TORCH_WINDOWED_BLAS
     return NUMPY_BLAS
 
 
+def blas_alone() -> bool:
+    """Whether NumPy's OpenBLAS runs on the calling thread alone: its thread count
+    (OPENBLAS_NUM_THREADS, else OpenMP's: analysis/thread_policy.default_threads) is 1."""
+    own = os.environ.get("OPENBLAS_NUM_THREADS", "").strip()
+    if own:
+        try:
+            return int(own) <= 1
+        except ValueError:
+            pass
+    return default_threads() == 1
+
+
 def windowed_library(found: WindowedContraction, call) -> str:
     """Whose BLAS runs it for this call, in explain's words."""
     from ...analysis.frameworks import TORCH
-    route = windowed_route(found, call, call.framework == TORCH)
-    return "numpy.matmul" if route is NUMPY_BLAS else "torch.matmul"
+    torch_call = call.framework == TORCH
+    if windowed_route(found, call, torch_call) is not NUMPY_BLAS:
+        return "torch.matmul"
+    if torch_call and blas_alone():
+        return "numpy.matmul (OpenBLAS on this one thread ran these products faster " \
+            "than torch's MKL)"
+    return "numpy.matmul"
 
 
 def run_windowed(found: WindowedContraction, call) -> np.ndarray:
