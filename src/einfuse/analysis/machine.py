@@ -75,6 +75,21 @@ def _cpu_flags() -> FrozenSet[str]:
     return frozenset()
 
 
+@functools.lru_cache(maxsize=1)
+def cpu_vendor() -> str:
+    """This CPU's vendor as /proc/cpuinfo names it ("GenuineIntel", "AuthenticAMD"), ""
+    where unreadable.  Not part of a Machine: it picks between libraries (whose BLAS),
+    not what a kernel may assume, so it stays out of the kernels' cache keys."""
+    try:
+        with open("/proc/cpuinfo") as handle:
+            for line in handle:
+                if line.startswith("vendor_id"):
+                    return line.split(":", 1)[-1].strip()
+    except OSError:
+        pass
+    return ""
+
+
 _CACHE_DIR = "/sys/devices/system/cpu/cpu0/cache"
 
 

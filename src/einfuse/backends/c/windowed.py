@@ -24,6 +24,7 @@ from typing import Callable, Mapping, Optional, Tuple
 import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
+from ...analysis.machine import cpu_vendor
 from ...analysis.thread_policy import default_threads
 from .blas import TORCH_BLAS_WORK, multiply_adds
 from .blas_route import NUMPY_BLAS, BlasRoute
@@ -62,12 +63,22 @@ def windowed_route(found: WindowedContraction, call, torch_route: bool) -> BlasR
     against 4.7, a strided conv1d's 8 x (32x160 by 160x254) 0.41 against 0.50; an
     image-at-a-time conv2d forward (stride 2: the pack, then 8 GEMMs) 1.74 against 2.06
     ms, torch's own convolution 1.60 at that load."""
-    if torch_route and not blas_alone() and \
+    if torch_route and not openblas_alone_faster() and \
             call.dtypes.working in (np.float32, np.float64) and \
             multiply_adds(found, call) >= TORCH_BLAS_WORK:
         from .windowed_torch import TORCH_WINDOWED_BLAS
         return TORCH_WINDOWED_BLAS
     return NUMPY_BLAS
+
+
+def openblas_alone_faster() -> bool:
+    """Whether NumPy's OpenBLAS runs these products for a torch caller: it runs on the
+    calling thread alone (:func:`blas_alone`) on a CPU that is not Intel's.  MKL is
+    tuned for Intel's cores: on the AVX-512 Xeon where this route was first measured,
+    torch's MKL ran the same shapes about 1.7x faster than OpenBLAS at one thread (the
+    conv2d's 8 x (32x144 by 144x1024): 0.49 against 0.85 ms); on the Zen 3 above, 15-30%
+    slower."""
+    return blas_alone() and cpu_vendor() != "GenuineIntel"
 
 
 def blas_alone() -> bool:
@@ -88,7 +99,7 @@ def windowed_library(found: WindowedContraction, call) -> str:
     torch_call = call.framework == TORCH
     if windowed_route(found, call, torch_call) is not NUMPY_BLAS:
         return "torch.matmul"
-    if torch_call and blas_alone():
+    if torch_call and openblas_alone_faster():
         return "numpy.matmul (OpenBLAS on this one thread ran these products faster " \
             "than torch's MKL)"
     return "numpy.matmul"
