@@ -216,3 +216,39 @@ def test_jax_arrays():
         got = ef.ein(text, X=jnp.asarray(X), y=jnp.asarray(y))
         assert got.dtype == jnp.float32, text
         np.testing.assert_allclose(np.asarray(got), want, rtol=2e-6, atol=2e-6)
+
+
+def test_two_compared_arrays_and_a_float_parameter():
+    x = np.zeros(4, np.float32)
+    y = np.array([2**40, -3, 7, 2**24 + 1], np.int64)
+    # an int16 array is below 2**24: float32 compares it with any int64 exactly
+    assert _working("Z[n] := where(y[n] == s[n], x[n], 0)", x=x, y=y,
+                    s=y.astype(np.int16)) == (np.float32, np.float32)
+    # two int64 arrays: neither float type compares them as integers, so they promote
+    # as before (the statement is float64)
+    assert _working("Z[n] := where(y[n] == t[n], x[n], 0)", x=x, y=y, t=y) == \
+        (np.float64, np.float64)
+    # a Python float parameter: only its type decides (its value is a kernel argument,
+    # not part of a repeated call's signature), and NumPy compares it in float64
+    for k in (0.5, 3.0):
+        assert _working("Z[n] := where(y[n] > k, x[n], 0)", x=x, y=y, k=k) == \
+            (np.float64, np.float32)
+    program = ef.compile("Z[n] := where(y[n] > k, x[n] + 1, 0)")
+    for k in (0.5, 2.0**24, 2.0**24 + 2, -4.0):        # the repeated call's fast path too
+        for _ in range(2):
+            got = program(x=x, y=y, k=k)
+            want = np.where(y > k, x + 1, 0)
+            assert got.dtype == want.dtype == np.float32
+            np.testing.assert_array_equal(got, want)
+
+
+def test_labels_of_every_width_against_an_index_compare_exactly(backend):
+    # y[n] == c for labels near each dtype's limits: no match past the row
+    X = np.arange(12, dtype=np.float32).reshape(2, 6)
+    for dtype in ("int8", "uint8", "int16", "int32", "int64", "uint64"):
+        info = np.iinfo(dtype)
+        y = np.array([info.max, 5], dtype)
+        got = ef.ein("Z[n,c] := where(y[n] == c, X[n,c], 0)", X=X, y=y, backend=backend)
+        want = np.where(y[:, None] == np.arange(6), X, 0)
+        assert got.dtype == np.float32, dtype
+        np.testing.assert_array_equal(got, want, err_msg=dtype)

@@ -95,38 +95,54 @@ def comparisons_of(spec: Spec, names: FrozenSet[str]) -> Tuple[Binary, ...]:
 class _Operand:
     """What one side of a comparison can hold: its dtype as NumPy would see it (a
     Python number is 'weak'), whether its values are integers, and the largest
-    magnitude it can take where that is known (an index, a number)."""
+    magnitude it can take where that is known (an index's range, an integer dtype's, a
+    number's own value).  ``kind``: "array" (an array read, a NumPy scalar: its dtype),
+    "index", "number" (a literal: its value) or "scalar" (a Python int or float
+    parameter, whose value is a kernel argument and decides nothing here: only its
+    type counts, as the fast path's call signature holds no parameter's value)."""
 
-    def __init__(self, numpy_type, integers: bool, magnitude: Optional[float],
-                 value=None):
-        self.numpy_type = numpy_type     # a dtype, or a Python number (weak)
+    def __init__(self, kind: str, numpy_type, integers: bool,
+                 magnitude: Optional[float], value=None):
+        self.kind = kind
+        self.numpy_type = numpy_type
         self.integers = integers
-        self.magnitude = magnitude       # None: any value of its dtype
-        self.value = value               # a number's own value
+        self.magnitude = magnitude       # None: not known
+        self.value = value               # a literal's own value
+
+
+def _dtype_magnitude(dtype: np.dtype) -> Optional[float]:
+    if dtype.kind == "b":
+        return 1
+    if dtype.kind in "iu":
+        info = np.iinfo(dtype)
+        return max(-int(info.min), int(info.max))
+    return None
 
 
 def _operand(side, value_dtypes, params, ranges) -> _Operand:
-    if isinstance(side, Access):
-        dtype = np.dtype(value_dtypes[side.tensor])
-        return _Operand(dtype, dtype.kind in "biu", None)
     if isinstance(side, IndexValue):
         lo, hi = (ranges or {}).get(side.name, (None, None))
         magnitude = None if lo is None else 0 if hi <= lo else max(abs(lo), abs(hi - 1))
-        return _Operand(np.dtype(np.int64), True, magnitude)
-    value = side.value if isinstance(side, Number) else params[side.name]
-    if isinstance(value, bool):
-        value = int(value)
-    if isinstance(value, (int, float)):
+        return _Operand("index", np.dtype(np.int64), True, magnitude)
+    if isinstance(side, Number):
+        value = int(side.value) if isinstance(side.value, bool) else side.value
         integers = isinstance(value, int) or (math.isfinite(value) and value == int(value))
-        return _Operand(value, integers, abs(value) if math.isfinite(value) else None,
-                        value)
-    dtype = np.asarray(value).dtype              # a NumPy scalar: its dtype, not weak
-    return _Operand(dtype, dtype.kind in "biu", None)
+        return _Operand("number", value, integers,
+                        abs(value) if math.isfinite(value) else None, value)
+    if isinstance(side, Param):
+        value = params[side.name]
+        if isinstance(value, (bool, int, float)):
+            weak = 0.0 if isinstance(value, float) else 0     # (its type, weak)
+            return _Operand("scalar", weak, not isinstance(value, float), None)
+        dtype = np.asarray(value).dtype
+    else:
+        dtype = np.dtype(value_dtypes[side.tensor])
+    return _Operand("array", dtype, dtype.kind in "biu", _dtype_magnitude(dtype))
 
 
 def _exact_in(operand: _Operand, target: np.dtype) -> bool:
     """Whether every value ``operand`` can take converts to ``target`` unchanged."""
-    if operand.value is not None:               # a Python number: its own value
+    if operand.kind == "number":
         value = operand.value
         if isinstance(value, float) and not math.isfinite(value):
             return target.kind == "f"          # (NaN compares false, inf as itself)
@@ -137,14 +153,17 @@ def _exact_in(operand: _Operand, target: np.dtype) -> bool:
                 return False
         # NumPy compares a Python int with an integer array exactly, in range or not
         return isinstance(value, int)
-    if operand.magnitude is not None and operand.integers:
+    if operand.kind == "scalar":
+        # a Python int compares exactly with integers; a float is a float64
+        return target.kind in "iu" if operand.integers else target == np.float64
+    if operand.kind == "index":
+        if operand.magnitude is None:
+            return target == np.int64
         if target.kind == "f":
             return operand.magnitude <= 2 ** _MANTISSA[target.itemsize]
-        if target.kind in "iu":
-            info = np.iinfo(target)
-            return operand.magnitude <= info.max and (target.kind == "i" or
-                                                      operand.magnitude == 0)
-        return False
+        info = np.iinfo(target)
+        return operand.magnitude <= info.max and (target.kind == "i" or
+                                                  operand.magnitude == 0)
     dtype = operand.numpy_type
     if dtype.kind == "b":
         return True
@@ -185,7 +204,7 @@ def agrees(comparison: Binary, working: np.dtype, value_dtypes: Mapping[str, np.
     if working.kind != "f" or common.kind not in "fiu":
         return False
     for small, other in ((left, right), (right, left)):
-        if other.integers and other.value is None and _exact_in(small, working) and \
+        if other.integers and other.kind != "number" and _exact_in(small, working) and \
                 _exact_in(small, common) and _below_mantissa(small, working) and \
                 _below_mantissa(small, common):
             return True
