@@ -252,3 +252,27 @@ def test_labels_of_every_width_against_an_index_compare_exactly(backend):
         want = np.where(y[:, None] == np.arange(6), X, 0)
         assert got.dtype == np.float32, dtype
         np.testing.assert_array_equal(got, want, err_msg=dtype)
+
+
+@pytest.mark.parametrize("labels", ["int8", "int64"])
+def test_a_label_both_gathered_and_compared(labels):
+    X, y = _inputs("float32", labels)
+    t = np.arange(ROWS)[::-1].copy()
+    hit = y[:, None] == np.arange(COLS)
+    cases = {
+        # the gather's subscript and the comparison: neither promotes
+        "L[n] := X[n, y[n]] - sum[c](X[n,c] * (c == y[n]))":
+            X[np.arange(ROWS), y.astype(np.int64)] - (X * hit).sum(1),
+        # a label read through a gather, then compared
+        "Z[n,c] := where(c == y[t[n]], X[n,c], 0)":
+            np.where(y[t][:, None] == np.arange(COLS), X, 0),
+        # no array in arithmetic: NumPy's where of two Python ints is int64
+        "Z[n,c] := where(c == y[n], 1, 0)": np.where(hit, 1, 0),
+        "B[n,c] := c == y[n]": hit,
+    }
+    for text, want in cases.items():
+        given = {name: array for name, array in (("X", X), ("y", y), ("t", t))
+                 if f"{name}[" in text.split(":=")[1]}
+        got = ef.ein(text, **given, ranges={"c": COLS})
+        assert got.dtype == want.dtype, (text, got.dtype, want.dtype)
+        np.testing.assert_allclose(got, want, rtol=2e-6, atol=2e-6, err_msg=text)

@@ -3,10 +3,10 @@
 NumPy evaluates ``np.where(y[:, None] == np.arange(n), x, 0)`` and ``x * (y[:, None] ==
 np.arange(n))`` in float32 for float32 ``x`` and int64 ``y``: ``y`` meets only the
 comparison, whose result is bool, so its dtype never reaches the arithmetic.  The
-notation's "NumPy promotion of the inputs" is read the same way (docs/notation.md section 10): an
-array whose every value read is an operand of a comparison whose two operands are
-*leaves* -- an array read, an index, a number or a parameter -- does not promote the
-statement.  (A comparison with an arithmetic operand, ``y[i] + 1 == j``, still
+notation's "NumPy promotion of the inputs" is read the same way (docs/notation.md
+section 10): an array whose every value read is an operand of a comparison whose two
+operands are *leaves* -- an array read, an index, a number or a parameter -- does not
+promote the statement.  (A comparison with an arithmetic operand, ``y[i] + 1 == j``, still
 promotes its arrays: the dtype NumPy gives that operand would need the sub-expression's
 own promotion, which the kernels do not compute.)
 
@@ -27,8 +27,8 @@ when the first gives the second's answer for every value the operands can take:
   (an index of 2**24 itself is not "below", and the statement then computes in
   float64, where it is).
 
-Where no candidate working dtype agrees, analysis/dtypes.py keeps the old rule (the
-array promotes), which is what every release before this one did.
+Where no candidate working dtype agrees, analysis/dtypes.py keeps the rule this one
+refines (the array promotes, as it did before).
 """
 
 from __future__ import annotations
@@ -61,19 +61,12 @@ def compared_only(spec: Spec) -> FrozenSet[str]:
 
     def visit(node: Expr, under_comparison: bool) -> None:
         if isinstance(node, Access):
+            # (its subscripts' gathers are index reads, which never promote: not walked)
             (compared if under_comparison else elsewhere).add(node.tensor)
-            for sub in node.indices:           # an index array's reads are subscripts
-                for gather, _ in sub.gathers:
-                    visit_index(gather)
             return
         leaf = _leaf_comparison(node)
         for child in node.children():
             visit(child, leaf)
-
-    def visit_index(access: Access) -> None:
-        for sub in access.indices:
-            for gather, _ in sub.gathers:
-                visit_index(gather)
 
     visit(spec.rhs, False)
     values = {t.name for t in spec.tensors if t.as_value}
