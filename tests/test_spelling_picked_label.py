@@ -73,8 +73,9 @@ def _same_specials(got, want, rtol):
     np.testing.assert_allclose(got[finite], want[finite], rtol=rtol, atol=rtol)
 
 
-# int16 labels keep float32 X float32; int64 labels make the statement float64 (the
-# labels are read for their values: docs/notation.md section 10)
+# float32 X with int16 labels and float64 X with int64 ones (labels read only to be
+# compared do not promote: docs/notation.md section 10; tests/test_compared_labels.py
+# takes float32 X with int64 labels)
 DTYPES = [("float32", "int16"), ("float64", "int64")]
 
 

@@ -231,7 +231,7 @@ def bind_call(spec: Spec, options: Options, args, kwargs) -> BoundCall:
     if options.bounds in ("clip", "wrap"):
         _check_empty_gathers(spec, options.bounds, arrays.shapes, bounds)
     dtypes = resolve_dtypes(spec, arrays.dtypes, params, options,
-                            dtype_rules(framework, named))
+                            dtype_rules(framework, named), bounds.range_map)
     if output is not None:
         check_output_cast(spec.output, dtypes.result, numpy_dtype(output), options,
                           spec.statement.output_span)

@@ -34,6 +34,7 @@ import numpy as np
 
 from ..errors import EinfuseTypeError
 from ..lang.ast import Access, Binary, Call, Number, Param, Reduce, reductions
+from .compared import agrees, comparisons_of, compared_only
 from .options import Options
 from .spec import Spec
 
@@ -119,13 +120,42 @@ def check_index_dtype(name: str, dtype: np.dtype, source: str, span) -> None:
 
 def resolve_dtypes(spec: Spec, value_dtypes: Mapping[str, np.dtype],
                    params: Mapping[str, object], options: Options,
-                   framework: str = "numpy") -> DTypes:
+                   framework: str = "numpy", ranges=None) -> DTypes:
     """The working and result dtypes of a call (``framework``: the callers' arrays',
-    a name of analysis.frameworks; it decides how an unsigned sum widens)."""
+    a name of analysis.frameworks; it decides how an unsigned sum widens; ``ranges``:
+    each index's (low, high), which decides whether a comparison is exact in a dtype).
+
+    An array read only to be compared (analysis/compared.py) does not promote, as in
+    NumPy: ``where(j == y[i], x[i,j], 0)`` with int64 ``y`` and float32 ``x`` is float32.
+    The working dtype is then the first of the result's own and float64 in which every
+    such comparison gives NumPy's answer; where neither does (or ``dtype=`` is given,
+    which sets the working dtype itself), the arrays promote as before."""
+    values = tuple(t.name for t in spec.tensors if t.as_value)
+    before = _resolve(spec, value_dtypes, params, options, framework, values)
+    quiet = compared_only(spec)
+    if not quiet or options.dtype is not None:
+        return before
+    found = _resolve(spec, value_dtypes, params, options, framework,
+                     tuple(n for n in values if n not in quiet))
+    if found == before:
+        return before
+    comparisons = comparisons_of(spec, quiet)
+    candidates = [found.working]
+    if found.working.kind == "f" and found.working != np.float64:
+        candidates.append(np.dtype(np.float64))
+    for working in candidates:
+        if all(agrees(c, working, value_dtypes, params, ranges) for c in comparisons):
+            return DTypes(working=working, result=found.result)
+    return before
+
+
+def _resolve(spec: Spec, value_dtypes: Mapping[str, np.dtype],
+             params: Mapping[str, object], options: Options, framework: str,
+             promoting) -> DTypes:
+    """The dtypes with the arrays ``promoting`` (names) promoting the statement."""
     operands = []
-    for name in spec.tensors:
-        if name.as_value:    # (bool as NumPy promotes it: it never widens another dtype)
-            operands.append(np.dtype(value_dtypes[name.name]))
+    for name in promoting:   # (bool as NumPy promotes it: it never widens another dtype)
+        operands.append(np.dtype(value_dtypes[name]))
     for name in spec.params:
         value = params[name]
         if isinstance(value, bool):
@@ -157,9 +187,9 @@ def resolve_dtypes(spec: Spec, value_dtypes: Mapping[str, np.dtype],
             working = np.dtype(np.float32) if stored.itemsize < 4 else stored
     elif spec.result_is_bool:
         stored = np.dtype(bool)
-    elif not spec.params and any(t.as_value for t in spec.tensors) and all(
-            np.dtype(value_dtypes[t.name]).kind == "b" for t in spec.tensors
-            if t.as_value) and _moves_bools(spec.rhs):
+    elif not spec.params and promoting and all(
+            np.dtype(value_dtypes[name]).kind == "b" for name in promoting) and \
+            _moves_bools(spec.rhs):
         # computed in uint8, whose max/min identities (0, 255) are bool's (False,
         # True): an empty max is False, an empty min True, as any() and all() are
         working, stored = np.dtype(np.uint8), np.dtype(bool)

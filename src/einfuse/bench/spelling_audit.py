@@ -249,9 +249,9 @@ def rows_families(rows: int, cols: int) -> List[Family]:
             (a["X"] ** 2).mean(axis=1, keepdims=True) + 1e-6) * a["g"], n=cols),
         _family(f"cross-entropy {size}", CROSS_ENTROPY, labels, lambda a: _logsumexp(a["X"])
                 - a["X"][np.arange(rows), a["y"]]),
-        # int16 labels: the spellings that compare the labels with c read them for their
-        # values (notation.md section 10), and int64 ones make those float64 statements
-        # against the gather's float32; int16 keeps every spelling float32
+        # int16 labels: labels read only to be compared do not promote (notation.md
+        # section 10), so every spelling is float32 with int64 labels as with int16 ones;
+        # the second family keeps the narrow labels' figures beside the int64 ones
         _family(f"cross-entropy, int16 labels {size}", CROSS_ENTROPY,
                 lambda rng: labels(rng, np.int16), lambda a: _logsumexp(a["X"])
                 - a["X"][np.arange(rows), a["y"]]),

@@ -306,8 +306,9 @@ def where_form(g, shapes: Mapping[str, object], taken, backend: str
         checks.append((array, target[axis], axis))
     if sorted(plain) != sorted(indices) or not conditions:
         return None
-    # the scattered values' dtype, which the comparison with int64 labels would
-    # otherwise promote; the labels compare exactly in it below 2**24 (float32)
+    # the scattered values' dtype, given as dtype= (which is then the working dtype
+    # too); the labels, read only to be compared, would not promote it anyway
+    # (analysis/compared.py), and they compare exactly in it below 2**24 (float32)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         try:
