@@ -150,3 +150,20 @@ def test_rmsnorm_spellings_keep_their_values(backend):
         got = np.asarray(ef.ein(text, X=X, g=g, backend=backend), np.float64)
         np.testing.assert_allclose(got, want, rtol=1e-10, atol=1e-12, equal_nan=True,
                                    err_msg=name)
+
+
+@pytest.mark.parametrize("text", [
+    "m[i] := sum[j](A[i,j]) * sum[j](where(A[i,j] == A[i,j], 1, 1))\nY[i,j] := A[i,j] - m[i]",
+    "m[i] := mean[j](A[i,j])\nY[i,j] := A[i,j] - m[i]"])
+def test_a_count_in_an_integer_group_keeps_the_statements_dtype(text):
+    # a count read as its value is an integer count: the fused member gives the
+    # statement's own dtype and values (int64 for the product, float64 for the mean)
+    A = np.arange(64 * 200, dtype=np.int32).reshape(64, 200) % 7
+    alone = [np.asarray(ef.ein(piece.text, A=A)) for piece in split_program(text)[:1]][0]
+    got = ef.compile(text)(A=A)
+    if "mean" in text:
+        want = A - A.mean(axis=1, keepdims=True)
+    else:
+        want = A - A.sum(axis=1, keepdims=True).astype(np.int64) * 200
+    assert got.dtype == np.result_type(alone.dtype, A.dtype)
+    np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12)

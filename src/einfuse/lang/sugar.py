@@ -64,7 +64,8 @@ def counted(expr: Expr, ranges: Mapping[str, Tuple[int, int]]) -> Expr:
     ``ranges`` (index -> (start, stop)) of a bound call."""
     if is_count(expr):
         points = math.prod(max(0, ranges[i][1] - ranges[i][0]) for i in expr.indices)
-        return Number(float(constant_value(expr.body) * points), span=expr.span)
+        # (an integer count stays an integer: the statement's dtypes are as they were)
+        return Number(constant_value(expr.body) * points, span=expr.span)
     return map_children(expr, lambda child: counted(child, ranges))
 
 

@@ -450,9 +450,13 @@ def _counted(kernel, call, given):
             # (a kernel of the statement's own class: the schedule builds no runtime type)
             made[statement] = type(kernel)(statement, kernel.options)
         found = made[statement]
-        return found, found.bind(arrays={name: given(name) for name in _needed(found.spec)})
+        bound = found.bind(arrays={name: given(name) for name in _needed(found.spec)})
     except (EinfuseError, KeyError):
         return None
+    if bound.dtypes.working != call.dtypes.working or \
+            bound.dtypes.result != call.dtypes.result:
+        return None       # (the member must give what the statement gives alone)
+    return found, bound
 
 
 def _prepare(call, contraction=None):
