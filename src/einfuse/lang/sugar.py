@@ -15,7 +15,8 @@ expansion carries the span of the reduction as written, so errors point at it.""
 from __future__ import annotations
 
 import dataclasses
-from typing import Callable, Dict, Tuple
+import math
+from typing import Callable, Dict, Mapping, Optional, Tuple
 
 from .ast import Access, Binary, Call, Expr, IndexValue, Number, Reduce, map_children
 from .fresh_names import FreshNames
@@ -35,6 +36,37 @@ def count_points(indices: Tuple[str, ...], body: Expr, span) -> Expr:
     ones = Call("where", (Binary("==", body, body, span=span), Number(1, span=span),
                           Number(1, span=span)), span=span)
     return Reduce("sum", indices, ones, span=span)
+
+
+def constant_value(expr: Expr) -> Optional[float]:
+    """The value of ``expr`` where it is the same number at every point: a number, or a
+    ``where`` choosing between two equal constants (whatever its condition reads, NaN
+    included), as a count's body is; else None."""
+    if isinstance(expr, Number):
+        return expr.value
+    if isinstance(expr, Call) and expr.func == "where" and len(expr.args) == 3:
+        chosen = constant_value(expr.args[1]), constant_value(expr.args[2])
+        if chosen[0] is not None and chosen[0] == chosen[1]:
+            return chosen[0]
+    return None
+
+
+def is_count(expr: Expr) -> bool:
+    """Whether ``expr`` is a sum of a constant (a count, as :func:`count_points` writes
+    it): its value is that constant times the number of points of its ranges, whatever
+    the arrays hold -- a fact of the call's ranges, not a pass over the data."""
+    return isinstance(expr, Reduce) and expr.op == "sum" and \
+        constant_value(expr.body) is not None
+
+
+def counted(expr: Expr, ranges: Mapping[str, Tuple[int, int]]) -> Expr:
+    """``expr`` with each count (:func:`is_count`) replaced by its value for the ranges
+    ``ranges`` (index -> (start, stop)) of a bound call."""
+    if is_count(expr):
+        points = math.prod(max(0, ranges[i][1] - ranges[i][0]) for i in expr.indices)
+        # (an integer count stays an integer: the statement's dtypes are as they were)
+        return Number(constant_value(expr.body) * points, span=expr.span)
+    return map_children(expr, lambda child: counted(child, ranges))
 
 
 def _mean(reduce: Reduce, fresh: FreshNames) -> Expr:
@@ -74,4 +106,5 @@ def rename_indices(expr: Expr, names: Dict[str, str]) -> Expr:
     return expr
 
 
-__all__ = ["SUGAR_REDUCTIONS", "FreshNames", "count_points", "expand", "rename_indices"]
+__all__ = ["SUGAR_REDUCTIONS", "FreshNames", "constant_value", "count_points", "counted",
+           "expand", "is_count", "rename_indices"]

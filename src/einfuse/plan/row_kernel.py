@@ -28,6 +28,7 @@ from typing import Dict, FrozenSet, Optional, Tuple
 import numpy as np
 
 from ..lang.printer import format_expr
+from ..lang.sugar import counted
 from .row_statistics import RowStatistics, row_statistics
 
 
@@ -127,7 +128,11 @@ def _canonical(members):
                 name = inputs.setdefault(key, f"X{len(inputs)}")
             if tensors.setdefault(tensor, name) != name:
                 return None
-        text = f"{spec.output}[{', '.join(spec.output_indices)}] := {format_expr(spec.rhs)}"
+        # a count (``mean``'s divisor) is the number of points of this call's ranges:
+        # read as that number, ``sum[j](X[i,j]) / sum[j](where(X[i,j] == X[i,j], 1, 1))``
+        # is the mean the template writes as ``sum[j](X[i,j]) / C``
+        rhs = counted(spec.rhs, member.call.bounds.range_map)
+        text = f"{spec.output}[{', '.join(spec.output_indices)}] := {format_expr(rhs)}"
         tokens = _TOKEN.findall(text)
         out = []
         for position, token in enumerate(tokens):

@@ -32,7 +32,7 @@ from ..lang.ast import (Access, Expr, IndexExpr, Reduce, Statement, accesses,
 from ..lang.fresh_names import FreshNames
 from ..lang.printer import format_expr, format_statement
 from ..lang.rewrite import free_indices, names_in
-from ..lang.sugar import rename_indices
+from ..lang.sugar import is_count, rename_indices
 from .hoist import canonical, only_plain, subscripts_of
 from .online_softmax import inline_program
 from .gathered_reads import read_gathers_at_their_points
@@ -144,8 +144,8 @@ def _split_reductions(statements: List[Statement], shared: List[str]):
     outermost reductions, with those computed by statements of their own before it (named
     afresh, indexed by the statement's output indices they use, in that order): the
     fusion groups see one row reduction per statement, as the program written with
-    explicit sums has them (a statement with two reductions -- ``mean``'s sum and
-    count -- joins no group), and the pass after this one shares the repeated ones
+    explicit sums has them (a count is not one: ``mean``'s sum and count are the
+    explicit ``sum / n``), and the pass after this one shares the repeated ones
     (``var``'s mean, a count) across statements.  A reduction is split off only under
     the hoisting conditions (``_plain_in``)."""
     names = FreshNames(set().union(*(names_in(s) for s in statements)))   # h1, h2, ...
@@ -167,6 +167,11 @@ def _split_reductions(statements: List[Statement], shared: List[str]):
         def visit(node: Expr) -> Expr:
             if not isinstance(node, Reduce):
                 return map_children(node, visit)
+            if is_count(node):
+                # a count is no pass over the data where the call knows its ranges (a
+                # fused group's row kernel reads it as its value): ``mean``'s sum and
+                # count stay one statement, as ``sum[j](X[i,j]) / n`` is
+                return node
             free = free_indices(node)
             if not free <= set(statement.output_indices) or not _plain_in(node, whole):
                 return node

@@ -41,10 +41,10 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Dict, List, Optional, Set, Tuple
 
-from ..lang.ast import (Access, Expr, IndexExpr, IndexValue, Reduce, Statement, accesses,
-                        has_position_reduction, map_children)
+from ..lang.ast import (Access, Binary, Expr, IndexExpr, IndexValue, Number, Reduce,
+                        Statement, accesses, has_position_reduction, map_children)
 from ..lang.rewrite import names_in
-from ..lang.sugar import FreshNames
+from ..lang.sugar import FreshNames, is_count
 from .factors import factors
 from ..lang.rewrite import free_indices
 
@@ -142,15 +142,13 @@ class _Rewriter:
         """``expr`` inside loops over ``enclosing``, its hoistable reductions replaced
         (innermost first, so that a hoisted body reads the temporaries of its own
         invariant parts)."""
+        mean = self._mean(expr, enclosing)
+        if mean is not None:
+            return mean
         if not isinstance(expr, Reduce):
             return map_children(expr, lambda child: self.visit(child, enclosing))
         free = free_indices(expr)
-        own = tuple(i for i in expr.indices if i not in enclosing)
-        # the loops the body runs in once this reduction is itself hoisted: a factor
-        # invariant only along an index the whole reduction does not depend on is
-        # left to the reduction's own temporary
-        body = factors(self, expr.body, tuple(i for i in enclosing if i in free) + own)
-        reduce = dataclasses.replace(expr, body=self.visit(body, enclosing + own))
+        reduce = self._inner(expr, enclosing)
         if not free < set(enclosing) or not self._hoistable(reduce, free):
             # a reduction that depends on every loop around it (inside a temporary of
             # its own) is still computed once where an equal one has a temporary
@@ -161,6 +159,34 @@ class _Rewriter:
                 return known
             return reduce
         return self.temporary(reduce, tuple(i for i in enclosing if i in free))
+
+    def _inner(self, expr: Reduce, enclosing: Tuple[str, ...]) -> Reduce:
+        """The reduction ``expr`` with its body's hoistable reductions replaced."""
+        free = free_indices(expr)
+        own = tuple(i for i in expr.indices if i not in enclosing)
+        # the loops the body runs in once this reduction is itself hoisted: a factor
+        # invariant only along an index the whole reduction does not depend on is
+        # left to the reduction's own temporary
+        body = factors(self, expr.body, tuple(i for i in enclosing if i in free) + own)
+        return dataclasses.replace(expr, body=self.visit(body, enclosing + own))
+
+    def _mean(self, expr: Expr, enclosing: Tuple[str, ...]) -> Optional[Access]:
+        """The read of the temporary holding ``expr`` whole where it is a mean -- a
+        reduction divided by a number or by a count (lang/sugar.is_count) over no other
+        indices -- that is hoisted, else None.  A mean is one row value: its temporary
+        is ``m[i] := sum[k](X[i,k]) / n``, as a program writes it (and as the row kernels
+        match it), not a sum whose readers each divide it again."""
+        if not (isinstance(expr, Binary) and expr.op == "/" and
+                isinstance(expr.left, Reduce) and
+                (isinstance(expr.right, Number) or is_count(expr.right))):
+            return None
+        free = free_indices(expr.left)
+        if not free < set(enclosing) or not free_indices(expr.right) <= free:
+            return None
+        whole = dataclasses.replace(expr, left=self._inner(expr.left, enclosing))
+        if not self._hoistable(whole, free):
+            return None
+        return self.temporary(whole, tuple(i for i in enclosing if i in free))
 
     def temporary(self, expr: Expr, order: Tuple[str, ...]) -> Access:
         """The read of the temporary holding ``expr`` over ``order`` (made, or shared

@@ -89,6 +89,46 @@ def _only_reader(definition: Statement, statements, position: int, outputs: Set[
     return readers[0] if set(plain_subscripts(reads[0]) or ()) & bound else None
 
 
+def _recomputed(definition: Statement, statements, position: int, outputs: Set[str]
+                ) -> Optional[List[Tuple[int, Expr]]]:
+    """(position, right side with the intermediate recomputed) of every reader of
+    ``definition`` where it is one operation (``+ - *``) of an array read whole and a
+    value broadcast along some of its indices (a read with fewer of them) -- a centred,
+    shifted or scaled row, ``C[i,j] := X[i,j] - m[i]`` -- and every reader can take
+    it; else None.  Recomputed, each reader reads the one whole array instead of the
+    intermediate, and the broadcast value once per row or column, and does one
+    operation more: less than writing the intermediate (or a row of it) and reading it
+    back, with the same operations on the same elements (the same values, NaN and inf
+    included).  (An array times a number, ``T[i,k] := A[i,k] * 2``, stays the
+    program's statement: it is no value of the program broadcast.)"""
+    rhs = definition.rhs
+    indices = definition.output_indices
+    if definition.assign != ":=" or definition.output in outputs or \
+            not (isinstance(rhs, Binary) and rhs.op in ("+", "-", "*")) or \
+            len(set(indices)) != len(indices) or free_indices(rhs) != set(indices):
+        return None
+    reads = (rhs.left, rhs.right)
+    if not all(isinstance(a, Access) and plain_subscripts(a) is not None for a in reads) \
+            or sorted(len(a.indices) == len(indices) for a in reads) != [False, True]:
+        return None
+    found: List[Tuple[int, Expr]] = []
+    for at in range(position + 1, len(statements)):
+        reader = statements[at]
+        if reader is None:
+            continue
+        if reader.output == definition.output:
+            return None       # (written again: its readers read other values)
+        if definition.output not in {a.tensor for a in accesses(reader.rhs)}:
+            continue
+        if contraction_operand(reader, definition.output):
+            return None       # (a matmul's operand stays an array for BLAS)
+        inlined = _put_back(reader, definition, [])
+        if inlined is None:
+            return None
+        found.append((at, inlined))
+    return found or None
+
+
 def _factors(expr: Expr) -> List[Expr]:
     if isinstance(expr, Binary) and expr.op in ("*", "/"):
         return _factors(expr.left) + ([expr.right] if expr.op == "/" else
@@ -190,6 +230,15 @@ def inline_where_rules_fire(statements: List[Statement], outputs: Set[str],
                 result[position] = None
                 shared.append(f"{reader.output}: {definition.output} put back (read once)")
                 continue
+        recomputed = None if definition is None else \
+            _recomputed(definition, result, position, outputs)
+        if recomputed is not None:
+            for at, inlined in recomputed:
+                result[at] = dataclasses.replace(result[at], rhs=inlined, source="")
+            result[position] = None
+            shared.append(f"{definition.output}: one operation, recomputed in its "
+                          f"{len(recomputed)} reader(s)")
+            continue
         if definition is None or not _inlinable(definition, outputs):
             continue
         put_back = False

@@ -28,6 +28,7 @@ error)."""
 
 from __future__ import annotations
 
+import dataclasses
 import warnings
 from dataclasses import dataclass, field
 from typing import Dict, FrozenSet, List, Optional, Sequence, Set, Tuple
@@ -39,7 +40,8 @@ from ..errors import EinfuseError
 from ..ir import LoopKind
 from ..lang import ast
 from ..lang.fresh_names import FreshNames
-from ..lang.printer import format_expr
+from ..lang.printer import format_expr, format_statement
+from ..lang.sugar import counted, is_count
 from ..plan import buffer_slots, row_kernel as row_kernels, unit_axis
 from ..plan.loop_plan import input_buffers, lane_packs
 from ..plan.thread_rows import fitting_rows, row_bytes
@@ -382,6 +384,11 @@ def _join(kernel, names: Dict[str, str], members: List[Member], produced: Dict[s
             arrays={name: scratch[names.get(name, name)] for name in _needed(spec)}))
     except (EinfuseError, KeyError):
         return Split.NOT_BOUND
+    if original is None:
+        with_counts = _counted(kernel, call, lambda name: scratch[names.get(name, name)])
+        if with_counts is not None:
+            kernel, call = with_counts
+            spec = kernel.spec
     if column is not None and not _same_ranges(column.call, call):
         return Split.COLUMN_UNFIT
     if column is not None and _summed_contraction(column.call):
@@ -422,6 +429,34 @@ def _join(kernel, names: Dict[str, str], members: List[Member], produced: Dict[s
         # long that the accumulators would stream through memory on every row
         return Split.COLUMN_UNFIT
     return member
+
+
+def _counted(kernel, call, given):
+    """(kernel, call) of ``kernel``'s statement with each count (lang/sugar.is_count:
+    ``mean``'s divisor) as its value for ``call``'s ranges, bound to the same arrays;
+    ``given(name)``: the array or number bound to a name; None where it has no count
+    (or the counted statement does not bind).  A count is
+    no pass over the row in the group: ``mean``'s sum and count are one loop, as
+    ``sum[j](X[i,j]) / n`` is, and the row kernels match it as that.  One kernel per
+    statement and count values, kept on the statement's kernel."""
+    spec = kernel.spec
+    if kernel.options.pad is not None or not any(is_count(n) for n in spec.rhs.walk()):
+        return None
+    statement = format_statement(dataclasses.replace(
+        spec.statement, rhs=counted(spec.rhs, call.bounds.range_map), source=""))
+    made = kernel.__dict__.setdefault("_counted_kernels", {})
+    try:
+        if statement not in made:
+            # (a kernel of the statement's own class: the schedule builds no runtime type)
+            made[statement] = type(kernel)(statement, kernel.options)
+        found = made[statement]
+        bound = found.bind(arrays={name: given(name) for name in _needed(found.spec)})
+    except (EinfuseError, KeyError):
+        return None
+    if bound.dtypes.working != call.dtypes.working or \
+            bound.dtypes.result != call.dtypes.result:
+        return None       # (the member must give what the statement gives alone)
+    return found, bound
 
 
 def _prepare(call, contraction=None):

@@ -32,6 +32,7 @@ from ...analysis.spec import spec_of
 from ...lang import ast
 from ...lang.fresh_names import FreshNames
 from ...lang.printer import format_statement
+from ...lang.sugar import constant_value
 
 Named = Mapping[str, object]
 
@@ -114,7 +115,7 @@ def _constant_reductions(expr: ast.Expr, ranges, counts: Dict[str, float], taken
     """``expr`` with each sum whose body is a constant as a parameter holding its value
     (recorded in ``counts``)."""
     if isinstance(expr, ast.Reduce) and expr.op == "sum":
-        value = _constant(expr.body)
+        value = constant_value(expr.body)
         if value is not None:
             points = math.prod(max(0, ranges[i][1] - ranges[i][0]) for i in expr.indices)
             name = taken.suffixed("count", bare=False)
@@ -122,18 +123,6 @@ def _constant_reductions(expr: ast.Expr, ranges, counts: Dict[str, float], taken
             return ast.Param(name, span=expr.span)
     return ast.map_children(expr, lambda child: _constant_reductions(child, ranges,
                                                                      counts, taken))
-
-
-def _constant(expr: ast.Expr) -> Optional[float]:
-    """The value of ``expr`` where it is the same number at every point: a number, or a
-    ``where`` choosing between two equal constants (whatever its condition reads)."""
-    if isinstance(expr, ast.Number):
-        return expr.value
-    if isinstance(expr, ast.Call) and expr.func == "where":
-        chosen = _constant(expr.args[1]), _constant(expr.args[2])
-        if chosen[0] is not None and chosen[0] == chosen[1]:
-            return chosen[0]
-    return None
 
 
 def _access_indices(statement: ast.Statement) -> List[Tuple[str, Tuple[Optional[str], ...]]]:
