@@ -161,8 +161,7 @@ def test_int32_labels_and_strided_rows(row_patterns):
     # a parameter, an index as a value
     "m[i] := max[j](X[i,j])\nl[i] := a * log(sum[j](exp(X[i,j] - m[i])))",
     "m[i] := max[j](X[i,j])\nl[i] := i + log(sum[j](exp(X[i,j] - m[i])))",
-    # a member over [i, j] read by a later one; a column's array read along the row
-    "z[i] := logsumexp[k](X[i,k])\nY[i,j] := X[i,j] - z[i]\nw[i] := sum[j](Y[i,j])",
+    # a column's array read along the row
     "z[i] := logsumexp[k](X[i,k])\nY[i,j] := X[i,j] - z[i] + X[0,j]",
 ])
 def test_other_groups_run_the_generic_kernel(row_patterns, text):
@@ -172,6 +171,29 @@ def test_other_groups_run_the_generic_kernel(row_patterns, text):
     assert row_patterns == []
     if " a *" in text:
         text = text.replace("a *", "2.0 *")
+    np.testing.assert_allclose(got, _oracle(text, {"X": X}), rtol=1e-12)
+
+
+def test_a_member_over_the_row_kept_as_an_output_runs_the_generic_kernel(row_patterns):
+    # a member over [i, j] read by a later one and written whole (an output: not
+    # recomputed in its reader) is no value per row: the generic fused kernel runs it
+    text = "z[i] := logsumexp[k](X[i,k])\nY[i,j] := X[i,j] - z[i]\nw[i] := sum[j](Y[i,j])"
+    X = np.random.default_rng(1).standard_normal((40, 300))
+    Y, w = ef.compile(text, outputs=("Y", "w"))(X=X)
+    assert row_patterns == []
+    first_two = "\n".join(text.splitlines()[:2])
+    np.testing.assert_allclose(Y, _oracle(first_two, {"X": X}), rtol=1e-12)
+    np.testing.assert_allclose(w, _oracle(text, {"X": X}), rtol=1e-12)
+
+
+def test_a_broadcast_difference_read_by_a_sum_is_recomputed_there(row_patterns):
+    # Y := X - z is one operation of the row and a row value: rewrite/inline_reductions
+    # computes it inside w's sum, so the group is the row statistics and a value per row
+    # from them (w = sum(X) - n z), the log-sum-exp row kernel, with the statements' values
+    text = "z[i] := logsumexp[k](X[i,k])\nY[i,j] := X[i,j] - z[i]\nw[i] := sum[j](Y[i,j])"
+    X = np.random.default_rng(1).standard_normal((40, 300))
+    got = ef.compile(text)(X=X)
+    assert row_patterns == [c_rows.RowPattern.LOGSUMEXP]
     np.testing.assert_allclose(got, _oracle(text, {"X": X}), rtol=1e-12)
 
 
