@@ -218,6 +218,32 @@ def test_the_quotient_form_runs_the_row_kernel_as_written(row_patterns, dtype):
 
 
 @needs_c
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_the_quotient_form_either_side_of_the_fast_exponentials_range(row_patterns, dtype):
+    # a row's unshifted exponentials take the fast exponential where the row's extremes
+    # are within its range (float32 84, float64 704: rows_source.EF_BIG) and the full one
+    # else -- the same bits either way, so each row is its float64 value to rounding
+    big = 84.0 if dtype == "float32" else 704.0
+    rng = np.random.default_rng(21)
+    X = rng.standard_normal((8, 300)).astype(dtype)
+    X[0, 5], X[1, 7] = big * 0.99, -big * 0.99      # inside: fast
+    X[2, 5], X[3, 7] = big * 1.01, -big * 1.01      # outside: the full exponential
+    X[4, 0], X[4, 1] = big * 0.99, -big * 1.01      # one end outside
+    X[5, 3] = np.nan                                # passed over by the range: NaN
+    y = np.array([5, 7, 5, 1, 0, 3, 2, 9])
+    program = ef.compile(QUOTIENT)
+    got, again = program(X=X, y=y), program(X=X, y=y)
+    assert same_bits(got, again) and row_patterns == [c_rows.RowPattern.LOGSUMEXP] * 2
+    wide = X.astype(np.float64)
+    with np.errstate(all="ignore"):
+        want = -np.log(np.exp(wide[np.arange(8), y]) / np.exp(wide).sum(1))
+    assert np.isnan(got[5]) and np.isnan(want[5])
+    keep = np.arange(8) != 5
+    np.testing.assert_allclose(got[keep], want[keep], rtol=3e-6 if dtype == "float32"
+                               else 1e-13, atol=1e-6 if dtype == "float32" else 1e-12)
+
+
+@needs_c
 def test_an_out_of_range_label_in_the_quotient_form_is_the_statements_error(row_patterns):
     # a gather (X[n, y[n]]) under bounds='check': the statement's error, first and repeat
     X, y = _matrix("float64"), _labels("int64")

@@ -220,9 +220,18 @@ class _Printer:
         name = f"q{len(self.sums)}"
         if node.body == _EXPONENTIAL:
             # the row's sum of exp(x - 0) = exp(x) (NaN, infinities and -0.0 alike):
-            # the softmax kernel's vector exponentials, summed compensated
-            self.lines.append(f"      const T {name} = ef_exp_row(x, (T *)x, n, (T)0, 0, "
-                              "ef_ahead_row(X, i, hi, ldx, n), 0);")
+            # the softmax kernel's vector exponentials, summed compensated.  Where the
+            # row's extremes put every x in the fast exponential's range (the same bits
+            # there as the full one: rows_source.ef_vexp_fast) it is taken, as the
+            # shifted rows take it: the range pass reads the row from memory, the
+            # exponentials then run in the L1 cache (the quotient cross-entropy 2048 x
+            # 1024 float32: 1.12 -> 0.85 ms)
+            self.lines += [
+                f"      T {name}lo = 0;",
+                f"      const T {name}top = ef_row_range(x, n, &{name}lo);",
+                f"      const T {name} = ef_exp_row(x, (T *)x, n, (T)0, "
+                f"ef_fast_unshifted({name}top, {name}lo), "
+                "ef_ahead_row(X, i, hi, ldx, n), 0);"]
             self.sums[node] = name
             return name
         body = self.value(node.body)

@@ -210,6 +210,12 @@ static inline T ef_row_range(const T *x, int64_t n, T *lo) {
 /* Whether every exp(x - m) of a row with maximum m and minimum lo is in
    ef_vexp_fast's range (false for NaN and infinite maxima). */
 static inline int ef_fast_row(T m, T lo) { return isfinite(m) && lo - m >= -(T)EF_BIG; }
+/* Whether every exp(x) of a row (unshifted) with maximum top and minimum lo is in that
+   range (false for infinite extremes; a NaN, which ef_row_range passes over, gives NaN
+   there as in ef_vexp) */
+static inline int ef_fast_unshifted(T top, T lo) {
+  return lo <= top && top <= (T)EF_BIG && lo >= -(T)EF_BIG;
+}
 
 /* Rows stream from memory while the kernels compute in the L1 cache: each pass over a
    row that is in the cache already prefetches, line by line, the row EF_AHEAD rows
