@@ -59,13 +59,20 @@ def is_count(expr: Expr) -> bool:
         constant_value(expr.body) is not None
 
 
+def count_value(count: Reduce, ranges: Mapping[str, Tuple[int, int]]):
+    """The value of the count ``count`` (:func:`is_count`) for the ranges ``ranges``
+    (index -> (start, stop)) of a bound call: its constant times the number of points
+    of its indices' ranges (an integer where the constant is one)."""
+    points = math.prod(max(0, ranges[i][1] - ranges[i][0]) for i in count.indices)
+    return constant_value(count.body) * points
+
+
 def counted(expr: Expr, ranges: Mapping[str, Tuple[int, int]]) -> Expr:
     """``expr`` with each count (:func:`is_count`) replaced by its value for the ranges
-    ``ranges`` (index -> (start, stop)) of a bound call."""
+    ``ranges`` of a bound call (:func:`count_value`)."""
     if is_count(expr):
-        points = math.prod(max(0, ranges[i][1] - ranges[i][0]) for i in expr.indices)
         # (an integer count stays an integer: the statement's dtypes are as they were)
-        return Number(constant_value(expr.body) * points, span=expr.span)
+        return Number(count_value(expr, ranges), span=expr.span)
     return map_children(expr, lambda child: counted(child, ranges))
 
 
@@ -106,5 +113,5 @@ def rename_indices(expr: Expr, names: Dict[str, str]) -> Expr:
     return expr
 
 
-__all__ = ["SUGAR_REDUCTIONS", "FreshNames", "constant_value", "count_points", "counted",
-           "expand", "is_count", "rename_indices"]
+__all__ = ["SUGAR_REDUCTIONS", "FreshNames", "constant_value", "count_points", "count_value",
+           "counted", "expand", "is_count", "rename_indices"]

@@ -20,7 +20,6 @@ position reductions (argmax), in a float working dtype; anything else runs as it
 from __future__ import annotations
 
 import dataclasses
-import math
 from dataclasses import dataclass
 from typing import Callable, Dict, List, Mapping, Optional, Tuple
 
@@ -32,7 +31,7 @@ from ...analysis.spec import spec_of
 from ...lang import ast
 from ...lang.fresh_names import FreshNames
 from ...lang.printer import format_statement
-from ...lang.sugar import constant_value
+from ...lang.sugar import count_value, is_count
 
 Named = Mapping[str, object]
 
@@ -114,13 +113,10 @@ def _element_strides(array) -> Tuple[int, ...]:
 def _constant_reductions(expr: ast.Expr, ranges, counts: Dict[str, float], taken) -> ast.Expr:
     """``expr`` with each sum whose body is a constant as a parameter holding its value
     (recorded in ``counts``)."""
-    if isinstance(expr, ast.Reduce) and expr.op == "sum":
-        value = constant_value(expr.body)
-        if value is not None:
-            points = math.prod(max(0, ranges[i][1] - ranges[i][0]) for i in expr.indices)
-            name = taken.suffixed("count", bare=False)
-            counts[name] = float(value * points)
-            return ast.Param(name, span=expr.span)
+    if is_count(expr):
+        name = taken.suffixed("count", bare=False)
+        counts[name] = float(count_value(expr, ranges))
+        return ast.Param(name, span=expr.span)
     return ast.map_children(expr, lambda child: _constant_reductions(child, ranges,
                                                                      counts, taken))
 
