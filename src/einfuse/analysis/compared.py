@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import functools
 import math
+from dataclasses import dataclass
 from typing import FrozenSet, Mapping, Optional, Tuple
 
 import numpy as np
@@ -85,6 +86,7 @@ def comparisons_of(spec: Spec, names: FrozenSet[str]) -> Tuple[Binary, ...]:
     return tuple(found)
 
 
+@dataclass(frozen=True)
 class _Operand:
     """What one side of a comparison can hold: its dtype as NumPy would see it (a
     Python number is 'weak'), whether its values are integers, and the largest
@@ -93,14 +95,11 @@ class _Operand:
     "index", "number" (a literal: its value) or "scalar" (a Python int or float
     parameter, whose value is a kernel argument and decides nothing here: only its
     type counts, as the fast path's call signature holds no parameter's value)."""
-
-    def __init__(self, kind: str, numpy_type, integers: bool,
-                 magnitude: Optional[float], value=None):
-        self.kind = kind
-        self.numpy_type = numpy_type
-        self.integers = integers
-        self.magnitude = magnitude       # None: not known
-        self.value = value               # a literal's own value
+    kind: str
+    numpy_type: object
+    integers: bool
+    magnitude: Optional[float]       # None: not known
+    value: object = None             # a literal's own value
 
 
 def _dtype_magnitude(dtype: np.dtype) -> Optional[float]:
