@@ -272,25 +272,26 @@ class CRenderer:
             lines.append(f"{pad}#pragma omp parallel for{simd} collapse({collapse}) "
                          f"schedule({schedule}) num_threads(nth)")
             self.in_parallel = entered = True
-        elif node.simd:
+        var = name(node.var)
+        bound = self.affine(node.extent)
+        hidden = False
+        if not entered and node.simd:
+            hidden = self.calls_vector_math(node)
+            if hidden:
+                # A SIMD loop that calls libmvec with a bound GCC can see (a full
+                # register tile's 16 lanes) is unrolled whole and then vectorised as
+                # straight-line code, where GCC 12 has no SIMD clones: half its lanes
+                # called the scalar expf (the tiled exp(-sum[k](a-b)**2) epilogue ran at
+                # a third of the speed of an elementwise exp loop).  The bound read
+                # through an empty asm is a runtime value: the loop is vectorised as a
+                # loop, with libmvec.
+                lines += [f"{pad}{{", f"{pad}int64_t {var}_n = {bound};",
+                          f'{pad}__asm__("" : "+r"({var}_n));']
+                bound = f"{var}_n"
             clause = "".join(f" reduction({'+' if op == 'sum' else '*'}:{name(acc)})"
                              for acc, op in node.reductions)
             lines.append(f"{pad}#pragma omp simd{clause}")
-        var = name(node.var)
         first = "0" if node.start is None else self.affine(node.start)
-        bound = self.affine(node.extent)
-        hidden = node.simd and not entered and self.calls_vector_math(node)
-        if hidden:
-            # A SIMD loop that calls libmvec with a bound GCC can see (a full register
-            # tile's 16 lanes) is unrolled whole and then vectorised as straight-line
-            # code, where GCC 12 has no SIMD clones: half its lanes called the scalar
-            # expf (the tiled exp(-sum[k](a-b)**2) epilogue ran at a third of the
-            # speed of an elementwise exp loop).  The bound read through an empty asm
-            # is a runtime value: the loop is vectorised as a loop, with libmvec.
-            pragma = lines.pop()
-            lines += [f"{pad}{{", f"{pad}int64_t {var}_n = {bound};",
-                      f'{pad}__asm__("" : "+r"({var}_n));', pragma]
-            bound = f"{var}_n"
         lines.append(f"{pad}for (int64_t {var} = {first}; {var} < {bound}; "
                      f"++{var}) {{")
         if entered:
