@@ -30,6 +30,8 @@ def forced(monkeypatch):
     from einfuse.schedule import choose as choose_module
     monkeypatch.setattr(choose_module, "PANEL_WORK", 1)
     monkeypatch.setattr(choose_module, "PANEL_DEPTH", 1)
+    monkeypatch.setattr(choose_module, "PANEL_DEPTH_UNFOLDED", 1)
+    monkeypatch.setattr(choose_module, "PANEL_GEMM_WORK", 1)
     monkeypatch.setattr("einfuse.backends.c.window_pack.MIN_ELEMENTS", 1)
     made = []
     real = conv_panels.panel_runner
@@ -77,6 +79,16 @@ PANELLED = [
     ("dx[b,c,k] := dy[b,o,k-p+1] * w[o,c,p]", {"pad": 0, "ranges": {"k": 8}},
      {"dy": (2, 4, 8), "w": (4, 3, 3)}),
     ("dw[o,c,p] := dy[n,o,i] * x[n,c,i+p-1]", {"pad": 0, "ranges": {"p": 3}},
+     {"dy": (3, 4, 8), "x": (3, 2, 8)}),
+    # a strided row, read as a weight gradient's form (a GEMM per value of i)
+    ("y[b,o,i] := x[b,c,2*i+p] * w[o,c,p]", {}, {"x": (2, 3, 11), "w": (4, 3, 3)}),
+    ("y[b,o,i,j] := x[b,c,2*i+p,j+q] * w[o,c,p,q]", {}, {"x": (2, 3, 9, 7), "w": (4, 3, 3, 2)}),
+    # the window index written first: the same computations as above
+    ("y[b,o,i,j] := x[b,c,p+i-1,q+j-1] * w[o,c,p,q]", {"pad": 0, "ranges": {"i": 7, "j": 6}},
+     {"x": (2, 3, 7, 6), "w": (4, 3, 3, 3)}),
+    ("y[b,o,i] := x[b,c,2*p+i-2] * w[o,c,p]", {"pad": 0, "ranges": {"i": 9}},
+     {"x": (2, 3, 9), "w": (4, 3, 3)}),
+    ("dw[o,c,p] := dy[n,o,i] * x[n,c,p+i-1]", {"pad": 0, "ranges": {"p": 3}},
      {"dy": (3, 4, 8), "x": (3, 2, 8)}),
 ]
 
@@ -138,6 +150,13 @@ def test_panel_form_keeps_nan_where_a_pad_meets_an_infinity(forced):
 @needs_c
 @pytest.mark.parametrize("statement, shapes, panelled", [
     ("y[b,o,i] := x[b,c,i+p-1] * w[o,c,p]", {"x": (4, 64, 512), "w": (64, 64, 3)}, True),
+    # a 1-D panel's GEMMs have K = the channels alone: below 64 channels im2col's one
+    # GEMM of K = channels x taps was the faster
+    ("y[b,o,i] := x[b,c,i+p-1] * w[o,c,p]", {"x": (4, 32, 8192), "w": (32, 32, 5)}, False),
+    ("y[b,o,i] := x[b,c,p+i-1] * w[o,c,p]", {"x": (4, 64, 512), "w": (64, 64, 3)}, True),
+    # a strided row read as a weight gradient's form: a GEMM per output position, each
+    # 64 x 64 x 5 multiply-adds, is not the way however deep the batch
+    ("y[b,o,i] := x[b,c,2*i+p] * w[o,c,p]", {"x": (64, 64, 1024), "w": (64, 64, 5)}, False),
     # GEMMs of K = 3 (the channels): the patches' one GEMM of K = 9 instead
     ("y[b,o,i] := x[b,c,i+p-1] * w[o,c,p]", {"x": (4, 3, 8192), "w": (64, 3, 3)}, False),
     # too little work an image for one BLAS call per window row
@@ -152,14 +171,58 @@ def test_the_rule_takes_panels_from_work_and_depth(statement, shapes, panelled):
     assert (choose(kernel, kernel.bind(**arrays)).blas.panels is not None) is panelled
 
 
+@pytest.mark.parametrize("written, swapped, shapes, looped", [
+    ("y[b,o,i,j] := x[b,c,i+p,j+q] * w[o,c,p,q]", "y[b,o,i,j] := x[b,c,p+i,q+j] * w[o,c,p,q]",
+     {"x": (2, 3, 9, 9), "w": (4, 3, 3, 3)}, "p"),
+    ("y[b,o,i] := x[b,c,i+2*p-2] * w[o,c,p]", "y[b,o,i] := x[b,c,2*p+i-2] * w[o,c,p]",
+     {"x": (2, 3, 20), "w": (4, 3, 3)}, "p"),
+    ("y[o,i] := x[c,i+a] * w[o,c,a]", "y[o,i] := x[c,a+i] * w[o,c,a]",
+     {"x": (3, 40), "w": (4, 3, 5)}, "a"),
+    ("dw[o,c,p] := dy[n,o,i] * x[n,c,i+p]", "dw[o,c,p] := dy[n,o,i] * x[n,c,p+i]",
+     {"dy": (2, 4, 30), "x": (2, 3, 32)}, "p"),
+])
+def test_panel_form_does_not_depend_on_the_order_of_a_subscripts_terms(
+        written, swapped, shapes, looped):
+    """``x[c, a+i]`` is ``x[c, i+a]``: one form.  A forward's terms also fit a weight
+    gradient's pattern read the other way round (and the reverse); the form with fewer
+    GEMMs (one per value of the looped window index) is the one, whatever the order."""
+    from einfuse.analysis.spec import spec_of
+    arrays = {n: np.zeros(shape) for n, shape in shapes.items()}
+    forms = []
+    for statement in (written, swapped):
+        ranges = dict(ef.compile(statement).bind(**arrays).bounds.range_map)
+        forms.append(panel_form(windowed_contraction(spec_of(statement), False), ranges))
+    assert forms[0] is not None and forms[0] == forms[1]
+    assert forms[0].row[2] == looped
+
+
+@needs_c
+@pytest.mark.parametrize("channels", [16, 32, 64])
+def test_a_conv1d_gets_one_schedule_whichever_way_its_window_is_written(channels):
+    x = np.zeros((channels, 4096), np.float32)
+    w = np.zeros((channels, channels, 5), np.float32)
+    schedules = []
+    for statement in ("y[o,i] := x[c,i+a] * w[o,c,a]", "y[o,i] := x[c,a+i] * w[o,c,a]"):
+        kernel = ef.compile(statement, backend="c")
+        schedules.append(choose(kernel, kernel.bind(x=x, w=w)).blas)
+    assert schedules[0].method == schedules[1].method
+    assert (schedules[0].panels is None) == (schedules[1].panels is None) == (channels < 64)
+
+
 def test_panel_form_refuses_what_it_cannot_shift():
     def form(statement):
         from einfuse.analysis.spec import spec_of
         return panel_form(windowed_contraction(spec_of(statement), True))
     assert form("y[b,o,i,j] := x[b,c,i+p,j+q] * w[o,c,p,q]") is not None
     assert form("y[b,o,i] := x[b,c,i+p] * w[o,c,p]") is not None
-    assert form("y[b,o,i] := x[b,c,2*i+p] * w[o,c,p]") is None          # a strided row
-    assert form("y[b,o,i,j] := x[b,c,2*i+p,j+q] * w[o,c,p,q]") is None  # a strided row
+    # a strided row has no forward reading; read the other way round (a GEMM per
+    # output position i, the weights as the patches' partner) it has one, whichever
+    # way its terms are written (the rule then declines it at real sizes: 1 channel
+    # deep); PANELLED checks its values
+    for strided in ("y[b,o,i] := x[b,c,2*i+p] * w[o,c,p]",
+                    "y[b,o,i] := x[b,c,p+2*i] * w[o,c,p]",
+                    "y[b,o,i,j] := x[b,c,2*i+p,j+q] * w[o,c,p,q]"):
+        assert form(strided).gradient and form(strided).row[1:3] == ("p", "i")
     assert form("y[b,o,i,j] := x[b,c,i+p,j+q] * w[b,o,c,p,q]") is None  # per-image weights
     assert form("y[b,o,i,j] := x[b,c,i+p,j+p] * w[o,c,p]") is None      # a shared window
 

@@ -71,11 +71,31 @@ class PanelForm:
                 f"patches, no col2im)")
 
 
-def panel_form(found: WindowedContraction) -> Optional[PanelForm]:
+def panel_form(found: WindowedContraction, ranges=None) -> Optional[PanelForm]:
     """The contraction's panel form, or None where it has none: one operand read
     through windows, one or more of its axes ``pos + s*win + e`` (each index in that
     subscript alone, the first axis's ``pos`` of coefficient 1), every other subscript
-    of either operand one plain index used once."""
+    of either operand one plain index used once.
+
+    ``y[o,i] := x[c,i+a] * w[o,c,a]`` reads both ways: a forward (a GEMM per window
+    offset ``a``) and, the terms' roles swapped, a weight gradient's form (a GEMM per
+    ``i``); so does a weight gradient.  Where both fit, the form with fewer GEMMs (the
+    smaller extent of the looped window index, by ``ranges``: name -> (lo, hi)) is
+    the one, the forward's on a tie or without ranges."""
+    readings = [form for form in (_reading(found, False), _reading(found, True))
+                if form is not None]
+    if len(readings) < 2 or ranges is None:
+        return readings[0] if readings else None
+
+    def gemms(form: PanelForm) -> int:
+        lo, hi = ranges[form.row[2]]
+        return hi - lo
+    return min(readings, key=gemms)
+
+
+def _reading(found: WindowedContraction, gradient: bool) -> Optional[PanelForm]:
+    """The panel form that reads the window subscripts as a forward's or (``gradient``)
+    as a weight gradient's, or None."""
     sides = [side for side, o in enumerate(found.operands)
              if not all(sub.plain for sub in o.subscripts)]
     if len(sides) != 1:
@@ -94,19 +114,22 @@ def panel_form(found: WindowedContraction) -> Optional[PanelForm]:
             return None
         (a, ca), (b, cb) = sub.terms
         # the position: the index of the output (forward) or summed with Y reading it
-        # plainly (gradient) whose partner is a window index of Y
+        # plainly (gradient) whose partner is a window index of Y; a subscript fits one
+        # pattern one way round exactly where it fits the other the other way round,
+        # so ``gradient`` (the reading asked for) decides, not the terms' order
         for pos, cp, win, cw in ((a, ca, b, cb), (b, cb, a, ca)):
-            if win in y.axes and pos not in y.axes and pos in output and win in summed:
+            if not gradient and win in y.axes and pos not in y.axes and \
+                    pos in output and win in summed:
                 windowed.append((axis, pos, win, cw, cp, False))
                 break
-            if win in output and win not in y.axes and pos in y.axes and pos in summed:
+            if gradient and win in output and win not in y.axes and pos in y.axes and \
+                    pos in summed:
                 windowed.append((axis, pos, win, cw, cp, True))
                 break
         else:
             return None
-    if not windowed or len({w[5] for w in windowed}) != 1 or windowed[0][4] != 1:
+    if not windowed or windowed[0][4] != 1:
         return None
-    gradient = windowed[0][5]
     names = [n for w in windowed for n in (w[1], w[2])] + plain
     if len(set(names)) != len(names):
         return None             # (an index read twice by X)

@@ -55,7 +55,7 @@ def windowed_choice(call: BoundCall) -> Optional[WindowedContraction]:
     if found is None:
         return None
     ranges = call.bounds.range_map
-    form = panel_form(found)
+    form = panel_form(found, ranges)
     if form is not None and _panels_pay(form, ranges):
         return replace(with_method(found, WindowMethod.PATCHES), panels=form)
     return with_method(found, window_method(found, ranges, call.dtypes.working.itemsize))
@@ -71,6 +71,17 @@ PANEL_WORK = 1 << 20
 # window): a conv1d of 3 channels would run GEMMs of K = 3.  (A 2-D first layer, 3
 # channels by 7x7 filters, K = 21, ran as fast either way.)
 PANEL_DEPTH = 32
+# A panel with nothing folded beside the channels (a 1-D convolution's) gives GEMMs of K
+# = channels alone, against im2col's one GEMM of K = channels x taps: measured on a Zen 4
+# host (one thread, conv1d of 16-48 channels by 3-5 taps over 8192 positions) im2col was
+# 5-30% faster below 64 channels and as fast from 64 on; a 2-D panel (K = channels x
+# the folded window, 48 for 16 channels by 3x3) was 0-9% faster than im2col.
+PANEL_DEPTH_UNFOLDED = 64
+# ... and from this many multiply-adds a GEMM (an image's work over the looped window
+# index's values): a forward read as a weight gradient's form (a strided row has no
+# other reading) loops over the output positions, thousands of GEMMs of a few
+# thousand multiply-adds each, where one call's cost is not paid back.
+PANEL_GEMM_WORK = 1 << 16
 
 
 def _panels_pay(form: PanelForm, ranges) -> bool:
@@ -83,9 +94,10 @@ def _panels_pay(form: PanelForm, ranges) -> bool:
     offsets = points(form.offsets)
     if points((form.row[2],)) < 2 or offsets == 0:
         return False
-    work = points(form.own + form.channels + form.positions) * offsets
+    each = points(form.own + form.channels + form.positions)     # one GEMM's
     depth = points(form.channels + form.offsets[1:])
-    return work >= PANEL_WORK and depth >= PANEL_DEPTH
+    return each * offsets >= PANEL_WORK and each >= PANEL_GEMM_WORK and \
+        depth >= (PANEL_DEPTH if form.folded else PANEL_DEPTH_UNFOLDED)
 
 
 def blas_contraction(call: BoundCall) -> Optional[Contraction]:
