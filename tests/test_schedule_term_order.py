@@ -63,7 +63,7 @@ def _decision(kernel, arrays):
     return schedule.route, getattr(blas, "method", None), panels
 
 
-@settings(max_examples=25, deadline=None)
+@settings(max_examples=12, deadline=None)
 @given(st.sampled_from(range(len(CASES))), st.data())
 def test_term_and_factor_order_leave_the_schedule_and_values(number, data):
     case = CASES[number]
