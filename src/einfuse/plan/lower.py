@@ -250,7 +250,7 @@ class _Lowering(BlockedSums, LaneReductions, EpilogueBlocks, RowStatements):
         order = self.order_indices(outs, rhs, self.output_votes(outs, rhs, out_slot))
         inner = order[-1] if order else None
         can_tile = (not self.plain or self.blocks) and bool(tops)
-        self.wide_lanes = wide_lanes(rhs, self.plain)
+        self.wide_lanes = wide_lanes(rhs, self.plain, self.short)
         walked = []     # (the index to move innermost instead of a short one, last)
         if inner is not None and inner in self.short:
             if can_tile and (
@@ -299,7 +299,7 @@ class _Lowering(BlockedSums, LaneReductions, EpilogueBlocks, RowStatements):
         rhs = spec.rhs
         tops = _top_reductions(rhs)
         out_slot = len(self.slots) - 1
-        self.wide_lanes = wide_lanes(rhs, self.plain)
+        self.wide_lanes = wide_lanes(rhs, self.plain, self.short)
         order, tiled = list(nest.order), nest.tiled
         inner = nest.inner
         self.row_index = nest.rows
