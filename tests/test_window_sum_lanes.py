@@ -64,3 +64,22 @@ def test_a_long_sum_keeps_its_plan():
     x = np.zeros((64, 512), np.float32)
     text = str(ef.explain("y[i] := sum[j](x[i,j])", x=x, backend="c"))
     assert "tiled" not in text.split("How it runs")[1].split("Compiled kernel")[0]
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_a_mean_is_its_sum_over_the_count_bit_for_bit(dtype):
+    """A loop nest's count (mean's divisor) is the window's extents multiplied, not a sum
+    of ones over the data (plan/lower.count): the mean is the window's sum divided by 9
+    exactly (NumPy's division of the sum kernel's result), NaN and infinities where the
+    window holds them, and an empty window's mean is NaN (0 / 0)."""
+    x = rng.standard_normal((2, 3, 30, 64)).astype(dtype)
+    x[0, 1, 4, 9], x[1, 2, 7, 20], x[1, 0, 3, 3] = np.nan, np.inf, -np.inf
+    window = {"p": 3, "q": 3}
+    mean = ef.ein("y[b,c,i,j] := mean[p,q](x[b,c,2*i+p,2*j+q])", x=x, ranges=window,
+                  backend="c")
+    total = ef.ein("y[b,c,i,j] := sum[p,q](x[b,c,2*i+p,2*j+q])", x=x, ranges=window,
+                   backend="c")
+    np.testing.assert_array_equal(mean.view(np.uint8), (total / dtype(9)).view(np.uint8))
+    assert np.isnan(mean).any() and np.isinf(mean).any()
+    rows = ef.ein("y[i] := mean[j](x[i,j])", x=np.zeros((3, 0), dtype), backend="c")
+    assert rows.shape == (3,) and np.isnan(rows).all()

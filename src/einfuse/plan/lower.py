@@ -43,6 +43,7 @@ from .. import ir
 from ..ir import BinaryOp, BufferType, FillSource, Function, LoopKind, Policy, UnaryOp
 from ..ir import Affine
 from ..lang import ast
+from ..lang.sugar import constant_value, is_count
 from .expression_facts import fast_math_safe, indices_used, lane_panel
 from .slots import buffer_slots
 from .gathers import parse_mode
@@ -446,8 +447,21 @@ class _Lowering(BlockedSums, LaneReductions, EpilogueBlocks, RowStatements):
         if isinstance(e, ast.Reduce):
             if self.row is not None:
                 return self.row_reduce(e, env)
+            if is_count(e) and not self.pad:
+                return self.count(e)
             return self.reduce(e, env, pre, lanes)
         raise TypeError(type(e).__name__)
+
+    def count(self, e: ast.Reduce) -> ir.Expr:
+        """A count (``mean``'s divisor, lang/sugar.is_count: a sum of one constant) as
+        its constant times its indices' extents, the call's runtime ints: no pass over
+        the data, and no accumulated ones to round (a float32 sum of ones stops at 2**24).
+        (Not under pad=, whose reads outside the arrays the sum counts as the statement
+        does, but which the padded call's own rules bind.)"""
+        value: ir.Expr = ir.Const(constant_value(e.body))
+        for name in e.indices:
+            value = ir.Binary(BinaryOp.MUL, value, ir.IndexValue(self.extent(name)))
+        return value
 
     def param(self, name: str) -> int:
         """The parameter slot of ``name``: the statement's, or in a row schedule the
