@@ -43,6 +43,7 @@ from . import build as c_build
 from ...plan.blocking import attention_block
 
 _TEMPLATE = r"""
+#include <float.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -153,6 +154,7 @@ int ef_attention(const T *Q, const T *K, const T *V, T *O, T *LSE, long G, long 
                  int normalise, int threads, int nterms, const T *const *term_data,
                  const long *term_offsets, const long *term_info, int skip_hidden) {
   const T scale = (T)scale_in;
+  const double factor = ef_scale_factor(scale_in, scale_mode);
   const long EP = ef_round(E);
   const long blocks = (NQ + BQ - 1) / BQ;
   int failed = 0;
@@ -204,7 +206,8 @@ int ef_attention(const T *Q, const T *K, const T *V, T *O, T *LSE, long G, long 
         for (long j0 = jstart; j0 < jend; j0 += BK) {
           const long cols = ef_min(BK, NK - j0);
           if (skip_hidden && ef_block_hidden(g, i0, rows, j0, cols, G, nterms, term_data,
-                                             term_offsets, term_info))
+                                             term_offsets, term_info, q,
+                                             K + (g * NK + j0) * D, D, factor))
             continue;       /* a padding mask's keys: every weight 0 */
           const T *kt = kt_all + (g * kblocks + j0 / BK) * D * BK;
           /* the value block as whole vectors: read in place when it is, else copied
@@ -420,14 +423,71 @@ static void ef_add_terms(T *restrict sr, const long n, const long g, const long 
   }
 }
 
+/* The largest |x| of n rows of ``width`` values, ``stride`` apart; infinite where one
+   is not finite (NaN included). */
+static double ef_largest(const T *x, const long n, const long width, const long stride) {
+  T most = 0;
+  int finite = 1;
+  for (long r = 0; r < n; ++r) {
+    const T *row = x + r * stride;
+    #pragma omp simd reduction(max:most) reduction(&:finite)
+    for (long c = 0; c < width; ++c) {
+      const T a = row[c] < 0 ? -row[c] : row[c];
+      finite &= a - a == 0;
+      most = a > most ? a : most;
+    }
+  }
+  return finite ? (double)most : INFINITY;
+}
+
+/* Whether every score of the block (rows i0.., keys j0..) is -inf as the statements
+   compute it, where term ``hidden`` is -inf at each of them: -inf plus anything but
+   +inf and NaN is -inf, and a sum reaches +inf only by overflowing upwards, so it is
+   enough that the block's query rows ``q`` and key rows ``k`` are finite, no other
+   term is NaN or +inf there, and the largest positive part of each score's addends
+   sums to well below the type's maximum.  Asked only for a block some term hides, so
+   its scans (rows x D, cols x D and the other terms' block) cost a fraction of the
+   block's products that a skip saves; per block, so a NaN elsewhere in the arrays
+   does not stop the blocks it cannot reach from being skipped. */
+static int ef_block_bounded(const int hidden, const long g, const long i0, const long rows,
+                            const long j0, const long cols, const long G, const int nterms,
+                            const T *const *term_data, const long *term_offsets,
+                            const long *term_info, const T *q, const T *k, const long D,
+                            const double factor) {
+  double total = ef_largest(q, rows, D, D) * ef_largest(k, cols, D, D) * (double)D * factor;
+  for (int t = 0; t < nterms && total == total; ++t) {
+    if (t == hidden) continue;
+    const long *f = term_info + 7 * t;
+    const T *base = term_data[t] + term_offsets[t * G + g];
+    if (f[0] == 0) {
+      const T *x = base + f[2] * i0 + f[3] * j0;
+      const long n = f[2] == 0 ? 1 : rows, m = f[3] == 0 ? 1 : cols;
+      T most = 0;
+      for (long r = 0; r < n; ++r)
+        for (long c = 0; c < m; ++c) {
+          const T v = f[1] > 0 ? x[r * f[2] + c * f[3]] : -x[r * f[2] + c * f[3]];
+          if (v != v || v == INFINITY) return 0;
+          most = v > most ? v : most;
+        }
+      total += (double)most;
+    } else {
+      const double coefficient = (double)base[0];
+      total += (coefficient < 0 ? -coefficient : coefficient) *
+               (double)(labs(f[4]) * (j0 + cols) + labs(f[5]) * (i0 + rows) + labs(f[6]));
+    }
+  }
+  return total < (EF_DOUBLE ? DBL_MAX : FLT_MAX) / 4;
+}
+
 /* Whether an added tensor term is -inf for every (row, key) of the block rows i0..,
-   keys j0..: every score there is -inf and weighs 0, so the block is skipped.  Asked
-   only where the runtime knows no other part of a score can be +inf or NaN (then
-   -inf + x is -inf, as the statements compute it). */
+   keys j0.. and the block's scores are -inf with it (ef_block_bounded): every weight
+   there is 0, so the block is skipped.  ``q`` and ``k``: the block's first query and
+   key rows (D values each); ``factor``: how much the scale multiplies a dot product. */
 static int ef_block_hidden(const long g, const long i0, const long rows, const long j0,
                            const long cols, const long G, const int nterms,
                            const T *const *term_data, const long *term_offsets,
-                           const long *term_info) {
+                           const long *term_info, const T *q, const T *k, const long D,
+                           const double factor) {
   for (int t = 0; t < nterms; ++t) {
     const long *f = term_info + 7 * t;
     if (f[0] != 0 || f[1] < 0) continue;
@@ -437,9 +497,18 @@ static int ef_block_hidden(const long g, const long i0, const long rows, const l
     for (long r = 0; r < checked && hidden; ++r)
       for (long c = 0; c < cols; ++c)
         if (x[r * f[2] + c * f[3]] != -INFINITY) { hidden = 0; break; }
-    if (hidden) return 1;
+    if (hidden)
+      return ef_block_bounded(t, g, i0, rows, j0, cols, G, nterms, term_data, term_offsets,
+                              term_info, q, k, D, factor);
   }
   return 0;
+}
+
+/* How much scale_mode's scale multiplies a dot product's magnitude (infinite or NaN
+   for a scale that is not finite or a divisor of 0: no block bound holds then). */
+static inline double ef_scale_factor(const double scale, const int scale_mode) {
+  const double a = scale < 0 ? -scale : scale;
+  return scale_mode == 1 ? a : scale_mode == 2 ? 1 / a : 1;
 }
 """
 

@@ -43,6 +43,7 @@ from .attention import TERMS
 from ...plan.blocking import attention_block
 
 _TEMPLATE = r"""
+#include <float.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -187,6 +188,7 @@ int ef_attention_backward(const T *Q, const T *K, const T *V, const T *O, const 
                           const long *term_offsets, const long *term_info,
                           int skip_hidden, T *const *term_grads, const long *grad_info) {
   const T scale = (T)scale_in;
+  const double factor = ef_scale_factor(scale_in, scale_mode);
   int failed = 0;
   if (threads <= 0) threads = omp_get_max_threads();
   long *order = malloc(sizeof(long) * (size_t)(G > 0 ? G : 1));
@@ -230,7 +232,8 @@ int ef_attention_backward(const T *Q, const T *K, const T *V, const T *O, const 
         for (long i0 = ef_max(0, j0 - hi); i0 < iend; i0 += BQ) {
           const long rows = ef_min(BQ, iend - i0);
           if (skip_hidden && ef_block_hidden(g, i0, rows, j0, cols, G, nterms, term_data,
-                                             term_offsets, term_info))
+                                             term_offsets, term_info, q + i0 * D,
+                                             k + j0 * D, D, factor))
             continue;       /* every weight 0: nothing to add (the forward skipped it) */
           memset(p, 0, sizeof(T) * (size_t)(rows * BK));
           memset(ds, 0, sizeof(T) * (size_t)(rows * BK));
