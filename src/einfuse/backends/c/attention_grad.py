@@ -9,7 +9,7 @@ block as p_ij = exp(s_ij - L_i) (0 where the mask hides key j from row i), and
     dv_j += p_ij do_i          dp_ij = do_i . v_j          ds_ij = p_ij (dp_ij - delta_i)
     dq_i += c ds_ij k_j        dk_j += c ds_ij q_i          delta_i = do_i . o_i
 
-where s also adds the scores' terms (backends/c/attention.TERMS) and row i sees the
+where s also adds the scores' terms (backends/c/attention_terms.TERMS) and row i sees the
 keys lo <= j - i <= hi.  An added tensor's gradient is sign * ds summed over the axes
 it is broadcast along (ef_term_gradients: per batch element, then summed by the
 runtime in a fixed order); an index term's coefficient c (ALiBi's slope) gets
@@ -39,7 +39,7 @@ import numpy as np
 
 from . import attention_softmax as softmax
 from . import build as c_build
-from .attention import TERMS
+from .attention_terms import TERMS
 from ...plan.blocking import attention_block
 
 _TEMPLATE = r"""
