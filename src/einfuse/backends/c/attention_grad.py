@@ -79,7 +79,8 @@ static inline T ef_scaled(T x, T scale, int scale_mode) {
   return scale_mode == 1 ? x * scale : (scale_mode == 2 ? x / scale : x);
 }
 
-/* C[m][n] += sum_k A[m*sm + k*sk] * B[k*ldb + n] for m < M, n < N, k < KD: RB rows of C
+/* C[m][n] += sum_k A[m*sm + k*sk] * B[k*ldb + n] for m < M, n < N, k < KD (``zero``: C
+   is set to the sum, not read -- the scores and dP blocks, which need no clearing first): RB rows of C
    times CV vectors of columns in registers (plan/blocking.py), one broadcast A value per row and step of
    k; then single vectors, then scalars for the columns left. */
 #define EF_ROWS(R)                                                                     \
@@ -89,7 +90,7 @@ static inline T ef_scaled(T x, T scale, int scale_mode) {
       vT a[R][CV];                                                                     \
       _Pragma("GCC unroll 16") for (int r = 0; r < R; ++r)                             \
         _Pragma("GCC unroll 8") for (int x = 0; x < CV; ++x)                           \
-          a[r][x] = ef_load(C + (m0 + r) * ldc + n0 + x * VW);                         \
+          a[r][x] = zero ? (vT){0} : ef_load(C + (m0 + r) * ldc + n0 + x * VW);        \
       for (long k = 0; k < KD; ++k) {                                                  \
         const T *b = B + k * ldb + n0;                                                 \
         vT bv[CV];                                                                     \
@@ -108,7 +109,7 @@ static inline T ef_scaled(T x, T scale, int scale_mode) {
     for (; n0 + VW <= N; n0 += VW) {                                                   \
       vT a[R];                                                                         \
       _Pragma("GCC unroll 16") for (int r = 0; r < R; ++r)                             \
-        a[r] = ef_load(C + (m0 + r) * ldc + n0);                                       \
+        a[r] = zero ? (vT){0} : ef_load(C + (m0 + r) * ldc + n0);                      \
       for (long k = 0; k < KD; ++k) {                                                  \
         const vT b0 = ef_load(B + k * ldb + n0);                                       \
         _Pragma("GCC unroll 16") for (int r = 0; r < R; ++r)                           \
@@ -119,13 +120,13 @@ static inline T ef_scaled(T x, T scale, int scale_mode) {
     }                                                                                  \
     for (; n0 < N; ++n0)                                                               \
       for (int r = 0; r < R; ++r) {                                                    \
-        T total = C[(m0 + r) * ldc + n0];                                              \
+        T total = zero ? (T)0 : C[(m0 + r) * ldc + n0];                                \
         for (long k = 0; k < KD; ++k) total += A[(m0 + r) * sm + k * sk] * B[k * ldb + n0]; \
         C[(m0 + r) * ldc + n0] = total;                                                \
       }                                                                                \
   }
 static void ef_product(const T *restrict A, long sm, long sk, const T *restrict B, long ldb,
-                       T *restrict C, long ldc, long M, long N, long KD) {
+                       T *restrict C, long ldc, long M, long N, long KD, const int zero) {
   long m0 = 0;
   EF_ROWS(RB)
   /* (the rows left of a block of 64: 4 with RB = 6, run as one block of 4 rather than
@@ -235,10 +236,8 @@ int ef_attention_backward(const T *Q, const T *K, const T *V, const T *O, const 
                                              term_offsets, term_info, q + i0 * D,
                                              k + j0 * D, D, factor))
             continue;       /* every weight 0: nothing to add (the forward skipped it) */
-          memset(p, 0, sizeof(T) * (size_t)(rows * BK));
-          memset(ds, 0, sizeof(T) * (size_t)(rows * BK));
-          ef_product(q + i0 * D, D, 1, kt, BK, p, BK, rows, BK, D);      /* scores */
-          ef_product(go + i0 * E, E, 1, vt, BK, ds, BK, rows, BK, E);    /* dP */
+          ef_product(q + i0 * D, D, 1, kt, BK, p, BK, rows, BK, D, 1);      /* scores */
+          ef_product(go + i0 * E, E, 1, vt, BK, ds, BK, rows, BK, E, 1);    /* dP */
           for (long r = 0; r < rows; ++r) {
             const long i = i0 + r;
             T *pr = p + r * BK, *dsr = ds + r * BK;
@@ -254,23 +253,38 @@ int ef_attention_backward(const T *Q, const T *K, const T *V, const T *O, const 
             }
             /* a hidden key weighs 0; so does a score below top + EF_CUT (its weight
                would be subnormal: backends/c/attention_softmax.py, as the forward) */
-            #pragma omp simd
-            for (long c = 0; c < BK; ++c) {
-              const T s = mode == 1 ? pr[c] * scale : (mode == 2 ? pr[c] / scale : pr[c]);
-              const T shown = c < seen && c >= first ? (T)1 : (T)0;
-              /* (top, the row's log-sum-exp, is finite here: the runtime checks) */
-              const T w = ef_sexp((shown != 0 ? s : top) - top) * shown;
-              pr[c] = w;
-              dsr[c] = w * (dsr[c] - di);
+            if (first == 0 && seen == BK) {
+              /* every key seen: on whole vectors, without the loop's per-key masks
+                 (ef_vexp is ef_sexp lane by lane: the same bits) */
+              const vT tv = (vT){0} + top, dv = (vT){0} + di;
+              #pragma GCC unroll 8
+              for (int x = 0; x < BK / VW; ++x) {
+                vT s = ef_load(pr + x * VW);
+                if (mode == 1) s = s * scale;
+                else if (mode == 2) s = s / scale;
+                const vT w = ef_vexp(s - tv);
+                ef_store(pr + x * VW, w);
+                ef_store(dsr + x * VW, w * (ef_load(dsr + x * VW) - dv));
+              }
+            } else {
+              #pragma omp simd
+              for (long c = 0; c < BK; ++c) {
+                const T s = mode == 1 ? pr[c] * scale : (mode == 2 ? pr[c] / scale : pr[c]);
+                const T shown = c < seen && c >= first ? (T)1 : (T)0;
+                /* (top, the row's log-sum-exp, is finite here: the runtime checks) */
+                const T w = ef_sexp((shown != 0 ? s : top) - top) * shown;
+                pr[c] = w;
+                dsr[c] = w * (dsr[c] - di);
+              }
             }
             if (term_grads)
               ef_term_gradients(dsr, first, seen, g, i, j0, nterms, term_grads, grad_info);
           }
           /* dV block += P^T dO, dK block += dS^T Q (the scale's factor at the end),
              dQ rows += dS K */
-          ef_product(p, 1, BK, go + i0 * E, E, dvb, E, cols, E, rows);
-          ef_product(ds, 1, BK, q + i0 * D, D, dkb, D, cols, D, rows);
-          ef_product(ds, BK, 1, k + j0 * D, D, gq + i0 * D, D, rows, D, cols);
+          ef_product(p, 1, BK, go + i0 * E, E, dvb, E, cols, E, rows, 0);
+          ef_product(ds, 1, BK, q + i0 * D, D, dkb, D, cols, D, rows, 0);
+          ef_product(ds, BK, 1, k + j0 * D, D, gq + i0 * D, D, rows, D, cols, 0);
         }
         for (long c = 0; c < cols; ++c) {
           for (long d = 0; d < D; ++d)
