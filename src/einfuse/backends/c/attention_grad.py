@@ -172,6 +172,12 @@ static void ef_term_gradients(const T *dsr, long first, long seen, long g, long 
       grad[0] += sign * total;
     } else if (info[2] == 1) {        /* (the usual case: a vector loop) */
       T *restrict at = grad + j0;
+      /* the row BQ rows on at these keys, which the next row block adds to: fetched
+         for writing while this block computes (the slices' rows are NK apart, too far
+         for the hardware's prefetcher, as the forward's bias rows) */
+      if (info[1])
+        for (long c = first; c < seen; c += 64 / sizeof(T))
+          __builtin_prefetch(at + BQ * info[1] + c, 1);
       #pragma omp simd
       for (long c = first; c < seen; ++c) at[c] += sign * dsr[c];
     } else {
