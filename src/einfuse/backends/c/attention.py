@@ -19,9 +19,10 @@ block
    terms; ``TERMS``) -- for a row group that sees the whole block and terms that are
    tensors along the keys, to the tile while it is in registers, taking each row's
    largest and smallest score there too, so the softmax step does not read the block
-   once more for its max nor cut exponents that cannot fall below the cut -- hides the keys outside the band and updates the running max, the
-   running denominator and the rescaled accumulator (the softmax-weighted-sum monoid
-   of rewrite/monoids.py) -- RB rows at a time on whole vectors where each sees the
+   once more for its max nor cut exponents that cannot fall below the cut -- hides
+   the keys outside the band and updates the running max, the running denominator
+   and the rescaled accumulator (the softmax-weighted-sum monoid of
+   rewrite/monoids.py) -- RB rows at a time on whole vectors where each sees the
    whole block, else row by row (attention_softmax.py, which also says why a weight
    under exp(-87) is 0): a score of -inf weighs 0 until the end, and a row whose max is
    -inf at the end (no finite score, every key masked) is NaN, as one-by-one is;
@@ -274,7 +275,8 @@ int ef_attention(const T *Q, const T *K, const T *V, T *O, T *LSE, long G, long 
                   for (int rr = 0; rr < RB; ++rr) {
                     const T *xr = x + rr * f[2];
                     if (x0 == 0 && f[3] && (rr == 0 || f[2]))
-                      for (long c = 0; c < BK; c += 64 / sizeof(T)) __builtin_prefetch(xr + BK + c);
+                      for (long c = 0; c < BK; c += 64 / sizeof(T))
+                        __builtin_prefetch(xr + BK + c);
                     #pragma GCC unroll 8
                     for (int v = 0; v < CV; ++v) {
                       const vT b = f[3] ? ef_load(xr + v * VW) : (vT){0} + xr[0];

@@ -80,7 +80,8 @@ static inline T ef_scaled(T x, T scale, int scale_mode) {
 }
 
 /* C[m][n] += sum_k A[m*sm + k*sk] * B[k*ldb + n] for m < M, n < N, k < KD (``zero``: C
-   is set to the sum, not read -- the scores and dP blocks, which need no clearing first): RB rows of C
+   is set to the sum, not read -- the scores and dP blocks, which need no clearing
+   first): RB rows of C
    times CV vectors of columns in registers (plan/blocking.py), one broadcast A value per row and step of
    k; then single vectors, then scalars for the columns left. */
 #define EF_ROWS(R)                                                                     \

@@ -214,7 +214,8 @@ def reductions(lanes: int) -> str:
     """ef_hmax, ef_hmin and ef_hsum: a vector's largest and smallest lane and its lanes'
     sum, by folding it onto itself rotated by half, a quarter, ... of its lanes
     (log2(lanes) shuffles and operations, not lanes - 1 dependent scalar ones; the
-    sum's order is fixed by the build).  Generated: a shuffle's lane indices must be constants."""
+    sum's order is fixed by the build).  Generated: a shuffle's lane indices must be
+    constants."""
     steps = []
     width = lanes // 2
     while width:
