@@ -48,7 +48,8 @@ def tensors(shapes, dtype=torch.float64, seed=0):
 
 @pytest.mark.parametrize("mask, NQ, NK", [("j <= i", 9, 9), ("j <= i", 70, 70),
                                            ("j <= i", 5, 131), (None, 70, 70),
-                                           (None, 5, 131), (None, 131, 3)])
+                                           (None, 5, 131), (None, 131, 3),
+                                           ("j <= i", 130, 130), (None, 77, 77)])
 @pytest.mark.parametrize("scale, divide", [("* scale", False), ("/ scale", True), ("", False)])
 def test_gradients_match_the_formula(backward_calls, mask, scale, divide, NQ, NK):
     Q, K, V = tensors([(2, 3, NQ, 5), (2, 3, NK, 5), (2, 3, NK, 4)])

@@ -399,7 +399,9 @@ def test_a_hidden_block_that_is_nan_in_the_statements_is_not_skipped(backend, po
         named["bias"][1, 5, 150] = np.inf
     else:
         Q[0, 0, 7] = 1e308               # its dot products overflow to +-inf
-    assert not skippable(Q, K, V, M) or poison == "+inf bias"
+    # (the call still lets the kernel look for hidden blocks: whether a block's scores
+    # are -inf with its mask the kernel decides per block, from that block's rows)
+    assert skippable(Q, K, V, M)
     got = run(text, Q=Q, K=K, V=V, M=M, scale=0.3, backend=backend, **named)
     want = mirror(Q, K, V, 0.3, M=M, bias=named.get("bias"))
     assert np.isnan(want).any()

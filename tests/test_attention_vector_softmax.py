@@ -145,6 +145,62 @@ def test_bias_broadcast_over_the_batch_same_bits_for_every_thread_count():
                                atol=2e-6)
 
 
+def poisoned_bias(H, N, dtype, seed):
+    """A bias whose rows take each of the vector step's paths: finite and near (every
+    exponent above the cut: the exp without it), spread below top - 708 (the cut),
+    -inf at some keys, one row NaN at a key, one row -inf at every key."""
+    bias = np.random.default_rng(seed).standard_normal((H, N, N)).astype(dtype)
+    bias[0, 10:20, 5:40] = -800.0
+    bias[0, 30:40, ::3] = -np.inf
+    bias[1, 3, N // 2] = np.nan
+    bias[1, N - 2, :] = -np.inf
+    return bias
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("N", [77, 130])
+def test_terms_added_to_the_tile_give_the_row_by_row_bits(dtype, N, fused_calls):
+    # a bias read along the keys at unit stride is added to the scores while they are
+    # in registers (and the rows' extremes taken there); the same bias stored
+    # transposed is added row by row after the scores are stored: the same bits, and
+    # the statements' values, at partial row groups and key blocks too
+    Q, K, V = arrays(2, 2, N, 8, dtype, 10)
+    bias = poisoned_bias(2, N, dtype, 11)
+    tiled = ef.ein(BIAS, Q=Q, K=K, V=V, bias=bias, scale=0.3, backend="c")
+    by_rows = ef.ein("S[b,h,i,j] := " + DOT + " + bt[h,j,i]" + SOFTMAX, Q=Q, K=K, V=V,
+                     bt=np.ascontiguousarray(bias.transpose(0, 2, 1)), scale=0.3,
+                     backend="c")
+    assert fused_calls == [True, True]
+    assert np.array_equal(tiled, by_rows, equal_nan=True)
+    want = mirror(Q, K, V, 0.3, bias=bias)
+    assert np.isnan(want[:, 1, 3]).all() and np.isnan(want[:, 1, N - 2]).all()
+    np.testing.assert_array_equal(np.isnan(tiled), np.isnan(want))
+    tolerance = 2e-5 if dtype == np.float32 else 1e-12
+    np.testing.assert_allclose(tiled, want, rtol=tolerance, atol=tolerance)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_a_padding_mask_and_a_row_term_in_the_tile(dtype, fused_calls):
+    # M[b,j] (broadcast over the rows) and c[h,i] (broadcast over the keys, one value
+    # a row) added in registers; the mask hides whole key blocks and parts of others
+    N = 130
+    Q, K, V = arrays(2, 2, N, 8, dtype, 12)
+    M = np.zeros((2, N), dtype)
+    M[0, 64:128] = -np.inf
+    M[1, 70:] = -np.inf
+    c = np.random.default_rng(13).standard_normal((2, N)).astype(dtype) * 50
+    text = "S[b,h,i,j] := " + DOT + " + M[b,j] + c[h,i]" + SOFTMAX
+    got = ef.ein(text, Q=Q, K=K, V=V, M=M, c=c, scale=0.3, backend="c")
+    assert fused_calls == [True]
+    with np.errstate(all="ignore"):
+        S = np.einsum("bhid,bhjd->bhij", Q.astype(np.float64), K.astype(np.float64)) * 0.3
+        S = S + M.astype(np.float64)[:, None, None, :] + c.astype(np.float64)[None, :, :, None]
+        P = np.exp(S - S.max(-1, keepdims=True))
+        want = (P @ V.astype(np.float64)) / P.sum(-1)[..., None]
+    tolerance = 2e-5 if dtype == np.float32 else 1e-12
+    np.testing.assert_allclose(got, want, rtol=tolerance, atol=tolerance)
+
+
 CHILD = r"""
 import numpy as np, torch
 import einfuse as ef

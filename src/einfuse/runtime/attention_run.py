@@ -84,7 +84,7 @@ def run_c(attention: Attention, arrays: Canonical, threads: int,
 
 
 class TermArguments:
-    """The scores' terms as the C kernels take them (backends/c/attention.TERMS): the
+    """The scores' terms as the C kernels take them (backends/c/attention_terms.TERMS): the
     count, the data pointers, the batch offsets (nterms, G), the info (nterms, 7) and
     whether blocks a term hides may be skipped; the arrays kept alive while the call
     runs."""

@@ -16,9 +16,13 @@ block
    from the machine's register file by plan/blocking.py);
 3. applies the scale (as the scores are stored), adds the scores' terms (a padding
    mask or bias read in place per block, its next block prefetched; ALiBi-like index
-   terms; ``TERMS``), hides the keys outside the band and updates the running max, the
-   running denominator and the rescaled accumulator (the softmax-weighted-sum monoid
-   of rewrite/monoids.py) -- RB rows at a time on whole vectors where each sees the
+   terms; ``TERMS``) -- for a row group that sees the whole block and terms that are
+   tensors along the keys, to the tile while it is in registers, taking each row's
+   largest and smallest score there too, so the softmax step does not read the block
+   once more for its max nor cut exponents that cannot fall below the cut -- hides
+   the keys outside the band and updates the running max, the running denominator
+   and the rescaled accumulator (the softmax-weighted-sum monoid of
+   rewrite/monoids.py) -- RB rows at a time on whole vectors where each sees the
    whole block, else row by row (attention_softmax.py, which also says why a weight
    under exp(-87) is 0): a score of -inf weighs 0 until the end, and a row whose max is
    -inf at the end (no finite score, every key masked) is NaN, as one-by-one is;
@@ -40,9 +44,11 @@ import numpy as np
 
 from . import attention_softmax as softmax
 from . import build as c_build
+from .attention_terms import TERMS
 from ...plan.blocking import attention_block
 
 _TEMPLATE = r"""
+#include <float.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -153,6 +159,8 @@ int ef_attention(const T *Q, const T *K, const T *V, T *O, T *LSE, long G, long 
                  int normalise, int threads, int nterms, const T *const *term_data,
                  const long *term_offsets, const long *term_info, int skip_hidden) {
   const T scale = (T)scale_in;
+  const double factor = ef_scale_factor(scale_in, scale_mode);
+  const int in_tile = ef_terms_in_tile(nterms, term_info);
   const long EP = ef_round(E);
   const long blocks = (NQ + BQ - 1) / BQ;
   int failed = 0;
@@ -180,8 +188,8 @@ int ef_attention(const T *Q, const T *K, const T *V, T *O, T *LSE, long G, long 
     T *vb = ef_alloc(BK * EP);
     T *s = ef_alloc(BQ * BK);
     T *acc = ef_alloc(BQ * EP);
-    T m[BQ];
-    vT l[BQ];
+    T m[BQ], most[BQ], least[BQ];
+    vT l[BQ], tile_most[RB], tile_least[RB];
     int ok = qb && vb && s && acc;
     if (!ok) {
       #pragma omp atomic write
@@ -204,7 +212,8 @@ int ef_attention(const T *Q, const T *K, const T *V, T *O, T *LSE, long G, long 
         for (long j0 = jstart; j0 < jend; j0 += BK) {
           const long cols = ef_min(BK, NK - j0);
           if (skip_hidden && ef_block_hidden(g, i0, rows, j0, cols, G, nterms, term_data,
-                                             term_offsets, term_info))
+                                             term_offsets, term_info, q,
+                                             K + (g * NK + j0) * D, D, factor))
             continue;       /* a padding mask's keys: every weight 0 */
           const T *kt = kt_all + (g * kblocks + j0 / BK) * D * BK;
           /* the value block as whole vectors: read in place when it is, else copied
@@ -219,7 +228,13 @@ int ef_attention(const T *Q, const T *K, const T *V, T *O, T *LSE, long G, long 
             vrows = vb;
           }
           /* scores: s[r][c] = sum_d q[r][d] * k[c][d] */
-          for (long r0 = 0; r0 < padded_rows; r0 += RB)
+          for (long r0 = 0; r0 < padded_rows; r0 += RB) {
+            /* whether each of the group's rows sees every key of the block; where the
+               terms can be added to the tile in registers too (``in_tile``), they are,
+               and the rows' largest and smallest scores are taken there */
+            const int whole = r0 + RB <= rows && cols == BK &&
+                              i0 + r0 + hi - j0 + 1 >= BK && i0 + r0 + RB - 1 + lo - j0 <= 0;
+            const int tiled = whole && in_tile;
             for (long x0 = 0; x0 < BK; x0 += CV * VW) {
               vT a[RB][CV];
               #pragma GCC unroll 16
@@ -249,11 +264,53 @@ int ef_attention(const T *Q, const T *K, const T *V, T *O, T *LSE, long G, long 
                   #pragma GCC unroll 8
                   for (int x = 0; x < CV; ++x) a[rr][x] = a[rr][x] / scale;
               }
+              if (tiled) {
+                /* the terms in the order written, as ef_add_terms adds them (the same
+                   bits); each row's next key block of a tensor prefetched */
+                for (int t = 0; t < nterms; ++t) {
+                  const long *f = term_info + 7 * t;
+                  const T *x = term_data[t] + term_offsets[t * G + g] + f[2] * (i0 + r0) +
+                               f[3] * (j0 + x0);
+                  #pragma GCC unroll 16
+                  for (int rr = 0; rr < RB; ++rr) {
+                    const T *xr = x + rr * f[2];
+                    if (x0 == 0 && f[3] && (rr == 0 || f[2]))
+                      for (long c = 0; c < BK; c += 64 / sizeof(T))
+                        __builtin_prefetch(xr + BK + c);
+                    #pragma GCC unroll 8
+                    for (int v = 0; v < CV; ++v) {
+                      const vT b = f[3] ? ef_load(xr + v * VW) : (vT){0} + xr[0];
+                      a[rr][v] = f[1] > 0 ? a[rr][v] + b : a[rr][v] - b;
+                    }
+                  }
+                }
+                #pragma GCC unroll 16
+                for (int rr = 0; rr < RB; ++rr) {
+                  vT hi_v = a[rr][0], lo_v = a[rr][0];
+                  #pragma GCC unroll 8
+                  for (int x = 1; x < CV; ++x) {
+                    hi_v = ef_vmax(hi_v, a[rr][x]);
+                    lo_v = ef_vmin(lo_v, a[rr][x]);
+                  }
+                  if (x0) {
+                    hi_v = ef_vmax(tile_most[rr], hi_v);
+                    lo_v = ef_vmin(tile_least[rr], lo_v);
+                  }
+                  tile_most[rr] = hi_v;
+                  tile_least[rr] = lo_v;
+                }
+              }
               #pragma GCC unroll 16
               for (int rr = 0; rr < RB; ++rr)
                 #pragma GCC unroll 8
                 for (int x = 0; x < CV; ++x) ef_store(s + (r0 + rr) * BK + x0 + x * VW, a[rr][x]);
             }
+            if (tiled)
+              for (int rr = 0; rr < RB; ++rr) {
+                most[r0 + rr] = ef_hmax(tile_most[rr]);
+                least[r0 + rr] = ef_hmin(tile_least[rr]);
+              }
+          }
           /* the online softmax update of each row: RB rows together where each sees
              every key of the block, else row by row */
           for (long r0 = 0; r0 < padded_rows; r0 += RB) {
@@ -261,12 +318,18 @@ int ef_attention(const T *Q, const T *K, const T *V, T *O, T *LSE, long G, long 
             const int whole = r0 + RB <= rows && cols == BK &&
                               i0 + r0 + hi - j0 + 1 >= BK && top_row + lo - j0 <= 0;
             if (whole) {
-              if (nterms)
+              int done;
+              if (in_tile) {
+                done = ef_group_update(s + r0 * BK, m + r0, l + r0, acc + r0 * EP, EP,
+                                       most + r0, least + r0);
+              } else {
                 for (long r = r0; r < r0 + RB; ++r)
                   ef_add_terms(s + r * BK, BK, g, i0 + r, j0, G, nterms, term_data,
                                term_offsets, term_info, 0);
-              if (ef_group_update(s + r0 * BK, m + r0, l + r0, acc + r0 * EP, EP))
-                continue;
+                done = ef_group_update(s + r0 * BK, m + r0, l + r0, acc + r0 * EP, EP,
+                                       NULL, NULL);
+              }
+              if (done) continue;
             }
             for (long r = r0; r < r0 + RB; ++r) {
               T *sr = s + r * BK;
@@ -343,103 +406,6 @@ int ef_attention(const T *Q, const T *K, const T *V, T *O, T *LSE, long G, long 
   free(kt_all);
   free(items);
   return failed;
-}
-"""
-
-# The scores' additive terms (rewrite/attention_scores.py), added to n scores of row i
-# from key j0 on.  Term t reads term_data[t] + term_offsets[t * G + g] (its batch element
-# g's offset) and term_info[7 t ...] = kind, sign, row stride, key stride, a, b, k:
-# kind 0 a tensor, sign * x[i * row stride + j * key stride] (a stride 0 where it is
-# broadcast); kind 1 an index term, coefficient * (a j + b i + k), the coefficient the
-# one value at the offset.  Terms are added in the order written, after the scale, as
-# the statements add them.
-TERMS = r"""
-/* The work items, g * blocks + ib (the backward's: blocks = 1), in the order the
-   threads take them: g by g, but the batch elements that read the same data of the first added tensor (a bias[h,i,j]
-   broadcast over b) next to each other, row block by row block, so that the second
-   finds the bias tile the first brought into the cache (a 2x4x512x64 bias forward read
-   8 MB from L3, now 4).  Only the order: each item's values are the same. */
-typedef struct { long offset, g; } ef_keyed;
-static int ef_keyed_order(const void *a, const void *b) {
-  const ef_keyed *x = a, *y = b;
-  return x->offset != y->offset ? (x->offset < y->offset ? -1 : 1)
-                                : (x->g < y->g ? -1 : x->g > y->g);
-}
-static void ef_order_items(long *items, const long G, const long blocks, const int nterms,
-                           const long *term_offsets, const long *term_info) {
-  int t = 0;
-  while (t < nterms && term_info[7 * t] != 0) ++t;
-  ef_keyed *keyed = t < nterms && G > 1 ? malloc(sizeof(ef_keyed) * (size_t)G) : NULL;
-  if (!keyed) {
-    for (long w = 0; w < G * blocks; ++w) items[w] = w;
-    return;
-  }
-  for (long g = 0; g < G; ++g) keyed[g] = (ef_keyed){term_offsets[t * G + g], g};
-  qsort(keyed, (size_t)G, sizeof(ef_keyed), ef_keyed_order);
-  long w = 0;
-  for (long start = 0, end; start < G; start = end) {
-    for (end = start + 1; end < G && keyed[end].offset == keyed[start].offset; ++end) {}
-    for (long ib = 0; ib < blocks; ++ib)
-      for (long k = start; k < end; ++k) items[w++] = keyed[k].g * blocks + ib;
-  }
-  free(keyed);
-}
-
-static void ef_add_terms(T *restrict sr, const long n, const long g, const long i,
-                         const long j0, const long G, const int nterms,
-                         const T *const *term_data, const long *term_offsets,
-                         const long *term_info, const long ahead_rows) {
-  for (int t = 0; t < nterms; ++t) {
-    const long *f = term_info + 7 * t;
-    const T *base = term_data[t] + term_offsets[t * G + g];
-    if (f[0] == 0) {
-      const T *x = base + f[2] * i + f[3] * j0;
-      const long sj = f[3];
-      /* the same row's next key block (the forward's order), or the row ahead_rows
-         further on at these keys (the backward's): fetched while this block computes,
-         as a tensor's rows are too far apart for the hardware's prefetcher (a
-         bias[h,i,j] block is BQ rows of BK keys, N apart).  Not for a term broadcast
-         along that axis: its data is the same and already cached. */
-      const long ahead = ahead_rows ? ahead_rows * f[2] : BK * sj;
-      if (ahead && sj == 1)
-        for (long c = 0; c < n; c += 64 / sizeof(T)) __builtin_prefetch(x + ahead + c);
-      if (f[1] > 0 && sj == 1) {
-        #pragma omp simd
-        for (long c = 0; c < n; ++c) sr[c] += x[c];
-      } else if (f[1] > 0) {
-        for (long c = 0; c < n; ++c) sr[c] += x[c * sj];
-      } else {
-        for (long c = 0; c < n; ++c) sr[c] -= x[c * sj];
-      }
-    } else {
-      const T coefficient = base[0];
-      const long a = f[4], start = f[4] * j0 + f[5] * i + f[6];
-      #pragma omp simd
-      for (long c = 0; c < n; ++c) sr[c] += coefficient * (T)(start + a * c);
-    }
-  }
-}
-
-/* Whether an added tensor term is -inf for every (row, key) of the block rows i0..,
-   keys j0..: every score there is -inf and weighs 0, so the block is skipped.  Asked
-   only where the runtime knows no other part of a score can be +inf or NaN (then
-   -inf + x is -inf, as the statements compute it). */
-static int ef_block_hidden(const long g, const long i0, const long rows, const long j0,
-                           const long cols, const long G, const int nterms,
-                           const T *const *term_data, const long *term_offsets,
-                           const long *term_info) {
-  for (int t = 0; t < nterms; ++t) {
-    const long *f = term_info + 7 * t;
-    if (f[0] != 0 || f[1] < 0) continue;
-    const T *x = term_data[t] + term_offsets[t * G + g] + f[2] * i0 + f[3] * j0;
-    const long checked = f[2] == 0 ? 1 : rows;     /* broadcast over rows: one is all */
-    int hidden = 1;
-    for (long r = 0; r < checked && hidden; ++r)
-      for (long c = 0; c < cols; ++c)
-        if (x[r * f[2] + c * f[3]] != -INFINITY) { hidden = 0; break; }
-    if (hidden) return 1;
-  }
-  return 0;
 }
 """
 

@@ -9,7 +9,7 @@ block as p_ij = exp(s_ij - L_i) (0 where the mask hides key j from row i), and
     dv_j += p_ij do_i          dp_ij = do_i . v_j          ds_ij = p_ij (dp_ij - delta_i)
     dq_i += c ds_ij k_j        dk_j += c ds_ij q_i          delta_i = do_i . o_i
 
-where s also adds the scores' terms (backends/c/attention.TERMS) and row i sees the
+where s also adds the scores' terms (backends/c/attention_terms.TERMS) and row i sees the
 keys lo <= j - i <= hi.  An added tensor's gradient is sign * ds summed over the axes
 it is broadcast along (ef_term_gradients: per batch element, then summed by the
 runtime in a fixed order); an index term's coefficient c (ALiBi's slope) gets
@@ -39,10 +39,11 @@ import numpy as np
 
 from . import attention_softmax as softmax
 from . import build as c_build
-from .attention import TERMS
+from .attention_terms import TERMS
 from ...plan.blocking import attention_block
 
 _TEMPLATE = r"""
+#include <float.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -78,7 +79,9 @@ static inline T ef_scaled(T x, T scale, int scale_mode) {
   return scale_mode == 1 ? x * scale : (scale_mode == 2 ? x / scale : x);
 }
 
-/* C[m][n] += sum_k A[m*sm + k*sk] * B[k*ldb + n] for m < M, n < N, k < KD: RB rows of C
+/* C[m][n] += sum_k A[m*sm + k*sk] * B[k*ldb + n] for m < M, n < N, k < KD (``zero``: C
+   is set to the sum, not read -- the scores and dP blocks, which need no clearing
+   first): RB rows of C
    times CV vectors of columns in registers (plan/blocking.py), one broadcast A value per row and step of
    k; then single vectors, then scalars for the columns left. */
 #define EF_ROWS(R)                                                                     \
@@ -88,7 +91,7 @@ static inline T ef_scaled(T x, T scale, int scale_mode) {
       vT a[R][CV];                                                                     \
       _Pragma("GCC unroll 16") for (int r = 0; r < R; ++r)                             \
         _Pragma("GCC unroll 8") for (int x = 0; x < CV; ++x)                           \
-          a[r][x] = ef_load(C + (m0 + r) * ldc + n0 + x * VW);                         \
+          a[r][x] = zero ? (vT){0} : ef_load(C + (m0 + r) * ldc + n0 + x * VW);        \
       for (long k = 0; k < KD; ++k) {                                                  \
         const T *b = B + k * ldb + n0;                                                 \
         vT bv[CV];                                                                     \
@@ -107,7 +110,7 @@ static inline T ef_scaled(T x, T scale, int scale_mode) {
     for (; n0 + VW <= N; n0 += VW) {                                                   \
       vT a[R];                                                                         \
       _Pragma("GCC unroll 16") for (int r = 0; r < R; ++r)                             \
-        a[r] = ef_load(C + (m0 + r) * ldc + n0);                                       \
+        a[r] = zero ? (vT){0} : ef_load(C + (m0 + r) * ldc + n0);                      \
       for (long k = 0; k < KD; ++k) {                                                  \
         const vT b0 = ef_load(B + k * ldb + n0);                                       \
         _Pragma("GCC unroll 16") for (int r = 0; r < R; ++r)                           \
@@ -118,13 +121,13 @@ static inline T ef_scaled(T x, T scale, int scale_mode) {
     }                                                                                  \
     for (; n0 < N; ++n0)                                                               \
       for (int r = 0; r < R; ++r) {                                                    \
-        T total = C[(m0 + r) * ldc + n0];                                              \
+        T total = zero ? (T)0 : C[(m0 + r) * ldc + n0];                                \
         for (long k = 0; k < KD; ++k) total += A[(m0 + r) * sm + k * sk] * B[k * ldb + n0]; \
         C[(m0 + r) * ldc + n0] = total;                                                \
       }                                                                                \
   }
 static void ef_product(const T *restrict A, long sm, long sk, const T *restrict B, long ldb,
-                       T *restrict C, long ldc, long M, long N, long KD) {
+                       T *restrict C, long ldc, long M, long N, long KD, const int zero) {
   long m0 = 0;
   EF_ROWS(RB)
   /* (the rows left of a block of 64: 4 with RB = 6, run as one block of 4 rather than
@@ -170,6 +173,12 @@ static void ef_term_gradients(const T *dsr, long first, long seen, long g, long 
       grad[0] += sign * total;
     } else if (info[2] == 1) {        /* (the usual case: a vector loop) */
       T *restrict at = grad + j0;
+      /* the row BQ rows on at these keys, which the next row block adds to: fetched
+         for writing while this block computes (the slices' rows are NK apart, too far
+         for the hardware's prefetcher, as the forward's bias rows) */
+      if (info[1])
+        for (long c = first; c < seen; c += 64 / sizeof(T))
+          __builtin_prefetch(at + BQ * info[1] + c, 1);
       #pragma omp simd
       for (long c = first; c < seen; ++c) at[c] += sign * dsr[c];
     } else {
@@ -187,6 +196,7 @@ int ef_attention_backward(const T *Q, const T *K, const T *V, const T *O, const 
                           const long *term_offsets, const long *term_info,
                           int skip_hidden, T *const *term_grads, const long *grad_info) {
   const T scale = (T)scale_in;
+  const double factor = ef_scale_factor(scale_in, scale_mode);
   int failed = 0;
   if (threads <= 0) threads = omp_get_max_threads();
   long *order = malloc(sizeof(long) * (size_t)(G > 0 ? G : 1));
@@ -230,12 +240,11 @@ int ef_attention_backward(const T *Q, const T *K, const T *V, const T *O, const 
         for (long i0 = ef_max(0, j0 - hi); i0 < iend; i0 += BQ) {
           const long rows = ef_min(BQ, iend - i0);
           if (skip_hidden && ef_block_hidden(g, i0, rows, j0, cols, G, nterms, term_data,
-                                             term_offsets, term_info))
+                                             term_offsets, term_info, q + i0 * D,
+                                             k + j0 * D, D, factor))
             continue;       /* every weight 0: nothing to add (the forward skipped it) */
-          memset(p, 0, sizeof(T) * (size_t)(rows * BK));
-          memset(ds, 0, sizeof(T) * (size_t)(rows * BK));
-          ef_product(q + i0 * D, D, 1, kt, BK, p, BK, rows, BK, D);      /* scores */
-          ef_product(go + i0 * E, E, 1, vt, BK, ds, BK, rows, BK, E);    /* dP */
+          ef_product(q + i0 * D, D, 1, kt, BK, p, BK, rows, BK, D, 1);      /* scores */
+          ef_product(go + i0 * E, E, 1, vt, BK, ds, BK, rows, BK, E, 1);    /* dP */
           for (long r = 0; r < rows; ++r) {
             const long i = i0 + r;
             T *pr = p + r * BK, *dsr = ds + r * BK;
@@ -251,23 +260,38 @@ int ef_attention_backward(const T *Q, const T *K, const T *V, const T *O, const 
             }
             /* a hidden key weighs 0; so does a score below top + EF_CUT (its weight
                would be subnormal: backends/c/attention_softmax.py, as the forward) */
-            #pragma omp simd
-            for (long c = 0; c < BK; ++c) {
-              const T s = mode == 1 ? pr[c] * scale : (mode == 2 ? pr[c] / scale : pr[c]);
-              const T shown = c < seen && c >= first ? (T)1 : (T)0;
-              /* (top, the row's log-sum-exp, is finite here: the runtime checks) */
-              const T w = ef_sexp((shown != 0 ? s : top) - top) * shown;
-              pr[c] = w;
-              dsr[c] = w * (dsr[c] - di);
+            if (first == 0 && seen == BK) {
+              /* every key seen: on whole vectors, without the loop's per-key masks
+                 (ef_vexp is ef_sexp lane by lane: the same bits) */
+              const vT tv = (vT){0} + top, dv = (vT){0} + di;
+              #pragma GCC unroll 8
+              for (int x = 0; x < BK / VW; ++x) {
+                vT s = ef_load(pr + x * VW);
+                if (mode == 1) s = s * scale;
+                else if (mode == 2) s = s / scale;
+                const vT w = ef_vexp(s - tv);
+                ef_store(pr + x * VW, w);
+                ef_store(dsr + x * VW, w * (ef_load(dsr + x * VW) - dv));
+              }
+            } else {
+              #pragma omp simd
+              for (long c = 0; c < BK; ++c) {
+                const T s = mode == 1 ? pr[c] * scale : (mode == 2 ? pr[c] / scale : pr[c]);
+                const T shown = c < seen && c >= first ? (T)1 : (T)0;
+                /* (top, the row's log-sum-exp, is finite here: the runtime checks) */
+                const T w = ef_sexp((shown != 0 ? s : top) - top) * shown;
+                pr[c] = w;
+                dsr[c] = w * (dsr[c] - di);
+              }
             }
             if (term_grads)
               ef_term_gradients(dsr, first, seen, g, i, j0, nterms, term_grads, grad_info);
           }
           /* dV block += P^T dO, dK block += dS^T Q (the scale's factor at the end),
              dQ rows += dS K */
-          ef_product(p, 1, BK, go + i0 * E, E, dvb, E, cols, E, rows);
-          ef_product(ds, 1, BK, q + i0 * D, D, dkb, D, cols, D, rows);
-          ef_product(ds, BK, 1, k + j0 * D, D, gq + i0 * D, D, rows, D, cols);
+          ef_product(p, 1, BK, go + i0 * E, E, dvb, E, cols, E, rows, 0);
+          ef_product(ds, 1, BK, q + i0 * D, D, dkb, D, cols, D, rows, 0);
+          ef_product(ds, BK, 1, k + j0 * D, D, gq + i0 * D, D, rows, D, cols, 0);
         }
         for (long c = 0; c < cols; ++c) {
           for (long d = 0; d < D; ++d)

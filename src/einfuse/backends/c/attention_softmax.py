@@ -92,9 +92,34 @@ static inline vT ef_vexp(vT x) {
   return (vT)((vB)ef_vexp_in_range(safe) & ~(vB)low);
 }
 
+/* b > a ? b : a and b < a ? b : a lane by lane (a NaN in b is dropped: exp(NaN - top)
+   still gives NaN).  That is what the x86 max and min instructions compute with b
+   first (they return the second operand where either is NaN), one instruction where
+   GCC's form of the select took three (a compare, a masked move, a blend) */
+#if defined(__AVX512F__) && VW * (1 + EF_DOUBLE) == 16
+#include <immintrin.h>
+#define EF_MAXMIN(op) (EF_DOUBLE ? (vT)_mm512_##op##_pd((__m512d)b, (__m512d)a) \
+                                 : (vT)_mm512_##op##_ps((__m512)b, (__m512)a))
+#elif defined(__AVX__) && VW * (1 + EF_DOUBLE) == 8
+#include <immintrin.h>
+#define EF_MAXMIN(op) (EF_DOUBLE ? (vT)_mm256_##op##_pd((__m256d)b, (__m256d)a) \
+                                 : (vT)_mm256_##op##_ps((__m256)b, (__m256)a))
+#endif
 static inline vT ef_vmax(vT a, vT b) {
-  const vM more = b > a;      /* (a NaN in b is dropped: exp(NaN - top) still gives NaN) */
+#ifdef EF_MAXMIN
+  return EF_MAXMIN(max);
+#else
+  const vM more = b > a;
   return (vT)(((vB)b & (vB)more) | ((vB)a & ~(vB)more));
+#endif
+}
+static inline vT ef_vmin(vT a, vT b) {
+#ifdef EF_MAXMIN
+  return EF_MAXMIN(min);
+#else
+  const vM less = b < a;
+  return (vT)(((vB)b & (vB)less) | ((vB)a & ~(vB)less));
+#endif
 }
 """
 
@@ -106,16 +131,27 @@ GROUP_UPDATE = r"""
    accumulator row rescaled.  Returns 0, changing nothing, where a row's max is -inf
    (every score so far -inf or NaN: the row by row path handles it).  A row's vectors
    are unrolled, the rows are not: RB x BK / VW exps in flight at once spilled the
-   polynomial's constants, and rows in sequence still overlap out of order. */
+   polynomial's constants, and rows in sequence still overlap out of order.
+   ``most`` and ``least``, where not NULL: each row's largest and smallest score of
+   the block, taken while the scores were in registers (ef_vmax and ef_vmin: NaN
+   dropped, as this pass drops it), so the block is not read once more for them; a
+   row whose every exponent s - top is then at or above EF_CUT takes the exp without
+   its cut (ef_vexp_in_range: the same bits). */
 static inline __attribute__((always_inline)) int ef_group_update(
-    T *restrict s, T *restrict m, vT *restrict l, T *restrict acc, const long EP) {
+    T *restrict s, T *restrict m, vT *restrict l, T *restrict acc, const long EP,
+    const T *most, const T *least) {
   T top[RB];
   int finite = 1;
   for (int rr = 0; rr < RB; ++rr) {
-    vT most = ef_load(s + rr * BK);
-    #pragma GCC unroll 8
-    for (int x = 1; x < BK / VW; ++x) most = ef_vmax(most, ef_load(s + rr * BK + x * VW));
-    const T t = ef_hmax(most);
+    T t;
+    if (most) {
+      t = most[rr];
+    } else {
+      vT v = ef_load(s + rr * BK);
+      #pragma GCC unroll 8
+      for (int x = 1; x < BK / VW; ++x) v = ef_vmax(v, ef_load(s + rr * BK + x * VW));
+      t = ef_hmax(v);
+    }
     top[rr] = t > m[rr] ? t : m[rr];
     finite &= top[rr] != -INFINITY;
   }
@@ -123,11 +159,20 @@ static inline __attribute__((always_inline)) int ef_group_update(
   for (int rr = 0; rr < RB; ++rr) {
     vT total = (vT){0};
     T *sr = s + rr * BK;
-    #pragma GCC unroll 8
-    for (int x = 0; x < BK / VW; ++x) {
-      const vT p = ef_vexp(ef_load(sr + x * VW) - top[rr]);
-      ef_store(sr + x * VW, p);
-      total += p;
+    if (least && least[rr] - top[rr] >= (T)EF_CUT) {
+      #pragma GCC unroll 8
+      for (int x = 0; x < BK / VW; ++x) {
+        const vT p = ef_vexp_in_range(ef_load(sr + x * VW) - top[rr]);
+        ef_store(sr + x * VW, p);
+        total += p;
+      }
+    } else {
+      #pragma GCC unroll 8
+      for (int x = 0; x < BK / VW; ++x) {
+        const vT p = ef_vexp(ef_load(sr + x * VW) - top[rr]);
+        ef_store(sr + x * VW, p);
+        total += p;
+      }
     }
     const T rescale = top[rr] == m[rr] ? (T)1 : ef_sexp(m[rr] - top[rr]);
     l[rr] = l[rr] * rescale + total;
@@ -166,10 +211,11 @@ def exp_source(lanes: int) -> str:
 
 
 def reductions(lanes: int) -> str:
-    """ef_hmax and ef_hsum: a vector's largest lane and its lanes' sum, by folding it
-    onto itself rotated by half, a quarter, ... of its lanes (log2(lanes) shuffles and
-    operations, not lanes - 1 dependent scalar ones; the sum's order is fixed by the
-    build).  Generated: a shuffle's lane indices must be constants."""
+    """ef_hmax, ef_hmin and ef_hsum: a vector's largest and smallest lane and its lanes'
+    sum, by folding it onto itself rotated by half, a quarter, ... of its lanes
+    (log2(lanes) shuffles and operations, not lanes - 1 dependent scalar ones; the
+    sum's order is fixed by the build).  Generated: a shuffle's lane indices must be
+    constants."""
     steps = []
     width = lanes // 2
     while width:
@@ -177,6 +223,8 @@ def reductions(lanes: int) -> str:
                      "}")
         width //= 2
     fold_max = "".join(f"  v = ef_vmax(v, __builtin_shuffle(v, {m}));\n" for m in steps)
+    fold_min = "".join(f"  v = ef_vmin(v, __builtin_shuffle(v, {m}));\n" for m in steps)
     fold_sum = "".join(f"  v += __builtin_shuffle(v, {m});\n" for m in steps)
     return (f"static inline T ef_hmax(vT v) {{\n{fold_max}  return v[0];\n}}\n"
+            f"static inline T ef_hmin(vT v) {{\n{fold_min}  return v[0];\n}}\n"
             f"static inline T ef_hsum(vT v) {{\n{fold_sum}  return v[0];\n}}\n")
