@@ -1,0 +1,101 @@
+"""A repeated call's signature remembered by the C++ node's extension
+(backends/c/torch_node_signature.cpp, asked by runtime/signatures.signature_of): for
+CPU tensors and floats whose layout it has seen it gives back the tuple Python built
+then, so it must be exactly what Python builds now, and every case Python treats
+specially (NumPy arrays, subclasses, torch.func's wrappers, forward-mode tangents,
+sparse tensors) must be left to Python."""
+
+import numpy as np
+import pytest
+import torch
+
+import einfuse as ef
+from einfuse.runtime import signatures
+from einfuse.runtime.signatures import signature_of
+
+
+@pytest.fixture
+def native(node):
+    assert signatures._NATIVE, "the loaded node's signature lookup is not in use"
+    return node
+
+
+def _python(kwargs):
+    """signature_of as Python alone builds it."""
+    saved = list(signatures._NATIVE)
+    signatures._NATIVE[:] = []
+    try:
+        return signature_of(kwargs)
+    finally:
+        signatures._NATIVE[:] = saved
+
+
+def _cases():
+    x = torch.randn(3, 4)
+    return [
+        {"x": x, "W": torch.nn.Parameter(torch.randn(4, 5)), "s": 2.0},
+        {"x": x.t()},                                  # other strides
+        {"x": x[:, 1:]},                               # an offset view
+        {"x": x.to(torch.float64), "y": torch.zeros((), dtype=torch.int64)},
+        {"y": torch.randn(2, 2, requires_grad=True), "x": x},    # names in another order
+        {"x": torch.randn(0, 3)},
+        {},
+    ]
+
+
+@pytest.mark.parametrize("number", range(7))
+def test_remembered_signature_is_pythons(native, number):
+    kwargs = _cases()[number]
+    first = signature_of(kwargs)
+    assert first == _python(kwargs)
+    again = signature_of(dict(kwargs))
+    assert again == first and hash(again) == hash(first)
+    assert again is first     # (remembered: the tuple built the first time)
+
+
+def test_what_changes_the_layout_changes_the_signature(native):
+    x = torch.randn(4, 4)
+    before = signature_of({"x": x})
+    x.requires_grad_()
+    assert signature_of({"x": x}) == _python({"x": x}) != before
+    y = torch.randn(4, 4)
+    assert signature_of({"x": y}) == before
+    y.t_()          # (in place: the same tensor, new strides)
+    assert signature_of({"x": y}) == _python({"x": y}) != before
+    assert signature_of({"x": y.to(torch.float64)}) != signature_of({"x": y})
+    assert signature_of({"z": y}) != signature_of({"x": y})
+
+
+def test_python_decides_what_the_node_declines(native):
+    x = torch.randn(3, 3)
+    with_array = {"x": x, "a": np.ones(3)}
+    assert signature_of(with_array) == _python(with_array)
+    assert signature_of(with_array) is not signature_of(with_array)   # (not remembered)
+
+    class Sub(torch.Tensor):
+        pass
+    sub = x.as_subclass(Sub)
+    assert signature_of({"x": sub}) is None
+    sparse = {"x": x.to_sparse()}
+    assert signature_of(sparse) == _python(sparse) and \
+        signature_of(sparse) is not signature_of(sparse)
+    seen = []
+    torch.func.grad(lambda t: seen.append(signature_of({"x": t})) or t.sum())(x)
+    assert seen == [None]
+    signature_of({"x": x})           # (its layout remembered: a tangent still refuses)
+    import torch.autograd.forward_ad as fwAD
+    with fwAD.dual_level():
+        dual = fwAD.make_dual(x, torch.ones(3, 3))
+        assert signature_of({"x": dual}) is None
+        assert signature_of({"x": x}) == _python({"x": x})
+
+
+def test_a_statement_on_remembered_signatures(native):
+    """The repeated calls that take the remembered signature give torch's values, and a
+    call of another layout takes its own runner."""
+    k = ef.compile("C[i,k] := sum[j](A[i,j] * B[j,k])", backend="c")
+    A, B = torch.randn(4, 6, dtype=torch.float64), torch.randn(6, 5, dtype=torch.float64)
+    for _ in range(3):
+        torch.testing.assert_close(k(A=A, B=B), A @ B)
+    torch.testing.assert_close(k(A=A, B=B.t().contiguous().t()), A @ B)
+    assert len(k._repeat) == 2
