@@ -27,7 +27,7 @@ BY_NAME: "weakref.WeakSet" = weakref.WeakSet()
 TORCH_VIEWS = ("<views of torch tensors>",)
 
 # (remembered_signature, remember_signature) of the C++ node's extension once it is
-# loaded (backends/c/torch_node_signature.cpp): a call of torch tensors and floats whose
+# loaded (backends/c/torch_node_calls.cpp): a call of torch tensors and floats whose
 # layout was seen before gets the signature built then, with no Python per tensor
 _NATIVE: list = []
 
@@ -53,7 +53,7 @@ def signature_of(kwargs) -> Optional[Tuple]:
     a tensor carry a tangent), and each entry is built from the tensor's own attributes
     with nothing looked up again.  Where the C++ node is loaded, a dict of CPU tensors
     and floats whose layout it has seen costs one C++ call (about 0.2 us): it gives back
-    the tuple built the first time (torch_node_signature.cpp says when it declines)."""
+    the tuple built the first time (torch_node_calls.cpp says when it declines)."""
     views = for_torch_caller()
     native = _NATIVE
     if native and type(kwargs) is dict:

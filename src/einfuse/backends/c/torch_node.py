@@ -32,7 +32,7 @@ from . import build as c_build
 # the extension's files: the translation units first (built in this order), the header
 # they include last; copied side by side into the build directory
 _SOURCE_FILES = ("torch_node_source.cpp", "torch_node_compiled.cpp",
-                 "torch_node_signature.cpp", "torch_node.h")
+                 "torch_node_calls.cpp", "torch_node.h")
 # a cold build on a loaded 2-core machine took 40 s; allow far more before giving up
 _BUILD_TIMEOUT_S = 900
 

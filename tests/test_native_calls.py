@@ -1,5 +1,8 @@
-"""A repeated call's signature remembered by the C++ node's extension
-(backends/c/torch_node_signature.cpp, asked by runtime/signatures.signature_of): for
+"""What a repeated call on CPU torch tensors asks per call, answered by the C++ node's
+extension (backends/c/torch_node_calls.cpp): its tensors' NumPy views (the last tests
+here: the same arrays as Python's, declining what Python resolves), and its signature,
+remembered by the extension
+(backends/c/torch_node_calls.cpp, asked by runtime/signatures.signature_of): for
 CPU tensors and floats whose layout it has seen it gives back the tuple Python built
 then, so it must be exactly what Python builds now, and every case Python treats
 specially (NumPy arrays, subclasses, torch.func's wrappers, forward-mode tangents,
@@ -10,7 +13,7 @@ import pytest
 import torch
 
 import einfuse as ef
-from einfuse.runtime import signatures
+from einfuse.runtime import signatures, torch_autograd
 from einfuse.runtime.signatures import signature_of
 
 
@@ -99,3 +102,41 @@ def test_a_statement_on_remembered_signatures(native):
         torch.testing.assert_close(k(A=A, B=B), A @ B)
     torch.testing.assert_close(k(A=A, B=B.t().contiguous().t()), A @ B)
     assert len(k._repeat) == 2
+
+
+def _python_views(values, names):
+    saved = list(torch_autograd._NATIVE_VIEWS)
+    torch_autograd._NATIVE_VIEWS[:] = []
+    try:
+        return torch_autograd.numpy_views(values, names)
+    finally:
+        torch_autograd._NATIVE_VIEWS[:] = saved
+
+
+def test_numpy_views_are_pythons(native):
+    assert torch_autograd._NATIVE_VIEWS
+    base = torch.randn(6, 5, dtype=torch.float64)
+    values = {"x": base.t()[1:, ::2], "W": torch.nn.Parameter(torch.randn(3)),
+              "i": torch.arange(4), "s": torch.zeros(()), "e": torch.ones(0, 2),
+              "r": torch.randn(2, 2, requires_grad=True), "other": 1.5}
+    names = ("x", "W", "i", "s", "e", "r")
+    got, want = torch_autograd.numpy_views(values, names), _python_views(values, names)
+    assert list(got) == list(want)
+    for name in names:
+        assert type(got[name]) is np.ndarray
+        assert (got[name].shape, got[name].strides, got[name].dtype) == \
+            (want[name].shape, want[name].strides, want[name].dtype)
+        assert values[name].numel() == 0 or \
+            got[name].ctypes.data == want[name].ctypes.data     # (no copy)
+        np.testing.assert_array_equal(got[name], values[name].detach().numpy())
+    got["x"][0, 0] = 7.0               # a view: the tensor's own memory
+    assert base.t()[1, 0].item() == 7.0
+    with pytest.raises(RuntimeError):  # (torch's rule: its memory cannot move now)
+        values["s"].resize_(100)
+
+
+def test_numpy_views_leave_lazy_views_to_python(native):
+    z = torch.randn(3, dtype=torch.complex64)
+    for lazy in (z.conj(), torch.randn(3).neg()._neg_view()):
+        got = torch_autograd.numpy_views({"z": lazy}, ("z",))
+        np.testing.assert_array_equal(got["z"], lazy.resolve_conj().resolve_neg().numpy())

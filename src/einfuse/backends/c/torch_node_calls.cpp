@@ -1,3 +1,6 @@
+// What a repeated call on CPU torch tensors asks per call, in C++: its signature
+// (below) and its tensors' NumPy views (numpy_views, at the end).
+//
 // Call signatures remembered by the layout of a call's arguments (runtime/signatures.py):
 // every repeated call on torch tensors builds its signature -- names, shapes, dtypes,
 // strides, requires_grad -- as a tuple of tuples, about 0.7 us a tensor in Python and
@@ -10,6 +13,7 @@
 #include "torch_node.h"
 
 #include <torch/csrc/autograd/python_variable.h>
+#include <torch/csrc/utils/tensor_numpy.h>
 
 #include <string>
 #include <unordered_map>
@@ -113,6 +117,60 @@ void signature_types(py::object tensor, py::object parameter) {
 
 size_t signatures_remembered() { return remembered.size(); }
 
+// numpy_views(values, names): {name: the NumPy view of values[name]} for the tensors
+// ``names`` (a tuple) of the dict ``values``, as runtime/torch_autograd.numpy_views
+// makes them (tensor.detach().numpy(): an array sharing the tensor's memory, the
+// detached tensor its base); None where one is not a plain strided CPU tensor of its
+// own values (a lazily negated or conjugated view, a subclass): Python resolves it.
+// (Per tensor about 0.2 us, against 1.4 us for detach() and numpy() from Python.)
+PyObject *numpy_views(PyObject *, PyObject *const *args, Py_ssize_t count) {
+  if (count != 2 || !PyDict_CheckExact(args[0]) || !PyTuple_CheckExact(args[1]))
+    Py_RETURN_NONE;
+  PyObject *values = args[0], *names = args[1];
+  Py_ssize_t n = PyTuple_GET_SIZE(names);
+  for (Py_ssize_t i = 0; i < n; ++i) {
+    PyObject *value = PyDict_GetItemWithError(values, PyTuple_GET_ITEM(names, i));
+    if (value == nullptr) {
+      if (PyErr_Occurred()) PyErr_Clear();
+      Py_RETURN_NONE;
+    }
+    PyObject *type = reinterpret_cast<PyObject *>(Py_TYPE(value));
+    if (tensor_type == nullptr || (type != tensor_type && type != parameter_type))
+      Py_RETURN_NONE;
+    const at::Tensor &t = THPVariable_Unpack(value);
+    if (t.layout() != at::kStrided || t.device().type() != at::kCPU || t.is_neg() ||
+        t.is_conj() || t.unsafeGetTensorImpl()->is_python_dispatch())
+      Py_RETURN_NONE;
+  }
+  PyObject *found = PyDict_New();
+  if (found == nullptr) return nullptr;
+  for (Py_ssize_t i = 0; i < n; ++i) {
+    PyObject *name = PyTuple_GET_ITEM(names, i);
+    const at::Tensor &t = THPVariable_Unpack(PyDict_GetItem(values, name));
+    PyObject *view = nullptr;
+    try {
+      // (force: detached first, as the Python path detaches; its other steps -- to
+      // the CPU, resolving a lazy negation or conjugation -- were ruled out above)
+      view = torch::utils::tensor_to_numpy(t, true);
+    } catch (const std::exception &) {
+      view = nullptr;
+    }
+    if (view == nullptr || PyDict_SetItem(found, name, view) != 0) {
+      Py_XDECREF(view);
+      Py_DECREF(found);
+      PyErr_Clear();
+      Py_RETURN_NONE;
+    }
+    Py_DECREF(view);
+  }
+  return found;
+}
+
+PyMethodDef numpy_views_method = {
+    "numpy_views", reinterpret_cast<PyCFunction>(
+        reinterpret_cast<void (*)(void)>(&numpy_views)),
+    METH_FASTCALL, "the NumPy views of the named CPU tensors, or None"};
+
 }  // namespace
 
 void define_signature(py::module_ &m) {
@@ -121,6 +179,8 @@ void define_signature(py::module_ &m) {
   m.def("remember_signature", &remember_signature);
   m.def("signature_types", &signature_types);
   m.def("signatures_remembered", &signatures_remembered);
+  m.add_object("numpy_views", py::reinterpret_steal<py::object>(
+                                  PyCFunction_New(&numpy_views_method, nullptr)));
 }
 
 }  // namespace einfuse_node
