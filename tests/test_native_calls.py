@@ -96,12 +96,16 @@ def test_python_decides_what_the_node_declines(native):
 def test_a_statement_on_remembered_signatures(native):
     """The repeated calls that take the remembered signature give torch's values, and a
     call of another layout takes its own runner."""
-    k = ef.compile("C[i,k] := sum[j](A[i,j] * B[j,k])", backend="c")
+    # (a text of its own: kernels of one text share their prepared signatures)
+    k = ef.compile("C[i,k] := sum[j](A[i,j] * B[j,k])  ", backend="c")
     A, B = torch.randn(4, 6, dtype=torch.float64), torch.randn(6, 5, dtype=torch.float64)
     for _ in range(3):
         torch.testing.assert_close(k(A=A, B=B), A @ B)
-    torch.testing.assert_close(k(A=A, B=B.t().contiguous().t()), A @ B)
-    assert len(k._repeat) == 2
+    other = B.t().contiguous().t()
+    torch.testing.assert_close(k(A=A, B=other), A @ B)
+    first, second = signature_of({"A": A, "B": B}), signature_of({"A": A, "B": other})
+    assert first != second
+    assert k._repeat.get(first) is not None and k._repeat.get(second) is not None
 
 
 def _python_views(values, names):
@@ -150,7 +154,7 @@ def test_gradients_on_remembered_signatures(native, statement, shapes):
     """Repeated recorded calls whose signature and views the extension gives: the fast
     path's runner is the one prepared for that signature, and gradcheck (float64)
     passes through it."""
-    k = ef.compile(statement, backend="c")
+    k = ef.compile(statement + "   ", backend="c")
     generator = torch.Generator().manual_seed(3)
     args = {n: torch.randn(s, dtype=torch.float64, generator=generator,
                            requires_grad=True) for n, s in shapes.items()}
