@@ -251,5 +251,13 @@ def torch_recording() -> bool:
     """Whether autograd records what runs now: grad mode on, and not inside
     ``torch.inference_mode`` (where ``torch.enable_grad()`` turns grad mode on but
     torch's own operations still record nothing and give inference tensors)."""
-    import torch     # (called only where torch tensors are in play)
-    return torch.is_grad_enabled() and not torch.is_inference_mode_enabled()
+    found = _GRAD_MODES
+    if not found:     # (called only where torch tensors are in play: torch is imported)
+        import torch
+        found[:] = [torch.is_grad_enabled, torch.is_inference_mode_enabled]
+    return found[0]() and not found[1]()
+
+
+# torch's two questions behind torch_recording, found at its first call (every repeated
+# torch call asks them: no import statement and attribute lookups each time)
+_GRAD_MODES: list = []

@@ -21,22 +21,26 @@ same epilogue kernel by its function pointer, with no Python between them (at
 
 from __future__ import annotations
 
+from operator import itemgetter
 from typing import Callable, Dict, List, Optional, Tuple
 
 import numpy as np
 
-from ..analysis.frameworks import TORCH
+from ..analysis.frameworks import TORCH, torch_recording
 from ..errors import EinfuseError
 from ..schedule.choose import as_written
 from ..schedule.units import needed
 from . import torch_node
 
 
-def epilogue_chain(form, call, kwargs) -> Optional[Callable]:
+def epilogue_chain(form, call, kwargs, generic: Callable) -> Optional[Callable]:
     """``run(named)`` -> the statement's result for torch calls of ``call``'s signature
-    (``kwargs``: the first call's arguments) that autograd does not record, or None
-    where a kernel of the form has no prepared runner (a gather, a parameter of another
-    type, a packed input)."""
+    (``kwargs``: the first call's arguments), or None where a kernel of the form has no
+    prepared runner (a gather, a parameter of another type, a packed input).  A call
+    that autograd records, or that a runner of the chain declines, runs ``generic``
+    (the form's own run, which says why).  (One function per call, the node called
+    from it: at 32x128x128 each layer of Python between the call and the node was
+    about 0.3 us of a 17 us forward.)"""
     import torch
     from ..backends.c.repeat import blas_runner, repeat_runner
     from .torch_autograd import numpy_views
@@ -73,14 +77,28 @@ def epilogue_chain(form, call, kwargs) -> Optional[Callable]:
     node = [None, 0]     # the node's plan, once made; calls before it was tried
     # (a float parameter, or a result converted at the end: the chain in Python)
     whole = len(tensors) == len(kwargs) and env[steps[-1][0]].dtype == result_dtype
+    # (the signature fixes whether an argument requires a gradient: per call, only
+    # whether autograd records now)
+    grads = any(getattr(v, "requires_grad", False) for v in kwargs.values())
+    # the passed tensors in the node's order, as a tuple (one C call)
+    passed = itemgetter(*tensors) if len(tensors) > 1 else \
+        (lambda named: [named[name] for name in tensors])
 
     def run(named):
+        if grads and torch_recording():
+            return generic(named)
         found = node[0]
-        if found is not None:
-            result = torch_node.run(found, [named[name] for name in tensors])
+        if found is not None:      # (the C++ node raises no EinfuseError)
+            result = torch_node.run(found, passed(named))
             if result is not None:
                 return result[0]
-        elif whole and node[1] >= 0:
+        try:
+            return in_python(named)
+        except EinfuseError:    # (a runner that declines: the form's own run says why)
+            return generic(named)
+
+    def in_python(named):
+        if node[0] is None and whole and node[1] >= 0:
             node[1] += 1
             if torch_node.available(node[1]):
                 node[1] = -1        # (tried once)

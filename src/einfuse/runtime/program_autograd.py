@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import threading
 import weakref
+from operator import itemgetter
 from dataclasses import dataclass, field
 from typing import Dict, Optional, Sequence, Tuple
 
@@ -61,6 +62,9 @@ class PreparedCall:
         # every other tensor is passed to apply too (saved: torch's version check)
         self.others = tuple(n for n in self.tensors if n not in names)
         self.passed = names + self.others
+        # (the passed tensors of a call, in order, by one C call)
+        self.pick_passed = itemgetter(*self.passed) if len(self.passed) > 1 else \
+            (lambda env, only=self.passed: [env[name] for name in only])
         self.scalars = tuple(n for n in env if n not in self.tensors)
         self.backward, self.recompute = backward, recompute
         self.keep = frozenset(self.outputs) | frozenset(saved)
@@ -106,7 +110,7 @@ class PreparedCall:
         # (inside inference_mode the node would save inference tensors, which torch
         # refuses even under enable_grad: the Python path records nothing there)
         if node is not None and not _transforms_active() and not _inference_mode():
-            found = torch_node.run(node, [env[name] for name in self.passed])
+            found = torch_node.run(node, self.pick_passed(env))
             if found is not None:
                 return found
         arrays = numpy_views(env, self.tensors)

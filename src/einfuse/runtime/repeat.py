@@ -158,21 +158,9 @@ def _epilogue_runner(kernel, form, call, kwargs):
     generic = _hoisted_runner(kernel, form, call)
     # (a NumPy caller's form runs each kernel on its own fast path already, with the
     # BLAS the chain would take: only a torch caller's run gains)
-    chain = epilogue_chain(form, call, kwargs) if call.framework == TORCH else None
-    if chain is None:
-        return generic
-    # (the signature fixes whether an argument requires a gradient: per call, only
-    # whether autograd records now)
-    grads = any(getattr(v, "requires_grad", False) for v in kwargs.values())
-
-    def repeat(named):
-        if grads and torch_recording():
-            return generic(named)
-        try:
-            return chain(named)
-        except EinfuseError:    # (a runner that declines: the form's own run says why)
-            return generic(named)
-    return repeat
+    chain = epilogue_chain(form, call, kwargs, generic) if call.framework == TORCH \
+        else None
+    return generic if chain is None else chain
 
 
 def _hoisted_runner(kernel, form, call):

@@ -21,6 +21,19 @@ import torch
 from ..errors import EinfuseTypeError
 from . import gradients
 from ..analysis.frameworks import contiguous, to_numpy
+from ..backends.c import torch_node as c_torch_node
+
+# the C++ node's extension's numpy_views once it is loaded
+# (backends/c/torch_node_calls.cpp): the same views, with no Python per tensor
+_NATIVE_VIEWS: list = []
+
+
+def _native_loaded(module) -> None:
+    module.signature_types(torch.Tensor, torch.nn.Parameter)
+    _NATIVE_VIEWS[:] = [module.numpy_views]
+
+
+c_torch_node.when_loaded(_native_loaded)
 
 
 def differentiable_names(call) -> List[str]:
@@ -49,7 +62,12 @@ def numpy_view(tensor: torch.Tensor) -> np.ndarray:
 
 def numpy_views(values: Mapping[str, object], names) -> dict:
     """``numpy_view`` of the tensors ``names`` of ``values``, by name (detached first:
-    the common case, a tensor that requires grad, then needs no exception)."""
+    the common case, a tensor that requires grad, then needs no exception).  Where the
+    C++ node is loaded, one C++ call makes them (it declines what Python resolves)."""
+    if _NATIVE_VIEWS and type(values) is dict and type(names) is tuple:
+        found = _NATIVE_VIEWS[0](values, names)
+        if found is not None:
+            return found
     try:
         return {name: values[name].detach().numpy() for name in names}
     except RuntimeError:     # a lazily negated or conjugated view: its values

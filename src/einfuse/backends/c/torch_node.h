@@ -111,4 +111,7 @@ bool forward_of(const std::shared_ptr<Plan> &plan, const std::vector<at::Tensor>
 // forward_slots and backward_slots, defined on the module (torch_node_compiled.cpp)
 void define_compiled(py::module_ &m);
 
+// the call signatures remembered by layout (torch_node_calls.cpp)
+void define_signature(py::module_ &m);
+
 }  // namespace einfuse_node

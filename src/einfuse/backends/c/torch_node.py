@@ -31,12 +31,15 @@ from . import build as c_build
 
 # the extension's files: the translation units first (built in this order), the header
 # they include last; copied side by side into the build directory
-_SOURCE_FILES = ("torch_node_source.cpp", "torch_node_compiled.cpp", "torch_node.h")
+_SOURCE_FILES = ("torch_node_source.cpp", "torch_node_compiled.cpp",
+                 "torch_node_calls.cpp", "torch_node.h")
 # a cold build on a loaded 2-core machine took 40 s; allow far more before giving up
 _BUILD_TIMEOUT_S = 900
 
 _lock = threading.Lock()
 _state = {"module": None, "reason": "not built yet", "thread": None}
+# called with the extension once it is loaded (runtime/signatures.py's native lookup)
+_when_loaded = []
 
 
 def enabled() -> bool:
@@ -65,6 +68,17 @@ def module(wait: bool = False):
 def loaded():
     """The extension where it is loaded already, else None (no build started)."""
     return _state["module"] if enabled() else None
+
+
+def when_loaded(callback) -> None:
+    """``callback(module)`` once the extension is loaded: now, where it is; never where
+    it cannot be built.  (It starts no build.)"""
+    with _lock:
+        found = _state["module"]
+        if found is None:
+            _when_loaded.append(callback)
+    if found is not None:
+        callback(found)
 
 
 def reason() -> str:
@@ -96,7 +110,12 @@ def _build_and_load() -> None:
             "einfuse: the torch autograd node could not be built (%s); programs on torch "
             "tensors take the Python autograd path", why)
     _state["reason"] = why
-    _state["module"] = found
+    with _lock:
+        _state["module"] = found
+        waiting = list(_when_loaded) if found is not None else []
+        _when_loaded.clear()
+    for callback in waiting:
+        callback(found)
 
 
 def _load():

@@ -451,4 +451,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("make_plan", &einfuse_node::make_plan);
   m.def("apply", &einfuse_node::apply);
   einfuse_node::define_compiled(m);
+  einfuse_node::define_signature(m);
 }
