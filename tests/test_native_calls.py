@@ -93,6 +93,31 @@ def test_python_decides_what_the_node_declines(native):
         assert signature_of({"x": x}) == _python({"x": x})
 
 
+def test_torch_func_wrappers_of_a_remembered_layout_are_pythons(native):
+    """A layout remembered from plain calls is not found again for the same layout inside
+    torch.func: grad's and vmap's wrappers and functionalize's functional tensors (whose
+    storage is not their values) are Python's to refuse, and a statement called there
+    raises einfuse's error, as without the node, not a value read from the wrong memory."""
+    x = torch.randn(3, 3)
+    signature_of({"x": x})
+    assert signature_of({"x": x}) is signature_of({"x": x})      # (remembered)
+    seen = []
+
+    def look(t):
+        seen.append(signature_of({"x": t}))
+        return t * 2
+    torch.func.functionalize(look)(x)
+    torch.func.grad(lambda t: look(t).sum())(x)
+    torch.func.vmap(look)(torch.randn(2, 3, 3))
+    assert seen == [None, None, None]
+    k = ef.compile("y[b,o] := max(sum[i](x[b,i]*W[o,i]) + bias[o], 0)  ")
+    args = {"x": torch.randn(4, 8), "W": torch.randn(5, 8), "bias": torch.randn(5)}
+    for _ in range(4):
+        k(**args)
+    with pytest.raises(ef.errors.EinfuseTypeError, match="torch.func"):
+        torch.func.functionalize(lambda **a: k(**a))(**args)
+
+
 def test_a_statement_on_remembered_signatures(native):
     """The repeated calls that take the remembered signature give torch's values, and a
     call of another layout takes its own runner."""
