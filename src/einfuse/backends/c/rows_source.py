@@ -41,6 +41,7 @@ typedef int32_t vI __attribute__((vector_size(VW * sizeof(T))));
 /* n = x / ln2 rounded rides in the low mantissa bits of x log2(e) + EF_SHIFT (1.5 * 2**23
    + 126): the bits of that sum shifted left by 23 are those of 2**(n - 1) */
 #define EF_SHIFT (0x1.8p23f + 126.0f)
+#define EF_RINT 0x1.8p23f
 #define EF_LOG2E 0x1.715476p0f
 #define EF_LN2HI 0x1.62e4p-1f
 #define EF_LN2LO 0x1.7f7d1cp-20f
@@ -58,6 +59,7 @@ typedef int64_t vI __attribute__((vector_size(VW * sizeof(T))));
 #define EF_MANT 52
 #define EF_SQRT sqrt
 #define EF_SHIFT (0x1.8p52 + 1022.0)
+#define EF_RINT 0x1.8p52
 #define EF_LOG2E 0x1.71547652b82fep0
 #define EF_LN2HI 0x1.62e42fefa3800p-1
 #define EF_LN2LO 0x1.ef35793c76730p-45
@@ -94,16 +96,21 @@ static inline vT ef_load_part(const T *p, int64_t c, T fill) {
   vT v = ef_splat(fill); memcpy(&v, p, (size_t)c * sizeof(T)); return v;
 }
 /* exp(x) for x in [-EF_BIG, EF_BIG] (no NaN): ef_vexp's arithmetic without its
-   special cases, the same bits there (2**n from the exponent bits of k + 1, where
-   ef_vexp multiplies 2**(n - 1) by 2: both exact).  The kernels take it for a whole
-   row once the row's extremes put every argument in that range. */
+   special cases, the same bits there.  p * 2**n, which ef_vexp takes as p * 2**(n - 1)
+   * 2, is n added to p's exponent bits: exact (p is near 1 and |n| <= EF_BIG / ln2, so
+   the result is a normal number) and an integer addition, not a product -- the
+   products are what bound a row's exponentials.  n rides in the low bits of
+   x log2(e) + EF_RINT (EF_SHIFT less its exponent bias, which is even: the same n), and
+   those bits shifted into the exponent field are n's (the negative ones wrap).  A NaN
+   x may come out a number here (its payload's low bits land in the exponent): the
+   rows that take this form make their sums NaN themselves (ef_exp_block). */
 static inline vT ef_vexp_fast(vT x) {
-  vT k = x * (T)EF_LOG2E + (T)EF_SHIFT;
-  vT n = k - (T)EF_SHIFT;
+  vT k = x * (T)EF_LOG2E + (T)EF_RINT;
+  vT n = k - (T)EF_RINT;
   vT r = x - n * (T)EF_LN2HI;
   r = r - n * (T)EF_LN2LO;
   vT p = ef_poly(r) * (r * r) + r + (T)1;
-  return p * (vT)(((vI)k + 1) << EF_MANT);
+  return (vT)((vI)p + ((vI)k << EF_MANT));
 }
 static inline vT ef_vexp(vT x) {
   vT k = x * (T)EF_LOG2E + (T)EF_SHIFT;
@@ -207,12 +214,43 @@ static inline T ef_row_range(const T *x, int64_t n, T *lo) {
   return ef_hmax(ef_qmax(ef_qmax(a0, a1), ef_qmax(a2, a3)));
 }
 
+/* The lanes of a row's maximum and minimum as the row is scanned with the previous
+   row's exponentials (ef_exp_block), by ef_row_range's instructions; four vectors are
+   folded pairwise first (a pair's fold may drop a lane's value where its partner is
+   NaN: only in a row holding a NaN, whose sum of exponentials is NaN whatever its
+   range, so that it is taken again). */
+typedef struct { vT hi, lo; } ef_range;
+static inline ef_range ef_range_start(void) {
+  const ef_range r = {ef_splat(-INFINITY), ef_splat(INFINITY)};
+  return r;
+}
+static inline void ef_range_add4(ef_range *r, const T *y, int64_t j) {
+  const vT y0 = ef_load(y + j), y1 = ef_load(y + j + VW);
+  const vT y2 = ef_load(y + j + 2 * VW), y3 = ef_load(y + j + 3 * VW);
+  r->hi = ef_qmax(ef_qmax(ef_qmax(y0, y1), ef_qmax(y2, y3)), r->hi);
+  r->lo = ef_qmin(ef_qmin(ef_qmin(y0, y1), ef_qmin(y2, y3)), r->lo);
+}
+static inline void ef_range_add(ef_range *r, const T *y, int64_t j) {
+  const vT v = ef_load(y + j);
+  r->hi = ef_qmax(v, r->hi); r->lo = ef_qmin(v, r->lo);
+}
+/* y[j, j + c), c < VW */
+static inline void ef_range_add_part(ef_range *r, const T *y, int64_t j, int64_t c) {
+  r->hi = ef_qmax(ef_load_part(y + j, c, -INFINITY), r->hi);
+  r->lo = ef_qmin(ef_load_part(y + j, c, INFINITY), r->lo);
+}
+/* the row's maximum, its minimum into *lo (as ef_row_range's) */
+static inline T ef_range_end(const ef_range *r, T *lo) {
+  *lo = ef_hmin(r->lo);
+  return ef_hmax(r->hi);
+}
+
 /* Whether every exp(x - m) of a row with maximum m and minimum lo is in
    ef_vexp_fast's range (false for NaN and infinite maxima). */
 static inline int ef_fast_row(T m, T lo) { return isfinite(m) && lo - m >= -(T)EF_BIG; }
 /* Whether every exp(x) of a row (unshifted) with maximum top and minimum lo is in that
    range (false for infinite extremes; a NaN, which ef_row_range passes over, gives NaN
-   there as in ef_vexp) */
+   there as in ef_vexp: ef_exp_block) */
 static inline int ef_fast_unshifted(T top, T lo) {
   return lo <= top && top <= (T)EF_BIG && lo >= -(T)EF_BIG;
 }
@@ -245,17 +283,28 @@ static inline vT ef_vexp_row(vT v, int fast) { return fast ? ef_vexp_fast(v) : e
 
 /* p[j] = exp(x[j] - m) for j in [b, end) (where ``store``; else p is not touched),
    their sum added into two vectors of lanes (each lane adds at most (end - b) / (2 VW)
-   + 1 values); ``ahead``: the row to prefetch (or null) */
+   + 1 values); ``ahead``: the row to prefetch (or null).  ``fast``: by ef_vexp_fast,
+   which may turn a NaN into a number, so the arguments are summed too (in [-EF_BIG,
+   EF_BIG] they cannot overflow) and a NaN among them makes the sum NaN, as ef_vexp's
+   would be: a row holding a NaN is found by its sum whichever form it took (an
+   addition a vector, on the pipes the exponentials leave idle).  Where ``scan`` is
+   not null (a constant after inlining) next[b, end) is added to its range in the same
+   loop: the exponentials keep the multiply-add units busy, a range pass of its own
+   runs only on the other two pipes, so there the next row's range costs its loads
+   (and its maximum is ready when that row starts). */
 static inline void ef_exp_block(const T *x, T *p, int64_t b, int64_t end, vT mv,
-                                vT *sum0, vT *sum1, int fast, const T *ahead, int store) {
-  vT t0 = {}, t1 = {}, t2 = {}, t3 = {};
+                                vT *sum0, vT *sum1, int fast, const T *ahead, int store,
+                                const T *next, ef_range *scan) {
+  vT t0 = {}, t1 = {}, t2 = {}, t3 = {}, args = {};
   int64_t j = b;
   for (; j + 4 * VW <= end; j += 4 * VW) {
     ef_prefetch4(ahead, j);
-    vT e0 = ef_vexp_row(ef_load(x + j) - mv, fast);
-    vT e1 = ef_vexp_row(ef_load(x + j + VW) - mv, fast);
-    vT e2 = ef_vexp_row(ef_load(x + j + 2 * VW) - mv, fast);
-    vT e3 = ef_vexp_row(ef_load(x + j + 3 * VW) - mv, fast);
+    const vT d0 = ef_load(x + j) - mv, d1 = ef_load(x + j + VW) - mv;
+    const vT d2 = ef_load(x + j + 2 * VW) - mv, d3 = ef_load(x + j + 3 * VW) - mv;
+    vT e0 = ef_vexp_row(d0, fast), e1 = ef_vexp_row(d1, fast);
+    vT e2 = ef_vexp_row(d2, fast), e3 = ef_vexp_row(d3, fast);
+    if (fast) args += (d0 + d1) + (d2 + d3);
+    if (scan) ef_range_add4(scan, next, j);
     if (store) {
       ef_store(p + j, e0); ef_store(p + j + VW, e1);
       ef_store(p + j + 2 * VW, e2); ef_store(p + j + 3 * VW, e3);
@@ -263,39 +312,52 @@ static inline void ef_exp_block(const T *x, T *p, int64_t b, int64_t end, vT mv,
     t0 += e0; t1 += e1; t2 += e2; t3 += e3;
   }
   for (; j + VW <= end; j += VW) {
-    vT e = ef_vexp_row(ef_load(x + j) - mv, fast);
+    const vT d = ef_load(x + j) - mv;
+    vT e = ef_vexp_row(d, fast);
+    if (fast) args += d;
+    if (scan) ef_range_add(scan, next, j);
     if (store) ef_store(p + j, e);
     t0 += e;
   }
   if (j < end) {     /* the lanes past the row hold m: exp(0), in range, not added */
-    vT e = ef_vexp_row(ef_load_part(x + j, end - j, mv[0]) - mv, fast);
+    const vT d = ef_load_part(x + j, end - j, mv[0]) - mv;
+    vT e = ef_vexp_row(d, fast);
+    if (fast) args += d;
+    if (scan) ef_range_add_part(scan, next, j, end - j);
     if (store) memcpy(p + j, &e, (size_t)(end - j) * sizeof(T));
     t1 += ef_sel(ef_lanes() < (T)(end - j), e, (vT){});
   }
-  *sum0 += t0 + t2;
+  /* args - args: 0 (the sums are not -0.0: adding it changes no bit), or NaN */
+  *sum0 += t0 + t2 + (fast ? args - args : (vT){});
   *sum1 += t1 + t3;
 }
 
 /* The row's sum of exp(x[j] - m), the exponentials written to p[0, n) where ``store``
-   (a constant after inlining: the log-sum-exp rows keep only the sum) */
-static inline T ef_exp_row(const T *x, T *p, int64_t n, T m, int fast, const T *ahead,
-                           int store) {
+   (a constant after inlining: the log-sum-exp rows keep only the sum); where ``scan``
+   is not null, next[0, n) added to it (ef_exp_block) */
+static inline T ef_exp_row_scan(const T *x, T *p, int64_t n, T m, int fast, const T *ahead,
+                                int store, const T *next, ef_range *scan) {
   const vT mv = ef_splat(m);
   vT t0 = {}, t1 = {}, c0 = {}, c1 = {};
   if (n <= EF_BLOCK) {     /* one block: its lane partials need no compensation */
-    if (fast) ef_exp_block(x, p, 0, n, mv, &t0, &t1, 1, ahead, store);
-    else ef_exp_block(x, p, 0, n, mv, &t0, &t1, 0, ahead, store);
+    if (fast) ef_exp_block(x, p, 0, n, mv, &t0, &t1, 1, ahead, store, next, scan);
+    else ef_exp_block(x, p, 0, n, mv, &t0, &t1, 0, ahead, store, next, scan);
     return ef_hsum(t0 + t1);
   }
   vT s0 = {}, s1 = {};
   for (int64_t b = 0; b < n; b += EF_BLOCK) {
     vT u0 = {}, u1 = {};
-    if (fast) ef_exp_block(x, p, b, ef_min(n, b + EF_BLOCK), mv, &u0, &u1, 1, ahead, store);
-    else ef_exp_block(x, p, b, ef_min(n, b + EF_BLOCK), mv, &u0, &u1, 0, ahead, store);
+    const int64_t end = ef_min(n, b + EF_BLOCK);
+    if (fast) ef_exp_block(x, p, b, end, mv, &u0, &u1, 1, ahead, store, next, scan);
+    else ef_exp_block(x, p, b, end, mv, &u0, &u1, 0, ahead, store, next, scan);
     ef_vfold(&s0, &c0, u0);
     ef_vfold(&s1, &c1, u1);
   }
   return ef_total(s0 + s1, c0 + c1);
+}
+static inline T ef_exp_row(const T *x, T *p, int64_t n, T m, int fast, const T *ahead,
+                           int store) {
+  return ef_exp_row_scan(x, p, n, m, fast, ahead, store, 0, 0);
 }
 
 /* P[i,:] = exp(X[i,:] - M[i]) / S[i], M the row max, S the row sum of the exponentials.
