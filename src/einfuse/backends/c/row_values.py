@@ -53,12 +53,14 @@ void %(name)s(void **bufs, const int64_t *ints, const double *dprm,
     const int64_t lo = rows / parts * part + (part < rows %% parts ? part : rows %% parts);
     const int64_t hi = lo + rows / parts + (part < rows %% parts);
 %(thread_statistics)s
+%(thread_rows)s
     for (int64_t i = lo; i < hi; ++i) {
       const T *x = X + i * ldx;
 %(statistics)s
 %(body)s
     }
 %(thread_end)s
+%(thread_rows_end)s
   }
   if (bad) *err = 1;
 %(total_end)s
@@ -87,6 +89,12 @@ _STATISTICS = r"""      T m = next;
       const T lse = isfinite(m) ? m + EF_FN(log)(s) : m;
       (void)lse; (void)low;"""
 _PER_ROW = {"total_declarations": "", "thread_total": "", "thread_end": "", "total_end": ""}
+# a member over [i, j] writes its rows past the caches where they are large
+# (rows_source.ef_streams): a short row's values go to a buffer of the thread's (in the L1
+# cache), then streamed to the output
+_THREAD_ROWS = r"""    T row_buffer[EF_SHORT / sizeof(T)] __attribute__((aligned(64)));
+    const int stream = n * (int64_t)sizeof(T) <= EF_SHORT && ef_streams(rows, n);"""
+_THREAD_ROWS_END = "    if (stream) ef_stream_fence();"
 # the row's statistics, with the next row's range (rows_source.ef_exp_block scans it)
 _NEXT = r"""
 /* Whether row i's exponentials scan the next row's range (ef_exp_block): a short row
@@ -197,9 +205,13 @@ class _Printer:
         loops = []
         for k, value in enumerate(self.statistics.values):
             if grid[k]:     # a row of values over the columns, from x[c] (in the cache)
-                loops += ["      for (int64_t c = 0; c < n; ++c) {",
-                          "        const T xc = x[c];",
-                          f"        O{k}[i * n + c] = (T)({self.value(value)});",
+                loops += ["      {",
+                          f"        T *out = stream ? row_buffer : O{k} + i * n;",
+                          "        for (int64_t c = 0; c < n; ++c) {",
+                          "          const T xc = x[c];",
+                          f"          out[c] = (T)({self.value(value)});",
+                          "        }",
+                          f"        if (stream) ef_stream_copy(O{k} + i * n, row_buffer, n);",
                           "      }"]
             else:
                 self.lines.append(f"      const T v{k} = (T)({self.value(value)});")
@@ -217,7 +229,9 @@ class _Printer:
                               body="\n".join(body), statistics=_STATISTICS
                               if self.statistics.maximum else "",
                               thread_statistics=_THREAD_STATISTICS
-                              if self.statistics.maximum else "")
+                              if self.statistics.maximum else "",
+                              thread_rows=_THREAD_ROWS if loops else "",
+                              thread_rows_end=_THREAD_ROWS_END if loops else "")
 
     def value(self, node) -> str:
         if isinstance(node, Const):

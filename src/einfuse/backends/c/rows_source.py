@@ -24,6 +24,9 @@ from __future__ import annotations
 
 import numpy as np
 
+from .row_layernorm import SOURCE as LAYERNORM
+from .row_streams import SOURCE as STREAMS
+
 TEMPLATE = r"""
 #include <stdint.h>
 #include <string.h>
@@ -80,6 +83,10 @@ static inline vT ef_poly(vT r) {
   return q * r + (T)0.5;
 }
 #endif
+/* inlined where called, whatever GCC's size estimate: the row loops' ``fast``, ``store``
+   and ``scan`` arguments are constants there (out of line they were tests in the loop,
+   and a scanned range's accumulators lived in memory) */
+#define EF_INLINE static inline __attribute__((always_inline))
 /* the C library's function f for T (expf or exp ...) */
 #if EF_SINGLE
 #define EF_FN(name) name##f
@@ -292,9 +299,9 @@ static inline vT ef_vexp_row(vT v, int fast) { return fast ? ef_vexp_fast(v) : e
    loop: the exponentials keep the multiply-add units busy, a range pass of its own
    runs only on the other two pipes, so there the next row's range costs its loads
    (and its maximum is ready when that row starts). */
-static inline void ef_exp_block(const T *x, T *p, int64_t b, int64_t end, vT mv,
-                                vT *sum0, vT *sum1, int fast, const T *ahead, int store,
-                                const T *next, ef_range *scan) {
+EF_INLINE void ef_exp_block(const T *x, T *p, int64_t b, int64_t end, vT mv,
+                            vT *sum0, vT *sum1, int fast, const T *ahead, int store,
+                            const T *next, ef_range *scan) {
   vT t0 = {}, t1 = {}, t2 = {}, t3 = {}, args = {};
   int64_t j = b;
   for (; j + 4 * VW <= end; j += 4 * VW) {
@@ -335,8 +342,8 @@ static inline void ef_exp_block(const T *x, T *p, int64_t b, int64_t end, vT mv,
 /* The row's sum of exp(x[j] - m), the exponentials written to p[0, n) where ``store``
    (a constant after inlining: the log-sum-exp rows keep only the sum); where ``scan``
    is not null, next[0, n) added to it (ef_exp_block) */
-static inline T ef_exp_row_scan(const T *x, T *p, int64_t n, T m, int fast, const T *ahead,
-                                int store, const T *next, ef_range *scan) {
+EF_INLINE T ef_exp_row_scan(const T *x, T *p, int64_t n, T m, int fast, const T *ahead,
+                            int store, const T *next, ef_range *scan) {
   const vT mv = ef_splat(m);
   vT t0 = {}, t1 = {}, c0 = {}, c1 = {};
   if (n <= EF_BLOCK) {     /* one block: its lane partials need no compensation */
@@ -355,15 +362,18 @@ static inline T ef_exp_row_scan(const T *x, T *p, int64_t n, T m, int fast, cons
   }
   return ef_total(s0 + s1, c0 + c1);
 }
-static inline T ef_exp_row(const T *x, T *p, int64_t n, T m, int fast, const T *ahead,
-                           int store) {
+EF_INLINE T ef_exp_row(const T *x, T *p, int64_t n, T m, int fast, const T *ahead,
+                       int store) {
   return ef_exp_row_scan(x, p, n, m, fast, ahead, store, 0, 0);
 }
 
+%(streams)s
 /* P[i,:] = exp(X[i,:] - M[i]) / S[i], M the row max, S the row sum of the exponentials.
    A row is read from memory once, by ef_row_range; its exponentials and their scaling
-   run in the L1 cache.  A row whose sum is NaN may hold a NaN that ef_row_range
-   passed over: it is taken again as the statements are written (ef_row_max, which
+   run in the L1 cache.  Where the rows stream (ef_streams) the exponentials of a short
+   row are kept in a buffer of the thread's, in the L1 cache, and scaled into P by
+   streaming stores.  A row whose sum is NaN may hold a NaN that ef_row_range passed
+   over: it is taken again as the statements are written (ef_row_max, which
    propagates NaN, and ef_vexp), so its M and P are theirs. */
 void ef_softmax_rows(const T *X, T *P, T *M, T *S, int64_t rows, int64_t n,
                      int64_t ldx, int64_t ldp, int nthreads) {
@@ -373,20 +383,23 @@ void ef_softmax_rows(const T *X, T *P, T *M, T *S, int64_t rows, int64_t n,
      reduction, the division and the scaling (a long row would push this one's
      exponentials out of the L1 cache before they are scaled) */
   const int early = n * (int64_t)sizeof(T) <= EF_SHORT;
+  const int stream = early && ef_streams(rows, n);
   #pragma omp parallel num_threads(nth)
   {
     /* the rows split as schedule(static) does: one run of consecutive rows a thread */
     const int64_t parts = omp_get_num_threads(), part = omp_get_thread_num();
     const int64_t lo = rows / parts * part + (part < rows %% parts ? part : rows %% parts);
     const int64_t hi = lo + rows / parts + (part < rows %% parts);
+    T buffer[EF_SHORT / sizeof(T)] __attribute__((aligned(64)));
     T low = 0, m = lo < hi ? ef_row_range(X + lo * ldx, n, &low) : 0;
     for (int64_t i = lo; i < hi; ++i) {
       const T *x = X + i * ldx;
       T *p = P + i * ldp;
-      T s = ef_exp_row(x, p, n, m, ef_fast_row(m, low), ef_ahead_row(X, i, hi, ldx, n), 1);
+      T *e = stream ? buffer : p;
+      T s = ef_exp_row(x, e, n, m, ef_fast_row(m, low), ef_ahead_row(X, i, hi, ldx, n), 1);
       if (s != s) {
         m = ef_row_max(x, n);
-        s = ef_exp_row(x, p, n, m, 0, x, 1);
+        s = ef_exp_row(x, e, n, m, 0, x, 1);
       }
       T next = 0, next_low = 0;
       if (early && i + 1 < hi) next = ef_row_range(x + ldx, n, &next_low);
@@ -396,46 +409,22 @@ void ef_softmax_rows(const T *X, T *P, T *M, T *S, int64_t rows, int64_t n,
       if (isnormal(r)) {
         const vT rv = ef_splat(r);
         int64_t j = 0;
-        for (; j + VW <= n; j += VW) ef_store(p + j, ef_load(p + j) * rv);
-        for (; j < n; ++j) p[j] *= r;
+        if (stream) {
+          for (const int64_t head = ef_unaligned(p, n); j < head; ++j) p[j] = e[j] * r;
+          for (; j + VW <= n; j += VW) ef_stream_store(p + j, ef_load(e + j) * rv);
+        } else {
+          for (; j + VW <= n; j += VW) ef_store(p + j, ef_load(e + j) * rv);
+        }
+        for (; j < n; ++j) p[j] = e[j] * r;
       } else {
-        for (int64_t j = 0; j < n; ++j) p[j] /= s;
+        for (int64_t j = 0; j < n; ++j) p[j] = e[j] / s;
       }
       if (!early && i + 1 < hi) next = ef_row_range(x + ldx, n, &next_low);
       m = next;
       low = next_low;
     }
+    if (stream) ef_stream_fence();
   }
-}
-
-/* The row's compensated sum of (x - mu)**k, k = 1 (mu = 0) or 2. */
-static inline void ef_sum_block(const T *x, int64_t b, int64_t end, T mu, int square,
-                                vT *sum0, vT *sum1, const T *ahead) {
-  const vT mv = ef_splat(mu);
-  vT t0 = {}, t1 = {}, t2 = {}, t3 = {};
-  int64_t j = b;
-  if (square) {
-    for (; j + 4 * VW <= end; j += 4 * VW) {
-      ef_prefetch4(ahead, j);
-      vT d0 = ef_load(x + j) - mv, d1 = ef_load(x + j + VW) - mv;
-      vT d2 = ef_load(x + j + 2 * VW) - mv, d3 = ef_load(x + j + 3 * VW) - mv;
-      t0 += d0 * d0; t1 += d1 * d1; t2 += d2 * d2; t3 += d3 * d3;
-    }
-    for (; j + VW <= end; j += VW) { vT d = ef_load(x + j) - mv; t0 += d * d; }
-    if (j < end) {
-      vT d = ef_load_part(x + j, end - j, 0) - mv;
-      t1 += ef_sel(ef_lanes() < (T)(end - j), d * d, (vT){});
-    }
-  } else {
-    for (; j + 4 * VW <= end; j += 4 * VW) {
-      t0 += ef_load(x + j); t1 += ef_load(x + j + VW);
-      t2 += ef_load(x + j + 2 * VW); t3 += ef_load(x + j + 3 * VW);
-    }
-    for (; j + VW <= end; j += VW) t0 += ef_load(x + j);
-    if (j < end) t1 += ef_load_part(x + j, end - j, 0);
-  }
-  *sum0 += t0 + t2;
-  *sum1 += t1 + t3;
 }
 
 /* y = exp(x), n values: the kernels' exponential on its own (tests check it against
@@ -460,92 +449,7 @@ void ef_exp_values_fast(const T *x, T *y, int64_t n) {
   }
 }
 
-/* The row's sum of (x - mu)**k, k = 1 (mu = 0) or 2; compensated past one block. */
-static inline T ef_row_sum(const T *x, int64_t n, T mu, int square, const T *ahead) {
-  if (n <= EF_BLOCK) {
-    vT t0 = {}, t1 = {};
-    ef_sum_block(x, 0, n, mu, square, &t0, &t1, ahead);
-    return ef_hsum(t0 + t1);
-  }
-  vT s0 = {}, s1 = {}, c0 = {}, c1 = {};
-  for (int64_t b = 0; b < n; b += EF_BLOCK) {
-    vT t0 = {}, t1 = {};
-    ef_sum_block(x, b, ef_min(n, b + EF_BLOCK), mu, square, &t0, &t1, 0);
-    ef_vfold(&s0, &c0, t0);
-    ef_vfold(&s1, &c1, t1);
-  }
-  return ef_total(s0 + s1, c0 + c1);
-}
-
-/* A row longer than a block: its mean's sum (the same compensated sum as
-   ef_row_sum's) and its sum of squares about that mean, reading the row once: each
-   block's squares are taken about the block's own mean while the block is in the L1
-   cache, and the blocks are combined as Chan et al.'s parallel variance does.  Where
-   that sum of squares is not finite (inf or NaN values, overflow) it is taken again
-   as written, sum((x - mu)**2), so that such rows give the statements' values. */
-static inline void ef_row_moments(const T *x, int64_t n, T d1, T *mu, T *squares) {
-  vT s0 = {}, s1 = {}, c0 = {}, c1 = {};
-  T count = 0, mean = 0, m2 = 0;
-  for (int64_t b = 0; b < n; b += EF_BLOCK) {
-    const int64_t end = ef_min(n, b + EF_BLOCK);
-    vT u0 = {}, u1 = {}, q0 = {}, q1 = {};
-    ef_sum_block(x, b, end, 0, 0, &u0, &u1, 0);
-    const T size = (T)(end - b), block_mean = ef_hsum(u0 + u1) / size;
-    ef_sum_block(x, b, end, block_mean, 1, &q0, &q1, 0);
-    const T delta = block_mean - mean, total = count + size;
-    mean += delta * (size / total);
-    m2 += ef_hsum(q0 + q1) + delta * delta * (count * (size / total));
-    count = total;
-    ef_vfold(&s0, &c0, u0);
-    ef_vfold(&s1, &c1, u1);
-  }
-  *mu = ef_total(s0 + s1, c0 + c1) / d1;
-  const T shift = mean - *mu;
-  *squares = m2 + count * shift * shift;
-  if (!isfinite(*squares)) *squares = ef_row_sum(x, n, *mu, 1, 0);
-}
-
-/* MU[i] = sum(X[i,:]) / n1, V[i] = sum((X[i,:] - MU[i])**2) / n2,
-   Y[i,j] = (X[i,j] - MU[i]) / sqrt(V[i] + eps) * G[j] + B[j] */
-void ef_layernorm_rows(const T *X, const T *G, const T *B, T *Y, T *MU, T *V,
-                       int64_t rows, int64_t n, int64_t ldx, int64_t ldy,
-                       double n1, double n2, double eps, int nthreads) {
-  const int nth = nthreads > 0 ? nthreads : omp_get_max_threads();
-  const T d1 = (T)n1, d2 = (T)n2, e = (T)eps;
-  #pragma omp parallel num_threads(nth)
-  {
-  const int64_t parts = omp_get_num_threads(), part = omp_get_thread_num();
-  const int64_t lo = rows / parts * part + (part < rows %% parts ? part : rows %% parts);
-  const int64_t hi = lo + rows / parts + (part < rows %% parts);
-  for (int64_t i = lo; i < hi; ++i) {
-    const T *x = X + i * ldx;
-    T *y = Y + i * ldy;
-    T mu, squares;
-    if (n <= EF_BLOCK) {     /* the sum reads the row; the squares prefetch as they go */
-      mu = ef_row_sum(x, n, 0, 0, 0) / d1;
-      squares = ef_row_sum(x, n, mu, 1, ef_ahead_row(X, i, hi, ldx, n));
-    } else {
-      ef_row_moments(x, n, d1, &mu, &squares);
-    }
-    const T v = squares / d2;
-    MU[i] = mu;
-    V[i] = v;
-    const T d = EF_SQRT(v + e);
-    const T r = (T)1 / d;
-    const vT mv = ef_splat(mu);
-    int64_t j = 0;
-    if (isnormal(r)) {
-      const vT rv = ef_splat(r);
-      for (; j + VW <= n; j += VW)
-        ef_store(y + j, (ef_load(x + j) - mv) * rv * ef_load(G + j) + ef_load(B + j));
-      for (; j < n; ++j) y[j] = (x[j] - mu) * r * G[j] + B[j];
-    } else {
-      for (; j < n; ++j) y[j] = (x[j] - mu) / d * G[j] + B[j];
-    }
-  }
-  }
-}
-
+%(layernorm)s
 /* The same kernels with the C backend's kernel signature (backends/c/call.py calls it
    without ctypes): bufs X, M, S, P (softmax) or X, G, B, MU, V, Y (layernorm); ints
    rows, n, ldx, ldp; dprm (layernorm) n1, n2, eps.  (The log-sum-exp row kernel is
@@ -589,6 +493,7 @@ def source(dtype: np.dtype, vector_bytes: int) -> str:
     suffix = "ps" if single else "pd"
     mm = {64: "__m512", 32: "__m256", 16: "__m128"}.get(width, "") + ("" if single else "d")
     return TEMPLATE % {"ctype": "float" if single else "double", "single": int(single),
+                       "streams": STREAMS, "layernorm": LAYERNORM,
                        "minmax_guard": guard, "max_op": f"{prefix}_max_{suffix}",
                        "min_op": f"{prefix}_min_{suffix}", "mm": mm,
                        "lanes": lanes, "rotations": "\n".join(rotations),
