@@ -1,4 +1,4 @@
-"""Row kernels whose output is larger than the caches (more than 8 MiB: rows_source's
+"""Row kernels whose output is larger than the caches (8 MiB or more: row_streams'
 EF_STREAM) write it with streaming stores (backends/c/row_streams.py): a softmax's
 rows through a buffer of the thread's, a layernorm's directly, a log-softmax's (a
 log-sum-exp group's member over [i, j]) through a buffer.  The values are those of the
@@ -18,7 +18,7 @@ from program_texts import LAYERNORM, SOFTMAX
 pytestmark = pytest.mark.skipif(c_build.find_compiler() is None,
                                 reason="row kernels are C kernels")
 
-STREAMED = 8 << 20          # rows_source EF_STREAM: outputs above it stream
+STREAMED = 8 << 20          # row_streams EF_STREAM: outputs from it on stream
 # more than EF_STREAM bytes at either element size, rows short enough to stream (8 KiB at
 # most: EF_SHORT); rows after the first start off a vector's alignment
 SHAPES = {"float32": (2100, 1031), "float64": (1100, 1001)}

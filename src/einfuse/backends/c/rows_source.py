@@ -18,7 +18,9 @@ stride and constant is a runtime argument.
   block (each lane adds at most EF_BLOCK / (4 VW) values), folded into per-lane totals
   with Neumaier's compensated addition, the lanes then added pairwise: the error does
   not grow with the row's length (docs/notation.md, long sums).
-* A row maximum propagates NaN as NumPy's maximum does."""
+* A row maximum propagates NaN as NumPy's maximum does.
+* Outputs of 8 MiB or more are written around the caches (row_streams.py); the
+  layernorm kernel's own source is row_layernorm.py."""
 
 from __future__ import annotations
 
