@@ -80,12 +80,12 @@ _TOTAL = {
                  "  const double total = isfinite(sum) ? sum + error : sum;\n"
                  "  O0[0] = (T)(%(value)s);",
 }
-# the row's range was found with the previous row's exponentials (_NEXT: ef_exp_next)
+# the row's range was found with the previous row's exponentials (rows_source.ef_exp_next)
 _THREAD_STATISTICS = r"""    T next = 0, next_low = 0;
     if (lo < hi) next = ef_row_range(X + lo * ldx, n, &next_low);"""
 _STATISTICS = r"""      T m = next;
       const T low = next_low;
-      const T s = ef_exp_next(X, i, hi, ldx, n, &m, low, &next, &next_low);
+      const T s = ef_exp_next(X, (T *)x, i, hi, ldx, n, &m, low, 0, &next, &next_low);
       const T lse = isfinite(m) ? m + EF_FN(log)(s) : m;
       (void)lse; (void)low;"""
 _PER_ROW = {"total_declarations": "", "thread_total": "", "thread_end": "", "total_end": ""}
@@ -95,46 +95,6 @@ _PER_ROW = {"total_declarations": "", "thread_total": "", "thread_end": "", "tot
 _THREAD_ROWS = r"""    T row_buffer[EF_SHORT / sizeof(T)] __attribute__((aligned(64)));
     const int stream = n * (int64_t)sizeof(T) <= EF_SHORT && ef_streams(rows, n);"""
 _THREAD_ROWS_END = "    if (stream) ef_stream_fence();"
-# the row's statistics, with the next row's range (rows_source.ef_exp_block scans it)
-_NEXT = r"""
-/* Whether row i's exponentials scan the next row's range (ef_exp_block): a short row
-   with a row after it in the thread's run (a long row's next range is a pass of its
-   own, after it). */
-static inline int ef_scans_next(int64_t i, int64_t hi, int64_t n) {
-  return i + 1 < hi && n * (int64_t)sizeof(T) <= EF_SHORT;
-}
-
-/* The rows' statistics: row i's sum of exp(x - m), m and low its range (ef_row_range's);
-   the next row's range into *next and *next_low, scanned with this row's exponentials
-   where ef_scans_next, else in a pass of its own after them.  A row is then read from
-   memory once, by the previous row's exponentials, while they run (Zen 4, one thread,
-   rows of 1024 float32 from memory: 263 -> 225 ns a row).  A row whose sum is NaN may
-   hold a NaN that its range passed over: it is taken again as the statements are
-   written (ef_row_max, which propagates NaN, and ef_vexp), its maximum into *m.  (The
-   softmax rows keep a range pass of their own: their exponentials are stored as they
-   are computed, and with the next row's loads among those stores a row from memory
-   took longer, 400 -> 445 ns.) */
-static inline T ef_exp_next(const T *X, int64_t i, int64_t hi, int64_t ldx, int64_t n,
-                            T *m, T low, T *next, T *next_low) {
-  const T *x = X + i * ldx;
-  const int fast = ef_fast_row(*m, low);
-  const T *ahead = ef_ahead_row(X, i, hi, ldx, n);
-  T s;
-  if (ef_scans_next(i, hi, n)) {
-    ef_range range = ef_range_start();
-    s = ef_exp_row_scan(x, (T *)x, n, *m, fast, ahead, 0, x + ldx, &range);
-    *next = ef_range_end(&range, next_low);
-  } else {
-    s = ef_exp_row(x, (T *)x, n, *m, fast, ahead, 0);
-    if (i + 1 < hi) *next = ef_row_range(x + ldx, n, next_low);
-  }
-  if (s != s) {
-    *m = ef_row_max(x, n);
-    s = ef_exp_row(x, (T *)x, n, *m, 0, x, 0);
-  }
-  return s;
-}
-"""
 _FOLD = r"""
 #include <stdlib.h>
 static inline void ef_fold_double(double *s, double *c, double x) {
@@ -155,7 +115,7 @@ def values_source(statistics: RowStatistics, dtype: np.dtype, vector_bytes: int)
     if printer.sum_functions and c_build.vector_math():
         declarations = c_build.vector_math_declarations("f", "float") if \
             dtype == np.float32 else c_build.vector_math_declarations("", "double")
-    return rows_source(dtype, vector_bytes) + _NEXT + _FOLD + declarations + kernel
+    return rows_source(dtype, vector_bytes) + _FOLD + declarations + kernel
 
 
 def ints_of(statistics: RowStatistics, inputs) -> np.ndarray:
