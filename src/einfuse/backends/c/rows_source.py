@@ -113,13 +113,27 @@ static inline vT ef_load_part(const T *p, int64_t c, T fill) {
    those bits shifted into the exponent field are n's (the negative ones wrap).  A NaN
    x may come out a number here (its payload's low bits land in the exponent): the
    rows that take this form make their sums NaN themselves (ef_exp_block). */
+#if defined(__AVX512F__) && VW * (EF_SINGLE ? 4 : 8) == 64
+#include <immintrin.h>
+#endif
 static inline vT ef_vexp_fast(vT x) {
   vT k = x * (T)EF_LOG2E + (T)EF_RINT;
   vT n = k - (T)EF_RINT;
   vT r = x - n * (T)EF_LN2HI;
   r = r - n * (T)EF_LN2LO;
   vT p = ef_poly(r) * (r * r) + r + (T)1;
+#if defined(__AVX512F__) && VW * (EF_SINGLE ? 4 : 8) == 64
+  /* AVX-512's scalef is p * 2**n in one instruction (exact here, as the addition is),
+     where the shift and the addition take a multiply-add unit's turn (Zen 4, log-sum-exp
+     rows of 1024 float32 in the L2 cache: 221 -> 215 ns a row) */
+#if EF_SINGLE
+  return (vT)_mm512_scalef_ps((__m512)p, (__m512)n);
+#else
+  return (vT)_mm512_scalef_pd((__m512d)p, (__m512d)n);
+#endif
+#else
   return (vT)((vI)p + ((vI)k << EF_MANT));
+#endif
 }
 static inline vT ef_vexp(vT x) {
   vT k = x * (T)EF_LOG2E + (T)EF_SHIFT;
@@ -269,13 +283,17 @@ static inline int ef_fast_unshifted(T top, T lo) {
    on, so that its loads overlap this row's arithmetic (without it a short row's time
    was its arithmetic plus its transfer).  A row longer than EF_SHORT bytes prefetches
    its own lines (a no-op: the hardware's stream prefetch runs far enough ahead in a
-   long row), and so does a thread's last row. */
+   long row), and so does a thread's last row.  (ef_ahead_rows: ``on`` rows on.) */
 #define EF_AHEAD 2
 #define EF_SHORT 8192
+static inline const T *ef_ahead_rows(const T *X, int64_t i, int64_t hi, int64_t ldx,
+                                     int64_t n, int64_t on) {
+  const int near = n * (int64_t)sizeof(T) <= EF_SHORT && i + on < hi;
+  return X + (near ? i + on : i) * ldx;
+}
 static inline const T *ef_ahead_row(const T *X, int64_t i, int64_t hi, int64_t ldx,
                                     int64_t n) {
-  const int near = n * (int64_t)sizeof(T) <= EF_SHORT && i + EF_AHEAD < hi;
-  return X + (near ? i + EF_AHEAD : i) * ldx;
+  return ef_ahead_rows(X, i, hi, ldx, n, EF_AHEAD);
 }
 /* the lines of ahead[j, j + 4 VW) (64, 128 or 256 bytes), written out: GCC drops a
    loop of prefetches */
@@ -394,14 +412,16 @@ EF_INLINE T ef_exp_next(const T *X, T *p, int64_t i, int64_t hi, int64_t ldx, in
                         T *m, T low, int store, T *next, T *next_low) {
   const T *x = X + i * ldx;
   const int fast = ef_fast_row(*m, low);
-  const T *ahead = ef_ahead_row(X, i, hi, ldx, n);
   T s;
   if (ef_scans_next(i, hi, n)) {
+    /* a scanned row is read a row sooner, so the prefetch runs a row further on (Zen 4,
+       log-sum-exp rows of 1024 float32 from memory, load 6: 234 -> 224 ns a row) */
+    const T *ahead = ef_ahead_rows(X, i, hi, ldx, n, EF_AHEAD + 1);
     ef_range range = ef_range_start();
     s = ef_exp_row_scan(x, p, n, *m, fast, ahead, store, x + ldx, &range);
     *next = ef_range_end(&range, next_low);
   } else {
-    s = ef_exp_row(x, p, n, *m, fast, ahead, store);
+    s = ef_exp_row(x, p, n, *m, fast, ef_ahead_row(X, i, hi, ldx, n), store);
     if (i + 1 < hi) *next = ef_row_range(x + ldx, n, next_low);
   }
   if (s != s) {
