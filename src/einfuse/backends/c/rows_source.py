@@ -85,10 +85,6 @@ static inline vT ef_poly(vT r) {
   return q * r + (T)0.5;
 }
 #endif
-/* inlined where called, whatever GCC's size estimate: the row loops' ``fast``, ``store``
-   and ``scan`` arguments are constants there (out of line they were tests in the loop,
-   and a scanned range's accumulators lived in memory) */
-#define EF_INLINE static inline __attribute__((always_inline))
 /* the C library's function f for T (expf or exp ...) */
 #if EF_SINGLE
 #define EF_FN(name) name##f
@@ -319,9 +315,9 @@ static inline vT ef_vexp_row(vT v, int fast) { return fast ? ef_vexp_fast(v) : e
    loop: the exponentials keep the multiply-add units busy, a range pass of its own
    runs only on the other two pipes, so there the next row's range costs its loads
    (and its maximum is ready when that row starts). */
-EF_INLINE void ef_exp_block(const T *x, T *p, int64_t b, int64_t end, vT mv,
-                            vT *sum0, vT *sum1, int fast, const T *ahead, int store,
-                            const T *next, ef_range *scan) {
+static inline void ef_exp_block(const T *x, T *p, int64_t b, int64_t end, vT mv,
+                                vT *sum0, vT *sum1, int fast, const T *ahead, int store,
+                                const T *next, ef_range *scan) {
   vT t0 = {}, t1 = {}, t2 = {}, t3 = {}, args = {};
   int64_t j = b;
   for (; j + 4 * VW <= end; j += 4 * VW) {
@@ -362,8 +358,8 @@ EF_INLINE void ef_exp_block(const T *x, T *p, int64_t b, int64_t end, vT mv,
 /* The row's sum of exp(x[j] - m), the exponentials written to p[0, n) where ``store``
    (a constant after inlining: the log-sum-exp rows keep only the sum); where ``scan``
    is not null, next[0, n) added to it (ef_exp_block) */
-EF_INLINE T ef_exp_row_scan(const T *x, T *p, int64_t n, T m, int fast, const T *ahead,
-                            int store, const T *next, ef_range *scan) {
+static inline T ef_exp_row_scan(const T *x, T *p, int64_t n, T m, int fast,
+                                const T *ahead, int store, const T *next, ef_range *scan) {
   const vT mv = ef_splat(m);
   vT t0 = {}, t1 = {}, c0 = {}, c1 = {};
   if (n <= EF_BLOCK) {     /* one block: its lane partials need no compensation */
@@ -382,8 +378,8 @@ EF_INLINE T ef_exp_row_scan(const T *x, T *p, int64_t n, T m, int fast, const T 
   }
   return ef_total(s0 + s1, c0 + c1);
 }
-EF_INLINE T ef_exp_row(const T *x, T *p, int64_t n, T m, int fast, const T *ahead,
-                       int store) {
+static inline T ef_exp_row(const T *x, T *p, int64_t n, T m, int fast, const T *ahead,
+                           int store) {
   return ef_exp_row_scan(x, p, n, m, fast, ahead, store, 0, 0);
 }
 
@@ -408,8 +404,8 @@ static inline int ef_scans_next(int64_t i, int64_t hi, int64_t n) {
    and ef_vexp), its maximum into *m.  (The softmax rows take it only where their
    exponentials go to a buffer in the L1 cache: stored to P, the stores' misses among
    the next row's loads made a row from memory take longer, 400 -> 445 ns.) */
-EF_INLINE T ef_exp_next(const T *X, T *p, int64_t i, int64_t hi, int64_t ldx, int64_t n,
-                        T *m, T low, int store, T *next, T *next_low) {
+static inline T ef_exp_next(const T *X, T *p, int64_t i, int64_t hi, int64_t ldx,
+                            int64_t n, T *m, T low, int store, T *next, T *next_low) {
   const T *x = X + i * ldx;
   const int fast = ef_fast_row(*m, low);
   T s;
