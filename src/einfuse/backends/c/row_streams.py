@@ -64,4 +64,34 @@ static inline void ef_stream_copy(T *dst, const T *src, int64_t n) {
   for (; j + VW <= n; j += VW) ef_stream_store(dst + j, ef_load(src + j));
   for (; j < n; ++j) dst[j] = src[j];
 }
+
+/* A scaled row still to be written, dst[k, n) = src[k, n) * scale, its head before k
+   written already: a softmax's previous row, streamed out 4 VW values at a time by the
+   next row's exponentials (ef_exp_block) so that its stores overlap their arithmetic;
+   written out as one burst after its own row, the stores stalled it (a 4 kB row's
+   lines go out at the memory's pace). */
+typedef struct { const T *src; T *dst; vT scale; int64_t k, n; } ef_out;
+/* the job for dst[0, n) = src[0, n) * scale, its head (the lanes before dst's first
+   aligned vector) written now */
+static inline ef_out ef_out_start(const T *src, T *dst, T scale, int64_t n) {
+  const ef_out o = {src, dst, ef_splat(scale), ef_unaligned(dst, n), n};
+  for (int64_t j = 0; j < o.k; ++j) dst[j] = src[j] * scale;
+  return o;
+}
+/* the next 4 VW values (the caller checks that they are there) */
+static inline void ef_out_step(ef_out *o) {
+  const T *src = o->src + o->k;
+  T *dst = o->dst + o->k;
+  ef_stream_store(dst, ef_load(src) * o->scale);
+  ef_stream_store(dst + VW, ef_load(src + VW) * o->scale);
+  ef_stream_store(dst + 2 * VW, ef_load(src + 2 * VW) * o->scale);
+  ef_stream_store(dst + 3 * VW, ef_load(src + 3 * VW) * o->scale);
+  o->k += 4 * VW;
+}
+/* what is left */
+static inline void ef_out_finish(ef_out *o) {
+  for (; o->k + VW <= o->n; o->k += VW)
+    ef_stream_store(o->dst + o->k, ef_load(o->src + o->k) * o->scale);
+  for (; o->k < o->n; ++o->k) o->dst[o->k] = o->src[o->k] * o->scale[0];
+}
 """

@@ -85,7 +85,7 @@ _THREAD_STATISTICS = r"""    T next = 0, next_low = 0;
     if (lo < hi) next = ef_row_range(X + lo * ldx, n, &next_low);"""
 _STATISTICS = r"""      T m = next;
       const T low = next_low;
-      const T s = ef_exp_next(X, (T *)x, i, hi, ldx, n, &m, low, 0, &next, &next_low);
+      const T s = ef_exp_next(X, (T *)x, i, hi, ldx, n, &m, low, 0, &next, &next_low, 0);
       const T lse = isfinite(m) ? m + EF_FN(log)(s) : m;
       (void)lse; (void)low;"""
 _PER_ROW = {"total_declarations": "", "thread_total": "", "thread_end": "", "total_end": ""}

@@ -233,6 +233,7 @@ static inline T ef_row_range(const T *x, int64_t n, T *lo) {
   return ef_hmax(ef_qmax(ef_qmax(a0, a1), ef_qmax(a2, a3)));
 }
 
+%(streams)s
 /* The lanes of a row's maximum and minimum as the row is scanned with the previous
    row's exponentials (ef_exp_block), by ef_row_range's instructions; four vectors are
    folded pairwise first (a pair's fold may drop a lane's value where its partner is
@@ -317,7 +318,7 @@ static inline vT ef_vexp_row(vT v, int fast) { return fast ? ef_vexp_fast(v) : e
    (and its maximum is ready when that row starts). */
 static inline void ef_exp_block(const T *x, T *p, int64_t b, int64_t end, vT mv,
                                 vT *sum0, vT *sum1, int fast, const T *ahead, int store,
-                                const T *next, ef_range *scan) {
+                                const T *next, ef_range *scan, ef_out *out) {
   vT t0 = {}, t1 = {}, t2 = {}, t3 = {}, args = {};
   int64_t j = b;
   for (; j + 4 * VW <= end; j += 4 * VW) {
@@ -328,6 +329,7 @@ static inline void ef_exp_block(const T *x, T *p, int64_t b, int64_t end, vT mv,
     vT e2 = ef_vexp_row(d2, fast), e3 = ef_vexp_row(d3, fast);
     if (fast) args += (d0 + d1) + (d2 + d3);
     if (scan) ef_range_add4(scan, next, j);
+    if (out && out->k + 4 * VW <= out->n) ef_out_step(out);
     if (store) {
       ef_store(p + j, e0); ef_store(p + j + VW, e1);
       ef_store(p + j + 2 * VW, e2); ef_store(p + j + 3 * VW, e3);
@@ -359,20 +361,21 @@ static inline void ef_exp_block(const T *x, T *p, int64_t b, int64_t end, vT mv,
    (a constant after inlining: the log-sum-exp rows keep only the sum); where ``scan``
    is not null, next[0, n) added to it (ef_exp_block) */
 static inline T ef_exp_row_scan(const T *x, T *p, int64_t n, T m, int fast,
-                                const T *ahead, int store, const T *next, ef_range *scan) {
+                                const T *ahead, int store, const T *next, ef_range *scan,
+                                ef_out *out) {
   const vT mv = ef_splat(m);
   vT t0 = {}, t1 = {}, c0 = {}, c1 = {};
   if (n <= EF_BLOCK) {     /* one block: its lane partials need no compensation */
-    if (fast) ef_exp_block(x, p, 0, n, mv, &t0, &t1, 1, ahead, store, next, scan);
-    else ef_exp_block(x, p, 0, n, mv, &t0, &t1, 0, ahead, store, next, scan);
+    if (fast) ef_exp_block(x, p, 0, n, mv, &t0, &t1, 1, ahead, store, next, scan, out);
+    else ef_exp_block(x, p, 0, n, mv, &t0, &t1, 0, ahead, store, next, scan, out);
     return ef_hsum(t0 + t1);
   }
   vT s0 = {}, s1 = {};
   for (int64_t b = 0; b < n; b += EF_BLOCK) {
     vT u0 = {}, u1 = {};
     const int64_t end = ef_min(n, b + EF_BLOCK);
-    if (fast) ef_exp_block(x, p, b, end, mv, &u0, &u1, 1, ahead, store, next, scan);
-    else ef_exp_block(x, p, b, end, mv, &u0, &u1, 0, ahead, store, next, scan);
+    if (fast) ef_exp_block(x, p, b, end, mv, &u0, &u1, 1, ahead, store, next, scan, out);
+    else ef_exp_block(x, p, b, end, mv, &u0, &u1, 0, ahead, store, next, scan, out);
     ef_vfold(&s0, &c0, u0);
     ef_vfold(&s1, &c1, u1);
   }
@@ -380,7 +383,7 @@ static inline T ef_exp_row_scan(const T *x, T *p, int64_t n, T m, int fast,
 }
 static inline T ef_exp_row(const T *x, T *p, int64_t n, T m, int fast, const T *ahead,
                            int store) {
-  return ef_exp_row_scan(x, p, n, m, fast, ahead, store, 0, 0);
+  return ef_exp_row_scan(x, p, n, m, fast, ahead, store, 0, 0, 0);
 }
 
 /* Whether row i's exponentials scan the next row's range (ef_exp_block): a short row
@@ -405,7 +408,8 @@ static inline int ef_scans_next(int64_t i, int64_t hi, int64_t n) {
    exponentials go to a buffer in the L1 cache: stored to P, the stores' misses among
    the next row's loads made a row from memory take longer, 400 -> 445 ns.) */
 static inline T ef_exp_next(const T *X, T *p, int64_t i, int64_t hi, int64_t ldx,
-                            int64_t n, T *m, T low, int store, T *next, T *next_low) {
+                            int64_t n, T *m, T low, int store, T *next, T *next_low,
+                            ef_out *out) {
   const T *x = X + i * ldx;
   const int fast = ef_fast_row(*m, low);
   T s;
@@ -414,10 +418,11 @@ static inline T ef_exp_next(const T *X, T *p, int64_t i, int64_t hi, int64_t ldx
        log-sum-exp rows of 1024 float32 from memory, load 6: 234 -> 224 ns a row) */
     const T *ahead = ef_ahead_rows(X, i, hi, ldx, n, EF_AHEAD + 1);
     ef_range range = ef_range_start();
-    s = ef_exp_row_scan(x, p, n, *m, fast, ahead, store, x + ldx, &range);
+    s = ef_exp_row_scan(x, p, n, *m, fast, ahead, store, x + ldx, &range, out);
     *next = ef_range_end(&range, next_low);
   } else {
-    s = ef_exp_row(x, p, n, *m, fast, ef_ahead_row(X, i, hi, ldx, n), store);
+    s = ef_exp_row_scan(x, p, n, *m, fast, ef_ahead_row(X, i, hi, ldx, n), store, 0, 0,
+                        out);
     if (i + 1 < hi) *next = ef_row_range(x + ldx, n, next_low);
   }
   if (s != s) {
@@ -427,13 +432,13 @@ static inline T ef_exp_next(const T *X, T *p, int64_t i, int64_t hi, int64_t ldx
   return s;
 }
 
-%(streams)s
 /* P[i,:] = exp(X[i,:] - M[i]) / S[i], M the row max, S the row sum of the exponentials.
    A row is read from memory once, by ef_row_range; its exponentials and their scaling
    run in the L1 cache.  Where the rows stream (ef_streams) the exponentials of a short
    row are kept in a buffer of the thread's, in the L1 cache, and scaled into P by
-   streaming stores, and the row's range is scanned with the previous row's
-   exponentials (ef_exp_next: 4096 rows of 1024 float32, 361 -> 348 ns a row).  A row whose sum is NaN may hold a NaN that ef_row_range passed
+   streaming stores, the row's range is scanned with the previous row's exponentials
+   (ef_exp_next: 4096 rows of 1024 float32, 361 -> 348 ns a row), and the scaled row is
+   written out with the next row's exponentials (row_streams.ef_out: 355 -> 327 ns).  A row whose sum is NaN may hold a NaN that ef_row_range passed
    over: it is taken again as the statements are written (ef_row_max, which
    propagates NaN, and ef_vexp), so its M and P are theirs. */
 void ef_softmax_rows(const T *X, T *P, T *M, T *S, int64_t rows, int64_t n,
@@ -451,15 +456,19 @@ void ef_softmax_rows(const T *X, T *P, T *M, T *S, int64_t rows, int64_t n,
     const int64_t parts = omp_get_num_threads(), part = omp_get_thread_num();
     const int64_t lo = rows / parts * part + (part < rows %% parts ? part : rows %% parts);
     const int64_t hi = lo + rows / parts + (part < rows %% parts);
-    T buffer[EF_SHORT / sizeof(T)] __attribute__((aligned(64)));
+    /* (two buffers: a row's exponentials are computed while the previous row's are
+       written out) */
+    T buffers[2][EF_SHORT / sizeof(T)] __attribute__((aligned(64)));
+    ef_out out = {buffers[0], P, {}, n, n};      /* nothing to write yet */
     T low = 0, m = lo < hi ? ef_row_range(X + lo * ldx, n, &low) : 0;
     for (int64_t i = lo; i < hi; ++i) {
       const T *x = X + i * ldx;
       T *p = P + i * ldp;
-      T *e = stream ? buffer : p;
+      T *e = stream ? buffers[(i - lo) & 1] : p;
       T next = 0, next_low = 0, s;
       if (stream) {
-        s = ef_exp_next(X, e, i, hi, ldx, n, &m, low, 1, &next, &next_low);
+        s = ef_exp_next(X, e, i, hi, ldx, n, &m, low, 1, &next, &next_low, &out);
+        ef_out_finish(&out);
       } else {
         s = ef_exp_row(x, e, n, m, ef_fast_row(m, low), ef_ahead_row(X, i, hi, ldx, n), 1);
         if (s != s) {
@@ -471,15 +480,12 @@ void ef_softmax_rows(const T *X, T *P, T *M, T *S, int64_t rows, int64_t n,
       M[i] = m;
       S[i] = s;
       const T r = (T)1 / s;
-      if (isnormal(r)) {
+      if (isnormal(r) && stream) {       /* written out with the next row's exponentials */
+        out = ef_out_start(e, p, r, n);
+      } else if (isnormal(r)) {
         const vT rv = ef_splat(r);
         int64_t j = 0;
-        if (stream) {
-          for (const int64_t head = ef_unaligned(p, n); j < head; ++j) p[j] = e[j] * r;
-          for (; j + VW <= n; j += VW) ef_stream_store(p + j, ef_load(e + j) * rv);
-        } else {
-          for (; j + VW <= n; j += VW) ef_store(p + j, ef_load(e + j) * rv);
-        }
+        for (; j + VW <= n; j += VW) ef_store(p + j, ef_load(e + j) * rv);
         for (; j < n; ++j) p[j] = e[j] * r;
       } else {
         for (int64_t j = 0; j < n; ++j) p[j] = e[j] / s;
@@ -488,7 +494,10 @@ void ef_softmax_rows(const T *X, T *P, T *M, T *S, int64_t rows, int64_t n,
       m = next;
       low = next_low;
     }
-    if (stream) ef_stream_fence();
+    if (stream) {
+      ef_out_finish(&out);
+      ef_stream_fence();
+    }
   }
 }
 
