@@ -95,6 +95,16 @@ _PER_ROW = {"total_declarations": "", "thread_total": "", "thread_end": "", "tot
 _THREAD_ROWS = r"""    T row_buffer[EF_SHORT / sizeof(T)] __attribute__((aligned(64)));
     const int stream = n * (int64_t)sizeof(T) <= EF_SHORT && ef_streams(rows, n);"""
 _THREAD_ROWS_END = "    if (stream) ef_stream_fence();"
+# one such member, with the row statistics: its row is streamed out by the next row's
+# exponentials (rows_source.ef_exp_next, row_streams.ef_out: two buffers), not in a burst
+# after its own (which stalled the row until its lines went out)
+_THREAD_DEFERRED = r"""    T row_buffers[2][EF_SHORT / sizeof(T)] __attribute__((aligned(64)));
+    const int stream = n * (int64_t)sizeof(T) <= EF_SHORT && ef_streams(rows, n);
+    ef_out pending = {row_buffers[0], O%(k)d, {}, n, n};     /* nothing to write yet */"""
+_THREAD_DEFERRED_END = """    if (stream) {
+      ef_out_finish(&pending);
+      ef_stream_fence();
+    }"""
 _FOLD = r"""
 #include <stdlib.h>
 static inline void ef_fold_double(double *s, double *c, double x) {
@@ -162,16 +172,20 @@ class _Printer:
             self.layout[key] = (f"A{number}", offset, ndim)
             offset += 2 * ndim
         grid = self.statistics.grid or (False,) * self.members
+        deferred = bool(self.statistics.maximum) and sum(grid) == 1
         loops = []
         for k, value in enumerate(self.statistics.values):
             if grid[k]:     # a row of values over the columns, from x[c] (in the cache)
+                buffer = "row_buffers[(i - lo) & 1]" if deferred else "row_buffer"
+                written = (f"pending = ef_out_start(out, O{k} + i * n, (T)1, n);" if deferred
+                           else f"ef_stream_copy(O{k} + i * n, row_buffer, n);")
                 loops += ["      {",
-                          f"        T *out = stream ? row_buffer : O{k} + i * n;",
+                          f"        T *out = stream ? {buffer} : O{k} + i * n;",
                           "        for (int64_t c = 0; c < n; ++c) {",
                           "          const T xc = x[c];",
                           f"          out[c] = (T)({self.value(value)});",
                           "        }",
-                          f"        if (stream) ef_stream_copy(O{k} + i * n, row_buffer, n);",
+                          f"        if (stream) {written}",
                           "      }"]
             else:
                 self.lines.append(f"      const T v{k} = (T)({self.value(value)});")
@@ -185,13 +199,19 @@ class _Printer:
             parts = dict(_TOTAL)
             parts["total_end"] = parts["total_end"] % {
                 "value": self.value(self.statistics.total)}
+        statistics = _STATISTICS if self.statistics.maximum else ""
+        thread_rows, thread_rows_end = (_THREAD_ROWS, _THREAD_ROWS_END) if loops else ("", "")
+        if deferred:
+            statistics = statistics.replace("&next_low, 0);", "&next_low,\n"
+                                            "                              stream ? &pending : 0);")
+            statistics += "\n      if (stream) ef_out_finish(&pending);"
+            thread_rows = _THREAD_DEFERRED % {"k": grid.index(True)}
+            thread_rows_end = _THREAD_DEFERRED_END
         return _KERNEL % dict(parts, name=FUNCTION, declarations="\n".join(declarations),
-                              body="\n".join(body), statistics=_STATISTICS
-                              if self.statistics.maximum else "",
+                              body="\n".join(body), statistics=statistics,
                               thread_statistics=_THREAD_STATISTICS
                               if self.statistics.maximum else "",
-                              thread_rows=_THREAD_ROWS if loops else "",
-                              thread_rows_end=_THREAD_ROWS_END if loops else "")
+                              thread_rows=thread_rows, thread_rows_end=thread_rows_end)
 
     def value(self, node) -> str:
         if isinstance(node, Const):
