@@ -90,7 +90,7 @@ _STATISTICS = r"""      T m = next;
       (void)lse; (void)low;"""
 _PER_ROW = {"total_declarations": "", "thread_total": "", "thread_end": "", "total_end": ""}
 # a member over [i, j] writes its rows past the caches where they are large
-# (rows_source.ef_streams): a short row's values go to a buffer of the thread's (in the L1
+# (row_streams.ef_streams): a short row's values go to a buffer of the thread's (in the L1
 # cache), then streamed to the output
 _THREAD_ROWS = r"""    T row_buffer[EF_SHORT / sizeof(T)] __attribute__((aligned(64)));
     const int stream = n * (int64_t)sizeof(T) <= EF_SHORT && ef_streams(rows, n);"""
