@@ -109,3 +109,79 @@ def test_program_rows_with_nan_as_the_generic_kernel(monkeypatch, dtype):
     np.testing.assert_array_equal(np.isnan(P), np.isnan(P2))
     tolerance = 2e-6 if dtype == "float32" else 1e-14
     np.testing.assert_allclose(P, P2, rtol=tolerance, atol=tolerance * 1e-3)
+
+
+def _payload_nans(dtype):
+    """Quiet NaNs (both signs) with every low payload bit set: the bits the fast
+    exponential shifts into a result's exponent field (a NaN whose bits are kept there
+    would come out a number)."""
+    if dtype == np.float32:
+        return np.array([0x7FC001FF, 0xFFC001FF], np.uint32).view(np.float32)
+    return np.array([0x7FF8000000000FFF, 0xFFF8000000000FFF], np.uint64).view(np.float64)
+
+
+def _payload_rows(dtype, cols):
+    X = np.random.default_rng(cols + 1).standard_normal((9, cols)).astype(dtype)
+    plus, minus = _payload_nans(dtype)
+    X[0, 0] = plus                         # the first row (the range pass of its own)
+    X[2, cols // 2] = minus                # a row scanned with the previous one's exponentials
+    X[4, cols - 1] = plus                  # in the partial last vector
+    X[5, :] = minus                        # all NaN
+    X[7, 1] = plus
+    X[7, 2] = -np.inf                      # beside -inf
+    X[8, 0] = minus                        # the last row
+    return X
+
+
+@pytest.mark.parametrize("vector_bytes", WIDTHS)
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("cols", [37, 1024, 2051])
+def test_softmax_rows_with_nan_payloads(dtype, vector_bytes, cols):
+    library = _library(dtype, vector_bytes)
+    X = _payload_rows(dtype, cols)
+    rows = len(X)
+    P, M, S = np.empty_like(X), np.empty(rows, dtype), np.empty(rows, dtype)
+    library.ef_softmax_rows(X.ctypes.data, P.ctypes.data, M.ctypes.data, S.ctypes.data,
+                            rows, cols, cols, cols, 1)
+    nan = np.isnan(X).any(1)
+    assert np.isnan(M[nan]).all() and np.isnan(S[nan]).all() and np.isnan(P[nan]).all()
+    m = X[~nan].max(1)
+    e = np.exp(X[~nan] - m[:, None])
+    np.testing.assert_array_equal(M[~nan], m)
+    tolerance = 3e-6 if dtype == np.float32 else 1e-14
+    np.testing.assert_allclose(P[~nan], e / e.sum(1)[:, None], rtol=tolerance,
+                               atol=tolerance * 1e-3)
+
+
+LSE_ROWS = {"logsumexp": "l[i] := logsumexp[j](X[i,j])",
+            "quotient cross-entropy": "l[i] := -log(exp(X[i, t[i]]) / sum[j](exp(X[i,j])))"}
+
+
+@pytest.mark.parametrize("vector_bytes", WIDTHS)
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("cols", [37, 1024, 2051])
+@pytest.mark.parametrize("name", list(LSE_ROWS))
+def test_log_sum_exp_rows_with_nan_payloads(monkeypatch, row_patterns, name, dtype,
+                                            vector_bytes, cols):
+    # the log-sum-exp kernel (backends/c/row_values.py) scans a short row's range with
+    # the previous row's exponentials, a long one's in a pass of its own; a NaN is
+    # passed over by both, and each row that holds one is NaN, as its statement's value
+    from einfuse.backends.c import rows as c_rows
+    monkeypatch.setattr(c_rows, "VECTOR_BYTES", vector_bytes)
+    X = _payload_rows(np.dtype(dtype).type, cols)
+    t = np.arange(len(X)) % cols
+    text = LSE_ROWS[name]
+    got = ef.compile(text)(**({"X": X, "t": t} if "t[" in text else {"X": X}))
+    assert row_patterns == [c_rows.RowPattern.LOGSUMEXP]
+    wide = X.astype(np.float64)
+    with np.errstate(all="ignore"):
+        if name == "logsumexp":
+            m = wide.max(1)
+            want = m + np.log(np.exp(wide - m[:, None]).sum(1))
+        else:
+            want = -np.log(np.exp(wide[np.arange(len(X)), t]) / np.exp(wide).sum(1))
+    np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
+    assert np.isnan(got[np.isnan(X).any(1)]).all()
+    keep = ~np.isnan(want)
+    np.testing.assert_allclose(got[keep], want[keep], rtol=3e-6 if dtype == "float32"
+                               else 1e-13, atol=1e-6 if dtype == "float32" else 1e-12)

@@ -52,12 +52,15 @@ void %(name)s(void **bufs, const int64_t *ints, const double *dprm,
 %(thread_total)s
     const int64_t lo = rows / parts * part + (part < rows %% parts ? part : rows %% parts);
     const int64_t hi = lo + rows / parts + (part < rows %% parts);
+%(thread_statistics)s
+%(thread_rows)s
     for (int64_t i = lo; i < hi; ++i) {
       const T *x = X + i * ldx;
 %(statistics)s
 %(body)s
     }
 %(thread_end)s
+%(thread_rows_end)s
   }
   if (bad) *err = 1;
 %(total_end)s
@@ -77,17 +80,31 @@ _TOTAL = {
                  "  const double total = isfinite(sum) ? sum + error : sum;\n"
                  "  O0[0] = (T)(%(value)s);",
 }
-_STATISTICS = r"""      T low = 0;
-      T m = ef_row_range(x, n, &low);
-      T s = ef_exp_row(x, (T *)x, n, m, ef_fast_row(m, low),
-                       ef_ahead_row(X, i, hi, ldx, n), 0);
-      if (s != s) {
-        m = ef_row_max(x, n);
-        s = ef_exp_row(x, (T *)x, n, m, 0, x, 0);
-      }
+# the row's range was found with the previous row's exponentials (rows_source.ef_exp_next)
+_THREAD_STATISTICS = r"""    T next = 0, next_low = 0;
+    if (lo < hi) next = ef_row_range(X + lo * ldx, n, &next_low);"""
+_STATISTICS = r"""      T m = next;
+      const T low = next_low;
+      const T s = ef_exp_next(X, (T *)x, i, hi, ldx, n, &m, low, 0, &next, &next_low, 0);
       const T lse = isfinite(m) ? m + EF_FN(log)(s) : m;
-      (void)lse;"""
+      (void)lse; (void)low;"""
 _PER_ROW = {"total_declarations": "", "thread_total": "", "thread_end": "", "total_end": ""}
+# a member over [i, j] writes its rows past the caches where they are large
+# (row_streams.ef_streams): a short row's values go to a buffer of the thread's (in the L1
+# cache), then streamed to the output
+_THREAD_ROWS = r"""    T row_buffer[EF_SHORT / sizeof(T)] __attribute__((aligned(64)));
+    const int stream = n * (int64_t)sizeof(T) <= EF_SHORT && ef_streams(rows, n);"""
+_THREAD_ROWS_END = "    if (stream) ef_stream_fence();"
+# one such member, with the row statistics: its row is streamed out by the next row's
+# exponentials (rows_source.ef_exp_next, row_streams.ef_out: two buffers), not in a burst
+# after its own (which stalled the row until its lines went out)
+_THREAD_DEFERRED = r"""    T row_buffers[2][EF_SHORT / sizeof(T)] __attribute__((aligned(64)));
+    const int stream = n * (int64_t)sizeof(T) <= EF_SHORT && ef_streams(rows, n);
+    ef_out pending = {row_buffers[0], O%(k)d, {}, n, n};     /* nothing to write yet */"""
+_THREAD_DEFERRED_END = """    if (stream) {
+      ef_out_finish(&pending);
+      ef_stream_fence();
+    }"""
 _FOLD = r"""
 #include <stdlib.h>
 static inline void ef_fold_double(double *s, double *c, double x) {
@@ -155,12 +172,20 @@ class _Printer:
             self.layout[key] = (f"A{number}", offset, ndim)
             offset += 2 * ndim
         grid = self.statistics.grid or (False,) * self.members
+        deferred = bool(self.statistics.maximum) and sum(grid) == 1
         loops = []
         for k, value in enumerate(self.statistics.values):
             if grid[k]:     # a row of values over the columns, from x[c] (in the cache)
-                loops += ["      for (int64_t c = 0; c < n; ++c) {",
-                          "        const T xc = x[c];",
-                          f"        O{k}[i * n + c] = (T)({self.value(value)});",
+                buffer = "row_buffers[(i - lo) & 1]" if deferred else "row_buffer"
+                written = (f"pending = ef_out_start(out, O{k} + i * n, (T)1, n);" if deferred
+                           else f"ef_stream_copy(O{k} + i * n, row_buffer, n);")
+                loops += ["      {",
+                          f"        T *out = stream ? {buffer} : O{k} + i * n;",
+                          "        for (int64_t c = 0; c < n; ++c) {",
+                          "          const T xc = x[c];",
+                          f"          out[c] = (T)({self.value(value)});",
+                          "        }",
+                          f"        if (stream) {written}",
                           "      }"]
             else:
                 self.lines.append(f"      const T v{k} = (T)({self.value(value)});")
@@ -174,9 +199,19 @@ class _Printer:
             parts = dict(_TOTAL)
             parts["total_end"] = parts["total_end"] % {
                 "value": self.value(self.statistics.total)}
+        statistics = _STATISTICS if self.statistics.maximum else ""
+        thread_rows, thread_rows_end = (_THREAD_ROWS, _THREAD_ROWS_END) if loops else ("", "")
+        if deferred:
+            statistics = statistics.replace("&next_low, 0);", "&next_low,\n"
+                                            "                              stream ? &pending : 0);")
+            statistics += "\n      if (stream) ef_out_finish(&pending);"
+            thread_rows = _THREAD_DEFERRED % {"k": grid.index(True)}
+            thread_rows_end = _THREAD_DEFERRED_END
         return _KERNEL % dict(parts, name=FUNCTION, declarations="\n".join(declarations),
-                              body="\n".join(body), statistics=_STATISTICS
-                              if self.statistics.maximum else "")
+                              body="\n".join(body), statistics=statistics,
+                              thread_statistics=_THREAD_STATISTICS
+                              if self.statistics.maximum else "",
+                              thread_rows=thread_rows, thread_rows_end=thread_rows_end)
 
     def value(self, node) -> str:
         if isinstance(node, Const):
