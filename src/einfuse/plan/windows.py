@@ -24,8 +24,9 @@ SELECTIONS = frozenset({"max", "min", "argmax", "argmin"})
 
 def wide_lanes(rhs: ast.Expr, plain: bool, short: Iterable[str] = ()) -> bool:
     """Whether lanes may step by more than one element: every reduction selects, or is
-    a window's sum (every index it sums is ``short``, under a vector's width: average
-    pooling's ``sum[p,q](x[b, c, 2*i+p, 2*j+q])``), and the renderer is the C backend's
+    a window's sum (every index it sums is ``short``, under a vector's width, and moves
+    a window: average pooling's ``sum[p,q](x[b, c, 2*i+p, 2*j+q])``), and the renderer
+    is the C backend's
     (``plain`` block-per-program renderers such as Triton keep unit steps; the wider
     ones were not measured on a GPU).  A window's sum on lanes adds each output's
     terms one after another in the window's order; the scalar plan would spread a
@@ -34,8 +35,18 @@ def wide_lanes(rhs: ast.Expr, plain: bool, short: Iterable[str] = ()) -> bool:
     if plain:
         return False
     few = set(short)
-    return all(r.op in SELECTIONS or (r.op == "sum" and set(r.indices) <= few)
+    return all(r.op in SELECTIONS or (r.op == "sum" and _window_sum(r, few))
                for r in ast.reductions(rhs))
+
+
+def _window_sum(reduce: ast.Reduce, short) -> bool:
+    """Whether every index ``reduce`` sums is short and moves a window: it is read in a
+    subscript beside another index (``2*i + p``), not as a plain axis of its own (dist's
+    ``w[k, i]`` over a short ``k`` is a contraction, whose plans the short-index rules
+    choose)."""
+    windowed = {name for access in ast.accesses(reduce.body) for sub in access.indices
+                if len(sub.index_names) > 1 for name in sub.index_names}
+    return all(name in short and name in windowed for name in reduce.indices)
 
 
 def read_once_per_block(row: str, tops: Iterable[ast.Reduce]) -> bool:
