@@ -337,3 +337,43 @@ def test_an_intermediate_with_two_reductions_is_split(backend):
     assert close(ef.ein(mean, X=X, backend=backend), oracle_program(mean, {"X": X})["Y"])
     # the last statement's reductions stay in its own loop nest
     assert program_form("Y[i] := sum[j](X[i,j]) / sum[j](X[i,j]**2)", ("Y",)).shared == ()
+
+
+# -- the order of commutative terms ---------------------------------------------------------
+@pytest.mark.parametrize("statement, rule, expected", [
+    ("P[i,j] := exp(-M[i] + X[i,j])", "negation-as-difference",
+     "P[i, j] := exp(X[i, j] - M[i])"),
+    ("P[i,j] := exp(X[i,j] + -M[i])", "negation-as-difference",
+     "P[i, j] := exp(X[i, j] - M[i])"),
+    ("Y[i,j] := b[j] + X[i,j] * M[i]", "wider-addend-first",
+     "Y[i, j] := X[i, j] * M[i] + b[j]"),
+    ("y[i] := sqrt(1e-05 + M[i])", "wider-addend-first", "y[i] := sqrt(M[i] + 1e-05)"),
+    ("v[i] := sum[j]((M[i] - X[i,j])**2)", "difference-squared-wider-first",
+     "v[i] := sum[j]((X[i, j] - M[i])**2)"),
+])
+def test_commutative_terms_take_one_order_bitwise(backend, statement, rule, expected):
+    """A negated addend, a narrower addend written first and a difference squared the
+    other way round are rewritten to the one order (the row kernels' templates), and
+    the values are the written statement's bit for bit: NaN, infinities, -0.0."""
+    text, fired = canonical_text(statement)
+    assert rule in fired and text == expected
+    X = special_matrix()
+    M = np.array([0.5, -0.0, INF, NAN, -2.0])
+    b = np.array([1.0, -0.0, 0.0, -INF, NAN, 3.0])
+    arrays = {name: value for name, value in (("X", X), ("M", M), ("b", b))
+              if f"{name}[" in statement}
+    written = oracle(statement, arrays)
+    assert same_bits(oracle(text, arrays), written)
+    assert close(ef.ein(statement, backend=backend, **arrays), written)
+
+
+@pytest.mark.parametrize("statement", [
+    "Y[i,j] := X[i,j] + -Y2[i,j]",            # (the negation rule fires, no order rule)
+    "Y[i,j] := A[i,j] + B[i,j]",              # the same indices: as written
+    "Y[i,j] := b[j] + c[i]",                  # neither a subset of the other
+    "v[i,j] := (A[i,j] - B[i,j])**2",
+    "v[i] := sum[j]((X[i,j] - M[i])**3)",     # not a square
+])
+def test_terms_of_equal_or_unrelated_indices_keep_their_order(statement):
+    text, fired = canonical_text(statement)
+    assert "wider-addend-first" not in fired and "difference-squared-wider-first" not in fired

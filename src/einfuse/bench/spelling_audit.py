@@ -35,6 +35,9 @@ SOFTMAX_MORE = (
     ("exp(x - max - log(sum))",
      "M[i] := max[j](X[i,j])\nZ[i] := sum[j](exp(X[i,j] - M[i]))\n"
      "P[i,j] := exp(X[i,j] - M[i] - log(Z[i]))"),
+    ("exp(-max + x)",
+     "M[i] := max[j](X[i,j])\nE[i,j] := exp(-M[i] + X[i,j])\nZ[i] := sum[j](E[i,j])\n"
+     "P[i,j] := E[i,j] / Z[i]"),
 )
 
 LOG_SOFTMAX = (
@@ -76,6 +79,12 @@ LAYERNORM_MORE = (
     ("gain first",
      "m[i] := sum[j](X[i,j]) / {n}\nv[i] := sum[j]((X[i,j] - m[i])**2) / {n}\n"
      "Y[i,j] := g[j] * (X[i,j] - m[i]) / sqrt(v[i] + 1e-05) + b[j]"),
+    ("bias and gain first",
+     "m[i] := sum[j](X[i,j]) / {n}\nv[i] := sum[j]((X[i,j] - m[i])**2) / {n}\n"
+     "Y[i,j] := b[j] + g[j] * (X[i,j] - m[i]) / sqrt(v[i] + 1e-05)"),
+    ("(m-x)**2, epsilon first, gain between",
+     "m[i] := sum[j](X[i,j]) / {n}\nv[i] := sum[j]((m[i] - X[i,j])**2) / {n}\n"
+     "Y[i,j] := (X[i,j] - m[i]) * g[j] / sqrt(1e-05 + v[i]) + b[j]"),
 )
 
 RMSNORM = (

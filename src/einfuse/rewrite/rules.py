@@ -24,7 +24,8 @@ import math
 from dataclasses import dataclass
 from typing import Callable, Dict, Iterable, List, Optional, Tuple
 
-from ..lang.ast import Access, Binary, Call, Expr, Number, Reduce, accesses, map_children
+from ..lang.ast import (Access, Binary, Call, Expr, Number, Reduce, Unary, accesses,
+                        map_children)
 from ..lang.rewrite import free_indices
 from ..lang.sugar import FreshNames, count_points, rename_indices
 from .hoist import canonical, only_plain
@@ -346,6 +347,36 @@ def _gain_after_quotient(c: Captures, expr: Expr, fresh: FreshNames) -> Optional
     return Binary("*", Binary("/", numerator, c["d"], span=span), gain, span=span)
 
 
+def _negation_as_difference(c: Captures, expr: Expr, fresh: FreshNames) -> Optional[Expr]:
+    """``-a + b`` (or ``b + -a``) -> ``b - a``: IEEE's b + (-a) is b - a, bit for bit."""
+    negated, other = c["a"], c["b"]
+    if not isinstance(negated, Unary) or negated.op != "-":
+        return None
+    return Binary("-", other, negated.operand, span=_span(expr))
+
+
+def _wider_addend_first(c: Captures, expr: Expr, fresh: FreshNames) -> Optional[Expr]:
+    """``b + a`` -> ``a + b`` where ``b``'s free indices are a strict subset of ``a``'s
+    (a bias, a number, an epsilon written first: ``b[j] + Y[i,j]``, ``sqrt(1e-05 +
+    v[i])``): one order for one computation; addition commutes bit for bit."""
+    left, right = expr.left, expr.right
+    if not free_indices(left) < free_indices(right):
+        return None
+    return Binary("+", right, left, span=_span(expr))
+
+
+def _difference_squared_wider_first(c: Captures, expr: Expr,
+                                    fresh: FreshNames) -> Optional[Expr]:
+    """``(a - b)**2`` -> ``(b - a)**2`` where ``a``'s free indices are a strict subset of
+    ``b``'s (a variance written ``(m[i] - X[i,j])**2``): a - b is -(b - a) exactly, so the
+    squares are the same bits."""
+    a, b = c["a"], c["b"]
+    if not free_indices(a) < free_indices(b):
+        return None
+    span = _span(expr)
+    return Binary("**", Binary("-", b, a, span=span), expr.right, span=span)
+
+
 def _log_normaliser_as_division(c: Captures, expr: Expr, fresh: FreshNames) -> Optional[Expr]:
     """``exp(a_j - log(sum[k](exp(a_k))))`` -> ``exp(a_j) / sum[k](exp(a_k))``, the two
     ``a`` the same up to the reduced indices (a normalised weight: never above 1)."""
@@ -442,10 +473,26 @@ RULES: Tuple[Rule, ...] = (
          "mean[h](mean[w](e)) -> mean[h,w](e), as sum[h,w](e) / count[h,w], where h and w "
          "are plain subscripts of e (every inner mean counts the same points): one sum "
          "and one division, the same terms added in another order"),
-    Rule("gain-after-quotient", Op("/", Op("*", Capture("g"), Capture("n")), Capture("d")),
+    Rule("gain-after-quotient",
+         Op("/", Op("*", Capture("g"), Capture("n"), commutative=True), Capture("d")),
          _gain_after_quotient, Keeps.ROUNDING,
-         "g * n / d -> n / d * g for an array g with fewer indices than n: a gain written "
-         "before the normalised value is applied after it (a product chain in one order)"),
+         "g * n / d (or n * g / d) -> n / d * g for an array g with fewer indices than n: "
+         "a gain written before the normalised value is applied after it (a product "
+         "chain in one order)"),
+    Rule("negation-as-difference", Op("+", Capture("a"), Capture("b"), commutative=True),
+         _negation_as_difference, Keeps.EXACT,
+         "-a + b -> b - a (and b + -a): a negated addend is a subtraction (b + (-a) is "
+         "b - a in IEEE arithmetic, bit for bit)"),
+    Rule("wider-addend-first", Op("+", Capture("b"), Capture("a")), _wider_addend_first,
+         Keeps.EXACT,
+         "b + a -> a + b where b's indices are a strict subset of a's: a bias, number or "
+         "epsilon written first is added last (addition commutes bit for bit)"),
+    Rule("difference-squared-wider-first",
+         Op("**", Op("-", Capture("a"), Capture("b")), Const(2.0)),
+         _difference_squared_wider_first, Keeps.EXACT,
+         "(a - b)**2 -> (b - a)**2 where a's indices are a strict subset of b's: a "
+         "variance written (m - x)**2 is the one written (x - m)**2 (a - b is -(b - a) "
+         "exactly)"),
     Rule("log-normaliser-as-division",
          Fn("exp", (Op("-", Capture("a"), Fn("log", (Capture("total"),))),)),
          lambda c, e, fresh: _log_normaliser_as_division(
