@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 import einfuse as ef
+from einfuse.lang import ast
 from einfuse.backends.c import build as c_build
 from einfuse.runtime import program_backward, program_scatter
 
@@ -240,8 +241,12 @@ def test_an_embedding_id_outside_runs_the_general_path(monkeypatch):
     run = next(r for r in made[-1]._runs if isinstance(r, program_backward._ScatterRun))
     assert run.prepared
     env = {"E": arrays["E"], "ids": arrays["ids"].copy(), "s": arrays["s"]}
-    for name in run.piece.statements[0].inputs:      # the values' inputs (dh, s)
-        env.setdefault(name, np.ones((40, 24)))
+    extents = {"b": 40, "d": 24}
+    statement = run.piece.statements[0]
+    for access in ast.accesses(statement.spec.rhs):     # the values' inputs (dh, s, ...)
+        if access.tensor in statement.inputs:
+            env.setdefault(access.tensor, np.ones(tuple(
+                extents[sub.plain_index] for sub in access.indices)))
     assert run.prepared(dict(env)) is True
     env["ids"][7] = rows
     assert run.prepared(env) is False and run.piece.key not in env
