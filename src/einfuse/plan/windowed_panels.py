@@ -118,13 +118,11 @@ def _reading(found: WindowedContraction, gradient: bool) -> Optional[PanelForm]:
         # pattern one way round exactly where it fits the other the other way round,
         # so ``gradient`` (the reading asked for) decides, not the terms' order
         for pos, cp, win, cw in ((a, ca, b, cb), (b, cb, a, ca)):
-            if not gradient and win in y.axes and pos not in y.axes and \
-                    pos in output and win in summed:
-                windowed.append((axis, pos, win, cw, cp, False))
-                break
-            if gradient and win in output and win not in y.axes and pos in y.axes and \
-                    pos in summed:
-                windowed.append((axis, pos, win, cw, cp, True))
+            # (one index an output index X alone reads, its partner summed with Y)
+            own, shared = (win, pos) if gradient else (pos, win)
+            if own in output and own not in y.axes and shared in y.axes and \
+                    shared in summed:
+                windowed.append((axis, pos, win, cw, cp))
                 break
         else:
             return None
