@@ -33,8 +33,6 @@ _NATIVE: list = []
 
 
 def _native_loaded(module) -> None:
-    import torch
-    module.signature_types(torch.Tensor, torch.nn.Parameter)
     _NATIVE[:] = [module.remembered_signature, module.remember_signature]
 
 

@@ -29,7 +29,6 @@ _NATIVE_VIEWS: list = []
 
 
 def _native_loaded(module) -> None:
-    module.signature_types(torch.Tensor, torch.nn.Parameter)
     _NATIVE_VIEWS[:] = [module.numpy_views]
 
 

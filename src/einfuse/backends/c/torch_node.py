@@ -101,6 +101,9 @@ def _key(sources: Dict[str, str]) -> str:
 def _build_and_load() -> None:
     try:
         found = _load()
+        if found is not None:     # (the classes its lookups take as plain tensors)
+            import torch
+            found.signature_types(torch.Tensor, torch.nn.Parameter)
     except Exception as error:      # any failure leaves the Python path: say why
         found, why = None, f"{type(error).__name__}: {error}"
     else:
