@@ -37,6 +37,18 @@ std::unordered_map<std::string, Remembered> &remembered =
 constexpr size_t kept = 4096;
 PyObject *tensor_type = nullptr, *parameter_type = nullptr;
 
+// Whether Python's path decides for ``t``: torch.func's wrappers, as
+// is_functorch_wrapped_tensor tests them (grad and vmap wrappers, functionalize's
+// functional tensors, whose own storage is not their values), and tensors a Python
+// dispatch mode or subclass handles.
+bool wrapped(const at::Tensor &t) {
+  c10::DispatchKeySet keys = t.key_set();
+  return keys.has(c10::DispatchKey::FuncTorchGradWrapper) ||
+         keys.has(c10::DispatchKey::FuncTorchBatched) ||
+         keys.has(c10::DispatchKey::Functionalize) || keys.has(c10::DispatchKey::Python) ||
+         t.unsafeGetTensorImpl()->is_python_dispatch();
+}
+
 void put(std::string &key, int64_t value) {
   key.append(reinterpret_cast<const char *>(&value), sizeof value);
 }
@@ -62,16 +74,7 @@ bool key_of(PyObject *kwargs, bool views, std::string &key,
     const at::Tensor &t = THPVariable_Unpack(value);
     if (t.layout() != at::kStrided || t.is_nested() || t.device().type() != at::kCPU)
       return false;
-    c10::DispatchKeySet keys = t.key_set();
-    // (torch.func's wrappers, as is_functorch_wrapped_tensor tests them: grad and vmap
-    // wrappers and functionalize's functional tensors, whose own storage is not their
-    // values; and tensors a Python dispatch mode or subclass handles)
-    if (keys.has(c10::DispatchKey::FuncTorchGradWrapper) ||
-        keys.has(c10::DispatchKey::FuncTorchBatched) ||
-        keys.has(c10::DispatchKey::Functionalize) ||
-        keys.has(c10::DispatchKey::Python) ||
-        t.unsafeGetTensorImpl()->is_python_dispatch())
-      return false;
+    if (wrapped(t)) return false;
     if (t._fw_grad(0).defined()) return false;    // (forward mode: one level, 0)
     put(key, type == tensor_type ? -2 : -3);
     put(key, static_cast<int64_t>(t.scalar_type()));
@@ -143,12 +146,8 @@ PyObject *numpy_views(PyObject *, PyObject *const *args, Py_ssize_t count) {
     if (tensor_type == nullptr || (type != tensor_type && type != parameter_type))
       Py_RETURN_NONE;
     const at::Tensor &t = THPVariable_Unpack(value);
-    c10::DispatchKeySet keys = t.key_set();
     if (t.layout() != at::kStrided || t.device().type() != at::kCPU || t.is_neg() ||
-        t.is_conj() || t.unsafeGetTensorImpl()->is_python_dispatch() ||
-        keys.has(c10::DispatchKey::Functionalize) ||
-        keys.has(c10::DispatchKey::FuncTorchGradWrapper) ||
-        keys.has(c10::DispatchKey::FuncTorchBatched))
+        t.is_conj() || wrapped(t))
       Py_RETURN_NONE;
   }
   PyObject *found = PyDict_New();
