@@ -74,16 +74,22 @@ def _rows(dtype, cols):
     return X
 
 
+def _softmax_rows(library, X):
+    """(P, M, S) of ef_softmax_rows on X's rows, one thread."""
+    rows, cols = X.shape
+    P, M, S = np.empty_like(X), np.empty(rows, X.dtype), np.empty(rows, X.dtype)
+    library.ef_softmax_rows(X.ctypes.data, P.ctypes.data, M.ctypes.data, S.ctypes.data,
+                            rows, cols, cols, cols, 1)
+    return P, M, S
+
+
 @pytest.mark.parametrize("vector_bytes", WIDTHS)
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 @pytest.mark.parametrize("cols", [5, 37, 1024, 2051])
 def test_softmax_rows_at_every_vector_width(dtype, vector_bytes, cols):
     library = _library(dtype, vector_bytes)
     X = _rows(dtype, cols)
-    rows = len(X)
-    P, M, S = np.empty_like(X), np.empty(rows, dtype), np.empty(rows, dtype)
-    library.ef_softmax_rows(X.ctypes.data, P.ctypes.data, M.ctypes.data, S.ctypes.data,
-                            rows, cols, cols, cols, 1)
+    P, M, S = _softmax_rows(library, X)
     with np.errstate(all="ignore"):
         m = np.max(X, 1)                   # NaN where a row holds one
         e = np.exp(X - m[:, None])
@@ -139,10 +145,7 @@ def _payload_rows(dtype, cols):
 def test_softmax_rows_with_nan_payloads(dtype, vector_bytes, cols):
     library = _library(dtype, vector_bytes)
     X = _payload_rows(dtype, cols)
-    rows = len(X)
-    P, M, S = np.empty_like(X), np.empty(rows, dtype), np.empty(rows, dtype)
-    library.ef_softmax_rows(X.ctypes.data, P.ctypes.data, M.ctypes.data, S.ctypes.data,
-                            rows, cols, cols, cols, 1)
+    P, M, S = _softmax_rows(library, X)
     nan = np.isnan(X).any(1)
     assert np.isnan(M[nan]).all() and np.isnan(S[nan]).all() and np.isnan(P[nan]).all()
     m = X[~nan].max(1)
