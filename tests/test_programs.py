@@ -290,6 +290,7 @@ def test_explain_of_an_intermediate_larger_than_an_array_names_it():
     NumPy ValueError from planning the fused group)."""
     from einfuse import errors
     with pytest.raises(errors.ShapeError, match="t would have shape"):
-        # (t read twice: a t read once inside the sum is computed there, no array at all)
-        ef.explain("t[i,j] := a[i]*b[j]\ns := sum[i,j](t[i,j] * t[i,j])",
+        # (t read twice: a t read once inside the sum is computed there, no array at
+        # all; `t * t` is read once, as the canonical `t**2`)
+        ef.explain("t[i,j] := a[i]*b[j]\ns := sum[i,j](t[i,j] * exp(t[i,j]))",
                    shapes={"a": (2**31,), "b": (2**31,)})

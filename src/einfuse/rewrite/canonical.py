@@ -92,20 +92,27 @@ def canonical_program(statements: Sequence[Tuple[Statement, Expr]],
                       options: frozenset = frozenset()) -> CanonicalProgram:
     """The canonical form of a program given as (statement, explicit right side) pairs;
     ``outputs`` are the names the caller receives."""
+    written = list(statements)
     fired: List[str] = []
     shared: List[str] = []
     first = tuple(range(len(statements)))    # each statement's place in the program given
-    put_back = [False] * len(statements)      # a reduction intermediate put back into it
+    put_back = [False] * len(statements)      # changed before its own rules: put back into
     if plain_ranges and len(statements) > 1:
-        given = [dataclasses.replace(s, rhs=rhs) for s, rhs in statements]
+        # every statement at its own fixed point first: what is put back where, and what
+        # is recomputed, is then decided on canonical statements, so two spellings of a
+        # program take one program shape (a rule firing on an intermediate's own terms,
+        # `0.5 + X` -> `X + 0.5`, is no reason to put it back into its reader)
+        given, rules_fired = [], []
+        for statement, rhs in statements:
+            new, names = canonical_statement(statement, rhs, options)
+            fired += names
+            rules_fired.append(bool(names))
+            given.append(new if names else dataclasses.replace(statement, rhs=rhs))
         read, gathered = read_gathers_at_their_points(given, set(outputs), options, shared)
         whole, first = inline_where_rules_fire(read, set(outputs), options, fired, shared)
         first = tuple(gathered[k] for k in first)
-        put_back = [s is not given[k] for s, k in zip(whole, first)]
-        if any(put_back) or len(whole) != len(given):
-            statements = [(s, s.rhs) for s in whole]
-        else:
-            put_back = [False] * len(statements)
+        put_back = [s is not given[k] or rules_fired[k] for s, k in zip(whole, first)]
+        statements = [(s, s.rhs) for s in whole]
     rewritten: List[Statement] = []
     unchanged: Dict[int, Statement] = {}     # by id: the statements no step touched
     for (statement, rhs), inlined in zip(statements, put_back):
@@ -124,9 +131,9 @@ def canonical_program(statements: Sequence[Tuple[Statement, Expr]],
         rewritten, placed = share_costly_terms(rewritten, shared)
         origins = tuple(origins[k] for k in placed)
     if not fired and not shared:
-        rewritten = [s for s, _ in statements]
+        rewritten = [s for s, _ in written]
         unchanged = {id(s): s for s in rewritten}
-        origins = first
+        origins = tuple(range(len(rewritten)))
     order = dataflow_order(rewritten)
     reordered = order != tuple(range(len(order)))
     if reordered:
