@@ -486,7 +486,7 @@ class _Lowering(BlockedSums, LaneReductions, EpilogueBlocks, RowStatements):
                 self.epilogue_block_index(e) is not None:
             return self.epilogue_block_reduce(e, acc, inner_env, pre, lanes)
         if nested and lanes is None and e.op in ("sum", "prod") and not self.checks \
-                and not self.plain:
+                and not self.plain and self.nested_lanes_pay(e, order[-1]):
             return self.lane_tiled_reduce(e, acc, order, inner_env, pre)
         # (not over a short innermost index: max-pooling's 2 values per output would
         # set up and fold 64 lanes each time, 30x the work)
