@@ -7,7 +7,8 @@ members' results, per-row inputs, gathers such as a label's logit ``X[i, t[i]]``
 numbers, elementwise functions): one value per row, or, for a member over ``[i, j]``,
 a row of values from ``X[i, j]`` itself (a log-softmax, read by no later member).  A
 statement run alone may also be the sum over the rows of such a value (a mean
-cross-entropy ``L[] := sum[i](...) / N``: :class:`Total`).
+cross-entropy ``L[] := sum[i](...) / N``: :class:`Total`; or ``mean[i](...)``, whose
+count over the rows is :class:`Rows`).
 
 That covers each way of writing a log-sum-exp, a cross-entropy or a log-softmax::
 
@@ -42,6 +43,7 @@ from dataclasses import dataclass, replace
 from typing import Dict, FrozenSet, Optional, Tuple
 
 from ..lang import ast
+from ..lang.sugar import constant_value, is_count
 from .slots import buffer_slots
 
 # the per-row functions the row values take (backends/c/row_values.py prints them as
@@ -131,6 +133,12 @@ class Total:
 
 
 @dataclass(frozen=True)
+class Rows:
+    """The number of rows: a count over the row index (``mean[i]``'s divisor, the
+    rows the total sums over), a fact of the call's shape."""
+
+
+@dataclass(frozen=True)
 class Apply:
     """``op`` applied to ``args``: a function of ROW_FUNCTIONS, ``where``, a binary
     operator of ROW_BINARY, ``neg``, or ``square`` (``x**2``)."""
@@ -206,6 +214,9 @@ def _total(e, summed):
     :class:`Total` here) and numbers."""
     if e is summed:
         return Total()
+    if is_count(e) and e.indices == summed.indices:
+        # (mean's count over the rows: how many rows, whatever they hold)
+        return Apply("*", (Const(float(constant_value(e.body))), Rows()))
     if isinstance(e, ast.Number):
         return Const(float(e.value))
     if isinstance(e, ast.Unary):

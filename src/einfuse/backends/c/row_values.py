@@ -24,7 +24,8 @@ from typing import Dict, List, Tuple
 import numpy as np
 
 from ...plan.row_statistics import (Apply, Column, ColumnIndex, Const, MemberValue, Read,
-                                    RowPick, RowStatistics, RowSum, Stat, Subscript, Total)
+                                    RowPick, Rows, RowStatistics, RowSum, Stat, Subscript,
+                                    Total)
 from . import build as c_build
 from .rows_source import source as rows_source
 
@@ -218,6 +219,8 @@ class _Printer:
             return _literal(node.value)
         if isinstance(node, Total):
             return "total"
+        if isinstance(node, Rows):
+            return "(double)rows"
         if isinstance(node, Column):
             return "xc"
         if isinstance(node, ColumnIndex):
