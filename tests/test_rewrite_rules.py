@@ -350,6 +350,8 @@ def test_an_intermediate_with_two_reductions_is_split(backend):
     ("y[i] := sqrt(1e-05 + M[i])", "wider-addend-first", "y[i] := sqrt(M[i] + 1e-05)"),
     ("v[i] := sum[j]((M[i] - X[i,j])**2)", "difference-squared-wider-first",
      "v[i] := sum[j]((X[i, j] - M[i])**2)"),
+    ("Y[i,j] := b[j] * ((X[i,j] - M[i]) / sqrt(M[i] + 1e-05))", "wider-factor-first",
+     "Y[i, j] := (X[i, j] - M[i]) / sqrt(M[i] + 1e-05) * b[j]"),
 ])
 def test_commutative_terms_take_one_order_bitwise(backend, statement, rule, expected):
     """A negated addend, a narrower addend written first and a difference squared the
@@ -377,3 +379,13 @@ def test_commutative_terms_take_one_order_bitwise(backend, statement, rule, expe
 def test_terms_of_equal_or_unrelated_indices_keep_their_order(statement):
     text, fired = canonical_text(statement)
     assert "wider-addend-first" not in fired and "difference-squared-wider-first" not in fired
+
+
+@pytest.mark.parametrize("statement", [
+    "Y[i,j] := 2 * (X[i,j] / M[i])",          # a number written first stays first
+    "Y[i,j] := b[j] * (1 / M[i])",             # a reciprocal: never moved
+    "Y[i,j] := W[i,j] * (X[i,j] / M[i])",     # as many indices
+    "Y[i,j] := b[j] * (X[i,j] - M[i])",       # not a quotient
+])
+def test_a_factor_that_is_no_gain_before_a_quotient_keeps_its_place(statement):
+    assert "wider-factor-first" not in canonical_text(statement)[1]

@@ -82,6 +82,9 @@ LAYERNORM_MORE = (
     ("bias and gain first",
      "m[i] := sum[j](X[i,j]) / {n}\nv[i] := sum[j]((X[i,j] - m[i])**2) / {n}\n"
      "Y[i,j] := b[j] + g[j] * (X[i,j] - m[i]) / sqrt(v[i] + 1e-05)"),
+    ("gain times the quotient in parentheses",
+     "m[i] := sum[j](X[i,j]) / {n}\nv[i] := sum[j]((X[i,j] - m[i])**2) / {n}\n"
+     "Y[i,j] := g[j] * ((X[i,j] - m[i]) / sqrt(v[i] + 1e-05)) + b[j]"),
     ("(m-x)**2, epsilon first, gain between",
      "m[i] := sum[j](X[i,j]) / {n}\nv[i] := sum[j]((m[i] - X[i,j])**2) / {n}\n"
      "Y[i,j] := (X[i,j] - m[i]) * g[j] / sqrt(1e-05 + v[i]) + b[j]"),

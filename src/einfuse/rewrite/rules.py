@@ -365,6 +365,24 @@ def _wider_addend_first(c: Captures, expr: Expr, fresh: FreshNames) -> Optional[
     return Binary("+", right, left, span=_span(expr))
 
 
+def _wider_factor_first(c: Captures, expr: Expr, fresh: FreshNames) -> Optional[Expr]:
+    """``g * a`` -> ``a * g`` where ``g`` is an array read with a strict subset of
+    ``a``'s free indices and ``a`` a quotient (a gain written before a normalised value
+    in parentheses, ``g[j] * ((X[i,j] - m[i]) / s[i])``): multiplication commutes bit
+    for bit.  Only an array read: a number or scalar written first stays first (the
+    order of first use), and a reciprocal ``1 / b`` is never moved next to a product
+    it would become a quotient with (its overflow for a subnormal ``b`` is the
+    written form's)."""
+    gain, value = expr.left, expr.right
+    if not isinstance(gain, Access) or not gain.indices or \
+            not isinstance(value, Binary) or value.op != "/" or \
+            (isinstance(value.left, Number) and value.left.value == 1):
+        return None
+    if not free_indices(gain) < free_indices(value):
+        return None
+    return Binary("*", value, gain, span=_span(expr))
+
+
 def _difference_squared_wider_first(c: Captures, expr: Expr,
                                     fresh: FreshNames) -> Optional[Expr]:
     """``(a - b)**2`` -> ``(b - a)**2`` where ``a``'s free indices are a strict subset of
@@ -487,6 +505,11 @@ RULES: Tuple[Rule, ...] = (
          Keeps.EXACT,
          "b + a -> a + b where b's indices are a strict subset of a's: a bias, number or "
          "epsilon written first is added last (addition commutes bit for bit)"),
+    Rule("wider-factor-first", Op("*", Capture("g"), Capture("a")), _wider_factor_first,
+         Keeps.EXACT,
+         "g * (n / d) -> (n / d) * g for an array g read with fewer indices than the "
+         "quotient: a gain written before a normalised value in parentheses is applied "
+         "after it (multiplication commutes bit for bit)"),
     Rule("difference-squared-wider-first",
          Op("**", Op("-", Capture("a"), Capture("b")), Const(2.0)),
          _difference_squared_wider_first, Keeps.EXACT,
