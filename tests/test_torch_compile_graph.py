@@ -1,8 +1,14 @@
 """What AOTAutograd records around einfuse's operators (program/torch_compiled.py): the
 intermediates the forward operator keeps for the backward get no gradient of their
-own (no zero tensor made per kept value and call), and the compiled gradients pass
-gradcheck in float64 and equal eager einfuse's."""
+own (no zero tensor made per kept value and call), the compiled gradients pass
+gradcheck in float64 and equal eager einfuse's, and an operator's key names its
+program whatever was traced before it (inductor's caches are shared by processes)."""
 
+import os
+import subprocess
+import sys
+
+import pytest
 import torch
 
 import einfuse as ef
@@ -79,3 +85,36 @@ def test_a_compiled_block_passes_gradcheck_in_float64():
     run = torch.compile(lambda X, G, W1, W2: program(X=X, G=G, W1=W1, W2=W2),
                         fullgraph=True)
     assert torch.autograd.gradcheck(run, _parameters(), eps=1e-6, atol=1e-7)
+
+
+_KEY_OF = """
+import torch, einfuse as ef
+from torch._dynamo.backends.common import aot_autograd
+found = []
+def keep(gm, example_inputs):
+    found.extend(n.args[0] for n in gm.graph.nodes
+                 if n.target is torch.ops.einfuse.run.default)
+    return gm
+backend = aot_autograd(fw_compiler=keep, bw_compiler=lambda gm, example_inputs: gm)
+x = torch.randn(3, 4, requires_grad=True)
+for text in {texts!r}:
+    program = ef.compile(text)
+    torch.compile(lambda x: program(X=x), backend=backend)(x)
+print(found[-1])
+"""
+
+
+@pytest.mark.parametrize("first", ["z[i,j] := X[i,j] * 2", "z[i,j] := X[i,j] + 1"])
+def test_an_operators_key_names_its_program_not_the_order_of_traces(first):
+    """The key is a constant of the graph that inductor's caches (shared by processes)
+    key the compiled graph by: one program traced after another in a fresh process
+    gets the key it gets alone, and two programs get two keys."""
+    def key_after(*texts):
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
+        out = subprocess.run([sys.executable, "-c", _KEY_OF.format(texts=texts)],
+                             env=env, capture_output=True, text=True, check=True)
+        return out.stdout.split()[-1]
+    wanted = "y[i,j] := exp(X[i,j])"
+    alone, after = key_after(wanted), key_after(first, wanted)
+    assert alone == after and alone.startswith("einfuse-")
+    assert key_after(first) != alone

@@ -33,6 +33,8 @@ from __future__ import annotations
 
 import functools
 import gc
+import hashlib
+import importlib.metadata
 import math
 import numbers
 import threading
@@ -74,11 +76,29 @@ def _compiled_key(source: str, options, outputs) -> Tuple[str, Tuple[str, ...], 
             compiled = compile_source(source, outputs=outputs,
                                   **dict(zip(_OPTION_NAMES, options)))
             _refuse_writes(compiled)
-            key = f"einfuse-{len(_KEYS)}"
+            key = _key_of(identity)
             _COMPILED[key] = compiled
             _KEYS[identity] = key
     compiled = _COMPILED[key]
     return key, tuple(compiled.inputs), len(_outputs(compiled))
+
+
+def _key_of(identity: Tuple[str, str, str]) -> str:
+    """The operator's key of a (text, options, outputs): a digest of them and of this
+    einfuse's version, not a counter.  The key is a constant of the traced graph, and
+    inductor's caches (on by default, shared by processes) key a compiled graph by it:
+    a counter would name different programs alike in two processes, and a graph
+    cached for one (its kept intermediates, their shapes) would be run for another."""
+    digest = hashlib.sha256("\0".join((_version(),) + identity).encode()).hexdigest()
+    return f"einfuse-{digest[:20]}"
+
+
+@functools.lru_cache(maxsize=1)
+def _version() -> str:
+    try:
+        return importlib.metadata.version("einfuse")
+    except importlib.metadata.PackageNotFoundError:     # (run from a source tree)
+        return "unknown"
 
 
 def _outputs(compiled) -> Tuple:
