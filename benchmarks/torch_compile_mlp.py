@@ -15,13 +15,15 @@ several repeats.  ``--before REV`` (default db73c28, main before this work) runs
 measurements on that revision's src/ too (git archive into a temporary folder), in its
 own process, so one run reports the ratios before and after.
 
-    OMP_NUM_THREADS=1 PYTHONPATH=src python benchmarks/torch_compile_mlp.py
+    OMP_NUM_THREADS=1 PYTHONPATH=src python benchmarks/torch_compile_mlp.py \
+        [--mlp-only] [--batch 256] [--cpu avx2] [--before REV]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 
 from before_after import (interleaved, run_child, source_trees, training_step,
                           without_grad)
@@ -185,8 +187,22 @@ def main() -> None:
                         help="only the module step (eager and compiled, einfuse and torch)")
     parser.add_argument("--batch", type=int, default=B,
                         help="the module step's batch (rows of X)")
+    parser.add_argument("--cpu", default=None,
+                        help="EINFUSE_CPU target; avx2 also puts torch's kernels, its "
+                             "GEMMs and inductor's code on AVX2")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.cpu:                  # (the children inherit the environment)
+        os.environ["EINFUSE_CPU"] = args.cpu
+        if args.cpu == "avx2":
+            os.environ["ATEN_CPU_CAPABILITY"] = "avx2"
+            os.environ["MKL_ENABLE_INSTRUCTIONS"] = "AVX2"
+            os.environ["ONEDNN_MAX_CPU_ISA"] = "AVX2"
+    # each tree traces and compiles its own graphs: inductor's caches, shared by
+    # processes, would hand one tree's compiled graph (the operators' kept values)
+    # to the other
+    os.environ.setdefault("TORCHINDUCTOR_FX_GRAPH_CACHE", "0")
+    os.environ.setdefault("TORCHINDUCTOR_AUTOGRAD_CACHE", "0")
     if args.child:
         print(json.dumps(measure(args.repeats, args.calls, not args.no_compile,
                                  args.mlp_only, args.batch)))
