@@ -15,13 +15,15 @@ several repeats.  ``--before REV`` (default db73c28, main before this work) runs
 measurements on that revision's src/ too (git archive into a temporary folder), in its
 own process, so one run reports the ratios before and after.
 
-    OMP_NUM_THREADS=1 PYTHONPATH=src python benchmarks/torch_compile_mlp.py
+    OMP_NUM_THREADS=1 PYTHONPATH=src python benchmarks/torch_compile_mlp.py \
+        [--mlp-only] [--batch 256] [--cpu avx2] [--before REV]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 
 from before_after import (interleaved, run_child, source_trees, training_step,
                           without_grad)
@@ -49,8 +51,9 @@ LINEAR_RELU = "y[b,o] := max(sum[i](x[b,i]*W[o,i]) + bias[o], 0)"
 LINEAR_SHAPES = ((64, 784, 256), (32, 128, 128))
 
 
-def contenders(compile_models: bool, mlp_only: bool = False):
-    """name -> (group, callable): each group's first entry is einfuse's."""
+def contenders(compile_models: bool, mlp_only: bool = False, batch: int = B):
+    """name -> (group, callable): each group's first entry is einfuse's; ``batch``: the
+    module step's rows."""
     import torch
     import einfuse as ef
     from einfuse.backends.c import torch_node
@@ -85,13 +88,13 @@ def contenders(compile_models: bool, mlp_only: bool = False):
 
     ours, twin = MLP(True), MLP(False)
     twin.load_state_dict(ours.state_dict())
-    x = torch.randn(B, D)
+    rows = torch.randn(batch, D)
 
     def step(model):
         def run():
             for p in model.parameters():
                 p.grad = None
-            model(x).backward()
+            model(rows).backward()
         return run
     found = {"mlp: einfuse eager": ("mlp", step(ours)),
              "mlp: torch eager": ("mlp", step(twin))}
@@ -135,8 +138,9 @@ def contenders(compile_models: bool, mlp_only: bool = False):
     return found
 
 
-def measure(repeats: int, calls: int, compile_models: bool, mlp_only: bool) -> dict:
-    return interleaved(contenders(compile_models, mlp_only), repeats, calls)
+def measure(repeats: int, calls: int, compile_models: bool, mlp_only: bool,
+            batch: int) -> dict:
+    return interleaved(contenders(compile_models, mlp_only, batch), repeats, calls)
 
 
 def report(label: str, results: dict) -> None:
@@ -181,13 +185,30 @@ def main() -> None:
                         help="leave out the torch.compile contenders")
     parser.add_argument("--mlp-only", action="store_true",
                         help="only the module step (eager and compiled, einfuse and torch)")
+    parser.add_argument("--batch", type=int, default=B,
+                        help="the module step's batch (rows of X)")
+    parser.add_argument("--cpu", default=None,
+                        help="EINFUSE_CPU target; avx2 also puts torch's kernels, its "
+                             "GEMMs and inductor's code on AVX2")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.cpu:                  # (the children inherit the environment)
+        os.environ["EINFUSE_CPU"] = args.cpu
+        if args.cpu == "avx2":
+            os.environ["ATEN_CPU_CAPABILITY"] = "avx2"
+            os.environ["MKL_ENABLE_INSTRUCTIONS"] = "AVX2"
+            os.environ["ONEDNN_MAX_CPU_ISA"] = "AVX2"
+    # each tree traces and compiles its own graphs: inductor's caches, shared by
+    # processes, would hand one tree's compiled graph (the operators' kept values)
+    # to the other
+    os.environ.setdefault("TORCHINDUCTOR_FX_GRAPH_CACHE", "0")
+    os.environ.setdefault("TORCHINDUCTOR_AUTOGRAD_CACHE", "0")
     if args.child:
         print(json.dumps(measure(args.repeats, args.calls, not args.no_compile,
-                                 args.mlp_only)))
+                                 args.mlp_only, args.batch)))
         return
-    arguments = ["--repeats", str(args.repeats), "--calls", str(args.calls)] + \
+    arguments = ["--repeats", str(args.repeats), "--calls", str(args.calls),
+                 "--batch", str(args.batch)] + \
         (["--no-compile"] if args.no_compile else []) + \
         (["--mlp-only"] if args.mlp_only else [])
     with source_trees(args.before) as trees:

@@ -33,6 +33,8 @@ from __future__ import annotations
 
 import functools
 import gc
+import hashlib
+import importlib.metadata
 import math
 import numbers
 import threading
@@ -74,11 +76,29 @@ def _compiled_key(source: str, options, outputs) -> Tuple[str, Tuple[str, ...], 
             compiled = compile_source(source, outputs=outputs,
                                   **dict(zip(_OPTION_NAMES, options)))
             _refuse_writes(compiled)
-            key = f"einfuse-{len(_KEYS)}"
+            key = _key_of(identity)
             _COMPILED[key] = compiled
             _KEYS[identity] = key
     compiled = _COMPILED[key]
     return key, tuple(compiled.inputs), len(_outputs(compiled))
+
+
+def _key_of(identity: Tuple[str, str, str]) -> str:
+    """The operator's key of a (text, options, outputs): a digest of them and of this
+    einfuse's version, not a counter.  The key is a constant of the traced graph, and
+    inductor's caches (on by default, shared by processes) key a compiled graph by it:
+    a counter would name different programs alike in two processes, and a graph
+    cached for one (its kept intermediates, their shapes) would be run for another."""
+    digest = hashlib.sha256("\0".join((_version(),) + identity).encode()).hexdigest()
+    return f"einfuse-{digest[:20]}"
+
+
+@functools.lru_cache(maxsize=1)
+def _version() -> str:
+    try:
+        return importlib.metadata.version("einfuse")
+    except importlib.metadata.PackageNotFoundError:     # (run from a source tree)
+        return "unknown"
 
 
 def _outputs(compiled) -> Tuple:
@@ -283,7 +303,38 @@ def _plan(key: str, tensors, wanted: str) -> Optional[fused.FusedPlan]:
                           tuple(_split(wanted)), tensors)
 
 
-@torch.library.custom_op("einfuse::run", mutates_args=())
+# The operators are defined through torch.library.Library rather than custom_op: a
+# custom_op call's dispatch (its Python wrappers' checks of the arguments and of the
+# results' aliasing) cost about 24 us a call against 10 us here (a Python autograd
+# kernel, then the implementation), four calls a training step.  Nothing checks the
+# results' aliasing then: they are fresh tensors or the node's own slots, and a
+# gradient that is an argument's memory (dX = dy) is copied (torch_node_compiled.cpp,
+# torch_compiled_fused._gradient_results)
+_LIBRARY = torch.library.Library("einfuse", "DEF")
+_LIBRARY.define("run(str key, str names, Tensor[] tensors, str scalars, str wanted) "
+                "-> Tensor[]")
+_LIBRARY.define("run_fused_backward(str key, str names, Tensor[] tensors, str scalars, "
+                "str wanted, Tensor[] saved, Tensor?[] grads) -> Tensor[]")
+_LIBRARY.define("run_backward(str key, str names, Tensor[] tensors, str scalars, "
+                "Tensor?[] grads, str wanted) -> Tensor[]")
+
+
+def _operator(name: str):
+    """``fn`` as the implementation of the operator ``einfuse::name`` on every device."""
+    def register(fn):
+        _LIBRARY.impl(name, fn, "CompositeExplicitAutograd")
+        return fn
+    return register
+
+
+def _fake(name: str):
+    def register(fn):
+        torch.library.register_fake(f"einfuse::{name}", fn, lib=_LIBRARY)
+        return fn
+    return register
+
+
+@_operator("run")
 def run(key: str, names: str, tensors: List[torch.Tensor], scalars: str,
         wanted: str) -> List[torch.Tensor]:
     if wanted:      # the C++ node's forward, where this site's last signature has one
@@ -311,7 +362,7 @@ def _all_bfloat16(tensors) -> bool:
     return bool(floats) and all(t.dtype == torch.bfloat16 for t in floats)
 
 
-@run.register_fake
+@_fake("run")
 def _run_fake(key, names, tensors, scalars, wanted):
     shapes = _output_placeholders(_COMPILED[key], _split(names), tensors,
                                   _scalars(scalars),
@@ -374,6 +425,14 @@ def _setup_context(ctx, inputs, output):
         ctx.wanted = list(ctx.plan.wanted)
         ctx.save_for_backward(*tensors, *output)
         ctx.count = len(tensors)
+        # the kept values are the backward's inputs, not results a loss reads: marked,
+        # the compiled backward gets no gradient for them (else AOTAutograd fills a
+        # zero tensor per kept value, a batch-sized write per call), and an output
+        # the loss does not read comes as None (zeros made only where needed)
+        kept = output[len(ctx.plan.outputs):]
+        if kept:
+            ctx.mark_non_differentiable(*kept)
+        ctx.set_materialize_grads(False)
         return
     ctx.wanted = [name for name, t in zip(_split(names), tensors)
                   if t.requires_grad and t.dtype.is_floating_point]
@@ -396,10 +455,11 @@ def _backward(ctx, grads):
     return None, None, [found.get(name) for name in _split(ctx.names)], None, None
 
 
-run.register_autograd(_backward, setup_context=_setup_context)
+torch.library.register_autograd("einfuse::run", _backward, setup_context=_setup_context,
+                               lib=_LIBRARY)
 
 
-@torch.library.custom_op("einfuse::run_fused_backward", mutates_args=())
+@_operator("run_fused_backward")
 def run_fused_backward(key: str, names: str, tensors: List[torch.Tensor], scalars: str,
                        wanted: str, saved: List[torch.Tensor],
                        grads: List[Optional[torch.Tensor]]) -> List[torch.Tensor]:
@@ -412,13 +472,13 @@ def run_fused_backward(key: str, names: str, tensors: List[torch.Tensor], scalar
     return fused.backward(plan, split, tensors, scalars, numbers, saved, grads, site)
 
 
-@run_fused_backward.register_fake
+@_fake("run_fused_backward")
 def _run_fused_backward_fake(key, names, tensors, scalars, wanted, saved, grads):
     by_name = dict(zip(_split(names), tensors))
     return [torch.empty_like(by_name[name]) for name in _split(wanted)]
 
 
-@torch.library.custom_op("einfuse::run_backward", mutates_args=())
+@_operator("run_backward")
 def run_backward(key: str, names: str, tensors: List[torch.Tensor], scalars: str,
                  grads: List[Optional[torch.Tensor]], wanted: str) -> List[torch.Tensor]:
     compiled = _COMPILED[key]
@@ -431,7 +491,7 @@ def run_backward(key: str, names: str, tensors: List[torch.Tensor], scalars: str
             .reshape(by_name[name].shape) for name in wanted]
 
 
-@run_backward.register_fake
+@_fake("run_backward")
 def _run_backward_fake(key, names, tensors, scalars, grads, wanted):
     by_name = dict(zip(_split(names), tensors))
     return [torch.empty_like(by_name[name]) for name in _split(wanted)]

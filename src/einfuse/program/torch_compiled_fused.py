@@ -300,24 +300,35 @@ def backward(plan: FusedPlan, names: Tuple[str, ...], tensors: List[torch.Tensor
     seeds = [grad if grad is not None else torch.zeros_like(out)
              for grad, out in zip(grads[:count], outputs)]
     computed = call.gradients(found, seeds, (True,) * len(plan.wanted))
-    return _gradient_results(plan, names, tensors, computed)
+    return _gradient_results(plan, names, tensors, computed,
+                             list(tensors) + list(saved) + seeds)
 
 
 def _gradient_results(plan: FusedPlan, names: Tuple[str, ...],
-                      tensors: List[torch.Tensor], computed) -> List[torch.Tensor]:
+                      tensors: List[torch.Tensor], computed,
+                      arguments: Sequence[torch.Tensor] = ()) -> List[torch.Tensor]:
     """The wanted inputs' gradients as the operator returns them: zeros where the
-    outputs do not depend on an input, no two sharing memory."""
+    outputs do not depend on an input, none sharing memory with another or with one of
+    ``arguments`` (the operator's tensors: a gradient that is its seed, dX = dy, is
+    copied; torch.compile frees and reuses an argument's buffer by that contract)."""
     by_name = dict(zip(names, tensors))
+    taken = {_storage(t) for t in arguments if t is not None}
     results: List[torch.Tensor] = []
     for name, grad in zip(plan.wanted, computed):
         tensor = by_name[name]
         if grad is None:        # the outputs do not depend on this input
             grad = torch.zeros_like(tensor)
-        elif any(grad.data_ptr() == other.data_ptr() and grad.numel()
-                 for other in results):
+        elif _storage(grad) in taken:
             grad = grad.clone()
+        taken.add(_storage(grad))
         results.append(grad)
     return results
+
+
+def _storage(tensor: torch.Tensor) -> int:
+    """Where a tensor's storage starts (views of one buffer compare equal); for a
+    storage of no memory, a number no other tensor's is."""
+    return tensor.untyped_storage().data_ptr() or -id(tensor)
 
 
 def node_decisions() -> Tuple:

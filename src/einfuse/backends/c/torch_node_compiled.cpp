@@ -80,10 +80,26 @@ py::object backward_slots(std::shared_ptr<Plan> plan, std::vector<int> at_slots,
     done = plan->run(true, slots, free);
   }
   if (!done) return py::none();
+  // an operator's results alias none of its arguments nor each other (torch.compile
+  // reuses and frees buffers by that contract): a gradient that is a given tensor or
+  // a seed (dX = dy) or another gradient's memory is copied
+  std::vector<at::Tensor> taken(given.begin(), given.end());
+  for (size_t i = 0; i < p.seeds.size(); ++i) taken.push_back(slots[p.seeds[i].slot]);
   py::list found;
   for (int i = 0; i < p.recorded; ++i) {
-    if (p.gradients[i] >= 0) found.append(py::cast(slots[p.gradients[i]]));
-    else found.append(py::none());
+    if (p.gradients[i] < 0) {
+      found.append(py::none());
+      continue;
+    }
+    at::Tensor g = slots[p.gradients[i]];
+    for (const at::Tensor &other : taken) {
+      if (other.defined() && g.is_alias_of(other)) {
+        g = g.clone();
+        break;
+      }
+    }
+    taken.push_back(g);
+    found.append(py::cast(g));
   }
   return found;
 }
