@@ -237,13 +237,24 @@ CONVS = [
 
 
 @needs_c
+@pytest.mark.parametrize("library", ["openblas", "mkl"])
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
 @pytest.mark.parametrize("statement, options, xshape, wshape, conv", CONVS)
 def test_panel_convs_and_gradients_match_torch(statement, options, xshape, wshape, conv,
-                                               dtype):
+                                               dtype, library, monkeypatch):
     """At these sizes the rule chooses panels for the forward and both gradients (the
-    input gradient gathered over panels of dy instead of scattered); torch's BLAS."""
+    input gradient gathered over panels of dy instead of scattered), on NumPy's
+    OpenBLAS (one thread, an AMD core, its kernels not AVX-512's) or torch's MKL (its
+    AVX-512 kernels: backends/c/windowed.openblas_alone_faster)."""
     torch = pytest.importorskip("torch")
+    from einfuse.backends.c import windowed
+    monkeypatch.delenv("OPENBLAS_NUM_THREADS", raising=False)
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    monkeypatch.setattr(windowed, "cpu_vendor", lambda: "AuthenticAMD")
+    monkeypatch.setattr(windowed, "avx512_kernels", lambda: library == "mkl")
+    # (an image more for one library: the kernels and their gradients' are kept per
+    # process with each signature's runner, and so its route)
+    xshape = (xshape[0] + (library == "mkl"),) + tuple(xshape[1:])
     kind = getattr(torch, dtype)
     x = torch.randn(*xshape, dtype=kind, requires_grad=True)
     w = torch.randn(*wshape, dtype=kind, requires_grad=True)
@@ -251,6 +262,9 @@ def test_panel_convs_and_gradients_match_torch(statement, options, xshape, wshap
     assert choose(kernel, kernel.bind(x=x.detach().numpy(), w=w.detach().numpy())) \
         .blas.panels is not None
     tolerance = dict(rtol=1e-4, atol=1e-4) if dtype == "float32" else {}
+    library_named = "torch.matmul" if library == "mkl" else "numpy.matmul"
+    assert library_named in str(ef.explain(statement, x=x.detach(), w=w.detach(),
+                                           backend="c", **options))
     for _ in range(3):          # the first call and the prepared repeats
         want = torch.nn.functional.conv2d(x, w, **conv)
         got = kernel(x=x, w=w)

@@ -25,6 +25,7 @@ import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
 from ...analysis.machine import cpu_vendor
+from ...analysis.numpy_blas import avx512_kernels
 from ...analysis.thread_policy import default_threads
 from .blas import TORCH_BLAS_WORK, multiply_adds
 from .blas_route import NUMPY_BLAS, BlasRoute
@@ -73,12 +74,18 @@ def windowed_route(found: WindowedContraction, call, torch_route: bool) -> BlasR
 
 def openblas_alone_faster() -> bool:
     """Whether NumPy's OpenBLAS runs these products for a torch caller: it runs on the
-    calling thread alone (:func:`blas_alone`) on a CPU that is not Intel's.  MKL is
-    tuned for Intel's cores: on the AVX-512 Xeon where this route was first measured,
-    torch's MKL ran the same shapes about 1.7x faster than OpenBLAS at one thread (the
-    conv2d's 8 x (32x144 by 144x1024): 0.49 against 0.85 ms); on the Zen 3 above, 15-30%
-    slower."""
-    return blas_alone() and cpu_vendor() != "GenuineIntel"
+    calling thread alone (:func:`blas_alone`) on a CPU that is not Intel's, with kernels
+    other than its AVX-512 ones (analysis/numpy_blas.py).  MKL is tuned for Intel's
+    cores: on the AVX-512 Xeon where this route was first measured, torch's MKL ran the
+    same shapes about 1.7x faster than OpenBLAS at one thread (the conv2d's 8 x (32x144
+    by 144x1024): 0.49 against 0.85 ms); on the Zen 3 above, 15-30% slower.  On a Zen 4
+    OpenBLAS picks its AVX-512 (SkylakeX) kernels, which ran the panel form's GEMMs
+    10-25% slower than MKL (64x96 by 96x1024: 155 against 135 us in place; 32x48 by
+    48x4096: 198 against 155 us) and slower than its own Haswell kernels on the same
+    core (127, 148 us): there a torch caller takes torch's (conv2d 8x32x32^2 by
+    64x32x3^2, forward and backward under autograd, 14.7 -> 13.7 ms; conv1d 8x64x1024
+    by 64x64x3 10.6 -> 9.4 ms), and OPENBLAS_CORETYPE=Haswell gives back OpenBLAS."""
+    return blas_alone() and cpu_vendor() != "GenuineIntel" and not avx512_kernels()
 
 
 def blas_alone() -> bool:
