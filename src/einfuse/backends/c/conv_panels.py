@@ -101,7 +101,8 @@ def panel_runner(found: WindowedContraction, form: PanelForm, ranges, shapes,
         if key not in packs:
             if len(packs) >= 8:
                 packs.clear()
-            packs[key] = prepared_pack(image, view_shape, coefficients, origin, fill)
+            packs[key] = prepared_pack(image, view_shape, coefficients, origin, fill,
+                                       row=rows_reached * inner)
         return packs[key]
 
     like = np.empty(x_shape, working)

@@ -459,12 +459,15 @@ def _packer(array: np.ndarray, view: _View, pre, rows, cols, extents,
         origin = view.origin
     steps = [sum(c * s for c, s in zip(column, array.strides)) for column in view.coefficients]
     order, swapped = _order(view.shape, steps, view.axes, pre, rows, cols)
+    m, k = _size(rows, extents), _size(cols, extents)
+    # (rows of the packed matrix that would alias in the cache are padded: its rows are
+    # k long, or m where swapped)
     pack = prepared_pack(array, [view.shape[a] for a in order],
-                         [view.coefficients[a] for a in order], origin, fill)
+                         [view.coefficients[a] for a in order], origin, fill,
+                         row=m if swapped else k)
     if pack is None:
         return None
     batch = tuple(extents[n] if n in view.axes else 1 for n in pre)
-    m, k = _size(rows, extents), _size(cols, extents)
     if swapped:
         shape = batch + (k, m)
         return lambda a: pack(a).reshape(shape).swapaxes(-1, -2)
