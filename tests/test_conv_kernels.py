@@ -15,6 +15,7 @@ from einfuse.runtime import gradients
 from einfuse.runtime.gradient_reference import resolve_options
 from einfuse.runtime.window_scatter import add_by_offsets
 
+from fresh_runs import fresh_runs
 from oracle import brute_force
 
 needs_c = pytest.mark.skipif(c_build.find_compiler() is None, reason="no C compiler")
@@ -439,10 +440,49 @@ def _counting_packs(monkeypatch, source):
     return count
 
 
+@pytest.fixture
+def keeping_packs(monkeypatch):
+    """Nodes that keep their forward's packs (runtime/torch_prepared.KEEP_FORWARD_PACKS:
+    off by default, where packing again measured faster), on kernels made anew (each
+    keeps the prepared node of its first call)."""
+    from einfuse.runtime import torch_prepared
+    monkeypatch.setattr(torch_prepared, "KEEP_FORWARD_PACKS", True)
+    fresh_runs(monkeypatch)
+
+
+@needs_c
+@pytest.mark.parametrize("statement, options, xshape, wshape, conv", KEPT_PATCHES)
+def test_by_default_the_weight_gradient_packs_again(statement, options, xshape, wshape,
+                                                    conv, monkeypatch):
+    """Without kept packs the weight gradient packs x again, with torch's values."""
+    torch = pytest.importorskip("torch")
+    from einfuse.backends.c import window_pack
+    kept = []
+    keep = window_pack.PackMemo.keep
+    monkeypatch.setattr(window_pack.PackMemo, "keep",
+                        lambda self, key, source, packed: (kept.append(key),
+                                                           keep(self, key, source, packed)))
+    fresh_runs(monkeypatch)      # (kernels keep the prepared node of their first call)
+    x = torch.randn(*xshape, dtype=torch.float64, requires_grad=True)
+    count = _counting_packs(monkeypatch, x)
+    w = torch.randn(*wshape, dtype=torch.float64, requires_grad=True)
+    kernel = ef.compile(statement, backend="c", **options)
+    want = torch.nn.functional.conv2d(x, w, **conv)
+    for _ in range(3):       # the first call, then the prepared repeats
+        seed = torch.randn_like(want)
+        theirs = torch.autograd.grad(want, (x, w), seed, retain_graph=True)
+        got = kernel(x=x, w=w)
+        packed = count[0]
+        mine = torch.autograd.grad(got, (x, w), seed)
+        for a, b in zip(mine, theirs):
+            torch.testing.assert_close(a, b)
+    assert kept == [] and count[0] > packed > 0
+
+
 @needs_c
 @pytest.mark.parametrize("statement, options, xshape, wshape, conv", KEPT_PATCHES)
 def test_weight_gradient_takes_the_forwards_patches(statement, options, xshape, wshape,
-                                                    conv, monkeypatch):
+                                                    conv, monkeypatch, keeping_packs):
     """An autograd node keeps the patches its forward packed for its backward: the
     weight gradient packs none of x again, with torch's values; a second backward of a
     retained graph packs again, with the same values."""
@@ -469,7 +509,7 @@ def test_weight_gradient_takes_the_forwards_patches(statement, options, xshape, 
 @needs_c
 @pytest.mark.parametrize("statement, options, xshape, wshape, conv", KEPT_PATCHES)
 def test_kept_patches_never_outlive_an_in_place_change(statement, options, xshape, wshape,
-                                                       conv):
+                                                       conv, keeping_packs):
     """A change of x in place between forward and backward is refused (torch's version
     check on the node's saved tensors); the next node packs the changed x afresh."""
     torch = pytest.importorskip("torch")
@@ -491,7 +531,7 @@ def test_kept_patches_never_outlive_an_in_place_change(statement, options, xshap
 
 
 @needs_c
-def test_no_patches_kept_where_no_weight_gradient_reads_them(monkeypatch):
+def test_no_patches_kept_where_no_weight_gradient_reads_them(monkeypatch, keeping_packs):
     """With only x requiring a gradient (its gradient reads dy and w, not x's patches)
     the forward keeps no patches."""
     torch = pytest.importorskip("torch")
