@@ -1,10 +1,10 @@
 """Whose BLAS a torch caller's convolution runs on (backends/c/windowed.windowed_route):
 NumPy's OpenBLAS where it runs on the calling thread alone on a CPU that is not Intel's
-with kernels other than its AVX-512 ones (one thread: no pool of torch's to share, and on
-a Zen 3 it ran these products faster than torch's MKL), torch's where more threads may
-run, on Intel's CPUs, or where OpenBLAS runs its AVX-512 kernels (on a Zen 4 they ran the
-panel form's GEMMs 10-25% slower than MKL) -- with torch's values and gradients either
-way."""
+(one thread: no pool of torch's to share, and on a Zen 3 it ran these products faster
+than torch's MKL), torch's where more threads may run, on Intel's CPUs, and, where
+OpenBLAS runs its AVX-512 kernels, for the panel form and the products of long sums (a
+weight gradient's: on a Zen 4 those kernels ran them slower than MKL) -- with torch's
+values and gradients either way."""
 
 from __future__ import annotations
 
@@ -113,11 +113,13 @@ def test_intel_keeps_torchs_blas_at_one_thread(monkeypatch):
 
 @needs_c
 @pytest.mark.parametrize("statement, options, xshape, wshape, conv, args", CONVS)
-def test_openblas_avx512_kernels_on_amd_take_torchs_blas(statement, options, xshape,
-                                                           wshape, conv, args, monkeypatch):
-    # OpenBLAS's AVX-512 kernels (a Zen 4's) ran the panel form's products slower than
-    # torch's MKL: a one-thread torch caller takes torch's, with torch's values and
-    # gradients (the panel form's forward and weight gradient included: CONVS[3])
+def test_openblas_avx512_kernels_on_amd_keep_short_sums(statement, options, xshape,
+                                                        wshape, conv, args, monkeypatch):
+    # OpenBLAS's AVX-512 kernels (a Zen 4's) ran im2col's forward products (a sum over
+    # the channels and the window, shorter than the positions) faster than torch's MKL
+    # and the weight gradient's long sums slower: a one-thread torch caller runs the
+    # forward on OpenBLAS and the weight gradient on MKL, with torch's values and
+    # gradients (the panel form on MKL: tests/test_conv_panels.py)
     _threads(monkeypatch, 1, avx512_kernels=True)
     # (one image more than the other tests: the kernels, their gradients' too, are kept
     # per process with each signature's runner, whose route those tests' hosts chose)
@@ -129,14 +131,18 @@ def test_openblas_avx512_kernels_on_amd_take_torchs_blas(statement, options, xsh
     seed = torch.randn_like(want)
     for _ in range(2):      # the first call and the prepared repeat
         got = []
-        assert _blas_calls(lambda: got.append(kernel(x=x, w=w)))
+        assert _blas_calls(lambda: got.append(kernel(x=x, w=w))) == []
         torch.testing.assert_close(got[0], want)
-        grads = torch.autograd.grad(got[0], (x, w), seed)
-        for mine, theirs in zip(grads, torch.autograd.grad(want, (x, w), seed,
-                                                           retain_graph=True)):
-            torch.testing.assert_close(mine, theirs)
+        grads = []
+        assert _blas_calls(lambda: grads.append(torch.autograd.grad(got[0], (w,), seed,
+                                                                    retain_graph=True)))
+        torch.testing.assert_close(grads[0][0], torch.autograd.grad(
+            want, (w,), seed, retain_graph=True)[0])
+        torch.testing.assert_close(torch.autograd.grad(got[0], (x,), seed)[0],
+                                   torch.autograd.grad(want, (x,), seed,
+                                                       retain_graph=True)[0])
     text = str(ef.explain(statement, x=x.detach(), w=w.detach(), backend="c", **options))
-    assert "torch.matmul" in text and "OpenBLAS on this one thread" not in text
+    assert "numpy.matmul (OpenBLAS on this one thread" in text
 
 
 # CONVS[:3] at sizes gradcheck's finite differences can afford (each input element is
