@@ -4,6 +4,13 @@ thread, CPU time (time.process_time), the two interleaved, median of repeats, fo
 Prints our time over torch's per case (below 1.5 is the issue's target).
 
     OMP_NUM_THREADS=1 python benchmarks/conv_cases_ratio.py [--repeats 15] [--case dil]
+        [--cpu avx2]
+
+``--cpu avx2`` stands for an AVX2-only Zen 3 on an AVX-512 host: einfuse built for AVX2
++ FMA (EINFUSE_CPU), torch's kernels and GEMMs on AVX2 (ATEN_CPU_CAPABILITY,
+MKL_ENABLE_INSTRUCTIONS, ONEDNN_MAX_CPU_ISA, as benchmarks/attention_terms.py), and
+NumPy's OpenBLAS on its Haswell kernels (OPENBLAS_CORETYPE), which it runs on a Zen 3;
+it must be given on the command line (read before torch and NumPy load).
 """
 
 from __future__ import annotations
@@ -11,9 +18,14 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
+import sys
 import time
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
+if "--cpu" in sys.argv[1:-1] and sys.argv[sys.argv.index("--cpu") + 1] == "avx2":
+    os.environ.update(EINFUSE_CPU="avx2", ATEN_CPU_CAPABILITY="avx2",
+                      MKL_ENABLE_INSTRUCTIONS="AVX2", ONEDNN_MAX_CPU_ISA="AVX2",
+                      OPENBLAS_CORETYPE="Haswell")
 
 import numpy as np
 import torch
@@ -63,6 +75,7 @@ def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--repeats", type=int, default=15)
     parser.add_argument("--case", action="append")
+    parser.add_argument("--cpu", default=None, help="avx2: as on an AVX2-only Zen 3")
     args = parser.parse_args()
     torch.set_num_threads(1)
     rng = np.random.default_rng(0)

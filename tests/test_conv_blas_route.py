@@ -1,7 +1,10 @@
 """Whose BLAS a torch caller's convolution runs on (backends/c/windowed.windowed_route):
 NumPy's OpenBLAS where it runs on the calling thread alone on a CPU that is not Intel's
 (one thread: no pool of torch's to share, and on a Zen 3 it ran these products faster
-than torch's MKL), torch's where more threads may run or on Intel's CPUs -- with torch's values and gradients either way."""
+than torch's MKL), torch's where more threads may run, on Intel's CPUs, and, where
+OpenBLAS runs its AVX-512 kernels, for the panel form and the products of long sums (a
+weight gradient's: on a Zen 4 those kernels ran them slower than MKL) -- with torch's
+values and gradients either way."""
 
 from __future__ import annotations
 
@@ -40,11 +43,13 @@ def _blas_calls(run):
     return [e.key for e in prof.key_averages() if e.key in BLAS_EVENTS]
 
 
-def _threads(monkeypatch, count, vendor="AuthenticAMD"):
-    # (the route also asks the CPU's vendor: a test fixes it, whatever host runs it)
+def _threads(monkeypatch, count, vendor="AuthenticAMD", avx512_kernels=False):
+    # (the route also asks the CPU's vendor and OpenBLAS's kernels: a test fixes them,
+    # whatever host runs it)
     monkeypatch.delenv("OPENBLAS_NUM_THREADS", raising=False)
     monkeypatch.setenv("OMP_NUM_THREADS", str(count))
     monkeypatch.setattr(windowed, "cpu_vendor", lambda: vendor)
+    monkeypatch.setattr(windowed, "avx512_kernels", lambda: avx512_kernels)
 
 
 @needs_c
@@ -104,6 +109,40 @@ def test_intel_keeps_torchs_blas_at_one_thread(monkeypatch):
     torch.testing.assert_close(got[0], conv(x, w, **args), rtol=1e-4, atol=1e-4)
     text = str(ef.explain(statement, x=x, w=w, backend="c", **options))
     assert "OpenBLAS on this one thread" not in text
+
+
+@needs_c
+@pytest.mark.parametrize("statement, options, xshape, wshape, conv, args", CONVS)
+def test_openblas_avx512_kernels_on_amd_keep_short_sums(statement, options, xshape,
+                                                        wshape, conv, args, monkeypatch):
+    # OpenBLAS's AVX-512 kernels (a Zen 4's) ran im2col's forward products (a sum over
+    # the channels and the window, shorter than the positions) faster than torch's MKL
+    # and the weight gradient's long sums slower: a one-thread torch caller runs the
+    # forward on OpenBLAS and the weight gradient on MKL, with torch's values and
+    # gradients (the panel form on MKL: tests/test_conv_panels.py)
+    _threads(monkeypatch, 1, avx512_kernels=True)
+    # (one image more than the other tests: the kernels, their gradients' too, are kept
+    # per process with each signature's runner, whose route those tests' hosts chose)
+    xshape = (xshape[0] + 1,) + tuple(xshape[1:])
+    x = torch.randn(*xshape, dtype=torch.float64, requires_grad=True)
+    w = torch.randn(*wshape, dtype=torch.float64, requires_grad=True)
+    kernel = ef.compile(statement, backend="c", **options)
+    want = conv(x, w, **args)
+    seed = torch.randn_like(want)
+    for _ in range(2):      # the first call and the prepared repeat
+        got = []
+        assert _blas_calls(lambda: got.append(kernel(x=x, w=w))) == []
+        torch.testing.assert_close(got[0], want)
+        grads = []
+        assert _blas_calls(lambda: grads.append(torch.autograd.grad(got[0], (w,), seed,
+                                                                    retain_graph=True)))
+        torch.testing.assert_close(grads[0][0], torch.autograd.grad(
+            want, (w,), seed, retain_graph=True)[0])
+        torch.testing.assert_close(torch.autograd.grad(got[0], (x,), seed)[0],
+                                   torch.autograd.grad(want, (x,), seed,
+                                                       retain_graph=True)[0])
+    text = str(ef.explain(statement, x=x.detach(), w=w.detach(), backend="c", **options))
+    assert "numpy.matmul (OpenBLAS on this one thread" in text
 
 
 # CONVS[:3] at sizes gradcheck's finite differences can afford (each input element is

@@ -15,6 +15,7 @@ from einfuse.runtime import gradients
 from einfuse.runtime.gradient_reference import resolve_options
 from einfuse.runtime.window_scatter import add_by_offsets
 
+from fresh_runs import fresh_runs
 from oracle import brute_force
 
 needs_c = pytest.mark.skipif(c_build.find_compiler() is None, reason="no C compiler")
@@ -79,6 +80,74 @@ def test_pack_window_rows_of_every_length_and_cut(length, start, width, step, dt
     want = np.full(shape, 7.0, dtype)
     want[:, inside] = x[2:2 + shape[0], columns[inside]]
     np.testing.assert_array_equal(got, want)
+
+
+@needs_c
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("rows", [(32, 32), (16, 32), (32, 33)])
+def test_prepared_pack_pads_rows_that_would_alias(rows, dtype):
+    """A pack read as a matrix whose rows (the view's last two axes) lie a multiple of
+    4096 bytes apart is written with a cache line after each row (padded_row): the
+    values are the view's, NaN and the pad included; only the steps differ."""
+    from einfuse.backends.c.window_pack import PAD_BYTES, prepared_pack
+    x = rng.standard_normal((3, 2 * rows[0] + 1, 2 * rows[1] + 1)).astype(dtype)
+    x[1, 4, ::3] = np.nan
+    shape = (3, 3, 3) + rows                      # patches (c, p, q) x (i, j), stride 2
+    coefficients, origin = [[1, 0, 0], [0, 1, 0], [0, 0, 1], [0, 2, 0], [0, 0, 2]], (0, -1, -1)
+    row = rows[0] * rows[1]
+    got = prepared_pack(x, shape, coefficients, origin, -1.5, row=row)(x)
+    np.testing.assert_array_equal(got, _reference_pack(x, shape, coefficients, origin, -1.5))
+    aliased = row * x.itemsize % 4096 == 0
+    assert aliased == (rows == (32, 32) or (dtype == np.float64 and rows == (16, 32)))
+    step = got.reshape(-1, row).strides[0] // x.itemsize
+    assert step == (row + PAD_BYTES // x.itemsize if aliased else row)
+    # (read as another matrix, the pack is not padded)
+    assert prepared_pack(x, shape, coefficients, origin, -1.5)(x).flags.c_contiguous
+
+
+STRIDED = "y[b,o,i,j] := x[b,c,2*i+p-1,2*j+q-1] * w[o,c,p,q]"
+
+
+@needs_c
+def test_strided_conv_with_padded_patches_matches_the_oracle():
+    """32x32 outputs: im2col rows of 4 KiB, padded; NaN where the oracle has it."""
+    x = rng.standard_normal((1, 2, 64, 64))
+    w = rng.standard_normal((2, 2, 3, 3))
+    x[0, 1, 10, 11] = np.nan
+    options = {"pad": 0, "ranges": {"i": 32, "j": 32}}
+    for dtype in (np.float32, np.float64):
+        arrays = {"x": x.astype(dtype), "w": w.astype(dtype)}
+        got = ef.ein(STRIDED, backend="c", **options, **arrays)
+        want = brute_force(STRIDED, ranges_of(STRIDED, arrays, **options), arrays, pad=0)
+        np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
+        finite = np.isfinite(want)
+        tolerance = 1e-4 if dtype == np.float32 else 1e-12
+        np.testing.assert_allclose(got[finite], want[finite], rtol=tolerance, atol=tolerance)
+
+
+@needs_c
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_strided_conv_with_padded_patches_matches_torch(dtype):
+    """A stride-2 conv2d whose 32x32 outputs make im2col rows of 4 KiB (float32) or 8 KiB
+    (float64), padded: the forward and both gradients as torch's."""
+    torch = pytest.importorskip("torch")
+    kind = getattr(torch, dtype)
+    x = torch.randn(2, 8, 64, 64, dtype=kind, requires_grad=True)
+    w = torch.randn(16, 8, 3, 3, dtype=kind, requires_grad=True)
+    kernel = ef.compile(STRIDED, backend="c", pad=0, ranges={"i": 32, "j": 32})
+    tolerance = dict(rtol=1e-4, atol=1e-4) if dtype == "float32" else {}
+    want = torch.nn.functional.conv2d(x, w, stride=2, padding=1)
+    seed = torch.randn_like(want)
+    for _ in range(2):          # the first call and the prepared repeat
+        got = kernel(x=x, w=w)
+        torch.testing.assert_close(got, want, **tolerance)
+        for a, b in zip(torch.autograd.grad(got, (x, w), seed),
+                        torch.autograd.grad(want, (x, w), seed, retain_graph=True)):
+            torch.testing.assert_close(a, b, **tolerance)
+    if dtype == "float64":
+        assert torch.autograd.gradcheck(
+            lambda a, b: kernel(x=a, w=b).sum(), (x[:1, :2].detach().requires_grad_(),
+                                                  w[:2, :2].detach().requires_grad_()))
 
 
 @needs_c
@@ -371,10 +440,49 @@ def _counting_packs(monkeypatch, source):
     return count
 
 
+@pytest.fixture
+def keeping_packs(monkeypatch):
+    """Nodes that keep their forward's packs (runtime/torch_prepared.KEEP_FORWARD_PACKS:
+    off by default, where packing again measured faster), on kernels made anew (each
+    keeps the prepared node of its first call)."""
+    from einfuse.runtime import torch_prepared
+    monkeypatch.setattr(torch_prepared, "KEEP_FORWARD_PACKS", True)
+    fresh_runs(monkeypatch)
+
+
+@needs_c
+@pytest.mark.parametrize("statement, options, xshape, wshape, conv", KEPT_PATCHES)
+def test_by_default_the_weight_gradient_packs_again(statement, options, xshape, wshape,
+                                                    conv, monkeypatch):
+    """Without kept packs the weight gradient packs x again, with torch's values."""
+    torch = pytest.importorskip("torch")
+    from einfuse.backends.c import window_pack
+    kept = []
+    keep = window_pack.PackMemo.keep
+    monkeypatch.setattr(window_pack.PackMemo, "keep",
+                        lambda self, key, source, packed: (kept.append(key),
+                                                           keep(self, key, source, packed)))
+    fresh_runs(monkeypatch)      # (kernels keep the prepared node of their first call)
+    x = torch.randn(*xshape, dtype=torch.float64, requires_grad=True)
+    count = _counting_packs(monkeypatch, x)
+    w = torch.randn(*wshape, dtype=torch.float64, requires_grad=True)
+    kernel = ef.compile(statement, backend="c", **options)
+    want = torch.nn.functional.conv2d(x, w, **conv)
+    for _ in range(3):       # the first call, then the prepared repeats
+        seed = torch.randn_like(want)
+        theirs = torch.autograd.grad(want, (x, w), seed, retain_graph=True)
+        got = kernel(x=x, w=w)
+        packed = count[0]
+        mine = torch.autograd.grad(got, (x, w), seed)
+        for a, b in zip(mine, theirs):
+            torch.testing.assert_close(a, b)
+    assert kept == [] and count[0] > packed > 0
+
+
 @needs_c
 @pytest.mark.parametrize("statement, options, xshape, wshape, conv", KEPT_PATCHES)
 def test_weight_gradient_takes_the_forwards_patches(statement, options, xshape, wshape,
-                                                    conv, monkeypatch):
+                                                    conv, monkeypatch, keeping_packs):
     """An autograd node keeps the patches its forward packed for its backward: the
     weight gradient packs none of x again, with torch's values; a second backward of a
     retained graph packs again, with the same values."""
@@ -401,7 +509,7 @@ def test_weight_gradient_takes_the_forwards_patches(statement, options, xshape, 
 @needs_c
 @pytest.mark.parametrize("statement, options, xshape, wshape, conv", KEPT_PATCHES)
 def test_kept_patches_never_outlive_an_in_place_change(statement, options, xshape, wshape,
-                                                       conv):
+                                                       conv, keeping_packs):
     """A change of x in place between forward and backward is refused (torch's version
     check on the node's saved tensors); the next node packs the changed x afresh."""
     torch = pytest.importorskip("torch")
@@ -423,7 +531,7 @@ def test_kept_patches_never_outlive_an_in_place_change(statement, options, xshap
 
 
 @needs_c
-def test_no_patches_kept_where_no_weight_gradient_reads_them(monkeypatch):
+def test_no_patches_kept_where_no_weight_gradient_reads_them(monkeypatch, keeping_packs):
     """With only x requiring a gradient (its gradient reads dy and w, not x's patches)
     the forward keeps no patches."""
     torch = pytest.importorskip("torch")

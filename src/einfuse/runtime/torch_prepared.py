@@ -49,6 +49,19 @@ from ..schedule.schedule import Library
 # Prepared backwards kept per forward signature: one per layout (strides) of dOUT.
 LAYOUTS_KEPT = 8
 
+# Whether a windowed contraction's node keeps the patches (or panels) its forward packed
+# for its weight gradient (backends/c/window_pack.PackMemo) rather than the gradient
+# packing them again.  Off: on a Zen 4 (one thread, forward + backward under autograd,
+# kept against packed again, interleaved in one process at loads of 5-8) keeping them
+# was slower in every case measured -- conv2d 8x32x32^2 by 64x32x3^2 13.3 against 12.8
+# ms (its 8 panels, 3.3 MB, written to fresh memory by the forward and read back from
+# beyond the cache by the gradient, where a pack again takes 28 us an image from x,
+# itself in cache, into the buffer the last one freed), dilated 13.1-13.9 against
+# 12.7-13.0, a stride-2 conv2d's 4.7 MB of patches 5.9-6.0 against 5.5-5.7, and small
+# ones whose packs fit the core's L2 (2x16x32^2 by 32x16x3^2, stride 2: 0.64-0.73
+# against 0.61-0.68 ms) as well.
+KEEP_FORWARD_PACKS = False
+
 _NUMPY_OPS = NumpyOps()
 
 
@@ -467,7 +480,7 @@ def repeat_runner(kernel, call, runner):
     shapes = {name: (tuple(call.sources[name].shape), call.sources[name].dtype)
               for name in recorded}
     prepared = PreparedAutograd(kernel, call.options, recorded, saved, run_forward, shapes)
-    prepared.keeps_packs = _packs_patches(kernel, call, recorded)
+    prepared.keeps_packs = KEEP_FORWARD_PACKS and _packs_patches(kernel, call, recorded)
     # (inside inference_mode, enable_grad() records nothing either: recording)
     apply, grad_enabled = PreparedFunction.apply, recording
     transforms_active = torch._C._are_functorch_transforms_active

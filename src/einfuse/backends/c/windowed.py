@@ -25,6 +25,7 @@ import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
 from ...analysis.machine import cpu_vendor
+from ...analysis.numpy_blas import avx512_kernels
 from ...analysis.thread_policy import default_threads
 from .blas import TORCH_BLAS_WORK, multiply_adds
 from .blas_route import NUMPY_BLAS, BlasRoute
@@ -63,7 +64,7 @@ def windowed_route(found: WindowedContraction, call, torch_route: bool) -> BlasR
     against 4.7, a strided conv1d's 8 x (32x160 by 160x254) 0.41 against 0.50; an
     image-at-a-time conv2d forward (stride 2: the pack, then 8 GEMMs) 1.74 against 2.06
     ms, torch's own convolution 1.60 at that load."""
-    if torch_route and not openblas_alone_faster() and \
+    if torch_route and not openblas_alone_faster(found, call) and \
             call.dtypes.working in (np.float32, np.float64) and \
             multiply_adds(found, call) >= TORCH_BLAS_WORK:
         from .windowed_torch import TORCH_WINDOWED_BLAS
@@ -71,14 +72,43 @@ def windowed_route(found: WindowedContraction, call, torch_route: bool) -> BlasR
     return NUMPY_BLAS
 
 
-def openblas_alone_faster() -> bool:
-    """Whether NumPy's OpenBLAS runs these products for a torch caller: it runs on the
-    calling thread alone (:func:`blas_alone`) on a CPU that is not Intel's.  MKL is
+def openblas_alone_faster(found: WindowedContraction, call) -> bool:
+    """Whether NumPy's OpenBLAS runs ``found``'s products for a torch caller: it runs on
+    the calling thread alone (:func:`blas_alone`) on a CPU that is not Intel's.  MKL is
     tuned for Intel's cores: on the AVX-512 Xeon where this route was first measured,
     torch's MKL ran the same shapes about 1.7x faster than OpenBLAS at one thread (the
     conv2d's 8 x (32x144 by 144x1024): 0.49 against 0.85 ms); on the Zen 3 above, 15-30%
-    slower."""
-    return blas_alone() and cpu_vendor() != "GenuineIntel"
+    slower.
+
+    Where OpenBLAS runs its AVX-512 kernels (analysis/numpy_blas.py: a Zen 4 gets
+    "SkylakeX") it keeps only the products whose summed extent is shorter than a kept
+    one (im2col's forward: W @ patches): on a Zen 4 they ran the panel form's GEMMs
+    10-25% slower than MKL (64x96 by 96x1024: 155 against 135 us in place; 32x48 by
+    48x4096: 198 against 155 us; their own Haswell kernels 127, 148 us) and the weight
+    gradients' long sums slower too, while the im2col forwards ran faster on them
+    (interleaved, one thread: the stride-2 conv2d 1.54-1.66 against 1.57-1.74 ms, the
+    strided conv1d 0.45-0.56 against 0.51-0.61; forward + backward with its weight
+    gradient on MKL 5.10-5.72 against 5.62-6.19 ms).  OPENBLAS_CORETYPE=Haswell gives
+    OpenBLAS back."""
+    if not blas_alone() or cpu_vendor() == "GenuineIntel":
+        return False
+    if not avx512_kernels():
+        return True
+    return found.panels is None and not _long_sum(found, call)
+
+
+def _long_sum(found: WindowedContraction, call) -> bool:
+    """Whether the product sums over at least as many values as either side keeps (a
+    weight gradient's images and positions)."""
+    ranges = call.bounds.range_map
+
+    def extent(names):
+        total = 1
+        for name in names:
+            lo, hi = ranges[name]
+            total *= max(0, hi - lo)
+        return total
+    return extent(found.k) >= max(extent(found.m), extent(found.n))
 
 
 def blas_alone() -> bool:
@@ -99,7 +129,7 @@ def windowed_library(found: WindowedContraction, call) -> str:
     torch_call = call.framework == TORCH
     if windowed_route(found, call, torch_call) is not NUMPY_BLAS:
         return "torch.matmul"
-    if torch_call and openblas_alone_faster():
+    if torch_call and openblas_alone_faster(found, call):
         return "numpy.matmul (OpenBLAS on this one thread ran these products faster " \
             "than torch's MKL)"
     return "numpy.matmul"
@@ -452,12 +482,15 @@ def _packer(array: np.ndarray, view: _View, pre, rows, cols, extents,
         origin = view.origin
     steps = [sum(c * s for c, s in zip(column, array.strides)) for column in view.coefficients]
     order, swapped = _order(view.shape, steps, view.axes, pre, rows, cols)
+    m, k = _size(rows, extents), _size(cols, extents)
+    # (rows of the packed matrix that would alias in the cache are padded: its rows are
+    # k long, or m where swapped)
     pack = prepared_pack(array, [view.shape[a] for a in order],
-                         [view.coefficients[a] for a in order], origin, fill)
+                         [view.coefficients[a] for a in order], origin, fill,
+                         row=m if swapped else k)
     if pack is None:
         return None
     batch = tuple(extents[n] if n in view.axes else 1 for n in pre)
-    m, k = _size(rows, extents), _size(cols, extents)
     if swapped:
         shape = batch + (k, m)
         return lambda a: pack(a).reshape(shape).swapaxes(-1, -2)
