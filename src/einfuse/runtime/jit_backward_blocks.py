@@ -13,9 +13,9 @@ the call had.
 Here the batch is cut into blocks of ``BLOCK`` elements: the backward of ``jax.vmap(f)``
 over one block is compiled once, and run for every block inside one C call
 (runtime/jit_batch.py, one block per batch element of that call, the blocks shared
-among OpenMP threads, each thread reusing its own intermediates for all its blocks: 16
-MB in all at 8 chains); a last block of the remainder runs the program of its own
-size.  A shared weight's gradient is then one per block, summed by JAX after the
+among OpenMP threads, each thread reusing its own intermediates for all its blocks: 32
+MB for the seed's 16 chains, which glibc then serves from its heap call after call, no
+fresh pages); a last block of the remainder runs the program of its own size.  A shared weight's gradient is then one per block, summed by JAX after the
 call: its sum over the batch is grouped by blocks (a rounding difference from one sum
 over all elements, as any reordered sum); every other gradient is the block's own."""
 
@@ -25,7 +25,11 @@ from typing import Optional, Sequence
 
 import jax.numpy as jnp
 
-BLOCK = 16       # elements of the batch per block (see blocked_cotangents)
+# elements of the batch per block: the seed's gradient (256 x 2000 x 32, float64, one
+# thread) took 243 ms a call at 8 (the weight's gradient summed over 8 rows a step),
+# 224 at 16, 217-238 at 32 (64 MB of residuals a thread: past glibc's largest mmap
+# threshold, fresh pages each call), 232 at 64
+BLOCK = 16
 
 
 def blocked_cotangents(function, size: int, axes: Sequence[Optional[int]], floats,
