@@ -90,9 +90,28 @@ def test_nan_and_inf_reach_the_gradients_they_reach_in_jax(dtype):
         np.testing.assert_allclose(g[finite], w[finite], rtol=tol, atol=tol)
 
 
-def test_a_shared_embedding_table_over_blocks():
+def embedding_scan(w, x):
+    """A lookup per step of a scan (residuals per step) into a shared table."""
+    def step(h, token):
+        h = jnp.tanh(h + w[token])
+        return h, None
+    return lax.scan(step, jnp.zeros(w.shape[1], w.dtype), x)[0].sum()
+
+
+def test_a_shared_embedding_table_over_blocks(asked):
     rng = np.random.default_rng(5)
     weight = jnp.asarray(rng.normal(size=(10, 4)))
-    tokens = jnp.asarray(rng.integers(-2, 12, size=(2 * BLOCK + 7, 6)))
+    tokens = jnp.asarray(rng.integers(-2, 12, size=(2 * BLOCK + 7, 200)))
+    close(gradient(ef.jit(embedding_scan))(weight, tokens),
+          gradient(embedding_scan)(weight, tokens))
+    assert set(asked) == {BLOCK, 7}
+
+
+def test_a_table_larger_than_a_blocks_residuals_keeps_the_whole_batch_kernel(asked):
+    """One table gradient per block would take more memory than the residuals saved."""
+    rng = np.random.default_rng(6)
+    weight = jnp.asarray(rng.normal(size=(3000, 8)))
+    tokens = jnp.asarray(rng.integers(0, 3000, size=(2 * BLOCK + 7, 5)))
     lookup = lambda w, x: jnp.tanh(w[x]).sum()  # noqa: E731
     close(gradient(ef.jit(lookup))(weight, tokens), gradient(lookup)(weight, tokens))
+    assert asked[-1] == 2 * BLOCK + 7 and set(asked) <= {BLOCK, 2 * BLOCK + 7}
