@@ -27,7 +27,11 @@ Each keeps every value bit for bit; they only change where values are stored.
 * **Contractions stored transposed** (backends/c/loops_transposed.py): a contraction
   whose every reader reads it across its rows (a layer's weight gradient, accumulated
   as ``c[a, b] += g[b, a] * s[a, b]`` in a scan's backward) is computed as its
-  transpose, still a blocked contraction, and read along its rows."""
+  transpose, still a blocked contraction, and read along its rows.
+* **Residuals recomputed** (backends/c/loops_residuals.py): a stacked value that is a
+  few additions and multiplications of a value the same loop also stacks (JAX keeps
+  both ``s`` and ``s * (1 - s)`` of a sigmoid) is recomputed from that stack where it
+  is read, not stored."""
 
 from __future__ import annotations
 
@@ -39,6 +43,7 @@ from ...ir import (Apply, Assign, Buffer, Cast, Expr, Index, JitProgram, Loop, R
                    ScatterAdd, Select, Step, Switch)
 from ...lang.fresh_names import FreshNames
 from .loops_dot import mentions
+from .loops_residuals import recomputed_residuals
 from .loops_transposed import stored_transposed
 
 MIN_ROW = 8        # output rows shorter than this are not rendered as blocked contractions
@@ -47,6 +52,7 @@ MAX_COPY = 1 << 18  # elements of a transposed copy: a weight, not a stack of re
 
 def optimise(program: JitProgram) -> JitProgram:
     """``program`` with the rewrites applied (the same program when none applies)."""
+    program = recomputed_residuals(program)
     program = _transpose_operands(program)
     program = stored_transposed(program, MIN_ROW)
     program = _vector_math_outside_sums(program)
