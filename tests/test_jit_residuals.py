@@ -28,6 +28,10 @@ from test_jit_transposed import chain, inputs, shared_gradient  # noqa: E402
 
 pytestmark = pytest.mark.skipif(c_build.find_compiler() is None, reason="needs a C compiler")
 HOST_FLAGS = machine_module._cpu_flags()
+BLOCK = 16
+# steps that make a block's stack of one hidden layer (16 chains x 16 hidden) larger than
+# any L2 (float32: 2.5 MB), so that the rewrite applies
+STEPS = 2500
 
 
 def removed(program):
@@ -36,11 +40,14 @@ def removed(program):
 
 
 def test_it_fires_on_a_scan_gradients_sigmoid_residuals():
-    params, noise = inputs(np.float64)
+    params, noise = inputs(np.float64, chains=BLOCK, steps=STEPS)
     backward = convert(jax.make_jaxpr(shared_gradient(chain))(params, noise))
     # the two hidden layers' s * (1 - s); the last layer's s is not stacked itself
     # (the carry, s + noise, is), so its s * (1 - s) stays stored
     assert len(removed(backward)) == 2
+    # a stack the core's L2 holds is left stored
+    params, noise = inputs(np.float64, chains=BLOCK, steps=20)
+    assert not removed(convert(jax.make_jaxpr(shared_gradient(chain))(params, noise)))
 
 
 def tanh_stacks(x, xs):
@@ -84,7 +91,7 @@ from einfuse.plan.jit_vectors import jit_vectors
 from test_jit_transposed import chain, inputs, shared_gradient
 
 def run(dtype, special):
-    params, noise = inputs(dtype, chains=37, special=special)
+    params, noise = inputs(dtype, chains=37, steps=2500, special=special)
     return [np.asarray(g) for g in jax.tree_util.tree_leaves(
         jax.jit(shared_gradient(ef.jit(chain)))(params, noise))]
 found = {"bytes": jit_vectors().vector_bytes}
