@@ -43,7 +43,7 @@ class BatchedFunction:
         self.out_avals = tuple(jax.core.ShapedArray(tuple(sizes) + a.shape, a.dtype)
                                for a in base.out_avals)
         self.blocks = None
-        if len(sizes) == 1 and sizes[0] >= 2:
+        if len(sizes) == 1 and sizes[0] >= 2 and getattr(base, "batch_in_blocks", True):
             try:
                 self.blocks = _blocks(base, sizes[0], tuple(flags[0] for flags in batched))
             except JaxprConversionError:

@@ -41,6 +41,9 @@ class CompiledFunction:
         self._vmapped_backward: Dict[object, object] = {}
         self.linear = Linear(self)
         self.call = self._differentiable()
+        # whether jax.vmap of this function converts jax.vmap(fn) over blocks of the
+        # batch (runtime/jit_batch.py), or runs this program once per element
+        self.batch_in_blocks = True
 
     # -- the host kernel ----------------------------------------------------------------------
     def host(self, *arrays):
@@ -164,6 +167,9 @@ class CompiledFunction:
                 found = compile_backward(vmapped, in_avals, out_avals,
                                          f"the gradient of the vmapped {self.name}",
                                          self.backend)
+                # its program is already over a block of the batch: batched again
+                # (runtime/jit_backward_blocks.py), it runs once per block
+                found.batch_in_blocks = False
             except JaxprConversionError:
                 found = False
             with _lock:

@@ -28,6 +28,8 @@ import jax.numpy as jnp
 import numpy as np
 from jax.interpreters import ad, batching, mlir
 
+from .jit_backward_blocks import blocked_cotangents
+
 try:
     from jax.extend.core import Primitive
 except ImportError:   # jax < 0.4.36
@@ -102,13 +104,16 @@ class BatchedLinear:
         # an input is mapped when its primal or its tangent has the batch
         axes = tuple(0 if d is not None or tangent_dims.get(k) is not None else None
                      for k, d in enumerate(primal_dims))
-        backward = function.vmapped_backward(self.size, axes)
-        if backward is None:
-            return None
         primals = [jnp.broadcast_to(p, (self.size,) + tuple(jnp.shape(p)))
                    if axis == 0 and d is None else p
                    for p, axis, d in zip(primals, axes, primal_dims)]
-        found = backward.run(list(primals) + list(cotangents))
+        # over blocks of the batch where it has two or more (its residuals per block)
+        found = blocked_cotangents(function, self.size, axes, floats, primals, cotangents)
+        if found is None:
+            backward = function.vmapped_backward(self.size, axes)
+            if backward is None:
+                return None
+            found = backward.run(list(primals) + list(cotangents))
         # mapped for its primal only: the tangent was shared, so is its cotangent
         return [g.sum(0) if axes[k] == 0 and tangent_dims[k] is None else g
                 for g, k in zip(found, floats)]

@@ -1,6 +1,6 @@
 """Program rewrites the jit kernel renderer applies before rendering (``c_loops.py``).
 
-Both keep every value bit for bit; they only change where values are stored.
+Each keeps every value bit for bit; they only change where values are stored.
 
 * **Transposed operands of contractions in loops.**  ``out[i, j] = sum_r x[i, r] *
   W[j, r]`` (the gradient of a layer: ``dY @ W.T``) reads ``W`` across its rows, one
@@ -23,7 +23,15 @@ Both keep every value bit for bit; they only change where values are stored.
   saved around each call.  The transcendental operand becomes its own statement first,
   ``tmp[c, r] = sigmoid(h[c, r])``, one flat vector loop over all the rows (as an
   activation), and the sum reads ``tmp``; each sum adds the same products in the same
-  order."""
+  order.
+* **Contractions stored transposed** (backends/c/loops_transposed.py): a contraction
+  whose every reader reads it across its rows (a layer's weight gradient, accumulated
+  as ``c[a, b] += g[b, a] * s[a, b]`` in a scan's backward) is computed as its
+  transpose, still a blocked contraction, and read along its rows.
+* **Residuals recomputed** (backends/c/loops_residuals.py): a stacked value that is a
+  few additions and multiplications of a value the same loop also stacks (JAX keeps
+  both ``s`` and ``s * (1 - s)`` of a sigmoid) is recomputed from that stack where it
+  is read, not stored."""
 
 from __future__ import annotations
 
@@ -35,6 +43,8 @@ from ...ir import (Apply, Assign, Buffer, Cast, Expr, Index, JitProgram, Loop, R
                    ScatterAdd, Select, Step, Switch)
 from ...lang.fresh_names import FreshNames
 from .loops_dot import mentions
+from .loops_residuals import recomputed_residuals
+from .loops_transposed import stored_transposed
 
 MIN_ROW = 8        # output rows shorter than this are not rendered as blocked contractions
 MAX_COPY = 1 << 18  # elements of a transposed copy: a weight, not a stack of residuals
@@ -42,7 +52,9 @@ MAX_COPY = 1 << 18  # elements of a transposed copy: a weight, not a stack of re
 
 def optimise(program: JitProgram) -> JitProgram:
     """``program`` with the rewrites applied (the same program when none applies)."""
+    program = recomputed_residuals(program)
     program = _transpose_operands(program)
+    program = stored_transposed(program, MIN_ROW)
     program = _vector_math_outside_sums(program)
     return _carries_in_place(program)
 
