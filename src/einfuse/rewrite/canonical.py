@@ -96,7 +96,7 @@ def canonical_program(statements: Sequence[Tuple[Statement, Expr]],
     fired: List[str] = []
     shared: List[str] = []
     first = tuple(range(len(statements)))    # each statement's place in the program given
-    put_back = [False] * len(statements)      # changed before its own rules: put back into
+    put_back = [False] * len(statements)      # changed before the rules' pass below
     if plain_ranges and len(statements) > 1:
         # every statement at its own fixed point first: what is put back where, and what
         # is recomputed, is then decided on canonical statements, so two spellings of a
