@@ -108,6 +108,13 @@ LOG_SOFTMAX = {
                    "Y[i,j] := X[i,j] - m[i] - log(sum[k](exp(X[i,k] - m[i])))",
     "scaled": "m[i] := max[k](X[i,k])\ns[i] := sum[k](exp(X[i,k] - m[i]))\n"
               "Y[i,j] := 2 * (X[i,j] - m[i]) - log(s[i])",
+    # a row of values calling a function: the SIMD loop through libmvec's exp
+    "softmax, its normaliser inline": "m[i] := max[k](X[i,k])\n"
+                                      "Y[i,j] := exp(X[i,j] - m[i]) / "
+                                      "sum[k](exp(X[i,k] - m[i]))",
+    "log-softmax through exp and log": "m[i] := max[k](X[i,k])\n"
+                                       "Y[i,j] := log(exp(X[i,j] - m[i]) / "
+                                       "sum[k](exp(X[i,k] - m[i])))",
 }
 
 
