@@ -217,6 +217,27 @@ def test_a_logsumexp_statement_put_back_is_softmax(backend):
     assert len(ef.compile(text).statements) == 1       # L is read by nothing: dropped
 
 
+ROW_RECIPROCAL = ("M[i] := max[j](X[i,j])\nE[i,j] := exp(X[i,j] - M[i])\n"
+                  "r[i] := 1 / sum[j](E[i,j])\n")
+
+
+def test_a_rows_reciprocal_put_back_is_a_division(backend):
+    """``r[i] := 1 / sum[j](E[i,j])`` read as ``E[i,j] * r[i]`` is put back (a function
+    of a reduction, its j a fresh copy inside the reader over [i, j]) and becomes
+    ``E / sum(E)``: the softmax program (reciprocal-product-as-division)."""
+    text = ROW_RECIPROCAL + "P[i,j] := E[i,j] * r[i]"
+    X = special_matrix(6, 7)
+    written = oracle_program(text, {"X": X})
+    assert close(ef.ein(text, X=X, backend=backend), written, rtol=1e-12)
+    assert "r" not in [s.output for s in ef.compile(text).statements]
+
+
+def test_a_rows_reciprocal_written_first_stays_a_statement():
+    # (1 / b) * a is left as written (its overflow for a subnormal b is NumPy's)
+    text = ROW_RECIPROCAL + "P[i,j] := r[i] * E[i,j]"
+    assert "r" in [s.output for s in ef.compile(text).statements]
+
+
 def test_an_intermediate_read_once_is_computed_where_it_is_read(backend):
     text = "T[i,j,k] := A[i,k] - B[j,k]\nD[i,j] := sum[k](T[i,j,k]**2)"
     rng = np.random.default_rng(8)

@@ -30,6 +30,9 @@ SOFTMAX_MORE = (
     ("times the reciprocal",
      "M[i] := max[j](X[i,j])\nE[i,j] := exp(X[i,j] - M[i])\nZ[i] := sum[j](E[i,j])\n"
      "P[i,j] := E[i,j] * (1 / Z[i])"),
+    ("reciprocal statement",
+     "M[i] := max[j](X[i,j])\nE[i,j] := exp(X[i,j] - M[i])\nr[i] := 1 / sum[j](E[i,j])\n"
+     "P[i,j] := E[i,j] * r[i]"),
     ("logsumexp statement",
      "L[i] := logsumexp[j](X[i,j])\nP[i,j] := exp(X[i,j] - L[i])"),
     ("exp(x - max - log(sum))",

@@ -41,15 +41,19 @@ INLINED_STATEMENTS = 64
 
 
 def _inlinable(statement: Statement, outputs: Set[str]) -> bool:
+    """Whether ``statement`` may be put back into a reader where a rule then fires: a
+    reduction, an element-wise intermediate, or an element-wise function of reductions
+    over other indices (``r[i] := 1 / sum[j](E[i,j])``, a row's reciprocal), under the
+    hoisting conditions (its indices plain subscripts, so that the reader computes each
+    reduction once per point as the intermediate did)."""
     rhs = statement.rhs
-    elementwise = not any(isinstance(n, Reduce) for n in rhs.walk())
     if statement.assign != ":=" or statement.output in outputs or \
-            not (isinstance(rhs, Reduce) or elementwise) or \
             len(set(statement.output_indices)) != len(statement.output_indices) or \
             free_indices(rhs) != set(statement.output_indices):
         return False
     own = list(subscripts_of(rhs))
-    return all(only_plain(i, own) for i in getattr(rhs, "indices", ())) and \
+    bound = [i for node in rhs.walk() if isinstance(node, Reduce) for i in node.indices]
+    return all(only_plain(i, own) for i in bound) and \
         all(only_plain(i, own) for i in statement.output_indices)
 
 
@@ -172,7 +176,7 @@ def _put_back(reader: Statement, definition: Statement, sites: List[Tuple[Expr, 
                 failed[0] = True
                 return node
             if not isinstance(definition.rhs, Reduce):     # element-wise: renamed only
-                return rename_indices(definition.rhs,
+                return rename_indices(_fresh_bound(definition.rhs, in_reader, fresh),
                                       dict(zip(definition.output_indices, names)))
             # a reduced index keeps its name where the reader has none like it (the
             # user's name: shard= and ranges= may name it), else a fresh copy
@@ -193,6 +197,20 @@ def _put_back(reader: Statement, definition: Statement, sites: List[Tuple[Expr, 
 
     rhs = visit(reader.rhs)
     return None if failed[0] else rhs
+
+
+def _fresh_bound(expr: Expr, taken, fresh: FreshNames) -> Expr:
+    """``expr`` with each reduction's indices that ``taken`` holds (the reader's names)
+    renamed to fresh copies: put back, a function of reductions binds none of the
+    reader's indices (``1 / sum[j](E[i,j])`` inside a reader over ``[i, j]``)."""
+    def visit(node: Expr) -> Expr:
+        if isinstance(node, Reduce):
+            renamed = {k: fresh.copy_of(k) for k in node.indices if k in taken}
+            body = visit(rename_indices(node.body, renamed) if renamed else node.body)
+            return Reduce(node.op, tuple(renamed.get(k, k) for k in node.indices), body,
+                          span=node.span)
+        return map_children(node, visit)
+    return visit(expr)
 
 
 def _read_again(expr: Expr, sites: List[Tuple[Expr, Access]]) -> Expr:
