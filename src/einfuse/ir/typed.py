@@ -18,7 +18,7 @@ are those of the statement IR.  The C renderer (``backends/c/loops.py``) turns a
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Optional, Tuple, Union
 
 from .kinds import INDEX, ElementOp, ReduceOp, ScalarType
@@ -79,6 +79,22 @@ class Cast(Expr):
 
     def children(self):
         return (self.arg,)
+
+
+def map_reads(node: Expr, read) -> Expr:
+    """``node`` with every :class:`Read` replaced by ``read(the read, its subscripts
+    already mapped)``, the rest rebuilt around them: the one walk the loop rewrites
+    (backends/c/loops_residuals.py, loops_transposed.py) share."""
+    if isinstance(node, Read):
+        return read(node, tuple(map_reads(s, read) for s in node.subscripts))
+    if isinstance(node, Apply):
+        return replace(node, args=tuple(map_reads(a, read) for a in node.args))
+    if isinstance(node, Cast):
+        return replace(node, arg=map_reads(node.arg, read))
+    if isinstance(node, Select):
+        return replace(node, which=map_reads(node.which, read),
+                       cases=tuple(map_reads(c, read) for c in node.cases))
+    return node
 
 
 @dataclass(frozen=True)

@@ -26,8 +26,8 @@ import dataclasses
 from typing import Dict, List, Optional, Set, Tuple
 
 from ...analysis.machine import machine
-from ...ir import (Apply, Assign, Cast, Const, Expr, Index, JitProgram, Loop, Read, ScatterAdd,
-                   Select, Step, Switch)
+from ...ir import (Apply, Assign, Const, Expr, Index, JitProgram, Loop, Read, ScatterAdd, Step,
+                   Switch, map_reads)
 
 CHEAP = frozenset({"add", "sub", "mul", "neg"})   # recomputed at each read: no calls
 
@@ -86,20 +86,13 @@ def recomputed_residuals(program: JitProgram) -> JitProgram:
             return node
         return put(f)
 
+    def read(node: Read, subs) -> Expr:
+        if node.buffer in removed:
+            return recompute(node.buffer, subs)
+        return dataclasses.replace(node, subscripts=subs)
+
     def swap(node: Expr) -> Expr:
-        if isinstance(node, Read):
-            subs = tuple(swap(s) for s in node.subscripts)
-            if node.buffer in removed:
-                return recompute(node.buffer, subs)
-            return dataclasses.replace(node, subscripts=subs)
-        if isinstance(node, Apply):
-            return dataclasses.replace(node, args=tuple(swap(a) for a in node.args))
-        if isinstance(node, Cast):
-            return dataclasses.replace(node, arg=swap(node.arg))
-        if isinstance(node, Select):
-            return dataclasses.replace(node, which=swap(node.which),
-                                       cases=tuple(swap(c) for c in node.cases))
-        return node
+        return map_reads(node, read)
 
     def rewrite(steps) -> Tuple[Step, ...]:
         out: List[Step] = []

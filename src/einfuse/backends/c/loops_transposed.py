@@ -22,7 +22,7 @@ import dataclasses
 from typing import Dict, List, Optional, Set, Tuple
 
 from ...ir import (Apply, Assign, Cast, Expr, Index, JitProgram, Loop, Read, ReduceOp,
-                   ScatterAdd, Select, Step, Switch)
+                   ScatterAdd, Select, Step, Switch, map_reads)
 from ...plan.jit_vectors import jit_vectors
 from .loops_dot import contraction_operands, mentions
 
@@ -89,20 +89,12 @@ def stored_transposed(program: JitProgram, min_row: int) -> JitProgram:
     if not chosen:
         return program
 
+    def read(node: Read, subs) -> Expr:
+        return dataclasses.replace(node, subscripts=(subs[1], subs[0]) if node.buffer in chosen
+                                   else subs)
+
     def swap(node: Expr) -> Expr:
-        if isinstance(node, Read):
-            subs = tuple(swap(s) for s in node.subscripts)
-            if node.buffer in chosen:
-                subs = (subs[1], subs[0])
-            return dataclasses.replace(node, subscripts=subs)
-        if isinstance(node, Apply):
-            return dataclasses.replace(node, args=tuple(swap(a) for a in node.args))
-        if isinstance(node, Cast):
-            return dataclasses.replace(node, arg=swap(node.arg))
-        if isinstance(node, Select):
-            return dataclasses.replace(node, which=swap(node.which),
-                                       cases=tuple(swap(c) for c in node.cases))
-        return node
+        return map_reads(node, read)
 
     def rewrite(steps) -> Tuple[Step, ...]:
         out: List[Step] = []
