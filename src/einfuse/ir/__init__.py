@@ -9,7 +9,7 @@ from .nodes import (AccValue, Accumulate, Affine, Binary, Branch, Buffer, Call, 
                     Local, Loop, NormalBranch, Param, LoopProgram, Quasi, SLICE_ROWS, Stmt, Store,
                     Subscript, TiledLoop, Unary, walk)
 from .typed import (Apply, Assign, Cast, Index, JitProgram, Read, Reduction, ScatterAdd, Select,
-                    Step, Switch, map_reads)
+                    Step, Switch, map_reads, node_reads, step_reads, step_writes)
 
 __all__ = ["AccValue", "Accumulate", "Affine", "Apply", "Assign", "Binary", "BinaryOp", "Branch",
            "Buffer", "BufferType", "Call", "Cast", "CombineLanes", "Compensate", "Const",
@@ -17,4 +17,5 @@ __all__ = ["AccValue", "Accumulate", "Affine", "Apply", "Assign", "Binary", "Bin
            "IndexValue", "JitProgram", "LoopNest", "Let", "Load", "Local", "Loop", "LoopKind",
            "NormalBranch", "Param", "Policy", "LoopProgram", "Quasi", "QuasiOp", "Read", "ReduceOp",
            "Reduction", "SLICE_ROWS", "ScalarType", "ScatterAdd", "Select", "Step", "Stmt",
-           "Store", "Subscript", "Switch", "TiledLoop", "Unary", "UnaryOp", "map_reads", "walk"]
+           "Store", "Subscript", "Switch", "TiledLoop", "Unary", "UnaryOp", "map_reads", "node_reads", "step_reads",
+           "step_writes", "walk"]

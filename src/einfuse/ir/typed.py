@@ -19,7 +19,7 @@ are those of the statement IR.  The C renderer (``backends/c/loops.py``) turns a
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from typing import Optional, Tuple, Union
+from typing import Iterator, Optional, Tuple, Union
 
 from .kinds import INDEX, ElementOp, ReduceOp, ScalarType
 from .nodes import Buffer, Expr, Loop, Stmt, as_member
@@ -187,5 +187,66 @@ class JitProgram:
         return self.steps
 
 
+# -- walking the steps (the loop rewrites of backends/c ask them) --------------------------
+def node_reads(node: Expr) -> Iterator[str]:
+    """Every buffer ``node`` reads (its subscripts' reads included)."""
+    if isinstance(node, Read):
+        yield node.buffer
+        for sub in node.subscripts:
+            yield from node_reads(sub)
+    elif isinstance(node, Apply):
+        for arg in node.args:
+            yield from node_reads(arg)
+    elif isinstance(node, Cast):
+        yield from node_reads(node.arg)
+    elif isinstance(node, Select):
+        yield from node_reads(node.which)
+        for case in node.cases:
+            yield from node_reads(case)
+
+
+def step_reads(step: Step) -> Iterator[str]:
+    """Every buffer ``step`` reads (nested steps included)."""
+    if isinstance(step, Assign):
+        for sub in step.prefix:
+            yield from node_reads(sub)
+        if step.value is not None:
+            yield from node_reads(step.value)
+        if step.reduction is not None:
+            yield from node_reads(step.reduction.body)
+    elif isinstance(step, ScatterAdd):
+        yield step.buffer              # an accumulation reads what it adds to
+        for node in step.target + (step.valid, step.value):
+            yield from node_reads(node)
+    elif isinstance(step, Loop):
+        for inner in step.condition_steps + step.body:
+            yield from step_reads(inner)
+        if step.condition is not None:
+            yield from node_reads(step.condition)
+        for _, new in step.updates:
+            yield new
+    elif isinstance(step, Switch):
+        yield from node_reads(step.which)
+        for body in step.branches:
+            for inner in body:
+                yield from step_reads(inner)
+
+
+def step_writes(step: Step) -> Iterator[str]:
+    """Every buffer ``step`` writes (nested steps, and loops' carry updates, included)."""
+    if isinstance(step, (Assign, ScatterAdd)):
+        yield step.buffer
+    elif isinstance(step, Loop):
+        for inner in step.condition_steps + step.body:
+            yield from step_writes(inner)
+        for carry, _ in step.updates:
+            yield carry
+    elif isinstance(step, Switch):
+        for body in step.branches:
+            for inner in body:
+                yield from step_writes(inner)
+
+
 __all__ = ["Apply", "Assign", "Cast", "Index", "JitProgram", "Read", "Reduction",
-           "ScatterAdd", "Select", "Step", "Switch"]
+           "ScatterAdd", "Select", "Step", "Switch", "map_reads", "node_reads", "step_reads",
+           "step_writes"]

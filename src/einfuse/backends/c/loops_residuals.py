@@ -27,7 +27,7 @@ from typing import Dict, List, Optional, Set, Tuple
 
 from ...analysis.machine import machine
 from ...ir import (Apply, Assign, Const, Expr, Index, JitProgram, Loop, Read, ScatterAdd, Step,
-                   Switch, map_reads)
+                   Switch, map_reads, step_reads, step_writes)
 
 CHEAP = frozenset({"add", "sub", "mul", "neg"})   # recomputed at each read: no calls
 
@@ -66,7 +66,7 @@ def recomputed_residuals(program: JitProgram) -> JitProgram:
             # after the loop (a read in the body could come before B's store)
             if stack is None or not _unchanged_between(written_in_body, loop.body, s.buffer,
                                                         stack, source) \
-                    or any(s.buffer in _reads(step) for step in loop.body):
+                    or any(s.buffer in step_reads(step) for step in loop.body):
                 continue
             found[s.buffer] = (s.value, source, stack)
     if not found:
@@ -175,11 +175,9 @@ def _cheap_source(step: Assign, dtypes) -> Optional[str]:
 
 
 def _written_after(body) -> List[Set[str]]:
-    """For each step of ``body``, the buffers it writes (nested steps included)."""
-    out = []
-    for step in body:
-        out.append({s.buffer for s in _all_steps([step]) if isinstance(s, (Assign, ScatterAdd))})
-    return out
+    """For each step of ``body``, the buffers it writes (nested steps and their loops'
+    carry updates included)."""
+    return [set(step_writes(step)) for step in body]
 
 
 def _unchanged_between(written, body, a: str, b: str, source: str) -> bool:
@@ -191,36 +189,3 @@ def _unchanged_between(written, body, a: str, b: str, source: str) -> bool:
         return False
     first, last = positions
     return not any(source in written[k] for k in range(first, last + 1))
-
-
-def _expr_reads(node: Expr) -> Set[str]:
-    found: Set[str] = set()
-    if isinstance(node, Read):
-        found.add(node.buffer)
-    for child in node.children() if hasattr(node, "children") else ():
-        found |= _expr_reads(child)
-    return found
-
-
-def _reads(step: Step) -> Set[str]:
-    """The buffers ``step`` reads (nested steps included)."""
-    if isinstance(step, Assign):
-        nodes = list(step.prefix) + [n for n in (step.value,) if n is not None] + \
-            ([step.reduction.body] if step.reduction is not None else [])
-        return set().union(*(_expr_reads(n) for n in nodes)) if nodes else set()
-    if isinstance(step, ScatterAdd):
-        return set().union(*(_expr_reads(n) for n in step.target + (step.valid, step.value)))
-    if isinstance(step, Loop):
-        found = {new for _, new in step.updates}
-        if step.condition is not None:
-            found |= _expr_reads(step.condition)
-        for inner in step.condition_steps + step.body:
-            found |= _reads(inner)
-        return found
-    if isinstance(step, Switch):
-        found = _expr_reads(step.which)
-        for body in step.branches:
-            for inner in body:
-                found |= _reads(inner)
-        return found
-    return set()

@@ -37,10 +37,10 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Dict, Iterator, List, Optional, Set, Tuple
+from typing import Dict, List, Optional, Set, Tuple
 
 from ...ir import (Apply, Assign, Buffer, Cast, Expr, Index, JitProgram, Loop, Read, ReduceOp,
-                   ScatterAdd, Select, Step, Switch)
+                   Select, Step, Switch, step_reads, step_writes)
 from ...lang.fresh_names import FreshNames
 from .loops_dot import mentions
 from .loops_residuals import recomputed_residuals
@@ -57,64 +57,6 @@ def optimise(program: JitProgram) -> JitProgram:
     program = stored_transposed(program, MIN_ROW)
     program = _vector_math_outside_sums(program)
     return _carries_in_place(program)
-
-
-# -- walking -----------------------------------------------------------------------------------
-def _node_reads(node: Expr) -> Iterator[str]:
-    if isinstance(node, Read):
-        yield node.buffer
-        for sub in node.subscripts:
-            yield from _node_reads(sub)
-    elif isinstance(node, Apply):
-        for arg in node.args:
-            yield from _node_reads(arg)
-    elif isinstance(node, Cast):
-        yield from _node_reads(node.arg)
-    elif isinstance(node, Select):
-        yield from _node_reads(node.which)
-        for case in node.cases:
-            yield from _node_reads(case)
-
-
-def _step_reads(step: Step) -> Iterator[str]:
-    """Every buffer ``step`` reads (nested steps included)."""
-    if isinstance(step, Assign):
-        for sub in step.prefix:
-            yield from _node_reads(sub)
-        if step.value is not None:
-            yield from _node_reads(step.value)
-        if step.reduction is not None:
-            yield from _node_reads(step.reduction.body)
-    elif isinstance(step, ScatterAdd):
-        yield step.buffer              # an accumulation reads what it adds to
-        for node in step.target + (step.valid, step.value):
-            yield from _node_reads(node)
-    elif isinstance(step, Loop):
-        for inner in step.condition_steps + step.body:
-            yield from _step_reads(inner)
-        if step.condition is not None:
-            yield from _node_reads(step.condition)
-        for _, new in step.updates:
-            yield new
-    elif isinstance(step, Switch):
-        yield from _node_reads(step.which)
-        for body in step.branches:
-            for inner in body:
-                yield from _step_reads(inner)
-
-
-def _step_writes(step: Step) -> Iterator[str]:
-    if isinstance(step, (Assign, ScatterAdd)):
-        yield step.buffer
-    elif isinstance(step, Loop):
-        for inner in step.condition_steps + step.body:
-            yield from _step_writes(inner)
-        for carry, _ in step.updates:
-            yield carry
-    elif isinstance(step, Switch):
-        for body in step.branches:
-            for inner in body:
-                yield from _step_writes(inner)
 
 
 def _names(program: JitProgram) -> FreshNames:
@@ -183,7 +125,7 @@ def _transpose_operands(program: JitProgram) -> JitProgram:
                         step = use_copy(step, *found, frame.before, frame.made)
                 out.append(step)
             elif isinstance(step, Loop):
-                frame = _Frame(set(_step_writes(step)), [], {})
+                frame = _Frame(set(step_writes(step)), [], {})
                 inner = frames + [frame]
                 replaced = dataclasses.replace(
                     step, condition_steps=rewrite(step.condition_steps, inner),
@@ -231,7 +173,7 @@ def _transpose_operands(program: JitProgram) -> JitProgram:
 def _carries_in_place(program: JitProgram) -> JitProgram:
     reads: Dict[str, int] = {}
     for step in program.steps:
-        for name in _step_reads(step):
+        for name in step_reads(step):
             reads[name] = reads.get(name, 0) + 1
     shapes = {b.name: (b.shape, b.dtype) for b in program.buffers}
     dropped: Set[str] = set()
@@ -246,15 +188,15 @@ def _carries_in_place(program: JitProgram) -> JitProgram:
                     sum(c == carry for c, _ in step.updates) != 1 or \
                     reads.get(new, 0) != 1:        # read only by this update
                 continue
-            writers = [k for k, s in enumerate(body) if new in set(_step_writes(s))]
+            writers = [k for k, s in enumerate(body) if new in set(step_writes(s))]
             if len(writers) != 1 or not isinstance(body[writers[0]], Assign) or \
-                    any({new, carry} & set(_step_writes(s)) for s in step.condition_steps):
+                    any({new, carry} & set(step_writes(s)) for s in step.condition_steps):
                 continue
             at = writers[0]
             target = body[at]
             if not _elementwise_over(target, carry, shapes[new][0]) or \
-                    any(carry in set(_step_writes(s)) for s in body) or \
-                    any(carry in set(_step_reads(s)) or new in set(_step_reads(s))
+                    any(carry in set(step_writes(s)) for s in body) or \
+                    any(carry in set(step_reads(s)) or new in set(step_reads(s))
                         for s in body[at + 1:]):
                 continue
             body[at] = dataclasses.replace(target, buffer=carry)
