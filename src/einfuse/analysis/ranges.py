@@ -37,6 +37,16 @@ from .spec import IndexUse, Spec
 Range = Tuple[int, int]  # (lo, hi), hi exclusive; lo may be negative
 
 
+def points(names, ranges: Mapping[str, Tuple[int, int]]) -> int:
+    """The points of the indices ``names`` under ``ranges`` (index -> (start, stop)):
+    the product of their extents, 0 where one is empty."""
+    total = 1
+    for name in names:
+        lo, hi = ranges[name]
+        total *= max(0, hi - lo)
+    return total
+
+
 @dataclass(frozen=True)
 class Bounds:
     """Index ranges for one set of shapes, and where each came from."""

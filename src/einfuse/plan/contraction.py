@@ -16,6 +16,7 @@ from typing import List, Optional, Tuple
 
 import numpy as np
 
+from ..analysis.ranges import points
 from ..lang import ast
 
 
@@ -149,7 +150,7 @@ def prepare_contraction(c: Contraction, call) -> PreparedContraction:
 
     def operand(tensor: str, names: Tuple[str, ...], rows, cols) -> _Operand:
         order = tuple(names.index(n) for n in c.batch + rows + cols)
-        sizes = (_prod(ranges, c.batch), _prod(ranges, rows), _prod(ranges, cols))
+        sizes = (points(c.batch, ranges), points(rows, ranges), points(cols, ranges))
         return _Operand(tensor, tuple(slice(*ranges[n]) for n in names), order, sizes)
 
     grid = c.batch + c.m + c.n
@@ -158,11 +159,3 @@ def prepare_contraction(c: Contraction, call) -> PreparedContraction:
         operand(c.right, c.right_indices, c.k, c.n),
         tuple(ranges[n][1] - ranges[n][0] for n in grid),
         tuple(grid.index(n) for n in call.spec.output_indices))
-
-
-def _prod(ranges, names) -> int:
-    size = 1
-    for name in names:
-        lo, hi = ranges[name]
-        size *= max(0, hi - lo)
-    return size

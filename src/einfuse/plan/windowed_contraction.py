@@ -31,6 +31,7 @@ import functools
 from dataclasses import dataclass, replace
 from typing import Mapping, Optional, Tuple
 
+from ..analysis.ranges import points
 from ..lang import ast
 from ..lang.fresh_names import FreshNames
 from ..lang.printer import format_expr
@@ -179,21 +180,12 @@ def windowed_refusal(spec) -> Optional[str]:
     return _match(spec).reason
 
 
-def _points(names, ranges: Mapping[str, Tuple[int, int]]) -> int:
-    """The points of the indices ``names`` under ``ranges`` (0 where one is empty)."""
-    total = 1
-    for name in names:
-        lo, hi = ranges[name]
-        total *= max(0, hi - lo)
-    return total
-
-
 def window_method(found: WindowedContraction, ranges: Mapping[str, Tuple[int, int]],
                   itemsize: int) -> WindowMethod:
     """PATCHES while the patch matrix fits the budget (PATCH_BYTES, PATCH_FACTOR times
     the bytes the call reads and writes anyway), else PER_OFFSET where the window has
     few enough offsets."""
-    patch_count = sum(_points(o.axes, ranges) for o in found.operands
+    patch_count = sum(points(o.axes, ranges) for o in found.operands
                       if not all(s.plain for s in o.subscripts))
     patches = patch_count * itemsize
     form = scatter_form(found)
@@ -203,11 +195,11 @@ def window_method(found: WindowedContraction, ranges: Mapping[str, Tuple[int, in
         # gradient with more output channels than input ones (a conv2d 8x32x32x32 by
         # 64 filters: 2.4 M values against 4.7 M patch elements, 2.4 ms against 4.0)
         return WindowMethod.SCATTER
-    anyway = (_points(found.output, ranges) +
-              sum(_points(o.axes, ranges) for o in found.operands
+    anyway = (points(found.output, ranges) +
+              sum(points(o.axes, ranges) for o in found.operands
                   if all(s.plain for s in o.subscripts))) * itemsize
     if patches <= min(PATCH_BYTES, PATCH_FACTOR * max(anyway, 1 << 16)) or \
-            not found.window or _points(found.window, ranges) > MAX_OFFSETS:
+            not found.window or points(found.window, ranges) > MAX_OFFSETS:
         return WindowMethod.PATCHES
     return WindowMethod.PER_OFFSET
 
@@ -284,7 +276,7 @@ def _scatter_size(form: ScatterForm, ranges) -> int:
     """The elements of the scatter form's values (each fresh index over the array
     positions its subscript reaches)."""
     reach = scatter_reach(form, ranges)
-    total = _points(tuple(n for n in form.values.output if n not in reach), ranges)
+    total = points(tuple(n for n in form.values.output if n not in reach), ranges)
     for lo, hi in reach.values():
         total *= max(0, hi - lo)
     return total
@@ -325,8 +317,8 @@ def chunked_patches(found: WindowedContraction, ranges: Mapping[str, Tuple[int, 
     gemm = found.gemm
     if found.method is not WindowMethod.PATCHES or len(gemm.pre) != 1:
         return False
-    return _points(gemm.pre, ranges) > 1 and \
-        _points(gemm.rows + gemm.cols + gemm.k, ranges) >= CHUNK_WORK
+    return points(gemm.pre, ranges) > 1 and \
+        points(gemm.rows + gemm.cols + gemm.k, ranges) >= CHUNK_WORK
 
 
 # A summed index is chunked (chunked_sum) from this many multiply-adds a value: each
@@ -359,8 +351,8 @@ def chunked_sum(found: WindowedContraction, ranges: Mapping[str, Tuple[int, int]
     for name in gemm.k:
         if name in found.window or not all(own_axis(o, name) for o in found.operands):
             continue
-        values = _points((name,), ranges)
-        if values > 1 and _points(gemm.rows + gemm.cols + gemm.k, ranges) // values >= work:
+        values = points((name,), ranges)
+        if values > 1 and points(gemm.rows + gemm.cols + gemm.k, ranges) // values >= work:
             return name
     return None
 

@@ -13,6 +13,7 @@ from dataclasses import replace
 from typing import Optional
 
 from ..analysis.binding import BoundCall
+from ..analysis.ranges import points
 from ..analysis.thread_policy import fixed_thread_count
 from ..analysis.triton_facts import host_fallback
 from ..lang.printer import format_statement
@@ -85,17 +86,11 @@ PANEL_GEMM_WORK = 1 << 16
 
 
 def _panels_pay(form: PanelForm, ranges) -> bool:
-    def points(names):
-        total = 1
-        for name in names:
-            lo, hi = ranges[name]
-            total *= max(0, hi - lo)
-        return total
-    offsets = points(form.offsets)
-    if points((form.row[2],)) < 2 or offsets == 0:
+    offsets = points(form.offsets, ranges)
+    if points((form.row[2],), ranges) < 2 or offsets == 0:
         return False
-    each = points(form.own + form.channels + form.positions)     # one GEMM's
-    depth = points(form.channels + form.offsets[1:])
+    each = points(form.own + form.channels + form.positions, ranges)     # one GEMM's
+    depth = points(form.channels + form.offsets[1:], ranges)
     return each * offsets >= PANEL_WORK and each >= PANEL_GEMM_WORK and \
         depth >= (PANEL_DEPTH if form.folded else PANEL_DEPTH_UNFOLDED)
 

@@ -18,6 +18,7 @@ from typing import Callable, Mapping, Optional
 
 import numpy as np
 
+from ...analysis.ranges import points
 from .blas_route import NUMPY_BLAS, BlasRoute
 from ...plan.contraction import Contraction, PreparedContraction, prepare_contraction
 from ...plan.contraction_addend import ContractionAddend
@@ -32,12 +33,8 @@ TORCH_BLAS_WORK = 1 << 18
 def multiply_adds(contraction, call) -> int:
     """m * n * k (times the batch) of ``contraction`` (a Contraction, or a windowed one:
     both name their batch, m, n and k axes) for this call's ranges."""
-    ranges = call.bounds.range_map
-    total = 1
-    for name in contraction.batch + contraction.m + contraction.n + contraction.k:
-        lo, hi = ranges[name]
-        total *= max(0, hi - lo)
-    return total
+    return points(contraction.batch + contraction.m + contraction.n + contraction.k,
+                  call.bounds.range_map)
 
 
 def route_for(contraction: Contraction, call, torch_route: bool) -> BlasRoute:

@@ -26,6 +26,7 @@ from numpy.lib.stride_tricks import as_strided
 
 from ...analysis.machine import cpu_vendor
 from ...analysis.numpy_blas import avx512_kernels
+from ...analysis.ranges import points
 from ...analysis.thread_policy import default_threads
 from .blas import TORCH_BLAS_WORK, multiply_adds
 from .blas_route import NUMPY_BLAS, BlasRoute
@@ -101,14 +102,7 @@ def _long_sum(found: WindowedContraction, call) -> bool:
     """Whether the product sums over at least as many values as either side keeps (a
     weight gradient's images and positions)."""
     ranges = call.bounds.range_map
-
-    def extent(names):
-        total = 1
-        for name in names:
-            lo, hi = ranges[name]
-            total *= max(0, hi - lo)
-        return total
-    return extent(found.k) >= max(extent(found.m), extent(found.n))
+    return points(found.k, ranges) >= max(points(found.m, ranges), points(found.n, ranges))
 
 
 def blas_alone() -> bool:
