@@ -17,26 +17,15 @@ import einfuse as ef  # noqa: E402
 from einfuse.backends.c import build as c_build  # noqa: E402
 from einfuse.runtime import jit_backward_blocks, jit_compiled  # noqa: E402
 
-from jit_support import close, x64  # noqa: E402,F401  (x64: an autouse fixture)
+from jit_support import close, seed_inputs, x64  # noqa: E402,F401  (x64: autouse)
+from test_jit_transposed import chain  # noqa: E402
 
 pytestmark = pytest.mark.skipif(c_build.find_compiler() is None, reason="needs a C compiler")
 BLOCK = jit_backward_blocks.BLOCK
 
 
-def mlp_chain(params, noise):
-    def body(x, n):
-        for w in params:
-            x = jax.nn.sigmoid(x @ jax.nn.softplus(w))
-        return x + n, x.sum()
-    last, trace = lax.scan(body, jnp.zeros(noise.shape[-1], noise.dtype), noise)
-    return last.sum() + trace.mean()
-
-
 def inputs(dtype, chains, steps=30, hidden=12, seed=0):
-    rng = np.random.default_rng(seed)
-    params = [jnp.asarray(rng.normal(size=s).astype(dtype))
-              for s in [(1, hidden), (hidden, hidden), (hidden, 1)]]
-    return params, jnp.asarray((rng.normal(size=(chains, steps, 1)) * 0.1).astype(dtype))
+    return seed_inputs(dtype, steps, hidden, chains, seed)
 
 
 def gradient(f, argnums=0):
@@ -61,15 +50,15 @@ def asked(monkeypatch):
 @pytest.mark.parametrize("chains", [2 * BLOCK, 2 * BLOCK + 1, 3 * BLOCK + 5])
 def test_blocks_and_a_remainder_give_jax_gradients(dtype, chains, asked):
     params, noise = inputs(dtype, chains)
-    close(gradient(ef.jit(mlp_chain), (0, 1))(params, noise),
-          gradient(mlp_chain, (0, 1))(params, noise), dtype)
+    close(gradient(ef.jit(chain), (0, 1))(params, noise),
+          gradient(chain, (0, 1))(params, noise), dtype)
     rest = chains % BLOCK
     assert set(asked) == ({BLOCK, rest} if rest else {BLOCK})
 
 
 def test_fewer_than_two_blocks_run_the_whole_batch_kernel(asked):
     params, noise = inputs(np.float64, BLOCK + 3)
-    close(gradient(ef.jit(mlp_chain))(params, noise), gradient(mlp_chain)(params, noise))
+    close(gradient(ef.jit(chain))(params, noise), gradient(chain)(params, noise))
     assert asked == [BLOCK + 3]
 
 
@@ -78,8 +67,8 @@ def test_nan_and_inf_reach_the_gradients_they_reach_in_jax(dtype):
     params, noise = inputs(dtype, 2 * BLOCK + 3)
     noise = noise.at[3, 4, 0].set(np.nan).at[BLOCK + 1, 0, 0].set(np.inf)
     params[1] = params[1].at[2, 3].set(np.inf)
-    got = gradient(ef.jit(mlp_chain), (0, 1))(params, noise)
-    want = gradient(mlp_chain, (0, 1))(params, noise)
+    got = gradient(ef.jit(chain), (0, 1))(params, noise)
+    want = gradient(chain, (0, 1))(params, noise)
     for g, w in zip(jax.tree_util.tree_leaves(got), jax.tree_util.tree_leaves(want)):
         g, w = np.asarray(g), np.asarray(w)
         np.testing.assert_array_equal(np.isnan(g), np.isnan(w))
