@@ -90,15 +90,15 @@ def _with_subscript(expr: Expr, index: str, subscript: IndexExpr) -> Expr:
     return expr
 
 
-def _fresh_binders(expr: Expr, fresh: FreshNames, avoid: Set[str]) -> Expr:
+def fresh_binders(expr: Expr, fresh: FreshNames, avoid: Set[str]) -> Expr:
     """``expr`` with each reduction's indices that are in ``avoid`` renamed afresh, so
     that substituting the reader's names and subscripts captures none."""
     if isinstance(expr, Reduce):
         names = {k: fresh.copy_of(k) for k in expr.indices if k in avoid}
-        body = _fresh_binders(rename_indices(expr.body, names), fresh, avoid)
+        body = fresh_binders(rename_indices(expr.body, names), fresh, avoid)
         return dataclasses.replace(expr, indices=tuple(names.get(k, k) for k in expr.indices),
                                    body=body)
-    return map_children(expr, lambda child: _fresh_binders(child, fresh, avoid))
+    return map_children(expr, lambda child: fresh_binders(child, fresh, avoid))
 
 
 def _read_at(definition: Statement, read: Access, fresh: FreshNames,
@@ -124,7 +124,7 @@ def _read_at(definition: Statement, read: Access, fresh: FreshNames,
         return None
     avoid = reader_names | {i for sub in read.indices for a, _ in sub.gathers
                             for node in a.walk() for i in free_indices(node)}
-    rhs = _fresh_binders(rhs, fresh, avoid | set(indices))
+    rhs = fresh_binders(rhs, fresh, avoid | set(indices))
     # the gathered indices first under names no one uses, then every index renamed
     placeholders = {index: fresh.copy_of(index) for index, _ in gathered}
     rhs = rename_indices(rhs, {**placeholders, **plain})

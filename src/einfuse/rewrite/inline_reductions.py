@@ -24,6 +24,7 @@ from typing import List, Optional, Set, Tuple
 from ..lang.ast import Access, Binary, Expr, Reduce, Statement, accesses, map_children
 from ..lang.rewrite import free_indices, names_in
 from ..lang.sugar import FreshNames, rename_indices
+from .gathered_reads import fresh_binders
 from .hoist import canonical, only_plain, subscripts_of
 from .patterns import plain_subscripts
 from .rules import RULES, Keeps, rewrite, rule_named
@@ -176,7 +177,7 @@ def _put_back(reader: Statement, definition: Statement, sites: List[Tuple[Expr, 
                 failed[0] = True
                 return node
             if not isinstance(definition.rhs, Reduce):     # element-wise: renamed only
-                return rename_indices(_fresh_bound(definition.rhs, in_reader, fresh),
+                return rename_indices(fresh_binders(definition.rhs, fresh, in_reader),
                                       dict(zip(definition.output_indices, names)))
             # a reduced index keeps its name where the reader has none like it (the
             # user's name: shard= and ranges= may name it), else a fresh copy
@@ -197,20 +198,6 @@ def _put_back(reader: Statement, definition: Statement, sites: List[Tuple[Expr, 
 
     rhs = visit(reader.rhs)
     return None if failed[0] else rhs
-
-
-def _fresh_bound(expr: Expr, taken, fresh: FreshNames) -> Expr:
-    """``expr`` with each reduction's indices that ``taken`` holds (the reader's names)
-    renamed to fresh copies: put back, a function of reductions binds none of the
-    reader's indices (``1 / sum[j](E[i,j])`` inside a reader over ``[i, j]``)."""
-    def visit(node: Expr) -> Expr:
-        if isinstance(node, Reduce):
-            renamed = {k: fresh.copy_of(k) for k in node.indices if k in taken}
-            body = visit(rename_indices(node.body, renamed) if renamed else node.body)
-            return Reduce(node.op, tuple(renamed.get(k, k) for k in node.indices), body,
-                          span=node.span)
-        return map_children(node, visit)
-    return visit(expr)
 
 
 def _read_again(expr: Expr, sites: List[Tuple[Expr, Access]]) -> Expr:
